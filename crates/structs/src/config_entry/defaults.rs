@@ -1,0 +1,184 @@
+//! `proxy-defaults` and `service-defaults`.
+
+use super::{ConfigEntryKind, check_entry_name};
+use crate::proxy::OpaqueConfig;
+use crate::validate::{Problem, Validate, ValidationError};
+use crate::{ExposeConfig, Index, MeshGatewayConfig, ProxyMode, TransparentProxyConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Defaults for every proxy in the mesh (the single entry named `global`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyDefaults {
+    /// Always `global`.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Opaque proxy config merged under each proxy's own; keys untouched.
+    #[serde(rename = "Config")]
+    pub config: OpaqueConfig,
+    /// Default proxy mode.
+    #[serde(rename = "Mode")]
+    pub mode: ProxyMode,
+    /// Default transparent-proxy settings.
+    #[serde(rename = "TransparentProxy")]
+    pub transparent_proxy: TransparentProxyConfig,
+    /// Default mesh gateway mode.
+    #[serde(rename = "MeshGateway")]
+    pub mesh_gateway: MeshGatewayConfig,
+    /// Paths exposed without mTLS on every proxy.
+    #[serde(rename = "Expose")]
+    pub expose: ExposeConfig,
+    /// User metadata; keys untouched.
+    #[serde(rename = "Meta")]
+    pub meta: BTreeMap<String, String>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+impl Validate for ProxyDefaults {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_entry_name(ConfigEntryKind::ProxyDefaults, &self.name)?;
+        if let Some(p) = self.config.get("protocol") {
+            check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Config applied to upstream connections, per destination or as defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Destination this override applies to (empty in `Defaults`).
+    #[serde(rename = "Name", skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Protocol of the upstream.
+    #[serde(rename = "Protocol", skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
+    /// Connect timeout in milliseconds.
+    #[serde(rename = "ConnectTimeoutMs", skip_serializing_if = "crate::json::ser::is_default")]
+    pub connect_timeout_ms: u32,
+    /// Mesh gateway mode for this upstream.
+    #[serde(rename = "MeshGateway")]
+    pub mesh_gateway: MeshGatewayConfig,
+}
+
+/// Upstream config of a service: per-destination overrides and defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfigs {
+    /// Per-destination settings.
+    #[serde(rename = "Overrides")]
+    pub overrides: Vec<UpstreamConfig>,
+    /// Settings for every other upstream.
+    #[serde(rename = "Defaults", skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<UpstreamConfig>,
+}
+
+/// Defaults for one service: protocol, mode, upstream settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceDefaults {
+    /// Service name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// `tcp` (default), `http`, `http2` or `grpc`.
+    #[serde(rename = "Protocol")]
+    pub protocol: String,
+    /// Proxy mode.
+    #[serde(rename = "Mode")]
+    pub mode: ProxyMode,
+    /// Transparent-proxy settings.
+    #[serde(rename = "TransparentProxy")]
+    pub transparent_proxy: TransparentProxyConfig,
+    /// Mesh gateway mode.
+    #[serde(rename = "MeshGateway")]
+    pub mesh_gateway: MeshGatewayConfig,
+    /// Paths exposed without mTLS.
+    #[serde(rename = "Expose")]
+    pub expose: ExposeConfig,
+    /// SNI of an external (non-mesh) service.
+    #[serde(rename = "ExternalSNI", skip_serializing_if = "String::is_empty")]
+    pub external_sni: String,
+    /// Settings for this service's upstreams.
+    #[serde(rename = "UpstreamConfig", skip_serializing_if = "Option::is_none")]
+    pub upstream_config: Option<UpstreamConfigs>,
+    /// Inbound connection limit (0 = none).
+    #[serde(
+        rename = "MaxInboundConnections",
+        skip_serializing_if = "crate::json::ser::is_default"
+    )]
+    pub max_inbound_connections: u32,
+    /// Connect timeout to the local application, ms.
+    #[serde(
+        rename = "LocalConnectTimeoutMs",
+        skip_serializing_if = "crate::json::ser::is_default"
+    )]
+    pub local_connect_timeout_ms: u32,
+    /// Request timeout to the local application, ms.
+    #[serde(
+        rename = "LocalRequestTimeoutMs",
+        skip_serializing_if = "crate::json::ser::is_default"
+    )]
+    pub local_request_timeout_ms: u32,
+    /// User metadata; keys untouched.
+    #[serde(rename = "Meta")]
+    pub meta: BTreeMap<String, String>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+impl Validate for ServiceDefaults {
+    fn validate(&self) -> Result<(), ValidationError> {
+        check_entry_name(ConfigEntryKind::ServiceDefaults, &self.name)?;
+        if !self.protocol.is_empty() {
+            check_protocol("Protocol", &self.protocol)?;
+        }
+        if let Some(uc) = &self.upstream_config {
+            for (i, o) in uc.overrides.iter().enumerate() {
+                let at = format!("UpstreamConfig.Overrides[{i}]");
+                crate::validate::check_name(&format!("{at}.Name"), &o.name, "")?;
+                if !o.protocol.is_empty() {
+                    check_protocol(&format!("{at}.Protocol"), &o.protocol)?;
+                }
+            }
+            if let Some(d) = &uc.defaults {
+                if !d.name.is_empty() {
+                    return Err(ValidationError::new(
+                        "UpstreamConfig.Defaults.Name",
+                        Problem::NotAllowed("in Defaults: it applies to every upstream"),
+                    ));
+                }
+                if !d.protocol.is_empty() {
+                    check_protocol("UpstreamConfig.Defaults.Protocol", &d.protocol)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The protocols the mesh understands.
+pub const PROTOCOLS: [&str; 4] = ["tcp", "http", "http2", "grpc"];
+
+pub(crate) fn check_protocol(field: &str, protocol: &str) -> Result<(), ValidationError> {
+    if PROTOCOLS.contains(&protocol) {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            field,
+            Problem::Invalid(format!(
+                "unsupported protocol {protocol:?}: expected tcp, http, http2 or grpc"
+            )),
+        ))
+    }
+}

@@ -1,0 +1,215 @@
+//! `service-intentions`: who may call a service.
+
+use super::{ConfigEntryKind, check_entry_name};
+use crate::proxy::string_enum;
+use crate::validate::{Problem, Validate, ValidationError, check_name};
+use crate::{Index, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+string_enum! {
+    /// Allow or deny.
+    IntentionAction {
+        /// Let the connection or request through.
+        #[default]
+        Allow = "allow",
+        /// Refuse it.
+        Deny = "deny",
+    }
+}
+
+/// A header condition of an L7 permission.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionHttpHeaderPermission {
+    /// Header name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Header present.
+    #[serde(rename = "Present", skip_serializing_if = "std::ops::Not::not")]
+    pub present: bool,
+    /// Exact value.
+    #[serde(rename = "Exact", skip_serializing_if = "String::is_empty")]
+    pub exact: String,
+    /// Value prefix.
+    #[serde(rename = "Prefix", skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// Value suffix.
+    #[serde(rename = "Suffix", skip_serializing_if = "String::is_empty")]
+    pub suffix: String,
+    /// Value regex.
+    #[serde(rename = "Regex", skip_serializing_if = "String::is_empty")]
+    pub regex: String,
+    /// Negate the match.
+    #[serde(rename = "Invert", skip_serializing_if = "std::ops::Not::not")]
+    pub invert: bool,
+}
+
+/// HTTP conditions of an L7 permission.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionHttpPermission {
+    /// Exact path.
+    #[serde(rename = "PathExact", skip_serializing_if = "String::is_empty")]
+    pub path_exact: String,
+    /// Path prefix.
+    #[serde(rename = "PathPrefix", skip_serializing_if = "String::is_empty")]
+    pub path_prefix: String,
+    /// Path regex.
+    #[serde(rename = "PathRegex", skip_serializing_if = "String::is_empty")]
+    pub path_regex: String,
+    /// Header conditions.
+    #[serde(rename = "Header")]
+    pub header: Vec<IntentionHttpHeaderPermission>,
+    /// Methods.
+    #[serde(rename = "Methods")]
+    pub methods: Vec<String>,
+}
+
+/// One L7 rule: an action for requests matching the HTTP conditions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionPermission {
+    /// Allow or deny.
+    #[serde(rename = "Action")]
+    pub action: IntentionAction,
+    /// Conditions.
+    #[serde(rename = "HTTP", skip_serializing_if = "Option::is_none")]
+    pub http: Option<IntentionHttpPermission>,
+}
+
+/// One source of a `service-intentions` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourceIntention {
+    /// Source service name, or `*`.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Source namespace (only `default` here).
+    #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// L4 action; exclusive with `Permissions`.
+    #[serde(rename = "Action", skip_serializing_if = "Option::is_none")]
+    pub action: Option<IntentionAction>,
+    /// L7 rules; exclusive with `Action`.
+    #[serde(rename = "Permissions")]
+    pub permissions: Vec<IntentionPermission>,
+    /// Computed precedence (read-only).
+    #[serde(rename = "Precedence")]
+    pub precedence: u32,
+    /// `consul` (the only source type).
+    #[serde(rename = "Type")]
+    pub source_type: String,
+    /// Human description.
+    #[serde(rename = "Description", skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// Id of the legacy intention this source was made from.
+    #[serde(rename = "LegacyID", skip_serializing_if = "String::is_empty")]
+    pub legacy_id: String,
+    /// Metadata of the legacy intention; keys untouched.
+    #[serde(rename = "LegacyMeta", skip_serializing_if = "BTreeMap::is_empty")]
+    pub legacy_meta: BTreeMap<String, String>,
+    /// Creation time of the legacy intention.
+    #[serde(rename = "LegacyCreateTime", skip_serializing_if = "Option::is_none")]
+    pub legacy_create_time: Option<Timestamp>,
+    /// Update time of the legacy intention.
+    #[serde(rename = "LegacyUpdateTime", skip_serializing_if = "Option::is_none")]
+    pub legacy_update_time: Option<Timestamp>,
+}
+
+/// Intentions for one destination service (or `*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceIntentions {
+    /// Destination service name, or `*`.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Sources and what they may do.
+    #[serde(rename = "Sources")]
+    pub sources: Vec<SourceIntention>,
+    /// User metadata; keys untouched.
+    #[serde(rename = "Meta")]
+    pub meta: BTreeMap<String, String>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+fn check_name_or_wildcard(field: &str, name: &str) -> Result<(), ValidationError> {
+    if name == "*" {
+        Ok(())
+    } else {
+        check_name(field, name, "")
+    }
+}
+
+impl Validate for ServiceIntentions {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.name != "*" {
+            check_entry_name(ConfigEntryKind::ServiceIntentions, &self.name)?;
+        }
+        let mut seen = BTreeSet::new();
+        for (i, src) in self.sources.iter().enumerate() {
+            let at = format!("Sources[{i}]");
+            check_name_or_wildcard(&format!("{at}.Name"), &src.name)?;
+            if !seen.insert(src.name.as_str()) {
+                return Err(ValidationError::new(
+                    format!("{at}.Name"),
+                    Problem::Duplicate(format!("source {:?}", src.name)),
+                ));
+            }
+            if !matches!(src.source_type.as_str(), "" | "consul") {
+                return Err(ValidationError::new(
+                    format!("{at}.Type"),
+                    Problem::Invalid(format!(
+                        "unsupported source type {:?}: expected consul",
+                        src.source_type
+                    )),
+                ));
+            }
+            match (&src.action, src.permissions.is_empty()) {
+                (Some(_), false) => {
+                    return Err(ValidationError::new(
+                        format!("{at}.Action"),
+                        Problem::NotAllowed("together with Permissions: set one or the other"),
+                    ));
+                }
+                (None, true) => {
+                    return Err(ValidationError::new(
+                        format!("{at}.Action"),
+                        Problem::Required("(or Permissions)"),
+                    ));
+                }
+                _ => {}
+            }
+            for (j, perm) in src.permissions.iter().enumerate() {
+                let pat = format!("{at}.Permissions[{j}].HTTP");
+                let Some(http) = &perm.http else {
+                    return Err(ValidationError::new(pat, Problem::Required("")));
+                };
+                let paths = [&http.path_exact, &http.path_prefix, &http.path_regex]
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .count();
+                if paths > 1 {
+                    return Err(ValidationError::new(
+                        format!("{pat}.PathExact"),
+                        Problem::Invalid("set at most one of PathExact, PathPrefix and PathRegex".into()),
+                    ));
+                }
+                for p in [&http.path_exact, &http.path_prefix] {
+                    if !p.is_empty() && !p.starts_with('/') {
+                        return Err(ValidationError::new(
+                            format!("{pat}.PathPrefix"),
+                            Problem::Invalid(format!("{p:?} must begin with '/'")),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

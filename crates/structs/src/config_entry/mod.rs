@@ -1,0 +1,281 @@
+//! Config entries: central configuration stored in the catalog by kind and name.
+
+mod defaults;
+mod intentions;
+mod mesh;
+mod routing;
+
+pub use defaults::{PROTOCOLS, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use intentions::{
+    IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
+    SourceIntention,
+};
+pub use mesh::{MeshConfig, MeshHttpConfig, MeshTlsConfig, MeshTransparentProxyConfig, TlsDirectionConfig};
+pub use routing::{
+    ServiceResolver, ServiceResolverFailover, ServiceResolverRedirect, ServiceResolverSubset, ServiceRoute,
+    ServiceRouteDestination, ServiceRouteHttpMatch, ServiceRouteHttpMatchHeader, ServiceRouteHttpMatchQueryParam,
+    ServiceRouteMatch, ServiceRouter, ServiceSplit, ServiceSplitter,
+};
+
+use crate::Index;
+use crate::validate::{Problem, Validate, ValidationError};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de, ser};
+use serde_json::{Map, Value};
+use std::{fmt, str::FromStr};
+
+/// The kinds of config entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConfigEntryKind {
+    /// `proxy-defaults` (name `global`).
+    ProxyDefaults,
+    /// `service-defaults`.
+    ServiceDefaults,
+    /// `service-router`.
+    ServiceRouter,
+    /// `service-splitter`.
+    ServiceSplitter,
+    /// `service-resolver`.
+    ServiceResolver,
+    /// `service-intentions`.
+    ServiceIntentions,
+    /// `mesh` (name `mesh`).
+    Mesh,
+}
+
+impl ConfigEntryKind {
+    /// Every kind, in a stable order.
+    pub const ALL: [ConfigEntryKind; 7] = [
+        ConfigEntryKind::ProxyDefaults,
+        ConfigEntryKind::ServiceDefaults,
+        ConfigEntryKind::ServiceRouter,
+        ConfigEntryKind::ServiceSplitter,
+        ConfigEntryKind::ServiceResolver,
+        ConfigEntryKind::ServiceIntentions,
+        ConfigEntryKind::Mesh,
+    ];
+
+    /// Consul's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigEntryKind::ProxyDefaults => "proxy-defaults",
+            ConfigEntryKind::ServiceDefaults => "service-defaults",
+            ConfigEntryKind::ServiceRouter => "service-router",
+            ConfigEntryKind::ServiceSplitter => "service-splitter",
+            ConfigEntryKind::ServiceResolver => "service-resolver",
+            ConfigEntryKind::ServiceIntentions => "service-intentions",
+            ConfigEntryKind::Mesh => "mesh",
+        }
+    }
+
+    /// The one name a singleton kind's entry must have.
+    pub fn fixed_name(self) -> Option<&'static str> {
+        match self {
+            ConfigEntryKind::ProxyDefaults => Some("global"),
+            ConfigEntryKind::Mesh => Some("mesh"),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ConfigEntryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown config entry kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown config entry kind {0:?}")]
+pub struct UnknownConfigEntryKind(pub String);
+
+impl FromStr for ConfigEntryKind {
+    type Err = UnknownConfigEntryKind;
+    fn from_str(s: &str) -> Result<Self, UnknownConfigEntryKind> {
+        let folded = s.to_ascii_lowercase().replace('_', "-");
+        ConfigEntryKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == folded)
+            .ok_or_else(|| UnknownConfigEntryKind(s.to_owned()))
+    }
+}
+
+impl Serialize for ConfigEntryKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigEntryKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+/// A config entry of any kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigEntry {
+    /// Global proxy defaults.
+    ProxyDefaults(ProxyDefaults),
+    /// Per-service defaults.
+    ServiceDefaults(ServiceDefaults),
+    /// L7 routes for a service.
+    ServiceRouter(ServiceRouter),
+    /// Weighted traffic splits for a service.
+    ServiceSplitter(ServiceSplitter),
+    /// Subsets, redirects and failover for a service.
+    ServiceResolver(ServiceResolver),
+    /// Who may call a service.
+    ServiceIntentions(ServiceIntentions),
+    /// Mesh-wide settings.
+    Mesh(MeshConfig),
+}
+
+macro_rules! each_entry {
+    ($self:expr, $e:ident => $body:expr) => {
+        match $self {
+            ConfigEntry::ProxyDefaults($e) => $body,
+            ConfigEntry::ServiceDefaults($e) => $body,
+            ConfigEntry::ServiceRouter($e) => $body,
+            ConfigEntry::ServiceSplitter($e) => $body,
+            ConfigEntry::ServiceResolver($e) => $body,
+            ConfigEntry::ServiceIntentions($e) => $body,
+            ConfigEntry::Mesh($e) => $body,
+        }
+    };
+}
+
+impl ConfigEntry {
+    /// Its kind.
+    pub fn kind(&self) -> ConfigEntryKind {
+        match self {
+            ConfigEntry::ProxyDefaults(_) => ConfigEntryKind::ProxyDefaults,
+            ConfigEntry::ServiceDefaults(_) => ConfigEntryKind::ServiceDefaults,
+            ConfigEntry::ServiceRouter(_) => ConfigEntryKind::ServiceRouter,
+            ConfigEntry::ServiceSplitter(_) => ConfigEntryKind::ServiceSplitter,
+            ConfigEntry::ServiceResolver(_) => ConfigEntryKind::ServiceResolver,
+            ConfigEntry::ServiceIntentions(_) => ConfigEntryKind::ServiceIntentions,
+            ConfigEntry::Mesh(_) => ConfigEntryKind::Mesh,
+        }
+    }
+
+    /// Its name (for singleton kinds, the fixed name).
+    pub fn name(&self) -> &str {
+        match self {
+            ConfigEntry::ProxyDefaults(_) => "global",
+            ConfigEntry::Mesh(_) => "mesh",
+            ConfigEntry::ServiceDefaults(e) => &e.name,
+            ConfigEntry::ServiceRouter(e) => &e.name,
+            ConfigEntry::ServiceSplitter(e) => &e.name,
+            ConfigEntry::ServiceResolver(e) => &e.name,
+            ConfigEntry::ServiceIntentions(e) => &e.name,
+        }
+    }
+
+    /// Index of the write that created it.
+    pub fn create_index(&self) -> Index {
+        each_entry!(self, e => e.create_index)
+    }
+
+    /// Index of the last write that changed it.
+    pub fn modify_index(&self) -> Index {
+        each_entry!(self, e => e.modify_index)
+    }
+
+    /// Stamps the indexes of a write.
+    pub fn set_indexes(&mut self, create: Index, modify: Index) {
+        each_entry!(self, e => { e.create_index = create; e.modify_index = modify; })
+    }
+
+    /// Decodes an entry from a JSON value of any key casing; `Kind` selects the type.
+    pub fn from_json(value: Value) -> Result<Self, crate::DecodeError> {
+        let Value::Object(map) = value else {
+            return Err(crate::DecodeError {
+                path: String::new(),
+                message: "a config entry must be a JSON object".into(),
+            });
+        };
+        let kind = map
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("kind"))
+            .and_then(|(_, v)| v.as_str())
+            .ok_or_else(|| crate::DecodeError {
+                path: "Kind".into(),
+                message: "required".into(),
+            })?;
+        let kind: ConfigEntryKind = kind.parse().map_err(|e: UnknownConfigEntryKind| crate::DecodeError {
+            path: "Kind".into(),
+            message: e.to_string(),
+        })?;
+        let mut map = map;
+        map.retain(|k, _| !k.eq_ignore_ascii_case("kind"));
+        for scope in ["Namespace", "Partition"] {
+            let keys: Vec<String> = map.keys().filter(|k| k.eq_ignore_ascii_case(scope)).cloned().collect();
+            for key in keys {
+                match map.remove(&key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(s)) if s.is_empty() || s == "default" => {}
+                    Some(other) => {
+                        return Err(crate::DecodeError {
+                            path: scope.into(),
+                            message: format!("only \"default\" is supported, got {other}"),
+                        });
+                    }
+                }
+            }
+        }
+        let value = Value::Object(map);
+        Ok(match kind {
+            ConfigEntryKind::ProxyDefaults => ConfigEntry::ProxyDefaults(crate::json::from_value(value)?),
+            ConfigEntryKind::ServiceDefaults => ConfigEntry::ServiceDefaults(crate::json::from_value(value)?),
+            ConfigEntryKind::ServiceRouter => ConfigEntry::ServiceRouter(crate::json::from_value(value)?),
+            ConfigEntryKind::ServiceSplitter => ConfigEntry::ServiceSplitter(crate::json::from_value(value)?),
+            ConfigEntryKind::ServiceResolver => ConfigEntry::ServiceResolver(crate::json::from_value(value)?),
+            ConfigEntryKind::ServiceIntentions => ConfigEntry::ServiceIntentions(crate::json::from_value(value)?),
+            ConfigEntryKind::Mesh => ConfigEntry::Mesh(crate::json::from_value(value)?),
+        })
+    }
+}
+
+impl Validate for ConfigEntry {
+    fn validate(&self) -> Result<(), ValidationError> {
+        each_entry!(self, e => e.validate())
+    }
+}
+
+impl Serialize for ConfigEntry {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let body = each_entry!(self, e => serde_json::to_value(e)).map_err(ser::Error::custom)?;
+        let mut out = Map::new();
+        out.insert("Kind".into(), Value::String(self.kind().as_str().into()));
+        if let Value::Object(fields) = body {
+            for (k, v) in fields {
+                if k != "Kind" {
+                    out.insert(k, v);
+                }
+            }
+        }
+        out.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        ConfigEntry::from_json(value).map_err(de::Error::custom)
+    }
+}
+
+/// Checks the `Name` of a named entry and that a singleton entry uses its fixed name.
+pub(crate) fn check_entry_name(kind: ConfigEntryKind, name: &str) -> Result<(), ValidationError> {
+    match kind.fixed_name() {
+        Some(fixed) if !name.is_empty() && name != fixed => Err(ValidationError::new(
+            "Name",
+            Problem::Invalid(format!("{kind} entries must be named {fixed:?}, not {name:?}")),
+        )),
+        Some(_) => Ok(()),
+        None => crate::validate::check_name("Name", name, ""),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+use super::*;
+use crate::Validate;
+use serde_json::json;
+
+fn entry(v: serde_json::Value) -> ConfigEntry {
+    ConfigEntry::from_json(v).unwrap()
+}
+
+#[test]
+fn decodes_every_kind_with_any_casing() {
+    let cases = [
+        json!({"kind": "proxy-defaults", "name": "global", "config": {"Protocol_X": "http"}}),
+        json!({"Kind": "service-defaults", "Name": "api", "protocol": "http",
+               "upstream_config": {"overrides": [{"name": "db", "connect_timeout_ms": 100}]}}),
+        json!({"Kind": "service-router", "Name": "api",
+               "Routes": [{"match": {"http": {"path_prefix": "/admin"}}, "destination": {"service": "admin", "num_retries": 3}}]}),
+        json!({"Kind": "service-splitter", "Name": "api", "splits": [{"weight": 90}, {"weight": 10, "service_subset": "v2"}]}),
+        json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1", "connect_timeout": "3s",
+               "Subsets": {"v1": {"filter": "Service.Meta.version == v1"}, "V2_beta": {"OnlyPassing": true}}}),
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Action": "allow"}, {"name": "*", "action": "deny"}]}),
+        json!({"Kind": "mesh", "transparent_proxy": {"mesh_destinations_only": true}}),
+    ];
+    for (case, kind) in cases.into_iter().zip(ConfigEntryKind::ALL) {
+        let e = entry(case);
+        assert_eq!(e.kind(), kind);
+        e.validate().unwrap_or_else(|err| panic!("{kind}: {err}"));
+        // Round trip through Consul's casing.
+        let out = serde_json::to_value(&e).unwrap();
+        assert_eq!(out["Kind"], kind.as_str());
+        assert_eq!(ConfigEntry::from_json(out).unwrap(), e);
+    }
+}
+
+#[test]
+fn user_map_keys_are_untouched() {
+    let ConfigEntry::ServiceResolver(r) = entry(
+        json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "V2_beta",
+        "Subsets": {"V2_beta": {}}, "Meta": {"Team_Name": "x"}}),
+    ) else {
+        panic!()
+    };
+    assert!(r.subsets.contains_key("V2_beta"));
+    assert!(r.meta.contains_key("Team_Name"));
+    let ConfigEntry::ProxyDefaults(p) =
+        entry(json!({"Kind": "proxy-defaults", "Config": {"Envoy_Prometheus_Bind_Addr": "0.0.0.0:9102"}}))
+    else {
+        panic!()
+    };
+    assert!(p.config.contains_key("Envoy_Prometheus_Bind_Addr"));
+}
+
+#[test]
+fn rejects_unknown_fields_and_kinds() {
+    let err =
+        ConfigEntry::from_json(json!({"Kind": "service-defaults", "Name": "api", "Protocl": "http"})).unwrap_err();
+    assert!(err.message.contains("Protocl"), "{err}");
+    let err = ConfigEntry::from_json(json!({"Kind": "service-thing", "Name": "api"})).unwrap_err();
+    assert_eq!(err.path, "Kind");
+    let err = ConfigEntry::from_json(json!({"Name": "api"})).unwrap_err();
+    assert_eq!(err.to_string(), "Kind: required");
+    let err = ConfigEntry::from_json(json!({"Kind": "mesh", "Namespace": "team-a"})).unwrap_err();
+    assert_eq!(err.path, "Namespace");
+    assert!(ConfigEntry::from_json(json!({"Kind": "mesh", "Namespace": "default"})).is_ok());
+}
+
+#[test]
+fn validation_names_field_and_problem() {
+    let check = |v: serde_json::Value, expect: &str| {
+        let err = entry(v).validate().unwrap_err();
+        assert_eq!(err.to_string(), expect);
+    };
+    check(
+        json!({"Kind": "proxy-defaults", "Name": "mine"}),
+        "Name: proxy-defaults entries must be named \"global\", not \"mine\"",
+    );
+    check(
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "udp"}),
+        "Protocol: unsupported protocol \"udp\": expected tcp, http, http2 or grpc",
+    );
+    check(
+        json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 50}, {"Weight": 40}]}),
+        "Splits: weights must add up to 100, they add up to 90",
+    );
+    check(
+        json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v9"}),
+        "DefaultSubset: \"v9\" is not one of the Subsets",
+    );
+    check(
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web"}]}),
+        "Sources[0].Action: required (or Permissions)",
+    );
+    check(
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Action": "allow"}, {"Name": "web", "Action": "deny"}]}),
+        "Sources[1].Name: duplicate source \"web\"",
+    );
+    check(
+        json!({"Kind": "service-router", "Name": "api", "Routes": [{"Match": {"HTTP": {"PathPrefix": "admin"}}}]}),
+        "Routes[0].Match.HTTP.PathPrefix: \"admin\" must begin with '/'",
+    );
+    check(json!({"Kind": "service-defaults", "Name": ""}), "Name: required");
+    check(
+        json!({"Kind": "mesh", "TLS": {"Incoming": {"TLSMinVersion": "TLSv9"}}}),
+        "TLS.Incoming.TLSMinVersion: unknown TLS version \"TLSv9\": expected one of TLS_AUTO, TLSv1_0, TLSv1_1, TLSv1_2, TLSv1_3",
+    );
+}
+
+#[test]
+fn intentions_flatten_with_precedence() {
+    let ConfigEntry::ServiceIntentions(e) = entry(json!({"Kind": "service-intentions", "Name": "api",
+        "Sources": [{"Name": "*", "Action": "deny"}, {"Name": "web", "Action": "allow"}]}))
+    else {
+        panic!()
+    };
+    let mut flat = crate::intention::from_config_entry(&e);
+    flat.sort_by(crate::Intention::evaluation_order);
+    assert_eq!(flat[0].source_name, "web");
+    assert_eq!(flat[0].precedence, 9);
+    assert_eq!(flat[1].precedence, 8);
+}

@@ -1,0 +1,169 @@
+//! Health checks and the service-instance view that carries them.
+
+use crate::proxy::string_enum;
+use crate::validate::{Problem, Validate, ValidationError, check_name};
+use crate::{GoDuration, Index, Node, NodeService};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+string_enum! {
+    /// A check's state. Ordered from best to worst.
+    HealthStatus {
+        /// Healthy.
+        Passing = "passing",
+        /// Degraded but serving.
+        Warning = "warning",
+        /// Failing (and the state of a check that has not run yet).
+        #[default]
+        Critical = "critical",
+        /// Deliberately out of service.
+        Maintenance = "maintenance",
+    }
+}
+
+impl HealthStatus {
+    /// True when an instance in this state may receive traffic under `only_passing`.
+    pub fn admits(self, only_passing: bool) -> bool {
+        match self {
+            HealthStatus::Passing => true,
+            HealthStatus::Warning => !only_passing,
+            HealthStatus::Critical | HealthStatus::Maintenance => false,
+        }
+    }
+}
+
+/// How a check is run (what the agent needs to run it again).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthCheckDefinition {
+    /// URL for an HTTP check.
+    #[serde(rename = "HTTP", skip_serializing_if = "String::is_empty")]
+    pub http: String,
+    /// Method for an HTTP check.
+    #[serde(rename = "Method", skip_serializing_if = "String::is_empty")]
+    pub method: String,
+    /// Headers for an HTTP check; keys are the user's.
+    #[serde(rename = "Header", skip_serializing_if = "BTreeMap::is_empty")]
+    pub header: BTreeMap<String, Vec<String>>,
+    /// Skip TLS verification for an HTTP check.
+    #[serde(rename = "TLSSkipVerify", skip_serializing_if = "std::ops::Not::not")]
+    pub tls_skip_verify: bool,
+    /// Address for a TCP check.
+    #[serde(rename = "TCP", skip_serializing_if = "String::is_empty")]
+    pub tcp: String,
+    /// Target for a gRPC check.
+    #[serde(rename = "GRPC", skip_serializing_if = "String::is_empty")]
+    pub grpc: String,
+    /// How often it runs.
+    #[serde(rename = "Interval", skip_serializing_if = "GoDuration::is_zero")]
+    pub interval: GoDuration,
+    /// How long one run may take.
+    #[serde(rename = "Timeout", skip_serializing_if = "GoDuration::is_zero")]
+    pub timeout: GoDuration,
+    /// Deregister the service after it has been critical this long.
+    #[serde(
+        rename = "DeregisterCriticalServiceAfter",
+        skip_serializing_if = "GoDuration::is_zero"
+    )]
+    pub deregister_critical_service_after: GoDuration,
+}
+
+/// A health check of a node or of one service instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthCheck {
+    /// Node the check runs on.
+    #[serde(rename = "Node")]
+    pub node: String,
+    /// Check id, unique on the node.
+    #[serde(rename = "CheckID")]
+    pub check_id: String,
+    /// Human name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Current state.
+    #[serde(rename = "Status")]
+    pub status: HealthStatus,
+    /// Human notes.
+    #[serde(rename = "Notes")]
+    pub notes: String,
+    /// Output of the last run.
+    #[serde(rename = "Output")]
+    pub output: String,
+    /// Instance id of the service it checks; empty for a node check.
+    #[serde(rename = "ServiceID")]
+    pub service_id: String,
+    /// Name of the service it checks.
+    #[serde(rename = "ServiceName")]
+    pub service_name: String,
+    /// Tags of the service it checks.
+    #[serde(rename = "ServiceTags")]
+    pub service_tags: Vec<String>,
+    /// `http`, `tcp`, `ttl`, `grpc`, `alias`, ... (informational).
+    #[serde(rename = "Type")]
+    pub check_type: String,
+    /// How it is run.
+    #[serde(rename = "Definition")]
+    pub definition: HealthCheckDefinition,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+impl HealthCheck {
+    /// True for a check of the whole node rather than one service.
+    pub fn is_node_check(&self) -> bool {
+        self.service_id.is_empty()
+    }
+}
+
+impl Validate for HealthCheck {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.check_id.is_empty() && self.name.is_empty() {
+            return Err(ValidationError::new("CheckID", Problem::Required("(or Name)")));
+        }
+        if !self.node.is_empty() {
+            check_name("Node", &self.node, "")?;
+        }
+        Ok(())
+    }
+}
+
+/// A service instance with its node and every check that applies to it: the unit health
+/// queries and endpoint discovery return.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckServiceNode {
+    /// The node the instance runs on.
+    #[serde(rename = "Node")]
+    pub node: Node,
+    /// The instance.
+    #[serde(rename = "Service")]
+    pub service: NodeService,
+    /// Node checks and the instance's own checks.
+    #[serde(rename = "Checks")]
+    pub checks: Vec<HealthCheck>,
+}
+
+impl CheckServiceNode {
+    /// The worst status among all checks (passing when there are none).
+    pub fn aggregate_status(&self) -> HealthStatus {
+        self.checks
+            .iter()
+            .map(|c| c.status)
+            .max()
+            .unwrap_or(HealthStatus::Passing)
+    }
+
+    /// The address to reach the instance at: its own, else its node's.
+    pub fn address(&self) -> &str {
+        if self.service.address.is_empty() {
+            &self.node.address
+        } else {
+            &self.service.address
+        }
+    }
+}

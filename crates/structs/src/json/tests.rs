@@ -1,0 +1,286 @@
+use crate::json::{from_slice, from_value};
+use crate::{ConnectProxyConfig, MeshGatewayConfig, MeshGatewayMode, NodeService, ServiceKind, Upstream};
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+#[test]
+fn mixed_casing_in_one_body() {
+    let body = br#"{
+        "kind": "connect-proxy",
+        "ID": "web-sidecar-proxy",
+        "service": "web-sidecar-proxy",
+        "Port": 21000,
+        "proxy": {
+            "destination_service_name": "web",
+            "destinationServiceID": "web",
+            "localserviceport": 8080,
+            "Config": {"protocol": "http", "Envoy_Extra": {"Keep_Me": 1}},
+            "upstreams": [
+                {"destinationName": "api", "local_bind_port": 9191,
+                 "config": {"connect_timeout_ms": 500, "CamelKey": true},
+                 "MESHGATEWAY": {"mode": "local"}}
+            ]
+        },
+        "meta": {"Owner_Team": "payments", "lower": "x"}
+    }"#;
+    let svc: NodeService = from_slice(body).unwrap();
+    assert_eq!(svc.kind, ServiceKind::ConnectProxy);
+    assert_eq!(svc.id, "web-sidecar-proxy");
+    assert_eq!(svc.port, 21000);
+    assert_eq!(svc.proxy.destination_service_name, "web");
+    assert_eq!(svc.proxy.destination_service_id, "web");
+    assert_eq!(svc.proxy.local_service_port, 8080);
+    // Opaque maps keep their keys exactly, at every depth.
+    assert_eq!(
+        Value::Object(svc.proxy.config.clone()),
+        json!({"protocol": "http", "Envoy_Extra": {"Keep_Me": 1}})
+    );
+    let up = &svc.proxy.upstreams[0];
+    assert_eq!(up.destination_name, "api");
+    assert_eq!(up.local_bind_port, 9191);
+    assert_eq!(
+        Value::Object(up.config.clone()),
+        json!({"connect_timeout_ms": 500, "CamelKey": true})
+    );
+    assert_eq!(
+        up.mesh_gateway,
+        MeshGatewayConfig {
+            mode: MeshGatewayMode::Local
+        }
+    );
+    assert_eq!(svc.meta.get("Owner_Team").map(String::as_str), Some("payments"));
+    assert!(svc.meta.contains_key("lower"));
+}
+
+#[test]
+fn null_lists_and_maps_read_as_empty_and_write_as_empty() {
+    let svc: NodeService =
+        from_value(json!({"Service": "db", "Tags": null, "Meta": null, "Proxy": {"Upstreams": null}})).unwrap();
+    assert!(svc.tags.is_empty() && svc.meta.is_empty() && svc.proxy.upstreams.is_empty());
+    let out = serde_json::to_value(&svc).unwrap();
+    assert_eq!(out["Tags"], json!([]));
+    assert_eq!(out["Proxy"]["Upstreams"], json!([]));
+    assert_eq!(out["Proxy"]["Expose"]["Paths"], json!([]));
+}
+
+#[test]
+fn emits_consul_casing() {
+    let svc = NodeService {
+        kind: ServiceKind::ConnectProxy,
+        service: "web-sidecar-proxy".into(),
+        proxy: ConnectProxyConfig {
+            destination_service_id: "web".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let out = serde_json::to_value(&svc).unwrap();
+    assert_eq!(out["Kind"], "connect-proxy");
+    assert_eq!(out["Proxy"]["DestinationServiceID"], "web");
+    assert!(out.get("ID").is_some() && out.get("CreateIndex").is_some());
+}
+
+#[test]
+fn decode_errors_name_the_field() {
+    let err = from_value::<NodeService>(json!({"Service": "x", "Proxy": {"Upstreams": [{"LocalBindPort": 70000}]}}))
+        .unwrap_err();
+    assert_eq!(err.path, "Proxy.Upstreams[0].LocalBindPort");
+    assert!(
+        err.to_string().starts_with("Proxy.Upstreams[0].LocalBindPort: "),
+        "{err}"
+    );
+    let err = from_value::<NodeService>(json!({"kind": "sidecar"})).unwrap_err();
+    assert_eq!(err.path, "Kind");
+    let err = from_slice::<NodeService>(b"{not json").unwrap_err();
+    assert!(err.path.is_empty() && err.message.contains("invalid JSON"));
+}
+
+// ---- property tests: any casing of any key outside opaque maps decodes to the same value ----
+
+#[derive(Debug, Clone, Copy)]
+enum Style {
+    Pascal,
+    Camel,
+    Snake,
+    Lower,
+}
+
+fn snake(key: &str) -> String {
+    let chars: Vec<char> = key.chars().collect();
+    let mut out = String::new();
+    for (i, c) in chars.iter().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            let prev_lower = chars[i - 1].is_ascii_lowercase() || chars[i - 1].is_ascii_digit();
+            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
+            if prev_lower || (chars[i - 1].is_ascii_uppercase() && next_lower) {
+                out.push('_');
+            }
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+fn restyle(key: &str, style: Style) -> String {
+    match style {
+        Style::Pascal => key.to_owned(),
+        Style::Camel => {
+            let s = snake(key);
+            let mut out = String::new();
+            let mut upper = false;
+            for c in s.chars() {
+                if c == '_' {
+                    upper = true;
+                } else if upper {
+                    out.push(c.to_ascii_uppercase());
+                    upper = false;
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        }
+        Style::Snake => snake(key),
+        Style::Lower => key.to_ascii_lowercase(),
+    }
+}
+
+/// Keys whose values are user-owned maps: their keys must be left alone.
+fn opaque(key: &str) -> Option<bool> {
+    match key {
+        "Meta" | "Config" => Some(true),  // nothing below is ours
+        "TaggedAddresses" => Some(false), // keys are the user's, values are ours
+        _ => None,
+    }
+}
+
+fn recase(value: &Value, styles: &mut impl Iterator<Item = Style>) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, v) in map {
+                let style = styles.next().unwrap_or(Style::Pascal);
+                let v = match opaque(k) {
+                    Some(true) => v.clone(),
+                    Some(false) => Value::Object(
+                        v.as_object()
+                            .map(|m| m.iter().map(|(ik, iv)| (ik.clone(), recase(iv, styles))).collect())
+                            .unwrap_or_default(),
+                    ),
+                    None => recase(v, styles),
+                };
+                out.insert(restyle(k, style), v);
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|v| recase(v, styles)).collect()),
+        other => other.clone(),
+    }
+}
+
+fn user_key() -> impl Strategy<Value = String> {
+    "[A-Za-z][A-Za-z0-9_-]{0,12}"
+}
+
+fn opaque_config() -> impl Strategy<Value = Map<String, Value>> {
+    prop::collection::btree_map(
+        user_key(),
+        prop_oneof![
+            any::<bool>().prop_map(Value::from),
+            user_key().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from)
+        ],
+        0..4,
+    )
+    .prop_map(|m| m.into_iter().collect())
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9-]{0,10}"
+}
+
+fn upstream() -> impl Strategy<Value = Upstream> {
+    (
+        name(),
+        "[a-z0-9]{0,4}",
+        1u16..,
+        opaque_config(),
+        prop_oneof![Just(MeshGatewayMode::Default), Just(MeshGatewayMode::Local)],
+    )
+        .prop_map(|(n, dc, port, config, mode)| Upstream {
+            destination_name: n,
+            datacenter: dc,
+            local_bind_port: port,
+            config,
+            mesh_gateway: MeshGatewayConfig { mode },
+            ..Default::default()
+        })
+}
+
+fn node_service() -> impl Strategy<Value = NodeService> {
+    (
+        name(),
+        prop::collection::vec(name(), 0..3),
+        prop::collection::btree_map(user_key(), user_key(), 0..3),
+        any::<u16>(),
+        name(),
+        opaque_config(),
+        prop::collection::vec(upstream(), 0..3),
+        prop::collection::btree_map(user_key(), (name(), any::<u16>()), 0..2),
+    )
+        .prop_map(|(svc, tags, meta, port, dest, config, upstreams, tagged)| NodeService {
+            kind: ServiceKind::ConnectProxy,
+            id: format!("{svc}-1"),
+            service: svc,
+            tags,
+            meta,
+            port,
+            tagged_addresses: tagged
+                .into_iter()
+                .map(|(k, (address, port))| (k, crate::service::ServiceAddress { address, port }))
+                .collect(),
+            proxy: ConnectProxyConfig {
+                destination_service_name: dest,
+                config,
+                upstreams,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+}
+
+fn style() -> impl Strategy<Value = Style> {
+    prop_oneof![
+        Just(Style::Pascal),
+        Just(Style::Camel),
+        Just(Style::Snake),
+        Just(Style::Lower)
+    ]
+}
+
+proptest! {
+    #[test]
+    fn any_key_casing_decodes_the_same(svc in node_service(), styles in prop::collection::vec(style(), 64)) {
+        let canonical = serde_json::to_value(&svc).unwrap();
+        let recased = recase(&canonical, &mut styles.into_iter().cycle());
+        let decoded: NodeService = from_value(recased).unwrap();
+        prop_assert_eq!(decoded, svc);
+    }
+
+    #[test]
+    fn json_round_trip(svc in node_service()) {
+        let bytes = serde_json::to_vec(&svc).unwrap();
+        let back: NodeService = from_slice(&bytes).unwrap();
+        prop_assert_eq!(&back, &svc);
+        // And the output is stable.
+        prop_assert_eq!(serde_json::to_vec(&back).unwrap(), bytes);
+    }
+}
+
+#[test]
+fn restyle_examples() {
+    assert_eq!(restyle("DestinationServiceID", Style::Snake), "destination_service_id");
+    assert_eq!(restyle("DestinationServiceID", Style::Camel), "destinationServiceId");
+    assert_eq!(restyle("ID", Style::Camel), "id");
+    assert_eq!(restyle("TLSSkipVerify", Style::Snake), "tls_skip_verify");
+}

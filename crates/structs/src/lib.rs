@@ -1,0 +1,35 @@
+//! meshd's domain types: nodes, services and proxies, health, config entries, intentions,
+//! the CA's roots and leaves, discovery chains and catalog indexes.
+//!
+//! Everything here is plain data plus validation; nothing does I/O. JSON follows Consul's
+//! shapes: [`json::from_slice`] accepts any key casing on input, `serde_json` writes
+//! Consul's casing on output, and empty lists are written as `[]`.
+
+pub mod config_entry;
+pub mod connect;
+pub mod discovery_chain;
+pub mod duration;
+pub mod health;
+pub mod index;
+pub mod intention;
+pub mod json;
+pub mod node;
+pub mod proxy;
+pub mod service;
+pub mod validate;
+
+pub use config_entry::{ConfigEntry, ConfigEntryKind};
+pub use connect::{CaRoot, IndexedCaRoots, IssuedCert, SpiffeIdService, Timestamp};
+pub use discovery_chain::{CompiledDiscoveryChain, DiscoveryTarget, TargetId};
+pub use duration::GoDuration;
+pub use health::{CheckServiceNode, HealthCheck, HealthStatus};
+pub use index::Index;
+pub use intention::Intention;
+pub use json::DecodeError;
+pub use node::Node;
+pub use proxy::{
+    ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
+    TransparentProxyConfig, Upstream, UpstreamId,
+};
+pub use service::{NodeService, ServiceKind};
+pub use validate::{Problem, Validate, ValidationError};

@@ -1,0 +1,35 @@
+//! Catalog nodes.
+
+use crate::Index;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A machine (or virtual node) that hosts services.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Node {
+    /// Node UUID, optional.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Node name, unique in the datacenter.
+    #[serde(rename = "Node")]
+    pub node: String,
+    /// Address other nodes reach it at.
+    #[serde(rename = "Address")]
+    pub address: String,
+    /// Datacenter it belongs to.
+    #[serde(rename = "Datacenter")]
+    pub datacenter: String,
+    /// Extra addresses by name (`lan`, `wan`, ...); keys are the user's.
+    #[serde(rename = "TaggedAddresses")]
+    pub tagged_addresses: BTreeMap<String, String>,
+    /// User metadata; keys are the user's.
+    #[serde(rename = "Meta")]
+    pub meta: BTreeMap<String, String>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
