@@ -1,21 +1,27 @@
 //! The compiled discovery chain: how an upstream name resolves to concrete targets.
 
 use serde::{Deserialize, Serialize};
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
-/// Identifies one chain target: `[subset.]service.namespace.datacenter`.
+/// Identifies one chain target: `[subset.]service.namespace.datacenter`. Shared, since every
+/// proxy watching a target holds its id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct TargetId(pub String);
+pub struct TargetId(pub Arc<str>);
 
 impl TargetId {
     /// The id of `service` (optionally a subset) in `namespace` and `datacenter`.
     pub fn new(subset: &str, service: &str, namespace: &str, datacenter: &str) -> Self {
         if subset.is_empty() {
-            TargetId(format!("{service}.{namespace}.{datacenter}"))
+            TargetId(format!("{service}.{namespace}.{datacenter}").into())
         } else {
-            TargetId(format!("{subset}.{service}.{namespace}.{datacenter}"))
+            TargetId(format!("{subset}.{service}.{namespace}.{datacenter}").into())
         }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 

@@ -15,6 +15,7 @@ pub mod intention;
 pub mod json;
 pub mod node;
 pub mod proxy;
+pub mod resolved;
 pub mod service;
 pub mod validate;
 
@@ -31,5 +32,6 @@ pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,
 };
+pub use resolved::{GatewayService, ResolvedServiceConfig, ResolvedUpstreamConfig};
 pub use service::{NodeService, ServiceKind};
 pub use validate::{Problem, Validate, ValidationError};
