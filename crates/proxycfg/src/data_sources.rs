@@ -1,0 +1,392 @@
+//! Data sources: where a proxy's watches get their data.
+//!
+//! Every resource has one request type and one response type, and every data source has the
+//! same shape: [`DataSource::notify`] runs a watch for one request, sending an
+//! [`UpdateEvent`] tagged with the caller's [`CorrelationId`] whenever the result changes,
+//! until its cancellation token fires or the receiver goes away. Agent mode (over the agent
+//! cache) and server mode (over the catalog's event publisher) plug different
+//! implementations into [`DataSources`]; [`crate::fake`] has an in-memory one for tests.
+
+use crate::CorrelationId;
+use async_trait::async_trait;
+use std::{fmt, hash::Hash, marker::PhantomData, sync::Arc};
+use structs::{
+    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, GatewayService, HealthCheck,
+    IndexedCaRoots, Intention, IssuedCert, MeshGatewayMode, ResolvedServiceConfig, ServiceKind, UpstreamId,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Why a data source could not deliver a result. The State logs it and keeps the last good
+/// data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataSourceError {
+    /// The backing store or server could not be reached or answered with an error.
+    #[error("data source unavailable: {0}")]
+    Unavailable(String),
+    /// The token lacks permission for this resource.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The request itself is invalid (a bug or bad registration).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+/// A watch request: identifies what to watch and fixes the type of its results.
+pub trait WatchRequest: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static {
+    /// What the watch delivers.
+    type Response: Clone + Send + Sync + 'static + Into<UpdatePayload>;
+}
+
+/// The data one update carries. Payloads are `Arc`s so one result can be shared by every
+/// proxy that watches the same thing.
+#[derive(Debug, Clone)]
+pub enum UpdatePayload {
+    /// The trust bundle.
+    CaRoots(Arc<IndexedCaRoots>),
+    /// A leaf certificate.
+    Leaf(Arc<IssuedCert>),
+    /// Intentions for a destination, in evaluation order.
+    Intentions(Arc<Vec<Intention>>),
+    /// Service instances with their checks.
+    Health(Arc<Vec<CheckServiceNode>>),
+    /// A compiled discovery chain.
+    DiscoveryChain(Arc<CompiledDiscoveryChain>),
+    /// One config entry, or `None` when it does not exist.
+    ConfigEntry(Option<Arc<ConfigEntry>>),
+    /// Every config entry of a kind.
+    ConfigEntryList(Arc<Vec<Arc<ConfigEntry>>>),
+    /// Central config resolved for a service.
+    ResolvedServiceConfig(Arc<ResolvedServiceConfig>),
+    /// Service names.
+    ServiceList(Arc<Vec<String>>),
+    /// Datacenter names.
+    Datacenters(Arc<Vec<String>>),
+    /// Services fronted by a gateway.
+    GatewayServices(Arc<Vec<GatewayService>>),
+    /// Health checks of a service.
+    HttpChecks(Arc<Vec<HealthCheck>>),
+}
+
+macro_rules! payload_from {
+    ($($variant:ident($ty:ty)),* $(,)?) => {$(
+        impl From<$ty> for UpdatePayload {
+            fn from(v: $ty) -> Self { UpdatePayload::$variant(v) }
+        }
+    )*};
+}
+
+payload_from! {
+    CaRoots(Arc<IndexedCaRoots>),
+    Leaf(Arc<IssuedCert>),
+    Intentions(Arc<Vec<Intention>>),
+    Health(Arc<Vec<CheckServiceNode>>),
+    DiscoveryChain(Arc<CompiledDiscoveryChain>),
+    ConfigEntry(Option<Arc<ConfigEntry>>),
+    ConfigEntryList(Arc<Vec<Arc<ConfigEntry>>>),
+    ResolvedServiceConfig(Arc<ResolvedServiceConfig>),
+    GatewayServices(Arc<Vec<GatewayService>>),
+    HttpChecks(Arc<Vec<HealthCheck>>),
+}
+
+/// One change from one watch.
+#[derive(Debug, Clone)]
+pub struct UpdateEvent {
+    /// Which watch it came from.
+    pub correlation_id: CorrelationId,
+    /// The new data, or why there is none.
+    pub result: Result<UpdatePayload, DataSourceError>,
+    /// Which start of that watch sent it; updates from a cancelled start are dropped.
+    pub(crate) generation: u64,
+}
+
+/// The channel a running watch sends its results into. Typed by the response, so a data
+/// source can only send what its request promises.
+pub struct EventSender<T> {
+    tx: mpsc::Sender<UpdateEvent>,
+    generation: u64,
+    _response: PhantomData<fn(T)>,
+}
+
+impl<T> Clone for EventSender<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            generation: self.generation,
+            _response: PhantomData,
+        }
+    }
+}
+
+/// The receiving State has gone away; the watch should end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the proxy state that started this watch has stopped")]
+pub struct ReceiverGone;
+
+impl<T: Into<UpdatePayload>> EventSender<T> {
+    pub(crate) fn new(tx: mpsc::Sender<UpdateEvent>, generation: u64) -> Self {
+        Self {
+            tx,
+            generation,
+            _response: PhantomData,
+        }
+    }
+
+    /// Delivers one result for `correlation_id`; waits while the State is busy.
+    pub async fn send(
+        &self,
+        correlation_id: CorrelationId,
+        result: Result<T, DataSourceError>,
+    ) -> Result<(), ReceiverGone> {
+        let event = UpdateEvent {
+            correlation_id,
+            result: result.map(Into::into),
+            generation: self.generation,
+        };
+        match self.tx.try_send(event) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(ReceiverGone),
+            // The rare slow path is boxed so that every watch future stays small.
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                Box::pin(self.tx.send(event)).await.map_err(|_| ReceiverGone)
+            }
+        }
+    }
+
+    /// True once the State has stopped listening.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// A source of one kind of watched data. Sources are shared (`Arc`), and each watch's
+/// future owns a reference, so it can run as a task of its own.
+#[async_trait]
+pub trait DataSource<R: WatchRequest>: Send + Sync {
+    /// Runs one watch: sends the current result (once known) and every change after it to
+    /// `tx`, tagged `correlation_id`, until `cancel` fires or `tx` is closed. Returns `Ok` when
+    /// stopped that way, `Err` if the watch cannot run at all. The returned future may also
+    /// simply be dropped (a single watch is cancelled that way); implementations release what
+    /// they hold on drop.
+    async fn notify(
+        self: Arc<Self>,
+        req: R,
+        correlation_id: CorrelationId,
+        tx: EventSender<R::Response>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError>;
+}
+
+/// Trust bundle of a datacenter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CaRootsRequest {
+    /// Datacenter.
+    pub datacenter: String,
+}
+
+/// Leaf certificate for a service identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeafRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Service name the certificate identifies.
+    pub service: String,
+    /// Token to authorize the signing request.
+    pub token: String,
+}
+
+/// Intentions that apply to a destination service (exact and wildcard).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IntentionsRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Destination service name.
+    pub destination: String,
+}
+
+/// Instances of a service with their health.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Service name.
+    pub service: String,
+    /// Return the service's connect-capable instances (its sidecars, or itself if native)
+    /// rather than the service instances.
+    pub connect: bool,
+    /// Only instances whose every check passes.
+    pub passing_only: bool,
+    /// Subset filter expression (empty: all).
+    pub filter: String,
+    /// Only instances of this kind (gateways); `None`: any kind.
+    pub kind: Option<ServiceKind>,
+}
+
+/// Compiled discovery chain of one upstream name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DiscoveryChainRequest {
+    /// Datacenter the chain is evaluated in.
+    pub datacenter: String,
+    /// Upstream service name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Protocol set on the upstream itself (overrides service-defaults).
+    pub override_protocol: String,
+    /// Connect timeout set on the upstream itself, ms (0 = none).
+    pub override_connect_timeout_ms: u32,
+    /// Mesh gateway mode set on the upstream or proxy.
+    pub override_mesh_gateway: MeshGatewayMode,
+}
+
+/// One config entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConfigEntryRequest {
+    /// Kind.
+    pub kind: ConfigEntryKind,
+    /// Name.
+    pub name: String,
+}
+
+/// Every config entry of a kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConfigEntryListRequest {
+    /// Kind.
+    pub kind: ConfigEntryKind,
+}
+
+/// Central config resolved for a service and its upstreams.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResolvedServiceConfigRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Service name.
+    pub name: String,
+    /// Upstreams to resolve settings for.
+    pub upstreams: Vec<UpstreamId>,
+}
+
+/// Every service name in a datacenter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceListRequest {
+    /// Datacenter.
+    pub datacenter: String,
+}
+
+/// Every known datacenter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DatacentersRequest;
+
+/// Services fronted by a gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GatewayServicesRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Gateway service name.
+    pub gateway: String,
+}
+
+/// HTTP (and gRPC) checks of a local service instance.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HttpChecksRequest {
+    /// Instance id.
+    pub service_id: String,
+}
+
+/// Results of executing a prepared query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PreparedQueryRequest {
+    /// Datacenter.
+    pub datacenter: String,
+    /// Query name or id.
+    pub query: String,
+}
+
+macro_rules! requests {
+    ($($req:ty => $resp:ty),* $(,)?) => {$(
+        impl WatchRequest for $req { type Response = $resp; }
+    )*};
+}
+
+requests! {
+    CaRootsRequest => Arc<IndexedCaRoots>,
+    LeafRequest => Arc<IssuedCert>,
+    IntentionsRequest => Arc<Vec<Intention>>,
+    HealthRequest => Arc<Vec<CheckServiceNode>>,
+    DiscoveryChainRequest => Arc<CompiledDiscoveryChain>,
+    ConfigEntryRequest => Option<Arc<ConfigEntry>>,
+    ConfigEntryListRequest => Arc<Vec<Arc<ConfigEntry>>>,
+    ResolvedServiceConfigRequest => Arc<ResolvedServiceConfig>,
+    ServiceListRequest => ServiceNames,
+    DatacentersRequest => DatacenterNames,
+    GatewayServicesRequest => Arc<Vec<GatewayService>>,
+    HttpChecksRequest => Arc<Vec<HealthCheck>>,
+    PreparedQueryRequest => PreparedQueryResult,
+}
+
+/// Service names of a datacenter (distinct from datacenter names so the types cannot mix).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceNames(pub Arc<Vec<String>>);
+
+/// Datacenter names.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatacenterNames(pub Arc<Vec<String>>);
+
+/// Instances a prepared query returned.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PreparedQueryResult(pub Arc<Vec<CheckServiceNode>>);
+
+impl From<ServiceNames> for UpdatePayload {
+    fn from(v: ServiceNames) -> Self {
+        UpdatePayload::ServiceList(v.0)
+    }
+}
+
+impl From<DatacenterNames> for UpdatePayload {
+    fn from(v: DatacenterNames) -> Self {
+        UpdatePayload::Datacenters(v.0)
+    }
+}
+
+impl From<PreparedQueryResult> for UpdatePayload {
+    fn from(v: PreparedQueryResult) -> Self {
+        UpdatePayload::Health(v.0)
+    }
+}
+
+/// One implementation of every data source; the Manager's only way to get data.
+#[derive(Clone)]
+pub struct DataSources {
+    /// CA roots.
+    pub ca_roots: Arc<dyn DataSource<CaRootsRequest>>,
+    /// Leaf certificates.
+    pub leaf: Arc<dyn DataSource<LeafRequest>>,
+    /// Intentions by destination.
+    pub intentions: Arc<dyn DataSource<IntentionsRequest>>,
+    /// Service health.
+    pub health: Arc<dyn DataSource<HealthRequest>>,
+    /// Compiled discovery chains.
+    pub discovery_chain: Arc<dyn DataSource<DiscoveryChainRequest>>,
+    /// Single config entries.
+    pub config_entry: Arc<dyn DataSource<ConfigEntryRequest>>,
+    /// Config entries by kind.
+    pub config_entry_list: Arc<dyn DataSource<ConfigEntryListRequest>>,
+    /// Resolved service config.
+    pub resolved_service_config: Arc<dyn DataSource<ResolvedServiceConfigRequest>>,
+    /// Service names.
+    pub service_list: Arc<dyn DataSource<ServiceListRequest>>,
+    /// Datacenter names.
+    pub datacenters: Arc<dyn DataSource<DatacentersRequest>>,
+    /// Services behind a gateway.
+    pub gateway_services: Arc<dyn DataSource<GatewayServicesRequest>>,
+    /// HTTP checks of a local service.
+    pub http_checks: Arc<dyn DataSource<HttpChecksRequest>>,
+    /// Prepared query results.
+    pub prepared_query: Arc<dyn DataSource<PreparedQueryRequest>>,
+}
+
+impl fmt::Debug for DataSources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataSources").finish_non_exhaustive()
+    }
+}

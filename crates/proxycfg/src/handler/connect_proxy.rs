@@ -1,0 +1,262 @@
+//! The connect-proxy (sidecar) handler.
+
+use super::{HandlerError, KindHandler};
+use crate::data_sources::*;
+use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
+use crate::{CorrelationId, ProxyRegistration, Watches};
+use std::{collections::BTreeMap, sync::Arc};
+use structs::{
+    CompiledDiscoveryChain, ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId,
+};
+use tracing::debug;
+
+/// Watches roots, leaf, intentions, mesh config, resolved config and (if exposed) HTTP checks;
+/// per upstream its discovery chain (or prepared query), then per chain target its healthy
+/// connect instances.
+pub struct ConnectProxyHandler {
+    sources: DataSources,
+    service: Arc<NodeService>,
+    datacenter: String,
+    token: String,
+}
+
+impl ConnectProxyHandler {
+    /// A handler for one registration.
+    pub fn new(registration: &ProxyRegistration, datacenter: &str, sources: DataSources) -> Self {
+        Self {
+            sources,
+            service: Arc::clone(&registration.service),
+            datacenter: datacenter.to_owned(),
+            token: registration.token.clone(),
+        }
+    }
+
+    fn upstream_datacenter<'a>(&'a self, id: &'a UpstreamId) -> &'a str {
+        if id.datacenter.is_empty() {
+            &self.datacenter
+        } else {
+            &id.datacenter
+        }
+    }
+
+    fn on_chain(
+        &mut self,
+        upstream_id: Arc<UpstreamId>,
+        chain: Arc<CompiledDiscoveryChain>,
+        snap: &mut ConnectProxySnapshot,
+        watches: &mut Watches,
+    ) -> Result<(), HandlerError> {
+        let upstreams = Arc::make_mut(&mut snap.upstreams);
+        let Some(entry) = upstreams.get_mut(&upstream_id) else {
+            return Err(HandlerError::UnknownWatch(
+                CorrelationId::DiscoveryChain(upstream_id).to_string(),
+            ));
+        };
+        let entry = Arc::make_mut(entry);
+
+        // Tear down exactly the target watches the new chain no longer names.
+        watches.cancel_where(|id| {
+            matches!(id, CorrelationId::UpstreamTarget { upstream, target }
+                if *upstream == upstream_id && !chain.targets.contains_key(target))
+        });
+        entry.endpoints.retain(|target, _| chain.targets.contains_key(target));
+
+        // One health watch per target; restarted only if what it selects changed.
+        for (target_id, target) in &chain.targets {
+            let id = CorrelationId::UpstreamTarget {
+                upstream: Arc::clone(&upstream_id),
+                target: target_id.clone(),
+            };
+            let req = HealthRequest {
+                datacenter: target.datacenter.clone(),
+                service: target.service.clone(),
+                connect: true,
+                passing_only: true,
+                filter: target.subset.filter.clone(),
+                kind: None,
+            };
+            if watches.ensure(&self.sources.health, id, req) {
+                // A restarted target must not keep endpoints selected the old way.
+                entry.endpoints.remove(target_id);
+            }
+        }
+        debug!(upstream = %upstream_id, targets = chain.targets.len(), "discovery chain applied");
+        entry.chain = Some(chain);
+        Ok(())
+    }
+}
+
+fn unexpected(id: &CorrelationId, payload: &UpdatePayload) -> HandlerError {
+    HandlerError::UnexpectedPayload {
+        id: id.to_string(),
+        got: payload.type_name(),
+    }
+}
+
+impl KindHandler for ConnectProxyHandler {
+    fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
+        let s = self.sources.clone();
+        let dc = self.datacenter.clone();
+        let proxy = &self.service.proxy;
+        let dest = proxy.destination_service_name.clone();
+
+        watches.start(
+            &s.ca_roots,
+            CorrelationId::Roots,
+            CaRootsRequest { datacenter: dc.clone() },
+        );
+        watches.start(
+            &s.leaf,
+            CorrelationId::Leaf,
+            LeafRequest {
+                datacenter: dc.clone(),
+                service: dest.clone(),
+                token: self.token.clone(),
+            },
+        );
+        watches.start(
+            &s.intentions,
+            CorrelationId::Intentions,
+            IntentionsRequest {
+                datacenter: dc.clone(),
+                destination: dest.clone(),
+            },
+        );
+        watches.start(
+            &s.config_entry,
+            CorrelationId::MeshConfig,
+            ConfigEntryRequest {
+                kind: ConfigEntryKind::Mesh,
+                name: "mesh".into(),
+            },
+        );
+        watches.start(
+            &s.resolved_service_config,
+            CorrelationId::ResolvedServiceConfig,
+            ResolvedServiceConfigRequest {
+                datacenter: dc.clone(),
+                name: dest,
+                upstreams: proxy.upstreams.iter().map(|u| u.id()).collect(),
+            },
+        );
+        if proxy.expose.checks {
+            let service_id = if proxy.destination_service_id.is_empty() {
+                proxy.destination_service_name.clone()
+            } else {
+                proxy.destination_service_id.clone()
+            };
+            watches.start(
+                &s.http_checks,
+                CorrelationId::ServiceHttpChecks,
+                HttpChecksRequest { service_id },
+            );
+        }
+
+        let mut upstreams = BTreeMap::new();
+        for (index, upstream) in proxy.upstreams.iter().enumerate() {
+            let id = Arc::new(upstream.id());
+            let datacenter = self.upstream_datacenter(&id).to_owned();
+            match upstream.destination_type {
+                DestinationType::Service => {
+                    let mesh_gateway = match upstream.mesh_gateway.mode {
+                        MeshGatewayMode::Default => proxy.mesh_gateway.mode,
+                        mode => mode,
+                    };
+                    let req = DiscoveryChainRequest {
+                        datacenter,
+                        name: upstream.destination_name.clone(),
+                        namespace: id.namespace.clone(),
+                        override_protocol: upstream.protocol().unwrap_or_default().to_owned(),
+                        override_connect_timeout_ms: upstream
+                            .config
+                            .get("connect_timeout_ms")
+                            .and_then(|v| v.as_u64())
+                            .and_then(|v| u32::try_from(v).ok())
+                            .unwrap_or(0),
+                        override_mesh_gateway: mesh_gateway,
+                    };
+                    watches.start(&s.discovery_chain, CorrelationId::DiscoveryChain(Arc::clone(&id)), req);
+                }
+                DestinationType::PreparedQuery => {
+                    let req = PreparedQueryRequest {
+                        datacenter,
+                        query: upstream.destination_name.clone(),
+                    };
+                    watches.start(&s.prepared_query, CorrelationId::PreparedQuery(Arc::clone(&id)), req);
+                }
+            }
+            upstreams.insert(id, Arc::new(UpstreamSnapshot::new(index)));
+        }
+        KindSnapshot::ConnectProxy(ConnectProxySnapshot {
+            upstreams: Arc::new(upstreams),
+            ..Default::default()
+        })
+    }
+
+    fn handle_update(
+        &mut self,
+        id: CorrelationId,
+        payload: UpdatePayload,
+        snapshot: &mut ConfigSnapshot,
+        watches: &mut Watches,
+    ) -> Result<(), HandlerError> {
+        let KindSnapshot::ConnectProxy(cp) = &mut snapshot.kind;
+        match (id, payload) {
+            (CorrelationId::Roots, UpdatePayload::CaRoots(roots)) => snapshot.roots = Some(roots),
+            (CorrelationId::Leaf, UpdatePayload::Leaf(leaf)) => cp.leaf = Some(leaf),
+            (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => cp.intentions = Some(ixns),
+            (CorrelationId::MeshConfig, UpdatePayload::ConfigEntry(entry)) => cp.mesh_config = Some(entry),
+            (CorrelationId::ResolvedServiceConfig, UpdatePayload::ResolvedServiceConfig(c)) => {
+                cp.resolved_config = Some(c);
+            }
+            (CorrelationId::ServiceHttpChecks, UpdatePayload::HttpChecks(checks)) => cp.http_checks = checks,
+            (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
+                self.on_chain(upstream, chain, cp, watches)?;
+            }
+            (CorrelationId::UpstreamTarget { upstream, target }, UpdatePayload::Health(nodes)) => {
+                let upstreams = Arc::make_mut(&mut cp.upstreams);
+                let entry = upstreams
+                    .get_mut(&upstream)
+                    .filter(|u| u.chain.as_ref().is_some_and(|c| c.targets.contains_key(&target)));
+                match entry {
+                    Some(entry) => {
+                        Arc::make_mut(entry).endpoints.insert(target, nodes);
+                    }
+                    None => {
+                        return Err(HandlerError::UnknownWatch(
+                            CorrelationId::UpstreamTarget { upstream, target }.to_string(),
+                        ));
+                    }
+                }
+            }
+            (CorrelationId::PreparedQuery(upstream), UpdatePayload::Health(nodes)) => {
+                let target = TargetId(upstream.to_string().into());
+                let upstreams = Arc::make_mut(&mut cp.upstreams);
+                match upstreams.get_mut(&upstream) {
+                    Some(entry) => {
+                        Arc::make_mut(entry).endpoints.insert(target, nodes);
+                    }
+                    None => {
+                        return Err(HandlerError::UnknownWatch(
+                            CorrelationId::PreparedQuery(upstream).to_string(),
+                        ));
+                    }
+                }
+            }
+            (
+                id @ (CorrelationId::Roots
+                | CorrelationId::Leaf
+                | CorrelationId::Intentions
+                | CorrelationId::MeshConfig
+                | CorrelationId::ResolvedServiceConfig
+                | CorrelationId::ServiceHttpChecks
+                | CorrelationId::DiscoveryChain(_)
+                | CorrelationId::UpstreamTarget { .. }
+                | CorrelationId::PreparedQuery(_)),
+                payload,
+            ) => return Err(unexpected(&id, &payload)),
+            (id, _) => return Err(HandlerError::UnknownWatch(id.to_string())),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! Kind handlers: what a proxy of each kind watches and how updates fold into its snapshot.
+//!
+//! A handler is driven by its proxy's State: `initialize` starts the watches the kind always
+//! needs, then `handle_update` is called once per current update and may start or cancel
+//! chained watches. Handlers never block and never see errors (the State keeps the last good
+//! data and logs).
+
+mod connect_proxy;
+
+pub use connect_proxy::ConnectProxyHandler;
+
+use crate::data_sources::{DataSources, UpdatePayload};
+use crate::snapshot::{ConfigSnapshot, KindSnapshot};
+use crate::{CorrelationId, ProxyRegistration, Watches};
+use structs::ServiceKind;
+
+/// Per-kind snapshot logic.
+pub trait KindHandler: Send + 'static {
+    /// Starts the kind's initial watches and returns its empty snapshot part.
+    fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot;
+
+    /// Folds one update into `snapshot`, starting or cancelling chained watches as needed.
+    fn handle_update(
+        &mut self,
+        id: CorrelationId,
+        payload: UpdatePayload,
+        snapshot: &mut ConfigSnapshot,
+        watches: &mut Watches,
+    ) -> Result<(), HandlerError>;
+}
+
+/// An update a handler could not use; logged by the State, which carries on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// The payload is not the type this watch delivers (a data source bug).
+    #[error("watch {id} delivered a {got} payload")]
+    UnexpectedPayload {
+        /// The watch.
+        id: String,
+        /// What arrived.
+        got: &'static str,
+    },
+    /// No watch of this kind uses that correlation id.
+    #[error("no watch {0} belongs to this proxy kind")]
+    UnknownWatch(String),
+}
+
+/// The proxy's kind has no handler (yet).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("proxy kind {0:?} is not supported")]
+pub struct UnsupportedKind(pub ServiceKind);
+
+/// The handler for a registration's kind.
+pub fn handler_for(
+    registration: &ProxyRegistration,
+    datacenter: &str,
+    sources: &DataSources,
+) -> Result<Box<dyn KindHandler>, UnsupportedKind> {
+    match registration.service.kind {
+        ServiceKind::ConnectProxy => Ok(Box::new(ConnectProxyHandler::new(
+            registration,
+            datacenter,
+            sources.clone(),
+        ))),
+        other => Err(UnsupportedKind(other)),
+    }
+}
+
+impl UpdatePayload {
+    /// The payload's variant name, for errors.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            UpdatePayload::CaRoots(_) => "CaRoots",
+            UpdatePayload::Leaf(_) => "Leaf",
+            UpdatePayload::Intentions(_) => "Intentions",
+            UpdatePayload::Health(_) => "Health",
+            UpdatePayload::DiscoveryChain(_) => "DiscoveryChain",
+            UpdatePayload::ConfigEntry(_) => "ConfigEntry",
+            UpdatePayload::ConfigEntryList(_) => "ConfigEntryList",
+            UpdatePayload::ResolvedServiceConfig(_) => "ResolvedServiceConfig",
+            UpdatePayload::ServiceList(_) => "ServiceList",
+            UpdatePayload::Datacenters(_) => "Datacenters",
+            UpdatePayload::GatewayServices(_) => "GatewayServices",
+            UpdatePayload::HttpChecks(_) => "HttpChecks",
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! meshd's proxy config engine.
+//!
+//! A [`Manager`] keeps one State per registered proxy. A State is a task that starts the
+//! watches its proxy's kind needs (through [`DataSources`], whose implementations live
+//! elsewhere: agent cache, server catalog, or [`fake`]), folds each [`UpdateEvent`] into the
+//! proxy's [`ConfigSnapshot`], and publishes an immutable, shared snapshot after a short
+//! coalescing window. Consumers such as the xDS server [`Manager::watch`] a proxy and always
+//! get the newest snapshot.
+//!
+//! See `docs/proxycfg.md` for the state machine, watch ids, chained watches and sharing.
+
+mod correlation;
+pub mod data_sources;
+pub mod fake;
+pub mod handler;
+mod manager;
+mod metrics;
+mod rate_limit;
+pub mod snapshot;
+mod state;
+mod watches;
+
+pub use correlation::CorrelationId;
+pub use data_sources::{
+    DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchRequest,
+};
+pub use manager::{
+    DEFAULT_COALESCE, Manager, ManagerConfig, ProxyRegistration, ProxySource, RegisterError, Registered, WatchEvent,
+    Watcher,
+};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use rate_limit::RateLimit;
+pub use snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, ProxyId, TargetEndpoints, UpstreamSnapshot};
+pub use watches::Watches;

@@ -1,0 +1,437 @@
+//! The Manager: one State per registered proxy, and the snapshot watchers.
+//!
+//! Each proxy id has a slot holding its latest valid snapshot. Watchers read the slot (a
+//! one-value channel: a slow watcher sees only the newest snapshot, and every watcher of a
+//! proxy gets the same `Arc`). A slot exists while the proxy is registered or watched, so a
+//! watch can start before registration. Registering starts a State that publishes into the
+//! slot; a registration change that affects the proxy's config stops that State (waiting
+//! until its watches are gone) and starts a fresh one; deregistration stops it and withdraws
+//! the snapshot.
+
+use crate::data_sources::DataSources;
+use crate::handler::UnsupportedKind;
+use crate::rate_limit::{RateLimit, RateLimiter};
+use crate::snapshot::{ConfigSnapshot, ProxyId};
+use crate::state::{self, Slot, StateParams};
+use crate::{Metrics, MetricsSnapshot};
+use parking_lot::Mutex;
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+use structs::{NodeService, ServiceKind};
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+/// Manager settings.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Datacenter the proxies live in.
+    pub datacenter: String,
+    /// How long a State gathers changes before publishing one snapshot.
+    pub coalesce: Duration,
+    /// Optional global limit on snapshot deliveries (off by default).
+    pub rate_limit: Option<RateLimit>,
+    /// Updates that can queue for one State before data sources wait.
+    pub event_buffer: usize,
+}
+
+/// Consul waits a fixed 200 ms; changes here reach proxies an order of magnitude sooner.
+pub const DEFAULT_COALESCE: Duration = Duration::from_millis(10);
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            datacenter: "dc1".into(),
+            coalesce: DEFAULT_COALESCE,
+            rate_limit: None,
+            event_buffer: 64,
+        }
+    }
+}
+
+/// Who registered a proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxySource {
+    /// The local agent's own state.
+    Local,
+    /// The server's catalog (agentless proxies).
+    Catalog,
+}
+
+impl fmt::Display for ProxySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProxySource::Local => "local",
+            ProxySource::Catalog => "catalog",
+        })
+    }
+}
+
+/// A proxy to manage: its id, registration and the token its watches use.
+#[derive(Debug, Clone)]
+pub struct ProxyRegistration {
+    /// The proxy's id.
+    pub id: ProxyId,
+    /// Its service registration (kind, address, port, proxy config).
+    pub service: Arc<NodeService>,
+    /// ACL token for its watches.
+    pub token: String,
+}
+
+impl ProxyRegistration {
+    /// True when going from `self` to `new` changes what the proxy's State watches or builds.
+    fn needs_rebuild(&self, new: &ProxyRegistration) -> bool {
+        let (a, b) = (&*self.service, &*new.service);
+        a.kind != b.kind
+            || a.service != b.service
+            || a.address != b.address
+            || a.port != b.port
+            || a.socket_path != b.socket_path
+            || a.proxy != b.proxy
+            || self.token != new.token
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// Another source owns this proxy and `overwrite` was not set.
+    #[error("proxy {id} is already registered by the {existing} source")]
+    SourceConflict {
+        /// The proxy.
+        id: ProxyId,
+        /// Who registered it.
+        existing: ProxySource,
+    },
+    /// The service is not a proxy or gateway.
+    #[error("service {id} is not a proxy (kind {kind:?})")]
+    NotAProxy {
+        /// The service.
+        id: ProxyId,
+        /// Its kind.
+        kind: ServiceKind,
+    },
+    /// No handler exists for the kind.
+    #[error(transparent)]
+    Unsupported(#[from] UnsupportedKind),
+    /// The Manager has been shut down.
+    #[error("the proxy config manager has shut down")]
+    Closed,
+}
+
+/// What a successful registration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    /// A new State started.
+    Started,
+    /// The previous State was stopped and a fresh one started.
+    Rebuilt,
+    /// Nothing the proxy's config depends on changed; the State keeps running.
+    Unchanged,
+}
+
+struct SlotEntry {
+    tx: Slot,
+    registered: bool,
+}
+
+struct Running {
+    registration: ProxyRegistration,
+    source: ProxySource,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        // The State only returns once its watches are gone; a panic there is already logged.
+        let _ = self.task.await;
+    }
+}
+
+struct Inner {
+    config: ManagerConfig,
+    datacenter: Arc<str>,
+    sources: DataSources,
+    metrics: Arc<Metrics>,
+    limiter: Option<Arc<RateLimiter>>,
+    slots: Mutex<HashMap<ProxyId, SlotEntry>>,
+    states: tokio::sync::Mutex<HashMap<ProxyId, Running>>,
+    root: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // States are children of this token: dropping the last Manager handle stops them all.
+        self.root.cancel();
+    }
+}
+
+/// Keeps one State per registered proxy and hands out snapshot watchers. Cheap to clone.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Manager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Manager")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A Manager whose States get their data from `sources`.
+    pub fn new(config: ManagerConfig, sources: DataSources) -> Self {
+        let limiter = config.rate_limit.map(|l| Arc::new(RateLimiter::new(l)));
+        Self {
+            inner: Arc::new(Inner {
+                datacenter: Arc::from(config.datacenter.as_str()),
+                config,
+                sources,
+                metrics: Arc::new(Metrics::default()),
+                limiter,
+                slots: Mutex::new(HashMap::new()),
+                states: tokio::sync::Mutex::new(HashMap::new()),
+                root: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Registers or updates a proxy from `source`. A proxy registered by another source is
+    /// only taken over with `overwrite`. Returns once any previous State has fully stopped.
+    pub async fn register(
+        &self,
+        registration: ProxyRegistration,
+        source: ProxySource,
+        overwrite: bool,
+    ) -> Result<Registered, RegisterError> {
+        let inner = &self.inner;
+        if !registration.service.kind.is_proxy() {
+            return Err(RegisterError::NotAProxy {
+                id: registration.id,
+                kind: registration.service.kind,
+            });
+        }
+        let mut states = inner.states.lock().await;
+        if inner.root.is_cancelled() {
+            return Err(RegisterError::Closed);
+        }
+        let id = registration.id.clone();
+        let mut outcome = Registered::Started;
+        if let Some(existing) = states.get_mut(&id) {
+            if existing.source != source && !overwrite {
+                return Err(RegisterError::SourceConflict {
+                    id,
+                    existing: existing.source,
+                });
+            }
+            if !existing.registration.needs_rebuild(&registration) {
+                existing.registration = registration;
+                existing.source = source;
+                return Ok(Registered::Unchanged);
+            }
+            if let Some(old) = states.remove(&id) {
+                old.stop().await;
+            }
+            outcome = Registered::Rebuilt;
+        }
+
+        let slot = {
+            let mut slots = inner.slots.lock();
+            let entry = slots.entry(id.clone()).or_insert_with(|| SlotEntry {
+                tx: watch::Sender::new(None),
+                registered: false,
+            });
+            entry.registered = true;
+            entry.tx.clone()
+        };
+        let cancel = inner.root.child_token();
+        let params = StateParams {
+            registration: registration.clone(),
+            datacenter: Arc::clone(&inner.datacenter),
+            sources: inner.sources.clone(),
+            slot,
+            coalesce: inner.config.coalesce,
+            limiter: inner.limiter.clone(),
+            event_buffer: inner.config.event_buffer,
+            metrics: Arc::clone(&inner.metrics),
+            cancel: cancel.clone(),
+        };
+        let task = match state::spawn(params) {
+            Ok(task) => task,
+            Err(err) => {
+                self.release_slot(&id);
+                return Err(err.into());
+            }
+        };
+        info!(proxy = %id, %source, ?outcome, "proxy registered");
+        states.insert(
+            id,
+            Running {
+                registration,
+                source,
+                cancel,
+                task,
+            },
+        );
+        Ok(outcome)
+    }
+
+    /// Deregisters a proxy registered by `source`: stops its State (returning once every watch
+    /// task is gone) and withdraws its snapshot. Returns false if it was not registered by
+    /// that source.
+    pub async fn deregister(&self, id: &ProxyId, source: ProxySource) -> bool {
+        let mut states = self.inner.states.lock().await;
+        match states.get(id) {
+            Some(r) if r.source == source => {}
+            _ => return false,
+        }
+        let Some(running) = states.remove(id) else { return false };
+        running.stop().await;
+        self.release_slot(id);
+        info!(proxy = %id, %source, "proxy deregistered");
+        true
+    }
+
+    /// Marks a slot unregistered, tells its watchers, and drops it if nobody watches.
+    fn release_slot(&self, id: &ProxyId) {
+        let mut slots = self.inner.slots.lock();
+        if let Some(entry) = slots.get_mut(id) {
+            entry.registered = false;
+            if entry.tx.receiver_count() == 0 {
+                slots.remove(id);
+            } else {
+                entry.tx.send_replace(None);
+            }
+        }
+    }
+
+    /// Watches a proxy's snapshots; works before it is registered.
+    pub fn watch(&self, id: &ProxyId) -> Watcher {
+        let rx = {
+            let mut slots = self.inner.slots.lock();
+            let entry = slots.entry(id.clone()).or_insert_with(|| SlotEntry {
+                tx: watch::Sender::new(None),
+                registered: false,
+            });
+            entry.tx.subscribe()
+        };
+        let mut rx = rx;
+        if rx.borrow().is_some() {
+            rx.mark_changed();
+        } else {
+            rx.mark_unchanged();
+        }
+        self.inner.metrics.watcher_added();
+        debug!(proxy = %id, "watcher added");
+        Watcher {
+            rx,
+            id: id.clone(),
+            manager: Arc::downgrade(&self.inner),
+            metrics: Arc::clone(&self.inner.metrics),
+        }
+    }
+
+    /// The ids of every registered proxy, sorted.
+    pub async fn registered(&self) -> Vec<ProxyId> {
+        let mut ids: Vec<ProxyId> = self.inner.states.lock().await.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The registration and source of a proxy, if registered.
+    pub async fn registration(&self, id: &ProxyId) -> Option<(ProxyRegistration, ProxySource)> {
+        self.inner
+            .states
+            .lock()
+            .await
+            .get(id)
+            .map(|r| (r.registration.clone(), r.source))
+    }
+
+    /// The engine's counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Stops every State and waits until all of them and their watches are gone. Later
+    /// registrations are refused.
+    pub async fn shutdown(&self) {
+        let mut states = self.inner.states.lock().await;
+        self.inner.root.cancel();
+        let ids: Vec<ProxyId> = states.keys().cloned().collect();
+        for id in ids {
+            if let Some(running) = states.remove(&id) {
+                running.stop().await;
+            }
+            self.release_slot(&id);
+        }
+    }
+}
+
+/// What a watcher sees next.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// A new snapshot (the newest; intermediate ones a slow watcher missed are skipped).
+    Snapshot(Arc<ConfigSnapshot>),
+    /// The proxy was deregistered; it may be registered again later.
+    Deregistered,
+}
+
+/// Receives one proxy's snapshots. Dropping it stops watching.
+pub struct Watcher {
+    rx: watch::Receiver<Option<Arc<ConfigSnapshot>>>,
+    id: ProxyId,
+    manager: Weak<Inner>,
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watcher").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Watcher {
+    /// Waits for the next change: the current snapshot at once on the first call if one is
+    /// published, then each newer one. `None` once the Manager is gone.
+    pub async fn next(&mut self) -> Option<WatchEvent> {
+        self.rx.changed().await.ok()?;
+        Some(match self.rx.borrow_and_update().clone() {
+            Some(snapshot) => WatchEvent::Snapshot(snapshot),
+            None => WatchEvent::Deregistered,
+        })
+    }
+
+    /// The newest published snapshot, without waiting.
+    pub fn current(&self) -> Option<Arc<ConfigSnapshot>> {
+        self.rx.borrow().clone()
+    }
+
+    /// The proxy this watcher follows.
+    pub fn proxy_id(&self) -> &ProxyId {
+        &self.id
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.metrics.watcher_removed();
+        let Some(inner) = self.manager.upgrade() else { return };
+        let mut slots = inner.slots.lock();
+        // This watcher's receiver is still alive here, so "only us" is a count of one.
+        if let Some(entry) = slots.get(&self.id)
+            && !entry.registered
+            && entry.tx.receiver_count() <= 1
+        {
+            slots.remove(&self.id);
+        }
+    }
+}

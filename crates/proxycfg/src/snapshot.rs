@@ -1,0 +1,221 @@
+//! Config snapshots: everything one proxy needs, immutable once published.
+//!
+//! A snapshot is a tree of `Arc`s. Publishing wraps the working copy in a new `Arc` after a
+//! shallow clone (a handful of pointer copies); a later change clones only the path from the
+//! root to what changed (`Arc::make_mut`), so an endpoint change touches one upstream entry and
+//! shares everything else with the previous snapshot, and results shared by many proxies (the
+//! same health result, the same roots) are stored once.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+use structs::{
+    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, HealthCheck, IndexedCaRoots, Intention, IssuedCert,
+    NodeService, ResolvedServiceConfig, ServiceKind, TargetId, Upstream, UpstreamId,
+};
+
+/// Identifies a proxy: the node it is registered on and its service instance id. Agent-local
+/// proxies may leave the node empty.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProxyId {
+    /// Node name (empty for the agent's own node).
+    pub node: String,
+    /// Service instance id of the proxy.
+    pub service_id: String,
+}
+
+impl ProxyId {
+    /// A proxy on `node` with instance id `service_id`.
+    pub fn new(node: impl Into<String>, service_id: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            service_id: service_id.into(),
+        }
+    }
+}
+
+impl fmt::Display for ProxyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.node.is_empty() {
+            f.write_str(&self.service_id)
+        } else {
+            write!(f, "{}/{}", self.node, self.service_id)
+        }
+    }
+}
+
+/// A value a watch has delivered at least once; `None` until then.
+pub type Known<T> = Option<T>;
+
+/// A proxy's complete configuration at one moment.
+#[derive(Debug, Clone)]
+pub struct ConfigSnapshot {
+    /// Which proxy.
+    pub proxy_id: Arc<ProxyId>,
+    /// The registration it was built from (kind, address, port, proxy config).
+    pub service: Arc<NodeService>,
+    /// Datacenter of the proxy.
+    pub datacenter: Arc<str>,
+    /// Increases by one with every snapshot published for this proxy's current State.
+    pub version: u64,
+    /// CA trust bundle.
+    pub roots: Known<Arc<IndexedCaRoots>>,
+    /// Kind-specific data.
+    pub kind: KindSnapshot,
+}
+
+/// Data only some proxy kinds have.
+#[derive(Debug, Clone)]
+pub enum KindSnapshot {
+    /// A sidecar.
+    ConnectProxy(ConnectProxySnapshot),
+}
+
+impl ConfigSnapshot {
+    /// The proxy's kind.
+    pub fn service_kind(&self) -> ServiceKind {
+        self.service.kind
+    }
+
+    /// True once everything needed to configure the proxy is known.
+    pub fn is_valid(&self) -> bool {
+        self.roots.is_some()
+            && match &self.kind {
+                KindSnapshot::ConnectProxy(c) => c.is_valid(),
+            }
+    }
+
+    /// The connect-proxy part, if this is a sidecar.
+    pub fn connect_proxy(&self) -> Option<&ConnectProxySnapshot> {
+        match &self.kind {
+            KindSnapshot::ConnectProxy(c) => Some(c),
+        }
+    }
+}
+
+/// What a sidecar needs beyond the common part.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectProxySnapshot {
+    /// Its leaf certificate.
+    pub leaf: Known<Arc<IssuedCert>>,
+    /// Intentions for the proxied service, in evaluation order.
+    pub intentions: Known<Arc<Vec<Intention>>>,
+    /// The `mesh` config entry (`Some(None)`: known not to exist).
+    pub mesh_config: Known<Option<Arc<ConfigEntry>>>,
+    /// Central config for the proxied service.
+    pub resolved_config: Known<Arc<ResolvedServiceConfig>>,
+    /// HTTP checks of the proxied service (when checks are exposed).
+    pub http_checks: Arc<Vec<HealthCheck>>,
+    /// Upstreams by id.
+    pub upstreams: Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>,
+}
+
+impl ConnectProxySnapshot {
+    /// Roots aside (common), a sidecar needs its leaf, intentions and config.
+    pub fn is_valid(&self) -> bool {
+        self.leaf.is_some() && self.intentions.is_some() && self.mesh_config.is_some() && self.resolved_config.is_some()
+    }
+}
+
+/// One upstream: its chain and the healthy endpoints of each chain target.
+#[derive(Debug, Clone)]
+pub struct UpstreamSnapshot {
+    /// Position of the upstream in the registration's `Proxy.Upstreams` (see
+    /// [`ConfigSnapshot::upstream_config`]); the registration is not copied per snapshot.
+    pub index: usize,
+    /// Its compiled discovery chain, once known (service upstreams).
+    pub chain: Known<Arc<CompiledDiscoveryChain>>,
+    /// Healthy instances per chain target (a prepared query has one synthetic target).
+    pub endpoints: TargetEndpoints,
+}
+
+impl UpstreamSnapshot {
+    /// An upstream nothing is known about yet.
+    pub fn new(index: usize) -> Self {
+        Self {
+            index,
+            chain: None,
+            endpoints: TargetEndpoints::default(),
+        }
+    }
+}
+
+impl ConfigSnapshot {
+    /// The registered config of an upstream of this snapshot.
+    pub fn upstream_config(&self, upstream: &UpstreamSnapshot) -> Option<&Upstream> {
+        self.service.proxy.upstreams.get(upstream.index)
+    }
+}
+
+/// Healthy instances per chain target. A chain names few targets (usually one), so this is a
+/// sorted vector rather than a tree: one small allocation per upstream.
+#[derive(Debug, Clone, Default)]
+pub struct TargetEndpoints(Vec<(TargetId, Arc<Vec<CheckServiceNode>>)>);
+
+impl TargetEndpoints {
+    fn position(&self, target: &TargetId) -> Result<usize, usize> {
+        self.0.binary_search_by(|(t, _)| t.cmp(target))
+    }
+
+    /// The instances of `target`, if known.
+    pub fn get(&self, target: &TargetId) -> Option<&Arc<Vec<CheckServiceNode>>> {
+        self.position(target).ok().map(|i| &self.0[i].1)
+    }
+
+    /// True if instances of `target` are known.
+    pub fn contains_key(&self, target: &TargetId) -> bool {
+        self.position(target).is_ok()
+    }
+
+    /// Sets the instances of `target`.
+    pub fn insert(&mut self, target: TargetId, nodes: Arc<Vec<CheckServiceNode>>) {
+        match self.position(&target) {
+            Ok(i) => self.0[i].1 = nodes,
+            Err(i) => self.0.insert(i, (target, nodes)),
+        }
+    }
+
+    /// Forgets `target`.
+    pub fn remove(&mut self, target: &TargetId) -> Option<Arc<Vec<CheckServiceNode>>> {
+        self.position(target).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// Keeps only the targets `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(&TargetId, &Arc<Vec<CheckServiceNode>>) -> bool) {
+        self.0.retain(|(t, n)| keep(t, n));
+    }
+
+    /// Targets and instances, in target order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TargetId, &Arc<Vec<CheckServiceNode>>)> {
+        self.0.iter().map(|(t, n)| (t, n))
+    }
+
+    /// Targets, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &TargetId> {
+        self.0.iter().map(|(t, _)| t)
+    }
+
+    /// Instances, in target order.
+    pub fn values(&self) -> impl Iterator<Item = &Arc<Vec<CheckServiceNode>>> {
+        self.0.iter().map(|(_, n)| n)
+    }
+
+    /// Number of targets with known instances.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no target has known instances.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&TargetId> for TargetEndpoints {
+    type Output = Arc<Vec<CheckServiceNode>>;
+
+    fn index(&self, target: &TargetId) -> &Self::Output {
+        match self.get(target) {
+            Some(nodes) => nodes,
+            None => panic!("no endpoints for target {target}"),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The per-proxy State: one task that owns a proxy's watches and builds its snapshots.
+//!
+//! Loop: fold every current update into the working snapshot through the kind handler; the
+//! first change after a publish arms the coalescing timer; when it fires and the snapshot is
+//! valid, publish it (after the global rate limiter, if any). Updates from cancelled watches
+//! are dropped, error results are logged and leave the last good data in place. The task ends
+//! when its token is cancelled, and only after every watch task it started has ended.
+
+use crate::data_sources::DataSources;
+use crate::handler::{UnsupportedKind, handler_for};
+use crate::rate_limit::RateLimiter;
+use crate::snapshot::ConfigSnapshot;
+use crate::{Metrics, ProxyRegistration, Watches};
+use std::{sync::Arc, time::Duration};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, trace, warn};
+
+/// The latest published snapshot of one proxy (`None` until valid, and after deregistration).
+pub(crate) type Slot = watch::Sender<Option<Arc<ConfigSnapshot>>>;
+
+/// What one State needs from its Manager.
+pub(crate) struct StateParams {
+    pub(crate) registration: ProxyRegistration,
+    pub(crate) datacenter: Arc<str>,
+    pub(crate) sources: DataSources,
+    pub(crate) slot: Slot,
+    pub(crate) coalesce: Duration,
+    pub(crate) limiter: Option<Arc<RateLimiter>>,
+    pub(crate) event_buffer: usize,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Starts the State task for a registration; it runs until `params.cancel` fires.
+pub(crate) fn spawn(params: StateParams) -> Result<JoinHandle<()>, UnsupportedKind> {
+    let handler = handler_for(&params.registration, &params.datacenter, &params.sources)?;
+    let span = info_span!("proxy", id = %params.registration.id, kind = %params.registration.service.kind);
+    params.metrics.state_started();
+    Ok(tokio::spawn(run(params, handler).instrument(span)))
+}
+
+/// Completes when `deadline` has passed. A deadline already due completes at once, without
+/// a timer (whose 1 ms granularity would add a millisecond), unless updates are still queued:
+/// those are folded first.
+async fn ready_or_sleep(deadline: Instant, queue_empty: bool) {
+    if deadline <= Instant::now() {
+        if queue_empty {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep_until(deadline).await;
+}
+
+async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandler>) {
+    let StateParams {
+        registration,
+        datacenter,
+        sources: _,
+        slot,
+        coalesce,
+        limiter,
+        event_buffer,
+        metrics,
+        cancel,
+    } = params;
+    let (tx, mut rx) = mpsc::channel(event_buffer.max(1));
+    let mut watches = Watches::new(tx, cancel.child_token(), Arc::clone(&metrics));
+    let kind = handler.initialize(&mut watches);
+    // Versions keep increasing across rebuilds of the same proxy.
+    let version = slot.borrow().as_ref().map_or(0, |s| s.version);
+    let mut snapshot = ConfigSnapshot {
+        proxy_id: Arc::new(registration.id.clone()),
+        service: Arc::clone(&registration.service),
+        datacenter,
+        version,
+        roots: None,
+        kind,
+    };
+    debug!(watches = watches.len(), "proxy state started");
+
+    let far_future = || Instant::now() + Duration::from_secs(86_400 * 365);
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let queue_empty = rx.is_empty();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            () = ready_or_sleep(deadline.unwrap_or_else(far_future), queue_empty), if deadline.is_some() => {
+                deadline = None;
+                if !snapshot.is_valid() {
+                    continue;
+                }
+                if let Some(limiter) = &limiter {
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        () = limiter.acquire() => {}
+                    }
+                }
+                snapshot.version += 1;
+                slot.send_replace(Some(Arc::new(snapshot.clone())));
+                metrics.snapshot_built();
+                trace!(version = snapshot.version, "snapshot published");
+            }
+            Some(event) = rx.recv() => {
+                watches.reap();
+                if !watches.is_current(&event) {
+                    metrics.stale_update();
+                    trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
+                    continue;
+                }
+                match event.result {
+                    Err(err) => {
+                        metrics.data_source_error();
+                        warn!(id = %event.correlation_id, error = %err, "data source error; keeping last good data");
+                    }
+                    Ok(payload) => {
+                        let id = event.correlation_id;
+                        match handler.handle_update(id, payload, &mut snapshot, &mut watches) {
+                            Ok(()) => {
+                                metrics.update();
+                                if deadline.is_none() {
+                                    // With no window, publish on the next turn of the loop
+                                    // (after updates already queued) instead of a timer tick.
+                                    deadline = Some(if coalesce.is_zero() { Instant::now() } else { Instant::now() + coalesce });
+                                }
+                            }
+                            Err(err) => warn!(error = %err, "update ignored"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    watches.shutdown().await;
+    metrics.state_stopped();
+    debug!("proxy state stopped");
+}
