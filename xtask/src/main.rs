@@ -7,8 +7,9 @@
 
 use anyhow::{Context, Result, bail};
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 fn workspace_root() -> PathBuf {
@@ -36,10 +37,64 @@ fn run(mut cmd: Command) -> Result<()> {
 /// The benchmarks, by name: (package, bench target).
 const BENCHES: &[(&str, &str, &str)] = &[("proxycfg", "proxycfg", "propagation")];
 
+/// Totals of the `test result:` lines of a cargo test run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
 fn test(extra: &[String]) -> Result<()> {
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--locked"]).args(extra);
-    run(cmd)
+    cmd.args(["test", "--workspace", "--locked"])
+        .args(extra)
+        .stdout(Stdio::piped());
+    println!("xtask: running {cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    let mut totals = Totals::default();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line.context("reading cargo test output")?;
+            println!("{line}");
+            totals.add_line(&line);
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    // One closing line for the whole workspace, in the plain form CI reads.
+    println!(
+        "summary: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    if !status.success() {
+        bail!("cargo test failed with {status}");
+    }
+    if totals.passed == 0 {
+        bail!("cargo test ran no test");
+    }
+    Ok(())
 }
 
 fn demo() -> Result<()> {
@@ -85,5 +140,26 @@ fn main() -> Result<()> {
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some(other) => bail!("unknown task {other:?}: expected test, demo or bench"),
         None => bail!("usage: cargo xtask <test | demo | bench [NAME]>"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_test_result_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 19 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.68s");
+        t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        t.add_line("running 4 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 22,
+                failed: 1,
+                ignored: 2
+            }
+        );
     }
 }
