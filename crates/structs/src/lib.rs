@@ -5,6 +5,7 @@
 //! shapes: [`json::from_slice`] accepts any key casing on input, `serde_json` writes
 //! Consul's casing on output, and empty lists are written as `[]`.
 
+pub mod catalog;
 pub mod config_entry;
 pub mod connect;
 pub mod discovery_chain;
@@ -19,6 +20,7 @@ pub mod resolved;
 pub mod service;
 pub mod validate;
 
+pub use catalog::{DeregisterRequest, RegisterRequest};
 pub use config_entry::{ConfigEntry, ConfigEntryKind};
 pub use connect::{CaRoot, IndexedCaRoots, IssuedCert, SpiffeIdService, Timestamp};
 pub use discovery_chain::{CompiledDiscoveryChain, DiscoveryTarget, TargetId};

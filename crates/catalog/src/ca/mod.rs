@@ -1,0 +1,344 @@
+//! The built-in CA: a root per trust domain, leaf certificates for SPIFFE service identities,
+//! and rotation that keeps an old root trusted until the last leaf it signed has expired.
+//!
+//! Certificates are built with rcgen and read back with x509-parser; no ASN.1 is written by
+//! hand. Keys are ECDSA (P-256 or P-384): the signing backend cannot generate RSA keys.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType, SerialNumber,
+};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, SystemTime};
+use structs::{CaRoot, GoDuration, Index, IndexedCaRoots, IssuedCert, SpiffeIdService, Timestamp};
+
+/// Why the CA could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaError {
+    /// The configuration asks for something the built-in CA cannot do.
+    #[error("{field}: {reason}")]
+    InvalidConfig {
+        /// The offending field of the CA configuration.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Key generation or signing failed.
+    #[error("CA crypto failure: {0}")]
+    Crypto(String),
+    /// There is no active root to sign with.
+    #[error("the CA has no active root")]
+    NoActiveRoot,
+}
+
+fn crypto(e: impl std::fmt::Display) -> CaError {
+    CaError::Crypto(e.to_string())
+}
+
+/// The CA's configuration (`/v1/connect/ca/configuration` → `Config`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaConfig {
+    /// Lifetime of issued leaf certificates.
+    #[serde(rename = "LeafCertTTL")]
+    pub leaf_cert_ttl: GoDuration,
+    /// Lifetime of roots.
+    #[serde(rename = "RootCertTTL")]
+    pub root_cert_ttl: GoDuration,
+    /// `ec` (the only type the built-in CA generates).
+    #[serde(rename = "PrivateKeyType")]
+    pub private_key_type: String,
+    /// 256 or 384.
+    #[serde(rename = "PrivateKeyBits")]
+    pub private_key_bits: u32,
+}
+
+impl Default for CaConfig {
+    fn default() -> Self {
+        Self {
+            leaf_cert_ttl: GoDuration(Duration::from_secs(72 * 3600)),
+            root_cert_ttl: GoDuration(Duration::from_secs(10 * 365 * 24 * 3600)),
+            private_key_type: "ec".into(),
+            private_key_bits: 256,
+        }
+    }
+}
+
+impl CaConfig {
+    /// Checks the configuration against what the built-in CA can do.
+    pub fn validate(&self) -> Result<(), CaError> {
+        if self.private_key_type != "ec" {
+            return Err(CaError::InvalidConfig {
+                field: "Config.PrivateKeyType",
+                reason: format!(
+                    "{:?} is not supported by the built-in CA: use \"ec\"",
+                    self.private_key_type
+                ),
+            });
+        }
+        if !matches!(self.private_key_bits, 256 | 384) {
+            return Err(CaError::InvalidConfig {
+                field: "Config.PrivateKeyBits",
+                reason: format!("{} is not supported for ec keys: use 256 or 384", self.private_key_bits),
+            });
+        }
+        let hour = Duration::from_secs(3600);
+        if self.leaf_cert_ttl.0 < hour || self.leaf_cert_ttl.0 > 365 * 24 * hour {
+            return Err(CaError::InvalidConfig {
+                field: "Config.LeafCertTTL",
+                reason: "must be between 1h and 8760h".into(),
+            });
+        }
+        if self.root_cert_ttl.0 <= self.leaf_cert_ttl.0 {
+            return Err(CaError::InvalidConfig {
+                field: "Config.RootCertTTL",
+                reason: "must be longer than LeafCertTTL".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        if self.private_key_bits == 384 {
+            &rcgen::PKCS_ECDSA_P384_SHA384
+        } else {
+            &rcgen::PKCS_ECDSA_P256_SHA256
+        }
+    }
+}
+
+/// One root with its signing key, and how long an inactive root stays trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRoot {
+    /// The public part.
+    pub root: CaRoot,
+    /// PEM private key (persisted: the store's data dir must be protected).
+    pub private_key_pem: String,
+    /// For a rotated-out root: when its last leaf expires, after which it is dropped.
+    pub keep_until: Option<Timestamp>,
+}
+
+/// Everything the CA keeps durably.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaState {
+    /// Cluster id (a UUID); the trust domain is `<cluster id>.consul`.
+    pub cluster_id: String,
+    /// The configuration.
+    pub config: CaConfig,
+    /// Roots, active first.
+    pub roots: Vec<StoredRoot>,
+    /// Index of the write that created the CA.
+    pub create_index: Index,
+    /// Index of the last CA write.
+    pub modify_index: Index,
+}
+
+impl CaState {
+    /// The SPIFFE trust domain.
+    pub fn trust_domain(&self) -> String {
+        format!("{}.consul", self.cluster_id)
+    }
+
+    /// The active root.
+    pub fn active(&self) -> Option<&StoredRoot> {
+        self.roots.iter().find(|r| r.root.active)
+    }
+
+    /// The trust bundle as of `now`: the active root and every rotated-out root whose
+    /// leaves may still be in use.
+    pub fn bundle(&self, now: SystemTime) -> IndexedCaRoots {
+        let roots: Vec<CaRoot> = self
+            .roots
+            .iter()
+            .filter(|r| r.root.active || r.keep_until.is_none_or(|t| t.0 > now))
+            .map(|r| r.root.clone())
+            .collect();
+        IndexedCaRoots {
+            active_root_id: self.active().map(|r| r.root.id.clone()).unwrap_or_default(),
+            trust_domain: self.trust_domain(),
+            roots,
+            index: self.modify_index,
+        }
+    }
+
+    /// A new CA with a fresh cluster id and root.
+    pub fn bootstrap(config: CaConfig) -> Result<Self, CaError> {
+        config.validate()?;
+        let cluster_id = new_uuid()?;
+        let root = generate_root(&format!("{cluster_id}.consul"), &config, 1)?;
+        Ok(Self {
+            cluster_id,
+            config,
+            roots: vec![root],
+            create_index: Index(0),
+            modify_index: Index(0),
+        })
+    }
+
+    /// Applies a new configuration. A change of key type or size rotates the root: the new
+    /// root becomes active and the old one stays in the bundle until its leaves expire.
+    pub fn reconfigure(&self, config: CaConfig, now: SystemTime) -> Result<Self, CaError> {
+        config.validate()?;
+        let mut next = self.clone();
+        let rotate = config.private_key_type != self.config.private_key_type
+            || config.private_key_bits != self.config.private_key_bits;
+        next.config = config;
+        if rotate {
+            next.rotate(now)?;
+        }
+        Ok(next)
+    }
+
+    /// Makes a new root active; the previous active root is kept until `now` + leaf TTL.
+    pub fn rotate(&mut self, now: SystemTime) -> Result<(), CaError> {
+        let keep_until = Timestamp(now + self.config.leaf_cert_ttl.0);
+        for r in &mut self.roots {
+            if r.root.active {
+                r.root.active = false;
+                r.keep_until = Some(keep_until);
+            }
+        }
+        let generation = self.roots.len() as u64 + 1;
+        let new_root = generate_root(&self.trust_domain(), &self.config, generation)?;
+        // Drop roots whose leaves are all expired; the new active root goes first.
+        self.roots.retain(|r| r.keep_until.is_none_or(|t| t.0 > now));
+        self.roots.insert(0, new_root);
+        Ok(())
+    }
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], CaError> {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf).map_err(crypto)?;
+    Ok(buf)
+}
+
+/// A random (version 4) UUID.
+pub fn new_uuid() -> Result<String, CaError> {
+    let mut b = random_bytes::<16>()?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
+fn colon_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn offset(t: SystemTime) -> time::OffsetDateTime {
+    time::OffsetDateTime::from(t)
+}
+
+fn random_serial() -> Result<(SerialNumber, u64), CaError> {
+    // 63 bits keeps it positive in DER and representable in Consul's uint64 field.
+    let raw = u64::from_be_bytes(random_bytes::<8>()?) >> 1;
+    let serial = raw.max(1);
+    Ok((SerialNumber::from(serial), serial))
+}
+
+fn ia5(s: &str) -> Result<rcgen::string::Ia5String, CaError> {
+    rcgen::string::Ia5String::try_from(s).map_err(crypto)
+}
+
+/// Generates a self-signed root for `trust_domain`: CA, URI SAN `spiffe://<trust-domain>`,
+/// and a critical name constraint permitting only names under the trust domain.
+pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> Result<StoredRoot, CaError> {
+    let key = KeyPair::generate_for(config.algorithm()).map_err(crypto)?;
+    let now = SystemTime::now();
+    let not_before = now - Duration::from_secs(60);
+    let not_after = now + config.root_cert_ttl.0;
+    let (serial, serial_u64) = random_serial()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("meshd CA {generation}"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.subject_alt_names = vec![SanType::URI(ia5(&format!("spiffe://{trust_domain}"))?)];
+    params.name_constraints = Some(NameConstraints {
+        permitted_subtrees: vec![GeneralSubtree::DnsName(trust_domain.to_owned())],
+        excluded_subtrees: vec![],
+    });
+    params.not_before = offset(not_before);
+    params.not_after = offset(not_after);
+    params.serial_number = Some(serial);
+    let key_id = colon_hex(&params.key_identifier(&key));
+    let cert = params.self_signed(&key).map_err(crypto)?;
+    Ok(StoredRoot {
+        root: CaRoot {
+            id: key_id.clone(),
+            name: format!("meshd CA Root Cert {generation}"),
+            serial_number: serial_u64,
+            signing_key_id: key_id,
+            external_trust_domain: String::new(),
+            not_before: Timestamp(not_before),
+            not_after: Timestamp(not_after),
+            root_cert: cert.pem(),
+            intermediate_certs: Vec::new(),
+            active: true,
+            private_key_type: config.private_key_type.clone(),
+            private_key_bits: config.private_key_bits,
+            create_index: Index(0),
+            modify_index: Index(0),
+        },
+        private_key_pem: key.serialize_pem(),
+        keep_until: None,
+    })
+}
+
+/// Signs a leaf for `service` in `datacenter` with the active root: URI SAN
+/// `spiffe://<trust-domain>/ns/default/dc/<dc>/svc/<service>`, client and server auth,
+/// valid for the configured leaf TTL.
+pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime) -> Result<IssuedCert, CaError> {
+    let root = ca.active().ok_or(CaError::NoActiveRoot)?;
+    let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(crypto)?;
+    let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(crypto)?;
+    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(crypto)?;
+    let spiffe = SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string();
+    let (serial, _) = random_serial()?;
+    let serial_text = colon_hex(serial.as_ref());
+    let valid_after = now - Duration::from_secs(60);
+    let valid_before = now + ca.config.leaf_cert_ttl.0;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, service);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+        KeyUsagePurpose::KeyAgreement,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.subject_alt_names = vec![SanType::URI(ia5(&spiffe)?)];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = offset(valid_after);
+    params.not_after = offset(valid_before);
+    params.serial_number = Some(serial);
+    let cert = params.signed_by(&key, &issuer).map_err(crypto)?;
+    Ok(IssuedCert {
+        serial_number: serial_text,
+        cert_pem: cert.pem(),
+        private_key_pem: key.serialize_pem(),
+        service: service.to_owned(),
+        service_uri: spiffe,
+        valid_after: Timestamp(valid_after),
+        valid_before: Timestamp(valid_before),
+        create_index: ca.modify_index,
+        modify_index: ca.modify_index,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+use super::*;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::prelude::*;
+
+fn der(pem_text: &str) -> Vec<u8> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_text.as_bytes()).unwrap();
+    pem.contents
+}
+
+#[test]
+fn leaf_chains_to_root_with_spiffe_id() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let root = ca.active().unwrap();
+    let leaf = sign_leaf(&ca, "dc1", "web", SystemTime::now()).unwrap();
+    assert_eq!(
+        leaf.service_uri,
+        format!("spiffe://{}/ns/default/dc/dc1/svc/web", ca.trust_domain())
+    );
+
+    let root_der = der(&root.root.root_cert);
+    let leaf_der = der(&leaf.cert_pem);
+    let (_, root_cert) = X509Certificate::from_der(&root_der).unwrap();
+    let (_, leaf_cert) = X509Certificate::from_der(&leaf_der).unwrap();
+    leaf_cert
+        .verify_signature(Some(root_cert.public_key()))
+        .expect("leaf is signed by the root");
+    assert_eq!(leaf_cert.issuer(), root_cert.subject());
+    assert!(!leaf_cert.is_ca());
+    let sans = leaf_cert.subject_alternative_name().unwrap().unwrap();
+    assert!(sans.value.general_names.contains(&GeneralName::URI(&leaf.service_uri)));
+    let ttl = leaf.valid_before.0.duration_since(leaf.valid_after.0).unwrap();
+    assert_eq!(ttl, Duration::from_secs(72 * 3600 + 60));
+    // The key in the response matches the certificate.
+    let key = KeyPair::from_pem(&leaf.private_key_pem).unwrap();
+    assert_eq!(key.public_key_raw(), &*leaf_cert.public_key().subject_public_key.data);
+}
+
+#[test]
+fn root_is_a_name_constrained_ca_for_the_trust_domain() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let root_der = der(&ca.active().unwrap().root.root_cert);
+    let (_, root) = X509Certificate::from_der(&root_der).unwrap();
+    assert!(root.is_ca());
+    root.verify_signature(None).expect("self-signed");
+    let nc = root
+        .extensions()
+        .iter()
+        .find(|e| matches!(e.parsed_extension(), ParsedExtension::NameConstraints(_)))
+        .expect("name constraints present");
+    assert!(nc.critical);
+    let ParsedExtension::NameConstraints(nc) = nc.parsed_extension() else {
+        unreachable!()
+    };
+    let permitted = nc.permitted_subtrees.as_ref().unwrap();
+    assert_eq!(permitted.len(), 1);
+    assert_eq!(permitted[0].base, GeneralName::DNSName(&ca.trust_domain()));
+    let sans = root.subject_alternative_name().unwrap().unwrap();
+    let uri = format!("spiffe://{}", ca.trust_domain());
+    assert!(sans.value.general_names.contains(&GeneralName::URI(&uri)));
+}
+
+#[test]
+fn rotation_keeps_old_root_until_its_leaves_expire() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let old_id = ca.active().unwrap().root.id.clone();
+    let now = SystemTime::now();
+    let old_leaf = sign_leaf(&ca, "dc1", "api", now).unwrap();
+    let rotated = ca
+        .reconfigure(
+            CaConfig {
+                private_key_bits: 384,
+                ..CaConfig::default()
+            },
+            now,
+        )
+        .unwrap();
+    let new_root = rotated.active().unwrap();
+    assert_ne!(new_root.root.id, old_id);
+    assert_eq!(new_root.root.private_key_bits, 384);
+    let bundle = rotated.bundle(now);
+    assert_eq!(bundle.roots.len(), 2);
+    assert_eq!(bundle.active_root_id, new_root.root.id);
+    assert_eq!(
+        bundle.trust_domain,
+        ca.trust_domain(),
+        "rotation keeps the trust domain"
+    );
+    // The old root outlives every leaf it signed, and not much more.
+    let keep_until = rotated
+        .roots
+        .iter()
+        .find(|r| r.root.id == old_id)
+        .unwrap()
+        .keep_until
+        .unwrap();
+    assert!(keep_until.0 >= old_leaf.valid_before.0);
+    let later = keep_until.0 + Duration::from_secs(1);
+    assert_eq!(rotated.bundle(later).roots.len(), 1);
+    // New leaves come from the new root.
+    let new_leaf = sign_leaf(&rotated, "dc1", "api", now).unwrap();
+    let new_root_der = der(&new_root.root.root_cert);
+    let (_, new_root_cert) = X509Certificate::from_der(&new_root_der).unwrap();
+    let leaf_der = der(&new_leaf.cert_pem);
+    let (_, leaf_cert) = X509Certificate::from_der(&leaf_der).unwrap();
+    leaf_cert.verify_signature(Some(new_root_cert.public_key())).unwrap();
+}
+
+#[test]
+fn rejects_what_the_built_in_ca_cannot_do() {
+    let err = CaState::bootstrap(CaConfig {
+        private_key_type: "rsa".into(),
+        private_key_bits: 2048,
+        ..CaConfig::default()
+    })
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CaError::InvalidConfig {
+                field: "Config.PrivateKeyType",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let err = ca
+        .reconfigure(
+            CaConfig {
+                private_key_bits: 521,
+                ..CaConfig::default()
+            },
+            SystemTime::now(),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Config.PrivateKeyBits: 521 is not supported for ec keys: use 256 or 384"
+    );
+    assert!(new_uuid().unwrap().len() == 36);
+}

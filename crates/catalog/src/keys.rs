@@ -1,0 +1,63 @@
+//! What a write can change, as seen by readers: index keys for blocking queries, and topics
+//! for the event publisher.
+
+use serde::{Deserialize, Serialize};
+use structs::ConfigEntryKind;
+
+/// A slice of the catalog that blocking queries wait on. Every write bumps the keys it
+/// touches to its index; a query returns (and waits past) the index of its key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum IndexKey {
+    /// The node list.
+    Nodes,
+    /// One node and what runs on it.
+    Node(String),
+    /// The service-name list (and tags).
+    Services,
+    /// Instances of one service name, their nodes and checks.
+    Service(String),
+    /// Connect-capable instances for one service name (its sidecars, or itself if native).
+    ServiceConnect(String),
+    /// Every check.
+    Checks,
+    /// Every config entry of a kind.
+    ConfigKind(ConfigEntryKind),
+    /// One config entry.
+    ConfigEntry(ConfigEntryKind, String),
+    /// Intentions (any `service-intentions` entry).
+    Intentions,
+    /// The CA: configuration and roots.
+    Ca,
+}
+
+/// A stream of values the event publisher serves: first a snapshot, then a new value after
+/// every write that changes it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Topic {
+    /// Every instance of a service with its node and checks.
+    ServiceHealth(String),
+    /// The connect-capable instances for a service.
+    ServiceHealthConnect(String),
+    /// One config entry (or its absence).
+    ConfigEntry(ConfigEntryKind, String),
+    /// The CA trust bundle.
+    CaRoots,
+    /// Intentions whose destination matches a service (exact or `*`), in evaluation order.
+    Intentions(String),
+    /// Every service name.
+    ServiceList,
+}
+
+impl Topic {
+    /// The index key whose bump means this topic may have changed.
+    pub fn index_key(&self) -> IndexKey {
+        match self {
+            Topic::ServiceHealth(name) => IndexKey::Service(name.clone()),
+            Topic::ServiceHealthConnect(name) => IndexKey::ServiceConnect(name.clone()),
+            Topic::ConfigEntry(kind, name) => IndexKey::ConfigEntry(*kind, name.clone()),
+            Topic::CaRoots => IndexKey::Ca,
+            Topic::Intentions(_) => IndexKey::Intentions,
+            Topic::ServiceList => IndexKey::Services,
+        }
+    }
+}

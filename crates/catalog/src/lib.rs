@@ -1,0 +1,26 @@
+//! meshd's server state: the catalog of nodes, services and checks, config entries
+//! (intentions among them) and the built-in CA, behind one monotonically increasing index.
+//!
+//! - [`Store`] is the only way in: writes are [`Op`]s, made durable in batches before they
+//!   are visible; reads take the current immutable [`State`].
+//! - Blocking queries wait on an [`IndexKey`] passing an index ([`Store::wait`]).
+//! - The event publisher streams a [`Topic`]'s value, snapshot first ([`Store::subscribe`]).
+//!
+//! The store knows nothing about xDS. See `docs/catalog.md` for the design and its
+//! durability guarantees.
+
+pub mod ca;
+mod keys;
+mod ops;
+pub mod publisher;
+mod state;
+mod store;
+mod views;
+mod wal;
+
+pub use keys::{IndexKey, Topic};
+pub use ops::{Op, WriteError};
+pub use publisher::{Event, Payload, Subscription, SubscriptionError};
+pub use state::{Change, State};
+pub use store::{Store, StoreConfig, WriteOutcome};
+pub use wal::StoreError;

@@ -1,0 +1,401 @@
+//! Writes: what callers ask for ([`Op`]) and how each is checked against the current state
+//! and turned into deterministic [`Change`]s. Planning may read the clock or generate keys;
+//! the resulting changes are what is logged and replayed, so replay never does either.
+
+use crate::ca::{CaConfig, CaError, CaState};
+use crate::state::{Change, State};
+use std::{collections::BTreeMap, time::SystemTime};
+use structs::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions, SourceIntention};
+use structs::{
+    ConfigEntry, ConfigEntryKind, DeregisterRequest, HealthCheck, Index, Node, Problem, RegisterRequest, Timestamp,
+    Validate, ValidationError,
+};
+
+/// A write to the catalog.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Register a node, optionally a service and checks (`/v1/catalog/register`).
+    Register(Box<RegisterRequest>),
+    /// Remove a node, a service or a check (`/v1/catalog/deregister`).
+    Deregister(DeregisterRequest),
+    /// Create or replace a config entry; with `cas`, only if its ModifyIndex matches
+    /// (0: only if it does not exist).
+    ConfigSet {
+        /// The entry.
+        entry: ConfigEntry,
+        /// Check-and-set index.
+        cas: Option<Index>,
+    },
+    /// Delete a config entry; with `cas`, only if its ModifyIndex matches.
+    ConfigDelete {
+        /// Kind.
+        kind: ConfigEntryKind,
+        /// Name.
+        name: String,
+        /// Check-and-set index.
+        cas: Option<Index>,
+    },
+    /// Create or update the intention `source` → `destination` (legacy exact API).
+    IntentionUpsert {
+        /// Source service or `*`.
+        source: String,
+        /// Destination service or `*`.
+        destination: String,
+        /// L4 action (exclusive with permissions).
+        action: Option<IntentionAction>,
+        /// L7 permissions.
+        permissions: Vec<IntentionPermission>,
+        /// Description.
+        description: String,
+        /// Metadata.
+        meta: BTreeMap<String, String>,
+    },
+    /// Delete the intention `source` → `destination`.
+    IntentionDelete {
+        /// Source.
+        source: String,
+        /// Destination.
+        destination: String,
+    },
+    /// Create the CA if there is none (first start).
+    CaBootstrap(CaConfig),
+    /// Apply a new CA configuration (rotating the root if the key type changes).
+    CaConfigure(CaConfig),
+}
+
+/// Why a write was refused. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// The request is invalid; the error names the field.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The request names something that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The CA refused.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// The datacenter is not this one.
+    #[error("unknown datacenter {0:?}")]
+    UnknownDatacenter(String),
+    /// The store could not make the write durable; it accepts no more writes.
+    #[error("storage failure: {0}")]
+    Storage(String),
+    /// The store has been closed.
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// What planning decided.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub(crate) changes: Vec<Change>,
+    /// False when a check-and-set did not match (nothing to write, the caller gets `false`).
+    pub(crate) applied: bool,
+}
+
+impl Plan {
+    fn write(changes: Vec<Change>) -> Self {
+        Self { changes, applied: true }
+    }
+    fn refused() -> Self {
+        Self {
+            changes: Vec::new(),
+            applied: false,
+        }
+    }
+}
+
+fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
+    if dc.is_empty() || dc == ours {
+        Ok(())
+    } else {
+        Err(WriteError::UnknownDatacenter(dc.to_owned()))
+    }
+}
+
+pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Result<Plan, WriteError> {
+    match op {
+        Op::Register(req) => plan_register(req, state, datacenter),
+        Op::Deregister(req) => plan_deregister(req, state, datacenter),
+        Op::ConfigSet { entry, cas } => {
+            entry.validate()?;
+            let existing = state.config_entry(entry.kind(), entry.name());
+            if let Some(cas) = cas {
+                let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
+                if current != *cas {
+                    return Ok(Plan::refused());
+                }
+            }
+            let mut entry = entry.clone();
+            if let ConfigEntry::ServiceIntentions(si) = &mut entry {
+                set_precedence(si);
+            }
+            if existing.as_deref().is_some_and(|e| same_entry(e, &entry)) {
+                return Ok(Plan::write(Vec::new()));
+            }
+            Ok(Plan::write(vec![Change::PutConfig(entry)]))
+        }
+        Op::ConfigDelete { kind, name, cas } => {
+            let existing = state.config_entry(*kind, name);
+            if let Some(cas) = cas
+                && existing.as_ref().map_or(Index(0), |e| e.modify_index()) != *cas
+            {
+                return Ok(Plan::refused());
+            }
+            if existing.is_none() {
+                return Ok(Plan::write(Vec::new()));
+            }
+            Ok(Plan::write(vec![Change::DeleteConfig(*kind, name.clone())]))
+        }
+        Op::IntentionUpsert {
+            source,
+            destination,
+            action,
+            permissions,
+            description,
+            meta,
+        } => {
+            let mut entry = intentions_entry(state, destination);
+            let existing = entry.sources.iter().position(|s| s.name == *source);
+            let stamp = Timestamp(now);
+            let mut src = existing
+                .map(|i| entry.sources[i].clone())
+                .unwrap_or_else(|| SourceIntention {
+                    name: source.clone(),
+                    legacy_create_time: Some(stamp),
+                    ..SourceIntention::default()
+                });
+            src.action = *action;
+            src.permissions = permissions.clone();
+            src.description = description.clone();
+            src.legacy_meta = meta.clone();
+            src.legacy_update_time = Some(stamp);
+            src.source_type = "consul".into();
+            match existing {
+                Some(i) => entry.sources[i] = src,
+                None => entry.sources.push(src),
+            }
+            set_precedence(&mut entry);
+            let entry = ConfigEntry::ServiceIntentions(entry);
+            entry.validate().map_err(legacy_field)?;
+            Ok(Plan::write(vec![Change::PutConfig(entry)]))
+        }
+        Op::IntentionDelete { source, destination } => {
+            let mut entry = intentions_entry(state, destination);
+            let before = entry.sources.len();
+            entry.sources.retain(|s| s.name != *source);
+            if entry.sources.len() == before {
+                return Ok(Plan::write(Vec::new()));
+            }
+            if entry.sources.is_empty() {
+                return Ok(Plan::write(vec![Change::DeleteConfig(
+                    ConfigEntryKind::ServiceIntentions,
+                    destination.clone(),
+                )]));
+            }
+            Ok(Plan::write(vec![Change::PutConfig(ConfigEntry::ServiceIntentions(
+                entry,
+            ))]))
+        }
+        Op::CaBootstrap(config) => {
+            if state.ca().is_some() {
+                return Ok(Plan::write(Vec::new()));
+            }
+            Ok(Plan::write(vec![Change::PutCa(CaState::bootstrap(config.clone())?)]))
+        }
+        Op::CaConfigure(config) => {
+            let current = state.ca().ok_or(CaError::NoActiveRoot)?;
+            if current.config == *config {
+                return Ok(Plan::write(Vec::new()));
+            }
+            Ok(Plan::write(vec![Change::PutCa(
+                current.reconfigure(config.clone(), now)?,
+            )]))
+        }
+    }
+}
+
+/// Entries are equal apart from the indexes the store stamps.
+fn same_entry(a: &ConfigEntry, b: &ConfigEntry) -> bool {
+    let mut b = b.clone();
+    b.set_indexes(a.create_index(), a.modify_index());
+    *a == b
+}
+
+fn set_precedence(si: &mut ServiceIntentions) {
+    for src in &mut si.sources {
+        src.precedence = structs::intention::precedence("default", &src.name, "default", &si.name);
+    }
+}
+
+fn intentions_entry(state: &State, destination: &str) -> ServiceIntentions {
+    match state
+        .config_entry(ConfigEntryKind::ServiceIntentions, destination)
+        .as_deref()
+    {
+        Some(ConfigEntry::ServiceIntentions(si)) => si.clone(),
+        _ => ServiceIntentions {
+            name: destination.to_owned(),
+            ..ServiceIntentions::default()
+        },
+    }
+}
+
+/// Names the legacy API's fields (`SourceName`, `DestinationName`, `Action`, ...) rather
+/// than the config entry's (`Sources[0].Name`, `Name`).
+fn legacy_field(e: ValidationError) -> ValidationError {
+    let field = if e.field == "Name" {
+        "DestinationName".to_owned()
+    } else if let Some((_, rest)) = e.field.split_once("].") {
+        if rest == "Name" {
+            "SourceName".to_owned()
+        } else {
+            rest.to_owned()
+        }
+    } else {
+        e.field
+    };
+    ValidationError {
+        field,
+        problem: e.problem,
+    }
+}
+
+fn plan_register(req: &RegisterRequest, state: &State, datacenter: &str) -> Result<Plan, WriteError> {
+    check_dc(&req.datacenter, datacenter)?;
+    req.validate()?;
+    let mut changes = Vec::new();
+    let existing = state.node(&req.node);
+    let node = Node {
+        id: req.id.clone(),
+        node: req.node.clone(),
+        address: req.address.clone(),
+        datacenter: datacenter.to_owned(),
+        tagged_addresses: req.tagged_addresses.clone(),
+        meta: req.node_meta.clone(),
+        ..Node::default()
+    };
+    let node_changed = match &existing {
+        None => true,
+        Some(_) if req.skip_node_update => false,
+        Some(old) => {
+            let mut cmp = node.clone();
+            cmp.create_index = old.create_index;
+            cmp.modify_index = old.modify_index;
+            cmp != **old
+        }
+    };
+    if node_changed {
+        changes.push(Change::PutNode(node));
+    }
+    let mut service_names: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    for svc in state.node_services(&req.node) {
+        service_names.insert(svc.id.clone(), (svc.service.clone(), svc.tags.clone()));
+    }
+    if let Some(svc) = &req.service {
+        let mut svc = svc.clone();
+        svc.normalize();
+        let old = state.service(&req.node, &svc.id);
+        let unchanged = old.as_deref().is_some_and(|o| {
+            let mut cmp = svc.clone();
+            cmp.create_index = o.create_index;
+            cmp.modify_index = o.modify_index;
+            cmp == *o
+        });
+        service_names.insert(svc.id.clone(), (svc.service.clone(), svc.tags.clone()));
+        if !unchanged {
+            changes.push(Change::PutService {
+                node: req.node.clone(),
+                service: svc,
+            });
+        }
+    }
+    for (i, check) in req.all_checks().enumerate() {
+        let mut check: HealthCheck = check.clone();
+        check.node = req.node.clone();
+        if check.check_id.is_empty() {
+            check.check_id = check.name.clone();
+        }
+        if check.name.is_empty() {
+            check.name = check.check_id.clone();
+        }
+        if !check.service_id.is_empty() {
+            let Some((name, tags)) = service_names.get(&check.service_id) else {
+                let at = if req.check.is_some() && i == 0 {
+                    "Check".to_owned()
+                } else {
+                    format!("Checks[{i}]")
+                };
+                return Err(ValidationError::new(
+                    format!("{at}.ServiceID"),
+                    Problem::Invalid(format!("no service {:?} on node {:?}", check.service_id, req.node)),
+                )
+                .into());
+            };
+            check.service_name = name.clone();
+            check.service_tags = tags.clone();
+        }
+        let unchanged = state.check(&req.node, &check.check_id).is_some_and(|o| {
+            let mut cmp = check.clone();
+            cmp.create_index = o.create_index;
+            cmp.modify_index = o.modify_index;
+            cmp == *o
+        });
+        if !unchanged {
+            changes.push(Change::PutCheck(check));
+        }
+    }
+    Ok(Plan::write(changes))
+}
+
+fn plan_deregister(req: &DeregisterRequest, state: &State, datacenter: &str) -> Result<Plan, WriteError> {
+    check_dc(&req.datacenter, datacenter)?;
+    req.validate()?;
+    if state.node(&req.node).is_none() {
+        // Consul treats removing what is not there as success.
+        return Ok(Plan::write(Vec::new()));
+    }
+    let node = req.node.clone();
+    let mut changes = Vec::new();
+    if !req.service_id.is_empty() {
+        if state.service(&node, &req.service_id).is_some() {
+            changes.push(Change::DeleteService {
+                node: node.clone(),
+                id: req.service_id.clone(),
+            });
+            for c in state
+                .node_checks(&node)
+                .iter()
+                .filter(|c| c.service_id == req.service_id)
+            {
+                changes.push(Change::DeleteCheck {
+                    node: node.clone(),
+                    id: c.check_id.clone(),
+                });
+            }
+        }
+    } else if !req.check_id.is_empty() {
+        if state.check(&node, &req.check_id).is_some() {
+            changes.push(Change::DeleteCheck {
+                node,
+                id: req.check_id.clone(),
+            });
+        }
+    } else {
+        for c in state.node_checks(&node) {
+            changes.push(Change::DeleteCheck {
+                node: node.clone(),
+                id: c.check_id.clone(),
+            });
+        }
+        for s in state.node_services(&node) {
+            changes.push(Change::DeleteService {
+                node: node.clone(),
+                id: s.id.clone(),
+            });
+        }
+        changes.push(Change::DeleteNode(node));
+    }
+    Ok(Plan::write(changes))
+}

@@ -1,0 +1,146 @@
+//! The event publisher: per-topic streams of snapshot-then-updates.
+//!
+//! A subscriber first receives the topic's current value, then a new value after every
+//! committed write that changes it. Buffers are bounded: a subscriber that falls behind is
+//! not waited for; its next read reports [`SubscriptionError::Lagged`] and it resubscribes
+//! for a fresh snapshot. Values are computed once per write and topic and shared by every
+//! subscriber, and only for topics somebody subscribes to.
+
+use crate::keys::{IndexKey, Topic};
+use crate::state::State;
+use parking_lot::Mutex;
+use std::{collections::HashMap, collections::HashSet, sync::Arc};
+use structs::{CheckServiceNode, ConfigEntry, Index, IndexedCaRoots, Intention};
+use tokio::sync::broadcast;
+
+/// The value of a topic.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// Service instances with nodes and checks.
+    Health(Arc<Vec<CheckServiceNode>>),
+    /// A config entry, or `None` if it does not exist.
+    ConfigEntry(Option<Arc<ConfigEntry>>),
+    /// The trust bundle.
+    CaRoots(Arc<IndexedCaRoots>),
+    /// Intentions in evaluation order.
+    Intentions(Arc<Vec<Intention>>),
+    /// Service names.
+    ServiceList(Arc<Vec<String>>),
+}
+
+/// One value of a topic at an index.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The index of the write that produced this value (the topic key's index).
+    pub index: Index,
+    /// The value.
+    pub payload: Payload,
+}
+
+/// Why a subscription yields nothing more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubscriptionError {
+    /// The subscriber fell behind by this many events; subscribe again for a fresh snapshot.
+    #[error("subscriber fell behind by {0} events; resubscribe")]
+    Lagged(u64),
+    /// The store has closed.
+    #[error("the store has closed")]
+    Closed,
+}
+
+/// A topic's stream: the snapshot first, then updates.
+#[derive(Debug)]
+pub struct Subscription {
+    topic: Topic,
+    snapshot: Option<Event>,
+    rx: broadcast::Receiver<Event>,
+}
+
+impl Subscription {
+    /// The next value: the snapshot on the first call, then each update.
+    pub async fn next(&mut self) -> Result<Event, SubscriptionError> {
+        if let Some(snapshot) = self.snapshot.take() {
+            return Ok(snapshot);
+        }
+        match self.rx.recv().await {
+            Ok(event) => Ok(event),
+            Err(broadcast::error::RecvError::Lagged(n)) => Err(SubscriptionError::Lagged(n)),
+            Err(broadcast::error::RecvError::Closed) => Err(SubscriptionError::Closed),
+        }
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+}
+
+/// Computes a topic's value from a state.
+pub fn payload(topic: &Topic, state: &State) -> Payload {
+    match topic {
+        Topic::ServiceHealth(name) => Payload::Health(Arc::new(state.health(name, false))),
+        Topic::ServiceHealthConnect(name) => Payload::Health(Arc::new(state.health(name, true))),
+        Topic::ConfigEntry(kind, name) => Payload::ConfigEntry(state.config_entry(*kind, name)),
+        Topic::CaRoots => Payload::CaRoots(Arc::new(state.ca_roots())),
+        Topic::Intentions(dest) => Payload::Intentions(Arc::new(state.intentions_for_destination(dest))),
+        Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),
+    }
+}
+
+pub(crate) struct Publisher {
+    topics: Mutex<HashMap<Topic, broadcast::Sender<Event>>>,
+    buffer: usize,
+}
+
+impl Publisher {
+    pub(crate) fn new(buffer: usize) -> Self {
+        Self {
+            topics: Mutex::new(HashMap::new()),
+            buffer: buffer.max(1),
+        }
+    }
+
+    /// Subscribes to `topic`; `current` is read under the publisher's lock so the snapshot
+    /// and the first update cannot miss or repeat a write.
+    pub(crate) fn subscribe(&self, topic: Topic, current: impl FnOnce() -> Arc<State>) -> Subscription {
+        let mut topics = self.topics.lock();
+        let state = current();
+        let rx = topics
+            .entry(topic.clone())
+            .or_insert_with(|| broadcast::channel(self.buffer).0)
+            .subscribe();
+        let snapshot = Event {
+            index: state.index_of(&topic.index_key()),
+            payload: payload(&topic, &state),
+        };
+        Subscription {
+            topic,
+            snapshot: Some(snapshot),
+            rx,
+        }
+    }
+
+    /// Sends the new value of every subscribed topic `bumped` touches; forgets topics nobody
+    /// listens to any more.
+    pub(crate) fn publish(&self, state: &State, bumped: &HashSet<IndexKey>) {
+        let mut topics = self.topics.lock();
+        topics.retain(|topic, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            let key = topic.index_key();
+            if bumped.contains(&key) {
+                let _ = tx.send(Event {
+                    index: state.index_of(&key),
+                    payload: payload(topic, state),
+                });
+            }
+            true
+        });
+    }
+
+    /// Topics with at least one subscriber.
+    pub(crate) fn topic_count(&self) -> usize {
+        self.topics.lock().len()
+    }
+}

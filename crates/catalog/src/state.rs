@@ -1,0 +1,386 @@
+//! The catalog's tables at one index: an immutable value readers share.
+//!
+//! Tables are persistent maps (`imbl`), so a write clones the state in O(1) and changes only
+//! the paths it touches; readers keep whatever version they hold for as long as they like.
+
+use crate::ca::CaState;
+use crate::keys::IndexKey;
+use imbl::{OrdMap, OrdSet};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, Node, NodeService, ServiceKind};
+
+/// One deterministic change to the tables; a committed write is a list of these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Change {
+    /// Create or replace a node.
+    PutNode(Node),
+    /// Remove a node (its services and checks are removed by their own changes).
+    DeleteNode(String),
+    /// Create or replace a service instance on a node.
+    PutService {
+        /// Node name.
+        node: String,
+        /// The instance.
+        service: NodeService,
+    },
+    /// Remove a service instance.
+    DeleteService {
+        /// Node name.
+        node: String,
+        /// Instance id.
+        id: String,
+    },
+    /// Create or replace a check.
+    PutCheck(HealthCheck),
+    /// Remove a check.
+    DeleteCheck {
+        /// Node name.
+        node: String,
+        /// Check id.
+        id: String,
+    },
+    /// Create or replace a config entry.
+    PutConfig(ConfigEntry),
+    /// Remove a config entry.
+    DeleteConfig(ConfigEntryKind, String),
+    /// Replace the CA state.
+    PutCa(CaState),
+}
+
+type NodeKey = (String, String);
+
+/// The catalog at one index.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Index of the last committed write.
+    pub index: Index,
+    nodes: OrdMap<String, Arc<Node>>,
+    services: OrdMap<NodeKey, Arc<NodeService>>,
+    /// (service name, node, id): instances by name.
+    by_name: OrdSet<(String, String, String)>,
+    /// (destination name, node, id): connect-capable instances by the service they serve.
+    by_connect: OrdSet<(String, String, String)>,
+    checks: OrdMap<NodeKey, Arc<HealthCheck>>,
+    config: OrdMap<(ConfigEntryKind, String), Arc<ConfigEntry>>,
+    ca: Option<Arc<CaState>>,
+    indexes: OrdMap<IndexKey, Index>,
+}
+
+/// The service name an instance is connect-capable for, if any.
+fn connect_target(svc: &NodeService) -> Option<&str> {
+    match svc.kind {
+        ServiceKind::ConnectProxy => Some(svc.proxy.destination_service_name.as_str()),
+        ServiceKind::Typical if svc.connect.native => Some(svc.service.as_str()),
+        _ => None,
+    }
+}
+
+fn range_of<V: Clone>(map: &OrdMap<NodeKey, V>, node: &str) -> Vec<(NodeKey, V)> {
+    map.range((node.to_owned(), String::new())..)
+        .take_while(|((n, _), _)| n == node)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl State {
+    /// Applies one committed write's changes at `index`, stamping rows and bumping the
+    /// index keys they touch. Returns the keys bumped.
+    pub fn apply(&mut self, index: Index, changes: &[Change]) -> Vec<IndexKey> {
+        let mut bumped = OrdSet::new();
+        for change in changes {
+            self.apply_one(index, change, &mut bumped);
+        }
+        for key in &bumped {
+            self.indexes.insert(key.clone(), index);
+        }
+        self.index = index;
+        bumped.into_iter().collect()
+    }
+
+    fn touch_service(&self, node: &str, svc: &NodeService, bumped: &mut OrdSet<IndexKey>) {
+        bumped.insert(IndexKey::Service(svc.service.clone()));
+        bumped.insert(IndexKey::Node(node.to_owned()));
+        if let Some(dest) = connect_target(svc) {
+            bumped.insert(IndexKey::ServiceConnect(dest.to_owned()));
+        }
+    }
+
+    /// Marks every service on `node` as changed (node fields and node checks feed their health).
+    fn touch_node_services(&self, node: &str, bumped: &mut OrdSet<IndexKey>) {
+        for (_, svc) in range_of(&self.services, node) {
+            self.touch_service(node, &svc, bumped);
+        }
+    }
+
+    fn apply_one(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
+        match change {
+            Change::PutNode(node) => {
+                let mut node = node.clone();
+                node.create_index = self.nodes.get(&node.node).map_or(index, |n| n.create_index);
+                node.modify_index = index;
+                bumped.insert(IndexKey::Nodes);
+                bumped.insert(IndexKey::Node(node.node.clone()));
+                self.touch_node_services(&node.node, bumped);
+                self.nodes.insert(node.node.clone(), Arc::new(node));
+            }
+            Change::DeleteNode(name) => {
+                if self.nodes.remove(name).is_some() {
+                    bumped.insert(IndexKey::Nodes);
+                    bumped.insert(IndexKey::Node(name.clone()));
+                }
+            }
+            Change::PutService { node, service } => {
+                let key = (node.clone(), service.id.clone());
+                let mut service = service.clone();
+                if let Some(old) = self.services.get(&key).cloned() {
+                    service.create_index = old.create_index;
+                    self.unindex_service(node, &old, bumped);
+                } else {
+                    service.create_index = index;
+                }
+                service.modify_index = index;
+                self.by_name
+                    .insert((service.service.clone(), node.clone(), service.id.clone()));
+                if let Some(dest) = connect_target(&service) {
+                    self.by_connect
+                        .insert((dest.to_owned(), node.clone(), service.id.clone()));
+                }
+                bumped.insert(IndexKey::Services);
+                self.touch_service(node, &service, bumped);
+                self.services.insert(key, Arc::new(service));
+            }
+            Change::DeleteService { node, id } => {
+                if let Some(old) = self.services.remove(&(node.clone(), id.clone())) {
+                    self.unindex_service(node, &old, bumped);
+                    bumped.insert(IndexKey::Services);
+                }
+            }
+            Change::PutCheck(check) => {
+                let key = (check.node.clone(), check.check_id.clone());
+                let mut check = check.clone();
+                check.create_index = self.checks.get(&key).map_or(index, |c| c.create_index);
+                check.modify_index = index;
+                self.touch_check(&check, bumped);
+                self.checks.insert(key, Arc::new(check));
+            }
+            Change::DeleteCheck { node, id } => {
+                if let Some(old) = self.checks.remove(&(node.clone(), id.clone())) {
+                    self.touch_check(&old, bumped);
+                }
+            }
+            Change::PutConfig(entry) => {
+                let key = (entry.kind(), entry.name().to_owned());
+                let mut entry = entry.clone();
+                let create = self.config.get(&key).map_or(index, |e| e.create_index());
+                entry.set_indexes(create, index);
+                touch_config(&key, bumped);
+                self.config.insert(key, Arc::new(entry));
+            }
+            Change::DeleteConfig(kind, name) => {
+                let key = (*kind, name.clone());
+                if self.config.remove(&key).is_some() {
+                    touch_config(&key, bumped);
+                }
+            }
+            Change::PutCa(ca) => {
+                let mut ca = ca.clone();
+                ca.create_index = self.ca.as_ref().map_or(index, |c| c.create_index);
+                ca.modify_index = index;
+                for root in &mut ca.roots {
+                    if root.root.create_index == Index(0) {
+                        root.root.create_index = index;
+                    }
+                    root.root.modify_index = index;
+                }
+                bumped.insert(IndexKey::Ca);
+                self.ca = Some(Arc::new(ca));
+            }
+        }
+    }
+
+    fn unindex_service(&mut self, node: &str, old: &NodeService, bumped: &mut OrdSet<IndexKey>) {
+        self.by_name
+            .remove(&(old.service.clone(), node.to_owned(), old.id.clone()));
+        if let Some(dest) = connect_target(old) {
+            self.by_connect
+                .remove(&(dest.to_owned(), node.to_owned(), old.id.clone()));
+        }
+        self.touch_service(node, old, bumped);
+    }
+
+    fn touch_check(&self, check: &HealthCheck, bumped: &mut OrdSet<IndexKey>) {
+        bumped.insert(IndexKey::Checks);
+        bumped.insert(IndexKey::Node(check.node.clone()));
+        if check.service_id.is_empty() {
+            self.touch_node_services(&check.node, bumped);
+        } else if let Some(svc) = self.services.get(&(check.node.clone(), check.service_id.clone())) {
+            self.touch_service(&check.node, svc, bumped);
+        } else if !check.service_name.is_empty() {
+            bumped.insert(IndexKey::Service(check.service_name.clone()));
+        }
+    }
+
+    // ---- reads ----
+
+    /// The index of `key`: the last write that touched it (or its table, if none did), at
+    /// least 1.
+    pub fn index_of(&self, key: &IndexKey) -> Index {
+        // A key never written answers with its table's index, as Consul does.
+        let fallback = || match key {
+            IndexKey::Node(_) => self.indexes.get(&IndexKey::Nodes),
+            IndexKey::Service(_) | IndexKey::ServiceConnect(_) => self.indexes.get(&IndexKey::Services),
+            IndexKey::ConfigEntry(kind, _) => self.indexes.get(&IndexKey::ConfigKind(*kind)),
+            _ => None,
+        };
+        self.indexes
+            .get(key)
+            .or_else(fallback)
+            .copied()
+            .unwrap_or_default()
+            .max(Index(1))
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(name).cloned()
+    }
+
+    /// Every node, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.values()
+    }
+
+    /// One service instance.
+    pub fn service(&self, node: &str, id: &str) -> Option<Arc<NodeService>> {
+        self.services.get(&(node.to_owned(), id.to_owned())).cloned()
+    }
+
+    /// The service instances on a node, by id.
+    pub fn node_services(&self, node: &str) -> Vec<Arc<NodeService>> {
+        range_of(&self.services, node).into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Every service instance with its node name.
+    pub fn all_services(&self) -> impl Iterator<Item = (&str, &Arc<NodeService>)> {
+        self.services.iter().map(|((node, _), s)| (node.as_str(), s))
+    }
+
+    fn instances_in(&self, set: &OrdSet<(String, String, String)>, name: &str) -> Vec<(String, Arc<NodeService>)> {
+        set.range((name.to_owned(), String::new(), String::new())..)
+            .take_while(|(n, _, _)| n == name)
+            .filter_map(|(_, node, id)| self.service(node, id).map(|s| (node.clone(), s)))
+            .collect()
+    }
+
+    /// Instances of a service name, with their node names.
+    pub fn service_instances(&self, name: &str) -> Vec<(String, Arc<NodeService>)> {
+        self.instances_in(&self.by_name, name)
+    }
+
+    /// Connect-capable instances for a service name: its sidecar proxies and, if the service
+    /// is connect-native, its own instances.
+    pub fn connect_instances(&self, name: &str) -> Vec<(String, Arc<NodeService>)> {
+        self.instances_in(&self.by_connect, name)
+    }
+
+    /// Checks on a node (node checks and service checks).
+    pub fn node_checks(&self, node: &str) -> Vec<Arc<HealthCheck>> {
+        range_of(&self.checks, node).into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// One check.
+    pub fn check(&self, node: &str, id: &str) -> Option<Arc<HealthCheck>> {
+        self.checks.get(&(node.to_owned(), id.to_owned())).cloned()
+    }
+
+    /// Every check.
+    pub fn all_checks(&self) -> impl Iterator<Item = &Arc<HealthCheck>> {
+        self.checks.values()
+    }
+
+    /// One config entry.
+    pub fn config_entry(&self, kind: ConfigEntryKind, name: &str) -> Option<Arc<ConfigEntry>> {
+        self.config.get(&(kind, name.to_owned())).cloned()
+    }
+
+    /// Every config entry of a kind, by name.
+    pub fn config_entries(&self, kind: ConfigEntryKind) -> Vec<Arc<ConfigEntry>> {
+        self.config
+            .range((kind, String::new())..)
+            .take_while(|((k, _), _)| *k == kind)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// The CA, once bootstrapped.
+    pub fn ca(&self) -> Option<Arc<CaState>> {
+        self.ca.clone()
+    }
+
+    // ---- persistence ----
+
+    /// Every row, for a snapshot file.
+    pub(crate) fn to_persisted(&self) -> PersistedState {
+        PersistedState {
+            index: self.index,
+            nodes: self.nodes.values().map(|n| (**n).clone()).collect(),
+            services: self
+                .services
+                .iter()
+                .map(|((node, _), s)| (node.clone(), (**s).clone()))
+                .collect(),
+            checks: self.checks.values().map(|c| (**c).clone()).collect(),
+            config: self.config.values().map(|e| (**e).clone()).collect(),
+            ca: self.ca.as_ref().map(|c| (**c).clone()),
+            indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }
+    }
+
+    /// Rebuilds the tables from a snapshot file's rows (indexes kept as stored).
+    pub(crate) fn from_persisted(p: PersistedState) -> Self {
+        let mut s = State {
+            index: p.index,
+            ..State::default()
+        };
+        for n in p.nodes {
+            s.nodes.insert(n.node.clone(), Arc::new(n));
+        }
+        for (node, svc) in p.services {
+            s.by_name.insert((svc.service.clone(), node.clone(), svc.id.clone()));
+            if let Some(dest) = connect_target(&svc) {
+                s.by_connect.insert((dest.to_owned(), node.clone(), svc.id.clone()));
+            }
+            s.services.insert((node, svc.id.clone()), Arc::new(svc));
+        }
+        for c in p.checks {
+            s.checks.insert((c.node.clone(), c.check_id.clone()), Arc::new(c));
+        }
+        for e in p.config {
+            s.config.insert((e.kind(), e.name().to_owned()), Arc::new(e));
+        }
+        s.ca = p.ca.map(Arc::new);
+        s.indexes = p.indexes.into_iter().collect();
+        s
+    }
+}
+
+fn touch_config(key: &(ConfigEntryKind, String), bumped: &mut OrdSet<IndexKey>) {
+    bumped.insert(IndexKey::ConfigKind(key.0));
+    bumped.insert(IndexKey::ConfigEntry(key.0, key.1.clone()));
+    if key.0 == ConfigEntryKind::ServiceIntentions {
+        bumped.insert(IndexKey::Intentions);
+    }
+}
+
+/// The rows of a state, as written to a snapshot file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PersistedState {
+    pub(crate) index: Index,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) services: Vec<(String, NodeService)>,
+    pub(crate) checks: Vec<HealthCheck>,
+    pub(crate) config: Vec<ConfigEntry>,
+    pub(crate) ca: Option<CaState>,
+    pub(crate) indexes: Vec<(IndexKey, Index)>,
+}

@@ -1,0 +1,344 @@
+//! The Store: the catalog's single writer, its readers, blocking waits and subscriptions.
+//!
+//! Writes go to one writer thread through a queue. The writer takes every queued write
+//! (group commit), plans and applies each to a copy of the current state (O(1), persistent
+//! maps), appends the batch to the log with one sync, and only then swaps the new state in,
+//! wakes blocking queries, publishes events and acknowledges. Readers therefore only ever
+//! see durable state, and an acknowledged write survives `kill -9`.
+
+use crate::ca;
+use crate::keys::{IndexKey, Topic};
+use crate::ops::{Op, WriteError, plan};
+use crate::publisher::{Publisher, Subscription};
+use crate::state::State;
+use crate::wal::{self, Record, StoreError, Wal};
+use parking_lot::{Mutex, RwLock};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, SystemTime},
+};
+use structs::{Index, IssuedCert};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{error, info, warn};
+
+/// Store settings.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// This server's datacenter.
+    pub datacenter: String,
+    /// Where state is kept; `None` keeps it in memory only (`-dev`).
+    pub data_dir: Option<PathBuf>,
+    /// Write a snapshot (and drop the log it covers) after this many records.
+    pub snapshot_every: u64,
+    /// Events buffered per topic before a slow subscriber is told to resubscribe.
+    pub publish_buffer: usize,
+    /// Writes taken in one batch at most.
+    pub max_batch: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            datacenter: "dc1".into(),
+            data_dir: None,
+            snapshot_every: 10_000,
+            publish_buffer: 64,
+            max_batch: 1024,
+        }
+    }
+}
+
+/// The result of an accepted write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// The index the write committed at (the current index if it changed nothing).
+    pub index: Index,
+    /// False when a check-and-set did not match and nothing was written.
+    pub applied: bool,
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
+}
+
+struct Inner {
+    config: StoreConfig,
+    state: RwLock<Arc<State>>,
+    watches: Mutex<HashMap<IndexKey, watch::Sender<Index>>>,
+    publisher: Publisher,
+    leaves: Mutex<HashMap<String, Arc<IssuedCert>>>,
+    compacting: AtomicBool,
+    snapshotter: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+/// The catalog store. Cheap to clone; [`Store::close`] stops the writer.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+    tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
+    writer: Arc<Mutex<Option<thread::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store (replaying its data dir, if any), starts the writer, and creates the
+    /// CA on first start.
+    pub async fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        let (wal, state) = match &config.data_dir {
+            Some(dir) => {
+                let dir = dir.clone();
+                let (wal, state) = tokio::task::spawn_blocking(move || Wal::open(&dir))
+                    .await
+                    .map_err(|e| StoreError::Corrupt(format!("opening the data dir panicked: {e}")))??;
+                (Some(wal), state)
+            }
+            None => (None, State::default()),
+        };
+        let inner = Arc::new(Inner {
+            publisher: Publisher::new(config.publish_buffer),
+            config,
+            state: RwLock::new(Arc::new(state)),
+            watches: Mutex::new(HashMap::new()),
+            leaves: Mutex::new(HashMap::new()),
+            compacting: AtomicBool::new(false),
+            snapshotter: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
+        let writer_inner = Arc::clone(&inner);
+        let writer = thread::Builder::new()
+            .name("meshd-store-writer".into())
+            .spawn(move || writer_loop(writer_inner, wal, rx))
+            .map_err(|source| StoreError::Io {
+                what: "starting the store writer".into(),
+                source,
+            })?;
+        let store = Store {
+            inner,
+            tx: Arc::new(Mutex::new(Some(tx))),
+            writer: Arc::new(Mutex::new(Some(writer))),
+        };
+        if store.read().ca().is_none() {
+            store
+                .write(Op::CaBootstrap(ca::CaConfig::default()))
+                .await
+                .map_err(|e| StoreError::Corrupt(format!("bootstrapping the CA: {e}")))?;
+        }
+        Ok(store)
+    }
+
+    /// The datacenter this store serves.
+    pub fn datacenter(&self) -> &str {
+        &self.inner.config.datacenter
+    }
+
+    /// The current (durable) state.
+    pub fn read(&self) -> Arc<State> {
+        self.inner.state.read().clone()
+    }
+
+    /// Submits a write and waits until it is durable (or refused).
+    pub async fn write(&self, op: Op) -> Result<WriteOutcome, WriteError> {
+        let tx = self.tx.lock().clone().ok_or(WriteError::Closed)?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(Job { op, reply }).await.map_err(|_| WriteError::Closed)?;
+        rx.await.map_err(|_| WriteError::Closed)?
+    }
+
+    /// Waits until the index of `key` passes `after`, or `timeout` elapses; returns the state
+    /// then current. Cheap per waiter: one watch receiver on a per-key channel.
+    pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
+        let mut rx = {
+            let mut watches = self.inner.watches.lock();
+            watches
+                .entry(key.clone())
+                .or_insert_with(|| watch::Sender::new(self.read().index_of(key)))
+                .subscribe()
+        };
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            if *rx.borrow_and_update() > after {
+                break;
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { break },
+                () = &mut deadline => break,
+            }
+        }
+        self.read()
+    }
+
+    /// Subscribes to a topic: its current value first, then every change.
+    pub fn subscribe(&self, topic: Topic) -> Subscription {
+        self.inner.publisher.subscribe(topic, || self.read())
+    }
+
+    /// Topics with subscribers now.
+    pub fn subscribed_topics(&self) -> usize {
+        self.inner.publisher.topic_count()
+    }
+
+    /// A leaf certificate for `service`, signed by the active root. Reused until two thirds
+    /// of its lifetime have passed or the CA changes.
+    pub fn leaf(&self, service: &str) -> Result<Arc<IssuedCert>, WriteError> {
+        let state = self.read();
+        let ca = state.ca().ok_or(ca::CaError::NoActiveRoot)?;
+        let now = SystemTime::now();
+        if let Some(cert) = self.inner.leaves.lock().get(service)
+            && cert.create_index == ca.modify_index
+        {
+            let life = cert
+                .valid_before
+                .0
+                .duration_since(cert.valid_after.0)
+                .unwrap_or_default();
+            if now < cert.valid_after.0 + life * 2 / 3 {
+                return Ok(Arc::clone(cert));
+            }
+        }
+        let cert = Arc::new(ca::sign_leaf(&ca, &self.inner.config.datacenter, service, now)?);
+        self.inner.leaves.lock().insert(service.to_owned(), Arc::clone(&cert));
+        Ok(cert)
+    }
+
+    /// Stops accepting writes, lets queued ones finish, and waits for the writer and any
+    /// snapshot in progress to stop.
+    pub async fn close(&self) {
+        self.tx.lock().take();
+        let writer = self.writer.lock().take();
+        let inner = Arc::clone(&self.inner);
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(handle) = writer {
+                let _ = handle.join();
+            }
+            if let Some(handle) = inner.snapshotter.lock().take() {
+                let _ = handle.join();
+            }
+        })
+        .await;
+    }
+}
+
+fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<Job>) {
+    let mut failed: Option<String> = None;
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < inner.config.max_batch {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Some(reason) = &failed {
+            for job in batch {
+                let _ = job.reply.send(Err(WriteError::Storage(reason.clone())));
+            }
+            continue;
+        }
+        let now = SystemTime::now();
+        let mut working = (**inner.state.read()).clone();
+        let mut records = Vec::new();
+        let mut bumped = HashSet::new();
+        let mut replies = Vec::with_capacity(batch.len());
+        for job in batch {
+            let result = match plan(&job.op, &working, &inner.config.datacenter, now) {
+                Err(e) => Err(e),
+                Ok(p) if !p.applied || p.changes.is_empty() => Ok(WriteOutcome {
+                    index: working.index.max(Index(1)),
+                    applied: p.applied,
+                }),
+                Ok(p) => {
+                    let index = working.index.next();
+                    bumped.extend(working.apply(index, &p.changes));
+                    records.push(Record {
+                        index,
+                        changes: p.changes,
+                    });
+                    Ok(WriteOutcome { index, applied: true })
+                }
+            };
+            replies.push((job.reply, result));
+        }
+        if !records.is_empty() {
+            if let Some(w) = wal.as_mut()
+                && let Err(e) = w.append(&records)
+            {
+                error!(error = %e, "the log could not be written; refusing further writes");
+                let reason = e.to_string();
+                for (reply, result) in replies {
+                    let _ = reply.send(result.and(Err(WriteError::Storage(reason.clone()))));
+                }
+                failed = Some(reason);
+                continue;
+            }
+            let new = Arc::new(working);
+            *inner.state.write() = Arc::clone(&new);
+            notify(&inner, &new, &bumped);
+            if let Some(w) = wal.as_mut() {
+                maybe_compact(&inner, w, &new);
+            }
+        }
+        for (reply, result) in replies {
+            let _ = reply.send(result);
+        }
+    }
+    info!("store writer stopped");
+}
+
+fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
+    {
+        let mut watches = inner.watches.lock();
+        watches.retain(|key, tx| {
+            if bumped.contains(key) {
+                tx.send_replace(state.index_of(key));
+            }
+            tx.receiver_count() > 0
+        });
+    }
+    inner.publisher.publish(state, bumped);
+}
+
+fn maybe_compact(inner: &Arc<Inner>, wal: &mut Wal, state: &Arc<State>) {
+    if wal.records_since_snapshot < inner.config.snapshot_every || inner.compacting.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if let Err(e) = wal.rotate(state.index.next()) {
+        warn!(error = %e, "could not start a new log segment; will retry");
+        inner.compacting.store(false, Ordering::Release);
+        return;
+    }
+    let (dir, snap, done) = (wal.dir().to_owned(), Arc::clone(state), Arc::clone(inner));
+    let spawned = thread::Builder::new().name("meshd-snapshot".into()).spawn(move || {
+        match wal::write_snapshot(&dir, &snap) {
+            Ok(()) => info!(index = %snap.index, "snapshot written"),
+            Err(e) => warn!(error = %e, "snapshot failed; the log still holds every write"),
+        }
+        done.compacting.store(false, Ordering::Release);
+    });
+    match spawned {
+        // The previous snapshot thread has finished (compacting was false): reap it.
+        Ok(handle) => {
+            if let Some(previous) = inner.snapshotter.lock().replace(handle) {
+                let _ = previous.join();
+            }
+        }
+        Err(_) => {
+            warn!("could not start the snapshot thread");
+            inner.compacting.store(false, Ordering::Release);
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Read views computed from a [`State`]: what queries and topics return.
+
+use crate::state::State;
+use std::{collections::BTreeMap, time::SystemTime};
+use structs::{
+    CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthCheck, IndexedCaRoots, Intention, Node, NodeService,
+    intention,
+};
+
+impl State {
+    fn check_service_node(&self, node_name: &str, svc: &NodeService) -> Option<CheckServiceNode> {
+        let node: Node = (*self.node(node_name)?).clone();
+        let checks: Vec<HealthCheck> = self
+            .node_checks(node_name)
+            .into_iter()
+            .filter(|c| c.service_id.is_empty() || c.service_id == svc.id)
+            .map(|c| (*c).clone())
+            .collect();
+        Some(CheckServiceNode {
+            node,
+            service: svc.clone(),
+            checks,
+        })
+    }
+
+    /// Instances of `service` (or, with `connect`, the connect-capable instances for it) with
+    /// their nodes and checks, ordered by node then id.
+    pub fn health(&self, service: &str, connect: bool) -> Vec<CheckServiceNode> {
+        let instances = if connect {
+            self.connect_instances(service)
+        } else {
+            self.service_instances(service)
+        };
+        let mut out: Vec<CheckServiceNode> = instances
+            .iter()
+            .filter_map(|(node, svc)| self.check_service_node(node, svc))
+            .collect();
+        out.sort_by(|a, b| (&a.node.node, &a.service.id).cmp(&(&b.node.node, &b.service.id)));
+        out
+    }
+
+    /// Checks of every instance of a service.
+    pub fn service_checks(&self, service: &str) -> Vec<HealthCheck> {
+        self.service_instances(service)
+            .iter()
+            .flat_map(|(node, svc)| {
+                self.node_checks(node)
+                    .into_iter()
+                    .filter(|c| c.service_id == svc.id)
+                    .map(|c| (*c).clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Service names with the union of their instances' tags.
+    pub fn service_tags(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (_, svc) in self.all_services() {
+            out.entry(svc.service.clone())
+                .or_default()
+                .extend(svc.tags.iter().cloned());
+        }
+        out.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
+    }
+
+    /// Every intention, flattened from `service-intentions` entries, in evaluation order.
+    pub fn intentions(&self) -> Vec<Intention> {
+        let mut all: Vec<Intention> = self
+            .config_entries(ConfigEntryKind::ServiceIntentions)
+            .iter()
+            .filter_map(|e| match &**e {
+                ConfigEntry::ServiceIntentions(si) => Some(intention::from_config_entry(si)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        all.sort_by(Intention::evaluation_order);
+        all
+    }
+
+    /// Intentions that apply to `destination` (exact or `*`), in evaluation order.
+    pub fn intentions_for_destination(&self, destination: &str) -> Vec<Intention> {
+        self.intentions()
+            .into_iter()
+            .filter(|i| i.matches_destination(destination))
+            .collect()
+    }
+
+    /// The CA trust bundle as of now (empty before the CA is bootstrapped).
+    pub fn ca_roots(&self) -> IndexedCaRoots {
+        self.ca().map(|ca| ca.bundle(SystemTime::now())).unwrap_or_default()
+    }
+
+    /// Every service name, sorted.
+    pub fn service_names(&self) -> Vec<String> {
+        self.service_tags().into_keys().collect()
+    }
+}

@@ -1,0 +1,297 @@
+//! Durability: an append-only log of committed writes plus periodic snapshots.
+//!
+//! Layout of the data dir: `LOCK` (held while a store has it open), `wal-<first index>.log`
+//! segments and `snapshot-<index>.json`. Each log record is one frame: length (u32 LE),
+//! CRC-32 of the payload (u32 LE), payload (JSON of the record). A batch of records is
+//! written with one `write` and made durable with one `fdatasync` before any of its writes
+//! is acknowledged. Snapshots are written to a temporary file, synced, renamed into place and
+//! the directory synced, so a snapshot is either whole or absent.
+//!
+//! Opening replays the newest readable snapshot, then every record after its index. A torn
+//! or corrupt frame at the end of the newest segment (a crash mid-write) is cut off: it was
+//! never acknowledged. Damage anywhere else stops the open with an error rather than
+//! silently losing acknowledged writes.
+
+use crate::state::{Change, PersistedState, State};
+use serde::{Deserialize, Serialize};
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Read, Write},
+    path::{Path, PathBuf},
+};
+use structs::Index;
+
+/// Why the data dir could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O error, with what was being done.
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+    /// Another process has the data dir open.
+    #[error("data dir {0} is in use by another meshd (its LOCK file is held)")]
+    Locked(PathBuf),
+    /// The data dir holds damaged data that cannot be skipped without losing writes.
+    #[error("data dir is damaged: {0}")]
+    Corrupt(String),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
+    let what = what.into();
+    move |source| StoreError::Io { what, source }
+}
+
+/// One committed write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) index: Index,
+    pub(crate) changes: Vec<Change>,
+}
+
+fn frame(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Reads frames; returns the payloads and the offset after the last whole, valid frame.
+fn read_frames(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while bytes.len() - pos >= 8 {
+        let len = u32::from_le_bytes([bytes[pos], bytes[pos + 1], bytes[pos + 2], bytes[pos + 3]]) as usize;
+        let crc = u32::from_le_bytes([bytes[pos + 4], bytes[pos + 5], bytes[pos + 6], bytes[pos + 7]]);
+        let Some(payload) = bytes.get(pos + 8..pos + 8 + len) else {
+            break;
+        };
+        if crc32fast::hash(payload) != crc {
+            break;
+        }
+        out.push(payload);
+        pos += 8 + len;
+    }
+    (out, pos)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(format!("syncing directory {}", dir.display())))
+}
+
+fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(format!("listing {}", dir.display())))? {
+        let entry = entry.map_err(io_err(format!("listing {}", dir.display())))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(n) = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix(suffix))
+            .and_then(|n| n.parse().ok())
+        {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn segment_path(dir: &Path, first: Index) -> PathBuf {
+    dir.join(format!("wal-{:020}.log", first.0))
+}
+
+fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
+    dir.join(format!("snapshot-{:020}.json", index.0))
+}
+
+/// The open log of a data dir.
+pub(crate) struct Wal {
+    dir: PathBuf,
+    segment: File,
+    _lock: File,
+    pub(crate) records_since_snapshot: u64,
+}
+
+impl Wal {
+    /// Opens (or creates) a data dir and returns the log and the state it holds.
+    pub(crate) fn open(dir: &Path) -> Result<(Wal, State), StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(format!("creating data dir {}", dir.display())))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(io_err("opening LOCK"))?;
+        lock.try_lock().map_err(|_| StoreError::Locked(dir.to_owned()))?;
+
+        let mut state = State::default();
+        for (_, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
+            let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
+            let (frames, _) = read_frames(&bytes);
+            let parsed = frames
+                .first()
+                .and_then(|p| serde_json::from_slice::<PersistedState>(p).ok());
+            if let Some(p) = parsed {
+                state = State::from_persisted(p);
+                break;
+            }
+            tracing::warn!(path = %path.display(), "skipping unreadable snapshot");
+        }
+
+        let segments = numbered(dir, "wal-", ".log")?;
+        let mut replayed = 0u64;
+        for (i, (_, path)) in segments.iter().enumerate() {
+            let last = i + 1 == segments.len();
+            let mut bytes = Vec::new();
+            File::open(path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(io_err(format!("reading {}", path.display())))?;
+            let (frames, valid) = read_frames(&bytes);
+            if valid < bytes.len() {
+                if !last {
+                    return Err(StoreError::Corrupt(format!(
+                        "{} is damaged at byte {valid}",
+                        path.display()
+                    )));
+                }
+                tracing::warn!(path = %path.display(), at = valid, dropped = bytes.len() - valid, "cutting off a torn write at the end of the log");
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(io_err("opening log to truncate"))?;
+                f.set_len(valid as u64)
+                    .and_then(|()| f.sync_all())
+                    .map_err(io_err("truncating torn log tail"))?;
+            }
+            for payload in frames {
+                let record: Record = serde_json::from_slice(payload)
+                    .map_err(|e| StoreError::Corrupt(format!("{}: undecodable record: {e}", path.display())))?;
+                if record.index <= state.index {
+                    continue;
+                }
+                if record.index != state.index.next() {
+                    return Err(StoreError::Corrupt(format!(
+                        "{}: record {} follows {}: writes are missing",
+                        path.display(),
+                        record.index,
+                        state.index
+                    )));
+                }
+                state.apply(record.index, &record.changes);
+                replayed += 1;
+            }
+        }
+
+        let path = match segments.last() {
+            Some((_, path)) => path.clone(),
+            None => segment_path(dir, state.index.next()),
+        };
+        let segment = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        sync_dir(dir)?;
+        tracing::info!(dir = %dir.display(), index = %state.index, replayed, "data dir opened");
+        Ok((
+            Wal {
+                dir: dir.to_owned(),
+                segment,
+                _lock: lock,
+                records_since_snapshot: replayed,
+            },
+            state,
+        ))
+    }
+
+    /// Appends records and makes them durable.
+    pub(crate) fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
+        let mut buf = Vec::with_capacity(records.len() * 512);
+        for r in records {
+            let payload = serde_json::to_vec(r).map_err(|e| StoreError::Corrupt(format!("encoding record: {e}")))?;
+            frame(&payload, &mut buf);
+        }
+        self.segment.write_all(&buf).map_err(io_err("appending to the log"))?;
+        self.segment.sync_data().map_err(io_err("syncing the log"))?;
+        self.records_since_snapshot += records.len() as u64;
+        Ok(())
+    }
+
+    /// Starts a new segment whose first record will be `next`; later records go there.
+    pub(crate) fn rotate(&mut self, next: Index) -> Result<(), StoreError> {
+        let path = segment_path(&self.dir, next);
+        self.segment = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        sync_dir(&self.dir)?;
+        self.records_since_snapshot = 0;
+        Ok(())
+    }
+
+    /// The data dir.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Writes a snapshot of `state` durably, then removes the snapshots and log segments it
+/// makes unnecessary. Runs off the write path.
+pub(crate) fn write_snapshot(dir: &Path, state: &State) -> Result<(), StoreError> {
+    let persisted = state.to_persisted();
+    let payload = serde_json::to_vec(&persisted).map_err(|e| StoreError::Corrupt(format!("encoding snapshot: {e}")))?;
+    let mut buf = Vec::with_capacity(payload.len() + 8);
+    frame(&payload, &mut buf);
+    let final_path = snapshot_path(dir, state.index);
+    let tmp = final_path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
+        f.write_all(&buf)
+            .and_then(|()| f.sync_all())
+            .map_err(io_err(format!("writing {}", tmp.display())))?;
+    }
+    fs::rename(&tmp, &final_path).map_err(io_err("moving snapshot into place"))?;
+    sync_dir(dir)?;
+
+    for (index, path) in numbered(dir, "snapshot-", ".json")? {
+        if index < state.index.0 {
+            let _ = fs::remove_file(path);
+        }
+    }
+    // A segment can go once the next one starts at or before the snapshot's index + 1.
+    let segments = numbered(dir, "wal-", ".log")?;
+    for pair in segments.windows(2) {
+        if pair[1].0 <= state.index.0 + 1 {
+            let _ = fs::remove_file(&pair[0].1);
+        }
+    }
+    sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_stop_at_a_torn_or_corrupt_tail() {
+        let mut buf = Vec::new();
+        frame(b"one", &mut buf);
+        frame(b"two", &mut buf);
+        let whole = buf.len();
+        frame(b"three", &mut buf);
+        let (frames, valid) = read_frames(&buf[..buf.len() - 2]);
+        assert_eq!(frames, vec![b"one".as_slice(), b"two".as_slice()]);
+        assert_eq!(valid, whole);
+        let mut corrupt = buf.clone();
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 0xff;
+        assert_eq!(read_frames(&corrupt).0.len(), 2);
+        assert_eq!(read_frames(&buf).0.len(), 3);
+    }
+}

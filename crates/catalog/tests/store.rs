@@ -1,0 +1,512 @@
+//! Store behaviour: writes and indexes, blocking waits, the publisher, persistence.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
+
+use ::catalog::*;
+use std::{sync::Arc, time::Duration};
+use structs::config_entry::{IntentionAction, ServiceDefaults};
+use structs::*;
+
+async fn mem_store() -> Store {
+    Store::open(StoreConfig::default()).await.unwrap()
+}
+
+async fn disk_store(dir: &std::path::Path, snapshot_every: u64) -> Store {
+    Store::open(StoreConfig {
+        data_dir: Some(dir.to_owned()),
+        snapshot_every,
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn register(node: &str, addr: &str, svc: Option<NodeService>, checks: Vec<HealthCheck>) -> Op {
+    Op::Register(Box::new(RegisterRequest {
+        node: node.into(),
+        address: addr.into(),
+        service: svc,
+        checks,
+        ..Default::default()
+    }))
+}
+
+fn service(name: &str, port: u16) -> NodeService {
+    NodeService {
+        service: name.into(),
+        port,
+        ..Default::default()
+    }
+}
+
+fn sidecar(dest: &str, port: u16) -> NodeService {
+    NodeService {
+        kind: ServiceKind::ConnectProxy,
+        id: format!("{dest}-sidecar-proxy"),
+        service: format!("{dest}-sidecar-proxy"),
+        port,
+        proxy: ConnectProxyConfig {
+            destination_service_name: dest.into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn check(id: &str, service_id: &str, status: HealthStatus) -> HealthCheck {
+    HealthCheck {
+        check_id: id.into(),
+        service_id: service_id.into(),
+        status,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn writes_get_increasing_indexes_and_rows_remember_them() {
+    let store = mem_store().await;
+    let base = store.read().index;
+    let a = store
+        .write(register("n1", "10.0.0.1", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        WriteOutcome {
+            index: base.next(),
+            applied: true
+        }
+    );
+    let b = store
+        .write(register("n1", "10.0.0.1", Some(sidecar("api", 21000)), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(b.index, a.index.next());
+    // Repeating a registration changes nothing and does not advance the index.
+    let same = store
+        .write(register("n1", "10.0.0.1", Some(sidecar("api", 21000)), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(same.index, b.index);
+
+    let state = store.read();
+    assert_eq!(state.index, b.index);
+    let node = state.node("n1").unwrap();
+    assert_eq!((node.create_index, node.modify_index), (a.index, a.index));
+    let api = state.service("n1", "api").unwrap();
+    assert_eq!(api.create_index, a.index);
+    assert_eq!(state.index_of(&IndexKey::Service("api".into())), a.index);
+    assert_eq!(state.index_of(&IndexKey::ServiceConnect("api".into())), b.index);
+    assert_eq!(state.health("api", true)[0].service.id, "api-sidecar-proxy");
+    assert!(state.index_of(&IndexKey::Service("nothing".into())) >= Index(1));
+}
+
+#[tokio::test]
+async fn health_combines_node_and_service_checks_and_deregister_cascades() {
+    let store = mem_store().await;
+    store
+        .write(register(
+            "n1",
+            "10.0.0.1",
+            Some(service("api", 8080)),
+            vec![
+                check("serfHealth", "", HealthStatus::Passing),
+                check("api-http", "api", HealthStatus::Critical),
+            ],
+        ))
+        .await
+        .unwrap();
+    let health = store.read().health("api", false);
+    assert_eq!(health.len(), 1);
+    assert_eq!(health[0].checks.len(), 2);
+    assert_eq!(health[0].aggregate_status(), HealthStatus::Critical);
+    assert_eq!(store.read().service_checks("api")[0].service_name, "api");
+
+    // A check for a service the node does not have is refused, and changes nothing.
+    let before = store.read().index;
+    let err = store
+        .write(register(
+            "n1",
+            "10.0.0.1",
+            None,
+            vec![check("x", "nope", HealthStatus::Passing)],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Checks[0].ServiceID: no service \"nope\" on node \"n1\""
+    );
+    assert_eq!(store.read().index, before);
+
+    store
+        .write(Op::Deregister(DeregisterRequest {
+            node: "n1".into(),
+            service_id: "api".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    let state = store.read();
+    assert!(state.service("n1", "api").is_none());
+    assert!(
+        state.check("n1", "api-http").is_none(),
+        "the service's checks go with it"
+    );
+    assert!(state.check("n1", "serfHealth").is_some(), "node checks stay");
+    store
+        .write(Op::Deregister(DeregisterRequest {
+            node: "n1".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert!(store.read().node("n1").is_none());
+    assert_eq!(store.read().all_checks().count(), 0);
+}
+
+#[tokio::test]
+async fn config_entries_with_cas() {
+    let store = mem_store().await;
+    let entry = |protocol: &str| {
+        ConfigEntry::ServiceDefaults(ServiceDefaults {
+            name: "api".into(),
+            protocol: protocol.into(),
+            ..Default::default()
+        })
+    };
+    let set = |e, cas| Op::ConfigSet { entry: e, cas };
+    assert!(store.write(set(entry("http"), Some(Index(0)))).await.unwrap().applied);
+    assert!(
+        !store.write(set(entry("grpc"), Some(Index(0)))).await.unwrap().applied,
+        "cas 0 only creates"
+    );
+    let current = store
+        .read()
+        .config_entry(ConfigEntryKind::ServiceDefaults, "api")
+        .unwrap();
+    assert!(!store.write(set(entry("grpc"), Some(Index(1)))).await.unwrap().applied);
+    assert!(
+        store
+            .write(set(entry("grpc"), Some(current.modify_index())))
+            .await
+            .unwrap()
+            .applied
+    );
+    let err = store.write(set(entry("udp"), None)).await.unwrap_err();
+    assert!(matches!(err, WriteError::Invalid(_)));
+    let del = |cas| Op::ConfigDelete {
+        kind: ConfigEntryKind::ServiceDefaults,
+        name: "api".into(),
+        cas,
+    };
+    assert!(!store.write(del(Some(Index(1)))).await.unwrap().applied);
+    assert!(store.write(del(None)).await.unwrap().applied);
+    assert!(
+        store
+            .read()
+            .config_entry(ConfigEntryKind::ServiceDefaults, "api")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn intentions_through_the_legacy_exact_api() {
+    let store = mem_store().await;
+    let upsert = |src: &str, action| Op::IntentionUpsert {
+        source: src.into(),
+        destination: "api".into(),
+        action: Some(action),
+        permissions: vec![],
+        description: String::new(),
+        meta: Default::default(),
+    };
+    store.write(upsert("web", IntentionAction::Allow)).await.unwrap();
+    store.write(upsert("*", IntentionAction::Deny)).await.unwrap();
+    let ixns = store.read().intentions_for_destination("api");
+    assert_eq!(
+        ixns.iter()
+            .map(|i| (i.source_name.as_str(), i.precedence))
+            .collect::<Vec<_>>(),
+        vec![("web", 9), ("*", 8)]
+    );
+    assert!(intention::decide(&ixns, "web", "api", false).allowed);
+    assert!(!intention::decide(&ixns, "db", "api", true).allowed);
+    let err = store
+        .write(Op::IntentionUpsert {
+            source: "web".into(),
+            destination: "api".into(),
+            action: None,
+            permissions: vec![],
+            description: String::new(),
+            meta: Default::default(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "Action: required (or Permissions)");
+    store
+        .write(Op::IntentionDelete {
+            source: "web".into(),
+            destination: "api".into(),
+        })
+        .await
+        .unwrap();
+    store
+        .write(Op::IntentionDelete {
+            source: "*".into(),
+            destination: "api".into(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        store
+            .read()
+            .config_entry(ConfigEntryKind::ServiceIntentions, "api")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn blocking_wait_wakes_on_its_key_only() {
+    let store = mem_store().await;
+    store
+        .write(register("n1", "10.0.0.1", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    let key = IndexKey::Service("api".into());
+    let after = store.read().index_of(&key);
+    let waiter = {
+        let store = store.clone();
+        let key = key.clone();
+        tokio::spawn(async move { store.wait(&key, after, Duration::from_secs(60)).await })
+    };
+    // A write to another service does not wake it.
+    store
+        .write(register("n2", "10.0.0.2", Some(service("db", 5432)), vec![]))
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    let w = store
+        .write(register("n2", "10.0.0.2", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    let state = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.index_of(&key), w.index);
+    assert_eq!(state.health("api", false).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn blocking_wait_times_out_with_the_current_state() {
+    let store = mem_store().await;
+    let key = IndexKey::Service("api".into());
+    let after = store.read().index_of(&key);
+    let start = tokio::time::Instant::now();
+    let state = store.wait(&key, after, Duration::from_secs(300)).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(300));
+    assert_eq!(state.index_of(&key), after);
+}
+
+#[tokio::test]
+async fn publisher_sends_snapshot_then_changes_and_cuts_off_laggards() {
+    let store = Store::open(StoreConfig {
+        publish_buffer: 2,
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut sub = store.subscribe(Topic::ServiceHealth("api".into()));
+    let Payload::Health(first) = sub.next().await.unwrap().payload else {
+        panic!()
+    };
+    assert!(first.is_empty());
+    let w = store
+        .write(register("n1", "10.0.0.1", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    let ev = sub.next().await.unwrap();
+    assert_eq!(ev.index, w.index);
+    let Payload::Health(now) = ev.payload else { panic!() };
+    assert_eq!(now.len(), 1);
+    // Writes elsewhere publish nothing on this topic.
+    store
+        .write(register("n9", "10.0.0.9", Some(service("db", 1)), vec![]))
+        .await
+        .unwrap();
+
+    // Fall behind by more than the buffer: told to resubscribe, and a new subscription
+    // starts from a fresh snapshot.
+    for i in 0..5u16 {
+        store
+            .write(register("n1", "10.0.0.1", Some(service("api", 9000 + i)), vec![]))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(sub.next().await, Err(SubscriptionError::Lagged(_))));
+    let mut again = store.subscribe(Topic::ServiceHealth("api".into()));
+    let Payload::Health(fresh) = again.next().await.unwrap().payload else {
+        panic!()
+    };
+    assert_eq!(fresh[0].service.port, 9004);
+    drop((sub, again));
+    store
+        .write(register("n1", "10.0.0.1", Some(service("api", 1)), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(store.subscribed_topics(), 0, "topics nobody listens to are dropped");
+}
+
+#[tokio::test]
+async fn state_survives_reopen_and_the_index_keeps_increasing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trust_domain, last) = {
+        let store = disk_store(dir.path(), 10_000).await;
+        let mut last = Index(0);
+        for i in 0..20u16 {
+            last = store
+                .write(register(
+                    &format!("n{i}"),
+                    "10.0.0.1",
+                    Some(service("api", 8000 + i)),
+                    vec![],
+                ))
+                .await
+                .unwrap()
+                .index;
+        }
+        store
+            .write(Op::ConfigSet {
+                entry: ConfigEntry::ServiceDefaults(ServiceDefaults {
+                    name: "api".into(),
+                    protocol: "http".into(),
+                    ..Default::default()
+                }),
+                cas: None,
+            })
+            .await
+            .unwrap();
+        let td = store.read().ca_roots().trust_domain;
+        store.close().await;
+        (td, last)
+    };
+    let store = disk_store(dir.path(), 10_000).await;
+    let state = store.read();
+    assert_eq!(state.health("api", false).len(), 20);
+    assert_eq!(state.ca_roots().trust_domain, trust_domain, "the CA is not regenerated");
+    assert!(state.config_entry(ConfigEntryKind::ServiceDefaults, "api").is_some());
+    let next = store.write(register("late", "10.0.0.2", None, vec![])).await.unwrap();
+    assert_eq!(next.index, state.index.next());
+    assert!(next.index > last);
+}
+
+#[tokio::test]
+async fn snapshots_compact_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = disk_store(dir.path(), 5).await;
+        for i in 0..23u16 {
+            store
+                .write(register(
+                    &format!("n{i}"),
+                    "10.0.0.1",
+                    Some(service("api", 8000 + i)),
+                    vec![],
+                ))
+                .await
+                .unwrap();
+        }
+        store.close().await;
+    }
+    // close() waited for the snapshot in progress.
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let files = names();
+    assert!(files.iter().any(|n| n.starts_with("snapshot-")), "{files:?}");
+    assert!(files.iter().filter(|n| n.starts_with("wal-")).count() <= 2, "{files:?}");
+    let store = disk_store(dir.path(), 5).await;
+    assert_eq!(store.read().health("api", false).len(), 23);
+}
+
+#[tokio::test]
+async fn torn_tail_is_cut_and_damage_elsewhere_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = disk_store(dir.path(), 10_000).await;
+        store
+            .write(register("n1", "10.0.0.1", Some(service("api", 1)), vec![]))
+            .await
+            .unwrap();
+        store.close().await;
+    }
+    let wal = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("wal-"))
+        .unwrap();
+    let good = std::fs::read(&wal).unwrap();
+    // A crash mid-append leaves a partial frame: cut off, everything before it kept.
+    let mut torn = good.clone();
+    torn.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+    std::fs::write(&wal, &torn).unwrap();
+    {
+        let store = disk_store(dir.path(), 10_000).await;
+        assert!(store.read().service("n1", "api").is_some());
+        store.close().await;
+    }
+    assert_eq!(std::fs::read(&wal).unwrap(), good);
+    // Damage inside a record is refused, not skipped.
+    let mut bad = good.clone();
+    bad[10] ^= 0xff;
+    std::fs::write(&wal, &bad).unwrap();
+    // (A later segment exists, so this one is not the newest: its tail is not a torn write.)
+    std::fs::write(dir.path().join("wal-00000000000000000099.log"), b"").unwrap();
+    let err = Store::open(StoreConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_data_dir_has_one_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = disk_store(dir.path(), 10_000).await;
+    let err = Store::open(StoreConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err}");
+    first.close().await;
+}
+
+#[tokio::test]
+async fn leaves_are_reused_until_the_ca_changes() {
+    let store = mem_store().await;
+    let a = store.leaf("web").unwrap();
+    assert!(Arc::ptr_eq(&a, &store.leaf("web").unwrap()));
+    assert_ne!(a.serial_number, store.leaf("api").unwrap().serial_number);
+    store
+        .write(Op::CaConfigure(ca::CaConfig {
+            private_key_bits: 384,
+            ..ca::CaConfig::default()
+        }))
+        .await
+        .unwrap();
+    let b = store.leaf("web").unwrap();
+    assert_ne!(a.serial_number, b.serial_number);
+    let roots = store.read().ca_roots();
+    assert_eq!(roots.roots.len(), 2, "the old root stays trusted");
+    assert!(b.cert_pem.contains("BEGIN CERTIFICATE"));
+}
