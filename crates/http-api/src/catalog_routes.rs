@@ -1,0 +1,227 @@
+//! `/v1/catalog/*`.
+
+use crate::query::{self, Params};
+use crate::{Api, ApiError};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use catalog::{IndexKey, Op};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use structs::{
+    ConnectProxyConfig, DeregisterRequest, Index, Node, NodeService, RegisterRequest, ServiceKind,
+    service::{ServiceAddress, ServiceConnect, Weights},
+};
+
+/// A service instance with its node, in Consul's flat catalog shape.
+#[derive(Serialize)]
+pub(crate) struct ServiceNode<'a> {
+    #[serde(rename = "ID")]
+    id: &'a str,
+    #[serde(rename = "Node")]
+    node: &'a str,
+    #[serde(rename = "Address")]
+    address: &'a str,
+    #[serde(rename = "Datacenter")]
+    datacenter: &'a str,
+    #[serde(rename = "TaggedAddresses")]
+    tagged_addresses: &'a BTreeMap<String, String>,
+    #[serde(rename = "NodeMeta")]
+    node_meta: &'a BTreeMap<String, String>,
+    #[serde(rename = "ServiceKind")]
+    service_kind: ServiceKind,
+    #[serde(rename = "ServiceID")]
+    service_id: &'a str,
+    #[serde(rename = "ServiceName")]
+    service_name: &'a str,
+    #[serde(rename = "ServiceTags")]
+    service_tags: &'a [String],
+    #[serde(rename = "ServiceAddress")]
+    service_address: &'a str,
+    #[serde(rename = "ServiceTaggedAddresses")]
+    service_tagged_addresses: &'a BTreeMap<String, ServiceAddress>,
+    #[serde(rename = "ServiceWeights")]
+    service_weights: &'a Weights,
+    #[serde(rename = "ServiceMeta")]
+    service_meta: &'a BTreeMap<String, String>,
+    #[serde(rename = "ServicePort")]
+    service_port: u16,
+    #[serde(rename = "ServiceSocketPath")]
+    service_socket_path: &'a str,
+    #[serde(rename = "ServiceEnableTagOverride")]
+    service_enable_tag_override: bool,
+    #[serde(rename = "ServiceProxy")]
+    service_proxy: &'a ConnectProxyConfig,
+    #[serde(rename = "ServiceConnect")]
+    service_connect: &'a ServiceConnect,
+    #[serde(rename = "CreateIndex")]
+    create_index: Index,
+    #[serde(rename = "ModifyIndex")]
+    modify_index: Index,
+}
+
+impl<'a> ServiceNode<'a> {
+    fn new(node: &'a Node, svc: &'a NodeService) -> Self {
+        ServiceNode {
+            id: &node.id,
+            node: &node.node,
+            address: &node.address,
+            datacenter: &node.datacenter,
+            tagged_addresses: &node.tagged_addresses,
+            node_meta: &node.meta,
+            service_kind: svc.kind,
+            service_id: &svc.id,
+            service_name: &svc.service,
+            service_tags: &svc.tags,
+            service_address: &svc.address,
+            service_tagged_addresses: &svc.tagged_addresses,
+            service_weights: &svc.weights,
+            service_meta: &svc.meta,
+            service_port: svc.port,
+            service_socket_path: &svc.socket_path,
+            service_enable_tag_override: svc.enable_tag_override,
+            service_proxy: &svc.proxy,
+            service_connect: &svc.connect,
+            create_index: svc.create_index,
+            modify_index: svc.modify_index,
+        }
+    }
+}
+
+/// True when `node` carries every `key:value` asked for.
+pub(crate) fn meta_matches(node: &Node, wanted: &[(String, String)]) -> bool {
+    wanted.iter().all(|(k, v)| node.meta.get(k) == Some(v))
+}
+
+pub(crate) async fn register(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    params.check_common(api.store.datacenter())?;
+    let _token = query::token(&headers, &params);
+    let req: RegisterRequest = query::decode(&body, "a registration")?;
+    api.store.write(Op::Register(Box::new(req))).await?;
+    Ok(query::json(&true, None, params.pretty()))
+}
+
+pub(crate) async fn deregister(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    params.check_common(api.store.datacenter())?;
+    let _token = query::token(&headers, &params);
+    let req: DeregisterRequest = query::decode(&body, "a deregistration")?;
+    api.store.write(Op::Deregister(req)).await?;
+    Ok(query::json(&true, None, params.pretty()))
+}
+
+pub(crate) async fn datacenters(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    Ok(query::json(&[api.store.datacenter()], None, params.pretty()))
+}
+
+pub(crate) async fn nodes(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let meta = params.node_meta()?;
+    let key = IndexKey::Nodes;
+    let state = api.read(&params, &key).await?;
+    let nodes: Vec<&Node> = state.nodes().map(|n| &**n).filter(|n| meta_matches(n, &meta)).collect();
+    Ok(query::json(&nodes, Some(state.index_of(&key)), params.pretty()))
+}
+
+pub(crate) async fn node(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    #[derive(Serialize)]
+    struct NodeServices<'a> {
+        #[serde(rename = "Node")]
+        node: &'a Node,
+        #[serde(rename = "Services")]
+        services: BTreeMap<&'a str, &'a NodeService>,
+    }
+    let params = Params::parse(q.as_deref());
+    let key = IndexKey::Node(name.clone());
+    let state = api.read(&params, &key).await?;
+    let index = Some(state.index_of(&key));
+    let Some(node) = state.node(&name) else {
+        // Consul answers an unknown node with 200 and `null`.
+        return Ok(query::json(&serde_json::Value::Null, index, params.pretty()));
+    };
+    let services = state.node_services(&name);
+    let body = NodeServices {
+        node: &node,
+        services: services.iter().map(|s| (s.id.as_str(), &**s)).collect(),
+    };
+    Ok(query::json(&body, index, params.pretty()))
+}
+
+pub(crate) async fn services(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let meta = params.node_meta()?;
+    let key = IndexKey::Services;
+    let state = api.read(&params, &key).await?;
+    let tags = if meta.is_empty() {
+        state.service_tags()
+    } else {
+        let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (node, svc) in state.all_services() {
+            if state.node(node).is_some_and(|n| meta_matches(&n, &meta)) {
+                out.entry(svc.service.clone())
+                    .or_default()
+                    .extend(svc.tags.iter().cloned());
+            }
+        }
+        out.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
+    };
+    Ok(query::json(&tags, Some(state.index_of(&key)), params.pretty()))
+}
+
+async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let meta = params.node_meta()?;
+    let tags: Vec<String> = params.all("tag").into_iter().map(str::to_owned).collect();
+    let key = if connect {
+        IndexKey::ServiceConnect(name.clone())
+    } else {
+        IndexKey::Service(name.clone())
+    };
+    let state = api.read(&params, &key).await?;
+    let instances = if connect {
+        state.connect_instances(&name)
+    } else {
+        state.service_instances(&name)
+    };
+    let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
+        .into_iter()
+        .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
+        .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
+        .filter(|(n, _)| meta_matches(n, &meta))
+        .collect();
+    let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
+    Ok(query::json(&body, Some(state.index_of(&key)), params.pretty()))
+}
+
+pub(crate) async fn service(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    service_nodes(api, name, q, false).await
+}
+
+pub(crate) async fn connect(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    service_nodes(api, name, q, true).await
+}

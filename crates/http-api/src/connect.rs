@@ -1,0 +1,296 @@
+//! `/v1/connect/*` and the agent's leaf endpoint: CA roots and configuration, leaf
+//! certificates, intentions.
+
+use crate::query::{self, Params};
+use crate::{Api, ApiError};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use catalog::{IndexKey, Op, ca::CaConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use structs::config_entry::{IntentionAction, IntentionPermission};
+use structs::{GoDuration, Index, Intention, intention};
+
+pub(crate) async fn roots(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    if params.flag("pem") {
+        return Err(ApiError::BadRequest(
+            "pem: PEM output is not supported; read RootCert from the JSON".into(),
+        ));
+    }
+    let state = api.read(&params, &IndexKey::Ca).await?;
+    Ok(query::json(
+        &state.ca_roots(),
+        Some(state.index_of(&IndexKey::Ca)),
+        params.pretty(),
+    ))
+}
+
+#[derive(Serialize)]
+struct CaConfigurationOut<'a> {
+    #[serde(rename = "Provider")]
+    provider: &'static str,
+    #[serde(rename = "Config")]
+    config: &'a CaConfig,
+    #[serde(rename = "ClusterID")]
+    cluster_id: &'a str,
+    #[serde(rename = "ForceWithoutCrossSigning")]
+    force_without_cross_signing: bool,
+    #[serde(rename = "CreateIndex")]
+    create_index: Index,
+    #[serde(rename = "ModifyIndex")]
+    modify_index: Index,
+}
+
+pub(crate) async fn ca_configuration(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let state = api.read(&params, &IndexKey::Ca).await?;
+    let ca = state
+        .ca()
+        .ok_or_else(|| ApiError::Internal("the CA is not initialised".into()))?;
+    let out = CaConfigurationOut {
+        provider: "consul",
+        config: &ca.config,
+        cluster_id: &ca.cluster_id,
+        force_without_cross_signing: false,
+        create_index: ca.create_index,
+        modify_index: ca.modify_index,
+    };
+    Ok(query::json(&out, Some(state.index_of(&IndexKey::Ca)), params.pretty()))
+}
+
+/// The parts of a CA configuration a PUT may change; unset fields keep their values.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CaConfigPatch {
+    #[serde(rename = "LeafCertTTL")]
+    leaf_cert_ttl: Option<GoDuration>,
+    #[serde(rename = "RootCertTTL")]
+    root_cert_ttl: Option<GoDuration>,
+    #[serde(rename = "PrivateKeyType")]
+    private_key_type: Option<String>,
+    #[serde(rename = "PrivateKeyBits")]
+    private_key_bits: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CaConfigurationIn {
+    #[serde(rename = "Provider")]
+    provider: String,
+    #[serde(rename = "Config")]
+    config: CaConfigPatch,
+    #[serde(rename = "ForceWithoutCrossSigning")]
+    force_without_cross_signing: bool,
+}
+
+pub(crate) async fn set_ca_configuration(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    params.check_common(api.store.datacenter())?;
+    let _token = query::token(&headers, &params);
+    let req: CaConfigurationIn = query::decode(&body, "a CA configuration")?;
+    if !req.provider.is_empty() && req.provider != "consul" {
+        return Err(ApiError::BadRequest(format!(
+            "Provider: {:?} is not available: only the built-in \"consul\" provider is supported",
+            req.provider
+        )));
+    }
+    let _ = req.force_without_cross_signing;
+    let current = api
+        .store
+        .read()
+        .ca()
+        .ok_or_else(|| ApiError::Internal("the CA is not initialised".into()))?;
+    let mut config = current.config.clone();
+    let patch = req.config;
+    if let Some(v) = patch.leaf_cert_ttl {
+        config.leaf_cert_ttl = v;
+    }
+    if let Some(v) = patch.root_cert_ttl {
+        config.root_cert_ttl = v;
+    }
+    if let Some(v) = patch.private_key_type {
+        config.private_key_type = v;
+    }
+    if let Some(v) = patch.private_key_bits {
+        config.private_key_bits = v;
+    }
+    api.store.write(Op::CaConfigure(config)).await?;
+    Ok(query::json(&true, None, params.pretty()))
+}
+
+pub(crate) async fn leaf(
+    State(api): State<Api>,
+    Path(service): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let _token = query::token(&headers, &params);
+    structs::validate::Validate::validate(&structs::NodeService {
+        service: service.clone(),
+        ..Default::default()
+    })
+    .map_err(|e| ApiError::BadRequest(e.to_string().replacen("Service", "service", 1)))?;
+    api.read(&params, &IndexKey::Ca).await?;
+    let cert = api.store.leaf(&service)?;
+    Ok(query::json(&*cert, Some(cert.modify_index), params.pretty()))
+}
+
+pub(crate) async fn list_intentions(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let state = api.read(&params, &IndexKey::Intentions).await?;
+    Ok(query::json(
+        &state.intentions(),
+        Some(state.index_of(&IndexKey::Intentions)),
+        params.pretty(),
+    ))
+}
+
+fn exact(params: &Params) -> Result<(String, String), ApiError> {
+    Ok((
+        params.required("source")?.to_owned(),
+        params.required("destination")?.to_owned(),
+    ))
+}
+
+pub(crate) async fn get_intention(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let (source, destination) = exact(&params)?;
+    let state = api.read(&params, &IndexKey::Intentions).await?;
+    let found = state
+        .intentions()
+        .into_iter()
+        .find(|i| i.source_name == source && i.destination_name == destination);
+    match found {
+        Some(ixn) => Ok(query::json(
+            &ixn,
+            Some(state.index_of(&IndexKey::Intentions)),
+            params.pretty(),
+        )),
+        None => Err(ApiError::NotFound(format!(
+            "Intention not found: {source} => {destination}"
+        ))),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct IntentionIn {
+    #[serde(rename = "SourceType")]
+    source_type: String,
+    #[serde(rename = "Action")]
+    action: Option<IntentionAction>,
+    #[serde(rename = "Description")]
+    description: String,
+    #[serde(rename = "Meta")]
+    meta: BTreeMap<String, String>,
+    #[serde(rename = "Permissions")]
+    permissions: Vec<IntentionPermission>,
+}
+
+pub(crate) async fn put_intention(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    params.check_common(api.store.datacenter())?;
+    let _token = query::token(&headers, &params);
+    let (source, destination) = exact(&params)?;
+    let req: IntentionIn = query::decode(&body, "an intention")?;
+    if !matches!(req.source_type.as_str(), "" | "consul") {
+        return Err(ApiError::BadRequest(format!(
+            "SourceType: {:?} is not supported: use consul",
+            req.source_type
+        )));
+    }
+    let op = Op::IntentionUpsert {
+        source,
+        destination,
+        action: req.action,
+        permissions: req.permissions,
+        description: req.description,
+        meta: req.meta,
+    };
+    api.store.write(op).await?;
+    Ok(query::json(&true, None, params.pretty()))
+}
+
+pub(crate) async fn delete_intention(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    params.check_common(api.store.datacenter())?;
+    let _token = query::token(&headers, &params);
+    let (source, destination) = exact(&params)?;
+    api.store.write(Op::IntentionDelete { source, destination }).await?;
+    Ok(query::json(&true, None, params.pretty()))
+}
+
+pub(crate) async fn match_intentions(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let by = params.required("by")?;
+    if !matches!(by, "source" | "destination") {
+        return Err(ApiError::BadRequest(format!(
+            "by: {by:?} must be \"source\" or \"destination\""
+        )));
+    }
+    let names = params.all("name");
+    if names.is_empty() {
+        return Err(ApiError::BadRequest("required query parameter 'name' not set".into()));
+    }
+    let state = api.read(&params, &IndexKey::Intentions).await?;
+    let all = state.intentions();
+    let out: BTreeMap<&str, Vec<&Intention>> = names
+        .iter()
+        .map(|name| {
+            let matched = all
+                .iter()
+                .filter(|i| {
+                    if by == "source" {
+                        i.matches_source(name)
+                    } else {
+                        i.matches_destination(name)
+                    }
+                })
+                .collect();
+            (*name, matched)
+        })
+        .collect();
+    Ok(query::json(
+        &out,
+        Some(state.index_of(&IndexKey::Intentions)),
+        params.pretty(),
+    ))
+}
+
+pub(crate) async fn check_intention(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    #[derive(Serialize)]
+    struct Allowed {
+        #[serde(rename = "Allowed")]
+        allowed: bool,
+    }
+    let params = Params::parse(q.as_deref());
+    let (source, destination) = exact(&params)?;
+    let state = api.read(&params, &IndexKey::Intentions).await?;
+    // With no ACLs the mesh's default is allow, as Consul's.
+    let decision = intention::decide(&state.intentions(), &source, &destination, true);
+    Ok(query::json(
+        &Allowed {
+            allowed: decision.allowed,
+        },
+        Some(state.index_of(&IndexKey::Intentions)),
+        params.pretty(),
+    ))
+}

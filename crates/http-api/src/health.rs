@@ -1,0 +1,97 @@
+//! `/v1/health/*`.
+
+use crate::catalog_routes::meta_matches;
+use crate::query::{self, Params};
+use crate::{Api, ApiError};
+use axum::extract::{Path, RawQuery, State};
+use axum::response::Response;
+use catalog::IndexKey;
+use structs::{CheckServiceNode, HealthCheck, HealthStatus};
+
+async fn service_health(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let meta = params.node_meta()?;
+    let tags: Vec<String> = params.all("tag").into_iter().map(str::to_owned).collect();
+    let passing = params.flag("passing");
+    let key = if connect {
+        IndexKey::ServiceConnect(name.clone())
+    } else {
+        IndexKey::Service(name.clone())
+    };
+    let state = api.read(&params, &key).await?;
+    let result: Vec<CheckServiceNode> = state
+        .health(&name, connect)
+        .into_iter()
+        .filter(|csn| tags.iter().all(|t| csn.service.tags.contains(t)))
+        .filter(|csn| meta_matches(&csn.node, &meta))
+        .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
+        .collect();
+    Ok(query::json(&result, Some(state.index_of(&key)), params.pretty()))
+}
+
+pub(crate) async fn service(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    service_health(api, name, q, false).await
+}
+
+pub(crate) async fn connect(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    service_health(api, name, q, true).await
+}
+
+pub(crate) async fn checks(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let key = IndexKey::Service(name.clone());
+    let state = api.read(&params, &key).await?;
+    Ok(query::json(
+        &state.service_checks(&name),
+        Some(state.index_of(&key)),
+        params.pretty(),
+    ))
+}
+
+pub(crate) async fn state(
+    State(api): State<Api>,
+    Path(wanted): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let filter: Option<HealthStatus> = match wanted.as_str() {
+        "any" => None,
+        other => Some(other.parse().map_err(|_| {
+            ApiError::BadRequest(format!(
+                "state: unknown check state {other:?}: expected any, passing, warning, critical or maintenance"
+            ))
+        })?),
+    };
+    let key = IndexKey::Checks;
+    let state = api.read(&params, &key).await?;
+    let checks: Vec<&HealthCheck> = state
+        .all_checks()
+        .map(|c| &**c)
+        .filter(|c| filter.is_none_or(|s| c.status == s))
+        .collect();
+    Ok(query::json(&checks, Some(state.index_of(&key)), params.pretty()))
+}
+
+pub(crate) async fn node(
+    State(api): State<Api>,
+    Path(node): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let key = IndexKey::Node(node.clone());
+    let state = api.read(&params, &key).await?;
+    let checks: Vec<HealthCheck> = state.node_checks(&node).iter().map(|c| (**c).clone()).collect();
+    Ok(query::json(&checks, Some(state.index_of(&key)), params.pretty()))
+}

@@ -1,0 +1,172 @@
+//! meshd's Consul-compatible HTTP API.
+//!
+//! Paths, JSON shapes and conventions follow Consul's `/v1` API so Consul's clients work
+//! unchanged: any key casing on input, `[]` never `null`, `X-Consul-Index` (≥ 1) on every
+//! blocking-capable GET with `?index=&wait=` blocking, tokens from `X-Consul-Token`,
+//! `Authorization: Bearer` or `?token=`, `?pretty`, plain-text errors (400 naming the bad
+//! field, 404, 405, 413 for oversized bodies). Handlers hold no state of their own: every
+//! read and write goes to the [`catalog::Store`].
+
+mod agent;
+mod catalog_routes;
+mod config_routes;
+mod connect;
+mod error;
+mod health;
+mod metrics;
+pub mod query;
+
+pub use error::ApiError;
+pub use metrics::HttpMetrics;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use catalog::{IndexKey, Store};
+use query::Params;
+use std::sync::Arc;
+
+/// Appends Prometheus text for metrics kept outside the API (xDS, proxycfg).
+pub type MetricsRenderer = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// Settings of the API.
+#[derive(Clone)]
+pub struct ApiConfig {
+    /// This server's node name (`/v1/agent/self`).
+    pub node_name: String,
+    /// This server's node id.
+    pub node_id: String,
+    /// Address reported as the leader (`/v1/status/leader`).
+    pub server_addr: String,
+    /// Largest accepted request body, bytes (larger: 413).
+    pub max_body: usize,
+    /// Extra Prometheus text appended to `/v1/agent/metrics?format=prometheus`.
+    pub extra_metrics: Option<MetricsRenderer>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            node_name: "meshd-server".into(),
+            node_id: String::new(),
+            server_addr: "127.0.0.1:8300".into(),
+            max_body: 512 * 1024,
+            extra_metrics: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("node_name", &self.node_name)
+            .field("max_body", &self.max_body)
+            .finish()
+    }
+}
+
+/// What every handler gets: the store and the settings.
+#[derive(Clone)]
+pub(crate) struct Api {
+    pub(crate) store: Store,
+    pub(crate) config: Arc<ApiConfig>,
+    pub(crate) metrics: Arc<HttpMetrics>,
+}
+
+impl Api {
+    /// Reads the state for a blocking-capable GET: at once without `?index`, else once the
+    /// key's index passes it (or the wait ends). An index ahead of the key's (a reset) answers
+    /// at once.
+    pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
+        params.check_common(self.store.datacenter())?;
+        let blocking = params.blocking()?;
+        let state = self.store.read();
+        match blocking.index {
+            Some(after) if after >= state.index_of(key) && after <= state.index => {
+                Ok(self.store.wait(key, after, blocking.wait_with_jitter()).await)
+            }
+            _ => Ok(state),
+        }
+    }
+}
+
+/// The API's routes over `store`.
+pub fn router(store: Store, config: ApiConfig) -> Router {
+    let metrics = Arc::new(HttpMetrics::default());
+    let max_body = config.max_body;
+    let api = Api {
+        store,
+        config: Arc::new(config),
+        metrics: Arc::clone(&metrics),
+    };
+    Router::new()
+        .route("/v1/catalog/register", put(catalog_routes::register))
+        .route("/v1/catalog/deregister", put(catalog_routes::deregister))
+        .route("/v1/catalog/datacenters", get(catalog_routes::datacenters))
+        .route("/v1/catalog/nodes", get(catalog_routes::nodes))
+        .route("/v1/catalog/node/{node}", get(catalog_routes::node))
+        .route("/v1/catalog/services", get(catalog_routes::services))
+        .route("/v1/catalog/service/{name}", get(catalog_routes::service))
+        .route("/v1/catalog/connect/{name}", get(catalog_routes::connect))
+        .route("/v1/health/service/{name}", get(health::service))
+        .route("/v1/health/connect/{name}", get(health::connect))
+        .route("/v1/health/checks/{name}", get(health::checks))
+        .route("/v1/health/state/{state}", get(health::state))
+        .route("/v1/health/node/{node}", get(health::node))
+        .route("/v1/config", put(config_routes::set))
+        .route("/v1/config/{kind}", get(config_routes::list))
+        .route(
+            "/v1/config/{kind}/{name}",
+            get(config_routes::get).delete(config_routes::delete),
+        )
+        .route("/v1/connect/ca/roots", get(connect::roots))
+        .route("/v1/agent/connect/ca/roots", get(connect::roots))
+        .route(
+            "/v1/connect/ca/configuration",
+            get(connect::ca_configuration).put(connect::set_ca_configuration),
+        )
+        .route("/v1/agent/connect/ca/leaf/{service}", get(connect::leaf))
+        .route("/v1/connect/intentions", get(connect::list_intentions))
+        .route(
+            "/v1/connect/intentions/exact",
+            get(connect::get_intention)
+                .put(connect::put_intention)
+                .delete(connect::delete_intention),
+        )
+        .route("/v1/connect/intentions/match", get(connect::match_intentions))
+        .route("/v1/connect/intentions/check", get(connect::check_intention))
+        .route("/v1/status/leader", get(agent::leader))
+        .route("/v1/status/peers", get(agent::peers))
+        .route("/v1/agent/self", get(agent::agent_self))
+        .route("/v1/agent/metrics", get(agent::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(metrics, count))
+        .with_state(api)
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut resp = (
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {} not allowed on {}\n", req.method(), req.uri().path()),
+    )
+        .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+async fn not_found() -> Response {
+    ApiError::NotFound("404 page not found".into()).into_response()
+}
+
+async fn count(State(metrics): State<Arc<HttpMetrics>>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    metrics.record(resp.status().as_u16());
+    resp
+}

@@ -1,0 +1,201 @@
+//! Request conventions: query parameters, blocking-query options, tokens, JSON bodies, and
+//! Consul's response headers.
+
+use crate::error::ApiError;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::time::Duration;
+use structs::{GoDuration, Index};
+
+/// Default blocking wait, as Consul's.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// Longest blocking wait honoured, as Consul's.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Parsed query string: repeated keys kept in order; a key without value counts as set.
+#[derive(Debug, Clone, Default)]
+pub struct Params(Vec<(String, String)>);
+
+impl Params {
+    /// Parses a raw query string.
+    pub fn parse(raw: Option<&str>) -> Self {
+        Params(
+            raw.map(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        )
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of `key`.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// A flag: present (with no value, or any value but `false`/`0`).
+    pub fn flag(&self, key: &str) -> bool {
+        self.get(key).is_some_and(|v| !matches!(v, "false" | "0"))
+    }
+
+    /// A required parameter.
+    pub fn required(&self, key: &str) -> Result<&str, ApiError> {
+        match self.get(key) {
+            Some(v) if !v.is_empty() => Ok(v),
+            _ => Err(ApiError::BadRequest(format!(
+                "required query parameter '{key}' not set"
+            ))),
+        }
+    }
+
+    /// An unsigned integer parameter.
+    pub fn u64(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        self.get(key)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    ApiError::BadRequest(format!("invalid {key} parameter {v:?}: expected an unsigned integer"))
+                })
+            })
+            .transpose()
+    }
+
+    /// Checks `?dc=` against this server's datacenter and refuses parameters we cannot honour.
+    pub fn check_common(&self, datacenter: &str) -> Result<(), ApiError> {
+        if let Some(dc) = self.get("dc")
+            && !dc.is_empty()
+            && dc != datacenter
+        {
+            return Err(ApiError::UnknownDatacenter(dc.to_owned()));
+        }
+        if self.get("filter").is_some_and(|f| !f.is_empty()) {
+            return Err(ApiError::BadRequest(
+                "filter: filter expressions are not supported by this server".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `?node-meta=key:value` pairs (all must match).
+    pub fn node_meta(&self) -> Result<Vec<(String, String)>, ApiError> {
+        self.all("node-meta")
+            .into_iter()
+            .map(|kv| match kv.split_once(':') {
+                Some((k, v)) => Ok((k.to_owned(), v.to_owned())),
+                None => Err(ApiError::BadRequest(format!(
+                    "node-meta: {kv:?} is not of the form key:value"
+                ))),
+            })
+            .collect()
+    }
+
+    /// Blocking-query options: `?index=` and `?wait=` (default 5 min, at most 10 min).
+    pub fn blocking(&self) -> Result<Blocking, ApiError> {
+        let index = self.u64("index")?.filter(|i| *i > 0).map(Index);
+        let wait = match self.get("wait") {
+            None | Some("") => DEFAULT_WAIT,
+            Some(w) => {
+                GoDuration::parse(w)
+                    .map_err(|e| ApiError::BadRequest(format!("wait: {e}")))?
+                    .0
+            }
+        };
+        Ok(Blocking {
+            index,
+            wait: wait.min(MAX_WAIT),
+        })
+    }
+
+    /// `?pretty`.
+    pub fn pretty(&self) -> bool {
+        self.get("pretty").is_some()
+    }
+}
+
+/// Blocking-query options.
+#[derive(Debug, Clone, Copy)]
+pub struct Blocking {
+    /// Wait until the index passes this (absent: answer at once).
+    pub index: Option<Index>,
+    /// How long to wait at most, before jitter.
+    pub wait: Duration,
+}
+
+impl Blocking {
+    /// The wait with up to wait/16 of jitter added, so many clients do not return together.
+    pub fn wait_with_jitter(&self) -> Duration {
+        let spread = self.wait.as_nanos() / 16;
+        if spread == 0 {
+            return self.wait;
+        }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let mixed = u128::from(seed.wrapping_mul(2_654_435_761));
+        self.wait + Duration::from_nanos((mixed % spread) as u64)
+    }
+}
+
+/// The request's ACL token, from `X-Consul-Token`, `Authorization: Bearer` or `?token=`.
+/// Read on every request; enforced once ACLs exist.
+pub fn token(headers: &HeaderMap, params: &Params) -> Option<String> {
+    if let Some(t) = headers.get("x-consul-token").and_then(|v| v.to_str().ok()) {
+        return Some(t.to_owned());
+    }
+    if let Some(t) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return Some(t.trim().to_owned());
+    }
+    params.get("token").map(str::to_owned)
+}
+
+/// Decodes a JSON body in any key casing; an empty body is an error naming what was expected.
+pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadRequest(format!("request body is empty: expected {what}")));
+    }
+    structs::json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("request decode failed: {e}")))
+}
+
+/// A JSON response with Consul's headers; `index` adds `X-Consul-Index`.
+pub fn json<T: Serialize>(value: &T, index: Option<Index>, pretty: bool) -> Response {
+    let body = if pretty {
+        serde_json::to_vec_pretty(value)
+    } else {
+        serde_json::to_vec(value)
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return ApiError::Internal(format!("encoding the response: {e}")).into_response(),
+    };
+    let mut resp = (StatusCode::OK, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    add_consul_headers(h, index);
+    resp
+}
+
+/// `X-Consul-Index` (when given), `X-Consul-KnownLeader`, `X-Consul-LastContact`.
+pub fn add_consul_headers(h: &mut HeaderMap, index: Option<Index>) {
+    if let Some(index) = index
+        && let Ok(v) = HeaderValue::from_str(&index.max(Index(1)).to_string())
+    {
+        h.insert("x-consul-index", v);
+    }
+    h.insert("x-consul-knownleader", HeaderValue::from_static("true"));
+    h.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+}

@@ -1,0 +1,519 @@
+//! HTTP handlers in process: shapes, conventions and every error path.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use catalog::{Store, StoreConfig};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Reply {
+    status: StatusCode,
+    index: Option<u64>,
+    content_type: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+async fn app() -> (Router, Store) {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    (
+        http_api::router(
+            store.clone(),
+            http_api::ApiConfig {
+                max_body: 64 * 1024,
+                ..Default::default()
+            },
+        ),
+        store,
+    )
+}
+
+async fn call(app: &Router, method: &str, uri: &str, body: impl Into<Body>) -> Reply {
+    let req = Request::builder().method(method).uri(uri).body(body.into()).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let index = resp
+        .headers()
+        .get("x-consul-index")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        index,
+        content_type,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+async fn get(app: &Router, uri: &str) -> Reply {
+    call(app, "GET", uri, Body::empty()).await
+}
+
+async fn put(app: &Router, uri: &str, body: Value) -> Reply {
+    call(app, "PUT", uri, body.to_string()).await
+}
+
+fn web_and_proxy() -> [Value; 2] {
+    [
+        json!({"Node": "n1", "Address": "10.0.0.1", "Service": {"Service": "web", "Port": 8080},
+               "Checks": [{"CheckID": "web-alive", "ServiceID": "web", "Status": "passing"}]}),
+        json!({"node": "n1", "address": "10.0.0.1", "service": {"kind": "connect-proxy", "id": "web-sidecar-proxy",
+               "service": "web-sidecar-proxy", "port": 21000,
+               "proxy": {"destination_service_name": "web", "local_service_port": 8080,
+                         "upstreams": [{"destination_name": "api", "local_bind_port": 9191, "config": {"Keep_Case": 1}}]}}}),
+    ]
+}
+
+#[tokio::test]
+async fn register_read_back_in_every_view() {
+    let (app, _) = app().await;
+    for body in web_and_proxy() {
+        let r = put(&app, "/v1/catalog/register", body).await;
+        assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "true"));
+    }
+    let r = get(&app, "/v1/catalog/services").await;
+    assert_eq!(r.json(), json!({"web": [], "web-sidecar-proxy": []}));
+    let r = get(&app, "/v1/catalog/service/web").await;
+    assert_eq!(r.json()[0]["ServiceName"], "web");
+    assert_eq!(r.json()[0]["ServiceTags"], json!([]), "[] never null");
+    let r = get(&app, "/v1/catalog/connect/web").await;
+    let proxy = &r.json()[0];
+    assert_eq!(proxy["ServiceKind"], "connect-proxy");
+    assert_eq!(proxy["ServiceProxy"]["Upstreams"][0]["Config"], json!({"Keep_Case": 1}));
+    let r = get(&app, "/v1/health/service/web?passing").await;
+    assert_eq!(r.json()[0]["Checks"][0]["CheckID"], "web-alive");
+    let r = get(&app, "/v1/health/connect/web").await;
+    assert_eq!(r.json()[0]["Service"]["Proxy"]["DestinationServiceName"], "web");
+    let r = get(&app, "/v1/health/checks/web").await;
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    let r = get(&app, "/v1/health/state/passing").await;
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    let r = get(&app, "/v1/catalog/node/n1").await;
+    assert_eq!(r.json()["Services"]["web-sidecar-proxy"]["Port"], 21000);
+    let r = get(&app, "/v1/catalog/node/nope").await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "null"));
+    assert!(r.index.unwrap() >= 1);
+    let r = get(&app, "/v1/catalog/nodes").await;
+    assert_eq!(r.json()[0]["Node"], "n1");
+    assert_eq!(get(&app, "/v1/catalog/datacenters").await.json(), json!(["dc1"]));
+    let r = get(&app, "/v1/health/service/nothing").await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "[]"));
+
+    let r = put(
+        &app,
+        "/v1/catalog/deregister",
+        json!({"Node": "n1", "ServiceID": "web"}),
+    )
+    .await;
+    assert_eq!(r.body, "true");
+    assert_eq!(get(&app, "/v1/health/checks/web").await.body, "[]");
+}
+
+#[tokio::test]
+async fn every_blocking_get_carries_an_index() {
+    let (app, _) = app().await;
+    for uri in [
+        "/v1/catalog/nodes",
+        "/v1/catalog/node/x",
+        "/v1/catalog/services",
+        "/v1/catalog/service/x",
+        "/v1/catalog/connect/x",
+        "/v1/health/service/x",
+        "/v1/health/connect/x",
+        "/v1/health/checks/x",
+        "/v1/health/state/any",
+        "/v1/health/node/x",
+        "/v1/config/service-defaults",
+        "/v1/connect/ca/roots",
+        "/v1/connect/ca/configuration",
+        "/v1/agent/connect/ca/leaf/web",
+        "/v1/connect/intentions",
+        "/v1/connect/intentions/match?by=destination&name=x",
+        "/v1/connect/intentions/check?source=a&destination=b",
+    ] {
+        let r = get(&app, uri).await;
+        assert_eq!(r.status, StatusCode::OK, "{uri}: {}", r.body);
+        assert!(r.index.is_some_and(|i| i >= 1), "{uri} lacks X-Consul-Index");
+        assert_eq!(r.content_type, "application/json", "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn blocking_query_wakes_on_change_and_times_out_otherwise() {
+    let (app, _) = app().await;
+    let first = get(&app, "/v1/health/service/web").await.index.unwrap();
+    // Nothing changes: the wait runs out and returns the same index.
+    let r = get(&app, &format!("/v1/health/service/web?index={first}&wait=20ms")).await;
+    assert_eq!(r.index, Some(first));
+    // A change wakes it.
+    let waiter = {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, &format!("/v1/health/service/web?index={first}&wait=5m")).await })
+    };
+    tokio::task::yield_now().await;
+    put(&app, "/v1/catalog/register", web_and_proxy()[0].clone()).await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.index.unwrap() > first);
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    // An index from the future (a reset) answers at once.
+    let r = get(&app, "/v1/health/service/web?index=999999&wait=5m").await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn config_entries_set_get_list_delete_with_cas() {
+    let (app, _) = app().await;
+    let entry = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
+    assert_eq!(put(&app, "/v1/config?cas=0", entry.clone()).await.body, "true");
+    assert_eq!(put(&app, "/v1/config?cas=0", entry.clone()).await.body, "false");
+    let r = get(&app, "/v1/config/service-defaults/api").await;
+    assert_eq!(r.json()["Protocol"], "http");
+    let modify = r.json()["ModifyIndex"].as_u64().unwrap();
+    assert_eq!(
+        put(
+            &app,
+            &format!("/v1/config?cas={modify}"),
+            json!({"kind": "service-defaults", "name": "api", "protocol": "grpc"})
+        )
+        .await
+        .body,
+        "true"
+    );
+    assert_eq!(
+        get(&app, "/v1/config/service-defaults").await.json()[0]["Protocol"],
+        "grpc"
+    );
+    assert_eq!(
+        call(&app, "DELETE", "/v1/config/service-defaults/api?cas=1", Body::empty())
+            .await
+            .body,
+        "false"
+    );
+    assert_eq!(
+        call(&app, "DELETE", "/v1/config/service-defaults/api", Body::empty())
+            .await
+            .body,
+        "true"
+    );
+    let r = get(&app, "/v1/config/service-defaults/api").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.body.starts_with("Config entry not found"));
+}
+
+#[tokio::test]
+async fn intentions_exact_match_check() {
+    let (app, _) = app().await;
+    let r = put(
+        &app,
+        "/v1/connect/intentions/exact?source=web&destination=api",
+        json!({"SourceType": "consul", "Action": "allow"}),
+    )
+    .await;
+    assert_eq!(r.body, "true");
+    put(
+        &app,
+        "/v1/connect/intentions/exact?source=*&destination=api",
+        json!({"Action": "deny"}),
+    )
+    .await;
+    let r = get(&app, "/v1/connect/intentions/exact?source=web&destination=api").await;
+    assert_eq!(
+        (r.json()["Action"].as_str(), r.json()["Precedence"].as_u64()),
+        (Some("allow"), Some(9))
+    );
+    let r = get(&app, "/v1/connect/intentions/match?by=destination&name=api").await;
+    assert_eq!(r.json()["api"].as_array().unwrap().len(), 2);
+    assert_eq!(r.json()["api"][0]["SourceName"], "web", "precedence order");
+    assert_eq!(
+        get(&app, "/v1/connect/intentions/check?source=web&destination=api")
+            .await
+            .json(),
+        json!({"Allowed": true})
+    );
+    assert_eq!(
+        get(&app, "/v1/connect/intentions/check?source=db&destination=api")
+            .await
+            .json(),
+        json!({"Allowed": false})
+    );
+    assert_eq!(
+        get(&app, "/v1/connect/intentions/check?source=db&destination=other")
+            .await
+            .json(),
+        json!({"Allowed": true})
+    );
+    assert_eq!(
+        call(
+            &app,
+            "DELETE",
+            "/v1/connect/intentions/exact?source=web&destination=api",
+            Body::empty()
+        )
+        .await
+        .body,
+        "true"
+    );
+    assert_eq!(
+        get(&app, "/v1/connect/intentions/exact?source=web&destination=api")
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn ca_roots_configuration_and_leaf() {
+    let (app, _) = app().await;
+    let roots = get(&app, "/v1/connect/ca/roots").await.json();
+    assert_eq!(roots["Roots"].as_array().unwrap().len(), 1);
+    let td = roots["TrustDomain"].as_str().unwrap().to_owned();
+    let leaf = get(&app, "/v1/agent/connect/ca/leaf/web").await.json();
+    assert_eq!(leaf["ServiceURI"], format!("spiffe://{td}/ns/default/dc/dc1/svc/web"));
+    let conf = get(&app, "/v1/connect/ca/configuration").await.json();
+    assert_eq!(
+        (conf["Provider"].as_str(), conf["Config"]["LeafCertTTL"].as_str()),
+        (Some("consul"), Some("72h0m0s"))
+    );
+    let r = put(
+        &app,
+        "/v1/connect/ca/configuration",
+        json!({"Provider": "consul", "Config": {"PrivateKeyBits": 384}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let roots = get(&app, "/v1/connect/ca/roots").await.json();
+    assert_eq!(
+        roots["Roots"].as_array().unwrap().len(),
+        2,
+        "rotation keeps the old root"
+    );
+    assert_ne!(
+        get(&app, "/v1/agent/connect/ca/leaf/web").await.json()["SerialNumber"],
+        leaf["SerialNumber"]
+    );
+}
+
+#[tokio::test]
+async fn errors_are_plain_text_and_name_the_problem() {
+    let (app, store) = app().await;
+    let before = store.read().index;
+    let cases: Vec<(&str, &str, String, StatusCode, &str)> = vec![
+        (
+            "PUT",
+            "/v1/catalog/register",
+            "{not json".into(),
+            StatusCode::BAD_REQUEST,
+            "request decode failed: invalid JSON",
+        ),
+        (
+            "PUT",
+            "/v1/catalog/register",
+            "".into(),
+            StatusCode::BAD_REQUEST,
+            "request body is empty",
+        ),
+        (
+            "PUT",
+            "/v1/catalog/register",
+            json!({"Node": "n1"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Address: required",
+        ),
+        (
+            "PUT",
+            "/v1/catalog/register",
+            json!({"Node": "n1", "Address": "a", "Service": {"Service": "p", "Kind": "connect-proxy", "Port": 1}})
+                .to_string(),
+            StatusCode::BAD_REQUEST,
+            "Service.Proxy.DestinationServiceName: required for kind connect-proxy",
+        ),
+        (
+            "PUT",
+            "/v1/catalog/register",
+            json!({"Node": "n1", "Address": "a", "Service": {"Service": "x", "Port": 70000}}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "request decode failed: Service.Port: invalid value",
+        ),
+        (
+            "PUT",
+            "/v1/catalog/register",
+            json!({"Node": "n1", "Address": "a", "Datacenter": "dc9"}).to_string(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "No path to datacenter \"dc9\"",
+        ),
+        (
+            "PUT",
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": "api", "Protocl": "http"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "request decode failed: Protocl: unknown field `Protocl`",
+        ),
+        (
+            "PUT",
+            "/v1/config",
+            json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 10}]}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Splits: weights must add up to 100",
+        ),
+        (
+            "PUT",
+            "/v1/config?cas=x",
+            json!({"Kind": "mesh"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "invalid cas parameter",
+        ),
+        (
+            "GET",
+            "/v1/config/nope",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "kind: unknown config entry kind \"nope\"",
+        ),
+        (
+            "GET",
+            "/v1/health/state/sad",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "state: unknown check state \"sad\"",
+        ),
+        (
+            "GET",
+            "/v1/health/service/x?wait=forever&index=1",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "wait: invalid duration",
+        ),
+        (
+            "GET",
+            "/v1/health/service/x?filter=Service.Port==1",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "filter: filter expressions are not supported",
+        ),
+        (
+            "GET",
+            "/v1/catalog/nodes?dc=dc2",
+            String::new(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "No path to datacenter \"dc2\"",
+        ),
+        (
+            "GET",
+            "/v1/connect/intentions/exact?source=web",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "required query parameter 'destination' not set",
+        ),
+        (
+            "PUT",
+            "/v1/connect/intentions/exact?source=web&destination=api",
+            json!({"Action": "maybe"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "request decode failed: Action: unknown value \"maybe\"",
+        ),
+        (
+            "PUT",
+            "/v1/connect/intentions/exact?source=web&destination=api",
+            json!({}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Action: required (or Permissions)",
+        ),
+        (
+            "PUT",
+            "/v1/connect/ca/configuration",
+            json!({"Provider": "vault"}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Provider: \"vault\" is not available",
+        ),
+        (
+            "PUT",
+            "/v1/connect/ca/configuration",
+            json!({"Config": {"PrivateKeyType": "rsa"}}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Config.PrivateKeyType: \"rsa\" is not supported",
+        ),
+        (
+            "GET",
+            "/v1/agent/metrics?format=xml",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "format: \"xml\" is not supported",
+        ),
+        (
+            "GET",
+            "/v1/no/such/path",
+            String::new(),
+            StatusCode::NOT_FOUND,
+            "404 page not found",
+        ),
+        (
+            "POST",
+            "/v1/catalog/register",
+            String::new(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method POST not allowed",
+        ),
+        (
+            "DELETE",
+            "/v1/catalog/services",
+            String::new(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method DELETE not allowed",
+        ),
+    ];
+    for (method, uri, body, status, text) in cases {
+        let r = call(&app, method, uri, body).await;
+        assert_eq!(r.status, status, "{method} {uri}: {}", r.body);
+        assert!(
+            r.body.starts_with(text),
+            "{method} {uri}: {:?} does not start with {text:?}",
+            r.body
+        );
+        assert!(
+            r.content_type.starts_with("text/plain"),
+            "{method} {uri}: {}",
+            r.content_type
+        );
+    }
+    // Oversized bodies: 413, and nothing written.
+    let big = format!("{{\"Node\": \"n1\", \"Address\": \"{}\"}}", "a".repeat(100 * 1024));
+    let r = call(&app, "PUT", "/v1/catalog/register", big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(store.read().index, before, "no rejected write changed anything");
+}
+
+#[tokio::test]
+async fn pretty_and_metrics() {
+    let (app, _) = app().await;
+    let r = get(&app, "/v1/catalog/datacenters?pretty").await;
+    assert_eq!(r.body, "[\n  \"dc1\"\n]");
+    let r = get(&app, "/v1/agent/metrics?format=prometheus").await;
+    assert!(r.body.contains("meshd_catalog_index "), "{}", r.body);
+    assert!(r.body.contains("meshd_http_requests_total{code=\"2xx\"}"));
+    let r = get(&app, "/v1/agent/metrics").await;
+    assert!(
+        r.json()["Gauges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["Name"] == "meshd_catalog_nodes")
+    );
+    assert_eq!(get(&app, "/v1/status/leader").await.json(), json!("127.0.0.1:8300"));
+    assert_eq!(get(&app, "/v1/agent/self").await.json()["Config"]["Datacenter"], "dc1");
+}
