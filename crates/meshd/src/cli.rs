@@ -1,0 +1,125 @@
+//! Command line: Consul-style flags (`-data-dir`, single dash) as well as `--data-dir`.
+
+use clap::{Args, Parser, Subcommand};
+use std::{net::SocketAddr, path::PathBuf};
+
+/// meshd: a service-mesh control plane.
+#[derive(Debug, Parser)]
+#[command(name = "meshd", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a server: the catalog, the built-in CA and the HTTP API.
+    #[cfg(feature = "server")]
+    Server(ServerArgs),
+}
+
+/// `meshd server` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Directory for durable state (required unless -dev).
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address of the HTTP API.
+    #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
+    pub http_addr: SocketAddr,
+    /// Datacenter name.
+    #[arg(long = "datacenter", value_name = "DC", default_value = "dc1")]
+    pub datacenter: String,
+    /// Keep all state in memory (nothing survives a restart).
+    #[arg(long = "dev")]
+    pub dev: bool,
+    /// This server's node name.
+    #[arg(long = "node", value_name = "NAME", default_value = "meshd-server")]
+    pub node: String,
+    /// Write logs as JSON lines.
+    #[arg(long = "log-json")]
+    pub log_json: bool,
+    /// Log level filter (error, warn, info, debug, trace, or a tracing directive).
+    #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// Rewrites Consul's single-dash long flags (`-data-dir=x`, `-dev`) to clap's `--` form.
+/// Single letters, `--flag`, bare `-` and values (anything not starting with `-`) are left
+/// alone; so is everything after a `--` separator.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for arg in args {
+        if passthrough || arg == "--" {
+            passthrough = true;
+            out.push(arg);
+            continue;
+        }
+        let is_single_dash_long = arg.starts_with('-')
+            && !arg.starts_with("--")
+            && arg.len() > 2
+            && arg.as_bytes().get(1).is_some_and(u8::is_ascii_alphabetic);
+        out.push(if is_single_dash_long { format!("-{arg}") } else { arg });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(args: &[&str]) -> Vec<String> {
+        normalize_args(args.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn single_dash_long_flags_become_double_dash() {
+        assert_eq!(
+            norm(&[
+                "meshd",
+                "server",
+                "-data-dir=/x",
+                "-dev",
+                "--http-addr",
+                "127.0.0.1:0",
+                "-h",
+                "-"
+            ]),
+            vec![
+                "meshd",
+                "server",
+                "--data-dir=/x",
+                "--dev",
+                "--http-addr",
+                "127.0.0.1:0",
+                "-h",
+                "-"
+            ]
+        );
+        assert_eq!(
+            norm(&["meshd", "connect", "--", "-log-level"]),
+            vec!["meshd", "connect", "--", "-log-level"]
+        );
+    }
+
+    #[test]
+    fn parses_server_flags_in_both_spellings() {
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "server",
+            "-dev",
+            "-http-addr",
+            "127.0.0.1:0",
+            "--datacenter=dc9",
+        ]))
+        .unwrap();
+        let Command::Server(args) = cli.command;
+        assert!(args.dev);
+        assert_eq!(args.http_addr.port(), 0);
+        assert_eq!(args.datacenter, "dc9");
+        assert!(Cli::try_parse_from(norm(&["meshd", "server", "-http-addr", "nonsense"])).is_err());
+    }
+}

@@ -1,0 +1,36 @@
+//! The meshd binary's wiring: command line, logging and the mode runners. All logic lives
+//! in the library crates; this crate only connects them.
+
+pub mod cli;
+#[cfg(feature = "server")]
+pub mod server;
+
+/// Installs the tracing subscriber: human-readable or JSON lines on stderr.
+pub fn init_logging(level: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers the process can only be killed; run until then.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

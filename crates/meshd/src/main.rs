@@ -1,0 +1,53 @@
+//! `meshd`: parse the command line, start logging, run the chosen mode. Exit codes: 0 after
+//! a clean shutdown, 1 when the mode fails, 2 for a bad command line.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use clap::Parser;
+use meshd::cli::{Cli, Command, normalize_args};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse_from(normalize_args(std::env::args())) {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            print!("{e}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let reason = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("meshd: {reason}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("meshd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Server(args) => {
+                meshd::init_logging(&args.log_level, args.log_json);
+                meshd::server::run(args, meshd::shutdown_signal(), |running| {
+                    println!("meshd server listening on http://{}", running.http_addr);
+                })
+                .await
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meshd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
