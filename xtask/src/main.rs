@@ -1,9 +1,13 @@
 //! meshd's developer tasks. `cargo xtask <task>`:
 //!
-//! - `test`: every test of the workspace (the README's test command).
+//! - `test`: every test of the workspace (the README's test command): the Rust tests, then
+//!   the Python client suites against the real binary, with the pinned clients installed
+//!   into `.tools/` first.
 //! - `demo`: the main job on an embedded default (no external services).
 //! - `bench [NAME]`: benchmarks that print figures (`proxycfg`; all when no name is given).
 #![allow(clippy::print_stdout)]
+
+mod tools;
 
 use anyhow::{Context, Result, bail};
 use std::{
@@ -67,32 +71,84 @@ impl Totals {
     }
 }
 
-fn test(extra: &[String]) -> Result<()> {
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--locked"])
-        .args(extra)
-        .stdout(Stdio::piped());
-    println!("xtask: running {cmd:?}");
-    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
-    let mut totals = Totals::default();
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines() {
-            let line = line.context("reading cargo test output")?;
-            println!("{line}");
-            totals.add_line(&line);
+impl Totals {
+    /// Adds pytest's closing line (`===== 3 failed, 12 passed, 1 skipped in 4.2s =====`).
+    fn add_pytest_line(&mut self, line: &str) {
+        let line = line.trim().trim_matches('=').trim();
+        if !line.contains(" in ") || !(line.contains("passed") || line.contains("failed") || line.contains("error")) {
+            return;
+        }
+        let counts = line.rsplit_once(" in ").map_or(line, |(c, _)| c);
+        for part in counts.split(',') {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" | "error" | "errors" => self.failed += n,
+                    "skipped" => self.ignored += n,
+                    _ => {}
+                }
+            }
         }
     }
-    let status = child.wait().context("waiting for cargo test")?;
-    // One closing line for the whole workspace, in the plain form CI reads.
+}
+
+/// Runs `cmd`, echoing its stdout, and feeds each line to `parse`.
+fn run_and_parse(mut cmd: Command, mut parse: impl FnMut(&str)) -> Result<std::process::ExitStatus> {
+    cmd.stdout(Stdio::piped());
+    println!("xtask: running {cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line.context("reading test output")?;
+            println!("{line}");
+            parse(&line);
+        }
+    }
+    child.wait().context("waiting for the tests")
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    let root = workspace_root();
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--locked"]).args(extra);
+    if !run_and_parse(cmd, |l| totals.add_line(l))?.success() {
+        failures.push("cargo test");
+    }
+
+    // The Python client suites run against the real binary.
+    let python = tools::ensure_python(&root)?;
+    let mut build = cargo();
+    build.args(["build", "--locked", "-p", "meshd"]);
+    run(build)?;
+    let mut pytest = Command::new(python);
+    pytest
+        .current_dir(&root)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
+        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"));
+    let before = totals.passed + totals.failed;
+    if !run_and_parse(pytest, |l| totals.add_pytest_line(l))?.success() {
+        failures.push("pytest");
+    }
+    if totals.passed + totals.failed == before {
+        failures.push("pytest (no result line)");
+    }
+
+    // One closing line for the whole run, in the plain form CI reads.
     println!(
         "summary: {} passed, {} failed, {} skipped",
         totals.passed, totals.failed, totals.ignored
     );
-    if !status.success() {
-        bail!("cargo test failed with {status}");
+    if !failures.is_empty() {
+        bail!("failed: {}", failures.join(", "));
     }
     if totals.passed == 0 {
-        bail!("cargo test ran no test");
+        bail!("no test ran");
     }
     Ok(())
 }

@@ -1,0 +1,166 @@
+"""py-consul 1.8.0 against a real `meshd server`: the calls Consul users make."""
+
+import threading
+
+import pytest
+from consul.callback import CB
+from consul.exceptions import BadRequest, ClientError
+
+SIDECAR = {
+    "Kind": "connect-proxy",
+    "ID": "api-sidecar-proxy",
+    "Service": "api-sidecar-proxy",
+    "Port": 21000,
+    "Proxy": {
+        "DestinationServiceName": "api",
+        "DestinationServiceID": "api",
+        "LocalServicePort": 8080,
+        "Upstreams": [{"DestinationName": "db", "LocalBindPort": 9191, "Config": {"connect_timeout_ms": 500}}],
+    },
+}
+
+
+def register_api(client, node="node-1", address="10.0.0.1"):
+    assert client.catalog.register(
+        node,
+        address,
+        service={"Service": "api", "ID": "api", "Port": 8080, "Tags": ["v1"]},
+        check={"CheckID": "api-alive", "Name": "api alive", "ServiceID": "api", "Status": "passing"},
+    ) is True
+    assert client.catalog.register(node, address, service=SIDECAR) is True
+
+
+def test_register_with_sidecar_and_read_back(client):
+    register_api(client)
+
+    index, services = client.catalog.services()
+    assert int(index) >= 1
+    assert services == {"api": ["v1"], "api-sidecar-proxy": []}
+
+    _, nodes = client.catalog.service("api")
+    assert [(n["Node"], n["ServiceID"], n["ServicePort"]) for n in nodes] == [("node-1", "api", 8080)]
+    _, tagged = client.catalog.service("api", tag="v1")
+    assert len(tagged) == 1
+
+    _, healthy = client.health.service("api", passing=True)
+    assert healthy[0]["Service"]["ID"] == "api"
+    assert healthy[0]["Checks"][0]["Status"] == "passing"
+
+    _, connect = client.health.connect("api")
+    assert [c["Service"]["ID"] for c in connect] == ["api-sidecar-proxy"]
+    proxy = connect[0]["Service"]["Proxy"]
+    assert proxy["DestinationServiceName"] == "api"
+    assert proxy["Upstreams"][0]["DestinationName"] == "db"
+    assert proxy["Upstreams"][0]["Config"] == {"connect_timeout_ms": 500}
+
+    _, catalog_connect = client.catalog.connect("api")
+    assert catalog_connect[0]["ServiceKind"] == "connect-proxy"
+
+    _, checks = client.health.checks("api")
+    assert [c["CheckID"] for c in checks] == ["api-alive"]
+    _, node = client.catalog.node("node-1")
+    assert set(node["Services"]) == {"api", "api-sidecar-proxy"}
+    _, missing = client.catalog.node("nowhere")
+    assert missing is None
+    assert client.catalog.datacenters() == ["dc1"]
+
+
+def test_blocking_query_wakes_on_a_change(client):
+    register_api(client)
+    index, before = client.health.service("api")
+    assert len(before) == 1
+    result = {}
+
+    def block():
+        result["reply"] = client.health.service("api", index=int(index), wait="60s")
+
+    waiter = threading.Thread(target=block)
+    waiter.start()
+    register_api(client, node="node-2", address="10.0.0.2")
+    waiter.join(timeout=30)
+    assert not waiter.is_alive(), "the blocking query did not wake"
+    new_index, after = result["reply"]
+    assert int(new_index) > int(index)
+    assert sorted(n["Node"]["Node"] for n in after) == ["node-1", "node-2"]
+
+
+def test_blocking_query_times_out_with_the_same_index(client):
+    register_api(client)
+    index, _ = client.health.service("api")
+    again, _ = client.health.service("api", index=int(index), wait="100ms")
+    assert again == index
+
+
+def test_config_entries_set_get_list_delete_with_cas(client):
+    assert client.config.set("service-defaults", "api", {"Protocol": "http"}) is True
+    assert client.config.set("service-defaults", "api", {"Protocol": "grpc"}, cas=0) is False
+    entry = client.config.get("service-defaults", "api")
+    assert entry["Kind"] == "service-defaults"
+    assert entry["Protocol"] == "http"
+    modify = entry["ModifyIndex"]
+    assert client.config.set("service-defaults", "api", {"protocol": "grpc"}, cas=modify) is True
+    assert [e["Protocol"] for e in client.config.list("service-defaults")] == ["grpc"]
+    assert client.config.delete("service-defaults", "api", cas=modify) is False
+    current = client.config.get("service-defaults", "api")["ModifyIndex"]
+    assert client.config.delete("service-defaults", "api", cas=current) is True
+    assert client.config.get("service-defaults", "api") is None
+    assert client.config.set("proxy-defaults", "global", {"Config": {"Envoy_Stats_Flush": "5s"}}) is True
+    assert client.config.get("proxy-defaults", "global")["Config"] == {"Envoy_Stats_Flush": "5s"}
+    assert client.config.delete("proxy-defaults", "global") is True
+
+
+def test_ca_roots_configuration_and_leaf(client):
+    roots = client.connect.ca.roots()
+    assert len(roots["Roots"]) == 1
+    root = roots["Roots"][0]
+    assert root["Active"] is True
+    assert root["ID"] == roots["ActiveRootID"]
+    assert "BEGIN CERTIFICATE" in root["RootCert"]
+    trust_domain = roots["TrustDomain"]
+    assert trust_domain.endswith(".consul")
+
+    leaf = client.agent.connect.ca.leaf("web")
+    assert leaf["Service"] == "web"
+    assert leaf["ServiceURI"] == f"spiffe://{trust_domain}/ns/default/dc/dc1/svc/web"
+    assert "BEGIN CERTIFICATE" in leaf["CertPEM"]
+    assert "PRIVATE KEY" in leaf["PrivateKeyPEM"]
+
+    config = client.connect.ca.configuration()
+    assert config["Provider"] == "consul"
+    assert config["Config"]["LeafCertTTL"] == "72h0m0s"
+
+
+def test_intentions_allow_deny_and_match(client):
+    assert client.connect.intentions.upsert("web", "api", action="allow") is True
+    assert client.connect.intentions.upsert("*", "api", action="deny") is True
+    assert client.connect.intentions.check("web", "api") is True
+    assert client.connect.intentions.check("billing", "api") is False
+
+    matched = client.connect.intentions.match("destination", "api")
+    assert [(i["SourceName"], i["Action"]) for i in matched["api"]] == [("web", "allow"), ("*", "deny")]
+    assert client.connect.intentions.read("web", "api")["Precedence"] == 9
+
+    assert client.connect.intentions.delete("web", "api") is True
+    assert client.connect.intentions.read("web", "api") is None
+    assert client.connect.intentions.check("web", "api") is False
+
+
+def test_deregister(client):
+    register_api(client)
+    assert client.catalog.deregister("node-1", service_id="api-sidecar-proxy") is True
+    _, connect = client.health.connect("api")
+    assert connect == []
+    assert client.catalog.deregister("node-1") is True
+    _, nodes = client.catalog.nodes()
+    assert nodes == []
+    _, services = client.catalog.services()
+    assert services == {}
+
+
+def test_bad_input_is_a_400_naming_the_field(client):
+    with pytest.raises(BadRequest, match="Address: required"):
+        client.catalog.register("node-1", "")
+    with pytest.raises(BadRequest, match="Protocol: unsupported protocol"):
+        client.config.set("service-defaults", "api", {"Protocol": "udp"})
+    with pytest.raises(ClientError, match="405"):
+        client.http.post(CB.boolean(), "/v1/catalog/register")
