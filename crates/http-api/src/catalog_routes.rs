@@ -1,6 +1,7 @@
 //! `/v1/catalog/*`.
 
 use crate::query::{self, Params};
+use crate::response_cache::ResponseCache;
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -195,19 +196,30 @@ async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool)
         IndexKey::Service(name.clone())
     };
     let state = api.read(&params, &key).await?;
-    let instances = if connect {
-        state.connect_instances(&name)
+    let index = state.index_of(&key);
+    let path = if connect {
+        "/v1/catalog/connect/"
     } else {
-        state.service_instances(&name)
+        "/v1/catalog/service/"
     };
-    let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
-        .into_iter()
-        .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
-        .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
-        .filter(|(n, _)| meta_matches(n, &meta))
-        .collect();
-    let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
-    Ok(query::json(&body, Some(state.index_of(&key)), params.pretty()))
+    let body = api
+        .responses
+        .get_or_encode(ResponseCache::key(&format!("{path}{name}"), &params), index, || {
+            let instances = if connect {
+                state.connect_instances(&name)
+            } else {
+                state.service_instances(&name)
+            };
+            let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
+                .into_iter()
+                .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
+                .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
+                .filter(|(n, _)| meta_matches(n, &meta))
+                .collect();
+            let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
+            query::encode(&body, params.pretty())
+        })?;
+    Ok(query::json_bytes(body, Some(index)))
 }
 
 pub(crate) async fn service(

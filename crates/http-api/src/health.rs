@@ -2,6 +2,7 @@
 
 use crate::catalog_routes::meta_matches;
 use crate::query::{self, Params};
+use crate::response_cache::ResponseCache;
 use crate::{Api, ApiError};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
@@ -19,14 +20,24 @@ async fn service_health(api: Api, name: String, q: Option<String>, connect: bool
         IndexKey::Service(name.clone())
     };
     let state = api.read(&params, &key).await?;
-    let result: Vec<CheckServiceNode> = state
-        .health(&name, connect)
-        .into_iter()
-        .filter(|csn| tags.iter().all(|t| csn.service.tags.contains(t)))
-        .filter(|csn| meta_matches(&csn.node, &meta))
-        .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
-        .collect();
-    Ok(query::json(&result, Some(state.index_of(&key)), params.pretty()))
+    let index = state.index_of(&key);
+    let path = if connect {
+        "/v1/health/connect/"
+    } else {
+        "/v1/health/service/"
+    };
+    let cache_key = ResponseCache::key(&format!("{path}{name}"), &params);
+    let body = api.responses.get_or_encode(cache_key, index, || {
+        let result: Vec<CheckServiceNode> = state
+            .health(&name, connect)
+            .into_iter()
+            .filter(|csn| tags.iter().all(|t| csn.service.tags.contains(t)))
+            .filter(|csn| meta_matches(&csn.node, &meta))
+            .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
+            .collect();
+        query::encode(&result, params.pretty())
+    })?;
+    Ok(query::json_bytes(body, Some(index)))
 }
 
 pub(crate) async fn service(

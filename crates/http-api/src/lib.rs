@@ -15,6 +15,7 @@ mod error;
 mod health;
 mod metrics;
 pub mod query;
+mod response_cache;
 
 pub use error::ApiError;
 pub use metrics::HttpMetrics;
@@ -67,12 +68,13 @@ impl std::fmt::Debug for ApiConfig {
     }
 }
 
-/// What every handler gets: the store and the settings.
+/// What every handler gets: the store, the settings, and the encoded-response cache.
 #[derive(Clone)]
 pub(crate) struct Api {
     pub(crate) store: Store,
     pub(crate) config: Arc<ApiConfig>,
     pub(crate) metrics: Arc<HttpMetrics>,
+    pub(crate) responses: Arc<response_cache::ResponseCache>,
 }
 
 impl Api {
@@ -85,6 +87,7 @@ impl Api {
         let state = self.store.read();
         match blocking.index {
             Some(after) if after >= state.index_of(key) && after <= state.index => {
+                let _waiting = self.metrics.waiting();
                 Ok(self.store.wait(key, after, blocking.wait_with_jitter()).await)
             }
             _ => Ok(state),
@@ -100,6 +103,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
         store,
         config: Arc::new(config),
         metrics: Arc::clone(&metrics),
+        responses: Arc::new(response_cache::ResponseCache::default()),
     };
     Router::new()
         .route("/v1/catalog/register", put(catalog_routes::register))

@@ -30,6 +30,11 @@ impl Params {
         )
     }
 
+    /// Every (key, value) pair, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &(String, String)> {
+        self.0.iter()
+    }
+
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
@@ -171,17 +176,27 @@ pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result
     structs::json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("request decode failed: {e}")))
 }
 
-/// A JSON response with Consul's headers; `index` adds `X-Consul-Index`.
-pub fn json<T: Serialize>(value: &T, index: Option<Index>, pretty: bool) -> Response {
+/// Encodes a value as JSON (pretty on request).
+pub fn encode<T: Serialize>(value: &T, pretty: bool) -> Result<axum::body::Bytes, ApiError> {
     let body = if pretty {
         serde_json::to_vec_pretty(value)
     } else {
         serde_json::to_vec(value)
     };
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return ApiError::Internal(format!("encoding the response: {e}")).into_response(),
-    };
+    body.map(Into::into)
+        .map_err(|e| ApiError::Internal(format!("encoding the response: {e}")))
+}
+
+/// A JSON response with Consul's headers; `index` adds `X-Consul-Index`.
+pub fn json<T: Serialize>(value: &T, index: Option<Index>, pretty: bool) -> Response {
+    match encode(value, pretty) {
+        Ok(body) => json_bytes(body, index),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A response with an already encoded JSON body and Consul's headers.
+pub fn json_bytes(body: axum::body::Bytes, index: Option<Index>) -> Response {
     let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
