@@ -1,0 +1,329 @@
+//! Server benchmark (prints figures; asserts nothing): durable write throughput, waking
+//! 10,000 blocking queries with one write, and server RSS with 10,000 services.
+//!
+//! Run: `cargo xtask bench server` (or `cargo bench -p meshd --bench server`).
+//! Scale with `WRITES=` (20000), `WRITERS=` (64), `WAITERS=` (10000), `SERVICES=` (10000).
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use catalog::{IndexKey, Op, Store, StoreConfig};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use structs::{NodeService, RegisterRequest};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(data_dir: &std::path::Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .args(["server", "-http-addr", "127.0.0.1:0", "-log-level", "warn", "-data-dir"])
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("meshd server listening on ")
+            .unwrap()
+            .to_owned();
+        Server { child, url }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (user, system) CPU time of a process from its `stat` file (clock ticks of 10 ms).
+fn cpu_split(stat_path: &str) -> (Duration, Duration) {
+    let stat = std::fs::read_to_string(stat_path).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| Duration::from_millis(fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 10);
+    (tick(11), tick(12))
+}
+
+/// user + system CPU time of a process.
+fn cpu_of(stat_path: &str) -> Duration {
+    let (user, system) = cpu_split(stat_path);
+    user + system
+}
+
+fn registration(i: usize) -> RegisterRequest {
+    RegisterRequest {
+        node: format!("node-{}", i / 10),
+        address: format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255),
+        service: Some(NodeService {
+            service: format!("svc-{}", i % 1000),
+            id: format!("svc-{i}"),
+            port: 8080,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn store_writes(writes: usize, writers: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..writers {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let mut i = w;
+            while i < writes {
+                store.write(Op::Register(Box::new(registration(i)))).await.unwrap();
+                i += writers;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    println!(
+        "  in-process store: {writes} durable registrations from {writers} concurrent writers in {} = {:.0} writes/s   [target >= 5000/s]",
+        ms(elapsed),
+        writes as f64 / elapsed.as_secs_f64()
+    );
+    store.close().await;
+}
+
+async fn http_writes(server: &Server, writes: usize, writers: usize) {
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..writers {
+        let (client, url) = (client.clone(), server.url.clone());
+        tasks.spawn(async move {
+            let mut i = w;
+            while i < writes {
+                let resp = client
+                    .put(format!("{url}/v1/catalog/register"))
+                    .json(&registration(i))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(resp.status().is_success());
+                i += writers;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    println!(
+        "  over HTTP (real meshd server, data dir): {writes} registrations from {writers} concurrent clients in {} = {:.0} writes/s   [target >= 5000/s]",
+        ms(elapsed),
+        writes as f64 / elapsed.as_secs_f64()
+    );
+}
+
+async fn store_wakeups(waiters: usize) {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    store.write(Op::Register(Box::new(registration(0)))).await.unwrap();
+    let key = IndexKey::Service("svc-0".into());
+    let after = store.read().index_of(&key);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..waiters {
+        let (store, key, tx) = (store.clone(), key.clone(), tx.clone());
+        tokio::spawn(async move {
+            store.wait(&key, after, Duration::from_secs(600)).await;
+            let _ = tx.send(Instant::now());
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    store.write(Op::Register(Box::new(registration(1000)))).await.unwrap();
+    let mut lat: Vec<Duration> = Vec::with_capacity(waiters);
+    for _ in 0..waiters {
+        lat.push(rx.recv().await.unwrap() - t0);
+    }
+    lat.sort();
+    println!(
+        "  in-process: {waiters} waits on one service woken by one write: p50 {}  p99 {}  max {}   [target p99 <= 50 ms]",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    store.close().await;
+}
+
+async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{url}/v1/agent/metrics?format=prometheus"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+async fn http_wakeups(server: &Server, waiters: usize) {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let url = server.url.clone();
+    // One instance of a service nobody else touches; the waking write adds a second.
+    let first = RegisterRequest {
+        node: "wake-1".into(),
+        address: "10.200.0.1".into(),
+        service: Some(NodeService {
+            service: "wake".into(),
+            port: 8080,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    client
+        .put(format!("{url}/v1/catalog/register"))
+        .json(&first)
+        .send()
+        .await
+        .unwrap();
+    let resp = client
+        .get(format!("{url}/v1/health/service/wake"))
+        .send()
+        .await
+        .unwrap();
+    let index: u64 = resp.headers()["x-consul-index"].to_str().unwrap().parse().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..waiters {
+        let (client, url, tx) = (client.clone(), url.clone(), tx.clone());
+        tokio::spawn(async move {
+            let resp = client
+                .get(format!("{url}/v1/health/service/wake?index={index}&wait=5m"))
+                .send()
+                .await;
+            let done = Instant::now();
+            let new_index = resp
+                .ok()
+                .and_then(|r| r.headers().get("x-consul-index")?.to_str().ok()?.parse::<u64>().ok());
+            let _ = tx.send((done, new_index));
+        });
+    }
+    // Wait until every query is parked on the server.
+    let ready = Instant::now();
+    while (metric(&client, &url, "meshd_http_blocking_queries ").await as usize) < waiters {
+        if ready.elapsed() > Duration::from_secs(120) {
+            println!(
+                "  over HTTP: only {} of {waiters} blocking queries got parked; skipping",
+                metric(&client, &url, "meshd_http_blocking_queries ").await
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let server_stat = format!("/proc/{}/stat", server.child.id());
+    let (server_split0, client_cpu0) = (cpu_split(&server_stat), cpu_of("/proc/self/stat"));
+    let t0 = Instant::now();
+    let second = RegisterRequest {
+        node: "wake-2".into(),
+        address: "10.200.0.2".into(),
+        ..first
+    };
+    let resp = client
+        .put(format!("{url}/v1/catalog/register"))
+        .json(&second)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    let mut lat = Vec::with_capacity(waiters);
+    let mut woken_with_new_index = 0;
+    for _ in 0..waiters {
+        let (done, new_index) = rx.recv().await.unwrap();
+        lat.push(done - t0);
+        if new_index.is_some_and(|i| i > index) {
+            woken_with_new_index += 1;
+        }
+    }
+    let server_split = cpu_split(&server_stat);
+    let (server_user, server_system) = (server_split.0 - server_split0.0, server_split.1 - server_split0.1);
+    let client_cpu = cpu_of("/proc/self/stat") - client_cpu0;
+    lat.sort();
+    println!(
+        "  over HTTP: CPU during the wake-up: server {} user + {} system, load generator (same 2 cores) {}",
+        ms(server_user),
+        ms(server_system),
+        ms(client_cpu)
+    );
+    println!(
+        "  over HTTP: {waiters} blocking GET /v1/health/service woken by one write ({woken_with_new_index} saw the new index): p50 {}  p99 {}  max {}   [target p99 <= 50 ms]",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+}
+
+fn main() {
+    let writes = env_usize("WRITES", 20_000);
+    let writers = env_usize("WRITERS", 64);
+    let waiters = env_usize("WAITERS", 10_000);
+    let services = env_usize("SERVICES", 10_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        println!("server benchmark (2-core machine; store on this machine's disk, fsync per batch)");
+        store_writes(writes, writers).await;
+        store_wakeups(waiters).await;
+
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(dir.path());
+        let idle = server.rss_kib();
+        http_writes(&server, services, writers).await;
+        let loaded = server.rss_kib();
+        println!(
+            "  server RSS: {:.1} MiB idle, {:.1} MiB with {services} registered service instances ({} nodes)",
+            idle as f64 / 1024.0,
+            loaded as f64 / 1024.0,
+            services.div_ceil(10)
+        );
+        http_wakeups(&server, waiters).await;
+    });
+}
