@@ -4,7 +4,7 @@
 //!   the Python client suites against the real binary, with the pinned clients installed
 //!   into `.tools/` first.
 //! - `demo`: the main job on an embedded default (no external services).
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`; all when no name is given).
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`; all when no name is given).
 #![allow(clippy::print_stdout)]
 
 mod tools;
@@ -39,7 +39,7 @@ fn run(mut cmd: Command) -> Result<()> {
 }
 
 /// The benchmarks, by name: (package, bench target).
-const BENCHES: &[(&str, &str, &str)] = &[("proxycfg", "proxycfg", "propagation")];
+const BENCHES: &[(&str, &str, &str)] = &[("proxycfg", "proxycfg", "propagation"), ("server", "meshd", "server")];
 
 /// Totals of the `test result:` lines of a cargo test run.
 #[derive(Debug, Default, PartialEq, Eq)]
