@@ -40,6 +40,8 @@ pub enum Topic {
     ServiceHealthConnect(String),
     /// One config entry (or its absence).
     ConfigEntry(ConfigEntryKind, String),
+    /// Every config entry of a kind.
+    ConfigEntries(ConfigEntryKind),
     /// The CA trust bundle.
     CaRoots,
     /// Intentions whose destination matches a service (exact or `*`), in evaluation order.
@@ -55,6 +57,7 @@ impl Topic {
             Topic::ServiceHealth(name) => IndexKey::Service(name.clone()),
             Topic::ServiceHealthConnect(name) => IndexKey::ServiceConnect(name.clone()),
             Topic::ConfigEntry(kind, name) => IndexKey::ConfigEntry(*kind, name.clone()),
+            Topic::ConfigEntries(kind) => IndexKey::ConfigKind(*kind),
             Topic::CaRoots => IndexKey::Ca,
             Topic::Intentions(_) => IndexKey::Intentions,
             Topic::ServiceList => IndexKey::Services,

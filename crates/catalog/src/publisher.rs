@@ -20,6 +20,8 @@ pub enum Payload {
     Health(Arc<Vec<CheckServiceNode>>),
     /// A config entry, or `None` if it does not exist.
     ConfigEntry(Option<Arc<ConfigEntry>>),
+    /// Every config entry of a kind, by name.
+    ConfigEntries(Arc<Vec<Arc<ConfigEntry>>>),
     /// The trust bundle.
     CaRoots(Arc<IndexedCaRoots>),
     /// Intentions in evaluation order.
@@ -81,6 +83,7 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::ServiceHealth(name) => Payload::Health(Arc::new(state.health(name, false))),
         Topic::ServiceHealthConnect(name) => Payload::Health(Arc::new(state.health(name, true))),
         Topic::ConfigEntry(kind, name) => Payload::ConfigEntry(state.config_entry(*kind, name)),
+        Topic::ConfigEntries(kind) => Payload::ConfigEntries(Arc::new(state.config_entries(*kind))),
         Topic::CaRoots => Payload::CaRoots(Arc::new(state.ca_roots())),
         Topic::Intentions(dest) => Payload::Intentions(Arc::new(state.intentions_for_destination(dest))),
         Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),

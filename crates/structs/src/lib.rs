@@ -5,7 +5,6 @@
 //! shapes: [`json::from_slice`] accepts any key casing on input, `serde_json` writes
 //! Consul's casing on output, and empty lists are written as `[]`.
 
-pub mod catalog;
 pub mod config_entry;
 pub mod connect;
 pub mod discovery_chain;
@@ -16,11 +15,11 @@ pub mod intention;
 pub mod json;
 pub mod node;
 pub mod proxy;
+pub mod registration;
 pub mod resolved;
 pub mod service;
 pub mod validate;
 
-pub use catalog::{DeregisterRequest, RegisterRequest};
 pub use config_entry::{ConfigEntry, ConfigEntryKind};
 pub use connect::{CaRoot, IndexedCaRoots, IssuedCert, SpiffeIdService, Timestamp};
 pub use discovery_chain::{CompiledDiscoveryChain, DiscoveryTarget, TargetId};
@@ -34,6 +33,7 @@ pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,
 };
+pub use registration::{DeregisterRequest, RegisterRequest};
 pub use resolved::{GatewayService, ResolvedServiceConfig, ResolvedUpstreamConfig};
 pub use service::{NodeService, ServiceKind};
 pub use validate::{Problem, Validate, ValidationError};

@@ -1,0 +1,476 @@
+//! `Server*` data sources: proxycfg watches answered from the catalog's event publisher.
+//! Used by servers for agentless proxies. Values derived from the catalog are materialized
+//! once per change and shared by every proxy watching the same thing.
+
+use crate::follow::Follower;
+use crate::resolve;
+use crate::views::Views;
+use async_trait::async_trait;
+use catalog::{Payload, Store, Topic};
+use proxycfg::data_sources::*;
+use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use structs::{
+    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, HealthStatus, ResolvedServiceConfig,
+};
+use tokio_util::sync::CancellationToken;
+
+/// What every server data source shares.
+struct Shared {
+    store: Store,
+    health: Views<(bool, String, bool, Option<structs::ServiceKind>), Vec<CheckServiceNode>>,
+    chains: Views<DiscoveryChainRequest, CompiledDiscoveryChain>,
+    resolved: Views<ResolvedServiceConfigRequest, ResolvedServiceConfig>,
+}
+
+impl Shared {
+    fn check_dc(&self, dc: &str) -> Result<(), DataSourceError> {
+        if dc.is_empty() || dc == self.store.datacenter() {
+            Ok(())
+        } else {
+            Err(DataSourceError::InvalidRequest(format!(
+                "datacenter {dc:?} is not served here (only {:?})",
+                self.store.datacenter()
+            )))
+        }
+    }
+}
+
+/// Builds the server-mode [`DataSources`] over a catalog store.
+pub fn server_data_sources(store: Store) -> DataSources {
+    let shared = Arc::new(Shared {
+        store,
+        health: Views::default(),
+        chains: Views::default(),
+        resolved: Views::default(),
+    });
+    DataSources {
+        ca_roots: Arc::new(ServerCaRoots(Arc::clone(&shared))),
+        leaf: Arc::new(ServerLeaf(Arc::clone(&shared))),
+        intentions: Arc::new(ServerIntentions(Arc::clone(&shared))),
+        health: Arc::new(ServerHealth(Arc::clone(&shared))),
+        discovery_chain: Arc::new(ServerDiscoveryChain(Arc::clone(&shared))),
+        config_entry: Arc::new(ServerConfigEntry(Arc::clone(&shared))),
+        config_entry_list: Arc::new(ServerConfigEntryList(Arc::clone(&shared))),
+        resolved_service_config: Arc::new(ServerResolvedServiceConfig(Arc::clone(&shared))),
+        service_list: Arc::new(ServerServiceList(Arc::clone(&shared))),
+        datacenters: Arc::new(ServerDatacenters(Arc::clone(&shared))),
+        gateway_services: Arc::new(ServerGatewayServices),
+        http_checks: Arc::new(ServerHttpChecks),
+        prepared_query: Arc::new(ServerPreparedQuery),
+    }
+}
+
+/// Runs `follower` until cancelled or the store closes, sending what `derive` makes of each
+/// change (`None`: nothing to send yet).
+async fn run<T: Into<UpdatePayload> + Clone + Send>(
+    mut follower: Follower,
+    id: CorrelationId,
+    tx: EventSender<T>,
+    cancel: CancellationToken,
+    mut derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
+) -> Result<(), DataSourceError> {
+    loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(()),
+            changed = follower.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                if let Some(result) = derive(&follower)
+                    && tx.send(id.clone(), result).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// CA roots.
+pub struct ServerCaRoots(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<CaRootsRequest> for ServerCaRoots {
+    async fn notify(
+        self: Arc<Self>,
+        req: CaRootsRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<structs::IndexedCaRoots>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
+        run(follower, id, tx, cancel, |f| match f.get(0) {
+            Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
+            _ => None,
+        })
+        .await
+    }
+}
+
+/// Leaf certificates, reissued when the CA changes and refreshed before they expire.
+pub struct ServerLeaf(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<LeafRequest> for ServerLeaf {
+    async fn notify(
+        self: Arc<Self>,
+        req: LeafRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<structs::IssuedCert>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let store = self.0.store.clone();
+        let mut follower = Follower::new(&store, vec![Topic::CaRoots]);
+        let mut refresh_at: Option<tokio::time::Instant> = None;
+        loop {
+            let until_refresh = refresh_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(()),
+                changed = follower.changed() => if changed.is_err() { return Ok(()) },
+                () = tokio::time::sleep_until(until_refresh), if refresh_at.is_some() => {}
+            }
+            let result = store
+                .leaf(&req.service)
+                .map_err(|e| DataSourceError::Unavailable(e.to_string()));
+            if let Ok(cert) = &result {
+                // Ask again two thirds into its life (the store reissues it then).
+                let life = cert
+                    .valid_before
+                    .0
+                    .duration_since(cert.valid_after.0)
+                    .unwrap_or_default();
+                let due = cert.valid_after.0 + life * 2 / 3 + Duration::from_secs(1);
+                let wait = due.duration_since(SystemTime::now()).unwrap_or(Duration::from_secs(1));
+                refresh_at = Some(tokio::time::Instant::now() + wait);
+            }
+            if tx.send(id.clone(), result).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Intentions by destination.
+pub struct ServerIntentions(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<IntentionsRequest> for ServerIntentions {
+    async fn notify(
+        self: Arc<Self>,
+        req: IntentionsRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<structs::Intention>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let follower = Follower::new(&self.0.store, vec![Topic::Intentions(req.destination.clone())]);
+        run(follower, id, tx, cancel, |f| match f.get(0) {
+            Some(Payload::Intentions(ixns)) => Some(Ok(Arc::clone(ixns))),
+            _ => None,
+        })
+        .await
+    }
+}
+
+/// Service health, optionally connect instances, passing only and of one kind. The filtered
+/// result is shared by every watch asking the same question.
+pub struct ServerHealth(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<HealthRequest> for ServerHealth {
+    async fn notify(
+        self: Arc<Self>,
+        req: HealthRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<CheckServiceNode>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        if !req.filter.is_empty() {
+            return Err(DataSourceError::InvalidRequest(format!(
+                "subset filter {:?}: filter expressions are not supported yet",
+                req.filter
+            )));
+        }
+        let topic = if req.connect {
+            Topic::ServiceHealthConnect(req.service.clone())
+        } else {
+            Topic::ServiceHealth(req.service.clone())
+        };
+        let follower = Follower::new(&self.0.store, vec![topic]);
+        let key = (req.connect, req.service.clone(), req.passing_only, req.kind);
+        let shared = Arc::clone(&self.0);
+        run(follower, id, tx, cancel, move |f| {
+            let Some(Payload::Health(all)) = f.get(0) else {
+                return None;
+            };
+            if !req.passing_only && req.kind.is_none() {
+                return Some(Ok(Arc::clone(all)));
+            }
+            Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
+                all.iter()
+                    .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
+                    .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
+                    .cloned()
+                    .collect()
+            })))
+        })
+        .await
+    }
+}
+
+/// One config entry.
+pub struct ServerConfigEntry(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<ConfigEntryRequest> for ServerConfigEntry {
+    async fn notify(
+        self: Arc<Self>,
+        req: ConfigEntryRequest,
+        id: CorrelationId,
+        tx: EventSender<Option<Arc<ConfigEntry>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        let follower = Follower::new(&self.0.store, vec![Topic::ConfigEntry(req.kind, req.name.clone())]);
+        run(follower, id, tx, cancel, |f| match f.get(0) {
+            Some(Payload::ConfigEntry(entry)) => Some(Ok(entry.clone())),
+            _ => None,
+        })
+        .await
+    }
+}
+
+/// Config entries of a kind.
+pub struct ServerConfigEntryList(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<ConfigEntryListRequest> for ServerConfigEntryList {
+    async fn notify(
+        self: Arc<Self>,
+        req: ConfigEntryListRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<Arc<ConfigEntry>>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        let follower = Follower::new(&self.0.store, vec![Topic::ConfigEntries(req.kind)]);
+        run(follower, id, tx, cancel, |f| match f.get(0) {
+            Some(Payload::ConfigEntries(entries)) => Some(Ok(Arc::clone(entries))),
+            _ => None,
+        })
+        .await
+    }
+}
+
+fn defaults_topics() -> Vec<Topic> {
+    vec![
+        Topic::ConfigEntry(ConfigEntryKind::ProxyDefaults, "global".into()),
+        Topic::ConfigEntries(ConfigEntryKind::ServiceDefaults),
+    ]
+}
+
+/// Central config resolved for a service and its upstreams.
+pub struct ServerResolvedServiceConfig(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
+    async fn notify(
+        self: Arc<Self>,
+        req: ResolvedServiceConfigRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<ResolvedServiceConfig>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let follower = Follower::new(&self.0.store, defaults_topics());
+        let shared = Arc::clone(&self.0);
+        run(follower, id, tx, cancel, move |f| {
+            let (Some(Payload::ConfigEntry(proxy)), Some(Payload::ConfigEntries(services))) = (f.get(0), f.get(1))
+            else {
+                return None;
+            };
+            Some(Ok(shared.resolved.get_or_make(&req, &f.versions(), || {
+                resolve::resolved_config(
+                    &req.name,
+                    &req.upstreams,
+                    resolve::proxy_defaults(proxy.as_ref()),
+                    services,
+                )
+            })))
+        })
+        .await
+    }
+}
+
+/// Discovery chains: the default chain of the service (protocol from service-defaults or
+/// proxy-defaults, connect timeout from a service-resolver). Routers, splitters, and
+/// resolver subsets, redirects and failover are not compiled yet: such a chain is an error.
+pub struct ServerDiscoveryChain(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
+    async fn notify(
+        self: Arc<Self>,
+        req: DiscoveryChainRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<CompiledDiscoveryChain>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let mut topics = defaults_topics();
+        topics.push(Topic::CaRoots);
+        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceResolver, req.name.clone()));
+        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceRouter, req.name.clone()));
+        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceSplitter, req.name.clone()));
+        let follower = Follower::new(&self.0.store, topics);
+        let shared = Arc::clone(&self.0);
+        run(follower, id, tx, cancel, move |f| {
+            let (
+                Some(Payload::ConfigEntry(proxy)),
+                Some(Payload::ConfigEntries(services)),
+                Some(Payload::CaRoots(roots)),
+                Some(Payload::ConfigEntry(resolver)),
+                Some(Payload::ConfigEntry(router)),
+                Some(Payload::ConfigEntry(splitter)),
+            ) = (f.get(0), f.get(1), f.get(2), f.get(3), f.get(4), f.get(5))
+            else {
+                return None;
+            };
+            let resolver = match resolver.as_deref() {
+                Some(ConfigEntry::ServiceResolver(r)) => Some(r),
+                _ => None,
+            };
+            let unsupported = resolver
+                .and_then(resolve::unsupported_resolver)
+                .or(router.as_ref().map(|_| "service-router entries"))
+                .or(splitter.as_ref().map(|_| "service-splitter entries"));
+            if let Some(what) = unsupported {
+                return Some(Err(DataSourceError::InvalidRequest(format!(
+                    "discovery chain for {:?}: {what} are not compiled yet",
+                    req.name
+                ))));
+            }
+            let protocol = if req.override_protocol.is_empty() {
+                resolve::protocol_of(&req.name, resolve::proxy_defaults(proxy.as_ref()), services)
+            } else {
+                req.override_protocol.clone()
+            };
+            Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || {
+                resolve::default_chain(
+                    &req.name,
+                    &req.datacenter,
+                    &roots.trust_domain,
+                    &protocol,
+                    req.override_connect_timeout_ms,
+                    resolver,
+                )
+            })))
+        })
+        .await
+    }
+}
+
+/// Service names.
+pub struct ServerServiceList(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<ServiceListRequest> for ServerServiceList {
+    async fn notify(
+        self: Arc<Self>,
+        req: ServiceListRequest,
+        id: CorrelationId,
+        tx: EventSender<ServiceNames>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        self.0.check_dc(&req.datacenter)?;
+        let follower = Follower::new(&self.0.store, vec![Topic::ServiceList]);
+        run(follower, id, tx, cancel, |f| match f.get(0) {
+            Some(Payload::ServiceList(names)) => Some(Ok(ServiceNames(Arc::clone(names)))),
+            _ => None,
+        })
+        .await
+    }
+}
+
+/// Datacenters: this server knows its own only.
+pub struct ServerDatacenters(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<DatacentersRequest> for ServerDatacenters {
+    async fn notify(
+        self: Arc<Self>,
+        _req: DatacentersRequest,
+        id: CorrelationId,
+        tx: EventSender<DatacenterNames>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        let names = DatacenterNames(Arc::new(vec![self.0.store.datacenter().to_owned()]));
+        if tx.send(id, Ok(names)).await.is_ok() {
+            cancel.cancelled().await;
+        }
+        Ok(())
+    }
+}
+
+/// HTTP checks: an agentless proxy has no local agent running its service's checks, so the
+/// list is empty (as on Consul servers).
+pub struct ServerHttpChecks;
+
+#[async_trait]
+impl DataSource<HttpChecksRequest> for ServerHttpChecks {
+    async fn notify(
+        self: Arc<Self>,
+        _req: HttpChecksRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<structs::HealthCheck>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        if tx.send(id, Ok(Arc::new(Vec::new()))).await.is_ok() {
+            cancel.cancelled().await;
+        }
+        Ok(())
+    }
+}
+
+/// Prepared queries are not served by this server.
+pub struct ServerPreparedQuery;
+
+#[async_trait]
+impl DataSource<PreparedQueryRequest> for ServerPreparedQuery {
+    async fn notify(
+        self: Arc<Self>,
+        req: PreparedQueryRequest,
+        _id: CorrelationId,
+        _tx: EventSender<PreparedQueryResult>,
+        _cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        Err(DataSourceError::InvalidRequest(format!(
+            "prepared query {:?}: prepared queries are not supported",
+            req.query
+        )))
+    }
+}
+
+/// Gateway services: gateways are not supported yet (the Manager refuses gateway kinds).
+pub struct ServerGatewayServices;
+
+#[async_trait]
+impl DataSource<GatewayServicesRequest> for ServerGatewayServices {
+    async fn notify(
+        self: Arc<Self>,
+        req: GatewayServicesRequest,
+        _id: CorrelationId,
+        _tx: EventSender<Arc<Vec<structs::GatewayService>>>,
+        _cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        Err(DataSourceError::InvalidRequest(format!(
+            "gateway {:?}: gateways are not supported yet",
+            req.gateway
+        )))
+    }
+}

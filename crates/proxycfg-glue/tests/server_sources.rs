@@ -1,0 +1,255 @@
+//! The proxycfg engine on server data sources over a real catalog store.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
+
+use catalog::{Op, Store, StoreConfig};
+use proxycfg::{ConfigSnapshot, Manager, ManagerConfig, ProxyId, ProxyRegistration, ProxySource, WatchEvent, Watcher};
+use std::{sync::Arc, time::Duration};
+use structs::config_entry::{IntentionAction, ServiceDefaults};
+use structs::*;
+
+fn sidecar(dest: &str, port: u16, upstreams: &[(&str, u16)]) -> NodeService {
+    NodeService {
+        kind: ServiceKind::ConnectProxy,
+        id: format!("{dest}-sidecar-proxy"),
+        service: format!("{dest}-sidecar-proxy"),
+        port,
+        proxy: ConnectProxyConfig {
+            destination_service_name: dest.into(),
+            destination_service_id: dest.into(),
+            local_service_port: 8080,
+            upstreams: upstreams
+                .iter()
+                .map(|(n, p)| Upstream {
+                    destination_name: (*n).into(),
+                    local_bind_port: *p,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+async fn register(store: &Store, node: &str, addr: &str, svc: NodeService) {
+    store
+        .write(Op::Register(Box::new(RegisterRequest {
+            node: node.into(),
+            address: addr.into(),
+            service: Some(svc),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+}
+
+async fn next(w: &mut Watcher) -> Arc<ConfigSnapshot> {
+    match tokio::time::timeout(Duration::from_secs(10), w.next()).await {
+        Ok(Some(WatchEvent::Snapshot(s))) => s,
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+async fn next_where(w: &mut Watcher, pred: impl Fn(&ConfigSnapshot) -> bool) -> Arc<ConfigSnapshot> {
+    loop {
+        let s = next(w).await;
+        if pred(&s) {
+            return s;
+        }
+    }
+}
+
+fn api_endpoints(s: &ConfigSnapshot) -> Vec<String> {
+    let cp = s.connect_proxy().unwrap();
+    cp.upstreams
+        .values()
+        .flat_map(|u| {
+            u.endpoints
+                .values()
+                .flat_map(|e| e.iter().map(|n| n.address().to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sidecar_snapshot_from_the_catalog() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    register(
+        &store,
+        "n1",
+        "10.0.0.1",
+        NodeService {
+            service: "web".into(),
+            port: 8080,
+            ..Default::default()
+        },
+    )
+    .await;
+    register(&store, "n1", "10.0.0.1", sidecar("web", 21000, &[("api", 9191)])).await;
+    register(
+        &store,
+        "n2",
+        "10.0.0.2",
+        NodeService {
+            service: "api".into(),
+            port: 8080,
+            ..Default::default()
+        },
+    )
+    .await;
+    register(&store, "n2", "10.0.0.2", sidecar("api", 21000, &[])).await;
+
+    let manager = Manager::new(
+        ManagerConfig::default(),
+        proxycfg_glue::server_data_sources(store.clone()),
+    );
+    let svc = store.read().service("n1", "web-sidecar-proxy").unwrap();
+    let id = ProxyId::new("n1", "web-sidecar-proxy");
+    let mut w = manager.watch(&id);
+    manager
+        .register(
+            ProxyRegistration {
+                id: id.clone(),
+                service: svc,
+                token: String::new(),
+            },
+            ProxySource::Catalog,
+            false,
+        )
+        .await
+        .unwrap();
+
+    let snap = next_where(&mut w, |s| !api_endpoints(s).is_empty()).await;
+    let roots = snap.roots.as_ref().unwrap();
+    assert_eq!(roots.trust_domain, store.read().ca_roots().trust_domain);
+    let cp = snap.connect_proxy().unwrap();
+    let leaf = cp.leaf.as_ref().unwrap();
+    assert_eq!(
+        leaf.service_uri,
+        format!("spiffe://{}/ns/default/dc/dc1/svc/web", roots.trust_domain)
+    );
+    assert_eq!(api_endpoints(&snap), vec!["10.0.0.2"]);
+    let chain = cp.upstreams.values().next().unwrap().chain.clone().unwrap();
+    assert_eq!(chain.protocol, "tcp");
+    assert_eq!(
+        chain.targets.values().next().unwrap().sni,
+        format!("api.default.dc1.internal.{}", roots.trust_domain)
+    );
+
+    // A second api instance appears.
+    register(&store, "n3", "10.0.0.3", sidecar("api", 21000, &[])).await;
+    let snap = next_where(&mut w, |s| api_endpoints(s).len() == 2).await;
+    assert_eq!(api_endpoints(&snap), vec!["10.0.0.2", "10.0.0.3"]);
+
+    // An intention for web arrives.
+    store
+        .write(Op::IntentionUpsert {
+            source: "*".into(),
+            destination: "web".into(),
+            action: Some(IntentionAction::Deny),
+            permissions: vec![],
+            description: String::new(),
+            meta: Default::default(),
+        })
+        .await
+        .unwrap();
+    let snap = next_where(&mut w, |s| {
+        s.connect_proxy()
+            .unwrap()
+            .intentions
+            .as_ref()
+            .is_some_and(|i| !i.is_empty())
+    })
+    .await;
+    assert_eq!(
+        snap.connect_proxy().unwrap().intentions.as_ref().unwrap()[0].source_name,
+        "*"
+    );
+
+    // service-defaults makes api speak http: the chain follows.
+    store
+        .write(Op::ConfigSet {
+            entry: ConfigEntry::ServiceDefaults(ServiceDefaults {
+                name: "api".into(),
+                protocol: "http".into(),
+                ..Default::default()
+            }),
+            cas: None,
+        })
+        .await
+        .unwrap();
+    next_where(&mut w, |s| {
+        s.connect_proxy()
+            .unwrap()
+            .upstreams
+            .values()
+            .next()
+            .unwrap()
+            .chain
+            .as_ref()
+            .is_some_and(|c| c.protocol == "http")
+    })
+    .await;
+
+    // An unhealthy instance drops out (passing only).
+    store
+        .write(Op::Register(Box::new(RegisterRequest {
+            node: "n3".into(),
+            address: "10.0.0.3".into(),
+            check: Some(HealthCheck {
+                check_id: "sick".into(),
+                service_id: "api-sidecar-proxy".into(),
+                status: HealthStatus::Critical,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    let snap = next_where(&mut w, |s| api_endpoints(s).len() == 1).await;
+    assert_eq!(api_endpoints(&snap), vec!["10.0.0.2"]);
+
+    manager.shutdown().await;
+    assert_eq!(manager.metrics().live_watches, 0);
+}
+
+#[tokio::test]
+async fn proxies_watching_the_same_service_share_one_result() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    register(&store, "n9", "10.0.0.9", sidecar("api", 21000, &[])).await;
+    register(&store, "n1", "10.0.0.1", sidecar("web", 21000, &[("api", 9191)])).await;
+    register(&store, "n2", "10.0.0.2", sidecar("billing", 21000, &[("api", 9191)])).await;
+    let manager = Manager::new(
+        ManagerConfig::default(),
+        proxycfg_glue::server_data_sources(store.clone()),
+    );
+    let mut watchers = Vec::new();
+    for (node, id) in [("n1", "web-sidecar-proxy"), ("n2", "billing-sidecar-proxy")] {
+        let pid = ProxyId::new(node, id);
+        watchers.push(manager.watch(&pid));
+        let svc = store.read().service(node, id).unwrap();
+        manager
+            .register(
+                ProxyRegistration {
+                    id: pid,
+                    service: svc,
+                    token: String::new(),
+                },
+                ProxySource::Catalog,
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let mut endpoints = Vec::new();
+    for w in &mut watchers {
+        let s = next_where(w, |s| !api_endpoints(s).is_empty()).await;
+        let up = s.connect_proxy().unwrap().upstreams.values().next().unwrap().clone();
+        endpoints.push(up.endpoints.values().next().unwrap().clone());
+    }
+    assert!(
+        Arc::ptr_eq(&endpoints[0], &endpoints[1]),
+        "one materialized result for both proxies"
+    );
+    manager.shutdown().await;
+}
