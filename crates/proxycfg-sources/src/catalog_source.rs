@@ -1,0 +1,212 @@
+//! The catalog source: for servers serving agentless proxies. A proxy is synced from the
+//! catalog into the Manager while at least one xDS stream asks for it: the first stream starts
+//! a sync task, later streams share it (reference counted), and when the last stream ends the
+//! task stops and deregisters the proxy. The registration handed to the Manager has
+//! proxy-defaults and service-defaults merged in, and is re-synced whenever the node, those
+//! entries, or the registration change.
+
+use crate::merge::merge_central_config;
+use catalog::{IndexKey, State, Store};
+use parking_lot::Mutex;
+use proxycfg::{Manager, ProxyId, ProxyRegistration, ProxySource, RegisterError, Watcher};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+use structs::{ConfigEntry, ConfigEntryKind, Index};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+struct Entry {
+    /// Leases held now.
+    refs: usize,
+    /// Which start of the sync owns the entry.
+    generation: u64,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    store: Store,
+    manager: Manager,
+    entries: Mutex<HashMap<ProxyId, Entry>>,
+    root: CancellationToken,
+}
+
+/// Syncs proxies from the catalog into a Manager on demand. Cheap to clone.
+#[derive(Clone)]
+pub struct CatalogSource {
+    inner: Arc<Inner>,
+}
+
+/// Keeps a proxy synced while held; dropping the last lease of a proxy stops its sync, which
+/// deregisters it.
+pub struct Lease {
+    inner: Arc<Inner>,
+    id: ProxyId,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("id", &self.id).finish()
+    }
+}
+
+impl CatalogSource {
+    /// A source over `store` that registers into `manager`.
+    pub fn new(store: Store, manager: Manager) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                manager,
+                entries: Mutex::new(HashMap::new()),
+                root: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Watches `id`'s snapshots, syncing it from the catalog for as long as the lease lives.
+    pub fn watch(&self, id: ProxyId, token: String) -> (Watcher, Lease) {
+        let watcher = self.inner.manager.watch(&id);
+        let mut entries = self.inner.entries.lock();
+        let entry = entries.entry(id.clone()).or_insert_with(|| Entry {
+            refs: 0,
+            generation: 0,
+            cancel: CancellationToken::new(),
+            task: None,
+        });
+        entry.refs += 1;
+        if entry.refs == 1 {
+            // New, or its previous sync is still stopping: the new sync waits for that one to
+            // finish deregistering, so a late deregistration never removes this registration.
+            let previous = entry.task.take();
+            entry.generation += 1;
+            entry.cancel = self.inner.root.child_token();
+            let span = info_span!("catalog_source", proxy = %id);
+            let run = sync(
+                Arc::clone(&self.inner),
+                id.clone(),
+                token,
+                entry.cancel.clone(),
+                entry.generation,
+                previous,
+            );
+            entry.task = Some(tokio::spawn(run.instrument(span)));
+        }
+        drop(entries);
+        (
+            watcher,
+            Lease {
+                inner: Arc::clone(&self.inner),
+                id,
+            },
+        )
+    }
+
+    /// Proxies synced now (with at least one lease).
+    pub fn active(&self) -> usize {
+        self.inner.entries.lock().values().filter(|e| e.refs > 0).count()
+    }
+
+    /// Stops every sync and waits until each has deregistered its proxy.
+    pub async fn shutdown(&self) {
+        self.inner.root.cancel();
+        let tasks: Vec<JoinHandle<()>> = self
+            .inner
+            .entries
+            .lock()
+            .values_mut()
+            .filter_map(|e| e.task.take())
+            .collect();
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut entries = self.inner.entries.lock();
+        if let Some(entry) = entries.get_mut(&self.id) {
+            entry.refs -= 1;
+            if entry.refs == 0 {
+                entry.cancel.cancel();
+            }
+        }
+    }
+}
+
+fn registration(state: &State, id: &ProxyId, token: &str) -> Option<ProxyRegistration> {
+    let svc = state.service(&id.node, &id.service_id)?;
+    if !svc.kind.is_proxy() {
+        return None;
+    }
+    let proxy_defaults = state.config_entry(ConfigEntryKind::ProxyDefaults, "global");
+    let pd = match proxy_defaults.as_deref() {
+        Some(ConfigEntry::ProxyDefaults(p)) => Some(p),
+        _ => None,
+    };
+    let merged = merge_central_config(&svc, pd, &state.config_entries(ConfigEntryKind::ServiceDefaults));
+    Some(ProxyRegistration {
+        id: id.clone(),
+        service: Arc::new(merged),
+        token: token.to_owned(),
+    })
+}
+
+async fn sync(
+    inner: Arc<Inner>,
+    id: ProxyId,
+    token: String,
+    cancel: CancellationToken,
+    generation: u64,
+    previous: Option<JoinHandle<()>>,
+) {
+    if let Some(previous) = previous {
+        let _ = previous.await;
+    }
+    let node_key = IndexKey::Node(id.node.clone());
+    let proxy_defaults = IndexKey::ConfigKind(ConfigEntryKind::ProxyDefaults);
+    let service_defaults = IndexKey::ConfigKind(ConfigEntryKind::ServiceDefaults);
+    let mut registered = false;
+    let wait = Duration::from_secs(600);
+    while !cancel.is_cancelled() {
+        let state = inner.store.read();
+        let seen: [Index; 3] = [
+            state.index_of(&node_key),
+            state.index_of(&proxy_defaults),
+            state.index_of(&service_defaults),
+        ];
+        match registration(&state, &id, &token) {
+            Some(reg) => match inner.manager.register(reg, ProxySource::Catalog, false).await {
+                Ok(_) => registered = true,
+                Err(RegisterError::SourceConflict { existing, .. }) => {
+                    debug!(%existing, "proxy registered by another source; leaving it there");
+                }
+                Err(e) => warn!(error = %e, "cannot manage this proxy"),
+            },
+            None if registered => {
+                inner.manager.deregister(&id, ProxySource::Catalog).await;
+                registered = false;
+            }
+            None => debug!("no such proxy in the catalog yet"),
+        }
+        let store = &inner.store;
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            _ = store.wait(&node_key, seen[0], wait) => {}
+            _ = store.wait(&proxy_defaults, seen[1], wait) => {}
+            _ = store.wait(&service_defaults, seen[2], wait) => {}
+        }
+    }
+    if registered {
+        inner.manager.deregister(&id, ProxySource::Catalog).await;
+    }
+    let mut entries = inner.entries.lock();
+    if entries
+        .get(&id)
+        .is_some_and(|e| e.generation == generation && e.refs == 0)
+    {
+        entries.remove(&id);
+    }
+    debug!("catalog sync stopped");
+}

@@ -1,0 +1,12 @@
+//! Config sources: what registers proxies with the proxycfg Manager.
+//!
+//! - [`CatalogSource`] (servers): proxies registered in the catalog, synced while an xDS
+//!   stream asks for them, with proxy-defaults and service-defaults merged in.
+//!
+//! The agent's local source arrives with agent mode.
+
+mod catalog_source;
+mod merge;
+
+pub use catalog_source::{CatalogSource, Lease};
+pub use merge::merge_central_config;
