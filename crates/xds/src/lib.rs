@@ -1,0 +1,2 @@
+//! xds
+pub mod resources;

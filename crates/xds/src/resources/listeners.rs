@@ -1,0 +1,198 @@
+//! Listeners (public and one per upstream) and route configurations.
+
+use super::clusters::{LOCAL_APP, ads, socket};
+use super::{BuildError, LISTENER, ROUTE, Resources, is_http, rbac, tls};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::util::pack_any;
+use proxycfg::ConfigSnapshot;
+
+fn network_filter(name: &str, config: Any) -> Filter {
+    Filter {
+        name: name.to_owned(),
+        config_type: Some(filter::ConfigType::TypedConfig(config)),
+    }
+}
+
+fn http_filter(name: &str, config: Any) -> HttpFilter {
+    HttpFilter {
+        name: name.to_owned(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    }
+}
+
+fn router() -> HttpFilter {
+    http_filter("envoy.filters.http.router", pack_any(Router::default()))
+}
+
+fn tcp_proxy(stat_prefix: &str, cluster: &str) -> Filter {
+    let cfg = TcpProxy {
+        stat_prefix: stat_prefix.to_owned(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_owned())),
+        ..Default::default()
+    };
+    network_filter("envoy.filters.network.tcp_proxy", pack_any(cfg))
+}
+
+fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
+    RouteConfiguration {
+        name: name.to_owned(),
+        virtual_hosts: vec![VirtualHost {
+            name: name.to_owned(),
+            domains: vec!["*".into()],
+            routes: vec![Route {
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                    ..Default::default()
+                }),
+                action: Some(route::Action::Route(RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_owned())),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn hcm(stat_prefix: &str, route: http_connection_manager::RouteSpecifier, mut filters: Vec<HttpFilter>) -> Filter {
+    filters.push(router());
+    let cfg = HttpConnectionManager {
+        stat_prefix: stat_prefix.to_owned(),
+        route_specifier: Some(route),
+        http_filters: filters,
+        ..Default::default()
+    };
+    network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
+}
+
+pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+    let cp = snap
+        .connect_proxy()
+        .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
+    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
+    let leaf = cp.leaf.as_deref().ok_or(BuildError::Incomplete("leaf certificate"))?;
+    let intentions = cp.intentions.as_deref().ok_or(BuildError::Incomplete("intentions"))?;
+    let resolved = cp
+        .resolved_config
+        .as_deref()
+        .ok_or(BuildError::Incomplete("resolved service config"))?;
+    let svc = &snap.service;
+
+    // Inbound.
+    let protocol = svc.proxy.protocol().unwrap_or(resolved.protocol());
+    let bind = svc
+        .proxy
+        .config
+        .get("bind_address")
+        .and_then(|v| v.as_str())
+        .unwrap_or(if svc.address.is_empty() {
+            "0.0.0.0"
+        } else {
+            &svc.address
+        });
+    let name = format!("public_listener:{bind}:{}", svc.port);
+    let rules = rbac::rules(intentions, true);
+    let filters = if is_http(protocol) {
+        let mut http_filters = Vec::new();
+        if let Some(rules) = rules {
+            http_filters.push(http_filter(
+                "envoy.filters.http.rbac",
+                pack_any(HttpRbac {
+                    rules: Some(rules),
+                    ..Default::default()
+                }),
+            ));
+        }
+        vec![hcm(
+            "public_listener",
+            http_connection_manager::RouteSpecifier::RouteConfig(route_to(LOCAL_APP, LOCAL_APP)),
+            http_filters,
+        )]
+    } else {
+        let mut filters = Vec::new();
+        if let Some(rules) = rules {
+            let cfg = NetworkRbac {
+                rules: Some(rules),
+                stat_prefix: "connect_authz".into(),
+                ..Default::default()
+            };
+            filters.push(network_filter("envoy.filters.network.rbac", pack_any(cfg)));
+        }
+        filters.push(tcp_proxy("public_listener", LOCAL_APP));
+        filters
+    };
+    let public = Listener {
+        name: name.clone(),
+        address: socket(bind, u32::from(svc.port)),
+        filter_chains: vec![FilterChain {
+            filters,
+            transport_socket: Some(tls::downstream(leaf, roots)),
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    };
+    out.insert(LISTENER, name, pack_any(public));
+
+    // Outbound, one listener per upstream.
+    for (id, upstream) in cp.upstreams.iter() {
+        let Some(config) = snap.upstream_config(upstream) else {
+            continue;
+        };
+        let Some(chain) = &upstream.chain else { continue };
+        let Some(target) = chain.targets.values().next() else {
+            continue;
+        };
+        if config.local_bind_port == 0 {
+            continue;
+        }
+        let addr = if config.local_bind_address.is_empty() {
+            "127.0.0.1"
+        } else {
+            &config.local_bind_address
+        };
+        let name = format!("{id}:{addr}:{}", config.local_bind_port);
+        let stat_prefix = format!("upstream.{id}");
+        let filter = if is_http(&chain.protocol) {
+            let route_name = id.name.clone();
+            out.insert(ROUTE, route_name.clone(), pack_any(route_to(&route_name, &target.sni)));
+            hcm(
+                &stat_prefix,
+                http_connection_manager::RouteSpecifier::Rds(Rds {
+                    config_source: ads(),
+                    route_config_name: route_name,
+                }),
+                Vec::new(),
+            )
+        } else {
+            tcp_proxy(&stat_prefix, &target.sni)
+        };
+        let listener = Listener {
+            name: name.clone(),
+            address: socket(addr, u32::from(config.local_bind_port)),
+            filter_chains: vec![FilterChain {
+                filters: vec![filter],
+                ..Default::default()
+            }],
+            traffic_direction: TrafficDirection::Outbound as i32,
+            ..Default::default()
+        };
+        out.insert(LISTENER, name, pack_any(listener));
+    }
+    Ok(())
+}

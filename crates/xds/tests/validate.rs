@@ -1,0 +1,190 @@
+//! Every generated configuration is accepted by the real Envoy (`envoy --mode validate`).
+//!
+//! The dynamic parts are made static for validation: EDS clusters get their generated load
+//! assignment inline and HTTP connection managers their generated route configuration, so
+//! the very resources the server would send are what Envoy checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use envoy_types::pb::envoy::config::bootstrap::v3::{Admin, Bootstrap, bootstrap};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager,
+};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::util::pack_any;
+use prost::{Message, Name};
+use std::process::Command;
+use structs::config_entry::IntentionAction;
+use xds::resources::{self, CLUSTER, ENDPOINT, LISTENER, ROUTE};
+
+fn unpack<T: Message + Name + Default>(any: &Any) -> T {
+    assert_eq!(any.type_url, T::type_url());
+    T::decode(any.value.as_slice()).unwrap()
+}
+
+fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
+    let routes: Vec<RouteConfiguration> = r
+        .of(ROUTE)
+        .map(|m| m.values().map(unpack).collect())
+        .unwrap_or_default();
+    let mut clusters = Vec::new();
+    for any in r.of(CLUSTER).unwrap().values() {
+        let mut c: Cluster = unpack(any);
+        if c.eds_cluster_config.is_some() {
+            let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&c.name]);
+            c.eds_cluster_config = None;
+            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::Static as i32,
+            ));
+            c.load_assignment = Some(cla);
+        }
+        clusters.push(c);
+    }
+    let mut listeners = Vec::new();
+    for any in r.of(LISTENER).unwrap().values() {
+        let mut l: Listener = unpack(any);
+        for chain in &mut l.filter_chains {
+            for f in &mut chain.filters {
+                let Some(filter::ConfigType::TypedConfig(cfg)) = &f.config_type else {
+                    continue;
+                };
+                if cfg.type_url != HttpConnectionManager::type_url() {
+                    continue;
+                }
+                let mut hcm: HttpConnectionManager = unpack(cfg);
+                if let Some(http_connection_manager::RouteSpecifier::Rds(rds)) = &hcm.route_specifier {
+                    let route = routes
+                        .iter()
+                        .find(|r| r.name == rds.route_config_name)
+                        .expect("RDS route generated")
+                        .clone();
+                    hcm.route_specifier = Some(http_connection_manager::RouteSpecifier::RouteConfig(route));
+                }
+                f.config_type = Some(filter::ConfigType::TypedConfig(pack_any(hcm)));
+            }
+        }
+        listeners.push(l);
+    }
+    Bootstrap {
+        node: Some(Node {
+            id: "web-sidecar-proxy".into(),
+            cluster: "web".into(),
+            ..Default::default()
+        }),
+        static_resources: Some(bootstrap::StaticResources {
+            listeners,
+            clusters,
+            ..Default::default()
+        }),
+        admin: Some(Admin::default()),
+        ..Default::default()
+    }
+}
+
+fn validate(name: &str, scenario: &Scenario) {
+    let ca = Ca::new();
+    let snap = snapshot(&ca, scenario);
+    let r = resources::build(&snap).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{name}.pb"));
+    std::fs::write(&path, static_bootstrap(&r).encode_to_vec()).unwrap();
+    let out = Command::new(envoy())
+        .args(["--mode", "validate", "-l", "error", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: envoy rejected the configuration:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn no_upstreams() {
+    validate(
+        "no-upstreams",
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+}
+
+#[test]
+fn tcp_upstreams_with_instances() {
+    validate(
+        "tcp",
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![("api", 9191, "tcp"), ("db", 9192, "tcp")],
+            intentions: vec![],
+            instances: vec![instance("api", "10.0.0.1", 21000), instance("api", "10.0.0.2", 21000)],
+        },
+    );
+}
+
+#[test]
+fn http_upstreams_and_http_public_listener() {
+    validate(
+        "http",
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![("api", 9191, "http"), ("grpc-svc", 9192, "grpc")],
+            intentions: vec![("billing", IntentionAction::Deny)],
+            instances: vec![instance("api", "10.0.0.1", 21000)],
+        },
+    );
+}
+
+#[test]
+fn default_deny_with_an_allow_intention() {
+    validate(
+        "deny-allow",
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![("api", 9191, "tcp")],
+            intentions: vec![("*", IntentionAction::Deny), ("web", IntentionAction::Allow)],
+            instances: vec![],
+        },
+    );
+}
+
+/// The check itself must be able to fail: a configuration Envoy cannot accept is refused.
+#[test]
+fn envoy_validation_rejects_a_broken_configuration() {
+    let broken = Bootstrap {
+        node: Some(Node {
+            id: "x".into(),
+            cluster: "x".into(),
+            ..Default::default()
+        }),
+        static_resources: Some(bootstrap::StaticResources {
+            clusters: vec![Cluster {
+                name: String::new(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.pb");
+    std::fs::write(&path, broken.encode_to_vec()).unwrap();
+    let out = Command::new(envoy())
+        .args(["--mode", "validate", "-l", "error", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "envoy accepted a cluster without a name");
+}
