@@ -1,2 +1,18 @@
-//! xds
+//! meshd's xDS server: state-of-the-world and delta ADS over tonic, serving resources built
+//! from proxycfg snapshots to Envoy and proxyless gRPC clients.
+//!
+//! - [`resources`]: snapshot → clusters, endpoints, listeners, routes.
+//! - [`delta`] and [`sotw`]: the per-stream protocol state machines (pure, tested alone).
+//! - [`XdsServer`]: the tonic service; one task per stream, owned by the server.
+//!
+//! The server never reads the catalog: it gets snapshots from a [`SnapshotSource`].
+
+pub mod delta;
+mod metrics;
 pub mod resources;
+mod server;
+pub mod sotw;
+pub mod versioned;
+
+pub use metrics::XdsMetrics;
+pub use server::{SnapshotSource, XdsServer};

@@ -1,0 +1,228 @@
+//! The delta (incremental) ADS protocol state of one stream, as a pure state machine: feed it
+//! requests and resource sets, ask it what to send.
+//!
+//! Per type it tracks the subscription (wildcard or names), what the proxy has (name →
+//! version, seeded from `initial_resource_versions` on reconnect, advanced on ACK), the one
+//! response in flight (nonce and what it carried), and versions the proxy rejected. Rules:
+//! at most one un-ACKed response per type; a request whose nonce is not the one in flight is
+//! stale and ignored for acknowledgement; a NACK keeps the proxy's last good versions, is
+//! recorded with its error, and the rejected version is never sent again (a new snapshot or
+//! request must change something first). Order is make-before-break: clusters, endpoints,
+//! listeners, routes; removals only once every type is quiet.
+
+use crate::resources::TYPES;
+use crate::versioned::VersionedResources;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Responses carry at most this many bytes of resources (gRPC's default limit is 4 MiB).
+pub const MAX_RESPONSE_BYTES: usize = 3 * 1024 * 1024;
+
+/// What a request meant for the caller's metrics and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    /// Nothing was acknowledged (a subscription change, or the first request).
+    None,
+    /// The response with this nonce was accepted.
+    Accepted {
+        /// The type.
+        type_url: String,
+    },
+    /// The response was rejected with this message.
+    Rejected {
+        /// The type.
+        type_url: String,
+        /// Envoy's error detail.
+        message: String,
+    },
+    /// The nonce is not the one in flight; ignored.
+    Stale,
+}
+
+#[derive(Debug, Default)]
+struct TypeState {
+    wildcard: bool,
+    subscribed: BTreeSet<String>,
+    /// name → version the proxy has.
+    known: HashMap<String, String>,
+    /// Nonce in flight and what it carried: name → Some(version) or None (removal).
+    pending: Option<(String, HashMap<String, Option<String>>)>,
+    /// name → version the proxy rejected.
+    rejected: HashMap<String, String>,
+    /// The type has been asked for at least once.
+    requested: bool,
+}
+
+impl TypeState {
+    fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.subscribed.contains(name)
+    }
+}
+
+/// One delta stream's protocol state.
+#[derive(Debug, Default)]
+pub struct DeltaState {
+    types: HashMap<String, TypeState>,
+    next_nonce: u64,
+}
+
+impl DeltaState {
+    /// Applies a request: subscriptions, initial versions, and the ACK/NACK it carries.
+    pub fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
+        let st = self.types.entry(req.type_url.clone()).or_default();
+        let first = !st.requested;
+        st.requested = true;
+        if first {
+            // An empty first subscription is a wildcard request (legacy wildcard), as is `*`.
+            st.wildcard = req.resource_names_subscribe.is_empty();
+            for (name, version) in &req.initial_resource_versions {
+                st.known.insert(name.clone(), version.clone());
+            }
+        }
+        for name in &req.resource_names_subscribe {
+            if name == "*" {
+                st.wildcard = true;
+            } else {
+                st.subscribed.insert(name.clone());
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == "*" {
+                st.wildcard = false;
+            } else {
+                st.subscribed.remove(name);
+                st.known.remove(name);
+            }
+        }
+        if req.response_nonce.is_empty() {
+            return Ack::None;
+        }
+        match &st.pending {
+            Some((nonce, _)) if *nonce == req.response_nonce => {}
+            _ => return Ack::Stale,
+        }
+        let Some((_, sent)) = st.pending.take() else {
+            return Ack::Stale;
+        };
+        match &req.error_detail {
+            None => {
+                for (name, version) in sent {
+                    match version {
+                        Some(v) => {
+                            st.known.insert(name.clone(), v);
+                            st.rejected.remove(&name);
+                        }
+                        None => {
+                            st.known.remove(&name);
+                        }
+                    }
+                }
+                Ack::Accepted {
+                    type_url: req.type_url.clone(),
+                }
+            }
+            Some(status) => {
+                for (name, version) in sent {
+                    if let Some(v) = version {
+                        st.rejected.insert(name, v);
+                    }
+                }
+                Ack::Rejected {
+                    type_url: req.type_url.clone(),
+                    message: status.message.clone(),
+                }
+            }
+        }
+    }
+
+    fn nonce(&mut self) -> String {
+        self.next_nonce += 1;
+        format!("{:x}", self.next_nonce)
+    }
+
+    /// The responses to send now for `resources`, in make-before-break order.
+    pub fn responses(&mut self, resources: &VersionedResources) -> Vec<DeltaDiscoveryResponse> {
+        let mut out = Vec::new();
+        // Upserts, type by type.
+        for type_url in TYPES {
+            let Some(st) = self.types.get(type_url) else { continue };
+            if st.pending.is_some() {
+                continue;
+            }
+            let mut size = 0;
+            let mut sent = HashMap::new();
+            let mut upserts = Vec::new();
+            for (name, res) in resources.of(type_url) {
+                if !st.wants(name)
+                    || st.known.get(name) == Some(&res.version)
+                    || st.rejected.get(name) == Some(&res.version)
+                {
+                    continue;
+                }
+                if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
+                    break; // the rest goes after this response is acknowledged
+                }
+                size += res.resource.value.len();
+                sent.insert(name.clone(), Some(res.version.clone()));
+                upserts.push(Resource {
+                    name: name.clone(),
+                    version: res.version.clone(),
+                    resource: Some(res.resource.clone()),
+                    ..Default::default()
+                });
+            }
+            if upserts.is_empty() {
+                continue;
+            }
+            let nonce = self.nonce();
+            if let Some(st) = self.types.get_mut(type_url) {
+                st.pending = Some((nonce.clone(), sent));
+            }
+            out.push(DeltaDiscoveryResponse {
+                type_url: type_url.to_owned(),
+                resources: upserts,
+                nonce,
+                ..Default::default()
+            });
+        }
+        if !out.is_empty() || self.types.values().any(|t| t.pending.is_some()) {
+            return out;
+        }
+        // Removals, once everything new is in place.
+        for type_url in TYPES {
+            let Some(st) = self.types.get(type_url) else { continue };
+            let removed: Vec<String> = st
+                .known
+                .keys()
+                .filter(|name| st.wants(name) && resources.get(type_url, name).is_none())
+                .cloned()
+                .collect();
+            if removed.is_empty() {
+                continue;
+            }
+            let nonce = self.nonce();
+            if let Some(st) = self.types.get_mut(type_url) {
+                st.pending = Some((nonce.clone(), removed.iter().map(|n| (n.clone(), None)).collect()));
+            }
+            out.push(DeltaDiscoveryResponse {
+                type_url: type_url.to_owned(),
+                removed_resources: removed,
+                nonce,
+                ..Default::default()
+            });
+        }
+        out
+    }
+
+    /// True when no response waits for an ACK.
+    pub fn quiet(&self) -> bool {
+        self.types.values().all(|t| t.pending.is_none())
+    }
+}
+
+/// Shared resources of the snapshot a stream serves.
+pub type Current = Arc<VersionedResources>;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,182 @@
+use super::*;
+use crate::resources::{CLUSTER, ENDPOINT, LISTENER, Resources};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+
+fn res(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
+    let mut r = Resources::default();
+    for (t, name, body) in items {
+        r.by_type.entry(t).or_default().insert(
+            (*name).to_owned(),
+            Any {
+                type_url: (*t).to_owned(),
+                value: body.to_vec(),
+            },
+        );
+    }
+    VersionedResources::from_resources(r)
+}
+
+fn subscribe(type_url: &str, names: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: names.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+fn ack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: resp.type_url.clone(),
+        response_nonce: resp.nonce.clone(),
+        ..Default::default()
+    }
+}
+
+fn nack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: "bad cluster".into(),
+            details: vec![],
+        }),
+        ..ack(resp)
+    }
+}
+
+fn names(resp: &DeltaDiscoveryResponse) -> Vec<&str> {
+    resp.resources.iter().map(|r| r.name.as_str()).collect()
+}
+
+#[test]
+fn wildcard_then_only_changes_after_ack() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    let v1 = res(&[(CLUSTER, "a", b"1"), (CLUSTER, "b", b"1")]);
+    let out = st.responses(&v1);
+    assert_eq!(out.len(), 1);
+    assert_eq!(names(&out[0]), vec!["a", "b"]);
+    // One un-ACKed response per type: nothing more until the ACK.
+    let v2 = res(&[(CLUSTER, "a", b"2"), (CLUSTER, "b", b"1")]);
+    assert!(st.responses(&v2).is_empty());
+    assert_eq!(
+        st.on_request(&ack(&out[0])),
+        Ack::Accepted {
+            type_url: CLUSTER.into()
+        }
+    );
+    let out = st.responses(&v2);
+    assert_eq!(names(&out[0]), vec!["a"], "only what changed");
+    st.on_request(&ack(&out[0]));
+    assert!(st.responses(&v2).is_empty());
+    assert!(st.quiet());
+}
+
+#[test]
+fn nack_keeps_last_good_and_never_resends_the_rejected_version() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    let good = res(&[(CLUSTER, "a", b"good")]);
+    let out = st.responses(&good);
+    st.on_request(&ack(&out[0]));
+    let bad = res(&[(CLUSTER, "a", b"bad")]);
+    let out = st.responses(&bad);
+    assert!(matches!(st.on_request(&nack(&out[0])), Ack::Rejected { message, .. } if message == "bad cluster"));
+    // No resend loop: the same rejected version is not sent again, even on a new request.
+    assert!(st.responses(&bad).is_empty());
+    st.on_request(&subscribe(CLUSTER, &[]));
+    assert!(st.responses(&bad).is_empty());
+    // A new version is.
+    let fixed = res(&[(CLUSTER, "a", b"fixed")]);
+    assert_eq!(names(&st.responses(&fixed)[0]), vec!["a"]);
+}
+
+#[test]
+fn stale_nonces_are_ignored() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    let out = st.responses(&res(&[(CLUSTER, "a", b"1")]));
+    let stale = DeltaDiscoveryRequest {
+        type_url: CLUSTER.into(),
+        response_nonce: "nope".into(),
+        ..Default::default()
+    };
+    assert_eq!(st.on_request(&stale), Ack::Stale);
+    assert!(!st.quiet(), "still waiting for the real ACK");
+    st.on_request(&ack(&out[0]));
+    assert!(st.quiet());
+}
+
+#[test]
+fn named_subscriptions_and_unsubscribe() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(ENDPOINT, &["a"]));
+    let r = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"1")]);
+    let out = st.responses(&r);
+    assert_eq!(names(&out[0]), vec!["a"], "only what was asked for");
+    let mut more = subscribe(ENDPOINT, &["b"]);
+    more.response_nonce = out[0].nonce.clone();
+    st.on_request(&more);
+    assert_eq!(names(&st.responses(&r)[0]), vec!["b"]);
+    let unsub = DeltaDiscoveryRequest {
+        type_url: ENDPOINT.into(),
+        resource_names_unsubscribe: vec!["a".into()],
+        ..Default::default()
+    };
+    st.on_request(&unsub);
+    // Nothing to remove: the proxy forgot it itself.
+    let out = st.responses(&res(&[(ENDPOINT, "b", b"1")]));
+    assert!(out.iter().all(|r| r.removed_resources.is_empty()));
+}
+
+#[test]
+fn reconnect_with_initial_versions_sends_only_the_difference() {
+    let current = res(&[(CLUSTER, "a", b"1"), (CLUSTER, "b", b"2")]);
+    let a_version = current.get(CLUSTER, "a").unwrap().version.clone();
+    let mut st = DeltaState::default();
+    let mut req = subscribe(CLUSTER, &[]);
+    req.initial_resource_versions.insert("a".into(), a_version);
+    req.initial_resource_versions.insert("gone".into(), "old".into());
+    st.on_request(&req);
+    let out = st.responses(&current);
+    assert_eq!(names(&out[0]), vec!["b"], "a is already there");
+    st.on_request(&ack(&out[0]));
+    let out = st.responses(&current);
+    assert_eq!(
+        out[0].removed_resources,
+        vec!["gone"],
+        "what no longer exists is removed"
+    );
+}
+
+#[test]
+fn make_before_break_order() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(LISTENER, &[]));
+    st.on_request(&subscribe(ENDPOINT, &["c"]));
+    st.on_request(&subscribe(CLUSTER, &[]));
+    let v1 = res(&[
+        (CLUSTER, "c", b"1"),
+        (CLUSTER, "old", b"1"),
+        (ENDPOINT, "c", b"1"),
+        (LISTENER, "l", b"1"),
+    ]);
+    let out = st.responses(&v1);
+    let order: Vec<&str> = out.iter().map(|r| r.type_url.as_str()).collect();
+    assert_eq!(order, vec![CLUSTER, ENDPOINT, LISTENER]);
+    for r in &out {
+        st.on_request(&ack(r));
+    }
+    // Removing a cluster while a listener changes: the listener first, removal after its ACK.
+    let v2 = res(&[(CLUSTER, "c", b"1"), (ENDPOINT, "c", b"1"), (LISTENER, "l", b"2")]);
+    let out = st.responses(&v2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].type_url, LISTENER);
+    assert!(out[0].removed_resources.is_empty());
+    st.on_request(&ack(&out[0]));
+    let out = st.responses(&v2);
+    assert_eq!(
+        (out[0].type_url.as_str(), out[0].removed_resources.clone()),
+        (CLUSTER, vec!["old".to_owned()])
+    );
+}

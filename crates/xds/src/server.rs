@@ -1,0 +1,298 @@
+//! The ADS server: one task per stream, owned by the server, driving the protocol state
+//! machines from the proxy's requests and its snapshots.
+
+use crate::delta::{Ack, DeltaState};
+use crate::metrics::XdsMetrics;
+use crate::sotw::SotwState;
+use crate::versioned::VersionedResources;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use parking_lot::Mutex;
+use proxycfg::{ConfigSnapshot, WatchEvent, Watcher};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info_span, warn};
+
+/// Where streams get snapshots: resolves the proxy a stream's node names and keeps it
+/// followed while the returned guard lives.
+pub trait SnapshotSource: Send + Sync + 'static {
+    /// Follows the proxy `node` names (its id is the proxy's service id), with `token`.
+    fn watch(&self, node: &Node, token: &str) -> Result<(Watcher, Box<dyn Send + Sync>), Status>;
+}
+
+/// Resources built for one snapshot (both held weakly: the cache never keeps either alive).
+type Built = (Weak<ConfigSnapshot>, Weak<VersionedResources>);
+
+struct Inner {
+    source: Arc<dyn SnapshotSource>,
+    metrics: Arc<XdsMetrics>,
+    /// Resources built per snapshot, shared by every stream of that proxy.
+    built: Mutex<HashMap<usize, Built>>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// The ADS service. Cheap to clone.
+#[derive(Clone)]
+pub struct XdsServer {
+    inner: Arc<Inner>,
+}
+
+impl XdsServer {
+    /// A server over `source`.
+    pub fn new(source: Arc<dyn SnapshotSource>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                source,
+                metrics: Arc::new(XdsMetrics::default()),
+                built: Mutex::new(HashMap::new()),
+                tasks: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The tonic service to add to a server.
+    pub fn service(&self) -> AggregatedDiscoveryServiceServer<XdsServer> {
+        AggregatedDiscoveryServiceServer::new(self.clone())
+    }
+
+    /// The server's counters.
+    pub fn metrics(&self) -> Arc<XdsMetrics> {
+        Arc::clone(&self.inner.metrics)
+    }
+
+    /// Ends every stream and waits for their tasks.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+}
+
+impl Inner {
+    fn resources_for(
+        &self,
+        snap: &Arc<ConfigSnapshot>,
+    ) -> Result<Arc<VersionedResources>, crate::resources::BuildError> {
+        let key = Arc::as_ptr(snap) as usize;
+        {
+            let built = self.built.lock();
+            if let Some((s, r)) = built.get(&key)
+                && s.upgrade().is_some_and(|s| Arc::ptr_eq(&s, snap))
+                && let Some(r) = r.upgrade()
+            {
+                return Ok(r);
+            }
+        }
+        let resources = Arc::new(VersionedResources::build(snap)?);
+        let mut built = self.built.lock();
+        built.retain(|_, (s, r)| s.strong_count() > 0 && r.strong_count() > 0);
+        built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)));
+        Ok(resources)
+    }
+
+    fn record(&self, ack: &Ack, since: Instant) {
+        match ack {
+            Ack::Accepted { .. } => self.metrics.acked_after(since.elapsed()),
+            Ack::Rejected { type_url, message } => {
+                self.metrics.nack(type_url);
+                warn!(%type_url, %message, "proxy rejected configuration; keeping its last good version");
+            }
+            Ack::None | Ack::Stale => {}
+        }
+    }
+}
+
+fn token<T>(req: &Request<T>) -> String {
+    req.metadata()
+        .get("x-consul-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Counts a stream while its task runs.
+struct OpenStream(Arc<XdsMetrics>);
+
+impl OpenStream {
+    fn new(m: &Arc<XdsMetrics>) -> Self {
+        m.stream_opened();
+        Self(Arc::clone(m))
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.stream_closed();
+    }
+}
+
+async fn run_delta(
+    inner: Arc<Inner>,
+    mut requests: Streaming<DeltaDiscoveryRequest>,
+    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    token: String,
+) {
+    let _open = OpenStream::new(&inner.metrics);
+    let first = match requests.message().await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let Some(node) = first.node.clone() else {
+        let _ = tx
+            .send(Err(Status::invalid_argument("the first request must carry the node")))
+            .await;
+        return;
+    };
+    let (mut watcher, _guard) = match inner.source.watch(&node, &token) {
+        Ok(w) => w,
+        Err(status) => {
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+    };
+    debug!(node = %node.id, "delta stream opened");
+    let mut state = DeltaState::default();
+    let mut current: Option<Arc<VersionedResources>> = None;
+    let mut changed_at = Instant::now();
+    state.on_request(&first);
+    loop {
+        if let Some(res) = &current {
+            for resp in state.responses(res) {
+                inner.metrics.response(&resp.type_url);
+                if tx.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            () = inner.shutdown.cancelled() => return,
+            req = requests.message() => match req {
+                Ok(Some(r)) => {
+                    let ack = state.on_request(&r);
+                    inner.record(&ack, changed_at);
+                }
+                _ => return,
+            },
+            ev = watcher.next() => match ev {
+                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap) {
+                    Ok(r) => {
+                        current = Some(r);
+                        changed_at = Instant::now();
+                    }
+                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
+                },
+                Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
+                None => return,
+            },
+        }
+    }
+}
+
+async fn run_sotw(
+    inner: Arc<Inner>,
+    mut requests: Streaming<DiscoveryRequest>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    token: String,
+) {
+    let _open = OpenStream::new(&inner.metrics);
+    let first = match requests.message().await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let Some(node) = first.node.clone() else {
+        let _ = tx
+            .send(Err(Status::invalid_argument("the first request must carry the node")))
+            .await;
+        return;
+    };
+    let (mut watcher, _guard) = match inner.source.watch(&node, &token) {
+        Ok(w) => w,
+        Err(status) => {
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+    };
+    debug!(node = %node.id, "state-of-the-world stream opened");
+    let mut state = SotwState::default();
+    let mut current: Option<Arc<VersionedResources>> = None;
+    let mut changed_at = Instant::now();
+    state.on_request(&first);
+    loop {
+        if let Some(res) = &current {
+            for resp in state.responses(res) {
+                inner.metrics.response(&resp.type_url);
+                if tx.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            () = inner.shutdown.cancelled() => return,
+            req = requests.message() => match req {
+                Ok(Some(r)) => {
+                    let ack = state.on_request(&r);
+                    inner.record(&ack, changed_at);
+                }
+                _ => return,
+            },
+            ev = watcher.next() => match ev {
+                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap) {
+                    Ok(r) => {
+                        current = Some(r);
+                        changed_at = Instant::now();
+                    }
+                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
+                },
+                Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
+                None => return,
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsServer {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let token = token(&request);
+        let (tx, rx) = mpsc::channel(16);
+        let span = info_span!("xds_stream", kind = "sotw");
+        self.inner
+            .tasks
+            .spawn(run_sotw(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let token = token(&request);
+        let (tx, rx) = mpsc::channel(16);
+        let span = info_span!("xds_stream", kind = "delta");
+        self.inner
+            .tasks
+            .spawn(run_delta(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
