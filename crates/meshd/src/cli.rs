@@ -15,9 +15,54 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a server: the catalog, the built-in CA and the HTTP API.
+    /// Run a server: the catalog, the built-in CA, the HTTP API and the xDS server.
     #[cfg(feature = "server")]
     Server(ServerArgs),
+    /// Connect proxies to the mesh.
+    #[command(subcommand)]
+    Connect(ConnectCommand),
+}
+
+/// `meshd connect` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConnectCommand {
+    /// Print an Envoy bootstrap (`-bootstrap`) or run Envoy with it.
+    Envoy(EnvoyArgs),
+}
+
+/// `meshd connect envoy` flags.
+#[derive(Debug, Clone, Args)]
+pub struct EnvoyArgs {
+    /// The proxy's service instance id.
+    #[arg(long = "proxy-id", value_name = "ID", conflicts_with = "sidecar_for")]
+    pub proxy_id: Option<String>,
+    /// Find the sidecar proxy registered for this service.
+    #[arg(long = "sidecar-for", value_name = "SERVICE")]
+    pub sidecar_for: Option<String>,
+    /// The catalog node of the proxy (found through the API when -sidecar-for is used).
+    #[arg(long = "node", value_name = "NAME", default_value = "")]
+    pub node: String,
+    /// HTTP API of the server (to look the proxy up).
+    #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
+    pub http_addr: SocketAddr,
+    /// xDS address Envoy connects to.
+    #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
+    pub grpc_addr: SocketAddr,
+    /// Envoy's admin interface.
+    #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
+    pub admin_bind: SocketAddr,
+    /// ACL token for the proxy's xDS stream.
+    #[arg(long = "token", value_name = "TOKEN", default_value = "")]
+    pub token: String,
+    /// Print the bootstrap and exit instead of running Envoy.
+    #[arg(long = "bootstrap")]
+    pub bootstrap: bool,
+    /// The Envoy binary to run.
+    #[arg(long = "envoy-binary", value_name = "PATH", default_value = "envoy")]
+    pub envoy_binary: PathBuf,
+    /// Extra arguments for Envoy (after `--`).
+    #[arg(last = true, value_name = "ENVOY_ARGS")]
+    pub envoy_args: Vec<String>,
 }
 
 /// `meshd server` flags.
@@ -29,6 +74,9 @@ pub struct ServerArgs {
     /// Address of the HTTP API.
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
+    /// Address of the xDS (gRPC) server.
+    #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
+    pub grpc_addr: SocketAddr,
     /// Datacenter name.
     #[arg(long = "datacenter", value_name = "DC", default_value = "dc1")]
     pub datacenter: String,
@@ -116,10 +164,30 @@ mod tests {
             "--datacenter=dc9",
         ]))
         .unwrap();
-        let Command::Server(args) = cli.command;
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
         assert!(args.dev);
         assert_eq!(args.http_addr.port(), 0);
         assert_eq!(args.datacenter, "dc9");
         assert!(Cli::try_parse_from(norm(&["meshd", "server", "-http-addr", "nonsense"])).is_err());
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "connect",
+            "envoy",
+            "-sidecar-for",
+            "web",
+            "-bootstrap",
+            "--",
+            "--base-id",
+            "7",
+        ]))
+        .unwrap();
+        let Command::Connect(ConnectCommand::Envoy(args)) = cli.command else {
+            panic!("not connect envoy")
+        };
+        assert_eq!(args.sidecar_for.as_deref(), Some("web"));
+        assert!(args.bootstrap);
+        assert_eq!(args.envoy_args, vec!["--base-id", "7"]);
     }
 }

@@ -2,6 +2,7 @@
 //! in the library crates; this crate only connects them.
 
 pub mod cli;
+pub mod connect;
 #[cfg(feature = "server")]
 pub mod server;
 

@@ -38,9 +38,11 @@ fn main() -> ExitCode {
                 meshd::init_logging(&args.log_level, args.log_json);
                 meshd::server::run(args, meshd::shutdown_signal(), |running| {
                     println!("meshd server listening on http://{}", running.http_addr);
+                    println!("meshd xds listening on {}", running.grpc_addr);
                 })
                 .await
             }
+            Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => meshd::connect::run(args).await,
         }
     });
     match result {

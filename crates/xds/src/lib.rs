@@ -16,3 +16,8 @@ pub mod versioned;
 
 pub use metrics::XdsMetrics;
 pub use server::{SnapshotSource, XdsServer};
+
+/// Envoy's node, as streams identify themselves.
+pub use envoy_types::pb::envoy::config::core::v3::Node;
+/// The kinds of a node-metadata value.
+pub use envoy_types::pb::google::protobuf::value::Kind as ValueKind;

@@ -1,0 +1,50 @@
+//! The generated bootstrap is accepted by the real Envoy.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
+
+fn envoy() -> PathBuf {
+    if let Ok(p) = std::env::var("MESHD_ENVOY") {
+        return PathBuf::from(p);
+    }
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv/lib");
+    std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("site-packages/envoy/_bin/envoy"))
+        .find(|p| p.exists())
+        .expect("Envoy is not installed: run `cargo xtask test`")
+}
+
+#[test]
+fn bootstrap_passes_envoy_validate() {
+    for token in ["", "secret-token"] {
+        let cfg = BootstrapConfig {
+            proxy_id: "web-sidecar-proxy".into(),
+            node_name: "node-1".into(),
+            cluster: "web".into(),
+            admin_bind: "127.0.0.1:19000".parse().unwrap(),
+            xds_addr: "127.0.0.1:8502".parse().unwrap(),
+            token: token.into(),
+        };
+        let json = bootstrap_json(&cfg);
+        assert_eq!(json["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bootstrap.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+        let out = Command::new(envoy())
+            .args(["--mode", "validate", "-l", "error", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
