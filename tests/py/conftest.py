@@ -20,7 +20,7 @@ def _meshd_binary():
 def server():
     """Starts `meshd server -dev` on an ephemeral port; stops it (SIGTERM) afterwards."""
     proc = subprocess.Popen(
-        [_meshd_binary(), "server", "-dev", "-http-addr", "127.0.0.1:0", "-log-level", "warn"],
+        [_meshd_binary(), "server", "-dev", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-log-level", "warn"],
         stdout=subprocess.PIPE,
         text=True,
     )

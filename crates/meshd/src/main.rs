@@ -37,8 +37,12 @@ fn main() -> ExitCode {
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
                 meshd::server::run(args, meshd::shutdown_signal(), |running| {
-                    println!("meshd server listening on http://{}", running.http_addr);
-                    println!("meshd xds listening on {}", running.grpc_addr);
+                    // Ready lines for scripts; nobody reading them is not an error.
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "meshd server listening on http://{}", running.http_addr);
+                    let _ = writeln!(out, "meshd xds listening on {}", running.grpc_addr);
+                    let _ = out.flush();
                 })
                 .await
             }
