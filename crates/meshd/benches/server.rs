@@ -34,7 +34,16 @@ struct Server {
 impl Server {
     fn start(data_dir: &std::path::Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args(["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-log-level", "warn", "-data-dir"])
+            .args([
+                "server",
+                "-http-addr",
+                "127.0.0.1:0",
+                "-grpc-addr",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+                "-data-dir",
+            ])
             .arg(data_dir)
             .stdout(Stdio::piped())
             .spawn()

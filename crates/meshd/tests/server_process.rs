@@ -16,7 +16,15 @@ struct Server {
 impl Server {
     fn start(args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args(["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-log-level", "warn"])
+            .args([
+                "server",
+                "-http-addr",
+                "127.0.0.1:0",
+                "-grpc-addr",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+            ])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

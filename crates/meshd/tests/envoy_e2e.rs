@@ -1,0 +1,311 @@
+//! End to end with the real Envoy: `meshd server`, two services with sidecars, two Envoys
+//! started through `meshd connect envoy`, traffic over mTLS governed by intentions.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn envoy() -> PathBuf {
+    if let Ok(p) = std::env::var("MESHD_ENVOY") {
+        return PathBuf::from(p);
+    }
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv/lib");
+    std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("site-packages/envoy/_bin/envoy"))
+        .find(|p| p.exists())
+        .expect("Envoy is not installed: run `cargo xtask test`")
+}
+
+/// A child process killed (by its own pid handle) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A tiny HTTP backend answering every request with `name`.
+fn backend(name: &'static str) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                name.len()
+            );
+        }
+    });
+    port
+}
+
+struct Mesh {
+    _server: Proc,
+    http: String,
+    grpc: String,
+    client: reqwest::Client,
+}
+
+impl Mesh {
+    fn start() -> Mesh {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .args([
+                "server",
+                "-dev",
+                "-http-addr",
+                "127.0.0.1:0",
+                "-grpc-addr",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let http = lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .strip_prefix("meshd server listening on ")
+            .unwrap()
+            .to_owned();
+        let grpc = lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .strip_prefix("meshd xds listening on ")
+            .unwrap()
+            .to_owned();
+        Mesh {
+            _server: Proc(child),
+            http,
+            grpc,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn put(&self, path: &str, body: Value) {
+        let resp = self
+            .client
+            .put(format!("{}{path}", self.http))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{path}: {}", resp.text().await.unwrap());
+    }
+
+    async fn register(&self, node: &str, service: &str, port: u16, proxy_port: u16, upstreams: Value, config: Value) {
+        self.put(
+            "/v1/catalog/register",
+            json!({"Node": node, "Address": "127.0.0.1", "Service": {"Service": service, "Port": port}}),
+        )
+        .await;
+        let proxy = json!({"Kind": "connect-proxy", "ID": format!("{service}-sidecar-proxy"), "Service": format!("{service}-sidecar-proxy"),
+            "Port": proxy_port, "Proxy": {"DestinationServiceName": service, "LocalServicePort": port, "Upstreams": upstreams, "Config": config}});
+        self.put(
+            "/v1/catalog/register",
+            json!({"Node": node, "Address": "127.0.0.1", "Service": proxy}),
+        )
+        .await;
+    }
+
+    /// Runs Envoy for a sidecar through `meshd connect envoy` (which execs Envoy); returns the
+    /// process and its admin URL.
+    async fn envoy(&self, service: &str, node: &str, dir: &Path) -> (Proc, String) {
+        let admin_file = dir.join(format!("{service}-{node}.admin"));
+        let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
+            .args([
+                "-http-addr",
+                self.http.trim_start_matches("http://"),
+                "-grpc-addr",
+                &self.grpc,
+            ])
+            .args(["-admin-bind", "127.0.0.1:0", "-envoy-binary"])
+            .arg(envoy())
+            .args(["--", "--use-dynamic-base-id", "-l", "error", "--admin-address-path"])
+            .arg(&admin_file)
+            .spawn()
+            .unwrap();
+        let proc = Proc(child);
+        let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
+        (proc, format!("http://{}", admin.trim()))
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(format!("{}/v1/agent/metrics?format=prometheus", self.http))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+}
+
+/// Polls `check` until it yields a value (real processes: there is no clock to pause).
+async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(mut check: impl FnMut() -> F) -> T {
+    for _ in 0..600 {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("condition not reached within 30 s");
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> Option<String> {
+    let resp = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.text().await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_flows_over_mtls_and_intentions_govern_it() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (api_port, web_port) = (backend("api-1"), backend("web"));
+    let (api_proxy, web_proxy, upstream) = (free_port(), free_port(), free_port());
+    mesh.register("node-api", "api", api_port, api_proxy, json!([]), json!({}))
+        .await;
+    mesh.register(
+        "node-web",
+        "web",
+        web_port,
+        web_proxy,
+        json!([{"DestinationName": "api", "LocalBindPort": upstream}]),
+        json!({}),
+    )
+    .await;
+    let (_api_envoy, api_admin) = mesh.envoy("api", "node-api", dir.path()).await;
+    let (_web_envoy, web_admin) = mesh.envoy("web", "node-web", dir.path()).await;
+    let client = reqwest::Client::new();
+    let through_mesh = format!("http://127.0.0.1:{upstream}/");
+
+    // web's upstream listener reaches api's backend through api's sidecar.
+    let body = wait_for(|| get(&client, &through_mesh)).await;
+    assert_eq!(body, "api-1");
+
+    // The SPIFFE certificates are the ones in use.
+    let certs = get(&client, &format!("{web_admin}/certs")).await.unwrap();
+    assert!(
+        certs.contains("/ns/default/dc/dc1/svc/web"),
+        "web's leaf is loaded: {certs}"
+    );
+    let certs = get(&client, &format!("{api_admin}/certs")).await.unwrap();
+    assert!(certs.contains("/ns/default/dc/dc1/svc/api"), "api's leaf is loaded");
+    // api's inbound listener completed TLS handshakes (the mesh traffic is mTLS).
+    let ssl = get(
+        &client,
+        &format!("{api_admin}/stats?filter=^listener\\..*ssl\\.handshake$"),
+    )
+    .await
+    .unwrap();
+    let handshakes: u64 = ssl
+        .lines()
+        .filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok())
+        .sum();
+    assert!(handshakes >= 1, "no TLS handshake on api's public listener: {ssl}");
+
+    // A deny intention stops it; deleting it restores it.
+    mesh.put(
+        "/v1/connect/intentions/exact?source=web&destination=api",
+        json!({"Action": "deny"}),
+    )
+    .await;
+    wait_for(|| async { get(&client, &through_mesh).await.is_none().then_some(()) }).await;
+    let resp = mesh
+        .client
+        .delete(format!(
+            "{}/v1/connect/intentions/exact?source=web&destination=api",
+            mesh.http
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    assert_eq!(wait_for(|| get(&client, &through_mesh)).await, "api-1");
+
+    // A second api instance shows up in web's Envoy.
+    let (api2_port, api2_proxy) = (backend("api-2"), free_port());
+    mesh.register("node-api2", "api", api2_port, api2_proxy, json!([]), json!({}))
+        .await;
+    let (_api2_envoy, _) = mesh.envoy("api", "node-api2", dir.path()).await;
+    let clusters = wait_for(|| async {
+        let text = get(&client, &format!("{web_admin}/clusters")).await?;
+        let hosts = text
+            .lines()
+            .filter(|l| l.starts_with("api.default.dc1") && l.contains("::cx_total::"))
+            .count();
+        (hosts == 2).then_some(text)
+    })
+    .await;
+    assert!(clusters.contains(&format!("127.0.0.1:{api2_proxy}")), "{clusters}");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        if let Some(b) = get(&client, &through_mesh).await {
+            seen.insert(b);
+        }
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        vec!["api-1", "api-2"],
+        "both instances serve"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_config_is_not_resent_in_a_loop() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (port, proxy_port) = (backend("bad"), free_port());
+    // Envoy cannot bind a listener to this address: it NACKs the listener.
+    mesh.register(
+        "node-bad",
+        "bad",
+        port,
+        proxy_port,
+        json!([]),
+        json!({"bind_address": "not-an-ip"}),
+    )
+    .await;
+    let (_envoy, _) = mesh.envoy("bad", "node-bad", dir.path()).await;
+    let nacks = r#"meshd_xds_nacks_total{type="Listener"}"#;
+    wait_for(|| async { (mesh.metric(nacks).await >= 1.0).then_some(()) }).await;
+    let sent = mesh.metric(r#"meshd_xds_responses_total{type="Listener"}"#).await;
+    // Envoy keeps its stream; nothing is resent while nothing changes.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        mesh.metric(r#"meshd_xds_responses_total{type="Listener"}"#).await,
+        sent,
+        "no resend loop"
+    );
+    assert_eq!(mesh.metric(nacks).await, 1.0);
+}
