@@ -3,7 +3,7 @@
 //! - `test`: every test of the workspace (the README's test command): the pinned real peers
 //!   (Python clients, Envoy) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
-//! - `demo`: the main job on an embedded default (no external services).
+//! - `demo`: the main job on an embedded default: a server, two services with sidecars, two\n//!   real Envoys, traffic, and an intention that denies and re-allows it.
 //! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`; all when no name is given).
 #![allow(clippy::print_stdout)]
 
@@ -160,16 +160,16 @@ fn test(extra: &[String]) -> Result<()> {
 }
 
 fn demo() -> Result<()> {
+    let root = workspace_root();
+    tools::ensure_python(&root)?;
+    let envoy = tools::envoy(&root)?;
+    let mut build = cargo();
+    build.args(["build", "--quiet", "--locked", "-p", "meshd", "--bin", "meshd"]);
+    run(build)?;
     let mut cmd = cargo();
-    cmd.args([
-        "run",
-        "--quiet",
-        "--locked",
-        "-p",
-        "proxycfg",
-        "--example",
-        "walkthrough",
-    ]);
+    cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo"])
+        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"))
+        .env("MESHD_ENVOY", envoy);
     run(cmd)
 }
 
