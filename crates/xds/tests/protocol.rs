@@ -1,0 +1,364 @@
+//! The ADS protocol over tonic with a scripted client: ACK, NACK without a resend loop,
+//! stale nonces, wildcard and named subscriptions, unsubscribe, and delta reconnects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use proxycfg::data_sources::*;
+use proxycfg::fake::FakeDataSources;
+use proxycfg::{Manager, ManagerConfig, ProxyId, ProxyRegistration, ProxySource, Watcher};
+use std::sync::Arc;
+use std::time::Duration;
+use structs::*;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use xds::resources::{CLUSTER, ENDPOINT, LISTENER};
+use xds::{SnapshotSource, XdsServer};
+
+struct ManagerSource(Manager);
+
+impl SnapshotSource for ManagerSource {
+    fn watch(&self, node: &Node, _token: &str) -> Result<(Watcher, Box<dyn Send + Sync>), tonic::Status> {
+        Ok((self.0.watch(&ProxyId::new("node-1", node.id.clone())), Box::new(())))
+    }
+}
+
+struct Harness {
+    fakes: FakeDataSources,
+    addr: std::net::SocketAddr,
+    _manager: Manager,
+}
+
+fn health(service: &str) -> HealthRequest {
+    HealthRequest {
+        datacenter: "dc1".into(),
+        service: service.into(),
+        connect: true,
+        passing_only: true,
+        filter: String::new(),
+        kind: None,
+    }
+}
+
+async fn harness() -> Harness {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "tcp",
+        upstreams: vec![("api", 9191, "tcp")],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let snap = snapshot(&ca, &scenario);
+    let fakes = FakeDataSources::default();
+    let roots = snap.roots.clone().unwrap();
+    let leaf = snap.connect_proxy().unwrap().leaf.clone().unwrap();
+    fakes.ca_roots.set_fallback(move |_| Some(Arc::clone(&roots)));
+    fakes.leaf.set_fallback(move |_| Some(Arc::clone(&leaf)));
+    fakes.intentions.set_fallback(|_| Some(Arc::new(Vec::new())));
+    fakes.config_entry.set_fallback(|_| Some(None));
+    fakes
+        .resolved_service_config
+        .set_fallback(|_| Some(Arc::new(ResolvedServiceConfig::default())));
+    let trust = snap.roots.as_ref().unwrap().trust_domain.clone();
+    fakes.discovery_chain.set_fallback(move |r| {
+        Some(Arc::new(CompiledDiscoveryChain::default_for(
+            &r.name,
+            &r.datacenter,
+            &trust,
+            &r.override_protocol,
+        )))
+    });
+    fakes
+        .health
+        .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.1", 21000)]));
+    let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());
+    let reg = ProxyRegistration {
+        id: (*snap.proxy_id).clone(),
+        service: Arc::clone(&snap.service),
+        token: String::new(),
+    };
+    manager.register(reg, ProxySource::Local, false).await.unwrap();
+    let server = XdsServer::new(Arc::new(ManagerSource(manager.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = server.service();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+    Harness {
+        fakes,
+        addr,
+        _manager: manager,
+    }
+}
+
+fn node() -> Option<Node> {
+    Some(Node {
+        id: "web-sidecar-proxy".into(),
+        cluster: "web".into(),
+        ..Default::default()
+    })
+}
+
+struct Delta {
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    rx: Streaming<DeltaDiscoveryResponse>,
+}
+
+impl Delta {
+    async fn open(addr: std::net::SocketAddr, first: DeltaDiscoveryRequest) -> Delta {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(first).await.unwrap();
+        let rx = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Delta { tx, rx }
+    }
+    async fn recv(&mut self) -> DeltaDiscoveryResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a response")
+            .unwrap()
+            .unwrap()
+    }
+    /// Nothing arrives for a while (a negative check: it can only pass wrongly, never fail wrongly).
+    async fn silent(&mut self) {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), self.rx.message())
+                .await
+                .is_err(),
+            "unexpected response"
+        );
+    }
+    async fn send(&self, req: DeltaDiscoveryRequest) {
+        self.tx.send(req).await.unwrap();
+    }
+}
+
+fn sub(type_url: &str, names: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: node(),
+        type_url: type_url.into(),
+        resource_names_subscribe: names.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+fn ack(r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: r.type_url.clone(),
+        response_nonce: r.nonce.clone(),
+        ..Default::default()
+    }
+}
+
+fn names(r: &DeltaDiscoveryResponse) -> Vec<String> {
+    r.resources.iter().map(|r| r.name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_ack_nack_stale_unsubscribe_and_reconnect() {
+    let h = harness().await;
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let cds = s.recv().await;
+    assert_eq!(cds.type_url, CLUSTER);
+    let clusters = names(&cds);
+    assert_eq!(clusters.len(), 2, "local_app and api: {clusters:?}");
+    let api_cluster = clusters.iter().find(|n| n.starts_with("api.")).unwrap().clone();
+    s.send(ack(&cds)).await;
+    s.silent().await;
+
+    // Named EDS, then LDS (wildcard).
+    s.send(sub(ENDPOINT, &[&api_cluster])).await;
+    let eds = s.recv().await;
+    assert_eq!(names(&eds), vec![api_cluster.clone()]);
+    s.send(ack(&eds)).await;
+    s.send(sub(LISTENER, &[])).await;
+    let lds = s.recv().await;
+    assert_eq!(lds.resources.len(), 2);
+    s.send(ack(&lds)).await;
+    s.silent().await;
+
+    // An endpoint change sends only the changed load assignment; a stale nonce is ignored.
+    h.fakes.health.set(
+        &health("api"),
+        Arc::new(vec![
+            instance("api", "10.0.0.1", 21000),
+            instance("api", "10.0.0.2", 21000),
+        ]),
+    );
+    let eds2 = s.recv().await;
+    assert_eq!(
+        (eds2.type_url.as_str(), names(&eds2)),
+        (ENDPOINT, vec![api_cluster.clone()])
+    );
+    s.send(DeltaDiscoveryRequest {
+        type_url: ENDPOINT.into(),
+        response_nonce: "stale".into(),
+        ..Default::default()
+    })
+    .await;
+    h.fakes
+        .health
+        .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.3", 21000)]));
+    s.silent().await; // still waiting for the ACK of eds2: one un-ACKed response per type
+
+    // NACK: the proxy keeps the last good version; the rejected one is not sent again.
+    s.send(DeltaDiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: "rejected on purpose".into(),
+            details: vec![],
+        }),
+        ..ack(&eds2)
+    })
+    .await;
+    let eds3 = s.recv().await; // the newer version (10.0.0.3) is not the rejected one
+    assert_eq!(names(&eds3), vec![api_cluster.clone()]);
+    s.send(DeltaDiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: "rejected again".into(),
+            details: vec![],
+        }),
+        ..ack(&eds3)
+    })
+    .await;
+    s.silent().await; // no resend loop
+
+    // Unsubscribing sends nothing.
+    s.send(DeltaDiscoveryRequest {
+        type_url: ENDPOINT.into(),
+        resource_names_unsubscribe: vec![api_cluster.clone()],
+        ..Default::default()
+    })
+    .await;
+    s.silent().await;
+
+    // Reconnect with the versions it holds: only what differs is sent (nothing, here).
+    let versions = cds
+        .resources
+        .iter()
+        .map(|r| (r.name.clone(), r.version.clone()))
+        .collect();
+    let mut again = Delta::open(
+        h.addr,
+        DeltaDiscoveryRequest {
+            initial_resource_versions: versions,
+            ..sub(CLUSTER, &[])
+        },
+    )
+    .await;
+    again.silent().await;
+}
+
+struct Sotw {
+    tx: mpsc::Sender<DiscoveryRequest>,
+    rx: Streaming<DiscoveryResponse>,
+}
+
+impl Sotw {
+    async fn open(addr: std::net::SocketAddr, first: DiscoveryRequest) -> Sotw {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(first).await.unwrap();
+        let rx = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Sotw { tx, rx }
+    }
+    async fn recv(&mut self) -> DiscoveryResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a response")
+            .unwrap()
+            .unwrap()
+    }
+    async fn silent(&mut self) {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), self.rx.message())
+                .await
+                .is_err(),
+            "unexpected response"
+        );
+    }
+}
+
+fn sotw(type_url: &str, names: &[&str], prev: Option<&DiscoveryResponse>) -> DiscoveryRequest {
+    DiscoveryRequest {
+        node: node(),
+        type_url: type_url.into(),
+        resource_names: names.iter().map(|s| (*s).to_owned()).collect(),
+        version_info: prev.map(|p| p.version_info.clone()).unwrap_or_default(),
+        response_nonce: prev.map(|p| p.nonce.clone()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_ack_nack_and_stale_nonce() {
+    let h = harness().await;
+    let mut s = Sotw::open(h.addr, sotw(CLUSTER, &[], None)).await;
+    let cds = s.recv().await;
+    assert_eq!(cds.resources.len(), 2, "wildcard: every cluster");
+    s.tx.send(sotw(CLUSTER, &[], Some(&cds))).await.unwrap();
+    s.silent().await;
+
+    let api = "api.default.dc1.internal.";
+    let cluster_name = {
+        let c: envoy_types::pb::envoy::config::cluster::v3::Cluster = prost::Message::decode(
+            cds.resources
+                .iter()
+                .find(|r| String::from_utf8_lossy(&r.value).contains(api))
+                .unwrap()
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        c.name
+    };
+    s.tx.send(sotw(ENDPOINT, &[&cluster_name], None)).await.unwrap();
+    let eds = s.recv().await;
+    assert_eq!(eds.resources.len(), 1);
+    // A stale nonce is ignored entirely.
+    let mut stale = sotw(ENDPOINT, &[&cluster_name], Some(&eds));
+    stale.response_nonce = "stale".into();
+    s.tx.send(stale).await.unwrap();
+    s.silent().await;
+    // NACK: not resent while nothing changes.
+    let mut nack = sotw(ENDPOINT, &[&cluster_name], Some(&eds));
+    nack.error_detail = Some(RpcStatus {
+        code: 3,
+        message: "no".into(),
+        details: vec![],
+    });
+    s.tx.send(nack).await.unwrap();
+    s.silent().await;
+    // A change is sent, with a new version.
+    h.fakes
+        .health
+        .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.9", 21000)]));
+    let eds2 = s.recv().await;
+    assert_ne!(eds2.version_info, eds.version_info);
+    assert_eq!(eds2.type_url, ENDPOINT);
+}
