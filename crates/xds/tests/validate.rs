@@ -88,10 +88,98 @@ fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
     }
 }
 
+/// The resources as readable, stable text: every resource decoded, certificates and the
+/// (random) trust domain replaced by placeholders.
+fn golden_text(r: &resources::Resources, trust_domain: &str) -> String {
+    let mut out = String::new();
+    for (type_url, items) in &r.by_type {
+        for (name, any) in items {
+            let text = match *type_url {
+                CLUSTER => decode_cluster(any),
+                ENDPOINT => format!("{:#?}", unpack::<ClusterLoadAssignment>(any)),
+                LISTENER => decode_listener(any),
+                _ => format!("{:#?}", unpack::<RouteConfiguration>(any)),
+            };
+            out.push_str(&format!("=== {type_url} {name}\n{text}\n"));
+        }
+    }
+    redact_pem(&out.replace(trust_domain, "<trust-domain>"))
+}
+
+/// A cluster with its TLS context and protocol options decoded (they hold certificates).
+fn decode_cluster(any: &Any) -> String {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+    let mut c: Cluster = unpack(any);
+    let tls = c.transport_socket.take().and_then(|ts| match ts.config_type {
+        Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(cfg)) => {
+            Some(unpack::<UpstreamTlsContext>(&cfg))
+        }
+        _ => None,
+    });
+    let options: Vec<(String, HttpProtocolOptions)> = c
+        .typed_extension_protocol_options
+        .drain()
+        .map(|(k, v)| (k, unpack(&v)))
+        .collect();
+    format!("{c:#?}\nupstream tls: {tls:#?}\nprotocol options: {options:#?}")
+}
+
+/// A listener with its filters' and transport socket's typed configs decoded, so the golden
+/// shows what they say rather than bytes.
+fn decode_listener(any: &Any) -> String {
+    use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac;
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+    let l: Listener = unpack(any);
+    let mut parts = vec![format!(
+        "name: {}\naddress: {:?}\ndirection: {}",
+        l.name, l.address, l.traffic_direction
+    )];
+    for chain in &l.filter_chains {
+        if let Some(ts) = &chain.transport_socket
+            && let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(cfg)) =
+                &ts.config_type
+        {
+            parts.push(format!("transport_socket: {:#?}", unpack::<DownstreamTlsContext>(cfg)));
+        }
+        for f in &chain.filters {
+            let Some(filter::ConfigType::TypedConfig(cfg)) = &f.config_type else {
+                continue;
+            };
+            let text = if cfg.type_url == HttpConnectionManager::type_url() {
+                format!("{:#?}", unpack::<HttpConnectionManager>(cfg))
+            } else if cfg.type_url == TcpProxy::type_url() {
+                format!("{:#?}", unpack::<TcpProxy>(cfg))
+            } else if cfg.type_url == Rbac::type_url() {
+                format!("{:#?}", unpack::<Rbac>(cfg))
+            } else {
+                cfg.type_url.clone()
+            };
+            parts.push(format!("filter {}: {text}", f.name));
+        }
+    }
+    parts.join("\n")
+}
+
+fn redact_pem(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("-----BEGIN") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('"').map_or(rest.len(), |e| start + e);
+        out.push_str("<pem>");
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn validate(name: &str, scenario: &Scenario) {
     let ca = Ca::new();
     let snap = snapshot(&ca, scenario);
     let r = resources::build(&snap).unwrap();
+    insta::assert_snapshot!(name, golden_text(&r, &snap.roots.as_ref().unwrap().trust_domain));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("{name}.pb"));
     std::fs::write(&path, static_bootstrap(&r).encode_to_vec()).unwrap();
@@ -143,6 +231,37 @@ fn http_upstreams_and_http_public_listener() {
             upstreams: vec![("api", 9191, "http"), ("grpc-svc", 9192, "grpc")],
             intentions: vec![("billing", IntentionAction::Deny)],
             instances: vec![instance("api", "10.0.0.1", 21000)],
+        },
+    );
+}
+
+#[test]
+fn several_instances() {
+    validate(
+        "several-instances",
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![("api", 9191, "tcp")],
+            intentions: vec![],
+            instances: vec![
+                instance("api", "10.0.0.1", 21000),
+                instance("api", "10.0.0.2", 21000),
+                instance("api", "10.0.0.3", 21001),
+            ],
+        },
+    );
+}
+
+/// The instance at 10.0.0.3 turned critical: the data source passes on only passing ones.
+#[test]
+fn an_instance_turned_critical() {
+    validate(
+        "instance-critical",
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![("api", 9191, "tcp")],
+            intentions: vec![],
+            instances: vec![instance("api", "10.0.0.1", 21000), instance("api", "10.0.0.2", 21000)],
         },
     );
 }
