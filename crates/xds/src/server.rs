@@ -39,6 +39,8 @@ struct Inner {
     metrics: Arc<XdsMetrics>,
     /// Resources built per snapshot, shared by every stream of that proxy.
     built: Mutex<HashMap<usize, Built>>,
+    /// Resources shared between proxies (load assignments of shared endpoints).
+    shared: crate::resources::SharedEncodings,
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -57,6 +59,7 @@ impl XdsServer {
                 source,
                 metrics: Arc::new(XdsMetrics::default()),
                 built: Mutex::new(HashMap::new()),
+                shared: crate::resources::SharedEncodings::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
@@ -96,7 +99,7 @@ impl Inner {
                 return Ok(r);
             }
         }
-        let resources = Arc::new(VersionedResources::build(snap)?);
+        let resources = Arc::new(VersionedResources::build(snap, Some(&self.shared))?);
         let mut built = self.built.lock();
         built.retain(|_, (s, r)| s.strong_count() > 0 && r.strong_count() > 0);
         built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)));

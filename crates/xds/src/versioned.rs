@@ -29,29 +29,43 @@ fn version_of(any: &Any) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+impl Versioned {
+    /// A resource with its content version.
+    pub fn new(resource: Any) -> Self {
+        Self {
+            version: version_of(&resource),
+            resource,
+        }
+    }
+}
+
 impl VersionedResources {
     /// Hashes every resource of `resources`.
     pub fn from_resources(resources: Resources) -> Self {
-        let by_type = resources
+        let mut by_type: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>> = resources
             .by_type
             .into_iter()
             .map(|(t, m)| {
-                let versioned = m
-                    .into_iter()
-                    .map(|(name, resource)| {
-                        let version = version_of(&resource);
-                        (name, Arc::new(Versioned { version, resource }))
-                    })
-                    .collect();
-                (t, versioned)
+                (
+                    t,
+                    m.into_iter()
+                        .map(|(name, resource)| (name, Arc::new(Versioned::new(resource))))
+                        .collect(),
+                )
             })
             .collect();
+        for (t, m) in resources.shared {
+            by_type.entry(t).or_default().extend(m);
+        }
         Self { by_type }
     }
 
-    /// Builds and hashes the resources of a snapshot.
-    pub fn build(snapshot: &ConfigSnapshot) -> Result<Self, resources::BuildError> {
-        resources::build(snapshot).map(Self::from_resources)
+    /// Builds and hashes the resources of a snapshot; shared resources come from `shared`.
+    pub fn build(
+        snapshot: &ConfigSnapshot,
+        shared: Option<&resources::SharedEncodings>,
+    ) -> Result<Self, resources::BuildError> {
+        resources::build_shared(snapshot, shared).map(Self::from_resources)
     }
 
     /// The resources of one type (empty if none).

@@ -98,7 +98,11 @@ pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) ->
     }
 }
 
-pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+pub(crate) fn build(
+    snap: &ConfigSnapshot,
+    out: &mut Resources,
+    shared: Option<&super::SharedEncodings>,
+) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
@@ -159,12 +163,21 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                 cluster.typed_extension_protocol_options = http2_options();
             }
             out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));
-            let nodes = upstream.endpoints.get(target_id).map(|n| n.as_slice()).unwrap_or(&[]);
-            out.insert(
-                ENDPOINT,
-                target.sni.clone(),
-                pack_any(load_assignment(&target.sni, nodes)),
-            );
+            match (shared, upstream.endpoints.get(target_id)) {
+                (Some(shared), Some(nodes)) => {
+                    let cla =
+                        shared.load_assignment(&target.sni, nodes, || pack_any(load_assignment(&target.sni, nodes)));
+                    out.insert_shared(ENDPOINT, target.sni.clone(), cla);
+                }
+                (_, nodes) => {
+                    let nodes = nodes.map(|n| n.as_slice()).unwrap_or(&[]);
+                    out.insert(
+                        ENDPOINT,
+                        target.sni.clone(),
+                        pack_any(load_assignment(&target.sni, nodes)),
+                    );
+                }
+            }
         }
     }
     Ok(())

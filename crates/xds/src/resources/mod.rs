@@ -18,9 +18,13 @@ mod listeners;
 mod rbac;
 mod tls;
 
+use crate::versioned::Versioned;
 use envoy_types::pb::google::protobuf::Any;
+use parking_lot::Mutex;
 use proxycfg::ConfigSnapshot;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Weak};
+use structs::CheckServiceNode;
 
 /// Type URL of clusters.
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -39,11 +43,17 @@ pub const TYPES: [&str; 4] = [CLUSTER, ENDPOINT, LISTENER, ROUTE];
 pub struct Resources {
     /// type URL → (name → resource).
     pub by_type: BTreeMap<&'static str, BTreeMap<String, Any>>,
+    /// Resources taken already encoded and versioned from a [`SharedEncodings`] cache.
+    pub shared: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>>,
 }
 
 impl Resources {
     fn insert(&mut self, type_url: &'static str, name: String, resource: Any) {
         self.by_type.entry(type_url).or_default().insert(name, resource);
+    }
+
+    fn insert_shared(&mut self, type_url: &'static str, name: String, resource: Arc<Versioned>) {
+        self.shared.entry(type_url).or_default().insert(name, resource);
     }
 
     /// The resources of one type.
@@ -65,16 +75,80 @@ pub enum BuildError {
 
 /// Builds every resource for a snapshot.
 pub fn build(snapshot: &ConfigSnapshot) -> Result<Resources, BuildError> {
+    build_shared(snapshot, None)
+}
+
+/// Builds every resource for a snapshot, taking resources that many proxies share (load
+/// assignments of the same endpoints) from `shared`: built, encoded and hashed once.
+pub fn build_shared(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
-    clusters::build(snapshot, &mut out)?;
+    clusters::build(snapshot, &mut out, shared)?;
     listeners::build(snapshot, &mut out)?;
     Ok(out)
+}
+
+/// Load assignment key: the cluster name and the identity of the shared endpoints result.
+type ClaKey = (String, usize);
+
+/// The endpoints a load assignment was built from (weak: the cache keeps nothing alive) and
+/// the encoding.
+type ClaEntry = (Weak<Vec<CheckServiceNode>>, Arc<Versioned>);
+
+/// Encoded resources shared between proxies: a load assignment depends only on its cluster
+/// name and its endpoints, and the data sources hand every proxy watching a target the same
+/// endpoints `Arc`, so one encoding serves them all.
+#[derive(Default)]
+pub struct SharedEncodings {
+    load_assignments: Mutex<HashMap<ClaKey, ClaEntry>>,
+    /// Entries at which the map is next swept of dead ones.
+    sweep_at: Mutex<usize>,
+}
+
+impl std::fmt::Debug for SharedEncodings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedEncodings")
+            .field("load_assignments", &self.load_assignments.lock().len())
+            .finish()
+    }
+}
+
+impl SharedEncodings {
+    /// The encoded load assignment of `cluster` for `endpoints`, built by `make` if needed.
+    pub(crate) fn load_assignment(
+        &self,
+        cluster: &str,
+        endpoints: &Arc<Vec<CheckServiceNode>>,
+        make: impl FnOnce() -> Any,
+    ) -> Arc<Versioned> {
+        let key = (cluster.to_owned(), Arc::as_ptr(endpoints) as usize);
+        if let Some((weak, v)) = self.load_assignments.lock().get(&key)
+            && weak.upgrade().is_some_and(|e| Arc::ptr_eq(&e, endpoints))
+        {
+            return Arc::clone(v);
+        }
+        let versioned = Arc::new(Versioned::new(make()));
+        let mut map = self.load_assignments.lock();
+        let mut sweep_at = self.sweep_at.lock();
+        if map.len() >= *sweep_at {
+            map.retain(|_, (w, _)| w.strong_count() > 0);
+            *sweep_at = (map.len() * 2).max(1024);
+        }
+        map.insert(key, (Arc::downgrade(endpoints), Arc::clone(&versioned)));
+        versioned
+    }
+
+    /// Load assignments held now.
+    pub fn len(&self) -> usize {
+        self.load_assignments.lock().len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The protocol of a listener or upstream: `tcp`, `http`, `http2` or `grpc`.
 pub(crate) fn is_http(protocol: &str) -> bool {
     matches!(protocol, "http" | "http2" | "grpc")
 }
-
-#[cfg(test)]
-mod tests;
