@@ -4,7 +4,7 @@
 //!   (Python clients, Envoy) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
 //! - `demo`: the main job on an embedded default: a server, two services with sidecars, two\n//!   real Envoys, traffic, and an intention that denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`; all when no name is given).
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`; all when no name is given).
 #![allow(clippy::print_stdout)]
 
 mod tools;
@@ -39,7 +39,11 @@ fn run(mut cmd: Command) -> Result<()> {
 }
 
 /// The benchmarks, by name: (package, bench target).
-const BENCHES: &[(&str, &str, &str)] = &[("proxycfg", "proxycfg", "propagation"), ("server", "meshd", "server")];
+const BENCHES: &[(&str, &str, &str)] = &[
+    ("proxycfg", "proxycfg", "propagation"),
+    ("server", "meshd", "server"),
+    ("xds", "meshd", "xds"),
+];
 
 /// Totals of the `test result:` lines of a cargo test run.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,503 @@
+//! xDS propagation benchmark (prints figures; asserts nothing). PERFORMANCE.md P1 and P3.
+//!
+//! A real `meshd server` process; N synthetic proxies, each a distinct sidecar registered in
+//! the catalog with 10 upstreams drawn from 100 services, each holding an ADS stream (delta or
+//! state of the world) that ACKs like Envoy. One service's endpoints change; every affected
+//! stream's receipt of the new load assignment is timestamped. Printed: latency p50/p99/max,
+//! bytes received, server CPU and RSS (and per proxy), and the ratio to a floor measured in
+//! the same run: the same N streams receiving pre-encoded identical bytes from a minimal ADS
+//! server that does no snapshot or diff work.
+//!
+//! Run: `cargo xtask bench xds`. Scale with `PROXIES=` (1000), `ROUNDS=` (10), `MODE=delta|sotw`.
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message;
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const SERVICES: usize = 100;
+const UPSTREAMS: usize = 10;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn proc_stat(pid: u32) -> (Duration, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = f
+        .get(11..13)
+        .map(|x| x.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    (Duration::from_millis(ticks * 10), rss)
+}
+
+struct Server {
+    child: Child,
+    http: String,
+    grpc: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server() -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "server",
+            "-dev",
+            "-http-addr",
+            "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-log-level",
+            "error",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let http = lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .trim_start_matches("meshd server listening on ")
+        .to_owned();
+    let grpc = lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .trim_start_matches("meshd xds listening on ")
+        .to_owned();
+    Server { child, http, grpc }
+}
+
+fn svc(i: usize) -> String {
+    format!("svc-{i:03}")
+}
+
+/// One synthetic proxy's delta stream: subscribe to clusters, then to their load
+/// assignments, ACK everything, and report when a response carries the marker address.
+async fn delta_proxy(
+    grpc: String,
+    id: String,
+    marker: Arc<AtomicU64>,
+    report: mpsc::UnboundedSender<(Instant, usize)>,
+    ready: mpsc::UnboundedSender<()>,
+) {
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let node = Some(Node {
+        id,
+        ..Default::default()
+    });
+    tx.send(DeltaDiscoveryRequest {
+        node,
+        type_url: CLUSTER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut subscribed = false;
+    let mut told_ready = false;
+    while let Ok(Some(resp)) = stream.message().await {
+        let bytes = resp.encoded_len();
+        let ack = DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+        if resp.type_url == CLUSTER && !subscribed {
+            subscribed = true;
+            let names: Vec<String> = resp
+                .resources
+                .iter()
+                .map(|r| r.name.clone())
+                .filter(|n| n != "local_app")
+                .collect();
+            tx.send(DeltaDiscoveryRequest {
+                type_url: ENDPOINT.into(),
+                resource_names_subscribe: names,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        } else if resp.type_url == ENDPOINT {
+            if !told_ready {
+                told_ready = true;
+                let _ = ready.send(());
+            }
+            let m = marker.load(Ordering::Acquire);
+            if m != 0 && resp.resources.iter().any(|r| contains_marker(r, m)) {
+                let _ = report.send((Instant::now(), bytes));
+            }
+        }
+    }
+}
+
+fn contains_marker(r: &Resource, marker: u64) -> bool {
+    let needle = format!("10.200.{}.{}", marker / 250, marker % 250);
+    r.resource
+        .as_ref()
+        .is_some_and(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
+}
+
+/// The same, state of the world.
+async fn sotw_proxy(
+    grpc: String,
+    id: String,
+    marker: Arc<AtomicU64>,
+    report: mpsc::UnboundedSender<(Instant, usize)>,
+    ready: mpsc::UnboundedSender<()>,
+) {
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let node = Some(Node {
+        id,
+        ..Default::default()
+    });
+    tx.send(DiscoveryRequest {
+        node,
+        type_url: CLUSTER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut eds_names: Vec<String> = Vec::new();
+    let mut told_ready = false;
+    while let Ok(Some(resp)) = stream.message().await {
+        let bytes = resp.encoded_len();
+        if resp.type_url == CLUSTER && eds_names.is_empty() {
+            eds_names = resp
+                .resources
+                .iter()
+                .filter_map(|a| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(a.value.as_slice()).ok())
+                .map(|c| c.name)
+                .filter(|n| n != "local_app")
+                .collect();
+            tx.send(DiscoveryRequest {
+                type_url: ENDPOINT.into(),
+                resource_names: eds_names.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        let names = if resp.type_url == ENDPOINT {
+            eds_names.clone()
+        } else {
+            Vec::new()
+        };
+        let ack = DiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            version_info: resp.version_info.clone(),
+            response_nonce: resp.nonce.clone(),
+            resource_names: names,
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+        if resp.type_url == ENDPOINT {
+            if !told_ready {
+                told_ready = true;
+                let _ = ready.send(());
+            }
+            let m = marker.load(Ordering::Acquire);
+            let needle = format!("10.200.{}.{}", m / 250, m % 250);
+            if m != 0
+                && resp
+                    .resources
+                    .iter()
+                    .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                let _ = report.send((Instant::now(), bytes));
+            }
+        }
+    }
+}
+
+/// The floor: an ADS server that sends pre-encoded identical bytes to every stream on a
+/// trigger, doing no snapshot or diff work.
+#[derive(Clone)]
+struct Floor {
+    trigger: broadcast::Sender<Arc<DeltaDiscoveryResponse>>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Floor {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, tonic::Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, tonic::Status>>;
+    async fn stream_aggregated_resources(
+        &self,
+        _r: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("floor is delta only"))
+    }
+    async fn delta_aggregated_resources(
+        &self,
+        r: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        let mut requests = r.into_inner();
+        let mut trigger = self.trigger.subscribe();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    req = requests.message() => if !matches!(req, Ok(Some(_))) { return },
+                    msg = trigger.recv() => match msg {
+                        Ok(m) => if tx.send(Ok((*m).clone())).await.is_err() { return },
+                        Err(_) => return,
+                    },
+                }
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn floor_run(n: usize, payload_bytes: usize) -> Vec<Duration> {
+    let (trigger, _) = broadcast::channel(4);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let floor = Floor {
+        trigger: trigger.clone(),
+    };
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(floor))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+    let (report, mut reports) = mpsc::unbounded_channel();
+    for i in 0..n {
+        let report = report.clone();
+        tokio::spawn(async move {
+            let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap();
+            let (tx, rx) = mpsc::channel(4);
+            tx.send(DeltaDiscoveryRequest {
+                node: Some(Node {
+                    id: format!("floor-{i}"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let mut stream = client
+                .delta_aggregated_resources(ReceiverStream::new(rx))
+                .await
+                .unwrap()
+                .into_inner();
+            let _ = report.send(Instant::now()); // connected
+            while let Ok(Some(_)) = stream.message().await {
+                let _ = report.send(Instant::now());
+            }
+            drop(tx);
+        });
+    }
+    for _ in 0..n {
+        reports.recv().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let msg = Arc::new(DeltaDiscoveryResponse {
+        type_url: ENDPOINT.into(),
+        resources: vec![Resource {
+            name: "floor".into(),
+            version: "1".into(),
+            resource: Some(Any {
+                type_url: ENDPOINT.into(),
+                value: vec![7u8; payload_bytes],
+            }),
+            ..Default::default()
+        }],
+        nonce: "1".into(),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    trigger.send(msg).unwrap();
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        lat.push(reports.recv().await.unwrap() - t0);
+    }
+    lat.sort();
+    lat
+}
+
+#[tokio::main(worker_threads = 2)]
+async fn main() {
+    let n = env_usize("PROXIES", 1000);
+    let rounds = env_usize("ROUNDS", 10);
+    let sotw = std::env::var("MODE").is_ok_and(|m| m == "sotw");
+    let server = start_server();
+    let http = reqwest::Client::new();
+    let put = |body: serde_json::Value| {
+        let req = http.put(format!("{}/v1/catalog/register", server.http)).json(&body);
+        async move { req.send().await.unwrap().error_for_status().unwrap() }
+    };
+    // One sidecar instance per service, then the N proxies.
+    for s in 0..SERVICES {
+        put(
+            json!({"Node": format!("svc-node-{s}"), "Address": "10.100.0.1", "Service": {"Kind": "connect-proxy",
+            "ID": format!("{}-sidecar-proxy", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
+            "Proxy": {"DestinationServiceName": svc(s)}}}),
+        )
+        .await;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let upstreams: Vec<_> = (0..UPSTREAMS)
+            .map(|j| json!({"DestinationName": svc((i + j * (SERVICES / UPSTREAMS)) % SERVICES), "LocalBindPort": 9000 + j}))
+            .collect();
+        let body = json!({"Node": format!("node-{i}"), "Address": "10.0.0.1", "Service": {"Kind": "connect-proxy",
+            "ID": format!("app-{i}-sidecar-proxy"), "Service": format!("app-{i}-sidecar-proxy"), "Port": 21000,
+            "Proxy": {"DestinationServiceName": format!("app-{i}"), "Upstreams": upstreams}}});
+        let req = http.put(format!("{}/v1/catalog/register", server.http)).json(&body);
+        tasks.spawn(async move { req.send().await.unwrap().error_for_status().unwrap() });
+        if tasks.len() >= 64 {
+            tasks.join_next().await;
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    let (_, rss_idle) = proc_stat(server.child.id());
+
+    let marker = Arc::new(AtomicU64::new(0));
+    let (report, mut reports) = mpsc::unbounded_channel();
+    let (ready, mut readies) = mpsc::unbounded_channel();
+    let start = Instant::now();
+    for i in 0..n {
+        let (grpc, marker, report, ready) = (server.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
+        let id = format!("app-{i}-sidecar-proxy");
+        if sotw {
+            tokio::spawn(sotw_proxy(grpc, id, marker, report, ready));
+        } else {
+            tokio::spawn(delta_proxy(grpc, id, marker, report, ready));
+        }
+    }
+    for _ in 0..n {
+        readies.recv().await.unwrap();
+    }
+    let synced = start.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (cpu_steady, rss_steady) = proc_stat(server.child.id());
+
+    println!(
+        "xds propagation benchmark ({} ADS, real meshd server process, 2 cores shared with the load generator)",
+        if sotw { "state-of-the-world" } else { "delta" }
+    );
+    println!(
+        "  proxies: {n}, upstreams each: {UPSTREAMS}, services: {SERVICES}; all streams synced (clusters + endpoints) in {}",
+        ms(synced)
+    );
+    println!(
+        "  server RSS: {:.1} MiB before streams, {:.1} MiB with {n} streams = {:.1} KiB per connected proxy   [target <= 100 KiB]",
+        rss_idle as f64 / 1024.0,
+        rss_steady as f64 / 1024.0,
+        rss_steady.saturating_sub(rss_idle) as f64 / n as f64
+    );
+
+    let affected = n * UPSTREAMS / SERVICES;
+    let mut lat = Vec::new();
+    let mut bytes = 0usize;
+    let mut cpu_total = Duration::ZERO;
+    for round in 1..=rounds {
+        let s = (round * 37) % SERVICES;
+        marker.store(round as u64, Ordering::Release);
+        let (cpu0, _) = proc_stat(server.child.id());
+        let t0 = Instant::now();
+        put(json!({"Node": format!("extra-{round}"), "Address": format!("10.200.{}.{}", round / 250, round % 250), "Service": {"Kind": "connect-proxy",
+            "ID": format!("{}-sidecar-proxy-{round}", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
+            "Proxy": {"DestinationServiceName": svc(s)}}}))
+        .await;
+        for _ in 0..affected {
+            let (at, b) = reports.recv().await.unwrap();
+            lat.push(at - t0);
+            bytes += b;
+        }
+        cpu_total += proc_stat(server.child.id()).0 - cpu0;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lat.sort();
+    let p99 = percentile(&lat, 0.99);
+    println!(
+        "  endpoint change -> affected stream has the new load assignment ({affected} streams x {rounds} rounds): p50 {}  p99 {}  max {}   [target p99 <= 100 ms at 1,000; <= 1 s at 5,000]",
+        ms(percentile(&lat, 0.5)),
+        ms(p99),
+        ms(*lat.last().unwrap())
+    );
+    println!(
+        "  bytes received per affected stream per change: {}; server CPU per change: {} ({:.1} µs per affected stream); server CPU over the whole run {:.2} s",
+        bytes / lat.len().max(1),
+        ms(cpu_total / rounds as u32),
+        cpu_total.as_secs_f64() * 1e6 / (rounds * affected) as f64,
+        cpu_steady.as_secs_f64()
+    );
+    let floor = floor_run(affected, bytes / lat.len().max(1)).await;
+    let floor_p99 = percentile(&floor, 0.99);
+    println!(
+        "  floor (pre-encoded identical bytes to {affected} streams): p50 {}  p99 {}; meshd p99 / floor p99 = {:.1}x   [target <= 3x]",
+        ms(percentile(&floor, 0.5)),
+        ms(floor_p99),
+        p99.as_secs_f64() / floor_p99.as_secs_f64().max(1e-9)
+    );
+}
