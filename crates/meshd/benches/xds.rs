@@ -148,6 +148,7 @@ async fn delta_proxy(
         .into_inner();
     let mut subscribed = false;
     let mut told_ready = false;
+    let mut reported = 0;
     while let Ok(Some(resp)) = stream.message().await {
         let bytes = resp.encoded_len();
         let ack = DeltaDiscoveryRequest {
@@ -179,7 +180,8 @@ async fn delta_proxy(
                 let _ = ready.send(());
             }
             let m = marker.load(Ordering::Acquire);
-            if m != 0 && resp.resources.iter().any(|r| contains_marker(r, m)) {
+            if m != 0 && m != reported && resp.resources.iter().any(|r| contains_marker(r, m)) {
+                reported = m;
                 let _ = report.send((Instant::now(), bytes));
             }
         }
@@ -223,6 +225,7 @@ async fn sotw_proxy(
         .into_inner();
     let mut eds_names: Vec<String> = Vec::new();
     let mut told_ready = false;
+    let mut reported = 0;
     while let Ok(Some(resp)) = stream.message().await {
         let bytes = resp.encoded_len();
         if resp.type_url == CLUSTER && eds_names.is_empty() {
