@@ -475,10 +475,21 @@ async fn main() {
             "ID": format!("{}-sidecar-proxy-{round}", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
             "Proxy": {"DestinationServiceName": svc(s)}}}))
         .await;
-        for _ in 0..affected {
-            let (at, b) = reports.recv().await.unwrap();
-            lat.push(at - t0);
-            bytes += b;
+        let mut got = 0;
+        while got < affected {
+            match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
+                Ok(Some((at, b))) => {
+                    lat.push(at - t0);
+                    bytes += b;
+                    got += 1;
+                }
+                _ => {
+                    println!(
+                        "  round {round}: only {got} of {affected} affected streams received the change within 10 s"
+                    );
+                    break;
+                }
+            }
         }
         cpu_total += proc_stat(server.child.id()).0 - cpu0;
         tokio::time::sleep(Duration::from_millis(100)).await;
