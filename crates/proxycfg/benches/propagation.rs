@@ -94,32 +94,7 @@ fn endpoints(service: &str, round: usize, n: usize) -> Arc<Vec<CheckServiceNode>
 }
 
 fn fakes() -> FakeDataSources {
-    let fakes = FakeDataSources::default();
-    fakes.ca_roots.set_fallback(|_| {
-        Some(Arc::new(IndexedCaRoots {
-            trust_domain: TRUST.into(),
-            ..Default::default()
-        }))
-    });
-    fakes.leaf.set_fallback(|r| {
-        Some(Arc::new(IssuedCert {
-            service: r.service.clone(),
-            ..Default::default()
-        }))
-    });
-    fakes.intentions.set_fallback(|_| Some(Arc::new(Vec::new())));
-    fakes.config_entry.set_fallback(|_| Some(None));
-    fakes
-        .resolved_service_config
-        .set_fallback(|_| Some(Arc::new(ResolvedServiceConfig::default())));
-    fakes.discovery_chain.set_fallback(|r| {
-        Some(Arc::new(CompiledDiscoveryChain::default_for(
-            &r.name,
-            &r.datacenter,
-            TRUST,
-            &r.override_protocol,
-        )))
-    });
+    let fakes = FakeDataSources::with_defaults(TRUST);
     fakes.health.set_fallback(|r| Some(endpoints(&r.service, 0, 3)));
     fakes
 }

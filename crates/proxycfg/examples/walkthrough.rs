@@ -78,7 +78,7 @@ async fn next(w: &mut Watcher) -> Arc<ConfigSnapshot> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let fakes = FakeDataSources::default();
+    let fakes = FakeDataSources::with_defaults(TRUST);
     let roots = IndexedCaRoots {
         active_root_id: "root-1".into(),
         trust_domain: TRUST.into(),
@@ -95,25 +95,6 @@ async fn main() {
         },
         Arc::new(roots),
     );
-    fakes.leaf.set_fallback(|r| {
-        Some(Arc::new(IssuedCert {
-            service: r.service.clone(),
-            ..Default::default()
-        }))
-    });
-    fakes.intentions.set_fallback(|_| Some(Arc::new(Vec::new())));
-    fakes.config_entry.set_fallback(|_| Some(None));
-    fakes
-        .resolved_service_config
-        .set_fallback(|_| Some(Arc::new(ResolvedServiceConfig::default())));
-    fakes.discovery_chain.set_fallback(|r| {
-        Some(Arc::new(CompiledDiscoveryChain::default_for(
-            &r.name,
-            &r.datacenter,
-            TRUST,
-            &r.override_protocol,
-        )))
-    });
     fakes.health.set(&health("api"), instances("api", &["10.0.0.1"]));
 
     let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());

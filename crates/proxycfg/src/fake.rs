@@ -168,6 +168,44 @@ pub struct FakeDataSources {
 }
 
 impl FakeDataSources {
+    /// Fakes where every watch a connect-proxy starts has a valid value at once: roots for
+    /// `trust_domain`, a leaf for the requested service, no intentions, no mesh entry, an
+    /// empty resolved config, each upstream's default chain, and no instances. Tests then set
+    /// only what they are about.
+    pub fn with_defaults(trust_domain: &str) -> Self {
+        let fakes = Self::default();
+        let td = trust_domain.to_owned();
+        fakes.ca_roots.set_fallback(move |_| {
+            Some(Arc::new(structs::IndexedCaRoots {
+                active_root_id: "root-1".into(),
+                trust_domain: td.clone(),
+                ..Default::default()
+            }))
+        });
+        fakes.leaf.set_fallback(|r| {
+            Some(Arc::new(structs::IssuedCert {
+                service: r.service.clone(),
+                ..Default::default()
+            }))
+        });
+        fakes.intentions.set_fallback(|_| Some(Arc::new(Vec::new())));
+        fakes.config_entry.set_fallback(|_| Some(None));
+        fakes
+            .resolved_service_config
+            .set_fallback(|_| Some(Arc::new(structs::ResolvedServiceConfig::default())));
+        let td = trust_domain.to_owned();
+        fakes.discovery_chain.set_fallback(move |r| {
+            Some(Arc::new(structs::CompiledDiscoveryChain::default_for(
+                &r.name,
+                &r.datacenter,
+                &td,
+                &r.override_protocol,
+            )))
+        });
+        fakes.health.set_fallback(|_| Some(Arc::new(Vec::new())));
+        fakes
+    }
+
     /// The [`DataSources`] backed by these fakes.
     pub fn data_sources(&self) -> DataSources {
         DataSources {

@@ -16,7 +16,6 @@ use proxycfg::fake::FakeDataSources;
 use proxycfg::{Manager, ManagerConfig, ProxyId, ProxyRegistration, ProxySource, Watcher};
 use std::sync::Arc;
 use std::time::Duration;
-use structs::*;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -57,25 +56,13 @@ async fn harness() -> Harness {
         instances: vec![],
     };
     let snap = snapshot(&ca, &scenario);
-    let fakes = FakeDataSources::default();
+    let trust = snap.roots.as_ref().unwrap().trust_domain.clone();
+    let fakes = FakeDataSources::with_defaults(&trust);
+    // Real CA material: the built resources must carry usable certificates.
     let roots = snap.roots.clone().unwrap();
     let leaf = snap.connect_proxy().unwrap().leaf.clone().unwrap();
     fakes.ca_roots.set_fallback(move |_| Some(Arc::clone(&roots)));
     fakes.leaf.set_fallback(move |_| Some(Arc::clone(&leaf)));
-    fakes.intentions.set_fallback(|_| Some(Arc::new(Vec::new())));
-    fakes.config_entry.set_fallback(|_| Some(None));
-    fakes
-        .resolved_service_config
-        .set_fallback(|_| Some(Arc::new(ResolvedServiceConfig::default())));
-    let trust = snap.roots.as_ref().unwrap().trust_domain.clone();
-    fakes.discovery_chain.set_fallback(move |r| {
-        Some(Arc::new(CompiledDiscoveryChain::default_for(
-            &r.name,
-            &r.datacenter,
-            &trust,
-            &r.override_protocol,
-        )))
-    });
     fakes
         .health
         .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.1", 21000)]));

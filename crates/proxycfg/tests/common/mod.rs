@@ -1,0 +1,151 @@
+//! Shared fixtures: fake data sources, registrations, chains.
+#![allow(dead_code, unreachable_pub)]
+
+use proxycfg::data_sources::*;
+use proxycfg::fake::FakeDataSources;
+use proxycfg::*;
+use std::{sync::Arc, time::Duration};
+use structs::discovery_chain::{ChainNode, DiscoveryTarget, TargetSubset, target_sni};
+use structs::*;
+
+pub const TRUST: &str = "11111111-2222-3333-4444-555555555555.consul";
+
+pub struct Fixture {
+    pub fakes: FakeDataSources,
+    pub manager: Manager,
+}
+
+pub fn fixture() -> Fixture {
+    fixture_with(ManagerConfig::default())
+}
+
+pub fn fixture_with(config: ManagerConfig) -> Fixture {
+    let fakes = FakeDataSources::with_defaults(TRUST);
+    let manager = Manager::new(config, fakes.data_sources());
+    Fixture { fakes, manager }
+}
+
+pub fn sidecar(service: &str, port: u16, upstreams: &[(&str, u16)]) -> ProxyRegistration {
+    let svc = NodeService {
+        kind: ServiceKind::ConnectProxy,
+        id: format!("{service}-sidecar-proxy"),
+        service: format!("{service}-sidecar-proxy"),
+        port,
+        proxy: ConnectProxyConfig {
+            destination_service_name: service.into(),
+            destination_service_id: service.into(),
+            local_service_port: 8080,
+            upstreams: upstreams
+                .iter()
+                .map(|(name, port)| Upstream {
+                    destination_name: (*name).into(),
+                    local_bind_port: *port,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ProxyRegistration {
+        id: ProxyId::new("node-1", svc.id.clone()),
+        service: Arc::new(svc),
+        token: String::new(),
+    }
+}
+
+pub fn health_req(service: &str, dc: &str) -> HealthRequest {
+    HealthRequest {
+        datacenter: dc.into(),
+        service: service.into(),
+        connect: true,
+        passing_only: true,
+        filter: String::new(),
+        kind: None,
+    }
+}
+
+pub fn chain_req(name: &str) -> DiscoveryChainRequest {
+    DiscoveryChainRequest {
+        datacenter: "dc1".into(),
+        name: name.into(),
+        namespace: "default".into(),
+        override_protocol: String::new(),
+        override_connect_timeout_ms: 0,
+        override_mesh_gateway: MeshGatewayMode::Default,
+    }
+}
+
+pub fn instance(service: &str, addr: &str) -> CheckServiceNode {
+    CheckServiceNode {
+        node: Node {
+            node: format!("node-{addr}"),
+            address: addr.into(),
+            ..Default::default()
+        },
+        service: NodeService {
+            kind: ServiceKind::ConnectProxy,
+            service: format!("{service}-sidecar-proxy"),
+            port: 21000,
+            ..Default::default()
+        },
+        checks: Vec::new(),
+    }
+}
+
+/// A chain for `service` whose targets are the given (subset, datacenter) pairs.
+pub fn chain_with_targets(service: &str, targets: &[(&str, &str)]) -> CompiledDiscoveryChain {
+    let mut chain = CompiledDiscoveryChain::default_for(service, "dc1", TRUST, "tcp");
+    chain.targets.clear();
+    chain.nodes.clear();
+    for (subset, dc) in targets {
+        let id = TargetId::new(subset, service, "default", dc);
+        chain.targets.insert(
+            id.clone(),
+            DiscoveryTarget {
+                id: id.clone(),
+                service: service.into(),
+                service_subset: (*subset).into(),
+                namespace: "default".into(),
+                datacenter: (*dc).into(),
+                subset: TargetSubset {
+                    filter: format!("Service.Meta.version == {subset}"),
+                    only_passing: true,
+                },
+                sni: target_sni(subset, service, "default", dc, TRUST),
+                connect_timeout_ms: 5000,
+            },
+        );
+        chain.nodes.insert(
+            format!("resolver:{id}"),
+            ChainNode::Resolver {
+                name: format!("resolver:{id}"),
+                target: id,
+                failover: vec![],
+                connect_timeout_ms: 5000,
+            },
+        );
+    }
+    chain.default = false;
+    chain
+}
+
+/// Lets every task run and the coalescing window pass (paused time: no real waiting).
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+pub async fn next_snapshot(w: &mut Watcher) -> Arc<ConfigSnapshot> {
+    match tokio::time::timeout(Duration::from_secs(5), w.next()).await {
+        Ok(Some(WatchEvent::Snapshot(s))) => s,
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+pub fn upstream_id(name: &str) -> UpstreamId {
+    Upstream {
+        destination_name: name.into(),
+        ..Default::default()
+    }
+    .id()
+}

@@ -1,0 +1,272 @@
+//! State behaviour: what a proxy watches and how updates become snapshots (paused tokio time).
+
+mod common;
+
+use common::*;
+use proxycfg::data_sources::*;
+use proxycfg::*;
+use std::sync::Arc;
+use structs::*;
+
+#[tokio::test(start_paused = true)]
+async fn first_snapshot_is_valid_and_complete() {
+    let f = fixture();
+    let reg = sidecar("web", 21000, &[("api", 9191), ("db", 9192)]);
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.0.0.1")]));
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    let snap = next_snapshot(&mut w).await;
+    assert!(snap.is_valid());
+    assert_eq!(snap.roots.as_ref().unwrap().trust_domain, TRUST);
+    let cp = snap.connect_proxy().unwrap();
+    assert_eq!(cp.leaf.as_ref().unwrap().service, "web");
+    assert_eq!(cp.upstreams.len(), 2);
+    let api = &cp.upstreams[&upstream_id("api")];
+    let target = TargetId::new("", "api", "default", "dc1");
+    assert_eq!(api.endpoints[&target].len(), 1);
+    assert_eq!(api.chain.as_ref().unwrap().targets.len(), 1);
+    // roots, leaf, intentions, mesh, resolved config, 2 chains, 2 target health watches.
+    assert_eq!(f.manager.metrics().live_watches, 9);
+    assert_eq!(f.fakes.active(), 9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
+    let f = fixture();
+    let reg = sidecar("web", 21000, &[("api", 9191)]);
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    next_snapshot(&mut w).await;
+    assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 1);
+
+    // New chain: keep the dc1 default target? No: it names v1 and v2 subsets in dc1 and dc2.
+    let v1 = HealthRequest {
+        filter: "Service.Meta.version == v1".into(),
+        ..health_req("api", "dc1")
+    };
+    let v2 = HealthRequest {
+        filter: "Service.Meta.version == v2".into(),
+        ..health_req("api", "dc2")
+    };
+    f.fakes.health.set(&v1, Arc::new(vec![instance("api", "10.0.1.1")]));
+    f.fakes.health.set(
+        &v2,
+        Arc::new(vec![instance("api", "10.0.2.1"), instance("api", "10.0.2.2")]),
+    );
+    f.fakes.discovery_chain.set(
+        &chain_req("api"),
+        Arc::new(chain_with_targets("api", &[("v1", "dc1"), ("v2", "dc2")])),
+    );
+    let snap = next_snapshot(&mut w).await;
+    assert_eq!(
+        f.fakes.health.active_for(&health_req("api", "dc1")),
+        0,
+        "old target watch must be gone"
+    );
+    assert_eq!(f.fakes.health.active_for(&v1), 1);
+    assert_eq!(f.fakes.health.active_for(&v2), 1);
+    let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    let targets: Vec<String> = api.endpoints.keys().map(|t| t.to_string()).collect();
+    assert_eq!(targets, vec!["v1.api.default.dc1", "v2.api.default.dc2"]);
+    assert_eq!(api.endpoints[&TargetId::new("v2", "api", "default", "dc2")].len(), 2);
+
+    // Drop only v2: v1's watch keeps running (not restarted), v2's is cancelled.
+    let started = f.fakes.health.started();
+    f.fakes
+        .discovery_chain
+        .set(&chain_req("api"), Arc::new(chain_with_targets("api", &[("v1", "dc1")])));
+    let snap = next_snapshot(&mut w).await;
+    assert_eq!(f.fakes.health.started(), started, "no target watch restarted");
+    assert_eq!(f.fakes.health.active_for(&v1), 1);
+    assert_eq!(f.fakes.health.active_for(&v2), 0);
+    let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    assert_eq!(api.endpoints.len(), 1);
+
+    // A late update from the cancelled v2 watch never reaches the snapshot.
+    f.fakes.health.set(&v2, Arc::new(vec![instance("api", "10.0.2.9")]));
+    settle().await;
+    let current = w.current().unwrap();
+    let api = &current.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    assert!(
+        !api.endpoints
+            .contains_key(&TargetId::new("v2", "api", "default", "dc2"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_is_coalesced_into_one_snapshot() {
+    let f = fixture();
+    let upstreams = [("a", 9001), ("b", 9002), ("c", 9003), ("d", 9004)];
+    let reg = sidecar("web", 21000, &upstreams);
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    let before = next_snapshot(&mut w).await;
+    let built = f.manager.metrics().snapshots_built;
+    // Six changes from six different watches inside one coalescing window.
+    for (name, _) in upstreams {
+        f.fakes
+            .health
+            .set(&health_req(name, "dc1"), Arc::new(vec![instance(name, "10.9.9.9")]));
+    }
+    let allow = Intention {
+        source_name: "*".into(),
+        action: Some(config_entry::IntentionAction::Allow),
+        ..Default::default()
+    };
+    f.fakes.intentions.set(
+        &IntentionsRequest {
+            datacenter: "dc1".into(),
+            destination: "web".into(),
+        },
+        Arc::new(vec![allow]),
+    );
+    f.fakes.leaf.set(
+        &LeafRequest {
+            datacenter: "dc1".into(),
+            service: "web".into(),
+            token: String::new(),
+        },
+        Arc::new(IssuedCert {
+            service: "web".into(),
+            serial_number: "02".into(),
+            ..Default::default()
+        }),
+    );
+    let after = next_snapshot(&mut w).await;
+    settle().await;
+    assert_eq!(
+        f.manager.metrics().snapshots_built,
+        built + 1,
+        "one snapshot for the whole burst"
+    );
+    assert_eq!(after.version, before.version + 1);
+    let cp = after.connect_proxy().unwrap();
+    assert_eq!(cp.intentions.as_ref().unwrap().len(), 1);
+    assert_eq!(cp.leaf.as_ref().unwrap().serial_number, "02");
+    for (name, _) in upstreams {
+        assert_eq!(
+            cp.upstreams[&upstream_id(name)]
+                .endpoints
+                .values()
+                .next()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+    // Unchanged parts are shared with the previous snapshot, not copied.
+    assert!(Arc::ptr_eq(
+        before.roots.as_ref().unwrap(),
+        after.roots.as_ref().unwrap()
+    ));
+    let chain = |s: &ConfigSnapshot| {
+        s.connect_proxy().unwrap().upstreams[&upstream_id("a")]
+            .chain
+            .clone()
+            .unwrap()
+    };
+    assert!(Arc::ptr_eq(&chain(&before), &chain(&after)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn data_source_error_keeps_last_good_data() {
+    let f = fixture();
+    let reg = sidecar("web", 21000, &[("api", 9191)]);
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    let good = next_snapshot(&mut w).await;
+    let req = health_req("api", "dc1");
+    f.fakes.health.set(&req, Arc::new(vec![instance("api", "10.0.0.1")]));
+    let good = {
+        let s = next_snapshot(&mut w).await;
+        assert!(s.version > good.version);
+        s
+    };
+    f.fakes
+        .health
+        .fail(&req, DataSourceError::Unavailable("server gone".into()));
+    settle().await;
+    let m = f.manager.metrics();
+    assert_eq!(m.data_source_errors, 1);
+    assert_eq!(m.live_states, 1, "the State survives");
+    assert_eq!(w.current().unwrap().version, good.version, "an error publishes nothing");
+    // The watch still works afterwards.
+    f.fakes.health.set(
+        &req,
+        Arc::new(vec![instance("api", "10.0.0.2"), instance("api", "10.0.0.3")]),
+    );
+    let snap = next_snapshot(&mut w).await;
+    let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    assert_eq!(api.endpoints.values().next().unwrap().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn snapshot_waits_for_roots_leaf_intentions_and_config() {
+    let f = fixture();
+    let leaf_req = LeafRequest {
+        datacenter: "dc1".into(),
+        service: "web".into(),
+        token: String::new(),
+    };
+    f.fakes.leaf.set_fallback(|_| None);
+    let reg = sidecar("web", 21000, &[]);
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    settle().await;
+    assert!(w.current().is_none(), "no snapshot without a leaf");
+    f.fakes.leaf.set(
+        &leaf_req,
+        Arc::new(IssuedCert {
+            service: "web".into(),
+            ..Default::default()
+        }),
+    );
+    assert!(next_snapshot(&mut w).await.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn prepared_query_upstream() {
+    let f = fixture();
+    let mut reg = sidecar("web", 21000, &[]);
+    let mut svc = (*reg.service).clone();
+    svc.proxy.upstreams.push(Upstream {
+        destination_type: DestinationType::PreparedQuery,
+        destination_name: "geo-db".into(),
+        local_bind_port: 9300,
+        ..Default::default()
+    });
+    reg.service = Arc::new(svc);
+    let req = PreparedQueryRequest {
+        datacenter: "dc1".into(),
+        query: "geo-db".into(),
+    };
+    f.fakes
+        .prepared_query
+        .set(&req, PreparedQueryResult(Arc::new(vec![instance("db", "10.1.1.1")])));
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    let snap = next_snapshot(&mut w).await;
+    let (id, up) = snap.connect_proxy().unwrap().upstreams.iter().next().unwrap();
+    assert_eq!(id.to_string(), "prepared_query:geo-db");
+    assert_eq!(up.endpoints.values().next().unwrap()[0].node.address, "10.1.1.1");
+}
