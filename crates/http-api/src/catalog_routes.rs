@@ -1,7 +1,6 @@
 //! `/v1/catalog/*`.
 
 use crate::query::{self, Params};
-use crate::response_cache::ResponseCache;
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -195,31 +194,30 @@ async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool)
     } else {
         IndexKey::Service(name.clone())
     };
-    let state = api.read(&params, &key).await?;
-    let index = state.index_of(&key);
-    let path = if connect {
-        "/v1/catalog/connect/"
-    } else {
-        "/v1/catalog/service/"
-    };
-    let body = api
-        .responses
-        .get_or_encode(ResponseCache::key(&format!("{path}{name}"), &params), index, || {
-            let instances = if connect {
-                state.connect_instances(&name)
-            } else {
-                state.service_instances(&name)
-            };
-            let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
-                .into_iter()
-                .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
-                .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
-                .filter(|(n, _)| meta_matches(n, &meta))
-                .collect();
-            let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
-            query::encode(&body, params.pretty())
-        })?;
-    Ok(query::json_bytes(body, Some(index)))
+    let path = format!(
+        "{}{name}",
+        if connect {
+            "/v1/catalog/connect/"
+        } else {
+            "/v1/catalog/service/"
+        }
+    );
+    api.shared_answer(&path, &params, key, |state| {
+        let instances = if connect {
+            state.connect_instances(&name)
+        } else {
+            state.service_instances(&name)
+        };
+        let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
+            .into_iter()
+            .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
+            .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
+            .filter(|(n, _)| meta_matches(n, &meta))
+            .collect();
+        let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
+        query::encode(&body, params.pretty())
+    })
+    .await
 }
 
 pub(crate) async fn service(

@@ -2,7 +2,6 @@
 
 use crate::catalog_routes::meta_matches;
 use crate::query::{self, Params};
-use crate::response_cache::ResponseCache;
 use crate::{Api, ApiError};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
@@ -19,15 +18,15 @@ async fn service_health(api: Api, name: String, q: Option<String>, connect: bool
     } else {
         IndexKey::Service(name.clone())
     };
-    let state = api.read(&params, &key).await?;
-    let index = state.index_of(&key);
-    let path = if connect {
-        "/v1/health/connect/"
-    } else {
-        "/v1/health/service/"
-    };
-    let cache_key = ResponseCache::key(&format!("{path}{name}"), &params);
-    let body = api.responses.get_or_encode(cache_key, index, || {
+    let path = format!(
+        "{}{name}",
+        if connect {
+            "/v1/health/connect/"
+        } else {
+            "/v1/health/service/"
+        }
+    );
+    api.shared_answer(&path, &params, key, |state| {
         let result: Vec<CheckServiceNode> = state
             .health(&name, connect)
             .into_iter()
@@ -36,8 +35,8 @@ async fn service_health(api: Api, name: String, q: Option<String>, connect: bool
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
             .collect();
         query::encode(&result, params.pretty())
-    })?;
-    Ok(query::json_bytes(body, Some(index)))
+    })
+    .await
 }
 
 pub(crate) async fn service(

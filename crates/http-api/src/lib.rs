@@ -95,6 +95,25 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Answers a blocking-capable query whose body depends only on `key`'s data: blocks as
+    /// asked, then encodes the body once per index of the key and shares it with every
+    /// request for the same path and parameters.
+    pub(crate) async fn shared_answer(
+        &self,
+        path: &str,
+        params: &Params,
+        key: IndexKey,
+        body: impl FnOnce(&catalog::State) -> Result<axum::body::Bytes, ApiError>,
+    ) -> Result<Response, ApiError> {
+        let state = self.read(params, &key).await?;
+        let index = state.index_of(&key);
+        let cache_key = response_cache::ResponseCache::key(path, params);
+        let bytes = self.responses.get_or_encode(cache_key, index, || body(&state))?;
+        Ok(query::json_bytes(bytes, Some(index)))
+    }
+}
+
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
     let metrics = Arc::new(HttpMetrics::default());
