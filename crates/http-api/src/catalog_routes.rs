@@ -1,6 +1,6 @@
 //! `/v1/catalog/*`.
 
-use crate::query::{self, Params};
+use crate::query::{self, Params, ServiceFilters, meta_matches, service_key};
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -89,20 +89,13 @@ impl<'a> ServiceNode<'a> {
     }
 }
 
-/// True when `node` carries every `key:value` asked for.
-pub(crate) fn meta_matches(node: &Node, wanted: &[(String, String)]) -> bool {
-    wanted.iter().all(|(k, v)| node.meta.get(k) == Some(v))
-}
-
 pub(crate) async fn register(
     State(api): State<Api>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let req: RegisterRequest = query::decode(&body, "a registration")?;
     api.store.write(Op::Register(Box::new(req))).await?;
     Ok(query::json(&true, None, params.pretty()))
@@ -114,9 +107,7 @@ pub(crate) async fn deregister(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let req: DeregisterRequest = query::decode(&body, "a deregistration")?;
     api.store.write(Op::Deregister(req)).await?;
     Ok(query::json(&true, None, params.pretty()))
@@ -132,7 +123,11 @@ pub(crate) async fn nodes(State(api): State<Api>, RawQuery(q): RawQuery) -> Resu
     let meta = params.node_meta()?;
     let key = IndexKey::Nodes;
     let state = api.read(&params, &key).await?;
-    let nodes: Vec<&Node> = state.nodes().map(|n| &**n).filter(|n| meta_matches(n, &meta)).collect();
+    let nodes: Vec<&Node> = state
+        .nodes()
+        .map(|n| &**n)
+        .filter(|n| meta_matches(&n.meta, &meta))
+        .collect();
     Ok(query::json(&nodes, Some(state.index_of(&key)), params.pretty()))
 }
 
@@ -174,7 +169,7 @@ pub(crate) async fn services(State(api): State<Api>, RawQuery(q): RawQuery) -> R
     } else {
         let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
         for (node, svc) in state.all_services() {
-            if state.node(node).is_some_and(|n| meta_matches(&n, &meta)) {
+            if state.node(node).is_some_and(|n| meta_matches(&n.meta, &meta)) {
                 out.entry(svc.service.clone())
                     .or_default()
                     .extend(svc.tags.iter().cloned());
@@ -187,22 +182,9 @@ pub(crate) async fn services(State(api): State<Api>, RawQuery(q): RawQuery) -> R
 
 async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    let meta = params.node_meta()?;
-    let tags: Vec<String> = params.all("tag").into_iter().map(str::to_owned).collect();
-    let key = if connect {
-        IndexKey::ServiceConnect(name.clone())
-    } else {
-        IndexKey::Service(name.clone())
-    };
-    let path = format!(
-        "{}{name}",
-        if connect {
-            "/v1/catalog/connect/"
-        } else {
-            "/v1/catalog/service/"
-        }
-    );
-    api.shared_answer(&path, &params, key, |state| {
+    let filters = ServiceFilters::parse(&params)?;
+    let path = format!("/v1/catalog/{}/{name}", if connect { "connect" } else { "service" });
+    api.shared_answer(&path, &params, service_key(&name, connect), |state| {
         let instances = if connect {
             state.connect_instances(&name)
         } else {
@@ -210,9 +192,8 @@ async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool)
         };
         let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
             .into_iter()
-            .filter(|(_, svc)| tags.iter().all(|t| svc.tags.contains(t)))
             .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
-            .filter(|(n, _)| meta_matches(n, &meta))
+            .filter(|(n, svc)| filters.admits(&svc.tags, &n.meta))
             .collect();
         let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
         query::encode(&body, params.pretty())

@@ -24,9 +24,7 @@ pub(crate) async fn set(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::BadRequest(
             "request body is empty: expected a config entry".into(),
@@ -83,9 +81,7 @@ pub(crate) async fn delete(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let kind = kind(&kind_text)?;
     let outcome = api
         .store

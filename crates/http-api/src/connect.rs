@@ -92,9 +92,7 @@ pub(crate) async fn set_ca_configuration(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let req: CaConfigurationIn = query::decode(&body, "a CA configuration")?;
     if !req.provider.is_empty() && req.provider != "consul" {
         return Err(ApiError::BadRequest(format!(
@@ -202,9 +200,7 @@ pub(crate) async fn put_intention(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let (source, destination) = exact(&params)?;
     let req: IntentionIn = query::decode(&body, "an intention")?;
     if !matches!(req.source_type.as_str(), "" | "consul") {
@@ -230,9 +226,7 @@ pub(crate) async fn delete_intention(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
-    let _token = query::token(&headers, &params);
+    let params = api.write_params(q.as_deref(), &headers)?;
     let (source, destination) = exact(&params)?;
     api.store.write(Op::IntentionDelete { source, destination }).await?;
     Ok(query::json(&true, None, params.pretty()))

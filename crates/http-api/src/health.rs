@@ -1,7 +1,6 @@
 //! `/v1/health/*`.
 
-use crate::catalog_routes::meta_matches;
-use crate::query::{self, Params};
+use crate::query::{self, Params, ServiceFilters, service_key};
 use crate::{Api, ApiError};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
@@ -10,28 +9,14 @@ use structs::{CheckServiceNode, HealthCheck, HealthStatus};
 
 async fn service_health(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    let meta = params.node_meta()?;
-    let tags: Vec<String> = params.all("tag").into_iter().map(str::to_owned).collect();
+    let filters = ServiceFilters::parse(&params)?;
     let passing = params.flag("passing");
-    let key = if connect {
-        IndexKey::ServiceConnect(name.clone())
-    } else {
-        IndexKey::Service(name.clone())
-    };
-    let path = format!(
-        "{}{name}",
-        if connect {
-            "/v1/health/connect/"
-        } else {
-            "/v1/health/service/"
-        }
-    );
-    api.shared_answer(&path, &params, key, |state| {
+    let path = format!("/v1/health/{}/{name}", if connect { "connect" } else { "service" });
+    api.shared_answer(&path, &params, service_key(&name, connect), |state| {
         let result: Vec<CheckServiceNode> = state
             .health(&name, connect)
             .into_iter()
-            .filter(|csn| tags.iter().all(|t| csn.service.tags.contains(t)))
-            .filter(|csn| meta_matches(&csn.node, &meta))
+            .filter(|csn| filters.admits(&csn.service.tags, &csn.node.meta))
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
             .collect();
         query::encode(&result, params.pretty())

@@ -96,6 +96,15 @@ impl Api {
 }
 
 impl Api {
+    /// The query of a write: parsed, checked for `?dc=` and unsupported parameters, with the
+    /// token read (it is enforced once ACLs exist).
+    pub(crate) fn write_params(&self, q: Option<&str>, headers: &axum::http::HeaderMap) -> Result<Params, ApiError> {
+        let params = Params::parse(q);
+        params.check_common(self.store.datacenter())?;
+        let _token = query::token(headers, &params);
+        Ok(params)
+    }
+
     /// Answers a blocking-capable query whose body depends only on `key`'s data: blocks as
     /// asked, then encodes the body once per index of the key and shares it with every
     /// request for the same path and parameters.

@@ -214,3 +214,41 @@ pub fn add_consul_headers(h: &mut HeaderMap, index: Option<Index>) {
     h.insert("x-consul-knownleader", HeaderValue::from_static("true"));
     h.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
 }
+
+/// The filters every service query takes: `?tag=` (all must match) and `?node-meta=`.
+#[derive(Debug, Clone)]
+pub struct ServiceFilters {
+    /// Tags every instance must carry.
+    pub tags: Vec<String>,
+    /// `key:value` pairs the node's metadata must hold.
+    pub node_meta: Vec<(String, String)>,
+}
+
+impl ServiceFilters {
+    /// Reads the filters from a query.
+    pub fn parse(params: &Params) -> Result<Self, ApiError> {
+        Ok(Self {
+            tags: params.all("tag").into_iter().map(str::to_owned).collect(),
+            node_meta: params.node_meta()?,
+        })
+    }
+
+    /// True when an instance with `tags` on a node with `meta` passes.
+    pub fn admits(&self, tags: &[String], meta: &std::collections::BTreeMap<String, String>) -> bool {
+        self.tags.iter().all(|t| tags.contains(t)) && meta_matches(meta, &self.node_meta)
+    }
+}
+
+/// True when `meta` holds every `key:value` asked for (`?node-meta=`).
+pub fn meta_matches(meta: &std::collections::BTreeMap<String, String>, wanted: &[(String, String)]) -> bool {
+    wanted.iter().all(|(k, v)| meta.get(k) == Some(v))
+}
+
+/// The index key of a service query: the instances, or (`connect`) the connect-capable ones.
+pub fn service_key(name: &str, connect: bool) -> catalog::IndexKey {
+    if connect {
+        catalog::IndexKey::ServiceConnect(name.to_owned())
+    } else {
+        catalog::IndexKey::Service(name.to_owned())
+    }
+}
