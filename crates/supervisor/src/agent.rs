@@ -1,0 +1,466 @@
+//! The proxy agent: one logical proxy (Envoy) kept at its desired config through restart
+//! epochs, after Istio's Envoy agent.
+//!
+//! The agent owns a control loop and one task per running epoch. A desired config arrives
+//! through an [`AgentHandle`]; when it differs from the current one the retry budget resets
+//! and epoch latest+1 starts (after the latest is live, bounded by
+//! [`AgentOptions::live_timeout`]), which for Envoy is a hot restart. Exits are classified:
+//!
+//! - a failed start (the proxy never became live): retried with exponential back-off reusing
+//!   the same epoch number; older epochs keep serving;
+//! - an unexpected exit of a running epoch (an error, or the latest epoch exiting at all):
+//!   every epoch is aborted and a restart is scheduled with back-off, from epoch 0 once all
+//!   aborted epochs are gone;
+//! - a clean exit of an older epoch: the normal end of a hot restart.
+//!
+//! An exhausted budget calls [`Proxy::panic`] and the agent ends with
+//! [`AgentError::BudgetExhausted`]. Drain asks the latest epoch to drain gracefully, waits the
+//! drain period, stops every epoch and ends. Cancelling the agent stops every epoch and ends.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Restart back-off: `max_retries` attempts, the first after `initial_interval`, doubling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Attempts allowed per desired config.
+    pub max_retries: u32,
+    /// Delay before the first retry; each later one doubles it.
+    pub initial_interval: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            max_retries: 10,
+            initial_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+impl Retry {
+    /// The delay before retry number `n` (0-based): `initial_interval * 2^n`.
+    pub fn delay(&self, n: u32) -> Duration {
+        self.initial_interval
+            .saturating_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
+    }
+}
+
+/// Why a proxy epoch ended badly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    /// The epoch never became live (bad config, hot restart refused, binary missing...).
+    #[error("failed to start: {0}")]
+    Start(String),
+    /// The epoch was running and exited with an error.
+    #[error("exited: {0}")]
+    Exited(String),
+}
+
+/// One logical proxy binary, as the agent drives it. Envoy is [`crate::envoy::EnvoyProxy`];
+/// tests use a fake.
+pub trait Proxy: Send + Sync + 'static {
+    /// The desired configuration (for Envoy: its bootstrap).
+    type Config: Clone + PartialEq + fmt::Debug + Send + Sync + 'static;
+
+    /// Runs epoch `epoch` with `config` until it exits. When `abort` is cancelled the proxy
+    /// must stop promptly. `Err(Start)` means it never became live.
+    fn run(
+        &self,
+        config: &Self::Config,
+        epoch: u32,
+        abort: CancellationToken,
+    ) -> impl Future<Output = Result<(), ProxyError>> + Send;
+
+    /// Resolves once epoch `epoch` is live (serving). The agent bounds the wait.
+    fn wait_live(&self, epoch: u32) -> impl Future<Output = ()> + Send {
+        let _ = epoch;
+        async {}
+    }
+
+    /// Starts a graceful drain of epoch `epoch` (stop accepting, let requests finish).
+    fn drain(&self, epoch: u32) -> impl Future<Output = Result<(), ProxyError>> + Send {
+        let _ = epoch;
+        async { Ok(()) }
+    }
+
+    /// Cleans up after epoch `epoch` exited. Called on the control loop: must not block.
+    fn cleanup(&self, epoch: u32);
+
+    /// Called with the desired config when every retry has failed, before the agent ends.
+    fn panic(&self, config: &Self::Config);
+}
+
+/// Agent tuning.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Back-off and budget.
+    pub retry: Retry,
+    /// How long epoch N+1 waits for epoch N to be live before starting anyway.
+    pub live_timeout: Duration,
+    /// How long a drain lets connections finish before the epochs are stopped.
+    pub drain_period: Duration,
+    /// An epoch that ran this long before failing refills the retry budget first, so rare
+    /// crashes weeks apart never exhaust it.
+    pub healthy_after: Duration,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            retry: Retry::default(),
+            live_timeout: Duration::from_secs(20),
+            drain_period: Duration::from_secs(5),
+            healthy_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How the agent ended badly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// Every retry for the desired config failed.
+    #[error("gave up after {retries} failed attempts to run the proxy; last: {last}")]
+    BudgetExhausted {
+        /// The budget that was spent.
+        retries: u32,
+        /// The last failure.
+        last: ProxyError,
+    },
+}
+
+/// The agent's handle was used after the agent ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the proxy agent has stopped")]
+pub struct AgentGone;
+
+/// What the agent is doing, published on every change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentStatus {
+    /// Epochs with a running task, oldest first.
+    pub running: Vec<u32>,
+    /// Epochs started so far (every attempt counts).
+    pub starts: u64,
+    /// A restart is scheduled (back-off pending).
+    pub restart_pending: bool,
+    /// Draining before exit.
+    pub draining: bool,
+}
+
+enum Command<C> {
+    Config(C),
+    Drain(oneshot::Sender<()>),
+}
+
+/// Sends desired configs and drain requests to an [`Agent`].
+pub struct AgentHandle<C> {
+    tx: mpsc::Sender<Command<C>>,
+    status: watch::Receiver<AgentStatus>,
+}
+
+impl<C> Clone for AgentHandle<C> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            status: self.status.clone(),
+        }
+    }
+}
+
+impl<C: Send + 'static> AgentHandle<C> {
+    /// Sets the desired config. Waits until the control loop has taken it.
+    pub async fn set_config(&self, config: C) -> Result<(), AgentGone> {
+        self.tx.send(Command::Config(config)).await.map_err(|_| AgentGone)
+    }
+
+    /// Drains the proxy and stops it; resolves when the drain has started. The agent's `run`
+    /// returns once the drain period is over and every epoch has exited.
+    pub async fn drain(&self) -> Result<(), AgentGone> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::Drain(tx)).await.map_err(|_| AgentGone)?;
+        rx.await.map_err(|_| AgentGone)
+    }
+
+    /// The agent's status, updated on every change.
+    pub fn status(&self) -> watch::Receiver<AgentStatus> {
+        self.status.clone()
+    }
+}
+
+struct Epoch<C> {
+    config: C,
+    abort: CancellationToken,
+    aborted: bool,
+    started: Instant,
+}
+
+/// One logical proxy kept at its desired config. See the module docs.
+pub struct Agent<P: Proxy> {
+    proxy: Arc<P>,
+    opts: AgentOptions,
+    rx: mpsc::Receiver<Command<P::Config>>,
+    status: watch::Sender<AgentStatus>,
+    epochs: BTreeMap<u32, Epoch<P::Config>>,
+    tasks: JoinSet<(u32, Result<(), ProxyError>)>,
+    desired: Option<P::Config>,
+    budget: u32,
+    restart_at: Option<Instant>,
+    /// A reconcile is waiting for aborted epochs to exit.
+    reconcile_when_clear: bool,
+    starts: u64,
+}
+
+impl<P: Proxy> Agent<P> {
+    /// An agent for `proxy` and the handle that feeds it.
+    pub fn new(proxy: P, opts: AgentOptions) -> (Self, AgentHandle<P::Config>) {
+        let (tx, rx) = mpsc::channel(1);
+        let (status, status_rx) = watch::channel(AgentStatus::default());
+        let budget = opts.retry.max_retries;
+        let agent = Self {
+            proxy: Arc::new(proxy),
+            opts,
+            rx,
+            status,
+            epochs: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            desired: None,
+            budget,
+            restart_at: None,
+            reconcile_when_clear: false,
+            starts: 0,
+        };
+        (agent, AgentHandle { tx, status: status_rx })
+    }
+
+    /// Runs the control loop until drained, cancelled, or out of retries. Every epoch has
+    /// exited (and been cleaned up) when this returns.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), AgentError> {
+        let mut inbox_open = true;
+        let mut drain_until: Option<Instant> = None;
+        loop {
+            self.publish(drain_until.is_some());
+            let restart_at = self.restart_at;
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    tracing::info!("proxy agent cancelled: stopping every epoch");
+                    self.stop_all().await;
+                    return Ok(());
+                }
+                Some(joined) = self.tasks.join_next() => {
+                    let (epoch, result) = match joined {
+                        Ok(r) => r,
+                        // A panicking run task: treat as an unexpected exit of unknown epoch.
+                        Err(e) => {
+                            tracing::error!(error = %e, "proxy epoch task failed");
+                            self.abort_all();
+                            continue;
+                        }
+                    };
+                    if let Err(last) = self.on_exit(epoch, result, drain_until.is_some()) {
+                        self.stop_all().await;
+                        return Err(last);
+                    }
+                }
+                cmd = self.rx.recv(), if inbox_open && drain_until.is_none() => match cmd {
+                    None => inbox_open = false,
+                    Some(Command::Config(config)) => {
+                        if self.desired.as_ref() != Some(&config) {
+                            tracing::info!("proxy agent: new desired config");
+                            self.desired = Some(config);
+                            self.budget = self.opts.retry.max_retries;
+                            // Any scheduled retry was for the old config.
+                            self.restart_at = None;
+                            self.reconcile();
+                        }
+                    }
+                    Some(Command::Drain(ack)) => {
+                        self.restart_at = None;
+                        if let Some(latest) = self.live_epochs().last().copied() {
+                            tracing::info!(epoch = latest, "proxy agent: draining");
+                            if let Err(e) = self.proxy.drain(latest).await {
+                                tracing::warn!(epoch = latest, error = %e, "drain request failed; waiting anyway");
+                            }
+                        }
+                        drain_until = Some(Instant::now() + self.opts.drain_period);
+                        let _ = ack.send(());
+                    }
+                },
+                _ = sleep_until_opt(restart_at) => {
+                    self.restart_at = None;
+                    self.reconcile();
+                }
+                _ = sleep_until_opt(drain_until) => {
+                    tracing::info!("proxy agent: drain period over, stopping");
+                    self.stop_all().await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn publish(&self, draining: bool) {
+        let status = AgentStatus {
+            running: self.epochs.keys().copied().collect(),
+            starts: self.starts,
+            restart_pending: self.restart_at.is_some() || self.reconcile_when_clear,
+            draining,
+        };
+        self.status.send_if_modified(|s| {
+            let changed = *s != status;
+            *s = status;
+            changed
+        });
+    }
+
+    fn live_epochs(&self) -> Vec<u32> {
+        self.epochs
+            .iter()
+            .filter(|(_, e)| !e.aborted)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    /// Starts epoch latest+1 with the desired config unless the latest already runs it.
+    fn reconcile(&mut self) {
+        let Some(desired) = self.desired.clone() else { return };
+        let live = self.live_epochs();
+        let current = live.last().and_then(|n| self.epochs.get(n)).map(|e| &e.config);
+        if current == Some(&desired) {
+            return;
+        }
+        if self.epochs.values().any(|e| e.aborted) {
+            // A hot restart needs a healthy parent: wait until aborted epochs are gone.
+            self.reconcile_when_clear = true;
+            return;
+        }
+        self.reconcile_when_clear = false;
+        let parent = live.last().copied();
+        let epoch = parent.map_or(0, |p| p + 1);
+        let abort = CancellationToken::new();
+        self.epochs.insert(
+            epoch,
+            Epoch {
+                config: desired.clone(),
+                abort: abort.clone(),
+                aborted: false,
+                started: Instant::now(),
+            },
+        );
+        self.starts += 1;
+        tracing::info!(epoch, "starting proxy epoch");
+        let proxy = Arc::clone(&self.proxy);
+        let live_timeout = self.opts.live_timeout;
+        self.tasks.spawn(async move {
+            if let Some(parent) = parent {
+                tokio::select! {
+                    _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into()))),
+                    r = tokio::time::timeout(live_timeout, proxy.wait_live(parent)) => {
+                        if r.is_err() {
+                            tracing::warn!(epoch, parent, "parent epoch not live in time; starting anyway");
+                        }
+                    }
+                }
+            }
+            let result = proxy.run(&desired, epoch, abort).await;
+            (epoch, result)
+        });
+    }
+
+    fn abort_all(&mut self) {
+        for (n, e) in &mut self.epochs {
+            if !e.aborted {
+                tracing::warn!(epoch = n, "aborting proxy epoch");
+                e.aborted = true;
+                e.abort.cancel();
+            }
+        }
+    }
+
+    /// Handles the exit of `epoch`. `Err` ends the agent (budget exhausted).
+    fn on_exit(&mut self, epoch: u32, result: Result<(), ProxyError>, draining: bool) -> Result<(), AgentError> {
+        let latest = self.live_epochs().last().copied();
+        let Some(record) = self.epochs.remove(&epoch) else {
+            return Ok(());
+        };
+        self.proxy.cleanup(epoch);
+        if record.aborted || draining {
+            tracing::info!(epoch, ?result, "proxy epoch stopped");
+            if self.reconcile_when_clear && !self.epochs.values().any(|e| e.aborted) {
+                self.reconcile();
+            }
+            return Ok(());
+        }
+        let failure = match result {
+            Err(ProxyError::Start(reason)) => {
+                // Older epochs keep serving; the same epoch number is tried again.
+                tracing::warn!(epoch, %reason, "proxy epoch failed to start");
+                ProxyError::Start(reason)
+            }
+            Err(ProxyError::Exited(reason)) => {
+                tracing::warn!(epoch, %reason, "proxy epoch exited with an error: aborting all epochs");
+                self.abort_all();
+                ProxyError::Exited(reason)
+            }
+            Ok(()) if Some(epoch) != latest => {
+                tracing::info!(epoch, "older proxy epoch exited normally");
+                return Ok(());
+            }
+            Ok(()) => {
+                tracing::warn!(epoch, "the latest proxy epoch exited unexpectedly: aborting all epochs");
+                self.abort_all();
+                ProxyError::Exited("the latest epoch exited with status 0".into())
+            }
+        };
+        if record.started.elapsed() >= self.opts.healthy_after {
+            self.budget = self.opts.retry.max_retries;
+        }
+        if self.restart_at.is_some() {
+            tracing::debug!(epoch, "restart already scheduled");
+            return Ok(());
+        }
+        if self.budget == 0 {
+            tracing::error!("retry budget exhausted for the desired proxy config");
+            if let Some(desired) = &self.desired {
+                self.proxy.panic(desired);
+            }
+            return Err(AgentError::BudgetExhausted {
+                retries: self.opts.retry.max_retries,
+                last: failure,
+            });
+        }
+        let delay = self.opts.retry.delay(self.opts.retry.max_retries - self.budget);
+        self.budget -= 1;
+        tracing::info!(epoch, ?delay, budget = self.budget, "proxy restart scheduled");
+        self.restart_at = Some(Instant::now() + delay);
+        Ok(())
+    }
+
+    /// Aborts every epoch and waits for each task, cleaning up after each.
+    async fn stop_all(&mut self) {
+        self.abort_all();
+        self.restart_at = None;
+        while let Some(joined) = self.tasks.join_next().await {
+            if let Ok((epoch, _)) = joined {
+                self.epochs.remove(&epoch);
+                self.proxy.cleanup(epoch);
+            }
+        }
+        self.epochs.clear();
+        self.publish(false);
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,269 @@
+//! Envoy as a [`Proxy`]: each epoch is one Envoy process started with `--restart-epoch N`
+//! and the agent's base id, so epoch N+1 hot-restarts from epoch N (takes over its listen
+//! sockets and stats; the parent drains for `--drain-time-s` and exits after
+//! `--parent-shutdown-time-s`).
+//!
+//! Files live in the run directory (created 0700; bootstraps may hold tokens, so they are
+//! written 0600 and passed by path, never on the command line where `ps` shows them):
+//! `bootstrap-<epoch>.json` and `admin-<epoch>.addr` (Envoy writes its admin address there,
+//! so an admin port of 0 works across epochs). Children are tied to the supervisor: the
+//! kernel kills them if it dies.
+
+use crate::agent::{Proxy, ProxyError};
+use crate::process::{spawn_tied, write_atomic};
+use rustix::process::Signal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// How to run Envoy.
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    /// The Envoy binary.
+    pub binary: PathBuf,
+    /// Hot restart base id: shared by this agent's epochs, distinct from every other Envoy
+    /// on the host.
+    pub base_id: u32,
+    /// Where bootstraps and admin address files go.
+    pub run_dir: PathBuf,
+    /// `--drain-time-s`: how long a parent drains during a hot restart.
+    pub drain_time: Duration,
+    /// `--parent-shutdown-time-s`: when the parent is told to exit.
+    pub parent_shutdown_time: Duration,
+    /// Extra command-line arguments for every epoch.
+    pub extra_args: Vec<String>,
+    /// How long an epoch has to become live before its start counts as failed... in the
+    /// sense that a later exit is a crash, not a failed start.
+    pub live_timeout: Duration,
+    /// After SIGTERM, how long before SIGKILL.
+    pub stop_grace: Duration,
+    /// Send Envoy's stdout/stderr here (appending); `None` inherits the supervisor's.
+    pub log_file: Option<PathBuf>,
+}
+
+impl EnvoyOptions {
+    /// Defaults for `binary`, `base_id` and `run_dir`: drain 5 s, parent shutdown 10 s.
+    pub fn new(binary: impl Into<PathBuf>, base_id: u32, run_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            base_id,
+            run_dir: run_dir.into(),
+            drain_time: Duration::from_secs(5),
+            parent_shutdown_time: Duration::from_secs(10),
+            extra_args: Vec::new(),
+            live_timeout: Duration::from_secs(20),
+            stop_grace: Duration::from_secs(5),
+            log_file: None,
+        }
+    }
+}
+
+/// Envoy's bootstrap for an epoch (JSON or YAML text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyConfig(pub String);
+
+/// Runs Envoy epochs for an [`crate::agent::Agent`].
+#[derive(Debug)]
+pub struct EnvoyProxy {
+    opts: EnvoyOptions,
+}
+
+impl EnvoyProxy {
+    /// Prepares the run directory (0700).
+    pub fn new(opts: EnvoyOptions) -> std::io::Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&opts.run_dir)?;
+        std::fs::set_permissions(&opts.run_dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(Self { opts })
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &EnvoyOptions {
+        &self.opts
+    }
+
+    fn bootstrap_path(&self, epoch: u32) -> PathBuf {
+        self.opts.run_dir.join(format!("bootstrap-{epoch}.json"))
+    }
+
+    /// Where epoch `epoch` writes its admin address.
+    pub fn admin_address_path(&self, epoch: u32) -> PathBuf {
+        self.opts.run_dir.join(format!("admin-{epoch}.addr"))
+    }
+
+    /// The admin address of epoch `epoch`, once Envoy has written it.
+    pub fn admin_address(&self, epoch: u32) -> Option<SocketAddr> {
+        read_admin_address(&self.admin_address_path(epoch))
+    }
+
+    /// Whether epoch `epoch` answers `/ready` with LIVE.
+    pub async fn is_live(&self, epoch: u32) -> bool {
+        match self.admin_address(epoch) {
+            Some(addr) => matches!(admin_request(addr, "GET", "/ready").await, Ok((200, _))),
+            None => false,
+        }
+    }
+}
+
+/// Reads an address file written by `--admin-address-path`.
+pub fn read_admin_address(path: &Path) -> Option<SocketAddr> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Removes the shared memory a previous Envoy with `base_id` left behind (Envoy names it
+/// `envoy_shared_memory_<base id × 10>` and does not unlink it on exit). Call before epoch 0
+/// only: later epochs share it with their parent.
+pub fn clean_stale_shared_memory(base_id: u32) -> std::io::Result<()> {
+    let path = PathBuf::from(format!("/dev/shm/envoy_shared_memory_{}", u64::from(base_id) * 10));
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "removed stale Envoy shared memory");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// One request to an Envoy admin endpoint; returns the status code and body.
+pub async fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let io = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        stream.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await?;
+        let text = String::from_utf8_lossy(&buf);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other("malformed admin response"))?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), io)
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "admin request timed out",
+            ))
+        })
+}
+
+const LIVE_POLL: Duration = Duration::from_millis(20);
+
+impl Proxy for EnvoyProxy {
+    type Config = EnvoyConfig;
+
+    async fn run(&self, config: &EnvoyConfig, epoch: u32, abort: CancellationToken) -> Result<(), ProxyError> {
+        let o = &self.opts;
+        if epoch == 0 {
+            clean_stale_shared_memory(o.base_id)
+                .map_err(|e| ProxyError::Start(format!("cannot remove stale shared memory: {e}")))?;
+        }
+        let bootstrap = self.bootstrap_path(epoch);
+        write_atomic(&bootstrap, config.0.as_bytes(), 0o600)
+            .map_err(|e| ProxyError::Start(format!("cannot write {}: {e}", bootstrap.display())))?;
+        let admin_path = self.admin_address_path(epoch);
+        let _ = std::fs::remove_file(&admin_path);
+
+        let mut cmd = tokio::process::Command::new(&o.binary);
+        cmd.arg("-c")
+            .arg(&bootstrap)
+            .arg("--restart-epoch")
+            .arg(epoch.to_string())
+            .arg("--base-id")
+            .arg(o.base_id.to_string())
+            .arg("--drain-time-s")
+            .arg(o.drain_time.as_secs().max(1).to_string())
+            .arg("--parent-shutdown-time-s")
+            .arg(o.parent_shutdown_time.as_secs().max(1).to_string())
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .args(&o.extra_args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(log) = &o.log_file {
+            let open = || std::fs::OpenOptions::new().create(true).append(true).open(log);
+            let (out, err) = open()
+                .and_then(|a| Ok((a, open()?)))
+                .map_err(|e| ProxyError::Start(format!("cannot open {}: {e}", log.display())))?;
+            cmd.stdout(out).stderr(err);
+        }
+        let mut child =
+            spawn_tied(&mut cmd).map_err(|e| ProxyError::Start(format!("cannot run {}: {e}", o.binary.display())))?;
+        let pid = child.id().unwrap_or_default();
+        tracing::info!(epoch, pid, base_id = o.base_id, "envoy started");
+
+        // Until live, an exit is a failed start; after, it is a crash.
+        let mut live = false;
+        let live_deadline = tokio::time::Instant::now() + o.live_timeout;
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status,
+                _ = abort.cancelled() => {
+                    crate::process::stop_child(&mut child, Signal::TERM, o.stop_grace).await;
+                    return Ok(());
+                }
+                _ = tokio::time::sleep(LIVE_POLL), if !live => {
+                    if self.is_live(epoch).await {
+                        tracing::info!(epoch, pid, "envoy is live");
+                        live = true;
+                    } else if tokio::time::Instant::now() >= live_deadline {
+                        tracing::warn!(epoch, pid, "envoy not live in time; treating it as started");
+                        live = true;
+                    }
+                }
+            }
+        };
+        let status = status.map_err(|e| ProxyError::Exited(format!("cannot wait for envoy: {e}")))?;
+        tracing::info!(epoch, pid, %status, "envoy exited");
+        match (status.success(), live) {
+            (true, _) => Ok(()),
+            (false, false) => Err(ProxyError::Start(format!(
+                "envoy epoch {epoch} exited before it was live: {status}"
+            ))),
+            (false, true) => Err(ProxyError::Exited(format!("envoy epoch {epoch}: {status}"))),
+        }
+    }
+
+    async fn wait_live(&self, epoch: u32) {
+        while !self.is_live(epoch).await {
+            tokio::time::sleep(LIVE_POLL).await;
+        }
+    }
+
+    async fn drain(&self, epoch: u32) -> Result<(), ProxyError> {
+        let addr = self
+            .admin_address(epoch)
+            .ok_or_else(|| ProxyError::Exited(format!("epoch {epoch} has no admin address")))?;
+        match admin_request(addr, "POST", "/drain_listeners?graceful").await {
+            Ok((200, _)) => Ok(()),
+            Ok((code, body)) => Err(ProxyError::Exited(format!(
+                "drain_listeners answered {code}: {}",
+                body.trim()
+            ))),
+            Err(e) => Err(ProxyError::Exited(format!("drain_listeners: {e}"))),
+        }
+    }
+
+    fn cleanup(&self, epoch: u32) {
+        let _ = std::fs::remove_file(self.bootstrap_path(epoch));
+        let _ = std::fs::remove_file(self.admin_address_path(epoch));
+    }
+
+    fn panic(&self, config: &EnvoyConfig) {
+        tracing::error!(
+            bytes = config.0.len(),
+            "envoy could not be started with the desired bootstrap; giving up"
+        );
+    }
+}

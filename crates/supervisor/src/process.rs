@@ -1,0 +1,222 @@
+//! Process plumbing shared by the Envoy agent and the daemon manager: spawning a child whose
+//! life is tied to its supervisor, identifying a process beyond its pid, waiting for a
+//! process that is not our child, and stopping one politely then firmly.
+
+use rustix::process::{Pid, PidfdFlags, Signal};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::process::{Child, Command};
+
+/// Spawns `cmd` so that the kernel kills the child (SIGKILL) when the supervisor dies, even
+/// by `kill -9`: Envoy epochs never outlive the agent that owns them.
+///
+/// Linux delivers the parent-death signal when the *thread* that forked exits. Call this from
+/// a runtime worker (any async context), never from `spawn_blocking`, whose idle threads exit.
+pub fn spawn_tied(cmd: &mut Command) -> io::Result<Child> {
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only makes two raw system
+    // calls (prctl and getppid) through rustix: no allocation, no locks, async-signal-safe.
+    // `pre_exec` has no safe equivalent.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            // The supervisor may have died between fork and prctl: then no signal will come.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(io::Error::other("supervisor exited during spawn"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// A process identity that survives pid reuse: the pid plus the kernel's start time of the
+/// process (clock ticks after boot, field 22 of `/proc/<pid>/stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessId {
+    /// The process id.
+    pub pid: u32,
+    /// Start time in clock ticks after boot.
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// The identity of the live process `pid`, or `None` when no such process exists.
+    pub fn of(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name (field 2) is in parentheses and may contain spaces or ')'.
+        let after = &stat[stat.rfind(')')? + 1..];
+        // Fields from 3 on; start time is field 22, so index 19 here.
+        let start_time = after.split_whitespace().nth(19)?.parse().ok()?;
+        Some(Self { pid, start_time })
+    }
+
+    /// True when the process this identity names is still running (not a zombie, and not a
+    /// different process that reused the pid).
+    pub fn is_alive(&self) -> bool {
+        if is_zombie(self.pid) {
+            return false;
+        }
+        Self::of(self.pid).is_some_and(|now| now == *self)
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Sends `signal` to `pid`. A process that is already gone is not an error.
+pub fn signal(pid: u32, signal: Signal) -> io::Result<()> {
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return Err(io::Error::other(format!("invalid pid {pid}")));
+    };
+    match rustix::process::kill_process(pid, signal) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Watches a process that is not our child (a re-adopted daemon) through a pidfd, which also
+/// pins the identity: once opened, a reused pid cannot be confused with it.
+pub struct Watched {
+    fd: AsyncFd<OwnedFd>,
+    id: ProcessId,
+}
+
+impl Watched {
+    /// Opens a pidfd for `id`, checking after opening that the pid still is that process.
+    pub fn open(id: ProcessId) -> io::Result<Self> {
+        let pid = i32::try_from(id.pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| io::Error::other(format!("invalid pid {}", id.pid)))?;
+        let fd = rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?;
+        if !id.is_alive() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "process is gone or pid was reused",
+            ));
+        }
+        // SAFETY: `OwnedFd` owns the descriptor: it stays open, and names the same pidfd,
+        // until the `AsyncFd` drops it, which is all `register` asks.
+        #[allow(unsafe_code)]
+        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }?;
+        Ok(Self { fd, id })
+    }
+
+    /// The watched process.
+    pub fn id(&self) -> ProcessId {
+        self.id
+    }
+
+    /// Resolves when the process has exited.
+    pub async fn exited(&self) {
+        loop {
+            match self.fd.readable().await {
+                Ok(mut guard) => {
+                    // A pidfd turns readable exactly when the process exits, and stays so.
+                    guard.retain_ready();
+                    return;
+                }
+                Err(_) => {
+                    // Cannot poll the pidfd (should not happen): fall back to looking.
+                    if !self.id.is_alive() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Stops our child: `first` (SIGINT or SIGTERM), up to `grace` for it to exit, then SIGKILL.
+/// Returns once the child has been reaped.
+pub async fn stop_child(child: &mut Child, first: Signal, grace: Duration) {
+    if let Some(pid) = child.id() {
+        let _ = signal(pid, first);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+/// Stops a process we do not own: `first`, up to `grace`, then SIGKILL.
+pub async fn stop_watched(w: &Watched, first: Signal, grace: Duration) {
+    let _ = signal(w.id.pid, first);
+    if tokio::time::timeout(grace, w.exited()).await.is_ok() {
+        return;
+    }
+    if w.id.is_alive() {
+        let _ = signal(w.id.pid, Signal::KILL);
+    }
+    w.exited().await;
+}
+
+/// Writes `bytes` to `path` atomically and durably: a temporary file in the same directory
+/// (created with `mode`), fsync, rename over `path`, fsync of the directory. Readers see the
+/// old content or the new, never a part.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("path has no parent directory"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("path has no file name"))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_of_this_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = ProcessId::of(std::process::id()).unwrap();
+        assert!(me.is_alive());
+        let other = ProcessId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(!other.is_alive());
+        assert!(ProcessId::of(u32::MAX / 2).is_none());
+    }
+
+    #[test]
+    fn atomic_write_replaces_content_with_the_mode_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("snapshot.json");
+        write_atomic(&p, b"one", 0o600).unwrap();
+        write_atomic(&p, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+    }
+}
