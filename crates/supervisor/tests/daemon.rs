@@ -1,7 +1,7 @@
 //! Managed daemons with real processes: the exact restart schedule of a crash loop (paused
 //! tokio time; the processes are real), re-adoption across managers, pid reuse, stop,
 //! snapshot and pid files, coalescing, the root check.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
