@@ -142,10 +142,12 @@ pub async fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::i
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| std::io::Error::other("malformed admin response"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let chunked = head.lines().any(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("transfer-encoding:") && l.contains("chunked")
+        });
+        let body = if chunked { dechunk(body) } else { body.to_owned() };
         Ok((status, body))
     };
     tokio::time::timeout(Duration::from_secs(5), io)
@@ -156,6 +158,22 @@ pub async fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::i
                 "admin request timed out",
             ))
         })
+}
+
+/// Decodes a chunked HTTP/1.1 body (Envoy's admin answers large bodies that way).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 const LIVE_POLL: Duration = Duration::from_millis(20);
@@ -265,5 +283,16 @@ impl Proxy for EnvoyProxy {
             bytes = config.0.len(),
             "envoy could not be started with the desired bootstrap; giving up"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(dechunk("5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n"), "hello, world");
+        assert_eq!(dechunk(""), "");
     }
 }

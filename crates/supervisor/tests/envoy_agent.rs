@@ -1,0 +1,238 @@
+//! The agent driving the real, pinned Envoy: hot restarts under traffic with zero failed
+//! requests, a graceful drain that lets in-flight requests finish, a crash restarted, and
+//! stale shared memory cleaned before epoch 0.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Load, backend, base_id, bootstrap, envoy, free_port, get, wait_for};
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use supervisor::agent::{Agent, AgentError, AgentHandle, AgentOptions};
+use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy, admin_request, read_admin_address};
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    handle: AgentHandle<EnvoyConfig>,
+    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+    cancel: CancellationToken,
+    run_dir: PathBuf,
+    base: u32,
+}
+
+fn start(dir: &Path, slot: u32, agent_opts: AgentOptions) -> Running {
+    let base = base_id(slot);
+    let run_dir = dir.join("run");
+    let mut o = EnvoyOptions::new(envoy(), base, &run_dir);
+    o.drain_time = Duration::from_secs(1);
+    o.parent_shutdown_time = Duration::from_secs(2);
+    o.extra_args = ["--concurrency", "1", "-l", "error"].map(String::from).to_vec();
+    o.log_file = Some(dir.join("envoy.log"));
+    let (agent, handle) = Agent::new(EnvoyProxy::new(o).unwrap(), agent_opts);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(agent.run(cancel.clone()));
+    Running {
+        handle,
+        task,
+        cancel,
+        run_dir,
+        base,
+    }
+}
+
+impl Running {
+    fn admin(&self, epoch: u32) -> Option<SocketAddr> {
+        read_admin_address(&self.run_dir.join(format!("admin-{epoch}.addr")))
+    }
+
+    async fn server_info(&self, epoch: u32) -> Option<serde_json::Value> {
+        let (code, body) = admin_request(self.admin(epoch)?, "GET", "/server_info").await.ok()?;
+        (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+    }
+
+    async fn wait_live(&self, epoch: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !self.server_info(epoch).await.is_some_and(|i| i["state"] == "LIVE") {
+            if tokio::time::Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.run_dir.with_file_name("envoy.log")).unwrap_or_default();
+                panic!(
+                    "epoch {epoch} not live in 20 s; agent {:?}; envoy log:\n{log}",
+                    self.handle.status().borrow()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_running(&self, want: &[u32]) {
+        let mut status = self.handle.status();
+        tokio::time::timeout(Duration::from_secs(20), status.wait_for(|s| s.running == want))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "running epochs never became {want:?}: {:?}",
+                    self.handle.status().borrow()
+                )
+            })
+            .unwrap();
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap().unwrap();
+        let _ = supervisor::envoy::clean_stale_shared_memory(self.base);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_restarts_zero_one_two_under_traffic_fail_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = backend(Duration::ZERO).await;
+    let port = free_port();
+    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let r = start(dir.path(), 0, AgentOptions::default());
+    r.handle
+        .set_config(EnvoyConfig(bootstrap(port, upstream, 0)))
+        .await
+        .unwrap();
+    r.wait_live(0).await;
+    assert_eq!(get(listen, "/").await, Ok(200));
+
+    let load = Load::start(listen, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for epoch in 1..=2 {
+        r.handle
+            .set_config(EnvoyConfig(bootstrap(port, upstream, epoch)))
+            .await
+            .unwrap();
+        r.wait_live(epoch).await;
+        let info = r.server_info(epoch).await.unwrap();
+        assert_eq!(info["command_line_options"]["restart_epoch"], epoch);
+        assert_eq!(info["command_line_options"]["base_id"], r.base.to_string());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The parents drain and exit on their own (exit 0: a normal end, no restart).
+    r.wait_running(&[2]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let errors = load.errors.clone();
+    let (ok, failed) = load.finish().await;
+    assert_eq!(failed, 0, "failed requests across hot restarts: {:?}", errors.lock());
+    assert!(ok > 300, "only {ok} requests went through");
+    let status = r.handle.status().borrow().clone();
+    assert_eq!(status.starts, 3, "exactly three epochs started: {status:?}");
+    // Stats carried over: uptime across epochs exceeds this epoch's.
+    let info = r.server_info(2).await.unwrap();
+    let secs = |k: &str| info[k].as_str().unwrap().trim_end_matches('s').parse::<u64>().unwrap();
+    assert!(secs("uptime_all_epochs") > secs("uptime_current_epoch"), "{info}");
+    let admin = r.admin(2).unwrap();
+    r.stop().await;
+    assert!(
+        admin_request(admin, "GET", "/ready").await.is_err(),
+        "envoy still answers after the agent stopped"
+    );
+    assert!(
+        std::fs::read_dir(dir.path().join("run")).unwrap().next().is_none(),
+        "run dir cleaned up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_drain_lets_in_flight_requests_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = backend(Duration::from_millis(1500)).await;
+    let port = free_port();
+    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let opts = AgentOptions {
+        drain_period: Duration::from_secs(3),
+        ..AgentOptions::default()
+    };
+    let r = start(dir.path(), 1, opts);
+    r.handle
+        .set_config(EnvoyConfig(bootstrap(port, upstream, 0)))
+        .await
+        .unwrap();
+    r.wait_live(0).await;
+    let slow = tokio::spawn(get(listen, "/slow"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = tokio::time::Instant::now();
+    r.handle.drain().await.unwrap();
+    // Envoy is draining: its listener closes gracefully, the in-flight request finishes.
+    assert_eq!(slow.await.unwrap(), Ok(200), "the in-flight request was cut");
+    let admin = r.admin(0).unwrap();
+    // Envoy's own drain time (1 s) ends with its listener stopped, while the process (its
+    // admin) lives on until the agent's drain period is over.
+    wait_for(Duration::from_secs(1), "the listener stopped", async || {
+        let stats = admin_request(admin, "GET", "/stats?filter=listener_manager.listener_stopped").await;
+        stats.is_ok_and(|(_, body)| body.contains("listener_stopped: 1"))
+    })
+    .await;
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(admin_request(admin, "GET", "/ready").await.unwrap().0, 200);
+    r.task.await.unwrap().unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_secs(3),
+        "stopped before the drain period ended"
+    );
+    assert!(admin_request(admin, "GET", "/ready").await.is_err());
+    let _ = supervisor::envoy::clean_stale_shared_memory(r.base);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_envoy_is_restarted_and_stale_shared_memory_is_removed_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = backend(Duration::ZERO).await;
+    let port = free_port();
+    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let base = base_id(2);
+    // Left behind by an earlier Envoy with this base id.
+    let shm = PathBuf::from(format!("/dev/shm/envoy_shared_memory_{}", u64::from(base) * 10));
+    std::fs::write(&shm, vec![7u8; 4096]).unwrap();
+    let stale_inode = std::fs::metadata(&shm).unwrap().ino();
+    let r = start(dir.path(), 2, AgentOptions::default());
+    r.handle
+        .set_config(EnvoyConfig(bootstrap(port, upstream, 0)))
+        .await
+        .unwrap();
+    r.wait_live(0).await;
+    assert_ne!(
+        std::fs::metadata(&shm).unwrap().ino(),
+        stale_inode,
+        "stale shared memory was reused"
+    );
+
+    // Kill the running Envoy: an unexpected exit; restarted at epoch 0 after 200 ms.
+    let envoy_pid = envoy_child_pid();
+    supervisor::process::signal(envoy_pid, rustix::process::Signal::KILL).unwrap();
+    let t0 = tokio::time::Instant::now();
+    wait_for(Duration::from_secs(20), "restarted envoy", async || {
+        get(listen, "/").await == Ok(200)
+    })
+    .await;
+    let restarted = t0.elapsed();
+    assert!(restarted < Duration::from_secs(2), "restart took {restarted:?}");
+    assert_eq!(r.handle.status().borrow().starts, 2);
+    assert_ne!(envoy_child_pid(), envoy_pid);
+    r.stop().await;
+}
+
+/// The pid of the Envoy child running with slot 2's base id, found among this process's
+/// children.
+fn envoy_child_pid() -> u32 {
+    let me = std::process::id();
+    let bin = envoy();
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{me}/task")).unwrap().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if exe.as_deref() == Some(bin.as_path()) && cmdline.contains(&base_id(2).to_string()) {
+                found.push(pid);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "expected one envoy child for slot 2: {found:?}");
+    found[0]
+}
