@@ -16,8 +16,8 @@ struct Proc(&'static str, Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.1.kill();
-        let _ = self.1.wait();
+        // SIGTERM: the server shuts down cleanly, the supervisors drain their Envoy first.
+        supervisor::process::terminate_blocking(&mut self.1, Duration::from_secs(10));
         println!("   stopped {} (pid {})", self.0, self.1.id());
     }
 }
@@ -161,7 +161,8 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let mut envoys = Vec::new();
     for svc in ["api", "web"] {
-        let admin_file = dir.path().join(format!("{svc}.admin"));
+        let run_dir = dir.path().join(svc);
+        let admin_file = run_dir.join("admin-0.addr");
         let child = Command::new(meshd())
             .args([
                 "connect",
@@ -176,15 +177,14 @@ async fn main() {
             .args([
                 "-admin-bind",
                 "127.0.0.1:0",
-                "-envoy-binary",
-                &envoy,
-                "--",
-                "--use-dynamic-base-id",
-                "-l",
-                "error",
-                "--admin-address-path",
+                "-log-level",
+                "warn",
+                "-drain-time",
+                "1s",
+                "-run-dir",
             ])
-            .arg(&admin_file)
+            .arg(&run_dir)
+            .args(["-envoy-binary", &envoy, "--", "-l", "error"])
             .spawn()
             .unwrap();
         envoys.push(Proc(if svc == "api" { "envoy (api)" } else { "envoy (web)" }, child));

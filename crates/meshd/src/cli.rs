@@ -26,7 +26,8 @@ pub enum Command {
 /// `meshd connect` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConnectCommand {
-    /// Print an Envoy bootstrap (`-bootstrap`) or run Envoy with it.
+    /// Run Envoy for a proxy and keep it running (hot restart on SIGHUP when the bootstrap
+    /// changed, drain on SIGTERM); `-exec` replaces this process instead, `-bootstrap` prints.
     Envoy(EnvoyArgs),
 }
 
@@ -52,11 +53,38 @@ pub struct EnvoyArgs {
     #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
     pub admin_bind: SocketAddr,
     /// ACL token for the proxy's xDS stream.
-    #[arg(long = "token", value_name = "TOKEN", default_value = "")]
+    #[arg(
+        long = "token",
+        value_name = "TOKEN",
+        default_value = "",
+        conflicts_with = "token_file"
+    )]
     pub token: String,
+    /// Read the token from this file (re-read on SIGHUP).
+    #[arg(long = "token-file", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// Print the bootstrap and exit instead of running Envoy.
     #[arg(long = "bootstrap")]
     pub bootstrap: bool,
+    /// Replace this process with Envoy instead of supervising it.
+    #[arg(long = "exec", conflicts_with = "bootstrap")]
+    pub exec: bool,
+    /// Hot restart base id (default: derived from the proxy id and admin address).
+    #[arg(long = "base-id", value_name = "N")]
+    pub base_id: Option<u32>,
+    /// How long Envoy drains on SIGTERM and during a hot restart.
+    #[arg(long = "drain-time", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_time: std::time::Duration,
+    /// When the parent of a hot restart is told to exit.
+    #[arg(long = "parent-shutdown-time", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub parent_shutdown_time: std::time::Duration,
+    /// Directory for the supervised Envoy's bootstraps and admin address files (default: a
+    /// private temporary directory removed on exit).
+    #[arg(long = "run-dir", value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Log level filter for the supervisor.
+    #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
     /// The Envoy binary to run.
     #[arg(long = "envoy-binary", value_name = "PATH", default_value = "envoy")]
     pub envoy_binary: PathBuf,

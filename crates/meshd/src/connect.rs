@@ -3,6 +3,7 @@
 use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+use std::future::Future;
 use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
 
 /// The proxy's (node, service id, service name) for the flags given.
@@ -54,18 +55,31 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
     }
 }
 
-/// Prints the bootstrap (`-bootstrap`) or replaces this process with Envoy.
-pub async fn run(args: EnvoyArgs) -> Result<()> {
-    let (node_name, proxy_id, cluster) = resolve(&args).await?;
+/// The bootstrap for the flags as they stand now (resolving the proxy, reading the token).
+async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
+    let (node_name, proxy_id, cluster) = resolve(args).await?;
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read -token-file {}", path.display()))?
+            .trim()
+            .to_owned(),
+        None => args.token.clone(),
+    };
     let cfg = BootstrapConfig {
         proxy_id,
         node_name,
         cluster,
         admin_bind: args.admin_bind,
         xds_addr: args.grpc_addr,
-        token: args.token.clone(),
+        token,
     };
-    let json = serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")?;
+    serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
+}
+
+/// `-bootstrap` prints the bootstrap; `-exec` replaces this process with Envoy; by default
+/// Envoy runs supervised until `shutdown` (then drains) or until it cannot be kept running.
+pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let json = bootstrap(&args).await?;
     if args.bootstrap {
         #[allow(clippy::print_stdout)]
         {
@@ -73,11 +87,106 @@ pub async fn run(args: EnvoyArgs) -> Result<()> {
         }
         return Ok(());
     }
-    use std::os::unix::process::CommandExt;
-    let err = std::process::Command::new(&args.envoy_binary)
-        .arg("--config-yaml")
-        .arg(&json)
-        .args(&args.envoy_args)
-        .exec();
-    bail!("cannot run {}: {err}", args.envoy_binary.display())
+    if args.exec {
+        use std::os::unix::process::CommandExt;
+        let err = std::process::Command::new(&args.envoy_binary)
+            .arg("--config-yaml")
+            .arg(&json)
+            .args(&args.envoy_args)
+            .exec();
+        bail!("cannot run {}: {err}", args.envoy_binary.display())
+    }
+    supervise(args, json, shutdown).await
+}
+
+/// A base id for this proxy: stable for the same proxy and admin address (so a restarted
+/// supervisor cleans what the last one left); with an ephemeral admin port the process id
+/// is mixed in, since two such proxies could otherwise collide.
+fn derive_base_id(args: &EnvoyArgs) -> u32 {
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    eat(args
+        .proxy_id
+        .as_deref()
+        .or(args.sidecar_for.as_deref())
+        .unwrap_or_default()
+        .as_bytes());
+    eat(args.node.as_bytes());
+    eat(args.admin_bind.to_string().as_bytes());
+    if args.admin_bind.port() == 0 {
+        eat(&std::process::id().to_le_bytes());
+    }
+    // Envoy names shared memory after base id × 10: stay well inside u32.
+    1 + u32::try_from(h % 400_000_000).unwrap_or(0)
+}
+
+async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
+    use supervisor::agent::{Agent, AgentOptions};
+    use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
+    use tokio::signal::unix::{SignalKind, signal};
+
+    // The temporary run dir (if any) lives as long as this function.
+    let (run_dir, _tmp) = match &args.run_dir {
+        Some(dir) => (dir.clone(), None),
+        None => {
+            let tmp = tempfile::Builder::new()
+                .prefix("meshd-envoy-")
+                .tempdir()
+                .context("creating a run dir")?;
+            (tmp.path().to_owned(), Some(tmp))
+        }
+    };
+    let base_id = args.base_id.unwrap_or_else(|| derive_base_id(&args));
+    let mut opts = EnvoyOptions::new(&args.envoy_binary, base_id, &run_dir);
+    opts.drain_time = args.drain_time;
+    opts.parent_shutdown_time = args.parent_shutdown_time;
+    opts.extra_args = args.envoy_args.clone();
+    let proxy = EnvoyProxy::new(opts).with_context(|| format!("preparing the run dir {}", run_dir.display()))?;
+    let (agent, handle) = Agent::new(
+        proxy,
+        AgentOptions {
+            drain_period: args.drain_time,
+            ..AgentOptions::default()
+        },
+    );
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut task = tokio::spawn(agent.run(cancel.clone()));
+    tracing::info!(base_id, run_dir = %run_dir.display(), "supervising envoy");
+    handle
+        .set_config(EnvoyConfig(first))
+        .await
+        .context("the proxy agent stopped at once")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            ended = &mut task => {
+                return ended.context("the proxy agent panicked")?.context("envoy could not be kept running");
+            }
+            _ = &mut shutdown => break,
+            _ = hangup.recv() => match bootstrap(&args).await {
+                // The agent hot-restarts only if the bootstrap changed.
+                Ok(json) => {
+                    tracing::info!("SIGHUP: bootstrap regenerated");
+                    let _ = handle.set_config(EnvoyConfig(json)).await;
+                }
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGHUP: keeping the running bootstrap"),
+            },
+        }
+    }
+    tracing::info!(drain = ?args.drain_time, "draining envoy before exit (signal again to stop at once)");
+    let _ = handle.drain().await;
+    tokio::select! {
+        ended = &mut task => ended.context("the proxy agent panicked")?.context("envoy failed while draining"),
+        _ = crate::shutdown_signal() => {
+            cancel.cancel();
+            task.await.context("the proxy agent panicked")?.context("envoy failed while stopping")
+        }
+    }
 }

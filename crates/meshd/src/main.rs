@@ -46,7 +46,12 @@ fn main() -> ExitCode {
                 })
                 .await
             }
-            Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => meshd::connect::run(args).await,
+            Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => {
+                if !args.bootstrap {
+                    meshd::init_logging(&args.log_level, false);
+                }
+                meshd::connect::run(args, meshd::shutdown_signal()).await
+            }
         }
     });
     match result {

@@ -25,8 +25,8 @@ struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        // SIGTERM: the supervisors drain their Envoy (1 s) and clean up after it.
+        supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
     }
 }
 
@@ -124,10 +124,11 @@ impl Mesh {
         .await;
     }
 
-    /// Runs Envoy for a sidecar through `meshd connect envoy` (which execs Envoy); returns the
-    /// process and its admin URL.
+    /// Runs Envoy for a sidecar under `meshd connect envoy` (which supervises it); returns
+    /// the supervisor process and Envoy's admin URL.
     async fn envoy(&self, service: &str, node: &str, dir: &Path) -> (Proc, String) {
-        let admin_file = dir.join(format!("{service}-{node}.admin"));
+        let run_dir = dir.join(format!("{service}-{node}"));
+        let admin_file = run_dir.join("admin-0.addr");
         let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
             .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
             .args([
@@ -136,10 +137,19 @@ impl Mesh {
                 "-grpc-addr",
                 &self.grpc,
             ])
-            .args(["-admin-bind", "127.0.0.1:0", "-envoy-binary"])
+            .args([
+                "-admin-bind",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+                "-drain-time",
+                "1s",
+                "-run-dir",
+            ])
+            .arg(&run_dir)
+            .arg("-envoy-binary")
             .arg(envoy())
-            .args(["--", "--use-dynamic-base-id", "-l", "error", "--admin-address-path"])
-            .arg(&admin_file)
+            .args(["--", "-l", "error"])
             .spawn()
             .unwrap();
         let proc = Proc(child);
@@ -305,4 +315,181 @@ async fn a_rejected_config_is_not_resent_in_a_loop() {
         "no resend loop"
     );
     assert_eq!(mesh.metric(nacks).await, 1.0);
+}
+
+/// `meshd connect envoy` for api's sidecar, supervising Envoy (the default) with a run dir
+/// the test can read, a token from a file, short drain and parent-shutdown times.
+fn supervised_envoy(mesh: &Mesh, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
+    let run_dir = dir.join("run");
+    let token = dir.join("token");
+    if !token.exists() {
+        std::fs::write(&token, "token-one\n").unwrap();
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "connect",
+            "envoy",
+            "-proxy-id",
+            "api-sidecar-proxy",
+            "-node",
+            "node-api",
+        ])
+        .args([
+            "-http-addr",
+            mesh.http.trim_start_matches("http://"),
+            "-grpc-addr",
+            &mesh.grpc,
+        ])
+        .args([
+            "-admin-bind",
+            "127.0.0.1:0",
+            "-drain-time",
+            "1s",
+            "-parent-shutdown-time",
+            "2s",
+        ])
+        .args(["-log-level", "warn", "-token-file"])
+        .arg(&token)
+        .arg("-run-dir")
+        .arg(&run_dir)
+        .args(extra)
+        .arg("-envoy-binary")
+        .arg(envoy())
+        .args(["--", "-l", "error", "--concurrency", "1"])
+        .spawn()
+        .unwrap();
+    (Proc(child), run_dir)
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    supervisor::process::signal(pid, sig).unwrap();
+}
+
+async fn server_info(run_dir: &Path, epoch: u32) -> Option<Value> {
+    let addr = std::fs::read_to_string(run_dir.join(format!("admin-{epoch}.addr"))).ok()?;
+    let text = get(&reqwest::Client::new(), &format!("http://{}/server_info", addr.trim())).await?;
+    serde_json::from_str(&text).ok()
+}
+
+async fn wait_live(run_dir: &Path, epoch: u32) -> Value {
+    wait_for(|| async { server_info(run_dir, epoch).await.filter(|i| i["state"] == "LIVE") }).await
+}
+
+/// The Envoy child of `supervisor` (the only process among its children running Envoy).
+fn envoy_child(supervisor: u32) -> u32 {
+    let bin = envoy();
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{supervisor}/task")).unwrap().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+            if std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(bin.as_path()) {
+                found.push(pid);
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "expected one Envoy child of {supervisor}: {found:?}");
+    found[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_envoy_hot_restarts_on_a_changed_bootstrap_and_drains_on_sigterm() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    mesh.register("node-api", "api", backend("api-1"), free_port(), json!([]), json!({}))
+        .await;
+    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), &[]);
+    let pid = proc.0.id();
+    let info = wait_live(&run_dir, 0).await;
+    assert_eq!(info["command_line_options"]["restart_epoch"], 0);
+    let first_envoy = envoy_child(pid);
+
+    // SIGHUP with nothing changed: no restart.
+    signal(pid, rustix::process::Signal::HUP);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!run_dir.join("admin-1.addr").exists(), "restarted without a change");
+    assert_eq!(envoy_child(pid), first_envoy);
+
+    // A new token changes the bootstrap: SIGHUP hot-restarts into epoch 1.
+    std::fs::write(dir.path().join("token"), "token-two\n").unwrap();
+    signal(pid, rustix::process::Signal::HUP);
+    let info = wait_live(&run_dir, 1).await;
+    assert_eq!(info["command_line_options"]["restart_epoch"], 1);
+    let bootstrap = std::fs::read_to_string(run_dir.join("bootstrap-1.json")).unwrap();
+    assert!(bootstrap.contains("token-two"), "{bootstrap}");
+    // The parent exits after the parent-shutdown time and is cleaned up; one Envoy remains.
+    wait_for(|| async { (!run_dir.join("admin-0.addr").exists()).then_some(()) }).await;
+    let second_envoy = envoy_child(pid);
+    assert_ne!(second_envoy, first_envoy);
+    assert!(!supervisor::process::ProcessId::of(first_envoy).is_some_and(|p| p.is_alive()));
+
+    // SIGTERM: Envoy drains for the drain time, then both exit; exit code 0.
+    let t0 = std::time::Instant::now();
+    signal(pid, rustix::process::Signal::TERM);
+    let status = wait_for(|| std::future::ready(proc.0.try_wait().unwrap())).await;
+    assert!(status.success(), "{status}");
+    assert!(t0.elapsed() >= Duration::from_secs(1), "exited without draining");
+    assert!(!supervisor::process::ProcessId::of(second_envoy).is_some_and(|p| p.is_alive()));
+    assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0, "run dir not cleaned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_killed_with_sigkill_leaves_no_envoy_behind() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    mesh.register("node-api", "api", backend("api-1"), free_port(), json!([]), json!({}))
+        .await;
+    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), &[]);
+    let info = wait_live(&run_dir, 0).await;
+    let envoy_pid = supervisor::process::ProcessId::of(envoy_child(proc.0.id())).unwrap();
+    proc.0.kill().unwrap();
+    proc.0.wait().unwrap();
+    // The kernel kills the tied child when its supervisor dies.
+    wait_for(|| async { (!envoy_pid.is_alive()).then_some(()) }).await;
+    // A killed supervisor cannot clean Envoy's shared memory; the test does.
+    clean_shared_memory(&info);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_replaces_the_process_with_envoy() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let admin_file = dir.path().join("admin");
+    // A base id of this test's own (unique per process on this host).
+    let base_id = (30_000_000 + std::process::id() % 1_000_000).to_string();
+    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "connect",
+            "envoy",
+            "-exec",
+            "-proxy-id",
+            "api-sidecar-proxy",
+            "-admin-bind",
+            "127.0.0.1:0",
+        ])
+        .args(["-grpc-addr", &mesh.grpc, "-envoy-binary"])
+        .arg(envoy())
+        .args(["--", "--base-id", &base_id, "-l", "error", "--admin-address-path"])
+        .arg(&admin_file)
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
+    let exe = std::fs::read_link(format!("/proc/{}/exe", proc.0.id())).unwrap();
+    assert_eq!(exe, envoy(), "the meshd process became Envoy");
+    let admin = std::fs::read_to_string(&admin_file).unwrap();
+    let info = get(&reqwest::Client::new(), &format!("http://{}/server_info", admin.trim()))
+        .await
+        .unwrap();
+    drop(proc);
+    clean_shared_memory(&serde_json::from_str(&info).unwrap());
+}
+
+/// Removes the shared memory of the Envoy described by `server_info`.
+fn clean_shared_memory(server_info: &Value) {
+    let base: u32 = server_info["command_line_options"]["base_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    supervisor::envoy::clean_stale_shared_memory(base).unwrap();
 }

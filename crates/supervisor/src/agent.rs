@@ -260,7 +260,7 @@ impl<P: Proxy> Agent<P> {
                         // A panicking run task: treat as an unexpected exit of unknown epoch.
                         Err(e) => {
                             tracing::error!(error = %e, "proxy epoch task failed");
-                            self.abort_all();
+                            self.abort_all(true);
                             continue;
                         }
                     };
@@ -374,10 +374,16 @@ impl<P: Proxy> Agent<P> {
         });
     }
 
-    fn abort_all(&mut self) {
+    /// Aborts every epoch; `failure` says whether this is a reaction to a failure (logged as
+    /// a warning) or a planned stop.
+    fn abort_all(&mut self, failure: bool) {
         for (n, e) in &mut self.epochs {
             if !e.aborted {
-                tracing::warn!(epoch = n, "aborting proxy epoch");
+                if failure {
+                    tracing::warn!(epoch = n, "aborting proxy epoch");
+                } else {
+                    tracing::info!(epoch = n, "stopping proxy epoch");
+                }
                 e.aborted = true;
                 e.abort.cancel();
             }
@@ -406,7 +412,7 @@ impl<P: Proxy> Agent<P> {
             }
             Err(ProxyError::Exited(reason)) => {
                 tracing::warn!(epoch, %reason, "proxy epoch exited with an error: aborting all epochs");
-                self.abort_all();
+                self.abort_all(true);
                 ProxyError::Exited(reason)
             }
             Ok(()) if Some(epoch) != latest => {
@@ -415,7 +421,7 @@ impl<P: Proxy> Agent<P> {
             }
             Ok(()) => {
                 tracing::warn!(epoch, "the latest proxy epoch exited unexpectedly: aborting all epochs");
-                self.abort_all();
+                self.abort_all(true);
                 ProxyError::Exited("the latest epoch exited with status 0".into())
             }
         };
@@ -445,7 +451,7 @@ impl<P: Proxy> Agent<P> {
 
     /// Aborts every epoch and waits for each task, cleaning up after each.
     async fn stop_all(&mut self) {
-        self.abort_all();
+        self.abort_all(false);
         self.restart_at = None;
         while let Some(joined) = self.tasks.join_next().await {
             if let Ok((epoch, _)) = joined {

@@ -8,6 +8,10 @@
 //! `bootstrap-<epoch>.json` and `admin-<epoch>.addr` (Envoy writes its admin address there,
 //! so an admin port of 0 works across epochs). Children are tied to the supervisor: the
 //! kernel kills them if it dies.
+//!
+//! Envoy leaves its shared memory (`/dev/shm/envoy_shared_memory_<base id × 10>`) behind on
+//! exit; it is removed when the last epoch has been cleaned up, and before epoch 0 in case a
+//! killed supervisor could not.
 
 use crate::agent::{Proxy, ProxyError};
 use crate::process::{spawn_tied, write_atomic};
@@ -69,6 +73,9 @@ pub struct EnvoyConfig(pub String);
 #[derive(Debug)]
 pub struct EnvoyProxy {
     opts: EnvoyOptions,
+    /// Epochs started and not yet cleaned up: when none is left, nothing shares the shared
+    /// memory any more and it is removed.
+    epochs: parking_lot::Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl EnvoyProxy {
@@ -77,7 +84,10 @@ impl EnvoyProxy {
         use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&opts.run_dir)?;
         std::fs::set_permissions(&opts.run_dir, std::fs::Permissions::from_mode(0o700))?;
-        Ok(Self { opts })
+        Ok(Self {
+            opts,
+            epochs: Default::default(),
+        })
     }
 
     /// The options in use.
@@ -187,6 +197,7 @@ impl Proxy for EnvoyProxy {
             clean_stale_shared_memory(o.base_id)
                 .map_err(|e| ProxyError::Start(format!("cannot remove stale shared memory: {e}")))?;
         }
+        self.epochs.lock().insert(epoch);
         let bootstrap = self.bootstrap_path(epoch);
         write_atomic(&bootstrap, config.0.as_bytes(), 0o600)
             .map_err(|e| ProxyError::Start(format!("cannot write {}: {e}", bootstrap.display())))?;
@@ -276,6 +287,13 @@ impl Proxy for EnvoyProxy {
     fn cleanup(&self, epoch: u32) {
         let _ = std::fs::remove_file(self.bootstrap_path(epoch));
         let _ = std::fs::remove_file(self.admin_address_path(epoch));
+        let mut epochs = self.epochs.lock();
+        epochs.remove(&epoch);
+        if epochs.is_empty()
+            && let Err(e) = clean_stale_shared_memory(self.opts.base_id)
+        {
+            tracing::warn!(error = %e, "cannot remove Envoy's shared memory");
+        }
     }
 
     fn panic(&self, config: &EnvoyConfig) {

@@ -161,6 +161,26 @@ pub async fn stop_watched(w: &Watched, first: Signal, grace: Duration) {
     w.exited().await;
 }
 
+/// Stops a child started with `std::process` from synchronous code (a `Drop`, a script):
+/// SIGTERM, up to `grace` for it to exit, then SIGKILL; returns once it has been reaped.
+pub fn terminate_blocking(child: &mut std::process::Child, grace: Duration) {
+    let pid = child.id();
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let _ = signal(pid, Signal::TERM);
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    // The watchdog owns the deadline; this thread blocks in wait().
+    let watchdog = std::thread::spawn(move || {
+        if wait.recv_timeout(grace).is_err() {
+            let _ = signal(pid, Signal::KILL);
+        }
+    });
+    let _ = child.wait();
+    let _ = done.send(());
+    let _ = watchdog.join();
+}
+
 /// Writes `bytes` to `path` atomically and durably: a temporary file in the same directory
 /// (created with `mode`), fsync, rename over `path`, fsync of the directory. Readers see the
 /// old content or the new, never a part.
