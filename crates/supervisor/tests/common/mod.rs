@@ -207,3 +207,33 @@ pub async fn wait_for(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> b
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The pid of this process's Envoy child running with `base_id`.
+pub fn envoy_child_pid(base_id: u32) -> u32 {
+    let me = std::process::id();
+    let bin = envoy();
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{me}/task")).unwrap().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            let args: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .split('\0')
+                .map(str::to_owned)
+                .collect();
+            let has_base = args
+                .windows(2)
+                .any(|w| w[0] == "--base-id" && w[1] == base_id.to_string());
+            if exe.as_deref() == Some(bin.as_path()) && has_base {
+                found.push(pid);
+            }
+        }
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one envoy child with base id {base_id}: {found:?}"
+    );
+    found[0]
+}
