@@ -187,7 +187,14 @@ async fn main() {
             .args(["-envoy-binary", &envoy, "--", "-l", "error"])
             .spawn()
             .unwrap();
-        envoys.push(Proc(if svc == "api" { "envoy (api)" } else { "envoy (web)" }, child));
+        envoys.push(Proc(
+            if svc == "api" {
+                "meshd connect envoy (api)"
+            } else {
+                "meshd connect envoy (web)"
+            },
+            child,
+        ));
         let admin = until("Envoy's admin address", async || {
             std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty())
         })

@@ -60,7 +60,7 @@ pub struct EnvoyArgs {
         conflicts_with = "token_file"
     )]
     pub token: String,
-    /// Read the token from this file (re-read on SIGHUP).
+    /// Read the token from this file (re-read when it changes, and on SIGHUP).
     #[arg(long = "token-file", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// Print the bootstrap and exit instead of running Envoy.

@@ -126,6 +126,9 @@ fn derive_base_id(args: &EnvoyArgs) -> u32 {
     1 + u32::try_from(h % 400_000_000).unwrap_or(0)
 }
 
+/// How often a `-token-file` is checked for a new token.
+const TOKEN_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
     use supervisor::agent::{Agent, AgentOptions};
     use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
@@ -164,20 +167,36 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
         .context("the proxy agent stopped at once")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut shutdown = std::pin::pin!(shutdown);
+    // A rotated token file is noticed without a signal: its size and mtime are checked.
+    let token_stamp = |args: &EnvoyArgs| {
+        let meta = std::fs::metadata(args.token_file.as_ref()?).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    };
+    let mut last_stamp = token_stamp(&args);
+    let mut token_check = tokio::time::interval(TOKEN_FILE_CHECK);
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             ended = &mut task => {
                 return ended.context("the proxy agent panicked")?.context("envoy could not be kept running");
             }
             _ = &mut shutdown => break,
-            _ = hangup.recv() => match bootstrap(&args).await {
-                // The agent hot-restarts only if the bootstrap changed.
-                Ok(json) => {
-                    tracing::info!("SIGHUP: bootstrap regenerated");
-                    let _ = handle.set_config(EnvoyConfig(json)).await;
+            _ = hangup.recv() => "SIGHUP",
+            _ = token_check.tick(), if args.token_file.is_some() => {
+                let stamp = token_stamp(&args);
+                if stamp == last_stamp {
+                    continue;
                 }
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGHUP: keeping the running bootstrap"),
-            },
+                last_stamp = stamp;
+                "token file changed"
+            }
+        };
+        match bootstrap(&args).await {
+            // The agent hot-restarts only if the bootstrap changed.
+            Ok(json) => {
+                tracing::info!(why, "bootstrap regenerated");
+                let _ = handle.set_config(EnvoyConfig(json)).await;
+            }
+            Err(e) => tracing::warn!(why, error = %format!("{e:#}"), "keeping the running bootstrap"),
         }
     }
     tracing::info!(drain = ?args.drain_time, "draining envoy before exit (signal again to stop at once)");

@@ -392,7 +392,7 @@ fn envoy_child(supervisor: u32) -> u32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connect_envoy_hot_restarts_on_a_changed_bootstrap_and_drains_on_sigterm() {
+async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sigterm() {
     let mesh = Mesh::start();
     let dir = tempfile::tempdir().unwrap();
     mesh.register("node-api", "api", backend("api-1"), free_port(), json!([]), json!({}))
@@ -421,6 +421,14 @@ async fn connect_envoy_hot_restarts_on_a_changed_bootstrap_and_drains_on_sigterm
     let second_envoy = envoy_child(pid);
     assert_ne!(second_envoy, first_envoy);
     assert!(!supervisor::process::ProcessId::of(first_envoy).is_some_and(|p| p.is_alive()));
+
+    // A rotated token file is noticed without a signal: epoch 2.
+    std::fs::write(dir.path().join("token"), "token-three-longer\n").unwrap();
+    wait_live(&run_dir, 2).await;
+    let bootstrap = std::fs::read_to_string(run_dir.join("bootstrap-2.json")).unwrap();
+    assert!(bootstrap.contains("token-three-longer"), "{bootstrap}");
+    wait_for(|| async { (!run_dir.join("admin-1.addr").exists()).then_some(()) }).await;
+    let second_envoy = envoy_child(pid);
 
     // SIGTERM: Envoy drains for the drain time, then both exit; exit code 0.
     let t0 = std::time::Instant::now();
