@@ -154,6 +154,16 @@ fn spawn(fake: &Shared, opts: AgentOptions) -> Running {
     (handle, task, cancel)
 }
 
+/// An agent whose config went "a" then "b": epochs 0 and 1 running (with `Behavior::Run`).
+async fn two_epochs(fake: &Shared, opts: AgentOptions) -> Running {
+    let running = spawn(fake, opts);
+    running.0.set_config("a").await.unwrap();
+    settle().await;
+    running.0.set_config("b").await.unwrap();
+    settle().await;
+    running
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -251,11 +261,7 @@ async fn a_failed_hot_restart_reuses_the_epoch_and_keeps_the_old_one_serving() {
 #[tokio::test(start_paused = true)]
 async fn a_crash_of_a_running_epoch_aborts_all_and_restarts_from_epoch_zero() {
     let fake = Shared::new(Behavior::Run, &[]);
-    let (handle, _task, cancel) = spawn(&fake, AgentOptions::default());
-    handle.set_config("a").await.unwrap();
-    settle().await;
-    handle.set_config("b").await.unwrap();
-    settle().await;
+    let (handle, _task, cancel) = two_epochs(&fake, AgentOptions::default()).await;
     assert_eq!(handle.status().borrow().running, [0, 1]);
     tokio::time::sleep(ms(1_000)).await;
     fake.exit(1, Err(ProxyError::Exited("signal 11".into())));
@@ -272,11 +278,7 @@ async fn a_crash_of_a_running_epoch_aborts_all_and_restarts_from_epoch_zero() {
 #[tokio::test(start_paused = true)]
 async fn the_latest_epoch_exiting_cleanly_is_unexpected_but_an_old_one_is_not() {
     let fake = Shared::new(Behavior::Run, &[]);
-    let (handle, _task, cancel) = spawn(&fake, AgentOptions::default());
-    handle.set_config("a").await.unwrap();
-    settle().await;
-    handle.set_config("b").await.unwrap();
-    settle().await;
+    let (handle, _task, cancel) = two_epochs(&fake, AgentOptions::default()).await;
     // The parent of a hot restart exits 0: that is how a hot restart ends.
     fake.exit(0, Ok(()));
     tokio::time::sleep(ms(1_000)).await;
@@ -319,11 +321,7 @@ async fn drain_asks_the_latest_epoch_waits_the_period_then_stops_everything() {
         drain_period: ms(2_000),
         ..AgentOptions::default()
     };
-    let (handle, task, _cancel) = spawn(&fake, opts);
-    handle.set_config("a").await.unwrap();
-    settle().await;
-    handle.set_config("b").await.unwrap();
-    settle().await;
+    let (handle, task, _cancel) = two_epochs(&fake, opts).await;
     let t0 = Instant::now();
     handle.drain().await.unwrap();
     assert!(fake.log().contains(&Ev::Drain { epoch: 1 }));

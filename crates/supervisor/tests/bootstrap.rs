@@ -1,20 +1,11 @@
 //! The generated bootstrap is accepted by the real Envoy.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+mod common;
+
+use common::envoy;
 use std::process::Command;
 use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
-
-/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
-/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
-fn envoy() -> PathBuf {
-    std::env::var_os("MESHD_ENVOY")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .expect(
-            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
-        )
-}
 
 #[test]
 fn bootstrap_passes_envoy_validate() {
