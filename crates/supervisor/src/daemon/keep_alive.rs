@@ -1,0 +1,186 @@
+//! One daemon's keep-alive task: start, wait, restart with back-off; files and environment.
+
+use super::{Backoff, DaemonEvent, DaemonSpec, Report, RestartPolicy};
+use crate::process::{ProcessId, Watched, stop_child, stop_watched, write_atomic};
+use rustix::process::Signal;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub(super) fn pid_path(data_dir: &Path, id: &str) -> PathBuf {
+    data_dir.join("pids").join(format!("{}.pid", file_safe(id)))
+}
+
+/// Proxy ids become file names: keep them to a safe alphabet.
+fn file_safe(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+pub(super) struct DaemonCtx {
+    pub(super) id: String,
+    pub(super) spec: DaemonSpec,
+    pub(super) data_dir: PathBuf,
+    pub(super) policy: RestartPolicy,
+    pub(super) allow_root: bool,
+    pub(super) stop_grace: Duration,
+    pub(super) events: tokio::sync::broadcast::Sender<DaemonEvent>,
+    pub(super) reports: mpsc::UnboundedSender<Report>,
+}
+
+enum Running {
+    Child(tokio::process::Child),
+    Adopted(Watched),
+}
+
+/// Keeps one daemon alive until `stop` (stop the process) or `leave` (leave it running).
+pub(super) async fn keep_alive(
+    ctx: DaemonCtx,
+    adopt: Option<ProcessId>,
+    stop: CancellationToken,
+    leave: CancellationToken,
+) {
+    let mut backoff = Backoff::new(ctx.policy);
+    let mut running: Option<Running> = None;
+    if let Some(p) = adopt {
+        match Watched::open(p) {
+            Ok(w) => {
+                tracing::info!(id = %ctx.id, pid = p.pid, "re-adopted running daemon");
+                backoff.next_attempt(Instant::now());
+                backoff.started(Instant::now());
+                let _ = ctx.events.send(DaemonEvent::Adopted {
+                    id: ctx.id.clone(),
+                    pid: p.pid,
+                });
+                running = Some(Running::Adopted(w));
+            }
+            Err(e) => tracing::info!(id = %ctx.id, pid = p.pid, error = %e, "cannot re-adopt daemon: starting it anew"),
+        }
+    }
+    loop {
+        let mut proc = match running.take() {
+            Some(r) => r,
+            None => {
+                let wait = backoff.next_attempt(Instant::now());
+                if !wait.is_zero() {
+                    tracing::info!(id = %ctx.id, ?wait, attempt = backoff.attempts(), "waiting before restarting daemon");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.cancelled() => return,
+                        _ = leave.cancelled() => return,
+                    }
+                }
+                match start(&ctx) {
+                    Ok((child, id)) => {
+                        backoff.started(Instant::now());
+                        let _ = ctx.reports.send(Report::Running {
+                            id: ctx.id.clone(),
+                            process: id,
+                        });
+                        let _ = ctx.events.send(DaemonEvent::Started {
+                            id: ctx.id.clone(),
+                            pid: id.pid,
+                            attempt: backoff.attempts(),
+                        });
+                        Running::Child(child)
+                    }
+                    Err(reason) => {
+                        tracing::error!(id = %ctx.id, %reason, "cannot start daemon");
+                        let _ = ctx.events.send(DaemonEvent::Failed {
+                            id: ctx.id.clone(),
+                            reason,
+                        });
+                        continue;
+                    }
+                }
+            }
+        };
+        let pid = match &proc {
+            Running::Child(c) => c.id().unwrap_or_default(),
+            Running::Adopted(w) => w.id().pid,
+        };
+        let exited = match &mut proc {
+            Running::Child(c) => tokio::select! {
+                _ = c.wait() => true,
+                _ = stop.cancelled() => { stop_child(c, Signal::INT, ctx.stop_grace).await; false }
+                _ = leave.cancelled() => return,
+            },
+            Running::Adopted(w) => tokio::select! {
+                _ = w.exited() => true,
+                _ = stop.cancelled() => { stop_watched(w, Signal::INT, ctx.stop_grace).await; false }
+                _ = leave.cancelled() => return,
+            },
+        };
+        let _ = std::fs::remove_file(pid_path(&ctx.data_dir, &ctx.id));
+        let _ = ctx.reports.send(Report::Gone { id: ctx.id.clone() });
+        if !exited {
+            tracing::info!(id = %ctx.id, pid, "daemon stopped");
+            let _ = ctx.events.send(DaemonEvent::Stopped { id: ctx.id.clone() });
+            return;
+        }
+        tracing::warn!(id = %ctx.id, pid, "daemon exited; restarting");
+        let _ = ctx.events.send(DaemonEvent::Exited {
+            id: ctx.id.clone(),
+            pid,
+        });
+    }
+}
+
+/// Starts the daemon's process: own process group (terminal signals to the supervisor do not
+/// reach it, and it outlives the supervisor), logs appended, pid file written atomically.
+fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> {
+    if rustix::process::geteuid().is_root() && !ctx.allow_root {
+        return Err("refusing to run a proxy as root (allow it explicitly to do so)".into());
+    }
+    let logs = ctx.data_dir.join("logs");
+    let open = |suffix: &str| {
+        let path = logs.join(format!("{}-{suffix}.log", file_safe(&ctx.id)));
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))
+    };
+    let (stdout, stderr) = (open("stdout")?, open("stderr")?);
+    let child = tokio::process::Command::new(&ctx.spec.command)
+        .args(&ctx.spec.args)
+        .envs(&ctx.spec.env)
+        .env("CONNECT_PROXY_ID", &ctx.id)
+        .env("CONNECT_PROXY_TOKEN", &ctx.spec.token)
+        .env("CONNECT_SIDECAR_FOR", &ctx.spec.sidecar_for)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0)
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", ctx.spec.command.display()))?;
+    let pid = child.id().ok_or("the process exited at once")?;
+    let id = ProcessId::of(pid).unwrap_or(ProcessId { pid, start_time: 0 });
+    let path = pid_path(&ctx.data_dir, &ctx.id);
+    if let Err(e) = write_atomic(&path, format!("{pid}\n").as_bytes(), 0o644) {
+        tracing::error!(path = %path.display(), error = %e, "cannot write pid file");
+    }
+    Ok((child, id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_from_ids_stay_in_the_directory() {
+        assert_eq!(file_safe("web-sidecar-proxy"), "web-sidecar-proxy");
+        assert_eq!(file_safe("../etc/passwd"), ".._etc_passwd");
+    }
+}
