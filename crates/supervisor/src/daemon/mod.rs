@@ -393,13 +393,14 @@ impl Run {
             self.entries.remove(&id);
             let _ = std::fs::remove_file(pid_path(&self.opts.data_dir, &id));
         }
-        // Wait for the stops to complete before starting replacements with the same id.
+        // Wait for the stops to complete before starting replacements with the same id (their
+        // last reports are then queued ahead of the replacements' first).
         while self.tasks.len() > self.daemons.len() {
             if self.tasks.join_next().await.is_none() {
                 break;
             }
         }
-        // Drain reports from the stopped tasks (their Gone reports) before new ones run.
+        // Start what is new (or changed).
         for (id, spec) in set {
             if self.daemons.contains_key(&id) {
                 continue;
