@@ -196,6 +196,8 @@ impl<C: Send + 'static> AgentHandle<C> {
 
 struct Epoch<C> {
     config: C,
+    /// The epoch's task, to tell which epoch a panicked task ran.
+    task: tokio::task::Id,
     abort: CancellationToken,
     aborted: bool,
     started: Instant,
@@ -257,11 +259,14 @@ impl<P: Proxy> Agent<P> {
                 Some(joined) = self.tasks.join_next() => {
                     let (epoch, result) = match joined {
                         Ok(r) => r,
-                        // A panicking run task: treat as an unexpected exit of unknown epoch.
+                        // A panicking run task: a crash of the epoch it ran.
                         Err(e) => {
                             tracing::error!(error = %e, "proxy epoch task failed");
-                            self.abort_all(true);
-                            continue;
+                            let id = e.id();
+                            let Some(epoch) = self.epochs.iter().find(|(_, r)| r.task == id).map(|(n, _)| *n) else {
+                                continue;
+                            };
+                            (epoch, Err(ProxyError::Exited(format!("the epoch's task failed: {e}"))))
                         }
                     };
                     if let Err(last) = self.on_exit(epoch, result, drain_until.is_some()) {
@@ -345,20 +350,13 @@ impl<P: Proxy> Agent<P> {
         let parent = live.last().copied();
         let epoch = parent.map_or(0, |p| p + 1);
         let abort = CancellationToken::new();
-        self.epochs.insert(
-            epoch,
-            Epoch {
-                config: desired.clone(),
-                abort: abort.clone(),
-                aborted: false,
-                started: Instant::now(),
-            },
-        );
+        let record_abort = abort.clone();
+        let config = desired.clone();
         self.starts += 1;
         tracing::info!(epoch, "starting proxy epoch");
         let proxy = Arc::clone(&self.proxy);
         let live_timeout = self.opts.live_timeout;
-        self.tasks.spawn(async move {
+        let task = self.tasks.spawn(async move {
             if let Some(parent) = parent {
                 tokio::select! {
                     _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into()))),
@@ -372,6 +370,15 @@ impl<P: Proxy> Agent<P> {
             let result = proxy.run(&desired, epoch, abort).await;
             (epoch, result)
         });
+        // Recorded before the loop looks at exits again, so the task's exit always finds it.
+        let record = Epoch {
+            config,
+            task: task.id(),
+            abort: record_abort,
+            aborted: false,
+            started: Instant::now(),
+        };
+        self.epochs.insert(epoch, record);
     }
 
     /// Aborts every epoch; `failure` says whether this is a reaction to a failure (logged as

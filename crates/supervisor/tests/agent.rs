@@ -40,6 +40,8 @@ enum Behavior {
     Run,
     /// Runs, but is live only when the test says so.
     RunNotLive,
+    /// The run future panics (a bug in a proxy implementation).
+    Panic,
 }
 
 struct Fake {
@@ -108,6 +110,7 @@ impl Proxy for Shared {
             Behavior::FailStart => return Err(ProxyError::Start(format!("scripted failure of epoch {epoch}"))),
             Behavior::Run => true,
             Behavior::RunNotLive => false,
+            Behavior::Panic => panic!("scripted panic in epoch {epoch}"),
         };
         f.live.lock().insert(epoch, watch::channel(live_now).0);
         let (tx, rx) = oneshot::channel();
@@ -363,5 +366,18 @@ async fn the_same_config_again_changes_nothing() {
     handle.set_config("a").await.unwrap();
     tokio::time::sleep(ms(100)).await;
     assert_eq!(fake.starts(), [(0, "a", ms(0))]);
+    cancel.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_epoch_task_counts_as_a_crash_of_that_epoch() {
+    let fake = Shared::new(Behavior::Run, &[Behavior::Panic]);
+    let (handle, _task, cancel) = spawn(&fake, AgentOptions::default());
+    handle.set_config("a").await.unwrap();
+    tokio::time::sleep(ms(1_000)).await;
+    // Epoch 0's task panicked: restarted after the first back-off step, at epoch 0.
+    assert_eq!(fake.starts(), [(0, "a", ms(0)), (0, "a", ms(200))]);
+    assert!(fake.log().contains(&Ev::Cleanup { epoch: 0 }));
+    assert_eq!(handle.status().borrow().running, [0]);
     cancel.cancel();
 }
