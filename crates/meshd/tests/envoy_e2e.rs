@@ -318,8 +318,8 @@ async fn a_rejected_config_is_not_resent_in_a_loop() {
 }
 
 /// `meshd connect envoy` for api's sidecar, supervising Envoy (the default) with a run dir
-/// the test can read, a token from a file, short drain and parent-shutdown times.
-fn supervised_envoy(mesh: &Mesh, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
+/// the test can read, a token from a file, the given drain time and a 2 s parent shutdown.
+fn supervised_envoy(mesh: &Mesh, dir: &Path, drain_time: &str) -> (Proc, PathBuf) {
     let run_dir = dir.join("run");
     let token = dir.join("token");
     if !token.exists() {
@@ -344,7 +344,7 @@ fn supervised_envoy(mesh: &Mesh, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) 
             "-admin-bind",
             "127.0.0.1:0",
             "-drain-time",
-            "1s",
+            drain_time,
             "-parent-shutdown-time",
             "2s",
         ])
@@ -352,7 +352,6 @@ fn supervised_envoy(mesh: &Mesh, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) 
         .arg(&token)
         .arg("-run-dir")
         .arg(&run_dir)
-        .args(extra)
         .arg("-envoy-binary")
         .arg(envoy())
         .args(["--", "-l", "error", "--concurrency", "1"])
@@ -397,7 +396,7 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     let dir = tempfile::tempdir().unwrap();
     mesh.register("node-api", "api", backend("api-1"), free_port(), json!([]), json!({}))
         .await;
-    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), &[]);
+    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), "1s");
     let pid = proc.0.id();
     let info = wait_live(&run_dir, 0).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 0);
@@ -446,7 +445,7 @@ async fn a_supervisor_killed_with_sigkill_leaves_no_envoy_behind() {
     let dir = tempfile::tempdir().unwrap();
     mesh.register("node-api", "api", backend("api-1"), free_port(), json!([]), json!({}))
         .await;
-    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), &[]);
+    let (mut proc, run_dir) = supervised_envoy(&mesh, dir.path(), "1s");
     let info = wait_live(&run_dir, 0).await;
     let envoy_pid = supervisor::process::ProcessId::of(envoy_child(proc.0.id())).unwrap();
     proc.0.kill().unwrap();
@@ -500,4 +499,66 @@ fn clean_shared_memory(server_info: &Value) {
         .parse()
         .unwrap();
     supervisor::envoy::clean_stale_shared_memory(base).unwrap();
+}
+
+/// A backend that answers `name` after `delay` (an in-flight request, seen from the mesh).
+async fn slow_backend(name: &'static str, delay: Duration) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                tokio::time::sleep(delay).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    name.len()
+                );
+                let _ = conn.write_all(format!("{head}{name}").as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_connect_envoy_lets_an_in_flight_mesh_request_complete() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (api_port, web_port) = (
+        slow_backend("api-slow", Duration::from_millis(1500)).await,
+        backend("web"),
+    );
+    let upstream = free_port();
+    mesh.register("node-api", "api", api_port, free_port(), json!([]), json!({}))
+        .await;
+    let upstreams = json!([{"DestinationName": "api", "LocalBindPort": upstream}]);
+    mesh.register("node-web", "web", web_port, free_port(), upstreams, json!({}))
+        .await;
+    // api's sidecar drains for 3 s on SIGTERM; web's is the client side of the mesh.
+    let (mut api, run_dir) = supervised_envoy(&mesh, dir.path(), "3s");
+    wait_live(&run_dir, 0).await;
+    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let client = reqwest::Client::new();
+    let through_mesh = format!("http://127.0.0.1:{upstream}/");
+    assert_eq!(wait_for(|| get(&client, &through_mesh)).await, "api-slow");
+
+    // A request is in flight through api's sidecar when its supervisor gets SIGTERM.
+    let in_flight = tokio::spawn({
+        let (client, url) = (client.clone(), through_mesh.clone());
+        async move { get(&client, &url).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = std::time::Instant::now();
+    signal(api.0.id(), rustix::process::Signal::TERM);
+    assert_eq!(
+        in_flight.await.unwrap().as_deref(),
+        Some("api-slow"),
+        "the in-flight request was cut"
+    );
+    let status = wait_for(|| std::future::ready(api.0.try_wait().unwrap())).await;
+    assert!(status.success(), "{status}");
+    assert!(t0.elapsed() >= Duration::from_secs(3), "exited before the drain time");
 }
