@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+/// Streams connecting at once (Envoys do not all dial in the same millisecond; 5,000
+/// simultaneous handshakes overflow the accept queue of a 2-core host).
+const CONNECTING: usize = 256;
 const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 const SERVICES: usize = 100;
@@ -125,6 +128,7 @@ async fn delta_proxy(
     marker: Arc<AtomicU64>,
     report: mpsc::UnboundedSender<(Instant, usize)>,
     ready: mpsc::UnboundedSender<()>,
+    gate: tokio::sync::OwnedSemaphorePermit,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -148,6 +152,7 @@ async fn delta_proxy(
         .into_inner();
     let mut subscribed = false;
     let mut told_ready = false;
+    let mut gate = Some(gate);
     let mut reported = 0;
     while let Ok(Some(resp)) = stream.message().await {
         let bytes = resp.encoded_len();
@@ -177,6 +182,8 @@ async fn delta_proxy(
         } else if resp.type_url == ENDPOINT {
             if !told_ready {
                 told_ready = true;
+                // Synced: let the next stream connect.
+                drop(gate.take());
                 let _ = ready.send(());
             }
             let m = marker.load(Ordering::Acquire);
@@ -202,6 +209,7 @@ async fn sotw_proxy(
     marker: Arc<AtomicU64>,
     report: mpsc::UnboundedSender<(Instant, usize)>,
     ready: mpsc::UnboundedSender<()>,
+    gate: tokio::sync::OwnedSemaphorePermit,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -225,6 +233,7 @@ async fn sotw_proxy(
         .into_inner();
     let mut eds_names: Vec<String> = Vec::new();
     let mut told_ready = false;
+    let mut gate = Some(gate);
     let mut reported = 0;
     while let Ok(Some(resp)) = stream.message().await {
         let bytes = resp.encoded_len();
@@ -262,6 +271,8 @@ async fn sotw_proxy(
         if resp.type_url == ENDPOINT {
             if !told_ready {
                 told_ready = true;
+                // Synced: let the next stream connect.
+                drop(gate.take());
                 let _ = ready.send(());
             }
             let m = marker.load(Ordering::Acquire);
@@ -334,8 +345,10 @@ async fn floor_run(n: usize, payload_bytes: usize) -> Vec<Duration> {
             .await
     });
     let (report, mut reports) = mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
     for i in 0..n {
         let report = report.clone();
+        let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
         tokio::spawn(async move {
             let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
                 .await
@@ -355,6 +368,7 @@ async fn floor_run(n: usize, payload_bytes: usize) -> Vec<Duration> {
                 .await
                 .unwrap()
                 .into_inner();
+            drop(permit);
             let _ = report.send(Instant::now()); // connected
             while let Ok(Some(_)) = stream.message().await {
                 let _ = report.send(Instant::now());
@@ -431,13 +445,15 @@ async fn main() {
     let (report, mut reports) = mpsc::unbounded_channel();
     let (ready, mut readies) = mpsc::unbounded_channel();
     let start = Instant::now();
+    let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
     for i in 0..n {
         let (grpc, marker, report, ready) = (server.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
         let id = format!("app-{i}-sidecar-proxy");
+        let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
         if sotw {
-            tokio::spawn(sotw_proxy(grpc, id, marker, report, ready));
+            tokio::spawn(sotw_proxy(grpc, id, marker, report, ready, permit));
         } else {
-            tokio::spawn(delta_proxy(grpc, id, marker, report, ready));
+            tokio::spawn(delta_proxy(grpc, id, marker, report, ready, permit));
         }
     }
     for _ in 0..n {
