@@ -90,8 +90,16 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
     }
 }
 
+/// One subscribed topic: its channel and the last value computed for it, handed to new
+/// subscribers while it is current, so that the many proxies watching the same topic share
+/// one payload (one `Arc`) instead of each computing its own copy.
+struct Slot {
+    tx: broadcast::Sender<Event>,
+    last: Option<Event>,
+}
+
 pub(crate) struct Publisher {
-    topics: Mutex<HashMap<Topic, broadcast::Sender<Event>>>,
+    topics: Mutex<HashMap<Topic, Slot>>,
     buffer: usize,
 }
 
@@ -108,13 +116,22 @@ impl Publisher {
     pub(crate) fn subscribe(&self, topic: Topic, current: impl FnOnce() -> Arc<State>) -> Subscription {
         let mut topics = self.topics.lock();
         let state = current();
-        let rx = topics
-            .entry(topic.clone())
-            .or_insert_with(|| broadcast::channel(self.buffer).0)
-            .subscribe();
-        let snapshot = Event {
-            index: state.index_of(&topic.index_key()),
-            payload: payload(&topic, &state),
+        let slot = topics.entry(topic.clone()).or_insert_with(|| Slot {
+            tx: broadcast::channel(self.buffer).0,
+            last: None,
+        });
+        let rx = slot.tx.subscribe();
+        let index = state.index_of(&topic.index_key());
+        let snapshot = match &slot.last {
+            Some(last) if last.index == index => last.clone(),
+            _ => {
+                let event = Event {
+                    index,
+                    payload: payload(&topic, &state),
+                };
+                slot.last = Some(event.clone());
+                event
+            }
         };
         Subscription {
             topic,
@@ -127,16 +144,18 @@ impl Publisher {
     /// listens to any more.
     pub(crate) fn publish(&self, state: &State, bumped: &HashSet<IndexKey>) {
         let mut topics = self.topics.lock();
-        topics.retain(|topic, tx| {
-            if tx.receiver_count() == 0 {
+        topics.retain(|topic, slot| {
+            if slot.tx.receiver_count() == 0 {
                 return false;
             }
             let key = topic.index_key();
             if bumped.contains(&key) {
-                let _ = tx.send(Event {
+                let event = Event {
                     index: state.index_of(&key),
                     payload: payload(topic, state),
-                });
+                };
+                slot.last = Some(event.clone());
+                let _ = slot.tx.send(event);
             }
             true
         });

@@ -510,3 +510,38 @@ async fn leaves_are_reused_until_the_ca_changes() {
     assert_eq!(roots.roots.len(), 2, "the old root stays trusted");
     assert!(b.cert_pem.contains("BEGIN CERTIFICATE"));
 }
+
+#[tokio::test]
+async fn subscribers_of_one_topic_share_one_payload_until_it_changes() {
+    let store = mem_store().await;
+    store
+        .write(register("n1", "10.0.0.1", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    let health = |ev: Event| match ev.payload {
+        Payload::Health(h) => h,
+        other => panic!("{other:?}"),
+    };
+    let mut a = store.subscribe(Topic::ServiceHealth("api".into()));
+    let mut b = store.subscribe(Topic::ServiceHealth("api".into()));
+    let (ha, hb) = (health(a.next().await.unwrap()), health(b.next().await.unwrap()));
+    assert!(Arc::ptr_eq(&ha, &hb), "one computed snapshot for both subscribers");
+    // A change: the published value is what the next subscriber starts from.
+    store
+        .write(register("n2", "10.0.0.2", Some(service("api", 8080)), vec![]))
+        .await
+        .unwrap();
+    let published = health(a.next().await.unwrap());
+    assert_eq!(published.len(), 2);
+    let mut c = store.subscribe(Topic::ServiceHealth("api".into()));
+    assert!(Arc::ptr_eq(&published, &health(c.next().await.unwrap())));
+    // A write elsewhere bumps nothing here: still the same value.
+    store
+        .write(register("n9", "10.0.0.9", Some(service("db", 1)), vec![]))
+        .await
+        .unwrap();
+    let mut d = store.subscribe(Topic::ServiceHealth("api".into()));
+    let hd = health(d.next().await.unwrap());
+    assert!(Arc::ptr_eq(&published, &hd));
+    drop(b);
+}
