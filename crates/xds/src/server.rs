@@ -39,6 +39,8 @@ struct Inner {
     metrics: Arc<XdsMetrics>,
     /// Resources built per snapshot, shared by every stream of that proxy.
     built: Mutex<HashMap<usize, Built>>,
+    /// Size of `built` at which it is next swept of dead entries.
+    built_sweep_at: Mutex<usize>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
     tasks: TaskTracker,
@@ -59,6 +61,7 @@ impl XdsServer {
                 source,
                 metrics: Arc::new(XdsMetrics::default()),
                 built: Mutex::new(HashMap::new()),
+                built_sweep_at: Mutex::new(1024),
                 shared: crate::resources::SharedEncodings::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
@@ -85,9 +88,12 @@ impl XdsServer {
 }
 
 impl Inner {
+    /// The resources of `snap`: from the cache when another stream of the proxy built them,
+    /// else built reusing what `previous` (this stream's last resources) can lend.
     fn resources_for(
         &self,
         snap: &Arc<ConfigSnapshot>,
+        previous: Option<&Arc<VersionedResources>>,
     ) -> Result<Arc<VersionedResources>, crate::resources::BuildError> {
         let key = Arc::as_ptr(snap) as usize;
         {
@@ -99,9 +105,18 @@ impl Inner {
                 return Ok(r);
             }
         }
-        let resources = Arc::new(VersionedResources::build(snap, Some(&self.shared))?);
+        let resources = Arc::new(VersionedResources::build_after(
+            snap,
+            Some(&self.shared),
+            previous.map(|p| &**p),
+        )?);
         let mut built = self.built.lock();
-        built.retain(|_, (s, r)| s.strong_count() > 0 && r.strong_count() > 0);
+        // Sweep dead entries when the map has doubled since the last sweep, not every build.
+        let mut sweep_at = self.built_sweep_at.lock();
+        if built.len() >= *sweep_at {
+            built.retain(|_, (s, r)| s.strong_count() > 0 && r.strong_count() > 0);
+            *sweep_at = (built.len() * 2).max(1024);
+        }
         built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)));
         Ok(resources)
     }
@@ -239,7 +254,7 @@ async fn run_stream<P: Protocol>(
                 _ => return,
             },
             ev = watcher.next() => match ev {
-                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap) {
+                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap, current.as_ref()) {
                     Ok(r) => {
                         current = Some(r);
                         changed_at = Instant::now();

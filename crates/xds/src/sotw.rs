@@ -88,7 +88,7 @@ impl SotwState {
                 hasher.update(res.version.as_bytes());
                 hasher.update([0]);
             }
-            let version: String = hasher.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+            let version = crate::versioned::hex(&hasher.finalize()[..16]);
             if st.acked.as_ref() == Some(&version) || st.rejected.as_ref() == Some(&version) {
                 continue;
             }

@@ -22,11 +22,24 @@ pub struct Versioned {
 pub struct VersionedResources {
     /// type URL → name → resource.
     pub by_type: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>>,
+    /// The snapshot these were built from (when built from one): the next build of the same
+    /// proxy compares its inputs with it to reuse what cannot have changed.
+    pub snapshot: Option<Arc<ConfigSnapshot>>,
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 fn version_of(any: &Any) -> String {
-    let digest = Sha256::digest(&any.value);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(&any.value))
 }
 
 impl Versioned {
@@ -57,7 +70,10 @@ impl VersionedResources {
         for (t, m) in resources.shared {
             by_type.entry(t).or_default().extend(m);
         }
-        Self { by_type }
+        Self {
+            by_type,
+            snapshot: None,
+        }
     }
 
     /// Builds and hashes the resources of a snapshot; shared resources come from `shared`.
@@ -66,6 +82,36 @@ impl VersionedResources {
         shared: Option<&resources::SharedEncodings>,
     ) -> Result<Self, resources::BuildError> {
         resources::build_shared(snapshot, shared).map(Self::from_resources)
+    }
+
+    /// Like [`Self::build`], but when `previous` was built from a snapshot of the same proxy
+    /// that differs only in endpoints, reuses its clusters, listeners and routes (no build,
+    /// encode or hash) and builds only the load assignments. The result equals a full build.
+    pub fn build_after(
+        snapshot: &Arc<ConfigSnapshot>,
+        shared: Option<&resources::SharedEncodings>,
+        previous: Option<&VersionedResources>,
+    ) -> Result<Self, resources::BuildError> {
+        let reusable = previous.filter(|p| {
+            p.snapshot
+                .as_ref()
+                .is_some_and(|prev| resources::same_except_endpoints(prev, snapshot))
+        });
+        let mut built = match reusable {
+            Some(prev) => {
+                let mut by_type = prev.by_type.clone();
+                by_type.remove(resources::ENDPOINT);
+                let endpoints = Self::from_resources(resources::build_endpoints(snapshot, shared)?);
+                by_type.extend(endpoints.by_type);
+                Self {
+                    by_type,
+                    snapshot: None,
+                }
+            }
+            None => Self::build(snapshot, shared)?,
+        };
+        built.snapshot = Some(Arc::clone(snapshot));
+        Ok(built)
     }
 
     /// The resources of one type (empty if none).

@@ -52,3 +52,75 @@ fn one_encoding_for_every_proxy_of_the_same_endpoints() {
         plain.get(ENDPOINT, name).unwrap().version
     );
 }
+
+/// Changes one input of a snapshot's connect-proxy part.
+fn changed(snap: &ConfigSnapshot, f: impl FnOnce(&mut proxycfg::ConnectProxySnapshot)) -> Arc<ConfigSnapshot> {
+    let mut next = snap.clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut next.kind;
+    f(cp);
+    Arc::new(next)
+}
+
+#[test]
+fn an_endpoints_only_change_reuses_the_other_resources_and_equals_a_full_build() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "http",
+        upstreams: vec![("api", 9191, "http"), ("db", 9192, "tcp")],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let shared = SharedEncodings::default();
+    let first = Arc::new(with_endpoints(
+        snapshot(&ca, &scenario),
+        &Arc::new(vec![instance("api", "10.0.0.1", 1)]),
+    ));
+    let r1 = VersionedResources::build_after(&first, Some(&shared), None).unwrap();
+
+    // Only endpoints change: every non-endpoint resource is the very same Arc.
+    let second = Arc::new(with_endpoints(
+        (*first).clone(),
+        &Arc::new(vec![instance("api", "10.0.0.9", 1)]),
+    ));
+    let r2 = VersionedResources::build_after(&second, Some(&shared), Some(&r1)).unwrap();
+    let full = VersionedResources::build(&second, Some(&shared)).unwrap();
+    let versions = |r: &VersionedResources| -> Vec<(String, String, String)> {
+        r.by_type
+            .iter()
+            .flat_map(|(t, m)| {
+                m.iter()
+                    .map(move |(n, v)| (t.to_string(), n.clone(), v.version.clone()))
+            })
+            .collect()
+    };
+    assert_eq!(versions(&r2), versions(&full), "incremental equals full");
+    for (t, m) in &r2.by_type {
+        for (name, v) in m {
+            let reused = Arc::ptr_eq(v, r1.get(t, name).unwrap());
+            assert_eq!(reused, *t != ENDPOINT, "{t} {name}: reused={reused}");
+        }
+    }
+
+    // Any other input changes: a full build (equal to building from scratch).
+    let new_leaf = changed(&second, |cp| cp.leaf = Some(ca.leaf("web")));
+    let r3 = VersionedResources::build_after(&new_leaf, Some(&shared), Some(&r2)).unwrap();
+    assert_eq!(
+        versions(&r3),
+        versions(&VersionedResources::build(&new_leaf, Some(&shared)).unwrap())
+    );
+    assert_ne!(
+        versions(&r3),
+        versions(&r2),
+        "the new leaf is in the clusters and listeners"
+    );
+    let new_intentions = changed(&second, |cp| cp.intentions = Some(Arc::new(vec![])));
+    let r4 = VersionedResources::build_after(&new_intentions, Some(&shared), Some(&r2)).unwrap();
+    let public = r4.by_type[xds::resources::LISTENER]
+        .iter()
+        .find(|(n, _)| n.starts_with("public_listener"))
+        .unwrap();
+    assert!(
+        !Arc::ptr_eq(public.1, r2.get(xds::resources::LISTENER, public.0).unwrap()),
+        "rebuilt, not reused"
+    );
+}

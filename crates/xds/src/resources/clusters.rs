@@ -98,11 +98,7 @@ pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) ->
     }
 }
 
-pub(crate) fn build(
-    snap: &ConfigSnapshot,
-    out: &mut Resources,
-    shared: Option<&super::SharedEncodings>,
-) -> Result<(), BuildError> {
+pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
@@ -141,7 +137,7 @@ pub(crate) fn build(
 
     for upstream in cp.upstreams.values() {
         let Some(chain) = &upstream.chain else { continue };
-        for (target_id, target) in &chain.targets {
+        for target in chain.targets.values() {
             let spiffe = SpiffeIdService {
                 trust_domain: roots.trust_domain.clone(),
                 namespace: target.namespace.clone(),
@@ -163,6 +159,24 @@ pub(crate) fn build(
                 cluster.typed_extension_protocol_options = http2_options();
             }
             out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));
+        }
+    }
+    Ok(())
+}
+
+/// The load assignment of every chain target: the only resources an endpoints change
+/// touches, so an endpoints-only snapshot change rebuilds just these.
+pub(crate) fn build_endpoints(
+    snap: &ConfigSnapshot,
+    out: &mut Resources,
+    shared: Option<&super::SharedEncodings>,
+) -> Result<(), BuildError> {
+    let cp = snap
+        .connect_proxy()
+        .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
+    for upstream in cp.upstreams.values() {
+        let Some(chain) = &upstream.chain else { continue };
+        for (target_id, target) in &chain.targets {
             match (shared, upstream.endpoints.get(target_id)) {
                 (Some(shared), Some(nodes)) => {
                     let cla =

@@ -82,9 +82,56 @@ pub fn build(snapshot: &ConfigSnapshot) -> Result<Resources, BuildError> {
 /// assignments of the same endpoints) from `shared`: built, encoded and hashed once.
 pub fn build_shared(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
-    clusters::build(snapshot, &mut out, shared)?;
+    clusters::build(snapshot, &mut out)?;
+    clusters::build_endpoints(snapshot, &mut out, shared)?;
     listeners::build(snapshot, &mut out)?;
     Ok(out)
+}
+
+/// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).
+pub fn build_endpoints(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>) -> Result<Resources, BuildError> {
+    let mut out = Resources::default();
+    clusters::build_endpoints(snapshot, &mut out, shared)?;
+    Ok(out)
+}
+
+fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// True when every input the resource builders read, except the upstreams' endpoints, is
+/// the same in both snapshots: then only load assignments can differ between their builds.
+///
+/// Inputs are compared by `Arc` identity (proxycfg keeps the `Arc` of an unchanged input
+/// from one snapshot to the next), so this is cheap and never wrong: different `Arc`s with
+/// equal content just mean a full build.
+pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
+        return false;
+    };
+    a.proxy_id == b.proxy_id
+        && Arc::ptr_eq(&a.service, &b.service)
+        && a.datacenter == b.datacenter
+        && same_arc(&a.roots, &b.roots)
+        && same_arc(&x.leaf, &y.leaf)
+        && same_arc(&x.intentions, &y.intentions)
+        && match (&x.mesh_config, &y.mesh_config) {
+            (Some(m), Some(n)) => same_arc(m, n),
+            (None, None) => true,
+            _ => false,
+        }
+        && same_arc(&x.resolved_config, &y.resolved_config)
+        && Arc::ptr_eq(&x.http_checks, &y.http_checks)
+        && (Arc::ptr_eq(&x.upstreams, &y.upstreams)
+            || (x.upstreams.len() == y.upstreams.len()
+                && x.upstreams
+                    .iter()
+                    .zip(y.upstreams.iter())
+                    .all(|((ka, ua), (kb, ub))| ka == kb && ua.index == ub.index && same_arc(&ua.chain, &ub.chain))))
 }
 
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
