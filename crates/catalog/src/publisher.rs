@@ -96,6 +96,8 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
 struct Slot {
     tx: broadcast::Sender<Event>,
     last: Option<Event>,
+    /// The topic's index key, computed once (publishing checks every topic's key).
+    key: IndexKey,
 }
 
 pub(crate) struct Publisher {
@@ -119,9 +121,10 @@ impl Publisher {
         let slot = topics.entry(topic.clone()).or_insert_with(|| Slot {
             tx: broadcast::channel(self.buffer).0,
             last: None,
+            key: topic.index_key(),
         });
         let rx = slot.tx.subscribe();
-        let index = state.index_of(&topic.index_key());
+        let index = state.index_of(&slot.key);
         let snapshot = match &slot.last {
             Some(last) if last.index == index => last.clone(),
             _ => {
@@ -148,10 +151,9 @@ impl Publisher {
             if slot.tx.receiver_count() == 0 {
                 return false;
             }
-            let key = topic.index_key();
-            if bumped.contains(&key) {
+            if bumped.contains(&slot.key) {
                 let event = Event {
-                    index: state.index_of(&key),
+                    index: state.index_of(&slot.key),
                     payload: payload(topic, state),
                 };
                 slot.last = Some(event.clone());
