@@ -11,7 +11,7 @@
 //! listeners, routes; removals only once every type is quiet.
 
 use crate::resources::TYPES;
-use crate::versioned::VersionedResources;
+use crate::versioned::{TypeResources, VersionedResources};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -52,11 +52,19 @@ struct TypeState {
     rejected: HashMap<String, String>,
     /// The type has been asked for at least once.
     requested: bool,
+    /// The resources of this type the proxy was last found fully in sync with (nothing to
+    /// upsert or remove), held so that the same map (pointer) means nothing to diff. Any
+    /// request of this type clears it.
+    in_sync: Option<Arc<TypeResources>>,
 }
 
 impl TypeState {
     fn wants(&self, name: &str) -> bool {
         self.wildcard || self.subscribed.contains(name)
+    }
+
+    fn is_in_sync(&self, now: Option<&Arc<TypeResources>>) -> bool {
+        matches!((&self.in_sync, now), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
     }
 }
 
@@ -71,6 +79,7 @@ impl DeltaState {
     /// Applies a request: subscriptions, initial versions, and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
         let st = self.types.entry(req.type_url.clone()).or_default();
+        st.in_sync = None;
         let first = !st.requested;
         st.requested = true;
         if first {
@@ -147,7 +156,7 @@ impl DeltaState {
         // Upserts, type by type.
         for type_url in TYPES {
             let Some(st) = self.types.get(type_url) else { continue };
-            if st.pending.is_some() {
+            if st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
                 continue;
             }
             let mut size = 0;
@@ -192,6 +201,9 @@ impl DeltaState {
         // Removals, once everything new is in place.
         for type_url in TYPES {
             let Some(st) = self.types.get(type_url) else { continue };
+            if st.is_in_sync(resources.map(type_url)) {
+                continue;
+            }
             let removed: Vec<String> = st
                 .known
                 .keys()
@@ -199,6 +211,10 @@ impl DeltaState {
                 .cloned()
                 .collect();
             if removed.is_empty() {
+                // Nothing to upsert (above) and nothing to remove: in sync with this map.
+                if let Some(st) = self.types.get_mut(type_url) {
+                    st.in_sync = resources.map(type_url).cloned();
+                }
                 continue;
             }
             let nonce = self.nonce();

@@ -16,12 +16,17 @@ pub struct Versioned {
     pub resource: Any,
 }
 
+/// The resources of one type by name.
+pub type TypeResources = BTreeMap<String, Arc<Versioned>>;
+
 /// Every resource of a snapshot by type URL then name, with versions. Built once per
 /// snapshot and shared by every stream of the proxy.
 #[derive(Debug, Clone, Default)]
 pub struct VersionedResources {
-    /// type URL → name → resource.
-    pub by_type: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>>,
+    /// type URL → name → resource. Each type's map is shared (`Arc`): a build that reuses a
+    /// type from the previous one shares the very map, which tells a stream's protocol state
+    /// that nothing of that type can have changed.
+    pub by_type: BTreeMap<&'static str, Arc<TypeResources>>,
     /// The snapshot these were built from (when built from one): the next build of the same
     /// proxy compares its inputs with it to reuse what cannot have changed.
     pub snapshot: Option<Arc<ConfigSnapshot>>,
@@ -55,7 +60,7 @@ impl Versioned {
 impl VersionedResources {
     /// Hashes every resource of `resources`.
     pub fn from_resources(resources: Resources) -> Self {
-        let mut by_type: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>> = resources
+        let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
             .map(|(t, m)| {
@@ -71,7 +76,7 @@ impl VersionedResources {
             by_type.entry(t).or_default().extend(m);
         }
         Self {
-            by_type,
+            by_type: by_type.into_iter().map(|(t, m)| (t, Arc::new(m))).collect(),
             snapshot: None,
         }
     }
@@ -112,6 +117,11 @@ impl VersionedResources {
         };
         built.snapshot = Some(Arc::clone(snapshot));
         Ok(built)
+    }
+
+    /// The shared map of one type's resources.
+    pub fn map(&self, type_url: &str) -> Option<&Arc<TypeResources>> {
+        self.by_type.get(type_url)
     }
 
     /// The resources of one type (empty if none).

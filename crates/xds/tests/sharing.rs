@@ -94,8 +94,11 @@ fn an_endpoints_only_change_reuses_the_other_resources_and_equals_a_full_build()
             .collect()
     };
     assert_eq!(versions(&r2), versions(&full), "incremental equals full");
+    for t in [xds::resources::CLUSTER, xds::resources::LISTENER, xds::resources::ROUTE] {
+        assert!(Arc::ptr_eq(&r2.by_type[t], &r1.by_type[t]), "{t}: the same shared map");
+    }
     for (t, m) in &r2.by_type {
-        for (name, v) in m {
+        for (name, v) in m.iter() {
             let reused = Arc::ptr_eq(v, r1.get(t, name).unwrap());
             assert_eq!(reused, *t != ENDPOINT, "{t} {name}: reused={reused}");
         }

@@ -180,3 +180,30 @@ fn make_before_break_order() {
         (CLUSTER, vec!["old".to_owned()])
     );
 }
+
+#[test]
+fn a_type_in_sync_with_the_same_map_is_skipped_until_a_request_of_that_type() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &["a"]));
+    st.on_request(&subscribe(ENDPOINT, &["a"]));
+    let v1 = res(&[(CLUSTER, "a", b"1"), (CLUSTER, "b", b"1"), (ENDPOINT, "a", b"e1")]);
+    for _ in 0..2 {
+        for resp in st.responses(&v1) {
+            st.on_request(&ack(&resp));
+        }
+    }
+    assert!(st.responses(&v1).is_empty());
+    // Endpoints change, clusters are the very same map: only endpoints are sent.
+    let mut v2 = res(&[(ENDPOINT, "a", b"e2")]);
+    v2.by_type.insert(CLUSTER, Arc::clone(&v1.by_type[CLUSTER]));
+    let out = st.responses(&v2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].type_url, ENDPOINT);
+    st.on_request(&ack(&out[0]));
+    assert!(st.responses(&v2).is_empty());
+    // A new subscription to "b" (a request of the cluster type) makes the same map news.
+    st.on_request(&subscribe(CLUSTER, &["b"]));
+    let out = st.responses(&v2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(names(&out[0]), vec!["b"]);
+}
