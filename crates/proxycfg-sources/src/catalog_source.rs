@@ -189,6 +189,8 @@ async fn sync(
             }
             None => debug!("no such proxy in the catalog yet"),
         }
+        // Not held across the wait: a parked proxy must not pin an old catalog version.
+        drop(state);
         let store = &inner.store;
         tokio::select! {
             biased;
