@@ -273,14 +273,18 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     })
     .await;
     assert!(clusters.contains(&format!("127.0.0.1:{api2_proxy}")), "{clusters}");
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..40 {
+    // web may learn of the new endpoint before api-2's own Envoy has its listener (the
+    // instance has no health check to hold it back): keep asking until both have answered.
+    let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    wait_for(|| async {
         if let Some(b) = get(&client, &through_mesh).await {
-            seen.insert(b);
+            seen.borrow_mut().insert(b);
         }
-    }
+        (seen.borrow().len() == 2).then_some(())
+    })
+    .await;
     assert_eq!(
-        seen.into_iter().collect::<Vec<_>>(),
+        seen.into_inner().into_iter().collect::<Vec<_>>(),
         vec!["api-1", "api-2"],
         "both instances serve"
     );
