@@ -332,6 +332,7 @@ impl AggregatedDiscoveryService for Floor {
 }
 
 async fn floor_run(n: usize, payload_bytes: usize) -> Vec<Duration> {
+    let (_, rss_before) = proc_stat(std::process::id());
     let (trigger, _) = broadcast::channel(4);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -380,6 +381,13 @@ async fn floor_run(n: usize, payload_bytes: usize) -> Vec<Duration> {
         reports.recv().await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // What a bare gRPC stream costs here (client and server side together, both in this
+    // process): the transport share of the server's per-proxy figure is at most this.
+    let (_, rss_after) = proc_stat(std::process::id());
+    println!(
+        "  floor transport: {:.1} KiB per stream (client + server side of one ADS stream on its own HTTP/2 connection)",
+        rss_after.saturating_sub(rss_before) as f64 / n as f64
+    );
     let msg = Arc::new(DeltaDiscoveryResponse {
         type_url: ENDPOINT.into(),
         resources: vec![Resource {
