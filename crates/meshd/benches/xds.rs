@@ -100,16 +100,18 @@ fn start_server() -> Server {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Lines before the ready lines are skipped (a profiler wrapping the server may print).
+    let mut lines = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .skip_while(|l| !l.starts_with("meshd server listening on "));
     let http = lines
         .next()
-        .unwrap()
         .unwrap()
         .trim_start_matches("meshd server listening on ")
         .to_owned();
     let grpc = lines
         .next()
-        .unwrap()
         .unwrap()
         .trim_start_matches("meshd xds listening on ")
         .to_owned();
