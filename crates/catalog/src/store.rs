@@ -48,7 +48,7 @@ impl Default for StoreConfig {
             datacenter: "dc1".into(),
             data_dir: None,
             snapshot_every: 10_000,
-            publish_buffer: 64,
+            publish_buffer: 16,
             max_batch: 1024,
         }
     }
