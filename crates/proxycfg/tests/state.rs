@@ -15,11 +15,7 @@ async fn first_snapshot_is_valid_and_complete() {
     f.fakes
         .health
         .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.0.0.1")]));
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     let snap = next_snapshot(&mut w).await;
     assert!(snap.is_valid());
     assert_eq!(snap.roots.as_ref().unwrap().trust_domain, TRUST);
@@ -39,11 +35,7 @@ async fn first_snapshot_is_valid_and_complete() {
 async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     let f = fixture();
     let reg = sidecar("web", 21000, &[("api", 9191)]);
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     next_snapshot(&mut w).await;
     assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 1);
 
@@ -106,11 +98,7 @@ async fn burst_is_coalesced_into_one_snapshot() {
     let f = fixture();
     let upstreams = [("a", 9001), ("b", 9002), ("c", 9003), ("d", 9004)];
     let reg = sidecar("web", 21000, &upstreams);
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     let before = next_snapshot(&mut w).await;
     let built = f.manager.metrics().snapshots_built;
     // Six changes from six different watches inside one coalescing window.
@@ -183,11 +171,7 @@ async fn burst_is_coalesced_into_one_snapshot() {
 async fn data_source_error_keeps_last_good_data() {
     let f = fixture();
     let reg = sidecar("web", 21000, &[("api", 9191)]);
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     let good = next_snapshot(&mut w).await;
     let req = health_req("api", "dc1");
     f.fakes.health.set(&req, Arc::new(vec![instance("api", "10.0.0.1")]));
@@ -224,11 +208,7 @@ async fn snapshot_waits_for_roots_leaf_intentions_and_config() {
     };
     f.fakes.leaf.set_fallback(|_| None);
     let reg = sidecar("web", 21000, &[]);
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     settle().await;
     assert!(w.current().is_none(), "no snapshot without a leaf");
     f.fakes.leaf.set(
@@ -260,11 +240,7 @@ async fn prepared_query_upstream() {
     f.fakes
         .prepared_query
         .set(&req, PreparedQueryResult(Arc::new(vec![instance("db", "10.1.1.1")])));
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     let snap = next_snapshot(&mut w).await;
     let (id, up) = snap.connect_proxy().unwrap().upstreams.iter().next().unwrap();
     assert_eq!(id.to_string(), "prepared_query:geo-db");
@@ -275,11 +251,7 @@ async fn prepared_query_upstream() {
 async fn after_the_first_snapshot_a_lone_change_goes_out_at_once_and_a_quick_second_waits_for_the_window() {
     let f = fixture();
     let reg = sidecar("web", 21000, &[("api", 9191)]);
-    f.manager
-        .register(reg.clone(), ProxySource::Local, false)
-        .await
-        .unwrap();
-    let mut w = f.manager.watch(&reg.id);
+    let mut w = register_and_watch(&f, &reg).await;
     let first = next_snapshot(&mut w).await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 

@@ -1,5 +1,5 @@
 //! Shared fixtures: fake data sources, registrations, chains.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use proxycfg::data_sources::*;
 use proxycfg::fake::FakeDataSources;
@@ -23,6 +23,15 @@ pub fn fixture_with(config: ManagerConfig) -> Fixture {
     let fakes = FakeDataSources::with_defaults(TRUST);
     let manager = Manager::new(config, fakes.data_sources());
     Fixture { fakes, manager }
+}
+
+/// Registers `reg` from the local source and watches it.
+pub async fn register_and_watch(f: &Fixture, reg: &ProxyRegistration) -> Watcher {
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    f.manager.watch(&reg.id)
 }
 
 pub fn sidecar(service: &str, port: u16, upstreams: &[(&str, u16)]) -> ProxyRegistration {
