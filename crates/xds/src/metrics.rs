@@ -11,8 +11,8 @@ const BUCKETS_MS: [u64; 10] = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 #[derive(Debug, Default)]
 pub struct XdsMetrics {
     streams: AtomicI64,
-    responses: [AtomicU64; 4],
-    nacks: [AtomicU64; 4],
+    responses: [AtomicU64; TYPES.len()],
+    nacks: [AtomicU64; TYPES.len()],
     ack_buckets: [AtomicU64; 11],
     ack_sum_micros: AtomicU64,
     ack_count: AtomicU64,

@@ -1,8 +1,9 @@
 //! Every generated configuration is accepted by the real Envoy (`envoy --mode validate`).
 //!
 //! The dynamic parts are made static for validation: EDS clusters get their generated load
-//! assignment inline and HTTP connection managers their generated route configuration, so
-//! the very resources the server would send are what Envoy checks.
+//! assignment inline, HTTP connection managers their generated route configuration, and the
+//! generated secrets become static secrets that the TLS contexts name (their SDS source
+//! removed), so the very resources the server would send are what Envoy checks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,22 +12,56 @@ use common::*;
 use envoy_types::pb::envoy::config::bootstrap::v3::{Admin, Bootstrap, bootstrap};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager,
 };
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, Secret, UpstreamTlsContext, common_tls_context,
+};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 use prost::{Message, Name};
 use std::process::Command;
 use structs::config_entry::IntentionAction;
-use xds::resources::{self, CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use xds::resources::{self, CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 
 fn unpack<T: Message + Name + Default>(any: &Any) -> T {
     assert_eq!(any.type_url, T::type_url());
     T::decode(any.value.as_slice()).unwrap()
+}
+
+/// Points a TLS context's SDS references at static secrets of the same names.
+fn static_sds(ctx: &mut CommonTlsContext) {
+    for c in &mut ctx.tls_certificate_sds_secret_configs {
+        c.sds_config = None;
+    }
+    if let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
+        &mut ctx.validation_context_type
+        && let Some(c) = &mut v.validation_context_sds_secret_config
+    {
+        c.sds_config = None;
+    }
+}
+
+/// The same transport socket with its SDS references made static.
+fn static_socket(ts: &mut TransportSocket) {
+    let Some(transport_socket::ConfigType::TypedConfig(cfg)) = &ts.config_type else {
+        return;
+    };
+    let repacked = if cfg.type_url == UpstreamTlsContext::type_url() {
+        let mut ctx: UpstreamTlsContext = unpack(cfg);
+        static_sds(ctx.common_tls_context.as_mut().unwrap());
+        pack_any(ctx)
+    } else {
+        let mut ctx: DownstreamTlsContext = unpack(cfg);
+        static_sds(ctx.common_tls_context.as_mut().unwrap());
+        pack_any(ctx)
+    };
+    ts.config_type = Some(transport_socket::ConfigType::TypedConfig(repacked));
 }
 
 fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
@@ -37,6 +72,9 @@ fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
     let mut clusters = Vec::new();
     for any in r.of(CLUSTER).unwrap().values() {
         let mut c: Cluster = unpack(any);
+        if let Some(ts) = &mut c.transport_socket {
+            static_socket(ts);
+        }
         if c.eds_cluster_config.is_some() {
             let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&c.name]);
             c.eds_cluster_config = None;
@@ -51,6 +89,9 @@ fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
     for any in r.of(LISTENER).unwrap().values() {
         let mut l: Listener = unpack(any);
         for chain in &mut l.filter_chains {
+            if let Some(ts) = &mut chain.transport_socket {
+                static_socket(ts);
+            }
             for f in &mut chain.filters {
                 let Some(filter::ConfigType::TypedConfig(cfg)) = &f.config_type else {
                     continue;
@@ -81,7 +122,10 @@ fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
         static_resources: Some(bootstrap::StaticResources {
             listeners,
             clusters,
-            ..Default::default()
+            secrets: r
+                .of(SECRET)
+                .map(|m| m.values().map(unpack::<Secret>).collect())
+                .unwrap_or_default(),
         }),
         admin: Some(Admin::default()),
         ..Default::default()
@@ -97,6 +141,7 @@ fn golden_text(r: &resources::Resources, trust_domain: &str) -> String {
             let text = match *type_url {
                 CLUSTER => decode_cluster(any),
                 ENDPOINT => format!("{:#?}", unpack::<ClusterLoadAssignment>(any)),
+                SECRET => format!("{:#?}", unpack::<Secret>(any)),
                 LISTENER => decode_listener(any),
                 _ => format!("{:#?}", unpack::<RouteConfiguration>(any)),
             };

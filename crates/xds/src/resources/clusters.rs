@@ -103,7 +103,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
-    let leaf = cp.leaf.as_deref().ok_or(BuildError::Incomplete("leaf certificate"))?;
     let proxy = &snap.service.proxy;
 
     let local_addr = if proxy.local_service_address.is_empty() {
@@ -152,7 +151,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                     service_name: String::new(),
                 }),
                 connect_timeout: millis(target.connect_timeout_ms),
-                transport_socket: Some(tls::upstream(leaf, roots, &target.sni, &spiffe.to_string())),
+                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string())),
                 ..Default::default()
             };
             if matches!(chain.protocol.as_str(), "http2" | "grpc") {

@@ -84,8 +84,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
-    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
-    let leaf = cp.leaf.as_deref().ok_or(BuildError::Incomplete("leaf certificate"))?;
     let intentions = cp.intentions.as_deref().ok_or(BuildError::Incomplete("intentions"))?;
     let resolved = cp
         .resolved_config
@@ -141,7 +139,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         address: socket(bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
             filters,
-            transport_socket: Some(tls::downstream(leaf, roots)),
+            transport_socket: Some(tls::downstream()),
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Inbound as i32,

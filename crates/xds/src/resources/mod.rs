@@ -1,11 +1,14 @@
 //! Envoy resources built from a proxycfg snapshot: clusters, endpoints, listeners and route
 //! configurations for a connect-proxy (sidecar).
 //!
-//! Layout (names follow Consul's so tools and habits carry over):
+//! Layout (names follow Consul's so tools and habits carry over; certificates over SDS):
+//! - secrets `default` (the proxy's leaf certificate and key) and `ROOTCA` (the CA bundle),
+//!   referenced by every TLS context and fetched by Envoy over the same ADS stream, so each
+//!   proxy holds its certificates once rather than in every cluster and listener.
 //! - `local_app`: static cluster to the local application.
 //! - one EDS cluster per discovery-chain target, named by the target's SNI
-//!   (`<service>.default.<dc>.internal.<trust-domain>`), with upstream mTLS: our leaf, the CA
-//!   bundle, SNI, and a SAN match on the target service's SPIFFE id.
+//!   (`<service>.default.<dc>.internal.<trust-domain>`), with upstream mTLS: our leaf and the
+//!   CA bundle (SDS), SNI, and a SAN match on the target service's SPIFFE id.
 //! - `public_listener:<addr>:<port>`: inbound mTLS requiring a client certificate, intentions
 //!   enforced by RBAC, then `local_app` (tcp_proxy, or HTTP connection manager for L7
 //!   protocols).
@@ -17,6 +20,8 @@ mod clusters;
 mod listeners;
 mod rbac;
 mod tls;
+
+pub use tls::{LEAF_SECRET, ROOTS_SECRET};
 
 use crate::versioned::Versioned;
 use envoy_types::pb::google::protobuf::Any;
@@ -35,8 +40,12 @@ pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listene
 /// Type URL of route configurations.
 pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
-/// The resource types in make-before-break order.
-pub const TYPES: [&str; 4] = [CLUSTER, ENDPOINT, LISTENER, ROUTE];
+/// Type URL of secrets (SDS over ADS: the proxy's leaf and the CA roots).
+pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+
+/// The resource types in make-before-break order (secrets first: a rotated certificate is in
+/// place before anything that could need it).
+pub const TYPES: [&str; 5] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE];
 
 /// Every resource of one snapshot, by type URL then name.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -82,6 +91,7 @@ pub fn build(snapshot: &ConfigSnapshot) -> Result<Resources, BuildError> {
 /// assignments of the same endpoints) from `shared`: built, encoded and hashed once.
 pub fn build_shared(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
+    tls::build_secrets(snapshot, &mut out)?;
     clusters::build(snapshot, &mut out)?;
     clusters::build_endpoints(snapshot, &mut out, shared)?;
     listeners::build(snapshot, &mut out)?;

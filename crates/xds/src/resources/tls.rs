@@ -1,14 +1,17 @@
-//! TLS contexts: our leaf and the CA bundle, inline (no SDS).
+//! TLS: the proxy's two secrets (leaf, CA bundle) and the contexts that reference them over
+//! SDS (on the ADS stream), with a SAN match on the peer's SPIFFE id for upstreams.
 
+use super::{BuildError, Resources, SECRET};
 use envoy_types::pb::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SubjectAltNameMatcher, TlsCertificate,
-    UpstreamTlsContext, common_tls_context, subject_alt_name_matcher,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret,
+    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext, common_tls_context, secret, subject_alt_name_matcher,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
-use structs::{IndexedCaRoots, IssuedCert};
+use proxycfg::ConfigSnapshot;
+use structs::IndexedCaRoots;
 
 fn inline(text: &str) -> Option<DataSource> {
     Some(DataSource {
@@ -26,7 +29,19 @@ fn bundle(roots: &IndexedCaRoots) -> String {
         .collect()
 }
 
-fn common(leaf: &IssuedCert, roots: &IndexedCaRoots, match_san: Option<&str>) -> CommonTlsContext {
+/// Name of the secret holding the proxy's leaf certificate and key.
+pub const LEAF_SECRET: &str = "default";
+/// Name of the secret holding the CA bundle.
+pub const ROOTS_SECRET: &str = "ROOTCA";
+
+fn sds(name: &str) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name: name.to_owned(),
+        sds_config: super::clusters::ads(),
+    }
+}
+
+fn common(match_san: Option<&str>) -> CommonTlsContext {
     let match_typed_subject_alt_names = match_san
         .map(|uri| {
             vec![SubjectAltNameMatcher {
@@ -40,15 +55,14 @@ fn common(leaf: &IssuedCert, roots: &IndexedCaRoots, match_san: Option<&str>) ->
         })
         .unwrap_or_default();
     CommonTlsContext {
-        tls_certificates: vec![TlsCertificate {
-            certificate_chain: inline(&leaf.cert_pem),
-            private_key: inline(&leaf.private_key_pem),
-            ..Default::default()
-        }],
-        validation_context_type: Some(common_tls_context::ValidationContextType::ValidationContext(
-            CertificateValidationContext {
-                trusted_ca: inline(&bundle(roots)),
-                match_typed_subject_alt_names,
+        tls_certificate_sds_secret_configs: vec![sds(LEAF_SECRET)],
+        validation_context_type: Some(common_tls_context::ValidationContextType::CombinedValidationContext(
+            common_tls_context::CombinedCertificateValidationContext {
+                default_validation_context: Some(CertificateValidationContext {
+                    match_typed_subject_alt_names,
+                    ..Default::default()
+                }),
+                validation_context_sds_secret_config: Some(sds(ROOTS_SECRET)),
                 ..Default::default()
             },
         )),
@@ -56,10 +70,37 @@ fn common(leaf: &IssuedCert, roots: &IndexedCaRoots, match_san: Option<&str>) ->
     }
 }
 
+/// The proxy's two secrets: its leaf (certificate and key) and the CA bundle.
+pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+    let cp = snap
+        .connect_proxy()
+        .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
+    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
+    let leaf = cp.leaf.as_deref().ok_or(BuildError::Incomplete("leaf certificate"))?;
+    let leaf_secret = Secret {
+        name: LEAF_SECRET.into(),
+        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: inline(&leaf.cert_pem),
+            private_key: inline(&leaf.private_key_pem),
+            ..Default::default()
+        })),
+    };
+    let roots_secret = Secret {
+        name: ROOTS_SECRET.into(),
+        r#type: Some(secret::Type::ValidationContext(CertificateValidationContext {
+            trusted_ca: inline(&bundle(roots)),
+            ..Default::default()
+        })),
+    };
+    out.insert(SECRET, LEAF_SECRET.into(), pack_any(leaf_secret));
+    out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret));
+    Ok(())
+}
+
 /// Inbound mTLS: present our leaf, require a client certificate from the mesh's CA.
-pub(crate) fn downstream(leaf: &IssuedCert, roots: &IndexedCaRoots) -> TransportSocket {
+pub(crate) fn downstream() -> TransportSocket {
     let ctx = DownstreamTlsContext {
-        common_tls_context: Some(common(leaf, roots, None)),
+        common_tls_context: Some(common(None)),
         require_client_certificate: Some(BoolValue { value: true }),
         ..Default::default()
     };
@@ -70,9 +111,9 @@ pub(crate) fn downstream(leaf: &IssuedCert, roots: &IndexedCaRoots) -> Transport
 }
 
 /// Outbound mTLS to a target: our leaf, the CA bundle, SNI, and the target's SPIFFE id.
-pub(crate) fn upstream(leaf: &IssuedCert, roots: &IndexedCaRoots, sni: &str, spiffe_id: &str) -> TransportSocket {
+pub(crate) fn upstream(sni: &str, spiffe_id: &str) -> TransportSocket {
     let ctx = UpstreamTlsContext {
-        common_tls_context: Some(common(leaf, roots, Some(spiffe_id))),
+        common_tls_context: Some(common(Some(spiffe_id))),
         sni: sni.to_owned(),
         ..Default::default()
     };
