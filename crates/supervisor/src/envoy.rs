@@ -39,8 +39,8 @@ pub struct EnvoyOptions {
     pub parent_shutdown_time: Duration,
     /// Extra command-line arguments for every epoch.
     pub extra_args: Vec<String>,
-    /// How long an epoch has to become live before its start counts as failed... in the
-    /// sense that a later exit is a crash, not a failed start.
+    /// How long `run` polls for the epoch to become live. An exit before it is live is a
+    /// failed start; once live (or once this has passed) an exit is a crash.
     pub live_timeout: Duration,
     /// After SIGTERM, how long before SIGKILL.
     pub stop_grace: Duration,

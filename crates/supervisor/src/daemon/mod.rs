@@ -245,6 +245,7 @@ impl Manager {
         let (ctl, ctl_rx) = mpsc::channel(1);
         let (events, first_events) = tokio::sync::broadcast::channel(1024);
         let cancel = CancellationToken::new();
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let mut run = Run {
             opts,
             snapshot_path,
@@ -253,10 +254,8 @@ impl Manager {
             daemons: BTreeMap::new(),
             tasks: JoinSet::new(),
             events: events.clone(),
-            reports_tx: mpsc::unbounded_channel().0,
+            reports_tx,
         };
-        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
-        run.reports_tx = reports_tx;
         // Restore: the snapshot's set is the desired set until told otherwise.
         for (id, entry) in restored.proxies {
             let adopt = entry.process.filter(|p| p.is_alive());
