@@ -126,9 +126,9 @@ fn svc(i: usize) -> String {
 /// assignments, ACK everything, and report when a response carries the marker address.
 async fn delta_proxy(
     grpc: String,
-    id: String,
+    idx: usize,
     marker: Arc<AtomicU64>,
-    report: mpsc::UnboundedSender<(Instant, usize)>,
+    report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
 ) {
@@ -137,7 +137,7 @@ async fn delta_proxy(
         .unwrap();
     let (tx, rx) = mpsc::channel(16);
     let node = Some(Node {
-        id,
+        id: format!("app-{idx}-sidecar-proxy"),
         ..Default::default()
     });
     tx.send(DeltaDiscoveryRequest {
@@ -152,7 +152,7 @@ async fn delta_proxy(
         .await
         .unwrap()
         .into_inner();
-    let mut subscribed = false;
+    let mut subscribed = std::collections::HashSet::new();
     let mut told_ready = false;
     let mut gate = Some(gate);
     let mut reported = 0;
@@ -166,21 +166,25 @@ async fn delta_proxy(
         if tx.send(ack).await.is_err() {
             return;
         }
-        if resp.type_url == CLUSTER && !subscribed {
-            subscribed = true;
+        if resp.type_url == CLUSTER {
+            // Like Envoy: every cluster that appears gets its load assignment subscribed (a
+            // proxy's first snapshot may not have every upstream yet).
             let names: Vec<String> = resp
                 .resources
                 .iter()
                 .map(|r| r.name.clone())
-                .filter(|n| n != "local_app")
+                .filter(|n| n != "local_app" && !subscribed.contains(n))
                 .collect();
-            tx.send(DeltaDiscoveryRequest {
-                type_url: ENDPOINT.into(),
-                resource_names_subscribe: names,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            if !names.is_empty() {
+                subscribed.extend(names.iter().cloned());
+                tx.send(DeltaDiscoveryRequest {
+                    type_url: ENDPOINT.into(),
+                    resource_names_subscribe: names,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
         } else if resp.type_url == ENDPOINT {
             if !told_ready {
                 told_ready = true;
@@ -191,7 +195,7 @@ async fn delta_proxy(
             let m = marker.load(Ordering::Acquire);
             if m != 0 && m != reported && resp.resources.iter().any(|r| contains_marker(r, m)) {
                 reported = m;
-                let _ = report.send((Instant::now(), bytes));
+                let _ = report.send((Instant::now(), bytes, idx));
             }
         }
     }
@@ -207,9 +211,9 @@ fn contains_marker(r: &Resource, marker: u64) -> bool {
 /// The same, state of the world.
 async fn sotw_proxy(
     grpc: String,
-    id: String,
+    idx: usize,
     marker: Arc<AtomicU64>,
-    report: mpsc::UnboundedSender<(Instant, usize)>,
+    report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
 ) {
@@ -218,7 +222,7 @@ async fn sotw_proxy(
         .unwrap();
     let (tx, rx) = mpsc::channel(16);
     let node = Some(Node {
-        id,
+        id: format!("app-{idx}-sidecar-proxy"),
         ..Default::default()
     });
     tx.send(DiscoveryRequest {
@@ -239,21 +243,26 @@ async fn sotw_proxy(
     let mut reported = 0;
     while let Ok(Some(resp)) = stream.message().await {
         let bytes = resp.encoded_len();
-        if resp.type_url == CLUSTER && eds_names.is_empty() {
-            eds_names = resp
+        if resp.type_url == CLUSTER {
+            // Like Envoy: the load assignments of every cluster in the newest set.
+            let mut names: Vec<String> = resp
                 .resources
                 .iter()
                 .filter_map(|a| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(a.value.as_slice()).ok())
                 .map(|c| c.name)
                 .filter(|n| n != "local_app")
                 .collect();
-            tx.send(DiscoveryRequest {
-                type_url: ENDPOINT.into(),
-                resource_names: eds_names.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            names.sort();
+            if names != eds_names {
+                eds_names = names;
+                tx.send(DiscoveryRequest {
+                    type_url: ENDPOINT.into(),
+                    resource_names: eds_names.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
         }
         let names = if resp.type_url == ENDPOINT {
             eds_names.clone()
@@ -288,7 +297,7 @@ async fn sotw_proxy(
                     .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
             {
                 reported = m;
-                let _ = report.send((Instant::now(), bytes));
+                let _ = report.send((Instant::now(), bytes, idx));
             }
         }
     }
@@ -458,12 +467,11 @@ async fn main() {
     let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
     for i in 0..n {
         let (grpc, marker, report, ready) = (server.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
-        let id = format!("app-{i}-sidecar-proxy");
         let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
         if sotw {
-            tokio::spawn(sotw_proxy(grpc, id, marker, report, ready, permit));
+            tokio::spawn(sotw_proxy(grpc, i, marker, report, ready, permit));
         } else {
-            tokio::spawn(delta_proxy(grpc, id, marker, report, ready, permit));
+            tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit));
         }
     }
     for _ in 0..n {
@@ -501,17 +509,25 @@ async fn main() {
             "ID": format!("{}-sidecar-proxy-{round}", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
             "Proxy": {"DestinationServiceName": svc(s)}}}))
         .await;
-        let mut got = 0;
-        while got < affected {
+        let mut got = std::collections::BTreeSet::new();
+        while got.len() < affected {
             match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
-                Ok(Some((at, b))) => {
+                Ok(Some((at, b, idx))) => {
                     lat.push(at - t0);
                     bytes += b;
-                    got += 1;
+                    got.insert(idx);
                 }
                 _ => {
+                    let missing: Vec<String> = (0..n)
+                        .filter(|i| (0..UPSTREAMS).any(|j| (i + j * (SERVICES / UPSTREAMS)) % SERVICES == s))
+                        .filter(|i| !got.contains(i))
+                        .map(|i| format!("app-{i}-sidecar-proxy"))
+                        .collect();
                     println!(
-                        "  round {round}: only {got} of {affected} affected streams received the change within 10 s"
+                        "  round {round}: only {} of {affected} affected streams received the change to {} within 10 s; missing: {}",
+                        got.len(),
+                        svc(s),
+                        missing.join(" ")
                     );
                     break;
                 }

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info_span, trace, warn};
 
 /// Where streams get snapshots: resolves the proxy a stream's node names and keeps it
 /// followed while the returned guard lives.
@@ -238,6 +238,7 @@ async fn run_stream<P: Protocol>(
         if let Some(res) = &current {
             for resp in state.responses(res) {
                 inner.metrics.response(P::type_url(&resp));
+                trace!(node = %node.id, type_url = P::type_url(&resp), "response");
                 if tx.send(Ok(resp)).await.is_err() {
                     return;
                 }
@@ -249,18 +250,22 @@ async fn run_stream<P: Protocol>(
             req = requests.message() => match req {
                 Ok(Some(r)) => {
                     let ack = state.on_request(&r);
+                    trace!(node = %node.id, ?ack, "request");
                     inner.record(&ack, changed_at);
                 }
                 _ => return,
             },
             ev = watcher.next() => match ev {
-                Some(WatchEvent::Snapshot(snap)) => match inner.resources_for(&snap, current.as_ref()) {
-                    Ok(r) => {
-                        current = Some(r);
-                        changed_at = Instant::now();
+                Some(WatchEvent::Snapshot(snap)) => {
+                    trace!(node = %node.id, version = snap.version, "snapshot");
+                    match inner.resources_for(&snap, current.as_ref()) {
+                        Ok(r) => {
+                            current = Some(r);
+                            changed_at = Instant::now();
+                        }
+                        Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
                     }
-                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
-                },
+                }
                 Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
                 None => return,
             },
