@@ -3,8 +3,8 @@
 //! A [`Manager`] keeps one State per registered proxy. A State is a task that starts the
 //! watches its proxy's kind needs (through [`DataSources`], whose implementations live
 //! elsewhere: agent cache, server catalog, or [`fake`]), folds each [`UpdateEvent`] into the
-//! proxy's [`ConfigSnapshot`], and publishes an immutable, shared snapshot after a short
-//! coalescing window. Consumers such as the xDS server [`Manager::watch`] a proxy and always
+//! proxy's [`ConfigSnapshot`], and publishes an immutable, shared snapshot, at most once per
+//! short coalescing window. Consumers such as the xDS server [`Manager::watch`] a proxy and always
 //! get the newest snapshot.
 //!
 //! See `docs/proxycfg.md` for the state machine, watch ids, chained watches and sharing.

@@ -31,7 +31,8 @@ use tracing::{debug, info};
 pub struct ManagerConfig {
     /// Datacenter the proxies live in.
     pub datacenter: String,
-    /// How long a State gathers changes before publishing one snapshot.
+    /// A State publishes at most once per this window: the first snapshot after one window,
+    /// then a change after a quiet window at once and changes within a window at its end.
     pub coalesce: Duration,
     /// Optional global limit on snapshot deliveries (off by default).
     pub rate_limit: Option<RateLimit>,

@@ -86,6 +86,8 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
 
     let far_future = || Instant::now() + Duration::from_secs(86_400 * 365);
     let mut deadline: Option<Instant> = None;
+    // When the last snapshot went out: at most one publication per window.
+    let mut last_published: Option<Instant> = None;
     loop {
         let queue_empty = rx.is_empty();
         tokio::select! {
@@ -104,6 +106,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                     }
                 }
                 snapshot.version += 1;
+                last_published = Some(Instant::now());
                 slot.send_replace(Some(Arc::new(snapshot.clone())));
                 metrics.snapshot_built();
                 trace!(version = snapshot.version, "snapshot published");
@@ -126,9 +129,18 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                             Ok(()) => {
                                 metrics.update();
                                 if deadline.is_none() {
-                                    // With no window, publish on the next turn of the loop
-                                    // (after updates already queued) instead of a timer tick.
-                                    deadline = Some(if coalesce.is_zero() { Instant::now() } else { Instant::now() + coalesce });
+                                    // The first snapshot waits one window, so that the
+                                    // start-up burst (roots, leaf, chains, then their
+                                    // endpoints) goes out complete, once. After that, leading
+                                    // edge: a change after a quiet window goes out on the next
+                                    // turn of the loop (updates already queued folded in);
+                                    // changes within a window wait for its end, together.
+                                    let now = Instant::now();
+                                    deadline = Some(match last_published {
+                                        None => now + coalesce,
+                                        Some(at) if at + coalesce > now => at + coalesce,
+                                        Some(_) => now,
+                                    });
                                 }
                             }
                             Err(err) => warn!(error = %err, "update ignored"),

@@ -246,3 +246,42 @@ async fn prepared_query_upstream() {
     assert_eq!(id.to_string(), "prepared_query:geo-db");
     assert_eq!(up.endpoints.values().next().unwrap()[0].node.address, "10.1.1.1");
 }
+
+#[tokio::test(start_paused = true)]
+async fn after_the_first_snapshot_a_lone_change_goes_out_at_once_and_a_quick_second_waits_for_the_window() {
+    let f = fixture();
+    let reg = sidecar("web", 21000, &[("api", 9191)]);
+    f.manager
+        .register(reg.clone(), ProxySource::Local, false)
+        .await
+        .unwrap();
+    let mut w = f.manager.watch(&reg.id);
+    let first = next_snapshot(&mut w).await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+
+    // A lone change after a quiet window: no coalescing delay at all.
+    let t0 = tokio::time::Instant::now();
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.9.9.1")]));
+    let second = next_snapshot(&mut w).await;
+    assert_eq!(t0.elapsed(), std::time::Duration::ZERO);
+    assert_eq!(second.version, first.version + 1);
+
+    // Another change 2 ms later falls in the window that publication opened: it goes out
+    // when the window (10 ms) ends, together with a third one.
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.9.9.2")]));
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.9.9.3")]));
+    let third = next_snapshot(&mut w).await;
+    assert_eq!(t0.elapsed(), std::time::Duration::from_millis(10));
+    assert_eq!(third.version, second.version + 1, "the two changes went out as one");
+    let cp = third.connect_proxy().unwrap();
+    let nodes = cp.upstreams[&upstream_id("api")].endpoints.values().next().unwrap();
+    assert_eq!(nodes[0].address(), "10.9.9.3");
+}
