@@ -5,6 +5,7 @@
 //!
 //! No snapshot logic lives here: a source only turns catalog data into watch results.
 
+mod fanout;
 mod follow;
 mod resolve;
 mod server;

@@ -2,6 +2,7 @@
 //! Used by servers for agentless proxies. Values derived from the catalog are materialized
 //! once per change and shared by every proxy watching the same thing.
 
+use crate::fanout::{Fanout, Value, forward};
 use crate::follow::Follower;
 use crate::resolve;
 use crate::views::Views;
@@ -22,6 +23,10 @@ struct Shared {
     health: Views<(bool, String, bool, Option<structs::ServiceKind>), Vec<CheckServiceNode>>,
     chains: Views<DiscoveryChainRequest, CompiledDiscoveryChain>,
     resolved: Views<ResolvedServiceConfigRequest, ResolvedServiceConfig>,
+    /// One follower per distinct request for the watches every proxy repeats.
+    roots_followers: Fanout<CaRootsRequest, Arc<structs::IndexedCaRoots>>,
+    health_followers: Fanout<HealthRequest, Arc<Vec<CheckServiceNode>>>,
+    chain_followers: Fanout<DiscoveryChainRequest, Arc<CompiledDiscoveryChain>>,
 }
 
 impl Shared {
@@ -44,6 +49,9 @@ pub fn server_data_sources(store: Store) -> DataSources {
         health: Views::default(),
         chains: Views::default(),
         resolved: Views::default(),
+        roots_followers: Fanout::default(),
+        health_followers: Fanout::default(),
+        chain_followers: Fanout::default(),
     });
     DataSources {
         ca_roots: Arc::new(ServerCaRoots(Arc::clone(&shared))),
@@ -89,6 +97,30 @@ async fn run<T: Into<UpdatePayload> + Clone + Send>(
     }
 }
 
+/// Like [`run`] for a shared follower: publishes what `derive` makes of each change on
+/// `publish` (every proxy's watch forwards from it) until stopped or the store closes.
+async fn publish_from<T: Clone + Send + Sync + 'static>(
+    mut follower: Follower,
+    publish: tokio::sync::watch::Sender<Value<T>>,
+    stop: CancellationToken,
+    mut derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            changed = follower.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if let Some(result) = derive(&follower) {
+                    publish.send_replace(Some(result));
+                }
+            }
+        }
+    }
+}
+
 /// CA roots.
 pub struct ServerCaRoots(Arc<Shared>);
 
@@ -102,12 +134,14 @@ impl DataSource<CaRootsRequest> for ServerCaRoots {
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
         self.0.check_dc(&req.datacenter)?;
-        let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
-        run(follower, id, tx, cancel, |f| match f.get(0) {
-            Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
-            _ => None,
-        })
-        .await
+        let entry = self.0.roots_followers.follow(&req, |publish, stop| {
+            let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
+            publish_from(follower, publish, stop, |f| match f.get(0) {
+                Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
+                _ => None,
+            })
+        });
+        forward(entry, id, tx, cancel).await
     }
 }
 
@@ -203,25 +237,27 @@ impl DataSource<HealthRequest> for ServerHealth {
         } else {
             Topic::ServiceHealth(req.service.clone())
         };
-        let follower = Follower::new(&self.0.store, vec![topic]);
-        let key = (req.connect, req.service.clone(), req.passing_only, req.kind);
         let shared = Arc::clone(&self.0);
-        run(follower, id, tx, cancel, move |f| {
-            let Some(Payload::Health(all)) = f.get(0) else {
-                return None;
-            };
-            if !req.passing_only && req.kind.is_none() {
-                return Some(Ok(Arc::clone(all)));
-            }
-            Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
-                all.iter()
-                    .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
-                    .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
-                    .cloned()
-                    .collect()
-            })))
-        })
-        .await
+        let entry = self.0.health_followers.follow(&req.clone(), |publish, stop| {
+            let follower = Follower::new(&self.0.store, vec![topic]);
+            let key = (req.connect, req.service.clone(), req.passing_only, req.kind);
+            publish_from(follower, publish, stop, move |f| {
+                let Some(Payload::Health(all)) = f.get(0) else {
+                    return None;
+                };
+                if !req.passing_only && req.kind.is_none() {
+                    return Some(Ok(Arc::clone(all)));
+                }
+                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
+                    all.iter()
+                        .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
+                        .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
+                        .cloned()
+                        .collect()
+                })))
+            })
+        });
+        forward(entry, id, tx, cancel).await
     }
 }
 
@@ -327,51 +363,54 @@ impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
         topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceResolver, req.name.clone()));
         topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceRouter, req.name.clone()));
         topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceSplitter, req.name.clone()));
-        let follower = Follower::new(&self.0.store, topics);
         let shared = Arc::clone(&self.0);
-        run(follower, id, tx, cancel, move |f| {
-            let (
-                Some(Payload::ConfigEntry(proxy)),
-                Some(Payload::ConfigEntries(services)),
-                Some(Payload::CaRoots(roots)),
-                Some(Payload::ConfigEntry(resolver)),
-                Some(Payload::ConfigEntry(router)),
-                Some(Payload::ConfigEntry(splitter)),
-            ) = (f.get(0), f.get(1), f.get(2), f.get(3), f.get(4), f.get(5))
-            else {
-                return None;
-            };
-            let resolver = match resolver.as_deref() {
-                Some(ConfigEntry::ServiceResolver(r)) => Some(r),
-                _ => None,
-            };
-            let unsupported = resolver
-                .and_then(resolve::unsupported_resolver)
-                .or(router.as_ref().map(|_| "service-router entries"))
-                .or(splitter.as_ref().map(|_| "service-splitter entries"));
-            if let Some(what) = unsupported {
-                return Some(Err(DataSourceError::InvalidRequest(format!(
-                    "discovery chain for {:?}: {what} are not compiled yet",
-                    req.name
-                ))));
-            }
-            let protocol = if req.override_protocol.is_empty() {
-                resolve::protocol_of(&req.name, resolve::proxy_defaults(proxy.as_ref()), services)
-            } else {
-                req.override_protocol.clone()
-            };
-            Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || {
-                resolve::default_chain(
-                    &req.name,
-                    &req.datacenter,
-                    &roots.trust_domain,
-                    &protocol,
-                    req.override_connect_timeout_ms,
-                    resolver,
-                )
-            })))
-        })
-        .await
+        let key = req.clone();
+        let entry = self.0.chain_followers.follow(&key, |publish, stop| {
+            let follower = Follower::new(&self.0.store, topics);
+            publish_from(follower, publish, stop, move |f| {
+                let (
+                    Some(Payload::ConfigEntry(proxy)),
+                    Some(Payload::ConfigEntries(services)),
+                    Some(Payload::CaRoots(roots)),
+                    Some(Payload::ConfigEntry(resolver)),
+                    Some(Payload::ConfigEntry(router)),
+                    Some(Payload::ConfigEntry(splitter)),
+                ) = (f.get(0), f.get(1), f.get(2), f.get(3), f.get(4), f.get(5))
+                else {
+                    return None;
+                };
+                let resolver = match resolver.as_deref() {
+                    Some(ConfigEntry::ServiceResolver(r)) => Some(r),
+                    _ => None,
+                };
+                let unsupported = resolver
+                    .and_then(resolve::unsupported_resolver)
+                    .or(router.as_ref().map(|_| "service-router entries"))
+                    .or(splitter.as_ref().map(|_| "service-splitter entries"));
+                if let Some(what) = unsupported {
+                    return Some(Err(DataSourceError::InvalidRequest(format!(
+                        "discovery chain for {:?}: {what} are not compiled yet",
+                        req.name
+                    ))));
+                }
+                let protocol = if req.override_protocol.is_empty() {
+                    resolve::protocol_of(&req.name, resolve::proxy_defaults(proxy.as_ref()), services)
+                } else {
+                    req.override_protocol.clone()
+                };
+                Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || {
+                    resolve::default_chain(
+                        &req.name,
+                        &req.datacenter,
+                        &roots.trust_domain,
+                        &protocol,
+                        req.override_connect_timeout_ms,
+                        resolver,
+                    )
+                })))
+            })
+        });
+        forward(entry, id, tx, cancel).await
     }
 }
 

@@ -1,0 +1,140 @@
+//! One follower per distinct request, however many proxies watch it.
+//!
+//! Many proxies watch the same things (every sidecar with an upstream `api` watches the same
+//! discovery chain and the same health). Instead of one catalog follower per proxy and watch,
+//! the first watch of a request starts one shared task that follows the catalog and publishes
+//! each derived value on a `watch` channel; every proxy's watch forwards from that channel.
+//! The shared task is owned by the entry all those watches hold: when the last one ends, the
+//! entry drops and its guard cancels the task.
+
+use parking_lot::Mutex;
+use proxycfg::{CorrelationId, DataSourceError, EventSender, UpdatePayload};
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// A derived value: `None` until the follower has every input.
+pub(crate) type Value<T> = Option<Result<T, DataSourceError>>;
+
+/// One shared follower: its latest value, and the guard that stops it.
+pub(crate) struct Entry<T> {
+    rx: watch::Receiver<Value<T>>,
+    _stop: DropGuard,
+}
+
+/// Shared followers by request.
+pub(crate) struct Fanout<K, T> {
+    entries: Mutex<HashMap<K, Weak<Entry<T>>>>,
+    /// Entries at which the map is next swept of dead ones.
+    sweep_at: Mutex<usize>,
+}
+
+impl<K, T> Default for Fanout<K, T> {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            sweep_at: Mutex::new(1024),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
+    /// The shared follower for `key`, started with `start(publish, stop)` if there is none.
+    pub(crate) fn follow<F>(
+        &self,
+        key: &K,
+        start: impl FnOnce(watch::Sender<Value<T>>, CancellationToken) -> F,
+    ) -> Arc<Entry<T>>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut entries = self.entries.lock();
+        if let Some(entry) = entries.get(key).and_then(Weak::upgrade) {
+            return entry;
+        }
+        let (publish, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        tokio::spawn(start(publish, stop.clone()));
+        let entry = Arc::new(Entry {
+            rx,
+            _stop: stop.drop_guard(),
+        });
+        let mut sweep_at = self.sweep_at.lock();
+        if entries.len() >= *sweep_at {
+            entries.retain(|_, e| e.strong_count() > 0);
+            *sweep_at = (entries.len() * 2).max(1024);
+        }
+        entries.insert(key.clone(), Arc::downgrade(&entry));
+        entry
+    }
+}
+
+/// Forwards a shared follower's values (the current one first) to one proxy's watch until
+/// the watch is cancelled or the proxy stops listening.
+pub(crate) async fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
+    entry: Arc<Entry<T>>,
+    id: CorrelationId,
+    tx: EventSender<T>,
+    cancel: CancellationToken,
+) -> Result<(), DataSourceError> {
+    let mut rx = entry.rx.clone();
+    rx.mark_changed();
+    loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Ok(()),
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    // The shared follower ended (the store closed).
+                    return Ok(());
+                }
+                let value = rx.borrow_and_update().clone();
+                if let Some(result) = value
+                    && tx.send(id.clone(), result).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn one_task_per_key_stopped_when_its_last_watcher_goes() {
+        let fanout: Fanout<&str, u32> = Fanout::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let (stopped_tx, mut stopped_rx) = tokio::sync::mpsc::unbounded_channel();
+        let follow = |key: &'static str| {
+            let (started, stopped_tx) = (Arc::clone(&started), stopped_tx.clone());
+            fanout.follow(&key, move |publish, stop| {
+                started.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    publish.send_replace(Some(Ok(7)));
+                    stop.cancelled().await;
+                    let _ = stopped_tx.send(key);
+                }
+            })
+        };
+        let (a1, a2, b) = (follow("a"), follow("a"), follow("b"));
+        assert_eq!(started.load(Ordering::SeqCst), 2, "one task for \"a\", one for \"b\"");
+        drop(a1);
+        tokio::task::yield_now().await;
+        assert!(stopped_rx.try_recv().is_err(), "\"a\" still has a watcher");
+        drop(a2);
+        assert_eq!(stopped_rx.recv().await, Some("a"));
+        // A later watch of "a" starts a fresh task.
+        let a3 = follow("a");
+        assert_eq!(started.load(Ordering::SeqCst), 3);
+        let mut rx = a3.rx.clone();
+        assert_eq!(*rx.wait_for(Option::is_some).await.unwrap(), Some(Ok(7)));
+        drop((a3, b));
+    }
+}
