@@ -3,17 +3,19 @@
 //!
 //! - [`resources`]: snapshot → clusters, endpoints, listeners, routes.
 //! - [`delta`] and [`sotw`]: the per-stream protocol state machines (pure, tested alone).
-//! - [`XdsServer`]: the tonic service; one task per stream, owned by the server.
+//! - [`XdsServer`] and its gRPC [`AdsService`]: one driver per stream, polled by the transport.
 //!
 //! The server never reads the catalog: it gets snapshots from a [`SnapshotSource`].
 
 pub mod delta;
+mod grpc;
 mod metrics;
 pub mod resources;
 mod server;
 pub mod sotw;
 pub mod versioned;
 
+pub use grpc::{AdsService, BUFFER_BYTES};
 pub use metrics::XdsMetrics;
 pub use server::{SnapshotSource, XdsServer};
 

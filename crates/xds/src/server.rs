@@ -1,26 +1,23 @@
-//! The ADS server: one task per stream, owned by the server, driving the protocol state
-//! machines from the proxy's requests and its snapshots.
+//! The ADS server: one driver per stream, polled by the transport as it sends, advancing the
+//! protocol state machines from the proxy's requests and its snapshots.
 
 use crate::delta::{Ack, DeltaState};
 use crate::metrics::XdsMetrics;
 use crate::sotw::SotwState;
 use crate::versioned::VersionedResources;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use parking_lot::Mutex;
 use proxycfg::{ConfigSnapshot, WatchEvent, Watcher};
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info_span, trace, warn};
 
@@ -43,6 +40,7 @@ struct Inner {
     built_sweep_at: Mutex<usize>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
+    /// Tracks live streams (each holds a token) so shutdown can wait for them.
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -69,9 +67,10 @@ impl XdsServer {
         }
     }
 
-    /// The tonic service to add to a server.
-    pub fn service(&self) -> AggregatedDiscoveryServiceServer<XdsServer> {
-        AggregatedDiscoveryServiceServer::new(self.clone())
+    /// The gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`) to add to
+    /// a tonic server.
+    pub fn service(&self) -> crate::grpc::AdsService {
+        crate::grpc::AdsService::new(self.clone())
     }
 
     /// The server's counters.
@@ -79,7 +78,7 @@ impl XdsServer {
         Arc::clone(&self.inner.metrics)
     }
 
-    /// Ends every stream and waits for their tasks.
+    /// Ends every stream and waits until each is gone.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.inner.tasks.close();
@@ -158,7 +157,9 @@ impl Drop for OpenStream {
 }
 
 /// What the stream driver needs from a protocol variant (delta or state of the world).
-trait Protocol: Default + Send + 'static {
+pub(crate) trait Protocol: Default + Send + 'static {
+    /// Names the variant in logs.
+    const KIND: &'static str;
     type Request: Send + 'static;
     type Response: Send + 'static;
     fn node(req: &Self::Request) -> Option<&Node>;
@@ -168,6 +169,7 @@ trait Protocol: Default + Send + 'static {
 }
 
 impl Protocol for DeltaState {
+    const KIND: &'static str = "delta";
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
     fn node(req: &Self::Request) -> Option<&Node> {
@@ -185,6 +187,7 @@ impl Protocol for DeltaState {
 }
 
 impl Protocol for SotwState {
+    const KIND: &'static str = "sotw";
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
     fn node(req: &Self::Request) -> Option<&Node> {
@@ -201,106 +204,148 @@ impl Protocol for SotwState {
     }
 }
 
-/// One stream: the node from the first request names the proxy; then every request and
-/// every new snapshot advance the protocol state, and whatever it says to send is sent.
-async fn run_stream<P: Protocol>(
+/// What a stream sends: responses produced by its [`Driver`] as the transport asks for them.
+pub(crate) type ResponseStream<R> = Pin<Box<dyn Stream<Item = Result<R, Status>> + Send>>;
+
+/// The node a stream's first request named, and the proxy it follows.
+struct Following {
+    node_id: String,
+    watcher: Watcher,
+    _guard: Box<dyn Send + Sync>,
+}
+
+/// One stream, driven by the transport polling its responses (no task or channel of its own):
+/// the node from the first request names the proxy; then every request and every new snapshot
+/// advance the protocol state, and whatever it says to send is handed out one by one. Dropped
+/// with the stream, which drops the proxy's watch.
+struct Driver<P: Protocol> {
     inner: Arc<Inner>,
-    mut requests: Streaming<P::Request>,
-    tx: mpsc::Sender<Result<P::Response, Status>>,
+    requests: Streaming<P::Request>,
     token: String,
-) where
+    following: Option<Following>,
+    state: P,
+    current: Option<Arc<VersionedResources>>,
+    changed_at: Instant,
+    outbox: std::vec::IntoIter<P::Response>,
+    finished: bool,
+    span: tracing::Span,
+    _open: OpenStream,
+    _tracked: TaskTrackerToken,
+}
+
+impl<P: Protocol> Driver<P>
+where
     P::Request: prost::Message + Default,
 {
-    let _open = OpenStream::new(&inner.metrics);
-    let first = match requests.message().await {
-        Ok(Some(r)) => r,
-        _ => return,
-    };
-    let Some(node) = P::node(&first).cloned() else {
-        let _ = tx
-            .send(Err(Status::invalid_argument("the first request must carry the node")))
-            .await;
-        return;
-    };
-    let (mut watcher, _guard) = match inner.source.watch(&node, &token) {
-        Ok(w) => w,
-        Err(status) => {
-            let _ = tx.send(Err(status)).await;
-            return;
-        }
-    };
-    debug!(node = %node.id, "stream opened");
-    let mut state = P::default();
-    let mut current: Option<Arc<VersionedResources>> = None;
-    let mut changed_at = Instant::now();
-    state.on_request(&first);
-    loop {
-        if let Some(res) = &current {
-            for resp in state.responses(res) {
-                inner.metrics.response(P::type_url(&resp));
-                trace!(node = %node.id, type_url = P::type_url(&resp), "response");
-                if tx.send(Ok(resp)).await.is_err() {
-                    return;
+    /// The next response, or `None` when the stream ends (the proxy hung up, the server shuts
+    /// down, or the Manager is gone).
+    async fn next(&mut self) -> Option<Result<P::Response, Status>> {
+        loop {
+            if let Some(resp) = self.outbox.next() {
+                self.inner.metrics.response(P::type_url(&resp));
+                if let Some(f) = &self.following {
+                    trace!(node = %f.node_id, type_url = P::type_url(&resp), "response");
                 }
+                return Some(Ok(resp));
             }
-        }
-        tokio::select! {
-            biased;
-            () = inner.shutdown.cancelled() => return,
-            req = requests.message() => match req {
-                Ok(Some(r)) => {
-                    let ack = state.on_request(&r);
-                    trace!(node = %node.id, ?ack, "request");
-                    inner.record(&ack, changed_at);
-                }
-                _ => return,
-            },
-            ev = watcher.next() => match ev {
-                Some(WatchEvent::Snapshot(snap)) => {
-                    trace!(node = %node.id, version = snap.version, "snapshot");
-                    match inner.resources_for(&snap, current.as_ref()) {
-                        Ok(r) => {
-                            current = Some(r);
-                            changed_at = Instant::now();
-                        }
-                        Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
+            if self.finished {
+                return None;
+            }
+            let Some(following) = &mut self.following else {
+                match self.first().await {
+                    Ok(f) => self.following = Some(f),
+                    Err(status) => {
+                        self.finished = true;
+                        return status.map(Err);
                     }
                 }
-                Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
-                None => return,
-            },
+                continue;
+            };
+            tokio::select! {
+                biased;
+                () = self.inner.shutdown.cancelled() => self.finished = true,
+                req = self.requests.message() => match req {
+                    Ok(Some(r)) => {
+                        let ack = self.state.on_request(&r);
+                        trace!(node = %following.node_id, ?ack, "request");
+                        self.inner.record(&ack, self.changed_at);
+                    }
+                    _ => self.finished = true,
+                },
+                ev = following.watcher.next() => match ev {
+                    Some(WatchEvent::Snapshot(snap)) => {
+                        trace!(node = %following.node_id, version = snap.version, "snapshot");
+                        match self.inner.resources_for(&snap, self.current.as_ref()) {
+                            Ok(r) => {
+                                self.current = Some(r);
+                                self.changed_at = Instant::now();
+                            }
+                            Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
+                        }
+                    }
+                    Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
+                    None => self.finished = true,
+                },
+            }
+            if !self.finished
+                && let Some(res) = &self.current
+            {
+                self.outbox = self.state.responses(res).into_iter();
+            }
         }
+    }
+
+    /// Reads the first request: its node names the proxy to follow. `Err(None)` when the
+    /// proxy hung up first, `Err(Some(status))` when the stream must fail with `status`.
+    async fn first(&mut self) -> Result<Following, Option<Status>> {
+        let first = match self.requests.message().await {
+            Ok(Some(r)) => r,
+            _ => return Err(None),
+        };
+        let Some(node) = P::node(&first) else {
+            return Err(Some(Status::invalid_argument("the first request must carry the node")));
+        };
+        let (watcher, guard) = self.inner.source.watch(node, &self.token).map_err(Some)?;
+        debug!(node = %node.id, "stream opened");
+        let node_id = node.id.clone();
+        self.state.on_request(&first);
+        Ok(Following {
+            node_id,
+            watcher,
+            _guard: guard,
+        })
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsServer {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
-
-    async fn stream_aggregated_resources(
+impl XdsServer {
+    /// A new stream of protocol `P` over `request`.
+    pub(crate) fn open<P: Protocol>(
         &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let token = token(&request);
-        let (tx, rx) = mpsc::channel(16);
-        let span = info_span!("xds_stream", kind = "sotw");
-        self.inner
-            .tasks
-            .spawn(run_stream::<SotwState>(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let token = token(&request);
-        let (tx, rx) = mpsc::channel(16);
-        let span = info_span!("xds_stream", kind = "delta");
-        self.inner
-            .tasks
-            .spawn(run_stream::<DeltaState>(Arc::clone(&self.inner), request.into_inner(), tx, token).instrument(span));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        request: Request<Streaming<P::Request>>,
+    ) -> Response<ResponseStream<P::Response>>
+    where
+        P::Request: prost::Message + Default,
+    {
+        let inner = &self.inner;
+        let driver = Driver::<P> {
+            inner: Arc::clone(inner),
+            token: token(&request),
+            requests: request.into_inner(),
+            following: None,
+            state: P::default(),
+            current: None,
+            changed_at: Instant::now(),
+            outbox: Vec::new().into_iter(),
+            finished: false,
+            span: info_span!("xds_stream", kind = P::KIND),
+            _open: OpenStream::new(&inner.metrics),
+            _tracked: inner.tasks.token(),
+        };
+        let stream = futures_util::stream::unfold(driver, |mut d| async move {
+            let span = d.span.clone();
+            let item = d.next().instrument(span).await?;
+            Some((item, d))
+        });
+        Response::new(Box::pin(stream))
     }
 }
