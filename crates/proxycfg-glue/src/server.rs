@@ -2,14 +2,14 @@
 //! Used by servers for agentless proxies. Values derived from the catalog are materialized
 //! once per change and shared by every proxy watching the same thing.
 
-use crate::fanout::{Fanout, Value, forward};
+use crate::fanout::{Entry, Fanout, Value, forward};
 use crate::follow::Follower;
 use crate::resolve;
 use crate::views::Views;
 use async_trait::async_trait;
 use catalog::{Payload, Store, Topic};
 use proxycfg::data_sources::*;
-use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender};
+use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use structs::{
@@ -124,16 +124,20 @@ async fn publish_from<T: Clone + Send + Sync + 'static>(
 /// CA roots.
 pub struct ServerCaRoots(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<CaRootsRequest> for ServerCaRoots {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: CaRootsRequest,
         id: CorrelationId,
         tx: EventSender<Arc<structs::IndexedCaRoots>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
         let entry = self.0.roots_followers.follow(&req, |publish, stop| {
             let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
             publish_from(follower, publish, stop, |f| match f.get(0) {
@@ -141,7 +145,7 @@ impl DataSource<CaRootsRequest> for ServerCaRoots {
                 _ => None,
             })
         });
-        forward(entry, id, tx, cancel).await
+        Box::pin(forward(entry, id, tx, cancel))
     }
 }
 
@@ -216,15 +220,27 @@ impl DataSource<IntentionsRequest> for ServerIntentions {
 /// result is shared by every watch asking the same question.
 pub struct ServerHealth(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<HealthRequest> for ServerHealth {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: HealthRequest,
         id: CorrelationId,
         tx: EventSender<Arc<Vec<CheckServiceNode>>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        match self.follow(req) {
+            Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+}
+
+impl ServerHealth {
+    /// The shared follower answering `req`.
+    fn follow(&self, req: HealthRequest) -> Result<Arc<Entry<Arc<Vec<CheckServiceNode>>>>, DataSourceError> {
         self.0.check_dc(&req.datacenter)?;
         if !req.filter.is_empty() {
             return Err(DataSourceError::InvalidRequest(format!(
@@ -238,7 +254,7 @@ impl DataSource<HealthRequest> for ServerHealth {
             Topic::ServiceHealth(req.service.clone())
         };
         let shared = Arc::clone(&self.0);
-        let entry = self.0.health_followers.follow(&req.clone(), |publish, stop| {
+        Ok(self.0.health_followers.follow(&req.clone(), |publish, stop| {
             let follower = Follower::new(&self.0.store, vec![topic]);
             let key = (req.connect, req.service.clone(), req.passing_only, req.kind);
             publish_from(follower, publish, stop, move |f| {
@@ -256,8 +272,7 @@ impl DataSource<HealthRequest> for ServerHealth {
                         .collect()
                 })))
             })
-        });
-        forward(entry, id, tx, cancel).await
+        }))
     }
 }
 
@@ -348,15 +363,27 @@ impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
 /// resolver subsets, redirects and failover are not compiled yet: such a chain is an error.
 pub struct ServerDiscoveryChain(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: DiscoveryChainRequest,
         id: CorrelationId,
         tx: EventSender<Arc<CompiledDiscoveryChain>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        match self.follow(req) {
+            Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+}
+
+impl ServerDiscoveryChain {
+    /// The shared follower compiling the chain `req` asks for.
+    fn follow(&self, req: DiscoveryChainRequest) -> Result<Arc<Entry<Arc<CompiledDiscoveryChain>>>, DataSourceError> {
         self.0.check_dc(&req.datacenter)?;
         let mut topics = defaults_topics();
         topics.push(Topic::CaRoots);
@@ -365,7 +392,7 @@ impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
         topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceSplitter, req.name.clone()));
         let shared = Arc::clone(&self.0);
         let key = req.clone();
-        let entry = self.0.chain_followers.follow(&key, |publish, stop| {
+        Ok(self.0.chain_followers.follow(&key, |publish, stop| {
             let follower = Follower::new(&self.0.store, topics);
             publish_from(follower, publish, stop, move |f| {
                 let (
@@ -409,8 +436,7 @@ impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
                     )
                 })))
             })
-        });
-        forward(entry, id, tx, cancel).await
+        }))
     }
 }
 

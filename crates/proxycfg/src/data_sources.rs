@@ -159,8 +159,17 @@ impl<T: Into<UpdatePayload>> EventSender<T> {
     }
 }
 
+/// The future of one running watch (what [`DataSource::notify`] returns once `async_trait`
+/// has boxed it).
+pub type WatchFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DataSourceError>> + Send + 'a>>;
+
 /// A source of one kind of watched data. Sources are shared (`Arc`), and each watch's
 /// future owns a reference, so it can run as a task of its own.
+///
+/// Implement it with `#[async_trait]`, or, where many watches run at once and their size
+/// matters, as `fn notify<'w>(..) -> WatchFuture<'w> where Self: 'w`: work done before
+/// boxing is not part of the future that lives as long as the watch.
 #[async_trait]
 pub trait DataSource<R: WatchRequest>: Send + Sync {
     /// Runs one watch: sends the current result (once known) and every change after it to

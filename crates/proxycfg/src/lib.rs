@@ -22,7 +22,7 @@ mod watches;
 
 pub use correlation::CorrelationId;
 pub use data_sources::{
-    DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchRequest,
+    DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchFuture, WatchRequest,
 };
 pub use manager::{
     DEFAULT_COALESCE, Manager, ManagerConfig, ProxyRegistration, ProxySource, RegisterError, Registered, WatchEvent,

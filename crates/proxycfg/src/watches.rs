@@ -44,7 +44,7 @@ pub struct Watches {
     metrics: Arc<Metrics>,
 }
 
-type NotifyFuture = Pin<Box<dyn Future<Output = Result<(), crate::DataSourceError>> + Send>>;
+type NotifyFuture = crate::WatchFuture<'static>;
 
 /// One watch as a task: the data source's future, run inside the proxy's span, counted in the
 /// live-watch gauge until it is dropped however it ends (return, State shutdown or abort).
