@@ -43,23 +43,31 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
-fn version_of(any: &Any) -> String {
-    hex(&Sha256::digest(&any.value))
+/// SHA-256 of a resource's encoding.
+pub(crate) fn digest_of(any: &Any) -> [u8; 32] {
+    Sha256::digest(&any.value).into()
 }
 
 impl Versioned {
     /// A resource with its content version.
     pub fn new(resource: Any) -> Self {
+        let digest = digest_of(&resource);
+        Self::with_digest(resource, &digest)
+    }
+
+    /// A resource whose encoding hashes to `digest`.
+    pub(crate) fn with_digest(resource: Any, digest: &[u8; 32]) -> Self {
         Self {
-            version: version_of(&resource),
+            version: hex(digest),
             resource,
         }
     }
 }
 
 impl VersionedResources {
-    /// Hashes every resource of `resources`.
-    pub fn from_resources(resources: Resources) -> Self {
+    /// Hashes every resource of `resources`; with `shared`, a resource some other proxy
+    /// already has (same type and encoding) is that proxy's very `Arc`, stored once.
+    pub fn from_resources(resources: Resources, shared: Option<&resources::SharedEncodings>) -> Self {
         let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
@@ -67,7 +75,13 @@ impl VersionedResources {
                 (
                     t,
                     m.into_iter()
-                        .map(|(name, resource)| (name, Arc::new(Versioned::new(resource))))
+                        .map(|(name, resource)| {
+                            let v = match shared {
+                                Some(shared) => shared.intern(t, resource),
+                                None => Arc::new(Versioned::new(resource)),
+                            };
+                            (name, v)
+                        })
                         .collect(),
                 )
             })
@@ -86,7 +100,7 @@ impl VersionedResources {
         snapshot: &ConfigSnapshot,
         shared: Option<&resources::SharedEncodings>,
     ) -> Result<Self, resources::BuildError> {
-        resources::build_shared(snapshot, shared).map(Self::from_resources)
+        resources::build_shared(snapshot, shared).map(|r| Self::from_resources(r, shared))
     }
 
     /// Like [`Self::build`], but when `previous` was built from a snapshot of the same proxy
@@ -106,7 +120,7 @@ impl VersionedResources {
             Some(prev) => {
                 let mut by_type = prev.by_type.clone();
                 by_type.remove(resources::ENDPOINT);
-                let endpoints = Self::from_resources(resources::build_endpoints(snapshot, shared)?);
+                let endpoints = Self::from_resources(resources::build_endpoints(snapshot, shared)?, shared);
                 by_type.extend(endpoints.by_type);
                 Self {
                     by_type,

@@ -114,12 +114,79 @@ fn an_endpoints_only_change_reuses_the_other_resources_and_equals_a_full_build()
     assert_ne!(versions(&r3), versions(&r2), "the new leaf is in the leaf secret");
     let new_intentions = changed(&second, |cp| cp.intentions = Some(Arc::new(vec![])));
     let r4 = VersionedResources::build_after(&new_intentions, Some(&shared), Some(&r2)).unwrap();
-    let public = r4.by_type[xds::resources::LISTENER]
+    assert!(
+        !Arc::ptr_eq(
+            &r4.by_type[xds::resources::LISTENER],
+            &r2.by_type[xds::resources::LISTENER]
+        ),
+        "rebuilt, not reused"
+    );
+    assert_eq!(
+        versions(&r4),
+        versions(&VersionedResources::build(&new_intentions, None).unwrap())
+    );
+}
+
+#[test]
+fn identical_resources_of_different_proxies_are_held_once() {
+    let ca = Ca::new();
+    let web = Scenario {
+        protocol: "tcp",
+        upstreams: vec![("api", 9191, "tcp"), ("db", 9192, "tcp")],
+        intentions: vec![],
+        instances: vec![],
+    };
+    // Another proxy with one upstream in common, on another local port.
+    let other = Scenario {
+        protocol: "tcp",
+        upstreams: vec![("api", 9191, "tcp"), ("db", 9300, "tcp")],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let shared = SharedEncodings::default();
+    let a = VersionedResources::build(&snapshot(&ca, &web), Some(&shared)).unwrap();
+    let mut b_snap = snapshot(&ca, &other);
+    b_snap.proxy_id = Arc::new(proxycfg::ProxyId::new("other-node", "web-sidecar-proxy-2"));
+    let b = VersionedResources::build(&b_snap, Some(&shared)).unwrap();
+    let plain = VersionedResources::build(&b_snap, None).unwrap();
+    for (t, m) in &b.by_type {
+        for (name, v) in m.iter() {
+            assert_eq!(
+                v.version,
+                plain.get(t, name).unwrap().version,
+                "{t} {name}: same content"
+            );
+            let (Some(va), Some(pa)) = (a.get(t, name), plain.get(t, name)) else {
+                continue;
+            };
+            let identical = va.version == pa.version;
+            assert_eq!(
+                Arc::ptr_eq(v, va),
+                identical,
+                "{t} {name}: shared exactly when identical"
+            );
+        }
+    }
+    let shared_clusters = b.by_type[xds::resources::CLUSTER]
         .iter()
-        .find(|(n, _)| n.starts_with("public_listener"))
+        .filter(|(n, v)| a.get(xds::resources::CLUSTER, n).is_some_and(|x| Arc::ptr_eq(x, v)))
+        .count();
+    assert!(shared_clusters >= 2, "the upstream clusters are held once");
+    let db_a = a.by_type[xds::resources::LISTENER]
+        .keys()
+        .find(|n| n.starts_with("db:"))
         .unwrap();
     assert!(
-        !Arc::ptr_eq(public.1, r2.get(xds::resources::LISTENER, public.0).unwrap()),
-        "rebuilt, not reused"
+        b.get(xds::resources::LISTENER, db_a).is_none(),
+        "db listens elsewhere for the other proxy"
+    );
+    let roots =
+        |r: &VersionedResources| Arc::clone(r.get(xds::resources::SECRET, xds::resources::ROOTS_SECRET).unwrap());
+    assert!(Arc::ptr_eq(&roots(&a), &roots(&b)), "one CA bundle secret");
+    drop((a, b));
+    assert_eq!(
+        shared.interned_len(),
+        0,
+        "held weakly: gone with the proxies' resources"
     );
 }

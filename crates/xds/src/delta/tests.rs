@@ -14,7 +14,7 @@ fn res(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
             },
         );
     }
-    VersionedResources::from_resources(r)
+    VersionedResources::from_resources(r, None)
 }
 
 fn subscribe(type_url: &str, names: &[&str]) -> DeltaDiscoveryRequest {

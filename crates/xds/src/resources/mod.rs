@@ -147,18 +147,25 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
 type ClaKey = (String, usize);
 
-/// The endpoints a load assignment was built from (weak: the cache keeps nothing alive) and
-/// the encoding.
-type ClaEntry = (Weak<Vec<CheckServiceNode>>, Arc<Versioned>);
+/// The endpoints a load assignment was built from and the encoding (both weak: the cache
+/// keeps nothing alive).
+type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
 
-/// Encoded resources shared between proxies: a load assignment depends only on its cluster
-/// name and its endpoints, and the data sources hand every proxy watching a target the same
-/// endpoints `Arc`, so one encoding serves them all.
+/// Encoded resources shared between proxies, held weakly (the proxies' resource sets keep
+/// them alive):
+/// - load assignments by cluster name and endpoints: the data sources hand every proxy
+///   watching a target the same endpoints `Arc`, so one build and encoding serves them all;
+/// - every other resource by type and content hash: the cluster of an upstream, the CA
+///   bundle secret, an outbound listener on the same port are byte-for-byte the same for many
+///   proxies, and each such resource is then held once however many proxies have it.
 #[derive(Default)]
 pub struct SharedEncodings {
     load_assignments: Mutex<HashMap<ClaKey, ClaEntry>>,
     /// Entries at which the map is next swept of dead ones.
     sweep_at: Mutex<usize>,
+    interned: Mutex<HashMap<(&'static str, [u8; 32]), Weak<Versioned>>>,
+    /// Entries at which `interned` is next swept of dead ones.
+    interned_sweep_at: Mutex<usize>,
 }
 
 impl std::fmt::Debug for SharedEncodings {
@@ -180,18 +187,43 @@ impl SharedEncodings {
         let key = (cluster.to_owned(), Arc::as_ptr(endpoints) as usize);
         if let Some((weak, v)) = self.load_assignments.lock().get(&key)
             && weak.upgrade().is_some_and(|e| Arc::ptr_eq(&e, endpoints))
+            && let Some(v) = v.upgrade()
         {
-            return Arc::clone(v);
+            return v;
         }
-        let versioned = Arc::new(Versioned::new(make()));
+        let versioned = self.intern(ENDPOINT, make());
         let mut map = self.load_assignments.lock();
         let mut sweep_at = self.sweep_at.lock();
         if map.len() >= *sweep_at {
-            map.retain(|_, (w, _)| w.strong_count() > 0);
+            map.retain(|_, (w, v)| w.strong_count() > 0 && v.strong_count() > 0);
             *sweep_at = (map.len() * 2).max(1024);
         }
-        map.insert(key, (Arc::downgrade(endpoints), Arc::clone(&versioned)));
+        map.insert(key, (Arc::downgrade(endpoints), Arc::downgrade(&versioned)));
         versioned
+    }
+
+    /// The resource of `type_url` encoded as `resource`: the `Arc` another proxy already
+    /// holds for the same encoding, else this one's, recorded for the next.
+    pub(crate) fn intern(&self, type_url: &'static str, resource: Any) -> Arc<Versioned> {
+        let digest = crate::versioned::digest_of(&resource);
+        let key = (type_url, digest);
+        if let Some(v) = self.interned.lock().get(&key).and_then(Weak::upgrade) {
+            return v;
+        }
+        let versioned = Arc::new(Versioned::with_digest(resource, &digest));
+        let mut map = self.interned.lock();
+        let mut sweep_at = self.interned_sweep_at.lock();
+        if map.len() >= *sweep_at {
+            map.retain(|_, w| w.strong_count() > 0);
+            *sweep_at = (map.len() * 2).max(1024);
+        }
+        map.insert(key, Arc::downgrade(&versioned));
+        versioned
+    }
+
+    /// Distinct resources held by content (not counting load assignments).
+    pub fn interned_len(&self) -> usize {
+        self.interned.lock().values().filter(|w| w.strong_count() > 0).count()
     }
 
     /// Load assignments held now.
