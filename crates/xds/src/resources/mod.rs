@@ -147,6 +147,9 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
 type ClaKey = (String, usize);
 
+/// A resource by content: its type URL and the SHA-256 of its encoding.
+type ContentKey = (&'static str, [u8; 32]);
+
 /// The endpoints a load assignment was built from and the encoding (both weak: the cache
 /// keeps nothing alive).
 type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
@@ -163,7 +166,7 @@ pub struct SharedEncodings {
     load_assignments: Mutex<HashMap<ClaKey, ClaEntry>>,
     /// Entries at which the map is next swept of dead ones.
     sweep_at: Mutex<usize>,
-    interned: Mutex<HashMap<(&'static str, [u8; 32]), Weak<Versioned>>>,
+    interned: Mutex<HashMap<ContentKey, Weak<Versioned>>>,
     /// Entries at which `interned` is next swept of dead ones.
     interned_sweep_at: Mutex<usize>,
 }
