@@ -103,7 +103,7 @@ pub struct UpdateEvent {
 /// The channel a running watch sends its results into. Typed by the response, so a data
 /// source can only send what its request promises.
 pub struct EventSender<T> {
-    tx: mpsc::Sender<UpdateEvent>,
+    tx: mpsc::Sender<Box<UpdateEvent>>,
     generation: u64,
     _response: PhantomData<fn(T)>,
 }
@@ -124,7 +124,7 @@ impl<T> Clone for EventSender<T> {
 pub struct ReceiverGone;
 
 impl<T: Into<UpdatePayload>> EventSender<T> {
-    pub(crate) fn new(tx: mpsc::Sender<UpdateEvent>, generation: u64) -> Self {
+    pub(crate) fn new(tx: mpsc::Sender<Box<UpdateEvent>>, generation: u64) -> Self {
         Self {
             tx,
             generation,
@@ -138,11 +138,12 @@ impl<T: Into<UpdatePayload>> EventSender<T> {
         correlation_id: CorrelationId,
         result: Result<T, DataSourceError>,
     ) -> Result<(), ReceiverGone> {
-        let event = UpdateEvent {
+        // Boxed: the State's queue then holds pointers, and its buffer stays small.
+        let event = Box::new(UpdateEvent {
             correlation_id,
             result: result.map(Into::into),
             generation: self.generation,
-        };
+        });
         match self.tx.try_send(event) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(ReceiverGone),
@@ -165,7 +166,7 @@ pub type WatchFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DataSourceError>> + Send + 'a>>;
 
 /// A source of one kind of watched data. Sources are shared (`Arc`), and each watch's
-/// future owns a reference, so it can run as a task of its own.
+/// future owns a reference, so it runs independently of whoever started it.
 ///
 /// Implement it with `#[async_trait]`, or, where many watches run at once and their size
 /// matters, as `fn notify<'w>(..) -> WatchFuture<'w> where Self: 'w`: work done before

@@ -112,7 +112,6 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 trace!(version = snapshot.version, "snapshot published");
             }
             Some(event) = rx.recv() => {
-                watches.reap();
                 if !watches.is_current(&event) {
                     metrics.stale_update();
                     trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
@@ -148,9 +147,11 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                     }
                 }
             }
+            // The watches run here, in the State's task; they send into `rx`.
+            () = watches.drive() => {}
         }
     }
-    watches.shutdown().await;
+    watches.shutdown();
     metrics.state_stopped();
     debug!("proxy state stopped");
 }

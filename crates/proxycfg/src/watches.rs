@@ -1,15 +1,17 @@
-//! The running watches of one proxy State: started, cancelled and reaped here only.
+//! The running watches of one proxy State: started, cancelled and dropped here only.
 //!
-//! Each watch is a task in the State's `JoinSet`, so the State owns it: cancelling one watch
-//! aborts its task (dropping the data source's future); stopping the State fires the State's
-//! token, which every watch was given, and shuts the whole set down, waiting for every task to
-//! be gone. Each start gets a fresh generation number, stamped on the events it sends, so an
+//! Each watch is a future in the State's own set, polled by the State's task (a proxy has a
+//! few dozen watches, and a task each would cost more memory than the watches themselves): the
+//! State owns them. Cancelling one watch aborts its future, which the set then drops; stopping
+//! the State fires the State's token, which every watch was given, and drops the whole set. Each start gets a fresh generation number, stamped on the events it sends, so an
 //! update still queued from a cancelled start is recognised and dropped. Each watch remembers a
 //! hash of its request, so [`Watches::ensure`] restarts a watch only when what it asks for
 //! changed.
 
 use crate::data_sources::{DataSource, EventSender, UpdateEvent, WatchRequest};
 use crate::{CorrelationId, Metrics};
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::{
     collections::HashMap,
     future::Future,
@@ -18,7 +20,7 @@ use std::{
     sync::Arc,
     task::{Context, Poll},
 };
-use tokio::{sync::mpsc, task::AbortHandle, task::JoinSet};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Span, debug, warn};
 
@@ -36,9 +38,9 @@ fn hash_of<R: Hash>(req: &R) -> u64 {
 
 /// The watches of one proxy, keyed by correlation id.
 pub struct Watches {
-    tasks: JoinSet<()>,
+    tasks: FuturesUnordered<Abortable<WatchTask>>,
     running: HashMap<CorrelationId, Running>,
-    tx: mpsc::Sender<UpdateEvent>,
+    tx: mpsc::Sender<Box<UpdateEvent>>,
     state_cancel: CancellationToken,
     next_generation: u64,
     metrics: Arc<Metrics>,
@@ -46,7 +48,7 @@ pub struct Watches {
 
 type NotifyFuture = crate::WatchFuture<'static>;
 
-/// One watch as a task: the data source's future, run inside the proxy's span, counted in the
+/// One watch: the data source's future, run inside the proxy's span, counted in the
 /// live-watch gauge until it is dropped however it ends (return, State shutdown or abort).
 /// Written out by hand rather than as an `async` block so a watch costs one boxed future plus
 /// a few words, not a second copy of its arguments.
@@ -80,9 +82,9 @@ impl Drop for WatchTask {
 }
 
 impl Watches {
-    pub(crate) fn new(tx: mpsc::Sender<UpdateEvent>, cancel: CancellationToken, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(tx: mpsc::Sender<Box<UpdateEvent>>, cancel: CancellationToken, metrics: Arc<Metrics>) -> Self {
         Self {
-            tasks: JoinSet::new(),
+            tasks: FuturesUnordered::new(),
             running: HashMap::new(),
             tx,
             state_cancel: cancel,
@@ -115,7 +117,8 @@ impl Watches {
             span: Span::current(),
             metrics: Arc::clone(&self.metrics),
         };
-        let abort = self.tasks.spawn(task);
+        let (abort, registration) = AbortHandle::new_pair();
+        self.tasks.push(Abortable::new(task, registration));
         debug!(%id, generation, "watch started");
         self.running.insert(
             id,
@@ -170,15 +173,20 @@ impl Watches {
             .is_some_and(|r| r.generation == event.generation)
     }
 
-    /// Collects finished tasks so the set does not grow.
-    pub(crate) fn reap(&mut self) {
-        while self.tasks.try_join_next().is_some() {}
+    /// Runs the watches; never completes (with no watches it just waits). The State polls it
+    /// beside its queue: that is what makes the watches progress.
+    pub(crate) async fn drive(&mut self) {
+        loop {
+            if self.tasks.next().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
-    /// Cancels every watch and waits until all their tasks are gone.
-    pub(crate) async fn shutdown(&mut self) {
+    /// Cancels every watch and drops them all.
+    pub(crate) fn shutdown(&mut self) {
         self.state_cancel.cancel();
         self.running.clear();
-        self.tasks.shutdown().await;
+        self.tasks.clear();
     }
 }
