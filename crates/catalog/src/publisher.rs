@@ -96,19 +96,30 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
 struct Slot {
     tx: broadcast::Sender<Event>,
     last: Option<Event>,
-    /// The topic's index key, computed once (publishing checks every topic's key).
-    key: IndexKey,
+}
+
+/// Subscribed topics grouped by the index key whose writes change them, so a write visits
+/// only the topics it touches (not every topic of every proxy).
+#[derive(Default)]
+struct Topics {
+    by_key: HashMap<IndexKey, HashMap<Topic, Slot>>,
+    /// Topics held, and the count at which topics without subscribers are next swept.
+    len: usize,
+    sweep_at: usize,
 }
 
 pub(crate) struct Publisher {
-    topics: Mutex<HashMap<Topic, Slot>>,
+    topics: Mutex<Topics>,
     buffer: usize,
 }
 
 impl Publisher {
     pub(crate) fn new(buffer: usize) -> Self {
         Self {
-            topics: Mutex::new(HashMap::new()),
+            topics: Mutex::new(Topics {
+                sweep_at: 1024,
+                ..Topics::default()
+            }),
             buffer: buffer.max(1),
         }
     }
@@ -118,13 +129,27 @@ impl Publisher {
     pub(crate) fn subscribe(&self, topic: Topic, current: impl FnOnce() -> Arc<State>) -> Subscription {
         let mut topics = self.topics.lock();
         let state = current();
-        let slot = topics.entry(topic.clone()).or_insert_with(|| Slot {
-            tx: broadcast::channel(self.buffer).0,
-            last: None,
-            key: topic.index_key(),
+        if topics.len >= topics.sweep_at {
+            // Topics whose subscribers left and that no write has touched since.
+            topics.by_key.retain(|_, group| {
+                group.retain(|_, slot| slot.tx.receiver_count() > 0);
+                !group.is_empty()
+            });
+            topics.len = topics.by_key.values().map(HashMap::len).sum();
+            topics.sweep_at = (topics.len * 2).max(1024);
+        }
+        let key = topic.index_key();
+        let index = state.index_of(&key);
+        let group = topics.by_key.entry(key).or_default();
+        let mut added = false;
+        let slot = group.entry(topic.clone()).or_insert_with(|| {
+            added = true;
+            Slot {
+                tx: broadcast::channel(self.buffer).0,
+                last: None,
+            }
         });
         let rx = slot.tx.subscribe();
-        let index = state.index_of(&slot.key);
         let snapshot = match &slot.last {
             Some(last) if last.index == index => last.clone(),
             _ => {
@@ -136,6 +161,9 @@ impl Publisher {
                 event
             }
         };
+        if added {
+            topics.len += 1;
+        }
         Subscription {
             topic,
             snapshot: Some(snapshot),
@@ -143,28 +171,44 @@ impl Publisher {
         }
     }
 
-    /// Sends the new value of every subscribed topic `bumped` touches; forgets topics nobody
-    /// listens to any more.
+    /// Sends the new value of every subscribed topic `bumped` touches; forgets those topics
+    /// if nobody listens to them any more.
     pub(crate) fn publish(&self, state: &State, bumped: &HashSet<IndexKey>) {
         let mut topics = self.topics.lock();
-        topics.retain(|topic, slot| {
-            if slot.tx.receiver_count() == 0 {
-                return false;
-            }
-            if bumped.contains(&slot.key) {
+        let mut removed = 0;
+        for key in bumped {
+            let Some(group) = topics.by_key.get_mut(key) else {
+                continue;
+            };
+            let index = state.index_of(key);
+            group.retain(|topic, slot| {
+                if slot.tx.receiver_count() == 0 {
+                    removed += 1;
+                    return false;
+                }
                 let event = Event {
-                    index: state.index_of(&slot.key),
+                    index,
                     payload: payload(topic, state),
                 };
                 slot.last = Some(event.clone());
                 let _ = slot.tx.send(event);
+                true
+            });
+            if group.is_empty() {
+                topics.by_key.remove(key);
             }
-            true
-        });
+        }
+        topics.len -= removed;
     }
 
     /// Topics with at least one subscriber.
     pub(crate) fn topic_count(&self) -> usize {
-        self.topics.lock().len()
+        let topics = self.topics.lock();
+        topics
+            .by_key
+            .values()
+            .flat_map(HashMap::values)
+            .filter(|slot| slot.tx.receiver_count() > 0)
+            .count()
     }
 }

@@ -72,6 +72,8 @@ struct Inner {
     config: StoreConfig,
     state: RwLock<Arc<State>>,
     watches: Mutex<HashMap<IndexKey, watch::Sender<Index>>>,
+    /// Size of `watches` at which keys nobody waits on are next swept.
+    watches_sweep_at: Mutex<usize>,
     publisher: Publisher,
     leaves: Mutex<HashMap<String, Arc<IssuedCert>>>,
     compacting: AtomicBool,
@@ -113,6 +115,7 @@ impl Store {
             config,
             state: RwLock::new(Arc::new(state)),
             watches: Mutex::new(HashMap::new()),
+            watches_sweep_at: Mutex::new(1024),
             leaves: Mutex::new(HashMap::new()),
             compacting: AtomicBool::new(false),
             snapshotter: Mutex::new(None),
@@ -163,6 +166,11 @@ impl Store {
     pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
         let mut rx = {
             let mut watches = self.inner.watches.lock();
+            let mut sweep_at = self.inner.watches_sweep_at.lock();
+            if watches.len() >= *sweep_at {
+                watches.retain(|_, tx| tx.receiver_count() > 0);
+                *sweep_at = (watches.len() * 2).max(1024);
+            }
             watches
                 .entry(key.clone())
                 .or_insert_with(|| watch::Sender::new(self.read().index_of(key)))
@@ -301,13 +309,18 @@ fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<J
 
 fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
     {
+        // Only the keys this write touched; keys nobody waits on any more are dropped here
+        // or swept when the map has doubled (see `wait`).
         let mut watches = inner.watches.lock();
-        watches.retain(|key, tx| {
-            if bumped.contains(key) {
-                tx.send_replace(state.index_of(key));
+        for key in bumped {
+            if let Some(tx) = watches.get(key) {
+                if tx.receiver_count() == 0 {
+                    watches.remove(key);
+                } else {
+                    tx.send_replace(state.index_of(key));
+                }
             }
-            tx.receiver_count() > 0
-        });
+        }
     }
     inner.publisher.publish(state, bumped);
 }
