@@ -54,8 +54,12 @@ struct TypeState {
     requested: bool,
     /// The resources of this type the proxy was last found fully in sync with (nothing to
     /// upsert or remove), held so that the same map (pointer) means nothing to diff. Any
-    /// request of this type clears it.
+    /// request of this type clears it (an ACK of a complete response then sets it again).
     in_sync: Option<Arc<TypeResources>>,
+    /// The map the response in flight was diffed against, when that response carried
+    /// everything the proxy lacked of it and nothing needed removing: once it is ACKed (and
+    /// the subscription did not change), the proxy is in sync with that map.
+    pending_complete: Option<Arc<TypeResources>>,
 }
 
 impl TypeState {
@@ -80,6 +84,7 @@ impl DeltaState {
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
         let st = self.types.entry(req.type_url.clone()).or_default();
         st.in_sync = None;
+        let complete = st.pending_complete.take();
         let first = !st.requested;
         st.requested = true;
         if first {
@@ -116,6 +121,9 @@ impl DeltaState {
         };
         match &req.error_detail {
             None => {
+                if req.resource_names_subscribe.is_empty() && req.resource_names_unsubscribe.is_empty() {
+                    st.in_sync = complete;
+                }
                 for (name, version) in sent {
                     match version {
                         Some(v) => {
@@ -162,6 +170,7 @@ impl DeltaState {
             let mut size = 0;
             let mut sent = HashMap::new();
             let mut upserts = Vec::new();
+            let mut truncated = false;
             for (name, res) in resources.of(type_url) {
                 if !st.wants(name)
                     || st.known.get(name) == Some(&res.version)
@@ -170,6 +179,7 @@ impl DeltaState {
                     continue;
                 }
                 if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
+                    truncated = true;
                     break; // the rest goes after this response is acknowledged
                 }
                 size += res.resource.value.len();
@@ -184,9 +194,14 @@ impl DeltaState {
             if upserts.is_empty() {
                 continue;
             }
+            let map = resources.map(type_url);
+            let complete = !truncated
+                && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
+            let complete = if complete { map.cloned() } else { None };
             let nonce = self.nonce();
             if let Some(st) = self.types.get_mut(type_url) {
                 st.pending = Some((nonce.clone(), sent));
+                st.pending_complete = complete;
             }
             out.push(DeltaDiscoveryResponse {
                 type_url: type_url.to_owned(),

@@ -207,3 +207,35 @@ fn a_type_in_sync_with_the_same_map_is_skipped_until_a_request_of_that_type() {
     assert_eq!(out.len(), 1);
     assert_eq!(names(&out[0]), vec!["b"]);
 }
+
+#[test]
+fn the_ack_of_a_complete_response_puts_the_type_in_sync_and_nothing_less_does() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    let v1 = res(&[(CLUSTER, "a", b"1"), (CLUSTER, "b", b"1")]);
+    let out = st.responses(&v1);
+    assert!(st.types[CLUSTER].pending_complete.is_some(), "everything of v1 is in flight");
+    st.on_request(&ack(&out[0]));
+    assert!(st.types[CLUSTER].is_in_sync(v1.map(CLUSTER)), "in sync without another diff");
+    assert!(st.responses(&v1).is_empty());
+
+    // "b" goes away while "a" changes: the upsert is not complete (a removal is due), so its
+    // ACK does not mark the type in sync, and the removal follows.
+    let v2 = res(&[(CLUSTER, "a", b"2")]);
+    let out = st.responses(&v2);
+    assert_eq!(names(&out[0]), vec!["a"]);
+    assert!(st.types[CLUSTER].pending_complete.is_none());
+    st.on_request(&ack(&out[0]));
+    assert!(!st.types[CLUSTER].is_in_sync(v2.map(CLUSTER)));
+    let out = st.responses(&v2);
+    assert_eq!(out[0].removed_resources, vec!["b".to_owned()]);
+
+    // An ACK that also changes the subscription does not mark the type in sync either.
+    st.on_request(&ack(&out[0]));
+    let v3 = res(&[(CLUSTER, "a", b"3")]);
+    let out = st.responses(&v3);
+    let mut ack_and_unsubscribe = ack(&out[0]);
+    ack_and_unsubscribe.resource_names_unsubscribe = vec!["*".into()];
+    st.on_request(&ack_and_unsubscribe);
+    assert!(!st.types[CLUSTER].is_in_sync(v3.map(CLUSTER)));
+}
