@@ -13,7 +13,11 @@
 use crate::resources::TYPES;
 use crate::versioned::{TypeResources, VersionedResources};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+/// Maps keyed by resource names: a fast seeded hash (names are long; SipHash showed in
+/// profiles).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
 use std::sync::Arc;
 
 /// Responses carry at most this many bytes of resources (gRPC's default limit is 4 MiB).
@@ -75,14 +79,25 @@ impl TypeState {
 /// One delta stream's protocol state.
 #[derive(Debug, Default)]
 pub struct DeltaState {
-    types: HashMap<String, TypeState>,
+    /// The types this server serves, in [`TYPES`] order.
+    served: [TypeState; TYPES.len()],
+    /// Types the proxy asked for that are not served (tracked so their ACKs are understood).
+    others: HashMap<String, TypeState>,
     next_nonce: u64,
+}
+
+/// The position of `type_url` in [`TYPES`].
+fn slot(type_url: &str) -> Option<usize> {
+    TYPES.iter().position(|t| *t == type_url)
 }
 
 impl DeltaState {
     /// Applies a request: subscriptions, initial versions, and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
-        let st = self.types.entry(req.type_url.clone()).or_default();
+        let st = match slot(&req.type_url) {
+            Some(i) => &mut self.served[i],
+            None => self.others.entry(req.type_url.clone()).or_default(),
+        };
         st.in_sync = None;
         let complete = st.pending_complete.take();
         let first = !st.requested;
@@ -162,13 +177,13 @@ impl DeltaState {
     pub fn responses(&mut self, resources: &VersionedResources) -> Vec<DeltaDiscoveryResponse> {
         let mut out = Vec::new();
         // Upserts, type by type.
-        for type_url in TYPES {
-            let Some(st) = self.types.get(type_url) else { continue };
-            if st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
+        for (i, type_url) in TYPES.into_iter().enumerate() {
+            let st = &self.served[i];
+            if !st.requested || st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
                 continue;
             }
             let mut size = 0;
-            let mut sent = HashMap::new();
+            let mut sent = HashMap::default();
             let mut upserts = Vec::new();
             let mut truncated = false;
             for (name, res) in resources.of(type_url) {
@@ -195,14 +210,13 @@ impl DeltaState {
                 continue;
             }
             let map = resources.map(type_url);
-            let complete = !truncated
-                && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
+            let complete =
+                !truncated && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
             let complete = if complete { map.cloned() } else { None };
             let nonce = self.nonce();
-            if let Some(st) = self.types.get_mut(type_url) {
-                st.pending = Some((nonce.clone(), sent));
-                st.pending_complete = complete;
-            }
+            let st = &mut self.served[i];
+            st.pending = Some((nonce.clone(), sent));
+            st.pending_complete = complete;
             out.push(DeltaDiscoveryResponse {
                 type_url: type_url.to_owned(),
                 resources: upserts,
@@ -210,13 +224,13 @@ impl DeltaState {
                 ..Default::default()
             });
         }
-        if !out.is_empty() || self.types.values().any(|t| t.pending.is_some()) {
+        if !out.is_empty() || !self.quiet() {
             return out;
         }
         // Removals, once everything new is in place.
-        for type_url in TYPES {
-            let Some(st) = self.types.get(type_url) else { continue };
-            if st.is_in_sync(resources.map(type_url)) {
+        for (i, type_url) in TYPES.into_iter().enumerate() {
+            let st = &self.served[i];
+            if !st.requested || st.is_in_sync(resources.map(type_url)) {
                 continue;
             }
             let removed: Vec<String> = st
@@ -227,15 +241,11 @@ impl DeltaState {
                 .collect();
             if removed.is_empty() {
                 // Nothing to upsert (above) and nothing to remove: in sync with this map.
-                if let Some(st) = self.types.get_mut(type_url) {
-                    st.in_sync = resources.map(type_url).cloned();
-                }
+                self.served[i].in_sync = resources.map(type_url).cloned();
                 continue;
             }
             let nonce = self.nonce();
-            if let Some(st) = self.types.get_mut(type_url) {
-                st.pending = Some((nonce.clone(), removed.iter().map(|n| (n.clone(), None)).collect()));
-            }
+            self.served[i].pending = Some((nonce.clone(), removed.iter().map(|n| (n.clone(), None)).collect()));
             out.push(DeltaDiscoveryResponse {
                 type_url: type_url.to_owned(),
                 removed_resources: removed,
@@ -248,7 +258,10 @@ impl DeltaState {
 
     /// True when no response waits for an ACK.
     pub fn quiet(&self) -> bool {
-        self.types.values().all(|t| t.pending.is_none())
+        self.served
+            .iter()
+            .chain(self.others.values())
+            .all(|t| t.pending.is_none())
     }
 }
 

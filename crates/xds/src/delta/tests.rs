@@ -214,9 +214,15 @@ fn the_ack_of_a_complete_response_puts_the_type_in_sync_and_nothing_less_does() 
     st.on_request(&subscribe(CLUSTER, &[]));
     let v1 = res(&[(CLUSTER, "a", b"1"), (CLUSTER, "b", b"1")]);
     let out = st.responses(&v1);
-    assert!(st.types[CLUSTER].pending_complete.is_some(), "everything of v1 is in flight");
+    assert!(
+        st.served[slot(CLUSTER).unwrap()].pending_complete.is_some(),
+        "everything of v1 is in flight"
+    );
     st.on_request(&ack(&out[0]));
-    assert!(st.types[CLUSTER].is_in_sync(v1.map(CLUSTER)), "in sync without another diff");
+    assert!(
+        st.served[slot(CLUSTER).unwrap()].is_in_sync(v1.map(CLUSTER)),
+        "in sync without another diff"
+    );
     assert!(st.responses(&v1).is_empty());
 
     // "b" goes away while "a" changes: the upsert is not complete (a removal is due), so its
@@ -224,9 +230,9 @@ fn the_ack_of_a_complete_response_puts_the_type_in_sync_and_nothing_less_does() 
     let v2 = res(&[(CLUSTER, "a", b"2")]);
     let out = st.responses(&v2);
     assert_eq!(names(&out[0]), vec!["a"]);
-    assert!(st.types[CLUSTER].pending_complete.is_none());
+    assert!(st.served[slot(CLUSTER).unwrap()].pending_complete.is_none());
     st.on_request(&ack(&out[0]));
-    assert!(!st.types[CLUSTER].is_in_sync(v2.map(CLUSTER)));
+    assert!(!st.served[slot(CLUSTER).unwrap()].is_in_sync(v2.map(CLUSTER)));
     let out = st.responses(&v2);
     assert_eq!(out[0].removed_resources, vec!["b".to_owned()]);
 
@@ -237,5 +243,5 @@ fn the_ack_of_a_complete_response_puts_the_type_in_sync_and_nothing_less_does() 
     let mut ack_and_unsubscribe = ack(&out[0]);
     ack_and_unsubscribe.resource_names_unsubscribe = vec!["*".into()];
     st.on_request(&ack_and_unsubscribe);
-    assert!(!st.types[CLUSTER].is_in_sync(v3.map(CLUSTER)));
+    assert!(!st.served[slot(CLUSTER).unwrap()].is_in_sync(v3.map(CLUSTER)));
 }
