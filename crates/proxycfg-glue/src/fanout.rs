@@ -82,10 +82,12 @@ pub(crate) async fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'stat
 ) -> Result<(), DataSourceError> {
     let mut rx = entry.rx.clone();
     rx.mark_changed();
+    let cancelled = cancel.cancelled();
+    tokio::pin!(cancelled);
     loop {
         tokio::select! {
             biased;
-            () = cancel.cancelled() => return Ok(()),
+            () = &mut cancelled => return Ok(()),
             changed = rx.changed() => {
                 if changed.is_err() {
                     // The shared follower ended (the store closed).

@@ -88,11 +88,14 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
     let mut deadline: Option<Instant> = None;
     // When the last snapshot went out: at most one publication per window.
     let mut last_published: Option<Instant> = None;
+    // Registered once, not on every turn of the loop.
+    let cancelled = cancel.cancelled();
+    tokio::pin!(cancelled);
     loop {
         let queue_empty = rx.is_empty();
         tokio::select! {
             biased;
-            () = cancel.cancelled() => break,
+            () = &mut cancelled => break,
             () = ready_or_sleep(deadline.unwrap_or_else(far_future), queue_empty), if deadline.is_some() => {
                 deadline = None;
                 if !snapshot.is_valid() {
@@ -101,7 +104,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 if let Some(limiter) = &limiter {
                     tokio::select! {
                         biased;
-                        () = cancel.cancelled() => break,
+                        () = &mut cancelled => break,
                         () = limiter.acquire() => {}
                     }
                 }

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use tokio::time::Instant;
 use tokio_stream::Stream;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info_span, trace, warn};
@@ -228,6 +228,8 @@ struct Driver<P: Protocol> {
     changed_at: Instant,
     outbox: std::vec::IntoIter<P::Response>,
     finished: bool,
+    /// The server's shutdown, registered once for the stream's life.
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     span: tracing::Span,
     _open: OpenStream,
     _tracked: TaskTrackerToken,
@@ -263,7 +265,7 @@ where
             };
             tokio::select! {
                 biased;
-                () = self.inner.shutdown.cancelled() => self.finished = true,
+                () = &mut self.shutdown => self.finished = true,
                 req = self.requests.message() => match req {
                     Ok(Some(r)) => {
                         let ack = self.state.on_request(&r);
@@ -337,6 +339,7 @@ impl XdsServer {
             changed_at: Instant::now(),
             outbox: Vec::new().into_iter(),
             finished: false,
+            shutdown: Box::pin(inner.shutdown.clone().cancelled_owned()),
             span: info_span!("xds_stream", kind = P::KIND),
             _open: OpenStream::new(&inner.metrics),
             _tracked: inner.tasks.token(),
