@@ -247,7 +247,7 @@ async fn propagation(proxies: usize, upstreams_each: usize, rounds: usize) {
     );
     let per_proxy = rss_after.saturating_sub(rss_before) as f64 / proxies as f64 / 1024.0;
     println!(
-        "  memory per proxy State (RSS growth / proxies, incl. its watch tasks and watcher): {per_proxy:.1} KiB   [target <= 50 KiB at 10 upstreams]"
+        "  memory per proxy State (RSS growth / proxies, incl. its watches and watcher): {per_proxy:.1} KiB   [target <= 50 KiB at 10 upstreams]"
     );
 
     let mut latencies = Vec::new();
