@@ -8,23 +8,32 @@
 
 use crate::delta::Ack;
 use crate::resources::{CLUSTER, LISTENER, TYPES};
-use crate::versioned::VersionedResources;
+use crate::versioned::{TypeResources, VersionedResources};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 #[derive(Debug, Default)]
 struct TypeState {
+    /// The type has been asked for at least once.
+    requested: bool,
     names: BTreeSet<String>,
     acked: Option<String>,
     pending: Option<(String, String)>,
     rejected: Option<String>,
+    /// The version last computed and the map it was computed from: the same map (pointer)
+    /// and the same names give the same version without hashing again.
+    computed: Option<(Arc<TypeResources>, String)>,
 }
 
 /// One SotW stream's protocol state.
 #[derive(Debug, Default)]
 pub struct SotwState {
-    types: HashMap<String, TypeState>,
+    /// The types this server serves, in [`TYPES`] order.
+    served: [TypeState; TYPES.len()],
+    /// Types asked for that are not served (tracked so their ACKs are understood).
+    others: HashMap<String, TypeState>,
     next_nonce: u64,
 }
 
@@ -35,7 +44,11 @@ fn wildcard_type(type_url: &str) -> bool {
 impl SotwState {
     /// Applies a request: the names it asks for and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DiscoveryRequest) -> Ack {
-        let st = self.types.entry(req.type_url.clone()).or_default();
+        let st = match TYPES.iter().position(|t| *t == req.type_url) {
+            Some(i) => &mut self.served[i],
+            None => self.others.entry(req.type_url.clone()).or_default(),
+        };
+        st.requested = true;
         if !req.response_nonce.is_empty() {
             match &st.pending {
                 Some((nonce, _)) if *nonce == req.response_nonce => {}
@@ -43,7 +56,11 @@ impl SotwState {
                 _ => return Ack::Stale,
             }
         }
-        st.names = req.resource_names.iter().filter(|n| *n != "*").cloned().collect();
+        let names: BTreeSet<String> = req.resource_names.iter().filter(|n| *n != "*").cloned().collect();
+        if names != st.names {
+            st.names = names;
+            st.computed = None;
+        }
         if req.response_nonce.is_empty() {
             return Ack::None;
         }
@@ -71,33 +88,41 @@ impl SotwState {
     /// The responses to send now, in make-before-break order.
     pub fn responses(&mut self, resources: &VersionedResources) -> Vec<DiscoveryResponse> {
         let mut out = Vec::new();
-        for type_url in TYPES {
-            let Some(st) = self.types.get(type_url) else { continue };
-            if st.pending.is_some() {
+        for (i, type_url) in TYPES.into_iter().enumerate() {
+            let st = &mut self.served[i];
+            if !st.requested || st.pending.is_some() {
                 continue;
             }
             let all = st.names.is_empty() && wildcard_type(type_url);
+            let map = resources.map(type_url);
+            let version = match (&st.computed, map) {
+                (Some((m, v)), Some(now)) if Arc::ptr_eq(m, now) => v.clone(),
+                _ => {
+                    let mut hasher = Sha256::new();
+                    for (name, res) in resources.of(type_url) {
+                        if all || st.names.contains(name) {
+                            hasher.update(name.as_bytes());
+                            hasher.update([0]);
+                            hasher.update(res.version.as_bytes());
+                            hasher.update([0]);
+                        }
+                    }
+                    let version = crate::versioned::hex(&hasher.finalize()[..16]);
+                    st.computed = map.map(|m| (Arc::clone(m), version.clone()));
+                    version
+                }
+            };
+            if st.acked.as_ref() == Some(&version) || st.rejected.as_ref() == Some(&version) {
+                continue;
+            }
             let chosen: Vec<_> = resources
                 .of(type_url)
                 .filter(|(name, _)| all || st.names.contains(*name))
                 .collect();
-            let mut hasher = Sha256::new();
-            for (name, res) in &chosen {
-                hasher.update(name.as_bytes());
-                hasher.update([0]);
-                hasher.update(res.version.as_bytes());
-                hasher.update([0]);
-            }
-            let version = crate::versioned::hex(&hasher.finalize()[..16]);
-            if st.acked.as_ref() == Some(&version) || st.rejected.as_ref() == Some(&version) {
-                continue;
-            }
             self.next_nonce += 1;
             let nonce = format!("{:x}", self.next_nonce);
             let resources = chosen.iter().map(|(_, r)| r.resource.clone()).collect();
-            if let Some(st) = self.types.get_mut(type_url) {
-                st.pending = Some((nonce.clone(), version.clone()));
-            }
+            self.served[i].pending = Some((nonce.clone(), version.clone()));
             out.push(DiscoveryResponse {
                 version_info: version,
                 resources,
