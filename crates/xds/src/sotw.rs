@@ -134,3 +134,59 @@ impl SotwState {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{ENDPOINT, Resources};
+    use envoy_types::pb::google::protobuf::Any;
+
+    fn res(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
+        let mut r = Resources::default();
+        for (t, name, body) in items {
+            r.by_type.entry(t).or_default().insert(
+                (*name).to_owned(),
+                Any {
+                    type_url: (*t).to_owned(),
+                    value: body.to_vec(),
+                },
+            );
+        }
+        VersionedResources::from_resources(r, None)
+    }
+
+    fn request(names: &[&str], ack: Option<&DiscoveryResponse>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: ENDPOINT.into(),
+            resource_names: names.iter().map(|n| (*n).to_owned()).collect(),
+            response_nonce: ack.map(|r| r.nonce.clone()).unwrap_or_default(),
+            version_info: ack.map(|r| r.version_info.clone()).unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_version_of_an_unchanged_map_is_reused_and_a_names_change_recomputes_it() {
+        let mut st = SotwState::default();
+        st.on_request(&request(&["a"], None));
+        let v1 = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"1")]);
+        let out = st.responses(&v1);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].resources.len(), 1);
+        st.on_request(&request(&["a"], Some(&out[0])));
+        assert!(st.responses(&v1).is_empty(), "same map, ACKed: nothing");
+        // Equal content in another map: the same version, nothing to send.
+        let same = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"1")]);
+        assert!(st.responses(&same).is_empty());
+        // Another name asked for with the same map: a new set, a new version.
+        st.on_request(&request(&["a", "b"], None));
+        let out2 = st.responses(&same);
+        assert_eq!(out2.len(), 1);
+        assert_eq!(out2[0].resources.len(), 2);
+        assert_ne!(out2[0].version_info, out[0].version_info);
+        // A change of "b" in a new map is seen.
+        st.on_request(&request(&["a", "b"], Some(&out2[0])));
+        let v2 = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"2")]);
+        assert_eq!(st.responses(&v2).len(), 1);
+    }
+}
