@@ -72,6 +72,20 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     }
 }
 
+/// The watch future of a fanout data source: forwards from `entry`, or fails at once with
+/// the error that kept it from following.
+pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
+    entry: Result<Arc<Entry<T>>, DataSourceError>,
+    id: CorrelationId,
+    tx: EventSender<T>,
+    cancel: CancellationToken,
+) -> proxycfg::WatchFuture<'w> {
+    match entry {
+        Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    }
+}
+
 /// Forwards a shared follower's values (the current one first) to one proxy's watch until
 /// the watch is cancelled or the proxy stops listening.
 pub(crate) async fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(

@@ -2,7 +2,7 @@
 //! Used by servers for agentless proxies. Values derived from the catalog are materialized
 //! once per change and shared by every proxy watching the same thing.
 
-use crate::fanout::{Entry, Fanout, Value, forward};
+use crate::fanout::{Entry, Fanout, Value};
 use crate::follow::Follower;
 use crate::resolve;
 use crate::views::Views;
@@ -135,17 +135,16 @@ impl DataSource<CaRootsRequest> for ServerCaRoots {
     where
         Self: 'w,
     {
-        if let Err(e) = self.0.check_dc(&req.datacenter) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let entry = self.0.roots_followers.follow(&req, |publish, stop| {
-            let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
-            publish_from(follower, publish, stop, |f| match f.get(0) {
-                Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
-                _ => None,
+        let entry = self.0.check_dc(&req.datacenter).map(|()| {
+            self.0.roots_followers.follow(&req, |publish, stop| {
+                let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
+                publish_from(follower, publish, stop, |f| match f.get(0) {
+                    Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
+                    _ => None,
+                })
             })
         });
-        Box::pin(forward(entry, id, tx, cancel))
+        crate::fanout::watch(entry, id, tx, cancel)
     }
 }
 
@@ -231,10 +230,7 @@ impl DataSource<HealthRequest> for ServerHealth {
     where
         Self: 'w,
     {
-        match self.follow(req) {
-            Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        crate::fanout::watch(self.follow(req), id, tx, cancel)
     }
 }
 
@@ -374,10 +370,7 @@ impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
     where
         Self: 'w,
     {
-        match self.follow(req) {
-            Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        crate::fanout::watch(self.follow(req), id, tx, cancel)
     }
 }
 

@@ -138,21 +138,10 @@ impl SotwState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::{ENDPOINT, Resources};
-    use envoy_types::pb::google::protobuf::Any;
+    use crate::resources::ENDPOINT;
 
     fn res(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
-        let mut r = Resources::default();
-        for (t, name, body) in items {
-            r.by_type.entry(t).or_default().insert(
-                (*name).to_owned(),
-                Any {
-                    type_url: (*t).to_owned(),
-                    value: body.to_vec(),
-                },
-            );
-        }
-        VersionedResources::from_resources(r, None)
+        crate::versioned::test_resources(items)
     }
 
     fn request(names: &[&str], ack: Option<&DiscoveryResponse>) -> DiscoveryRequest {

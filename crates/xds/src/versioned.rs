@@ -148,3 +148,19 @@ impl VersionedResources {
         self.by_type.get(type_url).and_then(|m| m.get(name))
     }
 }
+
+/// Test resources from `(type URL, name, encoded body)` triples.
+#[cfg(test)]
+pub(crate) fn test_resources(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
+    let mut r = Resources::default();
+    for (t, name, body) in items {
+        r.by_type.entry(t).or_default().insert(
+            (*name).to_owned(),
+            Any {
+                type_url: (*t).to_owned(),
+                value: body.to_vec(),
+            },
+        );
+    }
+    VersionedResources::from_resources(r, None)
+}

@@ -1,20 +1,9 @@
 use super::*;
-use crate::resources::{CLUSTER, ENDPOINT, LISTENER, Resources};
-use envoy_types::pb::google::protobuf::Any;
+use crate::resources::{CLUSTER, ENDPOINT, LISTENER};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 
 fn res(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
-    let mut r = Resources::default();
-    for (t, name, body) in items {
-        r.by_type.entry(t).or_default().insert(
-            (*name).to_owned(),
-            Any {
-                type_url: (*t).to_owned(),
-                value: body.to_vec(),
-            },
-        );
-    }
-    VersionedResources::from_resources(r, None)
+    crate::versioned::test_resources(items)
 }
 
 fn subscribe(type_url: &str, names: &[&str]) -> DeltaDiscoveryRequest {
