@@ -221,6 +221,7 @@ struct Following {
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
     requests: Streaming<P::Request>,
+    /// The stream's `x-consul-token`, until the first request hands it to the source.
     token: String,
     following: Option<Following>,
     state: P,
@@ -307,7 +308,11 @@ where
         let Some(node) = P::node(&first) else {
             return Err(Some(Status::invalid_argument("the first request must carry the node")));
         };
-        let (watcher, guard) = self.inner.source.watch(node, &self.token).map_err(Some)?;
+        let (watcher, guard) = self
+            .inner
+            .source
+            .watch(node, &std::mem::take(&mut self.token))
+            .map_err(Some)?;
         debug!(node = %node.id, "stream opened");
         let node_id = node.id.clone();
         self.state.on_request(&first);
