@@ -3,10 +3,10 @@
 //! Each watch is a future in the State's own set, polled by the State's task (a proxy has a
 //! few dozen watches, and a task each would cost more memory than the watches themselves): the
 //! State owns them. Cancelling one watch aborts its future, which the set then drops; stopping
-//! the State fires the State's token, which every watch was given, and drops the whole set. Each start gets a fresh generation number, stamped on the events it sends, so an
-//! update still queued from a cancelled start is recognised and dropped. Each watch remembers a
-//! hash of its request, so [`Watches::ensure`] restarts a watch only when what it asks for
-//! changed.
+//! the State fires the State's token, which every watch was given, and drops the whole set.
+//! Each start gets a fresh generation number, stamped on the events it sends, so an update
+//! still queued from a cancelled start is recognised and dropped. Each watch remembers a hash
+//! of its request, so [`Watches::ensure`] restarts a watch only when what it asks for changed.
 
 use crate::data_sources::{DataSource, EventSender, UpdateEvent, WatchRequest};
 use crate::{CorrelationId, Metrics};
