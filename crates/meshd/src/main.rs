@@ -34,6 +34,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            #[cfg(feature = "server")]
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
                 meshd::server::run(args, meshd::shutdown_signal(), |running| {

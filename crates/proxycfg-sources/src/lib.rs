@@ -5,8 +5,10 @@
 //!
 //! The agent's local source arrives with agent mode.
 
+#[cfg(feature = "server")]
 mod catalog_source;
 mod merge;
 
+#[cfg(feature = "server")]
 pub use catalog_source::{CatalogSource, Lease};
 pub use merge::merge_central_config;
