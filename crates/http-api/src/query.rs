@@ -155,7 +155,7 @@ impl Blocking {
 /// The request's ACL token, from `X-Consul-Token`, `Authorization: Bearer` or `?token=`.
 /// Read on every request; enforced once ACLs exist.
 pub fn token(headers: &HeaderMap, params: &Params) -> Option<String> {
-    if let Some(t) = headers.get("x-consul-token").and_then(|v| v.to_str().ok()) {
+    if let Some(t) = headers.get(structs::wire::TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
         return Some(t.to_owned());
     }
     if let Some(t) = headers
@@ -209,7 +209,7 @@ pub fn add_consul_headers(h: &mut HeaderMap, index: Option<Index>) {
     if let Some(index) = index
         && let Ok(v) = HeaderValue::from_str(&index.max(Index(1)).to_string())
     {
-        h.insert("x-consul-index", v);
+        h.insert(structs::wire::INDEX_HEADER, v);
     }
     h.insert("x-consul-knownleader", HeaderValue::from_static("true"));
     h.insert("x-consul-lastcontact", HeaderValue::from_static("0"));

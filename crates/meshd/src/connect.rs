@@ -2,8 +2,9 @@
 
 use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 use std::future::Future;
+use structs::ServiceKind;
+use structs::listing::CatalogService;
 use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
 
 /// The proxy's (node, service id, service name) for the flags given.
@@ -18,34 +19,30 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
             let url = format!("http://{}/v1/catalog/connect/{service}", args.http_addr);
             let mut req = reqwest::Client::new().get(&url);
             if !args.token.is_empty() {
-                req = req.header("X-Consul-Token", &args.token);
+                req = req.header(structs::wire::TOKEN_HEADER, &args.token);
             }
-            let body: Value = req
+            let body = req
                 .send()
                 .await
                 .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?
                 .error_for_status()
                 .context("looking up the sidecar")?
-                .json()
+                .bytes()
                 .await
                 .context("reading the sidecar lookup")?;
-            let proxies: Vec<&Value> = body
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter(|s| s["ServiceKind"] == "connect-proxy")
-                        .filter(|s| args.node.is_empty() || s["Node"] == args.node.as_str())
-                        .collect()
-                })
-                .unwrap_or_default();
-            match proxies.as_slice() {
-                [one] => Ok((
-                    one["Node"].as_str().unwrap_or_default().to_owned(),
-                    one["ServiceID"].as_str().unwrap_or_default().to_owned(),
-                    service.clone(),
-                )),
-                [] => bail!("no sidecar proxy is registered for service {service:?}"),
-                _ => bail!(
+            let instances: Vec<CatalogService> =
+                structs::json::from_slice(&body).context("decoding the sidecar lookup")?;
+            let proxies: Vec<CatalogService> = instances
+                .into_iter()
+                .filter(|s| s.service_kind == ServiceKind::ConnectProxy)
+                .filter(|s| args.node.is_empty() || s.node == args.node)
+                .collect();
+            match <[CatalogService; 1]>::try_from(proxies) {
+                Ok([one]) => Ok((one.node, one.service_id, service.clone())),
+                Err(proxies) if proxies.is_empty() => {
+                    bail!("no sidecar proxy is registered for service {service:?}")
+                }
+                Err(proxies) => bail!(
                     "{} sidecar proxies are registered for {service:?}: pick one with -proxy-id or -node",
                     proxies.len()
                 ),

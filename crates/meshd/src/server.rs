@@ -5,7 +5,7 @@ use crate::cli::ServerArgs;
 use anyhow::{Context, Result, bail};
 use catalog::{Store, StoreConfig};
 use http_api::ApiConfig;
-use proxycfg::{Manager, ManagerConfig, ProxyId, Watcher};
+use proxycfg::{Manager, ManagerConfig};
 use proxycfg_sources::CatalogSource;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
-use xds::{SnapshotSource, XdsServer};
+use xds::XdsServer;
 
 /// A running server's addresses, for callers that embed it.
 pub struct Running {
@@ -21,60 +21,6 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// The bound xDS address.
     pub grpc_addr: SocketAddr,
-}
-
-/// Streams name their proxy by service id (Envoy's node id) and, in the bootstrap's
-/// metadata, the catalog node; without a node the server looks the id up.
-struct CatalogSnapshots {
-    store: Store,
-    source: CatalogSource,
-}
-
-impl SnapshotSource for CatalogSnapshots {
-    fn watch(&self, node: &xds::Node, token: &str) -> Result<(Watcher, Box<dyn Send + Sync>), tonic::Status> {
-        if node.id.is_empty() {
-            return Err(tonic::Status::invalid_argument(
-                "node.id must be the proxy's service id",
-            ));
-        }
-        let named = node
-            .metadata
-            .as_ref()
-            .and_then(|m| m.fields.get("node_name"))
-            .and_then(|v| match &v.kind {
-                Some(xds::ValueKind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
-                _ => None,
-            });
-        let node_name = match named {
-            Some(n) => n,
-            None => {
-                let state = self.store.read();
-                let mut found = state
-                    .all_services()
-                    .filter(|(_, s)| s.id == node.id && s.kind.is_proxy())
-                    .map(|(n, _)| n.to_owned());
-                match (found.next(), found.next()) {
-                    (Some(n), None) => n,
-                    (Some(_), Some(_)) => {
-                        return Err(tonic::Status::failed_precondition(format!(
-                            "proxy {:?} is registered on several nodes: set node_name in the bootstrap metadata",
-                            node.id
-                        )));
-                    }
-                    (None, _) => {
-                        return Err(tonic::Status::not_found(format!(
-                            "no proxy {:?} is registered",
-                            node.id
-                        )));
-                    }
-                }
-            }
-        };
-        let (watcher, lease) = self
-            .source
-            .watch(ProxyId::new(node_name, node.id.clone()), token.to_owned());
-        Ok((watcher, Box::new(lease)))
-    }
 }
 
 /// Runs a server until `shutdown` completes: xDS streams end, in-flight HTTP requests finish,
@@ -116,10 +62,7 @@ pub async fn run(
         proxycfg_glue::server_data_sources(store.clone()),
     );
     let source = CatalogSource::new(store.clone(), manager.clone());
-    let xds = XdsServer::new(Arc::new(CatalogSnapshots {
-        store: store.clone(),
-        source: source.clone(),
-    }));
+    let xds = XdsServer::new(Arc::new(source.clone()));
 
     let xds_metrics = xds.metrics();
     let engine = manager.clone();

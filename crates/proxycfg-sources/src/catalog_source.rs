@@ -8,7 +8,10 @@
 use crate::merge::merge_central_config;
 use catalog::{IndexKey, State, Store};
 use parking_lot::Mutex;
-use proxycfg::{Manager, ProxyId, ProxyRegistration, ProxySource, RegisterError, Watcher};
+use proxycfg::{
+    Manager, ProxyId, ProxyRegistration, ProxyRequest, ProxySource, RegisterError, SnapshotSource, SourceError,
+    SourceLease, Watcher,
+};
 use std::{collections::HashMap, sync::Arc, time::Duration};
 use structs::{ConfigEntry, ConfigEntryKind, Index};
 use tokio::task::JoinHandle;
@@ -101,6 +104,24 @@ impl CatalogSource {
         )
     }
 
+    /// The catalog node of the proxy `request` names: the one it says, else the only node
+    /// where a proxy with its id is registered.
+    fn node_of(&self, request: &ProxyRequest<'_>) -> Result<String, SourceError> {
+        if let Some(node) = request.node_name.filter(|n| !n.is_empty()) {
+            return Ok(node.to_owned());
+        }
+        let state = self.inner.store.read();
+        let mut found = state
+            .all_services()
+            .filter(|(_, s)| s.id == request.proxy_id && s.kind.is_proxy())
+            .map(|(n, _)| n.to_owned());
+        match (found.next(), found.next()) {
+            (Some(n), None) => Ok(n),
+            (Some(_), Some(_)) => Err(SourceError::Ambiguous(request.proxy_id.to_owned())),
+            (None, _) => Err(SourceError::NotFound(request.proxy_id.to_owned())),
+        }
+    }
+
     /// Proxies synced now (with at least one lease).
     pub fn active(&self) -> usize {
         self.inner.entries.lock().values().filter(|e| e.refs > 0).count()
@@ -119,6 +140,23 @@ impl CatalogSource {
         for task in tasks {
             let _ = task.await;
         }
+    }
+}
+
+/// Streams name their proxy by service id and, when the proxy says it, the catalog node;
+/// without a node the source looks the id up.
+impl SnapshotSource for CatalogSource {
+    fn watch(&self, request: &ProxyRequest<'_>) -> Result<(Watcher, SourceLease), SourceError> {
+        if request.proxy_id.is_empty() {
+            return Err(SourceError::MissingProxyId);
+        }
+        let node = self.node_of(request)?;
+        let (watcher, lease) = CatalogSource::watch(
+            self,
+            ProxyId::new(node, request.proxy_id.to_owned()),
+            request.token.to_owned(),
+        );
+        Ok((watcher, Box::new(lease)))
     }
 }
 

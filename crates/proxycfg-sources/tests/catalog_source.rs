@@ -129,3 +129,51 @@ async fn catalog_deregistration_withdraws_the_snapshot() {
     snapshot_where(&mut w, |_| true).await;
     source.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stream_is_matched_to_its_proxy_by_id_and_node() {
+    use proxycfg::{ProxyRequest, SnapshotSource, SourceError};
+    let (store, _manager, source) = setup().await;
+    let ask = |id: &'static str, node: Option<&'static str>| ProxyRequest {
+        proxy_id: id,
+        node_name: node,
+        token: "",
+    };
+    let err = |r: Result<_, SourceError>| r.err().unwrap();
+    assert_eq!(
+        err(SnapshotSource::watch(&source, &ask("", None))),
+        SourceError::MissingProxyId
+    );
+    assert_eq!(
+        err(SnapshotSource::watch(&source, &ask("web-sidecar-proxy", None))),
+        SourceError::NotFound("web-sidecar-proxy".into())
+    );
+    register_sidecar(&store, 21000).await;
+    let (mut w, _lease) = SnapshotSource::watch(&source, &ask("web-sidecar-proxy", None)).unwrap();
+    snapshot_where(&mut w, |s| s.proxy_id.node == "n1").await;
+    // The same id on a second node: the stream must say which.
+    store
+        .write(Op::Register(Box::new(RegisterRequest {
+            node: "n2".into(),
+            address: "10.0.0.2".into(),
+            service: Some(NodeService {
+                kind: ServiceKind::ConnectProxy,
+                id: "web-sidecar-proxy".into(),
+                service: "web-sidecar-proxy".into(),
+                port: 21000,
+                proxy: ConnectProxyConfig {
+                    destination_service_name: "web".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    assert_eq!(
+        err(SnapshotSource::watch(&source, &ask("web-sidecar-proxy", None))),
+        SourceError::Ambiguous("web-sidecar-proxy".into())
+    );
+    assert!(SnapshotSource::watch(&source, &ask("web-sidecar-proxy", Some("n2"))).is_ok());
+}

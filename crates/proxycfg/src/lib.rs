@@ -16,6 +16,7 @@ pub mod handler;
 mod manager;
 mod metrics;
 mod rate_limit;
+mod serve;
 pub mod snapshot;
 mod state;
 mod watches;
@@ -30,5 +31,6 @@ pub use manager::{
 };
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use rate_limit::RateLimit;
+pub use serve::{ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, ProxyId, TargetEndpoints, UpstreamSnapshot};
 pub use watches::Watches;

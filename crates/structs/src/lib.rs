@@ -13,12 +13,14 @@ pub mod health;
 pub mod index;
 pub mod intention;
 pub mod json;
+pub mod listing;
 pub mod node;
 pub mod proxy;
 pub mod registration;
 pub mod resolved;
 pub mod service;
 pub mod validate;
+pub mod wire;
 
 pub use config_entry::{ConfigEntry, ConfigEntryKind};
 pub use connect::{CaRoot, IndexedCaRoots, IssuedCert, SpiffeIdService, Timestamp};

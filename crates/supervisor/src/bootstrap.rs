@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 use std::net::SocketAddr;
+use structs::wire::{NODE_NAME_METADATA, TOKEN_HEADER};
 
 /// What a bootstrap needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,11 +30,11 @@ fn socket(addr: SocketAddr) -> Value {
 pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
     let mut metadata = json!({"namespace": "default", "partition": "default"});
     if !cfg.node_name.is_empty() {
-        metadata["node_name"] = Value::String(cfg.node_name.clone());
+        metadata[NODE_NAME_METADATA] = Value::String(cfg.node_name.clone());
     }
     let mut grpc_service = json!({"envoy_grpc": {"cluster_name": "local_agent"}});
     if !cfg.token.is_empty() {
-        grpc_service["initial_metadata"] = json!([{"key": "x-consul-token", "value": cfg.token}]);
+        grpc_service["initial_metadata"] = json!([{"key": TOKEN_HEADER, "value": cfg.token}]);
     }
     json!({
         "node": {"id": cfg.proxy_id, "cluster": cfg.cluster, "metadata": metadata},

@@ -17,7 +17,8 @@ pub mod versioned;
 
 pub use grpc::{AdsService, BUFFER_BYTES};
 pub use metrics::XdsMetrics;
-pub use server::{SnapshotSource, XdsServer};
+pub use proxycfg::SnapshotSource;
+pub use server::XdsServer;
 
 /// Envoy's node, as streams identify themselves.
 pub use envoy_types::pb::envoy::config::core::v3::Node;

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use parking_lot::Mutex;
-use proxycfg::{ConfigSnapshot, WatchEvent, Watcher};
+use proxycfg::{ConfigSnapshot, ProxyRequest, SnapshotSource, SourceError, WatchEvent, Watcher};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -20,13 +20,6 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info_span, trace, warn};
-
-/// Where streams get snapshots: resolves the proxy a stream's node names and keeps it
-/// followed while the returned guard lives.
-pub trait SnapshotSource: Send + Sync + 'static {
-    /// Follows the proxy `node` names (its id is the proxy's service id), with `token`.
-    fn watch(&self, node: &Node, token: &str) -> Result<(Watcher, Box<dyn Send + Sync>), Status>;
-}
 
 /// Resources built for one snapshot (both held weakly: the cache never keeps either alive).
 type Built = (Weak<ConfigSnapshot>, Weak<VersionedResources>);
@@ -132,9 +125,28 @@ impl Inner {
     }
 }
 
+/// The catalog node a proxy names in its node metadata, if any.
+fn node_name(node: &Node) -> Option<&str> {
+    let value = node.metadata.as_ref()?.fields.get(structs::wire::NODE_NAME_METADATA)?;
+    match &value.kind {
+        Some(crate::ValueKind::StringValue(s)) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+/// The gRPC status a stream fails with when its source cannot serve it.
+fn status_of(error: &SourceError) -> Status {
+    let message = error.to_string();
+    match error {
+        SourceError::MissingProxyId => Status::invalid_argument(message),
+        SourceError::NotFound(_) => Status::not_found(message),
+        SourceError::Ambiguous(_) => Status::failed_precondition(message),
+    }
+}
+
 fn token<T>(req: &Request<T>) -> String {
     req.metadata()
-        .get("x-consul-token")
+        .get(structs::wire::TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned()
@@ -308,11 +320,13 @@ where
         let Some(node) = P::node(&first) else {
             return Err(Some(Status::invalid_argument("the first request must carry the node")));
         };
-        let (watcher, guard) = self
-            .inner
-            .source
-            .watch(node, &std::mem::take(&mut self.token))
-            .map_err(Some)?;
+        let token = std::mem::take(&mut self.token);
+        let request = ProxyRequest {
+            proxy_id: &node.id,
+            node_name: node_name(node),
+            token: &token,
+        };
+        let (watcher, guard) = self.inner.source.watch(&request).map_err(|e| Some(status_of(&e)))?;
         debug!(node = %node.id, "stream opened");
         let node_id = node.id.clone();
         self.state.on_request(&first);

@@ -13,7 +13,9 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use proxycfg::data_sources::*;
 use proxycfg::fake::FakeDataSources;
-use proxycfg::{Manager, ManagerConfig, ProxyId, ProxyRegistration, ProxySource, Watcher};
+use proxycfg::{
+    Manager, ManagerConfig, ProxyId, ProxyRegistration, ProxyRequest, ProxySource, SourceError, SourceLease, Watcher,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -25,8 +27,8 @@ use xds::{SnapshotSource, XdsServer};
 struct ManagerSource(Manager);
 
 impl SnapshotSource for ManagerSource {
-    fn watch(&self, node: &Node, _token: &str) -> Result<(Watcher, Box<dyn Send + Sync>), tonic::Status> {
-        Ok((self.0.watch(&ProxyId::new("node-1", node.id.clone())), Box::new(())))
+    fn watch(&self, request: &ProxyRequest<'_>) -> Result<(Watcher, SourceLease), SourceError> {
+        Ok((self.0.watch(&ProxyId::new("node-1", request.proxy_id)), Box::new(())))
     }
 }
 

@@ -1,0 +1,40 @@
+//! The contract between a config source and whatever serves snapshots to proxies (the xDS
+//! server): a consumer names the proxy it serves and gets a [`Watcher`] of its snapshots,
+//! kept followed while the returned lease lives. Catalog (server) and local (agent) sources
+//! both implement [`SnapshotSource`], so a server of snapshots needs no adapter per source.
+
+use crate::Watcher;
+
+/// Who is asking: what a proxy's stream says about itself.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyRequest<'a> {
+    /// The proxy's service instance id (Envoy's node id).
+    pub proxy_id: &'a str,
+    /// The catalog node of the proxy, when the proxy names it.
+    pub node_name: Option<&'a str>,
+    /// The ACL token the proxy presented (empty: none).
+    pub token: &'a str,
+}
+
+/// Keeps a proxy followed by its source while held; dropping it lets the source stop.
+pub type SourceLease = Box<dyn Send + Sync>;
+
+/// Why a source cannot serve a proxy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The request does not say which proxy it is.
+    #[error("the node id must be the proxy's service id")]
+    MissingProxyId,
+    /// No proxy with that id is registered.
+    #[error("no proxy {0:?} is registered")]
+    NotFound(String),
+    /// The id names proxies on several nodes and the request did not say which.
+    #[error("proxy {0:?} is registered on several nodes: set node_name in the bootstrap metadata")]
+    Ambiguous(String),
+}
+
+/// Where a consumer gets snapshots for the proxies it serves.
+pub trait SnapshotSource: Send + Sync + 'static {
+    /// Follows the proxy `request` names, with its token; the lease keeps it followed.
+    fn watch(&self, request: &ProxyRequest<'_>) -> Result<(Watcher, SourceLease), SourceError>;
+}

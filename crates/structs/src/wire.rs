@@ -1,0 +1,12 @@
+//! Names that cross process boundaries: HTTP headers, gRPC metadata keys and Envoy node
+//! metadata fields that meshd, its proxies and Consul's clients agree on. One definition
+//! each, so a writer and its reader cannot drift apart.
+
+/// HTTP header and gRPC metadata key that carries an ACL token (Consul's).
+pub const TOKEN_HEADER: &str = "x-consul-token";
+
+/// Envoy node metadata field naming the catalog node of the proxy.
+pub const NODE_NAME_METADATA: &str = "node_name";
+
+/// HTTP response header carrying the catalog index of a blocking-capable read.
+pub const INDEX_HEADER: &str = "x-consul-index";
