@@ -12,6 +12,7 @@ use proxycfg::data_sources::*;
 use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use structs::central_config::{CentralConfig, proxy_defaults};
 use structs::{
     CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, HealthStatus, ResolvedServiceConfig,
 };
@@ -342,12 +343,7 @@ impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
                 return None;
             };
             Some(Ok(shared.resolved.get_or_make(&req, &f.versions(), || {
-                resolve::resolved_config(
-                    &req.name,
-                    &req.upstreams,
-                    resolve::proxy_defaults(proxy.as_ref()),
-                    services,
-                )
+                CentralConfig::new(proxy_defaults(proxy.as_ref()), services).resolve(&req.name, &req.upstreams)
             })))
         })
         .await
@@ -414,7 +410,7 @@ impl ServerDiscoveryChain {
                     ))));
                 }
                 let protocol = if req.override_protocol.is_empty() {
-                    resolve::protocol_of(&req.name, resolve::proxy_defaults(proxy.as_ref()), services)
+                    CentralConfig::new(proxy_defaults(proxy.as_ref()), services).protocol_of(&req.name)
                 } else {
                     req.override_protocol.clone()
                 };

@@ -5,7 +5,6 @@
 //! proxy-defaults and service-defaults merged in, and is re-synced whenever the node, those
 //! entries, or the registration change.
 
-use crate::merge::merge_central_config;
 use catalog::{IndexKey, State, Store};
 use parking_lot::Mutex;
 use proxycfg::{
@@ -13,7 +12,8 @@ use proxycfg::{
     SourceLease, Watcher,
 };
 use std::{collections::HashMap, sync::Arc, time::Duration};
-use structs::{ConfigEntry, ConfigEntryKind, Index};
+use structs::central_config::{CentralConfig, proxy_defaults};
+use structs::{ConfigEntryKind, Index};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -177,12 +177,9 @@ fn registration(state: &State, id: &ProxyId, token: &str) -> Option<ProxyRegistr
     if !svc.kind.is_proxy() {
         return None;
     }
-    let proxy_defaults = state.config_entry(ConfigEntryKind::ProxyDefaults, "global");
-    let pd = match proxy_defaults.as_deref() {
-        Some(ConfigEntry::ProxyDefaults(p)) => Some(p),
-        _ => None,
-    };
-    let merged = merge_central_config(&svc, pd, &state.config_entries(ConfigEntryKind::ServiceDefaults));
+    let proxy_defaults_entry = state.config_entry(ConfigEntryKind::ProxyDefaults, "global");
+    let service_defaults = state.config_entries(ConfigEntryKind::ServiceDefaults);
+    let merged = CentralConfig::new(proxy_defaults(proxy_defaults_entry.as_ref()), &service_defaults).merge_into(&svc);
     Some(ProxyRegistration {
         id: id.clone(),
         service: Arc::new(merged),

@@ -7,8 +7,6 @@
 
 #[cfg(feature = "server")]
 mod catalog_source;
-mod merge;
 
 #[cfg(feature = "server")]
 pub use catalog_source::{CatalogSource, Lease};
-pub use merge::merge_central_config;
