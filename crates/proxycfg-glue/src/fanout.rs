@@ -8,6 +8,7 @@
 //! entry drops and its guard cancels the task.
 
 use parking_lot::Mutex;
+use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSourceError, EventSender, UpdatePayload};
 use std::collections::HashMap;
 use std::future::Future;
@@ -96,26 +97,9 @@ pub(crate) async fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'stat
 ) -> Result<(), DataSourceError> {
     let mut rx = entry.rx.clone();
     rx.mark_changed();
-    let cancelled = cancel.cancelled();
-    tokio::pin!(cancelled);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut cancelled => return Ok(()),
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    // The shared follower ended (the store closed).
-                    return Ok(());
-                }
-                let value = rx.borrow_and_update().clone();
-                if let Some(result) = value
-                    && tx.send(id.clone(), result).await.is_err()
-                {
-                    return Ok(());
-                }
-            }
-        }
-    }
+    // Ends too when the shared follower ends (the store closed).
+    forward::forward(&cancel, rx, forward::ToState { id, tx }).await;
+    Ok(())
 }
 
 #[cfg(test)]

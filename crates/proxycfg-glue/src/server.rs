@@ -9,6 +9,7 @@ use crate::views::Views;
 use async_trait::async_trait;
 use catalog::{Payload, Store, Topic};
 use proxycfg::data_sources::*;
+use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -74,51 +75,41 @@ pub fn server_data_sources(store: Store) -> DataSources {
 /// Runs `follower` until cancelled or the store closes, sending what `derive` makes of each
 /// change (`None`: nothing to send yet).
 async fn run<T: Into<UpdatePayload> + Clone + Send>(
-    mut follower: Follower,
+    follower: Follower,
     id: CorrelationId,
     tx: EventSender<T>,
     cancel: CancellationToken,
-    mut derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
+    derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
 ) -> Result<(), DataSourceError> {
-    loop {
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Ok(()),
-            changed = follower.changed() => {
-                if changed.is_err() {
-                    return Ok(());
-                }
-                if let Some(result) = derive(&follower)
-                    && tx.send(id.clone(), result).await.is_err()
-                {
-                    return Ok(());
-                }
-            }
-        }
-    }
+    forward::forward(&cancel, Derived { follower, derive }, forward::ToState { id, tx }).await;
+    Ok(())
 }
 
 /// Like [`run`] for a shared follower: publishes what `derive` makes of each change on
 /// `publish` (every proxy's watch forwards from it) until stopped or the store closes.
 async fn publish_from<T: Clone + Send + Sync + 'static>(
-    mut follower: Follower,
+    follower: Follower,
     publish: tokio::sync::watch::Sender<Value<T>>,
     stop: CancellationToken,
-    mut derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
+    derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
 ) {
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            changed = follower.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                if let Some(result) = derive(&follower) {
-                    publish.send_replace(Some(result));
-                }
-            }
-        }
+    forward::forward(&stop, Derived { follower, derive }, publish).await;
+}
+
+/// A catalog follower and what each of its changes means for one watch.
+struct Derived<F> {
+    follower: Follower,
+    derive: F,
+}
+
+impl<T, F> forward::Updates<T> for Derived<F>
+where
+    F: FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
+{
+    async fn next(&mut self) -> forward::Step<T> {
+        // The store closed: the watch ends.
+        self.follower.changed().await.ok()?;
+        Some((self.derive)(&self.follower))
     }
 }
 

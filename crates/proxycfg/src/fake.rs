@@ -116,23 +116,9 @@ impl<R: WatchRequest> DataSource<R> for FakeSource<R> {
         let _guard = ActiveGuard(Arc::clone(&self.active));
         let mut rx = self.sender(&req).subscribe();
         rx.mark_changed();
-        loop {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Ok(()),
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    let value = rx.borrow_and_update().clone();
-                    if let Some(result) = value
-                        && tx.send(correlation_id.clone(), result).await.is_err()
-                    {
-                        return Ok(());
-                    }
-                }
-            }
-        }
+        let sink = crate::forward::ToState { id: correlation_id, tx };
+        crate::forward::forward(&cancel, rx, sink).await;
+        Ok(())
     }
 }
 

@@ -12,6 +12,7 @@
 mod correlation;
 pub mod data_sources;
 pub mod fake;
+pub mod forward;
 pub mod handler;
 mod manager;
 mod metrics;
