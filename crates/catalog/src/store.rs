@@ -209,12 +209,7 @@ impl Store {
         if let Some(cert) = self.inner.leaves.lock().get(service)
             && cert.create_index == ca.modify_index
         {
-            let life = cert
-                .valid_before
-                .0
-                .duration_since(cert.valid_after.0)
-                .unwrap_or_default();
-            if now < cert.valid_after.0 + life * 2 / 3 {
+            if now < cert.renew_at() {
                 return Ok(Arc::clone(cert));
             }
         }

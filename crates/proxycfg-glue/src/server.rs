@@ -168,13 +168,8 @@ impl DataSource<LeafRequest> for ServerLeaf {
                 .leaf(&req.service)
                 .map_err(|e| DataSourceError::Unavailable(e.to_string()));
             if let Ok(cert) = &result {
-                // Ask again two thirds into its life (the store reissues it then).
-                let life = cert
-                    .valid_before
-                    .0
-                    .duration_since(cert.valid_after.0)
-                    .unwrap_or_default();
-                let due = cert.valid_after.0 + life * 2 / 3 + Duration::from_secs(1);
+                // Ask again once it is due for renewal (the store reissues it then).
+                let due = cert.renew_at() + Duration::from_secs(1);
                 let wait = due.duration_since(SystemTime::now()).unwrap_or(Duration::from_secs(1));
                 refresh_at = Some(tokio::time::Instant::now() + wait);
             }

@@ -142,6 +142,19 @@ pub struct IssuedCert {
     pub modify_index: Index,
 }
 
+impl IssuedCert {
+    /// When the certificate should be replaced: two thirds into its validity (Consul renews
+    /// leaves in the last third of their life).
+    pub fn renew_at(&self) -> std::time::SystemTime {
+        let life = self
+            .valid_before
+            .0
+            .duration_since(self.valid_after.0)
+            .unwrap_or_default();
+        self.valid_after.0 + life * 2 / 3
+    }
+}
+
 /// A service's SPIFFE identity:
 /// `spiffe://<trust-domain>/ns/<namespace>/dc/<datacenter>/svc/<service>`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -205,6 +218,17 @@ impl FromStr for SpiffeIdService {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_leaf_is_renewed_two_thirds_into_its_life() {
+        let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let cert = IssuedCert {
+            valid_after: Timestamp(start),
+            valid_before: Timestamp(start + std::time::Duration::from_secs(300)),
+            ..Default::default()
+        };
+        assert_eq!(cert.renew_at(), start + std::time::Duration::from_secs(200));
+    }
     use super::*;
 
     #[test]
