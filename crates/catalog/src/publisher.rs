@@ -8,6 +8,7 @@
 
 use crate::keys::{IndexKey, Topic};
 use crate::state::State;
+use bounded_maps::SweepSchedule;
 use parking_lot::Mutex;
 use std::{collections::HashMap, collections::HashSet, sync::Arc};
 use structs::{CheckServiceNode, ConfigEntry, Index, IndexedCaRoots, Intention};
@@ -103,9 +104,9 @@ struct Slot {
 #[derive(Default)]
 struct Topics {
     by_key: HashMap<IndexKey, HashMap<Topic, Slot>>,
-    /// Topics held, and the count at which topics without subscribers are next swept.
+    /// Topics held, and when topics without subscribers are next swept.
     len: usize,
-    sweep_at: usize,
+    sweep: SweepSchedule,
 }
 
 pub(crate) struct Publisher {
@@ -116,10 +117,7 @@ pub(crate) struct Publisher {
 impl Publisher {
     pub(crate) fn new(buffer: usize) -> Self {
         Self {
-            topics: Mutex::new(Topics {
-                sweep_at: 1024,
-                ..Topics::default()
-            }),
+            topics: Mutex::new(Topics::default()),
             buffer: buffer.max(1),
         }
     }
@@ -129,14 +127,15 @@ impl Publisher {
     pub(crate) fn subscribe(&self, topic: Topic, current: impl FnOnce() -> Arc<State>) -> Subscription {
         let mut topics = self.topics.lock();
         let state = current();
-        if topics.len >= topics.sweep_at {
+        if topics.sweep.due(topics.len) {
             // Topics whose subscribers left and that no write has touched since.
             topics.by_key.retain(|_, group| {
                 group.retain(|_, slot| slot.tx.receiver_count() > 0);
                 !group.is_empty()
             });
             topics.len = topics.by_key.values().map(HashMap::len).sum();
-            topics.sweep_at = (topics.len * 2).max(1024);
+            let len = topics.len;
+            topics.sweep.swept(len);
         }
         let key = topic.index_key();
         let index = state.index_of(&key);

@@ -12,6 +12,7 @@ use crate::ops::{Op, WriteError, plan};
 use crate::publisher::{Publisher, Subscription};
 use crate::state::State;
 use crate::wal::{self, Record, StoreError, Wal};
+use bounded_maps::SweptMap;
 use parking_lot::{Mutex, RwLock};
 use std::{
     collections::{HashMap, HashSet},
@@ -71,9 +72,8 @@ struct Job {
 struct Inner {
     config: StoreConfig,
     state: RwLock<Arc<State>>,
-    watches: Mutex<HashMap<IndexKey, watch::Sender<Index>>>,
-    /// Size of `watches` at which keys nobody waits on are next swept.
-    watches_sweep_at: Mutex<usize>,
+    /// Per-key index channels; keys nobody waits on are swept as the map grows.
+    watches: Mutex<SweptMap<IndexKey, watch::Sender<Index>>>,
     publisher: Publisher,
     leaves: Mutex<HashMap<String, Arc<IssuedCert>>>,
     compacting: AtomicBool,
@@ -114,8 +114,7 @@ impl Store {
             publisher: Publisher::new(config.publish_buffer),
             config,
             state: RwLock::new(Arc::new(state)),
-            watches: Mutex::new(HashMap::new()),
-            watches_sweep_at: Mutex::new(1024),
+            watches: Mutex::new(SweptMap::default()),
             leaves: Mutex::new(HashMap::new()),
             compacting: AtomicBool::new(false),
             snapshotter: Mutex::new(None),
@@ -166,11 +165,7 @@ impl Store {
     pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
         let mut rx = {
             let mut watches = self.inner.watches.lock();
-            let mut sweep_at = self.inner.watches_sweep_at.lock();
-            if watches.len() >= *sweep_at {
-                watches.retain(|_, tx| tx.receiver_count() > 0);
-                *sweep_at = (watches.len() * 2).max(1024);
-            }
+            watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
             watches
                 .entry(key.clone())
                 .or_insert_with(|| watch::Sender::new(self.read().index_of(key)))

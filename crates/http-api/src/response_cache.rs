@@ -6,16 +6,22 @@
 //! that key, so an equal index means an equal answer.
 
 use axum::body::Bytes;
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use bounded_maps::ClearingCache;
 use structs::Index;
 
 /// Entries kept at most; the cache is cleared when full (answers are cheap to recompute).
 const CAPACITY: usize = 4096;
 
-#[derive(Default)]
 pub(crate) struct ResponseCache {
-    entries: Mutex<HashMap<String, (Index, Bytes)>>,
+    entries: ClearingCache<String, Index, Bytes>,
+}
+
+impl Default for ResponseCache {
+    fn default() -> Self {
+        Self {
+            entries: ClearingCache::new(CAPACITY),
+        }
+    }
 }
 
 impl ResponseCache {
@@ -38,17 +44,6 @@ impl ResponseCache {
         index: Index,
         encode: impl FnOnce() -> Result<Bytes, E>,
     ) -> Result<Bytes, E> {
-        if let Some((at, body)) = self.entries.lock().get(&key)
-            && *at == index
-        {
-            return Ok(body.clone());
-        }
-        let body = encode()?;
-        let mut entries = self.entries.lock();
-        if entries.len() >= CAPACITY {
-            entries.clear();
-        }
-        entries.insert(key, (index, body.clone()));
-        Ok(body)
+        self.entries.get_or_try_make(key, index, encode)
     }
 }

@@ -7,10 +7,10 @@
 //! The shared task is owned by the entry all those watches hold: when the last one ends, the
 //! entry drops and its guard cancels the task.
 
+use bounded_maps::SweptMap;
 use parking_lot::Mutex;
 use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSourceError, EventSender, UpdatePayload};
-use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
@@ -28,16 +28,13 @@ pub(crate) struct Entry<T> {
 
 /// Shared followers by request.
 pub(crate) struct Fanout<K, T> {
-    entries: Mutex<HashMap<K, Weak<Entry<T>>>>,
-    /// Entries at which the map is next swept of dead ones.
-    sweep_at: Mutex<usize>,
+    entries: Mutex<SweptMap<K, Weak<Entry<T>>>>,
 }
 
 impl<K, T> Default for Fanout<K, T> {
     fn default() -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
-            sweep_at: Mutex::new(1024),
+            entries: Mutex::new(SweptMap::default()),
         }
     }
 }
@@ -63,12 +60,7 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
             rx,
             _stop: stop.drop_guard(),
         });
-        let mut sweep_at = self.sweep_at.lock();
-        if entries.len() >= *sweep_at {
-            entries.retain(|_, e| e.strong_count() > 0);
-            *sweep_at = (entries.len() * 2).max(1024);
-        }
-        entries.insert(key.clone(), Arc::downgrade(&entry));
+        entries.insert(key.clone(), Arc::downgrade(&entry), |_, e| e.strong_count() > 0);
         entry
     }
 }

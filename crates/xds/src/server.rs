@@ -5,13 +5,13 @@ use crate::delta::{Ack, DeltaState};
 use crate::metrics::XdsMetrics;
 use crate::sotw::SotwState;
 use crate::versioned::VersionedResources;
+use bounded_maps::SweptMap;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use parking_lot::Mutex;
 use proxycfg::{ConfigSnapshot, ProxyRequest, SnapshotSource, SourceError, WatchEvent, Watcher};
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use tokio::time::Instant;
@@ -28,9 +28,7 @@ struct Inner {
     source: Arc<dyn SnapshotSource>,
     metrics: Arc<XdsMetrics>,
     /// Resources built per snapshot, shared by every stream of that proxy.
-    built: Mutex<HashMap<usize, Built>>,
-    /// Size of `built` at which it is next swept of dead entries.
-    built_sweep_at: Mutex<usize>,
+    built: Mutex<SweptMap<usize, Built>>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
     /// Tracks live streams (each holds a token) so shutdown can wait for them.
@@ -51,8 +49,7 @@ impl XdsServer {
             inner: Arc::new(Inner {
                 source,
                 metrics: Arc::new(XdsMetrics::default()),
-                built: Mutex::new(HashMap::new()),
-                built_sweep_at: Mutex::new(1024),
+                built: Mutex::new(SweptMap::default()),
                 shared: crate::resources::SharedEncodings::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
@@ -103,13 +100,9 @@ impl Inner {
             previous.map(|p| &**p),
         )?);
         let mut built = self.built.lock();
-        // Sweep dead entries when the map has doubled since the last sweep, not every build.
-        let mut sweep_at = self.built_sweep_at.lock();
-        if built.len() >= *sweep_at {
-            built.retain(|_, (s, r)| s.strong_count() > 0 && r.strong_count() > 0);
-            *sweep_at = (built.len() * 2).max(1024);
-        }
-        built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)));
+        built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)), |_, (s, r)| {
+            s.strong_count() > 0 && r.strong_count() > 0
+        });
         Ok(resources)
     }
 

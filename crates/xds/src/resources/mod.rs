@@ -24,10 +24,11 @@ mod tls;
 pub use tls::{LEAF_SECRET, ROOTS_SECRET};
 
 use crate::versioned::Versioned;
+use bounded_maps::SweptMap;
 use envoy_types::pb::google::protobuf::Any;
 use parking_lot::Mutex;
 use proxycfg::ConfigSnapshot;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use structs::CheckServiceNode;
 
@@ -163,12 +164,8 @@ type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
 ///   proxies, and each such resource is then held once however many proxies have it.
 #[derive(Default)]
 pub struct SharedEncodings {
-    load_assignments: Mutex<HashMap<ClaKey, ClaEntry>>,
-    /// Entries at which the map is next swept of dead ones.
-    sweep_at: Mutex<usize>,
-    interned: Mutex<HashMap<ContentKey, Weak<Versioned>>>,
-    /// Entries at which `interned` is next swept of dead ones.
-    interned_sweep_at: Mutex<usize>,
+    load_assignments: Mutex<SweptMap<ClaKey, ClaEntry>>,
+    interned: Mutex<SweptMap<ContentKey, Weak<Versioned>>>,
 }
 
 impl std::fmt::Debug for SharedEncodings {
@@ -195,13 +192,11 @@ impl SharedEncodings {
             return v;
         }
         let versioned = self.intern(ENDPOINT, make());
-        let mut map = self.load_assignments.lock();
-        let mut sweep_at = self.sweep_at.lock();
-        if map.len() >= *sweep_at {
-            map.retain(|_, (w, v)| w.strong_count() > 0 && v.strong_count() > 0);
-            *sweep_at = (map.len() * 2).max(1024);
-        }
-        map.insert(key, (Arc::downgrade(endpoints), Arc::downgrade(&versioned)));
+        self.load_assignments.lock().insert(
+            key,
+            (Arc::downgrade(endpoints), Arc::downgrade(&versioned)),
+            |_, (w, v)| w.strong_count() > 0 && v.strong_count() > 0,
+        );
         versioned
     }
 
@@ -214,13 +209,9 @@ impl SharedEncodings {
             return v;
         }
         let versioned = Arc::new(Versioned::with_digest(resource, &digest));
-        let mut map = self.interned.lock();
-        let mut sweep_at = self.interned_sweep_at.lock();
-        if map.len() >= *sweep_at {
-            map.retain(|_, w| w.strong_count() > 0);
-            *sweep_at = (map.len() * 2).max(1024);
-        }
-        map.insert(key, Arc::downgrade(&versioned));
+        self.interned
+            .lock()
+            .insert(key, Arc::downgrade(&versioned), |_, w| w.strong_count() > 0);
         versioned
     }
 
