@@ -78,9 +78,7 @@ fn read_frames(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(format!("syncing directory {}", dir.display())))
+    atomic_file::sync_dir(dir).map_err(io_err(format!("syncing directory {}", dir.display())))
 }
 
 fn numbered(dir: &Path, prefix: &str, suffix: &str) -> Result<Vec<(u64, PathBuf)>, StoreError> {
@@ -249,15 +247,8 @@ pub(crate) fn write_snapshot(dir: &Path, state: &State) -> Result<(), StoreError
     let mut buf = Vec::with_capacity(payload.len() + 8);
     frame(&payload, &mut buf);
     let final_path = snapshot_path(dir, state.index);
-    let tmp = final_path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
-        f.write_all(&buf)
-            .and_then(|()| f.sync_all())
-            .map_err(io_err(format!("writing {}", tmp.display())))?;
-    }
-    fs::rename(&tmp, &final_path).map_err(io_err("moving snapshot into place"))?;
-    sync_dir(dir)?;
+    atomic_file::write_atomic(&final_path, &buf, 0o600)
+        .map_err(io_err(format!("writing snapshot {}", final_path.display())))?;
 
     for (index, path) in numbered(dir, "snapshot-", ".json")? {
         if index < state.index.0 {

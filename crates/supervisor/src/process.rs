@@ -181,32 +181,8 @@ pub fn terminate_blocking(child: &mut std::process::Child, grace: Duration) {
     let _ = watchdog.join();
 }
 
-/// Writes `bytes` to `path` atomically and durably: a temporary file in the same directory
-/// (created with `mode`), fsync, rename over `path`, fsync of the directory. Readers see the
-/// old content or the new, never a part.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::other("path has no parent directory"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other("path has no file name"))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
+/// Writes `bytes` to `path` atomically and durably (see the `atomic-file` crate).
+pub use atomic_file::write_atomic;
 
 #[cfg(test)]
 mod tests {
@@ -222,21 +198,5 @@ mod tests {
         };
         assert!(!other.is_alive());
         assert!(ProcessId::of(u32::MAX / 2).is_none());
-    }
-
-    #[test]
-    fn atomic_write_replaces_content_with_the_mode_asked() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("snapshot.json");
-        write_atomic(&p, b"one", 0o600).unwrap();
-        write_atomic(&p, b"two", 0o600).unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "no temporary file left"
-        );
     }
 }
