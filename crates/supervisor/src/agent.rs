@@ -48,8 +48,12 @@ impl Default for Retry {
 impl Retry {
     /// The delay before retry number `n` (0-based): `initial_interval * 2^n`.
     pub fn delay(&self, n: u32) -> Duration {
-        self.initial_interval
-            .saturating_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
+        let schedule = backoff_schedule::Schedule {
+            immediate: 0,
+            first: self.initial_interval,
+            max: Duration::MAX,
+        };
+        schedule.delay(n.saturating_add(1))
     }
 }
 

@@ -1,5 +1,6 @@
 //! Restart back-off of managed daemons (Consul 1.4's schedule).
 
+use backoff_schedule::Schedule;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -20,6 +21,17 @@ impl Default for RestartPolicy {
             immediate: 3,
             max_wait: Duration::from_secs(60),
             healthy_after: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RestartPolicy {
+    /// The waits: `immediate` attempts at once, then 2 s doubling up to `max_wait`.
+    fn schedule(&self) -> Schedule {
+        Schedule {
+            immediate: self.immediate,
+            first: Duration::from_secs(2),
+            max: self.max_wait,
         }
     }
 }
@@ -52,11 +64,7 @@ impl Backoff {
             self.attempts = 0;
         }
         self.attempts = self.attempts.saturating_add(1);
-        if self.attempts <= self.policy.immediate {
-            return Duration::ZERO;
-        }
-        let exp = (self.attempts - self.policy.immediate).min(31);
-        Duration::from_secs(1u64 << exp).min(self.policy.max_wait)
+        self.policy.schedule().delay(self.attempts)
     }
 
     /// Records that the process started (or was adopted) at `at`.
