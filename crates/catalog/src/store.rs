@@ -72,8 +72,9 @@ struct Job {
 struct Inner {
     config: StoreConfig,
     state: RwLock<Arc<State>>,
-    /// Per-key index channels; keys nobody waits on are swept as the map grows.
-    watches: Mutex<SweptMap<IndexKey, watch::Sender<Index>>>,
+    /// Per-key index channels; keys nobody waits on are swept as the map grows. `None` once
+    /// waiters are released (shutdown): every wait then answers at once.
+    watches: Mutex<Option<SweptMap<IndexKey, watch::Sender<Index>>>>,
     publisher: Publisher,
     leaves: Mutex<HashMap<String, Arc<IssuedCert>>>,
     compacting: AtomicBool,
@@ -114,7 +115,7 @@ impl Store {
             publisher: Publisher::new(config.publish_buffer),
             config,
             state: RwLock::new(Arc::new(state)),
-            watches: Mutex::new(SweptMap::default()),
+            watches: Mutex::new(Some(SweptMap::default())),
             leaves: Mutex::new(HashMap::new()),
             compacting: AtomicBool::new(false),
             snapshotter: Mutex::new(None),
@@ -164,7 +165,10 @@ impl Store {
     /// then current. Cheap per waiter: one watch receiver on a per-key channel.
     pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
         let mut rx = {
-            let mut watches = self.inner.watches.lock();
+            let mut guard = self.inner.watches.lock();
+            let Some(watches) = guard.as_mut() else {
+                return self.read();
+            };
             watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
             watches
                 .entry(key.clone())
@@ -183,6 +187,14 @@ impl Store {
             }
         }
         self.read()
+    }
+
+    /// Ends every blocking wait now and makes later ones answer at once (with the current
+    /// state, as a wait that timed out): the first step of a shutdown, so that parked
+    /// blocking queries do not hold it for their whole wait.
+    pub fn release_waiters(&self) {
+        // Dropping the senders wakes every receiver.
+        self.inner.watches.lock().take();
     }
 
     /// Subscribes to a topic: its current value first, then every change.
@@ -298,10 +310,9 @@ fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<J
 }
 
 fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
-    {
-        // Only the keys this write touched; keys nobody waits on any more are dropped here
-        // or swept when the map has doubled (see `wait`).
-        let mut watches = inner.watches.lock();
+    // Only the keys this write touched; keys nobody waits on any more are dropped here or
+    // swept when the map has doubled (see `wait`). Nothing to wake once waiters are released.
+    if let Some(watches) = inner.watches.lock().as_mut() {
         for key in bumped {
             if let Some(tx) = watches.get(key) {
                 if tx.receiver_count() == 0 {

@@ -309,6 +309,28 @@ async fn blocking_wait_times_out_with_the_current_state() {
     assert_eq!(state.index_of(&key), after);
 }
 
+#[tokio::test(start_paused = true)]
+async fn released_waiters_answer_at_once_and_later_waits_do_not_park() {
+    let store = mem_store().await;
+    let key = IndexKey::Service("api".into());
+    let after = store.read().index_of(&key);
+    let start = tokio::time::Instant::now();
+    let parked: Vec<_> = (0..100)
+        .map(|_| {
+            let store = store.clone();
+            let key = key.clone();
+            tokio::spawn(async move { store.wait(&key, after, Duration::from_secs(600)).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    store.release_waiters();
+    for p in parked {
+        assert_eq!(p.await.unwrap().index_of(&key), after);
+    }
+    store.wait(&key, after, Duration::from_secs(600)).await;
+    assert_eq!(start.elapsed(), Duration::ZERO, "no wait outlived the release");
+}
+
 #[tokio::test]
 async fn publisher_sends_snapshot_then_changes_and_cuts_off_laggards() {
     let store = Store::open(StoreConfig {

@@ -54,12 +54,13 @@ pub async fn run(
         .with_context(|| format!("cannot listen on {}", args.grpc_addr))?;
     let grpc_addr = grpc_listener.local_addr().context("reading the bound xDS address")?;
 
+    let followers = tokio_util::task::TaskTracker::new();
     let manager = Manager::new(
         ManagerConfig {
             datacenter: args.datacenter.clone(),
             ..ManagerConfig::default()
         },
-        proxycfg_glue::server_data_sources(store.clone()),
+        proxycfg_glue::server_data_sources_tracked(store.clone(), &followers),
     );
     let source = CatalogSource::new(store.clone(), manager.clone());
     let xds = XdsServer::new(Arc::new(source.clone()));
@@ -107,13 +108,18 @@ pub async fn run(
 
     shutdown.await;
     info!("shutting down");
-    // Streams first (they never end on their own), then the listeners, then the engine.
+    // Parked blocking queries answer now (they would hold the HTTP shutdown for their whole
+    // wait), streams end (they never end on their own), then the listeners, then the engine.
+    store.release_waiters();
     xds.shutdown().await;
     stop.cancel();
     let served = http.await.context("HTTP server task")?;
     let grpc_served = grpc.await.context("xDS server task")?;
     source.shutdown().await;
     manager.shutdown().await;
+    // With every proxy gone, the shared followers end with their last watch.
+    followers.close();
+    followers.wait().await;
     store.close().await;
     info!("meshd server stopped");
     served.context("serving HTTP")?;

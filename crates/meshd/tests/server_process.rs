@@ -210,3 +210,60 @@ fn acknowledged_writes_survive_kill_9() {
         all_acked.len()
     );
 }
+
+/// The blocking queries parked now, from the server's own gauge.
+async fn parked(client: &reqwest::Client, server: &Server) -> u64 {
+    let text = client
+        .get(server.url("/v1/agent/metrics?format=prometheus"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("meshd_http_blocking_queries "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_blocking_queries_do_not_hold_shutdown() {
+    const PARKED: u64 = 1_000;
+    let server = Server::start(&["-dev"]);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let index: u64 = client
+        .get(server.url("/v1/catalog/services"))
+        .send()
+        .await
+        .unwrap()
+        .headers()["x-consul-index"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let url = server.url(&format!("/v1/catalog/services?index={index}&wait=10m"));
+    let mut queries = tokio::task::JoinSet::new();
+    for _ in 0..PARKED {
+        let (client, url) = (client.clone(), url.clone());
+        queries.spawn(async move { client.get(&url).send().await.map(|r| r.status()) });
+    }
+    // Until the server reports every query parked (no fixed sleep).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while parked(&client, &server).await < PARKED {
+        assert!(std::time::Instant::now() < deadline, "queries never parked");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stopping = std::time::Instant::now();
+    let status = tokio::task::spawn_blocking(move || server.terminate()).await.unwrap();
+    let took = stopping.elapsed();
+    assert!(status.success(), "exit {status}");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "a server with {PARKED} parked queries took {took:?} to stop"
+    );
+    // Each parked query was answered (as if its wait had ended), none was cut.
+    while let Some(done) = queries.join_next().await {
+        assert_eq!(done.unwrap().unwrap(), reqwest::StatusCode::OK);
+    }
+}

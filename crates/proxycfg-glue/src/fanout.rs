@@ -16,6 +16,8 @@ use std::hash::Hash;
 use std::sync::{Arc, Weak};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 /// A derived value: `None` until the follower has every input.
 pub(crate) type Value<T> = Option<Result<T, DataSourceError>>;
@@ -29,12 +31,19 @@ pub(crate) struct Entry<T> {
 /// Shared followers by request.
 pub(crate) struct Fanout<K, T> {
     entries: Mutex<SweptMap<K, Weak<Entry<T>>>>,
+    /// What the followers are (their span's name).
+    name: &'static str,
+    /// Tracks every follower task so an owner can wait for them at shutdown.
+    tasks: TaskTracker,
 }
 
-impl<K, T> Default for Fanout<K, T> {
-    fn default() -> Self {
+impl<K, T> Fanout<K, T> {
+    /// Followers named `name`, tracked by `tasks`.
+    pub(crate) fn new(name: &'static str, tasks: TaskTracker) -> Self {
         Self {
             entries: Mutex::new(SweptMap::default()),
+            name,
+            tasks,
         }
     }
 }
@@ -55,7 +64,8 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         }
         let (publish, rx) = watch::channel(None);
         let stop = CancellationToken::new();
-        tokio::spawn(start(publish, stop.clone()));
+        let span = tracing::info_span!("fanout_follower", what = self.name);
+        self.tasks.spawn(start(publish, stop.clone()).instrument(span));
         let entry = Arc::new(Entry {
             rx,
             _stop: stop.drop_guard(),
@@ -101,7 +111,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_task_per_key_stopped_when_its_last_watcher_goes() {
-        let fanout: Fanout<&str, u32> = Fanout::default();
+        let fanout: Fanout<&str, u32> = Fanout::new("test", TaskTracker::new());
         let started = Arc::new(AtomicUsize::new(0));
         let (stopped_tx, mut stopped_rx) = tokio::sync::mpsc::unbounded_channel();
         let follow = |key: &'static str| {

@@ -23,5 +23,5 @@ mod views;
 pub use server::{
     ServerCaRoots, ServerConfigEntry, ServerConfigEntryList, ServerDatacenters, ServerDiscoveryChain,
     ServerGatewayServices, ServerHealth, ServerHttpChecks, ServerIntentions, ServerLeaf, ServerPreparedQuery,
-    ServerResolvedServiceConfig, ServerServiceList, server_data_sources,
+    ServerResolvedServiceConfig, ServerServiceList, server_data_sources, server_data_sources_tracked,
 };

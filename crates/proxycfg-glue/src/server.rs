@@ -18,6 +18,7 @@ use structs::{
     CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, HealthStatus, ResolvedServiceConfig,
 };
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// What every server data source shares.
 struct Shared {
@@ -44,16 +45,23 @@ impl Shared {
     }
 }
 
-/// Builds the server-mode [`DataSources`] over a catalog store.
+/// Builds the server-mode [`DataSources`] over a catalog store (shared followers untracked:
+/// each ends with its last watch or when the store closes).
 pub fn server_data_sources(store: Store) -> DataSources {
+    server_data_sources_tracked(store, &TaskTracker::new())
+}
+
+/// Builds the server-mode [`DataSources`]; every shared follower task they start is tracked
+/// by `tasks`, so the owner can wait for them after its proxies stopped.
+pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSources {
     let shared = Arc::new(Shared {
         store,
         health: Views::default(),
         chains: Views::default(),
         resolved: Views::default(),
-        roots_followers: Fanout::default(),
-        health_followers: Fanout::default(),
-        chain_followers: Fanout::default(),
+        roots_followers: Fanout::new("ca_roots", tasks.clone()),
+        health_followers: Fanout::new("health", tasks.clone()),
+        chain_followers: Fanout::new("discovery_chain", tasks.clone()),
     });
     DataSources {
         ca_roots: Arc::new(ServerCaRoots(Arc::clone(&shared))),
