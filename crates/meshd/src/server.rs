@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 use xds::XdsServer;
 
 /// A running server's addresses, for callers that embed it.
@@ -91,20 +91,26 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let http_stop = stop.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { http_stop.cancelled().await })
-            .await
-    });
+    let http = tokio::spawn(
+        async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .await
+        }
+        .instrument(info_span!("http_api", %http_addr)),
+    );
     let grpc_stop = stop.clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
     let grpc_service = xds.service();
-    let grpc = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(grpc_service)
-            .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await })
-            .await
-    });
+    let grpc = tokio::spawn(
+        async move {
+            tonic::transport::Server::builder()
+                .add_service(grpc_service)
+                .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await })
+                .await
+        }
+        .instrument(info_span!("xds_server", %grpc_addr)),
+    );
 
     shutdown.await;
     info!("shutting down");

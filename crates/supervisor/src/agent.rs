@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Restart back-off: `max_retries` attempts, the first after `initial_interval`, doubling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,20 +361,23 @@ impl<P: Proxy> Agent<P> {
         tracing::info!(epoch, "starting proxy epoch");
         let proxy = Arc::clone(&self.proxy);
         let live_timeout = self.opts.live_timeout;
-        let task = self.tasks.spawn(async move {
-            if let Some(parent) = parent {
-                tokio::select! {
-                    _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into()))),
-                    r = tokio::time::timeout(live_timeout, proxy.wait_live(parent)) => {
-                        if r.is_err() {
-                            tracing::warn!(epoch, parent, "parent epoch not live in time; starting anyway");
+        let task = self.tasks.spawn(
+            async move {
+                if let Some(parent) = parent {
+                    tokio::select! {
+                        _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into()))),
+                        r = tokio::time::timeout(live_timeout, proxy.wait_live(parent)) => {
+                            if r.is_err() {
+                                tracing::warn!(epoch, parent, "parent epoch not live in time; starting anyway");
+                            }
                         }
                     }
                 }
+                let result = proxy.run(&desired, epoch, abort).await;
+                (epoch, result)
             }
-            let result = proxy.run(&desired, epoch, abort).await;
-            (epoch, result)
-        });
+            .instrument(tracing::info_span!("proxy_epoch", epoch)),
+        );
         // Recorded before the loop looks at exits again, so the task's exit always finds it.
         let record = Epoch {
             config,

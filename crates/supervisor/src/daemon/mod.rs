@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// One proxy daemon to keep running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,7 +274,10 @@ impl Manager {
         }
         run.write_snapshot();
         let guard = cancel.clone().drop_guard();
-        let task = tokio::spawn(run.main(desired, ctl_rx, reports_rx, cancel));
+        let task = tokio::spawn(
+            run.main(desired, ctl_rx, reports_rx, cancel)
+                .instrument(tracing::info_span!("daemon_manager")),
+        );
         Ok(ManagerHandle {
             ctl,
             events,
@@ -429,7 +433,9 @@ impl Run {
             events: self.events.clone(),
             reports: self.reports_tx.clone(),
         };
-        self.tasks.spawn(keep_alive(ctx, adopt, stop.clone(), leave.clone()));
+        let span = tracing::info_span!("daemon", id = %id);
+        self.tasks
+            .spawn(keep_alive(ctx, adopt, stop.clone(), leave.clone()).instrument(span));
         self.daemons.insert(id, Daemon { spec, stop, leave });
     }
 
