@@ -6,8 +6,7 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,26 +21,8 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn backend(text: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-                text.len()
-            );
-        }
-    });
-    port
-}
+use test_support::http::named_backend as backend;
+use test_support::reserve_port as free_port;
 
 fn meshd() -> PathBuf {
     std::env::var("MESHD_BIN").map(PathBuf::from).unwrap_or_else(|_| {

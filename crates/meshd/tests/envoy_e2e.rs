@@ -3,22 +3,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
-/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
-fn envoy() -> PathBuf {
-    std::env::var_os("MESHD_ENVOY")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .expect(
-            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
-        )
-}
+use test_support::envoy;
+use test_support::http::named_backend as backend;
+use test_support::reserve_port as free_port;
 
 /// A child process killed (by its own pid handle) when dropped.
 struct Proc(Child);
@@ -28,28 +20,6 @@ impl Drop for Proc {
         // SIGTERM: the supervisors drain their Envoy (1 s) and clean up after it.
         supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A tiny HTTP backend answering every request with `name`.
-fn backend(name: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
-                name.len()
-            );
-        }
-    });
-    port
 }
 
 struct Mesh {

@@ -14,12 +14,14 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Load, backend, base_id, bootstrap, envoy, envoy_child_pid, free_port};
+use common::{Load, bootstrap, envoy_child_pid};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use supervisor::agent::{Agent, AgentOptions};
 use supervisor::daemon::{DaemonEvent, DaemonSpec, Manager, ManagerOptions};
 use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy, admin_request, read_admin_address};
+use test_support::http::backend;
+use test_support::{base_id, envoy, reserve_port as free_port};
 use tokio_util::sync::CancellationToken;
 
 fn env_u32(name: &str, default: u32) -> u32 {

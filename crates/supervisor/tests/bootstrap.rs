@@ -1,11 +1,9 @@
 //! The generated bootstrap is accepted by the real Envoy.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::envoy;
 use std::process::Command;
 use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
+use test_support::envoy;
 
 #[test]
 fn bootstrap_passes_envoy_validate() {

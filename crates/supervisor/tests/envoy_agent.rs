@@ -5,13 +5,15 @@
 
 mod common;
 
-use common::{Load, backend, base_id, bootstrap, envoy, envoy_child_pid, free_port, get, wait_for};
+use common::{Load, bootstrap, envoy_child_pid, wait_for};
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use supervisor::agent::{Agent, AgentError, AgentHandle, AgentOptions};
 use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy, admin_request, read_admin_address};
+use test_support::http::{backend, get};
+use test_support::{base_id, envoy, reserve_port as free_port};
 use tokio_util::sync::CancellationToken;
 
 struct Running {

@@ -27,6 +27,7 @@ use envoy_types::util::pack_any;
 use prost::{Message, Name};
 use std::process::Command;
 use structs::config_entry::IntentionAction;
+use test_support::envoy;
 use xds::resources::{self, CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 
 fn unpack<T: Message + Name + Default>(any: &Any) -> T {

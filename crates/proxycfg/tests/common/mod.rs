@@ -85,21 +85,9 @@ pub fn chain_req(name: &str) -> DiscoveryChainRequest {
     }
 }
 
+/// A sidecar instance of `service` at `addr` on the sidecar port.
 pub fn instance(service: &str, addr: &str) -> CheckServiceNode {
-    CheckServiceNode {
-        node: Node {
-            node: format!("node-{addr}"),
-            address: addr.into(),
-            ..Default::default()
-        },
-        service: NodeService {
-            kind: ServiceKind::ConnectProxy,
-            service: format!("{service}-sidecar-proxy"),
-            port: 21000,
-            ..Default::default()
-        },
-        checks: Vec::new(),
-    }
+    test_support::fixtures::sidecar_instance(service, addr, 21000)
 }
 
 /// A chain for `service` whose targets are the given (subset, datacenter) pairs.

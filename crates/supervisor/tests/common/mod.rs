@@ -1,71 +1,13 @@
-//! Real-Envoy helpers shared by the agent tests and the hot-restart benchmark: the pinned
-//! binary, a tiny HTTP backend, a static bootstrap, and a request-per-connection client.
+//! Real-Envoy helpers of the agent tests and the hot-restart benchmark: a static bootstrap,
+//! a load generator and process lookups (the shared peers come from `test-support`).
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
-/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
-pub fn envoy() -> PathBuf {
-    std::env::var_os("MESHD_ENVOY")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .expect(
-            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
-        )
-}
-
-/// A base id no other Envoy on this host uses: derived from this process and a slot.
-pub fn base_id(slot: u32) -> u32 {
-    20_000_000 + (std::process::id() % 1_000_000) * 8 + slot
-}
-
-/// A port that was free a moment ago (listener ports must be fixed for a hot restart to hand
-/// the socket over).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An HTTP/1.1 backend: `GET /slow` answers after `slow`, anything else at once; every answer
-/// is 200 `ok`, then the connection closes.
-pub async fn backend(slow: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                if buf.starts_with(b"GET /slow") {
-                    tokio::time::sleep(slow).await;
-                }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
-                    .await;
-            });
-        }
-    });
-    addr
-}
+use test_support::envoy;
+use test_support::http::get;
 
 /// A static bootstrap: admin on an ephemeral port, one HTTP listener on `listen` routing to
 /// `backend`. `generation` changes the config without changing its behaviour.
@@ -98,48 +40,6 @@ pub fn bootstrap(listen: u16, backend: SocketAddr, generation: u32) -> String {
         },
     })
     .to_string()
-}
-
-/// One request on a fresh connection; `Ok(status)` or why it failed.
-pub async fn get(addr: SocketAddr, path: &str) -> Result<u16, String> {
-    let io = async {
-        let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
-        // Complete once the whole response is in (headers + content-length), as an HTTP
-        // client sees it, not when the server gets round to closing the connection.
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let text = String::from_utf8_lossy(&buf).into_owned();
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().to_owned())
-                    })
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(0);
-                if body.len() >= len {
-                    return head
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|c| c.parse().ok())
-                        .ok_or(format!("bad response {text:?}"));
-                }
-            }
-            match s.read(&mut chunk).await {
-                Ok(0) => return Err(format!("connection closed after {} bytes: {text:?}", buf.len())),
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), io)
-        .await
-        .unwrap_or_else(|_| Err("timed out".into()))
 }
 
 /// Requests at a steady rate until stopped; counts successes and failures.

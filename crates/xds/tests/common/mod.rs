@@ -2,20 +2,11 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, ProxyId, UpstreamSnapshot};
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::SystemTime};
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 use structs::config_entry::IntentionAction;
 use structs::*;
 
-/// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
-/// `MESHD_ENVOY`. Fails loudly when missing: these tests never skip.
-pub fn envoy() -> PathBuf {
-    std::env::var_os("MESHD_ENVOY")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .expect(
-            "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
-        )
-}
+pub use test_support::fixtures::sidecar_instance as instance;
 
 pub struct Ca {
     pub state: catalog::ca::CaState,
@@ -32,24 +23,6 @@ impl Ca {
     }
     pub fn leaf(&self, service: &str) -> Arc<IssuedCert> {
         Arc::new(catalog::ca::sign_leaf(&self.state, "dc1", service, SystemTime::now()).unwrap())
-    }
-}
-
-pub fn instance(service: &str, addr: &str, port: u16) -> CheckServiceNode {
-    CheckServiceNode {
-        node: Node {
-            node: format!("node-{addr}"),
-            address: addr.into(),
-            ..Default::default()
-        },
-        service: NodeService {
-            kind: ServiceKind::ConnectProxy,
-            id: format!("{service}-sidecar-proxy"),
-            service: format!("{service}-sidecar-proxy"),
-            port,
-            ..Default::default()
-        },
-        checks: vec![],
     }
 }
 

@@ -1,0 +1,99 @@
+//! Tiny HTTP/1.1 peers for end-to-end tests: backends bound on `127.0.0.1:0` (the listener
+//! is kept, so the port cannot race) and a client that makes one request per connection.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A backend on its own thread answering every request with 200 and the body `name`;
+/// returns its port.
+pub fn named_backend(name: &'static str) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a backend");
+    let port = listener.local_addr().expect("backend address").port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                name.len()
+            );
+        }
+    });
+    port
+}
+
+/// A backend task: `GET /slow` answers after `slow`, anything else at once; every answer is
+/// 200 `ok`, then the connection closes.
+pub async fn backend(slow: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding a backend");
+    let addr = listener.local_addr().expect("backend address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                if buf.starts_with(b"GET /slow") {
+                    tokio::time::sleep(slow).await;
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// One request on a fresh connection; `Ok(status)` once the whole response is in (headers
+/// and content-length, as an HTTP client sees it), or why it failed. Bounded at 10 s.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let io = async {
+        let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_owned())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    return head
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|c| c.parse().ok())
+                        .ok_or(format!("bad response {text:?}"));
+                }
+            }
+            match s.read(&mut chunk).await {
+                Ok(0) => return Err(format!("connection closed after {} bytes: {text:?}", buf.len())),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(format!("read: {e}")),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), io)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+}
