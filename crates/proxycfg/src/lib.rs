@@ -18,6 +18,7 @@ pub mod handler;
 mod manager;
 mod metrics;
 mod rate_limit;
+mod registration;
 mod serve;
 pub mod snapshot;
 mod state;
@@ -27,12 +28,10 @@ pub use correlation::CorrelationId;
 pub use data_sources::{
     DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchFuture, WatchRequest,
 };
-pub use manager::{
-    DEFAULT_COALESCE, Manager, ManagerConfig, ProxyRegistration, ProxySource, RegisterError, Registered, WatchEvent,
-    Watcher,
-};
+pub use manager::{DEFAULT_COALESCE, Manager, ManagerConfig, RegisterError, WatchEvent, Watcher};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use rate_limit::RateLimit;
+pub use registration::{ProxyRegistration, ProxySource, Registered};
 pub use serve::{ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, ProxyId, TargetEndpoints, UpstreamSnapshot};
 pub use watches::Watches;

@@ -11,6 +11,7 @@
 use crate::data_sources::DataSources;
 use crate::handler::UnsupportedKind;
 use crate::rate_limit::{RateLimit, RateLimiter};
+use crate::registration::{ProxyRegistration, ProxySource, Registered};
 use crate::snapshot::{ConfigSnapshot, ProxyId};
 use crate::state::{self, Slot, StateParams};
 use crate::{Metrics, MetricsSnapshot};
@@ -21,7 +22,7 @@ use std::{
     sync::{Arc, Weak},
     time::Duration,
 };
-use structs::{NodeService, ServiceKind};
+use structs::ServiceKind;
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -54,49 +55,6 @@ impl Default for ManagerConfig {
     }
 }
 
-/// Who registered a proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProxySource {
-    /// The local agent's own state.
-    Local,
-    /// The server's catalog (agentless proxies).
-    Catalog,
-}
-
-impl fmt::Display for ProxySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ProxySource::Local => "local",
-            ProxySource::Catalog => "catalog",
-        })
-    }
-}
-
-/// A proxy to manage: its id, registration and the token its watches use.
-#[derive(Debug, Clone)]
-pub struct ProxyRegistration {
-    /// The proxy's id.
-    pub id: ProxyId,
-    /// Its service registration (kind, address, port, proxy config).
-    pub service: Arc<NodeService>,
-    /// ACL token for its watches.
-    pub token: String,
-}
-
-impl ProxyRegistration {
-    /// True when going from `self` to `new` changes what the proxy's State watches or builds.
-    fn needs_rebuild(&self, new: &ProxyRegistration) -> bool {
-        let (a, b) = (&*self.service, &*new.service);
-        a.kind != b.kind
-            || a.service != b.service
-            || a.address != b.address
-            || a.port != b.port
-            || a.socket_path != b.socket_path
-            || a.proxy != b.proxy
-            || self.token != new.token
-    }
-}
-
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegisterError {
@@ -122,17 +80,6 @@ pub enum RegisterError {
     /// The Manager has been shut down.
     #[error("the proxy config manager has shut down")]
     Closed,
-}
-
-/// What a successful registration did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Registered {
-    /// A new State started.
-    Started,
-    /// The previous State was stopped and a fresh one started.
-    Rebuilt,
-    /// Nothing the proxy's config depends on changed; the State keeps running.
-    Unchanged,
 }
 
 struct SlotEntry {

@@ -9,8 +9,9 @@
 use crate::data_sources::DataSources;
 use crate::handler::{UnsupportedKind, handler_for};
 use crate::rate_limit::RateLimiter;
+use crate::registration::ProxyRegistration;
 use crate::snapshot::ConfigSnapshot;
-use crate::{Metrics, ProxyRegistration, Watches};
+use crate::{Metrics, Watches};
 use std::{sync::Arc, time::Duration};
 use tokio::{
     sync::{mpsc, watch},

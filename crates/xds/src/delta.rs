@@ -10,7 +10,7 @@
 //! request must change something first). Order is make-before-break: clusters, endpoints,
 //! listeners, routes; removals only once every type is quiet.
 
-use crate::resources::TYPES;
+use crate::resources::{ResourceType, TYPES};
 use crate::versioned::{TypeResources, VersionedResources};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use std::collections::BTreeSet;
@@ -88,7 +88,7 @@ pub struct DeltaState {
 
 /// The position of `type_url` in [`TYPES`].
 fn slot(type_url: &str) -> Option<usize> {
-    TYPES.iter().position(|t| *t == type_url)
+    ResourceType::from_url(type_url).map(ResourceType::index)
 }
 
 impl DeltaState {

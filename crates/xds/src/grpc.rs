@@ -125,3 +125,11 @@ where
         }
     }
 }
+
+impl XdsServer {
+    /// The gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`) to add to
+    /// a tonic server.
+    pub fn service(&self) -> AdsService {
+        AdsService::new(self.clone())
+    }
+}

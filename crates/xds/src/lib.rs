@@ -7,6 +7,7 @@
 //!
 //! The server never reads the catalog: it gets snapshots from a [`SnapshotSource`].
 
+mod content;
 pub mod delta;
 mod grpc;
 mod metrics;

@@ -57,12 +57,6 @@ impl XdsServer {
         }
     }
 
-    /// The gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`) to add to
-    /// a tonic server.
-    pub fn service(&self) -> crate::grpc::AdsService {
-        crate::grpc::AdsService::new(self.clone())
-    }
-
     /// The server's counters.
     pub fn metrics(&self) -> Arc<XdsMetrics> {
         Arc::clone(&self.inner.metrics)

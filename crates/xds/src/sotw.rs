@@ -7,7 +7,7 @@
 //! a rejected version never resent.
 
 use crate::delta::Ack;
-use crate::resources::{CLUSTER, LISTENER, TYPES};
+use crate::resources::{CLUSTER, LISTENER, ResourceType, TYPES};
 use crate::versioned::{TypeResources, VersionedResources};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sha2::{Digest, Sha256};
@@ -44,8 +44,8 @@ fn wildcard_type(type_url: &str) -> bool {
 impl SotwState {
     /// Applies a request: the names it asks for and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DiscoveryRequest) -> Ack {
-        let st = match TYPES.iter().position(|t| *t == req.type_url) {
-            Some(i) => &mut self.served[i],
+        let st = match ResourceType::from_url(&req.type_url) {
+            Some(t) => &mut self.served[t.index()],
             None => self.others.entry(req.type_url.clone()).or_default(),
         };
         st.requested = true;
@@ -107,7 +107,7 @@ impl SotwState {
                             hasher.update([0]);
                         }
                     }
-                    let version = crate::versioned::hex(&hasher.finalize()[..16]);
+                    let version = crate::content::hex(&hasher.finalize()[..16]);
                     st.computed = map.map(|m| (Arc::clone(m), version.clone()));
                     version
                 }

@@ -1,20 +1,11 @@
 //! Resources with content versions: what a stream diffs against what the proxy has.
 
+pub use crate::content::Versioned;
+
 use crate::resources::{self, Resources};
-use envoy_types::pb::google::protobuf::Any;
 use proxycfg::ConfigSnapshot;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// One resource and the hash of its encoding.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Versioned {
-    /// Hex SHA-256 of the encoded resource: equal content, equal version.
-    pub version: String,
-    /// The encoded resource.
-    pub resource: Any,
-}
 
 /// The resources of one type by name.
 pub type TypeResources = BTreeMap<String, Arc<Versioned>>;
@@ -30,38 +21,6 @@ pub struct VersionedResources {
     /// The snapshot these were built from (when built from one): the next build of the same
     /// proxy compares its inputs with it to reuse what cannot have changed.
     pub snapshot: Option<Arc<ConfigSnapshot>>,
-}
-
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
-}
-
-/// SHA-256 of a resource's encoding.
-pub(crate) fn digest_of(any: &Any) -> [u8; 32] {
-    Sha256::digest(&any.value).into()
-}
-
-impl Versioned {
-    /// A resource with its content version.
-    pub fn new(resource: Any) -> Self {
-        let digest = digest_of(&resource);
-        Self::with_digest(resource, &digest)
-    }
-
-    /// A resource whose encoding hashes to `digest`.
-    pub(crate) fn with_digest(resource: Any, digest: &[u8; 32]) -> Self {
-        Self {
-            version: hex(digest),
-            resource,
-        }
-    }
 }
 
 impl VersionedResources {
@@ -152,6 +111,7 @@ impl VersionedResources {
 /// Test resources from `(type URL, name, encoded body)` triples.
 #[cfg(test)]
 pub(crate) fn test_resources(items: &[(&'static str, &str, &[u8])]) -> VersionedResources {
+    use envoy_types::pb::google::protobuf::Any;
     let mut r = Resources::default();
     for (t, name, body) in items {
         r.by_type.entry(t).or_default().insert(

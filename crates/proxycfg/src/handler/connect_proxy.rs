@@ -2,8 +2,9 @@
 
 use super::{HandlerError, KindHandler};
 use crate::data_sources::*;
+use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
-use crate::{CorrelationId, ProxyRegistration, Watches};
+use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
 use structs::{
     CompiledDiscoveryChain, ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId,

@@ -10,8 +10,9 @@ mod connect_proxy;
 pub use connect_proxy::ConnectProxyHandler;
 
 use crate::data_sources::{DataSources, UpdatePayload};
+use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, KindSnapshot};
-use crate::{CorrelationId, ProxyRegistration, Watches};
+use crate::{CorrelationId, Watches};
 use structs::ServiceKind;
 
 /// Per-kind snapshot logic.

@@ -1,47 +1,20 @@
 //! Clusters and their load assignments.
 
+use super::core::{ads, millis, socket};
 use super::{BuildError, CLUSTER, ENDPOINT, Resources, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
-use envoy_types::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Http2ProtocolOptions, SocketAddress,
-    address, config_source, socket_address,
-};
+use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Http2ProtocolOptions};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOptions, http_protocol_options};
-use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
+use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 use proxycfg::ConfigSnapshot;
 use structs::{CheckServiceNode, SpiffeIdService};
 
 /// The cluster of the local application.
 pub(crate) const LOCAL_APP: &str = "local_app";
-
-pub(crate) fn socket(address: &str, port: u32) -> Option<Address> {
-    Some(Address {
-        address: Some(address::Address::SocketAddress(SocketAddress {
-            address: address.to_owned(),
-            port_specifier: Some(socket_address::PortSpecifier::PortValue(port)),
-            ..Default::default()
-        })),
-    })
-}
-
-fn millis(ms: u32) -> Option<Duration> {
-    Some(Duration {
-        seconds: i64::from(ms / 1000),
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    })
-}
-
-pub(crate) fn ads() -> Option<ConfigSource> {
-    Some(ConfigSource {
-        resource_api_version: ApiVersion::V3 as i32,
-        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
-        ..Default::default()
-    })
-}
 
 /// `typed_extension_protocol_options` that make a cluster speak HTTP/2 upstream.
 fn http2_options() -> std::collections::HashMap<String, envoy_types::pb::google::protobuf::Any> {

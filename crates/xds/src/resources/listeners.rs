@@ -1,6 +1,7 @@
 //! Listeners (public and one per upstream) and route configurations.
 
-use super::clusters::{LOCAL_APP, ads, socket};
+use super::clusters::LOCAL_APP;
+use super::core::{ads, socket};
 use super::{BuildError, LISTENER, ROUTE, Resources, is_http, rbac, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};

@@ -17,13 +17,14 @@
 //! - route configurations named after the upstream for L7 upstreams.
 
 mod clusters;
+mod core;
 mod listeners;
 mod rbac;
 mod tls;
 
 pub use tls::{LEAF_SECRET, ROOTS_SECRET};
 
-use crate::versioned::Versioned;
+use crate::content::Versioned;
 use bounded_maps::SweptMap;
 use envoy_types::pb::google::protobuf::Any;
 use parking_lot::Mutex;
@@ -47,6 +48,48 @@ pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets
 /// The resource types in make-before-break order (secrets first: a rotated certificate is in
 /// place before anything that could need it).
 pub const TYPES: [&str; 5] = [SECRET, CLUSTER, ENDPOINT, LISTENER, ROUTE];
+
+/// A resource type meshd serves; its discriminant is its position in [`TYPES`], so
+/// per-type state lives in fixed arrays indexed by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResourceType {
+    /// Secrets (SDS).
+    Secret = 0,
+    /// Clusters (CDS).
+    Cluster = 1,
+    /// Load assignments (EDS).
+    Endpoint = 2,
+    /// Listeners (LDS).
+    Listener = 3,
+    /// Route configurations (RDS).
+    Route = 4,
+}
+
+impl ResourceType {
+    /// Every type, in make-before-break order.
+    pub const ALL: [ResourceType; 5] = [
+        ResourceType::Secret,
+        ResourceType::Cluster,
+        ResourceType::Endpoint,
+        ResourceType::Listener,
+        ResourceType::Route,
+    ];
+
+    /// The type of `type_url`, if meshd serves it.
+    pub fn from_url(type_url: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.url() == type_url)
+    }
+
+    /// The type URL.
+    pub fn url(self) -> &'static str {
+        TYPES[self.index()]
+    }
+
+    /// Its position in [`TYPES`] (and in per-type arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// Every resource of one snapshot, by type URL then name.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -203,7 +246,7 @@ impl SharedEncodings {
     /// The resource of `type_url` encoded as `resource`: the `Arc` another proxy already
     /// holds for the same encoding, else this one's, recorded for the next.
     pub(crate) fn intern(&self, type_url: &'static str, resource: Any) -> Arc<Versioned> {
-        let digest = crate::versioned::digest_of(&resource);
+        let digest = crate::content::digest_of(&resource);
         let key = (type_url, digest);
         if let Some(v) = self.interned.lock().get(&key).and_then(Weak::upgrade) {
             return v;
@@ -234,4 +277,18 @@ impl SharedEncodings {
 /// The protocol of a listener or upstream: `tcp`, `http`, `http2` or `grpc`.
 pub(crate) fn is_http(protocol: &str) -> bool {
     matches!(protocol, "http" | "http2" | "grpc")
+}
+
+#[cfg(test)]
+mod type_tests {
+    use super::*;
+
+    #[test]
+    fn resource_types_round_trip_through_their_urls_in_order() {
+        for (i, t) in ResourceType::ALL.into_iter().enumerate() {
+            assert_eq!(t.index(), i);
+            assert_eq!(ResourceType::from_url(t.url()), Some(t));
+        }
+        assert_eq!(ResourceType::from_url("type.googleapis.com/other"), None);
+    }
 }

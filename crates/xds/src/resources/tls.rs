@@ -37,7 +37,7 @@ pub const ROOTS_SECRET: &str = "ROOTCA";
 fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig {
         name: name.to_owned(),
-        sds_config: super::clusters::ads(),
+        sds_config: super::core::ads(),
     }
 }
 

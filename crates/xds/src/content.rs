@@ -1,0 +1,46 @@
+//! A resource and its content version (the hex SHA-256 of its encoding): the unit the
+//! protocol states diff and the shared encodings intern.
+
+use envoy_types::pb::google::protobuf::Any;
+use sha2::{Digest, Sha256};
+
+/// One resource and the hash of its encoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned {
+    /// Hex SHA-256 of the encoded resource: equal content, equal version.
+    pub version: String,
+    /// The encoded resource.
+    pub resource: Any,
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+/// SHA-256 of a resource's encoding.
+pub(crate) fn digest_of(any: &Any) -> [u8; 32] {
+    Sha256::digest(&any.value).into()
+}
+
+impl Versioned {
+    /// A resource with its content version.
+    pub fn new(resource: Any) -> Self {
+        let digest = digest_of(&resource);
+        Self::with_digest(resource, &digest)
+    }
+
+    /// A resource whose encoding hashes to `digest`.
+    pub(crate) fn with_digest(resource: Any, digest: &[u8; 32]) -> Self {
+        Self {
+            version: hex(digest),
+            resource,
+        }
+    }
+}
