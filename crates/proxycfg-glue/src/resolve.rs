@@ -11,7 +11,7 @@ pub(crate) fn default_chain(
     name: &str,
     datacenter: &str,
     trust_domain: &str,
-    protocol: &str,
+    protocol: structs::Protocol,
     connect_timeout_ms: u32,
     resolver: Option<&ServiceResolver>,
 ) -> CompiledDiscoveryChain {
@@ -59,10 +59,10 @@ mod tests {
             connect_timeout: structs::GoDuration(std::time::Duration::from_millis(1500)),
             ..Default::default()
         };
-        let chain = default_chain("api", "dc1", "td.consul", "http", 0, Some(&resolver));
+        let chain = default_chain("api", "dc1", "td.consul", structs::Protocol::Http, 0, Some(&resolver));
         assert_eq!(chain.targets.values().next().unwrap().connect_timeout_ms, 1500);
-        assert_eq!(chain.protocol, "http");
-        let chain = default_chain("api", "dc1", "td.consul", "tcp", 300, Some(&resolver));
+        assert_eq!(chain.protocol, structs::Protocol::Http);
+        let chain = default_chain("api", "dc1", "td.consul", structs::Protocol::Tcp, 300, Some(&resolver));
         assert_eq!(chain.targets.values().next().unwrap().connect_timeout_ms, 300);
         assert_eq!(
             chain.targets.values().next().unwrap().sni,

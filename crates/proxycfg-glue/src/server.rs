@@ -403,17 +403,15 @@ impl ServerDiscoveryChain {
                         req.name
                     ))));
                 }
-                let protocol = if req.override_protocol.is_empty() {
+                let protocol = req.override_protocol.unwrap_or_else(|| {
                     CentralConfig::new(proxy_defaults(proxy.as_ref()), services).protocol_of(&req.name)
-                } else {
-                    req.override_protocol.clone()
-                };
+                });
                 Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || {
                     resolve::default_chain(
                         &req.name,
                         &req.datacenter,
                         &roots.trust_domain,
-                        &protocol,
+                        protocol,
                         req.override_connect_timeout_ms,
                         resolver,
                     )

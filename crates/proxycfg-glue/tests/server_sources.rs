@@ -130,7 +130,7 @@ async fn sidecar_snapshot_from_the_catalog() {
     );
     assert_eq!(api_endpoints(&snap), vec!["10.0.0.2"]);
     let chain = cp.upstreams.values().next().unwrap().chain.clone().unwrap();
-    assert_eq!(chain.protocol, "tcp");
+    assert_eq!(chain.protocol, structs::Protocol::Tcp);
     assert_eq!(
         chain.targets.values().next().unwrap().sni,
         format!("api.default.dc1.internal.{}", roots.trust_domain)
@@ -187,7 +187,7 @@ async fn sidecar_snapshot_from_the_catalog() {
             .unwrap()
             .chain
             .as_ref()
-            .is_some_and(|c| c.protocol == "http")
+            .is_some_and(|c| c.protocol == structs::Protocol::Http)
     })
     .await;
 

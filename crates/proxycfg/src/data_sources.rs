@@ -242,7 +242,7 @@ pub struct DiscoveryChainRequest {
     /// Namespace.
     pub namespace: String,
     /// Protocol set on the upstream itself (overrides service-defaults).
-    pub override_protocol: String,
+    pub override_protocol: Option<structs::Protocol>,
     /// Connect timeout set on the upstream itself, ms (0 = none).
     pub override_connect_timeout_ms: u32,
     /// Mesh gateway mode set on the upstream or proxy.

@@ -185,7 +185,7 @@ impl FakeDataSources {
                 &r.name,
                 &r.datacenter,
                 &td,
-                &r.override_protocol,
+                r.override_protocol.unwrap_or_default(),
             )))
         });
         fakes.health.set_fallback(|_| Some(Arc::new(Vec::new())));

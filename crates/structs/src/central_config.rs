@@ -8,9 +8,11 @@
 //! `UpstreamConfig.Defaults` and then the override naming that upstream.
 
 use crate::config_entry::{ProxyDefaults, ServiceDefaults, UpstreamConfig};
+use crate::protocol::{CONNECT_TIMEOUT_MS_KEY, PROTOCOL_KEY};
 use crate::{
     ConfigEntry, MeshGatewayMode, NodeService, ProxyMode, ResolvedServiceConfig, ResolvedUpstreamConfig, UpstreamId,
 };
+use crate::{Protocol, ProxyOptions};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -50,18 +52,16 @@ impl<'a> CentralConfig<'a> {
 
     /// A service's protocol: its service-defaults, else proxy-defaults' `Config.protocol`,
     /// else tcp.
-    pub fn protocol_of(&self, name: &str) -> String {
-        if let Some(d) = self.service_defaults(name)
-            && !d.protocol.is_empty()
+    pub fn protocol_of(&self, name: &str) -> Protocol {
+        if let Some(p) = self
+            .service_defaults(name)
+            .and_then(|d| d.protocol.parse::<Protocol>().ok())
         {
-            return d.protocol.clone();
+            return p;
         }
         self.proxy_defaults
-            .and_then(|p| p.config.get("protocol"))
-            .and_then(Value::as_str)
-            .filter(|p| !p.is_empty())
-            .unwrap_or("tcp")
-            .to_owned()
+            .and_then(|p| ProxyOptions::parse(&p.config).protocol)
+            .unwrap_or_default()
     }
 
     /// The `UpstreamConfig` layers `service` sets for its upstream `upstream`, in the order
@@ -91,7 +91,7 @@ impl<'a> CentralConfig<'a> {
         if let Some(d) = self.service_defaults(name) {
             if !d.protocol.is_empty() {
                 out.proxy_config
-                    .insert("protocol".into(), Value::String(d.protocol.clone()));
+                    .insert(PROTOCOL_KEY.into(), Value::String(d.protocol.clone()));
             }
             if d.mode != ProxyMode::Default {
                 out.mode = d.mode;
@@ -116,13 +116,13 @@ impl<'a> CentralConfig<'a> {
         let mut out = self.service_level(name);
         for up in upstreams {
             let mut config = serde_json::Map::new();
-            config.insert("protocol".into(), Value::String(self.protocol_of(&up.name)));
+            config.insert(PROTOCOL_KEY.into(), Value::from(self.protocol_of(&up.name).as_str()));
             for layer in self.upstream_layers(name, &up.name) {
                 if !layer.protocol.is_empty() {
-                    config.insert("protocol".into(), Value::String(layer.protocol.clone()));
+                    config.insert(PROTOCOL_KEY.into(), Value::String(layer.protocol.clone()));
                 }
                 if layer.connect_timeout_ms != 0 {
-                    config.insert("connect_timeout_ms".into(), Value::from(layer.connect_timeout_ms));
+                    config.insert(CONNECT_TIMEOUT_MS_KEY.into(), Value::from(layer.connect_timeout_ms));
                 }
             }
             out.upstream_configs.push(ResolvedUpstreamConfig {
@@ -157,16 +157,16 @@ impl<'a> CentralConfig<'a> {
         }
         let service = proxy.destination_service_name.clone();
         for up in &mut proxy.upstreams {
-            let protocol_set = up.config.contains_key("protocol");
-            let timeout_set = up.config.contains_key("connect_timeout_ms");
+            let protocol_set = up.config.contains_key(PROTOCOL_KEY);
+            let timeout_set = up.config.contains_key(CONNECT_TIMEOUT_MS_KEY);
             for layer in self.upstream_layers(&service, &up.destination_name) {
                 if !layer.protocol.is_empty() && !protocol_set {
                     up.config
-                        .insert("protocol".into(), Value::String(layer.protocol.clone()));
+                        .insert(PROTOCOL_KEY.into(), Value::String(layer.protocol.clone()));
                 }
                 if layer.connect_timeout_ms != 0 && !timeout_set {
                     up.config
-                        .insert("connect_timeout_ms".into(), Value::from(layer.connect_timeout_ms));
+                        .insert(CONNECT_TIMEOUT_MS_KEY.into(), Value::from(layer.connect_timeout_ms));
                 }
                 if layer.mesh_gateway.mode != MeshGatewayMode::Default
                     && up.mesh_gateway.mode == MeshGatewayMode::Default

@@ -141,7 +141,7 @@ pub struct CompiledDiscoveryChain {
     pub datacenter: String,
     /// `tcp`, `http`, `http2` or `grpc`.
     #[serde(rename = "Protocol")]
-    pub protocol: String,
+    pub protocol: crate::Protocol,
     /// Name of the first node.
     #[serde(rename = "StartNode")]
     pub start_node: String,
@@ -163,7 +163,7 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 5_000;
 
 impl CompiledDiscoveryChain {
     /// The chain of a service no config entry shapes: one resolver node, one target.
-    pub fn default_for(service: &str, datacenter: &str, trust_domain: &str, protocol: &str) -> Self {
+    pub fn default_for(service: &str, datacenter: &str, trust_domain: &str, protocol: crate::Protocol) -> Self {
         let id = TargetId::new("", service, "default", datacenter);
         let target = DiscoveryTarget {
             id: id.clone(),
@@ -186,11 +186,7 @@ impl CompiledDiscoveryChain {
             service_name: service.to_owned(),
             namespace: "default".to_owned(),
             datacenter: datacenter.to_owned(),
-            protocol: if protocol.is_empty() {
-                "tcp".to_owned()
-            } else {
-                protocol.to_owned()
-            },
+            protocol,
             start_node: node_name.clone(),
             nodes: BTreeMap::from([(node_name, node)]),
             targets: BTreeMap::from([(id, target)]),

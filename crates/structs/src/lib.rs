@@ -16,6 +16,7 @@ pub mod intention;
 pub mod json;
 pub mod listing;
 pub mod node;
+pub mod protocol;
 pub mod proxy;
 pub mod registration;
 pub mod resolved;
@@ -32,6 +33,7 @@ pub use index::Index;
 pub use intention::Intention;
 pub use json::DecodeError;
 pub use node::Node;
+pub use protocol::{Protocol, ProxyOptions};
 pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,

@@ -198,9 +198,14 @@ impl Upstream {
         }
     }
 
-    /// `Config.protocol`, if set as a string.
-    pub fn protocol(&self) -> Option<&str> {
-        self.config.get("protocol").and_then(Value::as_str)
+    /// The config keys meshd acts on, typed.
+    pub fn options(&self) -> crate::ProxyOptions {
+        crate::ProxyOptions::parse(&self.config)
+    }
+
+    /// `Config.protocol`, if set to a protocol the mesh knows.
+    pub fn protocol(&self) -> Option<crate::Protocol> {
+        self.options().protocol
     }
 }
 
@@ -276,9 +281,14 @@ pub struct ConnectProxyConfig {
 }
 
 impl ConnectProxyConfig {
-    /// `Config.protocol`, if set as a string.
-    pub fn protocol(&self) -> Option<&str> {
-        self.config.get("protocol").and_then(Value::as_str)
+    /// The config keys meshd acts on, typed.
+    pub fn options(&self) -> crate::ProxyOptions {
+        crate::ProxyOptions::parse(&self.config)
+    }
+
+    /// `Config.protocol`, if set to a protocol the mesh knows.
+    pub fn protocol(&self) -> Option<crate::Protocol> {
+        self.options().protocol
     }
 }
 
@@ -346,7 +356,7 @@ impl Validate for Upstream {
                 Problem::Invalid(format!("{:?} is not an IP address", self.local_bind_address)),
             ));
         }
-        if let Some(v) = self.config.get("protocol")
+        if let Some(v) = self.config.get(crate::protocol::PROTOCOL_KEY)
             && !v.is_string()
         {
             return Err(ValidationError::new(

@@ -31,12 +31,11 @@ pub struct ResolvedServiceConfig {
 }
 
 impl ResolvedServiceConfig {
-    /// The resolved protocol of the service (`tcp` when unset).
-    pub fn protocol(&self) -> &str {
-        self.proxy_config
-            .get("protocol")
-            .and_then(|v| v.as_str())
-            .unwrap_or("tcp")
+    /// The resolved protocol of the service (tcp when unset).
+    pub fn protocol(&self) -> crate::Protocol {
+        crate::ProxyOptions::parse(&self.proxy_config)
+            .protocol
+            .unwrap_or_default()
     }
 }
 

@@ -163,17 +163,13 @@ impl KindHandler for ConnectProxyHandler {
                         MeshGatewayMode::Default => proxy.mesh_gateway.mode,
                         mode => mode,
                     };
+                    let options = upstream.options();
                     let req = DiscoveryChainRequest {
                         datacenter,
                         name: upstream.destination_name.clone(),
                         namespace: id.namespace.clone(),
-                        override_protocol: upstream.protocol().unwrap_or_default().to_owned(),
-                        override_connect_timeout_ms: upstream
-                            .config
-                            .get("connect_timeout_ms")
-                            .and_then(|v| v.as_u64())
-                            .and_then(|v| u32::try_from(v).ok())
-                            .unwrap_or(0),
+                        override_protocol: options.protocol,
+                        override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
                         override_mesh_gateway: mesh_gateway,
                     };
                     watches.start(&s.discovery_chain, CorrelationId::DiscoveryChain(Arc::clone(&id)), req);

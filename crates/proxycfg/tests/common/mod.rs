@@ -79,7 +79,7 @@ pub fn chain_req(name: &str) -> DiscoveryChainRequest {
         datacenter: "dc1".into(),
         name: name.into(),
         namespace: "default".into(),
-        override_protocol: String::new(),
+        override_protocol: None,
         override_connect_timeout_ms: 0,
         override_mesh_gateway: MeshGatewayMode::Default,
     }
@@ -92,7 +92,7 @@ pub fn instance(service: &str, addr: &str) -> CheckServiceNode {
 
 /// A chain for `service` whose targets are the given (subset, datacenter) pairs.
 pub fn chain_with_targets(service: &str, targets: &[(&str, &str)]) -> CompiledDiscoveryChain {
-    let mut chain = CompiledDiscoveryChain::default_for(service, "dc1", TRUST, "tcp");
+    let mut chain = CompiledDiscoveryChain::default_for(service, "dc1", TRUST, Protocol::Tcp);
     chain.targets.clear();
     chain.nodes.clear();
     for (subset, dc) in targets {

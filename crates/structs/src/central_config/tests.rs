@@ -46,7 +46,7 @@ fn resolve_layers_service_defaults_over_proxy_defaults_and_upstreams() {
         .collect();
     let central = CentralConfig::new(Some(&proxy), &services);
     let r = central.resolve("web", &ups);
-    assert_eq!(r.protocol(), "grpc");
+    assert_eq!(r.protocol(), Protocol::Grpc);
     assert_eq!(r.proxy_config["envoy_stats_flush"], "5s");
     let cfg = |name: &str| {
         r.upstream_configs
@@ -59,7 +59,7 @@ fn resolve_layers_service_defaults_over_proxy_defaults_and_upstreams() {
     assert_eq!(cfg("api")["connect_timeout_ms"], 250);
     assert_eq!(cfg("db")["protocol"], "tcp", "override wins");
     assert_eq!(cfg("cache")["protocol"], "http", "falls back to proxy-defaults");
-    assert_eq!(CentralConfig::new(None, &[]).protocol_of("other"), "tcp");
+    assert_eq!(CentralConfig::new(None, &[]).protocol_of("other"), Protocol::Tcp);
 }
 
 #[test]

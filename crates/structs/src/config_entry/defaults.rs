@@ -43,7 +43,7 @@ pub struct ProxyDefaults {
 impl Validate for ProxyDefaults {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::ProxyDefaults, &self.name)?;
-        if let Some(p) = self.config.get("protocol") {
+        if let Some(p) = self.config.get(crate::protocol::PROTOCOL_KEY) {
             check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
         }
         Ok(())
@@ -167,18 +167,9 @@ impl Validate for ServiceDefaults {
     }
 }
 
-/// The protocols the mesh understands.
-pub const PROTOCOLS: [&str; 4] = ["tcp", "http", "http2", "grpc"];
-
 pub(crate) fn check_protocol(field: &str, protocol: &str) -> Result<(), ValidationError> {
-    if PROTOCOLS.contains(&protocol) {
-        Ok(())
-    } else {
-        Err(ValidationError::new(
-            field,
-            Problem::Invalid(format!(
-                "unsupported protocol {protocol:?}: expected tcp, http, http2 or grpc"
-            )),
-        ))
-    }
+    protocol
+        .parse::<crate::Protocol>()
+        .map(drop)
+        .map_err(|e| ValidationError::new(field, Problem::Invalid(e.to_string())))
 }

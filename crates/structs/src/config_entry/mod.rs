@@ -5,7 +5,7 @@ mod intentions;
 mod mesh;
 mod routing;
 
-pub use defaults::{PROTOCOLS, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
 pub use intentions::{
     IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
     SourceIntention,

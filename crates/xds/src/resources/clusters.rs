@@ -127,7 +127,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                 transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string())),
                 ..Default::default()
             };
-            if matches!(chain.protocol.as_str(), "http2" | "grpc") {
+            if chain.protocol.is_http2() {
                 cluster.typed_extension_protocol_options = http2_options();
             }
             out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));

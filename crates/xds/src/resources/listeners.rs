@@ -2,7 +2,7 @@
 
 use super::clusters::LOCAL_APP;
 use super::core::{ads, socket};
-use super::{BuildError, LISTENER, ROUTE, Resources, is_http, rbac, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, rbac, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -93,20 +93,16 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
     let svc = &snap.service;
 
     // Inbound.
-    let protocol = svc.proxy.protocol().unwrap_or(resolved.protocol());
-    let bind = svc
-        .proxy
-        .config
-        .get("bind_address")
-        .and_then(|v| v.as_str())
-        .unwrap_or(if svc.address.is_empty() {
-            "0.0.0.0"
-        } else {
-            &svc.address
-        });
+    let options = svc.proxy.options();
+    let protocol = options.protocol.unwrap_or(resolved.protocol());
+    let bind = options.bind_address.as_deref().unwrap_or(if svc.address.is_empty() {
+        "0.0.0.0"
+    } else {
+        &svc.address
+    });
     let name = format!("public_listener:{bind}:{}", svc.port);
     let rules = rbac::rules(intentions, true);
-    let filters = if is_http(protocol) {
+    let filters = if protocol.is_http() {
         let mut http_filters = Vec::new();
         if let Some(rules) = rules {
             http_filters.push(http_filter(
@@ -167,7 +163,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         };
         let name = format!("{id}:{addr}:{}", config.local_bind_port);
         let stat_prefix = format!("upstream.{id}");
-        let filter = if is_http(&chain.protocol) {
+        let filter = if chain.protocol.is_http() {
             let route_name = id.name.clone();
             out.insert(ROUTE, route_name.clone(), pack_any(route_to(&route_name, &target.sni)));
             hcm(

@@ -274,11 +274,6 @@ impl SharedEncodings {
     }
 }
 
-/// The protocol of a listener or upstream: `tcp`, `http`, `http2` or `grpc`.
-pub(crate) fn is_http(protocol: &str) -> bool {
-    matches!(protocol, "http" | "http2" | "grpc")
-}
-
 #[cfg(test)]
 mod type_tests {
     use super::*;

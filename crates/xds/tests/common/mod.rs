@@ -63,7 +63,7 @@ pub fn snapshot(ca: &Ca, s: &Scenario) -> ConfigSnapshot {
             name,
             "dc1",
             &roots.trust_domain,
-            protocol,
+            protocol.parse().unwrap(),
         ));
         let mut up = UpstreamSnapshot::new(index);
         for target in chain.targets.keys() {

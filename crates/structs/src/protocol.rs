@@ -1,0 +1,151 @@
+//! The application protocols the mesh understands, and the proxy config keys meshd reads
+//! from the opaque `Proxy.Config` and `Upstreams[].Config` maps, parsed in one place.
+
+use crate::proxy::OpaqueConfig;
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use std::{fmt, str::FromStr};
+
+/// An application protocol (Consul's `Protocol` values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// Opaque TCP (the default).
+    #[default]
+    Tcp,
+    /// HTTP/1.1.
+    Http,
+    /// HTTP/2.
+    Http2,
+    /// gRPC (HTTP/2).
+    Grpc,
+}
+
+/// A protocol the mesh does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported protocol {0:?}: expected tcp, http, http2 or grpc")]
+pub struct UnknownProtocol(pub String);
+
+impl Protocol {
+    /// Consul's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Http => "http",
+            Protocol::Http2 => "http2",
+            Protocol::Grpc => "grpc",
+        }
+    }
+
+    /// True for the protocols Envoy handles at L7 (HTTP connection manager, routes).
+    pub fn is_http(self) -> bool {
+        !matches!(self, Protocol::Tcp)
+    }
+
+    /// True when the upstream connection must speak HTTP/2.
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::Http2 | Protocol::Grpc)
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = UnknownProtocol;
+    fn from_str(s: &str) -> Result<Self, UnknownProtocol> {
+        Ok(match s {
+            "tcp" => Protocol::Tcp,
+            "http" => Protocol::Http,
+            "http2" => Protocol::Http2,
+            "grpc" => Protocol::Grpc,
+            _ => return Err(UnknownProtocol(s.to_owned())),
+        })
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Protocol {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// The keys of an opaque proxy or upstream config map that meshd acts on, typed. The map
+/// itself stays as the user wrote it (other keys are kept and shown untouched); this is the
+/// one place its keys are named and read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyOptions {
+    /// `protocol`: the application protocol (unset or unknown: `None`).
+    pub protocol: Option<Protocol>,
+    /// `bind_address`: the address the public listener binds.
+    pub bind_address: Option<String>,
+    /// `connect_timeout_ms`: an upstream's connect timeout.
+    pub connect_timeout_ms: Option<u32>,
+}
+
+/// Key of the protocol in opaque config maps.
+pub const PROTOCOL_KEY: &str = "protocol";
+/// Key of the public listener's bind address.
+pub const BIND_ADDRESS_KEY: &str = "bind_address";
+/// Key of an upstream's connect timeout, milliseconds.
+pub const CONNECT_TIMEOUT_MS_KEY: &str = "connect_timeout_ms";
+
+impl ProxyOptions {
+    /// Reads the keys meshd acts on from `config` (values of the wrong type are ignored here;
+    /// validation refuses them at write time).
+    pub fn parse(config: &OpaqueConfig) -> Self {
+        Self {
+            protocol: config
+                .get(PROTOCOL_KEY)
+                .and_then(|v| v.as_str())
+                .and_then(|s| s.parse().ok()),
+            bind_address: config
+                .get(BIND_ADDRESS_KEY)
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+            connect_timeout_ms: config
+                .get(CONNECT_TIMEOUT_MS_KEY)
+                .and_then(|v| v.as_u64())
+                .and_then(|v| u32::try_from(v).ok()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn protocols_parse_print_and_classify() {
+        for p in [Protocol::Tcp, Protocol::Http, Protocol::Http2, Protocol::Grpc] {
+            assert_eq!(p.as_str().parse::<Protocol>(), Ok(p));
+            assert_eq!(serde_json::to_value(p).ok(), Some(json!(p.as_str())));
+        }
+        assert!(Protocol::Grpc.is_http2() && Protocol::Grpc.is_http() && !Protocol::Tcp.is_http());
+        assert_eq!("udp".parse::<Protocol>(), Err(UnknownProtocol("udp".into())));
+    }
+
+    #[test]
+    fn options_read_the_known_keys_and_ignore_the_rest() {
+        let config: OpaqueConfig = serde_json::from_value(json!({
+            "protocol": "http2", "bind_address": "0.0.0.0", "connect_timeout_ms": 250,
+            "envoy_stats_flush_interval": "5s"
+        }))
+        .unwrap_or_default();
+        let o = ProxyOptions::parse(&config);
+        assert_eq!(o.protocol, Some(Protocol::Http2));
+        assert_eq!(o.bind_address.as_deref(), Some("0.0.0.0"));
+        assert_eq!(o.connect_timeout_ms, Some(250));
+        assert_eq!(ProxyOptions::parse(&OpaqueConfig::default()), ProxyOptions::default());
+    }
+}
