@@ -6,7 +6,7 @@
 //! are dropped, error results are logged and leave the last good data in place. The task ends
 //! when its token is cancelled, and only after every watch task it started has ended.
 
-use crate::data_sources::DataSources;
+use crate::data_sources::{DataSources, UpdateEvent};
 use crate::handler::{UnsupportedKind, handler_for};
 use crate::rate_limit::RateLimiter;
 use crate::registration::ProxyRegistration;
@@ -86,9 +86,11 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
     debug!(watches = watches.len(), "proxy state started");
 
     let far_future = || Instant::now() + Duration::from_secs(86_400 * 365);
-    let mut deadline: Option<Instant> = None;
-    // When the last snapshot went out: at most one publication per window.
-    let mut last_published: Option<Instant> = None;
+    let mut window = Window {
+        coalesce,
+        deadline: None,
+        last_published: None,
+    };
     // Registered once, not on every turn of the loop.
     let cancelled = cancel.cancelled();
     tokio::pin!(cancelled);
@@ -97,8 +99,8 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         tokio::select! {
             biased;
             () = &mut cancelled => break,
-            () = ready_or_sleep(deadline.unwrap_or_else(far_future), queue_empty), if deadline.is_some() => {
-                deadline = None;
+            () = ready_or_sleep(window.deadline.unwrap_or_else(far_future), queue_empty), if window.deadline.is_some() => {
+                window.deadline = None;
                 if !snapshot.is_valid() {
                     continue;
                 }
@@ -110,45 +112,14 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                     }
                 }
                 snapshot.version += 1;
-                last_published = Some(Instant::now());
+                window.last_published = Some(Instant::now());
                 slot.send_replace(Some(Arc::new(snapshot.clone())));
                 metrics.snapshot_built();
                 trace!(version = snapshot.version, "snapshot published");
             }
             Some(event) = rx.recv() => {
-                if !watches.is_current(&event) {
-                    metrics.stale_update();
-                    trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
-                    continue;
-                }
-                match event.result {
-                    Err(err) => {
-                        metrics.data_source_error();
-                        warn!(id = %event.correlation_id, error = %err, "data source error; keeping last good data");
-                    }
-                    Ok(payload) => {
-                        let id = event.correlation_id;
-                        match handler.handle_update(id, payload, &mut snapshot, &mut watches) {
-                            Ok(()) => {
-                                metrics.update();
-                                if deadline.is_none() {
-                                    // The first snapshot waits one window, so that the
-                                    // start-up burst (roots, leaf, chains, then their
-                                    // endpoints) goes out complete, once. After that, leading
-                                    // edge: a change after a quiet window goes out on the next
-                                    // turn of the loop (updates already queued folded in);
-                                    // changes within a window wait for its end, together.
-                                    let now = Instant::now();
-                                    deadline = Some(match last_published {
-                                        None => now + coalesce,
-                                        Some(at) if at + coalesce > now => at + coalesce,
-                                        Some(_) => now,
-                                    });
-                                }
-                            }
-                            Err(err) => warn!(error = %err, "update ignored"),
-                        }
-                    }
+                if apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics) {
+                    window.changed();
                 }
             }
             // The watches run here, in the State's task; they send into `rx`.
@@ -158,4 +129,66 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
     watches.shutdown();
     metrics.state_stopped();
     debug!("proxy state stopped");
+}
+
+/// When the next snapshot goes out.
+struct Window {
+    coalesce: Duration,
+    /// The pending publication, if a change is waiting.
+    deadline: Option<Instant>,
+    /// When the last snapshot went out: at most one publication per window.
+    last_published: Option<Instant>,
+}
+
+impl Window {
+    /// Schedules a publication for a change, unless one is already pending. The first
+    /// snapshot waits one window, so that the start-up burst (roots, leaf, chains, then their
+    /// endpoints) goes out complete, once. After that, leading edge: a change after a quiet
+    /// window goes out on the next turn of the loop (updates already queued folded in);
+    /// changes within a window wait for its end, together.
+    fn changed(&mut self) {
+        if self.deadline.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        self.deadline = Some(match self.last_published {
+            None => now + self.coalesce,
+            Some(at) if at + self.coalesce > now => at + self.coalesce,
+            Some(_) => now,
+        });
+    }
+}
+
+/// Folds one update into the snapshot; true when it changed it. Updates of cancelled
+/// watches and data-source errors leave the last good data in place.
+fn apply(
+    event: Box<UpdateEvent>,
+    handler: &mut dyn crate::handler::KindHandler,
+    snapshot: &mut ConfigSnapshot,
+    watches: &mut Watches,
+    metrics: &Metrics,
+) -> bool {
+    if !watches.is_current(&event) {
+        metrics.stale_update();
+        trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
+        return false;
+    }
+    let event = *event;
+    match event.result {
+        Err(err) => {
+            metrics.data_source_error();
+            warn!(id = %event.correlation_id, error = %err, "data source error; keeping last good data");
+            false
+        }
+        Ok(payload) => match handler.handle_update(event.correlation_id, payload, snapshot, watches) {
+            Ok(()) => {
+                metrics.update();
+                true
+            }
+            Err(err) => {
+                warn!(error = %err, "update ignored");
+                false
+            }
+        },
+    }
 }

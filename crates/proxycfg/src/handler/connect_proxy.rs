@@ -94,13 +94,14 @@ fn unexpected(id: &CorrelationId, payload: &UpdatePayload) -> HandlerError {
     }
 }
 
-impl KindHandler for ConnectProxyHandler {
-    fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
-        let s = self.sources.clone();
+impl ConnectProxyHandler {
+    /// The watches of the proxy's own service: roots, its leaf, intentions to it, the mesh
+    /// config, its resolved central config, and its HTTP checks when they are exposed.
+    fn watch_service(&self, watches: &mut Watches) {
+        let s = &self.sources;
         let dc = self.datacenter.clone();
         let proxy = &self.service.proxy;
         let dest = proxy.destination_service_name.clone();
-
         watches.start(
             &s.ca_roots,
             CorrelationId::Roots,
@@ -135,7 +136,7 @@ impl KindHandler for ConnectProxyHandler {
             &s.resolved_service_config,
             CorrelationId::ResolvedServiceConfig,
             ResolvedServiceConfigRequest {
-                datacenter: dc.clone(),
+                datacenter: dc,
                 name: dest,
                 upstreams: proxy.upstreams.iter().map(|u| u.id()).collect(),
             },
@@ -152,36 +153,48 @@ impl KindHandler for ConnectProxyHandler {
                 HttpChecksRequest { service_id },
             );
         }
+    }
 
-        let mut upstreams = BTreeMap::new();
-        for (index, upstream) in proxy.upstreams.iter().enumerate() {
-            let id = Arc::new(upstream.id());
-            let datacenter = self.upstream_datacenter(&id).to_owned();
-            match upstream.destination_type {
-                DestinationType::Service => {
-                    let mesh_gateway = match upstream.mesh_gateway.mode {
-                        MeshGatewayMode::Default => proxy.mesh_gateway.mode,
-                        mode => mode,
-                    };
-                    let options = upstream.options();
-                    let req = DiscoveryChainRequest {
-                        datacenter,
-                        name: upstream.destination_name.clone(),
-                        namespace: id.namespace.clone(),
-                        override_protocol: options.protocol,
-                        override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
-                        override_mesh_gateway: mesh_gateway,
-                    };
-                    watches.start(&s.discovery_chain, CorrelationId::DiscoveryChain(Arc::clone(&id)), req);
-                }
-                DestinationType::PreparedQuery => {
-                    let req = PreparedQueryRequest {
-                        datacenter,
-                        query: upstream.destination_name.clone(),
-                    };
-                    watches.start(&s.prepared_query, CorrelationId::PreparedQuery(Arc::clone(&id)), req);
-                }
+    /// The first watch of an upstream: its discovery chain (whose targets then get health
+    /// watches), or its prepared query.
+    fn watch_upstream(&self, watches: &mut Watches, id: &Arc<UpstreamId>, upstream: &structs::Upstream) {
+        let s = &self.sources;
+        let datacenter = self.upstream_datacenter(id).to_owned();
+        match upstream.destination_type {
+            DestinationType::Service => {
+                let mesh_gateway = match upstream.mesh_gateway.mode {
+                    MeshGatewayMode::Default => self.service.proxy.mesh_gateway.mode,
+                    mode => mode,
+                };
+                let options = upstream.options();
+                let req = DiscoveryChainRequest {
+                    datacenter,
+                    name: upstream.destination_name.clone(),
+                    namespace: id.namespace.clone(),
+                    override_protocol: options.protocol,
+                    override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
+                    override_mesh_gateway: mesh_gateway,
+                };
+                watches.start(&s.discovery_chain, CorrelationId::DiscoveryChain(Arc::clone(id)), req);
             }
+            DestinationType::PreparedQuery => {
+                let req = PreparedQueryRequest {
+                    datacenter,
+                    query: upstream.destination_name.clone(),
+                };
+                watches.start(&s.prepared_query, CorrelationId::PreparedQuery(Arc::clone(id)), req);
+            }
+        }
+    }
+}
+
+impl KindHandler for ConnectProxyHandler {
+    fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
+        self.watch_service(watches);
+        let mut upstreams = BTreeMap::new();
+        for (index, upstream) in self.service.proxy.upstreams.iter().enumerate() {
+            let id = Arc::new(upstream.id());
+            self.watch_upstream(watches, &id, upstream);
             upstreams.insert(id, Arc::new(UpstreamSnapshot::new(index)));
         }
         KindSnapshot::ConnectProxy(ConnectProxySnapshot {

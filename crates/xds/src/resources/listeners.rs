@@ -5,6 +5,7 @@ use super::core::{ads, socket};
 use super::{BuildError, LISTENER, ROUTE, Resources, rbac, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::rbac::v3::Rbac;
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
 };
@@ -90,9 +91,29 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         .resolved_config
         .as_deref()
         .ok_or(BuildError::Incomplete("resolved service config"))?;
-    let svc = &snap.service;
+    public_listener(snap, intentions, resolved, out);
+    // Outbound, one listener per upstream.
+    for (id, upstream) in cp.upstreams.iter() {
+        let Some(config) = snap.upstream_config(upstream) else {
+            continue;
+        };
+        let Some(chain) = &upstream.chain else { continue };
+        if config.local_bind_port == 0 {
+            continue;
+        }
+        upstream_listener(id, config, chain, out);
+    }
+    Ok(())
+}
 
-    // Inbound.
+/// The inbound listener: mTLS from the mesh, intentions enforced (RBAC), then the local app.
+fn public_listener(
+    snap: &ConfigSnapshot,
+    intentions: &[structs::Intention],
+    resolved: &structs::ResolvedServiceConfig,
+    out: &mut Resources,
+) {
+    let svc = &snap.service;
     let options = svc.proxy.options();
     let protocol = options.protocol.unwrap_or(resolved.protocol());
     let bind = options.bind_address.as_deref().unwrap_or(if svc.address.is_empty() {
@@ -101,8 +122,24 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         &svc.address
     });
     let name = format!("public_listener:{bind}:{}", svc.port);
-    let rules = rbac::rules(intentions, true);
-    let filters = if protocol.is_http() {
+    let public = Listener {
+        name: name.clone(),
+        address: socket(bind, u32::from(svc.port)),
+        filter_chains: vec![FilterChain {
+            filters: public_filters(protocol, rbac::rules(intentions, true)),
+            transport_socket: Some(tls::downstream()),
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    };
+    out.insert(LISTENER, name, pack_any(public));
+}
+
+/// The public listener's filters: the intentions' RBAC (L7 for HTTP protocols, else L4) in
+/// front of the route or TCP proxy to the local app.
+fn public_filters(protocol: structs::Protocol, rules: Option<Rbac>) -> Vec<Filter> {
+    if protocol.is_http() {
         let mut http_filters = Vec::new();
         if let Some(rules) = rules {
             http_filters.push(http_filter(
@@ -130,64 +167,50 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         }
         filters.push(tcp_proxy("public_listener", LOCAL_APP));
         filters
+    }
+}
+
+/// The outbound listener of one upstream (and its route, for HTTP protocols), sending to
+/// the chain's first target.
+fn upstream_listener(
+    id: &structs::UpstreamId,
+    config: &structs::Upstream,
+    chain: &structs::CompiledDiscoveryChain,
+    out: &mut Resources,
+) {
+    let Some(target) = chain.targets.values().next() else {
+        return;
     };
-    let public = Listener {
+    let addr = if config.local_bind_address.is_empty() {
+        "127.0.0.1"
+    } else {
+        &config.local_bind_address
+    };
+    let name = format!("{id}:{addr}:{}", config.local_bind_port);
+    let stat_prefix = format!("upstream.{id}");
+    let filter = if chain.protocol.is_http() {
+        let route_name = id.name.clone();
+        out.insert(ROUTE, route_name.clone(), pack_any(route_to(&route_name, &target.sni)));
+        hcm(
+            &stat_prefix,
+            http_connection_manager::RouteSpecifier::Rds(Rds {
+                config_source: ads(),
+                route_config_name: route_name,
+            }),
+            Vec::new(),
+        )
+    } else {
+        tcp_proxy(&stat_prefix, &target.sni)
+    };
+    let listener = Listener {
         name: name.clone(),
-        address: socket(bind, u32::from(svc.port)),
+        address: socket(addr, u32::from(config.local_bind_port)),
         filter_chains: vec![FilterChain {
-            filters,
-            transport_socket: Some(tls::downstream()),
+            filters: vec![filter],
             ..Default::default()
         }],
-        traffic_direction: TrafficDirection::Inbound as i32,
+        traffic_direction: TrafficDirection::Outbound as i32,
         ..Default::default()
     };
-    out.insert(LISTENER, name, pack_any(public));
-
-    // Outbound, one listener per upstream.
-    for (id, upstream) in cp.upstreams.iter() {
-        let Some(config) = snap.upstream_config(upstream) else {
-            continue;
-        };
-        let Some(chain) = &upstream.chain else { continue };
-        let Some(target) = chain.targets.values().next() else {
-            continue;
-        };
-        if config.local_bind_port == 0 {
-            continue;
-        }
-        let addr = if config.local_bind_address.is_empty() {
-            "127.0.0.1"
-        } else {
-            &config.local_bind_address
-        };
-        let name = format!("{id}:{addr}:{}", config.local_bind_port);
-        let stat_prefix = format!("upstream.{id}");
-        let filter = if chain.protocol.is_http() {
-            let route_name = id.name.clone();
-            out.insert(ROUTE, route_name.clone(), pack_any(route_to(&route_name, &target.sni)));
-            hcm(
-                &stat_prefix,
-                http_connection_manager::RouteSpecifier::Rds(Rds {
-                    config_source: ads(),
-                    route_config_name: route_name,
-                }),
-                Vec::new(),
-            )
-        } else {
-            tcp_proxy(&stat_prefix, &target.sni)
-        };
-        let listener = Listener {
-            name: name.clone(),
-            address: socket(addr, u32::from(config.local_bind_port)),
-            filter_chains: vec![FilterChain {
-                filters: vec![filter],
-                ..Default::default()
-            }],
-            traffic_direction: TrafficDirection::Outbound as i32,
-            ..Default::default()
-        };
-        out.insert(LISTENER, name, pack_any(listener));
-    }
-    Ok(())
+    out.insert(LISTENER, name, pack_any(listener));
 }
