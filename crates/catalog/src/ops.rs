@@ -118,36 +118,8 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
     match op {
         Op::Register(req) => plan_register(req, state, datacenter),
         Op::Deregister(req) => plan_deregister(req, state, datacenter),
-        Op::ConfigSet { entry, cas } => {
-            entry.validate()?;
-            let existing = state.config_entry(entry.kind(), entry.name());
-            if let Some(cas) = cas {
-                let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
-                if current != *cas {
-                    return Ok(Plan::refused());
-                }
-            }
-            let mut entry = entry.clone();
-            if let ConfigEntry::ServiceIntentions(si) = &mut entry {
-                set_precedence(si);
-            }
-            if existing.as_deref().is_some_and(|e| same_entry(e, &entry)) {
-                return Ok(Plan::write(Vec::new()));
-            }
-            Ok(Plan::write(vec![Change::PutConfig(entry)]))
-        }
-        Op::ConfigDelete { kind, name, cas } => {
-            let existing = state.config_entry(*kind, name);
-            if let Some(cas) = cas
-                && existing.as_ref().map_or(Index(0), |e| e.modify_index()) != *cas
-            {
-                return Ok(Plan::refused());
-            }
-            if existing.is_none() {
-                return Ok(Plan::write(Vec::new()));
-            }
-            Ok(Plan::write(vec![Change::DeleteConfig(*kind, name.clone())]))
-        }
+        Op::ConfigSet { entry, cas } => plan_config_set(entry, *cas, state),
+        Op::ConfigDelete { kind, name, cas } => plan_config_delete(*kind, name, *cas, state),
         Op::IntentionUpsert {
             source,
             destination,
@@ -155,49 +127,13 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             permissions,
             description,
             meta,
-        } => {
-            let mut entry = intentions_entry(state, destination);
-            let existing = entry.sources.iter().position(|s| s.name == *source);
-            let stamp = Timestamp(now);
-            let mut src = existing
-                .map(|i| entry.sources[i].clone())
-                .unwrap_or_else(|| SourceIntention {
-                    name: source.clone(),
-                    legacy_create_time: Some(stamp),
-                    ..SourceIntention::default()
-                });
+        } => plan_intention_upsert(state, destination, source, now, |src| {
             src.action = *action;
             src.permissions = permissions.clone();
             src.description = description.clone();
             src.legacy_meta = meta.clone();
-            src.legacy_update_time = Some(stamp);
-            src.source_type = "consul".into();
-            match existing {
-                Some(i) => entry.sources[i] = src,
-                None => entry.sources.push(src),
-            }
-            set_precedence(&mut entry);
-            let entry = ConfigEntry::ServiceIntentions(entry);
-            entry.validate().map_err(legacy_field)?;
-            Ok(Plan::write(vec![Change::PutConfig(entry)]))
-        }
-        Op::IntentionDelete { source, destination } => {
-            let mut entry = intentions_entry(state, destination);
-            let before = entry.sources.len();
-            entry.sources.retain(|s| s.name != *source);
-            if entry.sources.len() == before {
-                return Ok(Plan::write(Vec::new()));
-            }
-            if entry.sources.is_empty() {
-                return Ok(Plan::write(vec![Change::DeleteConfig(
-                    ConfigEntryKind::ServiceIntentions,
-                    destination.clone(),
-                )]));
-            }
-            Ok(Plan::write(vec![Change::PutConfig(ConfigEntry::ServiceIntentions(
-                entry,
-            ))]))
-        }
+        }),
+        Op::IntentionDelete { source, destination } => plan_intention_delete(state, destination, source),
         Op::CaBootstrap(config) => {
             if state.ca().is_some() {
                 return Ok(Plan::write(Vec::new()));
@@ -214,6 +150,96 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             )]))
         }
     }
+}
+
+/// A config entry written, unless `cas` names another modify index or nothing changes.
+fn plan_config_set(entry: &ConfigEntry, cas: Option<Index>, state: &State) -> Result<Plan, WriteError> {
+    entry.validate()?;
+    let existing = state.config_entry(entry.kind(), entry.name());
+    if let Some(cas) = cas {
+        let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
+        if current != cas {
+            return Ok(Plan::refused());
+        }
+    }
+    let mut entry = entry.clone();
+    if let ConfigEntry::ServiceIntentions(si) = &mut entry {
+        set_precedence(si);
+    }
+    if existing.as_deref().is_some_and(|e| same_entry(e, &entry)) {
+        return Ok(Plan::write(Vec::new()));
+    }
+    Ok(Plan::write(vec![Change::PutConfig(entry)]))
+}
+
+/// A config entry deleted, unless `cas` names another modify index.
+fn plan_config_delete(
+    kind: ConfigEntryKind,
+    name: &str,
+    cas: Option<Index>,
+    state: &State,
+) -> Result<Plan, WriteError> {
+    let existing = state.config_entry(kind, name);
+    if let Some(cas) = cas
+        && existing.as_ref().map_or(Index(0), |e| e.modify_index()) != cas
+    {
+        return Ok(Plan::refused());
+    }
+    if existing.is_none() {
+        return Ok(Plan::write(Vec::new()));
+    }
+    Ok(Plan::write(vec![Change::DeleteConfig(kind, name.to_owned())]))
+}
+
+/// A legacy intention written as one source of the destination's service-intentions entry
+/// (created, or updated in place with `fill`).
+fn plan_intention_upsert(
+    state: &State,
+    destination: &str,
+    source: &str,
+    now: SystemTime,
+    fill: impl FnOnce(&mut SourceIntention),
+) -> Result<Plan, WriteError> {
+    let mut entry = intentions_entry(state, destination);
+    let existing = entry.sources.iter().position(|s| s.name == source);
+    let stamp = Timestamp(now);
+    let mut src = existing
+        .map(|i| entry.sources[i].clone())
+        .unwrap_or_else(|| SourceIntention {
+            name: source.to_owned(),
+            legacy_create_time: Some(stamp),
+            ..SourceIntention::default()
+        });
+    fill(&mut src);
+    src.legacy_update_time = Some(stamp);
+    src.source_type = "consul".into();
+    match existing {
+        Some(i) => entry.sources[i] = src,
+        None => entry.sources.push(src),
+    }
+    set_precedence(&mut entry);
+    let entry = ConfigEntry::ServiceIntentions(entry);
+    entry.validate().map_err(legacy_field)?;
+    Ok(Plan::write(vec![Change::PutConfig(entry)]))
+}
+
+/// A legacy intention removed from the destination's entry (the entry goes with its last).
+fn plan_intention_delete(state: &State, destination: &str, source: &str) -> Result<Plan, WriteError> {
+    let mut entry = intentions_entry(state, destination);
+    let before = entry.sources.len();
+    entry.sources.retain(|s| s.name != source);
+    if entry.sources.len() == before {
+        return Ok(Plan::write(Vec::new()));
+    }
+    if entry.sources.is_empty() {
+        return Ok(Plan::write(vec![Change::DeleteConfig(
+            ConfigEntryKind::ServiceIntentions,
+            destination.to_owned(),
+        )]));
+    }
+    Ok(Plan::write(vec![Change::PutConfig(ConfigEntry::ServiceIntentions(
+        entry,
+    ))]))
 }
 
 /// Entries are equal apart from the indexes the store stamps.
@@ -266,29 +292,11 @@ fn plan_register(req: &RegisterRequest, state: &State, datacenter: &str) -> Resu
     check_dc(&req.datacenter, datacenter)?;
     req.validate()?;
     let mut changes = Vec::new();
-    let existing = state.node(&req.node);
-    let node = Node {
-        id: req.id.clone(),
-        node: req.node.clone(),
-        address: req.address.clone(),
-        datacenter: datacenter.to_owned(),
-        tagged_addresses: req.tagged_addresses.clone(),
-        meta: req.node_meta.clone(),
-        ..Node::default()
-    };
-    let node_changed = match &existing {
-        None => true,
-        Some(_) if req.skip_node_update => false,
-        Some(old) => {
-            let mut cmp = node.clone();
-            cmp.create_index = old.create_index;
-            cmp.modify_index = old.modify_index;
-            cmp != **old
-        }
-    };
-    if node_changed {
+    if let Some(node) = node_change(req, state, datacenter) {
         changes.push(Change::PutNode(node));
     }
+    // Name and tags of every service of the node, the registered one included: checks
+    // registered with it copy them.
     let mut service_names: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
     for svc in state.node_services(&req.node) {
         service_names.insert(svc.id.clone(), (svc.service.clone(), svc.tags.clone()));
@@ -312,41 +320,77 @@ fn plan_register(req: &RegisterRequest, state: &State, datacenter: &str) -> Resu
         }
     }
     for (i, check) in req.all_checks().enumerate() {
-        let mut check: HealthCheck = check.clone();
-        check.node = req.node.clone();
-        if check.check_id.is_empty() {
-            check.check_id = check.name.clone();
-        }
-        if check.name.is_empty() {
-            check.name = check.check_id.clone();
-        }
-        if !check.service_id.is_empty() {
-            let Some((name, tags)) = service_names.get(&check.service_id) else {
-                let at = if req.check.is_some() && i == 0 {
-                    "Check".to_owned()
-                } else {
-                    format!("Checks[{i}]")
-                };
-                return Err(ValidationError::new(
-                    format!("{at}.ServiceID"),
-                    Problem::Invalid(format!("no service {:?} on node {:?}", check.service_id, req.node)),
-                )
-                .into());
-            };
-            check.service_name = name.clone();
-            check.service_tags = tags.clone();
-        }
-        let unchanged = state.check(&req.node, &check.check_id).is_some_and(|o| {
-            let mut cmp = check.clone();
-            cmp.create_index = o.create_index;
-            cmp.modify_index = o.modify_index;
-            cmp == *o
-        });
-        if !unchanged {
+        if let Some(check) = check_change(req, i, check, &service_names, state)? {
             changes.push(Change::PutCheck(check));
         }
     }
     Ok(Plan::write(changes))
+}
+
+/// The node a registration writes, unless it is unchanged (or the request skips it).
+fn node_change(req: &RegisterRequest, state: &State, datacenter: &str) -> Option<Node> {
+    let node = Node {
+        id: req.id.clone(),
+        node: req.node.clone(),
+        address: req.address.clone(),
+        datacenter: datacenter.to_owned(),
+        tagged_addresses: req.tagged_addresses.clone(),
+        meta: req.node_meta.clone(),
+        ..Node::default()
+    };
+    let changed = match state.node(&req.node) {
+        None => true,
+        Some(_) if req.skip_node_update => false,
+        Some(old) => {
+            let mut cmp = node.clone();
+            cmp.create_index = old.create_index;
+            cmp.modify_index = old.modify_index;
+            cmp != *old
+        }
+    };
+    changed.then_some(node)
+}
+
+/// Check `i` of a registration, completed (ids, names, its service's name and tags), unless
+/// it is unchanged. A check naming a service the node does not have is refused.
+fn check_change(
+    req: &RegisterRequest,
+    i: usize,
+    check: &HealthCheck,
+    service_names: &BTreeMap<String, (String, Vec<String>)>,
+    state: &State,
+) -> Result<Option<HealthCheck>, WriteError> {
+    let mut check = check.clone();
+    check.node = req.node.clone();
+    if check.check_id.is_empty() {
+        check.check_id = check.name.clone();
+    }
+    if check.name.is_empty() {
+        check.name = check.check_id.clone();
+    }
+    if !check.service_id.is_empty() {
+        let Some((name, tags)) = service_names.get(&check.service_id) else {
+            let at = if req.check.is_some() && i == 0 {
+                "Check".to_owned()
+            } else {
+                format!("Checks[{i}]")
+            };
+            return Err(ValidationError::new(
+                format!("{at}.ServiceID"),
+                Problem::Invalid(format!("no service {:?} on node {:?}", check.service_id, req.node)),
+            )
+            .into());
+        };
+        check.service_name = name.clone();
+        check.service_tags = tags.clone();
+    }
+    let unchanged = state.check(&req.node, &check.check_id).is_some_and(|o| {
+        let mut cmp = check.clone();
+        cmp.create_index = o.create_index;
+        cmp.modify_index = o.modify_index;
+        cmp == *o
+    });
+    Ok((!unchanged).then_some(check))
 }
 
 fn plan_deregister(req: &DeregisterRequest, state: &State, datacenter: &str) -> Result<Plan, WriteError> {

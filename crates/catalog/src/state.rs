@@ -130,26 +130,7 @@ impl State {
                     bumped.insert(IndexKey::Node(name.clone()));
                 }
             }
-            Change::PutService { node, service } => {
-                let key = (node.clone(), service.id.clone());
-                let mut service = service.clone();
-                if let Some(old) = self.services.get(&key).cloned() {
-                    service.create_index = old.create_index;
-                    self.unindex_service(node, &old, bumped);
-                } else {
-                    service.create_index = index;
-                }
-                service.modify_index = index;
-                self.by_name
-                    .insert((service.service.clone(), node.clone(), service.id.clone()));
-                if let Some(dest) = connect_target(&service) {
-                    self.by_connect
-                        .insert((dest.to_owned(), node.clone(), service.id.clone()));
-                }
-                bumped.insert(IndexKey::Services);
-                self.touch_service(node, &service, bumped);
-                self.services.insert(key, Arc::new(service));
-            }
+            Change::PutService { node, service } => self.put_service(index, node, service, bumped),
             Change::DeleteService { node, id } => {
                 if let Some(old) = self.services.remove(&(node.clone(), id.clone())) {
                     self.unindex_service(node, &old, bumped);
@@ -183,20 +164,46 @@ impl State {
                     touch_config(&key, bumped);
                 }
             }
-            Change::PutCa(ca) => {
-                let mut ca = ca.clone();
-                ca.create_index = self.ca.as_ref().map_or(index, |c| c.create_index);
-                ca.modify_index = index;
-                for root in &mut ca.roots {
-                    if root.root.create_index == Index(0) {
-                        root.root.create_index = index;
-                    }
-                    root.root.modify_index = index;
-                }
-                bumped.insert(IndexKey::Ca);
-                self.ca = Some(Arc::new(ca));
-            }
+            Change::PutCa(ca) => self.put_ca(index, ca, bumped),
         }
+    }
+
+    /// Stores a service (indexed by name and by connect destination), keeping its create
+    /// index when it replaces one.
+    fn put_service(&mut self, index: Index, node: &str, service: &NodeService, bumped: &mut OrdSet<IndexKey>) {
+        let key = (node.to_owned(), service.id.clone());
+        let mut service = service.clone();
+        if let Some(old) = self.services.get(&key).cloned() {
+            service.create_index = old.create_index;
+            self.unindex_service(node, &old, bumped);
+        } else {
+            service.create_index = index;
+        }
+        service.modify_index = index;
+        self.by_name
+            .insert((service.service.clone(), node.to_owned(), service.id.clone()));
+        if let Some(dest) = connect_target(&service) {
+            self.by_connect
+                .insert((dest.to_owned(), node.to_owned(), service.id.clone()));
+        }
+        bumped.insert(IndexKey::Services);
+        self.touch_service(node, &service, bumped);
+        self.services.insert(key, Arc::new(service));
+    }
+
+    /// Stores the CA state; roots new in it are stamped with this index.
+    fn put_ca(&mut self, index: Index, ca: &CaState, bumped: &mut OrdSet<IndexKey>) {
+        let mut ca = ca.clone();
+        ca.create_index = self.ca.as_ref().map_or(index, |c| c.create_index);
+        ca.modify_index = index;
+        for root in &mut ca.roots {
+            if root.root.create_index == Index(0) {
+                root.root.create_index = index;
+            }
+            root.root.modify_index = index;
+        }
+        bumped.insert(IndexKey::Ca);
+        self.ca = Some(Arc::new(ca));
     }
 
     fn unindex_service(&mut self, node: &str, old: &NodeService, bumped: &mut OrdSet<IndexKey>) {

@@ -107,6 +107,69 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
     dir.join(format!("snapshot-{:020}.json", index.0))
 }
 
+/// The newest readable snapshot of `dir`, or an empty state (an unreadable snapshot is
+/// skipped with a warning: older ones and the log still hold its writes).
+fn load_snapshot(dir: &Path) -> Result<State, StoreError> {
+    for (_, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
+        let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
+        let (frames, _) = read_frames(&bytes);
+        let parsed = frames
+            .first()
+            .and_then(|p| serde_json::from_slice::<PersistedState>(p).ok());
+        if let Some(p) = parsed {
+            return Ok(State::from_persisted(p));
+        }
+        tracing::warn!(path = %path.display(), "skipping unreadable snapshot");
+    }
+    Ok(State::default())
+}
+
+/// Applies the records of one log segment that `state` does not have yet; returns how many.
+/// A torn write at the end of the last segment is cut off; damage anywhere else, or a gap
+/// in the indexes, is corruption.
+fn replay_segment(path: &Path, last: bool, state: &mut State) -> Result<u64, StoreError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(io_err(format!("reading {}", path.display())))?;
+    let (frames, valid) = read_frames(&bytes);
+    if valid < bytes.len() {
+        if !last {
+            return Err(StoreError::Corrupt(format!(
+                "{} is damaged at byte {valid}",
+                path.display()
+            )));
+        }
+        tracing::warn!(path = %path.display(), at = valid, dropped = bytes.len() - valid, "cutting off a torn write at the end of the log");
+        let f = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io_err("opening log to truncate"))?;
+        f.set_len(valid as u64)
+            .and_then(|()| f.sync_all())
+            .map_err(io_err("truncating torn log tail"))?;
+    }
+    let mut replayed = 0;
+    for payload in frames {
+        let record: Record = serde_json::from_slice(payload)
+            .map_err(|e| StoreError::Corrupt(format!("{}: undecodable record: {e}", path.display())))?;
+        if record.index <= state.index {
+            continue;
+        }
+        if record.index != state.index.next() {
+            return Err(StoreError::Corrupt(format!(
+                "{}: record {} follows {}: writes are missing",
+                path.display(),
+                record.index,
+                state.index
+            )));
+        }
+        state.apply(record.index, &record.changes);
+        replayed += 1;
+    }
+    Ok(replayed)
+}
+
 /// The open log of a data dir.
 pub(crate) struct Wal {
     dir: PathBuf,
@@ -127,62 +190,11 @@ impl Wal {
             .map_err(io_err("opening LOCK"))?;
         lock.try_lock().map_err(|_| StoreError::Locked(dir.to_owned()))?;
 
-        let mut state = State::default();
-        for (_, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
-            let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
-            let (frames, _) = read_frames(&bytes);
-            let parsed = frames
-                .first()
-                .and_then(|p| serde_json::from_slice::<PersistedState>(p).ok());
-            if let Some(p) = parsed {
-                state = State::from_persisted(p);
-                break;
-            }
-            tracing::warn!(path = %path.display(), "skipping unreadable snapshot");
-        }
-
+        let mut state = load_snapshot(dir)?;
         let segments = numbered(dir, "wal-", ".log")?;
         let mut replayed = 0u64;
         for (i, (_, path)) in segments.iter().enumerate() {
-            let last = i + 1 == segments.len();
-            let mut bytes = Vec::new();
-            File::open(path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(io_err(format!("reading {}", path.display())))?;
-            let (frames, valid) = read_frames(&bytes);
-            if valid < bytes.len() {
-                if !last {
-                    return Err(StoreError::Corrupt(format!(
-                        "{} is damaged at byte {valid}",
-                        path.display()
-                    )));
-                }
-                tracing::warn!(path = %path.display(), at = valid, dropped = bytes.len() - valid, "cutting off a torn write at the end of the log");
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io_err("opening log to truncate"))?;
-                f.set_len(valid as u64)
-                    .and_then(|()| f.sync_all())
-                    .map_err(io_err("truncating torn log tail"))?;
-            }
-            for payload in frames {
-                let record: Record = serde_json::from_slice(payload)
-                    .map_err(|e| StoreError::Corrupt(format!("{}: undecodable record: {e}", path.display())))?;
-                if record.index <= state.index {
-                    continue;
-                }
-                if record.index != state.index.next() {
-                    return Err(StoreError::Corrupt(format!(
-                        "{}: record {} follows {}: writes are missing",
-                        path.display(),
-                        record.index,
-                        state.index
-                    )));
-                }
-                state.apply(record.index, &record.changes);
-                replayed += 1;
-            }
+            replayed += replay_segment(path, i + 1 == segments.len(), &mut state)?;
         }
 
         let path = match segments.last() {
