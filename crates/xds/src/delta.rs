@@ -175,85 +175,109 @@ impl DeltaState {
 
     /// The responses to send now for `resources`, in make-before-break order.
     pub fn responses(&mut self, resources: &VersionedResources) -> Vec<DeltaDiscoveryResponse> {
-        let mut out = Vec::new();
         // Upserts, type by type.
-        for (i, type_url) in TYPES.into_iter().enumerate() {
-            let st = &self.served[i];
-            if !st.requested || st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
-                continue;
-            }
-            let mut size = 0;
-            let mut sent = HashMap::default();
-            let mut upserts = Vec::new();
-            let mut truncated = false;
-            for (name, res) in resources.of(type_url) {
-                if !st.wants(name)
-                    || st.known.get(name) == Some(&res.version)
-                    || st.rejected.get(name) == Some(&res.version)
-                {
-                    continue;
-                }
-                if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
-                    truncated = true;
-                    break; // the rest goes after this response is acknowledged
-                }
-                size += res.resource.value.len();
-                sent.insert(name.clone(), Some(res.version.clone()));
-                upserts.push(Resource {
-                    name: name.clone(),
-                    version: res.version.clone(),
-                    resource: Some(res.resource.clone()),
-                    ..Default::default()
-                });
-            }
-            if upserts.is_empty() {
-                continue;
-            }
-            let map = resources.map(type_url);
-            let complete =
-                !truncated && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
-            let complete = if complete { map.cloned() } else { None };
-            let nonce = self.nonce();
-            let st = &mut self.served[i];
-            st.pending = Some((nonce.clone(), sent));
-            st.pending_complete = complete;
-            out.push(DeltaDiscoveryResponse {
-                type_url: type_url.to_owned(),
-                resources: upserts,
-                nonce,
-                ..Default::default()
-            });
-        }
+        let out: Vec<_> = TYPES
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, type_url)| self.upserts(i, type_url, resources))
+            .collect();
         if !out.is_empty() || !self.quiet() {
             return out;
         }
         // Removals, once everything new is in place.
-        for (i, type_url) in TYPES.into_iter().enumerate() {
-            let st = &self.served[i];
-            if !st.requested || st.is_in_sync(resources.map(type_url)) {
+        TYPES
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, type_url)| self.removals(i, type_url, resources))
+            .collect()
+    }
+
+    /// The response carrying what the proxy lacks of type `i` (as much as fits one
+    /// response), unless it has all of it or a response of that type waits for its ACK.
+    fn upserts(
+        &mut self,
+        i: usize,
+        type_url: &'static str,
+        resources: &VersionedResources,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let st = &self.served[i];
+        if !st.requested || st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
+            return None;
+        }
+        let mut size = 0;
+        let mut sent = HashMap::default();
+        let mut upserts = Vec::new();
+        let mut truncated = false;
+        for (name, res) in resources.of(type_url) {
+            if !st.wants(name)
+                || st.known.get(name) == Some(&res.version)
+                || st.rejected.get(name) == Some(&res.version)
+            {
                 continue;
             }
-            let removed: Vec<String> = st
-                .known
-                .keys()
-                .filter(|name| st.wants(name) && resources.get(type_url, name).is_none())
-                .cloned()
-                .collect();
-            if removed.is_empty() {
-                // Nothing to upsert (above) and nothing to remove: in sync with this map.
-                self.served[i].in_sync = resources.map(type_url).cloned();
-                continue;
+            if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
+                truncated = true;
+                break; // the rest goes after this response is acknowledged
             }
-            let nonce = self.nonce();
-            self.served[i].pending = Some((nonce.clone(), removed.iter().map(|n| (n.clone(), None)).collect()));
-            out.push(DeltaDiscoveryResponse {
-                type_url: type_url.to_owned(),
-                removed_resources: removed,
-                nonce,
+            size += res.resource.value.len();
+            sent.insert(name.clone(), Some(res.version.clone()));
+            upserts.push(Resource {
+                name: name.clone(),
+                version: res.version.clone(),
+                resource: Some(res.resource.clone()),
                 ..Default::default()
             });
         }
-        out
+        if upserts.is_empty() {
+            return None;
+        }
+        let map = resources.map(type_url);
+        let complete =
+            !truncated && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
+        let complete = if complete { map.cloned() } else { None };
+        let nonce = self.nonce();
+        let st = &mut self.served[i];
+        st.pending = Some((nonce.clone(), sent));
+        st.pending_complete = complete;
+        Some(DeltaDiscoveryResponse {
+            type_url: type_url.to_owned(),
+            resources: upserts,
+            nonce,
+            ..Default::default()
+        })
+    }
+
+    /// The response removing what the proxy has of type `i` and `resources` no longer do;
+    /// with nothing to remove, the type is in sync with this map.
+    fn removals(
+        &mut self,
+        i: usize,
+        type_url: &'static str,
+        resources: &VersionedResources,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let st = &self.served[i];
+        if !st.requested || st.is_in_sync(resources.map(type_url)) {
+            return None;
+        }
+        let removed: Vec<String> = st
+            .known
+            .keys()
+            .filter(|name| st.wants(name) && resources.get(type_url, name).is_none())
+            .cloned()
+            .collect();
+        if removed.is_empty() {
+            // Nothing to upsert (above) and nothing to remove: in sync with this map.
+            self.served[i].in_sync = resources.map(type_url).cloned();
+            return None;
+        }
+        let nonce = self.nonce();
+        self.served[i].pending = Some((nonce.clone(), removed.iter().map(|n| (n.clone(), None)).collect()));
+        Some(DeltaDiscoveryResponse {
+            type_url: type_url.to_owned(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        })
     }
 
     /// True when no response waits for an ACK.

@@ -51,22 +51,7 @@ pub(super) async fn keep_alive(
     leave: CancellationToken,
 ) {
     let mut backoff = Backoff::new(ctx.policy);
-    let mut running: Option<Running> = None;
-    if let Some(p) = adopt {
-        match Watched::open(p) {
-            Ok(w) => {
-                tracing::info!(id = %ctx.id, pid = p.pid, "re-adopted running daemon");
-                backoff.next_attempt(Instant::now());
-                backoff.started(Instant::now());
-                let _ = ctx.events.send(DaemonEvent::Adopted {
-                    id: ctx.id.clone(),
-                    pid: p.pid,
-                });
-                running = Some(Running::Adopted(w));
-            }
-            Err(e) => tracing::info!(id = %ctx.id, pid = p.pid, error = %e, "cannot re-adopt daemon: starting it anew"),
-        }
-    }
+    let mut running = adopt.and_then(|p| readopt(&ctx, p, &mut backoff));
     loop {
         let mut proc = match running.take() {
             Some(r) => r,
@@ -80,28 +65,9 @@ pub(super) async fn keep_alive(
                         _ = leave.cancelled() => return,
                     }
                 }
-                match start(&ctx) {
-                    Ok((child, id)) => {
-                        backoff.started(Instant::now());
-                        let _ = ctx.reports.send(Report::Running {
-                            id: ctx.id.clone(),
-                            process: id,
-                        });
-                        let _ = ctx.events.send(DaemonEvent::Started {
-                            id: ctx.id.clone(),
-                            pid: id.pid,
-                            attempt: backoff.attempts(),
-                        });
-                        Running::Child(child)
-                    }
-                    Err(reason) => {
-                        tracing::error!(id = %ctx.id, %reason, "cannot start daemon");
-                        let _ = ctx.events.send(DaemonEvent::Failed {
-                            id: ctx.id.clone(),
-                            reason,
-                        });
-                        continue;
-                    }
+                match start_reported(&ctx, &mut backoff) {
+                    Some(child) => Running::Child(child),
+                    None => continue,
                 }
             }
         };
@@ -133,6 +99,55 @@ pub(super) async fn keep_alive(
             id: ctx.id.clone(),
             pid,
         });
+    }
+}
+
+/// Watches a process a previous manager started, if it is still the one it was (counted as
+/// a start, so a crash right after restarts with back-off).
+fn readopt(ctx: &DaemonCtx, p: ProcessId, backoff: &mut Backoff) -> Option<Running> {
+    match Watched::open(p) {
+        Ok(w) => {
+            tracing::info!(id = %ctx.id, pid = p.pid, "re-adopted running daemon");
+            backoff.next_attempt(Instant::now());
+            backoff.started(Instant::now());
+            let _ = ctx.events.send(DaemonEvent::Adopted {
+                id: ctx.id.clone(),
+                pid: p.pid,
+            });
+            Some(Running::Adopted(w))
+        }
+        Err(e) => {
+            tracing::info!(id = %ctx.id, pid = p.pid, error = %e, "cannot re-adopt daemon: starting it anew");
+            None
+        }
+    }
+}
+
+/// Starts the daemon and reports the outcome (a failure is an event and a log line; the
+/// caller tries again after the back-off).
+fn start_reported(ctx: &DaemonCtx, backoff: &mut Backoff) -> Option<tokio::process::Child> {
+    match start(ctx) {
+        Ok((child, id)) => {
+            backoff.started(Instant::now());
+            let _ = ctx.reports.send(Report::Running {
+                id: ctx.id.clone(),
+                process: id,
+            });
+            let _ = ctx.events.send(DaemonEvent::Started {
+                id: ctx.id.clone(),
+                pid: id.pid,
+                attempt: backoff.attempts(),
+            });
+            Some(child)
+        }
+        Err(reason) => {
+            tracing::error!(id = %ctx.id, %reason, "cannot start daemon");
+            let _ = ctx.events.send(DaemonEvent::Failed {
+                id: ctx.id.clone(),
+                reason,
+            });
+            None
+        }
     }
 }
 
