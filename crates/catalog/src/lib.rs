@@ -19,7 +19,7 @@ mod views;
 mod wal;
 
 pub use keys::{IndexKey, Topic};
-pub use ops::{Op, WriteError};
+pub use ops::{Op, StorageFailure, WriteError};
 pub use publisher::{Event, Payload, Subscription, SubscriptionError};
 pub use state::{Change, State};
 pub use store::{Store, StoreConfig, WriteOutcome};

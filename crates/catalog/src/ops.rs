@@ -79,12 +79,37 @@ pub enum WriteError {
     #[error("unknown datacenter {0:?}")]
     UnknownDatacenter(String),
     /// The store could not make the write durable; it accepts no more writes.
-    #[error("storage failure: {0}")]
-    Storage(String),
+    #[error("storage failure")]
+    Storage(#[source] StorageFailure),
     /// The store has been closed.
     #[error("the store is closed")]
     Closed,
 }
+
+/// The storage error that stopped the store's writes, shared by every write it refuses.
+#[derive(Debug, Clone)]
+pub struct StorageFailure(pub std::sync::Arc<crate::StoreError>);
+
+impl std::fmt::Display for StorageFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StorageFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Two failures are the same failure (one shared error), not merely alike.
+impl PartialEq for StorageFailure {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StorageFailure {}
 
 /// What planning decided.
 #[derive(Debug, Default)]

@@ -8,6 +8,7 @@
 
 use crate::ca;
 use crate::keys::{IndexKey, Topic};
+use crate::ops::StorageFailure;
 use crate::ops::{Op, WriteError, plan};
 use crate::publisher::{Publisher, Subscription};
 use crate::state::State;
@@ -106,7 +107,7 @@ impl Store {
                 let dir = dir.clone();
                 let (wal, state) = tokio::task::spawn_blocking(move || Wal::open(&dir))
                     .await
-                    .map_err(|e| StoreError::Corrupt(format!("opening the data dir panicked: {e}")))??;
+                    .map_err(StoreError::Panicked)??;
                 (Some(wal), state)
             }
             None => (None, State::default()),
@@ -138,7 +139,7 @@ impl Store {
             store
                 .write(Op::CaBootstrap(ca::CaConfig::default()))
                 .await
-                .map_err(|e| StoreError::Corrupt(format!("bootstrapping the CA: {e}")))?;
+                .map_err(|e| StoreError::CaBootstrap(Box::new(e)))?;
         }
         Ok(store)
     }
@@ -244,7 +245,7 @@ impl Store {
 }
 
 fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<Job>) {
-    let mut failed: Option<String> = None;
+    let mut failed: Option<StorageFailure> = None;
     while let Some(first) = rx.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < inner.config.max_batch {
@@ -288,7 +289,7 @@ fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<J
                 && let Err(e) = w.append(&records)
             {
                 error!(error = %e, "the log could not be written; refusing further writes");
-                let reason = e.to_string();
+                let reason = StorageFailure(Arc::new(e));
                 for (reply, result) in replies {
                     let _ = reply.send(result.and(Err(WriteError::Storage(reason.clone()))));
                 }

@@ -38,6 +38,28 @@ pub enum StoreError {
     /// The data dir holds damaged data that cannot be skipped without losing writes.
     #[error("data dir is damaged: {0}")]
     Corrupt(String),
+    /// A log record could not be decoded: the data dir is damaged.
+    #[error("data dir is damaged: {}: undecodable record", path.display())]
+    Undecodable {
+        /// The log segment.
+        path: PathBuf,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// A record or snapshot could not be encoded.
+    #[error("encoding {what}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoding error.
+        source: serde_json::Error,
+    },
+    /// Opening the data dir panicked.
+    #[error("opening the data dir panicked")]
+    Panicked(#[source] tokio::task::JoinError),
+    /// The CA could not be created on first start.
+    #[error("bootstrapping the CA")]
+    CaBootstrap(#[source] Box<crate::WriteError>),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
@@ -151,8 +173,10 @@ fn replay_segment(path: &Path, last: bool, state: &mut State) -> Result<u64, Sto
     }
     let mut replayed = 0;
     for payload in frames {
-        let record: Record = serde_json::from_slice(payload)
-            .map_err(|e| StoreError::Corrupt(format!("{}: undecodable record: {e}", path.display())))?;
+        let record: Record = serde_json::from_slice(payload).map_err(|source| StoreError::Undecodable {
+            path: path.to_owned(),
+            source,
+        })?;
         if record.index <= state.index {
             continue;
         }
@@ -223,7 +247,10 @@ impl Wal {
     pub(crate) fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
         let mut buf = Vec::with_capacity(records.len() * 512);
         for r in records {
-            let payload = serde_json::to_vec(r).map_err(|e| StoreError::Corrupt(format!("encoding record: {e}")))?;
+            let payload = serde_json::to_vec(r).map_err(|source| StoreError::Encode {
+                what: "a log record",
+                source,
+            })?;
             frame(&payload, &mut buf);
         }
         self.segment.write_all(&buf).map_err(io_err("appending to the log"))?;
@@ -255,7 +282,10 @@ impl Wal {
 /// makes unnecessary. Runs off the write path.
 pub(crate) fn write_snapshot(dir: &Path, state: &State) -> Result<(), StoreError> {
     let persisted = state.to_persisted();
-    let payload = serde_json::to_vec(&persisted).map_err(|e| StoreError::Corrupt(format!("encoding snapshot: {e}")))?;
+    let payload = serde_json::to_vec(&persisted).map_err(|source| StoreError::Encode {
+        what: "a snapshot",
+        source,
+    })?;
     let mut buf = Vec::with_capacity(payload.len() + 8);
     frame(&payload, &mut buf);
     let final_path = snapshot_path(dir, state.index);

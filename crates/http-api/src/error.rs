@@ -30,7 +30,7 @@ impl From<WriteError> for ApiError {
             WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(e.to_string()),
             WriteError::NotFound(m) => ApiError::NotFound(m),
             WriteError::UnknownDatacenter(dc) => ApiError::UnknownDatacenter(dc),
-            WriteError::Storage(_) => ApiError::Internal(e.to_string()),
+            WriteError::Storage(_) => ApiError::Internal(chain(&e)),
             WriteError::Closed => ApiError::Unavailable,
         }
     }
@@ -50,5 +50,42 @@ impl IntoResponse for ApiError {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         resp
+    }
+}
+
+/// An error and its causes on one line (`storage failure: writing ...: No space left`), for
+/// the plain-text body of a 500: the client learns the cause, not just that it failed.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        // Some errors print their cause in their own message already.
+        let text = c.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use catalog::{StorageFailure, StoreError};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_storage_failure_answers_500_naming_its_cause_once() {
+        let failure = StoreError::Io {
+            what: "appending to the log".into(),
+            source: std::io::Error::other("No space left on device"),
+        };
+        let e = ApiError::from(WriteError::Storage(StorageFailure(Arc::new(failure))));
+        assert_eq!(
+            e,
+            ApiError::Internal("storage failure: appending to the log: No space left on device".into())
+        );
     }
 }
