@@ -211,8 +211,8 @@ pub fn add_consul_headers(h: &mut HeaderMap, index: Option<Index>) {
     {
         h.insert(structs::wire::INDEX_HEADER, v);
     }
-    h.insert("x-consul-knownleader", HeaderValue::from_static("true"));
-    h.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+    h.insert(structs::wire::KNOWN_LEADER_HEADER, HeaderValue::from_static("true"));
+    h.insert(structs::wire::LAST_CONTACT_HEADER, HeaderValue::from_static("0"));
 }
 
 /// The filters every service query takes: `?tag=` (all must match) and `?node-meta=`.

@@ -10,3 +10,9 @@ pub const NODE_NAME_METADATA: &str = "node_name";
 
 /// HTTP response header carrying the catalog index of a blocking-capable read.
 pub const INDEX_HEADER: &str = "x-consul-index";
+
+/// HTTP response header saying whether the answering server knows a leader.
+pub const KNOWN_LEADER_HEADER: &str = "x-consul-knownleader";
+
+/// HTTP response header with the milliseconds since the server last heard from the leader.
+pub const LAST_CONTACT_HEADER: &str = "x-consul-lastcontact";
