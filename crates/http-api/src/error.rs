@@ -27,7 +27,7 @@ pub enum ApiError {
 impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(e.to_string()),
+            WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(chain(&e)),
             WriteError::NotFound(m) => ApiError::NotFound(m),
             WriteError::UnknownDatacenter(dc) => ApiError::UnknownDatacenter(dc),
             WriteError::Storage(_) => ApiError::Internal(chain(&e)),

@@ -23,16 +23,15 @@ pub enum CaError {
         /// What is wrong.
         reason: String,
     },
-    /// Key generation or signing failed.
-    #[error("CA crypto failure: {0}")]
-    Crypto(String),
+    /// Key generation, encoding or signing failed.
+    #[error("CA crypto failure")]
+    Crypto(#[from] rcgen::Error),
+    /// The system's random number generator failed.
+    #[error("CA crypto failure: no randomness")]
+    Random(#[from] getrandom::Error),
     /// There is no active root to sign with.
     #[error("the CA has no active root")]
     NoActiveRoot,
-}
-
-fn crypto(e: impl std::fmt::Display) -> CaError {
-    CaError::Crypto(e.to_string())
 }
 
 /// The CA's configuration (`/v1/connect/ca/configuration` → `Config`).
@@ -208,7 +207,7 @@ impl CaState {
 
 fn random_bytes<const N: usize>() -> Result<[u8; N], CaError> {
     let mut buf = [0u8; N];
-    getrandom::fill(&mut buf).map_err(crypto)?;
+    getrandom::fill(&mut buf).map_err(CaError::from)?;
     Ok(buf)
 }
 
@@ -244,13 +243,13 @@ fn random_serial() -> Result<(SerialNumber, u64), CaError> {
 }
 
 fn ia5(s: &str) -> Result<rcgen::string::Ia5String, CaError> {
-    rcgen::string::Ia5String::try_from(s).map_err(crypto)
+    rcgen::string::Ia5String::try_from(s).map_err(CaError::from)
 }
 
 /// Generates a self-signed root for `trust_domain`: CA, URI SAN `spiffe://<trust-domain>`,
 /// and a critical name constraint permitting only names under the trust domain.
 pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> Result<StoredRoot, CaError> {
-    let key = KeyPair::generate_for(config.algorithm()).map_err(crypto)?;
+    let key = KeyPair::generate_for(config.algorithm()).map_err(CaError::from)?;
     let now = SystemTime::now();
     let not_before = now - Duration::from_secs(60);
     let not_after = now + config.root_cert_ttl.0;
@@ -274,7 +273,7 @@ pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> 
     params.not_after = offset(not_after);
     params.serial_number = Some(serial);
     let key_id = colon_hex(&params.key_identifier(&key));
-    let cert = params.self_signed(&key).map_err(crypto)?;
+    let cert = params.self_signed(&key).map_err(CaError::from)?;
     Ok(StoredRoot {
         root: CaRoot {
             id: key_id.clone(),
@@ -302,9 +301,9 @@ pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> 
 /// valid for the configured leaf TTL.
 pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime) -> Result<IssuedCert, CaError> {
     let root = ca.active().ok_or(CaError::NoActiveRoot)?;
-    let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(crypto)?;
-    let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(crypto)?;
-    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(crypto)?;
+    let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(CaError::from)?;
+    let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(CaError::from)?;
+    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(CaError::from)?;
     let spiffe = SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string();
     let (serial, _) = random_serial()?;
     let serial_text = colon_hex(serial.as_ref());
@@ -326,7 +325,7 @@ pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime)
     params.not_before = offset(valid_after);
     params.not_after = offset(valid_before);
     params.serial_number = Some(serial);
-    let cert = params.signed_by(&key, &issuer).map_err(crypto)?;
+    let cert = params.signed_by(&key, &issuer).map_err(CaError::from)?;
     Ok(IssuedCert {
         serial_number: serial_text,
         cert_pem: cert.pem(),
