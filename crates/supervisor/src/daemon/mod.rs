@@ -142,12 +142,28 @@ pub enum DaemonError {
         source: std::io::Error,
     },
     /// The snapshot exists but cannot be read.
-    #[error("cannot read the daemon snapshot {path}: {reason}")]
-    Snapshot {
+    #[error("cannot read the daemon snapshot {path}")]
+    SnapshotUnreadable {
         /// The path.
         path: PathBuf,
         /// The cause.
-        reason: String,
+        source: std::io::Error,
+    },
+    /// The snapshot is not valid JSON of the expected shape.
+    #[error("cannot decode the daemon snapshot {path}")]
+    SnapshotUndecodable {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// The snapshot was written by an incompatible version.
+    #[error("the daemon snapshot {path} has version {found}, not the supported {SNAPSHOT_VERSION}")]
+    SnapshotVersion {
+        /// The path.
+        path: PathBuf,
+        /// The version it has.
+        found: u32,
     },
 }
 
@@ -292,21 +308,21 @@ fn read_snapshot(path: &Path) -> Result<Snapshot, DaemonError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Snapshot::default()),
-        Err(e) => {
-            return Err(DaemonError::Snapshot {
+        Err(source) => {
+            return Err(DaemonError::SnapshotUnreadable {
                 path: path.to_owned(),
-                reason: e.to_string(),
+                source,
             });
         }
     };
-    let snap: Snapshot = serde_json::from_slice(&bytes).map_err(|e| DaemonError::Snapshot {
+    let snap: Snapshot = serde_json::from_slice(&bytes).map_err(|source| DaemonError::SnapshotUndecodable {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     })?;
     if snap.version != SNAPSHOT_VERSION {
-        return Err(DaemonError::Snapshot {
+        return Err(DaemonError::SnapshotVersion {
             path: path.to_owned(),
-            reason: format!("version {} is not the supported {SNAPSHOT_VERSION}", snap.version),
+            found: snap.version,
         });
     }
     Ok(snap)
