@@ -216,10 +216,9 @@ impl Store {
         let now = SystemTime::now();
         if let Some(cert) = self.inner.leaves.lock().get(service)
             && cert.create_index == ca.modify_index
+            && now < cert.renew_at()
         {
-            if now < cert.renew_at() {
-                return Ok(Arc::clone(cert));
-            }
+            return Ok(Arc::clone(cert));
         }
         let cert = Arc::new(ca::sign_leaf(&ca, &self.inner.config.datacenter, service, now)?);
         self.inner.leaves.lock().insert(service.to_owned(), Arc::clone(&cert));

@@ -6,25 +6,10 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use catalog::{IndexKey, Op, Store, StoreConfig};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use structs::{NodeService, RegisterRequest};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
+use test_support::figures::{env_usize, ms, percentile};
 
 struct Server {
     child: Child,
@@ -33,31 +18,19 @@ struct Server {
 
 impl Server {
     fn start(data_dir: &std::path::Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args([
-                "server",
-                "-http-addr",
-                "127.0.0.1:0",
-                "-grpc-addr",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-                "-data-dir",
-            ])
-            .arg(data_dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("meshd server listening on ")
-            .unwrap()
-            .to_owned();
-        Server { child, url }
+        let started = test_support::process::start_server(
+            std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+            [
+                std::ffi::OsStr::new("-log-level"),
+                "warn".as_ref(),
+                "-data-dir".as_ref(),
+                data_dir.as_os_str(),
+            ],
+        );
+        Server {
+            child: started.child,
+            url: started.http,
+        }
     }
 
     fn rss_kib(&self) -> u64 {

@@ -23,11 +23,11 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 use serde_json::json;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use test_support::figures::{env_usize, ms, percentile};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -38,21 +38,6 @@ const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 const SERVICES: usize = 100;
 const UPSTREAMS: usize = 10;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 fn proc_stat(pid: u32) -> (Duration, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -87,35 +72,10 @@ impl Drop for Server {
 }
 
 fn start_server() -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .args([
-            "server",
-            "-dev",
-            "-http-addr",
-            "127.0.0.1:0",
-            "-grpc-addr",
-            "127.0.0.1:0",
-            "-log-level",
-            "error",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Lines before the ready lines are skipped (a profiler wrapping the server may print).
-    let mut lines = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .skip_while(|l| !l.starts_with("meshd server listening on "));
-    let http = lines
-        .next()
-        .unwrap()
-        .trim_start_matches("meshd server listening on ")
-        .to_owned();
-    let grpc = lines
-        .next()
-        .unwrap()
-        .trim_start_matches("meshd xds listening on ")
-        .to_owned();
+    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+        ["-dev", "-log-level", "error"],
+    );
     Server { child, http, grpc }
 }
 

@@ -6,9 +6,8 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 struct Proc(&'static str, Child);
@@ -64,34 +63,15 @@ async fn main() {
         std::env::var("MESHD_ENVOY").expect("MESHD_ENVOY must name the Envoy binary (cargo xtask demo sets it)");
     let data_dir = tempfile::tempdir().unwrap();
     println!("1. starting meshd server (data dir {})", data_dir.path().display());
-    let mut child = Command::new(meshd())
-        .args([
-            "server",
-            "-http-addr",
-            "127.0.0.1:0",
-            "-grpc-addr",
-            "127.0.0.1:0",
-            "-log-level",
-            "warn",
-            "-data-dir",
-        ])
-        .arg(data_dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let http = lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .trim_start_matches("meshd server listening on ")
-        .to_owned();
-    let grpc = lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .trim_start_matches("meshd xds listening on ")
-        .to_owned();
+    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+        &meshd(),
+        [
+            std::ffi::OsStr::new("-log-level"),
+            "warn".as_ref(),
+            "-data-dir".as_ref(),
+            data_dir.path().as_os_str(),
+        ],
+    );
     let server = Proc("meshd server", child);
     println!("   HTTP API {http}, xDS {grpc}");
 

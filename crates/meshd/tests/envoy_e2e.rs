@@ -3,9 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use test_support::envoy;
@@ -31,35 +30,10 @@ struct Mesh {
 
 impl Mesh {
     fn start() -> Mesh {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args([
-                "server",
-                "-dev",
-                "-http-addr",
-                "127.0.0.1:0",
-                "-grpc-addr",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let http = lines
-            .next()
-            .unwrap()
-            .unwrap()
-            .strip_prefix("meshd server listening on ")
-            .unwrap()
-            .to_owned();
-        let grpc = lines
-            .next()
-            .unwrap()
-            .unwrap()
-            .strip_prefix("meshd xds listening on ")
-            .unwrap()
-            .to_owned();
+        let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+            std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+            ["-dev", "-log-level", "warn"],
+        );
         Mesh {
             _server: Proc(child),
             http,

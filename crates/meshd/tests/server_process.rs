@@ -3,8 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::thread;
 
@@ -15,31 +14,14 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args([
-                "server",
-                "-http-addr",
-                "127.0.0.1:0",
-                "-grpc-addr",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-            ])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("meshd server listening on ")
-            .expect("ready line")
-            .to_owned();
-        Server { child, addr }
+        let started = test_support::process::start_server(
+            std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+            ["-log-level", "warn"].iter().chain(args),
+        );
+        Server {
+            child: started.child,
+            addr: started.http,
+        }
     }
 
     fn url(&self, path: &str) -> String {

@@ -20,14 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use structs::*;
+use test_support::figures::{env_usize, ms, percentile};
 use tokio::sync::mpsc;
 
 const SERVICES: usize = 100;
 const TRUST: &str = "bench.consul";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 /// Sum of on-CPU time of every thread of this process, from the scheduler's ns counters.
 fn process_cpu() -> Duration {
@@ -127,18 +124,6 @@ fn registration(i: usize, upstreams: &[usize]) -> ProxyRegistration {
         service: Arc::new(svc),
         token: String::new(),
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
 fn us(d: Duration) -> String {

@@ -5,13 +5,17 @@
 //! - [`ReservedPort`]: a port held for a process that will bind it later (Envoy listeners),
 //!   without the race of "bind, read the port, release";
 //! - [`http`]: tiny HTTP backends bound on `127.0.0.1:0` and a one-request client;
-//! - [`fixtures`]: catalog values the tests build again and again.
+//! - [`fixtures`]: catalog values the tests build again and again;
+//! - [`process`]: the real `meshd server` on ephemeral ports;
+//! - [`figures`]: percentiles and units for benchmark output.
 //!
 //! Test code: panics are the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod figures;
 pub mod fixtures;
 pub mod http;
+pub mod process;
 
 use socket2::{Domain, Socket, Type};
 use std::net::SocketAddr;

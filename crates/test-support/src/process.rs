@@ -1,0 +1,47 @@
+//! Starting the real `meshd` binary: a server on ephemeral ports, reporting where it listens.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A started `meshd server` and the addresses it reported.
+#[derive(Debug)]
+pub struct ServerProcess {
+    /// The process (the caller owns stopping it).
+    pub child: Child,
+    /// Its HTTP API, as `http://ADDR`.
+    pub http: String,
+    /// Its xDS address, `ADDR`.
+    pub grpc: String,
+}
+
+/// Starts `bin server` on `127.0.0.1:0` for both listeners with `args` added (`-dev` or a
+/// `-data-dir`, a log level...), and waits for its ready lines. Lines printed before them (a
+/// profiler wrapping the server) are skipped.
+pub fn start_server<I, S>(bin: &Path, args: I) -> ServerProcess
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut child = Command::new(bin)
+        .args(["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting meshd server");
+    let stdout = child.stdout.take().expect("the server's stdout");
+    let mut lines = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .skip_while(|l| !l.starts_with("meshd server listening on "));
+    let http = lines
+        .next()
+        .and_then(|l| l.strip_prefix("meshd server listening on ").map(str::to_owned))
+        .expect("the server's HTTP ready line");
+    let grpc = lines
+        .next()
+        .and_then(|l| l.strip_prefix("meshd xds listening on ").map(str::to_owned))
+        .expect("the server's xDS ready line");
+    ServerProcess { child, http, grpc }
+}
