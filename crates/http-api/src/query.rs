@@ -143,12 +143,9 @@ impl Blocking {
         if spread == 0 {
             return self.wait;
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let mixed = u128::from(seed.wrapping_mul(2_654_435_761));
-        self.wait + Duration::from_nanos((mixed % spread) as u64)
+        // A wait longer than u64 nanoseconds (584 years) gets at most that much jitter.
+        let spread = u64::try_from(spread).unwrap_or(u64::MAX);
+        self.wait + Duration::from_nanos(fastrand::u64(0..spread))
     }
 }
 
@@ -250,5 +247,34 @@ pub fn service_key(name: &str, connect: bool) -> catalog::IndexKey {
         catalog::IndexKey::ServiceConnect(name.to_owned())
     } else {
         catalog::IndexKey::Service(name.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_adds_less_than_a_sixteenth_of_the_wait() {
+        let blocking = Blocking {
+            index: None,
+            wait: Duration::from_secs(600),
+        };
+        let jittered: Vec<Duration> = (0..64).map(|_| blocking.wait_with_jitter()).collect();
+        for j in &jittered {
+            assert!(*j >= blocking.wait && *j < blocking.wait + blocking.wait / 16, "{j:?}");
+        }
+        // The old clock-derived jitter was capped at u32 nanoseconds (~4.3s); the spread is
+        // now the whole wait/16 (37.5s here), so 64 draws all under 4.3s means it regressed.
+        assert!(jittered.iter().any(|j| *j > blocking.wait + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_wait_too_short_to_spread_is_unchanged() {
+        let blocking = Blocking {
+            index: None,
+            wait: Duration::from_nanos(15),
+        };
+        assert_eq!(blocking.wait_with_jitter(), blocking.wait);
     }
 }

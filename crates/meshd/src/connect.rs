@@ -123,8 +123,60 @@ fn derive_base_id(args: &EnvoyArgs) -> u32 {
     1 + u32::try_from(h % 400_000_000).unwrap_or(0)
 }
 
-/// How often a `-token-file` is checked for a new token.
-const TOKEN_FILE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a `-token-file` must be quiet after an event before it is read: a writer that
+/// truncates then writes raises several events, and the first may see an empty file.
+const TOKEN_FILE_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How often a `-token-file` is checked when its directory cannot be watched.
+const TOKEN_FILE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What identifies the token file's content without reading it: a replacement by rename
+/// shows as a new inode, an edit in place as a new mtime or size.
+type TokenStamp = Option<(std::time::SystemTime, u64, u64)>;
+
+fn token_stamp(path: &std::path::Path) -> TokenStamp {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
+}
+
+/// Watches the directory of the token file at `path` and sends on `tx` when an event
+/// concerns it. The directory, not the file: editors and kubelet replace the file by
+/// renaming another over it, which a watch on the file itself would not survive.
+fn watch_token_file(
+    path: &std::path::Path,
+    tx: tokio::sync::mpsc::Sender<()>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::event::{AccessKind, AccessMode};
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = path.file_name().map(ToOwned::to_owned);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else {
+            // An overflowed or failed watch may have lost the event: look at the file.
+            let _ = tx.try_send(());
+            return;
+        };
+        // Reads (ours included, when the bootstrap is regenerated) change nothing.
+        if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) {
+            return;
+        }
+        // The file itself, or kubelet's `..data` symlink swap that replaces what it points to.
+        let concerns_token = event.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| Some(n) == name.as_deref() || n.as_encoded_bytes().starts_with(b".."))
+        });
+        if concerns_token {
+            // Full means a check is already pending, which will see this change too.
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
 
 async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
     use supervisor::agent::{Agent, AgentOptions};
@@ -164,13 +216,23 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
         .context("the proxy agent stopped at once")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut shutdown = std::pin::pin!(shutdown);
-    // A rotated token file is noticed without a signal: its size and mtime are checked.
-    let token_stamp = |args: &EnvoyArgs| {
-        let meta = std::fs::metadata(args.token_file.as_ref()?).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
-    };
-    let mut last_stamp = token_stamp(&args);
-    let mut token_check = tokio::time::interval(TOKEN_FILE_CHECK);
+    // A rotated token file is noticed without a signal: events in its directory, once
+    // quiet for the settle time, lead to a look at its stamp.
+    let token_file = args.token_file.clone();
+    let mut last_stamp = token_file.as_deref().and_then(token_stamp);
+    let (token_tx, mut token_events) = tokio::sync::mpsc::channel(1);
+    let mut _watcher = None;
+    let mut token_poll = None;
+    if let Some(path) = &token_file {
+        match watch_token_file(path, token_tx) {
+            Ok(watcher) => _watcher = Some(watcher),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot watch the token file; checking it every second");
+                token_poll = Some(tokio::time::interval(TOKEN_FILE_POLL));
+            }
+        }
+    }
+    let mut settle: Option<tokio::time::Instant> = None;
     loop {
         let why = tokio::select! {
             ended = &mut task => {
@@ -178,8 +240,21 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
             }
             _ = &mut shutdown => break,
             _ = hangup.recv() => "SIGHUP",
-            _ = token_check.tick(), if args.token_file.is_some() => {
-                let stamp = token_stamp(&args);
+            Some(()) = token_events.recv() => {
+                settle = Some(tokio::time::Instant::now() + TOKEN_FILE_SETTLE);
+                continue;
+            }
+            _ = async {
+                match (settle, token_poll.as_mut()) {
+                    (Some(at), _) => tokio::time::sleep_until(at).await,
+                    (None, Some(poll)) => {
+                        poll.tick().await;
+                    }
+                    (None, None) => std::future::pending().await,
+                }
+            } => {
+                settle = None;
+                let stamp = token_file.as_deref().and_then(token_stamp);
                 if stamp == last_stamp {
                     continue;
                 }
@@ -204,5 +279,39 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
             cancel.cancel();
             task.await.context("the proxy agent panicked")?.context("envoy failed while stopping")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_token_file_replaced_by_rename_is_seen_and_its_neighbours_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "one\n").unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let _watcher = watch_token_file(&token, tx).unwrap();
+
+        std::fs::write(dir.path().join("unrelated"), "x").unwrap();
+        // Reading the token is what regenerating the bootstrap does: no event either.
+        std::fs::read_to_string(&token).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(rx.try_recv().is_err(), "an unrelated file or a read raised an event");
+
+        let before = token_stamp(&token);
+        let staged = dir.path().join("token.tmp");
+        std::fs::write(&staged, "two\n").unwrap();
+        // The staging file's own events may or may not be filtered; only the rename matters.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while rx.try_recv().is_ok() {}
+        std::fs::rename(&staged, &token).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no event for the rename")
+            .unwrap();
+        assert_ne!(token_stamp(&token), before, "a rename shows in the stamp");
     }
 }

@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 /// How to run Envoy.
@@ -138,52 +137,54 @@ pub fn clean_stale_shared_memory(base_id: u32) -> std::io::Result<()> {
     }
 }
 
+/// How long one admin request may take, connect to last body byte.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One request to an Envoy admin endpoint; returns the status code and body.
 pub async fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let method = reqwest::Method::from_bytes(method.as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // A client per request: epochs come and go on different ports, so a pool would only
+    // keep connections to Envoys that are gone. `no_proxy`: the admin is always local and
+    // must not be sent through an HTTP(S)_PROXY from the environment.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(ADMIN_TIMEOUT)
+        .build()
+        .map_err(admin_error)?;
     let io = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-        stream.write_all(req.as_bytes()).await?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await?;
-        let text = String::from_utf8_lossy(&buf);
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("malformed admin response"))?;
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let chunked = head.lines().any(|l| {
-            let l = l.to_ascii_lowercase();
-            l.starts_with("transfer-encoding:") && l.contains("chunked")
-        });
-        let body = if chunked { dechunk(body) } else { body.to_owned() };
-        Ok((status, body))
+        // Said explicitly: hyper sends no length for an empty body, and a POST without one
+        // is ambiguous to some servers; the hand-written client always sent it.
+        let response = client
+            .request(method, format!("http://{addr}{path}"))
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await?;
+        let status = response.status().as_u16();
+        Ok((status, response.text().await?))
     };
-    tokio::time::timeout(Duration::from_secs(5), io)
-        .await
-        .unwrap_or_else(|_| {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "admin request timed out",
-            ))
-        })
+    io.await.map_err(admin_error)
 }
 
-/// Decodes a chunked HTTP/1.1 body (Envoy's admin answers large bodies that way).
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+/// An admin request's failure as an I/O error, keeping the causes reqwest wraps (its own
+/// message alone does not say whether the connection was refused or reset).
+fn admin_error(e: reqwest::Error) -> std::io::Error {
+    if e.is_timeout() {
+        return std::io::Error::new(std::io::ErrorKind::TimedOut, "admin request timed out");
     }
-    out
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    let kind = if e.is_connect() {
+        std::io::ErrorKind::ConnectionRefused
+    } else {
+        std::io::ErrorKind::Other
+    };
+    std::io::Error::new(kind, message)
 }
 
 const LIVE_POLL: Duration = Duration::from_millis(20);
@@ -306,11 +307,63 @@ impl Proxy for EnvoyProxy {
 
 #[cfg(test)]
 mod tests {
-    use super::dechunk;
+    use super::admin_request;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn chunked_bodies_are_decoded() {
-        assert_eq!(dechunk("5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n"), "hello, world");
-        assert_eq!(dechunk(""), "");
+    /// Answers one connection with `response` and returns the request it read.
+    async fn serve_once(response: &'static str) -> (std::net::SocketAddr, tokio::task::JoinHandle<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                request.extend_from_slice(&buf[..n]);
+            }
+            stream.write_all(response.as_bytes()).await.unwrap();
+            stream.shutdown().await.unwrap();
+            String::from_utf8(request).unwrap()
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn chunked_admin_answers_are_decoded() {
+        let (addr, server) = serve_once(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n",
+        )
+        .await;
+        assert_eq!(
+            admin_request(addr, "GET", "/stats").await.unwrap(),
+            (200, "hello, world".to_owned())
+        );
+        assert!(server.await.unwrap().starts_with("GET /stats HTTP/1.1\r\n"));
+    }
+
+    #[tokio::test]
+    async fn a_post_carries_an_empty_body_and_the_status_is_returned() {
+        let (addr, server) =
+            serve_once("HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope").await;
+        assert_eq!(
+            admin_request(addr, "POST", "/drain_listeners?graceful").await.unwrap(),
+            (405, "nope".to_owned())
+        );
+        let request = server.await.unwrap().to_ascii_lowercase();
+        assert!(
+            request.starts_with("post /drain_listeners?graceful http/1.1\r\n"),
+            "{request}"
+        );
+        assert!(request.contains("content-length: 0\r\n"), "{request}");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_an_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let err = admin_request(addr, "GET", "/ready").await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
     }
 }

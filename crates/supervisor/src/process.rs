@@ -2,6 +2,7 @@
 //! life is tied to its supervisor, identifying a process beyond its pid, waiting for a
 //! process that is not our child, and stopping one politely then firmly.
 
+use procfs::process::{ProcState, Process, Stat};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -46,29 +47,25 @@ pub struct ProcessId {
 impl ProcessId {
     /// The identity of the live process `pid`, or `None` when no such process exists.
     pub fn of(pid: u32) -> Option<Self> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name (field 2) is in parentheses and may contain spaces or ')'.
-        let after = &stat[stat.rfind(')')? + 1..];
-        // Fields from 3 on; start time is field 22, so index 19 here.
-        let start_time = after.split_whitespace().nth(19)?.parse().ok()?;
-        Some(Self { pid, start_time })
+        let stat = stat_of(pid)?;
+        Some(Self {
+            pid,
+            start_time: stat.starttime,
+        })
     }
 
     /// True when the process this identity names is still running (not a zombie, and not a
     /// different process that reused the pid).
     pub fn is_alive(&self) -> bool {
-        if is_zombie(self.pid) {
-            return false;
-        }
-        Self::of(self.pid).is_some_and(|now| now == *self)
+        stat_of(self.pid)
+            .is_some_and(|stat| stat.starttime == self.start_time && !matches!(stat.state(), Ok(ProcState::Zombie)))
     }
 }
 
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
-        .unwrap_or(false)
+/// `/proc/<pid>/stat`, or `None` when there is no such process (or it cannot be read).
+fn stat_of(pid: u32) -> Option<Stat> {
+    let pid = i32::try_from(pid).ok()?;
+    Process::new(pid).ok()?.stat().ok()
 }
 
 /// Sends `signal` to `pid`. A process that is already gone is not an error.
@@ -198,5 +195,19 @@ mod tests {
         };
         assert!(!other.is_alive());
         assert!(ProcessId::of(u32::MAX / 2).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_exited_unreaped_child_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessId::of(child.id()).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while id.is_alive() {
+            assert!(tokio::time::Instant::now() < deadline, "child never became a zombie");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Not reaped yet: the pid still names the same process, now a zombie.
+        assert_eq!(ProcessId::of(child.id()), Some(id));
+        child.wait().unwrap();
     }
 }

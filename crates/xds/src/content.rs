@@ -13,17 +13,6 @@ pub struct Versioned {
     pub resource: Any,
 }
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
-}
-
 /// SHA-256 of a resource's encoding.
 pub(crate) fn digest_of(any: &Any) -> [u8; 32] {
     Sha256::digest(&any.value).into()
@@ -39,7 +28,9 @@ impl Versioned {
     /// A resource whose encoding hashes to `digest`.
     pub(crate) fn with_digest(resource: Any, digest: &[u8; 32]) -> Self {
         Self {
-            version: hex(digest),
+            // `hex::encode` collects an exact-size iterator: one allocation of the final
+            // length, as the hand-written encoder it replaced did.
+            version: hex::encode(digest),
             resource,
         }
     }

@@ -107,7 +107,7 @@ impl SotwState {
                             hasher.update([0]);
                         }
                     }
-                    let version = crate::content::hex(&hasher.finalize()[..16]);
+                    let version = hex::encode(&hasher.finalize()[..16]);
                     st.computed = map.map(|m| (Arc::clone(m), version.clone()));
                     version
                 }

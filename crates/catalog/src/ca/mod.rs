@@ -212,19 +212,12 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], CaError> {
 }
 
 /// A random (version 4) UUID.
+///
+/// The bytes come from `random_bytes` rather than `Uuid::new_v4`, which panics when the OS
+/// RNG fails: here that failure is reported as a `CaError` like every other CA failure.
 pub fn new_uuid() -> Result<String, CaError> {
-    let mut b = random_bytes::<16>()?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    let uuid = uuid::Builder::from_random_bytes(random_bytes::<16>()?).into_uuid();
+    Ok(uuid.hyphenated().to_string())
 }
 
 fn colon_hex(bytes: &[u8]) -> String {

@@ -137,5 +137,10 @@ fn rejects_what_the_built_in_ca_cannot_do() {
         err.to_string(),
         "Config.PrivateKeyBits: 521 is not supported for ec keys: use 256 or 384"
     );
-    assert!(new_uuid().unwrap().len() == 36);
+    let id = new_uuid().unwrap();
+    assert_eq!(id.len(), 36);
+    let parsed = uuid::Uuid::parse_str(&id).unwrap();
+    assert_eq!(parsed.get_version(), Some(uuid::Version::Random));
+    assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
+    assert_eq!(parsed.hyphenated().to_string(), id, "lower-case hyphenated form");
 }
