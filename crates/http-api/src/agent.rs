@@ -43,50 +43,42 @@ pub(crate) async fn agent_self(State(api): State<Api>, RawQuery(q): RawQuery) ->
 pub(crate) async fn metrics(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let state = api.store.read();
-    let gauges = [
-        (
-            "meshd_catalog_index",
-            "Index of the last committed catalog write.",
-            state.index.0 as f64,
-        ),
-        ("meshd_catalog_nodes", "Registered nodes.", state.nodes().count() as f64),
-        (
-            "meshd_catalog_service_instances",
-            "Registered service instances.",
-            state.all_services().count() as f64,
-        ),
-        (
-            "meshd_catalog_checks",
-            "Registered health checks.",
-            state.all_checks().count() as f64,
-        ),
-        (
-            "meshd_publisher_topics",
-            "Event publisher topics with subscribers.",
-            api.store.subscribed_topics() as f64,
-        ),
-    ];
+    let index = state.index.0;
+    let nodes = state.nodes().count();
+    let service_instances = state.all_services().count();
+    let checks = state.all_checks().count();
+    let publisher_topics = api.store.subscribed_topics();
     match params.get("format") {
         Some("prometheus") => {
+            let g = &api.catalog_gauges;
+            g.index.set(index);
+            g.nodes.set(gauge_value(nodes));
+            g.service_instances.set(gauge_value(service_instances));
+            g.checks.set(gauge_value(checks));
+            g.publisher_topics.set(gauge_value(publisher_topics));
             let mut out = String::new();
-            for (name, help, value) in gauges {
-                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
-            }
-            api.metrics.render(&mut out);
-            if let Some(extra) = &api.config.extra_metrics {
-                extra(&mut out);
-            }
+            encode_registries(&mut out, &api.registry, api.config.extra_metrics.as_deref())
+                .map_err(|_| ApiError::Internal("encoding the metrics failed".into()))?;
             let mut resp = (StatusCode::OK, out).into_response();
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                // prometheus-client writes OpenMetrics text (counter families named without
+                // `_total`, a closing `# EOF`): the type says so, so scrapers parse it as such.
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
             );
             Ok(resp)
         }
         None | Some("") => {
+            let gauges = [
+                ("meshd_catalog_index", index as f64),
+                ("meshd_catalog_nodes", nodes as f64),
+                ("meshd_catalog_service_instances", service_instances as f64),
+                ("meshd_catalog_checks", checks as f64),
+                ("meshd_publisher_topics", publisher_topics as f64),
+            ];
             let gauges: Vec<_> = gauges
                 .iter()
-                .map(|(name, _, value)| json!({"Name": name, "Value": value, "Labels": {}}))
+                .map(|(name, value)| json!({"Name": name, "Value": value, "Labels": {}}))
                 .collect();
             let body =
                 json!({"Timestamp": humantime_now(), "Gauges": gauges, "Points": [], "Counters": [], "Samples": []});
@@ -96,6 +88,25 @@ pub(crate) async fn metrics(State(api): State<Api>, RawQuery(q): RawQuery) -> Re
             "format: {other:?} is not supported: use prometheus"
         ))),
     }
+}
+
+/// A count as a gauge's value (counts beyond i64 cannot happen; they would saturate).
+fn gauge_value(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// One OpenMetrics exposition of several registries: one `# EOF`, at the very end.
+fn encode_registries(
+    out: &mut String,
+    own: &prometheus_client::registry::Registry,
+    extra: Option<&prometheus_client::registry::Registry>,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::text::{encode_eof, encode_registry};
+    encode_registry(out, own)?;
+    if let Some(extra) = extra {
+        encode_registry(out, extra)?;
+    }
+    encode_eof(out)
 }
 
 fn humantime_now() -> String {

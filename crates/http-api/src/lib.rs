@@ -29,9 +29,6 @@ use catalog::{IndexKey, Store};
 use query::Params;
 use std::sync::Arc;
 
-/// Appends Prometheus text for metrics kept outside the API (xDS, proxycfg).
-pub type MetricsRenderer = Arc<dyn Fn(&mut String) + Send + Sync>;
-
 /// Settings of the API.
 #[derive(Clone)]
 pub struct ApiConfig {
@@ -43,8 +40,9 @@ pub struct ApiConfig {
     pub server_addr: String,
     /// Largest accepted request body, bytes (larger: 413).
     pub max_body: usize,
-    /// Extra Prometheus text appended to `/v1/agent/metrics?format=prometheus`.
-    pub extra_metrics: Option<MetricsRenderer>,
+    /// Metrics kept outside the API (xDS, proxycfg), encoded after the API's own by
+    /// `/v1/agent/metrics?format=prometheus`.
+    pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
 }
 
 impl Default for ApiConfig {
@@ -74,6 +72,10 @@ pub(crate) struct Api {
     pub(crate) store: Store,
     pub(crate) config: Arc<ApiConfig>,
     pub(crate) metrics: Arc<HttpMetrics>,
+    /// The catalog gauges, set from the state when metrics are scraped.
+    pub(crate) catalog_gauges: Arc<metrics::CatalogGauges>,
+    /// The API's own metrics (catalog gauges, then HTTP).
+    pub(crate) registry: Arc<prometheus_client::registry::Registry>,
     pub(crate) responses: Arc<response_cache::ResponseCache>,
 }
 
@@ -126,11 +128,17 @@ impl Api {
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
     let metrics = Arc::new(HttpMetrics::default());
+    let catalog_gauges = Arc::new(metrics::CatalogGauges::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    catalog_gauges.register(&mut registry);
+    metrics.register(&mut registry);
     let max_body = config.max_body;
     let api = Api {
         store,
         config: Arc::new(config),
         metrics: Arc::clone(&metrics),
+        catalog_gauges,
+        registry: Arc::new(registry),
         responses: Arc::new(response_cache::ResponseCache::default()),
     };
     Router::new()

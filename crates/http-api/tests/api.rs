@@ -506,6 +506,26 @@ async fn pretty_and_metrics() {
     let r = get(&app, "/v1/agent/metrics?format=prometheus").await;
     assert!(r.body.contains("meshd_catalog_index "), "{}", r.body);
     assert!(r.body.contains("meshd_http_requests_total{code=\"2xx\"}"));
+    // OpenMetrics, as prometheus-client writes it: counter families without `_total`, help
+    // texts as they always were, one `# EOF` at the end, and a content type that says so.
+    for line in [
+        "# HELP meshd_catalog_index Index of the last committed catalog write.",
+        "# TYPE meshd_catalog_index gauge",
+        "# HELP meshd_http_requests HTTP API requests served, by status class.",
+        "# TYPE meshd_http_requests counter",
+        "meshd_http_requests_total{code=\"5xx\"} 0",
+        "meshd_http_blocking_queries 0",
+    ] {
+        assert!(r.body.lines().any(|l| l == line), "{line:?} missing from:\n{}", r.body);
+    }
+    assert!(r.body.ends_with("\n# EOF\n"), "{}", r.body);
+    assert_eq!(r.body.matches("# EOF").count(), 1);
+    assert!(
+        r.content_type
+            .starts_with("application/openmetrics-text; version=1.0.0"),
+        "{}",
+        r.content_type
+    );
     let r = get(&app, "/v1/agent/metrics").await;
     assert!(
         r.json()["Gauges"]

@@ -65,24 +65,15 @@ pub async fn run(
     let source = CatalogSource::new(store.clone(), manager.clone());
     let xds = XdsServer::new(Arc::new(source.clone()));
 
-    let xds_metrics = xds.metrics();
-    let engine = manager.clone();
+    // One registry for what the server adds to the API's own metrics: xDS, then proxycfg.
+    let mut registry = prometheus_client::registry::Registry::default();
+    xds.metrics().register(&mut registry);
+    manager.register_metrics(&mut registry);
     let api = ApiConfig {
         node_name: args.node.clone(),
         node_id: store.read().ca().map(|ca| ca.cluster_id.clone()).unwrap_or_default(),
         server_addr: http_addr.to_string(),
-        extra_metrics: Some(Arc::new(move |out: &mut String| {
-            xds_metrics.render(out);
-            let m = engine.metrics();
-            out.push_str(&format!(
-                "# HELP meshd_proxycfg_snapshots_total Proxy snapshots built.\n# TYPE meshd_proxycfg_snapshots_total counter\nmeshd_proxycfg_snapshots_total {}\n",
-                m.snapshots_built
-            ));
-            out.push_str(&format!(
-                "# HELP meshd_proxycfg_watches Live proxycfg watches.\n# TYPE meshd_proxycfg_watches gauge\nmeshd_proxycfg_watches {}\n",
-                m.live_watches
-            ));
-        })),
+        extra_metrics: Some(Arc::new(registry)),
         ..ApiConfig::default()
     };
     let app = http_api::router(store.clone(), api);

@@ -309,6 +309,11 @@ impl Manager {
         self.inner.metrics.snapshot()
     }
 
+    /// Registers the engine's exported metrics in `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.inner.metrics.register(registry);
+    }
+
     /// Stops every State and waits until all of them and their watches are gone. Later
     /// registrations are refused.
     pub async fn shutdown(&self) {

@@ -1,19 +1,21 @@
-//! Counters of the proxycfg engine, kept as atomics and read as a consistent-enough copy for
-//! export (Prometheus or logs).
+//! Counters of the proxycfg engine: prometheus-client counters and gauges (single atomic
+//! adds), read as a consistent-enough copy for logs and tests, and registered for export.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// Live counters shared by the Manager, its States and their watches.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    snapshots_built: AtomicU64,
-    states_started: AtomicU64,
-    updates: AtomicU64,
-    stale_updates: AtomicU64,
-    data_source_errors: AtomicU64,
-    live_watches: AtomicI64,
-    live_states: AtomicI64,
-    watchers: AtomicI64,
+    snapshots_built: Counter,
+    states_started: Counter,
+    updates: Counter,
+    stale_updates: Counter,
+    data_source_errors: Counter,
+    live_watches: Gauge,
+    live_states: Gauge,
+    watchers: Gauge,
 }
 
 /// A copy of the counters at one moment.
@@ -41,46 +43,62 @@ impl Metrics {
     /// Reads every counter.
     pub fn snapshot(&self) -> MetricsSnapshot {
         MetricsSnapshot {
-            snapshots_built: self.snapshots_built.load(Relaxed),
-            states_started: self.states_started.load(Relaxed),
-            updates: self.updates.load(Relaxed),
-            stale_updates: self.stale_updates.load(Relaxed),
-            data_source_errors: self.data_source_errors.load(Relaxed),
-            live_watches: self.live_watches.load(Relaxed),
-            live_states: self.live_states.load(Relaxed),
-            watchers: self.watchers.load(Relaxed),
+            snapshots_built: self.snapshots_built.get(),
+            states_started: self.states_started.get(),
+            updates: self.updates.get(),
+            stale_updates: self.stale_updates.get(),
+            data_source_errors: self.data_source_errors.get(),
+            live_watches: self.live_watches.get(),
+            live_states: self.live_states.get(),
+            watchers: self.watchers.get(),
         }
     }
 
+    /// Registers the exported metrics in `registry` (sharing their values with `self`): the
+    /// snapshots built and the live watches. Help texts have no final period and the counter
+    /// no `_total`: prometheus-client adds both.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "meshd_proxycfg_snapshots",
+            "Proxy snapshots built",
+            self.snapshots_built.clone(),
+        );
+        registry.register(
+            "meshd_proxycfg_watches",
+            "Live proxycfg watches",
+            self.live_watches.clone(),
+        );
+    }
+
     pub(crate) fn snapshot_built(&self) {
-        self.snapshots_built.fetch_add(1, Relaxed);
+        self.snapshots_built.inc();
     }
     pub(crate) fn update(&self) {
-        self.updates.fetch_add(1, Relaxed);
+        self.updates.inc();
     }
     pub(crate) fn stale_update(&self) {
-        self.stale_updates.fetch_add(1, Relaxed);
+        self.stale_updates.inc();
     }
     pub(crate) fn data_source_error(&self) {
-        self.data_source_errors.fetch_add(1, Relaxed);
+        self.data_source_errors.inc();
     }
     pub(crate) fn watch_started(&self) {
-        self.live_watches.fetch_add(1, Relaxed);
+        self.live_watches.inc();
     }
     pub(crate) fn watch_stopped(&self) {
-        self.live_watches.fetch_sub(1, Relaxed);
+        self.live_watches.dec();
     }
     pub(crate) fn state_started(&self) {
-        self.states_started.fetch_add(1, Relaxed);
-        self.live_states.fetch_add(1, Relaxed);
+        self.states_started.inc();
+        self.live_states.inc();
     }
     pub(crate) fn state_stopped(&self) {
-        self.live_states.fetch_sub(1, Relaxed);
+        self.live_states.dec();
     }
     pub(crate) fn watcher_added(&self) {
-        self.watchers.fetch_add(1, Relaxed);
+        self.watchers.inc();
     }
     pub(crate) fn watcher_removed(&self) {
-        self.watchers.fetch_sub(1, Relaxed);
+        self.watchers.dec();
     }
 }

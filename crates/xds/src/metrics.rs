@@ -1,21 +1,31 @@
 //! xDS counters for the server's metrics endpoint: open streams, responses and NACKs per
 //! type, and a histogram of the time from a snapshot change to the proxy's ACK.
+//!
+//! Exported through a prometheus-client [`Registry`]; updates stay single atomic adds with no
+//! lock: per-type counters are created up front (no labelled `Family` lookup per response),
+//! and the ACK histogram keeps atomic buckets rather than prometheus-client's `Histogram`,
+//! whose `observe` takes a write lock that every stream's ACK would contend on.
 
 use crate::resources::TYPES;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// Upper bounds of the ACK histogram's buckets, milliseconds (then +Inf).
 const BUCKETS_MS: [u64; 10] = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 
 /// Live xDS counters.
 #[derive(Debug, Default)]
 pub struct XdsMetrics {
-    streams: AtomicI64,
-    responses: [AtomicU64; TYPES.len()],
-    nacks: [AtomicU64; TYPES.len()],
-    ack_buckets: [AtomicU64; 11],
-    ack_sum_micros: AtomicU64,
-    ack_count: AtomicU64,
+    streams: Gauge,
+    responses: PerType,
+    nacks: PerType,
+    ack: AckHistogram,
 }
 
 fn type_index(type_url: &str) -> Option<usize> {
@@ -26,89 +36,180 @@ fn short(type_url: &str) -> &str {
     type_url.rsplit('.').next().unwrap_or(type_url)
 }
 
+/// One counter per xDS type, exported in `TYPES` order with a `type` label (the type's
+/// short name).
+#[derive(Debug, Default, Clone)]
+struct PerType([Counter; TYPES.len()]);
+
+impl PerType {
+    fn inc(&self, type_url: &str) {
+        if let Some(i) = type_index(type_url) {
+            self.0[i].inc();
+        }
+    }
+
+    fn get(&self, type_url: &str) -> u64 {
+        type_index(type_url).map_or(0, |i| self.0[i].get())
+    }
+}
+
+impl EncodeMetric for PerType {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for (type_url, counter) in TYPES.iter().zip(&self.0) {
+            let labels = [("type", short(type_url))];
+            counter.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// Lock-free histogram of snapshot-to-ACK times over [`BUCKETS_MS`].
+#[derive(Debug, Default, Clone)]
+struct AckHistogram(Arc<AckBuckets>);
+
+#[derive(Debug, Default)]
+struct AckBuckets {
+    /// Per bucket (not cumulative); the last is +Inf.
+    counts: [AtomicU64; BUCKETS_MS.len() + 1],
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl AckHistogram {
+    fn observe(&self, d: Duration) {
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        // `le` is inclusive and exact: 1.5 ms is above the 1 ms bucket.
+        let bucket = BUCKETS_MS
+            .iter()
+            .position(|b| micros <= b * 1000)
+            .unwrap_or(BUCKETS_MS.len());
+        self.0.counts[bucket].fetch_add(1, Relaxed);
+        self.0.sum_micros.fetch_add(micros, Relaxed);
+        self.0.count.fetch_add(1, Relaxed);
+    }
+}
+
+impl EncodeMetric for AckHistogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut buckets = [(f64::MAX, 0u64); BUCKETS_MS.len() + 1];
+        for (i, (bound, count)) in buckets.iter_mut().enumerate() {
+            // The encoder writes `le="+Inf"` for f64::MAX, which the last bucket keeps.
+            if let Some(ms) = BUCKETS_MS.get(i) {
+                *bound = *ms as f64 / 1000.0;
+            }
+            *count = self.0.counts[i].load(Relaxed);
+        }
+        let sum = self.0.sum_micros.load(Relaxed) as f64 / 1e6;
+        let count = self.0.count.load(Relaxed);
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 impl XdsMetrics {
     pub(crate) fn stream_opened(&self) {
-        self.streams.fetch_add(1, Relaxed);
+        self.streams.inc();
     }
     pub(crate) fn stream_closed(&self) {
-        self.streams.fetch_sub(1, Relaxed);
+        self.streams.dec();
     }
     pub(crate) fn response(&self, type_url: &str) {
-        if let Some(i) = type_index(type_url) {
-            self.responses[i].fetch_add(1, Relaxed);
-        }
+        self.responses.inc(type_url);
     }
     pub(crate) fn nack(&self, type_url: &str) {
-        if let Some(i) = type_index(type_url) {
-            self.nacks[i].fetch_add(1, Relaxed);
-        }
+        self.nacks.inc(type_url);
     }
     pub(crate) fn acked_after(&self, d: Duration) {
-        let ms = d.as_millis() as u64;
-        let bucket = BUCKETS_MS.iter().position(|b| ms <= *b).unwrap_or(BUCKETS_MS.len());
-        self.ack_buckets[bucket].fetch_add(1, Relaxed);
-        self.ack_sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-        self.ack_count.fetch_add(1, Relaxed);
+        self.ack.observe(d);
     }
 
     /// Streams open now.
     pub fn open_streams(&self) -> i64 {
-        self.streams.load(Relaxed)
+        self.streams.get()
     }
 
     /// NACKs received for a type.
     pub fn nacks(&self, type_url: &str) -> u64 {
-        type_index(type_url).map_or(0, |i| self.nacks[i].load(Relaxed))
+        self.nacks.get(type_url)
     }
 
     /// Responses sent for a type.
     pub fn responses(&self, type_url: &str) -> u64 {
-        type_index(type_url).map_or(0, |i| self.responses[i].load(Relaxed))
+        self.responses.get(type_url)
     }
 
-    /// Prometheus text.
-    pub fn render(&self, out: &mut String) {
-        out.push_str("# HELP meshd_xds_streams Open ADS streams.\n# TYPE meshd_xds_streams gauge\n");
-        out.push_str(&format!("meshd_xds_streams {}\n", self.open_streams()));
-        out.push_str(
-            "# HELP meshd_xds_responses_total xDS responses sent, by type.\n# TYPE meshd_xds_responses_total counter\n",
+    /// Registers the xDS metrics in `registry` (they share their values with `self`).
+    /// Help texts have no final period: prometheus-client adds it. Counters are named
+    /// without `_total`, which it adds too.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("meshd_xds_streams", "Open ADS streams", self.streams.clone());
+        registry.register(
+            "meshd_xds_responses",
+            "xDS responses sent, by type",
+            self.responses.clone(),
         );
-        for (i, t) in TYPES.iter().enumerate() {
-            out.push_str(&format!(
-                "meshd_xds_responses_total{{type=\"{}\"}} {}\n",
-                short(t),
-                self.responses[i].load(Relaxed)
-            ));
+        registry.register(
+            "meshd_xds_nacks",
+            "xDS responses rejected by proxies, by type",
+            self.nacks.clone(),
+        );
+        registry.register(
+            "meshd_xds_snapshot_to_ack_seconds",
+            "Time from a snapshot change to the proxy's ACK",
+            self.ack.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_keeps_names_labels_help_and_buckets() {
+        let metrics = XdsMetrics::default();
+        metrics.stream_opened();
+        metrics.response(TYPES[0]);
+        metrics.response(TYPES[0]);
+        metrics.nack(TYPES[1]);
+        metrics.acked_after(Duration::from_micros(1500));
+        metrics.acked_after(Duration::from_secs(7));
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let t0 = short(TYPES[0]);
+        let t1 = short(TYPES[1]);
+        for line in [
+            "# HELP meshd_xds_streams Open ADS streams.".to_owned(),
+            "# TYPE meshd_xds_streams gauge".to_owned(),
+            "meshd_xds_streams 1".to_owned(),
+            "# HELP meshd_xds_responses xDS responses sent, by type.".to_owned(),
+            "# TYPE meshd_xds_responses counter".to_owned(),
+            format!("meshd_xds_responses_total{{type=\"{t0}\"}} 2"),
+            format!("meshd_xds_responses_total{{type=\"{t1}\"}} 0"),
+            format!("meshd_xds_nacks_total{{type=\"{t1}\"}} 1"),
+            "# HELP meshd_xds_snapshot_to_ack_seconds Time from a snapshot change to the proxy's ACK.".to_owned(),
+            "# TYPE meshd_xds_snapshot_to_ack_seconds histogram".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_bucket{le=\"0.001\"} 0".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_bucket{le=\"0.005\"} 1".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_bucket{le=\"5.0\"} 1".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_bucket{le=\"+Inf\"} 2".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_sum 7.0015".to_owned(),
+            "meshd_xds_snapshot_to_ack_seconds_count 2".to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
         }
-        out.push_str("# HELP meshd_xds_nacks_total xDS responses rejected by proxies, by type.\n# TYPE meshd_xds_nacks_total counter\n");
-        for (i, t) in TYPES.iter().enumerate() {
-            out.push_str(&format!(
-                "meshd_xds_nacks_total{{type=\"{}\"}} {}\n",
-                short(t),
-                self.nacks[i].load(Relaxed)
-            ));
-        }
-        out.push_str("# HELP meshd_xds_snapshot_to_ack_seconds Time from a snapshot change to the proxy's ACK.\n");
-        out.push_str("# TYPE meshd_xds_snapshot_to_ack_seconds histogram\n");
-        let mut cumulative = 0;
-        for (i, le) in BUCKETS_MS.iter().enumerate() {
-            cumulative += self.ack_buckets[i].load(Relaxed);
-            out.push_str(&format!(
-                "meshd_xds_snapshot_to_ack_seconds_bucket{{le=\"{}\"}} {cumulative}\n",
-                *le as f64 / 1000.0
-            ));
-        }
-        cumulative += self.ack_buckets[BUCKETS_MS.len()].load(Relaxed);
-        out.push_str(&format!(
-            "meshd_xds_snapshot_to_ack_seconds_bucket{{le=\"+Inf\"}} {cumulative}\n"
-        ));
-        out.push_str(&format!(
-            "meshd_xds_snapshot_to_ack_seconds_sum {}\n",
-            self.ack_sum_micros.load(Relaxed) as f64 / 1e6
-        ));
-        out.push_str(&format!(
-            "meshd_xds_snapshot_to_ack_seconds_count {}\n",
-            self.ack_count.load(Relaxed)
-        ));
+        let buckets = text.lines().filter(|l| l.contains("_bucket{")).count();
+        assert_eq!(buckets, BUCKETS_MS.len() + 1);
+        assert_eq!(metrics.responses(TYPES[0]), 2);
+        assert_eq!(metrics.nacks(TYPES[1]), 1);
     }
 }
