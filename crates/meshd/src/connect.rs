@@ -178,6 +178,71 @@ fn watch_token_file(
     Ok(watcher)
 }
 
+/// Notices a rotated `-token-file` without a signal: events in its directory, once quiet
+/// for the settle time, lead to a look at its stamp (polled when the directory cannot be
+/// watched).
+struct TokenWatch {
+    file: Option<std::path::PathBuf>,
+    last: TokenStamp,
+    events: tokio::sync::mpsc::Receiver<()>,
+    _watcher: Option<notify::RecommendedWatcher>,
+    poll: Option<tokio::time::Interval>,
+    settle: Option<tokio::time::Instant>,
+}
+
+impl TokenWatch {
+    fn new(file: Option<std::path::PathBuf>) -> Self {
+        let last = file.as_deref().and_then(token_stamp);
+        let (tx, events) = tokio::sync::mpsc::channel(1);
+        let (mut watcher, mut poll) = (None, None);
+        if let Some(path) = &file {
+            match watch_token_file(path, tx) {
+                Ok(w) => watcher = Some(w),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot watch the token file; checking it every second");
+                    poll = Some(tokio::time::interval(TOKEN_FILE_POLL));
+                }
+            }
+        }
+        Self {
+            file,
+            last,
+            events,
+            _watcher: watcher,
+            poll,
+            settle: None,
+        }
+    }
+
+    /// Completes once the token file's stamp changed; never without a token file. Safe to
+    /// drop at any await: what it has seen so far is kept in `self`.
+    async fn changed(&mut self) {
+        loop {
+            tokio::select! {
+                Some(()) = self.events.recv() => {
+                    self.settle = Some(tokio::time::Instant::now() + TOKEN_FILE_SETTLE);
+                    continue;
+                }
+                () = async {
+                    match (self.settle, self.poll.as_mut()) {
+                        (Some(at), _) => tokio::time::sleep_until(at).await,
+                        (None, Some(poll)) => {
+                            poll.tick().await;
+                        }
+                        (None, None) => std::future::pending().await,
+                    }
+                } => {}
+            }
+            self.settle = None;
+            let stamp = self.file.as_deref().and_then(token_stamp);
+            if stamp != self.last {
+                self.last = stamp;
+                return;
+            }
+        }
+    }
+}
+
 async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
     use supervisor::agent::{Agent, AgentOptions};
     use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
@@ -216,23 +281,7 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
         .context("the proxy agent stopped at once")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut shutdown = std::pin::pin!(shutdown);
-    // A rotated token file is noticed without a signal: events in its directory, once
-    // quiet for the settle time, lead to a look at its stamp.
-    let token_file = args.token_file.clone();
-    let mut last_stamp = token_file.as_deref().and_then(token_stamp);
-    let (token_tx, mut token_events) = tokio::sync::mpsc::channel(1);
-    let mut _watcher = None;
-    let mut token_poll = None;
-    if let Some(path) = &token_file {
-        match watch_token_file(path, token_tx) {
-            Ok(watcher) => _watcher = Some(watcher),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot watch the token file; checking it every second");
-                token_poll = Some(tokio::time::interval(TOKEN_FILE_POLL));
-            }
-        }
-    }
-    let mut settle: Option<tokio::time::Instant> = None;
+    let mut token = TokenWatch::new(args.token_file.clone());
     loop {
         let why = tokio::select! {
             ended = &mut task => {
@@ -240,27 +289,7 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
             }
             _ = &mut shutdown => break,
             _ = hangup.recv() => "SIGHUP",
-            Some(()) = token_events.recv() => {
-                settle = Some(tokio::time::Instant::now() + TOKEN_FILE_SETTLE);
-                continue;
-            }
-            _ = async {
-                match (settle, token_poll.as_mut()) {
-                    (Some(at), _) => tokio::time::sleep_until(at).await,
-                    (None, Some(poll)) => {
-                        poll.tick().await;
-                    }
-                    (None, None) => std::future::pending().await,
-                }
-            } => {
-                settle = None;
-                let stamp = token_file.as_deref().and_then(token_stamp);
-                if stamp == last_stamp {
-                    continue;
-                }
-                last_stamp = stamp;
-                "token file changed"
-            }
+            () = token.changed() => "token file changed",
         };
         match bootstrap(&args).await {
             // The agent hot-restarts only if the bootstrap changed.

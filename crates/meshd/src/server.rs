@@ -30,53 +30,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(&Running),
 ) -> Result<()> {
-    if args.data_dir.is_none() && !args.dev {
-        bail!("one of -data-dir or -dev is required");
-    }
-    if args.data_dir.is_some() && args.dev {
-        bail!("-data-dir and -dev exclude each other: -dev keeps state in memory");
-    }
-    let config = StoreConfig {
-        datacenter: args.datacenter.clone(),
-        data_dir: args.data_dir.clone(),
-        ..StoreConfig::default()
-    };
-    let store = Store::open(config).await.with_context(|| match &args.data_dir {
-        Some(dir) => format!("cannot use data dir {}", dir.display()),
-        None => "cannot open the in-memory store".to_owned(),
-    })?;
-    let listener = TcpListener::bind(args.http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.http_addr))?;
-    let http_addr = listener.local_addr().context("reading the bound address")?;
-    let grpc_listener = TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.grpc_addr))?;
-    let grpc_addr = grpc_listener.local_addr().context("reading the bound xDS address")?;
-
-    let followers = tokio_util::task::TaskTracker::new();
-    let manager = Manager::new(
-        ManagerConfig {
-            datacenter: args.datacenter.clone(),
-            ..ManagerConfig::default()
-        },
-        proxycfg_glue::server_data_sources_tracked(store.clone(), &followers),
-    );
-    let source = CatalogSource::new(store.clone(), manager.clone());
-    let xds = XdsServer::new(Arc::new(source.clone()));
-
-    // One registry for what the server adds to the API's own metrics: xDS, then proxycfg.
-    let mut registry = prometheus_client::registry::Registry::default();
-    xds.metrics().register(&mut registry);
-    manager.register_metrics(&mut registry);
-    let api = ApiConfig {
-        node_name: args.node.clone(),
-        node_id: store.read().ca().map(|ca| ca.cluster_id.clone()).unwrap_or_default(),
-        server_addr: http_addr.to_string(),
-        extra_metrics: Some(Arc::new(registry)),
-        ..ApiConfig::default()
-    };
-    let app = http_api::router(store.clone(), api);
+    let store = open_store(&args).await?;
+    let (listener, http_addr) = bind(args.http_addr, "").await?;
+    let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
+    let engine = Engine::start(store.clone(), &args.datacenter);
+    let app = http_api::router(store.clone(), engine.api_config(&store, &args, http_addr));
     info!(%http_addr, %grpc_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
     on_ready(&Running { http_addr, grpc_addr });
 
@@ -92,7 +50,7 @@ pub async fn run(
     );
     let grpc_stop = stop.clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
-    let grpc_service = xds.service();
+    let grpc_service = engine.xds.service();
     let grpc = tokio::spawn(
         async move {
             tonic::transport::Server::builder()
@@ -108,18 +66,98 @@ pub async fn run(
     // Parked blocking queries answer now (they would hold the HTTP shutdown for their whole
     // wait), streams end (they never end on their own), then the listeners, then the engine.
     store.release_waiters();
-    xds.shutdown().await;
+    engine.xds.shutdown().await;
     stop.cancel();
     let served = http.await.context("HTTP server task")?;
     let grpc_served = grpc.await.context("xDS server task")?;
-    source.shutdown().await;
-    manager.shutdown().await;
-    // With every proxy gone, the shared followers end with their last watch.
-    followers.close();
-    followers.wait().await;
+    engine.shutdown().await;
     store.close().await;
     info!("meshd server stopped");
     served.context("serving HTTP")?;
     grpc_served.context("serving xDS")?;
     Ok(())
+}
+
+/// The store the flags ask for: durable in `-data-dir`, or in memory with `-dev`.
+async fn open_store(args: &ServerArgs) -> Result<Store> {
+    if args.data_dir.is_none() && !args.dev {
+        bail!("one of -data-dir or -dev is required");
+    }
+    if args.data_dir.is_some() && args.dev {
+        bail!("-data-dir and -dev exclude each other: -dev keeps state in memory");
+    }
+    let config = StoreConfig {
+        datacenter: args.datacenter.clone(),
+        data_dir: args.data_dir.clone(),
+        ..StoreConfig::default()
+    };
+    Store::open(config).await.with_context(|| match &args.data_dir {
+        Some(dir) => format!("cannot use data dir {}", dir.display()),
+        None => "cannot open the in-memory store".to_owned(),
+    })
+}
+
+/// A bound listener and its address (`127.0.0.1:0` picks a free port).
+async fn bind(addr: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("reading the bound {what}address"))?;
+    Ok((listener, bound))
+}
+
+/// The proxy config engine over the store: the Manager with the server's data sources, the
+/// catalog source that registers proxies when streams ask for them, and the xDS server.
+struct Engine {
+    followers: tokio_util::task::TaskTracker,
+    manager: Manager,
+    source: CatalogSource,
+    xds: XdsServer,
+}
+
+impl Engine {
+    fn start(store: Store, datacenter: &str) -> Self {
+        let followers = tokio_util::task::TaskTracker::new();
+        let manager = Manager::new(
+            ManagerConfig {
+                datacenter: datacenter.to_owned(),
+                ..ManagerConfig::default()
+            },
+            proxycfg_glue::server_data_sources_tracked(store.clone(), &followers),
+        );
+        let source = CatalogSource::new(store, manager.clone());
+        let xds = XdsServer::new(Arc::new(source.clone()));
+        Self {
+            followers,
+            manager,
+            source,
+            xds,
+        }
+    }
+
+    /// The HTTP API's settings, with the engine's metrics (xDS, then proxycfg) added to the
+    /// API's own.
+    fn api_config(&self, store: &Store, args: &ServerArgs, http_addr: SocketAddr) -> ApiConfig {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.xds.metrics().register(&mut registry);
+        self.manager.register_metrics(&mut registry);
+        ApiConfig {
+            node_name: args.node.clone(),
+            node_id: store.read().ca().map(|ca| ca.cluster_id.clone()).unwrap_or_default(),
+            server_addr: http_addr.to_string(),
+            extra_metrics: Some(Arc::new(registry)),
+            ..ApiConfig::default()
+        }
+    }
+
+    /// Stops the syncs, the proxies' States and then the shared followers they used.
+    async fn shutdown(self) {
+        self.source.shutdown().await;
+        self.manager.shutdown().await;
+        // With every proxy gone, the shared followers end with their last watch.
+        self.followers.close();
+        self.followers.wait().await;
+    }
 }
