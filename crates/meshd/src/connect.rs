@@ -273,7 +273,8 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
         },
     );
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mut task = tokio::spawn(agent.run(cancel.clone()));
+    let span = tracing::info_span!("envoy_agent", base_id);
+    let mut task = tokio::spawn(tracing::Instrument::instrument(agent.run(cancel.clone()), span));
     tracing::info!(base_id, run_dir = %run_dir.display(), "supervising envoy");
     handle
         .set_config(EnvoyConfig(first))
