@@ -120,6 +120,12 @@ pub struct ServerArgs {
     /// Log level filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+    /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
+    #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub node_liveness_timeout: std::time::Duration,
+    /// A node critical for this long is removed from the catalog.
+    #[arg(long = "node-reap-after", value_name = "DURATION", default_value = "72h", value_parser = humantime::parse_duration)]
+    pub node_reap_after: std::time::Duration,
 }
 
 /// Rewrites Consul's single-dash long flags (`-data-dir=x`, `-dev`) to clap's `--` form.

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info};
 use xds::{SnapshotSource, XdsServer};
 
 /// A running server's addresses, for callers that embed it.
@@ -121,6 +121,14 @@ pub async fn run(
         source: source.clone(),
     }));
 
+    let liveness = Arc::new(catalog::liveness::Liveness::new(
+        store.clone(),
+        catalog::liveness::LivenessConfig {
+            timeout: args.node_liveness_timeout,
+            reap_after: args.node_reap_after,
+            ..Default::default()
+        },
+    ));
     let xds_metrics = xds.metrics();
     let engine = manager.clone();
     let api = ApiConfig {
@@ -139,6 +147,7 @@ pub async fn run(
                 m.live_watches
             ));
         })),
+        liveness: Some(Arc::clone(&liveness)),
         ..ApiConfig::default()
     };
     let app = http_api::router(store.clone(), api);
@@ -162,6 +171,11 @@ pub async fn run(
             .await
     });
 
+    let liveness_stop = stop.clone();
+    let liveness_task = tokio::spawn(
+        async move { liveness.run(liveness_stop.cancelled()).await }.instrument(tracing::info_span!("node_liveness")),
+    );
+
     shutdown.await;
     info!("shutting down");
     // Streams first (they never end on their own), then the listeners, then the engine.
@@ -169,6 +183,7 @@ pub async fn run(
     stop.cancel();
     let served = http.await.context("HTTP server task")?;
     let grpc_served = grpc.await.context("xDS server task")?;
+    liveness_task.await.context("node liveness task")?;
     source.shutdown().await;
     manager.shutdown().await;
     store.close().await;
