@@ -7,10 +7,12 @@
 //! - [`checks`]: TTL, HTTP, TCP and alias checks, one task each.
 //! - [`sync`]: anti-entropy against the servers' catalog API.
 //! - [`runtime`]: the [`Agent`] tying them together (with the liveness heartbeat).
+//! - [`config_file`]: `-config-file` JSON.
 //! - [`http`]: the agent's Consul-compatible HTTP API and the forwarding of the rest.
 
 pub mod backoff;
 pub mod checks;
+pub mod config_file;
 pub mod http;
 pub mod local;
 pub mod persist;

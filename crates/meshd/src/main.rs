@@ -34,6 +34,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            #[cfg(feature = "server")]
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
                 meshd::server::run(args, meshd::shutdown_signal(), |running| {
@@ -42,6 +43,17 @@ fn main() -> ExitCode {
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "meshd server listening on http://{}", running.http_addr);
                     let _ = writeln!(out, "meshd xds listening on {}", running.grpc_addr);
+                    let _ = out.flush();
+                })
+                .await
+            }
+            #[cfg(feature = "agent")]
+            Command::Agent(args) => {
+                meshd::agent::run(args, meshd::shutdown_signal(), |running| {
+                    // Ready line for scripts; nobody reading it is not an error.
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "meshd agent listening on http://{}", running.http_addr);
                     let _ = out.flush();
                 })
                 .await
