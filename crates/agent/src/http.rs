@@ -84,9 +84,21 @@ fn decode<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T,
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("request decode failed: {e}")))
 }
 
-/// `?flag` or `?flag=true` is true; `?flag=false` (or `0`) and no flag are false.
+/// A boolean in the spellings Go's `strconv.ParseBool` accepts (Consul's clients send
+/// `True`, `1`, `t`, ...).
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `?flag` or `?flag=true` is true; `?flag=false` (any Go spelling) and no flag are false.
 fn flag(params: &BTreeMap<String, String>, name: &str) -> bool {
-    params.get(name).is_some_and(|v| !matches!(v.as_str(), "false" | "0"))
+    params
+        .get(name)
+        .is_some_and(|v| v.is_empty() || parse_bool(v).unwrap_or(false))
 }
 
 /// The agent's routes.
@@ -131,10 +143,9 @@ async fn maintenance(
     Path(id): Path<String>,
     Query(q): Params,
 ) -> Result<Response, HttpError> {
-    let enable = match q.get("enable").map(String::as_str) {
-        Some("true" | "1") => true,
-        Some("false" | "0") => false,
-        Some(other) => {
+    let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
+        Some((_, Some(on))) => on,
+        Some((other, None)) => {
             return Err(HttpError(
                 StatusCode::BAD_REQUEST,
                 format!("enable: {other:?} is not a boolean: use true or false"),

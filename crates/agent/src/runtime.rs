@@ -56,7 +56,7 @@ impl Default for AgentConfig {
             servers: Vec::new(),
             sidecar_ports: 21000..=21255,
             sync: SyncConfig::default(),
-            heartbeat_interval: Duration::from_secs(2),
+            heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
         }
     }

@@ -84,8 +84,15 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             .unwrap_or_else(default_advertise),
         data_dir: if dev { None } else { data_dir },
         servers,
+        sync: ::agent::SyncConfig {
+            full_interval: args.sync_interval,
+            ..::agent::SyncConfig::default()
+        },
         ..AgentConfig::default()
     };
+    if args.sync_interval.is_zero() {
+        bail!("-sync-interval must be above zero");
+    }
     Ok(Settings {
         agent,
         http_addr,

@@ -63,6 +63,9 @@ pub struct AgentArgs {
     /// Write logs as JSON lines.
     #[arg(long = "log-json")]
     pub log_json: bool,
+    /// Longest time between anti-entropy full syncs (jittered down by up to a quarter).
+    #[arg(long = "sync-interval", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub sync_interval: std::time::Duration,
     /// Deregister the node from the catalog on SIGINT/SIGTERM (default true).
     #[arg(long = "leave-on-terminate", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub leave_on_terminate: Option<bool>,
