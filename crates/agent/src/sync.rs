@@ -19,6 +19,7 @@ use crate::servers::{ServerError, Servers};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use structs::{HealthCheck, Node, NodeService};
@@ -69,11 +70,34 @@ pub struct NodeInfo {
     pub meta: BTreeMap<String, String>,
 }
 
+/// The catalog API anti-entropy needs: reads of one node, and writes. [`Servers`] is the real
+/// one; tests use an in-memory catalog.
+pub trait CatalogApi: Send + Sync + 'static {
+    /// `GET path`, JSON-decoded.
+    fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ServerError>> + Send;
+    /// `PUT path` with a JSON body.
+    fn put(&self, path: &'static str, body: serde_json::Value) -> impl Future<Output = Result<(), ServerError>> + Send;
+    /// The server answering, for logs.
+    fn describe(&self) -> String;
+}
+
+impl CatalogApi for Servers {
+    async fn get(&self, path: String) -> Result<serde_json::Value, ServerError> {
+        self.get_json(&path).await
+    }
+    async fn put(&self, path: &'static str, body: serde_json::Value) -> Result<(), ServerError> {
+        self.put_json(path, &body).await
+    }
+    fn describe(&self) -> String {
+        self.current().unwrap_or_default().to_owned()
+    }
+}
+
 /// Pushes local state to the servers; see the module docs.
 #[derive(Debug)]
-pub struct Syncer {
+pub struct Syncer<C = Servers> {
     state: Arc<LocalState>,
-    servers: Arc<Servers>,
+    servers: Arc<C>,
     node: NodeInfo,
     config: SyncConfig,
     synced_once: tokio::sync::watch::Sender<bool>,
@@ -88,9 +112,9 @@ struct NodeServices {
     services: BTreeMap<String, NodeService>,
 }
 
-impl Syncer {
+impl<C: CatalogApi> Syncer<C> {
     /// A syncer for `state` of `node`.
-    pub fn new(state: Arc<LocalState>, servers: Arc<Servers>, node: NodeInfo, config: SyncConfig) -> Self {
+    pub fn new(state: Arc<LocalState>, servers: Arc<C>, node: NodeInfo, config: SyncConfig) -> Self {
         Self {
             state,
             servers,
@@ -128,7 +152,7 @@ impl Syncer {
                 Ok(()) => {
                     if backoff.failures() > 0 {
                         info!(
-                            server = self.servers.current().unwrap_or(""),
+                            server = self.servers.describe(),
                             "anti-entropy: in sync with the servers again"
                         );
                     }
@@ -168,9 +192,15 @@ impl Syncer {
     /// Reads the node's entries from a server, compares, pushes the differences.
     pub async fn full_sync(&self) -> Result<(), ServerError> {
         let node = &self.node.node;
-        let remote: Option<NodeServices> = self.servers.get_json(&format!("/v1/catalog/node/{node}")).await?;
-        let remote = remote.unwrap_or_default();
-        let checks: Vec<HealthCheck> = self.servers.get_json(&format!("/v1/health/node/{node}")).await?;
+        let decode = |e: structs::DecodeError| ServerError::Decode(e.to_string());
+        let remote = self.servers.get(format!("/v1/catalog/node/{node}")).await?;
+        let remote: NodeServices = if remote.is_null() {
+            NodeServices::default()
+        } else {
+            structs::json::from_value(remote).map_err(decode)?
+        };
+        let checks: Vec<HealthCheck> =
+            structs::json::from_value(self.servers.get(format!("/v1/health/node/{node}")).await?).map_err(decode)?;
         let node_ok = remote.node.as_ref().is_some_and(|n| {
             n.address == self.node.address
                 && n.meta == self.node.meta
@@ -179,9 +209,9 @@ impl Syncer {
         if !node_ok {
             debug!("registering the node");
             self.servers
-                .put_json(
+                .put(
                     "/v1/catalog/register",
-                    &json!({"Node": node, "Address": self.node.address, "NodeMeta": self.node.meta}),
+                    json!({"Node": node, "Address": self.node.address, "NodeMeta": self.node.meta}),
                 )
                 .await?;
         }
@@ -226,7 +256,7 @@ impl Syncer {
                 let node = node.clone();
                 let address = self.node.address.clone();
                 set.spawn(
-                    async move { job.run(&servers, &state, &node, &address).await }
+                    async move { job.run(&*servers, &state, &node, &address).await }
                         .instrument(tracing::Span::current()),
                 );
             }
@@ -251,32 +281,38 @@ enum Job {
 }
 
 impl Job {
-    async fn run(self, servers: &Servers, state: &LocalState, node: &str, address: &str) -> Result<(), ServerError> {
+    async fn run<C: CatalogApi>(
+        self,
+        servers: &C,
+        state: &LocalState,
+        node: &str,
+        address: &str,
+    ) -> Result<(), ServerError> {
         let result = match &self {
             Job::DeleteService(id) => {
                 servers
-                    .put_json("/v1/catalog/deregister", &json!({"Node": node, "ServiceID": id}))
+                    .put("/v1/catalog/deregister", json!({"Node": node, "ServiceID": id}))
                     .await
             }
             Job::DeleteCheck(id) => {
                 servers
-                    .put_json("/v1/catalog/deregister", &json!({"Node": node, "CheckID": id}))
+                    .put("/v1/catalog/deregister", json!({"Node": node, "CheckID": id}))
                     .await
             }
             Job::Service(svc, _, checks) => {
                 let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
                 servers
-                    .put_json(
+                    .put(
                         "/v1/catalog/register",
-                        &json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Service": svc, "Checks": checks}),
+                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Service": svc, "Checks": checks}),
                     )
                     .await
             }
             Job::Check(check, _) => {
                 servers
-                    .put_json(
+                    .put(
                         "/v1/catalog/register",
-                        &json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Check": check}),
+                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Check": check}),
                     )
                     .await
             }
@@ -313,3 +349,6 @@ impl Job {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
