@@ -248,6 +248,11 @@ impl LocalState {
 
     /// Sets a check's status and output (output capped at [`MAX_OUTPUT`]); a no-op when
     /// neither changed. False when the check does not exist.
+    ///
+    /// A new status is pushed to the catalog at once (partial sync). New output under the same
+    /// status is kept locally and reaches the catalog with the next full sync: checks whose
+    /// output changes every run (timestamps, counters) would otherwise write to the servers
+    /// at every interval.
     pub fn update_check(&self, id: &str, status: HealthStatus, output: String) -> bool {
         let output = cap_output(output);
         let changed = {
@@ -256,7 +261,8 @@ impl LocalState {
             let Some(c) = inner.checks.get_mut(id) else {
                 return false;
             };
-            if c.check.status == status && c.check.output == output {
+            if c.check.status == status {
+                c.check.output = output;
                 false
             } else {
                 if status == HealthStatus::Critical {

@@ -140,6 +140,12 @@ fn output_is_capped_and_unchanged_updates_are_no_ops() {
     let out = s.check("c").unwrap().check.output;
     assert!(s.update_check("c", HealthStatus::Passing, out));
     assert!(!rx.has_changed().unwrap());
+    // New output under the same status is kept, but waits for the next full sync.
+    let before = s.pending();
+    assert!(s.update_check("c", HealthStatus::Passing, "new output".into()));
+    assert_eq!(s.check("c").unwrap().check.output, "new output");
+    assert!(!rx.has_changed().unwrap());
+    assert_eq!(s.pending().checks.len(), before.checks.len());
     assert!(!s.update_check("missing", HealthStatus::Passing, String::new()));
     assert!(s.check("c").unwrap().critical_since.is_none());
 }
