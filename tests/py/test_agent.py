@@ -6,7 +6,9 @@ within the sync window, and reads the agent does not answer itself are forwarded
 
 import http.server
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -354,3 +356,55 @@ def test_config_file_services_and_sighup_reload(tmp_path):
     finally:
         assert agent.stop() == 0
         assert server.stop() == 0
+
+
+def test_alias_of_a_service_on_another_node_follows_it():
+    server = start_server()
+    a = start_agent([server.addr], node="node-a")
+    b = start_agent([server.addr], node="node-b")
+    try:
+        a.client().agent.service.register("db", port=5432, check=Check.ttl("60s"))
+        a.client().agent.check.ttl_pass("service:db")
+        eventually(lambda: server_health(server, "db", passing=True), what="db passing")
+        cb = b.client()
+        cb.agent.service.register("app", port=8080, check={"alias_node": "node-a", "alias_service": "db"})
+        eventually(lambda: cb.agent.checks()["service:app"]["Status"] == "passing", what="the alias passing")
+        a.client().agent.check.ttl_fail("service:db", "down")
+        eventually(lambda: cb.agent.checks()["service:app"]["Status"] == "critical", what="the alias critical")
+        eventually(lambda: not server_health(server, "app", passing=True), what="app out of ?passing")
+    finally:
+        assert b.stop() == 0
+        assert a.stop() == 0
+        assert server.stop() == 0
+
+
+def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
+    _, agent = cluster
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed to make the test's self-signed certificate"
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    backend.socket = ctx.wrap_socket(backend.socket, server_side=True)
+    thread = threading.Thread(target=backend.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{backend.server_address[1]}/health"
+        c = agent.client()
+        c.agent.service.register("secure", port=1, check={"http": url, "interval": "1s", "tls_skip_verify": True})
+        c.agent.service.register("strict", port=2, check={"http": url, "interval": "1s"})
+        checks = eventually(
+            lambda: (lambda cs: cs if cs["service:secure"]["Status"] == "passing"
+                     and cs["service:strict"]["Output"] else None)(c.agent.checks()),
+            timeout=8, what="both https checks run",
+        )
+        assert checks["service:strict"]["Status"] == "critical"
+        assert "certificate" in checks["service:strict"]["Output"].lower()
+    finally:
+        backend.shutdown()

@@ -7,8 +7,9 @@
 //! - HTTP: 2xx passing, 429 warning, anything else critical; the output keeps the status line
 //!   and the start of the body.
 //! - TCP: passing when a connection opens within the timeout.
-//! - Alias: the worst status of another local instance's checks and the node's checks,
-//!   re-evaluated on every local change.
+//! - Alias: the worst status of another instance's checks and its node's checks: for this
+//!   node re-evaluated on every local change, for another node followed through a blocking
+//!   query on a server (`/v1/health/node/:node`), with back-off while no server answers.
 //!
 //! HTTP and TCP results pass through [`Thresholds`]: `SuccessBeforePassing` consecutive
 //! successes before passing, `FailuresBeforeCritical` consecutive failures before critical.
@@ -77,7 +78,10 @@ pub enum TtlError {
 /// Starts, replaces and stops check tasks (see the module docs).
 pub struct CheckRunner {
     state: Arc<LocalState>,
+    servers: Option<Arc<crate::servers::Servers>>,
     http: reqwest::Client,
+    /// For checks with `TLSSkipVerify`: accepts any certificate.
+    http_insecure: reqwest::Client,
     running: Mutex<HashMap<String, Running>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -95,18 +99,31 @@ impl CheckRunner {
     /// A runner updating `state`; its tasks end when `cancel` fires or they are stopped.
     pub fn new(state: Arc<LocalState>, cancel: CancellationToken) -> Self {
         // Health checks open a fresh connection each time, as a client would.
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .user_agent("meshd health check")
-            .build()
-            .unwrap_or_default();
+        let client = |skip_verify: bool| {
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .user_agent("meshd health check")
+                .danger_accept_invalid_certs(skip_verify)
+                .build()
+                .unwrap_or_default()
+        };
+        let http = client(false);
+        let http_insecure = client(true);
         Self {
             state,
+            servers: None,
             http,
+            http_insecure,
             running: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             cancel,
         }
+    }
+
+    /// Lets alias checks of other nodes' services follow them through `servers`.
+    pub fn with_servers(mut self, servers: Arc<crate::servers::Servers>) -> Self {
+        self.servers = Some(servers);
+        self
     }
 
     /// Starts running check `id` (replacing a running one of the same id).
@@ -124,6 +141,24 @@ impl CheckRunner {
                 self.tracker
                     .spawn(async move { run_ttl(state, id_owned, ttl, reset, stop).await }.instrument(span));
             }
+            CheckKind::Alias { node, service } if !node.is_empty() && node != self.state.node() => {
+                let stop = cancel.clone();
+                match self.servers.clone() {
+                    Some(servers) => {
+                        self.tracker.spawn(
+                            async move { run_remote_alias(state, id_owned, node, service, servers, stop).await }
+                                .instrument(span),
+                        );
+                    }
+                    None => {
+                        state.update_check(
+                            &id_owned,
+                            HealthStatus::Critical,
+                            format!("no server to follow node {node:?}"),
+                        );
+                    }
+                }
+            }
             CheckKind::Alias { service, .. } => {
                 let stop = cancel.clone();
                 self.tracker
@@ -131,7 +166,12 @@ impl CheckRunner {
             }
             polled @ (CheckKind::Http { .. } | CheckKind::Tcp { .. }) => {
                 let stop = cancel.clone();
-                let http = self.http.clone();
+                let http = match &polled {
+                    CheckKind::Http {
+                        tls_skip_verify: true, ..
+                    } => self.http_insecure.clone(),
+                    _ => self.http.clone(),
+                };
                 self.tracker.spawn(
                     async move { run_polled(state, id_owned, polled, http, thresholds, stop).await }.instrument(span),
                 );
@@ -349,6 +389,65 @@ async fn run_alias(state: Arc<LocalState>, id: String, service: String, stop: Ca
         tokio::select! {
             () = stop.cancelled() => return,
             changed = changes.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Follows `service` on another `node` with blocking queries on a server.
+async fn run_remote_alias(
+    state: Arc<LocalState>,
+    id: String,
+    node: String,
+    service: String,
+    servers: Arc<crate::servers::Servers>,
+    stop: CancellationToken,
+) {
+    let mut index = 0u64;
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        let path = format!("/v1/health/node/{node}?index={index}&wait=5m");
+        let request = servers.send(|c, base| c.get(format!("{base}{path}")).timeout(Duration::from_secs(330)));
+        let answer = tokio::select! {
+            () = stop.cancelled() => return,
+            r = request => r,
+        };
+        let checks = match answer {
+            Ok(resp) if resp.status().is_success() => {
+                let next = resp
+                    .headers()
+                    .get("x-consul-index")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                // An index that went backwards means the server reset: start over.
+                index = if next < index { 0 } else { next };
+                let body = tokio::select! {
+                    () = stop.cancelled() => return,
+                    b = resp.bytes() => b,
+                };
+                body.ok()
+                    .and_then(|b| structs::json::from_slice::<Vec<HealthCheck>>(&b).ok())
+            }
+            Ok(_) | Err(_) => None,
+        };
+        match checks {
+            Some(checks) => {
+                backoff.reset();
+                let relevant: Vec<HealthCheck> = checks
+                    .into_iter()
+                    .filter(|c| c.service_id == service || c.service_id.is_empty())
+                    .collect();
+                let (status, output) = alias_status(&relevant);
+                state.update_check(&id, status, output);
+            }
+            None => {
+                let delay = backoff.next_delay();
+                debug!(?delay, "alias: no answer about node {node:?}; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
         }
     }
 }

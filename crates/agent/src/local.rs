@@ -293,6 +293,38 @@ impl LocalState {
         self.inner.lock().services.clone()
     }
 
+    /// The port of every service, by id (for sidecar port allocation).
+    pub fn ports(&self) -> BTreeMap<String, u16> {
+        self.inner
+            .lock()
+            .services
+            .iter()
+            .map(|(id, s)| (id.clone(), s.service.port))
+            .collect()
+    }
+
+    /// The ids of the sidecars registered for `parent`.
+    pub fn sidecars_of(&self, parent: &str) -> Vec<String> {
+        self.inner
+            .lock()
+            .services
+            .values()
+            .filter(|s| s.sidecar_of.as_deref() == Some(parent))
+            .map(|s| s.service.id.clone())
+            .collect()
+    }
+
+    /// Copies of the checks of the given services, by id.
+    pub fn checks_of(&self, services: &[String]) -> BTreeMap<String, LocalCheck> {
+        self.inner
+            .lock()
+            .checks
+            .iter()
+            .filter(|(_, c)| services.contains(&c.check.service_id))
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect()
+    }
+
     /// A copy of one check.
     pub fn check(&self, id: &str) -> Option<LocalCheck> {
         self.inner.lock().checks.get(id).cloned()

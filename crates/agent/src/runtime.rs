@@ -120,23 +120,6 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Rejects what the check runner cannot do, so it is refused at registration.
-fn check_supported(kind: &CheckKind, node: &str) -> Result<(), ValidationError> {
-    match kind {
-        CheckKind::Http { url, .. } if url.starts_with("https://") => Err(ValidationError::new(
-            "HTTP",
-            Problem::NotAllowed("with https:// yet: meshd's agent runs plain-HTTP checks only"),
-        )),
-        CheckKind::Alias { node: n, .. } if !n.is_empty() && n != node => Err(ValidationError::new(
-            "AliasNode",
-            Problem::Invalid(format!(
-                "{n:?}: only services of this agent's node ({node:?}) can be aliased"
-            )),
-        )),
-        _ => Ok(()),
-    }
-}
-
 impl Agent {
     /// Loads persisted registrations and starts the agent's tasks.
     pub async fn start(config: AgentConfig) -> Result<Agent, AgentError> {
@@ -162,7 +145,7 @@ impl Agent {
             config.sync.clone(),
         ));
         let agent = Agent(Arc::new(Inner {
-            checks: CheckRunner::new(Arc::clone(&state), cancel.child_token()),
+            checks: CheckRunner::new(Arc::clone(&state), cancel.child_token()).with_servers(Arc::clone(&servers)),
             config,
             state,
             persist,
@@ -286,18 +269,9 @@ impl Agent {
         replace_existing_checks: bool,
     ) -> Result<(), AgentError> {
         let _write = self.0.writes.lock().await;
-        let existing = self.0.state.services();
-        let expanded = sidecar::expand(&def, &existing, &self.0.config.sidecar_ports)?;
-        let node = &self.0.config.node;
+        let ports = self.0.state.ports();
+        let expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
         let parent_id = expanded.service.id.clone();
-        for (at, c) in def.all_checks() {
-            check_supported(&c.kind()?, node).map_err(|e| e.within(&at))?;
-        }
-        if let Some(sc) = &def.connect.sidecar_service {
-            for (at, c) in sc.all_checks() {
-                check_supported(&c.kind()?, node).map_err(|e| e.within(&format!("Connect.SidecarService.{at}")))?;
-            }
-        }
         let mut services = vec![LocalService::new(expanded.service, None, source)];
         let mut new_checks: Vec<NewCheck> = expanded.checks;
         let mut keep_ids: Vec<String> = vec![parent_id.clone()];
@@ -307,12 +281,14 @@ impl Agent {
             new_checks.extend(checks);
         }
         // A sidecar dropped from the definition goes with its registration.
-        let old_sidecars: Vec<String> = existing
-            .values()
-            .filter(|s| s.sidecar_of.as_deref() == Some(parent_id.as_str()) && !keep_ids.contains(&s.service.id))
-            .map(|s| s.service.id.clone())
+        let old_sidecars: Vec<String> = self
+            .0
+            .state
+            .sidecars_of(&parent_id)
+            .into_iter()
+            .filter(|id| !keep_ids.contains(id))
             .collect();
-        let current_checks = self.0.state.checks();
+        let current_checks = self.0.state.checks_of(&keep_ids);
         let checks: Vec<LocalCheck> = new_checks
             .into_iter()
             .map(|n| {
@@ -457,7 +433,6 @@ impl Agent {
             return Err(ValidationError::new("Name", Problem::Required("")).into());
         }
         let kind = def.kind()?;
-        check_supported(&kind, &self.0.config.node)?;
         let id = if def.given_id().is_empty() {
             def.name.clone()
         } else {
@@ -560,22 +535,16 @@ impl Agent {
         services: Vec<ServiceDefinition>,
         checks: Vec<CheckType>,
     ) -> Result<(), AgentError> {
-        let node = &self.0.config.node;
         for (i, def) in services.iter().enumerate() {
-            let at = format!("services[{i}]");
-            let expanded =
-                sidecar::expand(def, &BTreeMap::new(), &self.0.config.sidecar_ports).map_err(|e| e.within(&at))?;
-            for c in expanded
-                .checks
-                .iter()
-                .chain(expanded.sidecar.iter().flat_map(|(_, c)| c.iter()))
-            {
-                check_supported(&c.kind, node).map_err(|e| e.within(&at))?;
-            }
+            sidecar::expand(def, &BTreeMap::new(), &self.0.config.sidecar_ports)
+                .map_err(|e| e.within(&format!("services[{i}]")))?;
         }
         for (i, def) in checks.iter().enumerate() {
             let at = format!("checks[{i}]");
-            check_supported(&def.kind().map_err(|e| e.within(&at))?, node).map_err(|e| e.within(&at))?;
+            if def.name.is_empty() {
+                return Err(ValidationError::new(format!("{at}.Name"), Problem::Required("")).into());
+            }
+            def.kind().map_err(|e| e.within(&at))?;
         }
         let wanted: Vec<String> = services.iter().map(|d| d.instance_id().to_owned()).collect();
         let stale: Vec<String> = self

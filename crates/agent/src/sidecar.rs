@@ -3,7 +3,6 @@
 //! with `-sidecar-proxy`, a port from the sidecar range, the destination from the parent,
 //! and the default checks: the proxy's public port over TCP plus an alias of the parent).
 
-use crate::local::LocalService;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -39,11 +38,11 @@ pub struct Expanded {
     pub sidecar: Option<(NodeService, Vec<NewCheck>)>,
 }
 
-/// Expands `def` against the services already registered on this node (for port allocation:
-/// the sidecar keeps the port it had, else takes the lowest free one of `ports`).
+/// Expands `def` against the ports of the services already registered on this node, by id
+/// (the sidecar keeps the port it had, else takes the lowest free one of `ports`).
 pub fn expand(
     def: &ServiceDefinition,
-    existing: &BTreeMap<String, LocalService>,
+    existing: &BTreeMap<String, u16>,
     ports: &RangeInclusive<u16>,
 ) -> Result<Expanded, ValidationError> {
     def.validate()?;
@@ -65,7 +64,7 @@ pub fn expand(
 fn expand_sidecar(
     parent: &NodeService,
     sc: &ServiceDefinition,
-    existing: &BTreeMap<String, LocalService>,
+    existing: &BTreeMap<String, u16>,
     ports: &RangeInclusive<u16>,
 ) -> Result<(NodeService, Vec<NewCheck>), ValidationError> {
     let mut proxy = sc.node_service();
@@ -92,8 +91,8 @@ fn expand_sidecar(
     }
     let taken = |port: u16| {
         existing
-            .values()
-            .any(|s| s.service.id != proxy.id && s.service.id != parent.id && s.service.port == port)
+            .iter()
+            .any(|(id, p)| *id != proxy.id && *id != parent.id && *p == port)
             || (parent.port == port && parent.id != proxy.id)
     };
     if proxy.port != 0 {
@@ -109,7 +108,7 @@ fn expand_sidecar(
     } else if proxy.socket_path.is_empty() {
         let kept = existing
             .get(&proxy.id)
-            .map(|s| s.service.port)
+            .copied()
             .filter(|p| ports.contains(p) && !taken(*p));
         proxy.port = match kept.or_else(|| ports.clone().find(|p| !taken(*p))) {
             Some(p) => p,

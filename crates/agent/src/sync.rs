@@ -10,8 +10,8 @@
 //!   rolled back state converges.
 //!
 //! Everything is pushed through the servers' catalog API (`PUT /v1/catalog/register` and
-//! `/deregister`): one request per service (with its checks) or per lone check, up to
-//! `concurrency` in flight.
+//! `/deregister`): one request per service (with its checks), lone checks in batches of
+//! up to 64 per request, up to `concurrency` requests in flight.
 
 use crate::backoff::{Backoff, jittered};
 use crate::local::{LocalState, Pending};
@@ -26,6 +26,9 @@ use structs::{HealthCheck, Node, NodeService};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
+
+/// Lone checks pushed per catalog write.
+const CHECKS_PER_WRITE: usize = 64;
 
 /// The liveness check the server maintains for every node; anti-entropy leaves it alone.
 pub const LIVENESS_CHECK_ID: &str = "serfHealth";
@@ -236,7 +239,11 @@ impl<C: CatalogApi> Syncer<C> {
         jobs.extend(deleted_checks.into_iter().map(Job::DeleteCheck));
         let mut writes: Vec<Job> = Vec::new();
         writes.extend(services.into_iter().map(|(s, g, c)| Job::Service(Box::new(s), g, c)));
-        writes.extend(checks.into_iter().map(|(c, g)| Job::Check(Box::new(c), g)));
+        // Lone checks travel in batches: one catalog write for many status changes.
+        let mut checks = checks.into_iter().peekable();
+        while checks.peek().is_some() {
+            writes.push(Job::Checks(checks.by_ref().take(CHECKS_PER_WRITE).collect()));
+        }
         // Removals complete before writes start: a check moving between ids never has both
         // its old and new self removed by a late deregistration.
         for batch in [jobs, writes] {
@@ -277,7 +284,7 @@ enum Job {
     DeleteService(String),
     DeleteCheck(String),
     Service(Box<NodeService>, u64, Vec<(HealthCheck, u64)>),
-    Check(Box<HealthCheck>, u64),
+    Checks(Vec<(HealthCheck, u64)>),
 }
 
 impl Job {
@@ -308,11 +315,12 @@ impl Job {
                     )
                     .await
             }
-            Job::Check(check, _) => {
+            Job::Checks(checks) => {
+                let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
                 servers
                     .put(
                         "/v1/catalog/register",
-                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Check": check}),
+                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Checks": checks}),
                     )
                     .await
             }
@@ -328,7 +336,11 @@ impl Job {
                             state.mark_check_synced(&c.check_id, g);
                         }
                     }
-                    Job::Check(c, generation) => state.mark_check_synced(&c.check_id, generation),
+                    Job::Checks(checks) => {
+                        for (c, g) in checks {
+                            state.mark_check_synced(&c.check_id, g);
+                        }
+                    }
                 }
                 Ok(())
             }
@@ -345,7 +357,14 @@ impl Job {
             Job::DeleteService(id) => format!("deregister service {id}"),
             Job::DeleteCheck(id) => format!("deregister check {id}"),
             Job::Service(s, ..) => format!("register service {}", s.id),
-            Job::Check(c, _) => format!("register check {}", c.check_id),
+            Job::Checks(checks) => format!(
+                "register checks {}",
+                checks
+                    .iter()
+                    .map(|(c, _)| c.check_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 }

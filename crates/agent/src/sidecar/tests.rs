@@ -1,5 +1,4 @@
 use super::*;
-use crate::local::Source;
 use serde_json::json;
 
 fn def(v: serde_json::Value) -> ServiceDefinition {
@@ -49,10 +48,7 @@ fn ports_are_allocated_kept_and_conflicts_refused() {
     let web = def(json!({"Name": "web", "Port": 8080, "Connect": {"SidecarService": {}}}));
     let e = expand(&web, &existing, &PORTS).unwrap();
     let (proxy, _) = e.sidecar.unwrap();
-    existing.insert(
-        proxy.id.clone(),
-        LocalService::new(proxy, Some("web".into()), Source::Api),
-    );
+    existing.insert(proxy.id.clone(), proxy.port);
     // A second service's sidecar takes the next port.
     let api = def(json!({"Name": "api", "Port": 9090, "Connect": {"SidecarService": {}}}));
     let (p2, _) = expand(&api, &existing, &PORTS).unwrap().sidecar.unwrap();
