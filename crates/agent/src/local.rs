@@ -7,10 +7,10 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 use structs::agent::{CheckKind, CheckType};
 use structs::{HealthCheck, HealthStatus, NodeService};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Largest check output kept, bytes; longer output is cut at a character boundary.
 pub const MAX_OUTPUT: usize = 4 * 1024;

@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use structs::agent::{CheckKind, CheckType, ServiceDefinition};
 use structs::{HealthCheck, HealthStatus, Problem, ValidationError};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -670,3 +671,6 @@ impl Agent {
         self.0.syncer.wait_first_sync().await;
     }
 }
+
+#[cfg(test)]
+mod tests;
