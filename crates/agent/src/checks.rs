@@ -371,19 +371,12 @@ pub fn alias_status(checks: &[HealthCheck]) -> (HealthStatus, String) {
 async fn run_alias(state: Arc<LocalState>, id: String, service: String, stop: CancellationToken) {
     let mut changes = state.subscribe();
     loop {
-        let (status, output) = if state.service(&service).is_none() {
-            (
+        let (status, output) = match state.alias_view(&service, &id) {
+            None => (
                 HealthStatus::Critical,
                 format!("Service {service:?} is not registered on this node"),
-            )
-        } else {
-            let checks: Vec<HealthCheck> = state
-                .checks()
-                .into_values()
-                .map(|c| c.check)
-                .filter(|c| c.check_id != id && (c.service_id == service || c.service_id.is_empty()))
-                .collect();
-            alias_status(&checks)
+            ),
+            Some(checks) => alias_status(&checks),
         };
         state.update_check(&id, status, output);
         tokio::select! {

@@ -360,25 +360,55 @@ impl LocalState {
             deleted_checks: inner.deleted_checks.iter().cloned().collect(),
             ..Pending::default()
         };
-        let mut dirty_services = BTreeSet::new();
+        // One pass over the checks, grouped by service: this runs on every partial sync.
+        let mut by_service: BTreeMap<&str, Vec<&LocalCheck>> = BTreeMap::new();
+        for c in inner.checks.values() {
+            by_service.entry(c.check.service_id.as_str()).or_default().push(c);
+        }
         for (id, s) in &inner.services {
+            let checks = by_service.get(id.as_str()).map(Vec::as_slice).unwrap_or_default();
             if s.generation != s.synced {
-                dirty_services.insert(id.as_str());
-                let checks = inner
-                    .checks
-                    .values()
-                    .filter(|c| c.check.service_id == *id)
-                    .map(|c| (c.check.clone(), c.generation))
-                    .collect();
+                let checks = checks.iter().map(|c| (c.check.clone(), c.generation)).collect();
                 out.services.push((s.service.clone(), s.generation, checks));
+            } else {
+                out.checks.extend(
+                    checks
+                        .iter()
+                        .filter(|c| c.generation != c.synced)
+                        .map(|c| (c.check.clone(), c.generation)),
+                );
             }
         }
-        for c in inner.checks.values() {
-            if c.generation != c.synced && !dirty_services.contains(c.check.service_id.as_str()) {
-                out.checks.push((c.check.clone(), c.generation));
+        // Node checks, and checks whose service is gone (the catalog refuses those until the
+        // next full sync sorts it out).
+        for (service, checks) in &by_service {
+            if !inner.services.contains_key(*service) {
+                out.checks.extend(
+                    checks
+                        .iter()
+                        .filter(|c| c.generation != c.synced)
+                        .map(|c| (c.check.clone(), c.generation)),
+                );
             }
         }
         out
+    }
+
+    /// The checks an alias of `service` follows: the instance's own and the node's, except
+    /// `exclude` (the alias itself); `None` when the instance is not registered.
+    pub fn alias_view(&self, service: &str, exclude: &str) -> Option<Vec<HealthCheck>> {
+        let inner = self.inner.lock();
+        inner.services.get(service)?;
+        Some(
+            inner
+                .checks
+                .values()
+                .filter(|c| {
+                    c.check.check_id != exclude && (c.check.service_id == service || c.check.service_id.is_empty())
+                })
+                .map(|c| c.check.clone())
+                .collect(),
+        )
     }
 
     /// Records that the catalog has the service as of `generation` (ignored if it changed since).

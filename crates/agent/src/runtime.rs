@@ -270,7 +270,12 @@ impl Agent {
         replace_existing_checks: bool,
     ) -> Result<(), AgentError> {
         let _write = self.0.writes.lock().await;
-        let ports = self.0.state.ports();
+        // Only a sidecar needs the node's ports; a bulk load of plain services stays linear.
+        let ports = if def.connect.sidecar_service.is_some() {
+            self.0.state.ports()
+        } else {
+            BTreeMap::new()
+        };
         let expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
         let parent_id = expanded.service.id.clone();
         let mut services = vec![LocalService::new(expanded.service, None, source)];

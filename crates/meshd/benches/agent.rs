@@ -67,7 +67,7 @@ fn wait_until(what: &str, limit: Duration, mut probe: impl FnMut() -> bool) -> D
     let start = Instant::now();
     while !probe() {
         assert!(start.elapsed() < limit, "{what} not reached within {limit:?}");
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(20));
     }
     start.elapsed()
 }
