@@ -663,12 +663,31 @@ impl Agent {
         })
     }
 
-    /// Stops every task of the agent and waits for them.
+    /// Stops every task of the agent and waits for them; then records the last reported
+    /// status of TTL checks, so that a restart does not flap them back to their registered
+    /// status (each gets a full TTL after the restart to be reported again).
     pub async fn shutdown(&self) {
         self.0.cancel.cancel();
         self.0.checks.shutdown().await;
         self.0.tracker.close();
         self.0.tracker.wait().await;
+        if let Err(error) = self.persist_ttl_states().await {
+            warn!(%error, "cannot record the TTL checks' last status: they restart from their registered one");
+        }
+    }
+
+    async fn persist_ttl_states(&self) -> Result<(), AgentError> {
+        if self.0.persist.is_none() {
+            return Ok(());
+        }
+        let ttl: Vec<LocalCheck> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| c.source == Source::Api && matches!(c.kind, Some(CheckKind::Ttl(_))))
+            .collect();
+        self.persist_add(&[], &ttl, &[]).await
     }
 
     /// Waits for the first successful full sync.

@@ -153,8 +153,15 @@ async fn registrations_survive_a_restart_and_config_ones_are_not_persisted() {
             "service:web-sidecar-proxy:2"
         ]
     );
-    // TTL checks run again after the restart.
-    b.ttl_update("disk", HealthStatus::Passing, String::new()).unwrap();
+    // TTL checks run again after the restart, and keep their last report across a restart.
+    b.ttl_update("disk", HealthStatus::Passing, "fine".into()).unwrap();
+    b.ttl_update("service:web", HealthStatus::Warning, "slow".into())
+        .unwrap();
+    b.shutdown().await;
+    let b = agent(Some(dir.path().to_owned())).await;
+    assert_eq!(b.state().check("disk").unwrap().check.status, HealthStatus::Passing);
+    let web = b.state().check("service:web").unwrap().check;
+    assert_eq!((web.status, web.output.as_str()), (HealthStatus::Warning, "slow"));
     b.deregister_service("web").await.unwrap();
     b.shutdown().await;
     let c = agent(Some(dir.path().to_owned())).await;
