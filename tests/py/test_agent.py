@@ -325,9 +325,26 @@ def test_terminate_leaves_the_catalog(monkeypatch):
     agent = start_agent([server.addr], node="leaver")
     try:
         agent.client().agent.service.register("web", port=80)
-        eventually(lambda: server_health(server, "web"), what="web on the server")
+        index, _ = eventually(lambda: (lambda r: r if r[1] else None)(agent.client().health.service("web")),
+                              what="web via the agent")
+        # A forwarded blocking query in flight does not hold the agent's exit.
+        result = {}
+
+        def block():
+            try:
+                result["reply"] = agent.client().health.service("web", index=int(index), wait="60s")
+            except Exception as e:  # noqa: BLE001 (any failure is the expected outcome)
+                result["error"] = e
+
+        waiter = threading.Thread(target=block)
+        waiter.start()
+        time.sleep(0.3)
+        stopping = time.monotonic()
     finally:
         assert agent.stop() == 0
+    assert time.monotonic() - stopping < 5, "the agent waited for the blocking query"
+    waiter.join(timeout=10)
+    assert "reply" not in result or result["reply"][1], "the blocked query got no answer"
     try:
         nodes = [n["Node"] for n in server.client().catalog.nodes()[1]]
         assert "leaver" not in nodes

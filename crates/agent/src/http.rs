@@ -425,15 +425,17 @@ async fn forward(State(agent): State<Agent>, req: Request) -> Response {
         }
     }
     let method = parts.method.clone();
-    let result = agent
-        .servers()
-        .send(|client, base| {
-            client
-                .request(method.clone(), format!("{base}{path_and_query}"))
-                .headers(headers.clone())
-                .body(body.clone())
-        })
-        .await;
+    // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
+    let send = agent.servers().send(|client, base| {
+        client
+            .request(method.clone(), format!("{base}{path_and_query}"))
+            .headers(headers.clone())
+            .body(body.clone())
+    });
+    let result = tokio::select! {
+        r = send => r,
+        () = agent.stopping() => return shutting_down(),
+    };
     let resp = match result {
         Ok(r) => r,
         Err(e) => return forward_error(&e),
@@ -445,7 +447,11 @@ async fn forward(State(agent): State<Agent>, req: Request) -> Response {
             out_headers.append(name.clone(), value.clone());
         }
     }
-    match resp.bytes().await {
+    let bytes = tokio::select! {
+        b = resp.bytes() => b,
+        () = agent.stopping() => return shutting_down(),
+    };
+    match bytes {
         Ok(bytes) => {
             let mut out = Response::new(Body::from(bytes));
             *out.status_mut() = status;
@@ -457,6 +463,10 @@ async fn forward(State(agent): State<Agent>, req: Request) -> Response {
             last: crate::servers::chain(&e),
         }),
     }
+}
+
+fn shutting_down() -> Response {
+    text(StatusCode::SERVICE_UNAVAILABLE, "the agent is shutting down\n".into())
 }
 
 fn forward_error(e: &ServerError) -> Response {

@@ -690,6 +690,12 @@ impl Agent {
         self.persist_add(&[], &ttl, &[]).await
     }
 
+    /// Completes once the agent is shutting down (for requests that would otherwise outlive
+    /// it, such as forwarded blocking queries).
+    pub async fn stopping(&self) {
+        self.0.cancel.cancelled().await;
+    }
+
     /// Waits for the first successful full sync.
     pub async fn wait_first_sync(&self) {
         self.0.syncer.wait_first_sync().await;
