@@ -600,8 +600,10 @@ impl Agent {
     async fn heartbeat(&self, stop: CancellationToken) {
         let body = json!({"Node": self.0.config.node, "Address": self.0.config.advertise});
         let mut warned_missing = false;
+        // `?dc=`: a server of another datacenter refuses instead of adopting this node.
+        let path = format!("/v1/internal/node/heartbeat?dc={}", self.0.config.datacenter);
         loop {
-            match self.0.servers.put_json("/v1/internal/node/heartbeat", &body).await {
+            match self.0.servers.put_json(&path, &body).await {
                 Ok(()) => {}
                 Err(crate::servers::ServerError::Status { status: 404 | 405, .. }) if !warned_missing => {
                     warned_missing = true;

@@ -214,7 +214,9 @@ impl<C: CatalogApi> Syncer<C> {
             self.servers
                 .put(
                     "/v1/catalog/register",
-                    json!({"Node": node, "Address": self.node.address, "NodeMeta": self.node.meta}),
+                    // The datacenter is named so that a server of another one refuses (loudly)
+                    // rather than adopting this node.
+                    json!({"Node": node, "Address": self.node.address, "Datacenter": self.node.datacenter, "NodeMeta": self.node.meta}),
                 )
                 .await?;
         }
