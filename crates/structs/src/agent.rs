@@ -251,8 +251,17 @@ pub struct CheckType {
         skip_serializing_if = "GoDuration::is_zero"
     )]
     pub deregister_critical_service_after: GoDuration,
-    /// Script checks: not run by meshd (refused).
-    #[serde(rename = "ScriptArgs", skip_serializing_if = "Vec::is_empty")]
+    /// Consecutive failures before warning: not supported yet (refused when set).
+    #[serde(rename = "FailuresBeforeWarning", skip_serializing_if = "is_zero")]
+    pub failures_before_warning: u32,
+    /// Largest output kept: meshd keeps 4096 bytes (other values are refused).
+    #[serde(rename = "OutputMaxSize", skip_serializing_if = "is_zero")]
+    pub output_max_size: u32,
+    /// TLS server name for an HTTPS check: not supported yet (refused when set).
+    #[serde(rename = "TLSServerName", skip_serializing_if = "String::is_empty")]
+    pub tls_server_name: String,
+    /// Script checks: not run by meshd (refused). Consul's config files also call it `args`.
+    #[serde(rename = "ScriptArgs", alias = "args", skip_serializing_if = "Vec::is_empty")]
     pub script_args: Vec<String>,
     /// Docker checks: not run by meshd (refused).
     #[serde(rename = "DockerContainerID", skip_serializing_if = "String::is_empty")]
@@ -357,6 +366,17 @@ impl CheckType {
             return Err(ValidationError::new(
                 *field,
                 Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
+            ));
+        }
+        let unhonoured = [
+            ("FailuresBeforeWarning", self.failures_before_warning != 0),
+            ("TLSServerName", !self.tls_server_name.is_empty()),
+            ("OutputMaxSize", !matches!(self.output_max_size, 0 | 4096)),
+        ];
+        if let Some((field, _)) = unhonoured.iter().find(|(_, set)| *set) {
+            return Err(ValidationError::new(
+                *field,
+                Problem::NotAllowed("(not supported by meshd yet; OutputMaxSize may only be 4096)"),
             ));
         }
         let set: Vec<&str> = [

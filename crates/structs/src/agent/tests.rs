@@ -83,6 +83,24 @@ fn bad_definitions_name_the_field() {
         err(json!({"Name": "web", "Port": 70000})).split(':').next().unwrap(),
         "Port"
     );
+    // Consul's config-file spelling of script arguments is recognised, and refused.
+    assert!(
+        err(json!({"Name": "web", "Check": {"args": ["true"], "Interval": "1s"}})).starts_with("Check.ScriptArgs:")
+    );
+    // Settings meshd would not honour are refused rather than ignored.
+    assert!(
+        err(json!({"Name": "web", "Check": {"TTL": "1s", "FailuresBeforeWarning": 2}}))
+            .starts_with("Check.FailuresBeforeWarning: not allowed")
+    );
+    assert!(
+        err(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}}))
+            .starts_with("Check.TLSServerName: not allowed")
+    );
+    assert!(
+        err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100}}))
+            .starts_with("Check.OutputMaxSize: not allowed")
+    );
+    def(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 4096}})).unwrap();
 }
 
 #[test]
