@@ -12,7 +12,8 @@
 //!   query on a server (`/v1/health/node/:node`), with back-off while no server answers.
 //!
 //! HTTP and TCP results pass through [`Thresholds`]: `SuccessBeforePassing` consecutive
-//! successes before passing, `FailuresBeforeCritical` consecutive failures before critical.
+//! successes before passing, `FailuresBeforeWarning` consecutive failures before warning and
+//! `FailuresBeforeCritical` before critical.
 
 use crate::local::{LocalState, MAX_OUTPUT};
 use parking_lot::Mutex;
@@ -30,16 +31,19 @@ use tracing::{Instrument, debug, info_span};
 #[derive(Debug, Clone, Default)]
 pub struct Thresholds {
     success_before_passing: u32,
+    failures_before_warning: u32,
     failures_before_critical: u32,
     successes: u32,
     failures: u32,
 }
 
 impl Thresholds {
-    /// Thresholds from a definition (0 and 1 both mean "at once").
-    pub fn new(success_before_passing: u32, failures_before_critical: u32) -> Self {
+    /// Thresholds from a definition (0 and 1 both mean "at once"; a warning threshold of 0
+    /// means none: failures go straight to critical at their threshold).
+    pub fn new(success_before_passing: u32, failures_before_warning: u32, failures_before_critical: u32) -> Self {
         Self {
             success_before_passing,
+            failures_before_warning,
             failures_before_critical,
             ..Self::default()
         }
@@ -50,7 +54,13 @@ impl Thresholds {
         if status == HealthStatus::Critical {
             self.successes = 0;
             self.failures = self.failures.saturating_add(1);
-            (self.failures >= self.failures_before_critical).then_some(status)
+            if self.failures >= self.failures_before_critical {
+                Some(HealthStatus::Critical)
+            } else if self.failures_before_warning > 0 && self.failures >= self.failures_before_warning {
+                Some(HealthStatus::Warning)
+            } else {
+                None
+            }
         } else {
             self.failures = 0;
             self.successes = self.successes.saturating_add(1);

@@ -230,7 +230,11 @@ impl Agent {
                 Some((
                     c.check.check_id.clone(),
                     kind,
-                    Thresholds::new(d.success_before_passing, d.failures_before_critical),
+                    Thresholds::new(
+                        d.success_before_passing,
+                        d.failures_before_warning,
+                        d.failures_before_critical,
+                    ),
                 ))
             })
             .collect();

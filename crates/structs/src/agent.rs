@@ -251,7 +251,7 @@ pub struct CheckType {
         skip_serializing_if = "GoDuration::is_zero"
     )]
     pub deregister_critical_service_after: GoDuration,
-    /// Consecutive failures before warning: not supported yet (refused when set).
+    /// Consecutive failures before the check reports warning (0: no warning phase).
     #[serde(rename = "FailuresBeforeWarning", skip_serializing_if = "is_zero")]
     pub failures_before_warning: u32,
     /// Largest output kept: meshd keeps 4096 bytes (other values are refused).
@@ -369,7 +369,6 @@ impl CheckType {
             ));
         }
         let unhonoured = [
-            ("FailuresBeforeWarning", self.failures_before_warning != 0),
             ("TLSServerName", !self.tls_server_name.is_empty()),
             ("OutputMaxSize", !matches!(self.output_max_size, 0 | 4096)),
         ];

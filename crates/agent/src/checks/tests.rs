@@ -132,7 +132,7 @@ async fn alias_follows_the_worst_check_of_its_service() {
 
 #[test]
 fn thresholds_need_consecutive_results() {
-    let mut t = Thresholds::new(2, 3);
+    let mut t = Thresholds::new(2, 0, 3);
     assert_eq!(t.observe(HealthStatus::Passing), None);
     assert_eq!(t.observe(HealthStatus::Passing), Some(HealthStatus::Passing));
     assert_eq!(t.observe(HealthStatus::Critical), None);
@@ -141,6 +141,11 @@ fn thresholds_need_consecutive_results() {
     assert_eq!(t.observe(HealthStatus::Critical), None);
     assert_eq!(t.observe(HealthStatus::Critical), None);
     assert_eq!(t.observe(HealthStatus::Critical), Some(HealthStatus::Critical));
+    let mut warn_first = Thresholds::new(0, 2, 4);
+    assert_eq!(warn_first.observe(HealthStatus::Critical), None);
+    assert_eq!(warn_first.observe(HealthStatus::Critical), Some(HealthStatus::Warning));
+    assert_eq!(warn_first.observe(HealthStatus::Critical), Some(HealthStatus::Warning));
+    assert_eq!(warn_first.observe(HealthStatus::Critical), Some(HealthStatus::Critical));
     let mut at_once = Thresholds::default();
     assert_eq!(at_once.observe(HealthStatus::Warning), Some(HealthStatus::Warning));
     assert_eq!(at_once.observe(HealthStatus::Critical), Some(HealthStatus::Critical));
@@ -159,7 +164,7 @@ async fn polled_checks_run_every_interval_through_the_thresholds() {
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(1),
         },
-        Thresholds::new(0, 2),
+        Thresholds::new(0, 0, 2),
     );
     // First run (within one interval of stagger): one failure is not enough.
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -89,10 +89,6 @@ fn bad_definitions_name_the_field() {
     );
     // Settings meshd would not honour are refused rather than ignored.
     assert!(
-        err(json!({"Name": "web", "Check": {"TTL": "1s", "FailuresBeforeWarning": 2}}))
-            .starts_with("Check.FailuresBeforeWarning: not allowed")
-    );
-    assert!(
         err(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}}))
             .starts_with("Check.TLSServerName: not allowed")
     );
