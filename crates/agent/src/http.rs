@@ -380,9 +380,9 @@ async fn agent_self(State(agent): State<Agent>) -> Response {
 async fn members(State(agent): State<Agent>) -> Response {
     let c = agent.config();
     let mut out = vec![member(&c.node, &c.advertise, "node", &c.datacenter, true)];
-    for base in agent.servers().addresses() {
+    for (i, base) in agent.servers().addresses().iter().enumerate() {
         let addr = base.trim_start_matches("http://").trim_start_matches("https://");
-        out.push(member(addr, addr, "consul", &c.datacenter, true));
+        out.push(member(addr, addr, "consul", &c.datacenter, agent.servers().answered(i)));
     }
     json_response(StatusCode::OK, &out)
 }

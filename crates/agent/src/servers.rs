@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Why a request to the servers failed.
@@ -48,6 +48,8 @@ impl ServerError {
 #[derive(Debug)]
 pub struct Servers {
     bases: Vec<String>,
+    /// Whether each server answered the last request sent to it (true until tried).
+    answered: Vec<AtomicBool>,
     current: AtomicUsize,
     client: reqwest::Client,
 }
@@ -72,6 +74,7 @@ impl Servers {
             .build()
             .unwrap_or_default();
         Self {
+            answered: addrs.iter().map(|_| AtomicBool::new(true)).collect(),
             bases: addrs.iter().map(|a| base_url(a)).collect(),
             current: AtomicUsize::new(0),
             client,
@@ -81,6 +84,11 @@ impl Servers {
     /// The base URLs, in configuration order.
     pub fn addresses(&self) -> &[String] {
         &self.bases
+    }
+
+    /// Whether server `i` (in configuration order) answered the last request sent to it.
+    pub fn answered(&self, i: usize) -> bool {
+        self.answered.get(i).is_some_and(|a| a.load(Ordering::Relaxed))
     }
 
     /// The server tried first (the last one that answered).
@@ -104,7 +112,9 @@ impl Servers {
         let mut last = String::new();
         for step in 0..self.bases.len() {
             let i = (start + step) % self.bases.len();
-            match build(&self.client, &self.bases[i]).send().await {
+            let sent = build(&self.client, &self.bases[i]).send().await;
+            self.answered[i].store(sent.as_ref().is_ok(), Ordering::Relaxed);
+            match sent {
                 Ok(resp) => {
                     if step > 0 {
                         self.current.store(i, Ordering::Relaxed);

@@ -215,5 +215,12 @@ async fn forwarding_without_a_server_is_a_500_with_one_line() {
         "{body}"
     );
     assert_eq!(call(&app, "GET", "/ui/", Value::Null).await.0, StatusCode::NOT_FOUND);
+    // The server that did not answer shows as failed (4) among the members.
+    let (_, body) = call(&app, "GET", "/v1/agent/members", Value::Null).await;
+    let members: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(members[0]["Name"], "n1");
+    assert_eq!(members[0]["Status"], 1);
+    assert_eq!(members[1]["Tags"]["role"], "consul");
+    assert_eq!(members[1]["Status"], 4);
     agent.shutdown().await;
 }
