@@ -42,6 +42,7 @@ fn run(mut cmd: Command) -> Result<()> {
 const BENCHES: &[(&str, &str, &str)] = &[
     ("proxycfg", "proxycfg", "propagation"),
     ("server", "meshd", "server"),
+    ("agent", "meshd", "agent"),
     ("xds", "meshd", "xds"),
     ("supervisor", "supervisor", "hot_restart"),
 ];

@@ -11,6 +11,7 @@
 
 pub mod ca;
 mod keys;
+pub mod liveness;
 mod ops;
 pub mod publisher;
 mod state;

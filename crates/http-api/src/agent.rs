@@ -1,4 +1,5 @@
-//! `/v1/status/*` and the agent endpoints a server answers: self and metrics.
+//! `/v1/status/*`, the agent endpoints a server answers (self and metrics), and the agents'
+//! liveness heartbeat (`PUT /v1/internal/node/heartbeat`, body `{"Node", "Address"}`).
 
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
@@ -111,4 +112,34 @@ fn encode_registries(
 
 fn humantime_now() -> String {
     structs::Timestamp(std::time::SystemTime::now()).to_string()
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct Heartbeat {
+    #[serde(rename = "Node")]
+    node: String,
+    #[serde(rename = "Address")]
+    address: String,
+}
+
+pub(crate) async fn heartbeat(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref(), &headers)?;
+    let Some(liveness) = &api.config.liveness else {
+        return Err(ApiError::NotFound("node liveness is not tracked by this server".into()));
+    };
+    let hb: Heartbeat = query::decode(&body, "a heartbeat")?;
+    if hb.node.is_empty() {
+        return Err(ApiError::BadRequest("Node: required".into()));
+    }
+    if hb.address.is_empty() {
+        return Err(ApiError::BadRequest("Address: required".into()));
+    }
+    liveness.heartbeat(&hb.node, &hb.address).await?;
+    Ok(query::json(&true, None, params.pretty()))
 }

@@ -43,6 +43,8 @@ pub struct ApiConfig {
     /// Metrics kept outside the API (xDS, proxycfg), encoded after the API's own by
     /// `/v1/agent/metrics?format=prometheus`.
     pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// Node liveness tracking behind `PUT /v1/internal/node/heartbeat` (none: 404).
+    pub liveness: Option<Arc<catalog::liveness::Liveness>>,
 }
 
 impl Default for ApiConfig {
@@ -53,6 +55,7 @@ impl Default for ApiConfig {
             server_addr: "127.0.0.1:8300".into(),
             max_body: 512 * 1024,
             extra_metrics: None,
+            liveness: None,
         }
     }
 }
@@ -181,6 +184,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
         .route("/v1/status/peers", get(agent::peers))
         .route("/v1/agent/self", get(agent::agent_self))
         .route("/v1/agent/metrics", get(agent::metrics))
+        .route("/v1/internal/node/heartbeat", put(agent::heartbeat))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

@@ -18,9 +18,57 @@ pub enum Command {
     /// Run a server: the catalog, the built-in CA, the HTTP API and the xDS server.
     #[cfg(feature = "server")]
     Server(ServerArgs),
+    /// Run an agent: local services and checks, synced to the servers; the local HTTP API.
+    #[cfg(feature = "agent")]
+    Agent(AgentArgs),
     /// Connect proxies to the mesh.
     #[command(subcommand)]
     Connect(ConnectCommand),
+}
+
+/// `meshd agent` flags. Unset flags fall back to the config files, then to the defaults.
+#[cfg(feature = "agent")]
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Node name (default: the host name).
+    #[arg(long = "node", value_name = "NAME")]
+    pub node: Option<String>,
+    /// Directory for persisted registrations (required unless -dev).
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Keep registrations in memory only.
+    #[arg(long = "dev")]
+    pub dev: bool,
+    /// A server's HTTP address (repeatable; the agent fails over between them).
+    #[arg(long = "retry-join", value_name = "ADDR")]
+    pub retry_join: Vec<String>,
+    /// Address of the agent's HTTP API (default 127.0.0.1:8500).
+    #[arg(long = "http-addr", value_name = "ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// Address of the agent's gRPC (xDS) server (default 127.0.0.1:8502; served from part 2).
+    #[arg(long = "grpc-addr", value_name = "ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Datacenter (default dc1).
+    #[arg(long = "datacenter", value_name = "DC")]
+    pub datacenter: Option<String>,
+    /// The node's address in the catalog (default: the first private IP, else 127.0.0.1).
+    #[arg(long = "advertise", value_name = "ADDR")]
+    pub advertise: Option<String>,
+    /// A JSON config file: settings plus `services` and `checks` (repeatable; re-read on SIGHUP).
+    #[arg(long = "config-file", value_name = "PATH")]
+    pub config_file: Vec<PathBuf>,
+    /// Log level filter (default info).
+    #[arg(long = "log-level", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Write logs as JSON lines.
+    #[arg(long = "log-json")]
+    pub log_json: bool,
+    /// Longest time between anti-entropy full syncs (jittered down by up to a quarter).
+    #[arg(long = "sync-interval", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub sync_interval: std::time::Duration,
+    /// Deregister the node from the catalog on SIGINT/SIGTERM (default true).
+    #[arg(long = "leave-on-terminate", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub leave_on_terminate: Option<bool>,
 }
 
 /// `meshd connect` subcommands.
@@ -120,6 +168,12 @@ pub struct ServerArgs {
     /// Log level filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+    /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
+    #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub node_liveness_timeout: std::time::Duration,
+    /// A node critical for this long is removed from the catalog.
+    #[arg(long = "node-reap-after", value_name = "DURATION", default_value = "72h", value_parser = humantime::parse_duration)]
+    pub node_reap_after: std::time::Duration,
 }
 
 /// Rewrites Consul's single-dash long flags (`-data-dir=x`, `-dev`) to clap's `--` form.
@@ -179,6 +233,38 @@ mod tests {
             norm(&["meshd", "connect", "--", "-log-level"]),
             vec!["meshd", "connect", "--", "-log-level"]
         );
+    }
+
+    #[cfg(feature = "agent")]
+    #[test]
+    fn parses_agent_flags_in_both_spellings() {
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "agent",
+            "-dev",
+            "-retry-join",
+            "127.0.0.1:1",
+            "--retry-join=127.0.0.1:2",
+            "-config-file",
+            "a.json",
+            "-leave-on-terminate=false",
+            "-http-addr",
+            "127.0.0.1:0",
+        ]))
+        .unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("not agent")
+        };
+        assert!(args.dev);
+        assert_eq!(args.retry_join, ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(args.leave_on_terminate, Some(false));
+        assert_eq!(args.config_file, [PathBuf::from("a.json")]);
+        let cli = Cli::try_parse_from(norm(&["meshd", "agent", "-leave-on-terminate"])).unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("not agent")
+        };
+        assert_eq!(args.leave_on_terminate, Some(true));
+        assert_eq!(args.node, None);
     }
 
     #[test]

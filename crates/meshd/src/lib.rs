@@ -1,6 +1,8 @@
 //! The meshd binary's wiring: command line, logging and the mode runners. All logic lives
 //! in the library crates; this crate only connects them.
 
+#[cfg(feature = "agent")]
+pub mod agent;
 pub mod cli;
 pub mod connect;
 #[cfg(feature = "server")]

@@ -47,6 +47,17 @@ fn main() -> ExitCode {
                 })
                 .await
             }
+            #[cfg(feature = "agent")]
+            Command::Agent(args) => {
+                meshd::agent::run(args, meshd::shutdown_signal(), |running| {
+                    // Ready line for scripts; nobody reading it is not an error.
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "meshd agent listening on http://{}", running.http_addr);
+                    let _ = out.flush();
+                })
+                .await
+            }
             Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => {
                 if !args.bootstrap {
                     meshd::init_logging(&args.log_level, false);

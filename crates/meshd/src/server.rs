@@ -34,7 +34,17 @@ pub async fn run(
     let (listener, http_addr) = bind(args.http_addr, "").await?;
     let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
     let engine = Engine::start(store.clone(), &args.datacenter);
-    let app = http_api::router(store.clone(), engine.api_config(&store, &args, http_addr));
+    let liveness = Arc::new(catalog::liveness::Liveness::new(
+        store.clone(),
+        catalog::liveness::LivenessConfig {
+            timeout: args.node_liveness_timeout,
+            reap_after: args.node_reap_after,
+            ..Default::default()
+        },
+    ));
+    let mut api = engine.api_config(&store, &args, http_addr);
+    api.liveness = Some(Arc::clone(&liveness));
+    let app = http_api::router(store.clone(), api);
     info!(%http_addr, %grpc_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
     on_ready(&Running { http_addr, grpc_addr });
 
@@ -61,6 +71,11 @@ pub async fn run(
         .instrument(info_span!("xds_server", %grpc_addr)),
     );
 
+    let liveness_stop = stop.clone();
+    let liveness_task = tokio::spawn(
+        async move { liveness.run(liveness_stop.cancelled()).await }.instrument(info_span!("node_liveness")),
+    );
+
     shutdown.await;
     info!("shutting down");
     // Parked blocking queries answer now (they would hold the HTTP shutdown for their whole
@@ -70,6 +85,7 @@ pub async fn run(
     stop.cancel();
     let served = http.await.context("HTTP server task")?;
     let grpc_served = grpc.await.context("xDS server task")?;
+    liveness_task.await.context("node liveness task")?;
     engine.shutdown().await;
     store.close().await;
     info!("meshd server stopped");

@@ -120,6 +120,11 @@ pub struct ServiceConnect {
     /// The application speaks mTLS itself and needs no sidecar.
     #[serde(rename = "Native")]
     pub native: bool,
+    /// A sidecar proxy to register along with the service (agent registrations only; the
+    /// agent expands it into its own `connect-proxy` instance, see
+    /// [`crate::agent::ServiceDefinition`]).
+    #[serde(rename = "SidecarService", skip_serializing_if = "Option::is_none")]
+    pub sidecar_service: Option<Box<crate::agent::ServiceDefinition>>,
 }
 
 /// One service instance on a node, as the catalog stores it.

@@ -1,0 +1,151 @@
+//! `-config-file` JSON: the agent's settings (the command line's names, any key casing, plus
+//! Consul's `node_name` and `advertise_addr`) and the `services`/`service` and
+//! `checks`/`check` to register. Several files merge in order: later settings win, services
+//! and checks add up. An unknown key is an error naming it, never ignored.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use structs::agent::{CheckType, ServiceDefinition};
+
+/// One config file's content (or several merged).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// Node name.
+    #[serde(rename = "Node", alias = "node_name")]
+    pub node: Option<String>,
+    /// Data directory.
+    #[serde(rename = "DataDir")]
+    pub data_dir: Option<PathBuf>,
+    /// Keep everything in memory.
+    #[serde(rename = "Dev")]
+    pub dev: Option<bool>,
+    /// Servers' HTTP addresses.
+    #[serde(rename = "RetryJoin")]
+    pub retry_join: Vec<String>,
+    /// The agent's HTTP address.
+    #[serde(rename = "HttpAddr")]
+    pub http_addr: Option<String>,
+    /// The agent's gRPC address.
+    #[serde(rename = "GrpcAddr")]
+    pub grpc_addr: Option<String>,
+    /// Datacenter.
+    #[serde(rename = "Datacenter")]
+    pub datacenter: Option<String>,
+    /// Address of the node in the catalog.
+    #[serde(rename = "Advertise", alias = "advertise_addr")]
+    pub advertise: Option<String>,
+    /// Log level.
+    #[serde(rename = "LogLevel")]
+    pub log_level: Option<String>,
+    /// JSON logs.
+    #[serde(rename = "LogJson")]
+    pub log_json: Option<bool>,
+    /// Deregister the node on SIGINT/SIGTERM.
+    #[serde(rename = "LeaveOnTerminate")]
+    pub leave_on_terminate: Option<bool>,
+    /// Services to register.
+    #[serde(rename = "Services")]
+    pub services: Vec<ServiceDefinition>,
+    /// One service to register.
+    #[serde(rename = "Service")]
+    pub service: Option<ServiceDefinition>,
+    /// Checks to register.
+    #[serde(rename = "Checks")]
+    pub checks: Vec<CheckType>,
+    /// One check to register.
+    #[serde(rename = "Check")]
+    pub check: Option<CheckType>,
+}
+
+/// A config file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// It cannot be read.
+    #[error("cannot read config file {path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// It is not a valid config.
+    #[error("config file {path}: {error}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the key's path.
+        error: structs::DecodeError,
+    },
+}
+
+impl FileConfig {
+    /// Reads and merges `paths` in order.
+    pub fn load(paths: &[PathBuf]) -> Result<FileConfig, ConfigError> {
+        let mut out = FileConfig::default();
+        for path in paths {
+            out.merge(Self::read(path)?);
+        }
+        Ok(out)
+    }
+
+    fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+        let bytes = std::fs::read(path).map_err(|error| ConfigError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        structs::json::from_slice(&bytes).map_err(|error| ConfigError::Decode {
+            path: path.to_owned(),
+            error,
+        })
+    }
+
+    fn merge(&mut self, other: FileConfig) {
+        macro_rules! later_wins {
+            ($($f:ident)*) => {$( if other.$f.is_some() { self.$f = other.$f; } )*};
+        }
+        later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate);
+        self.retry_join.extend(other.retry_join);
+        self.services.extend(other.service);
+        self.services.extend(other.services);
+        self.checks.extend(other.check);
+        self.checks.extend(other.checks);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_merge_in_order_and_unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.json");
+        let b = dir.path().join("b.json");
+        std::fs::write(
+            &a,
+            r#"{"node_name": "n1", "retry_join": ["s1:8500"], "service": {"name": "web", "port": 80},
+                "checks": [{"id": "disk", "name": "disk", "ttl": "30s"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            &b,
+            r#"{"Node": "n2", "RetryJoin": ["s2:8500"], "services": [{"Name": "api"}]}"#,
+        )
+        .unwrap();
+        let c = FileConfig::load(&[a.clone(), b]).unwrap();
+        assert_eq!(c.node.as_deref(), Some("n2"));
+        assert_eq!(c.retry_join, ["s1:8500", "s2:8500"]);
+        let names: Vec<&str> = c.services.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["web", "api"]);
+        assert_eq!(c.checks.len(), 1);
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, r#"{"nodename": "x", "bogus": 1}"#).unwrap();
+        let err = FileConfig::load(&[bad]).unwrap_err().to_string();
+        assert!(err.contains("bogus") && err.contains("unknown field"), "{err}");
+        let missing = FileConfig::load(&[dir.path().join("nope.json")])
+            .unwrap_err()
+            .to_string();
+        assert!(missing.starts_with("cannot read config file"), "{missing}");
+    }
+}

@@ -1,0 +1,481 @@
+//! The agent's HTTP API: Consul's local `/v1/agent/...` endpoints answered from the local
+//! state, and every other `/v1/...` request forwarded to a server unchanged (method, path,
+//! query, headers, body), blocking queries included, so applications only ever talk to their
+//! local agent. Bad input is a 400 naming the field; a forwarded request no server answers is
+//! a 500 with one line saying why.
+
+use crate::local::LocalService;
+use crate::runtime::{Agent, AgentError};
+use crate::servers::ServerError;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use structs::agent::{CheckType, ServiceDefinition};
+use structs::{HealthCheck, HealthStatus};
+
+/// Largest accepted request body, bytes.
+const MAX_BODY: usize = 512 * 1024;
+
+type Params = Query<BTreeMap<String, String>>;
+
+/// An error answer: plain text with Consul's status codes.
+#[derive(Debug)]
+pub struct HttpError(StatusCode, String);
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        text(self.0, format!("{}\n", self.1))
+    }
+}
+
+impl From<AgentError> for HttpError {
+    fn from(e: AgentError) -> Self {
+        let status = match &e {
+            AgentError::Invalid(_) => StatusCode::BAD_REQUEST,
+            AgentError::NotFound(_) => StatusCode::NOT_FOUND,
+            AgentError::Persist(_) | AgentError::DataDir { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        HttpError(status, e.to_string())
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut resp = (status, body).into_response();
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the answer: {e}\n"),
+        ),
+    }
+}
+
+fn ok_empty() -> Response {
+    StatusCode::OK.into_response()
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, HttpError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("request body is empty: expected {what}"),
+        ));
+    }
+    structs::json::from_slice(body)
+        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("request decode failed: {e}")))
+}
+
+/// A boolean in the spellings Go's `strconv.ParseBool` accepts (Consul's clients send
+/// `True`, `1`, `t`, ...).
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `?flag` or `?flag=true` is true; `?flag=false` (any Go spelling) and no flag are false.
+fn flag(params: &BTreeMap<String, String>, name: &str) -> bool {
+    params
+        .get(name)
+        .is_some_and(|v| v.is_empty() || parse_bool(v).unwrap_or(false))
+}
+
+/// The agent's routes.
+pub fn router(agent: Agent) -> Router {
+    Router::new()
+        .route("/v1/agent/service/register", put(register_service))
+        .route("/v1/agent/service/deregister/{id}", put(deregister_service))
+        .route("/v1/agent/service/maintenance/{id}", put(maintenance))
+        .route("/v1/agent/services", get(services))
+        .route("/v1/agent/service/{id}", get(service))
+        .route("/v1/agent/checks", get(checks))
+        .route("/v1/agent/check/register", put(register_check))
+        .route("/v1/agent/check/deregister/{id}", put(deregister_check))
+        .route("/v1/agent/check/pass/{id}", put(pass))
+        .route("/v1/agent/check/warn/{id}", put(warn))
+        .route("/v1/agent/check/fail/{id}", put(fail))
+        .route("/v1/agent/check/update/{id}", put(update))
+        .route("/v1/agent/health/service/name/{name}", get(health_by_name))
+        .route("/v1/agent/health/service/id/{id}", get(health_by_id))
+        .route("/v1/agent/self", get(agent_self))
+        .route("/v1/agent/members", get(members))
+        .fallback(forward)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(agent)
+}
+
+async fn register_service(State(agent): State<Agent>, Query(q): Params, body: Bytes) -> Result<Response, HttpError> {
+    let def: ServiceDefinition = decode(&body, "a service definition")?;
+    agent
+        .register_service(def, crate::local::Source::Api, flag(&q, "replace-existing-checks"))
+        .await?;
+    Ok(ok_empty())
+}
+
+async fn deregister_service(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+    agent.deregister_service(&id).await?;
+    Ok(ok_empty())
+}
+
+async fn maintenance(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+) -> Result<Response, HttpError> {
+    let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
+        Some((_, Some(on))) => on,
+        Some((other, None)) => {
+            return Err(HttpError(
+                StatusCode::BAD_REQUEST,
+                format!("enable: {other:?} is not a boolean: use true or false"),
+            ));
+        }
+        None => {
+            return Err(HttpError(
+                StatusCode::BAD_REQUEST,
+                "enable: required (true or false)".into(),
+            ));
+        }
+    };
+    let reason = q.get("reason").map(String::as_str).unwrap_or_default();
+    agent.set_maintenance(&id, enable, reason).await?;
+    Ok(ok_empty())
+}
+
+/// A service as `/v1/agent/services` shows it (Consul's `AgentService`).
+fn agent_service(agent: &Agent, s: &LocalService) -> Value {
+    let mut v = serde_json::to_value(&s.service).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.remove("CreateIndex");
+        m.remove("ModifyIndex");
+        if s.service.kind == structs::ServiceKind::Typical {
+            m.remove("Kind");
+            m.remove("Proxy");
+        }
+        if s.service.connect == structs::service::ServiceConnect::default() {
+            m.remove("Connect");
+        }
+        m.insert("Datacenter".into(), Value::String(agent.config().datacenter.clone()));
+    }
+    v
+}
+
+fn agent_check(c: &HealthCheck) -> Value {
+    let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.remove("CreateIndex");
+        m.remove("ModifyIndex");
+    }
+    v
+}
+
+async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+    if q.contains_key("filter") {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            "filter: not supported by meshd's agent".into(),
+        ));
+    }
+    let out: BTreeMap<String, Value> = agent
+        .state()
+        .services()
+        .iter()
+        .map(|(id, s)| (id.clone(), agent_service(&agent, s)))
+        .collect();
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+async fn service(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+    match agent.state().service(&id) {
+        Some(s) => Ok(json_response(StatusCode::OK, &agent_service(&agent, &s))),
+        None => Err(HttpError(StatusCode::NOT_FOUND, format!("unknown service ID: {id}"))),
+    }
+}
+
+async fn checks(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+    if q.contains_key("filter") {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            "filter: not supported by meshd's agent".into(),
+        ));
+    }
+    let out: BTreeMap<String, Value> = agent
+        .state()
+        .checks()
+        .iter()
+        .map(|(id, c)| (id.clone(), agent_check(&c.check)))
+        .collect();
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+async fn register_check(State(agent): State<Agent>, body: Bytes) -> Result<Response, HttpError> {
+    let def: CheckType = decode(&body, "a check definition")?;
+    agent.register_check(def, crate::local::Source::Api).await?;
+    Ok(ok_empty())
+}
+
+async fn deregister_check(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+    agent.deregister_check(&id).await?;
+    Ok(ok_empty())
+}
+
+fn ttl(agent: &Agent, id: &str, status: HealthStatus, q: &BTreeMap<String, String>) -> Result<Response, HttpError> {
+    let note = q.get("note").cloned().unwrap_or_default();
+    agent.ttl_update(id, status, note)?;
+    Ok(ok_empty())
+}
+
+async fn pass(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+    ttl(&agent, &id, HealthStatus::Passing, &q)
+}
+
+async fn warn(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+    ttl(&agent, &id, HealthStatus::Warning, &q)
+}
+
+async fn fail(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+    ttl(&agent, &id, HealthStatus::Critical, &q)
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct CheckUpdate {
+    #[serde(rename = "Status")]
+    status: String,
+    #[serde(rename = "Output")]
+    output: String,
+}
+
+async fn update(State(agent): State<Agent>, Path(id): Path<String>, body: Bytes) -> Result<Response, HttpError> {
+    let u: CheckUpdate = decode(&body, "a check update")?;
+    let status = match u.status.as_str() {
+        "passing" => HealthStatus::Passing,
+        "warning" => HealthStatus::Warning,
+        "critical" => HealthStatus::Critical,
+        other => {
+            return Err(HttpError(
+                StatusCode::BAD_REQUEST,
+                format!("Status: {other:?} is not passing, warning or critical"),
+            ));
+        }
+    };
+    agent.ttl_update(&id, status, u.output)?;
+    Ok(ok_empty())
+}
+
+fn health_status_code(status: HealthStatus) -> StatusCode {
+    match status {
+        HealthStatus::Passing => StatusCode::OK,
+        HealthStatus::Warning => StatusCode::TOO_MANY_REQUESTS,
+        HealthStatus::Critical | HealthStatus::Maintenance => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// One instance's local health: the worst of its own checks and the node's checks.
+fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
+    let checks: Vec<HealthCheck> = agent
+        .state()
+        .checks()
+        .into_values()
+        .map(|c| c.check)
+        .filter(|c| c.service_id == s.service.id || c.service_id.is_empty())
+        .collect();
+    let worst = checks.iter().map(|c| c.status).max().unwrap_or(HealthStatus::Passing);
+    let worst = if checks
+        .iter()
+        .any(|c| c.check_id.starts_with(crate::runtime::MAINTENANCE_PREFIX))
+    {
+        HealthStatus::Maintenance
+    } else {
+        worst
+    };
+    let body = json!({
+        "AggregatedStatus": worst,
+        "Service": agent_service(agent, s),
+        "Checks": checks.iter().map(agent_check).collect::<Vec<_>>(),
+    });
+    (worst, body)
+}
+
+async fn health_by_id(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Response {
+    let Some(s) = agent.state().service(&id) else {
+        return text(StatusCode::NOT_FOUND, format!("ServiceId {id} not found\n"));
+    };
+    let (status, body) = instance_health(&agent, &s);
+    if q.get("format").is_some_and(|f| f == "text") {
+        return text(health_status_code(status), status.as_str().to_owned());
+    }
+    json_response(health_status_code(status), &body)
+}
+
+async fn health_by_name(State(agent): State<Agent>, Path(name): Path<String>, Query(q): Params) -> Response {
+    let instances: Vec<(HealthStatus, Value)> = agent
+        .state()
+        .services()
+        .values()
+        .filter(|s| s.service.service == name)
+        .map(|s| instance_health(&agent, s))
+        .collect();
+    if instances.is_empty() {
+        return text(StatusCode::NOT_FOUND, format!("ServiceName {name} Not Found\n"));
+    }
+    let worst = instances.iter().map(|(s, _)| *s).max().unwrap_or(HealthStatus::Passing);
+    if q.get("format").is_some_and(|f| f == "text") {
+        return text(health_status_code(worst), worst.as_str().to_owned());
+    }
+    let bodies: Vec<Value> = instances.into_iter().map(|(_, b)| b).collect();
+    json_response(health_status_code(worst), &bodies)
+}
+
+fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Value {
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(0)),
+        _ => (addr, 0),
+    };
+    json!({"Name": name, "Addr": host, "Port": port, "Tags": {"role": role, "dc": dc},
+           "Status": if alive { 1 } else { 4 }})
+}
+
+async fn agent_self(State(agent): State<Agent>) -> Response {
+    let c = agent.config();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "Config": {
+                "Datacenter": c.datacenter,
+                "NodeName": c.node,
+                "NodeID": "",
+                "Server": false,
+                "Version": env!("CARGO_PKG_VERSION"),
+                "Revision": "",
+            },
+            "Member": member(&c.node, &c.advertise, "node", &c.datacenter, true),
+            "Meta": {},
+            "Stats": {"agent": {"services": agent.state().counts().0.to_string(), "checks": agent.state().counts().1.to_string()}},
+        }),
+    )
+}
+
+async fn members(State(agent): State<Agent>) -> Response {
+    let c = agent.config();
+    let mut out = vec![member(&c.node, &c.advertise, "node", &c.datacenter, true)];
+    for (i, base) in agent.servers().addresses().iter().enumerate() {
+        let addr = base.trim_start_matches("http://").trim_start_matches("https://");
+        out.push(member(addr, addr, "consul", &c.datacenter, agent.servers().answered(i)));
+    }
+    json_response(StatusCode::OK, &out)
+}
+
+/// Headers that belong to one connection, never forwarded.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+async fn forward(State(agent): State<Agent>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| parts.uri.path().to_owned());
+    if !parts.uri.path().starts_with("/v1/") {
+        return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+    }
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")),
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in &parts.headers {
+        if !hop_by_hop(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let method = parts.method.clone();
+    // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
+    let send = agent.servers().send(|client, base| {
+        client
+            .request(method.clone(), format!("{base}{path_and_query}"))
+            .headers(headers.clone())
+            .body(body.clone())
+    });
+    let result = tokio::select! {
+        r = send => r,
+        () = agent.stopping() => return shutting_down(),
+    };
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => return forward_error(&e),
+    };
+    let status = resp.status();
+    let mut out_headers = HeaderMap::new();
+    for (name, value) in resp.headers() {
+        if !hop_by_hop(name) {
+            out_headers.append(name.clone(), value.clone());
+        }
+    }
+    let bytes = tokio::select! {
+        b = resp.bytes() => b,
+        () = agent.stopping() => return shutting_down(),
+    };
+    match bytes {
+        Ok(bytes) => {
+            let mut out = Response::new(Body::from(bytes));
+            *out.status_mut() = status;
+            *out.headers_mut() = out_headers;
+            out
+        }
+        Err(e) => forward_error(&ServerError::Unreachable {
+            tried: 1,
+            last: crate::servers::chain(&e),
+        }),
+    }
+}
+
+fn shutting_down() -> Response {
+    text(StatusCode::SERVICE_UNAVAILABLE, "the agent is shutting down\n".into())
+}
+
+fn forward_error(e: &ServerError) -> Response {
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("cannot forward to a server: {e}\n")
+            .replace('\n', " ")
+            .trim_end()
+            .to_owned()
+            + "\n",
+    )
+}

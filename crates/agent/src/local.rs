@@ -1,0 +1,508 @@
+//! The agent's local state: the services and checks registered on this node, each with a
+//! generation so anti-entropy knows what the catalog has not seen yet, and the ids removed
+//! locally that the catalog still has to forget.
+//!
+//! One exclusive lock guards it; no I/O happens under it. Every change bumps a version on a
+//! `watch` channel (alias checks and the sync loop wait on it).
+
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use structs::agent::{CheckKind, CheckType};
+use structs::{HealthCheck, HealthStatus, NodeService};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Largest check output kept, bytes; longer output is cut at a character boundary.
+pub const MAX_OUTPUT: usize = 4 * 1024;
+
+/// Where a registration came from: the HTTP API (persisted) or a config file (re-read on
+/// reload, never persisted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Source {
+    /// `/v1/agent/...` registrations.
+    Api,
+    /// `-config-file` definitions.
+    Config,
+}
+
+/// A registered service instance.
+#[derive(Debug, Clone)]
+pub struct LocalService {
+    /// The instance as the catalog gets it.
+    pub service: NodeService,
+    /// For a sidecar expanded from `Connect.SidecarService`: its parent's id.
+    pub sidecar_of: Option<String>,
+    /// Where it came from.
+    pub source: Source,
+    generation: u64,
+    synced: u64,
+}
+
+/// A registered check.
+#[derive(Debug, Clone)]
+pub struct LocalCheck {
+    /// The check as the catalog gets it (status and output included).
+    pub check: HealthCheck,
+    /// How it was defined; `None` for checks the agent owns (maintenance mode).
+    pub definition: Option<CheckType>,
+    /// How it runs; `None` when nothing runs it.
+    pub kind: Option<CheckKind>,
+    /// Where it came from.
+    pub source: Source,
+    /// Since when it has been critical.
+    pub critical_since: Option<Instant>,
+    generation: u64,
+    synced: u64,
+}
+
+impl LocalService {
+    /// A service not yet seen by the catalog.
+    pub fn new(service: NodeService, sidecar_of: Option<String>, source: Source) -> Self {
+        Self {
+            service,
+            sidecar_of,
+            source,
+            generation: 0,
+            synced: 0,
+        }
+    }
+}
+
+impl LocalCheck {
+    /// A check not yet seen by the catalog.
+    pub fn new(check: HealthCheck, definition: Option<CheckType>, kind: Option<CheckKind>, source: Source) -> Self {
+        let critical_since = (check.status == HealthStatus::Critical).then(Instant::now);
+        Self {
+            check,
+            definition,
+            kind,
+            source,
+            critical_since,
+            generation: 0,
+            synced: 0,
+        }
+    }
+}
+
+/// A service to push, at the generation it was read at, with its checks and theirs.
+pub type PendingService = (NodeService, u64, Vec<(HealthCheck, u64)>);
+
+/// What anti-entropy has to push: copies taken under the lock, with the generation each was
+/// read at, so a change made while a push is in flight is pushed again.
+#[derive(Debug, Default, Clone)]
+pub struct Pending {
+    /// Services out of sync, with their checks.
+    pub services: Vec<PendingService>,
+    /// Node checks and checks whose service is in sync, out of sync themselves.
+    pub checks: Vec<(HealthCheck, u64)>,
+    /// Services to remove from the catalog.
+    pub deleted_services: Vec<String>,
+    /// Checks to remove from the catalog.
+    pub deleted_checks: Vec<String>,
+}
+
+impl Pending {
+    /// True when the catalog has everything.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+            && self.checks.is_empty()
+            && self.deleted_services.is_empty()
+            && self.deleted_checks.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    services: BTreeMap<String, LocalService>,
+    checks: BTreeMap<String, LocalCheck>,
+    deleted_services: BTreeSet<String>,
+    deleted_checks: BTreeSet<String>,
+    generation: u64,
+}
+
+impl Inner {
+    fn next(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
+}
+
+/// The services and checks of this node (see the module docs).
+pub struct LocalState {
+    node: String,
+    inner: Mutex<Inner>,
+    version: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for LocalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalState")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+fn cap_output(mut output: String) -> String {
+    if output.len() > MAX_OUTPUT {
+        let mut end = MAX_OUTPUT;
+        while !output.is_char_boundary(end) {
+            end -= 1;
+        }
+        output.truncate(end);
+    }
+    output
+}
+
+impl LocalState {
+    /// Empty state for `node`.
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            inner: Mutex::new(Inner::default()),
+            version: watch::channel(0).0,
+        }
+    }
+
+    /// This agent's node name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Waits for changes: the value is bumped on every change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    fn changed(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Adds or replaces services and checks in one step, and removes `remove_checks`.
+    pub fn apply(&self, services: Vec<LocalService>, checks: Vec<LocalCheck>, remove_checks: &[String]) {
+        {
+            let mut inner = self.inner.lock();
+            for id in remove_checks {
+                if inner.checks.remove(id).is_some() {
+                    inner.deleted_checks.insert(id.clone());
+                }
+            }
+            for mut svc in services {
+                svc.generation = inner.next();
+                svc.synced = 0;
+                let id = svc.service.id.clone();
+                inner.deleted_services.remove(&id);
+                inner.services.insert(id, svc);
+            }
+            for mut check in checks {
+                check.check.node.clone_from(&self.node);
+                check.check.output = cap_output(std::mem::take(&mut check.check.output));
+                check.generation = inner.next();
+                check.synced = 0;
+                let id = check.check.check_id.clone();
+                inner.deleted_checks.remove(&id);
+                inner.checks.insert(id, check);
+            }
+        }
+        self.changed();
+    }
+
+    /// Removes a service and every check of it; returns the removed check ids, or `None` when
+    /// there was no such service.
+    pub fn remove_service(&self, id: &str) -> Option<Vec<String>> {
+        let removed = {
+            let mut inner = self.inner.lock();
+            inner.services.remove(id)?;
+            inner.deleted_services.insert(id.to_owned());
+            let ids: Vec<String> = inner
+                .checks
+                .iter()
+                .filter(|(_, c)| c.check.service_id == id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for c in &ids {
+                inner.checks.remove(c);
+                // The catalog drops a service's checks with it.
+                inner.deleted_checks.remove(c);
+            }
+            ids
+        };
+        self.changed();
+        Some(removed)
+    }
+
+    /// Removes one check; false when there was none.
+    pub fn remove_check(&self, id: &str) -> bool {
+        let found = {
+            let mut inner = self.inner.lock();
+            let found = inner.checks.remove(id).is_some();
+            if found {
+                inner.deleted_checks.insert(id.to_owned());
+            }
+            found
+        };
+        if found {
+            self.changed();
+        }
+        found
+    }
+
+    /// Sets a check's status and output (output capped at [`MAX_OUTPUT`]); a no-op when
+    /// neither changed. False when the check does not exist.
+    ///
+    /// A new status is pushed to the catalog at once (partial sync). New output under the same
+    /// status is kept locally and reaches the catalog with the next full sync: checks whose
+    /// output changes every run (timestamps, counters) would otherwise write to the servers
+    /// at every interval.
+    pub fn update_check(&self, id: &str, status: HealthStatus, output: String) -> bool {
+        let output = cap_output(output);
+        let changed = {
+            let mut inner = self.inner.lock();
+            let generation = inner.generation + 1;
+            let Some(c) = inner.checks.get_mut(id) else {
+                return false;
+            };
+            if c.check.status == status {
+                c.check.output = output;
+                false
+            } else {
+                if status == HealthStatus::Critical {
+                    c.critical_since.get_or_insert_with(Instant::now);
+                } else {
+                    c.critical_since = None;
+                }
+                c.check.status = status;
+                c.check.output = output;
+                c.generation = generation;
+                inner.generation = generation;
+                true
+            }
+        };
+        if changed {
+            self.changed();
+        }
+        true
+    }
+
+    /// A copy of one service.
+    pub fn service(&self, id: &str) -> Option<LocalService> {
+        self.inner.lock().services.get(id).cloned()
+    }
+
+    /// Copies of every service, by id.
+    pub fn services(&self) -> BTreeMap<String, LocalService> {
+        self.inner.lock().services.clone()
+    }
+
+    /// The port of every service, by id (for sidecar port allocation).
+    pub fn ports(&self) -> BTreeMap<String, u16> {
+        self.inner
+            .lock()
+            .services
+            .iter()
+            .map(|(id, s)| (id.clone(), s.service.port))
+            .collect()
+    }
+
+    /// The ids of the sidecars registered for `parent`.
+    pub fn sidecars_of(&self, parent: &str) -> Vec<String> {
+        self.inner
+            .lock()
+            .services
+            .values()
+            .filter(|s| s.sidecar_of.as_deref() == Some(parent))
+            .map(|s| s.service.id.clone())
+            .collect()
+    }
+
+    /// Copies of the checks of the given services, by id.
+    pub fn checks_of(&self, services: &[String]) -> BTreeMap<String, LocalCheck> {
+        self.inner
+            .lock()
+            .checks
+            .iter()
+            .filter(|(_, c)| services.contains(&c.check.service_id))
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect()
+    }
+
+    /// A copy of one check.
+    pub fn check(&self, id: &str) -> Option<LocalCheck> {
+        self.inner.lock().checks.get(id).cloned()
+    }
+
+    /// Copies of every check, by id.
+    pub fn checks(&self) -> BTreeMap<String, LocalCheck> {
+        self.inner.lock().checks.clone()
+    }
+
+    /// The checks of one service instance.
+    pub fn service_checks(&self, service_id: &str) -> Vec<HealthCheck> {
+        self.inner
+            .lock()
+            .checks
+            .values()
+            .filter(|c| c.check.service_id == service_id)
+            .map(|c| c.check.clone())
+            .collect()
+    }
+
+    /// Number of services and checks.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.inner.lock();
+        (inner.services.len(), inner.checks.len())
+    }
+
+    /// What anti-entropy still has to push.
+    pub fn pending(&self) -> Pending {
+        let inner = self.inner.lock();
+        let mut out = Pending {
+            deleted_services: inner.deleted_services.iter().cloned().collect(),
+            deleted_checks: inner.deleted_checks.iter().cloned().collect(),
+            ..Pending::default()
+        };
+        // One pass over the checks, grouped by service: this runs on every partial sync.
+        let mut by_service: BTreeMap<&str, Vec<&LocalCheck>> = BTreeMap::new();
+        for c in inner.checks.values() {
+            by_service.entry(c.check.service_id.as_str()).or_default().push(c);
+        }
+        for (id, s) in &inner.services {
+            let checks = by_service.get(id.as_str()).map(Vec::as_slice).unwrap_or_default();
+            if s.generation != s.synced {
+                let checks = checks.iter().map(|c| (c.check.clone(), c.generation)).collect();
+                out.services.push((s.service.clone(), s.generation, checks));
+            } else {
+                out.checks.extend(
+                    checks
+                        .iter()
+                        .filter(|c| c.generation != c.synced)
+                        .map(|c| (c.check.clone(), c.generation)),
+                );
+            }
+        }
+        // Node checks, and checks whose service is gone (the catalog refuses those until the
+        // next full sync sorts it out).
+        for (service, checks) in &by_service {
+            if !inner.services.contains_key(*service) {
+                out.checks.extend(
+                    checks
+                        .iter()
+                        .filter(|c| c.generation != c.synced)
+                        .map(|c| (c.check.clone(), c.generation)),
+                );
+            }
+        }
+        out
+    }
+
+    /// The checks an alias of `service` follows: the instance's own and the node's, except
+    /// `exclude` (the alias itself); `None` when the instance is not registered.
+    pub fn alias_view(&self, service: &str, exclude: &str) -> Option<Vec<HealthCheck>> {
+        let inner = self.inner.lock();
+        inner.services.get(service)?;
+        Some(
+            inner
+                .checks
+                .values()
+                .filter(|c| {
+                    c.check.check_id != exclude && (c.check.service_id == service || c.check.service_id.is_empty())
+                })
+                .map(|c| c.check.clone())
+                .collect(),
+        )
+    }
+
+    /// Records that the catalog has the service as of `generation` (ignored if it changed since).
+    pub fn mark_service_synced(&self, id: &str, generation: u64) {
+        if let Some(s) = self.inner.lock().services.get_mut(id)
+            && s.generation == generation
+        {
+            s.synced = generation;
+        }
+    }
+
+    /// Records that the catalog has the check as of `generation`.
+    pub fn mark_check_synced(&self, id: &str, generation: u64) {
+        if let Some(c) = self.inner.lock().checks.get_mut(id)
+            && c.generation == generation
+        {
+            c.synced = generation;
+        }
+    }
+
+    /// Records that the catalog no longer has the service (unless it was registered again).
+    pub fn mark_service_deleted(&self, id: &str) {
+        self.inner.lock().deleted_services.remove(id);
+    }
+
+    /// Records that the catalog no longer has the check.
+    pub fn mark_check_deleted(&self, id: &str) {
+        self.inner.lock().deleted_checks.remove(id);
+    }
+
+    /// Full sync: compares the catalog's entries of this node with ours. Entries that differ
+    /// are marked out of sync, entries we do not have are queued for removal (except the
+    /// checks the server owns, named in `server_owned`).
+    pub fn reconcile(&self, remote_services: &[NodeService], remote_checks: &[HealthCheck], server_owned: &[&str]) {
+        let mut inner = self.inner.lock();
+        let remote_svcs: BTreeMap<&str, &NodeService> = remote_services.iter().map(|s| (s.id.as_str(), s)).collect();
+        let remote_chks: BTreeMap<&str, &HealthCheck> =
+            remote_checks.iter().map(|c| (c.check_id.as_str(), c)).collect();
+        for (id, s) in inner.services.iter_mut() {
+            match remote_svcs.get(id.as_str()) {
+                Some(r) => {
+                    if s.service.enable_tag_override {
+                        s.service.tags.clone_from(&r.tags);
+                    }
+                    s.synced = if same_service(&s.service, r) { s.generation } else { 0 };
+                }
+                None => s.synced = 0,
+            }
+        }
+        for (id, c) in inner.checks.iter_mut() {
+            c.synced = match remote_chks.get(id.as_str()) {
+                Some(r) if same_check(&c.check, r) => c.generation,
+                _ => 0,
+            };
+        }
+        let gone_services: Vec<String> = remote_svcs
+            .keys()
+            .filter(|id| !inner.services.contains_key(**id))
+            .map(|id| (*id).to_owned())
+            .collect();
+        let gone_checks: Vec<String> = remote_chks
+            .iter()
+            .filter(|(id, c)| {
+                !inner.checks.contains_key(**id)
+                    && !server_owned.contains(id)
+                    // A service's checks go with it.
+                    && !gone_services.contains(&c.service_id)
+            })
+            .map(|(id, _)| (*id).to_owned())
+            .collect();
+        inner.deleted_services.extend(gone_services);
+        inner.deleted_checks.extend(gone_checks);
+    }
+}
+
+/// Equal apart from what the catalog stamps.
+fn same_service(local: &NodeService, remote: &NodeService) -> bool {
+    let mut r = remote.clone();
+    r.create_index = local.create_index;
+    r.modify_index = local.modify_index;
+    r.connect.sidecar_service = None;
+    *local == r
+}
+
+/// Equal in what the agent decides (the catalog fills in node and service details).
+fn same_check(local: &HealthCheck, remote: &HealthCheck) -> bool {
+    local.name == remote.name
+        && local.status == remote.status
+        && local.notes == remote.notes
+        && local.output == remote.output
+        && local.service_id == remote.service_id
+        && local.check_type == remote.check_type
+        && local.definition == remote.definition
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,151 @@
+use super::*;
+
+fn svc(id: &str) -> LocalService {
+    LocalService::new(
+        NodeService {
+            id: id.into(),
+            service: "web".into(),
+            port: 80,
+            ..NodeService::default()
+        },
+        None,
+        Source::Api,
+    )
+}
+
+fn check(id: &str, service: &str, status: HealthStatus) -> LocalCheck {
+    LocalCheck::new(
+        HealthCheck {
+            check_id: id.into(),
+            name: id.into(),
+            status,
+            service_id: service.into(),
+            ..HealthCheck::default()
+        },
+        None,
+        None,
+        Source::Api,
+    )
+}
+
+#[test]
+fn a_change_made_during_a_push_is_pushed_again() {
+    let s = LocalState::new("n1");
+    s.apply(vec![svc("a")], vec![check("c", "a", HealthStatus::Critical)], &[]);
+    let p = s.pending();
+    assert_eq!(p.services.len(), 1);
+    assert_eq!(p.services[0].2.len(), 1, "the service carries its checks");
+    assert!(p.checks.is_empty());
+    // The check flips while the push is in flight.
+    assert!(s.update_check("c", HealthStatus::Passing, "ok".into()));
+    let (svc_pushed, generation, checks) = &p.services[0];
+    s.mark_service_synced(&svc_pushed.id, *generation);
+    for (c, g) in checks {
+        s.mark_check_synced(&c.check_id, *g);
+    }
+    let p = s.pending();
+    assert!(p.services.is_empty());
+    assert_eq!(p.checks.len(), 1);
+    assert_eq!(p.checks[0].0.status, HealthStatus::Passing);
+    s.mark_check_synced("c", p.checks[0].1);
+    assert!(s.pending().is_empty());
+}
+
+#[test]
+fn removals_are_queued_and_a_service_takes_its_checks() {
+    let s = LocalState::new("n1");
+    s.apply(
+        vec![svc("a")],
+        vec![
+            check("c", "a", HealthStatus::Passing),
+            check("node", "", HealthStatus::Passing),
+        ],
+        &[],
+    );
+    assert_eq!(s.remove_service("a"), Some(vec!["c".to_owned()]));
+    assert!(s.remove_service("a").is_none());
+    let p = s.pending();
+    assert_eq!(p.deleted_services, vec!["a"]);
+    assert!(
+        p.deleted_checks.is_empty(),
+        "the catalog drops a service's checks with it"
+    );
+    assert!(s.remove_check("node"));
+    assert_eq!(s.pending().deleted_checks, vec!["node"]);
+    // Registering again cancels the pending removal.
+    s.apply(vec![svc("a")], vec![], &[]);
+    assert!(s.pending().deleted_services.is_empty());
+}
+
+#[test]
+fn reconcile_marks_differences_and_queues_foreign_entries() {
+    let s = LocalState::new("n1");
+    s.apply(
+        vec![svc("a"), svc("b")],
+        vec![check("ca", "a", HealthStatus::Passing)],
+        &[],
+    );
+    let mut remote_a = s.service("a").unwrap().service;
+    remote_a.modify_index = structs::Index(9);
+    let mut remote_b = s.service("b").unwrap().service;
+    remote_b.port = 81;
+    let stray = NodeService {
+        id: "stray".into(),
+        service: "x".into(),
+        ..NodeService::default()
+    };
+    let mut remote_ca = s.check("ca").unwrap().check;
+    remote_ca.service_name = "web".into();
+    let liveness = HealthCheck {
+        check_id: "serfHealth".into(),
+        ..HealthCheck::default()
+    };
+    let stray_check = HealthCheck {
+        check_id: "stray-check".into(),
+        service_id: "stray".into(),
+        ..HealthCheck::default()
+    };
+    let foreign_node_check = HealthCheck {
+        check_id: "other".into(),
+        ..HealthCheck::default()
+    };
+    s.reconcile(
+        &[remote_a, remote_b, stray],
+        &[remote_ca, liveness, stray_check, foreign_node_check],
+        &["serfHealth"],
+    );
+    let p = s.pending();
+    let ids: Vec<&str> = p.services.iter().map(|(s, ..)| s.id.as_str()).collect();
+    assert_eq!(ids, ["b"], "a is equal apart from indexes, b differs");
+    assert!(p.checks.is_empty());
+    assert_eq!(p.deleted_services, ["stray"]);
+    assert_eq!(
+        p.deleted_checks,
+        ["other"],
+        "the liveness check and the stray service's checks stay"
+    );
+}
+
+#[test]
+fn output_is_capped_and_unchanged_updates_are_no_ops() {
+    let s = LocalState::new("n1");
+    s.apply(vec![], vec![check("c", "", HealthStatus::Critical)], &[]);
+    let mut rx = s.subscribe();
+    rx.borrow_and_update();
+    let long = "é".repeat(MAX_OUTPUT);
+    assert!(s.update_check("c", HealthStatus::Passing, long));
+    assert!(s.check("c").unwrap().check.output.len() <= MAX_OUTPUT);
+    assert!(rx.has_changed().unwrap());
+    rx.borrow_and_update();
+    let out = s.check("c").unwrap().check.output;
+    assert!(s.update_check("c", HealthStatus::Passing, out));
+    assert!(!rx.has_changed().unwrap());
+    // New output under the same status is kept, but waits for the next full sync.
+    let before = s.pending();
+    assert!(s.update_check("c", HealthStatus::Passing, "new output".into()));
+    assert_eq!(s.check("c").unwrap().check.output, "new output");
+    assert!(!rx.has_changed().unwrap());
+    assert_eq!(s.pending().checks.len(), before.checks.len());
+    assert!(!s.update_check("missing", HealthStatus::Passing, String::new()));
+    assert!(s.check("c").unwrap().critical_since.is_none());
+}

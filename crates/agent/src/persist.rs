@@ -1,0 +1,165 @@
+//! Services and checks registered through the API survive a restart: one JSON file per
+//! service (`<data-dir>/services/`) and per check (`<data-dir>/checks/`), each written
+//! atomically (temporary file, fsync, rename, fsync of the directory). At start every file is
+//! read back; a file that cannot be read or decoded is skipped with one log line, the rest
+//! load.
+
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::path::{Path, PathBuf};
+use structs::agent::CheckType;
+use structs::{HealthCheck, NodeService};
+use tracing::warn;
+
+/// A persisted service.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PersistedService {
+    /// The instance.
+    #[serde(rename = "Service")]
+    pub service: NodeService,
+    /// The parent of a sidecar.
+    #[serde(rename = "SidecarOf", default, skip_serializing_if = "Option::is_none")]
+    pub sidecar_of: Option<String>,
+}
+
+/// A persisted check.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PersistedCheck {
+    /// The check as registered.
+    #[serde(rename = "Check")]
+    pub check: HealthCheck,
+    /// Its definition; absent for maintenance checks.
+    #[serde(rename = "Definition", default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<CheckType>,
+}
+
+/// The agent's directory of persisted registrations.
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    services: PathBuf,
+    checks: PathBuf,
+}
+
+/// A file name for an id: letters, digits, `-`, `_` and `.` as they are, anything else as
+/// `%XX`, so every id maps to one distinct, safe name.
+fn file_name(id: &str) -> String {
+    let mut out = String::with_capacity(id.len() + 5);
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && !out.is_empty()) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push_str(".json");
+    out
+}
+
+impl Persistence {
+    /// Opens (creating) `<data_dir>/services` and `<data_dir>/checks`.
+    pub fn open(data_dir: &Path) -> io::Result<Self> {
+        let services = data_dir.join("services");
+        let checks = data_dir.join("checks");
+        std::fs::create_dir_all(&services)?;
+        std::fs::create_dir_all(&checks)?;
+        Ok(Self { services, checks })
+    }
+
+    /// Writes a service's file.
+    pub fn save_service(&self, svc: &PersistedService) -> io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(svc).map_err(io::Error::other)?;
+        supervisor::process::write_atomic(&self.services.join(file_name(&svc.service.id)), &bytes, 0o600)
+    }
+
+    /// Writes a check's file.
+    pub fn save_check(&self, check: &PersistedCheck) -> io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(check).map_err(io::Error::other)?;
+        supervisor::process::write_atomic(&self.checks.join(file_name(&check.check.check_id)), &bytes, 0o600)
+    }
+
+    /// Removes a service's file (absent is fine).
+    pub fn remove_service(&self, id: &str) -> io::Result<()> {
+        remove(&self.services.join(file_name(id)))
+    }
+
+    /// Removes a check's file (absent is fine).
+    pub fn remove_check(&self, id: &str) -> io::Result<()> {
+        remove(&self.checks.join(file_name(id)))
+    }
+
+    /// Every readable persisted service and check.
+    pub fn load(&self) -> io::Result<(Vec<PersistedService>, Vec<PersistedCheck>)> {
+        Ok((load_dir(&self.services, "service")?, load_dir(&self.checks, "check")?))
+    }
+}
+
+fn remove(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn load_dir<T: serde::de::DeserializeOwned>(dir: &Path, what: &str) -> io::Result<Vec<T>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                // Leftovers of an interrupted write start with a dot.
+                && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    let mut out = Vec::with_capacity(paths.len());
+    for path in paths {
+        let decoded = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()));
+        match decoded {
+            Ok(v) => out.push(v),
+            Err(error) => warn!(path = %path.display(), %error, "skipping a persisted {what} that cannot be read"),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_map_to_distinct_safe_names() {
+        assert_eq!(file_name("web-1"), "web-1.json");
+        assert_eq!(file_name("service:web:1"), "service%3Aweb%3A1.json");
+        assert_eq!(file_name("../x"), "%2E.%2Fx.json");
+        assert_ne!(file_name("a:b"), file_name("a%3Ab"));
+    }
+
+    #[test]
+    fn round_trip_and_a_corrupt_file_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Persistence::open(dir.path()).unwrap();
+        for id in ["a", "b"] {
+            p.save_service(&PersistedService {
+                service: NodeService {
+                    id: id.into(),
+                    service: "web".into(),
+                    ..NodeService::default()
+                },
+                sidecar_of: None,
+            })
+            .unwrap();
+        }
+        std::fs::write(dir.path().join("services/c.json"), b"{not json").unwrap();
+        let (services, checks) = p.load().unwrap();
+        assert_eq!(
+            services.iter().map(|s| s.service.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(checks.is_empty());
+        p.remove_service("a").unwrap();
+        p.remove_service("a").unwrap();
+        assert_eq!(p.load().unwrap().0.len(), 1);
+    }
+}

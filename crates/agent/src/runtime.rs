@@ -1,0 +1,712 @@
+//! The agent: registrations (checked, expanded, persisted, then applied), the check runner,
+//! anti-entropy, the liveness heartbeat and the critical-service reaper, all owned by one
+//! [`Agent`] and stopped by [`Agent::shutdown`].
+
+use crate::checks::{CheckRunner, Thresholds, TtlError};
+use crate::local::{LocalCheck, LocalService, LocalState, Source};
+use crate::persist::{PersistedCheck, PersistedService, Persistence};
+use crate::servers::Servers;
+use crate::sidecar::{self, NewCheck};
+use crate::sync::{NodeInfo, SyncConfig, Syncer};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use structs::agent::{CheckKind, CheckType, ServiceDefinition};
+use structs::{HealthCheck, HealthStatus, Problem, ValidationError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// Id prefix of a service's maintenance check.
+pub const MAINTENANCE_PREFIX: &str = "_service_maintenance:";
+
+/// Settings of an agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Node name.
+    pub node: String,
+    /// Datacenter.
+    pub datacenter: String,
+    /// Address of the node in the catalog.
+    pub advertise: String,
+    /// Where registrations are persisted; `None` keeps them in memory only (`-dev`).
+    pub data_dir: Option<PathBuf>,
+    /// Servers' HTTP addresses.
+    pub servers: Vec<String>,
+    /// Ports sidecars are given when they name none.
+    pub sidecar_ports: RangeInclusive<u16>,
+    /// Anti-entropy timing.
+    pub sync: SyncConfig,
+    /// How often the agent tells a server it is alive.
+    pub heartbeat_interval: Duration,
+    /// How often critical checks are looked at for `DeregisterCriticalServiceAfter`.
+    pub reap_interval: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node: "meshd-agent".into(),
+            datacenter: "dc1".into(),
+            advertise: "127.0.0.1".into(),
+            data_dir: None,
+            servers: Vec::new(),
+            sidecar_ports: 21000..=21255,
+            sync: SyncConfig::default(),
+            heartbeat_interval: Duration::from_secs(1),
+            reap_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why an agent operation failed. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Bad input; names the field.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The named service or check is not registered here.
+    #[error("{0}")]
+    NotFound(String),
+    /// A registration could not be persisted.
+    #[error("cannot persist the registration: {0}")]
+    Persist(#[from] std::io::Error),
+    /// The data directory is unusable.
+    #[error("cannot use data dir {path}: {error}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+impl From<TtlError> for AgentError {
+    fn from(e: TtlError) -> Self {
+        match e {
+            TtlError::NotFound(_) => AgentError::NotFound(e.to_string()),
+            TtlError::NotTtl(_) => {
+                AgentError::Invalid(ValidationError::new("CheckID", Problem::Invalid(e.to_string())))
+            }
+        }
+    }
+}
+
+struct Inner {
+    config: AgentConfig,
+    state: Arc<LocalState>,
+    checks: CheckRunner,
+    persist: Option<Persistence>,
+    servers: Arc<Servers>,
+    syncer: Arc<Syncer>,
+    /// One registration at a time: port allocation and persistence see a stable state.
+    writes: tokio::sync::Mutex<()>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+/// A running agent (cheap to clone).
+#[derive(Clone)]
+pub struct Agent(Arc<Inner>);
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.0.config.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// Loads persisted registrations and starts the agent's tasks.
+    pub async fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        let persist = match &config.data_dir {
+            None => None,
+            Some(dir) => Some(Persistence::open(dir).map_err(|error| AgentError::DataDir {
+                path: dir.clone(),
+                error,
+            })?),
+        };
+        let state = Arc::new(LocalState::new(config.node.clone()));
+        let cancel = CancellationToken::new();
+        let servers = Arc::new(Servers::new(&config.servers));
+        let syncer = Arc::new(Syncer::new(
+            Arc::clone(&state),
+            Arc::clone(&servers),
+            NodeInfo {
+                node: config.node.clone(),
+                address: config.advertise.clone(),
+                datacenter: config.datacenter.clone(),
+                meta: BTreeMap::new(),
+            },
+            config.sync.clone(),
+        ));
+        let agent = Agent(Arc::new(Inner {
+            checks: CheckRunner::new(Arc::clone(&state), cancel.child_token()).with_servers(Arc::clone(&servers)),
+            config,
+            state,
+            persist,
+            servers,
+            syncer,
+            writes: tokio::sync::Mutex::new(()),
+            cancel,
+            tracker: TaskTracker::new(),
+        }));
+        agent.load_persisted().await?;
+        let node = agent.0.config.node.clone();
+        let a = agent.clone();
+        let stop = agent.0.cancel.clone();
+        agent
+            .0
+            .tracker
+            .spawn(async move { a.0.syncer.run(stop).await }.instrument(info_span!("anti_entropy", node = %node)));
+        let a = agent.clone();
+        let stop = agent.0.cancel.clone();
+        agent
+            .0
+            .tracker
+            .spawn(async move { a.heartbeat(stop).await }.instrument(info_span!("heartbeat", node = %node)));
+        let a = agent.clone();
+        let stop = agent.0.cancel.clone();
+        agent
+            .0
+            .tracker
+            .spawn(async move { a.reap_critical(stop).await }.instrument(info_span!("critical_reaper")));
+        Ok(agent)
+    }
+
+    async fn load_persisted(&self) -> Result<(), AgentError> {
+        let Some(persist) = self.0.persist.clone() else {
+            return Ok(());
+        };
+        let (services, checks) = tokio::task::spawn_blocking(move || persist.load())
+            .await
+            .map_err(std::io::Error::other)??;
+        let node = self.0.config.node.clone();
+        let services: Vec<LocalService> = services
+            .into_iter()
+            .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api))
+            .collect();
+        let mut loaded = Vec::new();
+        for p in checks {
+            if !p.check.service_id.is_empty() && !services.iter().any(|s| s.service.id == p.check.service_id) {
+                warn!(check = %p.check.check_id, service = %p.check.service_id, "skipping a persisted check whose service is gone");
+                continue;
+            }
+            let kind = match p.definition.as_ref().map(|d| d.kind()).transpose() {
+                Ok(kind) => kind,
+                Err(error) => {
+                    warn!(check = %p.check.check_id, %error, "skipping a persisted check with an unusable definition");
+                    continue;
+                }
+            };
+            let mut check = p.check;
+            check.node.clone_from(&node);
+            loaded.push(LocalCheck::new(check, p.definition, kind, Source::Api));
+        }
+        info!(
+            services = services.len(),
+            checks = loaded.len(),
+            "loaded persisted registrations"
+        );
+        self.apply(services, loaded, Vec::new());
+        Ok(())
+    }
+
+    /// Applies to the state and (re)starts the runners of the added checks.
+    fn apply(&self, services: Vec<LocalService>, checks: Vec<LocalCheck>, removed_checks: Vec<String>) {
+        for id in &removed_checks {
+            self.0.checks.stop(id);
+        }
+        let runners: Vec<(String, CheckKind, Thresholds)> = checks
+            .iter()
+            .filter_map(|c| {
+                let kind = c.kind.clone()?;
+                let d = c.definition.as_ref()?;
+                Some((
+                    c.check.check_id.clone(),
+                    kind,
+                    Thresholds::new(
+                        d.success_before_passing,
+                        d.failures_before_warning,
+                        d.failures_before_critical,
+                    ),
+                ))
+            })
+            .collect();
+        self.0.state.apply(services, checks, &removed_checks);
+        for (id, kind, thresholds) in runners {
+            self.0.checks.start(&id, &kind, thresholds);
+        }
+    }
+
+    /// The local state.
+    pub fn state(&self) -> &LocalState {
+        &self.0.state
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AgentConfig {
+        &self.0.config
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &Servers {
+        &self.0.servers
+    }
+
+    /// True once the catalog has everything the agent has.
+    pub fn in_sync(&self) -> bool {
+        self.0.syncer.in_sync()
+    }
+
+    /// Registers (or replaces) a service with its checks and its sidecar. With
+    /// `replace_existing_checks`, checks of the service not in `def` are removed; otherwise
+    /// they stay. A check that already existed keeps its status unless `def` sets one.
+    pub async fn register_service(
+        &self,
+        def: ServiceDefinition,
+        source: Source,
+        replace_existing_checks: bool,
+    ) -> Result<(), AgentError> {
+        let _write = self.0.writes.lock().await;
+        // Only a sidecar needs the node's ports; a bulk load of plain services stays linear.
+        let ports = if def.connect.sidecar_service.is_some() {
+            self.0.state.ports()
+        } else {
+            BTreeMap::new()
+        };
+        let expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
+        let parent_id = expanded.service.id.clone();
+        let mut services = vec![LocalService::new(expanded.service, None, source)];
+        let mut new_checks: Vec<NewCheck> = expanded.checks;
+        let mut keep_ids: Vec<String> = vec![parent_id.clone()];
+        if let Some((proxy, checks)) = expanded.sidecar {
+            keep_ids.push(proxy.id.clone());
+            services.push(LocalService::new(proxy, Some(parent_id.clone()), source));
+            new_checks.extend(checks);
+        }
+        // A sidecar dropped from the definition goes with its registration.
+        let old_sidecars: Vec<String> = self
+            .0
+            .state
+            .sidecars_of(&parent_id)
+            .into_iter()
+            .filter(|id| !keep_ids.contains(id))
+            .collect();
+        let current_checks = self.0.state.checks_of(&keep_ids);
+        let checks: Vec<LocalCheck> = new_checks
+            .into_iter()
+            .map(|n| {
+                let mut check = n.check;
+                if n.definition.status.is_none()
+                    && let Some(old) = current_checks.get(&check.check_id)
+                {
+                    check.status = old.check.status;
+                    check.output.clone_from(&old.check.output);
+                }
+                LocalCheck::new(check, Some(n.definition), Some(n.kind), source)
+            })
+            .collect();
+        let mut removed_checks: Vec<String> = Vec::new();
+        if replace_existing_checks {
+            removed_checks = current_checks
+                .values()
+                .filter(|c| {
+                    keep_ids.contains(&c.check.service_id)
+                        && !c.check.check_id.starts_with(MAINTENANCE_PREFIX)
+                        && !checks.iter().any(|n| n.check.check_id == c.check.check_id)
+                })
+                .map(|c| c.check.check_id.clone())
+                .collect();
+        }
+        if source == Source::Api {
+            self.persist_add(&services, &checks, &removed_checks).await?;
+        }
+        for id in &old_sidecars {
+            self.remove_service_locked(id).await?;
+        }
+        info!(service = %parent_id, checks = checks.len(), sidecar = services.len() > 1, "service registered");
+        self.apply(services, checks, removed_checks);
+        Ok(())
+    }
+
+    async fn persist_add(
+        &self,
+        services: &[LocalService],
+        checks: &[LocalCheck],
+        removed_checks: &[String],
+    ) -> Result<(), AgentError> {
+        let Some(persist) = self.0.persist.clone() else {
+            return Ok(());
+        };
+        let services: Vec<PersistedService> = services
+            .iter()
+            .map(|s| PersistedService {
+                service: s.service.clone(),
+                sidecar_of: s.sidecar_of.clone(),
+            })
+            .collect();
+        let checks: Vec<PersistedCheck> = checks
+            .iter()
+            .map(|c| PersistedCheck {
+                check: c.check.clone(),
+                definition: c.definition.clone(),
+            })
+            .collect();
+        let removed = removed_checks.to_vec();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            for s in &services {
+                persist.save_service(s)?;
+            }
+            for c in &checks {
+                persist.save_check(c)?;
+            }
+            for id in &removed {
+                persist.remove_check(id)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Ok(())
+    }
+
+    async fn persist_remove(&self, services: Vec<String>, checks: Vec<String>) -> Result<(), AgentError> {
+        let Some(persist) = self.0.persist.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            for id in &checks {
+                persist.remove_check(id)?;
+            }
+            for id in &services {
+                persist.remove_service(id)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Ok(())
+    }
+
+    /// Removes a service, its checks and its sidecar.
+    pub async fn deregister_service(&self, id: &str) -> Result<(), AgentError> {
+        let _write = self.0.writes.lock().await;
+        if self.0.state.service(id).is_none() {
+            return Err(AgentError::NotFound(format!(
+                "Unknown service ID {id:?}. Ensure that the service ID is passed, not the service name."
+            )));
+        }
+        let sidecars: Vec<String> = self
+            .0
+            .state
+            .services()
+            .into_values()
+            .filter(|s| s.sidecar_of.as_deref() == Some(id))
+            .map(|s| s.service.id)
+            .collect();
+        for sc in &sidecars {
+            self.remove_service_locked(sc).await?;
+        }
+        self.remove_service_locked(id).await?;
+        info!(service = %id, "service deregistered");
+        Ok(())
+    }
+
+    async fn remove_service_locked(&self, id: &str) -> Result<(), AgentError> {
+        let checks: Vec<String> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| c.check.service_id == id)
+            .map(|c| c.check.check_id)
+            .collect();
+        self.persist_remove(vec![id.to_owned()], checks.clone()).await?;
+        for c in &checks {
+            self.0.checks.stop(c);
+        }
+        self.0.state.remove_service(id);
+        Ok(())
+    }
+
+    /// Registers (or replaces) a check (`/v1/agent/check/register`): its id is `ID`, else its
+    /// name; a `ServiceID` must name a local service.
+    pub async fn register_check(&self, def: CheckType, source: Source) -> Result<(), AgentError> {
+        let _write = self.0.writes.lock().await;
+        if def.name.is_empty() {
+            return Err(ValidationError::new("Name", Problem::Required("")).into());
+        }
+        let kind = def.kind()?;
+        let id = if def.given_id().is_empty() {
+            def.name.clone()
+        } else {
+            def.given_id().to_owned()
+        };
+        let mut check = sidecar::health_check(id, def.name.clone(), &def, &kind);
+        if !def.service_id.is_empty() {
+            let Some(svc) = self.0.state.service(&def.service_id) else {
+                return Err(ValidationError::new(
+                    "ServiceID",
+                    Problem::Invalid(format!("{:?} is not registered on this agent", def.service_id)),
+                )
+                .into());
+            };
+            check.service_id.clone_from(&svc.service.id);
+            check.service_name.clone_from(&svc.service.service);
+            check.service_tags.clone_from(&svc.service.tags);
+        }
+        if def.status.is_none()
+            && let Some(old) = self.0.state.check(&check.check_id)
+        {
+            check.status = old.check.status;
+            check.output = old.check.output;
+        }
+        let local = LocalCheck::new(check, Some(def), Some(kind), source);
+        if source == Source::Api {
+            self.persist_add(&[], std::slice::from_ref(&local), &[]).await?;
+        }
+        info!(check = %local.check.check_id, "check registered");
+        self.apply(Vec::new(), vec![local], Vec::new());
+        Ok(())
+    }
+
+    /// Removes a check.
+    pub async fn deregister_check(&self, id: &str) -> Result<(), AgentError> {
+        let _write = self.0.writes.lock().await;
+        if self.0.state.check(id).is_none() {
+            return Err(AgentError::NotFound(format!("Unknown check ID {id:?}")));
+        }
+        self.persist_remove(Vec::new(), vec![id.to_owned()]).await?;
+        self.0.checks.stop(id);
+        self.0.state.remove_check(id);
+        info!(check = %id, "check deregistered");
+        Ok(())
+    }
+
+    /// A TTL check's report.
+    pub fn ttl_update(&self, id: &str, status: HealthStatus, output: String) -> Result<(), AgentError> {
+        Ok(self.0.checks.ttl_update(id, status, output)?)
+    }
+
+    /// Puts a service into maintenance (a critical check `_service_maintenance:<id>`) or takes
+    /// it out.
+    pub async fn set_maintenance(&self, service_id: &str, enable: bool, reason: &str) -> Result<(), AgentError> {
+        let _write = self.0.writes.lock().await;
+        let Some(svc) = self.0.state.service(service_id) else {
+            return Err(AgentError::NotFound(format!(
+                "No service registered with ID {service_id:?}"
+            )));
+        };
+        let id = format!("{MAINTENANCE_PREFIX}{service_id}");
+        if !enable {
+            if self.0.state.check(&id).is_some() {
+                self.persist_remove(Vec::new(), vec![id.clone()]).await?;
+                self.0.state.remove_check(&id);
+                info!(service = %service_id, "maintenance mode off");
+            }
+            return Ok(());
+        }
+        let notes = if reason.is_empty() {
+            "Maintenance mode is enabled for this service, but no reason was provided. This is a default message."
+                .to_owned()
+        } else {
+            reason.to_owned()
+        };
+        let check = HealthCheck {
+            check_id: id,
+            name: "Service Maintenance Mode".into(),
+            status: HealthStatus::Critical,
+            notes,
+            service_id: svc.service.id.clone(),
+            service_name: svc.service.service.clone(),
+            service_tags: svc.service.tags.clone(),
+            check_type: "maintenance".into(),
+            ..HealthCheck::default()
+        };
+        let local = LocalCheck::new(check, None, None, svc.source);
+        if svc.source == Source::Api {
+            self.persist_add(&[], std::slice::from_ref(&local), &[]).await?;
+        }
+        info!(service = %service_id, "maintenance mode on");
+        self.apply(Vec::new(), vec![local], Vec::new());
+        Ok(())
+    }
+
+    /// Replaces the registrations that came from config files with `services` and `checks`
+    /// (start and SIGHUP). Everything is checked first: one bad definition changes nothing.
+    pub async fn load_config(
+        &self,
+        services: Vec<ServiceDefinition>,
+        checks: Vec<CheckType>,
+    ) -> Result<(), AgentError> {
+        for (i, def) in services.iter().enumerate() {
+            sidecar::expand(def, &BTreeMap::new(), &self.0.config.sidecar_ports)
+                .map_err(|e| e.within(&format!("services[{i}]")))?;
+        }
+        for (i, def) in checks.iter().enumerate() {
+            let at = format!("checks[{i}]");
+            if def.name.is_empty() {
+                return Err(ValidationError::new(format!("{at}.Name"), Problem::Required("")).into());
+            }
+            def.kind().map_err(|e| e.within(&at))?;
+        }
+        let wanted: Vec<String> = services.iter().map(|d| d.instance_id().to_owned()).collect();
+        let stale: Vec<String> = self
+            .0
+            .state
+            .services()
+            .into_values()
+            .filter(|s| s.source == Source::Config && s.sidecar_of.is_none() && !wanted.contains(&s.service.id))
+            .map(|s| s.service.id)
+            .collect();
+        for id in stale {
+            self.deregister_service(&id).await?;
+        }
+        for def in services {
+            self.register_service(def, Source::Config, true).await?;
+        }
+        let check_ids: Vec<String> = checks
+            .iter()
+            .map(|c| {
+                if c.given_id().is_empty() {
+                    c.name.clone()
+                } else {
+                    c.given_id().to_owned()
+                }
+            })
+            .collect();
+        let stale_checks: Vec<String> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| {
+                c.source == Source::Config && c.check.service_id.is_empty() && !check_ids.contains(&c.check.check_id)
+            })
+            .map(|c| c.check.check_id)
+            .collect();
+        for id in stale_checks {
+            self.deregister_check(&id).await?;
+        }
+        for def in checks {
+            self.register_check(def, Source::Config).await?;
+        }
+        Ok(())
+    }
+
+    /// Tells a server this node is alive, every `heartbeat_interval`, until `stop`.
+    async fn heartbeat(&self, stop: CancellationToken) {
+        let body = json!({"Node": self.0.config.node, "Address": self.0.config.advertise});
+        let mut warned_missing = false;
+        // `?dc=`: a server of another datacenter refuses instead of adopting this node.
+        let path = format!("/v1/internal/node/heartbeat?dc={}", self.0.config.datacenter);
+        loop {
+            match self.0.servers.put_json(&path, &body).await {
+                Ok(()) => {}
+                Err(crate::servers::ServerError::Status { status: 404 | 405, .. }) if !warned_missing => {
+                    warned_missing = true;
+                    warn!("the server has no heartbeat endpoint: this node's liveness is not tracked");
+                }
+                // The anti-entropy loop logs while servers are away.
+                Err(error) => debug!(%error, "heartbeat failed"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.0.config.heartbeat_interval) => {}
+            }
+        }
+    }
+
+    /// Deregisters services whose check has been critical longer than its
+    /// `DeregisterCriticalServiceAfter`.
+    async fn reap_critical(&self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.0.config.reap_interval) => {}
+            }
+            let now = Instant::now();
+            let doomed: Vec<(String, String)> = self
+                .0
+                .state
+                .checks()
+                .into_values()
+                .filter_map(|c| {
+                    let after = c.definition.as_ref()?.deregister_critical_service_after;
+                    let since = c.critical_since?;
+                    (!after.is_zero() && !c.check.service_id.is_empty() && now.duration_since(since) >= after.0)
+                        .then(|| (c.check.service_id.clone(), c.check.check_id.clone()))
+                })
+                .collect();
+            for (service, check) in doomed {
+                warn!(%service, %check, "deregistering a service critical for longer than DeregisterCriticalServiceAfter");
+                if let Err(error) = self.deregister_service(&service).await {
+                    debug!(%service, %error, "reaping");
+                }
+            }
+        }
+    }
+
+    /// Removes this node from the catalog (leave); best effort, with a short deadline.
+    pub async fn leave(&self) -> Result<(), crate::servers::ServerError> {
+        let body = json!({"Node": self.0.config.node});
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            self.0.servers.put_json("/v1/catalog/deregister", &body),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::servers::ServerError::Unreachable {
+                tried: 1,
+                last: "timed out".into(),
+            })
+        })
+    }
+
+    /// Stops every task of the agent and waits for them; then records the last reported
+    /// status of TTL checks, so that a restart does not flap them back to their registered
+    /// status (each gets a full TTL after the restart to be reported again).
+    pub async fn shutdown(&self) {
+        self.0.cancel.cancel();
+        self.0.checks.shutdown().await;
+        self.0.tracker.close();
+        self.0.tracker.wait().await;
+        if let Err(error) = self.persist_ttl_states().await {
+            warn!(%error, "cannot record the TTL checks' last status: they restart from their registered one");
+        }
+    }
+
+    async fn persist_ttl_states(&self) -> Result<(), AgentError> {
+        if self.0.persist.is_none() {
+            return Ok(());
+        }
+        let ttl: Vec<LocalCheck> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| c.source == Source::Api && matches!(c.kind, Some(CheckKind::Ttl(_))))
+            .collect();
+        self.persist_add(&[], &ttl, &[]).await
+    }
+
+    /// Completes once the agent is shutting down (for requests that would otherwise outlive
+    /// it, such as forwarded blocking queries).
+    pub async fn stopping(&self) {
+        self.0.cancel.cancelled().await;
+    }
+
+    /// Waits for the first successful full sync.
+    pub async fn wait_first_sync(&self) {
+        self.0.syncer.wait_first_sync().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! The agent without servers: registrations, their rules, persistence and the reaper.
+
+use super::*;
+use serde_json::json;
+
+fn def(v: serde_json::Value) -> ServiceDefinition {
+    structs::json::from_value(v).unwrap()
+}
+
+fn check_def(v: serde_json::Value) -> CheckType {
+    structs::json::from_value(v).unwrap()
+}
+
+async fn agent(data_dir: Option<PathBuf>) -> Agent {
+    Agent::start(AgentConfig {
+        node: "n1".into(),
+        data_dir,
+        ..AgentConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn ids<T>(m: &BTreeMap<String, T>) -> Vec<&str> {
+    m.keys().map(String::as_str).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_critical_too_long_is_deregistered() {
+    let a = agent(None).await;
+    a.register_service(
+        def(json!({"Name": "web", "Check": {"TTL": "10s", "DeregisterCriticalServiceAfter": "30s"}})),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    a.register_service(def(json!({"Name": "db", "Check": {"TTL": "10s"}})), Source::Api, false)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(a.state().service("web").is_some(), "critical for 20 s only");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(a.state().service("web").is_none(), "critical for more than 30 s");
+    assert!(
+        a.state().service("db").is_some(),
+        "no DeregisterCriticalServiceAfter, kept"
+    );
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn re_registration_keeps_statuses_and_replace_drops_old_checks() {
+    let a = agent(None).await;
+    let web = json!({"Name": "web", "Checks": [{"CheckID": "a", "TTL": "60s"}, {"CheckID": "b", "TTL": "60s"}]});
+    a.register_service(def(web), Source::Api, false).await.unwrap();
+    a.ttl_update("a", HealthStatus::Passing, "fine".into()).unwrap();
+    let only_a = json!({"Name": "web", "Checks": [{"CheckID": "a", "TTL": "60s"}]});
+    a.register_service(def(only_a.clone()), Source::Api, false)
+        .await
+        .unwrap();
+    assert_eq!(ids(&a.state().checks()), ["a", "b"], "without replace, b stays");
+    assert_eq!(a.state().check("a").unwrap().check.status, HealthStatus::Passing);
+    a.register_service(def(only_a), Source::Api, true).await.unwrap();
+    assert_eq!(ids(&a.state().checks()), ["a"]);
+    // A TTL report to a check that is gone is a not-found.
+    assert!(matches!(
+        a.ttl_update("b", HealthStatus::Passing, String::new()),
+        Err(AgentError::NotFound(_))
+    ));
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_follow_their_parent_and_maintenance_is_a_check() {
+    let a = agent(None).await;
+    a.register_service(
+        def(json!({"Name": "web", "Port": 80, "Connect": {"SidecarService": {}}})),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&a.state().services()), ["web", "web-sidecar-proxy"]);
+    // Registering the parent without its sidecar removes the sidecar.
+    a.register_service(def(json!({"Name": "web", "Port": 80})), Source::Api, false)
+        .await
+        .unwrap();
+    assert_eq!(ids(&a.state().services()), ["web"]);
+    assert!(a.state().checks().is_empty(), "the sidecar's checks went with it");
+    a.set_maintenance("web", true, "").await.unwrap();
+    let m = a.state().check("_service_maintenance:web").unwrap();
+    assert_eq!(m.check.status, HealthStatus::Critical);
+    assert!(m.check.notes.starts_with("Maintenance mode is enabled"));
+    a.set_maintenance("web", false, "").await.unwrap();
+    assert!(a.state().checks().is_empty());
+    assert!(matches!(
+        a.set_maintenance("nope", true, "").await,
+        Err(AgentError::NotFound(_))
+    ));
+    a.register_service(
+        def(json!({"Name": "api", "Port": 81, "Connect": {"SidecarService": {}}})),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    a.deregister_service("api").await.unwrap();
+    assert_eq!(
+        ids(&a.state().services()),
+        ["web"],
+        "the sidecar is deregistered with its parent"
+    );
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn registrations_survive_a_restart_and_config_ones_are_not_persisted() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(Some(dir.path().to_owned())).await;
+    a.register_service(
+        def(
+            json!({"Name": "web", "Port": 80, "Check": {"TTL": "60s"}, "Connect": {"SidecarService": {"Port": 21100}}}),
+        ),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    a.register_check(check_def(json!({"Name": "disk", "TTL": "60s"})), Source::Api)
+        .await
+        .unwrap();
+    a.load_config(vec![def(json!({"Name": "from-file", "Port": 90}))], vec![])
+        .await
+        .unwrap();
+    a.set_maintenance("web", true, "upgrade").await.unwrap();
+    a.shutdown().await;
+
+    let b = agent(Some(dir.path().to_owned())).await;
+    assert_eq!(ids(&b.state().services()), ["web", "web-sidecar-proxy"]);
+    assert_eq!(b.state().service("web-sidecar-proxy").unwrap().service.port, 21100);
+    assert_eq!(
+        b.state().service("web-sidecar-proxy").unwrap().sidecar_of.as_deref(),
+        Some("web")
+    );
+    assert_eq!(
+        ids(&b.state().checks()),
+        [
+            "_service_maintenance:web",
+            "disk",
+            "service:web",
+            "service:web-sidecar-proxy:1",
+            "service:web-sidecar-proxy:2"
+        ]
+    );
+    // TTL checks run again after the restart, and keep their last report across a restart.
+    b.ttl_update("disk", HealthStatus::Passing, "fine".into()).unwrap();
+    b.ttl_update("service:web", HealthStatus::Warning, "slow".into())
+        .unwrap();
+    b.shutdown().await;
+    let b = agent(Some(dir.path().to_owned())).await;
+    assert_eq!(b.state().check("disk").unwrap().check.status, HealthStatus::Passing);
+    let web = b.state().check("service:web").unwrap().check;
+    assert_eq!((web.status, web.output.as_str()), (HealthStatus::Warning, "slow"));
+    b.deregister_service("web").await.unwrap();
+    b.shutdown().await;
+    let c = agent(Some(dir.path().to_owned())).await;
+    assert!(c.state().services().is_empty(), "deregistration removed the files");
+    assert_eq!(ids(&c.state().checks()), ["disk"]);
+    c.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_config_changes_nothing_and_names_the_entry() {
+    let a = agent(None).await;
+    a.load_config(vec![def(json!({"Name": "one", "Port": 1}))], vec![])
+        .await
+        .unwrap();
+    let err = a
+        .load_config(
+            vec![
+                def(json!({"Name": "two"})),
+                def(json!({"Name": "three", "Check": {"Interval": "1s"}})),
+            ],
+            vec![],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "services[1].Check.TTL: required (or HTTP, TCP or AliasService): the check has no type"
+    );
+    assert_eq!(ids(&a.state().services()), ["one"]);
+    let err = a
+        .load_config(vec![], vec![check_def(json!({"TTL": "1s"}))])
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "checks[0].Name: required");
+    // A good reload replaces the file's services and leaves API ones alone.
+    a.register_service(def(json!({"Name": "api-one"})), Source::Api, false)
+        .await
+        .unwrap();
+    a.load_config(vec![def(json!({"Name": "two"}))], vec![]).await.unwrap();
+    assert_eq!(ids(&a.state().services()), ["api-one", "two"]);
+    a.shutdown().await;
+}

@@ -1,0 +1,192 @@
+//! The servers this agent talks to (`-retry-join`): one keep-alive HTTP client, the server
+//! that answered last tried first, the next one tried when a connection cannot be made.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Why a request to the servers failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// No server address is configured.
+    #[error("no server configured: give -retry-join")]
+    NoServers,
+    /// No server could be reached; the last failure is kept.
+    #[error("no server answered (tried {tried}): {last}")]
+    Unreachable {
+        /// How many servers were tried.
+        tried: usize,
+        /// The last failure.
+        last: String,
+    },
+    /// A server answered with an error status.
+    #[error("server answered {status}: {body}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// Its (trimmed) body.
+        body: String,
+    },
+    /// A server's answer could not be decoded.
+    #[error("cannot decode the server's answer: {0}")]
+    Decode(String),
+}
+
+impl ServerError {
+    /// True when the servers are away or failing (as opposed to refusing one request).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ServerError::Unreachable { .. } | ServerError::NoServers => true,
+            ServerError::Status { status, .. } => *status >= 500,
+            ServerError::Decode(_) => false,
+        }
+    }
+}
+
+/// The servers and a shared client (see the module docs).
+#[derive(Debug)]
+pub struct Servers {
+    bases: Vec<String>,
+    /// Whether each server answered the last request sent to it (true until tried).
+    answered: Vec<AtomicBool>,
+    current: AtomicUsize,
+    client: reqwest::Client,
+}
+
+/// `host:port` or a URL, as a base URL without a trailing slash.
+pub fn base_url(addr: &str) -> String {
+    let addr = addr.trim_end_matches('/');
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+impl Servers {
+    /// Clients for `addrs` (`host:port` or `http://host:port`).
+    pub fn new(addrs: &[String]) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .unwrap_or_default();
+        Self {
+            answered: addrs.iter().map(|_| AtomicBool::new(true)).collect(),
+            bases: addrs.iter().map(|a| base_url(a)).collect(),
+            current: AtomicUsize::new(0),
+            client,
+        }
+    }
+
+    /// The base URLs, in configuration order.
+    pub fn addresses(&self) -> &[String] {
+        &self.bases
+    }
+
+    /// Whether server `i` (in configuration order) answered the last request sent to it.
+    pub fn answered(&self, i: usize) -> bool {
+        self.answered.get(i).is_some_and(|a| a.load(Ordering::Relaxed))
+    }
+
+    /// The server tried first (the last one that answered).
+    pub fn current(&self) -> Option<&str> {
+        self.bases
+            .get(self.current.load(Ordering::Relaxed) % self.bases.len().max(1))
+            .map(String::as_str)
+    }
+
+    /// Sends a request built by `build` (given a server's base URL) to the current server,
+    /// failing over to the next ones while connections cannot be made. A request that reached
+    /// a server is never sent twice.
+    pub async fn send(
+        &self,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ServerError> {
+        if self.bases.is_empty() {
+            return Err(ServerError::NoServers);
+        }
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = String::new();
+        for step in 0..self.bases.len() {
+            let i = (start + step) % self.bases.len();
+            let sent = build(&self.client, &self.bases[i]).send().await;
+            self.answered[i].store(sent.as_ref().is_ok(), Ordering::Relaxed);
+            match sent {
+                Ok(resp) => {
+                    if step > 0 {
+                        self.current.store(i, Ordering::Relaxed);
+                    }
+                    return Ok(resp);
+                }
+                Err(e) if e.is_connect() => last = format!("{}: {}", self.bases[i], chain(&e)),
+                Err(e) => {
+                    return Err(ServerError::Unreachable {
+                        tried: step + 1,
+                        last: format!("{}: {}", self.bases[i], chain(&e)),
+                    });
+                }
+            }
+        }
+        Err(ServerError::Unreachable {
+            tried: self.bases.len(),
+            last,
+        })
+    }
+
+    /// `PUT path` with a JSON body; any 2xx is success.
+    pub async fn put_json<T: Serialize + ?Sized>(&self, path: &str, body: &T) -> Result<(), ServerError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
+        let resp = self
+            .send(|c, base| {
+                c.put(format!("{base}{path}"))
+                    .timeout(Duration::from_secs(30))
+                    .header("Content-Type", "application/json")
+                    .body(bytes.clone())
+            })
+            .await?;
+        check_status(resp).await.map(|_| ())
+    }
+
+    /// `GET path`, decoded.
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ServerError> {
+        let resp = self
+            .send(|c, base| c.get(format!("{base}{path}")).timeout(Duration::from_secs(30)))
+            .await?;
+        let bytes = check_status(resp).await?;
+        structs::json::from_slice(&bytes).map_err(|e| ServerError::Decode(e.to_string()))
+    }
+}
+
+async fn check_status(resp: reqwest::Response) -> Result<axum::body::Bytes, ServerError> {
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| ServerError::Unreachable {
+        tried: 1,
+        last: chain(&e),
+    })?;
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(ServerError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).trim().chars().take(300).collect(),
+        })
+    }
+}
+
+/// An error with its causes, on one line (a cause already quoted by its parent is skipped).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        src = cause.source();
+    }
+    out
+}

@@ -1,0 +1,375 @@
+//! Anti-entropy: the agent owns its node's entries in the catalog.
+//!
+//! - A full sync at start and then every `full_interval` (jittered down by up to a quarter)
+//!   reads the node's services and checks from a server, compares them with the local state,
+//!   and pushes what differs; entries of the node the agent does not have are removed (except
+//!   the liveness check, which the server owns).
+//! - A local change triggers a partial sync after `debounce`: only what changed is pushed.
+//! - While no server answers, attempts back off (doubling, capped) and each failed step logs
+//!   one line; the next attempt after a failure is a full sync, so a server that lost or
+//!   rolled back state converges.
+//!
+//! Everything is pushed through the servers' catalog API (`PUT /v1/catalog/register` and
+//! `/deregister`): one request per service (with its checks), lone checks in batches of
+//! up to 64 per request, up to `concurrency` requests in flight.
+
+use crate::backoff::{Backoff, jittered};
+use crate::local::{LocalState, Pending};
+use crate::servers::{ServerError, Servers};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use structs::{HealthCheck, Node, NodeService};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+/// Lone checks pushed per catalog write.
+const CHECKS_PER_WRITE: usize = 64;
+
+/// The liveness check the server maintains for every node; anti-entropy leaves it alone.
+pub const LIVENESS_CHECK_ID: &str = "serfHealth";
+
+/// Timing of anti-entropy.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// Longest time between full syncs (each one is jittered down by up to a quarter).
+    pub full_interval: Duration,
+    /// Quiet time after a local change before a partial sync.
+    pub debounce: Duration,
+    /// First retry delay while no server answers.
+    pub retry_base: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            full_interval: Duration::from_secs(60),
+            debounce: Duration::from_millis(50),
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(30),
+            concurrency: 16,
+        }
+    }
+}
+
+/// This node as the catalog should show it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    /// Node name.
+    pub node: String,
+    /// Address the node is reached at.
+    pub address: String,
+    /// Datacenter.
+    pub datacenter: String,
+    /// Node metadata.
+    pub meta: BTreeMap<String, String>,
+}
+
+/// The catalog API anti-entropy needs: reads of one node, and writes. [`Servers`] is the real
+/// one; tests use an in-memory catalog.
+pub trait CatalogApi: Send + Sync + 'static {
+    /// `GET path`, JSON-decoded.
+    fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ServerError>> + Send;
+    /// `PUT path` with a JSON body.
+    fn put(&self, path: &'static str, body: serde_json::Value) -> impl Future<Output = Result<(), ServerError>> + Send;
+    /// The server answering, for logs.
+    fn describe(&self) -> String;
+}
+
+impl CatalogApi for Servers {
+    async fn get(&self, path: String) -> Result<serde_json::Value, ServerError> {
+        self.get_json(&path).await
+    }
+    async fn put(&self, path: &'static str, body: serde_json::Value) -> Result<(), ServerError> {
+        self.put_json(path, &body).await
+    }
+    fn describe(&self) -> String {
+        self.current().unwrap_or_default().to_owned()
+    }
+}
+
+/// Pushes local state to the servers; see the module docs.
+#[derive(Debug)]
+pub struct Syncer<C = Servers> {
+    state: Arc<LocalState>,
+    servers: Arc<C>,
+    node: NodeInfo,
+    config: SyncConfig,
+    synced_once: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct NodeServices {
+    #[serde(rename = "Node")]
+    node: Option<Node>,
+    #[serde(rename = "Services")]
+    services: BTreeMap<String, NodeService>,
+}
+
+impl<C: CatalogApi> Syncer<C> {
+    /// A syncer for `state` of `node`.
+    pub fn new(state: Arc<LocalState>, servers: Arc<C>, node: NodeInfo, config: SyncConfig) -> Self {
+        Self {
+            state,
+            servers,
+            node,
+            config,
+            synced_once: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// True once a sync has left nothing pending (and again after each one that did).
+    pub fn in_sync(&self) -> bool {
+        *self.synced_once.borrow() && self.state.pending().is_empty()
+    }
+
+    /// Waits until the first successful full sync.
+    pub async fn wait_first_sync(&self) {
+        let mut rx = self.synced_once.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// Runs until `stop` fires.
+    pub async fn run(&self, stop: CancellationToken) {
+        let mut changes = self.state.subscribe();
+        let mut backoff = Backoff::new(self.config.retry_base, self.config.retry_max);
+        let mut full = true;
+        let mut next_full = tokio::time::Instant::now();
+        loop {
+            changes.borrow_and_update();
+            let result = if full {
+                self.full_sync().await
+            } else {
+                self.push().await
+            };
+            match result {
+                Ok(()) => {
+                    if backoff.failures() > 0 {
+                        info!(
+                            server = self.servers.describe(),
+                            "anti-entropy: in sync with the servers again"
+                        );
+                    }
+                    backoff.reset();
+                    if full {
+                        full = false;
+                        next_full = tokio::time::Instant::now() + jittered(self.config.full_interval, 0.25);
+                        self.synced_once.send_replace(true);
+                    }
+                }
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    warn!(%error, retry_in = ?delay, attempt = backoff.failures(), "anti-entropy sync failed");
+                    full = true;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(delay) => continue,
+                    }
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(self.config.debounce) => {}
+                    }
+                }
+                () = tokio::time::sleep_until(next_full) => full = true,
+            }
+        }
+    }
+
+    /// Reads the node's entries from a server, compares, pushes the differences.
+    pub async fn full_sync(&self) -> Result<(), ServerError> {
+        let node = &self.node.node;
+        let decode = |e: structs::DecodeError| ServerError::Decode(e.to_string());
+        let remote = self.servers.get(format!("/v1/catalog/node/{node}")).await?;
+        let remote: NodeServices = if remote.is_null() {
+            NodeServices::default()
+        } else {
+            structs::json::from_value(remote).map_err(decode)?
+        };
+        let checks: Vec<HealthCheck> =
+            structs::json::from_value(self.servers.get(format!("/v1/health/node/{node}")).await?).map_err(decode)?;
+        let node_ok = remote.node.as_ref().is_some_and(|n| {
+            n.address == self.node.address
+                && n.meta == self.node.meta
+                && (self.node.datacenter.is_empty() || n.datacenter == self.node.datacenter)
+        });
+        if !node_ok {
+            debug!("registering the node");
+            self.servers
+                .put(
+                    "/v1/catalog/register",
+                    // The datacenter is named so that a server of another one refuses (loudly)
+                    // rather than adopting this node.
+                    json!({"Node": node, "Address": self.node.address, "Datacenter": self.node.datacenter, "NodeMeta": self.node.meta}),
+                )
+                .await?;
+        }
+        let services: Vec<NodeService> = remote.services.into_values().collect();
+        self.state.reconcile(&services, &checks, &[LIVENESS_CHECK_ID]);
+        self.push().await
+    }
+
+    /// Pushes what is out of sync: removals first, then services with their checks, then lone
+    /// checks. Fails on the first unreachable server; a request the server refuses is logged
+    /// and retried at the next sync.
+    pub async fn push(&self) -> Result<(), ServerError> {
+        let Pending {
+            services,
+            checks,
+            deleted_services,
+            deleted_checks,
+        } = self.state.pending();
+        let node = self.node.node.clone();
+        let mut jobs: Vec<Job> = Vec::new();
+        jobs.extend(deleted_services.into_iter().map(Job::DeleteService));
+        jobs.extend(deleted_checks.into_iter().map(Job::DeleteCheck));
+        let mut writes: Vec<Job> = Vec::new();
+        writes.extend(services.into_iter().map(|(s, g, c)| Job::Service(Box::new(s), g, c)));
+        // Lone checks travel in batches: one catalog write for many status changes.
+        let mut checks = checks.into_iter().peekable();
+        while checks.peek().is_some() {
+            writes.push(Job::Checks(checks.by_ref().take(CHECKS_PER_WRITE).collect()));
+        }
+        // Removals complete before writes start: a check moving between ids never has both
+        // its old and new self removed by a late deregistration.
+        for batch in [jobs, writes] {
+            let mut set = JoinSet::new();
+            let mut first_err = None;
+            for job in batch {
+                while set.len() >= self.config.concurrency.max(1) {
+                    if let Some(Ok(Err(e))) = set.join_next().await {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                if first_err.is_some() {
+                    break;
+                }
+                let servers = Arc::clone(&self.servers);
+                let state = Arc::clone(&self.state);
+                let node = node.clone();
+                let address = self.node.address.clone();
+                set.spawn(
+                    async move { job.run(&*servers, &state, &node, &address).await }
+                        .instrument(tracing::Span::current()),
+                );
+            }
+            while let Some(done) = set.join_next().await {
+                if let Ok(Err(e)) = done {
+                    first_err.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Job {
+    DeleteService(String),
+    DeleteCheck(String),
+    Service(Box<NodeService>, u64, Vec<(HealthCheck, u64)>),
+    Checks(Vec<(HealthCheck, u64)>),
+}
+
+impl Job {
+    async fn run<C: CatalogApi>(
+        self,
+        servers: &C,
+        state: &LocalState,
+        node: &str,
+        address: &str,
+    ) -> Result<(), ServerError> {
+        let result = match &self {
+            Job::DeleteService(id) => {
+                servers
+                    .put("/v1/catalog/deregister", json!({"Node": node, "ServiceID": id}))
+                    .await
+            }
+            Job::DeleteCheck(id) => {
+                servers
+                    .put("/v1/catalog/deregister", json!({"Node": node, "CheckID": id}))
+                    .await
+            }
+            Job::Service(svc, _, checks) => {
+                let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
+                servers
+                    .put(
+                        "/v1/catalog/register",
+                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Service": svc, "Checks": checks}),
+                    )
+                    .await
+            }
+            Job::Checks(checks) => {
+                let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
+                servers
+                    .put(
+                        "/v1/catalog/register",
+                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Checks": checks}),
+                    )
+                    .await
+            }
+        };
+        match result {
+            Ok(()) => {
+                match self {
+                    Job::DeleteService(id) => state.mark_service_deleted(&id),
+                    Job::DeleteCheck(id) => state.mark_check_deleted(&id),
+                    Job::Service(svc, generation, checks) => {
+                        state.mark_service_synced(&svc.id, generation);
+                        for (c, g) in checks {
+                            state.mark_check_synced(&c.check_id, g);
+                        }
+                    }
+                    Job::Checks(checks) => {
+                        for (c, g) in checks {
+                            state.mark_check_synced(&c.check_id, g);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(e) if e.is_unreachable() => Err(e),
+            Err(error) => {
+                warn!(%error, entry = self.describe(), "a server refused an anti-entropy update; retried at the next sync");
+                Ok(())
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Job::DeleteService(id) => format!("deregister service {id}"),
+            Job::DeleteCheck(id) => format!("deregister check {id}"),
+            Job::Service(s, ..) => format!("register service {}", s.id),
+            Job::Checks(checks) => format!(
+                "register checks {}",
+                checks
+                    .iter()
+                    .map(|(c, _)| c.check_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

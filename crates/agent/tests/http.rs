@@ -1,0 +1,226 @@
+//! The agent's HTTP API in process (no server): status codes and messages Consul's clients
+//! rely on.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
+
+use agent::{Agent, AgentConfig};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+async fn app() -> (Router, Agent) {
+    let agent = Agent::start(AgentConfig {
+        node: "n1".into(),
+        // Nothing listens on port 1: every forwarded request fails.
+        servers: vec!["127.0.0.1:1".into()],
+        ..AgentConfig::default()
+    })
+    .await
+    .unwrap();
+    (agent::http::router(agent.clone()), agent)
+}
+
+async fn call(app: &Router, method: &str, uri: &str, body: Value) -> (StatusCode, String) {
+    let body = if body.is_null() {
+        Body::empty()
+    } else {
+        Body::from(body.to_string())
+    };
+    let req = Request::builder().method(method).uri(uri).body(body).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_naming_the_field_and_changes_nothing() {
+    let (app, agent) = app().await;
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/register",
+        json!({"name": "web", "port": "x"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("request decode failed: Port:"), "{body}");
+    let (st, body) = call(&app, "PUT", "/v1/agent/service/register", Value::Null).await;
+    assert_eq!(
+        (st, body.trim()),
+        (
+            StatusCode::BAD_REQUEST,
+            "request body is empty: expected a service definition"
+        )
+    );
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/register",
+        json!({"Name": "web", "Check": {"GRPC": "127.0.0.1:9000", "Interval": "5s"}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("Check.GRPC: not allowed"), "{body}");
+    let (st, body) = call(&app, "PUT", "/v1/agent/check/register", json!({"Name": "c"})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("TTL: required"), "{body}");
+    assert!(agent.state().services().is_empty() && agent.state().checks().is_empty());
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/maintenance/web?enable=maybe",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(
+        (st, body.trim()),
+        (
+            StatusCode::BAD_REQUEST,
+            "enable: \"maybe\" is not a boolean: use true or false"
+        )
+    );
+    let (st, _) = call(&app, "GET", "/v1/agent/services?filter=Service==web", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_ids_are_404s_and_ttl_reports_need_a_ttl_check() {
+    let (app, agent) = app().await;
+    for uri in [
+        "/v1/agent/service/deregister/nope",
+        "/v1/agent/check/deregister/nope",
+        "/v1/agent/check/pass/nope",
+        "/v1/agent/service/maintenance/nope?enable=true",
+    ] {
+        assert_eq!(
+            call(&app, "PUT", uri, Value::Null).await.0,
+            StatusCode::NOT_FOUND,
+            "{uri}"
+        );
+    }
+    assert_eq!(
+        call(&app, "GET", "/v1/agent/service/nope", Value::Null).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let reg =
+        json!({"Name": "web", "Port": 80, "Checks": [{"CheckID": "tcp", "TCP": "127.0.0.1:9", "Interval": "10s"}]});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "PUT", "/v1/agent/check/pass/tcp", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.contains("not a TTL check"), "{body}");
+    let (st, body) = call(&app, "PUT", "/v1/agent/check/update/tcp", json!({"Status": "sideways"})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("Status:"), "{body}");
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn local_health_answers_with_consul_status_codes() {
+    let (app, agent) = app().await;
+    let reg = json!({"Name": "web", "ID": "web-1", "Port": 80, "Check": {"CheckID": "t", "TTL": "60s"}});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "GET", "/v1/agent/health/service/id/web-1", Value::Null).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["AggregatedStatus"], "critical");
+    assert_eq!(v["Service"]["ID"], "web-1");
+    assert_eq!(v["Checks"][0]["CheckID"], "t");
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/check/warn/t?note=slow", Value::Null)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (st, body) = call(
+        &app,
+        "GET",
+        "/v1/agent/health/service/name/web?format=text",
+        Value::Null,
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "warning"));
+    assert_eq!(
+        call(
+            &app,
+            "PUT",
+            "/v1/agent/check/update/t",
+            json!({"Status": "passing", "Output": "ok"})
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "GET", "/v1/agent/health/service/name/web", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v[0]["AggregatedStatus"], "passing");
+    assert_eq!(v[0]["Checks"][0]["Output"], "ok");
+    assert_eq!(
+        call(
+            &app,
+            "PUT",
+            "/v1/agent/service/maintenance/web-1?enable=True",
+            Value::Null
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    let (st, body) = call(
+        &app,
+        "GET",
+        "/v1/agent/health/service/id/web-1?format=text",
+        Value::Null,
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "maintenance"));
+    assert_eq!(
+        call(&app, "GET", "/v1/agent/health/service/name/nope", Value::Null)
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    // Agent views drop what the catalog stamps and add the datacenter.
+    let (_, body) = call(&app, "GET", "/v1/agent/services", Value::Null).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["web-1"]["Datacenter"], "dc1");
+    assert!(v["web-1"].get("CreateIndex").is_none() && v["web-1"].get("Proxy").is_none());
+    let (_, body) = call(&app, "GET", "/v1/agent/self", Value::Null).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["Config"]["NodeName"].as_str(), v["Config"]["Server"].as_bool()),
+        (Some("n1"), Some(false))
+    );
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn forwarding_without_a_server_is_a_500_with_one_line() {
+    let (app, agent) = app().await;
+    let (st, body) = call(&app, "GET", "/v1/health/service/web?index=5&wait=1s", Value::Null).await;
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body.lines().count(), 1, "{body}");
+    assert!(
+        body.starts_with("cannot forward to a server: no server answered"),
+        "{body}"
+    );
+    assert_eq!(call(&app, "GET", "/ui/", Value::Null).await.0, StatusCode::NOT_FOUND);
+    // The server that did not answer shows as failed (4) among the members.
+    let (_, body) = call(&app, "GET", "/v1/agent/members", Value::Null).await;
+    let members: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(members[0]["Name"], "n1");
+    assert_eq!(members[0]["Status"], 1);
+    assert_eq!(members[1]["Tags"]["role"], "consul");
+    assert_eq!(members[1]["Status"], 4);
+    agent.shutdown().await;
+}

@@ -1,0 +1,183 @@
+//! Agent benchmark (prints figures; asserts nothing), with a real `meshd server` (durable
+//! data dir) and a real `meshd agent`:
+//!
+//! - start to in sync: an agent whose config file holds `SERVICES` services (each with a TTL
+//!   check), from spawning it to the server listing all of them;
+//! - check churn: every TTL check flipped to passing once through the agent's API, from the
+//!   first request to the server showing all of them passing;
+//! - the agent's RSS, idle, with those services.
+//!
+//! Run: `cargo xtask bench agent` (or `cargo bench -p meshd --bench agent`). Scale with
+//! `SERVICES=` (1000), `CLIENTS=` (8, concurrent HTTP clients for the churn).
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A meshd process started here; killed (by its pid) when dropped.
+struct Proc {
+    child: Child,
+    addr: String,
+}
+
+impl Proc {
+    fn start(args: &[&str], ready: &str) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix(ready)
+            .unwrap_or_else(|| panic!("not ready: {line:?}"))
+            .to_owned();
+        Proc { child, addr }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits on this plain thread. The bench has no async runtime, so nothing else is blocked.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a plain thread outside any runtime: blocking it stalls no worker"
+)]
+fn pause(d: Duration) {
+    std::thread::sleep(d);
+}
+
+fn wait_until(what: &str, limit: Duration, mut probe: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !probe() {
+        assert!(start.elapsed() < limit, "{what} not reached within {limit:?}");
+        pause(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let services = env_usize("SERVICES", 1000);
+    let clients = env_usize("CLIENTS", 8).max(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Proc::start(
+        &[
+            "server",
+            "-http-addr",
+            "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-log-level",
+            "warn",
+            "-data-dir",
+            dir.path().join("server").to_str().unwrap(),
+        ],
+        "meshd server listening on http://",
+    );
+    let defs: Vec<Value> = (0..services)
+        .map(|i| {
+            json!({"name": format!("svc-{i}"), "port": 10000 + i,
+                   "check": {"check_id": format!("ttl-{i}"), "ttl": "10m"}})
+        })
+        .collect();
+    let config = dir.path().join("agent.json");
+    std::fs::write(&config, serde_json::to_vec(&json!({"services": defs})).unwrap()).unwrap();
+    let http = reqwest::blocking::Client::new();
+    let node_url = format!("http://{}/v1/health/node/bench-node", server.addr);
+    let count = |status: &str| -> usize {
+        let Ok(resp) = http.get(&node_url).send() else { return 0 };
+        let checks: Vec<Value> = resp.json().unwrap_or_default();
+        checks
+            .iter()
+            .filter(|c| c["CheckID"].as_str().is_some_and(|id| id.starts_with("ttl-")) && c["Status"] == status)
+            .count()
+    };
+
+    println!("agent benchmark: {services} services with one TTL check each, {clients} churn clients");
+    let started = Instant::now();
+    let agent = Proc::start(
+        &[
+            "agent",
+            "-node",
+            "bench-node",
+            "-dev",
+            "-retry-join",
+            &server.addr,
+            "-http-addr",
+            "127.0.0.1:0",
+            "-advertise",
+            "127.0.0.1",
+            "-log-level",
+            "warn",
+            "-config-file",
+            config.to_str().unwrap(),
+        ],
+        "meshd agent listening on http://",
+    );
+    let ready = started.elapsed();
+    wait_until("in sync", Duration::from_secs(120), || count("critical") == services);
+    let in_sync = started.elapsed();
+    println!(
+        "start to in sync:   {:>8.0} ms  (agent ready after {:.0} ms; target <= 5000 ms)",
+        in_sync.as_secs_f64() * 1e3,
+        ready.as_secs_f64() * 1e3
+    );
+
+    let agent_url = format!("http://{}", agent.addr);
+    let churn_start = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let agent_url = &agent_url;
+            s.spawn(move || {
+                let http = reqwest::blocking::Client::new();
+                for i in (c..services).step_by(clients) {
+                    let resp = http
+                        .put(format!("{agent_url}/v1/agent/check/pass/ttl-{i}"))
+                        .send()
+                        .unwrap();
+                    assert!(resp.status().is_success());
+                }
+            });
+        }
+    });
+    let requests_done = churn_start.elapsed();
+    wait_until("churn seen", Duration::from_secs(120), || count("passing") == services);
+    let churn = churn_start.elapsed();
+    println!(
+        "check churn:        {:>8.0} ms  ({services} flips sent in {:.0} ms; target <= 2000 ms)",
+        churn.as_secs_f64() * 1e3,
+        requests_done.as_secs_f64() * 1e3
+    );
+
+    pause(Duration::from_secs(2));
+    println!(
+        "agent RSS idle:     {:>8.1} MiB  (Consul's client agent: ~87 MB); server RSS {:.1} MiB",
+        agent.rss_kib() as f64 / 1024.0,
+        server.rss_kib() as f64 / 1024.0
+    );
+}

@@ -1,0 +1,201 @@
+//! `meshd agent`: reads flags and config files, starts the agent and its HTTP API, reloads
+//! the config files' services and checks on SIGHUP, and on SIGINT/SIGTERM leaves (unless
+//! `-leave-on-terminate=false`) and stops.
+
+use crate::cli::AgentArgs;
+use ::agent::config_file::FileConfig;
+use ::agent::{Agent, AgentConfig};
+use anyhow::{Context, Result, bail};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span, warn};
+
+/// A running agent's address, for callers that embed it.
+pub struct RunningAgent {
+    /// The bound HTTP address.
+    pub http_addr: SocketAddr,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn default_advertise() -> String {
+    supervisor::node::private_ips_now()
+        .and_then(|ips| ips.into_iter().find(std::net::IpAddr::is_ipv4))
+        .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
+}
+
+/// Flags and files merged: a flag wins over a file, a file over the default.
+struct Settings {
+    agent: AgentConfig,
+    http_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+    leave_on_terminate: bool,
+    file: FileConfig,
+}
+
+fn settings(args: &AgentArgs) -> Result<Settings> {
+    let file = FileConfig::load(&args.config_file)?;
+    let dev = args.dev || file.dev.unwrap_or(false);
+    let data_dir: Option<PathBuf> = args.data_dir.clone().or_else(|| file.data_dir.clone());
+    match (&data_dir, dev) {
+        (None, false) => bail!("one of -data-dir or -dev is required"),
+        (Some(_), true) => bail!("-data-dir and -dev exclude each other: -dev keeps state in memory"),
+        _ => {}
+    }
+    let parse_addr =
+        |flag: Option<SocketAddr>, from_file: &Option<String>, name: &str, default: &str| match (flag, from_file) {
+            (Some(a), _) => Ok(a),
+            (None, Some(s)) => s
+                .parse()
+                .with_context(|| format!("config file {name}: {s:?} is not an address")),
+            (None, None) => default.parse().context("default address"),
+        };
+    let http_addr = parse_addr(args.http_addr, &file.http_addr, "http_addr", "127.0.0.1:8500")?;
+    let grpc_addr = parse_addr(args.grpc_addr, &file.grpc_addr, "grpc_addr", "127.0.0.1:8502")?;
+    let mut servers = args.retry_join.clone();
+    servers.extend(file.retry_join.iter().cloned());
+    if servers.is_empty() {
+        bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
+    }
+    let agent = AgentConfig {
+        node: args
+            .node
+            .clone()
+            .or_else(|| file.node.clone())
+            .unwrap_or_else(host_name),
+        datacenter: args
+            .datacenter
+            .clone()
+            .or_else(|| file.datacenter.clone())
+            .unwrap_or_else(|| "dc1".into()),
+        advertise: args
+            .advertise
+            .clone()
+            .or_else(|| file.advertise.clone())
+            .unwrap_or_else(default_advertise),
+        data_dir: if dev { None } else { data_dir },
+        servers,
+        sync: ::agent::SyncConfig {
+            full_interval: args.sync_interval,
+            ..::agent::SyncConfig::default()
+        },
+        ..AgentConfig::default()
+    };
+    if args.sync_interval.is_zero() {
+        bail!("-sync-interval must be above zero");
+    }
+    Ok(Settings {
+        agent,
+        http_addr,
+        grpc_addr,
+        leave_on_terminate: args.leave_on_terminate.or(file.leave_on_terminate).unwrap_or(true),
+        file,
+    })
+}
+
+/// Runs an agent until `shutdown` completes. Logging is set up here, once the config files
+/// (which may set the log level) are read. `on_ready` is called once the HTTP API listens.
+pub async fn run(
+    args: AgentArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(&RunningAgent),
+) -> Result<()> {
+    let loaded = settings(&args);
+    let (level, json) = match &loaded {
+        Ok(s) => (
+            args.log_level.clone().or_else(|| s.file.log_level.clone()),
+            args.log_json || s.file.log_json.unwrap_or(false),
+        ),
+        Err(_) => (args.log_level.clone(), args.log_json),
+    };
+    crate::init_logging(level.as_deref().unwrap_or("info"), json);
+    let Settings {
+        agent: config,
+        http_addr,
+        grpc_addr,
+        leave_on_terminate,
+        file,
+    } = loaded?;
+    let listener = TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {http_addr}"))?;
+    let http_addr = listener.local_addr().context("reading the bound address")?;
+    let node = config.node.clone();
+    let agent = Agent::start(config).await?;
+    if let Err(e) = agent.load_config(file.services, file.checks).await {
+        agent.shutdown().await;
+        bail!("config files: {e}");
+    }
+    info!(%http_addr, %grpc_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready (xDS on -grpc-addr arrives with agent mode part 2)");
+    on_ready(&RunningAgent { http_addr });
+
+    let stop = CancellationToken::new();
+    let http_stop = stop.clone();
+    let app = ::agent::http::router(agent.clone());
+    let http = tokio::spawn(
+        async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .await
+        }
+        .instrument(info_span!("agent_http")),
+    );
+    let reload_stop = stop.clone();
+    let reload_agent = agent.clone();
+    let config_files = args.config_file.clone();
+    let reload = tokio::spawn(
+        async move { reload_on_sighup(reload_agent, config_files, reload_stop).await }.instrument(info_span!("reload")),
+    );
+
+    shutdown.await;
+    info!("shutting down");
+    agent.shutdown().await;
+    if leave_on_terminate {
+        match agent.leave().await {
+            Ok(()) => info!("left: the node is removed from the catalog"),
+            Err(error) => warn!(%error, "could not leave: the servers will mark this node critical"),
+        }
+    }
+    stop.cancel();
+    reload.await.context("reload task")?;
+    http.await.context("HTTP server task")?.context("serving HTTP")?;
+    info!("meshd agent stopped");
+    Ok(())
+}
+
+/// Re-reads the config files on every SIGHUP; a file that cannot be used changes nothing and
+/// is logged.
+async fn reload_on_sighup(agent: Agent, files: Vec<PathBuf>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        warn!("cannot listen for SIGHUP: config files are read at start only");
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = hup.recv() => if got.is_none() { return },
+        }
+        info!("SIGHUP: reloading the config files' services and checks");
+        let result = match FileConfig::load(&files) {
+            Ok(file) => agent
+                .load_config(file.services, file.checks)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match result {
+            Ok(()) => info!("config reloaded"),
+            Err(error) => warn!(%error, "config not reloaded: nothing changed"),
+        }
+    }
+}
