@@ -27,12 +27,13 @@ pub trait Deliver<T>: Send {
 /// Moves updates from `updates` to `sink` until `cancel` fires, the source ends or the sink
 /// stops listening. Cancellation is checked before every wait for the next update.
 pub async fn forward<T>(cancel: &CancellationToken, mut updates: impl Updates<T>, mut sink: impl Deliver<T>) {
-    let cancelled = cancel.cancelled();
-    tokio::pin!(cancelled);
     loop {
+        // The cancellation future lives only while waiting for an update: while a delivery
+        // waits (a busy State) this future's state holds the delivery alone. A watch future
+        // lives as long as its watch, so its size is memory per proxy.
         let step = tokio::select! {
             biased;
-            () = &mut cancelled => return,
+            () = cancel.cancelled() => return,
             step = updates.next() => step,
         };
         match step {
@@ -74,7 +75,9 @@ pub struct ToState<T> {
 }
 
 impl<T: Into<UpdatePayload> + Send> Deliver<T> for ToState<T> {
-    async fn deliver(&mut self, result: Result<T, DataSourceError>) -> bool {
-        self.tx.send(self.id.clone(), result).await.is_ok()
+    fn deliver(&mut self, result: Result<T, DataSourceError>) -> impl Future<Output = bool> + Send {
+        // The send future itself, not an async block around it: this future is part of every
+        // watch's state, and its size is memory per proxy.
+        futures_util::FutureExt::map(self.tx.send(self.id.clone(), result), |sent| sent.is_ok())
     }
 }
