@@ -90,18 +90,30 @@ pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
 }
 
 /// Forwards a shared follower's values (the current one first) to one proxy's watch until
-/// the watch is cancelled or the proxy stops listening.
-pub(crate) async fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
+/// the watch is cancelled or the proxy stops listening (or the shared follower ends: the
+/// store closed). The watch holds `entry`, which keeps the follower running.
+pub(crate) fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     entry: Arc<Entry<T>>,
     id: CorrelationId,
     tx: EventSender<T>,
     cancel: CancellationToken,
-) -> Result<(), DataSourceError> {
+) -> impl Future<Output = Result<(), DataSourceError>> + Send {
     let mut rx = entry.rx.clone();
     rx.mark_changed();
-    // Ends too when the shared follower ends (the store closed).
-    forward::forward(&cancel, rx, forward::ToState { id, tx }).await;
-    Ok(())
+    let updates = Held { rx, _entry: entry };
+    futures_util::FutureExt::map(forward::forward(cancel, updates, forward::ToState { id, tx }), Ok)
+}
+
+/// A shared follower's channel, and the entry that keeps the follower alive.
+struct Held<T> {
+    rx: watch::Receiver<Value<T>>,
+    _entry: Arc<Entry<T>>,
+}
+
+impl<T: Clone + Send + Sync> forward::Updates<T> for Held<T> {
+    fn next(&mut self) -> impl Future<Output = forward::Step<T>> + Send {
+        self.rx.next()
+    }
 }
 
 #[cfg(test)]

@@ -82,15 +82,15 @@ pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSou
 
 /// Runs `follower` until cancelled or the store closes, sending what `derive` makes of each
 /// change (`None`: nothing to send yet).
-async fn run<T: Into<UpdatePayload> + Clone + Send>(
+fn run<T: Into<UpdatePayload> + Clone + Send>(
     follower: Follower,
     id: CorrelationId,
     tx: EventSender<T>,
     cancel: CancellationToken,
     derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
-) -> Result<(), DataSourceError> {
-    forward::forward(&cancel, Derived { follower, derive }, forward::ToState { id, tx }).await;
-    Ok(())
+) -> impl Future<Output = Result<(), DataSourceError>> + Send {
+    let updates = Derived { follower, derive };
+    futures_util::FutureExt::map(forward::forward(cancel, updates, forward::ToState { id, tx }), Ok)
 }
 
 /// Like [`run`] for a shared follower: publishes what `derive` makes of each change on
@@ -101,7 +101,7 @@ async fn publish_from<T: Clone + Send + Sync + 'static>(
     stop: CancellationToken,
     derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
 ) {
-    forward::forward(&stop, Derived { follower, derive }, publish).await;
+    forward::forward(stop, Derived { follower, derive }, publish).await;
 }
 
 /// A catalog follower and what each of its changes means for one watch.

@@ -117,7 +117,7 @@ impl<R: WatchRequest> DataSource<R> for FakeSource<R> {
         let mut rx = self.sender(&req).subscribe();
         rx.mark_changed();
         let sink = crate::forward::ToState { id: correlation_id, tx };
-        crate::forward::forward(&cancel, rx, sink).await;
+        crate::forward::forward(cancel, rx, sink).await;
         Ok(())
     }
 }

@@ -25,8 +25,10 @@ pub trait Deliver<T>: Send {
 }
 
 /// Moves updates from `updates` to `sink` until `cancel` fires, the source ends or the sink
-/// stops listening. Cancellation is checked before every wait for the next update.
-pub async fn forward<T>(cancel: &CancellationToken, mut updates: impl Updates<T>, mut sink: impl Deliver<T>) {
+/// stops listening. Cancellation is checked before every wait for the next update. Takes
+/// everything by value, so a caller can return this future as its watch future without an
+/// async wrapper of its own (which would hold a second copy of the same arguments).
+pub async fn forward<T>(cancel: CancellationToken, mut updates: impl Updates<T>, mut sink: impl Deliver<T>) {
     loop {
         // The cancellation future lives only while waiting for an update: while a delivery
         // waits (a busy State) this future's state holds the delivery alone. A watch future
