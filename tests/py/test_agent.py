@@ -77,11 +77,16 @@ def start_agent(servers, node="node-a", data_dir=None, extra=()):
     )
 
 
-@pytest.fixture
-def cluster(monkeypatch):
-    """One server and one agent (both in memory); yields (server, agent) processes."""
+@pytest.fixture(autouse=True)
+def no_consul_environment(monkeypatch):
+    """py-consul reads these; the tests talk to the processes they start, nothing else."""
     for var in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_ADDR", "CONSUL_HTTP_SSL"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def cluster():
+    """One server and one agent (both in memory); yields (server, agent) processes."""
     server = start_server(liveness="3s")
     agent = start_agent([server.addr])
     yield server, agent
@@ -231,7 +236,7 @@ def test_http_check_turns_critical_and_leaves_passing_results(cluster):
         backend.shutdown()
 
 
-def test_anti_entropy_removes_foreign_entries_of_its_node(monkeypatch):
+def test_anti_entropy_removes_foreign_entries_of_its_node():
     server = start_server()
     agent = start_agent([server.addr], extra=["-sync-interval", "1s"])
     try:
@@ -320,7 +325,7 @@ def test_killed_agent_turns_critical_within_the_liveness_timeout():
         assert server.stop() == 0
 
 
-def test_terminate_leaves_the_catalog(monkeypatch):
+def test_terminate_leaves_the_catalog():
     server = start_server()
     agent = start_agent([server.addr], node="leaver")
     try:
