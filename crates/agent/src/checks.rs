@@ -347,8 +347,20 @@ async fn http_once(
         }
     };
     let code = resp.status();
-    let text = match tokio::time::timeout(timeout, resp.bytes()).await {
-        Ok(Ok(b)) => String::from_utf8_lossy(&b[..b.len().min(MAX_OUTPUT)]).into_owned(),
+    // Only the start of the body is kept: read no more than that, however much is sent.
+    let head = async {
+        let mut resp = resp;
+        let mut head: Vec<u8> = Vec::new();
+        while head.len() < MAX_OUTPUT {
+            match resp.chunk().await? {
+                Some(chunk) => head.extend_from_slice(&chunk[..chunk.len().min(MAX_OUTPUT - head.len())]),
+                None => break,
+            }
+        }
+        Ok::<_, reqwest::Error>(head)
+    };
+    let text = match tokio::time::timeout(timeout, head).await {
+        Ok(Ok(b)) => String::from_utf8_lossy(&b).into_owned(),
         Ok(Err(e)) => format!("(body unreadable: {e})"),
         Err(_) => "(body timed out)".into(),
     };
