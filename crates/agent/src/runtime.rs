@@ -192,11 +192,9 @@ impl Agent {
             .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api))
             .collect();
         let mut loaded = Vec::new();
+        // A check of a service that is not persisted (one from a config file) is kept: the
+        // config files load next; `load_config` drops the checks still without a service.
         for p in checks {
-            if !p.check.service_id.is_empty() && !services.iter().any(|s| s.service.id == p.check.service_id) {
-                warn!(check = %p.check.check_id, service = %p.check.service_id, "skipping a persisted check whose service is gone");
-                continue;
-            }
             let kind = match p.definition.as_ref().map(|d| d.kind()).transpose() {
                 Ok(kind) => kind,
                 Err(error) => {
@@ -319,6 +317,9 @@ impl Agent {
                 .filter(|c| {
                     keep_ids.contains(&c.check.service_id)
                         && !c.check.check_id.starts_with(MAINTENANCE_PREFIX)
+                        // A config reload replaces the files' checks, not those added through
+                        // the API to a service the files define.
+                        && (source == Source::Api || c.source == Source::Config)
                         && !checks.iter().any(|n| n.check.check_id == c.check.check_id)
                 })
                 .map(|c| c.check.check_id.clone())
@@ -596,6 +597,24 @@ impl Agent {
         }
         for def in checks {
             self.register_check(def, Source::Config).await?;
+        }
+        self.drop_orphan_checks().await
+    }
+
+    /// Removes checks whose service is not registered (persisted checks of a service that a
+    /// config file no longer defines), each with a log line.
+    async fn drop_orphan_checks(&self) -> Result<(), AgentError> {
+        let services = self.0.state.services();
+        let orphans: Vec<LocalCheck> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| !c.check.service_id.is_empty() && !services.contains_key(&c.check.service_id))
+            .collect();
+        for c in orphans {
+            warn!(check = %c.check.check_id, service = %c.check.service_id, "removing a check whose service is not registered");
+            self.deregister_check(&c.check.check_id).await?;
         }
         Ok(())
     }
