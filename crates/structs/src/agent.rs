@@ -254,7 +254,7 @@ pub struct CheckType {
     /// Consecutive failures before the check reports warning (0: no warning phase).
     #[serde(rename = "FailuresBeforeWarning", skip_serializing_if = "is_zero")]
     pub failures_before_warning: u32,
-    /// Largest output kept: meshd keeps 4096 bytes (other values are refused).
+    /// Largest output kept, bytes (default and most: 4096).
     #[serde(rename = "OutputMaxSize", skip_serializing_if = "is_zero")]
     pub output_max_size: u32,
     /// TLS server name for an HTTPS check: not supported yet (refused when set).
@@ -368,14 +368,16 @@ impl CheckType {
                 Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
             ));
         }
-        let unhonoured = [
-            ("TLSServerName", !self.tls_server_name.is_empty()),
-            ("OutputMaxSize", !matches!(self.output_max_size, 0 | 4096)),
-        ];
-        if let Some((field, _)) = unhonoured.iter().find(|(_, set)| *set) {
+        if !self.tls_server_name.is_empty() {
             return Err(ValidationError::new(
-                *field,
-                Problem::NotAllowed("(not supported by meshd yet; OutputMaxSize may only be 4096)"),
+                "TLSServerName",
+                Problem::NotAllowed("(not supported by meshd yet: the URL's host is the server name)"),
+            ));
+        }
+        if self.output_max_size > 4096 {
+            return Err(ValidationError::new(
+                "OutputMaxSize",
+                Problem::OutOfRange { min: 0, max: 4096 },
             ));
         }
         let set: Vec<&str> = [

@@ -93,8 +93,8 @@ fn bad_definitions_name_the_field() {
             .starts_with("Check.TLSServerName: not allowed")
     );
     assert!(
-        err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100}}))
-            .starts_with("Check.OutputMaxSize: not allowed")
+        err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100_000}}))
+            .starts_with("Check.OutputMaxSize: must be between 0 and 4096")
     );
     def(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 4096}})).unwrap();
 }
