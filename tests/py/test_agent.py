@@ -413,6 +413,8 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key))
+    server_names = set()
+    ctx.sni_callback = lambda sock, name, context: server_names.add(name)
     backend.socket = ctx.wrap_socket(backend.socket, server_side=True)
     thread = threading.Thread(target=backend.serve_forever, daemon=True)
     thread.start()
@@ -421,12 +423,16 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
         c = agent.client()
         c.agent.service.register("secure", port=1, check={"http": url, "interval": "1s", "tls_skip_verify": True})
         c.agent.service.register("strict", port=2, check={"http": url, "interval": "1s"})
+        c.agent.service.register("named", port=3, check={"http": url, "interval": "1s", "tls_skip_verify": True,
+                                                         "tls_server_name": "svc.example"})
         checks = eventually(
             lambda: (lambda cs: cs if cs["service:secure"]["Status"] == "passing"
+                     and cs["service:named"]["Status"] == "passing"
                      and cs["service:strict"]["Output"] else None)(c.agent.checks()),
-            timeout=8, what="both https checks run",
+            timeout=8, what="the https checks run",
         )
         assert checks["service:strict"]["Status"] == "critical"
         assert "certificate" in checks["service:strict"]["Output"].lower()
+        assert "svc.example" in server_names, f"TLSServerName not sent as SNI: {server_names}"
     finally:
         backend.shutdown()

@@ -257,7 +257,8 @@ pub struct CheckType {
     /// Largest output kept, bytes (default and most: 4096).
     #[serde(rename = "OutputMaxSize", skip_serializing_if = "is_zero")]
     pub output_max_size: u32,
-    /// TLS server name for an HTTPS check: not supported yet (refused when set).
+    /// TLS server name (SNI, and the name the certificate must carry) for an HTTPS check,
+    /// when it differs from the URL's host.
     #[serde(rename = "TLSServerName", skip_serializing_if = "String::is_empty")]
     pub tls_server_name: String,
     /// Script checks: not run by meshd (refused). Consul's config files also call it `args`.
@@ -306,6 +307,8 @@ pub enum CheckKind {
         body: String,
         /// Accept any TLS certificate.
         tls_skip_verify: bool,
+        /// TLS server name, when not the URL's host.
+        tls_server_name: String,
         /// Between runs.
         interval: Duration,
         /// Per run.
@@ -368,10 +371,10 @@ impl CheckType {
                 Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
             ));
         }
-        if !self.tls_server_name.is_empty() {
+        if !self.tls_server_name.is_empty() && !self.http.starts_with("https://") {
             return Err(ValidationError::new(
                 "TLSServerName",
-                Problem::NotAllowed("(not supported by meshd yet: the URL's host is the server name)"),
+                Problem::NotAllowed("without an https:// HTTP URL"),
             ));
         }
         if self.output_max_size > 4096 {
@@ -435,6 +438,7 @@ impl CheckType {
                     header: self.header.clone(),
                     body: self.body.clone(),
                     tls_skip_verify: self.tls_skip_verify,
+                    tls_server_name: self.tls_server_name.clone(),
                     interval: self.interval()?,
                     timeout,
                 })

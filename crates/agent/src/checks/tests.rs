@@ -207,6 +207,7 @@ async fn http_check_maps_status_codes() {
         header: Default::default(),
         body: String::new(),
         tls_skip_verify: false,
+        tls_server_name: String::new(),
         interval: Duration::from_secs(10),
         timeout: Duration::from_secs(5),
     };

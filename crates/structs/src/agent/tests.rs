@@ -88,9 +88,10 @@ fn bad_definitions_name_the_field() {
         err(json!({"Name": "web", "Check": {"args": ["true"], "Interval": "1s"}})).starts_with("Check.ScriptArgs:")
     );
     // Settings meshd would not honour are refused rather than ignored.
+    def(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}})).unwrap();
     assert!(
-        err(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}}))
-            .starts_with("Check.TLSServerName: not allowed")
+        err(json!({"Name": "web", "Check": {"HTTP": "http://h/", "Interval": "1s", "TLSServerName": "x"}}))
+            .starts_with("Check.TLSServerName: not allowed without an https:// HTTP URL")
     );
     assert!(
         err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100_000}}))
