@@ -65,6 +65,12 @@ pub struct ServiceDefinition {
     /// ACL token for the registration (kept, not enforced: no ACLs yet).
     #[serde(rename = "Token", skip_serializing_if = "String::is_empty")]
     pub token: String,
+    /// Consul Enterprise namespace: only `default` (or none) exists here.
+    #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Consul Enterprise admin partition: only `default` (or none) exists here.
+    #[serde(rename = "Partition", skip_serializing_if = "String::is_empty")]
+    pub partition: String,
 }
 
 impl ServiceDefinition {
@@ -119,6 +125,14 @@ fn definition_field(e: ValidationError) -> ValidationError {
 
 impl Validate for ServiceDefinition {
     fn validate(&self) -> Result<(), ValidationError> {
+        for (field, value) in [("Namespace", &self.namespace), ("Partition", &self.partition)] {
+            if !matches!(value.as_str(), "" | "default") {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid(format!("{value:?}: only \"default\" exists in meshd")),
+                ));
+            }
+        }
         if !self.id.is_empty() {
             check_name("ID", &self.id, "")?;
         }

@@ -87,6 +87,11 @@ fn bad_definitions_name_the_field() {
     assert!(
         err(json!({"Name": "web", "Check": {"args": ["true"], "Interval": "1s"}})).starts_with("Check.ScriptArgs:")
     );
+    assert_eq!(
+        err(json!({"Name": "web", "Namespace": "team-a"})),
+        "Namespace: \"team-a\": only \"default\" exists in meshd"
+    );
+    def(json!({"Name": "web", "Namespace": "default", "Partition": ""})).unwrap();
     // Settings meshd would not honour are refused rather than ignored.
     def(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}})).unwrap();
     assert!(
