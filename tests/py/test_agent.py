@@ -238,11 +238,12 @@ def test_http_check_turns_critical_and_leaves_passing_results(cluster):
 
 def test_anti_entropy_removes_foreign_entries_of_its_node():
     server = start_server()
-    agent = start_agent([server.addr], extra=["-sync-interval", "1s"])
+    agent = start_agent([server.addr], extra=["-sync-interval", "1s", "-node-meta", "rack:r1"])
     try:
         c = agent.client()
         c.agent.service.register("web", port=80)
         eventually(lambda: server_health(server, "web"), what="web on the server")
+        assert server.client().catalog.node("node-a")[1]["Node"]["Meta"] == {"rack": "r1"}
         # Someone writes an entry for the agent's node straight to the server.
         assert server.client().catalog.register("node-a", "127.0.0.1", service={"Service": "rogue", "Port": 1}) is True
         assert server_health(server, "rogue")

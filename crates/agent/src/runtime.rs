@@ -33,6 +33,8 @@ pub struct AgentConfig {
     pub datacenter: String,
     /// Address of the node in the catalog.
     pub advertise: String,
+    /// Node metadata in the catalog.
+    pub node_meta: BTreeMap<String, String>,
     /// Where registrations are persisted; `None` keeps them in memory only (`-dev`).
     pub data_dir: Option<PathBuf>,
     /// Servers' HTTP addresses.
@@ -53,6 +55,7 @@ impl Default for AgentConfig {
             node: "meshd-agent".into(),
             datacenter: "dc1".into(),
             advertise: "127.0.0.1".into(),
+            node_meta: BTreeMap::new(),
             data_dir: None,
             servers: Vec::new(),
             sidecar_ports: 21000..=21255,
@@ -60,6 +63,39 @@ impl Default for AgentConfig {
             heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
         }
+    }
+}
+
+impl AgentConfig {
+    /// Checks what the catalog would refuse later (the node name, the datacenter), naming the
+    /// setting.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        for (field, value) in [("node", &self.node), ("datacenter", &self.datacenter)] {
+            if value.is_empty() {
+                return Err(ValidationError::new(field, Problem::Required("")));
+            }
+            if let Some(c) = value
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+            {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid(format!(
+                        "{value:?} has the character {c:?}: use letters, digits, '-', '_' or '.'"
+                    )),
+                ));
+            }
+        }
+        if self.advertise.is_empty() {
+            return Err(ValidationError::new("advertise", Problem::Required("")));
+        }
+        if self.sidecar_ports.is_empty() {
+            return Err(ValidationError::new(
+                "sidecar_ports",
+                Problem::Invalid("the range is empty".into()),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -124,6 +160,7 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// Loads persisted registrations and starts the agent's tasks.
     pub async fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        config.validate()?;
         let persist = match &config.data_dir {
             None => None,
             Some(dir) => Some(Persistence::open(dir).map_err(|error| AgentError::DataDir {
@@ -141,7 +178,7 @@ impl Agent {
                 node: config.node.clone(),
                 address: config.advertise.clone(),
                 datacenter: config.datacenter.clone(),
-                meta: BTreeMap::new(),
+                meta: config.node_meta.clone(),
             },
             config.sync.clone(),
         ));

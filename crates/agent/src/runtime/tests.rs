@@ -232,3 +232,24 @@ async fn a_bad_config_changes_nothing_and_names_the_entry() {
     assert_eq!(ids(&a.state().services()), ["api-one", "two"]);
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn unusable_settings_are_refused_naming_them() {
+    let bad = |c: AgentConfig| async move { Agent::start(c).await.unwrap_err().to_string() };
+    assert_eq!(
+        bad(AgentConfig {
+            node: "my host".into(),
+            ..AgentConfig::default()
+        })
+        .await,
+        "node: \"my host\" has the character ' ': use letters, digits, '-', '_' or '.'"
+    );
+    assert_eq!(
+        bad(AgentConfig {
+            datacenter: String::new(),
+            ..AgentConfig::default()
+        })
+        .await,
+        "datacenter: required"
+    );
+}
