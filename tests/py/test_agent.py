@@ -77,11 +77,16 @@ def start_agent(servers, node="node-a", data_dir=None, extra=()):
     )
 
 
-@pytest.fixture
-def cluster(monkeypatch):
-    """One server and one agent (both in memory); yields (server, agent) processes."""
+@pytest.fixture(autouse=True)
+def no_consul_environment(monkeypatch):
+    """py-consul reads these; the tests talk to the processes they start, nothing else."""
     for var in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_ADDR", "CONSUL_HTTP_SSL"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def cluster():
+    """One server and one agent (both in memory); yields (server, agent) processes."""
     server = start_server(liveness="3s")
     agent = start_agent([server.addr])
     yield server, agent
@@ -231,13 +236,14 @@ def test_http_check_turns_critical_and_leaves_passing_results(cluster):
         backend.shutdown()
 
 
-def test_anti_entropy_removes_foreign_entries_of_its_node(monkeypatch):
+def test_anti_entropy_removes_foreign_entries_of_its_node():
     server = start_server()
-    agent = start_agent([server.addr], extra=["-sync-interval", "1s"])
+    agent = start_agent([server.addr], extra=["-sync-interval", "1s", "-node-meta", "rack:r1"])
     try:
         c = agent.client()
         c.agent.service.register("web", port=80)
         eventually(lambda: server_health(server, "web"), what="web on the server")
+        assert server.client().catalog.node("node-a")[1]["Node"]["Meta"] == {"rack": "r1"}
         # Someone writes an entry for the agent's node straight to the server.
         assert server.client().catalog.register("node-a", "127.0.0.1", service={"Service": "rogue", "Port": 1}) is True
         assert server_health(server, "rogue")
@@ -320,7 +326,7 @@ def test_killed_agent_turns_critical_within_the_liveness_timeout():
         assert server.stop() == 0
 
 
-def test_terminate_leaves_the_catalog(monkeypatch):
+def test_terminate_leaves_the_catalog():
     server = start_server()
     agent = start_agent([server.addr], node="leaver")
     try:
@@ -408,6 +414,8 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key))
+    server_names = set()
+    ctx.sni_callback = lambda sock, name, context: server_names.add(name)
     backend.socket = ctx.wrap_socket(backend.socket, server_side=True)
     thread = threading.Thread(target=backend.serve_forever, daemon=True)
     thread.start()
@@ -416,12 +424,16 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
         c = agent.client()
         c.agent.service.register("secure", port=1, check={"http": url, "interval": "1s", "tls_skip_verify": True})
         c.agent.service.register("strict", port=2, check={"http": url, "interval": "1s"})
+        c.agent.service.register("named", port=3, check={"http": url, "interval": "1s", "tls_skip_verify": True,
+                                                         "tls_server_name": "svc.example"})
         checks = eventually(
             lambda: (lambda cs: cs if cs["service:secure"]["Status"] == "passing"
+                     and cs["service:named"]["Status"] == "passing"
                      and cs["service:strict"]["Output"] else None)(c.agent.checks()),
-            timeout=8, what="both https checks run",
+            timeout=8, what="the https checks run",
         )
         assert checks["service:strict"]["Status"] == "critical"
         assert "certificate" in checks["service:strict"]["Output"].lower()
+        assert "svc.example" in server_names, f"TLSServerName not sent as SNI: {server_names}"
     finally:
         backend.shutdown()

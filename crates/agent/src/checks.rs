@@ -297,6 +297,23 @@ pub async fn run_once(kind: &CheckKind, http: &reqwest::Client) -> (HealthStatus
             header,
             body,
             timeout,
+            tls_skip_verify,
+            tls_server_name,
+            ..
+        } if !tls_server_name.is_empty() => match with_server_name(url, tls_server_name, *tls_skip_verify).await {
+            Ok((client, named_url, host)) => {
+                let mut header = header.clone();
+                header.entry("Host".into()).or_insert_with(|| vec![host]);
+                http_once(&client, named_url.as_str(), method, &header, body, *timeout).await
+            }
+            Err(e) => (HealthStatus::Critical, format!("HTTP {method} {url}: {e}")),
+        },
+        CheckKind::Http {
+            url,
+            method,
+            header,
+            body,
+            timeout,
             ..
         } => http_once(http, url, method, header, body, *timeout).await,
         CheckKind::Tcp { addr, timeout, .. } => {
@@ -311,6 +328,39 @@ pub async fn run_once(kind: &CheckKind, http: &reqwest::Client) -> (HealthStatus
         }
         CheckKind::Ttl(_) | CheckKind::Alias { .. } => (HealthStatus::Critical, "not a polled check".into()),
     }
+}
+
+/// A one-off client that connects to `url`'s host but speaks TLS to `server_name` (SNI and
+/// certificate name), with the URL rewritten to that name and the original `Host` header.
+async fn with_server_name(
+    url: &str,
+    server_name: &str,
+    skip_verify: bool,
+) -> Result<(reqwest::Client, reqwest::Url, String), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
+    let host = parsed.host_str().ok_or("the URL has no host")?.to_owned();
+    let port = parsed.port_or_known_default().unwrap_or(443);
+    let addr = tokio::net::lookup_host((host.trim_start_matches('[').trim_end_matches(']'), port))
+        .await
+        .map_err(|e| format!("resolving {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} has no address"))?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .user_agent("meshd health check")
+        .danger_accept_invalid_certs(skip_verify)
+        .resolve(server_name, addr)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut named = parsed.clone();
+    named
+        .set_host(Some(server_name))
+        .map_err(|e| format!("TLSServerName {server_name:?}: {e}"))?;
+    let host_header = match parsed.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    };
+    Ok((client, named, host_header))
 }
 
 async fn http_once(
@@ -347,8 +397,20 @@ async fn http_once(
         }
     };
     let code = resp.status();
-    let text = match tokio::time::timeout(timeout, resp.bytes()).await {
-        Ok(Ok(b)) => String::from_utf8_lossy(&b[..b.len().min(MAX_OUTPUT)]).into_owned(),
+    // Only the start of the body is kept: read no more than that, however much is sent.
+    let head = async {
+        let mut resp = resp;
+        let mut head: Vec<u8> = Vec::new();
+        while head.len() < MAX_OUTPUT {
+            match resp.chunk().await? {
+                Some(chunk) => head.extend_from_slice(&chunk[..chunk.len().min(MAX_OUTPUT - head.len())]),
+                None => break,
+            }
+        }
+        Ok::<_, reqwest::Error>(head)
+    };
+    let text = match tokio::time::timeout(timeout, head).await {
+        Ok(Ok(b)) => String::from_utf8_lossy(&b).into_owned(),
         Ok(Err(e)) => format!("(body unreadable: {e})"),
         Err(_) => "(body timed out)".into(),
     };

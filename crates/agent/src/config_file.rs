@@ -1,5 +1,5 @@
 //! `-config-file` JSON: the agent's settings (the command line's names, any key casing, plus
-//! Consul's `node_name` and `advertise_addr`) and the `services`/`service` and
+//! Consul's `node_name`, `advertise_addr` and `node_meta`) and the `services`/`service` and
 //! `checks`/`check` to register. Several files merge in order: later settings win, services
 //! and checks add up. An unknown key is an error naming it, never ignored.
 
@@ -35,6 +35,9 @@ pub struct FileConfig {
     /// Address of the node in the catalog.
     #[serde(rename = "Advertise", alias = "advertise_addr")]
     pub advertise: Option<String>,
+    /// Node metadata (merged over earlier files').
+    #[serde(rename = "NodeMeta")]
+    pub node_meta: std::collections::BTreeMap<String, String>,
     /// Log level.
     #[serde(rename = "LogLevel")]
     pub log_level: Option<String>,
@@ -106,6 +109,7 @@ impl FileConfig {
         }
         later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate);
         self.retry_join.extend(other.retry_join);
+        self.node_meta.extend(other.node_meta);
         self.services.extend(other.service);
         self.services.extend(other.services);
         self.checks.extend(other.check);

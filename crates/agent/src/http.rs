@@ -206,10 +206,56 @@ async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Respon
     Ok(json_response(StatusCode::OK, &out))
 }
 
-async fn service(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
-    match agent.state().service(&id) {
-        Some(s) => Ok(json_response(StatusCode::OK, &agent_service(&agent, &s))),
-        None => Err(HttpError(StatusCode::NOT_FOUND, format!("unknown service ID: {id}"))),
+/// Default and longest wait of a hash-blocking query (Consul's).
+const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A service's view with its content hash (hex of a stable hash of the JSON).
+fn service_view(agent: &Agent, id: &str) -> Option<(Value, String)> {
+    use std::hash::{Hash, Hasher};
+    let mut view = agent_service(agent, &agent.state().service(id)?);
+    let mut h = std::hash::DefaultHasher::new();
+    view.to_string().hash(&mut h);
+    let hash = format!("{:016x}", h.finish());
+    if let Value::Object(m) = &mut view {
+        m.insert("ContentHash".into(), Value::String(hash.clone()));
+    }
+    Some((view, hash))
+}
+
+/// `GET /v1/agent/service/:id`, with Consul's hash-based blocking: `?hash=H` waits (up to
+/// `?wait`, default 5 min, at most 10) until the service's content hash differs from `H`.
+async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+    let wait = match q.get("wait") {
+        None => DEFAULT_WAIT,
+        Some(w) => structs::GoDuration::parse(w)
+            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
+            .0
+            .min(MAX_WAIT),
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = agent.state().subscribe();
+    loop {
+        changes.borrow_and_update();
+        let Some((view, hash)) = service_view(&agent, &id) else {
+            return Err(HttpError(StatusCode::NOT_FOUND, format!("unknown service ID: {id}")));
+        };
+        let unchanged = q.get("hash").is_some_and(|h| *h == hash);
+        if unchanged {
+            let woke = tokio::select! {
+                r = changes.changed() => r.is_ok(),
+                () = tokio::time::sleep_until(deadline) => false,
+                () = agent.stopping() => false,
+            };
+            if woke {
+                continue;
+            }
+        }
+        let mut resp = json_response(StatusCode::OK, &view);
+        if let Ok(v) = HeaderValue::from_str(&hash) {
+            resp.headers_mut().insert("X-Consul-ContentHash", v);
+        }
+        return Ok(resp);
     }
 }
 

@@ -142,9 +142,17 @@ impl std::fmt::Debug for LocalState {
     }
 }
 
-fn cap_output(mut output: String) -> String {
-    if output.len() > MAX_OUTPUT {
-        let mut end = MAX_OUTPUT;
+/// The output a check keeps: its `OutputMaxSize` when smaller than [`MAX_OUTPUT`].
+fn output_limit(definition: Option<&CheckType>) -> usize {
+    match definition.map(|d| d.output_max_size as usize) {
+        Some(n) if n > 0 => n.min(MAX_OUTPUT),
+        _ => MAX_OUTPUT,
+    }
+}
+
+fn cap_output(mut output: String, limit: usize) -> String {
+    if output.len() > limit {
+        let mut end = limit;
         while !output.is_char_boundary(end) {
             end -= 1;
         }
@@ -195,7 +203,8 @@ impl LocalState {
             }
             for mut check in checks {
                 check.check.node.clone_from(&self.node);
-                check.check.output = cap_output(std::mem::take(&mut check.check.output));
+                let limit = output_limit(check.definition.as_ref());
+                check.check.output = cap_output(std::mem::take(&mut check.check.output), limit);
                 check.generation = inner.next();
                 check.synced = 0;
                 let id = check.check.check_id.clone();
@@ -246,7 +255,8 @@ impl LocalState {
         found
     }
 
-    /// Sets a check's status and output (output capped at [`MAX_OUTPUT`]); a no-op when
+    /// Sets a check's status and output (capped at its `OutputMaxSize`, at most
+    /// [`MAX_OUTPUT`]); a no-op when
     /// neither changed. False when the check does not exist.
     ///
     /// A new status is pushed to the catalog at once (partial sync). New output under the same
@@ -254,13 +264,13 @@ impl LocalState {
     /// output changes every run (timestamps, counters) would otherwise write to the servers
     /// at every interval.
     pub fn update_check(&self, id: &str, status: HealthStatus, output: String) -> bool {
-        let output = cap_output(output);
         let changed = {
             let mut inner = self.inner.lock();
             let generation = inner.generation + 1;
             let Some(c) = inner.checks.get_mut(id) else {
                 return false;
             };
+            let output = cap_output(output, output_limit(c.definition.as_ref()));
             if c.check.status == status {
                 c.check.output = output;
                 false

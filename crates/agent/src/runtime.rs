@@ -33,6 +33,8 @@ pub struct AgentConfig {
     pub datacenter: String,
     /// Address of the node in the catalog.
     pub advertise: String,
+    /// Node metadata in the catalog.
+    pub node_meta: BTreeMap<String, String>,
     /// Where registrations are persisted; `None` keeps them in memory only (`-dev`).
     pub data_dir: Option<PathBuf>,
     /// Servers' HTTP addresses.
@@ -53,6 +55,7 @@ impl Default for AgentConfig {
             node: "meshd-agent".into(),
             datacenter: "dc1".into(),
             advertise: "127.0.0.1".into(),
+            node_meta: BTreeMap::new(),
             data_dir: None,
             servers: Vec::new(),
             sidecar_ports: 21000..=21255,
@@ -60,6 +63,39 @@ impl Default for AgentConfig {
             heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
         }
+    }
+}
+
+impl AgentConfig {
+    /// Checks what the catalog would refuse later (the node name, the datacenter), naming the
+    /// setting.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        for (field, value) in [("node", &self.node), ("datacenter", &self.datacenter)] {
+            if value.is_empty() {
+                return Err(ValidationError::new(field, Problem::Required("")));
+            }
+            if let Some(c) = value
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+            {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid(format!(
+                        "{value:?} has the character {c:?}: use letters, digits, '-', '_' or '.'"
+                    )),
+                ));
+            }
+        }
+        if self.advertise.is_empty() {
+            return Err(ValidationError::new("advertise", Problem::Required("")));
+        }
+        if self.sidecar_ports.is_empty() {
+            return Err(ValidationError::new(
+                "sidecar_ports",
+                Problem::Invalid("the range is empty".into()),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -124,6 +160,7 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// Loads persisted registrations and starts the agent's tasks.
     pub async fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        config.validate()?;
         let persist = match &config.data_dir {
             None => None,
             Some(dir) => Some(Persistence::open(dir).map_err(|error| AgentError::DataDir {
@@ -141,7 +178,7 @@ impl Agent {
                 node: config.node.clone(),
                 address: config.advertise.clone(),
                 datacenter: config.datacenter.clone(),
-                meta: BTreeMap::new(),
+                meta: config.node_meta.clone(),
             },
             config.sync.clone(),
         ));
@@ -192,11 +229,9 @@ impl Agent {
             .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api))
             .collect();
         let mut loaded = Vec::new();
+        // A check of a service that is not persisted (one from a config file) is kept: the
+        // config files load next; `load_config` drops the checks still without a service.
         for p in checks {
-            if !p.check.service_id.is_empty() && !services.iter().any(|s| s.service.id == p.check.service_id) {
-                warn!(check = %p.check.check_id, service = %p.check.service_id, "skipping a persisted check whose service is gone");
-                continue;
-            }
             let kind = match p.definition.as_ref().map(|d| d.kind()).transpose() {
                 Ok(kind) => kind,
                 Err(error) => {
@@ -319,6 +354,9 @@ impl Agent {
                 .filter(|c| {
                     keep_ids.contains(&c.check.service_id)
                         && !c.check.check_id.starts_with(MAINTENANCE_PREFIX)
+                        // A config reload replaces the files' checks, not those added through
+                        // the API to a service the files define.
+                        && (source == Source::Api || c.source == Source::Config)
                         && !checks.iter().any(|n| n.check.check_id == c.check.check_id)
                 })
                 .map(|c| c.check.check_id.clone())
@@ -596,6 +634,24 @@ impl Agent {
         }
         for def in checks {
             self.register_check(def, Source::Config).await?;
+        }
+        self.drop_orphan_checks().await
+    }
+
+    /// Removes checks whose service is not registered (persisted checks of a service that a
+    /// config file no longer defines), each with a log line.
+    async fn drop_orphan_checks(&self) -> Result<(), AgentError> {
+        let services = self.0.state.services();
+        let orphans: Vec<LocalCheck> = self
+            .0
+            .state
+            .checks()
+            .into_values()
+            .filter(|c| !c.check.service_id.is_empty() && !services.contains_key(&c.check.service_id))
+            .collect();
+        for c in orphans {
+            warn!(check = %c.check.check_id, service = %c.check.service_id, "removing a check whose service is not registered");
+            self.deregister_check(&c.check.check_id).await?;
         }
         Ok(())
     }

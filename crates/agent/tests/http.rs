@@ -224,3 +224,52 @@ async fn forwarding_without_a_server_is_a_500_with_one_line() {
     assert_eq!(members[1]["Status"], 4);
     agent.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_service_read_blocks_on_its_content_hash() {
+    let (app, agent) = app().await;
+    let reg = json!({"Name": "web", "Port": 80, "Tags": ["a"]});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "GET", "/v1/agent/service/web", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let hash = v["ContentHash"].as_str().unwrap().to_owned();
+    // Same hash: waits until the wait ends, then answers unchanged.
+    let started = std::time::Instant::now();
+    let (_, body) = call(
+        &app,
+        "GET",
+        &format!("/v1/agent/service/web?hash={hash}&wait=200ms"),
+        Value::Null,
+    )
+    .await;
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["ContentHash"],
+        hash.as_str()
+    );
+    // A change wakes it with the new content.
+    let blocked = {
+        let app = app.clone();
+        let uri = format!("/v1/agent/service/web?hash={hash}&wait=30s");
+        tokio::spawn(async move { call(&app, "GET", &uri, Value::Null).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!blocked.is_finished());
+    let reg = json!({"Name": "web", "Port": 80, "Tags": ["b"]});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = blocked.await.unwrap();
+    assert_eq!(st, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["Tags"], json!(["b"]));
+    assert_ne!(v["ContentHash"], hash.as_str());
+    let (st, _) = call(&app, "GET", "/v1/agent/service/web?wait=soon", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    agent.shutdown().await;
+}

@@ -66,7 +66,15 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
+    let mut node_meta = file.node_meta.clone();
+    for kv in &args.node_meta {
+        let Some((k, v)) = kv.split_once(':') else {
+            bail!("-node-meta {kv:?}: expected KEY:VALUE");
+        };
+        node_meta.insert(k.to_owned(), v.to_owned());
+    }
     let agent = AgentConfig {
+        node_meta,
         node: args
             .node
             .clone()

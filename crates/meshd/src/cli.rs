@@ -54,6 +54,9 @@ pub struct AgentArgs {
     /// The node's address in the catalog (default: the first private IP, else 127.0.0.1).
     #[arg(long = "advertise", value_name = "ADDR")]
     pub advertise: Option<String>,
+    /// Node metadata in the catalog, `KEY:VALUE` (repeatable).
+    #[arg(long = "node-meta", value_name = "KEY:VALUE")]
+    pub node_meta: Vec<String>,
     /// A JSON config file: settings plus `services` and `checks` (repeatable; re-read on SIGHUP).
     #[arg(long = "config-file", value_name = "PATH")]
     pub config_file: Vec<PathBuf>,

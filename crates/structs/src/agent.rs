@@ -65,6 +65,12 @@ pub struct ServiceDefinition {
     /// ACL token for the registration (kept, not enforced: no ACLs yet).
     #[serde(rename = "Token", skip_serializing_if = "String::is_empty")]
     pub token: String,
+    /// Consul Enterprise namespace: only `default` (or none) exists here.
+    #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Consul Enterprise admin partition: only `default` (or none) exists here.
+    #[serde(rename = "Partition", skip_serializing_if = "String::is_empty")]
+    pub partition: String,
 }
 
 impl ServiceDefinition {
@@ -119,6 +125,14 @@ fn definition_field(e: ValidationError) -> ValidationError {
 
 impl Validate for ServiceDefinition {
     fn validate(&self) -> Result<(), ValidationError> {
+        for (field, value) in [("Namespace", &self.namespace), ("Partition", &self.partition)] {
+            if !matches!(value.as_str(), "" | "default") {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid(format!("{value:?}: only \"default\" exists in meshd")),
+                ));
+            }
+        }
         if !self.id.is_empty() {
             check_name("ID", &self.id, "")?;
         }
@@ -254,10 +268,11 @@ pub struct CheckType {
     /// Consecutive failures before the check reports warning (0: no warning phase).
     #[serde(rename = "FailuresBeforeWarning", skip_serializing_if = "is_zero")]
     pub failures_before_warning: u32,
-    /// Largest output kept: meshd keeps 4096 bytes (other values are refused).
+    /// Largest output kept, bytes (default and most: 4096).
     #[serde(rename = "OutputMaxSize", skip_serializing_if = "is_zero")]
     pub output_max_size: u32,
-    /// TLS server name for an HTTPS check: not supported yet (refused when set).
+    /// TLS server name (SNI, and the name the certificate must carry) for an HTTPS check,
+    /// when it differs from the URL's host.
     #[serde(rename = "TLSServerName", skip_serializing_if = "String::is_empty")]
     pub tls_server_name: String,
     /// Script checks: not run by meshd (refused). Consul's config files also call it `args`.
@@ -306,6 +321,8 @@ pub enum CheckKind {
         body: String,
         /// Accept any TLS certificate.
         tls_skip_verify: bool,
+        /// TLS server name, when not the URL's host.
+        tls_server_name: String,
         /// Between runs.
         interval: Duration,
         /// Per run.
@@ -368,14 +385,16 @@ impl CheckType {
                 Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
             ));
         }
-        let unhonoured = [
-            ("TLSServerName", !self.tls_server_name.is_empty()),
-            ("OutputMaxSize", !matches!(self.output_max_size, 0 | 4096)),
-        ];
-        if let Some((field, _)) = unhonoured.iter().find(|(_, set)| *set) {
+        if !self.tls_server_name.is_empty() && !self.http.starts_with("https://") {
             return Err(ValidationError::new(
-                *field,
-                Problem::NotAllowed("(not supported by meshd yet; OutputMaxSize may only be 4096)"),
+                "TLSServerName",
+                Problem::NotAllowed("without an https:// HTTP URL"),
+            ));
+        }
+        if self.output_max_size > 4096 {
+            return Err(ValidationError::new(
+                "OutputMaxSize",
+                Problem::OutOfRange { min: 0, max: 4096 },
             ));
         }
         let set: Vec<&str> = [
@@ -433,6 +452,7 @@ impl CheckType {
                     header: self.header.clone(),
                     body: self.body.clone(),
                     tls_skip_verify: self.tls_skip_verify,
+                    tls_server_name: self.tls_server_name.clone(),
                     interval: self.interval()?,
                     timeout,
                 })

@@ -189,7 +189,8 @@ async fn http_check_maps_status_codes() {
         .route(
             "/bad",
             get(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "broken") }),
-        );
+        )
+        .route("/big", get(|| async { "x".repeat(1 << 20) }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -206,6 +207,7 @@ async fn http_check_maps_status_codes() {
         header: Default::default(),
         body: String::new(),
         tls_skip_verify: false,
+        tls_server_name: String::new(),
         interval: Duration::from_secs(10),
         timeout: Duration::from_secs(5),
     };
@@ -215,6 +217,13 @@ async fn http_check_maps_status_codes() {
     assert_eq!(run_once(&http("/busy"), &client).await.0, HealthStatus::Warning);
     assert_eq!(run_once(&http("/bad"), &client).await.0, HealthStatus::Critical);
     assert_eq!(run_once(&http("/missing"), &client).await.0, HealthStatus::Critical);
+    let (st, out) = run_once(&http("/big"), &client).await;
+    assert_eq!(st, HealthStatus::Passing);
+    assert_eq!(
+        out.matches('x').count(),
+        MAX_OUTPUT,
+        "only the start of a 1 MiB body is kept"
+    );
     stop.cancel();
     server.await.unwrap().unwrap();
 }

@@ -148,4 +148,23 @@ fn output_is_capped_and_unchanged_updates_are_no_ops() {
     assert_eq!(s.pending().checks.len(), before.checks.len());
     assert!(!s.update_check("missing", HealthStatus::Passing, String::new()));
     assert!(s.check("c").unwrap().critical_since.is_none());
+    // A check's own OutputMaxSize, when smaller, is its limit.
+    let def: CheckType = structs::json::from_value(serde_json::json!({"TTL": "1s", "OutputMaxSize": 10})).unwrap();
+    s.apply(
+        vec![],
+        vec![LocalCheck::new(
+            HealthCheck {
+                check_id: "small".into(),
+                output: "0123456789abcdef".into(),
+                ..HealthCheck::default()
+            },
+            Some(def),
+            None,
+            Source::Api,
+        )],
+        &[],
+    );
+    assert_eq!(s.check("small").unwrap().check.output, "0123456789");
+    s.update_check("small", HealthStatus::Passing, "abcdefghijklmnop".into());
+    assert_eq!(s.check("small").unwrap().check.output, "abcdefghij");
 }

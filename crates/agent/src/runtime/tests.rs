@@ -170,6 +170,34 @@ async fn registrations_survive_a_restart_and_config_ones_are_not_persisted() {
     c.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_persisted_check_of_a_config_file_service_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file_services = || vec![def(json!({"Name": "from-file", "Port": 90}))];
+    let a = agent(Some(dir.path().to_owned())).await;
+    a.load_config(file_services(), vec![]).await.unwrap();
+    a.register_check(
+        check_def(json!({"Name": "extra", "TTL": "60s", "ServiceID": "from-file"})),
+        Source::Api,
+    )
+    .await
+    .unwrap();
+    a.shutdown().await;
+    let b = agent(Some(dir.path().to_owned())).await;
+    b.load_config(file_services(), vec![]).await.unwrap();
+    assert_eq!(b.state().check("extra").unwrap().check.service_id, "from-file");
+    b.shutdown().await;
+    // Without the file's service, the check goes (and its file with it).
+    let c = agent(Some(dir.path().to_owned())).await;
+    c.load_config(vec![], vec![]).await.unwrap();
+    assert!(c.state().check("extra").is_none());
+    c.shutdown().await;
+    let d = agent(Some(dir.path().to_owned())).await;
+    d.load_config(file_services(), vec![]).await.unwrap();
+    assert!(d.state().check("extra").is_none());
+    d.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_bad_config_changes_nothing_and_names_the_entry() {
     let a = agent(None).await;
@@ -203,4 +231,25 @@ async fn a_bad_config_changes_nothing_and_names_the_entry() {
     a.load_config(vec![def(json!({"Name": "two"}))], vec![]).await.unwrap();
     assert_eq!(ids(&a.state().services()), ["api-one", "two"]);
     a.shutdown().await;
+}
+
+#[tokio::test]
+async fn unusable_settings_are_refused_naming_them() {
+    let bad = |c: AgentConfig| async move { Agent::start(c).await.unwrap_err().to_string() };
+    assert_eq!(
+        bad(AgentConfig {
+            node: "my host".into(),
+            ..AgentConfig::default()
+        })
+        .await,
+        "node: \"my host\" has the character ' ': use letters, digits, '-', '_' or '.'"
+    );
+    assert_eq!(
+        bad(AgentConfig {
+            datacenter: String::new(),
+            ..AgentConfig::default()
+        })
+        .await,
+        "datacenter: required"
+    );
 }

@@ -87,14 +87,20 @@ fn bad_definitions_name_the_field() {
     assert!(
         err(json!({"Name": "web", "Check": {"args": ["true"], "Interval": "1s"}})).starts_with("Check.ScriptArgs:")
     );
+    assert_eq!(
+        err(json!({"Name": "web", "Namespace": "team-a"})),
+        "Namespace: \"team-a\": only \"default\" exists in meshd"
+    );
+    def(json!({"Name": "web", "Namespace": "default", "Partition": ""})).unwrap();
     // Settings meshd would not honour are refused rather than ignored.
+    def(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}})).unwrap();
     assert!(
-        err(json!({"Name": "web", "Check": {"HTTP": "https://h/", "Interval": "1s", "TLSServerName": "x"}}))
-            .starts_with("Check.TLSServerName: not allowed")
+        err(json!({"Name": "web", "Check": {"HTTP": "http://h/", "Interval": "1s", "TLSServerName": "x"}}))
+            .starts_with("Check.TLSServerName: not allowed without an https:// HTTP URL")
     );
     assert!(
-        err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100}}))
-            .starts_with("Check.OutputMaxSize: not allowed")
+        err(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 100_000}}))
+            .starts_with("Check.OutputMaxSize: must be between 0 and 4096")
     );
     def(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 4096}})).unwrap();
 }
