@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-/// A random number in `0..n` (0 when `n` is 0, or if the system has no randomness to give).
+/// A random number in `0..n` (0 when `n` is 0).
 pub fn below(n: u64) -> u64 {
     if n == 0 {
         return 0;
     }
-    getrandom::u64().unwrap_or(0) % n
+    fastrand::u64(0..n)
 }
 
 /// `d` minus up to `fraction` of itself, at random: periodic work of many agents spreads out
@@ -34,10 +34,13 @@ impl Backoff {
 
     /// The wait before the next attempt after one more failure.
     pub fn next_delay(&mut self) -> Duration {
-        let exp = self.failures.min(16);
         self.failures = self.failures.saturating_add(1);
-        let raw = self.base.saturating_mul(1u32 << exp).min(self.max);
-        jittered(raw, 0.25)
+        let schedule = backoff_schedule::Schedule {
+            immediate: 0,
+            first: self.base,
+            max: self.max,
+        };
+        jittered(schedule.delay(self.failures), 0.25)
     }
 
     /// Failures since the last success.

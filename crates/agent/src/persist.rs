@@ -68,13 +68,13 @@ impl Persistence {
     /// Writes a service's file.
     pub fn save_service(&self, svc: &PersistedService) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(svc).map_err(io::Error::other)?;
-        supervisor::process::write_atomic(&self.services.join(file_name(&svc.service.id)), &bytes, 0o600)
+        atomic_file::write_atomic(&self.services.join(file_name(&svc.service.id)), &bytes, 0o600)
     }
 
     /// Writes a check's file.
     pub fn save_check(&self, check: &PersistedCheck) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(check).map_err(io::Error::other)?;
-        supervisor::process::write_atomic(&self.checks.join(file_name(&check.check.check_id)), &bytes, 0o600)
+        atomic_file::write_atomic(&self.checks.join(file_name(&check.check.check_id)), &bytes, 0o600)
     }
 
     /// Removes a service's file (absent is fine).
