@@ -89,41 +89,7 @@ fn expand_sidecar(
     if proxy.proxy.local_service_port == 0 {
         proxy.proxy.local_service_port = parent.port;
     }
-    let taken = |port: u16| {
-        existing
-            .iter()
-            .any(|(id, p)| *id != proxy.id && *id != parent.id && *p == port)
-            || (parent.port == port && parent.id != proxy.id)
-    };
-    if proxy.port != 0 {
-        if taken(proxy.port) {
-            return Err(ValidationError::new(
-                "Port",
-                Problem::Invalid(format!(
-                    "{} is already used by another service on this node",
-                    proxy.port
-                )),
-            ));
-        }
-    } else if proxy.socket_path.is_empty() {
-        let kept = existing
-            .get(&proxy.id)
-            .copied()
-            .filter(|p| ports.contains(p) && !taken(*p));
-        proxy.port = match kept.or_else(|| ports.clone().find(|p| !taken(*p))) {
-            Some(p) => p,
-            None => {
-                return Err(ValidationError::new(
-                    "Port",
-                    Problem::Invalid(format!(
-                        "no free sidecar port left in {}-{}: give one",
-                        ports.start(),
-                        ports.end()
-                    )),
-                ));
-            }
-        };
-    }
+    assign_port(&mut proxy, parent, existing, ports)?;
     proxy.validate().map_err(|e| {
         if e.field == "Service" {
             ValidationError {
@@ -233,3 +199,52 @@ pub fn health_check(id: String, name: String, def: &CheckType, kind: &CheckKind)
 
 #[cfg(test)]
 mod tests;
+
+/// Checks a given sidecar port against the node's other services, or picks one: the port the
+/// sidecar had before when still free, else the lowest free port of `ports`.
+fn assign_port(
+    proxy: &mut NodeService,
+    parent: &NodeService,
+    existing: &BTreeMap<String, u16>,
+    ports: &RangeInclusive<u16>,
+) -> Result<(), ValidationError> {
+    let taken = |port: u16| {
+        existing
+            .iter()
+            .any(|(id, p)| *id != proxy.id && *id != parent.id && *p == port)
+            || (parent.port == port && parent.id != proxy.id)
+    };
+    if proxy.port != 0 {
+        if taken(proxy.port) {
+            return Err(ValidationError::new(
+                "Port",
+                Problem::Invalid(format!(
+                    "{} is already used by another service on this node",
+                    proxy.port
+                )),
+            ));
+        }
+        return Ok(());
+    }
+    if !proxy.socket_path.is_empty() {
+        return Ok(());
+    }
+    let kept = existing
+        .get(&proxy.id)
+        .copied()
+        .filter(|p| ports.contains(p) && !taken(*p));
+    match kept.or_else(|| ports.clone().find(|p| !taken(*p))) {
+        Some(p) => {
+            proxy.port = p;
+            Ok(())
+        }
+        None => Err(ValidationError::new(
+            "Port",
+            Problem::Invalid(format!(
+                "no free sidecar port left in {}-{}: give one",
+                ports.start(),
+                ports.end()
+            )),
+        )),
+    }
+}

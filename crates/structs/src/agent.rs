@@ -371,32 +371,7 @@ impl CheckType {
     /// How the check runs; an error names the field when the definition is unusable (no type,
     /// several types, a type meshd does not run, a missing interval, a bad URL or address).
     pub fn kind(&self) -> Result<CheckKind, ValidationError> {
-        let unsupported = [
-            ("ScriptArgs", !self.script_args.is_empty()),
-            ("DockerContainerID", !self.docker_container_id.is_empty()),
-            ("GRPC", !self.grpc.is_empty()),
-            ("H2PING", !self.h2ping.is_empty()),
-            ("UDP", !self.udp.is_empty()),
-            ("OSService", !self.os_service.is_empty()),
-        ];
-        if let Some((field, _)) = unsupported.iter().find(|(_, set)| *set) {
-            return Err(ValidationError::new(
-                *field,
-                Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
-            ));
-        }
-        if !self.tls_server_name.is_empty() && !self.http.starts_with("https://") {
-            return Err(ValidationError::new(
-                "TLSServerName",
-                Problem::NotAllowed("without an https:// HTTP URL"),
-            ));
-        }
-        if self.output_max_size > 4096 {
-            return Err(ValidationError::new(
-                "OutputMaxSize",
-                Problem::OutOfRange { min: 0, max: 4096 },
-            ));
-        }
+        self.check_supported()?;
         let set: Vec<&str> = [
             ("TTL", !self.ttl.is_zero()),
             ("HTTP", !self.http.is_empty()),
@@ -425,69 +400,108 @@ impl CheckType {
                 Problem::NotAllowed("together with another check type: a check has one type"),
             )),
             ["TTL"] => Ok(CheckKind::Ttl(self.ttl.0)),
-            ["HTTP"] => {
-                let rest = self
-                    .http
-                    .strip_prefix("http://")
-                    .or_else(|| self.http.strip_prefix("https://"));
-                if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
-                    return Err(ValidationError::new(
-                        "HTTP",
-                        Problem::Invalid(format!("{:?} is not an http:// or https:// URL with a host", self.http)),
-                    ));
-                }
-                if !self.method.is_empty() && !self.method.chars().all(|c| c.is_ascii_alphabetic()) {
-                    return Err(ValidationError::new(
-                        "Method",
-                        Problem::Invalid(format!("{:?} is not an HTTP method", self.method)),
-                    ));
-                }
-                Ok(CheckKind::Http {
-                    url: self.http.clone(),
-                    method: if self.method.is_empty() {
-                        "GET".into()
-                    } else {
-                        self.method.to_ascii_uppercase()
-                    },
-                    header: self.header.clone(),
-                    body: self.body.clone(),
-                    tls_skip_verify: self.tls_skip_verify,
-                    tls_server_name: self.tls_server_name.clone(),
-                    interval: self.interval()?,
-                    timeout,
-                })
-            }
-            ["TCP"] => {
-                match self.tcp.rsplit_once(':') {
-                    Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
-                    _ => {
-                        return Err(ValidationError::new(
-                            "TCP",
-                            Problem::Invalid(format!("{:?} is not host:port", self.tcp)),
-                        ));
-                    }
-                }
-                Ok(CheckKind::Tcp {
-                    addr: self.tcp.clone(),
-                    interval: self.interval()?,
-                    timeout,
-                })
-            }
-            _ => {
-                if self.alias_service.is_empty() {
-                    return Err(ValidationError::new(
-                        "AliasService",
-                        Problem::Required("for an alias check (node aliases are not supported)"),
-                    ));
-                }
-                Ok(CheckKind::Alias {
-                    node: self.alias_node.clone(),
-                    service: self.alias_service.clone(),
-                })
-            }
+            ["HTTP"] => self.http_kind(timeout),
+            ["TCP"] => self.tcp_kind(timeout),
+            _ => self.alias_kind(),
         }
     }
 
+    /// Refuses the check types and settings meshd does not run or honour, naming the field.
+    fn check_supported(&self) -> Result<(), ValidationError> {
+        let unsupported = [
+            ("ScriptArgs", !self.script_args.is_empty()),
+            ("DockerContainerID", !self.docker_container_id.is_empty()),
+            ("GRPC", !self.grpc.is_empty()),
+            ("H2PING", !self.h2ping.is_empty()),
+            ("UDP", !self.udp.is_empty()),
+            ("OSService", !self.os_service.is_empty()),
+        ];
+        if let Some((field, _)) = unsupported.iter().find(|(_, set)| *set) {
+            return Err(ValidationError::new(
+                *field,
+                Problem::NotAllowed("(this check type is not supported by meshd: use TTL, HTTP, TCP or an alias)"),
+            ));
+        }
+        if !self.tls_server_name.is_empty() && !self.http.starts_with("https://") {
+            return Err(ValidationError::new(
+                "TLSServerName",
+                Problem::NotAllowed("without an https:// HTTP URL"),
+            ));
+        }
+        if self.output_max_size > 4096 {
+            return Err(ValidationError::new(
+                "OutputMaxSize",
+                Problem::OutOfRange { min: 0, max: 4096 },
+            ));
+        }
+        Ok(())
+    }
+
+    /// An HTTP check: a URL with a scheme and a host, a method of letters only.
+    fn http_kind(&self, timeout: Duration) -> Result<CheckKind, ValidationError> {
+        let rest = self
+            .http
+            .strip_prefix("http://")
+            .or_else(|| self.http.strip_prefix("https://"));
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+            return Err(ValidationError::new(
+                "HTTP",
+                Problem::Invalid(format!("{:?} is not an http:// or https:// URL with a host", self.http)),
+            ));
+        }
+        if !self.method.is_empty() && !self.method.chars().all(|c| c.is_ascii_alphabetic()) {
+            return Err(ValidationError::new(
+                "Method",
+                Problem::Invalid(format!("{:?} is not an HTTP method", self.method)),
+            ));
+        }
+        Ok(CheckKind::Http {
+            url: self.http.clone(),
+            method: if self.method.is_empty() {
+                "GET".into()
+            } else {
+                self.method.to_ascii_uppercase()
+            },
+            header: self.header.clone(),
+            body: self.body.clone(),
+            tls_skip_verify: self.tls_skip_verify,
+            tls_server_name: self.tls_server_name.clone(),
+            interval: self.interval()?,
+            timeout,
+        })
+    }
+
+    /// A TCP check of `host:port`.
+    fn tcp_kind(&self, timeout: Duration) -> Result<CheckKind, ValidationError> {
+        match self.tcp.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            _ => {
+                return Err(ValidationError::new(
+                    "TCP",
+                    Problem::Invalid(format!("{:?} is not host:port", self.tcp)),
+                ));
+            }
+        }
+        Ok(CheckKind::Tcp {
+            addr: self.tcp.clone(),
+            interval: self.interval()?,
+            timeout,
+        })
+    }
+
+    /// An alias of a service instance (on this node unless `AliasNode` names another).
+    fn alias_kind(&self) -> Result<CheckKind, ValidationError> {
+        if self.alias_service.is_empty() {
+            return Err(ValidationError::new(
+                "AliasService",
+                Problem::Required("for an alias check (node aliases are not supported)"),
+            ));
+        }
+        Ok(CheckKind::Alias {
+            node: self.alias_node.clone(),
+            service: self.alias_service.clone(),
+        })
+    }
     fn interval(&self) -> Result<Duration, ValidationError> {
         if self.interval.is_zero() {
             return Err(ValidationError::new(
