@@ -320,32 +320,27 @@ fn plan_register(req: &RegisterRequest, state: &State, datacenter: &str) -> Resu
     if let Some(node) = node_change(req, state, datacenter) {
         changes.push(Change::PutNode(node));
     }
-    // Name and tags of every service of the node, the registered one included: checks
-    // registered with it copy them.
-    let mut service_names: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
-    for svc in state.node_services(&req.node) {
-        service_names.insert(svc.id.clone(), (svc.service.clone(), svc.tags.clone()));
-    }
-    if let Some(svc) = &req.service {
+    let registered = req.service.as_ref().map(|svc| {
         let mut svc = svc.clone();
         svc.normalize();
-        let old = state.service(&req.node, &svc.id);
-        let unchanged = old.as_deref().is_some_and(|o| {
+        svc
+    });
+    if let Some(svc) = &registered {
+        let unchanged = state.service(&req.node, &svc.id).is_some_and(|o| {
             let mut cmp = svc.clone();
             cmp.create_index = o.create_index;
             cmp.modify_index = o.modify_index;
             cmp == *o
         });
-        service_names.insert(svc.id.clone(), (svc.service.clone(), svc.tags.clone()));
         if !unchanged {
             changes.push(Change::PutService {
                 node: req.node.clone(),
-                service: svc,
+                service: svc.clone(),
             });
         }
     }
     for (i, check) in req.all_checks().enumerate() {
-        if let Some(check) = check_change(req, i, check, &service_names, state)? {
+        if let Some(check) = check_change(req, i, check, registered.as_ref(), state)? {
             changes.push(Change::PutCheck(check));
         }
     }
@@ -377,12 +372,14 @@ fn node_change(req: &RegisterRequest, state: &State, datacenter: &str) -> Option
 }
 
 /// Check `i` of a registration, completed (ids, names, its service's name and tags), unless
-/// it is unchanged. A check naming a service the node does not have is refused.
+/// it is unchanged. A check naming a service the node does not have (nor registers with it)
+/// is refused. Only the check's own service is looked up, so registering on a node with many
+/// services costs no more than on an empty one.
 fn check_change(
     req: &RegisterRequest,
     i: usize,
     check: &HealthCheck,
-    service_names: &BTreeMap<String, (String, Vec<String>)>,
+    registered: Option<&structs::NodeService>,
     state: &State,
 ) -> Result<Option<HealthCheck>, WriteError> {
     let mut check = check.clone();
@@ -394,7 +391,15 @@ fn check_change(
         check.name = check.check_id.clone();
     }
     if !check.service_id.is_empty() {
-        let Some((name, tags)) = service_names.get(&check.service_id) else {
+        let stored;
+        let service = match registered.filter(|s| s.id == check.service_id) {
+            Some(s) => Some(s),
+            None => {
+                stored = state.service(&req.node, &check.service_id);
+                stored.as_deref()
+            }
+        };
+        let Some(structs::NodeService { service: name, tags, .. }) = service else {
             let at = if req.check.is_some() && i == 0 {
                 "Check".to_owned()
             } else {
