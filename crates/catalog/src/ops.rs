@@ -399,7 +399,10 @@ fn check_change(
                 stored.as_deref()
             }
         };
-        let Some(structs::NodeService { service: name, tags, .. }) = service else {
+        let Some(structs::NodeService {
+            service: name, tags, ..
+        }) = service
+        else {
             let at = if req.check.is_some() && i == 0 {
                 "Check".to_owned()
             } else {

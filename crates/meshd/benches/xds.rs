@@ -49,13 +49,7 @@ fn proc_stat(pid: u32) -> (Duration, u64) {
         .get(11..13)
         .map(|x| x.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
         .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    (Duration::from_millis(ticks * 10), rss)
+    (Duration::from_millis(ticks * 10), test_support::figures::rss_kib(pid))
 }
 
 struct Server {
