@@ -7,7 +7,6 @@
 
 use crate::CorrelationId;
 use crate::data_sources::*;
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::{
     collections::HashMap,
@@ -102,23 +101,44 @@ impl<R: WatchRequest> FakeSource<R> {
     }
 }
 
-#[async_trait]
+/// The scripted values of one request, counted as an active watch while held.
+struct Watched<T> {
+    rx: watch::Receiver<Option<Result<T, DataSourceError>>>,
+    _active: ActiveGuard,
+}
+
+impl<T: Clone + Send + Sync> crate::forward::Updates<T> for Watched<T> {
+    fn next(&mut self) -> impl std::future::Future<Output = crate::forward::Step<T>> + Send {
+        crate::forward::Updates::next(&mut self.rx)
+    }
+}
+
+/// Like the real sources, the watch future is the shared forward loop itself (no boxed
+/// async wrapper around it), so benchmarks over fakes measure what production watches cost.
 impl<R: WatchRequest> DataSource<R> for FakeSource<R> {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: R,
         correlation_id: CorrelationId,
         tx: EventSender<R::Response>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
+    ) -> crate::WatchFuture<'w>
+    where
+        Self: 'w,
+    {
         self.active.fetch_add(1, Ordering::SeqCst);
         self.started.fetch_add(1, Ordering::SeqCst);
-        let _guard = ActiveGuard(Arc::clone(&self.active));
         let mut rx = self.sender(&req).subscribe();
         rx.mark_changed();
+        let updates = Watched {
+            rx,
+            _active: ActiveGuard(Arc::clone(&self.active)),
+        };
         let sink = crate::forward::ToState { id: correlation_id, tx };
-        crate::forward::forward(cancel, rx, sink).await;
-        Ok(())
+        Box::pin(futures_util::FutureExt::map(
+            crate::forward::forward(cancel, updates, sink),
+            Ok,
+        ))
     }
 }
 
