@@ -8,7 +8,6 @@ use crate::persist::{PersistedCheck, PersistedService, Persistence};
 use crate::servers::Servers;
 use crate::sidecar::{self, NewCheck};
 use crate::sync::{NodeInfo, SyncConfig, Syncer};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -16,10 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use structs::agent::{CheckKind, CheckType, ServiceDefinition};
 use structs::{HealthCheck, HealthStatus, Problem, ValidationError};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 /// Id prefix of a service's maintenance check.
 pub const MAINTENANCE_PREFIX: &str = "_service_maintenance:";
@@ -576,155 +574,6 @@ impl Agent {
         Ok(())
     }
 
-    /// Replaces the registrations that came from config files with `services` and `checks`
-    /// (start and SIGHUP). Everything is checked first: one bad definition changes nothing.
-    pub async fn load_config(
-        &self,
-        services: Vec<ServiceDefinition>,
-        checks: Vec<CheckType>,
-    ) -> Result<(), AgentError> {
-        for (i, def) in services.iter().enumerate() {
-            sidecar::expand(def, &BTreeMap::new(), &self.0.config.sidecar_ports)
-                .map_err(|e| e.within(&format!("services[{i}]")))?;
-        }
-        for (i, def) in checks.iter().enumerate() {
-            let at = format!("checks[{i}]");
-            if def.name.is_empty() {
-                return Err(ValidationError::new(format!("{at}.Name"), Problem::Required("")).into());
-            }
-            def.kind().map_err(|e| e.within(&at))?;
-        }
-        let wanted: Vec<String> = services.iter().map(|d| d.instance_id().to_owned()).collect();
-        let stale: Vec<String> = self
-            .0
-            .state
-            .services()
-            .into_values()
-            .filter(|s| s.source == Source::Config && s.sidecar_of.is_none() && !wanted.contains(&s.service.id))
-            .map(|s| s.service.id)
-            .collect();
-        for id in stale {
-            self.deregister_service(&id).await?;
-        }
-        for def in services {
-            self.register_service(def, Source::Config, true).await?;
-        }
-        let check_ids: Vec<String> = checks
-            .iter()
-            .map(|c| {
-                if c.given_id().is_empty() {
-                    c.name.clone()
-                } else {
-                    c.given_id().to_owned()
-                }
-            })
-            .collect();
-        let stale_checks: Vec<String> = self
-            .0
-            .state
-            .checks()
-            .into_values()
-            .filter(|c| {
-                c.source == Source::Config && c.check.service_id.is_empty() && !check_ids.contains(&c.check.check_id)
-            })
-            .map(|c| c.check.check_id)
-            .collect();
-        for id in stale_checks {
-            self.deregister_check(&id).await?;
-        }
-        for def in checks {
-            self.register_check(def, Source::Config).await?;
-        }
-        self.drop_orphan_checks().await
-    }
-
-    /// Removes checks whose service is not registered (persisted checks of a service that a
-    /// config file no longer defines), each with a log line.
-    async fn drop_orphan_checks(&self) -> Result<(), AgentError> {
-        let services = self.0.state.services();
-        let orphans: Vec<LocalCheck> = self
-            .0
-            .state
-            .checks()
-            .into_values()
-            .filter(|c| !c.check.service_id.is_empty() && !services.contains_key(&c.check.service_id))
-            .collect();
-        for c in orphans {
-            warn!(check = %c.check.check_id, service = %c.check.service_id, "removing a check whose service is not registered");
-            self.deregister_check(&c.check.check_id).await?;
-        }
-        Ok(())
-    }
-
-    /// Tells a server this node is alive, every `heartbeat_interval`, until `stop`.
-    async fn heartbeat(&self, stop: CancellationToken) {
-        let body = json!({"Node": self.0.config.node, "Address": self.0.config.advertise});
-        let mut warned_missing = false;
-        // `?dc=`: a server of another datacenter refuses instead of adopting this node.
-        let path = format!("/v1/internal/node/heartbeat?dc={}", self.0.config.datacenter);
-        loop {
-            match self.0.servers.put_json(&path, &body).await {
-                Ok(()) => {}
-                Err(crate::servers::ServerError::Status { status: 404 | 405, .. }) if !warned_missing => {
-                    warned_missing = true;
-                    warn!("the server has no heartbeat endpoint: this node's liveness is not tracked");
-                }
-                // The anti-entropy loop logs while servers are away.
-                Err(error) => debug!(%error, "heartbeat failed"),
-            }
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.0.config.heartbeat_interval) => {}
-            }
-        }
-    }
-
-    /// Deregisters services whose check has been critical longer than its
-    /// `DeregisterCriticalServiceAfter`.
-    async fn reap_critical(&self, stop: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.0.config.reap_interval) => {}
-            }
-            let now = Instant::now();
-            let doomed: Vec<(String, String)> = self
-                .0
-                .state
-                .checks()
-                .into_values()
-                .filter_map(|c| {
-                    let after = c.definition.as_ref()?.deregister_critical_service_after;
-                    let since = c.critical_since?;
-                    (!after.is_zero() && !c.check.service_id.is_empty() && now.duration_since(since) >= after.0)
-                        .then(|| (c.check.service_id.clone(), c.check.check_id.clone()))
-                })
-                .collect();
-            for (service, check) in doomed {
-                warn!(%service, %check, "deregistering a service critical for longer than DeregisterCriticalServiceAfter");
-                if let Err(error) = self.deregister_service(&service).await {
-                    debug!(%service, %error, "reaping");
-                }
-            }
-        }
-    }
-
-    /// Removes this node from the catalog (leave); best effort, with a short deadline.
-    pub async fn leave(&self) -> Result<(), crate::servers::ServerError> {
-        let body = json!({"Node": self.0.config.node});
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            self.0.servers.put_json("/v1/catalog/deregister", &body),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(crate::servers::ServerError::Unreachable {
-                tried: 1,
-                last: "timed out".into(),
-            })
-        })
-    }
-
     /// Stops every task of the agent and waits for them; then records the last reported
     /// status of TTL checks, so that a restart does not flap them back to their registered
     /// status (each gets a full TTL after the restart to be reported again).
@@ -763,6 +612,9 @@ impl Agent {
         self.0.syncer.wait_first_sync().await;
     }
 }
+
+mod node;
+mod reload;
 
 #[cfg(test)]
 mod tests;
