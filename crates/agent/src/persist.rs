@@ -43,16 +43,7 @@ pub struct Persistence {
 /// A file name for an id: letters, digits, `-`, `_` and `.` as they are, anything else as
 /// `%XX`, so every id maps to one distinct, safe name.
 fn file_name(id: &str) -> String {
-    let mut out = String::with_capacity(id.len() + 5);
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && !out.is_empty()) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out.push_str(".json");
-    out
+    format!("{}.json", atomic_file::file_name_for(id))
 }
 
 impl Persistence {

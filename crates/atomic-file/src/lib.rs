@@ -39,6 +39,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     sync_dir(dir)
 }
 
+/// A file name for an id that may hold any character (a service id, a proxy id): letters,
+/// digits, `-` and `_` stay, `.` stays unless it leads, anything else becomes `%XX`. Distinct
+/// ids give distinct names, and no name leaves its directory or hides as a dot file.
+pub fn file_name_for(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && !out.is_empty()) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Makes the entries of `dir` (a rename, a new or removed file) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -59,6 +74,15 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn file_names_for_ids_are_distinct_and_stay_in_their_directory() {
+        assert_eq!(file_name_for("web-sidecar-proxy"), "web-sidecar-proxy");
+        assert_eq!(file_name_for("service:web:1"), "service%3Aweb%3A1");
+        assert_eq!(file_name_for("../etc/passwd"), "%2E.%2Fetc%2Fpasswd");
+        assert_ne!(file_name_for("a:b"), file_name_for("a%3Ab"));
+        assert_ne!(file_name_for("a/b"), file_name_for("a_b"));
     }
 
     #[test]

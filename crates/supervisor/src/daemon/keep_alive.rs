@@ -10,21 +10,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// The pid file of daemon `id` (ids become file names through `atomic_file::file_name_for`).
 pub(super) fn pid_path(data_dir: &Path, id: &str) -> PathBuf {
-    data_dir.join("pids").join(format!("{}.pid", file_safe(id)))
-}
-
-/// Proxy ids become file names: keep them to a safe alphabet.
-fn file_safe(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    data_dir
+        .join("pids")
+        .join(format!("{}.pid", atomic_file::file_name_for(id)))
 }
 
 pub(super) struct DaemonCtx {
@@ -159,7 +149,7 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
     }
     let logs = ctx.data_dir.join("logs");
     let open = |suffix: &str| {
-        let path = logs.join(format!("{}-{suffix}.log", file_safe(&ctx.id)));
+        let path = logs.join(format!("{}-{suffix}.log", atomic_file::file_name_for(&ctx.id)));
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -187,15 +177,4 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
         tracing::error!(path = %path.display(), error = %e, "cannot write pid file");
     }
     Ok((child, id))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn file_names_from_ids_stay_in_the_directory() {
-        assert_eq!(file_safe("web-sidecar-proxy"), "web-sidecar-proxy");
-        assert_eq!(file_safe("../etc/passwd"), ".._etc_passwd");
-    }
 }
