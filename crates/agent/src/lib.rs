@@ -11,6 +11,7 @@
 //! - [`http`]: the agent's Consul-compatible HTTP API and the forwarding of the rest.
 
 pub mod backoff;
+pub mod cache;
 pub mod checks;
 pub mod config_file;
 pub mod http;
