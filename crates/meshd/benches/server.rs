@@ -165,20 +165,6 @@ async fn store_wakeups(waiters: usize) {
     store.close().await;
 }
 
-async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{url}/v1/agent/metrics?format=prometheus"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
 async fn http_wakeups(server: &Server, waiters: usize) {
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let url = server.url.clone();
@@ -234,11 +220,11 @@ async fn http_wakeups(server: &Server, waiters: usize) {
     }
     // Wait until every query is parked on the server.
     let ready = Instant::now();
-    while (metric(&client, &url, "meshd_http_blocking_queries ").await as usize) < waiters {
+    while (test_support::process::metric(&client, &url, "meshd_http_blocking_queries ").await as usize) < waiters {
         if ready.elapsed() > Duration::from_secs(120) {
             println!(
                 "  over HTTP: only {} of {waiters} blocking queries got parked; skipping",
-                metric(&client, &url, "meshd_http_blocking_queries ").await
+                test_support::process::metric(&client, &url, "meshd_http_blocking_queries ").await
             );
             return;
         }

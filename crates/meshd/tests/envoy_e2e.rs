@@ -102,18 +102,7 @@ impl Mesh {
     }
 
     async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(format!("{}/v1/agent/metrics?format=prometheus", self.http))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        test_support::process::metric(&self.client, &self.http, name).await
     }
 }
 

@@ -195,18 +195,7 @@ fn acknowledged_writes_survive_kill_9() {
 
 /// The blocking queries parked now, from the server's own gauge.
 async fn parked(client: &reqwest::Client, server: &Server) -> u64 {
-    let text = client
-        .get(server.url("/v1/agent/metrics?format=prometheus"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("meshd_http_blocking_queries "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    test_support::process::metric(client, &server.addr, "meshd_http_blocking_queries ").await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

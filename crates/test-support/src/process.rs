@@ -45,3 +45,19 @@ where
         .expect("the server's xDS ready line");
     ServerProcess { child, http, grpc }
 }
+
+/// The value of the sample `name` (with its labels, as printed) in a server's
+/// `/v1/agent/metrics?format=prometheus` at `http` (`http://ADDR`); 0 when absent.
+pub async fn metric(client: &reqwest::Client, http: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{http}/v1/agent/metrics?format=prometheus"))
+        .send()
+        .await
+        .expect("scraping the server's metrics")
+        .text()
+        .await
+        .expect("reading the server's metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
