@@ -300,22 +300,19 @@ pub async fn run_once(kind: &CheckKind, http: &reqwest::Client) -> (HealthStatus
             tls_skip_verify,
             tls_server_name,
             ..
-        } if !tls_server_name.is_empty() => match with_server_name(url, tls_server_name, *tls_skip_verify).await {
-            Ok((client, named_url, host)) => {
-                let mut header = header.clone();
-                header.entry("Host".into()).or_insert_with(|| vec![host]);
-                http_once(&client, named_url.as_str(), method, &header, body, *timeout).await
+        } => {
+            if tls_server_name.is_empty() {
+                return http_once(http, url, method, header, body, *timeout).await;
             }
-            Err(e) => (HealthStatus::Critical, format!("HTTP {method} {url}: {e}")),
-        },
-        CheckKind::Http {
-            url,
-            method,
-            header,
-            body,
-            timeout,
-            ..
-        } => http_once(http, url, method, header, body, *timeout).await,
+            match with_server_name(url, tls_server_name, *tls_skip_verify).await {
+                Ok((client, named_url, host)) => {
+                    let mut header = header.clone();
+                    header.entry("Host".into()).or_insert_with(|| vec![host]);
+                    http_once(&client, named_url.as_str(), method, &header, body, *timeout).await
+                }
+                Err(e) => (HealthStatus::Critical, format!("HTTP {method} {url}: {e}")),
+            }
+        }
         CheckKind::Tcp { addr, timeout, .. } => {
             match tokio::time::timeout(*timeout, tokio::net::TcpStream::connect(addr.as_str())).await {
                 Ok(Ok(_)) => (HealthStatus::Passing, format!("TCP connect {addr}: Success")),

@@ -190,13 +190,20 @@ fn agent_check(c: &HealthCheck) -> Value {
     v
 }
 
-async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+/// `?filter` is not supported: refused with a 400 rather than ignored (an ignored filter
+/// would answer with everything).
+fn refuse_filter(q: &BTreeMap<String, String>) -> Result<(), HttpError> {
     if q.contains_key("filter") {
         return Err(HttpError(
             StatusCode::BAD_REQUEST,
             "filter: not supported by meshd's agent".into(),
         ));
     }
+    Ok(())
+}
+
+async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+    refuse_filter(&q)?;
     let out: BTreeMap<String, Value> = agent
         .state()
         .services()
@@ -260,12 +267,7 @@ async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): P
 }
 
 async fn checks(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
-    if q.contains_key("filter") {
-        return Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            "filter: not supported by meshd's agent".into(),
-        ));
-    }
+    refuse_filter(&q)?;
     let out: BTreeMap<String, Value> = agent
         .state()
         .checks()
