@@ -2,17 +2,14 @@
 //! anti-entropy, the liveness heartbeat and the critical-service reaper, all owned by one
 //! [`Agent`] and stopped by [`Agent::shutdown`].
 
-use crate::checks::{CheckRunner, Thresholds, TtlError};
+use crate::checks::{CheckRunner, Thresholds};
 use crate::local::{LocalCheck, LocalService, LocalState, Source};
 use crate::persist::{PersistedCheck, PersistedService, Persistence};
 use crate::servers::Servers;
 use crate::sidecar::{self, NewCheck};
-use crate::sync::{NodeInfo, SyncConfig, Syncer};
+use crate::sync::{NodeInfo, Syncer};
 use std::collections::BTreeMap;
-use std::ops::RangeInclusive;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use structs::agent::{CheckKind, CheckType, ServiceDefinition};
 use structs::{HealthCheck, HealthStatus, Problem, ValidationError};
 use tokio_util::sync::CancellationToken;
@@ -21,114 +18,6 @@ use tracing::{Instrument, info, info_span, warn};
 
 /// Id prefix of a service's maintenance check.
 pub const MAINTENANCE_PREFIX: &str = "_service_maintenance:";
-
-/// Settings of an agent.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    /// Node name.
-    pub node: String,
-    /// Datacenter.
-    pub datacenter: String,
-    /// Address of the node in the catalog.
-    pub advertise: String,
-    /// Node metadata in the catalog.
-    pub node_meta: BTreeMap<String, String>,
-    /// Where registrations are persisted; `None` keeps them in memory only (`-dev`).
-    pub data_dir: Option<PathBuf>,
-    /// Servers' HTTP addresses.
-    pub servers: Vec<String>,
-    /// Ports sidecars are given when they name none.
-    pub sidecar_ports: RangeInclusive<u16>,
-    /// Anti-entropy timing.
-    pub sync: SyncConfig,
-    /// How often the agent tells a server it is alive.
-    pub heartbeat_interval: Duration,
-    /// How often critical checks are looked at for `DeregisterCriticalServiceAfter`.
-    pub reap_interval: Duration,
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        Self {
-            node: "meshd-agent".into(),
-            datacenter: "dc1".into(),
-            advertise: "127.0.0.1".into(),
-            node_meta: BTreeMap::new(),
-            data_dir: None,
-            servers: Vec::new(),
-            sidecar_ports: 21000..=21255,
-            sync: SyncConfig::default(),
-            heartbeat_interval: Duration::from_secs(1),
-            reap_interval: Duration::from_secs(5),
-        }
-    }
-}
-
-impl AgentConfig {
-    /// Checks what the catalog would refuse later (the node name, the datacenter), naming the
-    /// setting.
-    pub fn validate(&self) -> Result<(), ValidationError> {
-        for (field, value) in [("node", &self.node), ("datacenter", &self.datacenter)] {
-            if value.is_empty() {
-                return Err(ValidationError::new(field, Problem::Required("")));
-            }
-            if let Some(c) = value
-                .chars()
-                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-            {
-                return Err(ValidationError::new(
-                    field,
-                    Problem::Invalid(format!(
-                        "{value:?} has the character {c:?}: use letters, digits, '-', '_' or '.'"
-                    )),
-                ));
-            }
-        }
-        if self.advertise.is_empty() {
-            return Err(ValidationError::new("advertise", Problem::Required("")));
-        }
-        if self.sidecar_ports.is_empty() {
-            return Err(ValidationError::new(
-                "sidecar_ports",
-                Problem::Invalid("the range is empty".into()),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Why an agent operation failed. Nothing was changed.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// Bad input; names the field.
-    #[error(transparent)]
-    Invalid(#[from] ValidationError),
-    /// The named service or check is not registered here.
-    #[error("{0}")]
-    NotFound(String),
-    /// A registration could not be persisted.
-    #[error("cannot persist the registration: {0}")]
-    Persist(#[from] std::io::Error),
-    /// The data directory is unusable.
-    #[error("cannot use data dir {path}: {error}")]
-    DataDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        error: std::io::Error,
-    },
-}
-
-impl From<TtlError> for AgentError {
-    fn from(e: TtlError) -> Self {
-        match e {
-            TtlError::NotFound(_) => AgentError::NotFound(e.to_string()),
-            TtlError::NotTtl(_) => {
-                AgentError::Invalid(ValidationError::new("CheckID", Problem::Invalid(e.to_string())))
-            }
-        }
-    }
-}
 
 struct Inner {
     config: AgentConfig,
@@ -613,8 +502,11 @@ impl Agent {
     }
 }
 
+mod config;
 mod node;
 mod reload;
+
+pub use config::{AgentConfig, AgentError};
 
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,8 @@
 
 use super::*;
 use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
 
 fn def(v: serde_json::Value) -> ServiceDefinition {
     structs::json::from_value(v).unwrap()
