@@ -11,14 +11,13 @@
 //! - [`http`]: the agent's Consul-compatible HTTP API and the forwarding of the rest.
 
 pub mod backoff;
-pub mod cache;
+pub use agent_cache::{cache, servers};
 pub mod checks;
 pub mod config_file;
 pub mod http;
 pub mod local;
 pub mod persist;
 pub mod runtime;
-pub mod servers;
 pub mod sidecar;
 pub mod sync;
 

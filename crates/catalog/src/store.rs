@@ -225,6 +225,14 @@ impl Store {
         Ok(cert)
     }
 
+    /// Signs a leaf for the public key of a CSR sent by an agent (see [`ca::sign_csr`]); the
+    /// private key never reaches the server.
+    pub fn sign_csr(&self, csr_pem: &str) -> Result<IssuedCert, ca::CsrError> {
+        let state = self.read();
+        let ca = state.ca().ok_or(ca::CaError::NoActiveRoot)?;
+        ca::sign_csr(&ca, &self.inner.config.datacenter, csr_pem, SystemTime::now())
+    }
+
     /// Stops accepting writes, lets queued ones finish, and waits for the writer and any
     /// snapshot in progress to stop.
     pub async fn close(&self) {

@@ -5,7 +5,7 @@ use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use catalog::{IndexKey, Op};
 use structs::{ConfigEntry, ConfigEntryKind, Index};
 
@@ -55,10 +55,13 @@ pub(crate) async fn get(
     let state = api.read(&params, &key).await?;
     match state.config_entry(kind, &name) {
         Some(entry) => Ok(query::json(&*entry, Some(state.index_of(&key)), params.pretty())),
-        None => Err(ApiError::NotFound(format!(
-            "Config entry not found for {:?} / {name:?}",
-            kind.as_str()
-        ))),
+        // With the index, so a blocking query can wait for the entry to appear.
+        None => {
+            let mut resp = ApiError::NotFound(format!("Config entry not found for {:?} / {name:?}", kind.as_str()))
+                .into_response();
+            query::add_consul_headers(resp.headers_mut(), Some(state.index_of(&key)));
+            Ok(resp)
+        }
     }
 }
 

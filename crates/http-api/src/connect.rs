@@ -142,6 +142,38 @@ pub(crate) async fn leaf(
     Ok(query::json(&*cert, Some(cert.modify_index), params.pretty()))
 }
 
+/// The body of `PUT /v1/internal/connect/ca/sign`.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct SignRequest {
+    #[serde(rename = "CSR", alias = "csr", default)]
+    csr: String,
+}
+
+/// Signs an agent's certificate signing request: the agent keeps the private key, the answer
+/// carries the certificate only. The CSR must name one service identity of this CA's trust
+/// domain and datacenter.
+pub(crate) async fn sign(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref(), &headers)?;
+    let request: SignRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("request decode failed: invalid JSON: {e}")))?;
+    if request.csr.trim().is_empty() {
+        return Err(ApiError::BadRequest(
+            "CSR: missing (expected a PEM certificate signing request)".into(),
+        ));
+    }
+    let cert = api.store.sign_csr(&request.csr).map_err(|e| match e {
+        catalog::ca::CsrError::Ca(catalog::ca::CaError::NoActiveRoot) => ApiError::Internal(e.to_string()),
+        catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
+        _ => ApiError::BadRequest(e.to_string()),
+    })?;
+    Ok(query::json(&cert, Some(cert.modify_index), params.pretty()))
+}
+
 pub(crate) async fn list_intentions(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let state = api.read(&params, &IndexKey::Intentions).await?;

@@ -55,7 +55,7 @@ impl IntoResponse for ApiError {
 
 /// An error and its causes on one line (`storage failure: writing ...: No space left`), for
 /// the plain-text body of a 500: the client learns the cause, not just that it failed.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -171,6 +171,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
             get(connect::ca_configuration).put(connect::set_ca_configuration),
         )
         .route("/v1/agent/connect/ca/leaf/{service}", get(connect::leaf))
+        .route("/v1/internal/connect/ca/sign", put(connect::sign))
         .route("/v1/connect/intentions", get(connect::list_intentions))
         .route(
             "/v1/connect/intentions/exact",

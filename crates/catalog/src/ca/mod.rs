@@ -291,12 +291,87 @@ pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> 
 
 /// Signs a leaf for `service` in `datacenter` with the active root: URI SAN
 /// `spiffe://<trust-domain>/ns/default/dc/<dc>/svc/<service>`, client and server auth,
-/// valid for the configured leaf TTL.
+/// valid for the configured leaf TTL. The key pair is generated here (server mode).
 pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime) -> Result<IssuedCert, CaError> {
+    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(CaError::from)?;
+    let mut cert = issue(ca, datacenter, service, &key, now)?;
+    cert.private_key_pem = key.serialize_pem();
+    Ok(cert)
+}
+
+/// Why a certificate signing request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    /// The request is not a valid PEM CSR with a valid signature.
+    #[error("CSR: {0}")]
+    Invalid(String),
+    /// The request does not name exactly one SPIFFE service identity of this CA.
+    #[error("CSR: {0}")]
+    Identity(String),
+    /// The CA could not sign.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+}
+
+/// Signs a leaf for the public key of `csr_pem` (agent mode: the private key stays with the
+/// agent). The CSR must carry exactly one URI SAN, a SPIFFE service identity in this CA's
+/// trust domain and `datacenter`; the certificate is built as [`sign_leaf`]'s, whatever else
+/// the CSR asks for.
+pub fn sign_csr(ca: &CaState, datacenter: &str, csr_pem: &str, now: SystemTime) -> Result<IssuedCert, CsrError> {
+    let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+        .map_err(|e| CsrError::Invalid(format!("cannot read it: {e}")))?;
+    let uris: Vec<&str> = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .filter_map(|san| match san {
+            SanType::URI(uri) => Some(uri.as_str()),
+            _ => None,
+        })
+        .collect();
+    let [uri] = uris.as_slice() else {
+        return Err(CsrError::Identity(format!(
+            "expected exactly one URI SAN (a SPIFFE service identity), found {}",
+            uris.len()
+        )));
+    };
+    let id: SpiffeIdService = uri
+        .parse()
+        .map_err(|e| CsrError::Identity(format!("URI SAN {uri:?}: {e}")))?;
+    let trust_domain = ca.trust_domain();
+    if id.trust_domain != trust_domain {
+        return Err(CsrError::Identity(format!(
+            "URI SAN {uri:?}: trust domain {:?} is not this CA's ({trust_domain:?})",
+            id.trust_domain
+        )));
+    }
+    if id.datacenter != datacenter {
+        return Err(CsrError::Identity(format!(
+            "URI SAN {uri:?}: datacenter {:?} is not this server's ({datacenter:?})",
+            id.datacenter
+        )));
+    }
+    if id.namespace != "default" {
+        return Err(CsrError::Identity(format!(
+            "URI SAN {uri:?}: namespace {:?} does not exist (only \"default\")",
+            id.namespace
+        )));
+    }
+    Ok(issue(ca, datacenter, &id.service, &csr.public_key, now)?)
+}
+
+/// The leaf certificate of `service` for `key`, signed by the active root (no private key in
+/// the result).
+fn issue(
+    ca: &CaState,
+    datacenter: &str,
+    service: &str,
+    key: &impl rcgen::PublicKeyData,
+    now: SystemTime,
+) -> Result<IssuedCert, CaError> {
     let root = ca.active().ok_or(CaError::NoActiveRoot)?;
     let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(CaError::from)?;
     let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(CaError::from)?;
-    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(CaError::from)?;
     let spiffe = SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string();
     let (serial, _) = random_serial()?;
     let serial_text = colon_hex(serial.as_ref());
@@ -318,11 +393,11 @@ pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime)
     params.not_before = offset(valid_after);
     params.not_after = offset(valid_before);
     params.serial_number = Some(serial);
-    let cert = params.signed_by(&key, &issuer).map_err(CaError::from)?;
+    let cert = params.signed_by(key, &issuer).map_err(CaError::from)?;
     Ok(IssuedCert {
         serial_number: serial_text,
         cert_pem: cert.pem(),
-        private_key_pem: key.serialize_pem(),
+        private_key_pem: String::new(),
         service: service.to_owned(),
         service_uri: spiffe,
         valid_after: Timestamp(valid_after),

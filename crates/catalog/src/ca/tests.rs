@@ -144,3 +144,53 @@ fn rejects_what_the_built_in_ca_cannot_do() {
     assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
     assert_eq!(parsed.hyphenated().to_string(), id, "lower-case hyphenated form");
 }
+
+/// A CSR as an agent makes it, for the URIs given (the key stays here).
+fn csr(uris: &[&str]) -> (KeyPair, String) {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = uris.iter().map(|u| SanType::URI(ia5(u).unwrap())).collect();
+    let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+    (key, pem)
+}
+
+#[test]
+fn csr_signing_certifies_the_agents_key_without_ever_holding_it() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let uri = format!("spiffe://{}/ns/default/dc/dc1/svc/web", ca.trust_domain());
+    let (key, pem) = csr(&[&uri]);
+    let leaf = sign_csr(&ca, "dc1", &pem, SystemTime::now()).unwrap();
+    assert!(leaf.private_key_pem.is_empty());
+    assert_eq!(
+        (leaf.service.as_str(), leaf.service_uri.as_str()),
+        ("web", uri.as_str())
+    );
+    let root_der = der(&ca.active().unwrap().root.root_cert);
+    let leaf_der = der(&leaf.cert_pem);
+    let (_, root_cert) = X509Certificate::from_der(&root_der).unwrap();
+    let (_, leaf_cert) = X509Certificate::from_der(&leaf_der).unwrap();
+    leaf_cert.verify_signature(Some(root_cert.public_key())).unwrap();
+    assert_eq!(key.public_key_raw(), &*leaf_cert.public_key().subject_public_key.data);
+    assert!(!leaf_cert.is_ca());
+}
+
+#[test]
+fn csr_signing_refuses_identities_outside_this_ca() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let td = ca.trust_domain();
+    let refused = |uris: &[&str]| {
+        let (_, pem) = csr(uris);
+        sign_csr(&ca, "dc1", &pem, SystemTime::now()).unwrap_err().to_string()
+    };
+    assert!(refused(&["spiffe://other.consul/ns/default/dc/dc1/svc/web"]).contains("trust domain"));
+    assert!(refused(&[&format!("spiffe://{td}/ns/default/dc/dc2/svc/web")]).contains("datacenter"));
+    assert!(refused(&[]).contains("exactly one URI SAN"));
+    let two = [
+        format!("spiffe://{td}/ns/default/dc/dc1/svc/web"),
+        format!("spiffe://{td}/ns/default/dc/dc1/svc/db"),
+    ];
+    assert!(refused(&[&two[0], &two[1]]).contains("found 2"));
+    assert!(refused(&["https://example.com/web"]).contains("URI SAN"));
+    let garbage = sign_csr(&ca, "dc1", "not a csr", SystemTime::now()).unwrap_err();
+    assert!(matches!(garbage, CsrError::Invalid(_)), "{garbage}");
+}

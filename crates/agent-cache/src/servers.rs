@@ -160,7 +160,68 @@ impl Servers {
     }
 }
 
-async fn check_status(resp: reqwest::Response) -> Result<axum::body::Bytes, ServerError> {
+/// The answer to a blocking query: the body (`None` for a 404, which some endpoints answer for
+/// "does not exist" with an index to block on) and the servers' `X-Consul-Index`.
+#[derive(Debug, Clone)]
+pub struct Blocked {
+    /// The body; `None` when the server answered 404.
+    pub body: Option<bytes::Bytes>,
+    /// The index the answer was read at (0 when the server sent none).
+    pub index: u64,
+}
+
+impl Servers {
+    /// A blocking `GET path` (which may carry its own query): answers once the servers' index
+    /// for it passes `min_index`, or after `wait`. A 404 is an answer (`body: None`); any other
+    /// error status is an error.
+    pub async fn get_blocking(&self, path: &str, min_index: u64, wait: Duration) -> Result<Blocked, ServerError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let wait_s = wait.as_secs().max(1);
+        // The server adds up to wait/16 of jitter; the timeout leaves room for it.
+        let timeout = wait + wait / 8 + Duration::from_secs(10);
+        let resp = self
+            .send(|c, base| {
+                c.get(format!("{base}{path}{sep}index={min_index}&wait={wait_s}s"))
+                    .timeout(timeout)
+            })
+            .await?;
+        let index = resp
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(Blocked { body: None, index });
+        }
+        let body = check_status(resp).await?;
+        Ok(Blocked {
+            body: Some(body),
+            index,
+        })
+    }
+
+    /// `PUT path` with a JSON body, the answer decoded.
+    pub async fn put_json_answer<T: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &T,
+    ) -> Result<R, ServerError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
+        let resp = self
+            .send(|c, base| {
+                c.put(format!("{base}{path}"))
+                    .timeout(Duration::from_secs(30))
+                    .header("Content-Type", "application/json")
+                    .body(bytes.clone())
+            })
+            .await?;
+        let answer = check_status(resp).await?;
+        structs::json::from_slice(&answer).map_err(|e| ServerError::Decode(e.to_string()))
+    }
+}
+
+async fn check_status(resp: reqwest::Response) -> Result<bytes::Bytes, ServerError> {
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| ServerError::Unreachable {
         tried: 1,

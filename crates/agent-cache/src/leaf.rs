@@ -1,0 +1,221 @@
+//! Leaf certificates in agent mode: the agent generates the key pair, sends a certificate
+//! signing request to a server, and keeps the private key to itself. A certificate is renewed
+//! at a jittered point in the last third of its validity, and at once when the CA's active
+//! root changes (followed through the roots cache).
+
+use crate::cache::{Cache, CacheType, FetchError, Fetched};
+use crate::types::{Http, Roots, RootsKey};
+use parking_lot::Mutex;
+use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime};
+use structs::{IndexedCaRoots, IssuedCert, SpiffeIdService};
+use tracing::info;
+
+/// The server endpoint that signs a CSR (see the HTTP API's docs).
+pub const SIGN_PATH: &str = "/v1/internal/connect/ca/sign";
+
+/// The body of a signing request.
+#[derive(Debug, Serialize)]
+pub struct SignRequest<'a> {
+    /// The PEM certificate signing request.
+    #[serde(rename = "CSR")]
+    pub csr: &'a str,
+}
+
+/// The certificate of one service identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeafKey {
+    /// Service name.
+    pub service: String,
+}
+
+/// The last certificate issued for a service.
+#[derive(Clone)]
+struct Issued {
+    cert: Arc<IssuedCert>,
+    index: u64,
+    /// The active root when it was requested.
+    root_id: String,
+    renew_at: SystemTime,
+}
+
+/// Leaf certificates signed by the servers from keys generated here.
+pub struct Leaf {
+    http: Http,
+    roots: Cache<Roots>,
+    datacenter: String,
+    issued: Mutex<HashMap<String, Issued>>,
+    /// Index of the last certificate issued (any service); values start above 1.
+    counter: AtomicU64,
+}
+
+impl Leaf {
+    /// Leaves for services of `datacenter`, following the active root through `roots`.
+    pub fn new(http: Http, roots: Cache<Roots>, datacenter: impl Into<String>) -> Self {
+        Self {
+            http,
+            roots,
+            datacenter: datacenter.into(),
+            issued: Mutex::new(HashMap::new()),
+            counter: AtomicU64::new(1),
+        }
+    }
+
+    async fn sign(&self, service: &str, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
+        let Some(active) = roots.active() else {
+            return Err(FetchError("the CA has no active root yet".into()));
+        };
+        if roots.trust_domain.is_empty() {
+            return Err(FetchError("the CA has no trust domain yet".into()));
+        }
+        let (key_pem, csr) = signing_request(&roots.trust_domain, &self.datacenter, service, active.private_key_bits)
+            .map_err(|e| FetchError(format!("cannot make a signing request for {service:?}: {e}")))?;
+        let mut cert: IssuedCert = self
+            .http
+            .servers()
+            .put_json_answer(SIGN_PATH, &SignRequest { csr: &csr })
+            .await
+            .map_err(|e| FetchError(format!("signing the leaf of {service:?}: {e}")))?;
+        if cert.service != service {
+            return Err(FetchError(format!(
+                "signing the leaf of {service:?}: the server answered a certificate for {:?}",
+                cert.service
+            )));
+        }
+        cert.private_key_pem = key_pem;
+        let renew_at = jittered_renewal(&cert);
+        info!(service, serial = %cert.serial_number, valid_before = ?cert.valid_before.0, "leaf certificate signed");
+        Ok(Issued {
+            cert: Arc::new(cert),
+            index: self.counter.fetch_add(1, Relaxed) + 1,
+            root_id: roots.active_root_id.clone(),
+            renew_at,
+        })
+    }
+}
+
+impl CacheType for Leaf {
+    type Request = LeafKey;
+    type Value = Arc<IssuedCert>;
+
+    async fn fetch(&self, key: &LeafKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let mut roots_watch = self.roots.watch(&RootsKey);
+        let mut roots = match roots_watch.next().await {
+            Some(Ok(f)) => f.value,
+            Some(Err(e)) => return Err(FetchError(format!("CA roots: {e}"))),
+            None => return Err(FetchError("the agent cache is shutting down".into())),
+        };
+        loop {
+            let held = self.issued.lock().get(&key.service).cloned();
+            let Some(held) = held else { break };
+            if held.root_id != roots.active_root_id {
+                info!(service = %key.service, "the CA's active root changed: renewing the leaf now");
+                break;
+            }
+            let Ok(until_renewal) = held.renew_at.duration_since(SystemTime::now()) else {
+                break;
+            };
+            if held.index > min_index {
+                // Issued after what the caller holds (a fresh entry over a kept certificate).
+                return Ok(Fetched {
+                    value: held.cert,
+                    index: held.index,
+                });
+            }
+            tokio::select! {
+                () = tokio::time::sleep(until_renewal) => {}
+                next = roots_watch.next() => match next {
+                    Some(Ok(f)) => roots = f.value,
+                    // Errors are reported only before a first value, which there was.
+                    Some(Err(_)) => {}
+                    None => return Err(FetchError("the agent cache is shutting down".into())),
+                },
+            }
+        }
+        let issued = self.sign(&key.service, &roots).await?;
+        self.issued.lock().insert(key.service.clone(), issued.clone());
+        Ok(Fetched {
+            value: issued.cert,
+            index: issued.index,
+        })
+    }
+}
+
+/// A new key pair (ECDSA on the CA's curve) and a CSR for `service`'s SPIFFE identity:
+/// `(private key PEM, CSR PEM)`.
+pub fn signing_request(
+    trust_domain: &str,
+    datacenter: &str,
+    service: &str,
+    key_bits: u32,
+) -> Result<(String, String), rcgen::Error> {
+    let algorithm = if key_bits == 384 {
+        &rcgen::PKCS_ECDSA_P384_SHA384
+    } else {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    };
+    let key = KeyPair::generate_for(algorithm)?;
+    let uri = SpiffeIdService::new(trust_domain, datacenter, service).to_string();
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, service);
+    params.distinguished_name = dn;
+    params.subject_alt_names = vec![SanType::URI(uri.try_into()?)];
+    let csr = params.serialize_request(&key)?.pem()?;
+    Ok((key.serialize_pem(), csr))
+}
+
+/// When to renew `cert`: a uniformly random point between two thirds and nine tenths of its
+/// validity, so the leaves of many agents do not all renew at once.
+fn jittered_renewal(cert: &IssuedCert) -> SystemTime {
+    let life = cert
+        .valid_before
+        .0
+        .duration_since(cert.valid_after.0)
+        .unwrap_or_default();
+    let fraction = 2.0 / 3.0 + fastrand::f64() * (0.9 - 2.0 / 3.0);
+    cert.valid_after.0 + Duration::from_secs_f64(life.as_secs_f64() * fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn signing_requests_carry_the_spiffe_identity_and_not_the_key() {
+        let (key, csr) = signing_request("td.consul", "dc1", "web", 256).unwrap();
+        assert!(key.contains("PRIVATE KEY"));
+        assert!(csr.contains("CERTIFICATE REQUEST"));
+        assert!(!csr.contains("PRIVATE KEY"));
+        let parsed = rcgen::CertificateSigningRequestParams::from_pem(&csr).unwrap();
+        let uris: Vec<String> = parsed
+            .params
+            .subject_alt_names
+            .iter()
+            .filter_map(|s| match s {
+                SanType::URI(u) => Some(u.as_str().to_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(uris, vec!["spiffe://td.consul/ns/default/dc/dc1/svc/web".to_owned()]);
+    }
+
+    #[test]
+    fn renewal_falls_in_the_last_third_of_validity() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cert = IssuedCert {
+            valid_after: structs::Timestamp(start),
+            valid_before: structs::Timestamp(start + Duration::from_secs(3000)),
+            ..IssuedCert::default()
+        };
+        for _ in 0..200 {
+            let at = jittered_renewal(&cert).duration_since(start).unwrap().as_secs_f64();
+            assert!((2000.0..=2700.0).contains(&at), "{at}");
+        }
+    }
+}

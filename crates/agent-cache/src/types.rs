@@ -1,0 +1,310 @@
+//! The cache types in front of the servers' HTTP API: each turns one kind of request into a
+//! blocking query and decodes the answer. Values are `Arc`s, shared by every watcher.
+
+use crate::cache::{CacheType, FetchError, Fetched};
+use crate::servers::{Blocked, Servers};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, IndexedCaRoots, Intention};
+
+/// How long one blocking query waits at a server (its default).
+pub const BLOCKING_WAIT: Duration = Duration::from_secs(300);
+
+/// The servers, shared by every cache type.
+#[derive(Clone)]
+pub struct Http {
+    servers: Arc<Servers>,
+    wait: Duration,
+}
+
+impl Http {
+    /// Blocking queries against `servers`, each waiting at most `wait` at the server.
+    pub fn new(servers: Arc<Servers>, wait: Duration) -> Self {
+        Self { servers, wait }
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &Arc<Servers> {
+        &self.servers
+    }
+
+    async fn blocking(&self, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
+        let answer = self
+            .servers
+            .get_blocking(path, min_index, self.wait)
+            .await
+            .map_err(|e| FetchError(format!("GET {path}: {e}")))?;
+        if answer.index == 0 {
+            return Err(FetchError(format!(
+                "GET {path}: the server sent no X-Consul-Index; it cannot answer blocking queries"
+            )));
+        }
+        Ok(answer)
+    }
+
+    /// A blocking query whose answer must exist, decoded.
+    async fn decoded<T: DeserializeOwned>(&self, path: &str, min_index: u64) -> Result<Fetched<T>, FetchError> {
+        let answer = self.blocking(path, min_index).await?;
+        let Some(body) = answer.body else {
+            return Err(FetchError(format!("GET {path}: 404 not found")));
+        };
+        let value = structs::json::from_slice(&body).map_err(|e| FetchError(format!("GET {path}: {e}")))?;
+        Ok(Fetched {
+            value,
+            index: answer.index,
+        })
+    }
+}
+
+/// A name as one URL path segment (or query value): everything but unreserved characters
+/// percent-encoded.
+fn segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The trust bundle (`/v1/connect/ca/roots`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RootsKey;
+
+/// CA roots.
+#[derive(Clone)]
+pub struct Roots(pub Http);
+
+impl CacheType for Roots {
+    type Request = RootsKey;
+    type Value = Arc<IndexedCaRoots>;
+
+    async fn fetch(&self, _: &RootsKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let f: Fetched<IndexedCaRoots> = self.0.decoded("/v1/connect/ca/roots", min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
+            index: f.index,
+        })
+    }
+}
+
+/// Instances of a service with their checks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthKey {
+    /// Service name.
+    pub service: String,
+    /// Its connect-capable instances (sidecars, or itself if native) instead.
+    pub connect: bool,
+    /// Only instances whose every check passes.
+    pub passing: bool,
+}
+
+/// Service health (`/v1/health/service/:name`, `/v1/health/connect/:name`).
+#[derive(Clone)]
+pub struct Health(pub Http);
+
+impl CacheType for Health {
+    type Request = HealthKey;
+    type Value = Arc<Vec<CheckServiceNode>>;
+
+    async fn fetch(&self, key: &HealthKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = format!(
+            "/v1/health/{}/{}{}",
+            if key.connect { "connect" } else { "service" },
+            segment(&key.service),
+            if key.passing { "?passing" } else { "" }
+        );
+        let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded(&path, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
+            index: f.index,
+        })
+    }
+}
+
+/// Intentions whose destination matches a service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IntentionsKey {
+    /// Destination service name.
+    pub destination: String,
+}
+
+/// Intentions by destination, in evaluation order (`/v1/connect/intentions/match`).
+#[derive(Clone)]
+pub struct Intentions(pub Http);
+
+impl CacheType for Intentions {
+    type Request = IntentionsKey;
+    type Value = Arc<Vec<Intention>>;
+
+    async fn fetch(&self, key: &IntentionsKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = format!(
+            "/v1/connect/intentions/match?by=destination&name={}",
+            segment(&key.destination)
+        );
+        let f: Fetched<BTreeMap<String, Vec<Intention>>> = self.0.decoded(&path, min_index).await?;
+        let mut by_name = f.value;
+        Ok(Fetched {
+            value: Arc::new(by_name.remove(&key.destination).unwrap_or_default()),
+            index: f.index,
+        })
+    }
+}
+
+/// One config entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConfigEntryKey {
+    /// Kind.
+    pub kind: ConfigEntryKind,
+    /// Name.
+    pub name: String,
+}
+
+/// One config entry, or `None` while it does not exist (`/v1/config/:kind/:name`).
+#[derive(Clone)]
+pub struct ConfigEntryType(pub Http);
+
+impl CacheType for ConfigEntryType {
+    type Request = ConfigEntryKey;
+    type Value = Option<Arc<ConfigEntry>>;
+
+    async fn fetch(&self, key: &ConfigEntryKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = format!("/v1/config/{}/{}", key.kind.as_str(), segment(&key.name));
+        let answer = self.0.blocking(&path, min_index).await?;
+        let value = match answer.body {
+            None => None,
+            Some(body) => Some(Arc::new(decode_entry(&path, &body)?)),
+        };
+        Ok(Fetched {
+            value,
+            index: answer.index,
+        })
+    }
+}
+
+fn decode_entry(path: &str, body: &[u8]) -> Result<ConfigEntry, FetchError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| FetchError(format!("GET {path}: invalid JSON: {e}")))?;
+    ConfigEntry::from_json(value).map_err(|e| FetchError(format!("GET {path}: {e}")))
+}
+
+/// Every config entry of a kind (`/v1/config/:kind`).
+#[derive(Clone)]
+pub struct ConfigEntries(pub Http);
+
+impl CacheType for ConfigEntries {
+    type Request = ConfigEntryKind;
+    type Value = Arc<Vec<Arc<ConfigEntry>>>;
+
+    async fn fetch(&self, kind: &ConfigEntryKind, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = format!("/v1/config/{}", kind.as_str());
+        let f: Fetched<Vec<serde_json::Value>> = self.0.decoded(&path, min_index).await?;
+        let entries = f
+            .value
+            .into_iter()
+            .map(|v| {
+                ConfigEntry::from_json(v)
+                    .map(Arc::new)
+                    .map_err(|e| FetchError(format!("GET {path}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Fetched {
+            value: Arc::new(entries),
+            index: f.index,
+        })
+    }
+}
+
+/// Every service name of the datacenter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ServicesKey;
+
+/// Service names (`/v1/catalog/services`).
+#[derive(Clone)]
+pub struct ServiceList(pub Http);
+
+impl CacheType for ServiceList {
+    type Request = ServicesKey;
+    type Value = Arc<Vec<String>>;
+
+    async fn fetch(&self, _: &ServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let f: Fetched<BTreeMap<String, Vec<String>>> = self.0.decoded("/v1/catalog/services", min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value.into_keys().collect()),
+            index: f.index,
+        })
+    }
+}
+
+/// Every known datacenter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DatacentersKey;
+
+/// Datacenter names (`/v1/catalog/datacenters`, which does not block): fetched at once, then
+/// polled every [`Datacenters::POLL`]; the index moves only when the list changes.
+pub struct Datacenters {
+    http: Http,
+    last: Mutex<(Arc<Vec<String>>, u64)>,
+}
+
+impl Datacenters {
+    /// How often the list is read again.
+    pub const POLL: Duration = Duration::from_secs(600);
+
+    /// Datacenter names from `http`'s servers.
+    pub fn new(http: Http) -> Self {
+        Self {
+            http,
+            last: Mutex::new((Arc::new(Vec::new()), 1)),
+        }
+    }
+}
+
+impl CacheType for Datacenters {
+    type Request = DatacentersKey;
+    type Value = Arc<Vec<String>>;
+
+    async fn fetch(&self, _: &DatacentersKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        loop {
+            let (names, index) = self.last.lock().clone();
+            if index > min_index {
+                return Ok(Fetched { value: names, index });
+            }
+            if min_index > 1 {
+                tokio::time::sleep(Self::POLL).await;
+            }
+            let now: Vec<String> = self
+                .http
+                .servers
+                .get_json("/v1/catalog/datacenters")
+                .await
+                .map_err(|e| FetchError(format!("GET /v1/catalog/datacenters: {e}")))?;
+            let mut last = self.last.lock();
+            if *last.0 != now || last.1 == 1 {
+                *last = (Arc::new(now), last.1 + 1);
+            } else if min_index <= 1 {
+                return Ok(Fetched {
+                    value: Arc::clone(&last.0),
+                    index: last.1,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_percent_encoded_in_paths() {
+        assert_eq!(segment("web-1.v2_x"), "web-1.v2_x");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+}
