@@ -13,9 +13,8 @@ use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use structs::central_config::{CentralConfig, proxy_defaults};
 use structs::{
-    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, HealthStatus, ResolvedServiceConfig,
+    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, ResolvedServiceConfig,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,14 +33,7 @@ struct Shared {
 
 impl Shared {
     fn check_dc(&self, dc: &str) -> Result<(), DataSourceError> {
-        if dc.is_empty() || dc == self.store.datacenter() {
-            Ok(())
-        } else {
-            Err(DataSourceError::InvalidRequest(format!(
-                "datacenter {dc:?} is not served here (only {:?})",
-                self.store.datacenter()
-            )))
-        }
+        resolve::check_dc(dc, self.store.datacenter())
     }
 }
 
@@ -74,9 +66,9 @@ pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSou
         resolved_service_config: Arc::new(ServerResolvedServiceConfig(Arc::clone(&shared))),
         service_list: Arc::new(ServerServiceList(Arc::clone(&shared))),
         datacenters: Arc::new(ServerDatacenters(Arc::clone(&shared))),
-        gateway_services: Arc::new(ServerGatewayServices),
+        gateway_services: Arc::new(crate::common::GatewayServicesUnsupported),
         http_checks: Arc::new(ServerHttpChecks),
-        prepared_query: Arc::new(ServerPreparedQuery),
+        prepared_query: Arc::new(crate::common::PreparedQueriesUnsupported),
     }
 }
 
@@ -233,11 +225,8 @@ impl ServerHealth {
     /// The shared follower answering `req`.
     fn follow(&self, req: HealthRequest) -> Result<Arc<Entry<Arc<Vec<CheckServiceNode>>>>, DataSourceError> {
         self.0.check_dc(&req.datacenter)?;
-        if !req.filter.is_empty() {
-            return Err(DataSourceError::InvalidRequest(format!(
-                "subset filter {:?}: filter expressions are not supported yet",
-                req.filter
-            )));
+        if let Some(e) = resolve::unsupported_health(&req) {
+            return Err(e);
         }
         let topic = if req.connect {
             Topic::ServiceHealthConnect(req.service.clone())
@@ -252,16 +241,10 @@ impl ServerHealth {
                 let Some(Payload::Health(all)) = f.get(0) else {
                     return None;
                 };
-                if !req.passing_only && req.kind.is_none() {
+                if !resolve::health_is_filtered(&req) {
                     return Some(Ok(Arc::clone(all)));
                 }
-                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
-                    all.iter()
-                        .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
-                        .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
-                        .cloned()
-                        .collect()
-                })))
+                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req))))
             })
         }))
     }
@@ -337,7 +320,7 @@ impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
                 return None;
             };
             Some(Ok(shared.resolved.get_or_make(&req, &f.versions(), || {
-                CentralConfig::new(proxy_defaults(proxy.as_ref()), services).resolve(&req.name, &req.upstreams)
+                resolve::resolved_config(&req, proxy.as_ref(), services)
             })))
         })
         .await
@@ -389,33 +372,18 @@ impl ServerDiscoveryChain {
                 else {
                     return None;
                 };
-                let resolver = match resolver.as_deref() {
-                    Some(ConfigEntry::ServiceResolver(r)) => Some(r),
-                    _ => None,
+                let inputs = resolve::ChainInputs {
+                    proxy_defaults: proxy.as_ref(),
+                    service_defaults: services,
+                    trust_domain: &roots.trust_domain,
+                    resolver: resolver.as_ref(),
+                    router: router.as_ref(),
+                    splitter: splitter.as_ref(),
                 };
-                let unsupported = resolver
-                    .and_then(resolve::unsupported_resolver)
-                    .or(router.as_ref().map(|_| "service-router entries"))
-                    .or(splitter.as_ref().map(|_| "service-splitter entries"));
-                if let Some(what) = unsupported {
-                    return Some(Err(DataSourceError::InvalidRequest(format!(
-                        "discovery chain for {:?}: {what} are not compiled yet",
-                        req.name
-                    ))));
+                if let Some(e) = inputs.unsupported(&req) {
+                    return Some(Err(e));
                 }
-                let protocol = req.override_protocol.unwrap_or_else(|| {
-                    CentralConfig::new(proxy_defaults(proxy.as_ref()), services).protocol_of(&req.name)
-                });
-                Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || {
-                    resolve::default_chain(
-                        &req.name,
-                        &req.datacenter,
-                        &roots.trust_domain,
-                        protocol,
-                        req.override_connect_timeout_ms,
-                        resolver,
-                    )
-                })))
+                Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || inputs.compile(&req))))
             })
         }))
     }
@@ -480,43 +448,5 @@ impl DataSource<HttpChecksRequest> for ServerHttpChecks {
             cancel.cancelled().await;
         }
         Ok(())
-    }
-}
-
-/// Prepared queries are not served by this server.
-pub struct ServerPreparedQuery;
-
-#[async_trait]
-impl DataSource<PreparedQueryRequest> for ServerPreparedQuery {
-    async fn notify(
-        self: Arc<Self>,
-        req: PreparedQueryRequest,
-        _id: CorrelationId,
-        _tx: EventSender<PreparedQueryResult>,
-        _cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        Err(DataSourceError::InvalidRequest(format!(
-            "prepared query {:?}: prepared queries are not supported",
-            req.query
-        )))
-    }
-}
-
-/// Gateway services: gateways are not supported yet (the Manager refuses gateway kinds).
-pub struct ServerGatewayServices;
-
-#[async_trait]
-impl DataSource<GatewayServicesRequest> for ServerGatewayServices {
-    async fn notify(
-        self: Arc<Self>,
-        req: GatewayServicesRequest,
-        _id: CorrelationId,
-        _tx: EventSender<Arc<Vec<structs::GatewayService>>>,
-        _cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        Err(DataSourceError::InvalidRequest(format!(
-            "gateway {:?}: gateways are not supported yet",
-            req.gateway
-        )))
     }
 }
