@@ -177,7 +177,7 @@ impl Agent {
     }
 
     /// The servers.
-    pub fn servers(&self) -> &Servers {
+    pub fn servers(&self) -> &Arc<Servers> {
         &self.0.servers
     }
 

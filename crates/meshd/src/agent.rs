@@ -1,22 +1,32 @@
-//! `meshd agent`: reads flags and config files, starts the agent and its HTTP API, reloads
-//! the config files' services and checks on SIGHUP, and on SIGINT/SIGTERM leaves (unless
+//! `meshd agent`: reads flags and config files, starts the agent, its HTTP API and its xDS
+//! server (the proxies on this host, configured from the agent cache), reloads the config
+//! files' services and checks on SIGHUP, and on SIGINT/SIGTERM leaves (unless
 //! `-leave-on-terminate=false`) and stops.
 
 use crate::cli::AgentArgs;
 use ::agent::config_file::FileConfig;
 use ::agent::{Agent, AgentConfig};
+use agent_cache::{AgentCaches, CachesConfig};
 use anyhow::{Context, Result, bail};
+use proxycfg::{Manager, ManagerConfig};
+use proxycfg_glue::LocalChecks;
+use proxycfg_sources::{LocalProxy, LocalServices, LocalSource};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
+use xds::XdsServer;
 
-/// A running agent's address, for callers that embed it.
+/// A running agent's addresses, for callers that embed it.
 pub struct RunningAgent {
     /// The bound HTTP address.
     pub http_addr: SocketAddr,
+    /// The bound xDS address.
+    pub grpc_addr: SocketAddr,
 }
 
 fn host_name() -> String {
@@ -137,18 +147,24 @@ pub async fn run(
         .await
         .with_context(|| format!("cannot listen on {http_addr}"))?;
     let http_addr = listener.local_addr().context("reading the bound address")?;
+    let grpc_listener = TcpListener::bind(grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {grpc_addr} (xDS)"))?;
+    let grpc_addr = grpc_listener.local_addr().context("reading the bound xDS address")?;
     let node = config.node.clone();
+    let datacenter = config.datacenter.clone();
     let agent = Agent::start(config).await?;
     if let Err(e) = agent.load_config(file.services, file.checks).await {
         agent.shutdown().await;
         bail!("config files: {e}");
     }
-    info!(%http_addr, %grpc_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready (xDS on -grpc-addr arrives with agent mode part 2)");
-    on_ready(&RunningAgent { http_addr });
+    let engine = AgentEngine::start(&agent, &datacenter);
+    info!(%http_addr, %grpc_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready");
+    on_ready(&RunningAgent { http_addr, grpc_addr });
 
     let stop = CancellationToken::new();
     let http_stop = stop.clone();
-    let app = ::agent::http::router(agent.clone());
+    let app = ::agent::http::router(agent.clone()).merge(engine.metrics_router());
     let http = tokio::spawn(
         async move {
             axum::serve(listener, app)
@@ -157,6 +173,7 @@ pub async fn run(
         }
         .instrument(info_span!("agent_http")),
     );
+    let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
     let reload_stop = stop.clone();
     let reload_agent = agent.clone();
     let config_files = args.config_file.clone();
@@ -166,6 +183,9 @@ pub async fn run(
 
     shutdown.await;
     info!("shutting down");
+    // Streams end first (they never end on their own), then the proxies and the cache.
+    engine.xds.shutdown().await;
+    engine.shutdown().await;
     agent.shutdown().await;
     if leave_on_terminate {
         match agent.leave().await {
@@ -175,9 +195,136 @@ pub async fn run(
     }
     stop.cancel();
     reload.await.context("reload task")?;
+    grpc.await.context("xDS server task")?.context("serving xDS")?;
     http.await.context("HTTP server task")?.context("serving HTTP")?;
     info!("meshd agent stopped");
     Ok(())
+}
+
+/// The agent's proxy config engine: the agent cache, the Manager over the `Cache*` data
+/// sources, the local source registering the agent's proxies, and the xDS server.
+struct AgentEngine {
+    caches: AgentCaches,
+    manager: Manager,
+    source: LocalSource,
+    xds: XdsServer,
+}
+
+impl AgentEngine {
+    fn start(agent: &Agent, datacenter: &str) -> Self {
+        let caches = AgentCaches::new(
+            Arc::clone(agent.servers()),
+            CachesConfig {
+                datacenter: datacenter.to_owned(),
+                ..CachesConfig::default()
+            },
+            CancellationToken::new(),
+        );
+        let local = Arc::new(AgentLocal(agent.clone()));
+        let manager = Manager::new(
+            ManagerConfig {
+                datacenter: datacenter.to_owned(),
+                ..ManagerConfig::default()
+            },
+            proxycfg_glue::cache_data_sources(caches.clone(), Arc::clone(&local) as Arc<dyn LocalChecks>),
+        );
+        let source = LocalSource::start(manager.clone(), local, caches.clone());
+        let xds = XdsServer::new(Arc::new(source.clone()));
+        Self {
+            caches,
+            manager,
+            source,
+            xds,
+        }
+    }
+
+    /// `GET /v1/agent/metrics?format=prometheus`: the cache's, the xDS server's and the
+    /// Manager's metrics (the agent's other endpoints are answered by the agent's router).
+    fn metrics_router(&self) -> axum::Router {
+        let mut registry = crate::engine::engine_registry(&self.xds, &self.manager);
+        self.caches.register_metrics(&mut registry);
+        let registry = Arc::new(registry);
+        axum::Router::new().route(
+            "/v1/agent/metrics",
+            axum::routing::get(move |axum::extract::RawQuery(q): axum::extract::RawQuery| {
+                let registry = Arc::clone(&registry);
+                async move { metrics(&registry, q.as_deref()) }
+            }),
+        )
+    }
+
+    /// Stops the local source (deregistering its proxies), the proxies' States, then the cache.
+    async fn shutdown(self) {
+        self.source.shutdown().await;
+        self.manager.shutdown().await;
+        self.caches.shutdown().await;
+    }
+}
+
+fn metrics(registry: &prometheus_client::registry::Registry, query: Option<&str>) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let prometheus = query.is_some_and(|q| q.split('&').any(|kv| kv == "format=prometheus"));
+    if !prometheus {
+        return (
+            StatusCode::BAD_REQUEST,
+            "format: this agent serves its metrics as Prometheus text: add ?format=prometheus\n",
+        )
+            .into_response();
+    }
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed\n").into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+/// The agent's local state as the proxy config engine reads it.
+struct AgentLocal(Agent);
+
+impl LocalServices for AgentLocal {
+    fn node(&self) -> String {
+        self.0.config().node.clone()
+    }
+
+    fn proxies(&self) -> Vec<LocalProxy> {
+        self.0
+            .state()
+            .services()
+            .into_values()
+            .filter(|s| s.service.kind.is_proxy())
+            .map(|s| LocalProxy {
+                service: s.service,
+                token: String::new(),
+            })
+            .collect()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.state().subscribe()
+    }
+}
+
+impl LocalChecks for AgentLocal {
+    fn http_checks(&self, service_id: &str) -> Vec<structs::HealthCheck> {
+        self.0
+            .state()
+            .service_checks(service_id)
+            .into_iter()
+            .filter(|c| c.check_type == "http")
+            .collect()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.state().subscribe()
+    }
 }
 
 /// Re-reads the config files on every SIGHUP; a file that cannot be used changes nothing and

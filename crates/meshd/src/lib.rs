@@ -5,6 +5,8 @@
 pub mod agent;
 pub mod cli;
 pub mod connect;
+#[cfg(feature = "xds-engine")]
+pub mod engine;
 #[cfg(feature = "server")]
 pub mod server;
 

@@ -58,18 +58,7 @@ pub async fn run(
         }
         .instrument(info_span!("http_api", %http_addr)),
     );
-    let grpc_stop = stop.clone();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
-    let grpc_service = engine.xds.service();
-    let grpc = tokio::spawn(
-        async move {
-            tonic::transport::Server::builder()
-                .add_service(grpc_service)
-                .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await })
-                .await
-        }
-        .instrument(info_span!("xds_server", %grpc_addr)),
-    );
+    let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
 
     let liveness_stop = stop.clone();
     let liveness_task = tokio::spawn(
@@ -156,9 +145,7 @@ impl Engine {
     /// The HTTP API's settings, with the engine's metrics (xDS, then proxycfg) added to the
     /// API's own.
     fn api_config(&self, store: &Store, args: &ServerArgs, http_addr: SocketAddr) -> ApiConfig {
-        let mut registry = prometheus_client::registry::Registry::default();
-        self.xds.metrics().register(&mut registry);
-        self.manager.register_metrics(&mut registry);
+        let registry = crate::engine::engine_registry(&self.xds, &self.manager);
         ApiConfig {
             node_name: args.node.clone(),
             node_id: store.read().ca().map(|ca| ca.cluster_id.clone()).unwrap_or_default(),

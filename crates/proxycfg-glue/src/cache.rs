@@ -243,7 +243,10 @@ impl DataSource<ConfigEntryListRequest> for CacheConfigEntryList {
         tx: EventSender<Arc<Vec<Arc<ConfigEntry>>>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        run(self.0.caches.config_entries.watch(&req.kind), id, tx, cancel, |v| Some(Ok(v))).await
+        run(self.0.caches.config_entries.watch(&req.kind), id, tx, cancel, |v| {
+            Some(Ok(v))
+        })
+        .await
     }
 }
 

@@ -35,6 +35,6 @@ pub use common::{GatewayServicesUnsupported, PreparedQueriesUnsupported};
 #[cfg(feature = "server")]
 pub use server::{
     ServerCaRoots, ServerConfigEntry, ServerConfigEntryList, ServerDatacenters, ServerDiscoveryChain, ServerHealth,
-    ServerHttpChecks, ServerIntentions, ServerLeaf, ServerResolvedServiceConfig, ServerServiceList, server_data_sources,
-    server_data_sources_tracked,
+    ServerHttpChecks, ServerIntentions, ServerLeaf, ServerResolvedServiceConfig, ServerServiceList,
+    server_data_sources, server_data_sources_tracked,
 };

@@ -13,9 +13,7 @@ use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use structs::{
-    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, ResolvedServiceConfig,
-};
+use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, ResolvedServiceConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -244,7 +242,9 @@ impl ServerHealth {
                 if !resolve::health_is_filtered(&req) {
                     return Some(Ok(Arc::clone(all)));
                 }
-                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req))))
+                Some(Ok(shared
+                    .health
+                    .get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req))))
             })
         }))
     }
@@ -383,7 +383,9 @@ impl ServerDiscoveryChain {
                 if let Some(e) = inputs.unsupported(&req) {
                     return Some(Err(e));
                 }
-                Some(Ok(shared.chains.get_or_make(&req, &f.versions(), || inputs.compile(&req))))
+                Some(Ok(shared
+                    .chains
+                    .get_or_make(&req, &f.versions(), || inputs.compile(&req))))
             })
         }))
     }
