@@ -8,7 +8,8 @@
 //!   entry nobody watches is kept for [`CacheConfig::ttl`] (a proxy that restarts finds it
 //!   warm), then its fetcher stops and the entry is dropped.
 //! - Indexes: one that goes backwards (a server restored from a snapshot, another server
-//!   behind) resets the entry to 0 so the next fetch answers at once; 0 is sent as 1, since a
+//!   behind) resets the entry to 0 so the next fetch answers at once (as the first fetch of an
+//!   entry does: index 0 never blocks); an answer at index 0 is kept as 1, since a
 //!   blocking query at 0 never blocks.
 //! - Errors back off exponentially to [`CacheConfig::max_backoff`]; the last good value keeps
 //!   being served while no server answers. Fetches of one key are at least
@@ -52,7 +53,7 @@ pub trait CacheType: Send + Sync + 'static {
     type Value: Clone + Send + Sync + 'static;
 
     /// The value of `request` once the servers' index passes `min_index` (a blocking query;
-    /// `min_index` is never 0).
+    /// at 0, the current value at once).
     fn fetch(
         &self,
         request: &Self::Request,
@@ -242,13 +243,14 @@ impl<T: CacheType> Inner<T> {
                 () = entry.stop.cancelled() => break,
                 // An entry nobody watches ends its TTL even while a blocking query is parked.
                 () = expiry(&entry, unwatched_since, self.config.ttl) => continue,
-                fetched = self.ty.fetch(&request, index.max(1)) => fetched,
+                fetched = self.ty.fetch(&request, index) => fetched,
             };
             match fetched {
                 Ok(f) => {
                     failures = 0;
                     // A server behind, or restored from a snapshot: start over at once.
-                    index = if f.index < index { 0 } else { f.index };
+                    // An answer at 0 is kept as 1: asking again at 0 would never block.
+                    index = if f.index < index { 0 } else { f.index.max(1) };
                     let same = matches!(&*entry.tx.borrow(), Some(Ok(old)) if old.index == f.index);
                     if !same {
                         entry.tx.send_replace(Some(Ok(f)));

@@ -250,7 +250,8 @@ pub struct DatacentersKey;
 /// polled every [`Datacenters::POLL`]; the index moves only when the list changes.
 pub struct Datacenters {
     http: Http,
-    last: Mutex<(Arc<Vec<String>>, u64)>,
+    /// The last list read and the index it was given.
+    last: Mutex<Option<(Arc<Vec<String>>, u64)>>,
 }
 
 impl Datacenters {
@@ -261,7 +262,7 @@ impl Datacenters {
     pub fn new(http: Http) -> Self {
         Self {
             http,
-            last: Mutex::new((Arc::new(Vec::new()), 1)),
+            last: Mutex::new(None),
         }
     }
 }
@@ -272,12 +273,17 @@ impl CacheType for Datacenters {
 
     async fn fetch(&self, _: &DatacentersKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
         loop {
-            let (names, index) = self.last.lock().clone();
-            if index > min_index {
-                return Ok(Fetched { value: names, index });
-            }
-            if min_index > 1 {
-                tokio::time::sleep(Self::POLL).await;
+            let last = self.last.lock().clone();
+            match &last {
+                Some((names, index)) if *index > min_index => {
+                    return Ok(Fetched {
+                        value: Arc::clone(names),
+                        index: *index,
+                    });
+                }
+                // The caller has the current list: poll until it changes.
+                Some(_) => tokio::time::sleep(Self::POLL).await,
+                None => {}
             }
             let now: Vec<String> = self
                 .http
@@ -286,13 +292,10 @@ impl CacheType for Datacenters {
                 .await
                 .map_err(|e| FetchError(format!("GET /v1/catalog/datacenters: {e}")))?;
             let mut last = self.last.lock();
-            if *last.0 != now || last.1 == 1 {
-                *last = (Arc::new(now), last.1 + 1);
-            } else if min_index <= 1 {
-                return Ok(Fetched {
-                    value: Arc::clone(&last.0),
-                    index: last.1,
-                });
+            match &*last {
+                Some((names, _)) if **names == now => {}
+                Some((_, index)) => *last = Some((Arc::new(now), index + 1)),
+                None => *last = Some((Arc::new(now), 1)),
             }
         }
     }

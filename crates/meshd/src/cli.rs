@@ -94,7 +94,7 @@ pub struct EnvoyArgs {
     /// The catalog node of the proxy (found through the API when -sidecar-for is used).
     #[arg(long = "node", value_name = "NAME", default_value = "")]
     pub node: String,
-    /// HTTP API of the server (to look the proxy up).
+    /// HTTP API of the local agent, or of a server (to look the proxy up).
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
     /// xDS address Envoy connects to.

@@ -15,40 +15,117 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
             id.clone(),
             id.trim_end_matches("-sidecar-proxy").to_owned(),
         )),
-        (None, Some(service)) => {
-            let url = format!("http://{}/v1/catalog/connect/{service}", args.http_addr);
-            let mut req = reqwest::Client::new().get(&url);
-            if !args.token.is_empty() {
-                req = req.header(structs::wire::TOKEN_HEADER, &args.token);
-            }
-            let body = req
-                .send()
-                .await
-                .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?
-                .error_for_status()
-                .context("looking up the sidecar")?
-                .bytes()
-                .await
-                .context("reading the sidecar lookup")?;
-            let instances: Vec<CatalogService> =
-                structs::json::from_slice(&body).context("decoding the sidecar lookup")?;
-            let proxies: Vec<CatalogService> = instances
-                .into_iter()
-                .filter(|s| s.service_kind == ServiceKind::ConnectProxy)
-                .filter(|s| args.node.is_empty() || s.node == args.node)
-                .collect();
-            match <[CatalogService; 1]>::try_from(proxies) {
-                Ok([one]) => Ok((one.node, one.service_id, service.clone())),
-                Err(proxies) if proxies.is_empty() => {
-                    bail!("no sidecar proxy is registered for service {service:?}")
-                }
-                Err(proxies) => bail!(
-                    "{} sidecar proxies are registered for {service:?}: pick one with -proxy-id or -node",
-                    proxies.len()
-                ),
-            }
-        }
+        (None, Some(service)) => match sidecar_from_agent(args, service).await? {
+            Some(found) => Ok(found),
+            None => sidecar_from_catalog(args, service).await,
+        },
         (None, None) => bail!("one of -proxy-id or -sidecar-for is required"),
+    }
+}
+
+/// `GET path` on `-http-addr` with the token: `None` when the path does not exist there.
+async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Value>> {
+    let url = format!("http://{}{path}", args.http_addr);
+    let mut req = reqwest::Client::new().get(&url);
+    if !args.token.is_empty() {
+        req = req.header(structs::wire::TOKEN_HEADER, &args.token);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
+    if matches!(resp.status().as_u16(), 404 | 405) {
+        return Ok(None);
+    }
+    let body = resp
+        .error_for_status()
+        .with_context(|| format!("GET {path}"))?
+        .bytes()
+        .await
+        .with_context(|| format!("reading GET {path}"))?;
+    Ok(Some(
+        serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?,
+    ))
+}
+
+/// The sidecar of local service `service` (by id, else by name), as the agent at
+/// `-http-addr` registered it, with the agent's node: what Envoy then asks that agent's xDS
+/// for. `None` when `-http-addr` is a server (no local services there).
+async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(String, String, String)>> {
+    let Some(services) = get_local(args, "/v1/agent/services").await? else {
+        return Ok(None);
+    };
+    let Some(me) = get_local(args, "/v1/agent/self").await? else {
+        return Ok(None);
+    };
+    let node = me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned();
+    let sidecars: Vec<&serde_json::Value> = services
+        .as_object()
+        .map(|m| m.values().filter(|s| s["Kind"] == "connect-proxy").collect())
+        .unwrap_or_default();
+    let by = |field: &str| -> Vec<&serde_json::Value> {
+        sidecars
+            .iter()
+            .copied()
+            .filter(|s| s["Proxy"][field] == service)
+            .collect()
+    };
+    let mut matched = by("DestinationServiceID");
+    if matched.is_empty() {
+        matched = by("DestinationServiceName");
+    }
+    match matched.as_slice() {
+        [one] => {
+            let id = one["ID"].as_str().unwrap_or_default().to_owned();
+            let name = one["Proxy"]["DestinationServiceName"]
+                .as_str()
+                .unwrap_or(service)
+                .to_owned();
+            Ok(Some((node, id, name)))
+        }
+        [] => bail!(
+            "no sidecar proxy for service {service:?} is registered with the agent at {} (node {node:?})",
+            args.http_addr
+        ),
+        more => bail!(
+            "{} sidecar proxies for {service:?} are registered with the agent at {}: pick one with -proxy-id",
+            more.len(),
+            args.http_addr
+        ),
+    }
+}
+
+/// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
+async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
+    let url = format!("http://{}/v1/catalog/connect/{service}", args.http_addr);
+    let mut req = reqwest::Client::new().get(&url);
+    if !args.token.is_empty() {
+        req = req.header(structs::wire::TOKEN_HEADER, &args.token);
+    }
+    let body = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?
+        .error_for_status()
+        .context("looking up the sidecar")?
+        .bytes()
+        .await
+        .context("reading the sidecar lookup")?;
+    let instances: Vec<CatalogService> = structs::json::from_slice(&body).context("decoding the sidecar lookup")?;
+    let proxies: Vec<CatalogService> = instances
+        .into_iter()
+        .filter(|s| s.service_kind == ServiceKind::ConnectProxy)
+        .filter(|s| args.node.is_empty() || s.node == args.node)
+        .collect();
+    match <[CatalogService; 1]>::try_from(proxies) {
+        Ok([one]) => Ok((one.node, one.service_id, service.to_owned())),
+        Err(proxies) if proxies.is_empty() => {
+            bail!("no sidecar proxy is registered for service {service:?}")
+        }
+        Err(proxies) => bail!(
+            "{} sidecar proxies are registered for {service:?}: pick one with -proxy-id or -node",
+            proxies.len()
+        ),
     }
 }
 

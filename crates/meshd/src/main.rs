@@ -50,10 +50,11 @@ fn main() -> ExitCode {
             #[cfg(feature = "agent")]
             Command::Agent(args) => {
                 meshd::agent::run(args, meshd::shutdown_signal(), |running| {
-                    // Ready line for scripts; nobody reading it is not an error.
+                    // Ready lines for scripts; nobody reading them is not an error.
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "meshd agent listening on http://{}", running.http_addr);
+                    let _ = writeln!(out, "meshd agent xds listening on {}", running.grpc_addr);
                     let _ = out.flush();
                 })
                 .await

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-/// A started `meshd server` and the addresses it reported.
+/// A started `meshd server` (or agent) and the addresses it reported.
 #[derive(Debug)]
 pub struct ServerProcess {
     /// The process (the caller owns stopping it).
@@ -24,26 +24,58 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    let (child, http, grpc) = start(
+        bin,
+        "server",
+        args,
+        "meshd server listening on ",
+        "meshd xds listening on ",
+    );
+    ServerProcess { child, http, grpc }
+}
+
+/// Starts `bin agent` on `127.0.0.1:0` for both listeners with `args` added (`-retry-join`,
+/// `-node`, `-dev`...), and waits for its ready lines.
+pub fn start_agent<I, S>(bin: &Path, args: I) -> ServerProcess
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let (child, http, grpc) = start(
+        bin,
+        "agent",
+        args,
+        "meshd agent listening on ",
+        "meshd agent xds listening on ",
+    );
+    ServerProcess { child, http, grpc }
+}
+
+fn start<I, S>(bin: &Path, mode: &str, args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let mut child = Command::new(bin)
-        .args(["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"])
+        .args([mode, "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::piped())
         .spawn()
-        .expect("starting meshd server");
-    let stdout = child.stdout.take().expect("the server's stdout");
+        .unwrap_or_else(|e| panic!("starting meshd {mode}: {e}"));
+    let stdout = child.stdout.take().expect("the process's stdout");
     let mut lines = BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
-        .skip_while(|l| !l.starts_with("meshd server listening on "));
+        .skip_while(|l| !l.starts_with(http_line));
     let http = lines
         .next()
-        .and_then(|l| l.strip_prefix("meshd server listening on ").map(str::to_owned))
-        .expect("the server's HTTP ready line");
+        .and_then(|l| l.strip_prefix(http_line).map(str::to_owned))
+        .unwrap_or_else(|| panic!("the {mode}'s HTTP ready line"));
     let grpc = lines
         .next()
-        .and_then(|l| l.strip_prefix("meshd xds listening on ").map(str::to_owned))
-        .expect("the server's xDS ready line");
-    ServerProcess { child, http, grpc }
+        .and_then(|l| l.strip_prefix(grpc_line).map(str::to_owned))
+        .unwrap_or_else(|| panic!("the {mode}'s xDS ready line"));
+    (child, http, grpc)
 }
 
 /// The value of the sample `name` (with its labels, as printed) in a server's

@@ -66,7 +66,11 @@ async fn watchers_of_one_key_share_one_fetcher_and_follow_its_index() {
     assert_eq!(until_index(&mut b, 7).await.last(), Some(&11));
     tokio::task::yield_now().await;
     let indexes: Vec<u64> = s.calls.lock().iter().map(|(i, _)| *i).collect();
-    assert_eq!(indexes, [1, 5, 7], "0 is sent as 1, then each answer's index");
+    assert_eq!(
+        indexes,
+        [0, 5, 7],
+        "first at 0 (never blocks), then each answer's index"
+    );
     assert_eq!(c.metrics().hits.load(Relaxed), 1);
     assert_eq!(c.metrics().entries.load(Relaxed), 1);
     c.shutdown().await;
@@ -83,9 +87,20 @@ async fn an_index_that_goes_backwards_starts_over() {
     let indexes: Vec<u64> = s.calls.lock().iter().map(|(i, _)| *i).collect();
     assert_eq!(
         indexes,
-        [1, 50, 1, 21],
+        [0, 50, 0, 21],
         "after 20 < 50 the next fetch asks from the start"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_at_index_0_is_kept_as_1() {
+    let s = Arc::new(Scripted::with(vec![ok(1, 0), ok(2, 4)]));
+    let c = cache(&s, CacheConfig::default());
+    let mut w = c.watch(&"services");
+    assert_eq!(until_index(&mut w, 4).await.last(), Some(&2));
+    tokio::task::yield_now().await;
+    let indexes: Vec<u64> = s.calls.lock().iter().map(|(i, _)| *i).collect();
+    assert_eq!(indexes, [0, 1, 4], "the next fetch after an answer at 0 blocks at 1");
 }
 
 #[tokio::test(start_paused = true)]
