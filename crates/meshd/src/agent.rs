@@ -164,7 +164,9 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let http_stop = stop.clone();
-    let app = ::agent::http::router(agent.clone()).merge(engine.metrics_router());
+    let app = ::agent::http::router(agent.clone())
+        .merge(engine.metrics_router())
+        .merge(crate::engine::status_router(engine.manager.clone()));
     let http = tokio::spawn(
         async move {
             axum::serve(listener, app)

@@ -35,3 +35,70 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
     manager.register_metrics(&mut registry);
     registry
 }
+
+/// `GET /v1/internal/proxy-status/{proxy_id}[?node=NODE]`: what the proxy config engine holds
+/// for a proxy — who registered it, the version of its last snapshot (`null`: its data is
+/// still incomplete) and the watches failing now with their errors.
+pub fn status_router(manager: proxycfg::Manager) -> axum::Router {
+    use axum::extract::{Path, RawQuery};
+    axum::Router::new().route(
+        "/v1/internal/proxy-status/{proxy_id}",
+        axum::routing::get(move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery| {
+            let manager = manager.clone();
+            async move { proxy_status(&manager, &proxy_id, q.as_deref()).await }
+        }),
+    )
+}
+
+async fn proxy_status(manager: &proxycfg::Manager, proxy_id: &str, query: Option<&str>) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let node = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("node="))
+        .filter(|n| !n.is_empty());
+    let matches: Vec<proxycfg::ProxyId> = manager
+        .registered()
+        .await
+        .into_iter()
+        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
+        .collect();
+    let id = match matches.as_slice() {
+        [one] => one.clone(),
+        [] => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "proxy {proxy_id:?} is not registered here (an agent holds its local proxies; a server holds the proxies with an open xDS stream)\n"
+                ),
+            )
+                .into_response();
+        }
+        more => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "proxy {proxy_id:?} is registered on {} nodes: add ?node=NODE\n",
+                    more.len()
+                ),
+            )
+                .into_response();
+        }
+    };
+    let Some(status) = manager.status(&id).await else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("proxy {proxy_id:?} was just deregistered\n"),
+        )
+            .into_response();
+    };
+    axum::Json(serde_json::json!({
+        "Node": id.node,
+        "ProxyID": id.service_id,
+        "Source": status.source.to_string(),
+        "SnapshotVersion": status.snapshot_version,
+        "Errors": status.errors,
+    }))
+    .into_response()
+}

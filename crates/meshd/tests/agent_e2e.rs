@@ -317,6 +317,41 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
 
+    // A chain shape the compiler does not handle yet is an error shown in the proxy's status
+    // and counted, not an upstream that quietly goes; removing the entry clears it.
+    let splitter = json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 100}]});
+    put(
+        &client,
+        &format!("{server_http_now}/v1/config", server_http_now = server.http),
+        splitter,
+    )
+    .await;
+    let status_url = format!("{b_http}/v1/internal/proxy-status/web-sidecar-proxy");
+    let status = wait_for("the chain error in web's proxy status", || async {
+        let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
+        (!v["Errors"].as_object()?.is_empty()).then_some(v)
+    })
+    .await;
+    assert_eq!(status["Source"], "local", "{status}");
+    assert!(status.to_string().contains("service-splitter"), "{status}");
+    let errors = test_support::process::metric(&client, &b_http, "meshd_proxycfg_data_source_errors_total").await;
+    assert!(errors >= 1.0, "the error is counted");
+    assert_eq!(
+        get(&client, &through_mesh)
+            .await
+            .as_deref()
+            .map(|b| b.starts_with("api-")),
+        Some(true),
+        "web keeps its last good config"
+    );
+    let entry = format!("{}/v1/config/service-splitter/api", server.http);
+    assert!(client.delete(&entry).send().await.unwrap().status().is_success());
+    wait_for("the error to clear", || async {
+        let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
+        v["Errors"].as_object()?.is_empty().then_some(())
+    })
+    .await;
+
     // Everything the server sent the agents: certificates, never a private key; the agents
     // sent signing requests.
     let received = relay.received();

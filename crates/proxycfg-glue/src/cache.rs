@@ -134,7 +134,9 @@ impl DataSource<CaRootsRequest> for CacheCaRoots {
         tx: EventSender<Arc<IndexedCaRoots>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         run(self.0.caches.roots.watch(&RootsKey), id, tx, cancel, |v| Some(Ok(v))).await
     }
 }
@@ -152,7 +154,9 @@ impl DataSource<LeafRequest> for CacheLeaf {
         tx: EventSender<Arc<IssuedCert>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let key = LeafKey { service: req.service };
         run(self.0.caches.leaf.watch(&key), id, tx, cancel, |v| Some(Ok(v))).await
     }
@@ -170,7 +174,9 @@ impl DataSource<IntentionsRequest> for CacheIntentions {
         tx: EventSender<Arc<Vec<Intention>>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let key = IntentionsKey {
             destination: req.destination,
         };
@@ -190,9 +196,11 @@ impl DataSource<HealthRequest> for CacheHealth {
         tx: EventSender<Arc<Vec<CheckServiceNode>>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         if let Some(e) = resolve::unsupported_health(&req) {
-            return Err(e);
+            return forward::refuse(id, tx, e, cancel).await;
         }
         let key = HealthKey {
             service: req.service.clone(),
@@ -308,7 +316,9 @@ impl DataSource<ResolvedServiceConfigRequest> for CacheResolvedServiceConfig {
         tx: EventSender<Arc<ResolvedServiceConfig>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let inputs = ResolvedInputs {
             req,
             defaults: Defaults::watch(&self.0.caches),
@@ -379,7 +389,9 @@ impl DataSource<DiscoveryChainRequest> for CacheDiscoveryChain {
         tx: EventSender<Arc<CompiledDiscoveryChain>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let caches = &self.0.caches;
         let entry = |kind| {
             Input::new(caches.config_entry.watch(&ConfigEntryKey {
@@ -412,7 +424,9 @@ impl DataSource<ServiceListRequest> for CacheServiceList {
         tx: EventSender<ServiceNames>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         run(self.0.caches.services.watch(&ServicesKey), id, tx, cancel, |v| {
             Some(Ok(ServiceNames(v)))
         })

@@ -14,14 +14,15 @@ impl DataSource<PreparedQueryRequest> for PreparedQueriesUnsupported {
     async fn notify(
         self: Arc<Self>,
         req: PreparedQueryRequest,
-        _id: CorrelationId,
-        _tx: EventSender<PreparedQueryResult>,
-        _cancel: CancellationToken,
+        id: CorrelationId,
+        tx: EventSender<PreparedQueryResult>,
+        cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        Err(DataSourceError::InvalidRequest(format!(
+        let error = DataSourceError::InvalidRequest(format!(
             "prepared query {:?}: prepared queries are not supported",
             req.query
-        )))
+        ));
+        proxycfg::forward::refuse(id, tx, error, cancel).await
     }
 }
 
@@ -33,13 +34,12 @@ impl DataSource<GatewayServicesRequest> for GatewayServicesUnsupported {
     async fn notify(
         self: Arc<Self>,
         req: GatewayServicesRequest,
-        _id: CorrelationId,
-        _tx: EventSender<Arc<Vec<structs::GatewayService>>>,
-        _cancel: CancellationToken,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<structs::GatewayService>>>,
+        cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        Err(DataSourceError::InvalidRequest(format!(
-            "gateway {:?}: gateways are not supported yet",
-            req.gateway
-        )))
+        let error =
+            DataSourceError::InvalidRequest(format!("gateway {:?}: gateways are not supported yet", req.gateway));
+        proxycfg::forward::refuse(id, tx, error, cancel).await
     }
 }

@@ -75,8 +75,8 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     }
 }
 
-/// The watch future of a fanout data source: forwards from `entry`, or fails at once with
-/// the error that kept it from following.
+/// The watch future of a fanout data source: forwards from `entry`, or reports the error
+/// that kept it from following.
 pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     entry: Result<Arc<Entry<T>>, DataSourceError>,
     id: CorrelationId,
@@ -85,7 +85,7 @@ pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
 ) -> proxycfg::WatchFuture<'w> {
     match entry {
         Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
-        Err(e) => Box::pin(std::future::ready(Err(e))),
+        Err(e) => Box::pin(proxycfg::forward::refuse(id, tx, e, cancel)),
     }
 }
 

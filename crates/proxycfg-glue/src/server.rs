@@ -150,7 +150,9 @@ impl DataSource<LeafRequest> for ServerLeaf {
         tx: EventSender<Arc<structs::IssuedCert>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let store = self.0.store.clone();
         let mut follower = Follower::new(&store, vec![Topic::CaRoots]);
         let mut refresh_at: Option<tokio::time::Instant> = None;
@@ -190,7 +192,9 @@ impl DataSource<IntentionsRequest> for ServerIntentions {
         tx: EventSender<Arc<Vec<structs::Intention>>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let follower = Follower::new(&self.0.store, vec![Topic::Intentions(req.destination.clone())]);
         run(follower, id, tx, cancel, |f| match f.get(0) {
             Some(Payload::Intentions(ixns)) => Some(Ok(Arc::clone(ixns))),
@@ -311,7 +315,9 @@ impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
         tx: EventSender<Arc<ResolvedServiceConfig>>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let follower = Follower::new(&self.0.store, defaults_topics());
         let shared = Arc::clone(&self.0);
         run(follower, id, tx, cancel, move |f| {
@@ -403,7 +409,9 @@ impl DataSource<ServiceListRequest> for ServerServiceList {
         tx: EventSender<ServiceNames>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError> {
-        self.0.check_dc(&req.datacenter)?;
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
         let follower = Follower::new(&self.0.store, vec![Topic::ServiceList]);
         run(follower, id, tx, cancel, |f| match f.get(0) {
             Some(Payload::ServiceList(names)) => Some(Ok(ServiceNames(Arc::clone(names)))),

@@ -83,3 +83,18 @@ impl<T: Into<UpdatePayload> + Send> Deliver<T> for ToState<T> {
         futures_util::FutureExt::map(self.tx.send(self.id.clone(), result), |sent| sent.is_ok())
     }
 }
+
+/// The watch of a request its data source cannot serve: the error goes to the State (which
+/// logs it, counts it and shows it in the proxy's status), then the watch idles until it is
+/// cancelled, so the error stays reported rather than the watch silently ending.
+pub async fn refuse<T: Into<UpdatePayload> + Send>(
+    id: CorrelationId,
+    tx: EventSender<T>,
+    error: DataSourceError,
+    cancel: CancellationToken,
+) -> Result<(), DataSourceError> {
+    if tx.send(id, Err(error)).await.is_ok() {
+        cancel.cancelled().await;
+    }
+    Ok(())
+}

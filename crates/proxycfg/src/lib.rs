@@ -28,7 +28,7 @@ pub use correlation::CorrelationId;
 pub use data_sources::{
     DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchFuture, WatchRequest,
 };
-pub use manager::{DEFAULT_COALESCE, Manager, ManagerConfig, RegisterError, WatchEvent, Watcher};
+pub use manager::{DEFAULT_COALESCE, Manager, ManagerConfig, ProxyStatus, RegisterError, WatchEvent, Watcher};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use rate_limit::RateLimit;
 pub use registration::{ProxyRegistration, ProxySource, Registered};

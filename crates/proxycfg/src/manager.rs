@@ -27,6 +27,18 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+/// A registered proxy's status (see [`Manager::status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyStatus {
+    /// Who registered it.
+    pub source: ProxySource,
+    /// Version of the last snapshot published (`None`: none yet, the data is incomplete).
+    pub snapshot_version: Option<u64>,
+    /// Watches failing now, by watch: their last good data stays in use, and what depends
+    /// on data never received (an upstream whose chain cannot be compiled) is left out.
+    pub errors: std::collections::BTreeMap<String, String>,
+}
+
 /// Manager settings.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
@@ -92,6 +104,7 @@ struct Running {
     source: ProxySource,
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    errors: crate::state::WatchErrors,
 }
 
 impl Running {
@@ -211,7 +224,9 @@ impl Manager {
             event_buffer: inner.config.event_buffer,
             metrics: Arc::clone(&inner.metrics),
             cancel: cancel.clone(),
+            errors: Arc::default(),
         };
+        let errors = Arc::clone(&params.errors);
         let task = match state::spawn(params) {
             Ok(task) => task,
             Err(err) => {
@@ -227,6 +242,7 @@ impl Manager {
                 source,
                 cancel,
                 task,
+                errors,
             },
         );
         Ok(outcome)
@@ -302,6 +318,22 @@ impl Manager {
             .await
             .get(id)
             .map(|r| (r.registration.clone(), r.source))
+    }
+
+    /// What a proxy's State reports: who registered it, its last snapshot, and the watches
+    /// failing now. `None` when it is not registered.
+    pub async fn status(&self, id: &ProxyId) -> Option<ProxyStatus> {
+        let (source, errors) = {
+            let states = self.inner.states.lock().await;
+            let running = states.get(id)?;
+            (running.source, running.errors.lock().clone())
+        };
+        let snapshot = self.inner.slots.lock().get(id).and_then(|s| s.tx.borrow().clone());
+        Some(ProxyStatus {
+            source,
+            snapshot_version: snapshot.as_ref().map(|s| s.version),
+            errors,
+        })
     }
 
     /// The engine's counters.

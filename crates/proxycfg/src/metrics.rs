@@ -55,13 +55,18 @@ impl Metrics {
     }
 
     /// Registers the exported metrics in `registry` (sharing their values with `self`): the
-    /// snapshots built and the live watches. Help texts have no final period and the counter
+    /// snapshots built, the data-source errors and the live watches. Help texts have no final period and the counter
     /// no `_total`: prometheus-client adds both.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "meshd_proxycfg_snapshots",
             "Proxy snapshots built",
             self.snapshots_built.clone(),
+        );
+        registry.register(
+            "meshd_proxycfg_data_source_errors",
+            "Error results from data sources (the proxy keeps its last good data)",
+            self.data_source_errors.clone(),
         );
         registry.register(
             "meshd_proxycfg_watches",

@@ -19,7 +19,7 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span, trace, warn};
+use tracing::{Instrument, debug, info, info_span, trace, warn};
 
 /// The latest published snapshot of one proxy (`None` until valid, and after deregistration).
 pub(crate) type Slot = watch::Sender<Option<Arc<ConfigSnapshot>>>;
@@ -35,7 +35,12 @@ pub(crate) struct StateParams {
     pub(crate) event_buffer: usize,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) cancel: CancellationToken,
+    /// The watches failing now (shared with the Manager, which reports them).
+    pub(crate) errors: WatchErrors,
 }
+
+/// The watches of one proxy failing now: the watch (its correlation id) and the error.
+pub(crate) type WatchErrors = Arc<parking_lot::Mutex<std::collections::BTreeMap<String, String>>>;
 
 /// Starts the State task for a registration; it runs until `params.cancel` fires.
 pub(crate) fn spawn(params: StateParams) -> Result<JoinHandle<()>, UnsupportedKind> {
@@ -69,6 +74,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         event_buffer,
         metrics,
         cancel,
+        errors,
     } = params;
     let (tx, mut rx) = mpsc::channel(event_buffer.max(1));
     let mut watches = Watches::new(tx, cancel.child_token(), Arc::clone(&metrics));
@@ -118,7 +124,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 trace!(version = snapshot.version, "snapshot published");
             }
             Some(event) = rx.recv() => {
-                if apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics) {
+                if apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors) {
                     window.changed();
                 }
             }
@@ -167,6 +173,7 @@ fn apply(
     snapshot: &mut ConfigSnapshot,
     watches: &mut Watches,
     metrics: &Metrics,
+    errors: &WatchErrors,
 ) -> bool {
     if !watches.is_current(&event) {
         metrics.stale_update();
@@ -177,18 +184,41 @@ fn apply(
     match event.result {
         Err(err) => {
             metrics.data_source_error();
-            warn!(id = %event.correlation_id, error = %err, "data source error; keeping last good data");
+            let (id, message) = (event.correlation_id.to_string(), err.to_string());
+            // One log line per change of a watch's error; the proxy's status shows it.
+            if errors.lock().insert(id, message).as_deref() != Some(&err.to_string()) {
+                warn!(id = %event.correlation_id, error = %err, "data source error; keeping last good data");
+            }
             false
         }
-        Ok(payload) => match handler.handle_update(event.correlation_id, payload, snapshot, watches) {
-            Ok(()) => {
-                metrics.update();
-                true
+        Ok(payload) => {
+            let mut failing = errors.lock();
+            if !failing.is_empty() && failing.remove(&event.correlation_id.to_string()).is_some() {
+                info!(id = %event.correlation_id, "data source recovered");
             }
-            Err(err) => {
-                warn!(error = %err, "update ignored");
-                false
-            }
-        },
+            drop(failing);
+            apply_payload(event.correlation_id, payload, handler, snapshot, watches, metrics)
+        }
+    }
+}
+
+/// Folds a good result into the snapshot; true when it changed it.
+fn apply_payload(
+    id: crate::CorrelationId,
+    payload: crate::UpdatePayload,
+    handler: &mut dyn crate::handler::KindHandler,
+    snapshot: &mut ConfigSnapshot,
+    watches: &mut Watches,
+    metrics: &Metrics,
+) -> bool {
+    match handler.handle_update(id, payload, snapshot, watches) {
+        Ok(()) => {
+            metrics.update();
+            true
+        }
+        Err(err) => {
+            warn!(error = %err, "update ignored");
+            false
+        }
     }
 }
