@@ -248,3 +248,12 @@ impl FakeDataSources {
             + self.prepared_query.active()
     }
 }
+
+/// A sender to drive one data source directly (outside a State), and the receiving end of
+/// what it sends.
+pub fn event_channel<T: Into<UpdatePayload>>(
+    buffer: usize,
+) -> (EventSender<T>, tokio::sync::mpsc::Receiver<Box<crate::UpdateEvent>>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(buffer.max(1));
+    (EventSender::new(tx, 1), rx)
+}

@@ -1,0 +1,397 @@
+//! The `Cache*` data sources against a real meshd server (its catalog store and HTTP API, in
+//! this process): each delivers its first value, then a change made at the server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
+
+use agent_cache::servers::Servers;
+use agent_cache::{AgentCaches, CachesConfig};
+use catalog::{Op, Store, StoreConfig};
+use proxycfg::data_sources::*;
+use proxycfg::fake::event_channel;
+use proxycfg::{CorrelationId, DataSource, DataSources, UpdateEvent, UpdatePayload};
+use proxycfg_glue::{LocalChecks, cache_data_sources};
+use std::sync::Arc;
+use std::time::Duration;
+use structs::config_entry::{ServiceDefaults, ServiceSplitter};
+use structs::*;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// A server: store and HTTP API on an ephemeral port.
+async fn server() -> (Store, String) {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let app = http_api::router(store.clone(), http_api::ApiConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (store, addr)
+}
+
+/// The agent's checks, settable.
+struct Checks(watch::Sender<u64>, parking_lot::Mutex<Vec<HealthCheck>>);
+
+impl LocalChecks for Checks {
+    fn http_checks(&self, service_id: &str) -> Vec<HealthCheck> {
+        self.1
+            .lock()
+            .iter()
+            .filter(|c| c.service_id == service_id)
+            .cloned()
+            .collect()
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
+struct Fixture {
+    store: Store,
+    sources: DataSources,
+    checks: Arc<Checks>,
+    caches: AgentCaches,
+    cancel: CancellationToken,
+}
+
+async fn fixture() -> Fixture {
+    let (store, addr) = server().await;
+    let servers = Arc::new(Servers::new(&[addr]));
+    let caches = AgentCaches::new(servers, CachesConfig::default(), CancellationToken::new());
+    let checks = Arc::new(Checks(watch::Sender::new(0), parking_lot::Mutex::new(Vec::new())));
+    let sources = cache_data_sources(caches.clone(), Arc::clone(&checks) as Arc<dyn LocalChecks>);
+    Fixture {
+        store,
+        sources,
+        checks,
+        caches,
+        cancel: CancellationToken::new(),
+    }
+}
+
+/// One running watch and what it received.
+struct Received(mpsc::Receiver<Box<UpdateEvent>>);
+
+impl Received {
+    /// Waits for a payload `pred` accepts (errors fail the test).
+    async fn until(&mut self, what: &str, pred: impl Fn(&UpdatePayload) -> bool) -> UpdatePayload {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), self.0.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: nothing within 10 s"))
+                .expect("the watch ended");
+            match event.result {
+                Ok(p) if pred(&p) => return p,
+                Ok(_) => {}
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+    }
+
+    async fn error(&mut self, what: &str) -> DataSourceError {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), self.0.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: nothing within 10 s"))
+                .expect("the watch ended");
+            if let Err(e) = event.result {
+                return e;
+            }
+        }
+    }
+}
+
+fn start<R: WatchRequest>(f: &Fixture, source: &Arc<dyn DataSource<R>>, req: R) -> Received {
+    let (tx, rx) = event_channel::<R::Response>(16);
+    let fut = Arc::clone(source).notify(req, CorrelationId::Roots, tx, f.cancel.clone());
+    tokio::spawn(fut);
+    Received(rx)
+}
+
+async fn register(store: &Store, node: &str, svc: NodeService) {
+    store
+        .write(Op::Register(Box::new(RegisterRequest {
+            node: node.into(),
+            address: "10.0.0.1".into(),
+            service: Some(svc),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+}
+
+async fn set_entry(store: &Store, entry: ConfigEntry) {
+    store.write(Op::ConfigSet { entry, cas: None }).await.unwrap();
+}
+
+fn dc1() -> String {
+    "dc1".into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_and_leaves_follow_a_root_rotation() {
+    let f = fixture().await;
+    let mut roots = start(&f, &f.sources.ca_roots, CaRootsRequest { datacenter: dc1() });
+    let mut leaf = start(
+        &f,
+        &f.sources.leaf,
+        LeafRequest {
+            datacenter: dc1(),
+            service: "web".into(),
+            token: String::new(),
+        },
+    );
+    let UpdatePayload::CaRoots(first) = roots.until("roots", |p| matches!(p, UpdatePayload::CaRoots(_))).await else {
+        unreachable!()
+    };
+    let UpdatePayload::Leaf(cert) = leaf.until("leaf", |p| matches!(p, UpdatePayload::Leaf(_))).await else {
+        unreachable!()
+    };
+    assert!(
+        cert.service_uri.ends_with("/ns/default/dc/dc1/svc/web"),
+        "{}",
+        cert.service_uri
+    );
+    assert!(
+        cert.private_key_pem.contains("PRIVATE KEY"),
+        "the agent holds its own key"
+    );
+
+    // A new root (key size changed): new roots, and the leaf is renewed at once.
+    let state = f.store.read();
+    let mut config = state.ca().unwrap().config.clone();
+    drop(state);
+    config.private_key_bits = 384;
+    f.store.write(Op::CaConfigure(config)).await.unwrap();
+    let changed = roots
+        .until(
+            "rotated roots",
+            |p| matches!(p, UpdatePayload::CaRoots(r) if r.active_root_id != first.active_root_id),
+        )
+        .await;
+    let UpdatePayload::CaRoots(rotated) = changed else {
+        unreachable!()
+    };
+    leaf.until(
+        "renewed leaf",
+        |p| matches!(p, UpdatePayload::Leaf(c) if c.serial_number != cert.serial_number),
+    )
+    .await;
+    assert_eq!(rotated.roots.len(), 2, "the old root stays trusted");
+    f.cancel.cancel();
+    f.caches.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_sources_deliver_a_first_value_and_a_change() {
+    let f = fixture().await;
+    let mut intentions = start(
+        &f,
+        &f.sources.intentions,
+        IntentionsRequest {
+            datacenter: dc1(),
+            destination: "api".into(),
+        },
+    );
+    let mut health = start(
+        &f,
+        &f.sources.health,
+        HealthRequest {
+            datacenter: dc1(),
+            service: "api".into(),
+            connect: false,
+            passing_only: true,
+            filter: String::new(),
+            kind: None,
+        },
+    );
+    let mut services = start(&f, &f.sources.service_list, ServiceListRequest { datacenter: dc1() });
+    let mut dcs = start(&f, &f.sources.datacenters, DatacentersRequest);
+    let entry_req = ConfigEntryRequest {
+        kind: ConfigEntryKind::ServiceDefaults,
+        name: "api".into(),
+    };
+    let mut entry = start(&f, &f.sources.config_entry, entry_req);
+    let mut entries = start(
+        &f,
+        &f.sources.config_entry_list,
+        ConfigEntryListRequest {
+            kind: ConfigEntryKind::ServiceDefaults,
+        },
+    );
+    let chain_req = DiscoveryChainRequest {
+        datacenter: dc1(),
+        name: "api".into(),
+        namespace: "default".into(),
+        override_protocol: None,
+        override_connect_timeout_ms: 0,
+        override_mesh_gateway: MeshGatewayMode::Default,
+    };
+    let mut chain = start(&f, &f.sources.discovery_chain, chain_req);
+    let mut resolved = start(
+        &f,
+        &f.sources.resolved_service_config,
+        ResolvedServiceConfigRequest {
+            datacenter: dc1(),
+            name: "web".into(),
+            upstreams: vec![],
+        },
+    );
+    let mut checks = start(
+        &f,
+        &f.sources.http_checks,
+        HttpChecksRequest {
+            service_id: "web".into(),
+        },
+    );
+
+    // First values.
+    intentions
+        .until(
+            "intentions",
+            |p| matches!(p, UpdatePayload::Intentions(i) if i.is_empty()),
+        )
+        .await;
+    health
+        .until("health", |p| matches!(p, UpdatePayload::Health(h) if h.is_empty()))
+        .await;
+    services
+        .until(
+            "services",
+            |p| matches!(p, UpdatePayload::ServiceList(s) if !s.contains(&"api".to_owned())),
+        )
+        .await;
+    dcs.until(
+        "datacenters",
+        |p| matches!(p, UpdatePayload::Datacenters(d) if **d == ["dc1"]),
+    )
+    .await;
+    entry
+        .until("config entry", |p| matches!(p, UpdatePayload::ConfigEntry(None)))
+        .await;
+    entries
+        .until(
+            "config entries",
+            |p| matches!(p, UpdatePayload::ConfigEntryList(l) if l.is_empty()),
+        )
+        .await;
+    chain
+        .until(
+            "chain",
+            |p| matches!(p, UpdatePayload::DiscoveryChain(c) if c.protocol == Protocol::Tcp),
+        )
+        .await;
+    resolved
+        .until("resolved config", |p| {
+            matches!(p, UpdatePayload::ResolvedServiceConfig(_))
+        })
+        .await;
+    checks
+        .until(
+            "http checks",
+            |p| matches!(p, UpdatePayload::HttpChecks(c) if c.is_empty()),
+        )
+        .await;
+
+    // Changes at the server (and in the agent's own checks).
+    register(
+        &f.store,
+        "n1",
+        NodeService {
+            service: "api".into(),
+            id: "api-1".into(),
+            port: 8080,
+            ..Default::default()
+        },
+    )
+    .await;
+    f.store
+        .write(Op::IntentionUpsert {
+            source: "web".into(),
+            destination: "api".into(),
+            action: Some(config_entry::IntentionAction::Deny),
+            permissions: vec![],
+            description: String::new(),
+            meta: Default::default(),
+        })
+        .await
+        .unwrap();
+    set_entry(
+        &f.store,
+        ConfigEntry::ServiceDefaults(ServiceDefaults {
+            name: "api".into(),
+            protocol: "http".into(),
+            ..Default::default()
+        }),
+    )
+    .await;
+    f.checks.1.lock().push(HealthCheck {
+        check_id: "web-http".into(),
+        service_id: "web".into(),
+        check_type: "http".into(),
+        ..Default::default()
+    });
+    f.checks.0.send_modify(|v| *v += 1);
+
+    health
+        .until(
+            "a new instance",
+            |p| matches!(p, UpdatePayload::Health(h) if h.len() == 1),
+        )
+        .await;
+    intentions
+        .until(
+            "a new intention",
+            |p| matches!(p, UpdatePayload::Intentions(i) if i.len() == 1),
+        )
+        .await;
+    services
+        .until(
+            "a new service",
+            |p| matches!(p, UpdatePayload::ServiceList(s) if s.contains(&"api".to_owned())),
+        )
+        .await;
+    entry
+        .until("the entry written", |p| {
+            matches!(p, UpdatePayload::ConfigEntry(Some(_)))
+        })
+        .await;
+    entries
+        .until(
+            "the list grown",
+            |p| matches!(p, UpdatePayload::ConfigEntryList(l) if l.len() == 1),
+        )
+        .await;
+    chain
+        .until(
+            "the chain recompiled",
+            |p| matches!(p, UpdatePayload::DiscoveryChain(c) if c.protocol == Protocol::Http),
+        )
+        .await;
+    resolved
+        .until("resolved again", |p| {
+            matches!(p, UpdatePayload::ResolvedServiceConfig(_))
+        })
+        .await;
+    checks
+        .until(
+            "the agent's check",
+            |p| matches!(p, UpdatePayload::HttpChecks(c) if c.len() == 1),
+        )
+        .await;
+
+    // A chain shape not compiled yet is an error on the watch, not silence.
+    set_entry(
+        &f.store,
+        ConfigEntry::ServiceSplitter(ServiceSplitter {
+            name: "api".into(),
+            splits: vec![config_entry::ServiceSplit {
+                weight: 100.0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+    )
+    .await;
+    let err = chain.error("the splitter").await;
+    assert!(err.to_string().contains("service-splitter"), "{err}");
+    f.cancel.cancel();
+    f.caches.shutdown().await;
+}
