@@ -3,8 +3,11 @@
 //! - `test`: every test of the workspace (the README's test command): the pinned real peers
 //!   (Python clients, Envoy) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
-//! - `demo`: the main job on an embedded default: a server, two services with sidecars, two\n//!   real Envoys, traffic, and an intention that denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`; all when no name is given).
+//! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
+//!   services registered with them, a real Envoy per agent, traffic, and an intention that
+//!   denies and re-allows it.
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`; all
+//!   when no name is given).
 #![allow(clippy::print_stdout)]
 
 mod tools;

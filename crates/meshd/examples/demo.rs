@@ -1,6 +1,8 @@
-//! The main job, end to end on this machine: a `meshd server` on a temporary data dir, two
-//! services with sidecars, two real Envoys, traffic through the mesh over mTLS, an intention
-//! that denies it and its removal that allows it again. Every process it starts is stopped.
+//! The main job, end to end on this machine, in agent mode: a `meshd server` on a temporary
+//! data dir, two `meshd agent`s (nodes `node-api` and `node-web`), `api` and `web` registered
+//! with their local agents (sidecars from `Connect.SidecarService`), a real Envoy attached to
+//! each agent, traffic through the mesh over mTLS, an intention that denies it and one that
+//! allows it again. Every process it starts is stopped.
 //!
 //! Run: `cargo xtask demo` (it installs the pinned Envoy first).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -75,9 +77,41 @@ async fn main() {
     let server = Proc("meshd server", child);
     println!("   HTTP API {http}, xDS {grpc}");
 
+    println!("2. starting two agents that join it (nodes node-api and node-web)");
+    let mut agents = Vec::new();
+    for node in ["node-api", "node-web"] {
+        let started = test_support::process::start_agent(
+            &meshd(),
+            [
+                "-dev",
+                "-node",
+                node,
+                "-advertise",
+                "127.0.0.1",
+                "-retry-join",
+                http.trim_start_matches("http://"),
+                "-log-level",
+                "warn",
+            ],
+        );
+        println!("   agent {node}: HTTP {}, xDS {}", started.http, started.grpc);
+        agents.push((
+            Proc(
+                if node == "node-api" {
+                    "meshd agent (node-api)"
+                } else {
+                    "meshd agent (node-web)"
+                },
+                started.child,
+            ),
+            started.http,
+            started.grpc,
+        ));
+    }
+
     let client = reqwest::Client::new();
-    let put = |path: &str, body: Value| {
-        let req = client.put(format!("{http}{path}")).json(&body);
+    let put = |url: String, body: Value| {
+        let req = client.put(url).json(&body);
         async move {
             req.send()
                 .await
@@ -92,36 +126,24 @@ async fn main() {
     let (api_port, web_port) = (backend("hello from api, through the mesh"), backend("web"));
     let (api_proxy, web_proxy, upstream) = (free_port(), free_port(), free_port());
     println!(
-        "2. registering api (backend :{api_port}, sidecar :{api_proxy}) and web (backend :{web_port}, sidecar :{web_proxy}, upstream api on :{upstream})"
+        "3. registering api with node-api's agent (backend :{api_port}, sidecar :{api_proxy}) and web with node-web's (backend :{web_port}, sidecar :{web_proxy}, upstream api on :{upstream})"
     );
-    for (node, svc, port, proxy, upstreams) in [
-        ("node-api", "api", api_port, api_proxy, json!([])),
-        (
-            "node-web",
-            "web",
-            web_port,
-            web_proxy,
-            json!([{"DestinationName": "api", "LocalBindPort": upstream}]),
-        ),
-    ] {
-        put(
-            "/v1/catalog/register",
-            json!({"Node": node, "Address": "127.0.0.1", "Service": {"Service": svc, "Port": port}}),
-        )
-        .await;
-        put(
-            "/v1/catalog/register",
-            json!({"Node": node, "Address": "127.0.0.1", "Service": {"Kind": "connect-proxy",
-            "ID": format!("{svc}-sidecar-proxy"), "Service": format!("{svc}-sidecar-proxy"), "Port": proxy,
-            "Proxy": {"DestinationServiceName": svc, "LocalServicePort": port, "Upstreams": upstreams}}}),
-        )
-        .await;
-    }
+    put(
+        format!("{}/v1/agent/service/register", agents[0].1),
+        json!({"Name": "api", "Port": api_port, "Connect": {"SidecarService": {"Port": api_proxy}}}),
+    )
+    .await;
+    put(
+        format!("{}/v1/agent/service/register", agents[1].1),
+        json!({"Name": "web", "Port": web_port, "Connect": {"SidecarService": {"Port": web_proxy,
+            "Proxy": {"Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream}]}}}}),
+    )
+    .await;
 
-    println!("3. starting two Envoys with `meshd connect envoy -sidecar-for ...`");
+    println!("4. starting an Envoy per agent with `meshd connect envoy -sidecar-for ...` (configured by that agent)");
     let dir = tempfile::tempdir().unwrap();
     let mut envoys = Vec::new();
-    for svc in ["api", "web"] {
+    for (svc, (_, agent_http, agent_grpc)) in ["api", "web"].into_iter().zip(&agents) {
         let run_dir = dir.path().join(svc);
         let admin_file = run_dir.join("admin-0.addr");
         let child = Command::new(meshd())
@@ -131,9 +153,9 @@ async fn main() {
                 "-sidecar-for",
                 svc,
                 "-http-addr",
-                http.trim_start_matches("http://"),
+                agent_http.trim_start_matches("http://"),
                 "-grpc-addr",
-                &grpc,
+                agent_grpc,
             ])
             .args([
                 "-admin-bind",
@@ -164,30 +186,24 @@ async fn main() {
     }
 
     let url = format!("http://127.0.0.1:{upstream}/");
-    println!("4. GET {url} (web's upstream listener -> mTLS -> api's sidecar -> api)");
+    println!("5. GET {url} (web's upstream listener -> mTLS -> api's sidecar -> api)");
     let body = until("traffic through the mesh", async || get(&url).await.ok()).await;
     println!("   200: {body:?}");
 
-    println!("5. intention web -> api: deny");
-    put(
-        "/v1/connect/intentions/exact?source=web&destination=api",
-        json!({"Action": "deny"}),
-    )
-    .await;
+    let intention = format!("{http}/v1/connect/intentions/exact?source=web&destination=api");
+    println!("6. intention web -> api: deny (written at the server; the agents' caches pick it up)");
+    put(intention.clone(), json!({"Action": "deny"})).await;
     let err = until("the deny to apply", async || get(&url).await.err()).await;
     println!("   blocked: {err}");
 
-    println!("6. intention web -> api: allow");
-    put(
-        "/v1/connect/intentions/exact?source=web&destination=api",
-        json!({"Action": "allow"}),
-    )
-    .await;
+    println!("7. intention web -> api: allow");
+    put(intention, json!({"Action": "allow"})).await;
     let body = until("the allow to apply", async || get(&url).await.ok()).await;
     println!("   200 again: {body:?}");
 
-    println!("7. stopping everything this demo started");
+    println!("8. stopping everything this demo started");
     drop(envoys);
+    drop(agents);
     drop(server);
     println!("done");
 }
