@@ -46,6 +46,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("proxycfg", "proxycfg", "propagation"),
     ("server", "meshd", "server"),
     ("agent", "meshd", "agent"),
+    ("agent", "meshd", "agent_cache"),
     ("xds", "meshd", "xds"),
     ("supervisor", "supervisor", "hot_restart"),
 ];

@@ -12,6 +12,8 @@
 //! Test code: panics are the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[cfg(feature = "ads")]
+pub mod ads;
 pub mod figures;
 pub mod fixtures;
 pub mod http;

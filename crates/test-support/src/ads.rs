@@ -1,0 +1,123 @@
+//! A synthetic Envoy for benchmarks: a delta ADS stream that subscribes and ACKs as Envoy
+//! does and reports when a marker address reaches it; and a process's CPU time and RSS.
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Resource};
+use prost::Message;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Cluster type URL.
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Load assignment type URL.
+pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// The address a benchmark round `marker` registers (`10.200.x.y`).
+pub fn marker_address(marker: u64) -> String {
+    format!("10.200.{}.{}", marker / 250, marker % 250)
+}
+
+/// CPU time (user + system) and RSS (KiB) of process `pid`.
+pub fn proc_stat(pid: u32) -> (Duration, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = f
+        .get(11..13)
+        .map(|x| x.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    (Duration::from_millis(ticks * 10), crate::figures::rss_kib(pid))
+}
+
+/// One synthetic proxy's delta stream: subscribe to clusters, then to their load
+/// assignments, ACK everything, and report when a response carries the marker address.
+pub async fn delta_proxy(
+    grpc: String,
+    idx: usize,
+    marker: Arc<AtomicU64>,
+    report: mpsc::UnboundedSender<(Instant, usize, usize)>,
+    ready: mpsc::UnboundedSender<()>,
+    gate: tokio::sync::OwnedSemaphorePermit,
+) {
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let node = Some(Node {
+        id: format!("app-{idx}-sidecar-proxy"),
+        ..Default::default()
+    });
+    tx.send(DeltaDiscoveryRequest {
+        node,
+        type_url: CLUSTER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut subscribed = std::collections::HashSet::new();
+    let mut told_ready = false;
+    let mut gate = Some(gate);
+    let mut reported = 0;
+    while let Ok(Some(resp)) = stream.message().await {
+        let bytes = resp.encoded_len();
+        let ack = DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+        if resp.type_url == CLUSTER {
+            // Like Envoy: every cluster that appears gets its load assignment subscribed (a
+            // proxy's first snapshot may not have every upstream yet).
+            let names: Vec<String> = resp
+                .resources
+                .iter()
+                .map(|r| r.name.clone())
+                .filter(|n| n != "local_app" && !subscribed.contains(n))
+                .collect();
+            if !names.is_empty() {
+                subscribed.extend(names.iter().cloned());
+                tx.send(DeltaDiscoveryRequest {
+                    type_url: ENDPOINT.into(),
+                    resource_names_subscribe: names,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        } else if resp.type_url == ENDPOINT {
+            if !told_ready {
+                told_ready = true;
+                // Synced: let the next stream connect.
+                drop(gate.take());
+                let _ = ready.send(());
+            }
+            let m = marker.load(Ordering::Acquire);
+            if m != 0 && m != reported && resp.resources.iter().any(|r| contains_marker(r, m)) {
+                reported = m;
+                let _ = report.send((Instant::now(), bytes, idx));
+            }
+        }
+    }
+}
+
+/// True when resource `r` carries round `marker`'s address.
+pub fn contains_marker(r: &Resource, marker: u64) -> bool {
+    let needle = marker_address(marker);
+    r.resource
+        .as_ref()
+        .is_some_and(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
+}
