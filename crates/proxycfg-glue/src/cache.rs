@@ -330,6 +330,10 @@ impl DataSource<ResolvedServiceConfigRequest> for CacheResolvedServiceConfig {
 
 /// Discovery chains, compiled here from the cached config entries by the compiler the
 /// servers use (`resolve`): a chain shape not compiled yet is an error the proxy shows.
+///
+/// Every chain reads the resolver, router and splitter entries from the lists of their kinds
+/// (three cache entries for all chains of the agent, rather than three blocking queries per
+/// upstream name); a change to any of them recompiles the agent's chains, which is cheap.
 pub struct CacheDiscoveryChain(Arc<Shared>);
 
 /// The inputs of one chain.
@@ -337,9 +341,14 @@ struct ChainWatch {
     req: DiscoveryChainRequest,
     defaults: Defaults,
     roots: Input<Arc<IndexedCaRoots>>,
-    resolver: Input<Option<Arc<ConfigEntry>>>,
-    router: Input<Option<Arc<ConfigEntry>>>,
-    splitter: Input<Option<Arc<ConfigEntry>>>,
+    resolvers: Input<Arc<Vec<Arc<ConfigEntry>>>>,
+    routers: Input<Arc<Vec<Arc<ConfigEntry>>>>,
+    splitters: Input<Arc<Vec<Arc<ConfigEntry>>>>,
+}
+
+/// The entry named `name` in a list of one kind.
+fn named<'a>(list: &'a [Arc<ConfigEntry>], name: &str) -> Option<&'a Arc<ConfigEntry>> {
+    list.iter().find(|e| e.name() == name)
 }
 
 impl Updates<Arc<CompiledDiscoveryChain>> for ChainWatch {
@@ -348,30 +357,31 @@ impl Updates<Arc<CompiledDiscoveryChain>> for ChainWatch {
             r = self.defaults.proxy.update() => r,
             r = self.defaults.services.update() => r,
             r = self.roots.update() => r,
-            r = self.resolver.update() => r,
-            r = self.router.update() => r,
-            r = self.splitter.update() => r,
+            r = self.resolvers.update() => r,
+            r = self.routers.update() => r,
+            r = self.splitters.update() => r,
         }?;
         if let Err(e) = changed {
             return Some(Some(Err(e)));
         }
-        let (Some(proxy), Some(services), Some(roots), Some(resolver), Some(router), Some(splitter)) = (
+        let (Some(proxy), Some(services), Some(roots), Some(resolvers), Some(routers), Some(splitters)) = (
             &self.defaults.proxy.latest,
             &self.defaults.services.latest,
             &self.roots.latest,
-            &self.resolver.latest,
-            &self.router.latest,
-            &self.splitter.latest,
+            &self.resolvers.latest,
+            &self.routers.latest,
+            &self.splitters.latest,
         ) else {
             return Some(None);
         };
+        let name = &self.req.name;
         let inputs = ChainInputs {
             proxy_defaults: proxy.as_ref(),
             service_defaults: services,
             trust_domain: &roots.trust_domain,
-            resolver: resolver.as_ref(),
-            router: router.as_ref(),
-            splitter: splitter.as_ref(),
+            resolver: named(resolvers, name),
+            router: named(routers, name),
+            splitter: named(splitters, name),
         };
         if let Some(e) = inputs.unsupported(&self.req) {
             return Some(Some(Err(e)));
@@ -393,18 +403,13 @@ impl DataSource<DiscoveryChainRequest> for CacheDiscoveryChain {
             return forward::refuse(id, tx, e, cancel).await;
         }
         let caches = &self.0.caches;
-        let entry = |kind| {
-            Input::new(caches.config_entry.watch(&ConfigEntryKey {
-                kind,
-                name: req.name.clone(),
-            }))
-        };
+        let kind = |kind| Input::new(caches.config_entries.watch(&kind));
         let inputs = ChainWatch {
             defaults: Defaults::watch(caches),
             roots: Input::new(caches.roots.watch(&RootsKey)),
-            resolver: entry(ConfigEntryKind::ServiceResolver),
-            router: entry(ConfigEntryKind::ServiceRouter),
-            splitter: entry(ConfigEntryKind::ServiceSplitter),
+            resolvers: kind(ConfigEntryKind::ServiceResolver),
+            routers: kind(ConfigEntryKind::ServiceRouter),
+            splitters: kind(ConfigEntryKind::ServiceSplitter),
             req,
         };
         forward::forward(cancel, inputs, ToState { id, tx }).await;
