@@ -127,9 +127,13 @@ impl SnapshotSource for LocalSource {
 /// service-defaults entry, as last read through the cache.
 struct Defaults {
     proxy: CacheWatch<Option<Arc<ConfigEntry>>>,
-    services: CacheWatch<Arc<Vec<Arc<ConfigEntry>>>>,
-    latest: (Option<Option<Arc<ConfigEntry>>>, Option<Arc<Vec<Arc<ConfigEntry>>>>),
+    services: CacheWatch<Entries>,
+    /// The last proxy-defaults entry (or its absence) and service-defaults entries read.
+    latest: (Option<Option<Arc<ConfigEntry>>>, Option<Entries>),
 }
+
+/// Config entries of one kind.
+type Entries = Arc<Vec<Arc<ConfigEntry>>>;
 
 impl Defaults {
     /// Waits for the next change of either entry; `false` once the cache has shut down.
