@@ -71,8 +71,8 @@ def start_agent(servers, node="node-a", data_dir=None, extra=()):
     store = ["-data-dir", str(data_dir)] if data_dir else ["-dev"]
     joins = [arg for s in servers for arg in ("-retry-join", s)]
     return Proc(
-        ["agent", "-node", node, *store, *joins, "-http-addr", "127.0.0.1:0", "-advertise", "127.0.0.1",
-         "-log-level", "warn", *extra],
+        ["agent", "-node", node, *store, *joins, "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+         "-advertise", "127.0.0.1", "-log-level", "warn", *extra],
         "meshd agent listening on http://",
     )
 

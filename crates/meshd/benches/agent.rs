@@ -124,6 +124,8 @@ fn main() {
             &server.addr,
             "-http-addr",
             "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
             "-advertise",
             "127.0.0.1",
             "-log-level",
