@@ -120,6 +120,8 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/health/service/id/{id}", get(health_by_id))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
+        .route("/v1/agent/connect/ca/roots", get(ca_roots))
+        .route("/v1/agent/connect/ca/leaf/{service}", get(ca_leaf))
         .fallback(forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(agent)
@@ -264,6 +266,95 @@ async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): P
         }
         return Ok(resp);
     }
+}
+
+/// Answers from one agent-cache entry, with Consul's index blocking: `?index=N` waits (up to
+/// `?wait`) until the entry's index passes `N`. The answer carries `X-Consul-Index`.
+async fn from_cache<T>(
+    agent: &Agent,
+    cache: &agent_cache::cache::Cache<T>,
+    key: &T::Request,
+    q: &BTreeMap<String, String>,
+) -> Result<Response, HttpError>
+where
+    T: agent_cache::cache::CacheType,
+    T::Value: Serialize,
+{
+    let wait = match q.get("wait") {
+        None => DEFAULT_WAIT,
+        Some(w) => structs::GoDuration::parse(w)
+            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
+            .0
+            .min(MAX_WAIT),
+    };
+    let min_index = match q.get("index") {
+        None => 0,
+        Some(i) => i.parse::<u64>().map_err(|_| {
+            HttpError(
+                StatusCode::BAD_REQUEST,
+                format!("invalid index parameter {i:?}: expected an unsigned integer"),
+            )
+        })?,
+    };
+    let mut watch = cache.watch(key);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut latest = None;
+    loop {
+        let next = tokio::select! {
+            next = watch.next() => next,
+            () = tokio::time::sleep_until(deadline), if latest.is_some() => break,
+            () = agent.stopping() => None,
+        };
+        match next {
+            Some(Ok(fetched)) => {
+                let done = fetched.index > min_index;
+                latest = Some(fetched);
+                if done {
+                    break;
+                }
+            }
+            Some(Err(e)) => return Err(HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+            None => {
+                return Err(HttpError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the agent is shutting down".into(),
+                ));
+            }
+        }
+    }
+    let Some(fetched) = latest else {
+        return Err(HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the agent is shutting down".into(),
+        ));
+    };
+    let mut resp = json_response(StatusCode::OK, &fetched.value);
+    if let Ok(v) = HeaderValue::from_str(&fetched.index.to_string()) {
+        resp.headers_mut().insert(structs::wire::INDEX_HEADER, v);
+    }
+    Ok(resp)
+}
+
+/// `GET /v1/agent/connect/ca/roots`: the trust bundle, from the agent cache.
+async fn ca_roots(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+    from_cache(&agent, &agent.caches().roots, &agent_cache::types::RootsKey, &q).await
+}
+
+/// `GET /v1/agent/connect/ca/leaf/:service`: the service's leaf from the agent cache — its
+/// key generated on this agent, the certificate signed by a server from a CSR (the private
+/// key never travels to or from a server).
+async fn ca_leaf(
+    State(agent): State<Agent>,
+    Path(service): Path<String>,
+    Query(q): Params,
+) -> Result<Response, HttpError> {
+    structs::validate::Validate::validate(&structs::NodeService {
+        service: service.clone(),
+        ..Default::default()
+    })
+    .map_err(|e| HttpError(StatusCode::BAD_REQUEST, e.to_string().replacen("Service", "service", 1)))?;
+    let key = agent_cache::leaf::LeafKey { service };
+    from_cache(&agent, &agent.caches().leaf, &key, &q).await
 }
 
 async fn checks(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {

@@ -25,6 +25,8 @@ struct Inner {
     checks: CheckRunner,
     persist: Option<Persistence>,
     servers: Arc<Servers>,
+    /// What this agent knows of the servers' state, shared by its proxies and its API.
+    caches: agent_cache::AgentCaches,
     syncer: Arc<Syncer>,
     /// One registration at a time: port allocation and persistence see a stable state.
     writes: tokio::sync::Mutex<()>,
@@ -69,12 +71,21 @@ impl Agent {
             },
             config.sync.clone(),
         ));
+        let caches = agent_cache::AgentCaches::new(
+            Arc::clone(&servers),
+            agent_cache::CachesConfig {
+                datacenter: config.datacenter.clone(),
+                ..agent_cache::CachesConfig::default()
+            },
+            cancel.child_token(),
+        );
         let agent = Agent(Arc::new(Inner {
             checks: CheckRunner::new(Arc::clone(&state), cancel.child_token()).with_servers(Arc::clone(&servers)),
             config,
             state,
             persist,
             servers,
+            caches,
             syncer,
             writes: tokio::sync::Mutex::new(()),
             cancel,
@@ -179,6 +190,11 @@ impl Agent {
     /// The servers.
     pub fn servers(&self) -> &Arc<Servers> {
         &self.0.servers
+    }
+
+    /// The agent cache (stopped by [`Agent::shutdown`]).
+    pub fn caches(&self) -> &agent_cache::AgentCaches {
+        &self.0.caches
     }
 
     /// True once the catalog has everything the agent has.
@@ -469,6 +485,7 @@ impl Agent {
     pub async fn shutdown(&self) {
         self.0.cancel.cancel();
         self.0.checks.shutdown().await;
+        self.0.caches.shutdown().await;
         self.0.tracker.close();
         self.0.tracker.wait().await;
         if let Err(error) = self.persist_ttl_states().await {

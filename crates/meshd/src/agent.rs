@@ -6,7 +6,7 @@
 use crate::cli::AgentArgs;
 use ::agent::config_file::FileConfig;
 use ::agent::{Agent, AgentConfig};
-use agent_cache::{AgentCaches, CachesConfig};
+use agent_cache::AgentCaches;
 use anyhow::{Context, Result, bail};
 use proxycfg::{Manager, ManagerConfig};
 use proxycfg_glue::LocalChecks;
@@ -214,14 +214,7 @@ struct AgentEngine {
 
 impl AgentEngine {
     fn start(agent: &Agent, datacenter: &str) -> Self {
-        let caches = AgentCaches::new(
-            Arc::clone(agent.servers()),
-            CachesConfig {
-                datacenter: datacenter.to_owned(),
-                ..CachesConfig::default()
-            },
-            CancellationToken::new(),
-        );
+        let caches = agent.caches().clone();
         let local = Arc::new(AgentLocal(agent.clone()));
         let manager = Manager::new(
             ManagerConfig {
@@ -255,11 +248,11 @@ impl AgentEngine {
         )
     }
 
-    /// Stops the local source (deregistering its proxies), the proxies' States, then the cache.
+    /// Stops the local source (deregistering its proxies) and the proxies' States (the cache
+    /// is the agent's, stopped with it).
     async fn shutdown(self) {
         self.source.shutdown().await;
         self.manager.shutdown().await;
-        self.caches.shutdown().await;
     }
 }
 

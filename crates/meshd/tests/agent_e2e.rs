@@ -352,6 +352,25 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
 
+    // The agent's own Connect CA endpoints answer from its cache: the leaf with the key made
+    // on the agent (which never crossed the relay), the roots with the index to block on.
+    let leaf: Value = serde_json::from_str(
+        &get(&client, &format!("{a_http}/v1/agent/connect/ca/leaf/api"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(leaf["PrivateKeyPEM"].as_str().unwrap().contains("PRIVATE KEY"));
+    assert!(leaf["ServiceURI"].as_str().unwrap().ends_with("/svc/api"), "{leaf}");
+    let roots = client
+        .get(format!("{a_http}/v1/agent/connect/ca/roots"))
+        .send()
+        .await
+        .unwrap();
+    assert!(roots.headers().contains_key("x-consul-index"));
+    let roots: Value = roots.json().await.unwrap();
+    assert_eq!(roots["Roots"].as_array().unwrap().len(), 1, "{roots}");
+
     // Everything the server sent the agents: certificates, never a private key; the agents
     // sent signing requests.
     let received = relay.received();
