@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 /// Why a fetch failed (the entry keeps its last good value).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -247,6 +247,9 @@ impl<T: CacheType> Inner<T> {
             };
             match fetched {
                 Ok(f) => {
+                    if failures > 0 {
+                        info!(after = failures, "cache fetch succeeded again");
+                    }
                     failures = 0;
                     // A server behind, or restored from a snapshot: start over at once.
                     // An answer at 0 is kept as 1: asking again at 0 would never block.
@@ -260,7 +263,12 @@ impl<T: CacheType> Inner<T> {
                     self.metrics.errors.fetch_add(1, Relaxed);
                     failures = failures.saturating_add(1);
                     let wait = schedule.delay(failures);
-                    warn!(error = %e, ?wait, "cache fetch failed; serving the last good value");
+                    // One line per streak of failures (then debug), one when it ends.
+                    if failures == 1 {
+                        warn!(error = %e, ?wait, "cache fetch failed; serving the last good value and retrying");
+                    } else {
+                        debug!(error = %e, ?wait, failures, "cache fetch failed again");
+                    }
                     // Watchers learn of a failure only while there is no good value.
                     if entry.tx.borrow().as_ref().is_none_or(|l| l.is_err()) {
                         entry.tx.send_replace(Some(Err(e)));
