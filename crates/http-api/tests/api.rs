@@ -537,3 +537,59 @@ async fn pretty_and_metrics() {
     assert_eq!(get(&app, "/v1/status/leader").await.json(), json!("127.0.0.1:8300"));
     assert_eq!(get(&app, "/v1/agent/self").await.json()["Config"]["Datacenter"], "dc1");
 }
+
+/// A CSR for `uri` (the key stays here, as on an agent).
+fn csr_for(uri: &str) -> String {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri.to_owned().try_into().unwrap())];
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+#[tokio::test]
+async fn csr_signing_returns_a_certificate_and_never_a_key() {
+    let (app, _store) = app().await;
+    let roots = get(&app, "/v1/connect/ca/roots").await.json();
+    let td = roots["TrustDomain"].as_str().unwrap().to_owned();
+    let good = put(
+        &app,
+        "/v1/internal/connect/ca/sign",
+        json!({"CSR": csr_for(&format!("spiffe://{td}/ns/default/dc/dc1/svc/web"))}),
+    )
+    .await;
+    assert_eq!(good.status, StatusCode::OK, "{}", good.body);
+    let cert = good.json();
+    assert_eq!(cert["Service"], "web");
+    assert!(cert["CertPEM"].as_str().unwrap().contains("BEGIN CERTIFICATE"));
+    assert!(!good.body.contains("PRIVATE KEY"), "{}", good.body);
+
+    for (body, says) in [
+        (
+            json!({"CSR": csr_for("spiffe://other.consul/ns/default/dc/dc1/svc/web")}),
+            "trust domain",
+        ),
+        (
+            json!({"CSR": csr_for(&format!("spiffe://{td}/ns/default/dc/dc9/svc/web"))}),
+            "datacenter",
+        ),
+        (
+            json!({"CSR": "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"}),
+            "CSR",
+        ),
+        (json!({}), "CSR: missing"),
+    ] {
+        let bad = put(&app, "/v1/internal/connect/ca/sign", body).await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+        assert!(bad.body.contains(says), "{says}: {}", bad.body);
+    }
+    let not_json = call(&app, "PUT", "/v1/internal/connect/ca/sign", "{").await;
+    assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_missing_config_entry_is_a_404_with_an_index_to_block_on() {
+    let (app, _store) = app().await;
+    let missing = get(&app, "/v1/config/service-defaults/web").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.index.is_some_and(|i| i >= 1), "404 without X-Consul-Index");
+}
