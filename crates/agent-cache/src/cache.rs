@@ -269,8 +269,14 @@ impl<T: CacheType> Inner<T> {
                     } else {
                         debug!(error = %e, ?wait, failures, "cache fetch failed again");
                     }
-                    // Watchers learn of a failure only while there is no good value.
-                    if entry.tx.borrow().as_ref().is_none_or(|l| l.is_err()) {
+                    // Watchers learn of a failure only while there is no good value, and of the
+                    // same failure once.
+                    let news = match &*entry.tx.borrow() {
+                        None => true,
+                        Some(Err(old)) => *old != e,
+                        Some(Ok(_)) => false,
+                    };
+                    if news {
                         entry.tx.send_replace(Some(Err(e)));
                     }
                     tokio::select! {

@@ -39,18 +39,29 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
 /// `GET /v1/internal/proxy-status/{proxy_id}[?node=NODE]`: what the proxy config engine holds
 /// for a proxy — who registered it, the version of its last snapshot (`null`: its data is
 /// still incomplete) and the watches failing now with their errors.
-pub fn status_router(manager: proxycfg::Manager) -> axum::Router {
+///
+/// `waiting` says why a proxy the engine does not hold is not registered yet, when its source
+/// knows (an agent's local proxy waiting for central config).
+pub fn status_router(manager: proxycfg::Manager, waiting: Waiting) -> axum::Router {
     use axum::extract::{Path, RawQuery};
     axum::Router::new().route(
         "/v1/internal/proxy-status/{proxy_id}",
         axum::routing::get(move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery| {
-            let manager = manager.clone();
-            async move { proxy_status(&manager, &proxy_id, q.as_deref()).await }
+            let (manager, waiting) = (manager.clone(), std::sync::Arc::clone(&waiting));
+            async move { proxy_status(&manager, &*waiting, &proxy_id, q.as_deref()).await }
         }),
     )
 }
 
-async fn proxy_status(manager: &proxycfg::Manager, proxy_id: &str, query: Option<&str>) -> axum::response::Response {
+/// Why a proxy is not registered yet, if its source knows.
+pub type Waiting = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+async fn proxy_status(
+    manager: &proxycfg::Manager,
+    waiting: &(dyn Fn(&str) -> Option<String> + Send + Sync),
+    proxy_id: &str,
+    query: Option<&str>,
+) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     let node = query
@@ -67,6 +78,13 @@ async fn proxy_status(manager: &proxycfg::Manager, proxy_id: &str, query: Option
     let id = match matches.as_slice() {
         [one] => one.clone(),
         [] => {
+            if let Some(reason) = waiting(proxy_id) {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("proxy {proxy_id:?}: {reason}\n"),
+                )
+                    .into_response();
+            }
             return (
                 StatusCode::NOT_FOUND,
                 format!(

@@ -44,7 +44,10 @@ pub async fn run(
     ));
     let mut api = engine.api_config(&store, &args, http_addr);
     api.liveness = Some(Arc::clone(&liveness));
-    let app = http_api::router(store.clone(), api).merge(crate::engine::status_router(engine.manager.clone()));
+    let app = http_api::router(store.clone(), api).merge(crate::engine::status_router(
+        engine.manager.clone(),
+        std::sync::Arc::new(|_: &str| None),
+    ));
     info!(%http_addr, %grpc_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
     on_ready(&Running { http_addr, grpc_addr });
 

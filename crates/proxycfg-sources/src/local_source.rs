@@ -46,6 +46,8 @@ struct Inner {
     node: String,
     /// What each registered proxy was registered with.
     registered: Mutex<HashMap<String, Arc<NodeService>>>,
+    /// Why local proxies are not registered yet (central config not read once), if so.
+    waiting: Mutex<Option<String>>,
 }
 
 /// Keeps the Manager's local registrations equal to the agent's proxies. Cheap to clone.
@@ -64,6 +66,9 @@ impl LocalSource {
             node: local.node(),
             local,
             registered: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(Some(
+                "proxy-defaults and service-defaults not read from the servers yet".into(),
+            )),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(
@@ -81,6 +86,18 @@ impl LocalSource {
         let mut ids: Vec<String> = self.inner.registered.lock().keys().cloned().collect();
         ids.sort();
         ids
+    }
+
+    /// Why `proxy_id`, a local proxy, is not registered with the Manager, if it is local and
+    /// waits: central config has not been read from the servers yet (with the last error).
+    pub fn waiting(&self, proxy_id: &str) -> Option<String> {
+        let reason = self.inner.waiting.lock().clone()?;
+        self.inner
+            .local
+            .proxies()
+            .iter()
+            .any(|p| p.service.id == proxy_id)
+            .then_some(reason)
     }
 
     /// Stops syncing and deregisters every proxy it registered.
@@ -130,6 +147,8 @@ struct Defaults {
     services: CacheWatch<Entries>,
     /// The last proxy-defaults entry (or its absence) and service-defaults entries read.
     latest: (Option<Option<Arc<ConfigEntry>>>, Option<Entries>),
+    /// The last error reading them before both were known.
+    error: Option<String>,
 }
 
 /// Config entries of one kind.
@@ -147,6 +166,7 @@ impl Defaults {
             Some(Ok(())) => true,
             Some(Err(e)) => {
                 warn!(error = %e, "cannot read proxy-defaults/service-defaults: local proxies wait for them");
+                self.error = Some(e.to_string());
                 true
             }
         }
@@ -162,11 +182,19 @@ async fn sync(inner: Arc<Inner>, caches: AgentCaches, stop: CancellationToken) {
         }),
         services: caches.config_entries.watch(&ConfigEntryKind::ServiceDefaults),
         latest: (None, None),
+        error: None,
     };
     let mut local_open = true;
     loop {
         if let (Some(proxy), Some(services)) = &defaults.latest {
+            if inner.waiting.lock().take().is_some() {
+                info!("central config read: registering the local proxies");
+            }
             apply(&inner, proxy.as_ref(), services).await;
+        } else if let Some(error) = &defaults.error {
+            *inner.waiting.lock() = Some(format!(
+                "waiting for proxy-defaults and service-defaults from the servers: {error}"
+            ));
         }
         tokio::select! {
             biased;
