@@ -130,7 +130,8 @@ fn test(extra: &[String]) -> Result<()> {
     let envoy = tools::envoy(&root)?;
 
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--locked"])
+    // Every test binary runs even when one fails: the summary counts them all.
+    cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
         .args(extra)
         .env("MESHD_ENVOY", &envoy);
     if !run_and_parse(cmd, |l| totals.add_line(l))?.success() {

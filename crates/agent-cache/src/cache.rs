@@ -12,7 +12,8 @@
 //!   entry does: index 0 never blocks); an answer at index 0 is kept as 1, since a
 //!   blocking query at 0 never blocks.
 //! - Errors back off exponentially to [`CacheConfig::max_backoff`]; the last good value keeps
-//!   being served while no server answers. Fetches of one key are at least
+//!   being served while no server answers (unless its type says it went stale, see
+//!   [`CacheType::stale`]: then the failure is reported). Fetches of one key are at least
 //!   [`CacheConfig::min_interval`] apart.
 //!
 //! Nothing here knows HTTP: the cache types in front of the servers' API do.
@@ -59,6 +60,12 @@ pub trait CacheType: Send + Sync + 'static {
         request: &Self::Request,
         min_index: u64,
     ) -> impl Future<Output = Result<Fetched<Self::Value>, FetchError>> + Send;
+
+    /// True when `value` can no longer stand in for a fresh one (a certificate about to
+    /// expire): a failed fetch is then reported to watchers even though a value exists.
+    fn stale(&self, _value: &Self::Value) -> bool {
+        false
+    }
 }
 
 /// Settings of a cache.
@@ -269,12 +276,12 @@ impl<T: CacheType> Inner<T> {
                     } else {
                         debug!(error = %e, ?wait, failures, "cache fetch failed again");
                     }
-                    // Watchers learn of a failure only while there is no good value, and of the
-                    // same failure once.
+                    // Watchers learn of a failure only while there is no usable value, and of
+                    // the same failure once.
                     let news = match &*entry.tx.borrow() {
                         None => true,
                         Some(Err(old)) => *old != e,
-                        Some(Ok(_)) => false,
+                        Some(Ok(good)) => self.ty.stale(&good.value),
                     };
                     if news {
                         entry.tx.send_replace(Some(Err(e)));

@@ -87,7 +87,7 @@ impl Leaf {
             )));
         }
         cert.private_key_pem = key_pem;
-        let renew_at = jittered_renewal(&cert);
+        let renew_at = jittered_renewal(&cert, SystemTime::now());
         info!(service, serial = %cert.serial_number, valid_before = ?cert.valid_before.0, "leaf certificate signed");
         Ok(Issued {
             cert: Arc::new(cert),
@@ -101,6 +101,11 @@ impl Leaf {
 impl CacheType for Leaf {
     type Request = LeafKey;
     type Value = Arc<IssuedCert>;
+
+    /// A certificate whose renewals have all failed, close to its expiry: the failure shows.
+    fn stale(&self, cert: &Arc<IssuedCert>) -> bool {
+        nearly_expired(cert, SystemTime::now())
+    }
 
     async fn fetch(&self, key: &LeafKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
         let mut roots_watch = self.roots.watch(&RootsKey);
@@ -169,16 +174,30 @@ pub fn signing_request(
     Ok((key.serialize_pem(), csr))
 }
 
-/// When to renew `cert`: a uniformly random point between two thirds and nine tenths of its
-/// validity, so the leaves of many agents do not all renew at once.
-fn jittered_renewal(cert: &IssuedCert) -> SystemTime {
+/// When to renew `cert`, received at `now`: a uniformly random point between two thirds and
+/// nine tenths of its validity, so the leaves of many agents do not all renew at once — but
+/// never sooner than a tenth of its life (at least a second) from now, so a clock that differs
+/// from the server's cannot make the agent sign again and again.
+fn jittered_renewal(cert: &IssuedCert, now: SystemTime) -> SystemTime {
     let life = cert
         .valid_before
         .0
         .duration_since(cert.valid_after.0)
         .unwrap_or_default();
     let fraction = 2.0 / 3.0 + fastrand::f64() * (0.9 - 2.0 / 3.0);
-    cert.valid_after.0 + Duration::from_secs_f64(life.as_secs_f64() * fraction)
+    let planned = cert.valid_after.0 + Duration::from_secs_f64(life.as_secs_f64() * fraction);
+    planned.max(now + (life / 10).max(Duration::from_secs(1)))
+}
+
+/// True once `cert` is in the last tenth of its validity: the renewals planned before that
+/// point have all failed.
+fn nearly_expired(cert: &IssuedCert, now: SystemTime) -> bool {
+    let life = cert
+        .valid_before
+        .0
+        .duration_since(cert.valid_after.0)
+        .unwrap_or_default();
+    now + life / 10 >= cert.valid_before.0
 }
 
 #[cfg(test)]
@@ -214,8 +233,27 @@ mod tests {
             ..IssuedCert::default()
         };
         for _ in 0..200 {
-            let at = jittered_renewal(&cert).duration_since(start).unwrap().as_secs_f64();
+            let at = jittered_renewal(&cert, start)
+                .duration_since(start)
+                .unwrap()
+                .as_secs_f64();
             assert!((2000.0..=2700.0).contains(&at), "{at}");
         }
+    }
+
+    #[test]
+    fn a_clock_ahead_of_the_servers_cannot_make_renewal_due_at_once() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cert = IssuedCert {
+            valid_after: structs::Timestamp(start),
+            valid_before: structs::Timestamp(start + Duration::from_secs(3000)),
+            ..IssuedCert::default()
+        };
+        // The agent's clock is past the whole validity already.
+        let now = start + Duration::from_secs(5000);
+        let at = jittered_renewal(&cert, now).duration_since(now).unwrap();
+        assert!(at >= Duration::from_secs(300), "{at:?}");
+        assert!(nearly_expired(&cert, now));
+        assert!(!nearly_expired(&cert, start + Duration::from_secs(2000)));
     }
 }

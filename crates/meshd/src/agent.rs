@@ -178,7 +178,8 @@ pub async fn run(
         }
         .instrument(info_span!("agent_http")),
     );
-    let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
+    let grpc_stop = CancellationToken::new();
+    let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, grpc_stop.clone());
     let reload_stop = stop.clone();
     let reload_agent = agent.clone();
     let config_files = args.config_file.clone();
@@ -188,8 +189,10 @@ pub async fn run(
 
     shutdown.await;
     info!("shutting down");
-    // Streams end first (they never end on their own), then the proxies and the cache.
+    // Streams end first (they never end on their own) and the xDS listener closes, then the
+    // proxies and the cache.
     engine.xds.shutdown().await;
+    grpc_stop.cancel();
     engine.shutdown().await;
     agent.shutdown().await;
     if leave_on_terminate {

@@ -48,6 +48,8 @@ struct Inner {
     registered: Mutex<HashMap<String, Arc<NodeService>>>,
     /// Why local proxies are not registered yet (central config not read once), if so.
     waiting: Mutex<Option<String>>,
+    /// Local proxies the Manager refused, with why (a kind it does not handle yet).
+    refused: Mutex<HashMap<String, String>>,
 }
 
 /// Keeps the Manager's local registrations equal to the agent's proxies. Cheap to clone.
@@ -69,6 +71,7 @@ impl LocalSource {
             waiting: Mutex::new(Some(
                 "proxy-defaults and service-defaults not read from the servers yet".into(),
             )),
+            refused: Mutex::new(HashMap::new()),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(
@@ -88,9 +91,13 @@ impl LocalSource {
         ids
     }
 
-    /// Why `proxy_id`, a local proxy, is not registered with the Manager, if it is local and
-    /// waits: central config has not been read from the servers yet (with the last error).
+    /// Why `proxy_id`, a local proxy, is not registered with the Manager, if it is local: it
+    /// waits for central config from the servers (with the last error), or the Manager
+    /// refused it.
     pub fn waiting(&self, proxy_id: &str) -> Option<String> {
+        if let Some(reason) = self.inner.refused.lock().get(proxy_id) {
+            return Some(format!("refused by the proxy config engine: {reason}"));
+        }
         let reason = self.inner.waiting.lock().clone()?;
         self.inner
             .local
@@ -133,6 +140,12 @@ impl SnapshotSource for LocalSource {
             .any(|p| p.service.id == request.proxy_id);
         if !known {
             return Err(SourceError::NotFound(request.proxy_id.to_owned()));
+        }
+        if let Some(reason) = self.inner.refused.lock().get(request.proxy_id) {
+            return Err(SourceError::Refused {
+                proxy: request.proxy_id.to_owned(),
+                reason: reason.clone(),
+            });
         }
         let id = ProxyId::new(self.inner.node.clone(), request.proxy_id.to_owned());
         // Registrations live as long as the local service, not the stream: nothing to hold.
@@ -234,6 +247,7 @@ async fn apply(inner: &Inner, proxy: Option<&Arc<ConfigEntry>>, services: &[Arc<
         .collect();
     for id in gone {
         inner.registered.lock().remove(&id);
+        inner.refused.lock().remove(&id);
         let proxy = ProxyId::new(inner.node.clone(), id);
         if inner.manager.deregister(&proxy, ProxySource::Local).await {
             info!(%proxy, "local proxy deregistered");
@@ -251,11 +265,14 @@ async fn apply(inner: &Inner, proxy: Option<&Arc<ConfigEntry>>, services: &[Arc<
         // Local registrations win over the catalog source's.
         match inner.manager.register(registration, ProxySource::Local, true).await {
             Ok(_) => {
+                inner.refused.lock().remove(&id);
                 inner.registered.lock().insert(id, service);
             }
             Err(error) => {
-                // Remembered, so the same failure is logged once per change.
+                // Remembered, so the same failure is logged once per change, and streams for
+                // the proxy are refused with it rather than left without config.
                 warn!(proxy = %id, %error, "cannot manage this local proxy");
+                inner.refused.lock().insert(id.clone(), error.to_string());
                 inner.registered.lock().insert(id, service);
             }
         }

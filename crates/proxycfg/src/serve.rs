@@ -31,6 +31,14 @@ pub enum SourceError {
     /// The id names proxies on several nodes and the request did not say which.
     #[error("proxy {0:?} is registered on several nodes: set node_name in the bootstrap metadata")]
     Ambiguous(String),
+    /// The proxy is registered with the source, but the engine cannot manage it.
+    #[error("proxy {proxy:?} cannot be served: {reason}")]
+    Refused {
+        /// The proxy.
+        proxy: String,
+        /// Why (for example a kind not supported yet).
+        reason: String,
+    },
 }
 
 /// Where a consumer gets snapshots for the proxies it serves.

@@ -77,7 +77,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         errors,
     } = params;
     let (tx, mut rx) = mpsc::channel(event_buffer.max(1));
-    let mut watches = Watches::new(tx, cancel.child_token(), Arc::clone(&metrics));
+    let mut watches = Watches::new(tx, cancel.child_token(), Arc::clone(&metrics), Arc::clone(&errors));
     let kind = handler.initialize(&mut watches);
     // Versions keep increasing across rebuilds of the same proxy.
     let version = slot.borrow().as_ref().map_or(0, |s| s.version);

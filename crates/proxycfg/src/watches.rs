@@ -44,6 +44,8 @@ pub struct Watches {
     state_cancel: CancellationToken,
     next_generation: u64,
     metrics: Arc<Metrics>,
+    /// The proxy's failing watches: a cancelled watch's error goes with it.
+    errors: crate::state::WatchErrors,
 }
 
 type NotifyFuture = crate::WatchFuture<'static>;
@@ -82,7 +84,12 @@ impl Drop for WatchTask {
 }
 
 impl Watches {
-    pub(crate) fn new(tx: mpsc::Sender<Box<UpdateEvent>>, cancel: CancellationToken, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Box<UpdateEvent>>,
+        cancel: CancellationToken,
+        metrics: Arc<Metrics>,
+        errors: crate::state::WatchErrors,
+    ) -> Self {
         Self {
             tasks: FuturesUnordered::new(),
             running: HashMap::new(),
@@ -90,6 +97,7 @@ impl Watches {
             state_cancel: cancel,
             next_generation: 1,
             metrics,
+            errors,
         }
     }
 
@@ -135,6 +143,10 @@ impl Watches {
         match self.running.remove(id) {
             Some(r) => {
                 r.abort.abort();
+                let mut errors = self.errors.lock();
+                if !errors.is_empty() {
+                    errors.remove(&id.to_string());
+                }
                 debug!(%id, "watch cancelled");
                 true
             }

@@ -241,7 +241,9 @@ async fn leaving_the_desired_set_stops_with_sigint_and_an_unchanged_set_writes_n
         dir.path(),
         "polite.sh",
         &format!(
-            "trap 'echo INT >> {}; exit 0' INT\nwhile :; do sleep 0.05; done",
+            // `wait` is interrupted by a trapped signal at once; a foreground `sleep` is not,
+            // and a shell may then drop the signal when the sleep exits normally.
+            "trap 'echo INT >> {}; exit 0' INT\nwhile :; do sleep 0.05 & wait $!; done",
             got.display()
         ),
     );

@@ -127,7 +127,7 @@ fn status_of(error: &SourceError) -> Status {
     match error {
         SourceError::MissingProxyId => Status::invalid_argument(message),
         SourceError::NotFound(_) => Status::not_found(message),
-        SourceError::Ambiguous(_) => Status::failed_precondition(message),
+        SourceError::Ambiguous(_) | SourceError::Refused { .. } => Status::failed_precondition(message),
     }
 }
 

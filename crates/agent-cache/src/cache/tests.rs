@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 struct Scripted {
     answers: Mutex<VecDeque<Result<Fetched<u32>, FetchError>>>,
     calls: Mutex<Vec<(u64, Instant)>>,
+    /// Values at or above this are stale (`CacheType::stale`).
+    stale_from: Option<u32>,
 }
 
 impl Scripted {
@@ -17,6 +19,7 @@ impl Scripted {
         Self {
             answers: Mutex::new(answers.into()),
             calls: Mutex::new(Vec::new()),
+            stale_from: None,
         }
     }
 }
@@ -32,6 +35,10 @@ impl CacheType for Arc<Scripted> {
             Some(answer) => answer,
             None => std::future::pending().await,
         }
+    }
+
+    fn stale(&self, value: &u32) -> bool {
+        self.stale_from.is_some_and(|from| *value >= from)
     }
 }
 
@@ -133,6 +140,32 @@ async fn failures_back_off_and_keep_the_last_good_value() {
     );
     assert_eq!(c.metrics().errors.load(Relaxed), 4);
     assert_eq!(c.metrics().fetches.load(Relaxed), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_is_reported_once_the_last_good_value_is_stale() {
+    let fail = || Err(FetchError("the server refused the CSR".into()));
+    // Values from 100 on are stale.
+    let s = Arc::new(Scripted {
+        stale_from: Some(100),
+        ..Scripted::with(vec![ok(1, 3), fail(), ok(100, 4), fail(), fail(), ok(2, 5)])
+    });
+    let c = cache(&s, CacheConfig::default());
+    let mut w = c.watch(&"leaf");
+    let mut seen = Vec::new();
+    loop {
+        let next = w.next().await.unwrap();
+        let done = matches!(next, Ok(Fetched { value: 2, .. }));
+        seen.push(next.map(|f| f.value).map_err(|e| e.0));
+        if done {
+            break;
+        }
+    }
+    assert_eq!(seen.first(), Some(&Ok(1)), "{seen:?}");
+    let errors: Vec<usize> = (0..seen.len()).filter(|i| seen[*i].is_err()).collect();
+    // The failure behind a fresh value stays hidden; behind a stale one it shows, once.
+    assert_eq!(errors.len(), 1, "{seen:?}");
+    assert_eq!(seen.last(), Some(&Ok(2)));
 }
 
 #[tokio::test(start_paused = true)]
