@@ -47,6 +47,15 @@ pub struct FileConfig {
     /// Deregister the node on SIGINT/SIGTERM.
     #[serde(rename = "LeaveOnTerminate")]
     pub leave_on_terminate: Option<bool>,
+    /// Run `Connect.SidecarService` sidecars as managed proxies.
+    #[serde(rename = "ManagedSidecars")]
+    pub managed_sidecars: Option<bool>,
+    /// Run managed proxies even as root.
+    #[serde(rename = "AllowManagedRoot")]
+    pub allow_managed_root: Option<bool>,
+    /// The Envoy binary managed proxies run.
+    #[serde(rename = "EnvoyBinary")]
+    pub envoy_binary: Option<PathBuf>,
     /// Services to register.
     #[serde(rename = "Services")]
     pub services: Vec<ServiceDefinition>,

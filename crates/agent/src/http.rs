@@ -121,6 +121,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
         .route("/v1/agent/connect/ca/roots", get(ca_roots))
+        .route("/v1/agent/connect/proxy/{id}", get(managed_proxy))
         .route("/v1/agent/connect/ca/leaf/{service}", get(ca_leaf))
         .fallback(forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -179,8 +180,60 @@ fn agent_service(agent: &Agent, s: &LocalService) -> Value {
             m.remove("Connect");
         }
         m.insert("Datacenter".into(), Value::String(agent.config().datacenter.clone()));
+        if let Some(managed) = &s.managed {
+            m.insert("ManagedProxy".into(), managed_view(agent, &s.service.id, managed));
+        }
     }
     v
+}
+
+/// A managed proxy: how it runs and its status (pid, state, restarts, last exit).
+fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Managed) -> Value {
+    let status = agent.managed().map_or_else(
+        || json!({"State": "not started", "Error": "this agent does not run managed proxies"}),
+        |m| {
+            m.status(id).map_or_else(
+                || json!({"State": "starting"}),
+                |st| serde_json::to_value(st).unwrap_or(Value::Null),
+            )
+        },
+    );
+    json!({
+        "ExecMode": "daemon",
+        "Command": if managed.command.is_empty() { json!("meshd connect envoy (default)") } else { json!(managed.command) },
+        "Status": status,
+    })
+}
+
+/// `GET /v1/agent/connect/proxy/:id` (Consul 1.4's managed-proxy endpoint): the proxy's
+/// registration as the agent runs it, and its status.
+async fn managed_proxy(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+    let Some(s) = agent.state().service(&id) else {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            format!("unknown proxy service ID: {id}"),
+        ));
+    };
+    let Some(managed) = &s.managed else {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            format!("service {id} is not a proxy this agent runs"),
+        ));
+    };
+    let mut view = managed_view(&agent, &id, managed);
+    if let Value::Object(m) = &mut view {
+        m.insert("ProxyServiceID".into(), Value::String(id.clone()));
+        m.insert(
+            "TargetServiceID".into(),
+            Value::String(s.service.proxy.destination_service_id.clone()),
+        );
+        m.insert(
+            "TargetServiceName".into(),
+            Value::String(s.service.proxy.destination_service_name.clone()),
+        );
+        m.insert("Config".into(), Value::Object(s.service.proxy.config.clone()));
+    }
+    Ok(json_response(StatusCode::OK, &view))
 }
 
 fn agent_check(c: &HealthCheck) -> Value {

@@ -5,6 +5,7 @@
 //! - [`sidecar`]: service definitions made concrete (`Connect.SidecarService` expansion).
 //! - [`persist`]: registrations on disk under the data dir.
 //! - [`checks`]: TTL, HTTP, TCP and alias checks, one task each.
+//! - [`managed`]: proxies the agent runs itself (Consul 1.4's managed proxies).
 //! - [`sync`]: anti-entropy against the servers' catalog API.
 //! - [`runtime`]: the [`Agent`] tying them together (with the liveness heartbeat).
 //! - [`config_file`]: `-config-file` JSON.
@@ -16,6 +17,7 @@ pub mod checks;
 pub mod config_file;
 pub mod http;
 pub mod local;
+pub mod managed;
 pub mod persist;
 pub mod runtime;
 pub mod sidecar;

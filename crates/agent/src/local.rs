@@ -34,8 +34,19 @@ pub struct LocalService {
     pub sidecar_of: Option<String>,
     /// Where it came from.
     pub source: Source,
+    /// For a proxy the agent runs itself: how (see [`crate::managed`]).
+    pub managed: Option<Managed>,
     generation: u64,
     synced: u64,
+}
+
+/// A proxy the agent runs: the command given with the registration, or (empty) the default,
+/// `meshd connect envoy` against this agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Managed {
+    /// The program and its arguments; empty for the default.
+    #[serde(rename = "Command", default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
 }
 
 /// A registered check.
@@ -56,12 +67,19 @@ pub struct LocalCheck {
 }
 
 impl LocalService {
+    /// The same, run by the agent when `managed` says how.
+    pub fn with_managed(mut self, managed: Option<Managed>) -> Self {
+        self.managed = managed;
+        self
+    }
+
     /// A service not yet seen by the catalog.
     pub fn new(service: NodeService, sidecar_of: Option<String>, source: Source) -> Self {
         Self {
             service,
             sidecar_of,
             source,
+            managed: None,
             generation: 0,
             synced: 0,
         }

@@ -20,6 +20,9 @@ pub struct PersistedService {
     /// The parent of a sidecar.
     #[serde(rename = "SidecarOf", default, skip_serializing_if = "Option::is_none")]
     pub sidecar_of: Option<String>,
+    /// For a proxy the agent runs: how.
+    #[serde(rename = "Managed", default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<crate::local::Managed>,
 }
 
 /// A persisted check.
@@ -139,6 +142,7 @@ mod tests {
                     ..NodeService::default()
                 },
                 sidecar_of: None,
+                managed: None,
             })
             .unwrap();
         }

@@ -27,6 +27,8 @@ struct Inner {
     servers: Arc<Servers>,
     /// What this agent knows of the servers' state, shared by its proxies and its API.
     caches: agent_cache::AgentCaches,
+    /// The proxies it runs itself, once started ([`Agent::start_managed`]).
+    managed: std::sync::OnceLock<crate::managed::ManagedProxies>,
     syncer: Arc<Syncer>,
     /// One registration at a time: port allocation and persistence see a stable state.
     writes: tokio::sync::Mutex<()>,
@@ -86,6 +88,7 @@ impl Agent {
             persist,
             servers,
             caches,
+            managed: std::sync::OnceLock::new(),
             syncer,
             writes: tokio::sync::Mutex::new(()),
             cancel,
@@ -124,7 +127,7 @@ impl Agent {
         let node = self.0.config.node.clone();
         let services: Vec<LocalService> = services
             .into_iter()
-            .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api))
+            .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api).with_managed(p.managed))
             .collect();
         let mut loaded = Vec::new();
         // A check of a service that is not persisted (one from a config file) is kept: the
@@ -192,6 +195,25 @@ impl Agent {
         &self.0.servers
     }
 
+    /// Starts running the managed proxies of the local state (once the agent's addresses
+    /// are known: the default command points the proxies at them). A second call does nothing.
+    pub fn start_managed(&self, config: crate::managed::ManagedConfig) -> Result<(), crate::managed::ManagedError> {
+        if self.0.managed.get().is_some() {
+            return Ok(());
+        }
+        let managed = crate::managed::ManagedProxies::start(Arc::clone(&self.0.state), config)?;
+        if let Err(extra) = self.0.managed.set(managed) {
+            // Started twice concurrently: the first one stands.
+            drop(extra);
+        }
+        Ok(())
+    }
+
+    /// The managed proxies, once started.
+    pub fn managed(&self) -> Option<&crate::managed::ManagedProxies> {
+        self.0.managed.get()
+    }
+
     /// The agent cache (stopped by [`Agent::shutdown`]).
     pub fn caches(&self) -> &agent_cache::AgentCaches {
         &self.0.caches
@@ -213,7 +235,7 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let _write = self.0.writes.lock().await;
         // Only a sidecar needs the node's ports; a bulk load of plain services stays linear.
-        let ports = if def.connect.sidecar_service.is_some() {
+        let ports = if def.connect.sidecar_service.is_some() || def.connect.proxy.is_some() {
             self.0.state.ports()
         } else {
             BTreeMap::new()
@@ -225,7 +247,14 @@ impl Agent {
         let mut keep_ids: Vec<String> = vec![parent_id.clone()];
         if let Some((proxy, checks)) = expanded.sidecar {
             keep_ids.push(proxy.id.clone());
-            services.push(LocalService::new(proxy, Some(parent_id.clone()), source));
+            // Consul 1.4's `Connect.Proxy` is always run by the agent; a sidecar is when the
+            // agent manages sidecars (`-managed-sidecars`).
+            let managed = match expanded.managed {
+                Some(command) => Some(crate::local::Managed { command }),
+                None if self.0.config.managed_sidecars => Some(crate::local::Managed::default()),
+                None => None,
+            };
+            services.push(LocalService::new(proxy, Some(parent_id.clone()), source).with_managed(managed));
             new_checks.extend(checks);
         }
         // A sidecar dropped from the definition goes with its registration.
@@ -290,6 +319,7 @@ impl Agent {
             .map(|s| PersistedService {
                 service: s.service.clone(),
                 sidecar_of: s.sidecar_of.clone(),
+                managed: s.managed.clone(),
             })
             .collect();
         let checks: Vec<PersistedCheck> = checks
@@ -484,6 +514,9 @@ impl Agent {
     /// status (each gets a full TTL after the restart to be reported again).
     pub async fn shutdown(&self) {
         self.0.cancel.cancel();
+        if let Some(managed) = self.0.managed.get() {
+            managed.shutdown().await;
+        }
         self.0.checks.shutdown().await;
         self.0.caches.shutdown().await;
         self.0.tracker.close();

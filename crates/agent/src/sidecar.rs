@@ -13,6 +13,9 @@ use structs::{GoDuration, HealthCheck, HealthStatus, NodeService, Problem, Servi
 /// Suffix of a sidecar's id and name.
 pub const SIDECAR_SUFFIX: &str = "-sidecar-proxy";
 
+/// Suffix of a managed proxy's id and name (Consul 1.4's `Connect.Proxy`).
+pub const MANAGED_SUFFIX: &str = "-proxy";
+
 /// Where a sidecar's local service address defaults to.
 const LOCAL_ADDRESS: &str = "127.0.0.1";
 
@@ -34,8 +37,11 @@ pub struct Expanded {
     pub service: NodeService,
     /// Its checks.
     pub checks: Vec<NewCheck>,
-    /// The sidecar with its checks, when the definition asked for one.
+    /// The sidecar with its checks, when the definition asked for one (`Connect.SidecarService`
+    /// or Consul 1.4's `Connect.Proxy`).
     pub sidecar: Option<(NodeService, Vec<NewCheck>)>,
+    /// For `Connect.Proxy`: the command the agent runs the proxy with (empty: the default).
+    pub managed: Option<Vec<String>>,
 }
 
 /// Expands `def` against the ports of the services already registered on this node, by id
@@ -48,16 +54,33 @@ pub fn expand(
     def.validate()?;
     let service = def.node_service();
     let checks = build_checks(&service, def.all_checks().collect())?;
-    let sidecar = match &def.connect.sidecar_service {
-        None => None,
-        Some(sc) => {
+    let mut managed = None;
+    let sidecar = match (&def.connect.sidecar_service, &def.connect.proxy) {
+        (Some(sc), _) => {
             Some(expand_sidecar(&service, sc, existing, ports).map_err(|e| e.within("Connect.SidecarService"))?)
         }
+        (None, Some(proxy)) => {
+            // Consul 1.4: the proxy instance is `<id>-proxy`, named `<name>-proxy`.
+            let sc = ServiceDefinition {
+                id: format!("{}{MANAGED_SUFFIX}", service.id),
+                name: format!("{}{MANAGED_SUFFIX}", service.service),
+                proxy: structs::ConnectProxyConfig {
+                    config: proxy.config.clone(),
+                    upstreams: proxy.upstreams.clone(),
+                    ..Default::default()
+                },
+                ..ServiceDefinition::default()
+            };
+            managed = Some(proxy.command.clone());
+            Some(expand_sidecar(&service, &sc, existing, ports).map_err(|e| e.within("Connect.Proxy"))?)
+        }
+        (None, None) => None,
     };
     Ok(Expanded {
         service,
         checks,
         sidecar,
+        managed,
     })
 }
 

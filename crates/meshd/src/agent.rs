@@ -49,6 +49,8 @@ struct Settings {
     http_addr: SocketAddr,
     grpc_addr: SocketAddr,
     leave_on_terminate: bool,
+    allow_managed_root: bool,
+    envoy_binary: Option<PathBuf>,
     file: FileConfig,
 }
 
@@ -106,6 +108,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             full_interval: args.sync_interval,
             ..::agent::SyncConfig::default()
         },
+        managed_sidecars: args.managed_sidecars || file.managed_sidecars.unwrap_or(false),
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {
@@ -116,6 +119,8 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         http_addr,
         grpc_addr,
         leave_on_terminate: args.leave_on_terminate.or(file.leave_on_terminate).unwrap_or(true),
+        allow_managed_root: args.allow_managed_root || file.allow_managed_root.unwrap_or(false),
+        envoy_binary: args.envoy_binary.clone().or_else(|| file.envoy_binary.clone()),
         file,
     })
 }
@@ -141,6 +146,8 @@ pub async fn run(
         http_addr,
         grpc_addr,
         leave_on_terminate,
+        allow_managed_root,
+        envoy_binary,
         file,
     } = loaded?;
     let listener = TcpListener::bind(http_addr)
@@ -159,6 +166,19 @@ pub async fn run(
         bail!("config files: {e}");
     }
     let engine = AgentEngine::start(&agent, &datacenter);
+    let managed = ::agent::managed::ManagedConfig {
+        data_dir: agent.config().data_dir.clone(),
+        allow_root: allow_managed_root,
+        program: std::env::current_exe().context("locating the meshd binary for managed proxies")?,
+        http_addr,
+        grpc_addr,
+        envoy_binary,
+        drain_time: std::time::Duration::from_secs(2),
+    };
+    if let Err(e) = agent.start_managed(managed) {
+        agent.shutdown().await;
+        bail!("managed proxies: {e}");
+    }
     info!(%http_addr, %grpc_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready");
     on_ready(&RunningAgent { http_addr, grpc_addr });
 

@@ -72,6 +72,16 @@ pub struct AgentArgs {
     /// Deregister the node from the catalog on SIGINT/SIGTERM (default true).
     #[arg(long = "leave-on-terminate", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub leave_on_terminate: Option<bool>,
+    /// Run the sidecars of `Connect.SidecarService` registrations as managed proxies (Consul
+    /// 1.4's `Connect.Proxy` registrations always are).
+    #[arg(long = "managed-sidecars")]
+    pub managed_sidecars: bool,
+    /// Run managed proxies even when the agent runs as root.
+    #[arg(long = "allow-managed-root")]
+    pub allow_managed_root: bool,
+    /// The Envoy binary managed proxies run (default: `envoy` from `PATH`).
+    #[arg(long = "envoy-binary", value_name = "PATH")]
+    pub envoy_binary: Option<PathBuf>,
 }
 
 /// `meshd connect` subcommands.

@@ -105,6 +105,7 @@ impl ServiceDefinition {
             connect: ServiceConnect {
                 native: self.connect.native,
                 sidecar_service: None,
+                proxy: None,
             },
             ..NodeService::default()
         }
@@ -150,6 +151,21 @@ impl Validate for ServiceDefinition {
                 ));
             }
             validate_sidecar(sidecar).map_err(|e| e.within("Connect.SidecarService"))?;
+        }
+        if let Some(managed) = &self.connect.proxy {
+            let conflict = if self.kind != ServiceKind::Typical {
+                Some("for proxies and gateways")
+            } else if self.connect.native {
+                Some("together with Connect.Native")
+            } else if self.connect.sidecar_service.is_some() {
+                Some("together with Connect.SidecarService")
+            } else {
+                None
+            };
+            if let Some(why) = conflict {
+                return Err(ValidationError::new("Connect.Proxy", Problem::NotAllowed(why)));
+            }
+            managed.validate().map_err(|e| e.within("Connect.Proxy"))?;
         }
         self.node_service().validate().map_err(definition_field)?;
         for (at, check) in self.all_checks() {
@@ -515,3 +531,56 @@ impl CheckType {
 
 #[cfg(test)]
 mod tests;
+
+/// A managed proxy in Consul 1.4's shape (`Connect.Proxy` of a service registration): the
+/// agent registers a `connect-proxy` instance `<id>-proxy` for the service and runs the proxy
+/// process itself (`ExecMode` `daemon`, the only mode meshd runs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManagedProxyDefinition {
+    /// `daemon` (or empty, the default). `script` is refused.
+    #[serde(rename = "ExecMode", skip_serializing_if = "String::is_empty")]
+    pub exec_mode: String,
+    /// The program and its arguments (empty: `meshd connect envoy` against this agent).
+    #[serde(rename = "Command", skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Opaque proxy configuration (becomes the proxy instance's `Proxy.Config`).
+    #[serde(rename = "Config", skip_serializing_if = "serde_json::Map::is_empty")]
+    pub config: crate::proxy::OpaqueConfig,
+    /// Upstreams of the proxy.
+    #[serde(rename = "Upstreams", skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<crate::Upstream>,
+}
+
+impl Validate for ManagedProxyDefinition {
+    fn validate(&self) -> Result<(), ValidationError> {
+        match self.exec_mode.as_str() {
+            "" | "daemon" => {}
+            "script" => {
+                return Err(ValidationError::new(
+                    "ExecMode",
+                    Problem::Invalid("\"script\": script proxies are not supported; use \"daemon\"".into()),
+                ));
+            }
+            other => {
+                return Err(ValidationError::new(
+                    "ExecMode",
+                    Problem::Invalid(format!("{other:?}: expected \"daemon\"")),
+                ));
+            }
+        }
+        if let Some(i) = self.command.iter().position(|a| a.contains('\0')) {
+            return Err(ValidationError::new(
+                format!("Command[{i}]"),
+                Problem::Invalid("contains a NUL byte".into()),
+            ));
+        }
+        if self.command.first().is_some_and(String::is_empty) {
+            return Err(ValidationError::new(
+                "Command[0]",
+                Problem::Invalid("the program is empty".into()),
+            ));
+        }
+        Ok(())
+    }
+}

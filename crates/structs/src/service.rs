@@ -125,6 +125,10 @@ pub struct ServiceConnect {
     /// [`crate::agent::ServiceDefinition`]).
     #[serde(rename = "SidecarService", skip_serializing_if = "Option::is_none")]
     pub sidecar_service: Option<Box<crate::agent::ServiceDefinition>>,
+    /// A proxy the agent registers (`<id>-proxy`) and runs itself, in Consul 1.4's shape
+    /// (agent registrations only; see [`crate::agent::ManagedProxyDefinition`]).
+    #[serde(rename = "Proxy", skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<Box<crate::agent::ManagedProxyDefinition>>,
 }
 
 /// One service instance on a node, as the catalog stores it.

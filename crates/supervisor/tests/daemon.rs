@@ -186,7 +186,8 @@ async fn restore_re_adopts_a_running_daemon_without_restarting_it_and_restarts_i
         next_event(&mut ev2).await,
         DaemonEvent::Exited {
             id: "api-proxy".into(),
-            pid
+            pid,
+            status: None,
         }
     );
     let DaemonEvent::Started { pid: pid2, attempt, .. } = next_event(&mut ev2).await else {

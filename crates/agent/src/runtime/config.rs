@@ -31,6 +31,9 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// How often critical checks are looked at for `DeregisterCriticalServiceAfter`.
     pub reap_interval: Duration,
+    /// Run the sidecars of `Connect.SidecarService` registrations as managed proxies
+    /// (Consul 1.4's `Connect.Proxy` registrations always are).
+    pub managed_sidecars: bool,
 }
 
 impl Default for AgentConfig {
@@ -46,6 +49,7 @@ impl Default for AgentConfig {
             sync: SyncConfig::default(),
             heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
+            managed_sidecars: false,
         }
     }
 }

@@ -65,15 +65,17 @@ pub(super) async fn keep_alive(
             Running::Child(c) => c.id().unwrap_or_default(),
             Running::Adopted(w) => w.id().pid,
         };
-        let exited = match &mut proc {
+        // How it ended: known for our own children; an adopted process is watched through a
+        // pidfd, which tells that it ended, not how.
+        let (exited, how) = match &mut proc {
             Running::Child(c) => tokio::select! {
-                _ = c.wait() => true,
-                _ = stop.cancelled() => { stop_child(c, Signal::INT, ctx.stop_grace).await; false }
+                status = c.wait() => (true, status.ok().map(|s| s.to_string())),
+                _ = stop.cancelled() => { stop_child(c, Signal::INT, ctx.stop_grace).await; (false, None) }
                 _ = leave.cancelled() => return,
             },
             Running::Adopted(w) => tokio::select! {
-                _ = w.exited() => true,
-                _ = stop.cancelled() => { stop_watched(w, Signal::INT, ctx.stop_grace).await; false }
+                _ = w.exited() => (true, None),
+                _ = stop.cancelled() => { stop_watched(w, Signal::INT, ctx.stop_grace).await; (false, None) }
                 _ = leave.cancelled() => return,
             },
         };
@@ -84,10 +86,11 @@ pub(super) async fn keep_alive(
             let _ = ctx.events.send(DaemonEvent::Stopped { id: ctx.id.clone() });
             return;
         }
-        tracing::warn!(id = %ctx.id, pid, "daemon exited; restarting");
+        tracing::warn!(id = %ctx.id, pid, status = how.as_deref().unwrap_or("unknown"), "daemon exited; restarting");
         let _ = ctx.events.send(DaemonEvent::Exited {
             id: ctx.id.clone(),
             pid,
+            status: how,
         });
     }
 }

@@ -115,6 +115,9 @@ pub enum DaemonEvent {
         id: String,
         /// The process that exited.
         pid: u32,
+        /// How it ended (`exit status: 1`, `signal: 9 (SIGKILL)`), when known: an adopted
+        /// process's exit status cannot be read.
+        status: Option<String>,
     },
     /// The daemon could not be started (it will be retried with back-off).
     Failed {
