@@ -62,6 +62,10 @@ pub struct LocalCheck {
     pub source: Source,
     /// Since when it has been critical.
     pub critical_since: Option<Instant>,
+    /// Whether its runner has reported a result yet. Until then (an agent just started, the
+    /// check loaded from disk or a config file) it takes the catalog's status in the first
+    /// sync rather than pushing its initial one: a restart does not flap a healthy service.
+    ran: bool,
     generation: u64,
     synced: u64,
 }
@@ -96,6 +100,7 @@ impl LocalCheck {
             kind,
             source,
             critical_since,
+            ran: false,
             generation: 0,
             synced: 0,
         }
@@ -289,6 +294,7 @@ impl LocalState {
                 return false;
             };
             let output = cap_output(output, output_limit(c.definition.as_ref()));
+            c.ran = true;
             if c.check.status == status {
                 c.check.output = output;
                 false
@@ -487,6 +493,25 @@ impl LocalState {
             }
         }
         for (id, c) in inner.checks.iter_mut() {
+            // A check that has not run since the agent started keeps the status the catalog
+            // has for it (the same check), instead of pushing its initial one.
+            if let Some(r) = remote_chks.get(id.as_str())
+                && !c.ran
+                && c.kind.is_some()
+                && c.check.status != r.status
+                && same_check(
+                    &HealthCheck {
+                        status: r.status,
+                        output: r.output.clone(),
+                        ..c.check.clone()
+                    },
+                    r,
+                )
+            {
+                c.check.status = r.status;
+                c.check.output.clone_from(&r.output);
+                c.critical_since = (r.status == HealthStatus::Critical).then(Instant::now);
+            }
             c.synced = match remote_chks.get(id.as_str()) {
                 Some(r) if same_check(&c.check, r) => c.generation,
                 _ => 0,

@@ -267,12 +267,12 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
-            args.push(
-                run_dir
-                    .join(atomic_file::file_name_for(id))
-                    .to_string_lossy()
-                    .into_owned(),
-            );
+            let dir = run_dir.join(atomic_file::file_name_for(id));
+            // A base id stable for this proxy of this agent: a proxy restarted after a crash
+            // (or a kill) removes the shared memory the previous Envoy left behind.
+            args.push(dir.to_string_lossy().into_owned());
+            args.push("-base-id".into());
+            args.push(base_id(&dir).to_string());
             if let Some(envoy) = &config.envoy_binary {
                 args.push("-envoy-binary".into());
                 args.push(envoy.to_string_lossy().into_owned());
@@ -288,6 +288,17 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
         token: String::new(),
         sidecar_for: parent.to_owned(),
     }
+}
+
+/// Envoy's hot-restart base id for the proxy whose run dir is `dir` (FNV-1a: stable across
+/// builds; Envoy names shared memory after base id × 10, so it stays well inside `u32`).
+fn base_id(dir: &std::path::Path) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir.to_string_lossy().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    1 + u32::try_from(h % 400_000_000).unwrap_or(0)
 }
 
 /// Keeps the daemon manager's desired set equal to the local state's managed proxies.
@@ -415,8 +426,11 @@ mod tests {
         assert_eq!(d.command, PathBuf::from("/usr/bin/meshd"));
         assert_eq!(
             d.args.join(" "),
-            "connect envoy -proxy-id web-sidecar-proxy -http-addr 127.0.0.1:8500 -grpc-addr 127.0.0.1:8502 \
-             -admin-bind 127.0.0.1:0 -drain-time 2000ms -run-dir /d/run/web-sidecar-proxy -envoy-binary /opt/envoy"
+            format!(
+                "connect envoy -proxy-id web-sidecar-proxy -http-addr 127.0.0.1:8500 -grpc-addr 127.0.0.1:8502 \
+             -admin-bind 127.0.0.1:0 -drain-time 2000ms -run-dir /d/run/web-sidecar-proxy -base-id {} -envoy-binary /opt/envoy",
+                base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
+            )
         );
         assert!(d.token.is_empty() && !d.args.iter().any(|a| a.contains("token")));
         assert_eq!(d.sidecar_for, "web");

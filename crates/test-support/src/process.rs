@@ -26,7 +26,7 @@ where
 {
     let (child, http, grpc) = start(
         bin,
-        "server",
+        ["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"],
         args,
         "meshd server listening on ",
         "meshd xds listening on ",
@@ -41,9 +41,19 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    start_agent_at(bin, "127.0.0.1:0", "127.0.0.1:0", args)
+}
+
+/// Starts `bin agent` with its HTTP API on `http` and xDS on `grpc` (fixed addresses, for an
+/// agent that restarts where it was), with `args` added; waits for its ready lines.
+pub fn start_agent_at<I, S>(bin: &Path, http: &str, grpc: &str, args: I) -> ServerProcess
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let (child, http, grpc) = start(
         bin,
-        "agent",
+        ["agent", "-http-addr", http, "-grpc-addr", grpc],
         args,
         "meshd agent listening on ",
         "meshd agent xds listening on ",
@@ -51,13 +61,14 @@ where
     ServerProcess { child, http, grpc }
 }
 
-fn start<I, S>(bin: &Path, mode: &str, args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
+fn start<I, S>(bin: &Path, head: [&str; 5], args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    let mode = head[0];
     let mut child = Command::new(bin)
-        .args([mode, "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"])
+        .args(head)
         .args(args)
         .stdout(Stdio::piped())
         .spawn()
