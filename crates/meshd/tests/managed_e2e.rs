@@ -294,7 +294,10 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     assert_eq!(v["Status"]["Restarts"], 1, "{v}");
     // (Adopted by this agent, so only that it ended is known, not how.)
     assert!(
-        v["Status"]["LastExit"].as_str().unwrap().contains(&format!("pid {api_daemon}")),
+        v["Status"]["LastExit"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {api_daemon}")),
         "{v}"
     );
     wait_for("the new Envoy LIVE", || async {
@@ -304,6 +307,39 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     })
     .await;
     assert_eq!(wait_for("traffic again", || get(&client, &through_mesh)).await, "api-1");
+
+    // A proxy whose program does not exist: accepted, its status says why, retried with
+    // back-off, and the other proxies go on.
+    put(
+        &client,
+        &a.url("/v1/agent/service/register"),
+        json!({"Name": "batch", "Port": free_port(), "Connect": {"Proxy": {
+            "ExecMode": "daemon", "Command": ["/nonexistent/proxy-binary", "-x"]}}}),
+    )
+    .await;
+    let failed_status = wait_for("the missing program reported", || async {
+        let v = a.proxy(&client, "batch-proxy").await?;
+        (v["Status"]["State"] == "failed").then_some(v)
+    })
+    .await;
+    assert!(
+        failed_status["Status"]["Error"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/proxy-binary"),
+        "{failed_status}"
+    );
+    assert_eq!(get(&client, &through_mesh).await.as_deref(), Some("api-1"));
+    // What meshd cannot run is refused at registration, naming the field.
+    let script = client
+        .put(a.url("/v1/agent/service/register"))
+        .json(&json!({"Name": "cron", "Connect": {"Proxy": {"ExecMode": "script"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(script.status(), reqwest::StatusCode::BAD_REQUEST);
+    assert!(script.text().await.unwrap().contains("Connect.Proxy.ExecMode"));
+    put(&client, &a.url("/v1/agent/service/deregister/batch"), json!(null)).await;
 
     // Deregistered: the proxy and its Envoy are gone within 6 s, with their files.
     let envoy_now = envoy_of(restarted).unwrap();
