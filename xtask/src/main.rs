@@ -49,6 +49,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("agent", "meshd", "agent_cache"),
     ("xds", "meshd", "xds"),
     ("supervisor", "supervisor", "hot_restart"),
+    ("supervisor", "meshd", "managed"),
 ];
 
 /// Totals of the `test result:` lines of a cargo test run.
