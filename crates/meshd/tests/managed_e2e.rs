@@ -308,6 +308,22 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     .await;
     assert_eq!(wait_for("traffic again", || get(&client, &through_mesh)).await, "api-1");
 
+    // The Envoy itself killed: its proxy process starts a new one, LIVE again.
+    let killed_envoy = envoy_of(restarted).unwrap();
+    supervisor::process::signal(killed_envoy, rustix::process::Signal::KILL).unwrap();
+    wait_for("a new Envoy LIVE", || async {
+        let fresh = envoy_of(restarted).filter(|p| *p != killed_envoy)?;
+        let admin = std::fs::read_to_string(a_dir.join("proxies/run/api-sidecar-proxy/admin-0.addr")).ok()?;
+        let ready = get(&client, &format!("http://{}/ready", admin.trim())).await?;
+        (ready.trim() == "LIVE").then_some(fresh)
+    })
+    .await;
+    assert_eq!(daemon_pid(&client, &a, "api-sidecar-proxy").await, Some(restarted));
+    assert_eq!(
+        wait_for("traffic once more", || get(&client, &through_mesh)).await,
+        "api-1"
+    );
+
     // A proxy whose program does not exist: accepted, its status says why, retried with
     // back-off, and the other proxies go on.
     put(
