@@ -42,11 +42,24 @@ pub struct LocalService {
 
 /// A proxy the agent runs: the command given with the registration, or (empty) the default,
 /// `meshd connect envoy` against this agent.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Managed {
     /// The program and its arguments; empty for the default.
     #[serde(rename = "Command", default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// The proxy's token (the registration's), handed to it as `CONNECT_PROXY_TOKEN`. Kept
+    /// with the registration on disk (0600), never printed.
+    #[serde(rename = "Token", default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+}
+
+impl std::fmt::Debug for Managed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Managed")
+            .field("command", &self.command)
+            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .finish()
+    }
 }
 
 /// A registered check.

@@ -284,8 +284,8 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
         command,
         args,
         env: BTreeMap::new(),
-        // ACL tokens arrive with the ACL system; the variable is already set (empty).
-        token: String::new(),
+        // The registration's token (enforced once ACLs exist); in the environment only.
+        token: managed.token.clone(),
         sidecar_for: parent.to_owned(),
     }
 }
@@ -416,12 +416,16 @@ mod tests {
             envoy_binary: Some("/opt/envoy".into()),
             drain_time: std::time::Duration::from_secs(2),
         };
+        let with_token = Managed {
+            command: Vec::new(),
+            token: "s3cr3t".into(),
+        };
         let d = spec(
             &config,
             std::path::Path::new("/d/run"),
             "web-sidecar-proxy",
             "web",
-            &Managed::default(),
+            &with_token,
         );
         assert_eq!(d.command, PathBuf::from("/usr/bin/meshd"));
         assert_eq!(
@@ -432,10 +436,13 @@ mod tests {
                 base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
             )
         );
-        assert!(d.token.is_empty() && !d.args.iter().any(|a| a.contains("token")));
+        assert_eq!(d.token, "s3cr3t", "handed over in CONNECT_PROXY_TOKEN");
+        assert!(!d.args.iter().any(|a| a.contains("s3cr3t") || a.contains("token")));
+        assert!(!format!("{with_token:?}").contains("s3cr3t"), "never printed");
         assert_eq!(d.sidecar_for, "web");
         let custom = Managed {
             command: vec!["/bin/proxy".into(), "-v".into()],
+            token: String::new(),
         };
         let d = spec(&config, std::path::Path::new("/d/run"), "web-proxy", "web", &custom);
         assert_eq!(

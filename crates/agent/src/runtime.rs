@@ -249,9 +249,20 @@ impl Agent {
             keep_ids.push(proxy.id.clone());
             // Consul 1.4's `Connect.Proxy` is always run by the agent; a sidecar is when the
             // agent manages sidecars (`-managed-sidecars`).
+            // The proxy's token: the sidecar's own, else the registration's.
+            let token = def
+                .connect
+                .sidecar_service
+                .as_ref()
+                .map(|sc| sc.token.clone())
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| def.token.clone());
             let managed = match expanded.managed {
-                Some(command) => Some(crate::local::Managed { command }),
-                None if self.0.config.managed_sidecars => Some(crate::local::Managed::default()),
+                Some(command) => Some(crate::local::Managed { command, token }),
+                None if self.0.config.managed_sidecars => Some(crate::local::Managed {
+                    command: Vec::new(),
+                    token,
+                }),
                 None => None,
             };
             services.push(LocalService::new(proxy, Some(parent_id.clone()), source).with_managed(managed));

@@ -113,7 +113,8 @@ pub struct EnvoyArgs {
     /// Envoy's admin interface.
     #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
     pub admin_bind: SocketAddr,
-    /// ACL token for the proxy's xDS stream.
+    /// ACL token for the proxy's xDS stream (default: `CONNECT_PROXY_TOKEN` from the
+    /// environment, as a managed proxy gets it).
     #[arg(
         long = "token",
         value_name = "TOKEN",

@@ -137,6 +137,8 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
             .with_context(|| format!("cannot read -token-file {}", path.display()))?
             .trim()
             .to_owned(),
+        // A proxy the agent runs gets its token in the environment, never on the command line.
+        None if args.token.is_empty() => std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default(),
         None => args.token.clone(),
     };
     let cfg = BootstrapConfig {
