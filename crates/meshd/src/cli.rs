@@ -18,7 +18,7 @@ pub enum Command {
     /// Run a server: the catalog, the built-in CA, the HTTP API and the xDS server.
     #[cfg(feature = "server")]
     Server(ServerArgs),
-    /// Run an agent: local services and checks, synced to the servers; the local HTTP API.
+    /// Run an agent: local services and checks, synced to the servers; the local HTTP API; xDS and managed proxies for this host.
     #[cfg(feature = "agent")]
     Agent(AgentArgs),
     /// Connect proxies to the mesh.
