@@ -165,7 +165,11 @@ pub async fn run(
         agent.shutdown().await;
         bail!("config files: {e}");
     }
-    let engine = AgentEngine::start(&agent, &datacenter);
+    let engine = AgentEngine::start(
+        &agent,
+        &datacenter,
+        crate::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+    );
     let managed = ::agent::managed::ManagedConfig {
         data_dir: agent.config().data_dir.clone(),
         allow_root: allow_managed_root,
@@ -239,7 +243,7 @@ struct AgentEngine {
 }
 
 impl AgentEngine {
-    fn start(agent: &Agent, datacenter: &str) -> Self {
+    fn start(agent: &Agent, datacenter: &str, admission: xds::Admission) -> Self {
         let caches = agent.caches().clone();
         let local = Arc::new(AgentLocal(agent.clone()));
         let manager = Manager::new(
@@ -250,7 +254,7 @@ impl AgentEngine {
             proxycfg_glue::cache_data_sources(caches.clone(), Arc::clone(&local) as Arc<dyn LocalChecks>),
         );
         let source = LocalSource::start(manager.clone(), local, caches.clone());
-        let xds = XdsServer::new(Arc::new(source.clone()));
+        let xds = XdsServer::with_admission(Arc::new(source.clone()), admission);
         Self {
             caches,
             manager,

@@ -72,6 +72,13 @@ pub struct AgentArgs {
     /// Deregister the node from the catalog on SIGINT/SIGTERM (default true).
     #[arg(long = "leave-on-terminate", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub leave_on_terminate: Option<bool>,
+    /// Most xDS streams open at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000)]
+    pub xds_max_streams: usize,
+    /// New xDS streams set up per second (a second's worth at once); a reconnect storm is
+    /// paced to it.
+    #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_setup_rate: u32,
     /// Run the sidecars of `Connect.SidecarService` registrations as managed proxies (Consul
     /// 1.4's `Connect.Proxy` registrations always are).
     #[arg(long = "managed-sidecars")]
@@ -182,6 +189,13 @@ pub struct ServerArgs {
     /// Log level filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Most xDS streams open at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000)]
+    pub xds_max_streams: usize,
+    /// New xDS streams set up per second (a second's worth at once); a reconnect storm is
+    /// paced to it.
+    #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_setup_rate: u32,
     /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
     #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub node_liveness_timeout: std::time::Duration,

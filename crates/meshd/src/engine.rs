@@ -28,6 +28,15 @@ pub fn serve_xds(
     )
 }
 
+/// The xDS admission control the flags ask for.
+pub fn admission(max_streams: usize, setup_rate: u32) -> xds::Admission {
+    xds::Admission {
+        max_streams,
+        setup_rate: f64::from(setup_rate),
+        setup_burst: setup_rate,
+    }
+}
+
 /// The engine's metrics: the xDS server's, then the Manager's.
 pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> prometheus_client::registry::Registry {
     let mut registry = prometheus_client::registry::Registry::default();

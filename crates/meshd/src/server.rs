@@ -33,7 +33,11 @@ pub async fn run(
     let store = open_store(&args).await?;
     let (listener, http_addr) = bind(args.http_addr, "").await?;
     let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
-    let engine = Engine::start(store.clone(), &args.datacenter);
+    let engine = Engine::start(
+        store.clone(),
+        &args.datacenter,
+        crate::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+    );
     let liveness = Arc::new(catalog::liveness::Liveness::new(
         store.clone(),
         catalog::liveness::LivenessConfig {
@@ -126,7 +130,7 @@ struct Engine {
 }
 
 impl Engine {
-    fn start(store: Store, datacenter: &str) -> Self {
+    fn start(store: Store, datacenter: &str, admission: xds::Admission) -> Self {
         let followers = tokio_util::task::TaskTracker::new();
         let manager = Manager::new(
             ManagerConfig {
@@ -136,7 +140,7 @@ impl Engine {
             proxycfg_glue::server_data_sources_tracked(store.clone(), &followers),
         );
         let source = CatalogSource::new(store, manager.clone());
-        let xds = XdsServer::new(Arc::new(source.clone()));
+        let xds = XdsServer::with_admission(Arc::new(source.clone()), admission);
         Self {
             followers,
             manager,

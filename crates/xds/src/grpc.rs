@@ -70,7 +70,7 @@ where
     type Future = std::future::Ready<Result<Response<Self::ResponseStream>, Status>>;
 
     fn call(&mut self, request: Request<Streaming<P::Request>>) -> Self::Future {
-        std::future::ready(Ok(self.0.open::<P>(request)))
+        std::future::ready(self.0.open::<P>(request))
     }
 }
 

@@ -19,7 +19,7 @@ pub mod versioned;
 pub use grpc::{AdsService, BUFFER_BYTES};
 pub use metrics::XdsMetrics;
 pub use proxycfg::SnapshotSource;
-pub use server::XdsServer;
+pub use server::{Admission, XdsServer};
 
 /// Envoy's node, as streams identify themselves.
 pub use envoy_types::pb::envoy::config::core::v3::Node;

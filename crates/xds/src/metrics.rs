@@ -23,6 +23,8 @@ const BUCKETS_MS: [u64; 10] = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 #[derive(Debug, Default)]
 pub struct XdsMetrics {
     streams: Gauge,
+    refused: Counter,
+    paced: Counter,
     responses: PerType,
     nacks: PerType,
     ack: AckHistogram,
@@ -120,6 +122,20 @@ impl XdsMetrics {
     pub(crate) fn stream_closed(&self) {
         self.streams.dec();
     }
+    pub(crate) fn stream_refused(&self) {
+        self.refused.inc();
+    }
+    pub(crate) fn stream_paced(&self) {
+        self.paced.inc();
+    }
+    /// Streams refused at the limit so far.
+    pub fn streams_refused(&self) -> u64 {
+        self.refused.get()
+    }
+    /// Streams whose setup waited for the pace so far.
+    pub fn streams_paced(&self) -> u64 {
+        self.paced.get()
+    }
     pub(crate) fn response(&self, type_url: &str) {
         self.responses.inc(type_url);
     }
@@ -150,6 +166,16 @@ impl XdsMetrics {
     /// without `_total`, which it adds too.
     pub fn register(&self, registry: &mut Registry) {
         registry.register("meshd_xds_streams", "Open ADS streams", self.streams.clone());
+        registry.register(
+            "meshd_xds_streams_refused",
+            "ADS streams refused with RESOURCE_EXHAUSTED at the stream limit",
+            self.refused.clone(),
+        );
+        registry.register(
+            "meshd_xds_streams_paced",
+            "ADS streams whose setup waited for the setup rate",
+            self.paced.clone(),
+        );
         registry.register(
             "meshd_xds_responses",
             "xDS responses sent, by type",

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use proxycfg::{ConfigSnapshot, ProxyRequest, SnapshotSource, SourceError, WatchEvent, Watcher};
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::time::Instant;
 use tokio_stream::Stream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -24,9 +25,71 @@ use tracing::{Instrument, debug, info_span, trace, warn};
 /// Resources built for one snapshot (both held weakly: the cache never keeps either alive).
 type Built = (Weak<ConfigSnapshot>, Weak<VersionedResources>);
 
+/// Admission control: how many streams may be open at once, and how fast new ones are set
+/// up (a reconnect storm is paced, not served all at once).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admission {
+    /// Streams open at once; a stream past it fails with `RESOURCE_EXHAUSTED` (its proxy
+    /// retries, or goes to another server).
+    pub max_streams: usize,
+    /// New streams set up per second, on average.
+    pub setup_rate: f64,
+    /// New streams set up at once before the rate applies.
+    pub setup_burst: u32,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self {
+            max_streams: 20_000,
+            setup_rate: 1_000.0,
+            setup_burst: 1_000,
+        }
+    }
+}
+
+/// Paces stream setup (a generic cell rate algorithm: the theoretical arrival time of the next
+/// stream advances by one interval per stream; up to `burst` intervals of it may be ahead).
+struct Pacer {
+    interval: Duration,
+    burst: Duration,
+    tat: parking_lot::Mutex<Option<Instant>>,
+}
+
+impl Pacer {
+    fn new(a: &Admission) -> Self {
+        let interval = if a.setup_rate > 0.0 {
+            Duration::from_secs_f64(1.0 / a.setup_rate)
+        } else {
+            Duration::ZERO
+        };
+        Self {
+            interval,
+            burst: interval * a.setup_burst.max(1),
+            tat: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// When the next stream may be set up (now, or later under a storm).
+    fn slot(&self) -> Instant {
+        let now = Instant::now();
+        let mut tat = self.tat.lock();
+        let current = tat.map_or(now, |t| t.max(now));
+        *tat = Some(current + self.interval);
+        (current + self.interval)
+            .checked_sub(self.burst)
+            .filter(|at| *at > now)
+            .unwrap_or(now)
+    }
+}
+
 struct Inner {
     source: Arc<dyn SnapshotSource>,
     metrics: Arc<XdsMetrics>,
+    admission: Admission,
+    pacer: Pacer,
+    /// Streams open now (admitted and not yet ended).
+    open: Arc<std::sync::atomic::AtomicUsize>,
     /// Resources built per snapshot, shared by every stream of that proxy.
     built: Mutex<SweptMap<usize, Built>>,
     /// Resources shared between proxies (load assignments of shared endpoints).
@@ -43,11 +106,19 @@ pub struct XdsServer {
 }
 
 impl XdsServer {
-    /// A server over `source`.
+    /// A server over `source`, with the default admission control.
     pub fn new(source: Arc<dyn SnapshotSource>) -> Self {
+        Self::with_admission(source, Admission::default())
+    }
+
+    /// A server over `source` admitting streams as `admission` says.
+    pub fn with_admission(source: Arc<dyn SnapshotSource>, admission: Admission) -> Self {
         Self {
             inner: Arc::new(Inner {
                 source,
+                pacer: Pacer::new(&admission),
+                admission,
+                open: Arc::default(),
                 metrics: Arc::new(XdsMetrics::default()),
                 built: Mutex::new(SweptMap::default()),
                 shared: crate::resources::SharedEncodings::default(),
@@ -139,19 +210,24 @@ fn token<T>(req: &Request<T>) -> String {
         .to_owned()
 }
 
-/// Counts a stream while its task runs.
-struct OpenStream(Arc<XdsMetrics>);
+/// Counts a stream while it is open (the gauge, and the admission count).
+struct OpenStream(Arc<XdsMetrics>, Arc<std::sync::atomic::AtomicUsize>);
 
 impl OpenStream {
-    fn new(m: &Arc<XdsMetrics>) -> Self {
+    /// Admits one more stream unless `max` are open.
+    fn admit(m: &Arc<XdsMetrics>, open: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Self> {
+        use std::sync::atomic::Ordering;
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()?;
         m.stream_opened();
-        Self(Arc::clone(m))
+        Some(Self(Arc::clone(m), Arc::clone(open)))
     }
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
         self.0.stream_closed();
+        self.1.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -300,6 +376,15 @@ where
     /// Reads the first request: its node names the proxy to follow. `Err(None)` when the
     /// proxy hung up first, `Err(Some(status))` when the stream must fail with `status`.
     async fn first(&mut self) -> Result<Following, Option<Status>> {
+        // Under a storm of new streams, setup is paced: this one waits for its slot.
+        let slot = self.inner.pacer.slot();
+        if slot > Instant::now() {
+            self.inner.metrics.stream_paced();
+            tokio::select! {
+                () = &mut self.shutdown => return Err(None),
+                () = tokio::time::sleep_until(slot) => {}
+            }
+        }
         let first = match self.requests.message().await {
             Ok(Some(r)) => r,
             _ => return Err(None),
@@ -330,11 +415,18 @@ impl XdsServer {
     pub(crate) fn open<P: Protocol>(
         &self,
         request: Request<Streaming<P::Request>>,
-    ) -> Response<ResponseStream<P::Response>>
+    ) -> Result<Response<ResponseStream<P::Response>>, Status>
     where
         P::Request: prost::Message + Default,
     {
         let inner = &self.inner;
+        let Some(open) = OpenStream::admit(&inner.metrics, &inner.open, inner.admission.max_streams) else {
+            inner.metrics.stream_refused();
+            return Err(Status::resource_exhausted(format!(
+                "this server holds its limit of {} xDS streams: retry later or another server",
+                inner.admission.max_streams
+            )));
+        };
         let driver = Driver::<P> {
             inner: Arc::clone(inner),
             token: token(&request),
@@ -347,7 +439,7 @@ impl XdsServer {
             finished: false,
             shutdown: Box::pin(inner.shutdown.clone().cancelled_owned()),
             span: info_span!("xds_stream", kind = P::KIND),
-            _open: OpenStream::new(&inner.metrics),
+            _open: open,
             _tracked: inner.tasks.token(),
         };
         let stream = futures_util::stream::unfold(driver, |mut d| async move {
@@ -355,6 +447,6 @@ impl XdsServer {
             let item = d.next().instrument(span).await?;
             Some((item, d))
         });
-        Response::new(Box::pin(stream))
+        Ok(Response::new(Box::pin(stream)))
     }
 }

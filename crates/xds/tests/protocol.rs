@@ -35,6 +35,7 @@ impl SnapshotSource for ManagerSource {
 struct Harness {
     fakes: FakeDataSources,
     addr: std::net::SocketAddr,
+    server: XdsServer,
     _manager: Manager,
 }
 
@@ -50,6 +51,10 @@ fn health(service: &str) -> HealthRequest {
 }
 
 async fn harness() -> Harness {
+    harness_with(xds::Admission::default()).await
+}
+
+async fn harness_with(admission: xds::Admission) -> Harness {
     let ca = Ca::new();
     let scenario = Scenario {
         protocol: "tcp",
@@ -75,7 +80,7 @@ async fn harness() -> Harness {
         token: String::new(),
     };
     manager.register(reg, ProxySource::Local, false).await.unwrap();
-    let server = XdsServer::new(Arc::new(ManagerSource(manager.clone())));
+    let server = XdsServer::with_admission(Arc::new(ManagerSource(manager.clone())), admission);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = server.service();
@@ -88,6 +93,7 @@ async fn harness() -> Harness {
     Harness {
         fakes,
         addr,
+        server,
         _manager: manager,
     }
 }
@@ -350,4 +356,76 @@ async fn sotw_ack_nack_and_stale_nonce() {
     let eds2 = s.recv().await;
     assert_ne!(eds2.version_info, eds.version_info);
     assert_eq!(eds2.type_url, ENDPOINT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_the_limit_are_refused_with_resource_exhausted() {
+    let h = harness_with(xds::Admission {
+        max_streams: 1,
+        ..xds::Admission::default()
+    })
+    .await;
+    let mut first = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    assert_eq!(first.recv().await.type_url, CLUSTER);
+    // The second is refused at once, with a reason.
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", h.addr))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(sub(CLUSTER, &[])).await.unwrap();
+    let refused = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(refused.message().contains("limit of 1"), "{}", refused.message());
+    assert_eq!(h.server.metrics().streams_refused(), 1);
+    // Once the first ends, a new stream is admitted.
+    drop(first);
+    let mut again = None;
+    for _ in 0..100 {
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(sub(CLUSTER, &[])).await.unwrap();
+        if let Ok(r) = client.delta_aggregated_resources(ReceiverStream::new(rx)).await {
+            again = Some((tx, r.into_inner()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_tx, mut stream) = again.expect("a stream admitted after the first closed");
+    let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.unwrap().type_url, CLUSTER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_new_streams_is_paced() {
+    let h = harness_with(xds::Admission {
+        setup_rate: 20.0,
+        setup_burst: 2,
+        ..xds::Admission::default()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let mut opened = Vec::new();
+    for _ in 0..6 {
+        opened.push(tokio::spawn(async move {
+            let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+            s.recv().await;
+            s
+        }));
+    }
+    let mut streams = Vec::new();
+    for o in opened {
+        streams.push(o.await.unwrap());
+    }
+    // Two at once, then one every 50 ms: the last is set up at least 200 ms in.
+    assert_eq!(h.server.metrics().streams_paced(), 4);
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        started.elapsed()
+    );
 }
