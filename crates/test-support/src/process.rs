@@ -34,6 +34,23 @@ where
     ServerProcess { child, http, grpc }
 }
 
+/// Starts `bin server` with its HTTP API on `http` and xDS on `grpc` (fixed addresses, for a
+/// server that restarts where it was), with `args` added; waits for its ready lines.
+pub fn start_server_at<I, S>(bin: &Path, http: &str, grpc: &str, args: I) -> ServerProcess
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let (child, http, grpc) = start(
+        bin,
+        ["server", "-http-addr", http, "-grpc-addr", grpc],
+        args,
+        "meshd server listening on ",
+        "meshd xds listening on ",
+    );
+    ServerProcess { child, http, grpc }
+}
+
 /// Starts `bin agent` on `127.0.0.1:0` for both listeners with `args` added (`-retry-join`,
 /// `-node`, `-dev`...), and waits for its ready lines.
 pub fn start_agent<I, S>(bin: &Path, args: I) -> ServerProcess
