@@ -10,7 +10,8 @@
 //! Opening replays the newest readable snapshot, then every record after its index. A torn
 //! or corrupt frame at the end of the newest segment (a crash mid-write) is cut off: it was
 //! never acknowledged. Damage anywhere else stops the open with an error rather than
-//! silently losing acknowledged writes.
+//! silently losing acknowledged writes; so does an unreadable snapshot, unless an older one
+//! and the log still reach its index (the error names the file).
 
 use crate::state::{Change, PersistedState, State};
 use serde::{Deserialize, Serialize};
@@ -129,21 +130,27 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
     dir.join(format!("snapshot-{:020}.json", index.0))
 }
 
-/// The newest readable snapshot of `dir`, or an empty state (an unreadable snapshot is
-/// skipped with a warning: older ones and the log still hold its writes).
-fn load_snapshot(dir: &Path) -> Result<State, StoreError> {
-    for (_, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
+/// The newest readable snapshot of `dir` (or an empty state), and the newer snapshots that
+/// could not be read, with why. Skipping one is safe only when the log still holds every
+/// write it had; [`Wal::open`] checks that.
+fn load_snapshot(dir: &Path) -> Result<(State, Vec<(u64, PathBuf, String)>), StoreError> {
+    let mut unreadable = Vec::new();
+    for (index, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
         let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
         let (frames, _) = read_frames(&bytes);
-        let parsed = frames
-            .first()
-            .and_then(|p| serde_json::from_slice::<PersistedState>(p).ok());
-        if let Some(p) = parsed {
-            return Ok(State::from_persisted(p));
+        let parsed = match frames.first() {
+            None => Err("no complete frame".to_owned()),
+            Some(p) => serde_json::from_slice::<PersistedState>(p).map_err(|e| e.to_string()),
+        };
+        match parsed {
+            Ok(p) => return Ok((State::from_persisted(p), unreadable)),
+            Err(why) => {
+                tracing::warn!(path = %path.display(), %why, "unreadable snapshot: trying an older one with the log");
+                unreadable.push((index, path, why));
+            }
         }
-        tracing::warn!(path = %path.display(), "skipping unreadable snapshot");
     }
-    Ok(State::default())
+    Ok((State::default(), unreadable))
 }
 
 /// Applies the records of one log segment that `state` does not have yet; returns how many.
@@ -214,11 +221,33 @@ impl Wal {
             .map_err(io_err("opening LOCK"))?;
         lock.try_lock().map_err(|_| StoreError::Locked(dir.to_owned()))?;
 
-        let mut state = load_snapshot(dir)?;
+        let (mut state, unreadable) = load_snapshot(dir)?;
         let segments = numbered(dir, "wal-", ".log")?;
+        // An unreadable snapshot was skipped: the log must continue from what was loaded and
+        // reach at least as far as that snapshot did, else writes it held are gone. Never
+        // start with less.
+        let lost = |reached: Index| {
+            unreadable.first().map(|(index, path, why)| {
+                StoreError::Corrupt(format!(
+                    "snapshot {} cannot be read ({why}), and the older snapshots and the log reach \
+                     only index {reached} of its {index}: starting would lose acknowledged writes",
+                    path.display()
+                ))
+            })
+        };
+        if segments.first().is_some_and(|(first, _)| *first > state.index.0 + 1)
+            && let Some(e) = lost(state.index)
+        {
+            return Err(e);
+        }
         let mut replayed = 0u64;
         for (i, (_, path)) in segments.iter().enumerate() {
             replayed += replay_segment(path, i + 1 == segments.len(), &mut state)?;
+        }
+        if unreadable.first().is_some_and(|(index, _, _)| state.index.0 < *index)
+            && let Some(e) = lost(state.index)
+        {
+            return Err(e);
         }
 
         let path = match segments.last() {

@@ -567,3 +567,45 @@ async fn subscribers_of_one_topic_share_one_payload_until_it_changes() {
     assert!(Arc::ptr_eq(&published, &hd));
     drop(b);
 }
+
+#[tokio::test]
+async fn an_unreadable_snapshot_is_refused_by_name_unless_the_log_covers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = disk_store(dir.path(), 5).await;
+        for i in 0..10u16 {
+            store
+                .write(register(
+                    &format!("n{i}"),
+                    "10.0.0.1",
+                    Some(service("api", 8000 + i)),
+                    vec![],
+                ))
+                .await
+                .unwrap();
+        }
+        store.close().await;
+    }
+    let snapshots: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("snapshot-"))
+        .collect();
+    assert_eq!(snapshots.len(), 1, "{snapshots:?}");
+    // Damage the only snapshot: the log no longer holds what it covered.
+    std::fs::write(&snapshots[0], b"{ not a snapshot").unwrap();
+    let err = Store::open(StoreConfig {
+        data_dir: Some(dir.path().to_owned()),
+        snapshot_every: 5,
+        ..StoreConfig::default()
+    })
+    .await
+    .err()
+    .expect("a damaged snapshot must not open as less");
+    let text = err.to_string();
+    assert!(
+        text.contains(snapshots[0].file_name().unwrap().to_str().unwrap()),
+        "names the file: {text}"
+    );
+    assert!(text.contains("lose acknowledged writes"), "{text}");
+}
