@@ -130,10 +130,13 @@ fn snapshot_path(dir: &Path, index: Index) -> PathBuf {
     dir.join(format!("snapshot-{:020}.json", index.0))
 }
 
+/// A snapshot that could not be read: its index, its file, and why.
+type Unreadable = (u64, PathBuf, String);
+
 /// The newest readable snapshot of `dir` (or an empty state), and the newer snapshots that
 /// could not be read, with why. Skipping one is safe only when the log still holds every
 /// write it had; [`Wal::open`] checks that.
-fn load_snapshot(dir: &Path) -> Result<(State, Vec<(u64, PathBuf, String)>), StoreError> {
+fn load_snapshot(dir: &Path) -> Result<(State, Vec<Unreadable>), StoreError> {
     let mut unreadable = Vec::new();
     for (index, path) in numbered(dir, "snapshot-", ".json")?.into_iter().rev() {
         let bytes = fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
