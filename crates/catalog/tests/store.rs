@@ -600,8 +600,7 @@ async fn an_unreadable_snapshot_is_refused_by_name_unless_the_log_covers_it() {
         ..StoreConfig::default()
     })
     .await
-    .err()
-    .expect("a damaged snapshot must not open as less");
+    .expect_err("a damaged snapshot must not open as less");
     let text = err.to_string();
     assert!(
         text.contains(snapshots[0].file_name().unwrap().to_str().unwrap()),
