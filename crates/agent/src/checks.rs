@@ -440,6 +440,13 @@ pub fn alias_status(checks: &[HealthCheck]) -> (HealthStatus, String) {
 async fn run_alias(state: Arc<LocalState>, id: String, service: String, stop: CancellationToken) {
     let mut changes = state.subscribe();
     loop {
+        if state.alias_pending(&service, &id) {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            continue;
+        }
         let (status, output) = match state.alias_view(&service, &id) {
             None => (
                 HealthStatus::Critical,

@@ -53,6 +53,9 @@ pub struct FileConfig {
     /// Run managed proxies even as root.
     #[serde(rename = "AllowManagedRoot")]
     pub allow_managed_root: Option<bool>,
+    /// Accept `Connect.Proxy.Command` from the HTTP API (config files may always set it).
+    #[serde(rename = "AllowManagedAPIRegistration", alias = "AllowManagedApiRegistration")]
+    pub allow_managed_api_registration: Option<bool>,
     /// The Envoy binary managed proxies run.
     #[serde(rename = "EnvoyBinary")]
     pub envoy_binary: Option<PathBuf>,
@@ -116,7 +119,8 @@ impl FileConfig {
         macro_rules! later_wins {
             ($($f:ident)*) => {$( if other.$f.is_some() { self.$f = other.$f; } )*};
         }
-        later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate);
+        later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
+            managed_sidecars allow_managed_root allow_managed_api_registration envoy_binary);
         self.retry_join.extend(other.retry_join);
         self.node_meta.extend(other.node_meta);
         self.services.extend(other.service);

@@ -154,6 +154,9 @@ struct Inner {
     deleted_services: BTreeSet<String>,
     deleted_checks: BTreeSet<String>,
     generation: u64,
+    /// Whether a full sync has compared with the catalog yet (checks adopt the catalog's
+    /// status in that first one only).
+    reconciled: bool,
 }
 
 impl Inner {
@@ -458,6 +461,18 @@ impl LocalState {
         )
     }
 
+    /// True while an alias of `service` has nothing to say yet: before the first sync, a check
+    /// of the service has not run (it may still take the catalog's status). The alias then
+    /// keeps its own status rather than pushing one computed from initial statuses.
+    pub fn alias_pending(&self, service: &str, exclude: &str) -> bool {
+        let inner = self.inner.lock();
+        !inner.reconciled
+            && inner
+                .checks
+                .values()
+                .any(|c| c.check.check_id != exclude && c.check.service_id == service && !c.ran && c.kind.is_some())
+    }
+
     /// Records that the catalog has the service as of `generation` (ignored if it changed since).
     pub fn mark_service_synced(&self, id: &str, generation: u64) {
         if let Some(s) = self.inner.lock().services.get_mut(id)
@@ -505,10 +520,15 @@ impl LocalState {
                 None => s.synced = 0,
             }
         }
+        // Checks registered before the first sync (loaded from disk or config files at start)
+        // that have not run yet keep the status the catalog has for them (the same check),
+        // instead of pushing their initial one: a restart does not flap a healthy service.
+        let first = !inner.reconciled;
+        inner.reconciled = true;
+        let mut adopted = false;
         for (id, c) in inner.checks.iter_mut() {
-            // A check that has not run since the agent started keeps the status the catalog
-            // has for it (the same check), instead of pushing its initial one.
             if let Some(r) = remote_chks.get(id.as_str())
+                && first
                 && !c.ran
                 && c.kind.is_some()
                 && c.check.status != r.status
@@ -524,6 +544,7 @@ impl LocalState {
                 c.check.status = r.status;
                 c.check.output.clone_from(&r.output);
                 c.critical_since = (r.status == HealthStatus::Critical).then(Instant::now);
+                adopted = true;
             }
             c.synced = match remote_chks.get(id.as_str()) {
                 Some(r) if same_check(&c.check, r) => c.generation,
@@ -547,6 +568,11 @@ impl LocalState {
             .collect();
         inner.deleted_services.extend(gone_services);
         inner.deleted_checks.extend(gone_checks);
+        drop(inner);
+        if adopted || first {
+            // Alias checks waited for this first comparison; they follow what they alias.
+            self.changed();
+        }
     }
 }
 

@@ -49,8 +49,8 @@ pub struct ManagedConfig {
 /// What the agent knows of one managed proxy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ProxyStatus {
-    /// `starting`, `running`, `restarting` (exited, waiting for its back-off), `failed`
-    /// (cannot start; retried with back-off) or `stopped`.
+    /// `starting`, `running`, `restarting` (exited, waiting for its back-off) or `failed`
+    /// (cannot start; retried with back-off).
     #[serde(rename = "State")]
     pub state: String,
     /// The proxy process (`meshd connect envoy`, or the `Command`), when one runs.
@@ -118,6 +118,8 @@ impl ManagedProxies {
         let (tx, rx) = mpsc::channel(4);
         let options = ManagerOptions {
             allow_root: config.allow_root,
+            // With -dev the proxies go with the agent, even when it is killed.
+            tied: temp.is_some(),
             ..ManagerOptions::new(dir.join("daemons"))
         };
         let handle = supervisor::daemon::Manager::start(options, rx)?;
@@ -328,6 +330,9 @@ async fn follow(
         if last.as_ref() != Some(&desired) {
             {
                 let mut st = status.lock();
+                // A proxy that left the set has no status any more (one stopped while waiting
+                // for its back-off sends no event).
+                st.retain(|id, _| desired.contains_key(id));
                 for id in desired.keys() {
                     st.entry(id.clone()).or_insert_with(|| ProxyStatus {
                         state: "starting".into(),

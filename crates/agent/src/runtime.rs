@@ -233,6 +233,19 @@ impl Agent {
         source: Source,
         replace_existing_checks: bool,
     ) -> Result<(), AgentError> {
+        if source == Source::Api
+            && !self.0.config.allow_managed_api_registration
+            && def.connect.proxy.as_ref().is_some_and(|p| !p.command.is_empty())
+        {
+            return Err(AgentError::Invalid(structs::ValidationError::new(
+                "Connect.Proxy.Command",
+                structs::Problem::Invalid(
+                    "a command for a managed proxy is accepted from the HTTP API only when the agent \
+                     allows it (-allow-managed-api-registration); config files may set one"
+                        .into(),
+                ),
+            )));
+        }
         let _write = self.0.writes.lock().await;
         // Only a sidecar needs the node's ports; a bulk load of plain services stays linear.
         let ports = if def.connect.sidecar_service.is_some() || def.connect.proxy.is_some() {

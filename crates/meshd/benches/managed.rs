@@ -211,7 +211,8 @@ async fn main() {
             .await;
     }
     let t0 = Instant::now();
-    while !processes_under(&data).is_empty() && t0.elapsed() < Duration::from_secs(20) {
+    let agent_pid = agent.id();
+    while processes_under(&data).iter().any(|p| *p != agent_pid) && t0.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop(&mut agent, false);

@@ -109,6 +109,8 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             ..::agent::SyncConfig::default()
         },
         managed_sidecars: args.managed_sidecars || file.managed_sidecars.unwrap_or(false),
+        allow_managed_api_registration: args.allow_managed_api_registration
+            || file.allow_managed_api_registration.unwrap_or(false),
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {

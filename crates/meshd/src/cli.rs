@@ -73,8 +73,8 @@ pub struct AgentArgs {
     #[arg(long = "leave-on-terminate", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub leave_on_terminate: Option<bool>,
     /// Most xDS streams open at once; more are refused with RESOURCE_EXHAUSTED.
-    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000)]
-    pub xds_max_streams: usize,
+    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_max_streams: u32,
     /// New xDS streams set up per second (a second's worth at once); a reconnect storm is
     /// paced to it.
     #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -86,6 +86,11 @@ pub struct AgentArgs {
     /// Run managed proxies even when the agent runs as root.
     #[arg(long = "allow-managed-root")]
     pub allow_managed_root: bool,
+    /// Accept a managed proxy's `Connect.Proxy.Command` from the HTTP API (anyone who can
+    /// reach the API could otherwise make the agent run a program); config files may always
+    /// set one.
+    #[arg(long = "allow-managed-api-registration")]
+    pub allow_managed_api_registration: bool,
     /// The Envoy binary managed proxies run (default: `envoy` from `PATH`).
     #[arg(long = "envoy-binary", value_name = "PATH")]
     pub envoy_binary: Option<PathBuf>,
@@ -190,8 +195,8 @@ pub struct ServerArgs {
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
     /// Most xDS streams open at once; more are refused with RESOURCE_EXHAUSTED.
-    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000)]
-    pub xds_max_streams: usize,
+    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_max_streams: u32,
     /// New xDS streams set up per second (a second's worth at once); a reconnect storm is
     /// paced to it.
     #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]

@@ -29,9 +29,9 @@ pub fn serve_xds(
 }
 
 /// The xDS admission control the flags ask for.
-pub fn admission(max_streams: usize, setup_rate: u32) -> xds::Admission {
+pub fn admission(max_streams: u32, setup_rate: u32) -> xds::Admission {
     xds::Admission {
-        max_streams,
+        max_streams: usize::try_from(max_streams).unwrap_or(usize::MAX),
         setup_rate: f64::from(setup_rate),
         setup_burst: setup_rate,
     }

@@ -91,6 +91,8 @@ impl Agent {
             "-managed-sidecars".into(),
             // Tests may run as root (in containers); proxies as root must be allowed then.
             "-allow-managed-root".into(),
+            // The test registers a proxy with its own command through the API.
+            "-allow-managed-api-registration".into(),
             "-envoy-binary".into(),
             envoy().to_string_lossy().into_owned(),
             // A restart must not take the node's services out of the catalog.

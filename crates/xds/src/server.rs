@@ -48,6 +48,9 @@ impl Default for Admission {
     }
 }
 
+/// The longest a new stream waits for its setup slot before it is refused.
+const MAX_SETUP_WAIT: Duration = Duration::from_secs(30);
+
 /// Paces stream setup (a generic cell rate algorithm: the theoretical arrival time of the next
 /// stream advances by one interval per stream; up to `burst` intervals of it may be ahead).
 struct Pacer {
@@ -378,6 +381,15 @@ where
     async fn first(&mut self) -> Result<Following, Option<Status>> {
         // Under a storm of new streams, setup is paced: this one waits for its slot.
         let slot = self.inner.pacer.slot();
+        // A queue longer than this is a storm the proxies had better spread out themselves
+        // (they retry with back-off): refused rather than held open.
+        if slot > Instant::now() + MAX_SETUP_WAIT {
+            self.inner.metrics.stream_refused();
+            return Err(Some(Status::resource_exhausted(format!(
+                "xDS stream setup is queued for more than {} s on this server: retry later or another server",
+                MAX_SETUP_WAIT.as_secs()
+            ))));
+        }
         if slot > Instant::now() {
             self.inner.metrics.stream_paced();
             tokio::select! {

@@ -34,6 +34,9 @@ pub struct AgentConfig {
     /// Run the sidecars of `Connect.SidecarService` registrations as managed proxies
     /// (Consul 1.4's `Connect.Proxy` registrations always are).
     pub managed_sidecars: bool,
+    /// Accept a managed proxy's `Command` from the HTTP API (anyone who reaches the API could
+    /// otherwise make the agent run a program); config files may always set one.
+    pub allow_managed_api_registration: bool,
 }
 
 impl Default for AgentConfig {
@@ -50,6 +53,7 @@ impl Default for AgentConfig {
             heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
             managed_sidecars: false,
+            allow_managed_api_registration: false,
         }
     }
 }

@@ -255,3 +255,48 @@ async fn unusable_settings_are_refused_naming_them() {
         "datacenter: required"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn managed_proxy_registrations_and_who_may_choose_their_command() {
+    let a = agent(None).await;
+    // Consul 1.4's shape: `<id>-proxy` is registered and marked managed.
+    a.register_service(
+        def(json!({"Name": "web", "Port": 80, "Token": "t0k",
+                   "Connect": {"Proxy": {"ExecMode": "daemon", "Upstreams": [{"DestinationName": "db", "LocalBindPort": 9191}]}}})),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    let proxy = a.state().service("web-proxy").unwrap();
+    assert_eq!(proxy.service.kind, structs::ServiceKind::ConnectProxy);
+    assert_eq!(proxy.service.proxy.destination_service_name, "web");
+    assert_eq!(proxy.service.proxy.upstreams.len(), 1);
+    let managed = proxy.managed.unwrap();
+    assert!(managed.command.is_empty());
+    assert_eq!(managed.token, "t0k", "the registration's token");
+    // A command from the API is refused unless the agent allows it, naming the field...
+    let with_command = def(json!({"Name": "job", "Port": 81,
+        "Connect": {"Proxy": {"Command": ["/usr/bin/my-proxy"]}}}));
+    let refused = a
+        .register_service(with_command.clone(), Source::Api, false)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("Connect.Proxy.Command"), "{refused}");
+    assert!(a.state().service("job").is_none(), "nothing half-applied");
+    // ...and accepted from a config file.
+    a.register_service(with_command, Source::Config, false).await.unwrap();
+    assert_eq!(
+        a.state().service("job-proxy").unwrap().managed.unwrap().command,
+        ["/usr/bin/my-proxy"]
+    );
+    // A plain sidecar is not managed unless the agent manages sidecars.
+    a.register_service(
+        def(json!({"Name": "api", "Port": 82, "Connect": {"SidecarService": {}}})),
+        Source::Api,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(a.state().service("api-sidecar-proxy").unwrap().managed.is_none());
+}

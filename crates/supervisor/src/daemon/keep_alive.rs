@@ -24,6 +24,7 @@ pub(super) struct DaemonCtx {
     pub(super) policy: RestartPolicy,
     pub(super) allow_root: bool,
     pub(super) stop_grace: Duration,
+    pub(super) tied: bool,
     pub(super) events: tokio::sync::broadcast::Sender<DaemonEvent>,
     pub(super) reports: mpsc::UnboundedSender<Report>,
 }
@@ -160,7 +161,8 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
             .map_err(|e| format!("cannot open {}: {e}", path.display()))
     };
     let (stdout, stderr) = (open("stdout")?, open("stderr")?);
-    let child = tokio::process::Command::new(&ctx.spec.command)
+    let mut command = tokio::process::Command::new(&ctx.spec.command);
+    command
         .args(&ctx.spec.args)
         .envs(&ctx.spec.env)
         .env("CONNECT_PROXY_ID", &ctx.id)
@@ -170,9 +172,13 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0)
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", ctx.spec.command.display()))?;
+        .kill_on_drop(false);
+    let spawned = if ctx.tied {
+        crate::process::spawn_tied(&mut command)
+    } else {
+        command.spawn()
+    };
+    let child = spawned.map_err(|e| format!("cannot run {}: {e}", ctx.spec.command.display()))?;
     let pid = child.id().ok_or("the process exited at once")?;
     let id = ProcessId::of(pid).unwrap_or(ProcessId { pid, start_time: 0 });
     let path = pid_path(&ctx.data_dir, &ctx.id);

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// One proxy daemon to keep running.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaemonSpec {
     /// The program.
     pub command: PathBuf,
@@ -48,6 +48,18 @@ pub struct DaemonSpec {
     /// The service this proxy is a sidecar for, given as `CONNECT_SIDECAR_FOR`.
     #[serde(default)]
     pub sidecar_for: String,
+}
+
+impl std::fmt::Debug for DaemonSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonSpec")
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .field("sidecar_for", &self.sidecar_for)
+            .finish()
+    }
 }
 
 /// The desired daemons by proxy id.
@@ -74,6 +86,9 @@ pub struct ManagerOptions {
     pub max_coalesce: Duration,
     /// Between SIGINT and SIGKILL when stopping a daemon.
     pub stop_grace: Duration,
+    /// Tie every daemon to the supervisor (killed when it dies, even by SIGKILL): for
+    /// supervisors whose daemons must not outlive them (an agent in `-dev` mode).
+    pub tied: bool,
 }
 
 impl ManagerOptions {
@@ -86,6 +101,7 @@ impl ManagerOptions {
             quiescence: Duration::from_millis(500),
             max_coalesce: Duration::from_secs(5),
             stop_grace: Duration::from_secs(5),
+            tied: false,
         }
     }
 }
@@ -449,6 +465,7 @@ impl Run {
             policy: self.opts.policy,
             allow_root: self.opts.allow_root,
             stop_grace: self.opts.stop_grace,
+            tied: self.opts.tied,
             events: self.events.clone(),
             reports: self.reports_tx.clone(),
         };
