@@ -13,7 +13,11 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
         (Some(id), _) => Ok((
             args.node.clone(),
             id.clone(),
-            id.trim_end_matches("-sidecar-proxy").to_owned(),
+            // `<service>-sidecar-proxy`, or Consul 1.4's managed `<service>-proxy`.
+            id.strip_suffix("-sidecar-proxy")
+                .or_else(|| id.strip_suffix("-proxy"))
+                .unwrap_or(id)
+                .to_owned(),
         )),
         (None, Some(service)) => match sidecar_from_agent(args, service).await? {
             Some(found) => Ok(found),
