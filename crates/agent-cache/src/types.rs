@@ -59,18 +59,16 @@ impl Http {
     }
 }
 
-/// A name as one URL path segment (or query value): everything but unreserved characters
-/// percent-encoded.
+/// Everything but RFC 3986's unreserved characters is percent-encoded in a name.
+const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// A name as one URL path segment (or query value).
 fn segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(name, RESERVED).to_string()
 }
 
 /// The trust bundle (`/v1/connect/ca/roots`).
