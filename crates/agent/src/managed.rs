@@ -292,15 +292,9 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
     }
 }
 
-/// Envoy's hot-restart base id for the proxy whose run dir is `dir` (FNV-1a: stable across
-/// builds; Envoy names shared memory after base id × 10, so it stays well inside `u32`).
+/// Envoy's hot-restart base id for the proxy whose run dir is `dir`.
 fn base_id(dir: &std::path::Path) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in dir.to_string_lossy().bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    1 + u32::try_from(h % 400_000_000).unwrap_or(0)
+    supervisor::envoy::stable_base_id(&[dir.to_string_lossy().as_bytes()])
 }
 
 /// Keeps the daemon manager's desired set equal to the local state's managed proxies.

@@ -183,27 +183,18 @@ pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<
 /// supervisor cleans what the last one left); with an ephemeral admin port the process id
 /// is mixed in, since two such proxies could otherwise collide.
 fn derive_base_id(args: &EnvoyArgs) -> u32 {
-    // FNV-1a: stable across builds, unlike std's hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x100_0000_01b3);
-        }
-    };
-    eat(args
+    let proxy = args
         .proxy_id
         .as_deref()
         .or(args.sidecar_for.as_deref())
-        .unwrap_or_default()
-        .as_bytes());
-    eat(args.node.as_bytes());
-    eat(args.admin_bind.to_string().as_bytes());
+        .unwrap_or_default();
+    let admin = args.admin_bind.to_string();
+    let pid = std::process::id().to_le_bytes();
+    let mut parts: Vec<&[u8]> = vec![proxy.as_bytes(), args.node.as_bytes(), admin.as_bytes()];
     if args.admin_bind.port() == 0 {
-        eat(&std::process::id().to_le_bytes());
+        parts.push(&pid);
     }
-    // Envoy names shared memory after base id × 10: stay well inside u32.
-    1 + u32::try_from(h % 400_000_000).unwrap_or(0)
+    supervisor::envoy::stable_base_id(&parts)
 }
 
 /// How long a `-token-file` must be quiet after an event before it is read: a writer that

@@ -122,6 +122,18 @@ pub fn read_admin_address(path: &Path) -> Option<SocketAddr> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// A hot-restart base id derived from `parts`: the same parts give the same id in every build
+/// and process (FNV-1a, unlike std's hasher), so a restarted supervisor finds what the last
+/// one left. Envoy names shared memory after base id × 10: the id stays well inside `u32`.
+pub fn stable_base_id(parts: &[&[u8]]) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    1 + u32::try_from(h % 400_000_000).unwrap_or(0)
+}
+
 /// Removes the shared memory a previous Envoy with `base_id` left behind (Envoy names it
 /// `envoy_shared_memory_<base id × 10>` and does not unlink it on exit). Call before epoch 0
 /// only: later epochs share it with their parent.
