@@ -5,10 +5,12 @@
 //! server through a recording relay, so the test can read everything the server sent them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+mod agents;
+use agents::{Proc, get, meshd, put, wait_for};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use test_support::envoy;
@@ -16,19 +18,6 @@ use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A child process stopped (SIGTERM, by its own pid handle) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
-    }
-}
-
-fn meshd() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_meshd"))
-}
 
 /// Relays TCP connections to the server's current HTTP address and keeps every byte the
 /// server sent back.
@@ -94,29 +83,6 @@ async fn pipe(
         }
     }
     let _ = to.shutdown().await;
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    for _ in 0..1200 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not reached within 60 s");
-}
-
-async fn get(client: &reqwest::Client, url: &str) -> Option<String> {
-    let resp = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.text().await.ok()
-}
-
-async fn put(client: &reqwest::Client, url: &str, body: Value) {
-    let resp = client.put(url).json(&body).send().await.unwrap();
-    assert!(resp.status().is_success(), "{url}: {}", resp.text().await.unwrap());
 }
 
 fn start_agent(node: &str, relay: &Relay) -> (Proc, String, String) {

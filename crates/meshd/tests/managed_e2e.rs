@@ -4,51 +4,16 @@
 //! is restarted; deregistering stops it and cleans up; a `-dev` agent stops its proxies.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+mod agents;
+use agents::{Proc, get, meshd, put, wait_for};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use test_support::envoy;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
-
-/// A child process stopped (SIGTERM, by its own pid handle) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
-    }
-}
-
-fn meshd() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_meshd"))
-}
-
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    for _ in 0..600 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not reached within 30 s");
-}
-
-async fn get(client: &reqwest::Client, url: &str) -> Option<String> {
-    let resp = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.text().await.ok()
-}
-
-async fn put(client: &reqwest::Client, url: &str, body: Value) {
-    let resp = client.put(url).json(&body).send().await.unwrap();
-    assert!(resp.status().is_success(), "{url}: {}", resp.text().await.unwrap());
-}
 
 /// Kills (by pid) every process whose command line names `dir` when dropped: the managed
 /// proxies an agent with a data dir leaves running, should the test fail before it stops
