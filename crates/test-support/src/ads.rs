@@ -3,7 +3,7 @@
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Resource};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest, Resource};
 use prost::Message;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,4 +120,100 @@ pub fn contains_marker(r: &Resource, marker: u64) -> bool {
     r.resource
         .as_ref()
         .is_some_and(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
+}
+
+/// The same as [`delta_proxy`], state of the world: every cluster's load assignment asked
+/// for, every response ACKed with its version.
+pub async fn sotw_proxy(
+    grpc: String,
+    idx: usize,
+    marker: Arc<AtomicU64>,
+    report: mpsc::UnboundedSender<(Instant, usize, usize)>,
+    ready: mpsc::UnboundedSender<()>,
+    gate: tokio::sync::OwnedSemaphorePermit,
+) {
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let node = Some(Node {
+        id: format!("app-{idx}-sidecar-proxy"),
+        ..Default::default()
+    });
+    tx.send(DiscoveryRequest {
+        node,
+        type_url: CLUSTER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut eds_names: Vec<String> = Vec::new();
+    let mut told_ready = false;
+    let mut gate = Some(gate);
+    let mut reported = 0;
+    while let Ok(Some(resp)) = stream.message().await {
+        let bytes = resp.encoded_len();
+        if resp.type_url == CLUSTER {
+            // Like Envoy: the load assignments of every cluster in the newest set.
+            let mut names: Vec<String> = resp
+                .resources
+                .iter()
+                .filter_map(|a| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(a.value.as_slice()).ok())
+                .map(|c| c.name)
+                .filter(|n| n != "local_app")
+                .collect();
+            names.sort();
+            if names != eds_names {
+                eds_names = names;
+                tx.send(DiscoveryRequest {
+                    type_url: ENDPOINT.into(),
+                    resource_names: eds_names.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        }
+        let names = if resp.type_url == ENDPOINT {
+            eds_names.clone()
+        } else {
+            Vec::new()
+        };
+        let ack = DiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            version_info: resp.version_info.clone(),
+            response_nonce: resp.nonce.clone(),
+            resource_names: names,
+            ..Default::default()
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+        if resp.type_url == ENDPOINT {
+            if !told_ready {
+                told_ready = true;
+                // Synced: let the next stream connect.
+                drop(gate.take());
+                let _ = ready.send(());
+            }
+            let m = marker.load(Ordering::Acquire);
+            let needle = marker_address(m);
+            // Every SotW response carries every load assignment: report a marker once.
+            if m != 0
+                && m != reported
+                && resp
+                    .resources
+                    .iter()
+                    .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                reported = m;
+                let _ = report.send((Instant::now(), bytes, idx));
+            }
+        }
+    }
 }
