@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use structs::agent::{CheckType, ServiceDefinition};
 use structs::{HealthCheck, HealthStatus};
 
+mod connect;
+
 /// Largest accepted request body, bytes.
 const MAX_BODY: usize = 512 * 1024;
 
@@ -120,9 +122,9 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/health/service/id/{id}", get(health_by_id))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
-        .route("/v1/agent/connect/ca/roots", get(ca_roots))
-        .route("/v1/agent/connect/proxy/{id}", get(managed_proxy))
-        .route("/v1/agent/connect/ca/leaf/{service}", get(ca_leaf))
+        .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
+        .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
+        .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
         .fallback(forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(agent)
@@ -181,59 +183,13 @@ fn agent_service(agent: &Agent, s: &LocalService) -> Value {
         }
         m.insert("Datacenter".into(), Value::String(agent.config().datacenter.clone()));
         if let Some(managed) = &s.managed {
-            m.insert("ManagedProxy".into(), managed_view(agent, &s.service.id, managed));
+            m.insert(
+                "ManagedProxy".into(),
+                connect::managed_view(agent, &s.service.id, managed),
+            );
         }
     }
     v
-}
-
-/// A managed proxy: how it runs and its status (pid, state, restarts, last exit).
-fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Managed) -> Value {
-    let status = agent.managed().map_or_else(
-        || json!({"State": "not started", "Error": "this agent does not run managed proxies"}),
-        |m| {
-            m.status(id).map_or_else(
-                || json!({"State": "starting"}),
-                |st| serde_json::to_value(st).unwrap_or(Value::Null),
-            )
-        },
-    );
-    json!({
-        "ExecMode": "daemon",
-        "Command": if managed.command.is_empty() { json!("meshd connect envoy (default)") } else { json!(managed.command) },
-        "Status": status,
-    })
-}
-
-/// `GET /v1/agent/connect/proxy/:id` (Consul 1.4's managed-proxy endpoint): the proxy's
-/// registration as the agent runs it, and its status.
-async fn managed_proxy(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
-    let Some(s) = agent.state().service(&id) else {
-        return Err(HttpError(
-            StatusCode::NOT_FOUND,
-            format!("unknown proxy service ID: {id}"),
-        ));
-    };
-    let Some(managed) = &s.managed else {
-        return Err(HttpError(
-            StatusCode::NOT_FOUND,
-            format!("service {id} is not a proxy this agent runs"),
-        ));
-    };
-    let mut view = managed_view(&agent, &id, managed);
-    if let Value::Object(m) = &mut view {
-        m.insert("ProxyServiceID".into(), Value::String(id.clone()));
-        m.insert(
-            "TargetServiceID".into(),
-            Value::String(s.service.proxy.destination_service_id.clone()),
-        );
-        m.insert(
-            "TargetServiceName".into(),
-            Value::String(s.service.proxy.destination_service_name.clone()),
-        );
-        m.insert("Config".into(), Value::Object(s.service.proxy.config.clone()));
-    }
-    Ok(json_response(StatusCode::OK, &view))
 }
 
 fn agent_check(c: &HealthCheck) -> Value {
@@ -272,6 +228,17 @@ async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Respon
 const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// A blocking query's `?wait` (default 5 min, at most 10).
+fn wait_param(q: &BTreeMap<String, String>) -> Result<std::time::Duration, HttpError> {
+    match q.get("wait") {
+        None => Ok(DEFAULT_WAIT),
+        Some(w) => Ok(structs::GoDuration::parse(w)
+            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
+            .0
+            .min(MAX_WAIT)),
+    }
+}
+
 /// A service's view with its content hash (hex of a stable hash of the JSON).
 fn service_view(agent: &Agent, id: &str) -> Option<(Value, String)> {
     use std::hash::{Hash, Hasher};
@@ -288,13 +255,7 @@ fn service_view(agent: &Agent, id: &str) -> Option<(Value, String)> {
 /// `GET /v1/agent/service/:id`, with Consul's hash-based blocking: `?hash=H` waits (up to
 /// `?wait`, default 5 min, at most 10) until the service's content hash differs from `H`.
 async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
-    let wait = match q.get("wait") {
-        None => DEFAULT_WAIT,
-        Some(w) => structs::GoDuration::parse(w)
-            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
-            .0
-            .min(MAX_WAIT),
-    };
+    let wait = wait_param(&q)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {
@@ -319,95 +280,6 @@ async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): P
         }
         return Ok(resp);
     }
-}
-
-/// Answers from one agent-cache entry, with Consul's index blocking: `?index=N` waits (up to
-/// `?wait`) until the entry's index passes `N`. The answer carries `X-Consul-Index`.
-async fn from_cache<T>(
-    agent: &Agent,
-    cache: &agent_cache::cache::Cache<T>,
-    key: &T::Request,
-    q: &BTreeMap<String, String>,
-) -> Result<Response, HttpError>
-where
-    T: agent_cache::cache::CacheType,
-    T::Value: Serialize,
-{
-    let wait = match q.get("wait") {
-        None => DEFAULT_WAIT,
-        Some(w) => structs::GoDuration::parse(w)
-            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
-            .0
-            .min(MAX_WAIT),
-    };
-    let min_index = match q.get("index") {
-        None => 0,
-        Some(i) => i.parse::<u64>().map_err(|_| {
-            HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("invalid index parameter {i:?}: expected an unsigned integer"),
-            )
-        })?,
-    };
-    let mut watch = cache.watch(key);
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut latest = None;
-    loop {
-        let next = tokio::select! {
-            next = watch.next() => next,
-            () = tokio::time::sleep_until(deadline), if latest.is_some() => break,
-            () = agent.stopping() => None,
-        };
-        match next {
-            Some(Ok(fetched)) => {
-                let done = fetched.index > min_index;
-                latest = Some(fetched);
-                if done {
-                    break;
-                }
-            }
-            Some(Err(e)) => return Err(HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-            None => {
-                return Err(HttpError(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the agent is shutting down".into(),
-                ));
-            }
-        }
-    }
-    let Some(fetched) = latest else {
-        return Err(HttpError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the agent is shutting down".into(),
-        ));
-    };
-    let mut resp = json_response(StatusCode::OK, &fetched.value);
-    if let Ok(v) = HeaderValue::from_str(&fetched.index.to_string()) {
-        resp.headers_mut().insert(structs::wire::INDEX_HEADER, v);
-    }
-    Ok(resp)
-}
-
-/// `GET /v1/agent/connect/ca/roots`: the trust bundle, from the agent cache.
-async fn ca_roots(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
-    from_cache(&agent, &agent.caches().roots, &agent_cache::types::RootsKey, &q).await
-}
-
-/// `GET /v1/agent/connect/ca/leaf/:service`: the service's leaf from the agent cache — its
-/// key generated on this agent, the certificate signed by a server from a CSR (the private
-/// key never travels to or from a server).
-async fn ca_leaf(
-    State(agent): State<Agent>,
-    Path(service): Path<String>,
-    Query(q): Params,
-) -> Result<Response, HttpError> {
-    structs::validate::Validate::validate(&structs::NodeService {
-        service: service.clone(),
-        ..Default::default()
-    })
-    .map_err(|e| HttpError(StatusCode::BAD_REQUEST, e.to_string().replacen("Service", "service", 1)))?;
-    let key = agent_cache::leaf::LeafKey { service };
-    from_cache(&agent, &agent.caches().leaf, &key, &q).await
 }
 
 async fn checks(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {

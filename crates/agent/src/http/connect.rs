@@ -1,0 +1,143 @@
+//! The agent's Connect endpoints: the CA's roots and leaf certificates from the agent cache,
+//! and the proxies the agent runs (Consul 1.4's managed-proxy endpoint).
+
+use super::{HttpError, Params, json_response, wait_param};
+use crate::runtime::Agent;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// Answers from one agent-cache entry, with Consul's index blocking: `?index=N` waits (up to
+/// `?wait`) until the entry's index passes `N`. The answer carries `X-Consul-Index`.
+async fn from_cache<T>(
+    agent: &Agent,
+    cache: &agent_cache::cache::Cache<T>,
+    key: &T::Request,
+    q: &BTreeMap<String, String>,
+) -> Result<Response, HttpError>
+where
+    T: agent_cache::cache::CacheType,
+    T::Value: Serialize,
+{
+    let wait = wait_param(q)?;
+    let min_index = match q.get("index") {
+        None => 0,
+        Some(i) => i.parse::<u64>().map_err(|_| {
+            HttpError(
+                StatusCode::BAD_REQUEST,
+                format!("invalid index parameter {i:?}: expected an unsigned integer"),
+            )
+        })?,
+    };
+    let mut watch = cache.watch(key);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut latest = None;
+    loop {
+        let next = tokio::select! {
+            next = watch.next() => next,
+            () = tokio::time::sleep_until(deadline), if latest.is_some() => break,
+            () = agent.stopping() => None,
+        };
+        match next {
+            Some(Ok(fetched)) => {
+                let done = fetched.index > min_index;
+                latest = Some(fetched);
+                if done {
+                    break;
+                }
+            }
+            Some(Err(e)) => return Err(HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+            None => {
+                return Err(HttpError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the agent is shutting down".into(),
+                ));
+            }
+        }
+    }
+    let Some(fetched) = latest else {
+        return Err(HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the agent is shutting down".into(),
+        ));
+    };
+    let mut resp = json_response(StatusCode::OK, &fetched.value);
+    if let Ok(v) = HeaderValue::from_str(&fetched.index.to_string()) {
+        resp.headers_mut().insert(structs::wire::INDEX_HEADER, v);
+    }
+    Ok(resp)
+}
+
+/// `GET /v1/agent/connect/ca/roots`: the trust bundle, from the agent cache.
+pub(super) async fn ca_roots(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+    from_cache(&agent, &agent.caches().roots, &agent_cache::types::RootsKey, &q).await
+}
+
+/// `GET /v1/agent/connect/ca/leaf/:service`: the service's leaf from the agent cache — its
+/// key generated on this agent, the certificate signed by a server from a CSR (the private
+/// key never travels to or from a server).
+pub(super) async fn ca_leaf(
+    State(agent): State<Agent>,
+    Path(service): Path<String>,
+    Query(q): Params,
+) -> Result<Response, HttpError> {
+    structs::validate::Validate::validate(&structs::NodeService {
+        service: service.clone(),
+        ..Default::default()
+    })
+    .map_err(|e| HttpError(StatusCode::BAD_REQUEST, e.to_string().replacen("Service", "service", 1)))?;
+    let key = agent_cache::leaf::LeafKey { service };
+    from_cache(&agent, &agent.caches().leaf, &key, &q).await
+}
+
+/// A managed proxy: how it runs and its status (pid, state, restarts, last exit).
+pub(super) fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Managed) -> Value {
+    let status = agent.managed().map_or_else(
+        || json!({"State": "not started", "Error": "this agent does not run managed proxies"}),
+        |m| {
+            m.status(id).map_or_else(
+                || json!({"State": "starting"}),
+                |st| serde_json::to_value(st).unwrap_or(Value::Null),
+            )
+        },
+    );
+    json!({
+        "ExecMode": "daemon",
+        "Command": if managed.command.is_empty() { json!("meshd connect envoy (default)") } else { json!(managed.command) },
+        "Status": status,
+    })
+}
+
+/// `GET /v1/agent/connect/proxy/:id` (Consul 1.4's managed-proxy endpoint): the proxy's
+/// registration as the agent runs it, and its status.
+pub(super) async fn managed_proxy(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+    let Some(s) = agent.state().service(&id) else {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            format!("unknown proxy service ID: {id}"),
+        ));
+    };
+    let Some(managed) = &s.managed else {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            format!("service {id} is not a proxy this agent runs"),
+        ));
+    };
+    let mut view = managed_view(&agent, &id, managed);
+    if let Value::Object(m) = &mut view {
+        m.insert("ProxyServiceID".into(), Value::String(id.clone()));
+        m.insert(
+            "TargetServiceID".into(),
+            Value::String(s.service.proxy.destination_service_id.clone()),
+        );
+        m.insert(
+            "TargetServiceName".into(),
+            Value::String(s.service.proxy.destination_service_name.clone()),
+        );
+        m.insert("Config".into(), Value::Object(s.service.proxy.config.clone()));
+    }
+    Ok(json_response(StatusCode::OK, &view))
+}
