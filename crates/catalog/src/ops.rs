@@ -4,7 +4,7 @@
 
 use crate::ca::{CaConfig, CaError, CaState};
 use crate::state::{Change, State};
-use std::{collections::BTreeMap, time::SystemTime};
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 use structs::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions, SourceIntention};
 use structs::{
     ConfigEntry, ConfigEntryKind, DeregisterRequest, HealthCheck, Index, Node, Problem, RegisterRequest, Timestamp,
@@ -22,7 +22,7 @@ pub enum Op {
     /// (0: only if it does not exist).
     ConfigSet {
         /// The entry.
-        entry: ConfigEntry,
+        entry: Box<ConfigEntry>,
         /// Check-and-set index.
         cas: Option<Index>,
     },
@@ -143,8 +143,8 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
     match op {
         Op::Register(req) => plan_register(req, state, datacenter),
         Op::Deregister(req) => plan_deregister(req, state, datacenter),
-        Op::ConfigSet { entry, cas } => plan_config_set(entry, *cas, state),
-        Op::ConfigDelete { kind, name, cas } => plan_config_delete(*kind, name, *cas, state),
+        Op::ConfigSet { entry, cas } => plan_config_set(entry, *cas, state, datacenter),
+        Op::ConfigDelete { kind, name, cas } => plan_config_delete(*kind, name, *cas, state, datacenter),
         Op::IntentionUpsert {
             source,
             destination,
@@ -152,7 +152,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             permissions,
             description,
             meta,
-        } => plan_intention_upsert(state, destination, source, now, |src| {
+        } => plan_intention_upsert(state, datacenter, destination, source, now, |src| {
             src.action = *action;
             src.permissions = permissions.clone();
             src.description = description.clone();
@@ -178,8 +178,14 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
 }
 
 /// A config entry written, unless `cas` names another modify index or nothing changes.
-fn plan_config_set(entry: &ConfigEntry, cas: Option<Index>, state: &State) -> Result<Plan, WriteError> {
+fn plan_config_set(
+    entry: &ConfigEntry,
+    cas: Option<Index>,
+    state: &State,
+    datacenter: &str,
+) -> Result<Plan, WriteError> {
     entry.validate()?;
+    check_graph(state, datacenter, entry.kind(), entry.name(), Some(entry))?;
     let existing = state.config_entry(entry.kind(), entry.name());
     if let Some(cas) = cas {
         let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
@@ -203,6 +209,7 @@ fn plan_config_delete(
     name: &str,
     cas: Option<Index>,
     state: &State,
+    datacenter: &str,
 ) -> Result<Plan, WriteError> {
     let existing = state.config_entry(kind, name);
     if let Some(cas) = cas
@@ -213,6 +220,7 @@ fn plan_config_delete(
     if existing.is_none() {
         return Ok(Plan::write(Vec::new()));
     }
+    check_graph(state, datacenter, kind, name, None)?;
     Ok(Plan::write(vec![Change::DeleteConfig(kind, name.to_owned())]))
 }
 
@@ -220,6 +228,7 @@ fn plan_config_delete(
 /// (created, or updated in place with `fill`).
 fn plan_intention_upsert(
     state: &State,
+    datacenter: &str,
     destination: &str,
     source: &str,
     now: SystemTime,
@@ -245,6 +254,7 @@ fn plan_intention_upsert(
     set_precedence(&mut entry);
     let entry = ConfigEntry::ServiceIntentions(entry);
     entry.validate().map_err(legacy_field)?;
+    check_graph(state, datacenter, entry.kind(), entry.name(), Some(&entry))?;
     Ok(Plan::write(vec![Change::PutConfig(entry)]))
 }
 
@@ -265,6 +275,67 @@ fn plan_intention_delete(state: &State, destination: &str, source: &str) -> Resu
     Ok(Plan::write(vec![Change::PutConfig(ConfigEntry::ServiceIntentions(
         entry,
     ))]))
+}
+
+/// The kinds whose entries shape discovery chains or depend on a service's protocol.
+const GRAPH_KINDS: [ConfigEntryKind; 6] = [
+    ConfigEntryKind::ProxyDefaults,
+    ConfigEntryKind::ServiceDefaults,
+    ConfigEntryKind::ServiceResolver,
+    ConfigEntryKind::ServiceRouter,
+    ConfigEntryKind::ServiceSplitter,
+    ConfigEntryKind::ServiceIntentions,
+];
+
+/// Refuses a write (`Some(entry)`) or delete (`None`) of `kind`/`name` that would leave a
+/// discovery chain that cannot be compiled, or L7 intentions on a non-HTTP service. The
+/// error names the entry and field at fault, which may be another entry than the one
+/// written (a service-defaults turning a routed service to tcp names the router).
+fn check_graph(
+    state: &State,
+    datacenter: &str,
+    kind: ConfigEntryKind,
+    name: &str,
+    entry: Option<&ConfigEntry>,
+) -> Result<(), ValidationError> {
+    if !GRAPH_KINDS.contains(&kind) {
+        return Ok(());
+    }
+    let list = |k: ConfigEntryKind| -> Vec<Arc<ConfigEntry>> {
+        let mut all = state.config_entries(k);
+        if k == kind {
+            all.retain(|e| e.name() != name);
+            all.extend(entry.cloned().map(Arc::new));
+        }
+        all
+    };
+    let proxy = list(ConfigEntryKind::ProxyDefaults);
+    let (defaults, resolvers, routers, splitters, intentions) = (
+        list(ConfigEntryKind::ServiceDefaults),
+        list(ConfigEntryKind::ServiceResolver),
+        list(ConfigEntryKind::ServiceRouter),
+        list(ConfigEntryKind::ServiceSplitter),
+        list(ConfigEntryKind::ServiceIntentions),
+    );
+    let entries = discovery_chain::Entries {
+        proxy_defaults: structs::central_config::proxy_defaults(proxy.first()),
+        service_defaults: &defaults,
+        resolvers: &resolvers,
+        routers: &routers,
+        splitters: &splitters,
+        intentions: &intentions,
+    };
+    let also = if kind == ConfigEntryKind::ProxyDefaults {
+        ""
+    } else {
+        name
+    };
+    discovery_chain::validate_graph(&entries, datacenter, also).map_err(|e| {
+        ValidationError::new(
+            format!("{} {:?} {}", e.kind, e.name, e.field),
+            Problem::Invalid(e.problem),
+        )
+    })
 }
 
 /// Entries are equal apart from the indexes the store stamps.

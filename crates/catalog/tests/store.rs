@@ -174,7 +174,7 @@ async fn config_entries_with_cas() {
             ..Default::default()
         })
     };
-    let set = |e, cas| Op::ConfigSet { entry: e, cas };
+    let set = |e, cas| Op::ConfigSet { entry: Box::new(e), cas };
     assert!(store.write(set(entry("http"), Some(Index(0)))).await.unwrap().applied);
     assert!(
         !store.write(set(entry("grpc"), Some(Index(0)))).await.unwrap().applied,
@@ -400,11 +400,11 @@ async fn state_survives_reopen_and_the_index_keeps_increasing() {
         }
         store
             .write(Op::ConfigSet {
-                entry: ConfigEntry::ServiceDefaults(ServiceDefaults {
+                entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
                     name: "api".into(),
                     protocol: "http".into(),
                     ..Default::default()
-                }),
+                })),
                 cas: None,
             })
             .await

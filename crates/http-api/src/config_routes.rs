@@ -37,7 +37,7 @@ pub(crate) async fn set(
     let outcome = api
         .store
         .write(Op::ConfigSet {
-            entry,
+            entry: Box::new(entry),
             cas: cas(&params)?,
         })
         .await?;

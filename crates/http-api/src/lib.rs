@@ -11,6 +11,7 @@ mod agent;
 mod catalog_routes;
 mod config_routes;
 mod connect;
+mod discovery_chain;
 mod error;
 mod health;
 mod metrics;
@@ -163,6 +164,10 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
         .route(
             "/v1/config/{kind}/{name}",
             get(config_routes::get).delete(config_routes::delete),
+        )
+        .route(
+            "/v1/discovery-chain/{service}",
+            get(discovery_chain::get).post(discovery_chain::post),
         )
         .route("/v1/connect/ca/roots", get(connect::roots))
         .route("/v1/agent/connect/ca/roots", get(connect::roots))

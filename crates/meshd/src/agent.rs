@@ -192,10 +192,14 @@ pub async fn run(
     let http_stop = stop.clone();
     let app = ::agent::http::router(agent.clone())
         .merge(engine.metrics_router())
-        .merge(crate::engine::status_router(engine.manager.clone(), {
-            let source = engine.source.clone();
-            Arc::new(move |id: &str| source.waiting(id))
-        }));
+        .merge(crate::engine::status_router(
+            engine.manager.clone(),
+            engine.xds.clone(),
+            {
+                let source = engine.source.clone();
+                Arc::new(move |id: &str| source.waiting(id))
+            },
+        ));
     let http = tokio::spawn(
         async move {
             axum::serve(listener, app)

@@ -47,17 +47,19 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
 
 /// `GET /v1/internal/proxy-status/{proxy_id}[?node=NODE]`: what the proxy config engine holds
 /// for a proxy — who registered it, the version of its last snapshot (`null`: its data is
-/// still incomplete) and the watches failing now with their errors.
+/// still incomplete), the watches failing now with their errors (`Errors`), and the parts of
+/// its configuration that cannot be built into Envoy resources (`BuildErrors`, by upstream;
+/// those keep their last good resources).
 ///
 /// `waiting` says why a proxy the engine does not hold is not registered yet, when its source
 /// knows (an agent's local proxy waiting for central config).
-pub fn status_router(manager: proxycfg::Manager, waiting: Waiting) -> axum::Router {
+pub fn status_router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting) -> axum::Router {
     use axum::extract::{Path, RawQuery};
     axum::Router::new().route(
         "/v1/internal/proxy-status/{proxy_id}",
         axum::routing::get(move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery| {
-            let (manager, waiting) = (manager.clone(), std::sync::Arc::clone(&waiting));
-            async move { proxy_status(&manager, &*waiting, &proxy_id, q.as_deref()).await }
+            let (manager, xds, waiting) = (manager.clone(), xds.clone(), std::sync::Arc::clone(&waiting));
+            async move { proxy_status(&manager, &xds, &*waiting, &proxy_id, q.as_deref()).await }
         }),
     )
 }
@@ -67,6 +69,7 @@ pub type Waiting = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 async fn proxy_status(
     manager: &proxycfg::Manager,
+    xds: &XdsServer,
     waiting: &(dyn Fn(&str) -> Option<String> + Send + Sync),
     proxy_id: &str,
     query: Option<&str>,
@@ -126,6 +129,7 @@ async fn proxy_status(
         "Source": status.source.to_string(),
         "SnapshotVersion": status.snapshot_version,
         "Errors": status.errors,
+        "BuildErrors": xds.build_problems(&id),
     }))
     .into_response()
 }

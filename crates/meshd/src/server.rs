@@ -50,6 +50,7 @@ pub async fn run(
     api.liveness = Some(Arc::clone(&liveness));
     let app = http_api::router(store.clone(), api).merge(crate::engine::status_router(
         engine.manager.clone(),
+        engine.xds.clone(),
         std::sync::Arc::new(|_: &str| None),
     ));
     info!(%http_addr, %grpc_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");

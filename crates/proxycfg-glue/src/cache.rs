@@ -199,9 +199,10 @@ impl DataSource<HealthRequest> for CacheHealth {
         if let Err(e) = self.0.check_dc(&req.datacenter) {
             return forward::refuse(id, tx, e, cancel).await;
         }
-        if let Some(e) = resolve::unsupported_health(&req) {
-            return forward::refuse(id, tx, e, cancel).await;
-        }
+        let filter = match resolve::subset_filter(&req) {
+            Ok(f) => f,
+            Err(e) => return forward::refuse(id, tx, e, cancel).await,
+        };
         let key = HealthKey {
             service: req.service.clone(),
             connect: req.connect,
@@ -210,7 +211,7 @@ impl DataSource<HealthRequest> for CacheHealth {
         let watch = self.0.caches.health.watch(&key);
         run(watch, id, tx, cancel, move |all: Arc<Vec<CheckServiceNode>>| {
             if resolve::health_is_filtered(&req) {
-                Some(Ok(Arc::new(resolve::filter_health(&all, &req))))
+                Some(Ok(Arc::new(resolve::filter_health(&all, &req, &filter))))
             } else {
                 Some(Ok(all))
             }
@@ -329,7 +330,7 @@ impl DataSource<ResolvedServiceConfigRequest> for CacheResolvedServiceConfig {
 }
 
 /// Discovery chains, compiled here from the cached config entries by the compiler the
-/// servers use (`resolve`): a chain shape not compiled yet is an error the proxy shows.
+/// servers use (`discovery_chain`, via `resolve`).
 ///
 /// Every chain reads the resolver, router and splitter entries from the lists of their kinds
 /// (three cache entries for all chains of the agent, rather than three blocking queries per
@@ -344,11 +345,8 @@ struct ChainWatch {
     resolvers: Input<Arc<Vec<Arc<ConfigEntry>>>>,
     routers: Input<Arc<Vec<Arc<ConfigEntry>>>>,
     splitters: Input<Arc<Vec<Arc<ConfigEntry>>>>,
-}
-
-/// The entry named `name` in a list of one kind.
-fn named<'a>(list: &'a [Arc<ConfigEntry>], name: &str) -> Option<&'a Arc<ConfigEntry>> {
-    list.iter().find(|e| e.name() == name)
+    /// The chain sent last.
+    last: Option<Arc<CompiledDiscoveryChain>>,
 }
 
 impl Updates<Arc<CompiledDiscoveryChain>> for ChainWatch {
@@ -374,19 +372,27 @@ impl Updates<Arc<CompiledDiscoveryChain>> for ChainWatch {
         ) else {
             return Some(None);
         };
-        let name = &self.req.name;
         let inputs = ChainInputs {
             proxy_defaults: proxy.as_ref(),
             service_defaults: services,
             trust_domain: &roots.trust_domain,
-            resolver: named(resolvers, name),
-            router: named(routers, name),
-            splitter: named(splitters, name),
+            resolvers,
+            routers,
+            splitters,
         };
-        if let Some(e) = inputs.unsupported(&self.req) {
-            return Some(Some(Err(e)));
+        match inputs.compile(&self.req) {
+            // Another service's entry changed: this chain is what it was, nothing to send.
+            Ok(chain) if self.last.as_deref() == Some(&chain) => Some(None),
+            Ok(chain) => {
+                let chain = Arc::new(chain);
+                self.last = Some(Arc::clone(&chain));
+                Some(Some(Ok(chain)))
+            }
+            Err(e) => {
+                self.last = None;
+                Some(Some(Err(e)))
+            }
         }
-        Some(Some(Ok(Arc::new(inputs.compile(&self.req)))))
     }
 }
 
@@ -410,6 +416,7 @@ impl DataSource<DiscoveryChainRequest> for CacheDiscoveryChain {
             resolvers: kind(ConfigEntryKind::ServiceResolver),
             routers: kind(ConfigEntryKind::ServiceRouter),
             splitters: kind(ConfigEntryKind::ServiceSplitter),
+            last: None,
             req,
         };
         forward::forward(cancel, inputs, ToState { id, tx }).await;

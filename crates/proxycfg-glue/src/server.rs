@@ -17,11 +17,13 @@ use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntry
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// A filtered health view: (connect, service, passing only, kind, subset filter).
+type HealthKey = (bool, String, bool, Option<structs::ServiceKind>, String);
+
 /// What every server data source shares.
 struct Shared {
     store: Store,
-    health: Views<(bool, String, bool, Option<structs::ServiceKind>), Vec<CheckServiceNode>>,
-    chains: Views<DiscoveryChainRequest, CompiledDiscoveryChain>,
+    health: Views<HealthKey, Vec<CheckServiceNode>>,
     resolved: Views<ResolvedServiceConfigRequest, ResolvedServiceConfig>,
     /// One follower per distinct request for the watches every proxy repeats.
     roots_followers: Fanout<CaRootsRequest, Arc<structs::IndexedCaRoots>>,
@@ -47,7 +49,6 @@ pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSou
     let shared = Arc::new(Shared {
         store,
         health: Views::default(),
-        chains: Views::default(),
         resolved: Views::default(),
         roots_followers: Fanout::new("ca_roots", tasks.clone()),
         health_followers: Fanout::new("health", tasks.clone()),
@@ -227,9 +228,7 @@ impl ServerHealth {
     /// The shared follower answering `req`.
     fn follow(&self, req: HealthRequest) -> Result<Arc<Entry<Arc<Vec<CheckServiceNode>>>>, DataSourceError> {
         self.0.check_dc(&req.datacenter)?;
-        if let Some(e) = resolve::unsupported_health(&req) {
-            return Err(e);
-        }
+        let filter = resolve::subset_filter(&req)?;
         let topic = if req.connect {
             Topic::ServiceHealthConnect(req.service.clone())
         } else {
@@ -238,7 +237,13 @@ impl ServerHealth {
         let shared = Arc::clone(&self.0);
         Ok(self.0.health_followers.follow(&req.clone(), |publish, stop| {
             let follower = Follower::new(&self.0.store, vec![topic]);
-            let key = (req.connect, req.service.clone(), req.passing_only, req.kind);
+            let key = (
+                req.connect,
+                req.service.clone(),
+                req.passing_only,
+                req.kind,
+                req.filter.clone(),
+            );
             publish_from(follower, publish, stop, move |f| {
                 let Some(Payload::Health(all)) = f.get(0) else {
                     return None;
@@ -246,9 +251,9 @@ impl ServerHealth {
                 if !resolve::health_is_filtered(&req) {
                     return Some(Ok(Arc::clone(all)));
                 }
-                Some(Ok(shared
-                    .health
-                    .get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req))))
+                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
+                    resolve::filter_health(all, &req, &filter)
+                })))
             })
         }))
     }
@@ -333,9 +338,9 @@ impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
     }
 }
 
-/// Discovery chains: the default chain of the service (protocol from service-defaults or
-/// proxy-defaults, connect timeout from a service-resolver). Routers, splitters, and
-/// resolver subsets, redirects and failover are not compiled yet: such a chain is an error.
+/// Discovery chains, compiled from the routing entries (`discovery_chain`). A chain reads
+/// every resolver, router and splitter (it may lead through other services' entries), so a
+/// change to any of them recompiles it; an unchanged result is not sent again.
 pub struct ServerDiscoveryChain(Arc<Shared>);
 
 impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
@@ -359,21 +364,21 @@ impl ServerDiscoveryChain {
         self.0.check_dc(&req.datacenter)?;
         let mut topics = defaults_topics();
         topics.push(Topic::CaRoots);
-        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceResolver, req.name.clone()));
-        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceRouter, req.name.clone()));
-        topics.push(Topic::ConfigEntry(ConfigEntryKind::ServiceSplitter, req.name.clone()));
-        let shared = Arc::clone(&self.0);
+        topics.push(Topic::ConfigEntries(ConfigEntryKind::ServiceResolver));
+        topics.push(Topic::ConfigEntries(ConfigEntryKind::ServiceRouter));
+        topics.push(Topic::ConfigEntries(ConfigEntryKind::ServiceSplitter));
         let key = req.clone();
         Ok(self.0.chain_followers.follow(&key, |publish, stop| {
             let follower = Follower::new(&self.0.store, topics);
+            let mut last: Option<Arc<CompiledDiscoveryChain>> = None;
             publish_from(follower, publish, stop, move |f| {
                 let (
                     Some(Payload::ConfigEntry(proxy)),
                     Some(Payload::ConfigEntries(services)),
                     Some(Payload::CaRoots(roots)),
-                    Some(Payload::ConfigEntry(resolver)),
-                    Some(Payload::ConfigEntry(router)),
-                    Some(Payload::ConfigEntry(splitter)),
+                    Some(Payload::ConfigEntries(resolvers)),
+                    Some(Payload::ConfigEntries(routers)),
+                    Some(Payload::ConfigEntries(splitters)),
                 ) = (f.get(0), f.get(1), f.get(2), f.get(3), f.get(4), f.get(5))
                 else {
                     return None;
@@ -382,16 +387,23 @@ impl ServerDiscoveryChain {
                     proxy_defaults: proxy.as_ref(),
                     service_defaults: services,
                     trust_domain: &roots.trust_domain,
-                    resolver: resolver.as_ref(),
-                    router: router.as_ref(),
-                    splitter: splitter.as_ref(),
+                    resolvers,
+                    routers,
+                    splitters,
                 };
-                if let Some(e) = inputs.unsupported(&req) {
-                    return Some(Err(e));
+                match inputs.compile(&req) {
+                    // Another service's entry changed: this chain is what it was.
+                    Ok(chain) if last.as_deref() == Some(&chain) => None,
+                    Ok(chain) => {
+                        let chain = Arc::new(chain);
+                        last = Some(Arc::clone(&chain));
+                        Some(Ok(chain))
+                    }
+                    Err(e) => {
+                        last = None;
+                        Some(Err(e))
+                    }
                 }
-                Some(Ok(shared
-                    .chains
-                    .get_or_make(&req, &f.versions(), || inputs.compile(&req))))
             })
         }))
     }

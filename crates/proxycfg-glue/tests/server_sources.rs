@@ -169,11 +169,11 @@ async fn sidecar_snapshot_from_the_catalog() {
     // service-defaults makes api speak http: the chain follows.
     store
         .write(Op::ConfigSet {
-            entry: ConfigEntry::ServiceDefaults(ServiceDefaults {
+            entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
                 name: "api".into(),
                 protocol: "http".into(),
                 ..Default::default()
-            }),
+            })),
             cas: None,
         })
         .await

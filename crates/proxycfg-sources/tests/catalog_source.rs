@@ -71,7 +71,7 @@ async fn streams_share_one_sync_with_central_config_merged() {
         .insert("envoy_stats_flush".into(), serde_json::Value::from("5s"));
     store
         .write(Op::ConfigSet {
-            entry: ConfigEntry::ProxyDefaults(pd),
+            entry: Box::new(ConfigEntry::ProxyDefaults(pd)),
             cas: None,
         })
         .await

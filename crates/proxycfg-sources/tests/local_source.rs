@@ -131,7 +131,7 @@ async fn local_proxies_are_registered_with_central_config_and_follow_the_local_s
     pd.config.insert("protocol".into(), serde_json::Value::from("http"));
     f.store
         .write(Op::ConfigSet {
-            entry: ConfigEntry::ProxyDefaults(pd),
+            entry: Box::new(ConfigEntry::ProxyDefaults(pd)),
             cas: None,
         })
         .await
@@ -157,7 +157,7 @@ async fn local_proxies_are_registered_with_central_config_and_follow_the_local_s
     pd.config.insert("protocol".into(), serde_json::Value::from("grpc"));
     f.store
         .write(Op::ConfigSet {
-            entry: ConfigEntry::ProxyDefaults(pd),
+            entry: Box::new(ConfigEntry::ProxyDefaults(pd)),
             cas: None,
         })
         .await

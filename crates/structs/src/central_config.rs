@@ -8,7 +8,7 @@
 //! `UpstreamConfig.Defaults` and then the override naming that upstream.
 
 use crate::config_entry::{ProxyDefaults, ServiceDefaults, UpstreamConfig};
-use crate::protocol::{CONNECT_TIMEOUT_MS_KEY, PROTOCOL_KEY};
+use crate::protocol::{CONNECT_TIMEOUT_MS_KEY, LIMITS_KEY, PASSIVE_HEALTH_CHECK_KEY, PROTOCOL_KEY};
 use crate::{
     ConfigEntry, MeshGatewayMode, NodeService, ProxyMode, ResolvedServiceConfig, ResolvedUpstreamConfig, UpstreamId,
 };
@@ -124,6 +124,9 @@ impl<'a> CentralConfig<'a> {
                 if layer.connect_timeout_ms != 0 {
                     config.insert(CONNECT_TIMEOUT_MS_KEY.into(), Value::from(layer.connect_timeout_ms));
                 }
+                for (key, value) in layer_extras(layer) {
+                    config.insert(key.into(), value);
+                }
             }
             out.upstream_configs.push(ResolvedUpstreamConfig {
                 upstream: up.name.clone(),
@@ -159,6 +162,10 @@ impl<'a> CentralConfig<'a> {
         for up in &mut proxy.upstreams {
             let protocol_set = up.config.contains_key(PROTOCOL_KEY);
             let timeout_set = up.config.contains_key(CONNECT_TIMEOUT_MS_KEY);
+            let registered: Vec<&str> = [LIMITS_KEY, PASSIVE_HEALTH_CHECK_KEY]
+                .into_iter()
+                .filter(|k| up.config.contains_key(*k))
+                .collect();
             for layer in self.upstream_layers(&service, &up.destination_name) {
                 if !layer.protocol.is_empty() && !protocol_set {
                     up.config
@@ -173,10 +180,31 @@ impl<'a> CentralConfig<'a> {
                 {
                     up.mesh_gateway = layer.mesh_gateway.clone();
                 }
+                for (key, value) in layer_extras(layer) {
+                    if !registered.contains(&key) {
+                        up.config.insert(key.into(), value);
+                    }
+                }
             }
         }
         svc
     }
+}
+
+/// The circuit breakers and outlier detection a layer sets, as opaque-config values.
+fn layer_extras(layer: &UpstreamConfig) -> Vec<(&'static str, Value)> {
+    let mut out = Vec::new();
+    if let Some(l) = &layer.limits
+        && let Ok(v) = serde_json::to_value(l)
+    {
+        out.push((LIMITS_KEY, v));
+    }
+    if let Some(p) = &layer.passive_health_check
+        && let Ok(v) = serde_json::to_value(p)
+    {
+        out.push((PASSIVE_HEALTH_CHECK_KEY, v));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The compiled discovery chain: how an upstream name resolves to concrete targets.
 
+use crate::GoDuration;
+use crate::config_entry::{LoadBalancer, ServiceRoute, ServiceSplit};
 use serde::{Deserialize, Serialize};
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 /// Identifies one chain target: `[subset.]service.namespace.datacenter`. Shared, since every
 /// proxy watching a target holds its id.
@@ -71,6 +73,9 @@ pub struct DiscoveryTarget {
     /// Connect timeout in milliseconds.
     #[serde(rename = "ConnectTimeoutMs")]
     pub connect_timeout_ms: u32,
+    /// Load balancing of its instances (from its service's resolver).
+    #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<LoadBalancer>,
 }
 
 /// The SNI (and cluster name) of a service target:
@@ -84,46 +89,112 @@ pub fn target_sni(subset: &str, service: &str, namespace: &str, datacenter: &str
     format!("{prefix}{service}.{namespace}.{datacenter}.internal.{trust_domain}")
 }
 
-/// How traffic for one node of the chain is split or resolved.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "Type")]
-pub enum ChainNode {
+/// What a chain node does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeType {
     /// L7 routes to other nodes.
     #[serde(rename = "router")]
-    Router {
-        /// Node name.
-        #[serde(rename = "Name")]
-        name: String,
-        /// (route index in the router entry, next node) pairs.
-        #[serde(rename = "Routes")]
-        routes: Vec<(usize, String)>,
-    },
+    Router,
     /// Weighted legs to other nodes.
     #[serde(rename = "splitter")]
-    Splitter {
-        /// Node name.
-        #[serde(rename = "Name")]
-        name: String,
-        /// (weight, next node) pairs.
-        #[serde(rename = "Splits")]
-        splits: Vec<(f32, String)>,
-    },
-    /// A target with its failover targets.
+    Splitter,
+    /// One target (with its failover targets).
     #[serde(rename = "resolver")]
-    Resolver {
-        /// Node name.
-        #[serde(rename = "Name")]
-        name: String,
-        /// Primary target.
-        #[serde(rename = "Target")]
-        target: TargetId,
-        /// Failover targets, in order.
-        #[serde(rename = "Failover")]
-        failover: Vec<TargetId>,
-        /// Connect timeout in milliseconds.
-        #[serde(rename = "ConnectTimeoutMs")]
-        connect_timeout_ms: u32,
-    },
+    Resolver,
+}
+
+/// One route of a router node: the route as written (with the router's default catch-all
+/// appended by the compiler) and the node it leads to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainRoute {
+    /// The route.
+    #[serde(rename = "Definition")]
+    pub definition: ServiceRoute,
+    /// Name of the next node (a splitter or resolver).
+    #[serde(rename = "NextNode")]
+    pub next_node: String,
+}
+
+/// One leg of a splitter node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainSplit {
+    /// Percentage of traffic (two decimals).
+    #[serde(rename = "Weight")]
+    pub weight: f32,
+    /// Name of the next node (always a resolver: nested splitters are flattened).
+    #[serde(rename = "NextNode")]
+    pub next_node: String,
+    /// The split as written (header changes apply to this leg).
+    #[serde(rename = "Definition")]
+    pub definition: ServiceSplit,
+}
+
+impl Eq for ChainSplit {}
+
+/// Failover of a resolver node: targets tried in order when the primary has no healthy
+/// instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainFailover {
+    /// Targets, in order.
+    #[serde(rename = "Targets")]
+    pub targets: Vec<TargetId>,
+}
+
+/// What a resolver node resolves to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainResolver {
+    /// True when no service-resolver entry shaped it.
+    #[serde(rename = "Default")]
+    pub default: bool,
+    /// Connect timeout to its targets.
+    #[serde(rename = "ConnectTimeout")]
+    pub connect_timeout: GoDuration,
+    /// Request timeout of routes to it (unless the route sets one).
+    #[serde(rename = "RequestTimeout", skip_serializing_if = "GoDuration::is_zero")]
+    pub request_timeout: GoDuration,
+    /// Primary target.
+    #[serde(rename = "Target")]
+    pub target: TargetId,
+    /// Failover targets.
+    #[serde(rename = "Failover", skip_serializing_if = "Option::is_none")]
+    pub failover: Option<ChainFailover>,
+}
+
+/// One node of a compiled chain: a router, a splitter or a resolver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainNode {
+    /// What it does.
+    #[serde(rename = "Type")]
+    pub node_type: NodeType,
+    /// Its name (the key in [`CompiledDiscoveryChain::nodes`] without the type prefix).
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Routes (routers).
+    #[serde(rename = "Routes", skip_serializing_if = "Vec::is_empty", default)]
+    pub routes: Vec<ChainRoute>,
+    /// Legs (splitters).
+    #[serde(rename = "Splits", skip_serializing_if = "Vec::is_empty", default)]
+    pub splits: Vec<ChainSplit>,
+    /// Resolution (resolvers).
+    #[serde(rename = "Resolver", skip_serializing_if = "Option::is_none", default)]
+    pub resolver: Option<ChainResolver>,
+    /// Load balancing of the resolver's targets.
+    #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none", default)]
+    pub load_balancer: Option<LoadBalancer>,
+}
+
+impl ChainNode {
+    /// A resolver node.
+    pub fn resolver(name: String, resolver: ChainResolver, load_balancer: Option<LoadBalancer>) -> Self {
+        Self {
+            node_type: NodeType::Resolver,
+            name,
+            routes: Vec::new(),
+            splits: Vec::new(),
+            resolver: Some(resolver),
+            load_balancer,
+        }
+    }
 }
 
 /// A discovery chain compiled for one upstream name in one datacenter.
@@ -161,6 +232,11 @@ impl Eq for CompiledDiscoveryChain {}
 /// Default connect timeout of a target, as Consul's.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 5_000;
 
+/// Name of the resolver node of `target` in a chain's nodes.
+pub fn resolver_node_name(target: &TargetId) -> String {
+    format!("resolver:{target}")
+}
+
 impl CompiledDiscoveryChain {
     /// The chain of a service no config entry shapes: one resolver node, one target.
     pub fn default_for(service: &str, datacenter: &str, trust_domain: &str, protocol: crate::Protocol) -> Self {
@@ -174,14 +250,20 @@ impl CompiledDiscoveryChain {
             subset: TargetSubset::default(),
             sni: target_sni("", service, "default", datacenter, trust_domain),
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            load_balancer: None,
         };
-        let node_name = format!("resolver:{id}");
-        let node = ChainNode::Resolver {
-            name: node_name.clone(),
-            target: id.clone(),
-            failover: Vec::new(),
-            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
-        };
+        let node_name = resolver_node_name(&id);
+        let node = ChainNode::resolver(
+            id.to_string(),
+            ChainResolver {
+                default: true,
+                connect_timeout: GoDuration(Duration::from_millis(u64::from(DEFAULT_CONNECT_TIMEOUT_MS))),
+                request_timeout: GoDuration::default(),
+                target: id.clone(),
+                failover: None,
+            },
+            None,
+        );
         Self {
             service_name: service.to_owned(),
             namespace: "default".to_owned(),
@@ -192,5 +274,15 @@ impl CompiledDiscoveryChain {
             targets: BTreeMap::from([(id, target)]),
             default: true,
         }
+    }
+
+    /// The first node.
+    pub fn start(&self) -> Option<&ChainNode> {
+        self.nodes.get(&self.start_node)
+    }
+
+    /// True when the chain does more than send everything to one target.
+    pub fn is_routed(&self) -> bool {
+        self.start().is_some_and(|n| n.node_type != NodeType::Resolver)
     }
 }

@@ -89,6 +89,96 @@ pub struct ProxyOptions {
     pub bind_address: Option<String>,
     /// `connect_timeout_ms`: an upstream's connect timeout.
     pub connect_timeout_ms: Option<u32>,
+    /// `limits`: an upstream's circuit breakers.
+    pub limits: Option<UpstreamLimits>,
+    /// `passive_health_check`: an upstream's outlier detection.
+    pub passive_health_check: Option<PassiveHealthCheck>,
+}
+
+/// Circuit breakers of an upstream (Envoy's defaults where unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamLimits {
+    /// Most connections to all instances.
+    #[serde(
+        rename = "MaxConnections",
+        alias = "max_connections",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_connections: Option<u32>,
+    /// Most requests waiting for a connection.
+    #[serde(
+        rename = "MaxPendingRequests",
+        alias = "max_pending_requests",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_pending_requests: Option<u32>,
+    /// Most requests in flight.
+    #[serde(
+        rename = "MaxConcurrentRequests",
+        alias = "max_concurrent_requests",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_concurrent_requests: Option<u32>,
+}
+
+/// Outlier detection of an upstream: instances that keep failing are ejected for a while.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PassiveHealthCheck {
+    /// Time between ejection sweeps.
+    #[serde(
+        rename = "Interval",
+        alias = "interval",
+        skip_serializing_if = "crate::GoDuration::is_zero"
+    )]
+    pub interval: crate::GoDuration,
+    /// Consecutive 5xx (or connect failures) before an instance is ejected.
+    #[serde(
+        rename = "MaxFailures",
+        alias = "max_failures",
+        skip_serializing_if = "crate::json::ser::is_default"
+    )]
+    pub max_failures: u32,
+    /// Percent chance an ejection on consecutive 5xx is enforced (default 100).
+    #[serde(
+        rename = "EnforcingConsecutive5xx",
+        alias = "enforcing_consecutive_5xx",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enforcing_consecutive_5xx: Option<u32>,
+    /// Most instances ejected at once, percent.
+    #[serde(
+        rename = "MaxEjectionPercent",
+        alias = "max_ejection_percent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_ejection_percent: Option<u32>,
+    /// Base ejection time (multiplied by the ejection count).
+    #[serde(
+        rename = "BaseEjectionTime",
+        alias = "base_ejection_time",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub base_ejection_time: Option<crate::GoDuration>,
+}
+
+impl PassiveHealthCheck {
+    /// Checks the percentages, naming fields under `at`.
+    pub fn check(&self, at: &str) -> Result<(), crate::ValidationError> {
+        for (field, v) in [
+            ("EnforcingConsecutive5xx", self.enforcing_consecutive_5xx),
+            ("MaxEjectionPercent", self.max_ejection_percent),
+        ] {
+            if v.is_some_and(|v| v > 100) {
+                return Err(crate::ValidationError::new(
+                    format!("{at}.{field}"),
+                    crate::Problem::OutOfRange { min: 0, max: 100 },
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Key of the protocol in opaque config maps.
@@ -97,6 +187,10 @@ pub const PROTOCOL_KEY: &str = "protocol";
 pub const BIND_ADDRESS_KEY: &str = "bind_address";
 /// Key of an upstream's connect timeout, milliseconds.
 pub const CONNECT_TIMEOUT_MS_KEY: &str = "connect_timeout_ms";
+/// Key of an upstream's circuit breakers.
+pub const LIMITS_KEY: &str = "limits";
+/// Key of an upstream's outlier detection.
+pub const PASSIVE_HEALTH_CHECK_KEY: &str = "passive_health_check";
 
 impl ProxyOptions {
     /// Reads the keys meshd acts on from `config` (values of the wrong type are ignored here;
@@ -116,7 +210,35 @@ impl ProxyOptions {
                 .get(CONNECT_TIMEOUT_MS_KEY)
                 .and_then(|v| v.as_u64())
                 .and_then(|v| u32::try_from(v).ok()),
+            limits: config.get(LIMITS_KEY).and_then(|v| UpstreamLimits::deserialize(v).ok()),
+            passive_health_check: config
+                .get(PASSIVE_HEALTH_CHECK_KEY)
+                .and_then(|v| PassiveHealthCheck::deserialize(v).ok()),
         }
+    }
+
+    /// Checks the typed keys of an upstream's `Config`, naming the field.
+    pub fn check_upstream(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
+        if let Some(v) = config.get(LIMITS_KEY) {
+            UpstreamLimits::deserialize(v)
+                .map_err(|e| crate::ValidationError::new("Config.limits", crate::Problem::Invalid(e.to_string())))?;
+        }
+        if let Some(v) = config.get(PASSIVE_HEALTH_CHECK_KEY) {
+            PassiveHealthCheck::deserialize(v)
+                .map_err(|e| {
+                    crate::ValidationError::new("Config.passive_health_check", crate::Problem::Invalid(e.to_string()))
+                })?
+                .check("Config.passive_health_check")?;
+        }
+        if let Some(v) = config.get(CONNECT_TIMEOUT_MS_KEY)
+            && v.as_u64().is_none_or(|v| u32::try_from(v).is_err())
+        {
+            return Err(crate::ValidationError::new(
+                "Config.connect_timeout_ms",
+                crate::Problem::Invalid("must be a whole number of milliseconds".into()),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -364,6 +364,6 @@ impl Validate for Upstream {
                 Problem::Invalid("must be a string".into()),
             ));
         }
-        Ok(())
+        crate::ProxyOptions::check_upstream(&self.config)
     }
 }

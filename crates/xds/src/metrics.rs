@@ -25,6 +25,7 @@ pub struct XdsMetrics {
     streams: Gauge,
     refused: Counter,
     paced: Counter,
+    build_failures: Counter,
     responses: PerType,
     nacks: PerType,
     ack: AckHistogram,
@@ -142,6 +143,15 @@ impl XdsMetrics {
     pub(crate) fn nack(&self, type_url: &str) {
         self.nacks.inc(type_url);
     }
+    pub(crate) fn build_failed(&self, parts: u64) {
+        self.build_failures.inc_by(parts);
+    }
+
+    /// Parts of proxies' configuration that could not be built (each new failure once).
+    pub fn build_failures(&self) -> u64 {
+        self.build_failures.get()
+    }
+
     pub(crate) fn acked_after(&self, d: Duration) {
         self.ack.observe(d);
     }
@@ -180,6 +190,11 @@ impl XdsMetrics {
             "meshd_xds_responses",
             "xDS responses sent, by type",
             self.responses.clone(),
+        );
+        registry.register(
+            "meshd_xds_build_failures",
+            "Parts of a proxy's configuration (an upstream) that could not be built; the proxy keeps their last good resources",
+            self.build_failures.clone(),
         );
         registry.register(
             "meshd_xds_nacks",

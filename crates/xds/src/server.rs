@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use parking_lot::Mutex;
 use proxycfg::{ConfigSnapshot, ProxyRequest, SnapshotSource, SourceError, WatchEvent, Watcher};
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -95,6 +96,9 @@ struct Inner {
     open: Arc<std::sync::atomic::AtomicUsize>,
     /// Resources built per snapshot, shared by every stream of that proxy.
     built: Mutex<SweptMap<usize, Built>>,
+    /// Per proxy, its latest resources that have build problems (weak: gone with the
+    /// streams that hold them).
+    problems: Mutex<SweptMap<proxycfg::ProxyId, Weak<VersionedResources>>>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
     /// Tracks live streams (each holds a token) so shutdown can wait for them.
@@ -124,11 +128,18 @@ impl XdsServer {
                 open: Arc::default(),
                 metrics: Arc::new(XdsMetrics::default()),
                 built: Mutex::new(SweptMap::default()),
+                problems: Mutex::new(SweptMap::default()),
                 shared: crate::resources::SharedEncodings::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
         }
+    }
+
+    /// The parts of `proxy`'s configuration (by upstream) that cannot be built now, with
+    /// the problem: the proxy keeps their last good resources.
+    pub fn build_problems(&self, proxy: &proxycfg::ProxyId) -> BTreeMap<String, String> {
+        self.inner.problems_of(proxy)
     }
 
     /// The server's counters.
@@ -167,11 +178,56 @@ impl Inner {
             Some(&self.shared),
             previous.map(|p| &**p),
         )?);
+        self.note_problems(snap, previous.map(|p| &**p), &resources);
         let mut built = self.built.lock();
         built.insert(key, (Arc::downgrade(snap), Arc::downgrade(&resources)), |_, (s, r)| {
             s.strong_count() > 0 && r.strong_count() > 0
         });
         Ok(resources)
+    }
+
+    /// Counts and logs (once per change) the parts of a proxy's configuration that could not
+    /// be built, and remembers them for the proxy's status.
+    fn note_problems(
+        &self,
+        snap: &ConfigSnapshot,
+        previous: Option<&VersionedResources>,
+        built: &Arc<VersionedResources>,
+    ) {
+        let before = previous.map(|p| &p.problems);
+        let mut new = 0;
+        for (part, problem) in &built.problems {
+            if before.and_then(|b| b.get(part)) != Some(problem) {
+                new += 1;
+                warn!(proxy = %snap.proxy_id, %part, %problem, "cannot build this part of the proxy's configuration; it keeps its last good resources");
+            }
+        }
+        if new > 0 {
+            self.metrics.build_failed(new);
+        }
+        for part in before.into_iter().flat_map(|b| b.keys()) {
+            if !built.problems.contains_key(part) {
+                tracing::info!(proxy = %snap.proxy_id, %part, "configuration builds again");
+            }
+        }
+        let mut problems = self.problems.lock();
+        if built.problems.is_empty() {
+            problems.remove(&snap.proxy_id);
+        } else {
+            problems.insert((*snap.proxy_id).clone(), Arc::downgrade(built), |_, w| {
+                w.strong_count() > 0
+            });
+        }
+    }
+
+    /// The parts of `proxy`'s configuration that cannot be built now, with the problem.
+    fn problems_of(&self, proxy: &proxycfg::ProxyId) -> BTreeMap<String, String> {
+        self.problems
+            .lock()
+            .get(proxy)
+            .and_then(Weak::upgrade)
+            .map(|r| r.problems.clone())
+            .unwrap_or_default()
     }
 
     fn record(&self, ack: &Ack, since: Instant) {

@@ -21,12 +21,18 @@ pub struct VersionedResources {
     /// The snapshot these were built from (when built from one): the next build of the same
     /// proxy compares its inputs with it to reuse what cannot have changed.
     pub snapshot: Option<Arc<ConfigSnapshot>>,
+    /// Parts of the snapshot that could not be built (by upstream): their resources are the
+    /// last good ones, or absent if there never were any.
+    pub problems: BTreeMap<String, String>,
+    /// The resources the failed parts keep from the last good build.
+    keep: Vec<(&'static str, String)>,
 }
 
 impl VersionedResources {
     /// Hashes every resource of `resources`; with `shared`, a resource some other proxy
     /// already has (same type and encoding) is that proxy's very `Arc`, stored once.
     pub fn from_resources(resources: Resources, shared: Option<&resources::SharedEncodings>) -> Self {
+        let (problems, keep) = (resources.problems, resources.keep);
         let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
@@ -51,6 +57,20 @@ impl VersionedResources {
         Self {
             by_type: by_type.into_iter().map(|(t, m)| (t, Arc::new(m))).collect(),
             snapshot: None,
+            problems,
+            keep,
+        }
+    }
+
+    /// Copies into this build the last good version (from `previous`) of every resource a
+    /// failed part keeps.
+    fn keep_from(&mut self, previous: Option<&VersionedResources>) {
+        let Some(previous) = previous else { return };
+        for (type_url, name) in std::mem::take(&mut self.keep) {
+            if let Some(v) = previous.get(type_url, &name) {
+                Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));
+            }
+            self.keep.push((type_url, name));
         }
     }
 
@@ -84,9 +104,15 @@ impl VersionedResources {
                 Self {
                     by_type,
                     snapshot: None,
+                    problems: prev.problems.clone(),
+                    keep: prev.keep.clone(),
                 }
             }
-            None => Self::build(snapshot, shared)?,
+            None => {
+                let mut built = Self::build(snapshot, shared)?;
+                built.keep_from(previous);
+                built
+            }
         };
         built.snapshot = Some(Arc::clone(snapshot));
         Ok(built)

@@ -25,8 +25,14 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 use prost::{Message, Name};
+use proxycfg::{ConfigSnapshot, KindSnapshot};
+use std::collections::BTreeMap;
 use std::process::Command;
-use structs::config_entry::IntentionAction;
+use std::sync::Arc;
+use structs::Intention;
+use structs::config_entry::{
+    IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission,
+};
 use test_support::envoy;
 use xds::resources::{self, CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 
@@ -223,8 +229,13 @@ fn redact_pem(text: &str) -> String {
 
 fn validate(name: &str, scenario: &Scenario) {
     let ca = Ca::new();
-    let snap = snapshot(&ca, scenario);
-    let r = resources::build(&snap).unwrap();
+    validate_snapshot(name, &snapshot(&ca, scenario));
+}
+
+/// Checks the resources built from `snap` against the golden `name` and with Envoy, and
+/// returns them.
+fn validate_snapshot(name: &str, snap: &ConfigSnapshot) -> resources::Resources {
+    let r = resources::build(snap).unwrap();
     insta::assert_snapshot!(name, golden_text(&r, &snap.roots.as_ref().unwrap().trust_domain));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("{name}.pb"));
@@ -240,6 +251,7 @@ fn validate(name: &str, scenario: &Scenario) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    r
 }
 
 #[test]
@@ -323,6 +335,207 @@ fn default_deny_with_an_allow_intention() {
             instances: vec![],
         },
     );
+}
+
+/// `snap` with `intentions` (to `web`) in place of the scenario's.
+fn with_intentions(mut snap: ConfigSnapshot, intentions: Vec<Intention>) -> ConfigSnapshot {
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    cp.intentions = Some(Arc::new(intentions));
+    snap
+}
+
+fn intention(source: &str, action: Option<IntentionAction>, permissions: Vec<IntentionPermission>) -> Intention {
+    let mut i = Intention {
+        source_ns: "default".into(),
+        source_name: source.into(),
+        destination_ns: "default".into(),
+        destination_name: "web".into(),
+        action,
+        permissions,
+        ..Default::default()
+    };
+    i.update_precedence();
+    i
+}
+
+fn permission(action: IntentionAction, http: IntentionHttpPermission) -> IntentionPermission {
+    IntentionPermission {
+        action,
+        http: Some(http),
+    }
+}
+
+/// L7 intentions using every kind of condition: paths (exact, prefix, regex), headers
+/// (present, exact, prefix, suffix, regex, inverted) and methods, with a precise L4 deny and
+/// a wildcard with permissions.
+fn l7_intentions() -> Vec<Intention> {
+    use IntentionAction::{Allow, Deny};
+    let header = |name: &str| IntentionHttpHeaderPermission {
+        name: name.into(),
+        ..Default::default()
+    };
+    vec![
+        intention(
+            "api",
+            None,
+            vec![
+                permission(
+                    Deny,
+                    IntentionHttpPermission {
+                        path_prefix: "/admin".into(),
+                        ..Default::default()
+                    },
+                ),
+                permission(
+                    Allow,
+                    IntentionHttpPermission {
+                        path_regex: "/api/v[0-9]+/.*".into(),
+                        header: vec![
+                            IntentionHttpHeaderPermission {
+                                prefix: "al".into(),
+                                ..header("x-user")
+                            },
+                            IntentionHttpHeaderPermission {
+                                suffix: ".internal".into(),
+                                invert: true,
+                                ..header("x-origin")
+                            },
+                        ],
+                        methods: vec!["GET".into(), "POST".into()],
+                        ..Default::default()
+                    },
+                ),
+                permission(
+                    Deny,
+                    IntentionHttpPermission {
+                        header: vec![IntentionHttpHeaderPermission {
+                            present: true,
+                            ..header("x-debug")
+                        }],
+                        ..Default::default()
+                    },
+                ),
+                permission(
+                    Deny,
+                    IntentionHttpPermission {
+                        header: vec![
+                            IntentionHttpHeaderPermission {
+                                regex: "^t-[0-9]+$".into(),
+                                invert: true,
+                                ..header("x-tenant")
+                            },
+                            IntentionHttpHeaderPermission {
+                                exact: "yes".into(),
+                                ..header("x-beta")
+                            },
+                        ],
+                        ..Default::default()
+                    },
+                ),
+            ],
+        ),
+        intention("billing", Some(Deny), vec![]),
+        intention(
+            "*",
+            None,
+            vec![
+                permission(
+                    Deny,
+                    IntentionHttpPermission {
+                        methods: vec!["DELETE".into()],
+                        ..Default::default()
+                    },
+                ),
+                permission(
+                    Deny,
+                    IntentionHttpPermission {
+                        path_exact: "/internal".into(),
+                        ..Default::default()
+                    },
+                ),
+                permission(
+                    Allow,
+                    IntentionHttpPermission {
+                        path_prefix: "/".into(),
+                        ..Default::default()
+                    },
+                ),
+            ],
+        ),
+    ]
+}
+
+/// The RBAC of the public listener's filters, readable (policies in name order).
+fn public_rbac_text(r: &resources::Resources) -> String {
+    use envoy_types::pb::envoy::config::rbac::v3::Rbac;
+    use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter;
+    use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+    let text = |name: &str, rules: Option<Rbac>| {
+        let rules = rules.unwrap();
+        let policies: BTreeMap<_, _> = rules.policies.into_iter().collect();
+        format!("{name}: action {}\npolicies: {policies:#?}\n", rules.action)
+    };
+    let mut out = String::new();
+    for (name, any) in r.of(LISTENER).unwrap() {
+        if !name.starts_with("public_listener:") {
+            continue;
+        }
+        let l: Listener = unpack(any);
+        for f in l.filter_chains.iter().flat_map(|c| &c.filters) {
+            let Some(filter::ConfigType::TypedConfig(cfg)) = &f.config_type else {
+                continue;
+            };
+            if cfg.type_url == NetworkRbac::type_url() {
+                out.push_str(&text(&f.name, unpack::<NetworkRbac>(cfg).rules));
+            } else if cfg.type_url == HttpConnectionManager::type_url() {
+                for hf in unpack::<HttpConnectionManager>(cfg).http_filters {
+                    if let Some(http_filter::ConfigType::TypedConfig(cfg)) = &hf.config_type
+                        && cfg.type_url == HttpRbac::type_url()
+                    {
+                        out.push_str(&text(&hf.name, unpack::<HttpRbac>(cfg).rules));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Intentions with permissions on an HTTP service: the HTTP RBAC filter evaluates them per
+/// request, and Envoy accepts every kind of matcher they compile to.
+#[test]
+fn l7_intentions_on_an_http_service() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "http",
+        upstreams: vec![],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let snap = with_intentions(snapshot(&ca, &scenario), l7_intentions());
+    let r = validate_snapshot("l7-intentions-http", &snap);
+    let rbac = public_rbac_text(&r);
+    assert!(rbac.starts_with("envoy.filters.http.rbac: "), "{rbac}");
+    insta::assert_snapshot!("l7-intentions-http-rbac", rbac);
+}
+
+/// The same intentions on a TCP service: the network RBAC filter cannot evaluate
+/// permissions, so it denies their sources (fail closed).
+#[test]
+fn l7_intentions_on_a_tcp_service_fail_closed() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "tcp",
+        upstreams: vec![],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let snap = with_intentions(snapshot(&ca, &scenario), l7_intentions());
+    let r = validate_snapshot("l7-intentions-tcp", &snap);
+    let rbac = public_rbac_text(&r);
+    assert!(rbac.starts_with("envoy.filters.network.rbac: "), "{rbac}");
+    insta::assert_snapshot!("l7-intentions-tcp-rbac", rbac);
 }
 
 /// The check itself must be able to fail: a configuration Envoy cannot accept is refused.

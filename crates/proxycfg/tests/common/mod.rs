@@ -5,7 +5,7 @@ use proxycfg::data_sources::*;
 use proxycfg::fake::FakeDataSources;
 use proxycfg::*;
 use std::{sync::Arc, time::Duration};
-use structs::discovery_chain::{ChainNode, DiscoveryTarget, TargetSubset, target_sni};
+use structs::discovery_chain::{ChainNode, ChainResolver, DiscoveryTarget, TargetSubset, target_sni};
 use structs::*;
 
 pub const TRUST: &str = "11111111-2222-3333-4444-555555555555.consul";
@@ -111,16 +111,19 @@ pub fn chain_with_targets(service: &str, targets: &[(&str, &str)]) -> CompiledDi
                 },
                 sni: target_sni(subset, service, "default", dc, TRUST),
                 connect_timeout_ms: 5000,
+                load_balancer: None,
             },
         );
         chain.nodes.insert(
             format!("resolver:{id}"),
-            ChainNode::Resolver {
-                name: format!("resolver:{id}"),
-                target: id,
-                failover: vec![],
-                connect_timeout_ms: 5000,
-            },
+            ChainNode::resolver(
+                id.to_string(),
+                ChainResolver {
+                    target: id,
+                    ..Default::default()
+                },
+                None,
+            ),
         );
     }
     chain.default = false;

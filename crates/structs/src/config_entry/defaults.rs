@@ -66,6 +66,12 @@ pub struct UpstreamConfig {
     /// Mesh gateway mode for this upstream.
     #[serde(rename = "MeshGateway")]
     pub mesh_gateway: MeshGatewayConfig,
+    /// Circuit breakers.
+    #[serde(rename = "Limits", skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::protocol::UpstreamLimits>,
+    /// Outlier detection.
+    #[serde(rename = "PassiveHealthCheck", skip_serializing_if = "Option::is_none")]
+    pub passive_health_check: Option<crate::protocol::PassiveHealthCheck>,
 }
 
 /// Upstream config of a service: per-destination overrides and defaults.
@@ -150,6 +156,9 @@ impl Validate for ServiceDefaults {
                 if !o.protocol.is_empty() {
                     check_protocol(&format!("{at}.Protocol"), &o.protocol)?;
                 }
+                if let Some(p) = &o.passive_health_check {
+                    p.check(&format!("{at}.PassiveHealthCheck"))?;
+                }
             }
             if let Some(d) = &uc.defaults {
                 if !d.name.is_empty() {
@@ -160,6 +169,9 @@ impl Validate for ServiceDefaults {
                 }
                 if !d.protocol.is_empty() {
                     check_protocol("UpstreamConfig.Defaults.Protocol", &d.protocol)?;
+                }
+                if let Some(p) = &d.passive_health_check {
+                    p.check("UpstreamConfig.Defaults.PassiveHealthCheck")?;
                 }
             }
         }

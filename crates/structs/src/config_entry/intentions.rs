@@ -208,6 +208,38 @@ impl Validate for ServiceIntentions {
                         ));
                     }
                 }
+                super::routing::check_regex(&format!("{pat}.PathRegex"), &http.path_regex)?;
+                for (k, h) in http.header.iter().enumerate() {
+                    let hat = format!("{pat}.Header[{k}]");
+                    if h.name.is_empty() {
+                        return Err(ValidationError::new(format!("{hat}.Name"), Problem::Required("")));
+                    }
+                    let set = [
+                        h.present,
+                        !h.exact.is_empty(),
+                        !h.prefix.is_empty(),
+                        !h.suffix.is_empty(),
+                        !h.regex.is_empty(),
+                    ]
+                    .iter()
+                    .filter(|b| **b)
+                    .count();
+                    if set > 1 {
+                        return Err(ValidationError::new(
+                            hat,
+                            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
+                        ));
+                    }
+                    super::routing::check_regex(&format!("{hat}.Regex"), &h.regex)?;
+                }
+                for (k, m) in http.methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                        return Err(ValidationError::new(
+                            format!("{pat}.Methods[{k}]"),
+                            Problem::Invalid(format!("{m:?} is not an HTTP method")),
+                        ));
+                    }
+                }
             }
         }
         Ok(())

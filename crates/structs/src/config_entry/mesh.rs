@@ -83,6 +83,48 @@ pub struct MeshConfig {
 
 const TLS_VERSIONS: [&str; 5] = ["TLS_AUTO", "TLSv1_0", "TLSv1_1", "TLSv1_2", "TLSv1_3"];
 
+/// Cipher suites a mesh may name (TLS 1.2 and below), by IANA name, and the name Envoy
+/// (BoringSSL) knows each by. Either name is accepted.
+const CIPHER_SUITES: [(&str, &str); 12] = [
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+    ),
+    ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "ECDHE-RSA-AES128-GCM-SHA256"),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+    ),
+    ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", "ECDHE-RSA-AES256-GCM-SHA384"),
+    ("TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA", "ECDHE-ECDSA-AES128-SHA"),
+    ("TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA", "ECDHE-RSA-AES128-SHA"),
+    ("TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA", "ECDHE-ECDSA-AES256-SHA"),
+    ("TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA", "ECDHE-RSA-AES256-SHA"),
+    ("TLS_RSA_WITH_AES_128_GCM_SHA256", "AES128-GCM-SHA256"),
+    ("TLS_RSA_WITH_AES_256_GCM_SHA384", "AES256-GCM-SHA384"),
+];
+
+/// Envoy's name of a cipher suite given by its IANA or Envoy name; `None` if unknown.
+pub fn envoy_cipher_name(name: &str) -> Option<&'static str> {
+    CIPHER_SUITES
+        .iter()
+        .find(|(iana, envoy)| *iana == name || *envoy == name)
+        .map(|(_, envoy)| *envoy)
+}
+
+/// Position of a TLS version in [`TLS_VERSIONS`] (`TLS_AUTO` and unset: none).
+fn version_rank(v: &str) -> Option<usize> {
+    TLS_VERSIONS.iter().skip(1).position(|t| *t == v)
+}
+
 impl Validate for MeshConfig {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::Mesh, &self.name)?;
@@ -100,6 +142,31 @@ impl Validate for MeshConfig {
                                 "unknown TLS version {v:?}: expected one of {}",
                                 TLS_VERSIONS.join(", ")
                             )),
+                        ));
+                    }
+                }
+                if let (Some(min), Some(max)) = (version_rank(&cfg.tls_min_version), version_rank(&cfg.tls_max_version))
+                    && min > max
+                {
+                    return Err(ValidationError::new(
+                        format!("TLS.{dir}.TLSMinVersion"),
+                        Problem::Invalid(format!(
+                            "{} is above TLSMaxVersion {}",
+                            cfg.tls_min_version, cfg.tls_max_version
+                        )),
+                    ));
+                }
+                if !cfg.cipher_suites.is_empty() && cfg.tls_min_version == "TLSv1_3" {
+                    return Err(ValidationError::new(
+                        format!("TLS.{dir}.CipherSuites"),
+                        Problem::NotAllowed("with TLSMinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"),
+                    ));
+                }
+                for (i, c) in cfg.cipher_suites.iter().enumerate() {
+                    if envoy_cipher_name(c).is_none() {
+                        return Err(ValidationError::new(
+                            format!("TLS.{dir}.CipherSuites[{i}]"),
+                            Problem::Invalid(format!("unknown or unsupported cipher suite {c:?}")),
                         ));
                     }
                 }

@@ -10,11 +10,14 @@ pub use intentions::{
     IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
     SourceIntention,
 };
-pub use mesh::{MeshConfig, MeshHttpConfig, MeshTlsConfig, MeshTransparentProxyConfig, TlsDirectionConfig};
+pub use mesh::{
+    MeshConfig, MeshHttpConfig, MeshTlsConfig, MeshTransparentProxyConfig, TlsDirectionConfig, envoy_cipher_name,
+};
 pub use routing::{
-    ServiceResolver, ServiceResolverFailover, ServiceResolverRedirect, ServiceResolverSubset, ServiceRoute,
-    ServiceRouteDestination, ServiceRouteHttpMatch, ServiceRouteHttpMatchHeader, ServiceRouteHttpMatchQueryParam,
-    ServiceRouteMatch, ServiceRouter, ServiceSplit, ServiceSplitter,
+    CookieConfig, HashPolicy, HttpHeaderModifiers, LB_POLICIES, LeastRequestConfig, LoadBalancer, RETRY_ON_CONDITIONS,
+    RingHashConfig, ServiceResolver, ServiceResolverFailover, ServiceResolverFailoverTarget, ServiceResolverRedirect,
+    ServiceResolverSubset, ServiceRoute, ServiceRouteDestination, ServiceRouteHttpMatch, ServiceRouteHttpMatchHeader,
+    ServiceRouteHttpMatchQueryParam, ServiceRouteMatch, ServiceRouter, ServiceSplit, ServiceSplitter,
 };
 
 use crate::Index;

@@ -84,6 +84,46 @@ pub struct ServiceRouteMatch {
     pub http: Option<ServiceRouteHttpMatch>,
 }
 
+/// Headers to add, set or remove on a request or response.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpHeaderModifiers {
+    /// Append these values (keeping any already there).
+    #[serde(rename = "Add", skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, String>,
+    /// Replace any value with these.
+    #[serde(rename = "Set", skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, String>,
+    /// Remove these headers.
+    #[serde(rename = "Remove", skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+impl HttpHeaderModifiers {
+    /// True when nothing is changed.
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.set.is_empty() && self.remove.is_empty()
+    }
+
+    fn validate(&self, at: &str) -> Result<(), ValidationError> {
+        for (op, names) in [
+            ("Add", self.add.keys().collect::<Vec<_>>()),
+            ("Set", self.set.keys().collect()),
+            ("Remove", self.remove.iter().collect()),
+        ] {
+            for name in names {
+                if name.is_empty() || name.bytes().any(|b| b <= b' ' || b == b':' || b >= 0x7f) {
+                    return Err(ValidationError::new(
+                        format!("{at}.{op}"),
+                        Problem::Invalid(format!("{name:?} is not a valid header name")),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where a matching request goes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -115,7 +155,30 @@ pub struct ServiceRouteDestination {
     /// Retry on these status codes.
     #[serde(rename = "RetryOnStatusCodes")]
     pub retry_on_status_codes: Vec<u32>,
+    /// Envoy retry conditions (`5xx`, `gateway-error`, `reset`, `connect-failure`, ...).
+    #[serde(rename = "RetryOn", skip_serializing_if = "Vec::is_empty")]
+    pub retry_on: Vec<String>,
+    /// Request header changes.
+    #[serde(rename = "RequestHeaders", skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<HttpHeaderModifiers>,
+    /// Response header changes.
+    #[serde(rename = "ResponseHeaders", skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<HttpHeaderModifiers>,
 }
+
+/// The retry conditions Envoy's router accepts in `retry_on` that a route may name.
+pub const RETRY_ON_CONDITIONS: [&str; 10] = [
+    "5xx",
+    "gateway-error",
+    "reset",
+    "connect-failure",
+    "envoy-ratelimited",
+    "retriable-4xx",
+    "refused-stream",
+    "cancelled",
+    "deadline-exceeded",
+    "unavailable",
+];
 
 /// One route of a router.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,11 +237,58 @@ impl Validate for ServiceRouter {
                         ));
                     }
                 }
+                check_regex(&format!("{at}.Match.HTTP.PathRegex"), &http.path_regex)?;
                 for (j, h) in http.header.iter().enumerate() {
+                    let hat = format!("{at}.Match.HTTP.Header[{j}]");
                     if h.name.is_empty() {
+                        return Err(ValidationError::new(format!("{hat}.Name"), Problem::Required("")));
+                    }
+                    let set = [
+                        !h.exact.is_empty(),
+                        !h.prefix.is_empty(),
+                        !h.suffix.is_empty(),
+                        !h.regex.is_empty(),
+                        h.present,
+                    ]
+                    .iter()
+                    .filter(|b| **b)
+                    .count();
+                    if set > 1 {
                         return Err(ValidationError::new(
-                            format!("{at}.Match.HTTP.Header[{j}].Name"),
-                            Problem::Required(""),
+                            hat,
+                            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
+                        ));
+                    }
+                    check_regex(&format!("{hat}.Regex"), &h.regex)?;
+                }
+                for (j, q) in http.query_param.iter().enumerate() {
+                    let qat = format!("{at}.Match.HTTP.QueryParam[{j}]");
+                    if q.name.is_empty() {
+                        return Err(ValidationError::new(format!("{qat}.Name"), Problem::Required("")));
+                    }
+                    let set = [q.present, !q.exact.is_empty(), !q.regex.is_empty()]
+                        .iter()
+                        .filter(|b| **b)
+                        .count();
+                    if set != 1 {
+                        return Err(ValidationError::new(
+                            qat,
+                            Problem::Invalid("set exactly one of Present, Exact and Regex".into()),
+                        ));
+                    }
+                    check_regex(&format!("{qat}.Regex"), &q.regex)?;
+                }
+                for (j, m) in http.methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                        return Err(ValidationError::new(
+                            format!("{at}.Match.HTTP.Methods[{j}]"),
+                            Problem::Invalid(format!("{m:?} is not an HTTP method")),
+                        ));
+                    }
+                    if http.methods[..j].iter().any(|o| o.eq_ignore_ascii_case(m)) {
+                        return Err(ValidationError::new(
+                            format!("{at}.Match.HTTP.Methods[{j}]"),
+                            Problem::Duplicate(format!("method {m:?}")),
                         ));
                     }
                 }
@@ -197,6 +307,28 @@ impl Validate for ServiceRouter {
                 }
                 if !d.service.is_empty() {
                     check_name(&format!("{at}.Destination.Service"), &d.service, "")?;
+                }
+                for (j, c) in d.retry_on.iter().enumerate() {
+                    if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
+                        return Err(ValidationError::new(
+                            format!("{at}.Destination.RetryOn[{j}]"),
+                            Problem::Invalid(format!("{c:?} is not one of {}", RETRY_ON_CONDITIONS.join(", "))),
+                        ));
+                    }
+                }
+                for (j, code) in d.retry_on_status_codes.iter().enumerate() {
+                    if !(100..=599).contains(code) {
+                        return Err(ValidationError::new(
+                            format!("{at}.Destination.RetryOnStatusCodes[{j}]"),
+                            Problem::OutOfRange { min: 100, max: 599 },
+                        ));
+                    }
+                }
+                if let Some(h) = &d.request_headers {
+                    h.validate(&format!("{at}.Destination.RequestHeaders"))?;
+                }
+                if let Some(h) = &d.response_headers {
+                    h.validate(&format!("{at}.Destination.ResponseHeaders"))?;
                 }
             }
         }
@@ -220,6 +352,12 @@ pub struct ServiceSplit {
     /// Namespace.
     #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// Request header changes for this leg.
+    #[serde(rename = "RequestHeaders", skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<HttpHeaderModifiers>,
+    /// Response header changes for this leg.
+    #[serde(rename = "ResponseHeaders", skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<HttpHeaderModifiers>,
 }
 
 impl Eq for ServiceSplit {}
@@ -263,6 +401,15 @@ impl Validate for ServiceSplitter {
                 ));
             }
             total_hundredths += (f64::from(s.weight) * 100.0).round() as i64;
+            if let Some(h) = &s.request_headers {
+                h.validate(&format!("Splits[{i}].RequestHeaders"))?;
+            }
+            if let Some(h) = &s.response_headers {
+                h.validate(&format!("Splits[{i}].ResponseHeaders"))?;
+            }
+            if !s.service.is_empty() {
+                check_name(&format!("Splits[{i}].Service"), &s.service, "")?;
+            }
         }
         if total_hundredths != 10_000 {
             return Err(ValidationError::new(
@@ -323,6 +470,187 @@ pub struct ServiceResolverFailover {
     /// Datacenters to try, in order.
     #[serde(rename = "Datacenters")]
     pub datacenters: Vec<String>,
+    /// Targets to try, in order (exclusive with the fields above).
+    #[serde(rename = "Targets")]
+    pub targets: Vec<ServiceResolverFailoverTarget>,
+}
+
+/// One failover target.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceResolverFailoverTarget {
+    /// Service (default: the resolver's own).
+    #[serde(rename = "Service", skip_serializing_if = "String::is_empty")]
+    pub service: String,
+    /// Subset.
+    #[serde(rename = "ServiceSubset", skip_serializing_if = "String::is_empty")]
+    pub service_subset: String,
+    /// Namespace.
+    #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Datacenter.
+    #[serde(rename = "Datacenter", skip_serializing_if = "String::is_empty")]
+    pub datacenter: String,
+}
+
+/// Ring-hash sizes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RingHashConfig {
+    /// Minimum ring size (0: Envoy's default).
+    #[serde(rename = "MinimumRingSize", skip_serializing_if = "crate::json::ser::is_default")]
+    pub minimum_ring_size: u64,
+    /// Maximum ring size (0: Envoy's default).
+    #[serde(rename = "MaximumRingSize", skip_serializing_if = "crate::json::ser::is_default")]
+    pub maximum_ring_size: u64,
+}
+
+/// Least-request settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeastRequestConfig {
+    /// Hosts sampled per pick (0: Envoy's default of 2).
+    #[serde(rename = "ChoiceCount", skip_serializing_if = "crate::json::ser::is_default")]
+    pub choice_count: u32,
+}
+
+/// Cookie settings of a cookie hash policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CookieConfig {
+    /// A session cookie (no expiry).
+    #[serde(rename = "Session", skip_serializing_if = "std::ops::Not::not")]
+    pub session: bool,
+    /// Lifetime of a generated cookie.
+    #[serde(rename = "TTL", skip_serializing_if = "GoDuration::is_zero")]
+    pub ttl: GoDuration,
+    /// Path of a generated cookie.
+    #[serde(rename = "Path", skip_serializing_if = "String::is_empty")]
+    pub path: String,
+}
+
+/// What a consistent-hash load balancer hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HashPolicy {
+    /// `header`, `cookie` or `query_parameter` (empty with `SourceIP`).
+    #[serde(rename = "Field", skip_serializing_if = "String::is_empty")]
+    pub field: String,
+    /// Name of the header, cookie or parameter.
+    #[serde(rename = "FieldValue", skip_serializing_if = "String::is_empty")]
+    pub field_value: String,
+    /// Cookie settings.
+    #[serde(rename = "CookieConfig", skip_serializing_if = "Option::is_none")]
+    pub cookie_config: Option<CookieConfig>,
+    /// Hash the source address.
+    #[serde(rename = "SourceIP", skip_serializing_if = "std::ops::Not::not")]
+    pub source_ip: bool,
+    /// Stop at this policy when it produced a hash.
+    #[serde(rename = "Terminal", skip_serializing_if = "std::ops::Not::not")]
+    pub terminal: bool,
+}
+
+/// Load balancing of a service's instances.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadBalancer {
+    /// `round_robin` (default), `least_request`, `ring_hash`, `maglev` or `random`.
+    #[serde(rename = "Policy", skip_serializing_if = "String::is_empty")]
+    pub policy: String,
+    /// Ring-hash sizes.
+    #[serde(rename = "RingHashConfig", skip_serializing_if = "Option::is_none")]
+    pub ring_hash_config: Option<RingHashConfig>,
+    /// Least-request settings.
+    #[serde(rename = "LeastRequestConfig", skip_serializing_if = "Option::is_none")]
+    pub least_request_config: Option<LeastRequestConfig>,
+    /// Hash policies (ring_hash and maglev only).
+    #[serde(rename = "HashPolicies", skip_serializing_if = "Vec::is_empty")]
+    pub hash_policies: Vec<HashPolicy>,
+}
+
+/// The load-balancer policies a resolver may name.
+pub const LB_POLICIES: [&str; 5] = ["round_robin", "least_request", "ring_hash", "maglev", "random"];
+
+impl LoadBalancer {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if !self.policy.is_empty() && !LB_POLICIES.contains(&self.policy.as_str()) {
+            return Err(ValidationError::new(
+                "LoadBalancer.Policy",
+                Problem::Invalid(format!("{:?} is not one of {}", self.policy, LB_POLICIES.join(", "))),
+            ));
+        }
+        let hashing = matches!(self.policy.as_str(), "ring_hash" | "maglev");
+        if self.ring_hash_config.is_some() && self.policy != "ring_hash" {
+            return Err(ValidationError::new(
+                "LoadBalancer.RingHashConfig",
+                Problem::NotAllowed("unless Policy is ring_hash"),
+            ));
+        }
+        if self.least_request_config.is_some() && self.policy != "least_request" {
+            return Err(ValidationError::new(
+                "LoadBalancer.LeastRequestConfig",
+                Problem::NotAllowed("unless Policy is least_request"),
+            ));
+        }
+        if let Some(r) = &self.ring_hash_config
+            && r.maximum_ring_size != 0
+            && r.minimum_ring_size > r.maximum_ring_size
+        {
+            return Err(ValidationError::new(
+                "LoadBalancer.RingHashConfig.MinimumRingSize",
+                Problem::Invalid("must not exceed MaximumRingSize".into()),
+            ));
+        }
+        if !self.hash_policies.is_empty() && !hashing {
+            return Err(ValidationError::new(
+                "LoadBalancer.HashPolicies",
+                Problem::NotAllowed("unless Policy is ring_hash or maglev"),
+            ));
+        }
+        for (i, h) in self.hash_policies.iter().enumerate() {
+            let at = format!("LoadBalancer.HashPolicies[{i}]");
+            if h.source_ip {
+                if !h.field.is_empty() || !h.field_value.is_empty() {
+                    return Err(ValidationError::new(
+                        format!("{at}.SourceIP"),
+                        Problem::NotAllowed("together with Field or FieldValue"),
+                    ));
+                }
+                continue;
+            }
+            if !matches!(h.field.as_str(), "header" | "cookie" | "query_parameter") {
+                return Err(ValidationError::new(
+                    format!("{at}.Field"),
+                    Problem::Invalid(format!(
+                        "{:?} is not one of header, cookie, query_parameter (or set SourceIP)",
+                        h.field
+                    )),
+                ));
+            }
+            if h.field_value.is_empty() {
+                return Err(ValidationError::new(
+                    format!("{at}.FieldValue"),
+                    Problem::Required("with Field"),
+                ));
+            }
+            if h.cookie_config.is_some() && h.field != "cookie" {
+                return Err(ValidationError::new(
+                    format!("{at}.CookieConfig"),
+                    Problem::NotAllowed("unless Field is cookie"),
+                ));
+            }
+            if let Some(c) = &h.cookie_config
+                && c.session
+                && !c.ttl.is_zero()
+            {
+                return Err(ValidationError::new(
+                    format!("{at}.CookieConfig.TTL"),
+                    Problem::NotAllowed("for a session cookie"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Subsets, redirect and failover for a service.
@@ -350,6 +678,9 @@ pub struct ServiceResolver {
     /// Request timeout.
     #[serde(rename = "RequestTimeout", skip_serializing_if = "GoDuration::is_zero")]
     pub request_timeout: GoDuration,
+    /// Load balancing of the service's instances.
+    #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<LoadBalancer>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -400,13 +731,50 @@ impl Validate for ServiceResolver {
                     Problem::Invalid("must be \"*\" or the name of a subset".into()),
                 ));
             }
-            if f.service.is_empty() && f.service_subset.is_empty() && f.datacenters.is_empty() {
+            let classic = !f.service.is_empty() || !f.service_subset.is_empty() || !f.datacenters.is_empty();
+            if classic && !f.targets.is_empty() {
+                return Err(ValidationError::new(
+                    format!("Failover[{key:?}].Targets"),
+                    Problem::NotAllowed("together with Service, ServiceSubset or Datacenters"),
+                ));
+            }
+            if !classic && f.targets.is_empty() {
                 return Err(ValidationError::new(
                     format!("Failover[{key:?}]"),
-                    Problem::Invalid("must name a Service, ServiceSubset or Datacenters".into()),
+                    Problem::Invalid("must name Targets, or a Service, ServiceSubset or Datacenters".into()),
+                ));
+            }
+            for (i, t) in f.targets.iter().enumerate() {
+                if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() {
+                    return Err(ValidationError::new(
+                        format!("Failover[{key:?}].Targets[{i}]"),
+                        Problem::Invalid("must name a Service, ServiceSubset or Datacenter".into()),
+                    ));
+                }
+            }
+        }
+        for (name, subset) in &self.subsets {
+            if let Err(e) = subset.filter.parse::<crate::filter::Filter>() {
+                return Err(ValidationError::new(
+                    format!("Subsets[{name:?}].Filter"),
+                    Problem::Invalid(e.to_string()),
                 ));
             }
         }
+        if let Some(lb) = &self.load_balancer {
+            lb.validate()?;
+        }
         Ok(())
     }
+}
+
+/// A regex Envoy will be given (RE2 syntax, which the `regex` crate shares): refused at write
+/// time when it does not compile, so Envoy never rejects the resources built from it.
+pub(super) fn check_regex(field: &str, regex: &str) -> Result<(), ValidationError> {
+    if regex.is_empty() {
+        return Ok(());
+    }
+    regex::Regex::new(regex)
+        .map(drop)
+        .map_err(|e| ValidationError::new(field, Problem::Invalid(format!("invalid regex: {e}"))))
 }

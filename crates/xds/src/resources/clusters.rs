@@ -2,15 +2,20 @@
 
 use super::core::{ads, millis, socket};
 use super::{BuildError, CLUSTER, ENDPOINT, Resources, tls};
-use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::cluster::v3::{
+    CircuitBreakers, Cluster, OutlierDetection, circuit_breakers, cluster,
+};
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Http2ProtocolOptions};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
+use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig as AggregateClusterConfig;
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOptions, http_protocol_options};
-use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::pb::google::protobuf::{UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
 use proxycfg::ConfigSnapshot;
+use structs::config_entry::LoadBalancer;
+use structs::protocol::{PassiveHealthCheck, UpstreamLimits};
 use structs::{CheckServiceNode, SpiffeIdService};
 
 /// The cluster of the local application.
@@ -105,10 +110,22 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         }),
         ..Default::default()
     };
+    let mut local = local;
+    let local_protocol = proxy
+        .options()
+        .protocol
+        .or_else(|| cp.resolved_config.as_deref().map(|r| r.protocol()))
+        .unwrap_or_default();
+    if local_protocol.is_http2() {
+        local.typed_extension_protocol_options = http2_options();
+    }
     out.insert(CLUSTER, LOCAL_APP.into(), pack_any(local));
 
+    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
+    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
     for upstream in cp.upstreams.values() {
         let Some(chain) = &upstream.chain else { continue };
+        let options = snap.upstream_config(upstream).map(|u| u.options()).unwrap_or_default();
         for target in chain.targets.values() {
             let spiffe = SpiffeIdService {
                 trust_domain: roots.trust_domain.clone(),
@@ -124,16 +141,128 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                     service_name: String::new(),
                 }),
                 connect_timeout: millis(target.connect_timeout_ms),
-                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string())),
+                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.clone())),
+                circuit_breakers: options.limits.as_ref().map(circuit_breakers),
+                outlier_detection: options.passive_health_check.as_ref().map(outlier_detection),
                 ..Default::default()
             };
+            if let Some(lb) = &target.load_balancer {
+                load_balancer(&mut cluster, lb);
+            }
             if chain.protocol.is_http2() {
                 cluster.typed_extension_protocol_options = http2_options();
             }
             out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));
         }
+        // Failover: an aggregate cluster per resolver with failover targets, trying the
+        // primary first and each failover target once the ones before it have no healthy
+        // instance (Envoy's priority levels across the member clusters).
+        for node in chain.nodes.values() {
+            let Some(resolver) = &node.resolver else { continue };
+            let Some(failover) = &resolver.failover else { continue };
+            let members: Vec<String> = std::iter::once(&resolver.target)
+                .chain(&failover.targets)
+                .filter_map(|t| chain.targets.get(t).map(|t| t.sni.clone()))
+                .collect();
+            let Some(primary) = chain.targets.get(&resolver.target) else {
+                continue;
+            };
+            let name = failover_cluster_name(&primary.sni);
+            let aggregate = Cluster {
+                name: name.clone(),
+                cluster_discovery_type: Some(cluster::ClusterDiscoveryType::ClusterType(cluster::CustomClusterType {
+                    name: "envoy.clusters.aggregate".into(),
+                    typed_config: Some(pack_any(AggregateClusterConfig { clusters: members })),
+                })),
+                connect_timeout: millis(primary.connect_timeout_ms),
+                lb_policy: cluster::LbPolicy::ClusterProvided as i32,
+                ..Default::default()
+            };
+            out.insert(CLUSTER, name, pack_any(aggregate));
+        }
     }
     Ok(())
+}
+
+/// Name of the aggregate cluster of a resolver with failover, after its primary target.
+pub(crate) fn failover_cluster_name(primary_sni: &str) -> String {
+    format!("failover~{primary_sni}")
+}
+
+/// The cluster a route or TCP proxy sends to for a resolver node: its aggregate cluster
+/// when it has failover, else its target's cluster.
+pub(crate) fn resolver_cluster(
+    chain: &structs::CompiledDiscoveryChain,
+    node: &structs::discovery_chain::ChainNode,
+) -> Option<String> {
+    let resolver = node.resolver.as_ref()?;
+    let primary = chain.targets.get(&resolver.target)?;
+    Some(if resolver.failover.is_some() {
+        failover_cluster_name(&primary.sni)
+    } else {
+        primary.sni.clone()
+    })
+}
+
+fn circuit_breakers(limits: &UpstreamLimits) -> CircuitBreakers {
+    let value = |v: Option<u32>| v.map(|value| UInt32Value { value });
+    CircuitBreakers {
+        thresholds: vec![circuit_breakers::Thresholds {
+            max_connections: value(limits.max_connections),
+            max_pending_requests: value(limits.max_pending_requests),
+            max_requests: value(limits.max_concurrent_requests),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn outlier_detection(p: &PassiveHealthCheck) -> OutlierDetection {
+    let duration = |d: &structs::GoDuration| {
+        (!d.is_zero()).then(|| envoy_types::pb::google::protobuf::Duration {
+            seconds: i64::try_from(d.0.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.0.subsec_nanos()).unwrap_or(0),
+        })
+    };
+    let value = |v: Option<u32>| v.map(|value| UInt32Value { value });
+    OutlierDetection {
+        consecutive_5xx: (p.max_failures != 0).then_some(UInt32Value { value: p.max_failures }),
+        interval: duration(&p.interval),
+        enforcing_consecutive_5xx: value(p.enforcing_consecutive_5xx),
+        max_ejection_percent: value(p.max_ejection_percent),
+        base_ejection_time: p.base_ejection_time.as_ref().and_then(duration),
+        ..Default::default()
+    }
+}
+
+/// The resolver's load-balancing policy on a target's cluster (hash policies go on routes).
+fn load_balancer(cluster: &mut Cluster, lb: &LoadBalancer) {
+    let u64_value = |v: u64| (v != 0).then_some(UInt64Value { value: v });
+    match lb.policy.as_str() {
+        "least_request" => {
+            cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32;
+            if let Some(c) = lb.least_request_config.as_ref().filter(|c| c.choice_count != 0) {
+                cluster.lb_config = Some(cluster::LbConfig::LeastRequestLbConfig(cluster::LeastRequestLbConfig {
+                    choice_count: Some(UInt32Value { value: c.choice_count }),
+                    ..Default::default()
+                }));
+            }
+        }
+        "ring_hash" => {
+            cluster.lb_policy = cluster::LbPolicy::RingHash as i32;
+            if let Some(r) = &lb.ring_hash_config {
+                cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(cluster::RingHashLbConfig {
+                    minimum_ring_size: u64_value(r.minimum_ring_size),
+                    maximum_ring_size: u64_value(r.maximum_ring_size),
+                    ..Default::default()
+                }));
+            }
+        }
+        "maglev" => cluster.lb_policy = cluster::LbPolicy::Maglev as i32,
+        "random" => cluster.lb_policy = cluster::LbPolicy::Random as i32,
+        // round_robin and unset: Envoy's default.
+        _ => {}
+    }
 }
 
 /// The load assignment of every chain target: the only resources an endpoints change

@@ -2,19 +2,16 @@
 
 use super::clusters::LOCAL_APP;
 use super::core::{ads, socket};
-use super::{BuildError, LISTENER, ROUTE, Resources, rbac, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, rbac, routes, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
-use envoy_types::pb::envoy::config::rbac::v3::Rbac;
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
 };
-use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
-use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
@@ -91,7 +88,14 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         .resolved_config
         .as_deref()
         .ok_or(BuildError::Incomplete("resolved service config"))?;
-    public_listener(snap, intentions, resolved, out);
+    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
+    public_listener(
+        snap,
+        intentions,
+        resolved,
+        tls::mesh_params(mesh, tls::Direction::Incoming),
+        out,
+    );
     // Outbound, one listener per upstream.
     for (id, upstream) in cp.upstreams.iter() {
         let Some(config) = snap.upstream_config(upstream) else {
@@ -101,9 +105,28 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         if config.local_bind_port == 0 {
             continue;
         }
-        upstream_listener(id, config, chain, out);
+        let (listener_name, route_name) = upstream_names(id, config);
+        if let Err(e) = upstream_listener(id, config, chain, out) {
+            // The upstream keeps what it had (the caller copies its last good listener and
+            // route); the problem is counted, logged once and shown in the proxy's status.
+            out.fail(
+                id.to_string(),
+                format!("upstream {id}: {}", e.0),
+                [(LISTENER, listener_name), (ROUTE, route_name)],
+            );
+        }
     }
     Ok(())
+}
+
+/// The names of an upstream's listener and route configuration.
+fn upstream_names(id: &structs::UpstreamId, config: &structs::Upstream) -> (String, String) {
+    let addr = if config.local_bind_address.is_empty() {
+        "127.0.0.1"
+    } else {
+        &config.local_bind_address
+    };
+    (format!("{id}:{addr}:{}", config.local_bind_port), id.name.clone())
 }
 
 /// The inbound listener: mTLS from the mesh, intentions enforced (RBAC), then the local app.
@@ -111,6 +134,7 @@ fn public_listener(
     snap: &ConfigSnapshot,
     intentions: &[structs::Intention],
     resolved: &structs::ResolvedServiceConfig,
+    tls_params: Option<envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
     out: &mut Resources,
 ) {
     let svc = &snap.service;
@@ -126,8 +150,8 @@ fn public_listener(
         name: name.clone(),
         address: socket(bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
-            filters: public_filters(protocol, rbac::rules(intentions, true)),
-            transport_socket: Some(tls::downstream()),
+            filters: public_filters(protocol, intentions),
+            transport_socket: Some(tls::downstream(tls_params)),
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Inbound as i32,
@@ -136,19 +160,15 @@ fn public_listener(
     out.insert(LISTENER, name, pack_any(public));
 }
 
-/// The public listener's filters: the intentions' RBAC (L7 for HTTP protocols, else L4) in
-/// front of the route or TCP proxy to the local app.
-fn public_filters(protocol: structs::Protocol, rules: Option<Rbac>) -> Vec<Filter> {
+/// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
+/// connection otherwise) in front of the route or TCP proxy to the local app.
+fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention]) -> Vec<Filter> {
+    // The mesh's default intention policy: allow.
+    let default_allow = true;
     if protocol.is_http() {
         let mut http_filters = Vec::new();
-        if let Some(rules) = rules {
-            http_filters.push(http_filter(
-                "envoy.filters.http.rbac",
-                pack_any(HttpRbac {
-                    rules: Some(rules),
-                    ..Default::default()
-                }),
-            ));
+        if let Some(rules) = rbac::rules_http(intentions, default_allow) {
+            http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
         }
         vec![hcm(
             "public_listener",
@@ -157,40 +177,35 @@ fn public_filters(protocol: structs::Protocol, rules: Option<Rbac>) -> Vec<Filte
         )]
     } else {
         let mut filters = Vec::new();
-        if let Some(rules) = rules {
-            let cfg = NetworkRbac {
-                rules: Some(rules),
-                stat_prefix: "connect_authz".into(),
-                ..Default::default()
-            };
-            filters.push(network_filter("envoy.filters.network.rbac", pack_any(cfg)));
+        if let Some(rules) = rbac::rules_l4(intentions, default_allow) {
+            filters.push(network_filter(
+                "envoy.filters.network.rbac",
+                rbac::network_filter_config(rules, "connect_authz"),
+            ));
         }
         filters.push(tcp_proxy("public_listener", LOCAL_APP));
         filters
     }
 }
 
-/// The outbound listener of one upstream (and its route, for HTTP protocols), sending to
-/// the chain's first target.
+/// The outbound listener of one upstream (and its route configuration, for HTTP protocols)
+/// following its compiled chain.
 fn upstream_listener(
     id: &structs::UpstreamId,
     config: &structs::Upstream,
     chain: &structs::CompiledDiscoveryChain,
     out: &mut Resources,
-) {
-    let Some(target) = chain.targets.values().next() else {
-        return;
-    };
+) -> Result<(), routes::RouteError> {
+    let (name, route_name) = upstream_names(id, config);
     let addr = if config.local_bind_address.is_empty() {
         "127.0.0.1"
     } else {
         &config.local_bind_address
     };
-    let name = format!("{id}:{addr}:{}", config.local_bind_port);
     let stat_prefix = format!("upstream.{id}");
     let filter = if chain.protocol.is_http() {
-        let route_name = id.name.clone();
-        out.insert(ROUTE, route_name.clone(), pack_any(route_to(&route_name, &target.sni)));
+        let route = routes::route_config(&route_name, chain)?;
+        out.insert(ROUTE, route_name.clone(), pack_any(route));
         hcm(
             &stat_prefix,
             http_connection_manager::RouteSpecifier::Rds(Rds {
@@ -200,7 +215,7 @@ fn upstream_listener(
             Vec::new(),
         )
     } else {
-        tcp_proxy(&stat_prefix, &target.sni)
+        tcp_proxy(&stat_prefix, &routes::tcp_cluster(chain)?)
     };
     let listener = Listener {
         name: name.clone(),
@@ -213,4 +228,5 @@ fn upstream_listener(
         ..Default::default()
     };
     out.insert(LISTENER, name, pack_any(listener));
+    Ok(())
 }

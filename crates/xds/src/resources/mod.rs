@@ -20,6 +20,7 @@ mod clusters;
 mod core;
 mod listeners;
 mod rbac;
+mod routes;
 mod tls;
 
 pub use tls::{LEAF_SECRET, ROOTS_SECRET};
@@ -98,9 +99,20 @@ pub struct Resources {
     pub by_type: BTreeMap<&'static str, BTreeMap<String, Any>>,
     /// Resources taken already encoded and versioned from a [`SharedEncodings`] cache.
     pub shared: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>>,
+    /// Parts that could not be built, by what failed (an upstream): the problem.
+    pub problems: BTreeMap<String, String>,
+    /// Resources the failed parts keep from the last good build (type URL, name).
+    pub keep: Vec<(&'static str, String)>,
 }
 
 impl Resources {
+    /// Records that `part` could not be built and which of its resources keep their last
+    /// good version.
+    fn fail(&mut self, part: String, problem: String, keep: impl IntoIterator<Item = (&'static str, String)>) {
+        self.problems.insert(part, problem);
+        self.keep.extend(keep);
+    }
+
     fn insert(&mut self, type_url: &'static str, name: String, resource: Any) {
         self.by_type.entry(type_url).or_default().insert(name, resource);
     }

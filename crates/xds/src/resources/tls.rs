@@ -5,13 +5,16 @@ use super::{BuildError, Resources, SECRET};
 use envoy_types::pb::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, Secret,
-    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext, common_tls_context, secret, subject_alt_name_matcher,
+    SubjectAltNameMatcher, TlsCertificate, TlsParameters, UpstreamTlsContext, common_tls_context, secret,
+    subject_alt_name_matcher, tls_parameters::TlsProtocol,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 use proxycfg::ConfigSnapshot;
+use structs::ConfigEntry;
 use structs::IndexedCaRoots;
+use structs::config_entry::TlsDirectionConfig;
 
 fn inline(text: &str) -> Option<DataSource> {
     Some(DataSource {
@@ -41,7 +44,52 @@ fn sds(name: &str) -> SdsSecretConfig {
     }
 }
 
-fn common(match_san: Option<&str>) -> CommonTlsContext {
+/// Which direction of the mesh config entry's TLS settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Direction {
+    /// The public listener.
+    Incoming,
+    /// Upstream clusters.
+    Outgoing,
+}
+
+fn protocol(version: &str) -> TlsProtocol {
+    match version {
+        "TLSv1_0" => TlsProtocol::TlSv10,
+        "TLSv1_1" => TlsProtocol::TlSv11,
+        "TLSv1_2" => TlsProtocol::TlSv12,
+        "TLSv1_3" => TlsProtocol::TlSv13,
+        // `TLS_AUTO` and unset (the mesh entry's validation refuses anything else).
+        _ => TlsProtocol::TlsAuto,
+    }
+}
+
+/// The TLS parameters the `mesh` config entry sets for `direction` (none: Envoy's defaults).
+pub(crate) fn mesh_params(mesh: Option<&ConfigEntry>, direction: Direction) -> Option<TlsParameters> {
+    let Some(ConfigEntry::Mesh(mesh)) = mesh else {
+        return None;
+    };
+    let tls = mesh.tls.as_ref()?;
+    let cfg: &TlsDirectionConfig = match direction {
+        Direction::Incoming => tls.incoming.as_ref()?,
+        Direction::Outgoing => tls.outgoing.as_ref()?,
+    };
+    if cfg.tls_min_version.is_empty() && cfg.tls_max_version.is_empty() && cfg.cipher_suites.is_empty() {
+        return None;
+    }
+    Some(TlsParameters {
+        tls_minimum_protocol_version: protocol(&cfg.tls_min_version) as i32,
+        tls_maximum_protocol_version: protocol(&cfg.tls_max_version) as i32,
+        cipher_suites: cfg
+            .cipher_suites
+            .iter()
+            .filter_map(|c| structs::config_entry::envoy_cipher_name(c).map(str::to_owned))
+            .collect(),
+        ..Default::default()
+    })
+}
+
+fn common(match_san: Option<&str>, tls_params: Option<TlsParameters>) -> CommonTlsContext {
     let match_typed_subject_alt_names = match_san
         .map(|uri| {
             vec![SubjectAltNameMatcher {
@@ -55,6 +103,7 @@ fn common(match_san: Option<&str>) -> CommonTlsContext {
         })
         .unwrap_or_default();
     CommonTlsContext {
+        tls_params,
         tls_certificate_sds_secret_configs: vec![sds(LEAF_SECRET)],
         validation_context_type: Some(common_tls_context::ValidationContextType::CombinedValidationContext(
             common_tls_context::CombinedCertificateValidationContext {
@@ -98,9 +147,9 @@ pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Resul
 }
 
 /// Inbound mTLS: present our leaf, require a client certificate from the mesh's CA.
-pub(crate) fn downstream() -> TransportSocket {
+pub(crate) fn downstream(tls_params: Option<TlsParameters>) -> TransportSocket {
     let ctx = DownstreamTlsContext {
-        common_tls_context: Some(common(None)),
+        common_tls_context: Some(common(None, tls_params)),
         require_client_certificate: Some(BoolValue { value: true }),
         ..Default::default()
     };
@@ -111,9 +160,9 @@ pub(crate) fn downstream() -> TransportSocket {
 }
 
 /// Outbound mTLS to a target: our leaf, the CA bundle, SNI, and the target's SPIFFE id.
-pub(crate) fn upstream(sni: &str, spiffe_id: &str) -> TransportSocket {
+pub(crate) fn upstream(sni: &str, spiffe_id: &str, tls_params: Option<TlsParameters>) -> TransportSocket {
     let ctx = UpstreamTlsContext {
-        common_tls_context: Some(common(Some(spiffe_id))),
+        common_tls_context: Some(common(Some(spiffe_id), tls_params)),
         sni: sni.to_owned(),
         ..Default::default()
     };

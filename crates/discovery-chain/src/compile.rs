@@ -1,0 +1,523 @@
+//! Compiling one chain.
+
+use crate::{ChainError, Entries};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use structs::config_entry::{
+    ServiceResolver, ServiceRoute, ServiceRouteDestination, ServiceRouteHttpMatch, ServiceRouteMatch, ServiceSplit,
+};
+use structs::discovery_chain::{
+    ChainFailover, ChainNode, ChainResolver, ChainRoute, ChainSplit, DEFAULT_CONNECT_TIMEOUT_MS, NodeType,
+    TargetSubset, resolver_node_name, target_sni,
+};
+use structs::{CompiledDiscoveryChain, ConfigEntryKind, DiscoveryTarget, GoDuration, Protocol, TargetId};
+
+/// The only namespace (and partition) meshd serves.
+const NAMESPACE: &str = "default";
+
+/// What to compile.
+#[derive(Debug, Clone, Copy)]
+pub struct CompileRequest<'a> {
+    /// The upstream service.
+    pub service: &'a str,
+    /// The datacenter the chain is compiled for (the only one its targets may be in).
+    pub datacenter: &'a str,
+    /// The CA's trust domain (target SNIs end in it).
+    pub trust_domain: &'a str,
+    /// Use this protocol instead of the service's (`OverrideProtocol`).
+    pub override_protocol: Option<Protocol>,
+    /// Use this connect timeout for every target (`OverrideConnectTimeout`).
+    pub override_connect_timeout: Option<Duration>,
+}
+
+/// Compiles the chain of `req.service` from `entries`.
+pub fn compile(req: &CompileRequest<'_>, entries: &Entries<'_>) -> Result<CompiledDiscoveryChain, ChainError> {
+    let protocol = req
+        .override_protocol
+        .unwrap_or_else(|| entries.protocol_of(req.service));
+    let mut c = Compiler {
+        req,
+        entries,
+        protocol,
+        nodes: BTreeMap::new(),
+        targets: BTreeMap::new(),
+        splitting: Vec::new(),
+    };
+    let start = match entries.router(req.service) {
+        Some(router) => {
+            c.check_l7(ConfigEntryKind::ServiceRouter, &router.name)?;
+            c.router_node(req.service)?
+        }
+        None => c.splitter_or_resolver(req.service, &Referrer::upstream(req.service))?,
+    };
+    let default = c.nodes.len() == 1
+        && c.nodes
+            .get(&start)
+            .and_then(|n| n.resolver.as_ref())
+            .is_some_and(|r| r.default && r.failover.is_none());
+    Ok(CompiledDiscoveryChain {
+        service_name: req.service.to_owned(),
+        namespace: NAMESPACE.to_owned(),
+        datacenter: req.datacenter.to_owned(),
+        protocol,
+        start_node: start,
+        nodes: c.nodes,
+        targets: c.targets,
+        default,
+    })
+}
+
+/// Who asked for a node: the entry and field named when the node cannot be made.
+#[derive(Debug, Clone)]
+struct Referrer {
+    kind: ConfigEntryKind,
+    name: String,
+    field: String,
+}
+
+impl Referrer {
+    fn upstream(service: &str) -> Self {
+        Self {
+            kind: ConfigEntryKind::ServiceResolver,
+            name: service.to_owned(),
+            field: "DefaultSubset".into(),
+        }
+    }
+
+    fn error(&self, problem: impl Into<String>) -> ChainError {
+        ChainError::new(self.kind, &self.name, self.field.clone(), problem)
+    }
+}
+
+struct Compiler<'r, 'e> {
+    req: &'r CompileRequest<'r>,
+    entries: &'r Entries<'e>,
+    protocol: Protocol,
+    nodes: BTreeMap<String, ChainNode>,
+    targets: BTreeMap<TargetId, DiscoveryTarget>,
+    /// Splitters being flattened (a splitter reaching itself is a loop).
+    splitting: Vec<String>,
+}
+
+fn service_key(service: &str) -> String {
+    format!("{service}.{NAMESPACE}.{NAMESPACE}")
+}
+
+impl Compiler<'_, '_> {
+    /// Routers and splitters need an HTTP protocol.
+    fn check_l7(&self, kind: ConfigEntryKind, name: &str) -> Result<(), ChainError> {
+        if self.protocol.is_http() {
+            return Ok(());
+        }
+        Err(ChainError::new(
+            kind,
+            name,
+            "Name",
+            format!(
+                "a {kind} needs the service to speak http, http2 or grpc, but the chain of {:?} has protocol {} \
+                 (set Protocol in the service-defaults of {name:?})",
+                self.req.service, self.protocol
+            ),
+        ))
+    }
+
+    /// A service a router or splitter sends to must speak the chain's protocol.
+    fn check_same_protocol(&self, service: &str, referrer: &Referrer) -> Result<(), ChainError> {
+        if service == self.req.service {
+            return Ok(());
+        }
+        let theirs = self.entries.protocol_of(service);
+        if theirs == self.protocol {
+            return Ok(());
+        }
+        Err(referrer.error(format!(
+            "service {service:?} has protocol {theirs}, but the chain of {:?} has protocol {}: \
+             routing and splitting only join services of one protocol",
+            self.req.service, self.protocol
+        )))
+    }
+
+    fn router_node(&mut self, service: &str) -> Result<String, ChainError> {
+        let Some(router) = self.entries.router(service) else {
+            return self.splitter_or_resolver(service, &Referrer::upstream(service));
+        };
+        let name = format!("router:{}", service_key(service));
+        let mut routes = Vec::with_capacity(router.routes.len() + 1);
+        for (i, route) in router.routes.iter().enumerate() {
+            let dest = route.destination.clone().unwrap_or_default();
+            let target_service = if dest.service.is_empty() {
+                service
+            } else {
+                &dest.service
+            };
+            let referrer = Referrer {
+                kind: ConfigEntryKind::ServiceRouter,
+                name: service.to_owned(),
+                field: format!("Routes[{i}].Destination"),
+            };
+            self.check_same_protocol(target_service, &referrer)?;
+            let next = if dest.service_subset.is_empty() {
+                self.splitter_or_resolver(target_service, &referrer)?
+            } else {
+                let referrer = Referrer {
+                    field: format!("Routes[{i}].Destination.ServiceSubset"),
+                    ..referrer
+                };
+                self.resolver_node(target_service, &dest.service_subset, &referrer)?
+            };
+            routes.push(ChainRoute {
+                definition: route.clone(),
+                next_node: next,
+            });
+        }
+        // Whatever no route matches goes to the service itself.
+        let catch_all = ServiceRoute {
+            match_: Some(ServiceRouteMatch {
+                http: Some(ServiceRouteHttpMatch {
+                    path_prefix: "/".into(),
+                    ..Default::default()
+                }),
+            }),
+            destination: Some(ServiceRouteDestination {
+                service: service.to_owned(),
+                ..Default::default()
+            }),
+        };
+        let next = self.splitter_or_resolver(service, &Referrer::upstream(service))?;
+        routes.push(ChainRoute {
+            definition: catch_all,
+            next_node: next,
+        });
+        self.nodes.insert(
+            name.clone(),
+            ChainNode {
+                node_type: NodeType::Router,
+                name: service_key(service),
+                routes,
+                splits: Vec::new(),
+                resolver: None,
+                load_balancer: None,
+            },
+        );
+        Ok(name)
+    }
+
+    /// The splitter of `service` if it has one, else its resolver.
+    fn splitter_or_resolver(&mut self, service: &str, referrer: &Referrer) -> Result<String, ChainError> {
+        if self.entries.splitter(service).is_some() {
+            self.splitter_node(service)
+        } else {
+            self.resolver_node(service, "", referrer)
+        }
+    }
+
+    fn splitter_node(&mut self, service: &str) -> Result<String, ChainError> {
+        let name = format!("splitter:{}", service_key(service));
+        if self.nodes.contains_key(&name) {
+            return Ok(name);
+        }
+        let Some(splitter) = self.entries.splitter(service) else {
+            return self.resolver_node(service, "", &Referrer::upstream(service));
+        };
+        self.check_l7(ConfigEntryKind::ServiceSplitter, service)?;
+        let legs = self.flatten(service, 100.0)?;
+        debug_assert!(!splitter.splits.is_empty());
+        self.nodes.insert(
+            name.clone(),
+            ChainNode {
+                node_type: NodeType::Splitter,
+                name: service_key(service),
+                routes: Vec::new(),
+                splits: legs,
+                resolver: None,
+                load_balancer: None,
+            },
+        );
+        Ok(name)
+    }
+
+    /// The legs of `service`'s splitter scaled to `share` percent, nested splitters
+    /// replaced by their own legs.
+    fn flatten(&mut self, service: &str, share: f64) -> Result<Vec<ChainSplit>, ChainError> {
+        let Some(splitter) = self.entries.splitter(service) else {
+            return Ok(Vec::new());
+        };
+        if self.splitting.iter().any(|s| s == service) {
+            let mut path = self.splitting.clone();
+            path.push(service.to_owned());
+            return Err(ChainError::new(
+                ConfigEntryKind::ServiceSplitter,
+                service,
+                "Splits",
+                format!("splitters form a loop: {}", path.join(" -> ")),
+            ));
+        }
+        self.splitting.push(service.to_owned());
+        let mut legs = Vec::new();
+        for (i, split) in splitter.splits.iter().enumerate() {
+            let weight = share * f64::from(split.weight) / 100.0;
+            let leg_service = if split.service.is_empty() {
+                service
+            } else {
+                &split.service
+            };
+            let referrer = Referrer {
+                kind: ConfigEntryKind::ServiceSplitter,
+                name: service.to_owned(),
+                field: if split.service_subset.is_empty() {
+                    format!("Splits[{i}].Service")
+                } else {
+                    format!("Splits[{i}].ServiceSubset")
+                },
+            };
+            self.check_same_protocol(leg_service, &referrer)?;
+            if split.service_subset.is_empty() && leg_service != service && self.entries.splitter(leg_service).is_some()
+            {
+                // A leg to a service with its own splitter: that splitter's legs, scaled.
+                for mut inner in self.flatten(leg_service, weight)? {
+                    if header_changes_empty(&inner.definition) {
+                        inner.definition.request_headers = split.request_headers.clone();
+                        inner.definition.response_headers = split.response_headers.clone();
+                    }
+                    legs.push(inner);
+                }
+                continue;
+            }
+            let next = self.resolver_node(leg_service, &split.service_subset, &referrer)?;
+            legs.push(ChainSplit {
+                weight: round2(weight),
+                next_node: next,
+                definition: split.clone(),
+            });
+        }
+        self.splitting.pop();
+        Ok(legs)
+    }
+
+    /// The resolver node of `subset` of `service` (following redirects).
+    fn resolver_node(&mut self, service: &str, subset: &str, referrer: &Referrer) -> Result<String, ChainError> {
+        let (service, subset) = self.follow_redirects(service, subset)?;
+        let resolver = self.entries.resolver(&service);
+        let subset = self.check_subset(&service, &subset, resolver, referrer)?;
+        let target = self.target(&service, &subset)?;
+        let name = resolver_node_name(&target);
+        if self.nodes.contains_key(&name) {
+            return Ok(name);
+        }
+        let failover = match resolver {
+            Some(r) => self.failover(&service, &subset, r, &target)?,
+            None => None,
+        };
+        let node = ChainNode::resolver(
+            target.to_string(),
+            ChainResolver {
+                default: resolver.is_none(),
+                connect_timeout: GoDuration(self.connect_timeout(resolver)),
+                request_timeout: resolver.map(|r| r.request_timeout).unwrap_or_default(),
+                target,
+                failover,
+            },
+            resolver.and_then(|r| r.load_balancer.clone()),
+        );
+        self.nodes.insert(name.clone(), node);
+        Ok(name)
+    }
+
+    fn connect_timeout(&self, resolver: Option<&ServiceResolver>) -> Duration {
+        self.req
+            .override_connect_timeout
+            .filter(|d| !d.is_zero())
+            .or_else(|| resolver.map(|r| r.connect_timeout.0).filter(|d| !d.is_zero()))
+            .unwrap_or(Duration::from_millis(u64::from(DEFAULT_CONNECT_TIMEOUT_MS)))
+    }
+
+    /// Where redirects starting at `service` lead.
+    fn follow_redirects(&self, service: &str, subset: &str) -> Result<(String, String), ChainError> {
+        let mut at = (service.to_owned(), subset.to_owned());
+        let mut seen = vec![service.to_owned()];
+        while let Some(redirect) = self.entries.resolver(&at.0).and_then(|r| r.redirect.as_ref()) {
+            if !redirect.datacenter.is_empty() && redirect.datacenter != self.req.datacenter {
+                return Err(ChainError::new(
+                    ConfigEntryKind::ServiceResolver,
+                    &at.0,
+                    "Redirect.Datacenter",
+                    self.foreign_dc(&redirect.datacenter),
+                ));
+            }
+            let next_service = if redirect.service.is_empty() {
+                at.0.clone()
+            } else {
+                redirect.service.clone()
+            };
+            let next_subset = if !redirect.service_subset.is_empty() {
+                redirect.service_subset.clone()
+            } else if next_service == at.0 {
+                at.1.clone()
+            } else {
+                String::new()
+            };
+            if next_service == at.0 {
+                // A redirect within the service only picks the subset.
+                return Ok((next_service, next_subset));
+            }
+            if seen.contains(&next_service) {
+                seen.push(next_service);
+                return Err(ChainError::new(
+                    ConfigEntryKind::ServiceResolver,
+                    &at.0,
+                    "Redirect.Service",
+                    format!("redirects form a loop: {}", seen.join(" -> ")),
+                ));
+            }
+            seen.push(next_service.clone());
+            at = (next_service, next_subset);
+        }
+        Ok(at)
+    }
+
+    fn foreign_dc(&self, dc: &str) -> String {
+        format!(
+            "datacenter {dc:?} is not served: this cluster runs one datacenter ({:?})",
+            self.req.datacenter
+        )
+    }
+
+    /// The subset to use (`subset`, else the resolver's default), checked to exist.
+    fn check_subset(
+        &self,
+        service: &str,
+        subset: &str,
+        resolver: Option<&ServiceResolver>,
+        referrer: &Referrer,
+    ) -> Result<String, ChainError> {
+        let subset = if subset.is_empty() {
+            resolver.map(|r| r.default_subset.clone()).unwrap_or_default()
+        } else {
+            subset.to_owned()
+        };
+        if subset.is_empty() || resolver.is_some_and(|r| r.subsets.contains_key(&subset)) {
+            return Ok(subset);
+        }
+        Err(referrer.error(match resolver {
+            Some(_) => format!("service-resolver {service:?} defines no subset {subset:?}"),
+            None => format!("subset {subset:?} of {service:?} is not defined: {service:?} has no service-resolver"),
+        }))
+    }
+
+    /// Records the target for `subset` of `service` and returns its id.
+    fn target(&mut self, service: &str, subset: &str) -> Result<TargetId, ChainError> {
+        let id = TargetId::new(subset, service, NAMESPACE, self.req.datacenter);
+        if self.targets.contains_key(&id) {
+            return Ok(id);
+        }
+        let resolver = self.entries.resolver(service);
+        let selection = resolver
+            .and_then(|r| r.subsets.get(subset))
+            .map(|s| TargetSubset {
+                filter: s.filter.clone(),
+                only_passing: s.only_passing,
+            })
+            .unwrap_or_default();
+        let timeout = self.connect_timeout(resolver);
+        self.targets.insert(
+            id.clone(),
+            DiscoveryTarget {
+                id: id.clone(),
+                service: service.to_owned(),
+                service_subset: subset.to_owned(),
+                namespace: NAMESPACE.to_owned(),
+                datacenter: self.req.datacenter.to_owned(),
+                subset: selection,
+                sni: target_sni(subset, service, NAMESPACE, self.req.datacenter, self.req.trust_domain),
+                connect_timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+                load_balancer: resolver.and_then(|r| r.load_balancer.clone()),
+            },
+        );
+        Ok(id)
+    }
+
+    /// The failover targets of `subset` of `service`, in order, without the primary.
+    fn failover(
+        &mut self,
+        service: &str,
+        subset: &str,
+        resolver: &ServiceResolver,
+        primary: &TargetId,
+    ) -> Result<Option<ChainFailover>, ChainError> {
+        let (key, failover) = match resolver.failover.get(subset) {
+            Some(f) => (subset, f),
+            None => match resolver.failover.get("*") {
+                Some(f) => ("*", f),
+                None => return Ok(None),
+            },
+        };
+        let at = format!("Failover[{key:?}]");
+        // (service, subset, datacenter, field) of each target, in order.
+        let mut wanted: Vec<(String, String, String, String)> = Vec::new();
+        let or_own = |s: &str| if s.is_empty() { service.to_owned() } else { s.to_owned() };
+        if !failover.targets.is_empty() {
+            for (i, t) in failover.targets.iter().enumerate() {
+                wanted.push((
+                    or_own(&t.service),
+                    t.service_subset.clone(),
+                    t.datacenter.clone(),
+                    format!("{at}.Targets[{i}]"),
+                ));
+            }
+        } else if !failover.datacenters.is_empty() {
+            for (i, dc) in failover.datacenters.iter().enumerate() {
+                wanted.push((
+                    or_own(&failover.service),
+                    failover.service_subset.clone(),
+                    dc.clone(),
+                    format!("{at}.Datacenters[{i}]"),
+                ));
+            }
+        } else {
+            let field = if failover.service_subset.is_empty() {
+                format!("{at}.Service")
+            } else {
+                format!("{at}.ServiceSubset")
+            };
+            wanted.push((
+                or_own(&failover.service),
+                failover.service_subset.clone(),
+                String::new(),
+                field,
+            ));
+        }
+        let mut targets = Vec::new();
+        let mut seen = BTreeSet::from([primary.clone()]);
+        for (svc, sub, dc, field) in wanted {
+            if !dc.is_empty() && dc != self.req.datacenter {
+                return Err(ChainError::new(
+                    ConfigEntryKind::ServiceResolver,
+                    service,
+                    field,
+                    self.foreign_dc(&dc),
+                ));
+            }
+            let referrer = Referrer {
+                kind: ConfigEntryKind::ServiceResolver,
+                name: service.to_owned(),
+                field,
+            };
+            let their_resolver = self.entries.resolver(&svc);
+            let sub = self.check_subset(&svc, &sub, their_resolver, &referrer)?;
+            let id = self.target(&svc, &sub)?;
+            if seen.insert(id.clone()) {
+                targets.push(id);
+            }
+        }
+        Ok((!targets.is_empty()).then_some(ChainFailover { targets }))
+    }
+}
+
+fn header_changes_empty(split: &ServiceSplit) -> bool {
+    split.request_headers.is_none() && split.response_headers.is_none()
+}
+
+/// Weights keep two decimals.
+fn round2(w: f64) -> f32 {
+    ((w * 100.0).round() / 100.0) as f32
+}

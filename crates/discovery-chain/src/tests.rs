@@ -1,0 +1,355 @@
+use super::*;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use structs::config_entry::ProxyDefaults;
+use structs::discovery_chain::NodeType;
+use structs::{CompiledDiscoveryChain, ConfigEntry, Protocol};
+
+/// Entries by kind, decoded from JSON as the HTTP API would.
+#[derive(Default)]
+struct Fixture {
+    proxy: Option<ProxyDefaults>,
+    defaults: Vec<Arc<ConfigEntry>>,
+    resolvers: Vec<Arc<ConfigEntry>>,
+    routers: Vec<Arc<ConfigEntry>>,
+    splitters: Vec<Arc<ConfigEntry>>,
+    intentions: Vec<Arc<ConfigEntry>>,
+}
+
+impl Fixture {
+    fn with(mut self, v: Value) -> Self {
+        let entry = ConfigEntry::from_json(v).unwrap();
+        structs::Validate::validate(&entry).unwrap();
+        let list = match &entry {
+            ConfigEntry::ProxyDefaults(p) => {
+                self.proxy = Some(p.clone());
+                return self;
+            }
+            ConfigEntry::ServiceDefaults(_) => &mut self.defaults,
+            ConfigEntry::ServiceResolver(_) => &mut self.resolvers,
+            ConfigEntry::ServiceRouter(_) => &mut self.routers,
+            ConfigEntry::ServiceSplitter(_) => &mut self.splitters,
+            ConfigEntry::ServiceIntentions(_) => &mut self.intentions,
+            ConfigEntry::Mesh(_) => unreachable!(),
+        };
+        list.push(Arc::new(entry));
+        self
+    }
+
+    fn http(self, name: &str) -> Self {
+        self.with(json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}))
+    }
+
+    fn entries(&self) -> Entries<'_> {
+        Entries {
+            proxy_defaults: self.proxy.as_ref(),
+            service_defaults: &self.defaults,
+            resolvers: &self.resolvers,
+            routers: &self.routers,
+            splitters: &self.splitters,
+            intentions: &self.intentions,
+        }
+    }
+
+    fn compile(&self, service: &str) -> Result<CompiledDiscoveryChain, ChainError> {
+        compile(
+            &CompileRequest {
+                service,
+                datacenter: "dc1",
+                trust_domain: "td.consul",
+                override_protocol: None,
+                override_connect_timeout: None,
+            },
+            &self.entries(),
+        )
+    }
+
+    fn validate(&self, also: &str) -> Result<(), ChainError> {
+        validate_graph(&self.entries(), "dc1", also)
+    }
+}
+
+fn targets(chain: &CompiledDiscoveryChain) -> Vec<&str> {
+    chain.targets.keys().map(|t| t.as_str()).collect()
+}
+
+#[test]
+fn a_service_without_entries_compiles_to_the_default_chain() {
+    let chain = Fixture::default().compile("api").unwrap();
+    assert_eq!(
+        chain,
+        CompiledDiscoveryChain::default_for("api", "dc1", "td.consul", Protocol::Tcp)
+    );
+    assert!(chain.default);
+    assert_eq!(chain.start_node, "resolver:api.default.dc1");
+}
+
+#[test]
+fn a_router_compiles_routes_in_order_with_a_catch_all() {
+    let f = Fixture::default()
+        .http("web")
+        .http("admin")
+        .with(json!({"Kind": "service-resolver", "Name": "web",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}}}))
+        .with(json!({"Kind": "service-router", "Name": "web", "Routes": [
+            {"Match": {"HTTP": {"Header": [{"Name": "x-version", "Exact": "2"}]}},
+             "Destination": {"ServiceSubset": "v2", "NumRetries": 3, "RetryOnStatusCodes": [503]}},
+            {"Match": {"HTTP": {"PathPrefix": "/admin"}},
+             "Destination": {"Service": "admin", "PrefixRewrite": "/"}}
+        ]}));
+    let chain = f.compile("web").unwrap();
+    assert_eq!(chain.protocol, Protocol::Http);
+    assert!(!chain.default);
+    assert_eq!(chain.start_node, "router:web.default.default");
+    let router = &chain.nodes[&chain.start_node];
+    assert_eq!(router.node_type, NodeType::Router);
+    let next: Vec<&str> = router.routes.iter().map(|r| r.next_node.as_str()).collect();
+    assert_eq!(
+        next,
+        [
+            "resolver:v2.web.default.dc1",
+            "resolver:admin.default.dc1",
+            "resolver:web.default.dc1"
+        ]
+    );
+    let last = &router.routes[2].definition;
+    assert_eq!(last.match_.as_ref().unwrap().http.as_ref().unwrap().path_prefix, "/");
+    assert_eq!(
+        targets(&chain),
+        ["admin.default.dc1", "v2.web.default.dc1", "web.default.dc1"]
+    );
+    let v2 = &chain.targets[&structs::TargetId::new("v2", "web", "default", "dc1")];
+    assert_eq!(v2.subset.filter, "Service.Meta.version == v2");
+    assert_eq!(v2.sni, "v2.web.default.dc1.internal.td.consul");
+}
+
+#[test]
+fn splitters_flatten_nested_splitters_and_keep_two_decimals() {
+    let f = Fixture::default()
+        .http("web")
+        .http("web-v2")
+        .with(json!({"Kind": "service-resolver", "Name": "web",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}}}))
+        .with(json!({"Kind": "service-splitter", "Name": "web", "Splits": [
+            {"Weight": 80, "ServiceSubset": "v1", "RequestHeaders": {"Set": {"x-leg": "v1"}}},
+            {"Weight": 20, "Service": "web-v2"}]}))
+        .with(json!({"Kind": "service-splitter", "Name": "web-v2", "Splits": [
+            {"Weight": 33.33, "Service": "web-v2"},
+            {"Weight": 66.67, "Service": "web-v2", "ResponseHeaders": {"Add": {"x-inner": "1"}}}]}));
+    let chain = f.compile("web").unwrap();
+    let splitter = &chain.nodes[&chain.start_node];
+    assert_eq!(splitter.node_type, NodeType::Splitter);
+    let legs: Vec<(f32, &str)> = splitter
+        .splits
+        .iter()
+        .map(|s| (s.weight, s.next_node.as_str()))
+        .collect();
+    assert_eq!(
+        legs,
+        [
+            (80.0, "resolver:v1.web.default.dc1"),
+            (6.67, "resolver:web-v2.default.dc1"),
+            (13.33, "resolver:web-v2.default.dc1")
+        ]
+    );
+    assert!(splitter.splits[0].definition.request_headers.is_some());
+    assert!(splitter.splits[2].definition.response_headers.is_some());
+}
+
+#[test]
+fn resolver_default_subset_redirect_failover_and_load_balancer() {
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",
+            "ConnectTimeout": "2s", "RequestTimeout": "10s",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1", "OnlyPassing": true},
+                        "v2": {"Filter": "Service.Meta.version == v2"}},
+            "Failover": {"v1": {"ServiceSubset": "v2"}, "*": {"Service": "api-backup"}},
+            "LoadBalancer": {"Policy": "ring_hash", "HashPolicies": [{"Field": "header", "FieldValue": "x-user"}]}}))
+        .with(json!({"Kind": "service-resolver", "Name": "old-api", "Redirect": {"Service": "api", "ServiceSubset": "v2"}}));
+    let chain = f.compile("api").unwrap();
+    assert_eq!(chain.start_node, "resolver:v1.api.default.dc1");
+    let node = &chain.nodes[&chain.start_node];
+    let r = node.resolver.as_ref().unwrap();
+    assert_eq!(r.connect_timeout.0, std::time::Duration::from_secs(2));
+    assert_eq!(r.request_timeout.0, std::time::Duration::from_secs(10));
+    assert_eq!(
+        r.failover.as_ref().unwrap().targets,
+        [structs::TargetId::new("v2", "api", "default", "dc1")]
+    );
+    assert_eq!(node.load_balancer.as_ref().unwrap().policy, "ring_hash");
+    let primary = &chain.targets[&r.target];
+    assert!(primary.subset.only_passing);
+    assert_eq!(primary.connect_timeout_ms, 2000);
+    assert_eq!(primary.load_balancer.as_ref().unwrap().policy, "ring_hash");
+
+    let redirected = f.compile("old-api").unwrap();
+    assert_eq!(redirected.start_node, "resolver:v2.api.default.dc1");
+    assert_eq!(redirected.service_name, "old-api");
+    // v2 has no own failover: "*" applies.
+    let r = redirected.nodes[&redirected.start_node].resolver.as_ref().unwrap();
+    assert_eq!(
+        r.failover.as_ref().unwrap().targets,
+        [structs::TargetId::new("", "api-backup", "default", "dc1")]
+    );
+    assert_eq!(targets(&redirected), ["api-backup.default.dc1", "v2.api.default.dc1"]);
+}
+
+#[test]
+fn failover_targets_keep_order_and_drop_the_primary() {
+    let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api",
+        "Subsets": {"a": {"Filter": "Service.Meta.zone == a"}, "b": {"Filter": "Service.Meta.zone == b"}},
+        "DefaultSubset": "a",
+        "Failover": {"a": {"Targets": [{"ServiceSubset": "a"}, {"ServiceSubset": "b"}, {"Service": "api-dr"}, {"ServiceSubset": "b"}]}}}));
+    let chain = f.compile("api").unwrap();
+    let r = chain.nodes[&chain.start_node].resolver.as_ref().unwrap();
+    let ids: Vec<&str> = r
+        .failover
+        .as_ref()
+        .unwrap()
+        .targets
+        .iter()
+        .map(|t| t.as_str())
+        .collect();
+    assert_eq!(ids, ["b.api.default.dc1", "api-dr.default.dc1"]);
+}
+
+#[test]
+fn overrides_apply_to_protocol_and_connect_timeout() {
+    let f = Fixture::default().http("web");
+    let chain = compile(
+        &CompileRequest {
+            service: "web",
+            datacenter: "dc1",
+            trust_domain: "td",
+            override_protocol: Some(Protocol::Grpc),
+            override_connect_timeout: Some(std::time::Duration::from_millis(300)),
+        },
+        &f.entries(),
+    )
+    .unwrap();
+    assert_eq!(chain.protocol, Protocol::Grpc);
+    assert_eq!(chain.targets.values().next().unwrap().connect_timeout_ms, 300);
+}
+
+fn err(f: &Fixture, service: &str) -> String {
+    f.compile(service).unwrap_err().to_string()
+}
+
+#[test]
+fn a_router_or_splitter_on_a_tcp_service_is_refused() {
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-router", "Name": "db", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]}));
+    let e = err(&f, "db");
+    assert!(
+        e.starts_with("service-router \"db\": Name: a service-router needs the service to speak http"),
+        "{e}"
+    );
+    let f = Fixture::default().with(json!({"Kind": "service-splitter", "Name": "db", "Splits": [{"Weight": 100}]}));
+    let e = err(&f, "db");
+    assert!(e.starts_with("service-splitter \"db\": Name:"), "{e}");
+    assert!(f.validate("").is_err());
+}
+
+#[test]
+fn an_unknown_subset_names_the_entry_and_field_that_asks_for_it() {
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-resolver", "Name": "web", "Subsets": {"v1": {"Filter": "Service.Meta.v == 1"}}}))
+        .with(json!({"Kind": "service-router", "Name": "web", "Routes": [
+            {"Match": {"HTTP": {"PathPrefix": "/a"}}, "Destination": {"ServiceSubset": "v1"}},
+            {"Match": {"HTTP": {"PathPrefix": "/b"}}, "Destination": {"ServiceSubset": "v3"}}]}));
+    assert_eq!(
+        err(&f, "web"),
+        "service-router \"web\": Routes[1].Destination.ServiceSubset: service-resolver \"web\" defines no subset \"v3\""
+    );
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-splitter", "Name": "web", "Splits": [{"Weight": 100, "ServiceSubset": "v9"}]}));
+    assert_eq!(
+        err(&f, "web"),
+        "service-splitter \"web\": Splits[0].ServiceSubset: subset \"v9\" of \"web\" is not defined: \"web\" has no service-resolver"
+    );
+    let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api",
+        "Failover": {"*": {"Service": "other", "ServiceSubset": "x"}}}));
+    assert_eq!(
+        err(&f, "api"),
+        "service-resolver \"api\": Failover[\"*\"].ServiceSubset: subset \"x\" of \"other\" is not defined: \"other\" has no service-resolver"
+    );
+}
+
+#[test]
+fn a_loop_of_redirects_is_refused() {
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "a", "Redirect": {"Service": "b"}}))
+        .with(json!({"Kind": "service-resolver", "Name": "b", "Redirect": {"Service": "c"}}))
+        .with(json!({"Kind": "service-resolver", "Name": "c", "Redirect": {"Service": "a"}}));
+    assert_eq!(
+        err(&f, "a"),
+        "service-resolver \"c\": Redirect.Service: redirects form a loop: a -> b -> c -> a"
+    );
+    assert!(f.validate("").is_err());
+}
+
+#[test]
+fn a_loop_of_splitters_is_refused() {
+    let f = Fixture::default()
+        .http("a")
+        .http("b")
+        .with(json!({"Kind": "service-splitter", "Name": "a", "Splits": [{"Weight": 50, "Service": "b"}, {"Weight": 50}]}))
+        .with(json!({"Kind": "service-splitter", "Name": "b", "Splits": [{"Weight": 50, "Service": "a"}, {"Weight": 50}]}));
+    let e = err(&f, "a");
+    assert!(e.contains("splitters form a loop: a -> b -> a"), "{e}");
+}
+
+#[test]
+fn other_datacenters_are_refused_with_the_field() {
+    let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api",
+        "Failover": {"*": {"Datacenters": ["dc1", "dc2"]}}}));
+    assert_eq!(
+        err(&f, "api"),
+        "service-resolver \"api\": Failover[\"*\"].Datacenters[1]: datacenter \"dc2\" is not served: this cluster runs one datacenter (\"dc1\")"
+    );
+    let f =
+        Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api", "Redirect": {"Datacenter": "dc3"}}));
+    assert!(err(&f, "api").contains("Redirect.Datacenter: datacenter \"dc3\" is not served"));
+}
+
+#[test]
+fn routing_across_protocols_is_refused() {
+    let f = Fixture::default().http("web").with(
+        json!({"Kind": "service-splitter", "Name": "web", "Splits": [{"Weight": 50}, {"Weight": 50, "Service": "db"}]}),
+    );
+    assert_eq!(
+        err(&f, "web"),
+        "service-splitter \"web\": Splits[1].Service: service \"db\" has protocol tcp, but the chain of \"web\" has protocol http: routing and splitting only join services of one protocol"
+    );
+}
+
+#[test]
+fn validate_graph_checks_every_routed_service_and_l7_intentions() {
+    // Fine as written...
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-router", "Name": "web", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]}));
+    f.validate("web").unwrap();
+    // ...until web turns tcp: the router's chain breaks.
+    let mut g = Fixture::default().with(json!({"Kind": "service-defaults", "Name": "web", "Protocol": "tcp"}));
+    g.routers = f.routers.clone();
+    assert!(
+        g.validate("web")
+            .unwrap_err()
+            .to_string()
+            .starts_with("service-router \"web\": Name:")
+    );
+
+    let l7 = json!({"Kind": "service-intentions", "Name": "db", "Sources": [
+        {"Name": "web", "Action": "allow"},
+        {"Name": "api", "Permissions": [{"Action": "deny", "HTTP": {"PathPrefix": "/admin"}}]}]});
+    let f = Fixture::default().with(l7.clone());
+    assert_eq!(
+        f.validate("db").unwrap_err().to_string(),
+        "service-intentions \"db\": Sources[1].Permissions: L7 permissions need service \"db\" to speak http, http2 or grpc, \
+         but its protocol is tcp (set Protocol in its service-defaults)"
+    );
+    Fixture::default().http("db").with(l7).validate("db").unwrap();
+}
