@@ -164,3 +164,88 @@ def test_bad_input_is_a_400_naming_the_field(client):
         client.config.set("service-defaults", "api", {"Protocol": "udp"})
     with pytest.raises(ClientError, match="405"):
         client.http.post(CB.boolean(), "/v1/catalog/register")
+
+
+def test_discovery_chain_compiled_with_overrides(client):
+    assert client.config.set("service-defaults", "web", {"Protocol": "http"}) is True
+    assert client.config.set(
+        "service-resolver",
+        "web",
+        {
+            "DefaultSubset": "v1",
+            "ConnectTimeout": "3s",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}},
+            "Failover": {"v1": {"ServiceSubset": "v2"}},
+        },
+    ) is True
+    assert client.config.set(
+        "service-splitter", "web", {"Splits": [{"Weight": 90, "ServiceSubset": "v1"}, {"Weight": 10, "ServiceSubset": "v2"}]}
+    ) is True
+    assert client.config.set(
+        "service-router",
+        "web",
+        {"Routes": [{"Match": {"HTTP": {"PathPrefix": "/v2"}}, "Destination": {"ServiceSubset": "v2"}}]},
+    ) is True
+
+    chain = client.discovery_chain.get("web")["Chain"]
+    assert chain["ServiceName"] == "web"
+    assert chain["Protocol"] == "http"
+    assert chain["StartNode"] == "router:web.default.default"
+    router = chain["Nodes"]["router:web.default.default"]
+    assert [r["NextNode"] for r in router["Routes"]] == ["resolver:v2.web.default.dc1", "splitter:web.default.default"]
+    splits = chain["Nodes"]["splitter:web.default.default"]["Splits"]
+    assert [(s["Weight"], s["NextNode"]) for s in splits] == [
+        (90, "resolver:v1.web.default.dc1"),
+        (10, "resolver:v2.web.default.dc1"),
+    ]
+    v1 = chain["Nodes"]["resolver:v1.web.default.dc1"]["Resolver"]
+    assert v1["ConnectTimeout"] == "3s"
+    assert v1["Failover"]["Targets"] == ["v2.web.default.dc1"]
+    assert chain["Targets"]["v1.web.default.dc1"]["Subset"]["Filter"] == "Service.Meta.version == v1"
+
+    # Overrides go in a POST body.
+    chain = client.discovery_chain.get("web", override_protocol="grpc", override_connect_timeout="7s")["Chain"]
+    assert chain["Protocol"] == "grpc"
+    assert chain["Nodes"]["resolver:v1.web.default.dc1"]["Resolver"]["ConnectTimeout"] == "7s"
+    # A service without entries has the default chain.
+    chain = client.discovery_chain.get("db")["Chain"]
+    assert chain["Default"] is True
+    assert chain["StartNode"] == "resolver:db.default.dc1"
+
+
+def test_config_entries_that_break_a_chain_are_refused_naming_entry_and_field(client):
+    # A router on a tcp service.
+    with pytest.raises(BadRequest, match='service-router "db" Name: a service-router needs the service to speak http'):
+        client.config.set("service-router", "db", {"Routes": [{"Match": {"HTTP": {"PathPrefix": "/"}}}]})
+    # Splits must add up to 100.
+    assert client.config.set("service-defaults", "api", {"Protocol": "http"}) is True
+    with pytest.raises(BadRequest, match="Splits: weights must add up to 100, they add up to 90"):
+        client.config.set("service-splitter", "api", {"Splits": [{"Weight": 50}, {"Weight": 40}]})
+    # An unknown subset.
+    with pytest.raises(BadRequest, match=r'Routes\[0\].Destination.ServiceSubset: subset "v3" of "api" is not defined'):
+        client.config.set(
+            "service-router", "api", {"Routes": [{"Match": {"HTTP": {"PathPrefix": "/"}}, "Destination": {"ServiceSubset": "v3"}}]}
+        )
+    # A loop of redirects.
+    assert client.config.set("service-resolver", "a", {"Redirect": {"Service": "b"}}) is True
+    with pytest.raises(BadRequest, match=r"service-resolver \"b\" Redirect.Service: redirects form a loop: a -> b -> a"):
+        client.config.set("service-resolver", "b", {"Redirect": {"Service": "a"}})
+    # A bad subset filter.
+    with pytest.raises(BadRequest, match=r'Subsets\["v1"\].Filter: unknown selector'):
+        client.config.set("service-resolver", "api", {"Subsets": {"v1": {"Filter": "Service.Version == v1"}}})
+    # L7 intentions on a tcp service.
+    with pytest.raises(BadRequest, match=r"Sources\[0\].Permissions: L7 permissions need service \"db\""):
+        client.config.set(
+            "service-intentions",
+            "db",
+            {"Sources": [{"Name": "web", "Permissions": [{"Action": "deny", "HTTP": {"PathPrefix": "/admin"}}]}]},
+        )
+    # Turning a routed service to tcp breaks its router: refused, and the router is named.
+    assert client.config.set(
+        "service-router", "api", {"Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]}
+    ) is True
+    with pytest.raises(BadRequest, match='service-router "api" Name'):
+        client.config.set("service-defaults", "api", {"Protocol": "tcp"})
+    # Nothing was half-applied.
+    assert client.config.get("service-defaults", "api")["Protocol"] == "http"
+    assert client.config.get("service-resolver", "b") is None

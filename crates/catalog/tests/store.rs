@@ -174,7 +174,10 @@ async fn config_entries_with_cas() {
             ..Default::default()
         })
     };
-    let set = |e, cas| Op::ConfigSet { entry: Box::new(e), cas };
+    let set = |e, cas| Op::ConfigSet {
+        entry: Box::new(e),
+        cas,
+    };
     assert!(store.write(set(entry("http"), Some(Index(0)))).await.unwrap().applied);
     assert!(
         !store.write(set(entry("grpc"), Some(Index(0)))).await.unwrap().applied,

@@ -4,126 +4,15 @@
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use test_support::envoy;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
-/// A child process killed (by its own pid handle) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGTERM: the supervisors drain their Envoy (1 s) and clean up after it.
-        supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
-    }
-}
-
-struct Mesh {
-    _server: Proc,
-    http: String,
-    grpc: String,
-    client: reqwest::Client,
-}
-
-impl Mesh {
-    fn start() -> Mesh {
-        let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
-            std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
-            ["-dev", "-log-level", "warn"],
-        );
-        Mesh {
-            _server: Proc(child),
-            http,
-            grpc,
-            client: reqwest::Client::new(),
-        }
-    }
-
-    async fn put(&self, path: &str, body: Value) {
-        let resp = self
-            .client
-            .put(format!("{}{path}", self.http))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(resp.status().is_success(), "{path}: {}", resp.text().await.unwrap());
-    }
-
-    async fn register(&self, node: &str, service: &str, port: u16, proxy_port: u16, upstreams: Value, config: Value) {
-        self.put(
-            "/v1/catalog/register",
-            json!({"Node": node, "Address": "127.0.0.1", "Service": {"Service": service, "Port": port}}),
-        )
-        .await;
-        let proxy = json!({"Kind": "connect-proxy", "ID": format!("{service}-sidecar-proxy"), "Service": format!("{service}-sidecar-proxy"),
-            "Port": proxy_port, "Proxy": {"DestinationServiceName": service, "LocalServicePort": port, "Upstreams": upstreams, "Config": config}});
-        self.put(
-            "/v1/catalog/register",
-            json!({"Node": node, "Address": "127.0.0.1", "Service": proxy}),
-        )
-        .await;
-    }
-
-    /// Runs Envoy for a sidecar under `meshd connect envoy` (which supervises it); returns
-    /// the supervisor process and Envoy's admin URL.
-    async fn envoy(&self, service: &str, node: &str, dir: &Path) -> (Proc, String) {
-        let run_dir = dir.join(format!("{service}-{node}"));
-        let admin_file = run_dir.join("admin-0.addr");
-        let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
-            .args([
-                "-http-addr",
-                self.http.trim_start_matches("http://"),
-                "-grpc-addr",
-                &self.grpc,
-            ])
-            .args([
-                "-admin-bind",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-                "-drain-time",
-                "1s",
-                "-run-dir",
-            ])
-            .arg(&run_dir)
-            .arg("-envoy-binary")
-            .arg(envoy())
-            .args(["--", "-l", "error"])
-            .spawn()
-            .unwrap();
-        let proc = Proc(child);
-        let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
-        (proc, format!("http://{}", admin.trim()))
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        test_support::process::metric(&self.client, &self.http, name).await
-    }
-}
-
-/// Polls `check` until it yields a value (real processes: there is no clock to pause).
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(mut check: impl FnMut() -> F) -> T {
-    for _ in 0..600 {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("condition not reached within 30 s");
-}
-
-async fn get(client: &reqwest::Client, url: &str) -> Option<String> {
-    let resp = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.text().await.ok()
-}
+mod mesh;
+use mesh::{Mesh, Proc, get, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_flows_over_mtls_and_intentions_govern_it() {

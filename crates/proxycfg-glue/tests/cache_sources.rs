@@ -106,7 +106,13 @@ async fn register(store: &Store, node: &str, svc: NodeService) {
 }
 
 async fn set_entry(store: &Store, entry: ConfigEntry) {
-    store.write(Op::ConfigSet { entry: Box::new(entry), cas: None }).await.unwrap();
+    store
+        .write(Op::ConfigSet {
+            entry: Box::new(entry),
+            cas: None,
+        })
+        .await
+        .unwrap();
 }
 
 fn dc1() -> String {

@@ -1,0 +1,275 @@
+//! L7 traffic management end to end with real Envoys: a router, a splitter and a resolver
+//! with subsets, failover and a redirect shape what web's Envoy does with requests for
+//! `api`; L7 intentions are enforced by api's Envoys. Backends answer with their own name
+//! and the path they saw.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use test_support::reserve_port as free_port;
+
+mod mesh;
+use mesh::{Mesh, wait_for};
+
+/// A backend answering `<name> <path>`; when `flaky`, every other request is a 503.
+/// Returns its port and how many requests it has seen.
+fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let text = String::from_utf8_lossy(&buf);
+            let path = text.split_whitespace().nth(1).unwrap_or("?").to_owned();
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let (status, body) = if flaky && n % 2 == 0 {
+                ("503 Service Unavailable", "unavailable".to_owned())
+            } else {
+                ("200 OK", format!("{name} {path}"))
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// Registers `service` on `node` with a sidecar carrying `meta`, and the sidecar's own
+/// health check (passing) so the test can turn the instance critical.
+async fn register(mesh: &Mesh, node: &str, service: &str, port: u16, proxy_port: u16, meta: Value, upstreams: Value) {
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": node, "Address": "127.0.0.1",
+               "Service": {"Service": service, "Port": port, "Meta": meta}}),
+    )
+    .await;
+    let proxy = format!("{service}-sidecar-proxy");
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": node, "Address": "127.0.0.1",
+               "Service": {"Kind": "connect-proxy", "ID": proxy, "Service": proxy, "Port": proxy_port, "Meta": meta,
+                           "Proxy": {"DestinationServiceName": service, "LocalServicePort": port, "Upstreams": upstreams}},
+               "Check": {"CheckID": format!("{proxy}-alive"), "Name": "alive", "ServiceID": proxy, "Status": "passing"}}),
+    )
+    .await;
+}
+
+async fn set_check(mesh: &Mesh, node: &str, service: &str, status: &str) {
+    let proxy = format!("{service}-sidecar-proxy");
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": node, "Address": "127.0.0.1", "SkipNodeUpdate": true,
+               "Check": {"CheckID": format!("{proxy}-alive"), "Name": "alive", "ServiceID": proxy, "Status": status}}),
+    )
+    .await;
+}
+
+/// One request through web's upstream listener: (status, body).
+async fn request(client: &reqwest::Client, port: u16, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    let mut req = client
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .timeout(Duration::from_secs(5));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.text().await.ok()?))
+}
+
+/// Polls until a request answers `status` with a body starting with `prefix`.
+async fn until(client: &reqwest::Client, port: u16, path: &str, headers: &[(&str, &str)], status: u16, prefix: &str) {
+    wait_for(|| async {
+        let (s, body) = request(client, port, path, headers).await?;
+        (s == status && body.starts_with(prefix)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    for name in ["api", "flaky", "old-api"] {
+        mesh.put(
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}),
+        )
+        .await;
+    }
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",
+               "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}},
+               "Failover": {"v1": {"ServiceSubset": "v2"}}}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-splitter", "Name": "api",
+               "Splits": [{"Weight": 80, "ServiceSubset": "v1"}, {"Weight": 20, "ServiceSubset": "v2"}]}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-router", "Name": "api", "Routes": [
+            {"Match": {"HTTP": {"Header": [{"Name": "x-version", "Exact": "2"}]}}, "Destination": {"ServiceSubset": "v2"}},
+            {"Match": {"HTTP": {"PathPrefix": "/rewrite/"}}, "Destination": {"ServiceSubset": "v2", "PrefixRewrite": "/v2/"}},
+            {"Match": {"HTTP": {"PathPrefix": "/retry"}},
+             "Destination": {"Service": "flaky", "NumRetries": 3, "RetryOnStatusCodes": [503]}},
+            {"Match": {"HTTP": {"PathPrefix": "/primary"}}, "Destination": {"ServiceSubset": "v1"}}
+        ]}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-resolver", "Name": "old-api", "Redirect": {"Service": "api", "ServiceSubset": "v2"}}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Permissions": [
+            {"Action": "deny", "HTTP": {"PathPrefix": "/admin"}},
+            {"Action": "allow", "HTTP": {"PathPrefix": "/"}}]}]}),
+    )
+    .await;
+
+    let (v1_port, _) = backend("api-v1", false);
+    let (v2_port, _) = backend("api-v2", false);
+    let (flaky_port, flaky_seen) = backend("flaky", true);
+    let (web_port, _) = backend("web", false);
+    let (api_up, old_up) = (free_port(), free_port());
+    register(
+        &mesh,
+        "node-v1",
+        "api",
+        v1_port,
+        free_port(),
+        json!({"version": "v1"}),
+        json!([]),
+    )
+    .await;
+    register(
+        &mesh,
+        "node-v2",
+        "api",
+        v2_port,
+        free_port(),
+        json!({"version": "v2"}),
+        json!([]),
+    )
+    .await;
+    register(
+        &mesh,
+        "node-flaky",
+        "flaky",
+        flaky_port,
+        free_port(),
+        json!({}),
+        json!([]),
+    )
+    .await;
+    register(
+        &mesh,
+        "node-web",
+        "web",
+        web_port,
+        free_port(),
+        json!({}),
+        json!([{"DestinationName": "api", "LocalBindPort": api_up},
+               {"DestinationName": "old-api", "LocalBindPort": old_up}]),
+    )
+    .await;
+    let (_v1, _) = mesh.envoy("api", "node-v1", dir.path()).await;
+    let (_v2, _) = mesh.envoy("api", "node-v2", dir.path()).await;
+    let (_flaky, _) = mesh.envoy("flaky", "node-flaky", dir.path()).await;
+    let (_web, web_admin) = mesh.envoy("web", "node-web", dir.path()).await;
+
+    // Everything is up once both subsets answer their own routes.
+    until(&client, api_up, "/primary", &[], 200, "api-v1").await;
+    until(&client, api_up, "/", &[("x-version", "2")], 200, "api-v2").await;
+
+    // The header route reaches v2, every time.
+    for _ in 0..20 {
+        let (s, body) = request(&client, api_up, "/h", &[("x-version", "2")]).await.unwrap();
+        assert_eq!((s, body.as_str()), (200, "api-v2 /h"));
+    }
+
+    // The prefix rewrite: /rewrite/x arrives as /v2/x.
+    let (s, body) = request(&client, api_up, "/rewrite/x", &[]).await.unwrap();
+    assert_eq!((s, body.as_str()), (200, "api-v2 /v2/x"));
+
+    // 80/20 over 2,000 requests, within 5 points.
+    let mut v1 = 0u32;
+    let total = 2_000u32;
+    for _ in 0..total {
+        let (s, body) = request(&client, api_up, "/split", &[]).await.unwrap();
+        assert_eq!(s, 200, "{body}");
+        if body.starts_with("api-v1") {
+            v1 += 1;
+        } else {
+            assert!(body.starts_with("api-v2"), "{body}");
+        }
+    }
+    let share = f64::from(v1) / f64::from(total);
+    println!("split: {v1} of {total} to v1 ({:.1} %)", share * 100.0);
+    assert!((0.75..=0.85).contains(&share), "v1 got {:.1} %", share * 100.0);
+
+    // Retries on 503 turn a backend failing every other request into 100 % success.
+    let before = flaky_seen.load(Ordering::SeqCst);
+    for _ in 0..50 {
+        let (s, body) = request(&client, api_up, "/retry", &[]).await.unwrap();
+        assert_eq!((s, body.as_str()), (200, "flaky /retry"));
+    }
+    let attempts = flaky_seen.load(Ordering::SeqCst) - before;
+    assert!(
+        attempts >= 75,
+        "the backend failed only {} times: retries not exercised",
+        attempts - 50
+    );
+
+    // A redirect: old-api's chain resolves to api's v2 subset.
+    until(&client, old_up, "/", &[], 200, "api-v2").await;
+
+    // L7 intentions: /admin is denied by api's Envoys, / is allowed.
+    let (s, _) = request(&client, api_up, "/admin/users", &[]).await.unwrap();
+    assert_eq!(s, 403);
+    let (s, _) = request(&client, api_up, "/", &[]).await.unwrap();
+    assert_eq!(s, 200);
+
+    // Failover: v1's only instance turns critical, /primary lands on v2; then back.
+    set_check(&mesh, "node-v1", "api", "critical").await;
+    until(&client, api_up, "/primary", &[], 200, "api-v2").await;
+    let clusters = mesh::get(&client, &format!("{web_admin}/clusters")).await.unwrap();
+    assert!(
+        clusters.contains("failover~v1.api.default.dc1"),
+        "an aggregate cluster fails v1 over: {clusters}"
+    );
+    set_check(&mesh, "node-v1", "api", "passing").await;
+    until(&client, api_up, "/primary", &[], 200, "api-v1").await;
+
+    // Nothing failed to build along the way (the counter is exported, at zero).
+    let metrics = mesh::get(&client, &format!("{}/v1/agent/metrics?format=prometheus", mesh.http))
+        .await
+        .unwrap();
+    assert!(metrics.contains("\nmeshd_xds_build_failures_total 0\n"), "{metrics}");
+    assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Route"}"#).await, 0.0);
+    assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Cluster"}"#).await, 0.0);
+    assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
+}
