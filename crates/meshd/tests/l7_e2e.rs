@@ -34,7 +34,7 @@ fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
             let text = String::from_utf8_lossy(&buf);
             let path = text.split_whitespace().nth(1).unwrap_or("?").to_owned();
             let n = count.fetch_add(1, Ordering::SeqCst);
-            let (status, body) = if flaky && n % 2 == 0 {
+            let (status, body) = if flaky && n.is_multiple_of(2) {
                 ("503 Service Unavailable", "unavailable".to_owned())
             } else {
                 ("200 OK", format!("{name} {path}"))
