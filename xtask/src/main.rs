@@ -44,10 +44,12 @@ fn run(mut cmd: Command) -> Result<()> {
 /// The benchmarks, by name: (package, bench target).
 const BENCHES: &[(&str, &str, &str)] = &[
     ("proxycfg", "proxycfg", "propagation"),
+    ("proxycfg", "xds", "l7_rebuild"),
     ("server", "meshd", "server"),
     ("agent", "meshd", "agent"),
     ("agent", "meshd", "agent_cache"),
     ("xds", "meshd", "xds"),
+    ("xds", "xds", "l7_rebuild"),
     ("supervisor", "supervisor", "hot_restart"),
     ("supervisor", "meshd", "managed"),
 ];

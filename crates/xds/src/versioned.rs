@@ -24,15 +24,17 @@ pub struct VersionedResources {
     /// Parts of the snapshot that could not be built (by upstream): their resources are the
     /// last good ones, or absent if there never were any.
     pub problems: BTreeMap<String, String>,
-    /// The resources the failed parts keep from the last good build.
-    keep: Vec<(&'static str, String)>,
+    /// The resources the failed parts keep from the last good build (part, type, name).
+    keep: Vec<(String, &'static str, String)>,
+    /// The resources each part of the build made (see [`Resources::parts`]).
+    parts: BTreeMap<String, Vec<(&'static str, String)>>,
 }
 
 impl VersionedResources {
     /// Hashes every resource of `resources`; with `shared`, a resource some other proxy
     /// already has (same type and encoding) is that proxy's very `Arc`, stored once.
     pub fn from_resources(resources: Resources, shared: Option<&resources::SharedEncodings>) -> Self {
-        let (problems, keep) = (resources.problems, resources.keep);
+        let (problems, keep, parts) = (resources.problems, resources.keep, resources.parts);
         let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
@@ -59,6 +61,7 @@ impl VersionedResources {
             snapshot: None,
             problems,
             keep,
+            parts,
         }
     }
 
@@ -66,11 +69,50 @@ impl VersionedResources {
     /// failed part keeps.
     fn keep_from(&mut self, previous: Option<&VersionedResources>) {
         let Some(previous) = previous else { return };
-        for (type_url, name) in std::mem::take(&mut self.keep) {
-            if let Some(v) = previous.get(type_url, &name) {
+        for (part, type_url, name) in &self.keep {
+            if let Some(v) = previous.get(type_url, name) {
                 Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));
+                self.parts
+                    .entry(part.clone())
+                    .or_default()
+                    .push((type_url, name.clone()));
             }
-            self.keep.push((type_url, name));
+        }
+    }
+
+    /// Takes the resources of `parts` from `previous` (a build whose inputs for those parts
+    /// are the same), with their problems and kept resources.
+    fn take_parts(&mut self, previous: &VersionedResources, parts: &[String]) {
+        for part in parts {
+            let Some(names) = previous.parts.get(part) else {
+                continue;
+            };
+            for (type_url, name) in names {
+                if let Some(v) = previous.get(type_url, name) {
+                    Arc::make_mut(self.by_type.entry(type_url).or_default())
+                        .entry(name.clone())
+                        .or_insert_with(|| Arc::clone(v));
+                }
+            }
+            self.parts.insert(part.clone(), names.clone());
+            if let Some(problem) = previous.problems.get(part) {
+                self.problems.insert(part.clone(), problem.clone());
+            }
+            self.keep
+                .extend(previous.keep.iter().filter(|(p, _, _)| p == part).cloned());
+        }
+        // A type whose resources are all the previous build's very ones shares its map, which
+        // tells streams that nothing of that type changed.
+        for (type_url, map) in self.by_type.iter_mut() {
+            if let Some(prev) = previous.by_type.get(type_url)
+                && prev.len() == map.len()
+                && prev
+                    .iter()
+                    .zip(map.iter())
+                    .all(|((pn, pv), (n, v))| pn == n && Arc::ptr_eq(pv, v))
+            {
+                *map = Arc::clone(prev);
+            }
         }
     }
 
@@ -106,12 +148,29 @@ impl VersionedResources {
                     snapshot: None,
                     problems: prev.problems.clone(),
                     keep: prev.keep.clone(),
+                    parts: prev.parts.clone(),
                 }
             }
             None => {
-                let mut built = Self::build(snapshot, shared)?;
-                built.keep_from(previous);
-                built
+                let changed = previous
+                    .and_then(|p| Some((p, p.snapshot.as_deref()?)))
+                    .and_then(|(p, prev_snap)| Some((p, resources::build_changed(snapshot, prev_snap, shared)?)));
+                match changed {
+                    // Same proxy-wide inputs: only the upstreams whose chain changed are built.
+                    Some((prev, (built, reused))) => {
+                        let mut built = Self::from_resources(built?, shared);
+                        built.keep_from(previous);
+                        let mut parts = reused;
+                        parts.push(resources::COMMON.to_owned());
+                        built.take_parts(prev, &parts);
+                        built
+                    }
+                    None => {
+                        let mut built = Self::build(snapshot, shared)?;
+                        built.keep_from(previous);
+                        built
+                    }
+                }
             }
         };
         built.snapshot = Some(Arc::clone(snapshot));

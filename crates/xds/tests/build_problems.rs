@@ -65,3 +65,71 @@ fn an_upstream_that_cannot_be_built_keeps_its_last_good_resources_and_says_why()
     assert!(third.problems.is_empty());
     assert!(third.get(LISTENER, listener).is_some());
 }
+
+/// `snap` with upstream `name`'s chain replaced by an equal-content copy with another
+/// connect timeout (a new `Arc`: the chain changed).
+fn with_new_chain(mut snap: ConfigSnapshot, name: &str, timeout_ms: u32) -> ConfigSnapshot {
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
+        if id.name == name {
+            let up = Arc::make_mut(up);
+            let mut chain = (**up.chain.as_ref().unwrap()).clone();
+            for t in chain.targets.values_mut() {
+                t.connect_timeout_ms = timeout_ms;
+            }
+            up.chain = Some(Arc::new(chain));
+        }
+    }
+    snap
+}
+
+#[test]
+fn a_changed_chain_rebuilds_its_upstream_only_and_equals_a_full_build() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "http",
+        upstreams: vec![("api", 9191, "http"), ("db", 9192, "tcp"), ("cache", 9193, "http")],
+        intentions: vec![],
+        instances: vec![instance("api", "10.0.0.1", 21000)],
+    };
+    let first = Arc::new(snapshot(&ca, &scenario));
+    let before = VersionedResources::build_after(&first, None, None).unwrap();
+    let second = Arc::new(with_new_chain((*first).clone(), "db", 1234));
+    let incremental = VersionedResources::build_after(&second, None, Some(&before)).unwrap();
+    let full = VersionedResources::build(&second, None).unwrap();
+    for type_url in xds::resources::TYPES {
+        let a: Vec<(&String, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let b: Vec<(&String, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        assert_eq!(a, b, "{type_url}");
+    }
+    // Only db's cluster changed; the others are the previous build's very resources.
+    let cluster = xds::resources::CLUSTER;
+    let changed: Vec<&String> = incremental
+        .of(cluster)
+        .filter(|(n, v)| !Arc::ptr_eq(v, before.get(cluster, n).unwrap()))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(changed[0].starts_with("db."), "{changed:?}");
+    // Secrets were not touched: the very same map.
+    assert!(Arc::ptr_eq(
+        incremental.map(xds::resources::SECRET).unwrap(),
+        before.map(xds::resources::SECRET).unwrap()
+    ));
+    // An upstream removed takes its resources with it.
+    let mut third = (*second).clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut third.kind;
+    Arc::make_mut(&mut cp.upstreams).retain(|id, _| id.name != "cache");
+    let third = Arc::new(third);
+    let after_removal = VersionedResources::build_after(&third, None, Some(&incremental)).unwrap();
+    assert!(after_removal.get(LISTENER, "cache:127.0.0.1:9193").is_none());
+    assert!(after_removal.get(ROUTE, "cache").is_none());
+    let full = VersionedResources::build(&third, None).unwrap();
+    for type_url in xds::resources::TYPES {
+        assert_eq!(
+            after_removal.of(type_url).map(|(n, _)| n).collect::<Vec<_>>(),
+            full.of(type_url).map(|(n, _)| n).collect::<Vec<_>>(),
+            "{type_url}"
+        );
+    }
+}

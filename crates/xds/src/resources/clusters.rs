@@ -76,19 +76,35 @@ pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) ->
     }
 }
 
-pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::Scope<'_>) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
-    let proxy = &snap.service.proxy;
+    if scope.common() {
+        out.begin(super::COMMON.to_owned());
+        local_app(snap, cp, out);
+    }
+    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
+    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
+    for (id, upstream) in cp.upstreams.iter() {
+        if !scope.upstream(id) {
+            continue;
+        }
+        out.begin(id.to_string());
+        upstream_clusters(snap, roots, upstream, outgoing.as_ref(), out);
+    }
+    Ok(())
+}
 
+fn local_app(snap: &ConfigSnapshot, cp: &proxycfg::ConnectProxySnapshot, out: &mut Resources) {
+    let proxy = &snap.service.proxy;
     let local_addr = if proxy.local_service_address.is_empty() {
         "127.0.0.1"
     } else {
         &proxy.local_service_address
     };
-    let local = Cluster {
+    let mut local = Cluster {
         name: LOCAL_APP.into(),
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Static as i32,
@@ -110,7 +126,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         }),
         ..Default::default()
     };
-    let mut local = local;
     let local_protocol = proxy
         .options()
         .protocol
@@ -120,11 +135,19 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         local.typed_extension_protocol_options = http2_options();
     }
     out.insert(CLUSTER, LOCAL_APP.into(), pack_any(local));
+}
 
-    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
-    for upstream in cp.upstreams.values() {
-        let Some(chain) = &upstream.chain else { continue };
+/// The clusters of one upstream's chain: one per target, and an aggregate cluster per
+/// resolver with failover.
+fn upstream_clusters(
+    snap: &ConfigSnapshot,
+    roots: &structs::IndexedCaRoots,
+    upstream: &proxycfg::UpstreamSnapshot,
+    outgoing: Option<&envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
+    out: &mut Resources,
+) {
+    {
+        let Some(chain) = &upstream.chain else { return };
         let options = snap.upstream_config(upstream).map(|u| u.options()).unwrap_or_default();
         for target in chain.targets.values() {
             let spiffe = SpiffeIdService {
@@ -141,7 +164,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                     service_name: String::new(),
                 }),
                 connect_timeout: millis(target.connect_timeout_ms),
-                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.clone())),
+                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.cloned())),
                 circuit_breakers: options.limits.as_ref().map(circuit_breakers),
                 outlier_detection: options.passive_health_check.as_ref().map(outlier_detection),
                 ..Default::default()
@@ -181,7 +204,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
             out.insert(CLUSTER, name, pack_any(aggregate));
         }
     }
-    Ok(())
 }
 
 /// Name of the aggregate cluster of a resolver with failover, after its primary target.

@@ -79,7 +79,7 @@ fn hcm(stat_prefix: &str, route: http_connection_manager::RouteSpecifier, mut fi
     network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
 }
 
-pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::Scope<'_>) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
@@ -88,16 +88,23 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         .resolved_config
         .as_deref()
         .ok_or(BuildError::Incomplete("resolved service config"))?;
-    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
-    public_listener(
-        snap,
-        intentions,
-        resolved,
-        tls::mesh_params(mesh, tls::Direction::Incoming),
-        out,
-    );
+    if scope.common() {
+        out.begin(super::COMMON.to_owned());
+        let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
+        public_listener(
+            snap,
+            intentions,
+            resolved,
+            tls::mesh_params(mesh, tls::Direction::Incoming),
+            out,
+        );
+    }
     // Outbound, one listener per upstream.
     for (id, upstream) in cp.upstreams.iter() {
+        if !scope.upstream(id) {
+            continue;
+        }
+        out.begin(id.to_string());
         let Some(config) = snap.upstream_config(upstream) else {
             continue;
         };

@@ -101,19 +101,63 @@ pub struct Resources {
     pub shared: BTreeMap<&'static str, BTreeMap<String, Arc<Versioned>>>,
     /// Parts that could not be built, by what failed (an upstream): the problem.
     pub problems: BTreeMap<String, String>,
-    /// Resources the failed parts keep from the last good build (type URL, name).
-    pub keep: Vec<(&'static str, String)>,
+    /// Resources the failed parts keep from the last good build (part, type URL, name).
+    pub keep: Vec<(String, &'static str, String)>,
+    /// The resources (other than load assignments) each part made: [`COMMON`] for the
+    /// proxy-wide ones, else the upstream id. A later build whose inputs for a part are the
+    /// same takes that part's resources from this one instead of building them again.
+    pub parts: BTreeMap<String, Vec<(&'static str, String)>>,
+    /// The part being built.
+    part: String,
 }
+
+/// The part of a build holding the proxy-wide resources (secrets, local_app, the public
+/// listener).
+pub const COMMON: &str = "";
+
+/// What a build makes: the proxy-wide part or not, and which upstreams.
+pub(crate) struct Scope<'a> {
+    common: bool,
+    upstream: &'a dyn Fn(&structs::UpstreamId) -> bool,
+}
+
+impl Scope<'_> {
+    pub(crate) fn common(&self) -> bool {
+        self.common
+    }
+
+    pub(crate) fn upstream(&self, id: &structs::UpstreamId) -> bool {
+        (self.upstream)(id)
+    }
+}
+
+const EVERYTHING: Scope<'static> = Scope {
+    common: true,
+    upstream: &|_| true,
+};
 
 impl Resources {
     /// Records that `part` could not be built and which of its resources keep their last
     /// good version.
     fn fail(&mut self, part: String, problem: String, keep: impl IntoIterator<Item = (&'static str, String)>) {
+        for (t, name) in keep {
+            self.keep.push((part.clone(), t, name));
+        }
         self.problems.insert(part, problem);
-        self.keep.extend(keep);
+    }
+
+    /// Starts the resources of `part` (see [`Resources::parts`]).
+    fn begin(&mut self, part: String) {
+        self.parts.entry(part.clone()).or_default();
+        self.part = part;
     }
 
     fn insert(&mut self, type_url: &'static str, name: String, resource: Any) {
+        if type_url != ENDPOINT
+            && let Some(names) = self.parts.get_mut(&self.part)
+        {
+            names.push((type_url, name.clone()));
+        }
         self.by_type.entry(type_url).or_default().insert(name, resource);
     }
 
@@ -146,12 +190,58 @@ pub fn build(snapshot: &ConfigSnapshot) -> Result<Resources, BuildError> {
 /// Builds every resource for a snapshot, taking resources that many proxies share (load
 /// assignments of the same endpoints) from `shared`: built, encoded and hashed once.
 pub fn build_shared(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>) -> Result<Resources, BuildError> {
+    build_scoped(snapshot, shared, &EVERYTHING)
+}
+
+/// Builds every load assignment, the proxy-wide resources if `scope` says so, and the
+/// resources of the upstreams it names.
+pub(crate) fn build_scoped(
+    snapshot: &ConfigSnapshot,
+    shared: Option<&SharedEncodings>,
+    scope: &Scope<'_>,
+) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
-    tls::build_secrets(snapshot, &mut out)?;
-    clusters::build(snapshot, &mut out)?;
+    if scope.common() {
+        out.begin(COMMON.to_owned());
+        tls::build_secrets(snapshot, &mut out)?;
+    }
+    clusters::build(snapshot, &mut out, scope)?;
     clusters::build_endpoints(snapshot, &mut out, shared)?;
-    listeners::build(snapshot, &mut out)?;
+    listeners::build(snapshot, &mut out, scope)?;
     Ok(out)
+}
+
+/// Builds what differs from `previous` (built from `prev`): when every proxy-wide input is
+/// the same, only the upstreams whose chain or position changed are built (with every load
+/// assignment); the rest is taken from `previous`'s parts by the caller. `None`: a full
+/// build is needed.
+pub(crate) fn build_changed(
+    snapshot: &ConfigSnapshot,
+    prev: &ConfigSnapshot,
+    shared: Option<&SharedEncodings>,
+) -> Option<(Result<Resources, BuildError>, Vec<String>)> {
+    if !same_proxy_wide(prev, snapshot) {
+        return None;
+    }
+    let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
+        return None;
+    };
+    let reused: Vec<String> = y
+        .upstreams
+        .iter()
+        .filter(|(id, u)| {
+            x.upstreams
+                .get(*id)
+                .is_some_and(|p| p.index == u.index && same_arc(&p.chain, &u.chain))
+        })
+        .map(|(id, _)| id.to_string())
+        .collect();
+    let rebuild = |id: &structs::UpstreamId| !reused.contains(&id.to_string());
+    let scope = Scope {
+        common: false,
+        upstream: &rebuild,
+    };
+    Some((build_scoped(snapshot, shared, &scope), reused))
 }
 
 /// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).
@@ -179,6 +269,22 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
+    same_proxy_wide(a, b)
+        && (Arc::ptr_eq(&x.upstreams, &y.upstreams)
+            || (x.upstreams.len() == y.upstreams.len()
+                && x.upstreams
+                    .iter()
+                    .zip(y.upstreams.iter())
+                    .all(|((ka, ua), (kb, ub))| ka == kb && ua.index == ub.index && same_arc(&ua.chain, &ub.chain))))
+}
+
+/// True when every input other than the upstreams' chains and endpoints is the same (by
+/// `Arc` identity): the proxy-wide resources, and the resources of an upstream whose chain
+/// is the same, are then the same too.
+fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
+        return false;
+    };
     a.proxy_id == b.proxy_id
         && Arc::ptr_eq(&a.service, &b.service)
         && a.datacenter == b.datacenter
@@ -192,12 +298,6 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         }
         && same_arc(&x.resolved_config, &y.resolved_config)
         && Arc::ptr_eq(&x.http_checks, &y.http_checks)
-        && (Arc::ptr_eq(&x.upstreams, &y.upstreams)
-            || (x.upstreams.len() == y.upstreams.len()
-                && x.upstreams
-                    .iter()
-                    .zip(y.upstreams.iter())
-                    .all(|((ka, ua), (kb, ub))| ka == kb && ua.index == ub.index && same_arc(&ua.chain, &ub.chain))))
 }
 
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
