@@ -257,13 +257,23 @@ fn outlier_detection(p: &PassiveHealthCheck) -> OutlierDetection {
     }
 }
 
+/// Envoy's bound on both ring sizes of a ring_hash cluster.
+const MAX_RING_SIZE: u64 = 8_388_608;
+/// Envoy's default minimum ring size.
+const DEFAULT_MIN_RING_SIZE: u64 = 1024;
+
 /// The resolver's load-balancing policy on a target's cluster (hash policies go on routes).
+///
+/// Values Envoy would refuse — refusing the whole cluster update, every cluster of the proxy
+/// with it — are brought within its bounds: a choice count below 2 (Envoy's minimum) is left
+/// to Envoy's default of 2, ring sizes above 8388608 are capped, and a maximum ring size
+/// below the default minimum (1024) without a minimum becomes the minimum too.
 fn load_balancer(cluster: &mut Cluster, lb: &LoadBalancer) {
     let u64_value = |v: u64| (v != 0).then_some(UInt64Value { value: v });
     match lb.policy.as_str() {
         "least_request" => {
             cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32;
-            if let Some(c) = lb.least_request_config.as_ref().filter(|c| c.choice_count != 0) {
+            if let Some(c) = lb.least_request_config.as_ref().filter(|c| c.choice_count >= 2) {
                 cluster.lb_config = Some(cluster::LbConfig::LeastRequestLbConfig(cluster::LeastRequestLbConfig {
                     choice_count: Some(UInt32Value { value: c.choice_count }),
                     ..Default::default()
@@ -273,9 +283,14 @@ fn load_balancer(cluster: &mut Cluster, lb: &LoadBalancer) {
         "ring_hash" => {
             cluster.lb_policy = cluster::LbPolicy::RingHash as i32;
             if let Some(r) = &lb.ring_hash_config {
+                let max = r.maximum_ring_size.min(MAX_RING_SIZE);
+                let mut min = r.minimum_ring_size.min(MAX_RING_SIZE);
+                if min == 0 && max != 0 && max < DEFAULT_MIN_RING_SIZE {
+                    min = max;
+                }
                 cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(cluster::RingHashLbConfig {
-                    minimum_ring_size: u64_value(r.minimum_ring_size),
-                    maximum_ring_size: u64_value(r.maximum_ring_size),
+                    minimum_ring_size: u64_value(min),
+                    maximum_ring_size: u64_value(max),
                     ..Default::default()
                 }));
             }

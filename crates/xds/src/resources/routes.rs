@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
-use structs::config_entry::{HashPolicy, HttpHeaderModifiers, ServiceRoute, ServiceRouteHttpMatch};
+use structs::config_entry::{HashPolicy, HttpHeaderModifiers, LoadBalancer, ServiceRoute, ServiceRouteHttpMatch};
 use structs::discovery_chain::{ChainNode, NodeType};
 use structs::{CompiledDiscoveryChain, GoDuration};
 
@@ -83,9 +83,6 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
                 .ok_or_else(|| RouteError(format!("resolver {:?} names an unknown target", next.name)))?;
             action.cluster_specifier = Some(route_action::ClusterSpecifier::Cluster(cluster));
             resolver_timeout = next.resolver.as_ref().map(|r| r.request_timeout);
-            if let Some(lb) = &next.load_balancer {
-                action.hash_policy = lb.hash_policies.iter().map(hash_policy).collect();
-            }
         }
         NodeType::Splitter => {
             let mut clusters = Vec::with_capacity(next.splits.len());
@@ -121,6 +118,9 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
             return Err(RouteError(format!("route leads to router {:?}", next.name)));
         }
     }
+    if let Some(lb) = hashing_load_balancer(chain, next) {
+        action.hash_policy = lb.hash_policies.iter().map(hash_policy).collect();
+    }
     if !dest.prefix_rewrite.is_empty() {
         action.prefix_rewrite = dest.prefix_rewrite.clone();
     }
@@ -143,6 +143,25 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
         response_headers_to_remove: resp_remove,
         ..Default::default()
     })
+}
+
+/// The load balancer whose hash policies the route to `next` carries: a resolver's own; for
+/// a splitter, its own if it has one, else the first hash-based (ring_hash, maglev) one of
+/// its legs' resolvers, as Consul does — one route action cannot hash two ways, and without
+/// hash policies a hashing cluster picks hosts at random.
+fn hashing_load_balancer<'c>(chain: &'c CompiledDiscoveryChain, next: &'c ChainNode) -> Option<&'c LoadBalancer> {
+    let hashing = |lb: &&LoadBalancer| matches!(lb.policy.as_str(), "ring_hash" | "maglev");
+    if let Some(lb) = next.load_balancer.as_ref() {
+        return Some(lb).filter(hashing);
+    }
+    if next.node_type != NodeType::Splitter {
+        return None;
+    }
+    next.splits
+        .iter()
+        .filter_map(|s| chain.nodes.get(&s.next_node))
+        .filter_map(|leg| leg.load_balancer.as_ref())
+        .find(hashing)
 }
 
 fn string_match(pattern: string_matcher::MatchPattern) -> StringMatcher {
@@ -244,21 +263,24 @@ fn route_match(http: Option<&ServiceRouteHttpMatch>) -> RouteMatch {
     }
 }
 
-/// Retries as Consul configures them: only when a condition is named.
+/// Retries as Consul configures them: a policy whenever a destination sets any retry field
+/// (`NumRetries` alone bounds the retries the application asks for with
+/// `x-envoy-retry-on`); conditions in Consul's order — `RetryOn` as written, then
+/// `connect-failure` (unless named already), then `retriable-status-codes`.
 fn retry_policy(dest: &structs::config_entry::ServiceRouteDestination) -> Option<RetryPolicy> {
     let mut on: Vec<&str> = Vec::new();
-    if dest.retry_on_connect_failure {
-        on.push("connect-failure");
-    }
     for c in &dest.retry_on {
         if !on.contains(&c.as_str()) {
             on.push(c);
         }
     }
+    if dest.retry_on_connect_failure && !on.contains(&"connect-failure") {
+        on.push("connect-failure");
+    }
     if !dest.retry_on_status_codes.is_empty() {
         on.push("retriable-status-codes");
     }
-    if on.is_empty() {
+    if on.is_empty() && dest.num_retries == 0 {
         return None;
     }
     Some(RetryPolicy {
