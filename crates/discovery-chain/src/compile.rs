@@ -4,7 +4,8 @@ use crate::{ChainError, Entries};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use structs::config_entry::{
-    ServiceResolver, ServiceRoute, ServiceRouteDestination, ServiceRouteHttpMatch, ServiceRouteMatch, ServiceSplit,
+    HttpHeaderModifiers, ServiceResolver, ServiceRoute, ServiceRouteDestination, ServiceRouteHttpMatch,
+    ServiceRouteMatch,
 };
 use structs::discovery_chain::{
     ChainFailover, ChainNode, ChainResolver, ChainRoute, ChainSplit, DEFAULT_CONNECT_TIMEOUT_MS, NodeType,
@@ -274,11 +275,14 @@ impl Compiler<'_, '_> {
             if split.service_subset.is_empty() && leg_service != service && self.entries.splitter(leg_service).is_some()
             {
                 // A leg to a service with its own splitter: that splitter's legs, scaled.
+                // Header changes: the outer leg's, then the inner leg's on top.
                 for mut inner in self.flatten(leg_service, weight)? {
-                    if header_changes_empty(&inner.definition) {
-                        inner.definition.request_headers = split.request_headers.clone();
-                        inner.definition.response_headers = split.response_headers.clone();
-                    }
+                    inner.definition.request_headers =
+                        merge_headers(split.request_headers.as_ref(), inner.definition.request_headers.take());
+                    inner.definition.response_headers = merge_headers(
+                        split.response_headers.as_ref(),
+                        inner.definition.response_headers.take(),
+                    );
                     legs.push(inner);
                 }
                 continue;
@@ -513,8 +517,24 @@ impl Compiler<'_, '_> {
     }
 }
 
-fn header_changes_empty(split: &ServiceSplit) -> bool {
-    split.request_headers.is_none() && split.response_headers.is_none()
+/// `outer`'s header changes with `inner`'s applied on top (the inner leg is the more
+/// specific): its values win for the same header, removals add up.
+fn merge_headers(
+    outer: Option<&HttpHeaderModifiers>,
+    inner: Option<HttpHeaderModifiers>,
+) -> Option<HttpHeaderModifiers> {
+    let Some(outer) = outer else { return inner };
+    let mut merged = outer.clone();
+    if let Some(inner) = inner {
+        merged.add.extend(inner.add);
+        merged.set.extend(inner.set);
+        for r in inner.remove {
+            if !merged.remove.contains(&r) {
+                merged.remove.push(r);
+            }
+        }
+    }
+    Some(merged)
 }
 
 /// Weights keep two decimals.

@@ -157,6 +157,24 @@ fn splitters_flatten_nested_splitters_and_keep_two_decimals() {
 }
 
 #[test]
+fn nested_splitter_legs_merge_header_changes_inner_on_top() {
+    let f = Fixture::default()
+        .http("web")
+        .http("web-v2")
+        .with(json!({"Kind": "service-splitter", "Name": "web", "Splits": [
+            {"Weight": 50},
+            {"Weight": 50, "Service": "web-v2", "RequestHeaders": {"Set": {"x-a": "outer", "x-b": "outer"}, "Remove": ["x-r1"]}}]}))
+        .with(json!({"Kind": "service-splitter", "Name": "web-v2", "Splits": [
+            {"Weight": 100, "RequestHeaders": {"Set": {"x-b": "inner"}, "Remove": ["x-r2"]}}]}));
+    let chain = f.compile("web").unwrap();
+    let legs = &chain.nodes[&chain.start_node].splits;
+    let h = legs[1].definition.request_headers.as_ref().unwrap();
+    assert_eq!(h.set["x-a"], "outer");
+    assert_eq!(h.set["x-b"], "inner");
+    assert_eq!(h.remove, ["x-r1", "x-r2"]);
+}
+
+#[test]
 fn resolver_default_subset_redirect_failover_and_load_balancer() {
     let f = Fixture::default()
         .with(json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",

@@ -568,6 +568,11 @@ pub struct LoadBalancer {
     pub hash_policies: Vec<HashPolicy>,
 }
 
+/// Envoy's bound on both ring sizes.
+const MAX_RING_SIZE: u64 = 8_388_608;
+/// Envoy's default minimum ring size.
+const DEFAULT_MIN_RING_SIZE: u64 = 1024;
+
 /// The load-balancer policies a resolver may name.
 pub const LB_POLICIES: [&str; 5] = ["round_robin", "least_request", "ring_hash", "maglev", "random"];
 
@@ -591,6 +596,39 @@ impl LoadBalancer {
                 "LoadBalancer.LeastRequestConfig",
                 Problem::NotAllowed("unless Policy is least_request"),
             ));
+        }
+        if let Some(c) = &self.least_request_config
+            && c.choice_count == 1
+        {
+            return Err(ValidationError::new(
+                "LoadBalancer.LeastRequestConfig.ChoiceCount",
+                Problem::Invalid("must be at least 2 (or 0 for the default of 2)".into()),
+            ));
+        }
+        if let Some(r) = &self.ring_hash_config {
+            for (field, v) in [
+                ("MinimumRingSize", r.minimum_ring_size),
+                ("MaximumRingSize", r.maximum_ring_size),
+            ] {
+                if v > MAX_RING_SIZE {
+                    return Err(ValidationError::new(
+                        format!("LoadBalancer.RingHashConfig.{field}"),
+                        Problem::OutOfRange {
+                            min: 0,
+                            max: MAX_RING_SIZE,
+                        },
+                    ));
+                }
+            }
+            if r.minimum_ring_size == 0 && r.maximum_ring_size != 0 && r.maximum_ring_size < DEFAULT_MIN_RING_SIZE {
+                return Err(ValidationError::new(
+                    "LoadBalancer.RingHashConfig.MaximumRingSize",
+                    Problem::Invalid(format!(
+                        "{} is below the default MinimumRingSize of {DEFAULT_MIN_RING_SIZE}: set MinimumRingSize too",
+                        r.maximum_ring_size
+                    )),
+                ));
+            }
         }
         if let Some(r) = &self.ring_hash_config
             && r.maximum_ring_size != 0

@@ -166,7 +166,15 @@ fn upstream_clusters(
                 connect_timeout: millis(target.connect_timeout_ms),
                 transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.cloned())),
                 circuit_breakers: options.limits.as_ref().map(circuit_breakers),
-                outlier_detection: options.passive_health_check.as_ref().map(outlier_detection),
+                // As Consul: outlier detection is always on (Envoy's defaults unless the
+                // upstream's passive_health_check says otherwise).
+                outlier_detection: Some(
+                    options
+                        .passive_health_check
+                        .as_ref()
+                        .map(outlier_detection)
+                        .unwrap_or_default(),
+                ),
                 ..Default::default()
             };
             if let Some(lb) = &target.load_balancer {

@@ -35,9 +35,15 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn with(mut self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v).unwrap();
+    fn with(self, v: Value) -> Self {
+        let entry = ConfigEntry::from_json(v.clone()).unwrap();
         structs::Validate::validate(&entry).unwrap();
+        self.with_unchecked(v)
+    }
+
+    /// An entry the write-time validation would refuse (as if it bypassed the API).
+    fn with_unchecked(mut self, v: Value) -> Self {
+        let entry = ConfigEntry::from_json(v).unwrap();
         let list = match &entry {
             ConfigEntry::ProxyDefaults(p) => {
                 self.proxy = Some(p.clone());
@@ -885,9 +891,13 @@ fn chain_upstream_limits_and_passive_health_check() {
     let aggregate = cluster_named(&r, &format!("failover~{api}"));
     assert_eq!(aggregate.circuit_breakers, None);
     assert_eq!(aggregate.outlier_detection, None);
-    // Another upstream keeps Envoy's defaults.
+    // Another upstream keeps Envoy's defaults: no limits, default outlier detection (as
+    // Consul sets it).
     let db = cluster_named(&r, &sni(&snap, "", "db"));
-    assert_eq!((db.circuit_breakers, db.outlier_detection), (None, None));
+    assert_eq!(
+        (db.circuit_breakers, db.outlier_detection),
+        (None, Some(Default::default()))
+    );
 }
 
 fn tls_params_of_cluster(r: &resources::Resources, name: &str) -> Option<TlsParameters> {
@@ -1064,14 +1074,34 @@ fn an_aggregate_cluster_with_a_missing_member_is_refused() {
 /// the proxy with them) are brought within Envoy's bounds.
 #[test]
 fn load_balancer_values_envoy_refuses_are_brought_within_its_bounds() {
-    let f = Fixture::default()
-        .with(json!({"Kind": "service-resolver", "Name": "one-choice",
-            "LoadBalancer": {"Policy": "least_request", "LeastRequestConfig": {"ChoiceCount": 1}}}))
-        .with(json!({"Kind": "service-resolver", "Name": "huge-ring",
+    let entries = [
+        json!({"Kind": "service-resolver", "Name": "one-choice",
+            "LoadBalancer": {"Policy": "least_request", "LeastRequestConfig": {"ChoiceCount": 1}}}),
+        json!({"Kind": "service-resolver", "Name": "huge-ring",
             "LoadBalancer": {"Policy": "ring_hash",
-                "RingHashConfig": {"MinimumRingSize": 10000000, "MaximumRingSize": 20000000}}}))
-        .with(json!({"Kind": "service-resolver", "Name": "small-ring",
-            "LoadBalancer": {"Policy": "ring_hash", "RingHashConfig": {"MaximumRingSize": 512}}}));
+                "RingHashConfig": {"MinimumRingSize": 10000000, "MaximumRingSize": 20000000}}}),
+        json!({"Kind": "service-resolver", "Name": "small-ring",
+            "LoadBalancer": {"Policy": "ring_hash", "RingHashConfig": {"MaximumRingSize": 512}}}),
+    ];
+    // Refused at write time, each naming its field...
+    let fields: Vec<String> = entries
+        .iter()
+        .map(|e| {
+            structs::Validate::validate(&ConfigEntry::from_json(e.clone()).unwrap())
+                .unwrap_err()
+                .field
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "LoadBalancer.LeastRequestConfig.ChoiceCount",
+            "LoadBalancer.RingHashConfig.MinimumRingSize",
+            "LoadBalancer.RingHashConfig.MaximumRingSize"
+        ]
+    );
+    // ...and should one get past, the builder still keeps Envoy's bounds.
+    let f = entries.into_iter().fold(Fixture::default(), Fixture::with_unchecked);
     let ca = Ca::new();
     let snap = chain_snapshot(
         &ca,
