@@ -9,7 +9,9 @@
 //! a minimal ADS server that does no snapshot or diff work, over as many rounds at the same
 //! pace (so both p99s come from the same number of samples).
 //!
-//! Run: `cargo xtask bench xds`. Scale with `PROXIES=` (1000), `ROUNDS=` (10), `MODE=delta|sotw`.
+//! Run: `cargo xtask bench xds`. Scale with `PROXIES=` (1000), `ROUNDS=` (10), `MODE=delta|sotw`;
+//! it runs with default chains and then with L7 chains on every upstream (`L7=0` or `L7=1`
+//! runs one of them).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -187,8 +189,54 @@ async fn floor_run(n: usize, payload_bytes: usize, rounds: usize) -> Vec<Duratio
     lat
 }
 
+/// L7 chains for every service: http, a resolver with three subsets (v1 default, failing
+/// over to v2), a splitter over them and a router with 20 routes.
+async fn write_l7_entries(http: &reqwest::Client, server: &str) {
+    for s in 0..SERVICES {
+        let name = svc(s);
+        let routes: Vec<_> = (0..20)
+            .map(|r| {
+                let subset = ["v1", "v2", "v3"][r % 3];
+                json!({"Match": {"HTTP": {"PathPrefix": format!("/r{r}"), "Header": [{"Name": "x-user", "Regex": "^u[0-9]+$"}]}},
+                       "Destination": {"ServiceSubset": subset, "NumRetries": 2, "RetryOnStatusCodes": [503]}})
+            })
+            .collect();
+        for entry in [
+            json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}),
+            json!({"Kind": "service-resolver", "Name": name, "DefaultSubset": "v1",
+                "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"},
+                            "v3": {"Filter": "Service.Meta.version == v3"}},
+                "Failover": {"v1": {"ServiceSubset": "v2"}}}),
+            json!({"Kind": "service-splitter", "Name": name, "Splits": [
+                {"Weight": 50, "ServiceSubset": "v1"}, {"Weight": 30, "ServiceSubset": "v2"}, {"Weight": 20, "ServiceSubset": "v3"}]}),
+            json!({"Kind": "service-router", "Name": name, "Routes": routes}),
+        ] {
+            http.put(format!("{server}/v1/config"))
+                .json(&entry)
+                .send()
+                .await
+                .unwrap()
+                .error_for_status()
+                .unwrap();
+        }
+    }
+}
+
 #[tokio::main(worker_threads = 2)]
 async fn main() {
+    // Both shapes unless L7=0 or L7=1 picks one: default chains, then L7 chains on every
+    // upstream (router, splitter, resolver with subsets and failover).
+    match std::env::var("L7").ok().as_deref() {
+        Some("0") => run(false).await,
+        Some(_) => run(true).await,
+        None => {
+            run(false).await;
+            run(true).await;
+        }
+    }
+}
+
+async fn run(l7: bool) {
     let n = env_usize("PROXIES", 1000);
     let rounds = env_usize("ROUNDS", 10);
     let sotw = std::env::var("MODE").is_ok_and(|m| m == "sotw");
@@ -198,12 +246,15 @@ async fn main() {
         let req = http.put(format!("{}/v1/catalog/register", server.http)).json(&body);
         async move { req.send().await.unwrap().error_for_status().unwrap() }
     };
-    // One sidecar instance per service, then the N proxies.
+    if l7 {
+        write_l7_entries(&http, &server.http).await;
+    }
+    // One sidecar instance per service (version v1), then the N proxies.
     for s in 0..SERVICES {
         put(
             json!({"Node": format!("svc-node-{s}"), "Address": "10.100.0.1", "Service": {"Kind": "connect-proxy",
             "ID": format!("{}-sidecar-proxy", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
-            "Proxy": {"DestinationServiceName": svc(s)}}}),
+            "Meta": {"version": "v1"}, "Proxy": {"DestinationServiceName": svc(s)}}}),
         )
         .await;
     }
@@ -246,8 +297,13 @@ async fn main() {
     let (cpu_steady, rss_steady) = proc_stat(server.child.id());
 
     println!(
-        "xds propagation benchmark ({} ADS, real meshd server process, 2 cores shared with the load generator)",
-        if sotw { "state-of-the-world" } else { "delta" }
+        "xds propagation benchmark ({} ADS, {}, real meshd server process, 2 cores shared with the load generator)",
+        if sotw { "state-of-the-world" } else { "delta" },
+        if l7 {
+            "L7 chains on every upstream: router with 20 routes, splitter, resolver with 3 subsets + failover"
+        } else {
+            "default chains"
+        }
     );
     println!(
         "  proxies: {n}, upstreams each: {UPSTREAMS}, services: {SERVICES}; all streams synced (clusters + endpoints) in {}",
@@ -272,7 +328,7 @@ async fn main() {
         let t0 = Instant::now();
         put(json!({"Node": format!("extra-{round}"), "Address": format!("10.200.{}.{}", round / 250, round % 250), "Service": {"Kind": "connect-proxy",
             "ID": format!("{}-sidecar-proxy-{round}", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
-            "Proxy": {"DestinationServiceName": svc(s)}}}))
+            "Meta": {"version": "v1"}, "Proxy": {"DestinationServiceName": svc(s)}}}))
         .await;
         put_lat.push(t0.elapsed());
         let mut got = std::collections::BTreeSet::new();

@@ -244,6 +244,7 @@ impl ServerHealth {
                 req.kind,
                 req.filter.clone(),
             );
+            let mut last: Option<Arc<Vec<CheckServiceNode>>> = None;
             publish_from(follower, publish, stop, move |f| {
                 let Some(Payload::Health(all)) = f.get(0) else {
                     return None;
@@ -251,9 +252,19 @@ impl ServerHealth {
                 if !resolve::health_is_filtered(&req) {
                     return Some(Ok(Arc::clone(all)));
                 }
-                Some(Ok(shared.health.get_or_make(&key, &f.versions(), || {
-                    resolve::filter_health(all, &req, &filter)
-                })))
+                let filtered = shared
+                    .health
+                    .get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req, &filter));
+                // A change the filter does not see (another subset's instance, a check of an
+                // instance that stays out) is not sent: no snapshot, no rebuild.
+                if last
+                    .as_ref()
+                    .is_some_and(|l| Arc::ptr_eq(l, &filtered) || **l == *filtered)
+                {
+                    return None;
+                }
+                last = Some(Arc::clone(&filtered));
+                Some(Ok(filtered))
             })
         }))
     }

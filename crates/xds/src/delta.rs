@@ -208,7 +208,19 @@ impl DeltaState {
         let mut sent = HashMap::default();
         let mut upserts = Vec::new();
         let mut truncated = false;
-        for (name, res) in resources.of(type_url) {
+        let map = resources.map(type_url);
+        // In sync with an earlier map: only what differs from it can be missing (a walk of
+        // both maps in order, comparing pointers), and the response is complete unless a
+        // wanted name of it is gone. Otherwise every resource is checked against `known`.
+        let (candidates, lost): (Vec<(&String, &Arc<crate::versioned::Versioned>)>, Option<bool>) =
+            match (&st.in_sync, map) {
+                (Some(old), Some(new)) => {
+                    let (changed, gone) = diff_maps(old, new);
+                    (changed, Some(gone.iter().any(|n| st.wants(n))))
+                }
+                _ => (resources.of(type_url).collect(), None),
+            };
+        for (name, res) in candidates {
             if !st.wants(name)
                 || st.known.get(name) == Some(&res.version)
                 || st.rejected.get(name) == Some(&res.version)
@@ -231,9 +243,11 @@ impl DeltaState {
         if upserts.is_empty() {
             return None;
         }
-        let map = resources.map(type_url);
-        let complete =
-            !truncated && map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name)));
+        let complete = !truncated
+            && match lost {
+                Some(lost) => !lost,
+                None => map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name))),
+            };
         let complete = if complete { map.cloned() } else { None };
         let nonce = self.nonce();
         let st = &mut self.served[i];
@@ -287,6 +301,40 @@ impl DeltaState {
             .chain(self.others.values())
             .all(|t| t.pending.is_none())
     }
+}
+
+/// The entries of `new` that are not `old`'s (absent there, or another version), and the
+/// names of `old` that `new` lacks; both maps are walked once, in order, and an entry that
+/// is the very same `Arc` costs a pointer comparison.
+fn diff_maps<'n>(
+    old: &TypeResources,
+    new: &'n TypeResources,
+) -> (Vec<(&'n String, &'n Arc<crate::versioned::Versioned>)>, Vec<String>) {
+    let mut changed = Vec::new();
+    let mut gone = Vec::new();
+    let mut olds = old.iter().peekable();
+    for (name, v) in new {
+        // Names of old before this one are gone from new.
+        while let Some((o, _)) = olds.peek() {
+            if *o < name {
+                gone.push((*o).clone());
+                olds.next();
+            } else {
+                break;
+            }
+        }
+        match olds.peek() {
+            Some((o, ov)) if *o == name => {
+                if !Arc::ptr_eq(ov, v) && ov.version != v.version {
+                    changed.push((name, v));
+                }
+                olds.next();
+            }
+            _ => changed.push((name, v)),
+        }
+    }
+    gone.extend(olds.map(|(o, _)| o.clone()));
+    (changed, gone)
 }
 
 /// Shared resources of the snapshot a stream serves.

@@ -27,7 +27,8 @@ pub struct VersionedResources {
     /// The resources the failed parts keep from the last good build (part, type, name).
     keep: Vec<(String, &'static str, String)>,
     /// The resources each part of the build made (see [`Resources::parts`]).
-    parts: BTreeMap<String, Vec<(&'static str, String)>>,
+    /// (Shared: a build that reuses the previous one's parts copies no names.)
+    parts: Arc<BTreeMap<String, Arc<Vec<(&'static str, String)>>>>,
 }
 
 impl VersionedResources {
@@ -61,7 +62,7 @@ impl VersionedResources {
             snapshot: None,
             problems,
             keep,
-            parts,
+            parts: Arc::new(parts.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
         }
     }
 
@@ -72,9 +73,7 @@ impl VersionedResources {
         for (part, type_url, name) in &self.keep {
             if let Some(v) = previous.get(type_url, name) {
                 Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));
-                self.parts
-                    .entry(part.clone())
-                    .or_default()
+                Arc::make_mut(Arc::make_mut(&mut self.parts).entry(part.clone()).or_default())
                     .push((type_url, name.clone()));
             }
         }
@@ -87,14 +86,14 @@ impl VersionedResources {
             let Some(names) = previous.parts.get(part) else {
                 continue;
             };
-            for (type_url, name) in names {
+            for (type_url, name) in names.iter() {
                 if let Some(v) = previous.get(type_url, name) {
                     Arc::make_mut(self.by_type.entry(type_url).or_default())
                         .entry(name.clone())
                         .or_insert_with(|| Arc::clone(v));
                 }
             }
-            self.parts.insert(part.clone(), names.clone());
+            Arc::make_mut(&mut self.parts).insert(part.clone(), Arc::clone(names));
             if let Some(problem) = previous.problems.get(part) {
                 self.problems.insert(part.clone(), problem.clone());
             }
@@ -140,15 +139,25 @@ impl VersionedResources {
         let mut built = match reusable {
             Some(prev) => {
                 let mut by_type = prev.by_type.clone();
-                by_type.remove(resources::ENDPOINT);
-                let endpoints = Self::from_resources(resources::build_endpoints(snapshot, shared)?, shared);
-                by_type.extend(endpoints.by_type);
+                // Only the load assignments whose endpoints changed are built; the others are
+                // the previous build's (its snapshot has the same chains, so the same names).
+                let changed = match prev.snapshot.as_deref() {
+                    Some(prev_snap) => resources::build_endpoints_since(snapshot, prev_snap, shared)?,
+                    None => resources::build_endpoints(snapshot, shared)?,
+                };
+                let endpoints = Self::from_resources(changed, shared);
+                if let Some(new) = endpoints.by_type.get(resources::ENDPOINT) {
+                    let map = Arc::make_mut(by_type.entry(resources::ENDPOINT).or_default());
+                    for (name, v) in new.iter() {
+                        map.insert(name.clone(), Arc::clone(v));
+                    }
+                }
                 Self {
                     by_type,
                     snapshot: None,
                     problems: prev.problems.clone(),
                     keep: prev.keep.clone(),
-                    parts: prev.parts.clone(),
+                    parts: Arc::clone(&prev.parts),
                 }
             }
             None => {

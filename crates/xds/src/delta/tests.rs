@@ -234,3 +234,40 @@ fn the_ack_of_a_complete_response_puts_the_type_in_sync_and_nothing_less_does() 
     st.on_request(&ack_and_unsubscribe);
     assert!(!st.served[slot(CLUSTER).unwrap()].is_in_sync(v3.map(CLUSTER)));
 }
+
+#[test]
+fn diff_maps_finds_changed_added_and_gone_names_by_pointer_then_version() {
+    use crate::versioned::{TypeResources, Versioned};
+    use envoy_types::pb::google::protobuf::Any;
+    let v = |body: &[u8]| {
+        Arc::new(Versioned::new(Any {
+            type_url: "t".into(),
+            value: body.to_vec(),
+        }))
+    };
+    let (a, b, c) = (v(b"a"), v(b"b"), v(b"c"));
+    let old: TypeResources = [
+        ("a".to_owned(), Arc::clone(&a)),
+        ("b".to_owned(), Arc::clone(&b)),
+        ("c".to_owned(), c),
+    ]
+    .into_iter()
+    .collect();
+    // a: the same Arc; b: an equal encoding in another Arc (same version); c: gone;
+    // b2: changed content under a new name; d: new.
+    let new: TypeResources = [
+        ("a".to_owned(), a),
+        ("b".to_owned(), v(b"b")),
+        ("b2".to_owned(), v(b"x")),
+        ("d".to_owned(), v(b"d")),
+    ]
+    .into_iter()
+    .collect();
+    let (changed, gone) = super::diff_maps(&old, &new);
+    let changed: Vec<&str> = changed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(changed, ["b2", "d"]);
+    assert_eq!(gone, ["c"]);
+    let (changed, gone) = super::diff_maps(&new, &old);
+    assert_eq!(changed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert_eq!(gone, ["b2", "d"]);
+}

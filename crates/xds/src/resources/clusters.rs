@@ -317,12 +317,26 @@ pub(crate) fn build_endpoints(
     out: &mut Resources,
     shared: Option<&super::SharedEncodings>,
 ) -> Result<(), BuildError> {
+    build_endpoints_where(snap, out, shared, |_, _, _| true)
+}
+
+/// The load assignments of the chain targets `wanted` picks (by upstream, target and its
+/// endpoints).
+pub(crate) fn build_endpoints_where(
+    snap: &ConfigSnapshot,
+    out: &mut Resources,
+    shared: Option<&super::SharedEncodings>,
+    wanted: impl Fn(&structs::UpstreamId, &structs::TargetId, Option<&std::sync::Arc<Vec<CheckServiceNode>>>) -> bool,
+) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
-    for upstream in cp.upstreams.values() {
+    for (upstream_id, upstream) in cp.upstreams.iter() {
         let Some(chain) = &upstream.chain else { continue };
         for (target_id, target) in &chain.targets {
+            if !wanted(upstream_id, target_id, upstream.endpoints.get(target_id)) {
+                continue;
+            }
             match (shared, upstream.endpoints.get(target_id)) {
                 (Some(shared), Some(nodes)) => {
                     let cla =

@@ -251,6 +251,24 @@ pub fn build_endpoints(snapshot: &ConfigSnapshot, shared: Option<&SharedEncoding
     Ok(out)
 }
 
+/// Builds the load assignments of the targets whose endpoints differ (by `Arc` identity)
+/// from `prev`'s; for a snapshot whose chains are `prev`'s (see [`same_except_endpoints`]).
+pub fn build_endpoints_since(
+    snapshot: &ConfigSnapshot,
+    prev: &ConfigSnapshot,
+    shared: Option<&SharedEncodings>,
+) -> Result<Resources, BuildError> {
+    let mut out = Resources::default();
+    clusters::build_endpoints_where(snapshot, &mut out, shared, |upstream, target, nodes| {
+        let before = prev
+            .connect_proxy()
+            .and_then(|cp| cp.upstreams.get(upstream))
+            .and_then(|u| u.endpoints.get(target));
+        !matches!((before, nodes), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+    })?;
+    Ok(out)
+}
+
 fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
