@@ -7,6 +7,9 @@ use proxycfg::ConfigSnapshot;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The (type URL, name) of each resource one part of a build made.
+type PartNames = Vec<(&'static str, String)>;
+
 /// The resources of one type by name.
 pub type TypeResources = BTreeMap<String, Arc<Versioned>>;
 
@@ -28,7 +31,7 @@ pub struct VersionedResources {
     keep: Vec<(String, &'static str, String)>,
     /// The resources each part of the build made (see [`Resources::parts`]).
     /// (Shared: a build that reuses the previous one's parts copies no names.)
-    parts: Arc<BTreeMap<String, Arc<Vec<(&'static str, String)>>>>,
+    parts: Arc<BTreeMap<String, Arc<PartNames>>>,
 }
 
 impl VersionedResources {
