@@ -371,3 +371,35 @@ fn validate_graph_checks_every_routed_service_and_l7_intentions() {
     );
     Fixture::default().http("db").with(l7).validate("db").unwrap();
 }
+
+#[test]
+fn a_namespace_other_than_default_is_refused_where_it_is_named() {
+    for (v, field) in [
+        (
+            json!({"Kind": "service-router", "Name": "web", "Routes": [{"Destination": {"Namespace": "team-a"}}]}),
+            "Routes[0].Destination.Namespace",
+        ),
+        (
+            json!({"Kind": "service-splitter", "Name": "web", "Splits": [{"Weight": 100, "Namespace": "team-a"}]}),
+            "Splits[0].Namespace",
+        ),
+        (
+            json!({"Kind": "service-resolver", "Name": "web", "Redirect": {"Service": "x", "Namespace": "team-a"}}),
+            "Redirect.Namespace",
+        ),
+        (
+            json!({"Kind": "service-resolver", "Name": "web", "Failover": {"*": {"Targets": [{"Service": "x", "Namespace": "b"}]}}}),
+            "Failover[\"*\"].Targets[0].Namespace",
+        ),
+    ] {
+        let e = structs::Validate::validate(&ConfigEntry::from_json(v).unwrap()).unwrap_err();
+        assert_eq!(e.field, field);
+    }
+    structs::Validate::validate(
+        &ConfigEntry::from_json(
+            json!({"Kind": "service-splitter", "Name": "web", "Splits": [{"Weight": 100, "Namespace": "default"}]}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+}

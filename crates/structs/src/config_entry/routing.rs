@@ -308,6 +308,7 @@ impl Validate for ServiceRouter {
                 if !d.service.is_empty() {
                     check_name(&format!("{at}.Destination.Service"), &d.service, "")?;
                 }
+                check_namespace(&format!("{at}.Destination.Namespace"), &d.namespace)?;
                 for (j, c) in d.retry_on.iter().enumerate() {
                     if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
                         return Err(ValidationError::new(
@@ -410,6 +411,7 @@ impl Validate for ServiceSplitter {
             if !s.service.is_empty() {
                 check_name(&format!("Splits[{i}].Service"), &s.service, "")?;
             }
+            check_namespace(&format!("Splits[{i}].Namespace"), &s.namespace)?;
         }
         if total_hundredths != 10_000 {
             return Err(ValidationError::new(
@@ -743,6 +745,7 @@ impl Validate for ServiceResolver {
             ));
         }
         if let Some(r) = &self.redirect {
+            check_namespace("Redirect.Namespace", &r.namespace)?;
             if !self.subsets.is_empty() {
                 return Err(ValidationError::new(
                     "Redirect",
@@ -782,7 +785,9 @@ impl Validate for ServiceResolver {
                     Problem::Invalid("must name Targets, or a Service, ServiceSubset or Datacenters".into()),
                 ));
             }
+            check_namespace(&format!("Failover[{key:?}].Namespace"), &f.namespace)?;
             for (i, t) in f.targets.iter().enumerate() {
+                check_namespace(&format!("Failover[{key:?}].Targets[{i}].Namespace"), &t.namespace)?;
                 if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() {
                     return Err(ValidationError::new(
                         format!("Failover[{key:?}].Targets[{i}]"),
@@ -804,6 +809,18 @@ impl Validate for ServiceResolver {
         }
         Ok(())
     }
+}
+
+/// A namespace named inside an entry: only `default` is served (every target is in it), so
+/// another is refused rather than ignored.
+fn check_namespace(field: &str, namespace: &str) -> Result<(), ValidationError> {
+    if namespace.is_empty() || namespace == "default" {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        field,
+        Problem::Invalid(format!("namespace {namespace:?} is not served: only \"default\" is")),
+    ))
 }
 
 /// A regex Envoy will be given (RE2 syntax, which the `regex` crate shares): refused at write
