@@ -7,9 +7,6 @@ use proxycfg::ConfigSnapshot;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The (type URL, name) of each resource one part of a build made.
-type PartNames = Vec<(&'static str, String)>;
-
 /// The resources of one type by name.
 pub type TypeResources = BTreeMap<String, Arc<Versioned>>;
 
@@ -29,16 +26,13 @@ pub struct VersionedResources {
     pub problems: BTreeMap<String, String>,
     /// The resources the failed parts keep from the last good build (part, type, name).
     keep: Vec<(String, &'static str, String)>,
-    /// The resources each part of the build made (see [`Resources::parts`]).
-    /// (Shared: a build that reuses the previous one's parts copies no names.)
-    parts: Arc<BTreeMap<String, Arc<PartNames>>>,
 }
 
 impl VersionedResources {
     /// Hashes every resource of `resources`; with `shared`, a resource some other proxy
     /// already has (same type and encoding) is that proxy's very `Arc`, stored once.
     pub fn from_resources(resources: Resources, shared: Option<&resources::SharedEncodings>) -> Self {
-        let (problems, keep, parts) = (resources.problems, resources.keep, resources.parts);
+        let (problems, keep) = (resources.problems, resources.keep);
         let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
@@ -65,7 +59,6 @@ impl VersionedResources {
             snapshot: None,
             problems,
             keep,
-            parts: Arc::new(parts.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
         }
     }
 
@@ -73,35 +66,32 @@ impl VersionedResources {
     /// failed part keeps.
     fn keep_from(&mut self, previous: Option<&VersionedResources>) {
         let Some(previous) = previous else { return };
-        for (part, type_url, name) in &self.keep {
+        for (_, type_url, name) in &self.keep {
             if let Some(v) = previous.get(type_url, name) {
                 Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));
-                Arc::make_mut(Arc::make_mut(&mut self.parts).entry(part.clone()).or_default())
-                    .push((type_url, name.clone()));
             }
         }
     }
 
     /// Takes the resources of `parts` from `previous` (a build whose inputs for those parts
     /// are the same), with their problems and kept resources.
-    fn take_parts(&mut self, previous: &VersionedResources, parts: &[String]) {
+    fn take_parts(&mut self, previous: &VersionedResources, prev_snap: &ConfigSnapshot, parts: &[String]) {
         for part in parts {
-            let Some(names) = previous.parts.get(part) else {
-                continue;
-            };
-            for (type_url, name) in names.iter() {
-                if let Some(v) = previous.get(type_url, name) {
+            let kept = previous.keep.iter().filter(|(p, _, _)| p == part);
+            let names = resources::part_names(prev_snap, part)
+                .into_iter()
+                .chain(kept.clone().map(|(_, t, n)| (*t, n.clone())));
+            for (type_url, name) in names {
+                if let Some(v) = previous.get(type_url, &name) {
                     Arc::make_mut(self.by_type.entry(type_url).or_default())
-                        .entry(name.clone())
+                        .entry(name)
                         .or_insert_with(|| Arc::clone(v));
                 }
             }
-            Arc::make_mut(&mut self.parts).insert(part.clone(), Arc::clone(names));
             if let Some(problem) = previous.problems.get(part) {
                 self.problems.insert(part.clone(), problem.clone());
             }
-            self.keep
-                .extend(previous.keep.iter().filter(|(p, _, _)| p == part).cloned());
+            self.keep.extend(kept.cloned());
         }
         // A type whose resources are all the previous build's very ones shares its map, which
         // tells streams that nothing of that type changed.
@@ -160,21 +150,22 @@ impl VersionedResources {
                     snapshot: None,
                     problems: prev.problems.clone(),
                     keep: prev.keep.clone(),
-                    parts: Arc::clone(&prev.parts),
                 }
             }
             None => {
                 let changed = previous
                     .and_then(|p| Some((p, p.snapshot.as_deref()?)))
-                    .and_then(|(p, prev_snap)| Some((p, resources::build_changed(snapshot, prev_snap, shared)?)));
+                    .and_then(|(p, prev_snap)| {
+                        Some((p, prev_snap, resources::build_changed(snapshot, prev_snap, shared)?))
+                    });
                 match changed {
                     // Same proxy-wide inputs: only the upstreams whose chain changed are built.
-                    Some((prev, (built, reused))) => {
+                    Some((prev, prev_snap, (built, reused))) => {
                         let mut built = Self::from_resources(built?, shared);
                         built.keep_from(previous);
                         let mut parts = reused;
                         parts.push(resources::COMMON.to_owned());
-                        built.take_parts(prev, &parts);
+                        built.take_parts(prev, prev_snap, &parts);
                         built
                     }
                     None => {

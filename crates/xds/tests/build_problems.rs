@@ -133,3 +133,64 @@ fn a_changed_chain_rebuilds_its_upstream_only_and_equals_a_full_build() {
         );
     }
 }
+
+#[test]
+fn incremental_builds_keep_routes_and_aggregate_clusters_of_unchanged_l7_upstreams() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "http",
+        upstreams: vec![("api", 9191, "http"), ("db", 9192, "tcp")],
+        intentions: vec![],
+        instances: vec![instance("api", "10.0.0.1", 21000)],
+    };
+    let mut snap = snapshot(&ca, &scenario);
+    let trust_domain = snap.roots.as_ref().unwrap().trust_domain.clone();
+    let entries: Vec<Arc<structs::ConfigEntry>> = [
+        serde_json::json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}},
+            "Failover": {"v1": {"ServiceSubset": "v2"}}}),
+    ]
+    .into_iter()
+    .map(|v| Arc::new(structs::ConfigEntry::from_json(v).unwrap()))
+    .collect();
+    let chain = discovery_chain::compile(
+        &discovery_chain::CompileRequest {
+            service: "api",
+            datacenter: "dc1",
+            trust_domain: &trust_domain,
+            override_protocol: Some(structs::Protocol::Http),
+            override_connect_timeout: None,
+        },
+        &discovery_chain::Entries {
+            resolvers: &entries,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
+        if id.name == "api" {
+            let up = Arc::make_mut(up);
+            for t in chain.targets.keys() {
+                up.endpoints
+                    .insert(t.clone(), Arc::new(vec![instance("api", "10.0.0.1", 21000)]));
+            }
+            up.chain = Some(Arc::new(chain.clone()));
+        }
+    }
+    let first = Arc::new(snap);
+    let before = VersionedResources::build_after(&first, None, None).unwrap();
+    assert!(
+        before
+            .of(xds::resources::CLUSTER)
+            .any(|(n, _)| n.starts_with("failover~v1.api."))
+    );
+    let second = Arc::new(with_new_chain((*first).clone(), "db", 777));
+    let incremental = VersionedResources::build_after(&second, None, Some(&before)).unwrap();
+    let full = VersionedResources::build(&second, None).unwrap();
+    for type_url in xds::resources::TYPES {
+        let a: Vec<(&String, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let b: Vec<(&String, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        assert_eq!(a, b, "{type_url}");
+    }
+}

@@ -82,7 +82,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     if scope.common() {
-        out.begin(super::COMMON.to_owned());
         local_app(snap, cp, out);
     }
     let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
@@ -91,7 +90,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         if !scope.upstream(id) {
             continue;
         }
-        out.begin(id.to_string());
         upstream_clusters(snap, roots, upstream, outgoing.as_ref(), out);
     }
     Ok(())

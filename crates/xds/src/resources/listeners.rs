@@ -89,7 +89,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         .as_deref()
         .ok_or(BuildError::Incomplete("resolved service config"))?;
     if scope.common() {
-        out.begin(super::COMMON.to_owned());
         let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
         public_listener(
             snap,
@@ -104,7 +103,6 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         if !scope.upstream(id) {
             continue;
         }
-        out.begin(id.to_string());
         let Some(config) = snap.upstream_config(upstream) else {
             continue;
         };
@@ -126,8 +124,25 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
     Ok(())
 }
 
+/// The address the public listener binds.
+fn public_bind(snap: &ConfigSnapshot) -> String {
+    let svc = &snap.service;
+    svc.proxy.options().bind_address.unwrap_or_else(|| {
+        if svc.address.is_empty() {
+            "0.0.0.0".to_owned()
+        } else {
+            svc.address.clone()
+        }
+    })
+}
+
+/// The name of the public listener.
+pub(crate) fn public_listener_name(snap: &ConfigSnapshot) -> String {
+    format!("public_listener:{}:{}", public_bind(snap), snap.service.port)
+}
+
 /// The names of an upstream's listener and route configuration.
-fn upstream_names(id: &structs::UpstreamId, config: &structs::Upstream) -> (String, String) {
+pub(crate) fn upstream_names(id: &structs::UpstreamId, config: &structs::Upstream) -> (String, String) {
     let addr = if config.local_bind_address.is_empty() {
         "127.0.0.1"
     } else {
@@ -147,15 +162,11 @@ fn public_listener(
     let svc = &snap.service;
     let options = svc.proxy.options();
     let protocol = options.protocol.unwrap_or(resolved.protocol());
-    let bind = options.bind_address.as_deref().unwrap_or(if svc.address.is_empty() {
-        "0.0.0.0"
-    } else {
-        &svc.address
-    });
-    let name = format!("public_listener:{bind}:{}", svc.port);
+    let bind = public_bind(snap);
+    let name = public_listener_name(snap);
     let public = Listener {
         name: name.clone(),
-        address: socket(bind, u32::from(svc.port)),
+        address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
             filters: public_filters(protocol, intentions),
             transport_socket: Some(tls::downstream(tls_params)),

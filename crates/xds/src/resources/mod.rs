@@ -103,12 +103,6 @@ pub struct Resources {
     pub problems: BTreeMap<String, String>,
     /// Resources the failed parts keep from the last good build (part, type URL, name).
     pub keep: Vec<(String, &'static str, String)>,
-    /// The resources (other than load assignments) each part made: [`COMMON`] for the
-    /// proxy-wide ones, else the upstream id. A later build whose inputs for a part are the
-    /// same takes that part's resources from this one instead of building them again.
-    pub parts: BTreeMap<String, Vec<(&'static str, String)>>,
-    /// The part being built.
-    part: String,
 }
 
 /// The part of a build holding the proxy-wide resources (secrets, local_app, the public
@@ -146,18 +140,7 @@ impl Resources {
         self.problems.insert(part, problem);
     }
 
-    /// Starts the resources of `part` (see [`Resources::parts`]).
-    fn begin(&mut self, part: String) {
-        self.parts.entry(part.clone()).or_default();
-        self.part = part;
-    }
-
     fn insert(&mut self, type_url: &'static str, name: String, resource: Any) {
-        if type_url != ENDPOINT
-            && let Some(names) = self.parts.get_mut(&self.part)
-        {
-            names.push((type_url, name.clone()));
-        }
         self.by_type.entry(type_url).or_default().insert(name, resource);
     }
 
@@ -202,7 +185,6 @@ pub(crate) fn build_scoped(
 ) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
     if scope.common() {
-        out.begin(COMMON.to_owned());
         tls::build_secrets(snapshot, &mut out)?;
     }
     clusters::build(snapshot, &mut out, scope)?;
@@ -251,6 +233,51 @@ pub fn build_endpoints(snapshot: &ConfigSnapshot, shared: Option<&SharedEncoding
     Ok(out)
 }
 
+/// The resources (other than load assignments) that `part` of a build of `snap` makes:
+/// [`COMMON`] for the proxy-wide ones, else an upstream's id. Derived from the snapshot
+/// (the names the builders give), so a build holds no list of its own names.
+pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str, String)> {
+    let Some(cp) = snap.connect_proxy() else {
+        return Vec::new();
+    };
+    if part == COMMON {
+        return vec![
+            (SECRET, LEAF_SECRET.to_owned()),
+            (SECRET, ROOTS_SECRET.to_owned()),
+            (CLUSTER, clusters::LOCAL_APP.to_owned()),
+            (LISTENER, listeners::public_listener_name(snap)),
+        ];
+    }
+    let mut names = Vec::new();
+    for (id, upstream) in cp.upstreams.iter() {
+        if id.to_string() != part {
+            continue;
+        }
+        let Some(chain) = &upstream.chain else { continue };
+        for target in chain.targets.values() {
+            names.push((CLUSTER, target.sni.clone()));
+        }
+        for node in chain.nodes.values() {
+            if let Some(r) = &node.resolver
+                && r.failover.is_some()
+                && let Some(primary) = chain.targets.get(&r.target)
+            {
+                names.push((CLUSTER, clusters::failover_cluster_name(&primary.sni)));
+            }
+        }
+        if let Some(config) = snap.upstream_config(upstream)
+            && config.local_bind_port != 0
+        {
+            let (listener, route) = listeners::upstream_names(id, config);
+            names.push((LISTENER, listener));
+            if chain.protocol.is_http() {
+                names.push((ROUTE, route));
+            }
+        }
+    }
+    names
+}
+
 /// Builds the load assignments of the targets whose endpoints differ (by `Arc` identity)
 /// from `prev`'s; for a snapshot whose chains are `prev`'s (see [`same_except_endpoints`]).
 pub fn build_endpoints_since(
@@ -259,7 +286,21 @@ pub fn build_endpoints_since(
     shared: Option<&SharedEncodings>,
 ) -> Result<Resources, BuildError> {
     let mut out = Resources::default();
+    // An upstream whose snapshot is the very same `Arc` has the same endpoints: skipped
+    // without looking at its targets (an endpoint change touches one upstream's entry).
+    let unchanged: Vec<&structs::UpstreamId> = match (snapshot.connect_proxy(), prev.connect_proxy()) {
+        (Some(now), Some(before)) => now
+            .upstreams
+            .iter()
+            .filter(|(id, u)| before.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
+            .map(|(id, _)| &**id)
+            .collect(),
+        _ => Vec::new(),
+    };
     clusters::build_endpoints_where(snapshot, &mut out, shared, |upstream, target, nodes| {
+        if unchanged.iter().any(|u| std::ptr::eq(*u, upstream)) {
+            return false;
+        }
         let before = prev
             .connect_proxy()
             .and_then(|cp| cp.upstreams.get(upstream))
