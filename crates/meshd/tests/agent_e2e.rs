@@ -185,7 +185,8 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         &format!("{b_http}/v1/agent/service/register"),
         json!({"Name": "web", "ID": "web", "Port": web_port,
                "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {
-                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream}]}}}}),
+                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream,
+                                  "Config": {"protocol": "tcp"}}]}}}}),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -283,15 +284,20 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
 
-    // A chain shape the compiler does not handle yet is an error shown in the proxy's status
-    // and counted, not an upstream that quietly goes; removing the entry clears it.
-    let splitter = json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 100}]});
+    // A chain that cannot be compiled is an error shown in the proxy's status and counted,
+    // not an upstream that quietly goes; removing the entry clears it. Entries are checked
+    // at write time, so the one way left is an upstream's own protocol: web says tcp for
+    // api, and api (http) gets a router, which a tcp chain cannot follow.
+    let config = format!("{}/v1/config", server.http);
     put(
         &client,
-        &format!("{server_http_now}/v1/config", server_http_now = server.http),
-        splitter,
+        &config,
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
     )
     .await;
+    let router =
+        json!({"Kind": "service-router", "Name": "api", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]});
+    put(&client, &config, router).await;
     let status_url = format!("{b_http}/v1/internal/proxy-status/web-sidecar-proxy");
     let status = wait_for("the chain error in web's proxy status", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
@@ -299,7 +305,7 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
     assert_eq!(status["Source"], "local", "{status}");
-    assert!(status.to_string().contains("service-splitter"), "{status}");
+    assert!(status.to_string().contains("service-router"), "{status}");
     let errors = test_support::process::metric(&client, &b_http, "meshd_proxycfg_data_source_errors_total").await;
     assert!(errors >= 1.0, "the error is counted");
     assert_eq!(
@@ -310,8 +316,10 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         Some(true),
         "web keeps its last good config"
     );
-    let entry = format!("{}/v1/config/service-splitter/api", server.http);
-    assert!(client.delete(&entry).send().await.unwrap().status().is_success());
+    for entry in ["service-router/api", "service-defaults/api"] {
+        let entry = format!("{}/v1/config/{entry}", server.http);
+        assert!(client.delete(&entry).send().await.unwrap().status().is_success());
+    }
     wait_for("the error to clear", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
         v["Errors"].as_object()?.is_empty().then_some(())
