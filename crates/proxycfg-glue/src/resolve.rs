@@ -64,7 +64,7 @@ pub(crate) fn resolved_config(
 
 /// True when `req` needs its instances filtered (passing only, one kind, or a subset).
 pub(crate) fn health_is_filtered(req: &HealthRequest) -> bool {
-    req.passing_only || req.kind.is_some() || !req.filter.is_empty()
+    req.passing_only || req.healthy_only || req.kind.is_some() || !req.filter.is_empty()
 }
 
 /// The subset filter of `req`, parsed (filters are checked when the resolver is written, so
@@ -79,6 +79,7 @@ pub(crate) fn subset_filter(req: &HealthRequest) -> Result<Filter, DataSourceErr
 pub(crate) fn filter_health(all: &[CheckServiceNode], req: &HealthRequest, filter: &Filter) -> Vec<CheckServiceNode> {
     all.iter()
         .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
+        .filter(|n| !req.healthy_only || n.checks.iter().all(|c| c.status.admits(false)))
         .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
         .filter(|n| filter.matches(n))
         .cloned()
@@ -93,5 +94,60 @@ pub(crate) fn check_dc(asked: &str, served: &str) -> Result<(), DataSourceError>
         Err(DataSourceError::InvalidRequest(format!(
             "datacenter {asked:?} is not served here (only {served:?})"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use structs::{HealthCheck, NodeService};
+
+    fn instance(id: &str, version: &str, status: HealthStatus) -> CheckServiceNode {
+        CheckServiceNode {
+            service: NodeService {
+                id: id.into(),
+                service: "api-sidecar-proxy".into(),
+                meta: [("version".to_owned(), version.to_owned())].into_iter().collect(),
+                ..Default::default()
+            },
+            checks: vec![HealthCheck {
+                status,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn ids(nodes: &[CheckServiceNode]) -> Vec<&str> {
+        nodes.iter().map(|n| n.service.id.as_str()).collect()
+    }
+
+    #[test]
+    fn subsets_select_by_filter_and_only_passing_decides_about_warning() {
+        let all = vec![
+            instance("a", "v1", HealthStatus::Passing),
+            instance("b", "v1", HealthStatus::Warning),
+            instance("c", "v1", HealthStatus::Critical),
+            instance("d", "v2", HealthStatus::Passing),
+            instance("e", "v1", HealthStatus::Maintenance),
+        ];
+        let mut req = HealthRequest {
+            datacenter: "dc1".into(),
+            service: "api".into(),
+            connect: true,
+            passing_only: false,
+            healthy_only: true,
+            filter: "Service.Meta.version == v1".into(),
+            kind: None,
+        };
+        let filter = subset_filter(&req).unwrap();
+        // Warning instances get traffic, critical and maintenance ones never (Consul's rule).
+        assert_eq!(ids(&filter_health(&all, &req, &filter)), ["a", "b"]);
+        // OnlyPassing: warning is out too.
+        req.passing_only = true;
+        assert_eq!(ids(&filter_health(&all, &req, &filter)), ["a"]);
+        // A filter that does not parse is an error, not "everything".
+        req.filter = "Service.Nope == 1".into();
+        assert!(subset_filter(&req).is_err());
     }
 }

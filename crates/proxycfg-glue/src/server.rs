@@ -17,8 +17,8 @@ use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntry
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A filtered health view: (connect, service, passing only, kind, subset filter).
-type HealthKey = (bool, String, bool, Option<structs::ServiceKind>, String);
+/// A filtered health view: (connect, service, passing only, healthy only, kind, subset filter).
+type HealthKey = (bool, String, bool, bool, Option<structs::ServiceKind>, String);
 
 /// What every server data source shares.
 struct Shared {
@@ -241,6 +241,7 @@ impl ServerHealth {
                 req.connect,
                 req.service.clone(),
                 req.passing_only,
+                req.healthy_only,
                 req.kind,
                 req.filter.clone(),
             );

@@ -192,6 +192,7 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
             service: "api".into(),
             connect: false,
             passing_only: true,
+            healthy_only: true,
             filter: String::new(),
             kind: None,
         },

@@ -226,6 +226,9 @@ pub struct HealthRequest {
     pub connect: bool,
     /// Only instances whose every check passes.
     pub passing_only: bool,
+    /// Only instances with no check critical or in maintenance (warning ones stay, as Consul
+    /// sends traffic to them unless a subset says `OnlyPassing`).
+    pub healthy_only: bool,
     /// Subset filter expression (empty: all).
     pub filter: String,
     /// Only instances of this kind (gateways); `None`: any kind.

@@ -40,12 +40,15 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 1);
 
     // New chain: keep the dc1 default target? No: it names v1 and v2 subsets in dc1 and dc2.
+    // chain_with_targets' subsets say OnlyPassing.
     let v1 = HealthRequest {
         filter: "Service.Meta.version == v1".into(),
+        passing_only: true,
         ..health_req("api", "dc1")
     };
     let v2 = HealthRequest {
         filter: "Service.Meta.version == v2".into(),
+        passing_only: true,
         ..health_req("api", "dc2")
     };
     f.fakes.health.set(&v1, Arc::new(vec![instance("api", "10.0.1.1")]));

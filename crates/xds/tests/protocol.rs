@@ -44,7 +44,8 @@ fn health(service: &str) -> HealthRequest {
         datacenter: "dc1".into(),
         service: service.into(),
         connect: true,
-        passing_only: true,
+        passing_only: false,
+        healthy_only: true,
         filter: String::new(),
         kind: None,
     }

@@ -72,7 +72,10 @@ impl ConnectProxyHandler {
                 datacenter: target.datacenter.clone(),
                 service: target.service.clone(),
                 connect: true,
-                passing_only: true,
+                // Critical instances never get traffic; warning ones do unless the subset
+                // says OnlyPassing (Consul's rule).
+                passing_only: target.subset.only_passing,
+                healthy_only: true,
                 filter: target.subset.filter.clone(),
                 kind: None,
             };

@@ -68,7 +68,8 @@ pub fn health_req(service: &str, dc: &str) -> HealthRequest {
         datacenter: dc.into(),
         service: service.into(),
         connect: true,
-        passing_only: true,
+        passing_only: false,
+        healthy_only: true,
         filter: String::new(),
         kind: None,
     }
