@@ -287,10 +287,11 @@ const GRAPH_KINDS: [ConfigEntryKind; 6] = [
     ConfigEntryKind::ServiceIntentions,
 ];
 
-/// Refuses a write (`Some(entry)`) or delete (`None`) of `kind`/`name` that would leave a
-/// discovery chain that cannot be compiled, or L7 intentions on a non-HTTP service. The
-/// error names the entry and field at fault, which may be another entry than the one
-/// written (a service-defaults turning a routed service to tcp names the router).
+/// Refuses a write (`Some(entry)`) or delete (`None`) of `kind`/`name` that would break a
+/// discovery chain that compiles now (or add one that does not), or leave L7 intentions on a
+/// non-HTTP service. The error names the entry and field at fault, which may be another
+/// entry than the one written (a service-defaults turning a routed service to tcp names the
+/// router). What is already broken does not block unrelated writes.
 fn check_graph(
     state: &State,
     datacenter: &str,
@@ -301,41 +302,60 @@ fn check_graph(
     if !GRAPH_KINDS.contains(&kind) {
         return Ok(());
     }
-    let list = |k: ConfigEntryKind| -> Vec<Arc<ConfigEntry>> {
+    let before = GraphEntries::read(|k| state.config_entries(k));
+    let after = GraphEntries::read(|k| {
         let mut all = state.config_entries(k);
         if k == kind {
             all.retain(|e| e.name() != name);
             all.extend(entry.cloned().map(Arc::new));
         }
         all
-    };
-    let proxy = list(ConfigEntryKind::ProxyDefaults);
-    let (defaults, resolvers, routers, splitters, intentions) = (
-        list(ConfigEntryKind::ServiceDefaults),
-        list(ConfigEntryKind::ServiceResolver),
-        list(ConfigEntryKind::ServiceRouter),
-        list(ConfigEntryKind::ServiceSplitter),
-        list(ConfigEntryKind::ServiceIntentions),
-    );
-    let entries = discovery_chain::Entries {
-        proxy_defaults: structs::central_config::proxy_defaults(proxy.first()),
-        service_defaults: &defaults,
-        resolvers: &resolvers,
-        routers: &routers,
-        splitters: &splitters,
-        intentions: &intentions,
-    };
+    });
     let also = if kind == ConfigEntryKind::ProxyDefaults {
         ""
     } else {
         name
     };
-    discovery_chain::validate_graph(&entries, datacenter, also).map_err(|e| {
+    discovery_chain::validate_change(&before.entries(), &after.entries(), datacenter, also).map_err(|e| {
         ValidationError::new(
             format!("{} {:?} {}", e.kind, e.name, e.field),
             Problem::Invalid(e.problem),
         )
     })
+}
+
+/// The entries a discovery chain or an L7 intention check reads, by kind.
+struct GraphEntries {
+    proxy: Vec<Arc<ConfigEntry>>,
+    defaults: Vec<Arc<ConfigEntry>>,
+    resolvers: Vec<Arc<ConfigEntry>>,
+    routers: Vec<Arc<ConfigEntry>>,
+    splitters: Vec<Arc<ConfigEntry>>,
+    intentions: Vec<Arc<ConfigEntry>>,
+}
+
+impl GraphEntries {
+    fn read(list: impl Fn(ConfigEntryKind) -> Vec<Arc<ConfigEntry>>) -> Self {
+        Self {
+            proxy: list(ConfigEntryKind::ProxyDefaults),
+            defaults: list(ConfigEntryKind::ServiceDefaults),
+            resolvers: list(ConfigEntryKind::ServiceResolver),
+            routers: list(ConfigEntryKind::ServiceRouter),
+            splitters: list(ConfigEntryKind::ServiceSplitter),
+            intentions: list(ConfigEntryKind::ServiceIntentions),
+        }
+    }
+
+    fn entries(&self) -> discovery_chain::Entries<'_> {
+        discovery_chain::Entries {
+            proxy_defaults: structs::central_config::proxy_defaults(self.proxy.first()),
+            service_defaults: &self.defaults,
+            resolvers: &self.resolvers,
+            routers: &self.routers,
+            splitters: &self.splitters,
+            intentions: &self.intentions,
+        }
+    }
 }
 
 /// Entries are equal apart from the indexes the store stamps.

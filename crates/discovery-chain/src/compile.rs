@@ -33,29 +33,31 @@ pub struct CompileRequest<'a> {
 
 /// Compiles the chain of `req.service` from `entries`.
 pub fn compile(req: &CompileRequest<'_>, entries: &Entries<'_>) -> Result<CompiledDiscoveryChain, ChainError> {
-    let protocol = req
-        .override_protocol
-        .unwrap_or_else(|| entries.protocol_of(req.service));
+    // The services' own protocol decides what the entries may do (and what they may join);
+    // an override only changes what the proxy speaks, and one that is not HTTP makes the
+    // chain skip routers and splitters (as Consul: they cannot be followed over TCP).
+    let own = entries.protocol_of(req.service);
+    let protocol = req.override_protocol.unwrap_or(own);
     let mut c = Compiler {
         req,
         entries,
-        protocol,
+        own,
+        routing: protocol.is_http(),
         nodes: BTreeMap::new(),
         targets: BTreeMap::new(),
         splitting: Vec::new(),
     };
     let start = match entries.router(req.service) {
-        Some(router) => {
+        Some(router) if c.routing || req.override_protocol.is_none() => {
             c.check_l7(ConfigEntryKind::ServiceRouter, &router.name)?;
             c.router_node(req.service)?
         }
-        None => c.splitter_or_resolver(req.service, &Referrer::upstream(req.service))?,
+        _ => c.splitter_or_resolver(req.service, &Referrer::upstream(req.service))?,
     };
     let default = c.nodes.len() == 1
-        && c.nodes
-            .get(&start)
-            .and_then(|n| n.resolver.as_ref())
-            .is_some_and(|r| r.default && r.failover.is_none());
+        && c.nodes.get(&start).and_then(|n| n.resolver.as_ref()).is_some_and(|r| {
+            r.default && r.failover.is_none() && c.targets.get(&r.target).is_some_and(|t| t.service == req.service)
+        });
     Ok(CompiledDiscoveryChain {
         service_name: req.service.to_owned(),
         namespace: NAMESPACE.to_owned(),
@@ -93,7 +95,10 @@ impl Referrer {
 struct Compiler<'r, 'e> {
     req: &'r CompileRequest<'r>,
     entries: &'r Entries<'e>,
-    protocol: Protocol,
+    /// The chain's service's own protocol (what the services it joins must speak).
+    own: Protocol,
+    /// Routers and splitters are followed (the protocol the proxy speaks is HTTP).
+    routing: bool,
     nodes: BTreeMap<String, ChainNode>,
     targets: BTreeMap<TargetId, DiscoveryTarget>,
     /// Splitters being flattened (a splitter reaching itself is a loop).
@@ -107,7 +112,7 @@ fn service_key(service: &str) -> String {
 impl Compiler<'_, '_> {
     /// Routers and splitters need an HTTP protocol.
     fn check_l7(&self, kind: ConfigEntryKind, name: &str) -> Result<(), ChainError> {
-        if self.protocol.is_http() {
+        if self.own.is_http() && self.routing {
             return Ok(());
         }
         Err(ChainError::new(
@@ -117,24 +122,26 @@ impl Compiler<'_, '_> {
             format!(
                 "a {kind} needs the service to speak http, http2 or grpc, but the chain of {:?} has protocol {} \
                  (set Protocol in the service-defaults of {name:?})",
-                self.req.service, self.protocol
+                self.req.service,
+                self.req.override_protocol.unwrap_or(self.own)
             ),
         ))
     }
 
-    /// A service a router or splitter sends to must speak the chain's protocol.
+    /// A service a route, leg, redirect or failover leads to must speak the protocol of the
+    /// chain's service.
     fn check_same_protocol(&self, service: &str, referrer: &Referrer) -> Result<(), ChainError> {
         if service == self.req.service {
             return Ok(());
         }
         let theirs = self.entries.protocol_of(service);
-        if theirs == self.protocol {
+        if theirs == self.own {
             return Ok(());
         }
         Err(referrer.error(format!(
             "service {service:?} has protocol {theirs}, but the chain of {:?} has protocol {}: \
-             routing and splitting only join services of one protocol",
-            self.req.service, self.protocol
+             a chain only joins services of one protocol",
+            self.req.service, self.own
         )))
     }
 
@@ -205,7 +212,8 @@ impl Compiler<'_, '_> {
 
     /// The splitter of `service` if it has one, else its resolver.
     fn splitter_or_resolver(&mut self, service: &str, referrer: &Referrer) -> Result<String, ChainError> {
-        if self.entries.splitter(service).is_some() {
+        let skip = !self.routing && self.req.override_protocol.is_some();
+        if self.entries.splitter(service).is_some() && !skip {
             self.splitter_node(service)
         } else {
             self.resolver_node(service, "", referrer)
@@ -300,9 +308,20 @@ impl Compiler<'_, '_> {
 
     /// The resolver node of `subset` of `service` (following redirects).
     fn resolver_node(&mut self, service: &str, subset: &str, referrer: &Referrer) -> Result<String, ChainError> {
-        let (service, subset) = self.follow_redirects(service, subset)?;
+        let (service, subset, redirected_by) = self.follow_redirects(service, subset)?;
         let resolver = self.entries.resolver(&service);
-        let subset = self.check_subset(&service, &subset, resolver, referrer)?;
+        // After a redirect, the redirect asked for the subset.
+        let redirect_referrer = redirected_by.map(|by| Referrer {
+            kind: ConfigEntryKind::ServiceResolver,
+            name: by,
+            field: "Redirect.ServiceSubset".into(),
+        });
+        let subset = self.check_subset(
+            &service,
+            &subset,
+            resolver,
+            redirect_referrer.as_ref().unwrap_or(referrer),
+        )?;
         let target = self.target(&service, &subset)?;
         let name = resolver_node_name(&target);
         if self.nodes.contains_key(&name) {
@@ -335,10 +354,12 @@ impl Compiler<'_, '_> {
             .unwrap_or(Duration::from_millis(u64::from(DEFAULT_CONNECT_TIMEOUT_MS)))
     }
 
-    /// Where redirects starting at `service` lead.
-    fn follow_redirects(&self, service: &str, subset: &str) -> Result<(String, String), ChainError> {
+    /// Where redirects starting at `service` lead, and the service whose redirect led there
+    /// last (`None`: no redirect).
+    fn follow_redirects(&self, service: &str, subset: &str) -> Result<(String, String, Option<String>), ChainError> {
         let mut at = (service.to_owned(), subset.to_owned());
         let mut seen = vec![service.to_owned()];
+        let mut by = None;
         while let Some(redirect) = self.entries.resolver(&at.0).and_then(|r| r.redirect.as_ref()) {
             if !redirect.datacenter.is_empty() && redirect.datacenter != self.req.datacenter {
                 return Err(ChainError::new(
@@ -362,8 +383,16 @@ impl Compiler<'_, '_> {
             };
             if next_service == at.0 {
                 // A redirect within the service only picks the subset.
-                return Ok((next_service, next_subset));
+                return Ok((next_service, next_subset, Some(at.0)));
             }
+            self.check_same_protocol(
+                &next_service,
+                &Referrer {
+                    kind: ConfigEntryKind::ServiceResolver,
+                    name: at.0.clone(),
+                    field: "Redirect.Service".into(),
+                },
+            )?;
             if seen.contains(&next_service) {
                 seen.push(next_service);
                 return Err(ChainError::new(
@@ -374,9 +403,10 @@ impl Compiler<'_, '_> {
                 ));
             }
             seen.push(next_service.clone());
+            by = Some(at.0.clone());
             at = (next_service, next_subset);
         }
-        Ok(at)
+        Ok((at.0, at.1, by))
     }
 
     fn foreign_dc(&self, dc: &str) -> String {
@@ -430,9 +460,11 @@ impl Compiler<'_, '_> {
                 service: service.to_owned(),
                 service_subset: subset.to_owned(),
                 namespace: NAMESPACE.to_owned(),
+                partition: NAMESPACE.to_owned(),
                 datacenter: self.req.datacenter.to_owned(),
                 subset: selection,
                 sni: target_sni(subset, service, NAMESPACE, self.req.datacenter, self.req.trust_domain),
+                name: target_sni(subset, service, NAMESPACE, self.req.datacenter, self.req.trust_domain),
                 connect_timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
                 load_balancer: resolver.and_then(|r| r.load_balancer.clone()),
             },
@@ -459,11 +491,20 @@ impl Compiler<'_, '_> {
         // (service, subset, datacenter, field) of each target, in order.
         let mut wanted: Vec<(String, String, String, String)> = Vec::new();
         let or_own = |s: &str| if s.is_empty() { service.to_owned() } else { s.to_owned() };
+        // A target naming neither service nor subset (a datacenter only) keeps the primary's
+        // subset, as Consul does.
+        let subset_of = |svc: &str, sub: &str| {
+            if svc.is_empty() && sub.is_empty() {
+                subset.to_owned()
+            } else {
+                sub.to_owned()
+            }
+        };
         if !failover.targets.is_empty() {
             for (i, t) in failover.targets.iter().enumerate() {
                 wanted.push((
                     or_own(&t.service),
-                    t.service_subset.clone(),
+                    subset_of(&t.service, &t.service_subset),
                     t.datacenter.clone(),
                     format!("{at}.Targets[{i}]"),
                 ));
@@ -472,7 +513,7 @@ impl Compiler<'_, '_> {
             for (i, dc) in failover.datacenters.iter().enumerate() {
                 wanted.push((
                     or_own(&failover.service),
-                    failover.service_subset.clone(),
+                    subset_of(&failover.service, &failover.service_subset),
                     dc.clone(),
                     format!("{at}.Datacenters[{i}]"),
                 ));
@@ -506,8 +547,21 @@ impl Compiler<'_, '_> {
                 name: service.to_owned(),
                 field,
             };
+            self.check_same_protocol(&svc, &referrer)?;
+            // A failover target's own redirect is followed (not its failover).
+            let (svc, sub, redirected_by) = self.follow_redirects(&svc, &sub)?;
+            let redirect_referrer = redirected_by.map(|by| Referrer {
+                kind: ConfigEntryKind::ServiceResolver,
+                name: by,
+                field: "Redirect.ServiceSubset".into(),
+            });
             let their_resolver = self.entries.resolver(&svc);
-            let sub = self.check_subset(&svc, &sub, their_resolver, &referrer)?;
+            let sub = self.check_subset(
+                &svc,
+                &sub,
+                their_resolver,
+                redirect_referrer.as_ref().unwrap_or(&referrer),
+            )?;
             let id = self.target(&svc, &sub)?;
             if seen.insert(id.clone()) {
                 targets.push(id);

@@ -65,17 +65,30 @@ impl<'a> Entries<'a> {
             .map(|e| e.name())
     }
 
-    /// Every service-intentions entry with L7 permissions is for an HTTP service.
-    pub(crate) fn check_intentions(&self) -> Result<(), ChainError> {
+    /// The L7 problem of service-intentions entry `name`, if any: permissions on a service
+    /// that does not speak HTTP.
+    fn intention_problem(&self, name: &str) -> Option<(usize, Protocol)> {
+        self.intentions.iter().find_map(|entry| match &**entry {
+            ConfigEntry::ServiceIntentions(si) if si.name == name => {
+                let i = si.sources.iter().position(|s| !s.permissions.is_empty())?;
+                let protocol = self.protocol_of(&si.name);
+                (!protocol.is_http()).then_some((i, protocol))
+            }
+            _ => None,
+        })
+    }
+
+    /// Every service-intentions entry with L7 permissions is for an HTTP service, unless it
+    /// already was not in `before`.
+    pub(crate) fn check_intentions(&self, before: &Entries<'_>) -> Result<(), ChainError> {
         for entry in self.intentions {
             let ConfigEntry::ServiceIntentions(si) = &**entry else {
                 continue;
             };
-            let Some(i) = si.sources.iter().position(|s| !s.permissions.is_empty()) else {
+            let Some((i, protocol)) = self.intention_problem(&si.name) else {
                 continue;
             };
-            let protocol = self.protocol_of(&si.name);
-            if !protocol.is_http() {
+            if before.intention_problem(&si.name).is_none() {
                 return Err(ChainError::new(
                     ConfigEntryKind::ServiceIntentions,
                     &si.name,

@@ -56,7 +56,20 @@ impl ChainError {
 /// that produced `entries` would leave them: the first failure is the reason to refuse it.
 /// Also checks that every service with L7 intention permissions speaks an HTTP protocol.
 pub fn validate_graph(entries: &Entries<'_>, datacenter: &str, also: &str) -> Result<(), ChainError> {
-    let mut names: Vec<&str> = entries.routing_names().collect();
+    validate_change(&Entries::default(), entries, datacenter, also)
+}
+
+/// Like [`validate_graph`], but refuses only what a write from `before` to `after` breaks: a
+/// chain that compiled before and does not after, or L7 intentions that were fine (or did
+/// not exist) and are not now. A chain already broken (written before these checks existed,
+/// or restored) does not block unrelated writes; the write that fixes it is always accepted.
+pub fn validate_change(
+    before: &Entries<'_>,
+    after: &Entries<'_>,
+    datacenter: &str,
+    also: &str,
+) -> Result<(), ChainError> {
+    let mut names: Vec<&str> = after.routing_names().chain(before.routing_names()).collect();
     if !also.is_empty() {
         names.push(also);
     }
@@ -70,9 +83,13 @@ pub fn validate_graph(entries: &Entries<'_>, datacenter: &str, also: &str) -> Re
             override_protocol: None,
             override_connect_timeout: None,
         };
-        compile(&req, entries)?;
+        if let Err(e) = compile(&req, after)
+            && compile(&req, before).is_ok()
+        {
+            return Err(e);
+        }
     }
-    entries.check_intentions()
+    after.check_intentions(before)
 }
 
 #[cfg(test)]

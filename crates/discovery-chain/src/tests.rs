@@ -17,9 +17,15 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn with(mut self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v).unwrap();
+    fn with(self, v: Value) -> Self {
+        let entry = ConfigEntry::from_json(v.clone()).unwrap();
         structs::Validate::validate(&entry).unwrap();
+        self.with_unchecked(v)
+    }
+
+    /// An entry as stored, without its own checks.
+    fn with_unchecked(mut self, v: Value) -> Self {
+        let entry = ConfigEntry::from_json(v).unwrap();
         let list = match &entry {
             ConfigEntry::ProxyDefaults(p) => {
                 self.proxy = Some(p.clone());
@@ -339,7 +345,7 @@ fn routing_across_protocols_is_refused() {
     );
     assert_eq!(
         err(&f, "web"),
-        "service-splitter \"web\": Splits[1].Service: service \"db\" has protocol tcp, but the chain of \"web\" has protocol http: routing and splitting only join services of one protocol"
+        "service-splitter \"web\": Splits[1].Service: service \"db\" has protocol tcp, but the chain of \"web\" has protocol http: a chain only joins services of one protocol"
     );
 }
 
@@ -402,4 +408,113 @@ fn a_namespace_other_than_default_is_refused_where_it_is_named() {
         .unwrap(),
     )
     .unwrap();
+}
+
+#[test]
+fn an_upstream_overriding_to_tcp_skips_routers_and_splitters() {
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-router", "Name": "web", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]}))
+        .with(json!({"Kind": "service-splitter", "Name": "web", "Splits": [{"Weight": 100}]}));
+    let chain = compile(
+        &CompileRequest {
+            service: "web",
+            datacenter: "dc1",
+            trust_domain: "td",
+            override_protocol: Some(Protocol::Tcp),
+            override_connect_timeout: None,
+        },
+        &f.entries(),
+    )
+    .unwrap();
+    assert_eq!(chain.protocol, Protocol::Tcp);
+    assert_eq!(chain.start_node, "resolver:web.default.dc1");
+    assert_eq!(chain.nodes.len(), 1);
+}
+
+#[test]
+fn redirects_and_failover_only_join_services_of_one_protocol() {
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-resolver", "Name": "web", "Redirect": {"Service": "db"}}));
+    assert_eq!(
+        err(&f, "web"),
+        "service-resolver \"web\": Redirect.Service: service \"db\" has protocol tcp, but the chain of \"web\" has protocol http: a chain only joins services of one protocol"
+    );
+    let f = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-resolver", "Name": "web", "Failover": {"*": {"Service": "db"}}}));
+    assert!(
+        err(&f, "web")
+            .starts_with("service-resolver \"web\": Failover[\"*\"].Service: service \"db\" has protocol tcp")
+    );
+}
+
+#[test]
+fn failover_targets_follow_their_redirects_and_datacenter_failover_keeps_the_subset() {
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}},
+            "Failover": {"v1": {"Service": "api-old"}, "v2": {"Datacenters": ["dc1"]}}}))
+        .with(json!({"Kind": "service-resolver", "Name": "api-old", "Redirect": {"Service": "api-dr"}}));
+    let chain = f.compile("api").unwrap();
+    let r = chain.nodes["resolver:v1.api.default.dc1"].resolver.as_ref().unwrap();
+    assert_eq!(
+        r.failover.as_ref().unwrap().targets,
+        [structs::TargetId::new("", "api-dr", "default", "dc1")]
+    );
+    // v2 fails over to "the same subset in dc1": itself, so no failover at all.
+    let chain = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v2",
+            "Subsets": {"v2": {"Filter": "Service.Meta.version == v2"}},
+            "Failover": {"v2": {"Datacenters": ["dc1"]}}}))
+        .compile("api")
+        .unwrap();
+    assert!(
+        chain.nodes[&chain.start_node]
+            .resolver
+            .as_ref()
+            .unwrap()
+            .failover
+            .is_none()
+    );
+}
+
+#[test]
+fn a_subset_a_redirect_asks_for_is_reported_on_the_redirect() {
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "api", "Subsets": {"v1": {"Filter": "Service.Meta.v == 1"}}}))
+        .with(json!({"Kind": "service-resolver", "Name": "old-api", "Redirect": {"Service": "api", "ServiceSubset": "v9"}}));
+    assert_eq!(
+        err(&f, "old-api"),
+        "service-resolver \"old-api\": Redirect.ServiceSubset: service-resolver \"api\" defines no subset \"v9\""
+    );
+    // A chain redirected elsewhere is not the default chain.
+    let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "old", "Redirect": {"Service": "new"}}));
+    assert!(!f.compile("old").unwrap().default);
+}
+
+#[test]
+fn a_chain_already_broken_does_not_block_unrelated_writes() {
+    // A splitter on a tcp service, written before the checks existed.
+    let broken = Fixture::default()
+        .with_unchecked(json!({"Kind": "service-splitter", "Name": "db", "Splits": [{"Weight": 100}]}));
+    let mut after = Fixture::default().http("web");
+    after.splitters = broken.splitters.clone();
+    // An unrelated write is fine...
+    validate_change(&broken.entries(), &after.entries(), "dc1", "web").unwrap();
+    // ...a write that breaks another chain is not...
+    let mut worse = Fixture::default()
+        .http("web")
+        .with(json!({"Kind": "service-router", "Name": "web", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]}));
+    worse.splitters = broken.splitters.clone();
+    let mut tcp_web = Fixture::default().with(json!({"Kind": "service-defaults", "Name": "web", "Protocol": "tcp"}));
+    tcp_web.splitters = broken.splitters.clone();
+    tcp_web.routers = worse.routers.clone();
+    let e = validate_change(&worse.entries(), &tcp_web.entries(), "dc1", "web").unwrap_err();
+    assert_eq!((e.name.as_str(), e.field.as_str()), ("web", "Name"));
+    // ...and the fix of the broken one is accepted.
+    let mut fixed = Fixture::default().http("db");
+    fixed.splitters = broken.splitters.clone();
+    validate_change(&broken.entries(), &fixed.entries(), "dc1", "db").unwrap();
 }

@@ -185,8 +185,7 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         &format!("{b_http}/v1/agent/service/register"),
         json!({"Name": "web", "ID": "web", "Port": web_port,
                "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {
-                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream,
-                                  "Config": {"protocol": "tcp"}}]}}}}),
+                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream}]}}}}),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -284,20 +283,22 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
 
-    // A chain that cannot be compiled is an error shown in the proxy's status and counted,
-    // not an upstream that quietly goes; removing the entry clears it. Entries are checked
-    // at write time, so the one way left is an upstream's own protocol: web says tcp for
-    // api, and api (http) gets a router, which a tcp chain cannot follow.
-    let config = format!("{}/v1/config", server.http);
+    // An upstream whose chain cannot be served is an error shown in the proxy's status and
+    // counted, not an upstream that quietly goes; the others keep working; removing it clears
+    // the error. (Config entries that break a chain are refused at write time; an upstream in
+    // another datacenter is what an agent cannot serve.)
+    let web = |upstreams: Value| {
+        json!({"Name": "web", "ID": "web", "Port": web_port,
+               "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {"Upstreams": upstreams}}}})
+    };
+    let elsewhere = free_port();
     put(
         &client,
-        &config,
-        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+        &format!("{b_http}/v1/agent/service/register"),
+        web(json!([{"DestinationName": "api", "LocalBindPort": upstream},
+                   {"DestinationName": "api", "Datacenter": "dc2", "LocalBindPort": elsewhere}])),
     )
     .await;
-    let router =
-        json!({"Kind": "service-router", "Name": "api", "Routes": [{"Match": {"HTTP": {"PathPrefix": "/x"}}}]});
-    put(&client, &config, router).await;
     let status_url = format!("{b_http}/v1/internal/proxy-status/web-sidecar-proxy");
     let status = wait_for("the chain error in web's proxy status", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
@@ -305,21 +306,21 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
     assert_eq!(status["Source"], "local", "{status}");
-    assert!(status.to_string().contains("service-router"), "{status}");
+    assert!(status.to_string().contains("dc2"), "{status}");
     let errors = test_support::process::metric(&client, &b_http, "meshd_proxycfg_data_source_errors_total").await;
     assert!(errors >= 1.0, "the error is counted");
-    assert_eq!(
-        get(&client, &through_mesh)
+    assert!(
+        wait_for("web → api still", || get(&client, &through_mesh))
             .await
-            .as_deref()
-            .map(|b| b.starts_with("api-")),
-        Some(true),
-        "web keeps its last good config"
+            .starts_with("api-"),
+        "the other upstream keeps working"
     );
-    for entry in ["service-router/api", "service-defaults/api"] {
-        let entry = format!("{}/v1/config/{entry}", server.http);
-        assert!(client.delete(&entry).send().await.unwrap().status().is_success());
-    }
+    put(
+        &client,
+        &format!("{b_http}/v1/agent/service/register"),
+        web(json!([{"DestinationName": "api", "LocalBindPort": upstream}])),
+    )
+    .await;
     wait_for("the error to clear", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
         v["Errors"].as_object()?.is_empty().then_some(())

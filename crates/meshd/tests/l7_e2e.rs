@@ -250,6 +250,11 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
     // L7 intentions: /admin is denied by api's Envoys, / is allowed.
     let (s, _) = request(&client, api_up, "/admin/users", &[]).await.unwrap();
     assert_eq!(s, 403);
+    // Spellings of the same path are normalized before the rule sees them.
+    for path in ["/%61dmin", "//admin/users", "/x/../admin", "/./admin"] {
+        let (s, body) = request(&client, api_up, path, &[]).await.unwrap();
+        assert_eq!(s, 403, "{path}: {body}");
+    }
     let (s, _) = request(&client, api_up, "/", &[]).await.unwrap();
     assert_eq!(s, 200);
 

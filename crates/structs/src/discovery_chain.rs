@@ -61,6 +61,9 @@ pub struct DiscoveryTarget {
     /// Namespace.
     #[serde(rename = "Namespace")]
     pub namespace: String,
+    /// Admin partition (always `default`).
+    #[serde(rename = "Partition")]
+    pub partition: String,
     /// Datacenter.
     #[serde(rename = "Datacenter")]
     pub datacenter: String,
@@ -70,12 +73,32 @@ pub struct DiscoveryTarget {
     /// TLS SNI (and Envoy cluster name) of the target.
     #[serde(rename = "SNI")]
     pub sni: String,
-    /// Connect timeout in milliseconds.
-    #[serde(rename = "ConnectTimeoutMs")]
+    /// Name of the target's Envoy cluster (its SNI).
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Connect timeout in milliseconds (a Go duration in JSON, as Consul's
+    /// `ConnectTimeout`).
+    #[serde(rename = "ConnectTimeout", with = "millis_as_duration")]
     pub connect_timeout_ms: u32,
     /// Load balancing of its instances (from its service's resolver).
     #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancer>,
+}
+
+/// Milliseconds written and read as a Go duration (`"5s"`).
+mod millis_as_duration {
+    use crate::GoDuration;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: Serializer>(ms: &u32, s: S) -> Result<S::Ok, S::Error> {
+        GoDuration(Duration::from_millis(u64::from(*ms))).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let d = GoDuration::deserialize(d)?;
+        Ok(u32::try_from(d.0.as_millis()).unwrap_or(u32::MAX))
+    }
 }
 
 /// The SNI (and cluster name) of a service target:
@@ -246,9 +269,11 @@ impl CompiledDiscoveryChain {
             service: service.to_owned(),
             service_subset: String::new(),
             namespace: "default".to_owned(),
+            partition: "default".to_owned(),
             datacenter: datacenter.to_owned(),
             subset: TargetSubset::default(),
             sni: target_sni("", service, "default", datacenter, trust_domain),
+            name: target_sni("", service, "default", datacenter, trust_domain),
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             load_balancer: None,
         };

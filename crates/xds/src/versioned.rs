@@ -66,6 +66,20 @@ impl VersionedResources {
     /// failed part keeps.
     fn keep_from(&mut self, previous: Option<&VersionedResources>) {
         let Some(previous) = previous else { return };
+        // The clusters the last good listener and route send to stay too (they may not be
+        // the ones the new chain names).
+        if let Some(prev_snap) = previous.snapshot.as_deref() {
+            let failed: Vec<String> = self.problems.keys().cloned().collect();
+            for part in failed {
+                for (type_url, name) in resources::part_names(prev_snap, &part) {
+                    if self.get(type_url, &name).is_none()
+                        && !self.keep.iter().any(|(_, t, n)| *t == type_url && *n == name)
+                    {
+                        self.keep.push((part.clone(), type_url, name));
+                    }
+                }
+            }
+        }
         for (_, type_url, name) in &self.keep {
             if let Some(v) = previous.get(type_url, name) {
                 Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));

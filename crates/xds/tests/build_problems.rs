@@ -18,6 +18,10 @@ fn broken(mut snap: ConfigSnapshot) -> ConfigSnapshot {
             let up = Arc::make_mut(up);
             let mut chain = (**up.chain.as_ref().unwrap()).clone();
             chain.start_node = "router:missing".into();
+            // Its targets change too: the new chain names other clusters.
+            for t in chain.targets.values_mut() {
+                t.sni = format!("v9.{}", t.sni);
+            }
             up.chain = Some(Arc::new(chain));
         }
     }
@@ -54,6 +58,16 @@ fn an_upstream_that_cannot_be_built_keeps_its_last_good_resources_and_says_why()
         first.get(ROUTE, "api").unwrap().version
     );
     assert!(second.get(LISTENER, "db:127.0.0.1:9192").is_some());
+    // The clusters the kept route sends to stay as well.
+    let api_cluster = first
+        .of(xds::resources::CLUSTER)
+        .map(|(n, _)| n.clone())
+        .find(|n| n.starts_with("api."))
+        .unwrap();
+    assert!(
+        second.get(xds::resources::CLUSTER, &api_cluster).is_some(),
+        "{api_cluster} kept"
+    );
 
     // Without a last good build there is nothing to keep: the listener is absent, and said so.
     let alone = VersionedResources::build_after(&bad, None, None).unwrap();

@@ -111,6 +111,8 @@ pub fn chain_with_targets(service: &str, targets: &[(&str, &str)]) -> CompiledDi
                     only_passing: true,
                 },
                 sni: target_sni(subset, service, "default", dc, TRUST),
+                name: target_sni(subset, service, "default", dc, TRUST),
+                partition: "default".into(),
                 connect_timeout_ms: 5000,
                 load_balancer: None,
             },

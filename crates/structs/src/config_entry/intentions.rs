@@ -233,12 +233,7 @@ impl Validate for ServiceIntentions {
                     super::routing::check_regex(&format!("{hat}.Regex"), &h.regex)?;
                 }
                 for (k, m) in http.methods.iter().enumerate() {
-                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
-                        return Err(ValidationError::new(
-                            format!("{pat}.Methods[{k}]"),
-                            Problem::Invalid(format!("{m:?} is not an HTTP method")),
-                        ));
-                    }
+                    super::routing::check_method(&format!("{pat}.Methods[{k}]"), m)?;
                 }
             }
         }

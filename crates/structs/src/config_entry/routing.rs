@@ -167,7 +167,7 @@ pub struct ServiceRouteDestination {
 }
 
 /// The retry conditions Envoy's router accepts in `retry_on` that a route may name.
-pub const RETRY_ON_CONDITIONS: [&str; 10] = [
+pub const RETRY_ON_CONDITIONS: [&str; 12] = [
     "5xx",
     "gateway-error",
     "reset",
@@ -177,6 +177,8 @@ pub const RETRY_ON_CONDITIONS: [&str; 10] = [
     "refused-stream",
     "cancelled",
     "deadline-exceeded",
+    "internal",
+    "resource-exhausted",
     "unavailable",
 ];
 
@@ -279,12 +281,7 @@ impl Validate for ServiceRouter {
                     check_regex(&format!("{qat}.Regex"), &q.regex)?;
                 }
                 for (j, m) in http.methods.iter().enumerate() {
-                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
-                        return Err(ValidationError::new(
-                            format!("{at}.Match.HTTP.Methods[{j}]"),
-                            Problem::Invalid(format!("{m:?} is not an HTTP method")),
-                        ));
-                    }
+                    check_method(&format!("{at}.Match.HTTP.Methods[{j}]"), m)?;
                     if http.methods[..j].iter().any(|o| o.eq_ignore_ascii_case(m)) {
                         return Err(ValidationError::new(
                             format!("{at}.Match.HTTP.Methods[{j}]"),
@@ -809,6 +806,23 @@ impl Validate for ServiceResolver {
         }
         Ok(())
     }
+}
+
+/// The HTTP methods a route or permission may name, as Envoy sees them in `:method`.
+pub(crate) const HTTP_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE",
+];
+
+/// A method of a route or an L7 permission: one of [`HTTP_METHODS`], upper-case (Envoy
+/// compares `:method` exactly, so `get` would never match).
+pub(super) fn check_method(field: &str, method: &str) -> Result<(), ValidationError> {
+    if HTTP_METHODS.contains(&method) {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        field,
+        Problem::Invalid(format!("{method:?} is not one of {}", HTTP_METHODS.join(", "))),
+    ))
 }
 
 /// A namespace named inside an entry: only `default` is served (every target is in it), so

@@ -68,12 +68,23 @@ fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
     }
 }
 
-fn hcm(stat_prefix: &str, route: http_connection_manager::RouteSpecifier, mut filters: Vec<HttpFilter>) -> Filter {
+/// An HTTP connection manager. `inbound` (the public listener): the path is normalized
+/// (RFC 3986: `%61` is `a`, `/./` and `/../` resolved) and repeated slashes merged before the
+/// intentions' RBAC sees it, so `/%61dmin`, `//admin` or `/x/../admin` cannot slip past a rule
+/// on `/admin`.
+fn hcm(
+    stat_prefix: &str,
+    route: http_connection_manager::RouteSpecifier,
+    mut filters: Vec<HttpFilter>,
+    inbound: bool,
+) -> Filter {
     filters.push(router());
     let cfg = HttpConnectionManager {
         stat_prefix: stat_prefix.to_owned(),
         route_specifier: Some(route),
         http_filters: filters,
+        normalize_path: inbound.then_some(envoy_types::pb::google::protobuf::BoolValue { value: true }),
+        merge_slashes: inbound,
         ..Default::default()
     };
     network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
@@ -192,6 +203,7 @@ fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention]
             "public_listener",
             http_connection_manager::RouteSpecifier::RouteConfig(route_to(LOCAL_APP, LOCAL_APP)),
             http_filters,
+            true,
         )]
     } else {
         let mut filters = Vec::new();
@@ -231,6 +243,7 @@ fn upstream_listener(
                 route_config_name: route_name,
             }),
             Vec::new(),
+            false,
         )
     } else {
         tcp_proxy(&stat_prefix, &routes::tcp_cluster(chain)?)

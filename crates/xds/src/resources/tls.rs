@@ -77,9 +77,16 @@ pub(crate) fn mesh_params(mesh: Option<&ConfigEntry>, direction: Direction) -> O
     if cfg.tls_min_version.is_empty() && cfg.tls_max_version.is_empty() && cfg.cipher_suites.is_empty() {
         return None;
     }
+    let min = protocol(&cfg.tls_min_version);
+    let mut max = protocol(&cfg.tls_max_version);
+    // Envoy's default maximum for upstream connections is TLS 1.2: a minimum of 1.3 with no
+    // maximum would leave no version at all, so the maximum follows the minimum.
+    if max == TlsProtocol::TlsAuto && min == TlsProtocol::TlSv13 {
+        max = TlsProtocol::TlSv13;
+    }
     Some(TlsParameters {
-        tls_minimum_protocol_version: protocol(&cfg.tls_min_version) as i32,
-        tls_maximum_protocol_version: protocol(&cfg.tls_max_version) as i32,
+        tls_minimum_protocol_version: min as i32,
+        tls_maximum_protocol_version: max as i32,
         cipher_suites: cfg
             .cipher_suites
             .iter()

@@ -350,7 +350,7 @@ fn chain_router_with_every_match_kind() {
         .with(json!({"Kind": "service-router", "Name": "api", "Routes": [
             {"Match": {"HTTP": {"PathExact": "/healthz"}},
              "Destination": {"ServiceSubset": "v1", "RequestTimeout": "2s", "IdleTimeout": "30s"}},
-            {"Match": {"HTTP": {"PathPrefix": "/admin", "Methods": ["GET", "post"]}},
+            {"Match": {"HTTP": {"PathPrefix": "/admin", "Methods": ["GET", "POST"]}},
              "Destination": {"Service": "admin", "PrefixRewrite": "/", "NumRetries": 3, "RetryOnConnectFailure": true}},
             {"Match": {"HTTP": {"PathRegex": "/api/v[0-9]+/.*"}},
              "Destination": {"ServiceSubset": "v2", "NumRetries": 5,
@@ -706,6 +706,7 @@ fn chain_resolver_redirect() {
     let f = Fixture::default()
         .http("api")
         .http("legacy")
+        .http("old-api")
         .with(
             json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1", "Subsets": {
             "v1": {"Filter": "Service.Meta.version == v1"},
@@ -918,6 +919,7 @@ fn tls_params_of_cluster(r: &resources::Resources, name: &str) -> Option<TlsPara
 fn chain_mesh_tls_versions_and_cipher_suites() {
     let f = Fixture::default()
         .http("api")
+        .http("api-backup")
         .with(json!({"Kind": "service-resolver", "Name": "api",
         "Failover": {"*": {"Service": "api-backup"}}}));
     let mesh = json!({"Kind": "mesh", "Name": "mesh", "TLS": {
