@@ -78,7 +78,9 @@ pub enum WriteError {
     /// The datacenter is not this one.
     #[error("unknown datacenter {0:?}")]
     UnknownDatacenter(String),
-    /// The store could not make the write durable; it accepts no more writes.
+    /// The store could not make the write durable (the disk is full, an I/O error): nothing
+    /// of it is applied. Later writes are tried again, unless the log could not be cut back
+    /// to its last good record (then the store accepts no more writes).
     #[error("storage failure")]
     Storage(#[source] StorageFailure),
     /// The store has been closed.
@@ -86,7 +88,8 @@ pub enum WriteError {
     Closed,
 }
 
-/// The storage error that stopped the store's writes, shared by every write it refuses.
+/// The storage error a write failed with (shared by every write of the batch, and by every
+/// later write once the store stopped accepting them).
 #[derive(Debug, Clone)]
 pub struct StorageFailure(pub std::sync::Arc<crate::StoreError>);
 

@@ -295,12 +295,22 @@ fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<J
             if let Some(w) = wal.as_mut()
                 && let Err(e) = w.append(&records)
             {
-                error!(error = %e, "the log could not be written; refusing further writes");
+                // Nothing of the batch is applied (the state is the working copy's). With the
+                // log cut back to its last good record, later writes are tried again (the
+                // disk may have room by then); otherwise none is accepted any more.
+                let clean = w.is_clean();
+                if clean {
+                    error!(error = %e, "the log could not be written; this write fails, the next ones are tried");
+                } else {
+                    error!(error = %e, "the log could not be written nor cut back; refusing further writes");
+                }
                 let reason = StorageFailure(Arc::new(e));
                 for (reply, result) in replies {
                     let _ = reply.send(result.and(Err(WriteError::Storage(reason.clone()))));
                 }
-                failed = Some(reason);
+                if !clean {
+                    failed = Some(reason);
+                }
                 continue;
             }
             let new = Arc::new(working);

@@ -210,6 +210,8 @@ pub(crate) struct Wal {
     segment: File,
     _lock: File,
     pub(crate) records_since_snapshot: u64,
+    /// See [`Wal::is_clean`].
+    clean: bool,
 }
 
 impl Wal {
@@ -270,6 +272,7 @@ impl Wal {
                 segment,
                 _lock: lock,
                 records_since_snapshot: replayed,
+                clean: true,
             },
             state,
         ))
@@ -285,10 +288,35 @@ impl Wal {
             })?;
             frame(&payload, &mut buf);
         }
-        self.segment.write_all(&buf).map_err(io_err("appending to the log"))?;
-        self.segment.sync_data().map_err(io_err("syncing the log"))?;
+        let start = self
+            .segment
+            .metadata()
+            .map_err(io_err("reading the length of the log"))?
+            .len();
+        let written = self
+            .segment
+            .write_all(&buf)
+            .map_err(io_err("appending to the log"))
+            .and_then(|()| self.segment.sync_data().map_err(io_err("syncing the log")));
+        if let Err(e) = written {
+            // Nothing of a failed append may stay (a disk that filled up mid-record leaves a
+            // torn one): cut the segment back, so that once there is room again the log
+            // continues cleanly. If even that fails, the log's state is unknown.
+            self.clean = self
+                .segment
+                .set_len(start)
+                .and_then(|()| self.segment.sync_data())
+                .is_ok();
+            return Err(e);
+        }
         self.records_since_snapshot += records.len() as u64;
         Ok(())
+    }
+
+    /// False once an append failed and its bytes could not be removed: the log may end in a
+    /// torn record, and no more records may follow it.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.clean
     }
 
     /// Starts a new segment whose first record will be `next`; later records go there.
