@@ -21,6 +21,8 @@
 
 mod compile;
 mod entries;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixture;
 
 pub use compile::{CompileRequest, compile};
 pub use entries::Entries;

@@ -1,73 +1,19 @@
 use super::*;
-use serde_json::{Value, json};
-use std::sync::Arc;
-use structs::config_entry::ProxyDefaults;
+use serde_json::json;
 use structs::discovery_chain::NodeType;
 use structs::{CompiledDiscoveryChain, ConfigEntry, Protocol};
 
-/// Entries by kind, decoded from JSON as the HTTP API would.
-#[derive(Default)]
-struct Fixture {
-    proxy: Option<ProxyDefaults>,
-    defaults: Vec<Arc<ConfigEntry>>,
-    resolvers: Vec<Arc<ConfigEntry>>,
-    routers: Vec<Arc<ConfigEntry>>,
-    splitters: Vec<Arc<ConfigEntry>>,
-    intentions: Vec<Arc<ConfigEntry>>,
+type Fixture = crate::fixture::EntrySet;
+
+/// Compiling in `dc1` with the trust domain `td.consul`, no overrides.
+trait Compile {
+    fn compile(&self, service: &str) -> Result<CompiledDiscoveryChain, ChainError>;
+    fn validate(&self, also: &str) -> Result<(), ChainError>;
 }
 
-impl Fixture {
-    fn with(self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v.clone()).unwrap();
-        structs::Validate::validate(&entry).unwrap();
-        self.with_unchecked(v)
-    }
-
-    /// An entry as stored, without its own checks.
-    fn with_unchecked(mut self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v).unwrap();
-        let list = match &entry {
-            ConfigEntry::ProxyDefaults(p) => {
-                self.proxy = Some(p.clone());
-                return self;
-            }
-            ConfigEntry::ServiceDefaults(_) => &mut self.defaults,
-            ConfigEntry::ServiceResolver(_) => &mut self.resolvers,
-            ConfigEntry::ServiceRouter(_) => &mut self.routers,
-            ConfigEntry::ServiceSplitter(_) => &mut self.splitters,
-            ConfigEntry::ServiceIntentions(_) => &mut self.intentions,
-            ConfigEntry::Mesh(_) => unreachable!(),
-        };
-        list.push(Arc::new(entry));
-        self
-    }
-
-    fn http(self, name: &str) -> Self {
-        self.with(json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}))
-    }
-
-    fn entries(&self) -> Entries<'_> {
-        Entries {
-            proxy_defaults: self.proxy.as_ref(),
-            service_defaults: &self.defaults,
-            resolvers: &self.resolvers,
-            routers: &self.routers,
-            splitters: &self.splitters,
-            intentions: &self.intentions,
-        }
-    }
-
+impl Compile for Fixture {
     fn compile(&self, service: &str) -> Result<CompiledDiscoveryChain, ChainError> {
-        compile(
-            &CompileRequest {
-                service,
-                datacenter: "dc1",
-                trust_domain: "td.consul",
-                override_protocol: None,
-                override_connect_timeout: None,
-            },
-            &self.entries(),
-        )
+        self.compile_with(service, "td.consul", None, None)
     }
 
     fn validate(&self, also: &str) -> Result<(), ChainError> {
@@ -517,4 +463,58 @@ fn a_chain_already_broken_does_not_block_unrelated_writes() {
     let mut fixed = Fixture::default().http("db");
     fixed.splitters = broken.splitters.clone();
     validate_change(&broken.entries(), &fixed.entries(), "dc1", "db").unwrap();
+}
+
+#[test]
+fn each_entry_check_names_its_field() {
+    let router =
+        |m: serde_json::Value| json!({"Kind": "service-router", "Name": "web", "Routes": [{"Match": {"HTTP": m}}]});
+    let l7 = |p: serde_json::Value| json!({"Kind": "service-intentions", "Name": "web", "Sources": [{"Name": "api", "Permissions": [{"Action": "deny", "HTTP": p}]}]});
+    for (v, field) in [
+        (
+            router(json!({"Header": [{"Name": "x", "Exact": "a", "Prefix": "b"}]})),
+            "Routes[0].Match.HTTP.Header[0]",
+        ),
+        (
+            router(json!({"Header": [{"Name": "x", "Regex": "("}]})),
+            "Routes[0].Match.HTTP.Header[0].Regex",
+        ),
+        (
+            router(json!({"Header": [{"Exact": "a"}]})),
+            "Routes[0].Match.HTTP.Header[0].Name",
+        ),
+        (router(json!({"Methods": ["get"]})), "Routes[0].Match.HTTP.Methods[0]"),
+        (router(json!({"PathRegex": "[a-"})), "Routes[0].Match.HTTP.PathRegex"),
+        (
+            router(json!({"QueryParam": [{"Name": "q"}]})),
+            "Routes[0].Match.HTTP.QueryParam[0]",
+        ),
+        (
+            l7(json!({"Methods": ["delete"]})),
+            "Sources[0].Permissions[0].HTTP.Methods[0]",
+        ),
+        (
+            l7(json!({"Header": [{"Name": "x", "Present": true, "Suffix": "s"}]})),
+            "Sources[0].Permissions[0].HTTP.Header[0]",
+        ),
+        (
+            l7(json!({"PathRegex": "(a"})),
+            "Sources[0].Permissions[0].HTTP.PathRegex",
+        ),
+        (
+            json!({"Kind": "service-router", "Name": "web", "Routes": [{"Destination": {"RetryOn": ["sometimes"]}}]}),
+            "Routes[0].Destination.RetryOn[0]",
+        ),
+        (
+            json!({"Kind": "service-resolver", "Name": "web", "LoadBalancer": {"Policy": "fastest"}}),
+            "LoadBalancer.Policy",
+        ),
+        (
+            json!({"Kind": "service-resolver", "Name": "web", "Subsets": {"v1": {"Filter": "Service.Meta.version = v1"}}}),
+            "Subsets[\"v1\"].Filter",
+        ),
+    ] {
+        let e = structs::Validate::validate(&ConfigEntry::from_json(v.clone()).unwrap()).unwrap_err();
+        assert_eq!(e.field, field, "{v}");
+    }
 }

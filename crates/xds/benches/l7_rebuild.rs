@@ -66,43 +66,20 @@ fn entries(variant: usize) -> Vec<ConfigEntry> {
 }
 
 /// The entries by kind, as the data sources hold them.
-struct Lists {
-    defaults: Vec<Arc<ConfigEntry>>,
-    resolvers: Vec<Arc<ConfigEntry>>,
-    routers: Vec<Arc<ConfigEntry>>,
-    splitters: Vec<Arc<ConfigEntry>>,
-}
+struct Lists(discovery_chain::fixture::EntrySet);
 
 impl Lists {
     fn new(all: &[ConfigEntry]) -> Self {
-        let of = |k: structs::ConfigEntryKind| -> Vec<Arc<ConfigEntry>> {
-            all.iter().filter(|e| e.kind() == k).cloned().map(Arc::new).collect()
-        };
-        Lists {
-            defaults: of(structs::ConfigEntryKind::ServiceDefaults),
-            resolvers: of(structs::ConfigEntryKind::ServiceResolver),
-            routers: of(structs::ConfigEntryKind::ServiceRouter),
-            splitters: of(structs::ConfigEntryKind::ServiceSplitter),
-        }
+        Lists(
+            all.iter()
+                .fold(Default::default(), |set: discovery_chain::fixture::EntrySet, e| {
+                    set.with(serde_json::to_value(e).unwrap())
+                }),
+        )
     }
 
     fn compile(&self, service: &str, trust_domain: &str) -> CompiledDiscoveryChain {
-        let entries = discovery_chain::Entries {
-            proxy_defaults: None,
-            service_defaults: &self.defaults,
-            resolvers: &self.resolvers,
-            routers: &self.routers,
-            splitters: &self.splitters,
-            intentions: &[],
-        };
-        let req = discovery_chain::CompileRequest {
-            service,
-            datacenter: "dc1",
-            trust_domain,
-            override_protocol: None,
-            override_connect_timeout: None,
-        };
-        discovery_chain::compile(&req, &entries).unwrap()
+        self.0.compile_with(service, trust_domain, None, None).unwrap()
     }
 }
 

@@ -210,27 +210,17 @@ impl Validate for ServiceIntentions {
                 }
                 super::routing::check_regex(&format!("{pat}.PathRegex"), &http.path_regex)?;
                 for (k, h) in http.header.iter().enumerate() {
-                    let hat = format!("{pat}.Header[{k}]");
-                    if h.name.is_empty() {
-                        return Err(ValidationError::new(format!("{hat}.Name"), Problem::Required("")));
-                    }
-                    let set = [
-                        h.present,
-                        !h.exact.is_empty(),
-                        !h.prefix.is_empty(),
-                        !h.suffix.is_empty(),
-                        !h.regex.is_empty(),
-                    ]
-                    .iter()
-                    .filter(|b| **b)
-                    .count();
-                    if set > 1 {
-                        return Err(ValidationError::new(
-                            hat,
-                            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
-                        ));
-                    }
-                    super::routing::check_regex(&format!("{hat}.Regex"), &h.regex)?;
+                    super::routing::check_header_match(
+                        &format!("{pat}.Header[{k}]"),
+                        &h.name,
+                        [
+                            h.present,
+                            !h.exact.is_empty(),
+                            !h.prefix.is_empty(),
+                            !h.suffix.is_empty(),
+                        ],
+                        &h.regex,
+                    )?;
                 }
                 for (k, m) in http.methods.iter().enumerate() {
                     super::routing::check_method(&format!("{pat}.Methods[{k}]"), m)?;

@@ -241,27 +241,17 @@ impl Validate for ServiceRouter {
                 }
                 check_regex(&format!("{at}.Match.HTTP.PathRegex"), &http.path_regex)?;
                 for (j, h) in http.header.iter().enumerate() {
-                    let hat = format!("{at}.Match.HTTP.Header[{j}]");
-                    if h.name.is_empty() {
-                        return Err(ValidationError::new(format!("{hat}.Name"), Problem::Required("")));
-                    }
-                    let set = [
-                        !h.exact.is_empty(),
-                        !h.prefix.is_empty(),
-                        !h.suffix.is_empty(),
-                        !h.regex.is_empty(),
-                        h.present,
-                    ]
-                    .iter()
-                    .filter(|b| **b)
-                    .count();
-                    if set > 1 {
-                        return Err(ValidationError::new(
-                            hat,
-                            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
-                        ));
-                    }
-                    check_regex(&format!("{hat}.Regex"), &h.regex)?;
+                    check_header_match(
+                        &format!("{at}.Match.HTTP.Header[{j}]"),
+                        &h.name,
+                        [
+                            h.present,
+                            !h.exact.is_empty(),
+                            !h.prefix.is_empty(),
+                            !h.suffix.is_empty(),
+                        ],
+                        &h.regex,
+                    )?;
                 }
                 for (j, q) in http.query_param.iter().enumerate() {
                     let qat = format!("{at}.Match.HTTP.QueryParam[{j}]");
@@ -806,6 +796,21 @@ impl Validate for ServiceResolver {
         }
         Ok(())
     }
+}
+
+/// A header condition of a route or an L7 permission at `at`: a name, at most one of
+/// Present, Exact, Prefix, Suffix (`set`, in that order) and Regex, and a regex that compiles.
+pub(super) fn check_header_match(at: &str, name: &str, set: [bool; 4], regex: &str) -> Result<(), ValidationError> {
+    if name.is_empty() {
+        return Err(ValidationError::new(format!("{at}.Name"), Problem::Required("")));
+    }
+    if set.iter().filter(|b| **b).count() + usize::from(!regex.is_empty()) > 1 {
+        return Err(ValidationError::new(
+            at,
+            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
+        ));
+    }
+    check_regex(&format!("{at}.Regex"), regex)
 }
 
 /// The HTTP methods a route or permission may name, as Envoy sees them in `:method`.

@@ -6,7 +6,6 @@
 //! few facts are asserted on the resources themselves.
 
 use super::*;
-use discovery_chain::{CompileRequest, Entries};
 use envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy;
 use envoy_types::pb::envoy::config::route::v3::{
     HeaderMatcher, Route, RouteAction, header_matcher, query_parameter_matcher, route, route_action, route_match,
@@ -20,83 +19,26 @@ use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher;
 use proxycfg::UpstreamSnapshot;
 use serde_json::{Value, json};
 use std::time::Duration;
-use structs::config_entry::ProxyDefaults;
 use structs::discovery_chain::target_sni;
 use structs::{CompiledDiscoveryChain, ConfigEntry, Upstream};
 
 /// Config entries by kind, decoded from JSON and validated as the HTTP API would.
-#[derive(Default)]
-struct Fixture {
-    proxy: Option<ProxyDefaults>,
-    defaults: Vec<Arc<ConfigEntry>>,
-    resolvers: Vec<Arc<ConfigEntry>>,
-    routers: Vec<Arc<ConfigEntry>>,
-    splitters: Vec<Arc<ConfigEntry>>,
-}
+type Fixture = discovery_chain::fixture::EntrySet;
 
-impl Fixture {
-    fn with(self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v.clone()).unwrap();
-        structs::Validate::validate(&entry).unwrap();
-        self.with_unchecked(v)
-    }
-
-    /// An entry the write-time validation would refuse (as if it bypassed the API).
-    fn with_unchecked(mut self, v: Value) -> Self {
-        let entry = ConfigEntry::from_json(v).unwrap();
-        let list = match &entry {
-            ConfigEntry::ProxyDefaults(p) => {
-                self.proxy = Some(p.clone());
-                return self;
-            }
-            ConfigEntry::ServiceDefaults(_) => &mut self.defaults,
-            ConfigEntry::ServiceResolver(_) => &mut self.resolvers,
-            ConfigEntry::ServiceRouter(_) => &mut self.routers,
-            ConfigEntry::ServiceSplitter(_) => &mut self.splitters,
-            other => panic!("not a routing entry: {other:?}"),
-        };
-        list.push(Arc::new(entry));
-        self
-    }
-
-    /// `service-defaults` of `name` with `protocol`.
-    fn protocol(self, name: &str, protocol: &str) -> Self {
-        self.with(json!({"Kind": "service-defaults", "Name": name, "Protocol": protocol}))
-    }
-
-    fn http(self, name: &str) -> Self {
-        self.protocol(name, "http")
-    }
-
-    fn entries(&self) -> Entries<'_> {
-        Entries {
-            proxy_defaults: self.proxy.as_ref(),
-            service_defaults: &self.defaults,
-            resolvers: &self.resolvers,
-            routers: &self.routers,
-            splitters: &self.splitters,
-            intentions: &[],
-        }
-    }
-
-    /// The chain of `upstream` as proxycfg compiles it: the upstream's `Config.protocol` and
-    /// `Config.connect_timeout_ms` override the chain's.
-    fn compile(&self, upstream: &Upstream, trust_domain: &str) -> CompiledDiscoveryChain {
-        let options = upstream.options();
-        discovery_chain::compile(
-            &CompileRequest {
-                service: &upstream.destination_name,
-                datacenter: "dc1",
-                trust_domain,
-                override_protocol: options.protocol,
-                override_connect_timeout: options
-                    .connect_timeout_ms
-                    .map(|ms| Duration::from_millis(u64::from(ms))),
-            },
-            &self.entries(),
+/// The chain of `upstream` as proxycfg compiles it: the upstream's `Config.protocol` and
+/// `Config.connect_timeout_ms` override the chain's.
+fn compile(entries: &Fixture, upstream: &Upstream, trust_domain: &str) -> CompiledDiscoveryChain {
+    let options = upstream.options();
+    entries
+        .compile_with(
+            &upstream.destination_name,
+            trust_domain,
+            options.protocol,
+            options
+                .connect_timeout_ms
+                .map(|ms| Duration::from_millis(u64::from(ms))),
         )
         .unwrap()
-    }
 }
 
 /// An upstream of `web`: name, local bind port and its `Config`.
@@ -146,7 +88,7 @@ fn chain_snapshot(
             config,
             ..Default::default()
         };
-        let chain = entries.compile(&upstream, &trust_domain);
+        let chain = compile(entries, &upstream, &trust_domain);
         let mut us = UpstreamSnapshot::new(index);
         for (t, target) in chain.targets.keys().enumerate() {
             let service = &chain.targets[target].service;
