@@ -212,7 +212,7 @@ impl DeltaState {
         // In sync with an earlier map: only what differs from it can be missing (a walk of
         // both maps in order, comparing pointers), and the response is complete unless a
         // wanted name of it is gone. Otherwise every resource is checked against `known`.
-        let (candidates, lost): (Vec<(&String, &Arc<crate::versioned::Versioned>)>, Option<bool>) =
+        let (candidates, lost): (Vec<(&str, &Arc<crate::versioned::Versioned>)>, Option<bool>) =
             match (&st.in_sync, map) {
                 (Some(old), Some(new)) => {
                     let (changed, gone) = diff_maps(old, new);
@@ -232,9 +232,9 @@ impl DeltaState {
                 break; // the rest goes after this response is acknowledged
             }
             size += res.resource.value.len();
-            sent.insert(name.clone(), Some(res.version.clone()));
+            sent.insert(name.to_owned(), Some(res.version.clone()));
             upserts.push(Resource {
-                name: name.clone(),
+                name: name.to_owned(),
                 version: res.version.clone(),
                 resource: Some(res.resource.clone()),
                 ..Default::default()
@@ -246,7 +246,11 @@ impl DeltaState {
         let complete = !truncated
             && match lost {
                 Some(lost) => !lost,
-                None => map.is_some_and(|m| st.known.keys().all(|name| !st.wants(name) || m.contains_key(name))),
+                None => map.is_some_and(|m| {
+                    st.known
+                        .keys()
+                        .all(|name| !st.wants(name) || m.contains_key(name.as_str()))
+                }),
             };
         let complete = if complete { map.cloned() } else { None };
         let nonce = self.nonce();
@@ -309,7 +313,7 @@ impl DeltaState {
 fn diff_maps<'n>(
     old: &TypeResources,
     new: &'n TypeResources,
-) -> (Vec<(&'n String, &'n Arc<crate::versioned::Versioned>)>, Vec<String>) {
+) -> (Vec<(&'n str, &'n Arc<crate::versioned::Versioned>)>, Vec<String>) {
     let mut changed = Vec::new();
     let mut gone = Vec::new();
     let mut olds = old.iter().peekable();
@@ -317,7 +321,7 @@ fn diff_maps<'n>(
         // Names of old before this one are gone from new.
         while let Some((o, _)) = olds.peek() {
             if *o < name {
-                gone.push((*o).clone());
+                gone.push(o.to_string());
                 olds.next();
             } else {
                 break;
@@ -326,14 +330,14 @@ fn diff_maps<'n>(
         match olds.peek() {
             Some((o, ov)) if *o == name => {
                 if !Arc::ptr_eq(ov, v) && ov.version != v.version {
-                    changed.push((name, v));
+                    changed.push((&**name, v));
                 }
                 olds.next();
             }
-            _ => changed.push((name, v)),
+            _ => changed.push((&**name, v)),
         }
     }
-    gone.extend(olds.map(|(o, _)| o.clone()));
+    gone.extend(olds.map(|(o, _)| o.to_string()));
     (changed, gone)
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The resources of one type by name.
-pub type TypeResources = BTreeMap<String, Arc<Versioned>>;
+pub type TypeResources = BTreeMap<Arc<str>, Arc<Versioned>>;
 
 /// Every resource of a snapshot by type URL then name, with versions. Built once per
 /// snapshot and shared by every stream of the proxy.
@@ -45,14 +45,17 @@ impl VersionedResources {
                                 Some(shared) => shared.intern(t, resource),
                                 None => Arc::new(Versioned::new(resource)),
                             };
-                            (name, v)
+                            (Arc::<str>::from(name), v)
                         })
                         .collect(),
                 )
             })
             .collect();
         for (t, m) in resources.shared {
-            by_type.entry(t).or_default().extend(m);
+            by_type
+                .entry(t)
+                .or_default()
+                .extend(m.into_iter().map(|(n, v)| (Arc::<str>::from(n), v)));
         }
         Self {
             by_type: by_type.into_iter().map(|(t, m)| (t, Arc::new(m))).collect(),
@@ -82,7 +85,8 @@ impl VersionedResources {
         }
         for (_, type_url, name) in &self.keep {
             if let Some(v) = previous.get(type_url, name) {
-                Arc::make_mut(self.by_type.entry(type_url).or_default()).insert(name.clone(), Arc::clone(v));
+                Arc::make_mut(self.by_type.entry(type_url).or_default())
+                    .insert(Arc::from(name.as_str()), Arc::clone(v));
             }
         }
     }
@@ -98,7 +102,7 @@ impl VersionedResources {
             for (type_url, name) in names {
                 if let Some(v) = previous.get(type_url, &name) {
                     Arc::make_mut(self.by_type.entry(type_url).or_default())
-                        .entry(name)
+                        .entry(Arc::from(name))
                         .or_insert_with(|| Arc::clone(v));
                 }
             }
@@ -200,8 +204,11 @@ impl VersionedResources {
     }
 
     /// The resources of one type (empty if none).
-    pub fn of(&self, type_url: &str) -> impl Iterator<Item = (&String, &Arc<Versioned>)> {
-        self.by_type.get(type_url).into_iter().flat_map(|m| m.iter())
+    pub fn of(&self, type_url: &str) -> impl Iterator<Item = (&str, &Arc<Versioned>)> {
+        self.by_type
+            .get(type_url)
+            .into_iter()
+            .flat_map(|m| m.iter().map(|(n, v)| (&**n, v)))
     }
 
     /// One resource.

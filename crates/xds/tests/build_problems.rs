@@ -61,11 +61,11 @@ fn an_upstream_that_cannot_be_built_keeps_its_last_good_resources_and_says_why()
     // The clusters the kept route sends to stay as well.
     let api_cluster = first
         .of(xds::resources::CLUSTER)
-        .map(|(n, _)| n.clone())
+        .map(|(n, _)| n)
         .find(|n| n.starts_with("api."))
         .unwrap();
     assert!(
-        second.get(xds::resources::CLUSTER, &api_cluster).is_some(),
+        second.get(xds::resources::CLUSTER, api_cluster).is_some(),
         "{api_cluster} kept"
     );
 
@@ -112,13 +112,13 @@ fn a_changed_chain_rebuilds_its_upstream_only_and_equals_a_full_build() {
     let incremental = VersionedResources::build_after(&second, None, Some(&before)).unwrap();
     let full = VersionedResources::build(&second, None).unwrap();
     for type_url in xds::resources::TYPES {
-        let a: Vec<(&String, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
-        let b: Vec<(&String, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let a: Vec<(&str, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let b: Vec<(&str, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
         assert_eq!(a, b, "{type_url}");
     }
     // Only db's cluster changed; the others are the previous build's very resources.
     let cluster = xds::resources::CLUSTER;
-    let changed: Vec<&String> = incremental
+    let changed: Vec<&str> = incremental
         .of(cluster)
         .filter(|(n, v)| !Arc::ptr_eq(v, before.get(cluster, n).unwrap()))
         .map(|(n, _)| n)
@@ -203,8 +203,8 @@ fn incremental_builds_keep_routes_and_aggregate_clusters_of_unchanged_l7_upstrea
     let incremental = VersionedResources::build_after(&second, None, Some(&before)).unwrap();
     let full = VersionedResources::build(&second, None).unwrap();
     for type_url in xds::resources::TYPES {
-        let a: Vec<(&String, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
-        let b: Vec<(&String, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let a: Vec<(&str, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let b: Vec<(&str, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
         assert_eq!(a, b, "{type_url}");
     }
 }

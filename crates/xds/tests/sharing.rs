@@ -89,7 +89,7 @@ fn an_endpoints_only_change_reuses_the_other_resources_and_equals_a_full_build()
             .iter()
             .flat_map(|(t, m)| {
                 m.iter()
-                    .map(move |(n, v)| (t.to_string(), n.clone(), v.version.clone()))
+                    .map(move |(n, v)| (t.to_string(), n.to_string(), v.version.clone()))
             })
             .collect()
     };

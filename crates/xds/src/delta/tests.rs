@@ -246,28 +246,21 @@ fn diff_maps_finds_changed_added_and_gone_names_by_pointer_then_version() {
         }))
     };
     let (a, b, c) = (v(b"a"), v(b"b"), v(b"c"));
-    let old: TypeResources = [
-        ("a".to_owned(), Arc::clone(&a)),
-        ("b".to_owned(), Arc::clone(&b)),
-        ("c".to_owned(), c),
-    ]
-    .into_iter()
-    .collect();
+    let old: TypeResources = [("a", Arc::clone(&a)), ("b", Arc::clone(&b)), ("c", c)]
+        .into_iter()
+        .map(|(n, v)| (Arc::from(n), v))
+        .collect();
     // a: the same Arc; b: an equal encoding in another Arc (same version); c: gone;
     // b2: changed content under a new name; d: new.
-    let new: TypeResources = [
-        ("a".to_owned(), a),
-        ("b".to_owned(), v(b"b")),
-        ("b2".to_owned(), v(b"x")),
-        ("d".to_owned(), v(b"d")),
-    ]
-    .into_iter()
-    .collect();
+    let new: TypeResources = [("a", a), ("b", v(b"b")), ("b2", v(b"x")), ("d", v(b"d"))]
+        .into_iter()
+        .map(|(n, v)| (Arc::from(n), v))
+        .collect();
     let (changed, gone) = super::diff_maps(&old, &new);
-    let changed: Vec<&str> = changed.iter().map(|(n, _)| n.as_str()).collect();
+    let changed: Vec<&str> = changed.iter().map(|(n, _)| *n).collect();
     assert_eq!(changed, ["b2", "d"]);
     assert_eq!(gone, ["c"]);
     let (changed, gone) = super::diff_maps(&new, &old);
-    assert_eq!(changed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert_eq!(changed.iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["c"]);
     assert_eq!(gone, ["b2", "d"]);
 }
