@@ -79,6 +79,10 @@ pub struct AgentArgs {
     /// paced to it.
     #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub xds_setup_rate: u32,
+    /// HTTP connections one client address may hold open (0: no limit); past it a new one
+    /// gets a 429 and is closed (Consul's `http_max_conns_per_client`).
+    #[arg(long = "http-max-conns-per-client", value_name = "N", default_value_t = 200)]
+    pub http_max_conns_per_client: u32,
     /// Run the sidecars of `Connect.SidecarService` registrations as managed proxies (Consul
     /// 1.4's `Connect.Proxy` registrations always are).
     #[arg(long = "managed-sidecars")]
@@ -201,6 +205,11 @@ pub struct ServerArgs {
     /// paced to it.
     #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub xds_setup_rate: u32,
+    /// HTTP connections one client address may hold open (0, the default: no limit); past
+    /// it a new one gets a 429 and is closed. Off by default on servers: an agent holds one
+    /// connection per blocking query it runs, so a busy host needs many.
+    #[arg(long = "http-max-conns-per-client", value_name = "N", default_value_t = 0)]
+    pub http_max_conns_per_client: u32,
     /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
     #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub node_liveness_timeout: std::time::Duration,

@@ -4,6 +4,8 @@
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod cli;
+#[cfg(any(feature = "server", feature = "agent"))]
+pub mod conn_limit;
 pub mod connect;
 #[cfg(feature = "xds-engine")]
 pub mod engine;

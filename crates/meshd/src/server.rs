@@ -58,9 +58,10 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let http_stop = stop.clone();
+    let http_conn_limit = args.http_max_conns_per_client;
     let http = tokio::spawn(
         async move {
-            axum::serve(listener, app)
+            axum::serve(crate::conn_limit::PerClientLimit::new(listener, http_conn_limit), app)
                 .with_graceful_shutdown(async move { http_stop.cancelled().await })
                 .await
         }
