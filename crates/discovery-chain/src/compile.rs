@@ -42,13 +42,13 @@ pub fn compile(req: &CompileRequest<'_>, entries: &Entries<'_>) -> Result<Compil
         req,
         entries,
         own,
-        routing: protocol.is_http(),
+        skip_routing: req.override_protocol.is_some() && !protocol.is_http(),
         nodes: BTreeMap::new(),
         targets: BTreeMap::new(),
         splitting: Vec::new(),
     };
     let start = match entries.router(req.service) {
-        Some(router) if c.routing || req.override_protocol.is_none() => {
+        Some(router) if !c.skip_routing => {
             c.check_l7(ConfigEntryKind::ServiceRouter, &router.name)?;
             c.router_node(req.service)?
         }
@@ -97,8 +97,10 @@ struct Compiler<'r, 'e> {
     entries: &'r Entries<'e>,
     /// The chain's service's own protocol (what the services it joins must speak).
     own: Protocol,
-    /// Routers and splitters are followed (the protocol the proxy speaks is HTTP).
-    routing: bool,
+    /// Routers and splitters are skipped: an override makes the proxy speak a protocol that
+    /// is not HTTP. (Without an override, a service that is not HTTP and has a router or
+    /// splitter is an error, which `check_l7` reports.)
+    skip_routing: bool,
     nodes: BTreeMap<String, ChainNode>,
     targets: BTreeMap<TargetId, DiscoveryTarget>,
     /// Splitters being flattened (a splitter reaching itself is a loop).
@@ -112,7 +114,7 @@ fn service_key(service: &str) -> String {
 impl Compiler<'_, '_> {
     /// Routers and splitters need an HTTP protocol.
     fn check_l7(&self, kind: ConfigEntryKind, name: &str) -> Result<(), ChainError> {
-        if self.own.is_http() && self.routing {
+        if self.own.is_http() {
             return Ok(());
         }
         Err(ChainError::new(
@@ -122,8 +124,7 @@ impl Compiler<'_, '_> {
             format!(
                 "a {kind} needs the service to speak http, http2 or grpc, but the chain of {:?} has protocol {} \
                  (set Protocol in the service-defaults of {name:?})",
-                self.req.service,
-                self.req.override_protocol.unwrap_or(self.own)
+                self.req.service, self.own
             ),
         ))
     }
@@ -212,8 +213,7 @@ impl Compiler<'_, '_> {
 
     /// The splitter of `service` if it has one, else its resolver.
     fn splitter_or_resolver(&mut self, service: &str, referrer: &Referrer) -> Result<String, ChainError> {
-        let skip = !self.routing && self.req.override_protocol.is_some();
-        if self.entries.splitter(service).is_some() && !skip {
+        if self.entries.splitter(service).is_some() && !self.skip_routing {
             self.splitter_node(service)
         } else {
             self.resolver_node(service, "", referrer)
