@@ -17,13 +17,9 @@ use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntry
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A filtered health view: (connect, service, passing only, healthy only, kind, subset filter).
-type HealthKey = (bool, String, bool, bool, Option<structs::ServiceKind>, String);
-
 /// What every server data source shares.
 struct Shared {
     store: Store,
-    health: Views<HealthKey, Vec<CheckServiceNode>>,
     resolved: Views<ResolvedServiceConfigRequest, ResolvedServiceConfig>,
     /// One follower per distinct request for the watches every proxy repeats.
     roots_followers: Fanout<CaRootsRequest, Arc<structs::IndexedCaRoots>>,
@@ -48,7 +44,6 @@ pub fn server_data_sources(store: Store) -> DataSources {
 pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSources {
     let shared = Arc::new(Shared {
         store,
-        health: Views::default(),
         resolved: Views::default(),
         roots_followers: Fanout::new("ca_roots", tasks.clone()),
         health_followers: Fanout::new("health", tasks.clone()),
@@ -234,17 +229,10 @@ impl ServerHealth {
         } else {
             Topic::ServiceHealth(req.service.clone())
         };
-        let shared = Arc::clone(&self.0);
+        // One follower per distinct request (the fanout): its filtered result is computed
+        // once per change and shared by every watch asking the same.
         Ok(self.0.health_followers.follow(&req.clone(), |publish, stop| {
             let follower = Follower::new(&self.0.store, vec![topic]);
-            let key = (
-                req.connect,
-                req.service.clone(),
-                req.passing_only,
-                req.healthy_only,
-                req.kind,
-                req.filter.clone(),
-            );
             let mut last: Option<Arc<Vec<CheckServiceNode>>> = None;
             publish_from(follower, publish, stop, move |f| {
                 let Some(Payload::Health(all)) = f.get(0) else {
@@ -253,17 +241,13 @@ impl ServerHealth {
                 if !resolve::health_is_filtered(&req) {
                     return Some(Ok(Arc::clone(all)));
                 }
-                let filtered = shared
-                    .health
-                    .get_or_make(&key, &f.versions(), || resolve::filter_health(all, &req, &filter));
+                let filtered = resolve::filter_health(all, &req, &filter);
                 // A change the filter does not see (another subset's instance, a check of an
                 // instance that stays out) is not sent: no snapshot, no rebuild.
-                if last
-                    .as_ref()
-                    .is_some_and(|l| Arc::ptr_eq(l, &filtered) || **l == *filtered)
-                {
+                if last.as_deref() == Some(&filtered) {
                     return None;
                 }
+                let filtered = Arc::new(filtered);
                 last = Some(Arc::clone(&filtered));
                 Some(Ok(filtered))
             })
