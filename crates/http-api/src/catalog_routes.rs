@@ -148,7 +148,10 @@ pub(crate) async fn deregister(
 ) -> Result<Response, ApiError> {
     let params = api.write_params(q.as_deref())?;
     let req: DeregisterRequest = query::decode(&body, "a deregistration")?;
-    {
+    // node:write covers everything on the node (an agent removes what it no longer runs
+    // with its own token, as Consul allows); otherwise service:write on the service.
+    let node_write = authz.get()?.node_write(&req.node);
+    if !node_write {
         let state = api.store.read();
         let service_of = |id: &str| state.service(&req.node, id).map(|s| s.service.clone());
         if !req.service_id.is_empty() {
