@@ -32,9 +32,14 @@ impl Http {
     }
 
     async fn blocking(&self, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
+        self.blocking_as("", path, min_index).await
+    }
+
+    /// A blocking query with `token` (empty: the agent's).
+    async fn blocking_as(&self, token: &str, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
         let answer = self
             .servers
-            .get_blocking(path, min_index, self.wait)
+            .get_blocking_as((!token.is_empty()).then_some(token), path, min_index, self.wait)
             .await
             .map_err(|e| FetchError(format!("GET {path}: {e}")))?;
         if answer.index == 0 {
@@ -47,7 +52,17 @@ impl Http {
 
     /// A blocking query whose answer must exist, decoded.
     async fn decoded<T: DeserializeOwned>(&self, path: &str, min_index: u64) -> Result<Fetched<T>, FetchError> {
-        let answer = self.blocking(path, min_index).await?;
+        self.decoded_as("", path, min_index).await
+    }
+
+    /// As `decoded`, with `token` (empty: the agent's).
+    async fn decoded_as<T: DeserializeOwned>(
+        &self,
+        token: &str,
+        path: &str,
+        min_index: u64,
+    ) -> Result<Fetched<T>, FetchError> {
+        let answer = self.blocking_as(token, path, min_index).await?;
         let Some(body) = answer.body else {
             return Err(FetchError(format!("GET {path}: 404 not found")));
         };
@@ -92,8 +107,8 @@ impl CacheType for Roots {
     }
 }
 
-/// Instances of a service with their checks.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Instances of a service with their checks, as one token may read them.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct HealthKey {
     /// Service name.
     pub service: String,
@@ -101,6 +116,19 @@ pub struct HealthKey {
     pub connect: bool,
     /// Only instances whose every check passes.
     pub passing: bool,
+    /// The reader's token (empty: the agent's).
+    pub token: String,
+}
+
+impl std::fmt::Debug for HealthKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthKey")
+            .field("service", &self.service)
+            .field("connect", &self.connect)
+            .field("passing", &self.passing)
+            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
+            .finish()
+    }
 }
 
 /// Service health (`/v1/health/service/:name`, `/v1/health/connect/:name`).
@@ -118,7 +146,7 @@ impl CacheType for Health {
             segment(&key.service),
             if key.passing { "?passing" } else { "" }
         );
-        let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded(&path, min_index).await?;
+        let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded_as(&key.token, &path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),
             index: f.index,

@@ -14,13 +14,12 @@ fn kind(text: &str) -> Result<ConfigEntryKind, ApiError> {
         .map_err(|e: structs::config_entry::UnknownConfigEntryKind| ApiError::BadRequest(format!("kind: {e}")))
 }
 
-/// Consul's permission to read an entry: proxy-defaults are readable by anyone; mesh needs
-/// `mesh:read`; service entries `service:read` on the name; intentions `intentions:read` on
-/// their destination.
+/// Consul's permission to read an entry: proxy-defaults and mesh are readable by anyone
+/// (every proxy needs them); service entries need `service:read` on the name; intentions
+/// `intentions:read` on their destination.
 pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -> bool {
     match kind {
-        ConfigEntryKind::ProxyDefaults => true,
-        ConfigEntryKind::Mesh => a.mesh_read(),
+        ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
         ConfigEntryKind::ServiceIntentions => a.intention_read(name),
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
@@ -44,7 +43,6 @@ fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Ap
 
 fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     let permission = match kind {
-        ConfigEntryKind::Mesh => "mesh:read",
         ConfigEntryKind::ServiceIntentions => "intentions:read",
         _ => "service:read",
     };

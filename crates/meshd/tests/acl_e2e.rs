@@ -85,7 +85,10 @@ impl Secure {
     /// A token with the service identity of `service`: (accessor, secret).
     async fn identity(&self, service: &str) -> (String, String) {
         let t = self
-            .put("/v1/acl/token", json!({"ServiceIdentities": [{"ServiceName": service}]}))
+            .put(
+                "/v1/acl/token",
+                json!({"ServiceIdentities": [{"ServiceName": service}]}),
+            )
             .await;
         (
             t["AccessorID"].as_str().unwrap().to_owned(),
@@ -115,10 +118,23 @@ impl Secure {
         let admin_file = run_dir.join("admin-0.addr");
         let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
             .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
-            .args(["-http-addr", self.http.trim_start_matches("http://"), "-grpc-addr", &self.grpc])
+            .args([
+                "-http-addr",
+                self.http.trim_start_matches("http://"),
+                "-grpc-addr",
+                &self.grpc,
+            ])
             .arg("-token-file")
             .arg(&token_file)
-            .args(["-admin-bind", "127.0.0.1:0", "-log-level", "warn", "-drain-time", "1s", "-run-dir"])
+            .args([
+                "-admin-bind",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+                "-drain-time",
+                "1s",
+                "-run-dir",
+            ])
             .arg(&run_dir)
             .arg("-envoy-binary")
             .arg(envoy())
@@ -134,7 +150,8 @@ impl Secure {
 /// Envoy's stat `name` (0 when absent).
 async fn stat(client: &reqwest::Client, admin: &str, name: &str) -> Option<u64> {
     let text = get(client, &format!("{admin}/stats?filter=^{name}$")).await?;
-    text.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))?.trim().parse().ok())
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: "))?.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,10 +184,7 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
     // db's proxy presents a token for another service: it gets nothing.
     let denied_before = mesh.metric("meshd_xds_streams_denied_total").await;
     let (_db_envoy, db_admin) = mesh.envoy("db", "node-db", &other_token, dir.path()).await;
-    wait_for(|| async {
-        (mesh.metric("meshd_xds_streams_denied_total").await > denied_before).then_some(())
-    })
-    .await;
+    wait_for(|| async { (mesh.metric("meshd_xds_streams_denied_total").await > denied_before).then_some(()) }).await;
 
     let (_api_envoy, _api_admin) = mesh.envoy("api", "node-api", &api_token, dir.path()).await;
     let (_web_envoy, web_admin) = mesh.envoy("web", "node-web", &web_token, dir.path()).await;
@@ -187,7 +201,10 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
     assert!(!certs.contains("/svc/db"), "db's proxy got a secret: {certs}");
 
     // Deleting web's token ends its stream: Envoy is no longer connected.
-    assert_eq!(stat(&client, &web_admin, "control_plane.connected_state").await, Some(1));
+    assert_eq!(
+        stat(&client, &web_admin, "control_plane.connected_state").await,
+        Some(1)
+    );
     let (status, text) = mesh
         .call(
             reqwest::Method::DELETE,
@@ -197,10 +214,8 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
         )
         .await;
     assert_eq!(status, 200, "{text}");
-    wait_for(|| async {
-        (stat(&client, &web_admin, "control_plane.connected_state").await == Some(0)).then_some(())
-    })
-    .await;
+    wait_for(|| async { (stat(&client, &web_admin, "control_plane.connected_state").await == Some(0)).then_some(()) })
+        .await;
     // And its reconnections are refused.
     let denied = mesh.metric("meshd_xds_streams_denied_total").await;
     wait_for(|| async { (mesh.metric("meshd_xds_streams_denied_total").await > denied).then_some(()) }).await;

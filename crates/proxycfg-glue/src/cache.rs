@@ -210,6 +210,7 @@ impl DataSource<HealthRequest> for CacheHealth {
             service: req.service.clone(),
             connect: req.connect,
             passing: req.passing_only,
+            token: req.token.clone(),
         };
         let watch = self.0.caches.health.watch(&key);
         run(watch, id, tx, cancel, move |all: Arc<Vec<CheckServiceNode>>| {

@@ -139,6 +139,7 @@ mod tests {
             healthy_only: true,
             filter: "Service.Meta.version == v1".into(),
             kind: None,
+            token: String::new(),
         };
         let filter = subset_filter(&req).unwrap();
         // Warning instances get traffic, critical and maintenance ones never (Consul's rule).

@@ -195,6 +195,7 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
             healthy_only: true,
             filter: String::new(),
             kind: None,
+            token: String::new(),
         },
     );
     let mut services = start(&f, &f.sources.service_list, ServiceListRequest { datacenter: dc1() });

@@ -66,6 +66,7 @@ fn health_req(service: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
+        token: String::new(),
     }
 }
 

@@ -195,7 +195,7 @@ pub struct CaRootsRequest {
 }
 
 /// Leaf certificate for a service identity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LeafRequest {
     /// Datacenter.
     pub datacenter: String,
@@ -203,6 +203,21 @@ pub struct LeafRequest {
     pub service: String,
     /// Token to authorize the signing request.
     pub token: String,
+}
+
+impl fmt::Debug for LeafRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeafRequest")
+            .field("datacenter", &self.datacenter)
+            .field("service", &self.service)
+            .field("token", &hidden(&self.token))
+            .finish()
+    }
+}
+
+/// How a token shows in logs: whether there is one, never what it is.
+fn hidden(token: &str) -> &'static str {
+    if token.is_empty() { "" } else { "<hidden>" }
 }
 
 /// Intentions that apply to a destination service (exact and wildcard).
@@ -215,7 +230,7 @@ pub struct IntentionsRequest {
 }
 
 /// Instances of a service with their health.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct HealthRequest {
     /// Datacenter.
     pub datacenter: String,
@@ -233,6 +248,24 @@ pub struct HealthRequest {
     pub filter: String,
     /// Only instances of this kind (gateways); `None`: any kind.
     pub kind: Option<ServiceKind>,
+    /// The proxy's token: the servers filter instances by what it may read (empty: the
+    /// reader's own).
+    pub token: String,
+}
+
+impl fmt::Debug for HealthRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthRequest")
+            .field("datacenter", &self.datacenter)
+            .field("service", &self.service)
+            .field("connect", &self.connect)
+            .field("passing_only", &self.passing_only)
+            .field("healthy_only", &self.healthy_only)
+            .field("filter", &self.filter)
+            .field("kind", &self.kind)
+            .field("token", &hidden(&self.token))
+            .finish()
+    }
 }
 
 /// Compiled discovery chain of one upstream name.

@@ -48,6 +48,7 @@ fn health(service: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
+        token: String::new(),
     }
 }
 

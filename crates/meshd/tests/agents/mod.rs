@@ -1,4 +1,5 @@
 //! What the agent end-to-end tests share: the binary, process guards, polling and HTTP.
+#![allow(dead_code)] // each test file uses part of it
 
 use serde_json::Value;
 use std::path::Path;

@@ -78,6 +78,7 @@ impl ConnectProxyHandler {
                 healthy_only: true,
                 filter: target.subset.filter.clone(),
                 kind: None,
+                token: self.token.clone(),
             };
             if watches.ensure(&self.sources.health, id, req) {
                 // A restarted target must not keep endpoints selected the old way.

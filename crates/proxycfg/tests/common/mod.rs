@@ -72,6 +72,7 @@ pub fn health_req(service: &str, dc: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
+        token: String::new(),
     }
 }
 

@@ -1,0 +1,344 @@
+//! ACLs in agent mode: a `meshd server` with ACLs on (default deny) and a `meshd agent` with
+//! its own token (a node identity). Every agent route answers no token, a wrong token and the
+//! right token with 403/403/2xx (or filters); a service registered with its own token is
+//! synced to the servers with that token; the agent's xDS serves a proxy only to a token with
+//! `service:write` on its service.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agents;
+use agents::{Proc, meshd, wait_for};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use serde_json::{Value, json};
+use std::path::Path;
+
+const MANAGEMENT: &str = "5b0c4a9e-2f3d-4e1a-8b7c-9d0e1f2a3b4c";
+
+struct Cluster {
+    _server: Proc,
+    _agent: Proc,
+    server: String,
+    agent: String,
+    agent_grpc: String,
+    client: reqwest::Client,
+}
+
+async fn call(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> (u16, bool, String) {
+    let mut req = client.request(method.parse().unwrap(), url);
+    if let Some(t) = token {
+        req = req.header("X-Consul-Token", t);
+    }
+    if !body.is_null() {
+        req = req.json(body);
+    }
+    let resp = req.send().await.unwrap();
+    let filtered = resp.headers().contains_key("x-consul-results-filtered-by-acls");
+    (resp.status().as_u16(), filtered, resp.text().await.unwrap())
+}
+
+impl Cluster {
+    async fn start(dir: &Path) -> Cluster {
+        let management = dir.join("management.token");
+        std::fs::write(&management, MANAGEMENT).unwrap();
+        let server = test_support::process::start_server(
+            meshd(),
+            [
+                "-dev",
+                "-log-level",
+                "warn",
+                "-acl-enabled",
+                "-acl-default-policy",
+                "deny",
+                "-acl-initial-management-token-file",
+                management.to_str().unwrap(),
+            ],
+        );
+        let client = reqwest::Client::new();
+        // The agent's token: a node identity for its node.
+        let (status, _, text) = call(
+            &client,
+            "PUT",
+            &format!("{}/v1/acl/token", server.http),
+            Some(MANAGEMENT),
+            &json!({"NodeIdentities": [{"NodeName": "acl-node", "Datacenter": "dc1"}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let agent_token: Value = serde_json::from_str(&text).unwrap();
+        let agent_file = dir.join("agent.token");
+        std::fs::write(&agent_file, agent_token["SecretID"].as_str().unwrap()).unwrap();
+        let agent = test_support::process::start_agent(
+            meshd(),
+            [
+                "-dev",
+                "-node",
+                "acl-node",
+                "-retry-join",
+                server.http.trim_start_matches("http://"),
+                "-log-level",
+                "warn",
+                "-acl-enabled",
+                "-acl-default-policy",
+                "deny",
+                "-acl-agent-token-file",
+                agent_file.to_str().unwrap(),
+            ],
+        );
+        Cluster {
+            _server: Proc(server.child),
+            _agent: Proc(agent.child),
+            server: server.http,
+            agent: agent.http,
+            agent_grpc: agent.grpc,
+            client,
+        }
+    }
+
+    /// A token with exactly `rules`.
+    async fn token(&self, rules: &str) -> String {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = format!("p{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let (status, _, text) = call(
+            &self.client,
+            "PUT",
+            &format!("{}/v1/acl/policy", self.server),
+            Some(MANAGEMENT),
+            &json!({"Name": name, "Rules": rules}),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let (status, _, text) = call(
+            &self.client,
+            "PUT",
+            &format!("{}/v1/acl/token", self.server),
+            Some(MANAGEMENT),
+            &json!({"Policies": [{"Name": name}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["SecretID"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Without {
+    Denied,
+    Filtered,
+    Open,
+}
+
+const WEB_WRITE: &str = "service \"web\" { policy = \"write\" }";
+const WEB_READ: &str = "service \"web\" { policy = \"read\" }";
+const NODE_READ: &str = "node \"acl-node\" { policy = \"read\" }";
+const NODE_WRITE: &str = "node \"acl-node\" { policy = \"write\" }";
+const AGENT_READ: &str = "agent \"acl-node\" { policy = \"read\" }";
+const OPERATOR_READ: &str = "operator = \"read\"";
+
+/// The agent's own routes (the rest is forwarded to a server, whose table is in the
+/// http-api tests). `GET /v1/agent/connect/proxy/{id}` is checked apart: it answers only for
+/// a proxy the agent runs.
+fn rows() -> Vec<(&'static str, &'static str, Value, &'static str, Without)> {
+    use Without::*;
+    let n = Value::Null;
+    vec![
+        ("GET", "/v1/agent/services", n.clone(), WEB_READ, Filtered),
+        ("GET", "/v1/agent/service/web1", n.clone(), WEB_READ, Denied),
+        ("GET", "/v1/agent/checks", n.clone(), WEB_READ, Filtered),
+        ("GET", "/v1/agent/health/service/name/web", n.clone(), WEB_READ, Denied),
+        ("GET", "/v1/agent/health/service/id/web1", n.clone(), WEB_READ, Denied),
+        ("GET", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
+        ("GET", "/v1/agent/members", n.clone(), NODE_READ, Filtered),
+        (
+            "GET",
+            "/v1/agent/metrics?format=prometheus",
+            n.clone(),
+            AGENT_READ,
+            Denied,
+        ),
+        (
+            "GET",
+            "/v1/internal/proxy-status/web1-sidecar-proxy",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        ("GET", "/v1/agent/connect/ca/roots", n.clone(), "", Open),
+        ("GET", "/v1/agent/connect/ca/leaf/web", n.clone(), WEB_WRITE, Denied),
+        ("PUT", "/v1/agent/check/pass/web-ttl", n.clone(), WEB_WRITE, Denied),
+        ("PUT", "/v1/agent/check/warn/web-ttl", n.clone(), WEB_WRITE, Denied),
+        ("PUT", "/v1/agent/check/fail/web-ttl", n.clone(), WEB_WRITE, Denied),
+        (
+            "PUT",
+            "/v1/agent/check/update/web-ttl",
+            json!({"Status": "passing"}),
+            WEB_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
+            "/v1/agent/check/register",
+            json!({"CheckID": "node-ttl", "Name": "node", "TTL": "1h"}),
+            NODE_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
+            "/v1/agent/check/register",
+            json!({"CheckID": "web-ttl2", "Name": "web2", "TTL": "1h", "ServiceID": "web1"}),
+            WEB_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
+            "/v1/agent/service/maintenance/web1?enable=true",
+            n.clone(),
+            WEB_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
+            "/v1/agent/check/deregister/web-ttl",
+            n.clone(),
+            WEB_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
+            "/v1/agent/service/register",
+            json!({"Name": "web", "ID": "web2", "Port": 81}),
+            WEB_WRITE,
+            Denied,
+        ),
+        ("PUT", "/v1/agent/service/deregister/web1", n.clone(), WEB_WRITE, Denied),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_routes_sync_and_xds_enforce_acls() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let web_token = c.token("service \"web\" { policy = \"write\" }\nservice \"web-sidecar-proxy\" { policy = \"write\" }\nservice_prefix \"\" { policy = \"read\" }\nnode_prefix \"\" { policy = \"read\" }").await;
+    let wrong = c
+        .token("service \"other\" { policy = \"write\" }\nnode \"other\" { policy = \"write\" }\nagent \"other\" { policy = \"write\" }")
+        .await;
+
+    // web registers with its own token: synced to the servers with that token (the agent's
+    // node identity could not write web).
+    let (status, _, text) = call(
+        &c.client,
+        "PUT",
+        &format!("{}/v1/agent/service/register", c.agent),
+        Some(&web_token),
+        &json!({"Name": "web", "ID": "web1", "Port": 80,
+                "Check": {"CheckID": "web-ttl", "Name": "web ttl", "TTL": "1h", "Status": "passing"},
+                "Connect": {"SidecarService": {}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let catalog = format!("{}/v1/catalog/service/web", c.server);
+    wait_for("web synced with its token", || async {
+        let (_, _, text) = call(&c.client, "GET", &catalog, Some(MANAGEMENT), &Value::Null).await;
+        (text.contains("\"ServiceID\":\"web1\"")).then_some(())
+    })
+    .await;
+
+    // The agent's xDS: web's sidecar for web's token, nothing for another.
+    let denied = ads_first(&c.agent_grpc, "web1-sidecar-proxy", &wrong).await;
+    assert_eq!(denied.err(), Some(tonic::Code::PermissionDenied));
+    let served = ads_first(&c.agent_grpc, "web1-sidecar-proxy", &web_token).await;
+    assert!(served.is_ok(), "web's token is refused: {served:?}");
+
+    // Every agent route: 403/403/2xx (or filtered, or open).
+    for (method, path, body, rules, without) in rows() {
+        let url = format!("{}{path}", c.agent);
+        let what = format!("{method} {path}");
+        for (who, token) in [("no token", None), ("a wrong token", Some(wrong.as_str()))] {
+            let (status, filtered, text) = call(&c.client, method, &url, token, &body).await;
+            match without {
+                Without::Denied => {
+                    assert_eq!(status, 403, "{what} with {who}: {text}");
+                    assert!(text.starts_with("Permission denied"), "{what} with {who}: {text}");
+                }
+                Without::Filtered => {
+                    assert_eq!(status, 200, "{what} with {who}: {text}");
+                    assert!(filtered, "{what} with {who}: not marked filtered");
+                    assert!(text == "{}" || text == "[]", "{what} with {who} leaked: {text}");
+                }
+                Without::Open => assert!((200..300).contains(&status), "{what} with {who}: {text}"),
+            }
+        }
+        let right = if rules.is_empty() {
+            wrong.clone()
+        } else {
+            c.token(rules).await
+        };
+        let (status, _, text) = call(&c.client, method, &url, Some(&right), &body).await;
+        assert!(
+            (200..300).contains(&status),
+            "{what} with the right token: {status} {text}"
+        );
+        if without != Without::Open {
+            let (status, _, text) = call(&c.client, method, &url, Some("not-a-token"), &body).await;
+            assert_eq!(
+                (status, text.trim()),
+                (403, "ACL not found"),
+                "{what} with an unknown token"
+            );
+        }
+    }
+
+    // Forwarded requests run with the caller's token at the server.
+    let (status, filtered, text) = call(
+        &c.client,
+        "GET",
+        &format!("{}/v1/catalog/services", c.agent),
+        Some(&wrong),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!((status, filtered, text.as_str()), (200, true, "{}"));
+}
+
+/// The first answer of an ADS stream for `proxy` with `token`: `Ok` with a response, or the
+/// status code that ended it.
+async fn ads_first(grpc: &str, proxy: &str, token: &str) -> Result<(), tonic::Code> {
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: proxy.to_owned(),
+            ..Default::default()
+        }),
+        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut().insert("x-consul-token", token.parse().unwrap());
+    let mut stream = match client.stream_aggregated_resources(req).await {
+        Ok(s) => s.into_inner(),
+        Err(status) => return Err(status.code()),
+    };
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), stream.message())
+        .await
+        .expect("an answer within 30 s");
+    drop(tx);
+    match first {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(tonic::Code::Ok),
+        Err(status) => Err(status.code()),
+    }
+}
