@@ -6,7 +6,7 @@
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
 //!   denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`; all
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`; all
 //!   when no name is given).
 #![allow(clippy::print_stdout)]
 
@@ -52,6 +52,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("xds", "xds", "l7_rebuild"),
     ("supervisor", "supervisor", "hot_restart"),
     ("supervisor", "meshd", "managed"),
+    ("acl", "http-api", "acl"),
 ];
 
 /// Totals of the `test result:` lines of a cargo test run.

@@ -61,6 +61,9 @@ pub struct Resolver {
     settings: AclSettings,
     all: Resolved,
     cache: Mutex<Cache>,
+    /// Parsed policy rules by policy id, with the modify index they were parsed at: a token
+    /// resolved again after an ACL change does not parse its policies again.
+    parsed: Mutex<HashMap<String, (Index, Arc<Rules>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +85,7 @@ impl Resolver {
                 expires: None,
             },
             cache: Mutex::new(Cache::default()),
+            parsed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -131,10 +135,10 @@ impl Resolver {
         if token.expired(SystemTime::now()) {
             return Err(NotFound);
         }
-        let rules = token_rules(state, &token, &self.settings.datacenter);
+        let rules = self.token_rules(state, &token);
         let resolved = Resolved {
             accessor: Arc::from(token.accessor_id.as_str()),
-            authz: Arc::new(Authorizer::new(&rules, self.settings.default_allow)),
+            authz: Arc::new(Authorizer::new(rules.iter().map(|r| &**r), self.settings.default_allow)),
             expires: token.expiration_time.map(|t| t.0),
         };
         let mut cache = self.cache.lock();
@@ -145,11 +149,46 @@ impl Resolver {
     }
 }
 
+impl Resolver {
+    /// [`token_rules`], with each policy parsed once per version of it.
+    fn token_rules(&self, state: &State, token: &AclToken) -> Vec<Arc<Rules>> {
+        let mut parsed = self.parsed.lock();
+        if parsed.len() > 4 * state.acl_policies().count() + 64 {
+            parsed.clear();
+        }
+        let mut parse = |policy: &structs::acl::AclPolicy| -> Option<Arc<Rules>> {
+            if let Some((at, rules)) = parsed.get(&policy.id)
+                && *at == policy.modify_index
+            {
+                return Some(Arc::clone(rules));
+            }
+            let rules = Arc::new(Rules::parse(&policy.rules).ok()?);
+            parsed.insert(policy.id.clone(), (policy.modify_index, Arc::clone(&rules)));
+            Some(rules)
+        };
+        collect_rules(state, token, &self.settings.datacenter, &mut parse)
+    }
+}
+
 /// The rules that apply to `token` in `datacenter`: its policies', its roles' (and their
 /// policies'), and its identities', in that order. Links to deleted policies or roles, and
 /// rules that fail to parse (refused at write time, so never in practice), count for
 /// nothing.
 pub fn token_rules(state: &State, token: &AclToken, datacenter: &str) -> Vec<Rules> {
+    collect_rules(state, token, datacenter, &mut |p| {
+        Rules::parse(&p.rules).ok().map(Arc::new)
+    })
+    .into_iter()
+    .map(|r| (*r).clone())
+    .collect()
+}
+
+fn collect_rules(
+    state: &State,
+    token: &AclToken,
+    datacenter: &str,
+    parse: &mut dyn FnMut(&structs::acl::AclPolicy) -> Option<Arc<Rules>>,
+) -> Vec<Arc<Rules>> {
     let applies = |dcs: &[String]| dcs.is_empty() || dcs.iter().any(|d| d == datacenter);
     let mut out = Vec::new();
     let mut policy_ids: Vec<&str> = token.policies.iter().map(|l| l.id.as_str()).collect();
@@ -166,19 +205,19 @@ pub fn token_rules(state: &State, token: &AclToken, datacenter: &str) -> Vec<Rul
     for id in policy_ids {
         if let Some(policy) = state.acl_policy(id)
             && applies(&policy.datacenters)
-            && let Ok(rules) = Rules::parse(&policy.rules)
+            && let Some(rules) = parse(&policy)
         {
             out.push(rules);
         }
     }
     for s in services {
         if applies(&s.datacenters) {
-            out.push(Rules::service_identity(&s.service_name));
+            out.push(Arc::new(Rules::service_identity(&s.service_name)));
         }
     }
     for n in nodes {
         if n.datacenter == datacenter {
-            out.push(Rules::node_identity(&n.node_name));
+            out.push(Arc::new(Rules::node_identity(&n.node_name)));
         }
     }
     out

@@ -11,7 +11,8 @@
 //!
 //! Run: `cargo xtask bench xds`. Scale with `PROXIES=` (1000), `ROUNDS=` (10), `MODE=delta|sotw`;
 //! it runs with default chains and then with L7 chains on every upstream (`L7=0` or `L7=1`
-//! runs one of them).
+//! runs one of them). `ACL=1` runs the server with ACLs on (default deny): every proxy
+//! presents its own token (a service identity), authorized on each snapshot.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -53,11 +54,27 @@ impl Drop for Server {
     }
 }
 
-fn start_server() -> Server {
-    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
-        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
-        ["-dev", "-log-level", "error"],
-    );
+/// The management token of an `ACL=1` run.
+const MANAGEMENT: &str = "6e1d0c2b-3a4f-4b5c-8d7e-0f1a2b3c4d5e";
+
+fn start_server(acl: bool) -> Server {
+    let mut args = vec!["-dev".to_owned(), "-log-level".to_owned(), "error".to_owned()];
+    if acl {
+        let file = std::env::temp_dir().join(format!("meshd-bench-{}.token", std::process::id()));
+        std::fs::write(&file, MANAGEMENT).unwrap();
+        args.extend(
+            [
+                "-acl-enabled",
+                "-acl-default-policy",
+                "deny",
+                "-acl-initial-management-token-file",
+            ]
+            .map(str::to_owned),
+        );
+        args.push(file.to_string_lossy().into_owned());
+    }
+    let test_support::process::ServerProcess { child, http, grpc } =
+        test_support::process::start_server(std::path::Path::new(env!("CARGO_BIN_EXE_meshd")), args);
     Server { child, http, grpc }
 }
 
@@ -240,8 +257,20 @@ async fn run(l7: bool) {
     let n = env_usize("PROXIES", 1000);
     let rounds = env_usize("ROUNDS", 10);
     let sotw = std::env::var("MODE").is_ok_and(|m| m == "sotw");
-    let server = start_server();
-    let http = reqwest::Client::new();
+    let acl = std::env::var("ACL").is_ok_and(|a| a == "1");
+    let server = start_server(acl);
+    // With ACLs every write carries the management token (harmless without).
+    let http = reqwest::Client::builder()
+        .default_headers(
+            [(
+                reqwest::header::HeaderName::from_static("x-consul-token"),
+                reqwest::header::HeaderValue::from_static(MANAGEMENT),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .unwrap();
     let put = |body: serde_json::Value| {
         let req = http.put(format!("{}/v1/catalog/register", server.http)).json(&body);
         async move { req.send().await.unwrap().error_for_status().unwrap() }
@@ -273,6 +302,36 @@ async fn run(l7: bool) {
         }
     }
     while tasks.join_next().await.is_some() {}
+    // With ACLs: one token per proxy, its service identity.
+    let mut tokens = vec![String::new(); n];
+    if acl {
+        let mut made = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let req = http
+                .put(format!("{}/v1/acl/token", server.http))
+                .json(&json!({"ServiceIdentities": [{"ServiceName": format!("app-{i}")}]}));
+            made.spawn(async move {
+                let t: serde_json::Value = req
+                    .send()
+                    .await
+                    .unwrap()
+                    .error_for_status()
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                (i, t["SecretID"].as_str().unwrap().to_owned())
+            });
+            if made.len() >= 64
+                && let Some(Ok((i, t))) = made.join_next().await
+            {
+                tokens[i] = t;
+            }
+        }
+        while let Some(Ok((i, t))) = made.join_next().await {
+            tokens[i] = t;
+        }
+    }
     let (_, rss_idle) = proc_stat(server.child.id());
 
     let marker = Arc::new(AtomicU64::new(0));
@@ -280,13 +339,13 @@ async fn run(l7: bool) {
     let (ready, mut readies) = mpsc::unbounded_channel();
     let start = Instant::now();
     let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
-    for i in 0..n {
+    for (i, token) in tokens.into_iter().enumerate() {
         let (grpc, marker, report, ready) = (server.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
         let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
         if sotw {
-            tokio::spawn(sotw_proxy(grpc, i, marker, report, ready, permit));
+            tokio::spawn(sotw_proxy(grpc, i, marker, report, ready, permit, token));
         } else {
-            tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit));
+            tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, token));
         }
     }
     for _ in 0..n {
@@ -297,8 +356,9 @@ async fn run(l7: bool) {
     let (cpu_steady, rss_steady) = proc_stat(server.child.id());
 
     println!(
-        "xds propagation benchmark ({} ADS, {}, real meshd server process, 2 cores shared with the load generator)",
+        "xds propagation benchmark ({} ADS{}, {}, real meshd server process, 2 cores shared with the load generator)",
         if sotw { "state-of-the-world" } else { "delta" },
+        if acl { ", ACLs on (a token per proxy)" } else { "" },
         if l7 {
             "L7 chains on every upstream: router with 20 routes, splitter, resolver with 3 subsets + failover"
         } else {

@@ -11,6 +11,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+/// A stream request carrying `token` as `x-consul-token` (none when empty).
+fn with_token<T>(stream: T, token: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(stream);
+    if let Ok(v) = token.parse()
+        && !token.is_empty()
+    {
+        req.metadata_mut().insert("x-consul-token", v);
+    }
+    req
+}
+
 /// Cluster type URL.
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// Load assignment type URL.
@@ -44,6 +55,7 @@ pub async fn delta_proxy(
     report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
+    token: String,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -61,7 +73,7 @@ pub async fn delta_proxy(
     .await
     .unwrap();
     let mut stream = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .delta_aggregated_resources(with_token(ReceiverStream::new(rx), &token))
         .await
         .unwrap()
         .into_inner();
@@ -131,6 +143,7 @@ pub async fn sotw_proxy(
     report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
+    token: String,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -148,7 +161,7 @@ pub async fn sotw_proxy(
     .await
     .unwrap();
     let mut stream = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .stream_aggregated_resources(with_token(ReceiverStream::new(rx), &token))
         .await
         .unwrap()
         .into_inner();
