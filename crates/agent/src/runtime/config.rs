@@ -37,6 +37,9 @@ pub struct AgentConfig {
     /// Accept a managed proxy's `Command` from the HTTP API (anyone who reaches the API could
     /// otherwise make the agent run a program); config files may always set one.
     pub allow_managed_api_registration: bool,
+    /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
+    /// root is trusted (`None`: the public roots).
+    pub servers_ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for AgentConfig {
@@ -54,6 +57,7 @@ impl Default for AgentConfig {
             reap_interval: Duration::from_secs(5),
             managed_sidecars: false,
             allow_managed_api_registration: false,
+            servers_ca_pem: None,
         }
     }
 }
@@ -103,6 +107,9 @@ pub enum AgentError {
     /// A registration could not be persisted.
     #[error("cannot persist the registration: {0}")]
     Persist(#[from] std::io::Error),
+    /// The CA for the servers' HTTPS is unusable.
+    #[error(transparent)]
+    ServersCa(#[from] crate::servers::ServersCaError),
     /// The data directory is unusable.
     #[error("cannot use data dir {path}: {error}")]
     DataDir {
