@@ -152,6 +152,7 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         admin_bind: args.admin_bind,
         xds_addr: args.grpc_addr,
         token,
+        xds_tls: None,
     };
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
 }
