@@ -129,9 +129,13 @@ pub struct EnvoyArgs {
     /// HTTP API of the local agent, or of a server (to look the proxy up).
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
-    /// xDS address Envoy connects to.
+    /// xDS address Envoy connects to: `host:port` (plaintext), or `https://host:port` for
+    /// xDS over TLS (with -grpc-ca-file).
     #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
-    pub grpc_addr: SocketAddr,
+    pub grpc_addr: GrpcAddr,
+    /// The CA (PEM) Envoy trusts for xDS over TLS; it is put in the bootstrap.
+    #[arg(long = "grpc-ca-file", value_name = "PATH")]
+    pub grpc_ca_file: Option<PathBuf>,
     /// Envoy's admin interface.
     #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
     pub admin_bind: SocketAddr,
@@ -251,6 +255,55 @@ pub struct TlsArgs {
     /// Require a client certificate signed by -tls-ca-file on the TLS listeners.
     #[arg(long = "tls-verify-incoming")]
     pub verify_incoming: bool,
+}
+
+/// Where Envoy reaches xDS: `host:port` or `http://host:port` (plaintext), `https://host:port`
+/// (TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcAddr {
+    /// Over TLS.
+    pub tls: bool,
+    /// Host name or IP address (without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for GrpcAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (tls, rest) = if let Some(rest) = s.strip_prefix("https://") {
+            (true, rest)
+        } else {
+            (false, s.strip_prefix("http://").unwrap_or(s))
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?}: expected host:port or https://host:port"))?;
+        let port: u16 = port.parse().map_err(|_| format!("{s:?}: {port:?} is not a port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.contains(['/', '@', '?', '#']) {
+            return Err(format!("{s:?}: expected host:port or https://host:port"));
+        }
+        Ok(Self {
+            tls,
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for GrpcAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "https://" } else { "" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}{}:{}", self.host, self.port)
+        }
+    }
 }
 
 /// `meshd tls` subcommands (after `consul tls`).
@@ -482,6 +535,22 @@ mod tests {
         assert_eq!(args.tls.https_addr.map(|a| a.port()), Some(0));
         assert!(args.tls.grpc_tls_addr.is_some() && args.tls.verify_incoming);
         assert_eq!(args.tls.key_file, Some(PathBuf::from("k.pem")));
+
+        let parse = |s: &str| s.parse::<GrpcAddr>();
+        let plain = parse("127.0.0.1:8502").unwrap();
+        assert_eq!((plain.tls, plain.host.as_str(), plain.port), (false, "127.0.0.1", 8502));
+        assert_eq!(parse("http://127.0.0.1:8502").unwrap(), plain);
+        let tls = parse("https://server.dc1.meshd:8503").unwrap();
+        assert_eq!((tls.tls, tls.host.as_str(), tls.port), (true, "server.dc1.meshd", 8503));
+        assert_eq!(tls.to_string(), "https://server.dc1.meshd:8503");
+        let v6 = parse("https://[::1]:8503/").unwrap();
+        assert_eq!(
+            (v6.host.as_str(), v6.to_string()),
+            ("::1", "https://[::1]:8503".to_owned())
+        );
+        for bad in ["127.0.0.1", "https://:1", "https://h:port", "https://u@h:1"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
 
         let cli = Cli::try_parse_from(norm(&[
             "meshd",
