@@ -233,7 +233,6 @@ pub struct ServerArgs {
 
 /// TLS flags of `meshd server` and `meshd agent`, after Consul's: the HTTPS API and xDS
 /// over TLS serve one certificate; the CA verifies clients when asked to.
-#[cfg(any(feature = "server", feature = "agent"))]
 #[derive(Debug, Clone, Default, Args)]
 pub struct TlsArgs {
     /// Address of the HTTPS API, serving what the HTTP API serves (off unless set).
@@ -511,6 +510,7 @@ mod tests {
         assert_eq!(args.envoy_args, vec!["--base-id", "7"]);
     }
 
+    #[cfg(feature = "server")]
     #[test]
     fn parses_tls_flags_and_grpc_addresses() {
         let cli = Cli::try_parse_from(norm(&[

@@ -1,3 +1,6 @@
+//! TLS settings, the TLS listener and the `meshd tls` commands, against real handshakes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use super::certs::{ca_files, create_ca, create_cert};
 use super::config::provider;
 use super::listener::{PLAINTEXT_BODY, plaintext_refusal};
