@@ -312,3 +312,37 @@ async fn a_silent_client_does_not_hold_up_the_others() {
     round_trip(&mut incoming, client_config(&files, false)).await.unwrap();
     stop.cancel();
 }
+
+#[tokio::test]
+async fn the_per_client_limit_applies_before_the_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = make_certs(dir.path());
+    let settings = TlsSettings::load(&args(&files)).unwrap();
+    let stop = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let counts = ClientCounts::new(1);
+    let mut incoming = TlsIncoming::start(
+        listener,
+        settings.server.unwrap().http,
+        counts.clone(),
+        stop.clone(),
+        "test",
+    )
+    .unwrap();
+    let addr = incoming.local_addr();
+    let connector = tokio_rustls::TlsConnector::from(client_config(&files, false));
+    let name = || ServerName::try_from("localhost").unwrap();
+
+    // The first connection is admitted and kept open.
+    let first = connector.connect(name(), TcpStream::connect(addr).await.unwrap());
+    let (first, accepted) = tokio::join!(first, incoming.next());
+    let (_first, _accepted) = (first.unwrap(), accepted.unwrap());
+    assert_eq!(counts.open_from("127.0.0.1".parse().unwrap()), 1);
+
+    // The second is closed before any handshake.
+    let second = connector.connect(name(), TcpStream::connect(addr).await.unwrap());
+    let refused = tokio::time::timeout(Duration::from_secs(10), second).await.unwrap();
+    assert!(refused.is_err(), "a connection past the limit was handshaken");
+    assert_eq!(counts.open_from("127.0.0.1".parse().unwrap()), 1);
+    stop.cancel();
+}
