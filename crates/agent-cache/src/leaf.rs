@@ -26,11 +26,23 @@ pub struct SignRequest<'a> {
     pub csr: &'a str,
 }
 
-/// The certificate of one service identity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// The certificate of one service identity, requested with one token (the signing request
+/// carries it: the servers sign only for a token with `service:write` on the service).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LeafKey {
     /// Service name.
     pub service: String,
+    /// The requester's ACL token (empty: the agent's).
+    pub token: String,
+}
+
+impl std::fmt::Debug for LeafKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeafKey")
+            .field("service", &self.service)
+            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
+            .finish()
+    }
 }
 
 /// The last certificate issued for a service.
@@ -48,7 +60,7 @@ pub struct Leaf {
     http: Http,
     roots: Cache<Roots>,
     datacenter: String,
-    issued: Mutex<HashMap<String, Issued>>,
+    issued: Mutex<HashMap<LeafKey, Issued>>,
     /// Index of the last certificate issued (any service); values start above 1.
     counter: AtomicU64,
 }
@@ -65,7 +77,7 @@ impl Leaf {
         }
     }
 
-    async fn sign(&self, service: &str, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
+    async fn sign(&self, service: &str, token: &str, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
         let Some(active) = roots.active() else {
             return Err(FetchError("the CA has no active root yet".into()));
         };
@@ -77,7 +89,11 @@ impl Leaf {
         let mut cert: IssuedCert = self
             .http
             .servers()
-            .put_json_answer(SIGN_PATH, &SignRequest { csr: &csr })
+            .put_json_answer_as(
+                (!token.is_empty()).then_some(token),
+                SIGN_PATH,
+                &SignRequest { csr: &csr },
+            )
             .await
             .map_err(|e| FetchError(format!("signing the leaf of {service:?}: {e}")))?;
         if cert.service != service {
@@ -115,7 +131,7 @@ impl CacheType for Leaf {
             None => return Err(FetchError("the agent cache is shutting down".into())),
         };
         loop {
-            let held = self.issued.lock().get(&key.service).cloned();
+            let held = self.issued.lock().get(key).cloned();
             let Some(held) = held else { break };
             if held.root_id != roots.active_root_id {
                 info!(service = %key.service, "the CA's active root changed: renewing the leaf now");
@@ -141,8 +157,8 @@ impl CacheType for Leaf {
                 },
             }
         }
-        let issued = self.sign(&key.service, &roots).await?;
-        self.issued.lock().insert(key.service.clone(), issued.clone());
+        let issued = self.sign(&key.service, &key.token, &roots).await?;
+        self.issued.lock().insert(key.clone(), issued.clone());
         Ok(Fetched {
             value: issued.cert,
             index: issued.index,

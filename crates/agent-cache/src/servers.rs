@@ -52,6 +52,8 @@ pub struct Servers {
     answered: Vec<AtomicBool>,
     current: AtomicUsize,
     client: reqwest::Client,
+    /// The token requests carry unless they name their own (the agent token).
+    token: parking_lot::RwLock<String>,
 }
 
 /// `host:port` or a URL, as a base URL without a trailing slash.
@@ -105,7 +107,13 @@ impl Servers {
             bases: addrs.iter().map(|a| base_url(a)).collect(),
             current: AtomicUsize::new(0),
             client,
+            token: parking_lot::RwLock::new(String::new()),
         }
+    }
+
+    /// Sets the token requests carry unless they name their own (the agent's token).
+    pub fn set_token(&self, token: &str) {
+        *self.token.write() = token.to_owned();
     }
 
     /// The base URLs, in configuration order.
@@ -132,6 +140,27 @@ impl Servers {
         &self,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ServerError> {
+        self.send_as(None, build).await
+    }
+
+    /// As [`Servers::send`], with `token` (none: the agent's; empty: no token header).
+    pub async fn send_as(
+        &self,
+        token: Option<&str>,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ServerError> {
+        let token = match token {
+            Some(t) => t.to_owned(),
+            None => self.token.read().clone(),
+        };
+        let build = |c: &reqwest::Client, base: &str| {
+            let req = build(c, base);
+            if token.is_empty() {
+                req
+            } else {
+                req.header(structs::wire::TOKEN_HEADER, token.as_str())
+            }
+        };
         if self.bases.is_empty() {
             return Err(ServerError::NoServers);
         }
@@ -165,9 +194,19 @@ impl Servers {
 
     /// `PUT path` with a JSON body; any 2xx is success.
     pub async fn put_json<T: Serialize + ?Sized>(&self, path: &str, body: &T) -> Result<(), ServerError> {
+        self.put_json_as(None, path, body).await
+    }
+
+    /// As [`Servers::put_json`], with `token` (none: the agent's).
+    pub async fn put_json_as<T: Serialize + ?Sized>(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        body: &T,
+    ) -> Result<(), ServerError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
         let resp = self
-            .send(|c, base| {
+            .send_as(token, |c, base| {
                 c.put(format!("{base}{path}"))
                     .timeout(Duration::from_secs(30))
                     .header("Content-Type", "application/json")
@@ -179,8 +218,15 @@ impl Servers {
 
     /// `GET path`, decoded.
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ServerError> {
+        self.get_json_as(None, path).await
+    }
+
+    /// As [`Servers::get_json`], with `token` (none: the agent's).
+    pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&str>, path: &str) -> Result<T, ServerError> {
         let resp = self
-            .send(|c, base| c.get(format!("{base}{path}")).timeout(Duration::from_secs(30)))
+            .send_as(token, |c, base| {
+                c.get(format!("{base}{path}")).timeout(Duration::from_secs(30))
+            })
             .await?;
         let bytes = check_status(resp).await?;
         structs::json::from_slice(&bytes).map_err(|e| ServerError::Decode(e.to_string()))
@@ -202,12 +248,23 @@ impl Servers {
     /// for it passes `min_index`, or after `wait`. A 404 is an answer (`body: None`); any other
     /// error status is an error.
     pub async fn get_blocking(&self, path: &str, min_index: u64, wait: Duration) -> Result<Blocked, ServerError> {
+        self.get_blocking_as(None, path, min_index, wait).await
+    }
+
+    /// As [`Servers::get_blocking`], with `token` (none: the agent's; empty: no token).
+    pub async fn get_blocking_as(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        min_index: u64,
+        wait: Duration,
+    ) -> Result<Blocked, ServerError> {
         let sep = if path.contains('?') { '&' } else { '?' };
         let wait_s = wait.as_secs().max(1);
         // The server adds up to wait/16 of jitter; the timeout leaves room for it.
         let timeout = wait + wait / 8 + Duration::from_secs(10);
         let resp = self
-            .send(|c, base| {
+            .send_as(token, |c, base| {
                 c.get(format!("{base}{path}{sep}index={min_index}&wait={wait_s}s"))
                     .timeout(timeout)
             })
@@ -234,9 +291,19 @@ impl Servers {
         path: &str,
         body: &T,
     ) -> Result<R, ServerError> {
+        self.put_json_answer_as(None, path, body).await
+    }
+
+    /// As [`Servers::put_json_answer`], with `token` (none: the agent's).
+    pub async fn put_json_answer_as<T: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        body: &T,
+    ) -> Result<R, ServerError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
         let resp = self
-            .send(|c, base| {
+            .send_as(token, |c, base| {
                 c.put(format!("{base}{path}"))
                     .timeout(Duration::from_secs(30))
                     .header("Content-Type", "application/json")

@@ -105,6 +105,96 @@ fn flag(params: &BTreeMap<String, String>, name: &str) -> bool {
         .is_some_and(|v| v.is_empty() || parse_bool(v).unwrap_or(false))
 }
 
+/// The request's token: `X-Consul-Token`, `Authorization: Bearer`, or `?token=` (empty:
+/// none).
+pub fn request_token(headers: &HeaderMap, q: &BTreeMap<String, String>) -> String {
+    if let Some(t) = headers.get(structs::wire::TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return t.to_owned();
+    }
+    if let Some(t) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return t.trim().to_owned();
+    }
+    q.get("token").cloned().unwrap_or_default()
+}
+
+/// The token a request runs with (its own, else the default token) and what it may do.
+pub(crate) async fn resolve(
+    agent: &Agent,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+) -> Result<(String, crate::acl::Resolved), HttpError> {
+    let mut token = request_token(headers, q);
+    if token.is_empty() {
+        token = agent.acl().default_token().to_owned();
+    }
+    match agent.acl().resolve(Some(&token)).await {
+        Ok(r) => Ok((token, r)),
+        Err(crate::acl::AclError::NotFound) => Err(HttpError(StatusCode::FORBIDDEN, ::acl::ACL_NOT_FOUND.into())),
+        Err(e @ crate::acl::AclError::Unavailable(_)) => Err(HttpError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+    }
+}
+
+/// Refuses with Consul's `Permission denied` unless `allowed`.
+pub(crate) fn need(who: &crate::acl::Resolved, allowed: bool, permission: &str, target: &str) -> Result<(), HttpError> {
+    if allowed {
+        return Ok(());
+    }
+    Err(HttpError(
+        StatusCode::FORBIDDEN,
+        format!(
+            "{}: token with AccessorID '{}' lacks permission '{permission}' on {target:?}",
+            ::acl::PERMISSION_DENIED,
+            who.accessor
+        ),
+    ))
+}
+
+/// A query string's parameters (the first value of each).
+fn form_query(q: Option<&str>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        out.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+    }
+    out
+}
+
+/// Marks a listing ACLs filtered.
+fn filtered(mut resp: Response, filtered: bool) -> Response {
+    if filtered {
+        resp.headers_mut()
+            .insert("X-Consul-Results-Filtered-By-ACLs", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// What writing a check needs: `service:write` on its service, `node:write` for a node check.
+fn need_check_write(agent: &Agent, who: &crate::acl::Resolved, service_id: &str) -> Result<(), HttpError> {
+    if service_id.is_empty() {
+        let node = &agent.config().node;
+        return need(who, who.authz.node_write(node), "node:write", node);
+    }
+    let name = agent
+        .state()
+        .service(service_id)
+        .map(|s| s.service.service)
+        .unwrap_or_else(|| service_id.to_owned());
+    need(who, who.authz.service_write(&name), "service:write", &name)
+}
+
+/// The service id of check `id` (empty for a node check); unknown checks are a 404 later.
+fn check_service(agent: &Agent, id: &str) -> String {
+    agent
+        .state()
+        .checks()
+        .get(id)
+        .map(|c| c.check.service_id.clone())
+        .unwrap_or_default()
+}
+
 /// The agent's routes.
 pub fn router(agent: Agent) -> Router {
     Router::new()
@@ -132,15 +222,54 @@ pub fn router(agent: Agent) -> Router {
         .with_state(agent)
 }
 
-async fn register_service(State(agent): State<Agent>, Query(q): Params, body: Bytes) -> Result<Response, HttpError> {
-    let def: ServiceDefinition = decode(&body, "a service definition")?;
+async fn register_service(
+    State(agent): State<Agent>,
+    Query(q): Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let mut def: ServiceDefinition = decode(&body, "a service definition")?;
+    let (token, who) = resolve(&agent, &headers, &q).await?;
+    // What Consul asks: write on the service, on a proxy's destination, and on a sidecar.
+    let name = if def.name.is_empty() {
+        def.id.clone()
+    } else {
+        def.name.clone()
+    };
+    need(&who, who.authz.service_write(&name), "service:write", &name)?;
+    if !def.proxy.destination_service_name.is_empty() {
+        let dest = &def.proxy.destination_service_name;
+        need(&who, who.authz.service_write(dest), "service:write", dest)?;
+    }
+    if let Some(sc) = &def.connect.sidecar_service {
+        let sidecar = if sc.name.is_empty() {
+            format!("{name}-sidecar-proxy")
+        } else {
+            sc.name.clone()
+        };
+        need(&who, who.authz.service_write(&sidecar), "service:write", &sidecar)?;
+    }
+    // The registration's token syncs the service and serves its proxy.
+    if def.token.is_empty() {
+        def.token = token;
+    }
     agent
         .register_service(def, crate::local::Source::Api, flag(&q, "replace-existing-checks"))
         .await?;
     Ok(ok_empty())
 }
 
-async fn deregister_service(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+async fn deregister_service(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    if let Some(s) = agent.state().service(&id) {
+        let name = &s.service.service;
+        need(&who, who.authz.service_write(name), "service:write", name)?;
+    }
     agent.deregister_service(&id).await?;
     Ok(ok_empty())
 }
@@ -149,7 +278,13 @@ async fn maintenance(
     State(agent): State<Agent>,
     Path(id): Path<String>,
     Query(q): Params,
+    headers: HeaderMap,
 ) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    if let Some(s) = agent.state().service(&id) {
+        let name = &s.service.service;
+        need(&who, who.authz.service_write(name), "service:write", name)?;
+    }
     let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
         Some((_, Some(on))) => on,
         Some((other, None)) => {
@@ -215,15 +350,18 @@ fn refuse_filter(q: &BTreeMap<String, String>) -> Result<(), HttpError> {
     Ok(())
 }
 
-async fn services(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+async fn services(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
     refuse_filter(&q)?;
-    let out: BTreeMap<String, Value> = agent
-        .state()
-        .services()
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let all = agent.state().services();
+    let total = all.len();
+    let out: BTreeMap<String, Value> = all
         .iter()
+        .filter(|(_, s)| who.authz.service_read(&s.service.service))
         .map(|(id, s)| (id.clone(), agent_service(&agent, s)))
         .collect();
-    Ok(json_response(StatusCode::OK, &out))
+    let dropped = out.len() != total;
+    Ok(filtered(json_response(StatusCode::OK, &out), dropped))
 }
 
 /// Default and longest wait of a hash-blocking query (Consul's).
@@ -256,8 +394,18 @@ fn service_view(agent: &Agent, id: &str) -> Option<(Value, String)> {
 
 /// `GET /v1/agent/service/:id`, with Consul's hash-based blocking: `?hash=H` waits (up to
 /// `?wait`, default 5 min, at most 10) until the service's content hash differs from `H`.
-async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+async fn service(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    if let Some(s) = agent.state().service(&id) {
+        let name = &s.service.service;
+        need(&who, who.authz.service_read(name), "service:read", name)?;
+    }
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {
@@ -284,24 +432,48 @@ async fn service(State(agent): State<Agent>, Path(id): Path<String>, Query(q): P
     }
 }
 
-async fn checks(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+async fn checks(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
     refuse_filter(&q)?;
-    let out: BTreeMap<String, Value> = agent
-        .state()
-        .checks()
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let all = agent.state().checks();
+    let total = all.len();
+    let node = &agent.config().node;
+    let out: BTreeMap<String, Value> = all
         .iter()
+        .filter(|(_, c)| {
+            if c.check.service_id.is_empty() {
+                who.authz.node_read(node)
+            } else {
+                who.authz.service_read(&c.check.service_name)
+            }
+        })
         .map(|(id, c)| (id.clone(), agent_check(&c.check)))
         .collect();
-    Ok(json_response(StatusCode::OK, &out))
+    let dropped = out.len() != total;
+    Ok(filtered(json_response(StatusCode::OK, &out), dropped))
 }
 
-async fn register_check(State(agent): State<Agent>, body: Bytes) -> Result<Response, HttpError> {
+async fn register_check(
+    State(agent): State<Agent>,
+    Query(q): Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
     let def: CheckType = decode(&body, "a check definition")?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &def.service_id)?;
     agent.register_check(def, crate::local::Source::Api).await?;
     Ok(ok_empty())
 }
 
-async fn deregister_check(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+async fn deregister_check(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     agent.deregister_check(&id).await?;
     Ok(ok_empty())
 }
@@ -312,15 +484,36 @@ fn ttl(agent: &Agent, id: &str, status: HealthStatus, q: &BTreeMap<String, Strin
     Ok(ok_empty())
 }
 
-async fn pass(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+async fn pass(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     ttl(&agent, &id, HealthStatus::Passing, &q)
 }
 
-async fn warn(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+async fn warn(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     ttl(&agent, &id, HealthStatus::Warning, &q)
 }
 
-async fn fail(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Result<Response, HttpError> {
+async fn fail(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     ttl(&agent, &id, HealthStatus::Critical, &q)
 }
 
@@ -333,8 +526,16 @@ struct CheckUpdate {
     output: String,
 }
 
-async fn update(State(agent): State<Agent>, Path(id): Path<String>, body: Bytes) -> Result<Response, HttpError> {
+async fn update(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
     let u: CheckUpdate = decode(&body, "a check update")?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     let status = match u.status.as_str() {
         "passing" => HealthStatus::Passing,
         "warning" => HealthStatus::Warning,
@@ -384,24 +585,47 @@ fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
     (worst, body)
 }
 
-async fn health_by_id(State(agent): State<Agent>, Path(id): Path<String>, Query(q): Params) -> Response {
+async fn health_by_id(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
     let Some(s) = agent.state().service(&id) else {
-        return text(StatusCode::NOT_FOUND, format!("ServiceId {id} not found\n"));
+        return Ok(text(StatusCode::NOT_FOUND, format!("ServiceId {id} not found\n")));
     };
-    let (status, body) = instance_health(&agent, &s);
+    let name = &s.service.service;
+    need(&who, who.authz.service_read(name), "service:read", name)?;
+    Ok(health_of(&agent, &s, &q))
+}
+
+fn health_of(agent: &Agent, s: &LocalService, q: &BTreeMap<String, String>) -> Response {
+    let (status, body) = instance_health(agent, s);
     if q.get("format").is_some_and(|f| f == "text") {
         return text(health_status_code(status), status.as_str().to_owned());
     }
     json_response(health_status_code(status), &body)
 }
 
-async fn health_by_name(State(agent): State<Agent>, Path(name): Path<String>, Query(q): Params) -> Response {
+async fn health_by_name(
+    State(agent): State<Agent>,
+    Path(name): Path<String>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need(&who, who.authz.service_read(&name), "service:read", &name)?;
+    Ok(health_by_name_answer(&agent, &name, &q))
+}
+
+fn health_by_name_answer(agent: &Agent, name: &str, q: &BTreeMap<String, String>) -> Response {
     let instances: Vec<(HealthStatus, Value)> = agent
         .state()
         .services()
         .values()
         .filter(|s| s.service.service == name)
-        .map(|s| instance_health(&agent, s))
+        .map(|s| instance_health(agent, s))
         .collect();
     if instances.is_empty() {
         return text(StatusCode::NOT_FOUND, format!("ServiceName {name} Not Found\n"));
@@ -423,9 +647,11 @@ fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Value {
            "Status": if alive { 1 } else { 4 }})
 }
 
-async fn agent_self(State(agent): State<Agent>) -> Response {
+async fn agent_self(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
     let c = agent.config();
-    json_response(
+    need(&who, who.authz.agent_read(&c.node), "agent:read", &c.node)?;
+    Ok(json_response(
         StatusCode::OK,
         &json!({
             "Config": {
@@ -440,17 +666,28 @@ async fn agent_self(State(agent): State<Agent>) -> Response {
             "Meta": {},
             "Stats": {"agent": {"services": agent.state().counts().0.to_string(), "checks": agent.state().counts().1.to_string()}},
         }),
-    )
+    ))
 }
 
-async fn members(State(agent): State<Agent>) -> Response {
+async fn members(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
     let c = agent.config();
-    let mut out = vec![member(&c.node, &c.advertise, "node", &c.datacenter, true)];
+    let mut out = Vec::new();
+    let mut dropped = false;
+    if who.authz.node_read(&c.node) {
+        out.push(member(&c.node, &c.advertise, "node", &c.datacenter, true));
+    } else {
+        dropped = true;
+    }
     for (i, base) in agent.servers().addresses().iter().enumerate() {
         let addr = base.trim_start_matches("http://").trim_start_matches("https://");
-        out.push(member(addr, addr, "consul", &c.datacenter, agent.servers().answered(i)));
+        if who.authz.node_read(addr) {
+            out.push(member(addr, addr, "consul", &c.datacenter, agent.servers().answered(i)));
+        } else {
+            dropped = true;
+        }
     }
-    json_response(StatusCode::OK, &out)
+    Ok(filtered(json_response(StatusCode::OK, &out), dropped))
 }
 
 /// Headers that belong to one connection, never forwarded.
@@ -491,8 +728,16 @@ async fn forward(State(agent): State<Agent>, req: Request) -> Response {
         }
     }
     let method = parts.method.clone();
+    // A request naming no token runs with the agent's default token, as Consul's agents do;
+    // one that names its own is forwarded with it, untouched.
+    let query: BTreeMap<String, String> = form_query(parts.uri.query());
+    let token = if request_token(&parts.headers, &query).is_empty() {
+        agent.acl().default_token().to_owned()
+    } else {
+        String::new()
+    };
     // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
-    let send = agent.servers().send(|client, base| {
+    let send = agent.servers().send_as(Some(&token), |client, base| {
         client
             .request(method.clone(), format!("{base}{path_and_query}"))
             .headers(headers.clone())

@@ -11,6 +11,7 @@
 //! - [`config_file`]: `-config-file` JSON.
 //! - [`http`]: the agent's Consul-compatible HTTP API and the forwarding of the rest.
 
+pub mod acl;
 pub mod backoff;
 pub use agent_cache::{cache, servers};
 pub mod checks;

@@ -26,7 +26,7 @@ pub enum Source {
 }
 
 /// A registered service instance.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LocalService {
     /// The instance as the catalog gets it.
     pub service: NodeService,
@@ -36,8 +36,23 @@ pub struct LocalService {
     pub source: Source,
     /// For a proxy the agent runs itself: how (see [`crate::managed`]).
     pub managed: Option<Managed>,
+    /// The token it was registered with: its sync and (for a proxy) its watches use it.
+    /// Empty: the agent's own.
+    pub token: String,
     generation: u64,
     synced: u64,
+}
+
+impl std::fmt::Debug for LocalService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalService")
+            .field("service", &self.service)
+            .field("sidecar_of", &self.sidecar_of)
+            .field("source", &self.source)
+            .field("managed", &self.managed)
+            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
+            .finish_non_exhaustive()
+    }
 }
 
 /// A proxy the agent runs: the command given with the registration, or (empty) the default,
@@ -51,13 +66,20 @@ pub struct Managed {
     /// with the registration on disk (0600), never printed.
     #[serde(rename = "Token", default, skip_serializing_if = "String::is_empty")]
     pub token: String,
+    /// The proxy's local token, handed to it as `CONNECT_PROXY_TOKEN`: accepted by this
+    /// agent only, for this proxy only (kept with the registration so a re-adopted proxy
+    /// keeps working).
+    #[serde(rename = "LocalToken", default, skip_serializing_if = "String::is_empty")]
+    pub local_token: String,
 }
 
 impl std::fmt::Debug for Managed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |t: &str| if t.is_empty() { "" } else { "<redacted>" };
         f.debug_struct("Managed")
             .field("command", &self.command)
-            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .field("token", &hidden(&self.token))
+            .field("local_token", &hidden(&self.local_token))
             .finish()
     }
 }
@@ -90,6 +112,12 @@ impl LocalService {
         self
     }
 
+    /// The same, registered with `token`.
+    pub fn with_token(mut self, token: String) -> Self {
+        self.token = token;
+        self
+    }
+
     /// A service not yet seen by the catalog.
     pub fn new(service: NodeService, sidecar_of: Option<String>, source: Source) -> Self {
         Self {
@@ -97,6 +125,7 @@ impl LocalService {
             sidecar_of,
             source,
             managed: None,
+            token: String::new(),
             generation: 0,
             synced: 0,
         }
@@ -400,6 +429,14 @@ impl LocalState {
     pub fn counts(&self) -> (usize, usize) {
         let inner = self.inner.lock();
         (inner.services.len(), inner.checks.len())
+    }
+
+    /// The registration token of service `id` (empty: none, or no such service).
+    pub fn token_of(&self, id: &str) -> String {
+        if id.is_empty() {
+            return String::new();
+        }
+        self.service(id).map(|s| s.token).unwrap_or_default()
     }
 
     /// What anti-entropy still has to push.

@@ -286,8 +286,12 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
         command,
         args,
         env: BTreeMap::new(),
-        // The registration's token (enforced once ACLs exist); in the environment only.
-        token: managed.token.clone(),
+        // The proxy's local token (else the registration's); in the environment only.
+        token: if managed.local_token.is_empty() {
+            managed.token.clone()
+        } else {
+            managed.local_token.clone()
+        },
         sidecar_for: parent.to_owned(),
     }
 }
@@ -418,6 +422,7 @@ mod tests {
         let with_token = Managed {
             command: Vec::new(),
             token: "s3cr3t".into(),
+            local_token: "l0cal".into(),
         };
         let d = spec(
             &config,
@@ -435,13 +440,19 @@ mod tests {
                 base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
             )
         );
-        assert_eq!(d.token, "s3cr3t", "handed over in CONNECT_PROXY_TOKEN");
-        assert!(!d.args.iter().any(|a| a.contains("s3cr3t") || a.contains("token")));
+        assert_eq!(d.token, "l0cal", "the local token, handed over in CONNECT_PROXY_TOKEN");
+        assert!(
+            !d.args
+                .iter()
+                .any(|a| a.contains("s3cr3t") || a.contains("l0cal") || a.contains("token"))
+        );
         assert!(!format!("{with_token:?}").contains("s3cr3t"), "never printed");
+        assert!(!format!("{with_token:?}").contains("l0cal"), "never printed");
         assert_eq!(d.sidecar_for, "web");
         let custom = Managed {
             command: vec!["/bin/proxy".into(), "-v".into()],
             token: String::new(),
+            local_token: String::new(),
         };
         let d = spec(&config, std::path::Path::new("/d/run"), "web-proxy", "web", &custom);
         assert_eq!(

@@ -23,6 +23,9 @@ pub struct PersistedService {
     /// For a proxy the agent runs: how.
     #[serde(rename = "Managed", default, skip_serializing_if = "Option::is_none")]
     pub managed: Option<crate::local::Managed>,
+    /// The token it was registered with (the file is 0600).
+    #[serde(rename = "Token", default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
 }
 
 /// A persisted check.
@@ -143,6 +146,7 @@ mod tests {
                 },
                 sidecar_of: None,
                 managed: None,
+                token: String::new(),
             })
             .unwrap();
         }

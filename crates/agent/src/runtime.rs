@@ -25,6 +25,8 @@ struct Inner {
     checks: CheckRunner,
     persist: Option<Persistence>,
     servers: Arc<Servers>,
+    /// Token resolution and the agent's tokens.
+    acl: Arc<crate::acl::AgentAcl>,
     /// What this agent knows of the servers' state, shared by its proxies and its API.
     caches: agent_cache::AgentCaches,
     /// The proxies it runs itself, once started ([`Agent::start_managed`]).
@@ -65,6 +67,7 @@ impl Agent {
             Some(pem) => Servers::with_ca(&config.servers, pem)?,
             None => Servers::new(&config.servers),
         });
+        let acl = Arc::new(crate::acl::AgentAcl::new(config.acl.clone(), Arc::clone(&servers)));
         let syncer = Arc::new(Syncer::new(
             Arc::clone(&state),
             Arc::clone(&servers),
@@ -90,6 +93,7 @@ impl Agent {
             state,
             persist,
             servers,
+            acl,
             caches,
             managed: std::sync::OnceLock::new(),
             syncer,
@@ -111,6 +115,12 @@ impl Agent {
             .0
             .tracker
             .spawn(async move { a.heartbeat(stop).await }.instrument(info_span!("heartbeat", node = %node)));
+        let acl = Arc::clone(&agent.0.acl);
+        let stop = agent.0.cancel.clone();
+        agent
+            .0
+            .tracker
+            .spawn(acl.follow(stop).instrument(info_span!("acl_follow", node = %node)));
         let a = agent.clone();
         let stop = agent.0.cancel.clone();
         agent
@@ -130,7 +140,11 @@ impl Agent {
         let node = self.0.config.node.clone();
         let services: Vec<LocalService> = services
             .into_iter()
-            .map(|p| LocalService::new(p.service, p.sidecar_of, Source::Api).with_managed(p.managed))
+            .map(|p| {
+                LocalService::new(p.service, p.sidecar_of, Source::Api)
+                    .with_managed(p.managed)
+                    .with_token(p.token)
+            })
             .collect();
         let mut loaded = Vec::new();
         // A check of a service that is not persisted (one from a config file) is kept: the
@@ -191,6 +205,11 @@ impl Agent {
     /// The settings.
     pub fn config(&self) -> &AgentConfig {
         &self.0.config
+    }
+
+    /// Token resolution and the agent's tokens.
+    pub fn acl(&self) -> &Arc<crate::acl::AgentAcl> {
+        &self.0.acl
     }
 
     /// The servers.
@@ -258,7 +277,7 @@ impl Agent {
         };
         let expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
         let parent_id = expanded.service.id.clone();
-        let mut services = vec![LocalService::new(expanded.service, None, source)];
+        let mut services = vec![LocalService::new(expanded.service, None, source).with_token(def.token.clone())];
         let mut new_checks: Vec<NewCheck> = expanded.checks;
         let mut keep_ids: Vec<String> = vec![parent_id.clone()];
         if let Some((proxy, checks)) = expanded.sidecar {
@@ -273,15 +292,44 @@ impl Agent {
                 .map(|sc| sc.token.clone())
                 .filter(|t| !t.is_empty())
                 .unwrap_or_else(|| def.token.clone());
+            // A proxy keeps its local token across re-registrations (no restart for it).
+            let local_token = match self
+                .0
+                .state
+                .service(&proxy.id)
+                .and_then(|s| s.managed)
+                .map(|m| m.local_token)
+                .filter(|t| !t.is_empty())
+            {
+                Some(t) => t,
+                None if expanded.managed.is_some() || self.0.config.managed_sidecars => {
+                    crate::acl::AgentAcl::new_local_token().map_err(|e| {
+                        AgentError::Invalid(structs::ValidationError::new(
+                            "Connect",
+                            structs::Problem::Invalid(format!("cannot make the proxy's local token: {e}")),
+                        ))
+                    })?
+                }
+                None => String::new(),
+            };
             let managed = match expanded.managed {
-                Some(command) => Some(crate::local::Managed { command, token }),
+                Some(command) => Some(crate::local::Managed {
+                    command,
+                    token: token.clone(),
+                    local_token,
+                }),
                 None if self.0.config.managed_sidecars => Some(crate::local::Managed {
                     command: Vec::new(),
-                    token,
+                    token: token.clone(),
+                    local_token,
                 }),
                 None => None,
             };
-            services.push(LocalService::new(proxy, Some(parent_id.clone()), source).with_managed(managed));
+            services.push(
+                LocalService::new(proxy, Some(parent_id.clone()), source)
+                    .with_managed(managed)
+                    .with_token(token),
+            );
             new_checks.extend(checks);
         }
         // A sidecar dropped from the definition goes with its registration.
@@ -347,6 +395,7 @@ impl Agent {
                 service: s.service.clone(),
                 sidecar_of: s.sidecar_of.clone(),
                 managed: s.managed.clone(),
+                token: s.token.clone(),
             })
             .collect();
         let checks: Vec<PersistedCheck> = checks

@@ -78,8 +78,13 @@ pub struct NodeInfo {
 pub trait CatalogApi: Send + Sync + 'static {
     /// `GET path`, JSON-decoded.
     fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ServerError>> + Send;
-    /// `PUT path` with a JSON body.
-    fn put(&self, path: &'static str, body: serde_json::Value) -> impl Future<Output = Result<(), ServerError>> + Send;
+    /// `PUT path` with a JSON body, with `token` (none: the agent's).
+    fn put(
+        &self,
+        token: Option<&str>,
+        path: &'static str,
+        body: serde_json::Value,
+    ) -> impl Future<Output = Result<(), ServerError>> + Send;
     /// The server answering, for logs.
     fn describe(&self) -> String;
 }
@@ -88,8 +93,8 @@ impl CatalogApi for Servers {
     async fn get(&self, path: String) -> Result<serde_json::Value, ServerError> {
         self.get_json(&path).await
     }
-    async fn put(&self, path: &'static str, body: serde_json::Value) -> Result<(), ServerError> {
-        self.put_json(path, &body).await
+    async fn put(&self, token: Option<&str>, path: &'static str, body: serde_json::Value) -> Result<(), ServerError> {
+        self.put_json_as(token, path, &body).await
     }
     fn describe(&self) -> String {
         self.current().unwrap_or_default().to_owned()
@@ -213,6 +218,7 @@ impl<C: CatalogApi> Syncer<C> {
             debug!("registering the node");
             self.servers
                 .put(
+                    None,
                     "/v1/catalog/register",
                     // The datacenter is named so that a server of another one refuses (loudly)
                     // rather than adopting this node.
@@ -241,10 +247,21 @@ impl<C: CatalogApi> Syncer<C> {
         jobs.extend(deleted_checks.into_iter().map(Job::DeleteCheck));
         let mut writes: Vec<Job> = Vec::new();
         writes.extend(services.into_iter().map(|(s, g, c)| Job::Service(Box::new(s), g, c)));
-        // Lone checks travel in batches: one catalog write for many status changes.
-        let mut checks = checks.into_iter().peekable();
-        while checks.peek().is_some() {
-            writes.push(Job::Checks(checks.by_ref().take(CHECKS_PER_WRITE).collect()));
+        // Lone checks travel in batches: one catalog write for many status changes, per
+        // token (a service's checks go with its registration token).
+        let mut by_token: BTreeMap<String, Vec<(HealthCheck, u64)>> = BTreeMap::new();
+        for (check, generation) in checks {
+            let token = self.state.token_of(&check.service_id);
+            by_token.entry(token).or_default().push((check, generation));
+        }
+        for (token, checks) in by_token {
+            let mut checks = checks.into_iter().peekable();
+            while checks.peek().is_some() {
+                writes.push(Job::Checks(
+                    token.clone(),
+                    checks.by_ref().take(CHECKS_PER_WRITE).collect(),
+                ));
+            }
         }
         // Removals complete before writes start: a check moving between ids never has both
         // its old and new self removed by a late deregistration.
@@ -286,7 +303,8 @@ enum Job {
     DeleteService(String),
     DeleteCheck(String),
     Service(Box<NodeService>, u64, Vec<(HealthCheck, u64)>),
-    Checks(Vec<(HealthCheck, u64)>),
+    /// Checks with the token they are written with (empty: the agent's).
+    Checks(String, Vec<(HealthCheck, u64)>),
 }
 
 impl Job {
@@ -298,29 +316,33 @@ impl Job {
         address: &str,
     ) -> Result<(), ServerError> {
         let result = match &self {
+            // Removals run with the agent's token (node:write covers what is on the node).
             Job::DeleteService(id) => {
                 servers
-                    .put("/v1/catalog/deregister", json!({"Node": node, "ServiceID": id}))
+                    .put(None, "/v1/catalog/deregister", json!({"Node": node, "ServiceID": id}))
                     .await
             }
             Job::DeleteCheck(id) => {
                 servers
-                    .put("/v1/catalog/deregister", json!({"Node": node, "CheckID": id}))
+                    .put(None, "/v1/catalog/deregister", json!({"Node": node, "CheckID": id}))
                     .await
             }
             Job::Service(svc, _, checks) => {
                 let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
+                let token = state.token_of(&svc.id);
                 servers
                     .put(
+                        (!token.is_empty()).then_some(token.as_str()),
                         "/v1/catalog/register",
                         json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Service": svc, "Checks": checks}),
                     )
                     .await
             }
-            Job::Checks(checks) => {
+            Job::Checks(token, checks) => {
                 let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
                 servers
                     .put(
+                        (!token.is_empty()).then_some(token.as_str()),
                         "/v1/catalog/register",
                         json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Checks": checks}),
                     )
@@ -338,7 +360,7 @@ impl Job {
                             state.mark_check_synced(&c.check_id, g);
                         }
                     }
-                    Job::Checks(checks) => {
+                    Job::Checks(_, checks) => {
                         for (c, g) in checks {
                             state.mark_check_synced(&c.check_id, g);
                         }
@@ -359,7 +381,7 @@ impl Job {
             Job::DeleteService(id) => format!("deregister service {id}"),
             Job::DeleteCheck(id) => format!("deregister check {id}"),
             Job::Service(s, ..) => format!("register service {}", s.id),
-            Job::Checks(checks) => format!(
+            Job::Checks(_, checks) => format!(
                 "register checks {}",
                 checks
                     .iter()

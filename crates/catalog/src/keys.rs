@@ -28,6 +28,15 @@ pub enum IndexKey {
     Intentions,
     /// The CA: configuration and roots.
     Ca,
+    /// ACL tokens.
+    AclTokens,
+    /// ACL policies.
+    AclPolicies,
+    /// ACL roles.
+    AclRoles,
+    /// Anything of the ACL system (tokens, policies, roles, bootstrap): what resolution
+    /// caches and authorized streams watch.
+    Acl,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

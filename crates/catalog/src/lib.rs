@@ -9,6 +9,8 @@
 //! The store knows nothing about xDS. See `docs/catalog.md` for the design and its
 //! durability guarantees.
 
+pub mod acl;
+mod acl_ops;
 pub mod ca;
 mod keys;
 pub mod liveness;

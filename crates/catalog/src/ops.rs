@@ -2,9 +2,12 @@
 //! and turned into deterministic [`Change`]s. Planning may read the clock or generate keys;
 //! the resulting changes are what is logged and replayed, so replay never does either.
 
+use crate::acl_ops;
 use crate::ca::{CaConfig, CaError, CaState};
 use crate::state::{Change, State};
+use std::time::Duration;
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+use structs::acl::{AclPolicy, AclRole, AclToken};
 use structs::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions, SourceIntention};
 use structs::{
     ConfigEntry, ConfigEntryKind, DeregisterRequest, HealthCheck, Index, Node, Problem, RegisterRequest, Timestamp,
@@ -61,6 +64,53 @@ pub enum Op {
     CaBootstrap(CaConfig),
     /// Apply a new CA configuration (rotating the root if the key type changes).
     CaConfigure(CaConfig),
+    /// Create what ACLs need if missing: the built-in policy and the anonymous token.
+    AclInit,
+    /// The first management token, with these ids; refused once done.
+    AclBootstrap {
+        /// Accessor id.
+        accessor: String,
+        /// Secret.
+        secret: String,
+    },
+    /// Create (`create`) or update an ACL token. `ttl` sets its expiration from now.
+    AclTokenSet {
+        /// The token, ids filled.
+        token: Box<AclToken>,
+        /// Create rather than update.
+        create: bool,
+        /// Lifetime from now (create only).
+        ttl: Option<Duration>,
+    },
+    /// Delete an ACL token.
+    AclTokenDelete {
+        /// Accessor id.
+        accessor: String,
+    },
+    /// Create or update an ACL policy.
+    AclPolicySet {
+        /// The policy, id filled.
+        policy: Box<AclPolicy>,
+        /// Create rather than update.
+        create: bool,
+    },
+    /// Delete an ACL policy.
+    AclPolicyDelete {
+        /// Id.
+        id: String,
+    },
+    /// Create or update an ACL role.
+    AclRoleSet {
+        /// The role, id filled.
+        role: Box<AclRole>,
+        /// Create rather than update.
+        create: bool,
+    },
+    /// Delete an ACL role.
+    AclRoleDelete {
+        /// Id.
+        id: String,
+    },
 }
 
 /// Why a write was refused. Nothing was changed.
@@ -75,6 +125,9 @@ pub enum WriteError {
     /// The CA refused.
     #[error(transparent)]
     Ca(#[from] CaError),
+    /// The write is not allowed, whoever asks (a second ACL bootstrap).
+    #[error("{0}")]
+    Forbidden(String),
     /// The datacenter is not this one.
     #[error("unknown datacenter {0:?}")]
     UnknownDatacenter(String),
@@ -123,7 +176,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn write(changes: Vec<Change>) -> Self {
+    pub(crate) fn write(changes: Vec<Change>) -> Self {
         Self { changes, applied: true }
     }
     fn refused() -> Self {
@@ -177,6 +230,14 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 current.reconfigure(config.clone(), now)?,
             )]))
         }
+        Op::AclInit => Ok(acl_ops::plan_init(state, now)),
+        Op::AclBootstrap { accessor, secret } => acl_ops::plan_bootstrap(state, accessor, secret, now),
+        Op::AclTokenSet { token, create, ttl } => acl_ops::plan_token_set(state, token, *create, *ttl, now),
+        Op::AclTokenDelete { accessor } => acl_ops::plan_token_delete(state, accessor),
+        Op::AclPolicySet { policy, create } => acl_ops::plan_policy_set(state, policy, *create),
+        Op::AclPolicyDelete { id } => acl_ops::plan_policy_delete(state, id),
+        Op::AclRoleSet { role, create } => acl_ops::plan_role_set(state, role, *create),
+        Op::AclRoleDelete { id } => Ok(acl_ops::plan_role_delete(state, id)),
     }
 }
 

@@ -8,6 +8,7 @@ use crate::keys::IndexKey;
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use structs::acl::{AclPolicy, AclRole, AclToken};
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, Node, NodeService, ServiceKind};
 
 /// One deterministic change to the tables; a committed write is a list of these.
@@ -46,6 +47,20 @@ pub enum Change {
     DeleteConfig(ConfigEntryKind, String),
     /// Replace the CA state.
     PutCa(CaState),
+    /// Create or replace an ACL token (by accessor id).
+    PutAclToken(AclToken),
+    /// Remove an ACL token.
+    DeleteAclToken(String),
+    /// Create or replace an ACL policy (by id).
+    PutAclPolicy(AclPolicy),
+    /// Remove an ACL policy.
+    DeleteAclPolicy(String),
+    /// Create or replace an ACL role (by id).
+    PutAclRole(AclRole),
+    /// Remove an ACL role.
+    DeleteAclRole(String),
+    /// ACLs were bootstrapped (no second bootstrap).
+    AclBootstrapped,
 }
 
 type NodeKey = (String, String);
@@ -64,7 +79,21 @@ pub struct State {
     checks: OrdMap<NodeKey, Arc<HealthCheck>>,
     config: OrdMap<(ConfigEntryKind, String), Arc<ConfigEntry>>,
     ca: Option<Arc<CaState>>,
+    acl: AclTables,
     indexes: OrdMap<IndexKey, Index>,
+}
+
+/// ACL tokens (by accessor and by secret), policies and roles (by id and by name).
+#[derive(Debug, Clone, Default)]
+struct AclTables {
+    tokens: OrdMap<String, Arc<AclToken>>,
+    secrets: OrdMap<String, String>,
+    policies: OrdMap<String, Arc<AclPolicy>>,
+    policy_names: OrdMap<String, String>,
+    roles: OrdMap<String, Arc<AclRole>>,
+    role_names: OrdMap<String, String>,
+    /// The index of the bootstrap, once done.
+    bootstrapped: Option<Index>,
 }
 
 /// The service name an instance is connect-capable for, if any.
@@ -165,6 +194,76 @@ impl State {
                 }
             }
             Change::PutCa(ca) => self.put_ca(index, ca, bumped),
+            Change::PutAclToken(t) => {
+                let mut t = t.clone();
+                let acl = &mut self.acl;
+                if let Some(old) = acl.tokens.get(&t.accessor_id) {
+                    t.create_index = old.create_index;
+                    acl.secrets.remove(&old.secret_id);
+                } else {
+                    t.create_index = index;
+                }
+                t.modify_index = index;
+                acl.secrets.insert(t.secret_id.clone(), t.accessor_id.clone());
+                acl.tokens.insert(t.accessor_id.clone(), Arc::new(t));
+                bumped.insert(IndexKey::AclTokens);
+                bumped.insert(IndexKey::Acl);
+            }
+            Change::DeleteAclToken(accessor) => {
+                if let Some(old) = self.acl.tokens.remove(accessor) {
+                    self.acl.secrets.remove(&old.secret_id);
+                    bumped.insert(IndexKey::AclTokens);
+                    bumped.insert(IndexKey::Acl);
+                }
+            }
+            Change::PutAclPolicy(p) => {
+                let mut p = p.clone();
+                let acl = &mut self.acl;
+                if let Some(old) = acl.policies.get(&p.id) {
+                    p.create_index = old.create_index;
+                    acl.policy_names.remove(&old.name);
+                } else {
+                    p.create_index = index;
+                }
+                p.modify_index = index;
+                acl.policy_names.insert(p.name.clone(), p.id.clone());
+                acl.policies.insert(p.id.clone(), Arc::new(p));
+                bumped.insert(IndexKey::AclPolicies);
+                bumped.insert(IndexKey::Acl);
+            }
+            Change::DeleteAclPolicy(id) => {
+                if let Some(old) = self.acl.policies.remove(id) {
+                    self.acl.policy_names.remove(&old.name);
+                    bumped.insert(IndexKey::AclPolicies);
+                    bumped.insert(IndexKey::Acl);
+                }
+            }
+            Change::PutAclRole(r) => {
+                let mut r = r.clone();
+                let acl = &mut self.acl;
+                if let Some(old) = acl.roles.get(&r.id) {
+                    r.create_index = old.create_index;
+                    acl.role_names.remove(&old.name);
+                } else {
+                    r.create_index = index;
+                }
+                r.modify_index = index;
+                acl.role_names.insert(r.name.clone(), r.id.clone());
+                acl.roles.insert(r.id.clone(), Arc::new(r));
+                bumped.insert(IndexKey::AclRoles);
+                bumped.insert(IndexKey::Acl);
+            }
+            Change::DeleteAclRole(id) => {
+                if let Some(old) = self.acl.roles.remove(id) {
+                    self.acl.role_names.remove(&old.name);
+                    bumped.insert(IndexKey::AclRoles);
+                    bumped.insert(IndexKey::Acl);
+                }
+            }
+            Change::AclBootstrapped => {
+                self.acl.bootstrapped = Some(index);
+                bumped.insert(IndexKey::Acl);
+            }
         }
     }
 
@@ -325,6 +424,56 @@ impl State {
         self.ca.clone()
     }
 
+    /// An ACL token by accessor id.
+    pub fn acl_token(&self, accessor: &str) -> Option<Arc<AclToken>> {
+        self.acl.tokens.get(accessor).cloned()
+    }
+
+    /// An ACL token by secret.
+    pub fn acl_token_by_secret(&self, secret: &str) -> Option<Arc<AclToken>> {
+        self.acl.secrets.get(secret).and_then(|a| self.acl_token(a))
+    }
+
+    /// Every ACL token, by accessor id.
+    pub fn acl_tokens(&self) -> impl Iterator<Item = &Arc<AclToken>> {
+        self.acl.tokens.values()
+    }
+
+    /// An ACL policy by id.
+    pub fn acl_policy(&self, id: &str) -> Option<Arc<AclPolicy>> {
+        self.acl.policies.get(id).cloned()
+    }
+
+    /// An ACL policy by name.
+    pub fn acl_policy_by_name(&self, name: &str) -> Option<Arc<AclPolicy>> {
+        self.acl.policy_names.get(name).and_then(|id| self.acl_policy(id))
+    }
+
+    /// Every ACL policy, by id.
+    pub fn acl_policies(&self) -> impl Iterator<Item = &Arc<AclPolicy>> {
+        self.acl.policies.values()
+    }
+
+    /// An ACL role by id.
+    pub fn acl_role(&self, id: &str) -> Option<Arc<AclRole>> {
+        self.acl.roles.get(id).cloned()
+    }
+
+    /// An ACL role by name.
+    pub fn acl_role_by_name(&self, name: &str) -> Option<Arc<AclRole>> {
+        self.acl.role_names.get(name).and_then(|id| self.acl_role(id))
+    }
+
+    /// Every ACL role, by id.
+    pub fn acl_roles(&self) -> impl Iterator<Item = &Arc<AclRole>> {
+        self.acl.roles.values()
+    }
+
+    /// The index ACLs were bootstrapped at, once they were.
+    pub fn acl_bootstrapped(&self) -> Option<Index> {
+        self.acl.bootstrapped
+    }
+
     // ---- persistence ----
 
     /// Every row, for a snapshot file.
@@ -340,6 +489,10 @@ impl State {
             checks: self.checks.values().map(|c| (**c).clone()).collect(),
             config: self.config.values().map(|e| (**e).clone()).collect(),
             ca: self.ca.as_ref().map(|c| (**c).clone()),
+            acl_tokens: self.acl.tokens.values().map(|t| (**t).clone()).collect(),
+            acl_policies: self.acl.policies.values().map(|p| (**p).clone()).collect(),
+            acl_roles: self.acl.roles.values().map(|r| (**r).clone()).collect(),
+            acl_bootstrapped: self.acl.bootstrapped,
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -367,6 +520,19 @@ impl State {
             s.config.insert((e.kind(), e.name().to_owned()), Arc::new(e));
         }
         s.ca = p.ca.map(Arc::new);
+        for t in p.acl_tokens {
+            s.acl.secrets.insert(t.secret_id.clone(), t.accessor_id.clone());
+            s.acl.tokens.insert(t.accessor_id.clone(), Arc::new(t));
+        }
+        for pol in p.acl_policies {
+            s.acl.policy_names.insert(pol.name.clone(), pol.id.clone());
+            s.acl.policies.insert(pol.id.clone(), Arc::new(pol));
+        }
+        for r in p.acl_roles {
+            s.acl.role_names.insert(r.name.clone(), r.id.clone());
+            s.acl.roles.insert(r.id.clone(), Arc::new(r));
+        }
+        s.acl.bootstrapped = p.acl_bootstrapped;
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -389,5 +555,13 @@ pub(crate) struct PersistedState {
     pub(crate) checks: Vec<HealthCheck>,
     pub(crate) config: Vec<ConfigEntry>,
     pub(crate) ca: Option<CaState>,
+    #[serde(default)]
+    pub(crate) acl_tokens: Vec<AclToken>,
+    #[serde(default)]
+    pub(crate) acl_policies: Vec<AclPolicy>,
+    #[serde(default)]
+    pub(crate) acl_roles: Vec<AclRole>,
+    #[serde(default)]
+    pub(crate) acl_bootstrapped: Option<Index>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -198,6 +198,11 @@ impl Store {
         self.inner.watches.lock().take();
     }
 
+    /// True once [`Store::release_waiters`] ran (shutting down): waits return at once.
+    pub fn is_closed(&self) -> bool {
+        self.inner.watches.lock().is_none()
+    }
+
     /// Subscribes to a topic: its current value first, then every change.
     pub fn subscribe(&self, topic: Topic) -> Subscription {
         self.inner.publisher.subscribe(topic, || self.read())

@@ -1,6 +1,7 @@
 //! `/v1/status/*`, the agent endpoints a server answers (self and metrics), and the agents'
 //! liveness heartbeat (`PUT /v1/internal/node/heartbeat`, body `{"Node", "Address"}`).
 
+use crate::authz::Authz;
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
 use axum::extract::{RawQuery, State};
@@ -18,9 +19,14 @@ pub(crate) async fn peers(State(api): State<Api>, RawQuery(q): RawQuery) -> Resp
     query::json(&[&api.config.server_addr], None, params.pretty())
 }
 
-pub(crate) async fn agent_self(State(api): State<Api>, RawQuery(q): RawQuery) -> Response {
+pub(crate) async fn agent_self(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let c = &api.config;
+    authz.need(|a| a.agent_read(&c.node_name), "agent:read", &c.node_name)?;
     let (addr, port) = c
         .server_addr
         .rsplit_once(':')
@@ -38,10 +44,12 @@ pub(crate) async fn agent_self(State(api): State<Api>, RawQuery(q): RawQuery) ->
         "Meta": {},
         "Stats": {},
     });
-    query::json(&body, None, params.pretty())
+    Ok(query::json(&body, None, params.pretty()))
 }
 
-pub(crate) async fn metrics(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn metrics(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let node = &api.config.node_name;
+    authz.need(|a| a.agent_read(node), "agent:read", node)?;
     let params = Params::parse(q.as_deref());
     let state = api.store.read();
     let index = state.index.0;
@@ -125,14 +133,11 @@ pub(crate) struct Heartbeat {
 
 pub(crate) async fn heartbeat(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
-    let Some(liveness) = &api.config.liveness else {
-        return Err(ApiError::NotFound("node liveness is not tracked by this server".into()));
-    };
+    let params = api.write_params(q.as_deref())?;
     let hb: Heartbeat = query::decode(&body, "a heartbeat")?;
     if hb.node.is_empty() {
         return Err(ApiError::BadRequest("Node: required".into()));
@@ -140,6 +145,10 @@ pub(crate) async fn heartbeat(
     if hb.address.is_empty() {
         return Err(ApiError::BadRequest("Address: required".into()));
     }
+    authz.need(|a| a.node_write(&hb.node), "node:write", &hb.node)?;
+    let Some(liveness) = &api.config.liveness else {
+        return Err(ApiError::NotFound("node liveness is not tracked by this server".into()));
+    };
     liveness.heartbeat(&hb.node, &hb.address).await?;
     Ok(query::json(&true, None, params.pretty()))
 }

@@ -1,10 +1,10 @@
 //! `/v1/catalog/*`.
 
+use crate::authz::{Authz, mark_filtered, retain};
 use crate::query::{self, Params, ServiceFilters, meta_matches, service_key};
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use catalog::{IndexKey, Op};
 use serde::Serialize;
@@ -91,24 +91,88 @@ impl<'a> ServiceNode<'a> {
 
 pub(crate) async fn register(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     let req: RegisterRequest = query::decode(&body, "a registration")?;
+    check_register(&api, &authz, &req)?;
     api.store.write(Op::Register(Box::new(req))).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 
+/// What Consul asks of a registration: `node:write` when it creates or changes the node or
+/// carries node checks; `service:write` on the service (and on the service a proxy fronts)
+/// and on the service of every service check.
+pub(crate) fn check_register(api: &Api, authz: &Authz, req: &RegisterRequest) -> Result<(), ApiError> {
+    let state = api.store.read();
+    let node_changes = match state.node(&req.node) {
+        None => true,
+        Some(n) => {
+            !req.skip_node_update
+                && (n.address != req.address
+                    || (!req.tagged_addresses.is_empty() && n.tagged_addresses != req.tagged_addresses)
+                    || (!req.node_meta.is_empty() && n.meta != req.node_meta))
+        }
+    };
+    let node_checks = req.all_checks().any(|c| c.service_id.is_empty());
+    if node_changes || node_checks {
+        authz.need(|a| a.node_write(&req.node), "node:write", &req.node)?;
+    }
+    if let Some(svc) = &req.service {
+        authz.need(|a| a.service_write(&svc.service), "service:write", &svc.service)?;
+        if svc.kind == ServiceKind::ConnectProxy {
+            let dest = &svc.proxy.destination_service_name;
+            authz.need(|a| a.service_write(dest), "service:write", dest)?;
+        }
+    }
+    for c in req.all_checks().filter(|c| !c.service_id.is_empty()) {
+        let name = req
+            .service
+            .as_ref()
+            .filter(|s| s.id == c.service_id)
+            .map(|s| s.service.clone())
+            .or_else(|| state.service(&req.node, &c.service_id).map(|s| s.service.clone()))
+            .unwrap_or_else(|| c.service_name.clone());
+        authz.need(|a| a.service_write(&name), "service:write", &name)?;
+    }
+    Ok(())
+}
+
 pub(crate) async fn deregister(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     let req: DeregisterRequest = query::decode(&body, "a deregistration")?;
+    // node:write covers everything on the node (an agent removes what it no longer runs
+    // with its own token, as Consul allows); otherwise service:write on the service.
+    let node_write = authz.get()?.node_write(&req.node);
+    if !node_write {
+        let state = api.store.read();
+        let service_of = |id: &str| state.service(&req.node, id).map(|s| s.service.clone());
+        if !req.service_id.is_empty() {
+            if let Some(name) = service_of(&req.service_id) {
+                authz.need(|a| a.service_write(&name), "service:write", &name)?;
+            } else {
+                authz.need(|a| a.node_write(&req.node), "node:write", &req.node)?;
+            }
+        } else if !req.check_id.is_empty() {
+            match state
+                .check(&req.node, &req.check_id)
+                .filter(|c| !c.service_id.is_empty())
+                .and_then(|c| service_of(&c.service_id))
+            {
+                Some(name) => authz.need(|a| a.service_write(&name), "service:write", &name)?,
+                None => authz.need(|a| a.node_write(&req.node), "node:write", &req.node)?,
+            }
+        } else {
+            authz.need(|a| a.node_write(&req.node), "node:write", &req.node)?;
+        }
+    }
     api.store.write(Op::Deregister(req)).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
@@ -118,21 +182,27 @@ pub(crate) async fn datacenters(State(api): State<Api>, RawQuery(q): RawQuery) -
     Ok(query::json(&[api.store.datacenter()], None, params.pretty()))
 }
 
-pub(crate) async fn nodes(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn nodes(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let meta = params.node_meta()?;
+    let a = authz.get()?;
     let key = IndexKey::Nodes;
     let state = api.read(&params, &key).await?;
-    let nodes: Vec<&Node> = state
+    let mut nodes: Vec<&Node> = state
         .nodes()
         .map(|n| &**n)
         .filter(|n| meta_matches(&n.meta, &meta))
         .collect();
-    Ok(query::json(&nodes, Some(state.index_of(&key)), params.pretty()))
+    let filtered = retain(&mut nodes, |n| a.node_read(&n.node));
+    Ok(mark_filtered(
+        query::json(&nodes, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
 }
 
 pub(crate) async fn node(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -144,24 +214,36 @@ pub(crate) async fn node(
         services: BTreeMap<&'a str, &'a NodeService>,
     }
     let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
     let key = IndexKey::Node(name.clone());
     let state = api.read(&params, &key).await?;
     let index = Some(state.index_of(&key));
-    let Some(node) = state.node(&name) else {
-        // Consul answers an unknown node with 200 and `null`.
-        return Ok(query::json(&serde_json::Value::Null, index, params.pretty()));
+    let node = state.node(&name);
+    // Consul answers an unknown node, and one the token may not read, with 200 and `null`.
+    let Some(node) = node.filter(|_| a.node_read(&name)) else {
+        let filtered = state.node(&name).is_some();
+        return Ok(mark_filtered(
+            query::json(&serde_json::Value::Null, index, params.pretty()),
+            filtered,
+        ));
     };
-    let services = state.node_services(&name);
+    let mut services = state.node_services(&name);
+    let filtered = retain(&mut services, |s| a.service_read(&s.service));
     let body = NodeServices {
         node: &node,
         services: services.iter().map(|s| (s.id.as_str(), &**s)).collect(),
     };
-    Ok(query::json(&body, index, params.pretty()))
+    Ok(mark_filtered(query::json(&body, index, params.pretty()), filtered))
 }
 
-pub(crate) async fn services(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn services(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let meta = params.node_meta()?;
+    let a = authz.get()?;
     let key = IndexKey::Services;
     let state = api.read(&params, &key).await?;
     let tags = if meta.is_empty() {
@@ -177,42 +259,58 @@ pub(crate) async fn services(State(api): State<Api>, RawQuery(q): RawQuery) -> R
         }
         out.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
     };
-    Ok(query::json(&tags, Some(state.index_of(&key)), params.pretty()))
+    let mut tags = tags;
+    let before = tags.len();
+    tags.retain(|name, _| a.service_read(name));
+    let filtered = tags.len() != before;
+    Ok(mark_filtered(
+        query::json(&tags, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
 }
 
-async fn service_nodes(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
+async fn service_nodes(
+    api: Api,
+    authz: Authz,
+    name: String,
+    q: Option<String>,
+    connect: bool,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let filters = ServiceFilters::parse(&params)?;
     let path = format!("/v1/catalog/{}/{name}", if connect { "connect" } else { "service" });
-    api.shared_answer(&path, &params, service_key(&name, connect), |state| {
+    api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
         let instances = if connect {
             state.connect_instances(&name)
         } else {
             state.service_instances(&name)
         };
-        let nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
+        let mut nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
             .into_iter()
             .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
             .filter(|(n, svc)| filters.admits(&svc.tags, &n.meta))
             .collect();
+        let filtered = retain(&mut nodes, |(n, s)| a.service_read(&s.service) && a.node_read(&n.node));
         let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();
-        query::encode(&body, params.pretty())
+        Ok((query::encode(&body, params.pretty())?, filtered))
     })
     .await
 }
 
 pub(crate) async fn service(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    service_nodes(api, name, q, false).await
+    service_nodes(api, authz, name, q, false).await
 }
 
 pub(crate) async fn connect(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    service_nodes(api, name, q, true).await
+    service_nodes(api, authz, name, q, true).await
 }

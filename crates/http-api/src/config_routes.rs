@@ -1,10 +1,10 @@
 //! `/v1/config`: config entries.
 
+use crate::authz::{Authz, mark_filtered, retain};
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use catalog::{IndexKey, Op};
 use structs::{ConfigEntry, ConfigEntryKind, Index};
@@ -14,17 +14,54 @@ fn kind(text: &str) -> Result<ConfigEntryKind, ApiError> {
         .map_err(|e: structs::config_entry::UnknownConfigEntryKind| ApiError::BadRequest(format!("kind: {e}")))
 }
 
+/// Consul's permission to read an entry: proxy-defaults are readable by anyone; mesh needs
+/// `mesh:read`; service entries `service:read` on the name; intentions `intentions:read` on
+/// their destination.
+pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -> bool {
+    match kind {
+        ConfigEntryKind::ProxyDefaults => true,
+        ConfigEntryKind::Mesh => a.mesh_read(),
+        ConfigEntryKind::ServiceIntentions => a.intention_read(name),
+        ConfigEntryKind::ServiceDefaults
+        | ConfigEntryKind::ServiceRouter
+        | ConfigEntryKind::ServiceSplitter
+        | ConfigEntryKind::ServiceResolver => a.service_read(name),
+    }
+}
+
+/// Consul's permission to write an entry: `mesh:write` for proxy-defaults and mesh,
+/// `intentions:write` on the destination for intentions, `service:write` on the name else.
+fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
+    match kind {
+        ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => authz.need(|a| a.mesh_write(), "mesh:write", ""),
+        ConfigEntryKind::ServiceIntentions => authz.need(|a| a.intention_write(name), "intentions:write", name),
+        ConfigEntryKind::ServiceDefaults
+        | ConfigEntryKind::ServiceRouter
+        | ConfigEntryKind::ServiceSplitter
+        | ConfigEntryKind::ServiceResolver => authz.need(|a| a.service_write(name), "service:write", name),
+    }
+}
+
+fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
+    let permission = match kind {
+        ConfigEntryKind::Mesh => "mesh:read",
+        ConfigEntryKind::ServiceIntentions => "intentions:read",
+        _ => "service:read",
+    };
+    authz.need(|a| can_read(a, kind, name), permission, name)
+}
+
 fn cas(params: &Params) -> Result<Option<Index>, ApiError> {
     Ok(params.u64("cas")?.map(Index))
 }
 
 pub(crate) async fn set(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::BadRequest(
             "request body is empty: expected a config entry".into(),
@@ -34,6 +71,7 @@ pub(crate) async fn set(
         .map_err(|e| ApiError::BadRequest(format!("request decode failed: invalid JSON: {e}")))?;
     let entry =
         ConfigEntry::from_json(value).map_err(|e| ApiError::BadRequest(format!("request decode failed: {e}")))?;
+    need_write(&authz, entry.kind(), entry.name())?;
     let outcome = api
         .store
         .write(Op::ConfigSet {
@@ -46,11 +84,13 @@ pub(crate) async fn set(
 
 pub(crate) async fn get(
     State(api): State<Api>,
+    authz: Authz,
     Path((kind_text, name)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let kind = kind(&kind_text)?;
+    need_read(&authz, kind, &name)?;
     let key = IndexKey::ConfigEntry(kind, name.clone());
     let state = api.read(&params, &key).await?;
     match state.config_entry(kind, &name) {
@@ -67,25 +107,32 @@ pub(crate) async fn get(
 
 pub(crate) async fn list(
     State(api): State<Api>,
+    authz: Authz,
     Path(kind_text): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let kind = kind(&kind_text)?;
+    let a = authz.get()?;
     let key = IndexKey::ConfigKind(kind);
     let state = api.read(&params, &key).await?;
-    let entries: Vec<ConfigEntry> = state.config_entries(kind).iter().map(|e| (**e).clone()).collect();
-    Ok(query::json(&entries, Some(state.index_of(&key)), params.pretty()))
+    let mut entries: Vec<ConfigEntry> = state.config_entries(kind).iter().map(|e| (**e).clone()).collect();
+    let filtered = retain(&mut entries, |e| can_read(a, kind, e.name()));
+    Ok(mark_filtered(
+        query::json(&entries, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
 }
 
 pub(crate) async fn delete(
     State(api): State<Api>,
+    authz: Authz,
     Path((kind_text, name)): Path<(String, String)>,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     let kind = kind(&kind_text)?;
+    need_write(&authz, kind, &name)?;
     let outcome = api
         .store
         .write(Op::ConfigDelete {

@@ -1,11 +1,11 @@
 //! `/v1/connect/*` and the agent's leaf endpoint: CA roots and configuration, leaf
 //! certificates, intentions.
 
+use crate::authz::{Authz, mark_filtered, retain};
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use catalog::{IndexKey, Op, ca::CaConfig};
 use serde::{Deserialize, Serialize};
@@ -44,7 +44,12 @@ struct CaConfigurationOut<'a> {
     modify_index: Index,
 }
 
-pub(crate) async fn ca_configuration(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn ca_configuration(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    authz.need(|a| a.operator_read(), "operator:read", "")?;
     let params = Params::parse(q.as_deref());
     let state = api.read(&params, &IndexKey::Ca).await?;
     let ca = state
@@ -88,11 +93,12 @@ struct CaConfigurationIn {
 
 pub(crate) async fn set_ca_configuration(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
+    authz.need(|a| a.operator_write(), "operator:write", "")?;
     let req: CaConfigurationIn = query::decode(&body, "a CA configuration")?;
     if !req.provider.is_empty() && req.provider != "consul" {
         return Err(ApiError::BadRequest(format!(
@@ -126,12 +132,12 @@ pub(crate) async fn set_ca_configuration(
 
 pub(crate) async fn leaf(
     State(api): State<Api>,
+    authz: Authz,
     Path(service): Path<String>,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    let _token = query::token(&headers, &params);
+    authz.need(|a| a.service_write(&service), "service:write", &service)?;
     structs::validate::Validate::validate(&structs::NodeService {
         service: service.clone(),
         ..Default::default()
@@ -154,11 +160,12 @@ pub(crate) struct SignRequest {
 /// domain and datacenter.
 pub(crate) async fn sign(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
+    authz.get()?;
     let request: SignRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("request decode failed: invalid JSON: {e}")))?;
     if request.csr.trim().is_empty() {
@@ -171,16 +178,25 @@ pub(crate) async fn sign(
         catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
         _ => ApiError::BadRequest(e.to_string()),
     })?;
+    // Signing changes nothing: a certificate for a service the token may not write is
+    // dropped here, never returned.
+    authz.need(|a| a.service_write(&cert.service), "service:write", &cert.service)?;
     Ok(query::json(&cert, Some(cert.modify_index), params.pretty()))
 }
 
-pub(crate) async fn list_intentions(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn list_intentions(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
     let state = api.read(&params, &IndexKey::Intentions).await?;
-    Ok(query::json(
-        &state.intentions(),
-        Some(state.index_of(&IndexKey::Intentions)),
-        params.pretty(),
+    let mut all = state.intentions();
+    let filtered = retain(&mut all, |i| a.intention_read(&i.destination_name));
+    Ok(mark_filtered(
+        query::json(&all, Some(state.index_of(&IndexKey::Intentions)), params.pretty()),
+        filtered,
     ))
 }
 
@@ -191,9 +207,14 @@ fn exact(params: &Params) -> Result<(String, String), ApiError> {
     ))
 }
 
-pub(crate) async fn get_intention(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn get_intention(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let (source, destination) = exact(&params)?;
+    authz.need(|a| a.intention_read(&destination), "intentions:read", &destination)?;
     let state = api.read(&params, &IndexKey::Intentions).await?;
     let found = state
         .intentions()
@@ -228,12 +249,13 @@ struct IntentionIn {
 
 pub(crate) async fn put_intention(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     let (source, destination) = exact(&params)?;
+    authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
     let req: IntentionIn = query::decode(&body, "an intention")?;
     if !matches!(req.source_type.as_str(), "" | "consul") {
         return Err(ApiError::BadRequest(format!(
@@ -255,17 +277,23 @@ pub(crate) async fn put_intention(
 
 pub(crate) async fn delete_intention(
     State(api): State<Api>,
+    authz: Authz,
     RawQuery(q): RawQuery,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let params = api.write_params(q.as_deref(), &headers)?;
+    let params = api.write_params(q.as_deref())?;
     let (source, destination) = exact(&params)?;
+    authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
     api.store.write(Op::IntentionDelete { source, destination }).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 
-pub(crate) async fn match_intentions(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn match_intentions(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
     let by = params.required("by")?;
     if !matches!(by, "source" | "destination") {
         return Err(ApiError::BadRequest(format!(
@@ -277,7 +305,8 @@ pub(crate) async fn match_intentions(State(api): State<Api>, RawQuery(q): RawQue
         return Err(ApiError::BadRequest("required query parameter 'name' not set".into()));
     }
     let state = api.read(&params, &IndexKey::Intentions).await?;
-    let all = state.intentions();
+    let mut all = state.intentions();
+    let filtered = retain(&mut all, |i| a.intention_read(&i.destination_name));
     let out: BTreeMap<&str, Vec<&Intention>> = names
         .iter()
         .map(|name| {
@@ -294,14 +323,17 @@ pub(crate) async fn match_intentions(State(api): State<Api>, RawQuery(q): RawQue
             (*name, matched)
         })
         .collect();
-    Ok(query::json(
-        &out,
-        Some(state.index_of(&IndexKey::Intentions)),
-        params.pretty(),
+    Ok(mark_filtered(
+        query::json(&out, Some(state.index_of(&IndexKey::Intentions)), params.pretty()),
+        filtered,
     ))
 }
 
-pub(crate) async fn check_intention(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub(crate) async fn check_intention(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     #[derive(Serialize)]
     struct Allowed {
         #[serde(rename = "Allowed")]
@@ -309,9 +341,11 @@ pub(crate) async fn check_intention(State(api): State<Api>, RawQuery(q): RawQuer
     }
     let params = Params::parse(q.as_deref());
     let (source, destination) = exact(&params)?;
+    authz.need(|a| a.intention_read(&destination), "intentions:read", &destination)?;
     let state = api.read(&params, &IndexKey::Intentions).await?;
-    // With no ACLs the mesh's default is allow, as Consul's.
-    let decision = intention::decide(&state.intentions(), &source, &destination, true);
+    // The mesh's default follows the ACL default policy, as Consul's (allow without ACLs).
+    let default_allow = api.config.acl.intention_default_allow();
+    let decision = intention::decide(&state.intentions(), &source, &destination, default_allow);
     Ok(query::json(
         &Allowed {
             allowed: decision.allowed,

@@ -1,5 +1,6 @@
 //! `/v1/discovery-chain/:service`: the compiled chain of a service, as Consul answers it.
 
+use crate::authz::Authz;
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
 use axum::body::Bytes;
@@ -42,18 +43,22 @@ struct ChainResponse<'a> {
 
 pub(crate) async fn get(
     State(api): State<Api>,
+    authz: Authz,
     Path(service): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
+    authz.need(|a| a.service_read(&service), "service:read", &service)?;
     answer(api, service, q, Overrides::default()).await
 }
 
 pub(crate) async fn post(
     State(api): State<Api>,
+    authz: Authz,
     Path(service): Path<String>,
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    authz.need(|a| a.service_read(&service), "service:read", &service)?;
     let overrides = if body.iter().all(u8::is_ascii_whitespace) {
         Overrides::default()
     } else {

@@ -13,6 +13,12 @@ pub enum ApiError {
     /// Nothing there.
     #[error("{0}")]
     NotFound(String),
+    /// The token may not do this (`Permission denied: ...`), or is unknown (`ACL not found`).
+    #[error("{0}")]
+    Forbidden(String),
+    /// ACLs are off: the ACL endpoints are not available.
+    #[error("ACL support disabled")]
+    AclDisabled,
     /// `?dc=` names another datacenter.
     #[error("No path to datacenter {0:?}")]
     UnknownDatacenter(String),
@@ -29,6 +35,7 @@ impl From<WriteError> for ApiError {
         match e {
             WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(chain(&e)),
             WriteError::NotFound(m) => ApiError::NotFound(m),
+            WriteError::Forbidden(m) => ApiError::Forbidden(m),
             WriteError::UnknownDatacenter(dc) => ApiError::UnknownDatacenter(dc),
             WriteError::Storage(_) => ApiError::Internal(chain(&e)),
             WriteError::Closed => ApiError::Unavailable,
@@ -41,6 +48,8 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::AclDisabled => StatusCode::UNAUTHORIZED,
             ApiError::UnknownDatacenter(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         };

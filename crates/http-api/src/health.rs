@@ -1,5 +1,6 @@
 //! `/v1/health/*`.
 
+use crate::authz::{Authz, mark_filtered, retain};
 use crate::query::{self, Params, ServiceFilters, service_key};
 use crate::{Api, ApiError};
 use axum::extract::{Path, RawQuery, State};
@@ -7,56 +8,77 @@ use axum::response::Response;
 use catalog::IndexKey;
 use structs::{CheckServiceNode, HealthCheck, HealthStatus};
 
-async fn service_health(api: Api, name: String, q: Option<String>, connect: bool) -> Result<Response, ApiError> {
+async fn service_health(
+    api: Api,
+    authz: Authz,
+    name: String,
+    q: Option<String>,
+    connect: bool,
+) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let filters = ServiceFilters::parse(&params)?;
     let passing = params.flag("passing");
     let path = format!("/v1/health/{}/{name}", if connect { "connect" } else { "service" });
-    api.shared_answer(&path, &params, service_key(&name, connect), |state| {
-        let result: Vec<CheckServiceNode> = state
+    api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
+        let mut result: Vec<CheckServiceNode> = state
             .health(&name, connect)
             .into_iter()
             .filter(|csn| filters.admits(&csn.service.tags, &csn.node.meta))
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
             .collect();
-        query::encode(&result, params.pretty())
+        let filtered = retain(&mut result, |csn| {
+            a.service_read(&csn.service.service) && a.node_read(&csn.node.node)
+        });
+        Ok((query::encode(&result, params.pretty())?, filtered))
     })
     .await
 }
 
 pub(crate) async fn service(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    service_health(api, name, q, false).await
+    service_health(api, authz, name, q, false).await
 }
 
 pub(crate) async fn connect(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    service_health(api, name, q, true).await
+    service_health(api, authz, name, q, true).await
 }
 
 pub(crate) async fn checks(
     State(api): State<Api>,
+    authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
     let key = IndexKey::Service(name.clone());
     let state = api.read(&params, &key).await?;
-    Ok(query::json(
-        &state.service_checks(&name),
-        Some(state.index_of(&key)),
-        params.pretty(),
+    let mut checks = state.service_checks(&name);
+    let filtered = retain(&mut checks, |c| readable(a, c));
+    Ok(mark_filtered(
+        query::json(&checks, Some(state.index_of(&key)), params.pretty()),
+        filtered,
     ))
+}
+
+/// A check is readable with `node:read` on its node, and `service:read` on its service if it
+/// has one.
+fn readable(a: &acl::Authorizer, c: &HealthCheck) -> bool {
+    a.node_read(&c.node) && (c.service_id.is_empty() || a.service_read(&c.service_name))
 }
 
 pub(crate) async fn state(
     State(api): State<Api>,
+    authz: Authz,
     Path(wanted): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -69,24 +91,35 @@ pub(crate) async fn state(
             ))
         })?),
     };
+    let a = authz.get()?;
     let key = IndexKey::Checks;
     let state = api.read(&params, &key).await?;
-    let checks: Vec<&HealthCheck> = state
+    let mut checks: Vec<&HealthCheck> = state
         .all_checks()
         .map(|c| &**c)
         .filter(|c| filter.is_none_or(|s| c.status == s))
         .collect();
-    Ok(query::json(&checks, Some(state.index_of(&key)), params.pretty()))
+    let filtered = retain(&mut checks, |c| readable(a, c));
+    Ok(mark_filtered(
+        query::json(&checks, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
 }
 
 pub(crate) async fn node(
     State(api): State<Api>,
+    authz: Authz,
     Path(node): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
     let key = IndexKey::Node(node.clone());
     let state = api.read(&params, &key).await?;
-    let checks: Vec<HealthCheck> = state.node_checks(&node).iter().map(|c| (**c).clone()).collect();
-    Ok(query::json(&checks, Some(state.index_of(&key)), params.pretty()))
+    let mut checks: Vec<HealthCheck> = state.node_checks(&node).iter().map(|c| (**c).clone()).collect();
+    let filtered = retain(&mut checks, |c| readable(a, c));
+    Ok(mark_filtered(
+        query::json(&checks, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
 }

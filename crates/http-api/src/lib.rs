@@ -7,7 +7,9 @@
 //! field, 404, 405, 413 for oversized bodies). Handlers hold no state of their own: every
 //! read and write goes to the [`catalog::Store`].
 
+mod acl_routes;
 mod agent;
+mod authz;
 mod catalog_routes;
 mod config_routes;
 mod connect;
@@ -18,6 +20,7 @@ mod metrics;
 pub mod query;
 mod response_cache;
 
+pub use authz::FILTERED_HEADER;
 pub use error::ApiError;
 pub use metrics::HttpMetrics;
 
@@ -46,6 +49,8 @@ pub struct ApiConfig {
     pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
     /// Node liveness tracking behind `PUT /v1/internal/node/heartbeat` (none: 404).
     pub liveness: Option<Arc<catalog::liveness::Liveness>>,
+    /// Resolves tokens; with ACLs off every request may do everything.
+    pub acl: Arc<catalog::acl::Resolver>,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +62,7 @@ impl Default for ApiConfig {
             max_body: 512 * 1024,
             extra_metrics: None,
             liveness: None,
+            acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
         }
     }
 }
@@ -102,35 +108,49 @@ impl Api {
 }
 
 impl Api {
-    /// The query of a write: parsed, checked for `?dc=` and unsupported parameters, with the
-    /// token read (it is enforced once ACLs exist).
-    pub(crate) fn write_params(&self, q: Option<&str>, headers: &axum::http::HeaderMap) -> Result<Params, ApiError> {
+    /// The query of a write: parsed and checked for `?dc=` and unsupported parameters (the
+    /// token is resolved by the ACL middleware).
+    pub(crate) fn write_params(&self, q: Option<&str>) -> Result<Params, ApiError> {
         let params = Params::parse(q);
         params.check_common(self.store.datacenter())?;
-        let _token = query::token(headers, &params);
         Ok(params)
     }
 
-    /// Answers a blocking-capable query whose body depends only on `key`'s data: blocks as
-    /// asked, then encodes the body once per index of the key and shares it with every
-    /// request for the same path and parameters.
+    /// Answers a blocking-capable query whose body depends only on `key`'s data and on what
+    /// the token may read: blocks as asked, then encodes the body (and whether ACLs filtered
+    /// it) once per index of the key and shares it with every request for the same path,
+    /// parameters and token.
     pub(crate) async fn shared_answer(
         &self,
         path: &str,
         params: &Params,
         key: IndexKey,
-        body: impl FnOnce(&catalog::State) -> Result<axum::body::Bytes, ApiError>,
+        authz: &authz::Authz,
+        body: impl FnOnce(&catalog::State, &acl::Authorizer) -> Result<(axum::body::Bytes, bool), ApiError>,
     ) -> Result<Response, ApiError> {
+        let authorizer = authz.get()?;
         let state = self.read(params, &key).await?;
         let index = state.index_of(&key);
-        let cache_key = response_cache::ResponseCache::key(path, params);
-        let bytes = self.responses.get_or_encode(cache_key, index, || body(&state))?;
-        Ok(query::json_bytes(bytes, Some(index)))
+        let mut cache_key = response_cache::ResponseCache::key(path, params);
+        if self.config.acl.enabled() {
+            cache_key.push('\u{1e}');
+            cache_key.push_str(authz.accessor()?);
+            cache_key.push_str(&state.index_of(&IndexKey::Acl).to_string());
+        }
+        let (bytes, filtered) = self
+            .responses
+            .get_or_encode(cache_key, index, || body(&state, authorizer))?;
+        Ok(authz::mark_filtered(query::json_bytes(bytes, Some(index)), filtered))
     }
 }
 
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
+    router_and_paths(store, config).0
+}
+
+/// The routes, and every path registered (a test checks each has its ACL row).
+pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::new(HttpMetrics::default());
     let catalog_gauges = Arc::new(metrics::CatalogGauges::default());
     let mut registry = prometheus_client::registry::Registry::default();
@@ -145,57 +165,76 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
         registry: Arc::new(registry),
         responses: Arc::new(response_cache::ResponseCache::default()),
     };
-    Router::new()
-        .route("/v1/catalog/register", put(catalog_routes::register))
-        .route("/v1/catalog/deregister", put(catalog_routes::deregister))
-        .route("/v1/catalog/datacenters", get(catalog_routes::datacenters))
-        .route("/v1/catalog/nodes", get(catalog_routes::nodes))
-        .route("/v1/catalog/node/{node}", get(catalog_routes::node))
-        .route("/v1/catalog/services", get(catalog_routes::services))
-        .route("/v1/catalog/service/{name}", get(catalog_routes::service))
-        .route("/v1/catalog/connect/{name}", get(catalog_routes::connect))
-        .route("/v1/health/service/{name}", get(health::service))
-        .route("/v1/health/connect/{name}", get(health::connect))
-        .route("/v1/health/checks/{name}", get(health::checks))
-        .route("/v1/health/state/{state}", get(health::state))
-        .route("/v1/health/node/{node}", get(health::node))
-        .route("/v1/config", put(config_routes::set))
-        .route("/v1/config/{kind}", get(config_routes::list))
-        .route(
-            "/v1/config/{kind}/{name}",
-            get(config_routes::get).delete(config_routes::delete),
-        )
-        .route(
-            "/v1/discovery-chain/{service}",
-            get(discovery_chain::get).post(discovery_chain::post),
-        )
-        .route("/v1/connect/ca/roots", get(connect::roots))
-        .route("/v1/agent/connect/ca/roots", get(connect::roots))
-        .route(
-            "/v1/connect/ca/configuration",
-            get(connect::ca_configuration).put(connect::set_ca_configuration),
-        )
-        .route("/v1/agent/connect/ca/leaf/{service}", get(connect::leaf))
-        .route("/v1/internal/connect/ca/sign", put(connect::sign))
-        .route("/v1/connect/intentions", get(connect::list_intentions))
-        .route(
-            "/v1/connect/intentions/exact",
-            get(connect::get_intention)
-                .put(connect::put_intention)
-                .delete(connect::delete_intention),
-        )
-        .route("/v1/connect/intentions/match", get(connect::match_intentions))
-        .route("/v1/connect/intentions/check", get(connect::check_intention))
-        .route("/v1/status/leader", get(agent::leader))
-        .route("/v1/status/peers", get(agent::peers))
-        .route("/v1/agent/self", get(agent::agent_self))
-        .route("/v1/agent/metrics", get(agent::metrics))
-        .route("/v1/internal/node/heartbeat", put(agent::heartbeat))
+    let mut r = Routes::default();
+    r.add("/v1/catalog/register", put(catalog_routes::register));
+    r.add("/v1/catalog/deregister", put(catalog_routes::deregister));
+    r.add("/v1/catalog/datacenters", get(catalog_routes::datacenters));
+    r.add("/v1/catalog/nodes", get(catalog_routes::nodes));
+    r.add("/v1/catalog/node/{node}", get(catalog_routes::node));
+    r.add("/v1/catalog/services", get(catalog_routes::services));
+    r.add("/v1/catalog/service/{name}", get(catalog_routes::service));
+    r.add("/v1/catalog/connect/{name}", get(catalog_routes::connect));
+    r.add("/v1/health/service/{name}", get(health::service));
+    r.add("/v1/health/connect/{name}", get(health::connect));
+    r.add("/v1/health/checks/{name}", get(health::checks));
+    r.add("/v1/health/state/{state}", get(health::state));
+    r.add("/v1/health/node/{node}", get(health::node));
+    r.add("/v1/config", put(config_routes::set));
+    r.add("/v1/config/{kind}", get(config_routes::list));
+    r.add(
+        "/v1/config/{kind}/{name}",
+        get(config_routes::get).delete(config_routes::delete),
+    );
+    r.add(
+        "/v1/discovery-chain/{service}",
+        get(discovery_chain::get).post(discovery_chain::post),
+    );
+    r.add("/v1/connect/ca/roots", get(connect::roots));
+    r.add("/v1/agent/connect/ca/roots", get(connect::roots));
+    r.add(
+        "/v1/connect/ca/configuration",
+        get(connect::ca_configuration).put(connect::set_ca_configuration),
+    );
+    r.add("/v1/agent/connect/ca/leaf/{service}", get(connect::leaf));
+    r.add("/v1/internal/connect/ca/sign", put(connect::sign));
+    r.add("/v1/connect/intentions", get(connect::list_intentions));
+    r.add(
+        "/v1/connect/intentions/exact",
+        get(connect::get_intention)
+            .put(connect::put_intention)
+            .delete(connect::delete_intention),
+    );
+    r.add("/v1/connect/intentions/match", get(connect::match_intentions));
+    r.add("/v1/connect/intentions/check", get(connect::check_intention));
+    r.add("/v1/status/leader", get(agent::leader));
+    r.add("/v1/status/peers", get(agent::peers));
+    r.add("/v1/agent/self", get(agent::agent_self));
+    r.add("/v1/agent/metrics", get(agent::metrics));
+    r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
+    acl_routes::add(&mut r);
+    let Routes { router, paths } = r;
+    let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(api.clone(), authz::resolve))
         .layer(middleware::from_fn_with_state(metrics, count))
-        .with_state(api)
+        .with_state(api);
+    (router, paths)
+}
+
+/// The router being built, and the paths registered so far.
+#[derive(Default)]
+pub(crate) struct Routes {
+    router: Router<Api>,
+    paths: Vec<&'static str>,
+}
+
+impl Routes {
+    pub(crate) fn add(&mut self, path: &'static str, methods: axum::routing::MethodRouter<Api>) {
+        self.router = std::mem::take(&mut self.router).route(path, methods);
+        self.paths.push(path);
+    }
 }
 
 async fn method_not_allowed(req: Request) -> Response {

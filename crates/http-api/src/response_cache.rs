@@ -13,7 +13,7 @@ use structs::Index;
 const CAPACITY: usize = 4096;
 
 pub(crate) struct ResponseCache {
-    entries: ClearingCache<String, Index, Bytes>,
+    entries: ClearingCache<String, Index, (Bytes, bool)>,
 }
 
 impl Default for ResponseCache {
@@ -37,13 +37,14 @@ impl ResponseCache {
         key
     }
 
-    /// The body for `key` at `index`, computing and storing it if it is not there.
+    /// The body for `key` at `index` (and whether ACLs filtered it), computing and storing
+    /// it if it is not there.
     pub(crate) fn get_or_encode<E>(
         &self,
         key: String,
         index: Index,
-        encode: impl FnOnce() -> Result<Bytes, E>,
-    ) -> Result<Bytes, E> {
+        encode: impl FnOnce() -> Result<(Bytes, bool), E>,
+    ) -> Result<(Bytes, bool), E> {
         self.entries.get_or_try_make(key, index, encode)
     }
 }

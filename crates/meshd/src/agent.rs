@@ -47,6 +47,17 @@ fn default_advertise() -> String {
         .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
 }
 
+/// A token from a file (none: empty). Tokens never come from the command line.
+fn read_token(path: Option<&std::path::Path>, flag: &str) -> Result<String> {
+    match path {
+        None => Ok(String::new()),
+        Some(p) => Ok(std::fs::read_to_string(p)
+            .with_context(|| format!("{flag}: cannot read {}", p.display()))?
+            .trim()
+            .to_owned()),
+    }
+}
+
 /// Flags and files merged: a flag wins over a file, a file over the default.
 struct Settings {
     agent: AgentConfig,
@@ -117,6 +128,12 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         managed_sidecars: args.managed_sidecars || file.managed_sidecars.unwrap_or(false),
         allow_managed_api_registration: args.allow_managed_api_registration
             || file.allow_managed_api_registration.unwrap_or(false),
+        acl: ::agent::acl::AclConfig {
+            enabled: args.acl_enabled,
+            default_allow: args.acl_default_policy == "allow",
+            agent_token: read_token(args.acl_agent_token_file.as_deref(), "-acl-agent-token-file")?,
+            default_token: read_token(args.acl_default_token_file.as_deref(), "-acl-default-token-file")?,
+        },
         servers_ca_pem: tls.ca_pem.clone(),
         ..AgentConfig::default()
     };
@@ -212,8 +229,23 @@ pub async fn run(
     }
     let stop = CancellationToken::new();
     let grpc_stop = CancellationToken::new();
+    let token_acl: crate::engine::TokenAcl = {
+        let acl = Arc::clone(agent.acl());
+        Arc::new(move |token: Option<String>| {
+            let acl = Arc::clone(&acl);
+            Box::pin(async move {
+                let token = token
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(|| acl.default_token().to_owned());
+                acl.resolve(Some(&token))
+                    .await
+                    .map(|r| r.authz)
+                    .map_err(|e| e.to_string())
+            })
+        })
+    };
     let app = ::agent::http::router(agent.clone())
-        .merge(engine.metrics_router())
+        .merge(engine.metrics_router(Arc::clone(&token_acl), agent.config().node.clone()))
         .merge(crate::engine::status_router(
             engine.manager.clone(),
             engine.xds.clone(),
@@ -221,6 +253,7 @@ pub async fn run(
                 let source = engine.source.clone();
                 Arc::new(move |id: &str| source.waiting(id))
             },
+            token_acl,
         ));
     let http_conn_limit = args.http_max_conns_per_client;
     let (https_addr, https) = match (https_listener, &tls.server) {
@@ -317,12 +350,18 @@ impl AgentEngine {
         let manager = Manager::new(
             ManagerConfig {
                 datacenter: datacenter.to_owned(),
+                intention_default_allow: agent.acl().intention_default_allow(),
                 ..ManagerConfig::default()
             },
             proxycfg_glue::cache_data_sources(caches.clone(), Arc::clone(&local) as Arc<dyn LocalChecks>),
         );
         let source = LocalSource::start(manager.clone(), local, caches.clone());
-        let xds = XdsServer::with_admission(Arc::new(source.clone()), admission);
+        let xds = if agent.acl().enabled() {
+            let authorizer = AgentStreamAuthorizer(agent.clone());
+            XdsServer::with_authorizer(Arc::new(source.clone()), admission, Arc::new(authorizer))
+        } else {
+            XdsServer::with_admission(Arc::new(source.clone()), admission)
+        };
         Self {
             caches,
             manager,
@@ -333,16 +372,32 @@ impl AgentEngine {
 
     /// `GET /v1/agent/metrics?format=prometheus`: the cache's, the xDS server's and the
     /// Manager's metrics (the agent's other endpoints are answered by the agent's router).
-    fn metrics_router(&self) -> axum::Router {
+    /// It needs `agent:read` on this agent's node, as Consul's.
+    fn metrics_router(&self, acl: crate::engine::TokenAcl, node: String) -> axum::Router {
         let mut registry = crate::engine::engine_registry(&self.xds, &self.manager);
         self.caches.register_metrics(&mut registry);
         let registry = Arc::new(registry);
         axum::Router::new().route(
             "/v1/agent/metrics",
-            axum::routing::get(move |axum::extract::RawQuery(q): axum::extract::RawQuery| {
-                let registry = Arc::clone(&registry);
-                async move { metrics(&registry, q.as_deref()) }
-            }),
+            axum::routing::get(
+                move |axum::extract::RawQuery(q): axum::extract::RawQuery, headers: axum::http::HeaderMap| {
+                    let registry = Arc::clone(&registry);
+                    let (acl, node) = (Arc::clone(&acl), node.clone());
+                    async move {
+                        use axum::response::IntoResponse;
+                        let token = crate::engine::request_token(&headers, q.as_deref());
+                        match acl(token).await {
+                            Ok(a) if a.agent_read(&node) => metrics(&registry, q.as_deref()),
+                            Ok(_) => (
+                                axum::http::StatusCode::FORBIDDEN,
+                                format!("{}: this needs 'agent:read' on {node:?}\n", ::acl::PERMISSION_DENIED),
+                            )
+                                .into_response(),
+                            Err(e) => (axum::http::StatusCode::FORBIDDEN, format!("{e}\n")).into_response(),
+                        }
+                    }
+                },
+            ),
         )
     }
 
@@ -379,6 +434,61 @@ fn metrics(registry: &prometheus_client::registry::Registry, query: Option<&str>
         .into_response()
 }
 
+/// Authorizes the agent's xDS streams: a managed proxy's local token for that proxy's
+/// service, else a token with `service:write` on it (asked of the servers, cached).
+struct AgentStreamAuthorizer(Agent);
+
+impl xds::StreamAuthorizer for AgentStreamAuthorizer {
+    fn authorize(
+        &self,
+        token: &str,
+        service: &str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<xds::Authorization, String>> + Send>> {
+        let agent = self.0.clone();
+        let (token, service) = (token.to_owned(), service.to_owned());
+        Box::pin(async move {
+            if !token.is_empty() {
+                let local = agent.state().services().into_values().find(|s| {
+                    s.managed
+                        .as_ref()
+                        .is_some_and(|m| !m.local_token.is_empty() && m.local_token == token)
+                });
+                if let Some(proxy) = local {
+                    let serves = &proxy.service.proxy.destination_service_name;
+                    return if *serves == service {
+                        Ok(xds::Authorization { expires: None })
+                    } else {
+                        Err(format!(
+                            "{}: the local token of proxy {:?} is for {serves:?}, not {service:?}",
+                            ::acl::PERMISSION_DENIED,
+                            proxy.service.id
+                        ))
+                    };
+                }
+            }
+            let token = if token.is_empty() {
+                agent.acl().default_token().to_owned()
+            } else {
+                token
+            };
+            let who = agent.acl().resolve(Some(&token)).await.map_err(|e| e.to_string())?;
+            if who.authz.service_write(&service) {
+                Ok(xds::Authorization { expires: who.expires })
+            } else {
+                Err(format!(
+                    "{}: token with AccessorID '{}' lacks permission 'service:write' on {service:?}",
+                    ::acl::PERMISSION_DENIED,
+                    who.accessor
+                ))
+            }
+        })
+    }
+
+    fn changed(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.0.acl().changed())
+    }
+}
+
 /// The agent's local state as the proxy config engine reads it.
 struct AgentLocal(Agent);
 
@@ -395,7 +505,7 @@ impl LocalServices for AgentLocal {
             .filter(|s| s.service.kind.is_proxy())
             .map(|s| LocalProxy {
                 service: s.service,
-                token: String::new(),
+                token: s.token,
             })
             .collect()
     }

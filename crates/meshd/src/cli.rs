@@ -101,6 +101,18 @@ pub struct AgentArgs {
     /// The Envoy binary managed proxies run (default: `envoy` from `PATH`).
     #[arg(long = "envoy-binary", value_name = "PATH")]
     pub envoy_binary: Option<PathBuf>,
+    /// Enforce ACLs on this agent's endpoints and xDS streams (as its servers do).
+    #[arg(long = "acl-enabled")]
+    pub acl_enabled: bool,
+    /// With ACLs on, what no rule decides: allow or deny (set it as the servers do).
+    #[arg(long = "acl-default-policy", value_name = "POLICY", default_value = "allow", value_parser = ["allow", "deny"])]
+    pub acl_default_policy: String,
+    /// A file holding the agent's own token (anti-entropy of the node, its reads).
+    #[arg(long = "acl-agent-token-file", value_name = "PATH")]
+    pub acl_agent_token_file: Option<PathBuf>,
+    /// A file holding the token of requests that name none.
+    #[arg(long = "acl-default-token-file", value_name = "PATH")]
+    pub acl_default_token_file: Option<PathBuf>,
     /// HTTPS and xDS over TLS; the CA also verifies `https://` servers of -retry-join.
     #[command(flatten)]
     pub tls: TlsArgs,
@@ -226,6 +238,18 @@ pub struct ServerArgs {
     /// A node critical for this long is removed from the catalog.
     #[arg(long = "node-reap-after", value_name = "DURATION", default_value = "72h", value_parser = humantime::parse_duration)]
     pub node_reap_after: std::time::Duration,
+    /// Enforce ACLs: every API request and xDS stream needs a token holding the permission
+    /// Consul asks for. Bootstrap the first token with `PUT /v1/acl/bootstrap`.
+    #[arg(long = "acl-enabled")]
+    pub acl_enabled: bool,
+    /// With ACLs on, what no rule decides: allow or deny. Deny is the production setting;
+    /// intentions default to it too.
+    #[arg(long = "acl-default-policy", value_name = "POLICY", default_value = "allow", value_parser = ["allow", "deny"])]
+    pub acl_default_policy: String,
+    /// A file holding the secret of a management token to create at start if missing
+    /// (Consul's initial management token). Secrets are never taken on the command line.
+    #[arg(long = "acl-initial-management-token-file", value_name = "PATH")]
+    pub acl_initial_management_token_file: Option<PathBuf>,
     /// HTTPS and xDS over TLS.
     #[command(flatten)]
     pub tls: TlsArgs,

@@ -85,15 +85,64 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
 ///
 /// `waiting` says why a proxy the engine does not hold is not registered yet, when its source
 /// knows (an agent's local proxy waiting for central config).
-pub fn status_router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting) -> axum::Router {
+///
+/// It needs `operator:read` (it is a debugging view of the engine): `acl` resolves the
+/// request's token.
+pub fn status_router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting, acl: TokenAcl) -> axum::Router {
     use axum::extract::{Path, RawQuery};
+    use axum::response::IntoResponse;
     axum::Router::new().route(
         "/v1/internal/proxy-status/{proxy_id}",
-        axum::routing::get(move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery| {
-            let (manager, xds, waiting) = (manager.clone(), xds.clone(), std::sync::Arc::clone(&waiting));
-            async move { proxy_status(&manager, &xds, &*waiting, &proxy_id, q.as_deref()).await }
-        }),
+        axum::routing::get(
+            move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery, headers: axum::http::HeaderMap| {
+                let (manager, xds, waiting) = (manager.clone(), xds.clone(), std::sync::Arc::clone(&waiting));
+                let acl = std::sync::Arc::clone(&acl);
+                async move {
+                    let token = request_token(&headers, q.as_deref());
+                    match acl(token).await {
+                        Ok(a) if a.operator_read() => {}
+                        Ok(_) => {
+                            return (
+                                axum::http::StatusCode::FORBIDDEN,
+                                format!("{}: this view needs 'operator:read'\n", acl::PERMISSION_DENIED),
+                            )
+                                .into_response();
+                        }
+                        Err(e) => return (axum::http::StatusCode::FORBIDDEN, format!("{e}\n")).into_response(),
+                    }
+                    proxy_status(&manager, &xds, &*waiting, &proxy_id, q.as_deref()).await
+                }
+            },
+        ),
     )
+}
+
+/// Resolves a request's token (none: anonymous, or the agent's default token) to what it may
+/// do, or says why not.
+pub type TokenAcl = std::sync::Arc<
+    dyn Fn(
+            Option<String>,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<std::sync::Arc<acl::Authorizer>, String>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+/// The token of an HTTP request: `X-Consul-Token`, `Authorization: Bearer`, or `?token=`.
+pub fn request_token(headers: &axum::http::HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(t) = headers.get(structs::wire::TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return Some(t.to_owned());
+    }
+    if let Some(t) = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return Some(t.trim().to_owned());
+    }
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
 }
 
 /// Why a proxy is not registered yet, if its source knows.

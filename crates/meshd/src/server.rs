@@ -36,6 +36,14 @@ pub async fn run(
 ) -> Result<()> {
     let tls = crate::tls::TlsSettings::load(&args.tls)?;
     let store = open_store(&args).await?;
+    let acl = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
+        enabled: args.acl_enabled,
+        default_allow: args.acl_default_policy == "allow",
+        datacenter: args.datacenter.clone(),
+    }));
+    if args.acl_enabled {
+        init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
+    }
     let (listener, http_addr) = bind(args.http_addr, "").await?;
     let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
     let https_listener = match args.tls.https_addr {
@@ -50,6 +58,7 @@ pub async fn run(
         store.clone(),
         &args.datacenter,
         crate::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+        &acl,
     );
     let liveness = Arc::new(catalog::liveness::Liveness::new(
         store.clone(),
@@ -61,10 +70,22 @@ pub async fn run(
     ));
     let mut api = engine.api_config(&store, &args, http_addr);
     api.liveness = Some(Arc::clone(&liveness));
+    api.acl = Arc::clone(&acl);
+    let status_acl: crate::engine::TokenAcl = {
+        let (store, acl) = (store.clone(), Arc::clone(&acl));
+        Arc::new(move |token: Option<String>| {
+            let verdict = acl
+                .resolve(&store.read(), token.as_deref())
+                .map(|r| r.authz)
+                .map_err(|e| e.to_string());
+            Box::pin(std::future::ready(verdict))
+        })
+    };
     let app = http_api::router(store.clone(), api).merge(crate::engine::status_router(
         engine.manager.clone(),
         engine.xds.clone(),
         std::sync::Arc::new(|_: &str| None),
+        status_acl,
     ));
     let stop = CancellationToken::new();
     let http_conn_limit = args.http_max_conns_per_client;
@@ -162,6 +183,90 @@ async fn open_store(args: &ServerArgs) -> Result<Store> {
     })
 }
 
+/// Creates what ACLs need (the built-in policy, the anonymous token) and the initial
+/// management token if a file names one.
+async fn init_acls(store: &Store, initial_management: Option<&std::path::Path>) -> Result<()> {
+    store.write(catalog::Op::AclInit).await.context("initialising ACLs")?;
+    let Some(path) = initial_management else {
+        return Ok(());
+    };
+    let secret = std::fs::read_to_string(path)
+        .with_context(|| format!("-acl-initial-management-token-file: cannot read {}", path.display()))?
+        .trim()
+        .to_owned();
+    if store.read().acl_token_by_secret(&secret).is_some() {
+        return Ok(());
+    }
+    let token = structs::acl::AclToken {
+        accessor_id: catalog::ca::new_uuid().context("generating an accessor id")?,
+        secret_id: secret,
+        description: "Initial Management Token".into(),
+        policies: vec![structs::acl::Link {
+            id: structs::acl::GLOBAL_MANAGEMENT_ID.into(),
+            name: String::new(),
+        }],
+        ..Default::default()
+    };
+    store
+        .write(catalog::Op::AclTokenSet {
+            token: Box::new(token),
+            create: true,
+            ttl: None,
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("-acl-initial-management-token-file: {e}"))?;
+    info!("initial management token created");
+    Ok(())
+}
+
+/// Authorizes xDS streams against the store's ACLs: `service:write` on the proxy's service,
+/// re-checked on every ACL change.
+struct StoreStreamAuthorizer {
+    store: Store,
+    acl: Arc<catalog::acl::Resolver>,
+}
+
+impl xds::StreamAuthorizer for StoreStreamAuthorizer {
+    fn authorize(
+        &self,
+        token: &str,
+        service: &str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<xds::Authorization, String>> + Send>> {
+        let verdict = self
+            .acl
+            .resolve(&self.store.read(), Some(token))
+            .map_err(|e| e.to_string())
+            .and_then(|resolved| {
+                if resolved.authz.service_write(service) {
+                    Ok(xds::Authorization {
+                        expires: resolved.expires,
+                    })
+                } else {
+                    Err(format!(
+                        "{}: token with AccessorID '{}' lacks permission 'service:write' on {service:?}",
+                        acl::PERMISSION_DENIED,
+                        resolved.accessor
+                    ))
+                }
+            });
+        Box::pin(std::future::ready(verdict))
+    }
+
+    fn changed(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let key = catalog::IndexKey::Acl;
+            let at = store.read().index_of(&key);
+            loop {
+                let state = store.wait(&key, at, std::time::Duration::from_secs(600)).await;
+                if state.index_of(&key) != at || store.is_closed() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
 /// A bound listener and its address (`127.0.0.1:0` picks a free port).
 async fn bind(addr: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)
@@ -183,17 +288,26 @@ struct Engine {
 }
 
 impl Engine {
-    fn start(store: Store, datacenter: &str, admission: xds::Admission) -> Self {
+    fn start(store: Store, datacenter: &str, admission: xds::Admission, acl: &Arc<catalog::acl::Resolver>) -> Self {
         let followers = tokio_util::task::TaskTracker::new();
         let manager = Manager::new(
             ManagerConfig {
                 datacenter: datacenter.to_owned(),
+                intention_default_allow: acl.intention_default_allow(),
                 ..ManagerConfig::default()
             },
             proxycfg_glue::server_data_sources_tracked(store.clone(), &followers),
         );
-        let source = CatalogSource::new(store, manager.clone());
-        let xds = XdsServer::with_admission(Arc::new(source.clone()), admission);
+        let source = CatalogSource::new(store.clone(), manager.clone());
+        let xds = if acl.enabled() {
+            let authorizer = StoreStreamAuthorizer {
+                store,
+                acl: Arc::clone(acl),
+            };
+            XdsServer::with_authorizer(Arc::new(source.clone()), admission, Arc::new(authorizer))
+        } else {
+            XdsServer::with_admission(Arc::new(source.clone()), admission)
+        };
         Self {
             followers,
             manager,

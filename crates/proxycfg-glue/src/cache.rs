@@ -157,7 +157,10 @@ impl DataSource<LeafRequest> for CacheLeaf {
         if let Err(e) = self.0.check_dc(&req.datacenter) {
             return forward::refuse(id, tx, e, cancel).await;
         }
-        let key = LeafKey { service: req.service };
+        let key = LeafKey {
+            service: req.service,
+            token: req.token,
+        };
         run(self.0.caches.leaf.watch(&key), id, tx, cancel, |v| Some(Ok(v))).await
     }
 }

@@ -51,6 +51,9 @@ pub struct ManagerConfig {
     pub rate_limit: Option<RateLimit>,
     /// Updates that can queue for one State before data sources wait.
     pub event_buffer: usize,
+    /// What intentions decide when none matches: allow without ACLs, else the ACL default
+    /// policy (Consul's rule). Carried in every snapshot.
+    pub intention_default_allow: bool,
 }
 
 /// Consul waits a fixed 200 ms; changes here reach proxies an order of magnitude sooner.
@@ -63,6 +66,7 @@ impl Default for ManagerConfig {
             coalesce: DEFAULT_COALESCE,
             rate_limit: None,
             event_buffer: 64,
+            intention_default_allow: true,
         }
     }
 }
@@ -222,6 +226,7 @@ impl Manager {
             coalesce: inner.config.coalesce,
             limiter: inner.limiter.clone(),
             event_buffer: inner.config.event_buffer,
+            intention_default_allow: inner.config.intention_default_allow,
             metrics: Arc::clone(&inner.metrics),
             cancel: cancel.clone(),
             errors: Arc::default(),

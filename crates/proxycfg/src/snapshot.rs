@@ -58,6 +58,8 @@ pub struct ConfigSnapshot {
     pub version: u64,
     /// CA trust bundle.
     pub roots: Known<Arc<IndexedCaRoots>>,
+    /// What the intentions decide when none matches (the ACL default policy with ACLs on).
+    pub intention_default_allow: bool,
     /// Kind-specific data.
     pub kind: KindSnapshot,
 }

@@ -33,6 +33,7 @@ pub(crate) struct StateParams {
     pub(crate) coalesce: Duration,
     pub(crate) limiter: Option<Arc<RateLimiter>>,
     pub(crate) event_buffer: usize,
+    pub(crate) intention_default_allow: bool,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) cancel: CancellationToken,
     /// The watches failing now (shared with the Manager, which reports them).
@@ -72,6 +73,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         coalesce,
         limiter,
         event_buffer,
+        intention_default_allow,
         metrics,
         cancel,
         errors,
@@ -87,6 +89,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         datacenter,
         version,
         roots: None,
+        intention_default_allow,
         kind,
     };
     debug!(watches = watches.len(), "proxy state started");

@@ -5,6 +5,7 @@
 //! shapes: [`json::from_slice`] accepts any key casing on input, `serde_json` writes
 //! Consul's casing on output, and empty lists are written as `[]`.
 
+pub mod acl;
 pub mod agent;
 pub mod central_config;
 pub mod config_entry;

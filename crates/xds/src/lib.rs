@@ -7,6 +7,7 @@
 //!
 //! The server never reads the catalog: it gets snapshots from a [`SnapshotSource`].
 
+mod authorize;
 mod content;
 pub mod delta;
 mod grpc;
@@ -16,6 +17,7 @@ mod server;
 pub mod sotw;
 pub mod versioned;
 
+pub use authorize::{Authorization, StreamAuthorizer};
 pub use grpc::{AdsService, BUFFER_BYTES};
 pub use metrics::XdsMetrics;
 pub use proxycfg::SnapshotSource;

@@ -24,6 +24,7 @@ const BUCKETS_MS: [u64; 10] = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 pub struct XdsMetrics {
     streams: Gauge,
     refused: Counter,
+    denied: Counter,
     paced: Counter,
     build_failures: Counter,
     responses: PerType,
@@ -126,6 +127,13 @@ impl XdsMetrics {
     pub(crate) fn stream_refused(&self) {
         self.refused.inc();
     }
+    pub(crate) fn stream_denied(&self) {
+        self.denied.inc();
+    }
+    /// Streams ended with PERMISSION_DENIED so far (the token may not serve the proxy).
+    pub fn streams_denied(&self) -> u64 {
+        self.denied.get()
+    }
     pub(crate) fn stream_paced(&self) {
         self.paced.inc();
     }
@@ -180,6 +188,11 @@ impl XdsMetrics {
             "meshd_xds_streams_refused",
             "ADS streams refused with RESOURCE_EXHAUSTED at the stream limit",
             self.refused.clone(),
+        );
+        registry.register(
+            "meshd_xds_streams_denied",
+            "ADS streams ended with PERMISSION_DENIED: the token may not write the proxy's service",
+            self.denied.clone(),
         );
         registry.register(
             "meshd_xds_streams_paced",

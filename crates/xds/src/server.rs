@@ -1,6 +1,7 @@
 //! The ADS server: one driver per stream, polled by the transport as it sends, advancing the
 //! protocol state machines from the proxy's requests and its snapshots.
 
+use crate::StreamAuthorizer;
 use crate::delta::{Ack, DeltaState};
 use crate::metrics::XdsMetrics;
 use crate::sotw::SotwState;
@@ -89,6 +90,8 @@ impl Pacer {
 
 struct Inner {
     source: Arc<dyn SnapshotSource>,
+    /// Checks each stream's token (none: ACLs off, every stream is served).
+    authorizer: Option<Arc<dyn StreamAuthorizer>>,
     metrics: Arc<XdsMetrics>,
     admission: Admission,
     pacer: Pacer,
@@ -120,9 +123,27 @@ impl XdsServer {
 
     /// A server over `source` admitting streams as `admission` says.
     pub fn with_admission(source: Arc<dyn SnapshotSource>, admission: Admission) -> Self {
+        Self::build(source, admission, None)
+    }
+
+    /// A server that serves a proxy only to streams whose token `authorizer` accepts.
+    pub fn with_authorizer(
+        source: Arc<dyn SnapshotSource>,
+        admission: Admission,
+        authorizer: Arc<dyn StreamAuthorizer>,
+    ) -> Self {
+        Self::build(source, admission, Some(authorizer))
+    }
+
+    fn build(
+        source: Arc<dyn SnapshotSource>,
+        admission: Admission,
+        authorizer: Option<Arc<dyn StreamAuthorizer>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 source,
+                authorizer,
                 pacer: Pacer::new(&admission),
                 admission,
                 open: Arc::default(),
@@ -156,6 +177,19 @@ impl XdsServer {
 }
 
 impl Inner {
+    /// Whether the stream's token may receive the configuration of a proxy for `service`
+    /// (always, without an authorizer). A refusal is counted and logged once per stream.
+    async fn authorize(&self, token: &str, service: &str, node: &str) -> Result<crate::Authorization, Status> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(crate::Authorization { expires: None });
+        };
+        authorizer.authorize(token, service).await.map_err(|why| {
+            self.metrics.stream_denied();
+            warn!(%node, %service, reason = %why, "xDS stream refused: the token may not receive this proxy's configuration");
+            Status::permission_denied(why)
+        })
+    }
+
     /// The resources of `snap`: from the cache when another stream of the proxy built them,
     /// else built reusing what `previous` (this stream's last resources) can lend.
     fn resources_for(
@@ -355,8 +389,13 @@ struct Following {
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
     requests: Streaming<P::Request>,
-    /// The stream's `x-consul-token`, until the first request hands it to the source.
+    /// The stream's `x-consul-token`.
     token: String,
+    /// The service the token was last authorized for, and what ends that authorization:
+    /// an ACL change (re-checked) or the token's expiry.
+    authorized_for: Option<String>,
+    acl_changed: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    expires: Option<Pin<Box<tokio::time::Sleep>>>,
     following: Option<Following>,
     state: P,
     current: Option<Arc<VersionedResources>>,
@@ -398,9 +437,15 @@ where
                 }
                 continue;
             };
+            let mut recheck = false;
+            let mut fresh: Option<Arc<ConfigSnapshot>> = None;
+            let acl_changed = &mut self.acl_changed;
+            let expires = &mut self.expires;
             tokio::select! {
                 biased;
                 () = &mut self.shutdown => self.finished = true,
+                () = async { match acl_changed.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
+                () = async { match expires.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
                 req = self.requests.message() => match req {
                     Ok(Some(r)) => {
                         let ack = self.state.on_request(&r);
@@ -412,17 +457,41 @@ where
                 ev = following.watcher.next() => match ev {
                     Some(WatchEvent::Snapshot(snap)) => {
                         trace!(node = %following.node_id, version = snap.version, "snapshot");
-                        match self.inner.resources_for(&snap, self.current.as_ref()) {
-                            Ok(r) => {
-                                self.current = Some(r);
-                                self.changed_at = Instant::now();
-                            }
-                            Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
-                        }
+                        fresh = Some(snap);
                     }
                     Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
                     None => self.finished = true,
                 },
+            }
+            if recheck {
+                // The change future has completed: a new one is armed below.
+                self.acl_changed = None;
+            }
+            // Nothing of a snapshot is built or sent before its token is authorized.
+            let check = match &fresh {
+                Some(snap) => Some(crate::authorize::service_of(snap).to_owned()),
+                None if recheck => self.authorized_for.clone(),
+                None => None,
+            };
+            if let Some(service) = check {
+                let node = self.following.as_ref().map(|f| f.node_id.clone()).unwrap_or_default();
+                match self.inner.authorize(&self.token, &service, &node).await {
+                    Err(status) => {
+                        self.finished = true;
+                        self.current = None;
+                        return Some(Err(status));
+                    }
+                    Ok(authorization) => self.arm(service, authorization),
+                }
+            }
+            if let Some(snap) = fresh {
+                match self.inner.resources_for(&snap, self.current.as_ref()) {
+                    Ok(r) => {
+                        self.current = Some(r);
+                        self.changed_at = Instant::now();
+                    }
+                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
+                }
             }
             if !self.finished
                 && let Some(res) = &self.current
@@ -430,6 +499,22 @@ where
                 self.outbox = self.state.responses(res).into_iter();
             }
         }
+    }
+
+    /// Remembers what the token was authorized for, and arms the re-checks: on the next ACL
+    /// change, and at the token's expiry.
+    fn arm(&mut self, service: String, authorization: crate::Authorization) {
+        let Some(authorizer) = &self.inner.authorizer else {
+            return;
+        };
+        if self.authorized_for.as_deref() != Some(&service) || self.acl_changed.is_none() {
+            self.acl_changed = Some(authorizer.changed());
+        }
+        self.authorized_for = Some(service);
+        self.expires = authorization.expires.map(|at| {
+            let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            Box::pin(tokio::time::sleep(left))
+        });
     }
 
     /// Reads the first request: its node names the proxy to follow. `Err(None)` when the
@@ -460,11 +545,10 @@ where
         let Some(node) = P::node(&first) else {
             return Err(Some(Status::invalid_argument("the first request must carry the node")));
         };
-        let token = std::mem::take(&mut self.token);
         let request = ProxyRequest {
             proxy_id: &node.id,
             node_name: node_name(node),
-            token: &token,
+            token: &self.token,
         };
         let (watcher, guard) = self.inner.source.watch(&request).map_err(|e| Some(status_of(&e)))?;
         debug!(node = %node.id, "stream opened");
@@ -498,6 +582,9 @@ impl XdsServer {
         let driver = Driver::<P> {
             inner: Arc::clone(inner),
             token: token(&request),
+            authorized_for: None,
+            acl_changed: None,
+            expires: None,
             requests: request.into_inner(),
             following: None,
             state: P::default(),

@@ -1,7 +1,7 @@
 //! The agent's Connect endpoints: the CA's roots and leaf certificates from the agent cache,
 //! and the proxies the agent runs (Consul 1.4's managed-proxy endpoint).
 
-use super::{HttpError, Params, json_response, wait_param};
+use super::{HttpError, Params, json_response, need, resolve, wait_param};
 use crate::runtime::Agent;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -83,13 +83,17 @@ pub(super) async fn ca_leaf(
     State(agent): State<Agent>,
     Path(service): Path<String>,
     Query(q): Params,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, HttpError> {
     structs::validate::Validate::validate(&structs::NodeService {
         service: service.clone(),
         ..Default::default()
     })
     .map_err(|e| HttpError(StatusCode::BAD_REQUEST, e.to_string().replacen("Service", "service", 1)))?;
-    let key = agent_cache::leaf::LeafKey { service };
+    let (token, who) = resolve(&agent, &headers, &q).await?;
+    need(&who, who.authz.service_write(&service), "service:write", &service)?;
+    // Signed with the caller's token: the servers check it again.
+    let key = agent_cache::leaf::LeafKey { service, token };
     from_cache(&agent, &agent.caches().leaf, &key, &q).await
 }
 
@@ -113,13 +117,25 @@ pub(super) fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Mana
 
 /// `GET /v1/agent/connect/proxy/:id` (Consul 1.4's managed-proxy endpoint): the proxy's
 /// registration as the agent runs it, and its status.
-pub(super) async fn managed_proxy(State(agent): State<Agent>, Path(id): Path<String>) -> Result<Response, HttpError> {
+pub(super) async fn managed_proxy(
+    State(agent): State<Agent>,
+    Path(id): Path<String>,
+    Query(q): Params,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
     let Some(s) = agent.state().service(&id) else {
         return Err(HttpError(
             StatusCode::NOT_FOUND,
             format!("unknown proxy service ID: {id}"),
         ));
     };
+    need(
+        &who,
+        who.authz.service_write(&s.service.service),
+        "service:write",
+        &s.service.service,
+    )?;
     let Some(managed) = &s.managed else {
         return Err(HttpError(
             StatusCode::NOT_FOUND,

@@ -37,6 +37,8 @@ pub struct AgentConfig {
     /// Accept a managed proxy's `Command` from the HTTP API (anyone who reaches the API could
     /// otherwise make the agent run a program); config files may always set one.
     pub allow_managed_api_registration: bool,
+    /// ACL enforcement and the agent's tokens.
+    pub acl: crate::acl::AclConfig,
     /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
     /// root is trusted (`None`: the public roots).
     pub servers_ca_pem: Option<Vec<u8>>,
@@ -57,6 +59,7 @@ impl Default for AgentConfig {
             reap_interval: Duration::from_secs(5),
             managed_sidecars: false,
             allow_managed_api_registration: false,
+            acl: crate::acl::AclConfig::default(),
             servers_ca_pem: None,
         }
     }

@@ -64,7 +64,7 @@ impl CatalogApi for FakeCatalog {
         Ok(Value::Array(f.checks.values().cloned().collect()))
     }
 
-    async fn put(&self, path: &'static str, body: Value) -> Result<(), ServerError> {
+    async fn put(&self, _token: Option<&str>, path: &'static str, body: Value) -> Result<(), ServerError> {
         let mut f = self.inner.lock();
         if f.down {
             f.log.push((Instant::now(), format!("PUT {path} (down)")));

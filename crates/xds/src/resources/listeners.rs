@@ -179,7 +179,7 @@ fn public_listener(
         name: name.clone(),
         address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
-            filters: public_filters(protocol, intentions),
+            filters: public_filters(protocol, intentions, snap.intention_default_allow),
             transport_socket: Some(tls::downstream(tls_params)),
             ..Default::default()
         }],
@@ -191,9 +191,7 @@ fn public_listener(
 
 /// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
 /// connection otherwise) in front of the route or TCP proxy to the local app.
-fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention]) -> Vec<Filter> {
-    // The mesh's default intention policy: allow.
-    let default_allow = true;
+fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention], default_allow: bool) -> Vec<Filter> {
     if protocol.is_http() {
         let mut http_filters = Vec::new();
         if let Some(rules) = rbac::rules_http(intentions, default_allow) {

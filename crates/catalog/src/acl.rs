@@ -1,0 +1,193 @@
+//! Resolving a token's secret to what it may do.
+//!
+//! [`Resolver::resolve`] looks the secret up in the state, gathers the rules of its
+//! policies, roles and identities that apply in this datacenter, and compiles them over the
+//! default policy. Results are cached per secret until anything of the ACL system changes
+//! (the [`IndexKey::Acl`] index moves), so a token's update or deletion takes effect on the
+//! next request. Unknown secrets are never cached (they cannot grow the cache), and an
+//! expired token resolves as unknown.
+
+use crate::keys::IndexKey;
+use crate::state::State;
+use acl::{Authorizer, Rules};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+use structs::Index;
+use structs::acl::{ANONYMOUS_ACCESSOR, AclToken};
+
+/// How the server enforces ACLs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AclSettings {
+    /// ACLs are enforced (`-acl-enabled`). Off: every request may do everything.
+    pub enabled: bool,
+    /// What rules do not decide: allow (`true`) or deny. Deny is the production setting.
+    pub default_allow: bool,
+    /// This datacenter (policies and identities may be limited to some).
+    pub datacenter: String,
+}
+
+impl AclSettings {
+    /// ACLs off.
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            default_allow: true,
+            datacenter: String::new(),
+        }
+    }
+}
+
+/// A resolved token: who (its accessor; empty with ACLs off) and what it may do.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The token's accessor id (the anonymous token's when none was given).
+    pub accessor: Arc<str>,
+    /// Its permissions.
+    pub authz: Arc<Authorizer>,
+    /// When it stops working.
+    pub expires: Option<SystemTime>,
+}
+
+/// The secret names no token (or an expired one): Consul's "ACL not found".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ACL not found")]
+pub struct NotFound;
+
+/// Resolves secrets against the state, with a cache (see the module docs).
+#[derive(Debug)]
+pub struct Resolver {
+    settings: AclSettings,
+    all: Resolved,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    /// The ACL index the entries were computed at.
+    at: Index,
+    entries: HashMap<String, Resolved>,
+}
+
+impl Resolver {
+    /// A resolver with these settings.
+    pub fn new(settings: AclSettings) -> Self {
+        let management = Rules::parse(acl::GLOBAL_MANAGEMENT_RULES).unwrap_or_default();
+        Self {
+            settings,
+            all: Resolved {
+                accessor: Arc::from(""),
+                authz: Arc::new(Authorizer::new([&management], true)),
+                expires: None,
+            },
+            cache: Mutex::new(Cache::default()),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &AclSettings {
+        &self.settings
+    }
+
+    /// Whether ACLs are enforced.
+    pub fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
+
+    /// What `secret` (none or empty: the anonymous token) may do now.
+    pub fn resolve(&self, state: &State, secret: Option<&str>) -> Result<Resolved, NotFound> {
+        if !self.settings.enabled {
+            return Ok(self.all.clone());
+        }
+        let secret = secret.filter(|s| !s.is_empty());
+        let at = state.index_of(&IndexKey::Acl);
+        let key = secret.unwrap_or("");
+        {
+            let mut cache = self.cache.lock();
+            if cache.at != at {
+                cache.at = at;
+                cache.entries.clear();
+            } else if let Some(hit) = cache.entries.get(key) {
+                if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
+                    return Err(NotFound);
+                }
+                return Ok(hit.clone());
+            }
+        }
+        let token = match secret {
+            Some(s) => state.acl_token_by_secret(s).ok_or(NotFound)?,
+            None => match state.acl_token(ANONYMOUS_ACCESSOR) {
+                Some(t) => t,
+                None => {
+                    return Ok(Resolved {
+                        accessor: Arc::from(ANONYMOUS_ACCESSOR),
+                        authz: Arc::new(Authorizer::default_policy(self.settings.default_allow)),
+                        expires: None,
+                    });
+                }
+            },
+        };
+        if token.expired(SystemTime::now()) {
+            return Err(NotFound);
+        }
+        let rules = token_rules(state, &token, &self.settings.datacenter);
+        let resolved = Resolved {
+            accessor: Arc::from(token.accessor_id.as_str()),
+            authz: Arc::new(Authorizer::new(&rules, self.settings.default_allow)),
+            expires: token.expiration_time.map(|t| t.0),
+        };
+        let mut cache = self.cache.lock();
+        if cache.at == at {
+            cache.entries.insert(key.to_owned(), resolved.clone());
+        }
+        Ok(resolved)
+    }
+}
+
+/// The rules that apply to `token` in `datacenter`: its policies', its roles' (and their
+/// policies'), and its identities', in that order. Links to deleted policies or roles, and
+/// rules that fail to parse (refused at write time, so never in practice), count for
+/// nothing.
+pub fn token_rules(state: &State, token: &AclToken, datacenter: &str) -> Vec<Rules> {
+    let applies = |dcs: &[String]| dcs.is_empty() || dcs.iter().any(|d| d == datacenter);
+    let mut out = Vec::new();
+    let mut policy_ids: Vec<&str> = token.policies.iter().map(|l| l.id.as_str()).collect();
+    let mut services: Vec<&structs::acl::ServiceIdentity> = token.service_identities.iter().collect();
+    let mut nodes: Vec<&structs::acl::NodeIdentity> = token.node_identities.iter().collect();
+    let roles: Vec<_> = token.roles.iter().filter_map(|l| state.acl_role(&l.id)).collect();
+    for role in &roles {
+        policy_ids.extend(role.policies.iter().map(|l| l.id.as_str()));
+        services.extend(role.service_identities.iter());
+        nodes.extend(role.node_identities.iter());
+    }
+    policy_ids.sort_unstable();
+    policy_ids.dedup();
+    for id in policy_ids {
+        if let Some(policy) = state.acl_policy(id)
+            && applies(&policy.datacenters)
+            && let Ok(rules) = Rules::parse(&policy.rules)
+        {
+            out.push(rules);
+        }
+    }
+    for s in services {
+        if applies(&s.datacenters) {
+            out.push(Rules::service_identity(&s.service_name));
+        }
+    }
+    for n in nodes {
+        if n.datacenter == datacenter {
+            out.push(Rules::node_identity(&n.node_name));
+        }
+    }
+    out
+}
+
+impl Resolver {
+    /// The intentions' default: allow without ACLs, else the ACL default policy (Consul's
+    /// rule).
+    pub fn intention_default_allow(&self) -> bool {
+        !self.settings.enabled || self.settings.default_allow
+    }
+}

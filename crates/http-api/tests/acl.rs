@@ -1,0 +1,969 @@
+//! ACL enforcement over every route: no token, a wrong token and the right token.
+//!
+//! The table has one row per method and route. A route the router serves that has no row
+//! fails `every_route_has_a_row`, so a new route cannot ship without its permission.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use catalog::acl::{AclSettings, Resolver};
+use catalog::{Op, Store, StoreConfig};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+struct Reply {
+    status: StatusCode,
+    filtered: bool,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: Value) -> Reply {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header("X-Consul-Token", t);
+    }
+    let body = if body.is_null() {
+        Body::empty()
+    } else {
+        Body::from(body.to_string())
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = resp.status();
+    let filtered = resp.headers().get(http_api::FILTERED_HEADER).is_some();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        filtered,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+struct Mesh {
+    app: Router,
+    paths: Vec<&'static str>,
+    store: Store,
+    management: String,
+}
+
+/// A server with ACLs on (default deny), bootstrapped, with node `n1` running `web` and its
+/// sidecar, a service-defaults for `web` and an intention `api` → `web`.
+async fn mesh() -> Mesh {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let resolver = Arc::new(Resolver::new(AclSettings {
+        enabled: true,
+        default_allow: false,
+        datacenter: "dc1".into(),
+    }));
+    let liveness = Arc::new(catalog::liveness::Liveness::new(store.clone(), Default::default()));
+    let (app, paths) = http_api::router_and_paths(
+        store.clone(),
+        http_api::ApiConfig {
+            acl: resolver,
+            liveness: Some(liveness),
+            ..Default::default()
+        },
+    );
+    store.write(Op::AclInit).await.unwrap();
+    let boot = call(&app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!(boot.status, StatusCode::OK, "{}", boot.body);
+    let management = boot.json()["SecretID"].as_str().unwrap().to_owned();
+    let m = Some(management.as_str());
+    let reg = json!({
+        "Node": "n1", "Address": "10.0.0.1",
+        "Service": {"ID": "web1", "Service": "web", "Port": 8080},
+        "Checks": [{"CheckID": "web-alive", "Name": "alive", "ServiceID": "web1", "Status": "passing"}],
+    });
+    assert_eq!(
+        call(&app, "PUT", "/v1/catalog/register", m, reg).await.status,
+        StatusCode::OK
+    );
+    let sidecar = json!({
+        "Node": "n1", "Address": "10.0.0.1",
+        "Service": {"ID": "web1-sidecar-proxy", "Service": "web-sidecar-proxy", "Kind": "connect-proxy", "Port": 21000,
+                    "Proxy": {"DestinationServiceName": "web", "DestinationServiceID": "web1"}},
+    });
+    assert_eq!(
+        call(&app, "PUT", "/v1/catalog/register", m, sidecar).await.status,
+        StatusCode::OK
+    );
+    let defaults = json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"});
+    assert_eq!(
+        call(&app, "PUT", "/v1/config", m, defaults).await.status,
+        StatusCode::OK
+    );
+    let ixn = call(
+        &app,
+        "PUT",
+        "/v1/connect/intentions/exact?source=api&destination=web",
+        m,
+        json!({"Action": "allow"}),
+    )
+    .await;
+    assert_eq!(ixn.status, StatusCode::OK, "{}", ixn.body);
+    Mesh {
+        app,
+        paths,
+        store,
+        management,
+    }
+}
+
+impl Mesh {
+    /// A new token holding exactly `rules`.
+    async fn token(&self, rules: &str) -> String {
+        let m = Some(self.management.as_str());
+        let name = format!("p{}", fastrand_name());
+        let p = call(
+            &self.app,
+            "PUT",
+            "/v1/acl/policy",
+            m,
+            json!({"Name": name, "Rules": rules}),
+        )
+        .await;
+        assert_eq!(p.status, StatusCode::OK, "policy {rules:?}: {}", p.body);
+        let t = call(
+            &self.app,
+            "PUT",
+            "/v1/acl/token",
+            m,
+            json!({"Policies": [{"Name": name}]}),
+        )
+        .await;
+        assert_eq!(t.status, StatusCode::OK, "{}", t.body);
+        t.json()["SecretID"].as_str().unwrap().to_owned()
+    }
+}
+
+fn fastrand_name() -> String {
+    catalog::ca::new_uuid().unwrap().replace('-', "")
+}
+
+/// What a token without the permission gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Without {
+    /// 403 Permission denied (or ACL not found), nothing changed.
+    Denied,
+    /// 200 with what it may not read left out, and the filtered header.
+    Filtered,
+    /// Needs no permission.
+    Open,
+}
+
+struct Row {
+    method: &'static str,
+    route: &'static str,
+    uri: String,
+    body: Value,
+    rules: &'static str,
+    without: Without,
+}
+
+fn row(
+    method: &'static str,
+    route: &'static str,
+    uri: &str,
+    body: Value,
+    rules: &'static str,
+    without: Without,
+) -> Row {
+    Row {
+        method,
+        route,
+        uri: uri.to_owned(),
+        body,
+        rules,
+        without,
+    }
+}
+
+const WEB_READ: &str = "service \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
+const WEB_WRITE: &str = "service \"web\" { policy = \"write\" }";
+const NODE_READ: &str = "node \"n1\" { policy = \"read\" }";
+const NODE_WRITE: &str = "node \"n1\" { policy = \"write\" }";
+const IXN_READ: &str = "service \"web\" {\n policy = \"read\"\n intentions = \"read\"\n}";
+const IXN_WRITE: &str = "service \"web\" {\n policy = \"read\"\n intentions = \"write\"\n}";
+const OPERATOR_READ: &str = "operator = \"read\"";
+const OPERATOR_WRITE: &str = "operator = \"write\"";
+const MESH_WRITE: &str = "mesh = \"write\"";
+const AGENT_READ: &str = "agent \"meshd-server\" { policy = \"read\" }";
+const ACL_READ: &str = "acl = \"read\"";
+const ACL_WRITE: &str = "acl = \"write\"";
+
+fn csr_for(uri: &str) -> String {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri.to_owned().try_into().unwrap())];
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// Every route's row. Ids of ACL objects are filled from the mesh.
+fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> Vec<Row> {
+    use Without::*;
+    let n = Value::Null;
+    let web_reg =
+        json!({"Node": "n1", "Address": "10.0.0.1", "Service": {"ID": "web2", "Service": "web", "Port": 8081}});
+    let p = format!("/v1/acl/policy/{policy_id}");
+    let r = format!("/v1/acl/role/{role_id}");
+    let t = format!("/v1/acl/token/{token_id}");
+    vec![
+        row(
+            "PUT",
+            "/v1/catalog/register",
+            "/v1/catalog/register",
+            web_reg,
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/catalog/deregister",
+            "/v1/catalog/deregister",
+            json!({"Node": "n1", "ServiceID": "web1"}),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/datacenters",
+            "/v1/catalog/datacenters",
+            n.clone(),
+            "",
+            Open,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/nodes",
+            "/v1/catalog/nodes",
+            n.clone(),
+            NODE_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/node/{node}",
+            "/v1/catalog/node/n1",
+            n.clone(),
+            NODE_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/services",
+            "/v1/catalog/services",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/service/{name}",
+            "/v1/catalog/service/web",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/connect/{name}",
+            "/v1/catalog/connect/web",
+            n.clone(),
+            "service \"web\" { policy = \"read\" }\nservice \"web-sidecar-proxy\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }",
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/health/service/{name}",
+            "/v1/health/service/web",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/health/connect/{name}",
+            "/v1/health/connect/web",
+            n.clone(),
+            "service_prefix \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }",
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/health/checks/{name}",
+            "/v1/health/checks/web",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/health/state/{state}",
+            "/v1/health/state/any",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/health/node/{node}",
+            "/v1/health/node/n1",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "PUT",
+            "/v1/config",
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": "web", "Protocol": "grpc"}),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/config/{kind}",
+            "/v1/config/service-defaults",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/config/{kind}/{name}",
+            "/v1/config/service-defaults/web",
+            n.clone(),
+            WEB_READ,
+            Denied,
+        ),
+        row(
+            "DELETE",
+            "/v1/config/{kind}/{name}",
+            "/v1/config/service-defaults/web",
+            n.clone(),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/discovery-chain/{service}",
+            "/v1/discovery-chain/web",
+            n.clone(),
+            WEB_READ,
+            Denied,
+        ),
+        row(
+            "POST",
+            "/v1/discovery-chain/{service}",
+            "/v1/discovery-chain/web",
+            json!({}),
+            WEB_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/connect/ca/roots",
+            "/v1/connect/ca/roots",
+            n.clone(),
+            "",
+            Open,
+        ),
+        row(
+            "GET",
+            "/v1/agent/connect/ca/roots",
+            "/v1/agent/connect/ca/roots",
+            n.clone(),
+            "",
+            Open,
+        ),
+        row(
+            "GET",
+            "/v1/connect/ca/configuration",
+            "/v1/connect/ca/configuration",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/connect/ca/configuration",
+            "/v1/connect/ca/configuration",
+            json!({"Provider": "consul", "Config": {"LeafCertTTL": "48h"}}),
+            OPERATOR_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/agent/connect/ca/leaf/{service}",
+            "/v1/agent/connect/ca/leaf/web",
+            n.clone(),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/internal/connect/ca/sign",
+            "/v1/internal/connect/ca/sign",
+            json!({"CSR": csr_for(&format!("spiffe://{trust_domain}/ns/default/dc/dc1/svc/web"))}),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/connect/intentions",
+            "/v1/connect/intentions",
+            n.clone(),
+            IXN_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/connect/intentions/exact",
+            "/v1/connect/intentions/exact?source=api&destination=web",
+            n.clone(),
+            IXN_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/connect/intentions/exact",
+            "/v1/connect/intentions/exact?source=api&destination=web",
+            json!({"Action": "deny"}),
+            IXN_WRITE,
+            Denied,
+        ),
+        row(
+            "DELETE",
+            "/v1/connect/intentions/exact",
+            "/v1/connect/intentions/exact?source=api&destination=web",
+            n.clone(),
+            IXN_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/connect/intentions/match",
+            "/v1/connect/intentions/match?by=destination&name=web",
+            n.clone(),
+            IXN_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/connect/intentions/check",
+            "/v1/connect/intentions/check?source=api&destination=web",
+            n.clone(),
+            IXN_READ,
+            Denied,
+        ),
+        row("GET", "/v1/status/leader", "/v1/status/leader", n.clone(), "", Open),
+        row("GET", "/v1/status/peers", "/v1/status/peers", n.clone(), "", Open),
+        row("GET", "/v1/agent/self", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
+        row(
+            "GET",
+            "/v1/agent/metrics",
+            "/v1/agent/metrics",
+            n.clone(),
+            AGENT_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/internal/node/heartbeat",
+            "/v1/internal/node/heartbeat",
+            json!({"Node": "n1", "Address": "10.0.0.1"}),
+            NODE_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/acl/token",
+            "/v1/acl/token",
+            json!({"Description": "new"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/acl/token/{id}", &t, n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/acl/token/{id}",
+            &t,
+            json!({"Description": "changed"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("DELETE", "/v1/acl/token/{id}", &t, n.clone(), ACL_WRITE, Denied),
+        row(
+            "PUT",
+            "/v1/acl/token/{id}/clone",
+            &format!("{t}/clone"),
+            json!({}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/acl/tokens", "/v1/acl/tokens", n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/acl/policy",
+            "/v1/acl/policy",
+            json!({"Name": "fresh", "Rules": ""}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/acl/policy/{id}", &p, n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/acl/policy/{id}",
+            &p,
+            json!({"Name": "renamed", "Rules": ""}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("DELETE", "/v1/acl/policy/{id}", &p, n.clone(), ACL_WRITE, Denied),
+        row(
+            "GET",
+            "/v1/acl/policy/name/{name}",
+            "/v1/acl/policy/name/spare",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/acl/policies",
+            "/v1/acl/policies",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/acl/role",
+            "/v1/acl/role",
+            json!({"Name": "fresh-role"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/acl/role/{id}", &r, n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/acl/role/{id}",
+            &r,
+            json!({"Name": "renamed-role"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("DELETE", "/v1/acl/role/{id}", &r, n.clone(), ACL_WRITE, Denied),
+        row(
+            "GET",
+            "/v1/acl/role/name/{name}",
+            "/v1/acl/role/name/spare-role",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row("GET", "/v1/acl/roles", "/v1/acl/roles", n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/config",
+            "/v1/config#proxy-defaults",
+            json!({"Kind": "proxy-defaults", "Name": "global"}),
+            MESH_WRITE,
+            Denied,
+        ),
+    ]
+}
+
+/// Routes whose answer is about the caller's own token or the ACL system itself: checked by
+/// their own tests below, not by the table.
+const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
+    ("PUT", "/v1/acl/bootstrap"),
+    ("GET", "/v1/acl/token/self"),
+    ("GET", "/v1/internal/acl/authorizer"),
+];
+
+/// The objects the ACL rows act on: a spare policy, role and token.
+async fn spares(mesh: &Mesh) -> (String, String, String) {
+    let m = Some(mesh.management.as_str());
+    let p = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/policy",
+        m,
+        json!({"Name": "spare", "Rules": ""}),
+    )
+    .await;
+    let r = call(&mesh.app, "PUT", "/v1/acl/role", m, json!({"Name": "spare-role"})).await;
+    let t = call(&mesh.app, "PUT", "/v1/acl/token", m, json!({"Description": "spare"})).await;
+    (
+        p.json()["ID"].as_str().unwrap().to_owned(),
+        r.json()["ID"].as_str().unwrap().to_owned(),
+        t.json()["AccessorID"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn trust_domain(store: &Store) -> String {
+    let state = store.read();
+    let roots = state.ca_roots();
+    serde_json::to_value(&roots).unwrap()["TrustDomain"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn every_route_no_token_wrong_token_right_token() {
+    // One mesh per row: the right token's write must not disturb the next row.
+    let probe = mesh().await;
+    let (p, r, t) = spares(&probe).await;
+    let rows = table(&trust_domain(&probe.store), &p, &r, &t);
+    for i in 0..rows.len() {
+        let mesh = mesh().await;
+        let (p, r, t) = spares(&mesh).await;
+        let td = trust_domain(&mesh.store);
+        // Ids differ per mesh: take this mesh's row.
+        let row = &table(&td, &p, &r, &t)[i];
+        let uri = row.uri.split('#').next().unwrap();
+        let wrong = mesh
+            .token("service \"other\" { policy = \"write\" }\nnode \"other\" { policy = \"write\" }\nagent \"other\" { policy = \"write\" }")
+            .await;
+        let right = if row.rules.is_empty() {
+            wrong.clone()
+        } else {
+            mesh.token(row.rules).await
+        };
+        let what = format!("{} {}", row.method, row.uri);
+        for (who, token) in [("no token", None), ("a wrong token", Some(wrong.as_str()))] {
+            let reply = call(&mesh.app, row.method, uri, token, row.body.clone()).await;
+            match row.without {
+                Without::Denied => {
+                    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{what} with {who}: {}", reply.body);
+                    assert!(
+                        reply.body.starts_with("Permission denied"),
+                        "{what} with {who}: {}",
+                        reply.body
+                    );
+                }
+                Without::Filtered => {
+                    assert_eq!(reply.status, StatusCode::OK, "{what} with {who}: {}", reply.body);
+                    assert!(reply.filtered, "{what} with {who}: not marked filtered");
+                    let v = reply.json();
+                    let empty = match &v {
+                        Value::Null => true,
+                        Value::Array(a) => a.is_empty(),
+                        Value::Object(o) => o.values().all(|x| x.as_array().is_some_and(|a| a.is_empty())),
+                        _ => false,
+                    };
+                    assert!(empty, "{what} with {who} leaked: {}", reply.body);
+                }
+                Without::Open => assert!(reply.status.is_success(), "{what} with {who}: {}", reply.body),
+            }
+        }
+        let reply = call(&mesh.app, row.method, uri, Some(&right), row.body.clone()).await;
+        assert!(
+            reply.status.is_success(),
+            "{what} with the right token: {} {}",
+            reply.status,
+            reply.body
+        );
+        if row.without == Without::Filtered {
+            let v = reply.json();
+            assert!(
+                !v.is_null() && v != json!([]) && v != json!({}),
+                "{what}: the right token read nothing: {}",
+                reply.body
+            );
+        }
+        // An unknown token is refused wherever a permission is needed.
+        if row.without != Without::Open {
+            let reply = call(
+                &mesh.app,
+                row.method,
+                uri,
+                Some("00000000-1111-2222-3333-444444444444"),
+                row.body.clone(),
+            )
+            .await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{what} with an unknown token");
+            assert_eq!(reply.body.trim(), "ACL not found", "{what}");
+        }
+    }
+    // Every row names a served route.
+    for row in &rows {
+        assert!(probe.paths.contains(&row.route), "row for unknown route {}", row.route);
+    }
+}
+
+#[tokio::test]
+async fn every_route_has_a_row() {
+    let mesh = mesh().await;
+    let (p, r, t) = spares(&mesh).await;
+    let rows = table(&trust_domain(&mesh.store), &p, &r, &t);
+    let mut covered: BTreeMap<(&str, &str), ()> = BTreeMap::new();
+    for row in &rows {
+        covered.insert((row.method, row.route), ());
+    }
+    for (m, route) in OWN_TOKEN_ROUTES {
+        covered.insert((m, route), ());
+    }
+    for route in &mesh.paths {
+        // A concrete path for the route: from a row if one exists, else the template itself
+        // (its placeholders match any segment).
+        let uri = rows.iter().find(|r| r.route == *route).map_or_else(
+            || route.replace(['{', '}'], ""),
+            |r| r.uri.split('#').next().unwrap().to_owned(),
+        );
+        for method in ["GET", "PUT", "POST", "DELETE"] {
+            let reply = call(&mesh.app, method, &uri, Some("no-such-token"), Value::Null).await;
+            if reply.status != StatusCode::METHOD_NOT_ALLOWED {
+                assert!(
+                    covered.contains_key(&(method, *route)),
+                    "{method} {route} is served but has no ACL row in this test's table"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn bootstrap_once_then_403() {
+    let mesh = mesh().await;
+    let again = call(&mesh.app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!(again.status, StatusCode::FORBIDDEN);
+    assert!(again.body.contains("ACL bootstrap no longer allowed"), "{}", again.body);
+}
+
+#[tokio::test]
+async fn own_token_routes_answer_the_token_itself() {
+    let mesh = mesh().await;
+    let token = mesh.token(WEB_WRITE).await;
+    let me = call(&mesh.app, "GET", "/v1/acl/token/self", Some(&token), Value::Null).await;
+    assert_eq!(me.status, StatusCode::OK);
+    assert_eq!(me.json()["SecretID"], token.as_str());
+    let unknown = call(&mesh.app, "GET", "/v1/acl/token/self", Some("nope"), Value::Null).await;
+    assert_eq!(unknown.status, StatusCode::FORBIDDEN);
+    let rules = call(
+        &mesh.app,
+        "GET",
+        "/v1/internal/acl/authorizer",
+        Some(&token),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(rules.status, StatusCode::OK, "{}", rules.body);
+    let parsed: acl::TokenRules = serde_json::from_str(&rules.body).unwrap();
+    let a = parsed.authorizer();
+    assert!(a.service_write("web") && !a.service_write("db") && !a.default_allow());
+    let unknown = call(
+        &mesh.app,
+        "GET",
+        "/v1/internal/acl/authorizer",
+        Some("nope"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_token_change_or_deletion_takes_effect_at_once() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let token = mesh.token(WEB_WRITE).await;
+    let leaf = "/v1/agent/connect/ca/leaf/web";
+    assert_eq!(
+        call(&mesh.app, "GET", leaf, Some(&token), Value::Null).await.status,
+        StatusCode::OK
+    );
+    let me = call(&mesh.app, "GET", "/v1/acl/token/self", Some(&token), Value::Null)
+        .await
+        .json();
+    let accessor = me["AccessorID"].as_str().unwrap().to_owned();
+    let policy_id = me["Policies"][0]["ID"].as_str().unwrap().to_owned();
+    // The policy changes to read only: refused on the next request.
+    let upd = call(
+        &mesh.app,
+        "PUT",
+        &format!("/v1/acl/policy/{policy_id}"),
+        m,
+        json!({"Name": me["Policies"][0]["Name"], "Rules": "service \"web\" { policy = \"read\" }"}),
+    )
+    .await;
+    assert_eq!(upd.status, StatusCode::OK, "{}", upd.body);
+    assert_eq!(
+        call(&mesh.app, "GET", leaf, Some(&token), Value::Null).await.status,
+        StatusCode::FORBIDDEN
+    );
+    // Deleted: unknown.
+    let del = call(
+        &mesh.app,
+        "DELETE",
+        &format!("/v1/acl/token/{accessor}"),
+        m,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(del.status, StatusCode::OK);
+    let gone = call(&mesh.app, "GET", leaf, Some(&token), Value::Null).await;
+    assert_eq!(
+        (gone.status, gone.body.trim()),
+        (StatusCode::FORBIDDEN, "ACL not found")
+    );
+}
+
+#[tokio::test]
+async fn malformed_rules_name_line_and_column_and_change_nothing() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let bad = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/policy",
+        m,
+        json!({"Name": "bad", "Rules": "service \"web\" {\n  policy = \"wirte\"\n}"}),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("Rules: line 2, column 12"), "{}", bad.body);
+    let list = call(&mesh.app, "GET", "/v1/acl/policies", m, Value::Null).await.json();
+    assert!(list.as_array().unwrap().iter().all(|p| p["Name"] != "bad"));
+}
+
+#[tokio::test]
+async fn expired_tokens_are_refused_and_ttl_is_bounded() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let short = call(&mesh.app, "PUT", "/v1/acl/token", m, json!({"ExpirationTTL": "10s"})).await;
+    assert_eq!(short.status, StatusCode::BAD_REQUEST);
+    assert!(short.body.contains("ExpirationTTL"), "{}", short.body);
+    // A token stored with an expiration in the past (as after a restart past its TTL).
+    let t = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/token",
+        m,
+        json!({"ExpirationTTL": "1m", "Policies": [{"Name": "global-management"}]}),
+    )
+    .await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.body);
+    let secret = t.json()["SecretID"].as_str().unwrap().to_owned();
+    assert_eq!(
+        call(&mesh.app, "GET", "/v1/acl/tokens", Some(&secret), Value::Null)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let accessor = t.json()["AccessorID"].as_str().unwrap().to_owned();
+    let mut stored = (*mesh.store.read().acl_token(&accessor).unwrap()).clone();
+    stored.expiration_time = Some(structs::Timestamp(
+        std::time::SystemTime::now() - std::time::Duration::from_secs(1),
+    ));
+    // The past expiration goes around the API's checks, as time passing would.
+    let expired = acl_token_expired(&mesh, stored).await;
+    assert_eq!(
+        (expired.status, expired.body.trim()),
+        (StatusCode::FORBIDDEN, "ACL not found")
+    );
+}
+
+/// Replaces a stored token with `token` through a fresh store on the same state (the API
+/// refuses past expirations) and asks with its secret.
+async fn acl_token_expired(mesh: &Mesh, token: structs::acl::AclToken) -> Reply {
+    let resolver = Resolver::new(AclSettings {
+        enabled: true,
+        default_allow: false,
+        datacenter: "dc1".into(),
+    });
+    let mut state = (*mesh.store.read()).clone();
+    let next = state.index.next();
+    let secret = token.secret_id.clone();
+    state.apply(next, &[catalog::Change::PutAclToken(token)]);
+    let resolved = resolver.resolve(&state, Some(&secret));
+    Reply {
+        status: if resolved.is_err() {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::OK
+        },
+        filtered: false,
+        body: resolved.err().map(|e| e.to_string()).unwrap_or_default(),
+    }
+}
+
+#[tokio::test]
+async fn default_allow_grants_all_but_acl_management_and_intentions_follow_it() {
+    for (default_allow, allowed) in [(true, true), (false, false)] {
+        let store = Store::open(StoreConfig::default()).await.unwrap();
+        let app = http_api::router(
+            store.clone(),
+            http_api::ApiConfig {
+                acl: Arc::new(Resolver::new(AclSettings {
+                    enabled: true,
+                    default_allow,
+                    datacenter: "dc1".into(),
+                })),
+                ..Default::default()
+            },
+        );
+        store.write(Op::AclInit).await.unwrap();
+        let boot = call(&app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
+        let m = boot.json()["SecretID"].as_str().unwrap().to_owned();
+        let check = call(
+            &app,
+            "GET",
+            "/v1/connect/intentions/check?source=a&destination=b",
+            Some(&m),
+            Value::Null,
+        )
+        .await;
+        assert_eq!(check.json()["Allowed"], allowed, "default {default_allow}");
+        let anon = call(&app, "GET", "/v1/agent/connect/ca/leaf/web", None, Value::Null).await;
+        assert_eq!(anon.status.is_success(), default_allow);
+        let acl = call(&app, "GET", "/v1/acl/tokens", None, Value::Null).await;
+        assert_eq!(acl.status, StatusCode::FORBIDDEN);
+    }
+}
+
+#[tokio::test]
+async fn secrets_are_hidden_without_acl_write() {
+    let mesh = mesh().await;
+    let reader = mesh.token(ACL_READ).await;
+    let list = call(&mesh.app, "GET", "/v1/acl/tokens", Some(&reader), Value::Null).await;
+    assert_eq!(list.status, StatusCode::OK);
+    for t in list.json().as_array().unwrap() {
+        assert_eq!(t["SecretID"], "<hidden>", "{t}");
+    }
+    let writer = mesh.token(ACL_WRITE).await;
+    let list = call(&mesh.app, "GET", "/v1/acl/tokens", Some(&writer), Value::Null)
+        .await
+        .json();
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["SecretID"] == writer.as_str())
+    );
+}
+
+#[tokio::test]
+async fn acl_endpoints_say_acls_are_off() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let app = http_api::router(store, http_api::ApiConfig::default());
+    let r = call(&app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (StatusCode::UNAUTHORIZED, "ACL support disabled")
+    );
+    // Everything else is open.
+    let r = call(&app, "GET", "/v1/agent/connect/ca/leaf/web", None, Value::Null).await;
+    assert_eq!(r.status, StatusCode::OK);
+}

@@ -1,0 +1,185 @@
+//! ACL tokens, policies and roles in Consul's JSON shapes (`/v1/acl/...`).
+//!
+//! A token's `SecretID` is the credential: it is never written by `Debug` (so never logged),
+//! and answers redact it unless the caller may manage ACLs.
+
+use crate::{Index, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The accessor id of the anonymous token (the one used when a request names no token).
+pub const ANONYMOUS_ACCESSOR: &str = "00000000-0000-0000-0000-000000000002";
+/// The secret of the anonymous token.
+pub const ANONYMOUS_SECRET: &str = "anonymous";
+/// The id of the built-in policy that grants everything.
+pub const GLOBAL_MANAGEMENT_ID: &str = "00000000-0000-0000-0000-000000000001";
+/// The name of the built-in policy that grants everything.
+pub const GLOBAL_MANAGEMENT_NAME: &str = "global-management";
+/// What replaces a secret the caller may not see.
+pub const HIDDEN_SECRET: &str = "<hidden>";
+
+/// A link from a token or role to a policy or role, by id or by name (either may be given
+/// on input; both are filled on output).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Link {
+    /// Id.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Name.
+    #[serde(rename = "Name")]
+    pub name: String,
+}
+
+/// A synthetic policy: `service:write` on the service and its sidecar, read on every
+/// service and node (what a service and its proxy need).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServiceIdentity {
+    /// The service.
+    #[serde(rename = "ServiceName")]
+    pub service_name: String,
+    /// Where it applies (empty: every datacenter).
+    #[serde(rename = "Datacenters", skip_serializing_if = "Vec::is_empty")]
+    pub datacenters: Vec<String>,
+}
+
+/// A synthetic policy: `node:write` on the node and read on every service, in one
+/// datacenter (what an agent needs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeIdentity {
+    /// The node.
+    #[serde(rename = "NodeName")]
+    pub node_name: String,
+    /// The datacenter it applies in.
+    #[serde(rename = "Datacenter")]
+    pub datacenter: String,
+}
+
+/// A token.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclToken {
+    /// Public id.
+    #[serde(rename = "AccessorID")]
+    pub accessor_id: String,
+    /// The credential.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// Policies linked.
+    #[serde(rename = "Policies")]
+    pub policies: Vec<Link>,
+    /// Roles linked.
+    #[serde(rename = "Roles")]
+    pub roles: Vec<Link>,
+    /// Service identities.
+    #[serde(rename = "ServiceIdentities")]
+    pub service_identities: Vec<ServiceIdentity>,
+    /// Node identities.
+    #[serde(rename = "NodeIdentities")]
+    pub node_identities: Vec<NodeIdentity>,
+    /// Local to this datacenter (meshd has one datacenter per cluster: always honoured).
+    #[serde(rename = "Local")]
+    pub local: bool,
+    /// When the token stops working (none: never).
+    #[serde(rename = "ExpirationTime", skip_serializing_if = "Option::is_none")]
+    pub expiration_time: Option<Timestamp>,
+    /// Creation time.
+    #[serde(rename = "CreateTime")]
+    pub create_time: Timestamp,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+impl fmt::Debug for AclToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AclToken")
+            .field("accessor_id", &self.accessor_id)
+            .field("secret_id", &HIDDEN_SECRET)
+            .field("description", &self.description)
+            .field("policies", &self.policies)
+            .field("roles", &self.roles)
+            .field("service_identities", &self.service_identities)
+            .field("node_identities", &self.node_identities)
+            .field("expiration_time", &self.expiration_time)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AclToken {
+    /// True once the token's expiration time has passed.
+    pub fn expired(&self, now: std::time::SystemTime) -> bool {
+        self.expiration_time.is_some_and(|t| t.0 <= now)
+    }
+
+    /// The token as a caller without `acl:write` sees it.
+    pub fn redacted(mut self) -> Self {
+        self.secret_id = HIDDEN_SECRET.to_owned();
+        self
+    }
+}
+
+/// A policy: a named set of rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclPolicy {
+    /// Id.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Unique name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// The rules, in HCL or JSON.
+    #[serde(rename = "Rules")]
+    pub rules: String,
+    /// Where it applies (empty: every datacenter).
+    #[serde(rename = "Datacenters", skip_serializing_if = "Vec::is_empty")]
+    pub datacenters: Vec<String>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+/// A role: a named set of policies and identities, linked from tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclRole {
+    /// Id.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Unique name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// Policies linked.
+    #[serde(rename = "Policies")]
+    pub policies: Vec<Link>,
+    /// Service identities.
+    #[serde(rename = "ServiceIdentities")]
+    pub service_identities: Vec<ServiceIdentity>,
+    /// Node identities.
+    #[serde(rename = "NodeIdentities")]
+    pub node_identities: Vec<NodeIdentity>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
