@@ -392,12 +392,23 @@ struct PolicyIn {
     datacenters: Vec<String>,
 }
 
+/// Rules sent as a JSON string holding the rules (py-consul encodes its `rules` argument
+/// with `json.dumps`, so HCL given to it arrives quoted): the text inside is the rules.
+fn unquote_rules(rules: String) -> String {
+    if rules.trim_start().starts_with('"')
+        && let Ok(inner) = serde_json::from_str::<String>(&rules)
+    {
+        return inner;
+    }
+    rules
+}
+
 async fn write_policy(api: &Api, req: PolicyIn, id: String, create: bool) -> Result<Arc<AclPolicy>, ApiError> {
     let policy = AclPolicy {
         id: id.clone(),
         name: req.name,
         description: req.description,
-        rules: req.rules,
+        rules: unquote_rules(req.rules),
         datacenters: req.datacenters,
         ..AclPolicy::default()
     };

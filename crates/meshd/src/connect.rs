@@ -59,10 +59,14 @@ async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(S
     let Some(services) = get_local(args, "/v1/agent/services").await? else {
         return Ok(None);
     };
-    let Some(me) = get_local(args, "/v1/agent/self").await? else {
-        return Ok(None);
+    // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
+    // then finds the proxy by id among its own.
+    let node = match get_local(args, "/v1/agent/self").await {
+        Ok(Some(me)) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+        Ok(None) => return Ok(None),
+        Err(e) if e.chain().any(|c| c.to_string().contains("403")) => String::new(),
+        Err(e) => return Err(e),
     };
-    let node = me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned();
     let sidecars: Vec<&serde_json::Value> = services
         .as_object()
         .map(|m| m.values().filter(|s| s["Kind"] == "connect-proxy").collect())
@@ -135,7 +139,6 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
 
 /// The bootstrap for the flags as they stand now (resolving the proxy, reading the token).
 async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
-    let (node_name, proxy_id, cluster) = resolve(args).await?;
     let token = match &args.token_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read -token-file {}", path.display()))?
@@ -145,6 +148,12 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         None if args.token.is_empty() => std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default(),
         None => args.token.clone(),
     };
+    // The lookups of the proxy run with the same token as its stream.
+    let with_token = EnvoyArgs {
+        token: token.clone(),
+        ..args.clone()
+    };
+    let (node_name, proxy_id, cluster) = resolve(&with_token).await?;
     let (xds_addr, xds_tls) = xds_target(args).await?;
     let cfg = BootstrapConfig {
         proxy_id,

@@ -1,0 +1,168 @@
+"""ACLs through py-consul 1.8.0: a `meshd server -dev -acl-enabled -acl-default-policy deny`,
+bootstrapped, with policies, roles and tokens made through the client; reads filtered,
+writes with the wrong token refused, the right token accepted."""
+
+import subprocess
+
+import consul
+import pytest
+import requests
+
+from conftest import _meshd_binary
+
+
+@pytest.fixture
+def acl_server():
+    proc = subprocess.Popen(
+        [
+            _meshd_binary(),
+            "server",
+            "-dev",
+            "-http-addr",
+            "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-log-level",
+            "warn",
+            "-acl-enabled",
+            "-acl-default-policy",
+            "deny",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline().strip()
+    prefix = "meshd server listening on http://"
+    if not line.startswith(prefix):
+        proc.kill()
+        raise RuntimeError(f"meshd did not start: {line!r}")
+    host, port = line[len(prefix):].rsplit(":", 1)
+    yield host, int(port)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, "meshd server did not shut down cleanly"
+
+
+@pytest.fixture
+def mesh(acl_server, monkeypatch):
+    """(host, port, management secret, a client with the management token)."""
+    for var in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_ADDR", "CONSUL_HTTP_SSL"):
+        monkeypatch.delenv(var, raising=False)
+    host, port = acl_server
+    anonymous = consul.Consul(host=host, port=port)
+    boot = anonymous.acl.bootstrap()
+    secret = boot["SecretID"]
+    assert boot["Policies"][0]["Name"] == "global-management"
+    return host, port, secret, consul.Consul(host=host, port=port, token=secret)
+
+
+def register(c, node, service, port):
+    assert c.catalog.register(node, "10.0.0.1", service={"Service": service, "ID": service, "Port": port})
+
+
+def test_bootstrap_happens_once(mesh):
+    host, port, _, _ = mesh
+    with pytest.raises(consul.ACLPermissionDenied) as e:
+        consul.Consul(host=host, port=port).acl.bootstrap()
+    assert "ACL bootstrap no longer allowed" in str(e.value)
+
+
+def test_policy_and_token_filter_reads_and_guard_writes(mesh):
+    host, port, _, admin = mesh
+    register(admin, "n1", "web", 80)
+    register(admin, "n1", "db", 5432)
+    # Rules as py-consul's documentation passes them: a dict (sent as JSON rules).
+    policy = admin.acl.policy.create(
+        name="web-owner",
+        description="web and the node it runs on",
+        rules={"service": {"web": {"policy": "write"}}, "node_prefix": {"": {"policy": "read"}}},
+    )
+    assert policy["ID"] and '"web"' in policy["Rules"]
+    token = admin.acl.token.create(policies_name=["web-owner"], description="web's token")
+    assert token["Policies"] == [{"ID": policy["ID"], "Name": "web-owner"}]
+    web = consul.Consul(host=host, port=port, token=token["SecretID"])
+
+    # Reads are filtered to what the token may read, and say so.
+    _, services = web.catalog.services()
+    assert set(services) == {"web"}
+    _, nodes = web.health.service("db")
+    assert nodes == []
+    resp = requests.get(
+        f"http://{host}:{port}/v1/catalog/services",
+        headers={"X-Consul-Token": token["SecretID"]},
+        timeout=10,
+    )
+    assert resp.headers.get("X-Consul-Results-Filtered-By-ACLs") == "true"
+    _, everything = admin.catalog.services()
+    assert {"web", "db"} <= set(everything)
+
+    # A write the token may not do is refused and changes nothing.
+    with pytest.raises(consul.ACLPermissionDenied) as e:
+        register(web, "n1", "db", 9999)
+    assert "Permission denied" in str(e.value)
+    _, db = admin.catalog.service("db")
+    assert [s["ServicePort"] for s in db] == [5432]
+
+
+def test_anonymous_reads_are_filtered_not_refused(mesh):
+    host, port, _, admin = mesh
+    register(admin, "n1", "web", 80)
+    _, services = consul.Consul(host=host, port=port).catalog.services()
+    assert services == {}
+
+
+def test_the_right_token_is_accepted(mesh):
+    host, port, _, admin = mesh
+    token = admin.acl.token.create(service_identities=[{"ServiceName": "web"}])
+    web = consul.Consul(host=host, port=port, token=token["SecretID"])
+    # A new node needs node:write, which a service identity does not hold.
+    with pytest.raises(consul.ACLPermissionDenied) as e:
+        register(web, "n1", "web", 80)
+    assert "'node:write' on \"n1\"" in str(e.value)
+    assert admin.catalog.register("n1", "10.0.0.1")
+    register(web, "n1", "web", 80)
+    _, instances = admin.catalog.service("web")
+    assert [s["ServiceID"] for s in instances] == ["web"]
+    # The service identity covers the sidecar too, and reads of every service.
+    register(web, "n1", "web-sidecar-proxy", 21000)
+    _, services = web.catalog.services()
+    assert "web-sidecar-proxy" in services
+
+
+def test_unknown_token_and_acl_management(mesh):
+    host, port, secret, admin = mesh
+    with pytest.raises(consul.ACLPermissionDenied) as e:
+        consul.Consul(host=host, port=port, token="00000000-aaaa-bbbb-cccc-000000000000").catalog.services()
+    assert "ACL not found" in str(e.value)
+
+    me = admin.acl.token.read_self()
+    assert me["SecretID"] == secret
+    # Rules as HCL text (py-consul quotes it; the server reads the text inside).
+    reader_policy = admin.acl.policy.create(name="acl-reader", rules='acl = "read"')
+    assert reader_policy["Rules"] == 'acl = "read"'
+    role = admin.acl.role.create(name="auditors", policies_id=[reader_policy["ID"]])
+    assert role["Policies"] == [{"ID": reader_policy["ID"], "Name": "acl-reader"}]
+    auditor = admin.acl.token.create(roles_name=["auditors"])
+    audit = consul.Consul(host=host, port=port, token=auditor["SecretID"])
+    listed = audit.acl.token.list()
+    assert listed and all(t["SecretID"] == "<hidden>" for t in listed)
+    with pytest.raises(consul.ACLPermissionDenied):
+        audit.acl.policy.create(name="sneaky", rules='acl = "write"')
+
+    clone = admin.acl.token.clone(auditor["AccessorID"], description="copy")
+    assert clone["AccessorID"] != auditor["AccessorID"] and clone["Roles"] == auditor["Roles"]
+    updated = admin.acl.token.update(auditor["AccessorID"], description="renamed", roles_name=["auditors"])
+    assert updated["Description"] == "renamed"
+    assert admin.acl.token.delete(auditor["AccessorID"])
+    with pytest.raises(consul.ACLPermissionDenied):
+        audit.acl.token.list()
+    assert admin.acl.role.delete(role["ID"])
+    assert admin.acl.policy.delete(reader_policy["ID"])
+
+
+def test_malformed_rules_name_line_and_column(mesh):
+    _, _, _, admin = mesh
+    with pytest.raises(consul.ConsulException) as e:
+        admin.acl.policy.create(name="broken", rules='service "web" {\n  policy = "wirte"\n}\n')
+    assert "400" in str(e.value) and "line 2, column 12" in str(e.value)
+    names = [p["Name"] for p in admin.acl.policy.list()]
+    assert "broken" not in names and "global-management" in names
