@@ -66,15 +66,42 @@ pub fn base_url(addr: &str) -> String {
     }
 }
 
+/// The CA given to verify the servers' HTTPS cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot verify the servers' HTTPS with this CA: {0}")]
+pub struct ServersCaError(String);
+
+fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+}
+
 impl Servers {
-    /// Clients for `addrs` (`host:port` or `http://host:port`).
+    /// Clients for `addrs` (`host:port`, `http://host:port` or `https://host:port`; HTTPS
+    /// verified with the public roots).
     pub fn new(addrs: &[String]) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_default();
+        Self::with_client(addrs, client_builder().build().unwrap_or_default())
+    }
+
+    /// Clients for `addrs` whose HTTPS is verified with the CA certificates of `ca_pem` (PEM)
+    /// only, host names included: no other root is trusted, and there is no way to skip the
+    /// verification.
+    pub fn with_ca(addrs: &[String], ca_pem: &[u8]) -> Result<Self, ServersCaError> {
+        let certs = reqwest::Certificate::from_pem_bundle(ca_pem).map_err(|e| ServersCaError(chain(&e)))?;
+        if certs.is_empty() {
+            return Err(ServersCaError("no PEM certificate in it".into()));
+        }
+        let builder = certs.into_iter().fold(
+            client_builder().use_rustls_tls().tls_built_in_root_certs(false),
+            |b, cert| b.add_root_certificate(cert),
+        );
+        let client = builder.build().map_err(|e| ServersCaError(chain(&e)))?;
+        Ok(Self::with_client(addrs, client))
+    }
+
+    fn with_client(addrs: &[String], client: reqwest::Client) -> Self {
         Self {
             answered: addrs.iter().map(|_| AtomicBool::new(true)).collect(),
             bases: addrs.iter().map(|a| base_url(a)).collect(),

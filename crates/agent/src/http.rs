@@ -41,7 +41,9 @@ impl From<AgentError> for HttpError {
         let status = match &e {
             AgentError::Invalid(_) => StatusCode::BAD_REQUEST,
             AgentError::NotFound(_) => StatusCode::NOT_FOUND,
-            AgentError::Persist(_) | AgentError::DataDir { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            AgentError::Persist(_) | AgentError::DataDir { .. } | AgentError::ServersCa(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         HttpError(status, e.to_string())
     }

@@ -27,6 +27,10 @@ pub struct RunningAgent {
     pub http_addr: SocketAddr,
     /// The bound xDS address.
     pub grpc_addr: SocketAddr,
+    /// The bound HTTPS address (`-https-addr`).
+    pub https_addr: Option<SocketAddr>,
+    /// The bound xDS over TLS address (`-grpc-tls-addr`).
+    pub grpc_tls_addr: Option<SocketAddr>,
 }
 
 fn host_name() -> String {
@@ -62,10 +66,12 @@ struct Settings {
     leave_on_terminate: bool,
     allow_managed_root: bool,
     envoy_binary: Option<PathBuf>,
+    tls: crate::tls::TlsSettings,
     file: FileConfig,
 }
 
 fn settings(args: &AgentArgs) -> Result<Settings> {
+    let tls = crate::tls::TlsSettings::load(&args.tls)?;
     let file = FileConfig::load(&args.config_file)?;
     let dev = args.dev || file.dev.unwrap_or(false);
     let data_dir: Option<PathBuf> = args.data_dir.clone().or_else(|| file.data_dir.clone());
@@ -128,6 +134,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             agent_token: read_token(args.acl_agent_token_file.as_deref(), "-acl-agent-token-file")?,
             default_token: read_token(args.acl_default_token_file.as_deref(), "-acl-default-token-file")?,
         },
+        servers_ca_pem: tls.ca_pem.clone(),
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {
@@ -140,6 +147,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         leave_on_terminate: args.leave_on_terminate.or(file.leave_on_terminate).unwrap_or(true),
         allow_managed_root: args.allow_managed_root || file.allow_managed_root.unwrap_or(false),
         envoy_binary: args.envoy_binary.clone().or_else(|| file.envoy_binary.clone()),
+        tls,
         file,
     })
 }
@@ -167,6 +175,7 @@ pub async fn run(
         leave_on_terminate,
         allow_managed_root,
         envoy_binary,
+        tls,
         file,
     } = loaded?;
     let listener = TcpListener::bind(http_addr)
@@ -177,6 +186,22 @@ pub async fn run(
         .await
         .with_context(|| format!("cannot listen on {grpc_addr} (xDS)"))?;
     let grpc_addr = grpc_listener.local_addr().context("reading the bound xDS address")?;
+    let https_listener = match args.tls.https_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (HTTPS)"))?,
+        ),
+        None => None,
+    };
+    let grpc_tls_listener = match args.tls.grpc_tls_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (xDS TLS)"))?,
+        ),
+        None => None,
+    };
     let node = config.node.clone();
     let datacenter = config.datacenter.clone();
     let agent = Agent::start(config).await?;
@@ -202,11 +227,8 @@ pub async fn run(
         agent.shutdown().await;
         bail!("managed proxies: {e}");
     }
-    info!(%http_addr, %grpc_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready");
-    on_ready(&RunningAgent { http_addr, grpc_addr });
-
     let stop = CancellationToken::new();
-    let http_stop = stop.clone();
+    let grpc_stop = CancellationToken::new();
     let token_acl: crate::engine::TokenAcl = {
         let acl = Arc::clone(agent.acl());
         Arc::new(move |token: Option<String>| {
@@ -234,6 +256,38 @@ pub async fn run(
             token_acl,
         ));
     let http_conn_limit = args.http_max_conns_per_client;
+    let (https_addr, https) = match (https_listener, &tls.server) {
+        (Some(listener), Some(server)) => {
+            let (addr, task) = crate::tls::listener::serve_https(
+                listener,
+                Arc::clone(&server.http),
+                http_conn_limit,
+                app.clone(),
+                stop.clone(),
+            )
+            .context("starting the HTTPS API")?;
+            (Some(addr), Some(task))
+        }
+        _ => (None, None),
+    };
+    let (grpc_tls_addr, grpc_tls) = match (grpc_tls_listener, &tls.server) {
+        (Some(listener), Some(server)) => {
+            let (addr, task) =
+                crate::engine::serve_xds_tls(listener, Arc::clone(&server.grpc), &engine.xds, grpc_stop.clone())
+                    .context("starting xDS over TLS")?;
+            (Some(addr), Some(task))
+        }
+        _ => (None, None),
+    };
+    info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready");
+    on_ready(&RunningAgent {
+        http_addr,
+        grpc_addr,
+        https_addr,
+        grpc_tls_addr,
+    });
+
+    let http_stop = stop.clone();
     let http = tokio::spawn(
         async move {
             axum::serve(crate::conn_limit::PerClientLimit::new(listener, http_conn_limit), app)
@@ -242,7 +296,6 @@ pub async fn run(
         }
         .instrument(info_span!("agent_http")),
     );
-    let grpc_stop = CancellationToken::new();
     let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, grpc_stop.clone());
     let reload_stop = stop.clone();
     let reload_agent = agent.clone();
@@ -268,7 +321,15 @@ pub async fn run(
     stop.cancel();
     reload.await.context("reload task")?;
     grpc.await.context("xDS server task")?.context("serving xDS")?;
+    if let Some(task) = grpc_tls {
+        task.await
+            .context("xDS TLS server task")?
+            .context("serving xDS over TLS")?;
+    }
     http.await.context("HTTP server task")?.context("serving HTTP")?;
+    if let Some(task) = https {
+        task.await.context("HTTPS server task")?.context("serving HTTPS")?;
+    }
     info!("meshd agent stopped");
     Ok(())
 }

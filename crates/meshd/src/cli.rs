@@ -24,6 +24,9 @@ pub enum Command {
     /// Connect proxies to the mesh.
     #[command(subcommand)]
     Connect(ConnectCommand),
+    /// Make a CA and certificates for the HTTPS API and xDS over TLS.
+    #[command(subcommand)]
+    Tls(TlsCommand),
 }
 
 /// `meshd agent` flags. Unset flags fall back to the config files, then to the defaults.
@@ -110,6 +113,9 @@ pub struct AgentArgs {
     /// A file holding the token of requests that name none.
     #[arg(long = "acl-default-token-file", value_name = "PATH")]
     pub acl_default_token_file: Option<PathBuf>,
+    /// HTTPS and xDS over TLS; the CA also verifies `https://` servers of -retry-join.
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 /// `meshd connect` subcommands.
@@ -135,9 +141,13 @@ pub struct EnvoyArgs {
     /// HTTP API of the local agent, or of a server (to look the proxy up).
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
-    /// xDS address Envoy connects to.
+    /// xDS address Envoy connects to: `host:port` (plaintext), or `https://host:port` for
+    /// xDS over TLS (with -grpc-ca-file).
     #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
-    pub grpc_addr: SocketAddr,
+    pub grpc_addr: GrpcAddr,
+    /// The CA (PEM) Envoy trusts for xDS over TLS; it is put in the bootstrap.
+    #[arg(long = "grpc-ca-file", value_name = "PATH")]
+    pub grpc_ca_file: Option<PathBuf>,
     /// Envoy's admin interface.
     #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
     pub admin_bind: SocketAddr,
@@ -240,6 +250,159 @@ pub struct ServerArgs {
     /// (Consul's initial management token). Secrets are never taken on the command line.
     #[arg(long = "acl-initial-management-token-file", value_name = "PATH")]
     pub acl_initial_management_token_file: Option<PathBuf>,
+    /// HTTPS and xDS over TLS.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS flags of `meshd server` and `meshd agent`, after Consul's: the HTTPS API and xDS
+/// over TLS serve one certificate; the CA verifies clients when asked to.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// Address of the HTTPS API, serving what the HTTP API serves (off unless set).
+    #[arg(long = "https-addr", value_name = "ADDR")]
+    pub https_addr: Option<SocketAddr>,
+    /// Address of xDS over TLS (off unless set).
+    #[arg(long = "grpc-tls-addr", value_name = "ADDR")]
+    pub grpc_tls_addr: Option<SocketAddr>,
+    /// The certificate (PEM, leaf first) the TLS listeners present.
+    #[arg(long = "tls-cert-file", value_name = "PATH")]
+    pub cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long = "tls-key-file", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
+    /// The CA (PEM) that verifies client certificates (-tls-verify-incoming) and, on an
+    /// agent, the servers it joins over `https://`.
+    #[arg(long = "tls-ca-file", value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
+    /// Require a client certificate signed by -tls-ca-file on the TLS listeners.
+    #[arg(long = "tls-verify-incoming")]
+    pub verify_incoming: bool,
+}
+
+/// Where Envoy reaches xDS: `host:port` or `http://host:port` (plaintext), `https://host:port`
+/// (TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcAddr {
+    /// Over TLS.
+    pub tls: bool,
+    /// Host name or IP address (without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for GrpcAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (tls, rest) = if let Some(rest) = s.strip_prefix("https://") {
+            (true, rest)
+        } else {
+            (false, s.strip_prefix("http://").unwrap_or(s))
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?}: expected host:port or https://host:port"))?;
+        let port: u16 = port.parse().map_err(|_| format!("{s:?}: {port:?} is not a port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.contains(['/', '@', '?', '#']) {
+            return Err(format!("{s:?}: expected host:port or https://host:port"));
+        }
+        Ok(Self {
+            tls,
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for GrpcAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.tls { "https://" } else { "" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// `meshd tls` subcommands (after `consul tls`).
+#[derive(Debug, Subcommand)]
+pub enum TlsCommand {
+    /// The certificate authority.
+    #[command(subcommand)]
+    Ca(TlsCaCommand),
+    /// Server and client certificates signed by the CA.
+    #[command(subcommand)]
+    Cert(TlsCertCommand),
+}
+
+/// `meshd tls ca` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TlsCaCommand {
+    /// Create a CA: `<domain>-agent-ca.pem` and `<domain>-agent-ca-key.pem`.
+    Create(TlsCaCreateArgs),
+}
+
+/// `meshd tls cert` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TlsCertCommand {
+    /// Create a certificate signed by the CA: `<dc>-server-<domain>-N.pem` (or `client`) and
+    /// its `-key.pem`, N the first free index.
+    Create(TlsCertCreateArgs),
+}
+
+/// `meshd tls ca create` flags.
+#[derive(Debug, Clone, Args)]
+pub struct TlsCaCreateArgs {
+    /// Directory the files are written to.
+    #[arg(long = "dir", value_name = "DIR", default_value = ".")]
+    pub dir: PathBuf,
+    /// Domain of the certificates (file names, the CA's name).
+    #[arg(long = "domain", value_name = "DOMAIN", default_value = "meshd")]
+    pub domain: String,
+    /// Days the CA is valid.
+    #[arg(long = "days", value_name = "N", default_value_t = 1825, value_parser = clap::value_parser!(u32).range(1..))]
+    pub days: u32,
+}
+
+/// `meshd tls cert create` flags.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("kind").required(true).args(["server", "client"])))]
+pub struct TlsCertCreateArgs {
+    /// A server certificate: names `server.<dc>.<domain>`, `localhost`, `127.0.0.1`.
+    #[arg(long = "server")]
+    pub server: bool,
+    /// A client certificate: names `client.<dc>.<domain>`, `localhost`, `127.0.0.1`.
+    #[arg(long = "client")]
+    pub client: bool,
+    /// Datacenter.
+    #[arg(long = "dc", value_name = "DC", default_value = "dc1")]
+    pub dc: String,
+    /// Domain (as in the CA's file names).
+    #[arg(long = "domain", value_name = "DOMAIN", default_value = "meshd")]
+    pub domain: String,
+    /// The CA certificate (default: `<domain>-agent-ca.pem` in -dir).
+    #[arg(long = "ca", value_name = "PATH")]
+    pub ca: Option<PathBuf>,
+    /// The CA's key (default: `<domain>-agent-ca-key.pem` in -dir).
+    #[arg(long = "key", value_name = "PATH")]
+    pub key: Option<PathBuf>,
+    /// Another DNS name in the certificate (repeatable).
+    #[arg(long = "additional-dnsname", value_name = "NAME")]
+    pub additional_dnsname: Vec<String>,
+    /// Another IP address in the certificate (repeatable).
+    #[arg(long = "additional-ipaddress", value_name = "IP")]
+    pub additional_ipaddress: Vec<std::net::IpAddr>,
+    /// Days the certificate is valid.
+    #[arg(long = "days", value_name = "N", default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
+    pub days: u32,
+    /// Directory the files are written to.
+    #[arg(long = "dir", value_name = "DIR", default_value = ".")]
+    pub dir: PathBuf,
 }
 
 /// Rewrites Consul's single-dash long flags (`-data-dir=x`, `-dev`) to clap's `--` form.
@@ -369,5 +532,77 @@ mod tests {
         assert_eq!(args.sidecar_for.as_deref(), Some("web"));
         assert!(args.bootstrap);
         assert_eq!(args.envoy_args, vec!["--base-id", "7"]);
+    }
+
+    #[cfg(feature = "server")]
+    #[test]
+    fn parses_tls_flags_and_grpc_addresses() {
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "server",
+            "-dev",
+            "-https-addr",
+            "127.0.0.1:0",
+            "-grpc-tls-addr=127.0.0.1:0",
+            "-tls-cert-file",
+            "c.pem",
+            "-tls-key-file",
+            "k.pem",
+            "-tls-ca-file",
+            "ca.pem",
+            "-tls-verify-incoming",
+        ]))
+        .unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
+        assert_eq!(args.tls.https_addr.map(|a| a.port()), Some(0));
+        assert!(args.tls.grpc_tls_addr.is_some() && args.tls.verify_incoming);
+        assert_eq!(args.tls.key_file, Some(PathBuf::from("k.pem")));
+
+        let parse = |s: &str| s.parse::<GrpcAddr>();
+        let plain = parse("127.0.0.1:8502").unwrap();
+        assert_eq!((plain.tls, plain.host.as_str(), plain.port), (false, "127.0.0.1", 8502));
+        assert_eq!(parse("http://127.0.0.1:8502").unwrap(), plain);
+        let tls = parse("https://server.dc1.meshd:8503").unwrap();
+        assert_eq!((tls.tls, tls.host.as_str(), tls.port), (true, "server.dc1.meshd", 8503));
+        assert_eq!(tls.to_string(), "https://server.dc1.meshd:8503");
+        let v6 = parse("https://[::1]:8503/").unwrap();
+        assert_eq!(
+            (v6.host.as_str(), v6.to_string()),
+            ("::1", "https://[::1]:8503".to_owned())
+        );
+        for bad in ["127.0.0.1", "https://:1", "https://h:port", "https://u@h:1"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "tls",
+            "cert",
+            "create",
+            "-server",
+            "-dc",
+            "dc2",
+            "-additional-dnsname",
+            "a.example",
+            "-additional-ipaddress",
+            "10.0.0.1",
+        ]))
+        .unwrap();
+        let Command::Tls(TlsCommand::Cert(TlsCertCommand::Create(args))) = cli.command else {
+            panic!("not tls cert create")
+        };
+        assert!(args.server && !args.client);
+        assert_eq!(args.dc, "dc2");
+        assert_eq!(
+            args.additional_ipaddress,
+            ["10.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert!(
+            Cli::try_parse_from(norm(&["meshd", "tls", "cert", "create"])).is_err(),
+            "-server or -client"
+        );
+        assert!(Cli::try_parse_from(norm(&["meshd", "tls", "cert", "create", "-server", "-client"])).is_err());
     }
 }

@@ -18,13 +18,64 @@ use tracing::warn;
 /// Open connections by client address.
 type Counts = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
+/// The per-client counts and the limit, shared by a listener's accept loop (the plain
+/// listener below, and the HTTPS one, which counts connections before their handshake).
+#[derive(Debug, Clone)]
+pub struct ClientCounts {
+    max: usize,
+    open: Counts,
+    last_warned: Arc<Mutex<Option<Instant>>>,
+}
+
+impl ClientCounts {
+    /// At most `max` open connections per client address (0: no limit).
+    pub fn new(max: u32) -> Self {
+        Self {
+            max: usize::try_from(max).unwrap_or(usize::MAX),
+            open: Arc::default(),
+            last_warned: Arc::default(),
+        }
+    }
+
+    /// `stream` from `ip`, counted until it is dropped; or given back when `ip` is at its
+    /// limit, for the caller to refuse (a warning is logged at most every 10 s).
+    pub fn admit(&self, stream: TcpStream, ip: IpAddr) -> Result<Counted, TcpStream> {
+        let admitted = {
+            let mut open = self.open.lock();
+            let n = open.entry(ip).or_insert(0);
+            if self.max == 0 || *n < self.max {
+                *n += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if admitted {
+            return Ok(Counted {
+                stream,
+                ip,
+                open: Arc::clone(&self.open),
+            });
+        }
+        let mut last = self.last_warned.lock();
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            warn!(client = %ip, limit = self.max, "client has too many HTTP connections open; refusing more, -http-max-conns-per-client");
+        }
+        Err(stream)
+    }
+
+    /// Connections open now from `ip`.
+    pub fn open_from(&self, ip: IpAddr) -> usize {
+        self.open.lock().get(&ip).copied().unwrap_or(0)
+    }
+}
+
 /// A listener that admits at most `max` open connections per client address (0: no limit).
 #[derive(Debug)]
 pub struct PerClientLimit {
     inner: TcpListener,
-    max: usize,
-    open: Counts,
-    last_warned: Option<Instant>,
+    counts: ClientCounts,
 }
 
 impl PerClientLimit {
@@ -32,15 +83,13 @@ impl PerClientLimit {
     pub fn new(inner: TcpListener, max: u32) -> Self {
         Self {
             inner,
-            max: usize::try_from(max).unwrap_or(usize::MAX),
-            open: Arc::default(),
-            last_warned: None,
+            counts: ClientCounts::new(max),
         }
     }
 
     /// Connections open now from `ip`.
     pub fn open_from(&self, ip: IpAddr) -> usize {
-        self.open.lock().get(&ip).copied().unwrap_or(0)
+        self.counts.open_from(ip)
     }
 }
 
@@ -83,39 +132,37 @@ impl axum::serve::Listener for PerClientLimit {
     async fn accept(&mut self) -> (Counted, SocketAddr) {
         loop {
             let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-            let ip = addr.ip();
-            let admitted = {
-                let mut open = self.open.lock();
-                let n = open.entry(ip).or_insert(0);
-                if self.max == 0 || *n < self.max {
-                    *n += 1;
-                    true
-                } else {
-                    false
+            match self.counts.admit(stream, addr.ip()) {
+                Ok(counted) => return (counted, addr),
+                // Best effort: a 429 saying why, then the connection closes (never waiting on
+                // a client that does not read).
+                Err(refused) => {
+                    let _ = refused.try_write(&too_many());
                 }
-            };
-            if admitted {
-                return (
-                    Counted {
-                        stream,
-                        ip,
-                        open: Arc::clone(&self.open),
-                    },
-                    addr,
-                );
-            }
-            // Best effort: a 429 saying why, then the connection closes (never waiting on a
-            // client that does not read).
-            let _ = stream.try_write(&too_many());
-            if self.last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                self.last_warned = Some(Instant::now());
-                warn!(client = %ip, limit = self.max, "client has too many HTTP connections open; refusing more (429), -http-max-conns-per-client");
             }
         }
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
+    }
+}
+
+impl Counted {
+    /// Reads the first bytes the client sent without consuming them (see
+    /// [`TcpStream::peek`]).
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.peek(buf).await
+    }
+
+    /// The client's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.peer_addr()
+    }
+
+    /// The address the connection was accepted on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
     }
 }
 

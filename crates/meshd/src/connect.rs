@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
-use supervisor::bootstrap::{BootstrapConfig, bootstrap_json};
+use supervisor::bootstrap::{BootstrapConfig, XdsTls, bootstrap_json};
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
@@ -154,15 +154,51 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         ..args.clone()
     };
     let (node_name, proxy_id, cluster) = resolve(&with_token).await?;
+    let (xds_addr, xds_tls) = xds_target(args).await?;
     let cfg = BootstrapConfig {
         proxy_id,
         node_name,
         cluster,
         admin_bind: args.admin_bind,
-        xds_addr: args.grpc_addr,
+        xds_addr,
         token,
+        xds_tls,
     };
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
+}
+
+/// Where Envoy reaches xDS (a host name resolved now: the bootstrap's cluster is static) and,
+/// for `https://`, the CA it verifies the server with and the name the server's certificate
+/// must carry (the host given).
+async fn xds_target(args: &EnvoyArgs) -> Result<(std::net::SocketAddr, Option<XdsTls>)> {
+    let target = &args.grpc_addr;
+    let addr = match target.host.parse::<std::net::IpAddr>() {
+        Ok(ip) => std::net::SocketAddr::new(ip, target.port),
+        Err(_) => tokio::net::lookup_host((target.host.as_str(), target.port))
+            .await
+            .with_context(|| format!("-grpc-addr {target}: cannot resolve {}", target.host))?
+            .next()
+            .with_context(|| format!("-grpc-addr {target}: {} has no address", target.host))?,
+    };
+    let tls = match (&args.grpc_ca_file, target.tls) {
+        (Some(path), true) => {
+            let ca_pem = std::fs::read_to_string(path)
+                .with_context(|| format!("-grpc-ca-file {}: cannot read", path.display()))?;
+            if !ca_pem.contains("-----BEGIN CERTIFICATE-----") {
+                bail!("-grpc-ca-file {}: no PEM certificate in the file", path.display());
+            }
+            Some(XdsTls {
+                ca_pem,
+                server_name: target.host.clone(),
+            })
+        }
+        (None, true) => {
+            bail!("-grpc-addr {target}: xDS over TLS needs -grpc-ca-file (the CA Envoy verifies the server with)")
+        }
+        (Some(_), false) => bail!("-grpc-ca-file is for xDS over TLS: give -grpc-addr as https://HOST:PORT"),
+        (None, false) => None,
+    };
+    Ok((addr, tls))
 }
 
 /// `-bootstrap` prints the bootstrap; `-exec` replaces this process with Envoy; by default

@@ -16,16 +16,48 @@ pub fn serve_xds(
     stop: CancellationToken,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(serve_xds_on(incoming, xds, stop).instrument(info_span!("xds_server", grpc_addr = %addr)))
+}
+
+/// Serves `xds` over TLS on `listener` until `stop` fires: the same service (and so the
+/// same stream admission) as [`serve_xds`], over connections the TLS listener handshook.
+pub fn serve_xds_tls(
+    listener: TcpListener,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    xds: &XdsServer,
+    stop: CancellationToken,
+) -> std::io::Result<(SocketAddr, JoinHandle<Result<(), tonic::transport::Error>>)> {
+    // No per-client limit on xDS (the plain port has none either): admission bounds streams.
+    let incoming = crate::tls::TlsIncoming::start(
+        listener,
+        config,
+        crate::conn_limit::ClientCounts::new(0),
+        stop.clone(),
+        "xds",
+    )?;
+    let addr = incoming.local_addr();
+    let span = info_span!("xds_tls_server", grpc_tls_addr = %addr);
+    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, stop).instrument(span));
+    Ok((addr, task))
+}
+
+/// The xDS server over `incoming` until `stop` fires, not yet spawned.
+fn serve_xds_on<S, IO>(
+    incoming: S,
+    xds: &XdsServer,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static
+where
+    S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+{
     let service = xds.service();
-    tokio::spawn(
-        async move {
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
-                .await
-        }
-        .instrument(info_span!("xds_server", grpc_addr = %addr)),
-    )
+    async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
+            .await
+    }
 }
 
 /// The xDS admission control the flags ask for.

@@ -11,6 +11,7 @@ pub mod connect;
 pub mod engine;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod tls;
 
 /// Installs the tracing subscriber: human-readable or JSON lines on stderr.
 pub fn init_logging(level: &str, json: bool) {

@@ -43,6 +43,12 @@ fn main() -> ExitCode {
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "meshd server listening on http://{}", running.http_addr);
                     let _ = writeln!(out, "meshd xds listening on {}", running.grpc_addr);
+                    if let Some(addr) = running.https_addr {
+                        let _ = writeln!(out, "meshd server listening on https://{addr}");
+                    }
+                    if let Some(addr) = running.grpc_tls_addr {
+                        let _ = writeln!(out, "meshd xds-tls listening on {addr}");
+                    }
                     let _ = out.flush();
                 })
                 .await
@@ -55,6 +61,12 @@ fn main() -> ExitCode {
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "meshd agent listening on http://{}", running.http_addr);
                     let _ = writeln!(out, "meshd agent xds listening on {}", running.grpc_addr);
+                    if let Some(addr) = running.https_addr {
+                        let _ = writeln!(out, "meshd agent listening on https://{addr}");
+                    }
+                    if let Some(addr) = running.grpc_tls_addr {
+                        let _ = writeln!(out, "meshd agent xds-tls listening on {addr}");
+                    }
                     let _ = out.flush();
                 })
                 .await
@@ -65,6 +77,7 @@ fn main() -> ExitCode {
                 }
                 meshd::connect::run(args, meshd::shutdown_signal()).await
             }
+            Command::Tls(command) => meshd::tls::certs::run(command),
         }
     });
     match result {

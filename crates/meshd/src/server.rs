@@ -21,6 +21,10 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// The bound xDS address.
     pub grpc_addr: SocketAddr,
+    /// The bound HTTPS address (`-https-addr`).
+    pub https_addr: Option<SocketAddr>,
+    /// The bound xDS over TLS address (`-grpc-tls-addr`).
+    pub grpc_tls_addr: Option<SocketAddr>,
 }
 
 /// Runs a server until `shutdown` completes: xDS streams end, in-flight HTTP requests finish,
@@ -30,6 +34,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(&Running),
 ) -> Result<()> {
+    let tls = crate::tls::TlsSettings::load(&args.tls)?;
     let store = open_store(&args).await?;
     let acl = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
         enabled: args.acl_enabled,
@@ -41,6 +46,14 @@ pub async fn run(
     }
     let (listener, http_addr) = bind(args.http_addr, "").await?;
     let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
+    let https_listener = match args.tls.https_addr {
+        Some(addr) => Some(bind(addr, "HTTPS ").await?.0),
+        None => None,
+    };
+    let grpc_tls_listener = match args.tls.grpc_tls_addr {
+        Some(addr) => Some(bind(addr, "xDS TLS ").await?.0),
+        None => None,
+    };
     let engine = Engine::start(
         store.clone(),
         &args.datacenter,
@@ -74,12 +87,40 @@ pub async fn run(
         std::sync::Arc::new(|_: &str| None),
         status_acl,
     ));
-    info!(%http_addr, %grpc_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
-    on_ready(&Running { http_addr, grpc_addr });
-
     let stop = CancellationToken::new();
-    let http_stop = stop.clone();
     let http_conn_limit = args.http_max_conns_per_client;
+    let (https_addr, https) = match (https_listener, &tls.server) {
+        (Some(listener), Some(server)) => {
+            let (addr, task) = crate::tls::listener::serve_https(
+                listener,
+                std::sync::Arc::clone(&server.http),
+                http_conn_limit,
+                app.clone(),
+                stop.clone(),
+            )
+            .context("starting the HTTPS API")?;
+            (Some(addr), Some(task))
+        }
+        _ => (None, None),
+    };
+    let (grpc_tls_addr, grpc_tls) = match (grpc_tls_listener, &tls.server) {
+        (Some(listener), Some(server)) => {
+            let (addr, task) =
+                crate::engine::serve_xds_tls(listener, std::sync::Arc::clone(&server.grpc), &engine.xds, stop.clone())
+                    .context("starting xDS over TLS")?;
+            (Some(addr), Some(task))
+        }
+        _ => (None, None),
+    };
+    info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
+    on_ready(&Running {
+        http_addr,
+        grpc_addr,
+        https_addr,
+        grpc_tls_addr,
+    });
+
+    let http_stop = stop.clone();
     let http = tokio::spawn(
         async move {
             axum::serve(crate::conn_limit::PerClientLimit::new(listener, http_conn_limit), app)
@@ -104,12 +145,22 @@ pub async fn run(
     stop.cancel();
     let served = http.await.context("HTTP server task")?;
     let grpc_served = grpc.await.context("xDS server task")?;
+    let https_served = match https {
+        Some(task) => Some(task.await.context("HTTPS server task")?),
+        None => None,
+    };
+    let grpc_tls_served = match grpc_tls {
+        Some(task) => Some(task.await.context("xDS TLS server task")?),
+        None => None,
+    };
     liveness_task.await.context("node liveness task")?;
     engine.shutdown().await;
     store.close().await;
     info!("meshd server stopped");
     served.context("serving HTTP")?;
     grpc_served.context("serving xDS")?;
+    https_served.transpose().context("serving HTTPS")?;
+    grpc_tls_served.transpose().context("serving xDS over TLS")?;
     Ok(())
 }
 

@@ -106,6 +106,32 @@ where
     (child, http, grpc)
 }
 
+/// Starts `bin` with `args` and reads its ready lines: for each of `prefixes` in order, the
+/// next line starting with it (other lines are skipped), without the prefix. For the lines
+/// past the usual two (`meshd server ... -https-addr` prints its HTTPS line after them).
+pub fn start_reading<I, S>(bin: &Path, args: I, prefixes: &[&str]) -> (Child, Vec<String>)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let stdout = child.stdout.take().expect("the process's stdout");
+    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    let found = prefixes
+        .iter()
+        .map(|prefix| {
+            lines
+                .find_map(|l| l.strip_prefix(prefix).map(str::to_owned))
+                .unwrap_or_else(|| panic!("no ready line {prefix:?} from {}", bin.display()))
+        })
+        .collect();
+    (child, found)
+}
+
 /// The value of the sample `name` (with its labels, as printed) in a server's
 /// `/v1/agent/metrics?format=prometheus` at `http` (`http://ADDR`); 0 when absent.
 pub async fn metric(client: &reqwest::Client, http: &str, name: &str) -> f64 {

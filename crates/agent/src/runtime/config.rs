@@ -39,6 +39,9 @@ pub struct AgentConfig {
     pub allow_managed_api_registration: bool,
     /// ACL enforcement and the agent's tokens.
     pub acl: crate::acl::AclConfig,
+    /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
+    /// root is trusted (`None`: the public roots).
+    pub servers_ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for AgentConfig {
@@ -57,6 +60,7 @@ impl Default for AgentConfig {
             managed_sidecars: false,
             allow_managed_api_registration: false,
             acl: crate::acl::AclConfig::default(),
+            servers_ca_pem: None,
         }
     }
 }
@@ -106,6 +110,9 @@ pub enum AgentError {
     /// A registration could not be persisted.
     #[error("cannot persist the registration: {0}")]
     Persist(#[from] std::io::Error),
+    /// The CA for the servers' HTTPS is unusable.
+    #[error(transparent)]
+    ServersCa(#[from] crate::servers::ServersCaError),
     /// The data directory is unusable.
     #[error("cannot use data dir {path}: {error}")]
     DataDir {
