@@ -3,6 +3,7 @@
 
 use ::catalog::*;
 use std::{sync::Arc, time::Duration};
+use structs::acl;
 use structs::config_entry::{IntentionAction, ServiceDefaults};
 use structs::*;
 
@@ -610,4 +611,79 @@ async fn an_unreadable_snapshot_is_refused_by_name_unless_the_log_covers_it() {
         "names the file: {text}"
     );
     assert!(text.contains("lose acknowledged writes"), "{text}");
+}
+
+/// ACL tokens, policies, roles and the bootstrap survive a reopen, from the log and from a
+/// snapshot, and the secret index is rebuilt.
+#[tokio::test]
+async fn acls_survive_reopen_from_the_log_and_from_a_snapshot() {
+    for snapshot_every in [10_000, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "1f0e2d3c-4b5a-4968-8776-a5b4c3d2e1f0";
+        {
+            let store = disk_store(dir.path(), snapshot_every).await;
+            store
+                .write(Op::AclBootstrap {
+                    accessor: "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d".into(),
+                    secret: secret.into(),
+                })
+                .await
+                .unwrap();
+            store
+                .write(Op::AclPolicySet {
+                    policy: Box::new(acl::AclPolicy {
+                        id: "p-1".into(),
+                        name: "readers".into(),
+                        rules: "service_prefix \"\" { policy = \"read\" }".into(),
+                        ..Default::default()
+                    }),
+                    create: true,
+                })
+                .await
+                .unwrap();
+            store
+                .write(Op::AclRoleSet {
+                    role: Box::new(acl::AclRole {
+                        id: "r-1".into(),
+                        name: "ops".into(),
+                        policies: vec![acl::Link {
+                            id: String::new(),
+                            name: "readers".into(),
+                        }],
+                        ..Default::default()
+                    }),
+                    create: true,
+                })
+                .await
+                .unwrap();
+            // Past the snapshot threshold: a write after the snapshot lands in the log.
+            for i in 0..3u16 {
+                store
+                    .write(register(&format!("n{i}"), "10.0.0.1", None, vec![]))
+                    .await
+                    .unwrap();
+            }
+            store.close().await;
+        }
+        let store = disk_store(dir.path(), snapshot_every).await;
+        let state = store.read();
+        let token = state.acl_token_by_secret(secret).expect("the bootstrap token");
+        assert_eq!(token.policies[0].name, acl::GLOBAL_MANAGEMENT_NAME);
+        assert!(state.acl_policy_by_name("readers").is_some());
+        assert_eq!(state.acl_role_by_name("ops").unwrap().policies[0].id, "p-1");
+        assert!(state.acl_bootstrapped().is_some());
+        let again = store
+            .write(Op::AclBootstrap {
+                accessor: "0b1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d".into(),
+                secret: "2f0e2d3c-4b5a-4968-8776-a5b4c3d2e1f0".into(),
+            })
+            .await;
+        assert!(matches!(again, Err(WriteError::Forbidden(_))), "{again:?}");
+        let resolver = ::catalog::acl::Resolver::new(::catalog::acl::AclSettings {
+            enabled: true,
+            default_allow: false,
+            datacenter: "dc1".into(),
+        });
+        assert!(resolver.resolve(&state, Some(secret)).unwrap().authz.acl_write());
+    }
 }
