@@ -89,6 +89,12 @@ impl Cluster {
                 "deny",
                 "-acl-agent-token-file",
                 agent_file.to_str().unwrap(),
+                // web's sidecar runs as a managed proxy, with a local token.
+                "-managed-sidecars",
+                // CI runs as root; the proxy is this test's own process.
+                "-allow-managed-root",
+                "-envoy-binary",
+                test_support::envoy().to_str().unwrap(),
             ],
         );
         Cluster {
@@ -257,6 +263,21 @@ async fn agent_routes_sync_and_xds_enforce_acls() {
     assert_eq!(denied.err(), Some(tonic::Code::PermissionDenied));
     let served = ads_first(&c.agent_grpc, "web1-sidecar-proxy", &web_token).await;
     assert!(served.is_ok(), "web's token is refused: {served:?}");
+
+    // The managed sidecar connects with its local token (never the registration's) and is
+    // served: its listener is sent.
+    let metrics_token = c.token(AGENT_READ).await;
+    let metrics = format!("{}/v1/agent/metrics?format=prometheus", c.agent);
+    wait_for("the managed proxy served over the agent's xDS", || async {
+        let (_, _, text) = call(&c.client, "GET", &metrics, Some(&metrics_token), &Value::Null).await;
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+                .unwrap_or(0.0)
+        };
+        (value("meshd_xds_responses_total{type=\"Listener\"}") >= 1.0).then_some(())
+    })
+    .await;
 
     // Every agent route: 403/403/2xx (or filtered, or open).
     for (method, path, body, rules, without) in rows() {
