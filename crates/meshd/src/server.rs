@@ -224,6 +224,34 @@ async fn init_acls(store: &Store, initial_management: Option<&std::path::Path>) 
 struct StoreStreamAuthorizer {
     store: Store,
     acl: Arc<catalog::acl::Resolver>,
+    /// Bumped by one follower of the store's ACL index: every stream waits on a receiver of
+    /// it (a few bytes) rather than on a blocking wait of its own.
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl StoreStreamAuthorizer {
+    /// The authorizer, and its follower of the ACL index (on `tasks`; it ends when the store
+    /// releases its waiters at shutdown).
+    fn start(store: Store, acl: Arc<catalog::acl::Resolver>, tasks: &tokio_util::task::TaskTracker) -> Self {
+        let changes = tokio::sync::watch::Sender::new(0u64);
+        let (follow, tx) = (store.clone(), changes.clone());
+        tasks.spawn(async move {
+            let key = catalog::IndexKey::Acl;
+            let mut at = follow.read().index_of(&key);
+            loop {
+                let state = follow.wait(&key, at, std::time::Duration::from_secs(600)).await;
+                if follow.is_closed() {
+                    return;
+                }
+                let now = state.index_of(&key);
+                if now != at {
+                    at = now;
+                    tx.send_modify(|n| *n += 1);
+                }
+            }
+        });
+        Self { store, acl, changes }
+    }
 }
 
 impl xds::StreamAuthorizer for StoreStreamAuthorizer {
@@ -253,15 +281,11 @@ impl xds::StreamAuthorizer for StoreStreamAuthorizer {
     }
 
     fn changed(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        let store = self.store.clone();
+        let mut rx = self.changes.subscribe();
         Box::pin(async move {
-            let key = catalog::IndexKey::Acl;
-            let at = store.read().index_of(&key);
-            loop {
-                let state = store.wait(&key, at, std::time::Duration::from_secs(600)).await;
-                if state.index_of(&key) != at || store.is_closed() {
-                    return;
-                }
+            if rx.changed().await.is_err() {
+                // No more changes can come (the server is going): nothing to re-check.
+                std::future::pending::<()>().await;
             }
         })
     }
@@ -300,10 +324,7 @@ impl Engine {
         );
         let source = CatalogSource::new(store.clone(), manager.clone());
         let xds = if acl.enabled() {
-            let authorizer = StoreStreamAuthorizer {
-                store,
-                acl: Arc::clone(acl),
-            };
+            let authorizer = StoreStreamAuthorizer::start(store, Arc::clone(acl), &followers);
             XdsServer::with_authorizer(Arc::new(source.clone()), admission, Arc::new(authorizer))
         } else {
             XdsServer::with_admission(Arc::new(source.clone()), admission)

@@ -475,6 +475,11 @@ where
             };
             if let Some(service) = check {
                 let node = self.following.as_ref().map(|f| f.node_id.clone()).unwrap_or_default();
+                // Following ACL changes starts before the check: a change between the two is
+                // not missed.
+                if self.acl_changed.is_none() || self.authorized_for.as_deref() != Some(service.as_str()) {
+                    self.acl_changed = self.inner.authorizer.as_ref().map(|a| a.changed());
+                }
                 match self.inner.authorize(&self.token, &service, &node).await {
                     Err(status) => {
                         self.finished = true;
@@ -501,14 +506,11 @@ where
         }
     }
 
-    /// Remembers what the token was authorized for, and arms the re-checks: on the next ACL
-    /// change, and at the token's expiry.
+    /// Remembers what the token was authorized for, and arms the re-check at the token's
+    /// expiry (the one on the next ACL change was armed before the check).
     fn arm(&mut self, service: String, authorization: crate::Authorization) {
-        let Some(authorizer) = &self.inner.authorizer else {
+        if self.inner.authorizer.is_none() {
             return;
-        };
-        if self.authorized_for.as_deref() != Some(&service) || self.acl_changed.is_none() {
-            self.acl_changed = Some(authorizer.changed());
         }
         self.authorized_for = Some(service);
         self.expires = authorization.expires.map(|at| {
