@@ -185,6 +185,27 @@ fn need_check_write(agent: &Agent, who: &crate::acl::Resolved, service_id: &str)
     need(who, who.authz.service_write(&name), "service:write", &name)
 }
 
+/// Checks `service:write` (or `:read`) on local service `id`'s name; an unknown id passes
+/// (the handler answers its 404).
+async fn need_local_service(
+    agent: &Agent,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+    id: &str,
+    write: bool,
+) -> Result<crate::acl::Resolved, HttpError> {
+    let (_, who) = resolve(agent, headers, q).await?;
+    if let Some(s) = agent.state().service(id) {
+        let name = &s.service.service;
+        if write {
+            need(&who, who.authz.service_write(name), "service:write", name)?;
+        } else {
+            need(&who, who.authz.service_read(name), "service:read", name)?;
+        }
+    }
+    Ok(who)
+}
+
 /// The service id of check `id` (empty for a node check); unknown checks are a 404 later.
 fn check_service(agent: &Agent, id: &str) -> String {
     agent
@@ -265,11 +286,7 @@ async fn deregister_service(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    if let Some(s) = agent.state().service(&id) {
-        let name = &s.service.service;
-        need(&who, who.authz.service_write(name), "service:write", name)?;
-    }
+    need_local_service(&agent, &headers, &q, &id, true).await?;
     agent.deregister_service(&id).await?;
     Ok(ok_empty())
 }
@@ -280,11 +297,7 @@ async fn maintenance(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    if let Some(s) = agent.state().service(&id) {
-        let name = &s.service.service;
-        need(&who, who.authz.service_write(name), "service:write", name)?;
-    }
+    need_local_service(&agent, &headers, &q, &id, true).await?;
     let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
         Some((_, Some(on))) => on,
         Some((other, None)) => {
@@ -401,11 +414,7 @@ async fn service(
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    if let Some(s) = agent.state().service(&id) {
-        let name = &s.service.service;
-        need(&who, who.authz.service_read(name), "service:read", name)?;
-    }
+    need_local_service(&agent, &headers, &q, &id, false).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {
@@ -484,15 +493,26 @@ fn ttl(agent: &Agent, id: &str, status: HealthStatus, q: &BTreeMap<String, Strin
     Ok(ok_empty())
 }
 
+/// `PUT /v1/agent/check/pass|warn|fail/:id`.
+async fn ttl_route(
+    agent: Agent,
+    id: String,
+    q: BTreeMap<String, String>,
+    headers: HeaderMap,
+    status: HealthStatus,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need_check_write(&agent, &who, &check_service(&agent, &id))?;
+    ttl(&agent, &id, status, &q)
+}
+
 async fn pass(
     State(agent): State<Agent>,
     Path(id): Path<String>,
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    ttl(&agent, &id, HealthStatus::Passing, &q)
+    ttl_route(agent, id, q, headers, HealthStatus::Passing).await
 }
 
 async fn warn(
@@ -501,9 +521,7 @@ async fn warn(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    ttl(&agent, &id, HealthStatus::Warning, &q)
+    ttl_route(agent, id, q, headers, HealthStatus::Warning).await
 }
 
 async fn fail(
@@ -512,9 +530,7 @@ async fn fail(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    ttl(&agent, &id, HealthStatus::Critical, &q)
+    ttl_route(agent, id, q, headers, HealthStatus::Critical).await
 }
 
 #[derive(serde::Deserialize, Default)]

@@ -62,45 +62,41 @@ fn need_write(authz: &Authz) -> Result<(), ApiError> {
     authz.need(|a| a.acl_write(), "acl:write", "")
 }
 
+/// Links as they are now: named by the current object, deleted ones left out.
+fn current_links<T>(links: &[Link], find: impl Fn(&str) -> Option<T>, link: impl Fn(&T) -> Link) -> Vec<Link> {
+    links.iter().filter_map(|l| find(&l.id).map(|o| link(&o))).collect()
+}
+
+fn policy_links(state: &catalog::State, links: &[Link]) -> Vec<Link> {
+    current_links(
+        links,
+        |id| state.acl_policy(id),
+        |p| Link {
+            id: p.id.clone(),
+            name: p.name.clone(),
+        },
+    )
+}
+
 /// A token as answered: links named as they are now (deleted ones left out), the secret
 /// hidden unless `show_secret`.
 fn token_out(state: &catalog::State, token: &AclToken, show_secret: bool) -> AclToken {
     let mut t = token.clone();
-    t.policies = t
-        .policies
-        .iter()
-        .filter_map(|l| {
-            state.acl_policy(&l.id).map(|p| Link {
-                id: p.id.clone(),
-                name: p.name.clone(),
-            })
-        })
-        .collect();
-    t.roles = t
-        .roles
-        .iter()
-        .filter_map(|l| {
-            state.acl_role(&l.id).map(|r| Link {
-                id: r.id.clone(),
-                name: r.name.clone(),
-            })
-        })
-        .collect();
+    t.policies = policy_links(state, &t.policies);
+    t.roles = current_links(
+        &t.roles,
+        |id| state.acl_role(id),
+        |r| Link {
+            id: r.id.clone(),
+            name: r.name.clone(),
+        },
+    );
     if show_secret { t } else { t.redacted() }
 }
 
 fn role_out(state: &catalog::State, role: &AclRole) -> AclRole {
     let mut r = role.clone();
-    r.policies = r
-        .policies
-        .iter()
-        .filter_map(|l| {
-            state.acl_policy(&l.id).map(|p| Link {
-                id: p.id.clone(),
-                name: p.name.clone(),
-            })
-        })
-        .collect();
+    r.policies = policy_links(state, &r.policies);
     r
 }
 
@@ -313,20 +309,11 @@ async fn token_read(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
     let show = authz.get()?.acl_write();
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclTokens;
-    let state = api.read(&params, &key).await?;
-    let token = state
-        .acl_token(&id)
-        .ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
-    Ok(query::json(
-        &token_out(&state, &token, show),
-        Some(state.index_of(&key)),
-        params.pretty(),
-    ))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclTokens, |s| {
+        s.acl_token(&id).map(|t| token_out(s, &t, show))
+    })
+    .await
 }
 
 async fn token_self(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
@@ -358,23 +345,43 @@ async fn token_delete(
 }
 
 async fn token_list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
     let show = authz.get()?.acl_write();
     let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclTokens;
+    let policy = params.get("policy").filter(|p| !p.is_empty()).map(str::to_owned);
+    let role = params.get("role").filter(|r| !r.is_empty()).map(str::to_owned);
+    let service = params.get("servicename").filter(|s| !s.is_empty()).map(str::to_owned);
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclTokens, |s| {
+        let tokens: Vec<AclToken> = s
+            .acl_tokens()
+            .filter(|t| policy.as_ref().is_none_or(|p| t.policies.iter().any(|l| l.id == *p)))
+            .filter(|t| role.as_ref().is_none_or(|r| t.roles.iter().any(|l| l.id == *r)))
+            .filter(|t| {
+                service
+                    .as_ref()
+                    .is_none_or(|n| t.service_identities.iter().any(|i| i.service_name == *n))
+            })
+            .map(|t| token_out(s, t, show))
+            .collect();
+        Some(tokens)
+    })
+    .await
+}
+
+/// A blocking-capable read of ACL objects (what `find` picks in the state waited for on
+/// `key`); `403 ACL not found` when there is none, as Consul answers.
+async fn read_one<T: serde::Serialize>(
+    api: &Api,
+    authz: &Authz,
+    q: Option<&str>,
+    key: IndexKey,
+    find: impl FnOnce(&catalog::State) -> Option<T>,
+) -> Result<Response, ApiError> {
+    enabled(api)?;
+    need_read(authz)?;
+    let params = Params::parse(q);
     let state = api.read(&params, &key).await?;
-    let policy = params.get("policy").filter(|p| !p.is_empty());
-    let role = params.get("role").filter(|r| !r.is_empty());
-    let service = params.get("servicename").filter(|s| !s.is_empty());
-    let tokens: Vec<AclToken> = state
-        .acl_tokens()
-        .filter(|t| policy.is_none_or(|p| t.policies.iter().any(|l| l.id == p)))
-        .filter(|t| role.is_none_or(|r| t.roles.iter().any(|l| l.id == r)))
-        .filter(|t| service.is_none_or(|s| t.service_identities.iter().any(|i| i.service_name == s)))
-        .map(|t| token_out(&state, t, show))
-        .collect();
-    Ok(query::json(&tokens, Some(state.index_of(&key)), params.pretty()))
+    let found = find(&state).ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
+    Ok(query::json(&found, Some(state.index_of(&key)), params.pretty()))
 }
 
 #[derive(Deserialize, Default)]
@@ -470,15 +477,7 @@ async fn policy_read(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclPolicies;
-    let state = api.read(&params, &key).await?;
-    let policy = state
-        .acl_policy(&id)
-        .ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
-    Ok(query::json(&*policy, Some(state.index_of(&key)), params.pretty()))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclPolicies, |s| s.acl_policy(&id)).await
 }
 
 async fn policy_read_by_name(
@@ -487,15 +486,10 @@ async fn policy_read_by_name(
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclPolicies;
-    let state = api.read(&params, &key).await?;
-    let policy = state
-        .acl_policy_by_name(&name)
-        .ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
-    Ok(query::json(&*policy, Some(state.index_of(&key)), params.pretty()))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclPolicies, |s| {
+        s.acl_policy_by_name(&name)
+    })
+    .await
 }
 
 async fn policy_delete(
@@ -512,13 +506,10 @@ async fn policy_delete(
 }
 
 async fn policy_list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclPolicies;
-    let state = api.read(&params, &key).await?;
-    let policies: Vec<&AclPolicy> = state.acl_policies().map(|p| &**p).collect();
-    Ok(query::json(&policies, Some(state.index_of(&key)), params.pretty()))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclPolicies, |s| {
+        Some(s.acl_policies().cloned().collect::<Vec<Arc<AclPolicy>>>())
+    })
+    .await
 }
 
 #[derive(Deserialize, Default)]
@@ -607,19 +598,10 @@ async fn role_read(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclRoles;
-    let state = api.read(&params, &key).await?;
-    let role = state
-        .acl_role(&id)
-        .ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
-    Ok(query::json(
-        &role_out(&state, &role),
-        Some(state.index_of(&key)),
-        params.pretty(),
-    ))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclRoles, |s| {
+        s.acl_role(&id).map(|r| role_out(s, &r))
+    })
+    .await
 }
 
 async fn role_read_by_name(
@@ -628,19 +610,10 @@ async fn role_read_by_name(
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclRoles;
-    let state = api.read(&params, &key).await?;
-    let role = state
-        .acl_role_by_name(&name)
-        .ok_or_else(|| ApiError::Forbidden(acl::ACL_NOT_FOUND.into()))?;
-    Ok(query::json(
-        &role_out(&state, &role),
-        Some(state.index_of(&key)),
-        params.pretty(),
-    ))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclRoles, |s| {
+        s.acl_role_by_name(&name).map(|r| role_out(s, &r))
+    })
+    .await
 }
 
 async fn role_delete(
@@ -657,13 +630,10 @@ async fn role_delete(
 }
 
 async fn role_list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    need_read(&authz)?;
-    let params = Params::parse(q.as_deref());
-    let key = IndexKey::AclRoles;
-    let state = api.read(&params, &key).await?;
-    let roles: Vec<AclRole> = state.acl_roles().map(|r| role_out(&state, r)).collect();
-    Ok(query::json(&roles, Some(state.index_of(&key)), params.pretty()))
+    read_one(&api, &authz, q.as_deref(), IndexKey::AclRoles, |s| {
+        Some(s.acl_roles().map(|r| role_out(s, r)).collect::<Vec<AclRole>>())
+    })
+    .await
 }
 
 /// `GET /v1/internal/acl/authorizer`: the caller's own token's rules (any valid token may
