@@ -6,13 +6,11 @@
 
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Command;
-use test_support::envoy;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
 mod mesh;
-use mesh::{Proc, get, wait_for};
+use mesh::{Proc, get, run_envoy, wait_for};
 
 struct Secure {
     _server: Proc,
@@ -112,38 +110,10 @@ impl Secure {
 
     /// Envoy for `service`'s sidecar with the token in a file (never on a command line).
     async fn envoy(&self, service: &str, node: &str, token: &str, dir: &Path) -> (Proc, String) {
-        let run_dir = dir.join(format!("{service}-{node}"));
         let token_file = dir.join(format!("{service}.token"));
         std::fs::write(&token_file, token).unwrap();
-        let admin_file = run_dir.join("admin-0.addr");
-        let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
-            .args([
-                "-http-addr",
-                self.http.trim_start_matches("http://"),
-                "-grpc-addr",
-                &self.grpc,
-            ])
-            .arg("-token-file")
-            .arg(&token_file)
-            .args([
-                "-admin-bind",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-                "-drain-time",
-                "1s",
-                "-run-dir",
-            ])
-            .arg(&run_dir)
-            .arg("-envoy-binary")
-            .arg(envoy())
-            .args(["--", "-l", "error"])
-            .spawn()
-            .unwrap();
-        let proc = Proc(child);
-        let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
-        (proc, format!("http://{}", admin.trim()))
+        let xds = ["-grpc-addr", &self.grpc, "-token-file", token_file.to_str().unwrap()];
+        run_envoy(service, node, &self.http, &xds, &dir.join(format!("{service}-{node}"))).await
     }
 }
 

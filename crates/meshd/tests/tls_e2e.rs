@@ -7,7 +7,6 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use test_support::envoy;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
@@ -81,24 +80,9 @@ fn tls_server(cert: &Path, key: &Path) -> (Proc, String, String, String) {
 /// Envoy for `service`'s sidecar under `meshd connect envoy`, xDS over TLS verified with
 /// `ca`; returns the supervisor and Envoy's admin URL.
 async fn envoy_over_tls(service: &str, http: &str, grpc_tls: &str, ca: &Path, run_dir: &Path) -> (Proc, String) {
-    let admin_file = run_dir.join("admin-0.addr");
-    let child = Command::new(meshd())
-        .args(["connect", "envoy", "-sidecar-for", service, "-node", "node-1"])
-        .args(["-http-addr", http.trim_start_matches("http://")])
-        .args(["-grpc-addr", &format!("https://{grpc_tls}")])
-        .arg("-grpc-ca-file")
-        .arg(ca)
-        .args(["-admin-bind", "127.0.0.1:0", "-log-level", "warn", "-drain-time", "1s"])
-        .arg("-run-dir")
-        .arg(run_dir)
-        .arg("-envoy-binary")
-        .arg(envoy())
-        .args(["--", "-l", "error"])
-        .spawn()
-        .unwrap();
-    let proc = Proc(child);
-    let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
-    (proc, format!("http://{}", admin.trim()))
+    let grpc = format!("https://{grpc_tls}");
+    let xds = ["-grpc-addr", grpc.as_str(), "-grpc-ca-file", ca.to_str().unwrap()];
+    mesh::run_envoy(service, "node-1", http, &xds, run_dir).await
 }
 
 /// The value of stat `name` in an Envoy's admin.

@@ -77,38 +77,47 @@ impl Mesh {
     /// the supervisor process and Envoy's admin URL.
     pub async fn envoy(&self, service: &str, node: &str, dir: &Path) -> (Proc, String) {
         let run_dir = dir.join(format!("{service}-{node}"));
-        let admin_file = run_dir.join("admin-0.addr");
-        let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-            .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
-            .args([
-                "-http-addr",
-                self.http.trim_start_matches("http://"),
-                "-grpc-addr",
-                &self.grpc,
-            ])
-            .args([
-                "-admin-bind",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-                "-drain-time",
-                "1s",
-                "-run-dir",
-            ])
-            .arg(&run_dir)
-            .arg("-envoy-binary")
-            .arg(envoy())
-            .args(["--", "-l", "error"])
-            .spawn()
-            .unwrap();
-        let proc = Proc(child);
-        let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
-        (proc, format!("http://{}", admin.trim()))
+        run_envoy(service, node, &self.http, &["-grpc-addr", &self.grpc], &run_dir).await
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
         test_support::process::metric(&self.client, &self.http, name).await
     }
+}
+
+/// Runs Envoy for `service`'s sidecar on `node` under `meshd connect envoy` against the API at
+/// `http`, with `xds` (the xDS flags: address, CA, token file) added; returns the supervisor
+/// and Envoy's admin URL once it listens.
+pub async fn run_envoy<S: AsRef<std::ffi::OsStr>>(
+    service: &str,
+    node: &str,
+    http: &str,
+    xds: &[S],
+    run_dir: &Path,
+) -> (Proc, String) {
+    let admin_file = run_dir.join("admin-0.addr");
+    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
+        .args(["-http-addr", http.trim_start_matches("http://")])
+        .args(xds)
+        .args([
+            "-admin-bind",
+            "127.0.0.1:0",
+            "-log-level",
+            "warn",
+            "-drain-time",
+            "1s",
+            "-run-dir",
+        ])
+        .arg(run_dir)
+        .arg("-envoy-binary")
+        .arg(envoy())
+        .args(["--", "-l", "error"])
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
+    (proc, format!("http://{}", admin.trim()))
 }
 
 /// Polls `check` until it yields a value (real processes: there is no clock to pause).
