@@ -164,6 +164,18 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
     let certs = get(&client, &format!("{web_admin}/certs")).await.unwrap();
     assert!(certs.contains("/svc/web"), "web's leaf is loaded");
 
+    // Default deny: without the allow intention the call is refused (api's RBAC denies it).
+    let (status, text) = mesh
+        .call(
+            reqwest::Method::DELETE,
+            "/v1/connect/intentions/exact?source=web&destination=api",
+            &mesh.management,
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    wait_for(|| async { get(&client, &through_mesh).await.is_none().then_some(()) }).await;
+
     // Still nothing for db: no listener, no certificate.
     let dump = get(&client, &format!("{db_admin}/config_dump")).await.unwrap();
     assert!(!dump.contains("public_listener"), "db's proxy got a listener");
