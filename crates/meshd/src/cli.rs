@@ -27,6 +27,93 @@ pub enum Command {
     /// Make a CA and certificates for the HTTPS API and xDS over TLS.
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// Bootstrap ACLs, create policies and tokens (over the HTTP API).
+    #[command(subcommand)]
+    Acl(AclCommand),
+}
+
+/// `meshd acl` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AclCommand {
+    /// The first management token (once): prints its AccessorID and SecretID.
+    Bootstrap(AclCommonArgs),
+    /// Policies.
+    #[command(subcommand)]
+    Policy(AclPolicyCommand),
+    /// Tokens.
+    #[command(subcommand)]
+    Token(AclTokenCommand),
+}
+
+/// What every `meshd acl` command takes.
+#[derive(Debug, Clone, Args)]
+pub struct AclCommonArgs {
+    /// The HTTP API (`host:port`, `http://` or `https://`).
+    #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
+    pub http_addr: String,
+    /// The token to act with, from this file (default: `CONSUL_HTTP_TOKEN`).
+    #[arg(long = "token-file", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// The CA that verifies an `https://` API.
+    #[arg(long = "ca-file", value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `meshd acl policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AclPolicyCommand {
+    /// Create a policy.
+    Create(AclPolicyCreateArgs),
+}
+
+/// `meshd acl policy create` flags.
+#[derive(Debug, Clone, Args)]
+pub struct AclPolicyCreateArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub common: AclCommonArgs,
+    /// The policy's name.
+    #[arg(long = "name", value_name = "NAME", default_value = "")]
+    pub name: String,
+    /// Its description.
+    #[arg(long = "description", value_name = "TEXT", default_value = "")]
+    pub description: String,
+    /// Its rules (HCL or JSON), or `@PATH` to read them from a file.
+    #[arg(long = "rules", value_name = "RULES", default_value = "")]
+    pub rules: String,
+}
+
+/// `meshd acl token` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AclTokenCommand {
+    /// Create a token: prints its AccessorID and SecretID.
+    Create(AclTokenCreateArgs),
+}
+
+/// `meshd acl token create` flags.
+#[derive(Debug, Clone, Args)]
+pub struct AclTokenCreateArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub common: AclCommonArgs,
+    /// A policy to link, by name; repeatable.
+    #[arg(long = "policy-name", value_name = "NAME")]
+    pub policy_name: Vec<String>,
+    /// A role to link, by name; repeatable.
+    #[arg(long = "role-name", value_name = "NAME")]
+    pub role_name: Vec<String>,
+    /// A service identity; repeatable.
+    #[arg(long = "service-identity", value_name = "SERVICE")]
+    pub service_identity: Vec<String>,
+    /// A node identity, `NODE:DATACENTER`; repeatable.
+    #[arg(long = "node-identity", value_name = "NODE:DC")]
+    pub node_identity: Vec<String>,
+    /// Its description.
+    #[arg(long = "description", value_name = "TEXT", default_value = "")]
+    pub description: String,
+    /// How long it lives (1m to 24h; default: until deleted).
+    #[arg(long = "expires-ttl", value_name = "DURATION")]
+    pub expires_ttl: Option<String>,
 }
 
 /// `meshd agent` flags. Unset flags fall back to the config files, then to the defaults.

@@ -1,6 +1,7 @@
 //! The meshd binary's wiring: command line, logging and the mode runners. All logic lives
 //! in the library crates; this crate only connects them.
 
+pub mod acl_cli;
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod cli;

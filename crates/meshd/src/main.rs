@@ -78,6 +78,7 @@ fn main() -> ExitCode {
                 meshd::connect::run(args, meshd::shutdown_signal()).await
             }
             Command::Tls(command) => meshd::tls::certs::run(command),
+            Command::Acl(command) => meshd::acl_cli::run(command).await,
         }
     });
     match result {

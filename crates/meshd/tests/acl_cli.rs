@@ -1,0 +1,112 @@
+//! `meshd acl` against a real server with ACLs on: bootstrap (once), a policy from a rules
+//! file, a token linking it; the token works for what the policy grants and nothing else.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod mesh;
+use mesh::Proc;
+
+fn meshd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_meshd")).args(args).output().unwrap()
+}
+
+fn field(out: &Output, name: &str) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_then_a_policy_and_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = test_support::process::start_server(
+        Path::new(env!("CARGO_BIN_EXE_meshd")),
+        [
+            "-dev",
+            "-log-level",
+            "warn",
+            "-acl-enabled",
+            "-acl-default-policy",
+            "deny",
+        ],
+    );
+    let _server = Proc(server.child);
+    let addr = server.http.clone();
+
+    let boot = meshd(&["acl", "bootstrap", "-http-addr", &addr]);
+    assert!(boot.status.success(), "{}", String::from_utf8_lossy(&boot.stderr));
+    let management = field(&boot, "SecretID:");
+    assert!(String::from_utf8_lossy(&boot.stdout).contains("global-management"));
+    let again = meshd(&["acl", "bootstrap", "-http-addr", &addr]);
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("ACL bootstrap no longer allowed") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    let token_file = dir.path().join("management.token");
+    std::fs::write(&token_file, &management).unwrap();
+    let rules = dir.path().join("web.hcl");
+    std::fs::write(&rules, "service \"web\" {\n  policy = \"write\"\n}\n").unwrap();
+    let tf = token_file.to_str().unwrap();
+    let policy = meshd(&[
+        "acl",
+        "policy",
+        "create",
+        "-http-addr",
+        &addr,
+        "-token-file",
+        tf,
+        "-name",
+        "web-write",
+        "-rules",
+        &format!("@{}", rules.display()),
+    ]);
+    assert!(policy.status.success(), "{}", String::from_utf8_lossy(&policy.stderr));
+    assert_eq!(field(&policy, "Name:"), "web-write");
+
+    let bad = meshd(&[
+        "acl",
+        "policy",
+        "create",
+        "-http-addr",
+        &addr,
+        "-token-file",
+        tf,
+        "-name",
+        "bad",
+        "-rules",
+        "service \"web\" { policy = \"wirte\" }",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("line 1, column"));
+
+    let token = meshd(&[
+        "acl",
+        "token",
+        "create",
+        "-http-addr",
+        &addr,
+        "-token-file",
+        tf,
+        "-policy-name",
+        "web-write",
+        "-description",
+        "web",
+    ]);
+    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
+    let secret = field(&token, "SecretID:");
+    let client = reqwest::Client::new();
+    let leaf = |service: &str| {
+        client
+            .get(format!("{addr}/v1/agent/connect/ca/leaf/{service}"))
+            .header("X-Consul-Token", &secret)
+            .send()
+    };
+    assert_eq!(leaf("web").await.unwrap().status(), 200);
+    assert_eq!(leaf("db").await.unwrap().status(), 403);
+}
