@@ -254,7 +254,8 @@ pub async fn run(
                 Arc::new(move |id: &str| source.waiting(id))
             },
             token_acl,
-        ));
+        ))
+        .layer(axum::middleware::from_fn(crate::header_cap::cap));
     let http_conn_limit = args.http_max_conns_per_client;
     let (https_addr, https) = match (https_listener, &tls.server) {
         (Some(listener), Some(server)) => {

@@ -10,6 +10,8 @@ pub mod conn_limit;
 pub mod connect;
 #[cfg(feature = "xds-engine")]
 pub mod engine;
+#[cfg(any(feature = "server", feature = "agent"))]
+pub mod header_cap;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod tls;

@@ -81,12 +81,14 @@ pub async fn run(
             Box::pin(std::future::ready(verdict))
         })
     };
-    let app = http_api::router(store.clone(), api).merge(crate::engine::status_router(
-        engine.manager.clone(),
-        engine.xds.clone(),
-        std::sync::Arc::new(|_: &str| None),
-        status_acl,
-    ));
+    let app = http_api::router(store.clone(), api)
+        .merge(crate::engine::status_router(
+            engine.manager.clone(),
+            engine.xds.clone(),
+            std::sync::Arc::new(|_: &str| None),
+            status_acl,
+        ))
+        .layer(axum::middleware::from_fn(crate::header_cap::cap));
     let stop = CancellationToken::new();
     let http_conn_limit = args.http_max_conns_per_client;
     let (https_addr, https) = match (https_listener, &tls.server) {

@@ -1,0 +1,71 @@
+//! An explicit cap on request header size for the HTTP APIs: a request whose headers (names,
+//! values and the request line's target) exceed [`MAX_HEADER_BYTES`] is answered `431 Request
+//! Header Fields Too Large` without reaching a handler. hyper's own read buffer (about
+//! 400 KiB per connection) stays the hard bound below it; this is the documented limit.
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Largest request headers accepted, bytes (Envoy's default limit is 60 KiB).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The size of `req`'s headers as counted against the cap.
+fn header_bytes(req: &Request) -> usize {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    target
+        + req
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>()
+}
+
+/// The middleware: 431 past the cap, else the request goes on.
+pub async fn cap(req: Request, next: Next) -> Response {
+    let size = header_bytes(&req);
+    if size > MAX_HEADER_BYTES {
+        let mut resp = (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("request headers are {size} bytes: the limit is {MAX_HEADER_BYTES}\n"),
+        )
+            .into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return resp;
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn headers_past_the_cap_get_431_and_never_reach_the_handler() {
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn(cap));
+        let small = Request::get("/").header("x-a", "b").body(Body::empty()).unwrap();
+        assert_eq!(app.clone().oneshot(small).await.unwrap().status(), StatusCode::OK);
+        let big = "v".repeat(MAX_HEADER_BYTES);
+        let req = Request::get("/").header("x-big", big).body(Body::empty()).unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        // Many headers count together.
+        let mut req = Request::get("/");
+        for i in 0..100 {
+            req = req.header(format!("x-h{i}"), "v".repeat(700));
+        }
+        let resp = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    }
+}
