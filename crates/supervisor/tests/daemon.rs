@@ -238,16 +238,22 @@ async fn a_reused_pid_is_not_adopted() {
 async fn leaving_the_desired_set_stops_with_sigint_and_an_unchanged_set_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
-    let polite = script(
-        dir.path(),
-        "polite.sh",
-        &format!(
-            // `wait` is interrupted by a trapped signal at once; a foreground `sleep` is not,
-            // and a shell may then drop the signal when the sleep exits normally.
-            "trap 'echo INT >> {}; exit 0' INT\nwhile :; do sleep 0.05 & wait $!; done",
-            got.display()
+    // Python, not a shell trap: a non-interactive shell cannot trap a signal that was ignored
+    // when it started (as SIGINT is under a runner started in the background), and the
+    // daemon manager cannot reset dispositions without unsafe code; Python's handler can.
+    let handler = dir.path().join("polite.py");
+    std::fs::write(
+        &handler,
+        format!(
+            "import signal, sys, time\n\
+             def on_int(*_):\n    open({got:?}, 'a').write('INT\\n')\n    sys.exit(0)\n\
+             signal.signal(signal.SIGINT, on_int)\n\
+             while True:\n    time.sleep(0.05)\n",
+            got = got.display().to_string()
         ),
-    );
+    )
+    .unwrap();
+    let polite = script(dir.path(), "polite.sh", &format!("exec python3 {}", handler.display()));
     let o = ManagerOptions {
         quiescence: Duration::from_millis(20),
         ..opts(dir.path())
