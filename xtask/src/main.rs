@@ -8,6 +8,9 @@
 //!   denies and re-allows it.
 //! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`; all
 //!   when no name is given).
+//! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
+//!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
+//!   test run's (`CASES`, default 20000), optimized.
 #![allow(clippy::print_stdout)]
 
 mod tools;
@@ -215,14 +218,38 @@ fn bench(name: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// The fuzzing property tests: (package, test target or `--lib` filter).
+const FUZZ: &[(&str, &[&str])] = &[
+    ("http-api", &["--test", "fuzz_api"]),
+    ("xds", &["--test", "fuzz_protocol"]),
+    ("catalog", &["--test", "fuzz_recovery"]),
+    ("structs", &["--lib"]),
+];
+
+fn fuzz(cases: Option<&str>) -> Result<()> {
+    let cases = cases.unwrap_or("20000");
+    if cases.parse::<u32>().is_err() {
+        bail!("fuzz: {cases:?} is not a number of cases");
+    }
+    for (package, target) in FUZZ {
+        let mut cmd = cargo();
+        cmd.args(["test", "--locked", "--release", "-p", package])
+            .args(*target)
+            .env("PROPTEST_CASES", cases);
+        run(cmd)?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
-        Some(other) => bail!("unknown task {other:?}: expected test, demo or bench"),
-        None => bail!("usage: cargo xtask <test | demo | bench [NAME]>"),
+        Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
+        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench or fuzz"),
+        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | fuzz [CASES]>"),
     }
 }
 
