@@ -170,7 +170,7 @@ proptest! {
     // Failures are kept beside this file and replayed first on every run: a crash found
     // becomes a regression test.
     #![proptest_config(ProptestConfig {
-        failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("regressions"))),
+        failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
         ..ProptestConfig::default()
     })]
     #[test]
