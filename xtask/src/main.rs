@@ -8,6 +8,8 @@
 //!   denies and re-allows it.
 //! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`; all
 //!   when no name is given).
+//! - `soak`: register/deregister churn against a real server with streams watching; prints
+//!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
 //! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
 //!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
 //!   test run's (`CASES`, default 20000), optimized.
@@ -248,8 +250,13 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
-        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench or fuzz"),
-        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | fuzz [CASES]>"),
+        Some("soak") => {
+            let mut cmd = cargo();
+            cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "soak"]);
+            run(cmd)
+        }
+        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench, soak or fuzz"),
+        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | soak | fuzz [CASES]>"),
     }
 }
 

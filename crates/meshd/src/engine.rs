@@ -74,7 +74,30 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
     let mut registry = prometheus_client::registry::Registry::default();
     xds.metrics().register(&mut registry);
     manager.register_metrics(&mut registry);
+    registry.register_collector(Box::new(ProcessCollector));
     registry
+}
+
+/// The process's own gauges, read at scrape time: live tokio tasks and open file
+/// descriptors (what a soak watches for leaks).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::{MetricType, gauge::ConstGauge};
+        let tasks = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks());
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        for (name, help, value) in [
+            ("meshd_runtime_tasks", "Live tokio tasks of the process", tasks),
+            ("meshd_process_open_fds", "Open file descriptors of the process", fds),
+        ] {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)?;
+        }
+        Ok(())
+    }
 }
 
 /// `GET /v1/internal/proxy-status/{proxy_id}[?node=NODE]`: what the proxy config engine holds
