@@ -121,10 +121,34 @@ impl State {
             self.apply_one(index, change, &mut bumped);
         }
         for key in &bumped {
-            self.indexes.insert(key.clone(), index);
+            if self.gone(key) {
+                // The object is gone: its key answers with its table's index, which this
+                // write bumped too (so it never goes backwards), and churn of names leaves
+                // no entry behind.
+                self.indexes.remove(key);
+            } else {
+                self.indexes.insert(key.clone(), index);
+            }
         }
         self.index = index;
         bumped.into_iter().collect()
+    }
+
+    /// Whether a per-object key names something that no longer exists (its table's key
+    /// answers for it).
+    fn gone(&self, key: &IndexKey) -> bool {
+        let none_in = |set: &OrdSet<(String, String, String)>, name: &str| {
+            set.range((name.to_owned(), String::new(), String::new())..)
+                .next()
+                .is_none_or(|(n, _, _)| n != name)
+        };
+        match key {
+            IndexKey::Node(n) => !self.nodes.contains_key(n),
+            IndexKey::Service(s) => none_in(&self.by_name, s),
+            IndexKey::ServiceConnect(s) => none_in(&self.by_connect, s),
+            IndexKey::ConfigEntry(k, n) => !self.config.contains_key(&(*k, n.clone())),
+            _ => false,
+        }
     }
 
     fn touch_service(&self, node: &str, svc: &NodeService, bumped: &mut OrdSet<IndexKey>) {
@@ -345,6 +369,12 @@ impl State {
             .copied()
             .unwrap_or_default()
             .max(Index(1))
+    }
+
+    /// How many keys have an index of their own: bounded by what exists (and the tables),
+    /// not by every name ever written.
+    pub fn index_key_count(&self) -> usize {
+        self.indexes.len()
     }
 
     /// A node by name.

@@ -687,3 +687,46 @@ async fn acls_survive_reopen_from_the_log_and_from_a_snapshot() {
         assert!(resolver.resolve(&state, Some(secret)).unwrap().authz.acl_write());
     }
 }
+
+/// Churn of names leaves no per-key index behind, and a gone object's key answers with its
+/// table's index (never going backwards, so a blocking query on it sees the removal).
+#[tokio::test]
+async fn churned_names_leave_no_index_entries_behind() {
+    let store = mem_store().await;
+    store
+        .write(register("keep", "10.0.0.1", Some(service("web", 80)), vec![]))
+        .await
+        .unwrap();
+    let base = store.read().index_key_count();
+    let mut removed_at = Index(0);
+    for i in 0..200 {
+        let node = format!("churn-{i}");
+        store
+            .write(register(
+                &node,
+                "10.0.0.2",
+                Some(service(&format!("svc-{i}"), 80)),
+                vec![],
+            ))
+            .await
+            .unwrap();
+        let during = store.read().index_of(&IndexKey::Node(node.clone()));
+        removed_at = store
+            .write(Op::Deregister(DeregisterRequest {
+                node: node.clone(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .index;
+        let state = store.read();
+        let after = state.index_of(&IndexKey::Node(node));
+        assert!(
+            after >= removed_at && after > during,
+            "the gone node's index moved forward"
+        );
+        assert!(state.index_of(&IndexKey::Service(format!("svc-{i}"))) >= removed_at);
+    }
+    assert_eq!(store.read().index_key_count(), base, "no entry per churned name");
+    assert!(removed_at > Index(400));
+}
