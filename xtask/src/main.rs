@@ -10,6 +10,8 @@
 //!   when no name is given).
 //! - `soak`: register/deregister churn against a real server with streams watching; prints
 //!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
+//! - `chaos`: real Envoys under 200 requests/s while the server is killed (SIGKILL) and
+//!   restarted every 20 s for 3 minutes; prints failed requests and lost writes.
 //! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
 //!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
 //!   test run's (`CASES`, default 20000), optimized.
@@ -251,13 +253,21 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
+        Some("chaos") => {
+            let root = workspace_root();
+            tools::ensure_python(&root)?;
+            let mut cmd = cargo();
+            cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "chaos"])
+                .env("MESHD_ENVOY", tools::envoy(&root)?);
+            run(cmd)
+        }
         Some("soak") => {
             let mut cmd = cargo();
             cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "soak"]);
             run(cmd)
         }
-        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench, soak or fuzz"),
-        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | soak | fuzz [CASES]>"),
+        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench, soak, chaos or fuzz"),
+        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | soak | chaos | fuzz [CASES]>"),
     }
 }
 
