@@ -375,6 +375,16 @@ async fn run(l7: bool) {
         rss_steady as f64 / 1024.0,
         rss_steady.saturating_sub(rss_idle) as f64 / n as f64
     );
+    // Idle: every stream synced, nothing changing.
+    let idle_window = Duration::from_secs(3);
+    let (cpu_a, _) = proc_stat(server.child.id());
+    tokio::time::sleep(idle_window).await;
+    let (cpu_b, _) = proc_stat(server.child.id());
+    println!(
+        "  server CPU idle with {n} streams and no change: {:.2} % of one core over {} s   [target <= 1 %]",
+        cpu_b.saturating_sub(cpu_a).as_secs_f64() / idle_window.as_secs_f64() * 100.0,
+        idle_window.as_secs()
+    );
 
     let affected = n * UPSTREAMS / SERVICES;
     let mut lat = Vec::new();
