@@ -6,7 +6,7 @@
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
 //!   denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`; all
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`, `memory`; all
 //!   when no name is given).
 //! - `soak`: register/deregister churn against a real server with streams watching; prints
 //!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
@@ -62,6 +62,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("acl", "http-api", "acl"),
     ("nack", "meshd", "nack"),
     ("storm", "meshd", "storm"),
+    ("memory", "meshd", "memory"),
 ];
 
 /// Totals of the `test result:` lines of a cargo test run.
