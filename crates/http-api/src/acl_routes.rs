@@ -62,6 +62,30 @@ fn need_write(authz: &Authz) -> Result<(), ApiError> {
     authz.need(|a| a.acl_write(), "acl:write", "")
 }
 
+/// What every ACL write does first: ACLs on, the query checked, `acl:write` held. Returns
+/// the query.
+fn write_prelude(api: &Api, authz: &Authz, q: Option<&str>) -> Result<Params, ApiError> {
+    enabled(api)?;
+    let params = api.write_params(q)?;
+    need_write(authz)?;
+    Ok(params)
+}
+
+/// The id of a created (`path` none: generated, and the body may not set one) or updated
+/// (the body's, if any, must be the path's) policy or role.
+fn object_id(given: &str, path: Option<String>) -> Result<String, ApiError> {
+    match path {
+        None if given.is_empty() => new_id(),
+        None => Err(ApiError::BadRequest(
+            "ID: cannot be set on create (it is generated)".into(),
+        )),
+        Some(id) if given.is_empty() || given == id => Ok(id),
+        Some(id) => Err(ApiError::BadRequest(format!(
+            "ID: {given:?} does not match the path's {id:?}"
+        ))),
+    }
+}
+
 /// Links as they are now: named by the current object, deleted ones left out.
 fn current_links<T>(links: &[Link], find: impl Fn(&str) -> Option<T>, link: impl Fn(&T) -> Link) -> Vec<Link> {
     links.iter().filter_map(|l| find(&l.id).map(|o| link(&o))).collect()
@@ -216,9 +240,7 @@ async fn token_create(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: TokenIn = query::decode(&body, "a token")?;
     let (mut token, ttl) = req.into_token()?;
     if token.accessor_id.is_empty() {
@@ -239,9 +261,7 @@ async fn token_update(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: TokenIn = query::decode(&body, "a token")?;
     let (mut token, ttl) = req.into_token()?;
     if !token.accessor_id.is_empty() && token.accessor_id != id {
@@ -269,9 +289,7 @@ async fn token_clone(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: CloneIn = if body.iter().all(u8::is_ascii_whitespace) {
         CloneIn::default()
     } else {
@@ -333,9 +351,7 @@ async fn token_delete(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     if authz.accessor()? == id {
         return Err(ApiError::BadRequest("AccessorID: a token cannot delete itself".into()));
     }
@@ -437,16 +453,10 @@ async fn policy_create(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: PolicyIn = query::decode(&body, "a policy")?;
-    if !req.id.is_empty() {
-        return Err(ApiError::BadRequest(
-            "ID: cannot be set on create (it is generated)".into(),
-        ));
-    }
-    let policy = write_policy(&api, req, new_id()?, true).await?;
+    let id = object_id(&req.id, None)?;
+    let policy = write_policy(&api, req, id, true).await?;
     Ok(query::json(&*policy, None, params.pretty()))
 }
 
@@ -457,16 +467,9 @@ async fn policy_update(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: PolicyIn = query::decode(&body, "a policy")?;
-    if !req.id.is_empty() && req.id != id {
-        return Err(ApiError::BadRequest(format!(
-            "ID: {:?} does not match the path's {id:?}",
-            req.id
-        )));
-    }
+    let id = object_id(&req.id, Some(id))?;
     let policy = write_policy(&api, req, id, false).await?;
     Ok(query::json(&*policy, None, params.pretty()))
 }
@@ -498,9 +501,7 @@ async fn policy_delete(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     api.store.write(Op::AclPolicyDelete { id }).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
@@ -558,16 +559,10 @@ async fn role_create(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: RoleIn = query::decode(&body, "a role")?;
-    if !req.id.is_empty() {
-        return Err(ApiError::BadRequest(
-            "ID: cannot be set on create (it is generated)".into(),
-        ));
-    }
-    let role = write_role(&api, req, new_id()?, true).await?;
+    let id = object_id(&req.id, None)?;
+    let role = write_role(&api, req, id, true).await?;
     Ok(query::json(&role, None, params.pretty()))
 }
 
@@ -578,16 +573,9 @@ async fn role_update(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     let req: RoleIn = query::decode(&body, "a role")?;
-    if !req.id.is_empty() && req.id != id {
-        return Err(ApiError::BadRequest(format!(
-            "ID: {:?} does not match the path's {id:?}",
-            req.id
-        )));
-    }
+    let id = object_id(&req.id, Some(id))?;
     let role = write_role(&api, req, id, false).await?;
     Ok(query::json(&role, None, params.pretty()))
 }
@@ -622,9 +610,7 @@ async fn role_delete(
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    enabled(&api)?;
-    let params = api.write_params(q.as_deref())?;
-    need_write(&authz)?;
+    let params = write_prelude(&api, &authz, q.as_deref())?;
     api.store.write(Op::AclRoleDelete { id }).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
