@@ -38,6 +38,17 @@ impl TokenRules {
 
 /// The refusal every denied check answers, in Consul's words.
 pub const PERMISSION_DENIED: &str = "Permission denied";
+/// Consul's refusal text: `Permission denied: token with AccessorID '...' lacks permission
+/// 'service:write' on "web"` (no `on` part for cluster-wide permissions, `target` empty).
+pub fn denied(accessor: &str, permission: &str, target: &str) -> String {
+    let on = if target.is_empty() {
+        String::new()
+    } else {
+        format!(" on {target:?}")
+    };
+    format!("{PERMISSION_DENIED}: token with AccessorID '{accessor}' lacks permission '{permission}'{on}")
+}
+
 /// The refusal for a token that does not exist, in Consul's words.
 pub const ACL_NOT_FOUND: &str = "ACL not found";
 

@@ -145,11 +145,7 @@ pub(crate) fn need(who: &crate::acl::Resolved, allowed: bool, permission: &str, 
     }
     Err(HttpError(
         StatusCode::FORBIDDEN,
-        format!(
-            "{}: token with AccessorID '{}' lacks permission '{permission}' on {target:?}",
-            ::acl::PERMISSION_DENIED,
-            who.accessor
-        ),
+        ::acl::denied(&who.accessor, permission, target),
     ))
 }
 

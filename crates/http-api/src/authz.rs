@@ -77,22 +77,8 @@ impl Authz {
             return Ok(());
         }
         let who = self.accessor().unwrap_or_default();
-        Err(ApiError::Forbidden(denied(who, permission, target)))
+        Err(ApiError::Forbidden(acl::denied(who, permission, target)))
     }
-}
-
-/// Consul's refusal text: `Permission denied: token with AccessorID '...' lacks permission
-/// 'service:write' on "web"`.
-pub(crate) fn denied(accessor: &str, permission: &str, target: &str) -> String {
-    let on = if target.is_empty() {
-        String::new()
-    } else {
-        format!(" on {target:?}")
-    };
-    format!(
-        "{}: token with AccessorID '{accessor}' lacks permission '{permission}'{on}",
-        acl::PERMISSION_DENIED
-    )
 }
 
 /// Marks a listing as filtered when something was left out.

@@ -476,11 +476,7 @@ impl xds::StreamAuthorizer for AgentStreamAuthorizer {
             if who.authz.service_write(&service) {
                 Ok(xds::Authorization { expires: who.expires })
             } else {
-                Err(format!(
-                    "{}: token with AccessorID '{}' lacks permission 'service:write' on {service:?}",
-                    ::acl::PERMISSION_DENIED,
-                    who.accessor
-                ))
+                Err(::acl::denied(&who.accessor, "service:write", &service))
             }
         })
     }

@@ -272,11 +272,7 @@ impl xds::StreamAuthorizer for StoreStreamAuthorizer {
                         expires: resolved.expires,
                     })
                 } else {
-                    Err(format!(
-                        "{}: token with AccessorID '{}' lacks permission 'service:write' on {service:?}",
-                        acl::PERMISSION_DENIED,
-                        resolved.accessor
-                    ))
+                    Err(acl::denied(&resolved.accessor, "service:write", service))
                 }
             });
         Box::pin(std::future::ready(verdict))
