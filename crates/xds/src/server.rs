@@ -467,8 +467,10 @@ where
                 // The change future has completed: a new one is armed below.
                 self.acl_changed = None;
             }
-            // Nothing of a snapshot is built or sent before its token is authorized.
+            // Nothing of a snapshot is built or sent before its token is authorized (without
+            // an authorizer there is nothing to check).
             let check = match &fresh {
+                _ if self.inner.authorizer.is_none() => None,
                 Some(snap) => Some(crate::authorize::service_of(snap).to_owned()),
                 None if recheck => self.authorized_for.clone(),
                 None => None,
@@ -509,9 +511,6 @@ where
     /// Remembers what the token was authorized for, and arms the re-check at the token's
     /// expiry (the one on the next ACL change was armed before the check).
     fn arm(&mut self, service: String, authorization: crate::Authorization) {
-        if self.inner.authorizer.is_none() {
-            return;
-        }
         self.authorized_for = Some(service);
         self.expires = authorization.expires.map(|at| {
             let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
