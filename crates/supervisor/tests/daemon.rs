@@ -238,6 +238,7 @@ async fn a_reused_pid_is_not_adopted() {
 async fn leaving_the_desired_set_stops_with_sigint_and_an_unchanged_set_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
+    let ready = dir.path().join("ready");
     // Python, not a shell trap: a non-interactive shell cannot trap a signal that was ignored
     // when it started (as SIGINT is under a runner started in the background), and the
     // daemon manager cannot reset dispositions without unsafe code; Python's handler can.
@@ -248,8 +249,10 @@ async fn leaving_the_desired_set_stops_with_sigint_and_an_unchanged_set_writes_n
             "import signal, sys, time\n\
              def on_int(*_):\n    open({got:?}, 'a').write('INT\\n')\n    sys.exit(0)\n\
              signal.signal(signal.SIGINT, on_int)\n\
+             open({ready:?}, 'w').write('up')\n\
              while True:\n    time.sleep(0.05)\n",
-            got = got.display().to_string()
+            got = got.display().to_string(),
+            ready = ready.display().to_string()
         ),
     )
     .unwrap();
@@ -280,6 +283,9 @@ async fn leaving_the_desired_set_stops_with_sigint_and_an_unchanged_set_writes_n
         "same set: snapshot not rewritten"
     );
 
+    // The handler must be installed before the stop: on a loaded machine the interpreter
+    // can take longer to start than the steps above.
+    wait_until(|| ready.exists()).await;
     tx.send(DesiredSet::new()).await.unwrap();
     assert_eq!(next_event(&mut ev).await, DaemonEvent::Stopped { id: "a".into() });
     assert_eq!(lines(&got), ["INT"], "stopped with SIGINT, not killed");
