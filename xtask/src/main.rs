@@ -153,14 +153,20 @@ fn test(extra: &[String]) -> Result<()> {
     }
 
     // The Python client suites run against the real binary.
-    let mut build = cargo();
-    build.args(["build", "--locked", "-p", "meshd"]);
-    run(build)?;
+    // A whole-workspace test run has built the binary already (meshd's integration tests
+    // need it); a filtered run may not have, and building it again would only re-resolve
+    // features and rebuild.
+    let binary = root.join("target").join("debug").join("meshd");
+    if !extra.is_empty() || !binary.exists() {
+        let mut build = cargo();
+        build.args(["build", "--locked", "-p", "meshd"]);
+        run(build)?;
+    }
     let mut pytest = Command::new(python);
     pytest
         .current_dir(&root)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
-        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"))
+        .env("MESHD_BIN", &binary)
         .env("MESHD_ENVOY", &envoy);
     let before = totals.passed + totals.failed;
     if !run_and_parse(pytest, |l| totals.add_pytest_line(l))?.success() {
