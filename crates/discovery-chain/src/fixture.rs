@@ -48,7 +48,9 @@ impl EntrySet {
             ConfigEntry::ServiceRouter(_) => &mut self.routers,
             ConfigEntry::ServiceSplitter(_) => &mut self.splitters,
             ConfigEntry::ServiceIntentions(_) => &mut self.intentions,
-            ConfigEntry::Mesh(_) => panic!("a mesh entry is not a chain input"),
+            ConfigEntry::Mesh(_) | ConfigEntry::IngressGateway(_) | ConfigEntry::TerminatingGateway(_) => {
+                panic!("a {} entry is not a chain input", entry.kind())
+            }
         };
         list.push(Arc::new(entry));
         self

@@ -24,16 +24,22 @@ pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
         | ConfigEntryKind::ServiceSplitter
-        | ConfigEntryKind::ServiceResolver => a.service_read(name),
+        | ConfigEntryKind::ServiceResolver
+        | ConfigEntryKind::IngressGateway
+        | ConfigEntryKind::TerminatingGateway => a.service_read(name),
     }
 }
 
 /// Consul's permission to write an entry: `mesh:write` for proxy-defaults and mesh,
-/// `intentions:write` on the destination for intentions, `service:write` on the name else.
+/// `intentions:write` on the destination for intentions, `operator:write` for gateways (they
+/// open the mesh to the outside), `service:write` on the name else.
 fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => authz.need(|a| a.mesh_write(), "mesh:write", ""),
         ConfigEntryKind::ServiceIntentions => authz.need(|a| a.intention_write(name), "intentions:write", name),
+        ConfigEntryKind::IngressGateway | ConfigEntryKind::TerminatingGateway => {
+            authz.need(|a| a.operator_write(), "operator:write", "")
+        }
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
         | ConfigEntryKind::ServiceSplitter

@@ -129,6 +129,7 @@ async fn roots_and_leaves_follow_a_root_rotation() {
         LeafRequest {
             datacenter: dc1(),
             service: "web".into(),
+            dns_sans: Vec::new(),
             token: String::new(),
         },
     );

@@ -139,6 +139,7 @@ async fn main() {
         &LeafRequest {
             datacenter: "dc1".into(),
             service: "web".into(),
+            dns_sans: Vec::new(),
             token: String::new(),
         },
         Arc::new(IssuedCert {

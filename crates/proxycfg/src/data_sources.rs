@@ -201,6 +201,9 @@ pub struct LeafRequest {
     pub datacenter: String,
     /// Service name the certificate identifies.
     pub service: String,
+    /// DNS names the certificate also carries (an ingress gateway's hosts when it serves
+    /// TLS from the mesh CA); empty for most proxies.
+    pub dns_sans: Vec<String>,
     /// Token to authorize the signing request.
     pub token: String,
 }
@@ -210,6 +213,7 @@ impl fmt::Debug for LeafRequest {
         f.debug_struct("LeafRequest")
             .field("datacenter", &self.datacenter)
             .field("service", &self.service)
+            .field("dns_sans", &self.dns_sans)
             .field("token", &hidden(&self.token))
             .finish()
     }

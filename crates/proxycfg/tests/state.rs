@@ -126,6 +126,7 @@ async fn burst_is_coalesced_into_one_snapshot() {
         &LeafRequest {
             datacenter: "dc1".into(),
             service: "web".into(),
+            dns_sans: Vec::new(),
             token: String::new(),
         },
         Arc::new(IssuedCert {
@@ -207,6 +208,7 @@ async fn snapshot_waits_for_roots_leaf_intentions_and_config() {
     let leaf_req = LeafRequest {
         datacenter: "dc1".into(),
         service: "web".into(),
+        dns_sans: Vec::new(),
         token: String::new(),
     };
     f.fakes.leaf.set_fallback(|_| None);

@@ -117,6 +117,7 @@ impl ConnectProxyHandler {
             LeafRequest {
                 datacenter: dc.clone(),
                 service: dest.clone(),
+                dns_sans: Vec::new(),
                 token: self.token.clone(),
             },
         );

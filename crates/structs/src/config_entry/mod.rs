@@ -1,11 +1,16 @@
 //! Config entries: central configuration stored in the catalog by kind and name.
 
 mod defaults;
+mod gateways;
 mod intentions;
 mod mesh;
 mod routing;
 
 pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use gateways::{
+    GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, IngressGateway, IngressListener, IngressService,
+    IngressServiceConfig, LinkedService, TerminatingGateway,
+};
 pub use intentions::{
     IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
     SourceIntention,
@@ -43,11 +48,15 @@ pub enum ConfigEntryKind {
     ServiceIntentions,
     /// `mesh` (name `mesh`).
     Mesh,
+    /// `ingress-gateway` (named after the gateway service).
+    IngressGateway,
+    /// `terminating-gateway` (named after the gateway service).
+    TerminatingGateway,
 }
 
 impl ConfigEntryKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ConfigEntryKind; 7] = [
+    pub const ALL: [ConfigEntryKind; 9] = [
         ConfigEntryKind::ProxyDefaults,
         ConfigEntryKind::ServiceDefaults,
         ConfigEntryKind::ServiceRouter,
@@ -55,6 +64,8 @@ impl ConfigEntryKind {
         ConfigEntryKind::ServiceResolver,
         ConfigEntryKind::ServiceIntentions,
         ConfigEntryKind::Mesh,
+        ConfigEntryKind::IngressGateway,
+        ConfigEntryKind::TerminatingGateway,
     ];
 
     /// Consul's spelling.
@@ -67,6 +78,8 @@ impl ConfigEntryKind {
             ConfigEntryKind::ServiceResolver => "service-resolver",
             ConfigEntryKind::ServiceIntentions => "service-intentions",
             ConfigEntryKind::Mesh => "mesh",
+            ConfigEntryKind::IngressGateway => "ingress-gateway",
+            ConfigEntryKind::TerminatingGateway => "terminating-gateway",
         }
     }
 
@@ -131,6 +144,10 @@ pub enum ConfigEntry {
     ServiceIntentions(ServiceIntentions),
     /// Mesh-wide settings.
     Mesh(MeshConfig),
+    /// What an ingress gateway exposes.
+    IngressGateway(IngressGateway),
+    /// What a terminating gateway represents.
+    TerminatingGateway(TerminatingGateway),
 }
 
 macro_rules! each_entry {
@@ -143,6 +160,8 @@ macro_rules! each_entry {
             ConfigEntry::ServiceResolver($e) => $body,
             ConfigEntry::ServiceIntentions($e) => $body,
             ConfigEntry::Mesh($e) => $body,
+            ConfigEntry::IngressGateway($e) => $body,
+            ConfigEntry::TerminatingGateway($e) => $body,
         }
     };
 }
@@ -158,6 +177,8 @@ impl ConfigEntry {
             ConfigEntry::ServiceResolver(_) => ConfigEntryKind::ServiceResolver,
             ConfigEntry::ServiceIntentions(_) => ConfigEntryKind::ServiceIntentions,
             ConfigEntry::Mesh(_) => ConfigEntryKind::Mesh,
+            ConfigEntry::IngressGateway(_) => ConfigEntryKind::IngressGateway,
+            ConfigEntry::TerminatingGateway(_) => ConfigEntryKind::TerminatingGateway,
         }
     }
 
@@ -171,6 +192,8 @@ impl ConfigEntry {
             ConfigEntry::ServiceSplitter(e) => &e.name,
             ConfigEntry::ServiceResolver(e) => &e.name,
             ConfigEntry::ServiceIntentions(e) => &e.name,
+            ConfigEntry::IngressGateway(e) => &e.name,
+            ConfigEntry::TerminatingGateway(e) => &e.name,
         }
     }
 
@@ -235,6 +258,8 @@ impl ConfigEntry {
             ConfigEntryKind::ServiceResolver => ConfigEntry::ServiceResolver(crate::json::from_value(value)?),
             ConfigEntryKind::ServiceIntentions => ConfigEntry::ServiceIntentions(crate::json::from_value(value)?),
             ConfigEntryKind::Mesh => ConfigEntry::Mesh(crate::json::from_value(value)?),
+            ConfigEntryKind::IngressGateway => ConfigEntry::IngressGateway(crate::json::from_value(value)?),
+            ConfigEntryKind::TerminatingGateway => ConfigEntry::TerminatingGateway(crate::json::from_value(value)?),
         })
     }
 }
