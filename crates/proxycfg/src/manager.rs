@@ -13,7 +13,7 @@ use crate::handler::UnsupportedKind;
 use crate::rate_limit::{RateLimit, RateLimiter};
 use crate::registration::{ProxyRegistration, ProxySource, Registered};
 use crate::snapshot::{ConfigSnapshot, ProxyId};
-use crate::state::{self, Slot, StateParams};
+use crate::state::{self, Published, Slot, StateParams};
 use crate::{Metrics, MetricsSnapshot};
 use parking_lot::Mutex;
 use std::{
@@ -25,7 +25,7 @@ use std::{
 use structs::ServiceKind;
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// A registered proxy's status (see [`Manager::status`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +107,9 @@ struct Running {
     registration: ProxyRegistration,
     source: ProxySource,
     cancel: CancellationToken,
-    task: JoinHandle<()>,
+    /// The State; `None` for a registration that was refused (its kind has no handler),
+    /// kept so that its status and its watchers say why.
+    task: Option<JoinHandle<()>>,
     errors: crate::state::WatchErrors,
 }
 
@@ -115,7 +117,9 @@ impl Running {
     async fn stop(self) {
         self.cancel.cancel();
         // The State only returns once its watches are gone; a panic there is already logged.
-        let _ = self.task.await;
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -197,7 +201,9 @@ impl Manager {
                     existing: existing.source,
                 });
             }
-            if !existing.registration.needs_rebuild(&registration) {
+            // A refused registration is tried again (its kind may be served now): a
+            // registration never stays refused without saying so again.
+            if existing.task.is_some() && !existing.registration.needs_rebuild(&registration) {
                 existing.registration = registration;
                 existing.source = source;
                 return Ok(Registered::Unchanged);
@@ -211,7 +217,7 @@ impl Manager {
         let slot = {
             let mut slots = inner.slots.lock();
             let entry = slots.entry(id.clone()).or_insert_with(|| SlotEntry {
-                tx: watch::Sender::new(None),
+                tx: watch::Sender::new(Published::Nothing),
                 registered: false,
             });
             entry.registered = true;
@@ -235,7 +241,25 @@ impl Manager {
         let task = match state::spawn(params) {
             Ok(task) => task,
             Err(err) => {
-                self.release_slot(&id);
+                // Kept as a refused registration: its status says why, its watchers are
+                // told (an xDS stream ends with the reason instead of waiting for nothing),
+                // and deregistration clears it as any other.
+                let reason = err.to_string();
+                warn!(proxy = %id, %source, error = %reason, "proxy registered but cannot be served");
+                errors.lock().insert("kind".into(), reason.clone());
+                if let Some(entry) = self.inner.slots.lock().get(&id) {
+                    entry.tx.send_replace(Published::Refused(Arc::from(reason)));
+                }
+                states.insert(
+                    id,
+                    Running {
+                        registration,
+                        source,
+                        cancel,
+                        task: None,
+                        errors,
+                    },
+                );
                 return Err(err.into());
             }
         };
@@ -246,7 +270,7 @@ impl Manager {
                 registration,
                 source,
                 cancel,
-                task,
+                task: Some(task),
                 errors,
             },
         );
@@ -277,7 +301,7 @@ impl Manager {
             if entry.tx.receiver_count() == 0 {
                 slots.remove(id);
             } else {
-                entry.tx.send_replace(None);
+                entry.tx.send_replace(Published::Nothing);
             }
         }
     }
@@ -287,13 +311,13 @@ impl Manager {
         let rx = {
             let mut slots = self.inner.slots.lock();
             let entry = slots.entry(id.clone()).or_insert_with(|| SlotEntry {
-                tx: watch::Sender::new(None),
+                tx: watch::Sender::new(Published::Nothing),
                 registered: false,
             });
             entry.tx.subscribe()
         };
         let mut rx = rx;
-        if rx.borrow().is_some() {
+        if !matches!(*rx.borrow(), Published::Nothing) {
             rx.mark_changed();
         } else {
             rx.mark_unchanged();
@@ -333,7 +357,12 @@ impl Manager {
             let running = states.get(id)?;
             (running.source, running.errors.lock().clone())
         };
-        let snapshot = self.inner.slots.lock().get(id).and_then(|s| s.tx.borrow().clone());
+        let snapshot = self
+            .inner
+            .slots
+            .lock()
+            .get(id)
+            .and_then(|s| s.tx.borrow().snapshot().cloned());
         Some(ProxyStatus {
             source,
             snapshot_version: snapshot.as_ref().map(|s| s.version),
@@ -373,11 +402,14 @@ pub enum WatchEvent {
     Snapshot(Arc<ConfigSnapshot>),
     /// The proxy was deregistered; it may be registered again later.
     Deregistered,
+    /// The proxy is registered but cannot be served (a kind with no handler): why. Its
+    /// status shows the same reason until it is deregistered or registered again.
+    Refused(Arc<str>),
 }
 
 /// Receives one proxy's snapshots. Dropping it stops watching.
 pub struct Watcher {
-    rx: watch::Receiver<Option<Arc<ConfigSnapshot>>>,
+    rx: watch::Receiver<Published>,
     id: ProxyId,
     manager: Weak<Inner>,
     metrics: Arc<Metrics>,
@@ -395,14 +427,15 @@ impl Watcher {
     pub async fn next(&mut self) -> Option<WatchEvent> {
         self.rx.changed().await.ok()?;
         Some(match self.rx.borrow_and_update().clone() {
-            Some(snapshot) => WatchEvent::Snapshot(snapshot),
-            None => WatchEvent::Deregistered,
+            Published::Snapshot(snapshot) => WatchEvent::Snapshot(snapshot),
+            Published::Nothing => WatchEvent::Deregistered,
+            Published::Refused(why) => WatchEvent::Refused(why),
         })
     }
 
     /// The newest published snapshot, without waiting.
     pub fn current(&self) -> Option<Arc<ConfigSnapshot>> {
-        self.rx.borrow().clone()
+        self.rx.borrow().snapshot().cloned()
     }
 
     /// The proxy this watcher follows.

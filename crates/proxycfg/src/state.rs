@@ -21,8 +21,28 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, trace, warn};
 
-/// The latest published snapshot of one proxy (`None` until valid, and after deregistration).
-pub(crate) type Slot = watch::Sender<Option<Arc<ConfigSnapshot>>>;
+/// What one proxy's slot holds.
+#[derive(Debug, Clone)]
+pub(crate) enum Published {
+    /// Nothing yet (no valid snapshot), or the proxy was deregistered.
+    Nothing,
+    /// The latest valid snapshot.
+    Snapshot(Arc<ConfigSnapshot>),
+    /// The proxy is registered but cannot be served (its kind has no handler): why.
+    Refused(Arc<str>),
+}
+
+impl Published {
+    pub(crate) fn snapshot(&self) -> Option<&Arc<ConfigSnapshot>> {
+        match self {
+            Published::Snapshot(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The latest published state of one proxy.
+pub(crate) type Slot = watch::Sender<Published>;
 
 /// What one State needs from its Manager.
 pub(crate) struct StateParams {
@@ -82,7 +102,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
     let mut watches = Watches::new(tx, cancel.child_token(), Arc::clone(&metrics), Arc::clone(&errors));
     let kind = handler.initialize(&mut watches);
     // Versions keep increasing across rebuilds of the same proxy.
-    let version = slot.borrow().as_ref().map_or(0, |s| s.version);
+    let version = slot.borrow().snapshot().map_or(0, |s| s.version);
     let mut snapshot = ConfigSnapshot {
         proxy_id: Arc::new(registration.id.clone()),
         service: Arc::clone(&registration.service),
@@ -122,7 +142,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 }
                 snapshot.version += 1;
                 window.last_published = Some(Instant::now());
-                slot.send_replace(Some(Arc::new(snapshot.clone())));
+                slot.send_replace(Published::Snapshot(Arc::new(snapshot.clone())));
                 metrics.snapshot_built();
                 trace!(version = snapshot.version, "snapshot published");
             }

@@ -460,6 +460,16 @@ where
                         fresh = Some(snap);
                     }
                     Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
+                    Some(WatchEvent::Refused(why)) => {
+                        // Never a stream that stays open and receives nothing.
+                        warn!(node = %following.node_id, reason = %why, "ending the xDS stream: the proxy cannot be served");
+                        self.finished = true;
+                        self.current = None;
+                        return Some(Err(Status::failed_precondition(format!(
+                            "proxy {:?} cannot be served: {why}",
+                            following.node_id
+                        ))));
+                    }
                     None => self.finished = true,
                 },
             }

@@ -48,7 +48,7 @@ pub enum HandlerError {
 
 /// The proxy's kind has no handler (yet).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("proxy kind {0:?} is not supported")]
+#[error("proxy kind {} is not supported", .0.as_str())]
 pub struct UnsupportedKind(pub ServiceKind);
 
 /// The handler for a registration's kind.
