@@ -48,6 +48,23 @@ pub enum CorrelationId {
         /// The service.
         service: String,
     },
+    /// The leaf certificate of a service a terminating gateway represents.
+    GatewayServiceLeaf {
+        /// The service.
+        service: String,
+    },
+    /// Intentions to a service a terminating gateway represents.
+    GatewayServiceIntentions {
+        /// The service.
+        service: String,
+    },
+    /// Central config of a service a terminating gateway represents.
+    GatewayServiceConfig {
+        /// The service.
+        service: String,
+    },
+    /// The gateway's own config entry.
+    GatewayConfig,
     /// Every config entry of one kind.
     ConfigEntryList(ConfigEntryKind),
 }
@@ -81,6 +98,10 @@ impl fmt::Display for CorrelationId {
             CorrelationId::GatewayServices => f.write_str("gateway-services"),
             CorrelationId::MeshGateways { datacenter } => write!(f, "mesh-gateway:{datacenter}"),
             CorrelationId::GatewayServiceHealth { service } => write!(f, "gateway-service-health:{service}"),
+            CorrelationId::GatewayServiceLeaf { service } => write!(f, "gateway-service-leaf:{service}"),
+            CorrelationId::GatewayServiceIntentions { service } => write!(f, "gateway-service-intentions:{service}"),
+            CorrelationId::GatewayServiceConfig { service } => write!(f, "gateway-service-config:{service}"),
+            CorrelationId::GatewayConfig => f.write_str("gateway-config"),
             CorrelationId::ConfigEntryList(kind) => write!(f, "config-entries:{kind}"),
         }
     }

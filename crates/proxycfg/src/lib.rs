@@ -33,5 +33,8 @@ pub use metrics::{Metrics, MetricsSnapshot};
 pub use rate_limit::RateLimit;
 pub use registration::{ProxyRegistration, ProxySource, Registered};
 pub use serve::{ProxyRequest, SnapshotSource, SourceError, SourceLease};
-pub use snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, ProxyId, TargetEndpoints, UpstreamSnapshot};
+pub use snapshot::{
+    ConfigSnapshot, ConnectProxySnapshot, IngressGatewaySnapshot, KindSnapshot, LinkedServiceSnapshot, ProxyId,
+    TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
+};
 pub use watches::Watches;

@@ -8,8 +8,8 @@
 
 use std::{collections::BTreeMap, fmt, sync::Arc};
 use structs::{
-    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, HealthCheck, IndexedCaRoots, Intention, IssuedCert,
-    NodeService, ResolvedServiceConfig, ServiceKind, TargetId, Upstream, UpstreamId,
+    CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, GatewayService, HealthCheck, IndexedCaRoots, Intention,
+    IssuedCert, NodeService, ResolvedServiceConfig, ServiceKind, TargetId, Upstream, UpstreamId,
 };
 
 /// Identifies a proxy: the node it is registered on and its service instance id. Agent-local
@@ -69,6 +69,10 @@ pub struct ConfigSnapshot {
 pub enum KindSnapshot {
     /// A sidecar.
     ConnectProxy(ConnectProxySnapshot),
+    /// An ingress gateway: traffic from outside the mesh to the services it exposes.
+    IngressGateway(IngressGatewaySnapshot),
+    /// A terminating gateway: traffic from the mesh to services outside it.
+    TerminatingGateway(TerminatingGatewaySnapshot),
 }
 
 impl ConfigSnapshot {
@@ -82,6 +86,8 @@ impl ConfigSnapshot {
         self.roots.is_some()
             && match &self.kind {
                 KindSnapshot::ConnectProxy(c) => c.is_valid(),
+                KindSnapshot::IngressGateway(g) => g.is_valid(),
+                KindSnapshot::TerminatingGateway(g) => g.is_valid(),
             }
     }
 
@@ -89,7 +95,107 @@ impl ConfigSnapshot {
     pub fn connect_proxy(&self) -> Option<&ConnectProxySnapshot> {
         match &self.kind {
             KindSnapshot::ConnectProxy(c) => Some(c),
+            _ => None,
         }
+    }
+
+    /// The ingress-gateway part, if this is one.
+    pub fn ingress_gateway(&self) -> Option<&IngressGatewaySnapshot> {
+        match &self.kind {
+            KindSnapshot::IngressGateway(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The terminating-gateway part, if this is one.
+    pub fn terminating_gateway(&self) -> Option<&TerminatingGatewaySnapshot> {
+        match &self.kind {
+            KindSnapshot::TerminatingGateway(g) => Some(g),
+            _ => None,
+        }
+    }
+}
+
+/// What an ingress gateway needs beyond the common part.
+#[derive(Debug, Clone, Default)]
+pub struct IngressGatewaySnapshot {
+    /// The gateway's leaf certificate: its identity to upstreams, and (with the hosts it
+    /// serves as DNS names) its certificate when a listener serves TLS from the mesh CA.
+    pub leaf: Known<Arc<IssuedCert>>,
+    /// Its `ingress-gateway` config entry (`Some(None)`: known not to exist).
+    pub entry: Known<Option<Arc<ConfigEntry>>>,
+    /// The `mesh` config entry.
+    pub mesh_config: Known<Option<Arc<ConfigEntry>>>,
+    /// The services it exposes, one per listener and service (wildcards expanded).
+    pub services: Known<Arc<Vec<GatewayService>>>,
+    /// Per exposed service (by name): its chain and the endpoints of its targets.
+    pub upstreams: Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>,
+}
+
+impl IngressGatewaySnapshot {
+    /// Roots aside, a gateway needs its leaf, its entry, the mesh config and its services.
+    pub fn is_valid(&self) -> bool {
+        self.leaf.is_some() && self.entry.is_some() && self.mesh_config.is_some() && self.services.is_some()
+    }
+
+    /// The gateway's entry, if it exists.
+    pub fn config(&self) -> Option<&structs::config_entry::IngressGateway> {
+        match self.entry.as_ref()?.as_deref()? {
+            ConfigEntry::IngressGateway(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// What a terminating gateway needs beyond the common part.
+#[derive(Debug, Clone, Default)]
+pub struct TerminatingGatewaySnapshot {
+    /// The `mesh` config entry.
+    pub mesh_config: Known<Option<Arc<ConfigEntry>>>,
+    /// The services it represents (wildcards expanded).
+    pub services: Known<Arc<Vec<GatewayService>>>,
+    /// Per represented service (by name): what the gateway needs to act for it.
+    pub linked: Arc<BTreeMap<String, Arc<LinkedServiceSnapshot>>>,
+}
+
+impl TerminatingGatewaySnapshot {
+    /// Roots aside, a terminating gateway needs the mesh config and its services; a linked
+    /// service is served once its own parts are known ([`LinkedServiceSnapshot::is_ready`]).
+    pub fn is_valid(&self) -> bool {
+        self.mesh_config.is_some() && self.services.is_some()
+    }
+}
+
+/// One service a terminating gateway represents.
+#[derive(Debug, Clone)]
+pub struct LinkedServiceSnapshot {
+    /// How it is linked (TLS files, SNI).
+    pub link: GatewayService,
+    /// The leaf certificate of the service: the gateway presents it to callers in the mesh.
+    pub leaf: Known<Arc<IssuedCert>>,
+    /// Intentions to the service: the gateway enforces them.
+    pub intentions: Known<Arc<Vec<Intention>>>,
+    /// Its central config (its protocol).
+    pub config: Known<Arc<ResolvedServiceConfig>>,
+    /// Its instances (outside the mesh) with their health.
+    pub endpoints: Known<Arc<Vec<CheckServiceNode>>>,
+}
+
+impl LinkedServiceSnapshot {
+    /// A linked service nothing is known about yet.
+    pub fn new(link: GatewayService) -> Self {
+        Self {
+            link,
+            leaf: None,
+            intentions: None,
+            config: None,
+            endpoints: None,
+        }
+    }
+
+    /// True once the gateway can act for it.
+    pub fn is_ready(&self) -> bool {
+        self.leaf.is_some() && self.intentions.is_some() && self.config.is_some() && self.endpoints.is_some()
     }
 }
 

@@ -87,7 +87,9 @@ impl Lists {
 /// every target.
 fn snapshot_with(base: &ConfigSnapshot, all: &Lists, trust_domain: &str) -> ConfigSnapshot {
     let mut snap = base.clone();
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
         let up = Arc::make_mut(up);
         let chain = all.compile(&id.name, trust_domain);
@@ -139,7 +141,9 @@ fn main() {
     // stream does: the other upstreams' resources are reused).
     let second = {
         let mut snap = (*first).clone();
-        let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+        let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+            unreachable!("a sidecar snapshot")
+        };
         for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
             if id.name == "svc-0" {
                 Arc::make_mut(up).chain = Some(Arc::new(after.compile("svc-0", &trust_domain)));

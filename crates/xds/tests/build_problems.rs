@@ -12,7 +12,9 @@ use xds::versioned::VersionedResources;
 
 /// `snap` with the chain of upstream `api` made inconsistent (its start node missing).
 fn broken(mut snap: ConfigSnapshot) -> ConfigSnapshot {
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
         if id.name == "api" {
             let up = Arc::make_mut(up);
@@ -83,7 +85,9 @@ fn an_upstream_that_cannot_be_built_keeps_its_last_good_resources_and_says_why()
 /// `snap` with upstream `name`'s chain replaced by an equal-content copy with another
 /// connect timeout (a new `Arc`: the chain changed).
 fn with_new_chain(mut snap: ConfigSnapshot, name: &str, timeout_ms: u32) -> ConfigSnapshot {
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
         if id.name == name {
             let up = Arc::make_mut(up);
@@ -132,7 +136,9 @@ fn a_changed_chain_rebuilds_its_upstream_only_and_equals_a_full_build() {
     ));
     // An upstream removed takes its resources with it.
     let mut third = (*second).clone();
-    let KindSnapshot::ConnectProxy(cp) = &mut third.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut third.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     Arc::make_mut(&mut cp.upstreams).retain(|id, _| id.name != "cache");
     let third = Arc::new(third);
     let after_removal = VersionedResources::build_after(&third, None, Some(&incremental)).unwrap();
@@ -181,7 +187,9 @@ fn incremental_builds_keep_routes_and_aggregate_clusters_of_unchanged_l7_upstrea
         },
     )
     .unwrap();
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
         if id.name == "api" {
             let up = Arc::make_mut(up);

@@ -11,7 +11,9 @@ use xds::resources::{ENDPOINT, SharedEncodings};
 use xds::versioned::VersionedResources;
 
 fn with_endpoints(mut snap: ConfigSnapshot, nodes: &Arc<Vec<CheckServiceNode>>) -> ConfigSnapshot {
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     for up in Arc::make_mut(&mut cp.upstreams).values_mut() {
         let up = Arc::make_mut(up);
         let targets: Vec<_> = up.endpoints.keys().cloned().collect();
@@ -56,7 +58,9 @@ fn one_encoding_for_every_proxy_of_the_same_endpoints() {
 /// Changes one input of a snapshot's connect-proxy part.
 fn changed(snap: &ConfigSnapshot, f: impl FnOnce(&mut proxycfg::ConnectProxySnapshot)) -> Arc<ConfigSnapshot> {
     let mut next = snap.clone();
-    let KindSnapshot::ConnectProxy(cp) = &mut next.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut next.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     f(cp);
     Arc::new(next)
 }

@@ -48,8 +48,16 @@ fn unpack<T: Message + Name + Default>(any: &Any) -> T {
 
 /// Points a TLS context's SDS references at static secrets of the same names.
 fn static_sds(ctx: &mut CommonTlsContext) {
+    use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
     for c in &mut ctx.tls_certificate_sds_secret_configs {
-        c.sds_config = None;
+        // Over ADS: made static. From an external SDS server (a gateway's certificate):
+        // kept, with that server's cluster in the bootstrap.
+        if matches!(
+            c.sds_config.as_ref().and_then(|s| s.config_source_specifier.as_ref()),
+            Some(ConfigSourceSpecifier::Ads(_))
+        ) {
+            c.sds_config = None;
+        }
     }
     if let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
         &mut ctx.validation_context_type
@@ -390,7 +398,9 @@ fn default_deny_with_an_allow_intention() {
 
 /// `snap` with `intentions` (to `web`) in place of the scenario's.
 fn with_intentions(mut snap: ConfigSnapshot, intentions: Vec<Intention>) -> ConfigSnapshot {
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     cp.intentions = Some(Arc::new(intentions));
     snap
 }
@@ -616,4 +626,266 @@ fn envoy_validation_rejects_a_broken_configuration() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "envoy accepted a cluster without a name");
+}
+
+/// A gateway registration named `name` of `kind` on port 8443.
+fn gateway_service(kind: structs::ServiceKind, name: &str) -> Arc<structs::NodeService> {
+    Arc::new(structs::NodeService {
+        kind,
+        id: name.into(),
+        service: name.into(),
+        address: "127.0.0.1".into(),
+        port: 8443,
+        ..Default::default()
+    })
+}
+
+fn gateway_snapshot(ca: &Ca, kind: structs::ServiceKind, name: &str, part: KindSnapshot) -> ConfigSnapshot {
+    ConfigSnapshot {
+        proxy_id: Arc::new(proxycfg::ProxyId::new("node-1", name)),
+        service: gateway_service(kind, name),
+        datacenter: Arc::from("dc1"),
+        version: 1,
+        roots: Some(ca.roots()),
+        intention_default_allow: true,
+        kind: part,
+    }
+}
+
+fn link(
+    gateway: &str,
+    kind: structs::ServiceKind,
+    service: &str,
+    port: u16,
+    protocol: &str,
+) -> structs::GatewayService {
+    structs::GatewayService {
+        gateway: gateway.into(),
+        service: service.into(),
+        gateway_kind: kind,
+        port,
+        protocol: protocol.into(),
+        ..Default::default()
+    }
+}
+
+/// A static cluster for an external SDS server a configuration names.
+fn sds_server_cluster(name: &str) -> Cluster {
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOptions, http_protocol_options};
+    let h2 = HttpProtocolOptions {
+        upstream_protocol_options: Some(http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+            http_protocol_options::ExplicitHttpConfig {
+                protocol_config: Some(
+                    http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
+                        Default::default(),
+                    ),
+                ),
+            },
+        )),
+        ..Default::default()
+    };
+    Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static as i32,
+        )),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.into(),
+            ..Default::default()
+        }),
+        typed_extension_protocol_options: [(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_owned(),
+            pack_any(h2),
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn ingress_gateway_listeners_hosts_tls_and_limits() {
+    use structs::ServiceKind::IngressGateway as Kind;
+    let ca = Ca::new();
+    let roots = ca.roots();
+    let entry: structs::ConfigEntry = serde_json::from_value(serde_json::json!({
+        "Kind": "ingress-gateway",
+        "Name": "ingress",
+        "Defaults": {"MaxConnections": 100},
+        "Listeners": [
+            {"Port": 8080, "Protocol": "http", "Services": [
+                {"Name": "api", "Hosts": ["api.ingress", "api.example.com"],
+                 "RequestHeaders": {"Add": {"x-from": "ingress"}, "Remove": ["x-debug"]},
+                 "ResponseHeaders": {"Set": {"x-served-by": "meshd"}},
+                 "MaxPendingRequests": 10},
+                {"Name": "web"},
+            ]},
+            {"Port": 9090, "Protocol": "tcp", "Services": [{"Name": "db"}]},
+            {"Port": 8443, "Protocol": "http", "TLS": {"Enabled": true, "TLSMinVersion": "TLSv1_2"},
+             "Services": [{"Name": "api", "Hosts": ["secure.example.com"]},
+                          {"Name": "web", "Hosts": ["own.example.com"],
+                           "TLS": {"SDS": {"ClusterName": "sds-server", "CertResource": "web-cert"}}}]},
+        ],
+    }))
+    .unwrap();
+    let mut services = vec![
+        link("ingress", Kind, "api", 8080, "http"),
+        link("ingress", Kind, "web", 8080, "http"),
+        link("ingress", Kind, "db", 9090, "tcp"),
+        link("ingress", Kind, "api", 8443, "http"),
+        link("ingress", Kind, "web", 8443, "http"),
+    ];
+    services[0].hosts = vec!["api.ingress".into(), "api.example.com".into()];
+    services[3].hosts = vec!["secure.example.com".into()];
+    services[4].hosts = vec!["own.example.com".into()];
+    let mut upstreams = BTreeMap::new();
+    for (name, protocol) in [("api", "http"), ("web", "http"), ("db", "tcp")] {
+        let chain = Arc::new(structs::CompiledDiscoveryChain::default_for(
+            name,
+            "dc1",
+            &roots.trust_domain,
+            protocol.parse().unwrap(),
+        ));
+        let mut up = proxycfg::UpstreamSnapshot::new(usize::MAX);
+        for target in chain.targets.keys() {
+            up.endpoints.insert(
+                target.clone(),
+                Arc::new(vec![instance(&format!("{name}-sidecar-proxy"), "10.0.0.1", 21000)]),
+            );
+        }
+        up.chain = Some(chain);
+        upstreams.insert(Arc::new(proxycfg::handler::ingress_upstream_id(name)), Arc::new(up));
+    }
+    let part = KindSnapshot::IngressGateway(proxycfg::IngressGatewaySnapshot {
+        leaf: Some(ca.leaf("ingress")),
+        entry: Some(Some(Arc::new(entry))),
+        mesh_config: Some(None),
+        services: Some(Arc::new(services)),
+        upstreams: Arc::new(upstreams),
+    });
+    let snap = gateway_snapshot(&ca, Kind, "ingress", part);
+    let r = resources::build(&snap).unwrap();
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let listeners: Vec<&String> = r.of(LISTENER).unwrap().keys().collect();
+    assert_eq!(
+        listeners,
+        ["http:127.0.0.1:8080", "http:127.0.0.1:8443", "tcp:127.0.0.1:9090"]
+    );
+    let routes: Vec<&String> = r.of(ROUTE).unwrap().keys().collect();
+    assert_eq!(routes, ["8080", "8443", "8443_web"]);
+    let route: RouteConfiguration = unpack(&r.of(ROUTE).unwrap()["8080"]);
+    let domains: Vec<(&str, Vec<&str>)> = route
+        .virtual_hosts
+        .iter()
+        .map(|v| (v.name.as_str(), v.domains.iter().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(
+        domains,
+        [
+            (
+                "api:8080",
+                vec![
+                    "api.ingress:8080",
+                    "api.ingress",
+                    "api.example.com:8080",
+                    "api.example.com"
+                ]
+            ),
+            ("web:8080", vec!["web.ingress.*:8080", "web.ingress.*"]),
+        ]
+    );
+    insta::assert_snapshot!("gateway-ingress", golden_text(&r, &roots.trust_domain));
+    let mut bootstrap = static_bootstrap(&r);
+    bootstrap
+        .static_resources
+        .as_mut()
+        .unwrap()
+        .clusters
+        .push(sds_server_cluster("sds-server"));
+    if let Err(e) = envoy_validate("gateway-ingress", &bootstrap) {
+        panic!("envoy rejected the ingress gateway:\n{e}");
+    }
+}
+
+#[test]
+fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
+    use structs::ServiceKind::TerminatingGateway as Kind;
+    let ca = Ca::new();
+    let roots = ca.roots();
+    let dir = tempfile::tempdir().unwrap();
+    // Any PEM bundle: Envoy loads the files a context names when it validates.
+    let ca_file = dir.path().join("ext-ca.pem");
+    std::fs::write(&ca_file, &roots.roots[0].root_cert).unwrap();
+    let leaf = ca.leaf("client");
+    let cert_file = dir.path().join("client.pem");
+    let key_file = dir.path().join("client-key.pem");
+    std::fs::write(&cert_file, &leaf.cert_pem).unwrap();
+    std::fs::write(&key_file, &leaf.private_key_pem).unwrap();
+
+    let mut ext = link("terminating", Kind, "ext", 0, "");
+    ext.ca_file = ca_file.display().to_string();
+    ext.sni = "ext.example.com".into();
+    let mut mtls = link("terminating", Kind, "billing", 0, "");
+    mtls.ca_file = ca_file.display().to_string();
+    mtls.cert_file = cert_file.display().to_string();
+    mtls.key_file = key_file.display().to_string();
+    let plain = link("terminating", Kind, "legacy", 0, "");
+    let waiting = link("terminating", Kind, "pending", 0, "");
+    let mut linked = BTreeMap::new();
+    for (l, protocol, address) in [
+        (&ext, "http", "127.0.0.1"),
+        (&mtls, "tcp", "10.0.0.7"),
+        (&plain, "tcp", "legacy.example.com"),
+    ] {
+        let mut resolved = structs::ResolvedServiceConfig::default();
+        resolved
+            .proxy_config
+            .insert("protocol".into(), serde_json::Value::String(protocol.into()));
+        let mut node = instance(&l.service, address, 443);
+        node.service.kind = structs::ServiceKind::Typical;
+        node.service.service = l.service.clone();
+        node.service.port = 443;
+        let mut s = proxycfg::LinkedServiceSnapshot::new(l.clone());
+        s.leaf = Some(ca.leaf(&l.service));
+        s.intentions = Some(Arc::new(
+            vec![intention("web", Some(IntentionAction::Deny), vec![])]
+                .into_iter()
+                .map(|mut i| {
+                    i.destination_name = l.service.clone();
+                    i
+                })
+                .collect(),
+        ));
+        s.config = Some(Arc::new(resolved));
+        s.endpoints = Some(Arc::new(vec![node]));
+        linked.insert(l.service.clone(), Arc::new(s));
+    }
+    linked.insert(
+        "pending".into(),
+        Arc::new(proxycfg::LinkedServiceSnapshot::new(waiting.clone())),
+    );
+    let part = KindSnapshot::TerminatingGateway(proxycfg::TerminatingGatewaySnapshot {
+        mesh_config: Some(None),
+        services: Some(Arc::new(vec![ext, mtls, plain, waiting])),
+        linked: Arc::new(linked),
+    });
+    let snap = gateway_snapshot(&ca, Kind, "terminating", part);
+    let r = resources::build(&snap).unwrap();
+    // A linked service still missing parts is named, never silently absent.
+    assert!(r.problems["linked-services"].contains("pending"), "{:?}", r.problems);
+    let secrets: Vec<&String> = r.of(SECRET).unwrap().keys().collect();
+    assert_eq!(secrets, ["ROOTCA", "billing", "ext", "legacy"]);
+    let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
+    let names: Vec<Vec<String>> = listener
+        .filter_chains
+        .iter()
+        .map(|c| c.filter_chain_match.clone().unwrap().server_names)
+        .collect();
+    let sni = |s: &str| format!("{s}.default.dc1.internal.{}", roots.trust_domain);
+    assert_eq!(names, [vec![sni("billing")], vec![sni("ext")], vec![sni("legacy")]]);
+    let text = golden_text(&r, &roots.trust_domain).replace(&dir.path().display().to_string(), "<dir>");
+    insta::assert_snapshot!("gateway-terminating", text);
+    if let Err(e) = envoy_validate("gateway-terminating", &static_bootstrap(&r)) {
+        panic!("envoy rejected the terminating gateway:\n{e}");
+    }
 }

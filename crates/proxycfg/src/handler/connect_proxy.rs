@@ -1,15 +1,12 @@
 //! The connect-proxy (sidecar) handler.
 
-use super::{HandlerError, KindHandler};
+use super::{HandlerError, KindHandler, upstreams};
 use crate::data_sources::*;
 use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{
-    CompiledDiscoveryChain, ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId,
-};
-use tracing::debug;
+use structs::{ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId};
 
 /// Watches roots, leaf, intentions, mesh config, resolved config and (if exposed) HTTP checks;
 /// per upstream its discovery chain (or prepared query), then per chain target its healthy
@@ -39,59 +36,9 @@ impl ConnectProxyHandler {
             &id.datacenter
         }
     }
-
-    fn on_chain(
-        &mut self,
-        upstream_id: Arc<UpstreamId>,
-        chain: Arc<CompiledDiscoveryChain>,
-        snap: &mut ConnectProxySnapshot,
-        watches: &mut Watches,
-    ) -> Result<(), HandlerError> {
-        let upstreams = Arc::make_mut(&mut snap.upstreams);
-        let Some(entry) = upstreams.get_mut(&upstream_id) else {
-            return Err(HandlerError::UnknownWatch(
-                CorrelationId::DiscoveryChain(upstream_id).to_string(),
-            ));
-        };
-        let entry = Arc::make_mut(entry);
-
-        // Tear down exactly the target watches the new chain no longer names.
-        watches.cancel_where(|id| {
-            matches!(id, CorrelationId::UpstreamTarget { upstream, target }
-                if *upstream == upstream_id && !chain.targets.contains_key(target))
-        });
-        entry.endpoints.retain(|target, _| chain.targets.contains_key(target));
-
-        // One health watch per target; restarted only if what it selects changed.
-        for (target_id, target) in &chain.targets {
-            let id = CorrelationId::UpstreamTarget {
-                upstream: Arc::clone(&upstream_id),
-                target: target_id.clone(),
-            };
-            let req = HealthRequest {
-                datacenter: target.datacenter.clone(),
-                service: target.service.clone(),
-                connect: true,
-                // Critical instances never get traffic; warning ones do unless the subset
-                // says OnlyPassing (Consul's rule).
-                passing_only: target.subset.only_passing,
-                healthy_only: true,
-                filter: target.subset.filter.clone(),
-                kind: None,
-                token: self.token.clone(),
-            };
-            if watches.ensure(&self.sources.health, id, req) {
-                // A restarted target must not keep endpoints selected the old way.
-                entry.endpoints.remove(target_id);
-            }
-        }
-        debug!(upstream = %upstream_id, targets = chain.targets.len(), "discovery chain applied");
-        entry.chain = Some(chain);
-        Ok(())
-    }
 }
 
-fn unexpected(id: &CorrelationId, payload: &UpdatePayload) -> HandlerError {
+pub(super) fn unexpected(id: &CorrelationId, payload: &UpdatePayload) -> HandlerError {
     HandlerError::UnexpectedPayload {
         id: id.to_string(),
         got: payload.type_name(),
@@ -215,7 +162,9 @@ impl KindHandler for ConnectProxyHandler {
         snapshot: &mut ConfigSnapshot,
         watches: &mut Watches,
     ) -> Result<(), HandlerError> {
-        let KindSnapshot::ConnectProxy(cp) = &mut snapshot.kind;
+        let KindSnapshot::ConnectProxy(cp) = &mut snapshot.kind else {
+            return Err(HandlerError::WrongKind);
+        };
         match (id, payload) {
             (CorrelationId::Roots, UpdatePayload::CaRoots(roots)) => snapshot.roots = Some(roots),
             (CorrelationId::Leaf, UpdatePayload::Leaf(leaf)) => cp.leaf = Some(leaf),
@@ -226,23 +175,10 @@ impl KindHandler for ConnectProxyHandler {
             }
             (CorrelationId::ServiceHttpChecks, UpdatePayload::HttpChecks(checks)) => cp.http_checks = checks,
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
-                self.on_chain(upstream, chain, cp, watches)?;
+                upstreams::apply_chain(&self.sources, &self.token, &mut cp.upstreams, upstream, chain, watches)?;
             }
             (CorrelationId::UpstreamTarget { upstream, target }, UpdatePayload::Health(nodes)) => {
-                let upstreams = Arc::make_mut(&mut cp.upstreams);
-                let entry = upstreams
-                    .get_mut(&upstream)
-                    .filter(|u| u.chain.as_ref().is_some_and(|c| c.targets.contains_key(&target)));
-                match entry {
-                    Some(entry) => {
-                        Arc::make_mut(entry).endpoints.insert(target, nodes);
-                    }
-                    None => {
-                        return Err(HandlerError::UnknownWatch(
-                            CorrelationId::UpstreamTarget { upstream, target }.to_string(),
-                        ));
-                    }
-                }
+                upstreams::apply_target_health(&mut cp.upstreams, upstream, target, nodes)?;
             }
             (CorrelationId::PreparedQuery(upstream), UpdatePayload::Health(nodes)) => {
                 let target = TargetId(upstream.to_string().into());

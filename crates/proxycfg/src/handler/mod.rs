@@ -6,8 +6,16 @@
 //! data and logs).
 
 mod connect_proxy;
+mod ingress_gateway;
+mod terminating_gateway;
+mod upstreams;
 
 pub use connect_proxy::ConnectProxyHandler;
+pub use ingress_gateway::{
+    INGRESS_DOMAIN, IngressGatewayHandler, dns_sans as ingress_dns_sans, service_hosts as ingress_service_hosts,
+    upstream_id as ingress_upstream_id,
+};
+pub use terminating_gateway::TerminatingGatewayHandler;
 
 use crate::data_sources::{DataSources, UpdatePayload};
 use crate::registration::ProxyRegistration;
@@ -44,6 +52,9 @@ pub enum HandlerError {
     /// No watch of this kind uses that correlation id.
     #[error("no watch {0} belongs to this proxy kind")]
     UnknownWatch(String),
+    /// The snapshot is of another kind than the handler's (a State bug).
+    #[error("the snapshot is not of this handler's kind")]
+    WrongKind,
 }
 
 /// The proxy's kind has no handler (yet).
@@ -59,6 +70,16 @@ pub fn handler_for(
 ) -> Result<Box<dyn KindHandler>, UnsupportedKind> {
     match registration.service.kind {
         ServiceKind::ConnectProxy => Ok(Box::new(ConnectProxyHandler::new(
+            registration,
+            datacenter,
+            sources.clone(),
+        ))),
+        ServiceKind::IngressGateway => Ok(Box::new(IngressGatewayHandler::new(
+            registration,
+            datacenter,
+            sources.clone(),
+        ))),
+        ServiceKind::TerminatingGateway => Ok(Box::new(TerminatingGatewayHandler::new(
             registration,
             datacenter,
             sources.clone(),

@@ -10,10 +10,11 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig as AggregateClusterConfig;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters;
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOptions, http_protocol_options};
 use envoy_types::pb::google::protobuf::{UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
-use proxycfg::ConfigSnapshot;
+use proxycfg::{ConfigSnapshot, KindSnapshot};
 use structs::config_entry::LoadBalancer;
 use structs::protocol::{PassiveHealthCheck, UpstreamLimits};
 use structs::{CheckServiceNode, SpiffeIdService};
@@ -22,7 +23,7 @@ use structs::{CheckServiceNode, SpiffeIdService};
 pub(crate) const LOCAL_APP: &str = "local_app";
 
 /// `typed_extension_protocol_options` that make a cluster speak HTTP/2 upstream.
-fn http2_options() -> std::collections::HashMap<String, envoy_types::pb::google::protobuf::Any> {
+pub(crate) fn http2_options() -> std::collections::HashMap<String, envoy_types::pb::google::protobuf::Any> {
     let opts = HttpProtocolOptions {
         upstream_protocol_options: Some(http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
             http_protocol_options::ExplicitHttpConfig {
@@ -141,12 +142,33 @@ fn upstream_clusters(
     snap: &ConfigSnapshot,
     roots: &structs::IndexedCaRoots,
     upstream: &proxycfg::UpstreamSnapshot,
-    outgoing: Option<&envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
+    outgoing: Option<&TlsParameters>,
+    out: &mut Resources,
+) {
+    let Some(chain) = &upstream.chain else { return };
+    let options = snap.upstream_config(upstream).map(|u| u.options()).unwrap_or_default();
+    chain_clusters(
+        roots,
+        chain,
+        options.limits.as_ref(),
+        options.passive_health_check.as_ref(),
+        outgoing,
+        out,
+    );
+}
+
+/// The clusters of a compiled chain (a sidecar's upstream, a service an ingress gateway
+/// exposes): one per target with mTLS to it, and an aggregate cluster per resolver with
+/// failover.
+pub(crate) fn chain_clusters(
+    roots: &structs::IndexedCaRoots,
+    chain: &structs::CompiledDiscoveryChain,
+    limits: Option<&UpstreamLimits>,
+    passive_health_check: Option<&PassiveHealthCheck>,
+    outgoing: Option<&TlsParameters>,
     out: &mut Resources,
 ) {
     {
-        let Some(chain) = &upstream.chain else { return };
-        let options = snap.upstream_config(upstream).map(|u| u.options()).unwrap_or_default();
         for target in chain.targets.values() {
             let spiffe = SpiffeIdService {
                 trust_domain: roots.trust_domain.clone(),
@@ -163,16 +185,10 @@ fn upstream_clusters(
                 }),
                 connect_timeout: millis(target.connect_timeout_ms),
                 transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.cloned())),
-                circuit_breakers: options.limits.as_ref().map(circuit_breakers),
+                circuit_breakers: limits.map(circuit_breakers),
                 // As Consul: outlier detection is always on (Envoy's defaults unless the
                 // upstream's passive_health_check says otherwise).
-                outlier_detection: Some(
-                    options
-                        .passive_health_check
-                        .as_ref()
-                        .map(outlier_detection)
-                        .unwrap_or_default(),
-                ),
+                outlier_detection: Some(passive_health_check.map(outlier_detection).unwrap_or_default()),
                 ..Default::default()
             };
             if let Some(lb) = &target.load_balancer {
@@ -232,7 +248,7 @@ pub(crate) fn resolver_cluster(
     })
 }
 
-fn circuit_breakers(limits: &UpstreamLimits) -> CircuitBreakers {
+pub(crate) fn circuit_breakers(limits: &UpstreamLimits) -> CircuitBreakers {
     let value = |v: Option<u32>| v.map(|value| UInt32Value { value });
     CircuitBreakers {
         thresholds: vec![circuit_breakers::Thresholds {
@@ -245,7 +261,7 @@ fn circuit_breakers(limits: &UpstreamLimits) -> CircuitBreakers {
     }
 }
 
-fn outlier_detection(p: &PassiveHealthCheck) -> OutlierDetection {
+pub(crate) fn outlier_detection(p: &PassiveHealthCheck) -> OutlierDetection {
     let duration = |d: &structs::GoDuration| {
         (!d.is_zero()).then(|| envoy_types::pb::google::protobuf::Duration {
             seconds: i64::try_from(d.0.as_secs()).unwrap_or(i64::MAX),
@@ -326,10 +342,12 @@ pub(crate) fn build_endpoints_where(
     shared: Option<&super::SharedEncodings>,
     wanted: impl Fn(&structs::UpstreamId, &structs::TargetId, Option<&std::sync::Arc<Vec<CheckServiceNode>>>) -> bool,
 ) -> Result<(), BuildError> {
-    let cp = snap
-        .connect_proxy()
-        .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
-    for (upstream_id, upstream) in cp.upstreams.iter() {
+    let upstreams = match &snap.kind {
+        KindSnapshot::ConnectProxy(cp) => &cp.upstreams,
+        KindSnapshot::IngressGateway(g) => &g.upstreams,
+        KindSnapshot::TerminatingGateway(_) => return Ok(()),
+    };
+    for (upstream_id, upstream) in upstreams.iter() {
         let Some(chain) = &upstream.chain else { continue };
         for (target_id, target) in &chain.targets {
             if !wanted(upstream_id, target_id, upstream.endpoints.get(target_id)) {

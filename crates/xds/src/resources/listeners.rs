@@ -17,14 +17,14 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 use proxycfg::ConfigSnapshot;
 
-fn network_filter(name: &str, config: Any) -> Filter {
+pub(crate) fn network_filter(name: &str, config: Any) -> Filter {
     Filter {
         name: name.to_owned(),
         config_type: Some(filter::ConfigType::TypedConfig(config)),
     }
 }
 
-fn http_filter(name: &str, config: Any) -> HttpFilter {
+pub(crate) fn http_filter(name: &str, config: Any) -> HttpFilter {
     HttpFilter {
         name: name.to_owned(),
         config_type: Some(http_filter::ConfigType::TypedConfig(config)),
@@ -36,7 +36,7 @@ fn router() -> HttpFilter {
     http_filter("envoy.filters.http.router", pack_any(Router::default()))
 }
 
-fn tcp_proxy(stat_prefix: &str, cluster: &str) -> Filter {
+pub(crate) fn tcp_proxy(stat_prefix: &str, cluster: &str) -> Filter {
     let cfg = TcpProxy {
         stat_prefix: stat_prefix.to_owned(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_owned())),
@@ -45,7 +45,7 @@ fn tcp_proxy(stat_prefix: &str, cluster: &str) -> Filter {
     network_filter("envoy.filters.network.tcp_proxy", pack_any(cfg))
 }
 
-fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
+pub(crate) fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
     RouteConfiguration {
         name: name.to_owned(),
         virtual_hosts: vec![VirtualHost {
@@ -72,7 +72,7 @@ fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
 /// (RFC 3986: `%61` is `a`, `/./` and `/../` resolved) and repeated slashes merged before the
 /// intentions' RBAC sees it, so `/%61dmin`, `//admin` or `/x/../admin` cannot slip past a rule
 /// on `/admin`.
-fn hcm(
+pub(crate) fn hcm(
     stat_prefix: &str,
     route: http_connection_manager::RouteSpecifier,
     mut filters: Vec<HttpFilter>,

@@ -18,6 +18,7 @@
 
 mod clusters;
 mod core;
+mod gateways;
 mod listeners;
 mod rbac;
 mod routes;
@@ -186,6 +187,18 @@ pub(crate) fn build_scoped(
     let mut out = Resources::default();
     if scope.common() {
         tls::build_secrets(snapshot, &mut out)?;
+    }
+    match &snapshot.kind {
+        proxycfg::KindSnapshot::ConnectProxy(_) => {}
+        proxycfg::KindSnapshot::IngressGateway(g) => {
+            gateways::build_ingress(snapshot, g, &mut out)?;
+            clusters::build_endpoints(snapshot, &mut out, shared)?;
+            return Ok(out);
+        }
+        proxycfg::KindSnapshot::TerminatingGateway(g) => {
+            gateways::build_terminating(snapshot, g, &mut out)?;
+            return Ok(out);
+        }
     }
     clusters::build(snapshot, &mut out, scope)?;
     clusters::build_endpoints(snapshot, &mut out, shared)?;

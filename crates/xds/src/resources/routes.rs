@@ -294,7 +294,7 @@ fn retry_policy(dest: &structs::config_entry::ServiceRouteDestination) -> Option
 }
 
 /// (headers to add or set, headers to remove).
-fn header_changes(m: Option<&HttpHeaderModifiers>) -> (Vec<HeaderValueOption>, Vec<String>) {
+pub(crate) fn header_changes(m: Option<&HttpHeaderModifiers>) -> (Vec<HeaderValueOption>, Vec<String>) {
     let Some(m) = m else {
         return (Vec::new(), Vec::new());
     };

@@ -126,31 +126,183 @@ fn common(match_san: Option<&str>, tls_params: Option<TlsParameters>) -> CommonT
     }
 }
 
-/// The proxy's two secrets: its leaf (certificate and key) and the CA bundle.
-pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
-    let cp = snap
-        .connect_proxy()
-        .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
-    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
-    let leaf = cp.leaf.as_deref().ok_or(BuildError::Incomplete("leaf certificate"))?;
-    let leaf_secret = Secret {
-        name: LEAF_SECRET.into(),
+/// A secret holding a leaf certificate and its key.
+pub(crate) fn leaf_secret(name: &str, leaf: &structs::IssuedCert) -> Secret {
+    Secret {
+        name: name.to_owned(),
         r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: inline(&leaf.cert_pem),
             private_key: inline(&leaf.private_key_pem),
             ..Default::default()
         })),
-    };
-    let roots_secret = Secret {
+    }
+}
+
+/// The CA bundle secret.
+pub(crate) fn roots_secret(roots: &IndexedCaRoots) -> Secret {
+    Secret {
         name: ROOTS_SECRET.into(),
         r#type: Some(secret::Type::ValidationContext(CertificateValidationContext {
             trusted_ca: inline(&bundle(roots)),
             ..Default::default()
         })),
+    }
+}
+
+/// The proxy's two secrets: its leaf (certificate and key) and the CA bundle.
+pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
+    let leaf = match &snap.kind {
+        proxycfg::KindSnapshot::ConnectProxy(cp) => cp.leaf.as_deref(),
+        proxycfg::KindSnapshot::IngressGateway(g) => g.leaf.as_deref(),
+        // Its leaves are per represented service (see the gateway builder).
+        proxycfg::KindSnapshot::TerminatingGateway(_) => {
+            out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret(roots)));
+            return Ok(());
+        }
     };
-    out.insert(SECRET, LEAF_SECRET.into(), pack_any(leaf_secret));
-    out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret));
+    let leaf = leaf.ok_or(BuildError::Incomplete("leaf certificate"))?;
+    out.insert(SECRET, LEAF_SECRET.into(), pack_any(leaf_secret(LEAF_SECRET, leaf)));
+    out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret(roots)));
     Ok(())
+}
+
+/// A certificate from an external SDS server: `cluster` (in Envoy's bootstrap) serves
+/// `resource` over gRPC.
+pub(crate) fn external_sds(cluster: &str, resource: &str) -> SdsSecretConfig {
+    use envoy_types::pb::envoy::config::core::v3::{
+        ApiConfigSource, ApiVersion, ConfigSource, GrpcService, api_config_source, config_source, grpc_service,
+    };
+    SdsSecretConfig {
+        name: resource.to_owned(),
+        sds_config: Some(ConfigSource {
+            resource_api_version: ApiVersion::V3 as i32,
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::ApiConfigSource(ApiConfigSource {
+                api_type: api_config_source::ApiType::Grpc as i32,
+                transport_api_version: ApiVersion::V3 as i32,
+                grpc_services: vec![GrpcService {
+                    target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(grpc_service::EnvoyGrpc {
+                        cluster_name: cluster.to_owned(),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+            ..Default::default()
+        }),
+    }
+}
+
+/// A TLS server that asks for no client certificate (an ingress listener facing clients
+/// outside the mesh): `certificate` over SDS, ALPN for the listener's protocol.
+pub(crate) fn downstream_server(
+    certificate: SdsSecretConfig,
+    tls_params: Option<TlsParameters>,
+    alpn: &[&str],
+) -> TransportSocket {
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params,
+            tls_certificate_sds_secret_configs: vec![certificate],
+            alpn_protocols: alpn.iter().map(|p| (*p).to_owned()).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(ctx))),
+    }
+}
+
+/// Inbound mTLS presenting the leaf in secret `leaf` (a terminating gateway presents the
+/// certificate of the service the connection is for) and requiring a mesh client certificate.
+pub(crate) fn downstream_as(leaf: &str, tls_params: Option<TlsParameters>) -> TransportSocket {
+    let mut common = common(None, tls_params);
+    common.tls_certificate_sds_secret_configs = vec![sds(leaf)];
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(common),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(ctx))),
+    }
+}
+
+/// TLS originated to a service outside the mesh: its CA bundle (a file on the gateway's
+/// host), an optional client certificate, and SNI (also the name the certificate must carry).
+pub(crate) fn upstream_external(ca_file: &str, cert_file: &str, key_file: &str, sni: &str) -> TransportSocket {
+    let file = |path: &str| {
+        Some(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path.to_owned())),
+            ..Default::default()
+        })
+    };
+    let match_typed_subject_alt_names = if sni.is_empty() {
+        Vec::new()
+    } else {
+        vec![SubjectAltNameMatcher {
+            san_type: subject_alt_name_matcher::SanType::Dns as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(sni.to_owned())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]
+    };
+    let tls_certificates = if cert_file.is_empty() {
+        Vec::new()
+    } else {
+        vec![TlsCertificate {
+            certificate_chain: file(cert_file),
+            private_key: file(key_file),
+            ..Default::default()
+        }]
+    };
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates,
+            validation_context_type: Some(common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: file(ca_file),
+                    match_typed_subject_alt_names,
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+        sni: sni.to_owned(),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(ctx))),
+    }
+}
+
+/// The SDS reference to the proxy's leaf secret.
+pub(crate) fn leaf_sds() -> SdsSecretConfig {
+    sds(LEAF_SECRET)
+}
+
+/// The TLS parameters of a gateway listener's TLS settings (none: Envoy's defaults).
+pub(crate) fn gateway_params(cfg: &structs::config_entry::GatewayTlsConfig) -> Option<TlsParameters> {
+    if cfg.tls_min_version.is_empty() && cfg.tls_max_version.is_empty() && cfg.cipher_suites.is_empty() {
+        return None;
+    }
+    Some(TlsParameters {
+        tls_minimum_protocol_version: protocol(&cfg.tls_min_version) as i32,
+        tls_maximum_protocol_version: protocol(&cfg.tls_max_version) as i32,
+        cipher_suites: cfg
+            .cipher_suites
+            .iter()
+            .filter_map(|c| structs::config_entry::envoy_cipher_name(c).map(str::to_owned))
+            .collect(),
+        ..Default::default()
+    })
 }
 
 /// Inbound mTLS: present our leaf, require a client certificate from the mesh's CA.

@@ -106,7 +106,9 @@ fn chain_snapshot(
         map.insert(Arc::new(id), Arc::new(us));
         service.proxy.upstreams.push(upstream);
     }
-    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind;
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
     cp.upstreams = Arc::new(map);
     if let Some(mesh) = mesh {
         let entry = ConfigEntry::from_json(mesh).unwrap();
