@@ -805,6 +805,30 @@ fn ingress_gateway_listeners_hosts_tls_and_limits() {
     if let Err(e) = envoy_validate("gateway-ingress", &bootstrap) {
         panic!("envoy rejected the ingress gateway:\n{e}");
     }
+
+    // An endpoints-only change rebuilds just the load assignment, and equals a full build.
+    let first = Arc::new(snap);
+    let previous = xds::versioned::VersionedResources::build_after(&first, None, None).unwrap();
+    let mut next = (*first).clone();
+    if let KindSnapshot::IngressGateway(g) = &mut next.kind {
+        let up = Arc::make_mut(
+            Arc::make_mut(&mut g.upstreams)
+                .get_mut(&proxycfg::handler::ingress_upstream_id("db"))
+                .unwrap(),
+        );
+        let target = up.endpoints.keys().next().unwrap().clone();
+        up.endpoints
+            .insert(target, Arc::new(vec![instance("db-sidecar-proxy", "10.0.0.9", 21000)]));
+    }
+    let next = Arc::new(next);
+    assert!(resources::same_except_endpoints(&first, &next));
+    let incremental = xds::versioned::VersionedResources::build_after(&next, None, Some(&previous)).unwrap();
+    let full = xds::versioned::VersionedResources::build(&next, None).unwrap();
+    for t in resources::TYPES {
+        let a: Vec<(&str, &str)> = incremental.of(t).map(|(n, v)| (n, v.version.as_str())).collect();
+        let b: Vec<(&str, &str)> = full.of(t).map(|(n, v)| (n, v.version.as_str())).collect();
+        assert_eq!(a, b, "{t}");
+    }
 }
 
 #[test]

@@ -301,11 +301,10 @@ pub fn build_endpoints_since(
     let mut out = Resources::default();
     // An upstream whose snapshot is the very same `Arc` has the same endpoints: skipped
     // without looking at its targets (an endpoint change touches one upstream's entry).
-    let unchanged: Vec<&structs::UpstreamId> = match (snapshot.connect_proxy(), prev.connect_proxy()) {
+    let unchanged: Vec<&structs::UpstreamId> = match (upstreams_of(snapshot), upstreams_of(prev)) {
         (Some(now), Some(before)) => now
-            .upstreams
             .iter()
-            .filter(|(id, u)| before.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
+            .filter(|(id, u)| before.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
             .map(|(id, _)| &**id)
             .collect(),
         _ => Vec::new(),
@@ -314,13 +313,45 @@ pub fn build_endpoints_since(
         if unchanged.iter().any(|u| std::ptr::eq(*u, upstream)) {
             return false;
         }
-        let before = prev
-            .connect_proxy()
-            .and_then(|cp| cp.upstreams.get(upstream))
+        let before = upstreams_of(prev)
+            .and_then(|u| u.get(upstream))
             .and_then(|u| u.endpoints.get(target));
         !matches!((before, nodes), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
     })?;
     Ok(out)
+}
+
+/// The upstreams followed through chains: a sidecar's, or the services an ingress gateway
+/// exposes.
+fn upstreams_of(snap: &ConfigSnapshot) -> Option<&BTreeMap<Arc<structs::UpstreamId>, Arc<proxycfg::UpstreamSnapshot>>> {
+    match &snap.kind {
+        proxycfg::KindSnapshot::ConnectProxy(cp) => Some(&cp.upstreams),
+        proxycfg::KindSnapshot::IngressGateway(g) => Some(&g.upstreams),
+        proxycfg::KindSnapshot::TerminatingGateway(_) => None,
+    }
+}
+
+/// The same upstreams with the same chains (endpoints aside).
+fn same_chains(
+    x: &Arc<BTreeMap<Arc<structs::UpstreamId>, Arc<proxycfg::UpstreamSnapshot>>>,
+    y: &Arc<BTreeMap<Arc<structs::UpstreamId>, Arc<proxycfg::UpstreamSnapshot>>>,
+) -> bool {
+    Arc::ptr_eq(x, y)
+        || (x.len() == y.len()
+            && x.iter()
+                .zip(y.iter())
+                .all(|((ka, ua), (kb, ub))| ka == kb && ua.index == ub.index && same_arc(&ua.chain, &ub.chain)))
+}
+
+fn same_known_entry(
+    a: &Option<Option<Arc<structs::ConfigEntry>>>,
+    b: &Option<Option<Arc<structs::ConfigEntry>>>,
+) -> bool {
+    match (a, b) {
+        (Some(m), Some(n)) => same_arc(m, n),
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
@@ -338,6 +369,17 @@ fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
 /// from one snapshot to the next), so this is cheap and never wrong: different `Arc`s with
 /// equal content just mean a full build.
 pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    if let (Some(x), Some(y)) = (a.ingress_gateway(), b.ingress_gateway()) {
+        return a.proxy_id == b.proxy_id
+            && Arc::ptr_eq(&a.service, &b.service)
+            && a.datacenter == b.datacenter
+            && same_arc(&a.roots, &b.roots)
+            && same_arc(&x.leaf, &y.leaf)
+            && same_known_entry(&x.entry, &y.entry)
+            && same_known_entry(&x.mesh_config, &y.mesh_config)
+            && same_arc(&x.services, &y.services)
+            && same_chains(&x.upstreams, &y.upstreams);
+    }
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
