@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use structs::central_config::{self, CentralConfig};
 use structs::config_entry::{IngressGateway, TerminatingGateway, WILDCARD_SERVICE};
-use structs::{ConfigEntry, ConfigEntryKind, GatewayService, Problem, Protocol, ServiceKind, ValidationError};
+use structs::{
+    CheckServiceNode, ConfigEntry, ConfigEntryKind, GatewayService, Problem, Protocol, ServiceKind, ValidationError,
+};
 
 /// The kinds of entry that define a gateway's services.
 const GATEWAY_KINDS: [ConfigEntryKind; 2] = [ConfigEntryKind::IngressGateway, ConfigEntryKind::TerminatingGateway];
@@ -62,7 +64,27 @@ impl State {
                 }
             }
         }
+        let ingress_touched = bumped.contains(&IndexKey::ConfigKind(ConfigEntryKind::IngressGateway))
+            || touched.iter().any(|k| match k {
+                IndexKey::GatewayServices(name) => self.config_entry(ConfigEntryKind::IngressGateway, name).is_some(),
+                _ => false,
+            });
+        if ingress_touched {
+            touched.push(IndexKey::IngressGateways);
+        }
         bumped.extend(touched);
+    }
+
+    /// Instances of the ingress gateways that expose `service` (by name or through `*`), with
+    /// their nodes and checks, ordered by gateway, node and id.
+    pub fn ingress_health(&self, service: &str) -> Vec<CheckServiceNode> {
+        self.config_entries(ConfigEntryKind::IngressGateway)
+            .iter()
+            .map(|e| e.name().to_owned())
+            .filter(|g| self.gateway_services(g).iter().any(|s| s.service == service))
+            .flat_map(|g| self.health(&g, false))
+            .filter(|csn| csn.service.kind == ServiceKind::IngressGateway)
+            .collect()
     }
 
     /// Whether a gateway has an entry of either kind (its key is kept while it does).

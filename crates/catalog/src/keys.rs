@@ -29,6 +29,9 @@ pub enum IndexKey {
     /// The services one ingress or terminating gateway fronts (its entry, and for `*` the
     /// services registered and their protocols).
     GatewayServices(String),
+    /// Every ingress gateway: its services and its instances (with their health), what
+    /// `/v1/health/ingress/:service` follows.
+    IngressGateways,
     /// The CA: configuration and roots.
     Ca,
     /// ACL tokens.

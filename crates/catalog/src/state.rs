@@ -154,6 +154,9 @@ impl State {
     }
 
     fn touch_service(&self, node: &str, svc: &NodeService, bumped: &mut OrdSet<IndexKey>) {
+        if svc.kind == ServiceKind::IngressGateway {
+            bumped.insert(IndexKey::IngressGateways);
+        }
         bumped.insert(IndexKey::Service(svc.service.clone()));
         bumped.insert(IndexKey::Node(node.to_owned()));
         if let Some(dest) = connect_target(svc) {
