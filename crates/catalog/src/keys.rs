@@ -26,6 +26,12 @@ pub enum IndexKey {
     ConfigEntry(ConfigEntryKind, String),
     /// Intentions (any `service-intentions` entry).
     Intentions,
+    /// The services one ingress or terminating gateway fronts (its entry, and for `*` the
+    /// services registered and their protocols).
+    GatewayServices(String),
+    /// Every ingress gateway: its services and its instances (with their health), what
+    /// `/v1/health/ingress/:service` follows.
+    IngressGateways,
     /// The CA: configuration and roots.
     Ca,
     /// ACL tokens.
@@ -57,6 +63,8 @@ pub enum Topic {
     Intentions(String),
     /// Every service name.
     ServiceList,
+    /// The services a gateway fronts.
+    GatewayServices(String),
 }
 
 impl Topic {
@@ -70,6 +78,7 @@ impl Topic {
             Topic::CaRoots => IndexKey::Ca,
             Topic::Intentions(_) => IndexKey::Intentions,
             Topic::ServiceList => IndexKey::Services,
+            Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
         }
     }
 }

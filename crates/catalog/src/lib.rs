@@ -12,6 +12,7 @@
 pub mod acl;
 mod acl_ops;
 pub mod ca;
+mod gateways;
 mod keys;
 pub mod liveness;
 mod ops;
@@ -21,6 +22,7 @@ mod store;
 mod views;
 mod wal;
 
+pub use gateways::listener_accepts;
 pub use keys::{IndexKey, Topic};
 pub use ops::{Op, StorageFailure, WriteError};
 pub use publisher::{Event, Payload, Subscription, SubscriptionError};

@@ -250,6 +250,7 @@ fn plan_config_set(
 ) -> Result<Plan, WriteError> {
     entry.validate()?;
     check_graph(state, datacenter, entry.kind(), entry.name(), Some(entry))?;
+    crate::gateways::check_gateways(state, entry.kind(), entry.name(), Some(entry))?;
     let existing = state.config_entry(entry.kind(), entry.name());
     if let Some(cas) = cas {
         let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
@@ -285,6 +286,7 @@ fn plan_config_delete(
         return Ok(Plan::write(Vec::new()));
     }
     check_graph(state, datacenter, kind, name, None)?;
+    crate::gateways::check_gateways(state, kind, name, None)?;
     Ok(Plan::write(vec![Change::DeleteConfig(kind, name.to_owned())]))
 }
 

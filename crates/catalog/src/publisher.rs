@@ -11,7 +11,7 @@ use crate::state::State;
 use bounded_maps::SweepSchedule;
 use parking_lot::Mutex;
 use std::{collections::HashMap, collections::HashSet, sync::Arc};
-use structs::{CheckServiceNode, ConfigEntry, Index, IndexedCaRoots, Intention};
+use structs::{CheckServiceNode, ConfigEntry, GatewayService, Index, IndexedCaRoots, Intention};
 use tokio::sync::broadcast;
 
 /// The value of a topic.
@@ -29,6 +29,8 @@ pub enum Payload {
     Intentions(Arc<Vec<Intention>>),
     /// Service names.
     ServiceList(Arc<Vec<String>>),
+    /// The services a gateway fronts.
+    GatewayServices(Arc<Vec<GatewayService>>),
 }
 
 /// One value of a topic at an index.
@@ -88,6 +90,7 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::CaRoots => Payload::CaRoots(Arc::new(state.ca_roots())),
         Topic::Intentions(dest) => Payload::Intentions(Arc::new(state.intentions_for_destination(dest))),
         Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),
+        Topic::GatewayServices(name) => Payload::GatewayServices(Arc::new(state.gateway_services(name))),
     }
 }
 

@@ -120,6 +120,7 @@ impl State {
         for change in changes {
             self.apply_one(index, change, &mut bumped);
         }
+        self.touch_gateways(&mut bumped);
         for key in &bumped {
             if self.gone(key) {
                 // The object is gone: its key answers with its table's index, which this
@@ -147,11 +148,15 @@ impl State {
             IndexKey::Service(s) => none_in(&self.by_name, s),
             IndexKey::ServiceConnect(s) => none_in(&self.by_connect, s),
             IndexKey::ConfigEntry(k, n) => !self.config.contains_key(&(*k, n.clone())),
+            IndexKey::GatewayServices(n) => !self.has_gateway_entry(n),
             _ => false,
         }
     }
 
     fn touch_service(&self, node: &str, svc: &NodeService, bumped: &mut OrdSet<IndexKey>) {
+        if svc.kind == ServiceKind::IngressGateway {
+            bumped.insert(IndexKey::IngressGateways);
+        }
         bumped.insert(IndexKey::Service(svc.service.clone()));
         bumped.insert(IndexKey::Node(node.to_owned()));
         if let Some(dest) = connect_target(svc) {
@@ -361,6 +366,14 @@ impl State {
             IndexKey::Node(_) => self.indexes.get(&IndexKey::Nodes),
             IndexKey::Service(_) | IndexKey::ServiceConnect(_) => self.indexes.get(&IndexKey::Services),
             IndexKey::ConfigEntry(kind, _) => self.indexes.get(&IndexKey::ConfigKind(*kind)),
+            // A gateway without an entry: the later of the two gateway kinds' tables.
+            IndexKey::GatewayServices(_) => self
+                .indexes
+                .get(&IndexKey::ConfigKind(ConfigEntryKind::IngressGateway))
+                .max(
+                    self.indexes
+                        .get(&IndexKey::ConfigKind(ConfigEntryKind::TerminatingGateway)),
+                ),
             _ => None,
         };
         self.indexes

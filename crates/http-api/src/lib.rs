@@ -15,6 +15,7 @@ mod config_routes;
 mod connect;
 mod discovery_chain;
 mod error;
+mod gateway_routes;
 mod health;
 mod metrics;
 pub mod query;
@@ -174,8 +175,13 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/catalog/services", get(catalog_routes::services));
     r.add("/v1/catalog/service/{name}", get(catalog_routes::service));
     r.add("/v1/catalog/connect/{name}", get(catalog_routes::connect));
+    r.add(
+        "/v1/catalog/gateway-services/{gateway}",
+        get(gateway_routes::gateway_services),
+    );
     r.add("/v1/health/service/{name}", get(health::service));
     r.add("/v1/health/connect/{name}", get(health::connect));
+    r.add("/v1/health/ingress/{name}", get(gateway_routes::ingress_health));
     r.add("/v1/health/checks/{name}", get(health::checks));
     r.add("/v1/health/state/{state}", get(health::state));
     r.add("/v1/health/node/{node}", get(health::node));

@@ -101,6 +101,18 @@ async fn mesh() -> Mesh {
         call(&app, "PUT", "/v1/config", m, defaults).await.status,
         StatusCode::OK
     );
+    let ingress = json!({"Kind": "ingress-gateway", "Name": "ing",
+        "Listeners": [{"Port": 8080, "Protocol": "tcp", "Services": [{"Name": "db"}]}]});
+    let put = call(&app, "PUT", "/v1/config", m, ingress).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let gateway = json!({
+        "Node": "n1", "Address": "10.0.0.1",
+        "Service": {"ID": "ing", "Service": "ing", "Kind": "ingress-gateway", "Port": 8080},
+    });
+    assert_eq!(
+        call(&app, "PUT", "/v1/catalog/register", m, gateway).await.status,
+        StatusCode::OK
+    );
     let ixn = call(
         &app,
         "PUT",
@@ -189,6 +201,8 @@ fn row(
 
 const WEB_READ: &str = "service \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
 const WEB_WRITE: &str = "service \"web\" { policy = \"write\" }";
+const GATEWAY_READ: &str =
+    "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
 const NODE_READ: &str = "node \"n1\" { policy = \"read\" }";
 const NODE_WRITE: &str = "node \"n1\" { policy = \"write\" }";
 const IXN_READ: &str = "service \"web\" {\n policy = \"read\"\n intentions = \"read\"\n}";
@@ -280,6 +294,22 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
             n.clone(),
             "service \"web\" { policy = \"read\" }\nservice \"web-sidecar-proxy\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }",
             Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/catalog/gateway-services/{gateway}",
+            "/v1/catalog/gateway-services/ing",
+            n.clone(),
+            GATEWAY_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/health/ingress/{name}",
+            "/v1/health/ingress/db",
+            n.clone(),
+            GATEWAY_READ,
+            Denied,
         ),
         row(
             "GET",
@@ -966,4 +996,49 @@ async fn acl_endpoints_say_acls_are_off() {
     // Everything else is open.
     let r = call(&app, "GET", "/v1/agent/connect/ca/leaf/web", None, Value::Null).await;
     assert_eq!(r.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn gateway_routes_filter_what_the_token_may_not_read() {
+    let mesh = mesh().await;
+    // Read on the gateway but not on the service it fronts: an empty, filtered list.
+    let gateway_only = mesh.token("service \"ing\" { policy = \"read\" }").await;
+    let r = call(
+        &mesh.app,
+        "GET",
+        "/v1/catalog/gateway-services/ing",
+        Some(&gateway_only),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.filtered);
+    assert_eq!(r.json(), json!([]));
+    // Read on the service but not on the gateway instance (or its node): filtered too.
+    let service_only = mesh.token("service \"db\" { policy = \"read\" }").await;
+    let r = call(
+        &mesh.app,
+        "GET",
+        "/v1/health/ingress/db",
+        Some(&service_only),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.filtered);
+    assert_eq!(r.json(), json!([]));
+    let r = call(
+        &mesh.app,
+        "GET",
+        "/v1/health/ingress/db",
+        Some(&gateway_only),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "service:read on db is needed: {}",
+        r.body
+    );
 }

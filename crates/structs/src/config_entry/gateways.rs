@@ -1,10 +1,9 @@
 //! `ingress-gateway` and `terminating-gateway`: what a gateway lets into the mesh and what it
 //! lets out of it.
 
-use super::{ConfigEntryKind, HttpHeaderModifiers, check_entry_name};
+use super::HttpHeaderModifiers;
 use crate::Index;
 use crate::protocol::PassiveHealthCheck;
-use crate::validate::{Validate, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -219,16 +218,4 @@ pub struct TerminatingGateway {
     /// Index of the last write that changed it.
     #[serde(rename = "ModifyIndex")]
     pub modify_index: Index,
-}
-
-impl Validate for IngressGateway {
-    fn validate(&self) -> Result<(), ValidationError> {
-        check_entry_name(ConfigEntryKind::IngressGateway, &self.name)
-    }
-}
-
-impl Validate for TerminatingGateway {
-    fn validate(&self) -> Result<(), ValidationError> {
-        check_entry_name(ConfigEntryKind::TerminatingGateway, &self.name)
-    }
 }

@@ -131,47 +131,53 @@ impl Validate for MeshConfig {
         if let Some(tls) = &self.tls {
             for (dir, cfg) in [("Incoming", &tls.incoming), ("Outgoing", &tls.outgoing)] {
                 let Some(cfg) = cfg else { continue };
-                for (field, v) in [
-                    ("TLSMinVersion", &cfg.tls_min_version),
-                    ("TLSMaxVersion", &cfg.tls_max_version),
-                ] {
-                    if !v.is_empty() && !TLS_VERSIONS.contains(&v.as_str()) {
-                        return Err(ValidationError::new(
-                            format!("TLS.{dir}.{field}"),
-                            Problem::Invalid(format!(
-                                "unknown TLS version {v:?}: expected one of {}",
-                                TLS_VERSIONS.join(", ")
-                            )),
-                        ));
-                    }
-                }
-                if let (Some(min), Some(max)) = (version_rank(&cfg.tls_min_version), version_rank(&cfg.tls_max_version))
-                    && min > max
-                {
-                    return Err(ValidationError::new(
-                        format!("TLS.{dir}.TLSMinVersion"),
-                        Problem::Invalid(format!(
-                            "{} is above TLSMaxVersion {}",
-                            cfg.tls_min_version, cfg.tls_max_version
-                        )),
-                    ));
-                }
-                if !cfg.cipher_suites.is_empty() && cfg.tls_min_version == "TLSv1_3" {
-                    return Err(ValidationError::new(
-                        format!("TLS.{dir}.CipherSuites"),
-                        Problem::NotAllowed("with TLSMinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"),
-                    ));
-                }
-                for (i, c) in cfg.cipher_suites.iter().enumerate() {
-                    if envoy_cipher_name(c).is_none() {
-                        return Err(ValidationError::new(
-                            format!("TLS.{dir}.CipherSuites[{i}]"),
-                            Problem::Invalid(format!("unknown or unsupported cipher suite {c:?}")),
-                        ));
-                    }
-                }
+                check_tls_params(
+                    &format!("TLS.{dir}"),
+                    &cfg.tls_min_version,
+                    &cfg.tls_max_version,
+                    &cfg.cipher_suites,
+                )?;
             }
         }
         Ok(())
     }
+}
+
+/// Checks TLS versions and cipher suites as the mesh entry takes them; `at` prefixes the
+/// field names (`TLS.Incoming`, `Listeners[0].TLS`). Shared with the gateway entries.
+pub(crate) fn check_tls_params(at: &str, min: &str, max: &str, ciphers: &[String]) -> Result<(), ValidationError> {
+    for (field, v) in [("TLSMinVersion", min), ("TLSMaxVersion", max)] {
+        if !v.is_empty() && !TLS_VERSIONS.contains(&v) {
+            return Err(ValidationError::new(
+                format!("{at}.{field}"),
+                Problem::Invalid(format!(
+                    "unknown TLS version {v:?}: expected one of {}",
+                    TLS_VERSIONS.join(", ")
+                )),
+            ));
+        }
+    }
+    if let (Some(lo), Some(hi)) = (version_rank(min), version_rank(max))
+        && lo > hi
+    {
+        return Err(ValidationError::new(
+            format!("{at}.TLSMinVersion"),
+            Problem::Invalid(format!("{min} is above TLSMaxVersion {max}")),
+        ));
+    }
+    if !ciphers.is_empty() && min == "TLSv1_3" {
+        return Err(ValidationError::new(
+            format!("{at}.CipherSuites"),
+            Problem::NotAllowed("with TLSMinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"),
+        ));
+    }
+    for (i, c) in ciphers.iter().enumerate() {
+        if envoy_cipher_name(c).is_none() {
+            return Err(ValidationError::new(
+                format!("{at}.CipherSuites[{i}]"),
+                Problem::Invalid(format!("unknown or unsupported cipher suite {c:?}")),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -1,12 +1,14 @@
 //! Config entries: central configuration stored in the catalog by kind and name.
 
 mod defaults;
+mod gateway_rules;
 mod gateways;
 mod intentions;
 mod mesh;
 mod routing;
 
 pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use gateway_rules::WILDCARD_SERVICE;
 pub use gateways::{
     GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, IngressGateway, IngressListener, IngressService,
     IngressServiceConfig, LinkedService, TerminatingGateway,
@@ -305,5 +307,7 @@ pub(crate) fn check_entry_name(kind: ConfigEntryKind, name: &str) -> Result<(), 
     }
 }
 
+#[cfg(test)]
+mod gateway_tests;
 #[cfg(test)]
 mod tests;

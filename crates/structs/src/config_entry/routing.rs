@@ -105,7 +105,8 @@ impl HttpHeaderModifiers {
         self.add.is_empty() && self.set.is_empty() && self.remove.is_empty()
     }
 
-    fn validate(&self, at: &str) -> Result<(), ValidationError> {
+    /// Checks every header name; `at` is the field path of the modifiers.
+    pub(crate) fn validate(&self, at: &str) -> Result<(), ValidationError> {
         for (op, names) in [
             ("Add", self.add.keys().collect::<Vec<_>>()),
             ("Set", self.set.keys().collect()),
