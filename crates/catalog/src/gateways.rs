@@ -39,7 +39,7 @@ impl State {
     /// Adds the gateway keys a write changed to `bumped`: a gateway's own entry, and — when
     /// services, service-defaults or proxy-defaults changed — every gateway with a `*`
     /// service (what `*` expands to depends on them).
-    pub(crate) fn touch_gateways(&self, bumped: &mut OrdSet<IndexKey>) {
+    pub(crate) fn touch_gateways(&mut self, bumped: &mut OrdSet<IndexKey>) {
         let mut touched = Vec::new();
         for key in bumped.iter() {
             if let IndexKey::ConfigEntry(kind, name) = key
@@ -72,7 +72,67 @@ impl State {
         if ingress_touched {
             touched.push(IndexKey::IngressGateways);
         }
+        // Terminating gateways whose services changed: the connect instances of every
+        // service linked or unlinked change (the gateway's instances serve them).
+        for key in &touched {
+            let IndexKey::GatewayServices(name) = key else { continue };
+            let now = self.terminating_link_names(name);
+            let before = self.terminating_links.get(name).cloned().unwrap_or_default();
+            if now == before {
+                continue;
+            }
+            bumped.extend(
+                now.clone()
+                    .symmetric_difference(before)
+                    .into_iter()
+                    .map(IndexKey::ServiceConnect),
+            );
+            if now.is_empty() {
+                self.terminating_links.remove(name);
+            } else {
+                self.terminating_links.insert(name.clone(), now);
+            }
+        }
         bumped.extend(touched);
+    }
+
+    /// The names of the services terminating gateway `gateway` represents now.
+    fn terminating_link_names(&self, gateway: &str) -> OrdSet<String> {
+        match self
+            .config_entry(ConfigEntryKind::TerminatingGateway, gateway)
+            .as_deref()
+        {
+            Some(ConfigEntry::TerminatingGateway(g)) => {
+                self.terminating_services(g).into_iter().map(|s| s.service).collect()
+            }
+            _ => OrdSet::new(),
+        }
+    }
+
+    /// Recomputes every terminating gateway's represented services (after loading tables).
+    pub(crate) fn rebuild_terminating_links(&mut self) {
+        let names: Vec<String> = self
+            .config_entries(ConfigEntryKind::TerminatingGateway)
+            .iter()
+            .map(|e| e.name().to_owned())
+            .collect();
+        self.terminating_links = names
+            .into_iter()
+            .map(|n| {
+                let links = self.terminating_link_names(&n);
+                (n, links)
+            })
+            .filter(|(_, links)| !links.is_empty())
+            .collect();
+    }
+
+    /// The terminating gateways representing `service`.
+    pub fn terminating_gateways_for(&self, service: &str) -> Vec<String> {
+        self.terminating_links
+            .iter()
+            .filter(|(_, linked)| linked.contains(service))
+            .map(|(g, _)| g.clone())
+            .collect()
     }
 
     /// Instances of the ingress gateways that expose `service` (by name or through `*`), with

@@ -81,6 +81,9 @@ pub struct State {
     ca: Option<Arc<CaState>>,
     acl: AclTables,
     indexes: OrdMap<IndexKey, Index>,
+    /// Derived: the services each terminating gateway represents (its connect instances
+    /// serve them), kept to know which services' connect instances a change moves.
+    pub(crate) terminating_links: OrdMap<String, OrdSet<String>>,
 }
 
 /// ACL tokens (by accessor and by secret), policies and roles (by id and by name).
@@ -146,7 +149,7 @@ impl State {
         match key {
             IndexKey::Node(n) => !self.nodes.contains_key(n),
             IndexKey::Service(s) => none_in(&self.by_name, s),
-            IndexKey::ServiceConnect(s) => none_in(&self.by_connect, s),
+            IndexKey::ServiceConnect(s) => none_in(&self.by_connect, s) && self.terminating_gateways_for(s).is_empty(),
             IndexKey::ConfigEntry(k, n) => !self.config.contains_key(&(*k, n.clone())),
             IndexKey::GatewayServices(n) => !self.has_gateway_entry(n),
             _ => false,
@@ -161,6 +164,12 @@ impl State {
         bumped.insert(IndexKey::Node(node.to_owned()));
         if let Some(dest) = connect_target(svc) {
             bumped.insert(IndexKey::ServiceConnect(dest.to_owned()));
+        }
+        // A terminating gateway's instances are the connect instances of what it represents.
+        if svc.kind == ServiceKind::TerminatingGateway
+            && let Some(linked) = self.terminating_links.get(&svc.service)
+        {
+            bumped.extend(linked.iter().map(|s| IndexKey::ServiceConnect(s.clone())));
         }
     }
 
@@ -364,7 +373,13 @@ impl State {
         // A key never written answers with its table's index, as Consul does.
         let fallback = || match key {
             IndexKey::Node(_) => self.indexes.get(&IndexKey::Nodes),
-            IndexKey::Service(_) | IndexKey::ServiceConnect(_) => self.indexes.get(&IndexKey::Services),
+            IndexKey::Service(_) => self.indexes.get(&IndexKey::Services),
+            // Connect instances also come from terminating gateways: unlinking one (an
+            // entry write) must not move the key backwards.
+            IndexKey::ServiceConnect(_) => self.indexes.get(&IndexKey::Services).max(
+                self.indexes
+                    .get(&IndexKey::ConfigKind(ConfigEntryKind::TerminatingGateway)),
+            ),
             IndexKey::ConfigEntry(kind, _) => self.indexes.get(&IndexKey::ConfigKind(*kind)),
             // A gateway without an entry: the later of the two gateway kinds' tables.
             IndexKey::GatewayServices(_) => self
@@ -562,6 +577,7 @@ impl State {
         for e in p.config {
             s.config.insert((e.kind(), e.name().to_owned()), Arc::new(e));
         }
+        s.rebuild_terminating_links();
         s.ca = p.ca.map(Arc::new);
         for t in p.acl_tokens {
             s.acl.secrets.insert(t.secret_id.clone(), t.accessor_id.clone());

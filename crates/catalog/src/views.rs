@@ -27,7 +27,17 @@ impl State {
     /// their nodes and checks, ordered by node then id.
     pub fn health(&self, service: &str, connect: bool) -> Vec<CheckServiceNode> {
         let instances = if connect {
-            self.connect_instances(service)
+            // Its sidecars (or itself if native), and the instances of the terminating
+            // gateways that represent it: callers in the mesh reach it through them.
+            let mut all = self.connect_instances(service);
+            for gateway in self.terminating_gateways_for(service) {
+                all.extend(
+                    self.service_instances(&gateway)
+                        .into_iter()
+                        .filter(|(_, s)| s.kind == structs::ServiceKind::TerminatingGateway),
+                );
+            }
+            all
         } else {
             self.service_instances(service)
         };

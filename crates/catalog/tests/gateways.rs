@@ -322,3 +322,83 @@ async fn the_key_and_topic_follow_the_entry_and_wildcard_services() {
     assert_eq!(s.read().index_of(&key), gone.index);
     assert!(s.read().gateway_services("tgw").is_empty());
 }
+
+/// The nodes/ids of the connect instances of `service`.
+fn connect_ids(s: &Store, service: &str) -> Vec<String> {
+    s.read()
+        .health(service, true)
+        .into_iter()
+        .map(|c| c.service.id)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_terminating_gateway_serves_the_connect_instances_of_what_it_represents() {
+    let s = store().await;
+    s.write(register("ext", ServiceKind::Typical)).await.unwrap();
+    // Registered before its entry: nothing is linked yet.
+    s.write(register("tgw", ServiceKind::TerminatingGateway)).await.unwrap();
+    assert!(connect_ids(&s, "ext").is_empty());
+    let key = IndexKey::ServiceConnect("ext".into());
+    let mut sub = s.subscribe(Topic::ServiceHealthConnect("ext".into()));
+    let _ = sub.next().await.unwrap();
+
+    // Linking ext moves its connect instances (topic and blocking key) to the gateway's.
+    let wrote = s
+        .write(set(
+            json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "ext"}]}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(connect_ids(&s, "ext"), ["tgw"]);
+    assert_eq!(s.read().index_of(&key), wrote.index);
+    let Payload::Health(now) = &sub.next().await.unwrap().payload else {
+        panic!()
+    };
+    assert_eq!(now.len(), 1);
+    // The gateway's health is the instances' health: its check changes ext's connect view.
+    let wrote = s
+        .write(Op::Register(Box::new(RegisterRequest {
+            node: "n1".into(),
+            address: "10.0.0.1".into(),
+            check: Some(HealthCheck {
+                check_id: "tgw-alive".into(),
+                name: "alive".into(),
+                service_id: "tgw".into(),
+                status: HealthStatus::Critical,
+                ..Default::default()
+            }),
+            skip_node_update: true,
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    assert_eq!(s.read().index_of(&key), wrote.index);
+    let Payload::Health(now) = &sub.next().await.unwrap().payload else {
+        panic!()
+    };
+    assert_eq!(now[0].checks.len(), 1);
+
+    // Unlinked (here: the entry names another service), ext has no connect instance again.
+    let wrote = s
+        .write(set(
+            json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "other"}]}),
+        ))
+        .await
+        .unwrap();
+    assert!(connect_ids(&s, "ext").is_empty());
+    assert_eq!(s.read().index_of(&key), wrote.index);
+    let Payload::Health(now) = &sub.next().await.unwrap().payload else {
+        panic!()
+    };
+    assert!(now.is_empty());
+    assert_eq!(connect_ids(&s, "other"), ["tgw"]);
+    // A `*` link covers services registered later.
+    s.write(set(
+        json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "*"}]}),
+    ))
+    .await
+    .unwrap();
+    s.write(register("late", ServiceKind::Typical)).await.unwrap();
+    assert_eq!(connect_ids(&s, "late"), ["tgw"]);
+}
