@@ -32,12 +32,59 @@ pub trait StreamAuthorizer: Send + Sync + 'static {
     fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
-/// The service a proxy's token must write: a sidecar's destination, else its own name.
-pub(crate) fn service_of(snap: &proxycfg::ConfigSnapshot) -> &str {
+/// The services a proxy's token must write: a sidecar's destination, else its own name;
+/// and for a terminating gateway every service it represents too (it is issued their
+/// certificates and acts as them), as Consul requires.
+pub(crate) fn services_of(snap: &proxycfg::ConfigSnapshot) -> Vec<String> {
     let svc = &snap.service;
-    if svc.kind == structs::ServiceKind::ConnectProxy && !svc.proxy.destination_service_name.is_empty() {
+    let own = if svc.kind == structs::ServiceKind::ConnectProxy && !svc.proxy.destination_service_name.is_empty() {
         &svc.proxy.destination_service_name
     } else {
         &svc.service
+    };
+    let mut services = vec![own.clone()];
+    if let Some(g) = snap.terminating_gateway() {
+        services.extend(g.linked.keys().cloned());
+    }
+    services
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxycfg::{ConfigSnapshot, KindSnapshot, LinkedServiceSnapshot, ProxyId, TerminatingGatewaySnapshot};
+    use std::sync::Arc;
+    use structs::{GatewayService, NodeService, ServiceKind};
+
+    #[test]
+    fn a_terminating_gateway_token_must_write_every_service_it_represents() {
+        let linked = ["billing", "ext"]
+            .into_iter()
+            .map(|s| {
+                let link = GatewayService {
+                    service: s.into(),
+                    ..Default::default()
+                };
+                (s.to_owned(), Arc::new(LinkedServiceSnapshot::new(link)))
+            })
+            .collect();
+        let snap = ConfigSnapshot {
+            proxy_id: Arc::new(ProxyId::new("n1", "egress")),
+            service: Arc::new(NodeService {
+                kind: ServiceKind::TerminatingGateway,
+                id: "egress".into(),
+                service: "egress".into(),
+                ..Default::default()
+            }),
+            datacenter: Arc::from("dc1"),
+            version: 1,
+            roots: None,
+            intention_default_allow: true,
+            kind: KindSnapshot::TerminatingGateway(TerminatingGatewaySnapshot {
+                linked: Arc::new(linked),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(services_of(&snap), ["egress", "billing", "ext"]);
     }
 }

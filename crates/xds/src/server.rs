@@ -393,7 +393,7 @@ struct Driver<P: Protocol> {
     token: String,
     /// The service the token was last authorized for, and what ends that authorization:
     /// an ACL change (re-checked) or the token's expiry.
-    authorized_for: Option<String>,
+    authorized_for: Option<Vec<String>>,
     acl_changed: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     expires: Option<Pin<Box<tokio::time::Sleep>>>,
     following: Option<Following>,
@@ -481,24 +481,37 @@ where
             // an authorizer there is nothing to check).
             let check = match &fresh {
                 _ if self.inner.authorizer.is_none() => None,
-                Some(snap) => Some(crate::authorize::service_of(snap).to_owned()),
+                Some(snap) => Some(crate::authorize::services_of(snap)),
                 None if recheck => self.authorized_for.clone(),
                 None => None,
             };
-            if let Some(service) = check {
+            if let Some(services) = check {
                 let node = self.following.as_ref().map(|f| f.node_id.clone()).unwrap_or_default();
                 // Following ACL changes starts before the check: a change between the two is
                 // not missed.
-                if self.acl_changed.is_none() || self.authorized_for.as_deref() != Some(service.as_str()) {
+                if self.acl_changed.is_none() || self.authorized_for.as_ref() != Some(&services) {
                     self.acl_changed = self.inner.authorizer.as_ref().map(|a| a.changed());
                 }
-                match self.inner.authorize(&self.token, &service, &node).await {
-                    Err(status) => {
-                        self.finished = true;
-                        self.current = None;
-                        return Some(Err(status));
+                let mut earliest: Option<crate::Authorization> = None;
+                for service in &services {
+                    match self.inner.authorize(&self.token, service, &node).await {
+                        Err(status) => {
+                            self.finished = true;
+                            self.current = None;
+                            return Some(Err(status));
+                        }
+                        Ok(a) => {
+                            if earliest
+                                .as_ref()
+                                .is_none_or(|e| a.expires.is_some() && (e.expires.is_none() || a.expires < e.expires))
+                            {
+                                earliest = Some(a);
+                            }
+                        }
                     }
-                    Ok(authorization) => self.arm(service, authorization),
+                }
+                if let Some(authorization) = earliest {
+                    self.arm(services, authorization);
                 }
             }
             if let Some(snap) = fresh {
@@ -520,8 +533,8 @@ where
 
     /// Remembers what the token was authorized for, and arms the re-check at the token's
     /// expiry (the one on the next ACL change was armed before the check).
-    fn arm(&mut self, service: String, authorization: crate::Authorization) {
-        self.authorized_for = Some(service);
+    fn arm(&mut self, services: Vec<String>, authorization: crate::Authorization) {
+        self.authorized_for = Some(services);
         self.expires = authorization.expires.map(|at| {
             let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
             Box::pin(tokio::time::sleep(left))
