@@ -130,6 +130,13 @@ fn check_ingress_service(
     }
     if let Some(sds) = svc.tls.as_ref().and_then(|t| t.sds.as_ref()) {
         check_sds(&format!("{at}.TLS.SDS"), sds)?;
+        // Its certificate is chosen by SNI on its hosts: without hosts nothing selects it.
+        if svc.hosts.is_empty() {
+            return Err(ValidationError::new(
+                format!("{at}.Hosts"),
+                Problem::Required("(a service with its own TLS.SDS certificate is selected by SNI on its hosts)"),
+            ));
+        }
     }
     if let Some(h) = &svc.request_headers {
         h.validate(&format!("{at}.RequestHeaders"))?;

@@ -114,6 +114,10 @@ fn ingress_services_and_hosts() {
             http(json!([{"Name": "a", "TLS": {"SDS": {"ClusterName": "sds"}}}])),
             "Listeners[0].Services[0].TLS.SDS.CertResource: required with SDS",
         ),
+        (
+            http(json!([{"Name": "a", "TLS": {"SDS": {"ClusterName": "sds", "CertResource": "c"}}}])),
+            "Listeners[0].Services[0].Hosts: required (a service with its own TLS.SDS certificate is selected by SNI on its hosts)",
+        ),
     ];
     for (e, expect) in cases {
         assert_eq!(error(e), expect);

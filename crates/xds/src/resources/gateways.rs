@@ -311,12 +311,23 @@ fn http_listener(
         let own_sds = service_config(entry, &service.service, Some(port))
             .and_then(|s| s.tls.as_ref())
             .and_then(|t| t.sds.as_ref());
-        if let Some(sds) = own_sds {
+        // SNI names a host exactly or under a leading `*.`: other patterns cannot select.
+        let sni_hosts: Vec<String> = ingress_service_hosts(service)
+            .into_iter()
+            .filter(|h| h != "*" && !h.ends_with(".*"))
+            .collect();
+        if own_sds.is_some() && sni_hosts.is_empty() {
+            out.problems.insert(
+                format!("listener:{port}:{}:tls", service.service),
+                format!(
+                    "listener {name}, service {:?}: its own certificate needs hosts to be selected by SNI; the listener's is used",
+                    service.service
+                ),
+            );
+        }
+        if let Some(sds) = own_sds.filter(|_| !sni_hosts.is_empty()) {
             let own_route = format!("{port}_{}", service.service);
-            let hosts: Vec<String> = ingress_service_hosts(service)
-                .into_iter()
-                .filter(|h| h != "*")
-                .collect();
+            let hosts = sni_hosts;
             out.insert(
                 ROUTE,
                 own_route.clone(),
