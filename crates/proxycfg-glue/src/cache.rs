@@ -159,8 +159,12 @@ impl DataSource<LeafRequest> for CacheLeaf {
         if let Err(e) = self.0.check_dc(&req.datacenter) {
             return forward::refuse(id, tx, e, cancel).await;
         }
+        let mut dns_sans = req.dns_sans;
+        dns_sans.sort();
+        dns_sans.dedup();
         let key = LeafKey {
             service: req.service,
+            dns_sans,
             token: req.token,
         };
         run(self.0.caches.leaf.watch(&key), id, tx, cancel, |v| Some(Ok(v))).await

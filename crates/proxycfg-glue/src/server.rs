@@ -161,7 +161,7 @@ impl DataSource<LeafRequest> for ServerLeaf {
                 () = tokio::time::sleep_until(until_refresh), if refresh_at.is_some() => {}
             }
             let result = store
-                .leaf(&req.service)
+                .leaf_with_sans(&req.service, &req.dns_sans)
                 .map_err(|e| DataSourceError::Unavailable(e.to_string()));
             if let Ok(cert) = &result {
                 // Ask again once it is due for renewal (the store reissues it then).

@@ -1,7 +1,8 @@
 //! The gateway-services data sources of both families: `ServerGatewayServices` over the
 //! catalog, `CacheGatewayServices` over the agent cache and a real server's HTTP API. Each
 //! delivers the gateway's services, then a change (entry or wildcard), and refuses another
-//! datacenter.
+//! datacenter. And the leaf sources of both families with DNS SANs (an ingress gateway's
+//! hosts).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
 use agent_cache::servers::Servers;
@@ -173,5 +174,85 @@ async fn cache_gateway_services_follow_the_servers() {
     let checks = Arc::new(NoChecks(tokio::sync::watch::Sender::new(0)));
     let sources = proxycfg_glue::cache_data_sources(caches.clone(), checks);
     follows_entry_and_wildcards(&store, &sources.gateway_services).await;
+    caches.shutdown().await;
+}
+
+/// The DNS SANs of a PEM certificate.
+fn dns_sans_of(cert_pem: &str) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let sans = cert.subject_alternative_name().unwrap().unwrap();
+    sans.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn leaf_with(source: &Arc<dyn DataSource<LeafRequest>>, dns_sans: &[&str]) -> Arc<IssuedCert> {
+    let cancel = CancellationToken::new();
+    let (tx, mut rx) = event_channel::<Arc<IssuedCert>>(16);
+    let req = LeafRequest {
+        datacenter: "dc1".into(),
+        service: "ing".into(),
+        dns_sans: dns_sans.iter().map(|s| (*s).to_owned()).collect(),
+        token: String::new(),
+    };
+    tokio::spawn(Arc::clone(source).notify(req, CorrelationId::Leaf, tx, cancel.clone()));
+    let event = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("no leaf within 10 s")
+        .expect("the watch ended");
+    cancel.cancel();
+    match event.result.expect("a leaf") {
+        UpdatePayload::Leaf(cert) => cert,
+        other => panic!("unexpected payload {other:?}"),
+    }
+}
+
+async fn leaves_carry_dns_sans(source: &Arc<dyn DataSource<LeafRequest>>) {
+    let with = leaf_with(source, &["shop.example.com", "*.shop.example.com"]).await;
+    let mut got = dns_sans_of(&with.cert_pem);
+    got.sort();
+    assert_eq!(got, ["*.shop.example.com", "shop.example.com"]);
+    let plain = leaf_with(source, &[]).await;
+    assert!(dns_sans_of(&plain.cert_pem).is_empty());
+    assert_ne!(
+        with.serial_number, plain.serial_number,
+        "other SANs, another certificate"
+    );
+    let reordered = leaf_with(source, &["*.shop.example.com", "shop.example.com"]).await;
+    assert_eq!(
+        reordered.serial_number, with.serial_number,
+        "the same set, the same certificate"
+    );
+}
+
+#[tokio::test]
+async fn server_leaves_carry_dns_sans() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let sources = proxycfg_glue::server_data_sources(store.clone());
+    leaves_carry_dns_sans(&sources.leaf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_leaves_carry_dns_sans() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let app = http_api::router(store.clone(), http_api::ApiConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let caches = AgentCaches::new(
+        Arc::new(Servers::new(&[addr])),
+        CachesConfig::default(),
+        CancellationToken::new(),
+    );
+    let checks = Arc::new(NoChecks(tokio::sync::watch::Sender::new(0)));
+    let sources = proxycfg_glue::cache_data_sources(caches.clone(), checks);
+    leaves_carry_dns_sans(&sources.leaf).await;
     caches.shutdown().await;
 }
