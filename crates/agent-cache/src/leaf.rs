@@ -32,6 +32,8 @@ pub struct SignRequest<'a> {
 pub struct LeafKey {
     /// Service name.
     pub service: String,
+    /// DNS SANs besides the SPIFFE id (sorted; other SANs are another certificate).
+    pub dns_sans: Vec<String>,
     /// The requester's ACL token (empty: the agent's).
     pub token: String,
 }
@@ -40,6 +42,7 @@ impl std::fmt::Debug for LeafKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeafKey")
             .field("service", &self.service)
+            .field("dns_sans", &self.dns_sans)
             .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
             .finish()
     }
@@ -77,15 +80,22 @@ impl Leaf {
         }
     }
 
-    async fn sign(&self, service: &str, token: &str, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
+    async fn sign(&self, key: &LeafKey, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
+        let (service, token) = (key.service.as_str(), key.token.as_str());
         let Some(active) = roots.active() else {
             return Err(FetchError("the CA has no active root yet".into()));
         };
         if roots.trust_domain.is_empty() {
             return Err(FetchError("the CA has no trust domain yet".into()));
         }
-        let (key_pem, csr) = signing_request(&roots.trust_domain, &self.datacenter, service, active.private_key_bits)
-            .map_err(|e| FetchError(format!("cannot make a signing request for {service:?}: {e}")))?;
+        let (key_pem, csr) = signing_request(
+            &roots.trust_domain,
+            &self.datacenter,
+            service,
+            &key.dns_sans,
+            active.private_key_bits,
+        )
+        .map_err(|e| FetchError(format!("cannot make a signing request for {service:?}: {e}")))?;
         let mut cert: IssuedCert = self
             .http
             .servers()
@@ -157,7 +167,7 @@ impl CacheType for Leaf {
                 },
             }
         }
-        let issued = self.sign(&key.service, &key.token, &roots).await?;
+        let issued = self.sign(key, &roots).await?;
         self.issued.lock().insert(key.clone(), issued.clone());
         Ok(Fetched {
             value: issued.cert,
@@ -166,12 +176,13 @@ impl CacheType for Leaf {
     }
 }
 
-/// A new key pair (ECDSA on the CA's curve) and a CSR for `service`'s SPIFFE identity:
-/// `(private key PEM, CSR PEM)`.
+/// A new key pair (ECDSA on the CA's curve) and a CSR for `service`'s SPIFFE identity and
+/// `dns_sans`: `(private key PEM, CSR PEM)`.
 pub fn signing_request(
     trust_domain: &str,
     datacenter: &str,
     service: &str,
+    dns_sans: &[String],
     key_bits: u32,
 ) -> Result<(String, String), rcgen::Error> {
     let algorithm = if key_bits == 384 {
@@ -186,6 +197,11 @@ pub fn signing_request(
     dn.push(DnType::CommonName, service);
     params.distinguished_name = dn;
     params.subject_alt_names = vec![SanType::URI(uri.try_into()?)];
+    for name in dns_sans {
+        params
+            .subject_alt_names
+            .push(SanType::DnsName(name.clone().try_into()?));
+    }
     let csr = params.serialize_request(&key)?.pem()?;
     Ok((key.serialize_pem(), csr))
 }
@@ -223,7 +239,7 @@ mod tests {
 
     #[test]
     fn signing_requests_carry_the_spiffe_identity_and_not_the_key() {
-        let (key, csr) = signing_request("td.consul", "dc1", "web", 256).unwrap();
+        let (key, csr) = signing_request("td.consul", "dc1", "web", &[], 256).unwrap();
         assert!(key.contains("PRIVATE KEY"));
         assert!(csr.contains("CERTIFICATE REQUEST"));
         assert!(!csr.contains("PRIVATE KEY"));
@@ -238,6 +254,23 @@ mod tests {
             })
             .collect();
         assert_eq!(uris, vec!["spiffe://td.consul/ns/default/dc/dc1/svc/web".to_owned()]);
+    }
+
+    #[test]
+    fn signing_requests_carry_the_dns_sans() {
+        let sans = vec!["shop.example.com".to_owned(), "*.shop.example.com".to_owned()];
+        let (_, csr) = signing_request("td.consul", "dc1", "ing", &sans, 256).unwrap();
+        let parsed = rcgen::CertificateSigningRequestParams::from_pem(&csr).unwrap();
+        let dns: Vec<String> = parsed
+            .params
+            .subject_alt_names
+            .iter()
+            .filter_map(|s| match s {
+                SanType::DnsName(d) => Some(d.as_str().to_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dns, sans);
     }
 
     #[test]

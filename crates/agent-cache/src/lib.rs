@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use types::{ConfigEntries, ConfigEntryType, Datacenters, Health, Http, Intentions, Roots, ServiceList};
+use types::{
+    ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, Roots, ServiceList,
+};
 
 /// Settings of the agent's caches.
 #[derive(Debug, Clone)]
@@ -71,6 +73,8 @@ pub struct AgentCaches {
     pub services: Cache<ServiceList>,
     /// Datacenter names.
     pub datacenters: Cache<Datacenters>,
+    /// The services of each gateway.
+    pub gateway_services: Cache<GatewayServices>,
     datacenter: Arc<str>,
     cancel: CancellationToken,
 }
@@ -96,6 +100,11 @@ impl AgentCaches {
             ),
             config_entries: Cache::new(ConfigEntries(http.clone()), config.cache.clone(), cancel.child_token()),
             services: Cache::new(ServiceList(http.clone()), config.cache.clone(), cancel.child_token()),
+            gateway_services: Cache::new(
+                GatewayServices(http.clone()),
+                config.cache.clone(),
+                cancel.child_token(),
+            ),
             datacenters: Cache::new(Datacenters::new(http), config.cache.clone(), cancel.child_token()),
             datacenter: config.datacenter.into(),
             cancel,
@@ -108,7 +117,7 @@ impl AgentCaches {
     }
 
     /// Every type's counters, by type name.
-    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 8] {
+    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 9] {
         [
             ("roots", self.roots.metrics()),
             ("leaf", self.leaf.metrics()),
@@ -118,6 +127,7 @@ impl AgentCaches {
             ("config_entries", self.config_entries.metrics()),
             ("services", self.services.metrics()),
             ("datacenters", self.datacenters.metrics()),
+            ("gateway_services", self.gateway_services.metrics()),
         ]
     }
 
@@ -137,6 +147,7 @@ impl AgentCaches {
         self.config_entries.shutdown().await;
         self.services.shutdown().await;
         self.datacenters.shutdown().await;
+        self.gateway_services.shutdown().await;
     }
 }
 

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, IndexedCaRoots, Intention};
+use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, GatewayService, IndexedCaRoots, Intention};
 
 /// How long one blocking query waits at a server (its default).
 pub const BLOCKING_WAIT: Duration = Duration::from_secs(300);
@@ -263,6 +263,32 @@ impl CacheType for ServiceList {
         let f: Fetched<BTreeMap<String, Vec<String>>> = self.0.decoded("/v1/catalog/services", min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value.into_keys().collect()),
+            index: f.index,
+        })
+    }
+}
+
+/// The services one gateway fronts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GatewayServicesKey {
+    /// The gateway service's name.
+    pub gateway: String,
+}
+
+/// The services a gateway fronts (`/v1/catalog/gateway-services/:gateway`), `*` expanded by
+/// the servers.
+#[derive(Clone)]
+pub struct GatewayServices(pub Http);
+
+impl CacheType for GatewayServices {
+    type Request = GatewayServicesKey;
+    type Value = Arc<Vec<GatewayService>>;
+
+    async fn fetch(&self, key: &GatewayServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = format!("/v1/catalog/gateway-services/{}", segment(&key.gateway));
+        let f: Fetched<Vec<GatewayService>> = self.0.decoded(&path, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
             index: f.index,
         })
     }

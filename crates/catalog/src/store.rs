@@ -70,6 +70,9 @@ struct Job {
     reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
 }
 
+/// A leaf's identity in the store's cache: service and sorted DNS SANs.
+type LeafKey = (String, Vec<String>);
+
 struct Inner {
     config: StoreConfig,
     state: RwLock<Arc<State>>,
@@ -77,7 +80,8 @@ struct Inner {
     /// waiters are released (shutdown): every wait then answers at once.
     watches: Mutex<Option<SweptMap<IndexKey, watch::Sender<Index>>>>,
     publisher: Publisher,
-    leaves: Mutex<HashMap<String, Arc<IssuedCert>>>,
+    /// Issued leaves by service and (sorted) DNS SANs.
+    leaves: Mutex<HashMap<LeafKey, Arc<IssuedCert>>>,
     compacting: AtomicBool,
     snapshotter: Mutex<Option<thread::JoinHandle<()>>>,
 }
@@ -216,17 +220,33 @@ impl Store {
     /// A leaf certificate for `service`, signed by the active root. Reused until two thirds
     /// of its lifetime have passed or the CA changes.
     pub fn leaf(&self, service: &str) -> Result<Arc<IssuedCert>, WriteError> {
+        self.leaf_with_sans(service, &[])
+    }
+
+    /// As [`Store::leaf`], with `dns_sans` as DNS SANs too: each set of SANs (in any order) is
+    /// its own certificate, cached and renewed as the plain one is.
+    pub fn leaf_with_sans(&self, service: &str, dns_sans: &[String]) -> Result<Arc<IssuedCert>, WriteError> {
         let state = self.read();
         let ca = state.ca().ok_or(ca::CaError::NoActiveRoot)?;
         let now = SystemTime::now();
-        if let Some(cert) = self.inner.leaves.lock().get(service)
+        let mut sans = dns_sans.to_vec();
+        sans.sort();
+        sans.dedup();
+        let key = (service.to_owned(), sans);
+        if let Some(cert) = self.inner.leaves.lock().get(&key)
             && cert.create_index == ca.modify_index
             && now < cert.renew_at()
         {
             return Ok(Arc::clone(cert));
         }
-        let cert = Arc::new(ca::sign_leaf(&ca, &self.inner.config.datacenter, service, now)?);
-        self.inner.leaves.lock().insert(service.to_owned(), Arc::clone(&cert));
+        let cert = Arc::new(ca::sign_leaf_with_sans(
+            &ca,
+            &self.inner.config.datacenter,
+            service,
+            &key.1,
+            now,
+        )?);
+        self.inner.leaves.lock().insert(key, Arc::clone(&cert));
         Ok(cert)
     }
 

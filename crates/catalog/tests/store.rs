@@ -538,6 +538,23 @@ async fn leaves_are_reused_until_the_ca_changes() {
 }
 
 #[tokio::test]
+async fn leaves_with_other_dns_sans_are_other_certificates() {
+    let store = mem_store().await;
+    let sans = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let plain = store.leaf("ing").unwrap();
+    let a = store.leaf_with_sans("ing", &sans(&["a.example", "b.example"])).unwrap();
+    assert_ne!(plain.serial_number, a.serial_number);
+    // The same set in another order is the same certificate.
+    let again = store.leaf_with_sans("ing", &sans(&["b.example", "a.example"])).unwrap();
+    assert!(Arc::ptr_eq(&a, &again));
+    let b = store.leaf_with_sans("ing", &sans(&["a.example"])).unwrap();
+    assert_ne!(a.serial_number, b.serial_number);
+    assert!(Arc::ptr_eq(&plain, &store.leaf("ing").unwrap()));
+    let err = store.leaf_with_sans("ing", &sans(&["not a name"])).unwrap_err();
+    assert!(matches!(err, WriteError::Ca(ca::CaError::InvalidDnsSan(_))), "{err}");
+}
+
+#[tokio::test]
 async fn subscribers_of_one_topic_share_one_payload_until_it_changes() {
     let store = mem_store().await;
     store

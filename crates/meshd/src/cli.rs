@@ -220,8 +220,22 @@ pub struct EnvoyArgs {
     #[arg(long = "proxy-id", value_name = "ID", conflicts_with = "sidecar_for")]
     pub proxy_id: Option<String>,
     /// Find the sidecar proxy registered for this service.
-    #[arg(long = "sidecar-for", value_name = "SERVICE")]
+    #[arg(long = "sidecar-for", value_name = "SERVICE", conflicts_with = "gateway")]
     pub sidecar_for: Option<String>,
+    /// Run a gateway of this kind (`ingress` or `terminating`) instead of a sidecar; the
+    /// gateway service is named by -service.
+    #[arg(long = "gateway", value_name = "KIND", value_parser = ["ingress", "terminating"])]
+    pub gateway: Option<String>,
+    /// The gateway service's name (and, without -proxy-id, its id).
+    #[arg(long = "service", value_name = "NAME", requires = "gateway")]
+    pub service: Option<String>,
+    /// Register the gateway service first (with the agent at -http-addr, or in the catalog of
+    /// the server there on -node).
+    #[arg(long = "register", requires = "gateway")]
+    pub register: bool,
+    /// The gateway's address for -register, `HOST:PORT`.
+    #[arg(long = "address", value_name = "HOST:PORT", requires = "register")]
+    pub address: Option<String>,
     /// The catalog node of the proxy (found through the API when -sidecar-for is used).
     #[arg(long = "node", value_name = "NAME", default_value = "")]
     pub node: String,

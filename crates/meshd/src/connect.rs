@@ -9,6 +9,10 @@ use supervisor::bootstrap::{BootstrapConfig, XdsTls, bootstrap_json};
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
+    if let Some(gw) = crate::connect_gateway::gateway(args)? {
+        let id = args.proxy_id.clone().unwrap_or_else(|| gw.service.clone());
+        return Ok((args.node.clone(), id, gw.service));
+    }
     match (&args.proxy_id, &args.sidecar_for) {
         (Some(id), _) => Ok((
             args.node.clone(),
@@ -23,7 +27,7 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
             Some(found) => Ok(found),
             None => sidecar_from_catalog(args, service).await,
         },
-        (None, None) => bail!("one of -proxy-id or -sidecar-for is required"),
+        (None, None) => bail!("one of -proxy-id, -sidecar-for or -gateway is required"),
     }
 }
 
@@ -139,15 +143,7 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
 
 /// The bootstrap for the flags as they stand now (resolving the proxy, reading the token).
 async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
-    let token = match &args.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read -token-file {}", path.display()))?
-            .trim()
-            .to_owned(),
-        // A proxy the agent runs gets its token in the environment, never on the command line.
-        None if args.token.is_empty() => std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default(),
-        None => args.token.clone(),
-    };
+    let token = token_of(args)?;
     // The lookups of the proxy run with the same token as its stream.
     let with_token = EnvoyArgs {
         token: token.clone(),
@@ -165,6 +161,20 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         xds_tls,
     };
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
+}
+
+/// The proxy's token as the flags give it now: `-token-file`, `-token`, else
+/// `CONNECT_PROXY_TOKEN`.
+fn token_of(args: &EnvoyArgs) -> Result<String> {
+    Ok(match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read -token-file {}", path.display()))?
+            .trim()
+            .to_owned(),
+        // A proxy the agent runs gets its token in the environment, never on the command line.
+        None if args.token.is_empty() => std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default(),
+        None => args.token.clone(),
+    })
 }
 
 /// Where Envoy reaches xDS (a host name resolved now: the bootstrap's cluster is static) and,
@@ -204,6 +214,10 @@ async fn xds_target(args: &EnvoyArgs) -> Result<(std::net::SocketAddr, Option<Xd
 /// `-bootstrap` prints the bootstrap; `-exec` replaces this process with Envoy; by default
 /// Envoy runs supervised until `shutdown` (then drains) or until it cannot be kept running.
 pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
+    if args.register {
+        let gw = crate::connect_gateway::gateway(&args)?.context("-register is for gateways: give -gateway")?;
+        crate::connect_gateway::register(&args, &gw, &token_of(&args)?).await?;
+    }
     let json = bootstrap(&args).await?;
     if args.bootstrap {
         #[allow(clippy::print_stdout)]
@@ -232,6 +246,7 @@ fn derive_base_id(args: &EnvoyArgs) -> u32 {
         .proxy_id
         .as_deref()
         .or(args.sidecar_for.as_deref())
+        .or(args.service.as_deref())
         .unwrap_or_default();
     let admin = args.admin_bind.to_string();
     let pid = std::process::id().to_le_bytes();

@@ -8,6 +8,7 @@ pub mod cli;
 #[cfg(any(feature = "server", feature = "agent"))]
 pub mod conn_limit;
 pub mod connect;
+pub mod connect_gateway;
 #[cfg(feature = "xds-engine")]
 pub mod engine;
 #[cfg(any(feature = "server", feature = "agent"))]

@@ -7,7 +7,9 @@ use crate::resolve::{self, ChainInputs};
 use agent_cache::AgentCaches;
 use agent_cache::cache::CacheWatch;
 use agent_cache::leaf::LeafKey;
-use agent_cache::types::{ConfigEntryKey, DatacentersKey, HealthKey, IntentionsKey, RootsKey, ServicesKey};
+use agent_cache::types::{
+    ConfigEntryKey, DatacentersKey, GatewayServicesKey, HealthKey, IntentionsKey, RootsKey, ServicesKey,
+};
 use async_trait::async_trait;
 use proxycfg::data_sources::*;
 use proxycfg::forward::{self, Step, ToState, Updates};
@@ -55,7 +57,7 @@ pub fn cache_data_sources(caches: AgentCaches, local: Arc<dyn LocalChecks>) -> D
         resolved_service_config: Arc::new(CacheResolvedServiceConfig(Arc::clone(&shared))),
         service_list: Arc::new(CacheServiceList(Arc::clone(&shared))),
         datacenters: Arc::new(CacheDatacenters(Arc::clone(&shared))),
-        gateway_services: Arc::new(crate::common::GatewayServicesUnsupported),
+        gateway_services: Arc::new(CacheGatewayServices(Arc::clone(&shared))),
         http_checks: Arc::new(CacheHttpChecks(shared)),
         prepared_query: Arc::new(crate::common::PreparedQueriesUnsupported),
     }
@@ -157,8 +159,12 @@ impl DataSource<LeafRequest> for CacheLeaf {
         if let Err(e) = self.0.check_dc(&req.datacenter) {
             return forward::refuse(id, tx, e, cancel).await;
         }
+        let mut dns_sans = req.dns_sans;
+        dns_sans.sort();
+        dns_sans.dedup();
         let key = LeafKey {
             service: req.service,
+            dns_sans,
             token: req.token,
         };
         run(self.0.caches.leaf.watch(&key), id, tx, cancel, |v| Some(Ok(v))).await
@@ -445,6 +451,35 @@ impl DataSource<ServiceListRequest> for CacheServiceList {
         }
         run(self.0.caches.services.watch(&ServicesKey), id, tx, cancel, |v| {
             Some(Ok(ServiceNames(v)))
+        })
+        .await
+    }
+}
+
+/// The services a gateway fronts, from the servers (`/v1/catalog/gateway-services/:gateway`);
+/// a value equal to the last one sent is not sent again.
+pub struct CacheGatewayServices(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<GatewayServicesRequest> for CacheGatewayServices {
+    async fn notify(
+        self: Arc<Self>,
+        req: GatewayServicesRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<structs::GatewayService>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
+        let key = GatewayServicesKey { gateway: req.gateway };
+        let mut last: Option<Arc<Vec<structs::GatewayService>>> = None;
+        run(self.0.caches.gateway_services.watch(&key), id, tx, cancel, move |v| {
+            if last.as_ref().is_some_and(|l| *l == v) {
+                return None;
+            }
+            last = Some(Arc::clone(&v));
+            Some(Ok(v))
         })
         .await
     }

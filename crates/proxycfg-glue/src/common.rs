@@ -25,21 +25,3 @@ impl DataSource<PreparedQueryRequest> for PreparedQueriesUnsupported {
         proxycfg::forward::refuse(id, tx, error, cancel).await
     }
 }
-
-/// Gateway services: gateways are not supported yet (the Manager refuses gateway kinds).
-pub struct GatewayServicesUnsupported;
-
-#[async_trait]
-impl DataSource<GatewayServicesRequest> for GatewayServicesUnsupported {
-    async fn notify(
-        self: Arc<Self>,
-        req: GatewayServicesRequest,
-        id: CorrelationId,
-        tx: EventSender<Arc<Vec<structs::GatewayService>>>,
-        cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        let error =
-            DataSourceError::InvalidRequest(format!("gateway {:?}: gateways are not supported yet", req.gateway));
-        proxycfg::forward::refuse(id, tx, error, cancel).await
-    }
-}

@@ -27,14 +27,14 @@ mod views;
 
 #[cfg(feature = "cache")]
 pub use cache::{
-    CacheCaRoots, CacheConfigEntry, CacheConfigEntryList, CacheDatacenters, CacheDiscoveryChain, CacheHealth,
-    CacheHttpChecks, CacheIntentions, CacheLeaf, CacheResolvedServiceConfig, CacheServiceList, LocalChecks,
-    cache_data_sources,
+    CacheCaRoots, CacheConfigEntry, CacheConfigEntryList, CacheDatacenters, CacheDiscoveryChain, CacheGatewayServices,
+    CacheHealth, CacheHttpChecks, CacheIntentions, CacheLeaf, CacheResolvedServiceConfig, CacheServiceList,
+    LocalChecks, cache_data_sources,
 };
-pub use common::{GatewayServicesUnsupported, PreparedQueriesUnsupported};
+pub use common::PreparedQueriesUnsupported;
 #[cfg(feature = "server")]
 pub use server::{
-    ServerCaRoots, ServerConfigEntry, ServerConfigEntryList, ServerDatacenters, ServerDiscoveryChain, ServerHealth,
-    ServerHttpChecks, ServerIntentions, ServerLeaf, ServerResolvedServiceConfig, ServerServiceList,
-    server_data_sources, server_data_sources_tracked,
+    ServerCaRoots, ServerConfigEntry, ServerConfigEntryList, ServerDatacenters, ServerDiscoveryChain,
+    ServerGatewayServices, ServerHealth, ServerHttpChecks, ServerIntentions, ServerLeaf, ServerResolvedServiceConfig,
+    ServerServiceList, server_data_sources, server_data_sources_tracked,
 };

@@ -60,7 +60,7 @@ pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSou
         resolved_service_config: Arc::new(ServerResolvedServiceConfig(Arc::clone(&shared))),
         service_list: Arc::new(ServerServiceList(Arc::clone(&shared))),
         datacenters: Arc::new(ServerDatacenters(Arc::clone(&shared))),
-        gateway_services: Arc::new(crate::common::GatewayServicesUnsupported),
+        gateway_services: Arc::new(ServerGatewayServices(Arc::clone(&shared))),
         http_checks: Arc::new(ServerHttpChecks),
         prepared_query: Arc::new(crate::common::PreparedQueriesUnsupported),
     }
@@ -161,7 +161,7 @@ impl DataSource<LeafRequest> for ServerLeaf {
                 () = tokio::time::sleep_until(until_refresh), if refresh_at.is_some() => {}
             }
             let result = store
-                .leaf(&req.service)
+                .leaf_with_sans(&req.service, &req.dns_sans)
                 .map_err(|e| DataSourceError::Unavailable(e.to_string()));
             if let Ok(cert) = &result {
                 // Ask again once it is due for renewal (the store reissues it then).
@@ -426,6 +426,38 @@ impl DataSource<ServiceListRequest> for ServerServiceList {
         let follower = Follower::new(&self.0.store, vec![Topic::ServiceList]);
         run(follower, id, tx, cancel, |f| match f.get(0) {
             Some(Payload::ServiceList(names)) => Some(Ok(ServiceNames(Arc::clone(names)))),
+            _ => None,
+        })
+        .await
+    }
+}
+
+/// The services a gateway fronts (`*` expanded), as the catalog derives them; a value equal
+/// to the last one sent (a service write that did not change what `*` means) is not sent.
+pub struct ServerGatewayServices(Arc<Shared>);
+
+#[async_trait]
+impl DataSource<GatewayServicesRequest> for ServerGatewayServices {
+    async fn notify(
+        self: Arc<Self>,
+        req: GatewayServicesRequest,
+        id: CorrelationId,
+        tx: EventSender<Arc<Vec<structs::GatewayService>>>,
+        cancel: CancellationToken,
+    ) -> Result<(), DataSourceError> {
+        if let Err(e) = self.0.check_dc(&req.datacenter) {
+            return forward::refuse(id, tx, e, cancel).await;
+        }
+        let follower = Follower::new(&self.0.store, vec![Topic::GatewayServices(req.gateway.clone())]);
+        let mut last: Option<Arc<Vec<structs::GatewayService>>> = None;
+        run(follower, id, tx, cancel, move |f| match f.get(0) {
+            Some(Payload::GatewayServices(list)) => {
+                if last.as_ref().is_some_and(|l| l == list) {
+                    return None;
+                }
+                last = Some(Arc::clone(list));
+                Some(Ok(Arc::clone(list)))
+            }
             _ => None,
         })
         .await

@@ -93,7 +93,11 @@ pub(super) async fn ca_leaf(
     let (token, who) = resolve(&agent, &headers, &q).await?;
     need(&who, who.authz.service_write(&service), "service:write", &service)?;
     // Signed with the caller's token: the servers check it again.
-    let key = agent_cache::leaf::LeafKey { service, token };
+    let key = agent_cache::leaf::LeafKey {
+        service,
+        dns_sans: Vec::new(),
+        token,
+    };
     from_cache(&agent, &agent.caches().leaf, &key, &q).await
 }
 

@@ -32,6 +32,9 @@ pub enum CaError {
     /// There is no active root to sign with.
     #[error("the CA has no active root")]
     NoActiveRoot,
+    /// A DNS SAN asked for a leaf is not a DNS name.
+    #[error("DNS SAN {0:?} is not a DNS name (letters, digits, '-', dot-separated; '*.' only first)")]
+    InvalidDnsSan(String),
 }
 
 /// The CA's configuration (`/v1/connect/ca/configuration` → `Config`).
@@ -293,8 +296,20 @@ pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> 
 /// `spiffe://<trust-domain>/ns/default/dc/<dc>/svc/<service>`, client and server auth,
 /// valid for the configured leaf TTL. The key pair is generated here (server mode).
 pub fn sign_leaf(ca: &CaState, datacenter: &str, service: &str, now: SystemTime) -> Result<IssuedCert, CaError> {
+    sign_leaf_with_sans(ca, datacenter, service, &[], now)
+}
+
+/// As [`sign_leaf`], with `dns_sans` as DNS SANs besides the SPIFFE id (an ingress gateway
+/// serving TLS for its hosts). Each must be a DNS name, `*.` allowed as its first label.
+pub fn sign_leaf_with_sans(
+    ca: &CaState,
+    datacenter: &str,
+    service: &str,
+    dns_sans: &[String],
+    now: SystemTime,
+) -> Result<IssuedCert, CaError> {
     let key = KeyPair::generate_for(ca.config.algorithm()).map_err(CaError::from)?;
-    let mut cert = issue(ca, datacenter, service, &key, now)?;
+    let mut cert = issue(ca, datacenter, service, dns_sans, &key, now)?;
     cert.private_key_pem = key.serialize_pem();
     Ok(cert)
 }
@@ -315,8 +330,8 @@ pub enum CsrError {
 
 /// Signs a leaf for the public key of `csr_pem` (agent mode: the private key stays with the
 /// agent). The CSR must carry exactly one URI SAN, a SPIFFE service identity in this CA's
-/// trust domain and `datacenter`; the certificate is built as [`sign_leaf`]'s, whatever else
-/// the CSR asks for.
+/// trust domain and `datacenter`; the certificate is built as [`sign_leaf_with_sans`]'s, with
+/// the CSR's DNS SANs (each checked as a DNS name) and nothing else it asks for.
 pub fn sign_csr(ca: &CaState, datacenter: &str, csr_pem: &str, now: SystemTime) -> Result<IssuedCert, CsrError> {
     let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
         .map_err(|e| CsrError::Invalid(format!("cannot read it: {e}")))?;
@@ -357,7 +372,16 @@ pub fn sign_csr(ca: &CaState, datacenter: &str, csr_pem: &str, now: SystemTime) 
             id.namespace
         )));
     }
-    Ok(issue(ca, datacenter, &id.service, &csr.public_key, now)?)
+    let dns_sans: Vec<String> = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .filter_map(|san| match san {
+            SanType::DnsName(name) => Some(name.as_str().to_owned()),
+            _ => None,
+        })
+        .collect();
+    Ok(issue(ca, datacenter, &id.service, &dns_sans, &csr.public_key, now)?)
 }
 
 /// The leaf certificate of `service` for `key`, signed by the active root (no private key in
@@ -366,6 +390,7 @@ fn issue(
     ca: &CaState,
     datacenter: &str,
     service: &str,
+    dns_sans: &[String],
     key: &impl rcgen::PublicKeyData,
     now: SystemTime,
 ) -> Result<IssuedCert, CaError> {
@@ -389,6 +414,12 @@ fn issue(
     ];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
     params.subject_alt_names = vec![SanType::URI(ia5(&spiffe)?)];
+    for name in dns_sans {
+        if !is_dns_name(name) {
+            return Err(CaError::InvalidDnsSan(name.clone()));
+        }
+        params.subject_alt_names.push(SanType::DnsName(ia5(name)?));
+    }
     params.use_authority_key_identifier_extension = true;
     params.not_before = offset(valid_after);
     params.not_after = offset(valid_before);
@@ -405,6 +436,20 @@ fn issue(
         create_index: ca.modify_index,
         modify_index: ca.modify_index,
     })
+}
+
+/// A DNS name for a certificate: dot-separated labels of letters, digits and `-` (not at
+/// either end), at most 63 bytes each and 253 in all; the first label may be `*`.
+pub fn is_dns_name(name: &str) -> bool {
+    let rest = name.strip_prefix("*.").unwrap_or(name);
+    name.len() <= 253
+        && rest.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 #[cfg(test)]

@@ -194,3 +194,54 @@ fn csr_signing_refuses_identities_outside_this_ca() {
     let garbage = sign_csr(&ca, "dc1", "not a csr", SystemTime::now()).unwrap_err();
     assert!(matches!(garbage, CsrError::Invalid(_)), "{garbage}");
 }
+
+/// The DNS SANs of a PEM certificate.
+pub(super) fn dns_sans_of(cert_pem: &str) -> Vec<String> {
+    let der = der(cert_pem);
+    let (_, cert) = X509Certificate::from_der(&der).unwrap();
+    let sans = cert.subject_alternative_name().unwrap().unwrap();
+    sans.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn leaves_carry_the_dns_sans_asked_for() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let sans = vec!["web.example.com".to_owned(), "*.ingress.example.com".to_owned()];
+    let leaf = sign_leaf_with_sans(&ca, "dc1", "ing", &sans, SystemTime::now()).unwrap();
+    assert_eq!(dns_sans_of(&leaf.cert_pem), sans);
+    let der = der(&leaf.cert_pem);
+    let (_, cert) = X509Certificate::from_der(&der).unwrap();
+    let names = &cert.subject_alternative_name().unwrap().unwrap().value.general_names;
+    assert!(
+        names.contains(&GeneralName::URI(&leaf.service_uri)),
+        "the SPIFFE id stays"
+    );
+    assert!(dns_sans_of(&sign_leaf(&ca, "dc1", "ing", SystemTime::now()).unwrap().cert_pem).is_empty());
+    for bad in ["", "a..b", "-a.com", "a.*.com", "a b.com", "x.com:8080"] {
+        let err = sign_leaf_with_sans(&ca, "dc1", "ing", &[bad.to_owned()], SystemTime::now()).unwrap_err();
+        assert_eq!(err, CaError::InvalidDnsSan(bad.to_owned()), "{bad:?}");
+    }
+}
+
+#[test]
+fn csr_signing_keeps_the_csrs_dns_sans_and_checks_them() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let uri = format!("spiffe://{}/ns/default/dc/dc1/svc/ing", ca.trust_domain());
+    let with_dns = |dns: &str| {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = vec![SanType::URI(ia5(&uri).unwrap()), SanType::DnsName(ia5(dns).unwrap())];
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    };
+    let leaf = sign_csr(&ca, "dc1", &with_dns("shop.example.com"), SystemTime::now()).unwrap();
+    assert_eq!(dns_sans_of(&leaf.cert_pem), ["shop.example.com"]);
+    let err = sign_csr(&ca, "dc1", &with_dns("bad_name.com"), SystemTime::now()).unwrap_err();
+    assert_eq!(err, CsrError::Ca(CaError::InvalidDnsSan("bad_name.com".into())));
+}

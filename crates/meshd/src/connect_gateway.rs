@@ -1,0 +1,122 @@
+//! `meshd connect envoy -gateway=ingress|terminating -service NAME [-register -address
+//! HOST:PORT]`: which gateway the Envoy runs for, and its registration through the API (the
+//! agent at `-http-addr` when it is one, else the catalog of the server there).
+
+use crate::cli::EnvoyArgs;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// A gateway the flags name: its kind (Consul's spelling) and service name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gateway {
+    /// `ingress-gateway` or `terminating-gateway`.
+    pub kind: &'static str,
+    /// The gateway service's name.
+    pub service: String,
+}
+
+/// The gateway the flags name, if any (`-gateway` needs `-service`).
+pub fn gateway(args: &EnvoyArgs) -> Result<Option<Gateway>> {
+    let Some(kind) = args.gateway.as_deref() else {
+        return Ok(None);
+    };
+    let kind = match kind {
+        "ingress" => "ingress-gateway",
+        "terminating" => "terminating-gateway",
+        other => bail!("-gateway {other:?}: expected ingress or terminating"),
+    };
+    let Some(service) = args.service.clone().filter(|s| !s.is_empty()) else {
+        bail!(
+            "-gateway {} needs -service NAME (the gateway service's name)",
+            args.gateway.as_deref().unwrap_or_default()
+        );
+    };
+    Ok(Some(Gateway { kind, service }))
+}
+
+/// `HOST:PORT` of `-address`, split (an IPv6 host in brackets).
+fn host_port(address: &str) -> Result<(String, u16)> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .with_context(|| format!("-address {address:?}: expected HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)
+        .with_context(|| format!("-address {address:?}: {port:?} is not a port (1-65535)"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        bail!("-address {address:?}: the host is missing");
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// Registers `gw` with the agent at `-http-addr` (`PUT /v1/agent/service/register`), or, when
+/// that is a server (the agent route is not there), in its catalog on `-node`
+/// (`PUT /v1/catalog/register`). Name and ID are the gateway's name (or `-proxy-id`).
+pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()> {
+    let address = args
+        .address
+        .as_deref()
+        .context("-register needs -address HOST:PORT (where the gateway listens)")?;
+    let (host, port) = host_port(address)?;
+    let id = args.proxy_id.clone().unwrap_or_else(|| gw.service.clone());
+    let service = json!({"Kind": gw.kind, "ID": id, "Service": gw.service, "Name": gw.service,
+        "Address": host, "Port": port});
+    let client = reqwest::Client::new();
+    let put = |path: &str, body: &Value| {
+        let mut req = client.put(format!("http://{}{path}", args.http_addr)).json(body);
+        if !token.is_empty() {
+            req = req.header(structs::wire::TOKEN_HEADER, token);
+        }
+        req.send()
+    };
+    let path = "/v1/agent/service/register";
+    let resp = put(path, &service)
+        .await
+        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
+    let (path, resp) = if matches!(resp.status().as_u16(), 404 | 405) {
+        // A server: register in its catalog, on the node given.
+        if args.node.is_empty() {
+            bail!(
+                "-register against a server ({}) needs -node NAME (the catalog node of the gateway)",
+                args.http_addr
+            );
+        }
+        let path = "/v1/catalog/register";
+        let body = json!({"Node": args.node, "Address": host, "SkipNodeUpdate": true, "Service": service});
+        let resp = put(path, &body)
+            .await
+            .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
+        (path, resp)
+    } else {
+        (path, resp)
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        let text = text.lines().next().unwrap_or_default().trim();
+        bail!(
+            "registering {} {:?}: PUT {path} answered {status}: {text}",
+            gw.kind,
+            gw.service
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn addresses_split_into_host_and_port() {
+        assert_eq!(host_port("10.0.0.5:8443").unwrap(), ("10.0.0.5".to_owned(), 8443));
+        assert_eq!(host_port("[::1]:443").unwrap(), ("::1".to_owned(), 443));
+        assert_eq!(host_port("gw.local:80").unwrap(), ("gw.local".to_owned(), 80));
+        for bad in ["10.0.0.5", "10.0.0.5:0", "10.0.0.5:http", ":80"] {
+            assert!(host_port(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `meshd connect envoy -gateway=ingress|terminating -service NAME -register -address
+//! HOST:PORT -bootstrap` against a real server and a real agent: the gateway is registered
+//! (catalog on the server's node, or with the agent) and the bootstrap is for it. Bad flags
+//! fail with one clear line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output};
+use std::time::Duration;
+
+/// A process stopped (SIGTERM, then SIGKILL) by its own handle when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        supervisor::process::terminate_blocking(&mut self.0, Duration::from_secs(10));
+    }
+}
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+fn meshd(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn addr(http: &str) -> &str {
+    http.strip_prefix("http://").unwrap_or(http)
+}
+
+fn get(url: &str) -> serde_json::Value {
+    reqwest::blocking::get(url).unwrap().json().unwrap()
+}
+
+#[test]
+fn register_on_a_server_then_bootstrap() {
+    let server = test_support::process::start_server(bin(), ["-dev", "-log-level", "warn"]);
+    let _server = Proc(server.child);
+    let http = addr(&server.http).to_owned();
+    let out = meshd(&[
+        "connect",
+        "envoy",
+        "-gateway=ingress",
+        "-service",
+        "ing",
+        "-register",
+        "-address",
+        "10.0.0.5:8443",
+        "-node",
+        "gw-node",
+        "-http-addr",
+        &http,
+        "-bootstrap",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let bootstrap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(bootstrap["node"]["id"], "ing", "{bootstrap}");
+    assert_eq!(bootstrap["node"]["cluster"], "ing");
+    let nodes = get(&format!("{}/v1/catalog/service/ing", server.http));
+    assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes}");
+    let n = &nodes[0];
+    assert_eq!(
+        (
+            &n["Node"],
+            &n["ServiceKind"],
+            &n["ServiceID"],
+            &n["ServiceAddress"],
+            &n["ServicePort"]
+        ),
+        (
+            &"gw-node".into(),
+            &"ingress-gateway".into(),
+            &"ing".into(),
+            &"10.0.0.5".into(),
+            &8443.into()
+        )
+    );
+
+    // Against a server, -node is needed; a terminating gateway registers the same way.
+    let out = meshd(&[
+        "connect",
+        "envoy",
+        "-gateway",
+        "terminating",
+        "-service",
+        "tgw",
+        "-register",
+        "-address",
+        "10.0.0.6:9000",
+        "-http-addr",
+        &http,
+        "-bootstrap",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("needs -node NAME") && err.lines().count() == 1, "{err}");
+}
+
+#[test]
+fn register_with_an_agent_then_bootstrap() {
+    let server = test_support::process::start_server(bin(), ["-dev", "-log-level", "warn"]);
+    let _server = Proc(server.child);
+    let agent = test_support::process::start_agent(
+        bin(),
+        [
+            "-dev",
+            "-node",
+            "edge",
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            addr(&server.http),
+            "-log-level",
+            "warn",
+        ],
+    );
+    let _agent = Proc(agent.child);
+    let out = meshd(&[
+        "connect",
+        "envoy",
+        "-gateway=terminating",
+        "-service",
+        "tgw",
+        "-register",
+        "-address",
+        "127.0.0.1:9443",
+        "-http-addr",
+        addr(&agent.http),
+        "-bootstrap",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let bootstrap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(bootstrap["node"]["id"], "tgw", "{bootstrap}");
+    let services = get(&format!("{}/v1/agent/services", agent.http));
+    let tgw = &services["tgw"];
+    assert_eq!(tgw["Kind"], "terminating-gateway", "{services}");
+    assert_eq!((&tgw["Address"], &tgw["Port"]), (&"127.0.0.1".into(), &9443.into()));
+}
+
+#[test]
+fn bad_gateway_flags_fail_with_one_line() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["-gateway=ingress", "-bootstrap"],
+            "-gateway ingress needs -service NAME",
+        ),
+        (
+            &["-gateway=ingress", "-service", "ing", "-register", "-bootstrap"],
+            "-register needs -address HOST:PORT",
+        ),
+        (
+            &[
+                "-gateway=ingress",
+                "-service",
+                "ing",
+                "-register",
+                "-address",
+                "10.0.0.5",
+                "-bootstrap",
+            ],
+            "expected HOST:PORT",
+        ),
+        (&["-gateway=mesh", "-service", "m"], "invalid value 'mesh'"),
+    ];
+    for (flags, expect) in cases {
+        let mut args = vec!["connect", "envoy", "-http-addr", "127.0.0.1:1"];
+        args.extend_from_slice(flags);
+        let out = meshd(&args);
+        assert!(!out.status.success(), "{flags:?}");
+        let err = stderr(&out);
+        assert!(err.contains(expect), "{flags:?}: {err}");
+        if !expect.starts_with("invalid value") {
+            assert_eq!(err.trim().lines().count(), 1, "{flags:?}: {err}");
+        }
+    }
+}
