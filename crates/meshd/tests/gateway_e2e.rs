@@ -1,0 +1,327 @@
+//! Gateways end to end with real Envoys, after Consul's ingress and terminating gateway
+//! cases: a plain HTTP client outside the mesh reaches `api` and `web` through an ingress
+//! gateway (routed by Host, over mTLS to their sidecars, intentions applied); a mesh service
+//! reaches `ext`, an HTTPS server outside the mesh with its own CA, through a terminating
+//! gateway that originates TLS and verifies it (a wrong CA file breaks the call; a deny
+//! intention blocks the caller). Both gateways are registered by `meshd connect envoy
+//! -gateway ... -register`: the ingress gateway with a local agent (agent mode: the agent
+//! cache's data sources), the terminating gateway with the server's catalog.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use serde_json::json;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use test_support::reserve_port as free_port;
+
+mod mesh;
+use mesh::{Mesh, Proc, wait_for};
+
+/// A backend answering `<name> <path> x-from=<header>`.
+fn backend(name: &'static str) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let text = String::from_utf8_lossy(&buf);
+            let path = text.split_whitespace().nth(1).unwrap_or("?").to_owned();
+            let from = text
+                .lines()
+                .find_map(|l| l.strip_prefix("x-from: "))
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            let body = format!("{name} {path} x-from={from}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// Runs `meshd tls ...` in `dir`.
+fn tls(dir: &Path, args: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .arg("tls")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "meshd tls {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `ext`: an HTTPS server outside the mesh, with a certificate for `ext.example.com` from a
+/// CA of its own. Returns the server, its port and that CA's file.
+async fn external_https(dir: &Path) -> (Proc, u16, PathBuf) {
+    tls(dir, &["ca", "create"]);
+    tls(
+        dir,
+        &["cert", "create", "-server", "-additional-dnsname", "ext.example.com"],
+    );
+    let script = dir.join("ext.py");
+    std::fs::write(
+        &script,
+        "import http.server, ssl, sys\n\
+         class H(http.server.BaseHTTPRequestHandler):\n\
+         \x20   def do_GET(self):\n\
+         \x20       body = ('ext ' + self.path).encode()\n\
+         \x20       self.send_response(200)\n\
+         \x20       self.send_header('Content-Length', str(len(body)))\n\
+         \x20       self.end_headers()\n\
+         \x20       self.wfile.write(body)\n\
+         \x20   def log_message(self, *args):\n\
+         \x20       pass\n\
+         srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n\
+         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+         ctx.load_cert_chain(sys.argv[2], sys.argv[3])\n\
+         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)\n\
+         open(sys.argv[1] + '.tmp', 'w').write(str(srv.server_address[1]))\n\
+         import os; os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n\
+         srv.serve_forever()\n",
+    )
+    .unwrap();
+    let port_file = dir.join("ext.port");
+    let child = Command::new("python3")
+        .arg(&script)
+        .arg(&port_file)
+        .arg(dir.join("dc1-server-meshd-0.pem"))
+        .arg(dir.join("dc1-server-meshd-0-key.pem"))
+        .spawn()
+        .expect("python3 runs the external HTTPS service");
+    let proc = Proc(child);
+    let port = wait_for(|| async { std::fs::read_to_string(&port_file).ok()?.trim().parse::<u16>().ok() }).await;
+    (proc, port, dir.join("meshd-agent-ca.pem"))
+}
+
+/// Runs a gateway under `meshd connect envoy -gateway KIND -register` against the API at
+/// `http` and xDS at `grpc`; returns the supervisor and Envoy's admin URL.
+async fn gateway(http: &str, grpc: &str, kind: &str, name: &str, port: u16, dir: &Path) -> (Proc, String) {
+    let run_dir = dir.join(name);
+    let admin_file = run_dir.join("admin-0.addr");
+    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args(["connect", "envoy", "-gateway", kind, "-service", name, "-register"])
+        .args(["-address", &format!("127.0.0.1:{port}"), "-node", "node-gw"])
+        .args(["-http-addr", http.trim_start_matches("http://")])
+        .args(["-grpc-addr", grpc])
+        .args([
+            "-admin-bind",
+            "127.0.0.1:0",
+            "-log-level",
+            "warn",
+            "-drain-time",
+            "1s",
+            "-run-dir",
+        ])
+        .arg(&run_dir)
+        .arg("-envoy-binary")
+        .arg(test_support::envoy())
+        .args(["--", "-l", "error"])
+        .spawn()
+        .unwrap();
+    let proc = Proc(child);
+    let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
+    (proc, format!("http://{}", admin.trim()))
+}
+
+/// One request to `port` with `host` as the Host header: (status, body), `None` when the
+/// connection fails.
+async fn request(client: &reqwest::Client, port: u16, host: &str, path: &str) -> Option<(u16, String)> {
+    let resp = client
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .header("host", host)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.text().await.ok()?))
+}
+
+async fn until(
+    client: &reqwest::Client,
+    port: u16,
+    host: &str,
+    path: &str,
+    want: impl Fn(Option<(u16, String)>) -> bool,
+) {
+    wait_for(|| async { want(request(client, port, host, path).await).then_some(()) }).await;
+}
+
+async fn delete(mesh: &Mesh, path: &str) {
+    let resp = mesh.client.delete(format!("{}{path}", mesh.http)).send().await.unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.text().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_and_terminating_gateways_with_real_envoys() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    for name in ["api", "web"] {
+        mesh.put(
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}),
+        )
+        .await;
+    }
+    let (ingress_port, ingress_listener, ext_up) = (free_port(), free_port(), free_port());
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "ingress-gateway", "Name": "ingress", "Listeners": [
+            {"Port": ingress_listener, "Protocol": "http", "Services": [
+                {"Name": "api", "Hosts": ["api.ingress"], "RequestHeaders": {"Add": {"x-from": "ingress"}}},
+                {"Name": "web", "Hosts": ["web.ingress"]}]}]}),
+    )
+    .await;
+    let (_ext, ext_port, ext_ca) = external_https(&dir.path().join("ext")).await;
+    let wrong_ca = {
+        let other = dir.path().join("other");
+        tls(&other, &["ca", "create"]);
+        other.join("meshd-agent-ca.pem")
+    };
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": "external", "Address": "127.0.0.1", "Service": {"Service": "ext", "Port": ext_port}}),
+    )
+    .await;
+    let link = |ca: &Path| {
+        json!({"Kind": "terminating-gateway", "Name": "terminating", "Services": [
+            {"Name": "ext", "CAFile": ca.display().to_string(), "SNI": "ext.example.com"}]})
+    };
+    mesh.put("/v1/config", link(&ext_ca)).await;
+
+    let (api_port, web_port) = (backend("api"), backend("web"));
+    mesh.register("node-api", "api", api_port, free_port(), json!([]), json!({}))
+        .await;
+    mesh.register(
+        "node-web",
+        "web",
+        web_port,
+        free_port(),
+        json!([{"DestinationName": "ext", "LocalBindPort": ext_up}]),
+        json!({}),
+    )
+    .await;
+    let (_api, _) = mesh.envoy("api", "node-api", dir.path()).await;
+    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    // The ingress gateway's agent, joined to the server.
+    let agent = test_support::process::start_agent(
+        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+        [
+            "-dev",
+            "-node",
+            "node-gw",
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            mesh.http.trim_start_matches("http://"),
+            "-log-level",
+            "warn",
+        ],
+    );
+    let _agent = Proc(agent.child);
+    let (_ingress, ingress_admin) =
+        gateway(&agent.http, &agent.grpc, "ingress", "ingress", ingress_port, dir.path()).await;
+    let (_terminating, _) = gateway(
+        &mesh.http,
+        &mesh.grpc,
+        "terminating",
+        "terminating",
+        free_port(),
+        dir.path(),
+    )
+    .await;
+
+    // Ingress: routed by Host to two services, through their sidecars (mTLS), with the
+    // entry's request header added for api only.
+    let ok = |prefix: &'static str| {
+        move |r: Option<(u16, String)>| r.is_some_and(|(s, b)| s == 200 && b.starts_with(prefix))
+    };
+    until(&client, ingress_listener, "api.ingress", "/", ok("api")).await;
+    let (s, body) = request(&client, ingress_listener, "api.ingress", "/v1/users")
+        .await
+        .unwrap();
+    assert_eq!((s, body.as_str()), (200, "api /v1/users x-from=ingress"));
+    until(&client, ingress_listener, "web.ingress", "/", ok("web")).await;
+    let (s, body) = request(&client, ingress_listener, "web.ingress", "/").await.unwrap();
+    assert_eq!((s, body.as_str()), (200, "web / x-from="));
+    // The port in the Host header does not matter; an unknown host is a 404.
+    let (s, _) = request(
+        &client,
+        ingress_listener,
+        &format!("api.ingress:{ingress_listener}"),
+        "/",
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200);
+    let (s, _) = request(&client, ingress_listener, "nobody.ingress", "/").await.unwrap();
+    assert_eq!(s, 404);
+    // The gateway calls as itself: a deny intention ingress -> api is enforced by api's
+    // sidecar, while web stays reachable.
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "ingress", "Action": "deny"}]}),
+    )
+    .await;
+    until(&client, ingress_listener, "api.ingress", "/", |r| {
+        r.is_some_and(|(s, _)| s == 403)
+    })
+    .await;
+    let (s, _) = request(&client, ingress_listener, "web.ingress", "/").await.unwrap();
+    assert_eq!(s, 200);
+    let listeners = mesh::get(&client, &format!("{ingress_admin}/listeners")).await.unwrap();
+    assert!(
+        listeners.contains(&format!("http:127.0.0.1:{ingress_listener}")),
+        "{listeners}"
+    );
+
+    // Terminating: web reaches ext through the gateway, which verifies ext with its CA file.
+    until(&client, ext_up, "ext", "/", ok("ext")).await;
+    let (s, body) = request(&client, ext_up, "ext", "/status").await.unwrap();
+    assert_eq!((s, body.as_str()), (200, "ext /status"));
+    // A CA that did not sign ext's certificate: the gateway refuses ext, the call fails.
+    mesh.put("/v1/config", link(&wrong_ca)).await;
+    until(&client, ext_up, "ext", "/", |r| !r.is_some_and(|(s, _)| s == 200)).await;
+    for _ in 0..5 {
+        let r = request(&client, ext_up, "ext", "/").await;
+        assert!(!r.as_ref().is_some_and(|(s, _)| *s == 200), "{r:?}");
+    }
+    mesh.put("/v1/config", link(&ext_ca)).await;
+    until(&client, ext_up, "ext", "/", ok("ext")).await;
+    // A deny intention web -> ext is enforced by the gateway.
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "ext", "Sources": [{"Name": "web", "Action": "deny"}]}),
+    )
+    .await;
+    until(&client, ext_up, "ext", "/", |r| !r.is_some_and(|(s, _)| s == 200)).await;
+    delete(&mesh, "/v1/config/service-intentions/ext").await;
+    until(&client, ext_up, "ext", "/", ok("ext")).await;
+
+    // Nothing was refused by an Envoy along the way.
+    for t in ["Cluster", "Listener", "Route", "Secret"] {
+        assert_eq!(
+            mesh.metric(&format!(r#"meshd_xds_nacks_total{{type="{t}"}}"#)).await,
+            0.0,
+            "{t}"
+        );
+    }
+}
