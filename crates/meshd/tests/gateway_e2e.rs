@@ -299,10 +299,10 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     assert_eq!((s, body.as_str()), (200, "ext /status"));
     // A CA that did not sign ext's certificate: the gateway refuses ext, the call fails.
     mesh.put("/v1/config", link(&wrong_ca)).await;
-    until(&client, ext_up, "ext", "/", |r| !r.is_some_and(|(s, _)| s == 200)).await;
+    until(&client, ext_up, "ext", "/", |r| r.is_none_or(|(s, _)| s != 200)).await;
     for _ in 0..5 {
         let r = request(&client, ext_up, "ext", "/").await;
-        assert!(!r.as_ref().is_some_and(|(s, _)| *s == 200), "{r:?}");
+        assert!(r.as_ref().is_none_or(|(s, _)| *s != 200), "{r:?}");
     }
     mesh.put("/v1/config", link(&ext_ca)).await;
     until(&client, ext_up, "ext", "/", ok("ext")).await;
@@ -312,7 +312,7 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         json!({"Kind": "service-intentions", "Name": "ext", "Sources": [{"Name": "web", "Action": "deny"}]}),
     )
     .await;
-    until(&client, ext_up, "ext", "/", |r| !r.is_some_and(|(s, _)| s == 200)).await;
+    until(&client, ext_up, "ext", "/", |r| r.is_none_or(|(s, _)| s != 200)).await;
     delete(&mesh, "/v1/config/service-intentions/ext").await;
     until(&client, ext_up, "ext", "/", ok("ext")).await;
 
