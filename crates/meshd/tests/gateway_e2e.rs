@@ -171,6 +171,7 @@ async fn delete(mesh: &Mesh, path: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingress_and_terminating_gateways_with_real_envoys() {
+    let t0 = std::time::Instant::now();
     let mesh = Mesh::start();
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
@@ -249,6 +250,7 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     )
     .await;
 
+    println!("{:>5.1} s envoys started", t0.elapsed().as_secs_f64());
     // Ingress: routed by Host to two services, through their sidecars (mTLS), with the
     // entry's request header added for api only.
     let ok = |prefix: &'static str| {
@@ -274,6 +276,7 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     assert_eq!(s, 200);
     let (s, _) = request(&client, ingress_listener, "nobody.ingress", "/").await.unwrap();
     assert_eq!(s, 404);
+    println!("{:>5.1} s ingress routed", t0.elapsed().as_secs_f64());
     // The gateway calls as itself: a deny intention ingress -> api is enforced by api's
     // sidecar, while web stays reachable.
     mesh.put(
@@ -293,10 +296,12 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         "{listeners}"
     );
 
+    println!("{:>5.1} s ingress intention", t0.elapsed().as_secs_f64());
     // Terminating: web reaches ext through the gateway, which verifies ext with its CA file.
     until(&client, ext_up, "ext", "/", ok("ext")).await;
     let (s, body) = request(&client, ext_up, "ext", "/status").await.unwrap();
     assert_eq!((s, body.as_str()), (200, "ext /status"));
+    println!("{:>5.1} s terminating reached", t0.elapsed().as_secs_f64());
     // A CA that did not sign ext's certificate: the gateway refuses ext, the call fails.
     mesh.put("/v1/config", link(&wrong_ca)).await;
     until(&client, ext_up, "ext", "/", |r| r.is_none_or(|(s, _)| s != 200)).await;
@@ -304,8 +309,10 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         let r = request(&client, ext_up, "ext", "/").await;
         assert!(r.as_ref().is_none_or(|(s, _)| *s != 200), "{r:?}");
     }
+    println!("{:>5.1} s wrong CA refused", t0.elapsed().as_secs_f64());
     mesh.put("/v1/config", link(&ext_ca)).await;
     until(&client, ext_up, "ext", "/", ok("ext")).await;
+    println!("{:>5.1} s CA restored", t0.elapsed().as_secs_f64());
     // A deny intention web -> ext is enforced by the gateway.
     mesh.put(
         "/v1/config",
@@ -316,6 +323,7 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     delete(&mesh, "/v1/config/service-intentions/ext").await;
     until(&client, ext_up, "ext", "/", ok("ext")).await;
 
+    println!("{:>5.1} s intention applied and removed", t0.elapsed().as_secs_f64());
     // Nothing was refused by an Envoy along the way.
     for t in ["Cluster", "Listener", "Route", "Secret"] {
         assert_eq!(

@@ -253,10 +253,29 @@ impl DeltaState {
                 }),
             };
         let complete = if complete { map.cloned() } else { None };
+        // Envoy replaces an updated cluster by a new one that warms until it receives its
+        // load assignment, which it does not have again when the assignment is unchanged:
+        // without this, the new cluster waits out the initial fetch timeout (15 s) before
+        // taking traffic. The assignments of updated clusters are sent again (after them).
+        let updated_clusters: Vec<String> = if i == ResourceType::Cluster.index() {
+            sent.keys()
+                .filter(|name| st.known.contains_key(name.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         let nonce = self.nonce();
         let st = &mut self.served[i];
         st.pending = Some((nonce.clone(), sent));
         st.pending_complete = complete;
+        if !updated_clusters.is_empty() {
+            let endpoints = &mut self.served[ResourceType::Endpoint.index()];
+            for name in &updated_clusters {
+                endpoints.known.remove(name);
+            }
+            endpoints.in_sync = None;
+        }
         Some(DeltaDiscoveryResponse {
             type_url: type_url.to_owned(),
             resources: upserts,

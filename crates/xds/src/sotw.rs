@@ -122,7 +122,14 @@ impl SotwState {
             self.next_nonce += 1;
             let nonce = format!("{:x}", self.next_nonce);
             let resources = chosen.iter().map(|(_, r)| r.resource.clone()).collect();
+            // Envoy warms a changed cluster until it gets its load assignment again, which an
+            // unchanged EDS set would not bring: the assignments go again after a cluster
+            // change (not after the first clusters, which Envoy asks assignments for itself).
+            let clusters_changed = i == ResourceType::Cluster.index() && self.served[i].acked.is_some();
             self.served[i].pending = Some((nonce.clone(), version.clone()));
+            if clusters_changed {
+                self.served[ResourceType::Endpoint.index()].acked = None;
+            }
             out.push(DiscoveryResponse {
                 version_info: version,
                 resources,
@@ -152,6 +159,32 @@ mod tests {
             version_info: ack.map(|r| r.version_info.clone()).unwrap_or_default(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_cluster_change_sends_the_load_assignments_again() {
+        let mut st = SotwState::default();
+        let cds = |ack: Option<&DiscoveryResponse>| DiscoveryRequest {
+            type_url: CLUSTER.into(),
+            response_nonce: ack.map(|r| r.nonce.clone()).unwrap_or_default(),
+            ..Default::default()
+        };
+        st.on_request(&cds(None));
+        st.on_request(&request(&["a"], None));
+        let v1 = res(&[(CLUSTER, "a", b"1"), (ENDPOINT, "a", b"1")]);
+        let out = st.responses(&v1);
+        assert_eq!(out.len(), 2);
+        st.on_request(&cds(Some(&out[0])));
+        st.on_request(&request(&["a"], Some(&out[1])));
+        assert!(st.responses(&v1).is_empty());
+        let v2 = res(&[(CLUSTER, "a", b"2"), (ENDPOINT, "a", b"1")]);
+        let out = st.responses(&v2);
+        let types: Vec<&str> = out.iter().map(|r| r.type_url.as_str()).collect();
+        assert_eq!(
+            types,
+            [CLUSTER, ENDPOINT],
+            "the unchanged assignment follows the changed cluster"
+        );
     }
 
     #[test]

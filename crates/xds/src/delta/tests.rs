@@ -264,3 +264,46 @@ fn diff_maps_finds_changed_added_and_gone_names_by_pointer_then_version() {
     assert_eq!(changed.iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["c"]);
     assert_eq!(gone, ["b2", "d"]);
 }
+
+#[test]
+fn an_updated_cluster_gets_its_unchanged_load_assignment_again() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    st.on_request(&subscribe(ENDPOINT, &["a", "b"]));
+    let v1 = res(&[
+        (CLUSTER, "a", b"1"),
+        (CLUSTER, "b", b"1"),
+        (ENDPOINT, "a", b"e"),
+        (ENDPOINT, "b", b"e"),
+    ]);
+    for r in st.responses(&v1) {
+        st.on_request(&ack(&r));
+    }
+    assert!(st.responses(&v1).is_empty());
+    // Cluster a changes (its TLS, say), its endpoints do not: Envoy warms a new cluster that
+    // needs them, so they follow it; b is untouched.
+    let v2 = res(&[
+        (CLUSTER, "a", b"2"),
+        (CLUSTER, "b", b"1"),
+        (ENDPOINT, "a", b"e"),
+        (ENDPOINT, "b", b"e"),
+    ]);
+    let out = st.responses(&v2);
+    let sent: Vec<(&str, Vec<&str>)> = out.iter().map(|r| (r.type_url.as_str(), names(r))).collect();
+    assert_eq!(sent, [(CLUSTER, vec!["a"]), (ENDPOINT, vec!["a"])]);
+    for r in &out {
+        st.on_request(&ack(r));
+    }
+    assert!(st.responses(&v2).is_empty());
+    // A new cluster gets nothing extra (Envoy subscribes to its endpoints itself).
+    let v3 = res(&[
+        (CLUSTER, "a", b"2"),
+        (CLUSTER, "b", b"1"),
+        (CLUSTER, "c", b"1"),
+        (ENDPOINT, "a", b"e"),
+        (ENDPOINT, "b", b"e"),
+    ]);
+    let out = st.responses(&v3);
+    let sent: Vec<(&str, Vec<&str>)> = out.iter().map(|r| (r.type_url.as_str(), names(r))).collect();
+    assert_eq!(sent, [(CLUSTER, vec!["c"])]);
+}
