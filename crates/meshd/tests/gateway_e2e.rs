@@ -183,12 +183,17 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         .await;
     }
     let (ingress_port, ingress_listener, ext_up) = (free_port(), free_port(), free_port());
+    let (tls_listener, tcp_listener) = (free_port(), free_port());
+    // Port 1: HTTP routed by host. Port 2: TLS from the mesh CA, api under its default
+    // host. Port 3: tcp to ext, out again through the terminating gateway.
     mesh.put(
         "/v1/config",
         json!({"Kind": "ingress-gateway", "Name": "ingress", "Listeners": [
             {"Port": ingress_listener, "Protocol": "http", "Services": [
                 {"Name": "api", "Hosts": ["api.ingress"], "RequestHeaders": {"Add": {"x-from": "ingress"}}},
-                {"Name": "web", "Hosts": ["web.ingress"]}]}]}),
+                {"Name": "web", "Hosts": ["web.ingress"]}]},
+            {"Port": tls_listener, "Protocol": "http", "TLS": {"Enabled": true}, "Services": [{"Name": "api"}]},
+            {"Port": tcp_listener, "Protocol": "tcp", "Services": [{"Name": "ext"}]}]}),
     )
     .await;
     let (_ext, ext_port, ext_ca) = external_https(&dir.path().join("ext")).await;
@@ -296,6 +301,45 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         "{listeners}"
     );
 
+    // TLS: a client trusting only the mesh CA reaches api under its default name (the
+    // gateway's certificate carries it); the deny intention above still applies, so 403.
+    let roots: serde_json::Value = mesh
+        .client
+        .get(format!("{}/v1/connect/ca/roots", mesh.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut tls_client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .resolve("api.ingress.consul", ([127, 0, 0, 1], tls_listener).into());
+    for root in roots["Roots"].as_array().unwrap() {
+        let pem = root["RootCert"].as_str().unwrap();
+        tls_client = tls_client.add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).unwrap());
+    }
+    let tls_client = tls_client.build().unwrap();
+    let url = format!("https://api.ingress.consul:{tls_listener}/secure");
+    let status = wait_for(|| async {
+        let resp = tls_client.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        Some(resp.status().as_u16())
+    })
+    .await;
+    assert_eq!(
+        status, 403,
+        "verified TLS to the gateway, then api's sidecar applied the intention"
+    );
+    delete(&mesh, "/v1/config/service-intentions/api").await;
+    let body = wait_for(|| async {
+        let resp = tls_client.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        (resp.status().as_u16() == 200).then_some(())?;
+        resp.text().await.ok()
+    })
+    .await;
+    assert!(body.starts_with("api /secure"), "{body}");
+    println!("{:>5.1} s ingress TLS", t0.elapsed().as_secs_f64());
+
     println!("{:>5.1} s ingress intention", t0.elapsed().as_secs_f64());
     // Terminating: web reaches ext through the gateway, which verifies ext with its CA file.
     until(&client, ext_up, "ext", "/", ok("ext")).await;
@@ -324,6 +368,28 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     until(&client, ext_up, "ext", "/", ok("ext")).await;
 
     println!("{:>5.1} s intention applied and removed", t0.elapsed().as_secs_f64());
+    // In through the ingress gateway's tcp listener, out through the terminating gateway.
+    let raw = wait_for(|| async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", tcp_listener)).await.ok()?;
+        conn.write_all(b"GET /via-ingress HTTP/1.0\r\nHost: ext\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out))
+            .await
+            .ok()?
+            .ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        text.contains("ext /via-ingress").then_some(text)
+    })
+    .await;
+    assert!(raw.starts_with("HTTP/1.0 200"), "{raw}");
+    println!(
+        "{:>5.1} s ingress tcp to the terminating gateway",
+        t0.elapsed().as_secs_f64()
+    );
+
     // Nothing was refused by an Envoy along the way.
     for t in ["Cluster", "Listener", "Route", "Secret"] {
         assert_eq!(

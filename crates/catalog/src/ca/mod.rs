@@ -5,8 +5,8 @@
 //! hand. Keys are ECDSA (P-256 or P-384): the signing backend cannot generate RSA keys.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
 };
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime};
@@ -242,8 +242,11 @@ fn ia5(s: &str) -> Result<rcgen::string::Ia5String, CaError> {
     rcgen::string::Ia5String::try_from(s).map_err(CaError::from)
 }
 
-/// Generates a self-signed root for `trust_domain`: CA, URI SAN `spiffe://<trust-domain>`,
-/// and a critical name constraint permitting only names under the trust domain.
+/// Generates a self-signed root for `trust_domain`: CA, URI SAN `spiffe://<trust-domain>`.
+/// No DNS name constraint (as Consul's built-in CA): an ingress gateway's leaf carries the
+/// hosts it serves as DNS names, which lie outside the trust domain, and clients enforcing a
+/// constraint (Envoy, rustls, browsers) would refuse it. What a leaf may name is decided when
+/// it is signed (a service's SPIFFE id, and DNS names only for the hosts of its gateway).
 pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> Result<StoredRoot, CaError> {
     let key = KeyPair::generate_for(config.algorithm()).map_err(CaError::from)?;
     let now = SystemTime::now();
@@ -261,10 +264,6 @@ pub fn generate_root(trust_domain: &str, config: &CaConfig, generation: u64) -> 
         KeyUsagePurpose::DigitalSignature,
     ];
     params.subject_alt_names = vec![SanType::URI(ia5(&format!("spiffe://{trust_domain}"))?)];
-    params.name_constraints = Some(NameConstraints {
-        permitted_subtrees: vec![GeneralSubtree::DnsName(trust_domain.to_owned())],
-        excluded_subtrees: vec![],
-    });
     params.not_before = offset(not_before);
     params.not_after = offset(not_after);
     params.serial_number = Some(serial);

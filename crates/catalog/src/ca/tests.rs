@@ -36,24 +36,21 @@ fn leaf_chains_to_root_with_spiffe_id() {
 }
 
 #[test]
-fn root_is_a_name_constrained_ca_for_the_trust_domain() {
+fn root_is_a_ca_for_the_trust_domain_without_a_dns_name_constraint() {
     let ca = CaState::bootstrap(CaConfig::default()).unwrap();
     let root_der = der(&ca.active().unwrap().root.root_cert);
     let (_, root) = X509Certificate::from_der(&root_der).unwrap();
     assert!(root.is_ca());
     root.verify_signature(None).expect("self-signed");
-    let nc = root
-        .extensions()
-        .iter()
-        .find(|e| matches!(e.parsed_extension(), ParsedExtension::NameConstraints(_)))
-        .expect("name constraints present");
-    assert!(nc.critical);
-    let ParsedExtension::NameConstraints(nc) = nc.parsed_extension() else {
-        unreachable!()
-    };
-    let permitted = nc.permitted_subtrees.as_ref().unwrap();
-    assert_eq!(permitted.len(), 1);
-    assert_eq!(permitted[0].base, GeneralName::DNSName(&ca.trust_domain()));
+    // No name constraint: an ingress gateway's leaf carries the hosts it serves, which lie
+    // outside the trust domain, and clients that enforce constraints would refuse it.
+    assert!(
+        !root
+            .extensions()
+            .iter()
+            .any(|e| matches!(e.parsed_extension(), ParsedExtension::NameConstraints(_))),
+        "no name constraints"
+    );
     let sans = root.subject_alternative_name().unwrap().unwrap();
     let uri = format!("spiffe://{}", ca.trust_domain());
     assert!(sans.value.general_names.contains(&GeneralName::URI(&uri)));
