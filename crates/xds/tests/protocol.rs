@@ -36,7 +36,7 @@ struct Harness {
     fakes: FakeDataSources,
     addr: std::net::SocketAddr,
     server: XdsServer,
-    _manager: Manager,
+    manager: Manager,
 }
 
 fn health(service: &str) -> HealthRequest {
@@ -96,7 +96,7 @@ async fn harness_with(admission: xds::Admission) -> Harness {
         fakes,
         addr,
         server,
-        _manager: manager,
+        manager,
     }
 }
 
@@ -429,5 +429,45 @@ async fn a_storm_of_new_streams_is_paced() {
         started.elapsed() >= Duration::from_millis(190),
         "{:?}",
         started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
+    let h = harness().await;
+    let service = structs::NodeService {
+        kind: structs::ServiceKind::MeshGateway,
+        id: "mesh-gw".into(),
+        service: "mesh-gw".into(),
+        port: 8443,
+        ..Default::default()
+    };
+    let reg = ProxyRegistration {
+        id: ProxyId::new("node-1", "mesh-gw"),
+        service: Arc::new(service),
+        token: String::new(),
+    };
+    assert!(h.manager.register(reg, ProxySource::Catalog, false).await.is_err());
+    let mut stream = Delta::open(
+        h.addr,
+        DeltaDiscoveryRequest {
+            node: Some(Node {
+                id: "mesh-gw".into(),
+                ..Default::default()
+            }),
+            type_url: CLUSTER.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(10), stream.rx.message())
+        .await
+        .expect("the stream ends, it is not left open")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("mesh-gateway is not supported"),
+        "{}",
+        status.message()
     );
 }
