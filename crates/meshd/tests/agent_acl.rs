@@ -60,6 +60,8 @@ impl Cluster {
                 management.to_str().unwrap(),
             ],
         );
+        // Owned at once: a panic before the agent starts must not leave the server running.
+        let server_proc = Proc(server.child);
         let client = reqwest::Client::new();
         // The agent's token: a node identity for its node.
         let (status, _, text) = call(
@@ -98,7 +100,7 @@ impl Cluster {
             ],
         );
         Cluster {
-            _server: Proc(server.child),
+            _server: server_proc,
             _agent: Proc(agent.child),
             server: server.http,
             agent: agent.http,
