@@ -98,10 +98,12 @@ async fn proxy(grpc: String, idx: usize, held: Arc<Barrier>, go: Arc<Barrier>, d
 #[tokio::main(worker_threads = 2)]
 async fn main() {
     let n = env_usize("PROXIES", 1000);
-    let server = test_support::process::start_server(
-        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
-        ["-dev", "-log-level", "error"],
-    );
+    // `MEMORY_SERVER_BIN` runs the server through another program (a heap profiler's
+    // wrapper script, say) that execs meshd with the arguments it is given.
+    let bin = std::env::var_os("MEMORY_SERVER_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_meshd")));
+    let server = test_support::process::start_server(&bin, ["-dev", "-log-level", "error"]);
     let mut child = server.child;
     let pid = child.id();
     let http = reqwest::Client::new();
@@ -181,6 +183,6 @@ async fn main() {
         per(rss_registered, rss_synced),
         bytes as f64 / n as f64 / 1024.0
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    // SIGTERM: a profiler wrapping the server writes its report when the server exits.
+    supervisor::process::terminate_blocking(&mut child, Duration::from_secs(60));
 }
