@@ -6,7 +6,7 @@ use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId};
+use structs::{DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId};
 
 /// Watches roots, leaf, intentions, mesh config, resolved config and (if exposed) HTTP checks;
 /// per upstream its discovery chain (or prepared query), then per chain target its healthy
@@ -53,11 +53,7 @@ impl ConnectProxyHandler {
         let dc = self.datacenter.clone();
         let proxy = &self.service.proxy;
         let dest = proxy.destination_service_name.clone();
-        watches.start(
-            &s.ca_roots,
-            CorrelationId::Roots,
-            CaRootsRequest { datacenter: dc.clone() },
-        );
+        super::watch_roots_and_mesh(s, &dc, watches);
         watches.start(
             &s.leaf,
             CorrelationId::Leaf,
@@ -74,14 +70,6 @@ impl ConnectProxyHandler {
             IntentionsRequest {
                 datacenter: dc.clone(),
                 destination: dest.clone(),
-            },
-        );
-        watches.start(
-            &s.config_entry,
-            CorrelationId::MeshConfig,
-            ConfigEntryRequest {
-                kind: ConfigEntryKind::Mesh,
-                name: "mesh".into(),
             },
         );
         watches.start(

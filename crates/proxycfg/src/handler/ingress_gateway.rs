@@ -139,36 +139,13 @@ pub fn dns_sans(entry: &structs::config_entry::IngressGateway, services: &[Gatew
 
 impl KindHandler for IngressGatewayHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
-        let s = &self.sources;
+        super::watch_gateway(&self.sources, &self.datacenter, &self.name, watches);
         watches.start(
-            &s.ca_roots,
-            CorrelationId::Roots,
-            CaRootsRequest {
-                datacenter: self.datacenter.clone(),
-            },
-        );
-        watches.start(
-            &s.config_entry,
-            CorrelationId::MeshConfig,
-            ConfigEntryRequest {
-                kind: ConfigEntryKind::Mesh,
-                name: "mesh".into(),
-            },
-        );
-        watches.start(
-            &s.config_entry,
+            &self.sources.config_entry,
             CorrelationId::GatewayConfig,
             ConfigEntryRequest {
                 kind: ConfigEntryKind::IngressGateway,
                 name: self.name.clone(),
-            },
-        );
-        watches.start(
-            &s.gateway_services,
-            CorrelationId::GatewayServices,
-            GatewayServicesRequest {
-                datacenter: self.datacenter.clone(),
-                gateway: self.name.clone(),
             },
         );
         let g = IngressGatewaySnapshot::default();

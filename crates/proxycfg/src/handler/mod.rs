@@ -62,6 +62,38 @@ pub enum HandlerError {
 #[error("proxy kind {} is not supported", .0.as_str())]
 pub struct UnsupportedKind(pub ServiceKind);
 
+/// Starts the watches every kind has: the CA roots and the `mesh` config entry.
+fn watch_roots_and_mesh(sources: &DataSources, datacenter: &str, watches: &mut Watches) {
+    watches.start(
+        &sources.ca_roots,
+        CorrelationId::Roots,
+        crate::data_sources::CaRootsRequest {
+            datacenter: datacenter.to_owned(),
+        },
+    );
+    watches.start(
+        &sources.config_entry,
+        CorrelationId::MeshConfig,
+        crate::data_sources::ConfigEntryRequest {
+            kind: structs::ConfigEntryKind::Mesh,
+            name: "mesh".into(),
+        },
+    );
+}
+
+/// Starts the watches every gateway has: roots, the `mesh` entry, and the services it fronts.
+fn watch_gateway(sources: &DataSources, datacenter: &str, gateway: &str, watches: &mut Watches) {
+    watch_roots_and_mesh(sources, datacenter, watches);
+    watches.start(
+        &sources.gateway_services,
+        CorrelationId::GatewayServices,
+        crate::data_sources::GatewayServicesRequest {
+            datacenter: datacenter.to_owned(),
+            gateway: gateway.to_owned(),
+        },
+    );
+}
+
 /// The handler for a registration's kind.
 pub fn handler_for(
     registration: &ProxyRegistration,

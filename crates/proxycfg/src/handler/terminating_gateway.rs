@@ -8,7 +8,7 @@ use crate::snapshot::{ConfigSnapshot, KindSnapshot, LinkedServiceSnapshot, Termi
 use crate::{CorrelationId, Watches};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use structs::{ConfigEntryKind, GatewayService};
+use structs::GatewayService;
 
 /// Watches roots, the mesh config and the services it represents; per represented service
 /// its leaf certificate (the gateway acts as that service to the mesh), the intentions to it
@@ -130,30 +130,7 @@ fn linked<'a>(
 
 impl KindHandler for TerminatingGatewayHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
-        let s = &self.sources;
-        watches.start(
-            &s.ca_roots,
-            CorrelationId::Roots,
-            CaRootsRequest {
-                datacenter: self.datacenter.clone(),
-            },
-        );
-        watches.start(
-            &s.config_entry,
-            CorrelationId::MeshConfig,
-            ConfigEntryRequest {
-                kind: ConfigEntryKind::Mesh,
-                name: "mesh".into(),
-            },
-        );
-        watches.start(
-            &s.gateway_services,
-            CorrelationId::GatewayServices,
-            GatewayServicesRequest {
-                datacenter: self.datacenter.clone(),
-                gateway: self.name.clone(),
-            },
-        );
+        super::watch_gateway(&self.sources, &self.datacenter, &self.name, watches);
         KindSnapshot::TerminatingGateway(TerminatingGatewaySnapshot::default())
     }
 
