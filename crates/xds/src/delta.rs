@@ -64,6 +64,8 @@ struct TypeState {
     /// everything the proxy lacked of it and nothing needed removing: once it is ACKed (and
     /// the subscription did not change), the proxy is in sync with that map.
     pending_complete: Option<Arc<TypeResources>>,
+    /// Names to send again whatever the proxy has (load assignments of updated clusters).
+    resend: BTreeSet<String>,
 }
 
 impl TypeState {
@@ -200,6 +202,16 @@ impl DeltaState {
         type_url: &'static str,
         resources: &VersionedResources,
     ) -> Option<DeltaDiscoveryResponse> {
+        {
+            // A name to resend that the proxy no longer wants, or that is gone, is dropped.
+            let st = &mut self.served[i];
+            if !st.resend.is_empty() {
+                let map = resources.map(type_url);
+                st.resend.retain(|n| {
+                    (st.wildcard || st.subscribed.contains(n)) && map.is_some_and(|m| m.contains_key(n.as_str()))
+                });
+            }
+        }
         let st = &self.served[i];
         if !st.requested || st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
             return None;
@@ -220,9 +232,18 @@ impl DeltaState {
                 }
                 _ => (resources.of(type_url).collect(), None),
             };
+        // Names to resend are candidates even when the map is unchanged.
+        let mut candidates = candidates;
+        if !st.resend.is_empty() {
+            for (name, res) in resources.of(type_url) {
+                if st.resend.contains(name) && !candidates.iter().any(|(n, _)| *n == name) {
+                    candidates.push((name, res));
+                }
+            }
+        }
         for (name, res) in candidates {
             if !st.wants(name)
-                || st.known.get(name) == Some(&res.version)
+                || (st.known.get(name) == Some(&res.version) && !st.resend.contains(name))
                 || st.rejected.get(name) == Some(&res.version)
             {
                 continue;
@@ -267,13 +288,16 @@ impl DeltaState {
         };
         let nonce = self.nonce();
         let st = &mut self.served[i];
+        for name in sent.keys() {
+            st.resend.remove(name);
+        }
         st.pending = Some((nonce.clone(), sent));
         st.pending_complete = complete;
         if !updated_clusters.is_empty() {
+            // Marked rather than forgotten: an assignment response already in flight, once
+            // ACKed, must not cancel the resend.
             let endpoints = &mut self.served[ResourceType::Endpoint.index()];
-            for name in &updated_clusters {
-                endpoints.known.remove(name);
-            }
+            endpoints.resend.extend(updated_clusters);
             endpoints.in_sync = None;
         }
         Some(DeltaDiscoveryResponse {

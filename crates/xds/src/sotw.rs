@@ -25,6 +25,9 @@ struct TypeState {
     /// The version last computed and the map it was computed from: the same map (pointer)
     /// and the same names give the same version without hashing again.
     computed: Option<(Arc<TypeResources>, String)>,
+    /// Send the set again even if the proxy has this version (load assignments after a
+    /// cluster change).
+    resend: bool,
 }
 
 /// One SotW stream's protocol state.
@@ -112,9 +115,10 @@ impl SotwState {
                     version
                 }
             };
-            if st.acked.as_ref() == Some(&version) || st.rejected.as_ref() == Some(&version) {
+            if (st.acked.as_ref() == Some(&version) && !st.resend) || st.rejected.as_ref() == Some(&version) {
                 continue;
             }
+            st.resend = false;
             let chosen: Vec<_> = resources
                 .of(type_url)
                 .filter(|(name, _)| all || st.names.contains(*name))
@@ -128,7 +132,9 @@ impl SotwState {
             let clusters_changed = i == ResourceType::Cluster.index() && self.served[i].acked.is_some();
             self.served[i].pending = Some((nonce.clone(), version.clone()));
             if clusters_changed {
-                self.served[ResourceType::Endpoint.index()].acked = None;
+                // Marked rather than forgotten: a response already in flight, once ACKed,
+                // must not cancel it.
+                self.served[ResourceType::Endpoint.index()].resend = true;
             }
             out.push(DiscoveryResponse {
                 version_info: version,

@@ -295,12 +295,37 @@ fn an_updated_cluster_gets_its_unchanged_load_assignment_again() {
         st.on_request(&ack(r));
     }
     assert!(st.responses(&v2).is_empty());
-    // A new cluster gets nothing extra (Envoy subscribes to its endpoints itself).
-    let v3 = res(&[
+    // An assignment response in flight when a cluster changes does not cancel the resend.
+    let v2b = res(&[
         (CLUSTER, "a", b"2"),
         (CLUSTER, "b", b"1"),
+        (ENDPOINT, "a", b"e2"),
+        (ENDPOINT, "b", b"e"),
+    ]);
+    let eds = st.responses(&v2b);
+    assert_eq!(eds.len(), 1);
+    assert_eq!(names(&eds[0]), vec!["a"]);
+    let v2c = res(&[
+        (CLUSTER, "a", b"3"),
+        (CLUSTER, "b", b"1"),
+        (ENDPOINT, "a", b"e2"),
+        (ENDPOINT, "b", b"e"),
+    ]);
+    let cds = st.responses(&v2c);
+    assert_eq!(names(&cds[0]), vec!["a"]);
+    st.on_request(&ack(&eds[0]));
+    st.on_request(&ack(&cds[0]));
+    let again = st.responses(&v2c);
+    let sent: Vec<(&str, Vec<&str>)> = again.iter().map(|r| (r.type_url.as_str(), names(r))).collect();
+    assert_eq!(sent, [(ENDPOINT, vec!["a"])]);
+    st.on_request(&ack(&again[0]));
+    assert!(st.responses(&v2c).is_empty());
+    // A new cluster gets nothing extra (Envoy subscribes to its endpoints itself).
+    let v3 = res(&[
+        (CLUSTER, "a", b"3"),
+        (CLUSTER, "b", b"1"),
         (CLUSTER, "c", b"1"),
-        (ENDPOINT, "a", b"e"),
+        (ENDPOINT, "a", b"e2"),
         (ENDPOINT, "b", b"e"),
     ]);
     let out = st.responses(&v3);
