@@ -109,7 +109,7 @@ pub(crate) fn build_ingress(
         let tls_cfg = listener.tls.as_ref().unwrap_or(&entry.tls);
         let default_tls = listener_tls(tls_cfg);
         let result = if protocol.is_http() {
-            http_listener(snap, g, entry, listener, &on_port, &name, &bind, default_tls, out)
+            http_listener(g, entry, listener, &on_port, &name, &bind, default_tls, out)
         } else {
             tcp_listener(g, &on_port, &name, &bind, listener.port, default_tls, out)
         };
@@ -280,7 +280,6 @@ fn http_route_filter(stat_prefix: &str, route_name: &str) -> envoy_types::pb::en
 
 #[allow(clippy::too_many_arguments)]
 fn http_listener(
-    _snap: &ConfigSnapshot,
     g: &IngressGatewaySnapshot,
     entry: &IngressGateway,
     listener: &IngressListener,
