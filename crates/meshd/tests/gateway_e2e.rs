@@ -183,9 +183,10 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         .await;
     }
     let (ingress_port, ingress_listener, ext_up) = (free_port(), free_port(), free_port());
-    let (tls_listener, tcp_listener) = (free_port(), free_port());
+    let (tls_listener, tcp_listener, wildcard_listener) = (free_port(), free_port(), free_port());
     // Port 1: HTTP routed by host. Port 2: TLS from the mesh CA, api under its default
-    // host. Port 3: tcp to ext, out again through the terminating gateway.
+    // host. Port 3: tcp to ext, out again through the terminating gateway. Port 4: `*`,
+    // every http service under its default host.
     mesh.put(
         "/v1/config",
         json!({"Kind": "ingress-gateway", "Name": "ingress", "Listeners": [
@@ -193,7 +194,8 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
                 {"Name": "api", "Hosts": ["api.ingress"], "RequestHeaders": {"Add": {"x-from": "ingress"}}},
                 {"Name": "web", "Hosts": ["web.ingress"]}]},
             {"Port": tls_listener, "Protocol": "http", "TLS": {"Enabled": true}, "Services": [{"Name": "api"}]},
-            {"Port": tcp_listener, "Protocol": "tcp", "Services": [{"Name": "ext"}]}]}),
+            {"Port": tcp_listener, "Protocol": "tcp", "Services": [{"Name": "ext"}]},
+            {"Port": wildcard_listener, "Protocol": "http", "Services": [{"Name": "*"}]}]}),
     )
     .await;
     let (_ext, ext_port, ext_ca) = external_https(&dir.path().join("ext")).await;
@@ -269,6 +271,16 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     until(&client, ingress_listener, "web.ingress", "/", ok("web")).await;
     let (s, body) = request(&client, ingress_listener, "web.ingress", "/").await.unwrap();
     assert_eq!((s, body.as_str()), (200, "web / x-from="));
+    // `*`: every http service (not the tcp one), each under `<service>.ingress.*`.
+    until(&client, wildcard_listener, "web.ingress.consul", "/", ok("web")).await;
+    let (s, body) = request(&client, wildcard_listener, "api.ingress.example.org", "/w")
+        .await
+        .unwrap();
+    assert_eq!((s, body.as_str()), (200, "api /w x-from="));
+    let (s, _) = request(&client, wildcard_listener, "ext.ingress.consul", "/")
+        .await
+        .unwrap();
+    assert_eq!(s, 404, "ext is tcp: not exposed by an http wildcard");
     // The port in the Host header does not matter; an unknown host is a 404.
     let (s, _) = request(
         &client,
