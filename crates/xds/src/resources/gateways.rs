@@ -22,7 +22,7 @@
 
 use super::clusters::{chain_clusters, http2_options, load_assignment};
 use super::core::{ads, millis, socket};
-use super::listeners::{hcm, http_filter, network_filter, route_to, tcp_proxy};
+use super::listeners::{hcm, http_filter, network_filter, public_bind, route_to, tcp_proxy};
 use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, SECRET, rbac, routes, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -39,18 +39,6 @@ use proxycfg::{ConfigSnapshot, IngressGatewaySnapshot, TerminatingGatewaySnapsho
 use structs::config_entry::{GatewayTlsConfig, IngressGateway, IngressListener, IngressService};
 use structs::protocol::UpstreamLimits;
 use structs::{GatewayService, Protocol};
-
-/// Where a gateway's listeners bind: its registered address, else every address.
-fn bind_address(snap: &ConfigSnapshot) -> String {
-    let options = snap.service.proxy.options();
-    options.bind_address.unwrap_or_else(|| {
-        if snap.service.address.is_empty() {
-            "0.0.0.0".to_owned()
-        } else {
-            snap.service.address.clone()
-        }
-    })
-}
 
 fn tls_inspector() -> ListenerFilter {
     ListenerFilter {
@@ -94,7 +82,7 @@ pub(crate) fn build_ingress(
         chain_clusters(roots, chain, limits.as_ref(), phc, outgoing.as_ref(), out);
     }
 
-    let bind = bind_address(snap);
+    let bind = public_bind(snap);
     for listener in &entry.listeners {
         let on_port: Vec<&GatewayService> = services.iter().filter(|s| s.port == listener.port).collect();
         let protocol: Protocol = listener.protocol().parse().unwrap_or_default();
@@ -399,7 +387,7 @@ pub(crate) fn build_terminating(
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
     let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
-    let bind = bind_address(snap);
+    let bind = public_bind(snap);
     let name = format!("default:{bind}:{}", snap.service.port);
     let mut chains = Vec::new();
     let mut waiting = Vec::new();

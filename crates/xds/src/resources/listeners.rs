@@ -135,8 +135,9 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
     Ok(())
 }
 
-/// The address the public listener binds.
-fn public_bind(snap: &ConfigSnapshot) -> String {
+/// The address the public listener (and a gateway's listeners) bind: the proxy's
+/// `bind_address`, else its registered address, else every address.
+pub(crate) fn public_bind(snap: &ConfigSnapshot) -> String {
     let svc = &snap.service;
     svc.proxy.options().bind_address.unwrap_or_else(|| {
         if svc.address.is_empty() {

@@ -370,10 +370,7 @@ fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
 /// equal content just mean a full build.
 pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     if let (Some(x), Some(y)) = (a.ingress_gateway(), b.ingress_gateway()) {
-        return a.proxy_id == b.proxy_id
-            && Arc::ptr_eq(&a.service, &b.service)
-            && a.datacenter == b.datacenter
-            && same_arc(&a.roots, &b.roots)
+        return same_common(a, b)
             && same_arc(&x.leaf, &y.leaf)
             && same_known_entry(&x.entry, &y.entry)
             && same_known_entry(&x.mesh_config, &y.mesh_config)
@@ -383,13 +380,15 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
-    same_proxy_wide(a, b)
-        && (Arc::ptr_eq(&x.upstreams, &y.upstreams)
-            || (x.upstreams.len() == y.upstreams.len()
-                && x.upstreams
-                    .iter()
-                    .zip(y.upstreams.iter())
-                    .all(|((ka, ua), (kb, ub))| ka == kb && ua.index == ub.index && same_arc(&ua.chain, &ub.chain))))
+    same_proxy_wide(a, b) && same_chains(&x.upstreams, &y.upstreams)
+}
+
+/// The inputs every kind's resources read: the proxy, its registration, datacenter, roots.
+fn same_common(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    a.proxy_id == b.proxy_id
+        && Arc::ptr_eq(&a.service, &b.service)
+        && a.datacenter == b.datacenter
+        && same_arc(&a.roots, &b.roots)
 }
 
 /// True when every input other than the upstreams' chains and endpoints is the same (by
@@ -399,17 +398,10 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
-    a.proxy_id == b.proxy_id
-        && Arc::ptr_eq(&a.service, &b.service)
-        && a.datacenter == b.datacenter
-        && same_arc(&a.roots, &b.roots)
+    same_common(a, b)
         && same_arc(&x.leaf, &y.leaf)
         && same_arc(&x.intentions, &y.intentions)
-        && match (&x.mesh_config, &y.mesh_config) {
-            (Some(m), Some(n)) => same_arc(m, n),
-            (None, None) => true,
-            _ => false,
-        }
+        && same_known_entry(&x.mesh_config, &y.mesh_config)
         && same_arc(&x.resolved_config, &y.resolved_config)
         && Arc::ptr_eq(&x.http_checks, &y.http_checks)
 }

@@ -74,11 +74,17 @@ pub(crate) fn mesh_params(mesh: Option<&ConfigEntry>, direction: Direction) -> O
         Direction::Incoming => tls.incoming.as_ref()?,
         Direction::Outgoing => tls.outgoing.as_ref()?,
     };
-    if cfg.tls_min_version.is_empty() && cfg.tls_max_version.is_empty() && cfg.cipher_suites.is_empty() {
+    params(&cfg.tls_min_version, &cfg.tls_max_version, &cfg.cipher_suites)
+}
+
+/// TLS parameters from versions and cipher names (none when all are unset: Envoy's
+/// defaults).
+fn params(min_version: &str, max_version: &str, ciphers: &[String]) -> Option<TlsParameters> {
+    if min_version.is_empty() && max_version.is_empty() && ciphers.is_empty() {
         return None;
     }
-    let min = protocol(&cfg.tls_min_version);
-    let mut max = protocol(&cfg.tls_max_version);
+    let min = protocol(min_version);
+    let mut max = protocol(max_version);
     // Envoy's default maximum for upstream connections is TLS 1.2: a minimum of 1.3 with no
     // maximum would leave no version at all, so the maximum follows the minimum.
     if max == TlsProtocol::TlsAuto && min == TlsProtocol::TlSv13 {
@@ -87,8 +93,7 @@ pub(crate) fn mesh_params(mesh: Option<&ConfigEntry>, direction: Direction) -> O
     Some(TlsParameters {
         tls_minimum_protocol_version: min as i32,
         tls_maximum_protocol_version: max as i32,
-        cipher_suites: cfg
-            .cipher_suites
+        cipher_suites: ciphers
             .iter()
             .filter_map(|c| structs::config_entry::envoy_cipher_name(c).map(str::to_owned))
             .collect(),
@@ -290,19 +295,7 @@ pub(crate) fn leaf_sds() -> SdsSecretConfig {
 
 /// The TLS parameters of a gateway listener's TLS settings (none: Envoy's defaults).
 pub(crate) fn gateway_params(cfg: &structs::config_entry::GatewayTlsConfig) -> Option<TlsParameters> {
-    if cfg.tls_min_version.is_empty() && cfg.tls_max_version.is_empty() && cfg.cipher_suites.is_empty() {
-        return None;
-    }
-    Some(TlsParameters {
-        tls_minimum_protocol_version: protocol(&cfg.tls_min_version) as i32,
-        tls_maximum_protocol_version: protocol(&cfg.tls_max_version) as i32,
-        cipher_suites: cfg
-            .cipher_suites
-            .iter()
-            .filter_map(|c| structs::config_entry::envoy_cipher_name(c).map(str::to_owned))
-            .collect(),
-        ..Default::default()
-    })
+    params(&cfg.tls_min_version, &cfg.tls_max_version, &cfg.cipher_suites)
 }
 
 /// Inbound mTLS: present our leaf, require a client certificate from the mesh's CA.
