@@ -113,31 +113,19 @@ async fn external_https(dir: &Path) -> (Proc, u16, PathBuf) {
 /// Runs a gateway under `meshd connect envoy -gateway KIND -register` against the API at
 /// `http` and xDS at `grpc`; returns the supervisor and Envoy's admin URL.
 async fn gateway(http: &str, grpc: &str, kind: &str, name: &str, port: u16, dir: &Path) -> (Proc, String) {
-    let run_dir = dir.join(name);
-    let admin_file = run_dir.join("admin-0.addr");
-    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .args(["connect", "envoy", "-gateway", kind, "-service", name, "-register"])
-        .args(["-address", &format!("127.0.0.1:{port}"), "-node", "node-gw"])
-        .args(["-http-addr", http.trim_start_matches("http://")])
-        .args(["-grpc-addr", grpc])
-        .args([
-            "-admin-bind",
-            "127.0.0.1:0",
-            "-log-level",
-            "warn",
-            "-drain-time",
-            "1s",
-            "-run-dir",
-        ])
-        .arg(&run_dir)
-        .arg("-envoy-binary")
-        .arg(test_support::envoy())
-        .args(["--", "-l", "error"])
-        .spawn()
-        .unwrap();
-    let proc = Proc(child);
-    let admin = wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
-    (proc, format!("http://{}", admin.trim()))
+    let address = format!("127.0.0.1:{port}");
+    let which = [
+        "-gateway",
+        kind,
+        "-service",
+        name,
+        "-register",
+        "-address",
+        &address,
+        "-node",
+        "node-gw",
+    ];
+    mesh::run_proxy(&which, http, &["-grpc-addr", grpc], &dir.join(name)).await
 }
 
 /// One request to `port` with `host` as the Host header: (status, body), `None` when the

@@ -95,9 +95,22 @@ pub async fn run_envoy<S: AsRef<std::ffi::OsStr>>(
     xds: &[S],
     run_dir: &Path,
 ) -> (Proc, String) {
+    run_proxy(&["-sidecar-for", service, "-node", node], http, xds, run_dir).await
+}
+
+/// Runs Envoy under `meshd connect envoy` for the proxy `which` names (`-sidecar-for ...`,
+/// `-gateway ... -register ...`) against the API at `http`, with `xds` added; returns the
+/// supervisor and Envoy's admin URL once it listens.
+pub async fn run_proxy<S: AsRef<std::ffi::OsStr>>(
+    which: &[&str],
+    http: &str,
+    xds: &[S],
+    run_dir: &Path,
+) -> (Proc, String) {
     let admin_file = run_dir.join("admin-0.addr");
     let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .args(["connect", "envoy", "-sidecar-for", service, "-node", node])
+        .args(["connect", "envoy"])
+        .args(which)
         .args(["-http-addr", http.trim_start_matches("http://")])
         .args(xds)
         .args([
