@@ -475,11 +475,7 @@ impl DataSource<GatewayServicesRequest> for CacheGatewayServices {
         let key = GatewayServicesKey { gateway: req.gateway };
         let mut last: Option<Arc<Vec<structs::GatewayService>>> = None;
         run(self.0.caches.gateway_services.watch(&key), id, tx, cancel, move |v| {
-            if last.as_ref().is_some_and(|l| *l == v) {
-                return None;
-            }
-            last = Some(Arc::clone(&v));
-            Some(Ok(v))
+            crate::common::unless_unchanged(&mut last, &v).map(Ok)
         })
         .await
     }

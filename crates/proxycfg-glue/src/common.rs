@@ -25,3 +25,13 @@ impl DataSource<PreparedQueryRequest> for PreparedQueriesUnsupported {
         proxycfg::forward::refuse(id, tx, error, cancel).await
     }
 }
+
+/// `value`, unless it equals the last value this watch sent (kept in `last`): a change the
+/// proxy cannot see is not sent, so it builds nothing.
+pub(crate) fn unless_unchanged<T: PartialEq>(last: &mut Option<Arc<T>>, value: &Arc<T>) -> Option<Arc<T>> {
+    if last.as_ref().is_some_and(|l| l == value) {
+        return None;
+    }
+    *last = Some(Arc::clone(value));
+    Some(Arc::clone(value))
+}

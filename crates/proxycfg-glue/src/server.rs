@@ -451,13 +451,7 @@ impl DataSource<GatewayServicesRequest> for ServerGatewayServices {
         let follower = Follower::new(&self.0.store, vec![Topic::GatewayServices(req.gateway.clone())]);
         let mut last: Option<Arc<Vec<structs::GatewayService>>> = None;
         run(follower, id, tx, cancel, move |f| match f.get(0) {
-            Some(Payload::GatewayServices(list)) => {
-                if last.as_ref().is_some_and(|l| l == list) {
-                    return None;
-                }
-                last = Some(Arc::clone(list));
-                Some(Ok(Arc::clone(list)))
-            }
+            Some(Payload::GatewayServices(list)) => crate::common::unless_unchanged(&mut last, list).map(Ok),
             _ => None,
         })
         .await
