@@ -3,6 +3,12 @@
 //! follows it) passing while they arrive, critical once none has arrived for `timeout`, and
 //! removes a node that has stayed critical for `reap_after`.
 //!
+//! With several servers over etcd, agents may send their heartbeats to any server, but only
+//! the leading server marks nodes critical and reaps them: each server shares the nodes it
+//! heard from through etcd (see `etcd::Cluster::share_heartbeats`) every quarter of the
+//! timeout, and the leader counts a node alive if any server heard from it. A server that
+//! starts leading gives every node a full timeout first.
+//!
 //! Heartbeat times live in memory only. After a server restart every node with a liveness
 //! check gets a full `timeout` from the restart to send its next heartbeat, and the reap
 //! clock of a critical node starts again at the restart.
@@ -50,6 +56,10 @@ pub struct Liveness {
     started: Instant,
     seen: Mutex<HashMap<String, Instant>>,
     critical_since: Mutex<HashMap<String, Instant>>,
+    /// Nodes heard from since this server last shared its heartbeats (several servers).
+    to_share: Mutex<std::collections::HashSet<String>>,
+    /// When this server started leading (several servers): the grace period starts there.
+    leading_since: Mutex<Option<Instant>>,
 }
 
 fn liveness_check(status: HealthStatus, output: String) -> HealthCheck {
@@ -71,6 +81,8 @@ impl Liveness {
             started: Instant::now(),
             seen: Mutex::new(HashMap::new()),
             critical_since: Mutex::new(HashMap::new()),
+            to_share: Mutex::new(std::collections::HashSet::new()),
+            leading_since: Mutex::new(None),
         }
     }
 
@@ -83,6 +95,9 @@ impl Liveness {
     /// if it is not already (registering the node if it does not exist yet).
     pub async fn heartbeat(&self, node: &str, address: &str) -> Result<(), WriteError> {
         self.seen.lock().insert(node.to_owned(), Instant::now());
+        if self.store.cluster().is_some() {
+            self.to_share.lock().insert(node.to_owned());
+        }
         let state = self.store.read();
         let passing = state
             .check(node, CHECK_ID)
@@ -113,6 +128,15 @@ impl Liveness {
     /// critical ones are removed.
     pub async fn scan(&self) {
         let now = Instant::now();
+        let cluster = self.store.cluster();
+        let started = match cluster {
+            None => self.started,
+            Some(_) => match *self.leading_since.lock() {
+                Some(since) => since,
+                // Only the leader marks and reaps.
+                None => return,
+            },
+        };
         let state = self.store.read();
         let mut stale = Vec::new();
         let mut reap = Vec::new();
@@ -121,7 +145,9 @@ impl Liveness {
             .filter(|c| c.check_id == CHECK_ID && c.service_id.is_empty())
         {
             let node = &check.node;
-            let last = self.seen.lock().get(node).copied().unwrap_or(self.started);
+            let local = self.seen.lock().get(node).copied();
+            let shared = cluster.and_then(|c| c.heartbeat_seen(node));
+            let last = local.max(shared).unwrap_or(started).max(started);
             match check.status {
                 HealthStatus::Passing | HealthStatus::Warning if now.duration_since(last) > self.config.timeout => {
                     stale.push((node.clone(), now.duration_since(last)));
@@ -180,14 +206,43 @@ impl Liveness {
         }
     }
 
-    /// Scans every `scan_interval` until `stop` completes.
+    /// Starts or ends this server's turn at marking and reaping.
+    fn follow_leadership(&self, leading: bool) {
+        let mut since = self.leading_since.lock();
+        match (leading, since.is_some()) {
+            (true, false) => {
+                // A new leader gives every node a full timeout, and reap clocks start again.
+                *since = Some(Instant::now());
+                self.critical_since.lock().clear();
+            }
+            (false, true) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// Scans every `scan_interval` until `stop` completes (with several servers: shares
+    /// heartbeats, and scans only while leading).
     pub async fn run(&self, stop: impl Future<Output = ()>) {
         tokio::pin!(stop);
+        let share_every = self.config.timeout / 4;
+        let mut shared_at = Instant::now();
+        let mut leading = self.store.cluster().map(|c| c.leading());
         loop {
             tokio::select! {
                 () = &mut stop => return,
-                () = tokio::time::sleep(self.config.scan_interval) => self.scan().await,
+                () = tokio::time::sleep(self.config.scan_interval) => {}
             }
+            if let (Some(cluster), Some(leading)) = (self.store.cluster(), leading.as_mut()) {
+                self.follow_leadership(*leading.borrow_and_update());
+                if shared_at.elapsed() >= share_every {
+                    shared_at = Instant::now();
+                    let nodes: Vec<String> = self.to_share.lock().drain().collect();
+                    if !nodes.is_empty() {
+                        cluster.share_heartbeats(nodes).await;
+                    }
+                }
+            }
+            self.scan().await;
         }
     }
 }

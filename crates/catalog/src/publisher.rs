@@ -203,6 +203,11 @@ impl Publisher {
         topics.len -= removed;
     }
 
+    /// The index keys of every subscribed topic.
+    pub(crate) fn keys(&self) -> HashSet<IndexKey> {
+        self.topics.lock().by_key.keys().cloned().collect()
+    }
+
     /// Topics with at least one subscriber.
     pub(crate) fn topic_count(&self) -> usize {
         let topics = self.topics.lock();

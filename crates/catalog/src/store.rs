@@ -7,6 +7,7 @@
 //! see durable state, and an acknowledged write survives `kill -9`.
 
 use crate::ca;
+use crate::etcd;
 use crate::keys::{IndexKey, Topic};
 use crate::ops::StorageFailure;
 use crate::ops::{Op, WriteError, plan};
@@ -42,6 +43,8 @@ pub struct StoreConfig {
     pub publish_buffer: usize,
     /// Writes taken in one batch at most.
     pub max_batch: usize,
+    /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
+    pub etcd: Option<crate::etcd::EtcdConfig>,
 }
 
 impl Default for StoreConfig {
@@ -52,6 +55,7 @@ impl Default for StoreConfig {
             snapshot_every: 10_000,
             publish_buffer: 16,
             max_batch: 1024,
+            etcd: None,
         }
     }
 }
@@ -65,17 +69,17 @@ pub struct WriteOutcome {
     pub applied: bool,
 }
 
-struct Job {
-    op: Op,
-    reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
+pub(crate) struct Job {
+    pub(crate) op: Op,
+    pub(crate) reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
 }
 
 /// A leaf's identity in the store's cache: service and sorted DNS SANs.
 type LeafKey = (String, Vec<String>);
 
-struct Inner {
-    config: StoreConfig,
-    state: RwLock<Arc<State>>,
+pub(crate) struct Inner {
+    pub(crate) config: StoreConfig,
+    pub(crate) state: RwLock<Arc<State>>,
     /// Per-key index channels; keys nobody waits on are swept as the map grows. `None` once
     /// waiters are released (shutdown): every wait then answers at once.
     watches: Mutex<Option<SweptMap<IndexKey, watch::Sender<Index>>>>,
@@ -84,6 +88,17 @@ struct Inner {
     leaves: Mutex<HashMap<LeafKey, Arc<IssuedCert>>>,
     compacting: AtomicBool,
     snapshotter: Mutex<Option<thread::JoinHandle<()>>>,
+    /// The etcd side, when the catalog lives there.
+    etcd: Option<Arc<etcd::Backend>>,
+}
+
+/// What applies writes: the log writer thread, or the etcd tasks.
+enum Writer {
+    Thread(thread::JoinHandle<()>),
+    Etcd {
+        writer: tokio::task::JoinHandle<()>,
+        others: Vec<tokio::task::JoinHandle<()>>,
+    },
 }
 
 /// The catalog store. Cheap to clone; [`Store::close`] stops the writer.
@@ -91,7 +106,7 @@ struct Inner {
 pub struct Store {
     inner: Arc<Inner>,
     tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
-    writer: Arc<Mutex<Option<thread::JoinHandle<()>>>>,
+    writer: Arc<Mutex<Option<Writer>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -106,6 +121,9 @@ impl Store {
     /// Opens the store (replaying its data dir, if any), starts the writer, and creates the
     /// CA on first start.
     pub async fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        if let Some(etcd) = config.etcd.clone() {
+            return Self::open_etcd(config, etcd).await;
+        }
         let (wal, state) = match &config.data_dir {
             Some(dir) => {
                 let dir = dir.clone();
@@ -116,15 +134,7 @@ impl Store {
             }
             None => (None, State::default()),
         };
-        let inner = Arc::new(Inner {
-            publisher: Publisher::new(config.publish_buffer),
-            config,
-            state: RwLock::new(Arc::new(state)),
-            watches: Mutex::new(Some(SweptMap::default())),
-            leaves: Mutex::new(HashMap::new()),
-            compacting: AtomicBool::new(false),
-            snapshotter: Mutex::new(None),
-        });
+        let inner = Inner::new(config, state, None);
         let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
         let writer_inner = Arc::clone(&inner);
         let writer = thread::Builder::new()
@@ -134,18 +144,45 @@ impl Store {
                 what: "starting the store writer".into(),
                 source,
             })?;
+        Self::started(inner, tx, Writer::Thread(writer)).await
+    }
+
+    /// Opens the store over etcd: reads the catalog, then follows it with a watch, writes
+    /// through guarded transactions, and joins the cluster (see the `etcd` module).
+    async fn open_etcd(config: StoreConfig, etcd_config: etcd::EtcdConfig) -> Result<Store, StoreError> {
+        let (client, state) = etcd::connect(&etcd_config).await?;
+        let index = state.index;
+        let backend = etcd::Backend::new(client, etcd_config, index);
+        let inner = Inner::new(config, state, Some(Arc::clone(&backend)));
+        let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
+        let others = vec![
+            tokio::spawn(etcd::applier(Arc::clone(&inner), Arc::clone(&backend))),
+            tokio::spawn(Arc::clone(&backend.cluster).run_session(backend.stop.clone())),
+            tokio::spawn(Arc::clone(&backend.cluster).run_watch(backend.stop.clone())),
+        ];
+        let writer = tokio::spawn(etcd::writer(Arc::clone(&inner), Arc::clone(&backend), rx));
+        Self::started(inner, tx, Writer::Etcd { writer, others }).await
+    }
+
+    /// Wraps a started writer, and creates the CA on first start.
+    async fn started(inner: Arc<Inner>, tx: mpsc::Sender<Job>, writer: Writer) -> Result<Store, StoreError> {
         let store = Store {
             inner,
             tx: Arc::new(Mutex::new(Some(tx))),
             writer: Arc::new(Mutex::new(Some(writer))),
         };
-        if store.read().ca().is_none() {
-            store
-                .write(Op::CaBootstrap(ca::CaConfig::default()))
-                .await
-                .map_err(|e| StoreError::CaBootstrap(Box::new(e)))?;
+        if store.read().ca().is_none()
+            && let Err(e) = store.write(Op::CaBootstrap(ca::CaConfig::default())).await
+        {
+            store.close().await;
+            return Err(StoreError::CaBootstrap(Box::new(e)));
         }
         Ok(store)
+    }
+
+    /// The servers sharing this store's etcd (`None`: the embedded store, one server).
+    pub fn cluster(&self) -> Option<&Arc<etcd::Cluster>> {
+        self.inner.etcd.as_ref().map(|b| &b.cluster)
     }
 
     /// The datacenter this store serves.
@@ -263,16 +300,44 @@ impl Store {
     pub async fn close(&self) {
         self.tx.lock().take();
         let writer = self.writer.lock().take();
-        let inner = Arc::clone(&self.inner);
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Some(handle) = writer {
-                let _ = handle.join();
+        match writer {
+            Some(Writer::Etcd { writer, others }) => {
+                let _ = writer.await;
+                if let Some(backend) = &self.inner.etcd {
+                    backend.stop.cancel();
+                }
+                for task in others {
+                    let _ = task.await;
+                }
             }
-            if let Some(handle) = inner.snapshotter.lock().take() {
-                let _ = handle.join();
+            thread => {
+                let inner = Arc::clone(&self.inner);
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Some(Writer::Thread(handle)) = thread {
+                        let _ = handle.join();
+                    }
+                    if let Some(handle) = inner.snapshotter.lock().take() {
+                        let _ = handle.join();
+                    }
+                })
+                .await;
             }
+        }
+    }
+}
+
+impl Inner {
+    fn new(config: StoreConfig, state: State, etcd: Option<Arc<etcd::Backend>>) -> Arc<Self> {
+        Arc::new(Inner {
+            publisher: Publisher::new(config.publish_buffer),
+            config,
+            state: RwLock::new(Arc::new(state)),
+            watches: Mutex::new(Some(SweptMap::default())),
+            leaves: Mutex::new(HashMap::new()),
+            compacting: AtomicBool::new(false),
+            snapshotter: Mutex::new(None),
+            etcd,
         })
-        .await;
     }
 }
 
@@ -352,7 +417,7 @@ fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<J
     info!("store writer stopped");
 }
 
-fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
+pub(crate) fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
     // Only the keys this write touched; keys nobody waits on any more are dropped here or
     // swept when the map has doubled (see `wait`). Nothing to wake once waiters are released.
     if let Some(watches) = inner.watches.lock().as_mut() {
@@ -367,6 +432,22 @@ fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
         }
     }
     inner.publisher.publish(state, bumped);
+}
+
+/// After the state was replaced wholesale (reloaded): every waiter reads again and every
+/// subscribed topic gets its new value.
+pub(crate) fn notify_all(inner: &Inner, state: &State) {
+    if let Some(watches) = inner.watches.lock().as_mut() {
+        watches.retain(|key, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            tx.send_replace(state.index_of(key));
+            true
+        });
+    }
+    let keys = inner.publisher.keys();
+    inner.publisher.publish(state, &keys);
 }
 
 fn maybe_compact(inner: &Arc<Inner>, wal: &mut Wal, state: &Arc<State>) {

@@ -55,6 +55,22 @@ pub enum StoreError {
         /// The encoding error.
         source: serde_json::Error,
     },
+    /// etcd answered with an error.
+    #[error("{what}: {source}")]
+    Etcd {
+        /// What was being done.
+        what: String,
+        /// etcd's error.
+        source: etcd_client::Error,
+    },
+    /// etcd did not answer in time (unreachable, or without quorum).
+    #[error("{what}: no answer within {}", humantime::format_duration(*after))]
+    EtcdTimeout {
+        /// What was being done.
+        what: String,
+        /// How long it was given.
+        after: std::time::Duration,
+    },
     /// Opening the data dir panicked.
     #[error("opening the data dir panicked")]
     Panicked(#[source] tokio::task::JoinError),

@@ -297,9 +297,30 @@ pub struct EnvoyArgs {
 /// `meshd server` flags.
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
-    /// Directory for durable state (required unless -dev).
+    /// Directory for durable state (required unless -dev or -store etcd).
     #[arg(long = "data-dir", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where the catalog lives: `embedded` (a log in -data-dir, one server) or `etcd`
+    /// (shared by every server on the same etcd and -etcd-prefix).
+    #[arg(long = "store", value_name = "KIND", default_value = "embedded", value_parser = ["embedded", "etcd"])]
+    pub store: String,
+    /// etcd client URLs, comma-separated (`-store etcd`).
+    #[arg(long = "etcd-endpoints", value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Every key meshd keeps in etcd starts with this.
+    #[arg(long = "etcd-prefix", value_name = "PREFIX", default_value = "/meshd/")]
+    pub etcd_prefix: String,
+    /// Lease of this server's registration and leadership in etcd: a dead server's leader
+    /// duties move to another within about this long.
+    #[arg(long = "etcd-lease-ttl", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub etcd_lease_ttl: std::time::Duration,
+    /// A write etcd has not committed within this long fails (HTTP 500).
+    #[arg(long = "etcd-request-timeout", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub etcd_request_timeout: std::time::Duration,
+    /// Operations per etcd transaction at most: etcd's own `--max-txn-ops` (128 unless the
+    /// cluster raised it). Larger batches commit more writes per transaction.
+    #[arg(long = "etcd-max-txn-ops", value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
+    pub etcd_max_txn_ops: u32,
     /// Address of the HTTP API.
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,

@@ -35,15 +35,6 @@ pub async fn run(
     on_ready: impl FnOnce(&Running),
 ) -> Result<()> {
     let tls = crate::tls::TlsSettings::load(&args.tls)?;
-    let store = open_store(&args).await?;
-    let acl = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
-        enabled: args.acl_enabled,
-        default_allow: args.acl_default_policy == "allow",
-        datacenter: args.datacenter.clone(),
-    }));
-    if args.acl_enabled {
-        init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
-    }
     let (listener, http_addr) = bind(args.http_addr, "").await?;
     let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
     let https_listener = match args.tls.https_addr {
@@ -54,6 +45,15 @@ pub async fn run(
         Some(addr) => Some(bind(addr, "xDS TLS ").await?.0),
         None => None,
     };
+    let store = open_store(&args, http_addr, grpc_addr).await?;
+    let acl = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
+        enabled: args.acl_enabled,
+        default_allow: args.acl_default_policy == "allow",
+        datacenter: args.datacenter.clone(),
+    }));
+    if args.acl_enabled {
+        init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
+    }
     let engine = Engine::start(
         store.clone(),
         &args.datacenter,
@@ -114,7 +114,7 @@ pub async fn run(
         }
         _ => (None, None),
     };
-    info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, "meshd server ready");
+    info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, store = %args.store, "meshd server ready");
     on_ready(&Running {
         http_addr,
         grpc_addr,
@@ -166,19 +166,43 @@ pub async fn run(
     Ok(())
 }
 
-/// The store the flags ask for: durable in `-data-dir`, or in memory with `-dev`.
-async fn open_store(args: &ServerArgs) -> Result<Store> {
-    if args.data_dir.is_none() && !args.dev {
-        bail!("one of -data-dir or -dev is required");
-    }
-    if args.data_dir.is_some() && args.dev {
-        bail!("-data-dir and -dev exclude each other: -dev keeps state in memory");
-    }
-    let config = StoreConfig {
+/// The store the flags ask for: durable in `-data-dir`, in memory with `-dev`, or in etcd
+/// with `-store etcd` (registered there under `http_addr`).
+async fn open_store(args: &ServerArgs, http_addr: SocketAddr, grpc_addr: SocketAddr) -> Result<Store> {
+    let mut config = StoreConfig {
         datacenter: args.datacenter.clone(),
         data_dir: args.data_dir.clone(),
         ..StoreConfig::default()
     };
+    if args.store == "etcd" {
+        if args.etcd_endpoints.is_empty() {
+            bail!("-store etcd needs -etcd-endpoints URL[,URL...]");
+        }
+        if args.data_dir.is_some() || args.dev {
+            bail!("-store etcd keeps the catalog in etcd: it excludes -data-dir and -dev");
+        }
+        let mut etcd = catalog::etcd::EtcdConfig::new(args.etcd_endpoints.clone());
+        etcd.prefix = args.etcd_prefix.clone();
+        etcd.server_name = args.node.clone();
+        etcd.advertise = http_addr.to_string();
+        etcd.xds_address = grpc_addr.to_string();
+        etcd.lease_ttl = args.etcd_lease_ttl;
+        etcd.request_timeout = args.etcd_request_timeout;
+        etcd.max_txn_ops = args.etcd_max_txn_ops as usize;
+        config.etcd = Some(etcd);
+        return Store::open(config)
+            .await
+            .with_context(|| format!("cannot use etcd at {}", args.etcd_endpoints.join(",")));
+    }
+    if !args.etcd_endpoints.is_empty() {
+        bail!("-etcd-endpoints is for -store etcd");
+    }
+    if args.data_dir.is_none() && !args.dev {
+        bail!("one of -data-dir, -dev or -store etcd is required");
+    }
+    if args.data_dir.is_some() && args.dev {
+        bail!("-data-dir and -dev exclude each other: -dev keeps state in memory");
+    }
     Store::open(config).await.with_context(|| match &args.data_dir {
         Some(dir) => format!("cannot use data dir {}", dir.display()),
         None => "cannot open the in-memory store".to_owned(),

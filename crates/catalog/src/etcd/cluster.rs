@@ -1,0 +1,348 @@
+//! The servers sharing one etcd: who they are, which one leads, and the heartbeats they
+//! have seen.
+//!
+//! Keys, under `<prefix>cluster/`, all attached to the writing server's lease (so they
+//! vanish within the lease TTL of its death):
+//!
+//! - `server/<name>`: each server's [`ServerInfo`], for `/v1/status/peers`;
+//! - `leader`: the leading server's [`ServerInfo`], created only if absent (a transaction
+//!   on its `create_revision`), so at most one server holds it; the others try again as
+//!   soon as it is deleted;
+//! - `heartbeat/<name>`: the nodes whose agents sent this server a heartbeat lately, so the
+//!   leader (which alone marks nodes critical) knows of heartbeats sent to any server.
+//!
+//! A server that cannot renew its lease for two thirds of its TTL stops leading before the
+//! lease can expire and another server take over.
+
+use super::EtcdConfig;
+use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How a server describes itself in etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ServerInfo {
+    /// Its name.
+    pub name: String,
+    /// The address it reports (`/v1/status/leader`, `/v1/status/peers`).
+    pub address: String,
+    /// Its xDS address.
+    #[serde(default)]
+    pub xds_address: String,
+}
+
+/// The servers as this one last saw them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// The leading server, if one leads now.
+    pub leader: Option<ServerInfo>,
+    /// Every registered server, by name.
+    pub servers: Vec<ServerInfo>,
+}
+
+/// This server's membership: its lease, registration and leadership, the cluster view, and
+/// heartbeats shared by the servers.
+pub struct Cluster {
+    client: Client,
+    prefix: String,
+    me: ServerInfo,
+    ttl: Duration,
+    status: watch::Sender<ClusterStatus>,
+    leading: watch::Sender<bool>,
+    /// When a heartbeat for each node was last reported by any server.
+    heartbeats: Mutex<HashMap<String, Instant>>,
+    lease: Mutex<Option<i64>>,
+    leader_gone: Notify,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("me", &self.me).finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    pub(crate) fn new(client: Client, config: &EtcdConfig) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            prefix: format!("{}cluster/", config.prefix),
+            me: ServerInfo {
+                name: config.server_name.clone(),
+                address: config.advertise.clone(),
+                xds_address: config.xds_address.clone(),
+            },
+            ttl: config.lease_ttl.max(Duration::from_secs(2)),
+            status: watch::Sender::new(ClusterStatus::default()),
+            leading: watch::Sender::new(false),
+            heartbeats: Mutex::new(HashMap::new()),
+            lease: Mutex::new(None),
+            leader_gone: Notify::new(),
+        })
+    }
+
+    /// The servers and the leader, as last seen.
+    pub fn status(&self) -> ClusterStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Follows [`Cluster::status`].
+    pub fn subscribe_status(&self) -> watch::Receiver<ClusterStatus> {
+        self.status.subscribe()
+    }
+
+    /// This server's description.
+    pub fn me(&self) -> &ServerInfo {
+        &self.me
+    }
+
+    /// Whether this server leads now; follow it to start and stop singleton work.
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.subscribe()
+    }
+
+    /// When any server last reported a heartbeat of `node`.
+    pub fn heartbeat_seen(&self, node: &str) -> Option<Instant> {
+        self.heartbeats.lock().get(node).copied()
+    }
+
+    /// Tells the other servers (the leader) that these nodes sent this server a heartbeat.
+    pub async fn share_heartbeats(&self, nodes: Vec<String>) {
+        let Some(lease) = *self.lease.lock() else { return };
+        let Ok(value) = serde_json::to_vec(&nodes) else { return };
+        let key = format!("{}heartbeat/{}", self.prefix, self.me.name);
+        let mut kv = self.client.kv_client();
+        let put = kv.put(key, value, Some(PutOptions::new().with_lease(lease)));
+        match tokio::time::timeout(self.ttl, put).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "cannot share heartbeats through etcd"),
+            Err(_) => warn!("cannot share heartbeats through etcd: no answer"),
+        }
+    }
+
+    fn key(&self, what: &str) -> String {
+        format!("{}{what}", self.prefix)
+    }
+
+    fn set_leading(&self, leading: bool) {
+        if *self.leading.borrow() != leading {
+            if leading {
+                info!(server = %self.me.name, "this server now leads the cluster");
+            } else {
+                warn!(server = %self.me.name, "this server no longer leads the cluster");
+            }
+            self.leading.send_replace(leading);
+        }
+    }
+
+    /// Keeps this server registered and campaigning until `stop`; then gives the lease back
+    /// (so its registration and leadership end at once).
+    pub(crate) async fn run_session(self: Arc<Self>, stop: CancellationToken) {
+        let mut lease_client = self.client.lease_client();
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let granted = tokio::select! {
+                () = stop.cancelled() => return,
+                r = lease_client.grant(self.ttl.as_secs() as i64, None) => r,
+            };
+            let lease = match granted {
+                Ok(r) => r.id(),
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?delay, "cannot get an etcd lease for this server");
+                    if super::sleep_or_stop(&stop, delay).await {
+                        return;
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            delay = Duration::from_millis(200);
+            *self.lease.lock() = Some(lease);
+            self.hold(lease, &stop).await;
+            self.set_leading(false);
+            *self.lease.lock() = None;
+            if stop.is_cancelled() {
+                let mut lease_client = self.client.lease_client();
+                let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease)).await;
+                return;
+            }
+        }
+    }
+
+    /// Registers under `lease`, renews it and campaigns, until the lease is lost or `stop`.
+    async fn hold(&self, lease: i64, stop: &CancellationToken) {
+        let info = serde_json::to_vec(&self.me).unwrap_or_default();
+        let mut kv = self.client.kv_client();
+        let mut lease_client = self.client.lease_client();
+        let tick = self.ttl / 3;
+        let mut registered = false;
+        let mut keeper = None;
+        let mut last_renewed = Instant::now();
+        loop {
+            if !registered {
+                registered = kv
+                    .put(
+                        self.key(&format!("server/{}", self.me.name)),
+                        info.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                    .await
+                    .is_ok();
+            }
+            if registered && !*self.leading.borrow() {
+                let leader = self.key("leader");
+                let txn = Txn::new()
+                    .when([Compare::create_revision(leader.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        leader,
+                        info.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                if let Ok(r) = kv.txn(txn).await
+                    && r.succeeded()
+                {
+                    self.set_leading(true);
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(tick) => {}
+                () = self.leader_gone.notified() => {}
+            }
+            if keeper.is_none() {
+                keeper = lease_client.keep_alive(lease).await.ok();
+            }
+            if let Some((k, responses)) = keeper.as_mut() {
+                let renewed = async {
+                    k.keep_alive().await?;
+                    responses.message().await
+                };
+                match tokio::time::timeout(tick, renewed).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => last_renewed = Instant::now(),
+                    Ok(Ok(Some(_))) => {
+                        warn!("this server's etcd lease expired; registering again");
+                        return;
+                    }
+                    _ => keeper = None,
+                }
+            }
+            let silent = last_renewed.elapsed();
+            if silent > self.ttl * 2 / 3 && *self.leading.borrow() {
+                // Step down before the lease can expire and another server lead too.
+                self.set_leading(false);
+            }
+            if silent > self.ttl {
+                warn!(silent = ?silent, "could not renew this server's etcd lease; registering again");
+                return;
+            }
+        }
+    }
+
+    /// Follows the cluster keys: servers, leader and heartbeats.
+    pub(crate) async fn run_watch(self: Arc<Self>, stop: CancellationToken) {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            if let Err(e) = self.follow(&stop).await {
+                warn!(error = %e, retry_in = ?delay, "lost the etcd watch on the cluster's servers");
+            }
+            if super::sleep_or_stop(&stop, delay).await {
+                return;
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn follow(&self, stop: &CancellationToken) -> Result<(), etcd_client::Error> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        let mut servers: BTreeMap<String, ServerInfo> = BTreeMap::new();
+        let mut leader = None;
+        for kv in resp.kvs() {
+            self.observe(kv.key(), Some(kv.value()), &mut servers, &mut leader);
+        }
+        self.publish(&servers, &leader);
+        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        let mut watch_client = self.client.watch_client();
+        let mut stream = watch_client
+            .watch(
+                self.prefix.clone(),
+                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+            )
+            .await?;
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                m = stream.message() => m?,
+            };
+            let Some(resp) = message else { return Ok(()) };
+            if resp.canceled() {
+                return Ok(());
+            }
+            for event in resp.events() {
+                let Some(kv) = event.kv() else { continue };
+                let value = (event.event_type() == EventType::Put).then(|| kv.value());
+                self.observe(kv.key(), value, &mut servers, &mut leader);
+            }
+            self.publish(&servers, &leader);
+        }
+    }
+
+    fn observe(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        servers: &mut BTreeMap<String, ServerInfo>,
+        leader: &mut Option<ServerInfo>,
+    ) {
+        let Some(key) = key
+            .strip_prefix(self.prefix.as_bytes())
+            .and_then(|k| std::str::from_utf8(k).ok())
+        else {
+            return;
+        };
+        let info = || value.and_then(|v| serde_json::from_slice::<ServerInfo>(v).ok());
+        if key == "leader" {
+            *leader = info();
+            if leader.is_none() {
+                self.leader_gone.notify_one();
+            }
+        } else if let Some(name) = key.strip_prefix("server/") {
+            match info() {
+                Some(i) => servers.insert(name.to_owned(), i),
+                None => servers.remove(name),
+            };
+        } else if key.starts_with("heartbeat/")
+            && let Some(nodes) = value.and_then(|v| serde_json::from_slice::<Vec<String>>(v).ok())
+        {
+            let now = Instant::now();
+            let mut seen = self.heartbeats.lock();
+            for node in nodes {
+                seen.insert(node, now);
+            }
+        }
+    }
+
+    fn publish(&self, servers: &BTreeMap<String, ServerInfo>, leader: &Option<ServerInfo>) {
+        let status = ClusterStatus {
+            leader: leader.clone(),
+            servers: servers.values().cloned().collect(),
+        };
+        self.status.send_if_modified(|s| {
+            if *s == status {
+                false
+            } else {
+                *s = status;
+                true
+            }
+        });
+    }
+}

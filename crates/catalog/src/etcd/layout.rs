@@ -1,0 +1,314 @@
+//! How the catalog's rows are laid out in etcd, and how etcd's keys turn back into rows.
+//!
+//! Every row is one key under `<prefix>catalog/`, its value the row's JSON:
+//!
+//! | key (after the prefix)            | row                           |
+//! |-----------------------------------|-------------------------------|
+//! | `catalog/node/<node>`             | a node                        |
+//! | `catalog/service/<node>/<id>`     | a service instance            |
+//! | `catalog/check/<node>/<id>`       | a health check                |
+//! | `catalog/config/<kind>/<name>`    | a config entry                |
+//! | `catalog/ca`                      | the CA (roots and their keys) |
+//! | `catalog/acl/token/<accessor>`    | an ACL token                  |
+//! | `catalog/acl/policy/<id>`         | an ACL policy                 |
+//! | `catalog/acl/role/<id>`           | an ACL role                   |
+//! | `catalog/acl/bootstrapped`        | ACLs were bootstrapped        |
+//! | `catalog/_rev`                    | the write guard (see below)   |
+//!
+//! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
+//! A row's `CreateIndex`/`ModifyIndex` are its key's `create_revision`/`mod_revision`: the
+//! values stored in the JSON are not used.
+//!
+//! Every write transaction also puts `catalog/_rev`, and is guarded by its `mod_revision`
+//! not having passed the revision the write was planned at: a write planned on a state
+//! another server has since changed is refused by etcd and planned again.
+
+use crate::ca::CaState;
+use crate::keys::IndexKey;
+use crate::state::{Change, PersistedState, State};
+use structs::{ConfigEntryKind, Index};
+
+/// Where the catalog's rows live under the prefix.
+pub(crate) const CATALOG: &str = "catalog/";
+/// The write guard, under [`CATALOG`].
+pub(crate) const GUARD: &str = "_rev";
+
+/// A key or value under the catalog prefix that meshd cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd key {key}: {why}")]
+pub struct LayoutError {
+    /// The key (after the prefix).
+    pub key: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+fn escape(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("%2F", "/").replace("%2f", "/").replace("%25", "%")
+}
+
+/// The key (relative to the catalog prefix) a change writes, and the value it puts (`None`:
+/// it deletes the key).
+pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde_json::Error> {
+    fn json<T: serde::Serialize>(row: &T) -> Result<Option<Vec<u8>>, serde_json::Error> {
+        serde_json::to_vec(row).map(Some)
+    }
+    Ok(match change {
+        Change::PutNode(n) => (format!("node/{}", escape(&n.node)), json(n)?),
+        Change::DeleteNode(n) => (format!("node/{}", escape(n)), None),
+        Change::PutService { node, service } => (
+            format!("service/{}/{}", escape(node), escape(&service.id)),
+            json(service)?,
+        ),
+        Change::DeleteService { node, id } => (format!("service/{}/{}", escape(node), escape(id)), None),
+        Change::PutCheck(c) => (format!("check/{}/{}", escape(&c.node), escape(&c.check_id)), json(c)?),
+        Change::DeleteCheck { node, id } => (format!("check/{}/{}", escape(node), escape(id)), None),
+        Change::PutConfig(e) => (format!("config/{}/{}", e.kind().as_str(), escape(e.name())), json(e)?),
+        Change::DeleteConfig(kind, name) => (format!("config/{}/{}", kind.as_str(), escape(name)), None),
+        Change::PutCa(ca) => ("ca".to_owned(), json(ca)?),
+        Change::PutAclToken(t) => (format!("acl/token/{}", escape(&t.accessor_id)), json(t)?),
+        Change::DeleteAclToken(a) => (format!("acl/token/{}", escape(a)), None),
+        Change::PutAclPolicy(p) => (format!("acl/policy/{}", escape(&p.id)), json(p)?),
+        Change::DeleteAclPolicy(id) => (format!("acl/policy/{}", escape(id)), None),
+        Change::PutAclRole(r) => (format!("acl/role/{}", escape(&r.id)), json(r)?),
+        Change::DeleteAclRole(id) => (format!("acl/role/{}", escape(id)), None),
+        Change::AclBootstrapped => ("acl/bootstrapped".to_owned(), Some(b"true".to_vec())),
+    })
+}
+
+/// What a key (relative to the catalog prefix) names.
+enum Row {
+    Node(String),
+    Service(String, String),
+    Check(String, String),
+    Config(ConfigEntryKind, String),
+    Ca,
+    Token(String),
+    Policy(String),
+    Role(String),
+    Bootstrapped,
+    Guard,
+}
+
+fn parse_key(key: &str) -> Result<Row, LayoutError> {
+    let bad = |why: &str| LayoutError {
+        key: format!("{CATALOG}{key}"),
+        why: why.to_owned(),
+    };
+    let parts: Vec<&str> = key.split('/').collect();
+    Ok(match parts.as_slice() {
+        [GUARD] => Row::Guard,
+        ["ca"] => Row::Ca,
+        ["node", n] => Row::Node(unescape(n)),
+        ["service", n, id] => Row::Service(unescape(n), unescape(id)),
+        ["check", n, id] => Row::Check(unescape(n), unescape(id)),
+        ["config", kind, name] => Row::Config(
+            kind.parse().map_err(|_| bad("unknown config entry kind"))?,
+            unescape(name),
+        ),
+        ["acl", "token", a] => Row::Token(unescape(a)),
+        ["acl", "policy", id] => Row::Policy(unescape(id)),
+        ["acl", "role", id] => Row::Role(unescape(id)),
+        ["acl", "bootstrapped"] => Row::Bootstrapped,
+        _ => return Err(bad("not a key meshd writes")),
+    })
+}
+
+fn parse_value<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, LayoutError> {
+    serde_json::from_slice(value).map_err(|e| LayoutError {
+        key: format!("{CATALOG}{key}"),
+        why: format!("undecodable value: {e}"),
+    })
+}
+
+/// The change a watch event makes: a put of `value` at `key` (relative to the catalog
+/// prefix), or its delete (`value` is `None`). `None` for the write guard.
+pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, LayoutError> {
+    let row = parse_key(key)?;
+    let Some(value) = value else {
+        return Ok(Some(match row {
+            Row::Guard => return Ok(None),
+            Row::Node(n) => Change::DeleteNode(n),
+            Row::Service(node, id) => Change::DeleteService { node, id },
+            Row::Check(node, id) => Change::DeleteCheck { node, id },
+            Row::Config(kind, name) => Change::DeleteConfig(kind, name),
+            Row::Token(a) => Change::DeleteAclToken(a),
+            Row::Policy(id) => Change::DeleteAclPolicy(id),
+            Row::Role(id) => Change::DeleteAclRole(id),
+            Row::Ca | Row::Bootstrapped => {
+                return Err(LayoutError {
+                    key: format!("{CATALOG}{key}"),
+                    why: "deleted, but meshd never deletes it".into(),
+                });
+            }
+        }));
+    };
+    Ok(Some(match row {
+        Row::Guard => return Ok(None),
+        Row::Node(_) => Change::PutNode(parse_value(key, value)?),
+        Row::Service(node, _) => Change::PutService {
+            node,
+            service: parse_value(key, value)?,
+        },
+        Row::Check(..) => Change::PutCheck(parse_value(key, value)?),
+        Row::Config(..) => Change::PutConfig(parse_value(key, value)?),
+        Row::Ca => Change::PutCa(parse_value(key, value)?),
+        Row::Token(_) => Change::PutAclToken(parse_value(key, value)?),
+        Row::Policy(_) => Change::PutAclPolicy(parse_value(key, value)?),
+        Row::Role(_) => Change::PutAclRole(parse_value(key, value)?),
+        Row::Bootstrapped => Change::AclBootstrapped,
+    }))
+}
+
+/// One key as read from etcd: relative to the catalog prefix, with its value and revisions.
+pub(crate) struct Kv<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) value: &'a [u8],
+    pub(crate) create: Index,
+    pub(crate) modify: Index,
+}
+
+/// The state every key under the catalog prefix makes at `revision` (a full read): rows
+/// carry their keys' revisions, and every table answers blocking queries with `revision`
+/// (a reset: waiters at older indexes return and read again).
+pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -> Result<State, LayoutError> {
+    let mut p = PersistedState {
+        index: revision,
+        nodes: Vec::new(),
+        services: Vec::new(),
+        checks: Vec::new(),
+        config: Vec::new(),
+        ca: None,
+        acl_tokens: Vec::new(),
+        acl_policies: Vec::new(),
+        acl_roles: Vec::new(),
+        acl_bootstrapped: None,
+        indexes: Vec::new(),
+    };
+    for kv in kvs {
+        let (create, modify) = (kv.create, kv.modify);
+        match decode(kv.key, Some(kv.value))? {
+            None => {}
+            Some(Change::PutNode(mut n)) => {
+                (n.create_index, n.modify_index) = (create, modify);
+                p.nodes.push(n);
+            }
+            Some(Change::PutService { node, mut service }) => {
+                (service.create_index, service.modify_index) = (create, modify);
+                p.services.push((node, service));
+            }
+            Some(Change::PutCheck(mut c)) => {
+                (c.create_index, c.modify_index) = (create, modify);
+                p.checks.push(c);
+            }
+            Some(Change::PutConfig(mut e)) => {
+                e.set_indexes(create, modify);
+                p.config.push(e);
+            }
+            Some(Change::PutCa(mut ca)) => {
+                stamp_ca(&mut ca, create, modify);
+                p.ca = Some(ca);
+            }
+            Some(Change::PutAclToken(mut t)) => {
+                (t.create_index, t.modify_index) = (create, modify);
+                p.acl_tokens.push(t);
+            }
+            Some(Change::PutAclPolicy(mut pol)) => {
+                (pol.create_index, pol.modify_index) = (create, modify);
+                p.acl_policies.push(pol);
+            }
+            Some(Change::PutAclRole(mut r)) => {
+                (r.create_index, r.modify_index) = (create, modify);
+                p.acl_roles.push(r);
+            }
+            Some(Change::AclBootstrapped) => p.acl_bootstrapped = Some(modify),
+            Some(_) => unreachable!("decode of a put yields a put"),
+        }
+    }
+    let mut tables = vec![
+        IndexKey::Nodes,
+        IndexKey::Services,
+        IndexKey::Checks,
+        IndexKey::Intentions,
+        IndexKey::IngressGateways,
+        IndexKey::Ca,
+        IndexKey::AclTokens,
+        IndexKey::AclPolicies,
+        IndexKey::AclRoles,
+        IndexKey::Acl,
+    ];
+    tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
+    p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
+    Ok(State::from_persisted(p))
+}
+
+fn stamp_ca(ca: &mut CaState, create: Index, modify: Index) {
+    (ca.create_index, ca.modify_index) = (create, modify);
+    for root in &mut ca.roots {
+        if root.root.create_index == Index(0) {
+            root.root.create_index = modify;
+        }
+        if root.root.modify_index == Index(0) {
+            root.root.modify_index = modify;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use structs::{Node, NodeService};
+
+    #[test]
+    fn every_change_round_trips_through_its_key() {
+        let changes = vec![
+            Change::PutNode(Node {
+                node: "a/b%c".into(),
+                ..Node::default()
+            }),
+            Change::DeleteNode("a/b%c".into()),
+            Change::PutService {
+                node: "n1".into(),
+                service: NodeService {
+                    id: "web/1".into(),
+                    service: "web".into(),
+                    ..NodeService::default()
+                },
+            },
+            Change::DeleteService {
+                node: "n1".into(),
+                id: "web/1".into(),
+            },
+            Change::DeleteCheck {
+                node: "n1".into(),
+                id: "c%2F".into(),
+            },
+            Change::DeleteConfig(ConfigEntryKind::ServiceResolver, "api".into()),
+            Change::DeleteAclToken("t".into()),
+            Change::DeleteAclPolicy("p".into()),
+            Change::DeleteAclRole("r".into()),
+            Change::AclBootstrapped,
+        ];
+        for change in changes {
+            let (key, value) = encode(&change).unwrap();
+            let back = decode(&key, value.as_deref()).unwrap().unwrap();
+            assert_eq!(back, change, "{key}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = decode("nodes/x", Some(b"{}")).unwrap_err();
+        assert_eq!(e.to_string(), "etcd key catalog/nodes/x: not a key meshd writes");
+        let e = decode("node/x", Some(b"not json")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("etcd key catalog/node/x: undecodable value"),
+            "{e}"
+        );
+        assert!(decode(GUARD, Some(b"x")).unwrap().is_none());
+    }
+}
