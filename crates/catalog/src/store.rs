@@ -180,6 +180,15 @@ impl Store {
         Ok(store)
     }
 
+    /// How many times the catalog was read again from etcd because the watch's next
+    /// revision had been compacted (0 for the embedded store).
+    pub fn etcd_reloads(&self) -> u64 {
+        self.inner
+            .etcd
+            .as_ref()
+            .map_or(0, |b| b.reloads.load(Ordering::Relaxed))
+    }
+
     /// The servers sharing this store's etcd (`None`: the embedded store, one server).
     pub fn cluster(&self) -> Option<&Arc<etcd::Cluster>> {
         self.inner.etcd.as_ref().map(|b| &b.cluster)

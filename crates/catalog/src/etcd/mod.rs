@@ -99,6 +99,8 @@ pub(crate) struct Backend {
     applied: watch::Sender<Index>,
     pub(crate) stop: CancellationToken,
     pub(crate) cluster: Arc<Cluster>,
+    /// Full reloads after a compaction.
+    pub(crate) reloads: std::sync::atomic::AtomicU64,
 }
 
 /// Connects to etcd and reads the catalog: a one-line error when etcd cannot be reached
@@ -109,7 +111,6 @@ pub(crate) async fn connect(config: &EtcdConfig) -> Result<(Client, State), Stor
     }
     let options = ConnectOptions::new()
         .with_connect_timeout(config.request_timeout)
-        .with_timeout(config.request_timeout)
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
         .with_require_leader(true);
     let endpoints = config.endpoints.join(",");
@@ -182,6 +183,7 @@ impl Backend {
             applied: watch::Sender::new(applied),
             stop: CancellationToken::new(),
             cluster,
+            reloads: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -338,14 +340,19 @@ async fn commit(inner: &Arc<Inner>, backend: &Backend, queue: &mut VecDeque<Job>
             )])
             .and_then(then)
             .or_else([TxnOp::get(guard, None)]);
-        let resp = match tokio::time::timeout(config.request_timeout, send(&mut kv, txn)).await {
+        let mut last_error = None;
+        let sent = tokio::time::timeout(config.request_timeout, send(&mut kv, txn, &mut last_error)).await;
+        let resp = match sent {
             Err(_) => {
-                warn!(after = ?config.request_timeout, "etcd did not answer a write in time (no quorum?)");
+                let cause = last_error.map_or_else(
+                    || "etcd did not confirm the write (no quorum?); it may or may not be applied".to_owned(),
+                    |e| format!("etcd did not accept the write: {e}"),
+                );
+                warn!(after = ?config.request_timeout, %cause, "a write failed: etcd did not commit it in time");
                 fail_all(
                     queue.drain(..taken),
                     StoreError::EtcdTimeout {
-                        what: "etcd did not confirm the write (it may have no quorum); it may or may not be applied"
-                            .into(),
+                        what: cause,
                         after: config.request_timeout,
                     },
                 );
@@ -417,25 +424,43 @@ async fn commit(inner: &Arc<Inner>, backend: &Backend, queue: &mut VecDeque<Job>
     );
 }
 
-/// Whether etcd never saw a request that failed with `e`: the connection to a member could
-/// not be made (a member is down; another may take it). Safe to send again.
-fn never_sent(e: &etcd_client::Error) -> bool {
+/// Whether a transaction that failed with `e` may simply be sent again: the member could
+/// not be reached (another may take it), or it has no leader now (an election is under way,
+/// or quorum is lost: then the caller's timeout ends the tries). A transaction that did
+/// commit despite an error is harmless to send again: its guard no longer matches, and the
+/// batch is planned again on the state that includes it.
+fn retriable(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable && status.message().contains("connect")
+            status.code() == tonic::Code::Unavailable
+                && (status.message().contains("connect") || status.message().contains("leader"))
         }
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }
 }
 
-/// Sends a transaction, again while the member it went to could not be reached (the
-/// caller bounds the whole with its timeout).
-async fn send(kv: &mut etcd_client::KvClient, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+/// How long one attempt at a transaction may take before it is sent again: a proposal
+/// caught in a leader's failure waits in etcd for several seconds, while a new attempt
+/// reaches the new leader.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Sends a transaction, again while it fails in a way [`retriable`] allows or gets no
+/// answer within [`ATTEMPT_TIMEOUT`] (the caller bounds the whole with its timeout); the last
+/// error is kept for the caller's report.
+async fn send(
+    kv: &mut etcd_client::KvClient,
+    txn: Txn,
+    last_error: &mut Option<String>,
+) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
     loop {
-        match kv.txn(txn.clone()).await {
-            Err(e) if never_sent(&e) => tokio::time::sleep(Duration::from_millis(50)).await,
-            other => return other,
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, kv.txn(txn.clone())).await {
+            Err(_) => *last_error = None,
+            Ok(Err(e)) if retriable(&e) => {
+                *last_error = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(other) => return other,
         }
     }
 }
@@ -583,5 +608,6 @@ fn reset(inner: &Inner, backend: &Backend, state: State) {
     *inner.state.write() = Arc::clone(&state);
     notify_all(inner, &state);
     backend.applied.send_replace(index);
+    backend.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     info!(%index, "catalog reloaded from etcd; subscribers reset");
 }

@@ -1,0 +1,349 @@
+//! The etcd backend against a real etcd: several stores (as several servers would hold) on
+//! one cluster.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use catalog::etcd::EtcdConfig;
+use catalog::{IndexKey, Op, Store, StoreConfig, Topic, WriteError};
+use std::time::Duration;
+use structs::config_entry::ServiceDefaults;
+use structs::{ConfigEntry, Index, NodeService, RegisterRequest};
+use test_support::etcd::EtcdCluster;
+
+async fn cluster(members: usize) -> EtcdCluster {
+    tokio::task::spawn_blocking(move || EtcdCluster::start(members))
+        .await
+        .unwrap()
+}
+
+fn config(endpoints: Vec<String>, prefix: &str, name: &str) -> StoreConfig {
+    let mut etcd = EtcdConfig::new(endpoints);
+    etcd.prefix = prefix.to_owned();
+    etcd.server_name = name.to_owned();
+    etcd.advertise = format!("{name}:8500");
+    etcd.lease_ttl = Duration::from_secs(2);
+    etcd.request_timeout = Duration::from_secs(4);
+    StoreConfig {
+        etcd: Some(etcd),
+        ..StoreConfig::default()
+    }
+}
+
+async fn open(endpoints: Vec<String>, prefix: &str, name: &str) -> Store {
+    Store::open(config(endpoints, prefix, name)).await.unwrap()
+}
+
+fn register(node: &str, service: &str) -> Op {
+    Op::Register(Box::new(RegisterRequest {
+        node: node.into(),
+        address: "10.0.0.1".into(),
+        service: Some(NodeService {
+            service: service.into(),
+            id: format!("{service}-{node}"),
+            port: 8080,
+            ..NodeService::default()
+        }),
+        ..RegisterRequest::default()
+    }))
+}
+
+fn defaults(name: &str, protocol: &str, cas: Option<Index>) -> Op {
+    Op::ConfigSet {
+        entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
+            name: name.into(),
+            protocol: protocol.into(),
+            ..ServiceDefaults::default()
+        })),
+        cas,
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within 10 s: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_on_one_etcd_share_writes_indexes_and_wake_each_others_waiters() {
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t1/", "a").await;
+    let b = open(etcd.endpoints(), "/t1/", "b").await;
+    assert_eq!(
+        a.read().ca().unwrap().cluster_id,
+        b.read().ca().unwrap().cluster_id,
+        "one CA, created by whichever store started first"
+    );
+    let key = IndexKey::Service("web".into());
+    let before = b.read().index_of(&key);
+    let waiter = {
+        let b = b.clone();
+        let key = key.clone();
+        tokio::spawn(async move { b.wait(&key, before, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let written = a.write(register("n1", "web")).await.unwrap();
+    assert!(written.applied);
+    assert_eq!(
+        a.read().index_of(&key),
+        written.index,
+        "the writer reads its own write at once"
+    );
+    let seen = waiter.await.unwrap();
+    assert_eq!(
+        seen.index_of(&key),
+        written.index,
+        "b's waiter woke with the same index"
+    );
+    assert_eq!(seen.service_instances("web").len(), 1);
+    let svc = &b.read().service_instances("web")[0];
+    assert_eq!(
+        (svc.1.create_index, svc.1.modify_index),
+        (written.index, written.index),
+        "rows carry the revision of their write"
+    );
+    // Every store's subscriptions follow the other's writes too.
+    let mut sub = b.subscribe(Topic::ServiceHealth("web".into()));
+    let first = sub.next().await.unwrap();
+    a.write(register("n2", "web")).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.index > first.index);
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_and_set_raced_from_two_stores_applies_exactly_once() {
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t2/", "a").await;
+    let b = open(etcd.endpoints(), "/t2/", "b").await;
+    for round in 0..10 {
+        let set = a.write(defaults("web", "http", None)).await.unwrap();
+        let cas = Some(set.index);
+        let (ra, rb) = tokio::join!(
+            a.write(defaults("web", "grpc", cas)),
+            b.write(defaults("web", "http2", cas))
+        );
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert!(
+            ra.applied ^ rb.applied,
+            "round {round}: exactly one check-and-set applies ({ra:?}, {rb:?})"
+        );
+        let winner = if ra.applied { "grpc" } else { "http2" };
+        for store in [&a, &b] {
+            eventually("both stores agree on the winner", || {
+                store
+                    .read()
+                    .config_entry(structs::ConfigEntryKind::ServiceDefaults, "web")
+                    .is_some_and(|e| matches!(&*e, ConfigEntry::ServiceDefaults(d) if d.protocol == winner))
+            })
+            .await;
+        }
+    }
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_and_indexes_never_go_back() {
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t3/", "a").await;
+    let mut last = Index(0);
+    for i in 0..50 {
+        last = a.write(register(&format!("n{i}"), "api")).await.unwrap().index;
+    }
+    let served = a.read().index_of(&IndexKey::Service("api".into()));
+    a.close().await;
+    let again = open(etcd.endpoints(), "/t3/", "a2").await;
+    assert_eq!(again.read().service_instances("api").len(), 50);
+    assert!(again.read().index >= last);
+    assert!(again.read().index_of(&IndexKey::Service("api".into())) >= served);
+    again.close().await;
+}
+
+/// A TCP forwarder between a store and an etcd member that the test can cut: while cut, its
+/// connections are closed and new ones are dropped at once, as if the network had failed.
+struct Cuttable {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Cuttable {
+    async fn to(upstream: &str) -> Cuttable {
+        let upstream = upstream.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let cut = tokio::sync::watch::Sender::new(false);
+        let cut_rx = cut.subscribe();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                if *cut_rx.borrow() {
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Cuttable { url, cut }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() {
+    let etcd = cluster(1).await;
+    let link = Cuttable::to(&etcd.endpoints()[0]).await;
+    let a = open(vec![link.url.clone()], "/t4/", "a").await;
+    let b = open(etcd.endpoints(), "/t4/", "b").await;
+    b.write(register("n0", "web")).await.unwrap();
+    eventually("a sees the first write", || {
+        a.read().service_instances("web").len() == 1
+    })
+    .await;
+    let mut sub = a.subscribe(Topic::ServiceHealth("web".into()));
+    let first = sub.next().await.unwrap();
+    let served = a.read().index;
+
+    // a loses etcd; meanwhile b writes, and etcd compacts every revision a has not seen.
+    link.cut.send_replace(true);
+    let mut last = Index(0);
+    for i in 1..20 {
+        last = b.write(register(&format!("n{i}"), "web")).await.unwrap().index;
+    }
+    b.write(Op::Deregister(structs::DeregisterRequest {
+        node: "n0".into(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+    let now = client.get("/t4/", None).await.unwrap().header().unwrap().revision();
+    client
+        .compact(now, Some(etcd_client::CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    assert_eq!(a.read().index, served, "a is cut off");
+    link.cut.send_replace(false);
+
+    let event = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match sub.next().await {
+                Ok(e) if e.index >= last => return e,
+                Ok(_) => {}
+                Err(_) => sub = a.subscribe(Topic::ServiceHealth("web".into())),
+            }
+        }
+    })
+    .await
+    .expect("the subscriber got the reloaded value");
+    assert!(event.index > first.index);
+    assert_eq!(a.etcd_reloads(), 1, "the compacted watch made a full reload");
+    assert_eq!(b.etcd_reloads(), 0);
+    let state = a.read();
+    assert!(state.index >= served, "never an index lower than one served");
+    assert_eq!(
+        state.service_instances("web").len(),
+        19,
+        "19 registered, n0 removed: nothing lost"
+    );
+    assert!(state.node("n0").is_none());
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_writes_fail_naming_etcd_reads_go_on_and_writes_resume_after() {
+    let mut etcd = cluster(3).await;
+    let a = open(etcd.endpoints(), "/t5/", "a").await;
+    a.write(register("n1", "web")).await.unwrap();
+    tokio::task::block_in_place(|| etcd.kill(2));
+    a.write(register("n2", "web"))
+        .await
+        .expect("one member down of three: writes go on");
+    tokio::task::block_in_place(|| etcd.kill(1));
+    let started = std::time::Instant::now();
+    let err = a.write(register("n3", "web")).await.unwrap_err();
+    assert!(matches!(err, WriteError::Storage(_)), "{err:?}");
+    let cause = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    println!("without quorum: {cause}");
+    assert!(cause.contains("etcd"), "the error names etcd: {cause}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "fails within the request timeout: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        a.read().service_instances("web").len(),
+        2,
+        "reads serve the last applied state"
+    );
+
+    tokio::task::block_in_place(|| {
+        etcd.restart(1);
+        etcd.restart(2);
+    });
+    let mut resumed = false;
+    for _ in 0..100 {
+        if a.write(register("n3", "web")).await.is_ok() {
+            resumed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resumed, "writes resume once quorum is back");
+    eventually("the watch resumed too", || a.read().service_instances("web").len() == 3).await;
+    a.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_store_leads_and_another_takes_over_when_it_leaves() {
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t6/", "a").await;
+    let b = open(etcd.endpoints(), "/t6/", "b").await;
+    let (ca, cb) = (a.cluster().unwrap().clone(), b.cluster().unwrap().clone());
+    eventually("exactly one leads", || *ca.leading().borrow() ^ *cb.leading().borrow()).await;
+    eventually("both see both servers and the leader", || {
+        let (sa, sb) = (ca.status(), cb.status());
+        sa.servers.len() == 2 && sa == sb && sa.leader.is_some()
+    })
+    .await;
+    let (leader, other, other_cluster) = if *ca.leading().borrow() { (a, b, cb) } else { (b, a, ca) };
+    leader.close().await;
+    eventually("the other takes over", || *other_cluster.leading().borrow()).await;
+    eventually("the one left is the only server", || {
+        let s = other_cluster.status();
+        s.servers.len() == 1 && s.leader.as_ref().is_some_and(|l| l.name == s.servers[0].name)
+    })
+    .await;
+    other.close().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_etcd_is_a_one_line_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = config(vec![format!("http://127.0.0.1:{port}")], "/x/", "a");
+    if let Some(etcd) = config.etcd.as_mut() {
+        etcd.request_timeout = Duration::from_millis(500);
+    }
+    let err = Store::open(config).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}
