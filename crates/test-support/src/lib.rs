@@ -7,6 +7,8 @@
 //! - [`http`]: tiny HTTP backends bound on `127.0.0.1:0` and a one-request client;
 //! - [`fixtures`]: catalog values the tests build again and again;
 //! - [`process`]: the real `meshd server` on ephemeral ports;
+//! - [`etcd`]: a real etcd cluster (the pinned etcd, `MESHD_ETCD`) whose members can be
+//!   killed and restarted;
 //! - [`figures`]: percentiles and units for benchmark output.
 //!
 //! Test code: panics are the failure report.
@@ -14,6 +16,7 @@
 
 #[cfg(feature = "ads")]
 pub mod ads;
+pub mod etcd;
 pub mod figures;
 pub mod fixtures;
 pub mod http;
