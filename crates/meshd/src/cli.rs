@@ -129,7 +129,8 @@ pub struct AgentArgs {
     /// Keep registrations in memory only.
     #[arg(long = "dev")]
     pub dev: bool,
-    /// A server's HTTP address (repeatable; the agent fails over between them).
+    /// A server's HTTP address, or several comma-separated (repeatable; the agent fails over
+    /// between them in order).
     #[arg(long = "retry-join", value_name = "ADDR")]
     pub retry_join: Vec<String>,
     /// Address of the agent's HTTP API (default 127.0.0.1:8500).
