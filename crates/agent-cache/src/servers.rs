@@ -1,5 +1,10 @@
 //! The servers this agent talks to (`-retry-join`): one keep-alive HTTP client, the server
-//! that answered last tried first, the next one tried when a connection cannot be made.
+//! that answered last tried first, the next one tried when a connection cannot be made
+//! (refused, or not made within 2 s). A server that was reached but whose exchange then
+//! failed (it died mid-request, or it accepts connections but no longer answers, so the
+//! request timed out) is not sent the request again, but the next request starts with the
+//! next server: every RPC, blocking query and heartbeat goes through here, so all of them
+//! move together.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -135,7 +140,8 @@ impl Servers {
 
     /// Sends a request built by `build` (given a server's base URL) to the current server,
     /// failing over to the next ones while connections cannot be made. A request that reached
-    /// a server is never sent twice.
+    /// a server is never sent twice; when its exchange fails, the next request starts with
+    /// the next server.
     pub async fn send(
         &self,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
@@ -179,6 +185,15 @@ impl Servers {
                 }
                 Err(e) if e.is_connect() => last = format!("{}: {}", self.bases[i], chain(&e)),
                 Err(e) => {
+                    // The request may have taken effect there, so it is not sent again; but a
+                    // server that died or hangs would fail the next one too. Unless another
+                    // request already moved on meanwhile, the next one starts further on.
+                    let _ = self.current.compare_exchange(
+                        start,
+                        (i + 1) % self.bases.len(),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
                     return Err(ServerError::Unreachable {
                         tried: step + 1,
                         last: format!("{}: {}", self.bases[i], chain(&e)),
@@ -345,3 +360,6 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

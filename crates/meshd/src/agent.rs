@@ -58,6 +58,18 @@ fn read_token(path: Option<&std::path::Path>, flag: &str) -> Result<String> {
     }
 }
 
+/// The servers to join, in order: each `-retry-join` (or config file `retry_join`) value is
+/// one address or several, comma-separated.
+fn server_list<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    values
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Flags and files merged: a flag wins over a file, a file over the default.
 struct Settings {
     agent: AgentConfig,
@@ -90,8 +102,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         };
     let http_addr = parse_addr(args.http_addr, &file.http_addr, "http_addr", "127.0.0.1:8500")?;
     let grpc_addr = parse_addr(args.grpc_addr, &file.grpc_addr, "grpc_addr", "127.0.0.1:8502")?;
-    let mut servers = args.retry_join.clone();
-    servers.extend(file.retry_join.iter().cloned());
+    let servers = server_list(args.retry_join.iter().chain(&file.retry_join));
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }

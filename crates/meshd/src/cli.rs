@@ -129,7 +129,8 @@ pub struct AgentArgs {
     /// Keep registrations in memory only.
     #[arg(long = "dev")]
     pub dev: bool,
-    /// A server's HTTP address (repeatable; the agent fails over between them).
+    /// A server's HTTP address, or several comma-separated (repeatable; the agent fails over
+    /// between them in order).
     #[arg(long = "retry-join", value_name = "ADDR")]
     pub retry_join: Vec<String>,
     /// Address of the agent's HTTP API (default 127.0.0.1:8500).
@@ -243,9 +244,15 @@ pub struct EnvoyArgs {
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
     /// xDS address Envoy connects to: `host:port` (plaintext), or `https://host:port` for
-    /// xDS over TLS (with -grpc-ca-file).
-    #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
-    pub grpc_addr: GrpcAddr,
+    /// xDS over TLS (with -grpc-ca-file). Several servers: comma-separated or the flag
+    /// repeated, all plaintext or all `https://`; Envoy moves to another when one fails.
+    #[arg(
+        long = "grpc-addr",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8502",
+        value_delimiter = ','
+    )]
+    pub grpc_addr: Vec<GrpcAddr>,
     /// The CA (PEM) Envoy trusts for xDS over TLS; it is put in the bootstrap.
     #[arg(long = "grpc-ca-file", value_name = "PATH")]
     pub grpc_ca_file: Option<PathBuf>,

@@ -1,11 +1,11 @@
 //! `meshd connect envoy`: find the proxy, build its bootstrap, print it or exec Envoy.
 
-use crate::cli::EnvoyArgs;
+use crate::cli::{EnvoyArgs, GrpcAddr};
 use anyhow::{Context, Result, bail};
 use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
-use supervisor::bootstrap::{BootstrapConfig, XdsTls, bootstrap_json};
+use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
@@ -150,13 +150,13 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         ..args.clone()
     };
     let (node_name, proxy_id, cluster) = resolve(&with_token).await?;
-    let (xds_addr, xds_tls) = xds_target(args).await?;
+    let (xds_servers, xds_tls) = xds_targets(args).await?;
     let cfg = BootstrapConfig {
         proxy_id,
         node_name,
         cluster,
         admin_bind: args.admin_bind,
-        xds_addr,
+        xds_servers,
         token,
         xds_tls,
     };
@@ -177,38 +177,59 @@ fn token_of(args: &EnvoyArgs) -> Result<String> {
     })
 }
 
-/// Where Envoy reaches xDS (a host name resolved now: the bootstrap's cluster is static) and,
-/// for `https://`, the CA it verifies the server with and the name the server's certificate
-/// must carry (the host given).
-async fn xds_target(args: &EnvoyArgs) -> Result<(std::net::SocketAddr, Option<XdsTls>)> {
-    let target = &args.grpc_addr;
-    let addr = match target.host.parse::<std::net::IpAddr>() {
-        Ok(ip) => std::net::SocketAddr::new(ip, target.port),
-        Err(_) => tokio::net::lookup_host((target.host.as_str(), target.port))
-            .await
-            .with_context(|| format!("-grpc-addr {target}: cannot resolve {}", target.host))?
-            .next()
-            .with_context(|| format!("-grpc-addr {target}: {} has no address", target.host))?,
+/// Where Envoy reaches xDS: every server of `-grpc-addr` (host names resolved now: the
+/// bootstrap's cluster is static; each server's certificate must carry the host given) and,
+/// for `https://`, the CA it verifies the servers with.
+async fn xds_targets(args: &EnvoyArgs) -> Result<(Vec<XdsServer>, Option<XdsTls>)> {
+    let targets = &args.grpc_addr;
+    let list = || targets.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let Some(first) = targets.first() else {
+        bail!("-grpc-addr: give at least one xDS address");
     };
-    let tls = match (&args.grpc_ca_file, target.tls) {
+    if targets.iter().any(|t| t.tls != first.tls) {
+        bail!(
+            "-grpc-addr {}: mixes plaintext and https:// servers; give all plaintext or all https://",
+            list()
+        );
+    }
+    let mut servers = Vec::with_capacity(targets.len());
+    for target in targets {
+        servers.push(XdsServer {
+            addr: resolve_server(target).await?,
+            host: target.host.clone(),
+        });
+    }
+    let tls = match (&args.grpc_ca_file, first.tls) {
         (Some(path), true) => {
             let ca_pem = std::fs::read_to_string(path)
                 .with_context(|| format!("-grpc-ca-file {}: cannot read", path.display()))?;
             if !ca_pem.contains("-----BEGIN CERTIFICATE-----") {
                 bail!("-grpc-ca-file {}: no PEM certificate in the file", path.display());
             }
-            Some(XdsTls {
-                ca_pem,
-                server_name: target.host.clone(),
-            })
+            Some(XdsTls { ca_pem })
         }
         (None, true) => {
-            bail!("-grpc-addr {target}: xDS over TLS needs -grpc-ca-file (the CA Envoy verifies the server with)")
+            bail!(
+                "-grpc-addr {}: xDS over TLS needs -grpc-ca-file (the CA Envoy verifies the server with)",
+                list()
+            )
         }
         (Some(_), false) => bail!("-grpc-ca-file is for xDS over TLS: give -grpc-addr as https://HOST:PORT"),
         (None, false) => None,
     };
-    Ok((addr, tls))
+    Ok((servers, tls))
+}
+
+/// The address of one `-grpc-addr` server: an IP as given, a host name's first address.
+async fn resolve_server(target: &GrpcAddr) -> Result<std::net::SocketAddr> {
+    match target.host.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok(std::net::SocketAddr::new(ip, target.port)),
+        Err(_) => tokio::net::lookup_host((target.host.as_str(), target.port))
+            .await
+            .with_context(|| format!("-grpc-addr {target}: cannot resolve {}", target.host))?
+            .next()
+            .with_context(|| format!("-grpc-addr {target}: {} has no address", target.host)),
+    }
 }
 
 /// `-bootstrap` prints the bootstrap; `-exec` replaces this process with Envoy; by default
@@ -450,6 +471,59 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn envoy_args(flags: &[&str]) -> EnvoyArgs {
+        use clap::Parser;
+        let argv = ["meshd", "connect", "envoy", "-sidecar-for", "web"].iter().chain(flags);
+        let cli = crate::cli::Cli::try_parse_from(crate::cli::normalize_args(argv.map(|s| (*s).to_owned()))).unwrap();
+        let crate::cli::Command::Connect(crate::cli::ConnectCommand::Envoy(args)) = cli.command else {
+            panic!("not connect envoy")
+        };
+        args
+    }
+
+    #[tokio::test]
+    async fn grpc_addr_takes_several_servers_of_one_scheme() {
+        let addrs = |servers: &[XdsServer]| servers.iter().map(|s| s.addr.to_string()).collect::<Vec<_>>();
+        let (servers, tls) = xds_targets(&envoy_args(&[])).await.unwrap();
+        assert_eq!(
+            (addrs(&servers), tls),
+            (vec!["127.0.0.1:8502".to_owned()], None),
+            "the default"
+        );
+
+        // Comma-separated, repeated, or both; in the order given.
+        let args = envoy_args(&["-grpc-addr", "127.0.0.1:1,127.0.0.2:2", "--grpc-addr=[::1]:3"]);
+        let (servers, tls) = xds_targets(&args).await.unwrap();
+        assert_eq!(addrs(&servers), ["127.0.0.1:1", "127.0.0.2:2", "[::1]:3"]);
+        assert_eq!(servers[2].host, "::1");
+        assert_eq!(tls, None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let ca = ca.to_str().unwrap();
+        let args = envoy_args(&[
+            "-grpc-addr",
+            "https://127.0.0.1:1,https://127.0.0.2:2",
+            "-grpc-ca-file",
+            ca,
+        ]);
+        let (servers, tls) = xds_targets(&args).await.unwrap();
+        assert_eq!(
+            servers.iter().map(|s| s.host.as_str()).collect::<Vec<_>>(),
+            ["127.0.0.1", "127.0.0.2"]
+        );
+        assert!(tls.is_some());
+
+        let mixed = envoy_args(&["-grpc-addr", "127.0.0.1:1,https://127.0.0.2:2", "-grpc-ca-file", ca]);
+        let err = format!("{:#}", xds_targets(&mixed).await.unwrap_err());
+        assert!(
+            err.starts_with("-grpc-addr 127.0.0.1:1,https://127.0.0.2:2: mixes plaintext and https://")
+                && !err.contains('\n'),
+            "{err}"
+        );
+    }
 
     #[tokio::test]
     async fn a_token_file_replaced_by_rename_is_seen_and_its_neighbours_are_not() {

@@ -1,6 +1,7 @@
 //! Envoy bootstrap: who the proxy is, where its admin listens, and how it reaches the xDS
-//! server (delta ADS over HTTP/2 to the `local_agent` cluster, the token as gRPC metadata,
-//! over TLS verified with a given CA when asked).
+//! servers (delta ADS over HTTP/2 to the `local_agent` cluster, one endpoint per server so the
+//! stream moves to another when one fails, the token as gRPC metadata, over TLS verified with
+//! a given CA when asked).
 
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -17,29 +18,41 @@ pub struct BootstrapConfig {
     pub cluster: String,
     /// Address of Envoy's admin interface.
     pub admin_bind: SocketAddr,
-    /// Address of the xDS server.
-    pub xds_addr: SocketAddr,
+    /// The xDS servers, at least one, in the order given: each is an endpoint of the
+    /// `local_agent` cluster, so a stream whose server dies reconnects to another.
+    pub xds_servers: Vec<XdsServer>,
     /// ACL token sent as `x-consul-token` (empty: none).
     pub token: String,
     /// xDS over TLS (`None`: plaintext).
     pub xds_tls: Option<XdsTls>,
 }
 
-/// How Envoy verifies the xDS server over TLS.
+/// One xDS server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsServer {
+    /// Its address (a host name is resolved before: the cluster is static).
+    pub addr: SocketAddr,
+    /// The host as given, a DNS name or an IP address: over TLS, the name its certificate
+    /// must carry (a DNS name is also sent as SNI).
+    pub host: String,
+}
+
+/// How Envoy verifies the xDS servers over TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsTls {
     /// The CA certificates (PEM) Envoy trusts, inlined in the bootstrap: nothing to find on
     /// disk at a restart.
     pub ca_pem: String,
-    /// The name the server's certificate must carry: a DNS name (also sent as SNI) or an IP
-    /// address.
-    pub server_name: String,
 }
 
-/// The xDS cluster's TLS: the CA, the server's name checked against its certificate's SANs,
-/// ALPN `h2` (gRPC).
-fn tls_socket(tls: &XdsTls) -> Value {
-    let is_ip = tls.server_name.parse::<std::net::IpAddr>().is_ok();
+/// The metadata key that ties an xDS endpoint to the TLS context checking its name, when the
+/// servers are known by several names.
+const SERVER_NAME_MATCH: &str = "server_name";
+
+/// The TLS toward a server known as `server_name`: the CA, the name checked against its
+/// certificate's SANs, ALPN `h2` (gRPC).
+fn tls_socket(tls: &XdsTls, server_name: &str) -> Value {
+    let is_ip = server_name.parse::<std::net::IpAddr>().is_ok();
     let san_type = if is_ip { "IP_ADDRESS" } else { "DNS" };
     let mut context = json!({
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
@@ -47,15 +60,67 @@ fn tls_socket(tls: &XdsTls) -> Value {
             "alpn_protocols": ["h2"],
             "validation_context": {
                 "trusted_ca": {"inline_string": tls.ca_pem},
-                "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": tls.server_name}}]
+                "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": server_name}}]
             }
         }
     });
     // SNI carries host names only (RFC 6066).
     if !is_ip {
-        context["sni"] = Value::String(tls.server_name.clone());
+        context["sni"] = Value::String(server_name.to_owned());
     }
     json!({"name": "envoy.transport_sockets.tls", "typed_config": context})
+}
+
+/// The servers' distinct host names, in the order first given.
+fn distinct_hosts(servers: &[XdsServer]) -> Vec<&str> {
+    let mut hosts: Vec<&str> = Vec::new();
+    for s in servers {
+        if !hosts.contains(&s.host.as_str()) {
+            hosts.push(&s.host);
+        }
+    }
+    hosts
+}
+
+/// Sets the xDS cluster's TLS. Servers known by one name share one context (what a single
+/// server gets); servers known by several get a context per name, picked per endpoint through
+/// `transport_socket_matches`, and the first name's context as the cluster's default, so no
+/// endpoint is ever reached in plaintext.
+fn set_tls(cluster: &mut Value, tls: &XdsTls, servers: &[XdsServer]) {
+    let hosts = distinct_hosts(servers);
+    let Some(first) = hosts.first() else {
+        return;
+    };
+    cluster["transport_socket"] = tls_socket(tls, first);
+    if hosts.len() > 1 {
+        cluster["transport_socket_matches"] = hosts
+            .iter()
+            .map(|host| {
+                json!({
+                    "name": host,
+                    "match": {SERVER_NAME_MATCH: host},
+                    "transport_socket": tls_socket(tls, host)
+                })
+            })
+            .collect();
+    }
+}
+
+/// The `local_agent` endpoints: one per server, each tagged with its name when the servers'
+/// TLS contexts are picked per endpoint.
+fn endpoints(cfg: &BootstrapConfig) -> Value {
+    let tagged = cfg.xds_tls.is_some() && distinct_hosts(&cfg.xds_servers).len() > 1;
+    cfg.xds_servers
+        .iter()
+        .map(|s| {
+            let mut endpoint = json!({"endpoint": {"address": socket(s.addr)}});
+            if tagged {
+                endpoint["metadata"] =
+                    json!({"filter_metadata": {"envoy.transport_socket_match": {SERVER_NAME_MATCH: s.host}}});
+            }
+            endpoint
+        })
+        .collect()
 }
 
 fn socket(addr: SocketAddr) -> Value {
@@ -78,7 +143,7 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": "local_agent",
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(cfg.xds_addr)}}]}]
+            "endpoints": [{"lb_endpoints": endpoints(cfg)}]
         },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -88,7 +153,7 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
         }
     });
     if let Some(tls) = &cfg.xds_tls {
-        xds_cluster["transport_socket"] = tls_socket(tls);
+        set_tls(&mut xds_cluster, tls, &cfg.xds_servers);
     }
     json!({
         "node": {"id": cfg.proxy_id, "cluster": cfg.cluster, "metadata": metadata},

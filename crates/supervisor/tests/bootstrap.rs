@@ -1,67 +1,153 @@
-//! The generated bootstrap is accepted by the real Envoy.
+//! The generated bootstrap is accepted by the real Envoy, with one xDS server or several.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use serde_json::Value;
 use std::process::Command;
-use supervisor::bootstrap::{BootstrapConfig, XdsTls, bootstrap_json};
+use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
 use test_support::envoy;
 
 /// A CA certificate in PEM (Envoy parses `trusted_ca` when validating).
 const CA_PEM: &str = include_str!("ca.pem");
 
-#[test]
-fn bootstrap_passes_envoy_validate() {
-    let tls = |server_name: &str| {
-        Some(XdsTls {
-            ca_pem: CA_PEM.into(),
-            server_name: server_name.into(),
-        })
-    };
-    for (token, xds_tls) in [
-        ("", None),
-        ("secret-token", None),
-        ("", tls("127.0.0.1")),
-        ("secret-token", tls("server.dc1.meshd")),
-    ] {
-        let cfg = BootstrapConfig {
-            proxy_id: "web-sidecar-proxy".into(),
-            node_name: "node-1".into(),
-            cluster: "web".into(),
-            admin_bind: "127.0.0.1:19000".parse().unwrap(),
-            xds_addr: "127.0.0.1:8502".parse().unwrap(),
-            token: token.into(),
-            xds_tls: xds_tls.clone(),
-        };
-        let json = bootstrap_json(&cfg);
-        assert_eq!(json["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
-        let socket = &json["static_resources"]["clusters"][0]["transport_socket"];
-        match &xds_tls {
-            None => assert!(socket.is_null()),
-            Some(tls) => {
-                let context = &socket["typed_config"];
-                assert_eq!(context["common_tls_context"]["alpn_protocols"][0], "h2");
-                assert_eq!(
-                    context["common_tls_context"]["validation_context"]["trusted_ca"]["inline_string"],
-                    CA_PEM
-                );
-                let san = &context["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0];
-                assert_eq!(san["matcher"]["exact"], tls.server_name.as_str());
-                // SNI for host names only.
-                assert_eq!(context["sni"].is_null(), tls.server_name == "127.0.0.1");
-            }
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bootstrap.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
-        let out = Command::new(envoy())
-            .args(["--mode", "validate", "-l", "error", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+fn server(addr: &str, host: &str) -> XdsServer {
+    XdsServer {
+        addr: addr.parse().unwrap(),
+        host: host.into(),
     }
+}
+
+fn config(token: &str, xds_servers: Vec<XdsServer>, tls: bool) -> BootstrapConfig {
+    BootstrapConfig {
+        proxy_id: "web-sidecar-proxy".into(),
+        node_name: "node-1".into(),
+        cluster: "web".into(),
+        admin_bind: "127.0.0.1:19000".parse().unwrap(),
+        xds_servers,
+        token: token.into(),
+        xds_tls: tls.then(|| XdsTls { ca_pem: CA_PEM.into() }),
+    }
+}
+
+/// Runs `envoy --mode validate` on the bootstrap.
+fn assert_envoy_accepts(json: &Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootstrap.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(json).unwrap()).unwrap();
+    let out = Command::new(envoy())
+        .args(["--mode", "validate", "-l", "error", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}\n{json:#}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Checks a TLS transport socket: the CA, ALPN, the name checked, SNI for host names only.
+fn assert_tls_for(socket: &Value, server_name: &str) {
+    let context = &socket["typed_config"];
+    assert_eq!(context["common_tls_context"]["alpn_protocols"][0], "h2");
+    assert_eq!(
+        context["common_tls_context"]["validation_context"]["trusted_ca"]["inline_string"],
+        CA_PEM
+    );
+    let san = &context["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0];
+    assert_eq!(san["matcher"]["exact"], server_name);
+    let is_ip = server_name.parse::<std::net::IpAddr>().is_ok();
+    assert_eq!(san["san_type"], if is_ip { "IP_ADDRESS" } else { "DNS" });
+    assert_eq!(context["sni"].is_null(), is_ip);
+}
+
+fn endpoint_addresses(cluster: &Value) -> Vec<String> {
+    let localities = cluster["load_assignment"]["endpoints"].as_array().unwrap();
+    assert_eq!(localities.len(), 1, "one locality");
+    localities[0]["lb_endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let a = &e["endpoint"]["address"]["socket_address"];
+            format!("{}:{}", a["address"].as_str().unwrap(), a["port_value"])
+        })
+        .collect()
+}
+
+#[test]
+fn bootstrap_with_one_xds_server_passes_envoy_validate() {
+    let one = || vec![server("127.0.0.1:8502", "127.0.0.1")];
+    let named = || vec![server("127.0.0.1:8502", "server.dc1.meshd")];
+    for (token, servers, tls) in [
+        ("", one(), false),
+        ("secret-token", one(), false),
+        ("", one(), true),
+        ("secret-token", named(), true),
+    ] {
+        let host = servers[0].host.clone();
+        let json = bootstrap_json(&config(token, servers, tls));
+        assert_eq!(json["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
+        let cluster = &json["static_resources"]["clusters"][0];
+        assert_eq!(cluster["type"], "STATIC");
+        assert_eq!(endpoint_addresses(cluster), ["127.0.0.1:8502"]);
+        assert!(cluster["transport_socket_matches"].is_null());
+        let socket = &cluster["transport_socket"];
+        if tls {
+            assert_tls_for(socket, &host);
+        } else {
+            assert!(socket.is_null());
+        }
+        assert_envoy_accepts(&json);
+    }
+}
+
+#[test]
+fn bootstrap_with_three_xds_servers_lists_each_and_passes_envoy_validate() {
+    let addrs = ["127.0.0.1:8502", "127.0.0.2:8502", "[::1]:8502"];
+
+    // Plaintext: three endpoints in the order given, in one locality, no TLS.
+    let plain: Vec<XdsServer> = addrs.iter().map(|a| server(a, "ignored")).collect();
+    let json = bootstrap_json(&config("secret-token", plain, false));
+    let cluster = &json["static_resources"]["clusters"][0];
+    assert_eq!(cluster["type"], "STATIC");
+    assert_eq!(
+        endpoint_addresses(cluster),
+        ["127.0.0.1:8502", "127.0.0.2:8502", "::1:8502"]
+    );
+    assert!(cluster["transport_socket"].is_null() && cluster["transport_socket_matches"].is_null());
+    assert!(
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"].is_null(),
+        "no per-endpoint TLS to pick"
+    );
+    assert_envoy_accepts(&json);
+
+    // TLS, every server known by one name (one server certificate for all): one context, as
+    // for a single server.
+    let one_name: Vec<XdsServer> = addrs.iter().map(|a| server(a, "server.dc1.meshd")).collect();
+    let json = bootstrap_json(&config("", one_name, true));
+    let cluster = &json["static_resources"]["clusters"][0];
+    assert_eq!(endpoint_addresses(cluster).len(), 3);
+    assert_tls_for(&cluster["transport_socket"], "server.dc1.meshd");
+    assert!(cluster["transport_socket_matches"].is_null());
+    assert_envoy_accepts(&json);
+
+    // TLS, each server known by its own name: each endpoint is checked against its own name.
+    let hosts = ["127.0.0.1", "server-b.dc1.meshd", "::1"];
+    let own_names: Vec<XdsServer> = addrs.iter().zip(hosts).map(|(a, h)| server(a, h)).collect();
+    let json = bootstrap_json(&config("secret-token", own_names, true));
+    let cluster = &json["static_resources"]["clusters"][0];
+    let matches = cluster["transport_socket_matches"].as_array().unwrap();
+    assert_eq!(matches.len(), 3);
+    let endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        .as_array()
+        .unwrap();
+    for (endpoint, host) in endpoints.iter().zip(hosts) {
+        let tag = &endpoint["metadata"]["filter_metadata"]["envoy.transport_socket_match"];
+        let chosen = matches.iter().find(|m| m["match"] == *tag).unwrap();
+        assert_tls_for(&chosen["transport_socket"], host);
+    }
+    // An endpoint no match picks would still get TLS, never plaintext.
+    assert_tls_for(&cluster["transport_socket"], hosts[0]);
+    assert_envoy_accepts(&json);
 }

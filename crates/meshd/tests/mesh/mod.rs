@@ -39,6 +39,12 @@ impl Mesh {
         }
     }
 
+    /// Kills the server with SIGKILL (by its own handle): a crash, no goodbye to its streams.
+    pub fn kill_server(&mut self) {
+        let _ = self._server.0.kill();
+        let _ = self._server.0.wait();
+    }
+
     pub async fn put(&self, path: &str, body: Value) {
         let resp = self
             .client
