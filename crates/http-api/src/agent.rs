@@ -76,6 +76,13 @@ pub(crate) async fn metrics(State(api): State<Api>, authz: Authz, RawQuery(q): R
             g.service_instances.set(gauge_value(service_instances));
             g.checks.set(gauge_value(checks));
             g.publisher_topics.set(gauge_value(publisher_topics));
+            let (leading, servers) = match api.store.cluster() {
+                Some(c) => (*c.leading().borrow(), c.status().servers.len()),
+                None => (true, 1),
+            };
+            g.leader.set(i64::from(leading));
+            g.servers.set(gauge_value(servers));
+            g.etcd_reloads.set(api.store.etcd_reloads());
             let mut out = String::new();
             encode_registries(&mut out, &api.registry, api.config.extra_metrics.as_deref())
                 .map_err(|_| ApiError::Internal("encoding the metrics failed".into()))?;

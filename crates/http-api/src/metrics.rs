@@ -83,6 +83,12 @@ pub(crate) struct CatalogGauges {
     pub(crate) service_instances: Gauge,
     pub(crate) checks: Gauge,
     pub(crate) publisher_topics: Gauge,
+    /// Several servers over etcd: 1 while this server leads.
+    pub(crate) leader: Gauge,
+    /// Several servers over etcd: full reloads after the watch's revision was compacted.
+    pub(crate) etcd_reloads: Gauge<u64, AtomicU64>,
+    /// Several servers over etcd: registered servers.
+    pub(crate) servers: Gauge,
 }
 
 impl CatalogGauges {
@@ -103,6 +109,21 @@ impl CatalogGauges {
             "meshd_publisher_topics",
             "Event publisher topics with subscribers",
             self.publisher_topics.clone(),
+        );
+        registry.register(
+            "meshd_server_leader",
+            "1 while this server leads the servers sharing its etcd (always 1 with the embedded store)",
+            self.leader.clone(),
+        );
+        registry.register(
+            "meshd_cluster_servers",
+            "Servers registered in etcd (1 with the embedded store)",
+            self.servers.clone(),
+        );
+        registry.register(
+            "meshd_etcd_reloads",
+            "Full reloads of the catalog from etcd after the watch's next revision was compacted",
+            self.etcd_reloads.clone(),
         );
     }
 }

@@ -147,15 +147,20 @@ impl Cluster {
     pub(crate) async fn run_session(self: Arc<Self>, stop: CancellationToken) {
         let mut lease_client = self.client.lease_client();
         let mut delay = Duration::from_millis(200);
+        let mut outage = super::Outage::default();
+        const WHAT: &str = "getting an etcd lease for this server failed, retrying";
         loop {
             let granted = tokio::select! {
                 () = stop.cancelled() => return,
                 r = lease_client.grant(self.ttl.as_secs() as i64, None) => r,
             };
             let lease = match granted {
-                Ok(r) => r.id(),
+                Ok(r) => {
+                    outage.worked(WHAT);
+                    r.id()
+                }
                 Err(e) => {
-                    warn!(error = %e, retry_in = ?delay, "cannot get an etcd lease for this server");
+                    outage.failed(WHAT, &e);
                     if super::sleep_or_stop(&stop, delay).await {
                         return;
                     }
@@ -248,9 +253,10 @@ impl Cluster {
     /// Follows the cluster keys: servers, leader and heartbeats.
     pub(crate) async fn run_watch(self: Arc<Self>, stop: CancellationToken) {
         let mut delay = Duration::from_millis(200);
+        let mut outage = super::Outage::default();
         loop {
-            if let Err(e) = self.follow(&stop).await {
-                warn!(error = %e, retry_in = ?delay, "lost the etcd watch on the cluster's servers");
+            if let Err(e) = self.follow(&stop, &mut outage).await {
+                outage.failed("the etcd watch on the cluster's servers failed, retrying", &e);
             }
             if super::sleep_or_stop(&stop, delay).await {
                 return;
@@ -259,11 +265,12 @@ impl Cluster {
         }
     }
 
-    async fn follow(&self, stop: &CancellationToken) -> Result<(), etcd_client::Error> {
+    async fn follow(&self, stop: &CancellationToken, outage: &mut super::Outage) -> Result<(), etcd_client::Error> {
         let mut kv = self.client.kv_client();
         let resp = kv
             .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await?;
+        outage.worked("the etcd watch on the cluster's servers failed, retrying");
         let mut servers: BTreeMap<String, ServerInfo> = BTreeMap::new();
         let mut leader = None;
         for kv in resp.kvs() {

@@ -101,6 +101,8 @@ pub(crate) struct Backend {
     pub(crate) cluster: Arc<Cluster>,
     /// Full reloads after a compaction.
     pub(crate) reloads: std::sync::atomic::AtomicU64,
+    /// Writes failing (logged when they start and stop failing).
+    write_outage: parking_lot::Mutex<Outage>,
 }
 
 /// Connects to etcd and reads the catalog: a one-line error when etcd cannot be reached
@@ -184,6 +186,7 @@ impl Backend {
             stop: CancellationToken::new(),
             cluster,
             reloads: std::sync::atomic::AtomicU64::new(0),
+            write_outage: parking_lot::Mutex::new(Outage::default()),
         })
     }
 
@@ -340,15 +343,15 @@ async fn commit(inner: &Arc<Inner>, backend: &Backend, queue: &mut VecDeque<Job>
             )])
             .and_then(then)
             .or_else([TxnOp::get(guard, None)]);
-        let mut last_error = None;
-        let sent = tokio::time::timeout(config.request_timeout, send(&mut kv, txn, &mut last_error)).await;
+        let mut tried = Tried::default();
+        let sent = tokio::time::timeout(config.request_timeout, send(&mut kv, txn, &mut tried)).await;
         let resp = match sent {
             Err(_) => {
-                let cause = last_error.map_or_else(
-                    || "etcd did not confirm the write (no quorum?); it may or may not be applied".to_owned(),
-                    |e| format!("etcd did not accept the write: {e}"),
-                );
-                warn!(after = ?config.request_timeout, %cause, "a write failed: etcd did not commit it in time");
+                let cause = tried.cause();
+                backend
+                    .write_outage
+                    .lock()
+                    .failed("writes to etcd fail (HTTP 500)", &cause);
                 fail_all(
                     queue.drain(..taken),
                     StoreError::EtcdTimeout {
@@ -359,7 +362,10 @@ async fn commit(inner: &Arc<Inner>, backend: &Backend, queue: &mut VecDeque<Job>
                 return;
             }
             Ok(Err(source)) => {
-                warn!(error = %source, "etcd refused a write");
+                backend
+                    .write_outage
+                    .lock()
+                    .failed("writes to etcd fail (HTTP 500)", &source);
                 fail_all(
                     queue.drain(..taken),
                     StoreError::Etcd {
@@ -393,6 +399,7 @@ async fn commit(inner: &Arc<Inner>, backend: &Backend, queue: &mut VecDeque<Job>
             }
             continue;
         }
+        backend.write_outage.lock().worked("writes to etcd fail (HTTP 500)");
         let revision = Index(resp.header().map_or(0, |h| h.revision()) as u64);
         let changed = batch.planned.iter().any(|p| matches!(p, Planned::Changed));
         if changed && !backend.caught_up(revision, config.request_timeout).await {
@@ -446,21 +453,44 @@ fn retriable(e: &etcd_client::Error) -> bool {
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// Sends a transaction, again while it fails in a way [`retriable`] allows or gets no
-/// answer within [`ATTEMPT_TIMEOUT`] (the caller bounds the whole with its timeout); the last
-/// error is kept for the caller's report.
+/// answer within [`ATTEMPT_TIMEOUT`] (the caller bounds the whole with its timeout). `tried`
+/// keeps what went wrong for the caller's report: the last error, and whether an attempt
+/// went unanswered (etcd may still commit it).
 async fn send(
     kv: &mut etcd_client::KvClient,
     txn: Txn,
-    last_error: &mut Option<String>,
+    tried: &mut Tried,
 ) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
     loop {
         match tokio::time::timeout(ATTEMPT_TIMEOUT, kv.txn(txn.clone())).await {
-            Err(_) => *last_error = None,
+            Err(_) => tried.unanswered = true,
             Ok(Err(e)) if retriable(&e) => {
-                *last_error = Some(e.to_string());
+                tried.last_error = Some(e.to_string());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Ok(other) => return other,
+        }
+    }
+}
+
+/// What went wrong with the attempts at one transaction.
+#[derive(Default)]
+struct Tried {
+    last_error: Option<String>,
+    unanswered: bool,
+}
+
+impl Tried {
+    /// Why the write failed, for the 500: the cause, and whether it may still apply.
+    fn cause(&self) -> String {
+        let why = match &self.last_error {
+            Some(e) => format!("etcd did not commit the write (no quorum?): {e}"),
+            None => "etcd did not commit the write (no quorum?)".to_owned(),
+        };
+        if self.unanswered {
+            format!("{why}; it was not acknowledged, but etcd may still apply it if it commits it later")
+        } else {
+            why
         }
     }
 }
@@ -472,6 +502,8 @@ pub(crate) async fn applier(inner: Arc<Inner>, backend: Arc<Backend>) {
     let prefix = config.catalog_prefix();
     let mut watch_client = backend.client.watch_client();
     let mut delay = Duration::from_millis(100);
+    let mut outage = Outage::default();
+    const WHAT: &str = "the etcd watch on the catalog failed, retrying";
     loop {
         let from = backend.applied.borrow().0 as i64 + 1;
         let options = WatchOptions::new().with_prefix().with_start_revision(from);
@@ -482,7 +514,7 @@ pub(crate) async fn applier(inner: Arc<Inner>, backend: Arc<Backend>) {
         let mut stream = match started {
             Ok(s) => s,
             Err(e) => {
-                warn!(error = %e, retry_in = ?delay, "cannot watch etcd; reads serve the last applied state");
+                outage.failed(WHAT, &e);
                 if sleep_or_stop(&backend.stop, delay).await {
                     return;
                 }
@@ -509,19 +541,20 @@ pub(crate) async fn applier(inner: Arc<Inner>, backend: Arc<Backend>) {
                     break;
                 }
                 Ok(Some(resp)) if resp.canceled() => {
-                    warn!(reason = resp.cancel_reason(), "etcd ended the watch; watching again");
+                    outage.failed(WHAT, &format!("etcd ended the watch: {}", resp.cancel_reason()));
                     break;
                 }
                 Ok(Some(resp)) => {
                     delay = Duration::from_millis(100);
+                    outage.worked(WHAT);
                     apply_events(&inner, &backend, &prefix, resp.events());
                 }
                 Ok(None) => {
-                    warn!("the etcd watch closed; watching again");
+                    outage.failed(WHAT, &"the watch stream closed");
                     break;
                 }
                 Err(e) => {
-                    warn!(error = %e, "the etcd watch failed; reads serve the last applied state until it is back");
+                    outage.failed(WHAT, &e);
                     break;
                 }
             }
@@ -530,6 +563,32 @@ pub(crate) async fn applier(inner: Arc<Inner>, backend: Arc<Backend>) {
             return;
         }
         delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Logs a connection to etcd that keeps failing once when it starts failing (a warning)
+/// and once when it works again, not at every retry.
+#[derive(Default)]
+pub(crate) struct Outage {
+    since: Option<std::time::Instant>,
+}
+
+impl Outage {
+    /// A try failed: warns the first time.
+    pub(crate) fn failed(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        if self.since.is_none() {
+            self.since = Some(std::time::Instant::now());
+            warn!(%error, "{what} (reads serve the last applied state; logged again once it works)");
+        } else {
+            tracing::debug!(%error, "{what}: still failing");
+        }
+    }
+
+    /// A try worked: says so if it had been failing.
+    pub(crate) fn worked(&mut self, what: &str) {
+        if let Some(since) = self.since.take() {
+            info!(after = ?since.elapsed(), "{what}; working again");
+        }
     }
 }
 

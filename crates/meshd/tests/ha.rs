@@ -1,0 +1,480 @@
+//! Several `meshd server -store etcd` processes over a real etcd cluster: one catalog seen
+//! the same from every server, check-and-set raced between servers, leadership moving when
+//! the leader is killed, durability across `kill -9` of every server, etcd members failing,
+//! and Envoys whose xDS server dies under traffic.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use test_support::etcd::EtcdCluster;
+use test_support::http::named_backend as backend;
+use test_support::process::{ServerProcess, start_server_at};
+use test_support::reserve_port;
+
+mod mesh;
+use mesh::{Proc, get, run_envoy, wait_for};
+
+fn meshd() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+/// One meshd server on fixed addresses (so it restarts where it was).
+struct Server {
+    proc: Option<Proc>,
+    name: String,
+    http_addr: String,
+    grpc: String,
+    etcd: String,
+}
+
+impl Server {
+    fn new(name: &str, etcd: &EtcdCluster) -> Server {
+        Server {
+            proc: None,
+            name: name.to_owned(),
+            http_addr: format!("127.0.0.1:{}", reserve_port()),
+            grpc: format!("127.0.0.1:{}", reserve_port()),
+            etcd: etcd.endpoints_arg(),
+        }
+    }
+
+    fn http(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    fn start(&mut self) {
+        let ServerProcess { child, .. } = start_server_at(
+            meshd(),
+            &self.http_addr,
+            &self.grpc,
+            [
+                "-store",
+                "etcd",
+                "-etcd-endpoints",
+                &self.etcd,
+                "-node",
+                &self.name,
+                "-etcd-lease-ttl",
+                "3s",
+                "-log-level",
+                "warn",
+            ],
+        );
+        self.proc = Some(Proc(child));
+    }
+
+    /// SIGKILL, by its own handle: a crash.
+    fn kill(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            let _ = proc.0.kill();
+            let _ = proc.0.wait();
+            std::mem::forget(proc);
+        }
+    }
+}
+
+async fn cluster(members: usize) -> EtcdCluster {
+    tokio::task::spawn_blocking(move || EtcdCluster::start(members))
+        .await
+        .unwrap()
+}
+
+async fn servers(etcd: &EtcdCluster, n: usize) -> Vec<Server> {
+    let mut servers: Vec<Server> = (0..n).map(|i| Server::new(&format!("server-{i}"), etcd)).collect();
+    for s in &mut servers {
+        s.start();
+    }
+    servers
+}
+
+async fn put(client: &reqwest::Client, url: String, body: Value) -> reqwest::Response {
+    client.put(url).json(&body).send().await.unwrap()
+}
+
+async fn json_of(client: &reqwest::Client, url: &str) -> (Value, u64) {
+    let resp = client.get(url).send().await.unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    let index = resp.headers()["x-consul-index"].to_str().unwrap().parse().unwrap();
+    (resp.json().await.unwrap(), index)
+}
+
+fn node(name: &str) -> Value {
+    json!({"Node": name, "Address": "10.0.0.1", "Service": {"Service": "api", "ID": format!("api-{name}"), "Port": 8080}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write() {
+    let etcd = cluster(3).await;
+    let mut servers = servers(&etcd, 3).await;
+    let client = reqwest::Client::new();
+    let addrs: Vec<String> = servers.iter().map(|s| s.http_addr.clone()).collect();
+
+    // Every server lists the three, and all name the same leader.
+    let leader = wait_for(|| async {
+        let mut leaders = Vec::new();
+        for s in &servers {
+            let peers: Vec<String> =
+                serde_json::from_str(&get(&client, &format!("{}/v1/status/peers", s.http())).await?).ok()?;
+            let mut sorted = peers.clone();
+            sorted.sort();
+            let mut want = addrs.clone();
+            want.sort();
+            if sorted != want {
+                return None;
+            }
+            leaders.push(
+                serde_json::from_str::<String>(&get(&client, &format!("{}/v1/status/leader", s.http())).await?).ok()?,
+            );
+        }
+        (leaders.iter().all(|l| l == &leaders[0]) && addrs.contains(&leaders[0])).then(|| leaders[0].clone())
+    })
+    .await;
+
+    let mut leading = 0.0;
+    for s in &servers {
+        leading += test_support::process::metric(&client, &s.http(), "meshd_server_leader").await;
+        assert_eq!(
+            test_support::process::metric(&client, &s.http(), "meshd_cluster_servers").await,
+            3.0
+        );
+    }
+    assert_eq!(leading, 1.0, "exactly one server says it leads");
+
+    // A write through server 0 wakes a blocking query parked on server 2.
+    let (_, index) = json_of(&client, &format!("{}/v1/health/service/api", servers[2].http())).await;
+    let parked = {
+        let (client, url) = (
+            client.clone(),
+            format!("{}/v1/health/service/api?index={index}&wait=20s", servers[2].http()),
+        );
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let resp = client.get(url).send().await.unwrap();
+            let index: u64 = resp.headers()["x-consul-index"].to_str().unwrap().parse().unwrap();
+            (started.elapsed(), index, resp.json::<Value>().await.unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = put(
+        &client,
+        format!("{}/v1/catalog/register", servers[0].http()),
+        node("n0"),
+    )
+    .await;
+    assert!(resp.status().is_success());
+    let (waited, woke_at, body) = parked.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken by the write, not the timeout: {waited:?}"
+    );
+    assert!(woke_at > index);
+    assert_eq!(body.as_array().unwrap().len(), 1);
+    let (_, on_0) = json_of(&client, &format!("{}/v1/health/service/api", servers[0].http())).await;
+    assert_eq!(on_0, woke_at, "X-Consul-Index means the same on every server");
+
+    // Check-and-set raced between two servers applies exactly once, every round.
+    let entry = |protocol: &str| json!({"Kind": "service-defaults", "Name": "api", "Protocol": protocol});
+    for round in 0..5 {
+        // Each round starts from tcp, and races two other protocols (a write that would
+        // change nothing succeeds whatever else happens).
+        put(
+            &client,
+            format!("{}/v1/config", servers[round % 3].http()),
+            entry("tcp"),
+        )
+        .await;
+        let (current, _) = json_of(
+            &client,
+            &format!("{}/v1/config/service-defaults/api", servers[1].http()),
+        )
+        .await;
+        let cas = current["ModifyIndex"].as_u64().unwrap();
+        let (a, b) = tokio::join!(
+            put(
+                &client,
+                format!("{}/v1/config?cas={cas}", servers[0].http()),
+                entry("http")
+            ),
+            put(
+                &client,
+                format!("{}/v1/config?cas={cas}", servers[1].http()),
+                entry("grpc")
+            ),
+        );
+        let (a, b) = (a.text().await.unwrap(), b.text().await.unwrap());
+        assert!(
+            (a == "true") ^ (b == "true"),
+            "round {round}: exactly one applies (server 0: {a}, server 1: {b})"
+        );
+    }
+
+    // Acknowledged writes through every server.
+    let mut acked = Vec::new();
+    for i in 1..=30 {
+        let s = &servers[i % 3];
+        let resp = put(
+            &client,
+            format!("{}/v1/catalog/register", s.http()),
+            node(&format!("n{i}")),
+        )
+        .await;
+        assert!(resp.status().is_success());
+        acked.push(format!("n{i}"));
+    }
+    let (_, served) = json_of(&client, &format!("{}/v1/catalog/nodes", servers[1].http())).await;
+
+    // The leader dies: another server leads within the lease TTL (3 s), and the dead one
+    // leaves the peers.
+    let dead = servers.iter().position(|s| s.http_addr == leader).unwrap();
+    servers[dead].kill();
+    let killed = Instant::now();
+    let survivor = servers[(dead + 1) % 3].http();
+    let new_leader = wait_for(|| async {
+        let l: String = serde_json::from_str(&get(&client, &format!("{survivor}/v1/status/leader")).await?).ok()?;
+        (!l.is_empty() && l != leader).then_some(l)
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(8),
+        "leadership moved in {:?}",
+        killed.elapsed()
+    );
+    assert_ne!(new_leader, leader);
+
+    // Every server killed with SIGKILL and started again: every acknowledged write is there,
+    // and no index went back.
+    for s in &mut servers {
+        s.kill();
+    }
+    for s in &mut servers {
+        s.start();
+    }
+    for s in &servers {
+        let (nodes, index) = json_of(&client, &format!("{}/v1/catalog/nodes", s.http())).await;
+        let names: Vec<&str> = nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["Node"].as_str().unwrap())
+            .collect();
+        for name in acked.iter().chain([&"n0".to_owned()]) {
+            assert!(names.contains(&name.as_str()), "{} lost {name}", s.name);
+        }
+        assert!(index >= served, "{}: index {index} < {served} served before", s.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_on_with_one_etcd_member_down_fail_cleanly_without_quorum_and_resume() {
+    let mut etcd = cluster(3).await;
+    let servers = servers(&etcd, 1).await;
+    let (client, http) = (reqwest::Client::new(), servers[0].http());
+    let register = |name: &str| put(&client, format!("{http}/v1/catalog/register"), node(name));
+    assert!(register("before").await.status().is_success());
+
+    tokio::task::block_in_place(|| etcd.kill(0));
+    let resp = register("one-down").await;
+    assert!(
+        resp.status().is_success(),
+        "one member of three down: {}",
+        resp.text().await.unwrap()
+    );
+
+    let (_, index) = json_of(&client, &format!("{http}/v1/catalog/nodes")).await;
+    tokio::task::block_in_place(|| etcd.kill(1));
+    let started = Instant::now();
+    let resp = register("no-quorum").await;
+    assert_eq!(resp.status(), 500);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("etcd did not commit the write"),
+        "the 500 names the cause: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "fails within the request timeout"
+    );
+    // Reads, blocking ones too, serve the last applied state.
+    let (nodes, again) = json_of(&client, &format!("{http}/v1/catalog/nodes?index={index}&wait=1s")).await;
+    assert_eq!(again, index);
+    assert_eq!(nodes.as_array().unwrap().len(), 2);
+
+    tokio::task::block_in_place(|| {
+        etcd.restart(0);
+        etcd.restart(1);
+    });
+    let resumed = wait_for(|| async { register("after").await.status().is_success().then_some(()) }).await;
+    let () = resumed;
+    let (nodes, after) = json_of(&client, &format!("{http}/v1/catalog/nodes")).await;
+    let names: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["Node"].as_str().unwrap())
+        .collect();
+    // The write that failed was not acknowledged; etcd may still have committed it when
+    // quorum returned (the 500 says so). Every acknowledged one is there.
+    for name in ["before", "one-down", "after"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    assert!(after > index);
+}
+
+#[test]
+fn an_unreachable_etcd_at_start_is_one_line_and_a_non_zero_exit() {
+    let closed = reserve_port();
+    let out = Command::new(meshd())
+        .args(["server", "-store", "etcd", "-etcd-request-timeout", "1s"])
+        .args(["-etcd-endpoints", &format!("http://127.0.0.1:{closed}")])
+        .args([
+            "-http-addr",
+            "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-log-level",
+            "error",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(&format!("127.0.0.1:{closed}")), "{stderr}");
+}
+
+/// Web's and api's Envoys hold their streams on server A; A is killed under traffic and a
+/// new api instance registered through B: web's Envoy has it within 5 s, and no request
+/// fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops() {
+    let etcd = cluster(1).await;
+    let mut servers: Vec<Server> = (0..3).map(|i| Server::new(&format!("s{i}"), &etcd)).collect();
+    // Only A runs while the Envoys start, so their streams are on A.
+    servers[0].start();
+    let (client, a) = (reqwest::Client::new(), servers[0].http());
+    let grpc_all = servers.iter().map(|s| s.grpc.clone()).collect::<Vec<_>>().join(",");
+    let (api_port, api2_port, web_port) = (backend("api-1"), backend("api-2"), backend("web"));
+    let (web_public, api_public, api2_public, upstream) =
+        (reserve_port(), reserve_port(), reserve_port(), reserve_port());
+    let sidecar = |service: &str, id: &str, port: u16, local: u16, upstreams: Value, status: &str| {
+        json!({"Node": format!("node-{id}"), "Address": "127.0.0.1",
+            "Service": {"Kind": "connect-proxy", "ID": format!("{id}-sidecar-proxy"), "Service": format!("{service}-sidecar-proxy"), "Port": port,
+                "Proxy": {"DestinationServiceName": service, "DestinationServiceID": id, "LocalServicePort": local, "Upstreams": upstreams}},
+            "Check": {"CheckID": format!("{id}-alive"), "Name": "alive", "Status": status, "ServiceID": format!("{id}-sidecar-proxy")}})
+    };
+    let instance = |service: &str, id: &str, port: u16| json!({"Node": format!("node-{id}"), "Address": "127.0.0.1", "Service": {"Service": service, "ID": id, "Port": port}});
+    for body in [
+        instance("web", "web", web_port),
+        instance("api", "api-1", api_port),
+        sidecar(
+            "web",
+            "web",
+            web_public,
+            web_port,
+            json!([{"DestinationName": "api", "LocalBindPort": upstream}]),
+            "passing",
+        ),
+        sidecar("api", "api-1", api_public, api_port, json!([]), "passing"),
+    ] {
+        assert!(
+            put(&client, format!("{a}/v1/catalog/register"), body)
+                .await
+                .status()
+                .is_success()
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let xds = ["-grpc-addr", grpc_all.as_str()];
+    let (_web, web_admin) = run_envoy("web", "node-web", &a, &xds, &dir.path().join("web")).await;
+    let (_api, _) = run_envoy("api", "node-api-1", &a, &xds, &dir.path().join("api")).await;
+    let through = format!("http://127.0.0.1:{upstream}/");
+    wait_for(|| async { get(&client, &through).await.filter(|b| b.contains("api-1")) }).await;
+    servers[1].start();
+    servers[2].start();
+
+    // Traffic: one request every 20 ms through web's Envoy, counting failures.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let traffic = {
+        let (client, url, stop) = (client.clone(), through.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.is_cancelled() {
+                match client.get(&url).timeout(Duration::from_secs(2)).send().await {
+                    Ok(r) if r.status().is_success() => ok += 1,
+                    Ok(r) => failed.push(r.status().to_string()),
+                    Err(e) => failed.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    servers[0].kill();
+
+    // api-2 arrives through B: its sidecar first registered critical, its Envoy started,
+    // then marked passing (so no request goes to it before it listens).
+    let b = servers[1].http();
+    let api2 = sidecar("api", "api-2", api2_public, api2_port, json!([]), "critical");
+    assert!(
+        put(
+            &client,
+            format!("{b}/v1/catalog/register"),
+            instance("api", "api-2", api2_port)
+        )
+        .await
+        .status()
+        .is_success()
+    );
+    assert!(
+        put(&client, format!("{b}/v1/catalog/register"), api2)
+            .await
+            .status()
+            .is_success()
+    );
+    let (_api2, api2_admin) = run_envoy(
+        "api",
+        "node-api-2",
+        &b,
+        &["-grpc-addr", &servers[1].grpc],
+        &dir.path().join("api2"),
+    )
+    .await;
+    wait_for(|| async {
+        get(&client, &format!("{api2_admin}/listeners"))
+            .await
+            .filter(|l| l.contains("public_listener"))
+    })
+    .await;
+    let passing = sidecar("api", "api-2", api2_public, api2_port, json!([]), "passing");
+    assert!(
+        put(&client, format!("{b}/v1/catalog/register"), passing)
+            .await
+            .status()
+            .is_success()
+    );
+    let written = Instant::now();
+    let endpoint = format!("127.0.0.1:{api2_public}");
+    wait_for(|| async {
+        get(&client, &format!("{web_admin}/clusters"))
+            .await
+            .filter(|c| c.contains(&endpoint))
+    })
+    .await;
+    let seen = written.elapsed();
+    assert!(seen < Duration::from_secs(5), "web's Envoy had api-2 after {seen:?}");
+    // Traffic reaches the new instance too.
+    wait_for(|| async { get(&client, &through).await.filter(|b| b.contains("api-2")) }).await;
+    stop.cancel();
+    let (ok, failed) = traffic.await.unwrap();
+    assert!(ok > 20, "traffic ran: {ok} requests");
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+}
