@@ -1,7 +1,19 @@
-"""Fixtures: a real `meshd server` process and a py-consul client pointed at it."""
+"""Fixtures: a real `meshd server` process and a py-consul client pointed at it.
+
+Tests that take the `server` fixture run four times: against `meshd server -dev`, and
+against each of three `meshd server -store etcd` processes sharing one catalog in a real
+etcd (a fresh key prefix per test), so the suite passes against every server of an HA
+cluster, not only the one that happened to write.
+"""
 
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
 
 import consul
 import pytest
@@ -16,11 +28,49 @@ def _meshd_binary():
     return path
 
 
-@pytest.fixture
-def server():
-    """Starts `meshd server -dev` on an ephemeral port; stops it (SIGTERM) afterwards."""
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def etcd():
+    """One real etcd member (the pinned binary in MESHD_ETCD) for the whole session."""
+    binary = os.environ.get("MESHD_ETCD")
+    if not binary or not os.path.exists(binary):
+        raise RuntimeError("MESHD_ETCD must name the pinned etcd binary; run these tests through `cargo xtask test`")
+    data = tempfile.mkdtemp(prefix="meshd-py-etcd-")
+    client, peer = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
+    log = open(os.path.join(data, "etcd.log"), "w")
     proc = subprocess.Popen(
-        [_meshd_binary(), "server", "-dev", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-log-level", "warn"],
+        [binary, "--name", "py", "--data-dir", os.path.join(data, "member"),
+         "--listen-client-urls", client, "--advertise-client-urls", client,
+         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+         "--initial-cluster", f"py={peer}", "--log-level", "error"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if b'"health":"true"' in urllib.request.urlopen(f"{client}/health", timeout=1).read():
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"etcd did not become healthy; its log: {open(log.name).read()[-2000:]}")
+        time.sleep(0.1)
+    yield client
+    proc.kill()
+    proc.wait()
+    log.close()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def _start_server(*args):
+    proc = subprocess.Popen(
+        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-log-level", "warn", *args],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -30,9 +80,32 @@ def server():
         proc.kill()
         raise RuntimeError(f"meshd did not start: {line!r}")
     host, port = line[len(prefix):].rsplit(":", 1)
-    yield host, int(port)
+    return proc, (host, int(port))
+
+
+def _stop_server(proc):
     proc.terminate()
     assert proc.wait(timeout=30) == 0, "meshd server did not shut down cleanly"
+
+
+@pytest.fixture(params=["dev", "etcd-server-0", "etcd-server-1", "etcd-server-2"])
+def server(request):
+    """A meshd server on an ephemeral port: `-dev`, or one of three sharing an etcd
+    catalog (under a prefix of this test's own); all stopped (SIGTERM) afterwards."""
+    if request.param == "dev":
+        started = [_start_server("-dev")]
+        target = started[0][1]
+    else:
+        endpoints = request.getfixturevalue("etcd")
+        prefix = f"/py-{uuid.uuid4().hex}/"
+        started = [
+            _start_server("-store", "etcd", "-etcd-endpoints", endpoints, "-etcd-prefix", prefix, "-node", f"server-{i}")
+            for i in range(3)
+        ]
+        target = started[int(request.param[-1])][1]
+    yield target
+    for proc, _ in started:
+        _stop_server(proc)
 
 
 @pytest.fixture
