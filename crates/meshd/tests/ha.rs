@@ -347,10 +347,11 @@ fn an_unreachable_etcd_at_start_is_one_line_and_a_non_zero_exit() {
 
 /// Web's and api's Envoys hold their streams on server A; A is killed under traffic and a
 /// new api instance registered through B: web's Envoy has it within 5 s, and no request
-/// fails.
+/// fails. Then etcd loses quorum: writes fail, reads and traffic go on; it comes back and
+/// writes resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops() {
-    let etcd = cluster(1).await;
+    let mut etcd = cluster(3).await;
     let mut servers: Vec<Server> = (0..3).map(|i| Server::new(&format!("s{i}"), &etcd)).collect();
     // Only A runs while the Envoys start, so their streams are on A.
     servers[0].start();
@@ -468,6 +469,28 @@ async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops(
     assert!(seen < Duration::from_secs(5), "web's Envoy had api-2 after {seen:?}");
     // Traffic reaches the new instance too.
     wait_for(|| async { get(&client, &through).await.filter(|b| b.contains("api-2")) }).await;
+
+    // etcd loses quorum: writes fail, reads answer, traffic goes on.
+    tokio::task::block_in_place(|| {
+        etcd.kill(1);
+        etcd.kill(2);
+    });
+    let resp = put(&client, format!("{b}/v1/catalog/register"), node("during")).await;
+    assert_eq!(resp.status(), 500, "{}", resp.text().await.unwrap());
+    let (nodes, _) = json_of(&client, &format!("{b}/v1/health/service/api")).await;
+    assert_eq!(nodes.as_array().unwrap().len(), 2, "reads serve the last applied state");
+    tokio::task::block_in_place(|| {
+        etcd.restart(1);
+        etcd.restart(2);
+    });
+    wait_for(|| async {
+        put(&client, format!("{b}/v1/catalog/register"), node("after"))
+            .await
+            .status()
+            .is_success()
+            .then_some(())
+    })
+    .await;
     stop.cancel();
     let (ok, failed) = traffic.await.unwrap();
     assert!(ok > 20, "traffic ran: {ok} requests");

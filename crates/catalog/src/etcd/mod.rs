@@ -665,8 +665,8 @@ fn reset(inner: &Inner, backend: &Backend, state: State) {
     let index = state.index;
     let state = Arc::new(state);
     *inner.state.write() = Arc::clone(&state);
+    backend.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     notify_all(inner, &state);
     backend.applied.send_replace(index);
-    backend.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     info!(%index, "catalog reloaded from etcd; subscribers reset");
 }
