@@ -27,6 +27,7 @@ struct Server {
     http_addr: String,
     grpc: String,
     etcd: String,
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -37,6 +38,7 @@ impl Server {
             http_addr: format!("127.0.0.1:{}", reserve_port()),
             grpc: format!("127.0.0.1:{}", reserve_port()),
             etcd: etcd.endpoints_arg(),
+            extra: Vec::new(),
         }
     }
 
@@ -60,7 +62,9 @@ impl Server {
                 "3s",
                 "-log-level",
                 "warn",
-            ],
+            ]
+            .into_iter()
+            .chain(self.extra.iter().map(String::as_str)),
         );
         self.proc = Some(Proc(child));
     }
@@ -499,5 +503,79 @@ async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops(
         "{} of {} requests failed: {failed:?}",
         failed.len(),
         ok as usize + failed.len()
+    );
+}
+
+async fn serf_status(client: &reqwest::Client, http: &str, node: &str) -> Option<String> {
+    let checks: Value = serde_json::from_str(&get(client, &format!("{http}/v1/health/node/{node}")).await?).ok()?;
+    checks
+        .as_array()?
+        .iter()
+        .find(|c| c["CheckID"] == "serfHealth")
+        .map(|c| c["Status"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Agents may send heartbeats to any server; only the leader marks silent nodes critical,
+/// counting heartbeats any server heard; when it dies the next leader does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_alone_marks_silent_nodes_critical_counting_heartbeats_sent_to_any_server() {
+    let etcd = cluster(1).await;
+    let mut servers: Vec<Server> = (0..3).map(|i| Server::new(&format!("live-{i}"), &etcd)).collect();
+    for s in &mut servers {
+        s.extra = vec!["-node-liveness-timeout".into(), "2s".into()];
+        s.start();
+    }
+    let client = reqwest::Client::new();
+    let leader = wait_for(|| async {
+        let l: String =
+            serde_json::from_str(&get(&client, &format!("{}/v1/status/leader", servers[0].http())).await?).ok()?;
+        servers.iter().position(|s| s.http_addr == l)
+    })
+    .await;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}/v1/internal/node/heartbeat", s.http()))
+        .collect();
+    let beat = |server: usize, node: &'static str| {
+        let (client, url) = (client.clone(), urls[server].clone());
+        async move {
+            let resp = put(&client, url, json!({"Node": node, "Address": "10.0.0.9"})).await;
+            assert!(resp.status().is_success());
+        }
+    };
+    // `kept` beats to a follower only; `silent` beats once.
+    beat(followers[0], "silent").await;
+    let leader_http = servers[leader].http();
+    for _ in 0..20 {
+        beat(followers[0], "kept").await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        serf_status(&client, &leader_http, "kept").await.as_deref(),
+        Some("passing")
+    );
+    assert_eq!(
+        serf_status(&client, &leader_http, "silent").await.as_deref(),
+        Some("critical")
+    );
+
+    // The leader dies; the next one takes over the marking, and gives nodes a full timeout.
+    servers[leader].kill();
+    let survivor = servers[followers[1]].http();
+    beat(followers[1], "silent-too").await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(11) {
+        beat(followers[1], "kept").await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        serf_status(&client, &survivor, "kept").await.as_deref(),
+        Some("passing")
+    );
+    assert_eq!(
+        serf_status(&client, &survivor, "silent-too").await.as_deref(),
+        Some("critical"),
+        "the new leader marks nodes silent since it took over"
     );
 }
