@@ -4,6 +4,8 @@
 pub mod acl_cli;
 #[cfg(feature = "agent")]
 pub mod agent;
+#[cfg(feature = "server")]
+mod balance;
 pub mod cli;
 #[cfg(any(feature = "server", feature = "agent"))]
 pub mod conn_limit;

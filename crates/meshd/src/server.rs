@@ -133,6 +133,10 @@ pub async fn run(
     );
     let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
 
+    let balance_task = tokio::spawn(
+        crate::balance::run(store.clone(), engine.xds.clone(), args.etcd_lease_ttl * 2, stop.clone())
+            .instrument(info_span!("xds_balance")),
+    );
     let liveness_stop = stop.clone();
     let liveness_task = tokio::spawn(
         async move { liveness.run(liveness_stop.cancelled()).await }.instrument(info_span!("node_liveness")),
@@ -156,6 +160,7 @@ pub async fn run(
         None => None,
     };
     liveness_task.await.context("node liveness task")?;
+    balance_task.await.context("xDS balance task")?;
     engine.shutdown().await;
     store.close().await;
     info!("meshd server stopped");

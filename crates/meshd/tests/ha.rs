@@ -579,3 +579,126 @@ async fn the_leader_alone_marks_silent_nodes_critical_counting_heartbeats_sent_t
         "the new leader marks nodes silent since it took over"
     );
 }
+
+/// A synthetic proxy's delta stream that ACKs like Envoy and, when its stream ends,
+/// reconnects to the next server of `servers` (as Envoy does with several xDS servers).
+/// `on` tells which server holds it now.
+async fn roaming_proxy(
+    servers: Vec<String>,
+    start: usize,
+    id: String,
+    on: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    let mut at = start;
+    while !stop.is_cancelled() {
+        let server = at % servers.len();
+        at += 1;
+        let Ok(mut client) = AggregatedDiscoveryServiceClient::connect(format!("http://{}", servers[server])).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let node = Some(Node {
+            id: id.clone(),
+            ..Default::default()
+        });
+        tx.send(DeltaDiscoveryRequest {
+            node,
+            type_url: CLUSTER.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let Ok(stream) = client
+            .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        else {
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return,
+                m = stream.message() => m,
+            };
+            let Ok(Some(resp)) = message else { break };
+            on.store(server, std::sync::atomic::Ordering::Release);
+            let ack = DeltaDiscoveryRequest {
+                type_url: resp.type_url.clone(),
+                response_nonce: resp.nonce.clone(),
+                ..Default::default()
+            };
+            if tx.send(ack).await.is_err() {
+                break;
+            }
+        }
+        on.store(usize::MAX, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// 30 proxies all on server A of three: after the grace period A hands streams to the others
+/// at a paced rate until it holds its share, ceil(30 / 3 × 1.1) = 11, and every proxy is
+/// served somewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_holding_more_than_its_share_of_streams_hands_the_excess_to_the_others() {
+    const PROXIES: usize = 30;
+    let etcd = cluster(1).await;
+    let mut servers: Vec<Server> = (0..3).map(|i| Server::new(&format!("bal-{i}"), &etcd)).collect();
+    for s in &mut servers {
+        s.start();
+    }
+    let client = reqwest::Client::new();
+    for i in 0..PROXIES {
+        let body = json!({"Node": format!("node-{i}"), "Address": "10.0.0.1", "Service": {"Kind": "connect-proxy",
+            "ID": format!("app-{i}-sidecar-proxy"), "Service": format!("app-{i}-sidecar-proxy"), "Port": 21000,
+            "Proxy": {"DestinationServiceName": format!("app-{i}")}}});
+        let resp = put(&client, format!("{}/v1/catalog/register", servers[i % 3].http()), body).await;
+        assert!(resp.status().is_success());
+    }
+    let grpc: Vec<String> = servers.iter().map(|s| s.grpc.clone()).collect();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on: Vec<_> = (0..PROXIES)
+        .map(|_| std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)))
+        .collect();
+    for (i, on) in on.iter().enumerate() {
+        tokio::spawn(roaming_proxy(
+            grpc.clone(),
+            0,
+            format!("app-{i}-sidecar-proxy"),
+            on.clone(),
+            stop.clone(),
+        ));
+    }
+    let held = |s: usize| {
+        on.iter()
+            .filter(|o| o.load(std::sync::atomic::Ordering::Acquire) == s)
+            .count()
+    };
+    wait_for(|| async { (held(0) == PROXIES).then_some(()) }).await;
+    let a = servers[0].http();
+    assert_eq!(
+        test_support::process::metric(&client, &a, "meshd_xds_streams").await,
+        PROXIES as f64
+    );
+
+    wait_for(|| async {
+        let streams = test_support::process::metric(&client, &a, "meshd_xds_streams").await;
+        (streams <= 11.0 && (0..3).map(held).sum::<usize>() == PROXIES).then_some(())
+    })
+    .await;
+    let shed = test_support::process::metric(&client, &a, "meshd_xds_streams_shed_total").await;
+    assert!(shed >= (PROXIES - 11) as f64, "{shed} streams handed over");
+    assert!(
+        held(1) + held(2) >= PROXIES - 11,
+        "the others took them: {} and {}",
+        held(1),
+        held(2)
+    );
+    stop.cancel();
+}

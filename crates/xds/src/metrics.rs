@@ -26,6 +26,7 @@ pub struct XdsMetrics {
     refused: Counter,
     denied: Counter,
     paced: Counter,
+    shed: Counter,
     build_failures: Counter,
     responses: PerType,
     nacks: PerType,
@@ -137,6 +138,13 @@ impl XdsMetrics {
     pub(crate) fn stream_paced(&self) {
         self.paced.inc();
     }
+    pub(crate) fn stream_shed(&self) {
+        self.shed.inc();
+    }
+    /// Streams ended so far to move them to another server (balancing).
+    pub fn streams_shed(&self) -> u64 {
+        self.shed.get()
+    }
     /// Streams refused at the limit so far.
     pub fn streams_refused(&self) -> u64 {
         self.refused.get()
@@ -198,6 +206,11 @@ impl XdsMetrics {
             "meshd_xds_streams_paced",
             "ADS streams whose setup waited for the setup rate",
             self.paced.clone(),
+        );
+        registry.register(
+            "meshd_xds_streams_shed",
+            "ADS streams ended with RESOURCE_EXHAUSTED to move them to a less loaded server (several servers)",
+            self.shed.clone(),
         );
         registry.register(
             "meshd_xds_responses",

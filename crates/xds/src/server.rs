@@ -104,6 +104,9 @@ struct Inner {
     problems: Mutex<SweptMap<proxycfg::ProxyId, Weak<VersionedResources>>>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
+    /// One permit per stream asked to end so that its proxy reconnects elsewhere
+    /// ([`XdsServer::shed`]).
+    shed: tokio::sync::Notify,
     /// Tracks live streams (each holds a token) so shutdown can wait for them.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -151,9 +154,25 @@ impl XdsServer {
                 built: Mutex::new(SweptMap::default()),
                 problems: Mutex::new(SweptMap::default()),
                 shared: crate::resources::SharedEncodings::default(),
+                shed: tokio::sync::Notify::new(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
+        }
+    }
+
+    /// Streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.inner.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends `n` open streams (those waiting longest for something to do first) with
+    /// `RESOURCE_EXHAUSTED`, so that their proxies reconnect, to another server when their
+    /// bootstrap lists several: how a loaded server hands streams to the others. A stream
+    /// is never ended while it has a response to send.
+    pub fn shed(&self, n: usize) {
+        for _ in 0..n {
+            self.inner.shed.notify_one();
         }
     }
 
@@ -444,6 +463,14 @@ where
             tokio::select! {
                 biased;
                 () = &mut self.shutdown => self.finished = true,
+                () = self.inner.shed.notified() => {
+                    self.finished = true;
+                    self.inner.metrics.stream_shed();
+                    debug!(node = %following.node_id, "ending the xDS stream: balancing it to another server");
+                    return Some(Err(Status::resource_exhausted(
+                        "this server holds more than its share of the xDS streams: reconnect, to another server if you can",
+                    )));
+                }
                 () = async { match acl_changed.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
                 () = async { match expires.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
                 req = self.requests.message() => match req {

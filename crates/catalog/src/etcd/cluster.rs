@@ -171,13 +171,17 @@ impl Cluster {
             delay = Duration::from_millis(200);
             *self.lease.lock() = Some(lease);
             self.hold(lease, &stop).await;
-            self.set_leading(false);
             *self.lease.lock() = None;
             if stop.is_cancelled() {
+                // Shutting down: leadership is handed over with the lease, not lost.
+                if self.leading.send_replace(false) {
+                    info!(server = %self.me.name, "this server stops leading: shutting down");
+                }
                 let mut lease_client = self.client.lease_client();
                 let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease)).await;
                 return;
             }
+            self.set_leading(false);
         }
     }
 
