@@ -255,6 +255,8 @@ pub async fn run(
             })
         })
     };
+    crate::engine::guard_csds(&engine.xds, Arc::clone(&token_acl));
+    engine.xds.set_server_name(&agent.config().node);
     let app = ::agent::http::router(agent.clone())
         .merge(engine.metrics_router(Arc::clone(&token_acl), agent.config().node.clone()))
         .merge(crate::engine::status_router(

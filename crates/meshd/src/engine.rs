@@ -52,9 +52,11 @@ where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
 {
     let service = xds.service();
+    let csds = xds.csds_service();
     async move {
         tonic::transport::Server::builder()
             .add_service(service)
+            .add_service(csds)
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
             .await
     }
@@ -114,30 +116,77 @@ impl prometheus_client::collector::Collector for ProcessCollector {
 pub fn status_router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting, acl: TokenAcl) -> axum::Router {
     use axum::extract::{Path, RawQuery};
     use axum::response::IntoResponse;
-    axum::Router::new().route(
-        "/v1/internal/proxy-status/{proxy_id}",
-        axum::routing::get(
-            move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery, headers: axum::http::HeaderMap| {
-                let (manager, xds, waiting) = (manager.clone(), xds.clone(), std::sync::Arc::clone(&waiting));
-                let acl = std::sync::Arc::clone(&acl);
-                async move {
-                    let token = request_token(&headers, q.as_deref());
-                    match acl(token).await {
-                        Ok(a) if a.operator_read() => {}
-                        Ok(_) => {
-                            return (
-                                axum::http::StatusCode::FORBIDDEN,
-                                format!("{}: this view needs 'operator:read'\n", acl::PERMISSION_DENIED),
-                            )
-                                .into_response();
-                        }
-                        Err(e) => return (axum::http::StatusCode::FORBIDDEN, format!("{e}\n")).into_response(),
-                    }
-                    proxy_status(&manager, &xds, &*waiting, &proxy_id, q.as_deref()).await
+    let sync = {
+        let (xds, acl) = (xds.clone(), std::sync::Arc::clone(&acl));
+        move |RawQuery(q): RawQuery, headers: axum::http::HeaderMap| {
+            let (xds, acl) = (xds.clone(), std::sync::Arc::clone(&acl));
+            async move {
+                if let Err(refused) = operator_read(&acl, &headers, q.as_deref()).await {
+                    return refused;
                 }
-            },
-        ),
-    )
+                let node = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+                    .find(|(k, _)| k == "node")
+                    .map(|(_, v)| v.into_owned());
+                let streams: Vec<_> = xds
+                    .sync_status()
+                    .into_iter()
+                    .filter(|s| node.as_ref().is_none_or(|n| &s.node == n))
+                    .collect();
+                axum::Json(streams).into_response()
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/v1/internal/xds-status", axum::routing::get(sync))
+        .route(
+            "/v1/internal/proxy-status/{proxy_id}",
+            axum::routing::get(
+                move |Path(proxy_id): Path<String>, RawQuery(q): RawQuery, headers: axum::http::HeaderMap| {
+                    let (manager, xds, waiting) = (manager.clone(), xds.clone(), std::sync::Arc::clone(&waiting));
+                    let acl = std::sync::Arc::clone(&acl);
+                    async move {
+                        if let Err(refused) = operator_read(&acl, &headers, q.as_deref()).await {
+                            return refused;
+                        }
+                        proxy_status(&manager, &xds, &*waiting, &proxy_id, q.as_deref()).await
+                    }
+                },
+            ),
+        )
+}
+
+/// Makes CSDS on `xds` need `operator:read` of the request's token (as the HTTP status
+/// views do): CSDS lists every proxy's configuration.
+pub fn guard_csds(xds: &XdsServer, acl: TokenAcl) {
+    xds.set_csds_authorizer(std::sync::Arc::new(move |token: String| {
+        let acl = std::sync::Arc::clone(&acl);
+        Box::pin(async move {
+            let token = (!token.is_empty()).then_some(token);
+            match acl(token).await {
+                Ok(a) if a.operator_read() => Ok(()),
+                Ok(_) => Err(format!("{}: CSDS needs 'operator:read'", acl::PERMISSION_DENIED)),
+                Err(e) => Err(e),
+            }
+        })
+    }));
+}
+
+/// Refuses (403) a request whose token does not hold `operator:read`.
+async fn operator_read(
+    acl: &TokenAcl,
+    headers: &axum::http::HeaderMap,
+    query: Option<&str>,
+) -> Result<(), axum::response::Response> {
+    use axum::response::IntoResponse;
+    match acl(request_token(headers, query)).await {
+        Ok(a) if a.operator_read() => Ok(()),
+        Ok(_) => Err((
+            axum::http::StatusCode::FORBIDDEN,
+            format!("{}: this view needs 'operator:read'\n", acl::PERMISSION_DENIED),
+        )
+            .into_response()),
+        Err(e) => Err((axum::http::StatusCode::FORBIDDEN, format!("{e}\n")).into_response()),
+    }
 }
 
 /// Resolves a request's token (none: anonymous, or the agent's default token) to what it may

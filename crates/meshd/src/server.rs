@@ -81,6 +81,8 @@ pub async fn run(
             Box::pin(std::future::ready(verdict))
         })
     };
+    crate::engine::guard_csds(&engine.xds, std::sync::Arc::clone(&status_acl));
+    engine.xds.set_server_name(&args.node);
     let app = http_api::router(store.clone(), api)
         .merge(crate::engine::status_router(
             engine.manager.clone(),

@@ -40,6 +40,43 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     let body = wait_for(|| get(&client, &through_mesh)).await;
     assert_eq!(body, "api-1");
 
+    // Both proxies are in sync, as the server sees them over HTTP and over CSDS.
+    let status = wait_for(|| async {
+        let all: Vec<Value> =
+            serde_json::from_str(&get(&client, &format!("{}/v1/internal/xds-status", mesh.http)).await?).ok()?;
+        let settled = all.len() == 2
+            && all.iter().all(|s| {
+                s["Types"].as_array().unwrap().iter().all(|t| {
+                    let r = &t["Resources"];
+                    r.get("STALE").is_none() && r.get("ERROR").is_none() && t["Pending"] == 0
+                })
+            });
+        settled.then_some(all)
+    })
+    .await;
+    for s in &status {
+        assert_eq!(s["Server"], "meshd-server");
+        assert_eq!(s["Stuck"], false);
+        assert!(
+            s["Types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["Resources"]["SYNCED"].as_u64() > Some(0)),
+            "{s}"
+        );
+    }
+    let rows = csds_rows(&mesh.grpc).await;
+    let nodes: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(nodes, ["api-sidecar-proxy", "web-sidecar-proxy"].into_iter().collect());
+    assert!(
+        rows.iter().all(|r| r.3 == "SYNCED" || r.3 == "NOT_SENT"),
+        "every resource sent is acknowledged: {rows:?}"
+    );
+    for t in ["Listener", "Cluster", "ClusterLoadAssignment", "Secret"] {
+        assert!(rows.iter().any(|r| r.1 == t && r.3 == "SYNCED"), "{t} synced: {rows:?}");
+    }
+
     // The SPIFFE certificates are the ones in use.
     let certs = get(&client, &format!("{web_admin}/certs")).await.unwrap();
     assert!(
@@ -141,6 +178,66 @@ async fn a_rejected_config_is_not_resent_in_a_loop() {
         "no resend loop"
     );
     assert_eq!(mesh.metric(nacks).await, 1.0);
+
+    // The rejection is where operators look: the sync status and CSDS say ERROR, with
+    // Envoy's own detail.
+    let client = reqwest::Client::new();
+    let all: Vec<Value> = serde_json::from_str(
+        &get(
+            &client,
+            &format!("{}/v1/internal/xds-status?node=bad-sidecar-proxy", mesh.http),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let listeners = all[0]["Types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["TypeUrl"].as_str().unwrap().ends_with("Listener"))
+        .unwrap();
+    assert!(listeners["Resources"]["ERROR"].as_u64() >= Some(1), "{listeners}");
+    let detail = listeners["LastNack"]["Error"].as_str().unwrap();
+    assert!(detail.contains("not-an-ip"), "Envoy's detail: {detail}");
+    let rows = csds_rows(&mesh.grpc).await;
+    assert!(
+        rows.iter()
+            .any(|r| r.1 == "Listener" && r.3 == "ERROR" && r.4.contains("not-an-ip")),
+        "{rows:?}"
+    );
+}
+
+/// Every resource CSDS reports: (node, type, name, status, error detail).
+async fn csds_rows(grpc: &str) -> Vec<(String, String, String, String, String)> {
+    use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::status::v3::{ClientStatusRequest, ConfigStatus};
+    let mut client = ClientStatusDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let resp = client
+        .fetch_client_status(ClientStatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut rows = Vec::new();
+    for config in resp.config {
+        let node = config.node.unwrap_or_default().id;
+        for g in config.generic_xds_configs {
+            let status = ConfigStatus::try_from(g.config_status)
+                .unwrap()
+                .as_str_name()
+                .to_owned();
+            rows.push((
+                node.clone(),
+                g.type_url.rsplit('.').next().unwrap().to_owned(),
+                g.name,
+                status,
+                g.error_state.map(|e| e.details).unwrap_or_default(),
+            ));
+        }
+    }
+    rows
 }
 
 /// `meshd connect envoy` for api's sidecar, supervising Envoy (the default) with a run dir

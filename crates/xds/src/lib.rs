@@ -9,12 +9,14 @@
 
 mod authorize;
 mod content;
+pub mod csds;
 pub mod delta;
 mod grpc;
 mod metrics;
 pub mod resources;
 mod server;
 pub mod sotw;
+pub mod status;
 pub mod versioned;
 
 pub use authorize::{Authorization, StreamAuthorizer};

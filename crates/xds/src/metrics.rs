@@ -27,6 +27,8 @@ pub struct XdsMetrics {
     denied: Counter,
     paced: Counter,
     shed: Counter,
+    stuck: Counter,
+    stuck_reset: Counter,
     build_failures: Counter,
     responses: PerType,
     nacks: PerType,
@@ -138,6 +140,20 @@ impl XdsMetrics {
     pub(crate) fn stream_paced(&self) {
         self.paced.inc();
     }
+    pub(crate) fn stream_stuck(&self) {
+        self.stuck.inc();
+    }
+    pub(crate) fn stream_stuck_reset(&self) {
+        self.stuck_reset.inc();
+    }
+    /// Streams flagged stuck so far (a response unanswered for 10 s).
+    pub fn streams_stuck(&self) -> u64 {
+        self.stuck.get()
+    }
+    /// Streams reset so far for a response unanswered for 30 s.
+    pub fn streams_stuck_reset(&self) -> u64 {
+        self.stuck_reset.get()
+    }
     pub(crate) fn stream_shed(&self) {
         self.shed.inc();
     }
@@ -211,6 +227,16 @@ impl XdsMetrics {
             "meshd_xds_streams_shed",
             "ADS streams ended with RESOURCE_EXHAUSTED to move them to a less loaded server (several servers)",
             self.shed.clone(),
+        );
+        registry.register(
+            "meshd_xds_streams_stuck",
+            "ADS streams flagged stuck: a response unanswered for 10 s",
+            self.stuck.clone(),
+        );
+        registry.register(
+            "meshd_xds_streams_stuck_reset",
+            "ADS streams ended with UNAVAILABLE after a response went unanswered for 30 s",
+            self.stuck_reset.clone(),
         );
         registry.register(
             "meshd_xds_responses",

@@ -104,6 +104,10 @@ struct Inner {
     problems: Mutex<SweptMap<proxycfg::ProxyId, Weak<VersionedResources>>>,
     /// Resources shared between proxies (load assignments of shared endpoints).
     shared: crate::resources::SharedEncodings,
+    /// Every stream's sync status.
+    status: Arc<crate::status::Tracker>,
+    /// Who may read CSDS (none: anyone who reaches the port).
+    csds_authorizer: Mutex<Option<crate::csds::CsdsAuthorizer>>,
     /// One permit per stream asked to end so that its proxy reconnects elsewhere
     /// ([`XdsServer::shed`]).
     shed: tokio::sync::Notify,
@@ -155,10 +159,42 @@ impl XdsServer {
                 problems: Mutex::new(SweptMap::default()),
                 shared: crate::resources::SharedEncodings::default(),
                 shed: tokio::sync::Notify::new(),
+                status: Arc::default(),
+                csds_authorizer: Mutex::new(None),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
         }
+    }
+
+    /// Requires CSDS requests to be allowed by `authorizer` (ACLs on).
+    pub fn set_csds_authorizer(&self, authorizer: crate::csds::CsdsAuthorizer) {
+        *self.inner.csds_authorizer.lock() = Some(authorizer);
+    }
+
+    pub(crate) fn csds_authorizer(&self) -> Option<crate::csds::CsdsAuthorizer> {
+        self.inner.csds_authorizer.lock().clone()
+    }
+
+    /// Flags a stream stuck once a response has waited `flag` for its answer, and resets it
+    /// after `reset` (defaults: 10 s and 30 s).
+    pub fn set_stuck_timing(&self, flag: Duration, reset: Duration) {
+        self.inner.status.set_timing(flag, reset);
+    }
+
+    /// Names this server in the sync status (`Server`).
+    pub fn set_server_name(&self, name: &str) {
+        self.inner.status.set_server(name);
+    }
+
+    /// Every open stream's sync status: what each proxy was sent, acknowledged and
+    /// rejected, by type, with its build problems.
+    pub fn sync_status(&self) -> Vec<crate::status::StreamStatus> {
+        self.inner.status.report()
+    }
+
+    pub(crate) fn status_tracker(&self) -> &crate::status::Tracker {
+        &self.inner.status
     }
 
     /// Streams open now.
@@ -353,6 +389,11 @@ pub(crate) trait Protocol: Default + Send + 'static {
     fn on_request(&mut self, req: &Self::Request) -> Ack;
     fn responses(&mut self, resources: &VersionedResources) -> Vec<Self::Response>;
     fn type_url(resp: &Self::Response) -> &str;
+    /// What a response carries, for the sync status.
+    fn describe(resp: &Self::Response) -> crate::status::Sent;
+    /// The response a request answers, if any: type, nonce, and the proxy's error if it
+    /// rejected it.
+    fn answers(req: &Self::Request) -> (&str, &str, Option<&str>);
 }
 
 impl Protocol for DeltaState {
@@ -370,6 +411,27 @@ impl Protocol for DeltaState {
     }
     fn type_url(resp: &Self::Response) -> &str {
         &resp.type_url
+    }
+    fn describe(resp: &Self::Response) -> crate::status::Sent {
+        crate::status::Sent {
+            type_url: resp.type_url.clone(),
+            nonce: resp.nonce.clone(),
+            version: resp.system_version_info.clone(),
+            resources: resp
+                .resources
+                .iter()
+                .map(|r| (r.name.clone(), r.version.clone()))
+                .collect(),
+            removed: resp.removed_resources.clone(),
+            replaces: false,
+        }
+    }
+    fn answers(req: &Self::Request) -> (&str, &str, Option<&str>) {
+        (
+            &req.type_url,
+            &req.response_nonce,
+            req.error_detail.as_ref().map(|e| e.message.as_str()),
+        )
     }
 }
 
@@ -389,6 +451,27 @@ impl Protocol for SotwState {
     fn type_url(resp: &Self::Response) -> &str {
         &resp.type_url
     }
+    fn describe(resp: &Self::Response) -> crate::status::Sent {
+        crate::status::Sent {
+            type_url: resp.type_url.clone(),
+            nonce: resp.nonce.clone(),
+            version: resp.version_info.clone(),
+            resources: resp
+                .resources
+                .iter()
+                .map(|r| (crate::status::name_of(&r.value), resp.version_info.clone()))
+                .collect(),
+            removed: Vec::new(),
+            replaces: true,
+        }
+    }
+    fn answers(req: &Self::Request) -> (&str, &str, Option<&str>) {
+        (
+            &req.type_url,
+            &req.response_nonce,
+            req.error_detail.as_ref().map(|e| e.message.as_str()),
+        )
+    }
 }
 
 /// What a stream sends: responses produced by its [`Driver`] as the transport asks for them.
@@ -399,6 +482,8 @@ struct Following {
     node_id: String,
     watcher: Watcher,
     _guard: Box<dyn Send + Sync>,
+    /// The stream's sync status (removed from the tracker when the stream ends).
+    status: crate::status::ViewGuard,
 }
 
 /// One stream, driven by the transport polling its responses (no task or channel of its own):
@@ -440,6 +525,7 @@ where
                 self.inner.metrics.response(P::type_url(&resp));
                 if let Some(f) = &self.following {
                     trace!(node = %f.node_id, type_url = P::type_url(&resp), "response");
+                    f.status.view.sent(P::describe(&resp));
                 }
                 return Some(Ok(resp));
             }
@@ -463,6 +549,14 @@ where
             tokio::select! {
                 biased;
                 () = &mut self.shutdown => self.finished = true,
+                () = following.status.view.reset.notified() => {
+                    self.finished = true;
+                    self.inner.metrics.stream_stuck_reset();
+                    warn!(node = %following.node_id, "resetting the xDS stream: a response went unanswered too long");
+                    return Some(Err(Status::unavailable(
+                        "a response went unanswered too long: reconnect to start over",
+                    )));
+                }
                 () = self.inner.shed.notified() => {
                     self.finished = true;
                     self.inner.metrics.stream_shed();
@@ -476,6 +570,8 @@ where
                 req = self.requests.message() => match req {
                     Ok(Some(r)) => {
                         let ack = self.state.on_request(&r);
+                        let (type_url, nonce, error) = P::answers(&r);
+                        following.status.view.answered(type_url, nonce, error);
                         trace!(node = %following.node_id, ?ack, "request");
                         self.inner.record(&ack, self.changed_at);
                     }
@@ -544,6 +640,9 @@ where
             if let Some(snap) = fresh {
                 match self.inner.resources_for(&snap, self.current.as_ref()) {
                     Ok(r) => {
+                        if let Some(f) = &self.following {
+                            f.status.view.resources(&f.node_id, &r);
+                        }
                         self.current = Some(r);
                         self.changed_at = Instant::now();
                     }
@@ -605,10 +704,15 @@ where
         debug!(node = %node.id, "stream opened");
         let node_id = node.id.clone();
         self.state.on_request(&first);
+        self.inner
+            .status
+            .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
+        let status = self.inner.status.open(P::KIND, &node_id);
         Ok(Following {
             node_id,
             watcher,
             _guard: guard,
+            status,
         })
     }
 }

@@ -86,9 +86,11 @@ async fn harness_with(admission: xds::Admission) -> Harness {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = server.service();
+    let csds = server.csds_service();
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(service)
+            .add_service(csds)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
     });
@@ -351,6 +353,19 @@ async fn sotw_ack_nack_and_stale_nonce() {
     });
     s.tx.send(nack).await.unwrap();
     s.silent().await;
+    {
+        use xds::status::ResourceState::{Error, Synced};
+        let status = &h.server.sync_status()[0];
+        assert_eq!(status.protocol, "sotw");
+        assert_eq!(
+            counts(status, CLUSTER),
+            vec![(Synced, 2)],
+            "names read from the encoded clusters"
+        );
+        let eds_status = status.types.iter().find(|t| t.type_url == ENDPOINT).unwrap();
+        assert_eq!(eds_status.resources.get(&Error), Some(&1));
+        assert_eq!(eds_status.last_nack.as_ref().unwrap().error, "no");
+    }
     // A change is sent, with a new version.
     h.fakes
         .health
@@ -470,4 +485,137 @@ async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
         "{}",
         status.message()
     );
+}
+
+fn nack(r: &DeltaDiscoveryResponse, message: &str) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: r.type_url.clone(),
+        response_nonce: r.nonce.clone(),
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: message.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn counts(status: &xds::status::StreamStatus, type_url: &str) -> Vec<(xds::status::ResourceState, usize)> {
+    status
+        .types
+        .iter()
+        .find(|t| t.type_url == type_url)
+        .map(|t| t.resources.iter().map(|(k, v)| (*k, *v)).collect())
+        .unwrap_or_default()
+}
+
+async fn csds(addr: std::net::SocketAddr, node: &str) -> Vec<(String, String, i32, String)> {
+    use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
+    use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+    use envoy_types::pb::envoy::r#type::matcher::v3::{NodeMatcher, StringMatcher, string_matcher::MatchPattern};
+    let mut client = ClientStatusDiscoveryServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let resp = client
+        .fetch_client_status(ClientStatusRequest {
+            node_matchers: vec![NodeMatcher {
+                node_id: Some(StringMatcher {
+                    match_pattern: Some(MatchPattern::Exact(node.into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.config.len(), 1, "one stream of {node}");
+    let config = &resp.config[0];
+    assert_eq!(config.node.as_ref().unwrap().id, node);
+    config
+        .generic_xds_configs
+        .iter()
+        .map(|g| {
+            if g.type_url.ends_with("Secret") {
+                assert!(g.xds_config.is_none(), "a secret's contents are never listed");
+            }
+            (
+                g.type_url.rsplit('.').next().unwrap().to_owned(),
+                g.name.clone(),
+                g.config_status,
+                g.error_state.as_ref().map(|e| e.details.clone()).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_status_and_csds_follow_what_the_proxy_acknowledged_and_rejected() {
+    use envoy_types::pb::envoy::service::status::v3::ConfigStatus;
+    use xds::status::ResourceState::{Error, NotSent, Stale, Synced};
+    let h = harness().await;
+    h.server.set_server_name("server-a");
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let cds = s.recv().await;
+    let status = &h.server.sync_status()[0];
+    assert_eq!(status.node, "web-sidecar-proxy");
+    assert_eq!(status.server, "server-a");
+    assert_eq!(status.protocol, "delta");
+    assert_eq!(counts(status, CLUSTER), vec![(Stale, 2)], "sent, not yet acknowledged");
+    s.send(ack(&cds)).await;
+    s.silent().await;
+    let status = &h.server.sync_status()[0];
+    assert_eq!(counts(status, CLUSTER), vec![(Synced, 2)]);
+    assert!(
+        !counts(status, ENDPOINT).is_empty(),
+        "load assignments held but never asked for"
+    );
+    assert!(counts(status, ENDPOINT).iter().all(|(s, _)| *s == NotSent));
+
+    s.send(sub(LISTENER, &[])).await;
+    let lds = s.recv().await;
+    s.send(nack(&lds, "listener 'public_listener': bad filter")).await;
+    s.silent().await;
+    let status = &h.server.sync_status()[0];
+    assert_eq!(counts(status, LISTENER), vec![(Error, 2)]);
+    let listeners = status.types.iter().find(|t| t.type_url == LISTENER).unwrap();
+    assert_eq!(
+        listeners.last_nack.as_ref().unwrap().error,
+        "listener 'public_listener': bad filter"
+    );
+
+    let rows = csds(h.addr, "web-sidecar-proxy").await;
+    let of = |t: &str, st: ConfigStatus| rows.iter().filter(|r| r.0 == t && r.2 == st as i32).count();
+    assert_eq!(of("Cluster", ConfigStatus::Synced), 2);
+    assert_eq!(of("Listener", ConfigStatus::Error), 2);
+    assert!(
+        rows.iter()
+            .filter(|r| r.0 == "Listener")
+            .all(|r| r.3 == "listener 'public_listener': bad filter"),
+        "{rows:?}"
+    );
+    assert!(of("ClusterLoadAssignment", ConfigStatus::NotSent) >= 1);
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(h.server.sync_status().is_empty(), "a closed stream leaves the status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_never_answers_is_flagged_stuck_then_reset() {
+    let h = harness().await;
+    h.server
+        .set_stuck_timing(Duration::from_secs(1), Duration::from_secs(3));
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let _cds = s.recv().await;
+    // Never acknowledged.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(h.server.sync_status()[0].stuck, "flagged after 1 s");
+    assert_eq!(h.server.metrics().streams_stuck(), 1);
+    let ended = tokio::time::timeout(Duration::from_secs(5), s.rx.message())
+        .await
+        .expect("reset within the reset time");
+    let status = ended.expect_err("ended with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(h.server.metrics().streams_stuck_reset(), 1);
 }

@@ -1,0 +1,581 @@
+//! What each stream was sent and what its proxy acknowledged: the per-proxy sync status
+//! behind `/v1/internal/xds-status` and CSDS, and the detection of stuck streams.
+//!
+//! Every stream has a [`StreamView`] (shared with the [`Tracker`]): the driver records each
+//! response it hands out (type, nonce, the resources and their versions) and each request
+//! that acknowledges or rejects one. A resource is then
+//!
+//! - `SYNCED` when the proxy acknowledged the version it was last sent,
+//! - `STALE` while that version is sent but not yet acknowledged,
+//! - `ERROR` when the proxy rejected it (with the proxy's detail),
+//! - `NOT_SENT` when the proxy's current resources hold it but it was never sent (not
+//!   subscribed, or a response not yet handed out).
+//!
+//! A response still unacknowledged after [`STUCK_AFTER`] flags the stream stuck (logged once,
+//! counted); after [`RESET_AFTER`] the stream is ended with `UNAVAILABLE` so that the proxy
+//! reconnects and starts over (counted too). One task per server checks every second.
+
+use crate::metrics::XdsMetrics;
+use crate::versioned::VersionedResources;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::warn;
+
+/// A response unacknowledged this long flags its stream stuck.
+pub const STUCK_AFTER: Duration = Duration::from_secs(10);
+/// A response unacknowledged this long resets its stream.
+pub const RESET_AFTER: Duration = Duration::from_secs(30);
+
+/// How often streams are checked.
+const SCAN_EVERY: Duration = Duration::from_millis(500);
+
+/// The state of one resource as the server sees it (CSDS's `ConfigStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ResourceState {
+    /// The proxy acknowledged the version it was last sent.
+    Synced,
+    /// In the proxy's resources, never sent.
+    NotSent,
+    /// Sent, not yet acknowledged.
+    Stale,
+    /// Rejected by the proxy.
+    Error,
+}
+
+/// What a response carried, for the status.
+pub(crate) struct Sent {
+    pub(crate) type_url: String,
+    pub(crate) nonce: String,
+    /// SotW's version of the type (empty for delta).
+    pub(crate) version: String,
+    /// Each resource sent and its version.
+    pub(crate) resources: Vec<(String, String)>,
+    /// Resources removed (delta), or every resource of the type now (SotW: the others are
+    /// gone).
+    pub(crate) removed: Vec<String>,
+    /// SotW: the response replaces the type's whole set.
+    pub(crate) replaces: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Resource {
+    version: String,
+    state: ResourceState,
+    error: Option<String>,
+    updated: SystemTime,
+}
+
+#[derive(Debug, Default)]
+struct TypeView {
+    last_sent: Option<(String, String, SystemTime)>,
+    last_acked: Option<(String, SystemTime)>,
+    last_nack: Option<(String, String, SystemTime)>,
+    resources: BTreeMap<String, Resource>,
+    /// Responses in flight, oldest first.
+    pending: Vec<InFlight>,
+}
+
+/// A response in flight: its nonce, when it went, and the resources (name, version) it
+/// carried.
+type InFlight = (String, Instant, Vec<(String, String)>);
+
+/// A resource's version, state, error and last change, by name.
+type Row<'a> = (&'a str, (String, ResourceState, Option<&'a str>, Option<SystemTime>));
+
+#[derive(Debug, Default)]
+struct ViewState {
+    node_id: String,
+    snapshot_at: Option<SystemTime>,
+    current: Option<Arc<VersionedResources>>,
+    types: BTreeMap<String, TypeView>,
+    stuck: bool,
+}
+
+/// One stream's status, shared by its driver and the tracker.
+#[derive(Debug)]
+pub(crate) struct StreamView {
+    id: u64,
+    protocol: &'static str,
+    opened: SystemTime,
+    state: Mutex<ViewState>,
+    /// Notified when the stream must be reset (stuck too long).
+    pub(crate) reset: Notify,
+}
+
+impl StreamView {
+    /// Records a response handed to the transport.
+    pub(crate) fn sent(&self, sent: Sent) {
+        let now = SystemTime::now();
+        let mut st = self.state.lock();
+        let t = st.types.entry(sent.type_url).or_default();
+        if sent.replaces {
+            let keep: std::collections::HashSet<&String> = sent.resources.iter().map(|(n, _)| n).collect();
+            t.resources.retain(|name, _| keep.contains(name));
+        }
+        for name in &sent.removed {
+            t.resources.remove(name);
+        }
+        for (name, version) in &sent.resources {
+            t.resources.insert(
+                name.clone(),
+                Resource {
+                    version: version.clone(),
+                    state: ResourceState::Stale,
+                    error: None,
+                    updated: now,
+                },
+            );
+        }
+        t.last_sent = Some((sent.nonce.clone(), sent.version, now));
+        t.pending.push((sent.nonce, Instant::now(), sent.resources));
+    }
+
+    /// Records a request answering the response `nonce` of `type_url`: acknowledged, or
+    /// rejected with `error`.
+    pub(crate) fn answered(&self, type_url: &str, nonce: &str, error: Option<&str>) {
+        if nonce.is_empty() {
+            return;
+        }
+        let now = SystemTime::now();
+        let mut st = self.state.lock();
+        let Some(t) = st.types.get_mut(type_url) else { return };
+        let Some(at) = t.pending.iter().position(|(n, _, _)| n == nonce) else {
+            return;
+        };
+        // This response, and any sent before it, are answered.
+        let carried = t
+            .pending
+            .drain(..=at)
+            .next_back()
+            .map(|(_, _, c)| c)
+            .unwrap_or_default();
+        for (name, version) in carried {
+            if let Some(r) = t.resources.get_mut(&name)
+                && r.version == version
+            {
+                r.updated = now;
+                match error {
+                    None => {
+                        r.state = ResourceState::Synced;
+                        r.error = None;
+                    }
+                    Some(e) => {
+                        r.state = ResourceState::Error;
+                        r.error = Some(e.to_owned());
+                    }
+                }
+            }
+        }
+        match error {
+            None => t.last_acked = Some((nonce.to_owned(), now)),
+            Some(e) => t.last_nack = Some((nonce.to_owned(), e.to_owned(), now)),
+        }
+        if st.types.values().all(|t| t.pending.is_empty()) {
+            st.stuck = false;
+        }
+    }
+
+    /// Records new resources for the proxy (from a new snapshot).
+    pub(crate) fn resources(&self, node_id: &str, current: &Arc<VersionedResources>) {
+        let mut st = self.state.lock();
+        if st.node_id.is_empty() {
+            st.node_id = node_id.to_owned();
+        }
+        st.snapshot_at = Some(SystemTime::now());
+        st.current = Some(Arc::clone(current));
+    }
+
+    fn oldest_pending(&self) -> Option<Duration> {
+        let st = self.state.lock();
+        st.types
+            .values()
+            .filter_map(|t| t.pending.first().map(|(_, at, _)| at.elapsed()))
+            .max()
+    }
+
+    /// The stream's status as reported over HTTP.
+    fn report(&self, server: &str) -> StreamStatus {
+        let st = self.state.lock();
+        let problems = st.current.as_ref().map(|c| c.problems.clone()).unwrap_or_default();
+        let mut types = Vec::new();
+        let mut names: Vec<&str> = st.types.keys().map(String::as_str).collect();
+        if let Some(current) = &st.current {
+            for t in current.by_type.keys() {
+                if !names.contains(t) {
+                    names.push(t);
+                }
+            }
+        }
+        names.sort_unstable();
+        for type_url in names {
+            let view = st.types.get(type_url);
+            let mut counts: BTreeMap<ResourceState, usize> = BTreeMap::new();
+            for (_, state) in resource_states(view, st.current.as_deref(), type_url) {
+                *counts.entry(state.1).or_default() += 1;
+            }
+            types.push(TypeStatus {
+                type_url: type_url.to_owned(),
+                last_sent: view
+                    .and_then(|v| v.last_sent.as_ref())
+                    .map(|(nonce, version, at)| SentResponse {
+                        nonce: nonce.clone(),
+                        version: version.clone(),
+                        at: rfc3339(*at),
+                    }),
+                last_acked: view.and_then(|v| v.last_acked.as_ref()).map(|(nonce, at)| Acked {
+                    nonce: nonce.clone(),
+                    at: rfc3339(*at),
+                }),
+                last_nack: view.and_then(|v| v.last_nack.as_ref()).map(|(nonce, error, at)| Nack {
+                    nonce: nonce.clone(),
+                    error: error.clone(),
+                    at: rfc3339(*at),
+                }),
+                pending: view.map_or(0, |v| v.pending.len()),
+                oldest_pending_seconds: view
+                    .and_then(|v| v.pending.first())
+                    .map(|(_, at, _)| at.elapsed().as_secs_f64()),
+                resources: counts,
+            });
+        }
+        StreamStatus {
+            node: st.node_id.clone(),
+            protocol: self.protocol,
+            server: server.to_owned(),
+            opened_at: rfc3339(self.opened),
+            snapshot_age_seconds: st.snapshot_at.and_then(|at| at.elapsed().ok()).map(|d| d.as_secs_f64()),
+            stuck: st.stuck,
+            types,
+            build_problems: problems,
+        }
+    }
+}
+
+/// Each resource of `type_url` with its version and state (and error): what was sent, then
+/// what the current resources hold that was never sent.
+fn resource_states<'a>(
+    view: Option<&'a TypeView>,
+    current: Option<&'a VersionedResources>,
+    type_url: &str,
+) -> Vec<Row<'a>> {
+    let mut out: Vec<_> = view
+        .map(|v| {
+            v.resources
+                .iter()
+                .map(|(name, r)| {
+                    (
+                        name.as_str(),
+                        (r.version.clone(), r.state, r.error.as_deref(), Some(r.updated)),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(current) = current {
+        for (name, res) in current.of(type_url) {
+            if view.is_none_or(|v| !v.resources.contains_key(name)) {
+                out.push((name, (res.version.clone(), ResourceState::NotSent, None, None)));
+            }
+        }
+    }
+    out
+}
+
+/// Formats a time as RFC 3339 (seconds).
+pub(crate) fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// A response handed out.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct SentResponse {
+    /// Its nonce.
+    pub nonce: String,
+    /// Its version (SotW; empty for delta, whose versions are per resource).
+    pub version: String,
+    /// When.
+    pub at: String,
+}
+
+/// An acknowledgement.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Acked {
+    /// The nonce acknowledged.
+    pub nonce: String,
+    /// When.
+    pub at: String,
+}
+
+/// A rejection.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Nack {
+    /// The nonce rejected.
+    pub nonce: String,
+    /// The proxy's detail.
+    pub error: String,
+    /// When.
+    pub at: String,
+}
+
+/// One type's sync status on one stream.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct TypeStatus {
+    /// The type URL.
+    pub type_url: String,
+    /// The last response of the type handed out.
+    pub last_sent: Option<SentResponse>,
+    /// The last acknowledgement.
+    pub last_acked: Option<Acked>,
+    /// The last rejection, with the proxy's error.
+    pub last_nack: Option<Nack>,
+    /// Responses not yet answered.
+    pub pending: usize,
+    /// How long the oldest unanswered response has waited.
+    pub oldest_pending_seconds: Option<f64>,
+    /// Resources by state.
+    pub resources: BTreeMap<ResourceState, usize>,
+}
+
+/// One stream's sync status.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct StreamStatus {
+    /// The proxy (the node id it sent).
+    pub node: String,
+    /// `delta` or `sotw`.
+    pub protocol: &'static str,
+    /// The server holding the stream.
+    pub server: String,
+    /// When the stream opened.
+    pub opened_at: String,
+    /// How long ago the proxy's resources last changed.
+    pub snapshot_age_seconds: Option<f64>,
+    /// A response has waited more than 10 s for its answer.
+    pub stuck: bool,
+    /// By type.
+    pub types: Vec<TypeStatus>,
+    /// Parts of the proxy's configuration that cannot be built (by upstream).
+    pub build_problems: BTreeMap<String, String>,
+}
+
+/// Every open stream's view.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    streams: Mutex<HashMap<u64, Arc<StreamView>>>,
+    next: AtomicU64,
+    server: Mutex<String>,
+    scanning: std::sync::atomic::AtomicBool,
+    /// (flag after, reset after).
+    timing: Mutex<(Duration, Duration)>,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Self {
+            streams: Mutex::default(),
+            next: AtomicU64::new(0),
+            server: Mutex::default(),
+            scanning: std::sync::atomic::AtomicBool::new(false),
+            timing: Mutex::new((STUCK_AFTER, RESET_AFTER)),
+        }
+    }
+}
+
+/// Removes a stream's view when its driver ends.
+#[derive(Debug)]
+pub(crate) struct ViewGuard {
+    tracker: Arc<Tracker>,
+    pub(crate) view: Arc<StreamView>,
+}
+
+impl Drop for ViewGuard {
+    fn drop(&mut self) {
+        self.tracker.streams.lock().remove(&self.view.id);
+    }
+}
+
+impl Tracker {
+    /// Flags streams stuck after `flag` without an answer, and resets them after `reset`.
+    pub(crate) fn set_timing(&self, flag: Duration, reset: Duration) {
+        *self.timing.lock() = (flag, reset);
+    }
+
+    /// Names the server in reports.
+    pub(crate) fn set_server(&self, name: &str) {
+        *self.server.lock() = name.to_owned();
+    }
+
+    /// A view for a new stream of `node_id`.
+    pub(crate) fn open(self: &Arc<Self>, protocol: &'static str, node_id: &str) -> ViewGuard {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let view = Arc::new(StreamView {
+            id,
+            protocol,
+            opened: SystemTime::now(),
+            state: Mutex::new(ViewState {
+                node_id: node_id.to_owned(),
+                ..ViewState::default()
+            }),
+            reset: Notify::new(),
+        });
+        self.streams.lock().insert(id, Arc::clone(&view));
+        ViewGuard {
+            tracker: Arc::clone(self),
+            view,
+        }
+    }
+
+    fn views(&self) -> Vec<Arc<StreamView>> {
+        self.streams.lock().values().cloned().collect()
+    }
+
+    /// Every stream's status, by node then opening time.
+    pub(crate) fn report(&self) -> Vec<StreamStatus> {
+        let server = self.server.lock().clone();
+        let mut out: Vec<_> = self.views().iter().map(|v| v.report(&server)).collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node).then(a.opened_at.cmp(&b.opened_at)));
+        out
+    }
+
+    /// Every stream's resources for CSDS: (node id, each resource's type, name, version,
+    /// state, error, last change, and its encoded value unless `exclude_contents`).
+    pub(crate) fn resources(&self, node_matches: impl Fn(&str) -> bool) -> Vec<(String, Vec<ResourceRow>)> {
+        let mut out = Vec::new();
+        for v in self.views() {
+            let st = v.state.lock();
+            if !node_matches(&st.node_id) {
+                continue;
+            }
+            let mut types: Vec<&str> = st.types.keys().map(String::as_str).collect();
+            if let Some(current) = &st.current {
+                types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
+            }
+            let mut rows = Vec::new();
+            for type_url in types {
+                for (name, (version, state, error, updated)) in
+                    resource_states(st.types.get(type_url), st.current.as_deref(), type_url)
+                {
+                    let value = st
+                        .current
+                        .as_ref()
+                        .and_then(|c| c.map(type_url))
+                        .and_then(|m| m.get(name))
+                        .map(|r| r.resource.clone());
+                    rows.push(ResourceRow {
+                        type_url: type_url.to_owned(),
+                        name: name.to_owned(),
+                        version,
+                        state,
+                        error: error.map(str::to_owned),
+                        updated,
+                        value,
+                    });
+                }
+            }
+            out.push((st.node_id.clone(), rows));
+        }
+        out
+    }
+
+    /// Starts the once-a-second check for stuck streams (once per server; ends with
+    /// `stop`).
+    pub(crate) fn start_scanning(
+        self: &Arc<Self>,
+        metrics: Arc<XdsMetrics>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        if self.scanning.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let tracker = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(SCAN_EVERY) => {}
+                }
+                let Some(tracker) = tracker.upgrade() else { return };
+                let (flag, reset) = *tracker.timing.lock();
+                for view in tracker.views() {
+                    let Some(waited) = view.oldest_pending() else { continue };
+                    if waited >= reset {
+                        view.reset.notify_one();
+                    } else if waited >= flag {
+                        let mut st = view.state.lock();
+                        if !st.stuck {
+                            st.stuck = true;
+                            metrics.stream_stuck();
+                            warn!(node = %st.node_id, waited = ?waited, reset_after = ?reset, "xDS stream stuck: a response has no answer; the stream will be reset");
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One resource of one stream, for CSDS.
+pub(crate) struct ResourceRow {
+    pub(crate) type_url: String,
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) state: ResourceState,
+    pub(crate) error: Option<String>,
+    pub(crate) updated: Option<SystemTime>,
+    pub(crate) value: Option<envoy_types::pb::google::protobuf::Any>,
+}
+
+/// The name of an encoded resource: field 1 of every xDS resource message (a listener's,
+/// cluster's, route configuration's or secret's name, a load assignment's cluster name).
+pub(crate) fn name_of(value: &[u8]) -> String {
+    let mut at = 0;
+    let varint = |bytes: &[u8], at: &mut usize| -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *bytes.get(*at)?;
+            *at += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    };
+    while at < value.len() {
+        let Some(key) = varint(value, &mut at) else { break };
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                if varint(value, &mut at).is_none() {
+                    break;
+                }
+            }
+            1 => at += 8,
+            5 => at += 4,
+            2 => {
+                let Some(len) = varint(value, &mut at) else { break };
+                let end = at.saturating_add(len as usize);
+                if field == 1 {
+                    return value
+                        .get(at..end)
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default();
+                }
+                at = end;
+            }
+            _ => break,
+        }
+    }
+    String::new()
+}
