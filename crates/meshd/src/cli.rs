@@ -211,7 +211,53 @@ pub struct AgentArgs {
 pub enum ConnectCommand {
     /// Run Envoy for a proxy and keep it running (hot restart on SIGHUP when the bootstrap
     /// changed, drain on SIGTERM); `-exec` replaces this process instead, `-bootstrap` prints.
-    Envoy(EnvoyArgs),
+    Envoy(Box<EnvoyArgs>),
+    /// Print the xDS bootstrap of a proxyless gRPC client (`GRPC_XDS_BOOTSTRAP`) of a
+    /// connect-native service; with -cert-dir write its certificates, with -watch keep them
+    /// current.
+    GrpcBootstrap(Box<GrpcBootstrapArgs>),
+}
+
+/// `meshd connect grpc-bootstrap` flags.
+#[derive(Debug, Clone, Args)]
+pub struct GrpcBootstrapArgs {
+    /// The connect-native service whose instance the client is.
+    #[arg(long = "service", value_name = "NAME")]
+    pub service: String,
+    /// The instance's id, when the service has several connect-native instances.
+    #[arg(long = "service-id", value_name = "ID")]
+    pub service_id: Option<String>,
+    /// The instance's catalog node, when the service has instances on several nodes.
+    #[arg(long = "node", value_name = "NAME", default_value = "")]
+    pub node: String,
+    /// HTTP API of the local agent, or of a server.
+    #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
+    pub http_addr: SocketAddr,
+    /// xDS servers the client connects to (comma-separated or repeated).
+    #[arg(
+        long = "grpc-addr",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8502",
+        value_delimiter = ','
+    )]
+    pub grpc_addr: Vec<String>,
+    /// A file holding the client's ACL token (it goes into the bootstrap's node metadata).
+    #[arg(long = "token-file", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Where the service's leaf certificate, key and the CA bundle are written; the
+    /// bootstrap's certificate provider reads them (every cluster meshd sends names it, and
+    /// gRPC refuses clusters naming a provider its bootstrap lacks).
+    #[arg(long = "cert-dir", value_name = "DIR")]
+    pub cert_dir: PathBuf,
+    /// Keep running and rewrite the files of -cert-dir when the leaf or the roots change.
+    #[arg(long = "watch")]
+    pub watch: bool,
+    /// Write the bootstrap to this file (mode 0600) instead of stdout.
+    #[arg(long = "output", value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Log level filter (with -watch).
+    #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 /// `meshd connect envoy` flags.

@@ -479,7 +479,7 @@ mod tests {
         let crate::cli::Command::Connect(crate::cli::ConnectCommand::Envoy(args)) = cli.command else {
             panic!("not connect envoy")
         };
-        args
+        *args
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ pub mod connect;
 pub mod connect_gateway;
 #[cfg(feature = "xds-engine")]
 pub mod engine;
+pub mod grpc_bootstrap;
 #[cfg(any(feature = "server", feature = "agent"))]
 pub mod header_cap;
 #[cfg(feature = "server")]

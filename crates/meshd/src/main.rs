@@ -75,7 +75,13 @@ fn main() -> ExitCode {
                 if !args.bootstrap {
                     meshd::init_logging(&args.log_level, false);
                 }
-                meshd::connect::run(args, meshd::shutdown_signal()).await
+                meshd::connect::run(*args, meshd::shutdown_signal()).await
+            }
+            Command::Connect(meshd::cli::ConnectCommand::GrpcBootstrap(args)) => {
+                if args.watch {
+                    meshd::init_logging(&args.log_level, false);
+                }
+                meshd::grpc_bootstrap::run(*args, meshd::shutdown_signal()).await
             }
             Command::Tls(command) => meshd::tls::certs::run(command),
             Command::Acl(command) => meshd::acl_cli::run(command).await,

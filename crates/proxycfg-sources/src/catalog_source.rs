@@ -4,6 +4,13 @@
 //! task stops and deregisters the proxy. The registration handed to the Manager has
 //! proxy-defaults and service-defaults merged in, and is re-synced whenever the node, those
 //! entries, or the registration change.
+//!
+//! Proxyless gRPC clients: a connect-native service instance (`Connect.Native`) may open a
+//! stream under its own service id, with no sidecar. It is registered as a connect proxy for
+//! itself (so it gets its service's identity and certificates) whose upstreams are the
+//! listeners the client asks for by name (`xds:///api` asks for `api`), re-registered as
+//! that set changes; its `Connect.Native` tells the xDS server to build gRPC's resources
+//! (an API listener per target) rather than Envoy's.
 
 use catalog::{IndexKey, State, Store};
 use parking_lot::Mutex;
@@ -13,7 +20,7 @@ use proxycfg::{
 };
 use std::{collections::HashMap, sync::Arc, time::Duration};
 use structs::central_config::{CentralConfig, proxy_defaults};
-use structs::{ConfigEntryKind, Index};
+use structs::{ConfigEntryKind, Index, NodeService, ServiceKind, Upstream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -25,6 +32,8 @@ struct Entry {
     generation: u64,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
+    /// Listeners a proxyless client asked for by name (its upstreams).
+    requested: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 struct Inner {
@@ -75,6 +84,7 @@ impl CatalogSource {
             generation: 0,
             cancel: CancellationToken::new(),
             task: None,
+            requested: tokio::sync::watch::Sender::new(Vec::new()),
         });
         entry.refs += 1;
         if entry.refs == 1 {
@@ -91,6 +101,7 @@ impl CatalogSource {
                 entry.cancel.clone(),
                 entry.generation,
                 previous,
+                entry.requested.subscribe(),
             );
             entry.task = Some(tokio::spawn(run.instrument(span)));
         }
@@ -113,7 +124,7 @@ impl CatalogSource {
         let state = self.inner.store.read();
         let mut found = state
             .all_services()
-            .filter(|(_, s)| s.id == request.proxy_id && s.kind.is_proxy())
+            .filter(|(_, s)| s.id == request.proxy_id && (s.kind.is_proxy() || s.connect.native))
             .map(|(n, _)| n.to_owned());
         match (found.next(), found.next()) {
             (Some(n), None) => Ok(n),
@@ -158,6 +169,21 @@ impl SnapshotSource for CatalogSource {
         );
         Ok((watcher, Box::new(lease)))
     }
+
+    fn request_listeners(&self, request: &ProxyRequest<'_>, names: &[String]) {
+        let Ok(node) = self.node_of(request) else { return };
+        let id = ProxyId::new(node, request.proxy_id.to_owned());
+        let mut wanted: Vec<String> = names.iter().filter(|n| !n.is_empty()).cloned().collect();
+        wanted.sort();
+        wanted.dedup();
+        if let Some(entry) = self.inner.entries.lock().get(&id) {
+            entry.requested.send_if_modified(|now| {
+                let changed = *now != wanted;
+                *now = wanted;
+                changed
+            });
+        }
+    }
 }
 
 impl Drop for Lease {
@@ -172,11 +198,15 @@ impl Drop for Lease {
     }
 }
 
-fn registration(state: &State, id: &ProxyId, token: &str) -> Option<ProxyRegistration> {
+fn registration(state: &State, id: &ProxyId, token: &str, requested: &[String]) -> Option<ProxyRegistration> {
     let svc = state.service(&id.node, &id.service_id)?;
-    if !svc.kind.is_proxy() {
+    let svc = if svc.kind.is_proxy() {
+        svc
+    } else if svc.connect.native {
+        Arc::new(proxyless(&svc, requested))
+    } else {
         return None;
-    }
+    };
     let proxy_defaults_entry = state.config_entry(ConfigEntryKind::ProxyDefaults, "global");
     let service_defaults = state.config_entries(ConfigEntryKind::ServiceDefaults);
     let merged = CentralConfig::new(proxy_defaults(proxy_defaults_entry.as_ref()), &service_defaults).merge_into(&svc);
@@ -187,6 +217,27 @@ fn registration(state: &State, id: &ProxyId, token: &str) -> Option<ProxyRegistr
     })
 }
 
+/// A connect-native instance as the connect proxy of itself, its upstreams the names its
+/// proxyless client asked for (see the module docs). `Connect.Native` stays set: it marks the
+/// registration as proxyless.
+fn proxyless(svc: &NodeService, requested: &[String]) -> NodeService {
+    let mut proxy = svc.clone();
+    proxy.kind = ServiceKind::ConnectProxy;
+    proxy.proxy.destination_service_name = svc.service.clone();
+    proxy.proxy.destination_service_id = svc.id.clone();
+    proxy.proxy.local_service_address = svc.address.clone();
+    proxy.proxy.local_service_port = svc.port;
+    proxy.proxy.upstreams = requested
+        .iter()
+        .map(|name| Upstream {
+            destination_name: name.clone(),
+            ..Upstream::default()
+        })
+        .collect();
+    proxy
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn sync(
     inner: Arc<Inner>,
     id: ProxyId,
@@ -194,6 +245,7 @@ async fn sync(
     cancel: CancellationToken,
     generation: u64,
     previous: Option<JoinHandle<()>>,
+    mut requested: tokio::sync::watch::Receiver<Vec<String>>,
 ) {
     if let Some(previous) = previous {
         let _ = previous.await;
@@ -210,7 +262,8 @@ async fn sync(
             state.index_of(&proxy_defaults),
             state.index_of(&service_defaults),
         ];
-        match registration(&state, &id, &token) {
+        let wanted = requested.borrow_and_update().clone();
+        match registration(&state, &id, &token, &wanted) {
             Some(reg) => match inner.manager.register(reg, ProxySource::Catalog, false).await {
                 Ok(_) => registered = true,
                 Err(RegisterError::SourceConflict { existing, .. }) => {
@@ -233,6 +286,7 @@ async fn sync(
             _ = store.wait(&node_key, seen[0], wait) => {}
             _ = store.wait(&proxy_defaults, seen[1], wait) => {}
             _ = store.wait(&service_defaults, seen[2], wait) => {}
+            _ = requested.changed() => {}
         }
     }
     if registered {

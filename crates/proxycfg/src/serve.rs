@@ -45,4 +45,12 @@ pub enum SourceError {
 pub trait SnapshotSource: Send + Sync + 'static {
     /// Follows the proxy `request` names, with its token; the lease keeps it followed.
     fn watch(&self, request: &ProxyRequest<'_>) -> Result<(Watcher, SourceLease), SourceError>;
+
+    /// The listeners a client following `request` subscribes to by name: a proxyless gRPC
+    /// client asks for one per `xds:///NAME` target, and a source that serves such clients
+    /// follows those names as its upstreams. Envoy subscribes to every listener (no names);
+    /// sources that serve only proxies ignore this.
+    fn request_listeners(&self, request: &ProxyRequest<'_>, names: &[String]) {
+        let _ = (request, names);
+    }
 }

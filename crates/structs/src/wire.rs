@@ -8,6 +8,10 @@ pub const TOKEN_HEADER: &str = "x-consul-token";
 /// Envoy node metadata field naming the catalog node of the proxy.
 pub const NODE_NAME_METADATA: &str = "node_name";
 
+/// The certificate provider instance a proxyless gRPC client's bootstrap defines (over the
+/// files `meshd connect grpc-bootstrap -cert-dir` writes) and meshd's clusters refer to.
+pub const PROXYLESS_CERT_PROVIDER: &str = "meshd";
+
 /// HTTP response header carrying the catalog index of a blocking-capable read.
 pub const INDEX_HEADER: &str = "x-consul-index";
 

@@ -94,6 +94,16 @@ fn slot(type_url: &str) -> Option<usize> {
 }
 
 impl DeltaState {
+    /// The listeners subscribed to by name (a proxyless client's targets); empty for a
+    /// wildcard subscription (Envoy's).
+    pub fn listener_names(&self) -> Vec<String> {
+        let st = &self.served[ResourceType::Listener.index()];
+        if st.wildcard {
+            return Vec::new();
+        }
+        st.subscribed.iter().cloned().collect()
+    }
+
     /// Applies a request: subscriptions, initial versions, and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
         let st = match slot(&req.type_url) {

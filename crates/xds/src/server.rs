@@ -333,7 +333,12 @@ impl Inner {
 
 /// The catalog node a proxy names in its node metadata, if any.
 fn node_name(node: &Node) -> Option<&str> {
-    let value = node.metadata.as_ref()?.fields.get(structs::wire::NODE_NAME_METADATA)?;
+    node_metadata(node, structs::wire::NODE_NAME_METADATA)
+}
+
+/// A non-empty string field of a node's metadata.
+fn node_metadata<'n>(node: &'n Node, key: &str) -> Option<&'n str> {
+    let value = node.metadata.as_ref()?.fields.get(key)?;
     match &value.kind {
         Some(crate::ValueKind::StringValue(s)) if !s.is_empty() => Some(s),
         _ => None,
@@ -389,6 +394,8 @@ pub(crate) trait Protocol: Default + Send + 'static {
     fn on_request(&mut self, req: &Self::Request) -> Ack;
     fn responses(&mut self, resources: &VersionedResources) -> Vec<Self::Response>;
     fn type_url(resp: &Self::Response) -> &str;
+    /// The listeners asked for by name (a proxyless client's targets).
+    fn listener_names(&self) -> Vec<String>;
     /// What a response carries, for the sync status.
     fn describe(resp: &Self::Response) -> crate::status::Sent;
     /// The response a request answers, if any: type, nonce, and the proxy's error if it
@@ -411,6 +418,9 @@ impl Protocol for DeltaState {
     }
     fn type_url(resp: &Self::Response) -> &str {
         &resp.type_url
+    }
+    fn listener_names(&self) -> Vec<String> {
+        DeltaState::listener_names(self)
     }
     fn describe(resp: &Self::Response) -> crate::status::Sent {
         crate::status::Sent {
@@ -451,6 +461,9 @@ impl Protocol for SotwState {
     fn type_url(resp: &Self::Response) -> &str {
         &resp.type_url
     }
+    fn listener_names(&self) -> Vec<String> {
+        SotwState::listener_names(self)
+    }
     fn describe(resp: &Self::Response) -> crate::status::Sent {
         crate::status::Sent {
             type_url: resp.type_url.clone(),
@@ -480,10 +493,30 @@ pub(crate) type ResponseStream<R> = Pin<Box<dyn Stream<Item = Result<R, Status>>
 /// The node a stream's first request named, and the proxy it follows.
 struct Following {
     node_id: String,
+    /// The catalog node the proxy named, if any.
+    node_name: Option<String>,
+    /// The listeners last reported to the source as asked for by name.
+    asked: Vec<String>,
     watcher: Watcher,
     _guard: Box<dyn Send + Sync>,
     /// The stream's sync status (removed from the tracker when the stream ends).
     status: crate::status::ViewGuard,
+}
+
+impl Following {
+    /// Tells the source which listeners the client asks for by name, when that changed.
+    fn ask_listeners(&mut self, source: &dyn SnapshotSource, token: &str, names: Vec<String>) {
+        if names == self.asked {
+            return;
+        }
+        let request = ProxyRequest {
+            proxy_id: &self.node_id,
+            node_name: self.node_name.as_deref(),
+            token,
+        };
+        source.request_listeners(&request, &names);
+        self.asked = names;
+    }
 }
 
 /// One stream, driven by the transport polling its responses (no task or channel of its own):
@@ -572,6 +605,7 @@ where
                         let ack = self.state.on_request(&r);
                         let (type_url, nonce, error) = P::answers(&r);
                         following.status.view.answered(type_url, nonce, error);
+                        following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
                         trace!(node = %following.node_id, ?ack, "request");
                         self.inner.record(&ack, self.changed_at);
                     }
@@ -695,6 +729,13 @@ where
         let Some(node) = P::node(&first) else {
             return Err(Some(Status::invalid_argument("the first request must carry the node")));
         };
+        // A proxyless gRPC client cannot send call headers: its token comes in the node
+        // metadata (`meshd connect grpc-bootstrap` puts it there).
+        if self.token.is_empty()
+            && let Some(t) = node_metadata(node, structs::wire::TOKEN_HEADER)
+        {
+            self.token = t.to_owned();
+        }
         let request = ProxyRequest {
             proxy_id: &node.id,
             node_name: node_name(node),
@@ -708,12 +749,16 @@ where
             .status
             .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
         let status = self.inner.status.open(P::KIND, &node_id);
-        Ok(Following {
+        let mut following = Following {
+            node_name: node_name(node).map(str::to_owned),
             node_id,
             watcher,
             _guard: guard,
             status,
-        })
+            asked: Vec::new(),
+        };
+        following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
+        Ok(following)
     }
 }
 

@@ -45,6 +45,16 @@ fn wildcard_type(type_url: &str) -> bool {
 }
 
 impl SotwState {
+    /// The listeners asked for by name (a proxyless gRPC client's targets); empty for a
+    /// wildcard subscription (Envoy's).
+    pub fn listener_names(&self) -> Vec<String> {
+        self.served[ResourceType::Listener.index()]
+            .names
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// Applies a request: the names it asks for and the ACK/NACK it carries.
     pub fn on_request(&mut self, req: &DiscoveryRequest) -> Ack {
         let st = match ResourceType::from_url(&req.type_url) {

@@ -5,7 +5,7 @@ use super::{BuildError, CLUSTER, ENDPOINT, Resources, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection, circuit_breakers, cluster,
 };
-use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Http2ProtocolOptions};
+use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Http2ProtocolOptions, Locality};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
@@ -58,8 +58,8 @@ fn lb_endpoint(node: &CheckServiceNode) -> LbEndpoint {
     }
 }
 
-/// One locality holding every instance, with a locality weight (proxyless gRPC clients skip
-/// localities without one).
+/// One locality holding every instance, with a locality weight and a (blank) locality:
+/// proxyless gRPC clients skip localities without a weight and refuse them without one.
 pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) -> ClusterLoadAssignment {
     let endpoints = if nodes.is_empty() {
         Vec::new()
@@ -67,6 +67,7 @@ pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) ->
         vec![LocalityLbEndpoints {
             lb_endpoints: nodes.iter().map(lb_endpoint).collect(),
             load_balancing_weight: Some(UInt32Value { value: 1 }),
+            locality: Some(Locality::default()),
             ..Default::default()
         }]
     };

@@ -20,6 +20,7 @@ mod clusters;
 mod core;
 mod gateways;
 mod listeners;
+pub mod proxyless;
 mod rbac;
 mod routes;
 mod tls;
@@ -189,6 +190,11 @@ pub(crate) fn build_scoped(
         tls::build_secrets(snapshot, &mut out)?;
     }
     match &snapshot.kind {
+        proxycfg::KindSnapshot::ConnectProxy(cp) if snapshot.service.connect.native => {
+            proxyless::build(snapshot, cp, &mut out)?;
+            clusters::build_endpoints(snapshot, &mut out, shared)?;
+            return Ok(out);
+        }
         proxycfg::KindSnapshot::ConnectProxy(_) => {}
         proxycfg::KindSnapshot::IngressGateway(g) => {
             gateways::build_ingress(snapshot, g, &mut out)?;
@@ -215,7 +221,8 @@ pub(crate) fn build_changed(
     prev: &ConfigSnapshot,
     shared: Option<&SharedEncodings>,
 ) -> Option<(Result<Resources, BuildError>, Vec<String>)> {
-    if !same_proxy_wide(prev, snapshot) {
+    // A proxyless client's build is small and all of a piece: always whole.
+    if !same_proxy_wide(prev, snapshot) || snapshot.service.connect.native {
         return None;
     }
     let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {

@@ -1,0 +1,230 @@
+//! `meshd connect grpc-bootstrap -service NAME -cert-dir DIR`: the xDS bootstrap of a
+//! proxyless gRPC client (`GRPC_XDS_BOOTSTRAP`), and the certificate files its xDS
+//! credentials read (kept current with `-watch`).
+//!
+//! The client's identity is a connect-native instance of the service (registered with
+//! `Connect.Native = true`, no sidecar): the bootstrap's node id is that instance's id and
+//! its node metadata names the catalog node. Its token (`-token-file`), when ACLs are on,
+//! travels in the node metadata under `x-consul-token`: gRPC's xDS client sends no custom
+//! call headers. The bootstrap holds that token, so it is written with mode 0600 when it
+//! goes to a file (`-output`).
+//!
+//! The service's leaf (`DIR/cert.pem`, `DIR/key.pem`, mode 0600) and the CA bundle
+//! (`DIR/roots.pem`) are written to `-cert-dir DIR`, and the bootstrap defines the certificate
+//! provider `meshd` over them (a `file_watcher`), which the clusters meshd sends refer to: a
+//! channel with xDS credentials does mTLS with them, a plaintext channel ignores them (but
+//! gRPC still refuses clusters naming a provider its bootstrap lacks, so it is always
+//! defined). `-watch` keeps running and rewrites the files whenever the leaf or the roots change
+//! (rotation), until SIGINT or SIGTERM.
+
+use crate::cli::GrpcBootstrapArgs;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// A connect-native instance of the service: (node, instance id).
+async fn instance(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    args: &GrpcBootstrapArgs,
+) -> Result<(String, String)> {
+    let url = format!("{base}/v1/catalog/service/{}", args.service);
+    let entries: Vec<Value> = get_json(client, &url, token).await?.0;
+    let native: Vec<(String, String)> = entries
+        .iter()
+        .filter(|e| e["ServiceConnect"]["Native"] == true)
+        .filter(|e| args.node.is_empty() || e["Node"] == args.node.as_str())
+        .filter(|e| args.service_id.as_deref().is_none_or(|id| e["ServiceID"] == id))
+        .map(|e| {
+            (
+                e["Node"].as_str().unwrap_or_default().to_owned(),
+                e["ServiceID"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    match native.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!(
+            "-service {}: no connect-native instance registered (register it with \"Connect\": {{\"Native\": true}}; -node and -service-id narrow the search)",
+            args.service
+        ),
+        many => bail!(
+            "-service {}: {} connect-native instances; choose one with -service-id (and -node)",
+            args.service,
+            many.len()
+        ),
+    }
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> Result<(T, u64)> {
+    let mut req = client.get(url);
+    if !token.is_empty() {
+        req = req.header(structs::wire::TOKEN_HEADER, token);
+    }
+    let resp = req.send().await.with_context(|| format!("GET {url}"))?;
+    let status = resp.status();
+    let index = resp
+        .headers()
+        .get("x-consul-index")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if !status.is_success() {
+        let body = resp.text().await.unwrap_or_default();
+        bail!("GET {url}: {status}: {}", body.trim());
+    }
+    Ok((
+        resp.json().await.with_context(|| format!("GET {url}: decoding"))?,
+        index,
+    ))
+}
+
+/// The bootstrap JSON for node `instance` on `node`.
+pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &str) -> Value {
+    let servers: Vec<Value> = args
+        .grpc_addr
+        .iter()
+        .map(|addr| {
+            json!({
+                "server_uri": addr,
+                "channel_creds": [{"type": "insecure"}],
+                "server_features": ["xds_v3"],
+            })
+        })
+        .collect();
+    let mut metadata = serde_json::Map::new();
+    metadata.insert(structs::wire::NODE_NAME_METADATA.into(), json!(node));
+    if !token.is_empty() {
+        metadata.insert(structs::wire::TOKEN_HEADER.into(), json!(token));
+    }
+    let mut out = json!({
+        "xds_servers": servers,
+        "node": {"id": instance, "cluster": args.service, "metadata": metadata, "locality": {}},
+    });
+    {
+        let dir = &args.cert_dir;
+        out["certificate_providers"] = json!({
+            structs::wire::PROXYLESS_CERT_PROVIDER: {
+                "plugin_name": "file_watcher",
+                "config": {
+                    "certificate_file": dir.join("cert.pem"),
+                    "private_key_file": dir.join("key.pem"),
+                    "ca_certificate_file": dir.join("roots.pem"),
+                    "refresh_interval": "5s",
+                },
+            },
+        });
+    }
+    out
+}
+
+/// Writes the leaf files; returns the leaf's index.
+async fn write_leaf(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    service: &str,
+    dir: &Path,
+    after: u64,
+) -> Result<u64> {
+    let url = format!("{base}/v1/agent/connect/ca/leaf/{service}?index={after}&wait=5m");
+    let (leaf, index): (Value, u64) = get_json(client, &url, token).await?;
+    let (cert, key) = (
+        leaf["CertPEM"].as_str().unwrap_or_default(),
+        leaf["PrivateKeyPEM"].as_str().unwrap_or_default(),
+    );
+    if cert.is_empty() || key.is_empty() {
+        bail!("GET {base}/v1/agent/connect/ca/leaf/{service}: no certificate in the answer");
+    }
+    // The key first: a reader that sees the new certificate finds its key in place.
+    atomic_file::write_atomic(&dir.join("key.pem"), key.as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", dir.join("key.pem").display()))?;
+    atomic_file::write_atomic(&dir.join("cert.pem"), cert.as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", dir.join("cert.pem").display()))?;
+    Ok(index)
+}
+
+/// Writes the CA bundle; returns the roots' index.
+async fn write_roots(client: &reqwest::Client, base: &str, token: &str, dir: &Path, after: u64) -> Result<u64> {
+    let url = format!("{base}/v1/connect/ca/roots?index={after}&wait=5m");
+    let (roots, index): (Value, u64) = get_json(client, &url, token).await?;
+    let pems: Vec<&str> = roots["Roots"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|r| r["RootCert"].as_str()).collect())
+        .unwrap_or_default();
+    if pems.is_empty() {
+        bail!("GET {base}/v1/connect/ca/roots: no root certificate");
+    }
+    atomic_file::write_atomic(&dir.join("roots.pem"), pems.join("\n").as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", dir.join("roots.pem").display()))?;
+    Ok(index)
+}
+
+/// Runs the command: prints (or writes) the bootstrap, writes the certificate files, and
+/// with `-watch` keeps them current until `shutdown`.
+pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read -token-file {}", path.display()))?
+            .trim()
+            .to_owned(),
+        None => String::new(),
+    };
+    let base = format!("http://{}", args.http_addr);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(6 * 60))
+        .build()
+        .context("building the HTTP client")?;
+    let (node, id) = instance(&client, &base, &token, &args).await?;
+    let dir = args.cert_dir.clone();
+    std::fs::create_dir_all(&dir).with_context(|| format!("-cert-dir {}: cannot create", dir.display()))?;
+    let indexes = (
+        write_leaf(&client, &base, &token, &args.service, &dir, 0).await?,
+        write_roots(&client, &base, &token, &dir, 0).await?,
+    );
+    let text = serde_json::to_string_pretty(&bootstrap(&args, &node, &id, &token)).context("encoding the bootstrap")?;
+    match &args.output {
+        Some(path) => atomic_file::write_atomic(path, format!("{text}\n").as_bytes(), 0o600)
+            .with_context(|| format!("-output {}: cannot write", path.display()))?,
+        None => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{text}")
+                .and_then(|()| out.flush())
+                .context("writing the bootstrap to stdout")?;
+        }
+    }
+    if !args.watch {
+        return Ok(());
+    }
+    info!(service = %args.service, dir = %dir.display(), "keeping the certificate files current");
+    let keep = async {
+        let (mut leaf, mut roots) = indexes;
+        loop {
+            tokio::select! {
+                r = write_leaf(&client, &base, &token, &args.service, &dir, leaf) => match r {
+                    Ok(i) if i != leaf => { info!(index = i, "leaf certificate written"); leaf = i; }
+                    Ok(_) => {}
+                    Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the leaf; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }
+                },
+                r = write_roots(&client, &base, &token, &dir, roots) => match r {
+                    Ok(i) if i != roots => { info!(index = i, "CA roots written"); roots = i; }
+                    Ok(_) => {}
+                    Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the CA roots; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }
+                },
+            }
+        }
+    };
+    tokio::select! {
+        () = shutdown => Ok(()),
+        () = keep => Ok(()),
+    }
+}

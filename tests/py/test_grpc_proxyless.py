@@ -1,0 +1,219 @@
+"""grpcio 1.85.0, unchanged, as a proxyless xDS client of a real `meshd server`: `xds:///api`
+resolves through meshd (listener, routes, clusters, endpoints), new instances receive calls,
+a splitter's weights hold, and with xDS credentials the call is mTLS with the mesh's
+certificates (written and kept current by `meshd connect grpc-bootstrap -watch`)."""
+
+import collections
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+import requests
+
+from conftest import _meshd_binary, _start_server, _stop_server
+
+# gRPC reads GRPC_XDS_BOOTSTRAP once per process: each scenario runs in a child Python
+# process of its own, given its bootstrap.
+CLIENT = r"""
+import collections, json, sys, time, grpc
+mode, target, calls, patience = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+if mode == "mtls":
+    creds = grpc.xds_channel_credentials(fallback_credentials=grpc.local_channel_credentials())
+    channel = grpc.secure_channel(target, creds)
+else:
+    channel = grpc.insecure_channel(target)
+call = channel.unary_unary("/test.Echo/Call")
+seen = collections.Counter()
+deadline = time.monotonic() + patience
+while sum(seen.values()) < calls:
+    try:
+        seen[call(b"hi", timeout=10).decode()] += 1
+    except grpc.RpcError as e:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.1)
+print(json.dumps(seen))
+"""
+
+
+def echo_server(name, tls=None):
+    """A grpcio server answering /test.Echo/Call with its name and the caller's identity."""
+
+    def call(request, context):
+        peer = context.auth_context().get("x509_subject_alternative_name", [b""])
+        return f"{name}|{b','.join(peer).decode()}".encode()
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("test.Echo", {"Call": grpc.unary_unary_rpc_method_handler(call)}),)
+    )
+    if tls is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        port = server.add_secure_port("127.0.0.1:0", tls)
+    server.start()
+    return server, port
+
+
+class Mesh:
+    def __init__(self, *args):
+        self.token = ""
+        self.proc, (host, port) = _start_server("-dev", *args)
+        self.http = f"{host}:{port}"
+        # The server prints its xDS address on the line after the HTTP one.
+        self.grpc = self.proc.stdout.readline().strip().split("on ", 1)[1]
+
+    def put(self, path, body):
+        r = requests.put(f"http://{self.http}{path}", json=body, headers={"X-Consul-Token": self.token})
+        assert r.ok, r.text
+        return r.json()
+
+    def register(self, body):
+        r = requests.put(f"http://{self.http}/v1/catalog/register", json=body, headers={"X-Consul-Token": self.token})
+        assert r.ok, r.text
+
+    def native(self, service, instance, port, meta=None):
+        self.register({"Node": f"node-{instance}", "Address": "127.0.0.1",
+                       "Service": {"Service": service, "ID": instance, "Port": port, "Meta": meta or {},
+                                   "Connect": {"Native": True}}})
+
+    def config(self, entry):
+        r = requests.put(f"http://{self.http}/v1/config", json=entry, headers={"X-Consul-Token": self.token})
+        assert r.ok, r.text
+
+    def bootstrap(self, tmp_path, service, *extra):
+        cert_dir = tmp_path / f"certs-{service}"
+        out = subprocess.run(
+            [_meshd_binary(), "connect", "grpc-bootstrap", "-service", service, "-http-addr", self.http,
+             "-grpc-addr", self.grpc, "-cert-dir", str(cert_dir), *extra],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        path = tmp_path / f"bootstrap-{service}.json"
+        path.write_text(out.stdout)
+        return path, cert_dir
+
+    def run_client(self, bootstrap, n, mode="plain", target="xds:///api", patience=30):
+        env = dict(os.environ, GRPC_XDS_BOOTSTRAP=str(bootstrap))
+        return subprocess.run([sys.executable, "-c", CLIENT, mode, target, str(n), str(patience)],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    def calls(self, bootstrap, n, mode="plain", target="xds:///api"):
+        out = self.run_client(bootstrap, n, mode, target)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return collections.Counter(json.loads(out.stdout))
+
+    def stop(self):
+        _stop_server(self.proc)
+
+
+@pytest.fixture
+def mesh():
+    m = Mesh()
+    yield m
+    m.stop()
+
+
+def names(counts):
+    return collections.Counter({k.split("|")[0]: v for k, v in counts.items()})
+
+
+def test_a_proxyless_client_calls_api_and_new_instances_get_calls(mesh, tmp_path):
+    api1, port1 = echo_server("api-1")
+    mesh.native("api", "api-1", port1)
+    mesh.native("client", "client-1", 1)
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    node = json.loads(bootstrap.read_text())["node"]
+    assert node["id"] == "client-1"
+    assert names(mesh.calls(bootstrap, 5)) == {"api-1": 5}
+
+    api2, port2 = echo_server("api-2")
+    mesh.native("api", "api-2", port2)
+    seen = names(mesh.calls(bootstrap, 40))
+    assert set(seen) == {"api-1", "api-2"}, seen
+    api1.stop(None)
+    api2.stop(None)
+
+
+def test_a_splitters_weights_hold_for_proxyless_calls(mesh, tmp_path):
+    v1, p1 = echo_server("v1")
+    v2, p2 = echo_server("v2")
+    mesh.native("api", "api-v1", p1, {"version": "v1"})
+    mesh.native("api", "api-v2", p2, {"version": "v2"})
+    mesh.native("client", "client-1", 1)
+    mesh.config({"Kind": "service-defaults", "Name": "api", "Protocol": "grpc"})
+    mesh.config({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1",
+                 "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"},
+                             "v2": {"Filter": "Service.Meta.version == v2"}}})
+    mesh.config({"Kind": "service-splitter", "Name": "api",
+                 "Splits": [{"Weight": 50, "ServiceSubset": "v1"}, {"Weight": 50, "ServiceSubset": "v2"}]})
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    seen = names(mesh.calls(bootstrap, 400))
+    assert sum(seen.values()) == 400
+    for version in ("v1", "v2"):
+        assert 160 <= seen[version] <= 240, f"50/50 within ±10 %: {seen}"
+    v1.stop(None)
+    v2.stop(None)
+
+
+def test_with_xds_credentials_the_call_is_mtls_with_mesh_identities(mesh, tmp_path):
+    mesh.native("client", "client-1", 1)
+    # The server is connect-native too: the mesh's leaf for api, client certificates from
+    # the mesh CA required.
+    mesh.native("api", "api-1", 1)
+    _, api_certs = mesh.bootstrap(tmp_path, "api")
+    creds = grpc.ssl_server_credentials(
+        [((api_certs / "key.pem").read_bytes(), (api_certs / "cert.pem").read_bytes())],
+        root_certificates=(api_certs / "roots.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    server, port = echo_server("api-1", tls=creds)
+    mesh.native("api", "api-1", port)
+    bootstrap, certs = mesh.bootstrap(tmp_path, "client")
+    assert oct((certs / "key.pem").stat().st_mode & 0o777) == "0o600"
+    seen = mesh.calls(bootstrap, 3, mode="mtls")
+    [(answer, count)] = seen.items()
+    assert count == 3
+    name, peer = answer.split("|")
+    assert name == "api-1"
+    assert peer.startswith("spiffe://") and peer.endswith("/svc/client"), f"the server saw the client's mesh identity: {peer}"
+    server.stop(None)
+
+
+def test_with_acls_the_clients_token_must_write_its_service(tmp_path):
+    mesh = Mesh("-acl-enabled", "-acl-default-policy", "deny")
+    try:
+        mesh.token = requests.put(f"http://{mesh.http}/v1/acl/bootstrap").json()["SecretID"]
+        api, port = echo_server("api-1")
+        mesh.native("api", "api-1", port)
+        mesh.native("client", "client-1", 1)
+        mesh.native("other", "other-1", 1)
+
+        def token_for(service):
+            rules = f'service "{service}" {{ policy = "write" }}\nservice_prefix "" {{ policy = "read" }}\nnode_prefix "" {{ policy = "read" }}'
+            policy = mesh.put("/v1/acl/policy", {"Name": f"{service}-identity", "Rules": rules})
+            secret = mesh.put("/v1/acl/token", {"Policies": [{"ID": policy["ID"]}]})["SecretID"]
+            path = tmp_path / f"{service}.token"
+            path.write_text(secret)
+            return path
+
+        client_token, other_token = token_for("client"), token_for("other")
+        bootstrap, _ = mesh.bootstrap(tmp_path, "client", "-token-file", str(client_token))
+        assert names(mesh.calls(bootstrap, 3)) == {"api-1": 3}
+
+        # A token of another service gets nothing for client-1 (its certificates are
+        # refused too, so the bootstrap is made with the right token and then swapped).
+        wrong = json.loads(bootstrap.read_text())
+        wrong["node"]["metadata"]["x-consul-token"] = other_token.read_text()
+        wrong_path = tmp_path / "wrong.json"
+        wrong_path.write_text(json.dumps(wrong))
+        out = mesh.run_client(wrong_path, 1, patience=3)
+        assert out.returncode != 0
+        assert "PERMISSION_DENIED" in out.stderr or "permission" in out.stderr.lower(), out.stderr[-2000:]
+        api.stop(None)
+    finally:
+        mesh.stop()
