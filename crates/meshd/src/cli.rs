@@ -302,6 +302,11 @@ pub struct EnvoyArgs {
     /// The CA (PEM) Envoy trusts for xDS over TLS; it is put in the bootstrap.
     #[arg(long = "grpc-ca-file", value_name = "PATH")]
     pub grpc_ca_file: Option<PathBuf>,
+    /// Serve Envoy's metrics in Prometheus' format at `http://ADDR/metrics` (Consul's
+    /// `envoy_prometheus_bind_addr`), forwarded from the admin interface (which then needs a
+    /// fixed -admin-bind port).
+    #[arg(long = "prometheus-bind", value_name = "ADDR")]
+    pub prometheus_bind: Option<SocketAddr>,
     /// Envoy's admin interface.
     #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
     pub admin_bind: SocketAddr,

@@ -159,8 +159,21 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         xds_servers,
         token,
         xds_tls,
+        prometheus_bind: prometheus_bind(args)?,
     };
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
+}
+
+/// `-prometheus-bind`, which forwards to the admin interface and so needs its port known.
+fn prometheus_bind(args: &EnvoyArgs) -> Result<Option<std::net::SocketAddr>> {
+    match args.prometheus_bind {
+        Some(_) if args.admin_bind.port() == 0 => {
+            bail!(
+                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0"
+            )
+        }
+        other => Ok(other),
+    }
 }
 
 /// The proxy's token as the flags give it now: `-token-file`, `-token`, else

@@ -485,3 +485,64 @@ async fn sigterm_to_connect_envoy_lets_an_in_flight_mesh_request_complete() {
     assert!(status.success(), "{status}");
     assert!(t0.elapsed() >= Duration::from_secs(3), "exited before the drain time");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    mesh.register("node-web", "web", backend("web"), free_port(), json!([]), json!({}))
+        .await;
+    let (admin, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args(["connect", "envoy", "-sidecar-for", "web", "-node", "node-web"])
+        .args([
+            "-http-addr",
+            mesh.http.trim_start_matches("http://"),
+            "-grpc-addr",
+            &mesh.grpc,
+        ])
+        .args(["-admin-bind", &format!("127.0.0.1:{admin}")])
+        .args(["-prometheus-bind", &format!("127.0.0.1:{metrics}")])
+        .args(["-log-level", "warn", "-drain-time", "1s", "-run-dir"])
+        .arg(dir.path().join("run"))
+        .arg("-envoy-binary")
+        .arg(envoy())
+        .args(["--", "-l", "error", "--concurrency", "1"])
+        .spawn()
+        .unwrap();
+    let _envoy = Proc(child);
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{metrics}/metrics");
+    let body = wait_for(|| get(&client, &url)).await;
+    assert!(
+        body.contains("# TYPE envoy_"),
+        "Prometheus text: {}",
+        &body[..body.len().min(300)]
+    );
+    assert!(
+        body.contains("envoy_control_plane_connected_state"),
+        "Envoy's own metrics"
+    );
+    // Only /metrics: the rest of the admin interface is not exposed there.
+    let other = client
+        .get(format!("http://127.0.0.1:{metrics}/quitquitquit"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404);
+}
+
+#[test]
+fn prometheus_bind_needs_a_fixed_admin_port() {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args(["connect", "envoy", "-proxy-id", "web-sidecar-proxy", "-bootstrap"])
+        .args(["-admin-bind", "127.0.0.1:0", "-prometheus-bind", "127.0.0.1:20200"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("-prometheus-bind") && stderr.contains("-admin-bind"),
+        "{stderr}"
+    );
+}

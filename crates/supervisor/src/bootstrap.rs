@@ -25,6 +25,10 @@ pub struct BootstrapConfig {
     pub token: String,
     /// xDS over TLS (`None`: plaintext).
     pub xds_tls: Option<XdsTls>,
+    /// Where Envoy serves its metrics in Prometheus' format at `/metrics` (Consul's
+    /// `envoy_prometheus_bind_addr`): a listener that forwards to the admin interface's
+    /// `/stats/prometheus`, so the admin interface itself need not be exposed.
+    pub prometheus_bind: Option<SocketAddr>,
 }
 
 /// One xDS server.
@@ -127,6 +131,48 @@ fn socket(addr: SocketAddr) -> Value {
     json!({"socket_address": {"address": addr.ip().to_string(), "port_value": addr.port()}})
 }
 
+/// The listener serving `/metrics` on `bind` from the admin interface's
+/// `/stats/prometheus`, and the cluster of the admin interface it forwards to.
+fn prometheus(bind: SocketAddr, admin: SocketAddr) -> (Value, Value) {
+    let listener = json!({
+        "name": "envoy_prometheus_metrics_listener",
+        "address": socket(bind),
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "envoy_prometheus_metrics",
+                "codec_type": "HTTP1",
+                "route_config": {
+                    "name": "self_admin_route",
+                    "virtual_hosts": [{
+                        "name": "self_admin",
+                        "domains": ["*"],
+                        "routes": [
+                            {"match": {"path": "/metrics"}, "route": {"cluster": "self_admin", "prefix_rewrite": "/stats/prometheus"}},
+                            {"match": {"prefix": "/"}, "direct_response": {"status": 404}}
+                        ]
+                    }]
+                },
+                "http_filters": [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+                }]
+            }
+        }]}]
+    });
+    let cluster = json!({
+        "name": "self_admin",
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "load_assignment": {
+            "cluster_name": "self_admin",
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(admin)}}]}]
+        }
+    });
+    (listener, cluster)
+}
+
 /// The bootstrap as JSON (valid YAML too: Envoy takes it with `-c file` or `--config-yaml`).
 pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
     let mut metadata = json!({"namespace": "default", "partition": "default"});
@@ -155,11 +201,19 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
     if let Some(tls) = &cfg.xds_tls {
         set_tls(&mut xds_cluster, tls, &cfg.xds_servers);
     }
+    let mut clusters = vec![xds_cluster];
+    let mut listeners = Vec::new();
+    if let Some(bind) = cfg.prometheus_bind {
+        let (listener, cluster) = prometheus(bind, cfg.admin_bind);
+        listeners.push(listener);
+        clusters.push(cluster);
+    }
     json!({
         "node": {"id": cfg.proxy_id, "cluster": cfg.cluster, "metadata": metadata},
         "admin": {"address": socket(cfg.admin_bind)},
         "static_resources": {
-            "clusters": [xds_cluster]
+            "clusters": clusters,
+            "listeners": listeners
         },
         "dynamic_resources": {
             "lds_config": {"ads": {}, "resource_api_version": "V3"},

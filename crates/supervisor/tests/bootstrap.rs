@@ -25,6 +25,7 @@ fn config(token: &str, xds_servers: Vec<XdsServer>, tls: bool) -> BootstrapConfi
         xds_servers,
         token: token.into(),
         xds_tls: tls.then(|| XdsTls { ca_pem: CA_PEM.into() }),
+        prometheus_bind: None,
     }
 }
 
@@ -149,5 +150,22 @@ fn bootstrap_with_three_xds_servers_lists_each_and_passes_envoy_validate() {
     }
     // An endpoint no match picks would still get TLS, never plaintext.
     assert_tls_for(&cluster["transport_socket"], hosts[0]);
+    assert_envoy_accepts(&json);
+}
+
+#[test]
+fn a_prometheus_bind_adds_a_metrics_listener_over_the_admin_interface_and_passes_envoy_validate() {
+    let mut cfg = config("", vec![server("127.0.0.1:8502", "127.0.0.1")], false);
+    cfg.prometheus_bind = Some("0.0.0.0:20200".parse().unwrap());
+    let json = bootstrap_json(&cfg);
+    let listener = &json["static_resources"]["listeners"][0];
+    assert_eq!(listener["name"], "envoy_prometheus_metrics_listener");
+    assert_eq!(listener["address"]["socket_address"]["port_value"], 20200);
+    let admin = &json["static_resources"]["clusters"][1];
+    assert_eq!(admin["name"], "self_admin");
+    assert_eq!(
+        admin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"],
+        19000
+    );
     assert_envoy_accepts(&json);
 }
