@@ -217,3 +217,35 @@ def test_with_acls_the_clients_token_must_write_its_service(tmp_path):
         api.stop(None)
     finally:
         mesh.stop()
+
+
+def test_watch_rewrites_the_certificate_files_when_the_ca_rotates(mesh, tmp_path):
+    import time
+
+    mesh.native("client", "client-1", 1)
+    cert_dir = tmp_path / "certs"
+    proc = subprocess.Popen(
+        [_meshd_binary(), "connect", "grpc-bootstrap", "-service", "client", "-http-addr", mesh.http,
+         "-grpc-addr", mesh.grpc, "-cert-dir", str(cert_dir), "-output", str(tmp_path / "b.json"),
+         "-watch", "-log-level", "warn"],
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (cert_dir / "roots.pem").exists():
+            assert time.monotonic() < deadline, "files written"
+            time.sleep(0.1)
+        before = ((cert_dir / "cert.pem").read_text(), (cert_dir / "roots.pem").read_text())
+        assert before[1].count("BEGIN CERTIFICATE") == 1
+        r = requests.put(f"http://{mesh.http}/v1/connect/ca/configuration",
+                         json={"Provider": "consul", "Config": {"PrivateKeyType": "ec", "PrivateKeyBits": 384}})
+        assert r.ok, r.text
+        while True:
+            now = ((cert_dir / "cert.pem").read_text(), (cert_dir / "roots.pem").read_text())
+            if now[0] != before[0] and now[1].count("BEGIN CERTIFICATE") == 2:
+                break
+            assert time.monotonic() < deadline + 20, "the leaf and the roots were rewritten after the rotation"
+            time.sleep(0.2)
+        assert proc.poll() is None, "-watch keeps running"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
