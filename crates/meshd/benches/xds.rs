@@ -12,7 +12,9 @@
 //! Run: `cargo xtask bench xds`. Scale with `PROXIES=` (1000), `ROUNDS=` (10), `MODE=delta|sotw`;
 //! it runs with default chains and then with L7 chains on every upstream (`L7=0` or `L7=1`
 //! runs one of them). `ACL=1` runs the server with ACLs on (default deny): every proxy
-//! presents its own token (a service identity), authorized on each snapshot.
+//! presents its own token (a service identity), authorized on each snapshot. `STATUS=off`
+//! runs it without the per-stream sync status (to measure its cost); otherwise a CSDS dump of
+//! every proxy is timed too.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -59,6 +61,10 @@ const MANAGEMENT: &str = "6e1d0c2b-3a4f-4b5c-8d7e-0f1a2b3c4d5e";
 
 fn start_server(acl: bool) -> Server {
     let mut args = vec!["-dev".to_owned(), "-log-level".to_owned(), "error".to_owned()];
+    // STATUS=off: without the per-stream sync status, to measure what tracking costs.
+    if std::env::var("STATUS").is_ok_and(|s| s == "off") {
+        args.push("-xds-status-tracking=false".to_owned());
+    }
     if acl {
         let file = std::env::temp_dir().join(format!("meshd-bench-{}.token", std::process::id()));
         std::fs::write(&file, MANAGEMENT).unwrap();
@@ -236,6 +242,48 @@ async fn write_l7_entries(http: &reqwest::Client, server: &str) {
                 .error_for_status()
                 .unwrap();
         }
+    }
+}
+
+/// Times CSDS dumps of every connected proxy over gRPC (the server's work plus the transfer).
+async fn csds_dump(server: &Server, n: usize) {
+    use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
+    use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+    if std::env::var("STATUS").is_ok_and(|s| s == "off") {
+        return;
+    }
+    let mut client = ClientStatusDiscoveryServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap()
+        .max_decoding_message_size(usize::MAX);
+    for exclude in [true, false] {
+        let mut times = Vec::new();
+        let mut size = (0, 0);
+        for _ in 0..10 {
+            let t0 = Instant::now();
+            let resp = client
+                .fetch_client_status(ClientStatusRequest {
+                    exclude_resource_contents: exclude,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            times.push(t0.elapsed());
+            size = (
+                resp.config.len(),
+                resp.config.iter().map(|c| c.generic_xds_configs.len()).sum::<usize>(),
+            );
+        }
+        times.sort();
+        println!(
+            "  CSDS dump of every proxy ({} of {n} streams, {} resources{}): p50 {}  max {}   [target <= 50 ms at 1,000]",
+            size.0,
+            size.1,
+            if exclude { ", contents excluded" } else { ", with contents" },
+            ms(percentile(&times, 0.5)),
+            ms(*times.last().unwrap())
+        );
     }
 }
 
@@ -449,6 +497,7 @@ async fn run(l7: bool) {
         cpu_total.as_secs_f64() * 1e6 / (rounds * affected) as f64,
         cpu_steady.as_secs_f64()
     );
+    csds_dump(&server, n).await;
     let floor = floor_run(affected, bytes / lat.len().max(1), rounds).await;
     let floor_p99 = percentile(&floor, 0.99);
     println!(

@@ -412,6 +412,10 @@ pub struct ServerArgs {
     /// connection per blocking query it runs, so a busy host needs many.
     #[arg(long = "http-max-conns-per-client", value_name = "N", default_value_t = 0)]
     pub http_max_conns_per_client: u32,
+    /// Track each xDS stream's sync status (`/v1/internal/xds-status`, CSDS, stuck-stream
+    /// detection); `false` turns it off (to measure its cost).
+    #[arg(long = "xds-status-tracking", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub xds_status_tracking: bool,
     /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
     #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub node_liveness_timeout: std::time::Duration,

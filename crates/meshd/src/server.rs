@@ -83,6 +83,7 @@ pub async fn run(
     };
     crate::engine::guard_csds(&engine.xds, std::sync::Arc::clone(&status_acl));
     engine.xds.set_server_name(&args.node);
+    engine.xds.set_status_tracking(args.xds_status_tracking);
     let app = http_api::router(store.clone(), api)
         .merge(crate::engine::status_router(
             engine.manager.clone(),

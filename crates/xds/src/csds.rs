@@ -61,9 +61,10 @@ impl XdsServer {
 
     /// The CSDS answer for `request`: every connected proxy its node matchers select.
     pub fn client_status(&self, request: &ClientStatusRequest) -> ClientStatusResponse {
-        let rows = self.status_tracker().resources(|node| {
-            request.node_matchers.is_empty() || request.node_matchers.iter().any(|m| matches(m, node))
-        });
+        let rows = self.status_tracker().resources(
+            |node| request.node_matchers.is_empty() || request.node_matchers.iter().any(|m| matches(m, node)),
+            |type_url| !request.exclude_resource_contents && type_url != SECRET,
+        );
         let config = rows
             .into_iter()
             .map(|(node, resources)| ClientConfig {
@@ -73,7 +74,7 @@ impl XdsServer {
                 }),
                 generic_xds_configs: resources
                     .into_iter()
-                    .map(|r| generic(r, request.exclude_resource_contents))
+                    .map(generic)
                     .collect(),
                 ..ClientConfig::default()
             })
@@ -112,14 +113,13 @@ fn timestamp(at: std::time::SystemTime) -> envoy_types::pb::google::protobuf::Ti
     }
 }
 
-fn generic(r: ResourceRow, exclude_contents: bool) -> GenericXdsConfig {
+fn generic(r: ResourceRow) -> GenericXdsConfig {
     let (config_status, client_status) = match r.state {
         ResourceState::Synced => (ConfigStatus::Synced, ClientResourceStatus::Acked),
         ResourceState::NotSent => (ConfigStatus::NotSent, ClientResourceStatus::Unknown),
         ResourceState::Stale => (ConfigStatus::Stale, ClientResourceStatus::Requested),
         ResourceState::Error => (ConfigStatus::Error, ClientResourceStatus::Nacked),
     };
-    let contents = !exclude_contents && r.type_url != SECRET;
     GenericXdsConfig {
         error_state: r.error.map(|details| UpdateFailureState {
             details,
@@ -130,7 +130,7 @@ fn generic(r: ResourceRow, exclude_contents: bool) -> GenericXdsConfig {
         type_url: r.type_url,
         name: r.name,
         version_info: r.version,
-        xds_config: if contents { r.value } else { None },
+        xds_config: r.value,
         last_updated: r.updated.map(timestamp),
         config_status: config_status as i32,
         client_status: client_status as i32,

@@ -106,6 +106,8 @@ struct Inner {
     shared: crate::resources::SharedEncodings,
     /// Every stream's sync status.
     status: Arc<crate::status::Tracker>,
+    /// Whether new streams are tracked (on unless turned off).
+    track_status: std::sync::atomic::AtomicBool,
     /// Who may read CSDS (none: anyone who reaches the port).
     csds_authorizer: Mutex<Option<crate::csds::CsdsAuthorizer>>,
     /// One permit per stream asked to end so that its proxy reconnects elsewhere
@@ -160,6 +162,7 @@ impl XdsServer {
                 shared: crate::resources::SharedEncodings::default(),
                 shed: tokio::sync::Notify::new(),
                 status: Arc::default(),
+                track_status: std::sync::atomic::AtomicBool::new(true),
                 csds_authorizer: Mutex::new(None),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
@@ -180,6 +183,12 @@ impl XdsServer {
     /// after `reset` (defaults: 10 s and 30 s).
     pub fn set_stuck_timing(&self, flag: Duration, reset: Duration) {
         self.inner.status.set_timing(flag, reset);
+    }
+
+    /// Turns the sync status of new streams (`sync_status`, CSDS, stuck detection) on or
+    /// off; on by default. Off only to measure what tracking costs.
+    pub fn set_status_tracking(&self, on: bool) {
+        self.inner.track_status.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Names this server in the sync status (`Server`).
@@ -499,8 +508,9 @@ struct Following {
     asked: Vec<String>,
     watcher: Watcher,
     _guard: Box<dyn Send + Sync>,
-    /// The stream's sync status (removed from the tracker when the stream ends).
-    status: crate::status::ViewGuard,
+    /// The stream's sync status (removed from the tracker when the stream ends); none when
+    /// tracking is off.
+    status: Option<crate::status::ViewGuard>,
 }
 
 impl Following {
@@ -558,7 +568,9 @@ where
                 self.inner.metrics.response(P::type_url(&resp));
                 if let Some(f) = &self.following {
                     trace!(node = %f.node_id, type_url = P::type_url(&resp), "response");
-                    f.status.view.sent(P::describe(&resp));
+                    if let Some(status) = &f.status {
+                        status.view.sent(P::describe(&resp));
+                    }
                 }
                 return Some(Ok(resp));
             }
@@ -582,7 +594,7 @@ where
             tokio::select! {
                 biased;
                 () = &mut self.shutdown => self.finished = true,
-                () = following.status.view.reset.notified() => {
+                () = async { match &following.status { Some(s) => s.view.reset.notified().await, None => std::future::pending().await } } => {
                     self.finished = true;
                     self.inner.metrics.stream_stuck_reset();
                     warn!(node = %following.node_id, "resetting the xDS stream: a response went unanswered too long");
@@ -604,7 +616,9 @@ where
                     Ok(Some(r)) => {
                         let ack = self.state.on_request(&r);
                         let (type_url, nonce, error) = P::answers(&r);
-                        following.status.view.answered(type_url, nonce, error);
+                        if let Some(status) = &following.status {
+                            status.view.answered(type_url, nonce, error);
+                        }
                         following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
                         trace!(node = %following.node_id, ?ack, "request");
                         self.inner.record(&ack, self.changed_at);
@@ -675,7 +689,9 @@ where
                 match self.inner.resources_for(&snap, self.current.as_ref()) {
                     Ok(r) => {
                         if let Some(f) = &self.following {
-                            f.status.view.resources(&f.node_id, &r);
+                            if let Some(status) = &f.status {
+                                status.view.resources(&f.node_id, &r);
+                            }
                         }
                         self.current = Some(r);
                         self.changed_at = Instant::now();
@@ -745,10 +761,12 @@ where
         debug!(node = %node.id, "stream opened");
         let node_id = node.id.clone();
         self.state.on_request(&first);
-        self.inner
-            .status
-            .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
-        let status = self.inner.status.open(P::KIND, &node_id);
+        let status = self.inner.track_status.load(std::sync::atomic::Ordering::Relaxed).then(|| {
+            self.inner
+                .status
+                .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
+            self.inner.status.open(P::KIND, &node_id)
+        });
         let mut following = Following {
             node_name: node_name(node).map(str::to_owned),
             node_id,

@@ -22,6 +22,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -64,12 +65,31 @@ pub(crate) struct Sent {
     pub(crate) replaces: bool,
 }
 
+/// What a stream holds of one resource: the version last sent (shared with the proxy's
+/// resources when it is still theirs: no copy per stream), which response carried it, and
+/// its state. Kept small: a proxy holds dozens of these.
 #[derive(Debug, Clone)]
 struct Resource {
-    version: String,
+    version: Version,
+    /// Sequence number of the response that last carried it.
+    seq: u32,
     state: ResourceState,
-    error: Option<String>,
-    updated: SystemTime,
+}
+
+/// A version as sent: the proxy's own resource (shared), or a copy when it is not there.
+#[derive(Debug, Clone)]
+enum Version {
+    Shared(Arc<crate::content::Versioned>),
+    Owned(Arc<str>),
+}
+
+impl Version {
+    fn as_str(&self) -> &str {
+        match self {
+            Version::Shared(v) => &v.version,
+            Version::Owned(v) => v,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -77,17 +97,15 @@ struct TypeView {
     last_sent: Option<(String, String, SystemTime)>,
     last_acked: Option<(String, SystemTime)>,
     last_nack: Option<(String, String, SystemTime)>,
-    resources: BTreeMap<String, Resource>,
-    /// Responses in flight, oldest first.
-    pending: Vec<InFlight>,
+    /// By name (the proxy's resources' own names, shared).
+    resources: BTreeMap<Arc<str>, Resource>,
+    /// Responses in flight, oldest first: sequence number, nonce, when.
+    pending: Vec<(u32, String, Instant)>,
+    next_seq: u32,
 }
 
-/// A response in flight: its nonce, when it went, and the resources (name, version) it
-/// carried.
-type InFlight = (String, Instant, Vec<(String, String)>);
-
-/// A resource's version, state, error and last change, by name.
-type Row<'a> = (&'a str, (String, ResourceState, Option<&'a str>, Option<SystemTime>));
+/// A resource's version, state, error and the time of its type's last change, by name.
+type Row<'a> = (&'a str, (&'a str, ResourceState, Option<&'a str>, Option<SystemTime>));
 
 #[derive(Debug, Default)]
 struct ViewState {
@@ -105,6 +123,8 @@ pub(crate) struct StreamView {
     protocol: &'static str,
     opened: SystemTime,
     state: Mutex<ViewState>,
+    /// Responses in flight on every stream (the tracker's count).
+    pending_total: Arc<std::sync::atomic::AtomicUsize>,
     /// Notified when the stream must be reset (stuck too long).
     pub(crate) reset: Notify,
 }
@@ -113,28 +133,40 @@ impl StreamView {
     /// Records a response handed to the transport.
     pub(crate) fn sent(&self, sent: Sent) {
         let now = SystemTime::now();
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let current = st.current.as_ref().and_then(|c| c.map(&sent.type_url)).cloned();
         let t = st.types.entry(sent.type_url).or_default();
+        t.next_seq = t.next_seq.wrapping_add(1);
+        let seq = t.next_seq;
         if sent.replaces {
-            let keep: std::collections::HashSet<&String> = sent.resources.iter().map(|(n, _)| n).collect();
-            t.resources.retain(|name, _| keep.contains(name));
+            let keep: std::collections::HashSet<&str> = sent.resources.iter().map(|(n, _)| n.as_str()).collect();
+            t.resources.retain(|name, _| keep.contains(&**name));
         }
         for name in &sent.removed {
-            t.resources.remove(name);
+            t.resources.remove(name.as_str());
         }
-        for (name, version) in &sent.resources {
+        for (name, version) in sent.resources {
+            let shared = current
+                .as_ref()
+                .and_then(|m| m.get_key_value(name.as_str()))
+                .filter(|(_, v)| v.version == version);
+            let (key, version) = match shared {
+                Some((key, v)) => (Arc::clone(key), Version::Shared(Arc::clone(v))),
+                None => (Arc::from(name), Version::Owned(Arc::from(version))),
+            };
             t.resources.insert(
-                name.clone(),
+                key,
                 Resource {
-                    version: version.clone(),
+                    version,
+                    seq,
                     state: ResourceState::Stale,
-                    error: None,
-                    updated: now,
                 },
             );
         }
         t.last_sent = Some((sent.nonce.clone(), sent.version, now));
-        t.pending.push((sent.nonce, Instant::now(), sent.resources));
+        t.pending.push((seq, sent.nonce, Instant::now()));
+        self.pending_total.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records a request answering the response `nonce` of `type_url`: acknowledged, or
@@ -146,32 +178,21 @@ impl StreamView {
         let now = SystemTime::now();
         let mut st = self.state.lock();
         let Some(t) = st.types.get_mut(type_url) else { return };
-        let Some(at) = t.pending.iter().position(|(n, _, _)| n == nonce) else {
+        let Some(at) = t.pending.iter().position(|(_, n, _)| n == nonce) else {
             return;
         };
         // This response, and any sent before it, are answered.
-        let carried = t
-            .pending
-            .drain(..=at)
-            .next_back()
-            .map(|(_, _, c)| c)
-            .unwrap_or_default();
-        for (name, version) in carried {
-            if let Some(r) = t.resources.get_mut(&name)
-                && r.version == version
-            {
-                r.updated = now;
-                match error {
-                    None => {
-                        r.state = ResourceState::Synced;
-                        r.error = None;
-                    }
-                    Some(e) => {
-                        r.state = ResourceState::Error;
-                        r.error = Some(e.to_owned());
-                    }
-                }
-            }
+        let answered = at + 1;
+        let seq = t.pending[at].0;
+        t.pending.drain(..answered);
+        self.pending_total.fetch_sub(answered, Ordering::Relaxed);
+        let state = if error.is_some() {
+            ResourceState::Error
+        } else {
+            ResourceState::Synced
+        };
+        for r in t.resources.values_mut().filter(|r| r.seq == seq) {
+            r.state = state;
         }
         match error {
             None => t.last_acked = Some((nonce.to_owned(), now)),
@@ -196,7 +217,7 @@ impl StreamView {
         let st = self.state.lock();
         st.types
             .values()
-            .filter_map(|t| t.pending.first().map(|(_, at, _)| at.elapsed()))
+            .filter_map(|t| t.pending.first().map(|(_, _, at)| at.elapsed()))
             .max()
     }
 
@@ -217,8 +238,8 @@ impl StreamView {
         for type_url in names {
             let view = st.types.get(type_url);
             let mut counts: BTreeMap<ResourceState, usize> = BTreeMap::new();
-            for (_, state) in resource_states(view, st.current.as_deref(), type_url) {
-                *counts.entry(state.1).or_default() += 1;
+            for (_, (_, state, _, _)) in resource_states(view, st.current.as_deref(), type_url) {
+                *counts.entry(state).or_default() += 1;
             }
             types.push(TypeStatus {
                 type_url: type_url.to_owned(),
@@ -241,7 +262,7 @@ impl StreamView {
                 pending: view.map_or(0, |v| v.pending.len()),
                 oldest_pending_seconds: view
                     .and_then(|v| v.pending.first())
-                    .map(|(_, at, _)| at.elapsed().as_secs_f64()),
+                    .map(|(_, _, at)| at.elapsed().as_secs_f64()),
                 resources: counts,
             });
         }
@@ -250,7 +271,10 @@ impl StreamView {
             protocol: self.protocol,
             server: server.to_owned(),
             opened_at: rfc3339(self.opened),
-            snapshot_age_seconds: st.snapshot_at.and_then(|at| at.elapsed().ok()).map(|d| d.as_secs_f64()),
+            snapshot_age_seconds: st
+                .snapshot_at
+                .and_then(|at| at.elapsed().ok())
+                .map(|d| d.as_secs_f64()),
             stuck: st.stuck,
             types,
             build_problems: problems,
@@ -258,30 +282,34 @@ impl StreamView {
     }
 }
 
-/// Each resource of `type_url` with its version and state (and error): what was sent, then
-/// what the current resources hold that was never sent.
-fn resource_states<'a>(
-    view: Option<&'a TypeView>,
-    current: Option<&'a VersionedResources>,
-    type_url: &str,
-) -> Vec<Row<'a>> {
-    let mut out: Vec<_> = view
-        .map(|v| {
-            v.resources
-                .iter()
-                .map(|(name, r)| {
-                    (
-                        name.as_str(),
-                        (r.version.clone(), r.state, r.error.as_deref(), Some(r.updated)),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+impl Drop for StreamView {
+    fn drop(&mut self) {
+        let pending: usize = self.state.get_mut().types.values().map(|t| t.pending.len()).sum();
+        self.pending_total.fetch_sub(pending, Ordering::Relaxed);
+    }
+}
+
+/// Each resource of `type_url` with its version, state, error and last change: what was
+/// sent (a rejected one carries its type's last rejection), then what the current resources
+/// hold that was never sent.
+fn resource_states<'a>(view: Option<&'a TypeView>, current: Option<&'a VersionedResources>, type_url: &str) -> Vec<Row<'a>> {
+    let mut out: Vec<Row<'a>> = Vec::new();
+    if let Some(v) = view {
+        let nack = v.last_nack.as_ref();
+        let changed = v.last_acked.as_ref().map(|(_, at)| *at).max(nack.map(|(_, _, at)| *at));
+        for (name, r) in &v.resources {
+            let error = (r.state == ResourceState::Error).then(|| nack.map(|(_, e, _)| e.as_str())).flatten();
+            let updated = match r.state {
+                ResourceState::Stale => v.last_sent.as_ref().map(|(_, _, at)| *at),
+                _ => changed,
+            };
+            out.push((&**name, (r.version.as_str(), r.state, error, updated)));
+        }
+    }
     if let Some(current) = current {
         for (name, res) in current.of(type_url) {
             if view.is_none_or(|v| !v.resources.contains_key(name)) {
-                out.push((name, (res.version.clone(), ResourceState::NotSent, None, None)));
+                out.push((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
             }
         }
     }
@@ -378,6 +406,8 @@ pub(crate) struct Tracker {
     scanning: std::sync::atomic::AtomicBool,
     /// (flag after, reset after).
     timing: Mutex<(Duration, Duration)>,
+    /// Responses in flight on every stream: nothing to look at while it is 0.
+    pending_total: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Default for Tracker {
@@ -388,6 +418,7 @@ impl Default for Tracker {
             server: Mutex::default(),
             scanning: std::sync::atomic::AtomicBool::new(false),
             timing: Mutex::new((STUCK_AFTER, RESET_AFTER)),
+            pending_total: Arc::default(),
         }
     }
 }
@@ -427,6 +458,7 @@ impl Tracker {
                 node_id: node_id.to_owned(),
                 ..ViewState::default()
             }),
+            pending_total: Arc::clone(&self.pending_total),
             reset: Notify::new(),
         });
         self.streams.lock().insert(id, Arc::clone(&view));
@@ -449,8 +481,12 @@ impl Tracker {
     }
 
     /// Every stream's resources for CSDS: (node id, each resource's type, name, version,
-    /// state, error, last change, and its encoded value unless `exclude_contents`).
-    pub(crate) fn resources(&self, node_matches: impl Fn(&str) -> bool) -> Vec<(String, Vec<ResourceRow>)> {
+    /// state, error, last change, and its encoded value when `contents(type)` says so).
+    pub(crate) fn resources(
+        &self,
+        node_matches: impl Fn(&str) -> bool,
+        contents: impl Fn(&str) -> bool,
+    ) -> Vec<(String, Vec<ResourceRow>)> {
         let mut out = Vec::new();
         for v in self.views() {
             let st = v.state.lock();
@@ -463,19 +499,20 @@ impl Tracker {
             }
             let mut rows = Vec::new();
             for type_url in types {
+                let with_contents = contents(type_url);
+                let held = st.current.as_ref().and_then(|c| c.map(type_url));
                 for (name, (version, state, error, updated)) in
                     resource_states(st.types.get(type_url), st.current.as_deref(), type_url)
                 {
-                    let value = st
-                        .current
-                        .as_ref()
-                        .and_then(|c| c.map(type_url))
-                        .and_then(|m| m.get(name))
-                        .map(|r| r.resource.clone());
+                    let value = if with_contents {
+                        held.and_then(|m| m.get(name)).map(|r| r.resource.clone())
+                    } else {
+                        None
+                    };
                     rows.push(ResourceRow {
                         type_url: type_url.to_owned(),
                         name: name.to_owned(),
-                        version,
+                        version: version.to_owned(),
                         state,
                         error: error.map(str::to_owned),
                         updated,
@@ -506,6 +543,9 @@ impl Tracker {
                     () = tokio::time::sleep(SCAN_EVERY) => {}
                 }
                 let Some(tracker) = tracker.upgrade() else { return };
+                if tracker.pending_total.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
                 let (flag, reset) = *tracker.timing.lock();
                 for view in tracker.views() {
                     let Some(waited) = view.oldest_pending() else { continue };
