@@ -280,7 +280,11 @@ async fn csds_dump(server: &Server, n: usize) {
             "  CSDS dump of every proxy ({} of {n} streams, {} resources{}): p50 {}  max {}   [target <= 50 ms at 1,000]",
             size.0,
             size.1,
-            if exclude { ", contents excluded" } else { ", with contents" },
+            if exclude {
+                ", contents excluded"
+            } else {
+                ", with contents"
+            },
             ms(percentile(&times, 0.5)),
             ms(*times.last().unwrap())
         );

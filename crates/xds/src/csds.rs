@@ -72,10 +72,7 @@ impl XdsServer {
                     id: node,
                     ..Node::default()
                 }),
-                generic_xds_configs: resources
-                    .into_iter()
-                    .map(generic)
-                    .collect(),
+                generic_xds_configs: resources.into_iter().map(generic).collect(),
                 ..ClientConfig::default()
             })
             .collect();

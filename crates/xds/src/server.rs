@@ -688,10 +688,10 @@ where
             if let Some(snap) = fresh {
                 match self.inner.resources_for(&snap, self.current.as_ref()) {
                     Ok(r) => {
-                        if let Some(f) = &self.following {
-                            if let Some(status) = &f.status {
-                                status.view.resources(&f.node_id, &r);
-                            }
+                        if let Some(f) = &self.following
+                            && let Some(status) = &f.status
+                        {
+                            status.view.resources(&f.node_id, &r);
                         }
                         self.current = Some(r);
                         self.changed_at = Instant::now();
@@ -761,12 +761,16 @@ where
         debug!(node = %node.id, "stream opened");
         let node_id = node.id.clone();
         self.state.on_request(&first);
-        let status = self.inner.track_status.load(std::sync::atomic::Ordering::Relaxed).then(|| {
-            self.inner
-                .status
-                .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
-            self.inner.status.open(P::KIND, &node_id)
-        });
+        let status = self
+            .inner
+            .track_status
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| {
+                self.inner
+                    .status
+                    .start_scanning(Arc::clone(&self.inner.metrics), self.inner.shutdown.clone());
+                self.inner.status.open(P::KIND, &node_id)
+            });
         let mut following = Following {
             node_name: node_name(node).map(str::to_owned),
             node_id,

@@ -271,10 +271,7 @@ impl StreamView {
             protocol: self.protocol,
             server: server.to_owned(),
             opened_at: rfc3339(self.opened),
-            snapshot_age_seconds: st
-                .snapshot_at
-                .and_then(|at| at.elapsed().ok())
-                .map(|d| d.as_secs_f64()),
+            snapshot_age_seconds: st.snapshot_at.and_then(|at| at.elapsed().ok()).map(|d| d.as_secs_f64()),
             stuck: st.stuck,
             types,
             build_problems: problems,
@@ -292,13 +289,19 @@ impl Drop for StreamView {
 /// Each resource of `type_url` with its version, state, error and last change: what was
 /// sent (a rejected one carries its type's last rejection), then what the current resources
 /// hold that was never sent.
-fn resource_states<'a>(view: Option<&'a TypeView>, current: Option<&'a VersionedResources>, type_url: &str) -> Vec<Row<'a>> {
+fn resource_states<'a>(
+    view: Option<&'a TypeView>,
+    current: Option<&'a VersionedResources>,
+    type_url: &str,
+) -> Vec<Row<'a>> {
     let mut out: Vec<Row<'a>> = Vec::new();
     if let Some(v) = view {
         let nack = v.last_nack.as_ref();
         let changed = v.last_acked.as_ref().map(|(_, at)| *at).max(nack.map(|(_, _, at)| *at));
         for (name, r) in &v.resources {
-            let error = (r.state == ResourceState::Error).then(|| nack.map(|(_, e, _)| e.as_str())).flatten();
+            let error = (r.state == ResourceState::Error)
+                .then(|| nack.map(|(_, e, _)| e.as_str()))
+                .flatten();
             let updated = match r.state {
                 ResourceState::Stale => v.last_sent.as_ref().map(|(_, _, at)| *at),
                 _ => changed,
