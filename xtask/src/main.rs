@@ -9,7 +9,7 @@
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
 //!   denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`, `memory`, `gateway`; all
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`, `memory`, `gateway`, `ha`; all
 //!   when no name is given).
 //! - `soak`: register/deregister churn against a real server with streams watching; prints
 //!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
@@ -67,6 +67,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("storm", "meshd", "storm"),
     ("memory", "meshd", "memory"),
     ("gateway", "xds", "gateway"),
+    ("ha", "meshd", "ha"),
 ];
 
 /// Totals of the `test result:` lines of a cargo test run.

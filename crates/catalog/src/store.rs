@@ -189,6 +189,15 @@ impl Store {
             .map_or(0, |b| b.reloads.load(Ordering::Relaxed))
     }
 
+    /// Waits until this store has applied `index` (written through another server), or
+    /// `timeout`; true once it has. The embedded store applies everything it acknowledges.
+    pub async fn wait_applied(&self, index: Index, timeout: Duration) -> bool {
+        match &self.inner.etcd {
+            Some(backend) => backend.caught_up(index, timeout).await,
+            None => true,
+        }
+    }
+
     /// The servers sharing this store's etcd (`None`: the embedded store, one server).
     pub fn cluster(&self) -> Option<&Arc<etcd::Cluster>> {
         self.inner.etcd.as_ref().map(|b| &b.cluster)

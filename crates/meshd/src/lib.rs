@@ -13,6 +13,8 @@ pub mod connect;
 pub mod connect_gateway;
 #[cfg(feature = "xds-engine")]
 pub mod engine;
+#[cfg(feature = "server")]
+pub mod forward;
 pub mod grpc_bootstrap;
 #[cfg(any(feature = "server", feature = "agent"))]
 pub mod header_cap;

@@ -84,12 +84,17 @@ pub async fn run(
     crate::engine::guard_csds(&engine.xds, std::sync::Arc::clone(&status_acl));
     engine.xds.set_server_name(&args.node);
     engine.xds.set_status_tracking(args.xds_status_tracking);
+    let max_body = api.max_body;
     let app = http_api::router(store.clone(), api)
         .merge(crate::engine::status_router(
             engine.manager.clone(),
             engine.xds.clone(),
             std::sync::Arc::new(|_: &str| None),
             status_acl,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            crate::forward::Forwarder::new(store.clone(), max_body),
+            crate::forward::forward_writes,
         ))
         .layer(axum::middleware::from_fn(crate::header_cap::cap));
     let stop = CancellationToken::new();

@@ -225,6 +225,10 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
         )
         .await;
         assert!(resp.status().is_success());
+        // Followers hand writes to the leader, and answer once they have applied them: a
+        // client reads its write back from the server it wrote to.
+        let (found, _) = json_of(&client, &format!("{}/v1/catalog/node/n{i}", s.http())).await;
+        assert_eq!(found["Node"]["Node"], format!("n{i}"), "{} reads its own write", s.name);
         acked.push(format!("n{i}"));
     }
     let (_, served) = json_of(&client, &format!("{}/v1/catalog/nodes", servers[1].http())).await;

@@ -191,7 +191,7 @@ impl Backend {
     }
 
     /// Waits until the local state reflects `revision`; false after `timeout`.
-    async fn caught_up(&self, revision: Index, timeout: Duration) -> bool {
+    pub(crate) async fn caught_up(&self, revision: Index, timeout: Duration) -> bool {
         let mut rx = self.applied.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|applied| *applied >= revision))
             .await

@@ -1,0 +1,153 @@
+//! Several servers over etcd: writes go through the leader, as Consul's servers forward
+//! writes to theirs.
+//!
+//! Any server can commit a write (etcd orders them), but servers writing at once conflict on
+//! the catalog's write guard and plan their batches again, so the throughput of three
+//! writing servers is below that of one. A follower therefore hands a write request
+//! (`PUT`, `POST`, `DELETE` under `/v1/`) to the leader over HTTP, with its headers (the
+//! token among them) and body, and answers with the leader's answer once its own state has
+//! applied what the leader had then (so a client reads its write back from the server it
+//! wrote to). The leader marks what it applied in `X-Meshd-Applied`.
+//!
+//! Reads are never forwarded. A request already forwarded is served where it lands (no
+//! loops while leadership moves). When the leader cannot be reached at all, the follower
+//! serves the write itself: every server can, the write guard keeps it correct.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use catalog::Store;
+use std::sync::Arc;
+use std::time::Duration;
+use structs::Index;
+use tracing::{debug, warn};
+
+/// Marks a request a server forwarded (its value: the forwarding server's name).
+const FORWARDED: &str = "x-meshd-forwarded";
+/// On a forwarded write's answer: the index the leader had applied after it.
+const APPLIED: &str = "x-meshd-applied";
+/// Request headers that go to the leader.
+const PASSED: [&str; 3] = ["content-type", "x-consul-token", "authorization"];
+/// Answer headers that come back.
+const RETURNED: [&str; 4] = [
+    "content-type",
+    "x-consul-index",
+    "x-consul-knownleader",
+    "x-consul-lastcontact",
+];
+
+/// What the forwarding layer needs.
+pub struct Forwarder {
+    store: Store,
+    client: reqwest::Client,
+    max_body: usize,
+}
+
+impl Forwarder {
+    /// Forwards for `store` (a no-op layer when the store has no cluster).
+    pub fn new(store: Store, max_body: usize) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
+            max_body,
+        })
+    }
+}
+
+fn is_write(method: &Method) -> bool {
+    matches!(*method, Method::PUT | Method::POST | Method::DELETE | Method::PATCH)
+}
+
+/// The middleware (see the module docs).
+pub async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Request, next: Next) -> Response {
+    let Some(cluster) = fwd.store.cluster() else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(FORWARDED) {
+        // Served here; say what this server had applied after it.
+        let mut resp = next.run(req).await;
+        if let Ok(v) = HeaderValue::from_str(&fwd.store.read().index.0.to_string()) {
+            resp.headers_mut().insert(HeaderName::from_static(APPLIED), v);
+        }
+        return resp;
+    }
+    if !is_write(req.method()) || !req.uri().path().starts_with("/v1/") || *cluster.leading().borrow() {
+        return next.run(req).await;
+    }
+    let Some(leader) = cluster.status().leader.filter(|l| l.name != cluster.me().name) else {
+        return next.run(req).await;
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, fwd.max_body).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {} bytes\n", fwd.max_body),
+        )
+            .into_response();
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut out = fwd
+        .client
+        .request(parts.method.clone(), format!("http://{}{path}", leader.address))
+        .header(FORWARDED, cluster.me().name.as_str())
+        .body(bytes.clone());
+    for name in PASSED {
+        if let Some(v) = parts.headers.get(name) {
+            out = out.header(name, v);
+        }
+    }
+    let answer = match out.send().await {
+        Ok(answer) => answer,
+        Err(e) if e.is_connect() => {
+            debug!(leader = %leader.address, error = %e, "the leader cannot be reached: serving the write here");
+            return next.run(Request::from_parts(parts, Body::from(bytes))).await;
+        }
+        Err(e) => {
+            warn!(leader = %leader.address, error = %e, "forwarding a write to the leader failed");
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "forwarding the write to the leader {} failed (it may or may not be applied): {e}\n",
+                    leader.address
+                ),
+            )
+                .into_response();
+        }
+    };
+    let status = answer.status();
+    let headers = answer.headers().clone();
+    let body = match answer.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading the leader's answer failed (the write may or may not be applied): {e}\n"),
+            )
+                .into_response();
+        }
+    };
+    if let Some(applied) = headers
+        .get(APPLIED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        && !fwd.store.wait_applied(Index(applied), Duration::from_secs(5)).await
+    {
+        warn!(
+            applied,
+            "a forwarded write is not yet visible here: the etcd watch is behind"
+        );
+    }
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = status;
+    for name in RETURNED {
+        if let Some(v) = headers.get(name) {
+            resp.headers_mut().insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+    resp
+}
