@@ -4,7 +4,7 @@
 //!   (Python clients, Envoy, etcd) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
-//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`), for running single tests by hand:
+//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`), for running single tests by hand:
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
@@ -264,6 +264,7 @@ fn main() -> Result<()> {
             let (_, peers) = tools::Peers::install(&workspace_root())?;
             println!("export MESHD_ENVOY={}", peers.envoy.display());
             println!("export MESHD_ETCD={}", peers.etcd.display());
+            println!("export MESHD_CHROMIUM={}", peers.chromium.display());
             Ok(())
         }
         Some("demo") => demo(),

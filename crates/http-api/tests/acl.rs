@@ -507,6 +507,14 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
             Denied,
         ),
         row(
+            "GET",
+            "/v1/internal/ui/services",
+            "/v1/internal/ui/services",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
             "PUT",
             "/v1/internal/node/heartbeat",
             "/v1/internal/node/heartbeat",

@@ -320,7 +320,18 @@ async fn agent_routes_sync_and_xds_enforce_acls() {
         }
     }
 
-    // Forwarded requests run with the caller's token at the server.
+    // Forwarded requests run with the caller's token at the server: a service the wrong
+    // token may not read is left out (registered at the server directly, so the check does
+    // not depend on what the routes above left in the agent's sync).
+    let (status, _, text) = call(
+        &c.client,
+        "PUT",
+        &format!("{}/v1/catalog/register", c.server),
+        Some(MANAGEMENT),
+        &json!({"Node": "hidden-node", "Address": "10.9.9.9", "Service": {"Service": "hidden", "Port": 1}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
     let (status, filtered, text) = call(
         &c.client,
         "GET",

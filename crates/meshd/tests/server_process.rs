@@ -55,7 +55,7 @@ fn bad_command_lines_fail_with_one_line() {
     let (code, err) = run_fail(&["server"]);
     assert_eq!(
         (code, err.as_str()),
-        (1, "meshd: one of -data-dir or -dev is required\n")
+        (1, "meshd: one of -data-dir, -dev or -store etcd is required\n")
     );
     let (code, err) = run_fail(&["server", "-dev", "-bogus"]);
     assert_eq!(code, 2);

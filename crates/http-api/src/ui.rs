@@ -1,0 +1,124 @@
+//! The dashboard at `/ui`: a read-only page over the HTTP API, its assets inside the binary
+//! (no build step, no CDN), and `/v1/internal/ui/services`, the one summary it needs that
+//! the API has no single call for (every service with its instance count and health).
+//!
+//! The page reads the API with the token typed into its login field (kept in the tab's
+//! `sessionStorage`, sent as `X-Consul-Token`), so ACLs apply to it as to any client.
+
+use crate::Api;
+use crate::authz::Authz;
+use crate::error::ApiError;
+use crate::query::{self, Params};
+use axum::extract::{RawQuery, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use catalog::IndexKey;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use structs::{HealthStatus, ServiceKind};
+
+const INDEX: &str = include_str!("../ui/index.html");
+const APP: &str = include_str!("../ui/app.js");
+const STYLE: &str = include_str!("../ui/style.css");
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `/ui` and `/ui/`: the page.
+pub(crate) async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX)
+}
+
+/// `/ui/app.js`.
+pub(crate) async fn app() -> Response {
+    asset("text/javascript; charset=utf-8", APP)
+}
+
+/// `/ui/style.css`.
+pub(crate) async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+/// One service in the dashboard's list.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ServiceSummary {
+    name: String,
+    /// The kinds of its instances (`""` for typical services).
+    kinds: Vec<String>,
+    instances: usize,
+    /// Instances by their worst check: passing, warning, critical.
+    passing: usize,
+    warning: usize,
+    critical: usize,
+    connect_native: bool,
+    tags: Vec<String>,
+}
+
+/// `GET /v1/internal/ui/services`: every service the token may read, with its instances'
+/// health, computed in one pass over the catalog.
+pub(crate) async fn services(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
+    let key = IndexKey::Services;
+    let state = api.read(&params, &key).await?;
+    let mut out: BTreeMap<String, ServiceSummary> = BTreeMap::new();
+    let mut filtered = false;
+    for (node, svc) in state.all_services() {
+        if !a.service_read(&svc.service) {
+            filtered = true;
+            continue;
+        }
+        let s = out.entry(svc.service.clone()).or_insert_with(|| ServiceSummary {
+            name: svc.service.clone(),
+            ..ServiceSummary::default()
+        });
+        s.instances += 1;
+        let kind = match svc.kind {
+            ServiceKind::Typical => String::new(),
+            other => other.to_string(),
+        };
+        if !s.kinds.contains(&kind) {
+            s.kinds.push(kind);
+        }
+        s.connect_native |= svc.connect.native;
+        for t in &svc.tags {
+            if !s.tags.contains(t) {
+                s.tags.push(t.clone());
+            }
+        }
+        let worst = state
+            .node_checks(node)
+            .iter()
+            .filter(|c| c.service_id.is_empty() || c.service_id == svc.id)
+            .map(|c| c.status)
+            .fold(HealthStatus::Passing, |w, s| match (w, s) {
+                (HealthStatus::Critical | HealthStatus::Maintenance, _)
+                | (_, HealthStatus::Critical | HealthStatus::Maintenance) => HealthStatus::Critical,
+                (HealthStatus::Warning, _) | (_, HealthStatus::Warning) => HealthStatus::Warning,
+                _ => HealthStatus::Passing,
+            });
+        match worst {
+            HealthStatus::Critical | HealthStatus::Maintenance => s.critical += 1,
+            HealthStatus::Warning => s.warning += 1,
+            _ => s.passing += 1,
+        }
+    }
+    let list: Vec<ServiceSummary> = out.into_values().collect();
+    Ok(crate::authz::mark_filtered(
+        query::json(&list, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
+}
