@@ -2,8 +2,8 @@
 
 Tests that take the `server` fixture run four times: against `meshd server -dev`, and
 against each of three `meshd server -store etcd` processes sharing one catalog in a real
-etcd (a fresh key prefix per test), so the suite passes against every server of an HA
-cluster, not only the one that happened to write.
+3-member etcd cluster (a fresh key prefix per test), so the suite passes against every
+server of an HA cluster, not only the one that happened to write.
 """
 
 import os
@@ -36,35 +36,45 @@ def _free_port():
 
 @pytest.fixture(scope="session")
 def etcd():
-    """One real etcd member (the pinned binary in MESHD_ETCD) for the whole session."""
+    """A real 3-member etcd cluster (the pinned binary in MESHD_ETCD) for the whole session;
+    yields its client URLs, comma-separated."""
     binary = os.environ.get("MESHD_ETCD")
     if not binary or not os.path.exists(binary):
         raise RuntimeError("MESHD_ETCD must name the pinned etcd binary; run these tests through `cargo xtask test`")
     data = tempfile.mkdtemp(prefix="meshd-py-etcd-")
-    client, peer = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
-    log = open(os.path.join(data, "etcd.log"), "w")
-    proc = subprocess.Popen(
-        [binary, "--name", "py", "--data-dir", os.path.join(data, "member"),
-         "--listen-client-urls", client, "--advertise-client-urls", client,
-         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-         "--initial-cluster", f"py={peer}", "--log-level", "error"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    members = [(f"py{i}", f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}") for i in range(3)]
+    cluster = ",".join(f"{name}={peer}" for name, _, peer in members)
+    procs, logs = [], []
+    for name, client, peer in members:
+        log = open(os.path.join(data, f"{name}.log"), "w")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [binary, "--name", name, "--data-dir", os.path.join(data, name),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", cluster, "--initial-cluster-token", f"py-{os.getpid()}",
+             "--log-level", "error"],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            if b'"health":"true"' in urllib.request.urlopen(f"{client}/health", timeout=1).read():
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"etcd did not become healthy; its log: {open(log.name).read()[-2000:]}")
-        time.sleep(0.1)
-    yield client
-    proc.kill()
-    proc.wait()
-    log.close()
+    for (name, client, _), proc, log in zip(members, procs, logs):
+        while True:
+            try:
+                if b'"health":"true"' in urllib.request.urlopen(f"{client}/health", timeout=1).read():
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"etcd member {name} did not become healthy; its log: {open(log.name).read()[-2000:]}")
+            time.sleep(0.1)
+    yield ",".join(client for _, client, _ in members)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    for log in logs:
+        log.close()
     shutil.rmtree(data, ignore_errors=True)
 
 

@@ -1,7 +1,8 @@
 //! Server benchmark (prints figures; asserts nothing): durable write throughput, waking
 //! 10,000 blocking queries with one write, and server RSS with 10,000 services.
 //!
-//! Run: `cargo xtask bench server` (or `cargo bench -p meshd --bench server`).
+//! Run: `cargo xtask bench server` (or `cargo bench -p meshd --bench server`; `ONLY=dashboard`
+//! runs only the dashboard's page load, with `UI_SERVICES=` services, 1000 by default).
 //! Scale with `WRITES=` (20000), `WRITERS=` (64), `WAITERS=` (10000), `SERVICES=` (10000).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -343,6 +344,10 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         println!("server benchmark (2-core machine; store on this machine's disk, fsync per batch)");
+        if std::env::var("ONLY").is_ok_and(|v| v == "dashboard") {
+            dashboard(env_usize("UI_SERVICES", 1000)).await;
+            return;
+        }
         let only_http_wake = std::env::var("ONLY").is_ok_and(|v| v == "http-wake");
         if only_http_wake {
             let dir = tempfile::tempdir().unwrap();

@@ -406,7 +406,7 @@ pub(crate) trait Protocol: Default + Send + 'static {
     /// The listeners asked for by name (a proxyless client's targets).
     fn listener_names(&self) -> Vec<String>;
     /// What a response carries, for the sync status.
-    fn describe(resp: &Self::Response) -> crate::status::Sent;
+    fn describe(resp: &Self::Response) -> crate::status::Sent<'_>;
     /// The response a request answers, if any: type, nonce, and the proxy's error if it
     /// rejected it.
     fn answers(req: &Self::Request) -> (&str, &str, Option<&str>);
@@ -431,17 +431,17 @@ impl Protocol for DeltaState {
     fn listener_names(&self) -> Vec<String> {
         DeltaState::listener_names(self)
     }
-    fn describe(resp: &Self::Response) -> crate::status::Sent {
+    fn describe(resp: &Self::Response) -> crate::status::Sent<'_> {
         crate::status::Sent {
-            type_url: resp.type_url.clone(),
-            nonce: resp.nonce.clone(),
-            version: resp.system_version_info.clone(),
+            type_url: &resp.type_url,
+            nonce: &resp.nonce,
+            version: &resp.system_version_info,
             resources: resp
                 .resources
                 .iter()
-                .map(|r| (r.name.clone(), r.version.clone()))
+                .map(|r| (r.name.as_str(), r.version.as_str()))
                 .collect(),
-            removed: resp.removed_resources.clone(),
+            removed: &resp.removed_resources,
             replaces: false,
         }
     }
@@ -473,17 +473,17 @@ impl Protocol for SotwState {
     fn listener_names(&self) -> Vec<String> {
         SotwState::listener_names(self)
     }
-    fn describe(resp: &Self::Response) -> crate::status::Sent {
+    fn describe(resp: &Self::Response) -> crate::status::Sent<'_> {
         crate::status::Sent {
-            type_url: resp.type_url.clone(),
-            nonce: resp.nonce.clone(),
-            version: resp.version_info.clone(),
+            type_url: &resp.type_url,
+            nonce: &resp.nonce,
+            version: &resp.version_info,
             resources: resp
                 .resources
                 .iter()
-                .map(|r| (crate::status::name_of(&r.value), resp.version_info.clone()))
+                .map(|r| (crate::status::name_of(&r.value), resp.version_info.as_str()))
                 .collect(),
-            removed: Vec::new(),
+            removed: &[],
             replaces: true,
         }
     }

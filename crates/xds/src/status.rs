@@ -51,16 +51,16 @@ pub enum ResourceState {
 }
 
 /// What a response carried, for the status.
-pub(crate) struct Sent {
-    pub(crate) type_url: String,
-    pub(crate) nonce: String,
+pub(crate) struct Sent<'r> {
+    pub(crate) type_url: &'r str,
+    pub(crate) nonce: &'r str,
     /// SotW's version of the type (empty for delta).
-    pub(crate) version: String,
-    /// Each resource sent and its version.
-    pub(crate) resources: Vec<(String, String)>,
-    /// Resources removed (delta), or every resource of the type now (SotW: the others are
-    /// gone).
-    pub(crate) removed: Vec<String>,
+    pub(crate) version: &'r str,
+    /// Each resource sent and its version (borrowed from the response: nothing is copied
+    /// for a resource the proxy's resources hold).
+    pub(crate) resources: Vec<(&'r str, &'r str)>,
+    /// Resources removed (delta).
+    pub(crate) removed: &'r [String],
     /// SotW: the response replaces the type's whole set.
     pub(crate) replaces: bool,
 }
@@ -112,7 +112,8 @@ struct ViewState {
     node_id: String,
     snapshot_at: Option<SystemTime>,
     current: Option<Arc<VersionedResources>>,
-    types: BTreeMap<String, TypeView>,
+    /// By type URL (meshd's own constants: no copy per stream).
+    types: BTreeMap<&'static str, TypeView>,
     stuck: bool,
 }
 
@@ -131,25 +132,28 @@ pub(crate) struct StreamView {
 
 impl StreamView {
     /// Records a response handed to the transport.
-    pub(crate) fn sent(&self, sent: Sent) {
+    pub(crate) fn sent(&self, sent: Sent<'_>) {
         let now = SystemTime::now();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let current = st.current.as_ref().and_then(|c| c.map(&sent.type_url)).cloned();
-        let t = st.types.entry(sent.type_url).or_default();
+        let current = st.current.as_ref().and_then(|c| c.map(sent.type_url)).cloned();
+        let Some(kind) = crate::resources::ResourceType::from_url(sent.type_url) else {
+            return;
+        };
+        let t = st.types.entry(crate::resources::TYPES[kind.index()]).or_default();
         t.next_seq = t.next_seq.wrapping_add(1);
         let seq = t.next_seq;
         if sent.replaces {
-            let keep: std::collections::HashSet<&str> = sent.resources.iter().map(|(n, _)| n.as_str()).collect();
+            let keep: std::collections::HashSet<&str> = sent.resources.iter().map(|(n, _)| *n).collect();
             t.resources.retain(|name, _| keep.contains(&**name));
         }
-        for name in &sent.removed {
+        for name in sent.removed {
             t.resources.remove(name.as_str());
         }
         for (name, version) in sent.resources {
             let shared = current
                 .as_ref()
-                .and_then(|m| m.get_key_value(name.as_str()))
+                .and_then(|m| m.get_key_value(name))
                 .filter(|(_, v)| v.version == version);
             let (key, version) = match shared {
                 Some((key, v)) => (Arc::clone(key), Version::Shared(Arc::clone(v))),
@@ -164,8 +168,8 @@ impl StreamView {
                 },
             );
         }
-        t.last_sent = Some((sent.nonce.clone(), sent.version, now));
-        t.pending.push((seq, sent.nonce, Instant::now()));
+        t.last_sent = Some((sent.nonce.to_owned(), sent.version.to_owned(), now));
+        t.pending.push((seq, sent.nonce.to_owned(), Instant::now()));
         self.pending_total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -226,7 +230,7 @@ impl StreamView {
         let st = self.state.lock();
         let problems = st.current.as_ref().map(|c| c.problems.clone()).unwrap_or_default();
         let mut types = Vec::new();
-        let mut names: Vec<&str> = st.types.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = st.types.keys().copied().collect();
         if let Some(current) = &st.current {
             for t in current.by_type.keys() {
                 if !names.contains(t) {
@@ -496,7 +500,7 @@ impl Tracker {
             if !node_matches(&st.node_id) {
                 continue;
             }
-            let mut types: Vec<&str> = st.types.keys().map(String::as_str).collect();
+            let mut types: Vec<&str> = st.types.keys().copied().collect();
             if let Some(current) = &st.current {
                 types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
             }
@@ -581,7 +585,7 @@ pub(crate) struct ResourceRow {
 
 /// The name of an encoded resource: field 1 of every xDS resource message (a listener's,
 /// cluster's, route configuration's or secret's name, a load assignment's cluster name).
-pub(crate) fn name_of(value: &[u8]) -> String {
+pub(crate) fn name_of(value: &[u8]) -> &str {
     let mut at = 0;
     let varint = |bytes: &[u8], at: &mut usize| -> Option<u64> {
         let mut v = 0u64;
@@ -612,7 +616,7 @@ pub(crate) fn name_of(value: &[u8]) -> String {
                 if field == 1 {
                     return value
                         .get(at..end)
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .and_then(|b| std::str::from_utf8(b).ok())
                         .unwrap_or_default();
                 }
                 at = end;
@@ -620,5 +624,5 @@ pub(crate) fn name_of(value: &[u8]) -> String {
             _ => break,
         }
     }
-    String::new()
+    ""
 }
