@@ -149,7 +149,8 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
         assert holder.stdout.readline().strip() == "ready"
         chrome.open(f"http://{http}/ui#proxies")
         row = "document.querySelector('#proxies tr[data-node=\"client-1\"]')"
-        chrome.wait(f"{row} && {row}.querySelector('.state').innerText.includes('SYNCED')", "client-1 in sync")
+        chrome.wait(f"!!{row} && {row}.querySelector('.state').innerText.includes('SYNCED') && "
+                    f"{row}.querySelector('.versions').innerText.includes('EDS')", "client-1 in sync")
         before = chrome.eval(f"{row}.querySelector('.versions').innerText")
         assert "EDS" in before, before
         chrome.screenshot("proxies-before")

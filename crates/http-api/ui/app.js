@@ -57,6 +57,8 @@ async function services(page) {
 const TYPE_NAMES = { Cluster: "CDS", ClusterLoadAssignment: "EDS", Listener: "LDS", RouteConfiguration: "RDS", Secret: "SDS" };
 
 function overall(stream) {
+  // Nothing sent yet: the proxy is still being set up.
+  if (!stream.Types.some((t) => t.LastSent)) return "WAITING";
   let state = "SYNCED";
   for (const t of stream.Types) {
     if (t.Resources.ERROR) return "ERROR";
@@ -68,7 +70,7 @@ function overall(stream) {
 // Proxies: each xDS stream's sync status, refreshed every 2 s.
 async function proxies(page) {
   const streams = await api("/v1/internal/xds-status");
-  const cls = { SYNCED: "ok", STALE: "warn", ERROR: "bad", STUCK: "bad" };
+  const cls = { SYNCED: "ok", STALE: "warn", ERROR: "bad", STUCK: "bad", WAITING: "idle" };
   const rows = streams.map((s) => {
     const state = overall(s);
     const types = s.Types.filter((t) => t.LastSent || t.Resources.SYNCED)
