@@ -7,11 +7,16 @@
 //! is acknowledged. Snapshots are written to a temporary file, synced, renamed into place and
 //! the directory synced, so a snapshot is either whole or absent.
 //!
-//! Opening replays the newest readable snapshot, then every record after its index. A torn
-//! or corrupt frame at the end of the newest segment (a crash mid-write) is cut off: it was
-//! never acknowledged. Damage anywhere else stops the open with an error rather than
-//! silently losing acknowledged writes; so does an unreadable snapshot, unless an older one
-//! and the log still reach its index (the error names the file).
+//! Every record also names the first index of the batch it was written in. Opening replays
+//! the newest readable snapshot, then every record after its index. A torn or corrupt frame
+//! in the newest segment is cut off, with what follows it, only when it can be a crash
+//! mid-write: nothing intact of a later batch follows it (a later batch is written only
+//! after this one was synced and acknowledged). Damage anywhere else (an older segment, or
+//! before a later batch) stops the open with an error naming the file and the byte rather
+//! than silently losing acknowledged writes; so does an unreadable snapshot, unless an older
+//! one and the log still reach its index (the error names the file). A zero-filled tail (a
+//! file extended by a crash before its data reached the disk) is a torn write like any
+//! other: no frame is ever empty.
 
 use crate::state::{Change, PersistedState, State};
 use serde::{Deserialize, Serialize};
@@ -85,11 +90,32 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
 }
 
 /// One committed write.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub(crate) struct Record {
     pub(crate) index: Index,
     pub(crate) changes: Vec<Change>,
 }
+
+/// A record as it is written: with the first index of its batch.
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    index: Index,
+    changes: &'a [Change],
+    batch: Index,
+}
+
+/// A record as it is read. `batch` is absent in logs written before it existed.
+#[derive(Deserialize)]
+struct RecordIn {
+    index: Index,
+    changes: Vec<Change>,
+    #[serde(default)]
+    batch: Option<Index>,
+}
+
+/// How every encoded record starts (`RecordOut` and earlier logs alike): what the search for
+/// intact records after a damaged frame looks for.
+const RECORD_START: &[u8] = b"{\"index\":";
 
 fn frame(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -104,7 +130,8 @@ fn read_frames(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
     while bytes.len() - pos >= 8 {
         let len = u32::from_le_bytes([bytes[pos], bytes[pos + 1], bytes[pos + 2], bytes[pos + 3]]) as usize;
         let crc = u32::from_le_bytes([bytes[pos + 4], bytes[pos + 5], bytes[pos + 6], bytes[pos + 7]]);
-        let Some(payload) = bytes.get(pos + 8..pos + 8 + len) else {
+        // No frame is empty: a zero header is a zero-filled tail, not a record.
+        let Some(payload) = bytes.get(pos + 8..pos + 8 + len).filter(|_| len > 0) else {
             break;
         };
         if crc32fast::hash(payload) != crc {
@@ -172,20 +199,64 @@ fn load_snapshot(dir: &Path) -> Result<(State, Vec<Unreadable>), StoreError> {
     Ok((State::default(), unreadable))
 }
 
-/// Applies the records of one log segment that `state` does not have yet; returns how many.
-/// A torn write at the end of the last segment is cut off; damage anywhere else, or a gap
-/// in the indexes, is corruption.
-fn replay_segment(path: &Path, last: bool, state: &mut State) -> Result<u64, StoreError> {
+fn decode(path: &Path, payload: &[u8]) -> Result<RecordIn, StoreError> {
+    serde_json::from_slice(payload).map_err(|source| StoreError::Undecodable {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The intact records that follow damage: every whole, valid frame found at or after byte 1
+/// of `bytes` (byte 0 starts the damaged frame) whose payload decodes as a record.
+fn records_after_damage(bytes: &[u8]) -> Vec<RecordIn> {
+    let mut out = Vec::new();
+    let mut pos = 1;
+    while pos + 8 + RECORD_START.len() <= bytes.len() {
+        if bytes[pos + 8..].starts_with(RECORD_START) {
+            let (frames, used) = read_frames(&bytes[pos..]);
+            if used > 0 {
+                out.extend(frames.into_iter().filter_map(|p| serde_json::from_slice(p).ok()));
+                pos += used;
+                continue;
+            }
+        }
+        pos += 1;
+    }
+    out
+}
+
+/// Applies the records of one log segment (whose first record is `first`) that `state` does
+/// not have yet; returns how many. Damage in the last segment that can be a torn write (see
+/// the module's docs) is cut off; any other damage, or a gap in the indexes, is corruption.
+fn replay_segment(path: &Path, first: u64, last: bool, state: &mut State) -> Result<u64, StoreError> {
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(io_err(format!("reading {}", path.display())))?;
     let (frames, valid) = read_frames(&bytes);
+    let records = frames
+        .into_iter()
+        .map(|p| decode(path, p))
+        .collect::<Result<Vec<_>, _>>()?;
     if valid < bytes.len() {
         if !last {
             return Err(StoreError::Corrupt(format!(
                 "{} is damaged at byte {valid}",
                 path.display()
+            )));
+        }
+        // The damaged frame held this record. It was never acknowledged if nothing intact
+        // of a later batch follows: a later batch is written only after this one was synced.
+        let damaged = records.last().map_or(Index(first), |r| r.index.next());
+        let later = records_after_damage(&bytes[valid..])
+            .into_iter()
+            .find(|r| r.batch.is_none_or(|b| b > damaged));
+        if let Some(r) = later {
+            return Err(StoreError::Corrupt(format!(
+                "{} is damaged at byte {valid} (record {damaged}), and record {} of a later, \
+                 acknowledged batch follows intact: cutting the log there would lose acknowledged writes",
+                path.display(),
+                r.index
             )));
         }
         tracing::warn!(path = %path.display(), at = valid, dropped = bytes.len() - valid, "cutting off a torn write at the end of the log");
@@ -198,11 +269,7 @@ fn replay_segment(path: &Path, last: bool, state: &mut State) -> Result<u64, Sto
             .map_err(io_err("truncating torn log tail"))?;
     }
     let mut replayed = 0;
-    for payload in frames {
-        let record: Record = serde_json::from_slice(payload).map_err(|source| StoreError::Undecodable {
-            path: path.to_owned(),
-            source,
-        })?;
+    for record in records {
         if record.index <= state.index {
             continue;
         }
@@ -262,8 +329,8 @@ impl Wal {
             return Err(e);
         }
         let mut replayed = 0u64;
-        for (i, (_, path)) in segments.iter().enumerate() {
-            replayed += replay_segment(path, i + 1 == segments.len(), &mut state)?;
+        for (i, (first, path)) in segments.iter().enumerate() {
+            replayed += replay_segment(path, *first, i + 1 == segments.len(), &mut state)?;
         }
         if unreadable.first().is_some_and(|(index, _, _)| state.index.0 < *index)
             && let Some(e) = lost(state.index)
@@ -297,8 +364,14 @@ impl Wal {
     /// Appends records and makes them durable.
     pub(crate) fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
         let mut buf = Vec::with_capacity(records.len() * 512);
+        let batch = records.first().map_or(Index(0), |r| r.index);
         for r in records {
-            let payload = serde_json::to_vec(r).map_err(|source| StoreError::Encode {
+            let out = RecordOut {
+                index: r.index,
+                changes: &r.changes,
+                batch,
+            };
+            let payload = serde_json::to_vec(&out).map_err(|source| StoreError::Encode {
                 what: "a log record",
                 source,
             })?;
@@ -402,5 +475,117 @@ mod tests {
         corrupt[last] ^= 0xff;
         assert_eq!(read_frames(&corrupt).0.len(), 2);
         assert_eq!(read_frames(&buf).0.len(), 3);
+    }
+
+    /// Writes batches of empty records (`sizes` records each) to a fresh data dir; returns
+    /// the dir and the byte offset where each record's frame starts in the one segment.
+    fn log_of(sizes: &[u64]) -> (tempfile::TempDir, Vec<usize>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let mut next = 1;
+        let mut starts = Vec::new();
+        for &n in sizes {
+            let batch: Vec<Record> = (next..next + n)
+                .map(|i| Record {
+                    index: Index(i),
+                    changes: Vec::new(),
+                })
+                .collect();
+            for _ in 0..n {
+                starts.push(wal.segment.metadata().unwrap().len() as usize);
+            }
+            // Frames of one batch are contiguous: the offsets past the first follow from
+            // the encoded lengths, found after the append.
+            wal.append(&batch).unwrap();
+            next += n;
+        }
+        drop(wal);
+        let path = segment_path(dir.path(), Index(1));
+        let bytes = fs::read(&path).unwrap();
+        let mut pos = 0;
+        for s in &mut starts {
+            *s = pos;
+            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            pos += 8 + len;
+        }
+        (dir, starts)
+    }
+
+    fn flip(dir: &Path, at: usize) {
+        let path = segment_path(dir, Index(1));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[at] ^= 0x55;
+        fs::write(&path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_zero_header_is_not_a_frame() {
+        let mut buf = Vec::new();
+        frame(b"one", &mut buf);
+        let whole = buf.len();
+        buf.extend_from_slice(&[0; 64]);
+        let (frames, valid) = read_frames(&buf);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(valid, whole);
+    }
+
+    #[test]
+    fn damage_inside_the_last_batch_is_a_torn_write_and_is_cut_off() {
+        // Batches [1, 2] [3] [4, 5]: record 4's frame is damaged, 5 (same batch) is intact.
+        let (dir, starts) = log_of(&[2, 1, 2]);
+        flip(dir.path(), starts[3] + 12);
+        let (_, state) = Wal::open(dir.path()).unwrap();
+        assert_eq!(state.index, Index(3));
+        // The cut is durable: the log now ends after record 3.
+        let len = fs::metadata(segment_path(dir.path(), Index(1))).unwrap().len();
+        assert_eq!(len as usize, starts[3]);
+    }
+
+    #[test]
+    fn damage_before_a_later_batch_stops_the_open_naming_the_file() {
+        // Batches [1, 2] [3] [4, 5]: record 2 is damaged, and batch [3] was written after
+        // [1, 2] was acknowledged.
+        let (dir, starts) = log_of(&[2, 1, 2]);
+        flip(dir.path(), starts[1] + 12);
+        let err = Wal::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("wal-00000000000000000001.log"), "{err}");
+        assert!(err.contains(&format!("byte {}", starts[1])), "{err}");
+        assert!(err.contains("record 3 of a later"), "{err}");
+        // Nothing was cut.
+        let (dir2, _) = log_of(&[2, 1, 2]);
+        let whole = fs::metadata(segment_path(dir2.path(), Index(1))).unwrap().len();
+        assert_eq!(fs::metadata(segment_path(dir.path(), Index(1))).unwrap().len(), whole);
+    }
+
+    #[test]
+    fn a_zero_filled_tail_is_cut_off() {
+        let (dir, _) = log_of(&[1, 1]);
+        let path = segment_path(dir.path(), Index(1));
+        let mut bytes = fs::read(&path).unwrap();
+        let whole = bytes.len();
+        bytes.extend_from_slice(&[0; 4096]);
+        fs::write(&path, bytes).unwrap();
+        let (_, state) = Wal::open(dir.path()).unwrap();
+        assert_eq!(state.index, Index(2));
+        assert_eq!(fs::metadata(&path).unwrap().len() as usize, whole);
+    }
+
+    #[test]
+    fn records_of_logs_without_batches_are_read_and_treated_as_acknowledged() {
+        // A log written before records named their batch: readable; damage followed by an
+        // intact record cannot be shown torn, so it stops the open.
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), Index(1));
+        let mut buf = Vec::new();
+        for i in 1..=3 {
+            frame(format!(r#"{{"index":{i},"changes":[]}}"#).as_bytes(), &mut buf);
+        }
+        fs::write(&path, &buf).unwrap();
+        let (wal, state) = Wal::open(dir.path()).unwrap();
+        assert_eq!(state.index, Index(3));
+        drop(wal);
+        let second = 8 + r#"{"index":1,"changes":[]}"#.len();
+        flip(dir.path(), second + 10);
+        assert!(Wal::open(dir.path()).is_err());
     }
 }

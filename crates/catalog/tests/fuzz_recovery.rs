@@ -1,7 +1,10 @@
 //! Property tests of recovery from damaged files (issue 18's fuzzing, structured): a real
 //! data dir (log segments and a snapshot) with one file truncated, overwritten in places,
 //! extended or replaced by arbitrary bytes. Opening it either fails with an error or gives a
-//! store that works (reads, a write, a reopen that keeps it) — never a panic.
+//! store that works (reads, a write, a reopen that keeps it) — never a panic — and that lost
+//! no acknowledged write, except where the damage looks exactly like a crash mid-write (the
+//! newest log segment cut short or replaced, or damaged with nothing intact after it: the
+//! writes here are batches of one record).
 //!
 //! `cargo xtask fuzz` runs many more cases (`PROPTEST_CASES`).
 #![allow(clippy::unwrap_used)]
@@ -85,6 +88,59 @@ fn pristine() -> &'static Vec<(String, Vec<u8>)> {
     })
 }
 
+/// The frames of a log segment: where each starts, and the record index it holds.
+fn frames(bytes: &[u8]) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 8 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        let record: serde_json::Value = serde_json::from_slice(&bytes[pos + 8..pos + 8 + len]).unwrap();
+        out.push((pos, record["index"].as_u64().unwrap()));
+        pos += 8 + len;
+    }
+    out
+}
+
+/// The index every recovered store must still reach after `how` was done to file `which`:
+/// all of it (the last record of the newest segment), unless the damage is to the newest
+/// segment and can be a crash mid-write. Overwritten bytes starting in record R's frame:
+/// R may go (with what follows) only when nothing intact follows the damage; the store
+/// refuses to open otherwise.
+fn must_keep(which: usize, how: &Damage) -> u64 {
+    let files = pristine();
+    let (name, bytes) = &files[which % files.len()];
+    let newest = files.iter().filter(|(n, _)| n.starts_with("wal-")).max().unwrap();
+    let all = frames(&newest.1).last().unwrap().1;
+    if name != &newest.0 {
+        return all;
+    }
+    match how {
+        Damage::Truncate(_) | Damage::Replace(_) => 0,
+        Damage::Append(_) => all,
+        Damage::Overwrite { at, bytes: new } => {
+            let start = at % bytes.len();
+            let changed = new
+                .iter()
+                .enumerate()
+                .find(|&(k, b)| bytes.get(start + k).is_some_and(|old| old != b));
+            let Some((k, _)) = changed else { return all };
+            let last_changed = new
+                .iter()
+                .enumerate()
+                .rfind(|&(k, b)| bytes.get(start + k).is_some_and(|old| old != b))
+                .map_or(k, |(k, _)| k);
+            let frames = frames(bytes);
+            if frames.last().unwrap().0 > start + last_changed {
+                // The last record follows the damage intact: it shows the damaged one was
+                // acknowledged.
+                return all;
+            }
+            let (_, record) = frames.into_iter().rfind(|(pos, _)| *pos <= start + k).unwrap();
+            record - 1
+        }
+    }
+}
+
 fn lay_out(dir: &Path, which: usize, how: &Damage) -> PathBuf {
     let files = pristine();
     let target = which % files.len();
@@ -136,6 +192,8 @@ proptest! {
         match outcome {
             Err(message) => prop_assert!(!message.is_empty()),
             Ok((before, written)) => {
+                let keep = must_keep(which, &how);
+                prop_assert!(before.0 >= keep, "recovered to {before} after {how:?} on {damaged:?}: acknowledged writes up to {keep} lost");
                 let written = written.map_err(|e| TestCaseError::fail(format!("a write after recovery failed: {e} ({damaged:?})")))?;
                 prop_assert!(written > before);
                 // And the recovered dir opens again with that write in it.
