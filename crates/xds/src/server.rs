@@ -75,16 +75,22 @@ impl Pacer {
         }
     }
 
-    /// When the next stream may be set up (now, or later under a storm).
-    fn slot(&self) -> Instant {
+    /// When the next stream may be set up (now, or later under a storm), or `None` when that
+    /// is more than `max_wait` away: such a stream is refused and takes no slot, so refusals
+    /// never push the streams after them further out.
+    fn slot(&self, max_wait: Duration) -> Option<Instant> {
         let now = Instant::now();
         let mut tat = self.tat.lock();
         let current = tat.map_or(now, |t| t.max(now));
-        *tat = Some(current + self.interval);
-        (current + self.interval)
+        let at = (current + self.interval)
             .checked_sub(self.burst)
             .filter(|at| *at > now)
-            .unwrap_or(now)
+            .unwrap_or(now);
+        if at > now + max_wait {
+            return None;
+        }
+        *tat = Some(current + self.interval);
+        Some(at)
     }
 }
 
@@ -721,16 +727,15 @@ where
     /// proxy hung up first, `Err(Some(status))` when the stream must fail with `status`.
     async fn first(&mut self) -> Result<Following, Option<Status>> {
         // Under a storm of new streams, setup is paced: this one waits for its slot.
-        let slot = self.inner.pacer.slot();
         // A queue longer than this is a storm the proxies had better spread out themselves
         // (they retry with back-off): refused rather than held open.
-        if slot > Instant::now() + MAX_SETUP_WAIT {
+        let Some(slot) = self.inner.pacer.slot(MAX_SETUP_WAIT) else {
             self.inner.metrics.stream_refused();
             return Err(Some(Status::resource_exhausted(format!(
                 "xDS stream setup is queued for more than {} s on this server: retry later or another server",
                 MAX_SETUP_WAIT.as_secs()
             ))));
-        }
+        };
         if slot > Instant::now() {
             self.inner.metrics.stream_paced();
             tokio::select! {
@@ -825,5 +830,45 @@ impl XdsServer {
             Some((item, d))
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod pacer_tests {
+    use super::*;
+
+    fn pacer(rate: f64, burst: u32) -> Pacer {
+        Pacer::new(&Admission {
+            max_streams: 10,
+            setup_rate: rate,
+            setup_burst: burst,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_goes_at_once_then_streams_are_spaced_by_the_rate() {
+        let p = pacer(10.0, 3);
+        let now = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(p.slot(MAX_SETUP_WAIT), Some(now));
+        }
+        assert_eq!(p.slot(MAX_SETUP_WAIT), Some(now + Duration::from_millis(100)));
+        assert_eq!(p.slot(MAX_SETUP_WAIT), Some(now + Duration::from_millis(200)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_stream_takes_no_slot() {
+        // 10 per second, no burst, at most 1 s of queue: 10 streams are queued, the rest are
+        // refused however many come, and once the queue drains new streams are served.
+        let p = pacer(10.0, 1);
+        let now = Instant::now();
+        let max = Duration::from_secs(1);
+        let queued = (0..100).filter_map(|_| p.slot(max)).collect::<Vec<_>>();
+        assert_eq!(queued.len(), 11, "{queued:?}");
+        assert_eq!(*queued.last().unwrap(), now + max);
+        // The refusals did not move the schedule: half a second on, five slots are free.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let after = (0..100).filter_map(|_| p.slot(max)).count();
+        assert_eq!(after, 5);
     }
 }
