@@ -304,9 +304,13 @@ pub async fn run(
     let http_stop = stop.clone();
     let http = tokio::spawn(
         async move {
-            axum::serve(crate::conn_limit::PerClientLimit::new(listener, http_conn_limit), app)
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .await
+            crate::http_serve::serve(
+                crate::conn_limit::PerClientLimit::new(listener, http_conn_limit),
+                app,
+                crate::http_serve::Deadlines::default(),
+                http_stop,
+            )
+            .await
         }
         .instrument(info_span!("agent_http")),
     );

@@ -16,7 +16,29 @@ pub fn serve_xds(
     stop: CancellationToken,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tokio::spawn(serve_xds_on(incoming, xds, stop).instrument(info_span!("xds_server", grpc_addr = %addr)))
+    let served = serve_xds_on(incoming, xds, Keepalive::default(), stop);
+    tokio::spawn(served.instrument(info_span!("xds_server", grpc_addr = %addr)))
+}
+
+/// HTTP/2 keepalive on xDS connections: a PING every `interval`, and the connection closed
+/// when one goes unanswered for `timeout`. A peer that vanished without closing, or that
+/// stopped reading (its PING acknowledgements cannot come back past what it left unread),
+/// loses its connection and its streams, and with them what the server held for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    /// How often to check a connection.
+    pub interval: std::time::Duration,
+    /// How long an unanswered check may wait.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self {
+            interval: std::time::Duration::from_secs(30),
+            timeout: std::time::Duration::from_secs(20),
+        }
+    }
 }
 
 /// Serves `xds` over TLS on `listener` until `stop` fires: the same service (and so the
@@ -37,7 +59,7 @@ pub fn serve_xds_tls(
     )?;
     let addr = incoming.local_addr();
     let span = info_span!("xds_tls_server", grpc_tls_addr = %addr);
-    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, stop).instrument(span));
+    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, Keepalive::default(), stop).instrument(span));
     Ok((addr, task))
 }
 
@@ -45,6 +67,7 @@ pub fn serve_xds_tls(
 fn serve_xds_on<S, IO>(
     incoming: S,
     xds: &XdsServer,
+    keepalive: Keepalive,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static
 where
@@ -55,6 +78,8 @@ where
     let csds = xds.csds_service();
     async move {
         tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(keepalive.interval))
+            .http2_keepalive_timeout(Some(keepalive.timeout))
             .add_service(service)
             .add_service(csds)
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
@@ -285,4 +310,56 @@ async fn proxy_status(
         "BuildErrors": xds.build_problems(&id),
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod keepalive_tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Refuses every proxy: the test needs connections, not streams.
+    struct NoProxies;
+
+    impl proxycfg::SnapshotSource for NoProxies {
+        fn watch(
+            &self,
+            _: &proxycfg::ProxyRequest<'_>,
+        ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
+            Err(proxycfg::SourceError::NotFound("none here".to_owned()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_answering_loses_its_connection() {
+        let xds = XdsServer::new(std::sync::Arc::new(NoProxies));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let keepalive = Keepalive {
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_millis(200),
+        };
+        let stop = CancellationToken::new();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tokio::spawn(serve_xds_on(incoming, &xds, keepalive, stop.clone()));
+
+        // An HTTP/2 client that says hello and then never answers anything again (as one
+        // whose reads stalled: nothing it is sent is acknowledged).
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut received = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut received))
+            .await
+            .expect("the server kept a connection whose peer never answered its PINGs")
+            .ok();
+        // What it was sent before the close includes a PING (frame type 6).
+        assert!(
+            received.windows(4).any(|w| w[3] == 6 && w[0..3] == [0, 0, 8]),
+            "{received:?}"
+        );
+        stop.cancel();
+        server.await.unwrap().unwrap();
+    }
 }

@@ -18,6 +18,8 @@ pub mod forward;
 pub mod grpc_bootstrap;
 #[cfg(any(feature = "server", feature = "agent"))]
 pub mod header_cap;
+#[cfg(feature = "tls-listeners")]
+pub mod http_serve;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod tls;

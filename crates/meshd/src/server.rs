@@ -133,9 +133,13 @@ pub async fn run(
     let http_stop = stop.clone();
     let http = tokio::spawn(
         async move {
-            axum::serve(crate::conn_limit::PerClientLimit::new(listener, http_conn_limit), app)
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .await
+            crate::http_serve::serve(
+                crate::conn_limit::PerClientLimit::new(listener, http_conn_limit),
+                app,
+                crate::http_serve::Deadlines::default(),
+                http_stop,
+            )
+            .await
         }
         .instrument(info_span!("http_api", %http_addr)),
     );

@@ -281,12 +281,8 @@ pub fn serve_https(
     )?;
     let https_addr = incoming.local_addr();
     let task = tokio::spawn(
-        async move {
-            axum::serve(incoming, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        }
-        .instrument(info_span!("https_api", %https_addr)),
+        async move { crate::http_serve::serve(incoming, app, crate::http_serve::Deadlines::default(), stop).await }
+            .instrument(info_span!("https_api", %https_addr)),
     );
     Ok((https_addr, task))
 }
