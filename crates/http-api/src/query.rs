@@ -106,7 +106,12 @@ impl Params {
 
     /// Blocking-query options: `?index=` and `?wait=` (default 5 min, at most 10 min).
     pub fn blocking(&self) -> Result<Blocking, ApiError> {
-        let index = self.u64("index")?.filter(|i| *i > 0).map(Index);
+        // An empty `?index=` is no index (as Consul reads it), not a bad number.
+        let index = match self.get("index") {
+            Some("") => None,
+            _ => self.u64("index")?,
+        };
+        let index = index.filter(|i| *i > 0).map(Index);
         let wait = match self.get("wait") {
             None | Some("") => DEFAULT_WAIT,
             Some(w) => {
@@ -253,6 +258,15 @@ pub fn service_key(name: &str, connect: bool) -> catalog::IndexKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_index_is_no_index_and_a_bad_one_says_why() {
+        let b = Params::parse(Some("index=&wait=1s")).blocking().unwrap();
+        assert!(b.index.is_none());
+        assert_eq!(b.wait, Duration::from_secs(1));
+        let e = Params::parse(Some("index=x")).blocking().unwrap_err().to_string();
+        assert!(e.contains("invalid index parameter \"x\""), "{e}");
+    }
 
     #[test]
     fn jitter_adds_less_than_a_sixteenth_of_the_wait() {

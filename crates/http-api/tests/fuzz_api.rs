@@ -1,7 +1,9 @@
 //! Property tests of every request decoder and query parser (issue 18's fuzzing,
 //! structured): arbitrary bytes and arbitrary JSON (keys from Consul's field names, any
-//! nesting) to every write route, arbitrary query strings to the read routes. The answer is
-//! always a 2xx or a 4xx with a body saying why — never a panic, never a 5xx.
+//! nesting) to every write route — the ACL ones against a server with ACLs on, their rules in
+//! arbitrary HCL — arbitrary query strings to the read routes, and arbitrary `index` and
+//! `wait` values to the blocking-query parser. The answer is always a 2xx or a 4xx with a
+//! body saying why — never a panic, never a 5xx.
 //!
 //! `cargo xtask fuzz` runs many more cases (`PROPTEST_CASES`).
 #![allow(clippy::unwrap_used)]
@@ -95,6 +97,7 @@ fn json() -> impl Strategy<Value = Value> {
             Just("service-router")
         ]
         .prop_map(|s| Value::String(s.to_owned())),
+        hcl().prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
@@ -102,6 +105,46 @@ fn json() -> impl Strategy<Value = Value> {
             prop::collection::vec((prop::sample::select(KEYS), inner), 0..6)
                 .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
         ]
+    })
+}
+
+/// Arbitrary ACL rules: HCL (or JSON) pieces in any order, some broken.
+fn hcl() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        Just("service \"web\" { policy = \"write\" }"),
+        Just("service_prefix \"\" { policy = \"read\" intentions = \"write\" }"),
+        Just("node_prefix \"\" { policy = \"read\" }"),
+        Just("operator = \"write\""),
+        Just("acl = \"read\""),
+        Just("mesh = \"deny\""),
+        Just("key_prefix \"\" { policy = \"list\" }"),
+        Just("{\"service\": {\"web\": {\"policy\": \"read\"}}}"),
+        Just("policy = "),
+        Just("{"),
+        Just("}"),
+        Just("\""),
+        Just("#"),
+        Just("\n"),
+        Just("/*"),
+        "[ -~]{0,8}".prop_map(|s| Box::leak(s.into_boxed_str()) as &str),
+    ];
+    let sep = prop_oneof![3 => Just("\n"), 1 => Just(" "), 1 => Just("\n\n  ")];
+    prop::collection::vec((piece, sep), 0..6).prop_map(|v| v.into_iter().flat_map(|(p, s)| [p, s]).collect())
+}
+
+/// Near-valid ACL bodies (a fresh name and arbitrary rules, plus arbitrary keys), so most
+/// reach the rules parser and the policy, role and token checks behind it.
+fn acl_body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![1 => body(), 2 => near_valid_acl()]
+}
+
+fn near_valid_acl() -> impl Strategy<Value = Vec<u8>> {
+    ("[a-z0-9-]{1,12}", hcl(), json()).prop_map(|(name, rules, extra)| {
+        let mut v = serde_json::json!({"Name": name, "Rules": rules, "Description": "fuzz"});
+        if let (Value::Object(m), Value::Object(x)) = (&mut v, extra) {
+            m.extend(x.into_iter().filter(|(k, _)| k != "Name"));
+        }
+        serde_json::to_vec(&v).unwrap()
     })
 }
 
@@ -120,6 +163,17 @@ const WRITES: &[(&str, &str)] = &[
     ("PUT", "/v1/connect/ca/configuration"),
     ("PUT", "/v1/internal/connect/ca/sign"),
     ("POST", "/v1/discovery-chain/web"),
+    ("PUT", "/v1/internal/node/heartbeat"),
+];
+
+/// Write routes of the ACL system, sent with the management token to a server with ACLs on.
+const ACL_WRITES: &[(&str, &str)] = &[
+    ("PUT", "/v1/acl/policy"),
+    ("PUT", "/v1/acl/role"),
+    ("PUT", "/v1/acl/token"),
+    ("PUT", "/v1/acl/bootstrap"),
+    ("PUT", "/v1/acl/token/00000000-0000-0000-0000-000000000001/clone"),
+    ("PUT", "/v1/acl/policy/00000000-0000-0000-0000-000000000001"),
 ];
 
 const READS: &[&str] = &[
@@ -145,10 +199,60 @@ fn setup() -> &'static (tokio::runtime::Runtime, Router) {
             .unwrap();
         let app = rt.block_on(async {
             let store = Store::open(StoreConfig::default()).await.unwrap();
-            http_api::router(store, http_api::ApiConfig::default())
+            let liveness = std::sync::Arc::new(catalog::liveness::Liveness::new(store.clone(), Default::default()));
+            http_api::router(
+                store,
+                http_api::ApiConfig {
+                    liveness: Some(liveness),
+                    ..http_api::ApiConfig::default()
+                },
+            )
         });
         (rt, app)
     })
+}
+
+/// A second server, with ACLs on (default deny), bootstrapped: its router and the management
+/// token.
+fn acl_setup() -> &'static (Router, String) {
+    static S: OnceLock<(Router, String)> = OnceLock::new();
+    S.get_or_init(|| {
+        let (rt, _) = setup();
+        rt.block_on(async {
+            let store = Store::open(StoreConfig::default()).await.unwrap();
+            let acl = std::sync::Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
+                enabled: true,
+                default_allow: false,
+                datacenter: "dc1".into(),
+            }));
+            store.write(catalog::Op::AclInit).await.unwrap();
+            let app = http_api::router(
+                store,
+                http_api::ApiConfig {
+                    acl,
+                    ..Default::default()
+                },
+            );
+            let (status, text) = send(&app, "PUT", "/v1/acl/bootstrap", Vec::new(), None).await;
+            assert_eq!(status, 200, "{text}");
+            let token = serde_json::from_str::<Value>(&text).unwrap()["SecretID"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            (app, token)
+        })
+    })
+}
+
+async fn send(app: &Router, method: &str, uri: &str, body: Vec<u8>, token: Option<&str>) -> (u16, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header("X-Consul-Token", t);
+    }
+    let resp = app.clone().oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn call(method: &str, uri: &str, body: Vec<u8>) -> (u16, String) {
@@ -183,6 +287,35 @@ proptest! {
         prop_assert!(status < 500 || other_dc, "{method} {uri}: {status} {text}");
         if status >= 400 {
             prop_assert!(!text.trim().is_empty(), "{method} {uri}: a {status} says why");
+        }
+    }
+
+    #[test]
+    fn acl_bodies_and_rules_get_an_answer_never_a_failure(route in prop::sample::select(ACL_WRITES), body in acl_body()) {
+        let (method, uri) = route;
+        let (app, token) = acl_setup();
+        let (rt, _) = setup();
+        let (status, text) = rt.block_on(send(app, method, uri, body, Some(token)));
+        prop_assert!(status < 500, "{method} {uri}: {status} {text}");
+        if status >= 400 {
+            prop_assert!(!text.trim().is_empty(), "{method} {uri}: a {status} says why");
+        }
+    }
+
+    #[test]
+    fn blocking_parameters_parse_or_say_why(index in "[ -~]{0,24}", wait in prop_oneof![
+        "[ -~]{0,24}",
+        "[0-9]{1,22}(ns|us|µs|ms|s|m|h|)",
+        "-?[0-9]{0,6}(\\.[0-9]{0,6})?(ns|us|ms|s|m|h){1,3}",
+    ]) {
+        let raw = format!(
+            "index={}&wait={}",
+            form_urlencoded::byte_serialize(index.as_bytes()).collect::<String>(),
+            form_urlencoded::byte_serialize(wait.as_bytes()).collect::<String>()
+        );
+        match http_api::query::Params::parse(Some(&raw)).blocking() {
+            Ok(b) => prop_assert!(b.wait <= std::time::Duration::from_secs(600), "{raw}: {:?}", b.wait),
+            Err(e) => prop_assert!(!e.to_string().is_empty(), "{raw}"),
         }
     }
 

@@ -23,8 +23,9 @@ where
     T::Value: Serialize,
 {
     let wait = wait_param(q)?;
-    let min_index = match q.get("index") {
-        None => 0,
+    let min_index = match q.get("index").map(String::as_str) {
+        // An empty `?index=` is no index, as Consul reads it.
+        None | Some("") => 0,
         Some(i) => i.parse::<u64>().map_err(|_| {
             HttpError(
                 StatusCode::BAD_REQUEST,
