@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// The server process, killed (by its own handle) if the test fails half-way.
 struct Killed(std::process::Child);
@@ -132,8 +133,12 @@ async fn a_reconnect_after_a_server_restart_resends_nothing_unchanged() {
     let mut e = Stream::open(&grpc, first(ENDPOINT, api.clone(), HashMap::new())).await;
     let eds = e.recv().await;
     e.ack(&eds).await;
-    let (cds_versions, eds_versions) = (versions(&cds), versions(&eds));
-    drop((s, e));
+    let mut l = Stream::open(&grpc, first(LISTENER, vec![], HashMap::new())).await;
+    let lds = l.recv().await;
+    l.ack(&lds).await;
+    assert!(!lds.resources.is_empty());
+    let (cds_versions, eds_versions, lds_versions) = (versions(&cds), versions(&eds), versions(&lds));
+    drop((s, e, l));
 
     // The server is killed and comes back from its data dir.
     server.0.kill().unwrap();
@@ -143,7 +148,13 @@ async fn a_reconnect_after_a_server_restart_resends_nothing_unchanged() {
     // Reconnecting with what it holds: nothing comes back for clusters or endpoints.
     let mut s = Stream::open(&grpc, first(CLUSTER, vec![], cds_versions)).await;
     let mut e = Stream::open(&grpc, first(ENDPOINT, api.clone(), eds_versions.clone())).await;
-    for (what, stream) in [("clusters", &mut s.rx), ("endpoints", &mut e.rx)] {
+    // Listeners name their certificates by SDS name: the re-signed leaf leaves them as they were.
+    let mut l = Stream::open(&grpc, first(LISTENER, vec![], lds_versions)).await;
+    for (what, stream) in [
+        ("clusters", &mut s.rx),
+        ("endpoints", &mut e.rx),
+        ("listeners", &mut l.rx),
+    ] {
         let got = tokio::time::timeout(Duration::from_millis(1500), stream.message()).await;
         assert!(got.is_err(), "{what} were resent after the restart: {got:?}");
     }
