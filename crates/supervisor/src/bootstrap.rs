@@ -221,6 +221,9 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
             "ads_config": {
                 "api_type": "DELTA_GRPC",
                 "transport_api_version": "V3",
+                // Envoy's node (about 60 KB with its list of extensions) goes on a stream's
+                // first request only; the server remembers it for the stream.
+                "set_node_on_first_message_only": true,
                 "grpc_services": [grpc_service]
             }
         }

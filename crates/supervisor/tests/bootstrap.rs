@@ -89,6 +89,10 @@ fn bootstrap_with_one_xds_server_passes_envoy_validate() {
         let host = servers[0].host.clone();
         let json = bootstrap_json(&config(token, servers, tls));
         assert_eq!(json["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
+        assert_eq!(
+            json["dynamic_resources"]["ads_config"]["set_node_on_first_message_only"],
+            true
+        );
         let cluster = &json["static_resources"]["clusters"][0];
         assert_eq!(cluster["type"], "STATIC");
         assert_eq!(endpoint_addresses(cluster), ["127.0.0.1:8502"]);
