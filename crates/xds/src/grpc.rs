@@ -6,7 +6,10 @@
 //! carried. ADS streams are long-lived and mostly idle (an ACK is a few hundred bytes), so at
 //! thousands of proxies those buffers were a large share of the server's memory per proxy:
 //!
-//! - requests are decoded by tonic with a decode buffer starting at [`BUFFER_BYTES`];
+//! - requests are decoded here ([`Requests`]) from a buffer that holds only what has arrived
+//!   and is released once drained: Envoy's first request carries its node (about 60 KB with
+//!   Envoy 1.40's list of extensions), and tonic's decoder kept that much for the stream's
+//!   life;
 //! - responses are encoded here, each into a buffer of exactly its size that goes to HTTP/2
 //!   and is freed once sent ([`ResponseBody`]): a stream keeps nothing between responses
 //!   (tonic's encoder kept the capacity of the stream's largest response, a proxy's first
@@ -15,31 +18,117 @@
 use crate::delta::DeltaState;
 use crate::server::{Protocol, ResponseStream, XdsServer};
 use crate::sotw::SotwState;
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
+use http_body_util::BodyExt;
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll};
-use tonic::codec::BufferSettings;
+use std::task::{Context, Poll, ready};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::NamedService;
-use tonic::{Request, Status, Streaming};
-use tonic_prost::ProstCodec;
+use tonic::{Request, Status};
 
-/// Initial size of a stream's decode buffer.
+/// A request buffer grown past this is released once drained.
 pub const BUFFER_BYTES: usize = 1024;
 
-/// tonic's default: how much is decoded before the decoder yields to the runtime.
-const YIELD_THRESHOLD: usize = 32 * 1024;
+/// The largest request accepted (gRPC's default receive limit).
+const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
 /// gRPC's length-prefixed message header: a compression flag and a big-endian length.
 const HEADER_BYTES: usize = 5;
 
+/// A stream's requests, decoded from its HTTP/2 body.
+pub(crate) struct Requests<T> {
+    body: Pin<Box<dyn Body<Data = Bytes, Error = Status> + Send>>,
+    /// What has arrived and is not decoded yet.
+    buf: BytesMut,
+    ended: bool,
+    _message: PhantomData<fn() -> T>,
+}
+
+impl<T: prost::Message + Default> Requests<T> {
+    fn new<B>(body: B) -> Self
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        let body = body
+            .map_frame(|frame| frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
+            .map_err(|e| Status::from_error(e.into()));
+        Self {
+            body: Box::pin(body),
+            buf: BytesMut::new(),
+            ended: false,
+            _message: PhantomData,
+        }
+    }
+
+    /// The next request; `None` once the client closed its side.
+    pub(crate) async fn message(&mut self) -> Result<Option<T>, Status> {
+        std::future::poll_fn(|cx| self.poll_message(cx)).await
+    }
+
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<T>, Status>> {
+        loop {
+            if let Some(message) = self.take_message()? {
+                return Poll::Ready(Ok(Some(message)));
+            }
+            if self.ended {
+                return Poll::Ready(if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(Status::invalid_argument("the request stream ended inside a message"))
+                });
+            }
+            match ready!(self.body.as_mut().poll_frame(cx)) {
+                None => self.ended = true,
+                Some(Err(status)) => return Poll::Ready(Err(status)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes the message at the head of the buffer, if it has all arrived.
+    fn take_message(&mut self) -> Result<Option<T>, Status> {
+        let Some(header) = self.buf.get(..HEADER_BYTES) else {
+            return Ok(None);
+        };
+        if header[0] != 0 {
+            return Err(Status::unimplemented(
+                "compressed requests are not supported: send uncompressed messages",
+            ));
+        }
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if len > MAX_REQUEST_BYTES {
+            return Err(Status::resource_exhausted(format!(
+                "a request of {len} bytes is over the limit of {MAX_REQUEST_BYTES}"
+            )));
+        }
+        if self.buf.len() < HEADER_BYTES + len {
+            self.buf.reserve(HEADER_BYTES + len - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(HEADER_BYTES);
+        let message =
+            T::decode(&self.buf[..len]).map_err(|e| Status::invalid_argument(format!("decoding a request: {e}")))?;
+        self.buf.advance(len);
+        if self.buf.is_empty() && self.buf.capacity() > BUFFER_BYTES {
+            self.buf = BytesMut::new();
+        }
+        Ok(Some(message))
+    }
+}
+
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
-/// Serves one ADS call of protocol `P`: decodes the request stream with tonic, opens the
-/// stream on the server, and encodes its responses with [`ResponseBody`].
+/// Serves one ADS call of protocol `P`: opens the stream on the server over its
+/// [`Requests`], and encodes its responses with [`ResponseBody`].
 fn serve<P, B>(server: &XdsServer, req: http::Request<B>) -> http::Response<tonic::body::Body>
 where
     P: Protocol,
@@ -58,9 +147,7 @@ where
         ))
         .into_http();
     }
-    let settings = BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD);
-    let decoder = ProstCodec::<P::Response, P::Request>::raw_decoder(settings);
-    let request = Request::from_http(req.map(|body| Streaming::new_request(decoder, body, None, None)));
+    let request = Request::from_http(req.map(Requests::new));
     match server.open::<P>(request) {
         Err(status) => status.into_http(),
         Ok(response) => {
@@ -186,5 +273,101 @@ impl XdsServer {
     /// a tonic server.
     pub fn service(&self) -> AdsService {
         AdsService::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use http_body_util::StreamBody;
+    use prost::Message as _;
+
+    fn framed(m: &DeltaDiscoveryRequest) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
+        m.encode(&mut out).unwrap();
+        out
+    }
+
+    /// Requests over a body that delivers `chunks` as its data frames.
+    fn requests(chunks: Vec<Vec<u8>>) -> Requests<DeltaDiscoveryRequest> {
+        let frames = chunks
+            .into_iter()
+            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from(c))));
+        Requests::new(StreamBody::new(futures_util::stream::iter(frames)))
+    }
+
+    fn request(type_url: &str, node_bytes: usize) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            node: (node_bytes > 0).then(|| Node {
+                id: "x".repeat(node_bytes),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn messages_split_across_frames_or_sharing_one_are_all_decoded() {
+        let (a, b, c) = (request("a", 0), request("b", 10), request("c", 0));
+        let mut bytes = framed(&a);
+        bytes.extend(framed(&b));
+        let third = framed(&c);
+        // a and b in one frame; c cut into three frames, one of them inside its header.
+        let mut r = requests(vec![
+            bytes,
+            third[..2].to_vec(),
+            third[2..7].to_vec(),
+            third[7..].to_vec(),
+        ]);
+        assert_eq!(r.message().await.unwrap(), Some(a));
+        assert_eq!(r.message().await.unwrap(), Some(b));
+        assert_eq!(r.message().await.unwrap(), Some(c));
+        assert_eq!(r.message().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_large_request_leaves_no_large_buffer_behind() {
+        // Envoy's first request carries its node (some 60 KB); the ACKs after it are small.
+        let big = framed(&request("a", 64 * 1024));
+        let mut r = requests(vec![
+            big[..30_000].to_vec(),
+            big[30_000..].to_vec(),
+            framed(&request("b", 0)),
+        ]);
+        assert_eq!(r.message().await.unwrap().unwrap().type_url, "a");
+        assert_eq!(r.buf.capacity(), 0, "the buffer that held the node is kept");
+        assert_eq!(r.message().await.unwrap().unwrap().type_url, "b");
+        assert!(r.buf.capacity() <= BUFFER_BYTES);
+    }
+
+    #[tokio::test]
+    async fn bad_requests_end_the_stream_with_a_status_that_says_why() {
+        let mut compressed = framed(&request("a", 0));
+        compressed[0] = 1;
+        let e = requests(vec![compressed]).message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented);
+
+        let mut huge = vec![0];
+        huge.extend_from_slice(&(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
+        let e = requests(vec![huge]).message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("over the limit"), "{}", e.message());
+
+        let whole = framed(&request("a", 10));
+        let e = requests(vec![whole[..whole.len() - 1].to_vec()])
+            .message()
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+        let mut garbage = vec![0, 0, 0, 0, 3];
+        garbage.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let e = requests(vec![garbage]).message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().starts_with("decoding a request"), "{}", e.message());
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_stream::Stream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info_span, trace, warn};
 
 /// Resources built for one snapshot (both held weakly: the cache never keeps either alive).
@@ -541,7 +541,7 @@ impl Following {
 /// with the stream, which drops the proxy's watch.
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
-    requests: Streaming<P::Request>,
+    requests: crate::grpc::Requests<P::Request>,
     /// The stream's `x-consul-token`.
     token: String,
     /// The service the token was last authorized for, and what ends that authorization:
@@ -793,7 +793,7 @@ impl XdsServer {
     /// A new stream of protocol `P` over `request`.
     pub(crate) fn open<P: Protocol>(
         &self,
-        request: Request<Streaming<P::Request>>,
+        request: Request<crate::grpc::Requests<P::Request>>,
     ) -> Result<Response<ResponseStream<P::Response>>, Status>
     where
         P::Request: prost::Message + Default,
