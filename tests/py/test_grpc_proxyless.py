@@ -1,12 +1,14 @@
 """grpcio 1.85.0, unchanged, as a proxyless xDS client of a real `meshd server`: `xds:///api`
 resolves through meshd (listener, routes, clusters, endpoints), new instances receive calls,
 a splitter's weights hold, and with xDS credentials the call is mTLS with the mesh's
-certificates (written and kept current by `meshd connect grpc-bootstrap -watch`)."""
+certificates (written and kept current by `meshd connect grpc-bootstrap -watch`). The same
+first call from grpc-js-xds (npm, unchanged; tests/node/xds_call.js)."""
 
 import collections
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -336,3 +338,24 @@ def test_failover_when_the_primarys_instances_go_critical(mesh, tmp_path):
     assert names(mesh.calls(bootstrap, 5)) == {"api-dr-1": 5}
     primary.stop(None)
     dr.stop(None)
+
+
+def test_a_grpc_js_xds_client_calls_api(mesh, tmp_path):
+    """grpc-js-xds (npm, pinned in tests/node, installed by the xtask) makes the same first
+    call: xds:///api through meshd to the grpcio server registered as api."""
+    modules = os.environ.get("MESHD_NODE_MODULES")
+    if not modules or not os.path.isdir(os.path.join(modules, "@grpc", "grpc-js-xds")):
+        raise RuntimeError("MESHD_NODE_MODULES must name the pinned npm clients; run these tests through `cargo xtask test`")
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("the grpc-js-xds test needs node (Node.js 20) on PATH")
+    api, port = echo_server("api-1")
+    mesh.native("api", "api-1", port)
+    mesh.native("client", "client-1", 1)
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    script = os.path.join(os.path.dirname(__file__), "..", "node", "xds_call.js")
+    env = dict(os.environ, GRPC_XDS_BOOTSTRAP=str(bootstrap), NODE_PATH=modules)
+    out = subprocess.run([node, script, "xds:///api", "3", "30"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert names(collections.Counter(json.loads(out.stdout))) == {"api-1": 3}
+    api.stop(None)
