@@ -365,6 +365,14 @@ async fn sotw_ack_nack_and_stale_nonce() {
         let eds_status = status.types.iter().find(|t| t.type_url == ENDPOINT).unwrap();
         assert_eq!(eds_status.resources.get(&Error), Some(&1));
         assert_eq!(eds_status.last_nack.as_ref().unwrap().error, "no");
+        assert_eq!(eds_status.last_sent.as_ref().unwrap().version, eds.version_info);
+        assert!(eds_status.last_acked.is_none(), "rejected, never acknowledged");
+        // SotW's versions are the responses' version_info.
+        let cds_status = status.types.iter().find(|t| t.type_url == CLUSTER).unwrap();
+        let acked = cds_status.last_acked.as_ref().unwrap();
+        assert_eq!(acked.version, cds.version_info);
+        assert_eq!(acked.nonce, cds.nonce);
+        assert_eq!(cds_status.last_sent.as_ref().unwrap().version, cds.version_info);
     }
     // A change is sent, with a new version.
     h.fakes
@@ -563,10 +571,17 @@ async fn sync_status_and_csds_follow_what_the_proxy_acknowledged_and_rejected() 
     assert_eq!(status.server, "server-a");
     assert_eq!(status.protocol, "delta");
     assert_eq!(counts(status, CLUSTER), vec![(Stale, 2)], "sent, not yet acknowledged");
+    let of_type =
+        |status: &xds::status::StreamStatus, t: &str| status.types.iter().find(|x| x.type_url == t).unwrap().clone();
+    let sent_version = of_type(status, CLUSTER).last_sent.unwrap().version;
+    assert_eq!(sent_version.len(), 32, "delta: a digest of the clusters sent");
+    assert!(of_type(status, CLUSTER).last_acked.is_none());
     s.send(ack(&cds)).await;
     s.silent().await;
     let status = &h.server.sync_status()[0];
     assert_eq!(counts(status, CLUSTER), vec![(Synced, 2)]);
+    let acked = of_type(status, CLUSTER).last_acked.unwrap();
+    assert_eq!((acked.nonce, acked.version), (cds.nonce.clone(), sent_version.clone()));
     assert!(
         !counts(status, ENDPOINT).is_empty(),
         "load assignments held but never asked for"
