@@ -156,6 +156,8 @@ struct ViewState {
     /// By type URL (meshd's own constants: no copy per stream).
     types: BTreeMap<&'static str, TypeView>,
     stuck: bool,
+    /// The stream was told to reset (counted once).
+    reset: bool,
 }
 
 /// One stream's status, shared by its driver and the tracker.
@@ -600,8 +602,9 @@ impl Tracker {
         out
     }
 
-    /// Starts the check for stuck streams every 500 ms (once per server; ends with
-    /// `stop`).
+    /// Starts the check for stuck streams every 500 ms (once per server; ends with `stop`):
+    /// flags (and counts) a stream once its oldest unanswered response has waited the flag
+    /// time, tells it to reset (and counts that) once it has waited the reset time.
     pub(crate) fn start_scanning(
         self: &Arc<Self>,
         metrics: Arc<XdsMetrics>,
@@ -625,6 +628,12 @@ impl Tracker {
                 for view in tracker.views() {
                     let Some(waited) = view.oldest_pending() else { continue };
                     if waited >= reset {
+                        let mut st = view.state.lock();
+                        if !st.reset {
+                            st.reset = true;
+                            metrics.stream_stuck_reset();
+                        }
+                        drop(st);
                         view.reset.notify_one();
                     } else if waited >= flag {
                         let mut st = view.state.lock();
