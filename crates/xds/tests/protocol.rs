@@ -57,6 +57,11 @@ async fn harness() -> Harness {
 }
 
 async fn harness_with(admission: xds::Admission) -> Harness {
+    harness_prepared(admission, |_, _| {}).await
+}
+
+/// The harness with `prepare(fakes, trust domain)` run before the proxy is registered.
+async fn harness_prepared(admission: xds::Admission, prepare: impl FnOnce(&FakeDataSources, &str)) -> Harness {
     let ca = Ca::new();
     let scenario = Scenario {
         protocol: "tcp",
@@ -75,6 +80,7 @@ async fn harness_with(admission: xds::Admission) -> Harness {
     fakes
         .health
         .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.1", 21000)]));
+    prepare(&fakes, &trust);
     let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());
     let reg = ProxyRegistration {
         id: (*snap.proxy_id).clone(),
@@ -614,6 +620,38 @@ async fn sync_status_and_csds_follow_what_the_proxy_acknowledged_and_rejected() 
     drop(s);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(h.server.sync_status().is_empty(), "a closed stream leaves the status");
+}
+
+/// Configuration that cannot be built (a chain whose start node is missing, which the
+/// compiler never makes) shows in the stream's sync status with its reason, under
+/// `BuildProblems` in the JSON `/v1/internal/xds-status` serves (that handler serializes
+/// these very values); the rest of the proxy's resources are still sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_that_cannot_be_built_shows_in_the_sync_status_with_its_reason() {
+    let h = harness_prepared(xds::Admission::default(), |fakes, trust| {
+        let trust = trust.to_owned();
+        fakes.discovery_chain.set_fallback(move |r| {
+            let mut chain = structs::CompiledDiscoveryChain::default_for(
+                &r.name,
+                &r.datacenter,
+                &trust,
+                r.override_protocol.unwrap_or_default(),
+            );
+            if r.name == "api" {
+                chain.start_node = "router:missing".into();
+            }
+            Some(Arc::new(chain))
+        });
+    })
+    .await;
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let cds = s.recv().await;
+    assert!(!cds.resources.is_empty(), "the rest is still served");
+    let status = &h.server.sync_status()[0];
+    let why = status.build_problems.get("api").expect("api's problem is reported");
+    assert!(why.contains("router:missing"), "{why}");
+    let json = serde_json::to_value(status).unwrap();
+    assert_eq!(json["BuildProblems"]["api"], serde_json::json!(why));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
