@@ -23,7 +23,10 @@ import websocket
 
 from conftest import _meshd_binary, _start_server, _stop_server
 
-SHOTS = pathlib.Path(__file__).resolve().parents[2] / "target" / "ui-screenshots"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "target" / "ui-screenshots"
+# `cargo xtask screenshots` sets this: the shots the docs show are written there too.
+UPDATE_DOCS = os.environ.get("MESHD_UPDATE_DOCS_SCREENSHOTS") == "1"
 
 # A proxyless gRPC client that keeps its xDS stream open until killed.
 HOLD = r"""
@@ -115,11 +118,15 @@ class Chrome:
             time.sleep(0.2)
         raise AssertionError(f"not within {timeout} s: {what}; page text: {self.eval('document.body.innerText')!r}")
 
-    def screenshot(self, name):
+    def screenshot(self, name, docs=None):
+        """Saves a screenshot as a test artifact; `docs` names the image under docs/ it
+        replaces when the docs' screenshots are being regenerated."""
         SHOTS.mkdir(parents=True, exist_ok=True)
-        data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        data = base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
         path = SHOTS / f"{name}.png"
-        path.write_bytes(base64.b64decode(data))
+        path.write_bytes(data)
+        if docs and UPDATE_DOCS:
+            (ROOT / "docs" / docs).write_bytes(data)
         return path
 
     def close(self):
@@ -197,7 +204,7 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
                         "Service": {"Service": "api", "ID": "api-2", "Port": 9001, "Connect": {"Native": True}}})
         chrome.wait(f"{row}.querySelector('.versions').innerText !== {json.dumps(before)} && "
                     f"{row}.querySelector('.state').innerText.includes('SYNCED')", "the row's new version")
-        chrome.screenshot("proxies-after")
+        chrome.screenshot("proxies-after", docs="ui-proxies.png")
 
         # Build problems show with their reasons: the server's own answer, with a problem
         # added (no valid configuration makes one: see crates/xds/tests/protocol.rs for the
