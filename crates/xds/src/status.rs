@@ -302,9 +302,9 @@ impl StreamView {
         for type_url in names {
             let view = st.types.get(type_url);
             let mut counts: BTreeMap<ResourceState, usize> = BTreeMap::new();
-            for (_, (_, state, _, _)) in resource_states(view, st.current.as_deref(), type_url) {
+            each_resource_state(view, st.current.as_deref(), type_url, |(_, (_, state, _, _))| {
                 *counts.entry(state).or_default() += 1;
-            }
+            });
             types.push(TypeStatus {
                 type_url: type_url.to_owned(),
                 last_sent: view
@@ -353,15 +353,15 @@ impl Drop for StreamView {
     }
 }
 
-/// Each resource of `type_url` with its version, state, error and last change: what was
-/// sent (a rejected one carries its type's last rejection), then what the current resources
-/// hold that was never sent.
-fn resource_states<'a>(
+/// Each resource of `type_url` with its version, state, error and last change, handed to
+/// `each`: what was sent (a rejected one carries its type's last rejection), then what the
+/// current resources hold that was never sent. Nothing is collected or copied.
+fn each_resource_state<'a>(
     view: Option<&'a TypeView>,
     current: Option<&'a VersionedResources>,
     type_url: &str,
-) -> Vec<Row<'a>> {
-    let mut out: Vec<Row<'a>> = Vec::new();
+    mut each: impl FnMut(Row<'a>),
+) {
     if let Some(v) = view {
         let nack = v.last_nack.as_ref();
         let changed = v
@@ -377,17 +377,16 @@ fn resource_states<'a>(
                 ResourceState::Stale => v.last_sent.as_ref().map(|(_, _, at)| *at),
                 _ => changed,
             };
-            out.push((&**name, (r.version.as_str(), r.state, error, updated)));
+            each((&**name, (r.version.as_str(), r.state, error, updated)));
         }
     }
     if let Some(current) = current {
         for (name, res) in current.of(type_url) {
             if view.is_none_or(|v| !v.resources.contains_key(name)) {
-                out.push((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
+                each((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
             }
         }
     }
-    out
 }
 
 /// Formats a time as RFC 3339 (seconds).
@@ -557,45 +556,56 @@ impl Tracker {
         out
     }
 
-    /// Every stream's resources for CSDS: (node id, each resource's type, name, version,
-    /// state, error, last change, and its encoded value when `contents(type)` says so).
-    pub(crate) fn resources(
+    /// Every stream's resources for CSDS: (node id, `make` of each resource the stream holds
+    /// or is due), `make` given borrowed data (see [`ResourceRef`]) so that the caller's rows
+    /// are built once, each stream's list allocated at its final size.
+    pub(crate) fn resources<T>(
         &self,
         node_matches: impl Fn(&str) -> bool,
         contents: impl Fn(&str) -> bool,
-    ) -> Vec<(String, Vec<ResourceRow>)> {
-        let mut out = Vec::new();
-        for v in self.views() {
+        mut make: impl FnMut(ResourceRef<'_>) -> T,
+    ) -> Vec<(String, Vec<T>)> {
+        let views = self.views();
+        let mut out = Vec::with_capacity(views.len());
+        for v in views {
             let st = v.state.lock();
             if !node_matches(&st.node_id) {
                 continue;
             }
-            let mut types: Vec<&str> = st.types.keys().copied().collect();
+            let mut types: Vec<&'static str> = st.types.keys().copied().collect();
             if let Some(current) = &st.current {
                 types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
             }
-            let mut rows = Vec::new();
+            // At most every resource sent plus every one held.
+            let bound = st.types.values().map(|t| t.resources.len()).sum::<usize>()
+                + st.current
+                    .as_ref()
+                    .map_or(0, |c| c.by_type.values().map(|m| m.len()).sum());
+            let mut rows = Vec::with_capacity(bound);
             for type_url in types {
                 let with_contents = contents(type_url);
                 let held = st.current.as_ref().and_then(|c| c.map(type_url));
-                for (name, (version, state, error, updated)) in
-                    resource_states(st.types.get(type_url), st.current.as_deref(), type_url)
-                {
-                    let value = if with_contents {
-                        held.and_then(|m| m.get(name)).map(|r| r.resource.clone())
-                    } else {
-                        None
-                    };
-                    rows.push(ResourceRow {
-                        type_url: type_url.to_owned(),
-                        name: name.to_owned(),
-                        version: version.to_owned(),
-                        state,
-                        error: error.map(str::to_owned),
-                        updated,
-                        value,
-                    });
-                }
+                each_resource_state(
+                    st.types.get(type_url),
+                    st.current.as_deref(),
+                    type_url,
+                    |(name, (version, state, error, updated))| {
+                        let value = if with_contents {
+                            held.and_then(|m| m.get(name)).map(|r| &r.resource)
+                        } else {
+                            None
+                        };
+                        rows.push(make(ResourceRef {
+                            type_url,
+                            name,
+                            version,
+                            state,
+                            error,
+                            updated,
+                            value,
+                        }));
+                    },
+                );
             }
             out.push((st.node_id.clone(), rows));
         }
@@ -649,15 +659,16 @@ impl Tracker {
     }
 }
 
-/// One resource of one stream, for CSDS.
-pub(crate) struct ResourceRow {
-    pub(crate) type_url: String,
-    pub(crate) name: String,
-    pub(crate) version: String,
+/// One resource of one stream, for CSDS, borrowed from the stream's status.
+pub(crate) struct ResourceRef<'a> {
+    /// One of meshd's type URL constants.
+    pub(crate) type_url: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) version: &'a str,
     pub(crate) state: ResourceState,
-    pub(crate) error: Option<String>,
+    pub(crate) error: Option<&'a str>,
     pub(crate) updated: Option<SystemTime>,
-    pub(crate) value: Option<envoy_types::pb::google::protobuf::Any>,
+    pub(crate) value: Option<&'a envoy_types::pb::google::protobuf::Any>,
 }
 
 /// The name of an encoded resource: field 1 of every xDS resource message (a listener's,
