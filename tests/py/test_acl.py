@@ -166,3 +166,56 @@ def test_malformed_rules_name_line_and_column(mesh):
     assert "400" in str(e.value) and "line 2, column 12" in str(e.value)
     names = [p["Name"] for p in admin.acl.policy.list()]
     assert "broken" not in names and "global-management" in names
+
+
+def test_the_sync_status_and_csds_need_operator_read():
+    """With ACLs on, /v1/internal/xds-status and CSDS (a grpcio call on the xDS port, its
+    token in `x-consul-token`) refuse the anonymous token and a token without
+    `operator:read`, and answer one that holds it."""
+    import grpc
+
+    from conftest import _start_server, _stop_server
+
+    proc, (host, port) = _start_server("-dev", "-acl-enabled", "-acl-default-policy", "deny")
+    grpc_addr = proc.stdout.readline().strip().split("on ", 1)[1]
+    http = f"http://{host}:{port}"
+    channel = None
+    try:
+        secret = requests.put(f"{http}/v1/acl/bootstrap").json()["SecretID"]
+
+        def token(rules):
+            auth = {"X-Consul-Token": secret}
+            policy = requests.put(f"{http}/v1/acl/policy", json={"Name": f"p{abs(hash(rules))}", "Rules": rules},
+                                  headers=auth)
+            assert policy.ok, policy.text
+            made = requests.put(f"{http}/v1/acl/token", json={"Policies": [{"ID": policy.json()["ID"]}]}, headers=auth)
+            assert made.ok, made.text
+            return made.json()["SecretID"]
+
+        reader = token('operator = "read"')
+        writer = token('service_prefix "" { policy = "write" }\nnode_prefix "" { policy = "write" }')
+
+        for who, secret_id, want in (("anonymous", None, 403), ("no operator:read", writer, 403),
+                                     ("operator:read", reader, 200)):
+            headers = {"X-Consul-Token": secret_id} if secret_id else {}
+            r = requests.get(f"{http}/v1/internal/xds-status", headers=headers)
+            assert r.status_code == want, f"{who}: {r.status_code} {r.text}"
+            if want == 403:
+                assert "operator:read" in r.text, r.text
+        assert requests.get(f"{http}/v1/internal/xds-status", headers={"X-Consul-Token": reader}).json() == []
+
+        channel = grpc.insecure_channel(grpc_addr)
+        # An empty ClientStatusRequest (no node matchers: every proxy) is zero bytes.
+        fetch = channel.unary_unary("/envoy.service.status.v3.ClientStatusDiscoveryService/FetchClientStatus")
+        for who, secret_id in (("anonymous", None), ("no operator:read", writer)):
+            metadata = (("x-consul-token", secret_id),) if secret_id else ()
+            with pytest.raises(grpc.RpcError) as refused:
+                fetch(b"", metadata=metadata, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, f"{who}: {refused.value}"
+            assert "operator:read" in refused.value.details(), refused.value.details()
+        # Allowed: a ClientStatusResponse with no proxy connected (empty).
+        assert fetch(b"", metadata=(("x-consul-token", reader),), timeout=10) == b""
+    finally:
+        if channel is not None:
+            channel.close()
+        _stop_server(proc)

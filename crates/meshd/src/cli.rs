@@ -213,8 +213,8 @@ pub enum ConnectCommand {
     /// changed, drain on SIGTERM); `-exec` replaces this process instead, `-bootstrap` prints.
     Envoy(Box<EnvoyArgs>),
     /// Print the xDS bootstrap of a proxyless gRPC client (`GRPC_XDS_BOOTSTRAP`) of a
-    /// connect-native service; with -cert-dir write its certificates, with -watch keep them
-    /// current.
+    /// connect-native service and write its certificates (to -cert-dir, or a private
+    /// directory under the temp dir); with -watch keep them current.
     GrpcBootstrap(Box<GrpcBootstrapArgs>),
 }
 
@@ -246,9 +246,10 @@ pub struct GrpcBootstrapArgs {
     pub token_file: Option<PathBuf>,
     /// Where the service's leaf certificate, key and the CA bundle are written; the
     /// bootstrap's certificate provider reads them (every cluster meshd sends names it, and
-    /// gRPC refuses clusters naming a provider its bootstrap lacks).
+    /// gRPC refuses clusters naming a provider its bootstrap lacks). Default:
+    /// `$TMPDIR/meshd-grpc-<uid>/<instance id>` (each level mode 0700, this user's only).
     #[arg(long = "cert-dir", value_name = "DIR")]
-    pub cert_dir: PathBuf,
+    pub cert_dir: Option<PathBuf>,
     /// Keep running and rewrite the files of -cert-dir when the leaf or the roots change.
     #[arg(long = "watch")]
     pub watch: bool,

@@ -1,4 +1,4 @@
-//! `meshd connect grpc-bootstrap -service NAME -cert-dir DIR`: the xDS bootstrap of a
+//! `meshd connect grpc-bootstrap -service NAME [-cert-dir DIR]`: the xDS bootstrap of a
 //! proxyless gRPC client (`GRPC_XDS_BOOTSTRAP`), and the certificate files its xDS
 //! credentials read (kept current with `-watch`).
 //!
@@ -10,7 +10,8 @@
 //! goes to a file (`-output`).
 //!
 //! The service's leaf (`DIR/cert.pem`, `DIR/key.pem`, mode 0600) and the CA bundle
-//! (`DIR/roots.pem`) are written to `-cert-dir DIR`, and the bootstrap defines the certificate
+//! (`DIR/roots.pem`) are written to `-cert-dir DIR` — by default a directory of this user's
+//! under the OS temp dir (see [`default_cert_dir`]) — and the bootstrap defines the certificate
 //! provider `meshd` over them (a `file_watcher`), which the clusters meshd sends refer to: a
 //! channel with xDS credentials does mTLS with them, a plaintext channel ignores them (but
 //! gRPC still refuses clusters naming a provider its bootstrap lacks, so it is always
@@ -21,7 +22,7 @@ use crate::cli::GrpcBootstrapArgs;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -87,8 +88,53 @@ async fn get_json<T: serde::de::DeserializeOwned>(
     ))
 }
 
-/// The bootstrap JSON for node `instance` on `node`.
-pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &str) -> Value {
+/// Where the certificate files go without `-cert-dir`: `<temp dir>/meshd-grpc-<uid>/<instance
+/// id>` (the temp dir is `$TMPDIR`, else `/tmp`), the same on every run for the instance (so a
+/// `-watch` and the bootstrap agree). The temp dir is shared: each level is created mode 0700
+/// and refused unless it is a directory (not a link) of this user's that nobody else may
+/// open, so that no one else can read the key or plant the files.
+pub fn default_cert_dir(instance: &str) -> Result<PathBuf> {
+    let uid = rustix::process::getuid().as_raw();
+    let base = std::env::temp_dir().join(format!("meshd-grpc-{uid}"));
+    // The id as one path component: no separators, no `..`.
+    let leaf: String = instance
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = base.join(leaf);
+    private_dir(&base, uid)?;
+    private_dir(&dir, uid)?;
+    Ok(dir)
+}
+
+/// Creates `dir` with mode 0700 unless it exists, then checks that it is this user's
+/// directory and closed to everyone else.
+fn private_dir(dir: &Path, uid: u32) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if !meta.file_type().is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        bail!(
+            "{} is not a private directory of this user's (want a directory owned by uid {uid}, mode 0700): remove it, or give -cert-dir",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The bootstrap JSON for node `instance` on `node`, its certificate provider reading the
+/// files of `dir`.
+pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &str, dir: &Path) -> Value {
     let servers: Vec<Value> = args
         .grpc_addr
         .iter()
@@ -110,7 +156,6 @@ pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &s
         "node": {"id": instance, "cluster": args.service, "metadata": metadata, "locality": {}},
     });
     {
-        let dir = &args.cert_dir;
         out["certificate_providers"] = json!({
             structs::wire::PROXYLESS_CERT_PROVIDER: {
                 "plugin_name": "file_watcher",
@@ -184,13 +229,21 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
         .build()
         .context("building the HTTP client")?;
     let (node, id) = instance(&client, &base, &token, &args).await?;
-    let dir = args.cert_dir.clone();
-    std::fs::create_dir_all(&dir).with_context(|| format!("-cert-dir {}: cannot create", dir.display()))?;
+    let dir = match &args.cert_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("-cert-dir {}: cannot create", dir.display()))?;
+            dir.clone()
+        }
+        None => default_cert_dir(&id)?,
+    };
+    // The provider needs absolute paths: gRPC reads them from wherever the client runs.
+    let dir = std::path::absolute(&dir).with_context(|| format!("-cert-dir {}", dir.display()))?;
     let indexes = (
         write_leaf(&client, &base, &token, &args.service, &dir, 0).await?,
         write_roots(&client, &base, &token, &dir, 0).await?,
     );
-    let text = serde_json::to_string_pretty(&bootstrap(&args, &node, &id, &token)).context("encoding the bootstrap")?;
+    let text =
+        serde_json::to_string_pretty(&bootstrap(&args, &node, &id, &token, &dir)).context("encoding the bootstrap")?;
     match &args.output {
         Some(path) => atomic_file::write_atomic(path, format!("{text}\n").as_bytes(), 0o600)
             .with_context(|| format!("-output {}: cannot write", path.display()))?,

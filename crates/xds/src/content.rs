@@ -1,5 +1,5 @@
-//! A resource and its content version (the hex SHA-256 of its encoding): the unit the
-//! protocol states diff and the shared encodings intern.
+//! A resource and its content version (the hex of the first 128 bits of the SHA-256 of its
+//! encoding): the unit the protocol states diff and the shared encodings intern.
 
 use envoy_types::pb::google::protobuf::Any;
 use sha2::{Digest, Sha256};
@@ -7,7 +7,11 @@ use sha2::{Digest, Sha256};
 /// One resource and the hash of its encoding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Versioned {
-    /// Hex SHA-256 of the encoded resource: equal content, equal version.
+    /// The first 128 bits of the SHA-256 of the encoded resource, in hex (32 characters):
+    /// equal content, equal version. 128 bits keep collisions out of reach (a version is only
+    /// ever compared with the previous versions of the same resource) at half the bytes of
+    /// the full digest in every delta response, every stream's record of what its proxy
+    /// holds, and every CSDS row.
     pub version: String,
     /// The encoded resource.
     pub resource: Any,
@@ -30,7 +34,7 @@ impl Versioned {
         Self {
             // `hex::encode` collects an exact-size iterator: one allocation of the final
             // length, as the hand-written encoder it replaced did.
-            version: hex::encode(digest),
+            version: hex::encode(&digest[..16]),
             resource,
         }
     }

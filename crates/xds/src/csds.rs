@@ -6,9 +6,13 @@
 //! Secrets (leaf certificates with their private keys) are listed with their status and
 //! version but never with their contents. With an authorizer (ACLs on), a request's
 //! `x-consul-token` must be allowed (meshd asks for `operator:read`).
+//!
+//! A `FetchClientStatus` answer carries the time the server took to build it in its
+//! `server-timing` metadata (`build;dur=MILLISECONDS`, as HTTP's Server-Timing header), so
+//! that a client can tell the server's work from encoding, transfer and its own decoding.
 
 use crate::XdsServer;
-use crate::status::{ResourceRow, ResourceState};
+use crate::status::{ResourceRef, ResourceState};
 use envoy_types::pb::envoy::admin::v3::{ClientResourceStatus, UpdateFailureState};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::status::v3::client_config::GenericXdsConfig;
@@ -64,15 +68,16 @@ impl XdsServer {
         let rows = self.status_tracker().resources(
             |node| request.node_matchers.is_empty() || request.node_matchers.iter().any(|m| matches(m, node)),
             |type_url| !request.exclude_resource_contents && type_url != SECRET,
+            generic,
         );
         let config = rows
             .into_iter()
-            .map(|(node, resources)| ClientConfig {
+            .map(|(node, generic_xds_configs)| ClientConfig {
                 node: Some(Node {
                     id: node,
                     ..Node::default()
                 }),
-                generic_xds_configs: resources.into_iter().map(generic).collect(),
+                generic_xds_configs,
                 ..ClientConfig::default()
             })
             .collect();
@@ -110,7 +115,7 @@ fn timestamp(at: std::time::SystemTime) -> envoy_types::pb::google::protobuf::Ti
     }
 }
 
-fn generic(r: ResourceRow) -> GenericXdsConfig {
+fn generic(r: ResourceRef<'_>) -> GenericXdsConfig {
     let (config_status, client_status) = match r.state {
         ResourceState::Synced => (ConfigStatus::Synced, ClientResourceStatus::Acked),
         ResourceState::NotSent => (ConfigStatus::NotSent, ClientResourceStatus::Unknown),
@@ -119,15 +124,15 @@ fn generic(r: ResourceRow) -> GenericXdsConfig {
     };
     GenericXdsConfig {
         error_state: r.error.map(|details| UpdateFailureState {
-            details,
-            version_info: r.version.clone(),
+            details: details.to_owned(),
+            version_info: r.version.to_owned(),
             last_update_attempt: r.updated.map(timestamp),
             ..UpdateFailureState::default()
         }),
-        type_url: r.type_url,
-        name: r.name,
-        version_info: r.version,
-        xds_config: r.value,
+        type_url: r.type_url.to_owned(),
+        name: r.name.to_owned(),
+        version_info: r.version.to_owned(),
+        xds_config: r.value.cloned(),
         last_updated: r.updated.map(timestamp),
         config_status: config_status as i32,
         client_status: client_status as i32,
@@ -154,6 +159,13 @@ impl ClientStatusDiscoveryService for Csds {
         request: Request<ClientStatusRequest>,
     ) -> Result<Response<ClientStatusResponse>, Status> {
         self.allow(&request).await?;
-        Ok(Response::new(self.xds.client_status(request.get_ref())))
+        let started = std::time::Instant::now();
+        let answer = self.xds.client_status(request.get_ref());
+        let took = started.elapsed();
+        let mut response = Response::new(answer);
+        if let Ok(value) = format!("build;dur={:.3}", took.as_secs_f64() * 1000.0).parse() {
+            response.metadata_mut().insert("server-timing", value);
+        }
+        Ok(response)
     }
 }

@@ -601,8 +601,8 @@ where
                 biased;
                 () = &mut self.shutdown => self.finished = true,
                 () = async { match &following.status { Some(s) => s.view.reset.notified().await, None => std::future::pending().await } } => {
+                    // Counted by the tracker's scan, which decided it.
                     self.finished = true;
-                    self.inner.metrics.stream_stuck_reset();
                     warn!(node = %following.node_id, "resetting the xDS stream: a response went unanswered too long");
                     return Some(Err(Status::unavailable(
                         "a response went unanswered too long: reconnect to start over",

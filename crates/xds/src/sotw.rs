@@ -28,6 +28,8 @@ struct TypeState {
     /// Send the set again even if the proxy has this version (load assignments after a
     /// cluster change).
     resend: bool,
+    /// The nonce (the stream's counter) of the last response of this type, 0 before any.
+    last_nonce: u64,
 }
 
 /// One SotW stream's protocol state.
@@ -65,6 +67,19 @@ impl SotwState {
         if !req.response_nonce.is_empty() {
             match &st.pending {
                 Some((nonce, _)) if *nonce == req.response_nonce => {}
+                // The last response's nonce again, that response answered already: a
+                // subscription change, not an answer (gRPC ACKs an aggregate cluster, then
+                // asks for its members with the same nonce).
+                None if st.last_nonce != 0
+                    && u64::from_str_radix(&req.response_nonce, 16).is_ok_and(|n| n == st.last_nonce) =>
+                {
+                    let names: BTreeSet<String> = req.resource_names.iter().filter(|n| *n != "*").cloned().collect();
+                    if names != st.names {
+                        st.names = names;
+                        st.computed = None;
+                    }
+                    return Ack::None;
+                }
                 // A stale request is ignored entirely, its subscription too.
                 _ => return Ack::Stale,
             }
@@ -141,6 +156,7 @@ impl SotwState {
             // change (not after the first clusters, which Envoy asks assignments for itself).
             let clusters_changed = i == ResourceType::Cluster.index() && self.served[i].acked.is_some();
             self.served[i].pending = Some((nonce.clone(), version.clone()));
+            self.served[i].last_nonce = self.next_nonce;
             if clusters_changed {
                 // Marked rather than forgotten: a response already in flight, once ACKed,
                 // must not cancel it.
@@ -201,6 +217,30 @@ mod tests {
             [CLUSTER, ENDPOINT],
             "the unchanged assignment follows the changed cluster"
         );
+    }
+
+    /// gRPC ACKs a response, then changes its subscription in a request carrying the same
+    /// nonce (an aggregate cluster's members): the new names are served; an older nonce is
+    /// still ignored, subscription and all.
+    #[test]
+    fn the_answered_nonce_again_changes_the_subscription() {
+        let mut st = SotwState::default();
+        st.on_request(&request(&["a"], None));
+        let v = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"1"), (ENDPOINT, "c", b"1")]);
+        let first = st.responses(&v).remove(0);
+        assert!(matches!(
+            st.on_request(&request(&["a"], Some(&first))),
+            Ack::Accepted { .. }
+        ));
+        assert!(matches!(st.on_request(&request(&["a", "b"], Some(&first))), Ack::None));
+        let second = st.responses(&v).remove(0);
+        assert_eq!(second.resources.len(), 2, "the members asked for are sent");
+        st.on_request(&request(&["a", "b"], Some(&second)));
+        assert!(matches!(
+            st.on_request(&request(&["a", "b", "c"], Some(&first))),
+            Ack::Stale
+        ));
+        assert!(st.responses(&v).is_empty(), "a stale nonce changes nothing");
     }
 
     #[test]

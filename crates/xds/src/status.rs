@@ -13,7 +13,12 @@
 //!
 //! A response still unacknowledged after [`STUCK_AFTER`] flags the stream stuck (logged once,
 //! counted); after [`RESET_AFTER`] the stream is ended with `UNAVAILABLE` so that the proxy
-//! reconnects and starts over (counted too). One task per server checks every second.
+//! reconnects and starts over (counted too). One task per server checks every 500 ms.
+//!
+//! Each type's version: SotW's `version_info` as sent; for delta, which has no version per
+//! type, a digest of the names and versions of the type's resources the stream has been
+//! sent so far, this response applied (see [`SetDigest`]). The version acknowledged is the
+//! version of the response the ACK answers.
 
 use crate::metrics::XdsMetrics;
 use crate::versioned::VersionedResources;
@@ -92,16 +97,52 @@ impl Version {
     }
 }
 
+/// An order-independent digest of a set of (name, version) pairs, kept up to date as pairs
+/// come and go: the XOR of a 128-bit hash of each pair. A delta stream's version of a type,
+/// so that it costs a hash per resource sent rather than a pass over the whole set.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SetDigest(u128);
+
+impl SetDigest {
+    fn pair(name: &str, version: &str) -> u128 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let half = |seed: u64| {
+            let mut h = foldhash::quality::FixedState::with_seed(seed).build_hasher();
+            name.hash(&mut h);
+            version.hash(&mut h);
+            h.finish()
+        };
+        (u128::from(half(1)) << 64) | u128::from(half(2))
+    }
+
+    /// Adds a pair, or takes it out again (XOR is its own inverse).
+    fn toggle(&mut self, name: &str, version: &str) {
+        self.0 ^= Self::pair(name, version);
+    }
+
+    fn hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+/// A version as reported: shared by the last response sent, the one in flight and the last
+/// one acknowledged (most often the same).
+type TypeVersion = Arc<str>;
+
 #[derive(Debug, Default)]
 struct TypeView {
-    last_sent: Option<(String, String, SystemTime)>,
-    last_acked: Option<(String, SystemTime)>,
+    /// Nonce, version, when.
+    last_sent: Option<(String, TypeVersion, SystemTime)>,
+    /// Nonce, version, when.
+    last_acked: Option<(String, TypeVersion, SystemTime)>,
     last_nack: Option<(String, String, SystemTime)>,
     /// By name (the proxy's resources' own names, shared).
     resources: BTreeMap<Arc<str>, Resource>,
-    /// Responses in flight, oldest first: sequence number, nonce, when.
-    pending: Vec<(u32, String, Instant)>,
+    /// Responses in flight, oldest first: sequence number, nonce, version, when.
+    pending: Vec<(u32, String, TypeVersion, Instant)>,
     next_seq: u32,
+    /// Delta: the digest of `resources` (names and versions as sent).
+    digest: SetDigest,
 }
 
 /// A resource's version, state, error and the time of its type's last change, by name.
@@ -115,6 +156,8 @@ struct ViewState {
     /// By type URL (meshd's own constants: no copy per stream).
     types: BTreeMap<&'static str, TypeView>,
     stuck: bool,
+    /// The stream was told to reset (counted once).
+    reset: bool,
 }
 
 /// One stream's status, shared by its driver and the tracker.
@@ -147,10 +190,21 @@ impl StreamView {
             let keep: std::collections::HashSet<&str> = sent.resources.iter().map(|(n, _)| *n).collect();
             t.resources.retain(|name, _| keep.contains(&**name));
         }
+        let delta = !sent.replaces;
         for name in sent.removed {
-            t.resources.remove(name.as_str());
+            if let Some(gone) = t.resources.remove(name.as_str())
+                && delta
+            {
+                t.digest.toggle(name, gone.version.as_str());
+            }
         }
         for (name, version) in sent.resources {
+            if delta {
+                if let Some(before) = t.resources.get(name) {
+                    t.digest.toggle(name, before.version.as_str());
+                }
+                t.digest.toggle(name, version);
+            }
             let shared = current
                 .as_ref()
                 .and_then(|m| m.get_key_value(name))
@@ -168,8 +222,13 @@ impl StreamView {
                 },
             );
         }
-        t.last_sent = Some((sent.nonce.to_owned(), sent.version.to_owned(), now));
-        t.pending.push((seq, sent.nonce.to_owned(), Instant::now()));
+        let version: TypeVersion = if delta {
+            Arc::from(t.digest.hex())
+        } else {
+            Arc::from(sent.version)
+        };
+        t.last_sent = Some((sent.nonce.to_owned(), Arc::clone(&version), now));
+        t.pending.push((seq, sent.nonce.to_owned(), version, Instant::now()));
         self.pending_total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -182,12 +241,13 @@ impl StreamView {
         let now = SystemTime::now();
         let mut st = self.state.lock();
         let Some(t) = st.types.get_mut(type_url) else { return };
-        let Some(at) = t.pending.iter().position(|(_, n, _)| n == nonce) else {
+        let Some(at) = t.pending.iter().position(|(_, n, _, _)| n == nonce) else {
             return;
         };
         // This response, and any sent before it, are answered.
         let answered = at + 1;
         let seq = t.pending[at].0;
+        let version = Arc::clone(&t.pending[at].2);
         t.pending.drain(..answered);
         self.pending_total.fetch_sub(answered, Ordering::Relaxed);
         let state = if error.is_some() {
@@ -199,7 +259,7 @@ impl StreamView {
             r.state = state;
         }
         match error {
-            None => t.last_acked = Some((nonce.to_owned(), now)),
+            None => t.last_acked = Some((nonce.to_owned(), version, now)),
             Some(e) => t.last_nack = Some((nonce.to_owned(), e.to_owned(), now)),
         }
         if st.types.values().all(|t| t.pending.is_empty()) {
@@ -221,7 +281,7 @@ impl StreamView {
         let st = self.state.lock();
         st.types
             .values()
-            .filter_map(|t| t.pending.first().map(|(_, _, at)| at.elapsed()))
+            .filter_map(|t| t.pending.first().map(|(_, _, _, at)| at.elapsed()))
             .max()
     }
 
@@ -242,22 +302,25 @@ impl StreamView {
         for type_url in names {
             let view = st.types.get(type_url);
             let mut counts: BTreeMap<ResourceState, usize> = BTreeMap::new();
-            for (_, (_, state, _, _)) in resource_states(view, st.current.as_deref(), type_url) {
+            each_resource_state(view, st.current.as_deref(), type_url, |(_, (_, state, _, _))| {
                 *counts.entry(state).or_default() += 1;
-            }
+            });
             types.push(TypeStatus {
                 type_url: type_url.to_owned(),
                 last_sent: view
                     .and_then(|v| v.last_sent.as_ref())
                     .map(|(nonce, version, at)| SentResponse {
                         nonce: nonce.clone(),
-                        version: version.clone(),
+                        version: version.to_string(),
                         at: rfc3339(*at),
                     }),
-                last_acked: view.and_then(|v| v.last_acked.as_ref()).map(|(nonce, at)| Acked {
-                    nonce: nonce.clone(),
-                    at: rfc3339(*at),
-                }),
+                last_acked: view
+                    .and_then(|v| v.last_acked.as_ref())
+                    .map(|(nonce, version, at)| Acked {
+                        nonce: nonce.clone(),
+                        version: version.to_string(),
+                        at: rfc3339(*at),
+                    }),
                 last_nack: view.and_then(|v| v.last_nack.as_ref()).map(|(nonce, error, at)| Nack {
                     nonce: nonce.clone(),
                     error: error.clone(),
@@ -266,7 +329,7 @@ impl StreamView {
                 pending: view.map_or(0, |v| v.pending.len()),
                 oldest_pending_seconds: view
                     .and_then(|v| v.pending.first())
-                    .map(|(_, _, at)| at.elapsed().as_secs_f64()),
+                    .map(|(_, _, _, at)| at.elapsed().as_secs_f64()),
                 resources: counts,
             });
         }
@@ -290,18 +353,22 @@ impl Drop for StreamView {
     }
 }
 
-/// Each resource of `type_url` with its version, state, error and last change: what was
-/// sent (a rejected one carries its type's last rejection), then what the current resources
-/// hold that was never sent.
-fn resource_states<'a>(
+/// Each resource of `type_url` with its version, state, error and last change, handed to
+/// `each`: what was sent (a rejected one carries its type's last rejection), then what the
+/// current resources hold that was never sent. Nothing is collected or copied.
+fn each_resource_state<'a>(
     view: Option<&'a TypeView>,
     current: Option<&'a VersionedResources>,
     type_url: &str,
-) -> Vec<Row<'a>> {
-    let mut out: Vec<Row<'a>> = Vec::new();
+    mut each: impl FnMut(Row<'a>),
+) {
     if let Some(v) = view {
         let nack = v.last_nack.as_ref();
-        let changed = v.last_acked.as_ref().map(|(_, at)| *at).max(nack.map(|(_, _, at)| *at));
+        let changed = v
+            .last_acked
+            .as_ref()
+            .map(|(_, _, at)| *at)
+            .max(nack.map(|(_, _, at)| *at));
         for (name, r) in &v.resources {
             let error = (r.state == ResourceState::Error)
                 .then(|| nack.map(|(_, e, _)| e.as_str()))
@@ -310,17 +377,16 @@ fn resource_states<'a>(
                 ResourceState::Stale => v.last_sent.as_ref().map(|(_, _, at)| *at),
                 _ => changed,
             };
-            out.push((&**name, (r.version.as_str(), r.state, error, updated)));
+            each((&**name, (r.version.as_str(), r.state, error, updated)));
         }
     }
     if let Some(current) = current {
         for (name, res) in current.of(type_url) {
             if view.is_none_or(|v| !v.resources.contains_key(name)) {
-                out.push((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
+                each((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
             }
         }
     }
-    out
 }
 
 /// Formats a time as RFC 3339 (seconds).
@@ -334,7 +400,8 @@ pub(crate) fn rfc3339(at: SystemTime) -> String {
 pub struct SentResponse {
     /// Its nonce.
     pub nonce: String,
-    /// Its version (SotW; empty for delta, whose versions are per resource).
+    /// Its version: SotW's `version_info`; for delta, the digest of the type's resources
+    /// sent so far (names and versions), this response applied.
     pub version: String,
     /// When.
     pub at: String,
@@ -346,6 +413,8 @@ pub struct SentResponse {
 pub struct Acked {
     /// The nonce acknowledged.
     pub nonce: String,
+    /// The version of the response acknowledged (as `SentResponse::version`).
+    pub version: String,
     /// When.
     pub at: String,
 }
@@ -487,53 +556,65 @@ impl Tracker {
         out
     }
 
-    /// Every stream's resources for CSDS: (node id, each resource's type, name, version,
-    /// state, error, last change, and its encoded value when `contents(type)` says so).
-    pub(crate) fn resources(
+    /// Every stream's resources for CSDS: (node id, `make` of each resource the stream holds
+    /// or is due), `make` given borrowed data (see [`ResourceRef`]) so that the caller's rows
+    /// are built once, each stream's list allocated at its final size.
+    pub(crate) fn resources<T>(
         &self,
         node_matches: impl Fn(&str) -> bool,
         contents: impl Fn(&str) -> bool,
-    ) -> Vec<(String, Vec<ResourceRow>)> {
-        let mut out = Vec::new();
-        for v in self.views() {
+        mut make: impl FnMut(ResourceRef<'_>) -> T,
+    ) -> Vec<(String, Vec<T>)> {
+        let views = self.views();
+        let mut out = Vec::with_capacity(views.len());
+        for v in views {
             let st = v.state.lock();
             if !node_matches(&st.node_id) {
                 continue;
             }
-            let mut types: Vec<&str> = st.types.keys().copied().collect();
+            let mut types: Vec<&'static str> = st.types.keys().copied().collect();
             if let Some(current) = &st.current {
                 types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
             }
-            let mut rows = Vec::new();
+            // At most every resource sent plus every one held.
+            let bound = st.types.values().map(|t| t.resources.len()).sum::<usize>()
+                + st.current
+                    .as_ref()
+                    .map_or(0, |c| c.by_type.values().map(|m| m.len()).sum());
+            let mut rows = Vec::with_capacity(bound);
             for type_url in types {
                 let with_contents = contents(type_url);
                 let held = st.current.as_ref().and_then(|c| c.map(type_url));
-                for (name, (version, state, error, updated)) in
-                    resource_states(st.types.get(type_url), st.current.as_deref(), type_url)
-                {
-                    let value = if with_contents {
-                        held.and_then(|m| m.get(name)).map(|r| r.resource.clone())
-                    } else {
-                        None
-                    };
-                    rows.push(ResourceRow {
-                        type_url: type_url.to_owned(),
-                        name: name.to_owned(),
-                        version: version.to_owned(),
-                        state,
-                        error: error.map(str::to_owned),
-                        updated,
-                        value,
-                    });
-                }
+                each_resource_state(
+                    st.types.get(type_url),
+                    st.current.as_deref(),
+                    type_url,
+                    |(name, (version, state, error, updated))| {
+                        let value = if with_contents {
+                            held.and_then(|m| m.get(name)).map(|r| &r.resource)
+                        } else {
+                            None
+                        };
+                        rows.push(make(ResourceRef {
+                            type_url,
+                            name,
+                            version,
+                            state,
+                            error,
+                            updated,
+                            value,
+                        }));
+                    },
+                );
             }
             out.push((st.node_id.clone(), rows));
         }
         out
     }
 
-    /// Starts the once-a-second check for stuck streams (once per server; ends with
-    /// `stop`).
+    /// Starts the check for stuck streams every 500 ms (once per server; ends with `stop`):
+    /// flags (and counts) a stream once its oldest unanswered response has waited the flag
+    /// time, tells it to reset (and counts that) once it has waited the reset time.
     pub(crate) fn start_scanning(
         self: &Arc<Self>,
         metrics: Arc<XdsMetrics>,
@@ -557,6 +638,12 @@ impl Tracker {
                 for view in tracker.views() {
                     let Some(waited) = view.oldest_pending() else { continue };
                     if waited >= reset {
+                        let mut st = view.state.lock();
+                        if !st.reset {
+                            st.reset = true;
+                            metrics.stream_stuck_reset();
+                        }
+                        drop(st);
                         view.reset.notify_one();
                     } else if waited >= flag {
                         let mut st = view.state.lock();
@@ -572,15 +659,16 @@ impl Tracker {
     }
 }
 
-/// One resource of one stream, for CSDS.
-pub(crate) struct ResourceRow {
-    pub(crate) type_url: String,
-    pub(crate) name: String,
-    pub(crate) version: String,
+/// One resource of one stream, for CSDS, borrowed from the stream's status.
+pub(crate) struct ResourceRef<'a> {
+    /// One of meshd's type URL constants.
+    pub(crate) type_url: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) version: &'a str,
     pub(crate) state: ResourceState,
-    pub(crate) error: Option<String>,
+    pub(crate) error: Option<&'a str>,
     pub(crate) updated: Option<SystemTime>,
-    pub(crate) value: Option<envoy_types::pb::google::protobuf::Any>,
+    pub(crate) value: Option<&'a envoy_types::pb::google::protobuf::Any>,
 }
 
 /// The name of an encoded resource: field 1 of every xDS resource message (a listener's,
@@ -626,3 +714,6 @@ pub(crate) fn name_of(value: &[u8]) -> &str {
     }
     ""
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,6 +57,11 @@ async fn harness() -> Harness {
 }
 
 async fn harness_with(admission: xds::Admission) -> Harness {
+    harness_prepared(admission, |_, _| {}).await
+}
+
+/// The harness with `prepare(fakes, trust domain)` run before the proxy is registered.
+async fn harness_prepared(admission: xds::Admission, prepare: impl FnOnce(&FakeDataSources, &str)) -> Harness {
     let ca = Ca::new();
     let scenario = Scenario {
         protocol: "tcp",
@@ -75,6 +80,7 @@ async fn harness_with(admission: xds::Admission) -> Harness {
     fakes
         .health
         .set(&health("api"), Arc::new(vec![instance("api", "10.0.0.1", 21000)]));
+    prepare(&fakes, &trust);
     let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());
     let reg = ProxyRegistration {
         id: (*snap.proxy_id).clone(),
@@ -365,6 +371,14 @@ async fn sotw_ack_nack_and_stale_nonce() {
         let eds_status = status.types.iter().find(|t| t.type_url == ENDPOINT).unwrap();
         assert_eq!(eds_status.resources.get(&Error), Some(&1));
         assert_eq!(eds_status.last_nack.as_ref().unwrap().error, "no");
+        assert_eq!(eds_status.last_sent.as_ref().unwrap().version, eds.version_info);
+        assert!(eds_status.last_acked.is_none(), "rejected, never acknowledged");
+        // SotW's versions are the responses' version_info.
+        let cds_status = status.types.iter().find(|t| t.type_url == CLUSTER).unwrap();
+        let acked = cds_status.last_acked.as_ref().unwrap();
+        assert_eq!(acked.version, cds.version_info);
+        assert_eq!(acked.nonce, cds.nonce);
+        assert_eq!(cds_status.last_sent.as_ref().unwrap().version, cds.version_info);
     }
     // A change is sent, with a new version.
     h.fakes
@@ -563,10 +577,17 @@ async fn sync_status_and_csds_follow_what_the_proxy_acknowledged_and_rejected() 
     assert_eq!(status.server, "server-a");
     assert_eq!(status.protocol, "delta");
     assert_eq!(counts(status, CLUSTER), vec![(Stale, 2)], "sent, not yet acknowledged");
+    let of_type =
+        |status: &xds::status::StreamStatus, t: &str| status.types.iter().find(|x| x.type_url == t).unwrap().clone();
+    let sent_version = of_type(status, CLUSTER).last_sent.unwrap().version;
+    assert_eq!(sent_version.len(), 32, "delta: a digest of the clusters sent");
+    assert!(of_type(status, CLUSTER).last_acked.is_none());
     s.send(ack(&cds)).await;
     s.silent().await;
     let status = &h.server.sync_status()[0];
     assert_eq!(counts(status, CLUSTER), vec![(Synced, 2)]);
+    let acked = of_type(status, CLUSTER).last_acked.unwrap();
+    assert_eq!((acked.nonce, acked.version), (cds.nonce.clone(), sent_version.clone()));
     assert!(
         !counts(status, ENDPOINT).is_empty(),
         "load assignments held but never asked for"
@@ -599,6 +620,38 @@ async fn sync_status_and_csds_follow_what_the_proxy_acknowledged_and_rejected() 
     drop(s);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(h.server.sync_status().is_empty(), "a closed stream leaves the status");
+}
+
+/// Configuration that cannot be built (a chain whose start node is missing, which the
+/// compiler never makes) shows in the stream's sync status with its reason, under
+/// `BuildProblems` in the JSON `/v1/internal/xds-status` serves (that handler serializes
+/// these very values); the rest of the proxy's resources are still sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_that_cannot_be_built_shows_in_the_sync_status_with_its_reason() {
+    let h = harness_prepared(xds::Admission::default(), |fakes, trust| {
+        let trust = trust.to_owned();
+        fakes.discovery_chain.set_fallback(move |r| {
+            let mut chain = structs::CompiledDiscoveryChain::default_for(
+                &r.name,
+                &r.datacenter,
+                &trust,
+                r.override_protocol.unwrap_or_default(),
+            );
+            if r.name == "api" {
+                chain.start_node = "router:missing".into();
+            }
+            Some(Arc::new(chain))
+        });
+    })
+    .await;
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let cds = s.recv().await;
+    assert!(!cds.resources.is_empty(), "the rest is still served");
+    let status = &h.server.sync_status()[0];
+    let why = status.build_problems.get("api").expect("api's problem is reported");
+    assert!(why.contains("router:missing"), "{why}");
+    let json = serde_json::to_value(status).unwrap();
+    assert_eq!(json["BuildProblems"]["api"], serde_json::json!(why));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -200,32 +200,41 @@ pub(crate) fn chain_clusters(
             }
             out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));
         }
-        // Failover: an aggregate cluster per resolver with failover targets, trying the
-        // primary first and each failover target once the ones before it have no healthy
-        // instance (Envoy's priority levels across the member clusters).
-        for node in chain.nodes.values() {
-            let Some(resolver) = &node.resolver else { continue };
-            let Some(failover) = &resolver.failover else { continue };
-            let members: Vec<String> = std::iter::once(&resolver.target)
-                .chain(&failover.targets)
-                .filter_map(|t| chain.targets.get(t).map(|t| t.sni.clone()))
-                .collect();
-            let Some(primary) = chain.targets.get(&resolver.target) else {
-                continue;
-            };
-            let name = failover_cluster_name(&primary.sni);
-            let aggregate = Cluster {
-                name: name.clone(),
-                cluster_discovery_type: Some(cluster::ClusterDiscoveryType::ClusterType(cluster::CustomClusterType {
-                    name: "envoy.clusters.aggregate".into(),
-                    typed_config: Some(pack_any(AggregateClusterConfig { clusters: members })),
-                })),
-                connect_timeout: millis(primary.connect_timeout_ms),
-                lb_policy: cluster::LbPolicy::ClusterProvided as i32,
-                ..Default::default()
-            };
-            out.insert(CLUSTER, name, pack_any(aggregate));
-        }
+        failover_clusters(chain, cluster::LbPolicy::ClusterProvided, out);
+    }
+}
+
+/// The aggregate cluster of each resolver of `chain` with failover targets, trying the
+/// primary first and each failover target once the ones before it have no healthy instance
+/// (priority levels across the member clusters). Envoy wants `CLUSTER_PROVIDED` as an
+/// aggregate cluster's policy; gRPC accepts only the policies it implements there.
+pub(crate) fn failover_clusters(
+    chain: &structs::CompiledDiscoveryChain,
+    lb_policy: cluster::LbPolicy,
+    out: &mut Resources,
+) {
+    for node in chain.nodes.values() {
+        let Some(resolver) = &node.resolver else { continue };
+        let Some(failover) = &resolver.failover else { continue };
+        let members: Vec<String> = std::iter::once(&resolver.target)
+            .chain(&failover.targets)
+            .filter_map(|t| chain.targets.get(t).map(|t| t.sni.clone()))
+            .collect();
+        let Some(primary) = chain.targets.get(&resolver.target) else {
+            continue;
+        };
+        let name = failover_cluster_name(&primary.sni);
+        let aggregate = Cluster {
+            name: name.clone(),
+            cluster_discovery_type: Some(cluster::ClusterDiscoveryType::ClusterType(cluster::CustomClusterType {
+                name: "envoy.clusters.aggregate".into(),
+                typed_config: Some(pack_any(AggregateClusterConfig { clusters: members })),
+            })),
+            connect_timeout: millis(primary.connect_timeout_ms),
+            lb_policy: lb_policy as i32,
+            ..Default::default()
+        };
+        out.insert(CLUSTER, name, pack_any(aggregate));
     }
 }
 

@@ -6,7 +6,8 @@
 //!   router filter and RDS for the route configuration of the same name;
 //! - that route configuration comes from the target's compiled discovery chain, as a
 //!   sidecar's does (routes, splits, retries), matching any authority;
-//! - the clusters are the chain's targets (EDS), with the mesh's mTLS expressed with gRPC's
+//! - the clusters are the chain's targets (EDS) and an aggregate cluster per resolver with
+//!   failover (which the routes name), the targets with the mesh's mTLS expressed with gRPC's
 //!   certificate providers: the client's bootstrap names a provider instance `meshd` whose
 //!   `default` certificate is the service's leaf and whose `ROOTCA` certificate is the CA
 //!   bundle (`meshd connect grpc-bootstrap` writes both files and keeps them current). A
@@ -14,6 +15,7 @@
 //!   ignores the security settings.
 //! - load assignments are the chain targets' healthy instances, one weighted locality each.
 
+use super::clusters::failover_clusters;
 use super::core::{ads, millis};
 use super::listeners::{http_filter, route_to};
 use super::routes::{RouteError, route_config, tcp_cluster};
@@ -95,7 +97,10 @@ fn api_listener(name: &str) -> Listener {
     }
 }
 
-/// The clusters of a chain for a proxyless client: one EDS cluster per target.
+/// The clusters of a chain for a proxyless client: one EDS cluster per target, and the
+/// aggregate cluster of each resolver with failover, which the chain's routes name (gRPC
+/// implements `envoy.clusters.aggregate`: the members in order, the next one used while
+/// those before it have no reachable endpoint).
 fn chain_clusters(roots: &structs::IndexedCaRoots, chain: &CompiledDiscoveryChain, out: &mut Resources) {
     for target in chain.targets.values() {
         let spiffe = SpiffeIdService {
@@ -118,6 +123,9 @@ fn chain_clusters(roots: &structs::IndexedCaRoots, chain: &CompiledDiscoveryChai
         };
         out.insert(CLUSTER, target.sni.clone(), pack_any(cluster));
     }
+    // gRPC refuses an aggregate cluster whose policy it does not implement (Envoy's
+    // CLUSTER_PROVIDED among them); round robin is what it uses within each member.
+    failover_clusters(chain, cluster::LbPolicy::RoundRobin, out);
 }
 
 /// The route configuration `name` for a chain: its routes when it has any, else every

@@ -1072,3 +1072,5 @@ fn load_balancer_values_envoy_refuses_are_brought_within_its_bounds() {
     assert_eq!(ring("huge-ring"), (Some(8_388_608), Some(8_388_608)));
     assert_eq!(ring("small-ring"), (Some(512), Some(512)));
 }
+
+mod proxyless;
