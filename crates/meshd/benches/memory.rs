@@ -11,10 +11,13 @@
 //!
 //! Also printed: the encoded bytes of each proxy's resources, as received.
 //!
+//! Each proxy's first request carries a node of Envoy's size (`NODE_KB`, 60: Envoy 1.40 lists
+//! its extensions there); later requests carry none, as with the bootstrap meshd writes.
+//!
 //! Run: `cargo xtask bench memory`.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use prost::Message;
@@ -31,6 +34,21 @@ const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssig
 const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 const SERVICES: usize = 100;
 const UPSTREAMS: usize = 10;
+
+/// The extensions a proxy lists in its node: about `NODE_KB` (60) KiB of them, as Envoy 1.40
+/// sends on its first request (its build lists every extension it was compiled with); 0 for
+/// a bare node.
+fn extensions() -> Vec<Extension> {
+    let bytes = env_usize("NODE_KB", 60) * 1024;
+    let one = |i: usize| Extension {
+        name: format!("envoy.filters.network.example_extension_{i}"),
+        category: "envoy.filters.network".into(),
+        type_urls: vec![format!("envoy.extensions.filters.network.example_{i}.v3.ExampleConfig")],
+        ..Default::default()
+    };
+    let each = one(0).encoded_len() + 3;
+    (0..bytes / each).map(one).collect()
+}
 
 /// One proxy: opens its stream and waits at `held`; then subscribes like Envoy, ACKs
 /// everything, and reports its bytes once it has clusters, load assignments and listeners.
@@ -49,6 +67,7 @@ async fn proxy(grpc: String, idx: usize, held: Arc<Barrier>, go: Arc<Barrier>, d
     tx.send(DeltaDiscoveryRequest {
         node: Some(Node {
             id: format!("app-{idx}-sidecar-proxy"),
+            extensions: extensions(),
             ..Default::default()
         }),
         type_url: CLUSTER.into(),
