@@ -7,7 +7,7 @@ use catalog::{IndexKey, Op, Store, StoreConfig, Topic, WriteError};
 use std::time::Duration;
 use structs::config_entry::ServiceDefaults;
 use structs::{ConfigEntry, Index, NodeService, RegisterRequest};
-use test_support::etcd::EtcdCluster;
+use test_support::etcd::{CuttableLink, EtcdCluster};
 
 async fn cluster(members: usize) -> EtcdCluster {
     tokio::task::spawn_blocking(move || EtcdCluster::start(members))
@@ -167,47 +167,11 @@ async fn every_acknowledged_write_survives_and_indexes_never_go_back() {
     again.close().await;
 }
 
-/// A TCP forwarder between a store and an etcd member that the test can cut: while cut, its
-/// connections are closed and new ones are dropped at once, as if the network had failed.
-struct Cuttable {
-    url: String,
-    cut: tokio::sync::watch::Sender<bool>,
-}
-
-impl Cuttable {
-    async fn to(upstream: &str) -> Cuttable {
-        let upstream = upstream.trim_start_matches("http://").to_owned();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let cut = tokio::sync::watch::Sender::new(false);
-        let cut_rx = cut.subscribe();
-        tokio::spawn(async move {
-            while let Ok((mut down, _)) = listener.accept().await {
-                if *cut_rx.borrow() {
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let mut cut_rx = cut_rx.clone();
-                tokio::spawn(async move {
-                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
-                        _ = cut_rx.wait_for(|cut| *cut) => {}
-                    }
-                });
-            }
-        });
-        Cuttable { url, cut }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() {
     let etcd = cluster(1).await;
-    let link = Cuttable::to(&etcd.endpoints()[0]).await;
-    let a = open(vec![link.url.clone()], "/t4/", "a").await;
+    let link = CuttableLink::to(&etcd.endpoints()[0]).await;
+    let a = open(vec![link.url()], "/t4/", "a").await;
     let b = open(etcd.endpoints(), "/t4/", "b").await;
     b.write(register("n0", "web")).await.unwrap();
     eventually("a sees the first write", || {
@@ -219,7 +183,7 @@ async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() 
     let served = a.read().index;
 
     // a loses etcd; meanwhile b writes, and etcd compacts every revision a has not seen.
-    link.cut.send_replace(true);
+    link.cut();
     let mut last = Index(0);
     for i in 1..20 {
         last = b.write(register(&format!("n{i}"), "web")).await.unwrap().index;
@@ -237,7 +201,7 @@ async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() 
         .await
         .unwrap();
     assert_eq!(a.read().index, served, "a is cut off");
-    link.cut.send_replace(false);
+    link.restore();
 
     let event = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -330,6 +294,73 @@ async fn one_store_leads_and_another_takes_over_when_it_leaves() {
     })
     .await;
     other.close().await;
+}
+
+/// The TTL etcd reports left on `lease` (whole seconds, rounded down).
+async fn lease_left(client: &mut etcd_client::Client, lease: i64) -> i64 {
+    client.lease_time_to_live(lease, None).await.unwrap().ttl()
+}
+
+/// A leader cut off from etcd for long enough to step down (over two thirds of its lease
+/// TTL), but not long enough for its lease to expire, finds the leader key still on its
+/// lease when it is back: it must lead again (before the fix nobody could lead until the
+/// lease expired, which, renewed again, it never did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_stepped_down_with_its_lease_alive_leads_again() {
+    const TTL: Duration = Duration::from_secs(6);
+    let etcd = cluster(1).await;
+    let link = CuttableLink::to(&etcd.endpoints()[0]).await;
+    let mut config_a = config(vec![link.url()], "/t7/", "a");
+    if let Some(e) = config_a.etcd.as_mut() {
+        e.lease_ttl = TTL;
+    }
+    let a = Store::open(config_a).await.unwrap();
+    let ca = a.cluster().unwrap().clone();
+    eventually("a leads", || *ca.leading().borrow()).await;
+    let b = open(etcd.endpoints(), "/t7/", "b").await;
+    let cb = b.cluster().unwrap().clone();
+    eventually("b sees a lead", || cb.status().leader.is_some_and(|l| l.name == "a")).await;
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+    let resp = client.get("/t7/cluster/leader", None).await.unwrap();
+    let lease = resp.kvs()[0].lease();
+
+    // Cut right after a renewal (etcd's count of the lease's TTL goes up), so that a steps
+    // down (at two thirds of the TTL) well before the lease could expire.
+    let mut last = lease_left(&mut client, lease).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = lease_left(&mut client, lease).await;
+        if now > last {
+            break;
+        }
+        last = now;
+    }
+    link.cut();
+    let cut_at = std::time::Instant::now();
+    tokio::time::timeout(TTL * 2, ca.leading().wait_for(|l| !*l))
+        .await
+        .expect("a cut-off leader steps down")
+        .unwrap();
+    let stepped_down = cut_at.elapsed();
+    link.restore();
+    assert!(
+        stepped_down < TTL * 4 / 5,
+        "a stepped down {stepped_down:?} after the cut, not before 0.8 of its TTL"
+    );
+    assert!(
+        lease_left(&mut client, lease).await > 0,
+        "a's lease is still alive (the scenario: stepped down, lease kept)"
+    );
+    eventually("a leads again on the lease it kept", || *ca.leading().borrow()).await;
+    eventually("both name a as the leader", || {
+        [ca.status(), cb.status()]
+            .iter()
+            .all(|s| s.leader.as_ref().is_some_and(|l| l.name == "a"))
+    })
+    .await;
+    assert!(!*cb.leading().borrow(), "one leader only");
+    a.close().await;
+    b.close().await;
 }
 
 #[tokio::test]
