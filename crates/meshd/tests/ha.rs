@@ -244,9 +244,10 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
         (!l.is_empty() && l != leader).then_some(l)
     })
     .await;
+    println!("leadership moved {:?} after the kill", killed.elapsed());
     assert!(
-        killed.elapsed() < Duration::from_secs(8),
-        "leadership moved in {:?}",
+        killed.elapsed() < Duration::from_millis(4500),
+        "leadership moved in {:?}, not within the lease TTL (3 s) + 1.5 s",
         killed.elapsed()
     );
     assert_ne!(new_leader, leader);
@@ -277,7 +278,11 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_go_on_with_one_etcd_member_down_fail_cleanly_without_quorum_and_resume() {
     let mut etcd = cluster(3).await;
-    let servers = servers(&etcd, 1).await;
+    // A request timeout far longer than the failure takes: the write must not just time out.
+    let mut server = Server::new("server-0", &etcd);
+    server.extra = vec!["-etcd-request-timeout".into(), "10s".into()];
+    server.start();
+    let servers = [server];
     let (client, http) = (reqwest::Client::new(), servers[0].http());
     let register = |name: &str| put(&client, format!("{http}/v1/catalog/register"), node(name));
     assert!(register("before").await.status().is_success());
@@ -300,9 +305,11 @@ async fn writes_go_on_with_one_etcd_member_down_fail_cleanly_without_quorum_and_
         text.contains("etcd did not commit the write"),
         "the 500 names the cause: {text}"
     );
+    println!("without quorum a write failed after {:?}", started.elapsed());
     assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "fails within the request timeout"
+        started.elapsed() < Duration::from_secs(5),
+        "fails about a second after etcd has no leader, not at the request timeout (10 s): {:?}",
+        started.elapsed()
     );
     // Reads, blocking ones too, serve the last applied state.
     let (nodes, again) = json_of(&client, &format!("{http}/v1/catalog/nodes?index={index}&wait=1s")).await;
