@@ -361,9 +361,9 @@ fn an_unreachable_etcd_at_start_is_one_line_and_a_non_zero_exit() {
 }
 
 /// Web's and api's Envoys hold their streams on server A; A is killed under traffic and a
-/// new api instance registered through B: web's Envoy has it within 5 s, and no request
-/// fails. Then etcd loses quorum: writes fail, reads and traffic go on; it comes back and
-/// writes resume.
+/// new api instance, whose Envoy already runs (on B), is marked passing through B: web's
+/// Envoy has it within 5 s of the kill, and no request fails. Then etcd loses quorum:
+/// writes fail, reads and traffic go on; it comes back and writes resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops() {
     let mut etcd = cluster(3).await;
@@ -394,6 +394,9 @@ async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops(
             "passing",
         ),
         sidecar("api", "api-1", api_public, api_port, json!([]), "passing"),
+        // api-2 exists before the kill, critical: its Envoy can start, web sends it nothing.
+        instance("api", "api-2", api2_port),
+        sidecar("api", "api-2", api2_public, api2_port, json!([]), "critical"),
     ] {
         assert!(
             put(&client, format!("{a}/v1/catalog/register"), body)
@@ -410,47 +413,7 @@ async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops(
     wait_for(|| async { get(&client, &through).await.filter(|b| b.contains("api-1")) }).await;
     servers[1].start();
     servers[2].start();
-
-    // Traffic: one request every 20 ms through web's Envoy, counting failures.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let traffic = {
-        let (client, url, stop) = (client.clone(), through.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (mut ok, mut failed) = (0u32, Vec::new());
-            while !stop.is_cancelled() {
-                match client.get(&url).timeout(Duration::from_secs(2)).send().await {
-                    Ok(r) if r.status().is_success() => ok += 1,
-                    Ok(r) => failed.push(r.status().to_string()),
-                    Err(e) => failed.push(e.to_string()),
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            (ok, failed)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    servers[0].kill();
-
-    // api-2 arrives through B: its sidecar first registered critical, its Envoy started,
-    // then marked passing (so no request goes to it before it listens).
     let b = servers[1].http();
-    let api2 = sidecar("api", "api-2", api2_public, api2_port, json!([]), "critical");
-    assert!(
-        put(
-            &client,
-            format!("{b}/v1/catalog/register"),
-            instance("api", "api-2", api2_port)
-        )
-        .await
-        .status()
-        .is_success()
-    );
-    assert!(
-        put(&client, format!("{b}/v1/catalog/register"), api2)
-            .await
-            .status()
-            .is_success()
-    );
     let (_api2, api2_admin) = run_envoy(
         "api",
         "node-api-2",
@@ -465,23 +428,57 @@ async fn envoys_move_to_another_server_when_theirs_dies_and_traffic_never_stops(
             .filter(|l| l.contains("public_listener"))
     })
     .await;
-    let passing = sidecar("api", "api-2", api2_public, api2_port, json!([]), "passing");
-    assert!(
-        put(&client, format!("{b}/v1/catalog/register"), passing)
-            .await
-            .status()
-            .is_success()
-    );
-    let written = Instant::now();
+    // Both Envoys' streams are on A; web's Envoy has no api-2 yet.
+    let streams = |http: String| {
+        let client = client.clone();
+        async move { test_support::process::metric(&client, &http, "meshd_xds_streams").await }
+    };
+    assert_eq!(streams(a.clone()).await, 2.0, "web's and api-1's Envoys are on A");
+    assert_eq!(streams(b.clone()).await, 1.0, "api-2's Envoy is on B");
     let endpoint = format!("127.0.0.1:{api2_public}");
+    let clusters = get(&client, &format!("{web_admin}/clusters")).await.unwrap();
+    assert!(clusters.contains(&format!("127.0.0.1:{api_public}")), "{clusters}");
+    assert!(!clusters.contains(&endpoint), "api-2 is critical: {clusters}");
+
+    // Traffic: one request every 20 ms through web's Envoy, each with a short timeout,
+    // counting failures.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let traffic = {
+        let (client, url, stop) = (client.clone(), through.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.is_cancelled() {
+                match client.get(&url).timeout(Duration::from_secs(1)).send().await {
+                    Ok(r) if r.status().is_success() => ok += 1,
+                    Ok(r) => failed.push(r.status().to_string()),
+                    Err(e) => failed.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A dies; the one write after it marks api-2 passing through B.
+    servers[0].kill();
+    let killed = Instant::now();
+    let passing = sidecar("api", "api-2", api2_public, api2_port, json!([]), "passing");
+    let resp = put(&client, format!("{b}/v1/catalog/register"), passing).await;
+    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+    let written = killed.elapsed();
     wait_for(|| async {
         get(&client, &format!("{web_admin}/clusters"))
             .await
             .filter(|c| c.contains(&endpoint))
     })
     .await;
-    let seen = written.elapsed();
-    assert!(seen < Duration::from_secs(5), "web's Envoy had api-2 after {seen:?}");
+    let seen = killed.elapsed();
+    println!("api-2 registered {written:?} after the kill, in web's Envoy {seen:?} after it");
+    assert!(
+        seen <= Duration::from_secs(5),
+        "web's Envoy had api-2 {seen:?} after the kill"
+    );
     // Traffic reaches the new instance too.
     wait_for(|| async { get(&client, &through).await.filter(|b| b.contains("api-2")) }).await;
 
