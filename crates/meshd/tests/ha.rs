@@ -189,9 +189,10 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
             entry("tcp"),
         )
         .await;
+        // Read back where it was written: another server may not have applied it yet.
         let (current, _) = json_of(
             &client,
-            &format!("{}/v1/config/service-defaults/api", servers[1].http()),
+            &format!("{}/v1/config/service-defaults/api", servers[round % 3].http()),
         )
         .await;
         let cas = current["ModifyIndex"].as_u64().unwrap();
