@@ -330,6 +330,44 @@ async fn one_store_leads_and_another_takes_over_when_it_leaves() {
     other.close().await;
 }
 
+/// Removing rotated-out CA roots is leader work: a follower's pruner leaves them, the
+/// leader's removes them, and every store follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_removes_rotated_out_ca_roots() {
+    use catalog::ca_pruning::{CHECK_EVERY, RootPruner};
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t8/", "a").await;
+    let b = open(etcd.endpoints(), "/t8/", "b").await;
+    let (ca, cb) = (a.cluster().unwrap().clone(), b.cluster().unwrap().clone());
+    eventually("exactly one leads", || *ca.leading().borrow() ^ *cb.leading().borrow()).await;
+    let (leader, follower) = if *ca.leading().borrow() { (&a, &b) } else { (&b, &a) };
+    // The rotation goes through the follower; both see the two roots.
+    follower
+        .write(Op::CaConfigure(catalog::ca::CaConfig {
+            private_key_bits: 384,
+            ..catalog::ca::CaConfig::default()
+        }))
+        .await
+        .unwrap();
+    for s in [&a, &b] {
+        eventually("both roots everywhere", || s.read().ca().unwrap().roots.len() == 2).await;
+    }
+    let due = leader.read().ca().unwrap().next_prune_at().unwrap();
+    let by_follower = RootPruner::with_clock(follower.clone(), CHECK_EVERY, move || due);
+    assert!(!by_follower.prune_once().await, "a follower does not do leader work");
+    assert_eq!(follower.read().ca().unwrap().roots.len(), 2);
+    let by_leader = RootPruner::with_clock(leader.clone(), CHECK_EVERY, move || due);
+    assert!(by_leader.prune_once().await);
+    for s in [&a, &b] {
+        eventually("the old root gone everywhere", || {
+            s.read().ca().unwrap().roots.len() == 1
+        })
+        .await;
+    }
+    a.close().await;
+    b.close().await;
+}
+
 /// The TTL etcd reports left on `lease` (whole seconds, rounded down).
 async fn lease_left(client: &mut etcd_client::Client, lease: i64) -> i64 {
     client.lease_time_to_live(lease, None).await.unwrap().ttl()

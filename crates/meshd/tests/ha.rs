@@ -215,6 +215,52 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
         );
     }
 
+    // A CA rotation written through B wakes blocking root queries on A and C with the new
+    // roots.
+    let roots_url = |s: &Server| format!("{}/v1/connect/ca/roots", s.http());
+    let (before, roots_index) = json_of(&client, &roots_url(&servers[0])).await;
+    // As a client does: block again on an answer with nothing new (a server that loaded
+    // the catalog later than A started its tables' indexes at its load revision).
+    let parked: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|i| {
+            let (client, url, active) = (client.clone(), roots_url(&servers[i]), before["ActiveRootID"].clone());
+            tokio::spawn(async move {
+                let mut index = roots_index;
+                for _ in 0..3 {
+                    let (roots, next) = json_of(&client, &format!("{url}?index={index}&wait=20s")).await;
+                    assert!(next >= index, "never a lower index: {next} after {index}");
+                    if roots["ActiveRootID"] != active {
+                        return (roots, next);
+                    }
+                    index = next;
+                }
+                panic!("{url}: no new root after three wake-ups");
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = put(
+        &client,
+        format!("{}/v1/connect/ca/configuration", servers[1].http()),
+        json!({"Provider": "consul", "Config": {"PrivateKeyBits": 384}}),
+    )
+    .await;
+    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+    for (i, waiter) in [0, 2].into_iter().zip(parked) {
+        let (roots, index) = waiter.await.unwrap();
+        assert!(index > roots_index, "server {i} woke with the rotation");
+        assert_ne!(
+            roots["ActiveRootID"], before["ActiveRootID"],
+            "server {i}: a new active root"
+        );
+        assert_eq!(
+            roots["Roots"].as_array().unwrap().len(),
+            2,
+            "server {i}: the old root stays"
+        );
+    }
+
     // Acknowledged writes through every server.
     let mut acked = Vec::new();
     for i in 1..=30 {
