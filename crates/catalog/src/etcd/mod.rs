@@ -199,6 +199,25 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// Waits until the local state reflects every catalog write etcd had committed when
+    /// called (the write guard's revision, read linearizably); false after `timeout`.
+    pub(crate) async fn catch_up(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut kv = self.client.kv_client();
+        let read = kv.get(self.config.guard_key(), None);
+        let latest = match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(resp)) => resp
+                .kvs()
+                .first()
+                .map_or(Index(0), |kv| Index(kv.mod_revision() as u64)),
+            _ => return false,
+        };
+        self.caught_up(latest, deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await
+    }
+}
+
 /// What planning decided for one queued write.
 enum Planned {
     Refused(WriteError),
