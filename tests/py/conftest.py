@@ -3,7 +3,8 @@
 Tests that take the `server` fixture run four times: against `meshd server -dev`, and
 against each of three `meshd server -store etcd` processes sharing one catalog in a real
 3-member etcd cluster (a fresh key prefix per test), so the suite passes against every
-server of an HA cluster, not only the one that happened to write.
+server of an HA cluster, not only the one that happened to write. (`test_acl.py` has its own
+servers, with ACLs on, over the same etcd.)
 """
 
 import os

@@ -1,8 +1,14 @@
-"""ACLs through py-consul 1.8.0: a `meshd server -dev -acl-enabled -acl-default-policy deny`,
-bootstrapped, with policies, roles and tokens made through the client; reads filtered,
-writes with the wrong token refused, the right token accepted."""
+"""ACLs through py-consul 1.8.0, bootstrapped, with policies, roles and tokens made through
+the client; reads filtered, writes with the wrong token refused, the right token accepted.
+
+Each test runs twice: against `meshd server -dev -acl-enabled -acl-default-policy deny`, and
+against three such servers sharing one catalog in a real etcd cluster (started at once, so
+their ACL setup races). There the bootstrap goes through server 0, the tests work through
+server 1, and a second bootstrap is tried through server 2: ACL state written through one
+server holds on the others."""
 
 import subprocess
+import uuid
 
 import consul
 import pytest
@@ -10,48 +16,62 @@ import requests
 
 from conftest import _meshd_binary
 
+ACL_FLAGS = ["-acl-enabled", "-acl-default-policy", "deny"]
 
-@pytest.fixture
-def acl_server():
-    proc = subprocess.Popen(
-        [
-            _meshd_binary(),
-            "server",
-            "-dev",
-            "-http-addr",
-            "127.0.0.1:0",
-            "-grpc-addr",
-            "127.0.0.1:0",
-            "-log-level",
-            "warn",
-            "-acl-enabled",
-            "-acl-default-policy",
-            "deny",
-        ],
+
+def _spawn(*args):
+    return subprocess.Popen(
+        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+         "-log-level", "warn", *ACL_FLAGS, *args],
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def _address(proc):
     line = proc.stdout.readline().strip()
     prefix = "meshd server listening on http://"
     if not line.startswith(prefix):
         proc.kill()
         raise RuntimeError(f"meshd did not start: {line!r}")
     host, port = line[len(prefix):].rsplit(":", 1)
-    yield host, int(port)
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0, "meshd server did not shut down cleanly"
+    return host, int(port)
+
+
+@pytest.fixture(params=["dev", "etcd"])
+def acl_servers(request):
+    """Every server's (host, port): one `-dev` server, or three over etcd (a fresh prefix)."""
+    if request.param == "dev":
+        procs = [_spawn("-dev")]
+    else:
+        endpoints = request.getfixturevalue("etcd")
+        prefix = f"/py-acl-{uuid.uuid4().hex}/"
+        # All three at once: their ACL setup races.
+        procs = [
+            _spawn("-store", "etcd", "-etcd-endpoints", endpoints, "-etcd-prefix", prefix, "-node", f"acl-{i}")
+            for i in range(3)
+        ]
+    try:
+        addresses = [_address(p) for p in procs]
+        yield addresses
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0, "meshd server did not shut down cleanly"
 
 
 @pytest.fixture
-def mesh(acl_server, monkeypatch):
-    """(host, port, management secret, a client with the management token)."""
+def mesh(acl_servers, monkeypatch):
+    """(host, port, management secret, a client with the management token), on the server
+    the tests work through; bootstrapped through the first server."""
     for var in ("CONSUL_HTTP_TOKEN", "CONSUL_HTTP_ADDR", "CONSUL_HTTP_SSL"):
         monkeypatch.delenv(var, raising=False)
-    host, port = acl_server
-    anonymous = consul.Consul(host=host, port=port)
-    boot = anonymous.acl.bootstrap()
+    boot_host, boot_port = acl_servers[0]
+    boot = consul.Consul(host=boot_host, port=boot_port).acl.bootstrap()
     secret = boot["SecretID"]
     assert boot["Policies"][0]["Name"] == "global-management"
+    host, port = acl_servers[1 % len(acl_servers)]
     return host, port, secret, consul.Consul(host=host, port=port, token=secret)
 
 
@@ -59,11 +79,27 @@ def register(c, node, service, port):
     assert c.catalog.register(node, "10.0.0.1", service={"Service": service, "ID": service, "Port": port})
 
 
-def test_bootstrap_happens_once(mesh):
-    host, port, _, _ = mesh
+def test_bootstrap_happens_once(mesh, acl_servers):
+    # Through another server than the first bootstrap, when there are several.
+    host, port = acl_servers[-1]
     with pytest.raises(consul.ACLPermissionDenied) as e:
         consul.Consul(host=host, port=port).acl.bootstrap()
     assert "ACL bootstrap no longer allowed" in str(e.value)
+
+
+def test_tokens_written_through_one_server_work_on_every_server(mesh, acl_servers):
+    _, _, _, admin = mesh
+    admin.acl.policy.create(name="web-writer", rules={"service": {"web": {"policy": "write"}}, "node_prefix": {"": {"policy": "write"}}})
+    token = admin.acl.token.create(policies_name=["web-writer"])
+    for i, (host, port) in enumerate(acl_servers):
+        # Used at once, on each server: one that has not applied the token yet catches up
+        # with etcd before calling it unknown.
+        web = consul.Consul(host=host, port=port, token=token["SecretID"])
+        register(web, f"n{i}", "web", 80 + i)
+        with pytest.raises(consul.ACLPermissionDenied):
+            register(web, f"n{i}", "db", 5432)
+    _, instances = admin.catalog.service("web")
+    assert len(instances) >= 1
 
 
 def test_policy_and_token_filter_reads_and_guard_writes(mesh):

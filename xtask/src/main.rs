@@ -253,14 +253,13 @@ fn bench(name: Option<&str>) -> Result<()> {
             names.join(", ")
         );
     }
-    for (bench_name, package, target) in selected {
+    // Several run real peers (Envoy, etcd): install the pinned ones first, and name them
+    // to every benchmark.
+    let (_, peers) = tools::Peers::install(&workspace_root())?;
+    for (_, package, target) in selected {
         let mut cmd = cargo();
         cmd.args(["bench", "--locked", "-p", package, "--bench", target]);
-        if *bench_name == "supervisor" {
-            // Runs the real Envoy: install the pinned peers first.
-            let (_, peers) = tools::Peers::install(&workspace_root())?;
-            peers.export(&mut cmd);
-        }
+        peers.export(&mut cmd);
         run(cmd)?;
     }
     Ok(())

@@ -12,6 +12,7 @@
 pub mod acl;
 mod acl_ops;
 pub mod ca;
+pub mod ca_pruning;
 pub mod etcd;
 mod gateways;
 mod keys;

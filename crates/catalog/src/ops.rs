@@ -64,6 +64,12 @@ pub enum Op {
     CaBootstrap(CaConfig),
     /// Apply a new CA configuration (rotating the root if the key type changes).
     CaConfigure(CaConfig),
+    /// Remove the rotated-out CA roots that no leaf they signed can still need at `now`
+    /// (leader work: see [`crate::ca_pruning`]); nothing to remove writes nothing.
+    CaPruneRoots {
+        /// The time the roots' leaves are judged at.
+        now: SystemTime,
+    },
     /// Create what ACLs need if missing: the built-in policy and the anonymous token.
     AclInit,
     /// The first management token, with these ids; refused once done.
@@ -230,6 +236,14 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 current.reconfigure(config.clone(), now)?,
             )]))
         }
+        Op::CaPruneRoots { now } => Ok(Plan::write(
+            state
+                .ca()
+                .and_then(|ca| ca.pruned(*now))
+                .map(Change::PutCa)
+                .into_iter()
+                .collect(),
+        )),
         Op::AclInit => Ok(acl_ops::plan_init(state, now)),
         Op::AclBootstrap { accessor, secret } => acl_ops::plan_bootstrap(state, accessor, secret, now),
         Op::AclTokenSet { token, create, ttl } => acl_ops::plan_token_set(state, token, *create, *ttl, now),

@@ -198,6 +198,17 @@ impl Store {
         }
     }
 
+    /// Waits until this store has applied every write committed anywhere before the call
+    /// (over etcd: another server's too), or `timeout`; true once it has. For what must not
+    /// be judged on a state behind another server's, such as a token written through
+    /// another server and unknown here. The embedded store has always applied everything.
+    pub async fn catch_up(&self, timeout: Duration) -> bool {
+        match &self.inner.etcd {
+            Some(backend) => backend.catch_up(timeout).await,
+            None => true,
+        }
+    }
+
     /// The servers sharing this store's etcd (`None`: the embedded store, one server).
     pub fn cluster(&self) -> Option<&Arc<etcd::Cluster>> {
         self.inner.etcd.as_ref().map(|b| &b.cluster)

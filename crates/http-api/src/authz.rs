@@ -24,13 +24,26 @@ pub const FILTERED_HEADER: &str = "x-consul-results-filtered-by-acls";
 #[derive(Clone, Debug)]
 pub(crate) struct Authz(Result<Resolved, NotFound>);
 
+/// How long a server over etcd may wait to catch up before it calls a token unknown.
+const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Resolves the request's token (header, bearer or `?token=`) and hands it to the handler.
 pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next) -> Response {
     let params = Params::parse(req.uri().query());
     let secret = query::token(req.headers(), &params);
     let state = api.store.read();
-    let resolved = api.config.acl.resolve(&state, secret.as_deref());
+    let mut resolved = api.config.acl.resolve(&state, secret.as_deref());
     drop(state);
+    // A token unknown here may have been written through another server whose write this
+    // one has not applied yet: catch up with etcd before refusing it (the embedded store
+    // has nothing to catch up with).
+    if resolved.is_err()
+        && secret.is_some()
+        && api.store.cluster().is_some()
+        && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
+    {
+        resolved = api.config.acl.resolve(&api.store.read(), secret.as_deref());
+    }
     req.extensions_mut().insert(Authz(resolved));
     next.run(req).await
 }

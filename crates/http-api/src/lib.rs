@@ -93,19 +93,39 @@ pub(crate) struct Api {
 
 impl Api {
     /// Reads the state for a blocking-capable GET: at once without `?index`, else once the
-    /// key's index passes it (or the wait ends). An index ahead of the key's (a reset) answers
-    /// at once.
+    /// key's index passes it (or the wait ends).
+    ///
+    /// An index ahead of this server's state means one of two things. With the embedded
+    /// store it is from before a reset (a `-dev` server restarted): it answers at once, so
+    /// the client resyncs. Over etcd, every server's index is the same etcd revision, so the
+    /// index came from a server whose watch is further along: this one waits (within the
+    /// same wait) until its watch has applied it, then blocks as usual, and never answers
+    /// a lower index than the client already saw while it catches up.
     pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
         params.check_common(self.store.datacenter())?;
         let blocking = params.blocking()?;
-        let state = self.store.read();
-        match blocking.index {
-            Some(after) if after >= state.index_of(key) && after <= state.index => {
-                let _waiting = self.metrics.waiting();
-                Ok(self.store.wait(key, after, blocking.wait_with_jitter()).await)
+        let mut state = self.store.read();
+        let Some(after) = blocking.index else {
+            return Ok(state);
+        };
+        let wait = blocking.wait_with_jitter();
+        let started = tokio::time::Instant::now();
+        if after > state.index {
+            if self.store.cluster().is_none() {
+                return Ok(state);
             }
-            _ => Ok(state),
+            let _waiting = self.metrics.waiting();
+            if !self.store.wait_applied(after, wait).await {
+                return Ok(self.store.read());
+            }
+            state = self.store.read();
         }
+        if after < state.index_of(key) {
+            return Ok(state);
+        }
+        let _waiting = self.metrics.waiting();
+        let left = wait.saturating_sub(started.elapsed());
+        Ok(self.store.wait(key, after, left).await)
     }
 }
 

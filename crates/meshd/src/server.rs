@@ -153,6 +153,13 @@ pub async fn run(
     let liveness_task = tokio::spawn(
         async move { liveness.run(liveness_stop.cancelled()).await }.instrument(info_span!("node_liveness")),
     );
+    // Leader work (every server runs it; it acts only while leading): removing CA roots
+    // rotated out once no leaf they signed can still be valid. Ends with `stop`.
+    let pruner = catalog::ca_pruning::RootPruner::new(store.clone());
+    let pruner_stop = stop.clone();
+    let pruner_task = tokio::spawn(
+        async move { pruner.run(pruner_stop.cancelled()).await }.instrument(info_span!("ca_root_pruning")),
+    );
 
     shutdown.await;
     info!("shutting down");
@@ -172,6 +179,7 @@ pub async fn run(
         None => None,
     };
     liveness_task.await.context("node liveness task")?;
+    pruner_task.await.context("CA root pruning task")?;
     balance_task.await.context("xDS balance task")?;
     engine.shutdown().await;
     store.close().await;

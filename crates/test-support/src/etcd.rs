@@ -341,3 +341,69 @@ fn tail(path: &Path, n: usize) -> String {
 fn pause(d: Duration) {
     std::thread::sleep(d);
 }
+
+/// A TCP forwarder between a client (a store, a server) and an etcd member that a test can
+/// cut: while cut, its connections are closed and new ones are dropped at once, as if the
+/// network between them had failed. Dropping it cuts every connection and stops listening.
+#[derive(Debug)]
+pub struct CuttableLink {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl CuttableLink {
+    /// Listens on an ephemeral loopback port and forwards to `upstream` (a client URL).
+    pub async fn to(upstream: &str) -> CuttableLink {
+        let upstream = upstream.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a loopback port");
+        let url = format!("http://{}", listener.local_addr().expect("the listener's address"));
+        let cut = tokio::sync::watch::Sender::new(false);
+        let cut_rx = cut.subscribe();
+        // Ends when the link is dropped (aborted); each connection's task ends when either
+        // side closes or the link is cut.
+        let accept = tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                if *cut_rx.borrow() {
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        CuttableLink { url, cut, accept }
+    }
+
+    /// The URL to give the client instead of the member's.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Cuts the link: open connections close, new ones are dropped.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Restores the link: new connections are forwarded again.
+    pub fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for CuttableLink {
+    fn drop(&mut self) {
+        self.cut.send_replace(true);
+        self.accept.abort();
+    }
+}

@@ -108,6 +108,10 @@ impl CaConfig {
     }
 }
 
+/// How long after its last leaf expired a rotated-out root is removed from the state: the
+/// minute leaves are backdated by, for clocks that differ between servers and proxies.
+pub const ROOT_PRUNE_MARGIN: Duration = Duration::from_secs(60);
+
 /// One root with its signing key, and how long an inactive root stays trusted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredRoot {
@@ -162,6 +166,28 @@ impl CaState {
         }
     }
 
+    /// When the next rotated-out root may be removed: its last leaf expired (its rotation
+    /// time + the leaf TTL, [`StoredRoot::keep_until`]) and [`ROOT_PRUNE_MARGIN`] passed.
+    pub fn next_prune_at(&self) -> Option<SystemTime> {
+        self.roots
+            .iter()
+            .filter(|r| !r.root.active)
+            .filter_map(|r| r.keep_until.map(|t| t.0 + ROOT_PRUNE_MARGIN))
+            .min()
+    }
+
+    /// This CA without the rotated-out roots no leaf they signed can still need at `now`
+    /// (see [`CaState::next_prune_at`]); `None` when there is none to remove.
+    pub fn pruned(&self, now: SystemTime) -> Option<Self> {
+        let keep = |r: &StoredRoot| r.root.active || r.keep_until.is_none_or(|t| t.0 + ROOT_PRUNE_MARGIN > now);
+        if self.roots.iter().all(keep) {
+            return None;
+        }
+        let mut next = self.clone();
+        next.roots.retain(keep);
+        Some(next)
+    }
+
     /// A new CA with a fresh cluster id and root.
     pub fn bootstrap(config: CaConfig) -> Result<Self, CaError> {
         config.validate()?;
@@ -183,9 +209,16 @@ impl CaState {
         let mut next = self.clone();
         let rotate = config.private_key_type != self.config.private_key_type
             || config.private_key_bits != self.config.private_key_bits;
+        let signed_with = self.config.leaf_cert_ttl.0;
         next.config = config;
         if rotate {
+            let previous = self.active().map(|r| r.root.id.clone());
             next.rotate(now)?;
+            // The old root's leaves carry the old TTL, which this write may have shortened.
+            let keep_until = Timestamp(now + signed_with.max(next.config.leaf_cert_ttl.0));
+            for r in next.roots.iter_mut().filter(|r| Some(&r.root.id) == previous.as_ref()) {
+                r.keep_until = Some(keep_until);
+            }
         }
         Ok(next)
     }

@@ -242,3 +242,26 @@ fn csr_signing_keeps_the_csrs_dns_sans_and_checks_them() {
     let err = sign_csr(&ca, "dc1", &with_dns("bad_name.com"), SystemTime::now()).unwrap_err();
     assert_eq!(err, CsrError::Ca(CaError::InvalidDnsSan("bad_name.com".into())));
 }
+
+#[test]
+fn a_rotation_that_shortens_the_leaf_ttl_keeps_the_old_root_for_the_old_ttl() {
+    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let now = SystemTime::now();
+    let old_leaf = sign_leaf(&ca, "dc1", "api", now).unwrap();
+    let rotated = ca
+        .reconfigure(
+            CaConfig {
+                private_key_bits: 384,
+                leaf_cert_ttl: structs::duration::GoDuration(Duration::from_secs(3600)),
+                ..CaConfig::default()
+            },
+            now,
+        )
+        .unwrap();
+    let at = rotated.next_prune_at().unwrap();
+    assert!(at >= old_leaf.valid_before.0 + ROOT_PRUNE_MARGIN, "{at:?}");
+    assert!(rotated.pruned(at - Duration::from_secs(1)).is_none());
+    let pruned = rotated.pruned(at).unwrap();
+    assert_eq!(pruned.roots.len(), 1);
+    assert!(pruned.roots[0].root.active);
+}

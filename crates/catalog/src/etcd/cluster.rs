@@ -7,15 +7,19 @@
 //! - `server/<name>`: each server's [`ServerInfo`], for `/v1/status/peers`;
 //! - `leader`: the leading server's [`ServerInfo`], created only if absent (a transaction
 //!   on its `create_revision`), so at most one server holds it; the others try again as
-//!   soon as it is deleted;
+//!   soon as it is deleted. A server that finds it on its own lease leads (it stepped down
+//!   while cut off from etcd, and its lease outlived the cut);
 //! - `heartbeat/<name>`: the nodes whose agents sent this server a heartbeat lately, so the
 //!   leader (which alone marks nodes critical) knows of heartbeats sent to any server.
 //!
 //! A server that cannot renew its lease for two thirds of its TTL stops leading before the
-//! lease can expire and another server take over.
+//! lease can expire and another server take over; it campaigns only while its lease was
+//! renewed within that time.
 
 use super::EtcdConfig;
-use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -182,6 +186,10 @@ impl Cluster {
                 return;
             }
             self.set_leading(false);
+            // The lease may still live in etcd (renewals failed, yet it did not expire):
+            // give it back so that its registration and any leader key on it go now, not
+            // at its expiry.
+            let _ = tokio::time::timeout(self.ttl / 3, lease_client.revoke(lease)).await;
         }
     }
 
@@ -194,39 +202,38 @@ impl Cluster {
         let mut registered = false;
         let mut keeper = None;
         let mut last_renewed = Instant::now();
+        let mut renewing = true;
         loop {
             if !registered {
-                registered = kv
-                    .put(
-                        self.key(&format!("server/{}", self.me.name)),
-                        info.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )
-                    .await
-                    .is_ok();
+                let put = kv.put(
+                    self.key(&format!("server/{}", self.me.name)),
+                    info.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                );
+                registered = matches!(tokio::time::timeout(tick, put).await, Ok(Ok(_)));
             }
-            if registered && !*self.leading.borrow() {
-                let leader = self.key("leader");
-                let txn = Txn::new()
-                    .when([Compare::create_revision(leader.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        leader,
-                        info.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )]);
-                if let Ok(r) = kv.txn(txn).await
-                    && r.succeeded()
-                {
-                    self.set_leading(true);
+            // Campaign only on a lease renewed lately: a lease about to expire must not
+            // (re)gain the lead another server may take in a moment.
+            if registered && !*self.leading.borrow() && last_renewed.elapsed() <= self.ttl * 2 / 3 {
+                match tokio::time::timeout(tick, self.campaign(&mut kv, lease, &info)).await {
+                    Ok(Ok(true)) => self.set_leading(true),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::debug!(error = %e, "campaigning for the lead failed"),
+                    Err(_) => tracing::debug!("campaigning for the lead: no answer"),
                 }
             }
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(tick) => {}
+                // A failed renewal is tried again sooner, so that a server cut off steps
+                // down close to two thirds of the TTL and renews soon after it is back.
+                () = tokio::time::sleep(if renewing { tick } else { tick / 4 }) => {}
                 () = self.leader_gone.notified() => {}
             }
             if keeper.is_none() {
-                keeper = lease_client.keep_alive(lease).await.ok();
+                keeper = tokio::time::timeout(tick, lease_client.keep_alive(lease))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
             }
             if let Some((k, responses)) = keeper.as_mut() {
                 let renewed = async {
@@ -234,13 +241,19 @@ impl Cluster {
                     responses.message().await
                 };
                 match tokio::time::timeout(tick, renewed).await {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => last_renewed = Instant::now(),
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                        last_renewed = Instant::now();
+                        renewing = true;
+                    }
                     Ok(Ok(Some(_))) => {
                         warn!("this server's etcd lease expired; registering again");
                         return;
                     }
                     _ => keeper = None,
                 }
+            }
+            if keeper.is_none() {
+                renewing = false;
             }
             let silent = last_renewed.elapsed();
             if silent > self.ttl * 2 / 3 && *self.leading.borrow() {
@@ -252,6 +265,37 @@ impl Cluster {
                 return;
             }
         }
+    }
+
+    /// Tries to take the lead under `lease`: true if this server holds `leader` now. The key
+    /// is created if absent; if it exists and is attached to `lease`, it is this server's
+    /// still (a server that stepped down because it could not renew its lease for a while,
+    /// and then could, finds it there: nobody else can create the key while it exists, so
+    /// without this the cluster would have no leader until the lease expired, i.e. never).
+    async fn campaign(
+        &self,
+        kv: &mut etcd_client::KvClient,
+        lease: i64,
+        info: &[u8],
+    ) -> Result<bool, etcd_client::Error> {
+        let leader = self.key("leader");
+        let txn = Txn::new()
+            .when([Compare::create_revision(leader.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                leader.clone(),
+                info.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(leader, None)]);
+        let resp = kv.txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        let ours = resp.op_responses().into_iter().any(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.lease() == lease),
+            _ => false,
+        });
+        Ok(ours)
     }
 
     /// Follows the cluster keys: servers, leader and heartbeats.
