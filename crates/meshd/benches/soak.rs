@@ -1,4 +1,6 @@
-//! Soak (prints figures; asserts nothing): a real `meshd server -dev`, 100 synthetic proxies
+//! Soak (prints figures; asserts nothing): a real `meshd server` on a fresh data dir (so the
+//! write-ahead log, its snapshots and segment rotation are soaked too; `DEV=1` for `-dev`),
+//! 100 synthetic proxies
 //! holding delta ADS streams, each with upstreams to the 10 churned services; then `CYCLES`
 //! (10,000) register/deregister cycles of an instance of one of those services. Every
 //! `SAMPLE` (1,000) cycles the server's live tokio tasks, open file descriptors and RSS are
@@ -36,9 +38,16 @@ async fn main() {
     let cycles = env_usize("CYCLES", 10_000);
     let sample = env_usize("SAMPLE", 1_000).max(1);
     let proxies = env_usize("PROXIES", 100);
+    let data = tempfile::tempdir().unwrap();
+    let store: Vec<String> = if std::env::var_os("DEV").is_some_and(|v| v == "1") {
+        vec!["-dev".into()]
+    } else {
+        vec!["-data-dir".into(), data.path().display().to_string()]
+    };
+    println!("store: {}", store.join(" "));
     let server = test_support::process::start_server(
         std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
-        ["-dev", "-log-level", "error"],
+        store.iter().map(String::as_str).chain(["-log-level", "error"]),
     );
     let mut child = server.child;
     let pid = child.id();
