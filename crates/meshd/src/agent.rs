@@ -301,18 +301,9 @@ pub async fn run(
         grpc_tls_addr,
     });
 
-    let http_stop = stop.clone();
     let http = tokio::spawn(
-        async move {
-            crate::http_serve::serve(
-                crate::conn_limit::PerClientLimit::new(listener, http_conn_limit),
-                app,
-                crate::http_serve::Deadlines::default(),
-                http_stop,
-            )
-            .await
-        }
-        .instrument(info_span!("agent_http")),
+        crate::http_serve::serve_plain(listener, http_conn_limit, app, stop.clone())
+            .instrument(info_span!("agent_http")),
     );
     let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, grpc_stop.clone());
     let reload_stop = stop.clone();

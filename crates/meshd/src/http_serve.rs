@@ -99,6 +99,19 @@ where
     Ok(())
 }
 
+/// [`serve`] on a plain TCP listener, each client address holding at most `per_client`
+/// connections (0: no limit), with the default deadlines.
+#[cfg(any(feature = "server", feature = "agent"))]
+pub async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    per_client: u32,
+    app: Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = crate::conn_limit::PerClientLimit::new(listener, per_client);
+    serve(listener, app, Deadlines::default(), stop).await
+}
+
 /// A request body that fails once its deadline has passed.
 struct DeadlineBody {
     inner: Incoming,

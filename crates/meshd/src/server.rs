@@ -130,18 +130,9 @@ pub async fn run(
         grpc_tls_addr,
     });
 
-    let http_stop = stop.clone();
     let http = tokio::spawn(
-        async move {
-            crate::http_serve::serve(
-                crate::conn_limit::PerClientLimit::new(listener, http_conn_limit),
-                app,
-                crate::http_serve::Deadlines::default(),
-                http_stop,
-            )
-            .await
-        }
-        .instrument(info_span!("http_api", %http_addr)),
+        crate::http_serve::serve_plain(listener, http_conn_limit, app, stop.clone())
+            .instrument(info_span!("http_api", %http_addr)),
     );
     let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
 
