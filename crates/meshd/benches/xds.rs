@@ -266,7 +266,8 @@ async fn csds_dump(server: &Server, n: usize) {
     let runs = [
         (plain.clone(), true, "default windows"),
         (plain, false, "default windows"),
-        (adaptive, true, "adaptive window"),
+        (adaptive.clone(), true, "adaptive window"),
+        (adaptive, false, "adaptive window"),
     ];
     for (endpoint, exclude, windows) in runs {
         let mut client = ClientStatusDiscoveryServiceClient::new(endpoint.connect().await.unwrap())
