@@ -8,7 +8,6 @@ import collections
 import concurrent.futures
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -346,9 +345,9 @@ def test_a_grpc_js_xds_client_calls_api(mesh, tmp_path):
     modules = os.environ.get("MESHD_NODE_MODULES")
     if not modules or not os.path.isdir(os.path.join(modules, "@grpc", "grpc-js-xds")):
         raise RuntimeError("MESHD_NODE_MODULES must name the pinned npm clients; run these tests through `cargo xtask test`")
-    node = shutil.which("node")
-    if node is None:
-        raise RuntimeError("the grpc-js-xds test needs node (Node.js 20) on PATH")
+    node = os.environ.get("MESHD_NODE")
+    if not node or not os.path.isfile(node):
+        raise RuntimeError("MESHD_NODE must name the pinned Node.js; run these tests through `cargo xtask test`")
     api, port = echo_server("api-1")
     mesh.native("api", "api-1", port)
     mesh.native("client", "client-1", 1)

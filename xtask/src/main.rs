@@ -4,7 +4,7 @@
 //!   (Python clients, Envoy, etcd) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
-//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, and `MESHD_NODE_MODULES` for
+//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, and `MESHD_NODE` with `MESHD_NODE_MODULES` for
 //!   the npm clients), for running single tests by hand:
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
@@ -298,6 +298,7 @@ fn main() -> Result<()> {
             println!("export MESHD_ENVOY={}", peers.envoy.display());
             println!("export MESHD_ETCD={}", peers.etcd.display());
             println!("export MESHD_CHROMIUM={}", peers.chromium.display());
+            println!("export MESHD_NODE={}", peers.node.display());
             println!("export MESHD_NODE_MODULES={}", peers.node_modules.display());
             Ok(())
         }

