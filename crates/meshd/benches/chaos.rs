@@ -2,7 +2,11 @@
 //! `api` with sidecars run by real Envoys under `meshd connect envoy`, and 200 requests/s
 //! from web's upstream listener to api through the mesh for `DURATION_S` (180) seconds.
 //! Every `KILL_EVERY_S` (20) seconds the server is killed with SIGKILL and started again from
-//! its data dir at the same addresses; meanwhile a writer registers a node every 100 ms.
+//! its data dir at the same addresses; meanwhile a writer registers a node every 100 ms, and
+//! another changes api's Envoy configuration every 500 ms (a deny intention `probe -> api`
+//! written and deleted in turn: api's RBAC changes, web's traffic is not affected). Once the
+//! kills are over, api's Envoy must hold the last acknowledged state of that intention, and a
+//! last change must reach it: both are timed.
 //! Printed: requests sent and failed (target 0 failed), kills, writes acknowledged, and how
 //! many acknowledged writes are missing afterwards (target 0).
 //!
@@ -36,6 +40,17 @@ async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, mut check: 
         assert!(t0.elapsed() < Duration::from_secs(60), "{what}: not within 60 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Writes (`deny`) or deletes the intention `probe -> api`; true once acknowledged.
+async fn probe_intention(client: &reqwest::Client, base: &str, deny: bool) -> bool {
+    let url = format!("{base}/v1/connect/intentions/exact?source=probe&destination=api");
+    let req = if deny {
+        client.put(url).json(&json!({"Action": "deny"}))
+    } else {
+        client.delete(url)
+    };
+    req.send().await.is_ok_and(|r| r.status().is_success())
 }
 
 fn envoy(service: &str, http: &str, grpc: &str, dir: &Path) -> (Proc, std::path::PathBuf) {
@@ -117,7 +132,7 @@ async fn main() {
                 .unwrap();
         }
     }
-    let (_api, _) = envoy("api", &base, &grpc, dir.path());
+    let (_api, api_dir) = envoy("api", &base, &grpc, dir.path());
     let (_web, _) = envoy("web", &base, &grpc, dir.path());
     let target = format!("http://127.0.0.1:{upstream}/");
     wait_for("traffic through the mesh", || async {
@@ -180,6 +195,30 @@ async fn main() {
         })
     };
 
+    // api's Envoy's configuration changes throughout: the intention probe -> api is denied and
+    // deleted in turn; `state` is the last acknowledged one (true: the deny is there).
+    let state = Arc::new(AtomicBool::new(false));
+    let toggles = Arc::new(AtomicU64::new(0));
+    let toggler = {
+        let (stop, state, toggles, client, base) = (
+            Arc::clone(&stop),
+            Arc::clone(&state),
+            Arc::clone(&toggles),
+            client.clone(),
+            base.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let deny = !state.load(Ordering::Relaxed);
+                if probe_intention(&client, &base, deny).await {
+                    state.store(deny, Ordering::Relaxed);
+                    toggles.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
     let t0 = Instant::now();
     let mut kills = 0;
     while t0.elapsed() + kill_every <= duration {
@@ -193,6 +232,33 @@ async fn main() {
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     writer.await.unwrap();
+    toggler.await.unwrap();
+
+    // After the last restart: api's Envoy holds the last acknowledged state, and a new change
+    // reaches it.
+    let admin = format!(
+        "http://{}",
+        std::fs::read_to_string(api_dir.join("admin-0.addr")).unwrap().trim()
+    );
+    let holds = |deny: bool| {
+        let (client, admin) = (client.clone(), admin.clone());
+        async move {
+            let dump = client
+                .get(format!("{admin}/config_dump?resource=dynamic_listeners"))
+                .send()
+                .await;
+            let Ok(dump) = dump else { return false };
+            dump.text().await.is_ok_and(|t| t.contains("/svc/probe$") == deny)
+        }
+    };
+    let synced = Instant::now();
+    let last = state.load(Ordering::Relaxed);
+    wait_for("api's Envoy holding the last acknowledged intention", || holds(last)).await;
+    let synced = synced.elapsed();
+    let changed = Instant::now();
+    wait_for("a last change written", || probe_intention(&client, &base, !last)).await;
+    wait_for("the last change reaching api's Envoy", || holds(!last)).await;
+    let changed = changed.elapsed();
 
     let nodes: Vec<serde_json::Value> = client
         .get(format!("{base}/v1/catalog/nodes"))
@@ -221,6 +287,12 @@ async fn main() {
     println!(
         "  writes: {} acknowledged, {missing} missing afterwards   [target 0]",
         acknowledged.len()
+    );
+    println!(
+        "  api's configuration changed {} times during the kills; its Envoy held the last acknowledged state {} ms after the kills ended, and a last change reached it in {} ms",
+        toggles.load(Ordering::Relaxed),
+        synced.as_millis(),
+        changed.as_millis()
     );
     drop(server);
 }
