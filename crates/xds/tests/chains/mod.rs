@@ -580,12 +580,11 @@ fn chain_resolver_with_default_subset_and_subsets() {
     assert_eq!(tcp_cluster(&r, "db", 9192), primary);
 }
 
-/// Failover per subset (the Targets form) and for any subset (`*`): aggregate clusters
-/// listing the primary then the failover targets in order, routed to in place of the
-/// primary; the same for a tcp upstream.
-#[test]
-fn chain_resolver_failover_to_aggregate_clusters() {
-    let f = Fixture::default()
+/// http `api` with subsets `a` (the default) and `b`, failing over per subset (`a` to `b`,
+/// then to `api-dr`) and for any subset (`*` to `api-backup`), routed to `b` by path; tcp
+/// `db` failing over to `db-replica`.
+fn failover_fixture() -> Fixture {
+    Fixture::default()
         .http("api")
         .http("api-dr")
         .http("api-backup")
@@ -600,7 +599,15 @@ fn chain_resolver_failover_to_aggregate_clusters() {
         .with(json!({"Kind": "service-router", "Name": "api", "Routes": [
             {"Match": {"HTTP": {"PathPrefix": "/b"}}, "Destination": {"ServiceSubset": "b"}}]}))
         .with(json!({"Kind": "service-resolver", "Name": "db", "ConnectTimeout": "3s",
-            "Failover": {"*": {"Service": "db-replica"}}}));
+            "Failover": {"*": {"Service": "db-replica"}}}))
+}
+
+/// Failover per subset (the Targets form) and for any subset (`*`): aggregate clusters
+/// listing the primary then the failover targets in order, routed to in place of the
+/// primary; the same for a tcp upstream.
+#[test]
+fn chain_resolver_failover_to_aggregate_clusters() {
+    let f = failover_fixture();
     let ca = Ca::new();
     let snap = chain_snapshot(&ca, "tcp", &f, &[up("api", 9191), up("db", 9192)], None);
     let r = validate_snapshot("chain-failover", &snap);

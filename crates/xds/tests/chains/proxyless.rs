@@ -82,22 +82,7 @@ fn assert_proxyless_resources_resolve(r: &resources::Resources, targets: &[&str]
 /// cluster that did not exist.
 #[test]
 fn proxyless_failover_chain_has_its_aggregate_clusters() {
-    let f = Fixture::default()
-        .http("api")
-        .http("api-dr")
-        .http("api-backup")
-        .with(
-            json!({"Kind": "service-resolver", "Name": "api", "DefaultSubset": "a", "Subsets": {
-                "a": {"Filter": "Service.Meta.zone == a"},
-                "b": {"Filter": "Service.Meta.zone == b"}},
-            "Failover": {
-                "a": {"Targets": [{"ServiceSubset": "b"}, {"Service": "api-dr"}]},
-                "*": {"Service": "api-backup"}}}),
-        )
-        .with(json!({"Kind": "service-router", "Name": "api", "Routes": [
-            {"Match": {"HTTP": {"PathPrefix": "/b"}}, "Destination": {"ServiceSubset": "b"}}]}))
-        .with(json!({"Kind": "service-resolver", "Name": "db", "ConnectTimeout": "3s",
-            "Failover": {"*": {"Service": "db-replica"}}}));
+    let f = failover_fixture();
     let ca = Ca::new();
     let mut snap = chain_snapshot(&ca, "tcp", &f, &[up("api", 9191), up("db", 9192)], None);
     let r = proxyless(&mut snap);
