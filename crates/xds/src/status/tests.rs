@@ -91,10 +91,17 @@ async fn run_until(start: Instant, at: Duration) {
     assert_eq!(start.elapsed(), at);
 }
 
-/// A push left unanswered: not flagged at 9.9 s, flagged (and counted, once) at 10 s, not
-/// reset at 29.9 s, told to reset (and counted, once) at 30 s.
-#[tokio::test(start_paused = true)]
-async fn an_unanswered_push_is_flagged_at_10_s_and_reset_at_30_s() {
+/// A tracker scanning for stuck streams, and one stream it has just seen a push on.
+struct Pushed {
+    tracker: Arc<Tracker>,
+    metrics: Arc<XdsMetrics>,
+    stop: CancellationToken,
+    /// When the push was sent.
+    start: Instant,
+    stream: ViewGuard,
+}
+
+async fn pushed() -> Pushed {
     let tracker = Arc::new(Tracker::default());
     let metrics = Arc::new(XdsMetrics::default());
     let stop = CancellationToken::new();
@@ -104,6 +111,26 @@ async fn an_unanswered_push_is_flagged_at_10_s_and_reset_at_30_s() {
     let start = Instant::now();
     let stream = tracker.open("delta", "web");
     stream.view.sent(sent(CLUSTER, "1", &[("a", "1")], &[]));
+    Pushed {
+        tracker,
+        metrics,
+        stop,
+        start,
+        stream,
+    }
+}
+
+/// A push left unanswered: not flagged at 9.9 s, flagged (and counted, once) at 10 s, not
+/// reset at 29.9 s, told to reset (and counted, once) at 30 s.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_push_is_flagged_at_10_s_and_reset_at_30_s() {
+    let Pushed {
+        tracker,
+        metrics,
+        stop,
+        start,
+        stream,
+    } = pushed().await;
     let stuck = || tracker.report()[0].stuck;
     let reset_asked = || futures_util::FutureExt::now_or_never(stream.view.reset.notified()).is_some();
 
@@ -132,14 +159,13 @@ async fn an_unanswered_push_is_flagged_at_10_s_and_reset_at_30_s() {
 /// An answer before 10 s: never flagged.
 #[tokio::test(start_paused = true)]
 async fn a_push_answered_at_9_9_s_is_not_flagged() {
-    let tracker = Arc::new(Tracker::default());
-    let metrics = Arc::new(XdsMetrics::default());
-    let stop = CancellationToken::new();
-    tracker.start_scanning(Arc::clone(&metrics), stop.clone());
-    tokio::task::yield_now().await;
-    let start = Instant::now();
-    let stream = tracker.open("delta", "web");
-    stream.view.sent(sent(CLUSTER, "1", &[("a", "1")], &[]));
+    let Pushed {
+        tracker,
+        metrics,
+        stop,
+        start,
+        stream,
+    } = pushed().await;
     run_until(start, Duration::from_millis(9_900)).await;
     stream.view.answered(CLUSTER, "1", None);
     run_until(start, Duration::from_secs(40)).await;
