@@ -38,6 +38,16 @@ const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// gRPC's length-prefixed message header: a compression flag and a big-endian length.
 const HEADER_BYTES: usize = 5;
 
+/// Why no request could be had.
+#[derive(Debug)]
+pub(crate) enum RequestError {
+    /// The client sent a request this server refuses (compressed, oversized, undecodable,
+    /// cut short): the stream ends with this status, which says why.
+    Refused(Status),
+    /// The transport failed (the client reset the stream or the connection dropped).
+    Transport(Status),
+}
+
 /// A stream's requests, decoded from its HTTP/2 body.
 pub(crate) struct Requests<T> {
     body: Pin<Box<dyn Body<Data = Bytes, Error = Status> + Send>>,
@@ -65,25 +75,27 @@ impl<T: prost::Message + Default> Requests<T> {
     }
 
     /// The next request; `None` once the client closed its side.
-    pub(crate) async fn message(&mut self) -> Result<Option<T>, Status> {
+    pub(crate) async fn message(&mut self) -> Result<Option<T>, RequestError> {
         std::future::poll_fn(|cx| self.poll_message(cx)).await
     }
 
-    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<T>, Status>> {
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<T>, RequestError>> {
         loop {
-            if let Some(message) = self.take_message()? {
+            if let Some(message) = self.take_message().map_err(RequestError::Refused)? {
                 return Poll::Ready(Ok(Some(message)));
             }
             if self.ended {
                 return Poll::Ready(if self.buf.is_empty() {
                     Ok(None)
                 } else {
-                    Err(Status::invalid_argument("the request stream ended inside a message"))
+                    Err(RequestError::Refused(Status::invalid_argument(
+                        "the request stream ended inside a message",
+                    )))
                 });
             }
             match ready!(self.body.as_mut().poll_frame(cx)) {
                 None => self.ended = true,
-                Some(Err(status)) => return Poll::Ready(Err(status)),
+                Some(Err(status)) => return Poll::Ready(Err(RequestError::Transport(status))),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);
@@ -344,29 +356,71 @@ mod tests {
         assert!(r.buf.capacity() <= BUFFER_BYTES);
     }
 
+    /// The refusal a request got (panics on anything else).
+    async fn refusal(mut r: Requests<DeltaDiscoveryRequest>) -> Status {
+        match r.message().await {
+            Err(RequestError::Refused(status)) => status,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    /// Serves no proxy: these streams end before one would be looked up.
+    struct NoProxies;
+
+    impl proxycfg::SnapshotSource for NoProxies {
+        fn watch(
+            &self,
+            _: &proxycfg::ProxyRequest<'_>,
+        ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
+            Err(proxycfg::SourceError::NotFound("none".to_owned()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_ends_the_stream_with_its_reason_not_ok() {
+        use crate::delta::DeltaState;
+        use tokio_stream::StreamExt as _;
+        let server = XdsServer::new(std::sync::Arc::new(NoProxies));
+        let mut garbage = vec![0, 0, 0, 0, 3];
+        garbage.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let request = Request::new(requests(vec![garbage]));
+        let mut responses = server.open::<DeltaState>(request).unwrap().into_inner();
+        let ended = responses
+            .next()
+            .await
+            .expect("the stream says why it ends")
+            .unwrap_err();
+        assert_eq!(ended.code(), tonic::Code::InvalidArgument);
+        assert!(ended.message().starts_with("decoding a request"), "{}", ended.message());
+        assert!(responses.next().await.is_none());
+        // A client that hangs up before its first request: the stream just ends.
+        let mut responses = server
+            .open::<DeltaState>(Request::new(requests(vec![])))
+            .unwrap()
+            .into_inner();
+        assert!(responses.next().await.is_none());
+    }
+
     #[tokio::test]
     async fn bad_requests_end_the_stream_with_a_status_that_says_why() {
         let mut compressed = framed(&request("a", 0));
         compressed[0] = 1;
-        let e = requests(vec![compressed]).message().await.unwrap_err();
+        let e = refusal(requests(vec![compressed])).await;
         assert_eq!(e.code(), tonic::Code::Unimplemented);
 
         let mut huge = vec![0];
         huge.extend_from_slice(&(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
-        let e = requests(vec![huge]).message().await.unwrap_err();
+        let e = refusal(requests(vec![huge])).await;
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         assert!(e.message().contains("over the limit"), "{}", e.message());
 
         let whole = framed(&request("a", 10));
-        let e = requests(vec![whole[..whole.len() - 1].to_vec()])
-            .message()
-            .await
-            .unwrap_err();
+        let e = refusal(requests(vec![whole[..whole.len() - 1].to_vec()])).await;
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
 
         let mut garbage = vec![0, 0, 0, 0, 3];
         garbage.extend_from_slice(&[0xff, 0xff, 0xff]);
-        let e = requests(vec![garbage]).message().await.unwrap_err();
+        let e = refusal(requests(vec![garbage])).await;
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().starts_with("decoding a request"), "{}", e.message());
     }

@@ -629,7 +629,16 @@ where
                         trace!(node = %following.node_id, ?ack, "request");
                         self.inner.record(&ack, self.changed_at);
                     }
-                    _ => self.finished = true,
+                    Ok(None) => self.finished = true,
+                    Err(crate::grpc::RequestError::Transport(status)) => {
+                        debug!(node = %following.node_id, error = %status.message(), "the xDS stream's requests broke off");
+                        self.finished = true;
+                    }
+                    Err(crate::grpc::RequestError::Refused(status)) => {
+                        self.finished = true;
+                        warn!(node = %following.node_id, reason = %status.message(), "ending the xDS stream: its request was refused");
+                        return Some(Err(status));
+                    }
                 },
                 ev = following.watcher.next() => match ev {
                     Some(WatchEvent::Snapshot(snap)) => {
@@ -745,7 +754,15 @@ where
         }
         let first = match self.requests.message().await {
             Ok(Some(r)) => r,
-            _ => return Err(None),
+            Ok(None) => return Err(None),
+            Err(crate::grpc::RequestError::Transport(status)) => {
+                debug!(error = %status.message(), "an xDS stream's requests broke off before the first one");
+                return Err(None);
+            }
+            Err(crate::grpc::RequestError::Refused(status)) => {
+                warn!(reason = %status.message(), "ending an xDS stream: its first request was refused");
+                return Err(Some(status));
+            }
         };
         let Some(node) = P::node(&first) else {
             return Err(Some(Status::invalid_argument("the first request must carry the node")));
