@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -337,6 +338,66 @@ def test_failover_when_the_primarys_instances_go_critical(mesh, tmp_path):
     assert names(mesh.calls(bootstrap, 5)) == {"api-dr-1": 5}
     primary.stop(None)
     dr.stop(None)
+
+
+def test_csds_from_grpcio_lists_the_proxyless_client_synced_with_its_resources(mesh, tmp_path):
+    """grpcio with the Envoy API's own Python protos (xds-protos) as the CSDS client: a
+    running proxyless client is listed by its node id, every resource it asked for SYNCED
+    (it ACKed them) with contents that decode as what their type URL says (secrets: none);
+    without contents, the same rows carry none; StreamClientStatus answers each request."""
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+
+    api1, port1 = echo_server("api-1")
+    mesh.native("api", "api-1", port1)
+    mesh.native("client", "client-1", 1)
+    bootstrap, _ = mesh.bootstrap(tmp_path, "client")
+    client = mesh.kept_open(bootstrap, ["api-1"], extra=2000, patience=300)
+    channel = grpc.insecure_channel(mesh.grpc)
+    stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel)
+    mine = csds_pb2.ClientStatusRequest(
+        node_matchers=[{"node_id": {"exact": "client-1"}}])
+    # What the client asked for is SYNCED once it ACKed; what meshd holds for it but it never
+    # asked for (its secrets: a proxyless client reads its certificates from files) stays
+    # NOT_SENT.
+    deadline = time.monotonic() + 30
+    while True:
+        answer = stub.FetchClientStatus(mine, timeout=10)
+        rows = [g for c in answer.config for g in c.generic_xds_configs]
+        status = {(g.type_url.rsplit(".", 1)[1], g.name): csds_pb2.ConfigStatus.Name(g.config_status) for g in rows}
+        synced = {t for (t, _), s in status.items() if s == "SYNCED"}
+        if {"Listener", "RouteConfiguration", "Cluster", "ClusterLoadAssignment"} <= synced and set(
+                status.values()) <= {"SYNCED", "NOT_SENT"}:
+            break
+        assert time.monotonic() < deadline, f"never SYNCED: {status}"
+        time.sleep(0.1)
+    assert [c.node.id for c in answer.config] == ["client-1"]
+    assert status[("Listener", "api")] == "SYNCED", status
+    for g in rows:
+        assert g.version_info, g
+        if g.type_url.endswith(".Secret"):
+            assert not g.HasField("xds_config"), "a secret's contents (a private key) are never listed"
+        else:
+            assert g.xds_config.type_url == g.type_url, g
+        if g.config_status == csds_pb2.SYNCED:
+            assert g.last_updated.seconds > 0, g
+    listener = next(g for g in rows if g.type_url.endswith(".Listener") and g.name == "api")
+    decoded = listener_pb2.Listener()
+    assert listener.xds_config.Unpack(decoded)
+    assert decoded.name == "api" and decoded.HasField("api_listener"), decoded
+
+    bare = csds_pb2.ClientStatusRequest(node_matchers=mine.node_matchers, exclude_resource_contents=True)
+    nobody = csds_pb2.ClientStatusRequest(node_matchers=[{"node_id": {"prefix": "no-such-"}}])
+    answers = list(stub.StreamClientStatus(iter([bare, nobody]), timeout=10))
+    assert len(answers) == 2
+    bare_rows = [g for c in answers[0].config for g in c.generic_xds_configs]
+    assert [(g.type_url, g.name) for g in bare_rows] == [(g.type_url, g.name) for g in rows]
+    assert not any(g.HasField("xds_config") for g in bare_rows)
+    assert len(answers[1].config) == 0
+    channel.close()
+    client.kill()
+    client.wait()
+    api1.stop(None)
 
 
 def test_a_grpc_js_xds_client_calls_api(mesh, tmp_path):

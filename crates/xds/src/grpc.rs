@@ -16,7 +16,7 @@
 //!   cluster set, for as long as the stream lived).
 
 use crate::delta::DeltaState;
-use crate::server::{Protocol, ResponseStream, XdsServer};
+use crate::server::{Protocol, XdsServer};
 use crate::sotw::SotwState;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
@@ -25,6 +25,7 @@ use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use tokio_stream::{Stream, StreamExt};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::NamedService;
 use tonic::{Request, Status};
@@ -58,7 +59,7 @@ pub(crate) struct Requests<T> {
 }
 
 impl<T: prost::Message + Default> Requests<T> {
-    fn new<B>(body: B) -> Self
+    pub(crate) fn new<B>(body: B) -> Self
     where
         B: Body + Send + 'static,
         B::Error: Into<StdError> + Send + 'static,
@@ -139,6 +140,18 @@ impl<T: prost::Message + Default> Requests<T> {
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
+/// The refusal of a call whose messages are compressed: none is accepted (none is
+/// advertised), as tonic says.
+pub(crate) fn refuse_compressed(headers: &http::HeaderMap) -> Option<Status> {
+    let enc = headers.get("grpc-encoding")?;
+    (enc.as_bytes() != b"identity").then(|| {
+        Status::unimplemented(format!(
+            "grpc-encoding {:?} is not supported: send uncompressed messages",
+            String::from_utf8_lossy(enc.as_bytes())
+        ))
+    })
+}
+
 /// Serves one ADS call of protocol `P`: opens the stream on the server over its
 /// [`Requests`], and encodes its responses with [`ResponseBody`].
 fn serve<P, B>(server: &XdsServer, req: http::Request<B>) -> http::Response<tonic::body::Body>
@@ -149,41 +162,61 @@ where
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
-    // Compressed requests are not accepted (none is advertised): say so, as tonic does.
-    if let Some(enc) = req.headers().get("grpc-encoding")
-        && enc.as_bytes() != b"identity"
-    {
-        return Status::unimplemented(format!(
-            "grpc-encoding {:?} is not supported: send uncompressed messages",
-            String::from_utf8_lossy(enc.as_bytes())
-        ))
-        .into_http();
+    if let Some(status) = refuse_compressed(req.headers()) {
+        return status.into_http();
     }
     let request = Request::from_http(req.map(Requests::new));
     match server.open::<P>(request) {
         Err(status) => status.into_http(),
         Ok(response) => {
             let (metadata, stream, extensions) = response.into_parts();
-            let mut http = http::Response::new(tonic::body::Body::new(ResponseBody { stream: Some(stream) }));
-            *http.headers_mut() = metadata.into_headers();
+            let mut http = ResponseBody::grpc(stream.map(|r| r.and_then(|m| encode(&m))));
+            let mut headers = metadata.into_headers();
+            headers.extend(http.headers_mut().drain());
+            *http.headers_mut() = headers;
             *http.extensions_mut() = extensions;
-            http.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/grpc"),
-            );
             http
         }
     }
 }
 
-/// A response stream as gRPC's HTTP/2 body: each message in a buffer of exactly its size
-/// (header included), then the status in trailers — `OK` when the stream ends, or the error
-/// that ended it.
-struct ResponseBody<R> {
-    stream: Option<ResponseStream<R>>,
+/// `message` as gRPC's length-prefixed message, in a buffer of exactly its size.
+fn encode<R: prost::Message>(message: &R) -> Result<Bytes, Status> {
+    let len = message.encoded_len();
+    let prefix = u32::try_from(len)
+        .map_err(|_| Status::resource_exhausted(format!("a response of {len} bytes is too large to send")))?;
+    let mut buf = Vec::with_capacity(HEADER_BYTES + len);
+    buf.push(0);
+    buf.extend_from_slice(&prefix.to_be_bytes());
+    message
+        .encode(&mut buf)
+        .map_err(|e| Status::internal(format!("encoding a response: {e}")))?;
+    Ok(Bytes::from(buf))
 }
 
-impl<R: prost::Message> ResponseBody<R> {
+/// A stream of messages, each already encoded with its gRPC header, as gRPC's HTTP/2 body:
+/// each message a frame that is freed once sent, then the status in trailers — `OK` when the
+/// stream ends, or the error that ended it.
+pub(crate) struct ResponseBody<S> {
+    stream: Option<S>,
+}
+
+impl<S> ResponseBody<S>
+where
+    S: Stream<Item = Result<Bytes, Status>> + Unpin + Send + 'static,
+{
+    /// A gRPC response (`application/grpc`) whose body is `stream`.
+    pub(crate) fn grpc(stream: S) -> http::Response<tonic::body::Body> {
+        let mut http = http::Response::new(tonic::body::Body::new(ResponseBody { stream: Some(stream) }));
+        http.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        http
+    }
+}
+
+impl<S> ResponseBody<S> {
     fn trailers(status: &Status) -> Frame<Bytes> {
         let mut trailers = http::HeaderMap::new();
         if status.add_header(&mut trailers).is_err() {
@@ -192,22 +225,12 @@ impl<R: prost::Message> ResponseBody<R> {
         }
         Frame::trailers(trailers)
     }
-
-    fn encode(message: &R) -> Result<Bytes, Status> {
-        let len = message.encoded_len();
-        let prefix = u32::try_from(len)
-            .map_err(|_| Status::resource_exhausted(format!("a response of {len} bytes is too large to send")))?;
-        let mut buf = Vec::with_capacity(HEADER_BYTES + len);
-        buf.push(0);
-        buf.extend_from_slice(&prefix.to_be_bytes());
-        message
-            .encode(&mut buf)
-            .map_err(|e| Status::internal(format!("encoding a response: {e}")))?;
-        Ok(Bytes::from(buf))
-    }
 }
 
-impl<R: prost::Message> http_body::Body for ResponseBody<R> {
+impl<S> http_body::Body for ResponseBody<S>
+where
+    S: Stream<Item = Result<Bytes, Status>> + Unpin,
+{
     type Data = Bytes;
     type Error = Status;
 
@@ -215,12 +238,9 @@ impl<R: prost::Message> http_body::Body for ResponseBody<R> {
         let Some(stream) = self.stream.as_mut() else {
             return Poll::Ready(None);
         };
-        let frame = match stream.as_mut().poll_next(cx) {
+        let frame = match Pin::new(stream).poll_next(cx) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(message))) => match Self::encode(&message) {
-                Ok(bytes) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
-                Err(status) => Self::trailers(&status),
-            },
+            Poll::Ready(Some(Ok(bytes))) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
             Poll::Ready(Some(Err(status))) => Self::trailers(&status),
             Poll::Ready(None) => Self::trailers(&Status::ok("")),
         };

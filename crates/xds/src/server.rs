@@ -116,6 +116,9 @@ struct Inner {
     track_status: std::sync::atomic::AtomicBool,
     /// Who may read CSDS (none: anyone who reaches the port).
     csds_authorizer: Mutex<Option<crate::csds::CsdsAuthorizer>>,
+    /// The size of the last CSDS answer of every proxy, with contents and without: the next
+    /// one's buffer is sized after it.
+    csds_sizes: [std::sync::atomic::AtomicUsize; 2],
     /// One permit per stream asked to end so that its proxy reconnects elsewhere
     /// ([`XdsServer::shed`]).
     shed: tokio::sync::Notify,
@@ -170,6 +173,7 @@ impl XdsServer {
                 status: Arc::default(),
                 track_status: std::sync::atomic::AtomicBool::new(true),
                 csds_authorizer: Mutex::new(None),
+                csds_sizes: Default::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
@@ -183,6 +187,10 @@ impl XdsServer {
 
     pub(crate) fn csds_authorizer(&self) -> Option<crate::csds::CsdsAuthorizer> {
         self.inner.csds_authorizer.lock().clone()
+    }
+
+    pub(crate) fn csds_sizes(&self) -> &[std::sync::atomic::AtomicUsize; 2] {
+        &self.inner.csds_sizes
     }
 
     /// Flags a stream stuck once a response has waited `flag` for its answer, and resets it

@@ -382,8 +382,14 @@ fn each_resource_state<'a>(
         }
     }
     if let Some(current) = current {
+        // Both are in name order: walk the names sent beside the names held, no lookups.
+        let mut sent = view.map(|v| v.resources.keys().peekable());
         for (name, res) in current.of(type_url) {
-            if view.is_none_or(|v| !v.resources.contains_key(name)) {
+            let was_sent = sent.as_mut().is_some_and(|sent| {
+                while sent.next_if(|k| &***k < name).is_some() {}
+                sent.peek().is_some_and(|k| &***k == name)
+            });
+            if !was_sent {
                 each((name, (res.version.as_str(), ResourceState::NotSent, None, None)));
             }
         }
@@ -557,18 +563,17 @@ impl Tracker {
         out
     }
 
-    /// Every stream's resources for CSDS: (node id, `make` of each resource the stream holds
-    /// or is due), `make` given borrowed data (see [`ResourceRef`]) so that the caller's rows
-    /// are built once, each stream's list allocated at its final size.
-    pub(crate) fn resources<T>(
+    /// Visits every stream whose node `node_matches` for CSDS: its node id and each resource it
+    /// holds or is due, borrowed from its status (see [`ResourceRef`]) while the stream's lock
+    /// is held, so that the caller encodes its answer with no copy in between. `contents` says
+    /// for which type URLs a resource's value is lent too.
+    pub(crate) fn each_stream(
         &self,
         node_matches: impl Fn(&str) -> bool,
         contents: impl Fn(&str) -> bool,
-        mut make: impl FnMut(ResourceRef<'_>) -> T,
-    ) -> Vec<(String, Vec<T>)> {
-        let views = self.views();
-        let mut out = Vec::with_capacity(views.len());
-        for v in views {
+        mut visit: impl FnMut(&str, &[ResourceRef<'_>]),
+    ) {
+        for v in self.views() {
             let st = v.state.lock();
             if !node_matches(&st.node_id) {
                 continue;
@@ -596,7 +601,7 @@ impl Tracker {
                         } else {
                             None
                         };
-                        rows.push(make(ResourceRef {
+                        rows.push(ResourceRef {
                             type_url,
                             name,
                             version,
@@ -604,13 +609,12 @@ impl Tracker {
                             error,
                             updated,
                             value,
-                        }));
+                        });
                     },
                 );
             }
-            out.push((st.node_id.clone(), rows));
+            visit(&st.node_id, &rows);
         }
-        out
     }
 
     /// Starts the check for stuck streams every 500 ms (once per server; ends with `stop`):

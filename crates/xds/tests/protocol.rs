@@ -523,6 +523,8 @@ fn counts(status: &xds::status::StreamStatus, type_url: &str) -> Vec<(xds::statu
         .unwrap_or_default()
 }
 
+/// `node`'s CSDS rows (type, name, status, NACK detail), asked by `FetchClientStatus` and
+/// by `StreamClientStatus`, which must agree.
 async fn csds(addr: std::net::SocketAddr, node: &str) -> Vec<(String, String, i32, String)> {
     use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
     use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
@@ -530,29 +532,55 @@ async fn csds(addr: std::net::SocketAddr, node: &str) -> Vec<(String, String, i3
     let mut client = ClientStatusDiscoveryServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    let resp = client
-        .fetch_client_status(ClientStatusRequest {
-            node_matchers: vec![NodeMatcher {
-                node_id: Some(StringMatcher {
-                    match_pattern: Some(MatchPattern::Exact(node.into())),
-                    ..Default::default()
-                }),
+    let request = |id: &str| ClientStatusRequest {
+        node_matchers: vec![NodeMatcher {
+            node_id: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(id.into())),
                 ..Default::default()
-            }],
+            }),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        }],
+        ..Default::default()
+    };
+    let resp = client.fetch_client_status(request(node)).await.unwrap().into_inner();
+    let requests = tokio_stream::iter([request(node), request("no-such-node")]);
+    let mut answers = client.stream_client_status(requests).await.unwrap().into_inner();
+    assert_eq!(
+        answers.message().await.unwrap().as_ref(),
+        Some(&resp),
+        "a stream's answer is the fetch's"
+    );
+    let none = answers.message().await.unwrap().unwrap();
+    assert!(none.config.is_empty(), "a matcher that selects no node: no client");
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends with the client's side"
+    );
     assert_eq!(resp.config.len(), 1, "one stream of {node}");
     let config = &resp.config[0];
     assert_eq!(config.node.as_ref().unwrap().id, node);
+    let mut names: Vec<_> = config
+        .generic_xds_configs
+        .iter()
+        .map(|g| (&g.type_url, &g.name))
+        .collect();
+    names.sort();
+    let listed = names.len();
+    names.dedup();
+    assert_eq!(
+        names.len(),
+        listed,
+        "each resource once: a resource sent is not also NOT_SENT"
+    );
     config
         .generic_xds_configs
         .iter()
         .map(|g| {
             if g.type_url.ends_with("Secret") {
                 assert!(g.xds_config.is_none(), "a secret's contents are never listed");
+            } else if g.config_status != 2 {
+                let value = g.xds_config.as_ref().expect("contents of what was sent");
+                assert_eq!(value.type_url, g.type_url);
             }
             (
                 g.type_url.rsplit('.').next().unwrap().to_owned(),
@@ -562,6 +590,59 @@ async fn csds(addr: std::net::SocketAddr, node: &str) -> Vec<(String, String, i3
             )
         })
         .collect()
+}
+
+/// With an authorizer set, CSDS answers only requests whose token it allows; a refusal is
+/// `PERMISSION_DENIED` with the authorizer's reason, on both methods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csds_answers_only_tokens_the_authorizer_allows() {
+    use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
+    use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+    let h = harness().await;
+    h.server.set_csds_authorizer(Arc::new(|token: String| {
+        Box::pin(async move {
+            if token == "operator" {
+                Ok(())
+            } else {
+                Err(format!("token {token:?} lacks operator:read"))
+            }
+        })
+    }));
+    let mut s = Delta::open(h.addr, sub(CLUSTER, &[])).await;
+    let _ = s.recv().await;
+    let mut client = ClientStatusDiscoveryServiceClient::connect(format!("http://{}", h.addr))
+        .await
+        .unwrap();
+    let with = |token: &str| {
+        let mut r = tonic::Request::new(ClientStatusRequest::default());
+        if !token.is_empty() {
+            r.metadata_mut().insert("x-consul-token", token.parse().unwrap());
+        }
+        r
+    };
+    for token in ["", "guest"] {
+        let err = client.fetch_client_status(with(token)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        assert!(err.message().contains("lacks operator:read"), "{err:?}");
+        let mut r = tonic::Request::new(tokio_stream::iter([ClientStatusRequest::default()]));
+        if !token.is_empty() {
+            r.metadata_mut().insert("x-consul-token", token.parse().unwrap());
+        }
+        let err = client.stream_client_status(r).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    }
+    let answer = client.fetch_client_status(with("operator")).await.unwrap();
+    assert!(
+        answer.metadata().get("server-timing").is_some(),
+        "the server's time is given"
+    );
+    let ids: Vec<_> = answer
+        .into_inner()
+        .config
+        .into_iter()
+        .map(|c| c.node.unwrap().id)
+        .collect();
+    assert_eq!(ids, ["web-sidecar-proxy"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
