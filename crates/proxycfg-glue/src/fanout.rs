@@ -3,18 +3,20 @@
 //! Many proxies watch the same things (every sidecar with an upstream `api` watches the same
 //! discovery chain and the same health). Instead of one catalog follower per proxy and watch,
 //! the first watch of a request starts one shared task that follows the catalog and publishes
-//! each derived value on a `watch` channel; every proxy's watch forwards from that channel.
+//! each derived value in a [`Latest`] slot; every proxy's watch is a [`Subscriber`] of it,
+//! which its State polls directly ([`proxycfg::DataSource::subscribe`]): a subscriber is a
+//! few words and a waker slot in the shared slot, with no future or task of its own.
 //! The shared task is owned by the entry all those watches hold: when the last one ends, the
 //! entry drops and its guard cancels the task.
 
 use bounded_maps::SweptMap;
 use parking_lot::Mutex;
 use proxycfg::forward;
-use proxycfg::{CorrelationId, DataSourceError, EventSender, UpdatePayload};
+use proxycfg::{CorrelationId, DataSourceError, EventSender, Subscription, UpdatePayload};
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
-use tokio::sync::watch;
+use std::task::{Context, Poll, Waker};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -22,9 +24,82 @@ use tracing::Instrument;
 /// A derived value: `None` until the follower has every input.
 pub(crate) type Value<T> = Option<Result<T, DataSourceError>>;
 
+/// The latest value of one shared follower, and the wakers of the subscribers waiting for the
+/// next one.
+pub(crate) struct Latest<T> {
+    inner: Mutex<LatestInner<T>>,
+}
+
+struct LatestInner<T> {
+    /// Counts the values published: a subscriber has seen the value once it has seen this.
+    version: u64,
+    value: Value<T>,
+    /// The follower has ended (the store closed): no value will come.
+    closed: bool,
+    /// One slot per subscriber (a subscriber keeps its slot for its life); a waiting
+    /// subscriber's waker is in its slot.
+    wakers: Vec<Option<Waker>>,
+    /// Slots of subscribers that have gone.
+    free: Vec<usize>,
+}
+
+impl<T> Latest<T> {
+    fn new() -> Self {
+        Self {
+            inner: Mutex::new(LatestInner {
+                version: 0,
+                value: None,
+                closed: false,
+                wakers: Vec::new(),
+                free: Vec::new(),
+            }),
+        }
+    }
+
+    /// Replaces the value and wakes every waiting subscriber.
+    fn publish(&self, value: Result<T, DataSourceError>) {
+        let mut inner = self.inner.lock();
+        inner.version += 1;
+        inner.value = Some(value);
+        Self::wake_all(inner);
+    }
+
+    /// Wakes every waiting subscriber; no further value will come.
+    fn close(&self) {
+        let mut inner = self.inner.lock();
+        inner.closed = true;
+        Self::wake_all(inner);
+    }
+
+    fn wake_all(mut inner: parking_lot::MutexGuard<'_, LatestInner<T>>) {
+        let wakers: Vec<Waker> = inner.wakers.iter_mut().filter_map(Option::take).collect();
+        drop(inner);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// What a shared follower publishes through: its slot, closed when the follower ends however
+/// it ends.
+pub(crate) struct Publisher<T>(Arc<Latest<T>>);
+
+impl<T> Drop for Publisher<T> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+impl<T: Send + Sync> forward::Deliver<T> for Publisher<T> {
+    async fn deliver(&mut self, result: Result<T, DataSourceError>) -> bool {
+        self.0.publish(result);
+        true
+    }
+}
+
 /// One shared follower: its latest value, and the guard that stops it.
 pub(crate) struct Entry<T> {
-    rx: watch::Receiver<Value<T>>,
+    latest: Arc<Latest<T>>,
     _stop: DropGuard,
 }
 
@@ -50,11 +125,7 @@ impl<K, T> Fanout<K, T> {
 
 impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     /// The shared follower for `key`, started with `start(publish, stop)` if there is none.
-    pub(crate) fn follow<F>(
-        &self,
-        key: &K,
-        start: impl FnOnce(watch::Sender<Value<T>>, CancellationToken) -> F,
-    ) -> Arc<Entry<T>>
+    pub(crate) fn follow<F>(&self, key: &K, start: impl FnOnce(Publisher<T>, CancellationToken) -> F) -> Arc<Entry<T>>
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -62,12 +133,13 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         if let Some(entry) = entries.get(key).and_then(Weak::upgrade) {
             return entry;
         }
-        let (publish, rx) = watch::channel(None);
+        let latest = Arc::new(Latest::new());
         let stop = CancellationToken::new();
         let span = tracing::info_span!("fanout_follower", what = self.name);
-        self.tasks.spawn(start(publish, stop.clone()).instrument(span));
+        self.tasks
+            .spawn(start(Publisher(Arc::clone(&latest)), stop.clone()).instrument(span));
         let entry = Arc::new(Entry {
-            rx,
+            latest,
             _stop: stop.drop_guard(),
         });
         entries.insert(key.clone(), Arc::downgrade(&entry), |_, e| e.strong_count() > 0);
@@ -75,8 +147,185 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     }
 }
 
-/// The watch future of a fanout data source: forwards from `entry`, or reports the error
-/// that kept it from following.
+/// One watch of a shared follower: yields its value (the current one first), then each later
+/// one, the latest only. Holds `entry`, which keeps the follower running; its waker slot goes
+/// back when it drops.
+pub(crate) struct Subscriber<T> {
+    entry: Arc<Entry<T>>,
+    /// The version of the last value yielded (0: none yet).
+    seen: u64,
+    slot: usize,
+}
+
+impl<T: Clone> Subscriber<T> {
+    pub(crate) fn new(entry: Arc<Entry<T>>) -> Self {
+        let slot = {
+            let mut inner = entry.latest.inner.lock();
+            match inner.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    inner.wakers.push(None);
+                    inner.wakers.len() - 1
+                }
+            }
+        };
+        Self { entry, seen: 0, slot }
+    }
+
+    /// The next value not yielded yet; `Ready(None)` once the follower has ended.
+    pub(crate) fn poll_value(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, DataSourceError>>> {
+        let mut inner = self.entry.latest.inner.lock();
+        if inner.version != self.seen
+            && let Some(value) = &inner.value
+        {
+            let value = value.clone();
+            self.seen = inner.version;
+            return Poll::Ready(Some(value));
+        }
+        if inner.closed {
+            return Poll::Ready(None);
+        }
+        let slot = &mut inner.wakers[self.slot];
+        if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *slot = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Subscriber<T> {
+    fn drop(&mut self) {
+        let mut inner = self.entry.latest.inner.lock();
+        inner.wakers[self.slot] = None;
+        inner.free.push(self.slot);
+    }
+}
+
+impl<T: Into<UpdatePayload> + Clone + Send + Sync> Subscription for Subscriber<T> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+        self.poll_value(cx)
+            .map(|value| value.map(|result| result.map(Into::into)))
+    }
+}
+
+impl<T: Clone + Send + Sync> forward::Updates<T> for Subscriber<T> {
+    fn next(&mut self) -> impl Future<Output = forward::Step<T>> + Send {
+        std::future::poll_fn(|cx| self.poll_value(cx).map(|value| value.map(Some)))
+    }
+}
+
+/// A watch of a shared follower whose values it turns into its own (one proxy's resolved
+/// config from the shared defaults, say): `derive` of each value, unless it makes nothing
+/// (`None`: nothing to send for this one). Errors pass through.
+pub(crate) struct Derived<T, F> {
+    sub: Subscriber<T>,
+    derive: F,
+}
+
+impl<T, U, F> Derived<T, F>
+where
+    T: Clone,
+    F: FnMut(T) -> Option<Result<U, DataSourceError>>,
+{
+    pub(crate) fn new(entry: Arc<Entry<T>>, derive: F) -> Self {
+        Self {
+            sub: Subscriber::new(entry),
+            derive,
+        }
+    }
+
+    fn poll_derived(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<U, DataSourceError>>> {
+        loop {
+            match std::task::ready!(self.sub.poll_value(cx)) {
+                None => return Poll::Ready(None),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Some(Ok(value)) => {
+                    if let Some(result) = (self.derive)(value) {
+                        return Poll::Ready(Some(result));
+                    }
+                    // Nothing for this watch: wait for the next value (polling registers).
+                }
+            }
+        }
+    }
+}
+
+impl<T, U, F> Subscription for Derived<T, F>
+where
+    T: Clone + Send + Sync,
+    U: Into<UpdatePayload>,
+    F: FnMut(T) -> Option<Result<U, DataSourceError>> + Send,
+{
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+        self.poll_derived(cx)
+            .map(|value| value.map(|result| result.map(Into::into)))
+    }
+}
+
+impl<T, U, F> forward::Updates<U> for Derived<T, F>
+where
+    T: Clone + Send + Sync,
+    F: FnMut(T) -> Option<Result<U, DataSourceError>> + Send,
+{
+    fn next(&mut self) -> impl Future<Output = forward::Step<U>> + Send {
+        std::future::poll_fn(|cx| self.poll_derived(cx).map(|value| value.map(Some)))
+    }
+}
+
+/// The subscription of a fanout data source: its follower's subscriber, or the error that
+/// kept it from following (yielded once, then nothing: the error stays reported).
+pub(crate) fn subscribe<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
+    entry: Result<Arc<Entry<T>>, DataSourceError>,
+) -> Box<dyn Subscription> {
+    boxed(entry.map(Subscriber::new))
+}
+
+/// `sub`, or a subscription that reports why there is none.
+pub(crate) fn boxed<S: Subscription + 'static>(sub: Result<S, DataSourceError>) -> Box<dyn Subscription> {
+    match sub {
+        Ok(sub) => Box::new(sub),
+        Err(e) => Box::new(Refused(Some(e))),
+    }
+}
+
+/// A watch that could not follow: its error, once.
+struct Refused(Option<DataSourceError>);
+
+impl Subscription for Refused {
+    fn poll_next(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+        match self.0.take() {
+            Some(e) => Poll::Ready(Some(Err(e))),
+            // Nothing more: its watch is cancelled or replaced when the request changes.
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// The watch future of a fanout data source run outside a State (its `notify`): forwards
+/// from `entry`, or reports the error that kept it from following.
+pub(crate) fn watch_updates<'w, T, U>(
+    updates: Result<U, DataSourceError>,
+    id: CorrelationId,
+    tx: EventSender<T>,
+    cancel: CancellationToken,
+) -> proxycfg::WatchFuture<'w>
+where
+    T: Into<UpdatePayload> + Send + 'w,
+    U: forward::Updates<T> + 'w,
+{
+    match updates {
+        Ok(updates) => {
+            let sink = forward::ToState { id, tx };
+            Box::pin(futures_util::FutureExt::map(
+                forward::forward(cancel, updates, sink),
+                Ok,
+            ))
+        }
+        Err(e) => Box::pin(proxycfg::forward::refuse(id, tx, e, cancel)),
+    }
+}
+
+/// [`watch_updates`] of a plain subscriber of `entry`.
 pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     entry: Result<Arc<Entry<T>>, DataSourceError>,
     id: CorrelationId,
@@ -84,35 +333,15 @@ pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     cancel: CancellationToken,
 ) -> proxycfg::WatchFuture<'w> {
     match entry {
-        Ok(entry) => Box::pin(forward(entry, id, tx, cancel)),
+        Ok(entry) => {
+            let updates = Subscriber::new(entry);
+            let sink = forward::ToState { id, tx };
+            Box::pin(futures_util::FutureExt::map(
+                forward::forward(cancel, updates, sink),
+                Ok,
+            ))
+        }
         Err(e) => Box::pin(proxycfg::forward::refuse(id, tx, e, cancel)),
-    }
-}
-
-/// Forwards a shared follower's values (the current one first) to one proxy's watch until
-/// the watch is cancelled or the proxy stops listening (or the shared follower ends: the
-/// store closed). The watch holds `entry`, which keeps the follower running.
-pub(crate) fn forward<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
-    entry: Arc<Entry<T>>,
-    id: CorrelationId,
-    tx: EventSender<T>,
-    cancel: CancellationToken,
-) -> impl Future<Output = Result<(), DataSourceError>> + Send {
-    let mut rx = entry.rx.clone();
-    rx.mark_changed();
-    let updates = Held { rx, _entry: entry };
-    futures_util::FutureExt::map(forward::forward(cancel, updates, forward::ToState { id, tx }), Ok)
-}
-
-/// A shared follower's channel, and the entry that keeps the follower alive.
-struct Held<T> {
-    rx: watch::Receiver<Value<T>>,
-    _entry: Arc<Entry<T>>,
-}
-
-impl<T: Clone + Send + Sync> forward::Updates<T> for Held<T> {
-    fn next(&mut self) -> impl Future<Output = forward::Step<T>> + Send {
-        self.rx.next()
     }
 }
 
@@ -131,7 +360,7 @@ mod tests {
             fanout.follow(&key, move |publish, stop| {
                 started.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    publish.send_replace(Some(Ok(7)));
+                    publish.0.publish(Ok(7));
                     stop.cancelled().await;
                     let _ = stopped_tx.send(key);
                 }
@@ -147,8 +376,88 @@ mod tests {
         // A later watch of "a" starts a fresh task.
         let a3 = follow("a");
         assert_eq!(started.load(Ordering::SeqCst), 3);
-        let mut rx = a3.rx.clone();
-        assert_eq!(*rx.wait_for(Option::is_some).await.unwrap(), Some(Ok(7)));
-        drop((a3, b));
+        let mut sub = Subscriber::new(a3);
+        let value = std::future::poll_fn(|cx| sub.poll_value(cx)).await;
+        assert_eq!(value, Some(Ok(7)));
+        drop((sub, b));
+    }
+
+    /// Polls once with a waker that counts its wakes.
+    fn poll_counting<T: Clone>(
+        sub: &mut Subscriber<T>,
+        wakes: &Arc<Counter>,
+    ) -> Poll<Option<Result<T, DataSourceError>>> {
+        let waker = Waker::from(Arc::clone(wakes));
+        sub.poll_value(&mut Context::from_waker(&waker))
+    }
+
+    #[derive(Default)]
+    struct Counter(AtomicUsize);
+
+    impl std::task::Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn subscribers_get_the_latest_value_once_and_are_woken_for_the_next() {
+        let fanout: Fanout<&str, u32> = Fanout::new("test", TaskTracker::new());
+        let (publisher_tx, publisher_rx) = std::sync::mpsc::channel();
+        let entry = fanout.follow(&"k", move |publish, stop| {
+            publisher_tx.send(publish).unwrap();
+            async move { stop.cancelled().await }
+        });
+        let publish = publisher_rx.recv().unwrap();
+        let (early_wakes, late_wakes) = (Arc::new(Counter::default()), Arc::new(Counter::default()));
+        let mut early = Subscriber::new(Arc::clone(&entry));
+        assert!(poll_counting(&mut early, &early_wakes).is_pending(), "no value yet");
+        assert!(
+            poll_counting(&mut early, &early_wakes).is_pending(),
+            "polled twice, one waker kept"
+        );
+        publish.0.publish(Ok(1));
+        publish.0.publish(Ok(2));
+        assert_eq!(
+            early_wakes.0.load(Ordering::SeqCst),
+            1,
+            "woken once, by the first value"
+        );
+        assert_eq!(
+            poll_counting(&mut early, &early_wakes),
+            Poll::Ready(Some(Ok(2))),
+            "the latest only"
+        );
+        assert!(poll_counting(&mut early, &early_wakes).is_pending(), "nothing new");
+
+        // A subscriber that arrives later starts from the current value; a gone subscriber's
+        // slot is reused.
+        let mut late = Subscriber::new(Arc::clone(&entry));
+        assert_eq!(poll_counting(&mut late, &late_wakes), Poll::Ready(Some(Ok(2))));
+        drop(late);
+        let mut again = Subscriber::new(Arc::clone(&entry));
+        assert_eq!(
+            entry.latest.inner.lock().wakers.len(),
+            2,
+            "the gone subscriber's slot reused"
+        );
+        assert_eq!(poll_counting(&mut again, &late_wakes), Poll::Ready(Some(Ok(2))));
+
+        publish.0.publish(Err(DataSourceError::Unavailable("down".into())));
+        assert_eq!(early_wakes.0.load(Ordering::SeqCst), 2);
+        assert!(matches!(
+            poll_counting(&mut early, &early_wakes),
+            Poll::Ready(Some(Err(_)))
+        ));
+        assert!(poll_counting(&mut early, &early_wakes).is_pending());
+        // The follower ends (the store closed): every subscriber is woken, and ends.
+        drop(publish);
+        assert_eq!(early_wakes.0.load(Ordering::SeqCst), 3);
+        assert_eq!(poll_counting(&mut early, &early_wakes), Poll::Ready(None));
+        assert!(
+            matches!(poll_counting(&mut again, &late_wakes), Poll::Ready(Some(Err(_)))),
+            "what was published before the end is still had"
+        );
+        assert_eq!(poll_counting(&mut again, &late_wakes), Poll::Ready(None));
     }
 }

@@ -2,7 +2,7 @@
 //! Used by servers for agentless proxies. Values derived from the catalog are materialized
 //! once per change and shared by every proxy watching the same thing.
 
-use crate::fanout::{Entry, Fanout, Value};
+use crate::fanout::{Entry, Fanout, Publisher};
 use crate::follow::Follower;
 use crate::resolve;
 use crate::views::Views;
@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use catalog::{Payload, Store, Topic};
 use proxycfg::data_sources::*;
 use proxycfg::forward;
-use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, WatchFuture};
+use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, Subscription, WatchFuture};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, ResolvedServiceConfig};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +24,10 @@ struct Shared {
     resolved: Views<ResolvedServiceConfigRequest, ResolvedServiceConfig>,
     /// One follower per distinct request for the watches every proxy repeats.
     roots_followers: Fanout<CaRootsRequest, Arc<structs::IndexedCaRoots>>,
+    /// One config entry, by kind and name (every sidecar watches the `mesh` entry).
+    entry_followers: Fanout<(ConfigEntryKind, String), Option<Arc<ConfigEntry>>>,
+    /// The proxy and service defaults every resolved config starts from.
+    defaults_followers: Fanout<(), Arc<Defaults>>,
     health_followers: Fanout<HealthRequest, Arc<Vec<CheckServiceNode>>>,
     chain_followers: Fanout<DiscoveryChainRequest, Arc<CompiledDiscoveryChain>>,
 }
@@ -46,6 +51,8 @@ pub fn server_data_sources_tracked(store: Store, tasks: &TaskTracker) -> DataSou
         store,
         resolved: Views::default(),
         roots_followers: Fanout::new("ca_roots", tasks.clone()),
+        entry_followers: Fanout::new("config_entry", tasks.clone()),
+        defaults_followers: Fanout::new("defaults", tasks.clone()),
         health_followers: Fanout::new("health", tasks.clone()),
         chain_followers: Fanout::new("discovery_chain", tasks.clone()),
     });
@@ -80,10 +87,10 @@ fn run<T: Into<UpdatePayload> + Clone + Send>(
 }
 
 /// Like [`run`] for a shared follower: publishes what `derive` makes of each change on
-/// `publish` (every proxy's watch forwards from it) until stopped or the store closes.
+/// `publish` (every proxy's watch subscribes to it) until stopped or the store closes.
 async fn publish_from<T: Clone + Send + Sync + 'static>(
     follower: Follower,
-    publish: tokio::sync::watch::Sender<Value<T>>,
+    publish: Publisher<T>,
     stop: CancellationToken,
     derive: impl FnMut(&Follower) -> Option<Result<T, DataSourceError>> + Send,
 ) {
@@ -121,58 +128,120 @@ impl DataSource<CaRootsRequest> for ServerCaRoots {
     where
         Self: 'w,
     {
-        let entry = self.0.check_dc(&req.datacenter).map(|()| {
-            self.0.roots_followers.follow(&req, |publish, stop| {
-                let follower = Follower::new(&self.0.store, vec![Topic::CaRoots]);
-                publish_from(follower, publish, stop, |f| match f.get(0) {
-                    Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
-                    _ => None,
-                })
+        crate::fanout::watch(self.follow(&req), id, tx, cancel)
+    }
+
+    fn subscribe(&self, req: &CaRootsRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::subscribe(self.follow(req)))
+    }
+}
+
+impl ServerCaRoots {
+    fn follow(&self, req: &CaRootsRequest) -> Result<Arc<Entry<Arc<structs::IndexedCaRoots>>>, DataSourceError> {
+        self.0.follow_roots(req)
+    }
+}
+
+impl Shared {
+    /// The shared follower of the CA roots.
+    fn follow_roots(&self, req: &CaRootsRequest) -> Result<Arc<Entry<Arc<structs::IndexedCaRoots>>>, DataSourceError> {
+        self.check_dc(&req.datacenter)?;
+        Ok(self.roots_followers.follow(req, |publish, stop| {
+            let follower = Follower::new(&self.store, vec![Topic::CaRoots]);
+            publish_from(follower, publish, stop, |f| match f.get(0) {
+                Some(Payload::CaRoots(roots)) => Some(Ok(Arc::clone(roots))),
+                _ => None,
             })
-        });
-        crate::fanout::watch(entry, id, tx, cancel)
+        }))
     }
 }
 
 /// Leaf certificates, reissued when the CA changes and refreshed before they expire.
 pub struct ServerLeaf(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<LeafRequest> for ServerLeaf {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: LeafRequest,
         id: CorrelationId,
         tx: EventSender<Arc<structs::IssuedCert>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        if let Err(e) = self.0.check_dc(&req.datacenter) {
-            return forward::refuse(id, tx, e, cancel).await;
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        crate::fanout::watch_updates(LeafWatch::new(&self.0, req), id, tx, cancel)
+    }
+
+    fn subscribe(&self, req: &LeafRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::boxed(LeafWatch::new(&self.0, req.clone())))
+    }
+}
+
+/// One leaf watch: the certificate again whenever the CA roots change (the shared roots
+/// follower), and when it is due for renewal (the store reissues it then).
+struct LeafWatch {
+    roots: crate::fanout::Subscriber<Arc<structs::IndexedCaRoots>>,
+    /// When to ask again, once a certificate was had.
+    renew: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    shared: Arc<Shared>,
+    req: LeafRequest,
+}
+
+impl LeafWatch {
+    fn new(shared: &Arc<Shared>, req: LeafRequest) -> Result<Self, DataSourceError> {
+        let roots = shared.follow_roots(&CaRootsRequest {
+            datacenter: req.datacenter.clone(),
+        })?;
+        Ok(Self {
+            roots: crate::fanout::Subscriber::new(roots),
+            renew: None,
+            shared: Arc::clone(shared),
+            req,
+        })
+    }
+
+    fn poll_leaf(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Arc<structs::IssuedCert>, DataSourceError>>> {
+        let mut due = match self.roots.poll_value(cx) {
+            // The store closed: the watch ends.
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Ready(Some(_)) => true,
+            Poll::Pending => false,
+        };
+        if let Some(renew) = &mut self.renew {
+            due |= renew.as_mut().poll(cx).is_ready();
         }
-        let store = self.0.store.clone();
-        let mut follower = Follower::new(&store, vec![Topic::CaRoots]);
-        let mut refresh_at: Option<tokio::time::Instant> = None;
-        loop {
-            let until_refresh = refresh_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Ok(()),
-                changed = follower.changed() => if changed.is_err() { return Ok(()) },
-                () = tokio::time::sleep_until(until_refresh), if refresh_at.is_some() => {}
-            }
-            let result = store
-                .leaf_with_sans(&req.service, &req.dns_sans)
-                .map_err(|e| DataSourceError::Unavailable(e.to_string()));
-            if let Ok(cert) = &result {
-                // Ask again once it is due for renewal (the store reissues it then).
-                let due = cert.renew_at() + Duration::from_secs(1);
-                let wait = due.duration_since(SystemTime::now()).unwrap_or(Duration::from_secs(1));
-                refresh_at = Some(tokio::time::Instant::now() + wait);
-            }
-            if tx.send(id.clone(), result).await.is_err() {
-                return Ok(());
+        if !due {
+            return Poll::Pending;
+        }
+        let result = self
+            .shared
+            .store
+            .leaf_with_sans(&self.req.service, &self.req.dns_sans)
+            .map_err(|e| DataSourceError::Unavailable(e.to_string()));
+        if let Ok(cert) = &result {
+            let due = cert.renew_at() + Duration::from_secs(1);
+            let wait = due.duration_since(SystemTime::now()).unwrap_or(Duration::from_secs(1));
+            let at = tokio::time::Instant::now() + wait;
+            match &mut self.renew {
+                Some(renew) => renew.as_mut().reset(at),
+                None => self.renew = Some(Box::pin(tokio::time::sleep_until(at))),
             }
         }
+        Poll::Ready(Some(result))
+    }
+}
+
+impl Subscription for LeafWatch {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+        self.poll_leaf(cx)
+            .map(|value| value.map(|result| result.map(Into::into)))
+    }
+}
+
+impl forward::Updates<Arc<structs::IssuedCert>> for LeafWatch {
+    fn next(&mut self) -> impl Future<Output = forward::Step<Arc<structs::IssuedCert>>> + Send {
+        std::future::poll_fn(|cx| self.poll_leaf(cx).map(|value| value.map(Some)))
     }
 }
 
@@ -217,6 +286,10 @@ impl DataSource<HealthRequest> for ServerHealth {
     {
         crate::fanout::watch(self.follow(req), id, tx, cancel)
     }
+
+    fn subscribe(&self, req: &HealthRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::subscribe(self.follow(req.clone())))
+    }
 }
 
 impl ServerHealth {
@@ -258,24 +331,38 @@ impl ServerHealth {
     }
 }
 
-/// One config entry.
+/// One config entry: one shared follower per kind and name.
 pub struct ServerConfigEntry(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<ConfigEntryRequest> for ServerConfigEntry {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: ConfigEntryRequest,
         id: CorrelationId,
         tx: EventSender<Option<Arc<ConfigEntry>>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        let follower = Follower::new(&self.0.store, vec![Topic::ConfigEntry(req.kind, req.name.clone())]);
-        run(follower, id, tx, cancel, |f| match f.get(0) {
-            Some(Payload::ConfigEntry(entry)) => Some(Ok(entry.clone())),
-            _ => None,
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        crate::fanout::watch(Ok(self.follow(&req)), id, tx, cancel)
+    }
+
+    fn subscribe(&self, req: &ConfigEntryRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::subscribe(Ok(self.follow(req))))
+    }
+}
+
+impl ServerConfigEntry {
+    fn follow(&self, req: &ConfigEntryRequest) -> Arc<Entry<Option<Arc<ConfigEntry>>>> {
+        let key = (req.kind, req.name.clone());
+        self.0.entry_followers.follow(&key, |publish, stop| {
+            let follower = Follower::new(&self.0.store, vec![Topic::ConfigEntry(req.kind, req.name.clone())]);
+            publish_from(follower, publish, stop, |f| match f.get(0) {
+                Some(Payload::ConfigEntry(entry)) => Some(Ok(entry.clone())),
+                _ => None,
+            })
         })
-        .await
     }
 }
 
@@ -307,34 +394,67 @@ fn defaults_topics() -> Vec<Topic> {
     ]
 }
 
-/// Central config resolved for a service and its upstreams.
+/// The inputs every resolved service config is made from: the global proxy defaults and every
+/// service's defaults, with the indexes they were read at.
+struct Defaults {
+    proxy: Option<Arc<ConfigEntry>>,
+    services: Arc<Vec<Arc<ConfigEntry>>>,
+    versions: Vec<u64>,
+}
+
+/// Central config resolved for a service and its upstreams: each watch derives its own from
+/// the defaults one shared follower reads (the derived value itself shared through the views
+/// when another proxy asks the same).
 pub struct ServerResolvedServiceConfig(Arc<Shared>);
 
-#[async_trait]
 impl DataSource<ResolvedServiceConfigRequest> for ServerResolvedServiceConfig {
-    async fn notify(
+    fn notify<'w>(
         self: Arc<Self>,
         req: ResolvedServiceConfigRequest,
         id: CorrelationId,
         tx: EventSender<Arc<ResolvedServiceConfig>>,
         cancel: CancellationToken,
-    ) -> Result<(), DataSourceError> {
-        if let Err(e) = self.0.check_dc(&req.datacenter) {
-            return forward::refuse(id, tx, e, cancel).await;
-        }
-        let follower = Follower::new(&self.0.store, defaults_topics());
-        let shared = Arc::clone(&self.0);
-        run(follower, id, tx, cancel, move |f| {
+    ) -> WatchFuture<'w>
+    where
+        Self: 'w,
+    {
+        crate::fanout::watch_updates(resolved_watch(&self.0, req), id, tx, cancel)
+    }
+
+    fn subscribe(&self, req: &ResolvedServiceConfigRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::boxed(resolved_watch(&self.0, req.clone())))
+    }
+}
+
+type ResolvedWatch = crate::fanout::Derived<
+    Arc<Defaults>,
+    Box<dyn FnMut(Arc<Defaults>) -> Option<Result<Arc<ResolvedServiceConfig>, DataSourceError>> + Send>,
+>;
+
+/// The watch of `req`: the shared defaults, resolved for it.
+fn resolved_watch(shared: &Arc<Shared>, req: ResolvedServiceConfigRequest) -> Result<ResolvedWatch, DataSourceError> {
+    shared.check_dc(&req.datacenter)?;
+    let defaults = shared.defaults_followers.follow(&(), |publish, stop| {
+        let follower = Follower::new(&shared.store, defaults_topics());
+        publish_from(follower, publish, stop, |f| {
             let (Some(Payload::ConfigEntry(proxy)), Some(Payload::ConfigEntries(services))) = (f.get(0), f.get(1))
             else {
                 return None;
             };
-            Some(Ok(shared.resolved.get_or_make(&req, &f.versions(), || {
-                resolve::resolved_config(&req, proxy.as_ref(), services)
+            Some(Ok(Arc::new(Defaults {
+                proxy: proxy.clone(),
+                services: Arc::clone(services),
+                versions: f.versions(),
             })))
         })
-        .await
-    }
+    });
+    let shared = Arc::clone(shared);
+    let derive = move |d: Arc<Defaults>| {
+        Some(Ok(shared.resolved.get_or_make(&req, &d.versions, || {
+            resolve::resolved_config(&req, d.proxy.as_ref(), &d.services)
+        })))
+    };
+    Ok(crate::fanout::Derived::new(defaults, Box::new(derive)))
 }
 
 /// Discovery chains, compiled from the routing entries (`discovery_chain`). A chain reads
@@ -354,6 +474,10 @@ impl DataSource<DiscoveryChainRequest> for ServerDiscoveryChain {
         Self: 'w,
     {
         crate::fanout::watch(self.follow(req), id, tx, cancel)
+    }
+
+    fn subscribe(&self, req: &DiscoveryChainRequest) -> Option<Box<dyn Subscription>> {
+        Some(crate::fanout::subscribe(self.follow(req.clone())))
     }
 }
 

@@ -253,3 +253,97 @@ async fn proxies_watching_the_same_service_share_one_result() {
     );
     manager.shutdown().await;
 }
+
+/// A proxy's leaf follows the CA: after a rotation its snapshot carries a leaf from the new
+/// root, with both roots trusted; a second proxy of another service sharing the roots
+/// follower gets its own new leaf too. Service defaults written after the start reach the
+/// resolved config (the shared defaults follower), and the `mesh` entry reaches every proxy.
+#[tokio::test]
+async fn leaves_follow_a_ca_rotation_and_defaults_follow_their_entries() {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    register(&store, "n1", "10.0.0.1", sidecar("web", 21000, &[("api", 9191)])).await;
+    register(&store, "n2", "10.0.0.2", sidecar("api", 21000, &[])).await;
+    let manager = Manager::new(
+        ManagerConfig::default(),
+        proxycfg_glue::server_data_sources(store.clone()),
+    );
+    let mut watchers = Vec::new();
+    for (node, name) in [("n1", "web-sidecar-proxy"), ("n2", "api-sidecar-proxy")] {
+        let id = ProxyId::new(node, name);
+        watchers.push(manager.watch(&id));
+        let service = store.read().service(node, name).unwrap();
+        manager
+            .register(
+                ProxyRegistration {
+                    id,
+                    service,
+                    token: String::new(),
+                },
+                ProxySource::Catalog,
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let leaf_of = |s: &ConfigSnapshot| s.connect_proxy().unwrap().leaf.clone().unwrap();
+    let mut first = Vec::new();
+    for w in &mut watchers {
+        let snap = next_where(w, |s| s.connect_proxy().is_some_and(|c| c.leaf.is_some())).await;
+        first.push(leaf_of(&snap));
+    }
+
+    let mut config = store.read().ca().unwrap().config.clone();
+    config.private_key_type = "ec".into();
+    config.private_key_bits = 384;
+    store.write(Op::CaConfigure(config)).await.unwrap();
+    let active = store.read().ca_roots().active_root_id.clone();
+    for (w, before) in watchers.iter_mut().zip(&first) {
+        let snap = next_where(w, |s| {
+            s.roots.as_ref().is_some_and(|r| r.active_root_id == active) && leaf_of(s).cert_pem != before.cert_pem
+        })
+        .await;
+        assert_eq!(
+            snap.roots.as_ref().unwrap().roots.len(),
+            2,
+            "the old root is still trusted"
+        );
+        assert_eq!(leaf_of(&snap).service_uri, before.service_uri);
+    }
+
+    store
+        .write(Op::ConfigSet {
+            entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
+                name: "api".into(),
+                protocol: "http".into(),
+                ..Default::default()
+            })),
+            cas: None,
+        })
+        .await
+        .unwrap();
+    next_where(&mut watchers[1], |s| {
+        s.connect_proxy()
+            .and_then(|c| c.resolved_config.as_ref())
+            .is_some_and(|r| r.proxy_config.get("protocol").and_then(|p| p.as_str()) == Some("http"))
+    })
+    .await;
+
+    store
+        .write(Op::ConfigSet {
+            entry: Box::new(ConfigEntry::Mesh(structs::config_entry::MeshConfig {
+                name: "mesh".into(),
+                ..Default::default()
+            })),
+            cas: None,
+        })
+        .await
+        .unwrap();
+    for w in &mut watchers {
+        next_where(w, |s| {
+            s.connect_proxy()
+                .and_then(|c| c.mesh_config.as_ref())
+                .is_some_and(|m| m.is_some())
+        })
+        .await;
+    }
+}

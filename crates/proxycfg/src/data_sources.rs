@@ -185,6 +185,27 @@ pub trait DataSource<R: WatchRequest>: Send + Sync {
         tx: EventSender<R::Response>,
         cancel: CancellationToken,
     ) -> Result<(), DataSourceError>;
+
+    /// A subscription to `req` that the State polls itself, if this source can give one
+    /// (`None` by default: the watch runs [`DataSource::notify`]'s future). A source whose
+    /// values are shared by many watches (a follower per distinct request, publishing its
+    /// latest value) answers here: such a watch then costs a few words and a waker slot, not a
+    /// future, a task node and an abort handle of its own. Dropping it ends the watch.
+    fn subscribe(&self, _req: &R) -> Option<Box<dyn Subscription>> {
+        None
+    }
+}
+
+/// A watch polled by its State's own task (see [`DataSource::subscribe`]): the latest result
+/// it has not yet yielded, once there is one.
+pub trait Subscription: Send {
+    /// `Ready(Some(result))` for a result not yielded before; `Pending` (with `cx`'s waker
+    /// registered) until there is one; `Ready(None)` once the source has ended (the store
+    /// closed), after which it is not polled again.
+    fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<UpdatePayload, DataSourceError>>>;
 }
 
 /// Trust bundle of a datacenter.

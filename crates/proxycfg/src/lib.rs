@@ -26,7 +26,8 @@ mod watches;
 
 pub use correlation::CorrelationId;
 pub use data_sources::{
-    DataSource, DataSourceError, DataSources, EventSender, UpdateEvent, UpdatePayload, WatchFuture, WatchRequest,
+    DataSource, DataSourceError, DataSources, EventSender, Subscription, UpdateEvent, UpdatePayload, WatchFuture,
+    WatchRequest,
 };
 pub use manager::{DEFAULT_COALESCE, Manager, ManagerConfig, ProxyStatus, RegisterError, WatchEvent, Watcher};
 pub use metrics::{Metrics, MetricsSnapshot};

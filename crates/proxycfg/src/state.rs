@@ -147,12 +147,17 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 trace!(version = snapshot.version, "snapshot published");
             }
             Some(event) = rx.recv() => {
+                if apply(*event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors) {
+                    window.changed();
+                }
+            }
+            // The watches run here, in the State's task: futures send into `rx`,
+            // subscriptions' results come straight back.
+            event = std::future::poll_fn(|cx| watches.poll_event(cx)) => {
                 if apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors) {
                     window.changed();
                 }
             }
-            // The watches run here, in the State's task; they send into `rx`.
-            () = watches.drive() => {}
         }
     }
     watches.shutdown();
@@ -191,7 +196,7 @@ impl Window {
 /// Folds one update into the snapshot; true when it changed it. Updates of cancelled
 /// watches and data-source errors leave the last good data in place.
 fn apply(
-    event: Box<UpdateEvent>,
+    event: UpdateEvent,
     handler: &mut dyn crate::handler::KindHandler,
     snapshot: &mut ConfigSnapshot,
     watches: &mut Watches,
@@ -203,7 +208,6 @@ fn apply(
         trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
         return false;
     }
-    let event = *event;
     match event.result {
         Err(err) => {
             metrics.data_source_error();

@@ -1,17 +1,25 @@
 //! The running watches of one proxy State: started, cancelled and dropped here only.
 //!
-//! Each watch is a future in the State's own set, polled by the State's task (a proxy has a
-//! few dozen watches, and a task each would cost more memory than the watches themselves): the
-//! State owns them. Cancelling one watch aborts its future, which the set then drops; stopping
-//! the State fires the State's token, which every watch was given, and drops the whole set.
+//! A watch is one of two things, both polled by the State's own task (a proxy has a few dozen
+//! watches, and a task each would cost more memory than the watches themselves), and both
+//! owned by the State:
+//! - a subscription ([`DataSource::subscribe`]): the latest value of a follower many proxies
+//!   share, polled here directly, its results handed to the State as they are taken — a few
+//!   words per watch;
+//! - otherwise the data source's future ([`DataSource::notify`]), in the State's set of
+//!   futures, sending its results through the State's queue.
+//!
+//! Cancelling one watch drops its subscription, or aborts its future, which the set then
+//! drops; stopping the State fires the State's token, which every future was given, and drops
+//! them all.
 //! Each start gets a fresh generation number, stamped on the events it sends, so an update
 //! still queued from a cancelled start is recognised and dropped. Each watch remembers a hash
 //! of its request, so [`Watches::ensure`] restarts a watch only when what it asks for changed.
 
-use crate::data_sources::{DataSource, EventSender, UpdateEvent, WatchRequest};
+use crate::data_sources::{DataSource, EventSender, Subscription, UpdateEvent, WatchRequest};
 use crate::{CorrelationId, Metrics};
 use futures_util::future::{AbortHandle, Abortable};
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use std::{
     collections::HashMap,
     future::Future,
@@ -27,7 +35,29 @@ use tracing::{Span, debug, warn};
 struct Running {
     generation: u64,
     request_hash: u64,
-    abort: AbortHandle,
+    how: How,
+}
+
+/// How a watch runs.
+enum How {
+    /// Its future, in the State's set.
+    Future(AbortHandle),
+    /// Its subscription, polled by [`Watches::poll_event`].
+    Polled(PolledWatch),
+    /// Its subscription ended (the store closed): nothing more comes.
+    Ended,
+}
+
+/// A subscription, counted in the live-watch gauge until it is dropped.
+struct PolledWatch {
+    sub: Box<dyn Subscription>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for PolledWatch {
+    fn drop(&mut self) {
+        self.metrics.watch_stopped();
+    }
 }
 
 fn hash_of<R: Hash>(req: &R) -> u64 {
@@ -43,6 +73,8 @@ pub struct Watches {
     tx: mpsc::Sender<Box<UpdateEvent>>,
     state_cancel: CancellationToken,
     next_generation: u64,
+    /// Where in `running` [`Watches::poll_event`] looks first.
+    poll_from: usize,
     metrics: Arc<Metrics>,
     /// The proxy's failing watches: a cancelled watch's error goes with it.
     errors: crate::state::WatchErrors,
@@ -96,6 +128,7 @@ impl Watches {
             tx,
             state_cancel: cancel,
             next_generation: 1,
+            poll_from: 0,
             metrics,
             errors,
         }
@@ -117,23 +150,32 @@ impl Watches {
         let generation = self.next_generation;
         self.next_generation += 1;
         let request_hash = hash_of(&req);
-        let sender = EventSender::new(self.tx.clone(), generation);
-        let notify = Arc::clone(source).notify(req, id.clone(), sender, self.state_cancel.clone());
         self.metrics.watch_started();
-        let task = WatchTask {
-            notify,
-            span: Span::current(),
-            metrics: Arc::clone(&self.metrics),
+        let how = match source.subscribe(&req) {
+            Some(sub) => How::Polled(PolledWatch {
+                sub,
+                metrics: Arc::clone(&self.metrics),
+            }),
+            None => {
+                let sender = EventSender::new(self.tx.clone(), generation);
+                let notify = Arc::clone(source).notify(req, id.clone(), sender, self.state_cancel.clone());
+                let task = WatchTask {
+                    notify,
+                    span: Span::current(),
+                    metrics: Arc::clone(&self.metrics),
+                };
+                let (abort, registration) = AbortHandle::new_pair();
+                self.tasks.push(Abortable::new(task, registration));
+                How::Future(abort)
+            }
         };
-        let (abort, registration) = AbortHandle::new_pair();
-        self.tasks.push(Abortable::new(task, registration));
         debug!(%id, generation, "watch started");
         self.running.insert(
             id,
             Running {
                 generation,
                 request_hash,
-                abort,
+                how,
             },
         );
     }
@@ -142,7 +184,9 @@ impl Watches {
     pub fn cancel(&mut self, id: &CorrelationId) -> bool {
         match self.running.remove(id) {
             Some(r) => {
-                r.abort.abort();
+                if let How::Future(abort) = &r.how {
+                    abort.abort();
+                }
                 let mut errors = self.errors.lock();
                 if !errors.is_empty() {
                     errors.remove(&id.to_string());
@@ -185,14 +229,45 @@ impl Watches {
             .is_some_and(|r| r.generation == event.generation)
     }
 
-    /// Runs the watches; never completes (with no watches it just waits). The State polls it
-    /// beside its queue: that is what makes the watches progress.
-    pub(crate) async fn drive(&mut self) {
-        loop {
-            if self.tasks.next().await.is_none() {
-                std::future::pending::<()>().await;
+    /// Runs the watches until a subscription has a result, and returns it as an update of its
+    /// watch; the futures make progress here too (they send into the State's queue). The State
+    /// polls this beside its queue: that is what makes the watches progress.
+    pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<UpdateEvent> {
+        // Until the set is empty or every future in it is waiting.
+        while let Poll::Ready(Some(_)) = self.tasks.poll_next_unpin(cx) {}
+        let mut ended = Vec::new();
+        // From where the last result was found, round the map: a subscription that changes
+        // often does not keep the others waiting.
+        let start = self.poll_from;
+        for range in [start..usize::MAX, 0..start] {
+            for (at, (id, running)) in self.running.iter_mut().enumerate() {
+                if !range.contains(&at) {
+                    continue;
+                }
+                let How::Polled(watch) = &mut running.how else {
+                    continue;
+                };
+                match watch.sub.poll_next(cx) {
+                    Poll::Pending => {}
+                    Poll::Ready(Some(result)) => {
+                        self.poll_from = at + 1;
+                        return Poll::Ready(UpdateEvent {
+                            correlation_id: id.clone(),
+                            result,
+                            generation: running.generation,
+                        });
+                    }
+                    Poll::Ready(None) => ended.push(id.clone()),
+                }
             }
         }
+        for id in ended {
+            debug!(%id, "watch ended: its source closed");
+            if let Some(running) = self.running.get_mut(&id) {
+                running.how = How::Ended;
+            }
+        }
+        Poll::Pending
     }
 
     /// Cancels every watch and drops them all.
