@@ -138,7 +138,7 @@ struct TypeView {
     last_acked: Option<(String, TypeVersion, SystemTime)>,
     last_nack: Option<(String, String, SystemTime)>,
     /// By name (the proxy's resources' own names, shared).
-    resources: BTreeMap<Arc<str>, Resource>,
+    resources: SortedMap<Arc<str>, Resource>,
     /// Responses in flight, oldest first: sequence number, nonce, version, when.
     pending: Vec<(u32, String, TypeVersion, Instant)>,
     next_seq: u32,
@@ -155,7 +155,7 @@ struct ViewState {
     snapshot_at: Option<SystemTime>,
     current: Option<Arc<VersionedResources>>,
     /// By type URL (meshd's own constants: no copy per stream).
-    types: BTreeMap<&'static str, TypeView>,
+    types: SortedMap<&'static str, TypeView>,
     stuck: bool,
     /// The stream was told to reset (counted once).
     reset: bool,
@@ -184,7 +184,9 @@ impl StreamView {
         let Some(kind) = crate::resources::ResourceType::from_url(sent.type_url) else {
             return;
         };
-        let t = st.types.entry(crate::resources::TYPES[kind.index()]).or_default();
+        let t = st
+            .types
+            .get_or_insert_with(crate::resources::TYPES[kind.index()], TypeView::default);
         t.next_seq = t.next_seq.wrapping_add(1);
         let seq = t.next_seq;
         if sent.replaces {
@@ -230,6 +232,7 @@ impl StreamView {
         };
         t.last_sent = Some((sent.nonce.to_owned(), Arc::clone(&version), now));
         t.pending.push((seq, sent.nonce.to_owned(), version, Instant::now()));
+        t.resources.trim();
         self.pending_total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -370,7 +373,7 @@ fn each_resource_state<'a>(
             .as_ref()
             .map(|(_, _, at)| *at)
             .max(nack.map(|(_, _, at)| *at));
-        for (name, r) in &v.resources {
+        for (name, r) in v.resources.iter() {
             let error = (r.state == ResourceState::Error)
                 .then(|| nack.map(|(_, e, _)| e.as_str()))
                 .flatten();
@@ -720,8 +723,11 @@ pub(crate) fn name_of(value: &[u8]) -> &str {
     ""
 }
 
+mod sorted;
 #[cfg(test)]
 mod tests;
+
+use sorted::SortedMap;
 
 // The per-resource record's size is what the tracking costs per resource of every stream.
 const _: () = assert!(std::mem::size_of::<Resource>() == 24);

@@ -332,3 +332,29 @@ fn an_updated_cluster_gets_its_unchanged_load_assignment_again() {
     let sent: Vec<(&str, Vec<&str>)> = out.iter().map(|r| (r.type_url.as_str(), names(r))).collect();
     assert_eq!(sent, [(CLUSTER, vec!["c"])]);
 }
+
+#[test]
+fn a_held_version_is_ours_packed_only_when_it_is_exactly_our_form() {
+    let ours = "0123456789abcdef0123456789abcdef";
+    assert!(matches!(Held::of(ours), Held::Ours(_)));
+    assert_eq!(Held::of(ours), Held::of(ours));
+    // Another form of the same digits, or another length, is another version, kept as given.
+    for other in [
+        "0123456789ABCDEF0123456789ABCDEF",
+        "0123456789abcdef",
+        "",
+        "old",
+        "zz23456789abcdef0123456789abcdef",
+    ] {
+        assert_eq!(Held::of(other), Held::Other(other.into()), "{other:?}");
+        assert_ne!(Held::of(other), Held::of(ours));
+    }
+    // A proxy reconnecting with a version of another form is sent the resource again.
+    let current = res(&[(CLUSTER, "a", b"1")]);
+    let version = current.get(CLUSTER, "a").unwrap().version.clone();
+    let mut st = DeltaState::default();
+    let mut req = subscribe(CLUSTER, &[]);
+    req.initial_resource_versions.insert("a".into(), version.to_uppercase());
+    st.on_request(&req);
+    assert_eq!(names(&st.responses(&current)[0]), vec!["a"]);
+}
