@@ -75,10 +75,14 @@ impl ConnectProxyHandler {
         watches.start(
             &s.resolved_service_config,
             CorrelationId::ResolvedServiceConfig,
+            // The service-level settings only: per-upstream settings reach the proxy through
+            // its registration (the config source merges them in), and the snapshot's
+            // consumers read the service's protocol alone. Every instance of a service then
+            // shares one resolved value, and no proxy holds a config map per upstream.
             ResolvedServiceConfigRequest {
                 datacenter: dc,
                 name: dest,
-                upstreams: proxy.upstreams.iter().map(|u| u.id()).collect(),
+                upstreams: Vec::new(),
             },
         );
         if proxy.expose.checks {
