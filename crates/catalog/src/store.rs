@@ -232,19 +232,26 @@ impl Store {
         rx.await.map_err(|_| WriteError::Closed)?
     }
 
-    /// Waits until the index of `key` passes `after`, or `timeout` elapses; returns the state
-    /// then current. Cheap per waiter: one watch receiver on a per-key channel.
-    pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
-        let mut rx = {
-            let mut guard = self.inner.watches.lock();
-            let Some(watches) = guard.as_mut() else {
-                return self.read();
-            };
-            watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
+    /// The index of `key`, as a channel that changes with it: for a long-lived follower of a
+    /// few keys, which keeps its receivers rather than waiting anew each time. `None` once
+    /// waits are released (the store is closing); the channel closes then too.
+    pub fn index_receiver(&self, key: &IndexKey) -> Option<watch::Receiver<Index>> {
+        let mut guard = self.inner.watches.lock();
+        let watches = guard.as_mut()?;
+        watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
+        Some(
             watches
                 .entry(key.clone())
                 .or_insert_with(|| watch::Sender::new(self.read().index_of(key)))
-                .subscribe()
+                .subscribe(),
+        )
+    }
+
+    /// Waits until the index of `key` passes `after`, or `timeout` elapses; returns the state
+    /// then current. Cheap per waiter: one watch receiver on a per-key channel.
+    pub async fn wait(&self, key: &IndexKey, after: Index, timeout: Duration) -> Arc<State> {
+        let Some(mut rx) = self.index_receiver(key) else {
+            return self.read();
         };
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);

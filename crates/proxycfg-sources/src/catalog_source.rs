@@ -18,9 +18,9 @@ use proxycfg::{
     Manager, ProxyId, ProxyRegistration, ProxyRequest, ProxySource, RegisterError, SnapshotSource, SourceError,
     SourceLease, Watcher,
 };
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc};
 use structs::central_config::{CentralConfig, proxy_defaults};
-use structs::{ConfigEntryKind, Index, NodeService, ServiceKind, Upstream};
+use structs::{ConfigEntryKind, NodeService, ServiceKind, Upstream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -250,21 +250,41 @@ async fn sync(
     if let Some(previous) = previous {
         let _ = previous.await;
     }
-    let node_key = IndexKey::Node(id.node.clone());
-    let proxy_defaults = IndexKey::ConfigKind(ConfigEntryKind::ProxyDefaults);
-    let service_defaults = IndexKey::ConfigKind(ConfigEntryKind::ServiceDefaults);
+    // What the registration depends on: the proxy's node, the proxy and service defaults
+    // (merged into it), and the upstreams its clients asked for. The receivers are kept for
+    // the sync's life, and the waits have no timer: a sync parks for as long as its proxy
+    // lives, and what it holds while parked is memory per proxy.
+    let keys = [
+        IndexKey::Node(id.node.clone()),
+        IndexKey::ConfigKind(ConfigEntryKind::ProxyDefaults),
+        IndexKey::ConfigKind(ConfigEntryKind::ServiceDefaults),
+    ];
+    let receiver = |key| inner.store.index_receiver(key);
+    let (Some(mut node), Some(mut proxy_defaults), Some(mut service_defaults)) =
+        (receiver(&keys[0]), receiver(&keys[1]), receiver(&keys[2]))
+    else {
+        debug!("the store is closing; no catalog sync");
+        return;
+    };
     let mut registered = false;
-    let wait = Duration::from_secs(600);
     while !cancel.is_cancelled() {
         let state = inner.store.read();
-        let seen: [Index; 3] = [
-            state.index_of(&node_key),
-            state.index_of(&proxy_defaults),
-            state.index_of(&service_defaults),
-        ];
+        for (rx, key) in [&mut node, &mut proxy_defaults, &mut service_defaults]
+            .into_iter()
+            .zip(&keys)
+        {
+            // Seen as of this read: a change past it wakes the wait below (at once if it is
+            // already on the channel but not yet in what was read).
+            rx.mark_unchanged();
+            if *rx.borrow() > state.index_of(key) {
+                rx.mark_changed();
+            }
+        }
         let wanted = requested.borrow_and_update().clone();
         match registration(&state, &id, &token, &wanted) {
-            Some(reg) => match inner.manager.register(reg, ProxySource::Catalog, false).await {
+            // Boxed: the registration's future is large and needed only for a moment, while
+            // this one lives as long as the proxy.
+            Some(reg) => match Box::pin(inner.manager.register(reg, ProxySource::Catalog, false)).await {
                 Ok(_) => registered = true,
                 Err(RegisterError::SourceConflict { existing, .. }) => {
                     debug!(%existing, "proxy registered by another source; leaving it there");
@@ -272,21 +292,25 @@ async fn sync(
                 Err(e) => warn!(error = %e, "cannot manage this proxy"),
             },
             None if registered => {
-                inner.manager.deregister(&id, ProxySource::Catalog).await;
+                Box::pin(inner.manager.deregister(&id, ProxySource::Catalog)).await;
                 registered = false;
             }
             None => debug!("no such proxy in the catalog yet"),
         }
         // Not held across the wait: a parked proxy must not pin an old catalog version.
         drop(state);
-        let store = &inner.store;
-        tokio::select! {
+        let closed = tokio::select! {
             biased;
             () = cancel.cancelled() => break,
-            _ = store.wait(&node_key, seen[0], wait) => {}
-            _ = store.wait(&proxy_defaults, seen[1], wait) => {}
-            _ = store.wait(&service_defaults, seen[2], wait) => {}
-            _ = requested.changed() => {}
+            changed = node.changed() => changed.is_err(),
+            changed = proxy_defaults.changed() => changed.is_err(),
+            changed = service_defaults.changed() => changed.is_err(),
+            _ = requested.changed() => false,
+        };
+        if closed {
+            // The store is closing: nothing will change any more.
+            cancel.cancelled().await;
+            break;
         }
     }
     if registered {
