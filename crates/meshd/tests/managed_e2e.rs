@@ -312,7 +312,17 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
             .contains("/nonexistent/proxy-binary"),
         "{failed_status}"
     );
-    assert_eq!(get(&client, &through_mesh).await.as_deref(), Some("api-1"));
+    // The others go on: a request through the mesh gets through (a few tries within 5 s: on
+    // a machine this loaded one request can outlast its 2 s timeout).
+    let mut answered = None;
+    for _ in 0..5 {
+        answered = get(&client, &through_mesh).await;
+        if answered.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(answered.as_deref(), Some("api-1"));
     // What meshd cannot run is refused at registration, naming the field.
     let script = client
         .put(a.url("/v1/agent/service/register"))

@@ -210,9 +210,12 @@ fn registration(state: &State, id: &ProxyId, token: &str, requested: &[String]) 
     let proxy_defaults_entry = state.config_entry(ConfigEntryKind::ProxyDefaults, "global");
     let service_defaults = state.config_entries(ConfigEntryKind::ServiceDefaults);
     let merged = CentralConfig::new(proxy_defaults(proxy_defaults_entry.as_ref()), &service_defaults).merge_into(&svc);
+    // When central config changes nothing, the proxy shares the catalog's copy rather than
+    // holding one of its own for its life.
+    let service = if merged == *svc { svc } else { Arc::new(merged) };
     Some(ProxyRegistration {
         id: id.clone(),
-        service: Arc::new(merged),
+        service,
         token: token.to_owned(),
     })
 }

@@ -48,16 +48,10 @@ enum How {
     Ended,
 }
 
-/// A subscription, counted in the live-watch gauge until it is dropped.
+/// A subscription. Counted in the live-watch gauge while it is in the map: [`Watches`] counts
+/// it out wherever it leaves (cancelled, ended, shut down).
 struct PolledWatch {
     sub: Box<dyn Subscription>,
-    metrics: Arc<Metrics>,
-}
-
-impl Drop for PolledWatch {
-    fn drop(&mut self) {
-        self.metrics.watch_stopped();
-    }
 }
 
 fn hash_of<R: Hash>(req: &R) -> u64 {
@@ -152,10 +146,7 @@ impl Watches {
         let request_hash = hash_of(&req);
         self.metrics.watch_started();
         let how = match source.subscribe(&req) {
-            Some(sub) => How::Polled(PolledWatch {
-                sub,
-                metrics: Arc::clone(&self.metrics),
-            }),
+            Some(sub) => How::Polled(PolledWatch { sub }),
             None => {
                 let sender = EventSender::new(self.tx.clone(), generation);
                 let notify = Arc::clone(source).notify(req, id.clone(), sender, self.state_cancel.clone());
@@ -184,8 +175,10 @@ impl Watches {
     pub fn cancel(&mut self, id: &CorrelationId) -> bool {
         match self.running.remove(id) {
             Some(r) => {
-                if let How::Future(abort) = &r.how {
-                    abort.abort();
+                match &r.how {
+                    How::Future(abort) => abort.abort(),
+                    How::Polled(_) => self.metrics.watch_stopped(),
+                    How::Ended => {}
                 }
                 let mut errors = self.errors.lock();
                 if !errors.is_empty() {
@@ -265,6 +258,7 @@ impl Watches {
             debug!(%id, "watch ended: its source closed");
             if let Some(running) = self.running.get_mut(&id) {
                 running.how = How::Ended;
+                self.metrics.watch_stopped();
             }
         }
         Poll::Pending
@@ -273,7 +267,25 @@ impl Watches {
     /// Cancels every watch and drops them all.
     pub(crate) fn shutdown(&mut self) {
         self.state_cancel.cancel();
+        self.forget_subscriptions();
         self.running.clear();
         self.tasks.clear();
+    }
+
+    /// Counts every subscription out of the live-watch gauge, and drops it.
+    fn forget_subscriptions(&mut self) {
+        for running in self.running.values_mut() {
+            if let How::Polled(_) = running.how {
+                running.how = How::Ended;
+                self.metrics.watch_stopped();
+            }
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        // However the State ended (a panic included), its subscriptions leave the gauge.
+        self.forget_subscriptions();
     }
 }

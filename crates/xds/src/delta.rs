@@ -69,14 +69,19 @@ impl Held {
 /// A resource name, shared with the snapshot's resources where it came from them.
 type Name = Arc<str>;
 
+/// A response in flight: its nonce, and what it carried (name → version, or `None` for a
+/// removal).
+type InFlight = (String, HashMap<Name, Option<Held>>);
+
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
     subscribed: BTreeSet<String>,
     /// name → version the proxy has.
     known: HashMap<Name, Held>,
-    /// Nonce in flight and what it carried: name → Some(version) or None (removal).
-    pending: Option<(String, HashMap<Name, Option<Held>>)>,
+    /// Nonce in flight and what it carried: name → Some(version) or None (removal). Boxed:
+    /// most of a stream's life nothing is in flight.
+    pending: Option<Box<InFlight>>,
     /// name → version the proxy rejected.
     rejected: HashMap<Name, Held>,
     /// The type has been asked for at least once.
@@ -164,11 +169,11 @@ impl DeltaState {
         if req.response_nonce.is_empty() {
             return Ack::None;
         }
-        match &st.pending {
+        match st.pending.as_deref() {
             Some((nonce, _)) if *nonce == req.response_nonce => {}
             _ => return Ack::Stale,
         }
-        let Some((_, sent)) = st.pending.take() else {
+        let Some((_, sent)) = st.pending.take().map(|p| *p) else {
             return Ack::Stale;
         };
         match &req.error_detail {
@@ -328,7 +333,7 @@ impl DeltaState {
         for name in sent.keys() {
             st.resend.remove(&**name);
         }
-        st.pending = Some((nonce.clone(), sent));
+        st.pending = Some(Box::new((nonce.clone(), sent)));
         st.pending_complete = complete;
         if !updated_clusters.is_empty() {
             // Marked rather than forgotten: an assignment response already in flight, once
@@ -369,10 +374,10 @@ impl DeltaState {
             return None;
         }
         let nonce = self.nonce();
-        self.served[i].pending = Some((
+        self.served[i].pending = Some(Box::new((
             nonce.clone(),
             removed.iter().map(|n| (Arc::from(n.as_str()), None)).collect(),
-        ));
+        )));
         Some(DeltaDiscoveryResponse {
             type_url: type_url.to_owned(),
             removed_resources: removed,

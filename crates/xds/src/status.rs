@@ -184,9 +184,12 @@ impl StreamView {
         let Some(kind) = crate::resources::ResourceType::from_url(sent.type_url) else {
             return;
         };
-        let t = st
-            .types
-            .get_or_insert_with(crate::resources::TYPES[kind.index()], TypeView::default);
+        let type_url = crate::resources::TYPES[kind.index()];
+        if !st.types.contains_key(type_url) {
+            st.types.insert(type_url, TypeView::default());
+            st.types.trim();
+        }
+        let Some(t) = st.types.get_mut(type_url) else { return };
         t.next_seq = t.next_seq.wrapping_add(1);
         let seq = t.next_seq;
         if sent.replaces {

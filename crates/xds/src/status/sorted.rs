@@ -58,18 +58,6 @@ impl<K: Ord, V> SortedMap<K, V> {
         }
     }
 
-    /// `key`'s value, inserted by `make` if there is none.
-    pub(super) fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
-        let at = match self.find(&key) {
-            Ok(at) => at,
-            Err(at) => {
-                self.0.insert(at, (key, make()));
-                at
-            }
-        };
-        &mut self.0[at].1
-    }
-
     pub(super) fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
@@ -121,7 +109,6 @@ mod tests {
     enum Op {
         Insert(u8, u32),
         Remove(u8),
-        GetOrInsert(u8, u32),
         RetainEven,
         Trim,
     }
@@ -130,7 +117,6 @@ mod tests {
         prop_oneof![
             (any::<u8>(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k % 40, v)),
             any::<u8>().prop_map(|k| Op::Remove(k % 40)),
-            (any::<u8>(), any::<u32>()).prop_map(|(k, v)| Op::GetOrInsert(k % 40, v)),
             Just(Op::RetainEven),
             Just(Op::Trim),
         ]
@@ -145,9 +131,6 @@ mod tests {
                 match op {
                     Op::Insert(k, v) => prop_assert_eq!(sorted.insert(k, v), btree.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(sorted.remove(&k), btree.remove(&k)),
-                    Op::GetOrInsert(k, v) => {
-                        prop_assert_eq!(*sorted.get_or_insert_with(k, || v), *btree.entry(k).or_insert(v));
-                    }
                     Op::RetainEven => {
                         sorted.retain(|_, v| *v % 2 == 0);
                         btree.retain(|_, v| *v % 2 == 0);
