@@ -8,15 +8,16 @@ use crate::resolve;
 use crate::views::Views;
 use async_trait::async_trait;
 use catalog::{Payload, Store, Topic};
+use leaf::LeafWatch;
 use proxycfg::data_sources::*;
 use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSource, DataSourceError, DataSources, EventSender, Subscription, WatchFuture};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
 use structs::{CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, ResolvedServiceConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+mod leaf;
 
 /// What every server data source shares.
 struct Shared {
@@ -175,73 +176,6 @@ impl DataSource<LeafRequest> for ServerLeaf {
 
     fn subscribe(&self, req: &LeafRequest) -> Option<Box<dyn Subscription>> {
         Some(crate::fanout::boxed(LeafWatch::new(&self.0, req.clone())))
-    }
-}
-
-/// One leaf watch: the certificate again whenever the CA roots change (the shared roots
-/// follower), and when it is due for renewal (the store reissues it then).
-struct LeafWatch {
-    roots: crate::fanout::Subscriber<Arc<structs::IndexedCaRoots>>,
-    /// When to ask again, once a certificate was had.
-    renew: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    shared: Arc<Shared>,
-    req: LeafRequest,
-}
-
-impl LeafWatch {
-    fn new(shared: &Arc<Shared>, req: LeafRequest) -> Result<Self, DataSourceError> {
-        let roots = shared.follow_roots(&CaRootsRequest {
-            datacenter: req.datacenter.clone(),
-        })?;
-        Ok(Self {
-            roots: crate::fanout::Subscriber::new(roots),
-            renew: None,
-            shared: Arc::clone(shared),
-            req,
-        })
-    }
-
-    fn poll_leaf(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Arc<structs::IssuedCert>, DataSourceError>>> {
-        let mut due = match self.roots.poll_value(cx) {
-            // The store closed: the watch ends.
-            Poll::Ready(None) => return Poll::Ready(None),
-            Poll::Ready(Some(_)) => true,
-            Poll::Pending => false,
-        };
-        if let Some(renew) = &mut self.renew {
-            due |= renew.as_mut().poll(cx).is_ready();
-        }
-        if !due {
-            return Poll::Pending;
-        }
-        let result = self
-            .shared
-            .store
-            .leaf_with_sans(&self.req.service, &self.req.dns_sans)
-            .map_err(|e| DataSourceError::Unavailable(e.to_string()));
-        if let Ok(cert) = &result {
-            let due = cert.renew_at() + Duration::from_secs(1);
-            let wait = due.duration_since(SystemTime::now()).unwrap_or(Duration::from_secs(1));
-            let at = tokio::time::Instant::now() + wait;
-            match &mut self.renew {
-                Some(renew) => renew.as_mut().reset(at),
-                None => self.renew = Some(Box::pin(tokio::time::sleep_until(at))),
-            }
-        }
-        Poll::Ready(Some(result))
-    }
-}
-
-impl Subscription for LeafWatch {
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
-        self.poll_leaf(cx)
-            .map(|value| value.map(|result| result.map(Into::into)))
-    }
-}
-
-impl forward::Updates<Arc<structs::IssuedCert>> for LeafWatch {
-    fn next(&mut self) -> impl Future<Output = forward::Step<Arc<structs::IssuedCert>>> + Send {
-        std::future::poll_fn(|cx| self.poll_leaf(cx).map(|value| value.map(Some)))
     }
 }
 
