@@ -43,6 +43,31 @@ async fn register(store: &Store, node: &str, addr: &str, svc: NodeService) {
         .unwrap();
 }
 
+/// A Manager over `store`'s server data sources with `proxies` (node, service id) registered
+/// from the catalog, and a watcher of each.
+async fn manage(store: &Store, proxies: &[(&str, &str)]) -> (Manager, Vec<Watcher>) {
+    let manager = Manager::new(
+        ManagerConfig::default(),
+        proxycfg_glue::server_data_sources(store.clone()),
+    );
+    let mut watchers = Vec::new();
+    for (node, name) in proxies {
+        let id = ProxyId::new(*node, *name);
+        watchers.push(manager.watch(&id));
+        let service = store.read().service(node, name).unwrap();
+        let registration = ProxyRegistration {
+            id,
+            service,
+            token: String::new(),
+        };
+        manager
+            .register(registration, ProxySource::Catalog, false)
+            .await
+            .unwrap();
+    }
+    (manager, watchers)
+}
+
 async fn next(w: &mut Watcher) -> Arc<ConfigSnapshot> {
     match tokio::time::timeout(Duration::from_secs(10), w.next()).await {
         Ok(Some(WatchEvent::Snapshot(s))) => s,
@@ -219,28 +244,7 @@ async fn proxies_watching_the_same_service_share_one_result() {
     register(&store, "n9", "10.0.0.9", sidecar("api", 21000, &[])).await;
     register(&store, "n1", "10.0.0.1", sidecar("web", 21000, &[("api", 9191)])).await;
     register(&store, "n2", "10.0.0.2", sidecar("billing", 21000, &[("api", 9191)])).await;
-    let manager = Manager::new(
-        ManagerConfig::default(),
-        proxycfg_glue::server_data_sources(store.clone()),
-    );
-    let mut watchers = Vec::new();
-    for (node, id) in [("n1", "web-sidecar-proxy"), ("n2", "billing-sidecar-proxy")] {
-        let pid = ProxyId::new(node, id);
-        watchers.push(manager.watch(&pid));
-        let svc = store.read().service(node, id).unwrap();
-        manager
-            .register(
-                ProxyRegistration {
-                    id: pid,
-                    service: svc,
-                    token: String::new(),
-                },
-                ProxySource::Catalog,
-                false,
-            )
-            .await
-            .unwrap();
-    }
+    let (manager, mut watchers) = manage(&store, &[("n1", "web-sidecar-proxy"), ("n2", "billing-sidecar-proxy")]).await;
     let mut endpoints = Vec::new();
     for w in &mut watchers {
         let s = next_where(w, |s| !api_endpoints(s).is_empty()).await;
@@ -263,28 +267,7 @@ async fn leaves_follow_a_ca_rotation_and_defaults_follow_their_entries() {
     let store = Store::open(StoreConfig::default()).await.unwrap();
     register(&store, "n1", "10.0.0.1", sidecar("web", 21000, &[("api", 9191)])).await;
     register(&store, "n2", "10.0.0.2", sidecar("api", 21000, &[])).await;
-    let manager = Manager::new(
-        ManagerConfig::default(),
-        proxycfg_glue::server_data_sources(store.clone()),
-    );
-    let mut watchers = Vec::new();
-    for (node, name) in [("n1", "web-sidecar-proxy"), ("n2", "api-sidecar-proxy")] {
-        let id = ProxyId::new(node, name);
-        watchers.push(manager.watch(&id));
-        let service = store.read().service(node, name).unwrap();
-        manager
-            .register(
-                ProxyRegistration {
-                    id,
-                    service,
-                    token: String::new(),
-                },
-                ProxySource::Catalog,
-                false,
-            )
-            .await
-            .unwrap();
-    }
+    let (manager, mut watchers) = manage(&store, &[("n1", "web-sidecar-proxy"), ("n2", "api-sidecar-proxy")]).await;
     let leaf_of = |s: &ConfigSnapshot| s.connect_proxy().unwrap().leaf.clone().unwrap();
     let mut first = Vec::new();
     for w in &mut watchers {
