@@ -201,16 +201,40 @@ impl<T> Drop for Subscriber<T> {
     }
 }
 
-impl<T: Into<UpdatePayload> + Clone + Send + Sync> Subscription for Subscriber<T> {
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+impl<T: Into<UpdatePayload> + Clone + Send + Sync> Follow for Subscriber<T> {
+    type Item = T;
+
+    fn poll_follow(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, DataSourceError>>> {
         self.poll_value(cx)
+    }
+}
+
+/// A watch its owner polls for its next result: a shared follower's [`Subscriber`], or a
+/// value of its own made from one. [`Watch`] makes it a [`Subscription`] (its State polls
+/// it) or [`forward::Updates`] (forwarded into a sender outside a State, by `notify`).
+pub(crate) trait Follow: Send {
+    /// What it yields.
+    type Item: Into<UpdatePayload> + Send;
+
+    /// The next result not yielded yet (`Pending`, with `cx`'s waker registered, until there
+    /// is one); `Ready(None)` once its follower has ended.
+    fn poll_follow(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Self::Item, DataSourceError>>>;
+}
+
+/// A [`Follow`] as a watch.
+pub(crate) struct Watch<F>(F);
+
+impl<F: Follow> Subscription for Watch<F> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
+        self.0
+            .poll_follow(cx)
             .map(|value| value.map(|result| result.map(Into::into)))
     }
 }
 
-impl<T: Clone + Send + Sync> forward::Updates<T> for Subscriber<T> {
-    fn next(&mut self) -> impl Future<Output = forward::Step<T>> + Send {
-        std::future::poll_fn(|cx| self.poll_value(cx).map(|value| value.map(Some)))
+impl<F: Follow> forward::Updates<F::Item> for Watch<F> {
+    fn next(&mut self) -> impl Future<Output = forward::Step<F::Item>> + Send {
+        std::future::poll_fn(|cx| self.0.poll_follow(cx).map(|value| value.map(Some)))
     }
 }
 
@@ -222,19 +246,24 @@ pub(crate) struct Derived<T, F> {
     derive: F,
 }
 
-impl<T, U, F> Derived<T, F>
-where
-    T: Clone,
-    F: FnMut(T) -> Option<Result<U, DataSourceError>>,
-{
+impl<T: Clone, F> Derived<T, F> {
     pub(crate) fn new(entry: Arc<Entry<T>>, derive: F) -> Self {
         Self {
             sub: Subscriber::new(entry),
             derive,
         }
     }
+}
 
-    fn poll_derived(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<U, DataSourceError>>> {
+impl<T, U, F> Follow for Derived<T, F>
+where
+    T: Clone + Send + Sync,
+    U: Into<UpdatePayload> + Send,
+    F: FnMut(T) -> Option<Result<U, DataSourceError>> + Send,
+{
+    type Item = U;
+
+    fn poll_follow(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<U, DataSourceError>>> {
         loop {
             match std::task::ready!(self.sub.poll_value(cx)) {
                 None => return Poll::Ready(None),
@@ -250,28 +279,6 @@ where
     }
 }
 
-impl<T, U, F> Subscription for Derived<T, F>
-where
-    T: Clone + Send + Sync,
-    U: Into<UpdatePayload>,
-    F: FnMut(T) -> Option<Result<U, DataSourceError>> + Send,
-{
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
-        self.poll_derived(cx)
-            .map(|value| value.map(|result| result.map(Into::into)))
-    }
-}
-
-impl<T, U, F> forward::Updates<U> for Derived<T, F>
-where
-    T: Clone + Send + Sync,
-    F: FnMut(T) -> Option<Result<U, DataSourceError>> + Send,
-{
-    fn next(&mut self) -> impl Future<Output = forward::Step<U>> + Send {
-        std::future::poll_fn(|cx| self.poll_derived(cx).map(|value| value.map(Some)))
-    }
-}
-
 /// The subscription of a fanout data source: its follower's subscriber, or the error that
 /// kept it from following (yielded once, then nothing: the error stays reported).
 pub(crate) fn subscribe<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
@@ -280,10 +287,10 @@ pub(crate) fn subscribe<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     boxed(entry.map(Subscriber::new))
 }
 
-/// `sub`, or a subscription that reports why there is none.
-pub(crate) fn boxed<S: Subscription + 'static>(sub: Result<S, DataSourceError>) -> Box<dyn Subscription> {
-    match sub {
-        Ok(sub) => Box::new(sub),
+/// `follow` as a subscription, or one that reports why there is none.
+pub(crate) fn boxed<F: Follow + 'static>(follow: Result<F, DataSourceError>) -> Box<dyn Subscription> {
+    match follow {
+        Ok(follow) => Box::new(Watch(follow)),
         Err(e) => Box::new(Refused(Some(e))),
     }
 }
@@ -302,22 +309,18 @@ impl Subscription for Refused {
 }
 
 /// The watch future of a fanout data source run outside a State (its `notify`): forwards
-/// from `entry`, or reports the error that kept it from following.
-pub(crate) fn watch_updates<'w, T, U>(
-    updates: Result<U, DataSourceError>,
+/// what `follow` yields, or reports the error that kept it from following.
+pub(crate) fn watch_updates<'w, F: Follow + 'w>(
+    follow: Result<F, DataSourceError>,
     id: CorrelationId,
-    tx: EventSender<T>,
+    tx: EventSender<F::Item>,
     cancel: CancellationToken,
-) -> proxycfg::WatchFuture<'w>
-where
-    T: Into<UpdatePayload> + Send + 'w,
-    U: forward::Updates<T> + 'w,
-{
-    match updates {
-        Ok(updates) => {
+) -> proxycfg::WatchFuture<'w> {
+    match follow {
+        Ok(follow) => {
             let sink = forward::ToState { id, tx };
             Box::pin(futures_util::FutureExt::map(
-                forward::forward(cancel, updates, sink),
+                forward::forward(cancel, Watch(follow), sink),
                 Ok,
             ))
         }
@@ -332,17 +335,7 @@ pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
     tx: EventSender<T>,
     cancel: CancellationToken,
 ) -> proxycfg::WatchFuture<'w> {
-    match entry {
-        Ok(entry) => {
-            let updates = Subscriber::new(entry);
-            let sink = forward::ToState { id, tx };
-            Box::pin(futures_util::FutureExt::map(
-                forward::forward(cancel, updates, sink),
-                Ok,
-            ))
-        }
-        Err(e) => Box::pin(proxycfg::forward::refuse(id, tx, e, cancel)),
-    }
+    watch_updates(entry.map(Subscriber::new), id, tx, cancel)
 }
 
 #[cfg(test)]

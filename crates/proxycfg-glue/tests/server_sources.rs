@@ -68,6 +68,17 @@ async fn manage(store: &Store, proxies: &[(&str, &str)]) -> (Manager, Vec<Watche
     (manager, watchers)
 }
 
+/// Writes `entry` to the catalog.
+async fn set_entry(store: &Store, entry: ConfigEntry) {
+    store
+        .write(Op::ConfigSet {
+            entry: Box::new(entry),
+            cas: None,
+        })
+        .await
+        .unwrap();
+}
+
 async fn next(w: &mut Watcher) -> Arc<ConfigSnapshot> {
     match tokio::time::timeout(Duration::from_secs(10), w.next()).await {
         Ok(Some(WatchEvent::Snapshot(s))) => s,
@@ -192,17 +203,15 @@ async fn sidecar_snapshot_from_the_catalog() {
     );
 
     // service-defaults makes api speak http: the chain follows.
-    store
-        .write(Op::ConfigSet {
-            entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
-                name: "api".into(),
-                protocol: "http".into(),
-                ..Default::default()
-            })),
-            cas: None,
-        })
-        .await
-        .unwrap();
+    set_entry(
+        &store,
+        ConfigEntry::ServiceDefaults(ServiceDefaults {
+            name: "api".into(),
+            protocol: "http".into(),
+            ..Default::default()
+        }),
+    )
+    .await;
     next_where(&mut w, |s| {
         s.connect_proxy()
             .unwrap()
@@ -293,17 +302,15 @@ async fn leaves_follow_a_ca_rotation_and_defaults_follow_their_entries() {
         assert_eq!(leaf_of(&snap).service_uri, before.service_uri);
     }
 
-    store
-        .write(Op::ConfigSet {
-            entry: Box::new(ConfigEntry::ServiceDefaults(ServiceDefaults {
-                name: "api".into(),
-                protocol: "http".into(),
-                ..Default::default()
-            })),
-            cas: None,
-        })
-        .await
-        .unwrap();
+    set_entry(
+        &store,
+        ConfigEntry::ServiceDefaults(ServiceDefaults {
+            name: "api".into(),
+            protocol: "http".into(),
+            ..Default::default()
+        }),
+    )
+    .await;
     next_where(&mut watchers[1], |s| {
         s.connect_proxy()
             .and_then(|c| c.resolved_config.as_ref())
@@ -311,16 +318,14 @@ async fn leaves_follow_a_ca_rotation_and_defaults_follow_their_entries() {
     })
     .await;
 
-    store
-        .write(Op::ConfigSet {
-            entry: Box::new(ConfigEntry::Mesh(structs::config_entry::MeshConfig {
-                name: "mesh".into(),
-                ..Default::default()
-            })),
-            cas: None,
-        })
-        .await
-        .unwrap();
+    set_entry(
+        &store,
+        ConfigEntry::Mesh(structs::config_entry::MeshConfig {
+            name: "mesh".into(),
+            ..Default::default()
+        }),
+    )
+    .await;
     for w in &mut watchers {
         next_where(w, |s| {
             s.connect_proxy()

@@ -21,7 +21,7 @@ mod wire;
 use crate::XdsServer;
 use crate::grpc::{RequestError, Requests, ResponseBody, refuse_compressed};
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::status::v3::{ClientStatusRequest, ClientStatusResponse};
+use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
 use envoy_types::pb::envoy::r#type::matcher::v3::{NodeMatcher, StringMatcher, string_matcher::MatchPattern};
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -158,14 +158,8 @@ impl XdsServer {
         Csds { xds: self.clone() }
     }
 
-    /// The CSDS answer for `request`: every connected proxy its node matchers select.
-    pub fn client_status(&self, request: &ClientStatusRequest) -> ClientStatusResponse {
-        let framed = self.client_status_framed(request);
-        // The bytes were written by `wire` from well-formed parts: they decode.
-        prost::Message::decode(&framed[wire::HEADER_BYTES..]).unwrap_or_default()
-    }
-
-    /// The CSDS answer for `request`, encoded as a gRPC message (its 5-byte header first).
+    /// The CSDS answer for `request` (every connected proxy its node matchers select),
+    /// encoded as a gRPC message (its 5-byte header first).
     fn client_status_framed(&self, request: &ClientStatusRequest) -> Bytes {
         // Sized after the last answer of the same kind, so that a dump of every proxy grows
         // its buffer once or not at all: 5 to 15 MB at 1,000 proxies.

@@ -2,8 +2,9 @@
 //! renewal timer of its own.
 
 use super::Shared;
-use proxycfg::data_sources::{CaRootsRequest, LeafRequest, UpdatePayload};
-use proxycfg::{DataSourceError, Subscription, forward};
+use crate::fanout::Follow;
+use proxycfg::DataSourceError;
+use proxycfg::data_sources::{CaRootsRequest, LeafRequest};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -30,8 +31,12 @@ impl LeafWatch {
             req,
         })
     }
+}
 
-    fn poll_leaf(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Arc<structs::IssuedCert>, DataSourceError>>> {
+impl Follow for LeafWatch {
+    type Item = Arc<structs::IssuedCert>;
+
+    fn poll_follow(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Self::Item, DataSourceError>>> {
         let mut due = match self.roots.poll_value(cx) {
             // The store closed: the watch ends.
             Poll::Ready(None) => return Poll::Ready(None),
@@ -59,18 +64,5 @@ impl LeafWatch {
             }
         }
         Poll::Ready(Some(result))
-    }
-}
-
-impl Subscription for LeafWatch {
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<UpdatePayload, DataSourceError>>> {
-        self.poll_leaf(cx)
-            .map(|value| value.map(|result| result.map(Into::into)))
-    }
-}
-
-impl forward::Updates<Arc<structs::IssuedCert>> for LeafWatch {
-    fn next(&mut self) -> impl Future<Output = forward::Step<Arc<structs::IssuedCert>>> + Send {
-        std::future::poll_fn(|cx| self.poll_leaf(cx).map(|value| value.map(Some)))
     }
 }

@@ -14,7 +14,7 @@ use prost::encoding::{encode_varint, encoded_len_varint};
 use std::time::SystemTime;
 
 /// gRPC's length-prefixed message header: a compression flag and a big-endian length.
-pub(super) const HEADER_BYTES: usize = 5;
+const HEADER_BYTES: usize = 5;
 
 /// Protobuf's wire type of a length-delimited field.
 const LEN: u64 = 2;
