@@ -125,17 +125,33 @@ async fn envoy_is_configured_over_tls_xds_and_refuses_a_server_of_another_ca() {
     assert_eq!(stat(&client, &admin, "control_plane.connected_state").await, Some(1));
     let handshakes = stat(&client, &admin, "cluster.local_agent.ssl.handshake").await;
     assert!(handshakes >= Some(1), "xDS went over TLS: {handshakes:?}");
+    let updates = stat(&client, &admin, "cluster_manager.cds.update_success").await;
+    assert!(updates >= Some(1), "clusters arrived: {updates:?}");
 
-    // Another CA: the handshake fails verification, Envoy connects to nothing and gets nothing.
+    // Another CA: the handshake fails verification, Envoy completes no handshake and gets
+    // nothing. Waiting for a second verification failure means Envoy retried once at least,
+    // so a handshake that succeeded in between would be counted.
+    //
+    // `control_plane.connected_state` proves nothing here: Envoy sets it to 1 as soon as it
+    // starts an xDS stream, before the connection's TLS handshake, and back to 0 when the
+    // failed handshake closes the stream; each retry sets it to 1 again. Sampled between a
+    // retry and its failure it reads 1 (the flake this test once had), so the test reads
+    // what a connection to a trusted server would have changed instead.
     let (_bad_envoy, bad_admin) = envoy_over_tls("web", &http, &grpc_tls, &other_ca, &dir.path().join("bad")).await;
     wait_for(|| async {
         let failed = stat(&client, &bad_admin, "cluster.local_agent.ssl.fail_verify_error").await?;
-        (failed >= 1).then_some(())
+        (failed >= 2).then_some(())
     })
     .await;
-    assert_eq!(
-        stat(&client, &bad_admin, "control_plane.connected_state").await,
-        Some(0)
+    let handshakes = stat(&client, &bad_admin, "cluster.local_agent.ssl.handshake").await;
+    assert!(
+        handshakes.unwrap_or(0) == 0,
+        "a handshake with an untrusted server: {handshakes:?}"
+    );
+    let updates = stat(&client, &bad_admin, "cluster_manager.cds.update_success").await;
+    assert!(
+        updates.unwrap_or(0) == 0,
+        "clusters from an untrusted server: {updates:?}"
     );
     let listeners = get(&client, &format!("{bad_admin}/listeners")).await.unwrap();
     assert!(!listeners.contains("public_listener"), "{listeners}");
