@@ -3,6 +3,9 @@
 //! - `test`: every test of the workspace (the README's test command): the pinned real peers
 //!   (Python clients, Envoy, etcd) are installed into `.tools/` first, then the Rust tests run, then
 //!   the Python client suites against the real binary.
+//! - `stress [N]`: the whole suite N times (default 5) while burner threads keep every core
+//!   busy; prints each test that failed at least once, with its failure, and the load
+//!   average during the runs (`docs/reliability.md`).
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
 //!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, and `MESHD_NODE` with `MESHD_NODE_MODULES` for
 //!   the npm clients), for running single tests by hand:
@@ -24,6 +27,7 @@
 //!   test run's (`CASES`, default 20000), optimized.
 #![allow(clippy::print_stdout)]
 
+mod stress;
 mod tools;
 
 use anyhow::{Context, Result, bail};
@@ -76,10 +80,10 @@ const BENCHES: &[(&str, &str, &str)] = &[
 
 /// Totals of the `test result:` lines of a cargo test run.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Totals {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
+pub(crate) struct Totals {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
 }
 
 impl Totals {
@@ -128,36 +132,68 @@ impl Totals {
     }
 }
 
-/// Runs `cmd`, echoing its stdout, and feeds each line to `parse`.
-fn run_and_parse(mut cmd: Command, mut parse: impl FnMut(&str)) -> Result<std::process::ExitStatus> {
+/// Runs `cmd` and feeds each line of its stdout to `parse`; the lines are echoed, or only
+/// written to `log` when one is given (the stress runs keep each run's output in a file).
+fn run_and_parse(
+    mut cmd: Command,
+    mut log: Option<&mut std::fs::File>,
+    mut parse: impl FnMut(&str),
+) -> Result<std::process::ExitStatus> {
+    use std::io::Write as _;
     cmd.stdout(Stdio::piped());
-    println!("xtask: running {cmd:?}");
+    match log.as_deref_mut() {
+        Some(file) => {
+            writeln!(file, "xtask: running {cmd:?}")?;
+            cmd.stderr(file.try_clone()?);
+        }
+        None => println!("xtask: running {cmd:?}"),
+    }
     let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines() {
             let line = line.context("reading test output")?;
-            println!("{line}");
+            match log.as_deref_mut() {
+                Some(file) => writeln!(file, "{line}")?,
+                None => println!("{line}"),
+            }
             parse(&line);
         }
     }
     child.wait().context("waiting for the tests")
 }
 
-fn test(extra: &[String]) -> Result<()> {
+/// What one run of the whole suite counted, and which parts failed.
+#[derive(Debug, Default)]
+pub(crate) struct SuiteRun {
+    pub(crate) totals: Totals,
+    pub(crate) failures: Vec<&'static str>,
+}
+
+/// Runs the whole suite once: every Rust test of the workspace (with `extra` cargo
+/// arguments), then the Python client suites against the real binary. Output is echoed, or
+/// written to `log`; `on_line` sees every line of both runners' stdout.
+pub(crate) fn run_suite(
+    python: &Path,
+    peers: &tools::Peers,
+    extra: &[String],
+    mut log: Option<&mut std::fs::File>,
+    mut on_line: impl FnMut(&str),
+) -> Result<SuiteRun> {
     let root = workspace_root();
-    let mut totals = Totals::default();
-    let mut failures = Vec::new();
-
-    // Real peers first: the pinned Python clients, Envoy and etcd.
-    let (python, peers) = tools::Peers::install(&root)?;
-
+    let mut run = SuiteRun::default();
     let mut cmd = cargo();
     // Every test binary runs even when one fails: the summary counts them all.
     cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
         .args(extra);
     peers.export(&mut cmd);
-    if !run_and_parse(cmd, |l| totals.add_line(l))?.success() {
-        failures.push("cargo test");
+    let totals = &mut run.totals;
+    if !run_and_parse(cmd, log.as_deref_mut(), |l| {
+        totals.add_line(l);
+        on_line(l);
+    })?
+    .success()
+    {
+        run.failures.push("cargo test");
     }
 
     // The Python client suites run against the real binary.
@@ -168,7 +204,7 @@ fn test(extra: &[String]) -> Result<()> {
     if !extra.is_empty() || !binary.exists() {
         let mut build = cargo();
         build.args(["build", "--locked", "-p", "meshd"]);
-        run(build)?;
+        self::run(build)?;
     }
     let mut pytest = Command::new(python);
     pytest
@@ -176,13 +212,26 @@ fn test(extra: &[String]) -> Result<()> {
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
         .env("MESHD_BIN", &binary);
     peers.export(&mut pytest);
-    let before = totals.passed + totals.failed;
-    if !run_and_parse(pytest, |l| totals.add_pytest_line(l))?.success() {
-        failures.push("pytest");
+    let before = run.totals.passed + run.totals.failed;
+    let totals = &mut run.totals;
+    if !run_and_parse(pytest, log, |l| {
+        totals.add_pytest_line(l);
+        on_line(l);
+    })?
+    .success()
+    {
+        run.failures.push("pytest");
     }
-    if totals.passed + totals.failed == before {
-        failures.push("pytest (no result line)");
+    if run.totals.passed + run.totals.failed == before {
+        run.failures.push("pytest (no result line)");
     }
+    Ok(run)
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    // Real peers first: the pinned Python clients, Envoy and etcd.
+    let (python, peers) = tools::Peers::install(&workspace_root())?;
+    let SuiteRun { totals, failures } = run_suite(&python, &peers, extra, None, |_| {})?;
 
     // One closing line for the whole run, in the plain form CI reads.
     println!(
@@ -303,6 +352,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Some("demo") => demo(),
+        Some("stress") => stress::stress(args.get(1).map(String::as_str)),
         Some("screenshots") => screenshots(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
@@ -319,10 +369,12 @@ fn main() -> Result<()> {
             run(cmd)
         }
         Some(other) => {
-            bail!("unknown task {other:?}: expected test, tools, demo, screenshots, bench, soak, chaos or fuzz")
+            bail!("unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos or fuzz")
         }
         None => {
-            bail!("usage: cargo xtask <test | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES]>")
+            bail!(
+                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES]>"
+            )
         }
     }
 }
