@@ -283,11 +283,15 @@ impl Report {
 fn leftover_processes(root: &Path, peers: &tools::Peers) -> Vec<String> {
     // Processes a test started get a moment to finish exiting after their owner's drop.
     std::thread::sleep(Duration::from_secs(2));
-    let ours: Vec<PathBuf> = vec![
+    // Canonical, as `/proc/PID/exe` reads (a `.tools` may be a link to another checkout's).
+    let ours: Vec<PathBuf> = [
         root.join("target").join("debug"),
         peers.envoy.clone(),
         peers.etcd.clone(),
-    ];
+    ]
+    .into_iter()
+    .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+    .collect();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
