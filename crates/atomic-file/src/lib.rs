@@ -1,5 +1,6 @@
 //! Atomic, durable file replacement, for every file meshd must never leave half-written
-//! (store snapshots, the daemon manager's snapshot and pid files, agent state).
+//! (store snapshots, the daemon manager's snapshot and pid files, agent state), and the
+//! private directories those files live in (`0700`, files `0600`: see [`private_dir`]).
 //!
 //! The sequence: write a hidden temporary file in the same directory (created with the
 //! caller's mode), fsync it, rename it over the target, fsync the directory. After a crash
@@ -10,6 +11,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+mod private;
+pub use private::{Tightened, open_private, private_dir};
 
 /// Replaces `path` with `bytes` atomically and durably; a new file gets permissions `mode`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {

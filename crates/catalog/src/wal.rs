@@ -300,13 +300,21 @@ pub(crate) struct Wal {
 impl Wal {
     /// Opens (or creates) a data dir and returns the log and the state it holds.
     pub(crate) fn open(dir: &Path) -> Result<(Wal, State), StoreError> {
-        fs::create_dir_all(dir).map_err(io_err(format!("creating data dir {}", dir.display())))?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("LOCK"))
-            .map_err(io_err("opening LOCK"))?;
+        // The log holds the CA's private key and every token's secret: owner only.
+        let tightened = atomic_file::private_dir(dir).map_err(io_err("data dir"))?;
+        if tightened.any() {
+            tracing::warn!(
+                dir = %dir.display(),
+                mode = ?tightened.dir_mode.map(|m| format!("{m:o}")),
+                files = tightened.entries.len(),
+                "the data dir let other users read it: tightened to 0700, its files to 0600"
+            );
+        }
+        let lock = atomic_file::open_private(
+            &dir.join("LOCK"),
+            OpenOptions::new().create(true).truncate(false).write(true),
+        )
+        .map_err(io_err("opening LOCK"))?;
         lock.try_lock().map_err(|_| StoreError::Locked(dir.to_owned()))?;
 
         let (mut state, unreadable) = load_snapshot(dir)?;
@@ -342,10 +350,7 @@ impl Wal {
             Some((_, path)) => path.clone(),
             None => segment_path(dir, state.index.next()),
         };
-        let segment = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
+        let segment = atomic_file::open_private(&path, OpenOptions::new().create(true).append(true))
             .map_err(io_err(format!("opening {}", path.display())))?;
         sync_dir(dir)?;
         tracing::info!(dir = %dir.display(), index = %state.index, replayed, "data dir opened");
@@ -411,10 +416,7 @@ impl Wal {
     /// Starts a new segment whose first record will be `next`; later records go there.
     pub(crate) fn rotate(&mut self, next: Index) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, next);
-        self.segment = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
+        self.segment = atomic_file::open_private(&path, OpenOptions::new().create(true).append(true))
             .map_err(io_err(format!("opening {}", path.display())))?;
         sync_dir(&self.dir)?;
         self.records_since_snapshot = 0;

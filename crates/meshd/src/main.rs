@@ -25,6 +25,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(cli.command, Command::Connect(meshd::cli::ConnectCommand::Envoy(_))) || is_daemon(&cli.command) {
+        // What a long-running meshd and the processes it starts create (Envoy's admin
+        // address file, logs, sockets) is the owner's only, as are the files it writes with
+        // a mode of its own.
+        rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -93,5 +99,16 @@ fn main() -> ExitCode {
             eprintln!("meshd: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Whether `command` runs a server or an agent.
+fn is_daemon(command: &Command) -> bool {
+    match command {
+        #[cfg(feature = "server")]
+        Command::Server(_) => true,
+        #[cfg(feature = "agent")]
+        Command::Agent(_) => true,
+        _ => false,
     }
 }

@@ -334,6 +334,11 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     assert!(script.text().await.unwrap().contains("Connect.Proxy.ExecMode"));
     put(&client, &a.url("/v1/agent/service/deregister/batch"), json!(null)).await;
 
+    // What the agent and its supervisor wrote (registrations, pid files, logs, the daemon
+    // snapshot, Envoy bootstraps) is the owner's only.
+    let files = test_support::assert_private_tree(&a_dir);
+    assert!(files >= 5, "only {files} files under {}", a_dir.display());
+
     // Deregistered: the proxy and its Envoy are gone within 6 s, with their files.
     let envoy_now = envoy_of(restarted).unwrap();
     let shm = PathBuf::from(format!("/dev/shm/envoy_shared_memory_{}", base_id_of(restarted) * 10));

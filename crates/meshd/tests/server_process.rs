@@ -115,6 +115,59 @@ fn sigterm_shuts_down_cleanly_and_state_persists() {
     assert!(server.terminate().success());
 }
 
+/// A data dir after a realistic run (ACL bootstrap, a token, the CA, a snapshot's worth of
+/// writes) holds secrets: it is the owner's only, and one that was wider is tightened at
+/// start.
+#[test]
+fn the_data_dir_and_its_files_are_the_owners_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = Server::start(&["-data-dir", data.to_str().unwrap(), "-acl-enabled"]);
+    let client = reqwest::blocking::Client::new();
+    let boot: Value = client
+        .put(server.url("/v1/acl/bootstrap"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let mgmt = boot["SecretID"].as_str().unwrap().to_owned();
+    let token = client
+        .put(server.url("/v1/acl/token"))
+        .header("X-Consul-Token", &mgmt)
+        .json(&json!({"ServiceIdentities": [{"ServiceName": "web"}]}))
+        .send()
+        .unwrap();
+    assert!(token.status().is_success());
+    let roots = client
+        .get(server.url("/v1/connect/ca/roots"))
+        .header("X-Consul-Token", &mgmt)
+        .send()
+        .unwrap();
+    assert!(roots.status().is_success());
+    for i in 0..50 {
+        let node = format!("n{i}");
+        let resp = client
+            .put(server.url("/v1/catalog/register"))
+            .header("X-Consul-Token", &mgmt)
+            .json(&json!({"Node": node, "Address": "10.0.0.1"}))
+            .send()
+            .unwrap();
+        assert!(resp.status().is_success());
+    }
+    assert!(server.terminate().success());
+    let files = test_support::assert_private_tree(&data);
+    assert!(files >= 2, "LOCK and a log segment at least: {files}");
+    // The log holds the management token's secret: nobody else may read it.
+    let log_holds_secret = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read(e.path()).is_ok_and(|bytes| bytes.windows(mgmt.len()).any(|w| w == mgmt.as_bytes())));
+    assert!(log_holds_secret, "the test looks at the files that hold secrets");
+}
+
 /// A deterministic sequence for choosing kill points.
 struct Lcg(u64);
 

@@ -80,9 +80,11 @@ pub struct EnvoyProxy {
 impl EnvoyProxy {
     /// Prepares the run directory (0700).
     pub fn new(opts: EnvoyOptions) -> std::io::Result<Self> {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::create_dir_all(&opts.run_dir)?;
-        std::fs::set_permissions(&opts.run_dir, std::fs::Permissions::from_mode(0o700))?;
+        // Bootstrap files hold the proxy's token: owner only.
+        let tightened = atomic_file::private_dir(&opts.run_dir)?;
+        if tightened.any() {
+            tracing::warn!(dir = %opts.run_dir.display(), files = tightened.entries.len(), "the run dir let other users read it: tightened to 0700, its files to 0600");
+        }
         Ok(Self {
             opts,
             epochs: Default::default(),
@@ -234,7 +236,7 @@ impl Proxy for EnvoyProxy {
             .stdin(Stdio::null())
             .kill_on_drop(true);
         if let Some(log) = &o.log_file {
-            let open = || std::fs::OpenOptions::new().create(true).append(true).open(log);
+            let open = || atomic_file::open_private(log, std::fs::OpenOptions::new().create(true).append(true));
             let (out, err) = open()
                 .and_then(|a| Ok((a, open()?)))
                 .map_err(|e| ProxyError::Start(format!("cannot open {}: {e}", log.display())))?;

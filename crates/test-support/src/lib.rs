@@ -99,6 +99,40 @@ impl Default for ReservedPort {
     }
 }
 
+/// Asserts that `dir` and everything below it is its owner's only: directories `0700`,
+/// files `0600` (or narrower); sockets may be narrower still. Returns how many files it
+/// looked at, so a caller can tell an empty tree from a checked one.
+pub fn assert_private_tree(dir: &std::path::Path) -> usize {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).expect("the tree's root").permissions().mode() & 0o777;
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "{} is {mode:o}: group or others may enter",
+        dir.display()
+    );
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).expect("listing the tree").flatten() {
+        let meta = entry.metadata().expect("an entry's metadata");
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.is_dir() {
+            files += assert_private_tree(&entry.path());
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o777;
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "{} is {mode:o}: group or others may read it",
+            entry.path().display()
+        );
+        files += 1;
+    }
+    files
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,10 +154,7 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
     let logs = ctx.data_dir.join("logs");
     let open = |suffix: &str| {
         let path = logs.join(format!("{}-{suffix}.log", atomic_file::file_name_for(&ctx.id)));
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
+        atomic_file::open_private(&path, std::fs::OpenOptions::new().create(true).append(true))
             .map_err(|e| format!("cannot open {}: {e}", path.display()))
     };
     let (stdout, stderr) = (open("stdout")?, open("stderr")?);
@@ -182,7 +179,7 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
     let pid = child.id().ok_or("the process exited at once")?;
     let id = ProcessId::of(pid).unwrap_or(ProcessId { pid, start_time: 0 });
     let path = pid_path(&ctx.data_dir, &ctx.id);
-    if let Err(e) = write_atomic(&path, format!("{pid}\n").as_bytes(), 0o644) {
+    if let Err(e) = write_atomic(&path, format!("{pid}\n").as_bytes(), 0o600) {
         tracing::error!(path = %path.display(), error = %e, "cannot write pid file");
     }
     Ok((child, id))
