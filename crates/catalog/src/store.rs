@@ -140,9 +140,9 @@ impl Store {
         let writer = thread::Builder::new()
             .name("meshd-store-writer".into())
             .spawn(move || writer_loop(writer_inner, wal, rx))
-            .map_err(|source| StoreError::Io {
+            .map_err(|error| StoreError::Io {
                 what: "starting the store writer".into(),
-                source,
+                error,
             })?;
         Self::started(inner, tx, Writer::Thread(writer)).await
     }

@@ -30,13 +30,14 @@ use structs::Index;
 /// Why the data dir could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// An I/O error, with what was being done.
-    #[error("{what}: {source}")]
+    /// An I/O error, with what was being done. The cause is part of the message, not a
+    /// separate source, so that a report of the chain does not say it twice.
+    #[error("{what}: {error}")]
     Io {
         /// What failed.
         what: String,
         /// The error.
-        source: io::Error,
+        error: io::Error,
     },
     /// Another process has the data dir open.
     #[error("data dir {0} is in use by another meshd (its LOCK file is held)")]
@@ -86,7 +87,7 @@ pub enum StoreError {
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
     let what = what.into();
-    move |source| StoreError::Io { what, source }
+    move |error| StoreError::Io { what, error }
 }
 
 /// One committed write.
@@ -301,7 +302,7 @@ impl Wal {
     /// Opens (or creates) a data dir and returns the log and the state it holds.
     pub(crate) fn open(dir: &Path) -> Result<(Wal, State), StoreError> {
         // The log holds the CA's private key and every token's secret: owner only.
-        let tightened = atomic_file::private_dir(dir).map_err(io_err("data dir"))?;
+        let tightened = atomic_file::private_dir(dir).map_err(io_err("making it private (0700)"))?;
         if tightened.any() {
             tracing::warn!(
                 dir = %dir.display(),

@@ -89,7 +89,7 @@ mod tests {
     fn a_storage_failure_answers_500_naming_its_cause_once() {
         let failure = StoreError::Io {
             what: "appending to the log".into(),
-            source: std::io::Error::other("No space left on device"),
+            error: std::io::Error::other("No space left on device"),
         };
         let e = ApiError::from(WriteError::Storage(StorageFailure(Arc::new(failure))));
         assert_eq!(

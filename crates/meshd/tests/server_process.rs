@@ -76,6 +76,8 @@ fn bad_command_lines_fail_with_one_line() {
     assert_eq!(code, 1);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("meshd: cannot use data dir"), "{err}");
+    assert!(err.trim_end().ends_with("is not a directory"), "{err}");
+    assert_eq!(err.matches("is not a directory").count(), 1, "said once: {err}");
 }
 
 fn register(client: &reqwest::blocking::Client, server: &str, node: &str) -> reqwest::Result<bool> {
