@@ -380,12 +380,12 @@ pub struct ServerArgs {
     /// cluster raised it). Larger batches commit more writes per transaction.
     #[arg(long = "etcd-max-txn-ops", value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
     pub etcd_max_txn_ops: u32,
-    /// Address of the HTTP API.
-    #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
-    pub http_addr: SocketAddr,
-    /// Address of the xDS (gRPC) server.
-    #[arg(long = "grpc-addr", value_name = "ADDR", default_value = "127.0.0.1:8502")]
-    pub grpc_addr: SocketAddr,
+    /// Address of the plain HTTP API, or `off` (then -https-addr serves the API).
+    #[arg(long = "http-addr", value_name = "ADDR|off", default_value = "127.0.0.1:8500")]
+    pub http_addr: Listen,
+    /// Address of the plain xDS (gRPC) server, or `off` (then -grpc-tls-addr serves xDS).
+    #[arg(long = "grpc-addr", value_name = "ADDR|off", default_value = "127.0.0.1:8502")]
+    pub grpc_addr: Listen,
     /// Datacenter name.
     #[arg(long = "datacenter", value_name = "DC", default_value = "dc1")]
     pub datacenter: String,
@@ -438,6 +438,23 @@ pub struct ServerArgs {
     /// HTTPS and xDS over TLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+}
+
+/// A listener's address, or `off` for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(Self(None));
+        }
+        s.parse()
+            .map(|a| Self(Some(a)))
+            .map_err(|_| format!("{s:?} is not an address (HOST:PORT) or off"))
+    }
 }
 
 /// TLS flags of `meshd server` and `meshd agent`, after Consul's: the HTTPS API and xDS
@@ -696,9 +713,23 @@ mod tests {
             panic!("not server")
         };
         assert!(args.dev);
-        assert_eq!(args.http_addr.port(), 0);
+        assert_eq!(args.http_addr.0.map(|a| a.port()), Some(0));
         assert_eq!(args.datacenter, "dc9");
         assert!(Cli::try_parse_from(norm(&["meshd", "server", "-http-addr", "nonsense"])).is_err());
+        let cli = Cli::try_parse_from(norm(&[
+            "meshd",
+            "server",
+            "-dev",
+            "-http-addr",
+            "off",
+            "-grpc-addr",
+            "off",
+        ]))
+        .unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
+        assert_eq!((args.http_addr, args.grpc_addr), (Listen(None), Listen(None)));
         let cli = Cli::try_parse_from(norm(&[
             "meshd",
             "connect",

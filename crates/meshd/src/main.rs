@@ -47,8 +47,12 @@ fn main() -> ExitCode {
                     // Ready lines for scripts; nobody reading them is not an error.
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "meshd server listening on http://{}", running.http_addr);
-                    let _ = writeln!(out, "meshd xds listening on {}", running.grpc_addr);
+                    if let Some(addr) = running.http_addr {
+                        let _ = writeln!(out, "meshd server listening on http://{addr}");
+                    }
+                    if let Some(addr) = running.grpc_addr {
+                        let _ = writeln!(out, "meshd xds listening on {addr}");
+                    }
                     if let Some(addr) = running.https_addr {
                         let _ = writeln!(out, "meshd server listening on https://{addr}");
                     }

@@ -17,10 +17,10 @@ use xds::XdsServer;
 
 /// A running server's addresses, for callers that embed it.
 pub struct Running {
-    /// The bound HTTP address.
-    pub http_addr: SocketAddr,
-    /// The bound xDS address.
-    pub grpc_addr: SocketAddr,
+    /// The bound plain HTTP address (none with `-http-addr off`).
+    pub http_addr: Option<SocketAddr>,
+    /// The bound plain xDS address (none with `-grpc-addr off`).
+    pub grpc_addr: Option<SocketAddr>,
     /// The bound HTTPS address (`-https-addr`).
     pub https_addr: Option<SocketAddr>,
     /// The bound xDS over TLS address (`-grpc-tls-addr`).
@@ -35,17 +35,17 @@ pub async fn run(
     on_ready: impl FnOnce(&Running),
 ) -> Result<()> {
     let tls = crate::tls::TlsSettings::load(&args.tls)?;
-    let (listener, http_addr) = bind(args.http_addr, "").await?;
-    let (grpc_listener, grpc_addr) = bind(args.grpc_addr, "xDS ").await?;
-    let https_listener = match args.tls.https_addr {
-        Some(addr) => Some(bind(addr, "HTTPS ").await?.0),
-        None => None,
-    };
-    let grpc_tls_listener = match args.tls.grpc_tls_addr {
-        Some(addr) => Some(bind(addr, "xDS TLS ").await?.0),
-        None => None,
-    };
-    let store = open_store(&args, http_addr, grpc_addr).await?;
+    check_listeners(&args, tls.server.is_some())?;
+    let (listener, http_addr) = bind_optional(args.http_addr.0, "").await?;
+    let (grpc_listener, grpc_addr) = bind_optional(args.grpc_addr.0, "xDS ").await?;
+    let (https_listener, https_bound) = bind_optional(args.tls.https_addr, "HTTPS ").await?;
+    let (grpc_tls_listener, grpc_tls_bound) = bind_optional(args.tls.grpc_tls_addr, "xDS TLS ").await?;
+    // What this server is known by: its plain listeners, else its TLS ones.
+    let (api_addr, xds_addr) = (
+        http_addr.or(https_bound).unwrap_or_else(unspecified),
+        grpc_addr.or(grpc_tls_bound).unwrap_or_else(unspecified),
+    );
+    let store = open_store(&args, api_addr, xds_addr).await?;
     let acl = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
         enabled: args.acl_enabled,
         default_allow: args.acl_default_policy == "allow",
@@ -68,7 +68,7 @@ pub async fn run(
             ..Default::default()
         },
     ));
-    let mut api = engine.api_config(&store, &args, http_addr);
+    let mut api = engine.api_config(&store, &args, api_addr);
     api.liveness = Some(Arc::clone(&liveness));
     api.acl = Arc::clone(&acl);
     let status_acl: crate::engine::TokenAcl = {
@@ -122,7 +122,7 @@ pub async fn run(
         }
         _ => (None, None),
     };
-    info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, store = %args.store, "meshd server ready");
+    info!(?http_addr, ?grpc_addr, ?https_addr, ?grpc_tls_addr, datacenter = %args.datacenter, data_dir = ?args.data_dir, store = %args.store, "meshd server ready");
     on_ready(&Running {
         http_addr,
         grpc_addr,
@@ -130,11 +130,13 @@ pub async fn run(
         grpc_tls_addr,
     });
 
-    let http = tokio::spawn(
-        crate::http_serve::serve_plain(listener, http_conn_limit, app, stop.clone())
-            .instrument(info_span!("http_api", %http_addr)),
-    );
-    let grpc = crate::engine::serve_xds(grpc_listener, grpc_addr, &engine.xds, stop.clone());
+    let http = listener.map(|listener| {
+        tokio::spawn(
+            crate::http_serve::serve_plain(listener, http_conn_limit, app, stop.clone())
+                .instrument(info_span!("http_api", http_addr = %api_addr)),
+        )
+    });
+    let grpc = grpc_listener.map(|listener| crate::engine::serve_xds(listener, xds_addr, &engine.xds, stop.clone()));
 
     let balance_task = tokio::spawn(
         crate::balance::run(store.clone(), engine.xds.clone(), args.etcd_lease_ttl * 2, stop.clone())
@@ -159,8 +161,14 @@ pub async fn run(
     store.release_waiters();
     engine.xds.shutdown().await;
     stop.cancel();
-    let served = http.await.context("HTTP server task")?;
-    let grpc_served = grpc.await.context("xDS server task")?;
+    let served = match http {
+        Some(task) => Some(task.await.context("HTTP server task")?),
+        None => None,
+    };
+    let grpc_served = match grpc {
+        Some(task) => Some(task.await.context("xDS server task")?),
+        None => None,
+    };
     let https_served = match https {
         Some(task) => Some(task.await.context("HTTPS server task")?),
         None => None,
@@ -175,8 +183,8 @@ pub async fn run(
     engine.shutdown().await;
     store.close().await;
     info!("meshd server stopped");
-    served.context("serving HTTP")?;
-    grpc_served.context("serving xDS")?;
+    served.transpose().context("serving HTTP")?;
+    grpc_served.transpose().context("serving xDS")?;
     https_served.transpose().context("serving HTTPS")?;
     grpc_tls_served.transpose().context("serving xDS over TLS")?;
     Ok(())
@@ -330,6 +338,41 @@ impl xds::StreamAuthorizer for StoreStreamAuthorizer {
 }
 
 /// A bound listener and its address (`127.0.0.1:0` picks a free port).
+/// Binds `addr` when there is one.
+async fn bind_optional(addr: Option<SocketAddr>, what: &str) -> Result<(Option<TcpListener>, Option<SocketAddr>)> {
+    match addr {
+        Some(addr) => {
+            let (listener, bound) = bind(addr, what).await?;
+            Ok((Some(listener), Some(bound)))
+        }
+        None => Ok((None, None)),
+    }
+}
+
+/// `0.0.0.0:0`: an address for nothing.
+fn unspecified() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 0))
+}
+
+/// A plain listener may be off only where its TLS twin serves instead; servers forward
+/// writes to the leader over plain HTTP, so several servers over etcd keep it.
+fn check_listeners(args: &ServerArgs, tls: bool) -> Result<()> {
+    if args.http_addr.0.is_none() {
+        if args.tls.https_addr.is_none() || !tls {
+            bail!("-http-addr off needs -https-addr (with -tls-cert-file and -tls-key-file) to serve the API");
+        }
+        if args.store == "etcd" {
+            bail!(
+                "-http-addr off is not available with -store etcd: servers forward writes to the leader's plain HTTP API"
+            );
+        }
+    }
+    if args.grpc_addr.0.is_none() && (args.tls.grpc_tls_addr.is_none() || !tls) {
+        bail!("-grpc-addr off needs -grpc-tls-addr (with -tls-cert-file and -tls-key-file) to serve xDS");
+    }
+    Ok(())
+}
+
 async fn bind(addr: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)
         .await

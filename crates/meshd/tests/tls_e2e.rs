@@ -199,3 +199,54 @@ async fn an_agent_syncs_with_its_server_over_https() {
     let nodes = get(&client, &format!("{}/v1/catalog/nodes", agent.http)).await.unwrap();
     assert!(nodes.contains("node-tls"), "{nodes}");
 }
+
+/// `-http-addr off -grpc-addr off`: only the TLS listeners serve; the ready lines name only
+/// them, the API answers over HTTPS, and turning a plain listener off without its TLS twin is
+/// refused with one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_listeners_can_be_turned_off_once_tls_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(dir.path());
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (child, lines) = test_support::process::start_reading(
+        meshd(),
+        [
+            "server",
+            "-dev",
+            "-log-level",
+            "warn",
+            "-http-addr",
+            "off",
+            "-grpc-addr",
+            "off",
+            "-https-addr",
+            "127.0.0.1:0",
+            "-grpc-tls-addr",
+            "127.0.0.1:0",
+            "-tls-cert-file",
+            cert,
+            "-tls-key-file",
+            key,
+        ],
+        &["meshd ", "meshd "],
+    );
+    let _server = Proc(child);
+    assert!(lines[0].starts_with("server listening on https://"), "{lines:?}");
+    assert!(lines[1].starts_with("xds-tls listening on "), "{lines:?}");
+    let https = lines[0].trim_start_matches("server listening on ");
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
+    let client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+    let leader = client.get(format!("{https}/v1/status/leader")).send().await.unwrap();
+    assert!(leader.status().is_success(), "{leader:?}");
+
+    for (off, needs) in [("-http-addr", "-https-addr"), ("-grpc-addr", "-grpc-tls-addr")] {
+        let out = Command::new(meshd())
+            .args(["server", "-dev", "-log-level", "off", off, "off"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("{off} off needs {needs}")), "{err}");
+    }
+}
