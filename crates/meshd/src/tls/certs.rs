@@ -100,6 +100,16 @@ pub fn create_cert(args: &TlsCertCreateArgs) -> Result<Vec<PathBuf>> {
         sans.push(SanType::DnsName(ia5));
     }
     sans.extend(args.additional_ipaddress.iter().map(|ip| SanType::IpAddress(*ip)));
+    // Each name once, in the order given: `-additional-ipaddress 127.0.0.1` or
+    // `-additional-dnsname localhost` repeat a default.
+    let mut seen = Vec::with_capacity(sans.len());
+    sans.retain(|san| {
+        let new = !seen.contains(san);
+        if new {
+            seen.push(san.clone());
+        }
+        new
+    });
 
     let key = KeyPair::generate().context("generating the key")?;
     let mut params = CertificateParams::default();

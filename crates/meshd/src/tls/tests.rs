@@ -41,8 +41,9 @@ fn make_certs(dir: &Path) -> Files {
             domain: "meshd".into(),
             ca: None,
             key: None,
-            additional_dnsname: vec!["extra.example".into()],
-            additional_ipaddress: vec!["10.1.2.3".parse().unwrap()],
+            // The defaults repeated: each name is written once.
+            additional_dnsname: vec!["extra.example".into(), "localhost".into()],
+            additional_ipaddress: vec!["10.1.2.3".parse().unwrap(), "127.0.0.1".parse().unwrap()],
             days: 30,
             dir: dir.to_owned(),
         })
