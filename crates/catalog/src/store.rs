@@ -16,6 +16,10 @@ use crate::state::State;
 use crate::wal::{self, Record, StoreError, Wal};
 use bounded_maps::SweptMap;
 use parking_lot::{Mutex, RwLock};
+
+/// The DNS domain of ingress gateways' default hosts (`<service>.ingress.consul`), as the
+/// proxy config engine names them.
+const INGRESS_DOMAIN: &str = "consul";
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
@@ -324,11 +328,22 @@ impl Store {
     }
 
     /// Signs a leaf for the public key of a CSR sent by an agent (see [`ca::sign_csr`]); the
-    /// private key never reaches the server.
+    /// private key never reaches the server. DNS SANs are limited to the names the service's
+    /// ingress-gateway config entry gives it (none for any other service).
     pub fn sign_csr(&self, csr_pem: &str) -> Result<IssuedCert, ca::CsrError> {
         let state = self.read();
         let ca = state.ca().ok_or(ca::CaError::NoActiveRoot)?;
-        ca::sign_csr(&ca, &self.inner.config.datacenter, csr_pem, SystemTime::now())
+        let datacenter = &self.inner.config.datacenter;
+        let may_claim = |service: &str, name: &str| match state
+            .config_entry(structs::config_entry::ConfigEntryKind::IngressGateway, service)
+            .as_deref()
+        {
+            Some(structs::config_entry::ConfigEntry::IngressGateway(g)) => {
+                g.may_claim_dns_name(name, datacenter, INGRESS_DOMAIN)
+            }
+            _ => false,
+        };
+        ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())
     }
 
     /// Stops accepting writes, lets queued ones finish, and waits for the writer and any

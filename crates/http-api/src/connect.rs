@@ -175,6 +175,7 @@ pub(crate) async fn sign(
     }
     let cert = api.store.sign_csr(&request.csr).map_err(|e| match e {
         catalog::ca::CsrError::Ca(catalog::ca::CaError::NoActiveRoot) => ApiError::Internal(e.to_string()),
+        catalog::ca::CsrError::Ca(catalog::ca::CaError::InvalidDnsSan(_)) => ApiError::BadRequest(e.to_string()),
         catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
         _ => ApiError::BadRequest(e.to_string()),
     })?;

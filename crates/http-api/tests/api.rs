@@ -540,10 +540,66 @@ async fn pretty_and_metrics() {
 
 /// A CSR for `uri` (the key stays here, as on an agent).
 fn csr_for(uri: &str) -> String {
+    csr_with_dns(uri, &[])
+}
+
+fn csr_with_dns(uri: &str, dns: &[&str]) -> String {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let mut params = rcgen::CertificateParams::default();
     params.subject_alt_names = vec![rcgen::SanType::URI(uri.to_owned().try_into().unwrap())];
+    for name in dns {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::DnsName((*name).to_owned().try_into().unwrap()));
+    }
     params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// A CSR's DNS SANs: `*` is a 400 (not a 500), and a service may claim only the hosts its
+/// ingress-gateway config entry gives it.
+#[tokio::test]
+async fn csr_dns_sans_are_limited_to_the_names_the_service_may_claim() {
+    let (app, _store) = app().await;
+    let roots = get(&app, "/v1/connect/ca/roots").await.json();
+    let td = roots["TrustDomain"].as_str().unwrap().to_owned();
+    let defaults = put(
+        &app,
+        "/v1/config",
+        json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"}}),
+    )
+    .await;
+    assert_eq!(defaults.status, StatusCode::OK, "{}", defaults.body);
+    let entry = put(
+        &app,
+        "/v1/config",
+        json!({"Kind": "ingress-gateway", "Name": "ing", "TLS": {"Enabled": true},
+               "Listeners": [{"Port": 8080, "Protocol": "http", "Services": [
+                   {"Name": "shop", "Hosts": ["shop.example.com"]}, {"Name": "api"}]}]}),
+    )
+    .await;
+    assert_eq!(entry.status, StatusCode::OK, "{}", entry.body);
+    let uri = |svc: &str| format!("spiffe://{td}/ns/default/dc/dc1/svc/{svc}");
+    let sign = |svc: &str, dns: &[&str]| {
+        let body = json!({"CSR": csr_with_dns(&uri(svc), dns)});
+        let app = &app;
+        async move { put(app, "/v1/internal/connect/ca/sign", body).await }
+    };
+    let good = sign(
+        "ing",
+        &["shop.example.com", "api.ingress.consul", "api.ingress.dc1.consul"],
+    )
+    .await;
+    assert_eq!(good.status, StatusCode::OK, "{}", good.body);
+    for (svc, dns, says) in [
+        ("ing", "*", "is not a DNS name"),
+        ("ing", "bank.example.com", "may not claim"),
+        ("ing", "web.ingress.consul", "may not claim"),
+        ("web", "shop.example.com", "may not claim"),
+    ] {
+        let bad = sign(svc, &[dns]).await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{svc} {dns}: {}", bad.body);
+        assert!(bad.body.contains(says), "{svc} {dns}: {}", bad.body);
+    }
 }
 
 #[tokio::test]

@@ -364,7 +364,16 @@ pub enum CsrError {
 /// agent). The CSR must carry exactly one URI SAN, a SPIFFE service identity in this CA's
 /// trust domain and `datacenter`; the certificate is built as [`sign_leaf_with_sans`]'s, with
 /// the CSR's DNS SANs (each checked as a DNS name) and nothing else it asks for.
-pub fn sign_csr(ca: &CaState, datacenter: &str, csr_pem: &str, now: SystemTime) -> Result<IssuedCert, CsrError> {
+///
+/// `may_claim(service, name)` says whether the service may carry DNS name `name`; any
+/// other DNS SAN is refused.
+pub fn sign_csr(
+    ca: &CaState,
+    datacenter: &str,
+    csr_pem: &str,
+    may_claim: &dyn Fn(&str, &str) -> bool,
+    now: SystemTime,
+) -> Result<IssuedCert, CsrError> {
     let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
         .map_err(|e| CsrError::Invalid(format!("cannot read it: {e}")))?;
     let uris: Vec<&str> = csr
@@ -413,6 +422,20 @@ pub fn sign_csr(ca: &CaState, datacenter: &str, csr_pem: &str, now: SystemTime) 
             _ => None,
         })
         .collect();
+    for name in &dns_sans {
+        if !is_dns_name(name) {
+            return Err(CsrError::Identity(format!(
+                "DNS SAN {name:?} is not a DNS name (letters, digits, '-', dot-separated; '*.' only first)"
+            )));
+        }
+        if !may_claim(&id.service, name) {
+            return Err(CsrError::Identity(format!(
+                "DNS SAN {name:?}: service {:?} may not claim it (a CSR may carry only the hosts of the service's \
+                 ingress-gateway config entry)",
+                id.service
+            )));
+        }
+    }
     Ok(issue(ca, datacenter, &id.service, &dns_sans, &csr.public_key, now)?)
 }
 

@@ -156,7 +156,7 @@ fn csr_signing_certifies_the_agents_key_without_ever_holding_it() {
     let ca = CaState::bootstrap(CaConfig::default()).unwrap();
     let uri = format!("spiffe://{}/ns/default/dc/dc1/svc/web", ca.trust_domain());
     let (key, pem) = csr(&[&uri]);
-    let leaf = sign_csr(&ca, "dc1", &pem, SystemTime::now()).unwrap();
+    let leaf = sign_csr(&ca, "dc1", &pem, &|_, _| true, SystemTime::now()).unwrap();
     assert!(leaf.private_key_pem.is_empty());
     assert_eq!(
         (leaf.service.as_str(), leaf.service_uri.as_str()),
@@ -177,7 +177,9 @@ fn csr_signing_refuses_identities_outside_this_ca() {
     let td = ca.trust_domain();
     let refused = |uris: &[&str]| {
         let (_, pem) = csr(uris);
-        sign_csr(&ca, "dc1", &pem, SystemTime::now()).unwrap_err().to_string()
+        sign_csr(&ca, "dc1", &pem, &|_, _| true, SystemTime::now())
+            .unwrap_err()
+            .to_string()
     };
     assert!(refused(&["spiffe://other.consul/ns/default/dc/dc1/svc/web"]).contains("trust domain"));
     assert!(refused(&[&format!("spiffe://{td}/ns/default/dc/dc2/svc/web")]).contains("datacenter"));
@@ -188,7 +190,7 @@ fn csr_signing_refuses_identities_outside_this_ca() {
     ];
     assert!(refused(&[&two[0], &two[1]]).contains("found 2"));
     assert!(refused(&["https://example.com/web"]).contains("URI SAN"));
-    let garbage = sign_csr(&ca, "dc1", "not a csr", SystemTime::now()).unwrap_err();
+    let garbage = sign_csr(&ca, "dc1", "not a csr", &|_, _| true, SystemTime::now()).unwrap_err();
     assert!(matches!(garbage, CsrError::Invalid(_)), "{garbage}");
 }
 
@@ -237,10 +239,17 @@ fn csr_signing_keeps_the_csrs_dns_sans_and_checks_them() {
         params.subject_alt_names = vec![SanType::URI(ia5(&uri).unwrap()), SanType::DnsName(ia5(dns).unwrap())];
         params.serialize_request(&key).unwrap().pem().unwrap()
     };
-    let leaf = sign_csr(&ca, "dc1", &with_dns("shop.example.com"), SystemTime::now()).unwrap();
+    let may_claim = |service: &str, name: &str| service == "ing" && name.ends_with(".example.com");
+    let leaf = sign_csr(&ca, "dc1", &with_dns("shop.example.com"), &may_claim, SystemTime::now()).unwrap();
     assert_eq!(dns_sans_of(&leaf.cert_pem), ["shop.example.com"]);
-    let err = sign_csr(&ca, "dc1", &with_dns("bad_name.com"), SystemTime::now()).unwrap_err();
-    assert_eq!(err, CsrError::Ca(CaError::InvalidDnsSan("bad_name.com".into())));
+    for bad in ["bad_name.com", "*"] {
+        let err = sign_csr(&ca, "dc1", &with_dns(bad), &may_claim, SystemTime::now()).unwrap_err();
+        assert!(matches!(err, CsrError::Identity(_)), "{bad}: {err:?}");
+        assert!(err.to_string().contains("is not a DNS name"), "{err}");
+    }
+    // A name the service may not claim.
+    let err = sign_csr(&ca, "dc1", &with_dns("bank.example.org"), &may_claim, SystemTime::now()).unwrap_err();
+    assert!(err.to_string().contains("may not claim"), "{err}");
 }
 
 #[test]

@@ -172,6 +172,26 @@ pub struct IngressGateway {
     pub modify_index: Index,
 }
 
+impl IngressGateway {
+    /// Whether the gateway's certificate may carry `name` as a DNS SAN: a host one of its
+    /// listeners' services answers to, or a default `<service>.ingress.<domain>` or
+    /// `<service>.ingress.<datacenter>.<domain>` of a service it lists (any service with `*`).
+    /// A CSR asking for anything else is refused: a gateway claims only its own names.
+    pub fn may_claim_dns_name(&self, name: &str, datacenter: &str, domain: &str) -> bool {
+        let default_of = |service: &str| {
+            let Some((label, rest)) = name.split_once('.') else {
+                return false;
+            };
+            let under_ingress = rest == format!("ingress.{domain}") || rest == format!("ingress.{datacenter}.{domain}");
+            under_ingress && (service == "*" && !label.contains('*') || label == service)
+        };
+        self.listeners
+            .iter()
+            .flat_map(|l| &l.services)
+            .any(|s| s.hosts.iter().any(|h| h == name) || default_of(&s.name))
+    }
+}
+
 /// A service outside the mesh that a terminating gateway represents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
