@@ -196,7 +196,8 @@ impl FailureParser {
             self.current = Some(name.to_owned());
             return;
         }
-        if line == "failures:" || line.starts_with("test result:") {
+        // The backtrace says where in the runtime the panic went through, not why.
+        if line == "failures:" || line.starts_with("test result:") || line.starts_with("stack backtrace:") {
             self.current = None;
             return;
         }

@@ -27,11 +27,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// The pinned Envoy, installed into `.tools/` and named by `cargo xtask test` in
-/// `MESHD_ENVOY`. Panics when missing: tests that need it never skip.
+/// `MESHD_ENVOY`, as its canonical path (what `/proc/PID/exe` of a running Envoy reads, even
+/// when `.tools` is a link). Panics when missing: tests that need it never skip.
 pub fn envoy() -> PathBuf {
     std::env::var_os("MESHD_ENVOY")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
+        .and_then(|p| std::fs::canonicalize(p).ok())
         .expect(
             "MESHD_ENVOY must name the pinned Envoy binary: run the tests with `cargo xtask test`, which installs it",
         )
