@@ -24,6 +24,11 @@ mod connect;
 /// Largest accepted request body, bytes.
 const MAX_BODY: usize = 512 * 1024;
 
+/// A 413's body: it names the limit.
+fn too_large() -> String {
+    format!("request body larger than this API's limit of {MAX_BODY} bytes\n")
+}
+
 type Params = Query<BTreeMap<String, String>>;
 
 /// An error answer: plain text with Consul's status codes.
@@ -236,6 +241,12 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
         .fallback(forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::map_response(|resp: Response| async move {
+            if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
+                return resp;
+            }
+            text(StatusCode::PAYLOAD_TOO_LARGE, too_large())
+        }))
         .with_state(agent)
 }
 
@@ -731,7 +742,7 @@ async fn forward(State(agent): State<Agent>, req: Request) -> Response {
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}\n")),
+        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
     };
     let mut headers = HeaderMap::new();
     for (name, value) in &parts.headers {

@@ -273,3 +273,17 @@ async fn a_service_read_blocks_on_its_content_hash() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
     agent.shutdown().await;
 }
+
+/// An oversized body is a 413 that names the limit, on the agent's own endpoints and on
+/// those it forwards.
+#[tokio::test]
+async fn an_oversized_body_is_a_413_naming_the_limit() {
+    let (app, agent) = app().await;
+    let big = json!({"Name": "web", "Meta": {"k": "a".repeat(600 * 1024)}});
+    for uri in ["/v1/agent/service/register", "/v1/catalog/register"] {
+        let (st, body) = call(&app, "PUT", uri, big.clone()).await;
+        assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{uri}: {body}");
+        assert!(body.contains("limit of 524288 bytes"), "{uri}: {body}");
+    }
+    assert!(agent.state().services().is_empty(), "nothing registered");
+}

@@ -28,6 +28,7 @@ pub use metrics::HttpMetrics;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -249,10 +250,22 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::map_response(move |resp: Response| async move {
+            name_body_limit(resp, max_body)
+        }))
         .layer(middleware::from_fn_with_state(api.clone(), authz::resolve))
         .layer(middleware::from_fn_with_state(metrics, count))
         .with_state(api);
     (router, paths)
+}
+
+/// A 413 names the limit (the extractor's own rejection says only "length limit exceeded").
+fn name_body_limit(resp: Response, limit: usize) -> Response {
+    if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return resp;
+    }
+    let text = format!("request body larger than this API's limit of {limit} bytes\n");
+    (StatusCode::PAYLOAD_TOO_LARGE, text).into_response()
 }
 
 /// The router being built, and the paths registered so far.

@@ -495,6 +495,11 @@ async fn errors_are_plain_text_and_name_the_problem() {
     let big = format!("{{\"Node\": \"n1\", \"Address\": \"{}\"}}", "a".repeat(100 * 1024));
     let r = call(&app, "PUT", "/v1/catalog/register", big).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        r.body.contains("limit of ") && r.body.contains(" bytes"),
+        "names the limit: {}",
+        r.body
+    );
     assert_eq!(store.read().index, before, "no rejected write changed anything");
 }
 
