@@ -339,8 +339,11 @@ async fn proxies_are_not_started_as_root_unless_allowed() {
     match next_event(&mut ev).await {
         DaemonEvent::Failed { id, reason } if rustix::process::geteuid().is_root() => {
             assert_eq!(id, "r");
-            assert!(reason.contains("root"), "{reason}");
+            assert!(reason.contains("-allow-managed-root"), "names the flag: {reason}");
             assert!(!dir.path().join("data/pids/r.pid").exists());
+            // Said once: no retry follows (the old loop retried at once, 3 times).
+            let again = tokio::time::timeout(Duration::from_millis(500), ev.recv()).await;
+            assert!(again.is_err(), "a second event: {again:?}");
         }
         DaemonEvent::Started { .. } if !rustix::process::geteuid().is_root() => {}
         other => panic!("unexpected {other:?}"),

@@ -41,6 +41,19 @@ pub(super) async fn keep_alive(
     stop: CancellationToken,
     leave: CancellationToken,
 ) {
+    if rustix::process::geteuid().is_root() && !ctx.allow_root {
+        // Nothing changes this short of a restart with the flag: said once, never retried.
+        tracing::error!(id = %ctx.id, reason = ROOT_REFUSAL, "not starting the managed proxy");
+        let _ = ctx.events.send(DaemonEvent::Failed {
+            id: ctx.id.clone(),
+            reason: ROOT_REFUSAL.to_owned(),
+        });
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = leave.cancelled() => {}
+        }
+        return;
+    }
     let mut backoff = Backoff::new(ctx.policy);
     let mut running = adopt.and_then(|p| readopt(&ctx, p, &mut backoff));
     loop {
@@ -96,6 +109,10 @@ pub(super) async fn keep_alive(
     }
 }
 
+/// Why a daemon is not started when the manager runs as root without `allow_root`.
+pub(crate) const ROOT_REFUSAL: &str =
+    "refusing to run a managed proxy as root: run the agent as another user, or start it with -allow-managed-root";
+
 /// Watches a process a previous manager started, if it is still the one it was (counted as
 /// a start, so a crash right after restarts with back-off).
 fn readopt(ctx: &DaemonCtx, p: ProcessId, backoff: &mut Backoff) -> Option<Running> {
@@ -148,9 +165,6 @@ fn start_reported(ctx: &DaemonCtx, backoff: &mut Backoff) -> Option<tokio::proce
 /// Starts the daemon's process: own process group (terminal signals to the supervisor do not
 /// reach it, and it outlives the supervisor), logs appended, pid file written atomically.
 fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> {
-    if rustix::process::geteuid().is_root() && !ctx.allow_root {
-        return Err("refusing to run a proxy as root (allow it explicitly to do so)".into());
-    }
     let logs = ctx.data_dir.join("logs");
     let open = |suffix: &str| {
         let path = logs.join(format!("{}-{suffix}.log", atomic_file::file_name_for(&ctx.id)));
