@@ -282,7 +282,16 @@ fn demo() -> Result<()> {
     // Cargo's own progress shows: a first build takes minutes, and silence looks like a hang.
     println!("xtask demo: building meshd and the demo (the first build takes a few minutes)");
     let mut build = cargo();
-    build.args(["build", "--locked", "-p", "meshd", "--bin", "meshd", "--example", "demo"]);
+    build.args([
+        "build",
+        "--locked",
+        "-p",
+        "meshd",
+        "--bin",
+        "meshd",
+        "--example",
+        "demo",
+    ]);
     run(build)?;
     let mut cmd = cargo();
     cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo"])

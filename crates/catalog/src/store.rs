@@ -156,7 +156,9 @@ impl Store {
     async fn open_etcd(config: StoreConfig, etcd_config: etcd::EtcdConfig) -> Result<Store, StoreError> {
         let (client, state) = etcd::connect(&etcd_config).await?;
         let index = state.index;
+        let request_timeout = etcd_config.request_timeout;
         let backend = etcd::Backend::new(client, etcd_config, index);
+        backend.cluster.claim_name(request_timeout).await?;
         let inner = Inner::new(config, state, Some(Arc::clone(&backend)));
         let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
         let others = vec![

@@ -77,6 +77,16 @@ pub enum StoreError {
         /// How long it was given.
         after: std::time::Duration,
     },
+    /// Another live server holds this server's name in etcd.
+    #[error(
+        "server name {name:?} is held by a live server at {address} (it registered in etcd and renews its lease): give this server its own -node"
+    )]
+    ServerNameTaken {
+        /// The name.
+        name: String,
+        /// The address the other server reported.
+        address: String,
+    },
     /// Opening the data dir panicked.
     #[error("opening the data dir panicked")]
     Panicked(#[source] tokio::task::JoinError),

@@ -33,14 +33,6 @@ pub struct RunningAgent {
     pub grpc_tls_addr: Option<SocketAddr>,
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
-
 fn default_advertise() -> String {
     supervisor::node::private_ips_now()
         .and_then(|ips| ips.into_iter().find(std::net::IpAddr::is_ipv4))
@@ -119,7 +111,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             .node
             .clone()
             .or_else(|| file.node.clone())
-            .unwrap_or_else(host_name),
+            .unwrap_or_else(crate::host_name),
         datacenter: args
             .datacenter
             .clone()

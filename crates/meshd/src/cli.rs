@@ -393,7 +393,7 @@ pub struct ServerArgs {
     #[arg(long = "dev")]
     pub dev: bool,
     /// This server's node name.
-    #[arg(long = "node", value_name = "NAME", default_value = "meshd-server")]
+    #[arg(long = "node", value_name = "NAME", default_value_t = crate::host_name())]
     pub node: String,
     /// Write logs as JSON lines.
     #[arg(long = "log-json")]

@@ -24,6 +24,16 @@ pub mod http_serve;
 pub mod server;
 pub mod tls;
 
+/// This host's name (the default node name of servers and agents, as Consul's), or
+/// `localhost` when the kernel has none.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 /// Installs the tracing subscriber: human-readable or JSON lines on stderr.
 pub fn init_logging(level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

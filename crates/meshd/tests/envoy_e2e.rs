@@ -55,7 +55,11 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     })
     .await;
     for s in &status {
-        assert_eq!(s["Server"], "meshd-server");
+        assert_eq!(
+            s["Server"],
+            meshd::host_name(),
+            "a server is named after its host by default"
+        );
         assert_eq!(s["Stuck"], false);
         assert!(
             s["Types"]

@@ -136,6 +136,46 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
     })
     .await;
 
+    // A fourth server under a live one's name refuses to start (after the TTL in which a
+    // crashed holder's lease would have expired), and the three stay three.
+    let endpoints = etcd.endpoints_arg();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(meshd())
+            .args([
+                "server",
+                "-store",
+                "etcd",
+                "-etcd-endpoints",
+                &endpoints,
+                "-node",
+                "server-1",
+            ])
+            .args([
+                "-etcd-lease-ttl",
+                "3s",
+                "-http-addr",
+                "127.0.0.1:0",
+                "-grpc-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["-log-level", "error"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("server name \"server-1\" is held by a live server at"),
+        "{err}"
+    );
+    let peers = get(&client, &format!("{}/v1/status/peers", servers[0].http()))
+        .await
+        .unwrap();
+    assert_eq!(serde_json::from_str::<Vec<String>>(&peers).unwrap().len(), 3, "{peers}");
+
     let mut leading = 0.0;
     for s in &servers {
         leading += test_support::process::metric(&client, &s.http(), "meshd_server_leader").await;

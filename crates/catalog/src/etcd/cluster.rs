@@ -17,6 +17,7 @@
 //! renewed within that time.
 
 use super::EtcdConfig;
+use crate::wal::StoreError;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
@@ -128,6 +129,48 @@ impl Cluster {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => warn!(error = %e, "cannot share heartbeats through etcd"),
             Err(_) => warn!("cannot share heartbeats through etcd: no answer"),
+        }
+    }
+
+    /// Makes sure no other live server uses this server's name: two servers of one name
+    /// would overwrite each other's registration and count as one. A registration under the
+    /// name with this server's own address is this server's from before a restart; one with
+    /// another address may be a server that crashed, whose lease expires within the TTL, so
+    /// it is waited for that long before the name counts as taken.
+    pub(crate) async fn claim_name(&self, request_timeout: Duration) -> Result<(), StoreError> {
+        let key = self.key(&format!("server/{}", self.me.name));
+        let mut kv = self.client.kv_client();
+        let deadline = Instant::now() + self.ttl + Duration::from_secs(1);
+        loop {
+            let resp = tokio::time::timeout(request_timeout, kv.get(key.clone(), None))
+                .await
+                .map_err(|_| StoreError::EtcdTimeout {
+                    what: "reading the servers' registrations".into(),
+                    after: request_timeout,
+                })?
+                .map_err(|source| StoreError::Etcd {
+                    what: "reading the servers' registrations".into(),
+                    source,
+                })?;
+            let Some(held) = resp.kvs().first() else {
+                return Ok(());
+            };
+            let other: ServerInfo = serde_json::from_slice(held.value()).unwrap_or(ServerInfo {
+                name: self.me.name.clone(),
+                address: "an unknown address".into(),
+                xds_address: String::new(),
+            });
+            if other.address == self.me.address {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::ServerNameTaken {
+                    name: self.me.name.clone(),
+                    address: other.address,
+                });
+            }
+            warn!(name = %self.me.name, other = %other.address, "another server registered this server's name: waiting for its lease to expire");
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
