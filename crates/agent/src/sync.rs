@@ -25,7 +25,7 @@ use std::time::Duration;
 use structs::{HealthCheck, Node, NodeService};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 /// Lone checks pushed per catalog write.
 const CHECKS_PER_WRITE: usize = 64;
@@ -149,6 +149,7 @@ impl<C: CatalogApi> Syncer<C> {
         let mut backoff = Backoff::new(self.config.retry_base, self.config.retry_max);
         let mut full = true;
         let mut next_full = tokio::time::Instant::now();
+        let mut said_denied = false;
         loop {
             changes.borrow_and_update();
             let result = if full {
@@ -158,6 +159,7 @@ impl<C: CatalogApi> Syncer<C> {
             };
             match result {
                 Ok(()) => {
+                    said_denied = false;
                     if backoff.failures() > 0 {
                         info!(
                             server = self.servers.describe(),
@@ -173,7 +175,23 @@ impl<C: CatalogApi> Syncer<C> {
                 }
                 Err(error) => {
                     let delay = backoff.next_delay();
-                    warn!(%error, retry_in = ?delay, attempt = backoff.failures(), "anti-entropy sync failed");
+                    let denied = matches!(error, ServerError::Status { status: 403, .. });
+                    if denied && !said_denied {
+                        // Every retry would fail alike until an operator acts: said once, loudly.
+                        error!(
+                            %error,
+                            node = %self.node.node,
+                            "anti-entropy: the servers refuse this agent's token for its own node: the token \
+                             (-acl-agent-token-file) needs node:write on this node (a token with a node identity for \
+                             it), and -node must name the node the token is for; nothing registered here reaches the \
+                             catalog until then"
+                        );
+                    } else if denied {
+                        debug!(%error, retry_in = ?delay, "anti-entropy sync still refused");
+                    } else {
+                        warn!(%error, retry_in = ?delay, attempt = backoff.failures(), "anti-entropy sync failed");
+                    }
+                    said_denied |= denied;
                     full = true;
                     tokio::select! {
                         () = stop.cancelled() => return,
