@@ -122,6 +122,23 @@ fn bad_durations_name_the_field_and_show_a_duration() {
 }
 
 #[test]
+fn header_values_with_cr_or_lf_and_bad_names_are_refused_naming_the_header() {
+    let check = |header| json!({"Name": "web", "Check": {"HTTP": "http://h/", "Interval": "1s", "Header": header}});
+    for value in ["a\r\nX-Injected: 1", "a\nb", "a\rb", "a\u{0}b"] {
+        let e = def(check(json!({"X-Auth": ["ok", value]}))).unwrap_err();
+        assert!(
+            e.starts_with("Check.Header[\"X-Auth\"]: the value contains a CR, LF or NUL"),
+            "{e}"
+        );
+    }
+    for name in ["X Auth", "X-Auth\r\n", ""] {
+        let e = def(check(json!({name: ["v"]}))).unwrap_err();
+        assert!(e.ends_with("is not a valid header name"), "{name:?}: {e}");
+    }
+    def(check(json!({"X-Auth": ["Bearer abc", "x=1; y=2"]}))).unwrap();
+}
+
+#[test]
 fn check_kinds_apply_defaults() {
     let c: CheckType = from_value(json!({"HTTP": "https://h/x", "Interval": "100ms", "method": "post"})).unwrap();
     let CheckKind::Http {
