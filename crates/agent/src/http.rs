@@ -41,6 +41,7 @@ impl From<AgentError> for HttpError {
         let status = match &e {
             AgentError::Invalid(_) => StatusCode::BAD_REQUEST,
             AgentError::NotFound(_) => StatusCode::NOT_FOUND,
+            AgentError::Denied(_) => StatusCode::FORBIDDEN,
             AgentError::Persist(_) | AgentError::DataDir { .. } | AgentError::ServersCa(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -167,49 +168,20 @@ fn filtered(mut resp: Response, filtered: bool) -> Response {
     resp
 }
 
-/// What writing a check needs: `service:write` on its service, `node:write` for a node check.
-fn need_check_write(agent: &Agent, who: &crate::acl::Resolved, service_id: &str) -> Result<(), HttpError> {
-    if service_id.is_empty() {
-        let node = &agent.config().node;
-        return need(who, who.authz.node_write(node), "node:write", node);
-    }
-    let name = agent
-        .state()
-        .service(service_id)
-        .map(|s| s.service.service)
-        .unwrap_or_else(|| service_id.to_owned());
-    need(who, who.authz.service_write(&name), "service:write", &name)
-}
-
-/// Checks `service:write` (or `:read`) on local service `id`'s name; an unknown id passes
-/// (the handler answers its 404).
-async fn need_local_service(
+/// Checks `service:read` on local service `id`'s name; an unknown id passes (the handler
+/// answers its 404). Writes are checked by the agent itself, under its registration lock.
+async fn need_service_read(
     agent: &Agent,
     headers: &HeaderMap,
     q: &BTreeMap<String, String>,
     id: &str,
-    write: bool,
 ) -> Result<crate::acl::Resolved, HttpError> {
     let (_, who) = resolve(agent, headers, q).await?;
     if let Some(s) = agent.state().service(id) {
         let name = &s.service.service;
-        if write {
-            need(&who, who.authz.service_write(name), "service:write", name)?;
-        } else {
-            need(&who, who.authz.service_read(name), "service:read", name)?;
-        }
+        need(&who, who.authz.service_read(name), "service:read", name)?;
     }
     Ok(who)
-}
-
-/// The service id of check `id` (empty for a node check); unknown checks are a 404 later.
-fn check_service(agent: &Agent, id: &str) -> String {
-    agent
-        .state()
-        .checks()
-        .get(id)
-        .map(|c| c.check.service_id.clone())
-        .unwrap_or_default()
 }
 
 /// The agent's routes.
@@ -218,6 +190,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/service/register", put(register_service))
         .route("/v1/agent/service/deregister/{id}", put(deregister_service))
         .route("/v1/agent/service/maintenance/{id}", put(maintenance))
+        .route("/v1/agent/maintenance", put(node_maintenance))
         .route("/v1/agent/services", get(services))
         .route("/v1/agent/service/{id}", get(service))
         .route("/v1/agent/checks", get(checks))
@@ -247,31 +220,14 @@ async fn register_service(
 ) -> Result<Response, HttpError> {
     let mut def: ServiceDefinition = decode(&body, "a service definition")?;
     let (token, who) = resolve(&agent, &headers, &q).await?;
-    // What Consul asks: write on the service, on a proxy's destination, and on a sidecar.
-    let name = if def.name.is_empty() {
-        def.id.clone()
-    } else {
-        def.name.clone()
-    };
-    need(&who, who.authz.service_write(&name), "service:write", &name)?;
-    if !def.proxy.destination_service_name.is_empty() {
-        let dest = &def.proxy.destination_service_name;
-        need(&who, who.authz.service_write(dest), "service:write", dest)?;
-    }
-    if let Some(sc) = &def.connect.sidecar_service {
-        let sidecar = if sc.name.is_empty() {
-            format!("{name}-sidecar-proxy")
-        } else {
-            sc.name.clone()
-        };
-        need(&who, who.authz.service_write(&sidecar), "service:write", &sidecar)?;
-    }
     // The registration's token syncs the service and serves its proxy.
     if def.token.is_empty() {
         def.token = token;
     }
+    // What the caller may write (the new names and everything replaced) is checked by the
+    // agent under its registration lock.
     agent
-        .register_service(def, crate::local::Source::Api, flag(&q, "replace-existing-checks"))
+        .register_service_as(def, flag(&q, "replace-existing-checks"), &who)
         .await?;
     Ok(ok_empty())
 }
@@ -282,8 +238,8 @@ async fn deregister_service(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    need_local_service(&agent, &headers, &q, &id, true).await?;
-    agent.deregister_service(&id).await?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    agent.deregister_service_as(&id, &who).await?;
     Ok(ok_empty())
 }
 
@@ -293,25 +249,39 @@ async fn maintenance(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    need_local_service(&agent, &headers, &q, &id, true).await?;
-    let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
-        Some((_, Some(on))) => on,
-        Some((other, None)) => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("enable: {other:?} is not a boolean: use true or false"),
-            ));
-        }
-        None => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                "enable: required (true or false)".into(),
-            ));
-        }
-    };
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let enable = enable_param(&q)?;
     let reason = q.get("reason").map(String::as_str).unwrap_or_default();
-    agent.set_maintenance(&id, enable, reason).await?;
+    agent.set_maintenance_as(&id, enable, reason, &who).await?;
     Ok(ok_empty())
+}
+
+/// `PUT /v1/agent/maintenance?enable=&reason=`: the whole node (`node:write`).
+async fn node_maintenance(
+    State(agent): State<Agent>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let enable = enable_param(&q)?;
+    let reason = q.get("reason").map(String::as_str).unwrap_or_default();
+    agent.set_node_maintenance(enable, reason, Some(&who)).await?;
+    Ok(ok_empty())
+}
+
+/// Maintenance's required `?enable=` (any of Go's boolean spellings).
+fn enable_param(q: &BTreeMap<String, String>) -> Result<bool, HttpError> {
+    match q.get("enable").map(|v| (v, parse_bool(v))) {
+        Some((_, Some(on))) => Ok(on),
+        Some((other, None)) => Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("enable: {other:?} is not a boolean: use true or false"),
+        )),
+        None => Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            "enable: required (true or false)".into(),
+        )),
+    }
 }
 
 /// A service as `/v1/agent/services` shows it (Consul's `AgentService`).
@@ -410,7 +380,7 @@ async fn service(
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
-    need_local_service(&agent, &headers, &q, &id, false).await?;
+    need_service_read(&agent, &headers, &q, &id).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {
@@ -466,8 +436,7 @@ async fn register_check(
 ) -> Result<Response, HttpError> {
     let def: CheckType = decode(&body, "a check definition")?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &def.service_id)?;
-    agent.register_check(def, crate::local::Source::Api).await?;
+    agent.register_check_as(def, &who).await?;
     Ok(ok_empty())
 }
 
@@ -478,14 +447,7 @@ async fn deregister_check(
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    agent.deregister_check(&id).await?;
-    Ok(ok_empty())
-}
-
-fn ttl(agent: &Agent, id: &str, status: HealthStatus, q: &BTreeMap<String, String>) -> Result<Response, HttpError> {
-    let note = q.get("note").cloned().unwrap_or_default();
-    agent.ttl_update(id, status, note)?;
+    agent.deregister_check_as(&id, &who).await?;
     Ok(ok_empty())
 }
 
@@ -498,8 +460,9 @@ async fn ttl_route(
     status: HealthStatus,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    ttl(&agent, &id, status, &q)
+    let note = q.get("note").cloned().unwrap_or_default();
+    agent.ttl_update_as(&id, status, note, &who)?;
+    Ok(ok_empty())
 }
 
 async fn pass(
@@ -547,7 +510,6 @@ async fn update(
 ) -> Result<Response, HttpError> {
     let u: CheckUpdate = decode(&body, "a check update")?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
     let status = match u.status.as_str() {
         "passing" => HealthStatus::Passing,
         "warning" => HealthStatus::Warning,
@@ -559,7 +521,7 @@ async fn update(
             ));
         }
     };
-    agent.ttl_update(&id, status, u.output)?;
+    agent.ttl_update_as(&id, status, u.output, &who)?;
     Ok(ok_empty())
 }
 
@@ -581,10 +543,9 @@ fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
         .filter(|c| c.service_id == s.service.id || c.service_id.is_empty())
         .collect();
     let worst = checks.iter().map(|c| c.status).max().unwrap_or(HealthStatus::Passing);
-    let worst = if checks
-        .iter()
-        .any(|c| c.check_id.starts_with(crate::runtime::MAINTENANCE_PREFIX))
-    {
+    let worst = if checks.iter().any(|c| {
+        c.check_id.starts_with(crate::runtime::MAINTENANCE_PREFIX) || c.check_id == crate::runtime::NODE_MAINTENANCE
+    }) {
         HealthStatus::Maintenance
     } else {
         worst

@@ -273,3 +273,48 @@ async fn a_service_read_blocks_on_its_content_hash() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
     agent.shutdown().await;
 }
+
+#[tokio::test]
+async fn node_maintenance_puts_every_local_instance_into_maintenance() {
+    let (app, agent) = app().await;
+    let reg =
+        json!({"Name": "web", "ID": "web-1", "Port": 80, "Check": {"CheckID": "t", "TTL": "60s", "Status": "passing"}});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "PUT", "/v1/agent/maintenance?enable=yes", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{body}");
+    let (st, _) = call(
+        &app,
+        "PUT",
+        "/v1/agent/maintenance?enable=true&reason=kernel",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let check = agent.state().check("_node_maintenance").unwrap().check;
+    assert_eq!(
+        (
+            check.name.as_str(),
+            check.notes.as_str(),
+            check.status,
+            check.service_id.as_str()
+        ),
+        ("Node Maintenance Mode", "kernel", structs::HealthStatus::Critical, "")
+    );
+    let (st, body) = call(
+        &app,
+        "GET",
+        "/v1/agent/health/service/id/web-1?format=text",
+        Value::Null,
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "maintenance"));
+    let (st, _) = call(&app, "PUT", "/v1/agent/maintenance?enable=false", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(agent.state().check("_node_maintenance").is_none());
+    let (st, _) = call(&app, "GET", "/v1/agent/health/service/id/web-1", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    agent.shutdown().await;
+}

@@ -107,6 +107,9 @@ pub enum AgentError {
     /// The named service or check is not registered here.
     #[error("{0}")]
     NotFound(String),
+    /// The caller's token may not make this change (Consul's `Permission denied` text).
+    #[error("{0}")]
+    Denied(String),
     /// A registration could not be persisted.
     #[error("cannot persist the registration: {0}")]
     Persist(#[from] std::io::Error),
