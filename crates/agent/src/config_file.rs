@@ -60,6 +60,10 @@ pub struct FileConfig {
     /// The Envoy binary managed proxies run.
     #[serde(rename = "EnvoyBinary")]
     pub envoy_binary: Option<PathBuf>,
+    /// CIDR blocks checks registered through the API may probe besides their service's own
+    /// address and port (each entry may list several, comma-separated; files add up).
+    #[serde(rename = "CheckAllowedTargets")]
+    pub check_allowed_targets: Vec<String>,
     /// Services to register.
     #[serde(rename = "Services")]
     pub services: Vec<ServiceDefinition>,
@@ -126,6 +130,7 @@ impl FileConfig {
         later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
             managed_sidecars allow_managed_root allow_managed_api_registration envoy_binary);
         self.retry_join.extend(other.retry_join);
+        self.check_allowed_targets.extend(other.check_allowed_targets);
         self.node_meta.extend(other.node_meta);
         self.services.extend(other.service);
         self.services.extend(other.services);
@@ -178,17 +183,19 @@ mod tests {
         std::fs::write(
             &a,
             r#"{"node_name": "n1", "retry_join": ["s1:8500"], "service": {"name": "web", "port": 80},
+                "check_allowed_targets": ["127.0.0.1/32"],
                 "checks": [{"id": "disk", "name": "disk", "ttl": "30s"}]}"#,
         )
         .unwrap();
         std::fs::write(
             &b,
-            r#"{"Node": "n2", "RetryJoin": ["s2:8500"], "services": [{"Name": "api"}]}"#,
+            r#"{"Node": "n2", "RetryJoin": ["s2:8500"], "services": [{"Name": "api"}], "CheckAllowedTargets": ["10.0.0.0/8,::1"]}"#,
         )
         .unwrap();
         let c = FileConfig::load(&[a.clone(), b]).unwrap();
         assert_eq!(c.node.as_deref(), Some("n2"));
         assert_eq!(c.retry_join, ["s1:8500", "s2:8500"]);
+        assert_eq!(c.check_allowed_targets, ["127.0.0.1/32", "10.0.0.0/8,::1"]);
         let names: Vec<&str> = c.services.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["web", "api"]);
         assert_eq!(c.checks.len(), 1);

@@ -147,6 +147,7 @@ impl Agent {
             })
             .collect();
         let mut loaded = Vec::new();
+        let mut refused = Vec::new();
         // A check of a service that is not persisted (one from a config file) is kept: the
         // config files load next; `load_config` drops the checks still without a service.
         for p in checks {
@@ -159,13 +160,20 @@ impl Agent {
             };
             let mut check = p.check;
             check.node.clone_from(&node);
-            loaded.push(LocalCheck::new(check, p.definition, kind, Source::Api));
+            let check = LocalCheck::new(check, p.definition, kind, Source::Api);
+            if let Err(error) = self.persisted_target(&check, &services) {
+                warn!(check = %check.check.check_id, %error, "dropping a persisted check whose target is not allowed");
+                refused.push(check.check.check_id);
+                continue;
+            }
+            loaded.push(check);
         }
         info!(
             services = services.len(),
             checks = loaded.len(),
             "loaded persisted registrations"
         );
+        self.persist_remove(Vec::new(), refused).await?;
         self.apply(services, loaded, Vec::new());
         Ok(())
     }
@@ -175,7 +183,7 @@ impl Agent {
         for id in &removed_checks {
             self.0.checks.stop(id);
         }
-        let runners: Vec<(String, CheckKind, Thresholds)> = checks
+        let runners: Vec<(String, CheckKind, Thresholds, bool)> = checks
             .iter()
             .filter_map(|c| {
                 let kind = c.kind.clone()?;
@@ -188,12 +196,14 @@ impl Agent {
                         d.failures_before_warning,
                         d.failures_before_critical,
                     ),
+                    // API checks follow redirects only to the same origin.
+                    c.source == Source::Api,
                 ))
             })
             .collect();
         self.0.state.apply(services, checks, &removed_checks);
-        for (id, kind, thresholds) in runners {
-            self.0.checks.start(&id, &kind, thresholds);
+        for (id, kind, thresholds, confined) in runners {
+            self.0.checks.start(&id, &kind, thresholds, confined);
         }
     }
 
@@ -295,6 +305,7 @@ mod guard;
 mod node;
 mod register;
 mod reload;
+mod targets;
 
 pub use config::{AgentConfig, AgentError};
 

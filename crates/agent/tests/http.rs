@@ -107,7 +107,7 @@ async fn unknown_ids_are_404s_and_ttl_reports_need_a_ttl_check() {
         StatusCode::NOT_FOUND
     );
     let reg =
-        json!({"Name": "web", "Port": 80, "Checks": [{"CheckID": "tcp", "TCP": "127.0.0.1:9", "Interval": "10s"}]});
+        json!({"Name": "web", "Port": 80, "Checks": [{"CheckID": "tcp", "TCP": "127.0.0.1:80", "Interval": "10s"}]});
     assert_eq!(
         call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
         StatusCode::OK

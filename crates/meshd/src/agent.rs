@@ -7,7 +7,7 @@ use crate::cli::AgentArgs;
 use ::agent::config_file::FileConfig;
 use ::agent::{Agent, AgentConfig};
 use agent_cache::AgentCaches;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use proxycfg::{Manager, ManagerConfig};
 use proxycfg_glue::LocalChecks;
 use proxycfg_sources::{LocalProxy, LocalServices, LocalSource};
@@ -106,6 +106,12 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
+    let mut check_allowed_targets = Vec::new();
+    for list in args.check_allowed_targets.iter().chain(&file.check_allowed_targets) {
+        check_allowed_targets.extend(
+            ::agent::check_targets::Cidr::parse_list(list).map_err(|e| anyhow!("-check-allowed-targets: {e}"))?,
+        );
+    }
     let mut node_meta = file.node_meta.clone();
     for kv in &args.node_meta {
         let Some((k, v)) = kv.split_once(':') else {
@@ -146,6 +152,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             default_token: read_token(args.acl_default_token_file.as_deref(), "-acl-default-token-file")?,
         },
         servers_ca_pem: tls.ca_pem.clone(),
+        check_allowed_targets,
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {

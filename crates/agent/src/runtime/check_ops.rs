@@ -39,14 +39,19 @@ impl Agent {
         }
         let kind = def.kind()?;
         let mut check = sidecar::health_check(id, def.name.clone(), &def, &kind);
-        if !def.service_id.is_empty() {
-            let Some(svc) = self.0.state.service(&def.service_id) else {
-                return Err(ValidationError::new(
+        let svc = match def.service_id.as_str() {
+            "" => None,
+            service_id => Some(self.0.state.service(service_id).ok_or_else(|| {
+                ValidationError::new(
                     "ServiceID",
-                    Problem::Invalid(format!("{:?} is not registered on this agent", def.service_id)),
+                    Problem::Invalid(format!("{service_id:?} is not registered on this agent")),
                 )
-                .into());
-            };
+            })?),
+        };
+        if let Some(who) = who {
+            self.may_target_check(who, &kind, svc.as_ref().map(|s| &s.service))?;
+        }
+        if let Some(svc) = svc {
             check.service_id.clone_from(&svc.service.id);
             check.service_name.clone_from(&svc.service.service);
             check.service_tags.clone_from(&svc.service.tags);

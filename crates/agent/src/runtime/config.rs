@@ -42,6 +42,10 @@ pub struct AgentConfig {
     /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
     /// root is trusted (`None`: the public roots).
     pub servers_ca_pem: Option<Vec<u8>>,
+    /// Where HTTP and TCP checks registered through the API may point besides their
+    /// service's own address and port (`-check-allowed-targets`; see
+    /// [`crate::check_targets`]).
+    pub check_allowed_targets: Vec<crate::check_targets::Cidr>,
 }
 
 impl Default for AgentConfig {
@@ -61,6 +65,7 @@ impl Default for AgentConfig {
             allow_managed_api_registration: false,
             acl: crate::acl::AclConfig::default(),
             servers_ca_pem: None,
+            check_allowed_targets: Vec::new(),
         }
     }
 }

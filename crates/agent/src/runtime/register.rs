@@ -70,6 +70,12 @@ impl Agent {
             .collect();
         if let Some(who) = who {
             self.may_register(who, &expanded)?;
+            let sidecar_at = if def.connect.sidecar_service.is_some() {
+                "Connect.SidecarService"
+            } else {
+                "Connect.Proxy"
+            };
+            self.may_target(who, &expanded, sidecar_at)?;
         }
         let Expanded {
             service,
