@@ -4,7 +4,8 @@
 use super::{
     HttpError, Params, agent_service, decode, filtered, json_response, need, ok_empty, refuse_filter, resolve, text,
 };
-use crate::local::LocalService;
+use crate::acl::Resolved;
+use crate::local::{LocalCheck, LocalService};
 use crate::runtime::Agent;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -12,11 +13,27 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use structs::HealthStatus;
 use structs::agent::CheckType;
-use structs::{HealthCheck, HealthStatus};
 
-fn agent_check(c: &HealthCheck) -> Value {
-    let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+/// A check as the agent shows it. Its HTTP headers' values (credentials, often) are
+/// `<hidden>` unless `who` may write the check's service (the node, for a node check): the
+/// values are kept only in the check's definition, never in what is synced to the catalog.
+fn agent_check(agent: &Agent, who: &Resolved, c: &LocalCheck) -> Value {
+    let reveal = if c.check.service_id.is_empty() {
+        who.authz.node_write(&agent.config().node)
+    } else {
+        who.authz.service_write(&c.check.service_name)
+    };
+    let mut v = match (&c.definition, reveal) {
+        (Some(d), true) if !d.header.is_empty() => {
+            let mut check = c.check.clone();
+            check.definition.header.clone_from(&d.header);
+            serde_json::to_value(&check)
+        }
+        _ => serde_json::to_value(&c.check),
+    }
+    .unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.remove("CreateIndex");
         m.remove("ModifyIndex");
@@ -43,7 +60,7 @@ pub(super) async fn checks(
                 who.authz.service_read(&c.check.service_name)
             }
         })
-        .map(|(id, c)| (id.clone(), agent_check(&c.check)))
+        .map(|(id, c)| (id.clone(), agent_check(&agent, &who, c)))
         .collect();
     let dropped = out.len() != total;
     Ok(filtered(json_response(StatusCode::OK, &out), dropped))
@@ -155,17 +172,21 @@ fn health_status_code(status: HealthStatus) -> StatusCode {
 }
 
 /// One instance's local health: the worst of its own checks and the node's checks.
-fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
-    let checks: Vec<HealthCheck> = agent
+fn instance_health(agent: &Agent, who: &Resolved, s: &LocalService) -> (HealthStatus, Value) {
+    let checks: Vec<LocalCheck> = agent
         .state()
         .checks()
         .into_values()
-        .map(|c| c.check)
-        .filter(|c| c.service_id == s.service.id || c.service_id.is_empty())
+        .filter(|c| c.check.service_id == s.service.id || c.check.service_id.is_empty())
         .collect();
-    let worst = checks.iter().map(|c| c.status).max().unwrap_or(HealthStatus::Passing);
+    let worst = checks
+        .iter()
+        .map(|c| c.check.status)
+        .max()
+        .unwrap_or(HealthStatus::Passing);
     let worst = if checks.iter().any(|c| {
-        c.check_id.starts_with(crate::runtime::MAINTENANCE_PREFIX) || c.check_id == crate::runtime::NODE_MAINTENANCE
+        let id = &c.check.check_id;
+        id.starts_with(crate::runtime::MAINTENANCE_PREFIX) || id == crate::runtime::NODE_MAINTENANCE
     }) {
         HealthStatus::Maintenance
     } else {
@@ -174,7 +195,7 @@ fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
     let body = json!({
         "AggregatedStatus": worst,
         "Service": agent_service(agent, s),
-        "Checks": checks.iter().map(agent_check).collect::<Vec<_>>(),
+        "Checks": checks.iter().map(|c| agent_check(agent, who, c)).collect::<Vec<_>>(),
     });
     (worst, body)
 }
@@ -191,11 +212,11 @@ pub(super) async fn health_by_id(
     };
     let name = &s.service.service;
     need(&who, who.authz.service_read(name), "service:read", name)?;
-    Ok(health_of(&agent, &s, &q))
+    Ok(health_of(&agent, &who, &s, &q))
 }
 
-fn health_of(agent: &Agent, s: &LocalService, q: &BTreeMap<String, String>) -> Response {
-    let (status, body) = instance_health(agent, s);
+fn health_of(agent: &Agent, who: &Resolved, s: &LocalService, q: &BTreeMap<String, String>) -> Response {
+    let (status, body) = instance_health(agent, who, s);
     if q.get("format").is_some_and(|f| f == "text") {
         return text(health_status_code(status), status.as_str().to_owned());
     }
@@ -210,16 +231,16 @@ pub(super) async fn health_by_name(
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     need(&who, who.authz.service_read(&name), "service:read", &name)?;
-    Ok(health_by_name_answer(&agent, &name, &q))
+    Ok(health_by_name_answer(&agent, &who, &name, &q))
 }
 
-fn health_by_name_answer(agent: &Agent, name: &str, q: &BTreeMap<String, String>) -> Response {
+fn health_by_name_answer(agent: &Agent, who: &Resolved, name: &str, q: &BTreeMap<String, String>) -> Response {
     let instances: Vec<(HealthStatus, Value)> = agent
         .state()
         .services()
         .values()
         .filter(|s| s.service.service == name)
-        .map(|s| instance_health(agent, s))
+        .map(|s| instance_health(agent, who, s))
         .collect();
     if instances.is_empty() {
         return text(StatusCode::NOT_FOUND, format!("ServiceName {name} Not Found\n"));
