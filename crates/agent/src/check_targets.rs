@@ -3,23 +3,26 @@
 //! make it reach what only the host should (an Envoy admin port's `POST /quitquitquit`,
 //! another local service's answers read back through the check's output).
 //!
-//! - A service's check may probe the service's own address (its `Address`, else the node's
-//!   advertise address) on the service's own port. When the service runs on this host (no
-//!   `Address`, a loopback one, or the advertise address), loopback (`127.0.0.0/8`, `::1`,
-//!   `localhost`, and the unspecified `0.0.0.0`/`::`, which reach loopback) counts as its
-//!   address. A port is given or the scheme's (80, 443).
+//! - A service's check may probe the service's own port on this host when the service runs
+//!   here (no `Address`, a loopback one, or the node's advertise address): on loopback
+//!   (`127.0.0.0/8`, `::1`, `localhost`, and the unspecified `0.0.0.0`/`::`, which reach
+//!   loopback) or the advertise address. A port is given or the scheme's (80, 443).
+//! - A service registered at another address owns that address (an IP address) on its port
+//!   only when `-check-allowed-targets` covers it: otherwise a registration could claim any
+//!   address (a cloud metadata endpoint, another host's admin port) to probe it.
 //! - Anything else only in `-check-allowed-targets` (CIDR blocks; none by default). Host
-//!   names other than `localhost` and the service's own `Address` are never resolved to
-//!   match a block: use an IP address.
+//!   names other than `localhost` are never resolved to match: use IP addresses.
 //! - A node check (no `ServiceID`) may probe only the allowlist.
 //! - Methods other than `GET` and `HEAD` only against the service's own address and port,
 //!   allowlisted or not.
+//! - Never the agent's own listeners (its HTTP API would run a token-less request with the
+//!   default token), allowlisted or not.
 //!
 //! Checks from config files are the operator's and are not limited. Checks registered
 //! through the API follow redirects only within the same scheme, host and port.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use structs::agent::CheckKind;
 use structs::{NodeService, Problem, ValidationError};
@@ -152,8 +155,10 @@ pub(crate) struct Owner {
     address: String,
     /// Its port (0: none, so nothing is its own).
     port: u16,
-    /// Whether it runs on this host (loopback is then its address too).
+    /// Whether it runs on this host (loopback and the advertise address are then its own).
     local: bool,
+    /// Whether its address may be its own at all: it runs here, or the allowlist covers it.
+    reachable: bool,
     /// Another local service the caller may not write that has the same address and port:
     /// then nothing there is this service's own (a registration cannot claim another's port
     /// to probe it).
@@ -161,14 +166,13 @@ pub(crate) struct Owner {
 }
 
 impl Owner {
-    /// True when `host:port` is this service's own address and port.
-    fn owns(&self, t: &Target) -> bool {
-        let address = Target::new(&self.address, self.port);
-        let same_host = t.host == address.host || t.ip.is_some_and(|ip| address.ip == Some(ip));
-        self.port != 0
-            && self.shared_with.is_none()
-            && t.port == self.port
-            && (same_host || (self.local && t.is_loopback()))
+    /// True when `t` is this service's own address and port (`this_host`: `t` is this host).
+    fn owns(&self, t: &Target, this_host: bool) -> bool {
+        if self.port == 0 || self.shared_with.is_some() || !self.reachable || t.port != self.port {
+            return false;
+        }
+        let same_ip = t.ip.is_some() && t.ip == Target::new(&self.address, self.port).ip;
+        same_ip || (self.local && this_host)
     }
 
     /// True when `other` is at the same address and port.
@@ -183,16 +187,36 @@ impl Owner {
     }
 }
 
-/// The rules of one agent: its advertise address and its allowlist.
+/// The rules of one agent: its advertise address, its allowlist and its own listeners.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TargetRules<'a> {
     /// The node's address in the catalog.
     pub advertise: &'a str,
     /// `-check-allowed-targets`.
     pub allowed: &'a [Cidr],
+    /// The agent's own listeners (HTTP, HTTPS, xDS).
+    pub protected: &'a [SocketAddr],
 }
 
 impl TargetRules<'_> {
+    /// True when `t` is this host: loopback (or what reaches it) or the advertise address.
+    fn this_host(&self, t: &Target) -> bool {
+        let advertise = Target::new(self.advertise, 0);
+        t.is_loopback() || t.host == advertise.host || (t.ip.is_some() && t.ip == advertise.ip)
+    }
+
+    /// True when `t` is one of the agent's own listeners.
+    fn protected(&self, t: &Target) -> bool {
+        self.protected.iter().any(|l| {
+            let ip = l.ip().to_canonical();
+            l.port() == t.port && (self.this_host(t) || t.ip == Some(ip))
+        })
+    }
+
+    fn allowed(&self, t: &Target) -> bool {
+        t.ip().is_some_and(|ip| self.allowed.iter().any(|c| c.contains(ip)))
+    }
+
     /// The owner view of `service`.
     pub(crate) fn owner(&self, service: &NodeService) -> Owner {
         let address = if service.address.is_empty() {
@@ -200,9 +224,10 @@ impl TargetRules<'_> {
         } else {
             service.address.clone()
         };
-        let probe = Target::new(&address, 0);
-        let local = service.address.is_empty() || address == self.advertise || probe.is_loopback();
+        let probe = Target::new(&address, service.port);
+        let local = service.address.is_empty() || self.this_host(&probe);
         Owner {
+            reachable: local || (probe.ip.is_some() && self.allowed(&probe)),
             address,
             port: service.port,
             local,
@@ -216,7 +241,16 @@ impl TargetRules<'_> {
         let Some((field, target)) = target_of(kind)? else {
             return Ok(());
         };
-        let own = owner.is_some_and(|o| o.owns(&target));
+        if self.protected(&target) {
+            return Err(ValidationError::new(
+                field,
+                Problem::Invalid(format!(
+                    "{}:{} is this agent's own listener: never a target of a check registered through the API",
+                    target.host, target.port
+                )),
+            ));
+        }
+        let own = owner.is_some_and(|o| o.owns(&target, self.this_host(&target)));
         if let CheckKind::Http { method, .. } = kind
             && !own
             && !matches!(method.as_str(), "GET" | "HEAD")
@@ -229,11 +263,7 @@ impl TargetRules<'_> {
                 )),
             ));
         }
-        if own
-            || target
-                .ip()
-                .is_some_and(|ip| self.allowed.iter().any(|c| c.contains(ip)))
-        {
+        if own || self.allowed(&target) {
             return Ok(());
         }
         let whose = match owner {
@@ -245,11 +275,14 @@ impl TargetRules<'_> {
                 "not the service's own: its address and port {port} are also those of service {other:?}, \
                  which this token may not write,"
             ),
+            Some(o) if o.local => format!(
+                "not the service's own port on this host ({}, or loopback, port {})",
+                self.advertise, o.port
+            ),
             Some(o) => format!(
-                "not the service's own address and port ({}:{}{})",
-                o.address,
-                o.port,
-                if o.local { ", or loopback on that port" } else { "" }
+                "not the service's own address and port ({}:{}: an address off this host is the service's \
+                 own only when -check-allowed-targets covers it)",
+                o.address, o.port
             ),
             None => "a node check's target (a node check may only probe -check-allowed-targets)".into(),
         };

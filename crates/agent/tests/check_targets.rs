@@ -29,6 +29,7 @@ async fn setup(server: &str, allowed: &str, dir: Option<&std::path::Path>) -> (R
             ..AclConfig::default()
         },
         check_allowed_targets: Cidr::parse_list(allowed).unwrap(),
+        listeners: vec!["127.0.0.1:8500".parse().unwrap()],
         ..AgentConfig::default()
     })
     .await
@@ -99,13 +100,20 @@ async fn a_web_token_may_check_its_own_port_and_nothing_else() {
     let (st, text) = put(&app, Who::Web, register, web(8081, read.clone())).await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{text}");
     assert!(
-        text.starts_with("Check.HTTP: 127.0.0.1:8080 is not the service's own address and port"),
+        text.starts_with("Check.HTTP: 127.0.0.1:8080 is not the service's own port on this host"),
         "{text}"
     );
     // Nor by claiming api's port for web.
     let (st, text) = put(&app, Who::Web, register, web(8080, read)).await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.contains("also those of service \"api\""), "{text}");
+    // Nor the agent's own API, by claiming its port: a token-less check would run with the
+    // default token.
+    let own_api = json!({"CheckID": "a", "HTTP": "http://127.0.0.1:8500/v1/agent/service/deregister/api",
+                         "Method": "PUT", "Interval": "1s"});
+    let (st, text) = put(&app, Who::Web, register, web(8500, own_api)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("this agent's own listener"), "{text}");
     // A TCP check of the admin port, through a sidecar's checks.
     let sidecar = json!({"ID": "web", "Name": "web", "Port": 8081, "Connect": {"SidecarService": {
         "Checks": [{"TTL": "1h"}, {"TCP": format!("127.0.0.1:{admin_port}"), "Interval": "1s"}]}}});

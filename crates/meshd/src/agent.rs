@@ -222,6 +222,13 @@ pub async fn run(
     };
     let node = config.node.clone();
     let datacenter = config.datacenter.clone();
+    // Checks registered through the API never probe the agent's own listeners.
+    let mut config = config;
+    config.listeners = [Some(http_addr), Some(grpc_addr)]
+        .into_iter()
+        .chain([&https_listener, &grpc_tls_listener].map(|l| l.as_ref().and_then(|l| l.local_addr().ok())))
+        .flatten()
+        .collect();
     let agent = Agent::start(config).await?;
     if let Err(e) = agent.load_config(file.services, file.checks).await {
         agent.shutdown().await;

@@ -58,6 +58,7 @@ fn a_service_check_may_probe_its_own_address_and_port_only() {
     let rules = TargetRules {
         advertise: "10.0.0.5",
         allowed: &[],
+        protected: &[],
     };
     let local = rules.owner(&service("", 8080));
     for ok in [
@@ -89,13 +90,39 @@ fn a_service_check_may_probe_its_own_address_and_port_only() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "HTTP: 127.0.0.1:19000 is not the service's own address and port (10.0.0.5:8080, or \
-         loopback on that port), and not in the agent's -check-allowed-targets (none)"
+        "HTTP: 127.0.0.1:19000 is not the service's own port on this host (10.0.0.5, or loopback, port \
+         8080), and not in the agent's -check-allowed-targets (none)"
     );
-    // A service at another address: that address, never loopback.
-    let remote = rules.owner(&service("10.9.9.9", 80));
-    rules.check(&http("http://10.9.9.9/", "GET"), Some(&remote)).unwrap();
-    assert!(rules.check(&http("http://127.0.0.1/", "GET"), Some(&remote)).is_err());
+    // A service registered with the advertise address or a loopback one runs here too.
+    for address in ["10.0.0.5", "127.0.0.1", "localhost"] {
+        let here = rules.owner(&service(address, 8080));
+        rules
+            .check(&http("http://localhost:8080/", "POST"), Some(&here))
+            .unwrap();
+        rules.check(&tcp("10.0.0.5:8080"), Some(&here)).unwrap();
+    }
+    // A service at another address owns nothing unless the allowlist covers that address:
+    // a registration cannot claim a metadata endpoint or another host to probe it.
+    for address in ["10.9.9.9", "169.254.169.254", "metadata.google.internal"] {
+        let elsewhere = rules.owner(&service(address, 80));
+        let e = rules
+            .check(&http(&format!("http://{address}/"), "GET"), Some(&elsewhere))
+            .unwrap_err();
+        assert!(e.to_string().contains("off this host"), "{e}");
+        assert!(
+            rules
+                .check(&http("http://127.0.0.1/", "GET"), Some(&elsewhere))
+                .is_err()
+        );
+    }
+    let allowed = Cidr::parse_list("10.9.0.0/16").unwrap();
+    let with = TargetRules {
+        allowed: &allowed,
+        ..rules
+    };
+    let remote = with.owner(&service("10.9.9.9", 80));
+    with.check(&http("http://10.9.9.9/", "POST"), Some(&remote)).unwrap();
+    assert!(with.check(&http("http://10.9.9.9:81/", "POST"), Some(&remote)).is_err());
     // No port, nothing of its own.
     let portless = rules.owner(&service("", 0));
     assert!(rules.check(&tcp("127.0.0.1:80"), Some(&portless)).is_err());
@@ -109,6 +136,7 @@ fn the_allowlist_opens_gets_and_node_checks_but_never_other_methods() {
     let rules = TargetRules {
         advertise: "127.0.0.1",
         allowed: &allowed,
+        protected: &[],
     };
     let local = rules.owner(&service("", 8080));
     rules
@@ -127,6 +155,7 @@ fn the_allowlist_opens_gets_and_node_checks_but_never_other_methods() {
     let closed = TargetRules {
         advertise: "127.0.0.1",
         allowed: &[],
+        protected: &[],
     };
     let e = closed.check(&tcp("127.0.0.1:22"), None).unwrap_err();
     assert!(e.to_string().contains("a node check may only probe"), "{e}");
@@ -137,6 +166,7 @@ fn a_port_shared_with_another_service_is_not_the_service_own() {
     let rules = TargetRules {
         advertise: "127.0.0.1",
         allowed: &[],
+        protected: &[],
     };
     let web = rules.owner(&service("", 9000));
     let api = rules.owner(&service("127.0.0.1", 9000));
@@ -147,4 +177,30 @@ fn a_port_shared_with_another_service_is_not_the_service_own() {
         .check(&http("http://127.0.0.1:9000/secrets", "GET"), Some(&shared))
         .unwrap_err();
     assert!(e.to_string().contains("also those of service \"api\""), "{e}");
+}
+
+#[test]
+fn the_agent_own_listeners_are_never_targets() {
+    let allowed = Cidr::parse_list("0.0.0.0/0").unwrap();
+    let listeners: Vec<std::net::SocketAddr> = vec!["127.0.0.1:8500".parse().unwrap(), "0.0.0.0:8502".parse().unwrap()];
+    let rules = TargetRules {
+        advertise: "10.0.0.5",
+        allowed: &allowed,
+        protected: &listeners,
+    };
+    // Even as the service's own port (a registration claiming the agent's port).
+    let claims = rules.owner(&service("", 8500));
+    for (kind, field) in [
+        (
+            http("http://127.0.0.1:8500/v1/agent/service/deregister/api", "PUT"),
+            "HTTP",
+        ),
+        (http("http://localhost:8500/v1/agent/self", "GET"), "HTTP"),
+        (tcp("10.0.0.5:8502"), "TCP"),
+    ] {
+        let e = rules.check(&kind, Some(&claims)).unwrap_err();
+        assert_eq!(e.field, field);
+        assert!(e.to_string().contains("this agent's own listener"), "{e}");
+    }
+    rules.check(&tcp("10.0.0.7:8500"), None).unwrap();
 }

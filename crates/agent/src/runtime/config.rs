@@ -46,6 +46,10 @@ pub struct AgentConfig {
     /// service's own address and port (`-check-allowed-targets`; see
     /// [`crate::check_targets`]).
     pub check_allowed_targets: Vec<crate::check_targets::Cidr>,
+    /// The agent's own listening addresses (HTTP, HTTPS, xDS): never the target of a check
+    /// registered through the API (a token-less request to the HTTP API runs with the
+    /// default token).
+    pub listeners: Vec<std::net::SocketAddr>,
 }
 
 impl Default for AgentConfig {
@@ -66,6 +70,7 @@ impl Default for AgentConfig {
             acl: crate::acl::AclConfig::default(),
             servers_ca_pem: None,
             check_allowed_targets: Vec::new(),
+            listeners: Vec::new(),
         }
     }
 }

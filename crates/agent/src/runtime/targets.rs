@@ -18,6 +18,7 @@ impl Agent {
         TargetRules {
             advertise: &self.0.config.advertise,
             allowed: &self.0.config.check_allowed_targets,
+            protected: &self.0.config.listeners,
         }
     }
 
