@@ -106,12 +106,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
-    let mut check_allowed_targets = Vec::new();
-    for list in args.check_allowed_targets.iter().chain(&file.check_allowed_targets) {
-        check_allowed_targets.extend(
-            ::agent::check_targets::Cidr::parse_list(list).map_err(|e| anyhow!("-check-allowed-targets: {e}"))?,
-        );
-    }
+    let check_allowed_targets = allowed_targets(args, &file)?;
     let mut node_meta = file.node_meta.clone();
     for kv in &args.node_meta {
         let Some((k, v)) = kv.split_once(':') else {
@@ -170,6 +165,15 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     })
 }
 
+/// `-check-allowed-targets` and the files' `check_allowed_targets`, together.
+fn allowed_targets(args: &AgentArgs, file: &FileConfig) -> Result<Vec<::agent::check_targets::Cidr>> {
+    let mut out = Vec::new();
+    for list in args.check_allowed_targets.iter().chain(&file.check_allowed_targets) {
+        out.extend(::agent::check_targets::Cidr::parse_list(list).map_err(|e| anyhow!("-check-allowed-targets: {e}"))?);
+    }
+    Ok(out)
+}
+
 /// Runs an agent until `shutdown` completes. Logging is set up here, once the config files
 /// (which may set the log level) are read. `on_ready` is called once the HTTP API listens.
 pub async fn run(
@@ -224,10 +228,11 @@ pub async fn run(
     let datacenter = config.datacenter.clone();
     // Checks registered through the API never probe the agent's own listeners.
     let mut config = config;
-    config.listeners = [Some(http_addr), Some(grpc_addr)]
+    config.listeners = [&https_listener, &grpc_tls_listener]
+        .map(|l| l.as_ref().and_then(|l| l.local_addr().ok()))
         .into_iter()
-        .chain([&https_listener, &grpc_tls_listener].map(|l| l.as_ref().and_then(|l| l.local_addr().ok())))
         .flatten()
+        .chain([http_addr, grpc_addr])
         .collect();
     let agent = Agent::start(config).await?;
     if let Err(e) = agent.load_config(file.services, file.checks).await {
