@@ -350,3 +350,33 @@ async fn a_service_identity_registers_and_removes_its_service_with_its_sidecar()
     assert!(text.contains("\"web-proxy\""), "{text}");
     agent.shutdown().await;
 }
+
+/// Taking over an existing proxy's id needs write on its destination too, not only on its
+/// name: a proxy named `web-sidecar-proxy` that fronts `api` stays `api`'s.
+#[tokio::test]
+async fn an_existing_proxy_needs_write_on_its_destination_too() {
+    let server = fake_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (app, agent) = setup(&server, dir.path()).await;
+    let proxy = json!({"ID": "edge", "Name": "web-sidecar-proxy", "Kind": "connect-proxy", "Port": 21010,
+        "Proxy": {"DestinationServiceName": "api", "DestinationServiceID": "api"}});
+    let (status, text) = call(&app, Who::Management, "PUT", "/v1/agent/service/register", &proxy).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let before = snapshot(&agent, dir.path());
+    let takeover = json!({"ID": "edge", "Name": "web-sidecar-proxy", "Kind": "connect-proxy", "Port": 21010,
+        "Proxy": {"DestinationServiceName": "web", "DestinationServiceID": "web"}});
+    for (method, path, body) in [
+        ("PUT", "/v1/agent/service/register", takeover),
+        ("PUT", "/v1/agent/service/deregister/edge", Value::Null),
+        ("PUT", "/v1/agent/service/maintenance/edge?enable=true", Value::Null),
+    ] {
+        let (status, text) = call(&app, Who::Web, method, path, &body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {text}");
+        assert!(
+            text.ends_with("lacks permission 'service:write' on \"api\"\n"),
+            "{path}: {text:?}"
+        );
+    }
+    assert_eq!(before, snapshot(&agent, dir.path()));
+    agent.shutdown().await;
+}

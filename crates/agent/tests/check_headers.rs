@@ -19,8 +19,8 @@ fn in_health(v: &Value, id: &str) -> Value {
     checks.iter().find(|c| c["CheckID"] == id).unwrap()["Definition"]["Header"].clone()
 }
 
-#[tokio::test]
-async fn header_values_are_hidden_from_readers_and_from_the_catalog() {
+/// An agent with `web`'s HTTP check and an HTTP node check, both with a secret header.
+async fn setup() -> (axum::Router, Agent) {
     let server = fake_server().await;
     let agent = Agent::start(AgentConfig {
         node: NODE.into(),
@@ -44,6 +44,12 @@ async fn header_values_are_hidden_from_readers_and_from_the_catalog() {
         "Interval": "10s", "Header": {"X-Key": [SECRET]}});
     let (st, text) = call(&app, Who::Management, "PUT", "/v1/agent/check/register", &node_check).await;
     assert_eq!(st, StatusCode::OK, "{text}");
+    (app, agent)
+}
+
+#[tokio::test]
+async fn header_values_are_hidden_from_readers_and_from_the_catalog() {
+    let (app, agent) = setup().await;
 
     let header = |who, path: &str, pick: fn(&Value) -> Value| {
         let app = app.clone();

@@ -127,24 +127,6 @@ async fn a_web_token_may_check_its_own_port_and_nothing_else() {
         agent.state().checks().keys()
     );
     assert_eq!(agent.state().service("web").unwrap().service.port, 8081);
-    // Its own port on loopback (any spelling), any method there.
-    for url in [
-        "http://127.0.0.1:8081/health",
-        "http://localhost:8081/",
-        "http://[::1]:8081/",
-    ] {
-        let own = json!({"CheckID": "own", "HTTP": url, "Method": "POST", "Interval": "1s"});
-        let (st, text) = put(&app, Who::Web, register, web(8081, own)).await;
-        assert_eq!(st, StatusCode::OK, "{url}: {text}");
-    }
-    let (st, text) = put(
-        &app,
-        Who::Web,
-        "/v1/agent/check/register",
-        json!({"ID": "tcp", "Name": "tcp", "ServiceID": "web", "TCP": "127.0.0.1:8081", "Interval": "1s"}),
-    )
-    .await;
-    assert_eq!(st, StatusCode::OK, "{text}");
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the admin port was reached");
     agent.shutdown().await;
@@ -200,5 +182,31 @@ async fn config_file_checks_are_not_limited_and_refused_persisted_ones_are_dropp
     // Gone for good: allowing it again does not bring it back.
     let (_, agent) = setup(&server, "127.0.0.0/8", Some(dir.path())).await;
     assert!(agent.state().check("ssh").is_none());
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_web_token_may_check_its_own_port_on_this_host_with_any_method() {
+    let server = fake_server().await;
+    let (app, agent) = setup(&server, "", None).await;
+    let register = "/v1/agent/service/register";
+    // Its own port on loopback (any spelling), any method there.
+    for url in [
+        "http://127.0.0.1:8081/health",
+        "http://localhost:8081/",
+        "http://[::1]:8081/",
+    ] {
+        let own = json!({"CheckID": "own", "HTTP": url, "Method": "POST", "Interval": "1s"});
+        let (st, text) = put(&app, Who::Web, register, web(8081, own)).await;
+        assert_eq!(st, StatusCode::OK, "{url}: {text}");
+    }
+    let (st, text) = put(
+        &app,
+        Who::Web,
+        "/v1/agent/check/register",
+        json!({"ID": "tcp", "Name": "tcp", "ServiceID": "web", "TCP": "127.0.0.1:8081", "Interval": "1s"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{text}");
     agent.shutdown().await;
 }

@@ -55,59 +55,6 @@ async fn bad_input_is_a_400_naming_the_field_and_changes_nothing() {
             "request body is empty: expected a service definition"
         )
     );
-    // Not an object, at the top or where an object goes.
-    for (uri, bad) in [
-        ("/v1/agent/service/register", json!([1, 2])),
-        ("/v1/agent/service/register", json!("web")),
-        ("/v1/agent/check/register", json!(7)),
-        ("/v1/agent/check/update/x", json!([])),
-        ("/v1/agent/service/register", json!({"Name": "web", "Check": [1]})),
-    ] {
-        let (st, body) = call(&app, "PUT", uri, bad.clone()).await;
-        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {body}");
-        assert!(body.contains("expected a JSON object"), "{bad}: {body}");
-    }
-    // Durations say what one looks like, after the field's name.
-    let (st, body) = call(
-        &app,
-        "PUT",
-        "/v1/agent/check/register",
-        json!({"Name": "c", "HTTP": "http://127.0.0.1/", "Interval": "nope"}),
-    )
-    .await;
-    assert_eq!(st, StatusCode::BAD_REQUEST);
-    assert!(
-        body.starts_with("request decode failed: Interval: invalid duration \"nope\"")
-            && body.contains("a duration like 10s"),
-        "{body}"
-    );
-    // A header that would split the request, at registration rather than at every run.
-    let (st, body) = call(
-        &app,
-        "PUT",
-        "/v1/agent/service/register",
-        json!({"Name": "web", "Port": 80, "Check": {"HTTP": "http://127.0.0.1/", "Interval": "5s",
-               "Header": {"X-Auth": ["a\r\nHost: evil"]}}}),
-    )
-    .await;
-    assert_eq!(st, StatusCode::BAD_REQUEST);
-    assert!(
-        body.starts_with("Check.Header[\"X-Auth\"]: the value contains a CR, LF"),
-        "{body}"
-    );
-    // Unknown keys are ignored, as Consul's API does.
-    let (st, body) = call(
-        &app,
-        "PUT",
-        "/v1/agent/check/register",
-        json!({"Name": "c", "TTL": "10s", "SomethingNewer": {"x": 1}}),
-    )
-    .await;
-    assert_eq!(st, StatusCode::OK, "{body}");
-    assert_eq!(
-        call(&app, "PUT", "/v1/agent/check/deregister/c", Value::Null).await.0,
-        StatusCode::OK
-    );
     let (st, body) = call(
         &app,
         "PUT",
@@ -369,5 +316,65 @@ async fn node_maintenance_puts_every_local_instance_into_maintenance() {
     assert!(agent.state().check("_node_maintenance").is_none());
     let (st, _) = call(&app, "GET", "/v1/agent/health/service/id/web-1", Value::Null).await;
     assert_eq!(st, StatusCode::OK);
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn input_errors_say_what_is_expected_and_unknown_keys_are_ignored() {
+    let (app, agent) = app().await;
+    // Not an object, at the top or where an object goes.
+    for (uri, bad) in [
+        ("/v1/agent/service/register", json!([1, 2])),
+        ("/v1/agent/service/register", json!("web")),
+        ("/v1/agent/check/register", json!(7)),
+        ("/v1/agent/check/update/x", json!([])),
+        ("/v1/agent/service/register", json!({"Name": "web", "Check": [1]})),
+    ] {
+        let (st, body) = call(&app, "PUT", uri, bad.clone()).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(body.contains("expected a JSON object"), "{bad}: {body}");
+    }
+    // Durations say what one looks like, after the field's name.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/check/register",
+        json!({"Name": "c", "HTTP": "http://127.0.0.1/", "Interval": "nope"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("request decode failed: Interval: invalid duration \"nope\"")
+            && body.contains("a duration like 10s"),
+        "{body}"
+    );
+    // A header that would split the request, at registration rather than at every run.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/register",
+        json!({"Name": "web", "Port": 80, "Check": {"HTTP": "http://127.0.0.1/", "Interval": "5s",
+               "Header": {"X-Auth": ["a\r\nHost: evil"]}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("Check.Header[\"X-Auth\"]: the value contains a CR, LF"),
+        "{body}"
+    );
+    // Unknown keys are ignored, as Consul's API does.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/check/register",
+        json!({"Name": "c", "TTL": "10s", "SomethingNewer": {"x": 1}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/check/deregister/c", Value::Null).await.0,
+        StatusCode::OK
+    );
+    assert!(agent.state().services().is_empty() && agent.state().checks().is_empty());
     agent.shutdown().await;
 }
