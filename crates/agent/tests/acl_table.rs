@@ -380,3 +380,55 @@ async fn an_existing_proxy_needs_write_on_its_destination_too() {
     assert_eq!(before, snapshot(&agent, dir.path()));
     agent.shutdown().await;
 }
+
+/// The check ids the agent derives from a service id belong to that service: nobody may
+/// register them for another (a squatter would block the owner's next registration), while
+/// the owner's own registrations keep working.
+#[tokio::test]
+async fn check_ids_derived_from_a_service_cannot_be_squatted() {
+    let server = fake_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (app, agent) = setup(&server, dir.path()).await;
+    let before = snapshot(&agent, dir.path());
+    let squat = |id: &str| json!({"ID": "web", "Name": "web", "Port": 8081, "Checks": [{"TTL": "1h"}, {"CheckID": id, "TTL": "1h"}]});
+    for (who, uri, body, field) in [
+        (
+            Who::Web,
+            "/v1/agent/service/register",
+            squat("service:db"),
+            "Checks[1].CheckID",
+        ),
+        (
+            Who::Web,
+            "/v1/agent/service/register",
+            squat("service:db:2"),
+            "Checks[1].CheckID",
+        ),
+        (
+            Who::Web,
+            "/v1/agent/check/register",
+            json!({"ID": "_service_maintenance:db", "Name": "x", "TTL": "1h", "ServiceID": "web"}),
+            "ID",
+        ),
+        (
+            Who::Management,
+            "/v1/agent/check/register",
+            json!({"CheckID": "_node_maintenance", "Name": "x", "TTL": "1h"}),
+            "CheckID",
+        ),
+    ] {
+        let (status, text) = call(&app, who, "PUT", uri, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
+        assert!(
+            text.starts_with(&format!("{field}: ")) && text.contains("is reserved"),
+            "{body}: {text}"
+        );
+    }
+    assert_eq!(before, snapshot(&agent, dir.path()));
+    // The owner's derived ids are its own.
+    let own = json!({"ID": "web", "Name": "web", "Port": 8081, "Checks": [{"TTL": "1h"}, {"CheckID": "service:web:9", "TTL": "1h"}]});
+    let (status, text) = call(&app, Who::Web, "PUT", "/v1/agent/service/register", &own).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(agent.state().check("service:web:1").is_some() && agent.state().check("service:web:9").is_some());
+    agent.shutdown().await;
+}

@@ -37,6 +37,10 @@ impl Agent {
         if def.name.is_empty() {
             return Err(ValidationError::new("Name", Problem::Required("")).into());
         }
+        if who.is_some() {
+            let field = if def.check_id.is_empty() { "ID" } else { "CheckID" };
+            super::guard::reserved_check_id(&id, &def.service_id, field)?;
+        }
         let kind = def.kind()?;
         let mut check = sidecar::health_check(id, def.name.clone(), &def, &kind);
         let svc = match def.service_id.as_str() {

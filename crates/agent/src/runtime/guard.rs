@@ -75,6 +75,38 @@ pub(crate) fn definition_names(who: &Resolved, def: &ServiceDefinition) -> Resul
     Ok(())
 }
 
+/// Check ids the agent derives from a service id (`service:<id>`, `service:<id>:<n>`,
+/// `_service_maintenance:<id>`) belong to that service, and `_node_maintenance` to the node's
+/// maintenance: an API registration cannot give them to anything else (a check squatting
+/// `service:api` would block `api`'s next registration). `service_id` is the check's own
+/// service (empty for a node check); `field` names the id in the error.
+pub(crate) fn reserved_check_id(id: &str, service_id: &str, field: &str) -> Result<(), AgentError> {
+    let owner = if id == super::NODE_MAINTENANCE {
+        Some("")
+    } else if let Some(rest) = id.strip_prefix(super::MAINTENANCE_PREFIX) {
+        Some(rest)
+    } else {
+        id.strip_prefix("service:")
+            .map(|rest| rest.split(':').next().unwrap_or(rest))
+    };
+    match owner {
+        Some(owner) if owner != service_id || id == super::NODE_MAINTENANCE => {
+            Err(AgentError::Invalid(structs::ValidationError::new(
+                field,
+                structs::Problem::Invalid(format!(
+                    "{id:?} is reserved for the agent's own check of {}: choose another id",
+                    if owner.is_empty() {
+                        "the node's maintenance".to_owned()
+                    } else {
+                        format!("service {owner:?}")
+                    }
+                )),
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// May `who` change local service `svc` (replace, remove, put into maintenance)?
 pub(super) fn may_write_service(who: &Resolved, svc: &LocalService) -> Result<(), AgentError> {
     instance_write(who, &svc.service)
@@ -123,6 +155,26 @@ impl Agent {
                 if let Some(existing) = self.0.state.check(&check.check.check_id) {
                     self.may_write_check(who, &existing)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The check ids a registration gives, against the ids reserved for other owners.
+    pub(super) fn reserved_ids(expanded: &Expanded, sidecar_at: &str) -> Result<(), AgentError> {
+        let mut instances = vec![(&expanded.service, &expanded.checks, "")];
+        if let Some((proxy, checks)) = &expanded.sidecar {
+            instances.push((proxy, checks, sidecar_at));
+        }
+        for (service, checks, at) in instances {
+            for check in checks.iter().filter(|c| !c.at.is_empty()) {
+                let field = [at, check.at.as_str(), "CheckID"]
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(".");
+                reserved_check_id(&check.check.check_id, &service.id, &field)?;
             }
         }
         Ok(())

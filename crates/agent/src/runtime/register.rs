@@ -75,6 +75,7 @@ impl Agent {
             } else {
                 "Connect.Proxy"
             };
+            Self::reserved_ids(&expanded, sidecar_at)?;
             self.may_target(who, &expanded, sidecar_at)?;
         }
         let Expanded {
