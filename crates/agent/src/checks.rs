@@ -85,13 +85,14 @@ pub enum TtlError {
     NotTtl(String),
 }
 
+mod clients;
+
 /// Starts, replaces and stops check tasks (see the module docs).
 pub struct CheckRunner {
     state: Arc<LocalState>,
     servers: Option<Arc<crate::servers::Servers>>,
-    http: reqwest::Client,
-    /// For checks with `TLSSkipVerify`: accepts any certificate.
-    http_insecure: reqwest::Client,
+    /// HTTP clients by TLS verification and redirect confinement.
+    clients: clients::Clients,
     running: Mutex<HashMap<String, Running>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -108,22 +109,10 @@ impl std::fmt::Debug for CheckRunner {
 impl CheckRunner {
     /// A runner updating `state`; its tasks end when `cancel` fires or they are stopped.
     pub fn new(state: Arc<LocalState>, cancel: CancellationToken) -> Self {
-        // Health checks open a fresh connection each time, as a client would.
-        let client = |skip_verify: bool| {
-            reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .user_agent("meshd health check")
-                .danger_accept_invalid_certs(skip_verify)
-                .build()
-                .unwrap_or_default()
-        };
-        let http = client(false);
-        let http_insecure = client(true);
         Self {
             state,
             servers: None,
-            http,
-            http_insecure,
+            clients: clients::Clients::new(),
             running: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             cancel,
@@ -136,8 +125,10 @@ impl CheckRunner {
         self
     }
 
-    /// Starts running check `id` (replacing a running one of the same id).
-    pub fn start(&self, id: &str, kind: &CheckKind, thresholds: Thresholds) {
+    /// Starts running check `id` (replacing a running one of the same id). A `confined`
+    /// check (registered through the API) follows HTTP redirects only within its URL's
+    /// scheme, host and port.
+    pub fn start(&self, id: &str, kind: &CheckKind, thresholds: Thresholds, confined: bool) {
         let cancel = self.cancel.child_token();
         let span = info_span!("check", check_id = %id, kind = kind.type_name());
         let state = Arc::clone(&self.state);
@@ -176,11 +167,16 @@ impl CheckRunner {
             }
             polled @ (CheckKind::Http { .. } | CheckKind::Tcp { .. }) => {
                 let stop = cancel.clone();
-                let http = match &polled {
+                let skip_verify = matches!(
+                    &polled,
                     CheckKind::Http {
-                        tls_skip_verify: true, ..
-                    } => self.http_insecure.clone(),
-                    _ => self.http.clone(),
+                        tls_skip_verify: true,
+                        ..
+                    }
+                );
+                let http = Polled {
+                    client: self.clients.pick(skip_verify, confined),
+                    confined,
                 };
                 self.tracker.spawn(
                     async move { run_polled(state, id_owned, polled, http, thresholds, stop).await }.instrument(span),
@@ -253,11 +249,20 @@ async fn run_ttl(state: Arc<LocalState>, id: String, ttl: Duration, reset: Arc<N
     }
 }
 
+/// How a polled check makes its HTTP requests.
+#[derive(Debug, Clone)]
+pub struct Polled {
+    /// The client (its TLS verification and redirect policy).
+    pub client: reqwest::Client,
+    /// Redirects only within the URL's origin (also for `TLSServerName`'s one-off client).
+    pub confined: bool,
+}
+
 async fn run_polled(
     state: Arc<LocalState>,
     id: String,
     kind: CheckKind,
-    http: reqwest::Client,
+    http: Polled,
     mut thresholds: Thresholds,
     stop: CancellationToken,
 ) {
@@ -289,7 +294,7 @@ async fn run_polled(
 }
 
 /// Runs an HTTP or TCP check once.
-pub async fn run_once(kind: &CheckKind, http: &reqwest::Client) -> (HealthStatus, String) {
+pub async fn run_once(kind: &CheckKind, http: &Polled) -> (HealthStatus, String) {
     match kind {
         CheckKind::Http {
             url,
@@ -302,9 +307,9 @@ pub async fn run_once(kind: &CheckKind, http: &reqwest::Client) -> (HealthStatus
             ..
         } => {
             if tls_server_name.is_empty() {
-                return http_once(http, url, method, header, body, *timeout).await;
+                return http_once(&http.client, url, method, header, body, *timeout).await;
             }
-            match with_server_name(url, tls_server_name, *tls_skip_verify).await {
+            match with_server_name(url, tls_server_name, *tls_skip_verify, http.confined).await {
                 Ok((client, named_url, host)) => {
                     let mut header = header.clone();
                     header.entry("Host".into()).or_insert_with(|| vec![host]);
@@ -333,6 +338,7 @@ async fn with_server_name(
     url: &str,
     server_name: &str,
     skip_verify: bool,
+    confined: bool,
 ) -> Result<(reqwest::Client, reqwest::Url, String), String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
     let host = parsed.host_str().ok_or("the URL has no host")?.to_owned();
@@ -342,13 +348,7 @@ async fn with_server_name(
         .map_err(|e| format!("resolving {host}: {e}"))?
         .next()
         .ok_or_else(|| format!("{host} has no address"))?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .user_agent("meshd health check")
-        .danger_accept_invalid_certs(skip_verify)
-        .resolve(server_name, addr)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let client = clients::build(skip_verify, confined, Some((server_name, addr))).map_err(|e| e.to_string())?;
     let mut named = parsed.clone();
     named
         .set_host(Some(server_name))

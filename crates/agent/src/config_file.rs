@@ -1,7 +1,8 @@
 //! `-config-file` JSON: the agent's settings (the command line's names, any key casing, plus
 //! Consul's `node_name`, `advertise_addr` and `node_meta`) and the `services`/`service` and
 //! `checks`/`check` to register. Several files merge in order: later settings win, services
-//! and checks add up. An unknown key is an error naming it, never ignored.
+//! and checks add up. An unknown key is an error naming it, never ignored, at any depth of a
+//! service or check definition too (the HTTP API ignores unknown keys, as Consul's does).
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,10 @@ pub struct FileConfig {
     /// The Envoy binary managed proxies run.
     #[serde(rename = "EnvoyBinary")]
     pub envoy_binary: Option<PathBuf>,
+    /// CIDR blocks checks registered through the API may probe besides their service's own
+    /// address and port (each entry may list several, comma-separated; files add up).
+    #[serde(rename = "CheckAllowedTargets")]
+    pub check_allowed_targets: Vec<String>,
     /// Services to register.
     #[serde(rename = "Services")]
     pub services: Vec<ServiceDefinition>,
@@ -109,10 +114,13 @@ impl FileConfig {
             path: path.to_owned(),
             error,
         })?;
-        structs::json::from_slice(&bytes).map_err(|error| ConfigError::Decode {
+        let decode_error = |error| ConfigError::Decode {
             path: path.to_owned(),
             error,
-        })
+        };
+        let value: serde_json::Value = structs::json::from_slice(&bytes).map_err(decode_error)?;
+        check_definition_keys(&value).map_err(decode_error)?;
+        structs::json::from_value(value).map_err(decode_error)
     }
 
     fn merge(&mut self, other: FileConfig) {
@@ -122,12 +130,45 @@ impl FileConfig {
         later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
             managed_sidecars allow_managed_root allow_managed_api_registration envoy_binary);
         self.retry_join.extend(other.retry_join);
+        self.check_allowed_targets.extend(other.check_allowed_targets);
         self.node_meta.extend(other.node_meta);
         self.services.extend(other.service);
         self.services.extend(other.services);
         self.checks.extend(other.check);
         self.checks.extend(other.checks);
     }
+}
+
+/// Refuses unknown keys inside `services`/`service` and `checks`/`check` (any key casing),
+/// naming the key and where it is.
+fn check_definition_keys(file: &serde_json::Value) -> Result<(), structs::DecodeError> {
+    use structs::json::from_value_strict;
+    let Some(top) = file.as_object() else {
+        return Ok(());
+    };
+    for (key, value) in top {
+        let folded: String = key
+            .chars()
+            .filter(|c| !matches!(c, '_' | '-'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        let checked = match folded.as_str() {
+            "services" => from_value_strict::<Vec<ServiceDefinition>>(value.clone()).map(drop),
+            "service" => from_value_strict::<Option<ServiceDefinition>>(value.clone()).map(drop),
+            "checks" => from_value_strict::<Vec<CheckType>>(value.clone()).map(drop),
+            "check" => from_value_strict::<Option<CheckType>>(value.clone()).map(drop),
+            _ => Ok(()),
+        };
+        checked.map_err(|e| structs::DecodeError {
+            path: match e.path.as_str() {
+                "" | "." => key.clone(),
+                p if p.starts_with('[') => format!("{key}{p}"),
+                p => format!("{key}.{p}"),
+            },
+            message: e.message,
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -142,24 +183,61 @@ mod tests {
         std::fs::write(
             &a,
             r#"{"node_name": "n1", "retry_join": ["s1:8500"], "service": {"name": "web", "port": 80},
+                "check_allowed_targets": ["127.0.0.1/32"],
                 "checks": [{"id": "disk", "name": "disk", "ttl": "30s"}]}"#,
         )
         .unwrap();
         std::fs::write(
             &b,
-            r#"{"Node": "n2", "RetryJoin": ["s2:8500"], "services": [{"Name": "api"}]}"#,
+            r#"{"Node": "n2", "RetryJoin": ["s2:8500"], "services": [{"Name": "api"}], "CheckAllowedTargets": ["10.0.0.0/8,::1"]}"#,
         )
         .unwrap();
         let c = FileConfig::load(&[a.clone(), b]).unwrap();
         assert_eq!(c.node.as_deref(), Some("n2"));
         assert_eq!(c.retry_join, ["s1:8500", "s2:8500"]);
+        assert_eq!(c.check_allowed_targets, ["127.0.0.1/32", "10.0.0.0/8,::1"]);
         let names: Vec<&str> = c.services.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["web", "api"]);
         assert_eq!(c.checks.len(), 1);
         let bad = dir.path().join("bad.json");
         std::fs::write(&bad, r#"{"nodename": "x", "bogus": 1}"#).unwrap();
-        let err = FileConfig::load(&[bad]).unwrap_err().to_string();
+        let err = FileConfig::load(std::slice::from_ref(&bad)).unwrap_err().to_string();
         assert!(err.contains("bogus") && err.contains("unknown field"), "{err}");
+        // Inside service and check definitions too, at any depth, naming where.
+        for (body, at, key) in [
+            (
+                r#"{"services": [{"name": "a"}, {"name": "b", "prot": 1}]}"#,
+                "services[1]",
+                "prot",
+            ),
+            (
+                r#"{"service": {"name": "a", "check": {"ttl": "1s", "intervall": "2s"}}}"#,
+                "service.Check",
+                "intervall",
+            ),
+            (
+                r#"{"service": {"name": "a", "connect": {"sidecar_service": {"proxy": {"upstreams": [{"destination_name": "x", "local_bind_port": 1, "bogus": 2}]}}}}}"#,
+                "service.Connect.SidecarService.Proxy.Upstreams[0]",
+                "bogus",
+            ),
+            (
+                r#"{"checks": [{"name": "c", "ttl": "1s", "sevice_id": "a"}]}"#,
+                "checks[0]",
+                "sevice_id",
+            ),
+            (r#"{"Check": {"name": "c", "ttl": "1s", "x": 1}}"#, "Check", "x"),
+        ] {
+            std::fs::write(&bad, body).unwrap();
+            let err = FileConfig::load(std::slice::from_ref(&bad)).unwrap_err().to_string();
+            assert!(err.contains(&format!("{at}: unknown key \"{key}\"")), "{body}: {err}");
+        }
+        // Keys of user maps (Meta, Proxy.Config) stay free.
+        std::fs::write(
+            &bad,
+            r#"{"service": {"name": "a", "meta": {"any_key": "v"}, "connect": {"sidecar_service": {"proxy": {"config": {"k": 1}}}}}}"#,
+        )
+        .unwrap();
+        FileConfig::load(std::slice::from_ref(&bad)).unwrap();
         let missing = FileConfig::load(&[dir.path().join("nope.json")])
             .unwrap_err()
             .to_string();

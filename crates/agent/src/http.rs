@@ -6,20 +6,20 @@
 
 use crate::local::LocalService;
 use crate::runtime::{Agent, AgentError};
-use crate::servers::ServerError;
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use structs::agent::{CheckType, ServiceDefinition};
-use structs::{HealthCheck, HealthStatus};
+use structs::agent::ServiceDefinition;
 
+mod checks;
 mod connect;
+mod forward;
 
 /// Largest accepted request body, bytes.
 const MAX_BODY: usize = 512 * 1024;
@@ -46,6 +46,7 @@ impl From<AgentError> for HttpError {
         let status = match &e {
             AgentError::Invalid(_) => StatusCode::BAD_REQUEST,
             AgentError::NotFound(_) => StatusCode::NOT_FOUND,
+            AgentError::Denied(_) => StatusCode::FORBIDDEN,
             AgentError::Persist(_) | AgentError::DataDir { .. } | AgentError::ServersCa(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -172,49 +173,20 @@ fn filtered(mut resp: Response, filtered: bool) -> Response {
     resp
 }
 
-/// What writing a check needs: `service:write` on its service, `node:write` for a node check.
-fn need_check_write(agent: &Agent, who: &crate::acl::Resolved, service_id: &str) -> Result<(), HttpError> {
-    if service_id.is_empty() {
-        let node = &agent.config().node;
-        return need(who, who.authz.node_write(node), "node:write", node);
-    }
-    let name = agent
-        .state()
-        .service(service_id)
-        .map(|s| s.service.service)
-        .unwrap_or_else(|| service_id.to_owned());
-    need(who, who.authz.service_write(&name), "service:write", &name)
-}
-
-/// Checks `service:write` (or `:read`) on local service `id`'s name; an unknown id passes
-/// (the handler answers its 404).
-async fn need_local_service(
+/// Checks `service:read` on local service `id`'s name; an unknown id passes (the handler
+/// answers its 404). Writes are checked by the agent itself, under its registration lock.
+async fn need_service_read(
     agent: &Agent,
     headers: &HeaderMap,
     q: &BTreeMap<String, String>,
     id: &str,
-    write: bool,
 ) -> Result<crate::acl::Resolved, HttpError> {
     let (_, who) = resolve(agent, headers, q).await?;
     if let Some(s) = agent.state().service(id) {
         let name = &s.service.service;
-        if write {
-            need(&who, who.authz.service_write(name), "service:write", name)?;
-        } else {
-            need(&who, who.authz.service_read(name), "service:read", name)?;
-        }
+        need(&who, who.authz.service_read(name), "service:read", name)?;
     }
     Ok(who)
-}
-
-/// The service id of check `id` (empty for a node check); unknown checks are a 404 later.
-fn check_service(agent: &Agent, id: &str) -> String {
-    agent
-        .state()
-        .checks()
-        .get(id)
-        .map(|c| c.check.service_id.clone())
-        .unwrap_or_default()
 }
 
 /// The agent's routes.
@@ -223,23 +195,24 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/service/register", put(register_service))
         .route("/v1/agent/service/deregister/{id}", put(deregister_service))
         .route("/v1/agent/service/maintenance/{id}", put(maintenance))
+        .route("/v1/agent/maintenance", put(node_maintenance))
         .route("/v1/agent/services", get(services))
         .route("/v1/agent/service/{id}", get(service))
-        .route("/v1/agent/checks", get(checks))
-        .route("/v1/agent/check/register", put(register_check))
-        .route("/v1/agent/check/deregister/{id}", put(deregister_check))
-        .route("/v1/agent/check/pass/{id}", put(pass))
-        .route("/v1/agent/check/warn/{id}", put(warn))
-        .route("/v1/agent/check/fail/{id}", put(fail))
-        .route("/v1/agent/check/update/{id}", put(update))
-        .route("/v1/agent/health/service/name/{name}", get(health_by_name))
-        .route("/v1/agent/health/service/id/{id}", get(health_by_id))
+        .route("/v1/agent/checks", get(checks::checks))
+        .route("/v1/agent/check/register", put(checks::register_check))
+        .route("/v1/agent/check/deregister/{id}", put(checks::deregister_check))
+        .route("/v1/agent/check/pass/{id}", put(checks::pass))
+        .route("/v1/agent/check/warn/{id}", put(checks::warn))
+        .route("/v1/agent/check/fail/{id}", put(checks::fail))
+        .route("/v1/agent/check/update/{id}", put(checks::update))
+        .route("/v1/agent/health/service/name/{name}", get(checks::health_by_name))
+        .route("/v1/agent/health/service/id/{id}", get(checks::health_by_id))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
         .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
         .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
         .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
-        .fallback(forward)
+        .fallback(forward::forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(|resp: Response| async move {
             if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
@@ -258,31 +231,14 @@ async fn register_service(
 ) -> Result<Response, HttpError> {
     let mut def: ServiceDefinition = decode(&body, "a service definition")?;
     let (token, who) = resolve(&agent, &headers, &q).await?;
-    // What Consul asks: write on the service, on a proxy's destination, and on a sidecar.
-    let name = if def.name.is_empty() {
-        def.id.clone()
-    } else {
-        def.name.clone()
-    };
-    need(&who, who.authz.service_write(&name), "service:write", &name)?;
-    if !def.proxy.destination_service_name.is_empty() {
-        let dest = &def.proxy.destination_service_name;
-        need(&who, who.authz.service_write(dest), "service:write", dest)?;
-    }
-    if let Some(sc) = &def.connect.sidecar_service {
-        let sidecar = if sc.name.is_empty() {
-            format!("{name}-sidecar-proxy")
-        } else {
-            sc.name.clone()
-        };
-        need(&who, who.authz.service_write(&sidecar), "service:write", &sidecar)?;
-    }
     // The registration's token syncs the service and serves its proxy.
     if def.token.is_empty() {
         def.token = token;
     }
+    // What the caller may write (the new names and everything replaced) is checked by the
+    // agent under its registration lock.
     agent
-        .register_service(def, crate::local::Source::Api, flag(&q, "replace-existing-checks"))
+        .register_service_as(def, flag(&q, "replace-existing-checks"), &who)
         .await?;
     Ok(ok_empty())
 }
@@ -293,8 +249,8 @@ async fn deregister_service(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    need_local_service(&agent, &headers, &q, &id, true).await?;
-    agent.deregister_service(&id).await?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    agent.deregister_service_as(&id, &who).await?;
     Ok(ok_empty())
 }
 
@@ -304,25 +260,39 @@ async fn maintenance(
     Query(q): Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    need_local_service(&agent, &headers, &q, &id, true).await?;
-    let enable = match q.get("enable").map(|v| (v, parse_bool(v))) {
-        Some((_, Some(on))) => on,
-        Some((other, None)) => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("enable: {other:?} is not a boolean: use true or false"),
-            ));
-        }
-        None => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                "enable: required (true or false)".into(),
-            ));
-        }
-    };
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let enable = enable_param(&q)?;
     let reason = q.get("reason").map(String::as_str).unwrap_or_default();
-    agent.set_maintenance(&id, enable, reason).await?;
+    agent.set_maintenance_as(&id, enable, reason, &who).await?;
     Ok(ok_empty())
+}
+
+/// `PUT /v1/agent/maintenance?enable=&reason=`: the whole node (`node:write`).
+async fn node_maintenance(
+    State(agent): State<Agent>,
+    Query(q): Params,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let enable = enable_param(&q)?;
+    let reason = q.get("reason").map(String::as_str).unwrap_or_default();
+    agent.set_node_maintenance(enable, reason, Some(&who)).await?;
+    Ok(ok_empty())
+}
+
+/// Maintenance's required `?enable=` (any of Go's boolean spellings).
+fn enable_param(q: &BTreeMap<String, String>) -> Result<bool, HttpError> {
+    match q.get("enable").map(|v| (v, parse_bool(v))) {
+        Some((_, Some(on))) => Ok(on),
+        Some((other, None)) => Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("enable: {other:?} is not a boolean: use true or false"),
+        )),
+        None => Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            "enable: required (true or false)".into(),
+        )),
+    }
 }
 
 /// A service as `/v1/agent/services` shows it (Consul's `AgentService`).
@@ -345,15 +315,6 @@ fn agent_service(agent: &Agent, s: &LocalService) -> Value {
                 connect::managed_view(agent, &s.service.id, managed),
             );
         }
-    }
-    v
-}
-
-fn agent_check(c: &HealthCheck) -> Value {
-    let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.remove("CreateIndex");
-        m.remove("ModifyIndex");
     }
     v
 }
@@ -421,7 +382,7 @@ async fn service(
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
-    need_local_service(&agent, &headers, &q, &id, false).await?;
+    need_service_read(&agent, &headers, &q, &id).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {
@@ -446,219 +407,6 @@ async fn service(
         }
         return Ok(resp);
     }
-}
-
-async fn checks(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
-    refuse_filter(&q)?;
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    let all = agent.state().checks();
-    let total = all.len();
-    let node = &agent.config().node;
-    let out: BTreeMap<String, Value> = all
-        .iter()
-        .filter(|(_, c)| {
-            if c.check.service_id.is_empty() {
-                who.authz.node_read(node)
-            } else {
-                who.authz.service_read(&c.check.service_name)
-            }
-        })
-        .map(|(id, c)| (id.clone(), agent_check(&c.check)))
-        .collect();
-    let dropped = out.len() != total;
-    Ok(filtered(json_response(StatusCode::OK, &out), dropped))
-}
-
-async fn register_check(
-    State(agent): State<Agent>,
-    Query(q): Params,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, HttpError> {
-    let def: CheckType = decode(&body, "a check definition")?;
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &def.service_id)?;
-    agent.register_check(def, crate::local::Source::Api).await?;
-    Ok(ok_empty())
-}
-
-async fn deregister_check(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    agent.deregister_check(&id).await?;
-    Ok(ok_empty())
-}
-
-fn ttl(agent: &Agent, id: &str, status: HealthStatus, q: &BTreeMap<String, String>) -> Result<Response, HttpError> {
-    let note = q.get("note").cloned().unwrap_or_default();
-    agent.ttl_update(id, status, note)?;
-    Ok(ok_empty())
-}
-
-/// `PUT /v1/agent/check/pass|warn|fail/:id`.
-async fn ttl_route(
-    agent: Agent,
-    id: String,
-    q: BTreeMap<String, String>,
-    headers: HeaderMap,
-    status: HealthStatus,
-) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    ttl(&agent, &id, status, &q)
-}
-
-async fn pass(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    ttl_route(agent, id, q, headers, HealthStatus::Passing).await
-}
-
-async fn warn(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    ttl_route(agent, id, q, headers, HealthStatus::Warning).await
-}
-
-async fn fail(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    ttl_route(agent, id, q, headers, HealthStatus::Critical).await
-}
-
-#[derive(serde::Deserialize, Default)]
-#[serde(default)]
-struct CheckUpdate {
-    #[serde(rename = "Status")]
-    status: String,
-    #[serde(rename = "Output")]
-    output: String,
-}
-
-async fn update(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, HttpError> {
-    let u: CheckUpdate = decode(&body, "a check update")?;
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need_check_write(&agent, &who, &check_service(&agent, &id))?;
-    let status = match u.status.as_str() {
-        "passing" => HealthStatus::Passing,
-        "warning" => HealthStatus::Warning,
-        "critical" => HealthStatus::Critical,
-        other => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("Status: {other:?} is not passing, warning or critical"),
-            ));
-        }
-    };
-    agent.ttl_update(&id, status, u.output)?;
-    Ok(ok_empty())
-}
-
-fn health_status_code(status: HealthStatus) -> StatusCode {
-    match status {
-        HealthStatus::Passing => StatusCode::OK,
-        HealthStatus::Warning => StatusCode::TOO_MANY_REQUESTS,
-        HealthStatus::Critical | HealthStatus::Maintenance => StatusCode::SERVICE_UNAVAILABLE,
-    }
-}
-
-/// One instance's local health: the worst of its own checks and the node's checks.
-fn instance_health(agent: &Agent, s: &LocalService) -> (HealthStatus, Value) {
-    let checks: Vec<HealthCheck> = agent
-        .state()
-        .checks()
-        .into_values()
-        .map(|c| c.check)
-        .filter(|c| c.service_id == s.service.id || c.service_id.is_empty())
-        .collect();
-    let worst = checks.iter().map(|c| c.status).max().unwrap_or(HealthStatus::Passing);
-    let worst = if checks
-        .iter()
-        .any(|c| c.check_id.starts_with(crate::runtime::MAINTENANCE_PREFIX))
-    {
-        HealthStatus::Maintenance
-    } else {
-        worst
-    };
-    let body = json!({
-        "AggregatedStatus": worst,
-        "Service": agent_service(agent, s),
-        "Checks": checks.iter().map(agent_check).collect::<Vec<_>>(),
-    });
-    (worst, body)
-}
-
-async fn health_by_id(
-    State(agent): State<Agent>,
-    Path(id): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    let Some(s) = agent.state().service(&id) else {
-        return Ok(text(StatusCode::NOT_FOUND, format!("ServiceId {id} not found\n")));
-    };
-    let name = &s.service.service;
-    need(&who, who.authz.service_read(name), "service:read", name)?;
-    Ok(health_of(&agent, &s, &q))
-}
-
-fn health_of(agent: &Agent, s: &LocalService, q: &BTreeMap<String, String>) -> Response {
-    let (status, body) = instance_health(agent, s);
-    if q.get("format").is_some_and(|f| f == "text") {
-        return text(health_status_code(status), status.as_str().to_owned());
-    }
-    json_response(health_status_code(status), &body)
-}
-
-async fn health_by_name(
-    State(agent): State<Agent>,
-    Path(name): Path<String>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need(&who, who.authz.service_read(&name), "service:read", &name)?;
-    Ok(health_by_name_answer(&agent, &name, &q))
-}
-
-fn health_by_name_answer(agent: &Agent, name: &str, q: &BTreeMap<String, String>) -> Response {
-    let instances: Vec<(HealthStatus, Value)> = agent
-        .state()
-        .services()
-        .values()
-        .filter(|s| s.service.service == name)
-        .map(|s| instance_health(agent, s))
-        .collect();
-    if instances.is_empty() {
-        return text(StatusCode::NOT_FOUND, format!("ServiceName {name} Not Found\n"));
-    }
-    let worst = instances.iter().map(|(s, _)| *s).max().unwrap_or(HealthStatus::Passing);
-    if q.get("format").is_some_and(|f| f == "text") {
-        return text(health_status_code(worst), worst.as_str().to_owned());
-    }
-    let bodies: Vec<Value> = instances.into_iter().map(|(_, b)| b).collect();
-    json_response(health_status_code(worst), &bodies)
 }
 
 fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Value {
@@ -711,105 +459,4 @@ async fn members(State(agent): State<Agent>, Query(q): Params, headers: HeaderMa
         }
     }
     Ok(filtered(json_response(StatusCode::OK, &out), dropped))
-}
-
-/// Headers that belong to one connection, never forwarded.
-fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-    )
-}
-
-async fn forward(State(agent): State<Agent>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| parts.uri.path().to_owned());
-    if !parts.uri.path().starts_with("/v1/") {
-        return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
-    }
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
-        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
-    };
-    let mut headers = HeaderMap::new();
-    for (name, value) in &parts.headers {
-        if !hop_by_hop(name) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    let method = parts.method.clone();
-    // A request naming no token runs with the agent's default token, as Consul's agents do;
-    // one that names its own is forwarded with it, untouched.
-    let query: BTreeMap<String, String> = form_query(parts.uri.query());
-    let token = if request_token(&parts.headers, &query).is_empty() {
-        agent.acl().default_token().to_owned()
-    } else {
-        String::new()
-    };
-    // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
-    let send = agent.servers().send_as(Some(&token), |client, base| {
-        client
-            .request(method.clone(), format!("{base}{path_and_query}"))
-            .headers(headers.clone())
-            .body(body.clone())
-    });
-    let result = tokio::select! {
-        r = send => r,
-        () = agent.stopping() => return shutting_down(),
-    };
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => return forward_error(&e),
-    };
-    let status = resp.status();
-    let mut out_headers = HeaderMap::new();
-    for (name, value) in resp.headers() {
-        if !hop_by_hop(name) {
-            out_headers.append(name.clone(), value.clone());
-        }
-    }
-    let bytes = tokio::select! {
-        b = resp.bytes() => b,
-        () = agent.stopping() => return shutting_down(),
-    };
-    match bytes {
-        Ok(bytes) => {
-            let mut out = Response::new(Body::from(bytes));
-            *out.status_mut() = status;
-            *out.headers_mut() = out_headers;
-            out
-        }
-        Err(e) => forward_error(&ServerError::Unreachable {
-            tried: 1,
-            last: crate::servers::chain(&e),
-        }),
-    }
-}
-
-fn shutting_down() -> Response {
-    text(StatusCode::SERVICE_UNAVAILABLE, "the agent is shutting down\n".into())
-}
-
-fn forward_error(e: &ServerError) -> Response {
-    text(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("cannot forward to a server: {e}\n")
-            .replace('\n', " ")
-            .trim_end()
-            .to_owned()
-            + "\n",
-    )
 }

@@ -5,6 +5,7 @@
 //! - [`sidecar`]: service definitions made concrete (`Connect.SidecarService` expansion).
 //! - [`persist`]: registrations on disk under the data dir.
 //! - [`checks`]: TTL, HTTP, TCP and alias checks, one task each.
+//! - [`check_targets`]: where checks registered through the API may point.
 //! - [`managed`]: proxies the agent runs itself (Consul 1.4's managed proxies).
 //! - [`sync`]: anti-entropy against the servers' catalog API.
 //! - [`runtime`]: the [`Agent`] tying them together (with the liveness heartbeat).
@@ -13,6 +14,7 @@
 
 pub mod acl;
 pub mod backoff;
+pub mod check_targets;
 pub use agent_cache::{cache, servers};
 pub mod checks;
 pub mod config_file;

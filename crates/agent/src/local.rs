@@ -15,6 +15,17 @@ use tokio::time::Instant;
 /// Largest check output kept, bytes; longer output is cut at a character boundary.
 pub const MAX_OUTPUT: usize = 4 * 1024;
 
+/// What stands for an HTTP check's header value in the check the state keeps: the values
+/// (credentials, often) stay in the check's definition, which runs it, and never reach the
+/// catalog nor a reader who may not write the check's service.
+pub const HIDDEN: &str = "<hidden>";
+
+fn hide_header_values(header: &mut BTreeMap<String, Vec<String>>) {
+    for value in header.values_mut().flatten() {
+        HIDDEN.clone_into(value);
+    }
+}
+
 /// Where a registration came from: the HTTP API (persisted) or a config file (re-read on
 /// reload, never persisted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -271,6 +282,7 @@ impl LocalState {
             }
             for mut check in checks {
                 check.check.node.clone_from(&self.node);
+                hide_header_values(&mut check.check.definition.header);
                 let limit = output_limit(check.definition.as_ref());
                 check.check.output = cap_output(std::mem::take(&mut check.check.output), limit);
                 check.generation = inner.next();

@@ -28,6 +28,9 @@ pub struct NewCheck {
     pub definition: CheckType,
     /// How it runs.
     pub kind: CheckKind,
+    /// Where the definition gave it (`Check`, `Checks[1]`); empty for a check the agent made
+    /// (a sidecar's defaults).
+    pub at: String,
 }
 
 /// A definition made concrete.
@@ -192,6 +195,7 @@ pub fn build_checks(service: &NodeService, defs: Vec<(String, &CheckType)>) -> R
             check,
             definition: def.clone(),
             kind,
+            at,
         });
     }
     Ok(out)

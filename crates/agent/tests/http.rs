@@ -107,7 +107,7 @@ async fn unknown_ids_are_404s_and_ttl_reports_need_a_ttl_check() {
         StatusCode::NOT_FOUND
     );
     let reg =
-        json!({"Name": "web", "Port": 80, "Checks": [{"CheckID": "tcp", "TCP": "127.0.0.1:9", "Interval": "10s"}]});
+        json!({"Name": "web", "Port": 80, "Checks": [{"CheckID": "tcp", "TCP": "127.0.0.1:80", "Interval": "10s"}]});
     assert_eq!(
         call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
         StatusCode::OK
@@ -271,6 +271,111 @@ async fn a_service_read_blocks_on_its_content_hash() {
     assert_ne!(v["ContentHash"], hash.as_str());
     let (st, _) = call(&app, "GET", "/v1/agent/service/web?wait=soon", Value::Null).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn node_maintenance_puts_every_local_instance_into_maintenance() {
+    let (app, agent) = app().await;
+    let reg =
+        json!({"Name": "web", "ID": "web-1", "Port": 80, "Check": {"CheckID": "t", "TTL": "60s", "Status": "passing"}});
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/service/register", reg).await.0,
+        StatusCode::OK
+    );
+    let (st, body) = call(&app, "PUT", "/v1/agent/maintenance?enable=yes", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{body}");
+    let (st, _) = call(
+        &app,
+        "PUT",
+        "/v1/agent/maintenance?enable=true&reason=kernel",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let check = agent.state().check("_node_maintenance").unwrap().check;
+    assert_eq!(
+        (
+            check.name.as_str(),
+            check.notes.as_str(),
+            check.status,
+            check.service_id.as_str()
+        ),
+        ("Node Maintenance Mode", "kernel", structs::HealthStatus::Critical, "")
+    );
+    let (st, body) = call(
+        &app,
+        "GET",
+        "/v1/agent/health/service/id/web-1?format=text",
+        Value::Null,
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "maintenance"));
+    let (st, _) = call(&app, "PUT", "/v1/agent/maintenance?enable=false", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(agent.state().check("_node_maintenance").is_none());
+    let (st, _) = call(&app, "GET", "/v1/agent/health/service/id/web-1", Value::Null).await;
+    assert_eq!(st, StatusCode::OK);
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn input_errors_say_what_is_expected_and_unknown_keys_are_ignored() {
+    let (app, agent) = app().await;
+    // Not an object, at the top or where an object goes.
+    for (uri, bad) in [
+        ("/v1/agent/service/register", json!([1, 2])),
+        ("/v1/agent/service/register", json!("web")),
+        ("/v1/agent/check/register", json!(7)),
+        ("/v1/agent/check/update/x", json!([])),
+        ("/v1/agent/service/register", json!({"Name": "web", "Check": [1]})),
+    ] {
+        let (st, body) = call(&app, "PUT", uri, bad.clone()).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(body.contains("expected a JSON object"), "{bad}: {body}");
+    }
+    // Durations say what one looks like, after the field's name.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/check/register",
+        json!({"Name": "c", "HTTP": "http://127.0.0.1/", "Interval": "nope"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("request decode failed: Interval: invalid duration \"nope\"")
+            && body.contains("a duration like 10s"),
+        "{body}"
+    );
+    // A header that would split the request, at registration rather than at every run.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/register",
+        json!({"Name": "web", "Port": 80, "Check": {"HTTP": "http://127.0.0.1/", "Interval": "5s",
+               "Header": {"X-Auth": ["a\r\nHost: evil"]}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("Check.Header[\"X-Auth\"]: the value contains a CR, LF"),
+        "{body}"
+    );
+    // Unknown keys are ignored, as Consul's API does.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/check/register",
+        json!({"Name": "c", "TTL": "10s", "SomethingNewer": {"x": 1}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert_eq!(
+        call(&app, "PUT", "/v1/agent/check/deregister/c", Value::Null).await.0,
+        StatusCode::OK
+    );
+    assert!(agent.state().services().is_empty() && agent.state().checks().is_empty());
     agent.shutdown().await;
 }
 

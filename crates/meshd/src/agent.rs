@@ -7,7 +7,7 @@ use crate::cli::AgentArgs;
 use ::agent::config_file::FileConfig;
 use ::agent::{Agent, AgentConfig};
 use agent_cache::AgentCaches;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use proxycfg::{Manager, ManagerConfig};
 use proxycfg_glue::LocalChecks;
 use proxycfg_sources::{LocalProxy, LocalServices, LocalSource};
@@ -98,6 +98,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
+    let check_allowed_targets = allowed_targets(args, &file)?;
     let mut node_meta = file.node_meta.clone();
     for kv in &args.node_meta {
         let Some((k, v)) = kv.split_once(':') else {
@@ -138,6 +139,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             default_token: read_token(args.acl_default_token_file.as_deref(), "-acl-default-token-file")?,
         },
         servers_ca_pem: tls.ca_pem.clone(),
+        check_allowed_targets,
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {
@@ -153,6 +155,15 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         tls,
         file,
     })
+}
+
+/// `-check-allowed-targets` and the files' `check_allowed_targets`, together.
+fn allowed_targets(args: &AgentArgs, file: &FileConfig) -> Result<Vec<::agent::check_targets::Cidr>> {
+    let mut out = Vec::new();
+    for list in args.check_allowed_targets.iter().chain(&file.check_allowed_targets) {
+        out.extend(::agent::check_targets::Cidr::parse_list(list).map_err(|e| anyhow!("-check-allowed-targets: {e}"))?);
+    }
+    Ok(out)
 }
 
 /// Runs an agent until `shutdown` completes. Logging is set up here, once the config files
@@ -207,6 +218,14 @@ pub async fn run(
     };
     let node = config.node.clone();
     let datacenter = config.datacenter.clone();
+    // Checks registered through the API never probe the agent's own listeners.
+    let mut config = config;
+    config.listeners = [&https_listener, &grpc_tls_listener]
+        .map(|l| l.as_ref().and_then(|l| l.local_addr().ok()))
+        .into_iter()
+        .flatten()
+        .chain([http_addr, grpc_addr])
+        .collect();
     let agent = Agent::start(config).await?;
     if let Err(e) = agent.load_config(file.services, file.checks).await {
         agent.shutdown().await;

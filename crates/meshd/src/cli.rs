@@ -189,6 +189,10 @@ pub struct AgentArgs {
     /// The Envoy binary managed proxies run (default: `envoy` from `PATH`).
     #[arg(long = "envoy-binary", value_name = "PATH")]
     pub envoy_binary: Option<PathBuf>,
+    /// CIDR blocks that HTTP and TCP checks registered through the API may probe besides
+    /// their service's own address and port, comma-separated (repeatable; default none).
+    #[arg(long = "check-allowed-targets", value_name = "CIDR[,CIDR]")]
+    pub check_allowed_targets: Vec<String>,
     /// Enforce ACLs on this agent's endpoints and xDS streams (as its servers do).
     #[arg(long = "acl-enabled")]
     pub acl_enabled: bool,

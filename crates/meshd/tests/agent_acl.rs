@@ -215,6 +215,13 @@ fn rows() -> Vec<(&'static str, &'static str, Value, &'static str, Without)> {
         ),
         (
             "PUT",
+            "/v1/agent/maintenance?enable=false",
+            n.clone(),
+            NODE_WRITE,
+            Denied,
+        ),
+        (
+            "PUT",
             "/v1/agent/check/deregister/web-ttl",
             n.clone(),
             WEB_WRITE,

@@ -315,6 +315,28 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// An HTTP check's headers: names are HTTP tokens, values one line (a CR or LF would split
+/// the request, so it is refused here rather than failing at every run).
+fn check_headers(header: &BTreeMap<String, Vec<String>>) -> Result<(), ValidationError> {
+    const SEPARATORS: &str = "()<>@,;:\\\"/[]?={} \t";
+    for (name, values) in header {
+        let field = || format!("Header[{name:?}]");
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_graphic() && !SEPARATORS.contains(c)) {
+            return Err(ValidationError::new(
+                field(),
+                Problem::Invalid("is not a valid header name".into()),
+            ));
+        }
+        if values.iter().any(|v| v.contains(['\r', '\n', '\0'])) {
+            return Err(ValidationError::new(
+                field(),
+                Problem::Invalid("the value contains a CR, LF or NUL character: a header value is one line".into()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The shortest interval a polled check runs at; shorter ones are raised to it.
 pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A polled check's timeout when none is given.
@@ -471,6 +493,7 @@ impl CheckType {
                 Problem::Invalid(format!("{:?} is not an HTTP method", self.method)),
             ));
         }
+        check_headers(&self.header)?;
         Ok(CheckKind::Http {
             url: self.http.clone(),
             method: if self.method.is_empty() {

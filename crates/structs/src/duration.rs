@@ -8,9 +8,9 @@ use std::{fmt, time::Duration};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct GoDuration(pub Duration);
 
-/// Why a duration string was rejected.
+/// Why a duration string was rejected; the message shows what a duration looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {input:?}: {reason}")]
+#[error("invalid duration {input:?}: {reason}: use a duration like 10s, 1m30s or 250ms")]
 pub struct DurationError {
     /// The text that was given.
     pub input: String,
@@ -122,7 +122,7 @@ impl<'de> Deserialize<'de> for GoDuration {
         impl de::Visitor<'_> for V {
             type Value = GoDuration;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration such as \"15s\" or a number of nanoseconds")
+                f.write_str("a duration like 10s (a string such as \"10s\" or \"1m30s\", or a number of nanoseconds)")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<GoDuration, E> {
                 GoDuration::parse(v).map_err(E::custom)
@@ -162,6 +162,17 @@ mod tests {
         assert!(GoDuration::parse("-1s").is_err());
         assert!(GoDuration::parse("3 days").is_err());
         assert!(GoDuration::parse("").is_err());
+    }
+
+    #[test]
+    fn errors_show_what_a_duration_looks_like() {
+        let e = GoDuration::parse("nope").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid duration \"nope\": expected a number: use a duration like 10s, 1m30s or 250ms"
+        );
+        let e = serde_json::from_str::<GoDuration>("true").unwrap_err().to_string();
+        assert!(e.contains("expected a duration like 10s"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! reach the map untouched, as do keys anywhere inside an opaque `serde_json::Value`.
 //!
 //! It also reads `null` as an empty list or map, since Go clients send `"Tags": null`.
+//!
+//! Where a struct is expected, anything but an object (an array, a string, a number, `null`)
+//! is an error saying "expected a JSON object". Unknown keys are ignored, as Consul's API
+//! does; [`from_value_strict`] refuses them instead, naming the key (config files).
 
 use serde::de::{self, DeserializeOwned, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -43,9 +47,27 @@ pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
 
 /// Decodes `T` from an already parsed JSON value, accepting any key casing.
 pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, DecodeError> {
-    serde_path_to_error::deserialize(Lenient(value)).map_err(|e| DecodeError {
-        path: e.path().to_string(),
-        message: e.inner().to_string(),
+    decode(Lenient(value, false))
+}
+
+/// Like [`from_value`], but a key that names no field of its struct is an error naming it
+/// (keys of maps, such as `Meta` or `Proxy.Config`, are the user's and stay free).
+pub fn from_value_strict<T: DeserializeOwned>(value: Value) -> Result<T, DecodeError> {
+    decode(Lenient(value, true))
+}
+
+fn decode<T: DeserializeOwned>(de: Lenient) -> Result<T, DecodeError> {
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        // A key that could not be read ends the path with `?`: the message names it.
+        let path = e.path().to_string();
+        let path = path
+            .strip_suffix(".?")
+            .or_else(|| path.strip_suffix('?'))
+            .unwrap_or(&path);
+        DecodeError {
+            path: path.to_owned(),
+            message: e.inner().to_string(),
+        }
     })
 }
 
@@ -73,8 +95,29 @@ fn canonical_key(key: String, fields: &'static [&'static str]) -> String {
     }
 }
 
-/// A deserializer over a JSON value that matches struct keys leniently (see module docs).
-pub struct Lenient(pub Value);
+/// A deserializer over a JSON value that matches struct keys leniently (see module docs);
+/// with `strict`, unknown struct keys are refused.
+pub struct Lenient(pub Value, bool);
+
+impl Lenient {
+    /// A lenient deserializer over `value` (unknown struct keys ignored).
+    pub fn new(value: Value) -> Self {
+        Self(value, false)
+    }
+}
+
+/// What a value that is not an object is, for "expected a JSON object".
+fn not_an_object(value: &Value) -> serde_json::Error {
+    let what = match value {
+        Value::Null => de::Unexpected::Unit,
+        Value::Bool(b) => de::Unexpected::Bool(*b),
+        Value::Number(_) => de::Unexpected::Other("number"),
+        Value::String(s) => de::Unexpected::Str(s),
+        Value::Array(_) => de::Unexpected::Other("array"),
+        Value::Object(_) => de::Unexpected::Map,
+    };
+    de::Error::invalid_type(what, &"a JSON object")
+}
 
 macro_rules! forward_to_value {
     ($($method:ident)*) => {$(
@@ -88,37 +131,40 @@ impl<'de> de::Deserializer<'de> for Lenient {
     type Error = serde_json::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        let strict = self.1;
         match self.0 {
-            Value::Object(map) => visitor.visit_map(Entries::raw(map)),
-            Value::Array(items) => visitor.visit_seq(Items(items.into_iter())),
+            Value::Object(map) => visitor.visit_map(Entries::raw(map, strict)),
+            Value::Array(items) => visitor.visit_seq(Items(items.into_iter(), strict)),
             other => other.deserialize_any(visitor),
         }
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
         self,
-        name: &'static str,
+        _name: &'static str,
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
         match self.0 {
-            Value::Object(map) => visitor.visit_map(Entries::fields(map, fields)),
-            other => other.deserialize_struct(name, fields, visitor),
+            Value::Object(map) => visitor.visit_map(Entries::fields(map, fields, self.1)),
+            other => Err(not_an_object(&other)),
         }
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        let strict = self.1;
         match self.0 {
-            Value::Object(map) => visitor.visit_map(Entries::raw(map)),
-            Value::Null => visitor.visit_map(Entries::raw(Map::new())),
+            Value::Object(map) => visitor.visit_map(Entries::raw(map, strict)),
+            Value::Null => visitor.visit_map(Entries::raw(Map::new(), strict)),
             other => other.deserialize_map(visitor),
         }
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        let strict = self.1;
         match self.0 {
-            Value::Array(items) => visitor.visit_seq(Items(items.into_iter())),
-            Value::Null => visitor.visit_seq(Items(Vec::new().into_iter())),
+            Value::Array(items) => visitor.visit_seq(Items(items.into_iter(), strict)),
+            Value::Null => visitor.visit_seq(Items(Vec::new().into_iter(), strict)),
             other => other.deserialize_seq(visitor),
         }
     }
@@ -139,7 +185,7 @@ impl<'de> de::Deserializer<'de> for Lenient {
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.0 {
             Value::Null => visitor.visit_none(),
-            other => visitor.visit_some(Lenient(other)),
+            other => visitor.visit_some(Lenient(other, self.1)),
         }
     }
 
@@ -180,26 +226,30 @@ impl<'de> IntoDeserializer<'de, serde_json::Error> for Lenient {
     }
 }
 
-/// Object entries; keys are matched against `fields` when decoding a struct.
+/// Object entries; keys are matched against `fields` when decoding a struct (and, when
+/// `strict`, a key matching none is an error).
 struct Entries {
     iter: serde_json::map::IntoIter,
     fields: Option<&'static [&'static str]>,
     pending: Option<Value>,
+    strict: bool,
 }
 
 impl Entries {
-    fn raw(map: Map<String, Value>) -> Self {
+    fn raw(map: Map<String, Value>, strict: bool) -> Self {
         Self {
             iter: map.into_iter(),
             fields: None,
             pending: None,
+            strict,
         }
     }
-    fn fields(map: Map<String, Value>, fields: &'static [&'static str]) -> Self {
+    fn fields(map: Map<String, Value>, fields: &'static [&'static str], strict: bool) -> Self {
         Self {
             iter: map.into_iter(),
             fields: Some(fields),
             pending: None,
+            strict,
         }
     }
 }
@@ -213,7 +263,13 @@ impl<'de> MapAccess<'de> for Entries {
         };
         self.pending = Some(value);
         let key = match self.fields {
-            Some(fields) => canonical_key(key, fields),
+            Some(fields) => {
+                let key = canonical_key(key, fields);
+                if self.strict && !fields.contains(&key.as_str()) {
+                    return Err(de::Error::custom(format!("unknown key {key:?}")));
+                }
+                key
+            }
             None => key,
         };
         seed.deserialize(Value::String(key)).map(Some)
@@ -221,7 +277,7 @@ impl<'de> MapAccess<'de> for Entries {
 
     fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Self::Error> {
         let value = self.pending.take().unwrap_or(Value::Null);
-        seed.deserialize(Lenient(value))
+        seed.deserialize(Lenient(value, self.strict))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -229,14 +285,14 @@ impl<'de> MapAccess<'de> for Entries {
     }
 }
 
-struct Items(std::vec::IntoIter<Value>);
+struct Items(std::vec::IntoIter<Value>, bool);
 
 impl<'de> SeqAccess<'de> for Items {
     type Error = serde_json::Error;
 
     fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, Self::Error> {
         match self.0.next() {
-            Some(v) => seed.deserialize(Lenient(v)).map(Some),
+            Some(v) => seed.deserialize(Lenient(v, self.1)).map(Some),
             None => Ok(None),
         }
     }

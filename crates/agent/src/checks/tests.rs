@@ -48,7 +48,12 @@ async fn settle() {
 async fn ttl_expires_unless_updated_and_updates_restart_the_clock() {
     let s = state_with(&[("t", "web", HealthStatus::Critical)]);
     let runner = CheckRunner::new(Arc::clone(&s), CancellationToken::new());
-    runner.start("t", &CheckKind::Ttl(Duration::from_secs(10)), Thresholds::default());
+    runner.start(
+        "t",
+        &CheckKind::Ttl(Duration::from_secs(10)),
+        Thresholds::default(),
+        false,
+    );
     settle().await;
     runner.ttl_update("t", HealthStatus::Passing, "up".into()).unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -86,6 +91,7 @@ async fn ttl_updates_are_refused_for_other_kinds_and_unknown_ids() {
             service: "web".into(),
         },
         Thresholds::default(),
+        false,
     );
     assert_eq!(
         runner.ttl_update("a", HealthStatus::Passing, String::new()),
@@ -115,6 +121,7 @@ async fn alias_follows_the_worst_check_of_its_service() {
             service: "web".into(),
         },
         Thresholds::default(),
+        false,
     );
     settle().await;
     assert_eq!(status(&s, "alias"), HealthStatus::Passing);
@@ -165,6 +172,7 @@ async fn polled_checks_run_every_interval_through_the_thresholds() {
             timeout: Duration::from_secs(1),
         },
         Thresholds::new(0, 0, 2),
+        false,
     );
     // First run (within one interval of stagger): one failure is not enough.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -200,7 +208,10 @@ async fn http_check_maps_status_codes() {
             .with_graceful_shutdown(async move { server_stop.cancelled().await })
             .await
     });
-    let client = reqwest::Client::new();
+    let client = Polled {
+        client: reqwest::Client::new(),
+        confined: false,
+    };
     let http = |path: &str| CheckKind::Http {
         url: format!("http://{addr}{path}"),
         method: "GET".into(),
@@ -226,4 +237,64 @@ async fn http_check_maps_status_codes() {
     );
     stop.cancel();
     server.await.unwrap().unwrap();
+}
+
+/// A confined check (registered through the API) does not follow a redirect to another
+/// origin: the target's answer never reaches its output. Same-origin redirects are followed.
+#[tokio::test]
+async fn confined_checks_follow_redirects_only_within_their_origin() {
+    use axum::routing::get;
+    let serve = |app: axum::Router| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    };
+    let secret = serve(axum::Router::new().route("/", get(|| async { "admin secret" }))).await;
+    let to_secret = format!("http://{secret}/");
+    let own = serve(
+        axum::Router::new()
+            .route(
+                "/away",
+                get(move || async move { axum::response::Redirect::temporary(&to_secret) }),
+            )
+            .route("/here", get(|| async { axum::response::Redirect::temporary("/ok") }))
+            .route("/ok", get(|| async { "fine" })),
+    )
+    .await;
+    let http = |path: &str| CheckKind::Http {
+        url: format!("http://{own}{path}"),
+        method: "GET".into(),
+        header: Default::default(),
+        body: String::new(),
+        tls_skip_verify: false,
+        tls_server_name: String::new(),
+        interval: Duration::from_secs(10),
+        timeout: Duration::from_secs(5),
+    };
+    let clients = clients::Clients::new();
+    let confined = Polled {
+        client: clients.pick(false, true),
+        confined: true,
+    };
+    let (st, out) = run_once(&http("/away"), &confined).await;
+    assert_eq!(st, HealthStatus::Critical, "{out}");
+    assert!(out.contains("307") && !out.contains("admin secret"), "{out}");
+    let (st, out) = run_once(&http("/here"), &confined).await;
+    assert_eq!(
+        (st, out.ends_with("Output: fine")),
+        (HealthStatus::Passing, true),
+        "{out}"
+    );
+    // The operator's checks (config files) follow redirects anywhere, as before.
+    let free = Polled {
+        client: clients.pick(false, false),
+        confined: false,
+    };
+    let (st, out) = run_once(&http("/away"), &free).await;
+    assert_eq!(
+        (st, out.ends_with("admin secret")),
+        (HealthStatus::Passing, true),
+        "{out}"
+    );
 }

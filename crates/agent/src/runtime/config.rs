@@ -42,6 +42,14 @@ pub struct AgentConfig {
     /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
     /// root is trusted (`None`: the public roots).
     pub servers_ca_pem: Option<Vec<u8>>,
+    /// Where HTTP and TCP checks registered through the API may point besides their
+    /// service's own address and port (`-check-allowed-targets`; see
+    /// [`crate::check_targets`]).
+    pub check_allowed_targets: Vec<crate::check_targets::Cidr>,
+    /// The agent's own listening addresses (HTTP, HTTPS, xDS): never the target of a check
+    /// registered through the API (a token-less request to the HTTP API runs with the
+    /// default token).
+    pub listeners: Vec<std::net::SocketAddr>,
 }
 
 impl Default for AgentConfig {
@@ -61,6 +69,8 @@ impl Default for AgentConfig {
             allow_managed_api_registration: false,
             acl: crate::acl::AclConfig::default(),
             servers_ca_pem: None,
+            check_allowed_targets: Vec::new(),
+            listeners: Vec::new(),
         }
     }
 }
@@ -107,6 +117,9 @@ pub enum AgentError {
     /// The named service or check is not registered here.
     #[error("{0}")]
     NotFound(String),
+    /// The caller's token may not make this change (Consul's `Permission denied` text).
+    #[error("{0}")]
+    Denied(String),
     /// A registration could not be persisted.
     #[error("cannot persist the registration: {0}")]
     Persist(#[from] std::io::Error),

@@ -68,7 +68,8 @@ impl Agent {
         for def in checks {
             self.register_check(def, Source::Config).await?;
         }
-        self.drop_orphan_checks().await
+        self.drop_orphan_checks().await?;
+        self.drop_refused_checks().await
     }
 
     /// Removes checks whose service is not registered (persisted checks of a service that a

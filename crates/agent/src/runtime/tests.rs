@@ -2,8 +2,11 @@
 
 use super::*;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+use structs::HealthStatus;
+use structs::agent::{CheckType, ServiceDefinition};
 
 fn def(v: serde_json::Value) -> ServiceDefinition {
     structs::json::from_value(v).unwrap()

@@ -77,7 +77,8 @@ fn bad_definitions_name_the_field() {
     );
     assert_eq!(
         err(json!({"Name": "web", "Connect": {"SidecarService": {"Check": {"TTL": "x"}}}})),
-        "Connect.SidecarService.Check.TTL: invalid duration \"x\": expected a number"
+        "Connect.SidecarService.Check.TTL: invalid duration \"x\": expected a number: use a duration like 10s, \
+         1m30s or 250ms"
     );
     assert_eq!(
         err(json!({"Name": "web", "Port": 70000})).split(':').next().unwrap(),
@@ -103,6 +104,38 @@ fn bad_definitions_name_the_field() {
             .starts_with("Check.OutputMaxSize: must be between 0 and 4096")
     );
     def(json!({"Name": "web", "Check": {"TTL": "1s", "OutputMaxSize": 4096}})).unwrap();
+}
+
+#[test]
+fn bad_durations_name_the_field_and_show_a_duration() {
+    for field in ["Interval", "Timeout", "TTL", "DeregisterCriticalServiceAfter"] {
+        let e = def(json!({"Name": "web", "Check": {"TCP": "h:1", "Interval": "10s", field: "nope"}})).unwrap_err();
+        assert!(
+            e.starts_with(&format!("Check.{field}: invalid duration \"nope\"")),
+            "{e}"
+        );
+        assert!(e.contains("a duration like 10s"), "{e}");
+        let e = def(json!({"Name": "web", "Check": {field: true}})).unwrap_err();
+        assert!(e.starts_with(&format!("Check.{field}: ")), "{e}");
+        assert!(e.contains("a duration like 10s"), "{e}");
+    }
+}
+
+#[test]
+fn header_values_with_cr_or_lf_and_bad_names_are_refused_naming_the_header() {
+    let check = |header| json!({"Name": "web", "Check": {"HTTP": "http://h/", "Interval": "1s", "Header": header}});
+    for value in ["a\r\nX-Injected: 1", "a\nb", "a\rb", "a\u{0}b"] {
+        let e = def(check(json!({"X-Auth": ["ok", value]}))).unwrap_err();
+        assert!(
+            e.starts_with("Check.Header[\"X-Auth\"]: the value contains a CR, LF or NUL"),
+            "{e}"
+        );
+    }
+    for name in ["X Auth", "X-Auth\r\n", ""] {
+        let e = def(check(json!({name: ["v"]}))).unwrap_err();
+        assert!(e.ends_with("is not a valid header name"), "{name:?}: {e}");
+    }
+    def(check(json!({"X-Auth": ["Bearer abc", "x=1; y=2"]}))).unwrap();
 }
 
 #[test]

@@ -95,6 +95,47 @@ fn decode_errors_name_the_field() {
     assert!(err.path.is_empty() && err.message.contains("invalid JSON"));
 }
 
+#[test]
+fn a_struct_from_anything_but_an_object_expects_a_json_object() {
+    for body in [
+        json!([1, 2]),
+        json!([]),
+        json!("web"),
+        json!(7),
+        json!(true),
+        Value::Null,
+    ] {
+        let err = from_value::<NodeService>(body.clone()).unwrap_err().to_string();
+        assert!(err.contains("expected a JSON object"), "{body}: {err}");
+    }
+    // Nested too, with the field's path.
+    let err = from_value::<NodeService>(json!({"Service": "x", "Proxy": [1]})).unwrap_err();
+    assert_eq!(err.path, "Proxy");
+    assert!(
+        err.message.contains("invalid type: array, expected a JSON object"),
+        "{err}"
+    );
+    // An optional struct may still be null.
+    let def: crate::agent::ServiceDefinition = from_value(json!({"Name": "a", "Check": null})).unwrap();
+    assert!(def.check.is_none());
+}
+
+#[test]
+fn strict_decoding_names_unknown_keys_at_any_depth_but_not_in_user_maps() {
+    use crate::json::from_value_strict;
+    let ok = json!({"service": "db", "Meta": {"anything": "x"},
+                    "Proxy": {"Config": {"free_key": 1}, "upstreams": [{"destination_name": "a", "local_bind_port": 1}]}});
+    let strict: NodeService = from_value_strict(ok.clone()).unwrap();
+    assert_eq!(strict, from_value::<NodeService>(ok).unwrap());
+    let err = from_value_strict::<NodeService>(json!({"Service": "db", "Bogus": 1})).unwrap_err();
+    assert_eq!(err.to_string(), "unknown key \"Bogus\"");
+    let err =
+        from_value_strict::<NodeService>(json!({"Service": "db", "Proxy": {"Upstreams": [{"Nope": 1}]}})).unwrap_err();
+    assert_eq!(err.to_string(), "Proxy.Upstreams[0]: unknown key \"Nope\"");
+    // The lenient decoder ignores them (Consul's API does).
+    from_value::<NodeService>(json!({"Service": "db", "Bogus": 1})).unwrap();
+}
+
 // ---- property tests: any casing of any key outside opaque maps decodes to the same value ----
 
 #[derive(Debug, Clone, Copy)]
