@@ -6,6 +6,7 @@ use crate::{Api, ApiError};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use catalog::IndexKey;
+use std::borrow::Cow;
 use structs::{CheckServiceNode, HealthCheck, HealthStatus};
 
 async fn service_health(
@@ -29,6 +30,13 @@ async fn service_health(
         let filtered = retain(&mut result, |csn| {
             a.service_read(&csn.service.service) && a.node_read(&csn.node.node)
         });
+        for csn in &mut result {
+            for c in &mut csn.checks {
+                if let Cow::Owned(hidden) = shown(a, c) {
+                    *c = hidden;
+                }
+            }
+        }
         Ok((query::encode(&result, params.pretty())?, filtered))
     })
     .await
@@ -64,10 +72,31 @@ pub(crate) async fn checks(
     let state = api.read(&params, &key).await?;
     let mut checks = state.service_checks(&name);
     let filtered = retain(&mut checks, |c| readable(a, c));
+    let checks: Vec<Cow<'_, HealthCheck>> = checks.iter().map(|c| shown(a, c)).collect();
     Ok(mark_filtered(
         query::json(&checks, Some(state.index_of(&key)), params.pretty()),
         filtered,
     ))
+}
+
+/// A check as a token sees it: the values of its HTTP headers (credentials, often) are
+/// `<hidden>` unless the token may write the check's service (its node, for a node check).
+fn shown<'a>(a: &acl::Authorizer, c: &'a HealthCheck) -> Cow<'a, HealthCheck> {
+    let writable = if c.service_id.is_empty() {
+        a.node_write(&c.node)
+    } else {
+        a.service_write(&c.service_name)
+    };
+    if c.definition.header.is_empty() || writable {
+        return Cow::Borrowed(c);
+    }
+    let mut hidden = c.clone();
+    for values in hidden.definition.header.values_mut() {
+        for v in values.iter_mut() {
+            structs::acl::HIDDEN_SECRET.clone_into(v);
+        }
+    }
+    Cow::Owned(hidden)
 }
 
 /// A check is readable with `node:read` on its node, and `service:read` on its service if it
@@ -100,6 +129,7 @@ pub(crate) async fn state(
         .filter(|c| filter.is_none_or(|s| c.status == s))
         .collect();
     let filtered = retain(&mut checks, |c| readable(a, c));
+    let checks: Vec<Cow<'_, HealthCheck>> = checks.into_iter().map(|c| shown(a, c)).collect();
     Ok(mark_filtered(
         query::json(&checks, Some(state.index_of(&key)), params.pretty()),
         filtered,
@@ -118,6 +148,7 @@ pub(crate) async fn node(
     let state = api.read(&params, &key).await?;
     let mut checks: Vec<HealthCheck> = state.node_checks(&node).iter().map(|c| (**c).clone()).collect();
     let filtered = retain(&mut checks, |c| readable(a, c));
+    let checks: Vec<Cow<'_, HealthCheck>> = checks.iter().map(|c| shown(a, c)).collect();
     Ok(mark_filtered(
         query::json(&checks, Some(state.index_of(&key)), params.pretty()),
         filtered,

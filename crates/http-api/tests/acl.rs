@@ -992,6 +992,41 @@ async fn secrets_are_hidden_without_acl_write() {
     );
 }
 
+/// A check's header values (credentials, often) are shown only to tokens that may write
+/// its service, on every health route that lists checks; readers see `<hidden>`.
+#[tokio::test]
+async fn check_header_values_are_hidden_from_tokens_that_cannot_write_the_service() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let reg = json!({
+        "Node": "n1", "Address": "10.0.0.1", "SkipNodeUpdate": true,
+        "Checks": [{"CheckID": "web-http", "Name": "http", "ServiceID": "web1", "Status": "passing",
+                    "Definition": {"HTTP": "http://127.0.0.1:8080/health", "Interval": "10s",
+                                   "Header": {"Authorization": ["Bearer s3cret"]}}}],
+    });
+    let put = call(&mesh.app, "PUT", "/v1/catalog/register", m, reg).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let reader = mesh
+        .token("service_prefix \"\" { policy = \"read\" }\nnode_prefix \"\" { policy = \"read\" }")
+        .await;
+    let writer = mesh
+        .token("service \"web\" { policy = \"write\" }\nnode_prefix \"\" { policy = \"read\" }")
+        .await;
+    for path in [
+        "/v1/health/checks/web",
+        "/v1/health/state/any",
+        "/v1/health/node/n1",
+        "/v1/health/service/web",
+    ] {
+        let seen = call(&mesh.app, "GET", path, Some(&reader), Value::Null).await;
+        assert_eq!(seen.status, StatusCode::OK, "{path}: {}", seen.body);
+        assert!(!seen.body.contains("s3cret"), "{path}: {}", seen.body);
+        assert!(seen.body.contains("<hidden>"), "{path}: {}", seen.body);
+        let own = call(&mesh.app, "GET", path, Some(&writer), Value::Null).await;
+        assert!(own.body.contains("Bearer s3cret"), "{path}: {}", own.body);
+    }
+}
+
 #[tokio::test]
 async fn acl_endpoints_say_acls_are_off() {
     let store = Store::open(StoreConfig::default()).await.unwrap();
