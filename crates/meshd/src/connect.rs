@@ -155,7 +155,7 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         proxy_id,
         node_name,
         cluster,
-        admin_bind: args.admin_bind,
+        admin: supervisor::envoy::AdminAddr::Tcp(args.admin_bind),
         xds_servers,
         token,
         xds_tls,
