@@ -119,11 +119,13 @@ impl std::fmt::Display for AdminAddr {
 pub const MAX_SOCKET_PATH: usize = 107;
 
 /// The prefix of the hot-restart sockets in the run dir; Envoy appends
-/// `_{parent,child,udp_parent,udp_child}_<base id × 10 + epoch>`.
+/// `_{parent,child,udp_parent,udp_child}_<id>`, the id derived from the base id and the
+/// epoch (modulo 3).
 const HOT_RESTART_SOCKET: &str = "hot-restart";
 
-/// The longest name Envoy gives a hot-restart socket in the run dir (with the separator).
-const HOT_RESTART_NAME_MAX: usize = "/hot-restart_udp_parent_".len() + 10;
+/// The longest name Envoy gives a hot-restart socket in the run dir (with the separator): its
+/// id can take the 20 digits of a `u64` (Envoy sign-extends a base id × 10 past `i32::MAX`).
+const HOT_RESTART_NAME_MAX: usize = "/hot-restart_udp_parent_".len() + 20;
 
 /// Checks that Envoy can bind its sockets in `dir` (hot restart's, and `admin.sock`): a Unix
 /// socket path is at most [`MAX_SOCKET_PATH`] bytes.
@@ -202,13 +204,18 @@ impl EnvoyProxy {
         }
     }
 
-    /// The hot-restart sockets epoch `epoch` bound (Envoy does not remove them).
-    fn hot_restart_sockets(&self, epoch: u32) -> Vec<PathBuf> {
-        let id = u64::from(self.opts.base_id) * 10 + u64::from(epoch);
-        ["parent", "child", "udp_parent", "udp_child"]
-            .iter()
-            .map(|role| self.opts.run_dir.join(format!("{HOT_RESTART_SOCKET}_{role}_{id}")))
-            .collect()
+    /// Removes the hot-restart sockets Envoys left in the run dir (Envoy never removes them,
+    /// and names them after its own arithmetic on the base id and epoch).
+    fn remove_hot_restart_sockets(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.opts.run_dir) else {
+            return;
+        };
+        let prefix = format!("{HOT_RESTART_SOCKET}_");
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// The command line of epoch `epoch`.
@@ -407,16 +414,13 @@ impl Proxy for EnvoyProxy {
         let admin = self.admin_address(epoch);
         let _ = std::fs::remove_file(self.bootstrap_path(epoch));
         let _ = std::fs::remove_file(self.admin_address_path(epoch));
-        for socket in self.hot_restart_sockets(epoch) {
-            let _ = std::fs::remove_file(socket);
-        }
         let mut epochs = self.epochs.lock();
         epochs.remove(&epoch);
         if !epochs.is_empty() {
             return;
         }
-        // No Envoy of ours is left: its admin socket (in the run dir) goes, as does the
-        // shared memory.
+        // No Envoy of ours is left: its sockets in the run dir go, as does the shared memory.
+        self.remove_hot_restart_sockets();
         if let Some(AdminAddr::Unix(socket)) = admin
             && socket.parent() == Some(self.opts.run_dir.as_path())
         {
@@ -482,7 +486,7 @@ mod tests {
         assert!(check_socket_dir(Path::new("/tmp/meshd-envoy-abc")).is_ok());
         let long = PathBuf::from(format!("/{}", "d".repeat(80)));
         let err = check_socket_dir(&long).unwrap_err().to_string();
-        assert!(err.contains("too long") && err.contains("at most 73"), "{err}");
+        assert!(err.contains("too long") && err.contains("at most 63"), "{err}");
     }
 
     /// Answers one connection with `response` and returns the request it read.
