@@ -304,13 +304,15 @@ pub struct EnvoyArgs {
     #[arg(long = "grpc-ca-file", value_name = "PATH")]
     pub grpc_ca_file: Option<PathBuf>,
     /// Serve Envoy's metrics in Prometheus' format at `http://ADDR/metrics` (Consul's
-    /// `envoy_prometheus_bind_addr`), forwarded from the admin interface (which then needs a
-    /// fixed -admin-bind port).
+    /// `envoy_prometheus_bind_addr`), forwarded from the admin interface (with -admin-bind,
+    /// a fixed port).
     #[arg(long = "prometheus-bind", value_name = "ADDR")]
     pub prometheus_bind: Option<SocketAddr>,
-    /// Envoy's admin interface.
-    #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
-    pub admin_bind: SocketAddr,
+    /// Put Envoy's admin interface on TCP at this address, for debugging or tools that need
+    /// it: whoever reaches it can stop Envoy (`POST /quitquitquit`) or read its config. By
+    /// default it is a Unix socket only this user can use, `admin.sock` in -run-dir.
+    #[arg(long = "admin-bind", value_name = "ADDR")]
+    pub admin_bind: Option<SocketAddr>,
     /// ACL token for the proxy's xDS stream (default: `CONNECT_PROXY_TOKEN` from the
     /// environment, as a managed proxy gets it).
     #[arg(
@@ -338,8 +340,9 @@ pub struct EnvoyArgs {
     /// When the parent of a hot restart is told to exit.
     #[arg(long = "parent-shutdown-time", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub parent_shutdown_time: std::time::Duration,
-    /// Directory for the supervised Envoy's bootstraps and admin address files (default: a
-    /// private temporary directory removed on exit).
+    /// Directory for Envoy's admin socket, hot-restart sockets, bootstraps and admin address
+    /// files (default: a private temporary directory, removed on exit when supervised; at
+    /// most 63 bytes long).
     #[arg(long = "run-dir", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// Log level filter for the supervisor.

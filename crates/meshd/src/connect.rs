@@ -6,6 +6,7 @@ use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
 use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
+use supervisor::envoy::AdminAddr;
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
@@ -141,8 +142,9 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
     }
 }
 
-/// The bootstrap for the flags as they stand now (resolving the proxy, reading the token).
-async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
+/// The bootstrap for the flags as they stand now (resolving the proxy, reading the token),
+/// with Envoy's admin interface at `admin`.
+async fn bootstrap(args: &EnvoyArgs, admin: &AdminAddr) -> Result<String> {
     let token = token_of(args)?;
     // The lookups of the proxy run with the same token as its stream.
     let with_token = EnvoyArgs {
@@ -155,7 +157,7 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         proxy_id,
         node_name,
         cluster,
-        admin: supervisor::envoy::AdminAddr::Tcp(args.admin_bind),
+        admin: admin.clone(),
         xds_servers,
         token,
         xds_tls,
@@ -164,15 +166,71 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
 }
 
-/// `-prometheus-bind`, which forwards to the admin interface and so needs its port known.
+/// `-prometheus-bind`, which forwards to the admin interface and so needs its address known.
 fn prometheus_bind(args: &EnvoyArgs) -> Result<Option<std::net::SocketAddr>> {
-    match args.prometheus_bind {
-        Some(_) if args.admin_bind.port() == 0 => {
+    match (args.prometheus_bind, args.admin_bind) {
+        (Some(_), Some(admin)) if admin.port() == 0 => {
             bail!(
-                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0"
+                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0 (or no -admin-bind: the admin's Unix socket)"
             )
         }
-        other => Ok(other),
+        (other, _) => Ok(other),
+    }
+}
+
+/// The file name of the admin socket in the run dir.
+const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Where Envoy's files go: `-run-dir`, else a private temporary directory (mode 0700, a name
+/// nobody can guess), removed when this is dropped: when a supervised Envoy has stopped, or
+/// when this process fails. An Envoy run by `-exec` keeps it (its process replaces this one,
+/// which drops nothing), so does one started from a `-bootstrap` ([`RunDir::keep`]).
+struct RunDir {
+    path: std::path::PathBuf,
+    temp: Option<tempfile::TempDir>,
+}
+
+impl RunDir {
+    fn new(args: &EnvoyArgs, supervised: bool) -> Result<Self> {
+        if let Some(dir) = &args.run_dir {
+            let path = std::path::absolute(dir).with_context(|| format!("-run-dir {}", dir.display()))?;
+            if !supervised {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&path)
+                    .with_context(|| format!("-run-dir {}: cannot create it", path.display()))?;
+            }
+            supervisor::envoy::check_socket_dir(&path).context("-run-dir")?;
+            return Ok(Self { path, temp: None });
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let temp = tempfile::Builder::new()
+            .prefix("meshd-envoy-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .context("creating a run dir")?;
+        Ok(Self {
+            path: temp.path().to_owned(),
+            temp: Some(temp),
+        })
+    }
+
+    /// Leaves a temporary run dir in place after this process, for the Envoy that uses it.
+    fn keep(mut self) {
+        if let Some(temp) = self.temp.take() {
+            let _ = temp.keep();
+        }
+    }
+}
+
+/// Envoy's admin interface: `-admin-bind` on TCP, else the Unix socket of the run dir.
+fn admin_of(args: &EnvoyArgs, dir: Option<&RunDir>) -> Result<AdminAddr> {
+    match (args.admin_bind, dir) {
+        (Some(addr), _) => Ok(AdminAddr::Tcp(addr)),
+        (None, Some(dir)) => Ok(AdminAddr::Unix(dir.path.join(ADMIN_SOCKET))),
+        (None, None) => bail!("no directory for Envoy's admin socket: give -run-dir or -admin-bind"),
     }
 }
 
@@ -252,24 +310,40 @@ pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<
         let gw = crate::connect_gateway::gateway(&args)?.context("-register is for gateways: give -gateway")?;
         crate::connect_gateway::register(&args, &gw, &token_of(&args)?).await?;
     }
-    let json = bootstrap(&args).await?;
     if args.bootstrap {
+        // A bootstrap with a TCP admin names no directory.
+        let dir = match args.admin_bind {
+            Some(_) => None,
+            None => Some(RunDir::new(&args, false)?),
+        };
+        let json = bootstrap(&args, &admin_of(&args, dir.as_ref())?).await?;
         #[allow(clippy::print_stdout)]
         {
             println!("{json}");
         }
+        if let Some(dir) = dir {
+            dir.keep();
+        }
         return Ok(());
     }
+    let dir = RunDir::new(&args, !args.exec)?;
+    let json = bootstrap(&args, &admin_of(&args, Some(&dir))?).await?;
     if args.exec {
-        use std::os::unix::process::CommandExt;
-        let err = std::process::Command::new(&args.envoy_binary)
-            .arg("--config-yaml")
-            .arg(&json)
-            .args(&args.envoy_args)
-            .exec();
-        bail!("cannot run {}: {err}", args.envoy_binary.display())
+        return exec(&args, &dir.path, &json);
     }
-    supervise(args, json, shutdown).await
+    supervise(args, dir, json, shutdown).await
+}
+
+/// Replaces this process with Envoy, its hot-restart sockets in `run_dir`.
+fn exec(args: &EnvoyArgs, run_dir: &std::path::Path, json: &str) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(&args.envoy_binary);
+    cmd.arg("--config-yaml").arg(json);
+    if !args.envoy_args.iter().any(|a| a == "--socket-path") {
+        cmd.args(supervisor::envoy::hot_restart_socket_args(run_dir));
+    }
+    let err = cmd.args(&args.envoy_args).exec();
+    bail!("cannot run {}: {err}", args.envoy_binary.display())
 }
 
 /// A base id for this proxy: stable for the same proxy and admin address (so a restarted
@@ -282,10 +356,14 @@ fn derive_base_id(args: &EnvoyArgs) -> u32 {
         .or(args.sidecar_for.as_deref())
         .or(args.service.as_deref())
         .unwrap_or_default();
-    let admin = args.admin_bind.to_string();
+    let admin = match (args.admin_bind, &args.run_dir) {
+        (Some(addr), _) => addr.to_string(),
+        (None, Some(dir)) => format!("unix:{}", dir.display()),
+        (None, None) => "unix".to_owned(),
+    };
     let pid = std::process::id().to_le_bytes();
     let mut parts: Vec<&[u8]> = vec![proxy.as_bytes(), args.node.as_bytes(), admin.as_bytes()];
-    if args.admin_bind.port() == 0 {
+    if args.admin_bind.is_some_and(|a| a.port() == 0) {
         parts.push(&pid);
     }
     supervisor::envoy::stable_base_id(&parts)
@@ -411,22 +489,14 @@ impl TokenWatch {
     }
 }
 
-async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
+async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
     use supervisor::agent::{Agent, AgentOptions};
     use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
     use tokio::signal::unix::{SignalKind, signal};
 
-    // The temporary run dir (if any) lives as long as this function.
-    let (run_dir, _tmp) = match &args.run_dir {
-        Some(dir) => (dir.clone(), None),
-        None => {
-            let tmp = tempfile::Builder::new()
-                .prefix("meshd-envoy-")
-                .tempdir()
-                .context("creating a run dir")?;
-            (tmp.path().to_owned(), Some(tmp))
-        }
-    };
+    // A temporary run dir lives as long as `dir`: this function.
+    let run_dir = dir.path.clone();
+    let admin = admin_of(&args, Some(&dir))?;
     let base_id = args.base_id.unwrap_or_else(|| derive_base_id(&args));
     let mut opts = EnvoyOptions::new(&args.envoy_binary, base_id, &run_dir);
     opts.drain_time = args.drain_time;
@@ -460,7 +530,7 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
             _ = hangup.recv() => "SIGHUP",
             () = token.changed() => "token file changed",
         };
-        match bootstrap(&args).await {
+        match bootstrap(&args, &admin).await {
             // The agent hot-restarts only if the bootstrap changed.
             Ok(json) => {
                 tracing::info!(why, "bootstrap regenerated");
@@ -536,6 +606,40 @@ mod tests {
                 && !err.contains('\n'),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_admin_is_a_unix_socket_in_the_run_dir_unless_admin_bind_asks_for_tcp() {
+        let args = envoy_args(&["-run-dir", "rel/run"]);
+        let dir = RunDir::new(&args, true).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            dir.path,
+            cwd.join("rel/run"),
+            "made absolute: Envoy writes the path as given"
+        );
+        assert_eq!(
+            admin_of(&args, Some(&dir)).unwrap(),
+            AdminAddr::Unix(cwd.join("rel/run/admin.sock"))
+        );
+        let tcp = envoy_args(&["-admin-bind", "127.0.0.1:19000"]);
+        assert_eq!(
+            admin_of(&tcp, Some(&dir)).unwrap(),
+            AdminAddr::Tcp("127.0.0.1:19000".parse().unwrap())
+        );
+        // Without -run-dir a supervised Envoy gets a private directory, removed with it.
+        let temp = RunDir::new(&envoy_args(&[]), true).unwrap();
+        let path = temp.path.clone();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
+        drop(temp);
+        assert!(!path.exists());
+        let long = format!("/tmp/{}", "d".repeat(80));
+        let err = format!(
+            "{:#}",
+            RunDir::new(&envoy_args(&["-run-dir", &long]), true).err().unwrap()
+        );
+        assert!(err.starts_with("-run-dir: ") && err.contains("too long"), "{err}");
     }
 
     #[tokio::test]

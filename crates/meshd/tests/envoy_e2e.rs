@@ -263,14 +263,8 @@ fn supervised_envoy(mesh: &Mesh, dir: &Path, drain_time: &str) -> (Proc, PathBuf
             "-grpc-addr",
             &mesh.grpc,
         ])
-        .args([
-            "-admin-bind",
-            "127.0.0.1:0",
-            "-drain-time",
-            drain_time,
-            "-parent-shutdown-time",
-            "2s",
-        ])
+        // No -admin-bind: the admin is the default, a Unix socket in the run dir.
+        .args(["-drain-time", drain_time, "-parent-shutdown-time", "2s"])
         .args(["-log-level", "warn", "-token-file"])
         .arg(&token)
         .arg("-run-dir")
@@ -288,9 +282,30 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
 }
 
 async fn server_info(run_dir: &Path, epoch: u32) -> Option<Value> {
-    let addr = std::fs::read_to_string(run_dir.join(format!("admin-{epoch}.addr"))).ok()?;
-    let text = get(&reqwest::Client::new(), &format!("http://{}/server_info", addr.trim())).await?;
-    serde_json::from_str(&text).ok()
+    let addr = supervisor::envoy::read_admin_address(&run_dir.join(format!("admin-{epoch}.addr")))?;
+    let (code, text) = supervisor::envoy::admin_request(addr, "GET", "/server_info")
+        .await
+        .ok()?;
+    (code == 200).then(|| serde_json::from_str(&text).ok())?
+}
+
+/// The admin interface of a supervised Envoy is `admin.sock` in its run dir, mode 0600,
+/// and its bootstrap has no TCP admin.
+fn assert_private_admin(run_dir: &Path, epoch: u32) {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let socket = run_dir.join("admin.sock");
+    let addr = supervisor::envoy::read_admin_address(&run_dir.join(format!("admin-{epoch}.addr")));
+    assert_eq!(addr, Some(supervisor::envoy::AdminAddr::Unix(socket.clone())));
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let bootstrap: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join(format!("bootstrap-{epoch}.json"))).unwrap()).unwrap();
+    assert_eq!(
+        bootstrap["admin"]["address"],
+        json!({"pipe": {"path": socket, "mode": 0o600}}),
+        "no TCP admin"
+    );
 }
 
 async fn wait_live(run_dir: &Path, epoch: u32) -> Value {
@@ -323,6 +338,7 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     let pid = proc.0.id();
     let info = wait_live(&run_dir, 0).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 0);
+    assert_private_admin(&run_dir, 0);
     let first_envoy = envoy_child(pid);
 
     // SIGHUP with nothing changed: no restart.
@@ -336,6 +352,7 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     signal(pid, rustix::process::Signal::HUP);
     let info = wait_live(&run_dir, 1).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 1);
+    assert_private_admin(&run_dir, 1);
     let bootstrap = std::fs::read_to_string(run_dir.join("bootstrap-1.json")).unwrap();
     assert!(bootstrap.contains("token-two"), "{bootstrap}");
     // The parent exits after the parent-shutdown time and is cleaned up; one Envoy remains.
@@ -359,7 +376,12 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     assert!(status.success(), "{status}");
     assert!(t0.elapsed() >= Duration::from_secs(1), "exited without draining");
     assert!(!supervisor::process::ProcessId::of(second_envoy).is_some_and(|p| p.is_alive()));
-    assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0, "run dir not cleaned");
+    let left: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "run dir not cleaned: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,6 +418,9 @@ async fn exec_replaces_the_process_with_envoy() {
             "-admin-bind",
             "127.0.0.1:0",
         ])
+        // Envoy's hot-restart sockets go there (else to a temp dir kept for it).
+        .arg("-run-dir")
+        .arg(dir.path().join("run"))
         .args(["-grpc-addr", &mesh.grpc, "-envoy-binary"])
         .arg(envoy())
         .args(["--", "--base-id", &base_id, "-l", "error", "--admin-address-path"])
@@ -406,6 +431,9 @@ async fn exec_replaces_the_process_with_envoy() {
     wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
     let exe = std::fs::read_link(format!("/proc/{}/exe", proc.0.id())).unwrap();
     assert_eq!(exe, envoy(), "the meshd process became Envoy");
+    // Its hot-restart sockets are files of the run dir, not abstract sockets.
+    let id = base_id.parse::<u64>().unwrap() * 10;
+    assert!(dir.path().join(format!("run/hot-restart_parent_{id}")).exists());
     let admin = std::fs::read_to_string(&admin_file).unwrap();
     let info = get(&reqwest::Client::new(), &format!("http://{}/server_info", admin.trim()))
         .await
@@ -492,7 +520,7 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
     let dir = tempfile::tempdir().unwrap();
     mesh.register("node-web", "web", backend("web"), free_port(), json!([]), json!({}))
         .await;
-    let (admin, metrics) = (free_port(), free_port());
+    let metrics = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
         .args(["connect", "envoy", "-sidecar-for", "web", "-node", "node-web"])
         .args([
@@ -501,7 +529,7 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
             "-grpc-addr",
             &mesh.grpc,
         ])
-        .args(["-admin-bind", &format!("127.0.0.1:{admin}")])
+        // The admin is its Unix socket: the metrics listener forwards to it.
         .args(["-prometheus-bind", &format!("127.0.0.1:{metrics}")])
         .args(["-log-level", "warn", "-drain-time", "1s", "-run-dir"])
         .arg(dir.path().join("run"))
