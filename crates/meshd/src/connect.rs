@@ -32,8 +32,28 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
     }
 }
 
-/// `GET path` on `-http-addr` with the token: `None` when the path does not exist there.
-async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Value>> {
+/// An answer of the HTTP API to a lookup of the proxy.
+struct Answer {
+    /// The decoded body; `None` when the path does not exist there (404, 405).
+    body: Option<serde_json::Value>,
+    /// ACLs left out what the token may not read (`X-Consul-Results-Filtered-By-ACLs`).
+    filtered: bool,
+}
+
+/// The HTTP API refused the token (403), with what it said (`Permission denied`, or `ACL not
+/// found` for a token it does not know).
+#[derive(Debug, thiserror::Error)]
+#[error("GET {path} answered 403: {message}")]
+struct Forbidden {
+    path: String,
+    message: String,
+}
+
+/// The sources of the proxy's token, as a message names them.
+const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
+
+/// `GET path` on `-http-addr` with the token. A 403 is a [`Forbidden`] error.
+async fn lookup(args: &EnvoyArgs, path: &str) -> Result<Answer> {
     let url = format!("http://{}{path}", args.http_addr);
     let mut req = reqwest::Client::new().get(&url);
     if !args.token.is_empty() {
@@ -43,8 +63,21 @@ async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Va
         .send()
         .await
         .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
-    if matches!(resp.status().as_u16(), 404 | 405) {
-        return Ok(None);
+    let filtered = resp
+        .headers()
+        .get("x-consul-results-filtered-by-acls")
+        .is_some_and(|v| v == "true");
+    match resp.status().as_u16() {
+        404 | 405 => return Ok(Answer { body: None, filtered }),
+        403 => {
+            let message = resp.text().await.unwrap_or_default().trim().to_owned();
+            return Err(Forbidden {
+                path: path.to_owned(),
+                message,
+            }
+            .into());
+        }
+        _ => {}
     }
     let body = resp
         .error_for_status()
@@ -52,26 +85,85 @@ async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Va
         .bytes()
         .await
         .with_context(|| format!("reading GET {path}"))?;
-    Ok(Some(
-        serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?,
-    ))
+    let body = serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?;
+    Ok(Answer {
+        body: Some(body),
+        filtered,
+    })
+}
+
+/// The error for a sidecar of `service` the token cannot see: `at` (the agent or server
+/// asked) `why` ("filtered its answer by ACLs", "refused it: ..."), naming where the token
+/// comes from.
+fn token_cannot_see(args: &EnvoyArgs, service: &str, at: &str, why: &str) -> anyhow::Error {
+    if args.token.is_empty() {
+        return anyhow::anyhow!(
+            "no token was given ({TOKEN_SOURCES}), and without one the sidecar proxy of service {service:?} cannot be seen ({at} {why}): give a token with service:read on it"
+        );
+    }
+    anyhow::anyhow!(
+        "the token cannot see the sidecar proxy of service {service:?} ({at} {why}): give one with service:read on it through {TOKEN_SOURCES}"
+    )
+}
+
+/// ACLs hid part of a listing.
+const FILTERED: &str = "filtered its answer by ACLs";
+
+/// A lookup's error, saying it is the token's when the API refused it.
+fn lookup_error(args: &EnvoyArgs, service: &str, at: &str, e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<Forbidden>() {
+        Some(f) => token_cannot_see(args, service, at, &format!("refused it: {}", f.message)),
+        None => e,
+    }
 }
 
 /// The sidecar of local service `service` (by id, else by name), as the agent at
 /// `-http-addr` registered it, with the agent's node: what Envoy then asks that agent's xDS
 /// for. `None` when `-http-addr` is a server (no local services there).
 async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(String, String, String)>> {
-    let Some(services) = get_local(args, "/v1/agent/services").await? else {
-        return Ok(None);
+    let at = format!("the agent at {}", args.http_addr);
+    let services = match lookup(args, "/v1/agent/services").await {
+        Ok(Answer { body: None, .. }) => return Ok(None),
+        Ok(answer) => answer,
+        Err(e) => return Err(lookup_error(args, service, &at, e)),
     };
     // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
     // then finds the proxy by id among its own.
-    let node = match get_local(args, "/v1/agent/self").await {
-        Ok(Some(me)) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
-        Ok(None) => return Ok(None),
-        Err(e) if e.chain().any(|c| c.to_string().contains("403")) => String::new(),
+    let node = match lookup(args, "/v1/agent/self").await {
+        Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+        Ok(Answer { body: None, .. }) => return Ok(None),
+        Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
         Err(e) => return Err(e),
     };
+    let body = services.body.unwrap_or_default();
+    match local_sidecars(&body, service).as_slice() {
+        [one] => {
+            let id = one["ID"].as_str().unwrap_or_default().to_owned();
+            let name = one["Proxy"]["DestinationServiceName"]
+                .as_str()
+                .unwrap_or(service)
+                .to_owned();
+            Ok(Some((node, id, name)))
+        }
+        [] if services.filtered => Err(token_cannot_see(args, service, &at, FILTERED)),
+        [] => {
+            let node = if node.is_empty() {
+                String::new()
+            } else {
+                format!(" (node {node:?})")
+            };
+            bail!("no sidecar proxy for service {service:?} is registered with {at}{node}")
+        }
+        more => bail!(
+            "{} sidecar proxies for {service:?} are registered with {at}: pick one with -proxy-id",
+            more.len()
+        ),
+    }
+}
+
+/// The sidecars among the agent's `services` (`/v1/agent/services`) whose destination is the
+/// service with id `service`, else those with that name.
+fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a serde_json::Value> {
     let sidecars: Vec<&serde_json::Value> = services
         .as_object()
         .map(|m| m.values().filter(|s| s["Kind"] == "connect-proxy").collect())
@@ -83,48 +175,23 @@ async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(S
             .filter(|s| s["Proxy"][field] == service)
             .collect()
     };
-    let mut matched = by("DestinationServiceID");
-    if matched.is_empty() {
-        matched = by("DestinationServiceName");
-    }
-    match matched.as_slice() {
-        [one] => {
-            let id = one["ID"].as_str().unwrap_or_default().to_owned();
-            let name = one["Proxy"]["DestinationServiceName"]
-                .as_str()
-                .unwrap_or(service)
-                .to_owned();
-            Ok(Some((node, id, name)))
-        }
-        [] => bail!(
-            "no sidecar proxy for service {service:?} is registered with the agent at {} (node {node:?})",
-            args.http_addr
-        ),
-        more => bail!(
-            "{} sidecar proxies for {service:?} are registered with the agent at {}: pick one with -proxy-id",
-            more.len(),
-            args.http_addr
-        ),
+    let by_id = by("DestinationServiceID");
+    if by_id.is_empty() {
+        by("DestinationServiceName")
+    } else {
+        by_id
     }
 }
 
 /// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
 async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
-    let url = format!("http://{}/v1/catalog/connect/{service}", args.http_addr);
-    let mut req = reqwest::Client::new().get(&url);
-    if !args.token.is_empty() {
-        req = req.header(structs::wire::TOKEN_HEADER, &args.token);
-    }
-    let body = req
-        .send()
+    let at = format!("the server at {}", args.http_addr);
+    let path = format!("/v1/catalog/connect/{service}");
+    let answer = lookup(args, &path)
         .await
-        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?
-        .error_for_status()
-        .context("looking up the sidecar")?
-        .bytes()
-        .await
-        .context("reading the sidecar lookup")?;
-    let instances: Vec<CatalogService> = structs::json::from_slice(&body).context("decoding the sidecar lookup")?;
+        .map_err(|e| lookup_error(args, service, &at, e))?;
+    let body = answer.body.unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
+    let instances: Vec<CatalogService> = structs::json::from_value(body).context("decoding the sidecar lookup")?;
     let proxies: Vec<CatalogService> = instances
         .into_iter()
         .filter(|s| s.service_kind == ServiceKind::ConnectProxy)
@@ -132,8 +199,14 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
         .collect();
     match <[CatalogService; 1]>::try_from(proxies) {
         Ok([one]) => Ok((one.node, one.service_id, service.to_owned())),
+        Err(proxies) if proxies.is_empty() && answer.filtered => Err(token_cannot_see(args, service, &at, FILTERED)),
         Err(proxies) if proxies.is_empty() => {
-            bail!("no sidecar proxy is registered for service {service:?}")
+            let node = if args.node.is_empty() {
+                String::new()
+            } else {
+                format!(" on node {:?}", args.node)
+            };
+            bail!("no sidecar proxy is registered for service {service:?}{node} in the catalog of {at}")
         }
         Err(proxies) => bail!(
             "{} sidecar proxies are registered for {service:?}: pick one with -proxy-id or -node",
