@@ -348,7 +348,7 @@ pub struct EnvoyArgs {
     /// Log level filter for the supervisor.
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
-    /// The Envoy binary to run.
+    /// The Envoy binary to run: a path, or a name looked up in `PATH`.
     #[arg(long = "envoy-binary", value_name = "PATH", default_value = "envoy")]
     pub envoy_binary: PathBuf,
     /// Extra arguments for Envoy (after `--`).

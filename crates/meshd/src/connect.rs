@@ -399,12 +399,50 @@ pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<
         }
         return Ok(());
     }
+    // Checked once, before anything starts: a missing Envoy is not worth retrying.
+    let args = EnvoyArgs {
+        envoy_binary: envoy_binary(&args.envoy_binary, std::env::var_os("PATH"))?,
+        ..args
+    };
     let dir = RunDir::new(&args, !args.exec)?;
     let json = bootstrap(&args, &admin_of(&args, Some(&dir))?).await?;
     if args.exec {
         return exec(&args, &dir.path, &json);
     }
     supervise(args, dir, json, shutdown).await
+}
+
+/// The Envoy binary `-envoy-binary` names: a path (with a `/`) must be an executable file;
+/// a bare name (`envoy`, the default) is looked up in `path` (`PATH`).
+fn envoy_binary(given: &std::path::Path, path: Option<std::ffi::OsString>) -> Result<std::path::PathBuf> {
+    let shown = given.display();
+    if given.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return match executable(given) {
+            Ok(()) => Ok(given.to_owned()),
+            Err(why) => bail!("-envoy-binary {shown}: {why}: give the path of the Envoy binary"),
+        };
+    }
+    let path = path.unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(given))
+        .find(|candidate| executable(candidate).is_ok())
+        .with_context(|| format!("no {shown} on PATH: install Envoy, or give its path with -envoy-binary PATH"))
+}
+
+/// Whether `path` is a file this process may execute; why not, if not.
+fn executable(path: &std::path::Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_owned(),
+        _ => e.to_string(),
+    })?;
+    if !meta.is_file() {
+        return Err("not a file".into());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err("not executable".into());
+    }
+    Ok(())
 }
 
 /// Replaces this process with Envoy, its hot-restart sockets in `run_dir`.
@@ -713,6 +751,49 @@ mod tests {
             RunDir::new(&envoy_args(&["-run-dir", &long]), true).err().unwrap()
         );
         assert!(err.starts_with("-run-dir: ") && err.contains("too long"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_or_unusable_envoy_is_one_line_naming_envoy_binary() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let one_line = |e: anyhow::Error| {
+            let text = format!("{e:#}");
+            assert!(!text.contains('\n'), "{text}");
+            text
+        };
+        // `envoy` from PATH: not there, then there.
+        let err = one_line(envoy_binary("envoy".as_ref(), Some(bin.clone().into_os_string())).unwrap_err());
+        assert_eq!(
+            err,
+            "no envoy on PATH: install Envoy, or give its path with -envoy-binary PATH"
+        );
+        assert!(envoy_binary("envoy".as_ref(), None).is_err(), "no PATH at all");
+        let envoy = bin.join("envoy");
+        std::fs::write(&envoy, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(
+            envoy_binary("envoy".as_ref(), Some(bin.clone().into_os_string())).is_err(),
+            "not executable: not the one"
+        );
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([dir.path().join("nowhere"), bin.clone()]).unwrap();
+        assert_eq!(envoy_binary("envoy".as_ref(), Some(path)).unwrap(), envoy);
+        // A path given: it must be an executable file.
+        assert_eq!(envoy_binary(&envoy, None).unwrap(), envoy);
+        let missing = dir.path().join("no-envoy");
+        let err = one_line(envoy_binary(&missing, None).unwrap_err());
+        assert!(
+            err.starts_with("-envoy-binary ") && err.contains("no such file"),
+            "{err}"
+        );
+        let err = one_line(envoy_binary(&bin, None).unwrap_err());
+        assert!(err.contains("-envoy-binary") && err.contains("not a file"), "{err}");
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = one_line(envoy_binary(&envoy, None).unwrap_err());
+        assert!(err.contains("-envoy-binary") && err.contains("not executable"), "{err}");
     }
 
     #[tokio::test]

@@ -560,6 +560,57 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
     assert_eq!(other.status(), 404);
 }
 
+/// Runs `meshd connect envoy` with `flags` and `PATH` set to `path`: its exit code and stderr
+/// once it exits, within 10 s (it used to retry a missing Envoy for ever).
+async fn connect_envoy_exit(flags: &[&str], path: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "connect",
+            "envoy",
+            "-proxy-id",
+            "web-sidecar-proxy",
+            "-admin-bind",
+            "127.0.0.1:0",
+        ])
+        .args(flags)
+        .env("PATH", path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after 10 s: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn a_missing_envoy_is_one_line_naming_envoy_binary_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    // No Envoy on PATH, none given.
+    let (code, stderr) = connect_envoy_exit(&[], dir.path()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "meshd: no envoy on PATH: install Envoy, or give its path with -envoy-binary PATH\n"
+    );
+    // A path that is not there.
+    let missing = dir.path().join("envoy");
+    let (code, stderr) = connect_envoy_exit(&["-envoy-binary", missing.to_str().unwrap()], dir.path()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("-envoy-binary") && stderr.contains("no such file"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn prometheus_bind_needs_a_fixed_admin_port() {
     let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
