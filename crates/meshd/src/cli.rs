@@ -351,6 +351,11 @@ pub struct EnvoyArgs {
     /// The Envoy binary to run: a path, or a name looked up in `PATH`.
     #[arg(long = "envoy-binary", value_name = "PATH", default_value = "envoy")]
     pub envoy_binary: PathBuf,
+    /// Envoy's log level (its `-l`); an `-l` or `--log-level` among the arguments after `--`
+    /// wins.
+    #[arg(long = "envoy-log-level", value_name = "LEVEL", default_value = "warn",
+          value_parser = ["trace", "debug", "info", "warn", "warning", "error", "critical", "off"])]
+    pub envoy_log_level: String,
     /// Extra arguments for Envoy (after `--`).
     #[arg(last = true, value_name = "ENVOY_ARGS")]
     pub envoy_args: Vec<String>,

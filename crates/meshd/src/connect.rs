@@ -445,6 +445,21 @@ fn executable(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The arguments after `--`, preceded by `-l <-envoy-log-level>` unless they set the log
+/// level themselves (Envoy refuses a flag given twice).
+fn envoy_extra_args(args: &EnvoyArgs) -> Vec<String> {
+    let sets_level = args
+        .envoy_args
+        .iter()
+        .any(|a| a == "-l" || a == "--log-level" || a.starts_with("--log-level="));
+    let mut out = Vec::with_capacity(args.envoy_args.len() + 2);
+    if !sets_level {
+        out.extend(["-l".to_owned(), args.envoy_log_level.clone()]);
+    }
+    out.extend(args.envoy_args.iter().cloned());
+    out
+}
+
 /// Replaces this process with Envoy, its hot-restart sockets in `run_dir`.
 fn exec(args: &EnvoyArgs, run_dir: &std::path::Path, json: &str) -> Result<()> {
     use std::os::unix::process::CommandExt;
@@ -453,7 +468,7 @@ fn exec(args: &EnvoyArgs, run_dir: &std::path::Path, json: &str) -> Result<()> {
     if !args.envoy_args.iter().any(|a| a == "--socket-path") {
         cmd.args(supervisor::envoy::hot_restart_socket_args(run_dir));
     }
-    let err = cmd.args(&args.envoy_args).exec();
+    let err = cmd.args(envoy_extra_args(args)).exec();
     bail!("cannot run {}: {err}", args.envoy_binary.display())
 }
 
@@ -612,7 +627,7 @@ async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl F
     let mut opts = EnvoyOptions::new(&args.envoy_binary, base_id, &run_dir);
     opts.drain_time = args.drain_time;
     opts.parent_shutdown_time = args.parent_shutdown_time;
-    opts.extra_args = args.envoy_args.clone();
+    opts.extra_args = envoy_extra_args(&args);
     let proxy = EnvoyProxy::new(opts).with_context(|| format!("preparing the run dir {}", run_dir.display()))?;
     let (agent, handle) = Agent::new(
         proxy,
@@ -794,6 +809,20 @@ mod tests {
         std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o600)).unwrap();
         let err = one_line(envoy_binary(&envoy, None).unwrap_err());
         assert!(err.contains("-envoy-binary") && err.contains("not executable"), "{err}");
+    }
+
+    #[test]
+    fn envoy_logs_warnings_unless_told_otherwise() {
+        let extra = |flags: &[&str]| envoy_extra_args(&envoy_args(flags)).join(" ");
+        assert_eq!(extra(&[]), "-l warn");
+        assert_eq!(extra(&["-envoy-log-level", "debug"]), "-l debug");
+        // An explicit level after `--` wins: Envoy refuses `-l` twice.
+        assert_eq!(
+            extra(&["--", "-l", "error", "--concurrency", "1"]),
+            "-l error --concurrency 1"
+        );
+        assert_eq!(extra(&["--", "--log-level=trace"]), "--log-level=trace");
+        assert_eq!(extra(&["--", "--concurrency", "1"]), "-l warn --concurrency 1");
     }
 
     #[tokio::test]

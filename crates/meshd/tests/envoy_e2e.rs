@@ -338,6 +338,7 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     let pid = proc.0.id();
     let info = wait_live(&run_dir, 0).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 0);
+    assert_eq!(info["command_line_options"]["log_level"], "error", "-l after -- wins");
     assert_private_admin(&run_dir, 0);
     let first_envoy = envoy_child(pid);
 
@@ -535,7 +536,7 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
         .arg(dir.path().join("run"))
         .arg("-envoy-binary")
         .arg(envoy())
-        .args(["--", "-l", "error", "--concurrency", "1"])
+        .args(["--", "--concurrency", "1"])
         .spawn()
         .unwrap();
     let _envoy = Proc(child);
@@ -558,6 +559,11 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
         .await
         .unwrap();
     assert_eq!(other.status(), 404);
+    // No `-l` given: Envoy logs warnings and worse.
+    let envoy_pid = envoy_child(_envoy.0.id());
+    let cmdline = std::fs::read_to_string(format!("/proc/{envoy_pid}/cmdline")).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    assert!(args.windows(2).any(|w| w == ["-l", "warn"]), "{args:?}");
 }
 
 /// Runs `meshd connect envoy` with `flags` and `PATH` set to `path`: its exit code and stderr
