@@ -70,6 +70,34 @@ fn server_list<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String> 
         .collect()
 }
 
+/// The config files' node metadata with each `-node-meta KEY:VALUE` over it.
+fn node_meta(args: &AgentArgs, file: &FileConfig) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut node_meta = file.node_meta.clone();
+    for kv in &args.node_meta {
+        let Some((k, v)) = kv.split_once(':') else {
+            bail!("-node-meta {kv:?}: expected KEY:VALUE");
+        };
+        node_meta.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(node_meta)
+}
+
+/// The ports sidecars and managed proxies registered without one get: `-sidecar-min-port`
+/// and `-sidecar-max-port`, else the config files' `ports`, else Consul's 21000-21255.
+fn sidecar_ports(args: &AgentArgs, file: &FileConfig) -> Result<std::ops::RangeInclusive<u16>> {
+    let min = args.sidecar_min_port.or(file.ports.sidecar_min_port).unwrap_or(21000);
+    let max = args.sidecar_max_port.or(file.ports.sidecar_max_port).unwrap_or(21255);
+    if min == 0 {
+        bail!("-sidecar-min-port (config file ports.sidecar_min_port) must be a port, not 0");
+    }
+    if min > max {
+        bail!(
+            "-sidecar-min-port {min} is above -sidecar-max-port {max} (or config file ports.sidecar_min_port/sidecar_max_port): the sidecar port range is empty"
+        );
+    }
+    Ok(min..=max)
+}
+
 /// Flags and files merged: a flag wins over a file, a file over the default.
 struct Settings {
     agent: AgentConfig,
@@ -106,15 +134,8 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
     if servers.is_empty() {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
-    let mut node_meta = file.node_meta.clone();
-    for kv in &args.node_meta {
-        let Some((k, v)) = kv.split_once(':') else {
-            bail!("-node-meta {kv:?}: expected KEY:VALUE");
-        };
-        node_meta.insert(k.to_owned(), v.to_owned());
-    }
     let agent = AgentConfig {
-        node_meta,
+        node_meta: node_meta(args, &file)?,
         node: args
             .node
             .clone()
@@ -146,6 +167,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
             default_token: read_token(args.acl_default_token_file.as_deref(), "-acl-default-token-file")?,
         },
         servers_ca_pem: tls.ca_pem.clone(),
+        sidecar_ports: sidecar_ports(args, &file)?,
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {

@@ -189,6 +189,13 @@ pub struct AgentArgs {
     /// The Envoy binary managed proxies run (default: `envoy` from `PATH`).
     #[arg(long = "envoy-binary", value_name = "PATH")]
     pub envoy_binary: Option<PathBuf>,
+    /// Lowest port a sidecar or managed proxy registered without one gets (default 21000).
+    /// Agents sharing a host each need a range of their own.
+    #[arg(long = "sidecar-min-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_min_port: Option<u16>,
+    /// Highest such port (default 21255).
+    #[arg(long = "sidecar-max-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_max_port: Option<u16>,
     /// Enforce ACLs on this agent's endpoints and xDS streams (as its servers do).
     #[arg(long = "acl-enabled")]
     pub acl_enabled: bool,
