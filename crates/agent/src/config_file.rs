@@ -64,6 +64,9 @@ pub struct FileConfig {
     /// address and port (each entry may list several, comma-separated; files add up).
     #[serde(rename = "CheckAllowedTargets")]
     pub check_allowed_targets: Vec<String>,
+    /// Consul's `ports` block: the sidecar range.
+    #[serde(rename = "Ports")]
+    pub ports: FilePorts,
     /// Services to register.
     #[serde(rename = "Services")]
     pub services: Vec<ServiceDefinition>,
@@ -76,6 +79,18 @@ pub struct FileConfig {
     /// One check to register.
     #[serde(rename = "Check")]
     pub check: Option<CheckType>,
+}
+
+/// A config file's `ports` block (Consul's keys; only the sidecar range is used).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilePorts {
+    /// Lowest port a sidecar registered without one gets.
+    #[serde(rename = "SidecarMinPort")]
+    pub sidecar_min_port: Option<u16>,
+    /// Highest such port.
+    #[serde(rename = "SidecarMaxPort")]
+    pub sidecar_max_port: Option<u16>,
 }
 
 /// A config file that cannot be used.
@@ -129,6 +144,9 @@ impl FileConfig {
         }
         later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
             managed_sidecars allow_managed_root allow_managed_api_registration envoy_binary);
+        let ports = other.ports;
+        self.ports.sidecar_min_port = ports.sidecar_min_port.or(self.ports.sidecar_min_port);
+        self.ports.sidecar_max_port = ports.sidecar_max_port.or(self.ports.sidecar_max_port);
         self.retry_join.extend(other.retry_join);
         self.check_allowed_targets.extend(other.check_allowed_targets);
         self.node_meta.extend(other.node_meta);
@@ -238,6 +256,24 @@ mod tests {
         )
         .unwrap();
         FileConfig::load(std::slice::from_ref(&bad)).unwrap();
+        // Consul's `ports` block, key by key: the later file wins where it says something.
+        let p1 = dir.path().join("p1.json");
+        let p2 = dir.path().join("p2.json");
+        std::fs::write(
+            &p1,
+            r#"{"ports": {"sidecar_min_port": 22000, "sidecar_max_port": 22099}}"#,
+        )
+        .unwrap();
+        std::fs::write(&p2, r#"{"Ports": {"SidecarMaxPort": 22009}}"#).unwrap();
+        let c = FileConfig::load(&[p1, p2]).unwrap();
+        assert_eq!(
+            (c.ports.sidecar_min_port, c.ports.sidecar_max_port),
+            (Some(22000), Some(22009))
+        );
+        let other_port = dir.path().join("p3.json");
+        std::fs::write(&other_port, r#"{"ports": {"dns": 8600}}"#).unwrap();
+        let err = FileConfig::load(&[other_port]).unwrap_err().to_string();
+        assert!(err.contains("dns") && err.contains("unknown field"), "{err}");
         let missing = FileConfig::load(&[dir.path().join("nope.json")])
             .unwrap_err()
             .to_string();

@@ -260,8 +260,8 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
                 &reachable(config.http_addr).to_string(),
                 "-grpc-addr",
                 &reachable(config.grpc_addr).to_string(),
-                "-admin-bind",
-                "127.0.0.1:0",
+                // No -admin-bind: Envoy's admin is a Unix socket in the run dir, which only
+                // this user can reach (a TCP admin would let anyone on the host stop it).
                 "-drain-time",
                 &format!("{}ms", config.drain_time.as_millis()),
                 "-run-dir",
@@ -436,7 +436,7 @@ mod tests {
             d.args.join(" "),
             format!(
                 "connect envoy -proxy-id web-sidecar-proxy -http-addr 127.0.0.1:8500 -grpc-addr 127.0.0.1:8502 \
-             -admin-bind 127.0.0.1:0 -drain-time 2000ms -run-dir /d/run/web-sidecar-proxy -base-id {} -envoy-binary /opt/envoy",
+             -drain-time 2000ms -run-dir /d/run/web-sidecar-proxy -base-id {} -envoy-binary /opt/envoy",
                 base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
             )
         );
@@ -445,6 +445,10 @@ mod tests {
             !d.args
                 .iter()
                 .any(|a| a.contains("s3cr3t") || a.contains("l0cal") || a.contains("token"))
+        );
+        assert!(
+            !d.args.iter().any(|a| a == "-admin-bind"),
+            "Envoy's admin stays on its private Unix socket"
         );
         assert!(!format!("{with_token:?}").contains("s3cr3t"), "never printed");
         assert!(!format!("{with_token:?}").contains("l0cal"), "never printed");

@@ -62,6 +62,34 @@ fn server_list<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String> 
         .collect()
 }
 
+/// The config files' node metadata with each `-node-meta KEY:VALUE` over it.
+fn node_meta(args: &AgentArgs, file: &FileConfig) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut node_meta = file.node_meta.clone();
+    for kv in &args.node_meta {
+        let Some((k, v)) = kv.split_once(':') else {
+            bail!("-node-meta {kv:?}: expected KEY:VALUE");
+        };
+        node_meta.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(node_meta)
+}
+
+/// The ports sidecars and managed proxies registered without one get: `-sidecar-min-port`
+/// and `-sidecar-max-port`, else the config files' `ports`, else Consul's 21000-21255.
+fn sidecar_ports(args: &AgentArgs, file: &FileConfig) -> Result<std::ops::RangeInclusive<u16>> {
+    let min = args.sidecar_min_port.or(file.ports.sidecar_min_port).unwrap_or(21000);
+    let max = args.sidecar_max_port.or(file.ports.sidecar_max_port).unwrap_or(21255);
+    if min == 0 {
+        bail!("-sidecar-min-port (config file ports.sidecar_min_port) must be a port, not 0");
+    }
+    if min > max {
+        bail!(
+            "-sidecar-min-port {min} is above -sidecar-max-port {max} (or config file ports.sidecar_min_port/sidecar_max_port): the sidecar port range is empty"
+        );
+    }
+    Ok(min..=max)
+}
+
 /// Flags and files merged: a flag wins over a file, a file over the default.
 struct Settings {
     agent: AgentConfig,
@@ -99,15 +127,8 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         bail!("no server to join: give -retry-join ADDR (a server's HTTP address)");
     }
     let check_allowed_targets = allowed_targets(args, &file)?;
-    let mut node_meta = file.node_meta.clone();
-    for kv in &args.node_meta {
-        let Some((k, v)) = kv.split_once(':') else {
-            bail!("-node-meta {kv:?}: expected KEY:VALUE");
-        };
-        node_meta.insert(k.to_owned(), v.to_owned());
-    }
     let agent = AgentConfig {
-        node_meta,
+        node_meta: node_meta(args, &file)?,
         node: args
             .node
             .clone()
@@ -140,6 +161,7 @@ fn settings(args: &AgentArgs) -> Result<Settings> {
         },
         servers_ca_pem: tls.ca_pem.clone(),
         check_allowed_targets,
+        sidecar_ports: sidecar_ports(args, &file)?,
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {

@@ -193,6 +193,13 @@ pub struct AgentArgs {
     /// their service's own address and port, comma-separated (repeatable; default none).
     #[arg(long = "check-allowed-targets", value_name = "CIDR[,CIDR]")]
     pub check_allowed_targets: Vec<String>,
+    /// Lowest port a sidecar or managed proxy registered without one gets (default 21000).
+    /// Agents sharing a host each need a range of their own.
+    #[arg(long = "sidecar-min-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_min_port: Option<u16>,
+    /// Highest such port (default 21255).
+    #[arg(long = "sidecar-max-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub sidecar_max_port: Option<u16>,
     /// Enforce ACLs on this agent's endpoints and xDS streams (as its servers do).
     #[arg(long = "acl-enabled")]
     pub acl_enabled: bool,
@@ -308,13 +315,15 @@ pub struct EnvoyArgs {
     #[arg(long = "grpc-ca-file", value_name = "PATH")]
     pub grpc_ca_file: Option<PathBuf>,
     /// Serve Envoy's metrics in Prometheus' format at `http://ADDR/metrics` (Consul's
-    /// `envoy_prometheus_bind_addr`), forwarded from the admin interface (which then needs a
-    /// fixed -admin-bind port).
+    /// `envoy_prometheus_bind_addr`), forwarded from the admin interface (with -admin-bind,
+    /// a fixed port).
     #[arg(long = "prometheus-bind", value_name = "ADDR")]
     pub prometheus_bind: Option<SocketAddr>,
-    /// Envoy's admin interface.
-    #[arg(long = "admin-bind", value_name = "ADDR", default_value = "127.0.0.1:19000")]
-    pub admin_bind: SocketAddr,
+    /// Put Envoy's admin interface on TCP at this address, for debugging or tools that need
+    /// it: whoever reaches it can stop Envoy (`POST /quitquitquit`) or read its config. By
+    /// default it is a Unix socket only this user can use, `admin.sock` in -run-dir.
+    #[arg(long = "admin-bind", value_name = "ADDR")]
+    pub admin_bind: Option<SocketAddr>,
     /// ACL token for the proxy's xDS stream (default: `CONNECT_PROXY_TOKEN` from the
     /// environment, as a managed proxy gets it).
     #[arg(
@@ -342,16 +351,22 @@ pub struct EnvoyArgs {
     /// When the parent of a hot restart is told to exit.
     #[arg(long = "parent-shutdown-time", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub parent_shutdown_time: std::time::Duration,
-    /// Directory for the supervised Envoy's bootstraps and admin address files (default: a
-    /// private temporary directory removed on exit).
+    /// Directory for Envoy's admin socket, hot-restart sockets, bootstraps and admin address
+    /// files (default: a private temporary directory, removed on exit when supervised; at
+    /// most 63 bytes long).
     #[arg(long = "run-dir", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// Log level filter for the supervisor.
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
-    /// The Envoy binary to run.
+    /// The Envoy binary to run: a path, or a name looked up in `PATH`.
     #[arg(long = "envoy-binary", value_name = "PATH", default_value = "envoy")]
     pub envoy_binary: PathBuf,
+    /// Envoy's log level (its `-l`); an `-l` or `--log-level` among the arguments after `--`
+    /// wins.
+    #[arg(long = "envoy-log-level", value_name = "LEVEL", default_value = "warn",
+          value_parser = ["trace", "debug", "info", "warn", "warning", "error", "critical", "off"])]
+    pub envoy_log_level: String,
     /// Extra arguments for Envoy (after `--`).
     #[arg(last = true, value_name = "ENVOY_ARGS")]
     pub envoy_args: Vec<String>,

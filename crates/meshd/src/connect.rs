@@ -6,6 +6,7 @@ use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
 use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
+use supervisor::envoy::AdminAddr;
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
@@ -31,8 +32,28 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
     }
 }
 
-/// `GET path` on `-http-addr` with the token: `None` when the path does not exist there.
-async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Value>> {
+/// An answer of the HTTP API to a lookup of the proxy.
+struct Answer {
+    /// The decoded body; `None` when the path does not exist there (404, 405).
+    body: Option<serde_json::Value>,
+    /// ACLs left out what the token may not read (`X-Consul-Results-Filtered-By-ACLs`).
+    filtered: bool,
+}
+
+/// The HTTP API refused the token (403), with what it said (`Permission denied`, or `ACL not
+/// found` for a token it does not know).
+#[derive(Debug, thiserror::Error)]
+#[error("GET {path} answered 403: {message}")]
+struct Forbidden {
+    path: String,
+    message: String,
+}
+
+/// The sources of the proxy's token, as a message names them.
+const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
+
+/// `GET path` on `-http-addr` with the token. A 403 is a [`Forbidden`] error.
+async fn lookup(args: &EnvoyArgs, path: &str) -> Result<Answer> {
     let url = format!("http://{}{path}", args.http_addr);
     let mut req = reqwest::Client::new().get(&url);
     if !args.token.is_empty() {
@@ -42,8 +63,21 @@ async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Va
         .send()
         .await
         .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
-    if matches!(resp.status().as_u16(), 404 | 405) {
-        return Ok(None);
+    let filtered = resp
+        .headers()
+        .get("x-consul-results-filtered-by-acls")
+        .is_some_and(|v| v == "true");
+    match resp.status().as_u16() {
+        404 | 405 => return Ok(Answer { body: None, filtered }),
+        403 => {
+            let message = resp.text().await.unwrap_or_default().trim().to_owned();
+            return Err(Forbidden {
+                path: path.to_owned(),
+                message,
+            }
+            .into());
+        }
+        _ => {}
     }
     let body = resp
         .error_for_status()
@@ -51,26 +85,85 @@ async fn get_local(args: &EnvoyArgs, path: &str) -> Result<Option<serde_json::Va
         .bytes()
         .await
         .with_context(|| format!("reading GET {path}"))?;
-    Ok(Some(
-        serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?,
-    ))
+    let body = serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?;
+    Ok(Answer {
+        body: Some(body),
+        filtered,
+    })
+}
+
+/// The error for a sidecar of `service` the token cannot see: `at` (the agent or server
+/// asked) `why` ("filtered its answer by ACLs", "refused it: ..."), naming where the token
+/// comes from.
+fn token_cannot_see(args: &EnvoyArgs, service: &str, at: &str, why: &str) -> anyhow::Error {
+    if args.token.is_empty() {
+        return anyhow::anyhow!(
+            "no token was given ({TOKEN_SOURCES}), and without one the sidecar proxy of service {service:?} cannot be seen ({at} {why}): give a token with service:read on it"
+        );
+    }
+    anyhow::anyhow!(
+        "the token cannot see the sidecar proxy of service {service:?} ({at} {why}): give one with service:read on it through {TOKEN_SOURCES}"
+    )
+}
+
+/// ACLs hid part of a listing.
+const FILTERED: &str = "filtered its answer by ACLs";
+
+/// A lookup's error, saying it is the token's when the API refused it.
+fn lookup_error(args: &EnvoyArgs, service: &str, at: &str, e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<Forbidden>() {
+        Some(f) => token_cannot_see(args, service, at, &format!("refused it: {}", f.message)),
+        None => e,
+    }
 }
 
 /// The sidecar of local service `service` (by id, else by name), as the agent at
 /// `-http-addr` registered it, with the agent's node: what Envoy then asks that agent's xDS
 /// for. `None` when `-http-addr` is a server (no local services there).
 async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(String, String, String)>> {
-    let Some(services) = get_local(args, "/v1/agent/services").await? else {
-        return Ok(None);
+    let at = format!("the agent at {}", args.http_addr);
+    let services = match lookup(args, "/v1/agent/services").await {
+        Ok(Answer { body: None, .. }) => return Ok(None),
+        Ok(answer) => answer,
+        Err(e) => return Err(lookup_error(args, service, &at, e)),
     };
     // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
     // then finds the proxy by id among its own.
-    let node = match get_local(args, "/v1/agent/self").await {
-        Ok(Some(me)) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
-        Ok(None) => return Ok(None),
-        Err(e) if e.chain().any(|c| c.to_string().contains("403")) => String::new(),
+    let node = match lookup(args, "/v1/agent/self").await {
+        Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+        Ok(Answer { body: None, .. }) => return Ok(None),
+        Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
         Err(e) => return Err(e),
     };
+    let body = services.body.unwrap_or_default();
+    match local_sidecars(&body, service).as_slice() {
+        [one] => {
+            let id = one["ID"].as_str().unwrap_or_default().to_owned();
+            let name = one["Proxy"]["DestinationServiceName"]
+                .as_str()
+                .unwrap_or(service)
+                .to_owned();
+            Ok(Some((node, id, name)))
+        }
+        [] if services.filtered => Err(token_cannot_see(args, service, &at, FILTERED)),
+        [] => {
+            let node = if node.is_empty() {
+                String::new()
+            } else {
+                format!(" (node {node:?})")
+            };
+            bail!("no sidecar proxy for service {service:?} is registered with {at}{node}")
+        }
+        more => bail!(
+            "{} sidecar proxies for {service:?} are registered with {at}: pick one with -proxy-id",
+            more.len()
+        ),
+    }
+}
+
+/// The sidecars among the agent's `services` (`/v1/agent/services`) whose destination is the
+/// service with id `service`, else those with that name.
+fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a serde_json::Value> {
     let sidecars: Vec<&serde_json::Value> = services
         .as_object()
         .map(|m| m.values().filter(|s| s["Kind"] == "connect-proxy").collect())
@@ -82,48 +175,23 @@ async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(S
             .filter(|s| s["Proxy"][field] == service)
             .collect()
     };
-    let mut matched = by("DestinationServiceID");
-    if matched.is_empty() {
-        matched = by("DestinationServiceName");
-    }
-    match matched.as_slice() {
-        [one] => {
-            let id = one["ID"].as_str().unwrap_or_default().to_owned();
-            let name = one["Proxy"]["DestinationServiceName"]
-                .as_str()
-                .unwrap_or(service)
-                .to_owned();
-            Ok(Some((node, id, name)))
-        }
-        [] => bail!(
-            "no sidecar proxy for service {service:?} is registered with the agent at {} (node {node:?})",
-            args.http_addr
-        ),
-        more => bail!(
-            "{} sidecar proxies for {service:?} are registered with the agent at {}: pick one with -proxy-id",
-            more.len(),
-            args.http_addr
-        ),
+    let by_id = by("DestinationServiceID");
+    if by_id.is_empty() {
+        by("DestinationServiceName")
+    } else {
+        by_id
     }
 }
 
 /// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
 async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
-    let url = format!("http://{}/v1/catalog/connect/{service}", args.http_addr);
-    let mut req = reqwest::Client::new().get(&url);
-    if !args.token.is_empty() {
-        req = req.header(structs::wire::TOKEN_HEADER, &args.token);
-    }
-    let body = req
-        .send()
+    let at = format!("the server at {}", args.http_addr);
+    let path = format!("/v1/catalog/connect/{service}");
+    let answer = lookup(args, &path)
         .await
-        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?
-        .error_for_status()
-        .context("looking up the sidecar")?
-        .bytes()
-        .await
-        .context("reading the sidecar lookup")?;
-    let instances: Vec<CatalogService> = structs::json::from_slice(&body).context("decoding the sidecar lookup")?;
+        .map_err(|e| lookup_error(args, service, &at, e))?;
+    let body = answer.body.unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
+    let instances: Vec<CatalogService> = structs::json::from_value(body).context("decoding the sidecar lookup")?;
     let proxies: Vec<CatalogService> = instances
         .into_iter()
         .filter(|s| s.service_kind == ServiceKind::ConnectProxy)
@@ -131,8 +199,14 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
         .collect();
     match <[CatalogService; 1]>::try_from(proxies) {
         Ok([one]) => Ok((one.node, one.service_id, service.to_owned())),
+        Err(proxies) if proxies.is_empty() && answer.filtered => Err(token_cannot_see(args, service, &at, FILTERED)),
         Err(proxies) if proxies.is_empty() => {
-            bail!("no sidecar proxy is registered for service {service:?}")
+            let node = if args.node.is_empty() {
+                String::new()
+            } else {
+                format!(" on node {:?}", args.node)
+            };
+            bail!("no sidecar proxy is registered for service {service:?}{node} in the catalog of {at}")
         }
         Err(proxies) => bail!(
             "{} sidecar proxies are registered for {service:?}: pick one with -proxy-id or -node",
@@ -141,8 +215,9 @@ async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String
     }
 }
 
-/// The bootstrap for the flags as they stand now (resolving the proxy, reading the token).
-async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
+/// The bootstrap for the flags as they stand now (resolving the proxy, reading the token),
+/// with Envoy's admin interface at `admin`.
+async fn bootstrap(args: &EnvoyArgs, admin: &AdminAddr) -> Result<String> {
     let token = token_of(args)?;
     // The lookups of the proxy run with the same token as its stream.
     let with_token = EnvoyArgs {
@@ -155,7 +230,7 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
         proxy_id,
         node_name,
         cluster,
-        admin_bind: args.admin_bind,
+        admin: admin.clone(),
         xds_servers,
         token,
         xds_tls,
@@ -164,15 +239,71 @@ async fn bootstrap(args: &EnvoyArgs) -> Result<String> {
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
 }
 
-/// `-prometheus-bind`, which forwards to the admin interface and so needs its port known.
+/// `-prometheus-bind`, which forwards to the admin interface and so needs its address known.
 fn prometheus_bind(args: &EnvoyArgs) -> Result<Option<std::net::SocketAddr>> {
-    match args.prometheus_bind {
-        Some(_) if args.admin_bind.port() == 0 => {
+    match (args.prometheus_bind, args.admin_bind) {
+        (Some(_), Some(admin)) if admin.port() == 0 => {
             bail!(
-                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0"
+                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0 (or no -admin-bind: the admin's Unix socket)"
             )
         }
-        other => Ok(other),
+        (other, _) => Ok(other),
+    }
+}
+
+/// The file name of the admin socket in the run dir.
+const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Where Envoy's files go: `-run-dir`, else a private temporary directory (mode 0700, a name
+/// nobody can guess), removed when this is dropped: when a supervised Envoy has stopped, or
+/// when this process fails. An Envoy run by `-exec` keeps it (its process replaces this one,
+/// which drops nothing), so does one started from a `-bootstrap` ([`RunDir::keep`]).
+struct RunDir {
+    path: std::path::PathBuf,
+    temp: Option<tempfile::TempDir>,
+}
+
+impl RunDir {
+    fn new(args: &EnvoyArgs, supervised: bool) -> Result<Self> {
+        if let Some(dir) = &args.run_dir {
+            let path = std::path::absolute(dir).with_context(|| format!("-run-dir {}", dir.display()))?;
+            if !supervised {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&path)
+                    .with_context(|| format!("-run-dir {}: cannot create it", path.display()))?;
+            }
+            supervisor::envoy::check_socket_dir(&path).context("-run-dir")?;
+            return Ok(Self { path, temp: None });
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let temp = tempfile::Builder::new()
+            .prefix("meshd-envoy-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .context("creating a run dir")?;
+        Ok(Self {
+            path: temp.path().to_owned(),
+            temp: Some(temp),
+        })
+    }
+
+    /// Leaves a temporary run dir in place after this process, for the Envoy that uses it.
+    fn keep(mut self) {
+        if let Some(temp) = self.temp.take() {
+            let _ = temp.keep();
+        }
+    }
+}
+
+/// Envoy's admin interface: `-admin-bind` on TCP, else the Unix socket of the run dir.
+fn admin_of(args: &EnvoyArgs, dir: Option<&RunDir>) -> Result<AdminAddr> {
+    match (args.admin_bind, dir) {
+        (Some(addr), _) => Ok(AdminAddr::Tcp(addr)),
+        (None, Some(dir)) => Ok(AdminAddr::Unix(dir.path.join(ADMIN_SOCKET))),
+        (None, None) => bail!("no directory for Envoy's admin socket: give -run-dir or -admin-bind"),
     }
 }
 
@@ -252,24 +383,93 @@ pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<
         let gw = crate::connect_gateway::gateway(&args)?.context("-register is for gateways: give -gateway")?;
         crate::connect_gateway::register(&args, &gw, &token_of(&args)?).await?;
     }
-    let json = bootstrap(&args).await?;
     if args.bootstrap {
+        // A bootstrap with a TCP admin names no directory.
+        let dir = match args.admin_bind {
+            Some(_) => None,
+            None => Some(RunDir::new(&args, false)?),
+        };
+        let json = bootstrap(&args, &admin_of(&args, dir.as_ref())?).await?;
         #[allow(clippy::print_stdout)]
         {
             println!("{json}");
         }
+        if let Some(dir) = dir {
+            dir.keep();
+        }
         return Ok(());
     }
+    // Checked once, before anything starts: a missing Envoy is not worth retrying.
+    let args = EnvoyArgs {
+        envoy_binary: envoy_binary(&args.envoy_binary, std::env::var_os("PATH"))?,
+        ..args
+    };
+    let dir = RunDir::new(&args, !args.exec)?;
+    let json = bootstrap(&args, &admin_of(&args, Some(&dir))?).await?;
     if args.exec {
-        use std::os::unix::process::CommandExt;
-        let err = std::process::Command::new(&args.envoy_binary)
-            .arg("--config-yaml")
-            .arg(&json)
-            .args(&args.envoy_args)
-            .exec();
-        bail!("cannot run {}: {err}", args.envoy_binary.display())
+        return exec(&args, &dir.path, &json);
     }
-    supervise(args, json, shutdown).await
+    supervise(args, dir, json, shutdown).await
+}
+
+/// The Envoy binary `-envoy-binary` names: a path (with a `/`) must be an executable file;
+/// a bare name (`envoy`, the default) is looked up in `path` (`PATH`).
+fn envoy_binary(given: &std::path::Path, path: Option<std::ffi::OsString>) -> Result<std::path::PathBuf> {
+    let shown = given.display();
+    if given.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return match executable(given) {
+            Ok(()) => Ok(given.to_owned()),
+            Err(why) => bail!("-envoy-binary {shown}: {why}: give the path of the Envoy binary"),
+        };
+    }
+    let path = path.unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(given))
+        .find(|candidate| executable(candidate).is_ok())
+        .with_context(|| format!("no {shown} on PATH: install Envoy, or give its path with -envoy-binary PATH"))
+}
+
+/// Whether `path` is a file this process may execute; why not, if not.
+fn executable(path: &std::path::Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_owned(),
+        _ => e.to_string(),
+    })?;
+    if !meta.is_file() {
+        return Err("not a file".into());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err("not executable".into());
+    }
+    Ok(())
+}
+
+/// The arguments after `--`, preceded by `-l <-envoy-log-level>` unless they set the log
+/// level themselves (Envoy refuses a flag given twice).
+fn envoy_extra_args(args: &EnvoyArgs) -> Vec<String> {
+    let sets_level = args
+        .envoy_args
+        .iter()
+        .any(|a| a == "-l" || a == "--log-level" || a.starts_with("--log-level="));
+    let mut out = Vec::with_capacity(args.envoy_args.len() + 2);
+    if !sets_level {
+        out.extend(["-l".to_owned(), args.envoy_log_level.clone()]);
+    }
+    out.extend(args.envoy_args.iter().cloned());
+    out
+}
+
+/// Replaces this process with Envoy, its hot-restart sockets in `run_dir`.
+fn exec(args: &EnvoyArgs, run_dir: &std::path::Path, json: &str) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(&args.envoy_binary);
+    cmd.arg("--config-yaml").arg(json);
+    if !args.envoy_args.iter().any(|a| a == "--socket-path") {
+        cmd.args(supervisor::envoy::hot_restart_socket_args(run_dir));
+    }
+    let err = cmd.args(envoy_extra_args(args)).exec();
+    bail!("cannot run {}: {err}", args.envoy_binary.display())
 }
 
 /// A base id for this proxy: stable for the same proxy and admin address (so a restarted
@@ -282,10 +482,14 @@ fn derive_base_id(args: &EnvoyArgs) -> u32 {
         .or(args.sidecar_for.as_deref())
         .or(args.service.as_deref())
         .unwrap_or_default();
-    let admin = args.admin_bind.to_string();
+    let admin = match (args.admin_bind, &args.run_dir) {
+        (Some(addr), _) => addr.to_string(),
+        (None, Some(dir)) => format!("unix:{}", dir.display()),
+        (None, None) => "unix".to_owned(),
+    };
     let pid = std::process::id().to_le_bytes();
     let mut parts: Vec<&[u8]> = vec![proxy.as_bytes(), args.node.as_bytes(), admin.as_bytes()];
-    if args.admin_bind.port() == 0 {
+    if args.admin_bind.is_some_and(|a| a.port() == 0) {
         parts.push(&pid);
     }
     supervisor::envoy::stable_base_id(&parts)
@@ -411,27 +615,19 @@ impl TokenWatch {
     }
 }
 
-async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
+async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl Future<Output = ()>) -> Result<()> {
     use supervisor::agent::{Agent, AgentOptions};
     use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
     use tokio::signal::unix::{SignalKind, signal};
 
-    // The temporary run dir (if any) lives as long as this function.
-    let (run_dir, _tmp) = match &args.run_dir {
-        Some(dir) => (dir.clone(), None),
-        None => {
-            let tmp = tempfile::Builder::new()
-                .prefix("meshd-envoy-")
-                .tempdir()
-                .context("creating a run dir")?;
-            (tmp.path().to_owned(), Some(tmp))
-        }
-    };
+    // A temporary run dir lives as long as `dir`: this function.
+    let run_dir = dir.path.clone();
+    let admin = admin_of(&args, Some(&dir))?;
     let base_id = args.base_id.unwrap_or_else(|| derive_base_id(&args));
     let mut opts = EnvoyOptions::new(&args.envoy_binary, base_id, &run_dir);
     opts.drain_time = args.drain_time;
     opts.parent_shutdown_time = args.parent_shutdown_time;
-    opts.extra_args = args.envoy_args.clone();
+    opts.extra_args = envoy_extra_args(&args);
     let proxy = EnvoyProxy::new(opts).with_context(|| format!("preparing the run dir {}", run_dir.display()))?;
     let (agent, handle) = Agent::new(
         proxy,
@@ -460,7 +656,7 @@ async fn supervise(args: EnvoyArgs, first: String, shutdown: impl Future<Output 
             _ = hangup.recv() => "SIGHUP",
             () = token.changed() => "token file changed",
         };
-        match bootstrap(&args).await {
+        match bootstrap(&args, &admin).await {
             // The agent hot-restarts only if the bootstrap changed.
             Ok(json) => {
                 tracing::info!(why, "bootstrap regenerated");
@@ -536,6 +732,97 @@ mod tests {
                 && !err.contains('\n'),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_admin_is_a_unix_socket_in_the_run_dir_unless_admin_bind_asks_for_tcp() {
+        let args = envoy_args(&["-run-dir", "rel/run"]);
+        let dir = RunDir::new(&args, true).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            dir.path,
+            cwd.join("rel/run"),
+            "made absolute: Envoy writes the path as given"
+        );
+        assert_eq!(
+            admin_of(&args, Some(&dir)).unwrap(),
+            AdminAddr::Unix(cwd.join("rel/run/admin.sock"))
+        );
+        let tcp = envoy_args(&["-admin-bind", "127.0.0.1:19000"]);
+        assert_eq!(
+            admin_of(&tcp, Some(&dir)).unwrap(),
+            AdminAddr::Tcp("127.0.0.1:19000".parse().unwrap())
+        );
+        // Without -run-dir a supervised Envoy gets a private directory, removed with it.
+        let temp = RunDir::new(&envoy_args(&[]), true).unwrap();
+        let path = temp.path.clone();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
+        drop(temp);
+        assert!(!path.exists());
+        let long = format!("/tmp/{}", "d".repeat(80));
+        let err = format!(
+            "{:#}",
+            RunDir::new(&envoy_args(&["-run-dir", &long]), true).err().unwrap()
+        );
+        assert!(err.starts_with("-run-dir: ") && err.contains("too long"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_or_unusable_envoy_is_one_line_naming_envoy_binary() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let one_line = |e: anyhow::Error| {
+            let text = format!("{e:#}");
+            assert!(!text.contains('\n'), "{text}");
+            text
+        };
+        // `envoy` from PATH: not there, then there.
+        let err = one_line(envoy_binary("envoy".as_ref(), Some(bin.clone().into_os_string())).unwrap_err());
+        assert_eq!(
+            err,
+            "no envoy on PATH: install Envoy, or give its path with -envoy-binary PATH"
+        );
+        assert!(envoy_binary("envoy".as_ref(), None).is_err(), "no PATH at all");
+        let envoy = bin.join("envoy");
+        std::fs::write(&envoy, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(
+            envoy_binary("envoy".as_ref(), Some(bin.clone().into_os_string())).is_err(),
+            "not executable: not the one"
+        );
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([dir.path().join("nowhere"), bin.clone()]).unwrap();
+        assert_eq!(envoy_binary("envoy".as_ref(), Some(path)).unwrap(), envoy);
+        // A path given: it must be an executable file.
+        assert_eq!(envoy_binary(&envoy, None).unwrap(), envoy);
+        let missing = dir.path().join("no-envoy");
+        let err = one_line(envoy_binary(&missing, None).unwrap_err());
+        assert!(
+            err.starts_with("-envoy-binary ") && err.contains("no such file"),
+            "{err}"
+        );
+        let err = one_line(envoy_binary(&bin, None).unwrap_err());
+        assert!(err.contains("-envoy-binary") && err.contains("not a file"), "{err}");
+        std::fs::set_permissions(&envoy, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = one_line(envoy_binary(&envoy, None).unwrap_err());
+        assert!(err.contains("-envoy-binary") && err.contains("not executable"), "{err}");
+    }
+
+    #[test]
+    fn envoy_logs_warnings_unless_told_otherwise() {
+        let extra = |flags: &[&str]| envoy_extra_args(&envoy_args(flags)).join(" ");
+        assert_eq!(extra(&[]), "-l warn");
+        assert_eq!(extra(&["-envoy-log-level", "debug"]), "-l debug");
+        // An explicit level after `--` wins: Envoy refuses `-l` twice.
+        assert_eq!(
+            extra(&["--", "-l", "error", "--concurrency", "1"]),
+            "-l error --concurrency 1"
+        );
+        assert_eq!(extra(&["--", "--log-level=trace"]), "--log-level=trace");
+        assert_eq!(extra(&["--", "--concurrency", "1"]), "-l warn --concurrency 1");
     }
 
     #[tokio::test]

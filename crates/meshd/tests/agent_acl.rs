@@ -383,3 +383,96 @@ async fn ads_first(grpc: &str, proxy: &str, token: &str) -> Result<(), tonic::Co
         Err(status) => Err(status.code()),
     }
 }
+
+/// `meshd connect envoy -sidecar-for SERVICE -bootstrap` against the agent at `agent` with
+/// `token` (`None`: neither `-token` nor `CONNECT_PROXY_TOKEN`): success, stdout, stderr.
+fn connect_bootstrap(agent: &str, service: &str, token: Option<&str>) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(meshd());
+    cmd.args(["connect", "envoy", "-sidecar-for", service, "-bootstrap"])
+        .args([
+            "-admin-bind",
+            "127.0.0.1:19000",
+            "-http-addr",
+            agent.trim_start_matches("http://"),
+        ])
+        .env_remove("CONNECT_PROXY_TOKEN");
+    if let Some(token) = token {
+        cmd.args(["-token", token]);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_envoy_says_when_its_token_cannot_see_the_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let web_token = c
+        .token("service \"web\" { policy = \"write\" }\nservice \"web-sidecar-proxy\" { policy = \"write\" }")
+        .await;
+    let (status, _, text) = call(
+        &c.client,
+        "PUT",
+        &format!("{}/v1/agent/service/register", c.agent),
+        Some(&web_token),
+        &json!({"Name": "web", "ID": "web1", "Port": 80, "Connect": {"SidecarService": {}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let failure = |(ok, _, stderr): (bool, String, String)| {
+        assert!(!ok && stderr.lines().count() == 1, "{stderr}");
+        assert!(!stderr.contains("node \"\""), "{stderr}");
+        stderr
+    };
+
+    // No token: the agent hides web's sidecar from anonymous requests. It used to say that
+    // no sidecar was registered (node "").
+    let err = failure(connect_bootstrap(&c.agent, "web", None));
+    let agent = c.agent.trim_start_matches("http://");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "meshd: no token was given (-token-file, -token or CONNECT_PROXY_TOKEN), and without one the sidecar \
+             proxy of service \"web\" cannot be seen (the agent at {agent} filtered its answer by ACLs): give a \
+             token with service:read on it"
+        )
+    );
+    // A token that may read other services only.
+    let other = c.token("service \"other\" { policy = \"read\" }").await;
+    let err = failure(connect_bootstrap(&c.agent, "web", Some(&other)));
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "meshd: the token cannot see the sidecar proxy of service \"web\" (the agent at {agent} filtered its \
+             answer by ACLs): give one with service:read on it through -token-file, -token or CONNECT_PROXY_TOKEN"
+        )
+    );
+    // A token the servers do not know: refused outright.
+    let err = failure(connect_bootstrap(
+        &c.agent,
+        "web",
+        Some("00000000-0000-4000-8000-000000000000"),
+    ));
+    assert!(
+        err.contains(&format!(
+            "the token cannot see the sidecar proxy of service \"web\" (the agent at {agent} refused it: "
+        )) && err.contains("ACL not found"),
+        "{err}"
+    );
+    // A token that may read every service, though not the agent (no node name): web's
+    // sidecar is found; a service without one is simply not registered.
+    let reader = c.token("service_prefix \"\" { policy = \"read\" }").await;
+    let (ok, stdout, stderr) = connect_bootstrap(&c.agent, "web", Some(&reader));
+    assert!(ok, "{stderr}");
+    let bootstrap: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(bootstrap["node"]["id"], "web1-sidecar-proxy");
+    let err = failure(connect_bootstrap(&c.agent, "db", Some(&reader)));
+    assert_eq!(
+        err.trim_end(),
+        format!("meshd: no sidecar proxy for service \"db\" is registered with the agent at {agent}")
+    );
+}

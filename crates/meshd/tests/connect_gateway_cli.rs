@@ -39,6 +39,7 @@ fn get(url: &str) -> serde_json::Value {
 
 #[test]
 fn register_on_a_server_then_bootstrap() {
+    let run = tempfile::tempdir().unwrap();
     let server = test_support::process::start_server(bin(), ["-dev", "-log-level", "warn"]);
     let _server = Proc(server.child);
     let http = addr(&server.http).to_owned();
@@ -56,6 +57,9 @@ fn register_on_a_server_then_bootstrap() {
         "-http-addr",
         &http,
         "-bootstrap",
+        // Where the bootstrap's admin socket would be (else a temp dir kept for Envoy).
+        "-run-dir",
+        run.path().to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let bootstrap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -103,6 +107,7 @@ fn register_on_a_server_then_bootstrap() {
 
 #[test]
 fn register_with_an_agent_then_bootstrap() {
+    let run = tempfile::tempdir().unwrap();
     let server = test_support::process::start_server(bin(), ["-dev", "-log-level", "warn"]);
     let _server = Proc(server.child);
     let agent = test_support::process::start_agent(
@@ -132,6 +137,8 @@ fn register_with_an_agent_then_bootstrap() {
         "-http-addr",
         addr(&agent.http),
         "-bootstrap",
+        "-run-dir",
+        run.path().to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let bootstrap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -267,14 +267,8 @@ fn supervised_envoy(mesh: &Mesh, dir: &Path, drain_time: &str) -> (Proc, PathBuf
             "-grpc-addr",
             &mesh.grpc,
         ])
-        .args([
-            "-admin-bind",
-            "127.0.0.1:0",
-            "-drain-time",
-            drain_time,
-            "-parent-shutdown-time",
-            "2s",
-        ])
+        // No -admin-bind: the admin is the default, a Unix socket in the run dir.
+        .args(["-drain-time", drain_time, "-parent-shutdown-time", "2s"])
         .args(["-log-level", "warn", "-token-file"])
         .arg(&token)
         .arg("-run-dir")
@@ -292,9 +286,30 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
 }
 
 async fn server_info(run_dir: &Path, epoch: u32) -> Option<Value> {
-    let addr = std::fs::read_to_string(run_dir.join(format!("admin-{epoch}.addr"))).ok()?;
-    let text = get(&reqwest::Client::new(), &format!("http://{}/server_info", addr.trim())).await?;
-    serde_json::from_str(&text).ok()
+    let addr = supervisor::envoy::read_admin_address(&run_dir.join(format!("admin-{epoch}.addr")))?;
+    let (code, text) = supervisor::envoy::admin_request(addr, "GET", "/server_info")
+        .await
+        .ok()?;
+    (code == 200).then(|| serde_json::from_str(&text).ok())?
+}
+
+/// The admin interface of a supervised Envoy is `admin.sock` in its run dir, mode 0600,
+/// and its bootstrap has no TCP admin.
+fn assert_private_admin(run_dir: &Path, epoch: u32) {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let socket = run_dir.join("admin.sock");
+    let addr = supervisor::envoy::read_admin_address(&run_dir.join(format!("admin-{epoch}.addr")));
+    assert_eq!(addr, Some(supervisor::envoy::AdminAddr::Unix(socket.clone())));
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let bootstrap: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join(format!("bootstrap-{epoch}.json"))).unwrap()).unwrap();
+    assert_eq!(
+        bootstrap["admin"]["address"],
+        json!({"pipe": {"path": socket, "mode": 0o600}}),
+        "no TCP admin"
+    );
 }
 
 async fn wait_live(run_dir: &Path, epoch: u32) -> Value {
@@ -327,6 +342,8 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     let pid = proc.0.id();
     let info = wait_live(&run_dir, 0).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 0);
+    assert_eq!(info["command_line_options"]["log_level"], "error", "-l after -- wins");
+    assert_private_admin(&run_dir, 0);
     let first_envoy = envoy_child(pid);
 
     // SIGHUP with nothing changed: no restart.
@@ -340,6 +357,7 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     signal(pid, rustix::process::Signal::HUP);
     let info = wait_live(&run_dir, 1).await;
     assert_eq!(info["command_line_options"]["restart_epoch"], 1);
+    assert_private_admin(&run_dir, 1);
     let bootstrap = std::fs::read_to_string(run_dir.join("bootstrap-1.json")).unwrap();
     assert!(bootstrap.contains("token-two"), "{bootstrap}");
     // The parent exits after the parent-shutdown time and is cleaned up; one Envoy remains.
@@ -363,7 +381,12 @@ async fn connect_envoy_hot_restarts_when_the_bootstrap_changes_and_drains_on_sig
     assert!(status.success(), "{status}");
     assert!(t0.elapsed() >= Duration::from_secs(1), "exited without draining");
     assert!(!supervisor::process::ProcessId::of(second_envoy).is_some_and(|p| p.is_alive()));
-    assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0, "run dir not cleaned");
+    let left: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "run dir not cleaned: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,6 +423,9 @@ async fn exec_replaces_the_process_with_envoy() {
             "-admin-bind",
             "127.0.0.1:0",
         ])
+        // Envoy's hot-restart sockets go there (else to a temp dir kept for it).
+        .arg("-run-dir")
+        .arg(dir.path().join("run"))
         .args(["-grpc-addr", &mesh.grpc, "-envoy-binary"])
         .arg(envoy())
         .args(["--", "--base-id", &base_id, "-l", "error", "--admin-address-path"])
@@ -410,6 +436,9 @@ async fn exec_replaces_the_process_with_envoy() {
     wait_for(|| async { std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty()) }).await;
     let exe = std::fs::read_link(format!("/proc/{}/exe", proc.0.id())).unwrap();
     assert_eq!(exe, envoy(), "the meshd process became Envoy");
+    // Its hot-restart sockets are files of the run dir, not abstract sockets.
+    let id = base_id.parse::<u64>().unwrap() * 10;
+    assert!(dir.path().join(format!("run/hot-restart_parent_{id}")).exists());
     let admin = std::fs::read_to_string(&admin_file).unwrap();
     let info = get(&reqwest::Client::new(), &format!("http://{}/server_info", admin.trim()))
         .await
@@ -496,7 +525,7 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
     let dir = tempfile::tempdir().unwrap();
     mesh.register("node-web", "web", backend("web"), free_port(), json!([]), json!({}))
         .await;
-    let (admin, metrics) = (free_port(), free_port());
+    let metrics = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_meshd"))
         .args(["connect", "envoy", "-sidecar-for", "web", "-node", "node-web"])
         .args([
@@ -505,13 +534,13 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
             "-grpc-addr",
             &mesh.grpc,
         ])
-        .args(["-admin-bind", &format!("127.0.0.1:{admin}")])
+        // The admin is its Unix socket: the metrics listener forwards to it.
         .args(["-prometheus-bind", &format!("127.0.0.1:{metrics}")])
         .args(["-log-level", "warn", "-drain-time", "1s", "-run-dir"])
         .arg(dir.path().join("run"))
         .arg("-envoy-binary")
         .arg(envoy())
-        .args(["--", "-l", "error", "--concurrency", "1"])
+        .args(["--", "--concurrency", "1"])
         .spawn()
         .unwrap();
     let _envoy = Proc(child);
@@ -534,6 +563,62 @@ async fn prometheus_bind_serves_envoys_metrics_at_slash_metrics() {
         .await
         .unwrap();
     assert_eq!(other.status(), 404);
+    // No `-l` given: Envoy logs warnings and worse.
+    let envoy_pid = envoy_child(_envoy.0.id());
+    let cmdline = std::fs::read_to_string(format!("/proc/{envoy_pid}/cmdline")).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    assert!(args.windows(2).any(|w| w == ["-l", "warn"]), "{args:?}");
+}
+
+/// Runs `meshd connect envoy` with `flags` and `PATH` set to `path`: its exit code and stderr
+/// once it exits, within 10 s (it used to retry a missing Envoy for ever).
+async fn connect_envoy_exit(flags: &[&str], path: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "connect",
+            "envoy",
+            "-proxy-id",
+            "web-sidecar-proxy",
+            "-admin-bind",
+            "127.0.0.1:0",
+        ])
+        .args(flags)
+        .env("PATH", path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after 10 s: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn a_missing_envoy_is_one_line_naming_envoy_binary_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    // No Envoy on PATH, none given.
+    let (code, stderr) = connect_envoy_exit(&[], dir.path()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "meshd: no envoy on PATH: install Envoy, or give its path with -envoy-binary PATH\n"
+    );
+    // A path that is not there.
+    let missing = dir.path().join("envoy");
+    let (code, stderr) = connect_envoy_exit(&["-envoy-binary", missing.to_str().unwrap()], dir.path()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("-envoy-binary") && stderr.contains("no such file"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -36,6 +36,21 @@ impl Drop for KillUnder {
     }
 }
 
+/// `GET path` on the admin interface of the managed Envoy of `proxy` under the agent data
+/// dir `data_dir` (its epoch 0): a Unix socket, the body when the answer is a 200.
+async fn admin_get(data_dir: &Path, proxy: &str, path: &str) -> Option<String> {
+    let file = data_dir.join(format!("proxies/run/{proxy}/admin-0.addr"));
+    let addr = supervisor::envoy::read_admin_address(&file)?;
+    assert!(
+        matches!(&addr, supervisor::envoy::AdminAddr::Unix(_)),
+        "a managed Envoy's admin is a Unix socket: {addr}"
+    );
+    match supervisor::envoy::admin_request(addr, "GET", path).await {
+        Ok((200, body)) => Some(body),
+        _ => None,
+    }
+}
+
 /// An agent that runs its sidecars, at fixed addresses so a restart comes back where it was.
 struct Agent {
     http: String,
@@ -206,8 +221,7 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     let web_daemon = wait_for("web's proxy running", || daemon_pid(&client, &b, "web-sidecar-proxy")).await;
     let web_envoy = envoy_of(web_daemon).expect("web's Envoy");
     // mTLS between the two managed Envoys.
-    let admin = std::fs::read_to_string(a_dir.join("proxies/run/api-sidecar-proxy/admin-0.addr")).unwrap();
-    let certs = get(&client, &format!("http://{}/certs", admin.trim())).await.unwrap();
+    let certs = admin_get(&a_dir, "api-sidecar-proxy", "/certs").await.unwrap();
     assert!(certs.contains("/ns/default/dc/dc1/svc/api"), "api's leaf: {certs}");
     assert!(a_dir.join("proxies/daemons/pids/api-sidecar-proxy.pid").exists());
     assert!(a_dir.join("proxies/daemons/logs/api-sidecar-proxy-stderr.log").exists());
@@ -268,8 +282,7 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
         "{v}"
     );
     wait_for("the new Envoy LIVE", || async {
-        let admin = std::fs::read_to_string(a_dir.join("proxies/run/api-sidecar-proxy/admin-0.addr")).ok()?;
-        let ready = get(&client, &format!("http://{}/ready", admin.trim())).await?;
+        let ready = admin_get(&a_dir, "api-sidecar-proxy", "/ready").await?;
         (ready.trim() == "LIVE" && envoy_of(restarted).is_some()).then_some(())
     })
     .await;
@@ -280,8 +293,7 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     supervisor::process::signal(killed_envoy, rustix::process::Signal::KILL).unwrap();
     wait_for("a new Envoy LIVE", || async {
         let fresh = envoy_of(restarted).filter(|p| *p != killed_envoy)?;
-        let admin = std::fs::read_to_string(a_dir.join("proxies/run/api-sidecar-proxy/admin-0.addr")).ok()?;
-        let ready = get(&client, &format!("http://{}/ready", admin.trim())).await?;
+        let ready = admin_get(&a_dir, "api-sidecar-proxy", "/ready").await?;
         (ready.trim() == "LIVE").then_some(fresh)
     })
     .await;

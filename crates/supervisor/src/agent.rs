@@ -2,8 +2,8 @@
 //! epochs, after Istio's Envoy agent.
 //!
 //! The agent owns a control loop and one task per running epoch. A desired config arrives
-//! through an [`AgentHandle`]; when it differs from the current one the retry budget resets
-//! and epoch latest+1 starts (after the latest is live, bounded by
+//! through an [`AgentHandle`]; when it differs from the current one the failures counted so
+//! far are forgotten and epoch latest+1 starts (after the latest is live, bounded by
 //! [`AgentOptions::live_timeout`]), which for Envoy is a hot restart. Exits are classified:
 //!
 //! - a failed start (the proxy never became live): retried with exponential back-off reusing
@@ -13,11 +13,13 @@
 //!   aborted epochs are gone;
 //! - a clean exit of an older epoch: the normal end of a hot restart.
 //!
-//! An exhausted budget calls [`Proxy::panic`] and the agent ends with
-//! [`AgentError::BudgetExhausted`]. Drain asks the latest epoch to drain gracefully, waits the
+//! Failures count within a sliding window ([`Retry`]): more than `max_retries` of them within
+//! `window` is a crash loop, which calls [`Proxy::panic`] and ends the agent with
+//! [`AgentError::BudgetExhausted`]; an epoch that ran [`AgentOptions::healthy_after`] before it
+//! crashed clears the count. So a proxy killed now and then is restarted for ever. Drain asks the latest epoch to drain gracefully, waits the
 //! drain period, stops every epoch and ends. Cancelling the agent stops every epoch and ends.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -28,33 +30,75 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// Restart back-off: `max_retries` attempts, the first after `initial_interval`, doubling.
+/// Restart back-off and budget: a proxy that fails more than `max_retries` times within any
+/// `window` is given up on (a crash loop); one that fails less often is restarted for ever.
+/// Retry n (0-based, n = failures already in the window) waits `initial_interval * 2^n`, at
+/// most `max_interval`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
-    /// Attempts allowed per desired config.
+    /// Failures tolerated within `window`: the next one ends the agent.
     pub max_retries: u32,
+    /// How far back failures count: older ones are forgotten.
+    pub window: Duration,
     /// Delay before the first retry; each later one doubles it.
     pub initial_interval: Duration,
+    /// The longest delay before a retry.
+    pub max_interval: Duration,
 }
 
 impl Default for Retry {
+    /// 10 failures within 2 minutes; 200 ms doubling up to 10 s. A crash loop (failing at
+    /// once) gives up after about a minute; an Envoy killed every 30 s is never given up on.
     fn default() -> Self {
         Self {
             max_retries: 10,
+            window: Duration::from_secs(120),
             initial_interval: Duration::from_millis(200),
+            max_interval: Duration::from_secs(10),
         }
     }
 }
 
 impl Retry {
-    /// The delay before retry number `n` (0-based): `initial_interval * 2^n`.
+    /// The delay before retry number `n` (0-based): `initial_interval * 2^n`, at most
+    /// `max_interval`.
     pub fn delay(&self, n: u32) -> Duration {
         let schedule = backoff_schedule::Schedule {
             immediate: 0,
             first: self.initial_interval,
-            max: Duration::MAX,
+            max: self.max_interval,
         };
         schedule.delay(n.saturating_add(1))
+    }
+}
+
+/// The failures of the desired config that still count: those within the retry window, since
+/// the config was set and since the last stretch of healthy running.
+#[derive(Debug, Default)]
+struct Failures {
+    at: VecDeque<Instant>,
+}
+
+impl Failures {
+    /// Forgets every failure (a new config, or a proxy that ran healthily).
+    fn clear(&mut self) {
+        self.at.clear();
+    }
+
+    /// Records a failure at `now`: the delay before the retry, or `None` when more than
+    /// `max_retries` failures fall within the window.
+    fn record(&mut self, now: Instant, retry: &Retry) -> Option<Duration> {
+        while self.at.front().is_some_and(|t| now.duration_since(*t) >= retry.window) {
+            self.at.pop_front();
+        }
+        self.at.push_back(now);
+        let earlier = u32::try_from(self.at.len() - 1).unwrap_or(u32::MAX);
+        (earlier < retry.max_retries).then(|| retry.delay(earlier))
+    }
+
+    /// Failures in the window.
+    fn len(&self) -> usize {
+        self.at.len()
     }
 }
 
@@ -112,8 +156,8 @@ pub struct AgentOptions {
     pub live_timeout: Duration,
     /// How long a drain lets connections finish before the epochs are stopped.
     pub drain_period: Duration,
-    /// An epoch that ran this long before failing refills the retry budget first, so rare
-    /// crashes weeks apart never exhaust it.
+    /// An epoch that ran this long before it crashed clears the failures counted so far:
+    /// the retry that follows is a first one again. A failed start never does.
     pub healthy_after: Duration,
 }
 
@@ -131,11 +175,13 @@ impl Default for AgentOptions {
 /// How the agent ended badly.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AgentError {
-    /// Every retry for the desired config failed.
-    #[error("gave up after {retries} failed attempts to run the proxy; last: {last}")]
+    /// The proxy failed more than the budget allows within the retry window: a crash loop.
+    #[error("gave up: the proxy failed {retries} times within {window:?} (a crash loop); last: {last}")]
     BudgetExhausted {
-        /// The budget that was spent.
+        /// Failures within the window.
         retries: u32,
+        /// The retry window.
+        window: Duration,
         /// The last failure.
         last: ProxyError,
     },
@@ -215,9 +261,10 @@ pub struct Agent<P: Proxy> {
     rx: mpsc::Receiver<Command<P::Config>>,
     status: watch::Sender<AgentStatus>,
     epochs: BTreeMap<u32, Epoch<P::Config>>,
-    tasks: JoinSet<(u32, Result<(), ProxyError>)>,
+    /// Each epoch task ends with its epoch, how it ended and how long the proxy ran.
+    tasks: JoinSet<(u32, Result<(), ProxyError>, Duration)>,
     desired: Option<P::Config>,
-    budget: u32,
+    failures: Failures,
     restart_at: Option<Instant>,
     /// A reconcile is waiting for aborted epochs to exit.
     reconcile_when_clear: bool,
@@ -229,7 +276,6 @@ impl<P: Proxy> Agent<P> {
     pub fn new(proxy: P, opts: AgentOptions) -> (Self, AgentHandle<P::Config>) {
         let (tx, rx) = mpsc::channel(1);
         let (status, status_rx) = watch::channel(AgentStatus::default());
-        let budget = opts.retry.max_retries;
         let agent = Self {
             proxy: Arc::new(proxy),
             opts,
@@ -238,7 +284,7 @@ impl<P: Proxy> Agent<P> {
             epochs: BTreeMap::new(),
             tasks: JoinSet::new(),
             desired: None,
-            budget,
+            failures: Failures::default(),
             restart_at: None,
             reconcile_when_clear: false,
             starts: 0,
@@ -262,7 +308,7 @@ impl<P: Proxy> Agent<P> {
                     return Ok(());
                 }
                 Some(joined) = self.tasks.join_next() => {
-                    let (epoch, result) = match joined {
+                    let (epoch, result, ran) = match joined {
                         Ok(r) => r,
                         // A panicking run task: a crash of the epoch it ran.
                         Err(e) => {
@@ -271,10 +317,11 @@ impl<P: Proxy> Agent<P> {
                             let Some(epoch) = self.epochs.iter().find(|(_, r)| r.task == id).map(|(n, _)| *n) else {
                                 continue;
                             };
-                            (epoch, Err(ProxyError::Exited(format!("the epoch's task failed: {e}"))))
+                            let ran = self.epochs.get(&epoch).map(|r| r.started.elapsed()).unwrap_or_default();
+                            (epoch, Err(ProxyError::Exited(format!("the epoch's task failed: {e}"))), ran)
                         }
                     };
-                    if let Err(last) = self.on_exit(epoch, result, drain_until.is_some()) {
+                    if let Err(last) = self.on_exit(epoch, result, ran, drain_until.is_some()) {
                         self.stop_all().await;
                         return Err(last);
                     }
@@ -285,7 +332,7 @@ impl<P: Proxy> Agent<P> {
                         if self.desired.as_ref() != Some(&config) {
                             tracing::info!("proxy agent: new desired config");
                             self.desired = Some(config);
-                            self.budget = self.opts.retry.max_retries;
+                            self.failures.clear();
                             // Any scheduled retry was for the old config.
                             self.restart_at = None;
                             self.reconcile();
@@ -365,7 +412,7 @@ impl<P: Proxy> Agent<P> {
             async move {
                 if let Some(parent) = parent {
                     tokio::select! {
-                        _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into()))),
+                        _ = abort.cancelled() => return (epoch, Err(ProxyError::Start("aborted before start".into())), Duration::ZERO),
                         r = tokio::time::timeout(live_timeout, proxy.wait_live(parent)) => {
                             if r.is_err() {
                                 tracing::warn!(epoch, parent, "parent epoch not live in time; starting anyway");
@@ -373,8 +420,9 @@ impl<P: Proxy> Agent<P> {
                         }
                     }
                 }
+                let started = Instant::now();
                 let result = proxy.run(&desired, epoch, abort).await;
-                (epoch, result)
+                (epoch, result, started.elapsed())
             }
             .instrument(tracing::info_span!("proxy_epoch", epoch)),
         );
@@ -405,8 +453,15 @@ impl<P: Proxy> Agent<P> {
         }
     }
 
-    /// Handles the exit of `epoch`. `Err` ends the agent (budget exhausted).
-    fn on_exit(&mut self, epoch: u32, result: Result<(), ProxyError>, draining: bool) -> Result<(), AgentError> {
+    /// Handles the exit of `epoch`, which ran for `ran`. `Err` ends the agent (budget
+    /// exhausted).
+    fn on_exit(
+        &mut self,
+        epoch: u32,
+        result: Result<(), ProxyError>,
+        ran: Duration,
+        draining: bool,
+    ) -> Result<(), AgentError> {
         let latest = self.live_epochs().last().copied();
         let Some(record) = self.epochs.remove(&epoch) else {
             return Ok(());
@@ -440,26 +495,31 @@ impl<P: Proxy> Agent<P> {
                 ProxyError::Exited("the latest epoch exited with status 0".into())
             }
         };
-        if record.started.elapsed() >= self.opts.healthy_after {
-            self.budget = self.opts.retry.max_retries;
+        if matches!(failure, ProxyError::Exited(_)) && ran >= self.opts.healthy_after {
+            tracing::info!(
+                epoch,
+                ?ran,
+                "the proxy had run healthily: earlier failures no longer count"
+            );
+            self.failures.clear();
         }
         if self.restart_at.is_some() {
             tracing::debug!(epoch, "restart already scheduled");
             return Ok(());
         }
-        if self.budget == 0 {
-            tracing::error!("retry budget exhausted for the desired proxy config");
+        let retry = self.opts.retry;
+        let Some(delay) = self.failures.record(Instant::now(), &retry) else {
+            tracing::error!(failures = self.failures.len(), window = ?retry.window, "proxy crash loop: giving up");
             if let Some(desired) = &self.desired {
                 self.proxy.panic(desired);
             }
             return Err(AgentError::BudgetExhausted {
-                retries: self.opts.retry.max_retries,
+                retries: u32::try_from(self.failures.len()).unwrap_or(u32::MAX),
+                window: retry.window,
                 last: failure,
             });
-        }
-        let delay = self.opts.retry.delay(self.opts.retry.max_retries - self.budget);
-        self.budget -= 1;
-        tracing::info!(epoch, ?delay, budget = self.budget, "proxy restart scheduled");
+        };
+        tracing::info!(epoch, ?delay, failures = self.failures.len(), "proxy restart scheduled");
         self.restart_at = Some(Instant::now() + delay);
         Ok(())
     }
@@ -469,7 +529,7 @@ impl<P: Proxy> Agent<P> {
         self.abort_all(false);
         self.restart_at = None;
         while let Some(joined) = self.tasks.join_next().await {
-            if let Ok((epoch, _)) = joined {
+            if let Ok((epoch, _, _)) = joined {
                 self.epochs.remove(&epoch);
                 self.proxy.cleanup(epoch);
             }

@@ -3,6 +3,7 @@
 //! stream moves to another when one fails, the token as gRPC metadata, over TLS verified with
 //! a given CA when asked).
 
+use crate::envoy::AdminAddr;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use structs::wire::{NODE_NAME_METADATA, TOKEN_HEADER};
@@ -16,8 +17,8 @@ pub struct BootstrapConfig {
     pub node_name: String,
     /// Envoy's node cluster: the proxy's service name (the service it fronts for a sidecar).
     pub cluster: String,
-    /// Address of Envoy's admin interface.
-    pub admin_bind: SocketAddr,
+    /// Envoy's admin interface: a Unix socket (made mode 0600) or a TCP address.
+    pub admin: AdminAddr,
     /// The xDS servers, at least one, in the order given: each is an endpoint of the
     /// `local_agent` cluster, so a stream whose server dies reconnects to another.
     pub xds_servers: Vec<XdsServer>,
@@ -131,9 +132,18 @@ fn socket(addr: SocketAddr) -> Value {
     json!({"socket_address": {"address": addr.ip().to_string(), "port_value": addr.port()}})
 }
 
+/// The admin interface's address: a Unix socket only its owner may connect to (the
+/// directory it is in should be private too: the mode is set after Envoy binds it).
+fn admin_address(admin: &AdminAddr) -> Value {
+    match admin {
+        AdminAddr::Tcp(addr) => socket(*addr),
+        AdminAddr::Unix(path) => json!({"pipe": {"path": path.to_string_lossy(), "mode": 0o600}}),
+    }
+}
+
 /// The listener serving `/metrics` on `bind` from the admin interface's
 /// `/stats/prometheus`, and the cluster of the admin interface it forwards to.
-fn prometheus(bind: SocketAddr, admin: SocketAddr) -> (Value, Value) {
+fn prometheus(bind: SocketAddr, admin: &AdminAddr) -> (Value, Value) {
     let listener = json!({
         "name": "envoy_prometheus_metrics_listener",
         "address": socket(bind),
@@ -167,7 +177,7 @@ fn prometheus(bind: SocketAddr, admin: SocketAddr) -> (Value, Value) {
         "connect_timeout": "5s",
         "load_assignment": {
             "cluster_name": "self_admin",
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(admin)}}]}]
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": admin_address(admin)}}]}]
         }
     });
     (listener, cluster)
@@ -204,13 +214,13 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
     let mut clusters = vec![xds_cluster];
     let mut listeners = Vec::new();
     if let Some(bind) = cfg.prometheus_bind {
-        let (listener, cluster) = prometheus(bind, cfg.admin_bind);
+        let (listener, cluster) = prometheus(bind, &cfg.admin);
         listeners.push(listener);
         clusters.push(cluster);
     }
     json!({
         "node": {"id": cfg.proxy_id, "cluster": cfg.cluster, "metadata": metadata},
-        "admin": {"address": socket(cfg.admin_bind)},
+        "admin": {"address": admin_address(&cfg.admin)},
         "static_resources": {
             "clusters": clusters,
             "listeners": listeners

@@ -5,9 +5,12 @@
 //!
 //! Files live in the run directory (created 0700; bootstraps may hold tokens, so they are
 //! written 0600 and passed by path, never on the command line where `ps` shows them):
-//! `bootstrap-<epoch>.json` and `admin-<epoch>.addr` (Envoy writes its admin address there,
-//! so an admin port of 0 works across epochs). Children are tied to the supervisor: the
-//! kernel kills them if it dies.
+//! `bootstrap-<epoch>.json` and `admin-<epoch>.addr` (Envoy writes its admin address there:
+//! `IP:PORT`, or the path of a Unix socket, so an admin port of 0 works across epochs). The
+//! hot-restart sockets epochs talk over are there too (`hot-restart_*`, mode 0600) rather than
+//! in Envoy's default abstract namespace, where any process on the host could ask the running
+//! Envoy for its listen sockets or tell it to terminate. Children are tied to the supervisor:
+//! the kernel kills them if it dies.
 //!
 //! Envoy leaves its shared memory (`/dev/shm/envoy_shared_memory_<base id × 10>`) behind on
 //! exit; it is removed when the last epoch has been cleaned up, and before epoch 0 in case a
@@ -68,6 +71,89 @@ impl EnvoyOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvoyConfig(pub String);
 
+/// Where an Envoy's admin interface listens: a TCP address, or a Unix socket (the default
+/// of `meshd connect envoy`: a file mode 0600 in a 0700 directory, which only the supervisor's
+/// user can reach).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AdminAddr {
+    /// `IP:PORT`.
+    Tcp(SocketAddr),
+    /// The path of a Unix socket.
+    Unix(PathBuf),
+}
+
+impl AdminAddr {
+    /// An address as Envoy writes it with `--admin-address-path`: a path (absolute) for a
+    /// Unix socket, else `IP:PORT`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        if s.starts_with('/') {
+            return Some(Self::Unix(PathBuf::from(s)));
+        }
+        s.parse().ok().map(Self::Tcp)
+    }
+}
+
+impl From<SocketAddr> for AdminAddr {
+    fn from(addr: SocketAddr) -> Self {
+        Self::Tcp(addr)
+    }
+}
+
+impl From<&AdminAddr> for AdminAddr {
+    fn from(addr: &AdminAddr) -> Self {
+        addr.clone()
+    }
+}
+
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(addr) => addr.fmt(f),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// The longest path a Unix socket can be bound at (`sun_path` holds 108 bytes with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// The prefix of the hot-restart sockets in the run dir; Envoy appends
+/// `_{parent,child,udp_parent,udp_child}_<id>`, the id derived from the base id and the
+/// epoch (modulo 3).
+const HOT_RESTART_SOCKET: &str = "hot-restart";
+
+/// The longest name Envoy gives a hot-restart socket in the run dir (with the separator): its
+/// id can take the 20 digits of a `u64` (Envoy sign-extends a base id × 10 past `i32::MAX`).
+const HOT_RESTART_NAME_MAX: usize = "/hot-restart_udp_parent_".len() + 20;
+
+/// Checks that Envoy can bind its sockets in `dir` (hot restart's, and `admin.sock`): a Unix
+/// socket path is at most [`MAX_SOCKET_PATH`] bytes.
+pub fn check_socket_dir(dir: &Path) -> std::io::Result<()> {
+    let len = dir.as_os_str().len();
+    if len + HOT_RESTART_NAME_MAX > MAX_SOCKET_PATH {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is too long for Envoy's Unix sockets in it ({len} bytes; at most {}): use a shorter directory",
+                dir.display(),
+                MAX_SOCKET_PATH - HOT_RESTART_NAME_MAX
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The command-line arguments that put Envoy's hot-restart sockets in `dir`, mode 0600.
+pub fn hot_restart_socket_args(dir: &Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "--socket-path".into(),
+        dir.join(HOT_RESTART_SOCKET).into_os_string(),
+        "--socket-mode".into(),
+        "600".into(),
+    ]
+}
+
 /// Runs Envoy epochs for an [`crate::agent::Agent`].
 #[derive(Debug)]
 pub struct EnvoyProxy {
@@ -78,8 +164,10 @@ pub struct EnvoyProxy {
 }
 
 impl EnvoyProxy {
-    /// Prepares the run directory (0700).
+    /// Prepares the run directory (0700). Refused when it is too long a path for the Unix
+    /// sockets Envoy binds in it ([`check_socket_dir`]).
     pub fn new(opts: EnvoyOptions) -> std::io::Result<Self> {
+        check_socket_dir(&opts.run_dir)?;
         // Bootstrap files hold the proxy's token: owner only.
         let tightened = atomic_file::private_dir(&opts.run_dir)?;
         if tightened.any() {
@@ -106,7 +194,7 @@ impl EnvoyProxy {
     }
 
     /// The admin address of epoch `epoch`, once Envoy has written it.
-    pub fn admin_address(&self, epoch: u32) -> Option<SocketAddr> {
+    pub fn admin_address(&self, epoch: u32) -> Option<AdminAddr> {
         read_admin_address(&self.admin_address_path(epoch))
     }
 
@@ -117,11 +205,49 @@ impl EnvoyProxy {
             None => false,
         }
     }
+
+    /// Removes the hot-restart sockets Envoys left in the run dir (Envoy never removes them,
+    /// and names them after its own arithmetic on the base id and epoch).
+    fn remove_hot_restart_sockets(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.opts.run_dir) else {
+            return;
+        };
+        let prefix = format!("{HOT_RESTART_SOCKET}_");
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    /// The command line of epoch `epoch`.
+    fn command(&self, epoch: u32, bootstrap: &Path, admin_path: &Path) -> tokio::process::Command {
+        let o = &self.opts;
+        let mut cmd = tokio::process::Command::new(&o.binary);
+        cmd.arg("-c")
+            .arg(bootstrap)
+            .arg("--restart-epoch")
+            .arg(epoch.to_string())
+            .arg("--base-id")
+            .arg(o.base_id.to_string())
+            .arg("--drain-time-s")
+            .arg(o.drain_time.as_secs().max(1).to_string())
+            .arg("--parent-shutdown-time-s")
+            .arg(o.parent_shutdown_time.as_secs().max(1).to_string())
+            .arg("--admin-address-path")
+            .arg(admin_path);
+        // Extra arguments that place the sockets themselves win.
+        if !o.extra_args.iter().any(|a| a == "--socket-path") {
+            cmd.args(hot_restart_socket_args(&o.run_dir));
+        }
+        cmd.args(&o.extra_args).stdin(Stdio::null()).kill_on_drop(true);
+        cmd
+    }
 }
 
 /// Reads an address file written by `--admin-address-path`.
-pub fn read_admin_address(path: &Path) -> Option<SocketAddr> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+pub fn read_admin_address(path: &Path) -> Option<AdminAddr> {
+    AdminAddr::parse(&std::fs::read_to_string(path).ok()?)
 }
 
 /// A hot-restart base id derived from `parts`: the same parts give the same id in every build
@@ -154,23 +280,25 @@ pub fn clean_stale_shared_memory(base_id: u32) -> std::io::Result<()> {
 /// How long one admin request may take, connect to last body byte.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One request to an Envoy admin endpoint; returns the status code and body.
-pub async fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+/// One request to an Envoy admin endpoint, over TCP or a Unix socket; returns the status
+/// code and body.
+pub async fn admin_request(addr: impl Into<AdminAddr>, method: &str, path: &str) -> std::io::Result<(u16, String)> {
     let method = reqwest::Method::from_bytes(method.as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // A client per request: epochs come and go on different ports, so a pool would only
     // keep connections to Envoys that are gone. `no_proxy`: the admin is always local and
     // must not be sent through an HTTP(S)_PROXY from the environment.
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(ADMIN_TIMEOUT)
-        .build()
-        .map_err(admin_error)?;
+    let builder = reqwest::Client::builder().no_proxy().timeout(ADMIN_TIMEOUT);
+    let (builder, url) = match addr.into() {
+        AdminAddr::Tcp(addr) => (builder, format!("http://{addr}{path}")),
+        AdminAddr::Unix(socket) => (builder.unix_socket(socket), format!("http://localhost{path}")),
+    };
+    let client = builder.build().map_err(admin_error)?;
     let io = async {
         // Said explicitly: hyper sends no length for an empty body, and a POST without one
         // is ambiguous to some servers; the hand-written client always sent it.
         let response = client
-            .request(method, format!("http://{addr}{path}"))
+            .request(method, url)
             .header(reqwest::header::CONTENT_LENGTH, "0")
             .send()
             .await?;
@@ -219,22 +347,7 @@ impl Proxy for EnvoyProxy {
         let admin_path = self.admin_address_path(epoch);
         let _ = std::fs::remove_file(&admin_path);
 
-        let mut cmd = tokio::process::Command::new(&o.binary);
-        cmd.arg("-c")
-            .arg(&bootstrap)
-            .arg("--restart-epoch")
-            .arg(epoch.to_string())
-            .arg("--base-id")
-            .arg(o.base_id.to_string())
-            .arg("--drain-time-s")
-            .arg(o.drain_time.as_secs().max(1).to_string())
-            .arg("--parent-shutdown-time-s")
-            .arg(o.parent_shutdown_time.as_secs().max(1).to_string())
-            .arg("--admin-address-path")
-            .arg(&admin_path)
-            .args(&o.extra_args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+        let mut cmd = self.command(epoch, &bootstrap, &admin_path);
         if let Some(log) = &o.log_file {
             let open = || atomic_file::open_private(log, std::fs::OpenOptions::new().create(true).append(true));
             let (out, err) = open()
@@ -300,13 +413,22 @@ impl Proxy for EnvoyProxy {
     }
 
     fn cleanup(&self, epoch: u32) {
+        let admin = self.admin_address(epoch);
         let _ = std::fs::remove_file(self.bootstrap_path(epoch));
         let _ = std::fs::remove_file(self.admin_address_path(epoch));
         let mut epochs = self.epochs.lock();
         epochs.remove(&epoch);
-        if epochs.is_empty()
-            && let Err(e) = clean_stale_shared_memory(self.opts.base_id)
+        if !epochs.is_empty() {
+            return;
+        }
+        // No Envoy of ours is left: its sockets in the run dir go, as does the shared memory.
+        self.remove_hot_restart_sockets();
+        if let Some(AdminAddr::Unix(socket)) = admin
+            && socket.parent() == Some(self.opts.run_dir.as_path())
         {
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Err(e) = clean_stale_shared_memory(self.opts.base_id) {
             tracing::warn!(error = %e, "cannot remove Envoy's shared memory");
         }
     }
@@ -321,8 +443,53 @@ impl Proxy for EnvoyProxy {
 
 #[cfg(test)]
 mod tests {
-    use super::admin_request;
+    use super::{AdminAddr, admin_request, check_socket_dir};
+    use std::path::{Path, PathBuf};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request from `stream`, answers `response` and returns the request.
+    async fn answer(mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin, response: &str) -> String {
+        let mut request = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            request.extend_from_slice(&buf[..n]);
+        }
+        stream.write_all(response.as_bytes()).await.unwrap();
+        stream.shutdown().await.unwrap();
+        String::from_utf8(request).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_admin_is_reached_over_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("admin.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            answer(stream, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nLIVE\n").await
+        });
+        let addr = AdminAddr::parse(&format!("{}\n", socket.display())).unwrap();
+        assert_eq!(addr, AdminAddr::Unix(socket.clone()));
+        assert_eq!(
+            admin_request(&addr, "GET", "/ready").await.unwrap(),
+            (200, "LIVE\n".to_owned())
+        );
+        assert!(server.await.unwrap().starts_with("GET /ready HTTP/1.1\r\n"));
+        assert_eq!(
+            AdminAddr::parse("127.0.0.1:19000"),
+            Some(AdminAddr::Tcp("127.0.0.1:19000".parse().unwrap()))
+        );
+        assert_eq!(AdminAddr::parse("relative/admin.sock"), None);
+    }
+
+    #[test]
+    fn a_run_dir_too_long_for_envoys_sockets_is_refused() {
+        assert!(check_socket_dir(Path::new("/tmp/meshd-envoy-abc")).is_ok());
+        let long = PathBuf::from(format!("/{}", "d".repeat(80)));
+        let err = check_socket_dir(&long).unwrap_err().to_string();
+        assert!(err.contains("too long") && err.contains("at most 63"), "{err}");
+    }
 
     /// Answers one connection with `response` and returns the request it read.
     async fn serve_once(response: &'static str) -> (std::net::SocketAddr, tokio::task::JoinHandle<String>) {

@@ -184,16 +184,16 @@ async fn failed_starts_follow_the_exact_backoff_then_panic() {
     let (handle, task, _cancel) = spawn(&fake, AgentOptions::default());
     handle.set_config("a").await.unwrap();
     let err = task.await.unwrap().unwrap_err();
-    let AgentError::BudgetExhausted { retries, last } = err;
-    assert_eq!(retries, 10);
+    let AgentError::BudgetExhausted { retries, last, .. } = err;
+    assert_eq!(retries, 11, "the failure that spent the budget counts");
     assert!(matches!(last, ProxyError::Start(_)));
     let starts = fake.starts();
-    // 1 start + 10 retries, every one reusing epoch 0; delays 200 ms doubling.
+    // 1 start + 10 retries, every one reusing epoch 0; delays 200 ms doubling up to 10 s.
     let mut expect = Vec::new();
     let mut at = 0;
     for n in 0..11 {
         expect.push((0, "a", ms(at)));
-        at += 200 << n;
+        at += (200 << n).min(10_000);
     }
     assert_eq!(starts, expect);
     assert_eq!(fake.log().last(), Some(&Ev::Panic { config: "a" }));
@@ -205,6 +205,7 @@ async fn a_new_config_resets_the_budget() {
     let retry = Retry {
         max_retries: 3,
         initial_interval: ms(100),
+        ..Retry::default()
     };
     let (handle, task, _cancel) = spawn(
         &fake,
@@ -379,5 +380,124 @@ async fn a_panicking_epoch_task_counts_as_a_crash_of_that_epoch() {
     assert_eq!(fake.starts(), [(0, "a", ms(0)), (0, "a", ms(200))]);
     assert!(fake.log().contains(&Ev::Cleanup { epoch: 0 }));
     assert_eq!(handle.status().borrow().running, [0]);
+    cancel.cancel();
+}
+
+/// The latest epoch of `fake` (epoch 0: every crash restarts from it) crashes.
+fn crash(fake: &Shared, why: &str) {
+    fake.exit(0, Err(ProxyError::Exited(why.into())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_envoy_killed_every_30_s_is_restarted_for_ever() {
+    // The attack: `/quitquitquit` every 30 s. A budget counted since the config was set ran
+    // out after 10 kills (about 7 minutes) and the proxy stayed down.
+    let fake = Shared::new(Behavior::Run, &[]);
+    let (handle, task, cancel) = spawn(&fake, AgentOptions::default());
+    handle.set_config("a").await.unwrap();
+    settle().await;
+    for kill in 1..=60 {
+        tokio::time::sleep(ms(20_000)).await;
+        crash(&fake, "quitquitquit");
+        // Back within the longest back-off.
+        tokio::time::sleep(ms(10_000)).await;
+        assert!(
+            !task.is_finished(),
+            "gave up after {kill} kills: {:?}",
+            fake.log().last()
+        );
+        assert_eq!(handle.status().borrow().running, [0], "kill {kill}");
+    }
+    assert_eq!(fake.starts().len(), 61);
+    assert!(!fake.log().iter().any(|e| matches!(e, Ev::Panic { .. })));
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_loop_still_gives_up_within_the_window() {
+    // Live, then crashing 2 s later, every time.
+    let fake = Shared::new(Behavior::Run, &[]);
+    let (handle, mut task, _cancel) = spawn(&fake, AgentOptions::default());
+    handle.set_config("a").await.unwrap();
+    let t0 = Instant::now();
+    let err = loop {
+        tokio::time::sleep(ms(2_000)).await;
+        if fake.0.exits.lock().contains_key(&0) {
+            crash(&fake, "signal 11");
+        }
+        if let Ok(ended) = tokio::time::timeout(ms(1), &mut task).await {
+            break ended.unwrap().unwrap_err();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no end to the crash loop");
+    };
+    let AgentError::BudgetExhausted { retries, window, last } = err;
+    assert_eq!((retries, window), (11, Duration::from_secs(120)));
+    assert_eq!(last, ProxyError::Exited("signal 11".into()));
+    assert_eq!(fake.starts().len(), 11);
+    assert_eq!(fake.log().last(), Some(&Ev::Panic { config: "a" }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_older_than_the_window_no_longer_count() {
+    let fake = Shared::new(Behavior::Run, &[]);
+    let retry = Retry {
+        max_retries: 3,
+        window: ms(60_000),
+        ..Retry::default()
+    };
+    let opts = AgentOptions {
+        retry,
+        // Out of the way: only the window forgets failures here.
+        healthy_after: Duration::MAX,
+        ..AgentOptions::default()
+    };
+    let (handle, task, cancel) = spawn(&fake, opts);
+    handle.set_config("a").await.unwrap();
+    settle().await;
+    // Three crashes 25 s apart fit in the budget; the back-off grows with each.
+    let mut crashes = Vec::new();
+    for delay in [200, 400, 800] {
+        tokio::time::sleep(ms(25_000)).await;
+        crashes.push(fake.0.t0.elapsed());
+        crash(&fake, "killed");
+        tokio::time::sleep(ms(1_000)).await;
+        assert_eq!(fake.starts().last().unwrap().2, *crashes.last().unwrap() + ms(delay));
+    }
+    // A fourth within 60 s of the first would end it; 60 s after the first, that one is
+    // forgotten and the back-off is that of a third failure.
+    tokio::time::sleep_until(fake.0.t0 + crashes[0] + ms(60_000)).await;
+    crash(&fake, "killed");
+    tokio::time::sleep(ms(1_000)).await;
+    assert!(!task.is_finished());
+    assert_eq!(fake.starts().last().unwrap().2, crashes[0] + ms(60_800));
+    cancel.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_stretch_clears_the_count_and_a_slow_failed_start_does_not() {
+    let fake = Shared::new(Behavior::Run, &[]);
+    let (handle, _task, cancel) = spawn(&fake, AgentOptions::default());
+    handle.set_config("a").await.unwrap();
+    settle().await;
+    let last_start = |fake: &Shared| fake.starts().last().unwrap().2;
+    // Three quick crashes: the back-off grows to 800 ms.
+    for _ in 0..3 {
+        tokio::time::sleep(ms(1_000)).await;
+        crash(&fake, "killed");
+        tokio::time::sleep(ms(1_000)).await;
+    }
+    // A start that fails after 61 s proves nothing healthy: a fourth failure, 1.6 s.
+    tokio::time::sleep(ms(61_000)).await;
+    let failed = fake.0.t0.elapsed();
+    fake.exit(0, Err(ProxyError::Start("never live".into())));
+    tokio::time::sleep(ms(2_000)).await;
+    assert_eq!(last_start(&fake), failed + ms(1_600));
+    // A crash after 61 s of running: a first failure again, retried after 200 ms.
+    tokio::time::sleep(ms(61_000)).await;
+    let failed = fake.0.t0.elapsed();
+    crash(&fake, "killed");
+    tokio::time::sleep(ms(1_000)).await;
+    assert_eq!(last_start(&fake), failed + ms(200));
     cancel.cancel();
 }

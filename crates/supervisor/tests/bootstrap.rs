@@ -4,6 +4,7 @@
 use serde_json::Value;
 use std::process::Command;
 use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
+use supervisor::envoy::AdminAddr;
 use test_support::envoy;
 
 /// A CA certificate in PEM (Envoy parses `trusted_ca` when validating).
@@ -21,7 +22,7 @@ fn config(token: &str, xds_servers: Vec<XdsServer>, tls: bool) -> BootstrapConfi
         proxy_id: "web-sidecar-proxy".into(),
         node_name: "node-1".into(),
         cluster: "web".into(),
-        admin_bind: "127.0.0.1:19000".parse().unwrap(),
+        admin: AdminAddr::Tcp("127.0.0.1:19000".parse().unwrap()),
         xds_servers,
         token: token.into(),
         xds_tls: tls.then(|| XdsTls { ca_pem: CA_PEM.into() }),
@@ -170,6 +171,23 @@ fn a_prometheus_bind_adds_a_metrics_listener_over_the_admin_interface_and_passes
     assert_eq!(
         admin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"],
         19000
+    );
+    assert_envoy_accepts(&json);
+}
+
+#[test]
+fn an_admin_on_a_unix_socket_is_mode_0600_serves_the_metrics_listener_and_passes_envoy_validate() {
+    let mut cfg = config("", vec![server("127.0.0.1:8502", "127.0.0.1")], false);
+    cfg.admin = AdminAddr::Unix("/run/meshd/web/admin.sock".into());
+    cfg.prometheus_bind = Some("0.0.0.0:20200".parse().unwrap());
+    let json = bootstrap_json(&cfg);
+    let pipe = serde_json::json!({"pipe": {"path": "/run/meshd/web/admin.sock", "mode": 0o600}});
+    assert_eq!(json["admin"]["address"], pipe, "no TCP admin");
+    let admin = &json["static_resources"]["clusters"][1];
+    assert_eq!(admin["name"], "self_admin");
+    assert_eq!(
+        admin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"],
+        pipe
     );
     assert_envoy_accepts(&json);
 }

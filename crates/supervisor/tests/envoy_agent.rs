@@ -1,6 +1,6 @@
 //! The agent driving the real, pinned Envoy: hot restarts under traffic with zero failed
-//! requests, a graceful drain that lets in-flight requests finish, a crash restarted, and
-//! stale shared memory cleaned before epoch 0.
+//! requests, a graceful drain that lets in-flight requests finish, a crash restarted, stale
+//! shared memory cleaned before epoch 0, and the admin and hot-restart sockets kept private.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use supervisor::agent::{Agent, AgentError, AgentHandle, AgentOptions};
-use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy, admin_request, read_admin_address};
+use supervisor::envoy::{AdminAddr, EnvoyConfig, EnvoyOptions, EnvoyProxy, admin_request, read_admin_address};
 use test_support::http::{backend, get};
 use test_support::{base_id, envoy, reserve_port as free_port};
 use tokio_util::sync::CancellationToken;
@@ -45,7 +45,7 @@ fn start(dir: &Path, slot: u32, agent_opts: AgentOptions) -> Running {
 }
 
 impl Running {
-    fn admin(&self, epoch: u32) -> Option<SocketAddr> {
+    fn admin(&self, epoch: u32) -> Option<AdminAddr> {
         read_admin_address(&self.run_dir.join(format!("admin-{epoch}.addr")))
     }
 
@@ -166,12 +166,12 @@ async fn a_graceful_drain_lets_in_flight_requests_complete() {
     // Envoy's own drain time (1 s) ends with its listener stopped, while the process (its
     // admin) lives on until the agent's drain period is over.
     wait_for(Duration::from_secs(1), "the listener stopped", async || {
-        let stats = admin_request(admin, "GET", "/stats?filter=listener_manager.listener_stopped").await;
+        let stats = admin_request(&admin, "GET", "/stats?filter=listener_manager.listener_stopped").await;
         stats.is_ok_and(|(_, body)| body.contains("listener_stopped: 1"))
     })
     .await;
     assert!(t0.elapsed() < Duration::from_secs(3));
-    assert_eq!(admin_request(admin, "GET", "/ready").await.unwrap().0, 200);
+    assert_eq!(admin_request(&admin, "GET", "/ready").await.unwrap().0, 200);
     r.task.await.unwrap().unwrap();
     assert!(
         t0.elapsed() >= Duration::from_secs(3),
@@ -217,4 +217,74 @@ async fn a_killed_envoy_is_restarted_and_stale_shared_memory_is_removed_first() 
     assert_eq!(r.handle.status().borrow().starts, 2);
     assert_ne!(envoy_child_pid(base_id(2)), envoy_pid);
     r.stop().await;
+}
+
+/// `bootstrap` with the admin interface on a Unix socket at `socket`.
+fn with_admin_socket(bootstrap: &str, socket: &Path) -> EnvoyConfig {
+    let mut json: serde_json::Value = serde_json::from_str(bootstrap).unwrap();
+    json["admin"]["address"] = serde_json::json!({"pipe": {"path": socket, "mode": 0o600}});
+    EnvoyConfig(json.to_string())
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(meta.file_type().is_socket(), "{} is no socket", path.display());
+    meta.permissions().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_and_hot_restart_sockets_are_private_files_across_a_hot_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = backend(Duration::ZERO).await;
+    let port = free_port();
+    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let r = start(dir.path(), 3, AgentOptions::default());
+    let socket = r.run_dir.join("admin.sock");
+    r.handle
+        .set_config(with_admin_socket(&bootstrap(port, upstream, 0), &socket))
+        .await
+        .unwrap();
+    r.wait_live(0).await;
+    assert_eq!(r.admin(0), Some(AdminAddr::Unix(socket.clone())));
+    assert_eq!(mode_of(&socket), 0o600);
+    // Epochs talk over files of the run dir, not Envoy's default abstract sockets, which
+    // anyone on the host could send a terminate request (or ask for the listen sockets).
+    let id = u64::from(r.base) * 10;
+    for role in ["parent", "child"] {
+        assert_eq!(mode_of(&r.run_dir.join(format!("hot-restart_{role}_{id}"))), 0o600);
+    }
+    let abstract_sockets: Vec<String> = std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        // Abstract names show with a leading `@`, padded with `@` for their NULs.
+        .filter(|name| name.starts_with('@') && name.trim_end_matches('@').ends_with(&format!("_{id}")))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        abstract_sockets.is_empty(),
+        "abstract hot-restart sockets: {abstract_sockets:?}"
+    );
+
+    // A hot restart binds the same admin path: the new epoch answers there.
+    r.handle
+        .set_config(with_admin_socket(&bootstrap(port, upstream, 1), &socket))
+        .await
+        .unwrap();
+    r.wait_live(1).await;
+    let info = r.server_info(1).await.unwrap();
+    assert_eq!(info["command_line_options"]["restart_epoch"], 1);
+    assert_eq!(r.admin(1), Some(AdminAddr::Unix(socket.clone())));
+    assert_eq!(mode_of(&socket), 0o600);
+    assert_eq!(get(listen, "/").await, Ok(200));
+    r.wait_running(&[1]).await;
+    let run_dir = r.run_dir.clone();
+    r.stop().await;
+    let left: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the run dir: {left:?}");
 }
