@@ -94,6 +94,7 @@ fn burners() -> Result<usize> {
 /// The load: burner threads and a sampler of the 1-minute load average.
 struct Load {
     stop: Arc<AtomicBool>,
+    stop_sampler: std::sync::mpsc::Sender<()>,
     threads: Vec<JoinHandle<()>>,
     sampler: JoinHandle<Vec<f64>>,
     /// The latest sample, as `f64` bits.
@@ -111,28 +112,27 @@ impl Load {
             .collect();
         println!("stress: {burners} burner thread(s) keep the cores busy");
         let latest = Arc::new(AtomicU64::new(0));
+        let (stop_sampler, stopped) = std::sync::mpsc::channel::<()>();
         let sampler = {
-            let (stop, latest) = (Arc::clone(&stop), Arc::clone(&latest));
+            let latest = Arc::clone(&latest);
             std::thread::spawn(move || {
                 let mut samples = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
+                loop {
                     if let Some(one) = load_average() {
                         latest.store(one.to_bits(), Ordering::Relaxed);
                         samples.push(one);
                     }
-                    // Short naps so that stopping is prompt; a sample every 5 s.
-                    for _ in 0..50 {
-                        if stop.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(100));
+                    // A sample every 5 s, until told to stop (or the sender is gone).
+                    match stopped.recv_timeout(Duration::from_secs(5)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return samples,
                     }
                 }
-                samples
             })
         };
         Self {
             stop,
+            stop_sampler,
             threads,
             sampler,
             latest,
@@ -146,6 +146,7 @@ impl Load {
     /// Stops the burners and the sampler; returns the load samples.
     fn stop(self) -> Vec<f64> {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = self.stop_sampler.send(());
         for t in self.threads {
             let _ = t.join();
         }
@@ -282,7 +283,9 @@ impl Report {
 /// Processes of ours still running after a run: the meshd binaries of this workspace, and
 /// the pinned Envoy and etcd. A test that leaks one is as broken as one that fails.
 fn leftover_processes(root: &Path, peers: &tools::Peers) -> Vec<String> {
-    // Processes a test started get a moment to finish exiting after their owner's drop.
+    // Processes a test started get a moment to finish exiting after their owner's drop (no
+    // runtime here: xtask is plain threads).
+    #[allow(clippy::disallowed_methods)]
     std::thread::sleep(Duration::from_secs(2));
     // Canonical, as `/proc/PID/exe` reads (a `.tools` may be a link to another checkout's).
     let ours: Vec<PathBuf> = [
