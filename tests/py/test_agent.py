@@ -422,10 +422,13 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
     try:
         url = f"https://127.0.0.1:{backend.server_address[1]}/health"
         c = agent.client()
-        c.agent.service.register("secure", port=1, check={"http": url, "interval": "1s", "tls_skip_verify": True})
-        c.agent.service.register("strict", port=2, check={"http": url, "interval": "1s"})
-        c.agent.service.register("named", port=3, check={"http": url, "interval": "1s", "tls_skip_verify": True,
-                                                         "tls_server_name": "svc.example"})
+        # Each service's check targets the service's own port (checks registered through the
+        # API may target nothing else).
+        port = backend.server_address[1]
+        c.agent.service.register("secure", port=port, check={"http": url, "interval": "1s", "tls_skip_verify": True})
+        c.agent.service.register("strict", port=port, check={"http": url, "interval": "1s"})
+        c.agent.service.register("named", port=port, check={"http": url, "interval": "1s", "tls_skip_verify": True,
+                                                            "tls_server_name": "svc.example"})
         checks = eventually(
             lambda: (lambda cs: cs if cs["service:secure"]["Status"] == "passing"
                      and cs["service:named"]["Status"] == "passing"

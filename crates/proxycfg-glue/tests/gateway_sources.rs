@@ -239,9 +239,23 @@ async fn server_leaves_carry_dns_sans() {
     leaves_carry_dns_sans(&sources.leaf).await;
 }
 
+/// The ingress-gateway entry that gives `ing` the names the cache's CSRs carry (a server
+/// signs no DNS SAN a gateway's entry does not give it).
+async fn ingress_hosts(store: &Store) {
+    for entry in [
+        json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"}}),
+        json!({"Kind": "ingress-gateway", "Name": "ing", "TLS": {"Enabled": true}, "Listeners": [{"Port": 8443,
+               "Protocol": "http", "Services": [{"Name": "shop", "Hosts": ["shop.example.com", "*.shop.example.com"]}]}]}),
+    ] {
+        let entry = Box::new(ConfigEntry::from_json(entry).unwrap());
+        write(store, Op::ConfigSet { entry, cas: None }).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_leaves_carry_dns_sans() {
     let store = Store::open(StoreConfig::default()).await.unwrap();
+    ingress_hosts(&store).await;
     let app = http_api::router(store.clone(), http_api::ApiConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
