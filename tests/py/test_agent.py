@@ -5,6 +5,8 @@ within the sync window, and reads the agent does not answer itself are forwarded
 """
 
 import http.server
+import json
+import urllib.request
 import os
 import shutil
 import signal
@@ -440,3 +442,17 @@ def test_https_check_verifies_unless_told_to_skip(cluster, tmp_path):
         assert "svc.example" in server_names, f"TLSServerName not sent as SNI: {server_names}"
     finally:
         backend.shutdown()
+
+
+def test_the_agent_serves_the_dashboard_over_its_own_proxies(cluster):
+    """/ui on an agent: the page and its assets, its catalog pages read through the agent's
+    forwarding, its proxies page from the agent's own xDS streams."""
+    _, agent = cluster
+    base = f"http://{agent.addr}"
+    for path, kind in [("/ui", "text/html"), ("/ui/app.js", "javascript"), ("/ui/style.css", "text/css")]:
+        r = urllib.request.urlopen(base + path, timeout=5)
+        assert r.status == 200 and kind in r.headers["Content-Type"], (path, r.headers["Content-Type"])
+    services = json.loads(urllib.request.urlopen(base + "/v1/internal/ui/services", timeout=5).read())
+    assert isinstance(services, list)
+    streams = json.loads(urllib.request.urlopen(base + "/v1/internal/xds-status", timeout=5).read())
+    assert isinstance(streams, list)

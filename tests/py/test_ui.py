@@ -272,9 +272,12 @@ def test_with_acls_the_dashboard_asks_for_a_token_and_uses_it(chrome):
         # Anonymous (deny): the list is filtered to nothing.
         chrome.wait("!!document.getElementById('count-services')", "the page")
         assert chrome.eval("document.getElementById('count-services').innerText") == "0"
+        # It says the list was filtered and asks for a token, rather than a green "0".
+        assert "hidden by ACLs" in chrome.eval("document.getElementById('filtered').innerText")
         chrome.eval(f"document.getElementById('token').value = {json.dumps(secret)}; "
                     "document.getElementById('login').requestSubmit(); true")
         chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 1", "the list with the token")
+        assert chrome.eval("document.getElementById('filtered') === null"), "nothing hidden from management"
         chrome.open(f"http://{http}/ui#proxies")
         chrome.wait("!!document.getElementById('count-proxies')", "the proxies page, allowed with the token")
         assert chrome.eval("document.getElementById('notice').hidden")

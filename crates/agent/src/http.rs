@@ -212,6 +212,9 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
         .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
         .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
+        // The dashboard: its catalog pages read through the forwarding below, its proxies
+        // page this agent's own streams.
+        .merge(dashboard::routes())
         .fallback(forward::forward)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(|resp: Response| async move {

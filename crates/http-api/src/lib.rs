@@ -243,10 +243,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;
     let router = router
-        .route("/ui", get(ui::index))
-        .route("/ui/", get(ui::index))
-        .route("/ui/app.js", get(ui::app))
-        .route("/ui/style.css", get(ui::style))
+        .merge(dashboard::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

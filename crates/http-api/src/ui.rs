@@ -1,51 +1,17 @@
-//! The dashboard at `/ui`: a read-only page over the HTTP API, its assets inside the binary
-//! (no build step, no CDN), and `/v1/internal/ui/services`, the one summary it needs that
-//! the API has no single call for (every service with its instance count and health).
-//!
-//! The page reads the API with the token typed into its login field (kept in the tab's
-//! `sessionStorage`, sent as `X-Consul-Token`), so ACLs apply to it as to any client.
+//! `/v1/internal/ui/services`: the one summary the dashboard (crate `dashboard`, served at
+//! `/ui`) needs that the API has no single call for (every service with its instance count
+//! and health).
 
 use crate::Api;
 use crate::authz::Authz;
 use crate::error::ApiError;
 use crate::query::{self, Params};
 use axum::extract::{RawQuery, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use catalog::IndexKey;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use structs::{HealthStatus, ServiceKind};
-
-const INDEX: &str = include_str!("../ui/index.html");
-const APP: &str = include_str!("../ui/app.js");
-const STYLE: &str = include_str!("../ui/style.css");
-
-fn asset(content_type: &'static str, body: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, content_type),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
-}
-
-/// `/ui` and `/ui/`: the page.
-pub(crate) async fn index() -> Response {
-    asset("text/html; charset=utf-8", INDEX)
-}
-
-/// `/ui/app.js`.
-pub(crate) async fn app() -> Response {
-    asset("text/javascript; charset=utf-8", APP)
-}
-
-/// `/ui/style.css`.
-pub(crate) async fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
-}
 
 /// One service in the dashboard's list.
 #[derive(Debug, Default, Serialize)]

@@ -26,7 +26,18 @@ async function api(path) {
     throw new Error(`Permission denied for ${path}: give a token that may read it (the field at the top right).`);
   }
   if (!resp.ok) throw new Error(`${path}: ${resp.status} ${(await resp.text()).trim()}`);
+  // ACLs hid part of the answer: what the page shows is not everything there is.
+  filtered = resp.headers.get("X-Consul-Results-Filtered-By-ACLs") === "true";
   return resp.json();
+}
+
+// Whether the last answer was filtered by ACLs.
+let filtered = false;
+
+function filteredNote() {
+  return filtered
+    ? `<div class="notice" id="filtered">Some results are hidden by ACLs: give a token that may read them (the field at the top right).</div>`
+    : "";
 }
 
 function pill(cls, text) { return `<span class="pill ${cls}">${esc(text)}</span>`; }
@@ -38,11 +49,14 @@ async function services(page) {
   const list = await api("/v1/internal/ui/services");
   const instances = list.reduce((a, s) => a + s.Instances, 0);
   const critical = list.reduce((a, s) => a + s.Critical, 0);
+  // Green only for what the token could see in full.
+  const criticalColor = critical ? "var(--bad)" : filtered ? "inherit" : "var(--ok)";
   page.innerHTML = `<h1>Services</h1><div class="sub">Every registered service and the health of its instances.</div>
+    ${filteredNote()}
     <div class="cards">
       <div class="card"><div class="n" id="count-services">${list.length}</div><div class="l">services</div></div>
       <div class="card"><div class="n">${instances}</div><div class="l">instances</div></div>
-      <div class="card"><div class="n" style="color:${critical ? "var(--bad)" : "var(--ok)"}">${critical}</div><div class="l">critical instances</div></div>
+      <div class="card"><div class="n" style="color:${criticalColor}">${critical}</div><div class="l">critical instances</div></div>
     </div>
     <table id="services"><thead><tr><th>Service</th><th>Kind</th><th>Instances</th><th>Health</th><th>Tags</th></tr></thead><tbody>
     ${list.map((s) => `<tr data-service="${esc(s.Name)}">
