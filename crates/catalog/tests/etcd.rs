@@ -202,7 +202,7 @@ async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() 
     };
 
     // a loses etcd; meanwhile b writes, and etcd compacts every revision a has not seen.
-    link.cut();
+    link.cut().await;
     let mut last = Index(0);
     for i in 1..20 {
         last = b.write(register(&format!("n{i}"), "web")).await.unwrap().index;
@@ -407,7 +407,7 @@ async fn a_leader_that_stepped_down_with_its_lease_alive_leads_again() {
         }
         last = now;
     }
-    link.cut();
+    link.cut().await;
     let cut_at = std::time::Instant::now();
     tokio::time::timeout(TTL * 2, ca.leading().wait_for(|l| !*l))
         .await

@@ -87,7 +87,7 @@ async fn a_lagging_server_waits_for_its_watch_and_never_answers_a_lower_index() 
         })
     };
 
-    link.cut();
+    link.cut().await;
     register(&writer, "web-2").await;
     let newer = index(&writer, "").await;
     assert!(newer > first);

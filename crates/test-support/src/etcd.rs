@@ -349,6 +349,8 @@ fn pause(d: Duration) {
 pub struct CuttableLink {
     url: String,
     cut: tokio::sync::watch::Sender<bool>,
+    /// Connections forwarding now: [`CuttableLink::cut`] waits for none to be left.
+    open: tokio::sync::watch::Sender<usize>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -362,6 +364,8 @@ impl CuttableLink {
         let url = format!("http://{}", listener.local_addr().expect("the listener's address"));
         let cut = tokio::sync::watch::Sender::new(false);
         let cut_rx = cut.subscribe();
+        let open = tokio::sync::watch::Sender::new(0usize);
+        let counted = open.clone();
         // Ends when the link is dropped (aborted); each connection's task ends when either
         // side closes or the link is cut.
         let accept = tokio::spawn(async move {
@@ -371,18 +375,22 @@ impl CuttableLink {
                 }
                 let upstream = upstream.clone();
                 let mut cut_rx = cut_rx.clone();
+                let counted = counted.clone();
+                counted.send_modify(|n| *n += 1);
                 tokio::spawn(async move {
-                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
-                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await {
+                        // The cut first: once it is seen, not one more byte is forwarded.
+                        tokio::select! {
+                            biased;
+                            _ = cut_rx.wait_for(|cut| *cut) => {}
+                            _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        }
                     }
+                    counted.send_modify(|n| *n -= 1);
                 });
             }
         });
-        CuttableLink { url, cut, accept }
+        CuttableLink { url, cut, open, accept }
     }
 
     /// The URL to give the client instead of the member's.
@@ -390,9 +398,11 @@ impl CuttableLink {
         self.url.clone()
     }
 
-    /// Cuts the link: open connections close, new ones are dropped.
-    pub fn cut(&self) {
+    /// Cuts the link: open connections close, new ones are dropped. Returns once every
+    /// connection has stopped forwarding, so nothing sent after it crosses the link.
+    pub async fn cut(&self) {
         self.cut.send_replace(true);
+        let _ = self.open.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// Restores the link: new connections are forwarded again.
