@@ -187,6 +187,9 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
         stat(&client, &web_admin, "control_plane.connected_state").await,
         Some(1)
     );
+    // Counted before the deletion: Envoy's first reconnection comes at once, its later ones
+    // after a back-off that grows towards 30 s.
+    let denied = mesh.metric("meshd_xds_streams_denied_total").await;
     let (status, text) = mesh
         .call(
             reqwest::Method::DELETE,
@@ -199,7 +202,6 @@ async fn xds_streams_need_service_write_and_end_when_the_token_goes() {
     wait_for(|| async { (stat(&client, &web_admin, "control_plane.connected_state").await == Some(0)).then_some(()) })
         .await;
     // And its reconnections are refused.
-    let denied = mesh.metric("meshd_xds_streams_denied_total").await;
     wait_for(|| async { (mesh.metric("meshd_xds_streams_denied_total").await > denied).then_some(()) }).await;
 
     // The proxy-status view needs operator:read.

@@ -147,7 +147,9 @@ async fn a_graceful_drain_lets_in_flight_requests_complete() {
     let port = free_port();
     let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let opts = AgentOptions {
-        drain_period: Duration::from_secs(3),
+        // Long enough that Envoy's own 1 s drain, the in-flight request and the admin reads
+        // below fit in it on a loaded machine.
+        drain_period: Duration::from_secs(8),
         ..AgentOptions::default()
     };
     let r = start(dir.path(), 1, opts);
@@ -165,16 +167,16 @@ async fn a_graceful_drain_lets_in_flight_requests_complete() {
     let admin = r.admin(0).unwrap();
     // Envoy's own drain time (1 s) ends with its listener stopped, while the process (its
     // admin) lives on until the agent's drain period is over.
-    wait_for(Duration::from_secs(1), "the listener stopped", async || {
+    wait_for(Duration::from_secs(6), "the listener stopped", async || {
         let stats = admin_request(&admin, "GET", "/stats?filter=listener_manager.listener_stopped").await;
         stats.is_ok_and(|(_, body)| body.contains("listener_stopped: 1"))
     })
     .await;
-    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert!(t0.elapsed() < Duration::from_secs(8));
     assert_eq!(admin_request(&admin, "GET", "/ready").await.unwrap().0, 200);
     r.task.await.unwrap().unwrap();
     assert!(
-        t0.elapsed() >= Duration::from_secs(3),
+        t0.elapsed() >= Duration::from_secs(8),
         "stopped before the drain period ended"
     );
     assert!(admin_request(admin, "GET", "/ready").await.is_err());
@@ -212,8 +214,10 @@ async fn a_killed_envoy_is_restarted_and_stale_shared_memory_is_removed_first() 
         get(listen, "/").await == Ok(200)
     })
     .await;
+    // The exact back-off (200 ms here) is the paused-time tests' to check; this one only
+    // tells a prompt restart from the long back-off of a crash loop.
     let restarted = t0.elapsed();
-    assert!(restarted < Duration::from_secs(2), "restart took {restarted:?}");
+    assert!(restarted < Duration::from_secs(15), "restart took {restarted:?}");
     assert_eq!(r.handle.status().borrow().starts, 2);
     assert_ne!(envoy_child_pid(base_id(2)), envoy_pid);
     r.stop().await;
