@@ -215,7 +215,10 @@ async fn forwarding_without_a_server_is_a_500_with_one_line() {
         "{body}"
     );
     // Only /v1 is forwarded; the agent serves the dashboard itself.
-    assert_eq!(call(&app, "GET", "/elsewhere/", Value::Null).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        call(&app, "GET", "/elsewhere/", Value::Null).await.0,
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(call(&app, "GET", "/ui/", Value::Null).await.0, StatusCode::OK);
     // The server that did not answer shows as failed (4) among the members.
     let (_, body) = call(&app, "GET", "/v1/agent/members", Value::Null).await;
