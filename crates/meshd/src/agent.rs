@@ -326,6 +326,8 @@ pub async fn run(
         }
         _ => (None, None),
     };
+    // Before the ready line: SIGHUP's default action would end the agent.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     info!(%http_addr, %grpc_addr, ?https_addr, ?grpc_tls_addr, %node, servers = ?agent.servers().addresses(), "meshd agent ready");
     on_ready(&RunningAgent {
         http_addr,
@@ -343,7 +345,8 @@ pub async fn run(
     let reload_agent = agent.clone();
     let config_files = args.config_file.clone();
     let reload = tokio::spawn(
-        async move { reload_on_sighup(reload_agent, config_files, reload_stop).await }.instrument(info_span!("reload")),
+        async move { reload_on_sighup(reload_agent, config_files, hup, reload_stop).await }
+            .instrument(info_span!("reload")),
     );
 
     shutdown.await;
@@ -570,9 +573,13 @@ impl LocalChecks for AgentLocal {
 
 /// Re-reads the config files on every SIGHUP; a file that cannot be used changes nothing and
 /// is logged.
-async fn reload_on_sighup(agent: Agent, files: Vec<PathBuf>, stop: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+async fn reload_on_sighup(
+    agent: Agent,
+    files: Vec<PathBuf>,
+    hup: std::io::Result<tokio::signal::unix::Signal>,
+    stop: CancellationToken,
+) {
+    let Ok(mut hup) = hup else {
         warn!("cannot listen for SIGHUP: config files are read at start only");
         return;
     };

@@ -620,6 +620,8 @@ async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl F
     use supervisor::envoy::{EnvoyConfig, EnvoyOptions, EnvoyProxy};
     use tokio::signal::unix::{SignalKind, signal};
 
+    // Installed first: SIGHUP's default action would end the supervisor.
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     // A temporary run dir lives as long as `dir`: this function.
     let run_dir = dir.path.clone();
     let admin = admin_of(&args, Some(&dir))?;
@@ -644,7 +646,6 @@ async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl F
         .set_config(EnvoyConfig(first))
         .await
         .context("the proxy agent stopped at once")?;
-    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut shutdown = std::pin::pin!(shutdown);
     let mut token = TokenWatch::new(args.token_file.clone());
     loop {

@@ -50,16 +50,22 @@ pub fn init_logging(level: &str, json: bool) {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called (inside
+/// the runtime), not when the future is first polled: a server polls it only after its ready
+/// line, and a signal sent in between must end it cleanly, not by the signal's default
+/// action (exit status -15: seen under load by `cargo xtask stress`).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        // Without signal handlers the process can only be killed; run until then.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let handlers = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            // Without signal handlers the process can only be killed; run until then.
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }

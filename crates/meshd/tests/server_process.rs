@@ -170,6 +170,18 @@ fn the_data_dir_and_its_files_are_the_owners_only() {
     assert!(log_holds_secret, "the test looks at the files that hold secrets");
 }
 
+/// SIGTERM the moment the ready line is out: the handler is in place before that line, so
+/// the exit is the clean one (status 0), never the signal's default action. It once was
+/// installed only when the server first waited on it, just after the line.
+#[test]
+fn sigterm_right_after_the_ready_line_is_a_clean_exit() {
+    for _ in 0..10 {
+        let server = Server::start(&["-dev"]);
+        let status = server.terminate();
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 /// A deterministic sequence for choosing kill points.
 struct Lcg(u64);
 
