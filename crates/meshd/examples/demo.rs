@@ -63,15 +63,17 @@ async fn until<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
 async fn main() {
     let envoy =
         std::env::var("MESHD_ENVOY").expect("MESHD_ENVOY must name the Envoy binary (cargo xtask demo sets it)");
-    let data_dir = tempfile::tempdir().unwrap();
-    println!("1. starting meshd server (data dir {})", data_dir.path().display());
+    let tmp = tempfile::tempdir().unwrap();
+    // A path that does not exist yet: the server creates it private (0700).
+    let data_dir = tmp.path().join("server");
+    println!("1. starting meshd server (data dir {})", data_dir.display());
     let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
         &meshd(),
         [
             std::ffi::OsStr::new("-log-level"),
             "warn".as_ref(),
             "-data-dir".as_ref(),
-            data_dir.path().as_os_str(),
+            data_dir.as_os_str(),
         ],
     );
     let server = Proc("meshd server", child);
