@@ -496,16 +496,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = stream.read(&mut buf).await.unwrap();
-                request.extend_from_slice(&buf[..n]);
-            }
-            stream.write_all(response.as_bytes()).await.unwrap();
-            stream.shutdown().await.unwrap();
-            String::from_utf8(request).unwrap()
+            let (stream, _) = listener.accept().await.unwrap();
+            answer(stream, response).await
         });
         (addr, task)
     }
