@@ -6,7 +6,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// What [`private_dir`] had to tighten.
@@ -27,7 +27,9 @@ impl Tightened {
 
 /// Makes `dir` a private directory: created `0700` (with any missing parent) when absent;
 /// when present, its mode and those of everything below it lose every group and other bit.
-/// Fails with a plain "is not a directory" when `dir` is something else.
+/// Fails with a plain "is not a directory" when `dir` is something else, and when another
+/// user owns it: its owner could widen it again at will (a directory made in advance, in
+/// `/tmp` say, to read what meshd writes there).
 pub fn private_dir(dir: &Path) -> io::Result<Tightened> {
     match fs::symlink_metadata(dir) {
         Ok(meta) if !meta.is_dir() && !fs::metadata(dir).is_ok_and(|m| m.is_dir()) => {
@@ -42,8 +44,20 @@ pub fn private_dir(dir: &Path) -> io::Result<Tightened> {
         }
         Err(e) => return Err(e),
     }
+    let meta = fs::metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this user (uid {me}): its owner could let others read it",
+                dir.display(),
+                meta.uid()
+            ),
+        ));
+    }
     let mut tightened = Tightened::default();
-    let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
+    let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         fs::set_permissions(dir, fs::Permissions::from_mode(mode & 0o700))?;
         tightened.dir_mode = Some(mode);
@@ -126,6 +140,23 @@ mod tests {
         fs::write(&file, b"").unwrap();
         let e = private_dir(&file).unwrap_err();
         assert_eq!(e.to_string(), format!("{} is not a directory", file.display()));
+    }
+
+    #[test]
+    fn a_directory_another_user_owns_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        fs::create_dir(&dir).unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        // Only root may give a directory away; elsewhere the refusal is not reachable here.
+        if me == 0 {
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            let e = private_dir(&dir).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+        }
+        std::os::unix::fs::chown(&dir, Some(me), None).unwrap();
+        private_dir(&dir).unwrap();
     }
 
     #[test]
