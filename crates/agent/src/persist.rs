@@ -57,15 +57,7 @@ impl Persistence {
     /// private (`0700`, files `0600`: registrations can hold check headers and tokens), and
     /// one line says so when it was wider.
     pub fn open(data_dir: &Path) -> io::Result<Self> {
-        let tightened = atomic_file::private_dir(data_dir)?;
-        if tightened.any() {
-            tracing::warn!(
-                dir = %data_dir.display(),
-                mode = ?tightened.dir_mode.map(|m| format!("{m:o}")),
-                files = tightened.entries.len(),
-                "the data dir let other users read it: tightened to 0700, its files to 0600"
-            );
-        }
+        atomic_file::private_dir(data_dir)?;
         let services = data_dir.join("services");
         let checks = data_dir.join("checks");
         atomic_file::private_dir(&services)?;

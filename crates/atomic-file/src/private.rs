@@ -26,7 +26,8 @@ impl Tightened {
 }
 
 /// Makes `dir` a private directory: created `0700` (with any missing parent) when absent;
-/// when present, its mode and those of everything below it lose every group and other bit.
+/// when present, its mode and those of everything below it lose every group and other bit,
+/// said in one warning.
 /// Fails with a plain "is not a directory" when `dir` is something else, and when another
 /// user owns it: its owner could widen it again at will (a directory made in advance, in
 /// `/tmp` say, to read what meshd writes there).
@@ -63,6 +64,14 @@ pub fn private_dir(dir: &Path) -> io::Result<Tightened> {
         tightened.dir_mode = Some(mode);
     }
     tighten_below(dir, &mut tightened.entries)?;
+    if tightened.any() {
+        tracing::warn!(
+            dir = %dir.display(),
+            mode = ?tightened.dir_mode.map(|m| format!("{m:o}")),
+            files = tightened.entries.len(),
+            "a private directory let other users in: tightened to 0700, its files to 0600"
+        );
+    }
     Ok(tightened)
 }
 

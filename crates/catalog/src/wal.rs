@@ -312,15 +312,7 @@ impl Wal {
     /// Opens (or creates) a data dir and returns the log and the state it holds.
     pub(crate) fn open(dir: &Path) -> Result<(Wal, State), StoreError> {
         // The log holds the CA's private key and every token's secret: owner only.
-        let tightened = atomic_file::private_dir(dir).map_err(io_err("making it private (0700)"))?;
-        if tightened.any() {
-            tracing::warn!(
-                dir = %dir.display(),
-                mode = ?tightened.dir_mode.map(|m| format!("{m:o}")),
-                files = tightened.entries.len(),
-                "the data dir let other users read it: tightened to 0700, its files to 0600"
-            );
-        }
+        atomic_file::private_dir(dir).map_err(io_err("making it private (0700)"))?;
         let lock = atomic_file::open_private(
             &dir.join("LOCK"),
             OpenOptions::new().create(true).truncate(false).write(true),

@@ -169,10 +169,7 @@ impl EnvoyProxy {
     pub fn new(opts: EnvoyOptions) -> std::io::Result<Self> {
         check_socket_dir(&opts.run_dir)?;
         // Bootstrap files hold the proxy's token: owner only.
-        let tightened = atomic_file::private_dir(&opts.run_dir)?;
-        if tightened.any() {
-            tracing::warn!(dir = %opts.run_dir.display(), files = tightened.entries.len(), "the run dir let other users read it: tightened to 0700, its files to 0600");
-        }
+        atomic_file::private_dir(&opts.run_dir)?;
         Ok(Self {
             opts,
             epochs: Default::default(),

@@ -273,13 +273,10 @@ impl Manager {
         ] {
             // Pid files, logs and the snapshot (proxy tokens' environment among them) are
             // the owner's only.
-            let tightened = atomic_file::private_dir(&dir).map_err(|source| DaemonError::DataDir {
+            atomic_file::private_dir(&dir).map_err(|source| DaemonError::DataDir {
                 path: dir.clone(),
                 source,
             })?;
-            if tightened.any() {
-                tracing::warn!(dir = %dir.display(), files = tightened.entries.len(), "the proxies' data dir let other users read it: tightened to 0700, its files to 0600");
-            }
         }
         let snapshot_path = opts.data_dir.join("snapshot.json");
         let restored = read_snapshot(&snapshot_path)?;
