@@ -16,10 +16,6 @@ use crate::state::State;
 use crate::wal::{self, Record, StoreError, Wal};
 use bounded_maps::SweptMap;
 use parking_lot::{Mutex, RwLock};
-
-/// The DNS domain of ingress gateways' default hosts (`<service>.ingress.consul`), as the
-/// proxy config engine names them.
-const INGRESS_DOMAIN: &str = "consul";
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
@@ -340,9 +336,7 @@ impl Store {
             .config_entry(structs::config_entry::ConfigEntryKind::IngressGateway, service)
             .as_deref()
         {
-            Some(structs::config_entry::ConfigEntry::IngressGateway(g)) => {
-                g.may_claim_dns_name(name, datacenter, INGRESS_DOMAIN)
-            }
+            Some(structs::config_entry::ConfigEntry::IngressGateway(g)) => g.may_claim_dns_name(name, datacenter),
             _ => false,
         };
         ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())

@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use structs::{ConfigEntryKind, GatewayService, MeshGatewayMode, Protocol, UpstreamId};
 
-/// The DNS domain of default ingress hosts (`<service>.ingress.<domain>`), as Consul's.
-pub const INGRESS_DOMAIN: &str = "consul";
+pub use structs::config_entry::INGRESS_DOMAIN;
 
 /// Watches roots, its leaf, its config entry, the mesh config and the services it exposes;
 /// per exposed service its discovery chain (compiled with the listener's protocol), then per

@@ -172,12 +172,17 @@ pub struct IngressGateway {
     pub modify_index: Index,
 }
 
+/// The DNS domain of ingress gateways' default hosts (`<service>.ingress.<domain>`), as
+/// Consul's.
+pub const INGRESS_DOMAIN: &str = "consul";
+
 impl IngressGateway {
     /// Whether the gateway's certificate may carry `name` as a DNS SAN: a host one of its
     /// listeners' services answers to, or a default `<service>.ingress.<domain>` or
     /// `<service>.ingress.<datacenter>.<domain>` of a service it lists (any service with `*`).
     /// A CSR asking for anything else is refused: a gateway claims only its own names.
-    pub fn may_claim_dns_name(&self, name: &str, datacenter: &str, domain: &str) -> bool {
+    pub fn may_claim_dns_name(&self, name: &str, datacenter: &str) -> bool {
+        let domain = INGRESS_DOMAIN;
         let default_of = |service: &str| {
             let Some((label, rest)) = name.split_once('.') else {
                 return false;

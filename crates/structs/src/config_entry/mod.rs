@@ -10,8 +10,8 @@ mod routing;
 pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
 pub use gateway_rules::WILDCARD_SERVICE;
 pub use gateways::{
-    GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, IngressGateway, IngressListener, IngressService,
-    IngressServiceConfig, LinkedService, TerminatingGateway,
+    GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, INGRESS_DOMAIN, IngressGateway, IngressListener,
+    IngressService, IngressServiceConfig, LinkedService, TerminatingGateway,
 };
 pub use intentions::{
     IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
