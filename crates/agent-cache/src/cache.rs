@@ -32,10 +32,38 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-/// Why a fetch failed (the entry keeps its last good value).
+/// Why a fetch failed (the entry keeps its last good value). The kind travels to whoever
+/// shows it: a proxy whose token the servers refuse says "permission denied", not
+/// "unavailable".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct FetchError(pub String);
+pub enum FetchError {
+    /// The servers refused the request's token (a 403): it lacks a permission, or they do
+    /// not know it. The text names the request and the servers' reason.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The servers could not answer, or answered something unusable.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl FetchError {
+    /// A failed request to the servers, with what was asked (`GET /v1/...`) in front.
+    pub fn api(asked: &str, error: &api_client::ApiError) -> Self {
+        let text = format!("{asked}: {error}");
+        if error.is_permission_denied() {
+            Self::PermissionDenied(text)
+        } else {
+            Self::Unavailable(text)
+        }
+    }
+
+    /// The text, whatever the kind.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::PermissionDenied(m) | Self::Unavailable(m) => m,
+        }
+    }
+}
 
 /// A value fetched at a catalog index.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use structs::{IndexedCaRoots, IssuedCert, SpiffeIdService};
 use tracing::info;
 
 /// The server endpoint that signs a CSR (see the HTTP API's docs).
-pub const SIGN_PATH: &str = "/v1/internal/connect/ca/sign";
+pub const SIGN_PATH: &str = api_client::paths::CA_SIGN;
 
 /// The body of a signing request.
 #[derive(Debug, Serialize)]
@@ -83,10 +83,10 @@ impl Leaf {
     async fn sign(&self, key: &LeafKey, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
         let (service, token) = (key.service.as_str(), key.token.as_str());
         let Some(active) = roots.active() else {
-            return Err(FetchError("the CA has no active root yet".into()));
+            return Err(FetchError::Unavailable("the CA has no active root yet".into()));
         };
         if roots.trust_domain.is_empty() {
-            return Err(FetchError("the CA has no trust domain yet".into()));
+            return Err(FetchError::Unavailable("the CA has no trust domain yet".into()));
         }
         let (key_pem, csr) = signing_request(
             &roots.trust_domain,
@@ -95,7 +95,7 @@ impl Leaf {
             &key.dns_sans,
             active.private_key_bits,
         )
-        .map_err(|e| FetchError(format!("cannot make a signing request for {service:?}: {e}")))?;
+        .map_err(|e| FetchError::Unavailable(format!("cannot make a signing request for {service:?}: {e}")))?;
         let mut cert: IssuedCert = self
             .http
             .servers()
@@ -105,9 +105,9 @@ impl Leaf {
                 &SignRequest { csr: &csr },
             )
             .await
-            .map_err(|e| FetchError(format!("signing the leaf of {service:?}: {e}")))?;
+            .map_err(|e| FetchError::api(&format!("signing the leaf of {service:?}"), &e))?;
         if cert.service != service {
-            return Err(FetchError(format!(
+            return Err(FetchError::Unavailable(format!(
                 "signing the leaf of {service:?}: the server answered a certificate for {:?}",
                 cert.service
             )));
@@ -137,8 +137,8 @@ impl CacheType for Leaf {
         let mut roots_watch = self.roots.watch(&RootsKey);
         let mut roots = match roots_watch.next().await {
             Some(Ok(f)) => f.value,
-            Some(Err(e)) => return Err(FetchError(format!("CA roots: {e}"))),
-            None => return Err(FetchError("the agent cache is shutting down".into())),
+            Some(Err(e)) => return Err(FetchError::Unavailable(format!("CA roots: {e}"))),
+            None => return Err(FetchError::Unavailable("the agent cache is shutting down".into())),
         };
         loop {
             let held = self.issued.lock().get(key).cloned();
@@ -163,7 +163,7 @@ impl CacheType for Leaf {
                     Some(Ok(f)) => roots = f.value,
                     // Errors are reported only before a first value, which there was.
                     Some(Err(_)) => {}
-                    None => return Err(FetchError("the agent cache is shutting down".into())),
+                    None => return Err(FetchError::Unavailable("the agent cache is shutting down".into())),
                 },
             }
         }

@@ -3,14 +3,12 @@
 //!
 //! - [`cache`]: the generic core (entries by request, one fetcher per key, TTL, index rules,
 //!   back-off, minimum interval, counters).
-//! - [`servers`]: the HTTP client for the servers (`-retry-join`), with fail-over.
 //! - [`types`]: the cache types in front of the servers' HTTP API.
 //! - [`leaf`]: leaf certificates from keys generated here and signed by a server.
 //! - [`AgentCaches`]: one cache of each type, as an agent runs them.
 
 pub mod cache;
 pub mod leaf;
-pub mod servers;
 pub mod types;
 
 use cache::{Cache, CacheConfig, CacheMetrics};
@@ -81,7 +79,7 @@ pub struct AgentCaches {
 
 impl AgentCaches {
     /// The caches over `servers`; every fetcher stops with `cancel` (or [`Self::shutdown`]).
-    pub fn new(servers: Arc<servers::Servers>, config: CachesConfig, cancel: CancellationToken) -> Self {
+    pub fn new(servers: Arc<api_client::Servers>, config: CachesConfig, cancel: CancellationToken) -> Self {
         let http = Http::new(servers, config.blocking_wait);
         let roots = Cache::new(Roots(http.clone()), config.cache.clone(), cancel.child_token());
         Self {

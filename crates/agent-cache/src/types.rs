@@ -2,7 +2,7 @@
 //! blocking query and decodes the answer. Values are `Arc`s, shared by every watcher.
 
 use crate::cache::{CacheType, FetchError, Fetched};
-use crate::servers::{Blocked, Servers};
+use api_client::{Blocked, Servers};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -41,9 +41,9 @@ impl Http {
             .servers
             .get_blocking_as((!token.is_empty()).then_some(token), path, min_index, self.wait)
             .await
-            .map_err(|e| FetchError(format!("GET {path}: {e}")))?;
+            .map_err(|e| FetchError::api(&format!("GET {path}"), &e))?;
         if answer.index == 0 {
-            return Err(FetchError(format!(
+            return Err(FetchError::Unavailable(format!(
                 "GET {path}: the server sent no X-Consul-Index; it cannot answer blocking queries"
             )));
         }
@@ -64,26 +64,15 @@ impl Http {
     ) -> Result<Fetched<T>, FetchError> {
         let answer = self.blocking_as(token, path, min_index).await?;
         let Some(body) = answer.body else {
-            return Err(FetchError(format!("GET {path}: 404 not found")));
+            return Err(FetchError::Unavailable(format!("GET {path}: 404 not found")));
         };
-        let value = structs::json::from_slice(&body).map_err(|e| FetchError(format!("GET {path}: {e}")))?;
+        let value =
+            structs::json::from_slice(&body).map_err(|e| FetchError::Unavailable(format!("GET {path}: {e}")))?;
         Ok(Fetched {
             value,
             index: answer.index,
         })
     }
-}
-
-/// Everything but RFC 3986's unreserved characters is percent-encoded in a name.
-const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// A name as one URL path segment (or query value).
-fn segment(name: &str) -> String {
-    percent_encoding::utf8_percent_encode(name, RESERVED).to_string()
 }
 
 /// The trust bundle (`/v1/connect/ca/roots`).
@@ -99,7 +88,7 @@ impl CacheType for Roots {
     type Value = Arc<IndexedCaRoots>;
 
     async fn fetch(&self, _: &RootsKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let f: Fetched<IndexedCaRoots> = self.0.decoded("/v1/connect/ca/roots", min_index).await?;
+        let f: Fetched<IndexedCaRoots> = self.0.decoded(api_client::paths::CA_ROOTS, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),
             index: f.index,
@@ -140,12 +129,7 @@ impl CacheType for Health {
     type Value = Arc<Vec<CheckServiceNode>>;
 
     async fn fetch(&self, key: &HealthKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = format!(
-            "/v1/health/{}/{}{}",
-            if key.connect { "connect" } else { "service" },
-            segment(&key.service),
-            if key.passing { "?passing" } else { "" }
-        );
+        let path = api_client::paths::health_service(&key.service, key.connect, key.passing);
         let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded_as(&key.token, &path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),
@@ -170,10 +154,7 @@ impl CacheType for Intentions {
     type Value = Arc<Vec<Intention>>;
 
     async fn fetch(&self, key: &IntentionsKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = format!(
-            "/v1/connect/intentions/match?by=destination&name={}",
-            segment(&key.destination)
-        );
+        let path = api_client::paths::intentions_match_destination(&key.destination);
         let f: Fetched<BTreeMap<String, Vec<Intention>>> = self.0.decoded(&path, min_index).await?;
         let mut by_name = f.value;
         Ok(Fetched {
@@ -201,7 +182,7 @@ impl CacheType for ConfigEntryType {
     type Value = Option<Arc<ConfigEntry>>;
 
     async fn fetch(&self, key: &ConfigEntryKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = format!("/v1/config/{}/{}", key.kind.as_str(), segment(&key.name));
+        let path = api_client::paths::config_entry(key.kind.as_str(), &key.name);
         let answer = self.0.blocking(&path, min_index).await?;
         let value = match answer.body {
             None => None,
@@ -216,8 +197,8 @@ impl CacheType for ConfigEntryType {
 
 fn decode_entry(path: &str, body: &[u8]) -> Result<ConfigEntry, FetchError> {
     let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| FetchError(format!("GET {path}: invalid JSON: {e}")))?;
-    ConfigEntry::from_json(value).map_err(|e| FetchError(format!("GET {path}: {e}")))
+        serde_json::from_slice(body).map_err(|e| FetchError::Unavailable(format!("GET {path}: invalid JSON: {e}")))?;
+    ConfigEntry::from_json(value).map_err(|e| FetchError::Unavailable(format!("GET {path}: {e}")))
 }
 
 /// Every config entry of a kind (`/v1/config/:kind`).
@@ -229,7 +210,7 @@ impl CacheType for ConfigEntries {
     type Value = Arc<Vec<Arc<ConfigEntry>>>;
 
     async fn fetch(&self, kind: &ConfigEntryKind, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = format!("/v1/config/{}", kind.as_str());
+        let path = api_client::paths::config_entries(kind.as_str());
         let f: Fetched<Vec<serde_json::Value>> = self.0.decoded(&path, min_index).await?;
         let entries = f
             .value
@@ -237,7 +218,7 @@ impl CacheType for ConfigEntries {
             .map(|v| {
                 ConfigEntry::from_json(v)
                     .map(Arc::new)
-                    .map_err(|e| FetchError(format!("GET {path}: {e}")))
+                    .map_err(|e| FetchError::Unavailable(format!("GET {path}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Fetched {
@@ -260,7 +241,8 @@ impl CacheType for ServiceList {
     type Value = Arc<Vec<String>>;
 
     async fn fetch(&self, _: &ServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let f: Fetched<BTreeMap<String, Vec<String>>> = self.0.decoded("/v1/catalog/services", min_index).await?;
+        let f: Fetched<BTreeMap<String, Vec<String>>> =
+            self.0.decoded(api_client::paths::CATALOG_SERVICES, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value.into_keys().collect()),
             index: f.index,
@@ -285,7 +267,7 @@ impl CacheType for GatewayServices {
     type Value = Arc<Vec<GatewayService>>;
 
     async fn fetch(&self, key: &GatewayServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = format!("/v1/catalog/gateway-services/{}", segment(&key.gateway));
+        let path = api_client::paths::catalog_gateway_services(&key.gateway);
         let f: Fetched<Vec<GatewayService>> = self.0.decoded(&path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),
@@ -340,9 +322,9 @@ impl CacheType for Datacenters {
             let now: Vec<String> = self
                 .http
                 .servers
-                .get_json("/v1/catalog/datacenters")
+                .get_json(api_client::paths::CATALOG_DATACENTERS)
                 .await
-                .map_err(|e| FetchError(format!("GET /v1/catalog/datacenters: {e}")))?;
+                .map_err(|e| FetchError::api("GET /v1/catalog/datacenters", &e))?;
             let mut last = self.last.lock();
             match &*last {
                 Some((names, _)) if **names == now => {}
@@ -350,16 +332,5 @@ impl CacheType for Datacenters {
                 None => *last = Some((Arc::new(now), 1)),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_percent_encoded_in_paths() {
-        assert_eq!(segment("web-1.v2_x"), "web-1.v2_x");
-        assert_eq!(segment("a/b c"), "a%2Fb%20c");
     }
 }

@@ -15,7 +15,7 @@
 //!   handed to it as `CONNECT_PROXY_TOKEN`, accepted by this agent's xDS only and only for
 //!   that proxy's service (the proxy never holds the registration's token).
 
-use crate::servers::{ServerError, Servers};
+use crate::servers::{ApiError, Servers};
 use ::acl::Authorizer;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -160,13 +160,13 @@ impl AgentAcl {
             return Ok(hit.clone());
         }
         let generation = *self.generation.borrow();
-        let fetched: Result<::acl::TokenRules, ServerError> = self
+        let fetched: Result<::acl::TokenRules, ApiError> = self
             .servers
             .get_json_as(Some(secret), "/v1/internal/acl/authorizer")
             .await;
         let rules = match fetched {
             Ok(r) => r,
-            Err(ServerError::Status { status: 403, .. }) => return Err(AclError::NotFound),
+            Err(ApiError::PermissionDenied(_)) => return Err(AclError::NotFound),
             Err(e) => return Err(AclError::Unavailable(e.to_string())),
         };
         let resolved = Resolved {

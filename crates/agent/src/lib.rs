@@ -15,7 +15,8 @@
 pub mod acl;
 pub mod backoff;
 pub mod check_targets;
-pub use agent_cache::{cache, servers};
+pub use agent_cache::cache;
+pub use api_client as servers;
 pub mod checks;
 pub mod config_file;
 pub mod http;

@@ -15,7 +15,7 @@
 
 use crate::backoff::{Backoff, jittered};
 use crate::local::{LocalState, Pending};
-use crate::servers::{ServerError, Servers};
+use crate::servers::{ApiError, Servers};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -77,23 +77,23 @@ pub struct NodeInfo {
 /// one; tests use an in-memory catalog.
 pub trait CatalogApi: Send + Sync + 'static {
     /// `GET path`, JSON-decoded.
-    fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ServerError>> + Send;
+    fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
     /// `PUT path` with a JSON body, with `token` (none: the agent's).
     fn put(
         &self,
         token: Option<&str>,
         path: &'static str,
         body: serde_json::Value,
-    ) -> impl Future<Output = Result<(), ServerError>> + Send;
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
     /// The server answering, for logs.
     fn describe(&self) -> String;
 }
 
 impl CatalogApi for Servers {
-    async fn get(&self, path: String) -> Result<serde_json::Value, ServerError> {
+    async fn get(&self, path: String) -> Result<serde_json::Value, ApiError> {
         self.get_json(&path).await
     }
-    async fn put(&self, token: Option<&str>, path: &'static str, body: serde_json::Value) -> Result<(), ServerError> {
+    async fn put(&self, token: Option<&str>, path: &'static str, body: serde_json::Value) -> Result<(), ApiError> {
         self.put_json_as(token, path, &body).await
     }
     fn describe(&self) -> String {
@@ -175,7 +175,7 @@ impl<C: CatalogApi> Syncer<C> {
                 }
                 Err(error) => {
                     let delay = backoff.next_delay();
-                    let denied = matches!(error, ServerError::Status { status: 403, .. });
+                    let denied = matches!(error, ApiError::PermissionDenied(_));
                     if denied && !said_denied {
                         // Every retry would fail alike until an operator acts: said once, loudly.
                         error!(
@@ -216,9 +216,9 @@ impl<C: CatalogApi> Syncer<C> {
     }
 
     /// Reads the node's entries from a server, compares, pushes the differences.
-    pub async fn full_sync(&self) -> Result<(), ServerError> {
+    pub async fn full_sync(&self) -> Result<(), ApiError> {
         let node = &self.node.node;
-        let decode = |e: structs::DecodeError| ServerError::Decode(e.to_string());
+        let decode = |e: structs::DecodeError| ApiError::Decode(e.to_string());
         let remote = self.servers.get(format!("/v1/catalog/node/{node}")).await?;
         let remote: NodeServices = if remote.is_null() {
             NodeServices::default()
@@ -252,7 +252,7 @@ impl<C: CatalogApi> Syncer<C> {
     /// Pushes what is out of sync: removals first, then services with their checks, then lone
     /// checks. Fails on the first unreachable server; a request the server refuses is logged
     /// and retried at the next sync.
-    pub async fn push(&self) -> Result<(), ServerError> {
+    pub async fn push(&self) -> Result<(), ApiError> {
         let Pending {
             services,
             checks,
@@ -332,7 +332,7 @@ impl Job {
         state: &LocalState,
         node: &str,
         address: &str,
-    ) -> Result<(), ServerError> {
+    ) -> Result<(), ApiError> {
         let result = match &self {
             // Removals run with the agent's token (node:write covers what is on the node).
             Job::DeleteService(id) => {

@@ -14,9 +14,9 @@
 //! `CACHES=`, `SIDECARS=`, `ROUNDS=` (10).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use agent_cache::servers::Servers;
 use agent_cache::types::HealthKey;
 use agent_cache::{AgentCaches, CachesConfig};
+use api_client::Servers;
 use serde_json::json;
 use std::process::Child;
 use std::sync::Arc;

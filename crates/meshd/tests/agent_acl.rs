@@ -76,6 +76,18 @@ impl Cluster {
         let agent_token: Value = serde_json::from_str(&text).unwrap();
         let agent_file = dir.join("agent.token");
         std::fs::write(&agent_file, agent_token["SecretID"].as_str().unwrap()).unwrap();
+        // A config-file service whose token may only read it: its sidecar's leaf is refused
+        // by the servers (signing needs service:write).
+        let weak = create_token(&client, &server.http, "weak-read", WEAK_READ).await;
+        let services = dir.join("services.json");
+        std::fs::write(
+            &services,
+            json!({"service": {"name": "weak", "id": "weak1", "port": 81, "token": weak,
+                    "connect": {"sidecar_service": {"proxy": {"upstreams": [
+                        {"destination_name": "api", "local_bind_port": 9191}]}}}}})
+            .to_string(),
+        )
+        .unwrap();
         let agent = test_support::process::start_agent(
             meshd(),
             [
@@ -91,6 +103,8 @@ impl Cluster {
                 "deny",
                 "-acl-agent-token-file",
                 agent_file.to_str().unwrap(),
+                "-config-file",
+                services.to_str().unwrap(),
                 // web's sidecar runs as a managed proxy, with a local token.
                 "-managed-sidecars",
                 // CI runs as root; the proxy is this test's own process.
@@ -113,29 +127,34 @@ impl Cluster {
     async fn token(&self, rules: &str) -> String {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let name = format!("p{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let (status, _, text) = call(
-            &self.client,
-            "PUT",
-            &format!("{}/v1/acl/policy", self.server),
-            Some(MANAGEMENT),
-            &json!({"Name": name, "Rules": rules}),
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
-        let (status, _, text) = call(
-            &self.client,
-            "PUT",
-            &format!("{}/v1/acl/token", self.server),
-            Some(MANAGEMENT),
-            &json!({"Policies": [{"Name": name}]}),
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["SecretID"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        create_token(&self.client, &self.server, &name, rules).await
     }
+}
+
+/// A new token at `server` with one new policy `name` holding `rules`.
+async fn create_token(client: &reqwest::Client, server: &str, name: &str, rules: &str) -> String {
+    let (status, _, text) = call(
+        client,
+        "PUT",
+        &format!("{server}/v1/acl/policy"),
+        Some(MANAGEMENT),
+        &json!({"Name": name, "Rules": rules}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let (status, _, text) = call(
+        client,
+        "PUT",
+        &format!("{server}/v1/acl/token"),
+        Some(MANAGEMENT),
+        &json!({"Policies": [{"Name": name}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str::<Value>(&text).unwrap()["SecretID"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -151,6 +170,7 @@ const NODE_READ: &str = "node \"acl-node\" { policy = \"read\" }";
 const NODE_WRITE: &str = "node \"acl-node\" { policy = \"write\" }";
 const AGENT_READ: &str = "agent \"acl-node\" { policy = \"read\" }";
 const OPERATOR_READ: &str = "operator = \"read\"";
+const WEAK_READ: &str = "service \"weak\" { policy = \"read\" }\nservice \"weak-sidecar-proxy\" { policy = \"read\" }";
 
 /// The agent's own routes (the rest is forwarded to a server, whose table is in the
 /// http-api tests). `GET /v1/agent/connect/proxy/{id}` is checked apart: it answers only for
@@ -348,6 +368,23 @@ async fn agent_routes_sync_and_xds_enforce_acls() {
     )
     .await;
     assert_eq!((status, filtered, text.as_str()), (200, true, "{}"));
+
+    // The servers refuse to sign weak's leaf for weak's read-only token: its sidecar's status
+    // says permission denied, naming the service (not "unavailable").
+    let operator = c.token(OPERATOR_READ).await;
+    let status_url = format!("{}/v1/internal/proxy-status/weak1-sidecar-proxy", c.agent);
+    let errors = wait_for("weak's sidecar shows the refused leaf", || async {
+        let (status, _, text) = call(&c.client, "GET", &status_url, Some(&operator), &Value::Null).await;
+        let body: Value = serde_json::from_str(&text).ok()?;
+        let errors = body["Errors"].to_string();
+        (status == 200 && errors.contains("leaf")).then_some(errors)
+    })
+    .await;
+    assert!(
+        errors.contains("permission denied") && errors.contains("lacks permission 'service:write' on \\\"weak\\\""),
+        "{errors}"
+    );
+    assert!(!errors.contains("unavailable"), "{errors}");
 }
 
 /// The first answer of an ADS stream for `proxy` with `token`: `Ok` with a response, or the

@@ -79,8 +79,16 @@ where
         // The cache shut down: the watch ends.
         match self.watch.next().await? {
             Ok(fetched) => Some((self.map)(fetched.value)),
-            Err(e) => Some(Some(Err(DataSourceError::Unavailable(e.0)))),
+            Err(e) => Some(Some(Err(source_error(e)))),
         }
+    }
+}
+
+/// A failed fetch as a State shows it: the servers' 403 stays "permission denied".
+fn source_error(e: agent_cache::cache::FetchError) -> DataSourceError {
+    match e {
+        agent_cache::cache::FetchError::PermissionDenied(m) => DataSourceError::PermissionDenied(m),
+        agent_cache::cache::FetchError::Unavailable(m) => DataSourceError::Unavailable(m),
     }
 }
 
@@ -119,7 +127,7 @@ impl<V: Clone> Input<V> {
                 self.latest = Some(fetched.value);
                 Some(Ok(()))
             }
-            Err(e) => Some(Err(DataSourceError::Unavailable(e.0))),
+            Err(e) => Some(Err(source_error(e))),
         }
     }
 }

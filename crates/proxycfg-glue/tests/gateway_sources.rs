@@ -5,8 +5,8 @@
 //! hosts).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-use agent_cache::servers::Servers;
 use agent_cache::{AgentCaches, CachesConfig};
+use api_client::Servers;
 use catalog::{Op, Store, StoreConfig};
 use proxycfg::data_sources::*;
 use proxycfg::fake::event_channel;

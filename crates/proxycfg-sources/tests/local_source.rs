@@ -2,8 +2,8 @@
 //! from a real server (store and HTTP API in this process).
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
-use agent_cache::servers::Servers;
 use agent_cache::{AgentCaches, CachesConfig};
+use api_client::Servers;
 use catalog::{Op, Store, StoreConfig};
 use parking_lot::Mutex;
 use proxycfg::{Manager, ManagerConfig, ProxyId, ProxyRequest, ProxySource, SnapshotSource, SourceError};

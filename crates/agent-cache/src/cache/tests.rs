@@ -112,7 +112,7 @@ async fn an_answer_at_index_0_is_kept_as_1() {
 
 #[tokio::test(start_paused = true)]
 async fn failures_back_off_and_keep_the_last_good_value() {
-    let fail = || Err(FetchError("connection refused".into()));
+    let fail = || Err(FetchError::Unavailable("connection refused".into()));
     let s = Arc::new(Scripted::with(vec![fail(), ok(7, 3), fail(), fail(), fail(), ok(8, 4)]));
     let config = CacheConfig {
         first_backoff: Duration::from_secs(1),
@@ -144,7 +144,7 @@ async fn failures_back_off_and_keep_the_last_good_value() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_is_reported_once_the_last_good_value_is_stale() {
-    let fail = || Err(FetchError("the server refused the CSR".into()));
+    let fail = || Err(FetchError::Unavailable("the server refused the CSR".into()));
     // Values from 100 on are stale.
     let s = Arc::new(Scripted {
         stale_from: Some(100),
@@ -156,7 +156,7 @@ async fn a_failure_is_reported_once_the_last_good_value_is_stale() {
     loop {
         let next = w.next().await.unwrap();
         let done = matches!(next, Ok(Fetched { value: 2, .. }));
-        seen.push(next.map(|f| f.value).map_err(|e| e.0));
+        seen.push(next.map(|f| f.value).map_err(|e| e.message().to_owned()));
         if done {
             break;
         }

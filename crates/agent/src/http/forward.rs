@@ -4,7 +4,7 @@
 
 use super::{MAX_BODY, form_query, request_token, text};
 use crate::runtime::Agent;
-use crate::servers::ServerError;
+use crate::servers::ApiError;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
@@ -90,7 +90,7 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
             *out.headers_mut() = out_headers;
             out
         }
-        Err(e) => forward_error(&ServerError::Unreachable {
+        Err(e) => forward_error(&ApiError::Unreachable {
             tried: 1,
             last: crate::servers::chain(&e),
         }),
@@ -101,7 +101,7 @@ fn shutting_down() -> Response {
     text(StatusCode::SERVICE_UNAVAILABLE, "the agent is shutting down\n".into())
 }
 
-fn forward_error(e: &ServerError) -> Response {
+fn forward_error(e: &ApiError) -> Response {
     text(
         StatusCode::INTERNAL_SERVER_ERROR,
         format!("cannot forward to a server: {e}\n")

@@ -14,11 +14,11 @@ impl Agent {
         let body = json!({"Node": self.0.config.node, "Address": self.0.config.advertise});
         let mut warned_missing = false;
         // `?dc=`: a server of another datacenter refuses instead of adopting this node.
-        let path = format!("/v1/internal/node/heartbeat?dc={}", self.0.config.datacenter);
+        let path = crate::servers::paths::node_heartbeat(&self.0.config.datacenter);
         loop {
             match self.0.servers.put_json(&path, &body).await {
                 Ok(()) => {}
-                Err(crate::servers::ServerError::Status { status: 404 | 405, .. }) if !warned_missing => {
+                Err(e) if matches!(e.status(), Some(404 | 405)) && !warned_missing => {
                     warned_missing = true;
                     warn!("the server has no heartbeat endpoint: this node's liveness is not tracked");
                 }
@@ -63,15 +63,17 @@ impl Agent {
     }
 
     /// Removes this node from the catalog (leave); best effort, with a short deadline.
-    pub async fn leave(&self) -> Result<(), crate::servers::ServerError> {
+    pub async fn leave(&self) -> Result<(), crate::servers::ApiError> {
         let body = json!({"Node": self.0.config.node});
         tokio::time::timeout(
             Duration::from_secs(5),
-            self.0.servers.put_json("/v1/catalog/deregister", &body),
+            self.0
+                .servers
+                .put_json(crate::servers::paths::CATALOG_DEREGISTER, &body),
         )
         .await
         .unwrap_or_else(|_| {
-            Err(crate::servers::ServerError::Unreachable {
+            Err(crate::servers::ApiError::Unreachable {
                 tried: 1,
                 last: "timed out".into(),
             })

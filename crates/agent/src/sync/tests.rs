@@ -41,15 +41,15 @@ impl FakeCatalog {
     }
 }
 
-fn unreachable() -> ServerError {
-    ServerError::Unreachable {
+fn unreachable() -> ApiError {
+    ApiError::Unreachable {
         tried: 1,
         last: "connection refused".into(),
     }
 }
 
 impl CatalogApi for FakeCatalog {
-    async fn get(&self, path: String) -> Result<Value, ServerError> {
+    async fn get(&self, path: String) -> Result<Value, ApiError> {
         let mut f = self.inner.lock();
         f.log.push((Instant::now(), format!("GET {path}")));
         if f.down {
@@ -64,7 +64,7 @@ impl CatalogApi for FakeCatalog {
         Ok(Value::Array(f.checks.values().cloned().collect()))
     }
 
-    async fn put(&self, _token: Option<&str>, path: &'static str, body: Value) -> Result<(), ServerError> {
+    async fn put(&self, _token: Option<&str>, path: &'static str, body: Value) -> Result<(), ApiError> {
         let mut f = self.inner.lock();
         if f.down {
             f.log.push((Instant::now(), format!("PUT {path} (down)")));

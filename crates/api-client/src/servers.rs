@@ -1,4 +1,4 @@
-//! The servers this agent talks to (`-retry-join`): one keep-alive HTTP client, the server
+//! The servers a client talks to (`-retry-join`): one keep-alive HTTP client, the server
 //! that answered last tried first, the next one tried when a connection cannot be made
 //! (refused, or not made within 2 s). A server that was reached but whose exchange then
 //! failed (it died mid-request, or it accepts connections but no longer answers, so the
@@ -6,48 +6,11 @@
 //! next server: every RPC, blocking query and heartbeat goes through here, so all of them
 //! move together.
 
+use crate::ApiError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// Why a request to the servers failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// No server address is configured.
-    #[error("no server configured: give -retry-join")]
-    NoServers,
-    /// No server could be reached; the last failure is kept.
-    #[error("no server answered (tried {tried}): {last}")]
-    Unreachable {
-        /// How many servers were tried.
-        tried: usize,
-        /// The last failure.
-        last: String,
-    },
-    /// A server answered with an error status.
-    #[error("server answered {status}: {body}")]
-    Status {
-        /// HTTP status.
-        status: u16,
-        /// Its (trimmed) body.
-        body: String,
-    },
-    /// A server's answer could not be decoded.
-    #[error("cannot decode the server's answer: {0}")]
-    Decode(String),
-}
-
-impl ServerError {
-    /// True when the servers are away or failing (as opposed to refusing one request).
-    pub fn is_unreachable(&self) -> bool {
-        match self {
-            ServerError::Unreachable { .. } | ServerError::NoServers => true,
-            ServerError::Status { status, .. } => *status >= 500,
-            ServerError::Decode(_) => false,
-        }
-    }
-}
 
 /// The servers and a shared client (see the module docs).
 #[derive(Debug)]
@@ -145,7 +108,7 @@ impl Servers {
     pub async fn send(
         &self,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ServerError> {
+    ) -> Result<reqwest::Response, ApiError> {
         self.send_as(None, build).await
     }
 
@@ -154,7 +117,7 @@ impl Servers {
         &self,
         token: Option<&str>,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ServerError> {
+    ) -> Result<reqwest::Response, ApiError> {
         let token = match token {
             Some(t) => t.to_owned(),
             None => self.token.read().clone(),
@@ -168,7 +131,7 @@ impl Servers {
             }
         };
         if self.bases.is_empty() {
-            return Err(ServerError::NoServers);
+            return Err(ApiError::NoServers);
         }
         let start = self.current.load(Ordering::Relaxed);
         let mut last = String::new();
@@ -194,21 +157,21 @@ impl Servers {
                         Ordering::Relaxed,
                         Ordering::Relaxed,
                     );
-                    return Err(ServerError::Unreachable {
+                    return Err(ApiError::Unreachable {
                         tried: step + 1,
                         last: format!("{}: {}", self.bases[i], chain(&e)),
                     });
                 }
             }
         }
-        Err(ServerError::Unreachable {
+        Err(ApiError::Unreachable {
             tried: self.bases.len(),
             last,
         })
     }
 
     /// `PUT path` with a JSON body; any 2xx is success.
-    pub async fn put_json<T: Serialize + ?Sized>(&self, path: &str, body: &T) -> Result<(), ServerError> {
+    pub async fn put_json<T: Serialize + ?Sized>(&self, path: &str, body: &T) -> Result<(), ApiError> {
         self.put_json_as(None, path, body).await
     }
 
@@ -218,8 +181,8 @@ impl Servers {
         token: Option<&str>,
         path: &str,
         body: &T,
-    ) -> Result<(), ServerError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
+    ) -> Result<(), ApiError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Decode(e.to_string()))?;
         let resp = self
             .send_as(token, |c, base| {
                 c.put(format!("{base}{path}"))
@@ -232,19 +195,19 @@ impl Servers {
     }
 
     /// `GET path`, decoded.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ServerError> {
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
         self.get_json_as(None, path).await
     }
 
     /// As [`Servers::get_json`], with `token` (none: the agent's).
-    pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&str>, path: &str) -> Result<T, ServerError> {
+    pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&str>, path: &str) -> Result<T, ApiError> {
         let resp = self
             .send_as(token, |c, base| {
                 c.get(format!("{base}{path}")).timeout(Duration::from_secs(30))
             })
             .await?;
         let bytes = check_status(resp).await?;
-        structs::json::from_slice(&bytes).map_err(|e| ServerError::Decode(e.to_string()))
+        structs::json::from_slice(&bytes).map_err(|e| ApiError::Decode(e.to_string()))
     }
 }
 
@@ -262,7 +225,7 @@ impl Servers {
     /// A blocking `GET path` (which may carry its own query): answers once the servers' index
     /// for it passes `min_index`, or after `wait`. A 404 is an answer (`body: None`); any other
     /// error status is an error.
-    pub async fn get_blocking(&self, path: &str, min_index: u64, wait: Duration) -> Result<Blocked, ServerError> {
+    pub async fn get_blocking(&self, path: &str, min_index: u64, wait: Duration) -> Result<Blocked, ApiError> {
         self.get_blocking_as(None, path, min_index, wait).await
     }
 
@@ -273,7 +236,7 @@ impl Servers {
         path: &str,
         min_index: u64,
         wait: Duration,
-    ) -> Result<Blocked, ServerError> {
+    ) -> Result<Blocked, ApiError> {
         let sep = if path.contains('?') { '&' } else { '?' };
         let wait_s = wait.as_secs().max(1);
         // The server adds up to wait/16 of jitter; the timeout leaves room for it.
@@ -286,7 +249,7 @@ impl Servers {
             .await?;
         let index = resp
             .headers()
-            .get("X-Consul-Index")
+            .get(structs::wire::INDEX_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
@@ -305,7 +268,7 @@ impl Servers {
         &self,
         path: &str,
         body: &T,
-    ) -> Result<R, ServerError> {
+    ) -> Result<R, ApiError> {
         self.put_json_answer_as(None, path, body).await
     }
 
@@ -315,8 +278,8 @@ impl Servers {
         token: Option<&str>,
         path: &str,
         body: &T,
-    ) -> Result<R, ServerError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ServerError::Decode(e.to_string()))?;
+    ) -> Result<R, ApiError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Decode(e.to_string()))?;
         let resp = self
             .send_as(token, |c, base| {
                 c.put(format!("{base}{path}"))
@@ -326,23 +289,23 @@ impl Servers {
             })
             .await?;
         let answer = check_status(resp).await?;
-        structs::json::from_slice(&answer).map_err(|e| ServerError::Decode(e.to_string()))
+        structs::json::from_slice(&answer).map_err(|e| ApiError::Decode(e.to_string()))
     }
 }
 
-async fn check_status(resp: reqwest::Response) -> Result<bytes::Bytes, ServerError> {
+async fn check_status(resp: reqwest::Response) -> Result<bytes::Bytes, ApiError> {
     let status = resp.status();
-    let body = resp.bytes().await.map_err(|e| ServerError::Unreachable {
+    let body = resp.bytes().await.map_err(|e| ApiError::Unreachable {
         tried: 1,
         last: chain(&e),
     })?;
     if status.is_success() {
         Ok(body)
     } else {
-        Err(ServerError::Status {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&body).trim().chars().take(300).collect(),
-        })
+        Err(ApiError::from_status(
+            status.as_u16(),
+            String::from_utf8_lossy(&body).trim().chars().take(300).collect(),
+        ))
     }
 }
 

@@ -66,7 +66,7 @@ fn closed() -> String {
 }
 
 /// One GET of `/` through `servers`, bounded at 1 s: the body, or the error.
-async fn ask(servers: &Servers) -> Result<String, ServerError> {
+async fn ask(servers: &Servers) -> Result<String, ApiError> {
     let resp = servers
         .send(|c, base| c.get(format!("{base}/")).timeout(Duration::from_secs(1)))
         .await?;
@@ -94,7 +94,7 @@ async fn a_server_that_fails_mid_request_is_not_asked_again_and_the_next_request
         let servers = Servers::new(&[bad, good]);
         // The request reached the failing server: it is not sent again elsewhere.
         let err = ask(&servers).await.unwrap_err();
-        assert!(matches!(err, ServerError::Unreachable { tried: 1, .. }), "{err}");
+        assert!(matches!(err, ApiError::Unreachable { tried: 1, .. }), "{err}");
         assert_eq!(good_requests.load(Ordering::Relaxed), 0);
         assert!(!servers.answered(0));
         // The next request (a heartbeat, a blocking query's retry) starts with the next server.
@@ -108,6 +108,6 @@ async fn a_server_that_fails_mid_request_is_not_asked_again_and_the_next_request
 async fn with_every_server_refusing_the_error_says_how_many_were_tried() {
     let servers = Servers::new(&[closed(), closed()]);
     let err = ask(&servers).await.unwrap_err();
-    assert!(matches!(err, ServerError::Unreachable { tried: 2, .. }), "{err}");
+    assert!(matches!(err, ApiError::Unreachable { tried: 2, .. }), "{err}");
     assert!(err.is_unreachable());
 }
