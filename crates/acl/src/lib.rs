@@ -1,14 +1,17 @@
 //! meshd's ACL model, after Consul's: policy rules in HCL or JSON ([`Rules`]), and the
 //! [`Authorizer`] a token's rules compile to.
 //!
-//! Storage of tokens, policies and roles, and resolving a secret to an authorizer, belong to
-//! the server (the `catalog` crate); this crate holds no state and does no I/O, so agents
-//! (which receive a token's rules from a server) share it.
+//! Storage of tokens, policies and roles belongs to the server (the `catalog` crate); this
+//! crate holds no state and does no I/O, so agents (which receive a token's rules from a
+//! server) share it. Resolving a token is the [`TokenResolver`] trait, which the server and
+//! the agent each implement.
 
 mod authorizer;
+mod resolver;
 mod rules;
 
 pub use authorizer::Authorizer;
+pub use resolver::{BoxFuture, ResolveError, Resolved, Token, TokenResolver};
 pub use rules::{Access, GLOBAL_MANAGEMENT_RULES, NamedRule, Resource, RuleError, Rules};
 
 /// What an agent needs to enforce ACLs for one token, as a server answers

@@ -50,27 +50,7 @@ impl std::fmt::Debug for AclConfig {
     }
 }
 
-/// Why a token could not be resolved.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AclError {
-    /// The servers do not know it (or it expired).
-    #[error("ACL not found")]
-    NotFound,
-    /// No server answered and the token is not cached.
-    #[error("cannot resolve the token: {0}")]
-    Unavailable(String),
-}
-
-/// A resolved token.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// Its accessor id (empty with ACLs off, or for a local proxy token).
-    pub accessor: String,
-    /// What it may do.
-    pub authz: Arc<Authorizer>,
-    /// When it stops working.
-    pub expires: Option<SystemTime>,
-}
+pub use ::acl::{ResolveError as AclError, Resolved};
 
 /// Resolves tokens for the agent (see the module docs).
 pub struct AgentAcl {
@@ -108,7 +88,7 @@ impl AgentAcl {
             cache: Mutex::new(HashMap::new()),
             generation: watch::channel(0).0,
             all: Resolved {
-                accessor: String::new(),
+                accessor: std::sync::Arc::from(""),
                 authz: Arc::new(Authorizer::new([&management], true)),
                 expires: None,
             },
@@ -170,7 +150,7 @@ impl AgentAcl {
             Err(e) => return Err(AclError::Unavailable(e.to_string())),
         };
         let resolved = Resolved {
-            accessor: rules.accessor_id.clone(),
+            accessor: std::sync::Arc::from(rules.accessor_id.as_str()),
             authz: Arc::new(rules.authorizer()),
             expires: rules.expiration_time.map(|t| t.0),
         };
@@ -234,5 +214,20 @@ impl AgentAcl {
                 }
             }
         }
+    }
+}
+
+impl ::acl::TokenResolver for AgentAcl {
+    fn enabled(&self) -> bool {
+        self.config.enabled
+    }
+
+    fn resolve(&self, token: Option<&::acl::Token>) -> ::acl::BoxFuture<'_, Result<Resolved, AclError>> {
+        let secret = token.map(|t| t.secret().to_owned());
+        Box::pin(async move { AgentAcl::resolve(self, secret.as_deref()).await })
+    }
+
+    fn changed(&self) -> ::acl::BoxFuture<'static, ()> {
+        Box::pin(AgentAcl::changed(self))
     }
 }

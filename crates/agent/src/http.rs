@@ -8,7 +8,7 @@ use crate::local::LocalService;
 use crate::runtime::{Agent, AgentError};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -29,7 +29,7 @@ fn too_large() -> String {
     format!("request body larger than this API's limit of {MAX_BODY} bytes\n")
 }
 
-type Params = Query<BTreeMap<String, String>>;
+use http_kit::Params;
 
 /// An error answer: plain text with Consul's status codes.
 #[derive(Debug)]
@@ -38,6 +38,12 @@ pub struct HttpError(StatusCode, String);
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         text(self.0, format!("{}\n", self.1))
+    }
+}
+
+impl From<http_kit::BadParam> for HttpError {
+    fn from(e: http_kit::BadParam) -> Self {
+        HttpError(StatusCode::BAD_REQUEST, e.0)
     }
 }
 
@@ -94,44 +100,18 @@ fn decode<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T,
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("request decode failed: {e}")))
 }
 
-/// A boolean in the spellings Go's `strconv.ParseBool` accepts (Consul's clients send
-/// `True`, `1`, `t`, ...).
-fn parse_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-/// `?flag` or `?flag=true` is true; `?flag=false` (any Go spelling) and no flag are false.
-fn flag(params: &BTreeMap<String, String>, name: &str) -> bool {
-    params
-        .get(name)
-        .is_some_and(|v| v.is_empty() || parse_bool(v).unwrap_or(false))
-}
-
-/// The request's token: `X-Consul-Token`, `Authorization: Bearer`, or `?token=` (empty:
-/// none).
-pub fn request_token(headers: &HeaderMap, q: &BTreeMap<String, String>) -> String {
-    if let Some(t) = headers.get(structs::wire::TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
-        return t.to_owned();
-    }
-    if let Some(t) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    {
-        return t.trim().to_owned();
-    }
-    q.get("token").cloned().unwrap_or_default()
+/// The request's token (see [`http_kit::token`]); empty: none.
+pub fn request_token(headers: &HeaderMap, q: &Params) -> String {
+    http_kit::token(headers, q)
+        .map(|t| t.secret().to_owned())
+        .unwrap_or_default()
 }
 
 /// The token a request runs with (its own, else the default token) and what it may do.
 pub(crate) async fn resolve(
     agent: &Agent,
     headers: &HeaderMap,
-    q: &BTreeMap<String, String>,
+    q: &Params,
 ) -> Result<(String, crate::acl::Resolved), HttpError> {
     let mut token = request_token(headers, q);
     if token.is_empty() {
@@ -155,15 +135,6 @@ pub(crate) fn need(who: &crate::acl::Resolved, allowed: bool, permission: &str, 
     ))
 }
 
-/// A query string's parameters (the first value of each).
-fn form_query(q: Option<&str>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
-        out.entry(k.into_owned()).or_insert_with(|| v.into_owned());
-    }
-    out
-}
-
 /// Marks a listing ACLs filtered.
 fn filtered(mut resp: Response, filtered: bool) -> Response {
     if filtered {
@@ -178,7 +149,7 @@ fn filtered(mut resp: Response, filtered: bool) -> Response {
 async fn need_service_read(
     agent: &Agent,
     headers: &HeaderMap,
-    q: &BTreeMap<String, String>,
+    q: &Params,
     id: &str,
 ) -> Result<crate::acl::Resolved, HttpError> {
     let (_, who) = resolve(agent, headers, q).await?;
@@ -228,7 +199,7 @@ pub fn router(agent: Agent) -> Router {
 
 async fn register_service(
     State(agent): State<Agent>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -241,7 +212,7 @@ async fn register_service(
     // What the caller may write (the new names and everything replaced) is checked by the
     // agent under its registration lock.
     agent
-        .register_service_as(def, flag(&q, "replace-existing-checks"), &who)
+        .register_service_as(def, q.bool("replace-existing-checks")?, &who)
         .await?;
     Ok(ok_empty())
 }
@@ -249,7 +220,7 @@ async fn register_service(
 async fn deregister_service(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
@@ -260,42 +231,28 @@ async fn deregister_service(
 async fn maintenance(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let enable = enable_param(&q)?;
-    let reason = q.get("reason").map(String::as_str).unwrap_or_default();
+    let reason = q.get("reason").unwrap_or_default();
     agent.set_maintenance_as(&id, enable, reason, &who).await?;
     Ok(ok_empty())
 }
 
 /// `PUT /v1/agent/maintenance?enable=&reason=`: the whole node (`node:write`).
-async fn node_maintenance(
-    State(agent): State<Agent>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
+async fn node_maintenance(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let enable = enable_param(&q)?;
-    let reason = q.get("reason").map(String::as_str).unwrap_or_default();
+    let reason = q.get("reason").unwrap_or_default();
     agent.set_node_maintenance(enable, reason, Some(&who)).await?;
     Ok(ok_empty())
 }
 
 /// Maintenance's required `?enable=` (any of Go's boolean spellings).
-fn enable_param(q: &BTreeMap<String, String>) -> Result<bool, HttpError> {
-    match q.get("enable").map(|v| (v, parse_bool(v))) {
-        Some((_, Some(on))) => Ok(on),
-        Some((other, None)) => Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            format!("enable: {other:?} is not a boolean: use true or false"),
-        )),
-        None => Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            "enable: required (true or false)".into(),
-        )),
-    }
+fn enable_param(q: &Params) -> Result<bool, HttpError> {
+    Ok(q.required_bool("enable")?)
 }
 
 /// A service as `/v1/agent/services` shows it (Consul's `AgentService`).
@@ -324,8 +281,8 @@ fn agent_service(agent: &Agent, s: &LocalService) -> Value {
 
 /// `?filter` is not supported: refused with a 400 rather than ignored (an ignored filter
 /// would answer with everything).
-fn refuse_filter(q: &BTreeMap<String, String>) -> Result<(), HttpError> {
-    if q.contains_key("filter") {
+fn refuse_filter(q: &Params) -> Result<(), HttpError> {
+    if q.has("filter") {
         return Err(HttpError(
             StatusCode::BAD_REQUEST,
             "filter: not supported by meshd's agent".into(),
@@ -334,7 +291,7 @@ fn refuse_filter(q: &BTreeMap<String, String>) -> Result<(), HttpError> {
     Ok(())
 }
 
-async fn services(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
+async fn services(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
     refuse_filter(&q)?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let all = agent.state().services();
@@ -348,19 +305,9 @@ async fn services(State(agent): State<Agent>, Query(q): Params, headers: HeaderM
     Ok(filtered(json_response(StatusCode::OK, &out), dropped))
 }
 
-/// Default and longest wait of a hash-blocking query (Consul's).
-const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
-const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// A blocking query's `?wait` (default 5 min, at most 10).
-fn wait_param(q: &BTreeMap<String, String>) -> Result<std::time::Duration, HttpError> {
-    match q.get("wait") {
-        None => Ok(DEFAULT_WAIT),
-        Some(w) => Ok(structs::GoDuration::parse(w)
-            .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("wait: {e}")))?
-            .0
-            .min(MAX_WAIT)),
-    }
+/// A blocking query's `?wait` (default 5 min, at most 10; Consul's rules, from the kit).
+fn wait_param(q: &Params) -> Result<std::time::Duration, HttpError> {
+    Ok(q.blocking()?.wait)
 }
 
 /// A service's view with its content hash (hex of a stable hash of the JSON).
@@ -381,7 +328,7 @@ fn service_view(agent: &Agent, id: &str) -> Option<(Value, String)> {
 async fn service(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
@@ -421,7 +368,7 @@ fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Value {
            "Status": if alive { 1 } else { 4 }})
 }
 
-async fn agent_self(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
+async fn agent_self(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let c = agent.config();
     need(&who, who.authz.agent_read(&c.node), "agent:read", &c.node)?;
@@ -443,7 +390,7 @@ async fn agent_self(State(agent): State<Agent>, Query(q): Params, headers: Heade
     ))
 }
 
-async fn members(State(agent): State<Agent>, Query(q): Params, headers: HeaderMap) -> Result<Response, HttpError> {
+async fn members(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let c = agent.config();
     let mut out = Vec::new();

@@ -79,7 +79,7 @@ async fn bad_input_is_a_400_naming_the_field_and_changes_nothing() {
         (st, body.trim()),
         (
             StatusCode::BAD_REQUEST,
-            "enable: \"maybe\" is not a boolean: use true or false"
+            "invalid value for ?enable: \"maybe\" is not a boolean (use true or false)"
         )
     );
     let (st, _) = call(&app, "GET", "/v1/agent/services?filter=Service==web", Value::Null).await;

@@ -39,21 +39,7 @@ impl AclSettings {
     }
 }
 
-/// A resolved token: who (its accessor; empty with ACLs off) and what it may do.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// The token's accessor id (the anonymous token's when none was given).
-    pub accessor: Arc<str>,
-    /// Its permissions.
-    pub authz: Arc<Authorizer>,
-    /// When it stops working.
-    pub expires: Option<SystemTime>,
-}
-
-/// The secret names no token (or an expired one): Consul's "ACL not found".
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("ACL not found")]
-pub struct NotFound;
+pub use acl::{ResolveError, Resolved};
 
 /// Resolves secrets against the state, with a cache (see the module docs).
 #[derive(Debug)]
@@ -100,7 +86,7 @@ impl Resolver {
     }
 
     /// What `secret` (none or empty: the anonymous token) may do now.
-    pub fn resolve(&self, state: &State, secret: Option<&str>) -> Result<Resolved, NotFound> {
+    pub fn resolve(&self, state: &State, secret: Option<&str>) -> Result<Resolved, ResolveError> {
         if !self.settings.enabled {
             return Ok(self.all.clone());
         }
@@ -114,13 +100,13 @@ impl Resolver {
                 cache.entries.clear();
             } else if let Some(hit) = cache.entries.get(key) {
                 if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
-                    return Err(NotFound);
+                    return Err(ResolveError::NotFound);
                 }
                 return Ok(hit.clone());
             }
         }
         let token = match secret {
-            Some(s) => state.acl_token_by_secret(s).ok_or(NotFound)?,
+            Some(s) => state.acl_token_by_secret(s).ok_or(ResolveError::NotFound)?,
             None => match state.acl_token(ANONYMOUS_ACCESSOR) {
                 Some(t) => t,
                 None => {
@@ -133,7 +119,7 @@ impl Resolver {
             },
         };
         if token.expired(SystemTime::now()) {
-            return Err(NotFound);
+            return Err(ResolveError::NotFound);
         }
         let rules = self.token_rules(state, &token);
         let resolved = Resolved {

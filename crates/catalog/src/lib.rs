@@ -21,6 +21,7 @@ mod ops;
 pub mod publisher;
 mod state;
 mod store;
+mod token_resolver;
 mod views;
 mod wal;
 
@@ -30,4 +31,5 @@ pub use ops::{Op, StorageFailure, WriteError};
 pub use publisher::{Event, Payload, Subscription, SubscriptionError};
 pub use state::{Change, State};
 pub use store::{Store, StoreConfig, WriteOutcome};
+pub use token_resolver::StoreTokens;
 pub use wal::StoreError;

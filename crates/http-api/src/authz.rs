@@ -15,14 +15,14 @@ use axum::http::HeaderValue;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
-use catalog::acl::{NotFound, Resolved};
+use catalog::acl::{ResolveError, Resolved};
 
 /// The header that says a listing was filtered by ACLs.
 pub const FILTERED_HEADER: &str = "x-consul-results-filtered-by-acls";
 
 /// The request's resolved token.
 #[derive(Clone, Debug)]
-pub(crate) struct Authz(Result<Resolved, NotFound>);
+pub(crate) struct Authz(Result<Resolved, ResolveError>);
 
 /// How long a server over etcd may wait to catch up before it calls a token unknown.
 const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);
@@ -32,7 +32,7 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
     let params = Params::parse(req.uri().query());
     let secret = query::token(req.headers(), &params);
     let state = api.store.read();
-    let mut resolved = api.config.acl.resolve(&state, secret.as_deref());
+    let mut resolved = api.config.acl.resolve(&state, secret.as_ref().map(acl::Token::secret));
     drop(state);
     // A token unknown here may have been written through another server whose write this
     // one has not applied yet: catch up with etcd before refusing it (the embedded store
@@ -42,7 +42,10 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
         && api.store.cluster().is_some()
         && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
     {
-        resolved = api.config.acl.resolve(&api.store.read(), secret.as_deref());
+        resolved = api
+            .config
+            .acl
+            .resolve(&api.store.read(), secret.as_ref().map(acl::Token::secret));
     }
     req.extensions_mut().insert(Authz(resolved));
     next.run(req).await
@@ -65,7 +68,7 @@ impl Authz {
     pub(crate) fn get(&self) -> Result<&Authorizer, ApiError> {
         match &self.0 {
             Ok(r) => Ok(&r.authz),
-            Err(NotFound) => Err(ApiError::Forbidden(acl::ACL_NOT_FOUND.into())),
+            Err(e) => Err(refused(e)),
         }
     }
 
@@ -73,7 +76,7 @@ impl Authz {
     pub(crate) fn accessor(&self) -> Result<&str, ApiError> {
         match &self.0 {
             Ok(r) => Ok(&r.accessor),
-            Err(NotFound) => Err(ApiError::Forbidden(acl::ACL_NOT_FOUND.into())),
+            Err(e) => Err(refused(e)),
         }
     }
 
@@ -91,6 +94,14 @@ impl Authz {
         }
         let who = self.accessor().unwrap_or_default();
         Err(ApiError::Forbidden(acl::denied(who, permission, target)))
+    }
+}
+
+/// The answer to a token that did not resolve.
+fn refused(e: &ResolveError) -> ApiError {
+    match e {
+        ResolveError::NotFound => ApiError::Forbidden(acl::ACL_NOT_FOUND.into()),
+        ResolveError::Unavailable(m) => ApiError::Internal(m.clone()),
     }
 }
 

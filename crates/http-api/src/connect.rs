@@ -15,7 +15,7 @@ use structs::{GoDuration, Index, Intention, intention};
 
 pub(crate) async fn roots(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    if params.flag("pem") {
+    if params.bool("pem")? {
         return Err(ApiError::BadRequest(
             "pem: PEM output is not supported; read RootCert from the JSON".into(),
         ));

@@ -71,7 +71,7 @@ pub(crate) async fn post(
 
 async fn answer(api: Api, service: String, q: Option<String>, overrides: Overrides) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    params.check_common(api.store.datacenter())?;
+    query::check_common(&params, api.store.datacenter())?;
     if let Some(dc) = params.get("compile-dc")
         && !dc.is_empty()
         && dc != api.store.datacenter()

@@ -30,6 +30,12 @@ pub enum ApiError {
     Unavailable,
 }
 
+impl From<http_kit::BadParam> for ApiError {
+    fn from(e: http_kit::BadParam) -> Self {
+        ApiError::BadRequest(e.0)
+    }
+}
+
 impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {

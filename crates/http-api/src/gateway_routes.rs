@@ -41,7 +41,7 @@ pub(crate) async fn ingress_health(
     let params = Params::parse(q.as_deref());
     authz.need(|a| a.service_read(&service), "service:read", &service)?;
     let filters = ServiceFilters::parse(&params)?;
-    let passing = params.flag("passing");
+    let passing = params.bool("passing")?;
     let path = format!("/v1/health/ingress/{service}");
     api.shared_answer(&path, &params, IndexKey::IngressGateways, &authz, |state, a| {
         let mut result: Vec<CheckServiceNode> = state

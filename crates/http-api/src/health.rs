@@ -18,7 +18,7 @@ async fn service_health(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let filters = ServiceFilters::parse(&params)?;
-    let passing = params.flag("passing");
+    let passing = params.bool("passing")?;
     let path = format!("/v1/health/{}/{name}", if connect { "connect" } else { "service" });
     api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
         let mut result: Vec<CheckServiceNode> = state

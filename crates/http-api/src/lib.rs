@@ -103,7 +103,7 @@ impl Api {
     /// same wait) until its watch has applied it, then blocks as usual, and never answers
     /// a lower index than the client already saw while it catches up.
     pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
-        params.check_common(self.store.datacenter())?;
+        query::check_common(params, self.store.datacenter())?;
         let blocking = params.blocking()?;
         let mut state = self.store.read();
         let Some(after) = blocking.index else {
@@ -135,7 +135,7 @@ impl Api {
     /// token is resolved by the ACL middleware).
     pub(crate) fn write_params(&self, q: Option<&str>) -> Result<Params, ApiError> {
         let params = Params::parse(q);
-        params.check_common(self.store.datacenter())?;
+        query::check_common(&params, self.store.datacenter())?;
         Ok(params)
     }
 

@@ -8,7 +8,7 @@ use crate::acl::Resolved;
 use crate::local::{LocalCheck, LocalService};
 use crate::runtime::Agent;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{Value, json};
@@ -41,11 +41,7 @@ fn agent_check(agent: &Agent, who: &Resolved, c: &LocalCheck) -> Value {
     v
 }
 
-pub(super) async fn checks(
-    State(agent): State<Agent>,
-    Query(q): Params,
-    headers: HeaderMap,
-) -> Result<Response, HttpError> {
+pub(super) async fn checks(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
     refuse_filter(&q)?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let all = agent.state().checks();
@@ -68,7 +64,7 @@ pub(super) async fn checks(
 
 pub(super) async fn register_check(
     State(agent): State<Agent>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -81,7 +77,7 @@ pub(super) async fn register_check(
 pub(super) async fn deregister_check(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
@@ -93,12 +89,12 @@ pub(super) async fn deregister_check(
 async fn ttl_route(
     agent: Agent,
     id: String,
-    q: BTreeMap<String, String>,
+    q: Params,
     headers: HeaderMap,
     status: HealthStatus,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
-    let note = q.get("note").cloned().unwrap_or_default();
+    let note = q.get("note").unwrap_or_default().to_owned();
     agent.ttl_update_as(&id, status, note, &who)?;
     Ok(ok_empty())
 }
@@ -106,7 +102,7 @@ async fn ttl_route(
 pub(super) async fn pass(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     ttl_route(agent, id, q, headers, HealthStatus::Passing).await
@@ -115,7 +111,7 @@ pub(super) async fn pass(
 pub(super) async fn warn(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     ttl_route(agent, id, q, headers, HealthStatus::Warning).await
@@ -124,7 +120,7 @@ pub(super) async fn warn(
 pub(super) async fn fail(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     ttl_route(agent, id, q, headers, HealthStatus::Critical).await
@@ -142,7 +138,7 @@ struct CheckUpdate {
 pub(super) async fn update(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -203,7 +199,7 @@ fn instance_health(agent: &Agent, who: &Resolved, s: &LocalService) -> (HealthSt
 pub(super) async fn health_by_id(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
@@ -215,7 +211,7 @@ pub(super) async fn health_by_id(
     Ok(health_of(&agent, &who, &s, &q))
 }
 
-fn health_of(agent: &Agent, who: &Resolved, s: &LocalService, q: &BTreeMap<String, String>) -> Response {
+fn health_of(agent: &Agent, who: &Resolved, s: &LocalService, q: &Params) -> Response {
     let (status, body) = instance_health(agent, who, s);
     if q.get("format").is_some_and(|f| f == "text") {
         return text(health_status_code(status), status.as_str().to_owned());
@@ -226,7 +222,7 @@ fn health_of(agent: &Agent, who: &Resolved, s: &LocalService, q: &BTreeMap<Strin
 pub(super) async fn health_by_name(
     State(agent): State<Agent>,
     Path(name): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
@@ -234,7 +230,7 @@ pub(super) async fn health_by_name(
     Ok(health_by_name_answer(&agent, &who, &name, &q))
 }
 
-fn health_by_name_answer(agent: &Agent, who: &Resolved, name: &str, q: &BTreeMap<String, String>) -> Response {
+fn health_by_name_answer(agent: &Agent, who: &Resolved, name: &str, q: &Params) -> Response {
     let instances: Vec<(HealthStatus, Value)> = agent
         .state()
         .services()

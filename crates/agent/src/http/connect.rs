@@ -1,14 +1,13 @@
 //! The agent's Connect endpoints: the CA's roots and leaf certificates from the agent cache,
 //! and the proxies the agent runs (Consul 1.4's managed-proxy endpoint).
 
-use super::{HttpError, Params, json_response, need, resolve, wait_param};
+use super::{HttpError, Params, json_response, need, resolve};
 use crate::runtime::Agent;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::Serialize;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 
 /// Answers from one agent-cache entry, with Consul's index blocking: `?index=N` waits (up to
 /// `?wait`) until the entry's index passes `N`. The answer carries `X-Consul-Index`.
@@ -16,23 +15,16 @@ async fn from_cache<T>(
     agent: &Agent,
     cache: &agent_cache::cache::Cache<T>,
     key: &T::Request,
-    q: &BTreeMap<String, String>,
+    q: &Params,
 ) -> Result<Response, HttpError>
 where
     T: agent_cache::cache::CacheType,
     T::Value: Serialize,
 {
-    let wait = wait_param(q)?;
-    let min_index = match q.get("index").map(String::as_str) {
-        // An empty `?index=` is no index, as Consul reads it.
-        None | Some("") => 0,
-        Some(i) => i.parse::<u64>().map_err(|_| {
-            HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("invalid index parameter {i:?}: expected an unsigned integer"),
-            )
-        })?,
-    };
+    // Consul's blocking rules, as the servers read them (jitter included).
+    let blocking = q.blocking()?;
+    let wait = blocking.wait_with_jitter();
+    let min_index = blocking.index.map_or(0, |i| i.0);
     let mut watch = cache.watch(key);
     let deadline = tokio::time::Instant::now() + wait;
     let mut latest = None;
@@ -49,6 +41,9 @@ where
                 if done {
                     break;
                 }
+            }
+            Some(Err(e @ agent_cache::cache::FetchError::PermissionDenied(_))) => {
+                return Err(HttpError(StatusCode::FORBIDDEN, e.to_string()));
             }
             Some(Err(e)) => return Err(HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
             None => {
@@ -73,7 +68,7 @@ where
 }
 
 /// `GET /v1/agent/connect/ca/roots`: the trust bundle, from the agent cache.
-pub(super) async fn ca_roots(State(agent): State<Agent>, Query(q): Params) -> Result<Response, HttpError> {
+pub(super) async fn ca_roots(State(agent): State<Agent>, q: Params) -> Result<Response, HttpError> {
     from_cache(&agent, &agent.caches().roots, &agent_cache::types::RootsKey, &q).await
 }
 
@@ -83,7 +78,7 @@ pub(super) async fn ca_roots(State(agent): State<Agent>, Query(q): Params) -> Re
 pub(super) async fn ca_leaf(
     State(agent): State<Agent>,
     Path(service): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, HttpError> {
     structs::validate::Validate::validate(&structs::NodeService {
@@ -125,7 +120,7 @@ pub(super) fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Mana
 pub(super) async fn managed_proxy(
     State(agent): State<Agent>,
     Path(id): Path<String>,
-    Query(q): Params,
+    q: Params,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;

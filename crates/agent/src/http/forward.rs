@@ -2,14 +2,13 @@
 //! unchanged (method, path, query, headers but hop-by-hop ones, body), and the answer comes
 //! back unchanged; a request naming no token carries the agent's default token.
 
-use super::{MAX_BODY, form_query, request_token, text};
+use super::{MAX_BODY, request_token, text};
 use crate::runtime::Agent;
 use crate::servers::ApiError;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::Response;
-use std::collections::BTreeMap;
 
 /// Headers that belong to one connection, never forwarded.
 fn hop_by_hop(name: &HeaderName) -> bool {
@@ -51,7 +50,7 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     let method = parts.method.clone();
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.
-    let query: BTreeMap<String, String> = form_query(parts.uri.query());
+    let query = http_kit::Params::parse(parts.uri.query());
     let token = if request_token(&parts.headers, &query).is_empty() {
         agent.acl().default_token().to_owned()
     } else {

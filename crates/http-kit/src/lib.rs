@@ -1,0 +1,202 @@
+//! Consul's HTTP conventions, written once and used by every meshd HTTP API (the server's,
+//! the agent's, the status views both serve), so the same request means the same thing on
+//! each:
+//!
+//! - [`Params`]: the query string, repeated keys kept in order;
+//! - booleans: absent is false, present without a value is true, a value is read as Go's
+//!   `strconv.ParseBool` reads it (`1`, `t`, `T`, `TRUE`, `true`, `True` and their false
+//!   twins) and anything else is refused ([`Params::bool`]);
+//! - blocking queries: `?index=` (empty: none) and `?wait=` (a Go duration, default 5 min,
+//!   at most 10), with jitter ([`Blocking`]);
+//! - the request's token: `X-Consul-Token`, else `Authorization: Bearer`, else `?token=`
+//!   ([`token`]).
+//!
+//! A parameter that cannot be read is a [`BadParam`]: each API turns it into its 400.
+
+use axum::http::{HeaderMap, header};
+use std::time::Duration;
+use structs::{GoDuration, Index};
+
+/// Default blocking wait, as Consul's.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// Longest blocking wait honoured, as Consul's.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// A query parameter that cannot be read: the text names it and says why (a 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadParam(pub String);
+
+/// Parsed query string: repeated keys kept in order; a key without value counts as set.
+#[derive(Debug, Clone, Default)]
+pub struct Params(Vec<(String, String)>);
+
+impl Params {
+    /// Parses a raw query string.
+    pub fn parse(raw: Option<&str>) -> Self {
+        Params(
+            raw.map(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        )
+    }
+
+    /// Every (key, value) pair, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &(String, String)> {
+        self.0.iter()
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// Whether `key` is present at all (Consul's presence-only switches: `?pretty`,
+    /// `?stale`, `?cached`).
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Every value of `key`.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// A boolean flag (see the module docs): `?passing`, `?passing=True`, `?passing=0`.
+    pub fn bool(&self, key: &str) -> Result<bool, BadParam> {
+        match self.get(key) {
+            None => Ok(false),
+            Some("") => Ok(true),
+            Some(v) => parse_bool(v).ok_or_else(|| {
+                BadParam(format!(
+                    "invalid value for ?{key}: {v:?} is not a boolean (use true or false)"
+                ))
+            }),
+        }
+    }
+
+    /// A boolean that must be given (`?enable=` of maintenance).
+    pub fn required_bool(&self, key: &str) -> Result<bool, BadParam> {
+        match self.get(key) {
+            None | Some("") => Err(BadParam(format!("{key}: required (true or false)"))),
+            Some(_) => self.bool(key),
+        }
+    }
+
+    /// A required parameter.
+    pub fn required(&self, key: &str) -> Result<&str, BadParam> {
+        match self.get(key) {
+            Some(v) if !v.is_empty() => Ok(v),
+            _ => Err(BadParam(format!("required query parameter '{key}' not set"))),
+        }
+    }
+
+    /// An unsigned integer parameter.
+    pub fn u64(&self, key: &str) -> Result<Option<u64>, BadParam> {
+        self.get(key)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| BadParam(format!("invalid {key} parameter {v:?}: expected an unsigned integer")))
+            })
+            .transpose()
+    }
+
+    /// `?node-meta=key:value` pairs (all must match).
+    pub fn node_meta(&self) -> Result<Vec<(String, String)>, BadParam> {
+        self.all("node-meta")
+            .into_iter()
+            .map(|kv| match kv.split_once(':') {
+                Some((k, v)) => Ok((k.to_owned(), v.to_owned())),
+                None => Err(BadParam(format!("node-meta: {kv:?} is not of the form key:value"))),
+            })
+            .collect()
+    }
+
+    /// Blocking-query options: `?index=` and `?wait=` (default 5 min, at most 10 min).
+    pub fn blocking(&self) -> Result<Blocking, BadParam> {
+        // An empty `?index=` is no index (as Consul reads it), not a bad number.
+        let index = match self.get("index") {
+            Some("") => None,
+            _ => self.u64("index")?,
+        };
+        let index = index.filter(|i| *i > 0).map(Index);
+        let wait = match self.get("wait") {
+            None | Some("") => DEFAULT_WAIT,
+            Some(w) => GoDuration::parse(w).map_err(|e| BadParam(format!("wait: {e}")))?.0,
+        };
+        Ok(Blocking {
+            index,
+            wait: wait.min(MAX_WAIT),
+        })
+    }
+
+    /// `?pretty`: present, whatever its value (as Consul reads it).
+    pub fn pretty(&self) -> bool {
+        self.has("pretty")
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Params {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Params::parse(parts.uri.query()))
+    }
+}
+
+/// A boolean in the spellings Go's `strconv.ParseBool` accepts.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Blocking-query options.
+#[derive(Debug, Clone, Copy)]
+pub struct Blocking {
+    /// Wait until the index passes this (absent: answer at once).
+    pub index: Option<Index>,
+    /// How long to wait at most, before jitter.
+    pub wait: Duration,
+}
+
+impl Blocking {
+    /// The wait with up to wait/16 of jitter added, so many clients do not return together.
+    pub fn wait_with_jitter(&self) -> Duration {
+        let spread = self.wait.as_nanos() / 16;
+        if spread == 0 {
+            return self.wait;
+        }
+        // A wait longer than u64 nanoseconds (584 years) gets at most that much jitter.
+        let spread = u64::try_from(spread).unwrap_or(u64::MAX);
+        self.wait + Duration::from_nanos(fastrand::u64(0..spread))
+    }
+}
+
+/// The request's ACL token, from `X-Consul-Token`, `Authorization: Bearer` or `?token=`
+/// (none when absent or empty).
+pub fn token(headers: &HeaderMap, params: &Params) -> Option<acl::Token> {
+    if let Some(t) = headers.get(structs::wire::TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return acl::Token::new(t);
+    }
+    if let Some(t) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return acl::Token::new(t.trim());
+    }
+    params.get("token").and_then(acl::Token::new)
+}
+
+#[cfg(test)]
+mod tests;
