@@ -7,13 +7,13 @@
 //! see durable state, and an acknowledged write survives `kill -9`.
 
 use crate::ca;
+use crate::error::{StorageFailure, StoreError, WriteError};
 use crate::etcd;
 use crate::keys::{IndexKey, Topic};
-use crate::ops::StorageFailure;
-use crate::ops::{Op, WriteError, plan};
+use crate::ops::{Op, plan};
 use crate::publisher::{Publisher, Subscription};
 use crate::state::State;
-use crate::wal::{self, Record, StoreError, Wal};
+use crate::wal::{self, Record, Wal};
 use bounded_maps::SweptMap;
 use parking_lot::{Mutex, RwLock};
 use std::{

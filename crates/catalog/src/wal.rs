@@ -18,6 +18,7 @@
 //! file extended by a crash before its data reached the disk) is a torn write like any
 //! other: no frame is ever empty.
 
+use crate::error::StoreError;
 use crate::state::{Change, PersistedState, State};
 use serde::{Deserialize, Serialize};
 use std::{
@@ -26,74 +27,6 @@ use std::{
     path::{Path, PathBuf},
 };
 use structs::Index;
-
-/// Why the data dir could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// An I/O error, with what was being done. The cause is part of the message, not a
-    /// separate source, so that a report of the chain does not say it twice.
-    #[error("{what}: {error}")]
-    Io {
-        /// What failed.
-        what: String,
-        /// The error.
-        error: io::Error,
-    },
-    /// Another process has the data dir open.
-    #[error("data dir {0} is in use by another meshd (its LOCK file is held)")]
-    Locked(PathBuf),
-    /// The data dir holds damaged data that cannot be skipped without losing writes.
-    #[error("data dir is damaged: {0}")]
-    Corrupt(String),
-    /// A log record could not be decoded: the data dir is damaged.
-    #[error("data dir is damaged: {}: undecodable record", path.display())]
-    Undecodable {
-        /// The log segment.
-        path: PathBuf,
-        /// The decoding error.
-        source: serde_json::Error,
-    },
-    /// A record or snapshot could not be encoded.
-    #[error("encoding {what}")]
-    Encode {
-        /// What was being encoded.
-        what: &'static str,
-        /// The encoding error.
-        source: serde_json::Error,
-    },
-    /// etcd answered with an error.
-    #[error("{what}: {source}")]
-    Etcd {
-        /// What was being done.
-        what: String,
-        /// etcd's error.
-        source: etcd_client::Error,
-    },
-    /// etcd did not answer in time (unreachable, or without quorum).
-    #[error("{what}: no answer within {}", humantime::format_duration(*after))]
-    EtcdTimeout {
-        /// What was being done.
-        what: String,
-        /// How long it was given.
-        after: std::time::Duration,
-    },
-    /// Another live server holds this server's name in etcd.
-    #[error(
-        "server name {name:?} is held by a live server at {address} (it registered in etcd and renews its lease): give this server its own -node"
-    )]
-    ServerNameTaken {
-        /// The name.
-        name: String,
-        /// The address the other server reported.
-        address: String,
-    },
-    /// Opening the data dir panicked.
-    #[error("opening the data dir panicked")]
-    Panicked(#[source] tokio::task::JoinError),
-    /// The CA could not be created on first start.
-    #[error("bootstrapping the CA")]
-    CaBootstrap(#[source] Box<crate::WriteError>),
-}
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
     let what = what.into();

@@ -17,7 +17,7 @@
 //! renewed within that time.
 
 use super::EtcdConfig;
-use crate::wal::StoreError;
+use crate::error::StoreError;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };

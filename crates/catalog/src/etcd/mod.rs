@@ -25,10 +25,10 @@ pub(crate) mod layout;
 pub use cluster::{Cluster, ClusterStatus, ServerInfo};
 pub use layout::LayoutError;
 
-use crate::ops::{StorageFailure, WriteError, plan};
+use crate::error::{StorageFailure, StoreError, WriteError};
+use crate::ops::plan;
 use crate::state::{Change, State};
 use crate::store::{Inner, Job, WriteOutcome, notify, notify_all};
-use crate::wal::StoreError;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
