@@ -59,6 +59,7 @@ impl Current {
     /// Makes `state` current after it was read again wholesale (a reload): every waiter
     /// reads again and every subscribed topic gets its new value. Only etcd's watch, which
     /// can lose its place in the change feed, reloads.
+    #[cfg(feature = "etcd")]
     pub(crate) fn reset(&self, state: Arc<State>) {
         *self.state.write() = Arc::clone(&state);
         if let Some(watches) = self.watches.lock().as_mut() {

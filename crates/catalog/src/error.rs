@@ -42,6 +42,7 @@ pub enum StoreError {
         source: serde_json::Error,
     },
     /// etcd answered with an error.
+    #[cfg(feature = "etcd")]
     #[error("{what}: {source}")]
     Etcd {
         /// What was being done.
@@ -50,6 +51,7 @@ pub enum StoreError {
         source: etcd_client::Error,
     },
     /// etcd did not answer in time (unreachable, or without quorum).
+    #[cfg(feature = "etcd")]
     #[error("{what}: no answer within {}", humantime::format_duration(*after))]
     EtcdTimeout {
         /// What was being done.
@@ -58,6 +60,7 @@ pub enum StoreError {
         after: std::time::Duration,
     },
     /// Another live server holds this server's name in etcd.
+    #[cfg(feature = "etcd")]
     #[error(
         "server name {name:?} is held by a live server at {address} (it registered in etcd and renews its lease): give this server its own -node"
     )]

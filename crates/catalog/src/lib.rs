@@ -17,6 +17,7 @@ pub mod cluster;
 mod current;
 mod embedded;
 mod error;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 mod gateways;
 mod keys;

@@ -1,7 +1,7 @@
 //! Where the catalog is kept: the [`Storage`] trait the [`Store`](crate::Store) works
 //! through, and what the writers of its two implementations share. The implementations are
 //! the embedded log (`embedded.rs`: a log in the data dir, or memory only) and etcd
-//! (`etcd/`: one catalog shared by several servers).
+//! (`etcd/`, with the `etcd` feature: one catalog shared by several servers).
 //!
 //! Both writers take every queued write (group commit), plan each on the current state
 //! ([`Planned::of`]), make the batch durable and answer each write. They stay two loops, not

@@ -1,14 +1,16 @@
 //! The Store: the catalog's single way in — writes through one queue to the storage's
 //! writer, reads of the current state, blocking waits and subscriptions.
 //!
-//! Where the catalog is kept is a [`Storage`]: the embedded log, or etcd. Either way a write
-//! is acknowledged only once durable, and readers only ever see durable state.
+//! Where the catalog is kept is a [`Storage`]: the embedded log, or etcd (with the `etcd`
+//! feature). Either way a write is acknowledged only once durable, and readers only ever see
+//! durable state.
 
 use crate::ca;
 use crate::cluster::Cluster;
 use crate::current::Current;
 use crate::embedded::LogWriter;
 use crate::error::{StoreError, WriteError};
+#[cfg(feature = "etcd")]
 use crate::etcd;
 use crate::keys::{IndexKey, Topic};
 use crate::ops::Op;
@@ -34,6 +36,7 @@ pub struct StoreConfig {
     /// Writes taken in one batch at most.
     pub max_batch: usize,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
+    #[cfg(feature = "etcd")]
     pub etcd: Option<etcd::EtcdConfig>,
 }
 
@@ -45,6 +48,7 @@ impl Default for StoreConfig {
             snapshot_every: 10_000,
             publish_buffer: 16,
             max_batch: 1024,
+            #[cfg(feature = "etcd")]
             etcd: None,
         }
     }
@@ -257,6 +261,7 @@ impl Store {
 
 /// Opens the storage `config` names, with `writes` for its writer, and the state it holds.
 async fn open_storage(config: &StoreConfig, writes: Writes) -> Result<(Arc<dyn Storage>, Arc<Current>), StoreError> {
+    #[cfg(feature = "etcd")]
     if let Some(etcd) = &config.etcd {
         let (storage, state) = etcd::EtcdStorage::open(etcd.clone()).await?;
         let current = Current::new(state, config.publish_buffer);
