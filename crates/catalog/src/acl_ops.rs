@@ -1,7 +1,8 @@
 //! Planning of ACL writes: tokens, policies, roles, bootstrap. Ids and secrets arrive
 //! already chosen (the caller generates the missing ones), so plans stay deterministic.
 
-use crate::ops::{Plan, WriteError};
+use crate::error::WriteError;
+use crate::plan::Plan;
 use crate::state::{Change, State};
 use std::time::{Duration, SystemTime};
 use structs::Timestamp;

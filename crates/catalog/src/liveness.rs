@@ -5,9 +5,9 @@
 //!
 //! With several servers over etcd, agents may send their heartbeats to any server, but only
 //! the leading server marks nodes critical and reaps them: each server shares the nodes it
-//! heard from through etcd (see `etcd::Cluster::share_heartbeats`) every quarter of the
-//! timeout, and the leader counts a node alive if any server heard from it. A server that
-//! starts leading gives every node a full timeout first.
+//! heard from through etcd (see [`crate::cluster::Cluster::share_heartbeats`]) every
+//! quarter of the timeout, and the leader counts a node alive if any server heard from it. A
+//! server that starts leading gives every node a full timeout first.
 //!
 //! Heartbeat times live in memory only. After a server restart every node with a liveness
 //! check gets a full `timeout` from the restart to send its next heartbeat, and the reap

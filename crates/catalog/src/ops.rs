@@ -4,6 +4,8 @@
 
 use crate::acl_ops;
 use crate::ca::{CaConfig, CaError, CaState};
+use crate::error::WriteError;
+use crate::plan::Plan;
 use crate::state::{Change, State};
 use std::time::Duration;
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
@@ -117,80 +119,6 @@ pub enum Op {
         /// Id.
         id: String,
     },
-}
-
-/// Why a write was refused. Nothing was changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WriteError {
-    /// The request is invalid; the error names the field.
-    #[error(transparent)]
-    Invalid(#[from] ValidationError),
-    /// The request names something that does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The CA refused.
-    #[error(transparent)]
-    Ca(#[from] CaError),
-    /// The write is not allowed, whoever asks (a second ACL bootstrap).
-    #[error("{0}")]
-    Forbidden(String),
-    /// The datacenter is not this one.
-    #[error("unknown datacenter {0:?}")]
-    UnknownDatacenter(String),
-    /// The store could not make the write durable (the disk is full, an I/O error): nothing
-    /// of it is applied. Later writes are tried again, unless the log could not be cut back
-    /// to its last good record (then the store accepts no more writes).
-    #[error("storage failure")]
-    Storage(#[source] StorageFailure),
-    /// The store has been closed.
-    #[error("the store is closed")]
-    Closed,
-}
-
-/// The storage error a write failed with (shared by every write of the batch, and by every
-/// later write once the store stopped accepting them).
-#[derive(Debug, Clone)]
-pub struct StorageFailure(pub std::sync::Arc<crate::StoreError>);
-
-impl std::fmt::Display for StorageFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for StorageFailure {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-/// Two failures are the same failure (one shared error), not merely alike.
-impl PartialEq for StorageFailure {
-    fn eq(&self, other: &Self) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for StorageFailure {}
-
-/// What planning decided.
-#[derive(Debug, Default)]
-pub(crate) struct Plan {
-    pub(crate) changes: Vec<Change>,
-    /// False when a check-and-set did not match (nothing to write, the caller gets `false`).
-    pub(crate) applied: bool,
-}
-
-impl Plan {
-    pub(crate) fn write(changes: Vec<Change>) -> Self {
-        Self { changes, applied: true }
-    }
-    fn refused() -> Self {
-        Self {
-            changes: Vec::new(),
-            applied: false,
-        }
-    }
 }
 
 fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {

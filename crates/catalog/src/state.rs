@@ -99,6 +99,77 @@ struct AclTables {
     bootstrapped: Option<Index>,
 }
 
+impl AclTables {
+    /// Stores a token (replacing its secret's entry), keeping its create index.
+    fn put_token(&mut self, index: Index, token: &AclToken) {
+        let mut t = token.clone();
+        if let Some(old) = self.tokens.get(&t.accessor_id) {
+            t.create_index = old.create_index;
+            self.secrets.remove(&old.secret_id);
+        } else {
+            t.create_index = index;
+        }
+        t.modify_index = index;
+        self.secrets.insert(t.secret_id.clone(), t.accessor_id.clone());
+        self.tokens.insert(t.accessor_id.clone(), Arc::new(t));
+    }
+
+    /// Removes a token; true if there was one.
+    fn delete_token(&mut self, accessor: &str) -> bool {
+        let Some(old) = self.tokens.remove(accessor) else {
+            return false;
+        };
+        self.secrets.remove(&old.secret_id);
+        true
+    }
+
+    /// Stores a policy (replacing its name's entry), keeping its create index.
+    fn put_policy(&mut self, index: Index, policy: &AclPolicy) {
+        let mut p = policy.clone();
+        if let Some(old) = self.policies.get(&p.id) {
+            p.create_index = old.create_index;
+            self.policy_names.remove(&old.name);
+        } else {
+            p.create_index = index;
+        }
+        p.modify_index = index;
+        self.policy_names.insert(p.name.clone(), p.id.clone());
+        self.policies.insert(p.id.clone(), Arc::new(p));
+    }
+
+    /// Removes a policy; true if there was one.
+    fn delete_policy(&mut self, id: &str) -> bool {
+        let Some(old) = self.policies.remove(id) else {
+            return false;
+        };
+        self.policy_names.remove(&old.name);
+        true
+    }
+
+    /// Stores a role (replacing its name's entry), keeping its create index.
+    fn put_role(&mut self, index: Index, role: &AclRole) {
+        let mut r = role.clone();
+        if let Some(old) = self.roles.get(&r.id) {
+            r.create_index = old.create_index;
+            self.role_names.remove(&old.name);
+        } else {
+            r.create_index = index;
+        }
+        r.modify_index = index;
+        self.role_names.insert(r.name.clone(), r.id.clone());
+        self.roles.insert(r.id.clone(), Arc::new(r));
+    }
+
+    /// Removes a role; true if there was one.
+    fn delete_role(&mut self, id: &str) -> bool {
+        let Some(old) = self.roles.remove(id) else {
+            return false;
+        };
+        self.role_names.remove(&old.name);
+        true
+    }
+}
+
 /// The service name an instance is connect-capable for, if any.
 fn connect_target(svc: &NodeService) -> Option<&str> {
     match svc.kind {
@@ -182,15 +253,7 @@ impl State {
 
     fn apply_one(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
         match change {
-            Change::PutNode(node) => {
-                let mut node = node.clone();
-                node.create_index = self.nodes.get(&node.node).map_or(index, |n| n.create_index);
-                node.modify_index = index;
-                bumped.insert(IndexKey::Nodes);
-                bumped.insert(IndexKey::Node(node.node.clone()));
-                self.touch_node_services(&node.node, bumped);
-                self.nodes.insert(node.node.clone(), Arc::new(node));
-            }
+            Change::PutNode(node) => self.put_node(index, node, bumped),
             Change::DeleteNode(name) => {
                 if self.nodes.remove(name).is_some() {
                     bumped.insert(IndexKey::Nodes);
@@ -204,14 +267,7 @@ impl State {
                     bumped.insert(IndexKey::Services);
                 }
             }
-            Change::PutCheck(check) => {
-                let key = (check.node.clone(), check.check_id.clone());
-                let mut check = check.clone();
-                check.create_index = self.checks.get(&key).map_or(index, |c| c.create_index);
-                check.modify_index = index;
-                self.touch_check(&check, bumped);
-                self.checks.insert(key, Arc::new(check));
-            }
+            Change::PutCheck(check) => self.put_check(index, check, bumped),
             Change::DeleteCheck { node, id } => {
                 if let Some(old) = self.checks.remove(&(node.clone(), id.clone())) {
                     self.touch_check(&old, bumped);
@@ -233,69 +289,30 @@ impl State {
             }
             Change::PutCa(ca) => self.put_ca(index, ca, bumped),
             Change::PutAclToken(t) => {
-                let mut t = t.clone();
-                let acl = &mut self.acl;
-                if let Some(old) = acl.tokens.get(&t.accessor_id) {
-                    t.create_index = old.create_index;
-                    acl.secrets.remove(&old.secret_id);
-                } else {
-                    t.create_index = index;
-                }
-                t.modify_index = index;
-                acl.secrets.insert(t.secret_id.clone(), t.accessor_id.clone());
-                acl.tokens.insert(t.accessor_id.clone(), Arc::new(t));
-                bumped.insert(IndexKey::AclTokens);
-                bumped.insert(IndexKey::Acl);
+                self.acl.put_token(index, t);
+                bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
             }
             Change::DeleteAclToken(accessor) => {
-                if let Some(old) = self.acl.tokens.remove(accessor) {
-                    self.acl.secrets.remove(&old.secret_id);
-                    bumped.insert(IndexKey::AclTokens);
-                    bumped.insert(IndexKey::Acl);
+                if self.acl.delete_token(accessor) {
+                    bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
                 }
             }
             Change::PutAclPolicy(p) => {
-                let mut p = p.clone();
-                let acl = &mut self.acl;
-                if let Some(old) = acl.policies.get(&p.id) {
-                    p.create_index = old.create_index;
-                    acl.policy_names.remove(&old.name);
-                } else {
-                    p.create_index = index;
-                }
-                p.modify_index = index;
-                acl.policy_names.insert(p.name.clone(), p.id.clone());
-                acl.policies.insert(p.id.clone(), Arc::new(p));
-                bumped.insert(IndexKey::AclPolicies);
-                bumped.insert(IndexKey::Acl);
+                self.acl.put_policy(index, p);
+                bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
             }
             Change::DeleteAclPolicy(id) => {
-                if let Some(old) = self.acl.policies.remove(id) {
-                    self.acl.policy_names.remove(&old.name);
-                    bumped.insert(IndexKey::AclPolicies);
-                    bumped.insert(IndexKey::Acl);
+                if self.acl.delete_policy(id) {
+                    bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
                 }
             }
             Change::PutAclRole(r) => {
-                let mut r = r.clone();
-                let acl = &mut self.acl;
-                if let Some(old) = acl.roles.get(&r.id) {
-                    r.create_index = old.create_index;
-                    acl.role_names.remove(&old.name);
-                } else {
-                    r.create_index = index;
-                }
-                r.modify_index = index;
-                acl.role_names.insert(r.name.clone(), r.id.clone());
-                acl.roles.insert(r.id.clone(), Arc::new(r));
-                bumped.insert(IndexKey::AclRoles);
-                bumped.insert(IndexKey::Acl);
+                self.acl.put_role(index, r);
+                bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
             }
             Change::DeleteAclRole(id) => {
-                if let Some(old) = self.acl.roles.remove(id) {
-                    self.acl.role_names.remove(&old.name);
-                    bumped.insert(IndexKey::AclRoles);
-                    bumped.insert(IndexKey::Acl);
+                if self.acl.delete_role(id) {
+                    bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
                 }
             }
             Change::AclBootstrapped => {
@@ -303,6 +320,27 @@ impl State {
                 bumped.insert(IndexKey::Acl);
             }
         }
+    }
+
+    /// Stores a node, keeping its create index; its services' health changes with it.
+    fn put_node(&mut self, index: Index, node: &Node, bumped: &mut OrdSet<IndexKey>) {
+        let mut node = node.clone();
+        node.create_index = self.nodes.get(&node.node).map_or(index, |n| n.create_index);
+        node.modify_index = index;
+        bumped.insert(IndexKey::Nodes);
+        bumped.insert(IndexKey::Node(node.node.clone()));
+        self.touch_node_services(&node.node, bumped);
+        self.nodes.insert(node.node.clone(), Arc::new(node));
+    }
+
+    /// Stores a check, keeping its create index.
+    fn put_check(&mut self, index: Index, check: &HealthCheck, bumped: &mut OrdSet<IndexKey>) {
+        let key = (check.node.clone(), check.check_id.clone());
+        let mut check = check.clone();
+        check.create_index = self.checks.get(&key).map_or(index, |c| c.create_index);
+        check.modify_index = index;
+        self.touch_check(&check, bumped);
+        self.checks.insert(key, Arc::new(check));
     }
 
     /// Stores a service (indexed by name and by connect destination), keeping its create

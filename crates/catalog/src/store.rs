@@ -1,34 +1,26 @@
-//! The Store: the catalog's single writer, its readers, blocking waits and subscriptions.
+//! The Store: the catalog's single way in — writes through one queue to the storage's
+//! writer, reads of the current state, blocking waits and subscriptions.
 //!
-//! Writes go to one writer thread through a queue. The writer takes every queued write
-//! (group commit), plans and applies each to a copy of the current state (O(1), persistent
-//! maps), appends the batch to the log with one sync, and only then swaps the new state in,
-//! wakes blocking queries, publishes events and acknowledges. Readers therefore only ever
-//! see durable state, and an acknowledged write survives `kill -9`.
+//! Where the catalog is kept is a [`Storage`]: the embedded log, or etcd (with the `etcd`
+//! feature). Either way a write is acknowledged only once durable, and readers only ever see
+//! durable state.
 
 use crate::ca;
+use crate::cluster::Cluster;
+use crate::current::Current;
+use crate::embedded::LogWriter;
+use crate::error::{StoreError, WriteError};
+#[cfg(feature = "etcd")]
 use crate::etcd;
 use crate::keys::{IndexKey, Topic};
-use crate::ops::StorageFailure;
-use crate::ops::{Op, WriteError, plan};
-use crate::publisher::{Publisher, Subscription};
+use crate::ops::Op;
+use crate::publisher::Subscription;
 use crate::state::State;
-use crate::wal::{self, Record, StoreError, Wal};
-use bounded_maps::SweptMap;
-use parking_lot::{Mutex, RwLock};
-use std::{
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
-    time::{Duration, SystemTime},
-};
+use crate::storage::{Job, Storage, WriteOutcome, Writes};
+use parking_lot::Mutex;
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration, time::SystemTime};
 use structs::{Index, IssuedCert};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{error, info, warn};
 
 /// Store settings.
 #[derive(Debug, Clone)]
@@ -44,7 +36,8 @@ pub struct StoreConfig {
     /// Writes taken in one batch at most.
     pub max_batch: usize,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
-    pub etcd: Option<crate::etcd::EtcdConfig>,
+    #[cfg(feature = "etcd")]
+    pub etcd: Option<etcd::EtcdConfig>,
 }
 
 impl Default for StoreConfig {
@@ -55,50 +48,21 @@ impl Default for StoreConfig {
             snapshot_every: 10_000,
             publish_buffer: 16,
             max_batch: 1024,
+            #[cfg(feature = "etcd")]
             etcd: None,
         }
     }
 }
 
-/// The result of an accepted write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteOutcome {
-    /// The index the write committed at (the current index if it changed nothing).
-    pub index: Index,
-    /// False when a check-and-set did not match and nothing was written.
-    pub applied: bool,
-}
-
-pub(crate) struct Job {
-    pub(crate) op: Op,
-    pub(crate) reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
-}
-
 /// A leaf's identity in the store's cache: service and sorted DNS SANs.
 type LeafKey = (String, Vec<String>);
 
-pub(crate) struct Inner {
-    pub(crate) config: StoreConfig,
-    pub(crate) state: RwLock<Arc<State>>,
-    /// Per-key index channels; keys nobody waits on are swept as the map grows. `None` once
-    /// waiters are released (shutdown): every wait then answers at once.
-    watches: Mutex<Option<SweptMap<IndexKey, watch::Sender<Index>>>>,
-    publisher: Publisher,
+struct Inner {
+    config: StoreConfig,
+    current: Arc<Current>,
+    storage: Arc<dyn Storage>,
     /// Issued leaves by service and (sorted) DNS SANs.
     leaves: Mutex<HashMap<LeafKey, Arc<IssuedCert>>>,
-    compacting: AtomicBool,
-    snapshotter: Mutex<Option<thread::JoinHandle<()>>>,
-    /// The etcd side, when the catalog lives there.
-    etcd: Option<Arc<etcd::Backend>>,
-}
-
-/// What applies writes: the log writer thread, or the etcd tasks.
-enum Writer {
-    Thread(thread::JoinHandle<()>),
-    Etcd {
-        writer: tokio::task::JoinHandle<()>,
-        others: Vec<tokio::task::JoinHandle<()>>,
-    },
 }
 
 /// The catalog store. Cheap to clone; [`Store::close`] stops the writer.
@@ -106,7 +70,6 @@ enum Writer {
 pub struct Store {
     inner: Arc<Inner>,
     tx: Arc<Mutex<Option<mpsc::Sender<Job>>>>,
-    writer: Arc<Mutex<Option<Writer>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -118,60 +81,24 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens the store (replaying its data dir, if any), starts the writer, and creates the
-    /// CA on first start.
+    /// Opens the store (replaying its data dir, or reading the catalog from etcd), starts
+    /// the writer, and creates the CA on first start.
     pub async fn open(config: StoreConfig) -> Result<Store, StoreError> {
-        if let Some(etcd) = config.etcd.clone() {
-            return Self::open_etcd(config, etcd).await;
-        }
-        let (wal, state) = match &config.data_dir {
-            Some(dir) => {
-                let dir = dir.clone();
-                let (wal, state) = tokio::task::spawn_blocking(move || Wal::open(&dir))
-                    .await
-                    .map_err(StoreError::Panicked)??;
-                (Some(wal), state)
-            }
-            None => (None, State::default()),
+        let (tx, jobs) = mpsc::channel(config.max_batch * 4);
+        let writes = Writes {
+            jobs,
+            datacenter: config.datacenter.clone(),
+            max_batch: config.max_batch,
         };
-        let inner = Inner::new(config, state, None);
-        let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
-        let writer_inner = Arc::clone(&inner);
-        let writer = thread::Builder::new()
-            .name("meshd-store-writer".into())
-            .spawn(move || writer_loop(writer_inner, wal, rx))
-            .map_err(|error| StoreError::Io {
-                what: "starting the store writer".into(),
-                error,
-            })?;
-        Self::started(inner, tx, Writer::Thread(writer)).await
-    }
-
-    /// Opens the store over etcd: reads the catalog, then follows it with a watch, writes
-    /// through guarded transactions, and joins the cluster (see the `etcd` module).
-    async fn open_etcd(config: StoreConfig, etcd_config: etcd::EtcdConfig) -> Result<Store, StoreError> {
-        let (client, state) = etcd::connect(&etcd_config).await?;
-        let index = state.index;
-        let request_timeout = etcd_config.request_timeout;
-        let backend = etcd::Backend::new(client, etcd_config, index);
-        backend.cluster.claim_name(request_timeout).await?;
-        let inner = Inner::new(config, state, Some(Arc::clone(&backend)));
-        let (tx, rx) = mpsc::channel(inner.config.max_batch * 4);
-        let others = vec![
-            tokio::spawn(etcd::applier(Arc::clone(&inner), Arc::clone(&backend))),
-            tokio::spawn(Arc::clone(&backend.cluster).run_session(backend.stop.clone())),
-            tokio::spawn(Arc::clone(&backend.cluster).run_watch(backend.stop.clone())),
-        ];
-        let writer = tokio::spawn(etcd::writer(Arc::clone(&inner), Arc::clone(&backend), rx));
-        Self::started(inner, tx, Writer::Etcd { writer, others }).await
-    }
-
-    /// Wraps a started writer, and creates the CA on first start.
-    async fn started(inner: Arc<Inner>, tx: mpsc::Sender<Job>, writer: Writer) -> Result<Store, StoreError> {
+        let (storage, current) = open_storage(&config, writes).await?;
         let store = Store {
-            inner,
+            inner: Arc::new(Inner {
+                config,
+                current,
+                storage,
+                leaves: Mutex::new(HashMap::new()),
+            }),
             tx: Arc::new(Mutex::new(Some(tx))),
-            writer: Arc::new(Mutex::new(Some(writer))),
         };
         if store.read().ca().is_none()
             && let Err(e) = store.write(Op::CaBootstrap(ca::CaConfig::default())).await
@@ -185,19 +112,13 @@ impl Store {
     /// How many times the catalog was read again from etcd because the watch's next
     /// revision had been compacted (0 for the embedded store).
     pub fn etcd_reloads(&self) -> u64 {
-        self.inner
-            .etcd
-            .as_ref()
-            .map_or(0, |b| b.reloads.load(Ordering::Relaxed))
+        self.inner.storage.reloads()
     }
 
     /// Waits until this store has applied `index` (written through another server), or
     /// `timeout`; true once it has. The embedded store applies everything it acknowledges.
     pub async fn wait_applied(&self, index: Index, timeout: Duration) -> bool {
-        match &self.inner.etcd {
-            Some(backend) => backend.caught_up(index, timeout).await,
-            None => true,
-        }
+        self.inner.storage.wait_applied(index, timeout).await
     }
 
     /// Waits until this store has applied every write committed anywhere before the call
@@ -205,15 +126,12 @@ impl Store {
     /// be judged on a state behind another server's, such as a token written through
     /// another server and unknown here. The embedded store has always applied everything.
     pub async fn catch_up(&self, timeout: Duration) -> bool {
-        match &self.inner.etcd {
-            Some(backend) => backend.catch_up(timeout).await,
-            None => true,
-        }
+        self.inner.storage.catch_up(timeout).await
     }
 
     /// The servers sharing this store's etcd (`None`: the embedded store, one server).
-    pub fn cluster(&self) -> Option<&Arc<etcd::Cluster>> {
-        self.inner.etcd.as_ref().map(|b| &b.cluster)
+    pub fn cluster(&self) -> Option<&Arc<dyn Cluster>> {
+        self.inner.storage.cluster()
     }
 
     /// The datacenter this store serves.
@@ -223,7 +141,7 @@ impl Store {
 
     /// The current (durable) state.
     pub fn read(&self) -> Arc<State> {
-        self.inner.state.read().clone()
+        self.inner.current.read()
     }
 
     /// Submits a write and waits until it is durable (or refused).
@@ -238,15 +156,7 @@ impl Store {
     /// few keys, which keeps its receivers rather than waiting anew each time. `None` once
     /// waits are released (the store is closing); the channel closes then too.
     pub fn index_receiver(&self, key: &IndexKey) -> Option<watch::Receiver<Index>> {
-        let mut guard = self.inner.watches.lock();
-        let watches = guard.as_mut()?;
-        watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
-        Some(
-            watches
-                .entry(key.clone())
-                .or_insert_with(|| watch::Sender::new(self.read().index_of(key)))
-                .subscribe(),
-        )
+        self.inner.current.index_receiver(key)
     }
 
     /// Waits until the index of `key` passes `after`, or `timeout` elapses; returns the state
@@ -273,23 +183,22 @@ impl Store {
     /// state, as a wait that timed out): the first step of a shutdown, so that parked
     /// blocking queries do not hold it for their whole wait.
     pub fn release_waiters(&self) {
-        // Dropping the senders wakes every receiver.
-        self.inner.watches.lock().take();
+        self.inner.current.release_waiters();
     }
 
     /// True once [`Store::release_waiters`] ran (shutting down): waits return at once.
     pub fn is_closed(&self) -> bool {
-        self.inner.watches.lock().is_none()
+        self.inner.current.waiters_released()
     }
 
     /// Subscribes to a topic: its current value first, then every change.
     pub fn subscribe(&self, topic: Topic) -> Subscription {
-        self.inner.publisher.subscribe(topic, || self.read())
+        self.inner.current.subscribe(topic)
     }
 
     /// Topics with subscribers now.
     pub fn subscribed_topics(&self) -> usize {
-        self.inner.publisher.topic_count()
+        self.inner.current.subscribed_topics()
     }
 
     /// A leaf certificate for `service`, signed by the active root. Reused until two thirds
@@ -342,188 +251,25 @@ impl Store {
         ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())
     }
 
-    /// Stops accepting writes, lets queued ones finish, and waits for the writer and any
-    /// snapshot in progress to stop.
+    /// Stops accepting writes, lets queued ones finish, and waits for the writer and
+    /// whatever else the storage runs (snapshots, etcd's watches and lease) to stop.
     pub async fn close(&self) {
         self.tx.lock().take();
-        let writer = self.writer.lock().take();
-        match writer {
-            Some(Writer::Etcd { writer, others }) => {
-                let _ = writer.await;
-                if let Some(backend) = &self.inner.etcd {
-                    backend.stop.cancel();
-                }
-                for task in others {
-                    let _ = task.await;
-                }
-            }
-            thread => {
-                let inner = Arc::clone(&self.inner);
-                let _ = tokio::task::spawn_blocking(move || {
-                    if let Some(Writer::Thread(handle)) = thread {
-                        let _ = handle.join();
-                    }
-                    if let Some(handle) = inner.snapshotter.lock().take() {
-                        let _ = handle.join();
-                    }
-                })
-                .await;
-            }
-        }
+        self.inner.storage.close().await;
     }
 }
 
-impl Inner {
-    fn new(config: StoreConfig, state: State, etcd: Option<Arc<etcd::Backend>>) -> Arc<Self> {
-        Arc::new(Inner {
-            publisher: Publisher::new(config.publish_buffer),
-            config,
-            state: RwLock::new(Arc::new(state)),
-            watches: Mutex::new(Some(SweptMap::default())),
-            leaves: Mutex::new(HashMap::new()),
-            compacting: AtomicBool::new(false),
-            snapshotter: Mutex::new(None),
-            etcd,
-        })
+/// Opens the storage `config` names, with `writes` for its writer, and the state it holds.
+async fn open_storage(config: &StoreConfig, writes: Writes) -> Result<(Arc<dyn Storage>, Arc<Current>), StoreError> {
+    #[cfg(feature = "etcd")]
+    if let Some(etcd) = &config.etcd {
+        let (storage, state) = etcd::EtcdStorage::open(etcd.clone()).await?;
+        let current = Current::new(state, config.publish_buffer);
+        let storage = storage.start(Arc::clone(&current), writes);
+        return Ok((storage, current));
     }
-}
-
-fn writer_loop(inner: Arc<Inner>, mut wal: Option<Wal>, mut rx: mpsc::Receiver<Job>) {
-    let mut failed: Option<StorageFailure> = None;
-    while let Some(first) = rx.blocking_recv() {
-        let mut batch = vec![first];
-        while batch.len() < inner.config.max_batch {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        if let Some(reason) = &failed {
-            for job in batch {
-                let _ = job.reply.send(Err(WriteError::Storage(reason.clone())));
-            }
-            continue;
-        }
-        let now = SystemTime::now();
-        let mut working = (**inner.state.read()).clone();
-        let mut records = Vec::new();
-        let mut bumped = HashSet::new();
-        let mut replies = Vec::with_capacity(batch.len());
-        for job in batch {
-            let result = match plan(&job.op, &working, &inner.config.datacenter, now) {
-                Err(e) => Err(e),
-                Ok(p) if !p.applied || p.changes.is_empty() => Ok(WriteOutcome {
-                    index: working.index.max(Index(1)),
-                    applied: p.applied,
-                }),
-                Ok(p) => {
-                    let index = working.index.next();
-                    bumped.extend(working.apply(index, &p.changes));
-                    records.push(Record {
-                        index,
-                        changes: p.changes,
-                    });
-                    Ok(WriteOutcome { index, applied: true })
-                }
-            };
-            replies.push((job.reply, result));
-        }
-        if !records.is_empty() {
-            if let Some(w) = wal.as_mut()
-                && let Err(e) = w.append(&records)
-            {
-                // Nothing of the batch is applied (the state is the working copy's). With the
-                // log cut back to its last good record, later writes are tried again (the
-                // disk may have room by then); otherwise none is accepted any more.
-                let clean = w.is_clean();
-                if clean {
-                    error!(error = %e, "the log could not be written; this write fails, the next ones are tried");
-                } else {
-                    error!(error = %e, "the log could not be written nor cut back; refusing further writes");
-                }
-                let reason = StorageFailure(Arc::new(e));
-                for (reply, result) in replies {
-                    let _ = reply.send(result.and(Err(WriteError::Storage(reason.clone()))));
-                }
-                if !clean {
-                    failed = Some(reason);
-                }
-                continue;
-            }
-            let new = Arc::new(working);
-            *inner.state.write() = Arc::clone(&new);
-            notify(&inner, &new, &bumped);
-            if let Some(w) = wal.as_mut() {
-                maybe_compact(&inner, w, &new);
-            }
-        }
-        for (reply, result) in replies {
-            let _ = reply.send(result);
-        }
-    }
-    info!("store writer stopped");
-}
-
-pub(crate) fn notify(inner: &Inner, state: &State, bumped: &HashSet<IndexKey>) {
-    // Only the keys this write touched; keys nobody waits on any more are dropped here or
-    // swept when the map has doubled (see `wait`). Nothing to wake once waiters are released.
-    if let Some(watches) = inner.watches.lock().as_mut() {
-        for key in bumped {
-            if let Some(tx) = watches.get(key) {
-                if tx.receiver_count() == 0 {
-                    watches.remove(key);
-                } else {
-                    tx.send_replace(state.index_of(key));
-                }
-            }
-        }
-    }
-    inner.publisher.publish(state, bumped);
-}
-
-/// After the state was replaced wholesale (reloaded): every waiter reads again and every
-/// subscribed topic gets its new value.
-pub(crate) fn notify_all(inner: &Inner, state: &State) {
-    if let Some(watches) = inner.watches.lock().as_mut() {
-        watches.retain(|key, tx| {
-            if tx.receiver_count() == 0 {
-                return false;
-            }
-            tx.send_replace(state.index_of(key));
-            true
-        });
-    }
-    let keys = inner.publisher.keys();
-    inner.publisher.publish(state, &keys);
-}
-
-fn maybe_compact(inner: &Arc<Inner>, wal: &mut Wal, state: &Arc<State>) {
-    if wal.records_since_snapshot < inner.config.snapshot_every || inner.compacting.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    if let Err(e) = wal.rotate(state.index.next()) {
-        warn!(error = %e, "could not start a new log segment; will retry");
-        inner.compacting.store(false, Ordering::Release);
-        return;
-    }
-    let (dir, snap, done) = (wal.dir().to_owned(), Arc::clone(state), Arc::clone(inner));
-    let spawned = thread::Builder::new().name("meshd-snapshot".into()).spawn(move || {
-        match wal::write_snapshot(&dir, &snap) {
-            Ok(()) => info!(index = %snap.index, "snapshot written"),
-            Err(e) => warn!(error = %e, "snapshot failed; the log still holds every write"),
-        }
-        done.compacting.store(false, Ordering::Release);
-    });
-    match spawned {
-        // The previous snapshot thread has finished (compacting was false): reap it.
-        Ok(handle) => {
-            if let Some(previous) = inner.snapshotter.lock().replace(handle) {
-                let _ = previous.join();
-            }
-        }
-        Err(_) => {
-            warn!("could not start the snapshot thread");
-            inner.compacting.store(false, Ordering::Release);
-        }
-    }
+    let (writer, state) = LogWriter::open(config.data_dir.clone(), config.snapshot_every).await?;
+    let current = Current::new(state, config.publish_buffer);
+    let storage = writer.start(Arc::clone(&current), writes)?;
+    Ok((storage, current))
 }

@@ -380,7 +380,7 @@ pub struct ServerArgs {
     pub data_dir: Option<PathBuf>,
     /// Where the catalog lives: `embedded` (a log in -data-dir, one server) or `etcd`
     /// (shared by every server on the same etcd and -etcd-prefix).
-    #[arg(long = "store", value_name = "KIND", default_value = "embedded", value_parser = ["embedded", "etcd"])]
+    #[arg(long = "store", value_name = "KIND", default_value = "embedded", value_parser = store_kind)]
     pub store: String,
     /// etcd client URLs, comma-separated (`-store etcd`).
     #[arg(long = "etcd-endpoints", value_name = "URL[,URL...]", value_delimiter = ',')]
@@ -457,6 +457,17 @@ pub struct ServerArgs {
     /// HTTPS and xDS over TLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+}
+
+/// `-store`: `embedded`, or `etcd` in a build with the `etcd` feature (a build without it
+/// says so rather than failing later).
+fn store_kind(kind: &str) -> Result<String, String> {
+    match kind {
+        "embedded" => Ok(kind.to_owned()),
+        "etcd" if cfg!(feature = "etcd") => Ok(kind.to_owned()),
+        "etcd" => Err("this meshd was built without the `etcd` feature (cargo build --features etcd)".to_owned()),
+        _ => Err("expected embedded or etcd".to_owned()),
+    }
 }
 
 /// A listener's address, or `off` for none.

@@ -192,12 +192,14 @@ pub async fn run(
 
 /// The store the flags ask for: durable in `-data-dir`, in memory with `-dev`, or in etcd
 /// with `-store etcd` (registered there under `http_addr`).
+#[cfg_attr(not(feature = "etcd"), allow(unused_variables, unused_mut))]
 async fn open_store(args: &ServerArgs, http_addr: SocketAddr, grpc_addr: SocketAddr) -> Result<Store> {
     let mut config = StoreConfig {
         datacenter: args.datacenter.clone(),
         data_dir: args.data_dir.clone(),
         ..StoreConfig::default()
     };
+    #[cfg(feature = "etcd")]
     if args.store == "etcd" {
         if args.etcd_endpoints.is_empty() {
             bail!("-store etcd needs -etcd-endpoints URL[,URL...]");

@@ -16,13 +16,14 @@
 //! lease can expire and another server take over; it campaigns only while its lease was
 //! renewed within that time.
 
-use super::EtcdConfig;
-use crate::wal::StoreError;
+use super::config::EtcdConfig;
+use super::outage::{Outage, sleep_or_stop};
+use crate::cluster::{Cluster, ClusterStatus, ServerInfo};
+use crate::error::StoreError;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,31 +32,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How a server describes itself in etcd.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct ServerInfo {
-    /// Its name.
-    pub name: String,
-    /// The address it reports (`/v1/status/leader`, `/v1/status/peers`).
-    pub address: String,
-    /// Its xDS address.
-    #[serde(default)]
-    pub xds_address: String,
-}
-
-/// The servers as this one last saw them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClusterStatus {
-    /// The leading server, if one leads now.
-    pub leader: Option<ServerInfo>,
-    /// Every registered server, by name.
-    pub servers: Vec<ServerInfo>,
-}
-
 /// This server's membership: its lease, registration and leadership, the cluster view, and
 /// heartbeats shared by the servers.
-pub struct Cluster {
+pub(crate) struct Membership {
     client: Client,
     prefix: String,
     me: ServerInfo,
@@ -68,13 +47,15 @@ pub struct Cluster {
     leader_gone: Notify,
 }
 
-impl std::fmt::Debug for Cluster {
+impl std::fmt::Debug for Membership {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster").field("me", &self.me).finish_non_exhaustive()
+        f.debug_struct("Membership")
+            .field("me", &self.me)
+            .finish_non_exhaustive()
     }
 }
 
-impl Cluster {
+impl Membership {
     pub(crate) fn new(client: Client, config: &EtcdConfig) -> Arc<Self> {
         Arc::new(Self {
             client,
@@ -91,45 +72,6 @@ impl Cluster {
             lease: Mutex::new(None),
             leader_gone: Notify::new(),
         })
-    }
-
-    /// The servers and the leader, as last seen.
-    pub fn status(&self) -> ClusterStatus {
-        self.status.borrow().clone()
-    }
-
-    /// Follows [`Cluster::status`].
-    pub fn subscribe_status(&self) -> watch::Receiver<ClusterStatus> {
-        self.status.subscribe()
-    }
-
-    /// This server's description.
-    pub fn me(&self) -> &ServerInfo {
-        &self.me
-    }
-
-    /// Whether this server leads now; follow it to start and stop singleton work.
-    pub fn leading(&self) -> watch::Receiver<bool> {
-        self.leading.subscribe()
-    }
-
-    /// When any server last reported a heartbeat of `node`.
-    pub fn heartbeat_seen(&self, node: &str) -> Option<Instant> {
-        self.heartbeats.lock().get(node).copied()
-    }
-
-    /// Tells the other servers (the leader) that these nodes sent this server a heartbeat.
-    pub async fn share_heartbeats(&self, nodes: Vec<String>) {
-        let Some(lease) = *self.lease.lock() else { return };
-        let Ok(value) = serde_json::to_vec(&nodes) else { return };
-        let key = format!("{}heartbeat/{}", self.prefix, self.me.name);
-        let mut kv = self.client.kv_client();
-        let put = kv.put(key, value, Some(PutOptions::new().with_lease(lease)));
-        match tokio::time::timeout(self.ttl, put).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %e, "cannot share heartbeats through etcd"),
-            Err(_) => warn!("cannot share heartbeats through etcd: no answer"),
-        }
     }
 
     /// Makes sure no other live server uses this server's name: two servers of one name
@@ -194,7 +136,7 @@ impl Cluster {
     pub(crate) async fn run_session(self: Arc<Self>, stop: CancellationToken) {
         let mut lease_client = self.client.lease_client();
         let mut delay = Duration::from_millis(200);
-        let mut outage = super::Outage::default();
+        let mut outage = Outage::default();
         const WHAT: &str = "getting an etcd lease for this server failed, retrying";
         loop {
             let granted = tokio::select! {
@@ -208,7 +150,7 @@ impl Cluster {
                 }
                 Err(e) => {
                     outage.failed(WHAT, &e);
-                    if super::sleep_or_stop(&stop, delay).await {
+                    if sleep_or_stop(&stop, delay).await {
                         return;
                     }
                     delay = (delay * 2).min(Duration::from_secs(2));
@@ -344,19 +286,19 @@ impl Cluster {
     /// Follows the cluster keys: servers, leader and heartbeats.
     pub(crate) async fn run_watch(self: Arc<Self>, stop: CancellationToken) {
         let mut delay = Duration::from_millis(200);
-        let mut outage = super::Outage::default();
+        let mut outage = Outage::default();
         loop {
             if let Err(e) = self.follow(&stop, &mut outage).await {
                 outage.failed("the etcd watch on the cluster's servers failed, retrying", &e);
             }
-            if super::sleep_or_stop(&stop, delay).await {
+            if sleep_or_stop(&stop, delay).await {
                 return;
             }
             delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 
-    async fn follow(&self, stop: &CancellationToken, outage: &mut super::Outage) -> Result<(), etcd_client::Error> {
+    async fn follow(&self, stop: &CancellationToken, outage: &mut Outage) -> Result<(), etcd_client::Error> {
         let mut kv = self.client.kv_client();
         let resp = kv
             .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
@@ -442,5 +384,41 @@ impl Cluster {
                 true
             }
         });
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for Membership {
+    fn status(&self) -> ClusterStatus {
+        self.status.borrow().clone()
+    }
+
+    fn subscribe_status(&self) -> watch::Receiver<ClusterStatus> {
+        self.status.subscribe()
+    }
+
+    fn me(&self) -> &ServerInfo {
+        &self.me
+    }
+
+    fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.subscribe()
+    }
+
+    fn heartbeat_seen(&self, node: &str) -> Option<Instant> {
+        self.heartbeats.lock().get(node).copied()
+    }
+
+    async fn share_heartbeats(&self, nodes: Vec<String>) {
+        let Some(lease) = *self.lease.lock() else { return };
+        let Ok(value) = serde_json::to_vec(&nodes) else { return };
+        let key = format!("{}heartbeat/{}", self.prefix, self.me.name);
+        let mut kv = self.client.kv_client();
+        let put = kv.put(key, value, Some(PutOptions::new().with_lease(lease)));
+        match tokio::time::timeout(self.ttl, put).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "cannot share heartbeats through etcd"),
+            Err(_) => warn!("cannot share heartbeats through etcd: no answer"),
+        }
     }
 }
