@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             #[cfg(feature = "server")]
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
-                meshd::server::run(args, meshd::shutdown_signal(), |running| {
+                server_mode::run(args, meshd::shutdown_signal(), |running| {
                     // Ready lines for scripts; nobody reading them is not an error.
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
@@ -62,15 +62,20 @@ fn main() -> ExitCode {
                     let _ = out.flush();
                 })
                 .await
+                .map_err(anyhow::Error::from)
             }
             #[cfg(feature = "agent")]
             Command::Agent(args) => {
-                meshd::agent::run(args, meshd::shutdown_signal(), |running| {
+                agent_mode::run(args, meshd::shutdown_signal(), |running| {
                     // Ready lines for scripts; nobody reading them is not an error.
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "meshd agent listening on http://{}", running.http_addr);
-                    let _ = writeln!(out, "meshd agent xds listening on {}", running.grpc_addr);
+                    if let Some(addr) = running.http_addr {
+                        let _ = writeln!(out, "meshd agent listening on http://{addr}");
+                    }
+                    if let Some(addr) = running.grpc_addr {
+                        let _ = writeln!(out, "meshd agent xds listening on {addr}");
+                    }
                     if let Some(addr) = running.https_addr {
                         let _ = writeln!(out, "meshd agent listening on https://{addr}");
                     }
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
                     let _ = out.flush();
                 })
                 .await
+                .map_err(anyhow::Error::from)
             }
             Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => {
                 if !args.bootstrap {

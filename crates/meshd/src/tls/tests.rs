@@ -1,12 +1,14 @@
-//! TLS settings, the TLS listener and the `meshd tls` commands, against real handshakes.
+//! TLS settings and the TLS listener (the `node` library's) with the certificates of the
+//! `meshd tls` commands, against real handshakes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::certs::{ca_files, create_ca, create_cert};
-use super::config::provider;
-use super::listener::{PLAINTEXT_BODY, plaintext_refusal};
-use super::*;
-use crate::cli::{TlsArgs, TlsCaCreateArgs, TlsCertCreateArgs};
-use crate::conn_limit::ClientCounts;
+use crate::cli::{TlsCaCreateArgs, TlsCertCreateArgs};
+use node::cli::TlsArgs;
+use node::conn_limit::ClientCounts;
+use node::tls::config::provider;
+use node::tls::listener::{PLAINTEXT_BODY, plaintext_refusal};
+use node::tls::{TlsIncoming, TlsSettings, TlsSetupError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::path::{Path, PathBuf};

@@ -39,7 +39,7 @@ const RETURNED: [&str; 4] = [
 ];
 
 /// What the forwarding layer needs.
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     store: Store,
     client: reqwest::Client,
     max_body: usize,
@@ -47,7 +47,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// Forwards for `store` (a no-op layer when the store has no cluster).
-    pub fn new(store: Store, max_body: usize) -> Arc<Self> {
+    pub(crate) fn new(store: Store, max_body: usize) -> Arc<Self> {
         Arc::new(Self {
             store,
             client: reqwest::Client::builder()
@@ -64,7 +64,7 @@ fn is_write(method: &Method) -> bool {
 }
 
 /// The middleware (see the module docs).
-pub async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Request, next: Next) -> Response {
+pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Request, next: Next) -> Response {
     let Some(cluster) = fwd.store.cluster() else {
         return next.run(req).await;
     };

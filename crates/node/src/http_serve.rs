@@ -101,7 +101,6 @@ where
 
 /// [`serve`] on a plain TCP listener, each client address holding at most `per_client`
 /// connections (0: no limit), with the default deadlines.
-#[cfg(any(feature = "server", feature = "agent"))]
 pub async fn serve_plain(
     listener: tokio::net::TcpListener,
     per_client: u32,

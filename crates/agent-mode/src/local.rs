@@ -1,0 +1,98 @@
+//! The agent's local state as the node reads it: its proxies and their HTTP checks (for the
+//! local source and the `Cache*` data sources), its managed proxies' local tokens (for the
+//! xDS stream authorizer), and the local source as the node's proxy source.
+
+use ::agent::Agent;
+use proxycfg_glue::LocalChecks;
+use proxycfg_sources::{LocalProxy, LocalServices, LocalSource};
+use tokio::sync::watch;
+
+/// The agent's local state as the proxy config engine reads it.
+pub(crate) struct AgentLocal(pub(crate) Agent);
+
+impl LocalServices for AgentLocal {
+    fn node(&self) -> String {
+        self.0.config().node.clone()
+    }
+
+    fn proxies(&self) -> Vec<LocalProxy> {
+        self.0
+            .state()
+            .services()
+            .into_values()
+            .filter(|s| s.service.kind.is_proxy())
+            .map(|s| LocalProxy {
+                service: s.service,
+                token: s.token,
+            })
+            .collect()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.state().subscribe()
+    }
+}
+
+impl LocalChecks for AgentLocal {
+    fn http_checks(&self, service_id: &str) -> Vec<structs::HealthCheck> {
+        self.0
+            .state()
+            .service_checks(service_id)
+            .into_iter()
+            .filter(|c| c.check_type == "http")
+            .collect()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.state().subscribe()
+    }
+}
+
+/// A managed proxy's local token: accepted by this agent's xDS only, and only for the
+/// service its proxy serves.
+pub(crate) struct ManagedTokens(pub(crate) Agent);
+
+impl node::authz::LocalTokens for ManagedTokens {
+    fn check(&self, token: &str, service: &str) -> Option<Result<xds::Authorization, String>> {
+        if token.is_empty() {
+            return None;
+        }
+        let proxy = self.0.state().services().into_values().find(|s| {
+            s.managed
+                .as_ref()
+                .is_some_and(|m| !m.local_token.is_empty() && m.local_token == token)
+        })?;
+        let serves = &proxy.service.proxy.destination_service_name;
+        Some(if serves == service {
+            Ok(xds::Authorization { expires: None })
+        } else {
+            Err(format!(
+                "{}: the local token of proxy {:?} is for {serves:?}, not {service:?}",
+                ::acl::PERMISSION_DENIED,
+                proxy.service.id
+            ))
+        })
+    }
+}
+
+/// The local source as the node's proxy source.
+pub(crate) struct Local(pub(crate) LocalSource);
+
+impl proxycfg::SnapshotSource for Local {
+    fn watch(
+        &self,
+        request: &proxycfg::ProxyRequest<'_>,
+    ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
+        proxycfg::SnapshotSource::watch(&self.0, request)
+    }
+}
+
+impl node::ProxySource for Local {
+    fn waiting(&self, id: &str) -> Option<String> {
+        self.0.waiting(id)
+    }
+
+    fn shutdown(&self) -> acl::BoxFuture<'_, ()> {
+        Box::pin(self.0.shutdown())
+    }
+}

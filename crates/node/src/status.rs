@@ -1,0 +1,128 @@
+//! The views of the proxy config engine both modes serve, `operator:read` each:
+//! `GET /v1/internal/xds-status` (every stream's sync state) and
+//! `GET /v1/internal/proxy-status/{proxy_id}` (what the engine holds for one proxy).
+
+use crate::authz::{Caller, Denied};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use http_kit::Params;
+use std::sync::Arc;
+use xds::XdsServer;
+
+/// Why a proxy is not registered yet, if its source knows.
+pub type Waiting = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+#[derive(Clone)]
+struct Views {
+    manager: proxycfg::Manager,
+    xds: XdsServer,
+    waiting: Waiting,
+}
+
+/// The two views (see the module docs); their callers are resolved by [`crate::authz`].
+pub fn router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/internal/xds-status", axum::routing::get(xds_status))
+        .route("/v1/internal/proxy-status/{proxy_id}", axum::routing::get(proxy_status))
+        .with_state(Views { manager, xds, waiting })
+}
+
+/// Refuses (403) a caller without `operator:read`: these are debugging views of the engine.
+fn operator_read(caller: &Caller) -> Result<(), Denied> {
+    if caller.0.authz.operator_read() {
+        Ok(())
+    } else {
+        Err(Denied(format!(
+            "{}: this view needs 'operator:read'",
+            acl::PERMISSION_DENIED
+        )))
+    }
+}
+
+/// Every stream's sync state, or (`?node=`) one node's.
+async fn xds_status(State(views): State<Views>, caller: Caller, params: Params) -> Response {
+    if let Err(refused) = operator_read(&caller) {
+        return refused.into_response();
+    }
+    let node = params.get("node");
+    let streams: Vec<_> = views
+        .xds
+        .sync_status()
+        .into_iter()
+        .filter(|s| node.is_none_or(|n| s.node == n))
+        .collect();
+    axum::Json(streams).into_response()
+}
+
+/// What the proxy config engine holds for a proxy — who registered it, the version of its
+/// last snapshot (`null`: its data is still incomplete), the watches failing now with their
+/// errors (`Errors`), and the parts of its configuration that cannot be built into Envoy
+/// resources (`BuildErrors`, by upstream; those keep their last good resources). `?node=`
+/// picks one when several nodes register the same id.
+async fn proxy_status(
+    State(views): State<Views>,
+    Path(proxy_id): Path<String>,
+    caller: Caller,
+    params: Params,
+) -> Response {
+    if let Err(refused) = operator_read(&caller) {
+        return refused.into_response();
+    }
+    let node = params.get("node").filter(|n| !n.is_empty());
+    let matches: Vec<proxycfg::ProxyId> = views
+        .manager
+        .registered()
+        .await
+        .into_iter()
+        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
+        .collect();
+    let id = match matches.as_slice() {
+        [one] => one.clone(),
+        [] => return not_registered(&views, &proxy_id),
+        more => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "proxy {proxy_id:?} is registered on {} nodes: add ?node=NODE\n",
+                    more.len()
+                ),
+            )
+                .into_response();
+        }
+    };
+    let Some(status) = views.manager.status(&id).await else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("proxy {proxy_id:?} was just deregistered\n"),
+        )
+            .into_response();
+    };
+    axum::Json(serde_json::json!({
+        "Node": id.node,
+        "ProxyID": id.service_id,
+        "Source": status.source.to_string(),
+        "SnapshotVersion": status.snapshot_version,
+        "Errors": status.errors,
+        "BuildErrors": views.xds.build_problems(&id),
+    }))
+    .into_response()
+}
+
+/// The answer for a proxy the engine does not hold: why, when its source knows.
+fn not_registered(views: &Views, proxy_id: &str) -> Response {
+    if let Some(reason) = (views.waiting)(proxy_id) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("proxy {proxy_id:?}: {reason}\n"),
+        )
+            .into_response();
+    }
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "proxy {proxy_id:?} is not registered here (an agent holds its local proxies; a server holds the proxies with an open xDS stream)\n"
+        ),
+    )
+        .into_response()
+}

@@ -1,0 +1,103 @@
+//! `meshd server` flags.
+
+use clap::Args;
+use node::cli::{Listen, TlsArgs};
+use std::path::PathBuf;
+
+/// `meshd server` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Directory for durable state (required unless -dev or -store etcd).
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Where the catalog lives: `embedded` (a log in -data-dir, one server) or `etcd`
+    /// (shared by every server on the same etcd and -etcd-prefix).
+    #[arg(long = "store", value_name = "KIND", default_value = "embedded", value_parser = store_kind)]
+    pub store: String,
+    /// etcd client URLs, comma-separated (`-store etcd`).
+    #[arg(long = "etcd-endpoints", value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Every key meshd keeps in etcd starts with this.
+    #[arg(long = "etcd-prefix", value_name = "PREFIX", default_value = "/meshd/")]
+    pub etcd_prefix: String,
+    /// Lease of this server's registration and leadership in etcd: a dead server's leader
+    /// duties move to another within about this long.
+    #[arg(long = "etcd-lease-ttl", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub etcd_lease_ttl: std::time::Duration,
+    /// A write etcd has not committed within this long fails (HTTP 500).
+    #[arg(long = "etcd-request-timeout", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub etcd_request_timeout: std::time::Duration,
+    /// Operations per etcd transaction at most: etcd's own `--max-txn-ops` (128 unless the
+    /// cluster raised it). Larger batches commit more writes per transaction.
+    #[arg(long = "etcd-max-txn-ops", value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
+    pub etcd_max_txn_ops: u32,
+    /// Address of the plain HTTP API, or `off` (then -https-addr serves the API).
+    #[arg(long = "http-addr", value_name = "ADDR|off", default_value = "127.0.0.1:8500")]
+    pub http_addr: Listen,
+    /// Address of the plain xDS (gRPC) server, or `off` (then -grpc-tls-addr serves xDS).
+    #[arg(long = "grpc-addr", value_name = "ADDR|off", default_value = "127.0.0.1:8502")]
+    pub grpc_addr: Listen,
+    /// Datacenter name.
+    #[arg(long = "datacenter", value_name = "DC", default_value = "dc1")]
+    pub datacenter: String,
+    /// Keep all state in memory (nothing survives a restart).
+    #[arg(long = "dev")]
+    pub dev: bool,
+    /// This server's node name.
+    #[arg(long = "node", value_name = "NAME", default_value_t = node::host_name())]
+    pub node: String,
+    /// Write logs as JSON lines.
+    #[arg(long = "log-json")]
+    pub log_json: bool,
+    /// Log level filter (error, warn, info, debug, trace, or a tracing directive).
+    #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Most xDS streams open at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long = "xds-max-streams", value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_max_streams: u32,
+    /// New xDS streams set up per second (a second's worth at once); a reconnect storm is
+    /// paced to it.
+    #[arg(long = "xds-setup-rate", value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_setup_rate: u32,
+    /// HTTP connections one client address may hold open (0, the default: no limit); past
+    /// it a new one gets a 429 and is closed. Off by default on servers: an agent holds one
+    /// connection per blocking query it runs, so a busy host needs many.
+    #[arg(long = "http-max-conns-per-client", value_name = "N", default_value_t = 0)]
+    pub http_max_conns_per_client: u32,
+    /// Track each xDS stream's sync status (`/v1/internal/xds-status`, CSDS, stuck-stream
+    /// detection); `false` turns it off (to measure its cost).
+    #[arg(long = "xds-status-tracking", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub xds_status_tracking: bool,
+    /// A node whose agent sent no heartbeat for this long turns critical (its liveness check).
+    #[arg(long = "node-liveness-timeout", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub node_liveness_timeout: std::time::Duration,
+    /// A node critical for this long is removed from the catalog.
+    #[arg(long = "node-reap-after", value_name = "DURATION", default_value = "72h", value_parser = humantime::parse_duration)]
+    pub node_reap_after: std::time::Duration,
+    /// Enforce ACLs: every API request and xDS stream needs a token holding the permission
+    /// Consul asks for. Bootstrap the first token with `PUT /v1/acl/bootstrap`.
+    #[arg(long = "acl-enabled")]
+    pub acl_enabled: bool,
+    /// With ACLs on, what no rule decides: allow or deny. Deny is the production setting;
+    /// intentions default to it too.
+    #[arg(long = "acl-default-policy", value_name = "POLICY", default_value = "allow", value_parser = ["allow", "deny"])]
+    pub acl_default_policy: String,
+    /// A file holding the secret of a management token to create at start if missing
+    /// (Consul's initial management token). Secrets are never taken on the command line.
+    #[arg(long = "acl-initial-management-token-file", value_name = "PATH")]
+    pub acl_initial_management_token_file: Option<PathBuf>,
+    /// HTTPS and xDS over TLS.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// `-store`: `embedded`, or `etcd` in a build with the `etcd` feature (a build without it
+/// says so rather than failing later).
+fn store_kind(kind: &str) -> Result<String, String> {
+    match kind {
+        "embedded" => Ok(kind.to_owned()),
+        "etcd" if cfg!(feature = "etcd") => Ok(kind.to_owned()),
+        "etcd" => Err("this meshd was built without the `etcd` feature (cargo build --features etcd)".to_owned()),
+        _ => Err("expected embedded or etcd".to_owned()),
+    }
+}

@@ -1,0 +1,248 @@
+//! `meshd server` as a [`node::Mode`]: the catalog store (embedded log, in memory, or etcd),
+//! the Consul HTTP API over it, the proxy config engine over the catalog's event publisher,
+//! ACLs resolved against the store, and the leader's and every server's background work —
+//! node liveness, CA root pruning, xDS stream balancing between servers over etcd — with
+//! writes forwarded to the leader.
+
+mod args;
+mod balance;
+mod forward;
+mod store;
+
+pub use args::ServerArgs;
+
+use catalog::acl::{AclSettings, Resolver};
+use catalog::{Store, StoreTokens};
+use node::authz::Tokens;
+use node::{Bound, Engine, Listeners, Mode, ModeError, ProxySource};
+use proxycfg::{DataSources, Manager, ManagerConfig};
+use proxycfg_sources::CatalogSource;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info_span};
+use xds::XdsServer;
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The flags ask for something that cannot be (the text names the flags).
+    #[error("{0}")]
+    Flags(String),
+    /// The store could not be opened or initialised (the text says which and why).
+    #[error("{0}")]
+    Store(String),
+    /// The node around the server failed (listeners, TLS, serving).
+    #[error("{0}")]
+    Node(ModeError),
+}
+
+/// An error with its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    api_client::chain(e)
+}
+
+/// Runs a server until `shutdown` completes: xDS streams end, in-flight HTTP requests
+/// finish, the store closes. `on_ready` is called once every listener serves.
+pub async fn run(
+    args: ServerArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(&Bound),
+) -> Result<(), ServerError> {
+    let listeners = node::bind(Listeners {
+        http: args.http_addr.0,
+        grpc: args.grpc_addr.0,
+        tls: args.tls.clone(),
+        http_max_conns_per_client: args.http_max_conns_per_client,
+        admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+    })
+    .await
+    .map_err(ServerError::Node)?;
+    check_listeners(&args, listeners.tls().server.is_some())?;
+    let bound = listeners.bound;
+    // What this server is known by: its plain listeners, else its TLS ones.
+    let api_addr = bound.http_addr.or(bound.https_addr).unwrap_or_else(unspecified);
+    let xds_addr = bound.grpc_addr.or(bound.grpc_tls_addr).unwrap_or_else(unspecified);
+    let store = store::open(&args, api_addr, xds_addr).await?;
+    let mode = ServerMode::start(args, store, api_addr).await?;
+    node::serve(listeners, mode, shutdown, on_ready)
+        .await
+        .map_err(ServerError::Node)
+}
+
+/// `0.0.0.0:0`: an address for nothing.
+fn unspecified() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 0))
+}
+
+/// A plain listener may be off only where its TLS twin serves instead; servers forward
+/// writes to the leader over plain HTTP, so several servers over etcd keep it.
+fn check_listeners(args: &ServerArgs, tls: bool) -> Result<(), ServerError> {
+    let refuse = |m: &str| Err(ServerError::Flags(m.to_owned()));
+    if args.http_addr.0.is_none() {
+        if args.tls.https_addr.is_none() || !tls {
+            return refuse("-http-addr off needs -https-addr (with -tls-cert-file and -tls-key-file) to serve the API");
+        }
+        if args.store == "etcd" {
+            return refuse(
+                "-http-addr off is not available with -store etcd: servers forward writes to the leader's plain HTTP API",
+            );
+        }
+    }
+    if args.grpc_addr.0.is_none() && (args.tls.grpc_tls_addr.is_none() || !tls) {
+        return refuse("-grpc-addr off needs -grpc-tls-addr (with -tls-cert-file and -tls-key-file) to serve xDS");
+    }
+    Ok(())
+}
+
+/// The server's [`Mode`].
+pub struct ServerMode {
+    args: ServerArgs,
+    store: Store,
+    acl: Arc<Resolver>,
+    tokens: StoreTokens,
+    /// The shared followers of the catalog the data sources and the token resolver run.
+    followers: TaskTracker,
+    api_addr: SocketAddr,
+    liveness: Arc<catalog::liveness::Liveness>,
+}
+
+impl ServerMode {
+    /// The mode over an open `store`: ACLs initialised when enabled.
+    pub async fn start(args: ServerArgs, store: Store, api_addr: SocketAddr) -> Result<Self, ServerError> {
+        let acl = Arc::new(Resolver::new(AclSettings {
+            enabled: args.acl_enabled,
+            default_allow: args.acl_default_policy == "allow",
+            datacenter: args.datacenter.clone(),
+        }));
+        if args.acl_enabled {
+            store::init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
+        }
+        let followers = TaskTracker::new();
+        let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
+        let liveness = Arc::new(catalog::liveness::Liveness::new(
+            store.clone(),
+            catalog::liveness::LivenessConfig {
+                timeout: args.node_liveness_timeout,
+                reap_after: args.node_reap_after,
+                ..Default::default()
+            },
+        ));
+        Ok(Self {
+            args,
+            store,
+            acl,
+            tokens,
+            followers,
+            api_addr,
+            liveness,
+        })
+    }
+}
+
+/// The catalog source as the node's proxy source.
+struct Catalog(CatalogSource);
+
+impl proxycfg::SnapshotSource for Catalog {
+    fn watch(
+        &self,
+        request: &proxycfg::ProxyRequest<'_>,
+    ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
+        proxycfg::SnapshotSource::watch(&self.0, request)
+    }
+}
+
+impl ProxySource for Catalog {
+    fn shutdown(&self) -> acl::BoxFuture<'_, ()> {
+        Box::pin(self.0.shutdown())
+    }
+}
+
+#[async_trait::async_trait]
+impl Mode for ServerMode {
+    fn name(&self) -> &'static str {
+        "server"
+    }
+
+    fn node_name(&self) -> String {
+        self.args.node.clone()
+    }
+
+    fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            datacenter: self.args.datacenter.clone(),
+            intention_default_allow: self.acl.intention_default_allow(),
+            ..ManagerConfig::default()
+        }
+    }
+
+    fn data_sources(&self) -> DataSources {
+        proxycfg_glue::server_data_sources_tracked(self.store.clone(), &self.followers)
+    }
+
+    fn tokens(&self) -> Tokens {
+        Arc::new(self.tokens.clone())
+    }
+
+    fn proxy_source(&self, manager: &Manager) -> Arc<dyn ProxySource> {
+        Arc::new(Catalog(CatalogSource::new(self.store.clone(), manager.clone())))
+    }
+
+    fn configure_xds(&self, xds: &XdsServer) {
+        xds.set_status_tracking(self.args.xds_status_tracking);
+    }
+
+    fn routes(&self, _engine: &Engine, metrics: prometheus_client::registry::Registry) -> axum::Router {
+        let api = http_api::ApiConfig {
+            node_name: self.args.node.clone(),
+            node_id: self
+                .store
+                .read()
+                .ca()
+                .map(|ca| ca.cluster_id.clone())
+                .unwrap_or_default(),
+            server_addr: self.api_addr.to_string(),
+            extra_metrics: Some(Arc::new(metrics)),
+            liveness: Some(Arc::clone(&self.liveness)),
+            acl: Arc::clone(&self.acl),
+            ..http_api::ApiConfig::default()
+        };
+        let max_body = api.max_body;
+        http_api::router(self.store.clone(), api).layer(axum::middleware::from_fn_with_state(
+            forward::Forwarder::new(self.store.clone(), max_body),
+            forward::forward_writes,
+        ))
+    }
+
+    fn spawn(&self, engine: &Engine, tasks: &TaskTracker, stop: CancellationToken) {
+        let grace = self.args.etcd_lease_ttl * 2;
+        tasks.spawn(
+            balance::run(self.store.clone(), engine.xds.clone(), grace, stop.clone())
+                .instrument(info_span!("xds_balance")),
+        );
+        let (liveness, until) = (Arc::clone(&self.liveness), stop.clone());
+        tasks.spawn(async move { liveness.run(until.cancelled()).await }.instrument(info_span!("node_liveness")));
+        // Leader work (every server runs it; it acts only while leading): removing CA roots
+        // rotated out once no leaf they signed can still be valid.
+        let pruner = catalog::ca_pruning::RootPruner::new(self.store.clone());
+        tasks.spawn(async move { pruner.run(stop.cancelled()).await }.instrument(info_span!("ca_root_pruning")));
+    }
+
+    async fn draining(&self) {
+        // Parked blocking queries answer now (they would hold the HTTP shutdown for their
+        // whole wait), and later ones at once.
+        self.store.release_waiters();
+    }
+
+    async fn engine_stopped(&self) {
+        // With every proxy gone, the shared followers end with their last watch.
+        self.followers.close();
+        self.followers.wait().await;
+    }
+
+    async fn close(&self) {
+        self.store.close().await;
+    }
+}
