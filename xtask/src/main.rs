@@ -25,8 +25,15 @@
 //! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
 //!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
 //!   test run's (`CASES`, default 20000), optimized.
+//! - `cycles`: file-level import cycles within each crate (file A uses an item of file B and
+//!   B, directly or through others, one of A); prints each and fails when there is one.
+//! - `fn-lengths [--max N]`: the non-test functions over N lines (default 100); fails when
+//!   there is one.
 #![allow(clippy::print_stdout)]
 
+mod cycles;
+mod fn_lengths;
+mod scan;
 mod stress;
 mod tools;
 
@@ -367,6 +374,8 @@ fn main() -> Result<()> {
         Some("screenshots") => screenshots(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
+        Some("cycles") => cycles::cycles(&workspace_root()),
+        Some("fn-lengths") => fn_lengths::fn_lengths(&workspace_root(), &args[1..]),
         Some("chaos") => {
             let (_, peers) = tools::Peers::install(&workspace_root())?;
             let mut cmd = cargo();
@@ -380,11 +389,13 @@ fn main() -> Result<()> {
             run(cmd)
         }
         Some(other) => {
-            bail!("unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos or fuzz")
+            bail!(
+                "unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos, fuzz, cycles or fn-lengths"
+            )
         }
         None => {
             bail!(
-                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES]>"
+                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N]>"
             )
         }
     }
