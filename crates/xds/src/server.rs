@@ -115,7 +115,7 @@ struct Inner {
     /// Whether new streams are tracked (on unless turned off).
     track_status: std::sync::atomic::AtomicBool,
     /// Who may read CSDS (none: anyone who reaches the port).
-    csds_authorizer: Mutex<Option<crate::csds::CsdsAuthorizer>>,
+    csds_authorizer: Mutex<Option<crate::authorize::CsdsAuthorizer>>,
     /// The size of the last CSDS answer of every proxy, with contents and without: the next
     /// one's buffer is sized after it.
     csds_sizes: [std::sync::atomic::AtomicUsize; 2],
@@ -181,11 +181,11 @@ impl XdsServer {
     }
 
     /// Requires CSDS requests to be allowed by `authorizer` (ACLs on).
-    pub fn set_csds_authorizer(&self, authorizer: crate::csds::CsdsAuthorizer) {
+    pub fn set_csds_authorizer(&self, authorizer: crate::authorize::CsdsAuthorizer) {
         *self.inner.csds_authorizer.lock() = Some(authorizer);
     }
 
-    pub(crate) fn csds_authorizer(&self) -> Option<crate::csds::CsdsAuthorizer> {
+    pub(crate) fn csds_authorizer(&self) -> Option<crate::authorize::CsdsAuthorizer> {
         self.inner.csds_authorizer.lock().clone()
     }
 
@@ -549,7 +549,7 @@ impl Following {
 /// with the stream, which drops the proxy's watch.
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
-    requests: crate::grpc::Requests<P::Request>,
+    requests: crate::framing::Requests<P::Request>,
     /// The stream's `x-consul-token`.
     token: String,
     /// The service the token was last authorized for, and what ends that authorization:
@@ -638,11 +638,11 @@ where
                         self.inner.record(&ack, self.changed_at);
                     }
                     Ok(None) => self.finished = true,
-                    Err(crate::grpc::RequestError::Transport(status)) => {
+                    Err(crate::framing::RequestError::Transport(status)) => {
                         debug!(node = %following.node_id, error = %status.message(), "the xDS stream's requests broke off");
                         self.finished = true;
                     }
-                    Err(crate::grpc::RequestError::Refused(status)) => {
+                    Err(crate::framing::RequestError::Refused(status)) => {
                         self.finished = true;
                         warn!(node = %following.node_id, reason = %status.message(), "ending the xDS stream: its request was refused");
                         return Some(Err(status));
@@ -763,11 +763,11 @@ where
         let first = match self.requests.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(None),
-            Err(crate::grpc::RequestError::Transport(status)) => {
+            Err(crate::framing::RequestError::Transport(status)) => {
                 debug!(error = %status.message(), "an xDS stream's requests broke off before the first one");
                 return Err(None);
             }
-            Err(crate::grpc::RequestError::Refused(status)) => {
+            Err(crate::framing::RequestError::Refused(status)) => {
                 warn!(reason = %status.message(), "ending an xDS stream: its first request was refused");
                 return Err(Some(status));
             }
@@ -818,7 +818,7 @@ impl XdsServer {
     /// A new stream of protocol `P` over `request`.
     pub(crate) fn open<P: Protocol>(
         &self,
-        request: Request<crate::grpc::Requests<P::Request>>,
+        request: Request<crate::framing::Requests<P::Request>>,
     ) -> Result<Response<ResponseStream<P::Response>>, Status>
     where
         P::Request: prost::Message + Default,
