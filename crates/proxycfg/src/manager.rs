@@ -110,7 +110,7 @@ struct Running {
     /// The State; `None` for a registration that was refused (its kind has no handler),
     /// kept so that its status and its watchers say why.
     task: Option<JoinHandle<()>>,
-    errors: crate::state::WatchErrors,
+    errors: crate::watches::WatchErrors,
 }
 
 impl Running {
