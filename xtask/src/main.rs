@@ -29,6 +29,9 @@
 //!   B, directly or through others, one of A); prints each and fails when there is one.
 //! - `fn-lengths [--max N]`: the non-test functions over N lines (default 100); fails when
 //!   there is one.
+//! - `deny`: `cargo deny check` of the dependency policy in `deny.toml` (licenses, bans,
+//!   sources) with the pinned cargo-deny, installed into `.tools/` first. Not advisories:
+//!   their database is cloned from GitHub, which the build machines cannot reach.
 #![allow(clippy::print_stdout)]
 
 mod command;
@@ -185,6 +188,25 @@ fn fuzz(cases: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// Checks the dependency policy (`deny.toml`) with the pinned cargo-deny.
+fn deny() -> Result<()> {
+    let root = workspace_root();
+    let binary = tools::ensure_cargo_deny(&root)?;
+    let mut cmd = Command::new(binary);
+    // Advisories are left out: cargo-deny clones their database from GitHub, which the build
+    // machines cannot reach (only the package registries), and a check that cannot fetch
+    // fails. `--locked`: the graph checked is Cargo.lock's, not a re-resolved one.
+    cmd.current_dir(&root).args([
+        "--locked",
+        "check",
+        "--hide-inclusion-graph",
+        "licenses",
+        "bans",
+        "sources",
+    ]);
+    run(cmd)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -205,6 +227,7 @@ fn main() -> Result<()> {
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
         Some("cycles") => cycles::cycles(&workspace_root()),
         Some("fn-lengths") => fn_lengths::fn_lengths(&workspace_root(), &args[1..]),
+        Some("deny") => deny(),
         Some("chaos") => {
             let (_, peers) = tools::Peers::install(&workspace_root())?;
             let mut cmd = cargo();
@@ -224,7 +247,7 @@ fn main() -> Result<()> {
         }
         None => {
             bail!(
-                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N]>"
+                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny>"
             )
         }
     }
