@@ -25,39 +25,28 @@
 //! - `fuzz [CASES]`: the property tests of decoders, protocol state machines and recovery
 //!   (`tests/fuzz_*.rs` and the JSON and filter properties) with many more cases than the
 //!   test run's (`CASES`, default 20000), optimized.
+//! - `cycles`: file-level import cycles within each crate (file A uses an item of file B and
+//!   B, directly or through others, one of A); prints each and fails when there is one.
+//! - `fn-lengths [--max N]`: the non-test functions over N lines (default 100); fails when
+//!   there is one.
+//! - `deny`: `cargo deny check` of the dependency policy in `deny.toml` (licenses, bans,
+//!   sources) with the pinned cargo-deny, installed into `.tools/` first. Not advisories:
+//!   their database is cloned from GitHub, which the build machines cannot reach.
 #![allow(clippy::print_stdout)]
 
+mod command;
+mod cycles;
+mod fn_lengths;
+mod scan;
 mod stress;
+mod suite;
 mod tools;
 
-use anyhow::{Context, Result, bail};
-use std::{
-    io::{BufRead, BufReader},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-};
+use anyhow::{Result, bail};
+use std::process::Command;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(workspace_root());
-    cmd
-}
-
-fn run(mut cmd: Command) -> Result<()> {
-    println!("xtask: running {cmd:?}");
-    let status = cmd.status().with_context(|| format!("could not start {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed with {status}");
-    }
-    Ok(())
-}
+use command::{cargo, run, workspace_root};
+use suite::{SuiteRun, run_suite};
 
 /// The benchmarks, by name: (package, bench target).
 const BENCHES: &[(&str, &str, &str)] = &[
@@ -77,156 +66,6 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("gateway", "xds", "gateway"),
     ("ha", "meshd", "ha"),
 ];
-
-/// Totals of the `test result:` lines of a cargo test run.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Totals {
-    pub(crate) passed: u64,
-    pub(crate) failed: u64,
-    pub(crate) ignored: u64,
-}
-
-impl Totals {
-    /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line.
-    fn add_line(&mut self, line: &str) {
-        let Some(rest) = line.trim().strip_prefix("test result: ") else {
-            return;
-        };
-        for part in rest.split(['.', ';']) {
-            let mut words = part.split_whitespace();
-            if let (Some(n), Some(what)) = (words.next(), words.next())
-                && let Ok(n) = n.parse::<u64>()
-            {
-                match what {
-                    "passed" => self.passed += n,
-                    "failed" => self.failed += n,
-                    "ignored" => self.ignored += n,
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
-impl Totals {
-    /// Adds pytest's closing line (`===== 3 failed, 12 passed, 1 skipped in 4.2s =====`).
-    fn add_pytest_line(&mut self, line: &str) {
-        let line = line.trim().trim_matches('=').trim();
-        if !line.contains(" in ") || !(line.contains("passed") || line.contains("failed") || line.contains("error")) {
-            return;
-        }
-        let counts = line.rsplit_once(" in ").map_or(line, |(c, _)| c);
-        for part in counts.split(',') {
-            let mut words = part.split_whitespace();
-            if let (Some(n), Some(what)) = (words.next(), words.next())
-                && let Ok(n) = n.parse::<u64>()
-            {
-                match what {
-                    "passed" => self.passed += n,
-                    "failed" | "error" | "errors" => self.failed += n,
-                    "skipped" => self.ignored += n,
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
-/// Runs `cmd` and feeds each line of its stdout to `parse`; the lines are echoed, or only
-/// written to `log` when one is given (the stress runs keep each run's output in a file).
-fn run_and_parse(
-    mut cmd: Command,
-    mut log: Option<&mut std::fs::File>,
-    mut parse: impl FnMut(&str),
-) -> Result<std::process::ExitStatus> {
-    use std::io::Write as _;
-    cmd.stdout(Stdio::piped());
-    match log.as_deref_mut() {
-        Some(file) => {
-            writeln!(file, "xtask: running {cmd:?}")?;
-            cmd.stderr(file.try_clone()?);
-        }
-        None => println!("xtask: running {cmd:?}"),
-    }
-    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines() {
-            let line = line.context("reading test output")?;
-            match log.as_deref_mut() {
-                Some(file) => writeln!(file, "{line}")?,
-                None => println!("{line}"),
-            }
-            parse(&line);
-        }
-    }
-    child.wait().context("waiting for the tests")
-}
-
-/// What one run of the whole suite counted, and which parts failed.
-#[derive(Debug, Default)]
-pub(crate) struct SuiteRun {
-    pub(crate) totals: Totals,
-    pub(crate) failures: Vec<&'static str>,
-}
-
-/// Runs the whole suite once: every Rust test of the workspace (with `extra` cargo
-/// arguments), then the Python client suites against the real binary. Output is echoed, or
-/// written to `log`; `on_line` sees every line of both runners' stdout.
-pub(crate) fn run_suite(
-    python: &Path,
-    peers: &tools::Peers,
-    extra: &[String],
-    mut log: Option<&mut std::fs::File>,
-    mut on_line: impl FnMut(&str),
-) -> Result<SuiteRun> {
-    let root = workspace_root();
-    let mut run = SuiteRun::default();
-    let mut cmd = cargo();
-    // Every test binary runs even when one fails: the summary counts them all.
-    cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
-        .args(extra);
-    peers.export(&mut cmd);
-    let totals = &mut run.totals;
-    if !run_and_parse(cmd, log.as_deref_mut(), |l| {
-        totals.add_line(l);
-        on_line(l);
-    })?
-    .success()
-    {
-        run.failures.push("cargo test");
-    }
-
-    // The Python client suites run against the real binary.
-    // A whole-workspace test run has built the binary already (meshd's integration tests
-    // need it); a filtered run may not have, and building it again would only re-resolve
-    // features and rebuild.
-    let binary = root.join("target").join("debug").join("meshd");
-    if !extra.is_empty() || !binary.exists() {
-        let mut build = cargo();
-        build.args(["build", "--locked", "-p", "meshd"]);
-        self::run(build)?;
-    }
-    let mut pytest = Command::new(python);
-    pytest
-        .current_dir(&root)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
-        .env("MESHD_BIN", &binary);
-    peers.export(&mut pytest);
-    let before = run.totals.passed + run.totals.failed;
-    let totals = &mut run.totals;
-    if !run_and_parse(pytest, log, |l| {
-        totals.add_pytest_line(l);
-        on_line(l);
-    })?
-    .success()
-    {
-        run.failures.push("pytest");
-    }
-    if run.totals.passed + run.totals.failed == before {
-        run.failures.push("pytest (no result line)");
-    }
-    Ok(run)
-}
 
 fn test(extra: &[String]) -> Result<()> {
     // Real peers first: the pinned Python clients, Envoy and etcd.
@@ -349,6 +188,25 @@ fn fuzz(cases: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// Checks the dependency policy (`deny.toml`) with the pinned cargo-deny.
+fn deny() -> Result<()> {
+    let root = workspace_root();
+    let binary = tools::ensure_cargo_deny(&root)?;
+    let mut cmd = Command::new(binary);
+    // Advisories are left out: cargo-deny clones their database from GitHub, which the build
+    // machines cannot reach (only the package registries), and a check that cannot fetch
+    // fails. `--locked`: the graph checked is Cargo.lock's, not a re-resolved one.
+    cmd.current_dir(&root).args([
+        "--locked",
+        "check",
+        "--hide-inclusion-graph",
+        "licenses",
+        "bans",
+        "sources",
+    ]);
+    run(cmd)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -367,6 +225,9 @@ fn main() -> Result<()> {
         Some("screenshots") => screenshots(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
+        Some("cycles") => cycles::cycles(&workspace_root()),
+        Some("fn-lengths") => fn_lengths::fn_lengths(&workspace_root(), &args[1..]),
+        Some("deny") => deny(),
         Some("chaos") => {
             let (_, peers) = tools::Peers::install(&workspace_root())?;
             let mut cmd = cargo();
@@ -380,33 +241,14 @@ fn main() -> Result<()> {
             run(cmd)
         }
         Some(other) => {
-            bail!("unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos or fuzz")
+            bail!(
+                "unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos, fuzz, cycles or fn-lengths"
+            )
         }
         None => {
             bail!(
-                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES]>"
+                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny>"
             )
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Totals;
-
-    #[test]
-    fn sums_test_result_lines() {
-        let mut t = Totals::default();
-        t.add_line("test result: ok. 19 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.68s");
-        t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s");
-        t.add_line("running 4 tests");
-        assert_eq!(
-            t,
-            Totals {
-                passed: 22,
-                failed: 1,
-                ignored: 2
-            }
-        );
     }
 }

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{run_suite, tools, workspace_root};
+use crate::command::{cargo, run, workspace_root};
+use crate::suite::run_suite;
+use crate::tools;
 
 /// How many lines of a failure the report keeps.
 const FAILURE_LINES: usize = 12;
@@ -33,12 +35,12 @@ pub(crate) fn stress(runs: Option<&str>) -> Result<()> {
     let root = workspace_root();
     let (python, peers) = tools::Peers::install(&root)?;
     // Built once before the load starts: the runs time tests, not compilation.
-    let mut build = crate::cargo();
+    let mut build = cargo();
     build.args(["test", "--workspace", "--locked", "--no-run"]);
-    crate::run(build)?;
-    let mut build = crate::cargo();
+    run(build)?;
+    let mut build = cargo();
     build.args(["build", "--locked", "-p", "meshd"]);
-    crate::run(build)?;
+    run(build)?;
 
     let logs = root.join("target").join("stress");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;

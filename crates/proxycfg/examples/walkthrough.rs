@@ -78,9 +78,8 @@ async fn next(w: &mut Watcher) -> Arc<ConfigSnapshot> {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let fakes = FakeDataSources::with_defaults(TRUST);
+/// The CA roots, and one healthy `api` instance.
+fn seed(fakes: &FakeDataSources) {
     let roots = IndexedCaRoots {
         active_root_id: "root-1".into(),
         trust_domain: TRUST.into(),
@@ -98,31 +97,10 @@ async fn main() {
         Arc::new(roots),
     );
     fakes.health.set(&health("api"), instances("api", &["10.0.0.1"]));
+}
 
-    let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());
-    let body = br#"{"kind": "connect-proxy", "id": "web-sidecar-proxy", "service": "web-sidecar-proxy", "port": 21000,
-        "proxy": {"destination_service_name": "web", "local_service_port": 8080,
-                  "upstreams": [{"destinationName": "api", "localBindPort": 9191}]}}"#;
-    let service: NodeService = structs::json::from_slice(body).unwrap();
-    service.validate().unwrap();
-    let id = ProxyId::new("node-1", service.id.clone());
-    println!("1. watch {id} before it is registered, then register it (JSON in mixed key casing)");
-    let mut w = manager.watch(&id);
-    let reg = ProxyRegistration {
-        id: id.clone(),
-        service: Arc::new(service),
-        token: String::new(),
-    };
-    manager.register(reg, ProxySource::Local, false).await.unwrap();
-    describe(&*next(&mut w).await);
-
-    println!("2. a second api instance becomes healthy");
-    fakes
-        .health
-        .set(&health("api"), instances("api", &["10.0.0.1", "10.0.0.2"]));
-    describe(&*next(&mut w).await);
-
-    println!("3. an intention and a new leaf arrive in the same instant: one snapshot");
+/// An intention denying every source to `web`, and a new leaf for `web`.
+fn deny_all_and_renew_leaf(fakes: &FakeDataSources) {
     let deny = Intention {
         source_name: "*".into(),
         action: Some(IntentionAction::Deny),
@@ -148,6 +126,38 @@ async fn main() {
             ..Default::default()
         }),
     );
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let fakes = FakeDataSources::with_defaults(TRUST);
+    seed(&fakes);
+
+    let manager = Manager::new(ManagerConfig::default(), fakes.data_sources());
+    let body = br#"{"kind": "connect-proxy", "id": "web-sidecar-proxy", "service": "web-sidecar-proxy", "port": 21000,
+        "proxy": {"destination_service_name": "web", "local_service_port": 8080,
+                  "upstreams": [{"destinationName": "api", "localBindPort": 9191}]}}"#;
+    let service: NodeService = structs::json::from_slice(body).unwrap();
+    service.validate().unwrap();
+    let id = ProxyId::new("node-1", service.id.clone());
+    println!("1. watch {id} before it is registered, then register it (JSON in mixed key casing)");
+    let mut w = manager.watch(&id);
+    let reg = ProxyRegistration {
+        id: id.clone(),
+        service: Arc::new(service),
+        token: String::new(),
+    };
+    manager.register(reg, ProxySource::Local, false).await.unwrap();
+    describe(&*next(&mut w).await);
+
+    println!("2. a second api instance becomes healthy");
+    fakes
+        .health
+        .set(&health("api"), instances("api", &["10.0.0.1", "10.0.0.2"]));
+    describe(&*next(&mut w).await);
+
+    println!("3. an intention and a new leaf arrive in the same instant: one snapshot");
+    deny_all_and_renew_leaf(&fakes);
     describe(&*next(&mut w).await);
 
     println!("4. the data source for api fails: the last good endpoints stay");

@@ -110,7 +110,7 @@ struct Running {
     /// The State; `None` for a registration that was refused (its kind has no handler),
     /// kept so that its status and its watchers say why.
     task: Option<JoinHandle<()>>,
-    errors: crate::state::WatchErrors,
+    errors: crate::watches::WatchErrors,
 }
 
 impl Running {
@@ -138,6 +138,35 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // States are children of this token: dropping the last Manager handle stops them all.
         self.root.cancel();
+    }
+}
+
+impl Inner {
+    /// The parameters of a new State for `registration`, publishing into the proxy's slot
+    /// (created on first registration, marked registered).
+    fn state_params(&self, registration: ProxyRegistration, cancel: CancellationToken) -> StateParams {
+        let slot = {
+            let mut slots = self.slots.lock();
+            let entry = slots.entry(registration.id.clone()).or_insert_with(|| SlotEntry {
+                tx: watch::Sender::new(Published::Nothing),
+                registered: false,
+            });
+            entry.registered = true;
+            entry.tx.clone()
+        };
+        StateParams {
+            registration,
+            datacenter: Arc::clone(&self.datacenter),
+            sources: self.sources.clone(),
+            slot,
+            coalesce: self.config.coalesce,
+            limiter: self.limiter.clone(),
+            event_buffer: self.config.event_buffer,
+            intention_default_allow: self.config.intention_default_allow,
+            metrics: Arc::clone(&self.metrics),
+            cancel,
+            errors: Arc::default(),
+        }
     }
 }
 
@@ -214,29 +243,8 @@ impl Manager {
             outcome = Registered::Rebuilt;
         }
 
-        let slot = {
-            let mut slots = inner.slots.lock();
-            let entry = slots.entry(id.clone()).or_insert_with(|| SlotEntry {
-                tx: watch::Sender::new(Published::Nothing),
-                registered: false,
-            });
-            entry.registered = true;
-            entry.tx.clone()
-        };
         let cancel = inner.root.child_token();
-        let params = StateParams {
-            registration: registration.clone(),
-            datacenter: Arc::clone(&inner.datacenter),
-            sources: inner.sources.clone(),
-            slot,
-            coalesce: inner.config.coalesce,
-            limiter: inner.limiter.clone(),
-            event_buffer: inner.config.event_buffer,
-            intention_default_allow: inner.config.intention_default_allow,
-            metrics: Arc::clone(&inner.metrics),
-            cancel: cancel.clone(),
-            errors: Arc::default(),
-        };
+        let params = inner.state_params(registration.clone(), cancel.clone());
         let errors = Arc::clone(&params.errors);
         let task = match state::spawn(params) {
             Ok(task) => task,

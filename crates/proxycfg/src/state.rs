@@ -11,6 +11,7 @@ use crate::handler::{UnsupportedKind, handler_for};
 use crate::rate_limit::RateLimiter;
 use crate::registration::ProxyRegistration;
 use crate::snapshot::ConfigSnapshot;
+use crate::watches::WatchErrors;
 use crate::{Metrics, Watches};
 use std::{sync::Arc, time::Duration};
 use tokio::{
@@ -59,9 +60,6 @@ pub(crate) struct StateParams {
     /// The watches failing now (shared with the Manager, which reports them).
     pub(crate) errors: WatchErrors,
 }
-
-/// The watches of one proxy failing now: the watch (its correlation id) and the error.
-pub(crate) type WatchErrors = Arc<parking_lot::Mutex<std::collections::BTreeMap<String, String>>>;
 
 /// Starts the State task for a registration; it runs until `params.cancel` fires.
 pub(crate) fn spawn(params: StateParams) -> Result<JoinHandle<()>, UnsupportedKind> {

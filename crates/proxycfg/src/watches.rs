@@ -60,6 +60,9 @@ fn hash_of<R: Hash>(req: &R) -> u64 {
     h.finish()
 }
 
+/// The watches of one proxy failing now: the watch (its correlation id) and the error.
+pub(crate) type WatchErrors = Arc<parking_lot::Mutex<std::collections::BTreeMap<String, String>>>;
+
 /// The watches of one proxy, keyed by correlation id.
 pub struct Watches {
     tasks: FuturesUnordered<Abortable<WatchTask>>,
@@ -71,7 +74,7 @@ pub struct Watches {
     poll_from: usize,
     metrics: Arc<Metrics>,
     /// The proxy's failing watches: a cancelled watch's error goes with it.
-    errors: crate::state::WatchErrors,
+    errors: WatchErrors,
 }
 
 type NotifyFuture = crate::WatchFuture<'static>;
@@ -114,7 +117,7 @@ impl Watches {
         tx: mpsc::Sender<Box<UpdateEvent>>,
         cancel: CancellationToken,
         metrics: Arc<Metrics>,
-        errors: crate::state::WatchErrors,
+        errors: WatchErrors,
     ) -> Self {
         Self {
             tasks: FuturesUnordered::new(),

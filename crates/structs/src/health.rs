@@ -1,36 +1,13 @@
 //! Health checks and the service-instance view that carries them.
 
-use crate::proxy::string_enum;
 use crate::validate::{Problem, Validate, ValidationError, check_name};
 use crate::{GoDuration, Index, Node, NodeService};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-string_enum! {
-    /// A check's state. Ordered from best to worst.
-    HealthStatus {
-        /// Healthy.
-        Passing = "passing",
-        /// Degraded but serving.
-        Warning = "warning",
-        /// Failing (and the state of a check that has not run yet).
-        #[default]
-        Critical = "critical",
-        /// Deliberately out of service.
-        Maintenance = "maintenance",
-    }
-}
+mod status;
 
-impl HealthStatus {
-    /// True when an instance in this state may receive traffic under `only_passing`.
-    pub fn admits(self, only_passing: bool) -> bool {
-        match self {
-            HealthStatus::Passing => true,
-            HealthStatus::Warning => !only_passing,
-            HealthStatus::Critical | HealthStatus::Maintenance => false,
-        }
-    }
-}
+pub use status::HealthStatus;
 
 /// How a check is run (what the agent needs to run it again).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,13 @@
 //! The application protocols the mesh understands, and the proxy config keys meshd reads
 //! from the opaque `Proxy.Config` and `Upstreams[].Config` maps, parsed in one place.
 
-use crate::proxy::OpaqueConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use serde_json::{Map, Value};
 use std::{fmt, str::FromStr};
+
+/// Opaque, user-owned configuration (`Proxy.Config`, `Upstreams[].Config`): keys are kept as
+/// given and in order.
+pub type OpaqueConfig = Map<String, Value>;
 
 /// An application protocol (Consul's `Protocol` values).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

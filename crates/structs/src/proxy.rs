@@ -2,12 +2,9 @@
 
 use crate::validate::{Problem, Validate, ValidationError, check_name, check_port};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 use std::{collections::BTreeSet, fmt};
 
-/// Opaque, user-owned configuration (`Proxy.Config`, `Upstreams[].Config`): keys are kept as
-/// given and in order.
-pub type OpaqueConfig = Map<String, Value>;
+pub use crate::protocol::OpaqueConfig;
 
 macro_rules! string_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal $(| $alias:literal)*),+ $(,)? }) => {

@@ -168,7 +168,9 @@ pub fn terminate_blocking(child: &mut std::process::Child, grace: Duration) {
     let _ = signal(pid, Signal::TERM);
     let (done, wait) = std::sync::mpsc::channel::<()>();
     // The watchdog owns the deadline; this thread blocks in wait().
+    let span = tracing::info_span!("terminate_watchdog", pid);
     let watchdog = std::thread::spawn(move || {
+        let _entered = span.enter();
         if wait.recv_timeout(grace).is_err() {
             let _ = signal(pid, Signal::KILL);
         }

@@ -173,14 +173,7 @@ pub async fn sotw_proxy(
         let bytes = resp.encoded_len();
         if resp.type_url == CLUSTER {
             // Like Envoy: the load assignments of every cluster in the newest set.
-            let mut names: Vec<String> = resp
-                .resources
-                .iter()
-                .filter_map(|a| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(a.value.as_slice()).ok())
-                .map(|c| c.name)
-                .filter(|n| n != "local_app")
-                .collect();
-            names.sort();
+            let names = eds_names_of(&resp.resources);
             if names != eds_names {
                 eds_names = names;
                 tx.send(DiscoveryRequest {
@@ -215,18 +208,32 @@ pub async fn sotw_proxy(
                 let _ = ready.send(());
             }
             let m = marker.load(Ordering::Acquire);
-            let needle = marker_address(m);
             // Every SotW response carries every load assignment: report a marker once.
-            if m != 0
-                && m != reported
-                && resp
-                    .resources
-                    .iter()
-                    .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
+            if m != 0 && m != reported && any_has_marker(&resp.resources, m) {
                 reported = m;
                 let _ = report.send((Instant::now(), bytes, idx));
             }
         }
     }
+}
+
+/// The load assignments a proxy asks for after a cluster response: every cluster's but
+/// `local_app`'s, sorted.
+fn eds_names_of(clusters: &[envoy_types::pb::google::protobuf::Any]) -> Vec<String> {
+    let mut names: Vec<String> = clusters
+        .iter()
+        .filter_map(|a| envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(a.value.as_slice()).ok())
+        .map(|c| c.name)
+        .filter(|n| n != "local_app")
+        .collect();
+    names.sort();
+    names
+}
+
+/// Whether one of `resources` carries the address of marker `marker`.
+fn any_has_marker(resources: &[envoy_types::pb::google::protobuf::Any], marker: u64) -> bool {
+    let needle = marker_address(marker);
+    resources
+        .iter()
+        .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
 
 /// How long members get to report healthy after a start or restart. Generous: a 2-core
 /// machine running other tests may take a while to elect a leader.
@@ -368,28 +369,35 @@ impl CuttableLink {
         let counted = open.clone();
         // Ends when the link is dropped (aborted); each connection's task ends when either
         // side closes or the link is cut.
-        let accept = tokio::spawn(async move {
-            while let Ok((mut down, _)) = listener.accept().await {
-                if *cut_rx.borrow() {
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let mut cut_rx = cut_rx.clone();
-                let counted = counted.clone();
-                counted.send_modify(|n| *n += 1);
-                tokio::spawn(async move {
-                    if let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await {
-                        // The cut first: once it is seen, not one more byte is forwarded.
-                        tokio::select! {
-                            biased;
-                            _ = cut_rx.wait_for(|cut| *cut) => {}
-                            _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
-                        }
+        let span = tracing::info_span!("cuttable_link", %url, %upstream);
+        let accept = tokio::spawn(
+            async move {
+                while let Ok((mut down, _)) = listener.accept().await {
+                    if *cut_rx.borrow() {
+                        continue;
                     }
-                    counted.send_modify(|n| *n -= 1);
-                });
+                    let upstream = upstream.clone();
+                    let mut cut_rx = cut_rx.clone();
+                    let counted = counted.clone();
+                    counted.send_modify(|n| *n += 1);
+                    tokio::spawn(
+                        async move {
+                            if let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await {
+                                // The cut first: once it is seen, not one more byte is forwarded.
+                                tokio::select! {
+                                    biased;
+                                    _ = cut_rx.wait_for(|cut| *cut) => {}
+                                    _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                                }
+                            }
+                            counted.send_modify(|n| *n -= 1);
+                        }
+                        .in_current_span(),
+                    );
+                }
             }
-        });
+            .instrument(span),
+        );
         CuttableLink { url, cut, open, accept }
     }
 

@@ -6,13 +6,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tracing::Instrument as _;
 
 /// A backend on its own thread answering every request with 200 and the body `name`;
 /// returns its port.
 pub fn named_backend(name: &'static str) -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a backend");
     let port = listener.local_addr().expect("backend address").port();
+    let span = tracing::info_span!("named_backend", name, port);
     std::thread::spawn(move || {
+        let _entered = span.enter();
         for mut conn in listener.incoming().flatten() {
             let mut buf = [0u8; 4096];
             let _ = conn.read(&mut buf);
@@ -31,29 +34,35 @@ pub fn named_backend(name: &'static str) -> u16 {
 pub async fn backend(slow: Duration) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding a backend");
     let addr = listener.local_addr().expect("backend address");
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+    tokio::spawn(
+        async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(
+                    async move {
+                        let mut buf = Vec::new();
+                        let mut chunk = [0u8; 1024];
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        if buf.starts_with(b"GET /slow") {
+                            tokio::time::sleep(slow).await;
+                        }
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                            .await;
                     }
-                }
-                if buf.starts_with(b"GET /slow") {
-                    tokio::time::sleep(slow).await;
-                }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
-                    .await;
-            });
+                    .in_current_span(),
+                );
+            }
         }
-    });
+        .instrument(tracing::info_span!("backend", %addr)),
+    );
     addr
 }
 

@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// The token may serve the proxy until `expires` (none: until the ACLs change).
@@ -31,6 +32,10 @@ pub trait StreamAuthorizer: Send + Sync + 'static {
     /// was called (tokens, policies or roles were written).
     fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
+
+/// Says whether a CSDS request's token (empty: none) may read every proxy's status; the
+/// error is the refusal.
+pub type CsdsAuthorizer = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// The services a proxy's token must write: a sidecar's destination, else its own name;
 /// and for a terminating gateway every service it represents too (it is issued their

@@ -19,23 +19,18 @@
 mod wire;
 
 use crate::XdsServer;
-use crate::grpc::{RequestError, Requests, ResponseBody, refuse_compressed};
+use crate::framing::{RequestError, Requests, ResponseBody, refuse_compressed};
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
 use envoy_types::pb::envoy::r#type::matcher::v3::{NodeMatcher, StringMatcher, string_matcher::MatchPattern};
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use tonic::Status;
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::NamedService;
 
-/// Says whether a CSDS request's token (empty: none) may read every proxy's status; the
-/// error is the refusal.
-pub type CsdsAuthorizer =
-    Arc<dyn Fn(String) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+pub use crate::authorize::CsdsAuthorizer;
 
 const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 

@@ -106,6 +106,84 @@ impl TypeState {
     fn is_in_sync(&self, now: Option<&Arc<TypeResources>>) -> bool {
         matches!((&self.in_sync, now), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
     }
+
+    /// Drops each name to resend that the proxy no longer wants, or that `map` no longer has.
+    fn drop_stale_resends(&mut self, map: Option<&Arc<TypeResources>>) {
+        if !self.resend.is_empty() {
+            let (wildcard, subscribed) = (self.wildcard, &self.subscribed);
+            self.resend
+                .retain(|n| (wildcard || subscribed.contains(n)) && map.is_some_and(|m| m.contains_key(n.as_str())));
+        }
+    }
+
+    /// The resources of `type_url` that may be missing, and whether a wanted name is gone.
+    /// In sync with an earlier map: only what differs from it can be missing (a walk of both
+    /// maps in order, comparing pointers), and the response is complete unless a wanted name
+    /// of it is gone (`Some`). Otherwise every resource is a candidate, checked against
+    /// `known` (`None`). Names to resend are candidates even when the map is unchanged.
+    fn candidates<'r>(&self, type_url: &str, resources: &'r VersionedResources) -> (Vec<Candidate<'r>>, Option<bool>) {
+        let (mut candidates, lost) = match (&self.in_sync, resources.map(type_url)) {
+            (Some(old), Some(new)) => {
+                let (changed, gone) = diff_maps(old, new);
+                (changed, Some(gone.iter().any(|n| self.wants(n))))
+            }
+            _ => (resources.of(type_url).collect(), None),
+        };
+        if !self.resend.is_empty() {
+            for (name, res) in resources.of(type_url) {
+                if self.resend.contains(name) && !candidates.iter().any(|(n, _)| *n == name) {
+                    candidates.push((name, res));
+                }
+            }
+        }
+        (candidates, lost)
+    }
+
+    /// The candidates the proxy wants and lacks (or is to be sent again), as many as fit
+    /// one response; names are shared with `map`'s where it has them.
+    fn pick(&self, candidates: Vec<Candidate<'_>>, map: Option<&Arc<TypeResources>>) -> Picked {
+        let mut picked = Picked::default();
+        let mut size = 0;
+        for (name, res) in candidates {
+            if !self.wants(name) {
+                continue;
+            }
+            let version = Held::of(&res.version);
+            if (self.known.get(name) == Some(&version) && !self.resend.contains(name))
+                || self.rejected.get(name) == Some(&version)
+            {
+                continue;
+            }
+            if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
+                picked.truncated = true;
+                break; // the rest goes after this response is acknowledged
+            }
+            size += res.resource.value.len();
+            let key = map
+                .and_then(|m| m.get_key_value(name))
+                .map_or_else(|| Arc::from(name), |(k, _)| Arc::clone(k));
+            picked.sent.insert(key, Some(version));
+            picked.upserts.push(Resource {
+                name: name.to_owned(),
+                version: res.version.clone(),
+                resource: Some(res.resource.clone()),
+                ..Default::default()
+            });
+        }
+        picked
+    }
+}
+
+/// A resource that may be sent: its name and versioned encoding.
+type Candidate<'r> = (&'r str, &'r Arc<crate::versioned::Versioned>);
+
+/// What one response upserts: the resources, what it carries (name → version), and
+/// whether more was left for the next response.
+#[derive(Default)]
+struct Picked {
+    upserts: Vec<Resource>,
+    sent: HashMap<Name, Option<Held>>,
+    truncated: bool,
 }
 
 /// One delta stream's protocol state.
@@ -242,71 +320,18 @@ impl DeltaState {
         type_url: &'static str,
         resources: &VersionedResources,
     ) -> Option<DeltaDiscoveryResponse> {
-        {
-            // A name to resend that the proxy no longer wants, or that is gone, is dropped.
-            let st = &mut self.served[i];
-            if !st.resend.is_empty() {
-                let map = resources.map(type_url);
-                st.resend.retain(|n| {
-                    (st.wildcard || st.subscribed.contains(n)) && map.is_some_and(|m| m.contains_key(n.as_str()))
-                });
-            }
-        }
+        let map = resources.map(type_url);
+        self.served[i].drop_stale_resends(map);
         let st = &self.served[i];
-        if !st.requested || st.pending.is_some() || st.is_in_sync(resources.map(type_url)) {
+        if !st.requested || st.pending.is_some() || st.is_in_sync(map) {
             return None;
         }
-        let mut size = 0;
-        let mut sent = HashMap::default();
-        let mut upserts = Vec::new();
-        let mut truncated = false;
-        let map = resources.map(type_url);
-        // In sync with an earlier map: only what differs from it can be missing (a walk of
-        // both maps in order, comparing pointers), and the response is complete unless a
-        // wanted name of it is gone. Otherwise every resource is checked against `known`.
-        let (candidates, lost): (Vec<(&str, &Arc<crate::versioned::Versioned>)>, Option<bool>) =
-            match (&st.in_sync, map) {
-                (Some(old), Some(new)) => {
-                    let (changed, gone) = diff_maps(old, new);
-                    (changed, Some(gone.iter().any(|n| st.wants(n))))
-                }
-                _ => (resources.of(type_url).collect(), None),
-            };
-        // Names to resend are candidates even when the map is unchanged.
-        let mut candidates = candidates;
-        if !st.resend.is_empty() {
-            for (name, res) in resources.of(type_url) {
-                if st.resend.contains(name) && !candidates.iter().any(|(n, _)| *n == name) {
-                    candidates.push((name, res));
-                }
-            }
-        }
-        for (name, res) in candidates {
-            if !st.wants(name) {
-                continue;
-            }
-            let version = Held::of(&res.version);
-            if (st.known.get(name) == Some(&version) && !st.resend.contains(name))
-                || st.rejected.get(name) == Some(&version)
-            {
-                continue;
-            }
-            if size > 0 && size + res.resource.value.len() > MAX_RESPONSE_BYTES {
-                truncated = true;
-                break; // the rest goes after this response is acknowledged
-            }
-            size += res.resource.value.len();
-            let key = map
-                .and_then(|m| m.get_key_value(name))
-                .map_or_else(|| Arc::from(name), |(k, _)| Arc::clone(k));
-            sent.insert(key, Some(version));
-            upserts.push(Resource {
-                name: name.to_owned(),
-                version: res.version.clone(),
-                resource: Some(res.resource.clone()),
-                ..Default::default()
-            });
-        }
+        let (candidates, lost) = st.candidates(type_url, resources);
+        let Picked {
+            upserts,
+            sent,
+            truncated,
+        } = st.pick(candidates, map);
         if upserts.is_empty() {
             return None;
         }

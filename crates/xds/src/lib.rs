@@ -11,6 +11,7 @@ mod authorize;
 mod content;
 pub mod csds;
 pub mod delta;
+mod framing;
 mod grpc;
 mod metrics;
 pub mod resources;
@@ -20,7 +21,8 @@ pub mod status;
 pub mod versioned;
 
 pub use authorize::{Authorization, StreamAuthorizer};
-pub use grpc::{AdsService, BUFFER_BYTES};
+pub use framing::BUFFER_BYTES;
+pub use grpc::AdsService;
 pub use metrics::XdsMetrics;
 pub use proxycfg::SnapshotSource;
 pub use server::{Admission, XdsServer};

@@ -115,7 +115,7 @@ struct Inner {
     /// Whether new streams are tracked (on unless turned off).
     track_status: std::sync::atomic::AtomicBool,
     /// Who may read CSDS (none: anyone who reaches the port).
-    csds_authorizer: Mutex<Option<crate::csds::CsdsAuthorizer>>,
+    csds_authorizer: Mutex<Option<crate::authorize::CsdsAuthorizer>>,
     /// The size of the last CSDS answer of every proxy, with contents and without: the next
     /// one's buffer is sized after it.
     csds_sizes: [std::sync::atomic::AtomicUsize; 2],
@@ -181,11 +181,11 @@ impl XdsServer {
     }
 
     /// Requires CSDS requests to be allowed by `authorizer` (ACLs on).
-    pub fn set_csds_authorizer(&self, authorizer: crate::csds::CsdsAuthorizer) {
+    pub fn set_csds_authorizer(&self, authorizer: crate::authorize::CsdsAuthorizer) {
         *self.inner.csds_authorizer.lock() = Some(authorizer);
     }
 
-    pub(crate) fn csds_authorizer(&self) -> Option<crate::csds::CsdsAuthorizer> {
+    pub(crate) fn csds_authorizer(&self) -> Option<crate::authorize::CsdsAuthorizer> {
         self.inner.csds_authorizer.lock().clone()
     }
 
@@ -543,13 +543,25 @@ impl Following {
     }
 }
 
+/// What woke a following stream (see [`Driver::wait`]).
+enum Woke {
+    /// Handled where it happened: a request, or the stream's end (`finished` says which).
+    Handled,
+    /// The stream ends with this status.
+    End(Status),
+    /// The token's authorization is to be checked again (ACLs changed, or it expired).
+    Recheck,
+    /// The proxy's new snapshot.
+    Snapshot(Arc<ConfigSnapshot>),
+}
+
 /// One stream, driven by the transport polling its responses (no task or channel of its own):
 /// the node from the first request names the proxy; then every request and every new snapshot
 /// advance the protocol state, and whatever it says to send is handed out one by one. Dropped
 /// with the stream, which drops the proxy's watch.
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
-    requests: crate::grpc::Requests<P::Request>,
+    requests: crate::framing::Requests<P::Request>,
     /// The stream's `x-consul-token`.
     token: String,
     /// The service the token was last authorized for, and what ends that authorization:
@@ -579,19 +591,12 @@ where
     async fn next(&mut self) -> Option<Result<P::Response, Status>> {
         loop {
             if let Some(resp) = self.outbox.next() {
-                self.inner.metrics.response(P::type_url(&resp));
-                if let Some(f) = &self.following {
-                    trace!(node = %f.node_id, type_url = P::type_url(&resp), "response");
-                    if let Some(status) = &f.status {
-                        status.view.sent(P::describe(&resp));
-                    }
-                }
-                return Some(Ok(resp));
+                return Some(Ok(self.sending(resp)));
             }
             if self.finished {
                 return None;
             }
-            let Some(following) = &mut self.following else {
+            if self.following.is_none() {
                 match self.first().await {
                     Ok(f) => self.following = Some(f),
                     Err(status) => {
@@ -600,133 +605,173 @@ where
                     }
                 }
                 continue;
-            };
-            let mut recheck = false;
-            let mut fresh: Option<Arc<ConfigSnapshot>> = None;
-            let acl_changed = &mut self.acl_changed;
-            let expires = &mut self.expires;
-            tokio::select! {
-                biased;
-                () = &mut self.shutdown => self.finished = true,
-                () = async { match &following.status { Some(s) => s.view.reset.notified().await, None => std::future::pending().await } } => {
-                    // Counted by the tracker's scan, which decided it.
-                    self.finished = true;
-                    warn!(node = %following.node_id, "resetting the xDS stream: a response went unanswered too long");
-                    return Some(Err(Status::unavailable(
-                        "a response went unanswered too long: reconnect to start over",
-                    )));
-                }
-                () = self.inner.shed.notified() => {
-                    self.finished = true;
-                    self.inner.metrics.stream_shed();
-                    debug!(node = %following.node_id, "ending the xDS stream: balancing it to another server");
-                    return Some(Err(Status::resource_exhausted(
-                        "this server holds more than its share of the xDS streams: reconnect, to another server if you can",
-                    )));
-                }
-                () = async { match acl_changed.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
-                () = async { match expires.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => recheck = true,
-                req = self.requests.message() => match req {
-                    Ok(Some(r)) => {
-                        let ack = self.state.on_request(&r);
-                        let (type_url, nonce, error) = P::answers(&r);
-                        if let Some(status) = &following.status {
-                            status.view.answered(type_url, nonce, error);
-                        }
-                        following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
-                        trace!(node = %following.node_id, ?ack, "request");
-                        self.inner.record(&ack, self.changed_at);
-                    }
-                    Ok(None) => self.finished = true,
-                    Err(crate::grpc::RequestError::Transport(status)) => {
-                        debug!(node = %following.node_id, error = %status.message(), "the xDS stream's requests broke off");
-                        self.finished = true;
-                    }
-                    Err(crate::grpc::RequestError::Refused(status)) => {
-                        self.finished = true;
-                        warn!(node = %following.node_id, reason = %status.message(), "ending the xDS stream: its request was refused");
-                        return Some(Err(status));
-                    }
-                },
-                ev = following.watcher.next() => match ev {
-                    Some(WatchEvent::Snapshot(snap)) => {
-                        trace!(node = %following.node_id, version = snap.version, "snapshot");
-                        fresh = Some(snap);
-                    }
-                    Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
-                    Some(WatchEvent::Refused(why)) => {
-                        // Never a stream that stays open and receives nothing.
-                        warn!(node = %following.node_id, reason = %why, "ending the xDS stream: the proxy cannot be served");
-                        self.finished = true;
-                        self.current = None;
-                        return Some(Err(Status::failed_precondition(format!(
-                            "proxy {:?} cannot be served: {why}",
-                            following.node_id
-                        ))));
-                    }
-                    None => self.finished = true,
-                },
             }
+            let (recheck, fresh) = match self.wait().await {
+                Woke::End(status) => return Some(Err(status)),
+                Woke::Handled => (false, None),
+                Woke::Recheck => (true, None),
+                Woke::Snapshot(snap) => (false, Some(snap)),
+            };
             if recheck {
                 // The change future has completed: a new one is armed below.
                 self.acl_changed = None;
             }
-            // Nothing of a snapshot is built or sent before its token is authorized (without
-            // an authorizer there is nothing to check).
-            let check = match &fresh {
-                _ if self.inner.authorizer.is_none() => None,
-                Some(snap) => Some(crate::authorize::services_of(snap)),
-                None if recheck => self.authorized_for.clone(),
-                None => None,
-            };
-            if let Some(services) = check {
-                let node = self.following.as_ref().map(|f| f.node_id.clone()).unwrap_or_default();
-                // Following ACL changes starts before the check: a change between the two is
-                // not missed.
-                if self.acl_changed.is_none() || self.authorized_for.as_ref() != Some(&services) {
-                    self.acl_changed = self.inner.authorizer.as_ref().map(|a| a.changed());
-                }
-                let mut earliest: Option<crate::Authorization> = None;
-                for service in &services {
-                    match self.inner.authorize(&self.token, service, &node).await {
-                        Err(status) => {
-                            self.finished = true;
-                            self.current = None;
-                            return Some(Err(status));
-                        }
-                        Ok(a) => {
-                            if earliest
-                                .as_ref()
-                                .is_none_or(|e| a.expires.is_some() && (e.expires.is_none() || a.expires < e.expires))
-                            {
-                                earliest = Some(a);
-                            }
-                        }
-                    }
-                }
-                if let Some(authorization) = earliest {
-                    self.arm(services, authorization);
-                }
+            if let Err(status) = self.check_authorization(fresh.as_deref(), recheck).await {
+                return Some(Err(status));
             }
             if let Some(snap) = fresh {
-                match self.inner.resources_for(&snap, self.current.as_ref()) {
-                    Ok(r) => {
-                        if let Some(f) = &self.following
-                            && let Some(status) = &f.status
-                        {
-                            status.view.resources(&f.node_id, &r);
-                        }
-                        self.current = Some(r);
-                        self.changed_at = Instant::now();
-                    }
-                    Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
-                }
+                self.take_snapshot(&snap);
             }
             if !self.finished
                 && let Some(res) = &self.current
             {
                 self.outbox = self.state.responses(res).into_iter();
             }
+        }
+    }
+
+    /// Counts and records `resp` as sent, and hands it out.
+    fn sending(&self, resp: P::Response) -> P::Response {
+        self.inner.metrics.response(P::type_url(&resp));
+        if let Some(f) = &self.following {
+            trace!(node = %f.node_id, type_url = P::type_url(&resp), "response");
+            if let Some(status) = &f.status {
+                status.view.sent(P::describe(&resp));
+            }
+        }
+        resp
+    }
+
+    /// Waits for what a following stream reacts to: shutdown, a reset for an unanswered
+    /// response, shedding, an ACL change or the token's expiry, a request (handled here), or
+    /// the proxy's watch.
+    async fn wait(&mut self) -> Woke {
+        let Some(following) = &mut self.following else {
+            return Woke::Handled;
+        };
+        let acl_changed = &mut self.acl_changed;
+        let expires = &mut self.expires;
+        tokio::select! {
+            biased;
+            () = &mut self.shutdown => self.finished = true,
+            () = async { match &following.status { Some(s) => s.view.reset.notified().await, None => std::future::pending().await } } => {
+                // Counted by the tracker's scan, which decided it.
+                self.finished = true;
+                warn!(node = %following.node_id, "resetting the xDS stream: a response went unanswered too long");
+                return Woke::End(Status::unavailable(
+                    "a response went unanswered too long: reconnect to start over",
+                ));
+            }
+            () = self.inner.shed.notified() => {
+                self.finished = true;
+                self.inner.metrics.stream_shed();
+                debug!(node = %following.node_id, "ending the xDS stream: balancing it to another server");
+                return Woke::End(Status::resource_exhausted(
+                    "this server holds more than its share of the xDS streams: reconnect, to another server if you can",
+                ));
+            }
+            () = async { match acl_changed.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => return Woke::Recheck,
+            () = async { match expires.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => return Woke::Recheck,
+            req = self.requests.message() => match req {
+                Ok(Some(r)) => {
+                    let ack = self.state.on_request(&r);
+                    let (type_url, nonce, error) = P::answers(&r);
+                    if let Some(status) = &following.status {
+                        status.view.answered(type_url, nonce, error);
+                    }
+                    following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
+                    trace!(node = %following.node_id, ?ack, "request");
+                    self.inner.record(&ack, self.changed_at);
+                }
+                Ok(None) => self.finished = true,
+                Err(crate::framing::RequestError::Transport(status)) => {
+                    debug!(node = %following.node_id, error = %status.message(), "the xDS stream's requests broke off");
+                    self.finished = true;
+                }
+                Err(crate::framing::RequestError::Refused(status)) => {
+                    self.finished = true;
+                    warn!(node = %following.node_id, reason = %status.message(), "ending the xDS stream: its request was refused");
+                    return Woke::End(status);
+                }
+            },
+            ev = following.watcher.next() => match ev {
+                Some(WatchEvent::Snapshot(snap)) => {
+                    trace!(node = %following.node_id, version = snap.version, "snapshot");
+                    return Woke::Snapshot(snap);
+                }
+                Some(WatchEvent::Deregistered) => debug!("proxy deregistered; keeping its last configuration"),
+                Some(WatchEvent::Refused(why)) => {
+                    // Never a stream that stays open and receives nothing.
+                    warn!(node = %following.node_id, reason = %why, "ending the xDS stream: the proxy cannot be served");
+                    self.finished = true;
+                    self.current = None;
+                    return Woke::End(Status::failed_precondition(format!(
+                        "proxy {:?} cannot be served: {why}",
+                        following.node_id
+                    )));
+                }
+                None => self.finished = true,
+            },
+        }
+        Woke::Handled
+    }
+
+    /// Checks the token before anything of a `fresh` snapshot is built or sent, and again on
+    /// a `recheck` (without an authorizer there is nothing to check). A refusal ends the
+    /// stream and drops its resources.
+    async fn check_authorization(&mut self, fresh: Option<&ConfigSnapshot>, recheck: bool) -> Result<(), Status> {
+        let check = match fresh {
+            _ if self.inner.authorizer.is_none() => None,
+            Some(snap) => Some(crate::authorize::services_of(snap)),
+            None if recheck => self.authorized_for.clone(),
+            None => None,
+        };
+        let Some(services) = check else {
+            return Ok(());
+        };
+        let node = self.following.as_ref().map(|f| f.node_id.clone()).unwrap_or_default();
+        // Following ACL changes starts before the check: a change between the two is
+        // not missed.
+        if self.acl_changed.is_none() || self.authorized_for.as_ref() != Some(&services) {
+            self.acl_changed = self.inner.authorizer.as_ref().map(|a| a.changed());
+        }
+        let mut earliest: Option<crate::Authorization> = None;
+        for service in &services {
+            match self.inner.authorize(&self.token, service, &node).await {
+                Err(status) => {
+                    self.finished = true;
+                    self.current = None;
+                    return Err(status);
+                }
+                Ok(a) => {
+                    if earliest
+                        .as_ref()
+                        .is_none_or(|e| a.expires.is_some() && (e.expires.is_none() || a.expires < e.expires))
+                    {
+                        earliest = Some(a);
+                    }
+                }
+            }
+        }
+        if let Some(authorization) = earliest {
+            self.arm(services, authorization);
+        }
+        Ok(())
+    }
+
+    /// Builds the resources of a new snapshot; on failure the previous ones stay.
+    fn take_snapshot(&mut self, snap: &Arc<ConfigSnapshot>) {
+        match self.inner.resources_for(snap, self.current.as_ref()) {
+            Ok(r) => {
+                if let Some(f) = &self.following
+                    && let Some(status) = &f.status
+                {
+                    status.view.resources(&f.node_id, &r);
+                }
+                self.current = Some(r);
+                self.changed_at = Instant::now();
+            }
+            Err(e) => warn!(error = %e, "cannot build resources; keeping the previous ones"),
         }
     }
 
@@ -763,11 +808,11 @@ where
         let first = match self.requests.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(None),
-            Err(crate::grpc::RequestError::Transport(status)) => {
+            Err(crate::framing::RequestError::Transport(status)) => {
                 debug!(error = %status.message(), "an xDS stream's requests broke off before the first one");
                 return Err(None);
             }
-            Err(crate::grpc::RequestError::Refused(status)) => {
+            Err(crate::framing::RequestError::Refused(status)) => {
                 warn!(reason = %status.message(), "ending an xDS stream: its first request was refused");
                 return Err(Some(status));
             }
@@ -818,7 +863,7 @@ impl XdsServer {
     /// A new stream of protocol `P` over `request`.
     pub(crate) fn open<P: Protocol>(
         &self,
-        request: Request<crate::grpc::Requests<P::Request>>,
+        request: Request<crate::framing::Requests<P::Request>>,
     ) -> Result<Response<ResponseStream<P::Response>>, Status>
     where
         P::Request: prost::Message + Default,

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 use tracing::warn;
 
 /// A response unacknowledged this long flags its stream stuck.
@@ -635,7 +636,7 @@ impl Tracker {
             return;
         }
         let tracker = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let scan = async move {
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -666,7 +667,9 @@ impl Tracker {
                     }
                 }
             }
-        });
+        };
+        // Ends with `stop`, or once the tracker is gone.
+        tokio::spawn(scan.instrument(tracing::info_span!("stuck_stream_scan")));
     }
 }
 

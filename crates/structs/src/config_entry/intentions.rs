@@ -190,42 +190,51 @@ impl Validate for ServiceIntentions {
                 let Some(http) = &perm.http else {
                     return Err(ValidationError::new(pat, Problem::Required("")));
                 };
-                let paths = [&http.path_exact, &http.path_prefix, &http.path_regex]
-                    .iter()
-                    .filter(|p| !p.is_empty())
-                    .count();
-                if paths > 1 {
-                    return Err(ValidationError::new(
-                        format!("{pat}.PathExact"),
-                        Problem::Invalid("set at most one of PathExact, PathPrefix and PathRegex".into()),
-                    ));
-                }
-                for p in [&http.path_exact, &http.path_prefix] {
-                    if !p.is_empty() && !p.starts_with('/') {
-                        return Err(ValidationError::new(
-                            format!("{pat}.PathPrefix"),
-                            Problem::Invalid(format!("{p:?} must begin with '/'")),
-                        ));
-                    }
-                }
-                super::routing::check_regex(&format!("{pat}.PathRegex"), &http.path_regex)?;
-                for (k, h) in http.header.iter().enumerate() {
-                    super::routing::check_header_match(
-                        &format!("{pat}.Header[{k}]"),
-                        &h.name,
-                        [
-                            h.present,
-                            !h.exact.is_empty(),
-                            !h.prefix.is_empty(),
-                            !h.suffix.is_empty(),
-                        ],
-                        &h.regex,
-                    )?;
-                }
-                for (k, m) in http.methods.iter().enumerate() {
-                    super::routing::check_method(&format!("{pat}.Methods[{k}]"), m)?;
-                }
+                http.validate(&pat)?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl IntentionHttpPermission {
+    /// Checks an HTTP permission at `pat`: one path form at most, paths from `/`, regular
+    /// expressions, header matches and methods.
+    fn validate(&self, pat: &str) -> Result<(), ValidationError> {
+        let paths = [&self.path_exact, &self.path_prefix, &self.path_regex]
+            .iter()
+            .filter(|p| !p.is_empty())
+            .count();
+        if paths > 1 {
+            return Err(ValidationError::new(
+                format!("{pat}.PathExact"),
+                Problem::Invalid("set at most one of PathExact, PathPrefix and PathRegex".into()),
+            ));
+        }
+        for p in [&self.path_exact, &self.path_prefix] {
+            if !p.is_empty() && !p.starts_with('/') {
+                return Err(ValidationError::new(
+                    format!("{pat}.PathPrefix"),
+                    Problem::Invalid(format!("{p:?} must begin with '/'")),
+                ));
+            }
+        }
+        super::routing::check_regex(&format!("{pat}.PathRegex"), &self.path_regex)?;
+        for (k, h) in self.header.iter().enumerate() {
+            super::routing::check_header_match(
+                &format!("{pat}.Header[{k}]"),
+                &h.name,
+                [
+                    h.present,
+                    !h.exact.is_empty(),
+                    !h.prefix.is_empty(),
+                    !h.suffix.is_empty(),
+                ],
+                &h.regex,
+            )?;
+        }
+        for (k, m) in self.methods.iter().enumerate() {
+            super::routing::check_method(&format!("{pat}.Methods[{k}]"), m)?;
         }
         Ok(())
     }

@@ -221,105 +221,118 @@ impl Validate for ServiceRouter {
         check_entry_name(ConfigEntryKind::ServiceRouter, &self.name)?;
         for (i, r) in self.routes.iter().enumerate() {
             let at = format!("Routes[{i}]");
-            if let Some(http) = r.match_.as_ref().and_then(|m| m.http.as_ref()) {
-                let set = [&http.path_exact, &http.path_prefix, &http.path_regex]
-                    .iter()
-                    .filter(|p| !p.is_empty())
-                    .count();
-                if set > 1 {
-                    return Err(ValidationError::new(
-                        format!("{at}.Match.HTTP.PathExact"),
-                        Problem::Invalid("set at most one of PathExact, PathPrefix and PathRegex".into()),
-                    ));
-                }
-                for (field, p) in [("PathExact", &http.path_exact), ("PathPrefix", &http.path_prefix)] {
-                    if !p.is_empty() && !p.starts_with('/') {
-                        return Err(ValidationError::new(
-                            format!("{at}.Match.HTTP.{field}"),
-                            Problem::Invalid(format!("{p:?} must begin with '/'")),
-                        ));
-                    }
-                }
-                check_regex(&format!("{at}.Match.HTTP.PathRegex"), &http.path_regex)?;
-                for (j, h) in http.header.iter().enumerate() {
-                    check_header_match(
-                        &format!("{at}.Match.HTTP.Header[{j}]"),
-                        &h.name,
-                        [
-                            h.present,
-                            !h.exact.is_empty(),
-                            !h.prefix.is_empty(),
-                            !h.suffix.is_empty(),
-                        ],
-                        &h.regex,
-                    )?;
-                }
-                for (j, q) in http.query_param.iter().enumerate() {
-                    let qat = format!("{at}.Match.HTTP.QueryParam[{j}]");
-                    if q.name.is_empty() {
-                        return Err(ValidationError::new(format!("{qat}.Name"), Problem::Required("")));
-                    }
-                    let set = [q.present, !q.exact.is_empty(), !q.regex.is_empty()]
-                        .iter()
-                        .filter(|b| **b)
-                        .count();
-                    if set != 1 {
-                        return Err(ValidationError::new(
-                            qat,
-                            Problem::Invalid("set exactly one of Present, Exact and Regex".into()),
-                        ));
-                    }
-                    check_regex(&format!("{qat}.Regex"), &q.regex)?;
-                }
-                for (j, m) in http.methods.iter().enumerate() {
-                    check_method(&format!("{at}.Match.HTTP.Methods[{j}]"), m)?;
-                    if http.methods[..j].iter().any(|o| o.eq_ignore_ascii_case(m)) {
-                        return Err(ValidationError::new(
-                            format!("{at}.Match.HTTP.Methods[{j}]"),
-                            Problem::Duplicate(format!("method {m:?}")),
-                        ));
-                    }
-                }
+            let http = r.match_.as_ref().and_then(|m| m.http.as_ref());
+            if let Some(http) = http {
+                http.validate(&at)?;
             }
             if let Some(d) = &r.destination {
-                if !d.prefix_rewrite.is_empty()
-                    && r.match_
-                        .as_ref()
-                        .and_then(|m| m.http.as_ref())
-                        .is_none_or(|h| h.path_prefix.is_empty() && h.path_exact.is_empty())
-                {
-                    return Err(ValidationError::new(
-                        format!("{at}.Destination.PrefixRewrite"),
-                        Problem::NotAllowed("without a PathPrefix or PathExact match"),
-                    ));
-                }
-                if !d.service.is_empty() {
-                    check_name(&format!("{at}.Destination.Service"), &d.service, "")?;
-                }
-                check_namespace(&format!("{at}.Destination.Namespace"), &d.namespace)?;
-                for (j, c) in d.retry_on.iter().enumerate() {
-                    if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
-                        return Err(ValidationError::new(
-                            format!("{at}.Destination.RetryOn[{j}]"),
-                            Problem::Invalid(format!("{c:?} is not one of {}", RETRY_ON_CONDITIONS.join(", "))),
-                        ));
-                    }
-                }
-                for (j, code) in d.retry_on_status_codes.iter().enumerate() {
-                    if !(100..=599).contains(code) {
-                        return Err(ValidationError::new(
-                            format!("{at}.Destination.RetryOnStatusCodes[{j}]"),
-                            Problem::OutOfRange { min: 100, max: 599 },
-                        ));
-                    }
-                }
-                if let Some(h) = &d.request_headers {
-                    h.validate(&format!("{at}.Destination.RequestHeaders"))?;
-                }
-                if let Some(h) = &d.response_headers {
-                    h.validate(&format!("{at}.Destination.ResponseHeaders"))?;
-                }
+                d.validate(&at, http)?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl ServiceRouteHttpMatch {
+    /// Checks the match of route `at`: one path form at most, paths from `/`, regular
+    /// expressions, header and query matches, methods once each.
+    fn validate(&self, at: &str) -> Result<(), ValidationError> {
+        let set = [&self.path_exact, &self.path_prefix, &self.path_regex]
+            .iter()
+            .filter(|p| !p.is_empty())
+            .count();
+        if set > 1 {
+            return Err(ValidationError::new(
+                format!("{at}.Match.HTTP.PathExact"),
+                Problem::Invalid("set at most one of PathExact, PathPrefix and PathRegex".into()),
+            ));
+        }
+        for (field, p) in [("PathExact", &self.path_exact), ("PathPrefix", &self.path_prefix)] {
+            if !p.is_empty() && !p.starts_with('/') {
+                return Err(ValidationError::new(
+                    format!("{at}.Match.HTTP.{field}"),
+                    Problem::Invalid(format!("{p:?} must begin with '/'")),
+                ));
+            }
+        }
+        check_regex(&format!("{at}.Match.HTTP.PathRegex"), &self.path_regex)?;
+        for (j, h) in self.header.iter().enumerate() {
+            check_header_match(
+                &format!("{at}.Match.HTTP.Header[{j}]"),
+                &h.name,
+                [
+                    h.present,
+                    !h.exact.is_empty(),
+                    !h.prefix.is_empty(),
+                    !h.suffix.is_empty(),
+                ],
+                &h.regex,
+            )?;
+        }
+        for (j, q) in self.query_param.iter().enumerate() {
+            let qat = format!("{at}.Match.HTTP.QueryParam[{j}]");
+            if q.name.is_empty() {
+                return Err(ValidationError::new(format!("{qat}.Name"), Problem::Required("")));
+            }
+            let set = [q.present, !q.exact.is_empty(), !q.regex.is_empty()]
+                .iter()
+                .filter(|b| **b)
+                .count();
+            if set != 1 {
+                return Err(ValidationError::new(
+                    qat,
+                    Problem::Invalid("set exactly one of Present, Exact and Regex".into()),
+                ));
+            }
+            check_regex(&format!("{qat}.Regex"), &q.regex)?;
+        }
+        for (j, m) in self.methods.iter().enumerate() {
+            check_method(&format!("{at}.Match.HTTP.Methods[{j}]"), m)?;
+            if self.methods[..j].iter().any(|o| o.eq_ignore_ascii_case(m)) {
+                return Err(ValidationError::new(
+                    format!("{at}.Match.HTTP.Methods[{j}]"),
+                    Problem::Duplicate(format!("method {m:?}")),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ServiceRouteDestination {
+    /// Checks the destination of route `at`, whose HTTP match is `http`.
+    fn validate(&self, at: &str, http: Option<&ServiceRouteHttpMatch>) -> Result<(), ValidationError> {
+        if !self.prefix_rewrite.is_empty() && http.is_none_or(|h| h.path_prefix.is_empty() && h.path_exact.is_empty()) {
+            return Err(ValidationError::new(
+                format!("{at}.Destination.PrefixRewrite"),
+                Problem::NotAllowed("without a PathPrefix or PathExact match"),
+            ));
+        }
+        if !self.service.is_empty() {
+            check_name(&format!("{at}.Destination.Service"), &self.service, "")?;
+        }
+        check_namespace(&format!("{at}.Destination.Namespace"), &self.namespace)?;
+        for (j, c) in self.retry_on.iter().enumerate() {
+            if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
+                return Err(ValidationError::new(
+                    format!("{at}.Destination.RetryOn[{j}]"),
+                    Problem::Invalid(format!("{c:?} is not one of {}", RETRY_ON_CONDITIONS.join(", "))),
+                ));
+            }
+        }
+        for (j, code) in self.retry_on_status_codes.iter().enumerate() {
+            if !(100..=599).contains(code) {
+                return Err(ValidationError::new(
+                    format!("{at}.Destination.RetryOnStatusCodes[{j}]"),
+                    Problem::OutOfRange { min: 100, max: 599 },
+                ));
+            }
+        }
+        if let Some(h) = &self.request_headers {
+            h.validate(&format!("{at}.Destination.RequestHeaders"))?;
+        }
+        if let Some(h) = &self.response_headers {
+            h.validate(&format!("{at}.Destination.ResponseHeaders"))?;
         }
         Ok(())
     }
@@ -596,38 +609,7 @@ impl LoadBalancer {
             ));
         }
         if let Some(r) = &self.ring_hash_config {
-            for (field, v) in [
-                ("MinimumRingSize", r.minimum_ring_size),
-                ("MaximumRingSize", r.maximum_ring_size),
-            ] {
-                if v > MAX_RING_SIZE {
-                    return Err(ValidationError::new(
-                        format!("LoadBalancer.RingHashConfig.{field}"),
-                        Problem::OutOfRange {
-                            min: 0,
-                            max: MAX_RING_SIZE,
-                        },
-                    ));
-                }
-            }
-            if r.minimum_ring_size == 0 && r.maximum_ring_size != 0 && r.maximum_ring_size < DEFAULT_MIN_RING_SIZE {
-                return Err(ValidationError::new(
-                    "LoadBalancer.RingHashConfig.MaximumRingSize",
-                    Problem::Invalid(format!(
-                        "{} is below the default MinimumRingSize of {DEFAULT_MIN_RING_SIZE}: set MinimumRingSize too",
-                        r.maximum_ring_size
-                    )),
-                ));
-            }
-        }
-        if let Some(r) = &self.ring_hash_config
-            && r.maximum_ring_size != 0
-            && r.minimum_ring_size > r.maximum_ring_size
-        {
-            return Err(ValidationError::new(
-                "LoadBalancer.RingHashConfig.MinimumRingSize",
-                Problem::Invalid("must not exceed MaximumRingSize".into()),
-            ));
+            r.validate()?;
         }
         if !self.hash_policies.is_empty() && !hashing {
             return Err(ValidationError::new(
@@ -636,46 +618,90 @@ impl LoadBalancer {
             ));
         }
         for (i, h) in self.hash_policies.iter().enumerate() {
-            let at = format!("LoadBalancer.HashPolicies[{i}]");
-            if h.source_ip {
-                if !h.field.is_empty() || !h.field_value.is_empty() {
-                    return Err(ValidationError::new(
-                        format!("{at}.SourceIP"),
-                        Problem::NotAllowed("together with Field or FieldValue"),
-                    ));
-                }
-                continue;
-            }
-            if !matches!(h.field.as_str(), "header" | "cookie" | "query_parameter") {
+            h.validate(&format!("LoadBalancer.HashPolicies[{i}]"))?;
+        }
+        Ok(())
+    }
+}
+
+impl RingHashConfig {
+    /// Checks the ring sizes against Envoy's bounds and each other.
+    fn validate(&self) -> Result<(), ValidationError> {
+        for (field, v) in [
+            ("MinimumRingSize", self.minimum_ring_size),
+            ("MaximumRingSize", self.maximum_ring_size),
+        ] {
+            if v > MAX_RING_SIZE {
                 return Err(ValidationError::new(
-                    format!("{at}.Field"),
-                    Problem::Invalid(format!(
-                        "{:?} is not one of header, cookie, query_parameter (or set SourceIP)",
-                        h.field
-                    )),
+                    format!("LoadBalancer.RingHashConfig.{field}"),
+                    Problem::OutOfRange {
+                        min: 0,
+                        max: MAX_RING_SIZE,
+                    },
                 ));
             }
-            if h.field_value.is_empty() {
+        }
+        if self.minimum_ring_size == 0 && self.maximum_ring_size != 0 && self.maximum_ring_size < DEFAULT_MIN_RING_SIZE
+        {
+            return Err(ValidationError::new(
+                "LoadBalancer.RingHashConfig.MaximumRingSize",
+                Problem::Invalid(format!(
+                    "{} is below the default MinimumRingSize of {DEFAULT_MIN_RING_SIZE}: set MinimumRingSize too",
+                    self.maximum_ring_size
+                )),
+            ));
+        }
+        if self.maximum_ring_size != 0 && self.minimum_ring_size > self.maximum_ring_size {
+            return Err(ValidationError::new(
+                "LoadBalancer.RingHashConfig.MinimumRingSize",
+                Problem::Invalid("must not exceed MaximumRingSize".into()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl HashPolicy {
+    /// Checks one hash policy at `at`: the source IP, or a field and its value.
+    fn validate(&self, at: &str) -> Result<(), ValidationError> {
+        if self.source_ip {
+            if !self.field.is_empty() || !self.field_value.is_empty() {
                 return Err(ValidationError::new(
-                    format!("{at}.FieldValue"),
-                    Problem::Required("with Field"),
+                    format!("{at}.SourceIP"),
+                    Problem::NotAllowed("together with Field or FieldValue"),
                 ));
             }
-            if h.cookie_config.is_some() && h.field != "cookie" {
-                return Err(ValidationError::new(
-                    format!("{at}.CookieConfig"),
-                    Problem::NotAllowed("unless Field is cookie"),
-                ));
-            }
-            if let Some(c) = &h.cookie_config
-                && c.session
-                && !c.ttl.is_zero()
-            {
-                return Err(ValidationError::new(
-                    format!("{at}.CookieConfig.TTL"),
-                    Problem::NotAllowed("for a session cookie"),
-                ));
-            }
+            return Ok(());
+        }
+        if !matches!(self.field.as_str(), "header" | "cookie" | "query_parameter") {
+            return Err(ValidationError::new(
+                format!("{at}.Field"),
+                Problem::Invalid(format!(
+                    "{:?} is not one of header, cookie, query_parameter (or set SourceIP)",
+                    self.field
+                )),
+            ));
+        }
+        if self.field_value.is_empty() {
+            return Err(ValidationError::new(
+                format!("{at}.FieldValue"),
+                Problem::Required("with Field"),
+            ));
+        }
+        if self.cookie_config.is_some() && self.field != "cookie" {
+            return Err(ValidationError::new(
+                format!("{at}.CookieConfig"),
+                Problem::NotAllowed("unless Field is cookie"),
+            ));
+        }
+        if let Some(c) = &self.cookie_config
+            && c.session
+            && !c.ttl.is_zero()
+        {
+            return Err(ValidationError::new(
+                format!("{at}.CookieConfig.TTL"),
+                Problem::NotAllowed("for a session cookie"),
+            ));
         }
         Ok(())
     }

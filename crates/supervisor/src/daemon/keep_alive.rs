@@ -1,6 +1,8 @@
 //! One daemon's keep-alive task: start, wait, restart with back-off; files and environment.
 
-use super::{Backoff, DaemonEvent, DaemonSpec, Report, RestartPolicy};
+use super::backoff::{Backoff, RestartPolicy};
+use super::events::{DaemonEvent, Report};
+use super::spec::DaemonSpec;
 use crate::process::{ProcessId, Watched, stop_child, stop_watched, write_atomic};
 use rustix::process::Signal;
 use std::path::{Path, PathBuf};

@@ -31,45 +31,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// One proxy daemon to keep running.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DaemonSpec {
-    /// The program.
-    pub command: PathBuf,
-    /// Its arguments.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Extra environment (on top of the supervisor's).
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// ACL token, given as `CONNECT_PROXY_TOKEN`.
-    #[serde(default)]
-    pub token: String,
-    /// The service this proxy is a sidecar for, given as `CONNECT_SIDECAR_FOR`.
-    #[serde(default)]
-    pub sidecar_for: String,
-}
-
-impl std::fmt::Debug for DaemonSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DaemonSpec")
-            .field("command", &self.command)
-            .field("args", &self.args)
-            .field("env", &self.env.keys().collect::<Vec<_>>())
-            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
-            .field("sidecar_for", &self.sidecar_for)
-            .finish()
-    }
-}
-
-/// The desired daemons by proxy id.
-pub type DesiredSet = BTreeMap<String, DaemonSpec>;
-
 mod backoff;
+mod events;
 mod keep_alive;
+mod spec;
 
 pub use backoff::{Backoff, RestartPolicy};
+pub use events::DaemonEvent;
+use events::Report;
 use keep_alive::{DaemonCtx, keep_alive, pid_path};
+pub use spec::{DaemonSpec, DesiredSet};
 
 /// Manager tuning.
 #[derive(Debug, Clone)]
@@ -104,49 +75,6 @@ impl ManagerOptions {
             tied: false,
         }
     }
-}
-
-/// What happened to a daemon; sent to [`ManagerHandle::events`] subscribers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DaemonEvent {
-    /// A process was started for the daemon (attempt counts from 1 since the last reset).
-    Started {
-        /// Proxy id.
-        id: String,
-        /// The new process.
-        pid: u32,
-        /// Attempt number.
-        attempt: u32,
-    },
-    /// A running process from the snapshot was re-adopted without a restart.
-    Adopted {
-        /// Proxy id.
-        id: String,
-        /// The adopted process.
-        pid: u32,
-    },
-    /// The daemon's process exited on its own (it will be restarted).
-    Exited {
-        /// Proxy id.
-        id: String,
-        /// The process that exited.
-        pid: u32,
-        /// How it ended (`exit status: 1`, `signal: 9 (SIGKILL)`), when known: an adopted
-        /// process's exit status cannot be read.
-        status: Option<String>,
-    },
-    /// The daemon could not be started (it will be retried with back-off).
-    Failed {
-        /// Proxy id.
-        id: String,
-        /// Why.
-        reason: String,
-    },
-    /// The daemon was stopped because it left the desired set or changed.
-    Stopped {
-        /// Proxy id.
-        id: String,
-    },
 }
 
 /// Errors of the daemon manager.
@@ -250,11 +178,6 @@ impl ManagerHandle {
 
 /// The daemon manager. See the module docs.
 pub struct Manager;
-
-enum Report {
-    Running { id: String, process: ProcessId },
-    Gone { id: String },
-}
 
 struct Daemon {
     spec: DaemonSpec,

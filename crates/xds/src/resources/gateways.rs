@@ -294,53 +294,8 @@ fn http_listener(
                 continue;
             }
         };
-        // A service with a certificate of its own: a filter chain matching its hosts.
-        let own_sds = service_config(entry, &service.service, Some(port))
-            .and_then(|s| s.tls.as_ref())
-            .and_then(|t| t.sds.as_ref());
-        // SNI names a host exactly or under a leading `*.`: other patterns cannot select.
-        let sni_hosts: Vec<String> = ingress_service_hosts(service)
-            .into_iter()
-            .filter(|h| h != "*" && !h.ends_with(".*"))
-            .collect();
-        if own_sds.is_some() && sni_hosts.is_empty() {
-            out.problems.insert(
-                format!("listener:{port}:{}:tls", service.service),
-                format!(
-                    "listener {name}, service {:?}: its own certificate needs hosts to be selected by SNI; the listener's is used",
-                    service.service
-                ),
-            );
-        }
-        if let Some(sds) = own_sds.filter(|_| !sni_hosts.is_empty()) {
-            let own_route = format!("{port}_{}", service.service);
-            let hosts = sni_hosts;
-            out.insert(
-                ROUTE,
-                own_route.clone(),
-                pack_any(RouteConfiguration {
-                    name: own_route.clone(),
-                    virtual_hosts: vec![vhost.clone()],
-                    ..Default::default()
-                }),
-            );
-            let params = listener.tls.as_ref().or(Some(&entry.tls)).and_then(tls::gateway_params);
-            own_chains.push(FilterChain {
-                filter_chain_match: Some(FilterChainMatch {
-                    server_names: hosts,
-                    ..Default::default()
-                }),
-                filters: vec![http_route_filter(
-                    &format!("ingress_upstream_{port}_{}", service.service),
-                    &own_route,
-                )],
-                transport_socket: Some(tls::downstream_server(
-                    tls::external_sds(&sds.cluster_name, &sds.cert_resource),
-                    params,
-                    alpn(protocol),
-                )),
-                ..Default::default()
-            });
+        if let Some(chain) = own_certificate_chain(entry, listener, service, &vhost, name, protocol, out) {
+            own_chains.push(chain);
         }
         vhosts.push(vhost);
     }
@@ -377,6 +332,67 @@ fn http_listener(
     Ok(())
 }
 
+/// The filter chain of a service on an HTTP listener that has a certificate of its own:
+/// selected by SNI on the service's hosts, with a route configuration `<port>_<service>` of
+/// its own. `None` without such a certificate, or when no host can be selected by SNI (a
+/// problem says so, and the listener's certificate is used).
+fn own_certificate_chain(
+    entry: &IngressGateway,
+    listener: &IngressListener,
+    service: &GatewayService,
+    vhost: &VirtualHost,
+    name: &str,
+    protocol: Protocol,
+    out: &mut Resources,
+) -> Option<FilterChain> {
+    let port = listener.port;
+    let own_sds = service_config(entry, &service.service, Some(port))
+        .and_then(|s| s.tls.as_ref())
+        .and_then(|t| t.sds.as_ref())?;
+    // SNI names a host exactly or under a leading `*.`: other patterns cannot select.
+    let hosts: Vec<String> = ingress_service_hosts(service)
+        .into_iter()
+        .filter(|h| h != "*" && !h.ends_with(".*"))
+        .collect();
+    if hosts.is_empty() {
+        out.problems.insert(
+            format!("listener:{port}:{}:tls", service.service),
+            format!(
+                "listener {name}, service {:?}: its own certificate needs hosts to be selected by SNI; the listener's is used",
+                service.service
+            ),
+        );
+        return None;
+    }
+    let own_route = format!("{port}_{}", service.service);
+    out.insert(
+        ROUTE,
+        own_route.clone(),
+        pack_any(RouteConfiguration {
+            name: own_route.clone(),
+            virtual_hosts: vec![vhost.clone()],
+            ..Default::default()
+        }),
+    );
+    let params = listener.tls.as_ref().or(Some(&entry.tls)).and_then(tls::gateway_params);
+    Some(FilterChain {
+        filter_chain_match: Some(FilterChainMatch {
+            server_names: hosts,
+            ..Default::default()
+        }),
+        filters: vec![http_route_filter(
+            &format!("ingress_upstream_{port}_{}", service.service),
+            &own_route,
+        )],
+        transport_socket: Some(tls::downstream_server(
+            tls::external_sds(&own_sds.cluster_name, &own_sds.cert_resource),
+            params,
+            alpn(protocol),
+        )),
+        ..Default::default()
+    })
+}
+
 /// Builds a terminating gateway's secrets per service, clusters, load assignments and its
 /// listener (the roots secret is built by the common step).
 pub(crate) fn build_terminating(
@@ -403,60 +419,10 @@ pub(crate) fn build_terminating(
         let secret = service.clone();
         out.insert(SECRET, secret.clone(), pack_any(tls::leaf_secret(&secret, leaf)));
 
-        let link = &linked.link;
         let protocol = config.protocol();
-        let all_ips = endpoints
-            .iter()
-            .all(|n| n.address().parse::<std::net::IpAddr>().is_ok());
-        let mut cluster = Cluster {
-            name: sni.clone(),
-            connect_timeout: millis(5000),
-            transport_socket: (!link.ca_file.is_empty())
-                .then(|| tls::upstream_external(&link.ca_file, &link.cert_file, &link.key_file, &link.sni)),
-            ..Default::default()
-        };
-        if all_ips {
-            cluster.cluster_discovery_type =
-                Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Eds as i32));
-            cluster.eds_cluster_config = Some(cluster::EdsClusterConfig {
-                eds_config: ads(),
-                service_name: String::new(),
-            });
-            out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, endpoints)));
-        } else {
-            // Host names are resolved by Envoy (and re-resolved as DNS changes).
-            cluster.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-                cluster::DiscoveryType::StrictDns as i32,
-            ));
-            cluster.load_assignment = Some(load_assignment(&sni, endpoints));
-        }
-        if protocol.is_http2() {
-            cluster.typed_extension_protocol_options = http2_options();
-        }
+        let cluster = linked_cluster(&sni, &linked.link, protocol, endpoints, out);
         out.insert(CLUSTER, sni.clone(), pack_any(cluster));
-
-        let filters = if protocol.is_http() {
-            let mut http_filters = Vec::new();
-            if let Some(rules) = rbac::rules_http(intentions, snap.intention_default_allow) {
-                http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
-            }
-            vec![hcm(
-                &format!("terminating_gateway.{service}"),
-                http_connection_manager::RouteSpecifier::RouteConfig(route_to(&sni, &sni)),
-                http_filters,
-                true,
-            )]
-        } else {
-            let mut filters = Vec::new();
-            if let Some(rules) = rbac::rules_l4(intentions, snap.intention_default_allow) {
-                filters.push(network_filter(
-                    "envoy.filters.network.rbac",
-                    rbac::network_filter_config(rules, &format!("terminating_gateway.{service}")),
-                ));
-            }
-            filters.push(tcp_proxy(&format!("terminating_gateway.{service}"), &sni));
-            filters
-        };
+        let filters = linked_filters(service, &sni, protocol, intentions, snap.intention_default_allow);
         chains.push(FilterChain {
             filter_chain_match: Some(FilterChainMatch {
                 server_names: vec![sni.clone()],
@@ -494,4 +460,77 @@ pub(crate) fn build_terminating(
         out.insert(LISTENER, name, pack_any(listener));
     }
     Ok(())
+}
+
+/// The cluster of a terminating gateway's linked service, named `sni`: to its instances
+/// by EDS when all are IP addresses (their load assignment goes to `out`), else by DNS; with
+/// TLS to them when the link sets a `CAFile`.
+fn linked_cluster(
+    sni: &str,
+    link: &GatewayService,
+    protocol: Protocol,
+    endpoints: &[structs::CheckServiceNode],
+    out: &mut Resources,
+) -> Cluster {
+    let all_ips = endpoints
+        .iter()
+        .all(|n| n.address().parse::<std::net::IpAddr>().is_ok());
+    let mut cluster = Cluster {
+        name: sni.to_owned(),
+        connect_timeout: millis(5000),
+        transport_socket: (!link.ca_file.is_empty())
+            .then(|| tls::upstream_external(&link.ca_file, &link.cert_file, &link.key_file, &link.sni)),
+        ..Default::default()
+    };
+    if all_ips {
+        cluster.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Eds as i32));
+        cluster.eds_cluster_config = Some(cluster::EdsClusterConfig {
+            eds_config: ads(),
+            service_name: String::new(),
+        });
+        out.insert(ENDPOINT, sni.to_owned(), pack_any(load_assignment(sni, endpoints)));
+    } else {
+        // Host names are resolved by Envoy (and re-resolved as DNS changes).
+        cluster.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::StrictDns as i32,
+        ));
+        cluster.load_assignment = Some(load_assignment(sni, endpoints));
+    }
+    if protocol.is_http2() {
+        cluster.typed_extension_protocol_options = http2_options();
+    }
+    cluster
+}
+
+/// The filters of a terminating gateway's chain for `service`: the intentions to it (per
+/// request for HTTP protocols), then the proxy to its cluster `sni`.
+fn linked_filters(
+    service: &str,
+    sni: &str,
+    protocol: Protocol,
+    intentions: &[structs::Intention],
+    default_allow: bool,
+) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
+    if protocol.is_http() {
+        let mut http_filters = Vec::new();
+        if let Some(rules) = rbac::rules_http(intentions, default_allow) {
+            http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
+        }
+        vec![hcm(
+            &format!("terminating_gateway.{service}"),
+            http_connection_manager::RouteSpecifier::RouteConfig(route_to(sni, sni)),
+            http_filters,
+            true,
+        )]
+    } else {
+        let mut filters = Vec::new();
+        if let Some(rules) = rbac::rules_l4(intentions, default_allow) {
+            filters.push(network_filter(
+                "envoy.filters.network.rbac",
+                rbac::network_filter_config(rules, &format!("terminating_gateway.{service}")),
+            ));
+        }
+        filters.push(tcp_proxy(&format!("terminating_gateway.{service}"), sni));
+        filters
+    }
 }

@@ -178,6 +178,34 @@ fn regex(r: &str) -> string_matcher::MatchPattern {
     })
 }
 
+/// Envoy's matcher for one header match of a route: exact, prefix, suffix, regex or
+/// presence.
+fn header_match(h: &structs::config_entry::ServiceRouteHttpMatchHeader) -> HeaderMatcher {
+    let specifier = if !h.exact.is_empty() {
+        header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Exact(
+            h.exact.clone(),
+        )))
+    } else if !h.prefix.is_empty() {
+        header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Prefix(
+            h.prefix.clone(),
+        )))
+    } else if !h.suffix.is_empty() {
+        header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Suffix(
+            h.suffix.clone(),
+        )))
+    } else if !h.regex.is_empty() {
+        header_matcher::HeaderMatchSpecifier::StringMatch(string_match(regex(&h.regex)))
+    } else {
+        header_matcher::HeaderMatchSpecifier::PresentMatch(true)
+    };
+    HeaderMatcher {
+        name: h.name.clone(),
+        header_match_specifier: Some(specifier),
+        invert_match: h.invert,
+        ..Default::default()
+    }
+}
+
 fn route_match(http: Option<&ServiceRouteHttpMatch>) -> RouteMatch {
     let Some(http) = http else {
         return RouteMatch {
@@ -197,35 +225,7 @@ fn route_match(http: Option<&ServiceRouteHttpMatch>) -> RouteMatch {
     } else {
         route_match::PathSpecifier::Prefix("/".into())
     };
-    let mut headers: Vec<HeaderMatcher> = http
-        .header
-        .iter()
-        .map(|h| {
-            let specifier = if !h.exact.is_empty() {
-                header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Exact(
-                    h.exact.clone(),
-                )))
-            } else if !h.prefix.is_empty() {
-                header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Prefix(
-                    h.prefix.clone(),
-                )))
-            } else if !h.suffix.is_empty() {
-                header_matcher::HeaderMatchSpecifier::StringMatch(string_match(string_matcher::MatchPattern::Suffix(
-                    h.suffix.clone(),
-                )))
-            } else if !h.regex.is_empty() {
-                header_matcher::HeaderMatchSpecifier::StringMatch(string_match(regex(&h.regex)))
-            } else {
-                header_matcher::HeaderMatchSpecifier::PresentMatch(true)
-            };
-            HeaderMatcher {
-                name: h.name.clone(),
-                header_match_specifier: Some(specifier),
-                invert_match: h.invert,
-                ..Default::default()
-            }
-        })
-        .collect();
+    let mut headers: Vec<HeaderMatcher> = http.header.iter().map(header_match).collect();
     if !http.methods.is_empty() {
         let methods: Vec<String> = http.methods.iter().map(|m| m.to_ascii_uppercase()).collect();
         headers.push(HeaderMatcher {

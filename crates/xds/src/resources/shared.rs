@@ -1,0 +1,95 @@
+//! Encodings shared between proxies' builds.
+
+use super::ENDPOINT;
+use crate::content::Versioned;
+use bounded_maps::SweptMap;
+use envoy_types::pb::google::protobuf::Any;
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
+use structs::CheckServiceNode;
+
+/// Load assignment key: the cluster name and the identity of the shared endpoints result.
+type ClaKey = (String, usize);
+
+/// A resource by content: its type URL and the SHA-256 of its encoding.
+type ContentKey = (&'static str, [u8; 32]);
+
+/// The endpoints a load assignment was built from and the encoding (both weak: the cache
+/// keeps nothing alive).
+type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
+
+/// Encoded resources shared between proxies, held weakly (the proxies' resource sets keep
+/// them alive):
+/// - load assignments by cluster name and endpoints: the data sources hand every proxy
+///   watching a target the same endpoints `Arc`, so one build and encoding serves them all;
+/// - every other resource by type and content hash: the cluster of an upstream, the CA
+///   bundle secret, an outbound listener on the same port are byte-for-byte the same for many
+///   proxies, and each such resource is then held once however many proxies have it.
+#[derive(Default)]
+pub struct SharedEncodings {
+    load_assignments: Mutex<SweptMap<ClaKey, ClaEntry>>,
+    interned: Mutex<SweptMap<ContentKey, Weak<Versioned>>>,
+}
+
+impl std::fmt::Debug for SharedEncodings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedEncodings")
+            .field("load_assignments", &self.load_assignments.lock().len())
+            .finish()
+    }
+}
+
+impl SharedEncodings {
+    /// The encoded load assignment of `cluster` for `endpoints`, built by `make` if needed.
+    pub(crate) fn load_assignment(
+        &self,
+        cluster: &str,
+        endpoints: &Arc<Vec<CheckServiceNode>>,
+        make: impl FnOnce() -> Any,
+    ) -> Arc<Versioned> {
+        let key = (cluster.to_owned(), Arc::as_ptr(endpoints) as usize);
+        if let Some((weak, v)) = self.load_assignments.lock().get(&key)
+            && weak.upgrade().is_some_and(|e| Arc::ptr_eq(&e, endpoints))
+            && let Some(v) = v.upgrade()
+        {
+            return v;
+        }
+        let versioned = self.intern(ENDPOINT, make());
+        self.load_assignments.lock().insert(
+            key,
+            (Arc::downgrade(endpoints), Arc::downgrade(&versioned)),
+            |_, (w, v)| w.strong_count() > 0 && v.strong_count() > 0,
+        );
+        versioned
+    }
+
+    /// The resource of `type_url` encoded as `resource`: the `Arc` another proxy already
+    /// holds for the same encoding, else this one's, recorded for the next.
+    pub(crate) fn intern(&self, type_url: &'static str, resource: Any) -> Arc<Versioned> {
+        let digest = crate::content::digest_of(&resource);
+        let key = (type_url, digest);
+        if let Some(v) = self.interned.lock().get(&key).and_then(Weak::upgrade) {
+            return v;
+        }
+        let versioned = Arc::new(Versioned::with_digest(resource, &digest));
+        self.interned
+            .lock()
+            .insert(key, Arc::downgrade(&versioned), |_, w| w.strong_count() > 0);
+        versioned
+    }
+
+    /// Distinct resources held by content (not counting load assignments).
+    pub fn interned_len(&self) -> usize {
+        self.interned.lock().values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Load assignments held now.
+    pub fn len(&self) -> usize {
+        self.load_assignments.lock().len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,181 @@
+//! The whole test suite, run once: every Rust test of the workspace, then the Python client
+//! suites against the real binary, with their results counted.
+
+use anyhow::{Context, Result};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::command::{cargo, workspace_root};
+use crate::tools;
+
+/// Totals of the `test result:` lines of a cargo test run.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
+}
+
+impl Totals {
+    /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+impl Totals {
+    /// Adds pytest's closing line (`===== 3 failed, 12 passed, 1 skipped in 4.2s =====`).
+    fn add_pytest_line(&mut self, line: &str) {
+        let line = line.trim().trim_matches('=').trim();
+        if !line.contains(" in ") || !(line.contains("passed") || line.contains("failed") || line.contains("error")) {
+            return;
+        }
+        let counts = line.rsplit_once(" in ").map_or(line, |(c, _)| c);
+        for part in counts.split(',') {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" | "error" | "errors" => self.failed += n,
+                    "skipped" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs `cmd` and feeds each line of its stdout to `parse`; the lines are echoed, or only
+/// written to `log` when one is given (the stress runs keep each run's output in a file).
+fn run_and_parse(
+    mut cmd: Command,
+    mut log: Option<&mut std::fs::File>,
+    mut parse: impl FnMut(&str),
+) -> Result<std::process::ExitStatus> {
+    use std::io::Write as _;
+    cmd.stdout(Stdio::piped());
+    match log.as_deref_mut() {
+        Some(file) => {
+            writeln!(file, "xtask: running {cmd:?}")?;
+            cmd.stderr(file.try_clone()?);
+        }
+        None => println!("xtask: running {cmd:?}"),
+    }
+    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line.context("reading test output")?;
+            match log.as_deref_mut() {
+                Some(file) => writeln!(file, "{line}")?,
+                None => println!("{line}"),
+            }
+            parse(&line);
+        }
+    }
+    child.wait().context("waiting for the tests")
+}
+
+/// What one run of the whole suite counted, and which parts failed.
+#[derive(Debug, Default)]
+pub(crate) struct SuiteRun {
+    pub(crate) totals: Totals,
+    pub(crate) failures: Vec<&'static str>,
+}
+
+/// Runs the whole suite once: every Rust test of the workspace (with `extra` cargo
+/// arguments), then the Python client suites against the real binary. Output is echoed, or
+/// written to `log`; `on_line` sees every line of both runners' stdout.
+pub(crate) fn run_suite(
+    python: &Path,
+    peers: &tools::Peers,
+    extra: &[String],
+    mut log: Option<&mut std::fs::File>,
+    mut on_line: impl FnMut(&str),
+) -> Result<SuiteRun> {
+    let root = workspace_root();
+    let mut run = SuiteRun::default();
+    let mut cmd = cargo();
+    // Every test binary runs even when one fails: the summary counts them all.
+    cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
+        .args(extra);
+    peers.export(&mut cmd);
+    let totals = &mut run.totals;
+    if !run_and_parse(cmd, log.as_deref_mut(), |l| {
+        totals.add_line(l);
+        on_line(l);
+    })?
+    .success()
+    {
+        run.failures.push("cargo test");
+    }
+
+    // The Python client suites run against the real binary.
+    // A whole-workspace test run has built the binary already (meshd's integration tests
+    // need it); a filtered run may not have, and building it again would only re-resolve
+    // features and rebuild.
+    let binary = root.join("target").join("debug").join("meshd");
+    if !extra.is_empty() || !binary.exists() {
+        let mut build = cargo();
+        build.args(["build", "--locked", "-p", "meshd"]);
+        crate::command::run(build)?;
+    }
+    let mut pytest = Command::new(python);
+    pytest
+        .current_dir(&root)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
+        .env("MESHD_BIN", &binary);
+    peers.export(&mut pytest);
+    let before = run.totals.passed + run.totals.failed;
+    let totals = &mut run.totals;
+    if !run_and_parse(pytest, log, |l| {
+        totals.add_pytest_line(l);
+        on_line(l);
+    })?
+    .success()
+    {
+        run.failures.push("pytest");
+    }
+    if run.totals.passed + run.totals.failed == before {
+        run.failures.push("pytest (no result line)");
+    }
+    Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_test_result_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 19 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.68s");
+        t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        t.add_line("running 4 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 22,
+                failed: 1,
+                ignored: 2
+            }
+        );
+    }
+}
