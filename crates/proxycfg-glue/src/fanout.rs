@@ -1,13 +1,13 @@
 //! One follower per distinct request, however many proxies watch it.
 //!
 //! Many proxies watch the same things (every sidecar with an upstream `api` watches the same
-//! discovery chain and the same health). Instead of one catalog follower per proxy and watch,
-//! the first watch of a request starts one shared task that follows the catalog and publishes
-//! each derived value in a [`Latest`] slot; every proxy's watch is a [`Subscriber`] of it,
-//! which its State polls directly ([`proxycfg::DataSource::subscribe`]): a subscriber is a
-//! few words and a waker slot in the shared slot, with no future or task of its own.
-//! The shared task is owned by the entry all those watches hold: when the last one ends, the
-//! entry drops and its guard cancels the task.
+//! discovery chain and the same health). Instead of one follower per proxy and watch, the
+//! first watch of a request starts one shared task that follows the request's inputs (catalog
+//! topics or agent-cache entries) and publishes each derived value in a [`Latest`] slot;
+//! every proxy's watch is a [`Subscriber`] of it, which its State polls directly
+//! ([`proxycfg::DataSource::subscribe`]): a subscriber is a few words and a waker slot in the
+//! shared slot, with no future or task of its own. The shared task is owned by the entry all
+//! those watches hold: when the last one ends, the entry drops and its guard cancels the task.
 
 use bounded_maps::SweptMap;
 use parking_lot::Mutex;
@@ -145,6 +145,15 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         entries.insert(key.clone(), Arc::downgrade(&entry), |_, e| e.strong_count() > 0);
         entry
     }
+
+    /// [`Fanout::follow`] of a follower that forwards what `updates()` yields (made only
+    /// when the follower starts: a watch joining a running follower opens no input).
+    pub(crate) fn follow_updates<U>(&self, key: &K, updates: impl FnOnce() -> U) -> Arc<Entry<T>>
+    where
+        U: forward::Updates<T> + 'static,
+    {
+        self.follow(key, |publish, stop| forward::forward(stop, updates(), publish))
+    }
 }
 
 /// One watch of a shared follower: yields its value (the current one first), then each later
@@ -241,12 +250,12 @@ impl<F: Follow> forward::Updates<F::Item> for Watch<F> {
 /// A watch of a shared follower whose values it turns into its own (one proxy's resolved
 /// config from the shared defaults, say): `derive` of each value, unless it makes nothing
 /// (`None`: nothing to send for this one). Errors pass through.
-pub(crate) struct Derived<T, F> {
+pub(crate) struct Mapped<T, F> {
     sub: Subscriber<T>,
     derive: F,
 }
 
-impl<T: Clone, F> Derived<T, F> {
+impl<T: Clone, F> Mapped<T, F> {
     pub(crate) fn new(entry: Arc<Entry<T>>, derive: F) -> Self {
         Self {
             sub: Subscriber::new(entry),
@@ -255,7 +264,7 @@ impl<T: Clone, F> Derived<T, F> {
     }
 }
 
-impl<T, U, F> Follow for Derived<T, F>
+impl<T, U, F> Follow for Mapped<T, F>
 where
     T: Clone + Send + Sync,
     U: Into<UpdatePayload> + Send,
@@ -277,14 +286,6 @@ where
             }
         }
     }
-}
-
-/// The subscription of a fanout data source: its follower's subscriber, or the error that
-/// kept it from following (yielded once, then nothing: the error stays reported).
-pub(crate) fn subscribe<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
-    entry: Result<Arc<Entry<T>>, DataSourceError>,
-) -> Box<dyn Subscription> {
-    boxed(entry.map(Subscriber::new))
 }
 
 /// `follow` as a subscription, or one that reports why there is none.
@@ -328,15 +329,36 @@ pub(crate) fn watch_updates<'w, F: Follow + 'w>(
     }
 }
 
-/// [`watch_updates`] of a plain subscriber of `entry`.
-pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
-    entry: Result<Arc<Entry<T>>, DataSourceError>,
-    id: CorrelationId,
-    tx: EventSender<T>,
-    cancel: CancellationToken,
-) -> proxycfg::WatchFuture<'w> {
-    watch_updates(entry.map(Subscriber::new), id, tx, cancel)
+/// Implements `DataSource<$req>` for `$source` as a subscription its State polls itself:
+/// `|$this, $r| $follow` (with `$this: &$source`, `$r: &$req`) gives what the watch follows
+/// (a [`Subscriber`] of a shared follower, or a [`Follow`] made from one), or the error that
+/// keeps it from following. Outside a State, `notify` forwards the same into the sender.
+macro_rules! followed_source {
+    ($source:ty, $req:ty, |$this:ident, $r:ident| $follow:expr) => {
+        impl proxycfg::DataSource<$req> for $source {
+            fn notify<'w>(
+                self: std::sync::Arc<Self>,
+                req: $req,
+                id: proxycfg::CorrelationId,
+                tx: proxycfg::EventSender<<$req as proxycfg::data_sources::WatchRequest>::Response>,
+                cancel: tokio_util::sync::CancellationToken,
+            ) -> proxycfg::WatchFuture<'w>
+            where
+                Self: 'w,
+            {
+                let $this: &$source = &self;
+                let $r: &$req = &req;
+                $crate::fanout::watch_updates($follow, id, tx, cancel)
+            }
+
+            fn subscribe(&self, $r: &$req) -> Option<Box<dyn proxycfg::Subscription>> {
+                let $this: &$source = self;
+                Some($crate::fanout::boxed($follow))
+            }
+        }
+    };
 }
+pub(crate) use followed_source;
 
 #[cfg(test)]
 mod tests;
