@@ -78,15 +78,6 @@ impl<M: Mode> Chains<M> {
         Ok(Subscriber::new(self.followers.follow_updates(req, || self.derive(req))))
     }
 
-    /// One watch of its own compiling the chain `req` asks for (not shared).
-    fn updates(
-        &self,
-        req: &DiscoveryChainRequest,
-    ) -> Result<impl Updates<Arc<CompiledDiscoveryChain>> + use<M>, DataSourceError> {
-        self.mode.check_dc(&req.datacenter)?;
-        Ok(self.derive(req))
-    }
-
     /// The chain `req` asks for, compiled on every change of its inputs.
     fn derive(&self, req: &DiscoveryChainRequest) -> impl Updates<Arc<CompiledDiscoveryChain>> + use<M> {
         let mode = &*self.mode;
@@ -127,6 +118,6 @@ followed_source!(ServerDiscoveryChain, DiscoveryChainRequest, |this, req| this
 pub struct CacheDiscoveryChain(pub(crate) Chains<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-crate::derive::watched_source!(CacheDiscoveryChain, DiscoveryChainRequest, |this, req| this
+followed_source!(CacheDiscoveryChain, DiscoveryChainRequest, |this, req| this
     .0
-    .updates(&req));
+    .watch(req));

@@ -38,23 +38,10 @@ impl<M: Mode> Entries<M> {
 
     /// A watch of the shared follower of the entry `req` names.
     fn watch(&self, req: &ConfigEntryRequest) -> Result<Subscriber<Option<Arc<ConfigEntry>>>, DataSourceError> {
-        let entry = self
-            .followers
-            .follow_updates(&(req.kind, req.name.clone()), || self.derive(req));
+        let entry = self.followers.follow_updates(&(req.kind, req.name.clone()), || {
+            Derive::every(self.mode.config_entry(req.kind, &req.name), Ok)
+        });
         Ok(Subscriber::new(entry))
-    }
-
-    /// What a follower of the entry `req` names sends.
-    fn derive(&self, req: &ConfigEntryRequest) -> impl Updates<Option<Arc<ConfigEntry>>> + use<M> {
-        Derive::every(self.mode.config_entry(req.kind, &req.name), Ok)
-    }
-
-    /// One watch of its own answering `req` (not shared).
-    fn updates(
-        &self,
-        req: &ConfigEntryRequest,
-    ) -> Result<impl Updates<Option<Arc<ConfigEntry>>> + use<M>, DataSourceError> {
-        Ok(self.derive(req))
     }
 }
 
@@ -87,7 +74,7 @@ watched_source!(ServerConfigEntryList, ConfigEntryListRequest, |this, req| list(
 pub struct CacheConfigEntry(pub(crate) Entries<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-watched_source!(CacheConfigEntry, ConfigEntryRequest, |this, req| this.0.updates(&req));
+followed_source!(CacheConfigEntry, ConfigEntryRequest, |this, req| this.0.watch(req));
 
 /// Config entries of a kind, from the agent cache (agent mode).
 #[cfg(feature = "cache")]

@@ -52,12 +52,15 @@ macro_rules! tuple_input {
 tuple_input!(A 0, B 1);
 tuple_input!(A 0, B 1, C 2);
 
-/// A value that never changes (what a mode knows without asking, such as its datacenter).
+/// A value that never changes (what a mode knows without asking: a server's datacenter, the
+/// HTTP checks no agent runs). Agent mode asks for everything.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) struct Constant<V> {
     value: V,
     given: bool,
 }
 
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 impl<V> Constant<V> {
     pub(crate) fn new(value: V) -> Self {
         Self { value, given: false }

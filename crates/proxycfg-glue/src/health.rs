@@ -114,34 +114,49 @@ pub use on_cache::CacheHealth;
 mod on_cache {
     use super::{Nodes, filtered, subset_filter};
     use crate::cache_mode::{AgentCache, CacheInput};
-    use crate::derive::watched_source;
+    use crate::fanout::{Fanout, Subscriber, followed_source};
     use crate::mode::Mode;
     use agent_cache::types::HealthKey;
     use proxycfg::DataSourceError;
     use proxycfg::data_sources::HealthRequest;
-    use proxycfg::forward::Updates;
     use std::sync::Arc;
+    use tokio_util::task::TaskTracker;
 
     /// Service health from the agent cache (agent mode): one cache entry per (service,
-    /// connect, passing, token); passing-only is asked of the servers, the rest filtered here.
-    pub struct CacheHealth(pub(crate) Arc<AgentCache>);
+    /// connect, passing, token), passing-only asked of the servers; the rest is filtered here
+    /// by one shared follower per request.
+    pub struct CacheHealth {
+        agent: Arc<AgentCache>,
+        followers: Fanout<HealthRequest, Nodes>,
+    }
 
     impl CacheHealth {
-        /// A watch of its own answering `req`.
-        fn updates(&self, req: &HealthRequest) -> Result<impl Updates<Nodes> + use<>, DataSourceError> {
-            self.0.check_dc(&req.datacenter)?;
+        pub(crate) fn new(agent: Arc<AgentCache>, tasks: &TaskTracker) -> Self {
+            Self {
+                agent,
+                followers: Fanout::new("health", tasks.clone()),
+            }
+        }
+
+        /// A watch of the shared follower answering `req`.
+        fn watch(&self, req: &HealthRequest) -> Result<Subscriber<Nodes>, DataSourceError> {
+            self.agent.check_dc(&req.datacenter)?;
             let filter = subset_filter(req)?;
-            let key = HealthKey {
-                service: req.service.clone(),
-                connect: req.connect,
-                passing: req.passing_only,
-                token: req.token.clone(),
-            };
-            Ok(filtered(req, filter, CacheInput::new(self.0.caches.health.watch(&key))))
+            // The token stays in the key: the servers answer what it may read.
+            let entry = self.followers.follow_updates(req, || {
+                let key = HealthKey {
+                    service: req.service.clone(),
+                    connect: req.connect,
+                    passing: req.passing_only,
+                    token: req.token.clone(),
+                };
+                filtered(req, filter, CacheInput::new(self.agent.caches.health.watch(&key)))
+            });
+            Ok(Subscriber::new(entry))
         }
     }
 
-    watched_source!(CacheHealth, HealthRequest, |this, req| this.updates(&req));
+    followed_source!(CacheHealth, HealthRequest, |this, req| this.watch(req));
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 #[cfg(feature = "cache")]
 mod cache_mode;
 mod derive;
-#[cfg_attr(not(feature = "server"), allow(dead_code))]
 mod fanout;
 mod mode;
 #[cfg(feature = "server")]
@@ -145,7 +144,7 @@ mod cache_sources {
             ca_roots: Arc::new(CacheCaRoots(roots::Roots::new(Arc::clone(&mode), tasks))),
             leaf: Arc::new(CacheLeaf(Arc::clone(&mode))),
             intentions: Arc::new(CacheIntentions(Arc::clone(&mode))),
-            health: Arc::new(CacheHealth(Arc::clone(&mode))),
+            health: Arc::new(CacheHealth::new(Arc::clone(&mode), tasks)),
             discovery_chain: Arc::new(CacheDiscoveryChain(chain::Chains::new(Arc::clone(&mode), tasks))),
             config_entry: Arc::new(CacheConfigEntry(config_entries::Entries::new(Arc::clone(&mode), tasks))),
             config_entry_list: Arc::new(CacheConfigEntryList(Arc::clone(&mode))),

@@ -10,7 +10,6 @@ use crate::mode::Mode;
 use crate::views::Views;
 use proxycfg::DataSourceError;
 use proxycfg::data_sources::ResolvedServiceConfigRequest;
-use proxycfg::forward::Updates;
 use std::sync::Arc;
 use structs::central_config::{CentralConfig, proxy_defaults};
 use structs::{ConfigEntry, ResolvedServiceConfig};
@@ -75,18 +74,6 @@ impl<M: Mode> ResolvedConfigs<M> {
         };
         Ok(Mapped::new(defaults, derive))
     }
-
-    /// One watch of its own resolving `req` (nothing shared).
-    fn updates(
-        &self,
-        req: &ResolvedServiceConfigRequest,
-    ) -> Result<impl Updates<Arc<ResolvedServiceConfig>> + use<M>, DataSourceError> {
-        self.mode.check_dc(&req.datacenter)?;
-        let req = req.clone();
-        Ok(Derive::every(defaults(&*self.mode), move |(proxy, services)| {
-            Ok(Arc::new(resolve(&req, proxy.as_ref(), &services)))
-        }))
-    }
 }
 
 /// Central config resolved from the catalog's defaults (server mode).
@@ -105,6 +92,6 @@ followed_source!(
 pub struct CacheResolvedServiceConfig(pub(crate) ResolvedConfigs<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-crate::derive::watched_source!(CacheResolvedServiceConfig, ResolvedServiceConfigRequest, |this, req| {
-    this.0.updates(&req)
+followed_source!(CacheResolvedServiceConfig, ResolvedServiceConfigRequest, |this, req| {
+    this.0.watch(req)
 });

@@ -6,7 +6,6 @@ use crate::fanout::{Entry, Fanout, Subscriber, followed_source};
 use crate::mode::Mode;
 use proxycfg::DataSourceError;
 use proxycfg::data_sources::CaRootsRequest;
-use proxycfg::forward::Updates;
 use std::sync::Arc;
 use structs::IndexedCaRoots;
 use tokio_util::task::TaskTracker;
@@ -29,18 +28,9 @@ impl<M: Mode> Roots<M> {
     /// The shared follower answering `req`.
     pub(crate) fn follow(&self, req: &CaRootsRequest) -> Result<Arc<Entry<Arc<IndexedCaRoots>>>, DataSourceError> {
         self.mode.check_dc(&req.datacenter)?;
-        Ok(self.followers.follow_updates(req, || self.derive()))
-    }
-
-    /// What a follower of the roots sends.
-    fn derive(&self) -> impl Updates<Arc<IndexedCaRoots>> + use<M> {
-        Derive::every(self.mode.roots(), Ok)
-    }
-
-    /// One watch of its own answering `req` (not shared).
-    fn updates(&self, req: &CaRootsRequest) -> Result<impl Updates<Arc<IndexedCaRoots>> + use<M>, DataSourceError> {
-        self.mode.check_dc(&req.datacenter)?;
-        Ok(self.derive())
+        Ok(self
+            .followers
+            .follow_updates(req, || Derive::every(self.mode.roots(), Ok)))
     }
 
     /// A watch of the shared follower answering `req`.
@@ -61,4 +51,4 @@ followed_source!(ServerCaRoots, CaRootsRequest, |this, req| this.0.watch(req));
 pub struct CacheCaRoots(pub(crate) Roots<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-crate::derive::watched_source!(CacheCaRoots, CaRootsRequest, |this, req| this.0.updates(&req));
+followed_source!(CacheCaRoots, CaRootsRequest, |this, req| this.0.watch(req));
