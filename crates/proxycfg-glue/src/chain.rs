@@ -109,15 +109,11 @@ impl<M: Mode> Chains<M> {
 pub struct ServerDiscoveryChain(pub(crate) Chains<crate::server_mode::Catalog>);
 
 #[cfg(feature = "server")]
-followed_source!(ServerDiscoveryChain, DiscoveryChainRequest, |this, req| this
-    .0
-    .watch(req));
+followed_source!(ServerDiscoveryChain, DiscoveryChainRequest, |s, req| s.0.watch(req));
 
 /// Discovery chains compiled from the entries in the agent cache (agent mode).
 #[cfg(feature = "cache")]
 pub struct CacheDiscoveryChain(pub(crate) Chains<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-followed_source!(CacheDiscoveryChain, DiscoveryChainRequest, |this, req| this
-    .0
-    .watch(req));
+followed_source!(CacheDiscoveryChain, DiscoveryChainRequest, |s, req| s.0.watch(req));

@@ -58,15 +58,15 @@ fn list<M: Mode>(
 pub struct ServerConfigEntry(pub(crate) Entries<crate::server_mode::Catalog>);
 
 #[cfg(feature = "server")]
-followed_source!(ServerConfigEntry, ConfigEntryRequest, |this, req| this.0.watch(req));
+followed_source!(ServerConfigEntry, ConfigEntryRequest, |s, req| s.0.watch(req));
 
 /// Config entries of a kind, from the catalog (server mode).
 #[cfg(feature = "server")]
 pub struct ServerConfigEntryList(pub(crate) Arc<crate::server_mode::Catalog>);
 
 #[cfg(feature = "server")]
-watched_source!(ServerConfigEntryList, ConfigEntryListRequest, |this, req| list(
-    &*this.0, &req
+watched_source!(ServerConfigEntryList, ConfigEntryListRequest, |s, req| list(
+    &*s.0, &req
 ));
 
 /// One config entry, from the agent cache (agent mode).
@@ -74,13 +74,11 @@ watched_source!(ServerConfigEntryList, ConfigEntryListRequest, |this, req| list(
 pub struct CacheConfigEntry(pub(crate) Entries<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-followed_source!(CacheConfigEntry, ConfigEntryRequest, |this, req| this.0.watch(req));
+followed_source!(CacheConfigEntry, ConfigEntryRequest, |s, req| s.0.watch(req));
 
 /// Config entries of a kind, from the agent cache (agent mode).
 #[cfg(feature = "cache")]
 pub struct CacheConfigEntryList(pub(crate) Arc<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-watched_source!(CacheConfigEntryList, ConfigEntryListRequest, |this, req| list(
-    &*this.0, &req
-));
+watched_source!(CacheConfigEntryList, ConfigEntryListRequest, |s, req| list(&*s.0, &req));

@@ -23,7 +23,7 @@ mod on_server {
         }
     }
 
-    watched_source!(ServerDatacenters, DatacentersRequest, |this, _req| this.updates());
+    watched_source!(ServerDatacenters, DatacentersRequest, |s, _req| s.updates());
 }
 
 #[cfg(feature = "cache")]
@@ -49,5 +49,5 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheDatacenters, DatacentersRequest, |this, _req| this.updates());
+    watched_source!(CacheDatacenters, DatacentersRequest, |s, _req| s.updates());
 }

@@ -123,7 +123,7 @@ impl<K, T> Fanout<K, T> {
     }
 }
 
-impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
+impl<K: Hash + Eq + Clone + std::fmt::Debug, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     /// The shared follower for `key`, started with `start(publish, stop)` if there is none.
     pub(crate) fn follow<F>(&self, key: &K, start: impl FnOnce(Publisher<T>, CancellationToken) -> F) -> Arc<Entry<T>>
     where
@@ -135,7 +135,7 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         }
         let latest = Arc::new(Latest::new());
         let stop = CancellationToken::new();
-        let span = tracing::info_span!("fanout_follower", what = self.name);
+        let span = tracing::info_span!("fanout_follower", what = self.name, request = ?key);
         self.tasks
             .spawn(start(Publisher(Arc::clone(&latest)), stop.clone()).instrument(span));
         let entry = Arc::new(Entry {

@@ -34,8 +34,7 @@ mod on_server {
         }
     }
 
-    watched_source!(ServerGatewayServices, GatewayServicesRequest, |this, req| this
-        .updates(req));
+    watched_source!(ServerGatewayServices, GatewayServicesRequest, |s, req| s.updates(req));
 }
 
 #[cfg(feature = "cache")]
@@ -71,6 +70,5 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheGatewayServices, GatewayServicesRequest, |this, req| this
-        .updates(req));
+    watched_source!(CacheGatewayServices, GatewayServicesRequest, |s, req| s.updates(req));
 }

@@ -104,7 +104,7 @@ mod on_server {
         }
     }
 
-    followed_source!(ServerHealth, HealthRequest, |this, req| this.watch(req));
+    followed_source!(ServerHealth, HealthRequest, |s, req| s.watch(req));
 }
 
 #[cfg(feature = "cache")]
@@ -156,7 +156,7 @@ mod on_cache {
         }
     }
 
-    followed_source!(CacheHealth, HealthRequest, |this, req| this.watch(req));
+    followed_source!(CacheHealth, HealthRequest, |s, req| s.watch(req));
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ mod on_server {
         Ok(Derive::every(Constant::new(Arc::new(Vec::new())), Ok))
     }
 
-    watched_source!(ServerHttpChecks, HttpChecksRequest, |_this, _req| none());
+    watched_source!(ServerHttpChecks, HttpChecksRequest, |_s, _req| none());
 }
 
 #[cfg(feature = "cache")]
@@ -67,7 +67,7 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheHttpChecks, HttpChecksRequest, |this, req| this.updates(req));
+    watched_source!(CacheHttpChecks, HttpChecksRequest, |s, req| s.updates(req));
 
     /// The agent's checks of one instance, read again whenever they may have changed.
     struct ChecksInput {

@@ -33,7 +33,7 @@ mod on_server {
         }
     }
 
-    watched_source!(ServerIntentions, IntentionsRequest, |this, req| this.updates(req));
+    watched_source!(ServerIntentions, IntentionsRequest, |s, req| s.updates(req));
 }
 
 #[cfg(feature = "cache")]
@@ -67,5 +67,5 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheIntentions, IntentionsRequest, |this, req| this.updates(req));
+    watched_source!(CacheIntentions, IntentionsRequest, |s, req| s.updates(req));
 }

@@ -43,7 +43,7 @@ mod on_server {
         }
     }
 
-    followed_source!(ServerLeaf, LeafRequest, |this, req| this.watch(req));
+    followed_source!(ServerLeaf, LeafRequest, |s, req| s.watch(req));
 
     /// One leaf watch: the certificate again whenever the CA roots change (a subscriber of
     /// the shared roots follower), and when it is due for renewal (the store reissues it
@@ -126,5 +126,5 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheLeaf, LeafRequest, |this, req| this.updates(req));
+    watched_source!(CacheLeaf, LeafRequest, |s, req| s.updates(req));
 }

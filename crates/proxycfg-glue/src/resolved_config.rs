@@ -81,17 +81,15 @@ impl<M: Mode> ResolvedConfigs<M> {
 pub struct ServerResolvedServiceConfig(pub(crate) ResolvedConfigs<crate::server_mode::Catalog>);
 
 #[cfg(feature = "server")]
-followed_source!(
-    ServerResolvedServiceConfig,
-    ResolvedServiceConfigRequest,
-    |this, req| this.0.watch(req)
-);
+followed_source!(ServerResolvedServiceConfig, ResolvedServiceConfigRequest, |s, req| {
+    s.0.watch(req)
+});
 
 /// Central config resolved from the defaults in the agent cache (agent mode).
 #[cfg(feature = "cache")]
 pub struct CacheResolvedServiceConfig(pub(crate) ResolvedConfigs<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-followed_source!(CacheResolvedServiceConfig, ResolvedServiceConfigRequest, |this, req| {
-    this.0.watch(req)
+followed_source!(CacheResolvedServiceConfig, ResolvedServiceConfigRequest, |s, req| {
+    s.0.watch(req)
 });

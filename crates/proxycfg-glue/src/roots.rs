@@ -44,11 +44,11 @@ impl<M: Mode> Roots<M> {
 pub struct ServerCaRoots(pub(crate) Arc<Roots<crate::server_mode::Catalog>>);
 
 #[cfg(feature = "server")]
-followed_source!(ServerCaRoots, CaRootsRequest, |this, req| this.0.watch(req));
+followed_source!(ServerCaRoots, CaRootsRequest, |s, req| s.0.watch(req));
 
 /// CA roots, from the agent cache (agent mode).
 #[cfg(feature = "cache")]
 pub struct CacheCaRoots(pub(crate) Roots<crate::cache_mode::AgentCache>);
 
 #[cfg(feature = "cache")]
-followed_source!(CacheCaRoots, CaRootsRequest, |this, req| this.0.watch(req));
+followed_source!(CacheCaRoots, CaRootsRequest, |s, req| s.0.watch(req));

@@ -28,7 +28,7 @@ mod on_server {
         }
     }
 
-    watched_source!(ServerServiceList, ServiceListRequest, |this, req| this.updates(&req));
+    watched_source!(ServerServiceList, ServiceListRequest, |s, req| s.updates(&req));
 }
 
 #[cfg(feature = "cache")]
@@ -56,5 +56,5 @@ mod on_cache {
         }
     }
 
-    watched_source!(CacheServiceList, ServiceListRequest, |this, req| this.updates(&req));
+    watched_source!(CacheServiceList, ServiceListRequest, |s, req| s.updates(&req));
 }
