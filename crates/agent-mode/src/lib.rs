@@ -91,6 +91,7 @@ pub async fn run(
         leave_on_terminate: settings.leave_on_terminate,
         config_files: args.config_file.clone(),
         hup: Mutex::new(Some(hup)),
+        followers: TaskTracker::new(),
     };
     node::serve(listeners, mode, shutdown, on_ready)
         .await
@@ -130,6 +131,9 @@ pub struct AgentMode {
     config_files: Vec<PathBuf>,
     /// SIGHUP, listened for before the ready line; taken by the reload task.
     hup: Mutex<Option<std::io::Result<Signal>>>,
+    /// The followers proxies share (a chain compiled once per agent); each ends with its
+    /// last watcher.
+    followers: TaskTracker,
 }
 
 #[async_trait::async_trait]
@@ -152,7 +156,11 @@ impl Mode for AgentMode {
 
     fn data_sources(&self) -> DataSources {
         let local = Arc::new(AgentLocal(self.agent.clone()));
-        proxycfg_glue::cache_data_sources(self.agent.caches().clone(), local as Arc<dyn LocalChecks>)
+        proxycfg_glue::cache_data_sources_tracked(
+            self.agent.caches().clone(),
+            local as Arc<dyn LocalChecks>,
+            &self.followers,
+        )
     }
 
     fn tokens(&self) -> Tokens {
@@ -183,7 +191,10 @@ impl Mode for AgentMode {
     }
 
     async fn engine_stopped(&self) {
-        // The proxies are stopped; the cache and the agent's own work go, then the node.
+        // The proxies are stopped: their shared followers end with their last watch; then
+        // the cache and the agent's own work go, then the node.
+        self.followers.close();
+        self.followers.wait().await;
         self.agent.shutdown().await;
         if self.leave_on_terminate {
             match self.agent.leave().await {

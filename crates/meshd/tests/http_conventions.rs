@@ -215,14 +215,12 @@ async fn a_server_and_an_agent_answer_the_same_request_the_same() {
     );
     // And what the spellings mean: true filters the critical instance out, false keeps it.
     let count = |body: String| serde_json::from_str::<Vec<Value>>(&body).unwrap().len();
-    let passing = |q: &str| {
-        get(
-            &client,
-            a,
-            &format!("/v1/health/service/web?passing{q}"),
-            Some(&reader),
-            Carry::Header,
-        )
+    let passing = |q: &'static str| {
+        let (client, reader) = (client.clone(), reader.clone());
+        async move {
+            let path = format!("/v1/health/service/web?passing{q}");
+            get(&client, a, &path, Some(&reader), Carry::Header).await
+        }
     };
     assert_eq!(count(passing("=True").await.body), 1);
     assert_eq!(count(passing("=False").await.body), 2);

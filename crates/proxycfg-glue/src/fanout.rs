@@ -1,13 +1,13 @@
 //! One follower per distinct request, however many proxies watch it.
 //!
 //! Many proxies watch the same things (every sidecar with an upstream `api` watches the same
-//! discovery chain and the same health). Instead of one catalog follower per proxy and watch,
-//! the first watch of a request starts one shared task that follows the catalog and publishes
-//! each derived value in a [`Latest`] slot; every proxy's watch is a [`Subscriber`] of it,
-//! which its State polls directly ([`proxycfg::DataSource::subscribe`]): a subscriber is a
-//! few words and a waker slot in the shared slot, with no future or task of its own.
-//! The shared task is owned by the entry all those watches hold: when the last one ends, the
-//! entry drops and its guard cancels the task.
+//! discovery chain and the same health). Instead of one follower per proxy and watch, the
+//! first watch of a request starts one shared task that follows the request's inputs (catalog
+//! topics or agent-cache entries) and publishes each derived value in a [`Latest`] slot;
+//! every proxy's watch is a [`Subscriber`] of it, which its State polls directly
+//! ([`proxycfg::DataSource::subscribe`]): a subscriber is a few words and a waker slot in the
+//! shared slot, with no future or task of its own. The shared task is owned by the entry all
+//! those watches hold: when the last one ends, the entry drops and its guard cancels the task.
 
 use bounded_maps::SweptMap;
 use parking_lot::Mutex;
@@ -123,7 +123,7 @@ impl<K, T> Fanout<K, T> {
     }
 }
 
-impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
+impl<K: Hash + Eq + Clone + std::fmt::Debug, T: Clone + Send + Sync + 'static> Fanout<K, T> {
     /// The shared follower for `key`, started with `start(publish, stop)` if there is none.
     pub(crate) fn follow<F>(&self, key: &K, start: impl FnOnce(Publisher<T>, CancellationToken) -> F) -> Arc<Entry<T>>
     where
@@ -135,7 +135,7 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         }
         let latest = Arc::new(Latest::new());
         let stop = CancellationToken::new();
-        let span = tracing::info_span!("fanout_follower", what = self.name);
+        let span = tracing::info_span!("fanout_follower", what = self.name, request = ?key);
         self.tasks
             .spawn(start(Publisher(Arc::clone(&latest)), stop.clone()).instrument(span));
         let entry = Arc::new(Entry {
@@ -144,6 +144,15 @@ impl<K: Hash + Eq + Clone, T: Clone + Send + Sync + 'static> Fanout<K, T> {
         });
         entries.insert(key.clone(), Arc::downgrade(&entry), |_, e| e.strong_count() > 0);
         entry
+    }
+
+    /// [`Fanout::follow`] of a follower that forwards what `updates()` yields (made only
+    /// when the follower starts: a watch joining a running follower opens no input).
+    pub(crate) fn follow_updates<U>(&self, key: &K, updates: impl FnOnce() -> U) -> Arc<Entry<T>>
+    where
+        U: forward::Updates<T> + 'static,
+    {
+        self.follow(key, |publish, stop| forward::forward(stop, updates(), publish))
     }
 }
 
@@ -241,12 +250,12 @@ impl<F: Follow> forward::Updates<F::Item> for Watch<F> {
 /// A watch of a shared follower whose values it turns into its own (one proxy's resolved
 /// config from the shared defaults, say): `derive` of each value, unless it makes nothing
 /// (`None`: nothing to send for this one). Errors pass through.
-pub(crate) struct Derived<T, F> {
+pub(crate) struct Mapped<T, F> {
     sub: Subscriber<T>,
     derive: F,
 }
 
-impl<T: Clone, F> Derived<T, F> {
+impl<T: Clone, F> Mapped<T, F> {
     pub(crate) fn new(entry: Arc<Entry<T>>, derive: F) -> Self {
         Self {
             sub: Subscriber::new(entry),
@@ -255,7 +264,7 @@ impl<T: Clone, F> Derived<T, F> {
     }
 }
 
-impl<T, U, F> Follow for Derived<T, F>
+impl<T, U, F> Follow for Mapped<T, F>
 where
     T: Clone + Send + Sync,
     U: Into<UpdatePayload> + Send,
@@ -277,14 +286,6 @@ where
             }
         }
     }
-}
-
-/// The subscription of a fanout data source: its follower's subscriber, or the error that
-/// kept it from following (yielded once, then nothing: the error stays reported).
-pub(crate) fn subscribe<T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
-    entry: Result<Arc<Entry<T>>, DataSourceError>,
-) -> Box<dyn Subscription> {
-    boxed(entry.map(Subscriber::new))
 }
 
 /// `follow` as a subscription, or one that reports why there is none.
@@ -328,129 +329,36 @@ pub(crate) fn watch_updates<'w, F: Follow + 'w>(
     }
 }
 
-/// [`watch_updates`] of a plain subscriber of `entry`.
-pub(crate) fn watch<'w, T: Into<UpdatePayload> + Clone + Send + Sync + 'static>(
-    entry: Result<Arc<Entry<T>>, DataSourceError>,
-    id: CorrelationId,
-    tx: EventSender<T>,
-    cancel: CancellationToken,
-) -> proxycfg::WatchFuture<'w> {
-    watch_updates(entry.map(Subscriber::new), id, tx, cancel)
+/// Implements `DataSource<$req>` for `$source` as a subscription its State polls itself:
+/// `|$this, $r| $follow` (with `$this: &$source`, `$r: &$req`) gives what the watch follows
+/// (a [`Subscriber`] of a shared follower, or a [`Follow`] made from one), or the error that
+/// keeps it from following. Outside a State, `notify` forwards the same into the sender.
+macro_rules! followed_source {
+    ($source:ty, $req:ty, |$this:ident, $r:ident| $follow:expr) => {
+        impl proxycfg::DataSource<$req> for $source {
+            fn notify<'w>(
+                self: std::sync::Arc<Self>,
+                req: $req,
+                id: proxycfg::CorrelationId,
+                tx: proxycfg::EventSender<<$req as proxycfg::data_sources::WatchRequest>::Response>,
+                cancel: tokio_util::sync::CancellationToken,
+            ) -> proxycfg::WatchFuture<'w>
+            where
+                Self: 'w,
+            {
+                let $this: &$source = &self;
+                let $r: &$req = &req;
+                $crate::fanout::watch_updates($follow, id, tx, cancel)
+            }
+
+            fn subscribe(&self, $r: &$req) -> Option<Box<dyn proxycfg::Subscription>> {
+                let $this: &$source = self;
+                Some($crate::fanout::boxed($follow))
+            }
+        }
+    };
 }
+pub(crate) use followed_source;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[tokio::test]
-    async fn one_task_per_key_stopped_when_its_last_watcher_goes() {
-        let fanout: Fanout<&str, u32> = Fanout::new("test", TaskTracker::new());
-        let started = Arc::new(AtomicUsize::new(0));
-        let (stopped_tx, mut stopped_rx) = tokio::sync::mpsc::unbounded_channel();
-        let follow = |key: &'static str| {
-            let (started, stopped_tx) = (Arc::clone(&started), stopped_tx.clone());
-            fanout.follow(&key, move |publish, stop| {
-                started.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    publish.0.publish(Ok(7));
-                    stop.cancelled().await;
-                    let _ = stopped_tx.send(key);
-                }
-            })
-        };
-        let (a1, a2, b) = (follow("a"), follow("a"), follow("b"));
-        assert_eq!(started.load(Ordering::SeqCst), 2, "one task for \"a\", one for \"b\"");
-        drop(a1);
-        tokio::task::yield_now().await;
-        assert!(stopped_rx.try_recv().is_err(), "\"a\" still has a watcher");
-        drop(a2);
-        assert_eq!(stopped_rx.recv().await, Some("a"));
-        // A later watch of "a" starts a fresh task.
-        let a3 = follow("a");
-        assert_eq!(started.load(Ordering::SeqCst), 3);
-        let mut sub = Subscriber::new(a3);
-        let value = std::future::poll_fn(|cx| sub.poll_value(cx)).await;
-        assert_eq!(value, Some(Ok(7)));
-        drop((sub, b));
-    }
-
-    /// Polls once with a waker that counts its wakes.
-    fn poll_counting<T: Clone>(
-        sub: &mut Subscriber<T>,
-        wakes: &Arc<Counter>,
-    ) -> Poll<Option<Result<T, DataSourceError>>> {
-        let waker = Waker::from(Arc::clone(wakes));
-        sub.poll_value(&mut Context::from_waker(&waker))
-    }
-
-    #[derive(Default)]
-    struct Counter(AtomicUsize);
-
-    impl std::task::Wake for Counter {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[tokio::test]
-    async fn subscribers_get_the_latest_value_once_and_are_woken_for_the_next() {
-        let fanout: Fanout<&str, u32> = Fanout::new("test", TaskTracker::new());
-        let (publisher_tx, publisher_rx) = std::sync::mpsc::channel();
-        let entry = fanout.follow(&"k", move |publish, stop| {
-            publisher_tx.send(publish).unwrap();
-            async move { stop.cancelled().await }
-        });
-        let publish = publisher_rx.recv().unwrap();
-        let (early_wakes, late_wakes) = (Arc::new(Counter::default()), Arc::new(Counter::default()));
-        let mut early = Subscriber::new(Arc::clone(&entry));
-        assert!(poll_counting(&mut early, &early_wakes).is_pending(), "no value yet");
-        assert!(
-            poll_counting(&mut early, &early_wakes).is_pending(),
-            "polled twice, one waker kept"
-        );
-        publish.0.publish(Ok(1));
-        publish.0.publish(Ok(2));
-        assert_eq!(
-            early_wakes.0.load(Ordering::SeqCst),
-            1,
-            "woken once, by the first value"
-        );
-        assert_eq!(
-            poll_counting(&mut early, &early_wakes),
-            Poll::Ready(Some(Ok(2))),
-            "the latest only"
-        );
-        assert!(poll_counting(&mut early, &early_wakes).is_pending(), "nothing new");
-
-        // A subscriber that arrives later starts from the current value; a gone subscriber's
-        // slot is reused.
-        let mut late = Subscriber::new(Arc::clone(&entry));
-        assert_eq!(poll_counting(&mut late, &late_wakes), Poll::Ready(Some(Ok(2))));
-        drop(late);
-        let mut again = Subscriber::new(Arc::clone(&entry));
-        assert_eq!(
-            entry.latest.inner.lock().wakers.len(),
-            2,
-            "the gone subscriber's slot reused"
-        );
-        assert_eq!(poll_counting(&mut again, &late_wakes), Poll::Ready(Some(Ok(2))));
-
-        publish.0.publish(Err(DataSourceError::Unavailable("down".into())));
-        assert_eq!(early_wakes.0.load(Ordering::SeqCst), 2);
-        assert!(matches!(
-            poll_counting(&mut early, &early_wakes),
-            Poll::Ready(Some(Err(_)))
-        ));
-        assert!(poll_counting(&mut early, &early_wakes).is_pending());
-        // The follower ends (the store closed): every subscriber is woken, and ends.
-        drop(publish);
-        assert_eq!(early_wakes.0.load(Ordering::SeqCst), 3);
-        assert_eq!(poll_counting(&mut early, &early_wakes), Poll::Ready(None));
-        assert!(
-            matches!(poll_counting(&mut again, &late_wakes), Poll::Ready(Some(Err(_)))),
-            "what was published before the end is still had"
-        );
-        assert_eq!(poll_counting(&mut again, &late_wakes), Poll::Ready(None));
-    }
-}
+mod tests;

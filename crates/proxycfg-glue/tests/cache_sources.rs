@@ -7,14 +7,15 @@ use api_client::Servers;
 use catalog::{Op, Store, StoreConfig};
 use proxycfg::data_sources::*;
 use proxycfg::fake::event_channel;
-use proxycfg::{CorrelationId, DataSource, DataSources, UpdateEvent, UpdatePayload};
-use proxycfg_glue::{LocalChecks, cache_data_sources};
+use proxycfg::{CorrelationId, DataSource, DataSources, Subscription, UpdateEvent, UpdatePayload};
+use proxycfg_glue::{LocalChecks, cache_data_sources, cache_data_sources_tracked};
 use std::sync::Arc;
 use std::time::Duration;
 use structs::config_entry::{ServiceDefaults, ServiceSplitter};
 use structs::*;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// A server: store and HTTP API on an ephemeral port.
 async fn server() -> (Store, String) {
@@ -395,4 +396,51 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
         .await;
     f.cancel.cancel();
     f.caches.shutdown().await;
+}
+
+/// The next result of a subscription, as a State polls it.
+async fn next_of(sub: &mut Box<dyn Subscription>) -> UpdatePayload {
+    let next = std::future::poll_fn(|cx| sub.poll_next(cx));
+    let result = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("nothing within 10 s");
+    result.expect("the subscription ended").unwrap()
+}
+
+/// Proxies of one agent watching the same chain share it: compiled once, one `Arc` for all
+/// (as on servers). When the last watch goes, its follower stops: nothing is left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_proxies_share_one_chain_and_nothing_outlives_them() {
+    let (_store, addr) = server().await;
+    let caches = AgentCaches::new(
+        Arc::new(Servers::new(&[addr])),
+        CachesConfig::default(),
+        CancellationToken::new(),
+    );
+    let checks = Arc::new(Checks(watch::Sender::new(0), parking_lot::Mutex::new(Vec::new())));
+    let tasks = TaskTracker::new();
+    let sources = cache_data_sources_tracked(caches.clone(), checks, &tasks);
+    let req = DiscoveryChainRequest {
+        datacenter: dc1(),
+        name: "api".into(),
+        namespace: "default".into(),
+        override_protocol: None,
+        override_connect_timeout_ms: 0,
+        override_mesh_gateway: MeshGatewayMode::Default,
+    };
+    let mut a = sources.discovery_chain.subscribe(&req).expect("chains are shared");
+    let mut b = sources.discovery_chain.subscribe(&req).expect("chains are shared");
+    let (UpdatePayload::DiscoveryChain(one), UpdatePayload::DiscoveryChain(other)) =
+        (next_of(&mut a).await, next_of(&mut b).await)
+    else {
+        panic!("not chains")
+    };
+    assert!(Arc::ptr_eq(&one, &other), "one compiled chain for both proxies");
+
+    drop((a, b));
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+        .await
+        .expect("the shared follower stopped with its last watch");
+    caches.shutdown().await;
 }
