@@ -142,7 +142,7 @@ impl AgentAcl {
         let generation = *self.generation.borrow();
         let fetched: Result<::acl::TokenRules, ApiError> = self
             .servers
-            .get_json_as(Some(secret), "/v1/internal/acl/authorizer")
+            .get_json_as(Some(secret), crate::servers::paths::ACL_AUTHORIZER)
             .await;
         let rules = match fetched {
             Ok(r) => r,
@@ -181,9 +181,12 @@ impl AgentAcl {
         let mut index = 0u64;
         let mut failures = 0u32;
         loop {
-            let asked =
-                self.servers
-                    .get_blocking_as(Some(""), "/v1/internal/acl/authorizer", index, Duration::from_secs(300));
+            let asked = self.servers.get_blocking_as(
+                Some(""),
+                crate::servers::paths::ACL_AUTHORIZER,
+                index,
+                Duration::from_secs(300),
+            );
             let answer = tokio::select! {
                 () = stop.cancelled() => return,
                 a = asked => a,

@@ -474,7 +474,7 @@ async fn run_remote_alias(
     let mut index = 0u64;
     let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     loop {
-        let path = format!("/v1/health/node/{node}?index={index}&wait=5m");
+        let path = format!("{}?index={index}&wait=5m", crate::servers::paths::health_node(&node));
         let request = servers.send(|c, base| c.get(format!("{base}{path}")).timeout(Duration::from_secs(330)));
         let answer = tokio::select! {
             () = stop.cancelled() => return,

@@ -15,14 +15,13 @@
 
 use crate::backoff::{Backoff, jittered};
 use crate::local::{LocalState, Pending};
-use crate::servers::{ApiError, Servers};
+use crate::servers::{ApiError, Servers, paths};
 use serde::Deserialize;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use structs::{HealthCheck, Node, NodeService};
+use structs::{DeregisterRequest, HealthCheck, Node, NodeService, RegisterRequest};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, warn};
@@ -73,18 +72,22 @@ pub struct NodeInfo {
     pub meta: BTreeMap<String, String>,
 }
 
+/// A write of anti-entropy to the servers' catalog.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CatalogWrite {
+    /// `PUT /v1/catalog/register`.
+    Register(Box<RegisterRequest>),
+    /// `PUT /v1/catalog/deregister`.
+    Deregister(DeregisterRequest),
+}
+
 /// The catalog API anti-entropy needs: reads of one node, and writes. [`Servers`] is the real
 /// one; tests use an in-memory catalog.
 pub trait CatalogApi: Send + Sync + 'static {
     /// `GET path`, JSON-decoded.
     fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
-    /// `PUT path` with a JSON body, with `token` (none: the agent's).
-    fn put(
-        &self,
-        token: Option<&str>,
-        path: &'static str,
-        body: serde_json::Value,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// A catalog write with `token` (none: the agent's).
+    fn write(&self, token: Option<&str>, write: &CatalogWrite) -> impl Future<Output = Result<(), ApiError>> + Send;
     /// The server answering, for logs.
     fn describe(&self) -> String;
 }
@@ -93,8 +96,11 @@ impl CatalogApi for Servers {
     async fn get(&self, path: String) -> Result<serde_json::Value, ApiError> {
         self.get_json(&path).await
     }
-    async fn put(&self, token: Option<&str>, path: &'static str, body: serde_json::Value) -> Result<(), ApiError> {
-        self.put_json_as(token, path, &body).await
+    async fn write(&self, token: Option<&str>, write: &CatalogWrite) -> Result<(), ApiError> {
+        match write {
+            CatalogWrite::Register(r) => self.put_json_as(token, paths::CATALOG_REGISTER, r).await,
+            CatalogWrite::Deregister(d) => self.put_json_as(token, paths::CATALOG_DEREGISTER, d).await,
+        }
     }
     fn describe(&self) -> String {
         self.current().unwrap_or_default().to_owned()
@@ -219,14 +225,14 @@ impl<C: CatalogApi> Syncer<C> {
     pub async fn full_sync(&self) -> Result<(), ApiError> {
         let node = &self.node.node;
         let decode = |e: structs::DecodeError| ApiError::Decode(e.to_string());
-        let remote = self.servers.get(format!("/v1/catalog/node/{node}")).await?;
+        let remote = self.servers.get(paths::catalog_node(node)).await?;
         let remote: NodeServices = if remote.is_null() {
             NodeServices::default()
         } else {
             structs::json::from_value(remote).map_err(decode)?
         };
         let checks: Vec<HealthCheck> =
-            structs::json::from_value(self.servers.get(format!("/v1/health/node/{node}")).await?).map_err(decode)?;
+            structs::json::from_value(self.servers.get(paths::health_node(node)).await?).map_err(decode)?;
         let node_ok = remote.node.as_ref().is_some_and(|n| {
             n.address == self.node.address
                 && n.meta == self.node.meta
@@ -235,12 +241,17 @@ impl<C: CatalogApi> Syncer<C> {
         if !node_ok {
             debug!("registering the node");
             self.servers
-                .put(
+                .write(
                     None,
-                    "/v1/catalog/register",
                     // The datacenter is named so that a server of another one refuses (loudly)
                     // rather than adopting this node.
-                    json!({"Node": node, "Address": self.node.address, "Datacenter": self.node.datacenter, "NodeMeta": self.node.meta}),
+                    &CatalogWrite::Register(Box::new(RegisterRequest {
+                        node: node.clone(),
+                        address: self.node.address.clone(),
+                        datacenter: self.node.datacenter.clone(),
+                        node_meta: self.node.meta.clone(),
+                        ..RegisterRequest::default()
+                    })),
                 )
                 .await?;
         }
@@ -337,32 +348,51 @@ impl Job {
             // Removals run with the agent's token (node:write covers what is on the node).
             Job::DeleteService(id) => {
                 servers
-                    .put(None, "/v1/catalog/deregister", json!({"Node": node, "ServiceID": id}))
+                    .write(
+                        None,
+                        &CatalogWrite::Deregister(DeregisterRequest {
+                            node: node.to_owned(),
+                            service_id: id.clone(),
+                            ..DeregisterRequest::default()
+                        }),
+                    )
                     .await
             }
             Job::DeleteCheck(id) => {
                 servers
-                    .put(None, "/v1/catalog/deregister", json!({"Node": node, "CheckID": id}))
+                    .write(
+                        None,
+                        &CatalogWrite::Deregister(DeregisterRequest {
+                            node: node.to_owned(),
+                            check_id: id.clone(),
+                            ..DeregisterRequest::default()
+                        }),
+                    )
                     .await
             }
             Job::Service(svc, _, checks) => {
-                let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
                 let token = state.token_of(&svc.id);
+                let register = RegisterRequest {
+                    service: Some((**svc).clone()),
+                    checks: checks.iter().map(|(c, _)| c.clone()).collect(),
+                    ..on_node(node, address)
+                };
                 servers
-                    .put(
+                    .write(
                         (!token.is_empty()).then_some(token.as_str()),
-                        "/v1/catalog/register",
-                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Service": svc, "Checks": checks}),
+                        &CatalogWrite::Register(Box::new(register)),
                     )
                     .await
             }
             Job::Checks(token, checks) => {
-                let checks: Vec<&HealthCheck> = checks.iter().map(|(c, _)| c).collect();
+                let register = RegisterRequest {
+                    checks: checks.iter().map(|(c, _)| c.clone()).collect(),
+                    ..on_node(node, address)
+                };
                 servers
-                    .put(
+                    .write(
                         (!token.is_empty()).then_some(token.as_str()),
-                        "/v1/catalog/register",
-                        json!({"Node": node, "Address": address, "SkipNodeUpdate": true, "Checks": checks}),
+                        &CatalogWrite::Register(Box::new(register)),
                     )
                     .await
             }
@@ -413,3 +443,13 @@ impl Job {
 
 #[cfg(test)]
 mod tests;
+
+/// A registration on `node` that leaves the node's own fields as they are.
+fn on_node(node: &str, address: &str) -> RegisterRequest {
+    RegisterRequest {
+        node: node.to_owned(),
+        address: address.to_owned(),
+        skip_node_update: true,
+        ..RegisterRequest::default()
+    }
+}

@@ -3,7 +3,7 @@
 use super::*;
 use crate::local::{LocalCheck, LocalService, Source};
 use parking_lot::Mutex;
-use serde_json::Value;
+use serde_json::{Value, json};
 use structs::HealthStatus;
 use tokio::time::Instant;
 
@@ -64,7 +64,11 @@ impl CatalogApi for FakeCatalog {
         Ok(Value::Array(f.checks.values().cloned().collect()))
     }
 
-    async fn put(&self, _token: Option<&str>, path: &'static str, body: Value) -> Result<(), ApiError> {
+    async fn write(&self, _token: Option<&str>, write: &CatalogWrite) -> Result<(), ApiError> {
+        let (path, body) = match write {
+            CatalogWrite::Register(r) => ("/v1/catalog/register", serde_json::to_value(r).unwrap()),
+            CatalogWrite::Deregister(d) => ("/v1/catalog/deregister", serde_json::to_value(d).unwrap()),
+        };
         let mut f = self.inner.lock();
         if f.down {
             f.log.push((Instant::now(), format!("PUT {path} (down)")));
@@ -97,11 +101,11 @@ impl CatalogApi for FakeCatalog {
                 }
                 f.checks.insert(id, c);
             }
-        } else if let Some(id) = body["ServiceID"].as_str() {
+        } else if let Some(id) = body["ServiceID"].as_str().filter(|id| !id.is_empty()) {
             f.log.push((Instant::now(), format!("deregister service {id}")));
             f.services.remove(id);
             f.checks.retain(|_, c| c["ServiceID"] != id);
-        } else if let Some(id) = body["CheckID"].as_str() {
+        } else if let Some(id) = body["CheckID"].as_str().filter(|id| !id.is_empty()) {
             f.log.push((Instant::now(), format!("deregister check {id}")));
             f.checks.remove(id);
         }
