@@ -12,7 +12,7 @@
 pub mod paths;
 mod servers;
 
-pub use servers::{Blocked, Servers, ServersCaError, base_url, chain};
+pub use servers::{Answer, Blocked, Servers, ServersCaError, base_url, chain};
 
 /// Why a request to the servers failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -293,6 +293,63 @@ impl Servers {
     }
 }
 
+/// A plain `GET`'s answer: the body, the index it was read at, and whether ACLs filtered it.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The body.
+    pub body: bytes::Bytes,
+    /// `X-Consul-Index` (0 when the server sent none).
+    pub index: u64,
+    /// `X-Consul-Results-Filtered-By-ACLs: true`: the token could not see all of it.
+    pub filtered: bool,
+}
+
+impl Servers {
+    /// `GET path` with `token` (none: the client's own; empty: none), its headers read.
+    pub async fn get_as(&self, token: Option<&str>, path: &str) -> Result<Answer, ApiError> {
+        let resp = self
+            .send_as(token, |c, base| {
+                c.get(format!("{base}{path}")).timeout(Duration::from_secs(30))
+            })
+            .await?;
+        let headers = resp.headers();
+        let index = headers
+            .get(structs::wire::INDEX_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let filtered = headers.get(structs::wire::FILTERED_HEADER).is_some_and(|v| v == "true");
+        let body = check_status(resp).await?;
+        Ok(Answer { body, index, filtered })
+    }
+
+    /// `method path`, with a JSON body when given; the answer's body on success.
+    pub async fn call_as<T: Serialize + ?Sized>(
+        &self,
+        token: Option<&str>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&T>,
+    ) -> Result<bytes::Bytes, ApiError> {
+        let bytes = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| ApiError::Decode(e.to_string()))?;
+        let resp = self
+            .send_as(token, |c, base| {
+                let req = c
+                    .request(method.clone(), format!("{base}{path}"))
+                    .timeout(Duration::from_secs(30));
+                match &bytes {
+                    Some(b) => req.header("Content-Type", "application/json").body(b.clone()),
+                    None => req,
+                }
+            })
+            .await?;
+        check_status(resp).await
+    }
+}
+
 async fn check_status(resp: reqwest::Response) -> Result<bytes::Bytes, ApiError> {
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| ApiError::Unreachable {

@@ -7,49 +7,20 @@
 //! Listings filter out what the token may not read and say so with
 //! `X-Consul-Results-Filtered-By-ACLs: true`.
 
-use crate::query::{self, Params};
-use crate::{Api, ApiError};
+use crate::ApiError;
 use acl::Authorizer;
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::FromRequestParts;
 use axum::http::HeaderValue;
 use axum::http::request::Parts;
-use axum::middleware::Next;
 use axum::response::Response;
 use catalog::acl::{ResolveError, Resolved};
 
 /// The header that says a listing was filtered by ACLs.
-pub const FILTERED_HEADER: &str = "x-consul-results-filtered-by-acls";
+pub use structs::wire::FILTERED_HEADER;
 
 /// The request's resolved token.
 #[derive(Clone, Debug)]
 pub(crate) struct Authz(Result<Resolved, ResolveError>);
-
-/// How long a server over etcd may wait to catch up before it calls a token unknown.
-const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Resolves the request's token (header, bearer or `?token=`) and hands it to the handler.
-pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next) -> Response {
-    let params = Params::parse(req.uri().query());
-    let secret = query::token(req.headers(), &params);
-    let state = api.store.read();
-    let mut resolved = api.config.acl.resolve(&state, secret.as_ref().map(acl::Token::secret));
-    drop(state);
-    // A token unknown here may have been written through another server whose write this
-    // one has not applied yet: catch up with etcd before refusing it (the embedded store
-    // has nothing to catch up with).
-    if resolved.is_err()
-        && secret.is_some()
-        && api.store.cluster().is_some()
-        && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
-    {
-        resolved = api
-            .config
-            .acl
-            .resolve(&api.store.read(), secret.as_ref().map(acl::Token::secret));
-    }
-    req.extensions_mut().insert(Authz(resolved));
-    next.run(req).await
-}
 
 impl<S: Send + Sync> FromRequestParts<S> for Authz {
     type Rejection = ApiError;
@@ -64,6 +35,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Authz {
 }
 
 impl Authz {
+    /// A request's token as resolved.
+    pub(crate) fn new(resolved: Result<Resolved, ResolveError>) -> Self {
+        Self(resolved)
+    }
+
     /// What the token may do; an unknown token is refused.
     pub(crate) fn get(&self) -> Result<&Authorizer, ApiError> {
         match &self.0 {

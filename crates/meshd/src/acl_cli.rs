@@ -4,13 +4,14 @@
 
 use crate::cli::{AclCommand, AclCommonArgs, AclPolicyCommand, AclTokenCommand};
 use anyhow::{Context, Result, bail};
+use api_client::{ApiError, Servers, paths};
 use serde_json::{Value, json};
 
 /// Runs an `acl` command, printing its result on stdout.
 pub async fn run(command: AclCommand) -> Result<()> {
     let out = match command {
         AclCommand::Bootstrap(common) => {
-            let token = request(&common, reqwest::Method::PUT, "/v1/acl/bootstrap", None).await?;
+            let token = request(&common, reqwest::Method::PUT, paths::ACL_BOOTSTRAP, None).await?;
             token_text(&token)
         }
         AclCommand::Policy(AclPolicyCommand::Create(args)) => {
@@ -22,7 +23,7 @@ pub async fn run(command: AclCommand) -> Result<()> {
                 None => args.rules.clone(),
             };
             let body = json!({"Name": args.name, "Description": args.description, "Rules": rules});
-            let policy = request(&args.common, reqwest::Method::PUT, "/v1/acl/policy", Some(body)).await?;
+            let policy = request(&args.common, reqwest::Method::PUT, paths::ACL_POLICY, Some(body)).await?;
             format!(
                 "ID:           {}\nName:         {}\nDescription:  {}\nRules:\n{}\n",
                 policy["ID"].as_str().unwrap_or_default(),
@@ -49,7 +50,7 @@ pub async fn run(command: AclCommand) -> Result<()> {
             if let Some(ttl) = &args.expires_ttl {
                 body["ExpirationTTL"] = json!(ttl);
             }
-            let token = request(&args.common, reqwest::Method::PUT, "/v1/acl/token", Some(body)).await?;
+            let token = request(&args.common, reqwest::Method::PUT, paths::ACL_TOKEN, Some(body)).await?;
             token_text(&token)
         }
     };
@@ -119,19 +120,14 @@ fn token_text(t: &Value) -> String {
 /// One request to the HTTP API with the command's token; a refusal is an error carrying
 /// the server's one line.
 async fn request(common: &AclCommonArgs, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
-    let base = if common.http_addr.starts_with("http://") || common.http_addr.starts_with("https://") {
-        common.http_addr.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{}", common.http_addr)
+    let base = api_client::base_url(&common.http_addr);
+    let api = match &common.ca_file {
+        Some(ca) => {
+            let pem = std::fs::read(ca).with_context(|| format!("-ca-file: cannot read {}", ca.display()))?;
+            Servers::with_ca(std::slice::from_ref(&base), &pem).with_context(|| format!("-ca-file {}", ca.display()))?
+        }
+        None => Servers::new(std::slice::from_ref(&base)),
     };
-    let mut client = reqwest::Client::builder();
-    if let Some(ca) = &common.ca_file {
-        let pem = std::fs::read(ca).with_context(|| format!("-ca-file: cannot read {}", ca.display()))?;
-        let cert = reqwest::Certificate::from_pem(&pem)
-            .with_context(|| format!("-ca-file {}: not a PEM certificate", ca.display()))?;
-        client = client.tls_built_in_root_certs(false).add_root_certificate(cert);
-    }
-    let client = client.build().context("building the HTTP client")?;
     let token = match &common.token_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("-token-file: cannot read {}", path.display()))?
@@ -139,21 +135,15 @@ async fn request(common: &AclCommonArgs, method: reqwest::Method, path: &str, bo
             .to_owned(),
         None => std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default(),
     };
-    let mut req = client.request(method, format!("{base}{path}"));
-    if !token.is_empty() {
-        req = req.header(structs::wire::TOKEN_HEADER, token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the meshd HTTP API at {base}"))?;
-    let status = resp.status();
-    let text = resp.text().await.context("reading the answer")?;
-    if !status.is_success() {
-        bail!("{} ({status})", text.trim());
-    }
-    serde_json::from_str(&text).context("decoding the answer")
+    let answer = match api.call_as(Some(&token), method, path, body.as_ref()).await {
+        Ok(answer) => answer,
+        Err(e) if e.status().is_none() && e.is_unreachable() => {
+            bail!("cannot reach the meshd HTTP API at {base}: {e}")
+        }
+        Err(ApiError::PermissionDenied(text) | ApiError::BadRequest(text) | ApiError::NotFound(text)) => {
+            bail!("{text}")
+        }
+        Err(e) => bail!("{e}"),
+    };
+    serde_json::from_slice(&answer).context("decoding the answer")
 }

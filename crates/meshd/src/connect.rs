@@ -2,6 +2,7 @@
 
 use crate::cli::{EnvoyArgs, GrpcAddr};
 use anyhow::{Context, Result, bail};
+use api_client::{ApiError, paths};
 use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
@@ -52,44 +53,33 @@ struct Forbidden {
 /// The sources of the proxy's token, as a message names them.
 const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
 
-/// `GET path` on `-http-addr` with the token. A 403 is a [`Forbidden`] error.
+/// `GET path` on `-http-addr` with the token. A 403 is a [`Forbidden`] error; a route
+/// that is not there (404, 405: `-http-addr` is a server, not an agent) is no answer.
 async fn lookup(args: &EnvoyArgs, path: &str) -> Result<Answer> {
-    let url = format!("http://{}{path}", args.http_addr);
-    let mut req = reqwest::Client::new().get(&url);
-    if !args.token.is_empty() {
-        req = req.header(structs::wire::TOKEN_HEADER, &args.token);
-    }
-    let resp = req
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
-    let filtered = resp
-        .headers()
-        .get("x-consul-results-filtered-by-acls")
-        .is_some_and(|v| v == "true");
-    match resp.status().as_u16() {
-        404 | 405 => return Ok(Answer { body: None, filtered }),
-        403 => {
-            let message = resp.text().await.unwrap_or_default().trim().to_owned();
-            return Err(Forbidden {
-                path: path.to_owned(),
-                message,
-            }
-            .into());
+    let api = api_client::Servers::new(&[args.http_addr.to_string()]);
+    match api.get_as(Some(&args.token), path).await {
+        Ok(answer) => {
+            let body = serde_json::from_slice(&answer.body).with_context(|| format!("decoding GET {path}"))?;
+            Ok(Answer {
+                body: Some(body),
+                filtered: answer.filtered,
+            })
         }
-        _ => {}
+        Err(e) if matches!(e.status(), Some(404 | 405)) => Ok(Answer {
+            body: None,
+            filtered: false,
+        }),
+        Err(ApiError::PermissionDenied(message)) => Err(Forbidden {
+            path: path.to_owned(),
+            message,
+        }
+        .into()),
+        Err(e) if e.status().is_none() && e.is_unreachable() => Err(anyhow::anyhow!(
+            "cannot reach the meshd HTTP API at {}: {e}",
+            args.http_addr
+        )),
+        Err(e) => Err(anyhow::anyhow!("GET {path}: {e}")),
     }
-    let body = resp
-        .error_for_status()
-        .with_context(|| format!("GET {path}"))?
-        .bytes()
-        .await
-        .with_context(|| format!("reading GET {path}"))?;
-    let body = serde_json::from_slice(&body).with_context(|| format!("decoding GET {path}"))?;
-    Ok(Answer {
-        body: Some(body),
-        filtered,
-    })
 }
 
 /// The error for a sidecar of `service` the token cannot see: `at` (the agent or server
@@ -122,14 +112,14 @@ fn lookup_error(args: &EnvoyArgs, service: &str, at: &str, e: anyhow::Error) -> 
 /// for. `None` when `-http-addr` is a server (no local services there).
 async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(String, String, String)>> {
     let at = format!("the agent at {}", args.http_addr);
-    let services = match lookup(args, "/v1/agent/services").await {
+    let services = match lookup(args, paths::AGENT_SERVICES).await {
         Ok(Answer { body: None, .. }) => return Ok(None),
         Ok(answer) => answer,
         Err(e) => return Err(lookup_error(args, service, &at, e)),
     };
     // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
     // then finds the proxy by id among its own.
-    let node = match lookup(args, "/v1/agent/self").await {
+    let node = match lookup(args, paths::AGENT_SELF).await {
         Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
         Ok(Answer { body: None, .. }) => return Ok(None),
         Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
@@ -186,7 +176,7 @@ fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a
 /// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
 async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
     let at = format!("the server at {}", args.http_addr);
-    let path = format!("/v1/catalog/connect/{service}");
+    let path = paths::catalog_connect(service);
     let answer = lookup(args, &path)
         .await
         .map_err(|e| lookup_error(args, service, &at, e))?;

@@ -4,7 +4,9 @@
 
 use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use api_client::{Servers, paths};
+use structs::agent::ServiceDefinition;
+use structs::{NodeService, RegisterRequest, ServiceKind};
 
 /// A gateway the flags name: its kind (Consul's spelling) and service name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,48 +63,56 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         .context("-register needs -address HOST:PORT (where the gateway listens)")?;
     let (host, port) = host_port(address)?;
     let id = args.proxy_id.clone().unwrap_or_else(|| gw.service.clone());
-    let service = json!({"Kind": gw.kind, "ID": id, "Service": gw.service, "Name": gw.service,
-        "Address": host, "Port": port});
-    let client = reqwest::Client::new();
-    let put = |path: &str, body: &Value| {
-        let mut req = client.put(format!("http://{}{path}", args.http_addr)).json(body);
-        if !token.is_empty() {
-            req = req.header(structs::wire::TOKEN_HEADER, token);
-        }
-        req.send()
+    let kind: ServiceKind = gw
+        .kind
+        .parse()
+        .map_err(|e| anyhow::anyhow!("-gateway {}: {e}", gw.kind))?;
+    let api = Servers::new(&[args.http_addr.to_string()]);
+    let token = (!token.is_empty()).then_some(token);
+    let definition = ServiceDefinition {
+        kind,
+        id: id.clone(),
+        name: gw.service.clone(),
+        address: host.clone(),
+        port,
+        ..ServiceDefinition::default()
     };
-    let path = "/v1/agent/service/register";
-    let resp = put(path, &service)
-        .await
-        .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
-    let (path, resp) = if matches!(resp.status().as_u16(), 404 | 405) {
-        // A server: register in its catalog, on the node given.
-        if args.node.is_empty() {
-            bail!(
-                "-register against a server ({}) needs -node NAME (the catalog node of the gateway)",
-                args.http_addr
-            );
+    let registered = match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
+        // A server: the agent route is not there; register in its catalog, on the node given.
+        Err(e) if matches!(e.status(), Some(404 | 405)) => {
+            if args.node.is_empty() {
+                bail!(
+                    "-register against a server ({}) needs -node NAME (the catalog node of the gateway)",
+                    args.http_addr
+                );
+            }
+            let register = RegisterRequest {
+                node: args.node.clone(),
+                address: host,
+                skip_node_update: true,
+                service: Some(NodeService {
+                    kind,
+                    id,
+                    service: gw.service.clone(),
+                    address: definition.address.clone(),
+                    port,
+                    ..NodeService::default()
+                }),
+                ..RegisterRequest::default()
+            };
+            api.put_json_as(token, paths::CATALOG_REGISTER, &register)
+                .await
+                .map_err(|e| (paths::CATALOG_REGISTER, e))
         }
-        let path = "/v1/catalog/register";
-        let body = json!({"Node": args.node, "Address": host, "SkipNodeUpdate": true, "Service": service});
-        let resp = put(path, &body)
-            .await
-            .with_context(|| format!("cannot reach the meshd HTTP API at {}", args.http_addr))?;
-        (path, resp)
-    } else {
-        (path, resp)
+        other => other.map_err(|e| (paths::AGENT_SERVICE_REGISTER, e)),
     };
-    let status = resp.status();
-    if !status.is_success() {
-        let text = resp.text().await.unwrap_or_default();
-        let text = text.lines().next().unwrap_or_default().trim();
-        bail!(
-            "registering {} {:?}: PUT {path} answered {status}: {text}",
-            gw.kind,
-            gw.service
-        );
+    match registered {
+        Ok(()) => Ok(()),
+        Err((_, e)) if e.is_unreachable() && e.status().is_none() => {
+            bail!("cannot reach the meshd HTTP API at {}: {e}", args.http_addr)
+        }
+        Err((path, e)) => bail!("registering {} {:?}: PUT {path}: {e}", gw.kind, gw.service),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -20,32 +20,28 @@
 
 use crate::cli::GrpcBootstrapArgs;
 use anyhow::{Context, Result, bail};
+use api_client::{Servers, paths};
 use serde_json::{Value, json};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use structs::listing::CatalogService;
+use structs::{IndexedCaRoots, IssuedCert};
 use tracing::{info, warn};
 
 /// A connect-native instance of the service: (node, instance id).
-async fn instance(
-    client: &reqwest::Client,
-    base: &str,
-    token: &str,
-    args: &GrpcBootstrapArgs,
-) -> Result<(String, String)> {
-    let url = format!("{base}/v1/catalog/service/{}", args.service);
-    let entries: Vec<Value> = get_json(client, &url, token).await?.0;
+async fn instance(api: &Servers, token: &str, args: &GrpcBootstrapArgs) -> Result<(String, String)> {
+    let path = paths::catalog_service(&args.service);
+    let entries: Vec<CatalogService> = api
+        .get_json_as(Some(token), &path)
+        .await
+        .with_context(|| format!("GET {path}"))?;
     let native: Vec<(String, String)> = entries
-        .iter()
-        .filter(|e| e["ServiceConnect"]["Native"] == true)
-        .filter(|e| args.node.is_empty() || e["Node"] == args.node.as_str())
-        .filter(|e| args.service_id.as_deref().is_none_or(|id| e["ServiceID"] == id))
-        .map(|e| {
-            (
-                e["Node"].as_str().unwrap_or_default().to_owned(),
-                e["ServiceID"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+        .into_iter()
+        .filter(|e| e.service_connect.native)
+        .filter(|e| args.node.is_empty() || e.node == args.node)
+        .filter(|e| args.service_id.as_deref().is_none_or(|id| e.service_id == id))
+        .map(|e| (e.node, e.service_id))
         .collect();
     match native.as_slice() {
         [one] => Ok(one.clone()),
@@ -61,31 +57,23 @@ async fn instance(
     }
 }
 
-async fn get_json<T: serde::de::DeserializeOwned>(
-    client: &reqwest::Client,
-    url: &str,
+/// A blocking `GET path` once its index passes `after` (or after five minutes), decoded,
+/// with the index it was answered at.
+async fn blocking<T: serde::de::DeserializeOwned>(
+    api: &Servers,
     token: &str,
+    path: &str,
+    after: u64,
 ) -> Result<(T, u64)> {
-    let mut req = client.get(url);
-    if !token.is_empty() {
-        req = req.header(structs::wire::TOKEN_HEADER, token);
-    }
-    let resp = req.send().await.with_context(|| format!("GET {url}"))?;
-    let status = resp.status();
-    let index = resp
-        .headers()
-        .get("x-consul-index")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if !status.is_success() {
-        let body = resp.text().await.unwrap_or_default();
-        bail!("GET {url}: {status}: {}", body.trim());
-    }
-    Ok((
-        resp.json().await.with_context(|| format!("GET {url}: decoding"))?,
-        index,
-    ))
+    let answer = api
+        .get_blocking_as(Some(token), path, after, Duration::from_secs(300))
+        .await
+        .with_context(|| format!("GET {path}"))?;
+    let Some(body) = answer.body else {
+        bail!("GET {path}: 404 not found");
+    };
+    let value = structs::json::from_slice(&body).with_context(|| format!("GET {path}: decoding"))?;
+    Ok((value, answer.index))
 }
 
 /// Where the certificate files go without `-cert-dir`: `<temp dir>/meshd-grpc-<uid>/<instance
@@ -172,22 +160,12 @@ pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &s
 }
 
 /// Writes the leaf files; returns the leaf's index.
-async fn write_leaf(
-    client: &reqwest::Client,
-    base: &str,
-    token: &str,
-    service: &str,
-    dir: &Path,
-    after: u64,
-) -> Result<u64> {
-    let url = format!("{base}/v1/agent/connect/ca/leaf/{service}?index={after}&wait=5m");
-    let (leaf, index): (Value, u64) = get_json(client, &url, token).await?;
-    let (cert, key) = (
-        leaf["CertPEM"].as_str().unwrap_or_default(),
-        leaf["PrivateKeyPEM"].as_str().unwrap_or_default(),
-    );
+async fn write_leaf(api: &Servers, token: &str, service: &str, dir: &Path, after: u64) -> Result<u64> {
+    let path = paths::agent_leaf(service);
+    let (leaf, index): (IssuedCert, u64) = blocking(api, token, &path, after).await?;
+    let (cert, key) = (leaf.cert_pem.as_str(), leaf.private_key_pem.as_str());
     if cert.is_empty() || key.is_empty() {
-        bail!("GET {base}/v1/agent/connect/ca/leaf/{service}: no certificate in the answer");
+        bail!("GET {path}: no certificate in the answer");
     }
     // The key first: a reader that sees the new certificate finds its key in place.
     atomic_file::write_atomic(&dir.join("key.pem"), key.as_bytes(), 0o600)
@@ -198,15 +176,16 @@ async fn write_leaf(
 }
 
 /// Writes the CA bundle; returns the roots' index.
-async fn write_roots(client: &reqwest::Client, base: &str, token: &str, dir: &Path, after: u64) -> Result<u64> {
-    let url = format!("{base}/v1/connect/ca/roots?index={after}&wait=5m");
-    let (roots, index): (Value, u64) = get_json(client, &url, token).await?;
-    let pems: Vec<&str> = roots["Roots"]
-        .as_array()
-        .map(|r| r.iter().filter_map(|r| r["RootCert"].as_str()).collect())
-        .unwrap_or_default();
+async fn write_roots(api: &Servers, token: &str, dir: &Path, after: u64) -> Result<u64> {
+    let (roots, index): (IndexedCaRoots, u64) = blocking(api, token, paths::CA_ROOTS, after).await?;
+    let pems: Vec<&str> = roots
+        .roots
+        .iter()
+        .map(|r| r.root_cert.as_str())
+        .filter(|pem| !pem.is_empty())
+        .collect();
     if pems.is_empty() {
-        bail!("GET {base}/v1/connect/ca/roots: no root certificate");
+        bail!("GET {}: no root certificate", paths::CA_ROOTS);
     }
     atomic_file::write_atomic(&dir.join("roots.pem"), pems.join("\n").as_bytes(), 0o644)
         .with_context(|| format!("writing {}", dir.join("roots.pem").display()))?;
@@ -223,12 +202,8 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
             .to_owned(),
         None => String::new(),
     };
-    let base = format!("http://{}", args.http_addr);
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(6 * 60))
-        .build()
-        .context("building the HTTP client")?;
-    let (node, id) = instance(&client, &base, &token, &args).await?;
+    let api = Servers::new(&[args.http_addr.to_string()]);
+    let (node, id) = instance(&api, &token, &args).await?;
     let dir = match &args.cert_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("-cert-dir {}: cannot create", dir.display()))?;
@@ -239,8 +214,8 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
     // The provider needs absolute paths: gRPC reads them from wherever the client runs.
     let dir = std::path::absolute(&dir).with_context(|| format!("-cert-dir {}", dir.display()))?;
     let indexes = (
-        write_leaf(&client, &base, &token, &args.service, &dir, 0).await?,
-        write_roots(&client, &base, &token, &dir, 0).await?,
+        write_leaf(&api, &token, &args.service, &dir, 0).await?,
+        write_roots(&api, &token, &dir, 0).await?,
     );
     let text =
         serde_json::to_string_pretty(&bootstrap(&args, &node, &id, &token, &dir)).context("encoding the bootstrap")?;
@@ -263,12 +238,12 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
         let (mut leaf, mut roots) = indexes;
         loop {
             tokio::select! {
-                r = write_leaf(&client, &base, &token, &args.service, &dir, leaf) => match r {
+                r = write_leaf(&api, &token, &args.service, &dir, leaf) => match r {
                     Ok(i) if i != leaf => { info!(index = i, "leaf certificate written"); leaf = i; }
                     Ok(_) => {}
                     Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the leaf; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }
                 },
-                r = write_roots(&client, &base, &token, &dir, roots) => match r {
+                r = write_roots(&api, &token, &dir, roots) => match r {
                     Ok(i) if i != roots => { info!(index = i, "CA roots written"); roots = i; }
                     Ok(_) => {}
                     Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the CA roots; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }

@@ -27,6 +27,9 @@ pub struct CatalogService {
     /// The instance's port.
     #[serde(rename = "ServicePort")]
     pub service_port: u16,
+    /// The instance's Connect settings (`Native` for a proxyless client).
+    #[serde(rename = "ServiceConnect")]
+    pub service_connect: crate::agent::ServiceConnect,
 }
 
 #[cfg(test)]

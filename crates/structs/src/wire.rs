@@ -20,3 +20,6 @@ pub const KNOWN_LEADER_HEADER: &str = "x-consul-knownleader";
 
 /// HTTP response header with the milliseconds since the server last heard from the leader.
 pub const LAST_CONTACT_HEADER: &str = "x-consul-lastcontact";
+
+/// On a listing the token could not see all of: `true`.
+pub const FILTERED_HEADER: &str = "x-consul-results-filtered-by-acls";
