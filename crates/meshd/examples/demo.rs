@@ -59,26 +59,8 @@ async fn until<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     panic!("gave up waiting for {what}");
 }
 
-#[tokio::main]
-async fn main() {
-    let envoy =
-        std::env::var("MESHD_ENVOY").expect("MESHD_ENVOY must name the Envoy binary (cargo xtask demo sets it)");
-    let tmp = tempfile::tempdir().unwrap();
-    // A path that does not exist yet: the server creates it private (0700).
-    let data_dir = tmp.path().join("server");
-    println!("1. starting meshd server (data dir {})", data_dir.display());
-    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
-        &meshd(),
-        [
-            std::ffi::OsStr::new("-log-level"),
-            "warn".as_ref(),
-            "-data-dir".as_ref(),
-            data_dir.as_os_str(),
-        ],
-    );
-    let server = Proc("meshd server", child);
-    println!("   HTTP API {http}, xDS {grpc}");
-
+/// Step 2: two agents joining the server at `http`, with their HTTP and xDS addresses.
+fn start_agents(http: &str) -> Vec<(Proc, String, String)> {
     println!("2. starting two agents that join it (nodes node-api and node-web)");
     let mut agents = Vec::new();
     for node in ["node-api", "node-web"] {
@@ -110,6 +92,81 @@ async fn main() {
             started.grpc,
         ));
     }
+
+    agents
+}
+
+/// Step 4: an Envoy per agent with `meshd connect envoy -sidecar-for ...`, and the
+/// directory holding their run dirs.
+async fn start_envoys(agents: &[(Proc, String, String)], envoy: &str) -> (tempfile::TempDir, Vec<Proc>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut envoys = Vec::new();
+    for (svc, (_, agent_http, agent_grpc)) in ["api", "web"].into_iter().zip(agents) {
+        let run_dir = dir.path().join(svc);
+        let admin_file = run_dir.join("admin-0.addr");
+        let child = Command::new(meshd())
+            .args([
+                "connect",
+                "envoy",
+                "-sidecar-for",
+                svc,
+                "-http-addr",
+                agent_http.trim_start_matches("http://"),
+                "-grpc-addr",
+                agent_grpc,
+            ])
+            .args([
+                "-admin-bind",
+                "127.0.0.1:0",
+                "-log-level",
+                "warn",
+                "-drain-time",
+                "1s",
+                "-run-dir",
+            ])
+            .arg(&run_dir)
+            .args(["-envoy-binary", envoy, "--", "-l", "error"])
+            .spawn()
+            .unwrap();
+        envoys.push(Proc(
+            if svc == "api" {
+                "meshd connect envoy (api)"
+            } else {
+                "meshd connect envoy (web)"
+            },
+            child,
+        ));
+        let admin = until("Envoy's admin address", async || {
+            std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty())
+        })
+        .await;
+        println!("   envoy for {svc}: admin http://{}", admin.trim());
+    }
+
+    (dir, envoys)
+}
+
+#[tokio::main]
+async fn main() {
+    let envoy =
+        std::env::var("MESHD_ENVOY").expect("MESHD_ENVOY must name the Envoy binary (cargo xtask demo sets it)");
+    let tmp = tempfile::tempdir().unwrap();
+    // A path that does not exist yet: the server creates it private (0700).
+    let data_dir = tmp.path().join("server");
+    println!("1. starting meshd server (data dir {})", data_dir.display());
+    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+        &meshd(),
+        [
+            std::ffi::OsStr::new("-log-level"),
+            "warn".as_ref(),
+            "-data-dir".as_ref(),
+            data_dir.as_os_str(),
+        ],
+    );
+    let server = Proc("meshd server", child);
+    println!("   HTTP API {http}, xDS {grpc}");
+
+    let agents = start_agents(&http);
 
     let client = reqwest::Client::new();
     let put = |url: String, body: Value| {
@@ -143,49 +200,7 @@ async fn main() {
     .await;
 
     println!("4. starting an Envoy per agent with `meshd connect envoy -sidecar-for ...` (configured by that agent)");
-    let dir = tempfile::tempdir().unwrap();
-    let mut envoys = Vec::new();
-    for (svc, (_, agent_http, agent_grpc)) in ["api", "web"].into_iter().zip(&agents) {
-        let run_dir = dir.path().join(svc);
-        let admin_file = run_dir.join("admin-0.addr");
-        let child = Command::new(meshd())
-            .args([
-                "connect",
-                "envoy",
-                "-sidecar-for",
-                svc,
-                "-http-addr",
-                agent_http.trim_start_matches("http://"),
-                "-grpc-addr",
-                agent_grpc,
-            ])
-            .args([
-                "-admin-bind",
-                "127.0.0.1:0",
-                "-log-level",
-                "warn",
-                "-drain-time",
-                "1s",
-                "-run-dir",
-            ])
-            .arg(&run_dir)
-            .args(["-envoy-binary", &envoy, "--", "-l", "error"])
-            .spawn()
-            .unwrap();
-        envoys.push(Proc(
-            if svc == "api" {
-                "meshd connect envoy (api)"
-            } else {
-                "meshd connect envoy (web)"
-            },
-            child,
-        ));
-        let admin = until("Envoy's admin address", async || {
-            std::fs::read_to_string(&admin_file).ok().filter(|s| !s.is_empty())
-        })
-        .await;
-        println!("   envoy for {svc}: admin http://{}", admin.trim());
-    }
+    let (_envoy_dirs, envoys) = start_envoys(&agents, &envoy).await;
 
     let url = format!("http://127.0.0.1:{upstream}/");
     println!("5. GET {url} (web's upstream listener -> mTLS -> api's sidecar -> api)");

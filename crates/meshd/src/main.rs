@@ -43,50 +43,18 @@ fn main() -> ExitCode {
             #[cfg(feature = "server")]
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
-                server_mode::run(args, meshd::shutdown_signal(), |running| {
-                    // Ready lines for scripts; nobody reading them is not an error.
-                    use std::io::Write;
-                    let mut out = std::io::stdout().lock();
-                    if let Some(addr) = running.http_addr {
-                        let _ = writeln!(out, "meshd server listening on http://{addr}");
-                    }
-                    if let Some(addr) = running.grpc_addr {
-                        let _ = writeln!(out, "meshd xds listening on {addr}");
-                    }
-                    if let Some(addr) = running.https_addr {
-                        let _ = writeln!(out, "meshd server listening on https://{addr}");
-                    }
-                    if let Some(addr) = running.grpc_tls_addr {
-                        let _ = writeln!(out, "meshd xds-tls listening on {addr}");
-                    }
-                    let _ = out.flush();
+                server_mode::run(args, meshd::shutdown_signal(), |bound| {
+                    ready_lines(bound, "meshd server", "meshd xds");
                 })
                 .await
                 .map_err(anyhow::Error::from)
             }
             #[cfg(feature = "agent")]
-            Command::Agent(args) => {
-                agent_mode::run(args, meshd::shutdown_signal(), |running| {
-                    // Ready lines for scripts; nobody reading them is not an error.
-                    use std::io::Write;
-                    let mut out = std::io::stdout().lock();
-                    if let Some(addr) = running.http_addr {
-                        let _ = writeln!(out, "meshd agent listening on http://{addr}");
-                    }
-                    if let Some(addr) = running.grpc_addr {
-                        let _ = writeln!(out, "meshd agent xds listening on {addr}");
-                    }
-                    if let Some(addr) = running.https_addr {
-                        let _ = writeln!(out, "meshd agent listening on https://{addr}");
-                    }
-                    if let Some(addr) = running.grpc_tls_addr {
-                        let _ = writeln!(out, "meshd agent xds-tls listening on {addr}");
-                    }
-                    let _ = out.flush();
-                })
-                .await
-                .map_err(anyhow::Error::from)
-            }
+            Command::Agent(args) => agent_mode::run(args, meshd::shutdown_signal(), |bound| {
+                ready_lines(bound, "meshd agent", "meshd agent xds");
+            })
+            .await
+            .map_err(anyhow::Error::from),
             Command::Connect(meshd::cli::ConnectCommand::Envoy(args)) => {
                 if !args.bootstrap {
                     meshd::init_logging(&args.log_level, false);
@@ -110,6 +78,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The ready lines a node prints for scripts, one per listener: `<api> listening on
+/// http://ADDR`, `<xds> listening on ADDR`, and their TLS twins. Nobody reading them is not
+/// an error.
+#[cfg(any(feature = "server", feature = "agent"))]
+fn ready_lines(bound: &node::Bound, api: &str, xds: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Some(addr) = bound.http_addr {
+        let _ = writeln!(out, "{api} listening on http://{addr}");
+    }
+    if let Some(addr) = bound.grpc_addr {
+        let _ = writeln!(out, "{xds} listening on {addr}");
+    }
+    if let Some(addr) = bound.https_addr {
+        let _ = writeln!(out, "{api} listening on https://{addr}");
+    }
+    if let Some(addr) = bound.grpc_tls_addr {
+        let _ = writeln!(out, "{xds}-tls listening on {addr}");
+    }
+    let _ = out.flush();
 }
 
 /// Whether `command` runs a server or an agent.
