@@ -5,17 +5,19 @@
 //! `-leave-on-terminate=false`).
 
 mod args;
+mod error;
 mod local;
 mod metrics;
 mod reload;
 mod settings;
 
 pub use args::AgentArgs;
+pub use error::StartError;
 
 use ::agent::Agent;
 use local::{AgentLocal, Local, ManagedTokens};
 use node::authz::{LocalTokens, Tokens};
-use node::{Bound, Engine, Listeners, Mode, ModeError, ProxySource};
+use node::{Bound, Engine, Listeners, Mode, ProxySource};
 use parking_lot::Mutex;
 use proxycfg::{DataSources, Manager, ManagerConfig};
 use proxycfg_glue::LocalChecks;
@@ -27,20 +29,6 @@ use tokio::signal::unix::Signal;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
-
-/// Why an agent could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The flags or config files ask for something that cannot be (the text names them).
-    #[error("{0}")]
-    Flags(String),
-    /// The agent could not start or load its config files.
-    #[error("{0}")]
-    Agent(String),
-    /// The node around the agent failed (listeners, TLS, serving).
-    #[error("{0}")]
-    Node(ModeError),
-}
 
 /// Runs an agent until `shutdown` completes. Logging is set up here, once the config files
 /// (which may set the log level) are read. `on_ready` is called once the HTTP API listens.

@@ -85,6 +85,12 @@ impl proxycfg::SnapshotSource for Local {
     ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
         proxycfg::SnapshotSource::watch(&self.0, request)
     }
+
+    // Every method forwards: a default here would silently drop what the inner source does
+    // (proxyless clients' listener names).
+    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
+        proxycfg::SnapshotSource::request_listeners(&self.0, request, names);
+    }
 }
 
 impl node::ProxySource for Local {

@@ -1,7 +1,8 @@
 //! The agent's settings: flags and config files merged, a flag winning over a file, a file
 //! over the default.
 
-use crate::{AgentArgs, StartError};
+use crate::AgentArgs;
+use crate::error::StartError;
 use ::agent::AgentConfig;
 use ::agent::config_file::FileConfig;
 use std::net::SocketAddr;

@@ -4,161 +4,28 @@
 //! local agent. Bad input is a 400 naming the field; a forwarded request no server answers is
 //! a 500 with one line saying why.
 
-use crate::local::LocalService;
-use crate::runtime::{Agent, AgentError};
+use crate::runtime::Agent;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::routing::{get, put};
-use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use structs::agent::ServiceDefinition;
 
+mod answer;
 mod checks;
 mod connect;
 mod forward;
 
-/// Largest accepted request body, bytes.
-const MAX_BODY: usize = 512 * 1024;
-
-/// A 413's body: it names the limit.
-fn too_large() -> String {
-    format!("request body larger than this API's limit of {MAX_BODY} bytes\n")
-}
-
+pub use answer::{HttpError, request_token};
+use answer::{
+    MAX_BODY, agent_service, decode, filtered, json_response, need, need_service_read, ok_empty, refuse_filter,
+    resolve, text, too_large,
+};
 use http_kit::Params;
-
-/// An error answer: plain text with Consul's status codes.
-#[derive(Debug)]
-pub struct HttpError(StatusCode, String);
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        text(self.0, format!("{}\n", self.1))
-    }
-}
-
-impl From<http_kit::BadParam> for HttpError {
-    fn from(e: http_kit::BadParam) -> Self {
-        HttpError(StatusCode::BAD_REQUEST, e.0)
-    }
-}
-
-impl From<AgentError> for HttpError {
-    fn from(e: AgentError) -> Self {
-        let status = match &e {
-            AgentError::Invalid(_) => StatusCode::BAD_REQUEST,
-            AgentError::NotFound(_) => StatusCode::NOT_FOUND,
-            AgentError::Denied(_) => StatusCode::FORBIDDEN,
-            AgentError::Persist(_) | AgentError::DataDir { .. } | AgentError::ServersCa(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        };
-        HttpError(status, e.to_string())
-    }
-}
-
-fn text(status: StatusCode, body: String) -> Response {
-    let mut resp = (status, body).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
-fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(body) => {
-            let mut resp = (status, body).into_response();
-            resp.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            resp
-        }
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot encode the answer: {e}\n"),
-        ),
-    }
-}
-
-fn ok_empty() -> Response {
-    StatusCode::OK.into_response()
-}
-
-fn decode<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, HttpError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            format!("request body is empty: expected {what}"),
-        ));
-    }
-    structs::json::from_slice(body)
-        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("request decode failed: {e}")))
-}
-
-/// The request's token (see [`http_kit::token`]); empty: none.
-pub fn request_token(headers: &HeaderMap, q: &Params) -> String {
-    http_kit::token(headers, q)
-        .map(|t| t.secret().to_owned())
-        .unwrap_or_default()
-}
-
-/// The token a request runs with (its own, else the default token) and what it may do.
-pub(crate) async fn resolve(
-    agent: &Agent,
-    headers: &HeaderMap,
-    q: &Params,
-) -> Result<(String, crate::acl::Resolved), HttpError> {
-    let mut token = request_token(headers, q);
-    if token.is_empty() {
-        token = agent.acl().default_token().to_owned();
-    }
-    match agent.acl().resolve(Some(&token)).await {
-        Ok(r) => Ok((token, r)),
-        Err(crate::acl::AclError::NotFound) => Err(HttpError(StatusCode::FORBIDDEN, ::acl::ACL_NOT_FOUND.into())),
-        Err(e @ crate::acl::AclError::Unavailable(_)) => Err(HttpError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
-    }
-}
-
-/// Refuses with Consul's `Permission denied` unless `allowed`.
-pub(crate) fn need(who: &crate::acl::Resolved, allowed: bool, permission: &str, target: &str) -> Result<(), HttpError> {
-    if allowed {
-        return Ok(());
-    }
-    Err(HttpError(
-        StatusCode::FORBIDDEN,
-        ::acl::denied(&who.accessor, permission, target),
-    ))
-}
-
-/// Marks a listing ACLs filtered.
-fn filtered(mut resp: Response, filtered: bool) -> Response {
-    if filtered {
-        resp.headers_mut()
-            .insert("X-Consul-Results-Filtered-By-ACLs", HeaderValue::from_static("true"));
-    }
-    resp
-}
-
-/// Checks `service:read` on local service `id`'s name; an unknown id passes (the handler
-/// answers its 404). Writes are checked by the agent itself, under its registration lock.
-async fn need_service_read(
-    agent: &Agent,
-    headers: &HeaderMap,
-    q: &Params,
-    id: &str,
-) -> Result<crate::acl::Resolved, HttpError> {
-    let (_, who) = resolve(agent, headers, q).await?;
-    if let Some(s) = agent.state().service(id) {
-        let name = &s.service.service;
-        need(&who, who.authz.service_read(name), "service:read", name)?;
-    }
-    Ok(who)
-}
 
 /// The agent's routes.
 pub fn router(agent: Agent) -> Router {
@@ -253,42 +120,6 @@ async fn node_maintenance(State(agent): State<Agent>, q: Params, headers: Header
 /// Maintenance's required `?enable=` (any of Go's boolean spellings).
 fn enable_param(q: &Params) -> Result<bool, HttpError> {
     Ok(q.required_bool("enable")?)
-}
-
-/// A service as `/v1/agent/services` shows it (Consul's `AgentService`).
-fn agent_service(agent: &Agent, s: &LocalService) -> Value {
-    let mut v = serde_json::to_value(&s.service).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.remove("CreateIndex");
-        m.remove("ModifyIndex");
-        if s.service.kind == structs::ServiceKind::Typical {
-            m.remove("Kind");
-            m.remove("Proxy");
-        }
-        if s.service.connect == structs::service::ServiceConnect::default() {
-            m.remove("Connect");
-        }
-        m.insert("Datacenter".into(), Value::String(agent.config().datacenter.clone()));
-        if let Some(managed) = &s.managed {
-            m.insert(
-                "ManagedProxy".into(),
-                connect::managed_view(agent, &s.service.id, managed),
-            );
-        }
-    }
-    v
-}
-
-/// `?filter` is not supported: refused with a 400 rather than ignored (an ignored filter
-/// would answer with everything).
-fn refuse_filter(q: &Params) -> Result<(), HttpError> {
-    if q.has("filter") {
-        return Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            "filter: not supported by meshd's agent".into(),
-        ));
-    }
-    Ok(())
 }
 
 async fn services(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {

@@ -9,6 +9,7 @@
 
 mod acl_routes;
 mod agent;
+mod api;
 mod authz;
 mod catalog_routes;
 mod config_routes;
@@ -22,6 +23,8 @@ pub mod query;
 mod response_cache;
 mod ui;
 
+pub use api::ApiConfig;
+pub(crate) use api::{Api, Routes};
 pub use authz::FILTERED_HEADER;
 pub use error::ApiError;
 pub use metrics::HttpMetrics;
@@ -32,140 +35,8 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use catalog::{IndexKey, Store};
-use query::Params;
+use catalog::Store;
 use std::sync::Arc;
-
-/// Settings of the API.
-#[derive(Clone)]
-pub struct ApiConfig {
-    /// This server's node name (`/v1/agent/self`).
-    pub node_name: String,
-    /// This server's node id.
-    pub node_id: String,
-    /// Address reported as the leader (`/v1/status/leader`).
-    pub server_addr: String,
-    /// Largest accepted request body, bytes (larger: 413).
-    pub max_body: usize,
-    /// Metrics kept outside the API (xDS, proxycfg), encoded after the API's own by
-    /// `/v1/agent/metrics?format=prometheus`.
-    pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
-    /// Node liveness tracking behind `PUT /v1/internal/node/heartbeat` (none: 404).
-    pub liveness: Option<Arc<catalog::liveness::Liveness>>,
-    /// Resolves tokens; with ACLs off every request may do everything.
-    pub acl: Arc<catalog::acl::Resolver>,
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        Self {
-            node_name: "meshd-server".into(),
-            node_id: String::new(),
-            server_addr: "127.0.0.1:8300".into(),
-            max_body: 512 * 1024,
-            extra_metrics: None,
-            liveness: None,
-            acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
-        }
-    }
-}
-
-impl std::fmt::Debug for ApiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiConfig")
-            .field("node_name", &self.node_name)
-            .field("max_body", &self.max_body)
-            .finish()
-    }
-}
-
-/// What every handler gets: the store, the settings, and the encoded-response cache.
-#[derive(Clone)]
-pub(crate) struct Api {
-    pub(crate) store: Store,
-    pub(crate) config: Arc<ApiConfig>,
-    pub(crate) metrics: Arc<HttpMetrics>,
-    /// The catalog gauges, set from the state when metrics are scraped.
-    pub(crate) catalog_gauges: Arc<metrics::CatalogGauges>,
-    /// The API's own metrics (catalog gauges, then HTTP).
-    pub(crate) registry: Arc<prometheus_client::registry::Registry>,
-    pub(crate) responses: Arc<response_cache::ResponseCache>,
-}
-
-impl Api {
-    /// Reads the state for a blocking-capable GET: at once without `?index`, else once the
-    /// key's index passes it (or the wait ends).
-    ///
-    /// An index ahead of this server's state means one of two things. With the embedded
-    /// store it is from before a reset (a `-dev` server restarted): it answers at once, so
-    /// the client resyncs. Over etcd, every server's index is the same etcd revision, so the
-    /// index came from a server whose watch is further along: this one waits (within the
-    /// same wait) until its watch has applied it, then blocks as usual, and never answers
-    /// a lower index than the client already saw while it catches up.
-    pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
-        query::check_common(params, self.store.datacenter())?;
-        let blocking = params.blocking()?;
-        let mut state = self.store.read();
-        let Some(after) = blocking.index else {
-            return Ok(state);
-        };
-        let wait = blocking.wait_with_jitter();
-        let started = tokio::time::Instant::now();
-        if after > state.index {
-            if self.store.cluster().is_none() {
-                return Ok(state);
-            }
-            let _waiting = self.metrics.waiting();
-            if !self.store.wait_applied(after, wait).await {
-                return Ok(self.store.read());
-            }
-            state = self.store.read();
-        }
-        if after < state.index_of(key) {
-            return Ok(state);
-        }
-        let _waiting = self.metrics.waiting();
-        let left = wait.saturating_sub(started.elapsed());
-        Ok(self.store.wait(key, after, left).await)
-    }
-}
-
-impl Api {
-    /// The query of a write: parsed and checked for `?dc=` and unsupported parameters (the
-    /// token is resolved by the ACL middleware).
-    pub(crate) fn write_params(&self, q: Option<&str>) -> Result<Params, ApiError> {
-        let params = Params::parse(q);
-        query::check_common(&params, self.store.datacenter())?;
-        Ok(params)
-    }
-
-    /// Answers a blocking-capable query whose body depends only on `key`'s data and on what
-    /// the token may read: blocks as asked, then encodes the body (and whether ACLs filtered
-    /// it) once per index of the key and shares it with every request for the same path,
-    /// parameters and token.
-    pub(crate) async fn shared_answer(
-        &self,
-        path: &str,
-        params: &Params,
-        key: IndexKey,
-        authz: &authz::Authz,
-        body: impl FnOnce(&catalog::State, &acl::Authorizer) -> Result<(axum::body::Bytes, bool), ApiError>,
-    ) -> Result<Response, ApiError> {
-        let authorizer = authz.get()?;
-        let state = self.read(params, &key).await?;
-        let index = state.index_of(&key);
-        let mut cache_key = response_cache::ResponseCache::key(path, params);
-        if self.config.acl.enabled() {
-            cache_key.push('\u{1e}');
-            cache_key.push_str(authz.accessor()?);
-            cache_key.push_str(&state.index_of(&IndexKey::Acl).to_string());
-        }
-        let (bytes, filtered) = self
-            .responses
-            .get_or_encode(cache_key, index, || body(&state, authorizer))?;
-        Ok(authz::mark_filtered(query::json_bytes(bytes, Some(index)), filtered))
-    }
-}
 
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
@@ -250,7 +121,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .layer(middleware::map_response(move |resp: Response| async move {
             name_body_limit(resp, max_body)
         }))
-        .layer(middleware::from_fn_with_state(api.clone(), authz::resolve))
+        .layer(middleware::from_fn_with_state(api.clone(), api::resolve))
         .layer(middleware::from_fn_with_state(metrics, count))
         .with_state(api);
     (router, paths)
@@ -263,20 +134,6 @@ fn name_body_limit(resp: Response, limit: usize) -> Response {
     }
     let text = format!("request body larger than this API's limit of {limit} bytes\n");
     (StatusCode::PAYLOAD_TOO_LARGE, text).into_response()
-}
-
-/// The router being built, and the paths registered so far.
-#[derive(Default)]
-pub(crate) struct Routes {
-    router: Router<Api>,
-    paths: Vec<&'static str>,
-}
-
-impl Routes {
-    pub(crate) fn add(&mut self, path: &'static str, methods: axum::routing::MethodRouter<Api>) {
-        self.router = std::mem::take(&mut self.router).route(path, methods);
-        self.paths.push(path);
-    }
 }
 
 async fn method_not_allowed(req: Request) -> Response {

@@ -318,6 +318,12 @@ impl SnapshotSource for SourceRef {
     ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
         self.0.watch(request)
     }
+
+    // Every method forwards: a default here would silently drop what the inner source does
+    // (proxyless clients' listener names).
+    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
+        self.0.request_listeners(request, names);
+    }
 }
 
 /// The listeners being served.

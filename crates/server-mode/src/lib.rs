@@ -6,15 +6,17 @@
 
 mod args;
 mod balance;
+mod error;
 mod forward;
 mod store;
 
 pub use args::ServerArgs;
+pub use error::ServerError;
 
 use catalog::acl::{AclSettings, Resolver};
 use catalog::{Store, StoreTokens};
 use node::authz::Tokens;
-use node::{Bound, Engine, Listeners, Mode, ModeError, ProxySource};
+use node::{Bound, Engine, Listeners, Mode, ProxySource};
 use proxycfg::{DataSources, Manager, ManagerConfig};
 use proxycfg_sources::CatalogSource;
 use std::future::Future;
@@ -24,25 +26,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span};
 use xds::XdsServer;
-
-/// Why a server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// The flags ask for something that cannot be (the text names the flags).
-    #[error("{0}")]
-    Flags(String),
-    /// The store could not be opened or initialised (the text says which and why).
-    #[error("{0}")]
-    Store(String),
-    /// The node around the server failed (listeners, TLS, serving).
-    #[error("{0}")]
-    Node(ModeError),
-}
-
-/// An error with its causes, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    api_client::chain(e)
-}
 
 /// Runs a server until `shutdown` completes: xDS streams end, in-flight HTTP requests
 /// finish, the store closes. `on_ready` is called once every listener serves.
@@ -151,6 +134,12 @@ impl proxycfg::SnapshotSource for Catalog {
         request: &proxycfg::ProxyRequest<'_>,
     ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
         proxycfg::SnapshotSource::watch(&self.0, request)
+    }
+
+    // Every method forwards: a default here would silently drop what the inner source does
+    // (proxyless clients' listener names).
+    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
+        proxycfg::SnapshotSource::request_listeners(&self.0, request, names);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The store the flags ask for, and the ACL state a server with ACLs needs in it.
 
-use crate::{ServerArgs, ServerError, chain};
+use crate::ServerArgs;
+use crate::error::{ServerError, chain};
 use catalog::{Store, StoreConfig};
 use std::net::SocketAddr;
 use tracing::info;

@@ -1,8 +1,8 @@
 //! The agent's check endpoints (listing, registration, removal, TTL reports) and the local
 //! health of its service instances (`/v1/agent/health/service/...`).
 
-use super::{
-    HttpError, Params, agent_service, decode, filtered, json_response, need, ok_empty, refuse_filter, resolve, text,
+use super::answer::{
+    HttpError, agent_service, decode, filtered, json_response, need, ok_empty, refuse_filter, resolve, text,
 };
 use crate::acl::Resolved;
 use crate::local::{LocalCheck, LocalService};
@@ -11,6 +11,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use http_kit::Params;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use structs::HealthStatus;

@@ -1,13 +1,14 @@
 //! The agent's Connect endpoints: the CA's roots and leaf certificates from the agent cache,
 //! and the proxies the agent runs (Consul 1.4's managed-proxy endpoint).
 
-use super::{HttpError, Params, json_response, need, resolve};
+use super::answer::{HttpError, json_response, managed_view, need, resolve};
 use crate::runtime::Agent;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
+use http_kit::Params;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// Answers from one agent-cache entry, with Consul's index blocking: `?index=N` waits (up to
 /// `?wait`) until the entry's index passes `N`. The answer carries `X-Consul-Index`.
@@ -95,24 +96,6 @@ pub(super) async fn ca_leaf(
         token,
     };
     from_cache(&agent, &agent.caches().leaf, &key, &q).await
-}
-
-/// A managed proxy: how it runs and its status (pid, state, restarts, last exit).
-pub(super) fn managed_view(agent: &Agent, id: &str, managed: &crate::local::Managed) -> Value {
-    let status = agent.managed().map_or_else(
-        || json!({"State": "not started", "Error": "this agent does not run managed proxies"}),
-        |m| {
-            m.status(id).map_or_else(
-                || json!({"State": "starting"}),
-                |st| serde_json::to_value(st).unwrap_or(Value::Null),
-            )
-        },
-    );
-    json!({
-        "ExecMode": "daemon",
-        "Command": if managed.command.is_empty() { json!("meshd connect envoy (default)") } else { json!(managed.command) },
-        "Status": status,
-    })
 }
 
 /// `GET /v1/agent/connect/proxy/:id` (Consul 1.4's managed-proxy endpoint): the proxy's

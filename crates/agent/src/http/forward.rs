@@ -2,7 +2,7 @@
 //! unchanged (method, path, query, headers but hop-by-hop ones, body), and the answer comes
 //! back unchanged; a request naming no token carries the agent's default token.
 
-use super::{MAX_BODY, request_token, text};
+use super::answer::{MAX_BODY, request_token, text};
 use crate::runtime::Agent;
 use crate::servers::ApiError;
 use axum::body::Body;
@@ -39,7 +39,7 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, super::too_large()),
+        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, super::answer::too_large()),
     };
     let mut headers = HeaderMap::new();
     for (name, value) in &parts.headers {

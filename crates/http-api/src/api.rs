@@ -1,0 +1,183 @@
+//! What every handler gets ([`Api`]: the store, the settings, the encoded-response cache)
+//! and the reads and writes they share, the API's settings ([`ApiConfig`]), and the router
+//! being built ([`Routes`]).
+
+use crate::query::{self, Params};
+use crate::{ApiError, HttpMetrics, authz, metrics, response_cache};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use catalog::{IndexKey, Store};
+use std::sync::Arc;
+
+/// Settings of the API.
+#[derive(Clone)]
+pub struct ApiConfig {
+    /// This server's node name (`/v1/agent/self`).
+    pub node_name: String,
+    /// This server's node id.
+    pub node_id: String,
+    /// Address reported as the leader (`/v1/status/leader`).
+    pub server_addr: String,
+    /// Largest accepted request body, bytes (larger: 413).
+    pub max_body: usize,
+    /// Metrics kept outside the API (xDS, proxycfg), encoded after the API's own by
+    /// `/v1/agent/metrics?format=prometheus`.
+    pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// Node liveness tracking behind `PUT /v1/internal/node/heartbeat` (none: 404).
+    pub liveness: Option<Arc<catalog::liveness::Liveness>>,
+    /// Resolves tokens; with ACLs off every request may do everything.
+    pub acl: Arc<catalog::acl::Resolver>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            node_name: "meshd-server".into(),
+            node_id: String::new(),
+            server_addr: "127.0.0.1:8300".into(),
+            max_body: 512 * 1024,
+            extra_metrics: None,
+            liveness: None,
+            acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("node_name", &self.node_name)
+            .field("max_body", &self.max_body)
+            .finish()
+    }
+}
+
+/// What every handler gets: the store, the settings, and the encoded-response cache.
+#[derive(Clone)]
+pub(crate) struct Api {
+    pub(crate) store: Store,
+    pub(crate) config: Arc<ApiConfig>,
+    pub(crate) metrics: Arc<HttpMetrics>,
+    /// The catalog gauges, set from the state when metrics are scraped.
+    pub(crate) catalog_gauges: Arc<metrics::CatalogGauges>,
+    /// The API's own metrics (catalog gauges, then HTTP).
+    pub(crate) registry: Arc<prometheus_client::registry::Registry>,
+    pub(crate) responses: Arc<response_cache::ResponseCache>,
+}
+
+impl Api {
+    /// Reads the state for a blocking-capable GET: at once without `?index`, else once the
+    /// key's index passes it (or the wait ends).
+    ///
+    /// An index ahead of this server's state means one of two things. With the embedded
+    /// store it is from before a reset (a `-dev` server restarted): it answers at once, so
+    /// the client resyncs. Over etcd, every server's index is the same etcd revision, so the
+    /// index came from a server whose watch is further along: this one waits (within the
+    /// same wait) until its watch has applied it, then blocks as usual, and never answers
+    /// a lower index than the client already saw while it catches up.
+    pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
+        query::check_common(params, self.store.datacenter())?;
+        let blocking = params.blocking()?;
+        let mut state = self.store.read();
+        let Some(after) = blocking.index else {
+            return Ok(state);
+        };
+        let wait = blocking.wait_with_jitter();
+        let started = tokio::time::Instant::now();
+        if after > state.index {
+            if self.store.cluster().is_none() {
+                return Ok(state);
+            }
+            let _waiting = self.metrics.waiting();
+            if !self.store.wait_applied(after, wait).await {
+                return Ok(self.store.read());
+            }
+            state = self.store.read();
+        }
+        if after < state.index_of(key) {
+            return Ok(state);
+        }
+        let _waiting = self.metrics.waiting();
+        let left = wait.saturating_sub(started.elapsed());
+        Ok(self.store.wait(key, after, left).await)
+    }
+}
+
+impl Api {
+    /// The query of a write: parsed and checked for `?dc=` and unsupported parameters (the
+    /// token is resolved by the ACL middleware).
+    pub(crate) fn write_params(&self, q: Option<&str>) -> Result<Params, ApiError> {
+        let params = Params::parse(q);
+        query::check_common(&params, self.store.datacenter())?;
+        Ok(params)
+    }
+
+    /// Answers a blocking-capable query whose body depends only on `key`'s data and on what
+    /// the token may read: blocks as asked, then encodes the body (and whether ACLs filtered
+    /// it) once per index of the key and shares it with every request for the same path,
+    /// parameters and token.
+    pub(crate) async fn shared_answer(
+        &self,
+        path: &str,
+        params: &Params,
+        key: IndexKey,
+        authz: &authz::Authz,
+        body: impl FnOnce(&catalog::State, &acl::Authorizer) -> Result<(axum::body::Bytes, bool), ApiError>,
+    ) -> Result<Response, ApiError> {
+        let authorizer = authz.get()?;
+        let state = self.read(params, &key).await?;
+        let index = state.index_of(&key);
+        let mut cache_key = response_cache::ResponseCache::key(path, params);
+        if self.config.acl.enabled() {
+            cache_key.push('\u{1e}');
+            cache_key.push_str(authz.accessor()?);
+            cache_key.push_str(&state.index_of(&IndexKey::Acl).to_string());
+        }
+        let (bytes, filtered) = self
+            .responses
+            .get_or_encode(cache_key, index, || body(&state, authorizer))?;
+        Ok(authz::mark_filtered(query::json_bytes(bytes, Some(index)), filtered))
+    }
+}
+
+/// The router being built, and the paths registered so far.
+#[derive(Default)]
+pub(crate) struct Routes {
+    pub(crate) router: axum::Router<Api>,
+    pub(crate) paths: Vec<&'static str>,
+}
+
+impl Routes {
+    pub(crate) fn add(&mut self, path: &'static str, methods: axum::routing::MethodRouter<Api>) {
+        self.router = std::mem::take(&mut self.router).route(path, methods);
+        self.paths.push(path);
+    }
+}
+
+/// How long a server over etcd may wait to catch up before it calls a token unknown.
+const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Resolves the request's token (header, bearer or `?token=`) and hands it to the handler.
+pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next) -> Response {
+    let params = Params::parse(req.uri().query());
+    let secret = query::token(req.headers(), &params);
+    let state = api.store.read();
+    let mut resolved = api.config.acl.resolve(&state, secret.as_ref().map(acl::Token::secret));
+    drop(state);
+    // A token unknown here may have been written through another server whose write this
+    // one has not applied yet: catch up with etcd before refusing it (the embedded store
+    // has nothing to catch up with).
+    if resolved.is_err()
+        && secret.is_some()
+        && api.store.cluster().is_some()
+        && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
+    {
+        resolved = api
+            .config
+            .acl
+            .resolve(&api.store.read(), secret.as_ref().map(acl::Token::secret));
+    }
+    req.extensions_mut().insert(authz::Authz::new(resolved));
+    next.run(req).await
+}
