@@ -486,7 +486,10 @@ mod tests {
     use super::*;
 
     fn tree(files: &[(&str, &str)]) -> Tree {
-        let dir = std::env::temp_dir().join(format!("xtask-cycles-{}-{}", std::process::id(), files.len()));
+        // One directory per call: tests run in parallel in one process.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xtask-cycles-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for (name, text) in files {
             let path = dir.join(name);
