@@ -268,11 +268,16 @@ pub async fn serve_with_grace<M: Mode>(
         served
     });
     let drained = tokio::select! {
-        drained = drain => drained,
-        () = second => {
-            warn!("second signal: exiting without finishing the shutdown");
-            return Err("a second signal ended the shutdown before it finished".into());
-        }
+        drained = drain => Some(drained),
+        () = second => None,
+    };
+    // Whatever the drain did not reach stops now: nothing serves past this call.
+    for stop in [&xds_stop, &tasks_stop, &http_stop] {
+        stop.cancel();
+    }
+    let Some(drained) = drained else {
+        warn!("second signal: exiting without finishing the shutdown");
+        return Err("a second signal ended the shutdown before it finished".into());
     };
     match drained {
         Ok(served) => {
@@ -410,3 +415,6 @@ fn boxed<E: std::error::Error + Send + Sync + 'static>(task: JoinHandle<Result<(
         }
     })
 }
+
+#[cfg(test)]
+mod tests;
