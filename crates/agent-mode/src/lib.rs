@@ -15,11 +15,11 @@ pub use args::AgentArgs;
 pub use error::StartError;
 
 use ::agent::Agent;
-use local::{AgentLocal, Local, ManagedTokens};
+use local::{AgentLocal, ManagedTokens};
 use node::authz::{LocalTokens, Tokens};
-use node::{Bound, Engine, Listeners, Mode, ProxySource};
+use node::{Bound, Engine, Listeners, Mode};
 use parking_lot::Mutex;
-use proxycfg::{DataSources, Manager, ManagerConfig};
+use proxycfg::{ConfigSource, DataSources, Manager, ManagerConfig};
 use proxycfg_glue::LocalChecks;
 use proxycfg_sources::LocalSource;
 use std::future::Future;
@@ -159,10 +159,9 @@ impl Mode for AgentMode {
         Some(Arc::new(ManagedTokens(self.agent.clone())))
     }
 
-    fn proxy_source(&self, manager: &Manager) -> Arc<dyn ProxySource> {
+    fn config_source(&self, manager: &Manager) -> Arc<dyn ConfigSource> {
         let local = Arc::new(AgentLocal(self.agent.clone()));
-        let source = LocalSource::start(manager.clone(), local, self.agent.caches().clone());
-        Arc::new(Local(source))
+        Arc::new(LocalSource::start(manager.clone(), local, self.agent.caches().clone()))
     }
 
     fn routes(&self, _engine: &Engine, mut registry: prometheus_client::registry::Registry) -> axum::Router {

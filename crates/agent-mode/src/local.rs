@@ -1,10 +1,10 @@
 //! The agent's local state as the node reads it: its proxies and their HTTP checks (for the
 //! local source and the `Cache*` data sources), its managed proxies' local tokens (for the
-//! xDS stream authorizer), and the local source as the node's proxy source.
+//! xDS stream authorizer).
 
 use ::agent::Agent;
 use proxycfg_glue::LocalChecks;
-use proxycfg_sources::{LocalProxy, LocalServices, LocalSource};
+use proxycfg_sources::{LocalProxy, LocalServices};
 use tokio::sync::watch;
 
 /// The agent's local state as the proxy config engine reads it.
@@ -72,33 +72,5 @@ impl node::authz::LocalTokens for ManagedTokens {
                 proxy.service.id
             ))
         })
-    }
-}
-
-/// The local source as the node's proxy source.
-pub(crate) struct Local(pub(crate) LocalSource);
-
-impl proxycfg::SnapshotSource for Local {
-    fn watch(
-        &self,
-        request: &proxycfg::ProxyRequest<'_>,
-    ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
-        proxycfg::SnapshotSource::watch(&self.0, request)
-    }
-
-    // Every method forwards: a default here would silently drop what the inner source does
-    // (proxyless clients' listener names).
-    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
-        proxycfg::SnapshotSource::request_listeners(&self.0, request, names);
-    }
-}
-
-impl node::ProxySource for Local {
-    fn waiting(&self, id: &str) -> Option<String> {
-        self.0.waiting(id)
-    }
-
-    fn shutdown(&self) -> acl::BoxFuture<'_, ()> {
-        Box::pin(self.0.shutdown())
     }
 }

@@ -25,7 +25,7 @@ pub mod shutdown;
 pub mod status;
 pub mod tls;
 
-pub use mode::{Bound, Engine, Listeners, Mode, ModeError, ProxySource, bind, serve};
+pub use mode::{Bound, Engine, Listeners, Mode, ModeError, bind, serve};
 pub use shutdown::shutdown_signal;
 
 /// This host's name (the default node name of servers and agents, as Consul's), or

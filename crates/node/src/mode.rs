@@ -11,7 +11,7 @@
 use crate::authz::{LocalTokens, StreamTokens, Tokens, with_tokens};
 use crate::cli::TlsArgs;
 use crate::tls::TlsSettings;
-use proxycfg::{DataSources, Manager, ManagerConfig, SnapshotSource};
+use proxycfg::{ConfigSource, DataSources, Manager, ManagerConfig, SnapshotSource};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,28 +129,16 @@ async fn bind_optional(
     Ok((Some(listener), Some(bound)))
 }
 
-/// The proxy source a mode registers proxies with: it answers xDS streams' requests for
-/// proxies and stops with the node.
-pub trait ProxySource: SnapshotSource {
-    /// Why proxy `id` is not registered yet, when the source knows.
-    fn waiting(&self, _id: &str) -> Option<String> {
-        None
-    }
-
-    /// Stops the source, deregistering what it registered.
-    fn shutdown(&self) -> acl::BoxFuture<'_, ()>;
-}
-
 /// The proxy config engine of a node: the Manager over the mode's data sources, the mode's
-/// proxy source, and the xDS server serving them.
+/// config source, and the xDS server serving them.
 #[derive(Clone)]
 pub struct Engine {
     /// The proxies' States.
     pub manager: Manager,
     /// The xDS server.
     pub xds: XdsServer,
-    /// What registers proxies.
-    pub source: Arc<dyn ProxySource>,
+    /// What registers proxies (the mode's config source).
+    pub source: Arc<dyn ConfigSource>,
 }
 
 /// What a server or an agent plugs into a node (see the module docs). Every method is
@@ -177,8 +165,9 @@ pub trait Mode: Send + Sync + 'static {
         None
     }
 
-    /// The source that registers proxies with `manager`.
-    fn proxy_source(&self, manager: &Manager) -> Arc<dyn ProxySource>;
+    /// The config source that registers proxies with `manager` (the catalog source, the
+    /// local source).
+    fn config_source(&self, manager: &Manager) -> Arc<dyn ConfigSource>;
 
     /// Mode-specific settings of the xDS server.
     fn configure_xds(&self, _xds: &XdsServer) {}
@@ -294,13 +283,13 @@ pub async fn serve_with_grace<M: Mode>(
     }
 }
 
-/// The Manager over the mode's data sources, the mode's proxy source, and the xDS server
+/// The Manager over the mode's data sources, the mode's config source, and the xDS server
 /// (streams authorized by the mode's tokens when ACLs are on).
 fn start_engine<M: Mode>(mode: &M, admission: xds::Admission) -> Engine {
     let manager = Manager::new(mode.manager_config(), mode.data_sources());
-    let source = mode.proxy_source(&manager);
+    let source = mode.config_source(&manager);
     let tokens = mode.tokens();
-    let snapshots: Arc<dyn SnapshotSource> = Arc::new(SourceRef(Arc::clone(&source)));
+    let snapshots: Arc<dyn SnapshotSource> = Arc::clone(&source) as Arc<dyn SnapshotSource>;
     let xds = if tokens.enabled() {
         let authorizer = StreamTokens::new(Arc::clone(&tokens), mode.local_tokens());
         XdsServer::with_authorizer(snapshots, admission, Arc::new(authorizer))
@@ -311,24 +300,6 @@ fn start_engine<M: Mode>(mode: &M, admission: xds::Admission) -> Engine {
     xds.set_server_name(&mode.node_name());
     mode.configure_xds(&xds);
     Engine { manager, xds, source }
-}
-
-/// A shared proxy source as the xDS server's snapshot source.
-struct SourceRef(Arc<dyn ProxySource>);
-
-impl SnapshotSource for SourceRef {
-    fn watch(
-        &self,
-        request: &proxycfg::ProxyRequest<'_>,
-    ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
-        self.0.watch(request)
-    }
-
-    // Every method forwards: a default here would silently drop what the inner source does
-    // (proxyless clients' listener names).
-    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
-        self.0.request_listeners(request, names);
-    }
 }
 
 /// The listeners being served.

@@ -341,3 +341,9 @@ async fn apply(inner: &Inner, id: &ProxyId, reg: Option<ProxyRegistration>, regi
         }
     }
 }
+
+impl proxycfg::ConfigSource for CatalogSource {
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(CatalogSource::shutdown(self))
+    }
+}

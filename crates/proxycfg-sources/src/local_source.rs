@@ -278,3 +278,13 @@ async fn apply(inner: &Inner, proxy: Option<&Arc<ConfigEntry>>, services: &[Arc<
         }
     }
 }
+
+impl proxycfg::ConfigSource for LocalSource {
+    fn waiting(&self, id: &str) -> Option<String> {
+        LocalSource::waiting(self, id)
+    }
+
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(LocalSource::shutdown(self))
+    }
+}

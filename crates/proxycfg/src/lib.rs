@@ -33,7 +33,7 @@ pub use manager::{DEFAULT_COALESCE, Manager, ManagerConfig, ProxyStatus, Registe
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use rate_limit::RateLimit;
 pub use registration::{ProxyRegistration, ProxySource, Registered};
-pub use serve::{ProxyRequest, SnapshotSource, SourceError, SourceLease};
+pub use serve::{ConfigSource, ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{
     ConfigSnapshot, ConnectProxySnapshot, IngressGatewaySnapshot, KindSnapshot, LinkedServiceSnapshot, ProxyId,
     TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,

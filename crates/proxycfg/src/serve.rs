@@ -54,3 +54,15 @@ pub trait SnapshotSource: Send + Sync + 'static {
         let _ = (request, names);
     }
 }
+
+/// A config source: what registers proxies with a Manager and serves their snapshots (the
+/// catalog source on servers, the local source on agents), as a node runs it.
+pub trait ConfigSource: SnapshotSource {
+    /// Why proxy `id` is not registered yet, when the source knows.
+    fn waiting(&self, _id: &str) -> Option<String> {
+        None
+    }
+
+    /// Stops the source, deregistering what it registered.
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}

@@ -16,8 +16,8 @@ pub use error::ServerError;
 use catalog::acl::{AclSettings, Resolver};
 use catalog::{Store, StoreTokens};
 use node::authz::Tokens;
-use node::{Bound, Engine, Listeners, Mode, ProxySource};
-use proxycfg::{DataSources, Manager, ManagerConfig};
+use node::{Bound, Engine, Listeners, Mode};
+use proxycfg::{ConfigSource, DataSources, Manager, ManagerConfig};
 use proxycfg_sources::CatalogSource;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -125,30 +125,6 @@ impl ServerMode {
     }
 }
 
-/// The catalog source as the node's proxy source.
-struct Catalog(CatalogSource);
-
-impl proxycfg::SnapshotSource for Catalog {
-    fn watch(
-        &self,
-        request: &proxycfg::ProxyRequest<'_>,
-    ) -> Result<(proxycfg::Watcher, proxycfg::SourceLease), proxycfg::SourceError> {
-        proxycfg::SnapshotSource::watch(&self.0, request)
-    }
-
-    // Every method forwards: a default here would silently drop what the inner source does
-    // (proxyless clients' listener names).
-    fn request_listeners(&self, request: &proxycfg::ProxyRequest<'_>, names: &[String]) {
-        proxycfg::SnapshotSource::request_listeners(&self.0, request, names);
-    }
-}
-
-impl ProxySource for Catalog {
-    fn shutdown(&self) -> acl::BoxFuture<'_, ()> {
-        Box::pin(self.0.shutdown())
-    }
-}
-
 #[async_trait::async_trait]
 impl Mode for ServerMode {
     fn name(&self) -> &'static str {
@@ -175,8 +151,8 @@ impl Mode for ServerMode {
         Arc::new(self.tokens.clone())
     }
 
-    fn proxy_source(&self, manager: &Manager) -> Arc<dyn ProxySource> {
-        Arc::new(Catalog(CatalogSource::new(self.store.clone(), manager.clone())))
+    fn config_source(&self, manager: &Manager) -> Arc<dyn ConfigSource> {
+        Arc::new(CatalogSource::new(self.store.clone(), manager.clone()))
     }
 
     fn configure_xds(&self, xds: &XdsServer) {

@@ -34,8 +34,8 @@ impl SnapshotSource for NoProxies {
     }
 }
 
-impl ProxySource for NoProxies {
-    fn shutdown(&self) -> acl::BoxFuture<'_, ()> {
+impl ConfigSource for NoProxies {
+    fn shutdown(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(std::future::ready(()))
     }
 }
@@ -60,7 +60,7 @@ impl Mode for Stuck {
     fn tokens(&self) -> Tokens {
         Arc::new(Open)
     }
-    fn proxy_source(&self, _: &Manager) -> Arc<dyn ProxySource> {
+    fn config_source(&self, _: &Manager) -> Arc<dyn ConfigSource> {
         Arc::new(NoProxies)
     }
     fn routes(&self, _: &Engine, _: prometheus_client::registry::Registry) -> axum::Router {
