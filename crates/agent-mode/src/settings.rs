@@ -21,15 +21,14 @@ fn default_advertise() -> String {
         .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
 }
 
-/// A token from a file (none: empty). Tokens never come from the command line.
-fn read_token(path: Option<&std::path::Path>, flag: &str) -> Result<String, StartError> {
-    match path {
-        None => Ok(String::new()),
-        Some(p) => Ok(std::fs::read_to_string(p)
-            .map_err(|e| StartError::Flags(format!("{flag}: cannot read {}: {e}", p.display())))?
-            .trim()
-            .to_owned()),
-    }
+/// A token from a file (an empty file: none). Tokens never come from the command line.
+fn read_token(path: Option<&std::path::Path>, flag: &str) -> Result<Option<acl::Token>, StartError> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| StartError::Flags(format!("{flag}: cannot read {}: {e}", p.display())))?;
+    Ok(acl::Token::new(text.trim()))
 }
 
 /// The servers to join, in order: each `-retry-join` (or config file `retry_join`) value is

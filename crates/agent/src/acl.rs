@@ -25,29 +25,17 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// The agent's ACL settings.
-#[derive(Clone, Default)]
+/// The agent's ACL settings. Tokens print as `Token(<hidden>)`.
+#[derive(Clone, Default, Debug)]
 pub struct AclConfig {
     /// Enforce ACLs on the agent's own endpoints and its xDS streams.
     pub enabled: bool,
     /// What no rule decides (must match the servers').
     pub default_allow: bool,
     /// The agent's own token.
-    pub agent_token: String,
+    pub agent_token: Option<::acl::Token>,
     /// The token of requests that name none.
-    pub default_token: String,
-}
-
-impl std::fmt::Debug for AclConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hidden = |t: &str| if t.is_empty() { "" } else { "<hidden>" };
-        f.debug_struct("AclConfig")
-            .field("enabled", &self.enabled)
-            .field("default_allow", &self.default_allow)
-            .field("agent_token", &hidden(&self.agent_token))
-            .field("default_token", &hidden(&self.default_token))
-            .finish()
-    }
+    pub default_token: Option<::acl::Token>,
 }
 
 pub use ::acl::{ResolveError as AclError, Resolved};
@@ -77,12 +65,8 @@ impl AgentAcl {
     /// ACLs for an agent talking to `servers`.
     pub fn new(config: AclConfig, servers: Arc<Servers>) -> Self {
         let management = ::acl::Rules::parse(::acl::GLOBAL_MANAGEMENT_RULES).unwrap_or_default();
-        let token = if config.agent_token.is_empty() {
-            &config.default_token
-        } else {
-            &config.agent_token
-        };
-        servers.set_token(token);
+        let token = config.agent_token.as_ref().or(config.default_token.as_ref());
+        servers.set_token(token.map_or("", ::acl::Token::secret));
         Self {
             servers,
             cache: Mutex::new(HashMap::new()),
@@ -106,9 +90,9 @@ impl AgentAcl {
         &self.config
     }
 
-    /// The token a request that names none runs with.
+    /// The token a request that names none runs with (`""`: none, the anonymous token).
     pub fn default_token(&self) -> &str {
-        &self.config.default_token
+        self.config.default_token.as_ref().map_or("", ::acl::Token::secret)
     }
 
     /// What intentions decide when none matches: allow without ACLs, else the default
@@ -132,7 +116,7 @@ impl AgentAcl {
         if !self.config.enabled {
             return Ok(self.all.clone());
         }
-        let secret = token.filter(|t| !t.is_empty()).unwrap_or(&self.config.default_token);
+        let secret = token.filter(|t| !t.is_empty()).unwrap_or(self.default_token());
         if let Some(hit) = self.cache.lock().get(secret) {
             if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
                 return Err(AclError::NotFound);
