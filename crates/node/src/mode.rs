@@ -4,7 +4,7 @@
 //! — until the shutdown signal, and drain in order within the grace deadline.
 //!
 //! The drain: the mode's `draining` (a server releases its parked blocking queries), xDS
-//! streams end and the xDS listeners close, the proxy source and the Manager stop, the
+//! streams end and the xDS listeners close, the config source and the Manager stop, the
 //! mode's `engine_stopped` (an agent leaves), background tasks end, the HTTP listeners
 //! close once their requests finish, the mode's `close` (a server closes its store).
 
