@@ -182,16 +182,9 @@ impl Servers {
         path: &str,
         body: &T,
     ) -> Result<(), ApiError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Decode(e.to_string()))?;
-        let resp = self
-            .send_as(token, |c, base| {
-                c.put(format!("{base}{path}"))
-                    .timeout(Duration::from_secs(30))
-                    .header("Content-Type", "application/json")
-                    .body(bytes.clone())
-            })
-            .await?;
-        check_status(resp).await.map(|_| ())
+        self.call_as(token, reqwest::Method::PUT, path, Some(body))
+            .await
+            .map(|_| ())
     }
 
     /// `GET path`, decoded.
@@ -201,13 +194,7 @@ impl Servers {
 
     /// As [`Servers::get_json`], with `token` (none: the agent's).
     pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&str>, path: &str) -> Result<T, ApiError> {
-        let resp = self
-            .send_as(token, |c, base| {
-                c.get(format!("{base}{path}")).timeout(Duration::from_secs(30))
-            })
-            .await?;
-        let bytes = check_status(resp).await?;
-        structs::json::from_slice(&bytes).map_err(|e| ApiError::Decode(e.to_string()))
+        decode(&self.get_as(token, path).await?.body)
     }
 }
 
@@ -247,12 +234,7 @@ impl Servers {
                     .timeout(timeout)
             })
             .await?;
-        let index = resp
-            .headers()
-            .get(structs::wire::INDEX_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let index = consul_index(resp.headers());
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(Blocked { body: None, index });
         }
@@ -279,17 +261,7 @@ impl Servers {
         path: &str,
         body: &T,
     ) -> Result<R, ApiError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Decode(e.to_string()))?;
-        let resp = self
-            .send_as(token, |c, base| {
-                c.put(format!("{base}{path}"))
-                    .timeout(Duration::from_secs(30))
-                    .header("Content-Type", "application/json")
-                    .body(bytes.clone())
-            })
-            .await?;
-        let answer = check_status(resp).await?;
-        structs::json::from_slice(&answer).map_err(|e| ApiError::Decode(e.to_string()))
+        decode(&self.call_as(token, reqwest::Method::PUT, path, Some(body)).await?)
     }
 }
 
@@ -313,11 +285,7 @@ impl Servers {
             })
             .await?;
         let headers = resp.headers();
-        let index = headers
-            .get(structs::wire::INDEX_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let index = consul_index(headers);
         let filtered = headers.get(structs::wire::FILTERED_HEADER).is_some_and(|v| v == "true");
         let body = check_status(resp).await?;
         Ok(Answer { body, index, filtered })
@@ -348,6 +316,20 @@ impl Servers {
             .await?;
         check_status(resp).await
     }
+}
+
+/// `X-Consul-Index` (0 when the server sent none).
+fn consul_index(headers: &reqwest::header::HeaderMap) -> u64 {
+    headers
+        .get(structs::wire::INDEX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An answer's JSON body, in any key casing.
+fn decode<R: DeserializeOwned>(body: &[u8]) -> Result<R, ApiError> {
+    structs::json::from_slice(body).map_err(|e| ApiError::Decode(e.to_string()))
 }
 
 async fn check_status(resp: reqwest::Response) -> Result<bytes::Bytes, ApiError> {
