@@ -2,7 +2,7 @@
 
 use crate::cli::{EnvoyArgs, GrpcAddr};
 use anyhow::{Context, Result, bail};
-use api_client::{ApiError, paths};
+use api_client::{ApiError, Servers, paths};
 use std::future::Future;
 use structs::ServiceKind;
 use structs::listing::CatalogService;
@@ -25,10 +25,13 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
                 .unwrap_or(id)
                 .to_owned(),
         )),
-        (None, Some(service)) => match sidecar_from_agent(args, service).await? {
-            Some(found) => Ok(found),
-            None => sidecar_from_catalog(args, service).await,
-        },
+        (None, Some(service)) => {
+            let api = Servers::new(&[args.http_addr.to_string()]);
+            match sidecar_from_agent(&api, args, service).await? {
+                Some(found) => Ok(found),
+                None => sidecar_from_catalog(&api, args, service).await,
+            }
+        }
         (None, None) => bail!("one of -proxy-id, -sidecar-for or -gateway is required"),
     }
 }
@@ -53,10 +56,9 @@ struct Forbidden {
 /// The sources of the proxy's token, as a message names them.
 const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
 
-/// `GET path` on `-http-addr` with the token. A 403 is a [`Forbidden`] error; a route
+/// `GET path` on `-http-addr` (`api`) with the token. A 403 is a [`Forbidden`] error; a route
 /// that is not there (404, 405: `-http-addr` is a server, not an agent) is no answer.
-async fn lookup(args: &EnvoyArgs, path: &str) -> Result<Answer> {
-    let api = api_client::Servers::new(&[args.http_addr.to_string()]);
+async fn lookup(api: &Servers, args: &EnvoyArgs, path: &str) -> Result<Answer> {
     match api.get_as(Some(&args.token), path).await {
         Ok(answer) => {
             let body = serde_json::from_slice(&answer.body).with_context(|| format!("decoding GET {path}"))?;
@@ -110,16 +112,20 @@ fn lookup_error(args: &EnvoyArgs, service: &str, at: &str, e: anyhow::Error) -> 
 /// The sidecar of local service `service` (by id, else by name), as the agent at
 /// `-http-addr` registered it, with the agent's node: what Envoy then asks that agent's xDS
 /// for. `None` when `-http-addr` is a server (no local services there).
-async fn sidecar_from_agent(args: &EnvoyArgs, service: &str) -> Result<Option<(String, String, String)>> {
+async fn sidecar_from_agent(
+    api: &Servers,
+    args: &EnvoyArgs,
+    service: &str,
+) -> Result<Option<(String, String, String)>> {
     let at = format!("the agent at {}", args.http_addr);
-    let services = match lookup(args, paths::AGENT_SERVICES).await {
+    let services = match lookup(api, args, paths::AGENT_SERVICES).await {
         Ok(Answer { body: None, .. }) => return Ok(None),
         Ok(answer) => answer,
         Err(e) => return Err(lookup_error(args, service, &at, e)),
     };
     // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
     // then finds the proxy by id among its own.
-    let node = match lookup(args, paths::AGENT_SELF).await {
+    let node = match lookup(api, args, paths::AGENT_SELF).await {
         Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
         Ok(Answer { body: None, .. }) => return Ok(None),
         Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
@@ -174,10 +180,10 @@ fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a
 }
 
 /// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
-async fn sidecar_from_catalog(args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
+async fn sidecar_from_catalog(api: &Servers, args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
     let at = format!("the server at {}", args.http_addr);
     let path = paths::catalog_connect(service);
-    let answer = lookup(args, &path)
+    let answer = lookup(api, args, &path)
         .await
         .map_err(|e| lookup_error(args, service, &at, e))?;
     let body = answer.body.unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
