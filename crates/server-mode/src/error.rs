@@ -17,6 +17,4 @@ pub enum ServerError {
 }
 
 /// An error with its causes, on one line.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    api_client::chain(e)
-}
+pub(crate) use api_client::chain;
