@@ -7,7 +7,6 @@
 mod args;
 mod error;
 mod local;
-mod metrics;
 mod reload;
 mod settings;
 
@@ -164,9 +163,12 @@ impl Mode for AgentMode {
         Arc::new(LocalSource::start(manager.clone(), local, self.agent.caches().clone()))
     }
 
-    fn routes(&self, _engine: &Engine, mut registry: prometheus_client::registry::Registry) -> axum::Router {
-        self.agent.caches().register_metrics(&mut registry);
-        ::agent::http::router(self.agent.clone()).merge(metrics::router(registry, self.agent.config().node.clone()))
+    fn routes(&self, _engine: &Engine) -> axum::Router {
+        ::agent::http::router(self.agent.clone())
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.agent.caches().register_metrics(registry);
     }
 
     fn spawn(&self, _engine: &Engine, tasks: &TaskTracker, stop: CancellationToken) {

@@ -3,7 +3,7 @@
 //! being built ([`Routes`]).
 
 use crate::query::{self, Params};
-use crate::{ApiError, HttpMetrics, authz, metrics, response_cache};
+use crate::{ApiError, HttpMetrics, authz, response_cache};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -21,9 +21,9 @@ pub struct ApiConfig {
     pub server_addr: String,
     /// Largest accepted request body, bytes (larger: 413).
     pub max_body: usize,
-    /// Metrics kept outside the API (xDS, proxycfg), encoded after the API's own by
-    /// `/v1/agent/metrics?format=prometheus`.
-    pub extra_metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The API's request counters, which the router updates and its owner registers
+    /// ([`HttpMetrics::register`]).
+    pub metrics: Arc<HttpMetrics>,
     /// Node liveness tracking behind `PUT /v1/internal/node/heartbeat` (none: 404).
     pub liveness: Option<Arc<catalog::liveness::Liveness>>,
     /// Resolves tokens; with ACLs off every request may do everything.
@@ -37,7 +37,7 @@ impl Default for ApiConfig {
             node_id: String::new(),
             server_addr: "127.0.0.1:8300".into(),
             max_body: 512 * 1024,
-            extra_metrics: None,
+            metrics: Arc::default(),
             liveness: None,
             acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
         }
@@ -59,10 +59,6 @@ pub(crate) struct Api {
     pub(crate) store: Store,
     pub(crate) config: Arc<ApiConfig>,
     pub(crate) metrics: Arc<HttpMetrics>,
-    /// The catalog gauges, set from the state when metrics are scraped.
-    pub(crate) catalog_gauges: Arc<metrics::CatalogGauges>,
-    /// The API's own metrics (catalog gauges, then HTTP).
-    pub(crate) registry: Arc<prometheus_client::registry::Registry>,
     pub(crate) responses: Arc<response_cache::ResponseCache>,
 }
 

@@ -27,7 +27,7 @@ pub use api::ApiConfig;
 pub(crate) use api::{Api, Routes};
 pub use authz::FILTERED_HEADER;
 pub use error::ApiError;
-pub use metrics::HttpMetrics;
+pub use metrics::{CatalogMetrics, HttpMetrics};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -45,18 +45,12 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
-    let metrics = Arc::new(HttpMetrics::default());
-    let catalog_gauges = Arc::new(metrics::CatalogGauges::default());
-    let mut registry = prometheus_client::registry::Registry::default();
-    catalog_gauges.register(&mut registry);
-    metrics.register(&mut registry);
+    let metrics = Arc::clone(&config.metrics);
     let max_body = config.max_body;
     let api = Api {
         store,
         config: Arc::new(config),
         metrics: Arc::clone(&metrics),
-        catalog_gauges,
-        registry: Arc::new(registry),
         responses: Arc::new(response_cache::ResponseCache::default()),
     };
     let mut r = Routes::default();
@@ -108,7 +102,6 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/status/leader", get(agent::leader));
     r.add("/v1/status/peers", get(agent::peers));
     r.add("/v1/agent/self", get(agent::agent_self));
-    r.add("/v1/agent/metrics", get(agent::metrics));
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
     r.add("/v1/internal/ui/services", get(ui::services));
     acl_routes::add(&mut r);

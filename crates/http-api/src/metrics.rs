@@ -1,12 +1,14 @@
 //! The API's own metrics: request counters, blocking queries, and the catalog gauges read at
-//! scrape time; registered in a prometheus-client [`Registry`] with what the server adds.
+//! scrape time, for the server to register in its prometheus-client [`Registry`] (the node
+//! serves them at `/v1/agent/metrics`).
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use catalog::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
 
 /// Requests served, by status class.
 #[derive(Debug, Default)]
@@ -75,55 +77,75 @@ impl HttpMetrics {
     }
 }
 
-/// The catalog's gauges: set from the state at each scrape, just before encoding.
-#[derive(Debug, Default)]
-pub(crate) struct CatalogGauges {
-    pub(crate) index: Gauge<u64, AtomicU64>,
-    pub(crate) nodes: Gauge,
-    pub(crate) service_instances: Gauge,
-    pub(crate) checks: Gauge,
-    pub(crate) publisher_topics: Gauge,
-    /// Several servers over etcd: 1 while this server leads.
-    pub(crate) leader: Gauge,
-    /// Several servers over etcd: full reloads after the watch's revision was compacted.
-    pub(crate) etcd_reloads: Gauge<u64, AtomicU64>,
-    /// Several servers over etcd: registered servers.
-    pub(crate) servers: Gauge,
+/// The catalog's gauges, read from the state at each scrape: register it as a collector
+/// (`Registry::register_collector`) beside [`HttpMetrics`].
+#[derive(Debug)]
+pub struct CatalogMetrics {
+    store: Store,
 }
 
-impl CatalogGauges {
-    pub(crate) fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "meshd_catalog_index",
-            "Index of the last committed catalog write",
-            self.index.clone(),
-        );
-        registry.register("meshd_catalog_nodes", "Registered nodes", self.nodes.clone());
-        registry.register(
-            "meshd_catalog_service_instances",
-            "Registered service instances",
-            self.service_instances.clone(),
-        );
-        registry.register("meshd_catalog_checks", "Registered health checks", self.checks.clone());
-        registry.register(
-            "meshd_publisher_topics",
-            "Event publisher topics with subscribers",
-            self.publisher_topics.clone(),
-        );
-        registry.register(
-            "meshd_server_leader",
-            "1 while this server leads the servers sharing its etcd (always 1 with the embedded store)",
-            self.leader.clone(),
-        );
-        registry.register(
-            "meshd_cluster_servers",
-            "Servers registered in etcd (1 with the embedded store)",
-            self.servers.clone(),
-        );
-        registry.register(
-            "meshd_etcd_reloads",
-            "Full reloads of the catalog from etcd after the watch's next revision was compacted",
-            self.etcd_reloads.clone(),
-        );
+impl CatalogMetrics {
+    /// The gauges of `store`.
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+}
+
+impl Collector for CatalogMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let (index, nodes, instances, checks) = {
+            let state = self.store.read();
+            (
+                state.index.0,
+                state.nodes().count(),
+                state.all_services().count(),
+                state.all_checks().count(),
+            )
+        };
+        let (leading, servers) = match self.store.cluster() {
+            Some(c) => (*c.leading().borrow(), c.status().servers.len()),
+            None => (true, 1),
+        };
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let gauges: [(&str, &str, i64); 8] = [
+            (
+                "meshd_catalog_index",
+                "Index of the last committed catalog write",
+                i64::try_from(index).unwrap_or(i64::MAX),
+            ),
+            ("meshd_catalog_nodes", "Registered nodes", count(nodes)),
+            (
+                "meshd_catalog_service_instances",
+                "Registered service instances",
+                count(instances),
+            ),
+            ("meshd_catalog_checks", "Registered health checks", count(checks)),
+            (
+                "meshd_publisher_topics",
+                "Event publisher topics with subscribers",
+                count(self.store.subscribed_topics()),
+            ),
+            (
+                "meshd_server_leader",
+                "1 while this server leads the servers sharing its etcd (always 1 with the embedded store)",
+                i64::from(leading),
+            ),
+            (
+                "meshd_cluster_servers",
+                "Servers registered in etcd (1 with the embedded store)",
+                count(servers),
+            ),
+            (
+                "meshd_etcd_reloads",
+                "Full reloads of the catalog from etcd after the watch's next revision was compacted",
+                i64::try_from(self.store.etcd_reloads()).unwrap_or(i64::MAX),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            // A registry adds the final period to help texts; a collector writes its own.
+            let metric = encoder.encode_descriptor(name, &format!("{help}."), None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(metric)?;
+        }
+        Ok(())
     }
 }

@@ -500,14 +500,6 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
         row("GET", "/v1/agent/self", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
         row(
             "GET",
-            "/v1/agent/metrics",
-            "/v1/agent/metrics",
-            n.clone(),
-            AGENT_READ,
-            Denied,
-        ),
-        row(
-            "GET",
             "/v1/internal/ui/services",
             "/v1/internal/ui/services",
             n.clone(),

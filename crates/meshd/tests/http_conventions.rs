@@ -181,6 +181,8 @@ async fn a_server_and_an_agent_answer_the_same_request_the_same() {
     }
     rows.push(("/v1/internal/xds-status".to_owned(), None, Carry::None));
     rows.push(("/v1/internal/proxy-status/nope".to_owned(), m, Carry::Header));
+    // One metrics route on both: its refusal of an unknown format.
+    rows.push(("/v1/agent/metrics?format=xml".to_owned(), m, Carry::Header));
     // Error bodies.
     rows.push((
         "/v1/health/service/web?dc=elsewhere".to_owned(),
@@ -225,4 +227,20 @@ async fn a_server_and_an_agent_answer_the_same_request_the_same() {
     assert_eq!(count(passing("=True").await.body), 1);
     assert_eq!(count(passing("=False").await.body), 2);
     assert_eq!(passing("=yes").await.status, 400);
+    // Both serve their metrics as Consul's JSON by default, and as Prometheus text.
+    for base in [s, a] {
+        let json = get(&client, base, "/v1/agent/metrics", m, Carry::Header).await;
+        assert_eq!(json.status, 200, "{base}: {}", json.body);
+        let json: Value = serde_json::from_str(&json.body).unwrap();
+        assert!(
+            json["Gauges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g["Name"] == "meshd_xds_streams"),
+            "{base}: {json}"
+        );
+        let text = get(&client, base, "/v1/agent/metrics?format=prometheus", m, Carry::Header).await;
+        assert!(text.body.ends_with("# EOF"), "{base}: {}", text.body);
+    }
 }

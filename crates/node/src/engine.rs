@@ -117,8 +117,8 @@ impl prometheus_client::collector::Collector for ProcessCollector {
         let tasks = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks());
         let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
         for (name, help, value) in [
-            ("meshd_runtime_tasks", "Live tokio tasks of the process", tasks),
-            ("meshd_process_open_fds", "Open file descriptors of the process", fds),
+            ("meshd_runtime_tasks", "Live tokio tasks of the process.", tasks),
+            ("meshd_process_open_fds", "Open file descriptors of the process.", fds),
         ] {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)?;

@@ -6,7 +6,8 @@
 //! - [`authz`]: authorization over [`acl::TokenResolver`] — the HTTP [`authz::Caller`],
 //!   the CSDS guard, the xDS stream authorizer;
 //! - [`engine`]: serving xDS (plain and TLS, keepalive, admission) and the engine's metrics;
-//! - [`status`]: the engine's status views;
+//! - [`status`]: the engine's status views; [`metrics`]: `/v1/agent/metrics` over the
+//!   engine's and the mode's metrics, in Prometheus text or Consul's JSON;
 //! - [`mode`]: the [`mode::Mode`] a server or an agent plugs in, and [`mode::serve`], which
 //!   runs a node from bound listeners to a drained shutdown;
 //! - [`shutdown`]: signals and the grace deadline.
@@ -20,6 +21,7 @@ pub mod conn_limit;
 pub mod engine;
 pub mod header_cap;
 pub mod http_serve;
+pub mod metrics;
 pub mod mode;
 pub mod shutdown;
 pub mod status;

@@ -172,9 +172,12 @@ pub trait Mode: Send + Sync + 'static {
     /// Mode-specific settings of the xDS server.
     fn configure_xds(&self, _xds: &XdsServer) {}
 
-    /// The mode's HTTP routes; `metrics` holds the engine's (xDS, Manager, process) for the
-    /// mode to serve with its own. The status views are added by the node.
-    fn routes(&self, engine: &Engine, metrics: prometheus_client::registry::Registry) -> axum::Router;
+    /// The mode's HTTP routes. The node adds the status views and `/v1/agent/metrics`.
+    fn routes(&self, engine: &Engine) -> axum::Router;
+
+    /// Registers the mode's metrics, served at `/v1/agent/metrics` after the engine's (xDS,
+    /// Manager, process).
+    fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
 
     /// Starts the mode's background work on `tasks`; it ends when `stop` fires.
     fn spawn(&self, engine: &Engine, tasks: &TaskTracker, stop: CancellationToken);
@@ -213,13 +216,15 @@ pub async fn serve_with_grace<M: Mode>(
 ) -> Result<(), ModeError> {
     let engine = start_engine(&mode, listeners.config.admission);
     let tokens = mode.tokens();
-    let registry = crate::engine::engine_registry(&engine.xds, &engine.manager);
+    let mut registry = crate::engine::engine_registry(&engine.xds, &engine.manager);
+    mode.register_metrics(&mut registry);
+    let metrics = crate::metrics::router(registry, mode.node_name());
     let waiting = {
         let source = Arc::clone(&engine.source);
         Arc::new(move |id: &str| source.waiting(id))
     };
     let status = crate::status::router(engine.manager.clone(), engine.xds.clone(), waiting);
-    let app = with_tokens(mode.routes(&engine, registry).merge(status), tokens)
+    let app = with_tokens(mode.routes(&engine).merge(status).merge(metrics), tokens)
         .layer(axum::middleware::from_fn(crate::header_cap::cap));
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;

@@ -90,6 +90,8 @@ pub struct ServerMode {
     followers: TaskTracker,
     api_addr: SocketAddr,
     liveness: Arc<catalog::liveness::Liveness>,
+    /// The HTTP API's request counters.
+    http_metrics: Arc<http_api::HttpMetrics>,
 }
 
 impl ServerMode {
@@ -121,6 +123,7 @@ impl ServerMode {
             followers,
             api_addr,
             liveness,
+            http_metrics: Arc::default(),
         })
     }
 }
@@ -159,7 +162,7 @@ impl Mode for ServerMode {
         xds.set_status_tracking(self.args.xds_status_tracking);
     }
 
-    fn routes(&self, _engine: &Engine, metrics: prometheus_client::registry::Registry) -> axum::Router {
+    fn routes(&self, _engine: &Engine) -> axum::Router {
         let api = http_api::ApiConfig {
             node_name: self.args.node.clone(),
             node_id: self
@@ -169,7 +172,7 @@ impl Mode for ServerMode {
                 .map(|ca| ca.cluster_id.clone())
                 .unwrap_or_default(),
             server_addr: self.api_addr.to_string(),
-            extra_metrics: Some(Arc::new(metrics)),
+            metrics: Arc::clone(&self.http_metrics),
             liveness: Some(Arc::clone(&self.liveness)),
             acl: Arc::clone(&self.acl),
             ..http_api::ApiConfig::default()
@@ -179,6 +182,11 @@ impl Mode for ServerMode {
             forward::Forwarder::new(self.store.clone(), max_body),
             forward::forward_writes,
         ))
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(http_api::CatalogMetrics::new(self.store.clone())));
+        self.http_metrics.register(registry);
     }
 
     fn spawn(&self, engine: &Engine, tasks: &TaskTracker, stop: CancellationToken) {

@@ -63,7 +63,7 @@ impl Mode for Stuck {
     fn config_source(&self, _: &Manager) -> Arc<dyn ConfigSource> {
         Arc::new(NoProxies)
     }
-    fn routes(&self, _: &Engine, _: prometheus_client::registry::Registry) -> axum::Router {
+    fn routes(&self, _: &Engine) -> axum::Router {
         axum::Router::new()
     }
     fn spawn(&self, _: &Engine, _: &TaskTracker, _: CancellationToken) {}
