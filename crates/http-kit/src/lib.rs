@@ -9,11 +9,15 @@
 //! - blocking queries: `?index=` (empty: none) and `?wait=` (a Go duration, default 5 min,
 //!   at most 10), with jitter ([`Blocking`]);
 //! - the request's token: `X-Consul-Token`, else `Authorization: Bearer`, else `?token=`
-//!   ([`token`]).
+//!   ([`token`]);
+//! - relaying a request to another node and its answer back ([`relay`]): a follower's write
+//!   to its leader, an agent's request to a server.
 //!
 //! A parameter that cannot be read is a [`BadParam`]: each API turns it into its 400.
 
 use axum::http::{HeaderMap, header};
+
+pub mod relay;
 use std::time::Duration;
 use structs::{GoDuration, Index};
 

@@ -4,21 +4,22 @@
 //! Any server can commit a write (etcd orders them), but servers writing at once conflict on
 //! the catalog's write guard and plan their batches again, so the throughput of three
 //! writing servers is below that of one. A follower therefore hands a write request
-//! (`PUT`, `POST`, `DELETE` under `/v1/`) to the leader over HTTP, with its headers (the
-//! token among them) and body, and answers with the leader's answer once its own state has
-//! applied what the leader had then (so a client reads its write back from the server it
-//! wrote to). The leader marks what it applied in `X-Meshd-Applied`.
+//! (`PUT`, `POST`, `DELETE` under `/v1/`) to the leader over HTTP as `http_kit::relay`
+//! relays one (its end-to-end headers, the token among them, and its body), and answers
+//! with the leader's answer once its own state has applied what the leader had then (so a
+//! client reads its write back from the server it wrote to). The leader marks what it
+//! applied in `X-Meshd-Applied`.
 //!
 //! Reads are never forwarded. A request already forwarded is served where it lands (no
 //! loops while leadership moves). When the leader cannot be reached at all, the follower
 //! serves the write itself: every server can, the write guard keeps it correct.
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use catalog::Store;
+use http_kit::relay::{self, Outgoing};
 use std::sync::Arc;
 use std::time::Duration;
 use structs::Index;
@@ -26,17 +27,9 @@ use tracing::{debug, warn};
 
 /// Marks a request a server forwarded (its value: the forwarding server's name).
 const FORWARDED: &str = "x-meshd-forwarded";
-/// On a forwarded write's answer: the index the leader had applied after it.
+/// On a forwarded write's answer: the index the leader had applied after it (read here, not
+/// passed on).
 const APPLIED: &str = "x-meshd-applied";
-/// Request headers that go to the leader.
-const PASSED: [&str; 3] = ["content-type", "x-consul-token", "authorization"];
-/// Answer headers that come back.
-const RETURNED: [&str; 4] = [
-    "content-type",
-    "x-consul-index",
-    "x-consul-knownleader",
-    "x-consul-lastcontact",
-];
 
 /// What the forwarding layer needs.
 pub(crate) struct Forwarder {
@@ -82,30 +75,20 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
     let Some(leader) = cluster.status().leader.filter(|l| l.name != cluster.me().name) else {
         return next.run(req).await;
     };
-    let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, fwd.max_body).await else {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {} bytes\n", fwd.max_body),
-        )
-            .into_response();
+    let out = match Outgoing::read(req, fwd.max_body).await {
+        Ok(out) => out,
+        Err(too_large) => return too_large,
     };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut out = fwd
-        .client
-        .request(parts.method.clone(), format!("http://{}{path}", leader.address))
+    let sent = out
+        .to(&fwd.client, &format!("http://{}", leader.address))
         .header(FORWARDED, cluster.me().name.as_str())
-        .body(bytes.clone());
-    for name in PASSED {
-        if let Some(v) = parts.headers.get(name) {
-            out = out.header(name, v);
-        }
-    }
-    let answer = match out.send().await {
+        .send()
+        .await;
+    let answer = match sent {
         Ok(answer) => answer,
         Err(e) if e.is_connect() => {
             debug!(leader = %leader.address, error = %e, "the leader cannot be reached: serving the write here");
-            return next.run(Request::from_parts(parts, Body::from(bytes))).await;
+            return next.run(out.into_request()).await;
         }
         Err(e) => {
             warn!(leader = %leader.address, error = %e, "forwarding a write to the leader failed");
@@ -119,10 +102,8 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
                 .into_response();
         }
     };
-    let status = answer.status();
-    let headers = answer.headers().clone();
-    let body = match answer.bytes().await {
-        Ok(b) => b,
+    let mut resp = match relay::answer(answer).await {
+        Ok(resp) => resp,
         Err(e) => {
             return (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,23 +112,16 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
                 .into_response();
         }
     };
-    if let Some(applied) = headers
-        .get(APPLIED)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
+    if let Some(applied) = resp
+        .headers_mut()
+        .remove(APPLIED)
+        .and_then(|v| v.to_str().ok().and_then(|v| v.parse().ok()))
         && !fwd.store.wait_applied(Index(applied), Duration::from_secs(5)).await
     {
         warn!(
             applied,
             "a forwarded write is not yet visible here: the etcd watch is behind"
         );
-    }
-    let mut resp = Response::new(Body::from(body));
-    *resp.status_mut() = status;
-    for name in RETURNED {
-        if let Some(v) = headers.get(name) {
-            resp.headers_mut().insert(HeaderName::from_static(name), v.clone());
-        }
     }
     resp
 }
