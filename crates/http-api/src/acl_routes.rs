@@ -15,8 +15,8 @@ use axum::routing::{get, put};
 use catalog::{IndexKey, Op};
 use serde::Deserialize;
 use std::sync::Arc;
-use structs::acl::{AclPolicy, AclRole, AclToken, Link, NodeIdentity, ServiceIdentity};
-use structs::{GoDuration, Index, Timestamp};
+use structs::Index;
+use structs::acl::{AclPolicy, AclRole, AclToken, Link, NodeIdentity, ServiceIdentity, TokenWrite};
 
 pub(crate) fn add(r: &mut Routes) {
     r.add("/v1/acl/bootstrap", put(bootstrap));
@@ -159,58 +159,29 @@ async fn bootstrap(State(api): State<Api>, RawQuery(q): RawQuery, body: Bytes) -
     Ok(query::json(&token_out(&state, &token, true), None, params.pretty()))
 }
 
-/// A token create or update body (Consul's fields).
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TokenIn {
-    #[serde(rename = "AccessorID")]
-    accessor_id: String,
-    #[serde(rename = "SecretID")]
-    secret_id: String,
-    #[serde(rename = "Description")]
-    description: String,
-    #[serde(rename = "Policies")]
-    policies: Vec<Link>,
-    #[serde(rename = "Roles")]
-    roles: Vec<Link>,
-    #[serde(rename = "ServiceIdentities")]
-    service_identities: Vec<ServiceIdentity>,
-    #[serde(rename = "NodeIdentities")]
-    node_identities: Vec<NodeIdentity>,
-    #[serde(rename = "TemplatedPolicies")]
-    templated_policies: Vec<serde_json::Value>,
-    #[serde(rename = "Local")]
-    local: bool,
-    #[serde(rename = "ExpirationTime")]
-    expiration_time: Option<Timestamp>,
-    #[serde(rename = "ExpirationTTL")]
-    expiration_ttl: Option<GoDuration>,
-}
-
-impl TokenIn {
-    fn into_token(self) -> Result<(AclToken, Option<std::time::Duration>), ApiError> {
-        if !self.templated_policies.is_empty() {
-            return Err(ApiError::BadRequest(
-                "TemplatedPolicies: not supported: use ServiceIdentities and NodeIdentities".into(),
-            ));
-        }
-        let ttl = self.expiration_ttl.filter(|d| !d.is_zero()).map(|d| d.0);
-        Ok((
-            AclToken {
-                accessor_id: self.accessor_id,
-                secret_id: self.secret_id,
-                description: self.description,
-                policies: self.policies,
-                roles: self.roles,
-                service_identities: self.service_identities,
-                node_identities: self.node_identities,
-                local: self.local,
-                expiration_time: self.expiration_time,
-                ..AclToken::default()
-            },
-            ttl,
-        ))
+/// The token a create or update body describes, and its TTL.
+fn token_from(req: TokenWrite) -> Result<(AclToken, Option<std::time::Duration>), ApiError> {
+    if !req.templated_policies.is_empty() {
+        return Err(ApiError::BadRequest(
+            "TemplatedPolicies: not supported: use ServiceIdentities and NodeIdentities".into(),
+        ));
     }
+    let ttl = req.expiration_ttl.filter(|d| !d.is_zero()).map(|d| d.0);
+    Ok((
+        AclToken {
+            accessor_id: req.accessor_id,
+            secret_id: req.secret_id,
+            description: req.description,
+            policies: req.policies,
+            roles: req.roles,
+            service_identities: req.service_identities,
+            node_identities: req.node_identities,
+            local: req.local,
+            expiration_time: req.expiration_time,
+            ..AclToken::default()
+        },
+        ttl,
+    ))
 }
 
 async fn write_token(
@@ -241,8 +212,8 @@ async fn token_create(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let params = write_prelude(&api, &authz, q.as_deref())?;
-    let req: TokenIn = query::decode(&body, "a token")?;
-    let (mut token, ttl) = req.into_token()?;
+    let req: TokenWrite = query::decode(&body, "a token")?;
+    let (mut token, ttl) = token_from(req)?;
     if token.accessor_id.is_empty() {
         token.accessor_id = new_id()?;
     }
@@ -262,8 +233,8 @@ async fn token_update(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let params = write_prelude(&api, &authz, q.as_deref())?;
-    let req: TokenIn = query::decode(&body, "a token")?;
-    let (mut token, ttl) = req.into_token()?;
+    let req: TokenWrite = query::decode(&body, "a token")?;
+    let (mut token, ttl) = token_from(req)?;
     if !token.accessor_id.is_empty() && token.accessor_id != id {
         return Err(ApiError::BadRequest(format!(
             "AccessorID: {:?} does not match the path's {id:?}",

@@ -5,13 +5,15 @@
 use crate::cli::{AclCommand, AclCommonArgs, AclPolicyCommand, AclTokenCommand};
 use anyhow::{Context, Result, bail};
 use api_client::{ApiError, Servers, paths};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use structs::acl::{AclPolicy, AclToken, Link, NodeIdentity, ServiceIdentity, TokenWrite};
 
 /// Runs an `acl` command, printing its result on stdout.
 pub async fn run(command: AclCommand) -> Result<()> {
     let out = match command {
         AclCommand::Bootstrap(common) => {
-            let token = request(&common, reqwest::Method::PUT, paths::ACL_BOOTSTRAP, None).await?;
+            let token: AclToken = request(&common, reqwest::Method::PUT, paths::ACL_BOOTSTRAP, None::<&()>).await?;
             token_text(&token)
         }
         AclCommand::Policy(AclPolicyCommand::Create(args)) => {
@@ -22,14 +24,16 @@ pub async fn run(command: AclCommand) -> Result<()> {
                 Some(path) => std::fs::read_to_string(path).with_context(|| format!("-rules: cannot read {path}"))?,
                 None => args.rules.clone(),
             };
-            let body = json!({"Name": args.name, "Description": args.description, "Rules": rules});
-            let policy = request(&args.common, reqwest::Method::PUT, paths::ACL_POLICY, Some(body)).await?;
+            let body = AclPolicy {
+                name: args.name.clone(),
+                description: args.description.clone(),
+                rules,
+                ..AclPolicy::default()
+            };
+            let policy: AclPolicy = request(&args.common, reqwest::Method::PUT, paths::ACL_POLICY, Some(&body)).await?;
             format!(
                 "ID:           {}\nName:         {}\nDescription:  {}\nRules:\n{}\n",
-                policy["ID"].as_str().unwrap_or_default(),
-                policy["Name"].as_str().unwrap_or_default(),
-                policy["Description"].as_str().unwrap_or_default(),
-                policy["Rules"].as_str().unwrap_or_default()
+                policy.id, policy.name, policy.description, policy.rules
             )
         }
         AclCommand::Token(AclTokenCommand::Create(args)) => {
@@ -38,19 +42,43 @@ pub async fn run(command: AclCommand) -> Result<()> {
                 let Some((node, dc)) = n.split_once(':') else {
                     bail!("-node-identity {n:?}: expected NODE:DATACENTER");
                 };
-                node_identities.push(json!({"NodeName": node, "Datacenter": dc}));
+                node_identities.push(NodeIdentity {
+                    node_name: node.to_owned(),
+                    datacenter: dc.to_owned(),
+                });
             }
-            let mut body = json!({
-                "Description": args.description,
-                "Policies": args.policy_name.iter().map(|n| json!({"Name": n})).collect::<Vec<_>>(),
-                "Roles": args.role_name.iter().map(|n| json!({"Name": n})).collect::<Vec<_>>(),
-                "ServiceIdentities": args.service_identity.iter().map(|s| json!({"ServiceName": s})).collect::<Vec<_>>(),
-                "NodeIdentities": node_identities,
-            });
-            if let Some(ttl) = &args.expires_ttl {
-                body["ExpirationTTL"] = json!(ttl);
-            }
-            let token = request(&args.common, reqwest::Method::PUT, paths::ACL_TOKEN, Some(body)).await?;
+            let by_name = |names: &[String]| -> Vec<Link> {
+                names
+                    .iter()
+                    .map(|name| Link {
+                        name: name.clone(),
+                        ..Link::default()
+                    })
+                    .collect()
+            };
+            let expiration_ttl = match &args.expires_ttl {
+                Some(ttl) => {
+                    Some(structs::GoDuration::parse(ttl).map_err(|e| anyhow::anyhow!("-expires-ttl {ttl:?}: {e}"))?)
+                }
+                None => None,
+            };
+            let body = TokenWrite {
+                description: args.description.clone(),
+                policies: by_name(&args.policy_name),
+                roles: by_name(&args.role_name),
+                service_identities: args
+                    .service_identity
+                    .iter()
+                    .map(|name| ServiceIdentity {
+                        service_name: name.clone(),
+                        ..ServiceIdentity::default()
+                    })
+                    .collect(),
+                node_identities,
+                expiration_ttl,
+                ..TokenWrite::default()
+            };
+            let token: AclToken = request(&args.common, reqwest::Method::PUT, paths::ACL_TOKEN, Some(&body)).await?;
             token_text(&token)
         }
     };
@@ -61,57 +89,32 @@ pub async fn run(command: AclCommand) -> Result<()> {
 }
 
 /// A token as Consul's CLI prints it.
-fn token_text(t: &Value) -> String {
+fn token_text(t: &AclToken) -> String {
     let mut out = format!(
         "AccessorID:       {}\nSecretID:         {}\nDescription:      {}\nLocal:            {}\nCreate Time:      {}\n",
-        t["AccessorID"].as_str().unwrap_or_default(),
-        t["SecretID"].as_str().unwrap_or_default(),
-        t["Description"].as_str().unwrap_or_default(),
-        t["Local"].as_bool().unwrap_or(false),
-        t["CreateTime"].as_str().unwrap_or_default(),
+        t.accessor_id, t.secret_id, t.description, t.local, t.create_time,
     );
-    if let Some(expires) = t["ExpirationTime"].as_str() {
+    if let Some(expires) = &t.expiration_time {
         out.push_str(&format!("Expiration Time:  {expires}\n"));
     }
-    let links = |key: &str| -> Vec<String> {
-        t[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|l| {
-                        format!(
-                            "   {} - {}",
-                            l["ID"].as_str().unwrap_or_default(),
-                            l["Name"].as_str().unwrap_or_default()
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for (title, key) in [("Policies", "Policies"), ("Roles", "Roles")] {
-        let lines = links(key);
-        if !lines.is_empty() {
-            out.push_str(&format!("{title}:\n{}\n", lines.join("\n")));
+    for (title, links) in [("Policies", &t.policies), ("Roles", &t.roles)] {
+        if !links.is_empty() {
+            out.push_str(&format!("{title}:\n"));
+            for l in links {
+                out.push_str(&format!("   {} - {}\n", l.id, l.name));
+            }
         }
     }
-    if let Some(ids) = t["ServiceIdentities"].as_array().filter(|a| !a.is_empty()) {
+    if !t.service_identities.is_empty() {
         out.push_str("Service Identities:\n");
-        for i in ids {
-            out.push_str(&format!(
-                "   {} (Datacenters: all)\n",
-                i["ServiceName"].as_str().unwrap_or_default()
-            ));
+        for i in &t.service_identities {
+            out.push_str(&format!("   {} (Datacenters: all)\n", i.service_name));
         }
     }
-    if let Some(ids) = t["NodeIdentities"].as_array().filter(|a| !a.is_empty()) {
+    if !t.node_identities.is_empty() {
         out.push_str("Node Identities:\n");
-        for i in ids {
-            out.push_str(&format!(
-                "   {} (Datacenter: {})\n",
-                i["NodeName"].as_str().unwrap_or_default(),
-                i["Datacenter"].as_str().unwrap_or_default()
-            ));
+        for i in &t.node_identities {
+            out.push_str(&format!("   {} (Datacenter: {})\n", i.node_name, i.datacenter));
         }
     }
     out
@@ -119,7 +122,12 @@ fn token_text(t: &Value) -> String {
 
 /// One request to the HTTP API with the command's token; a refusal is an error carrying
 /// the server's one line.
-async fn request(common: &AclCommonArgs, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
+async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
+    common: &AclCommonArgs,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&B>,
+) -> Result<T> {
     let base = api_client::base_url(&common.http_addr);
     let api = match &common.ca_file {
         Some(ca) => {
@@ -135,7 +143,7 @@ async fn request(common: &AclCommonArgs, method: reqwest::Method, path: &str, bo
             .to_owned(),
         None => std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default(),
     };
-    let answer = match api.call_as(Some(&token), method, path, body.as_ref()).await {
+    let answer = match api.call_as(Some(&token), method, path, body).await {
         Ok(answer) => answer,
         Err(e) if e.status().is_none() && e.is_unreachable() => {
             bail!("cannot reach the meshd HTTP API at {base}: {e}")

@@ -109,4 +109,38 @@ async fn bootstrap_then_a_policy_and_a_token() {
     };
     assert_eq!(leaf("web").await.unwrap().status(), 200);
     assert_eq!(leaf("db").await.unwrap().status(), 403);
+
+    // Identities and a lifetime, printed back as Consul's CLI prints them.
+    let create = |extra: &[&str]| {
+        let mut args = vec!["acl", "token", "create", "-http-addr", &addr, "-token-file", tf];
+        args.extend_from_slice(extra);
+        meshd(&args)
+    };
+    let token = create(&[
+        "-service-identity",
+        "api",
+        "-node-identity",
+        "n1:dc1",
+        "-expires-ttl",
+        "1h",
+    ]);
+    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
+    let out = String::from_utf8_lossy(&token.stdout);
+    for line in [
+        "Service Identities:",
+        "   api (Datacenters: all)",
+        "Node Identities:",
+        "   n1 (Datacenter: dc1)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} missing from:\n{out}");
+    }
+    assert!(out.contains("Expiration Time:  "), "{out}");
+    // A lifetime that is no duration is refused before any request; one out of range by
+    // the server; each in one line naming it.
+    for (ttl, says) in [("2x", "-expires-ttl \"2x\""), ("30s", "ExpirationTTL")] {
+        let bad = create(&["-expires-ttl", ttl]);
+        assert!(!bad.status.success());
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(says) && err.trim().lines().count() == 1, "{err}");
+    }
 }

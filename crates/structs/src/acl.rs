@@ -127,6 +127,56 @@ impl AclToken {
     }
 }
 
+/// A token create or update body (`PUT /v1/acl/token[/:accessor]`): the token's writable
+/// fields, and `ExpirationTTL` (a lifetime from now, instead of `ExpirationTime`).
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenWrite {
+    /// Public id (empty: made by the server).
+    #[serde(rename = "AccessorID", skip_serializing_if = "String::is_empty")]
+    pub accessor_id: String,
+    /// The credential (empty: made by the server).
+    #[serde(rename = "SecretID", skip_serializing_if = "String::is_empty")]
+    pub secret_id: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// Policies linked.
+    #[serde(rename = "Policies")]
+    pub policies: Vec<Link>,
+    /// Roles linked.
+    #[serde(rename = "Roles")]
+    pub roles: Vec<Link>,
+    /// Service identities.
+    #[serde(rename = "ServiceIdentities")]
+    pub service_identities: Vec<ServiceIdentity>,
+    /// Node identities.
+    #[serde(rename = "NodeIdentities")]
+    pub node_identities: Vec<NodeIdentity>,
+    /// Consul's templated policies: refused (meshd supports the identities instead).
+    #[serde(rename = "TemplatedPolicies", skip_serializing_if = "Vec::is_empty")]
+    pub templated_policies: Vec<serde_json::Value>,
+    /// Local to this datacenter.
+    #[serde(rename = "Local")]
+    pub local: bool,
+    /// When the token stops working.
+    #[serde(rename = "ExpirationTime", skip_serializing_if = "Option::is_none")]
+    pub expiration_time: Option<Timestamp>,
+    /// How long from now the token works.
+    #[serde(rename = "ExpirationTTL", skip_serializing_if = "Option::is_none")]
+    pub expiration_ttl: Option<crate::GoDuration>,
+}
+
+impl fmt::Debug for TokenWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenWrite")
+            .field("accessor_id", &self.accessor_id)
+            .field("secret_id", &HIDDEN_SECRET)
+            .field("description", &self.description)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A policy: a named set of rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
