@@ -37,9 +37,16 @@ pub struct IntentionHttpHeaderPermission {
     /// Value suffix.
     #[serde(rename = "Suffix", skip_serializing_if = "String::is_empty")]
     pub suffix: String,
+    /// A substring of the value (Consul 1.19+).
+    #[serde(rename = "Contains", skip_serializing_if = "String::is_empty")]
+    pub contains: String,
     /// Value regex.
     #[serde(rename = "Regex", skip_serializing_if = "String::is_empty")]
     pub regex: String,
+    /// Compare `Exact`, `Prefix`, `Suffix` or `Contains` without regard to ASCII case
+    /// (Consul 1.19+).
+    #[serde(rename = "IgnoreCase", skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_case: bool,
     /// Negate the match.
     #[serde(rename = "Invert", skip_serializing_if = "std::ops::Not::not")]
     pub invert: bool,
@@ -221,17 +228,29 @@ impl IntentionHttpPermission {
         }
         super::routing::check_regex(&format!("{pat}.PathRegex"), &self.path_regex)?;
         for (k, h) in self.header.iter().enumerate() {
+            let at = format!("{pat}.Header[{k}]");
             super::routing::check_header_match(
-                &format!("{pat}.Header[{k}]"),
+                &at,
                 &h.name,
-                [
-                    h.present,
-                    !h.exact.is_empty(),
-                    !h.prefix.is_empty(),
-                    !h.suffix.is_empty(),
+                &[
+                    ("Present", h.present),
+                    ("Exact", !h.exact.is_empty()),
+                    ("Prefix", !h.prefix.is_empty()),
+                    ("Suffix", !h.suffix.is_empty()),
+                    ("Contains", !h.contains.is_empty()),
                 ],
                 &h.regex,
             )?;
+            if h.ignore_case
+                && [&h.exact, &h.prefix, &h.suffix, &h.contains]
+                    .iter()
+                    .all(|v| v.is_empty())
+            {
+                return Err(ValidationError::new(
+                    format!("{at}.IgnoreCase"),
+                    Problem::Invalid("applies only to Exact, Prefix, Suffix or Contains".into()),
+                ));
+            }
         }
         for (k, m) in self.methods.iter().enumerate() {
             super::routing::check_method(&format!("{pat}.Methods[{k}]"), m)?;

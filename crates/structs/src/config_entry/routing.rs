@@ -260,11 +260,11 @@ impl ServiceRouteHttpMatch {
             check_header_match(
                 &format!("{at}.Match.HTTP.Header[{j}]"),
                 &h.name,
-                [
-                    h.present,
-                    !h.exact.is_empty(),
-                    !h.prefix.is_empty(),
-                    !h.suffix.is_empty(),
+                &[
+                    ("Present", h.present),
+                    ("Exact", !h.exact.is_empty()),
+                    ("Prefix", !h.prefix.is_empty()),
+                    ("Suffix", !h.suffix.is_empty()),
                 ],
                 &h.regex,
             )?;
@@ -825,16 +825,23 @@ impl Validate for ServiceResolver {
     }
 }
 
-/// A header condition of a route or an L7 permission at `at`: a name, at most one of
-/// Present, Exact, Prefix, Suffix (`set`, in that order) and Regex, and a regex that compiles.
-pub(super) fn check_header_match(at: &str, name: &str, set: [bool; 4], regex: &str) -> Result<(), ValidationError> {
+/// A header condition of a route or an L7 permission at `at`: a name, at most one of the
+/// value `conditions` (by name: Present, Exact, Prefix, Suffix, and Contains for an
+/// intention) and Regex, and a regex that compiles.
+pub(super) fn check_header_match(
+    at: &str,
+    name: &str,
+    conditions: &[(&str, bool)],
+    regex: &str,
+) -> Result<(), ValidationError> {
     if name.is_empty() {
         return Err(ValidationError::new(format!("{at}.Name"), Problem::Required("")));
     }
-    if set.iter().filter(|b| **b).count() + usize::from(!regex.is_empty()) > 1 {
+    if conditions.iter().filter(|(_, set)| *set).count() + usize::from(!regex.is_empty()) > 1 {
+        let names: Vec<&str> = conditions.iter().map(|(name, _)| *name).collect();
         return Err(ValidationError::new(
             at,
-            Problem::Invalid("set at most one of Present, Exact, Prefix, Suffix and Regex".into()),
+            Problem::Invalid(format!("set at most one of {} and Regex", names.join(", "))),
         ));
     }
     check_regex(&format!("{at}.Regex"), regex)

@@ -98,6 +98,23 @@ fn validation_names_field_and_problem() {
         "Routes[0].Match.HTTP.PathPrefix: \"admin\" must begin with '/'",
     );
     check(json!({"Kind": "service-defaults", "Name": ""}), "Name: required");
+    let header = |h: serde_json::Value| {
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web",
+            "Permissions": [{"Action": "allow", "HTTP": {"Header": [h]}}]}]})
+    };
+    check(
+        header(json!({"Name": "x-user", "Contains": "adm", "Exact": "admin"})),
+        "Sources[0].Permissions[0].HTTP.Header[0]: set at most one of Present, Exact, Prefix, Suffix, Contains and Regex",
+    );
+    check(
+        header(json!({"Name": "x-user", "Regex": "a.*", "IgnoreCase": true})),
+        "Sources[0].Permissions[0].HTTP.Header[0].IgnoreCase: applies only to Exact, Prefix, Suffix or Contains",
+    );
+    assert!(
+        entry(header(json!({"Name": "x-user", "Contains": "adm", "IgnoreCase": true})))
+            .validate()
+            .is_ok()
+    );
     check(
         json!({"Kind": "mesh", "TLS": {"Incoming": {"TLSMinVersion": "TLSv9"}}}),
         "TLS.Incoming.TLSMinVersion: unknown TLS version \"TLSv9\": expected one of TLS_AUTO, TLSv1_0, TLSv1_1, TLSv1_2, TLSv1_3",

@@ -287,14 +287,23 @@ fn header_permission(h: &IntentionHttpHeaderPermission) -> Permission {
     use header_matcher::HeaderMatchSpecifier::{PresentMatch, StringMatch};
     use string_matcher::MatchPattern;
     let mut specs = Vec::new();
+    let value = |pattern| {
+        StringMatch(StringMatcher {
+            match_pattern: Some(pattern),
+            ignore_case: h.ignore_case,
+        })
+    };
     if !h.exact.is_empty() {
-        specs.push(StringMatch(string_match(MatchPattern::Exact(h.exact.clone()))));
+        specs.push(value(MatchPattern::Exact(h.exact.clone())));
     }
     if !h.prefix.is_empty() {
-        specs.push(StringMatch(string_match(MatchPattern::Prefix(h.prefix.clone()))));
+        specs.push(value(MatchPattern::Prefix(h.prefix.clone())));
     }
     if !h.suffix.is_empty() {
-        specs.push(StringMatch(string_match(MatchPattern::Suffix(h.suffix.clone()))));
+        specs.push(value(MatchPattern::Suffix(h.suffix.clone())));
+    }
+    if !h.contains.is_empty() {
+        specs.push(value(MatchPattern::Contains(h.contains.clone())));
     }
     if !h.regex.is_empty() {
         specs.push(StringMatch(string_match(MatchPattern::SafeRegex(regex(

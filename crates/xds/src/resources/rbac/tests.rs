@@ -179,11 +179,20 @@ impl Request {
 }
 
 fn string_matches(m: &StringMatcher, value: &str) -> bool {
-    assert!(!m.ignore_case);
+    // Envoy's `ignore_case` lowers both sides (ASCII).
+    let fold = |s: &str| {
+        if m.ignore_case {
+            s.to_ascii_lowercase()
+        } else {
+            s.to_owned()
+        }
+    };
+    let value = fold(value);
     match m.match_pattern.as_ref().expect("pattern") {
-        string_matcher::MatchPattern::Exact(e) => value == e,
-        string_matcher::MatchPattern::Prefix(p) => value.starts_with(p.as_str()),
-        string_matcher::MatchPattern::Suffix(s) => value.ends_with(s.as_str()),
+        string_matcher::MatchPattern::Exact(e) => value == fold(e),
+        string_matcher::MatchPattern::Prefix(p) => value.starts_with(&fold(p)),
+        string_matcher::MatchPattern::Suffix(s) => value.ends_with(&fold(s)),
+        string_matcher::MatchPattern::Contains(c) => value.contains(&fold(c)),
         other => panic!("the interpreter does not evaluate {other:?}"),
     }
 }
@@ -285,16 +294,20 @@ fn envoy_allows(rules: Option<&Rbac>, req: &Request, http: bool) -> bool {
 // ---- the intentions' meaning, directly ----
 
 fn consul_header_matches(h: &IntentionHttpHeaderPermission, req: &Request) -> bool {
-    let value_conditions = [&h.exact, &h.prefix, &h.suffix, &h.regex];
+    let value_conditions = [&h.exact, &h.prefix, &h.suffix, &h.contains, &h.regex];
     let is_presence = value_conditions.iter().all(|c| c.is_empty());
     match req.header(&h.name) {
         // Envoy (and so Consul): an absent header matches only an inverted presence.
         None => is_presence && h.invert,
         Some(value) => {
             assert!(h.regex.is_empty(), "the model does not evaluate regexes");
-            let matched = (h.exact.is_empty() || value == h.exact)
-                && value.starts_with(h.prefix.as_str())
-                && value.ends_with(h.suffix.as_str());
+            // Consul's IgnoreCase: the value conditions compare without ASCII case.
+            let fold = |s: &str| if h.ignore_case { s.to_lowercase() } else { s.to_owned() };
+            let value = fold(value);
+            let matched = (h.exact.is_empty() || value == fold(&h.exact))
+                && value.starts_with(&fold(&h.prefix))
+                && value.ends_with(&fold(&h.suffix))
+                && value.contains(&fold(&h.contains));
             matched != h.invert
         }
     }
@@ -331,12 +344,13 @@ fn consul_allows(intentions: &[Intention], default_allow: bool, http: bool, req:
 const SOURCES: [&str; 4] = ["web", "db", "admin", "other"];
 
 fn grid() -> Vec<Request> {
-    let header_sets: [Vec<(&'static str, &'static str)>; 5] = [
+    let header_sets: [Vec<(&'static str, &'static str)>; 6] = [
         vec![],
         vec![("x-user", "alice")],
         vec![("x-user", "bob-admin")],
         vec![("x-debug", "1")],
         vec![("x-user", "alice"), ("x-debug", "")],
+        vec![("x-user", "Mr-ALICE-Admin")],
     ];
     let mut out = Vec::new();
     for source in SOURCES {
@@ -681,6 +695,77 @@ fn invert() {
         }],
     );
     assert_same_meaning(&[l7("web", vec![both])]);
+}
+
+#[test]
+fn contains_and_ignore_case() {
+    let set = [l7(
+        "web",
+        vec![
+            headers(
+                Deny,
+                vec![IntentionHttpHeaderPermission {
+                    contains: "admin".into(),
+                    ignore_case: true,
+                    ..hdr("x-user")
+                }],
+            ),
+            headers(
+                Allow,
+                vec![IntentionHttpHeaderPermission {
+                    exact: "ALICE".into(),
+                    ignore_case: true,
+                    ..hdr("x-user")
+                }],
+            ),
+            headers(
+                Allow,
+                vec![IntentionHttpHeaderPermission {
+                    contains: "ALICE".into(),
+                    ..hdr("x-user")
+                }],
+            ),
+        ],
+    )];
+    use header_matcher::HeaderMatchSpecifier::StringMatch;
+    use string_matcher::MatchPattern;
+    let Some(rules) = rules_http(&set, false) else {
+        panic!("default deny needs rules")
+    };
+    let text = format!("{rules:?}");
+    assert!(
+        text.contains("Contains(\"admin\")") && text.contains("ignore_case: true"),
+        "{text}"
+    );
+    assert_eq!(
+        header_permission(&IntentionHttpHeaderPermission {
+            suffix: "Admin".into(),
+            ignore_case: true,
+            invert: true,
+            ..hdr("x-user")
+        }),
+        header(
+            "x-user",
+            StringMatch(StringMatcher {
+                match_pattern: Some(MatchPattern::Suffix("Admin".into())),
+                ignore_case: true,
+            }),
+            true,
+        )
+    );
+    assert_same_meaning(&set);
+    for invert in [false, true] {
+        let one = headers(
+            Allow,
+            vec![IntentionHttpHeaderPermission {
+                contains: "LiC".into(),
+                ignore_case: true,
+                invert,
+                ..hdr("x-user")
+            }],
+        );
+        assert_same_meaning(&[l7("web", vec![one])]);
+    }
 }
 
 #[test]
