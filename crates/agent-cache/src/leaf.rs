@@ -100,7 +100,9 @@ impl Leaf {
             .http
             .servers()
             .put_json_answer_as(
-                (!token.is_empty()).then_some(token),
+                structs::Token::new(token)
+                    .or_else(|| self.http.servers().token())
+                    .as_ref(),
                 SIGN_PATH,
                 &SignRequest { csr: &csr },
             )

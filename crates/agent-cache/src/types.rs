@@ -37,9 +37,10 @@ impl Http {
 
     /// A blocking query with `token` (empty: the agent's).
     async fn blocking_as(&self, token: &str, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
+        let token = structs::Token::new(token).or_else(|| self.servers.token());
         let answer = self
             .servers
-            .get_blocking_as((!token.is_empty()).then_some(token), path, min_index, self.wait)
+            .get_blocking_as(token.as_ref(), path, min_index, self.wait)
             .await
             .map_err(|e| FetchError::api(&format!("GET {path}"), &e))?;
         if answer.index == 0 {

@@ -66,7 +66,7 @@ impl AgentAcl {
     pub fn new(config: AclConfig, servers: Arc<Servers>) -> Self {
         let management = ::acl::Rules::parse(::acl::GLOBAL_MANAGEMENT_RULES).unwrap_or_default();
         let token = config.agent_token.as_ref().or(config.default_token.as_ref());
-        servers.set_token(token.map_or("", ::acl::Token::secret));
+        servers.set_token(token.cloned());
         Self {
             servers,
             cache: Mutex::new(HashMap::new()),
@@ -126,7 +126,10 @@ impl AgentAcl {
         let generation = *self.generation.borrow();
         let fetched: Result<::acl::TokenRules, ApiError> = self
             .servers
-            .get_json_as(Some(secret), crate::servers::paths::ACL_AUTHORIZER)
+            .get_json_as(
+                ::acl::Token::new(secret).as_ref(),
+                crate::servers::paths::ACL_AUTHORIZER,
+            )
             .await;
         let rules = match fetched {
             Ok(r) => r,
@@ -166,7 +169,7 @@ impl AgentAcl {
         let mut failures = 0u32;
         loop {
             let asked = self.servers.get_blocking_as(
-                Some(""),
+                None,
                 crate::servers::paths::ACL_AUTHORIZER,
                 index,
                 Duration::from_secs(300),

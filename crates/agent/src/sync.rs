@@ -97,9 +97,10 @@ impl CatalogApi for Servers {
         self.get_json(&path).await
     }
     async fn write(&self, token: Option<&str>, write: &CatalogWrite) -> Result<(), ApiError> {
+        let token = token.and_then(::acl::Token::new).or_else(|| self.token());
         match write {
-            CatalogWrite::Register(r) => self.put_json_as(token, paths::CATALOG_REGISTER, r).await,
-            CatalogWrite::Deregister(d) => self.put_json_as(token, paths::CATALOG_DEREGISTER, d).await,
+            CatalogWrite::Register(r) => self.put_json_as(token.as_ref(), paths::CATALOG_REGISTER, r).await,
+            CatalogWrite::Deregister(d) => self.put_json_as(token.as_ref(), paths::CATALOG_DEREGISTER, d).await,
         }
     }
     fn describe(&self) -> String {

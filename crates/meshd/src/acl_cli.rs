@@ -135,7 +135,10 @@ async fn request(common: &AclCommonArgs, method: reqwest::Method, path: &str, bo
             .to_owned(),
         None => std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default(),
     };
-    let answer = match api.call_as(Some(&token), method, path, body.as_ref()).await {
+    let answer = match api
+        .call_as(structs::Token::new(&token).as_ref(), method, path, body.as_ref())
+        .await
+    {
         Ok(answer) => answer,
         Err(e) if e.status().is_none() && e.is_unreachable() => {
             bail!("cannot reach the meshd HTTP API at {base}: {e}")

@@ -59,7 +59,7 @@ const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
 /// `GET path` on `-http-addr` (`api`) with the token. A 403 is a [`Forbidden`] error; a route
 /// that is not there (404, 405: `-http-addr` is a server, not an agent) is no answer.
 async fn lookup(api: &Servers, args: &EnvoyArgs, path: &str) -> Result<Answer> {
-    match api.get_as(Some(&args.token), path).await {
+    match api.get_as(structs::Token::new(&args.token).as_ref(), path).await {
         Ok(answer) => {
             let body = serde_json::from_slice(&answer.body).with_context(|| format!("decoding GET {path}"))?;
             Ok(Answer {

@@ -68,7 +68,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         .parse()
         .map_err(|e| anyhow::anyhow!("-gateway {}: {e}", gw.kind))?;
     let api = Servers::new(&[args.http_addr.to_string()]);
-    let token = (!token.is_empty()).then_some(token);
+    let token = structs::Token::new(token);
     let definition = ServiceDefinition {
         kind,
         id: id.clone(),
@@ -77,7 +77,10 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         port,
         ..ServiceDefinition::default()
     };
-    let registered = match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
+    let registered = match api
+        .put_json_as(token.as_ref(), paths::AGENT_SERVICE_REGISTER, &definition)
+        .await
+    {
         // A server: the agent route is not there; register in its catalog, on the node given.
         Err(e) if matches!(e.status(), Some(404 | 405)) => {
             if args.node.is_empty() {
@@ -100,7 +103,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
                 }),
                 ..RegisterRequest::default()
             };
-            api.put_json_as(token, paths::CATALOG_REGISTER, &register)
+            api.put_json_as(token.as_ref(), paths::CATALOG_REGISTER, &register)
                 .await
                 .map_err(|e| (paths::CATALOG_REGISTER, e))
         }

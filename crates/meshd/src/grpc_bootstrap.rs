@@ -33,7 +33,7 @@ use tracing::{info, warn};
 async fn instance(api: &Servers, token: &str, args: &GrpcBootstrapArgs) -> Result<(String, String)> {
     let path = paths::catalog_service(&args.service);
     let entries: Vec<CatalogService> = api
-        .get_json_as(Some(token), &path)
+        .get_json_as(structs::Token::new(token).as_ref(), &path)
         .await
         .with_context(|| format!("GET {path}"))?;
     let native: Vec<(String, String)> = entries
@@ -66,7 +66,12 @@ async fn blocking<T: serde::de::DeserializeOwned>(
     after: u64,
 ) -> Result<(T, u64)> {
     let answer = api
-        .get_blocking_as(Some(token), path, after, Duration::from_secs(300))
+        .get_blocking_as(
+            structs::Token::new(token).as_ref(),
+            path,
+            after,
+            Duration::from_secs(300),
+        )
         .await
         .with_context(|| format!("GET {path}"))?;
     let Some(body) = answer.body else {

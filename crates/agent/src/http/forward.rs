@@ -52,12 +52,12 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(parts.uri.query());
     let token = if request_token(&parts.headers, &query).is_empty() {
-        agent.acl().default_token().to_owned()
+        ::acl::Token::new(agent.acl().default_token())
     } else {
-        String::new()
+        None
     };
     // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
-    let send = agent.servers().send_as(Some(&token), |client, base| {
+    let send = agent.servers().send_as(token.as_ref(), |client, base| {
         client
             .request(method.clone(), format!("{base}{path_and_query}"))
             .headers(headers.clone())
