@@ -110,7 +110,7 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
                 service,
                 connect: false,
                 passing: false,
-                token: String::new(),
+                token: None,
             });
             if k == 0 {
                 let (marker, report, ready) = (Arc::clone(&marker), report.clone(), ready.clone());

@@ -148,7 +148,7 @@ mod on_cache {
                     service: req.service.clone(),
                     connect: req.connect,
                     passing: req.passing_only,
-                    token: req.token.clone(),
+                    token: structs::Token::new(&req.token),
                 };
                 filtered(req, filter, CacheInput::new(self.agent.caches.health.watch(&key)))
             });
