@@ -23,7 +23,7 @@ impl LocalServices for AgentLocal {
             .filter(|s| s.service.kind.is_proxy())
             .map(|s| LocalProxy {
                 service: s.service,
-                token: s.token,
+                token: structs::Token::new(&s.token),
             })
             .collect()
     }

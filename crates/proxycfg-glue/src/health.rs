@@ -84,7 +84,7 @@ mod on_server {
             // (its stream is authorized apart), so proxies with different tokens share one
             // follower.
             let mut req = req.clone();
-            req.token.clear();
+            req.token = None;
             let topic = if req.connect {
                 Topic::ServiceHealthConnect(req.service.clone())
             } else {
@@ -148,7 +148,7 @@ mod on_cache {
                     service: req.service.clone(),
                     connect: req.connect,
                     passing: req.passing_only,
-                    token: structs::Token::new(&req.token),
+                    token: req.token.clone(),
                 };
                 filtered(req, filter, CacheInput::new(self.agent.caches.health.watch(&key)))
             });

@@ -120,7 +120,7 @@ mod on_cache {
             let key = LeafKey {
                 service: req.service,
                 dns_sans,
-                token: structs::Token::new(&req.token),
+                token: req.token,
             };
             Ok(Derive::every(CacheInput::new(self.0.caches.leaf.watch(&key)), Ok))
         }
