@@ -258,7 +258,12 @@ impl XdsServer {
 impl Inner {
     /// Whether the stream's token may receive the configuration of a proxy for `service`
     /// (always, without an authorizer). A refusal is counted and logged once per stream.
-    async fn authorize(&self, token: &str, service: &str, node: &str) -> Result<crate::Authorization, Status> {
+    async fn authorize(
+        &self,
+        token: Option<&Token>,
+        service: &str,
+        node: &str,
+    ) -> Result<crate::Authorization, Status> {
         let Some(authorizer) = &self.authorizer else {
             return Ok(crate::Authorization { expires: None });
         };
@@ -738,11 +743,7 @@ where
         }
         let mut earliest: Option<crate::Authorization> = None;
         for service in &services {
-            match self
-                .inner
-                .authorize(self.token.as_ref().map_or("", Token::secret), service, &node)
-                .await
-            {
+            match self.inner.authorize(self.token.as_ref(), service, &node).await {
                 Err(status) => {
                     self.finished = true;
                     self.current = None;

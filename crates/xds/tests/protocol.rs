@@ -624,9 +624,9 @@ async fn csds_answers_only_tokens_the_authorizer_allows() {
     use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
     use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
     let h = harness().await;
-    h.server.set_csds_authorizer(Arc::new(|token: String| {
+    h.server.set_csds_authorizer(Arc::new(|token: Option<structs::Token>| {
         Box::pin(async move {
-            if token == "operator" {
+            if token.as_ref().map(structs::Token::secret) == Some("operator") {
                 Ok(())
             } else {
                 Err(format!("token {token:?} lacks operator:read"))
