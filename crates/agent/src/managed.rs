@@ -287,11 +287,11 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
         args,
         env: BTreeMap::new(),
         // The proxy's local token (else the registration's); in the environment only.
-        token: if managed.local_token.is_empty() {
-            managed.token.clone()
+        token: structs::Token::new(if managed.local_token.is_empty() {
+            &managed.token
         } else {
-            managed.local_token.clone()
-        },
+            &managed.local_token
+        }),
         sidecar_for: parent.to_owned(),
     }
 }

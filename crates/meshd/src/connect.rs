@@ -228,7 +228,7 @@ async fn bootstrap(args: &EnvoyArgs, admin: &AdminAddr) -> Result<String> {
         cluster,
         admin: admin.clone(),
         xds_servers,
-        token,
+        token: structs::Token::new(&token),
         xds_tls,
         prometheus_bind: prometheus_bind(args)?,
     };

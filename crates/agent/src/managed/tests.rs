@@ -86,7 +86,11 @@ fn the_default_command_runs_meshd_connect_envoy_against_this_agent_without_secre
             base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
         )
     );
-    assert_eq!(d.token, "l0cal", "the local token, handed over in CONNECT_PROXY_TOKEN");
+    assert_eq!(
+        d.token,
+        structs::Token::new("l0cal"),
+        "the local token, handed over in CONNECT_PROXY_TOKEN"
+    );
     assert!(
         !d.args
             .iter()
