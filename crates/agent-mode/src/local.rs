@@ -23,7 +23,7 @@ impl LocalServices for AgentLocal {
             .filter(|s| s.service.kind.is_proxy())
             .map(|s| LocalProxy {
                 service: s.service,
-                token: structs::Token::new(&s.token),
+                token: s.token,
             })
             .collect()
     }
@@ -54,12 +54,11 @@ pub(crate) struct ManagedTokens(pub(crate) Agent);
 
 impl node::authz::LocalTokens for ManagedTokens {
     fn check(&self, token: &structs::Token, service: &str) -> Option<Result<xds::Authorization, String>> {
-        let proxy = self
-            .0
-            .state()
-            .services()
-            .into_values()
-            .find(|s| s.managed.as_ref().is_some_and(|m| m.local_token == token.secret()))?;
+        let proxy = self.0.state().services().into_values().find(|s| {
+            s.managed
+                .as_ref()
+                .is_some_and(|m| m.local_token.as_ref() == Some(token))
+        })?;
         let serves = &proxy.service.proxy.destination_service_name;
         Some(if serves == service {
             Ok(xds::Authorization { expires: None })

@@ -10,8 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::sync::Arc;
 
 /// A token's secret. Never empty (absence is `Option::None`), never printed: its `Debug`
-/// says `Token(<hidden>)`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// says `Token(<hidden>)`. Ordered by secret, so it can key a `BTreeMap`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Token(Arc<str>);
 
 impl Token {

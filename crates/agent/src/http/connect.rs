@@ -93,7 +93,7 @@ pub(super) async fn ca_leaf(
     let key = agent_cache::leaf::LeafKey {
         service,
         dns_sans: Vec::new(),
-        token: ::acl::Token::new(&token),
+        token,
     };
     from_cache(&agent, &agent.caches().leaf, &key, &q).await
 }

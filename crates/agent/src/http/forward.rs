@@ -51,8 +51,8 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(parts.uri.query());
-    let token = if request_token(&parts.headers, &query).is_empty() {
-        ::acl::Token::new(agent.acl().default_token())
+    let token = if request_token(&parts.headers, &query).is_none() {
+        agent.acl().default_token().cloned()
     } else {
         None
     };
