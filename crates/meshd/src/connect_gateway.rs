@@ -6,7 +6,7 @@ use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
 use api_client::{Servers, paths};
 use structs::agent::ServiceDefinition;
-use structs::{NodeService, RegisterRequest, ServiceKind};
+use structs::{NodeService, RegisterRequest, ServiceKind, Token};
 
 /// A gateway the flags name: its kind (Consul's spelling) and service name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,7 @@ fn host_port(address: &str) -> Result<(String, u16)> {
 /// Registers `gw` with the agent at `-http-addr` (`PUT /v1/agent/service/register`), or, when
 /// that is a server (the agent route is not there), in its catalog on `-node`
 /// (`PUT /v1/catalog/register`). Name and ID are the gateway's name (or `-proxy-id`).
-pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()> {
+pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> Result<()> {
     let address = args
         .address
         .as_deref()
@@ -68,7 +68,6 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         .parse()
         .map_err(|e| anyhow::anyhow!("-gateway {}: {e}", gw.kind))?;
     let api = Servers::new(&[args.http_addr.to_string()]);
-    let token = structs::Token::new(token);
     let definition = ServiceDefinition {
         kind,
         id: id.clone(),
@@ -77,10 +76,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         port,
         ..ServiceDefinition::default()
     };
-    let registered = match api
-        .put_json_as(token.as_ref(), paths::AGENT_SERVICE_REGISTER, &definition)
-        .await
-    {
+    let registered = match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
         // A server: the agent route is not there; register in its catalog, on the node given.
         Err(e) if matches!(e.status(), Some(404 | 405)) => {
             if args.node.is_empty() {
@@ -103,7 +99,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
                 }),
                 ..RegisterRequest::default()
             };
-            api.put_json_as(token.as_ref(), paths::CATALOG_REGISTER, &register)
+            api.put_json_as(token, paths::CATALOG_REGISTER, &register)
                 .await
                 .map_err(|e| (paths::CATALOG_REGISTER, e))
         }
