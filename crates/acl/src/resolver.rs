@@ -1,7 +1,8 @@
-//! Resolving a token: the [`Token`] newtype, what a resolved token is ([`Resolved`]), why
-//! one could not be ([`ResolveError`]), and the [`TokenResolver`] every mode implements (the
-//! server over its catalog, the agent through its servers), so the xDS stream authorizer,
-//! the CSDS guard and the HTTP views are written once over it.
+//! Resolving a token: the [`Token`] newtype (defined in `structs`, re-exported here), what a
+//! resolved token is ([`Resolved`]), why one could not be ([`ResolveError`]), and the
+//! [`TokenResolver`] every mode implements (the server over its catalog, the agent through
+//! its servers), so the xDS stream authorizer, the CSDS guard and the HTTP views are written
+//! once over it.
 
 use crate::Authorizer;
 use std::future::Future;
@@ -9,28 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// A token's secret. Never empty (absence is `Option::None`), never printed: its `Debug`
-/// says `Token(<hidden>)`.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(Arc<str>);
-
-impl Token {
-    /// The token for `secret`, or none for an empty one.
-    pub fn new(secret: &str) -> Option<Self> {
-        (!secret.is_empty()).then(|| Self(Arc::from(secret)))
-    }
-
-    /// The secret, to send or to look up.
-    pub fn secret(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<hidden>)")
-    }
-}
+pub use structs::Token;
 
 /// A resolved token: who (its accessor; empty with ACLs off or for a token local to an
 /// agent) and what it may do.

@@ -28,24 +28,14 @@ pub struct SignRequest<'a> {
 
 /// The certificate of one service identity, requested with one token (the signing request
 /// carries it: the servers sign only for a token with `service:write` on the service).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeafKey {
     /// Service name.
     pub service: String,
     /// DNS SANs besides the SPIFFE id (sorted; other SANs are another certificate).
     pub dns_sans: Vec<String>,
-    /// The requester's ACL token (empty: the agent's).
-    pub token: String,
-}
-
-impl std::fmt::Debug for LeafKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeafKey")
-            .field("service", &self.service)
-            .field("dns_sans", &self.dns_sans)
-            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
-            .finish()
-    }
+    /// The requester's ACL token (none: the agent's).
+    pub token: Option<structs::Token>,
 }
 
 /// The last certificate issued for a service.
@@ -81,7 +71,9 @@ impl Leaf {
     }
 
     async fn sign(&self, key: &LeafKey, roots: &IndexedCaRoots) -> Result<Issued, FetchError> {
-        let (service, token) = (key.service.as_str(), key.token.as_str());
+        let service = key.service.as_str();
+        // None: the agent's.
+        let token = key.token.clone().or_else(|| self.http.servers().token());
         let Some(active) = roots.active() else {
             return Err(FetchError::Unavailable("the CA has no active root yet".into()));
         };
@@ -99,11 +91,7 @@ impl Leaf {
         let mut cert: IssuedCert = self
             .http
             .servers()
-            .put_json_answer_as(
-                (!token.is_empty()).then_some(token),
-                SIGN_PATH,
-                &SignRequest { csr: &csr },
-            )
+            .put_json_answer_as(token.as_ref(), SIGN_PATH, &SignRequest { csr: &csr })
             .await
             .map_err(|e| FetchError::api(&format!("signing the leaf of {service:?}"), &e))?;
         if cert.service != service {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, GatewayService, IndexedCaRoots, Intention};
+use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, GatewayService, IndexedCaRoots, Intention, Token};
 
 /// How long one blocking query waits at a server (its default).
 pub const BLOCKING_WAIT: Duration = Duration::from_secs(300);
@@ -32,14 +32,15 @@ impl Http {
     }
 
     async fn blocking(&self, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
-        self.blocking_as("", path, min_index).await
+        self.blocking_as(None, path, min_index).await
     }
 
-    /// A blocking query with `token` (empty: the agent's).
-    async fn blocking_as(&self, token: &str, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
+    /// A blocking query with `token` (none: the agent's).
+    async fn blocking_as(&self, token: Option<&Token>, path: &str, min_index: u64) -> Result<Blocked, FetchError> {
+        let token = token.cloned().or_else(|| self.servers.token());
         let answer = self
             .servers
-            .get_blocking_as((!token.is_empty()).then_some(token), path, min_index, self.wait)
+            .get_blocking_as(token.as_ref(), path, min_index, self.wait)
             .await
             .map_err(|e| FetchError::api(&format!("GET {path}"), &e))?;
         if answer.index == 0 {
@@ -52,13 +53,13 @@ impl Http {
 
     /// A blocking query whose answer must exist, decoded.
     async fn decoded<T: DeserializeOwned>(&self, path: &str, min_index: u64) -> Result<Fetched<T>, FetchError> {
-        self.decoded_as("", path, min_index).await
+        self.decoded_as(None, path, min_index).await
     }
 
-    /// As `decoded`, with `token` (empty: the agent's).
+    /// As `decoded`, with `token` (none: the agent's).
     async fn decoded_as<T: DeserializeOwned>(
         &self,
-        token: &str,
+        token: Option<&Token>,
         path: &str,
         min_index: u64,
     ) -> Result<Fetched<T>, FetchError> {
@@ -97,7 +98,7 @@ impl CacheType for Roots {
 }
 
 /// Instances of a service with their checks, as one token may read them.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HealthKey {
     /// Service name.
     pub service: String,
@@ -105,19 +106,8 @@ pub struct HealthKey {
     pub connect: bool,
     /// Only instances whose every check passes.
     pub passing: bool,
-    /// The reader's token (empty: the agent's).
-    pub token: String,
-}
-
-impl std::fmt::Debug for HealthKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HealthKey")
-            .field("service", &self.service)
-            .field("connect", &self.connect)
-            .field("passing", &self.passing)
-            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
-            .finish()
-    }
+    /// The reader's token (none: the agent's).
+    pub token: Option<Token>,
 }
 
 /// Service health (`/v1/health/service/:name`, `/v1/health/connect/:name`).
@@ -130,7 +120,7 @@ impl CacheType for Health {
 
     async fn fetch(&self, key: &HealthKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
         let path = api_client::paths::health_service(&key.service, key.connect, key.passing);
-        let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded_as(&key.token, &path, min_index).await?;
+        let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded_as(key.token.as_ref(), &path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),
             index: f.index,

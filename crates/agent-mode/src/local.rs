@@ -53,14 +53,11 @@ impl LocalChecks for AgentLocal {
 pub(crate) struct ManagedTokens(pub(crate) Agent);
 
 impl node::authz::LocalTokens for ManagedTokens {
-    fn check(&self, token: &str, service: &str) -> Option<Result<xds::Authorization, String>> {
-        if token.is_empty() {
-            return None;
-        }
+    fn check(&self, token: &structs::Token, service: &str) -> Option<Result<xds::Authorization, String>> {
         let proxy = self.0.state().services().into_values().find(|s| {
             s.managed
                 .as_ref()
-                .is_some_and(|m| !m.local_token.is_empty() && m.local_token == token)
+                .is_some_and(|m| m.local_token.as_ref() == Some(token))
         })?;
         let serves = &proxy.service.proxy.destination_service_name;
         Some(if serves == service {

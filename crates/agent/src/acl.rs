@@ -16,7 +16,7 @@
 //!   that proxy's service (the proxy never holds the registration's token).
 
 use crate::servers::{ApiError, Servers};
-use ::acl::Authorizer;
+use ::acl::{Authorizer, Token};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,9 +33,9 @@ pub struct AclConfig {
     /// What no rule decides (must match the servers').
     pub default_allow: bool,
     /// The agent's own token.
-    pub agent_token: Option<::acl::Token>,
+    pub agent_token: Option<Token>,
     /// The token of requests that name none.
-    pub default_token: Option<::acl::Token>,
+    pub default_token: Option<Token>,
 }
 
 pub use ::acl::{ResolveError as AclError, Resolved};
@@ -44,7 +44,8 @@ pub use ::acl::{ResolveError as AclError, Resolved};
 pub struct AgentAcl {
     config: AclConfig,
     servers: Arc<Servers>,
-    cache: Mutex<HashMap<String, Resolved>>,
+    /// Answers by token (none: the anonymous token).
+    cache: Mutex<HashMap<Option<Token>, Resolved>>,
     /// Bumped whenever cached answers were dropped (an ACL change at the servers).
     generation: watch::Sender<u64>,
     all: Resolved,
@@ -66,7 +67,7 @@ impl AgentAcl {
     pub fn new(config: AclConfig, servers: Arc<Servers>) -> Self {
         let management = ::acl::Rules::parse(::acl::GLOBAL_MANAGEMENT_RULES).unwrap_or_default();
         let token = config.agent_token.as_ref().or(config.default_token.as_ref());
-        servers.set_token(token.map_or("", ::acl::Token::secret));
+        servers.set_token(token.cloned());
         Self {
             servers,
             cache: Mutex::new(HashMap::new()),
@@ -90,9 +91,9 @@ impl AgentAcl {
         &self.config
     }
 
-    /// The token a request that names none runs with (`""`: none, the anonymous token).
-    pub fn default_token(&self) -> &str {
-        self.config.default_token.as_ref().map_or("", ::acl::Token::secret)
+    /// The token a request that names none runs with (none: the anonymous token).
+    pub fn default_token(&self) -> Option<&Token> {
+        self.config.default_token.as_ref()
     }
 
     /// What intentions decide when none matches: allow without ACLs, else the default
@@ -102,22 +103,21 @@ impl AgentAcl {
     }
 
     /// A new local token for a managed proxy (accepted by this agent only, for that proxy).
-    pub fn new_local_token() -> Result<String, getrandom::Error> {
+    pub fn new_local_token() -> Result<Token, getrandom::Error> {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes)?;
-        Ok(uuid::Builder::from_random_bytes(bytes)
-            .into_uuid()
-            .hyphenated()
-            .to_string())
+        let uuid = uuid::Builder::from_random_bytes(bytes).into_uuid();
+        // A UUID's text is never empty.
+        Token::new(&uuid.hyphenated().to_string()).ok_or(getrandom::Error::UNEXPECTED)
     }
 
-    /// What `token` (none or empty: the default token) may do.
-    pub async fn resolve(&self, token: Option<&str>) -> Result<Resolved, AclError> {
+    /// What `token` (none: the default token) may do.
+    pub async fn resolve(&self, token: Option<&Token>) -> Result<Resolved, AclError> {
         if !self.config.enabled {
             return Ok(self.all.clone());
         }
-        let secret = token.filter(|t| !t.is_empty()).unwrap_or(self.default_token());
-        if let Some(hit) = self.cache.lock().get(secret) {
+        let token = token.or(self.default_token());
+        if let Some(hit) = self.cache.lock().get(&token.cloned()) {
             if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
                 return Err(AclError::NotFound);
             }
@@ -126,7 +126,7 @@ impl AgentAcl {
         let generation = *self.generation.borrow();
         let fetched: Result<::acl::TokenRules, ApiError> = self
             .servers
-            .get_json_as(Some(secret), crate::servers::paths::ACL_AUTHORIZER)
+            .get_json_as(token, crate::servers::paths::ACL_AUTHORIZER)
             .await;
         let rules = match fetched {
             Ok(r) => r,
@@ -144,7 +144,7 @@ impl AgentAcl {
             if cache.len() >= CACHE_CAPACITY {
                 cache.clear();
             }
-            cache.insert(secret.to_owned(), resolved.clone());
+            cache.insert(token.cloned(), resolved.clone());
         }
         Ok(resolved)
     }
@@ -166,7 +166,7 @@ impl AgentAcl {
         let mut failures = 0u32;
         loop {
             let asked = self.servers.get_blocking_as(
-                Some(""),
+                None,
                 crate::servers::paths::ACL_AUTHORIZER,
                 index,
                 Duration::from_secs(300),
@@ -209,9 +209,9 @@ impl ::acl::TokenResolver for AgentAcl {
         self.config.enabled
     }
 
-    fn resolve(&self, token: Option<&::acl::Token>) -> ::acl::BoxFuture<'_, Result<Resolved, AclError>> {
-        let secret = token.map(|t| t.secret().to_owned());
-        Box::pin(async move { AgentAcl::resolve(self, secret.as_deref()).await })
+    fn resolve(&self, token: Option<&Token>) -> ::acl::BoxFuture<'_, Result<Resolved, AclError>> {
+        let token = token.cloned();
+        Box::pin(async move { AgentAcl::resolve(self, token.as_ref()).await })
     }
 
     fn changed(&self) -> ::acl::BoxFuture<'static, ()> {

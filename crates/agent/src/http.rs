@@ -73,7 +73,7 @@ async fn register_service(
     let mut def: ServiceDefinition = decode(&body, "a service definition")?;
     let (token, who) = resolve(&agent, &headers, &q).await?;
     // The registration's token syncs the service and serves its proxy.
-    if def.token.is_empty() {
+    if def.token.is_none() {
         def.token = token;
     }
     // What the caller may write (the new names and everything replaced) is checked by the

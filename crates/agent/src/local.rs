@@ -8,7 +8,7 @@
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use structs::agent::{CheckKind, CheckType};
-use structs::{HealthCheck, HealthStatus, NodeService};
+use structs::{HealthCheck, HealthStatus, NodeService, Token};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -48,8 +48,8 @@ pub struct LocalService {
     /// For a proxy the agent runs itself: how (see [`crate::managed`]).
     pub managed: Option<Managed>,
     /// The token it was registered with: its sync and (for a proxy) its watches use it.
-    /// Empty: the agent's own.
-    pub token: String,
+    /// None: the agent's own.
+    pub token: Option<Token>,
     generation: u64,
     synced: u64,
 }
@@ -61,38 +61,37 @@ impl std::fmt::Debug for LocalService {
             .field("sidecar_of", &self.sidecar_of)
             .field("source", &self.source)
             .field("managed", &self.managed)
-            .field("token", &if self.token.is_empty() { "" } else { "<hidden>" })
+            .field("token", &self.token)
             .finish_non_exhaustive()
     }
 }
 
 /// A proxy the agent runs: the command given with the registration, or (empty) the default,
 /// `meshd connect envoy` against this agent.
-#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Managed {
     /// The program and its arguments; empty for the default.
     #[serde(rename = "Command", default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     /// The proxy's token (the registration's), handed to it as `CONNECT_PROXY_TOKEN`. Kept
     /// with the registration on disk (0600), never printed.
-    #[serde(rename = "Token", default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    #[serde(
+        rename = "Token",
+        default,
+        with = "structs::token::opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub token: Option<Token>,
     /// The proxy's local token, handed to it as `CONNECT_PROXY_TOKEN`: accepted by this
     /// agent only, for this proxy only (kept with the registration so a re-adopted proxy
     /// keeps working).
-    #[serde(rename = "LocalToken", default, skip_serializing_if = "String::is_empty")]
-    pub local_token: String,
-}
-
-impl std::fmt::Debug for Managed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hidden = |t: &str| if t.is_empty() { "" } else { "<redacted>" };
-        f.debug_struct("Managed")
-            .field("command", &self.command)
-            .field("token", &hidden(&self.token))
-            .field("local_token", &hidden(&self.local_token))
-            .finish()
-    }
+    #[serde(
+        rename = "LocalToken",
+        default,
+        with = "structs::token::opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub local_token: Option<Token>,
 }
 
 /// A registered check.
@@ -124,7 +123,7 @@ impl LocalService {
     }
 
     /// The same, registered with `token`.
-    pub fn with_token(mut self, token: String) -> Self {
+    pub fn with_token(mut self, token: Option<Token>) -> Self {
         self.token = token;
         self
     }
@@ -136,7 +135,7 @@ impl LocalService {
             sidecar_of,
             source,
             managed: None,
-            token: String::new(),
+            token: None,
             generation: 0,
             synced: 0,
         }
@@ -443,12 +442,12 @@ impl LocalState {
         (inner.services.len(), inner.checks.len())
     }
 
-    /// The registration token of service `id` (empty: none, or no such service).
-    pub fn token_of(&self, id: &str) -> String {
+    /// The registration token of service `id` (none: none, or no such service).
+    pub fn token_of(&self, id: &str) -> Option<Token> {
         if id.is_empty() {
-            return String::new();
+            return None;
         }
-        self.service(id).map(|s| s.token).unwrap_or_default()
+        self.service(id).and_then(|s| s.token)
     }
 
     /// What anti-entropy still has to push.

@@ -287,11 +287,7 @@ fn spec(config: &ManagedConfig, run_dir: &std::path::Path, id: &str, parent: &st
         args,
         env: BTreeMap::new(),
         // The proxy's local token (else the registration's); in the environment only.
-        token: if managed.local_token.is_empty() {
-            managed.token.clone()
-        } else {
-            managed.local_token.clone()
-        },
+        token: managed.local_token.clone().or_else(|| managed.token.clone()),
         sidecar_for: parent.to_owned(),
     }
 }

@@ -24,8 +24,13 @@ pub struct PersistedService {
     #[serde(rename = "Managed", default, skip_serializing_if = "Option::is_none")]
     pub managed: Option<crate::local::Managed>,
     /// The token it was registered with (the file is 0600).
-    #[serde(rename = "Token", default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    #[serde(
+        rename = "Token",
+        default,
+        with = "structs::token::opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub token: Option<structs::Token>,
 }
 
 /// A persisted check.
@@ -149,7 +154,7 @@ mod tests {
                 },
                 sidecar_of: None,
                 managed: None,
-                token: String::new(),
+                token: None,
             })
             .unwrap();
         }
@@ -163,5 +168,44 @@ mod tests {
         p.remove_service("a").unwrap();
         p.remove_service("a").unwrap();
         assert_eq!(p.load().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn tokens_keep_their_file_shape() {
+        let service = |token: Option<&str>, managed: Option<crate::local::Managed>| PersistedService {
+            service: NodeService {
+                id: "web-sidecar-proxy".into(),
+                ..NodeService::default()
+            },
+            sidecar_of: None,
+            managed,
+            token: token.and_then(structs::Token::new),
+        };
+        // None is left out, as "" was.
+        let none = serde_json::to_value(service(None, Some(crate::local::Managed::default()))).unwrap();
+        assert!(none.get("Token").is_none(), "{none}");
+        assert_eq!(none["Managed"], serde_json::json!({}));
+        let managed = crate::local::Managed {
+            command: Vec::new(),
+            token: structs::Token::new("reg"),
+            local_token: structs::Token::new("local"),
+        };
+        let some = serde_json::to_value(service(Some("reg"), Some(managed.clone()))).unwrap();
+        assert_eq!(some["Token"], "reg");
+        assert_eq!(
+            some["Managed"],
+            serde_json::json!({"Token": "reg", "LocalToken": "local"})
+        );
+        let back: PersistedService = serde_json::from_value(some).unwrap();
+        assert_eq!((back.token, back.managed), (structs::Token::new("reg"), Some(managed)));
+        // Files that hold "" (as any writer may) load as none.
+        let mut old = none;
+        old["Token"] = "".into();
+        old["Managed"] = serde_json::json!({"Token": "", "LocalToken": ""});
+        let back: PersistedService = serde_json::from_value(old).unwrap();
+        assert_eq!(
+            (back.token, back.managed),
+            (None, Some(crate::local::Managed::default()))
+        );
     }
 }

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use structs::{DeregisterRequest, HealthCheck, Node, NodeService, RegisterRequest};
+use structs::{DeregisterRequest, HealthCheck, Node, NodeService, RegisterRequest, Token};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, warn};
@@ -87,7 +87,7 @@ pub trait CatalogApi: Send + Sync + 'static {
     /// `GET path`, JSON-decoded.
     fn get(&self, path: String) -> impl Future<Output = Result<serde_json::Value, ApiError>> + Send;
     /// A catalog write with `token` (none: the agent's).
-    fn write(&self, token: Option<&str>, write: &CatalogWrite) -> impl Future<Output = Result<(), ApiError>> + Send;
+    fn write(&self, token: Option<&Token>, write: &CatalogWrite) -> impl Future<Output = Result<(), ApiError>> + Send;
     /// The server answering, for logs.
     fn describe(&self) -> String;
 }
@@ -96,10 +96,11 @@ impl CatalogApi for Servers {
     async fn get(&self, path: String) -> Result<serde_json::Value, ApiError> {
         self.get_json(&path).await
     }
-    async fn write(&self, token: Option<&str>, write: &CatalogWrite) -> Result<(), ApiError> {
+    async fn write(&self, token: Option<&Token>, write: &CatalogWrite) -> Result<(), ApiError> {
+        let token = token.cloned().or_else(|| self.token());
         match write {
-            CatalogWrite::Register(r) => self.put_json_as(token, paths::CATALOG_REGISTER, r).await,
-            CatalogWrite::Deregister(d) => self.put_json_as(token, paths::CATALOG_DEREGISTER, d).await,
+            CatalogWrite::Register(r) => self.put_json_as(token.as_ref(), paths::CATALOG_REGISTER, r).await,
+            CatalogWrite::Deregister(d) => self.put_json_as(token.as_ref(), paths::CATALOG_DEREGISTER, d).await,
         }
     }
     fn describe(&self) -> String {
@@ -278,7 +279,7 @@ impl<C: CatalogApi> Syncer<C> {
         writes.extend(services.into_iter().map(|(s, g, c)| Job::Service(Box::new(s), g, c)));
         // Lone checks travel in batches: one catalog write for many status changes, per
         // token (a service's checks go with its registration token).
-        let mut by_token: BTreeMap<String, Vec<(HealthCheck, u64)>> = BTreeMap::new();
+        let mut by_token: BTreeMap<Option<Token>, Vec<(HealthCheck, u64)>> = BTreeMap::new();
         for (check, generation) in checks {
             let token = self.state.token_of(&check.service_id);
             by_token.entry(token).or_default().push((check, generation));
@@ -332,8 +333,8 @@ enum Job {
     DeleteService(String),
     DeleteCheck(String),
     Service(Box<NodeService>, u64, Vec<(HealthCheck, u64)>),
-    /// Checks with the token they are written with (empty: the agent's).
-    Checks(String, Vec<(HealthCheck, u64)>),
+    /// Checks with the token they are written with (none: the agent's).
+    Checks(Option<Token>, Vec<(HealthCheck, u64)>),
 }
 
 impl Job {
@@ -378,10 +379,7 @@ impl Job {
                     ..on_node(node, address)
                 };
                 servers
-                    .write(
-                        (!token.is_empty()).then_some(token.as_str()),
-                        &CatalogWrite::Register(Box::new(register)),
-                    )
+                    .write(token.as_ref(), &CatalogWrite::Register(Box::new(register)))
                     .await
             }
             Job::Checks(token, checks) => {
@@ -390,10 +388,7 @@ impl Job {
                     ..on_node(node, address)
                 };
                 servers
-                    .write(
-                        (!token.is_empty()).then_some(token.as_str()),
-                        &CatalogWrite::Register(Box::new(register)),
-                    )
+                    .write(token.as_ref(), &CatalogWrite::Register(Box::new(register)))
                     .await
             }
         };

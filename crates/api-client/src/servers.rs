@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+use structs::Token;
 
 /// The servers and a shared client (see the module docs).
 #[derive(Debug)]
@@ -20,8 +21,8 @@ pub struct Servers {
     answered: Vec<AtomicBool>,
     current: AtomicUsize,
     client: reqwest::Client,
-    /// The token requests carry unless they name their own (the agent token).
-    token: parking_lot::RwLock<String>,
+    /// The token of requests sent without one named (the agent token), if any.
+    token: parking_lot::RwLock<Option<Token>>,
 }
 
 /// `host:port` or a URL, as a base URL without a trailing slash.
@@ -75,13 +76,19 @@ impl Servers {
             bases: addrs.iter().map(|a| base_url(a)).collect(),
             current: AtomicUsize::new(0),
             client,
-            token: parking_lot::RwLock::new(String::new()),
+            token: parking_lot::RwLock::new(None),
         }
     }
 
-    /// Sets the token requests carry unless they name their own (the agent's token).
-    pub fn set_token(&self, token: &str) {
-        *self.token.write() = token.to_owned();
+    /// Sets the token of requests sent without one named (the agent's token; none: such
+    /// requests carry no token).
+    pub fn set_token(&self, token: Option<Token>) {
+        *self.token.write() = token;
+    }
+
+    /// The token of requests sent without one named (see [`Servers::set_token`]).
+    pub fn token(&self) -> Option<Token> {
+        self.token.read().clone()
     }
 
     /// The base URLs, in configuration order.
@@ -104,30 +111,25 @@ impl Servers {
     /// Sends a request built by `build` (given a server's base URL) to the current server,
     /// failing over to the next ones while connections cannot be made. A request that reached
     /// a server is never sent twice; when its exchange fails, the next request starts with
-    /// the next server.
+    /// the next server. It carries the client's own token ([`Servers::set_token`]).
     pub async fn send(
         &self,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ApiError> {
-        self.send_as(None, build).await
+        self.send_as(self.token().as_ref(), build).await
     }
 
-    /// As [`Servers::send`], with `token` (none: the agent's; empty: no token header).
+    /// As [`Servers::send`], with `token` (none: no token header).
     pub async fn send_as(
         &self,
-        token: Option<&str>,
+        token: Option<&Token>,
         build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ApiError> {
-        let token = match token {
-            Some(t) => t.to_owned(),
-            None => self.token.read().clone(),
-        };
         let build = |c: &reqwest::Client, base: &str| {
             let req = build(c, base);
-            if token.is_empty() {
-                req
-            } else {
-                req.header(structs::wire::TOKEN_HEADER, token.as_str())
+            match token {
+                Some(token) => req.header(structs::wire::TOKEN_HEADER, token.secret()),
+                None => req,
             }
         };
         if self.bases.is_empty() {
@@ -170,15 +172,15 @@ impl Servers {
         })
     }
 
-    /// `PUT path` with a JSON body; any 2xx is success.
+    /// `PUT path` with a JSON body and the client's own token; any 2xx is success.
     pub async fn put_json<T: Serialize + ?Sized>(&self, path: &str, body: &T) -> Result<(), ApiError> {
-        self.put_json_as(None, path, body).await
+        self.put_json_as(self.token().as_ref(), path, body).await
     }
 
-    /// As [`Servers::put_json`], with `token` (none: the agent's).
+    /// As [`Servers::put_json`], with `token` (none: no token).
     pub async fn put_json_as<T: Serialize + ?Sized>(
         &self,
-        token: Option<&str>,
+        token: Option<&Token>,
         path: &str,
         body: &T,
     ) -> Result<(), ApiError> {
@@ -187,13 +189,13 @@ impl Servers {
             .map(|_| ())
     }
 
-    /// `GET path`, decoded.
+    /// `GET path` with the client's own token, decoded.
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        self.get_json_as(None, path).await
+        self.get_json_as(self.token().as_ref(), path).await
     }
 
-    /// As [`Servers::get_json`], with `token` (none: the agent's).
-    pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&str>, path: &str) -> Result<T, ApiError> {
+    /// As [`Servers::get_json`], with `token` (none: no token).
+    pub async fn get_json_as<T: DeserializeOwned>(&self, token: Option<&Token>, path: &str) -> Result<T, ApiError> {
         decode(&self.get_as(token, path).await?.body)
     }
 }
@@ -211,15 +213,15 @@ pub struct Blocked {
 impl Servers {
     /// A blocking `GET path` (which may carry its own query): answers once the servers' index
     /// for it passes `min_index`, or after `wait`. A 404 is an answer (`body: None`); any other
-    /// error status is an error.
+    /// error status is an error. It carries the client's own token.
     pub async fn get_blocking(&self, path: &str, min_index: u64, wait: Duration) -> Result<Blocked, ApiError> {
-        self.get_blocking_as(None, path, min_index, wait).await
+        self.get_blocking_as(self.token().as_ref(), path, min_index, wait).await
     }
 
-    /// As [`Servers::get_blocking`], with `token` (none: the agent's; empty: no token).
+    /// As [`Servers::get_blocking`], with `token` (none: no token).
     pub async fn get_blocking_as(
         &self,
-        token: Option<&str>,
+        token: Option<&Token>,
         path: &str,
         min_index: u64,
         wait: Duration,
@@ -245,19 +247,19 @@ impl Servers {
         })
     }
 
-    /// `PUT path` with a JSON body, the answer decoded.
+    /// `PUT path` with a JSON body and the client's own token, the answer decoded.
     pub async fn put_json_answer<T: Serialize + ?Sized, R: DeserializeOwned>(
         &self,
         path: &str,
         body: &T,
     ) -> Result<R, ApiError> {
-        self.put_json_answer_as(None, path, body).await
+        self.put_json_answer_as(self.token().as_ref(), path, body).await
     }
 
-    /// As [`Servers::put_json_answer`], with `token` (none: the agent's).
+    /// As [`Servers::put_json_answer`], with `token` (none: no token).
     pub async fn put_json_answer_as<T: Serialize + ?Sized, R: DeserializeOwned>(
         &self,
-        token: Option<&str>,
+        token: Option<&Token>,
         path: &str,
         body: &T,
     ) -> Result<R, ApiError> {
@@ -277,8 +279,8 @@ pub struct Answer {
 }
 
 impl Servers {
-    /// `GET path` with `token` (none: the client's own; empty: none), its headers read.
-    pub async fn get_as(&self, token: Option<&str>, path: &str) -> Result<Answer, ApiError> {
+    /// `GET path` with `token` (none: no token), its headers read.
+    pub async fn get_as(&self, token: Option<&Token>, path: &str) -> Result<Answer, ApiError> {
         let resp = self
             .send_as(token, |c, base| {
                 c.get(format!("{base}{path}")).timeout(Duration::from_secs(30))
@@ -291,10 +293,11 @@ impl Servers {
         Ok(Answer { body, index, filtered })
     }
 
-    /// `method path`, with a JSON body when given; the answer's body on success.
+    /// `method path` with `token` (none: no token), with a JSON body when given; the
+    /// answer's body on success.
     pub async fn call_as<T: Serialize + ?Sized>(
         &self,
-        token: Option<&str>,
+        token: Option<&Token>,
         method: reqwest::Method,
         path: &str,
         body: Option<&T>,

@@ -9,7 +9,7 @@
 
 use crate::keys::IndexKey;
 use crate::state::State;
-use acl::{Authorizer, Rules};
+use acl::{Authorizer, Rules, Token};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,7 +56,8 @@ pub struct Resolver {
 struct Cache {
     /// The ACL index the entries were computed at.
     at: Index,
-    entries: HashMap<String, Resolved>,
+    /// Answers by token (none: the anonymous token).
+    entries: HashMap<Option<Token>, Resolved>,
 }
 
 impl Resolver {
@@ -85,28 +86,27 @@ impl Resolver {
         self.settings.enabled
     }
 
-    /// What `secret` (none or empty: the anonymous token) may do now.
-    pub fn resolve(&self, state: &State, secret: Option<&str>) -> Result<Resolved, ResolveError> {
+    /// What `token` (none: the anonymous token) may do now.
+    pub fn resolve(&self, state: &State, token: Option<&Token>) -> Result<Resolved, ResolveError> {
         if !self.settings.enabled {
             return Ok(self.all.clone());
         }
-        let secret = secret.filter(|s| !s.is_empty());
         let at = state.index_of(&IndexKey::Acl);
-        let key = secret.unwrap_or("");
+        let key = token.cloned();
         {
             let mut cache = self.cache.lock();
             if cache.at != at {
                 cache.at = at;
                 cache.entries.clear();
-            } else if let Some(hit) = cache.entries.get(key) {
+            } else if let Some(hit) = cache.entries.get(&key) {
                 if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
                     return Err(ResolveError::NotFound);
                 }
                 return Ok(hit.clone());
             }
         }
-        let token = match secret {
-            Some(s) => state.acl_token_by_secret(s).ok_or(ResolveError::NotFound)?,
+        let token = match token {
+            Some(t) => state.acl_token_by_secret(t.secret()).ok_or(ResolveError::NotFound)?,
             None => match state.acl_token(ANONYMOUS_ACCESSOR) {
                 Some(t) => t,
                 None => {
@@ -129,7 +129,7 @@ impl Resolver {
         };
         let mut cache = self.cache.lock();
         if cache.at == at {
-            cache.entries.insert(key.to_owned(), resolved.clone());
+            cache.entries.insert(key, resolved.clone());
         }
         Ok(resolved)
     }

@@ -64,7 +64,7 @@ impl TokenResolver for StoreTokens {
     }
 
     fn resolve(&self, token: Option<&Token>) -> BoxFuture<'_, Result<Resolved, ResolveError>> {
-        let resolved = self.resolver.resolve(&self.store.read(), token.map(Token::secret));
+        let resolved = self.resolver.resolve(&self.store.read(), token);
         Box::pin(std::future::ready(resolved))
     }
 

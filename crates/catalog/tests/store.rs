@@ -701,7 +701,13 @@ async fn acls_survive_reopen_from_the_log_and_from_a_snapshot() {
             default_allow: false,
             datacenter: "dc1".into(),
         });
-        assert!(resolver.resolve(&state, Some(secret)).unwrap().authz.acl_write());
+        assert!(
+            resolver
+                .resolve(&state, structs::Token::new(secret).as_ref())
+                .unwrap()
+                .authz
+                .acl_write()
+        );
     }
 }
 

@@ -123,17 +123,18 @@ async fn main() {
     let iters = env_usize("ITERS", 200_000);
     let requests = env_usize("REQUESTS", 20_000);
     let (store, secret) = store_with_token().await;
+    let token = structs::Token::new(&secret);
 
     let resolver = Resolver::new(settings(true));
     let state = store.read();
     let first = Instant::now();
-    let r = resolver.resolve(&state, Some(&secret)).unwrap();
+    let r = resolver.resolve(&state, token.as_ref()).unwrap();
     let miss = first.elapsed();
     assert!(r.authz.service_write("web-frontend") && r.authz.service_write("api"));
     let t0 = Instant::now();
     let mut allowed = 0usize;
     for i in 0..iters {
-        let r = resolver.resolve(&state, Some(&secret)).unwrap();
+        let r = resolver.resolve(&state, token.as_ref()).unwrap();
         let name = if i % 2 == 0 { "web-frontend" } else { "svc-2-19" };
         allowed += usize::from(r.authz.service_write(std::hint::black_box(name)));
     }

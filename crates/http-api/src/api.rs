@@ -159,7 +159,7 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
     let params = Params::parse(req.uri().query());
     let secret = query::token(req.headers(), &params);
     let state = api.store.read();
-    let mut resolved = api.config.acl.resolve(&state, secret.as_ref().map(acl::Token::secret));
+    let mut resolved = api.config.acl.resolve(&state, secret.as_ref());
     drop(state);
     // A token unknown here may have been written through another server whose write this
     // one has not applied yet: catch up with etcd before refusing it (the embedded store
@@ -169,10 +169,7 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
         && api.store.cluster().is_some()
         && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
     {
-        resolved = api
-            .config
-            .acl
-            .resolve(&api.store.read(), secret.as_ref().map(acl::Token::secret));
+        resolved = api.config.acl.resolve(&api.store.read(), secret.as_ref());
     }
     req.extensions_mut().insert(authz::Authz::new(resolved));
     next.run(req).await

@@ -917,7 +917,7 @@ async fn acl_token_expired(mesh: &Mesh, token: structs::acl::AclToken) -> Reply 
     let next = state.index.next();
     let secret = token.secret_id.clone();
     state.apply(next, &[catalog::Change::PutAclToken(token)]);
-    let resolved = resolver.resolve(&state, Some(&secret));
+    let resolved = resolver.resolve(&state, structs::Token::new(&secret).as_ref());
     Reply {
         status: if resolved.is_err() {
             StatusCode::FORBIDDEN

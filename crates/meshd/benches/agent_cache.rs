@@ -110,7 +110,7 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
                 service,
                 connect: false,
                 passing: false,
-                token: String::new(),
+                token: None,
             });
             if k == 0 {
                 let (marker, report, ready) = (Arc::clone(&marker), report.clone(), ready.clone());
@@ -233,7 +233,7 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
     for i in 0..sidecars {
         let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
         let (grpc, marker, report, ready) = (agent.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
-        tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, String::new()));
+        tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, None));
     }
     for _ in 0..sidecars {
         readies.recv().await.unwrap();

@@ -90,7 +90,7 @@ async fn main() {
             report.clone(),
             ready.clone(),
             permit,
-            String::new(),
+            None,
         ));
     }
     for _ in 0..proxies {

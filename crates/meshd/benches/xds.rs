@@ -397,7 +397,7 @@ async fn run(l7: bool) {
     }
     while tasks.join_next().await.is_some() {}
     // With ACLs: one token per proxy, its service identity.
-    let mut tokens = vec![String::new(); n];
+    let mut tokens: Vec<Option<structs::Token>> = vec![None; n];
     if acl {
         let mut made = tokio::task::JoinSet::new();
         for i in 0..n {
@@ -414,7 +414,7 @@ async fn run(l7: bool) {
                     .json()
                     .await
                     .unwrap();
-                (i, t["SecretID"].as_str().unwrap().to_owned())
+                (i, structs::Token::new(t["SecretID"].as_str().unwrap()))
             });
             if made.len() >= 64
                 && let Some(Ok((i, t))) = made.join_next().await

@@ -137,13 +137,14 @@ async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
         None => Servers::new(std::slice::from_ref(&base)),
     };
     let token = match &common.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("-token-file: cannot read {}", path.display()))?
-            .trim()
-            .to_owned(),
-        None => std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default(),
+        Some(path) => structs::Token::new(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("-token-file: cannot read {}", path.display()))?
+                .trim(),
+        ),
+        None => structs::Token::new(&std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default()),
     };
-    let answer = match api.call_as(Some(&token), method, path, body).await {
+    let answer = match api.call_as(token.as_ref(), method, path, body).await {
         Ok(answer) => answer,
         Err(e) if e.status().is_none() && e.is_unreachable() => {
             bail!("cannot reach the meshd HTTP API at {base}: {e}")

@@ -8,6 +8,11 @@ pub use node::cli::{Listen, TlsArgs};
 pub use server_mode::ServerArgs;
 use std::{net::SocketAddr, path::PathBuf};
 
+/// A token flag's value: none when empty.
+fn flag_token(value: &str) -> Result<Option<structs::Token>, std::convert::Infallible> {
+    Ok(structs::Token::new(value))
+}
+
 /// meshd: a service-mesh control plane.
 #[derive(Debug, Parser)]
 #[command(name = "meshd", version, about)]
@@ -228,15 +233,17 @@ pub struct EnvoyArgs {
     /// default it is a Unix socket only this user can use, `admin.sock` in -run-dir.
     #[arg(long = "admin-bind", value_name = "ADDR")]
     pub admin_bind: Option<SocketAddr>,
-    /// ACL token for the proxy's xDS stream (default: `CONNECT_PROXY_TOKEN` from the
-    /// environment, as a managed proxy gets it).
+    /// ACL token for the proxy's xDS stream (default, and for `-token ""`:
+    /// `CONNECT_PROXY_TOKEN` from the environment, as a managed proxy gets it).
+    // Spelled out so clap treats it as a value (`""` is none), not as an optional flag.
     #[arg(
         long = "token",
         value_name = "TOKEN",
         default_value = "",
+        value_parser = flag_token,
         conflicts_with = "token_file"
     )]
-    pub token: String,
+    pub token: ::std::option::Option<structs::Token>,
     /// Read the token from this file (re-read when it changes, and on SIGHUP).
     #[arg(long = "token-file", value_name = "PATH")]
     pub token_file: Option<PathBuf>,

@@ -4,8 +4,8 @@ use crate::cli::{EnvoyArgs, GrpcAddr};
 use anyhow::{Context, Result, bail};
 use api_client::{ApiError, Servers, paths};
 use std::future::Future;
-use structs::ServiceKind;
 use structs::listing::CatalogService;
+use structs::{ServiceKind, Token};
 use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
 use supervisor::envoy::AdminAddr;
 
@@ -59,7 +59,7 @@ const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
 /// `GET path` on `-http-addr` (`api`) with the token. A 403 is a [`Forbidden`] error; a route
 /// that is not there (404, 405: `-http-addr` is a server, not an agent) is no answer.
 async fn lookup(api: &Servers, args: &EnvoyArgs, path: &str) -> Result<Answer> {
-    match api.get_as(Some(&args.token), path).await {
+    match api.get_as(args.token.as_ref(), path).await {
         Ok(answer) => {
             let body = serde_json::from_slice(&answer.body).with_context(|| format!("decoding GET {path}"))?;
             Ok(Answer {
@@ -88,7 +88,7 @@ async fn lookup(api: &Servers, args: &EnvoyArgs, path: &str) -> Result<Answer> {
 /// asked) `why` ("filtered its answer by ACLs", "refused it: ..."), naming where the token
 /// comes from.
 fn token_cannot_see(args: &EnvoyArgs, service: &str, at: &str, why: &str) -> anyhow::Error {
-    if args.token.is_empty() {
+    if args.token.is_none() {
         return anyhow::anyhow!(
             "no token was given ({TOKEN_SOURCES}), and without one the sidecar proxy of service {service:?} cannot be seen ({at} {why}): give a token with service:read on it"
         );
@@ -305,14 +305,15 @@ fn admin_of(args: &EnvoyArgs, dir: Option<&RunDir>) -> Result<AdminAddr> {
 
 /// The proxy's token as the flags give it now: `-token-file`, `-token`, else
 /// `CONNECT_PROXY_TOKEN`.
-fn token_of(args: &EnvoyArgs) -> Result<String> {
+fn token_of(args: &EnvoyArgs) -> Result<Option<Token>> {
     Ok(match &args.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read -token-file {}", path.display()))?
-            .trim()
-            .to_owned(),
+        Some(path) => Token::new(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read -token-file {}", path.display()))?
+                .trim(),
+        ),
         // A proxy the agent runs gets its token in the environment, never on the command line.
-        None if args.token.is_empty() => std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default(),
+        None if args.token.is_none() => Token::new(&std::env::var("CONNECT_PROXY_TOKEN").unwrap_or_default()),
         None => args.token.clone(),
     })
 }
@@ -377,7 +378,7 @@ async fn resolve_server(target: &GrpcAddr) -> Result<std::net::SocketAddr> {
 pub async fn run(args: EnvoyArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     if args.register {
         let gw = crate::connect_gateway::gateway(&args)?.context("-register is for gateways: give -gateway")?;
-        crate::connect_gateway::register(&args, &gw, &token_of(&args)?).await?;
+        crate::connect_gateway::register(&args, &gw, token_of(&args)?.as_ref()).await?;
     }
     if args.bootstrap {
         // A bootstrap with a TCP admin names no directory.

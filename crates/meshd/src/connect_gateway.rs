@@ -6,7 +6,7 @@ use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
 use api_client::{Servers, paths};
 use structs::agent::ServiceDefinition;
-use structs::{NodeService, RegisterRequest, ServiceKind};
+use structs::{NodeService, RegisterRequest, ServiceKind, Token};
 
 /// A gateway the flags name: its kind (Consul's spelling) and service name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,7 @@ fn host_port(address: &str) -> Result<(String, u16)> {
 /// Registers `gw` with the agent at `-http-addr` (`PUT /v1/agent/service/register`), or, when
 /// that is a server (the agent route is not there), in its catalog on `-node`
 /// (`PUT /v1/catalog/register`). Name and ID are the gateway's name (or `-proxy-id`).
-pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()> {
+pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> Result<()> {
     let address = args
         .address
         .as_deref()
@@ -68,7 +68,6 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: &str) -> Result<()>
         .parse()
         .map_err(|e| anyhow::anyhow!("-gateway {}: {e}", gw.kind))?;
     let api = Servers::new(&[args.http_addr.to_string()]);
-    let token = (!token.is_empty()).then_some(token);
     let definition = ServiceDefinition {
         kind,
         id: id.clone(),

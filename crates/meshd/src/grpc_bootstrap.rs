@@ -26,14 +26,14 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use structs::listing::CatalogService;
-use structs::{IndexedCaRoots, IssuedCert};
+use structs::{IndexedCaRoots, IssuedCert, Token};
 use tracing::{info, warn};
 
 /// A connect-native instance of the service: (node, instance id).
-async fn instance(api: &Servers, token: &str, args: &GrpcBootstrapArgs) -> Result<(String, String)> {
+async fn instance(api: &Servers, token: Option<&Token>, args: &GrpcBootstrapArgs) -> Result<(String, String)> {
     let path = paths::catalog_service(&args.service);
     let entries: Vec<CatalogService> = api
-        .get_json_as(Some(token), &path)
+        .get_json_as(token, &path)
         .await
         .with_context(|| format!("GET {path}"))?;
     let native: Vec<(String, String)> = entries
@@ -61,12 +61,12 @@ async fn instance(api: &Servers, token: &str, args: &GrpcBootstrapArgs) -> Resul
 /// with the index it was answered at.
 async fn blocking<T: serde::de::DeserializeOwned>(
     api: &Servers,
-    token: &str,
+    token: Option<&Token>,
     path: &str,
     after: u64,
 ) -> Result<(T, u64)> {
     let answer = api
-        .get_blocking_as(Some(token), path, after, Duration::from_secs(300))
+        .get_blocking_as(token, path, after, Duration::from_secs(300))
         .await
         .with_context(|| format!("GET {path}"))?;
     let Some(body) = answer.body else {
@@ -122,7 +122,7 @@ fn private_dir(dir: &Path, uid: u32) -> Result<()> {
 
 /// The bootstrap JSON for node `instance` on `node`, its certificate provider reading the
 /// files of `dir`.
-pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &str, dir: &Path) -> Value {
+pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: Option<&Token>, dir: &Path) -> Value {
     let servers: Vec<Value> = args
         .grpc_addr
         .iter()
@@ -136,8 +136,8 @@ pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &s
         .collect();
     let mut metadata = serde_json::Map::new();
     metadata.insert(structs::wire::NODE_NAME_METADATA.into(), json!(node));
-    if !token.is_empty() {
-        metadata.insert(structs::wire::TOKEN_HEADER.into(), json!(token));
+    if let Some(token) = token {
+        metadata.insert(structs::wire::TOKEN_HEADER.into(), json!(token.secret()));
     }
     let mut out = json!({
         "xds_servers": servers,
@@ -160,7 +160,7 @@ pub fn bootstrap(args: &GrpcBootstrapArgs, node: &str, instance: &str, token: &s
 }
 
 /// Writes the leaf files; returns the leaf's index.
-async fn write_leaf(api: &Servers, token: &str, service: &str, dir: &Path, after: u64) -> Result<u64> {
+async fn write_leaf(api: &Servers, token: Option<&Token>, service: &str, dir: &Path, after: u64) -> Result<u64> {
     let path = paths::agent_leaf(service);
     let (leaf, index): (IssuedCert, u64) = blocking(api, token, &path, after).await?;
     let (cert, key) = (leaf.cert_pem.as_str(), leaf.private_key_pem.as_str());
@@ -176,7 +176,7 @@ async fn write_leaf(api: &Servers, token: &str, service: &str, dir: &Path, after
 }
 
 /// Writes the CA bundle; returns the roots' index.
-async fn write_roots(api: &Servers, token: &str, dir: &Path, after: u64) -> Result<u64> {
+async fn write_roots(api: &Servers, token: Option<&Token>, dir: &Path, after: u64) -> Result<u64> {
     let (roots, index): (IndexedCaRoots, u64) = blocking(api, token, paths::CA_ROOTS, after).await?;
     let pems: Vec<&str> = roots
         .roots
@@ -196,14 +196,15 @@ async fn write_roots(api: &Servers, token: &str, dir: &Path, after: u64) -> Resu
 /// with `-watch` keeps them current until `shutdown`.
 pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     let token = match &args.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read -token-file {}", path.display()))?
-            .trim()
-            .to_owned(),
-        None => String::new(),
+        Some(path) => Token::new(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read -token-file {}", path.display()))?
+                .trim(),
+        ),
+        None => None,
     };
     let api = Servers::new(&[args.http_addr.to_string()]);
-    let (node, id) = instance(&api, &token, &args).await?;
+    let (node, id) = instance(&api, token.as_ref(), &args).await?;
     let dir = match &args.cert_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("-cert-dir {}: cannot create", dir.display()))?;
@@ -214,11 +215,11 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
     // The provider needs absolute paths: gRPC reads them from wherever the client runs.
     let dir = std::path::absolute(&dir).with_context(|| format!("-cert-dir {}", dir.display()))?;
     let indexes = (
-        write_leaf(&api, &token, &args.service, &dir, 0).await?,
-        write_roots(&api, &token, &dir, 0).await?,
+        write_leaf(&api, token.as_ref(), &args.service, &dir, 0).await?,
+        write_roots(&api, token.as_ref(), &dir, 0).await?,
     );
-    let text =
-        serde_json::to_string_pretty(&bootstrap(&args, &node, &id, &token, &dir)).context("encoding the bootstrap")?;
+    let text = serde_json::to_string_pretty(&bootstrap(&args, &node, &id, token.as_ref(), &dir))
+        .context("encoding the bootstrap")?;
     match &args.output {
         Some(path) => atomic_file::write_atomic(path, format!("{text}\n").as_bytes(), 0o600)
             .with_context(|| format!("-output {}: cannot write", path.display()))?,
@@ -238,12 +239,12 @@ pub async fn run(args: GrpcBootstrapArgs, shutdown: impl Future<Output = ()>) ->
         let (mut leaf, mut roots) = indexes;
         loop {
             tokio::select! {
-                r = write_leaf(&api, &token, &args.service, &dir, leaf) => match r {
+                r = write_leaf(&api, token.as_ref(), &args.service, &dir, leaf) => match r {
                     Ok(i) if i != leaf => { info!(index = i, "leaf certificate written"); leaf = i; }
                     Ok(_) => {}
                     Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the leaf; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }
                 },
-                r = write_roots(&api, &token, &dir, roots) => match r {
+                r = write_roots(&api, token.as_ref(), &dir, roots) => match r {
                     Ok(i) if i != roots => { info!(index = i, "CA roots written"); roots = i; }
                     Ok(_) => {}
                     Err(e) => { warn!(error = %format!("{e:#}"), "cannot refresh the CA roots; retrying"); tokio::time::sleep(Duration::from_secs(2)).await; }

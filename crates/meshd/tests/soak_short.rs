@@ -74,7 +74,7 @@ async fn churn_leaves_no_tasks_or_fds_behind() {
             report.clone(),
             ready.clone(),
             permit,
-            String::new(),
+            None,
         ));
     }
     for _ in 0..STREAMS {

@@ -72,10 +72,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// Makes CSDS on `xds` need `operator:read` of the request's token (as the HTTP status
 /// views do): CSDS lists every proxy's configuration.
 pub fn guard_csds(xds: &XdsServer, tokens: Tokens) {
-    xds.set_csds_authorizer(Arc::new(move |token: String| {
+    xds.set_csds_authorizer(Arc::new(move |token: Option<Token>| {
         let tokens = Arc::clone(&tokens);
         Box::pin(async move {
-            let token = Token::new(&token);
             let who = tokens.resolve(token.as_ref()).await.map_err(|e| e.to_string())?;
             if who.authz.operator_read() {
                 Ok(())
@@ -90,7 +89,7 @@ pub fn guard_csds(xds: &XdsServer, tokens: Tokens) {
 /// proxies), checked before the resolver.
 pub trait LocalTokens: Send + Sync + 'static {
     /// `None` when `token` is not a local token; else whether it may serve `service`.
-    fn check(&self, token: &str, service: &str) -> Option<Result<xds::Authorization, String>>;
+    fn check(&self, token: &Token, service: &str) -> Option<Result<xds::Authorization, String>>;
 }
 
 /// Authorizes xDS streams: `service:write` on the proxy's service, re-checked on every ACL
@@ -110,14 +109,15 @@ impl StreamTokens {
 impl xds::StreamAuthorizer for StreamTokens {
     fn authorize(
         &self,
-        token: &str,
+        token: Option<&Token>,
         service: &str,
     ) -> Pin<Box<dyn Future<Output = Result<xds::Authorization, String>> + Send>> {
-        if let Some(verdict) = self.local.as_ref().and_then(|l| l.check(token, service)) {
+        let local = self.local.as_ref().zip(token);
+        if let Some(verdict) = local.and_then(|(l, token)| l.check(token, service)) {
             return Box::pin(std::future::ready(verdict));
         }
         let tokens = Arc::clone(&self.tokens);
-        let (token, service) = (Token::new(token), service.to_owned());
+        let (token, service) = (token.cloned(), service.to_owned());
         Box::pin(async move {
             let who = tokens.resolve(token.as_ref()).await.map_err(|e| e.to_string())?;
             who.need(who.authz.service_write(&service), "service:write", &service)?;

@@ -84,7 +84,7 @@ mod on_server {
             // (its stream is authorized apart), so proxies with different tokens share one
             // follower.
             let mut req = req.clone();
-            req.token.clear();
+            req.token = None;
             let topic = if req.connect {
                 Topic::ServiceHealthConnect(req.service.clone())
             } else {

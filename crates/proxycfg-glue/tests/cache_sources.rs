@@ -131,7 +131,7 @@ async fn roots_and_leaves_follow_a_root_rotation() {
             datacenter: dc1(),
             service: "web".into(),
             dns_sans: Vec::new(),
-            token: String::new(),
+            token: None,
         },
     );
     let UpdatePayload::CaRoots(first) = roots.until("roots", |p| matches!(p, UpdatePayload::CaRoots(_))).await else {
@@ -197,7 +197,7 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
             healthy_only: true,
             filter: String::new(),
             kind: None,
-            token: String::new(),
+            token: None,
         },
     );
     let mut services = start(&f, &f.sources.service_list, ServiceListRequest { datacenter: dc1() });

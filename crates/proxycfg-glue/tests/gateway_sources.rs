@@ -200,7 +200,7 @@ async fn leaf_with(source: &Arc<dyn DataSource<LeafRequest>>, dns_sans: &[&str])
         datacenter: "dc1".into(),
         service: "ing".into(),
         dns_sans: dns_sans.iter().map(|s| (*s).to_owned()).collect(),
-        token: String::new(),
+        token: None,
     };
     tokio::spawn(Arc::clone(source).notify(req, CorrelationId::Leaf, tx, cancel.clone()));
     let event = tokio::time::timeout(Duration::from_secs(10), rx.recv())

@@ -58,7 +58,7 @@ async fn manage(store: &Store, proxies: &[(&str, &str)]) -> (Manager, Vec<Watche
         let registration = ProxyRegistration {
             id,
             service,
-            token: String::new(),
+            token: None,
         };
         manager
             .register(registration, ProxySource::Catalog, false)
@@ -147,7 +147,7 @@ async fn sidecar_snapshot_from_the_catalog() {
             ProxyRegistration {
                 id: id.clone(),
                 service: svc,
-                token: String::new(),
+                token: None,
             },
             ProxySource::Catalog,
             false,

@@ -20,7 +20,7 @@ use proxycfg::{
 };
 use std::{collections::HashMap, sync::Arc};
 use structs::central_config::{CentralConfig, proxy_defaults};
-use structs::{ConfigEntryKind, NodeService, ServiceKind, Upstream};
+use structs::{ConfigEntryKind, NodeService, ServiceKind, Token, Upstream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -76,7 +76,7 @@ impl CatalogSource {
     }
 
     /// Watches `id`'s snapshots, syncing it from the catalog for as long as the lease lives.
-    pub fn watch(&self, id: ProxyId, token: String) -> (Watcher, Lease) {
+    pub fn watch(&self, id: ProxyId, token: Option<Token>) -> (Watcher, Lease) {
         let watcher = self.inner.manager.watch(&id);
         let mut entries = self.inner.entries.lock();
         let entry = entries.entry(id.clone()).or_insert_with(|| Entry {
@@ -165,7 +165,7 @@ impl SnapshotSource for CatalogSource {
         let (watcher, lease) = CatalogSource::watch(
             self,
             ProxyId::new(node, request.proxy_id.to_owned()),
-            request.token.to_owned(),
+            request.token.cloned(),
         );
         Ok((watcher, Box::new(lease)))
     }
@@ -198,7 +198,7 @@ impl Drop for Lease {
     }
 }
 
-fn registration(state: &State, id: &ProxyId, token: &str, requested: &[String]) -> Option<ProxyRegistration> {
+fn registration(state: &State, id: &ProxyId, token: Option<&Token>, requested: &[String]) -> Option<ProxyRegistration> {
     let svc = state.service(&id.node, &id.service_id)?;
     let svc = if svc.kind.is_proxy() {
         svc
@@ -216,7 +216,7 @@ fn registration(state: &State, id: &ProxyId, token: &str, requested: &[String]) 
     Some(ProxyRegistration {
         id: id.clone(),
         service,
-        token: token.to_owned(),
+        token: token.cloned(),
     })
 }
 
@@ -244,7 +244,7 @@ fn proxyless(svc: &NodeService, requested: &[String]) -> NodeService {
 async fn sync(
     inner: Arc<Inner>,
     id: ProxyId,
-    token: String,
+    token: Option<Token>,
     cancel: CancellationToken,
     generation: u64,
     previous: Option<JoinHandle<()>>,
@@ -284,7 +284,13 @@ async fn sync(
             }
         }
         let wanted = requested.borrow_and_update().clone();
-        registered = apply(&inner, &id, registration(&state, &id, &token, &wanted), registered).await;
+        registered = apply(
+            &inner,
+            &id,
+            registration(&state, &id, token.as_ref(), &wanted),
+            registered,
+        )
+        .await;
         // Not held across the wait: a parked proxy must not pin an old catalog version.
         drop(state);
         let closed = tokio::select! {

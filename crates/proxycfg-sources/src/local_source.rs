@@ -15,7 +15,7 @@ use proxycfg::{
 use std::collections::HashMap;
 use std::sync::Arc;
 use structs::central_config::{CentralConfig, proxy_defaults};
-use structs::{ConfigEntry, ConfigEntryKind, NodeService};
+use structs::{ConfigEntry, ConfigEntryKind, NodeService, Token};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,8 +26,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 pub struct LocalProxy {
     /// Its registration as the agent holds it (before central config is merged).
     pub service: NodeService,
-    /// The token its watches use.
-    pub token: String,
+    /// The token its watches use (none: the agent's).
+    pub token: Option<Token>,
 }
 
 /// What the local source reads of the agent.
@@ -229,7 +229,7 @@ async fn sync(inner: Arc<Inner>, caches: AgentCaches, stop: CancellationToken) {
 /// Registers what changed, deregisters what went.
 async fn apply(inner: &Inner, proxy: Option<&Arc<ConfigEntry>>, services: &[Arc<ConfigEntry>]) {
     let central = CentralConfig::new(proxy_defaults(proxy), services);
-    let wanted: HashMap<String, (Arc<NodeService>, String)> = inner
+    let wanted: HashMap<String, (Arc<NodeService>, Option<Token>)> = inner
         .local
         .proxies()
         .into_iter()

@@ -78,8 +78,8 @@ async fn streams_share_one_sync_with_central_config_merged() {
         .unwrap();
 
     let id = ProxyId::new("n1", "web-sidecar-proxy");
-    let (mut w1, lease1) = source.watch(id.clone(), String::new());
-    let (mut w2, lease2) = source.watch(id.clone(), String::new());
+    let (mut w1, lease1) = source.watch(id.clone(), None);
+    let (mut w2, lease2) = source.watch(id.clone(), None);
     assert_eq!(source.active(), 1, "one sync for both streams");
     snapshot_where(&mut w1, |s| s.service.proxy.config.get("envoy_stats_flush").is_some()).await;
     snapshot_where(&mut w2, |s| s.service.port == 21000).await;
@@ -99,7 +99,7 @@ async fn streams_share_one_sync_with_central_config_merged() {
     while !matches!(next(&mut w2).await, WatchEvent::Deregistered) {}
     assert!(manager.registered().await.is_empty());
     // A stream coming back right away gets a registration that stays.
-    let (mut w3, _lease3) = source.watch(id.clone(), String::new());
+    let (mut w3, _lease3) = source.watch(id.clone(), None);
     snapshot_where(&mut w3, |s| s.service.port == 21005).await;
     assert_eq!(manager.registered().await, vec![id]);
     source.shutdown().await;
@@ -112,7 +112,7 @@ async fn catalog_deregistration_withdraws_the_snapshot() {
     let (store, manager, source) = setup().await;
     register_sidecar(&store, 21000).await;
     let id = ProxyId::new("n1", "web-sidecar-proxy");
-    let (mut w, _lease) = source.watch(id.clone(), String::new());
+    let (mut w, _lease) = source.watch(id.clone(), None);
     snapshot_where(&mut w, |_| true).await;
     store
         .write(Op::Deregister(DeregisterRequest {
@@ -137,7 +137,7 @@ async fn a_stream_is_matched_to_its_proxy_by_id_and_node() {
     let ask = |id: &'static str, node: Option<&'static str>| ProxyRequest {
         proxy_id: id,
         node_name: node,
-        token: "",
+        token: None,
     };
     let err = |r: Result<_, SourceError>| r.err().unwrap();
     assert_eq!(

@@ -25,10 +25,7 @@ impl Local {
     fn set(&self, proxies: Vec<NodeService>) {
         *self.proxies.lock() = proxies
             .into_iter()
-            .map(|service| LocalProxy {
-                service,
-                token: String::new(),
-            })
+            .map(|service| LocalProxy { service, token: None })
             .collect();
         self.version.send_modify(|v| *v += 1);
     }
@@ -185,7 +182,7 @@ async fn local_registrations_win_over_the_catalogs_and_streams_must_name_a_local
     let reg = ProxyRegistration {
         id: id(),
         service: Arc::new(sidecar(22000)),
-        token: String::new(),
+        token: None,
     };
     f.manager.register(reg, ProxySource::Catalog, false).await.unwrap();
     f.local.set(vec![sidecar(21000)]);
@@ -199,7 +196,7 @@ async fn local_registrations_win_over_the_catalogs_and_streams_must_name_a_local
             .watch(&ProxyRequest {
                 proxy_id,
                 node_name: node,
-                token: "",
+                token: None,
             })
             .map(|_| ())
     };

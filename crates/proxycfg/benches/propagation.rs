@@ -66,7 +66,7 @@ fn health_req(service: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
-        token: String::new(),
+        token: None,
     }
 }
 
@@ -124,7 +124,7 @@ fn registration(i: usize, upstreams: &[usize]) -> ProxyRegistration {
     ProxyRegistration {
         id: ProxyId::new("bench", svc.id.clone()),
         service: Arc::new(svc),
-        token: String::new(),
+        token: None,
     }
 }
 

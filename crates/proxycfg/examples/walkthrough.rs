@@ -22,7 +22,7 @@ fn health(service: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
-        token: String::new(),
+        token: None,
     }
 }
 
@@ -118,7 +118,7 @@ fn deny_all_and_renew_leaf(fakes: &FakeDataSources) {
             datacenter: "dc1".into(),
             service: "web".into(),
             dns_sans: Vec::new(),
-            token: String::new(),
+            token: None,
         },
         Arc::new(IssuedCert {
             service: "web".into(),
@@ -145,7 +145,7 @@ async fn main() {
     let reg = ProxyRegistration {
         id: id.clone(),
         service: Arc::new(service),
-        token: String::new(),
+        token: None,
     };
     manager.register(reg, ProxySource::Local, false).await.unwrap();
     describe(&*next(&mut w).await);

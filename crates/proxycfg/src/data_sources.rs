@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use std::{fmt, hash::Hash, marker::PhantomData, sync::Arc};
 use structs::{
     CheckServiceNode, CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind, GatewayService, HealthCheck,
-    IndexedCaRoots, Intention, IssuedCert, MeshGatewayMode, ResolvedServiceConfig, ServiceKind, UpstreamId,
+    IndexedCaRoots, Intention, IssuedCert, MeshGatewayMode, ResolvedServiceConfig, ServiceKind, Token, UpstreamId,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -216,7 +216,7 @@ pub struct CaRootsRequest {
 }
 
 /// Leaf certificate for a service identity.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeafRequest {
     /// Datacenter.
     pub datacenter: String,
@@ -225,24 +225,8 @@ pub struct LeafRequest {
     /// DNS names the certificate also carries (an ingress gateway's hosts when it serves
     /// TLS from the mesh CA); empty for most proxies.
     pub dns_sans: Vec<String>,
-    /// Token to authorize the signing request.
-    pub token: String,
-}
-
-impl fmt::Debug for LeafRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeafRequest")
-            .field("datacenter", &self.datacenter)
-            .field("service", &self.service)
-            .field("dns_sans", &self.dns_sans)
-            .field("token", &hidden(&self.token))
-            .finish()
-    }
-}
-
-/// How a token shows in logs: whether there is one, never what it is.
-fn hidden(token: &str) -> &'static str {
-    if token.is_empty() { "" } else { "<hidden>" }
+    /// Token to authorize the signing request (none: the data source's own).
+    pub token: Option<Token>,
 }
 
 /// Intentions that apply to a destination service (exact and wildcard).
@@ -255,7 +239,7 @@ pub struct IntentionsRequest {
 }
 
 /// Instances of a service with their health.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HealthRequest {
     /// Datacenter.
     pub datacenter: String,
@@ -273,24 +257,9 @@ pub struct HealthRequest {
     pub filter: String,
     /// Only instances of this kind (gateways); `None`: any kind.
     pub kind: Option<ServiceKind>,
-    /// The proxy's token: the servers filter instances by what it may read (empty: the
+    /// The proxy's token: the servers filter instances by what it may read (none: the
     /// reader's own).
-    pub token: String,
-}
-
-impl fmt::Debug for HealthRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HealthRequest")
-            .field("datacenter", &self.datacenter)
-            .field("service", &self.service)
-            .field("connect", &self.connect)
-            .field("passing_only", &self.passing_only)
-            .field("healthy_only", &self.healthy_only)
-            .field("filter", &self.filter)
-            .field("kind", &self.kind)
-            .field("token", &hidden(&self.token))
-            .finish()
-    }
+    pub token: Option<Token>,
 }
 
 /// Compiled discovery chain of one upstream name.

@@ -4,7 +4,7 @@
 
 use crate::snapshot::ProxyId;
 use std::{fmt, sync::Arc};
-use structs::NodeService;
+use structs::{NodeService, Token};
 
 /// Who registered a proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,8 +31,8 @@ pub struct ProxyRegistration {
     pub id: ProxyId,
     /// Its service registration (kind, address, port, proxy config).
     pub service: Arc<NodeService>,
-    /// ACL token for its watches.
-    pub token: String,
+    /// ACL token for its watches (none: the source's own, e.g. the agent's).
+    pub token: Option<Token>,
 }
 
 impl ProxyRegistration {

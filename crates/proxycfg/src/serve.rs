@@ -12,8 +12,8 @@ pub struct ProxyRequest<'a> {
     pub proxy_id: &'a str,
     /// The catalog node of the proxy, when the proxy names it.
     pub node_name: Option<&'a str>,
-    /// The ACL token the proxy presented (empty: none).
-    pub token: &'a str,
+    /// The ACL token the proxy presented, if any.
+    pub token: Option<&'a structs::Token>,
 }
 
 /// Keeps a proxy followed by its source while held; dropping it lets the source stop.

@@ -20,7 +20,7 @@ fn gateway(kind: ServiceKind, name: &str) -> ProxyRegistration {
             port: 8443,
             ..Default::default()
         }),
-        token: String::new(),
+        token: None,
     }
 }
 

@@ -52,7 +52,7 @@ async fn registration_change_rebuilds_the_state() {
 
     // A token change rebuilds too.
     let with_token = ProxyRegistration {
-        token: "secret".into(),
+        token: structs::Token::new("secret"),
         ..sidecar("web", 21001, &[("api", 9191), ("cache", 9193)])
     };
     assert_eq!(
@@ -65,9 +65,9 @@ async fn registration_change_rebuilds_the_state() {
             .leaf
             .watched_requests()
             .iter()
-            .map(|r| r.token.as_str())
+            .map(|r| r.token.as_ref().map(structs::Token::secret))
             .collect::<Vec<_>>(),
-        vec!["secret"]
+        vec![Some("secret")]
     );
 }
 
@@ -221,7 +221,7 @@ async fn source_precedence() {
             ..Default::default()
         }),
         id: ProxyId::new("node-1", "gw"),
-        token: String::new(),
+        token: None,
     };
     assert!(matches!(
         f.manager.register(gateway, ProxySource::Local, false).await,

@@ -127,7 +127,7 @@ async fn burst_is_coalesced_into_one_snapshot() {
             datacenter: "dc1".into(),
             service: "web".into(),
             dns_sans: Vec::new(),
-            token: String::new(),
+            token: None,
         },
         Arc::new(IssuedCert {
             service: "web".into(),
@@ -209,7 +209,7 @@ async fn snapshot_waits_for_roots_leaf_intentions_and_config() {
         datacenter: "dc1".into(),
         service: "web".into(),
         dns_sans: Vec::new(),
-        token: String::new(),
+        token: None,
     };
     f.fakes.leaf.set_fallback(|_| None);
     let reg = sidecar("web", 21000, &[]);

@@ -8,7 +8,7 @@
 
 use crate::service::{ServiceAddress, Weights};
 use crate::validate::{Problem, Validate, ValidationError};
-use crate::{ConnectProxyConfig, GoDuration, HealthStatus, ServiceKind};
+use crate::{ConnectProxyConfig, GoDuration, HealthStatus, ServiceKind, Token};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -62,9 +62,15 @@ pub struct ServiceDefinition {
     /// More checks of the service.
     #[serde(rename = "Checks")]
     pub checks: Vec<CheckType>,
-    /// ACL token for the registration (kept, not enforced: no ACLs yet).
-    #[serde(rename = "Token", skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    /// ACL token of the registration: the service's sync and its proxy use it (none: the
+    /// token of the request that registered it).
+    #[serde(
+        rename = "Token",
+        default,
+        with = "crate::token::opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub token: Option<Token>,
     /// Consul Enterprise namespace: only `default` (or none) exists here.
     #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
     pub namespace: String,

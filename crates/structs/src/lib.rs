@@ -24,6 +24,7 @@ pub mod proxy;
 pub mod registration;
 pub mod resolved;
 pub mod service;
+pub mod token;
 pub mod validate;
 pub mod wire;
 
@@ -45,4 +46,5 @@ pub use proxy::{
 pub use registration::{DeregisterRequest, RegisterRequest};
 pub use resolved::{GatewayService, ResolvedServiceConfig, ResolvedUpstreamConfig};
 pub use service::{NodeService, ServiceKind};
+pub use token::Token;
 pub use validate::{Problem, Validate, ValidationError};

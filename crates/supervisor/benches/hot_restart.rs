@@ -142,7 +142,7 @@ async fn main() {
         command: "sleep".into(),
         args: vec!["1000".into()],
         env: Default::default(),
-        token: String::new(),
+        token: None,
         sidecar_for: "bench".into(),
     };
     tx.send([("bench-proxy".to_owned(), spec)].into()).await.unwrap();

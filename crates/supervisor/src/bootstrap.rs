@@ -6,6 +6,7 @@
 use crate::envoy::AdminAddr;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
+use structs::Token;
 use structs::wire::{NODE_NAME_METADATA, TOKEN_HEADER};
 
 /// What a bootstrap needs to know.
@@ -22,8 +23,8 @@ pub struct BootstrapConfig {
     /// The xDS servers, at least one, in the order given: each is an endpoint of the
     /// `local_agent` cluster, so a stream whose server dies reconnects to another.
     pub xds_servers: Vec<XdsServer>,
-    /// ACL token sent as `x-consul-token` (empty: none).
-    pub token: String,
+    /// ACL token sent as `x-consul-token`, if any.
+    pub token: Option<Token>,
     /// xDS over TLS (`None`: plaintext).
     pub xds_tls: Option<XdsTls>,
     /// Where Envoy serves its metrics in Prometheus' format at `/metrics` (Consul's
@@ -190,8 +191,8 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
         metadata[NODE_NAME_METADATA] = Value::String(cfg.node_name.clone());
     }
     let mut grpc_service = json!({"envoy_grpc": {"cluster_name": "local_agent"}});
-    if !cfg.token.is_empty() {
-        grpc_service["initial_metadata"] = json!([{"key": TOKEN_HEADER, "value": cfg.token}]);
+    if let Some(token) = &cfg.token {
+        grpc_service["initial_metadata"] = json!([{"key": TOKEN_HEADER, "value": token.secret()}]);
     }
     let mut xds_cluster = json!({
         "name": "local_agent",

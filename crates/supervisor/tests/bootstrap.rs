@@ -24,7 +24,7 @@ fn config(token: &str, xds_servers: Vec<XdsServer>, tls: bool) -> BootstrapConfi
         cluster: "web".into(),
         admin: AdminAddr::Tcp("127.0.0.1:19000".parse().unwrap()),
         xds_servers,
-        token: token.into(),
+        token: structs::Token::new(token),
         xds_tls: tls.then(|| XdsTls { ca_pem: CA_PEM.into() }),
         prometheus_bind: None,
     }

@@ -24,7 +24,7 @@ fn spec(command: &Path, args: &[&str]) -> DaemonSpec {
         command: command.to_owned(),
         args: args.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
-        token: "secret-token".into(),
+        token: structs::Token::new("secret-token"),
         sidecar_for: "web".into(),
     }
 }

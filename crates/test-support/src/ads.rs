@@ -8,16 +8,15 @@ use prost::Message;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use structs::Token;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// A stream request carrying `token` as `x-consul-token` (none when empty).
-fn with_token<T>(stream: T, token: &str) -> tonic::Request<T> {
+/// A stream request carrying `token`, if any, as `x-consul-token`.
+fn with_token<T>(stream: T, token: Option<&Token>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(stream);
-    if let Ok(v) = token.parse()
-        && !token.is_empty()
-    {
-        req.metadata_mut().insert("x-consul-token", v);
+    if let Some(v) = token.and_then(|t| t.secret().parse().ok()) {
+        req.metadata_mut().insert(structs::wire::TOKEN_HEADER, v);
     }
     req
 }
@@ -55,7 +54,7 @@ pub async fn delta_proxy(
     report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
-    token: String,
+    token: Option<Token>,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -73,7 +72,7 @@ pub async fn delta_proxy(
     .await
     .unwrap();
     let mut stream = client
-        .delta_aggregated_resources(with_token(ReceiverStream::new(rx), &token))
+        .delta_aggregated_resources(with_token(ReceiverStream::new(rx), token.as_ref()))
         .await
         .unwrap()
         .into_inner();
@@ -143,7 +142,7 @@ pub async fn sotw_proxy(
     report: mpsc::UnboundedSender<(Instant, usize, usize)>,
     ready: mpsc::UnboundedSender<()>,
     gate: tokio::sync::OwnedSemaphorePermit,
-    token: String,
+    token: Option<Token>,
 ) {
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -161,7 +160,7 @@ pub async fn sotw_proxy(
     .await
     .unwrap();
     let mut stream = client
-        .stream_aggregated_resources(with_token(ReceiverStream::new(rx), &token))
+        .stream_aggregated_resources(with_token(ReceiverStream::new(rx), token.as_ref()))
         .await
         .unwrap()
         .into_inner();

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
+use structs::Token;
 
 /// The token may serve the proxy until `expires` (none: until the ACLs change).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,11 +21,12 @@ pub struct Authorization {
 
 /// Decides whether a stream's token may receive a proxy's configuration.
 pub trait StreamAuthorizer: Send + Sync + 'static {
-    /// Whether `token` may receive the configuration of a proxy for `service`; the error is
-    /// the refusal to send the proxy. (Asynchronous: an agent asks its servers on a miss.)
+    /// Whether `token` (none: the stream named none) may receive the configuration of a proxy
+    /// for `service`; the error is the refusal to send the proxy. (Asynchronous: an agent
+    /// asks its servers on a miss.)
     fn authorize(
         &self,
-        token: &str,
+        token: Option<&Token>,
         service: &str,
     ) -> Pin<Box<dyn Future<Output = Result<Authorization, String>> + Send>>;
 
@@ -33,9 +35,10 @@ pub trait StreamAuthorizer: Send + Sync + 'static {
     fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
-/// Says whether a CSDS request's token (empty: none) may read every proxy's status; the
-/// error is the refusal.
-pub type CsdsAuthorizer = Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+/// Says whether a CSDS request's token (none: the request named none) may read every
+/// proxy's status; the error is the refusal.
+pub type CsdsAuthorizer =
+    Arc<dyn Fn(Option<Token>) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// The services a proxy's token must write: a sidecar's destination, else its own name;
 /// and for a terminating gateway every service it represents too (it is issued their

@@ -61,8 +61,7 @@ impl Csds {
         let token = headers
             .get(structs::wire::TOKEN_HEADER)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+            .and_then(structs::Token::new);
         authorizer(token).await.err().map(Status::permission_denied)
     }
 

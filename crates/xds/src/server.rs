@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use structs::Token;
 use tokio::time::Instant;
 use tokio_stream::Stream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -257,7 +258,12 @@ impl XdsServer {
 impl Inner {
     /// Whether the stream's token may receive the configuration of a proxy for `service`
     /// (always, without an authorizer). A refusal is counted and logged once per stream.
-    async fn authorize(&self, token: &str, service: &str, node: &str) -> Result<crate::Authorization, Status> {
+    async fn authorize(
+        &self,
+        token: Option<&Token>,
+        service: &str,
+        node: &str,
+    ) -> Result<crate::Authorization, Status> {
         let Some(authorizer) = &self.authorizer else {
             return Ok(crate::Authorization { expires: None });
         };
@@ -378,12 +384,12 @@ fn status_of(error: &SourceError) -> Status {
     }
 }
 
-fn token<T>(req: &Request<T>) -> String {
+/// The stream's `x-consul-token`, if any.
+fn token<T>(req: &Request<T>) -> Option<Token> {
     req.metadata()
         .get(structs::wire::TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
+        .and_then(Token::new)
 }
 
 /// Counts a stream while it is open (the gauge, and the admission count).
@@ -529,7 +535,7 @@ struct Following {
 
 impl Following {
     /// Tells the source which listeners the client asks for by name, when that changed.
-    fn ask_listeners(&mut self, source: &dyn SnapshotSource, token: &str, names: Vec<String>) {
+    fn ask_listeners(&mut self, source: &dyn SnapshotSource, token: Option<&Token>, names: Vec<String>) {
         if names == self.asked {
             return;
         }
@@ -562,8 +568,8 @@ enum Woke {
 struct Driver<P: Protocol> {
     inner: Arc<Inner>,
     requests: crate::framing::Requests<P::Request>,
-    /// The stream's `x-consul-token`.
-    token: String,
+    /// The stream's `x-consul-token` (or the proxyless client's node metadata one).
+    token: Option<Token>,
     /// The service the token was last authorized for, and what ends that authorization:
     /// an ACL change (re-checked) or the token's expiry.
     authorized_for: Option<Vec<String>>,
@@ -679,7 +685,7 @@ where
                     if let Some(status) = &following.status {
                         status.view.answered(type_url, nonce, error);
                     }
-                    following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
+                    following.ask_listeners(&*self.inner.source, self.token.as_ref(), self.state.listener_names());
                     trace!(node = %following.node_id, ?ack, "request");
                     self.inner.record(&ack, self.changed_at);
                 }
@@ -737,7 +743,7 @@ where
         }
         let mut earliest: Option<crate::Authorization> = None;
         for service in &services {
-            match self.inner.authorize(&self.token, service, &node).await {
+            match self.inner.authorize(self.token.as_ref(), service, &node).await {
                 Err(status) => {
                     self.finished = true;
                     self.current = None;
@@ -822,15 +828,15 @@ where
         };
         // A proxyless gRPC client cannot send call headers: its token comes in the node
         // metadata (`meshd connect grpc-bootstrap` puts it there).
-        if self.token.is_empty()
+        if self.token.is_none()
             && let Some(t) = node_metadata(node, structs::wire::TOKEN_HEADER)
         {
-            self.token = t.to_owned();
+            self.token = Token::new(t);
         }
         let request = ProxyRequest {
             proxy_id: &node.id,
             node_name: node_name(node),
-            token: &self.token,
+            token: self.token.as_ref(),
         };
         let (watcher, guard) = self.inner.source.watch(&request).map_err(|e| Some(status_of(&e)))?;
         debug!(node = %node.id, "stream opened");
@@ -854,7 +860,7 @@ where
             status,
             asked: Vec::new(),
         };
-        following.ask_listeners(&*self.inner.source, &self.token, self.state.listener_names());
+        following.ask_listeners(&*self.inner.source, self.token.as_ref(), self.state.listener_names());
         Ok(following)
     }
 }

@@ -48,7 +48,7 @@ fn health(service: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
-        token: String::new(),
+        token: None,
     }
 }
 
@@ -105,7 +105,7 @@ async fn harness_prepared(admission: xds::Admission, prepare: impl FnOnce(&FakeD
     let reg = ProxyRegistration {
         id: (*snap.proxy_id).clone(),
         service: Arc::clone(&snap.service),
-        token: String::new(),
+        token: None,
     };
     manager.register(reg, ProxySource::Local, false).await.unwrap();
     let server = XdsServer::with_admission(Arc::new(ManagerSource(manager.clone())), admission);
@@ -499,7 +499,7 @@ async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
     let reg = ProxyRegistration {
         id: ProxyId::new("node-1", "mesh-gw"),
         service: Arc::new(service),
-        token: String::new(),
+        token: None,
     };
     assert!(h.manager.register(reg, ProxySource::Catalog, false).await.is_err());
     let mut stream = Delta::open(
@@ -624,9 +624,9 @@ async fn csds_answers_only_tokens_the_authorizer_allows() {
     use envoy_types::pb::envoy::service::status::v3::ClientStatusRequest;
     use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
     let h = harness().await;
-    h.server.set_csds_authorizer(Arc::new(|token: String| {
+    h.server.set_csds_authorizer(Arc::new(|token: Option<structs::Token>| {
         Box::pin(async move {
-            if token == "operator" {
+            if token.as_ref().map(structs::Token::secret) == Some("operator") {
                 Ok(())
             } else {
                 Err(format!("token {token:?} lacks operator:read"))

@@ -87,11 +87,9 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -
         .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("request decode failed: {e}")))
 }
 
-/// The request's token (see [`http_kit::token`]); empty: none.
-pub fn request_token(headers: &HeaderMap, q: &Params) -> String {
+/// The request's token, if it names one (see [`http_kit::token`]).
+pub fn request_token(headers: &HeaderMap, q: &Params) -> Option<::acl::Token> {
     http_kit::token(headers, q)
-        .map(|t| t.secret().to_owned())
-        .unwrap_or_default()
 }
 
 /// The token a request runs with (its own, else the default token) and what it may do.
@@ -99,12 +97,9 @@ pub(crate) async fn resolve(
     agent: &Agent,
     headers: &HeaderMap,
     q: &Params,
-) -> Result<(String, crate::acl::Resolved), HttpError> {
-    let mut token = request_token(headers, q);
-    if token.is_empty() {
-        token = agent.acl().default_token().to_owned();
-    }
-    match agent.acl().resolve(Some(&token)).await {
+) -> Result<(Option<::acl::Token>, crate::acl::Resolved), HttpError> {
+    let token = request_token(headers, q).or_else(|| agent.acl().default_token().cloned());
+    match agent.acl().resolve(token.as_ref()).await {
         Ok(r) => Ok((token, r)),
         Err(crate::acl::AclError::NotFound) => Err(HttpError(StatusCode::FORBIDDEN, ::acl::ACL_NOT_FOUND.into())),
         Err(e @ crate::acl::AclError::Unavailable(_)) => Err(HttpError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),

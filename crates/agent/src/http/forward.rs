@@ -22,15 +22,15 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(out.parts.uri.query());
-    let token = if request_token(&out.parts.headers, &query).is_empty() {
-        agent.acl().default_token().to_owned()
+    let token = if request_token(&out.parts.headers, &query).is_none() {
+        agent.acl().default_token().cloned()
     } else {
-        String::new()
+        None
     };
     // A forwarded blocking query may wait minutes at the server: it ends when the agent stops.
     let send = agent
         .servers()
-        .send_as(Some(&token), |client, base| out.to(client, base));
+        .send_as(token.as_ref(), |client, base| out.to(client, base));
     let result = tokio::select! {
         r = send => r,
         () = agent.stopping() => return shutting_down(),

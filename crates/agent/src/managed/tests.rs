@@ -67,8 +67,8 @@ fn the_default_command_runs_meshd_connect_envoy_against_this_agent_without_secre
     };
     let with_token = Managed {
         command: Vec::new(),
-        token: "s3cr3t".into(),
-        local_token: "l0cal".into(),
+        token: structs::Token::new("s3cr3t"),
+        local_token: structs::Token::new("l0cal"),
     };
     let d = spec(
         &config,
@@ -86,7 +86,11 @@ fn the_default_command_runs_meshd_connect_envoy_against_this_agent_without_secre
             base_id(std::path::Path::new("/d/run/web-sidecar-proxy"))
         )
     );
-    assert_eq!(d.token, "l0cal", "the local token, handed over in CONNECT_PROXY_TOKEN");
+    assert_eq!(
+        d.token,
+        structs::Token::new("l0cal"),
+        "the local token, handed over in CONNECT_PROXY_TOKEN"
+    );
     assert!(
         !d.args
             .iter()
@@ -101,8 +105,8 @@ fn the_default_command_runs_meshd_connect_envoy_against_this_agent_without_secre
     assert_eq!(d.sidecar_for, "web");
     let custom = Managed {
         command: vec!["/bin/proxy".into(), "-v".into()],
-        token: String::new(),
-        local_token: String::new(),
+        token: None,
+        local_token: None,
     };
     let d = spec(&config, std::path::Path::new("/d/run"), "web-proxy", "web", &custom);
     assert_eq!(

@@ -142,9 +142,8 @@ impl Agent {
             .connect
             .sidecar_service
             .as_ref()
-            .map(|sc| sc.token.clone())
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| def.token.clone());
+            .and_then(|sc| sc.token.clone())
+            .or_else(|| def.token.clone());
         let runs = managed.is_some() || self.0.config.managed_sidecars;
         // A proxy keeps its local token across re-registrations (no restart for it).
         let local_token = match self
@@ -152,17 +151,16 @@ impl Agent {
             .state
             .service(&proxy.id)
             .and_then(|s| s.managed)
-            .map(|m| m.local_token)
-            .filter(|t| !t.is_empty())
+            .and_then(|m| m.local_token)
         {
-            Some(t) => t,
-            None if runs => crate::acl::AgentAcl::new_local_token().map_err(|e| {
+            Some(t) => Some(t),
+            None if runs => Some(crate::acl::AgentAcl::new_local_token().map_err(|e| {
                 AgentError::Invalid(structs::ValidationError::new(
                     "Connect",
                     structs::Problem::Invalid(format!("cannot make the proxy's local token: {e}")),
                 ))
-            })?,
-            None => String::new(),
+            })?),
+            None => None,
         };
         let managed = runs.then(|| crate::local::Managed {
             command: managed.unwrap_or_default(),

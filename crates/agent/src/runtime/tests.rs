@@ -277,7 +277,7 @@ async fn managed_proxy_registrations_and_who_may_choose_their_command() {
     assert_eq!(proxy.service.proxy.upstreams.len(), 1);
     let managed = proxy.managed.unwrap();
     assert!(managed.command.is_empty());
-    assert_eq!(managed.token, "t0k", "the registration's token");
+    assert_eq!(managed.token, structs::Token::new("t0k"), "the registration's token");
     // A command from the API is refused unless the agent allows it, naming the field...
     let with_command = def(json!({"Name": "job", "Port": 81,
         "Connect": {"Proxy": {"Command": ["/usr/bin/my-proxy"]}}}));

@@ -64,7 +64,7 @@ impl CatalogApi for FakeCatalog {
         Ok(Value::Array(f.checks.values().cloned().collect()))
     }
 
-    async fn write(&self, _token: Option<&str>, write: &CatalogWrite) -> Result<(), ApiError> {
+    async fn write(&self, _token: Option<&structs::Token>, write: &CatalogWrite) -> Result<(), ApiError> {
         let (path, body) = match write {
             CatalogWrite::Register(r) => ("/v1/catalog/register", serde_json::to_value(r).unwrap()),
             CatalogWrite::Deregister(d) => ("/v1/catalog/deregister", serde_json::to_value(d).unwrap()),

@@ -11,23 +11,34 @@ use tokio::net::{TcpListener, TcpStream};
 enum Peer {
     /// Answers 200 with its name as the body, keeping the connection.
     Answers(&'static str),
+    /// Answers 200 with the request's token header as the body (`-` for none).
+    EchoesToken,
     /// Closes the connection without an answer (a server dying mid-request).
     HangsUp,
     /// Never answers, keeping the connection (a wedged server).
     Hangs,
 }
 
-/// Reads one request's head; false when the connection ended first.
-async fn read_request(conn: &mut TcpStream) -> bool {
+/// Reads one request's head; none when the connection ended first.
+async fn read_request(conn: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match conn.read(&mut byte).await {
             Ok(1) => head.push(byte[0]),
-            _ => return false,
+            _ => return None,
         }
     }
-    true
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// The value of the token header in a request's head.
+fn token_header(head: &str) -> Option<&str> {
+    head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case(structs::wire::TOKEN_HEADER)
+            .then(|| value.trim())
+    })
 }
 
 /// Starts `peer` on 127.0.0.1:0; returns its address and how many requests it has read.
@@ -40,17 +51,17 @@ async fn start(peer: Peer) -> (String, Arc<AtomicUsize>) {
         while let Ok((mut conn, _)) = listener.accept().await {
             let counted = Arc::clone(&counted);
             tokio::spawn(async move {
-                while read_request(&mut conn).await {
+                while let Some(head) = read_request(&mut conn).await {
                     counted.fetch_add(1, Ordering::Relaxed);
-                    match peer {
-                        Peer::Answers(name) => {
-                            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{name}", name.len());
-                            if conn.write_all(answer.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
+                    let name = match peer {
+                        Peer::Answers(name) => name,
+                        Peer::EchoesToken => token_header(&head).unwrap_or("-"),
                         Peer::HangsUp => return,
-                        Peer::Hangs => std::future::pending::<()>().await,
+                        Peer::Hangs => std::future::pending::<&str>().await,
+                    };
+                    let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{name}", name.len());
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        return;
                     }
                 }
             });
@@ -110,4 +121,27 @@ async fn with_every_server_refusing_the_error_says_how_many_were_tried() {
     let err = ask(&servers).await.unwrap_err();
     assert!(matches!(err, ApiError::Unreachable { tried: 2, .. }), "{err}");
     assert!(err.is_unreachable());
+}
+
+#[tokio::test]
+async fn requests_carry_the_clients_token_or_the_one_named_and_none_carries_none() {
+    let (a, _) = start(Peer::EchoesToken).await;
+    let servers = Servers::new(&[a]);
+    let get = |token: Option<Token>| {
+        let servers = &servers;
+        async move {
+            let resp = servers
+                .send_as(token.as_ref(), |c, base| c.get(format!("{base}/")))
+                .await
+                .unwrap();
+            resp.text().await.unwrap()
+        }
+    };
+    assert_eq!(ask(&servers).await.unwrap(), "-");
+    servers.set_token(Token::new("agent"));
+    assert_eq!(ask(&servers).await.unwrap(), "agent");
+    assert_eq!(get(Token::new("mine")).await, "mine");
+    assert_eq!(get(None).await, "-");
+    servers.set_token(None);
+    assert_eq!(ask(&servers).await.unwrap(), "-");
 }

@@ -172,3 +172,22 @@ async fn a_token_file_replaced_by_rename_is_seen_and_its_neighbours_are_not() {
         .unwrap();
     assert_ne!(token_stamp(&token), before, "a rename shows in the stamp");
 }
+
+#[test]
+fn the_token_flag_is_a_token_and_empty_is_none() {
+    assert_eq!(envoy_args(&[]).token, None);
+    assert_eq!(envoy_args(&["-token", ""]).token, None);
+    let args = envoy_args(&["-token", "s3cr3t"]);
+    assert_eq!(args.token, Token::new("s3cr3t"));
+    assert_eq!(token_of(&args).unwrap(), Token::new("s3cr3t"));
+    assert!(!format!("{args:?}").contains("s3cr3t"), "flags print without the token");
+
+    // A token file is read trimmed; an empty one is no token.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, " from-file\n").unwrap();
+    let args = envoy_args(&["-token-file", file.to_str().unwrap()]);
+    assert_eq!(token_of(&args).unwrap(), Token::new("from-file"));
+    std::fs::write(&file, "\n").unwrap();
+    assert_eq!(token_of(&args).unwrap(), None);
+}

@@ -40,7 +40,7 @@ fn subsets_select_by_filter_and_only_passing_decides_about_warning() {
         healthy_only: true,
         filter: "Service.Meta.version == v1".into(),
         kind: None,
-        token: String::new(),
+        token: None,
     };
     let filter = subset_filter(&req).unwrap();
     // Warning instances get traffic, critical and maintenance ones never (Consul's rule).

@@ -6,7 +6,7 @@ use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{DestinationType, MeshGatewayMode, NodeService, TargetId, UpstreamId};
+use structs::{DestinationType, MeshGatewayMode, NodeService, TargetId, Token, UpstreamId};
 
 /// Watches roots, leaf, intentions, mesh config, resolved config and (if exposed) HTTP checks;
 /// per upstream its discovery chain (or prepared query), then per chain target its healthy
@@ -15,7 +15,7 @@ pub struct ConnectProxyHandler {
     sources: DataSources,
     service: Arc<NodeService>,
     datacenter: String,
-    token: String,
+    token: Option<Token>,
 }
 
 impl ConnectProxyHandler {
@@ -167,7 +167,14 @@ impl KindHandler for ConnectProxyHandler {
             }
             (CorrelationId::ServiceHttpChecks, UpdatePayload::HttpChecks(checks)) => cp.http_checks = checks,
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
-                upstreams::apply_chain(&self.sources, &self.token, &mut cp.upstreams, upstream, chain, watches)?;
+                upstreams::apply_chain(
+                    &self.sources,
+                    self.token.as_ref(),
+                    &mut cp.upstreams,
+                    upstream,
+                    chain,
+                    watches,
+                )?;
             }
             (CorrelationId::UpstreamTarget { upstream, target }, UpdatePayload::Health(nodes)) => {
                 upstreams::apply_target_health(&mut cp.upstreams, upstream, target, nodes)?;

@@ -8,7 +8,7 @@ use crate::snapshot::{ConfigSnapshot, IngressGatewaySnapshot, KindSnapshot, Upst
 use crate::{CorrelationId, Watches};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use structs::{ConfigEntryKind, GatewayService, MeshGatewayMode, Protocol, UpstreamId};
+use structs::{ConfigEntryKind, GatewayService, MeshGatewayMode, Protocol, Token, UpstreamId};
 
 pub use structs::config_entry::INGRESS_DOMAIN;
 
@@ -19,7 +19,7 @@ pub struct IngressGatewayHandler {
     sources: DataSources,
     name: String,
     datacenter: String,
-    token: String,
+    token: Option<Token>,
 }
 
 impl IngressGatewayHandler {
@@ -175,7 +175,14 @@ impl KindHandler for IngressGatewayHandler {
                 self.watch_leaf(g, watches);
             }
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
-                upstreams::apply_chain(&self.sources, &self.token, &mut g.upstreams, upstream, chain, watches)?;
+                upstreams::apply_chain(
+                    &self.sources,
+                    self.token.as_ref(),
+                    &mut g.upstreams,
+                    upstream,
+                    chain,
+                    watches,
+                )?;
             }
             (CorrelationId::UpstreamTarget { upstream, target }, UpdatePayload::Health(nodes)) => {
                 upstreams::apply_target_health(&mut g.upstreams, upstream, target, nodes)?;

@@ -8,7 +8,7 @@ use crate::snapshot::{ConfigSnapshot, KindSnapshot, LinkedServiceSnapshot, Termi
 use crate::{CorrelationId, Watches};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use structs::GatewayService;
+use structs::{GatewayService, Token};
 
 /// Watches roots, the mesh config and the services it represents; per represented service
 /// its leaf certificate (the gateway acts as that service to the mesh), the intentions to it
@@ -17,7 +17,7 @@ pub struct TerminatingGatewayHandler {
     sources: DataSources,
     name: String,
     datacenter: String,
-    token: String,
+    token: Option<Token>,
 }
 
 impl TerminatingGatewayHandler {

@@ -6,7 +6,7 @@ use crate::data_sources::{DataSources, HealthRequest};
 use crate::snapshot::UpstreamSnapshot;
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{CheckServiceNode, CompiledDiscoveryChain, TargetId, UpstreamId};
+use structs::{CheckServiceNode, CompiledDiscoveryChain, TargetId, Token, UpstreamId};
 use tracing::debug;
 
 /// Upstreams by id.
@@ -16,7 +16,7 @@ pub(super) type Upstreams = Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>
 /// names, and starts (or keeps) one health watch per target.
 pub(super) fn apply_chain(
     sources: &DataSources,
-    token: &str,
+    token: Option<&Token>,
     upstreams: &mut Upstreams,
     upstream_id: Arc<UpstreamId>,
     chain: Arc<CompiledDiscoveryChain>,
@@ -52,7 +52,7 @@ pub(super) fn apply_chain(
             healthy_only: true,
             filter: target.subset.filter.clone(),
             kind: None,
-            token: token.to_owned(),
+            token: token.cloned(),
         };
         if watches.ensure(&sources.health, id, req) {
             // A restarted target must not keep endpoints selected the old way.

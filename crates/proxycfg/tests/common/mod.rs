@@ -59,7 +59,7 @@ pub fn sidecar(service: &str, port: u16, upstreams: &[(&str, u16)]) -> ProxyRegi
     ProxyRegistration {
         id: ProxyId::new("node-1", svc.id.clone()),
         service: Arc::new(svc),
-        token: String::new(),
+        token: None,
     }
 }
 
@@ -72,7 +72,7 @@ pub fn health_req(service: &str, dc: &str) -> HealthRequest {
         healthy_only: true,
         filter: String::new(),
         kind: None,
-        token: String::new(),
+        token: None,
     }
 }
 

@@ -179,7 +179,10 @@ fn start(ctx: &DaemonCtx) -> Result<(tokio::process::Child, ProcessId), String> 
         .args(&ctx.spec.args)
         .envs(&ctx.spec.env)
         .env("CONNECT_PROXY_ID", &ctx.id)
-        .env("CONNECT_PROXY_TOKEN", &ctx.spec.token)
+        .env(
+            "CONNECT_PROXY_TOKEN",
+            ctx.spec.token.as_ref().map_or("", structs::Token::secret),
+        )
         .env("CONNECT_SIDECAR_FOR", &ctx.spec.sidecar_for)
         .stdin(Stdio::null())
         .stdout(stdout)
