@@ -270,6 +270,7 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
     }
     lat.sort();
     let (_, rss) = proc_stat(agent_pid);
+    let (anon, file) = test_support::figures::rss_split_kib(agent_pid);
     println!(
         "  one agent, {sidecars} local sidecars, {sidecars} delta ADS streams (synced in {}): endpoint change at the server -> the agent's streams have it ({sidecars} x {rounds}): p50 {}  p99 {}  max {}   [target p99 <= 150 ms]",
         ms(synced),
@@ -278,8 +279,10 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
         ms(*lat.last().unwrap())
     );
     println!(
-        "  agent RSS with {sidecars} sidecars and streams: {:.1} MiB = {:.1} MB   [target <= 30 MB; Consul's client agent idles near 87 MB]",
+        "  agent RSS with {sidecars} sidecars and streams: {:.1} MiB = {:.1} MB (anonymous {:.1} MiB, file-backed {:.1} MiB)   [target <= 30 MB; Consul's client agent idles near 87 MB]",
         rss as f64 / 1024.0,
-        rss as f64 * 1024.0 / 1e6
+        rss as f64 * 1024.0 / 1e6,
+        anon as f64 / 1024.0,
+        file as f64 / 1024.0
     );
 }
