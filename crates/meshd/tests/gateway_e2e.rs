@@ -399,3 +399,108 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         );
     }
 }
+
+/// Envoy's `/ready` answer: `LIVE` once it has its first configuration.
+async fn live(client: &reqwest::Client, admin: &str) -> bool {
+    mesh::get(client, &format!("{admin}/ready"))
+        .await
+        .is_some_and(|s| s.trim() == "LIVE")
+}
+
+/// A proxy's build problems, as its status shows them.
+async fn problems(mesh: &Mesh, proxy: &str) -> String {
+    let status = mesh::get(&mesh.client, &format!("{}/v1/internal/proxy-status/{proxy}", mesh.http))
+        .await
+        .unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    v["BuildErrors"].to_string()
+}
+
+/// Gateways with no config entry yet are ready (Envoy `LIVE`, the terminating gateway's port
+/// accepting connections) and say why they serve nothing; entries written later take effect
+/// in the same Envoys. A service registered by host name (`localhost`) listening on IPv4 only
+/// is reached through the terminating gateway (resolved IPv4 only, as Consul's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_without_entries_are_ready_then_follow_their_entries() {
+    let t0 = std::time::Instant::now();
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let (tgw_port, igw_port, igw_listener, ext_up) = (free_port(), free_port(), free_port(), free_port());
+    let (_tgw, tgw_admin) = gateway(&mesh.http, &mesh.grpc, "terminating", "tgw", tgw_port, dir.path()).await;
+    let (_igw, igw_admin) = gateway(&mesh.http, &mesh.grpc, "ingress", "igw", igw_port, dir.path()).await;
+    wait_for(|| async { (live(&client, &tgw_admin).await && live(&client, &igw_admin).await).then_some(()) }).await;
+    // The terminating gateway listens on its port (its health check passes), matching nothing.
+    wait_for(|| async { std::net::TcpStream::connect(("127.0.0.1", tgw_port)).ok() }).await;
+    let said = problems(&mesh, "tgw").await;
+    assert!(said.contains("no services linked"), "{said}");
+    let said = problems(&mesh, "igw").await;
+    assert!(said.contains("no ingress-gateway config entry"), "{said}");
+    println!(
+        "{:>5.1} s both gateways ready with no entry",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // ext: registered as `localhost`, listening on 127.0.0.1 only.
+    let ext_port = backend("ext");
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": "external", "Address": "localhost", "Service": {"Service": "ext", "Port": ext_port}}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "ext"}]}),
+    )
+    .await;
+    let web_port = backend("web");
+    mesh.register(
+        "node-web",
+        "web",
+        web_port,
+        free_port(),
+        json!([{"DestinationName": "ext", "LocalBindPort": ext_up}]),
+        json!({}),
+    )
+    .await;
+    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let ok = |prefix: &'static str| {
+        move |r: Option<(u16, String)>| r.is_some_and(|(s, b)| s == 200 && b.starts_with(prefix))
+    };
+    until(&client, ext_up, "ext", "/by-name", ok("ext /by-name")).await;
+    let clusters = mesh::get(
+        &client,
+        &format!("{tgw_admin}/config_dump?resource=dynamic_active_clusters"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        clusters.contains("LOGICAL_DNS") && clusters.contains("V4_ONLY"),
+        "{clusters}"
+    );
+    println!("{:>5.1} s ext reached by host name", t0.elapsed().as_secs_f64());
+
+    // The ingress gateway's entry, written after its Envoy started.
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "ingress-gateway", "Name": "igw", "Listeners": [
+            {"Port": igw_listener, "Protocol": "tcp", "Services": [{"Name": "web"}]}]}),
+    )
+    .await;
+    until(&client, igw_listener, "web", "/late", ok("web /late")).await;
+    println!("{:>5.1} s ingress entry applied", t0.elapsed().as_secs_f64());
+    // The same Envoys all along: none was restarted to pick the entries up.
+    for admin in [&tgw_admin, &igw_admin] {
+        let info = mesh::get(&client, &format!("{admin}/server_info")).await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+        assert_eq!(v["command_line_options"]["restart_epoch"], 0, "{admin}");
+    }
+    assert!(!problems(&mesh, "tgw").await.contains("no services linked"));
+    for t in ["Cluster", "Listener"] {
+        assert_eq!(
+            mesh.metric(&format!(r#"meshd_xds_nacks_total{{type="{t}"}}"#)).await,
+            0.0,
+            "{t}"
+        );
+    }
+}

@@ -38,7 +38,7 @@ pub use index::Index;
 pub use intention::Intention;
 pub use json::DecodeError;
 pub use node::Node;
-pub use protocol::{Protocol, ProxyOptions};
+pub use protocol::{DnsDiscoveryType, Protocol, ProxyOptions};
 pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,

@@ -97,6 +97,32 @@ pub struct ProxyOptions {
     pub limits: Option<UpstreamLimits>,
     /// `passive_health_check`: an upstream's outlier detection.
     pub passive_health_check: Option<PassiveHealthCheck>,
+    /// `envoy_dns_discovery_type`: how a gateway resolves services registered by host name.
+    pub dns_discovery_type: Option<DnsDiscoveryType>,
+}
+
+/// How Envoy resolves a cluster of host names (`envoy_dns_discovery_type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DnsDiscoveryType {
+    /// `LOGICAL_DNS` (the default): one host name, connections to the first address it
+    /// resolves to.
+    #[default]
+    Logical,
+    /// `STRICT_DNS`: every host name, balanced over every address each resolves to.
+    Strict,
+}
+
+impl DnsDiscoveryType {
+    /// The value in a config map (any case), or `None` when it is neither.
+    pub fn parse(value: &str) -> Option<Self> {
+        if value.eq_ignore_ascii_case("LOGICAL_DNS") {
+            Some(Self::Logical)
+        } else if value.eq_ignore_ascii_case("STRICT_DNS") {
+            Some(Self::Strict)
+        } else {
+            None
+        }
+    }
 }
 
 /// Circuit breakers of an upstream (Envoy's defaults where unset).
@@ -195,6 +221,8 @@ pub const CONNECT_TIMEOUT_MS_KEY: &str = "connect_timeout_ms";
 pub const LIMITS_KEY: &str = "limits";
 /// Key of an upstream's outlier detection.
 pub const PASSIVE_HEALTH_CHECK_KEY: &str = "passive_health_check";
+/// Key of a gateway's DNS discovery type for services registered by host name.
+pub const DNS_DISCOVERY_TYPE_KEY: &str = "envoy_dns_discovery_type";
 
 impl ProxyOptions {
     /// Reads the keys meshd acts on from `config` (values of the wrong type are ignored here;
@@ -218,7 +246,24 @@ impl ProxyOptions {
             passive_health_check: config
                 .get(PASSIVE_HEALTH_CHECK_KEY)
                 .and_then(|v| PassiveHealthCheck::deserialize(v).ok()),
+            dns_discovery_type: config
+                .get(DNS_DISCOVERY_TYPE_KEY)
+                .and_then(|v| v.as_str())
+                .and_then(DnsDiscoveryType::parse),
         }
+    }
+
+    /// Checks the typed keys of a proxy's (or `proxy-defaults`') `Config`, naming the field.
+    pub fn check_proxy(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
+        if let Some(v) = config.get(DNS_DISCOVERY_TYPE_KEY)
+            && v.as_str().and_then(DnsDiscoveryType::parse).is_none()
+        {
+            return Err(crate::ValidationError::new(
+                format!("Config.{DNS_DISCOVERY_TYPE_KEY}"),
+                crate::Problem::Invalid(format!("{v} is not LOGICAL_DNS or STRICT_DNS")),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the typed keys of an upstream's `Config`, naming the field.
@@ -273,5 +318,25 @@ mod tests {
         assert_eq!(o.bind_address.as_deref(), Some("0.0.0.0"));
         assert_eq!(o.connect_timeout_ms, Some(250));
         assert_eq!(ProxyOptions::parse(&OpaqueConfig::default()), ProxyOptions::default());
+    }
+
+    #[test]
+    fn the_dns_discovery_type_is_read_in_any_case_and_checked() {
+        let config = |v: serde_json::Value| -> OpaqueConfig {
+            serde_json::from_value(json!({ "envoy_dns_discovery_type": v })).unwrap_or_default()
+        };
+        assert_eq!(
+            ProxyOptions::parse(&config(json!("strict_dns"))).dns_discovery_type,
+            Some(DnsDiscoveryType::Strict)
+        );
+        assert_eq!(
+            ProxyOptions::parse(&config(json!("LOGICAL_DNS"))).dns_discovery_type,
+            Some(DnsDiscoveryType::Logical)
+        );
+        assert!(ProxyOptions::check_proxy(&config(json!("STRICT_DNS"))).is_ok());
+        for bad in [json!("EDS"), json!(1)] {
+            let err = ProxyOptions::check_proxy(&config(bad)).unwrap_err().to_string();
+            assert!(err.starts_with("Config.envoy_dns_discovery_type: "), "{err}");
+        }
     }
 }

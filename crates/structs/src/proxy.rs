@@ -291,6 +291,7 @@ impl ConnectProxyConfig {
 
 impl Validate for ConnectProxyConfig {
     fn validate(&self) -> Result<(), ValidationError> {
+        crate::ProxyOptions::check_proxy(&self.config)?;
         let mut ids = BTreeSet::new();
         let mut binds = BTreeSet::new();
         for (i, u) in self.upstreams.iter().enumerate() {

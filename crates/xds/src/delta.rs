@@ -96,6 +96,9 @@ struct TypeState {
     pending_complete: Option<Arc<TypeResources>>,
     /// Names to send again whatever the proxy has (load assignments of updated clusters).
     resend: BTreeSet<String>,
+    /// A response of this type was sent on this stream (or, for a proxy that reconnected
+    /// with resources of it, on an earlier one).
+    answered: bool,
 }
 
 impl TypeState {
@@ -225,6 +228,8 @@ impl DeltaState {
         if first {
             // An empty first subscription is a wildcard request (legacy wildcard), as is `*`.
             st.wildcard = req.resource_names_subscribe.is_empty();
+            // A proxy reconnecting with what it holds was answered on an earlier stream.
+            st.answered = !req.initial_resource_versions.is_empty();
             for (name, version) in &req.initial_resource_versions {
                 st.known.insert(Arc::from(name.as_str()), Held::of(version));
             }
@@ -332,7 +337,10 @@ impl DeltaState {
             sent,
             truncated,
         } = st.pick(candidates, map);
-        if upserts.is_empty() {
+        // A wildcard subscription is answered even when there is nothing of its type: Envoy
+        // completes its initialisation on that first answer (a gateway with nothing to serve
+        // yet is ready, not waiting out its initial fetch timeout).
+        if upserts.is_empty() && (st.answered || !st.wildcard) {
             return None;
         }
         let complete = !truncated
@@ -355,6 +363,7 @@ impl DeltaState {
         };
         let nonce = self.nonce();
         let st = &mut self.served[i];
+        st.answered = true;
         for name in sent.keys() {
             st.resend.remove(&**name);
         }
@@ -399,6 +408,7 @@ impl DeltaState {
             return None;
         }
         let nonce = self.nonce();
+        self.served[i].answered = true;
         self.served[i].pending = Some(Box::new((
             nonce.clone(),
             removed.iter().map(|n| (Arc::from(n.as_str()), None)).collect(),

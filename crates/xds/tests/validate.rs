@@ -90,7 +90,7 @@ fn static_bootstrap(r: &resources::Resources) -> Bootstrap {
         .map(|m| m.values().map(unpack).collect())
         .unwrap_or_default();
     let mut clusters = Vec::new();
-    for any in r.of(CLUSTER).unwrap().values() {
+    for any in r.of(CLUSTER).into_iter().flat_map(|m| m.values()) {
         let mut c: Cluster = unpack(any);
         if let Some(ts) = &mut c.transport_socket {
             static_socket(ts);
@@ -903,13 +903,110 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
     let names: Vec<Vec<String>> = listener
         .filter_chains
         .iter()
-        .map(|c| c.filter_chain_match.clone().unwrap().server_names)
+        .map(|c| c.filter_chain_match.clone().unwrap_or_default().server_names)
         .collect();
     let sni = |s: &str| format!("{s}.default.dc1.internal.{}", roots.trust_domain);
-    assert_eq!(names, [vec![sni("billing")], vec![sni("ext")], vec![sni("legacy")]]);
+    // Last, the chain for connections no service matched (closed: it names no cluster).
+    assert_eq!(
+        names,
+        [vec![sni("billing")], vec![sni("ext")], vec![sni("legacy")], vec![]]
+    );
+    // A service registered by host name: one address, resolved over IPv4, as Consul's.
+    let legacy: Cluster = unpack(&r.of(CLUSTER).unwrap()[&sni("legacy")]);
+    assert_eq!(
+        legacy.cluster_discovery_type,
+        Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::LogicalDns as i32
+        ))
+    );
+    assert_eq!(legacy.dns_lookup_family, cluster::DnsLookupFamily::V4Only as i32);
     let text = golden_text(&r, &roots.trust_domain).replace(&dir.path().display().to_string(), "<dir>");
     insta::assert_snapshot!("gateway-terminating", text);
     if let Err(e) = envoy_validate("gateway-terminating", &static_bootstrap(&r)) {
         panic!("envoy rejected the terminating gateway:\n{e}");
+    }
+}
+
+/// A terminating gateway no entry links a service to: its listener exists, matching nothing
+/// (so Envoy is ready and the port answers health checks), and its status says why.
+#[test]
+fn terminating_gateway_with_nothing_linked_serves_a_listener_matching_nothing() {
+    use structs::ServiceKind::TerminatingGateway as Kind;
+    let ca = Ca::new();
+    let part = KindSnapshot::TerminatingGateway(proxycfg::TerminatingGatewaySnapshot {
+        mesh_config: Some(None),
+        services: Some(Arc::new(vec![])),
+        linked: Arc::new(BTreeMap::new()),
+    });
+    let snap = gateway_snapshot(&ca, Kind, "terminating", part);
+    let r = resources::build(&snap).unwrap();
+    assert!(
+        r.problems["linked-services"].starts_with("no services linked"),
+        "{:?}",
+        r.problems
+    );
+    let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
+    assert_eq!(listener.filter_chains.len(), 1);
+    assert!(listener.filter_chains[0].filter_chain_match.is_none());
+    if let Err(e) = envoy_validate("gateway-terminating-empty", &static_bootstrap(&r)) {
+        panic!("envoy rejected the empty terminating gateway:\n{e}");
+    }
+}
+
+/// Instances registered by host name: `LOGICAL_DNS` (the default) takes one and says so;
+/// `envoy_dns_discovery_type = STRICT_DNS` takes them all. IPv4 answers only, either way.
+#[test]
+fn host_name_instances_follow_the_dns_discovery_type() {
+    use structs::ServiceKind::TerminatingGateway as Kind;
+    let ca = Ca::new();
+    let ext = link("terminating", Kind, "ext", 0, "");
+    let mut s = proxycfg::LinkedServiceSnapshot::new(ext.clone());
+    s.leaf = Some(ca.leaf("ext"));
+    s.intentions = Some(Arc::new(vec![]));
+    s.config = Some(Arc::new(structs::ResolvedServiceConfig::default()));
+    let nodes = ["a.example.com", "b.example.com"]
+        .into_iter()
+        .map(|host| {
+            let mut node = instance("ext", host, 80);
+            node.service.kind = structs::ServiceKind::Typical;
+            node.service.service = "ext".into();
+            node
+        })
+        .collect();
+    s.endpoints = Some(Arc::new(nodes));
+    let linked = Arc::new(BTreeMap::from([("ext".to_owned(), Arc::new(s))]));
+    let sni = format!("ext.default.dc1.internal.{}", ca.roots().trust_domain);
+    for (setting, kind, hosts) in [
+        (None, cluster::DiscoveryType::LogicalDns, 1),
+        (Some("strict_dns"), cluster::DiscoveryType::StrictDns, 2),
+    ] {
+        let part = KindSnapshot::TerminatingGateway(proxycfg::TerminatingGatewaySnapshot {
+            mesh_config: Some(None),
+            services: Some(Arc::new(vec![ext.clone()])),
+            linked: Arc::clone(&linked),
+        });
+        let mut snap = gateway_snapshot(&ca, Kind, "terminating", part);
+        if let Some(setting) = setting {
+            let mut service = (*snap.service).clone();
+            service.proxy.config.insert(
+                "envoy_dns_discovery_type".into(),
+                serde_json::Value::String(setting.into()),
+            );
+            snap.service = Arc::new(service);
+        }
+        let r = resources::build(&snap).unwrap();
+        let c: Cluster = unpack(&r.of(CLUSTER).unwrap()[&sni]);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(cluster::ClusterDiscoveryType::Type(kind as i32))
+        );
+        assert_eq!(c.dns_lookup_family, cluster::DnsLookupFamily::V4Only as i32);
+        let endpoints = &c.load_assignment.as_ref().unwrap().endpoints[0].lb_endpoints;
+        assert_eq!(endpoints.len(), hosts, "{setting:?}");
+        let said = r.problems.get("linked-service:ext:dns");
+        assert_eq!(said.is_some(), hosts == 1, "{:?}", r.problems);
+        if let Err(e) = envoy_validate(&format!("gateway-dns-{hosts}"), &static_bootstrap(&r)) {
+            panic!("envoy rejected the {setting:?} cluster:\n{e}");
+        }
     }
 }

@@ -46,7 +46,7 @@ impl Validate for ProxyDefaults {
         if let Some(p) = self.config.get(crate::protocol::PROTOCOL_KEY) {
             check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
         }
-        Ok(())
+        crate::ProxyOptions::check_proxy(&self.config)
     }
 }
 

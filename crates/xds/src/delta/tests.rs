@@ -62,6 +62,32 @@ fn wildcard_then_only_changes_after_ack() {
 }
 
 #[test]
+fn a_wildcard_type_with_nothing_in_it_is_answered_once_empty() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(CLUSTER, &[]));
+    st.on_request(&subscribe(LISTENER, &[]));
+    st.on_request(&subscribe(ENDPOINT, &["c1"]));
+    let none = res(&[]);
+    let out = st.responses(&none);
+    // Envoy completes its initialisation on these; a named subscription is not answered.
+    let types: Vec<&str> = out.iter().map(|r| r.type_url.as_str()).collect();
+    assert_eq!(types, [CLUSTER, LISTENER]);
+    assert!(
+        out.iter()
+            .all(|r| r.resources.is_empty() && r.removed_resources.is_empty())
+    );
+    for r in &out {
+        st.on_request(&ack(r));
+    }
+    assert!(st.responses(&none).is_empty(), "answered once");
+    // What comes later is sent as usual.
+    let later = res(&[(LISTENER, "l1", b"1")]);
+    let out = st.responses(&later);
+    assert_eq!(out.len(), 1);
+    assert_eq!(names(&out[0]), ["l1"]);
+}
+
+#[test]
 fn nack_keeps_last_good_and_never_resends_the_rejected_version() {
     let mut st = DeltaState::default();
     st.on_request(&subscribe(CLUSTER, &[]));

@@ -420,7 +420,8 @@ pub(crate) fn build_terminating(
         out.insert(SECRET, secret.clone(), pack_any(tls::leaf_secret(&secret, leaf)));
 
         let protocol = config.protocol();
-        let cluster = linked_cluster(&sni, &linked.link, protocol, endpoints, out);
+        let dns = snap.service.proxy.options().dns_discovery_type.unwrap_or_default();
+        let cluster = linked_cluster(&sni, &linked.link, protocol, dns, endpoints, out);
         out.insert(CLUSTER, sni.clone(), pack_any(cluster));
         let filters = linked_filters(service, &sni, protocol, intentions, snap.intention_default_allow);
         chains.push(FilterChain {
@@ -442,6 +443,22 @@ pub(crate) fn build_terminating(
             ),
         );
     }
+    if g.linked.is_empty() {
+        out.problems.insert(
+            "linked-services".into(),
+            format!(
+                "no services linked: no terminating-gateway config entry named {:?} links a service yet (the listener matches nothing)",
+                snap.service.service
+            ),
+        );
+    }
+    // Last, a chain for connections no service's SNI matched: they are closed (its TCP
+    // proxy names no cluster), and the listener exists, so the gateway is ready and its
+    // port answers health checks before any service is linked, as Consul's.
+    chains.push(FilterChain {
+        filters: vec![tcp_proxy("terminating_gateway.no_match", "")],
+        ..Default::default()
+    });
     let listener = Listener {
         name: name.clone(),
         address: socket(&bind, u32::from(snap.service.port)),
@@ -450,25 +467,20 @@ pub(crate) fn build_terminating(
         traffic_direction: TrafficDirection::Inbound as i32,
         ..Default::default()
     };
-    if listener.filter_chains.is_empty() {
-        // Envoy refuses a listener without a filter chain; the problem above says why.
-        out.problems.insert(
-            "listener".into(),
-            format!("listener {name}: no represented service is ready, so it is not served"),
-        );
-    } else {
-        out.insert(LISTENER, name, pack_any(listener));
-    }
+    out.insert(LISTENER, name, pack_any(listener));
     Ok(())
 }
 
 /// The cluster of a terminating gateway's linked service, named `sni`: to its instances
-/// by EDS when all are IP addresses (their load assignment goes to `out`), else by DNS; with
-/// TLS to them when the link sets a `CAFile`.
+/// by EDS when all are IP addresses (their load assignment goes to `out`), else by DNS as
+/// `dns` says (IPv4 answers only, as Consul's: a host name such as `localhost` resolving to
+/// `::1` first would fail against a service listening on IPv4); with TLS to them when the
+/// link sets a `CAFile`.
 fn linked_cluster(
     sni: &str,
     link: &GatewayService,
     protocol: Protocol,
+    dns: structs::DnsDiscoveryType,
     endpoints: &[structs::CheckServiceNode],
     out: &mut Resources,
 ) -> Cluster {
@@ -491,15 +503,54 @@ fn linked_cluster(
         out.insert(ENDPOINT, sni.to_owned(), pack_any(load_assignment(sni, endpoints)));
     } else {
         // Host names are resolved by Envoy (and re-resolved as DNS changes).
-        cluster.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-            cluster::DiscoveryType::StrictDns as i32,
-        ));
-        cluster.load_assignment = Some(load_assignment(sni, endpoints));
+        cluster.dns_lookup_family = cluster::DnsLookupFamily::V4Only as i32;
+        let (kind, endpoints) = match dns {
+            structs::DnsDiscoveryType::Strict => (cluster::DiscoveryType::StrictDns, endpoints.to_vec()),
+            structs::DnsDiscoveryType::Logical => (
+                cluster::DiscoveryType::LogicalDns,
+                logical_dns_endpoint(&link.service, endpoints, out),
+            ),
+        };
+        cluster.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(kind as i32));
+        cluster.load_assignment = Some(load_assignment(sni, &endpoints));
     }
     if protocol.is_http2() {
         cluster.typed_extension_protocol_options = http2_options();
     }
     cluster
+}
+
+/// The one endpoint a `LOGICAL_DNS` cluster may have: the first passing instance's (else the
+/// first's). Instances at other hosts are left out, and the proxy's status says so.
+fn logical_dns_endpoint(
+    service: &str,
+    endpoints: &[structs::CheckServiceNode],
+    out: &mut Resources,
+) -> Vec<structs::CheckServiceNode> {
+    let Some(chosen) = endpoints
+        .iter()
+        .find(|n| n.aggregate_status() == structs::HealthStatus::Passing)
+        .or_else(|| endpoints.first())
+    else {
+        return Vec::new();
+    };
+    let others: std::collections::BTreeSet<(&str, u16)> = endpoints
+        .iter()
+        .map(|n| (n.address(), n.service.port))
+        .filter(|a| *a != (chosen.address(), chosen.service.port))
+        .collect();
+    if !others.is_empty() {
+        out.problems.insert(
+            format!("linked-service:{service}:dns"),
+            format!(
+                "service {service:?} has instances at {} addresses; with LOGICAL_DNS only {}:{} is used (set envoy_dns_discovery_type = STRICT_DNS to use all)",
+                others.len() + 1,
+                chosen.address(),
+                chosen.service.port
+            ),
+        );
+    }
+    vec![chosen.clone()]
 }
 
 /// The filters of a terminating gateway's chain for `service`: the intentions to it (per
