@@ -7,8 +7,9 @@
 //!   busy; prints each test that failed at least once, with its failure, and the load
 //!   average during the runs (`docs/reliability.md`).
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
-//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, and `MESHD_NODE` with `MESHD_NODE_MODULES` for
-//!   the npm clients), for running single tests by hand:
+//!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, `MESHD_NODE` with
+//!   `MESHD_NODE_MODULES` for the npm clients, `MESHD_PYTHON` with the pinned Python clients),
+//!   for running single tests by hand:
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
@@ -218,6 +219,7 @@ fn main() -> Result<()> {
             println!("export MESHD_CHROMIUM={}", peers.chromium.display());
             println!("export MESHD_NODE={}", peers.node.display());
             println!("export MESHD_NODE_MODULES={}", peers.node_modules.display());
+            println!("export MESHD_PYTHON={}", peers.python.display());
             Ok(())
         }
         Some("demo") => demo(),

@@ -128,6 +128,8 @@ pub(crate) struct Peers {
     pub(crate) node: PathBuf,
     /// The pinned npm clients' `node_modules`, as `MESHD_NODE_MODULES` (grpc-js-xds).
     pub(crate) node_modules: PathBuf,
+    /// The virtualenv's Python with the pinned clients (grpcio), as `MESHD_PYTHON`.
+    pub(crate) python: PathBuf,
 }
 
 impl Peers {
@@ -142,6 +144,7 @@ impl Peers {
             chromium: chromium()?,
             node_modules: ensure_node(root, &node)?,
             node,
+            python: python.clone(),
         };
         Ok((python, peers))
     }
@@ -152,7 +155,8 @@ impl Peers {
             .env("MESHD_ETCD", &self.etcd)
             .env("MESHD_CHROMIUM", &self.chromium)
             .env("MESHD_NODE", &self.node)
-            .env("MESHD_NODE_MODULES", &self.node_modules);
+            .env("MESHD_NODE_MODULES", &self.node_modules)
+            .env("MESHD_PYTHON", &self.python);
     }
 }
 

@@ -400,6 +400,58 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
     }
 }
 
+/// The grpcio side of the gRPC case: `serve PORT_FILE` answers `/echo.Echo/Say` with
+/// `echo <request>`; `call ADDR AUTHORITY` calls it once and prints the answer or the status.
+const GRPC_ECHO: &str = r#"
+import concurrent.futures, os, sys
+import grpc
+if sys.argv[1] == "serve":
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    say = grpc.unary_unary_rpc_method_handler(lambda request, context: b"echo " + request)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("echo.Echo", {"Say": say}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    open(sys.argv[2] + ".tmp", "w").write(str(port))
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+    server.wait_for_termination()
+else:
+    channel = grpc.insecure_channel("ipv4:" + sys.argv[2], options=[("grpc.default_authority", sys.argv[3])])
+    try:
+        print(channel.unary_unary("/echo.Echo/Say")(b"hi", timeout=5).decode())
+    except grpc.RpcError as e:
+        print(e.code().name, e.details())
+        sys.exit(1)
+"#;
+
+/// Starts the grpcio echo server; returns it and its port.
+async fn grpc_echo(dir: &Path) -> (Proc, u16) {
+    let script = dir.join("grpc_echo.py");
+    std::fs::write(&script, GRPC_ECHO).unwrap();
+    let port_file = dir.join("grpc_echo.port");
+    let child = Command::new(test_support::python())
+        .arg(&script)
+        .args(["serve"])
+        .arg(&port_file)
+        .spawn()
+        .expect("the pinned Python runs the grpcio echo server");
+    let proc = Proc(child);
+    let port = wait_for(|| async { std::fs::read_to_string(&port_file).ok()?.trim().parse::<u16>().ok() }).await;
+    (proc, port)
+}
+
+/// One grpcio call to 127.0.0.1:`port` with `:authority` `authority`: (succeeded, output).
+fn grpc_call(port: u16, authority: &str) -> (bool, String) {
+    let script = std::env::temp_dir().join(format!("meshd-grpc-echo-{}.py", std::process::id()));
+    std::fs::write(&script, GRPC_ECHO).unwrap();
+    let out = Command::new(test_support::python())
+        .arg(&script)
+        .args(["call", &format!("127.0.0.1:{port}"), authority])
+        .output()
+        .expect("the pinned Python runs the grpcio client");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 /// Envoy's `/ready` answer: `LIVE` once it has its first configuration.
 async fn live(client: &reqwest::Client, admin: &str) -> bool {
     mesh::get(client, &format!("{admin}/ready"))
@@ -489,6 +541,40 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
     .await;
     until(&client, igw_listener, "web", "/late", ok("web /late")).await;
     println!("{:>5.1} s ingress entry applied", t0.elapsed().as_secs_f64());
+
+    // A gRPC client (grpcio) through an ingress host with a port: it sends the port in
+    // `:authority`, and the host names it.
+    let (_echo, echo_port) = grpc_echo(dir.path()).await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "echo", "Protocol": "grpc"}),
+    )
+    .await;
+    mesh.register("node-echo", "echo", echo_port, free_port(), json!([]), json!({}))
+        .await;
+    let (_echo_proxy, _) = mesh.envoy("echo", "node-echo", dir.path()).await;
+    let grpc_listener = free_port();
+    let authority = format!("localhost:{grpc_listener}");
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "ingress-gateway", "Name": "igw", "Listeners": [
+            {"Port": igw_listener, "Protocol": "tcp", "Services": [{"Name": "web"}]},
+            {"Port": grpc_listener, "Protocol": "grpc", "Services": [{"Name": "echo", "Hosts": [authority]}]}]}),
+    )
+    .await;
+    let said = wait_for(|| async {
+        let (ok, out) = grpc_call(grpc_listener, &authority);
+        ok.then_some(out)
+    })
+    .await;
+    assert_eq!(said.trim(), "echo hi");
+    // Another authority matches no host of the listener.
+    let (ok, out) = grpc_call(grpc_listener, &format!("elsewhere:{grpc_listener}"));
+    assert!(!ok, "{out}");
+    println!(
+        "{:>5.1} s grpc through an ingress host with a port",
+        t0.elapsed().as_secs_f64()
+    );
     // The same Envoys all along: none was restarted to pick the entries up.
     for admin in [&tgw_admin, &igw_admin] {
         let info = mesh::get(&client, &format!("{admin}/server_info")).await.unwrap();

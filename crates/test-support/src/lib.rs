@@ -37,6 +37,13 @@ pub fn envoy() -> PathBuf {
         )
 }
 
+/// The Python with the pinned clients (grpcio), from `MESHD_PYTHON`; fails loudly when unset.
+pub fn python() -> PathBuf {
+    std::env::var_os("MESHD_PYTHON").map(PathBuf::from).expect(
+        "MESHD_PYTHON must name the virtualenv's Python with the pinned clients: run the tests with `cargo xtask test`, which installs it",
+    )
+}
+
 /// A hot-restart base id no other Envoy on this host uses: derived from this process and a
 /// slot (each test of one process takes its own slot).
 pub fn base_id(slot: u32) -> u32 {

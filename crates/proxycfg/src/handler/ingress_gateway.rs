@@ -129,7 +129,8 @@ pub fn dns_sans(entry: &structs::config_entry::IngressGateway, services: &[Gatew
                 sans.insert(format!("{}.ingress.{INGRESS_DOMAIN}", s.service));
                 sans.insert(format!("{}.ingress.{dc}.{INGRESS_DOMAIN}", s.service));
             } else {
-                sans.extend(s.hosts.iter().cloned());
+                // A certificate names hosts, not ports.
+                sans.extend(s.hosts.iter().map(|h| structs::config_entry::host_name(h).to_owned()));
             }
         }
     }

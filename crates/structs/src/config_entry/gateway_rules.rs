@@ -76,7 +76,9 @@ impl Validate for IngressGateway {
                     &svc.hosts
                 };
                 for (h, host) in own.iter().enumerate() {
-                    if !hosts.insert(host.clone()) {
+                    // Compared as the domains Envoy matches (`host` and `host:<port>`), so a
+                    // host with the listener's port cannot collide with one without.
+                    if !host_domains(host, listener.port).into_iter().all(|d| hosts.insert(d)) {
                         let field = if svc.hosts.is_empty() {
                             format!("{at}.Name")
                         } else {
@@ -158,10 +160,47 @@ fn check_default_scope(at: &str, field: &str, value: &str) -> Result<(), Validat
     ))
 }
 
+/// A host without its port (`localhost:9999` -> `localhost`): the name a certificate and
+/// SNI carry.
+pub fn host_name(host: &str) -> &str {
+    split_port(host).0
+}
+
+/// `host[:port]` split; a suffix that is not a port number stays part of the name.
+fn split_port(host: &str) -> (&str, Option<u16>) {
+    match host.rsplit_once(':') {
+        Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            (name, Some(port.parse().unwrap_or(0)))
+        }
+        _ => (host, None),
+    }
+}
+
+/// The `:authority` values an ingress host matches on a listener of `listener_port`, as Envoy
+/// virtual-host domains: a host without a port matches with and without the listener's port
+/// (clients may send it); a host with a port matches exactly that (gRPC clients send it).
+pub fn host_domains(host: &str, listener_port: u16) -> Vec<String> {
+    match split_port(host) {
+        (_, Some(_)) => vec![host.to_owned()],
+        (name, None) if name == WILDCARD_SERVICE => vec![host.to_owned()],
+        (name, None) => vec![format!("{name}:{listener_port}"), name.to_owned()],
+    }
+}
+
 /// A host an ingress service answers to: a DNS name whose first label may be `*`, or `*`
-/// alone (every host, only without TLS: it cannot be a certificate's DNS SAN).
+/// alone (every host, only without TLS: it cannot be a certificate's DNS SAN); either may
+/// end in `:<port>` (a name with a port matches requests naming that port, as gRPC clients
+/// send it), except `*`.
 fn check_host(field: &str, host: &str, tls_enabled: bool) -> Result<(), ValidationError> {
     let invalid = |why: String| Err(ValidationError::new(field, Problem::Invalid(why)));
+    let full = host;
+    let (host, port) = split_port(host);
+    if port == Some(0) {
+        return invalid(format!("host {full:?}: the port must be 1 to 65535"));
+    }
+    if host == WILDCARD_SERVICE && port.is_some() {
+        return invalid("host \"*\" cannot name a port: it matches every host and port".into());
+    }
     if host == WILDCARD_SERVICE {
         if tls_enabled {
             return invalid(
@@ -171,7 +210,7 @@ fn check_host(field: &str, host: &str, tls_enabled: bool) -> Result<(), Validati
         return Ok(());
     }
     if host.len() > 253 {
-        return invalid(format!("host {host:?} is longer than 253 characters"));
+        return invalid(format!("host {full:?} is longer than 253 characters"));
     }
     let rest = host.strip_prefix("*.").unwrap_or(host);
     for label in rest.split('.') {
@@ -182,9 +221,9 @@ fn check_host(field: &str, host: &str, tls_enabled: bool) -> Result<(), Validati
             && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
         if !valid {
             let why = if label.contains('*') {
-                format!("host {host:?}: a wildcard is only allowed as the whole first label (\"*.example.com\")")
+                format!("host {full:?}: a wildcard is only allowed as the whole first label (\"*.example.com\")")
             } else {
-                format!("host {host:?} is not a valid DNS name")
+                format!("host {full:?} is not a valid DNS name")
             };
             return invalid(why);
         }

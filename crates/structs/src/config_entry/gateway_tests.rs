@@ -91,6 +91,27 @@ fn ingress_services_and_hosts() {
             "Listeners[0].Services[1].Hosts[0]: host \"a.ingress.*\": a wildcard is only allowed as the whole first label (\"*.example.com\")",
         ),
         (
+            http(json!([{"Name": "a", "Hosts": ["x.com:0"]}])),
+            "Listeners[0].Services[0].Hosts[0]: host \"x.com:0\": the port must be 1 to 65535",
+        ),
+        (
+            http(json!([{"Name": "a", "Hosts": ["x.com:99999"]}])),
+            "Listeners[0].Services[0].Hosts[0]: host \"x.com:99999\": the port must be 1 to 65535",
+        ),
+        (
+            http(json!([{"Name": "a", "Hosts": ["*:80"]}])),
+            "Listeners[0].Services[0].Hosts[0]: host \"*\" cannot name a port: it matches every host and port",
+        ),
+        (
+            http(json!([{"Name": "a", "Hosts": ["bad_host:80"]}])),
+            "Listeners[0].Services[0].Hosts[0]: host \"bad_host:80\" is not a valid DNS name",
+        ),
+        (
+            // `x.com` also matches `x.com:80` on port 80.
+            http(json!([{"Name": "a", "Hosts": ["x.com"]}, {"Name": "b", "Hosts": ["x.com:80"]}])),
+            "Listeners[0].Services[1].Hosts[0]: duplicate host \"x.com:80\" on listener port 80",
+        ),
+        (
             http(json!([{"Name": "a"}, {"Name": "a", "Hosts": ["b.com"]}])),
             "Listeners[0].Services[1].Name: duplicate service \"a\" on listener port 80",
         ),
@@ -122,6 +143,20 @@ fn ingress_services_and_hosts() {
     for (e, expect) in cases {
         assert_eq!(error(e), expect);
     }
+    // A host with a port (what gRPC clients send as `:authority`), another port than the
+    // listener's beside the same name without one.
+    assert_eq!(
+        error(http(
+            json!([{"Name": "a", "Hosts": ["localhost:9999"]}, {"Name": "b", "Hosts": ["localhost:81", "localhost"]}])
+        )),
+        "valid"
+    );
+    assert_eq!(host_domains("localhost:9999", 80), ["localhost:9999"]);
+    assert_eq!(
+        host_domains("api.example.com", 80),
+        ["api.example.com:80", "api.example.com"]
+    );
+    assert_eq!(host_name("localhost:9999"), "localhost");
     // `*` alone routes every host, but never with TLS (it cannot be a DNS SAN).
     assert_eq!(error(http(json!([{"Name": "a", "Hosts": ["*"]}]))), "valid");
     let e = ConfigEntry::from_json(

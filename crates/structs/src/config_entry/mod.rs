@@ -8,7 +8,7 @@ mod mesh;
 mod routing;
 
 pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
-pub use gateway_rules::WILDCARD_SERVICE;
+pub use gateway_rules::{WILDCARD_SERVICE, host_domains, host_name};
 pub use gateways::{
     GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, INGRESS_DOMAIN, IngressGateway, IngressListener,
     IngressService, IngressServiceConfig, LinkedService, TerminatingGateway,

@@ -234,9 +234,8 @@ fn virtual_host(
     let mut vhost = config.virtual_hosts.pop().unwrap_or_default();
     let mut domains = Vec::new();
     for host in ingress_service_hosts(service) {
-        // Clients may send the port in the Host header.
-        domains.push(format!("{host}:{port}"));
-        domains.push(host);
+        // Clients may send the port in the Host header; a host naming a port matches it.
+        domains.extend(structs::config_entry::host_domains(&host, port));
     }
     if domains.iter().any(|d| d == "*") {
         domains = vec!["*".into()];
@@ -350,10 +349,14 @@ fn own_certificate_chain(
         .and_then(|s| s.tls.as_ref())
         .and_then(|t| t.sds.as_ref())?;
     // SNI names a host exactly or under a leading `*.`: other patterns cannot select.
-    let hosts: Vec<String> = ingress_service_hosts(service)
-        .into_iter()
-        .filter(|h| h != "*" && !h.ends_with(".*"))
-        .collect();
+    let mut hosts: Vec<String> = Vec::new();
+    for host in ingress_service_hosts(service) {
+        // SNI names a host, not a port.
+        let name = structs::config_entry::host_name(&host);
+        if name != "*" && !name.ends_with(".*") && !hosts.iter().any(|h| h == name) {
+            hosts.push(name.to_owned());
+        }
+    }
     if hosts.is_empty() {
         out.problems.insert(
             format!("listener:{port}:{}:tls", service.service),
