@@ -575,6 +575,85 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
         "{:>5.1} s grpc through an ingress host with a port",
         t0.elapsed().as_secs_f64()
     );
+    // Subsets behind the terminating gateway: ext now has two instances by version (at IP
+    // addresses: EDS), a resolver whose default subset is v2 and a router sending
+    // `x-version: v1` to v1; then the router and the resolver go and the whole service
+    // answers again.
+    let (v1, v2) = (backend("ext-v1"), backend("ext-v2"));
+    for (id, port, version) in [("ext-v1", v1, "v1"), ("ext-v2", v2, "v2")] {
+        mesh.put(
+            "/v1/catalog/register",
+            json!({"Node": "external", "Address": "localhost", "Service": {"ID": id, "Service": "ext", "Address": "127.0.0.1", "Port": port, "Meta": {"version": version}}}),
+        )
+        .await;
+    }
+    mesh.put(
+        "/v1/catalog/deregister",
+        json!({"Node": "external", "ServiceID": "ext"}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "ext", "Protocol": "http"}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-resolver", "Name": "ext", "DefaultSubset": "v2", "Subsets": {
+            "v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}}}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-router", "Name": "ext", "Routes": [
+            {"Match": {"HTTP": {"Header": [{"Name": "x-version", "Exact": "v1"}]}}, "Destination": {"ServiceSubset": "v1"}}]}),
+    )
+    .await;
+    let via = |version: Option<&'static str>| {
+        let client = client.clone();
+        async move {
+            let mut req = client
+                .get(format!("http://127.0.0.1:{ext_up}/s"))
+                .timeout(Duration::from_secs(5));
+            if let Some(v) = version {
+                req = req.header("x-version", v);
+            }
+            let resp = req.send().await.ok()?;
+            (resp.status() == 200).then_some(())?;
+            resp.text().await.ok()
+        }
+    };
+    wait_for(|| async { via(Some("v1")).await.filter(|b| b.starts_with("ext-v1 /s")) }).await;
+    wait_for(|| async { via(None).await.filter(|b| b.starts_with("ext-v2 /s")) }).await;
+    for _ in 0..10 {
+        assert!(via(Some("v1")).await.unwrap_or_default().starts_with("ext-v1 "));
+        assert!(via(None).await.unwrap_or_default().starts_with("ext-v2 "));
+    }
+    println!(
+        "{:>5.1} s subsets routed through the terminating gateway",
+        t0.elapsed().as_secs_f64()
+    );
+    delete(&mesh, "/v1/config/service-router/ext").await;
+    delete(&mesh, "/v1/config/service-resolver/ext").await;
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    wait_for(|| async {
+        let body = via(None).await?;
+        let mut seen = seen.lock().unwrap();
+        seen.insert(body.split_whitespace().next().unwrap_or("").to_owned());
+        (seen.len() == 2).then_some(())
+    })
+    .await;
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["ext-v1", "ext-v2"],
+        "the whole service again"
+    );
+    println!(
+        "{:>5.1} s resolver deleted: the whole service",
+        t0.elapsed().as_secs_f64()
+    );
+
     // The same Envoys all along: none was restarted to pick the entries up.
     for admin in [&tgw_admin, &igw_admin] {
         let info = mesh::get(&client, &format!("{admin}/server_info")).await.unwrap();

@@ -43,7 +43,9 @@ fn filter_health(all: &[CheckServiceNode], req: &HealthRequest, filter: &Filter)
         .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
         .filter(|n| !req.healthy_only || n.checks.iter().all(|c| c.status.admits(false)))
         .filter(|n| req.kind.is_none_or(|k| n.service.kind == k))
-        .filter(|n| filter.matches(n))
+        // A terminating gateway standing for the service applies the subset's filter itself
+        // (it serves each subset under its own SNI): its instance is kept.
+        .filter(|n| (req.connect && n.service.kind == structs::ServiceKind::TerminatingGateway) || filter.matches(n))
         .cloned()
         .collect()
 }

@@ -58,6 +58,11 @@ pub enum CorrelationId {
         /// The service.
         service: String,
     },
+    /// The `service-resolver` of a service a terminating gateway represents (its subsets).
+    GatewayServiceResolver {
+        /// The service.
+        service: String,
+    },
     /// Central config of a service a terminating gateway represents.
     GatewayServiceConfig {
         /// The service.
@@ -100,6 +105,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::GatewayServiceHealth { service } => write!(f, "gateway-service-health:{service}"),
             CorrelationId::GatewayServiceLeaf { service } => write!(f, "gateway-service-leaf:{service}"),
             CorrelationId::GatewayServiceIntentions { service } => write!(f, "gateway-service-intentions:{service}"),
+            CorrelationId::GatewayServiceResolver { service } => write!(f, "gateway-service-resolver:{service}"),
             CorrelationId::GatewayServiceConfig { service } => write!(f, "gateway-service-config:{service}"),
             CorrelationId::GatewayConfig => f.write_str("gateway-config"),
             CorrelationId::ConfigEntryList(kind) => write!(f, "config-entries:{kind}"),

@@ -179,6 +179,8 @@ pub struct LinkedServiceSnapshot {
     pub config: Known<Arc<ResolvedServiceConfig>>,
     /// Its instances (outside the mesh) with their health.
     pub endpoints: Known<Arc<Vec<CheckServiceNode>>>,
+    /// Its `service-resolver`, if any: the gateway serves each of its subsets.
+    pub resolver: Known<Option<Arc<ConfigEntry>>>,
 }
 
 impl LinkedServiceSnapshot {
@@ -190,12 +192,25 @@ impl LinkedServiceSnapshot {
             intentions: None,
             config: None,
             endpoints: None,
+            resolver: None,
         }
     }
 
     /// True once the gateway can act for it.
     pub fn is_ready(&self) -> bool {
-        self.leaf.is_some() && self.intentions.is_some() && self.config.is_some() && self.endpoints.is_some()
+        self.leaf.is_some()
+            && self.intentions.is_some()
+            && self.config.is_some()
+            && self.endpoints.is_some()
+            && self.resolver.is_some()
+    }
+
+    /// The service's resolver entry, if it has one.
+    pub fn resolver(&self) -> Option<&structs::config_entry::ServiceResolver> {
+        match self.resolver.as_ref()?.as_deref()? {
+            ConfigEntry::ServiceResolver(r) => Some(r),
+            _ => None,
+        }
     }
 }
 

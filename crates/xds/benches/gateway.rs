@@ -119,6 +119,7 @@ fn terminating(ca: &Ca, services: usize) -> ConfigSnapshot {
         s.intentions = Some(Arc::new(Vec::new()));
         s.config = Some(Arc::new(structs::ResolvedServiceConfig::default()));
         s.endpoints = Some(instances(&n, 2));
+        s.resolver = Some(None);
         linked.insert(n, Arc::new(s));
         links.push(link);
     }

@@ -882,6 +882,7 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
         ));
         s.config = Some(Arc::new(resolved));
         s.endpoints = Some(Arc::new(vec![node]));
+        s.resolver = Some(None);
         linked.insert(l.service.clone(), Arc::new(s));
     }
     linked.insert(
@@ -974,6 +975,7 @@ fn host_name_instances_follow_the_dns_discovery_type() {
         })
         .collect();
     s.endpoints = Some(Arc::new(nodes));
+    s.resolver = Some(None);
     let linked = Arc::new(BTreeMap::from([("ext".to_owned(), Arc::new(s))]));
     let sni = format!("ext.default.dc1.internal.{}", ca.roots().trust_domain);
     for (setting, kind, hosts) in [
@@ -1008,5 +1010,74 @@ fn host_name_instances_follow_the_dns_discovery_type() {
         if let Err(e) = envoy_validate(&format!("gateway-dns-{hosts}"), &static_bootstrap(&r)) {
             panic!("envoy rejected the {setting:?} cluster:\n{e}");
         }
+    }
+}
+
+/// A linked service with a resolver: a cluster and a filter chain per subset (its SNI as
+/// callers' sidecars send it), the default subset's instances behind the service's own name.
+#[test]
+fn terminating_gateway_serves_each_resolver_subset() {
+    use structs::ServiceKind::TerminatingGateway as Kind;
+    let ca = Ca::new();
+    let ext = link("terminating", Kind, "ext", 0, "");
+    let mut s = proxycfg::LinkedServiceSnapshot::new(ext.clone());
+    s.leaf = Some(ca.leaf("ext"));
+    s.intentions = Some(Arc::new(vec![]));
+    s.config = Some(Arc::new(structs::ResolvedServiceConfig::default()));
+    let nodes = [("10.0.0.1", "v1"), ("10.0.0.2", "v2"), ("10.0.0.3", "v2")]
+        .into_iter()
+        .map(|(ip, version)| {
+            let mut node = instance("ext", ip, 80);
+            node.service.kind = structs::ServiceKind::Typical;
+            node.service.service = "ext".into();
+            node.service.meta.insert("version".into(), version.into());
+            node
+        })
+        .collect();
+    s.endpoints = Some(Arc::new(nodes));
+    let resolver = structs::ConfigEntry::from_json(serde_json::json!({
+        "Kind": "service-resolver", "Name": "ext", "DefaultSubset": "v1",
+        "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}}
+    }))
+    .unwrap();
+    s.resolver = Some(Some(Arc::new(resolver)));
+    let part = KindSnapshot::TerminatingGateway(proxycfg::TerminatingGatewaySnapshot {
+        mesh_config: Some(None),
+        services: Some(Arc::new(vec![ext])),
+        linked: Arc::new(BTreeMap::from([("ext".to_owned(), Arc::new(s))])),
+    });
+    let snap = gateway_snapshot(&ca, Kind, "terminating", part);
+    let r = resources::build(&snap).unwrap();
+    let td = ca.roots().trust_domain.clone();
+    let sni = |subset: &str| structs::discovery_chain::target_sni(subset, "ext", "default", "dc1", &td);
+    let addresses = |name: &str| -> Vec<String> {
+        let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[name]);
+        cla.endpoints[0]
+            .lb_endpoints
+            .iter()
+            .map(|e| {
+                format!("{e:?}")
+                    .split("address: \"")
+                    .nth(1)
+                    .unwrap_or("")
+                    .split('"')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(addresses(&sni("")), ["10.0.0.1"], "the default subset");
+    assert_eq!(addresses(&sni("v1")), ["10.0.0.1"]);
+    assert_eq!(addresses(&sni("v2")), ["10.0.0.2", "10.0.0.3"]);
+    let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
+    let names: Vec<Vec<String>> = listener
+        .filter_chains
+        .iter()
+        .map(|c| c.filter_chain_match.clone().unwrap_or_default().server_names)
+        .collect();
+    assert_eq!(names, [vec![sni("")], vec![sni("v1")], vec![sni("v2")], vec![]]);
+    if let Err(e) = envoy_validate("gateway-terminating-subsets", &static_bootstrap(&r)) {
+        panic!("envoy rejected the subsets:\n{e}");
     }
 }

@@ -52,3 +52,30 @@ fn subsets_select_by_filter_and_only_passing_decides_about_warning() {
     req.filter = "Service.Nope == 1".into();
     assert!(subset_filter(&req).is_err());
 }
+
+#[test]
+fn a_terminating_gateway_standing_for_the_service_keeps_its_place_in_a_subset() {
+    let mut gateway = instance("tgw", "", HealthStatus::Passing);
+    gateway.service.kind = structs::ServiceKind::TerminatingGateway;
+    let all = vec![
+        instance("a", "v1", HealthStatus::Passing),
+        gateway,
+        instance("d", "v2", HealthStatus::Passing),
+    ];
+    let mut req = HealthRequest {
+        datacenter: "dc1".into(),
+        service: "ext".into(),
+        connect: true,
+        passing_only: false,
+        healthy_only: true,
+        filter: "Service.Meta.version == v2".into(),
+        kind: None,
+        token: None,
+    };
+    let filter = subset_filter(&req).unwrap();
+    // The gateway applies the subset's filter itself, per SNI.
+    assert_eq!(ids(&filter_health(&all, &req, &filter)), ["tgw", "d"]);
+    // Not for a query of the instances themselves.
+    req.connect = false;
+    assert_eq!(ids(&filter_health(&all, &req, &filter)), ["d"]);
+}

@@ -12,7 +12,8 @@ use structs::{GatewayService, Token};
 
 /// Watches roots, the mesh config and the services it represents; per represented service
 /// its leaf certificate (the gateway acts as that service to the mesh), the intentions to it
-/// (the gateway enforces them), its central config (protocol) and its healthy instances.
+/// (the gateway enforces them), its central config (protocol), its resolver (subsets) and its
+/// healthy instances.
 pub struct TerminatingGatewayHandler {
     sources: DataSources,
     name: String,
@@ -68,6 +69,16 @@ impl TerminatingGatewayHandler {
             },
         );
         watches.ensure(
+            &s.config_entry,
+            CorrelationId::GatewayServiceResolver {
+                service: service.to_owned(),
+            },
+            ConfigEntryRequest {
+                kind: structs::ConfigEntryKind::ServiceResolver,
+                name: service.to_owned(),
+            },
+        );
+        watches.ensure(
             &s.health,
             CorrelationId::GatewayServiceHealth {
                 service: service.to_owned(),
@@ -97,6 +108,7 @@ impl TerminatingGatewayHandler {
             CorrelationId::GatewayServiceLeaf { service }
             | CorrelationId::GatewayServiceIntentions { service }
             | CorrelationId::GatewayServiceConfig { service }
+            | CorrelationId::GatewayServiceResolver { service }
             | CorrelationId::GatewayServiceHealth { service } => !wanted.contains_key(service.as_str()),
             _ => false,
         });
@@ -168,6 +180,12 @@ impl KindHandler for TerminatingGatewayHandler {
                 })?
                 .config = Some(c);
             }
+            (CorrelationId::GatewayServiceResolver { service }, UpdatePayload::ConfigEntry(entry)) => {
+                linked(g, &service, || CorrelationId::GatewayServiceResolver {
+                    service: service.clone(),
+                })?
+                .resolver = Some(entry);
+            }
             (CorrelationId::GatewayServiceHealth { service }, UpdatePayload::Health(nodes)) => {
                 linked(g, &service, || CorrelationId::GatewayServiceHealth {
                     service: service.clone(),
@@ -181,6 +199,7 @@ impl KindHandler for TerminatingGatewayHandler {
                 | CorrelationId::GatewayServiceLeaf { .. }
                 | CorrelationId::GatewayServiceIntentions { .. }
                 | CorrelationId::GatewayServiceConfig { .. }
+                | CorrelationId::GatewayServiceResolver { .. }
                 | CorrelationId::GatewayServiceHealth { .. }),
                 payload,
             ) => return Err(unexpected(&id, &payload)),

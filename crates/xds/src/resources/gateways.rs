@@ -411,31 +411,42 @@ pub(crate) fn build_terminating(
     let mut chains = Vec::new();
     let mut waiting = Vec::new();
     for (service, linked) in g.linked.iter() {
-        let (Some(leaf), Some(intentions), Some(config), Some(endpoints)) =
-            (&linked.leaf, &linked.intentions, &linked.config, &linked.endpoints)
-        else {
+        let (Some(leaf), Some(intentions), Some(config), Some(endpoints), Some(_)) = (
+            &linked.leaf,
+            &linked.intentions,
+            &linked.config,
+            &linked.endpoints,
+            &linked.resolver,
+        ) else {
             waiting.push(service.as_str());
             continue;
         };
-        // The name its callers' sidecars use (their cluster name and SNI for `service`).
-        let sni = structs::discovery_chain::target_sni("", service, "default", &snap.datacenter, &roots.trust_domain);
         let secret = service.clone();
         out.insert(SECRET, secret.clone(), pack_any(tls::leaf_secret(&secret, leaf)));
-
         let protocol = config.protocol();
         let dns = snap.service.proxy.options().dns_discovery_type.unwrap_or_default();
-        let cluster = linked_cluster(&sni, &linked.link, protocol, dns, endpoints, out);
-        out.insert(CLUSTER, sni.clone(), pack_any(cluster));
-        let filters = linked_filters(service, &sni, protocol, intentions, snap.intention_default_allow);
-        chains.push(FilterChain {
-            filter_chain_match: Some(FilterChainMatch {
-                server_names: vec![sni.clone()],
+        for (subset, endpoints) in subset_endpoints(service, linked, endpoints, out) {
+            // The name its callers' sidecars use for this target: their cluster name and SNI.
+            let sni = structs::discovery_chain::target_sni(
+                subset.unwrap_or(""),
+                service,
+                "default",
+                &snap.datacenter,
+                &roots.trust_domain,
+            );
+            let cluster = linked_cluster(&sni, &linked.link, protocol, dns, &endpoints, out);
+            out.insert(CLUSTER, sni.clone(), pack_any(cluster));
+            let filters = linked_filters(service, &sni, protocol, intentions, snap.intention_default_allow);
+            chains.push(FilterChain {
+                filter_chain_match: Some(FilterChainMatch {
+                    server_names: vec![sni.clone()],
+                    ..Default::default()
+                }),
+                filters,
+                transport_socket: Some(tls::downstream_as(&secret, incoming.clone())),
                 ..Default::default()
-            }),
-            filters,
-            transport_socket: Some(tls::downstream_as(&secret, incoming.clone())),
-            ..Default::default()
-        });
+            });
+        }
     }
     if !waiting.is_empty() {
         out.problems.insert(
@@ -472,6 +483,49 @@ pub(crate) fn build_terminating(
     };
     out.insert(LISTENER, name, pack_any(listener));
     Ok(())
+}
+
+/// The targets a terminating gateway serves for a linked service, with their instances: the
+/// service itself (its resolver's default subset's instances when it names one, else all),
+/// then each subset of its resolver (instances its filter selects; passing only when it says
+/// so), as Consul's gateways do. A filter that cannot be read selects nothing, and the
+/// status says so.
+fn subset_endpoints<'a>(
+    service: &str,
+    linked: &'a proxycfg::LinkedServiceSnapshot,
+    endpoints: &[structs::CheckServiceNode],
+    out: &mut Resources,
+) -> Vec<(Option<&'a str>, Vec<structs::CheckServiceNode>)> {
+    let Some(resolver) = linked.resolver() else {
+        return vec![(None, endpoints.to_vec())];
+    };
+    let mut selected = |name: &str, subset: &structs::config_entry::ServiceResolverSubset| match subset
+        .filter
+        .parse::<structs::filter::Filter>(
+    ) {
+        Ok(filter) => endpoints
+            .iter()
+            .filter(|n| filter.matches(n))
+            .filter(|n| !subset.only_passing || n.aggregate_status() == structs::HealthStatus::Passing)
+            .cloned()
+            .collect(),
+        Err(e) => {
+            out.problems.insert(
+                format!("linked-service:{service}:subset:{name}"),
+                format!("subset {name:?} of {service:?}: its filter cannot be read: {e}"),
+            );
+            Vec::new()
+        }
+    };
+    let default = match resolver.subsets.get(&resolver.default_subset) {
+        Some(subset) => selected(&resolver.default_subset, subset),
+        None => endpoints.to_vec(),
+    };
+    let mut targets = vec![(None, default)];
+    for (name, subset) in &resolver.subsets {
+        targets.push((Some(name.as_str()), selected(name, subset)));
+    }
+    targets
 }
 
 /// The cluster of a terminating gateway's linked service, named `sni`: to its instances
