@@ -635,15 +635,15 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
     );
     delete(&mesh, "/v1/config/service-router/ext").await;
     delete(&mesh, "/v1/config/service-resolver/ext").await;
-    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let seen = parking_lot::Mutex::new(std::collections::BTreeSet::new());
     wait_for(|| async {
         let body = via(None).await?;
-        let mut seen = seen.lock().unwrap();
+        let mut seen = seen.lock();
         seen.insert(body.split_whitespace().next().unwrap_or("").to_owned());
         (seen.len() == 2).then_some(())
     })
     .await;
-    let seen = seen.into_inner().unwrap();
+    let seen = seen.into_inner();
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
         ["ext-v1", "ext-v2"],
