@@ -78,6 +78,34 @@ struct CaConfigPatch {
     private_key_type: Option<String>,
     #[serde(rename = "PrivateKeyBits")]
     private_key_bits: Option<u32>,
+    /// Every other key: refused unless empty (see [`CaConfigPatch::refuse_others`]).
+    #[serde(flatten)]
+    others: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+impl CaConfigPatch {
+    /// The built-in CA makes its own keys and roots and has no other settings: a supplied
+    /// key or root, or any other setting, is refused rather than accepted and ignored. A key
+    /// given as empty or `null` (what clients send for unset fields) means unset.
+    fn refuse_others(&self) -> Result<(), ApiError> {
+        for (key, value) in &self.others {
+            let unset = value.is_null() || value.as_str() == Some("") || value.as_u64() == Some(0);
+            if unset {
+                continue;
+            }
+            let why = match key.as_str() {
+                "PrivateKey" | "RootCert" => {
+                    "a user-supplied root key or certificate is not supported: the built-in CA makes its own (change PrivateKeyType or PrivateKeyBits to rotate to a new root, cross-signed)"
+                }
+                "IntermediateCertTTL" => {
+                    "not supported: the built-in CA signs leaves with its root, without an intermediate"
+                }
+                _ => "not supported by the built-in CA",
+            };
+            return Err(ApiError::BadRequest(format!("Config.{key}: {why}")));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -107,6 +135,7 @@ pub(crate) async fn set_ca_configuration(
         )));
     }
     let _ = req.force_without_cross_signing;
+    req.config.refuse_others()?;
     let current = api
         .store
         .read()

@@ -307,6 +307,12 @@ async fn ca_roots_configuration_and_leaf() {
         get(&app, "/v1/agent/connect/ca/leaf/web").await.json()["SerialNumber"],
         leaf["SerialNumber"]
     );
+    // What a GET answers goes back as it is; keys sent empty or null mean unset.
+    let mut conf = get(&app, "/v1/connect/ca/configuration").await.json();
+    conf["Config"]["PrivateKey"] = json!("");
+    conf["Config"]["RootCert"] = serde_json::Value::Null;
+    let r = put(&app, "/v1/connect/ca/configuration", conf).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
 #[tokio::test]
@@ -447,6 +453,21 @@ async fn errors_are_plain_text_and_name_the_problem() {
             json!({"Config": {"PrivateKeyType": "rsa"}}).to_string(),
             StatusCode::BAD_REQUEST,
             "Config.PrivateKeyType: \"rsa\" is not supported",
+        ),
+        (
+            // A supplied root is refused, never accepted and ignored.
+            "PUT",
+            "/v1/connect/ca/configuration",
+            json!({"Provider": "consul", "Config": {"PrivateKey": "-----BEGIN EC PRIVATE KEY-----", "RootCert": "-----BEGIN CERTIFICATE-----"}}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Config.PrivateKey: a user-supplied root key or certificate is not supported",
+        ),
+        (
+            "PUT",
+            "/v1/connect/ca/configuration",
+            json!({"Config": {"CSRMaxPerSecond": 50}}).to_string(),
+            StatusCode::BAD_REQUEST,
+            "Config.CSRMaxPerSecond: not supported by the built-in CA",
         ),
         (
             "GET",
