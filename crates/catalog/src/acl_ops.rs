@@ -60,7 +60,7 @@ pub(crate) fn plan_bootstrap(state: &State, accessor: &str, secret: &str, now: S
             "ACL bootstrap no longer allowed (reset index: {at})"
         )));
     }
-    check_uuid("BootstrapSecret", secret)?;
+    check_secret("BootstrapSecret", secret)?;
     if state.acl_token_by_secret(secret).is_some() {
         return Err(invalid("BootstrapSecret", "already used by another token"));
     }
@@ -80,16 +80,38 @@ pub(crate) fn plan_bootstrap(state: &State, accessor: &str, secret: &str, now: S
     Ok(Plan::write(changes))
 }
 
-fn check_uuid(field: &str, s: &str) -> Result<(), WriteError> {
-    let ok = s.len() == 36
+/// A token's secret: any string a request header can carry (Consul makes UUIDs and accepts
+/// others, with a warning): visible ASCII, no spaces, at most 256 characters.
+fn check_secret(field: &str, s: &str) -> Result<(), WriteError> {
+    if s.is_empty() || s.len() > 256 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            field,
+            "must be 1 to 256 visible ASCII characters without spaces (it travels in a header)",
+        ));
+    }
+    if !is_uuid(s) {
+        // Never the secret itself: only that one is not a UUID.
+        tracing::warn!(
+            field,
+            "a token secret that is not a UUID: accepted, but easier to guess than a generated one"
+        );
+    }
+    Ok(())
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
         && s.char_indices().all(|(i, c)| {
             if matches!(i, 8 | 13 | 18 | 23) {
                 c == '-'
             } else {
                 c.is_ascii_hexdigit()
             }
-        });
-    if ok {
+        })
+}
+
+fn check_uuid(field: &str, s: &str) -> Result<(), WriteError> {
+    if is_uuid(s) {
         Ok(())
     } else {
         Err(invalid(field, format!("{s:?} is not a UUID")))
@@ -228,7 +250,7 @@ pub(crate) fn plan_token_set(
         t.expiration_time = old.expiration_time;
         t.create_time = old.create_time;
     } else {
-        check_uuid("SecretID", &t.secret_id)?;
+        check_secret("SecretID", &t.secret_id)?;
         if state.acl_token_by_secret(&t.secret_id).is_some() {
             return Err(invalid("SecretID", "already used by another token"));
         }

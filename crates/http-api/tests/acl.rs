@@ -773,6 +773,40 @@ async fn bootstrap_once_then_403() {
 }
 
 #[tokio::test]
+async fn a_secret_need_not_be_a_uuid_but_must_fit_a_header() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let made = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/token",
+        m,
+        serde_json::json!({"SecretID": "my-own-secret_1", "Policies": [{"Name": "global-management"}]}),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::OK, "{}", made.body);
+    let me = call(
+        &mesh.app,
+        "GET",
+        "/v1/acl/token/self",
+        Some("my-own-secret_1"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(me.status, StatusCode::OK, "{}", me.body);
+    for bad in ["has space", ""] {
+        let body = if bad.is_empty() {
+            serde_json::json!({"SecretID": "é"})
+        } else {
+            serde_json::json!({"SecretID": bad})
+        };
+        let refused = call(&mesh.app, "PUT", "/v1/acl/token", m, body).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+        assert!(refused.body.contains("SecretID"), "{}", refused.body);
+    }
+}
+
+#[tokio::test]
 async fn own_token_routes_answer_the_token_itself() {
     let mesh = mesh().await;
     let token = mesh.token(WEB_WRITE).await;
