@@ -252,14 +252,9 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
     assert_eq!(s, 403);
     // Spellings of the same path are normalized before the rule sees them (sent verbatim on
     // a raw connection: an HTTP client library would resolve the dot segments itself).
+    // Repeated slashes are not merged by default, as in Consul (`MergeSlashes` in the mesh entry).
     let upstream_addr: std::net::SocketAddr = format!("127.0.0.1:{api_up}").parse().unwrap();
-    for path in [
-        "/%61dmin",
-        "//admin/users",
-        "/x/../admin",
-        "/./admin",
-        "/ADMIN/../admin",
-    ] {
+    for path in ["/%61dmin", "/x/../admin", "/./admin", "/ADMIN/../admin"] {
         let status = test_support::http::get(upstream_addr, path).await;
         assert_eq!(status, Ok(403), "{path}");
     }
