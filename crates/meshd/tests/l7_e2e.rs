@@ -6,6 +6,7 @@
 
 use serde_json::{Value, json};
 use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,8 +15,9 @@ use test_support::reserve_port as free_port;
 mod mesh;
 use mesh::{Mesh, wait_for};
 
-/// A backend answering `<name> <path>`; when `flaky`, every other request is a 503.
-/// Returns its port and how many requests it has seen.
+/// A backend answering `<name> <path>`, then each request header whose name has an
+/// underscore (` x_user: bob`); when `flaky`, every other request is a 503. Returns its port
+/// and how many requests it has seen.
 fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -33,11 +35,17 @@ fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
             }
             let text = String::from_utf8_lossy(&buf);
             let path = text.split_whitespace().nth(1).unwrap_or("?").to_owned();
+            let underscored: String = text
+                .lines()
+                .skip(1)
+                .filter(|l| l.split_once(':').is_some_and(|(n, _)| n.contains('_')))
+                .map(|l| format!(" {l}"))
+                .collect();
             let n = count.fetch_add(1, Ordering::SeqCst);
             let (status, body) = if flaky && n.is_multiple_of(2) {
                 ("503 Service Unavailable", "unavailable".to_owned())
             } else {
-                ("200 OK", format!("{name} {path}"))
+                ("200 OK", format!("{name} {path}{underscored}"))
             };
             let _ = write!(
                 conn,
@@ -252,14 +260,9 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
     assert_eq!(s, 403);
     // Spellings of the same path are normalized before the rule sees them (sent verbatim on
     // a raw connection: an HTTP client library would resolve the dot segments itself).
+    // Repeated slashes are not merged by default, as in Consul (`MergeSlashes` in the mesh entry).
     let upstream_addr: std::net::SocketAddr = format!("127.0.0.1:{api_up}").parse().unwrap();
-    for path in [
-        "/%61dmin",
-        "//admin/users",
-        "/x/../admin",
-        "/./admin",
-        "/ADMIN/../admin",
-    ] {
+    for path in ["/%61dmin", "/x/../admin", "/./admin", "/ADMIN/../admin"] {
         let status = test_support::http::get(upstream_addr, path).await;
         assert_eq!(status, Ok(403), "{path}");
     }
@@ -285,4 +288,215 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Route"}"#).await, 0.0);
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Cluster"}"#).await, 0.0);
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
+}
+
+/// One raw request through `addr` (see [`test_support::http::exchange`]): its status and
+/// body, and for a redirect its `location`.
+async fn raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    let r = test_support::http::exchange(addr, path, headers).await.ok()?;
+    let body = match r.header("location") {
+        Some(location) if (300..400).contains(&r.status) => location.to_owned(),
+        _ => r.body,
+    };
+    Some((r.status, body))
+}
+
+/// Polls until a raw request answers `status`.
+async fn until_raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)], status: u16) {
+    wait_for(|| async { (raw(addr, path, headers).await?.0 == status).then_some(()) }).await;
+}
+
+/// Polls until a raw request answers `status` (the listener update is in), then until the
+/// Envoy at `admin` has drained the filter chains it replaced: web's Envoy pools its
+/// connections to api's, and those on a replaced chain keep its old settings until then.
+async fn until_updated(
+    client: &reqwest::Client,
+    admin: &str,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    status: u16,
+) {
+    until_raw(addr, path, headers, status).await;
+    wait_for(|| async {
+        let stats = mesh::get(
+            client,
+            &format!("{admin}/stats?filter=listener_manager.total_.*draining"),
+        )
+        .await?;
+        let gauges: Vec<&str> = stats.lines().collect();
+        (gauges.len() == 2 && gauges.iter().all(|g| g.ends_with(": 0"))).then_some(())
+    })
+    .await;
+}
+
+/// A request and what it must get: a status, and the backend's answer for a 200 (the path
+/// and underscored headers it received) or the `location` of a redirect (else anything).
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u16, &'a str);
+
+async fn expect(addr: SocketAddr, phase: &str, cases: &[Case<'_>]) {
+    for &(path, headers, status, seen) in cases {
+        let (s, body) = raw(addr, path, headers).await.unwrap();
+        println!("{phase}: {path} {headers:?} -> {s} {body:?}");
+        assert_eq!(s, status, "{phase}: {path} {headers:?}: {body}");
+        if !seen.is_empty() {
+            assert_eq!(body, seen, "{phase}: {path} {headers:?}");
+        }
+    }
+}
+
+/// The `mesh` entry's `HTTP.Incoming.RequestNormalization` decides what api's Envoy makes of
+/// a request before its L7 intentions judge it, and so what the application receives:
+/// Consul's defaults (path normalized; slashes, escaped slashes and underscored headers left
+/// alone), then merging and unescaping, then rejecting, then redirecting with path
+/// normalization off. Header conditions `Contains` with and without `IgnoreCase` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_normalization_decides_what_l7_intentions_see() {
+    let started = std::time::Instant::now();
+    let mesh = Mesh::start();
+    let dir = tempfile::tempdir().unwrap();
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+    )
+    .await;
+    let header = |h: Value| json!({"Action": "deny", "HTTP": {"Header": [h]}});
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Permissions": [
+            {"Action": "deny", "HTTP": {"PathPrefix": "/admin"}},
+            header(json!({"Name": "x-user", "Exact": "admin"})),
+            header(json!({"Name": "x_user", "Exact": "admin"})),
+            header(json!({"Name": "x-role", "Contains": "admin", "IgnoreCase": true})),
+            header(json!({"Name": "x-team", "Contains": "ops"})),
+            {"Action": "allow", "HTTP": {"PathPrefix": "/"}}]}]}),
+    )
+    .await;
+    let (api_port, _) = backend("api", false);
+    let (web_port, _) = backend("web", false);
+    let api_up = free_port();
+    register(&mesh, "node-api", "api", api_port, free_port(), json!({}), json!([])).await;
+    register(
+        &mesh,
+        "node-web",
+        "web",
+        web_port,
+        free_port(),
+        json!({}),
+        json!([{"DestinationName": "api", "LocalBindPort": api_up}]),
+    )
+    .await;
+    let (_api, api_admin) = mesh.envoy("api", "node-api", dir.path()).await;
+    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let client = reqwest::Client::new();
+    let up: SocketAddr = format!("127.0.0.1:{api_up}").parse().unwrap();
+    until_raw(up, "/public/x", &[], 200).await;
+
+    // No mesh entry: the path is normalized (dot segments resolved), nothing else.
+    expect(
+        up,
+        "defaults",
+        &[
+            ("/public/x", &[], 200, "api /public/x"),
+            ("/admin", &[], 403, ""),
+            ("/public/../admin", &[], 403, ""),
+            ("//admin", &[], 200, "api //admin"),
+            ("/public/..%2Fadmin", &[], 200, "api /public/..%2Fadmin"),
+            ("/public/..%2fadmin", &[], 200, "api /public/..%2fadmin"),
+            ("/public/..%5Cadmin", &[], 200, "api /public/..%5Cadmin"),
+            ("/public/x", &[("x-user", "admin")], 403, ""),
+            ("/public/x", &[("x_user", "admin")], 403, ""),
+            ("/public/x", &[("x_user", "bob")], 200, "api /public/x x_user: bob"),
+            // Contains with IgnoreCase matches any case; without, only the same case.
+            ("/public/x", &[("x-role", "SuperADMIN")], 403, ""),
+            ("/public/x", &[("x-team", "OPS-east")], 200, "api /public/x"),
+            ("/public/x", &[("x-team", "ops-east")], 403, ""),
+        ],
+    )
+    .await;
+
+    let normalization = |rn: Value| json!({"Kind": "mesh", "HTTP": {"Incoming": {"RequestNormalization": rn}}});
+    mesh.put(
+        "/v1/config",
+        normalization(
+            json!({"MergeSlashes": true, "PathWithEscapedSlashesAction": "UNESCAPE_AND_FORWARD",
+            "HeadersWithUnderscoresAction": "DROP_HEADER"}),
+        ),
+    )
+    .await;
+    until_updated(&client, &api_admin, up, "//admin", &[], 403).await;
+    expect(
+        up,
+        "merge, unescape, drop",
+        &[
+            ("//admin", &[], 403, ""),
+            ("/public//x", &[], 200, "api /public/x"),
+            ("/public/..%2Fadmin", &[], 403, ""),
+            ("/public/..%2fadmin", &[], 403, ""),
+            ("/public/..%5Cadmin", &[], 403, ""),
+            ("/public%2Fx", &[], 200, "api /public/x"),
+            ("/public/x", &[("x-user", "admin")], 403, ""),
+            // Dropped before the intentions and the application see it.
+            ("/public/x", &[("x_user", "admin")], 200, "api /public/x"),
+        ],
+    )
+    .await;
+
+    mesh.put(
+        "/v1/config",
+        normalization(json!({"PathWithEscapedSlashesAction": "REJECT_REQUEST",
+            "HeadersWithUnderscoresAction": "REJECT_REQUEST"})),
+    )
+    .await;
+    until_updated(&client, &api_admin, up, "/public%2Fx", &[], 400).await;
+    expect(
+        up,
+        "reject",
+        &[
+            ("/public/..%2Fadmin", &[], 400, ""),
+            ("/public/..%5Cadmin", &[], 400, ""),
+            ("/public/x", &[("x_user", "bob")], 400, ""),
+            ("/public/x", &[], 200, "api /public/x"),
+            ("//admin", &[], 200, "api //admin"),
+        ],
+    )
+    .await;
+
+    mesh.put(
+        "/v1/config",
+        normalization(json!({"InsecureDisablePathNormalization": true,
+            "PathWithEscapedSlashesAction": "UNESCAPE_AND_REDIRECT"})),
+    )
+    .await;
+    until_updated(&client, &api_admin, up, "/public/../admin", &[], 200).await;
+    expect(
+        up,
+        "redirect, no path normalization",
+        &[
+            ("/public%2Fx", &[], 307, "/public/x"),
+            ("/public/../admin", &[], 200, "api /public/../admin"),
+            ("/public/x", &[("x_user", "bob")], 200, "api /public/x x_user: bob"),
+        ],
+    )
+    .await;
+
+    // A value Consul does not know is refused at write time, naming the field.
+    let resp = mesh
+        .client
+        .put(format!("{}/v1/config", mesh.http))
+        .json(&normalization(json!({"PathWithEscapedSlashesAction": "UNESCAPE"})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("HTTP.Incoming.RequestNormalization.PathWithEscapedSlashesAction"),
+        "{text}"
+    );
+    assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
+    println!(
+        "request normalization end to end: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }

@@ -69,9 +69,41 @@ pub async fn backend(slow: Duration) -> SocketAddr {
 /// One request on a fresh connection; `Ok(status)` once the whole response is in (headers
 /// and content-length, as an HTTP client sees it), or why it failed. Bounded at 10 s.
 pub async fn get(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    exchange(addr, path, &[]).await.map(|r| r.status)
+}
+
+/// A response [`exchange`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The status line and headers, as received.
+    pub head: String,
+    /// The body (as many bytes as `content-length` says; none without it).
+    pub body: String,
+}
+
+impl Response {
+    /// The value of the first header named `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// One `GET path` with `headers` on a fresh connection, the path sent exactly as given (no
+/// client library resolving dot segments or escapes first); the response once it is all in,
+/// or why it failed. Bounded at 10 s.
+pub async fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<Response, String> {
     let io = async {
         let mut s = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            req.push_str(&format!("{name}: {value}\r\n"));
+        }
+        req.push_str("\r\n");
         s.write_all(req.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
@@ -88,11 +120,16 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<u16, String> {
                     .and_then(|v| v.parse::<usize>().ok())
                     .unwrap_or(0);
                 if body.len() >= len {
-                    return head
+                    let status = head
                         .split_whitespace()
                         .nth(1)
                         .and_then(|c| c.parse().ok())
-                        .ok_or(format!("bad response {text:?}"));
+                        .ok_or(format!("bad response {text:?}"))?;
+                    return Ok(Response {
+                        status,
+                        head: head.to_owned(),
+                        body: body.get(..len).unwrap_or(body).to_owned(),
+                    });
                 }
             }
             match s.read(&mut chunk).await {

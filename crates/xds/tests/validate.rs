@@ -926,6 +926,51 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
     if let Err(e) = envoy_validate("gateway-terminating", &static_bootstrap(&r)) {
         panic!("envoy rejected the terminating gateway:\n{e}");
     }
+    // The HTTP chain (ext's) normalizes requests before its intentions: Consul's defaults,
+    // then what the mesh entry says.
+    use envoy_types::pb::envoy::config::core::v3::http_protocol_options::HeadersWithUnderscoresAction;
+    let ext_hcm = |r: &resources::Resources| -> HttpConnectionManager {
+        let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
+        let chain = &listener.filter_chains[1];
+        assert_eq!(chain.filter_chain_match.as_ref().unwrap().server_names, [sni("ext")]);
+        let Some(filter::ConfigType::TypedConfig(cfg)) = &chain.filters[0].config_type else {
+            panic!("no typed filter")
+        };
+        unpack(cfg)
+    };
+    let hcm = ext_hcm(&r);
+    assert_eq!(
+        (hcm.normalize_path.map(|b| b.value), hcm.merge_slashes),
+        (Some(true), false)
+    );
+    let mesh = structs::ConfigEntry::from_json(serde_json::json!({"Kind": "mesh", "HTTP": {"Incoming": {
+        "RequestNormalization": {"MergeSlashes": true, "PathWithEscapedSlashesAction": "REJECT_REQUEST",
+            "HeadersWithUnderscoresAction": "REJECT_REQUEST"}}}}))
+    .unwrap();
+    let mut snap = snap;
+    if let KindSnapshot::TerminatingGateway(g) = &mut snap.kind {
+        g.mesh_config = Some(Some(Arc::new(mesh)));
+    }
+    let r = resources::build(&snap).unwrap();
+    let hcm = ext_hcm(&r);
+    assert_eq!(
+        (
+            hcm.normalize_path.map(|b| b.value),
+            hcm.merge_slashes,
+            hcm.path_with_escaped_slashes_action,
+            hcm.common_http_protocol_options
+                .map(|o| o.headers_with_underscores_action),
+        ),
+        (
+            Some(true),
+            true,
+            http_connection_manager::PathWithEscapedSlashesAction::RejectRequest as i32,
+            Some(HeadersWithUnderscoresAction::RejectRequest as i32),
+        )
+    );
+    if let Err(e) = envoy_validate("gateway-terminating-normalization", &static_bootstrap(&r)) {
+        panic!("envoy rejected the terminating gateway with request normalization:\n{e}");
+    }
 }
 
 /// A terminating gateway no entry links a service to: its listener exists, matching nothing

@@ -49,7 +49,53 @@ pub struct MeshHttpConfig {
     /// Strip `X-Forwarded-Client-Cert` from incoming requests.
     #[serde(rename = "SanitizeXForwardedClientCert")]
     pub sanitize_x_forwarded_client_cert: bool,
+    /// For requests proxies receive from the mesh.
+    #[serde(rename = "Incoming", skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<MeshDirectionalHttpConfig>,
 }
+
+/// HTTP settings for one direction (only `Incoming` exists).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshDirectionalHttpConfig {
+    /// What the proxy does to a request before anything else sees it.
+    #[serde(rename = "RequestNormalization", skip_serializing_if = "Option::is_none")]
+    pub request_normalization: Option<RequestNormalization>,
+}
+
+/// How inbound HTTP requests are normalized, before the intentions (RBAC) and the
+/// application see them. All defaults: the path normalized (RFC 3986), slashes not merged,
+/// escaped slashes kept, headers with underscores allowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestNormalization {
+    /// Turn the RFC 3986 normalization of the path off (Envoy's `normalize_path`).
+    #[serde(rename = "InsecureDisablePathNormalization")]
+    pub insecure_disable_path_normalization: bool,
+    /// Merge repeated slashes in the path (Envoy's `merge_slashes`).
+    #[serde(rename = "MergeSlashes")]
+    pub merge_slashes: bool,
+    /// What to do with `%2F`, `%2f`, `%5C` and `%5c` in the path: one of
+    /// [`PATH_WITH_ESCAPED_SLASHES_ACTIONS`], empty for the first.
+    #[serde(rename = "PathWithEscapedSlashesAction")]
+    pub path_with_escaped_slashes_action: String,
+    /// What to do with a request header whose name has an underscore: one of
+    /// [`HEADERS_WITH_UNDERSCORES_ACTIONS`], empty for the first.
+    #[serde(rename = "HeadersWithUnderscoresAction")]
+    pub headers_with_underscores_action: String,
+}
+
+/// Values of `PathWithEscapedSlashesAction` (Envoy's names), the default first.
+pub const PATH_WITH_ESCAPED_SLASHES_ACTIONS: [&str; 5] = [
+    "IMPLEMENTATION_SPECIFIC_DEFAULT",
+    "KEEP_UNCHANGED",
+    "REJECT_REQUEST",
+    "UNESCAPE_AND_REDIRECT",
+    "UNESCAPE_AND_FORWARD",
+];
+
+/// Values of `HeadersWithUnderscoresAction` (Envoy's names), the default first.
+pub const HEADERS_WITH_UNDERSCORES_ACTIONS: [&str; 3] = ["ALLOW", "REJECT_REQUEST", "DROP_HEADER"];
 
 /// The `mesh` config entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +166,13 @@ pub fn envoy_cipher_name(name: &str) -> Option<&'static str> {
         .map(|(_, envoy)| *envoy)
 }
 
+impl MeshConfig {
+    /// `HTTP.Incoming.RequestNormalization`, if set.
+    pub fn request_normalization(&self) -> Option<&RequestNormalization> {
+        self.http.as_ref()?.incoming.as_ref()?.request_normalization.as_ref()
+    }
+}
+
 /// Position of a TLS version in [`TLS_VERSIONS`] (`TLS_AUTO` and unset: none).
 fn version_rank(v: &str) -> Option<usize> {
     TLS_VERSIONS.iter().skip(1).position(|t| *t == v)
@@ -139,8 +192,38 @@ impl Validate for MeshConfig {
                 )?;
             }
         }
+        if let Some(rn) = self.request_normalization() {
+            check_request_normalization(rn)?;
+        }
         Ok(())
     }
+}
+
+fn check_request_normalization(rn: &RequestNormalization) -> Result<(), ValidationError> {
+    let at = "HTTP.Incoming.RequestNormalization";
+    for (field, value, allowed) in [
+        (
+            "PathWithEscapedSlashesAction",
+            &rn.path_with_escaped_slashes_action,
+            &PATH_WITH_ESCAPED_SLASHES_ACTIONS[..],
+        ),
+        (
+            "HeadersWithUnderscoresAction",
+            &rn.headers_with_underscores_action,
+            &HEADERS_WITH_UNDERSCORES_ACTIONS[..],
+        ),
+    ] {
+        if !value.is_empty() && !allowed.contains(&value.as_str()) {
+            return Err(ValidationError::new(
+                format!("{at}.{field}"),
+                Problem::Invalid(format!(
+                    "unknown action {value:?}: expected one of {}",
+                    allowed.join(", ")
+                )),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks TLS versions and cipher suites as the mesh entry takes them; `at` prefixes the

@@ -18,7 +18,9 @@ pub use intentions::{
     SourceIntention,
 };
 pub use mesh::{
-    MeshConfig, MeshHttpConfig, MeshTlsConfig, MeshTransparentProxyConfig, TlsDirectionConfig, envoy_cipher_name,
+    HEADERS_WITH_UNDERSCORES_ACTIONS, MeshConfig, MeshDirectionalHttpConfig, MeshHttpConfig, MeshTlsConfig,
+    MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization, TlsDirectionConfig,
+    envoy_cipher_name,
 };
 pub use routing::{
     CookieConfig, HashPolicy, HttpHeaderModifiers, LB_POLICIES, LeastRequestConfig, LoadBalancer, RETRY_ON_CONDITIONS,

@@ -119,6 +119,52 @@ fn validation_names_field_and_problem() {
         json!({"Kind": "mesh", "TLS": {"Incoming": {"TLSMinVersion": "TLSv9"}}}),
         "TLS.Incoming.TLSMinVersion: unknown TLS version \"TLSv9\": expected one of TLS_AUTO, TLSv1_0, TLSv1_1, TLSv1_2, TLSv1_3",
     );
+    let normalization =
+        |rn: serde_json::Value| json!({"Kind": "mesh", "HTTP": {"Incoming": {"RequestNormalization": rn}}});
+    check(
+        normalization(json!({"PathWithEscapedSlashesAction": "UNESCAPE"})),
+        "HTTP.Incoming.RequestNormalization.PathWithEscapedSlashesAction: unknown action \"UNESCAPE\": expected one of \
+         IMPLEMENTATION_SPECIFIC_DEFAULT, KEEP_UNCHANGED, REJECT_REQUEST, UNESCAPE_AND_REDIRECT, UNESCAPE_AND_FORWARD",
+    );
+    check(
+        normalization(json!({"HeadersWithUnderscoresAction": "drop_header"})),
+        "HTTP.Incoming.RequestNormalization.HeadersWithUnderscoresAction: unknown action \"drop_header\": expected one of \
+         ALLOW, REJECT_REQUEST, DROP_HEADER",
+    );
+}
+
+/// `HTTP.Incoming.RequestNormalization` (Consul 1.20.1) with every field, in any casing.
+#[test]
+fn mesh_request_normalization_decodes_and_validates() {
+    let e = entry(json!({"Kind": "mesh", "http": {"incoming": {"request_normalization": {
+        "insecure_disable_path_normalization": true, "merge_slashes": true,
+        "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+        "headers_with_underscores_action": "DROP_HEADER"}}}}));
+    e.validate().unwrap();
+    let ConfigEntry::Mesh(mesh) = &e else { panic!() };
+    let rn = mesh.request_normalization().unwrap();
+    assert_eq!(
+        rn,
+        &RequestNormalization {
+            insecure_disable_path_normalization: true,
+            merge_slashes: true,
+            path_with_escaped_slashes_action: "UNESCAPE_AND_FORWARD".into(),
+            headers_with_underscores_action: "DROP_HEADER".into(),
+        }
+    );
+    let out = serde_json::to_value(&e).unwrap();
+    assert_eq!(out["HTTP"]["Incoming"]["RequestNormalization"]["MergeSlashes"], true);
+    assert_eq!(ConfigEntry::from_json(out).unwrap(), e);
+    // Empty values are the defaults; so are Envoy's names of them.
+    for (path, headers) in [("", ""), ("IMPLEMENTATION_SPECIFIC_DEFAULT", "ALLOW")] {
+        let e = entry(json!({"Kind": "mesh", "HTTP": {"Incoming": {"RequestNormalization": {
+            "PathWithEscapedSlashesAction": path, "HeadersWithUnderscoresAction": headers}}}}));
+        e.validate().unwrap();
+    }
+    let ConfigEntry::Mesh(mesh) = entry(json!({"Kind": "mesh", "HTTP": {"SanitizeXForwardedClientCert": true}})) else {
+        panic!()
+    };
+    assert_eq!(mesh.request_normalization(), None);
 }
 
 #[test]

@@ -22,7 +22,7 @@
 
 use super::clusters::{chain_clusters, http2_options, load_assignment};
 use super::core::{ads, millis, socket};
-use super::listeners::{hcm, http_filter, network_filter, public_bind, route_to, tcp_proxy};
+use super::listeners::{hcm, http_filter, inbound_normalization, network_filter, public_bind, route_to, tcp_proxy};
 use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, SECRET, rbac, routes, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -261,7 +261,7 @@ fn http_route_filter(stat_prefix: &str, route_name: &str) -> envoy_types::pb::en
             route_config_name: route_name.to_owned(),
         }),
         Vec::new(),
-        false,
+        None,
     )
 }
 
@@ -406,6 +406,7 @@ pub(crate) fn build_terminating(
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
     let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
+    let normalization = inbound_normalization(mesh);
     let bind = public_bind(snap);
     let name = format!("default:{bind}:{}", snap.service.port);
     let mut chains = Vec::new();
@@ -436,7 +437,14 @@ pub(crate) fn build_terminating(
             );
             let cluster = linked_cluster(&sni, &linked.link, protocol, dns, &endpoints, out);
             out.insert(CLUSTER, sni.clone(), pack_any(cluster));
-            let filters = linked_filters(service, &sni, protocol, intentions, snap.intention_default_allow);
+            let filters = linked_filters(
+                service,
+                &sni,
+                protocol,
+                intentions,
+                snap.intention_default_allow,
+                normalization,
+            );
             chains.push(FilterChain {
                 filter_chain_match: Some(FilterChainMatch {
                     server_names: vec![sni.clone()],
@@ -611,13 +619,15 @@ fn logical_dns_endpoint(
 }
 
 /// The filters of a terminating gateway's chain for `service`: the intentions to it (per
-/// request for HTTP protocols), then the proxy to its cluster `sni`.
+/// request for HTTP protocols, after the request is normalized as `normalization` says),
+/// then the proxy to its cluster `sni`.
 fn linked_filters(
     service: &str,
     sni: &str,
     protocol: Protocol,
     intentions: &[structs::Intention],
     default_allow: bool,
+    normalization: &structs::config_entry::RequestNormalization,
 ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
     if protocol.is_http() {
         let mut http_filters = Vec::new();
@@ -628,7 +638,7 @@ fn linked_filters(
             &format!("terminating_gateway.{service}"),
             http_connection_manager::RouteSpecifier::RouteConfig(route_to(sni, sni)),
             http_filters,
-            true,
+            Some(normalization),
         )]
     } else {
         let mut filters = Vec::new();

@@ -13,9 +13,11 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::protobuf::{Any, BoolValue};
 use envoy_types::util::pack_any;
 use proxycfg::ConfigSnapshot;
+use structs::ConfigEntry;
+use structs::config_entry::RequestNormalization;
 
 pub(crate) fn network_filter(name: &str, config: Any) -> Filter {
     Filter {
@@ -68,26 +70,69 @@ pub(crate) fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
     }
 }
 
-/// An HTTP connection manager. `inbound` (the public listener): the path is normalized
-/// (RFC 3986: `%61` is `a`, `/./` and `/../` resolved) and repeated slashes merged before the
-/// intentions' RBAC sees it, so `/%61dmin`, `//admin` or `/x/../admin` cannot slip past a rule
-/// on `/admin`.
+/// Consul's normalization of inbound requests when the `mesh` entry sets none: the path
+/// normalized, nothing else.
+static DEFAULT_NORMALIZATION: RequestNormalization = RequestNormalization {
+    insecure_disable_path_normalization: false,
+    merge_slashes: false,
+    path_with_escaped_slashes_action: String::new(),
+    headers_with_underscores_action: String::new(),
+};
+
+/// How inbound HTTP requests are normalized: the `mesh` entry's
+/// `HTTP.Incoming.RequestNormalization`, else Consul's defaults.
+pub(crate) fn inbound_normalization(mesh: Option<&ConfigEntry>) -> &RequestNormalization {
+    match mesh {
+        Some(ConfigEntry::Mesh(m)) => m.request_normalization().unwrap_or(&DEFAULT_NORMALIZATION),
+        _ => &DEFAULT_NORMALIZATION,
+    }
+}
+
+/// An HTTP connection manager. With `normalization` (inbound: a public listener, a
+/// terminating gateway's chain) the request is normalized as it says before any HTTP filter
+/// sees it, so the intentions' RBAC and the application judge the same path and headers: by
+/// default the path per RFC 3986 (`%61` is `a`, `/./` and `/../` resolved, `\` is `/`);
+/// merging slashes, unescaping `%2F` and `%5C`, and dropping or refusing headers with
+/// underscores only when the entry asks. Outbound, requests are passed on as they are.
 pub(crate) fn hcm(
     stat_prefix: &str,
     route: http_connection_manager::RouteSpecifier,
     mut filters: Vec<HttpFilter>,
-    inbound: bool,
+    normalization: Option<&RequestNormalization>,
 ) -> Filter {
     filters.push(router());
-    let cfg = HttpConnectionManager {
+    let mut cfg = HttpConnectionManager {
         stat_prefix: stat_prefix.to_owned(),
         route_specifier: Some(route),
         http_filters: filters,
-        normalize_path: inbound.then_some(envoy_types::pb::google::protobuf::BoolValue { value: true }),
-        merge_slashes: inbound,
         ..Default::default()
     };
+    if let Some(rn) = normalization {
+        normalize(&mut cfg, rn);
+    }
     network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
+}
+
+/// Sets an HTTP connection manager's normalization options (values validated at write time;
+/// an unknown one would be Envoy's default).
+fn normalize(cfg: &mut HttpConnectionManager, rn: &RequestNormalization) {
+    use envoy_types::pb::envoy::config::core::v3::{HttpProtocolOptions, http_protocol_options};
+    use http_connection_manager::PathWithEscapedSlashesAction;
+    cfg.normalize_path = Some(BoolValue {
+        value: !rn.insecure_disable_path_normalization,
+    });
+    cfg.merge_slashes = rn.merge_slashes;
+    cfg.path_with_escaped_slashes_action =
+        PathWithEscapedSlashesAction::from_str_name(&rn.path_with_escaped_slashes_action).unwrap_or_default() as i32;
+    let underscores =
+        http_protocol_options::HeadersWithUnderscoresAction::from_str_name(&rn.headers_with_underscores_action)
+            .unwrap_or_default();
+    if underscores != http_protocol_options::HeadersWithUnderscoresAction::Allow {
+        cfg.common_http_protocol_options = Some(HttpProtocolOptions {
+            headers_with_underscores_action: underscores as i32,
+            ..Default::default()
+        });
+    }
 }
 
 pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::Scope<'_>) -> Result<(), BuildError> {
@@ -106,6 +151,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
             intentions,
             resolved,
             tls::mesh_params(mesh, tls::Direction::Incoming),
+            inbound_normalization(mesh),
             out,
         );
     }
@@ -169,6 +215,7 @@ fn public_listener(
     intentions: &[structs::Intention],
     resolved: &structs::ResolvedServiceConfig,
     tls_params: Option<envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
+    normalization: &RequestNormalization,
     out: &mut Resources,
 ) {
     let svc = &snap.service;
@@ -180,7 +227,7 @@ fn public_listener(
         name: name.clone(),
         address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
-            filters: public_filters(protocol, intentions, snap.intention_default_allow),
+            filters: public_filters(protocol, intentions, snap.intention_default_allow, normalization),
             transport_socket: Some(tls::downstream(tls_params)),
             ..Default::default()
         }],
@@ -192,7 +239,12 @@ fn public_listener(
 
 /// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
 /// connection otherwise) in front of the route or TCP proxy to the local app.
-fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention], default_allow: bool) -> Vec<Filter> {
+fn public_filters(
+    protocol: structs::Protocol,
+    intentions: &[structs::Intention],
+    default_allow: bool,
+    normalization: &RequestNormalization,
+) -> Vec<Filter> {
     if protocol.is_http() {
         let mut http_filters = Vec::new();
         if let Some(rules) = rbac::rules_http(intentions, default_allow) {
@@ -202,7 +254,7 @@ fn public_filters(protocol: structs::Protocol, intentions: &[structs::Intention]
             "public_listener",
             http_connection_manager::RouteSpecifier::RouteConfig(route_to(LOCAL_APP, LOCAL_APP)),
             http_filters,
-            true,
+            Some(normalization),
         )]
     } else {
         let mut filters = Vec::new();
@@ -242,7 +294,7 @@ fn upstream_listener(
                 route_config_name: route_name,
             }),
             Vec::new(),
-            false,
+            None,
         )
     } else {
         tcp_proxy(&stat_prefix, &routes::tcp_cluster(chain)?)

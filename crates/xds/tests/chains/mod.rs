@@ -1,6 +1,6 @@
 //! Golden tests of discovery chains: routers, splitters and resolvers (subsets, failover,
 //! redirects, load balancers), upstream limits and outlier detection, the mesh's TLS
-//! parameters and HTTP/2 upstreams. Each chain is compiled by the real compiler from config
+//! parameters and request normalization, and HTTP/2 upstreams. Each chain is compiled by the real compiler from config
 //! entries decoded as the HTTP API decodes them, put in a snapshot with endpoints for every
 //! target, built into resources, checked against its golden and validated by Envoy; then a
 //! few facts are asserted on the resources themselves.
@@ -920,6 +920,60 @@ fn chain_mesh_tls_versions_and_cipher_suites() {
         incoming.cipher_suites,
         ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384"]
     );
+}
+
+/// The HTTP connection manager of a listener's first filter chain.
+fn hcm_of(r: &resources::Resources, listener: &str) -> HttpConnectionManager {
+    let l: Listener = resource(r, LISTENER, listener);
+    let Some(filter::ConfigType::TypedConfig(cfg)) = &l.filter_chains[0].filters[0].config_type else {
+        panic!("{listener}: no typed filter")
+    };
+    unpack(cfg)
+}
+
+/// The mesh config entry's request normalization, every field set, on the public listener
+/// (inbound); the upstream listeners pass requests on untouched.
+#[test]
+fn mesh_request_normalization_on_the_public_listener_only() {
+    use envoy_types::pb::envoy::config::core::v3::http_protocol_options::HeadersWithUnderscoresAction;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::PathWithEscapedSlashesAction;
+    let f = Fixture::default().http("api");
+    let mesh = json!({"Kind": "mesh", "HTTP": {"Incoming": {"RequestNormalization": {
+        "InsecureDisablePathNormalization": true, "MergeSlashes": true,
+        "PathWithEscapedSlashesAction": "UNESCAPE_AND_FORWARD", "HeadersWithUnderscoresAction": "DROP_HEADER"}}}});
+    let ca = Ca::new();
+    let snap = chain_snapshot(&ca, "http", &f, &[up("api", 9191)], Some(mesh));
+    let r = validate_snapshot("mesh-request-normalization", &snap);
+    let public = hcm_of(&r, "public_listener:0.0.0.0:21000");
+    assert_eq!(public.normalize_path.map(|b| b.value), Some(false));
+    assert!(public.merge_slashes);
+    assert_eq!(
+        public.path_with_escaped_slashes_action,
+        PathWithEscapedSlashesAction::UnescapeAndForward as i32
+    );
+    assert_eq!(
+        public
+            .common_http_protocol_options
+            .map(|o| o.headers_with_underscores_action),
+        Some(HeadersWithUnderscoresAction::DropHeader as i32)
+    );
+    let upstream = hcm_of(&r, "api:127.0.0.1:9191");
+    assert_eq!(upstream.normalize_path, None);
+    assert!(!upstream.merge_slashes);
+    assert_eq!(upstream.path_with_escaped_slashes_action, 0);
+    assert_eq!(upstream.common_http_protocol_options, None);
+
+    // Without the entry: Consul's defaults, the path normalized and nothing else.
+    let snap = chain_snapshot(&ca, "http", &f, &[up("api", 9191)], None);
+    let r = resources::build(&snap).unwrap();
+    let public = hcm_of(&r, "public_listener:0.0.0.0:21000");
+    assert_eq!(public.normalize_path.map(|b| b.value), Some(true));
+    assert!(!public.merge_slashes);
+    assert_eq!(
+        public.path_with_escaped_slashes_action,
+        PathWithEscapedSlashesAction::ImplementationSpecificDefault as i32
+    );
+    assert_eq!(public.common_http_protocol_options, None);
 }
 
 fn speaks_http2(r: &resources::Resources, name: &str) -> bool {
