@@ -634,9 +634,14 @@ fn linked_filters(
         if let Some(rules) = rbac::rules_http(intentions, default_allow) {
             http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
         }
+        // The route names the cluster sent beside this listener: Envoy must not refuse the
+        // listener when it gets there before the cluster does (a service linked, or a subset
+        // added, at the same time); until then requests get a 503.
+        let mut route = route_to(sni, sni);
+        route.validate_clusters = Some(envoy_types::pb::google::protobuf::BoolValue { value: false });
         vec![hcm(
             &format!("terminating_gateway.{service}"),
-            http_connection_manager::RouteSpecifier::RouteConfig(route_to(sni, sni)),
+            http_connection_manager::RouteSpecifier::RouteConfig(route),
             http_filters,
             Some(normalization),
         )]
