@@ -623,8 +623,17 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
             resp.text().await.ok()
         }
     };
-    wait_for(|| async { via(Some("v1")).await.filter(|b| b.starts_with("ext-v1 /s")) }).await;
-    wait_for(|| async { via(None).await.filter(|b| b.starts_with("ext-v2 /s")) }).await;
+    // Settled once several requests in a row go where they should: before the router and
+    // the resolver are in place everywhere, round robin over all instances can answer from
+    // the right one by chance.
+    wait_for(|| async {
+        for _ in 0..6 {
+            via(Some("v1")).await.filter(|b| b.starts_with("ext-v1 /s"))?;
+            via(None).await.filter(|b| b.starts_with("ext-v2 /s"))?;
+        }
+        Some(())
+    })
+    .await;
     for _ in 0..10 {
         assert!(via(Some("v1")).await.unwrap_or_default().starts_with("ext-v1 "));
         assert!(via(None).await.unwrap_or_default().starts_with("ext-v2 "));
