@@ -943,7 +943,14 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
         (hcm.normalize_path.map(|b| b.value), hcm.merge_slashes),
         (Some(true), false)
     );
-    let mesh = structs::ConfigEntry::from_json(serde_json::json!({"Kind": "mesh", "HTTP": {"Incoming": {
+    // Consul's default: the caller's certificate details go to the service.
+    assert_eq!(
+        hcm.forward_client_cert_details,
+        http_connection_manager::ForwardClientCertDetails::AppendForward as i32
+    );
+    assert!(hcm.set_current_client_cert_details.is_some_and(|d| d.uri && d.cert));
+    let mesh = structs::ConfigEntry::from_json(serde_json::json!({"Kind": "mesh", "HTTP": {
+        "SanitizeXForwardedClientCert": true, "Incoming": {
         "RequestNormalization": {"MergeSlashes": true, "PathWithEscapedSlashesAction": "REJECT_REQUEST",
             "HeadersWithUnderscoresAction": "REJECT_REQUEST"}}}}))
     .unwrap();
@@ -967,6 +974,10 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
             http_connection_manager::PathWithEscapedSlashesAction::RejectRequest as i32,
             Some(HeadersWithUnderscoresAction::RejectRequest as i32),
         )
+    );
+    assert_eq!(
+        hcm.forward_client_cert_details,
+        http_connection_manager::ForwardClientCertDetails::Sanitize as i32
     );
     if let Err(e) = envoy_validate("gateway-terminating-normalization", &static_bootstrap(&r)) {
         panic!("envoy rejected the terminating gateway with request normalization:\n{e}");

@@ -22,7 +22,7 @@
 
 use super::clusters::{chain_clusters, http2_options, load_assignment};
 use super::core::{ads, millis, socket};
-use super::listeners::{hcm, http_filter, inbound_normalization, network_filter, public_bind, route_to, tcp_proxy};
+use super::listeners::{Inbound, hcm, http_filter, inbound_http, network_filter, public_bind, route_to, tcp_proxy};
 use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, SECRET, rbac, routes, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -406,7 +406,7 @@ pub(crate) fn build_terminating(
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
     let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
-    let normalization = inbound_normalization(mesh);
+    let inbound = inbound_http(mesh);
     let bind = public_bind(snap);
     let name = format!("default:{bind}:{}", snap.service.port);
     let mut chains = Vec::new();
@@ -443,7 +443,7 @@ pub(crate) fn build_terminating(
                 protocol,
                 intentions,
                 snap.intention_default_allow,
-                normalization,
+                inbound,
             );
             chains.push(FilterChain {
                 filter_chain_match: Some(FilterChainMatch {
@@ -619,7 +619,7 @@ fn logical_dns_endpoint(
 }
 
 /// The filters of a terminating gateway's chain for `service`: the intentions to it (per
-/// request for HTTP protocols, after the request is normalized as `normalization` says),
+/// request for HTTP protocols, after the request is normalized as `inbound` says),
 /// then the proxy to its cluster `sni`.
 fn linked_filters(
     service: &str,
@@ -627,7 +627,7 @@ fn linked_filters(
     protocol: Protocol,
     intentions: &[structs::Intention],
     default_allow: bool,
-    normalization: &structs::config_entry::RequestNormalization,
+    inbound: Inbound<'_>,
 ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Filter> {
     if protocol.is_http() {
         let mut http_filters = Vec::new();
@@ -643,7 +643,7 @@ fn linked_filters(
             &format!("terminating_gateway.{service}"),
             http_connection_manager::RouteSpecifier::RouteConfig(route),
             http_filters,
-            Some(normalization),
+            Some(inbound),
         )]
     } else {
         let mut filters = Vec::new();

@@ -81,15 +81,33 @@ static DEFAULT_NORMALIZATION: RequestNormalization = RequestNormalization {
 
 /// How inbound HTTP requests are normalized: the `mesh` entry's
 /// `HTTP.Incoming.RequestNormalization`, else Consul's defaults.
-pub(crate) fn inbound_normalization(mesh: Option<&ConfigEntry>) -> &RequestNormalization {
+pub(crate) fn inbound_http(mesh: Option<&ConfigEntry>) -> Inbound<'_> {
     match mesh {
-        Some(ConfigEntry::Mesh(m)) => m.request_normalization().unwrap_or(&DEFAULT_NORMALIZATION),
-        _ => &DEFAULT_NORMALIZATION,
+        Some(ConfigEntry::Mesh(m)) => Inbound {
+            normalization: m.request_normalization().unwrap_or(&DEFAULT_NORMALIZATION),
+            sanitize_xfcc: m.http.as_ref().is_some_and(|h| h.sanitize_x_forwarded_client_cert),
+        },
+        _ => Inbound {
+            normalization: &DEFAULT_NORMALIZATION,
+            sanitize_xfcc: false,
+        },
     }
 }
 
-/// An HTTP connection manager. With `normalization` (inbound: a public listener, a
-/// terminating gateway's chain) the request is normalized as it says before any HTTP filter
+/// What the `mesh` entry says about requests coming into the mesh's HTTP listeners.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inbound<'a> {
+    /// How requests are normalized.
+    pub(crate) normalization: &'a RequestNormalization,
+    /// `HTTP.SanitizeXForwardedClientCert`: drop the caller's `x-forwarded-client-cert`
+    /// instead of passing on the calling proxy's certificate details in it (Consul's
+    /// default).
+    pub(crate) sanitize_xfcc: bool,
+}
+
+/// An HTTP connection manager. With `inbound` (a public listener, a terminating gateway's
+/// chain) the caller's certificate is forwarded to the application (see
+/// [`forward_client_cert`]) and the request is normalized as it says before any HTTP filter
 /// sees it, so the intentions' RBAC and the application judge the same path and headers: by
 /// default the path per RFC 3986 (`%61` is `a`, `/./` and `/../` resolved, `\` is `/`);
 /// merging slashes, unescaping `%2F` and `%5C`, and dropping or refusing headers with
@@ -98,7 +116,7 @@ pub(crate) fn hcm(
     stat_prefix: &str,
     route: http_connection_manager::RouteSpecifier,
     mut filters: Vec<HttpFilter>,
-    normalization: Option<&RequestNormalization>,
+    inbound: Option<Inbound<'_>>,
 ) -> Filter {
     filters.push(router());
     let mut cfg = HttpConnectionManager {
@@ -107,10 +125,31 @@ pub(crate) fn hcm(
         http_filters: filters,
         ..Default::default()
     };
-    if let Some(rn) = normalization {
-        normalize(&mut cfg, rn);
+    if let Some(inbound) = inbound {
+        normalize(&mut cfg, inbound.normalization);
+        forward_client_cert(&mut cfg, inbound.sanitize_xfcc);
     }
     network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
+}
+
+/// Consul's `x-forwarded-client-cert` handling on inbound listeners: the application learns
+/// who called (the calling proxy's certificate subject, URI, DNS names, certificate and
+/// chain, appended to what the caller sent), unless the mesh sanitizes the header.
+fn forward_client_cert(cfg: &mut HttpConnectionManager, sanitize: bool) {
+    use http_connection_manager::{ForwardClientCertDetails, SetCurrentClientCertDetails};
+    if sanitize {
+        cfg.forward_client_cert_details = ForwardClientCertDetails::Sanitize as i32;
+        return;
+    }
+    cfg.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
+    cfg.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+        subject: Some(BoolValue { value: true }),
+        cert: true,
+        chain: true,
+        dns: true,
+        uri: true,
+        ..Default::default()
+    });
 }
 
 /// Sets an HTTP connection manager's normalization options (values validated at write time;
@@ -151,7 +190,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
             intentions,
             resolved,
             tls::mesh_params(mesh, tls::Direction::Incoming),
-            inbound_normalization(mesh),
+            inbound_http(mesh),
             out,
         );
     }
@@ -215,7 +254,7 @@ fn public_listener(
     intentions: &[structs::Intention],
     resolved: &structs::ResolvedServiceConfig,
     tls_params: Option<envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
-    normalization: &RequestNormalization,
+    inbound: Inbound<'_>,
     out: &mut Resources,
 ) {
     let svc = &snap.service;
@@ -227,7 +266,7 @@ fn public_listener(
         name: name.clone(),
         address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
-            filters: public_filters(protocol, intentions, snap.intention_default_allow, normalization),
+            filters: public_filters(protocol, intentions, snap.intention_default_allow, inbound),
             transport_socket: Some(tls::downstream(tls_params)),
             ..Default::default()
         }],
@@ -243,7 +282,7 @@ fn public_filters(
     protocol: structs::Protocol,
     intentions: &[structs::Intention],
     default_allow: bool,
-    normalization: &RequestNormalization,
+    inbound: Inbound<'_>,
 ) -> Vec<Filter> {
     if protocol.is_http() {
         let mut http_filters = Vec::new();
@@ -254,7 +293,7 @@ fn public_filters(
             "public_listener",
             http_connection_manager::RouteSpecifier::RouteConfig(route_to(LOCAL_APP, LOCAL_APP)),
             http_filters,
-            Some(normalization),
+            Some(inbound),
         )]
     } else {
         let mut filters = Vec::new();
