@@ -258,7 +258,14 @@ impl<'de> MapAccess<'de> for Entries {
     type Error = serde_json::Error;
 
     fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
-        let Some((key, value)) = self.iter.next() else {
+        // A struct field given as `null` is absent (Go clients send unset pointers so): its
+        // default applies. A map's `null` values are the user's and stay.
+        let next = if self.fields.is_some() {
+            self.iter.by_ref().find(|(_, v)| !v.is_null())
+        } else {
+            self.iter.next()
+        };
+        let Some((key, value)) = next else {
             return Ok(None);
         };
         self.pending = Some(value);

@@ -136,6 +136,26 @@ fn strict_decoding_names_unknown_keys_at_any_depth_but_not_in_user_maps() {
     from_value::<NodeService>(json!({"Service": "db", "Bogus": 1})).unwrap();
 }
 
+#[test]
+fn a_null_struct_field_is_absent_but_a_map_keeps_its_nulls() {
+    use crate::json::from_value_strict;
+    // What Consul's Go client sends for an ingress gateway's unset limits, say.
+    let entry = crate::ConfigEntry::from_json(json!({"Kind": "ingress-gateway", "Name": "ig",
+        "Defaults": {"MaxConnections": null, "MaxPendingRequests": 5},
+        "Listeners": [{"Port": 80, "Protocol": null, "Services": [{"Name": "a", "Hosts": null}]}]}))
+    .unwrap();
+    let crate::ConfigEntry::IngressGateway(g) = entry else {
+        panic!("not an ingress gateway")
+    };
+    assert_eq!(g.listeners[0].protocol(), "tcp");
+    // Unknown keys given as null are absent too, even when decoding strictly.
+    let svc: NodeService = from_value_strict(json!({"Service": "db", "Port": null, "Future": null})).unwrap();
+    assert_eq!((svc.service.as_str(), svc.port), ("db", 0));
+    // A user's map keeps what the user wrote.
+    let svc: NodeService = from_value(json!({"Service": "db", "Proxy": {"Config": {"k": null}}})).unwrap();
+    assert_eq!(svc.proxy.config.get("k"), Some(&serde_json::Value::Null));
+}
+
 // ---- property tests: any casing of any key outside opaque maps decodes to the same value ----
 
 #[derive(Debug, Clone, Copy)]
