@@ -415,6 +415,15 @@ fn legacy_field(e: ValidationError) -> ValidationError {
 fn plan_register(req: &RegisterRequest, state: &State, datacenter: &str) -> Result<Plan, WriteError> {
     check_dc(&req.datacenter, datacenter)?;
     req.validate()?;
+    if req.address.is_empty() && state.node(&req.node).is_none() {
+        return Err(WriteError::Invalid(ValidationError::new(
+            "Address",
+            Problem::Invalid(format!(
+                "required: node {:?} is not registered, and SkipNodeUpdate leaves a node as it is",
+                req.node
+            )),
+        )));
+    }
     let mut changes = Vec::new();
     if let Some(node) = node_change(req, state, datacenter) {
         changes.push(Change::PutNode(node));

@@ -666,3 +666,41 @@ async fn a_missing_config_entry_is_a_404_with_an_index_to_block_on() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert!(missing.index.is_some_and(|i| i >= 1), "404 without X-Consul-Index");
 }
+
+/// `SkipNodeUpdate` without an address adds a service to an existing node and leaves the
+/// node as it is; with no such node it is a 400 naming the address.
+#[tokio::test]
+async fn skip_node_update_needs_no_address_on_an_existing_node() {
+    let (app, _) = app().await;
+    let r = put(
+        &app,
+        "/v1/catalog/register",
+        json!({"Node": "n1", "Address": "10.0.0.1", "NodeMeta": {"rack": "r1"}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = put(
+        &app,
+        "/v1/catalog/register",
+        json!({"Node": "n1", "SkipNodeUpdate": true, "Service": {"Service": "web", "Port": 80}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let node = get(&app, "/v1/catalog/node/n1").await.json();
+    assert_eq!(node["Node"]["Address"], "10.0.0.1");
+    assert_eq!(node["Node"]["Meta"]["rack"], "r1");
+    assert_eq!(node["Services"]["web"]["Port"], 80);
+    let r = put(
+        &app,
+        "/v1/catalog/register",
+        json!({"Node": "ghost", "SkipNodeUpdate": true, "Service": {"Service": "web", "Port": 80}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.body
+            .starts_with("Address: required: node \"ghost\" is not registered"),
+        "{}",
+        r.body
+    );
+}

@@ -51,8 +51,13 @@ impl RegisterRequest {
 impl Validate for RegisterRequest {
     fn validate(&self) -> Result<(), ValidationError> {
         check_name("Node", &self.node, "")?;
-        if self.address.is_empty() {
-            return Err(ValidationError::new("Address", Problem::Required("")));
+        // With SkipNodeUpdate the node is left as it is: it needs no address (the catalog
+        // refuses the write when the node does not exist).
+        if self.address.is_empty() && !self.skip_node_update {
+            return Err(ValidationError::new(
+                "Address",
+                Problem::Required("(unless SkipNodeUpdate)"),
+            ));
         }
         if let Some(svc) = &self.service {
             svc.validate().map_err(|e| e.within("Service"))?;
