@@ -206,34 +206,94 @@ pub(crate) async fn node(
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
+    node_view(&api, &authz, name, q.as_deref(), NodeShape::ServicesById).await
+}
+
+/// `GET /v1/catalog/node-services/:node`: the node and its services as a list (what
+/// Consul's `Catalog().NodeServiceList` reads); an unknown node is `{"Node": null,
+/// "Services": []}`, as Consul's.
+pub(crate) async fn node_services(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    node_view(&api, &authz, name, q.as_deref(), NodeShape::ServiceList).await
+}
+
+/// How a node's services are answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NodeShape {
+    /// `/v1/catalog/node/:node`: a map by service id; an unknown node is `null`.
+    ServicesById,
+    /// `/v1/catalog/node-services/:node`: a list; an unknown node has `Node: null`.
+    ServiceList,
+}
+
+async fn node_view(
+    api: &Api,
+    authz: &Authz,
+    name: String,
+    q: Option<&str>,
+    shape: NodeShape,
+) -> Result<Response, ApiError> {
     #[derive(Serialize)]
-    struct NodeServices<'a> {
+    struct ById<'a> {
         #[serde(rename = "Node")]
         node: &'a Node,
         #[serde(rename = "Services")]
         services: BTreeMap<&'a str, &'a NodeService>,
     }
-    let params = Params::parse(q.as_deref());
+    #[derive(Serialize)]
+    struct List<'a> {
+        #[serde(rename = "Node")]
+        node: Option<&'a Node>,
+        #[serde(rename = "Services")]
+        services: Vec<&'a NodeService>,
+    }
+    let params = Params::parse(q);
     let a = authz.get()?;
     let key = IndexKey::Node(name.clone());
     let state = api.read(&params, &key).await?;
     let index = Some(state.index_of(&key));
     let node = state.node(&name);
-    // Consul answers an unknown node, and one the token may not read, with 200 and `null`.
+    // Consul answers an unknown node, and one the token may not read, as absent.
     let Some(node) = node.filter(|_| a.node_read(&name)) else {
         let filtered = state.node(&name).is_some();
-        return Ok(mark_filtered(
-            query::json(&serde_json::Value::Null, index, params.pretty()),
-            filtered,
-        ));
+        let body = match shape {
+            NodeShape::ServicesById => query::json(&serde_json::Value::Null, index, params.pretty()),
+            NodeShape::ServiceList => query::json(
+                &List {
+                    node: None,
+                    services: Vec::new(),
+                },
+                index,
+                params.pretty(),
+            ),
+        };
+        return Ok(mark_filtered(body, filtered));
     };
     let mut services = state.node_services(&name);
     let filtered = retain(&mut services, |s| a.service_read(&s.service));
-    let body = NodeServices {
-        node: &node,
-        services: services.iter().map(|s| (s.id.as_str(), &**s)).collect(),
+    let body = match shape {
+        NodeShape::ServicesById => query::json(
+            &ById {
+                node: &node,
+                services: services.iter().map(|s| (s.id.as_str(), &**s)).collect(),
+            },
+            index,
+            params.pretty(),
+        ),
+        NodeShape::ServiceList => query::json(
+            &List {
+                node: Some(&node),
+                services: services.iter().map(|s| &**s).collect(),
+            },
+            index,
+            params.pretty(),
+        ),
     };
-    Ok(mark_filtered(query::json(&body, index, params.pretty()), filtered))
+    Ok(mark_filtered(body, filtered))
 }
 
 pub(crate) async fn services(

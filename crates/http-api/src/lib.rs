@@ -59,6 +59,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/catalog/datacenters", get(catalog_routes::datacenters));
     r.add("/v1/catalog/nodes", get(catalog_routes::nodes));
     r.add("/v1/catalog/node/{node}", get(catalog_routes::node));
+    r.add("/v1/catalog/node-services/{node}", get(catalog_routes::node_services));
     r.add("/v1/catalog/services", get(catalog_routes::services));
     r.add("/v1/catalog/service/{name}", get(catalog_routes::service));
     r.add("/v1/catalog/connect/{name}", get(catalog_routes::connect));

@@ -273,6 +273,14 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
         ),
         row(
             "GET",
+            "/v1/catalog/node-services/{node}",
+            "/v1/catalog/node-services/n1",
+            n.clone(),
+            NODE_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
             "/v1/catalog/services",
             "/v1/catalog/services",
             n.clone(),
@@ -690,7 +698,9 @@ async fn every_route_no_token_wrong_token_right_token() {
                     let empty = match &v {
                         Value::Null => true,
                         Value::Array(a) => a.is_empty(),
-                        Value::Object(o) => o.values().all(|x| x.as_array().is_some_and(|a| a.is_empty())),
+                        Value::Object(o) => o
+                            .values()
+                            .all(|x| x.is_null() || x.as_array().is_some_and(|a| a.is_empty())),
                         _ => false,
                     };
                     assert!(empty, "{what} with {who} leaked: {}", reply.body);

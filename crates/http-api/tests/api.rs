@@ -690,6 +690,16 @@ async fn skip_node_update_needs_no_address_on_an_existing_node() {
     assert_eq!(node["Node"]["Address"], "10.0.0.1");
     assert_eq!(node["Node"]["Meta"]["rack"], "r1");
     assert_eq!(node["Services"]["web"]["Port"], 80);
+    // The same as a list, as Consul's node-services endpoint answers.
+    let listed = get(&app, "/v1/catalog/node-services/n1").await;
+    assert!(listed.index.is_some());
+    let listed = listed.json();
+    assert_eq!(listed["Node"]["Address"], "10.0.0.1");
+    assert_eq!(listed["Services"][0]["Service"], "web");
+    assert_eq!(
+        get(&app, "/v1/catalog/node-services/nobody").await.json(),
+        json!({"Node": null, "Services": []})
+    );
     let r = put(
         &app,
         "/v1/catalog/register",
