@@ -183,6 +183,8 @@ async fn a_server_and_an_agent_answer_the_same_request_the_same() {
     rows.push(("/v1/internal/proxy-status/nope".to_owned(), m, Carry::Header));
     // One metrics route on both: its refusal of an unknown format.
     rows.push(("/v1/agent/metrics?format=xml".to_owned(), m, Carry::Header));
+    // One version route on both, open to anyone.
+    rows.push(("/v1/agent/version".to_owned(), None, Carry::None));
     // Error bodies.
     rows.push((
         "/v1/health/service/web?dc=elsewhere".to_owned(),
@@ -227,6 +229,9 @@ async fn a_server_and_an_agent_answer_the_same_request_the_same() {
     assert_eq!(count(passing("=True").await.body), 1);
     assert_eq!(count(passing("=False").await.body), 2);
     assert_eq!(passing("=yes").await.status, 400);
+    let version = get(&client, a, "/v1/agent/version", None, Carry::None).await;
+    let version: Value = serde_json::from_str(&version.body).unwrap();
+    assert_eq!(version["HumanVersion"], env!("CARGO_PKG_VERSION"));
     // Both serve their metrics as Consul's JSON by default, and as Prometheus text.
     for base in [s, a] {
         let json = get(&client, base, "/v1/agent/metrics", m, Carry::Header).await;

@@ -7,7 +7,8 @@
 //!   the CSDS guard, the xDS stream authorizer;
 //! - [`engine`]: serving xDS (plain and TLS, keepalive, admission) and the engine's metrics;
 //! - [`status`]: the engine's status views; [`metrics`]: `/v1/agent/metrics` over the
-//!   engine's and the mode's metrics, in Prometheus text or Consul's JSON;
+//!   engine's and the mode's metrics, in Prometheus text or Consul's JSON; [`version`]:
+//!   `/v1/agent/version`;
 //! - [`mode`]: the [`mode::Mode`] a server or an agent plugs in, and [`mode::serve`], which
 //!   runs a node from bound listeners to a drained shutdown;
 //! - [`shutdown`]: signals and the grace deadline.
@@ -26,6 +27,7 @@ pub mod mode;
 pub mod shutdown;
 pub mod status;
 pub mod tls;
+pub mod version;
 
 pub use mode::{Bound, Engine, Listeners, Mode, ModeError, bind, serve};
 pub use shutdown::shutdown_signal;

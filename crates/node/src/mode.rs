@@ -224,8 +224,14 @@ pub async fn serve_with_grace<M: Mode>(
         Arc::new(move |id: &str| source.waiting(id))
     };
     let status = crate::status::router(engine.manager.clone(), engine.xds.clone(), waiting);
-    let app = with_tokens(mode.routes(&engine).merge(status).merge(metrics), tokens)
-        .layer(axum::middleware::from_fn(crate::header_cap::cap));
+    let app = with_tokens(
+        mode.routes(&engine)
+            .merge(status)
+            .merge(metrics)
+            .merge(crate::version::router()),
+        tokens,
+    )
+    .layer(axum::middleware::from_fn(crate::header_cap::cap));
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
     info!(
