@@ -10,23 +10,26 @@ use serde_json::json;
 
 /// The leading server's address; with several servers over etcd, the one holding the
 /// leadership lease ("" while none does, as Consul answers without a leader).
-pub(crate) async fn leader(State(api): State<Api>, RawQuery(q): RawQuery) -> Response {
+pub(crate) async fn leader(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    // `?dc=` naming another datacenter is Consul's error, not this one's answer.
+    query::check_common(&params, api.store.datacenter())?;
     let leader = match api.store.cluster() {
         Some(cluster) => cluster.status().leader.map(|l| l.address).unwrap_or_default(),
         None => api.config.server_addr.clone(),
     };
-    query::json(&leader, None, params.pretty())
+    Ok(query::json(&leader, None, params.pretty()))
 }
 
 /// Every server's address: this one alone, or every server registered in etcd.
-pub(crate) async fn peers(State(api): State<Api>, RawQuery(q): RawQuery) -> Response {
+pub(crate) async fn peers(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
     let peers: Vec<String> = match api.store.cluster() {
         Some(cluster) => cluster.status().servers.into_iter().map(|s| s.address).collect(),
         None => vec![api.config.server_addr.clone()],
     };
-    query::json(&peers, None, params.pretty())
+    Ok(query::json(&peers, None, params.pretty()))
 }
 
 pub(crate) async fn agent_self(

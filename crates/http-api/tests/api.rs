@@ -552,6 +552,19 @@ async fn pretty_and_metrics() {
         assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
     }
     assert_eq!(get(&app, "/v1/status/leader").await.json(), json!("127.0.0.1:8300"));
+    assert_eq!(
+        get(&app, "/v1/status/leader?dc=dc1").await.json(),
+        json!("127.0.0.1:8300")
+    );
+    for path in ["/v1/status/leader?dc=dc9", "/v1/status/peers?dc=dc9"] {
+        let r = get(&app, path).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+        assert!(
+            r.body.starts_with("No path to datacenter \"dc9\""),
+            "{path}: {}",
+            r.body
+        );
+    }
     assert_eq!(get(&app, "/v1/agent/self").await.json()["Config"]["Datacenter"], "dc1");
 }
 
