@@ -164,7 +164,7 @@ impl Mode for AgentMode {
     }
 
     fn routes(&self, _engine: &Engine) -> axum::Router {
-        ::agent::http::router(self.agent.clone())
+        ::agent::http::router(self.agent.clone()).merge(reload::router(self.agent.clone(), self.config_files.clone()))
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

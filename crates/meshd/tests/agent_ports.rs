@@ -111,6 +111,43 @@ async fn agents_on_one_host_give_sidecars_ports_from_their_own_ranges() {
     let (status, text) = register(&client, &a.http, sidecar_of("cache", 6379)).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("no free sidecar port left in 22000-22002"), "{text}");
+
+    // `PUT /v1/agent/reload` reads b's config file again, as SIGHUP does.
+    std::fs::write(
+        &b_config,
+        r#"{"ports": {"sidecar_min_port": 22100, "sidecar_max_port": 22199}, "services": [{"name": "cfg", "port": 7000}]}"#,
+    )
+    .unwrap();
+    let reload = |client: &reqwest::Client| client.put(format!("{}/v1/agent/reload", b.http)).send();
+    let resp = reload(&client).await.unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let services: serde_json::Value = client
+        .get(format!("{}/v1/agent/services", b.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(services["cfg"]["Port"], 7000, "{services}");
+    // A file that cannot be used: a 500 with the reason, and nothing changed.
+    std::fs::write(&b_config, r#"{"services": [{"name": "cfg", "prot": 1}]}"#).unwrap();
+    let resp = reload(&client).await.unwrap();
+    assert_eq!(resp.status(), 500);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.starts_with("Failed to reload configs: ") && text.contains("prot"),
+        "{text}"
+    );
+    let services: serde_json::Value = client
+        .get(format!("{}/v1/agent/services", b.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(services["cfg"]["Port"], 7000, "{services}");
 }
 
 #[test]
