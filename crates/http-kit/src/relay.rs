@@ -28,11 +28,20 @@ pub fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// The end-to-end headers of `headers`.
+/// The end-to-end headers of `headers`: without the hop-by-hop ones, nor those its
+/// `Connection` header names (they belong to that connection too, RFC 9110 7.6.1).
 fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+    let named: Vec<String> = headers
+        .get_all(axum::http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
     let mut out = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if !hop_by_hop(name) {
+        if !hop_by_hop(name) && !named.iter().any(|n| n == name.as_str()) {
             out.append(name.clone(), value.clone());
         }
     }
@@ -107,7 +116,8 @@ mod tests {
     async fn a_request_is_read_whole_and_bounded() {
         let req = Request::put("/v1/kv/a?cas=1")
             .header("x-consul-token", "t")
-            .header("connection", "close")
+            .header("connection", "close, x-hop")
+            .header("x-hop", "only to the next hop")
             .body(Body::from("0123456789"))
             .unwrap();
         let out = Outgoing::read(req, 10).await.unwrap();
@@ -121,6 +131,7 @@ mod tests {
             Some(&HeaderValue::from_static("t"))
         );
         assert!(built.headers().get("connection").is_none());
+        assert!(built.headers().get("x-hop").is_none(), "named by Connection");
 
         let req = Request::put("/v1/kv/a").body(Body::from("0123456789!")).unwrap();
         let refused = Outgoing::read(req, 10).await.unwrap_err();
