@@ -112,6 +112,18 @@ pub(crate) fn run_suite(
 ) -> Result<SuiteRun> {
     let root = workspace_root();
     let mut run = SuiteRun::default();
+    let binary = root.join("target").join("debug").join("meshd");
+    // A whole-workspace run builds every test target (and the binary) first, then runs the
+    // Python suites beside the Rust tests: cargo runs test binaries one after another, which
+    // leaves the machine half idle. A filtered run keeps them one after the other.
+    let beside = if extra.is_empty() {
+        let mut build = cargo();
+        build.args(["test", "--workspace", "--locked", "--no-run"]);
+        crate::command::run(build)?;
+        Some(spawn_pytest(python, peers, &binary)?)
+    } else {
+        None
+    };
     let mut cmd = cargo();
     // Every test binary runs even when one fails: the summary counts them all.
     cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
@@ -128,35 +140,79 @@ pub(crate) fn run_suite(
     }
 
     // The Python client suites run against the real binary.
-    // A whole-workspace test run has built the binary already (meshd's integration tests
-    // need it); a filtered run may not have, and building it again would only re-resolve
-    // features and rebuild.
-    let binary = root.join("target").join("debug").join("meshd");
-    if !extra.is_empty() || !binary.exists() {
-        let mut build = cargo();
-        build.args(["build", "--locked", "-p", "meshd"]);
-        crate::command::run(build)?;
-    }
-    let mut pytest = Command::new(python);
-    pytest
-        .current_dir(&root)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
-        .env("MESHD_BIN", &binary);
-    peers.export(&mut pytest);
     let before = run.totals.passed + run.totals.failed;
     let totals = &mut run.totals;
-    if !run_and_parse(pytest, log, |l| {
-        totals.add_pytest_line(l);
-        on_line(l);
-    })?
-    .success()
-    {
+    let passed = match beside {
+        Some(beside) => beside.finish(log, |l| {
+            totals.add_pytest_line(l);
+            on_line(l);
+        })?,
+        None => {
+            // A filtered run may not have built the binary.
+            if !binary.exists() {
+                let mut build = cargo();
+                build.args(["build", "--locked", "-p", "meshd"]);
+                crate::command::run(build)?;
+            }
+            run_and_parse(pytest(python, peers, &binary), log, |l| {
+                totals.add_pytest_line(l);
+                on_line(l);
+            })?
+            .success()
+        }
+    };
+    if !passed {
         run.failures.push("pytest");
     }
     if run.totals.passed + run.totals.failed == before {
         run.failures.push("pytest (no result line)");
     }
     Ok(run)
+}
+
+/// The Python client suites against `binary`.
+fn pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.current_dir(workspace_root())
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
+        .env("MESHD_BIN", binary);
+    peers.export(&mut cmd);
+    cmd
+}
+
+/// The Python suites running beside the Rust tests, their output kept in a file until the
+/// Rust tests' is printed.
+struct Beside {
+    child: std::process::Child,
+    output: std::path::PathBuf,
+}
+
+fn spawn_pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Result<Beside> {
+    let output = workspace_root().join("target").join("xtask-pytest-output.txt");
+    let file = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
+    let mut cmd = pytest(python, peers, binary);
+    cmd.stdout(file.try_clone()?).stderr(file);
+    println!("xtask: running {cmd:?} beside the Rust tests");
+    let child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    Ok(Beside { child, output })
+}
+
+impl Beside {
+    /// Waits for the suites, then prints (or logs) their output, each line through `parse`;
+    /// whether they passed.
+    fn finish(mut self, mut log: Option<&mut std::fs::File>, mut parse: impl FnMut(&str)) -> Result<bool> {
+        use std::io::Write as _;
+        let status = self.child.wait().context("waiting for the Python suites")?;
+        let text = std::fs::read_to_string(&self.output).context("reading the Python suites' output")?;
+        for line in text.lines() {
+            match log.as_deref_mut() {
+                Some(file) => writeln!(file, "{line}")?,
+                None => println!("{line}"),
+            }
+            parse(line);
+        }
+        Ok(status.success())
+    }
 }
 
 #[cfg(test)]
