@@ -126,8 +126,7 @@ fn name_body_limit(resp: Response, limit: usize) -> Response {
     if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
         return resp;
     }
-    let text = format!("request body larger than this API's limit of {limit} bytes\n");
-    (StatusCode::PAYLOAD_TOO_LARGE, text).into_response()
+    (StatusCode::PAYLOAD_TOO_LARGE, http_kit::too_large(limit)).into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {

@@ -26,6 +26,12 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 /// Longest blocking wait honoured, as Consul's.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// The body of a 413: it names the limit (Consul's APIs and meshd's answer with the same
+/// words).
+pub fn too_large(limit: usize) -> String {
+    format!("request body larger than this API's limit of {limit} bytes\n")
+}
+
 /// A query parameter that cannot be read: the text names it and says why (a 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

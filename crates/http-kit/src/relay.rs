@@ -64,11 +64,7 @@ impl Outgoing {
         let (parts, body) = req.into_parts();
         match axum::body::to_bytes(body, max_body).await {
             Ok(body) => Ok(Self { parts, body }),
-            Err(_) => Err((
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body larger than this API's limit of {max_body} bytes\n"),
-            )
-                .into_response()),
+            Err(_) => Err((StatusCode::PAYLOAD_TOO_LARGE, crate::too_large(max_body)).into_response()),
         }
     }
 

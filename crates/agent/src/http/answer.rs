@@ -15,7 +15,7 @@ pub(crate) const MAX_BODY: usize = 512 * 1024;
 
 /// A 413's body: it names the limit.
 pub(crate) fn too_large() -> String {
-    format!("request body larger than this API's limit of {MAX_BODY} bytes\n")
+    http_kit::too_large(MAX_BODY)
 }
 
 /// An error answer: plain text with Consul's status codes.
