@@ -423,8 +423,9 @@ else:
         sys.exit(1)
 "#;
 
-/// Starts the grpcio echo server; returns it and its port.
-async fn grpc_echo(dir: &Path) -> (Proc, u16) {
+/// Starts the grpcio echo server; returns it, its port and the script (the client is the
+/// same script).
+async fn grpc_echo(dir: &Path) -> (Proc, u16, PathBuf) {
     let script = dir.join("grpc_echo.py");
     std::fs::write(&script, GRPC_ECHO).unwrap();
     let port_file = dir.join("grpc_echo.port");
@@ -436,15 +437,14 @@ async fn grpc_echo(dir: &Path) -> (Proc, u16) {
         .expect("the pinned Python runs the grpcio echo server");
     let proc = Proc(child);
     let port = wait_for(|| async { std::fs::read_to_string(&port_file).ok()?.trim().parse::<u16>().ok() }).await;
-    (proc, port)
+    (proc, port, script)
 }
 
-/// One grpcio call to 127.0.0.1:`port` with `:authority` `authority`: (succeeded, output).
-fn grpc_call(port: u16, authority: &str) -> (bool, String) {
-    let script = std::env::temp_dir().join(format!("meshd-grpc-echo-{}.py", std::process::id()));
-    std::fs::write(&script, GRPC_ECHO).unwrap();
+/// One grpcio call (`script`, see [`GRPC_ECHO`]) to 127.0.0.1:`port` with `:authority`
+/// `authority`: (succeeded, output).
+fn grpc_call(script: &Path, port: u16, authority: &str) -> (bool, String) {
     let out = Command::new(test_support::python())
-        .arg(&script)
+        .arg(script)
         .args(["call", &format!("127.0.0.1:{port}"), authority])
         .output()
         .expect("the pinned Python runs the grpcio client");
@@ -544,7 +544,7 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
 
     // A gRPC client (grpcio) through an ingress host with a port: it sends the port in
     // `:authority`, and the host names it.
-    let (_echo, echo_port) = grpc_echo(dir.path()).await;
+    let (_echo, echo_port, grpc_script) = grpc_echo(dir.path()).await;
     mesh.put(
         "/v1/config",
         json!({"Kind": "service-defaults", "Name": "echo", "Protocol": "grpc"}),
@@ -563,13 +563,13 @@ async fn gateways_without_entries_are_ready_then_follow_their_entries() {
     )
     .await;
     let said = wait_for(|| async {
-        let (ok, out) = grpc_call(grpc_listener, &authority);
+        let (ok, out) = grpc_call(&grpc_script, grpc_listener, &authority);
         ok.then_some(out)
     })
     .await;
     assert_eq!(said.trim(), "echo hi");
     // Another authority matches no host of the listener.
-    let (ok, out) = grpc_call(grpc_listener, &format!("elsewhere:{grpc_listener}"));
+    let (ok, out) = grpc_call(&grpc_script, grpc_listener, &format!("elsewhere:{grpc_listener}"));
     assert!(!ok, "{out}");
     println!(
         "{:>5.1} s grpc through an ingress host with a port",
