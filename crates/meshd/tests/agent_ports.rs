@@ -119,17 +119,16 @@ async fn agents_on_one_host_give_sidecars_ports_from_their_own_ranges() {
     )
     .unwrap();
     let reload = |client: &reqwest::Client| client.put(format!("{}/v1/agent/reload", b.http)).send();
+    let cfg_port = |client: &reqwest::Client| {
+        let request = client.get(format!("{}/v1/agent/services", b.http)).send();
+        async move {
+            let services: serde_json::Value = request.await.unwrap().json().await.unwrap();
+            services["cfg"]["Port"].clone()
+        }
+    };
     let resp = reload(&client).await.unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
-    let services: serde_json::Value = client
-        .get(format!("{}/v1/agent/services", b.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(services["cfg"]["Port"], 7000, "{services}");
+    assert_eq!(cfg_port(&client).await, 7000);
     // A file that cannot be used: a 500 with the reason, and nothing changed.
     std::fs::write(&b_config, r#"{"services": [{"name": "cfg", "prot": 1}]}"#).unwrap();
     let resp = reload(&client).await.unwrap();
@@ -139,15 +138,7 @@ async fn agents_on_one_host_give_sidecars_ports_from_their_own_ranges() {
         text.starts_with("Failed to reload configs: ") && text.contains("prot"),
         "{text}"
     );
-    let services: serde_json::Value = client
-        .get(format!("{}/v1/agent/services", b.http))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(services["cfg"]["Port"], 7000, "{services}");
+    assert_eq!(cfg_port(&client).await, 7000);
 }
 
 #[test]
