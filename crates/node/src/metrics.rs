@@ -38,30 +38,33 @@ pub fn router(registry: Registry, node: String) -> axum::Router {
 }
 
 fn answer(registry: &Registry, params: &http_kit::Params) -> Response {
+    let prometheus = match params.get("format") {
+        Some("prometheus") => true,
+        None | Some("") => false,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("format: {other:?} is not supported: use prometheus, or no format for JSON\n"),
+            )
+                .into_response();
+        }
+    };
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
         return (StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed\n").into_response();
     }
-    match params.get("format") {
-        Some("prometheus") => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
-        None | Some("") => {
-            let body = consul_json(&text);
-            let pretty = params.pretty();
-            let out = if pretty {
-                serde_json::to_string_pretty(&body)
-            } else {
-                serde_json::to_string(&body)
-            };
-            match out {
-                Ok(out) => ([(header::CONTENT_TYPE, "application/json")], out).into_response(),
-                Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed\n").into_response(),
-            }
-        }
-        Some(other) => (
-            StatusCode::BAD_REQUEST,
-            format!("format: {other:?} is not supported: use prometheus, or no format for JSON\n"),
-        )
-            .into_response(),
+    if prometheus {
+        return ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response();
+    }
+    let body = consul_json(&text);
+    let out = if params.pretty() {
+        serde_json::to_string_pretty(&body)
+    } else {
+        serde_json::to_string(&body)
+    };
+    match out {
+        Ok(out) => ([(header::CONTENT_TYPE, "application/json")], out).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed\n").into_response(),
     }
 }
 
