@@ -63,10 +63,7 @@ impl Agent {
         };
         let state = Arc::new(LocalState::new(config.node.clone()));
         let cancel = CancellationToken::new();
-        let servers = Arc::new(match &config.servers_ca_pem {
-            Some(pem) => Servers::with_ca(&config.servers, pem)?,
-            None => Servers::new(&config.servers),
-        });
+        let servers = Arc::new(Servers::multiplexed(&config.servers, config.servers_ca_pem.as_deref())?);
         let acl = Arc::new(crate::acl::AgentAcl::new(config.acl.clone(), Arc::clone(&servers)));
         let syncer = Arc::new(Syncer::new(
             Arc::clone(&state),

@@ -5,6 +5,12 @@
 //! request timed out) is not sent the request again, but the next request starts with the
 //! next server: every RPC, blocking query and heartbeat goes through here, so all of them
 //! move together.
+//!
+//! An agent's client ([`Servers::multiplexed`]) speaks HTTP/2 to meshd servers: all its
+//! requests, its parked blocking queries included, share one connection per server (as
+//! Consul's agents multiplex their RPCs), where HTTP/1.1 needs a connection, with its
+//! buffers on both sides, per request in flight. Other clients speak HTTP/1.1, which any
+//! Consul-compatible API answers.
 
 use crate::ApiError;
 use serde::Serialize;
@@ -47,6 +53,23 @@ fn client_builder() -> reqwest::ClientBuilder {
         .tcp_nodelay(true)
 }
 
+/// HTTP/2 only (prior knowledge on `http://`, ALPN `h2` on `https://`), with pings that
+/// find a dead server within [`H2_PING_INTERVAL`] + [`H2_PING_TIMEOUT`] even while every
+/// request on the connection is a parked blocking query.
+fn multiplexed_builder() -> reqwest::ClientBuilder {
+    client_builder()
+        .http2_prior_knowledge()
+        .http2_adaptive_window(true)
+        .http2_keep_alive_interval(H2_PING_INTERVAL)
+        .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+}
+
+/// How often a multiplexed client pings each server connection.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(15);
+/// How long a ping may go unanswered before the connection (and every request on it) fails.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Servers {
     /// Clients for `addrs` (`host:port`, `http://host:port` or `https://host:port`; HTTPS
     /// verified with the public roots).
@@ -58,14 +81,32 @@ impl Servers {
     /// only, host names included: no other root is trusted, and there is no way to skip the
     /// verification.
     pub fn with_ca(addrs: &[String], ca_pem: &[u8]) -> Result<Self, ServersCaError> {
+        Self::verified(client_builder(), addrs, ca_pem)
+    }
+
+    /// Clients for meshd servers at `addrs` over HTTP/2, one connection per server for all
+    /// requests (see the module docs); HTTPS verified with `ca_pem` only when given (as
+    /// [`Servers::with_ca`]), else with the public roots.
+    pub fn multiplexed(addrs: &[String], ca_pem: Option<&[u8]>) -> Result<Self, ServersCaError> {
+        match ca_pem {
+            Some(pem) => Self::verified(multiplexed_builder(), addrs, pem),
+            None => {
+                let client = multiplexed_builder().build().map_err(|e| ServersCaError(chain(&e)))?;
+                Ok(Self::with_client(addrs, client))
+            }
+        }
+    }
+
+    fn verified(builder: reqwest::ClientBuilder, addrs: &[String], ca_pem: &[u8]) -> Result<Self, ServersCaError> {
         let certs = reqwest::Certificate::from_pem_bundle(ca_pem).map_err(|e| ServersCaError(chain(&e)))?;
         if certs.is_empty() {
             return Err(ServersCaError("no PEM certificate in it".into()));
         }
-        let builder = certs.into_iter().fold(
-            client_builder().use_rustls_tls().tls_built_in_root_certs(false),
-            |b, cert| b.add_root_certificate(cert),
-        );
+        let builder = certs
+            .into_iter()
+            .fold(builder.use_rustls_tls().tls_built_in_root_certs(false), |b, cert| {
+                b.add_root_certificate(cert)
+            });
         let client = builder.build().map_err(|e| ServersCaError(chain(&e)))?;
         Ok(Self::with_client(addrs, client))
     }

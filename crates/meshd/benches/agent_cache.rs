@@ -97,8 +97,8 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
     let (ready, mut readies) = mpsc::unbounded_channel::<()>();
     let mut all = Vec::new();
     for i in 0..n {
-        // Its own client and connections, as a separate agent would have.
-        let servers = Arc::new(Servers::new(&[server_http.to_owned()]));
+        // Its own client and connection (HTTP/2), as a separate agent would have.
+        let servers = Arc::new(Servers::multiplexed(&[server_http.to_owned()], None).unwrap());
         let caches = AgentCaches::new(servers, CachesConfig::default(), stop.child_token());
         for k in 0..10 {
             let service = if k == 0 {

@@ -1,19 +1,25 @@
-//! Serves an axum router over HTTP/1.1 connections from any `axum::serve::Listener` (plain
+//! Serves an axum router over HTTP/1.1 and HTTP/2 connections (the version the client speaks:
+//! ALPN over TLS, the HTTP/2 preface over plain TCP) from any `axum::serve::Listener` (plain
 //! TCP with the per-client limit, or TLS), with deadlines a slow client cannot stretch:
 //!
-//! - the request head (line and headers) must arrive within [`HEADER_READ_TIMEOUT`] of the
-//!   connection's start or of the previous response (hyper's own timeout, which needs a
-//!   timer: `axum::serve` gives it none, so a client sending a byte a minute held its
-//!   connection and read buffer for ever); past it the connection is closed;
+//! - the first bytes of a connection (enough to tell its HTTP version) must arrive within
+//!   [`HEADER_READ_TIMEOUT`] of its start, and an HTTP/1.1 request head within as long of the
+//!   previous response (hyper's own timeout, which needs a timer: `axum::serve` gives it none,
+//!   so a client sending a byte a minute held its connection and read buffer for ever); past
+//!   it the connection is closed;
 //! - the whole request body must arrive within [`BODY_READ_TIMEOUT`] of the head; past it
 //!   reading the body fails, the handler answers 400 naming the timeout, and the
 //!   connection closes.
+//!
+//! HTTP/2 is how agents reach servers: every blocking query an agent parks rides one
+//! connection per server instead of one connection each. A connection carries at most
+//! [`MAX_CONCURRENT_STREAMS`] requests at once, with headers capped as on HTTP/1.1.
 //!
 //! With the header cap (64 KiB) and the body cap (512 KiB) this bounds what one connection
 //! holds and for how long; `-http-max-conns-per-client` bounds how many one client holds.
 //! A blocking query is unaffected: its request arrives at once and its wait is the server's.
 //!
-//! On `stop`, no new connection is accepted, every connection finishes the request it is
+//! On `stop`, no new connection is accepted, every connection finishes the requests it is
 //! serving and closes, and the returned future completes once all have.
 
 use axum::Router;
@@ -21,6 +27,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future as _;
 use std::pin::Pin;
@@ -34,6 +41,9 @@ use tower::ServiceExt;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client has to send a request's body, once its head arrived.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests one HTTP/2 connection may have in flight (an agent's parked blocking queries
+/// share one connection; past this, its further requests wait for a slot).
+pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
 
 /// The deadlines of [`serve`]; tests shorten them.
 #[derive(Debug, Clone, Copy)]
@@ -76,11 +86,19 @@ where
         });
         let stop = stop.clone();
         connections.spawn(tracing::Instrument::in_current_span(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(deadlines.header);
-            let conn = builder
-                .serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
-                .with_upgrades();
+            let mut builder = auto::Builder::new(SpannedExecutor);
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(deadlines.header);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+                .max_header_list_size(crate::header_cap::MAX_HEADER_BYTES as u32)
+                .adaptive_window(true);
+            let io = TokioIo::new(crate::first_bytes::FirstBytesDeadline::new(io, deadlines.header));
+            let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
             tokio::pin!(conn);
             let result = tokio::select! {
                 result = conn.as_mut() => result,
@@ -109,6 +127,20 @@ pub async fn serve_plain(
 ) -> std::io::Result<()> {
     let listener = crate::conn_limit::PerClientLimit::new(listener, per_client);
     serve(listener, app, Deadlines::default(), stop).await
+}
+
+/// Runs the tasks of an HTTP/2 connection's requests in the connection's span.
+#[derive(Clone, Copy)]
+struct SpannedExecutor;
+
+impl<F> hyper::rt::Executor<F> for SpannedExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(tracing::Instrument::in_current_span(fut));
+    }
 }
 
 /// A request body that fails once its deadline has passed.

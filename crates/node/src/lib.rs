@@ -20,6 +20,7 @@ pub mod authz;
 pub mod cli;
 pub mod conn_limit;
 pub mod engine;
+pub mod first_bytes;
 pub mod header_cap;
 pub mod http_serve;
 pub mod metrics;

@@ -99,3 +99,76 @@ async fn whole_requests_are_served_and_a_slow_handler_is_not_cut() {
     assert!(reader.await.unwrap().ends_with("done"));
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_at_the_head_deadline() {
+    let (addr, _stop, _task, _) = start().await;
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(read_to_close(&mut conn).await, "");
+    // Part of the HTTP/2 preface, then nothing: the version is never known; closed too.
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert_eq!(read_to_close(&mut conn).await, "");
+}
+
+/// A TCP listener that counts the connections it accepts.
+struct Counting(TcpListener, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl axum::serve::Listener for Counting {
+    type Io = TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let accepted = axum::serve::Listener::accept(&mut self.0).await;
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        accepted
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+#[tokio::test]
+async fn http2_clients_have_all_their_requests_in_flight_on_one_connection() {
+    const PARKED: usize = 50;
+    let release = CancellationToken::new();
+    let entered = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let app = {
+        let (release, entered) = (release.clone(), entered.clone());
+        Router::new().route(
+            "/park",
+            get(move || async move {
+                entered.add_permits(1);
+                release.cancelled().await;
+                "released"
+            }),
+        )
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(Counting(listener, accepted.clone()), app, SHORT, stop.clone()));
+    let client = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let requests: Vec<_> = (0..PARKED)
+        .map(|_| {
+            let request = client.get(format!("http://{addr}/park")).send();
+            tokio::spawn(async move { request.await.unwrap() })
+        })
+        .collect();
+    // Every request is in its handler at once: none waits for another's connection.
+    let all_in = tokio::time::timeout(NEVER, entered.acquire_many(PARKED as u32)).await;
+    all_in.expect("the requests never were all in flight").unwrap().forget();
+    // Parked longer than the head deadline: an HTTP/2 connection is not cut by it.
+    tokio::time::sleep(SHORT.header * 2).await;
+    release.cancel();
+    for request in requests {
+        let response = request.await.unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        assert_eq!(response.text().await.unwrap(), "released");
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
