@@ -18,9 +18,8 @@ impl LocalServices for AgentLocal {
     fn proxies(&self) -> Vec<LocalProxy> {
         self.0
             .state()
-            .services()
-            .into_values()
-            .filter(|s| s.service.kind.is_proxy())
+            .services_where(|s| s.service.kind.is_proxy())
+            .into_iter()
             .map(|s| LocalProxy {
                 service: s.service,
                 token: s.token,
@@ -29,7 +28,8 @@ impl LocalServices for AgentLocal {
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
-        self.0.state().subscribe()
+        // Proxies are services: a check's report does not change them.
+        self.0.state().subscribe_services()
     }
 }
 
@@ -54,11 +54,15 @@ pub(crate) struct ManagedTokens(pub(crate) Agent);
 
 impl node::authz::LocalTokens for ManagedTokens {
     fn check(&self, token: &structs::Token, service: &str) -> Option<Result<xds::Authorization, String>> {
-        let proxy = self.0.state().services().into_values().find(|s| {
-            s.managed
-                .as_ref()
-                .is_some_and(|m| m.local_token.as_ref() == Some(token))
-        })?;
+        let proxy = self
+            .0
+            .state()
+            .services_where(|s| {
+                s.managed
+                    .as_ref()
+                    .is_some_and(|m| m.local_token.as_ref() == Some(token))
+            })
+            .pop()?;
         let serves = &proxy.service.proxy.destination_service_name;
         Some(if serves == service {
             Ok(xds::Authorization { expires: None })

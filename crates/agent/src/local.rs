@@ -209,7 +209,11 @@ impl Inner {
 pub struct LocalState {
     node: String,
     inner: Mutex<Inner>,
+    /// Bumped on every change.
     version: watch::Sender<u64>,
+    /// Bumped when services are added, replaced or removed (not when only checks change):
+    /// what follows the services alone is not woken by every check's report.
+    services_version: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for LocalState {
@@ -246,6 +250,7 @@ impl LocalState {
             node: node.into(),
             inner: Mutex::new(Inner::default()),
             version: watch::channel(0).0,
+            services_version: watch::channel(0).0,
         }
     }
 
@@ -259,12 +264,23 @@ impl LocalState {
         self.version.subscribe()
     }
 
+    /// Waits for changes of the services only (see [`LocalState::subscribe`]).
+    pub fn subscribe_services(&self) -> watch::Receiver<u64> {
+        self.services_version.subscribe()
+    }
+
     fn changed(&self) {
         self.version.send_modify(|v| *v += 1);
     }
 
+    fn services_changed(&self) {
+        self.services_version.send_modify(|v| *v += 1);
+        self.changed();
+    }
+
     /// Adds or replaces services and checks in one step, and removes `remove_checks`.
     pub fn apply(&self, services: Vec<LocalService>, checks: Vec<LocalCheck>, remove_checks: &[String]) {
+        let services_changed = !services.is_empty();
         {
             let mut inner = self.inner.lock();
             for id in remove_checks {
@@ -291,7 +307,11 @@ impl LocalState {
                 inner.checks.insert(id, check);
             }
         }
-        self.changed();
+        if services_changed {
+            self.services_changed();
+        } else {
+            self.changed();
+        }
     }
 
     /// Removes a service and every check of it; returns the removed check ids, or `None` when
@@ -314,7 +334,7 @@ impl LocalState {
             }
             ids
         };
-        self.changed();
+        self.services_changed();
         Some(removed)
     }
 
@@ -381,6 +401,17 @@ impl LocalState {
     /// Copies of every service, by id.
     pub fn services(&self) -> BTreeMap<String, LocalService> {
         self.inner.lock().services.clone()
+    }
+
+    /// Copies of the services `keep` selects (only those are copied), in id order.
+    pub fn services_where(&self, keep: impl Fn(&LocalService) -> bool) -> Vec<LocalService> {
+        self.inner
+            .lock()
+            .services
+            .values()
+            .filter(|s| keep(s))
+            .cloned()
+            .collect()
     }
 
     /// The port of every service, by id (for sidecar port allocation).
@@ -557,11 +588,13 @@ impl LocalState {
         let remote_svcs: BTreeMap<&str, &NodeService> = remote_services.iter().map(|s| (s.id.as_str(), s)).collect();
         let remote_chks: BTreeMap<&str, &HealthCheck> =
             remote_checks.iter().map(|c| (c.check_id.as_str(), c)).collect();
+        let mut tags_adopted = false;
         for (id, s) in inner.services.iter_mut() {
             match remote_svcs.get(id.as_str()) {
                 Some(r) => {
-                    if s.service.enable_tag_override {
+                    if s.service.enable_tag_override && s.service.tags != r.tags {
                         s.service.tags.clone_from(&r.tags);
+                        tags_adopted = true;
                     }
                     s.synced = if same_service(&s.service, r) { s.generation } else { 0 };
                 }
@@ -599,7 +632,7 @@ impl LocalState {
                 _ => 0,
             };
         }
-        let gone_services: Vec<String> = remote_svcs
+        let gone_services: BTreeSet<String> = remote_svcs
             .keys()
             .filter(|id| !inner.services.contains_key(**id))
             .map(|id| (*id).to_owned())
@@ -617,7 +650,10 @@ impl LocalState {
         inner.deleted_services.extend(gone_services);
         inner.deleted_checks.extend(gone_checks);
         drop(inner);
-        if adopted || first {
+        if tags_adopted {
+            // EnableTagOverride: the catalog's tags are the service's now.
+            self.services_changed();
+        } else if adopted || first {
             // Alias checks waited for this first comparison; they follow what they alias.
             self.changed();
         }

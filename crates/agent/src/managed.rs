@@ -306,12 +306,13 @@ async fn follow(
     status: Arc<Mutex<BTreeMap<String, ProxyStatus>>>,
     stop: CancellationToken,
 ) {
-    let mut changes = state.subscribe();
+    // Managed proxies are services: a check's report does not change them.
+    let mut changes = state.subscribe_services();
     let mut last: Option<DesiredSet> = None;
     loop {
         let desired: DesiredSet = state
-            .services()
-            .into_values()
+            .services_where(|s| s.managed.is_some())
+            .into_iter()
             .filter_map(|s| {
                 let managed = s.managed.as_ref()?;
                 let parent = s.sidecar_of.clone().unwrap_or_default();

@@ -168,3 +168,37 @@ fn output_is_capped_and_unchanged_updates_are_no_ops() {
     s.update_check("small", HealthStatus::Passing, "abcdefghijklmnop".into());
     assert_eq!(s.check("small").unwrap().check.output, "abcdefghij");
 }
+
+#[test]
+fn followers_of_the_services_are_woken_by_service_changes_only() {
+    let s = LocalState::new("n1");
+    let (mut all, mut services) = (s.subscribe(), s.subscribe_services());
+    s.apply(vec![svc("a")], vec![check("c", "a", HealthStatus::Critical)], &[]);
+    assert!(all.has_changed().unwrap() && services.has_changed().unwrap());
+    all.borrow_and_update();
+    services.borrow_and_update();
+    // A check's report, a check added alone, a check removed: not the services.
+    assert!(s.update_check("c", HealthStatus::Passing, "ok".into()));
+    s.apply(Vec::new(), vec![check("d", "a", HealthStatus::Passing)], &[]);
+    assert!(s.remove_check("d"));
+    assert!(all.has_changed().unwrap());
+    assert!(!services.has_changed().unwrap());
+    all.borrow_and_update();
+    // Tags the catalog holds for an EnableTagOverride service are adopted: a service change.
+    let mut tagged = svc("t");
+    tagged.service.enable_tag_override = true;
+    s.apply(vec![tagged], Vec::new(), &[]);
+    services.borrow_and_update();
+    let remote = NodeService {
+        tags: vec!["from-the-catalog".into()],
+        ..s.service("t").unwrap().service
+    };
+    s.reconcile(&[remote], &[], &[]);
+    assert!(services.has_changed().unwrap());
+    assert_eq!(s.service("t").unwrap().service.tags, ["from-the-catalog"]);
+    services.borrow_and_update();
+    assert!(s.remove_service("a").is_some());
+    assert!(services.has_changed().unwrap());
+    let proxies = s.services_where(|l| l.service.id == "t");
+    assert_eq!(proxies.len(), 1);
+}
