@@ -189,6 +189,9 @@ impl Pending {
 #[derive(Default)]
 struct Inner {
     services: BTreeMap<String, LocalService>,
+    /// The ids of each parent's sidecars (`LocalService::sidecar_of`), kept with `services`:
+    /// looked up at every registration, which must not scan every service.
+    sidecars: BTreeMap<String, BTreeSet<String>>,
     checks: BTreeMap<String, LocalCheck>,
     deleted_services: BTreeSet<String>,
     deleted_checks: BTreeSet<String>,
@@ -202,6 +205,36 @@ impl Inner {
     fn next(&mut self) -> u64 {
         self.generation += 1;
         self.generation
+    }
+
+    fn insert_service(&mut self, id: String, svc: LocalService) {
+        if let Some(parent) = &svc.sidecar_of {
+            self.sidecars.entry(parent.clone()).or_default().insert(id.clone());
+        }
+        if let Some(old) = self.services.insert(id.clone(), svc) {
+            self.unlink_sidecar(&id, &old, true);
+        }
+    }
+
+    fn remove_service(&mut self, id: &str) -> Option<LocalService> {
+        let old = self.services.remove(id)?;
+        self.unlink_sidecar(id, &old, false);
+        Some(old)
+    }
+
+    /// Drops `id` from the sidecar index under `old`'s parent (unless the service that
+    /// replaced it, `replaced`, has the same parent).
+    fn unlink_sidecar(&mut self, id: &str, old: &LocalService, replaced: bool) {
+        let Some(parent) = &old.sidecar_of else { return };
+        if replaced && self.services.get(id).and_then(|s| s.sidecar_of.as_ref()) == Some(parent) {
+            return;
+        }
+        if let Some(ids) = self.sidecars.get_mut(parent) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.sidecars.remove(parent);
+            }
+        }
     }
 }
 
@@ -293,7 +326,7 @@ impl LocalState {
                 svc.synced = 0;
                 let id = svc.service.id.clone();
                 inner.deleted_services.remove(&id);
-                inner.services.insert(id, svc);
+                inner.insert_service(id, svc);
             }
             for mut check in checks {
                 check.check.node.clone_from(&self.node);
@@ -319,7 +352,7 @@ impl LocalState {
     pub fn remove_service(&self, id: &str) -> Option<Vec<String>> {
         let removed = {
             let mut inner = self.inner.lock();
-            inner.services.remove(id)?;
+            inner.remove_service(id)?;
             inner.deleted_services.insert(id.to_owned());
             let ids: Vec<String> = inner
                 .checks
@@ -428,11 +461,10 @@ impl LocalState {
     pub fn sidecars_of(&self, parent: &str) -> Vec<String> {
         self.inner
             .lock()
-            .services
-            .values()
-            .filter(|s| s.sidecar_of.as_deref() == Some(parent))
-            .map(|s| s.service.id.clone())
-            .collect()
+            .sidecars
+            .get(parent)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Copies of the checks of the given services, by id.

@@ -202,3 +202,36 @@ fn followers_of_the_services_are_woken_by_service_changes_only() {
     let proxies = s.services_where(|l| l.service.id == "t");
     assert_eq!(proxies.len(), 1);
 }
+
+#[test]
+fn sidecars_are_found_by_their_parent_through_replacements_and_removals() {
+    let s = LocalState::new("n1");
+    let sidecar = |id: &str, parent: &str| {
+        let mut l = svc(id);
+        l.sidecar_of = Some(parent.into());
+        l
+    };
+    s.apply(
+        vec![
+            svc("web"),
+            svc("api"),
+            sidecar("web-proxy", "web"),
+            sidecar("web-extra", "web"),
+        ],
+        Vec::new(),
+        &[],
+    );
+    assert_eq!(s.sidecars_of("web"), ["web-extra", "web-proxy"]);
+    assert!(s.sidecars_of("api").is_empty());
+    // Registered again for the same parent, then moved to another.
+    s.apply(vec![sidecar("web-proxy", "web")], Vec::new(), &[]);
+    assert_eq!(s.sidecars_of("web"), ["web-extra", "web-proxy"]);
+    s.apply(vec![sidecar("web-proxy", "api")], Vec::new(), &[]);
+    assert_eq!(s.sidecars_of("web"), ["web-extra"]);
+    assert_eq!(s.sidecars_of("api"), ["web-proxy"]);
+    // Replaced by a service that is no sidecar, then removed.
+    s.apply(vec![svc("web-extra")], Vec::new(), &[]);
+    assert!(s.sidecars_of("web").is_empty());
+    assert!(s.remove_service("web-proxy").is_some());
+    assert!(s.sidecars_of("api").is_empty());
+}
