@@ -43,7 +43,9 @@ pub struct SyncConfig {
     pub retry_base: Duration,
     /// Longest retry delay.
     pub retry_max: Duration,
-    /// Requests in flight at once.
+    /// Requests in flight at once (all on the agent's one HTTP/2 connection per server; each
+    /// write waits for the server's disk, so this, divided by a group commit's time, bounds
+    /// how fast a large node syncs).
     pub concurrency: usize,
 }
 
@@ -54,7 +56,7 @@ impl Default for SyncConfig {
             debounce: Duration::from_millis(50),
             retry_base: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
-            concurrency: 16,
+            concurrency: 64,
         }
     }
 }
