@@ -192,6 +192,9 @@ struct Inner {
     /// The ids of each parent's sidecars (`LocalService::sidecar_of`), kept with `services`:
     /// looked up at every registration, which must not scan every service.
     sidecars: BTreeMap<String, BTreeSet<String>>,
+    /// The ids of each service's checks (`""`: the node's), kept with `checks`: a
+    /// registration reads its service's checks, which must not scan every check.
+    checks_by_service: BTreeMap<String, BTreeSet<String>>,
     checks: BTreeMap<String, LocalCheck>,
     deleted_services: BTreeSet<String>,
     deleted_checks: BTreeSet<String>,
@@ -214,6 +217,46 @@ impl Inner {
         if let Some(old) = self.services.insert(id.clone(), svc) {
             self.unlink_sidecar(&id, &old, true);
         }
+    }
+
+    fn insert_check(&mut self, id: String, check: LocalCheck) {
+        self.checks_by_service
+            .entry(check.check.service_id.clone())
+            .or_default()
+            .insert(id.clone());
+        if let Some(old) = self.checks.insert(id.clone(), check) {
+            let moved = self
+                .checks
+                .get(&id)
+                .is_some_and(|c| c.check.service_id != old.check.service_id);
+            if moved {
+                self.unindex_check(&id, &old.check.service_id);
+            }
+        }
+    }
+
+    fn remove_check(&mut self, id: &str) -> Option<LocalCheck> {
+        let old = self.checks.remove(id)?;
+        self.unindex_check(id, &old.check.service_id);
+        Some(old)
+    }
+
+    fn unindex_check(&mut self, id: &str, service: &str) {
+        if let Some(ids) = self.checks_by_service.get_mut(service) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.checks_by_service.remove(service);
+            }
+        }
+    }
+
+    /// The checks of `service` (`""`: the node's).
+    fn checks_of_service<'a>(&'a self, service: &str) -> impl Iterator<Item = &'a LocalCheck> + 'a {
+        self.checks_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.checks.get(id))
     }
 
     fn remove_service(&mut self, id: &str) -> Option<LocalService> {
@@ -317,7 +360,7 @@ impl LocalState {
         {
             let mut inner = self.inner.lock();
             for id in remove_checks {
-                if inner.checks.remove(id).is_some() {
+                if inner.remove_check(id).is_some() {
                     inner.deleted_checks.insert(id.clone());
                 }
             }
@@ -337,7 +380,7 @@ impl LocalState {
                 check.synced = 0;
                 let id = check.check.check_id.clone();
                 inner.deleted_checks.remove(&id);
-                inner.checks.insert(id, check);
+                inner.insert_check(id, check);
             }
         }
         if services_changed {
@@ -354,14 +397,9 @@ impl LocalState {
             let mut inner = self.inner.lock();
             inner.remove_service(id)?;
             inner.deleted_services.insert(id.to_owned());
-            let ids: Vec<String> = inner
-                .checks
-                .iter()
-                .filter(|(_, c)| c.check.service_id == id)
-                .map(|(k, _)| k.clone())
-                .collect();
+            let ids: Vec<String> = inner.checks_of_service(id).map(|c| c.check.check_id.clone()).collect();
             for c in &ids {
-                inner.checks.remove(c);
+                inner.remove_check(c);
                 // The catalog drops a service's checks with it.
                 inner.deleted_checks.remove(c);
             }
@@ -375,7 +413,7 @@ impl LocalState {
     pub fn remove_check(&self, id: &str) -> bool {
         let found = {
             let mut inner = self.inner.lock();
-            let found = inner.checks.remove(id).is_some();
+            let found = inner.remove_check(id).is_some();
             if found {
                 inner.deleted_checks.insert(id.to_owned());
             }
@@ -469,12 +507,11 @@ impl LocalState {
 
     /// Copies of the checks of the given services, by id.
     pub fn checks_of(&self, services: &[String]) -> BTreeMap<String, LocalCheck> {
-        self.inner
-            .lock()
-            .checks
+        let inner = self.inner.lock();
+        services
             .iter()
-            .filter(|(_, c)| services.contains(&c.check.service_id))
-            .map(|(id, c)| (id.clone(), c.clone()))
+            .flat_map(|s| inner.checks_of_service(s))
+            .map(|c| (c.check.check_id.clone(), c.clone()))
             .collect()
     }
 
@@ -492,9 +529,7 @@ impl LocalState {
     pub fn service_checks(&self, service_id: &str) -> Vec<HealthCheck> {
         self.inner
             .lock()
-            .checks
-            .values()
-            .filter(|c| c.check.service_id == service_id)
+            .checks_of_service(service_id)
             .map(|c| c.check.clone())
             .collect()
     }

@@ -235,3 +235,32 @@ fn sidecars_are_found_by_their_parent_through_replacements_and_removals() {
     assert!(s.remove_service("web-proxy").is_some());
     assert!(s.sidecars_of("api").is_empty());
 }
+
+#[test]
+fn a_services_checks_are_found_through_moves_and_removals() {
+    let s = LocalState::new("n1");
+    s.apply(
+        vec![svc("a"), svc("b")],
+        vec![
+            check("a1", "a", HealthStatus::Passing),
+            check("a2", "a", HealthStatus::Critical),
+            check("n1", "", HealthStatus::Passing),
+        ],
+        &[],
+    );
+    let ids = |checks: Vec<HealthCheck>| checks.into_iter().map(|c| c.check_id).collect::<Vec<_>>();
+    assert_eq!(ids(s.service_checks("a")), ["a1", "a2"]);
+    assert_eq!(ids(s.service_checks("")), ["n1"]);
+    // The same check id registered again for another service moves with it.
+    s.apply(Vec::new(), vec![check("a2", "b", HealthStatus::Passing)], &[]);
+    assert_eq!(ids(s.service_checks("a")), ["a1"]);
+    assert_eq!(
+        s.checks_of(&["a".into(), "b".into()]).into_keys().collect::<Vec<_>>(),
+        ["a1", "a2"]
+    );
+    assert_eq!(s.remove_service("b").unwrap(), ["a2"]);
+    assert!(s.service_checks("b").is_empty());
+    assert!(s.remove_check("a1"));
+    assert!(s.service_checks("a").is_empty());
+    assert_eq!(s.counts(), (1, 1));
+}
