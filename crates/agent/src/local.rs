@@ -474,6 +474,33 @@ impl LocalState {
         self.inner.lock().services.clone()
     }
 
+    /// The ids of the services `keep` selects, in id order.
+    pub fn service_ids_where(&self, keep: impl Fn(&LocalService) -> bool) -> Vec<String> {
+        self.inner
+            .lock()
+            .services
+            .iter()
+            .filter(|(_, s)| keep(s))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Copies of the checks `keep` selects (only those are copied), in id order.
+    pub fn checks_where(&self, keep: impl Fn(&LocalCheck) -> bool) -> Vec<LocalCheck> {
+        self.inner.lock().checks.values().filter(|c| keep(c)).cloned().collect()
+    }
+
+    /// Copies of the checks of services that are not registered.
+    pub fn orphan_checks(&self) -> Vec<LocalCheck> {
+        let inner = self.inner.lock();
+        inner
+            .checks_by_service
+            .iter()
+            .filter(|(service, _)| !service.is_empty() && !inner.services.contains_key(*service))
+            .flat_map(|(_, ids)| ids.iter().filter_map(|id| inner.checks.get(id)).cloned())
+            .collect()
+    }
+
     /// Copies of the services `keep` selects (only those are copied), in id order.
     pub fn services_where(&self, keep: impl Fn(&LocalService) -> bool) -> Vec<LocalService> {
         self.inner

@@ -7,6 +7,7 @@ use crate::local::{LocalCheck, LocalService, LocalState, Source};
 use crate::persist::Persistence;
 use crate::servers::Servers;
 use crate::sync::{NodeInfo, Syncer};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use structs::agent::CheckKind;
 use tokio_util::sync::CancellationToken;
@@ -145,6 +146,7 @@ impl Agent {
             .collect();
         let mut loaded = Vec::new();
         let mut refused = Vec::new();
+        let by_id: BTreeMap<&str, &LocalService> = services.iter().map(|s| (s.service.id.as_str(), s)).collect();
         // A check of a service that is not persisted (one from a config file) is kept: the
         // config files load next; `load_config` drops the checks still without a service.
         for p in checks {
@@ -158,7 +160,7 @@ impl Agent {
             let mut check = p.check;
             check.node.clone_from(&node);
             let check = LocalCheck::new(check, p.definition, kind, Source::Api);
-            if let Err(error) = self.persisted_target(&check, &services) {
+            if let Err(error) = self.persisted_target(&check, &by_id) {
                 warn!(check = %check.check.check_id, %error, "dropping a persisted check whose target is not allowed");
                 refused.push(check.check.check_id);
                 continue;

@@ -264,3 +264,26 @@ fn a_services_checks_are_found_through_moves_and_removals() {
     assert!(s.service_checks("a").is_empty());
     assert_eq!(s.counts(), (1, 1));
 }
+
+#[test]
+fn selections_copy_only_what_they_select() {
+    let s = LocalState::new("n1");
+    let mut from_config = svc("b");
+    from_config.source = Source::Config;
+    s.apply(
+        vec![svc("a"), from_config],
+        vec![
+            check("a1", "a", HealthStatus::Passing),
+            check("gone1", "gone", HealthStatus::Passing),
+            check("n1", "", HealthStatus::Passing),
+        ],
+        &[],
+    );
+    assert_eq!(s.service_ids_where(|l| l.source == Source::Config), ["b"]);
+    let node_checks = s.checks_where(|c| c.check.service_id.is_empty());
+    assert_eq!(node_checks.len(), 1);
+    assert_eq!(node_checks[0].check.check_id, "n1");
+    let orphans = s.orphan_checks();
+    assert_eq!(orphans.len(), 1);
+    assert_eq!(orphans[0].check.check_id, "gone1");
+}

@@ -1,9 +1,9 @@
 //! Registrations that come from `-config-file`: loaded at start and replaced on SIGHUP.
 
 use super::{Agent, AgentError};
-use crate::local::{LocalCheck, Source};
+use crate::local::Source;
 use crate::sidecar;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use structs::agent::{CheckType, ServiceDefinition};
 use structs::{Problem, ValidationError};
 use tracing::warn;
@@ -27,39 +27,35 @@ impl Agent {
             }
             def.kind().map_err(|e| e.within(&at))?;
         }
-        let wanted: Vec<String> = services.iter().map(|d| d.instance_id().to_owned()).collect();
-        let stale: Vec<String> = self
-            .0
-            .state
-            .services()
-            .into_values()
-            .filter(|s| s.source == Source::Config && s.sidecar_of.is_none() && !wanted.contains(&s.service.id))
-            .map(|s| s.service.id)
-            .collect();
+        let wanted: BTreeSet<&str> = services.iter().map(|d| d.instance_id()).collect();
+        let stale: Vec<String> = self.0.state.service_ids_where(|s| {
+            s.source == Source::Config && s.sidecar_of.is_none() && !wanted.contains(s.service.id.as_str())
+        });
         for id in stale {
             self.deregister_service(&id).await?;
         }
         for def in services {
             self.register_service(def, Source::Config, true).await?;
         }
-        let check_ids: Vec<String> = checks
+        let check_ids: BTreeSet<&str> = checks
             .iter()
             .map(|c| {
                 if c.given_id().is_empty() {
-                    c.name.clone()
+                    c.name.as_str()
                 } else {
-                    c.given_id().to_owned()
+                    c.given_id()
                 }
             })
             .collect();
         let stale_checks: Vec<String> = self
             .0
             .state
-            .checks()
-            .into_values()
-            .filter(|c| {
-                c.source == Source::Config && c.check.service_id.is_empty() && !check_ids.contains(&c.check.check_id)
+            .checks_where(|c| {
+                c.source == Source::Config
+                    && c.check.service_id.is_empty()
+                    && !check_ids.contains(c.check.check_id.as_str())
             })
+            .into_iter()
             .map(|c| c.check.check_id)
             .collect();
         for id in stale_checks {
@@ -75,14 +71,7 @@ impl Agent {
     /// Removes checks whose service is not registered (persisted checks of a service that a
     /// config file no longer defines), each with a log line.
     pub(super) async fn drop_orphan_checks(&self) -> Result<(), AgentError> {
-        let services = self.0.state.services();
-        let orphans: Vec<LocalCheck> = self
-            .0
-            .state
-            .checks()
-            .into_values()
-            .filter(|c| !c.check.service_id.is_empty() && !services.contains_key(&c.check.service_id))
-            .collect();
+        let orphans = self.0.state.orphan_checks();
         for c in orphans {
             warn!(check = %c.check.check_id, service = %c.check.service_id, "removing a check whose service is not registered");
             self.deregister_check(&c.check.check_id).await?;

@@ -8,6 +8,7 @@ use crate::acl::Resolved;
 use crate::check_targets::{Owner, TargetRules};
 use crate::local::{LocalCheck, LocalService, Source};
 use crate::sidecar::{Expanded, NewCheck};
+use std::collections::BTreeMap;
 use structs::agent::CheckKind;
 use structs::{NodeService, ValidationError};
 use tracing::warn;
@@ -77,7 +78,7 @@ impl Agent {
     pub(super) fn persisted_target(
         &self,
         check: &LocalCheck,
-        services: &[LocalService],
+        services: &BTreeMap<&str, &LocalService>,
     ) -> Result<(), ValidationError> {
         let Some(kind) = &check.kind else {
             return Ok(());
@@ -86,7 +87,7 @@ impl Agent {
         if service_id.is_empty() {
             return self.target_rules().check(kind, None);
         }
-        match services.iter().find(|s| &s.service.id == service_id) {
+        match services.get(service_id.as_str()) {
             Some(s) => self
                 .target_rules()
                 .check(kind, Some(&self.target_rules().owner(&s.service))),
@@ -97,13 +98,14 @@ impl Agent {
     /// Drops the API checks whose targets the rules refuse, each with a warning (at every
     /// config load, so at start too).
     pub(super) async fn drop_refused_checks(&self) -> Result<(), AgentError> {
-        let services: Vec<LocalService> = self.0.state.services().into_values().collect();
-        let refused: Vec<(String, ValidationError)> = self
-            .0
-            .state
-            .checks()
-            .into_values()
-            .filter(|c| c.source == Source::Api)
+        let api_checks = self.0.state.checks_where(|c| c.source == Source::Api);
+        if api_checks.is_empty() {
+            return Ok(());
+        }
+        let services = self.0.state.services();
+        let services: BTreeMap<&str, &LocalService> = services.iter().map(|(id, s)| (id.as_str(), s)).collect();
+        let refused: Vec<(String, ValidationError)> = api_checks
+            .into_iter()
             .filter_map(|c| {
                 let error = self.persisted_target(&c, &services).err()?;
                 Some((c.check.check_id, error))
