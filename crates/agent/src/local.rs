@@ -188,14 +188,16 @@ impl Pending {
 
 #[derive(Default)]
 struct Inner {
-    services: BTreeMap<String, LocalService>,
+    /// Boxed: a B-tree node holds eleven values inline whether used or not, and these are
+    /// large (10,000 services: about 8 MB of empty slots unboxed).
+    services: BTreeMap<String, Box<LocalService>>,
     /// The ids of each parent's sidecars (`LocalService::sidecar_of`), kept with `services`:
     /// looked up at every registration, which must not scan every service.
     sidecars: BTreeMap<String, BTreeSet<String>>,
     /// The ids of each service's checks (`""`: the node's), kept with `checks`: a
     /// registration reads its service's checks, which must not scan every check.
     checks_by_service: BTreeMap<String, BTreeSet<String>>,
-    checks: BTreeMap<String, LocalCheck>,
+    checks: BTreeMap<String, Box<LocalCheck>>,
     deleted_services: BTreeSet<String>,
     deleted_checks: BTreeSet<String>,
     generation: u64,
@@ -214,7 +216,7 @@ impl Inner {
         if let Some(parent) = &svc.sidecar_of {
             self.sidecars.entry(parent.clone()).or_default().insert(id.clone());
         }
-        if let Some(old) = self.services.insert(id.clone(), svc) {
+        if let Some(old) = self.services.insert(id.clone(), Box::new(svc)) {
             self.unlink_sidecar(&id, &old, true);
         }
     }
@@ -224,7 +226,7 @@ impl Inner {
             .entry(check.check.service_id.clone())
             .or_default()
             .insert(id.clone());
-        if let Some(old) = self.checks.insert(id.clone(), check) {
+        if let Some(old) = self.checks.insert(id.clone(), Box::new(check)) {
             let moved = self
                 .checks
                 .get(&id)
@@ -238,7 +240,7 @@ impl Inner {
     fn remove_check(&mut self, id: &str) -> Option<LocalCheck> {
         let old = self.checks.remove(id)?;
         self.unindex_check(id, &old.check.service_id);
-        Some(old)
+        Some(*old)
     }
 
     fn unindex_check(&mut self, id: &str, service: &str) {
@@ -256,13 +258,13 @@ impl Inner {
             .get(service)
             .into_iter()
             .flatten()
-            .filter_map(|id| self.checks.get(id))
+            .filter_map(|id| self.checks.get(id).map(|c| &**c))
     }
 
     fn remove_service(&mut self, id: &str) -> Option<LocalService> {
         let old = self.services.remove(id)?;
         self.unlink_sidecar(id, &old, false);
-        Some(old)
+        Some(*old)
     }
 
     /// Drops `id` from the sidecar index under `old`'s parent (unless the service that
@@ -466,12 +468,17 @@ impl LocalState {
 
     /// A copy of one service.
     pub fn service(&self, id: &str) -> Option<LocalService> {
-        self.inner.lock().services.get(id).cloned()
+        self.inner.lock().services.get(id).map(|s| (**s).clone())
     }
 
     /// Copies of every service, by id.
     pub fn services(&self) -> BTreeMap<String, LocalService> {
-        self.inner.lock().services.clone()
+        self.inner
+            .lock()
+            .services
+            .iter()
+            .map(|(id, s)| (id.clone(), (**s).clone()))
+            .collect()
     }
 
     /// The ids of the services `keep` selects, in id order.
@@ -487,7 +494,13 @@ impl LocalState {
 
     /// Copies of the checks `keep` selects (only those are copied), in id order.
     pub fn checks_where(&self, keep: impl Fn(&LocalCheck) -> bool) -> Vec<LocalCheck> {
-        self.inner.lock().checks.values().filter(|c| keep(c)).cloned().collect()
+        self.inner
+            .lock()
+            .checks
+            .values()
+            .filter(|c| keep(c))
+            .map(|c| (**c).clone())
+            .collect()
     }
 
     /// Copies of the checks of services that are not registered.
@@ -497,7 +510,7 @@ impl LocalState {
             .checks_by_service
             .iter()
             .filter(|(service, _)| !service.is_empty() && !inner.services.contains_key(*service))
-            .flat_map(|(_, ids)| ids.iter().filter_map(|id| inner.checks.get(id)).cloned())
+            .flat_map(|(_, ids)| ids.iter().filter_map(|id| inner.checks.get(id)).map(|c| (**c).clone()))
             .collect()
     }
 
@@ -508,7 +521,7 @@ impl LocalState {
             .services
             .values()
             .filter(|s| keep(s))
-            .cloned()
+            .map(|s| (**s).clone())
             .collect()
     }
 
@@ -544,12 +557,17 @@ impl LocalState {
 
     /// A copy of one check.
     pub fn check(&self, id: &str) -> Option<LocalCheck> {
-        self.inner.lock().checks.get(id).cloned()
+        self.inner.lock().checks.get(id).map(|c| (**c).clone())
     }
 
     /// Copies of every check, by id.
     pub fn checks(&self) -> BTreeMap<String, LocalCheck> {
-        self.inner.lock().checks.clone()
+        self.inner
+            .lock()
+            .checks
+            .iter()
+            .map(|(id, c)| (id.clone(), (**c).clone()))
+            .collect()
     }
 
     /// The checks of one service instance.
