@@ -56,7 +56,7 @@ impl Default for SyncConfig {
             debounce: Duration::from_millis(50),
             retry_base: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
-            concurrency: 64,
+            concurrency: 256,
         }
     }
 }
