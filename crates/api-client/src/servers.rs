@@ -59,12 +59,20 @@ fn client_builder() -> reqwest::ClientBuilder {
 fn multiplexed_builder() -> reqwest::ClientBuilder {
     client_builder()
         .http2_prior_knowledge()
-        .http2_adaptive_window(true)
+        // Room for many answers at once (a cache refreshing hundreds of watches after one
+        // change), each whole: answers cut into small frames by a small window are what h2's
+        // flood protection takes for an attack, and it closes the connection.
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
         .http2_keep_alive_interval(H2_PING_INTERVAL)
         .http2_keep_alive_timeout(H2_PING_TIMEOUT)
         .http2_keep_alive_while_idle(true)
 }
 
+/// What one answer may send before the client reads it.
+const H2_STREAM_WINDOW: u32 = 1 << 20;
+/// What all the answers on one connection may send before the client reads them.
+const H2_CONNECTION_WINDOW: u32 = 8 << 20;
 /// How often a multiplexed client pings each server connection.
 const H2_PING_INTERVAL: Duration = Duration::from_secs(15);
 /// How long a ping may go unanswered before the connection (and every request on it) fails.

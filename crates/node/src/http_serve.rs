@@ -41,6 +41,15 @@ use tower::ServiceExt;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client has to send a request's body, once its head arrived.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// What one HTTP/2 request may send before the server reads it: more than the largest body
+/// accepted (512 KiB), so a body is never cut into small frames by flow control.
+pub const H2_STREAM_WINDOW: u32 = 1 << 20;
+/// What all the requests of one HTTP/2 connection may send before the server reads it: room
+/// for hundreds of registrations at once (an agent syncing a large node). With smaller
+/// windows the client cuts concurrent bodies into many small frames, which h2's flood
+/// protection answers by closing the connection (GOAWAY `ENHANCE_YOUR_CALM`), failing every
+/// request on it.
+pub const H2_CONNECTION_WINDOW: u32 = 8 << 20;
 /// Requests one HTTP/2 connection may have in flight (an agent's parked blocking queries
 /// share one connection; past this, its further requests wait for a slot).
 pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
@@ -96,7 +105,8 @@ where
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
                 .max_header_list_size(crate::header_cap::MAX_HEADER_BYTES as u32)
-                .adaptive_window(true);
+                .initial_stream_window_size(H2_STREAM_WINDOW)
+                .initial_connection_window_size(H2_CONNECTION_WINDOW);
             let io = TokioIo::new(crate::first_bytes::FirstBytesDeadline::new(io, deadlines.header));
             let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
             tokio::pin!(conn);

@@ -172,3 +172,63 @@ async fn http2_clients_have_all_their_requests_in_flight_on_one_connection() {
     stop.cancel();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn many_concurrent_request_bodies_on_one_http2_connection_are_all_served() {
+    // An agent syncing a large node sends hundreds of registrations at once on its one
+    // connection: each body must fit the server's windows whole, or the client splits them
+    // into small frames that h2's flood protection takes for an attack (GOAWAY
+    // ENHANCE_YOUR_CALM) and the whole connection fails.
+    const BODIES: usize = 512;
+    let (addr, stop, task, _) = start().await;
+    let client = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let body = "x".repeat(3000);
+    let requests: Vec<_> = (0..BODIES)
+        .map(|i| {
+            let request = client
+                .post(format!("http://{addr}/echo"))
+                .body(format!("{i}{body}"))
+                .send();
+            tokio::spawn(request)
+        })
+        .collect();
+    for (i, request) in requests.into_iter().enumerate() {
+        let response = request.await.unwrap().expect("the connection failed");
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        assert!(response.text().await.unwrap().starts_with(&i.to_string()));
+    }
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_agents_client_takes_many_large_answers_at_once_on_its_one_connection() {
+    // The agent's own client (`Servers::multiplexed`) against this server: hundreds of
+    // answers of 40 KB in flight at once (a cache refreshing its watches after one change)
+    // all arrive, whole, on one connection.
+    const ANSWERS: usize = 400;
+    let big = "y".repeat(40_000);
+    let app = Router::new().route("/big", get(move || async move { big }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(Counting(listener, accepted.clone()), app, SHORT, stop.clone()));
+    let servers = std::sync::Arc::new(api_client::Servers::multiplexed(&[addr.to_string()], None).unwrap());
+    let requests: Vec<_> = (0..ANSWERS)
+        .map(|_| {
+            let servers = servers.clone();
+            tokio::spawn(async move {
+                let response = servers.send(|c, base| c.get(format!("{base}/big"))).await?;
+                Ok::<_, api_client::ApiError>(response.text().await.map_err(|e| e.to_string()))
+            })
+        })
+        .collect();
+    for request in requests {
+        let text = request.await.unwrap().expect("the connection failed").unwrap();
+        assert_eq!(text.len(), 40_000);
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
