@@ -51,6 +51,7 @@ pub async fn run(
         grpc: Some(settings.grpc_addr),
         tls: args.tls.clone(),
         http_max_conns_per_client: args.http_max_conns_per_client,
+        http_versions: node::http_serve::Versions::Http1,
         admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
     })
     .await

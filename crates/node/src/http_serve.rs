@@ -12,7 +12,8 @@
 //!   connection closes.
 //!
 //! HTTP/2 is how agents reach servers: every blocking query an agent parks rides one
-//! connection per server instead of one connection each. A connection carries at most
+//! connection per server instead of one connection each. Only servers speak it
+//! ([`Versions`]); an agent's API stays HTTP/1.1. A connection carries at most
 //! [`MAX_CONCURRENT_STREAMS`] requests at once, with headers capped as on HTTP/1.1.
 //!
 //! With the header cap (64 KiB) and the body cap (512 KiB) this bounds what one connection
@@ -72,11 +73,34 @@ impl Default for Deadlines {
     }
 }
 
+/// The HTTP versions a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Versions {
+    /// HTTP/1.1 only: an agent's API, whose clients are local tools. One connection then
+    /// buffers at most hyper's read buffer, where HTTP/2 may hold its whole window
+    /// ([`H2_CONNECTION_WINDOW`]) of unread request data, which a local client could
+    /// multiply by `-http-max-conns-per-client`.
+    Http1,
+    /// HTTP/1.1 and HTTP/2: a server's API, which agents reach over HTTP/2.
+    Http1And2,
+}
+
+impl Versions {
+    /// The ALPN protocols an HTTPS listener offers for these versions.
+    pub fn alpn(self) -> Vec<Vec<u8>> {
+        match self {
+            Versions::Http1 => vec![b"http/1.1".to_vec()],
+            Versions::Http1And2 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        }
+    }
+}
+
 /// Serves `app` on the connections `listener` accepts until `stop` fires and every
 /// connection has finished (see the module's docs).
 pub async fn serve<L>(
     mut listener: L,
     app: Router,
+    versions: Versions,
     deadlines: Deadlines,
     stop: CancellationToken,
 ) -> std::io::Result<()>
@@ -95,30 +119,31 @@ where
         });
         let stop = stop.clone();
         connections.spawn(tracing::Instrument::in_current_span(async move {
-            let mut builder = auto::Builder::new(SpannedExecutor);
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(deadlines.header);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-                .max_header_list_size(crate::header_cap::MAX_HEADER_BYTES as u32)
-                .initial_stream_window_size(H2_STREAM_WINDOW)
-                .initial_connection_window_size(H2_CONNECTION_WINDOW);
             let io = TokioIo::new(crate::first_bytes::FirstBytesDeadline::new(io, deadlines.header));
-            let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                result = conn.as_mut() => result,
-                () = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let service = TowerToHyperService::new(service);
+            match versions {
+                Versions::Http1 => {
+                    let mut builder = hyper::server::conn::http1::Builder::new();
+                    builder.timer(TokioTimer::new()).header_read_timeout(deadlines.header);
+                    let conn = builder.serve_connection(io, service).with_upgrades();
+                    until_stopped(conn, &stop, |c| c.graceful_shutdown()).await;
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+                Versions::Http1And2 => {
+                    let mut builder = auto::Builder::new(SpannedExecutor);
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(deadlines.header);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+                        .max_header_list_size(crate::header_cap::MAX_HEADER_BYTES as u32)
+                        .initial_stream_window_size(H2_STREAM_WINDOW)
+                        .initial_connection_window_size(H2_CONNECTION_WINDOW);
+                    let conn = builder.serve_connection_with_upgrades(io, service);
+                    until_stopped(conn, &stop, |c| c.graceful_shutdown()).await;
+                }
             }
         }));
     }
@@ -133,10 +158,31 @@ pub async fn serve_plain(
     listener: tokio::net::TcpListener,
     per_client: u32,
     app: Router,
+    versions: Versions,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = crate::conn_limit::PerClientLimit::new(listener, per_client);
-    serve(listener, app, Deadlines::default(), stop).await
+    serve(listener, app, versions, Deadlines::default(), stop).await
+}
+
+/// Drives one connection to its end; once `stop` fires, it finishes the requests it is
+/// serving (`shutdown` starts that) and closes.
+async fn until_stopped<C, E>(conn: C, stop: &CancellationToken, shutdown: impl FnOnce(Pin<&mut C>))
+where
+    C: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stop.cancelled() => {
+            shutdown(conn.as_mut());
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "HTTP connection ended with an error");
+    }
 }
 
 /// Runs the tasks of an HTTP/2 connection's requests in the connection's span.

@@ -37,6 +37,8 @@ pub struct Listeners {
     pub tls: TlsArgs,
     /// Connections one client may hold open on the HTTP APIs (0: no limit).
     pub http_max_conns_per_client: u32,
+    /// The HTTP versions the HTTP APIs speak (servers: both; agents: HTTP/1.1).
+    pub http_versions: crate::http_serve::Versions,
     /// How many xDS streams, and how fast new ones, are admitted.
     pub admission: xds::Admission,
 }
@@ -351,14 +353,17 @@ fn start_listeners(
         config,
         mut bound,
     } = listeners;
-    let per_client = config.http_max_conns_per_client;
+    let (per_client, versions) = (config.http_max_conns_per_client, config.http_versions);
     let mut served: Vec<(&'static str, Served)> = Vec::new();
     if let (Some(listener), Some(server)) = (https, &tls.server) {
+        let mut https_config = (*server.http).clone();
+        https_config.alpn_protocols = versions.alpn();
         let (addr, task) = crate::tls::listener::serve_https(
             listener,
-            Arc::clone(&server.http),
+            Arc::new(https_config),
             per_client,
             app.clone(),
+            versions,
             http_stop.clone(),
         )
         .map_err(|e| format!("starting the HTTPS API: {e}"))?;
@@ -374,7 +379,7 @@ fn start_listeners(
     }
     if let (Some(listener), Some(addr)) = (http, bound.http_addr) {
         let task = tokio::spawn(
-            crate::http_serve::serve_plain(listener, per_client, app, http_stop.clone())
+            crate::http_serve::serve_plain(listener, per_client, app, versions, http_stop.clone())
                 .instrument(info_span!("http_api", http_addr = %addr)),
         );
         served.push(("HTTP", boxed(task)));

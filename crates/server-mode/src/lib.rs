@@ -39,6 +39,7 @@ pub async fn run(
         grpc: args.grpc_addr.0,
         tls: args.tls.clone(),
         http_max_conns_per_client: args.http_max_conns_per_client,
+        http_versions: node::http_serve::Versions::Http1And2,
         admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
     })
     .await

@@ -34,7 +34,7 @@ async fn start() -> Started {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let task = tokio::spawn(serve(listener, app, SHORT, stop.clone()));
+    let task = tokio::spawn(serve(listener, app, Versions::Http1And2, SHORT, stop.clone()));
     (addr, stop, task, entered)
 }
 
@@ -149,7 +149,13 @@ async fn http2_clients_have_all_their_requests_in_flight_on_one_connection() {
     let addr = listener.local_addr().unwrap();
     let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(Counting(listener, accepted.clone()), app, SHORT, stop.clone()));
+    let server = tokio::spawn(serve(
+        Counting(listener, accepted.clone()),
+        app,
+        Versions::Http1And2,
+        SHORT,
+        stop.clone(),
+    ));
     let client = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
     let requests: Vec<_> = (0..PARKED)
         .map(|_| {
@@ -213,7 +219,13 @@ async fn an_agents_client_takes_many_large_answers_at_once_on_its_one_connection
     let addr = listener.local_addr().unwrap();
     let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(Counting(listener, accepted.clone()), app, SHORT, stop.clone()));
+    let server = tokio::spawn(serve(
+        Counting(listener, accepted.clone()),
+        app,
+        Versions::Http1And2,
+        SHORT,
+        stop.clone(),
+    ));
     let servers = std::sync::Arc::new(api_client::Servers::multiplexed(&[addr.to_string()], None).unwrap());
     let requests: Vec<_> = (0..ANSWERS)
         .map(|_| {
@@ -229,6 +241,23 @@ async fn an_agents_client_takes_many_large_answers_at_once_on_its_one_connection
         assert_eq!(text.len(), 40_000);
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_http1_listener_does_not_speak_http2() {
+    let app = Router::new().route("/echo", post(|body: Bytes| async move { body }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, app, Versions::Http1, SHORT, stop.clone()));
+    let h2 = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    assert!(h2.post(format!("http://{addr}/echo")).body("hi").send().await.is_err());
+    let h1 = reqwest::Client::new();
+    let response = h1.post(format!("http://{addr}/echo")).body("hi").send().await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_11);
+    assert_eq!(response.text().await.unwrap(), "hi");
     stop.cancel();
     server.await.unwrap().unwrap();
 }

@@ -79,6 +79,7 @@ async fn a_drain_that_does_not_finish_ends_at_the_grace_deadline() {
         grpc: Some("127.0.0.1:0".parse().unwrap()),
         tls: TlsArgs::default(),
         http_max_conns_per_client: 0,
+        http_versions: crate::http_serve::Versions::Http1And2,
         admission: crate::engine::admission(10, 10),
     })
     .await

@@ -64,7 +64,8 @@ pub enum TlsSetupError {
 /// The server side of the TLS flags: what the HTTPS and xDS TLS listeners serve.
 #[derive(Debug, Clone)]
 pub struct ServerTls {
-    /// The HTTPS API's configuration (ALPN `h2` and `http/1.1`: the API speaks both).
+    /// The HTTPS API's configuration (ALPN `h2` and `http/1.1`; a listener speaking HTTP/1.1
+    /// only offers that alone, see `node::http_serve::Versions`).
     pub http: Arc<rustls::ServerConfig>,
     /// xDS over TLS (ALPN `h2`: gRPC).
     pub grpc: Arc<rustls::ServerConfig>,
@@ -138,9 +139,9 @@ impl TlsSettings {
                     chain.clone(),
                     key_der.clone_key(),
                     verifier.clone(),
-                    &[b"h2", b"http/1.1"],
+                    crate::http_serve::Versions::Http1And2.alpn(),
                 )?;
-                let grpc = server_config(cert, key, chain, key_der, verifier, &[b"h2"])?;
+                let grpc = server_config(cert, key, chain, key_der, verifier, vec![b"h2".to_vec()])?;
                 Some(ServerTls { http, grpc })
             }
         };
@@ -217,7 +218,7 @@ fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     client_verifier: Option<Arc<dyn ClientCertVerifier>>,
-    alpn: &[&[u8]],
+    alpn: Vec<Vec<u8>>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsSetupError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -233,6 +234,6 @@ fn server_config(
         },
         other => content("-tls-key-file", key_path, format!("cannot serve with it: {other}")),
     })?;
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config.alpn_protocols = alpn;
     Ok(Arc::new(config))
 }

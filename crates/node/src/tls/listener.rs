@@ -270,6 +270,7 @@ pub fn serve_https(
     config: Arc<rustls::ServerConfig>,
     max_conns_per_client: u32,
     app: axum::Router,
+    versions: crate::http_serve::Versions,
     stop: CancellationToken,
 ) -> io::Result<(SocketAddr, tokio::task::JoinHandle<io::Result<()>>)> {
     let incoming = TlsIncoming::start(
@@ -281,8 +282,10 @@ pub fn serve_https(
     )?;
     let https_addr = incoming.local_addr();
     let task = tokio::spawn(
-        async move { crate::http_serve::serve(incoming, app, crate::http_serve::Deadlines::default(), stop).await }
-            .instrument(info_span!("https_api", %https_addr)),
+        async move {
+            crate::http_serve::serve(incoming, app, versions, crate::http_serve::Deadlines::default(), stop).await
+        }
+        .instrument(info_span!("https_api", %https_addr)),
     );
     Ok((https_addr, task))
 }
