@@ -601,33 +601,25 @@ impl LocalState {
             deleted_checks: inner.deleted_checks.iter().cloned().collect(),
             ..Pending::default()
         };
-        // One pass over the checks, grouped by service: this runs on every partial sync.
-        let mut by_service: BTreeMap<&str, Vec<&LocalCheck>> = BTreeMap::new();
-        for c in inner.checks.values() {
-            by_service.entry(c.check.service_id.as_str()).or_default().push(c);
-        }
+        let unsynced = |c: &&LocalCheck| c.generation != c.synced;
         for (id, s) in &inner.services {
-            let checks = by_service.get(id.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let checks = inner.checks_of_service(id);
             if s.generation != s.synced {
-                let checks = checks.iter().map(|c| (c.check.clone(), c.generation)).collect();
+                let checks = checks.map(|c| (c.check.clone(), c.generation)).collect();
                 out.services.push((s.service.clone(), s.generation, checks));
             } else {
-                out.checks.extend(
-                    checks
-                        .iter()
-                        .filter(|c| c.generation != c.synced)
-                        .map(|c| (c.check.clone(), c.generation)),
-                );
+                out.checks
+                    .extend(checks.filter(unsynced).map(|c| (c.check.clone(), c.generation)));
             }
         }
         // Node checks, and checks whose service is gone (the catalog refuses those until the
         // next full sync sorts it out).
-        for (service, checks) in &by_service {
-            if !inner.services.contains_key(*service) {
+        for service in inner.checks_by_service.keys() {
+            if !inner.services.contains_key(service) {
                 out.checks.extend(
-                    checks
-                        .iter()
-                        .filter(|c| c.generation != c.synced)
+                    inner
+                        .checks_of_service(service)
+                        .filter(unsynced)
                         .map(|c| (c.check.clone(), c.generation)),
                 );
             }
@@ -640,16 +632,14 @@ impl LocalState {
     pub fn alias_view(&self, service: &str, exclude: &str) -> Option<Vec<HealthCheck>> {
         let inner = self.inner.lock();
         inner.services.get(service)?;
-        Some(
-            inner
-                .checks
-                .values()
-                .filter(|c| {
-                    c.check.check_id != exclude && (c.check.service_id == service || c.check.service_id.is_empty())
-                })
-                .map(|c| c.check.clone())
-                .collect(),
-        )
+        let mut view: Vec<HealthCheck> = inner
+            .checks_of_service(service)
+            .chain(inner.checks_of_service(""))
+            .filter(|c| c.check.check_id != exclude)
+            .map(|c| c.check.clone())
+            .collect();
+        view.sort_by(|a, b| a.check_id.cmp(&b.check_id));
+        Some(view)
     }
 
     /// True while an alias of `service` has nothing to say yet: before the first sync, a check
@@ -659,9 +649,8 @@ impl LocalState {
         let inner = self.inner.lock();
         !inner.reconciled
             && inner
-                .checks
-                .values()
-                .any(|c| c.check.check_id != exclude && c.check.service_id == service && !c.ran && c.kind.is_some())
+                .checks_of_service(service)
+                .any(|c| c.check.check_id != exclude && !c.ran && c.kind.is_some())
     }
 
     /// Records that the catalog has the service as of `generation` (ignored if it changed since).
