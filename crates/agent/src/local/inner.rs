@@ -1,7 +1,7 @@
 //! The local state's maps behind its lock, with the indexes kept beside them (each parent's
 //! sidecars, each service's checks), so lookups by service never scan every entry.
 
-use super::{LocalCheck, LocalService};
+use super::entries::{LocalCheck, LocalService};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
