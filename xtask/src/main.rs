@@ -33,11 +33,14 @@
 //! - `deny`: `cargo deny check` of the dependency policy in `deny.toml` (licenses, bans,
 //!   sources) with the pinned cargo-deny, installed into `.tools/` first. Not advisories:
 //!   their database is cloned from GitHub, which the build machines cannot reach.
+//! - `link-order`: rewrites `crates/meshd/link/order.txt`, the layout of a release binary's
+//!   functions, from callgrind profiles of the demo's processes (needs valgrind and nm).
 #![allow(clippy::print_stdout)]
 
 mod command;
 mod cycles;
 mod fn_lengths;
+mod link_order;
 mod scan;
 mod stress;
 mod suite;
@@ -230,6 +233,7 @@ fn main() -> Result<()> {
         Some("cycles") => cycles::cycles(&workspace_root()),
         Some("fn-lengths") => fn_lengths::fn_lengths(&workspace_root(), &args[1..]),
         Some("deny") => deny(),
+        Some("link-order") => link_order::link_order(),
         Some("chaos") => {
             let (_, peers) = tools::Peers::install(&workspace_root())?;
             let mut cmd = cargo();
@@ -244,12 +248,12 @@ fn main() -> Result<()> {
         }
         Some(other) => {
             bail!(
-                "unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos, fuzz, cycles or fn-lengths"
+                "unknown task {other:?}: expected test, stress, tools, demo, screenshots, bench, soak, chaos, fuzz, cycles, fn-lengths, deny or link-order"
             )
         }
         None => {
             bail!(
-                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny>"
+                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny | link-order>"
             )
         }
     }
