@@ -22,8 +22,8 @@ mod forward;
 
 pub use answer::{HttpError, request_token};
 use answer::{
-    MAX_BODY, agent_service, decode, filtered, json_response, need, need_service_read, ok_empty, refuse_filter,
-    resolve, text, too_large,
+    MAX_BODY, agent_service, decode, filter, filtered, json_response, need, need_service_read, ok_empty, resolve, text,
+    too_large,
 };
 use http_kit::Params;
 
@@ -123,13 +123,14 @@ fn enable_param(q: &Params) -> Result<bool, HttpError> {
 }
 
 async fn services(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
-    refuse_filter(&q)?;
+    let expr = filter::<structs::NodeService>(&q)?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let all = agent.state().services();
+    let mut all: Vec<_> = all.iter().filter(|(_, s)| expr.matches(&s.service)).collect();
     let total = all.len();
+    all.retain(|(_, s)| who.authz.service_read(&s.service.service));
     let out: BTreeMap<String, Value> = all
-        .iter()
-        .filter(|(_, s)| who.authz.service_read(&s.service.service))
+        .into_iter()
         .map(|(id, s)| (id.clone(), agent_service(&agent, s)))
         .collect();
     let dropped = out.len() != total;

@@ -82,8 +82,12 @@ async fn bad_input_is_a_400_naming_the_field_and_changes_nothing() {
             "invalid value for ?enable: \"maybe\" is not a boolean (use true or false)"
         )
     );
-    let (st, _) = call(&app, "GET", "/v1/agent/services?filter=Service==web", Value::Null).await;
+    let (st, body) = call(&app, "GET", "/v1/agent/services?filter=Service.Foo==web", Value::Null).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("filter: unknown selector \"Service.Foo\" at offset 0"),
+        "{body}"
+    );
     agent.shutdown().await;
 }
 
@@ -396,4 +400,43 @@ async fn an_oversized_body_is_a_413_naming_the_limit() {
         assert!(body.contains("limit of 524288 bytes"), "{uri}: {body}");
     }
     assert!(agent.state().services().is_empty(), "nothing registered");
+}
+
+#[tokio::test]
+async fn services_and_checks_take_filter_expressions() {
+    let (app, agent) = app().await;
+    for (id, port, tags) in [("web-1", 8080, json!(["v1"])), ("web-2", 8081, json!(["v2"]))] {
+        let body = json!({"ID": id, "Name": "web", "Port": port, "Tags": tags, "Meta": {"id": id},
+                          "Check": {"CheckID": format!("{id}-ttl"), "TTL": "30s"}});
+        let (st, body) = call(&app, "PUT", "/v1/agent/service/register", body).await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+    }
+    let (st, body) = call(&app, "PUT", "/v1/agent/check/pass/web-2-ttl", Value::Null).await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let keys = |body: &str| -> Vec<String> {
+        let v: Value = serde_json::from_str(body).unwrap();
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    for (uri, want) in [
+        ("/v1/agent/services?filter=Port%20%3D%3D%208081", vec!["web-2"]),
+        ("/v1/agent/services?filter=v1%20in%20Tags", vec!["web-1"]),
+        (
+            "/v1/agent/services?filter=Meta.id%20matches%20%22%5Eweb-%22",
+            vec!["web-1", "web-2"],
+        ),
+        ("/v1/agent/services?filter=Service%20%3D%3D%20api", vec![]),
+        ("/v1/agent/checks?filter=Status%20%3D%3D%20passing", vec!["web-2-ttl"]),
+        ("/v1/agent/checks?filter=ServiceID%20%3D%3D%20web-1", vec!["web-1-ttl"]),
+    ] {
+        let (st, body) = call(&app, "GET", uri, Value::Null).await;
+        assert_eq!(st, StatusCode::OK, "{uri}: {body}");
+        assert_eq!(keys(&body), want, "{uri}");
+    }
+    let (st, body) = call(&app, "GET", "/v1/agent/checks?filter=Status%20%3D%3D", Value::Null).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        body.starts_with("filter: expected a value after \"==\" at offset 9"),
+        "{body}"
+    );
+    agent.shutdown().await;
 }

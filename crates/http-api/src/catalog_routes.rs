@@ -9,6 +9,7 @@ use axum::response::Response;
 use catalog::{IndexKey, Op};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use structs::filter::CatalogRow;
 use structs::{
     ConnectProxyConfig, DeregisterRequest, Index, Node, NodeService, RegisterRequest, ServiceKind,
     service::{ServiceAddress, ServiceConnect, Weights},
@@ -185,13 +186,14 @@ pub(crate) async fn datacenters(State(api): State<Api>, RawQuery(q): RawQuery) -
 pub(crate) async fn nodes(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let meta = params.node_meta()?;
+    let expr = query::filter::<Node>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Nodes;
     let state = api.read(&params, &key).await?;
     let mut nodes: Vec<&Node> = state
         .nodes()
         .map(|n| &**n)
-        .filter(|n| meta_matches(&n.meta, &meta))
+        .filter(|n| meta_matches(&n.meta, &meta) && expr.matches(n))
         .collect();
     let filtered = retain(&mut nodes, |n| a.node_read(&n.node));
     Ok(mark_filtered(
@@ -252,6 +254,7 @@ async fn node_view(
         services: Vec<&'a NodeService>,
     }
     let params = Params::parse(q);
+    let expr = query::filter::<NodeService>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Node(name.clone());
     let state = api.read(&params, &key).await?;
@@ -274,6 +277,7 @@ async fn node_view(
         return Ok(mark_filtered(body, filtered));
     };
     let mut services = state.node_services(&name);
+    services.retain(|s| expr.matches(s));
     let filtered = retain(&mut services, |s| a.service_read(&s.service));
     let body = match shape {
         NodeShape::ServicesById => query::json(
@@ -303,15 +307,19 @@ pub(crate) async fn services(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let meta = params.node_meta()?;
+    let expr = query::filter::<CatalogRow>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Services;
     let state = api.read(&params, &key).await?;
-    let tags = if meta.is_empty() {
+    let tags = if meta.is_empty() && expr.matches_everything() {
         state.service_tags()
     } else {
         let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
         for (node, svc) in state.all_services() {
-            if state.node(node).is_some_and(|n| meta_matches(&n.meta, &meta)) {
+            let admitted = state
+                .node(node)
+                .is_some_and(|n| meta_matches(&n.meta, &meta) && expr.matches(&(n, svc.clone())));
+            if admitted {
                 out.entry(svc.service.clone())
                     .or_default()
                     .extend(svc.tags.iter().cloned());
@@ -338,6 +346,7 @@ async fn service_nodes(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let filters = ServiceFilters::parse(&params)?;
+    let expr = query::filter::<CatalogRow>(&params)?;
     let path = format!("/v1/catalog/{}/{name}", if connect { "connect" } else { "service" });
     api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
         let instances = if connect {
@@ -349,6 +358,7 @@ async fn service_nodes(
             .into_iter()
             .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
             .filter(|(n, svc)| filters.admits(&svc.tags, &n.meta))
+            .filter(|row| expr.matches(row))
             .collect();
         let filtered = retain(&mut nodes, |(n, s)| a.service_read(&s.service) && a.node_read(&n.node));
         let body: Vec<ServiceNode<'_>> = nodes.iter().map(|(n, s)| ServiceNode::new(n, s)).collect();

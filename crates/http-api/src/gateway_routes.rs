@@ -30,7 +30,7 @@ pub(crate) async fn gateway_services(
 }
 
 /// The instances of the ingress gateways exposing `service`, as CheckServiceNodes
-/// (`?passing`: only those whose checks all pass; `?tag`, `?node-meta` as for health service). Needs `service:read` on the service;
+/// (`?passing`: only those whose checks all pass; `?tag`, `?node-meta`, `?filter` as for health service). Needs `service:read` on the service;
 /// gateway instances the token may not read (service or node) are left out.
 pub(crate) async fn ingress_health(
     State(api): State<Api>,
@@ -41,6 +41,7 @@ pub(crate) async fn ingress_health(
     let params = Params::parse(q.as_deref());
     authz.need(|a| a.service_read(&service), "service:read", &service)?;
     let filters = ServiceFilters::parse(&params)?;
+    let expr = query::filter::<CheckServiceNode>(&params)?;
     let passing = params.bool("passing")?;
     let path = format!("/v1/health/ingress/{service}");
     api.shared_answer(&path, &params, IndexKey::IngressGateways, &authz, |state, a| {
@@ -49,6 +50,7 @@ pub(crate) async fn ingress_health(
             .into_iter()
             .filter(|csn| filters.admits(&csn.service.tags, &csn.node.meta))
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
+            .filter(|csn| expr.matches(csn))
             .collect();
         let filtered = retain(&mut result, |csn| {
             a.service_read(&csn.service.service) && a.node_read(&csn.node.node)

@@ -18,6 +18,7 @@ async fn service_health(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let filters = ServiceFilters::parse(&params)?;
+    let expr = query::filter::<CheckServiceNode>(&params)?;
     let passing = params.bool("passing")?;
     let path = format!("/v1/health/{}/{name}", if connect { "connect" } else { "service" });
     api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
@@ -26,6 +27,7 @@ async fn service_health(
             .into_iter()
             .filter(|csn| filters.admits(&csn.service.tags, &csn.node.meta))
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))
+            .filter(|csn| expr.matches(csn))
             .collect();
         let filtered = retain(&mut result, |csn| {
             a.service_read(&csn.service.service) && a.node_read(&csn.node.node)
@@ -67,10 +69,12 @@ pub(crate) async fn checks(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let expr = query::filter::<HealthCheck>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Service(name.clone());
     let state = api.read(&params, &key).await?;
     let mut checks = state.service_checks(&name);
+    checks.retain(|c| expr.matches(c));
     let filtered = retain(&mut checks, |c| readable(a, c));
     let checks: Vec<Cow<'_, HealthCheck>> = checks.iter().map(|c| shown(a, c)).collect();
     Ok(mark_filtered(
@@ -120,6 +124,7 @@ pub(crate) async fn state(
             ))
         })?),
     };
+    let expr = query::filter::<HealthCheck>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Checks;
     let state = api.read(&params, &key).await?;
@@ -127,6 +132,7 @@ pub(crate) async fn state(
         .all_checks()
         .map(|c| &**c)
         .filter(|c| filter.is_none_or(|s| c.status == s))
+        .filter(|c| expr.matches(c))
         .collect();
     let filtered = retain(&mut checks, |c| readable(a, c));
     let checks: Vec<Cow<'_, HealthCheck>> = checks.into_iter().map(|c| shown(a, c)).collect();
@@ -143,10 +149,16 @@ pub(crate) async fn node(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    let expr = query::filter::<HealthCheck>(&params)?;
     let a = authz.get()?;
     let key = IndexKey::Node(node.clone());
     let state = api.read(&params, &key).await?;
-    let mut checks: Vec<HealthCheck> = state.node_checks(&node).iter().map(|c| (**c).clone()).collect();
+    let mut checks: Vec<HealthCheck> = state
+        .node_checks(&node)
+        .iter()
+        .filter(|c| expr.matches(c))
+        .map(|c| (**c).clone())
+        .collect();
     let filtered = retain(&mut checks, |c| readable(a, c));
     let checks: Vec<Cow<'_, HealthCheck>> = checks.iter().map(|c| shown(a, c)).collect();
     Ok(mark_filtered(

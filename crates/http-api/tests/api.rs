@@ -407,10 +407,24 @@ async fn errors_are_plain_text_and_name_the_problem() {
         ),
         (
             "GET",
-            "/v1/health/service/x?filter=Service.Port==1",
+            "/v1/health/service/x?filter=Service.Port==web",
             String::new(),
             StatusCode::BAD_REQUEST,
-            "filter: filter expressions are not supported",
+            "filter: invalid value \"web\" for \"Service.Port\" at offset 14: expected an integer",
+        ),
+        (
+            "GET",
+            "/v1/catalog/nodes?filter=Service.Port==1",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "filter: unknown selector \"Service.Port\" at offset 0: known selectors are ID, Node, Address",
+        ),
+        (
+            "GET",
+            "/v1/catalog/datacenters?filter=Node==n1",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "filter: /v1/catalog/datacenters does not take a filter expression",
         ),
         (
             "GET",
@@ -726,4 +740,156 @@ async fn skip_node_update_needs_no_address_on_an_existing_node() {
         "{}",
         r.body
     );
+}
+
+/// Two nodes in two zones, each with a `web` instance (different tags, meta and ports), `api`
+/// on the second, and a check per instance (one critical).
+async fn two_zones(app: &Router) {
+    let regs = [
+        json!({"Node": "n1", "Address": "10.0.0.1", "NodeMeta": {"zone": "a"},
+               "Service": {"ID": "web-1", "Service": "web", "Port": 8080, "Tags": ["v1"], "Meta": {"version": "1"}},
+               "Checks": [{"CheckID": "web-1-alive", "Name": "alive", "ServiceID": "web-1", "Status": "passing"}]}),
+        json!({"Node": "n2", "Address": "10.0.0.2", "NodeMeta": {"zone": "b"},
+               "Service": {"ID": "web-2", "Service": "web", "Port": 8081, "Tags": ["v2", "canary"], "Meta": {"version": "2"}},
+               "Checks": [{"CheckID": "web-2-alive", "Name": "alive", "ServiceID": "web-2", "Status": "critical"}]}),
+        json!({"Node": "n2", "Address": "10.0.0.2", "NodeMeta": {"zone": "b"},
+               "Service": {"ID": "api", "Service": "api", "Port": 9090, "Tags": ["v2"]}}),
+    ];
+    for body in regs {
+        let r = put(app, "/v1/catalog/register", body).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+}
+
+/// Values of `field` in a JSON list answer, in order.
+fn column(r: &Reply, field: &str) -> Vec<String> {
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v = r.json();
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|row| {
+            row.pointer(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn filter_expressions_on_every_list_endpoint_with_their_own_selectors() {
+    let (app, _) = app().await;
+    two_zones(&app).await;
+    let q = |path: &str, expr: &str| format!("{path}?filter={}", urlencode(expr));
+    let cases: Vec<(String, &str, Vec<&str>)> = vec![
+        (q("/v1/catalog/nodes", "Meta.zone == a"), "/Node", vec!["n1"]),
+        (
+            q("/v1/catalog/nodes", "Node matches \"^n\" and Address != 10.0.0.1"),
+            "/Node",
+            vec!["n2"],
+        ),
+        (
+            q("/v1/catalog/service/web", "ServiceMeta.version == 2"),
+            "/ServiceID",
+            vec!["web-2"],
+        ),
+        (
+            q("/v1/catalog/service/web", "canary in ServiceTags or NodeMeta.zone == a"),
+            "/ServiceID",
+            vec!["web-1", "web-2"],
+        ),
+        (q("/v1/catalog/service/web", "ServicePort == 8080"), "/Node", vec!["n1"]),
+        (
+            q("/v1/catalog/node-services/n2", "Port == 9090"),
+            "/Services/0/ID",
+            vec![],
+        ),
+        (
+            q("/v1/health/service/web", "Node.Meta.zone == b"),
+            "/Service/ID",
+            vec!["web-2"],
+        ),
+        (
+            q("/v1/health/service/web", "Service.Tags is empty"),
+            "/Service/ID",
+            vec![],
+        ),
+        (
+            q("/v1/health/checks/web", "Status == critical"),
+            "/CheckID",
+            vec!["web-2-alive"],
+        ),
+        (q("/v1/health/state/any", "Node == n1"), "/CheckID", vec!["web-1-alive"]),
+        (
+            q("/v1/health/node/n2", "ServiceName == web and v2 in ServiceTags"),
+            "/CheckID",
+            vec!["web-2-alive"],
+        ),
+    ];
+    for (uri, field, want) in cases {
+        let r = get(&app, &uri).await;
+        if field.starts_with("/Services") {
+            let ids: Vec<Value> = r.json()["Services"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["ID"].clone())
+                .collect();
+            assert_eq!(ids, vec![json!("api")], "{uri}");
+            continue;
+        }
+        assert_eq!(column(&r, field), want, "{uri}");
+    }
+    // The catalog's service list: the tags of the instances that match, by service.
+    let r = get(
+        &app,
+        &q("/v1/catalog/services", "NodeMeta.zone == b and ServiceName == web"),
+    )
+    .await;
+    assert_eq!(r.json(), json!({"web": ["canary", "v2"]}));
+    // The node's services by id.
+    let r = get(&app, &q("/v1/catalog/node/n2", "Service == api")).await;
+    let services = r.json()["Services"].clone();
+    let ids: Vec<&String> = services.as_object().unwrap().keys().collect();
+    assert_eq!(ids, ["api"]);
+    // A watch with a filter: parked at the current index, woken by a change that matches,
+    // answered with the filtered list.
+    let path = q("/v1/health/service/web", "Service.Meta.version == 3");
+    let first = get(&app, &path).await;
+    assert_eq!(first.body, "[]");
+    let index = first.index.unwrap();
+    let waiter = {
+        let (app, path) = (app.clone(), path.clone());
+        tokio::spawn(async move { get(&app, &format!("{path}&index={index}&wait=5m")).await })
+    };
+    tokio::task::yield_now().await;
+    let r = put(
+        &app,
+        "/v1/catalog/register",
+        json!({"Node": "n1", "Address": "10.0.0.1", "NodeMeta": {"zone": "a"},
+               "Service": {"ID": "web-3", "Service": "web", "Port": 8082, "Meta": {"version": "3"}}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(woken.index.unwrap() > index);
+    assert_eq!(column(&woken, "/Service/ID"), ["web-3"]);
+    // The same path without the filter is its own answer (answers are shared per query).
+    assert_eq!(
+        column(&get(&app, "/v1/health/service/web").await, "/Service/ID").len(),
+        3
+    );
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

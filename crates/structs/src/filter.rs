@@ -29,6 +29,9 @@
 //!
 //! # Selectors
 //!
+//! Each kind of record has its own (Consul's, per endpoint; see [`records`]). A health
+//! result ([`CheckServiceNode`], the default) has:
+//!
 //! | selector | type |
 //! |---|---|
 //! | `Service.ID`, `Service.Service`, `Service.Address`, `Service.Kind`, `Service.SocketPath` | string |
@@ -37,6 +40,7 @@
 //! | `Service.Meta.<key>`, `Service.Meta["<key>"]` | string; a missing key reads as `""` |
 //! | `Service.Port`, `Service.Weights.Passing`, `Service.Weights.Warning` | integer |
 //! | `Service.EnableTagOverride`, `Service.Connect.Native` | boolean |
+//! | `Service.Proxy.DestinationServiceName`, `Service.Proxy.DestinationServiceID` | string |
 //! | `Node.ID`, `Node.Node`, `Node.Address`, `Node.Datacenter` | string |
 //! | `Node.Meta`, `Node.TaggedAddresses` | map |
 //! | `Node.Meta.<key>`, `Node.TaggedAddresses.<key>` (or `["<key>"]`) | string; a missing key reads as `""` |
@@ -54,27 +58,34 @@
 
 use crate::CheckServiceNode;
 use regex::{Regex, RegexBuilder};
-use std::{collections::BTreeMap, fmt, str::FromStr};
+use std::{fmt, str::FromStr};
+
+pub mod records;
+pub use records::{CatalogRow, Record, Selector};
+use records::{Field, Got};
 
 /// Deepest nesting of parentheses accepted (the parser recurses once per level).
 const MAX_DEPTH: usize = 32;
 /// Upper bound on the compiled size of one `matches` regular expression.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
-/// Every selector, as the unknown-selector error lists them.
-const SELECTORS: &str = "Service.ID, Service.Service, Service.Address, Service.Kind, Service.SocketPath, \
-     Service.Tags, Service.Meta, Service.Meta.<key>, Service.TaggedAddresses, Service.Port, \
-     Service.Weights.Passing, Service.Weights.Warning, Service.EnableTagOverride, Service.Connect.Native, \
-     Node.ID, Node.Node, Node.Address, Node.Datacenter, Node.Meta, Node.Meta.<key>, \
-     Node.TaggedAddresses, Node.TaggedAddresses.<key>";
-
-/// A parsed filter expression, ready to be evaluated against health results.
+/// A parsed filter expression, ready to be evaluated against records of type `T` (health
+/// results unless said otherwise).
 ///
-/// The empty expression matches every instance.
-#[derive(Debug, Clone, Default)]
-pub struct Filter {
+/// The empty expression matches every record.
+#[derive(Debug, Clone)]
+pub struct Filter<T: Record = CheckServiceNode> {
     source: String,
-    expr: Option<Expr>,
+    expr: Option<Expr<T>>,
+}
+
+impl<T: Record> Default for Filter<T> {
+    fn default() -> Self {
+        Filter {
+            source: String::new(),
+            expr: None,
+        }
+    }
 }
 
 /// Why a filter expression does not parse. Every message names the offending token or
@@ -131,16 +142,15 @@ pub enum FilterError {
         /// The deepest nesting accepted.
         max: usize,
     },
-    /// A selector that names no field of a health result.
-    #[error(
-        "unknown selector \"{selector}\" at offset {offset}: known selectors are {}",
-        SELECTORS
-    )]
+    /// A selector that names no field of the records filtered.
+    #[error("unknown selector \"{selector}\" at offset {offset}: known selectors are {known}")]
     UnknownSelector {
         /// Byte offset of the selector.
         offset: usize,
         /// The selector as written.
         selector: String,
+        /// The selectors the records have.
+        known: String,
     },
     /// An operator the selector's type does not take (`==` on a list).
     #[error("operator \"{operator}\" at offset {offset} does not apply to \"{selector}\" ({kind}): use {supported}")]
@@ -209,9 +219,9 @@ fn char_hint(ch: char) -> &'static str {
     }
 }
 
-impl Filter {
+impl<T: Record> Filter<T> {
     /// Parses `expr`. The empty (or all-whitespace) expression matches everything.
-    pub fn parse(expr: &str) -> Result<Filter, FilterError> {
+    pub fn parse(expr: &str) -> Result<Filter<T>, FilterError> {
         let tokens = lex(expr)?;
         if tokens.is_empty() {
             return Ok(Filter {
@@ -235,12 +245,12 @@ impl Filter {
         })
     }
 
-    /// True when `node` satisfies the expression.
-    pub fn matches(&self, node: &CheckServiceNode) -> bool {
-        self.expr.as_ref().is_none_or(|e| e.eval(node))
+    /// True when `record` satisfies the expression.
+    pub fn matches(&self, record: &T) -> bool {
+        self.expr.as_ref().is_none_or(|e| e.eval(record))
     }
 
-    /// True for the empty expression, which matches every instance.
+    /// True for the empty expression, which matches every record.
     pub fn matches_everything(&self) -> bool {
         self.expr.is_none()
     }
@@ -251,14 +261,14 @@ impl Filter {
     }
 }
 
-impl FromStr for Filter {
+impl<T: Record> FromStr for Filter<T> {
     type Err = FilterError;
     fn from_str(s: &str) -> Result<Self, FilterError> {
         Filter::parse(s)
     }
 }
 
-impl fmt::Display for Filter {
+impl<T: Record> fmt::Display for Filter<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
     }
@@ -268,27 +278,27 @@ impl fmt::Display for Filter {
 // Evaluation
 
 #[derive(Debug, Clone)]
-enum Expr {
-    Any(Vec<Expr>),
-    All(Vec<Expr>),
-    Not(Box<Expr>),
-    Match(Match),
+enum Expr<T: Record> {
+    Any(Vec<Expr<T>>),
+    All(Vec<Expr<T>>),
+    Not(Box<Expr<T>>),
+    Match(Match<T>),
 }
 
-impl Expr {
-    fn eval(&self, node: &CheckServiceNode) -> bool {
+impl<T: Record> Expr<T> {
+    fn eval(&self, record: &T) -> bool {
         match self {
-            Expr::Any(terms) => terms.iter().any(|t| t.eval(node)),
-            Expr::All(terms) => terms.iter().all(|t| t.eval(node)),
-            Expr::Not(e) => !e.eval(node),
-            Expr::Match(m) => m.eval(node),
+            Expr::Any(terms) => terms.iter().any(|t| t.eval(record)),
+            Expr::All(terms) => terms.iter().all(|t| t.eval(record)),
+            Expr::Not(e) => !e.eval(record),
+            Expr::Match(m) => m.eval(record),
         }
     }
 }
 
 #[derive(Debug, Clone)]
-struct Match {
-    field: Field,
+struct Match<T: Record> {
+    field: Field<T>,
     test: Test,
     negate: bool,
 }
@@ -308,9 +318,9 @@ enum Value {
     Boolean(bool),
 }
 
-impl Match {
-    fn eval(&self, node: &CheckServiceNode) -> bool {
-        let got = self.field.get(node);
+impl<T: Record> Match<T> {
+    fn eval(&self, record: &T) -> bool {
+        let got = self.field.get(record);
         let hit = match (&self.test, got) {
             (Test::Equals(Value::Text(want)), Got::Text(s)) => s == want,
             (Test::Equals(Value::Integer(want)), Got::Integer(n)) => n == *want,
@@ -327,209 +337,6 @@ impl Match {
             _ => return false,
         };
         hit != self.negate
-    }
-}
-
-/// A string field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Text {
-    ServiceId,
-    ServiceName,
-    ServiceAddress,
-    ServiceKind,
-    ServiceSocketPath,
-    NodeId,
-    NodeName,
-    NodeAddress,
-    NodeDatacenter,
-}
-
-/// An integer field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Integer {
-    ServicePort,
-    WeightsPassing,
-    WeightsWarning,
-}
-
-impl Integer {
-    fn max(self) -> u64 {
-        match self {
-            Integer::ServicePort => u64::from(u16::MAX),
-            Integer::WeightsPassing | Integer::WeightsWarning => u64::from(u32::MAX),
-        }
-    }
-}
-
-/// A boolean field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Boolean {
-    EnableTagOverride,
-    ConnectNative,
-}
-
-/// A map field keyed by strings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Map {
-    ServiceMeta,
-    ServiceTaggedAddresses,
-    NodeMeta,
-    NodeTaggedAddresses,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Field {
-    Text(Text),
-    Integer(Integer),
-    Boolean(Boolean),
-    Tags,
-    Map(Map),
-    /// One key of a map of strings.
-    MapValue(Map, String),
-}
-
-/// A field's value in one instance.
-enum Got<'a> {
-    Text(&'a str),
-    Integer(u64),
-    Boolean(bool),
-    List(&'a [String]),
-    Keys(Keys<'a>),
-}
-
-/// The keys of a map field.
-enum Keys<'a> {
-    Strings(&'a BTreeMap<String, String>),
-    Addresses(&'a BTreeMap<String, crate::service::ServiceAddress>),
-}
-
-impl Keys<'_> {
-    fn contains(&self, key: &str) -> bool {
-        match self {
-            Keys::Strings(m) => m.contains_key(key),
-            Keys::Addresses(m) => m.contains_key(key),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        match self {
-            Keys::Strings(m) => m.is_empty(),
-            Keys::Addresses(m) => m.is_empty(),
-        }
-    }
-}
-
-impl Field {
-    /// The field named by `path`, with `key` from a bracket index (`Service.Meta["k"]`).
-    fn resolve(path: &str, key: Option<String>) -> Option<Field> {
-        if let Some(key) = key {
-            return match path {
-                "Service.Meta" => Some(Field::MapValue(Map::ServiceMeta, key)),
-                "Node.Meta" => Some(Field::MapValue(Map::NodeMeta, key)),
-                "Node.TaggedAddresses" => Some(Field::MapValue(Map::NodeTaggedAddresses, key)),
-                _ => None,
-            };
-        }
-        Some(match path {
-            "Service.ID" => Field::Text(Text::ServiceId),
-            "Service.Service" => Field::Text(Text::ServiceName),
-            "Service.Address" => Field::Text(Text::ServiceAddress),
-            "Service.Kind" => Field::Text(Text::ServiceKind),
-            "Service.SocketPath" => Field::Text(Text::ServiceSocketPath),
-            "Service.Tags" => Field::Tags,
-            "Service.Meta" => Field::Map(Map::ServiceMeta),
-            "Service.TaggedAddresses" => Field::Map(Map::ServiceTaggedAddresses),
-            "Service.Port" => Field::Integer(Integer::ServicePort),
-            "Service.Weights.Passing" => Field::Integer(Integer::WeightsPassing),
-            "Service.Weights.Warning" => Field::Integer(Integer::WeightsWarning),
-            "Service.EnableTagOverride" => Field::Boolean(Boolean::EnableTagOverride),
-            "Service.Connect.Native" => Field::Boolean(Boolean::ConnectNative),
-            "Node.ID" => Field::Text(Text::NodeId),
-            "Node.Node" => Field::Text(Text::NodeName),
-            "Node.Address" => Field::Text(Text::NodeAddress),
-            "Node.Datacenter" => Field::Text(Text::NodeDatacenter),
-            "Node.Meta" => Field::Map(Map::NodeMeta),
-            "Node.TaggedAddresses" => Field::Map(Map::NodeTaggedAddresses),
-            _ => {
-                let maps = [
-                    ("Service.Meta.", Map::ServiceMeta),
-                    ("Node.Meta.", Map::NodeMeta),
-                    ("Node.TaggedAddresses.", Map::NodeTaggedAddresses),
-                ];
-                return maps.into_iter().find_map(|(prefix, map)| {
-                    path.strip_prefix(prefix)
-                        .filter(|k| !k.is_empty())
-                        .map(|k| Field::MapValue(map, k.to_owned()))
-                });
-            }
-        })
-    }
-
-    fn get<'a>(&self, n: &'a CheckServiceNode) -> Got<'a> {
-        match self {
-            Field::Text(t) => Got::Text(match t {
-                Text::ServiceId => &n.service.id,
-                Text::ServiceName => &n.service.service,
-                Text::ServiceAddress => &n.service.address,
-                Text::ServiceKind => n.service.kind.as_str(),
-                Text::ServiceSocketPath => &n.service.socket_path,
-                Text::NodeId => &n.node.id,
-                Text::NodeName => &n.node.node,
-                Text::NodeAddress => &n.node.address,
-                Text::NodeDatacenter => &n.node.datacenter,
-            }),
-            Field::Integer(i) => Got::Integer(match i {
-                Integer::ServicePort => u64::from(n.service.port),
-                Integer::WeightsPassing => u64::from(n.service.weights.passing),
-                Integer::WeightsWarning => u64::from(n.service.weights.warning),
-            }),
-            Field::Boolean(b) => Got::Boolean(match b {
-                Boolean::EnableTagOverride => n.service.enable_tag_override,
-                Boolean::ConnectNative => n.service.connect.native,
-            }),
-            Field::Tags => Got::List(&n.service.tags),
-            Field::Map(m) => Got::Keys(match m {
-                Map::ServiceMeta => Keys::Strings(&n.service.meta),
-                Map::ServiceTaggedAddresses => Keys::Addresses(&n.service.tagged_addresses),
-                Map::NodeMeta => Keys::Strings(&n.node.meta),
-                Map::NodeTaggedAddresses => Keys::Strings(&n.node.tagged_addresses),
-            }),
-            Field::MapValue(m, key) => {
-                let map = match m {
-                    Map::ServiceMeta => &n.service.meta,
-                    Map::NodeMeta => &n.node.meta,
-                    Map::NodeTaggedAddresses => &n.node.tagged_addresses,
-                    // Not resolvable (its values are not strings); reads as missing.
-                    Map::ServiceTaggedAddresses => return Got::Text(""),
-                };
-                Got::Text(map.get(key).map_or("", String::as_str))
-            }
-        }
-    }
-
-    /// The type's name and the operators it takes, for errors.
-    fn kind(&self) -> (&'static str, &'static str) {
-        const COLLECTION_OPS: &str =
-            "\"in\", \"not in\", \"contains\", \"not contains\", \"is empty\" or \"is not empty\"";
-        const SCALAR_OPS: &str = "\"==\" or \"!=\"";
-        match self {
-            Field::Text(_) | Field::MapValue(..) => ("a string", "any operator"),
-            Field::Integer(_) => ("an integer", SCALAR_OPS),
-            Field::Boolean(_) => ("a boolean", SCALAR_OPS),
-            Field::Tags => ("a list", COLLECTION_OPS),
-            Field::Map(_) => ("a map", COLLECTION_OPS),
-        }
-    }
-
-    fn takes(&self, op: Op) -> bool {
-        match self {
-            Field::Text(_) | Field::MapValue(..) => true,
-            Field::Integer(_) | Field::Boolean(_) => matches!(op, Op::Equal | Op::NotEqual),
-            Field::Tags | Field::Map(_) => matches!(
-                op,
-                Op::In | Op::NotIn | Op::Contains | Op::NotContains | Op::IsEmpty | Op::IsNotEmpty
-            ),
-        }
     }
 }
 
@@ -800,7 +607,7 @@ impl Parser<'_> {
         }
     }
 
-    fn parse_or(&mut self) -> Result<Expr, FilterError> {
+    fn parse_or<T: Record>(&mut self) -> Result<Expr<T>, FilterError> {
         let mut terms = vec![self.parse_and()?];
         while self.eat_word("or") {
             terms.push(self.parse_and()?);
@@ -812,7 +619,7 @@ impl Parser<'_> {
         })
     }
 
-    fn parse_and(&mut self) -> Result<Expr, FilterError> {
+    fn parse_and<T: Record>(&mut self) -> Result<Expr<T>, FilterError> {
         let mut terms = vec![self.parse_not()?];
         while self.eat_word("and") {
             terms.push(self.parse_not()?);
@@ -824,7 +631,7 @@ impl Parser<'_> {
         })
     }
 
-    fn parse_not(&mut self) -> Result<Expr, FilterError> {
+    fn parse_not<T: Record>(&mut self) -> Result<Expr<T>, FilterError> {
         let mut negate = false;
         while self.eat_word("not") {
             negate = !negate;
@@ -833,7 +640,7 @@ impl Parser<'_> {
         Ok(if negate { Expr::Not(Box::new(e)) } else { e })
     }
 
-    fn parse_primary(&mut self) -> Result<Expr, FilterError> {
+    fn parse_primary<T: Record>(&mut self) -> Result<Expr<T>, FilterError> {
         match self.peek_tok() {
             Some(Tok::LParen) => {
                 let open = self.offset();
@@ -863,7 +670,7 @@ impl Parser<'_> {
     }
 
     /// A matching expression; the next token is a word or a string.
-    fn parse_match(&mut self) -> Result<Expr, FilterError> {
+    fn parse_match<T: Record>(&mut self) -> Result<Expr<T>, FilterError> {
         let Some(first) = self.bump() else {
             return Err(self.expected("an expression".to_owned()));
         };
@@ -1001,7 +808,7 @@ impl Parser<'_> {
     }
 
     /// The selector after `in` / `not in`.
-    fn parse_selector(&mut self, op: Op, op_offset: usize) -> Result<Field, FilterError> {
+    fn parse_selector<T: Record>(&mut self, op: Op, op_offset: usize) -> Result<Field<T>, FilterError> {
         let Some(Token {
             tok: Tok::Word(path),
             start,
@@ -1018,14 +825,21 @@ impl Parser<'_> {
         Ok(field)
     }
 
-    fn resolve(path: &str, key: Option<String>, offset: usize, text: &str) -> Result<Field, FilterError> {
+    fn resolve<T: Record>(path: &str, key: Option<String>, offset: usize, text: &str) -> Result<Field<T>, FilterError> {
         Field::resolve(path, key).ok_or_else(|| FilterError::UnknownSelector {
             offset,
             selector: text.to_owned(),
+            known: records::known::<T>(),
         })
     }
 
-    fn check_operator(&self, field: &Field, op: Op, offset: usize, text: &str) -> Result<(), FilterError> {
+    fn check_operator<T: Record>(
+        &self,
+        field: &Field<T>,
+        op: Op,
+        offset: usize,
+        text: &str,
+    ) -> Result<(), FilterError> {
         if field.takes(op) {
             return Ok(());
         }
@@ -1090,24 +904,26 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-fn coerce(field: &Field, value: String, offset: usize, selector: &str) -> Result<Value, FilterError> {
+fn coerce<T: Record>(field: &Field<T>, value: String, offset: usize, selector: &str) -> Result<Value, FilterError> {
     let invalid = |value: String, expected: String| FilterError::InvalidValue {
         offset,
         value,
         selector: selector.to_owned(),
         expected,
     };
-    match field {
-        Field::Integer(i) => match value.parse::<u64>() {
-            Ok(n) if n <= i.max() => Ok(Value::Integer(n)),
-            _ => Err(invalid(value, format!("an integer from 0 to {}", i.max()))),
-        },
-        Field::Boolean(_) => match parse_bool(&value) {
+    if let Some(max) = field.integer_max() {
+        return match value.parse::<u64>() {
+            Ok(n) if n <= max => Ok(Value::Integer(n)),
+            _ => Err(invalid(value, format!("an integer from 0 to {max}"))),
+        };
+    }
+    if field.is_boolean() {
+        return match parse_bool(&value) {
             Some(b) => Ok(Value::Boolean(b)),
             None => Err(invalid(value, "true or false".to_owned())),
-        },
-        _ => Ok(Value::Text(value)),
+        };
     }
+    Ok(Value::Text(value))
 }
 
 #[cfg(test)]

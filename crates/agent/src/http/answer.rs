@@ -163,16 +163,11 @@ pub(crate) fn agent_service(agent: &Agent, s: &LocalService) -> Value {
     v
 }
 
-/// `?filter` is not supported: refused with a 400 rather than ignored (an ignored filter
-/// would answer with everything).
-pub(crate) fn refuse_filter(q: &Params) -> Result<(), HttpError> {
-    if q.has("filter") {
-        return Err(HttpError(
-            StatusCode::BAD_REQUEST,
-            "filter: not supported by meshd's agent".into(),
-        ));
-    }
-    Ok(())
+/// `?filter=`, parsed for the records an endpoint lists; a bad expression is a 400 naming
+/// its position. Absent, it matches everything.
+pub(crate) fn filter<T: structs::filter::Record>(q: &Params) -> Result<structs::Filter<T>, HttpError> {
+    structs::Filter::parse(q.get("filter").unwrap_or_default())
+        .map_err(|e| HttpError(StatusCode::BAD_REQUEST, format!("filter: {e}")))
 }
 
 /// A managed proxy: how it runs and its status (pid, state, restarts, last exit).

@@ -1,9 +1,7 @@
 //! The agent's check endpoints (listing, registration, removal, TTL reports) and the local
 //! health of its service instances (`/v1/agent/health/service/...`).
 
-use super::answer::{
-    HttpError, agent_service, decode, filtered, json_response, need, ok_empty, refuse_filter, resolve, text,
-};
+use super::answer::{HttpError, agent_service, decode, filter, filtered, json_response, need, ok_empty, resolve, text};
 use crate::acl::Resolved;
 use crate::local::{LocalCheck, LocalService};
 use crate::runtime::Agent;
@@ -43,13 +41,14 @@ fn agent_check(agent: &Agent, who: &Resolved, c: &LocalCheck) -> Value {
 }
 
 pub(super) async fn checks(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
-    refuse_filter(&q)?;
+    let expr = filter::<structs::HealthCheck>(&q)?;
     let (_, who) = resolve(&agent, &headers, &q).await?;
     let all = agent.state().checks();
+    let all: Vec<_> = all.iter().filter(|(_, c)| expr.matches(&c.check)).collect();
     let total = all.len();
     let node = &agent.config().node;
     let out: BTreeMap<String, Value> = all
-        .iter()
+        .into_iter()
         .filter(|(_, c)| {
             if c.check.service_id.is_empty() {
                 who.authz.node_read(node)

@@ -2,6 +2,7 @@ use super::*;
 use crate::service::{ServiceAddress, Weights};
 use crate::{Node, NodeService, ServiceKind};
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
@@ -84,7 +85,7 @@ fn assert_all(cases: &[(&str, bool)]) {
 }
 
 fn err(expr: &str) -> FilterError {
-    match Filter::parse(expr) {
+    match Filter::<CheckServiceNode>::parse(expr) {
         Ok(f) => panic!("{expr:?} should not parse, got {f:?}"),
         Err(e) => {
             assert!(e.offset() <= expr.len(), "{expr:?}: offset of {e} is past the end");
@@ -573,13 +574,10 @@ fn unknown_selectors() {
         ("Service.ID == a or x not in Node.Tags", 28, "Node.Tags"),
     ];
     for (expr, offset, selector) in cases {
-        assert_eq!(
-            err(expr),
-            FilterError::UnknownSelector {
-                offset,
-                selector: selector.into()
-            },
-            "{expr}"
+        let e = err(expr);
+        assert!(
+            matches!(&e, FilterError::UnknownSelector { offset: o, selector: s, .. } if *o == offset && s == selector),
+            "{expr}: {e:?}"
         );
     }
     let m = msg("Service.Foo == x");
@@ -664,7 +662,7 @@ fn invalid_regular_expressions_fail_to_parse() {
 proptest! {
     #[test]
     fn parse_never_panics(s in "\\PC{0,64}") {
-        if let Err(e) = Filter::parse(&s) {
+        if let Err(e) = Filter::<CheckServiceNode>::parse(&s) {
             prop_assert!(e.offset() <= s.len());
         }
     }
@@ -681,4 +679,77 @@ proptest! {
             Err(e) => prop_assert!(e.offset() <= expr.len(), "{}: {}", expr, e),
         }
     }
+}
+
+/// Each record has its own selectors: the field names of its JSON, as Consul's filters name
+/// them; another record's selectors are unknown there, and the error lists the right ones.
+#[test]
+fn each_record_kind_has_its_own_selectors() {
+    let web = web12();
+    let node = web.node.clone();
+    let service = web.service.clone();
+    let check = crate::HealthCheck {
+        node: "node-a".into(),
+        check_id: "web-12-alive".into(),
+        name: "alive".into(),
+        status: crate::HealthStatus::Critical,
+        service_id: "web-12".into(),
+        service_name: "web".into(),
+        service_tags: vec!["canary".into()],
+        check_type: "ttl".into(),
+        ..crate::HealthCheck::default()
+    };
+    let row: CatalogRow = (std::sync::Arc::new(node.clone()), std::sync::Arc::new(service.clone()));
+
+    fn yes<T: Record>(expr: &str, record: &T) -> bool {
+        Filter::<T>::parse(expr)
+            .unwrap_or_else(|e| panic!("{expr:?}: {e}"))
+            .matches(record)
+    }
+    assert!(yes("Meta.zone == us-east-1b and Node == node-a", &node));
+    assert!(yes(
+        "TaggedAddresses.wan == 198.51.100.1 and lan in TaggedAddresses",
+        &node
+    ));
+    assert!(!yes("Datacenter != dc1", &node));
+    assert!(yes("Service == web and canary in Tags and Port == 8080", &service));
+    assert!(yes(
+        "Meta[\"app-version\"] matches `^2\\.` and lan_ipv4 in TaggedAddresses",
+        &service
+    ));
+    assert!(yes(
+        "Weights.Passing == 3 and Connect.Native == true and Kind == \"\"",
+        &service
+    ));
+    assert!(yes(
+        "Status == critical and ServiceName == web and canary in ServiceTags",
+        &check
+    ));
+    assert!(!yes("Type != ttl", &check));
+    assert!(yes(
+        "NodeMeta.zone == us-east-1b and ServiceMeta.version == v2 and ServicePort == 8080",
+        &row
+    ));
+    assert!(yes(
+        "v2 in ServiceTags and Node == node-a and ServiceConnect.Native == true",
+        &row
+    ));
+
+    let unknown = |e: FilterError| match e {
+        FilterError::UnknownSelector { selector, known, .. } => (selector, known),
+        other => panic!("{other:?}"),
+    };
+    let (selector, known) = unknown(Filter::<Node>::parse("Service.ID == x").unwrap_err());
+    assert_eq!(selector, "Service.ID");
+    assert_eq!(
+        known,
+        "ID, Node, Address, Datacenter, TaggedAddresses, TaggedAddresses.<key>, Meta, Meta.<key>"
+    );
+    let (_, known) = unknown(Filter::<crate::HealthCheck>::parse("Checks.Status == x").unwrap_err());
+    assert!(known.starts_with("Node, CheckID, Name, Status"), "{known}");
+    // Types follow the record: a check's Status is a string, a service's Port an integer.
+    let e = Filter::<NodeService>::parse("Port == web").unwrap_err();
+    assert!(matches!(e, FilterError::InvalidValue { .. }), "{e:?}");
+    let e = Filter::<CatalogRow>::parse("ServiceTags == web").unwrap_err();
+    assert!(matches!(e, FilterError::UnsupportedOperator { .. }), "{e:?}");
 }

@@ -1,0 +1,394 @@
+//! The records a [`Filter`](super::Filter) evaluates against, each with its selectors: the
+//! field names of the JSON each endpoint answers with, as Consul's filters name them.
+//!
+//! | record | endpoints | selectors |
+//! |---|---|---|
+//! | [`CheckServiceNode`] | `/v1/health/service`, `/v1/health/connect`, `/v1/health/ingress` | `Node.*`, `Service.*` |
+//! | [`Node`] | `/v1/catalog/nodes` | `ID`, `Node`, `Address`, `Datacenter`, `TaggedAddresses`, `Meta` |
+//! | [`CatalogRow`] | `/v1/catalog/service`, `/v1/catalog/connect`, `/v1/catalog/services` | `Node`, `Address`, `NodeMeta`, `ServiceName`, `ServiceTags`, ... |
+//! | [`NodeService`] | `/v1/agent/services`, `/v1/catalog/node/:node`, `/v1/catalog/node-services/:node` | `ID`, `Service`, `Tags`, `Meta`, `Port`, `Proxy.*`, ... |
+//! | [`HealthCheck`] | `/v1/health/node`, `/v1/health/checks`, `/v1/health/state`, `/v1/agent/checks` | `Node`, `CheckID`, `Name`, `Status`, `ServiceName`, ... |
+//!
+//! A map of strings takes `in`/`is empty` on its keys and a key as a string selector
+//! (`Meta.version`, `Meta["version"]`); a missing key reads as `""`.
+
+use crate::service::ServiceAddress;
+use crate::{CheckServiceNode, HealthCheck, Node, NodeService};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A kind of record filters evaluate against.
+pub trait Record: Sized + fmt::Debug + Clone + 'static {
+    /// Its selectors.
+    fn selectors() -> &'static [Selector<Self>];
+}
+
+/// One selector of a record: its name and how to read it.
+pub struct Selector<T: 'static> {
+    name: &'static str,
+    get: Get<T>,
+}
+
+impl<T> fmt::Debug for Selector<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+enum Get<T: 'static> {
+    Text(for<'a> fn(&'a T) -> &'a str),
+    /// An integer and its largest value.
+    Integer(fn(&T) -> u64, u64),
+    Boolean(fn(&T) -> bool),
+    List(for<'a> fn(&'a T) -> &'a [String]),
+    /// A map of strings: its keys, and each key as a string selector.
+    Strings(for<'a> fn(&'a T) -> &'a BTreeMap<String, String>),
+    /// A map of addresses: its keys only.
+    Addresses(for<'a> fn(&'a T) -> &'a BTreeMap<String, ServiceAddress>),
+}
+
+impl<T> Selector<T> {
+    const fn text(name: &'static str, get: for<'a> fn(&'a T) -> &'a str) -> Self {
+        Selector {
+            name,
+            get: Get::Text(get),
+        }
+    }
+    const fn integer(name: &'static str, get: fn(&T) -> u64, max: u64) -> Self {
+        Selector {
+            name,
+            get: Get::Integer(get, max),
+        }
+    }
+    const fn boolean(name: &'static str, get: fn(&T) -> bool) -> Self {
+        Selector {
+            name,
+            get: Get::Boolean(get),
+        }
+    }
+    const fn list(name: &'static str, get: for<'a> fn(&'a T) -> &'a [String]) -> Self {
+        Selector {
+            name,
+            get: Get::List(get),
+        }
+    }
+    const fn strings(name: &'static str, get: for<'a> fn(&'a T) -> &'a BTreeMap<String, String>) -> Self {
+        Selector {
+            name,
+            get: Get::Strings(get),
+        }
+    }
+    const fn addresses(name: &'static str, get: for<'a> fn(&'a T) -> &'a BTreeMap<String, ServiceAddress>) -> Self {
+        Selector {
+            name,
+            get: Get::Addresses(get),
+        }
+    }
+}
+
+/// Every selector of `T`, as the unknown-selector error lists them.
+pub(super) fn known<T: Record>() -> String {
+    let mut out: Vec<String> = Vec::new();
+    for s in T::selectors() {
+        out.push(s.name.to_owned());
+        if matches!(s.get, Get::Strings(_)) {
+            out.push(format!("{}.<key>", s.name));
+        }
+    }
+    out.join(", ")
+}
+
+/// A selector resolved against a record type: the field, and the key of a map of strings.
+pub(super) struct Field<T: 'static> {
+    selector: &'static Selector<T>,
+    key: Option<String>,
+}
+
+impl<T> Clone for Field<T> {
+    fn clone(&self) -> Self {
+        Field {
+            selector: self.selector,
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Field<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{}[{key:?}]", self.selector.name),
+            None => write!(f, "{}", self.selector.name),
+        }
+    }
+}
+
+/// A field's value in one record.
+pub(super) enum Got<'a> {
+    Text(&'a str),
+    Integer(u64),
+    Boolean(bool),
+    List(&'a [String]),
+    Keys(Keys<'a>),
+}
+
+/// The keys of a map field.
+pub(super) enum Keys<'a> {
+    Strings(&'a BTreeMap<String, String>),
+    Addresses(&'a BTreeMap<String, ServiceAddress>),
+}
+
+impl Keys<'_> {
+    pub(super) fn contains(&self, key: &str) -> bool {
+        match self {
+            Keys::Strings(m) => m.contains_key(key),
+            Keys::Addresses(m) => m.contains_key(key),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        match self {
+            Keys::Strings(m) => m.is_empty(),
+            Keys::Addresses(m) => m.is_empty(),
+        }
+    }
+}
+
+impl<T: Record> Field<T> {
+    /// The field named by `path`, with `key` from a bracket index (`Service.Meta["k"]`).
+    /// A map of strings also takes a key after a dot (`Service.Meta.k`).
+    pub(super) fn resolve(path: &str, key: Option<String>) -> Option<Field<T>> {
+        let selectors = T::selectors();
+        if let Some(key) = key {
+            let selector = selectors
+                .iter()
+                .find(|s| s.name == path && matches!(s.get, Get::Strings(_)))?;
+            return Some(Field {
+                selector,
+                key: Some(key),
+            });
+        }
+        if let Some(selector) = selectors.iter().find(|s| s.name == path) {
+            return Some(Field { selector, key: None });
+        }
+        selectors.iter().find_map(|s| {
+            let key = path.strip_prefix(s.name)?.strip_prefix('.').filter(|k| !k.is_empty())?;
+            matches!(s.get, Get::Strings(_)).then(|| Field {
+                selector: s,
+                key: Some(key.to_owned()),
+            })
+        })
+    }
+
+    pub(super) fn get<'a>(&self, record: &'a T) -> Got<'a> {
+        match (&self.selector.get, &self.key) {
+            (Get::Strings(get), Some(key)) => Got::Text(get(record).get(key).map_or("", String::as_str)),
+            (Get::Text(get), _) => Got::Text(get(record)),
+            (Get::Integer(get, _), _) => Got::Integer(get(record)),
+            (Get::Boolean(get), _) => Got::Boolean(get(record)),
+            (Get::List(get), _) => Got::List(get(record)),
+            (Get::Strings(get), None) => Got::Keys(Keys::Strings(get(record))),
+            (Get::Addresses(get), _) => Got::Keys(Keys::Addresses(get(record))),
+        }
+    }
+
+    fn is_string(&self) -> bool {
+        matches!(self.selector.get, Get::Text(_)) || self.key.is_some()
+    }
+
+    /// The largest value of an integer field.
+    pub(super) fn integer_max(&self) -> Option<u64> {
+        match self.selector.get {
+            Get::Integer(_, max) => Some(max),
+            _ => None,
+        }
+    }
+
+    pub(super) fn is_boolean(&self) -> bool {
+        matches!(self.selector.get, Get::Boolean(_))
+    }
+
+    /// The type's name and the operators it takes, for errors.
+    pub(super) fn kind(&self) -> (&'static str, &'static str) {
+        const COLLECTION_OPS: &str =
+            "\"in\", \"not in\", \"contains\", \"not contains\", \"is empty\" or \"is not empty\"";
+        const SCALAR_OPS: &str = "\"==\" or \"!=\"";
+        if self.is_string() {
+            return ("a string", "any operator");
+        }
+        match self.selector.get {
+            Get::Integer(..) => ("an integer", SCALAR_OPS),
+            Get::Boolean(_) => ("a boolean", SCALAR_OPS),
+            Get::List(_) => ("a list", COLLECTION_OPS),
+            _ => ("a map", COLLECTION_OPS),
+        }
+    }
+
+    pub(super) fn takes(&self, op: super::Op) -> bool {
+        use super::Op;
+        if self.is_string() {
+            return true;
+        }
+        match self.selector.get {
+            Get::Integer(..) | Get::Boolean(_) => matches!(op, Op::Equal | Op::NotEqual),
+            _ => matches!(
+                op,
+                Op::In | Op::NotIn | Op::Contains | Op::NotContains | Op::IsEmpty | Op::IsNotEmpty
+            ),
+        }
+    }
+}
+
+const PORT_MAX: u64 = u16::MAX as u64;
+const WEIGHT_MAX: u64 = u32::MAX as u64;
+
+impl Record for CheckServiceNode {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<CheckServiceNode>] = &[
+            Selector::text("Service.ID", |n| n.service.id.as_str()),
+            Selector::text("Service.Service", |n| n.service.service.as_str()),
+            Selector::text("Service.Address", |n| n.service.address.as_str()),
+            Selector::text("Service.Kind", |n| n.service.kind.as_str()),
+            Selector::text("Service.SocketPath", |n| n.service.socket_path.as_str()),
+            Selector::list("Service.Tags", |n| n.service.tags.as_slice()),
+            Selector::strings("Service.Meta", |n| &n.service.meta),
+            Selector::addresses("Service.TaggedAddresses", |n| &n.service.tagged_addresses),
+            Selector::integer("Service.Port", |n| u64::from(n.service.port), PORT_MAX),
+            Selector::integer(
+                "Service.Weights.Passing",
+                |n| u64::from(n.service.weights.passing),
+                WEIGHT_MAX,
+            ),
+            Selector::integer(
+                "Service.Weights.Warning",
+                |n| u64::from(n.service.weights.warning),
+                WEIGHT_MAX,
+            ),
+            Selector::boolean("Service.EnableTagOverride", |n| n.service.enable_tag_override),
+            Selector::boolean("Service.Connect.Native", |n| n.service.connect.native),
+            Selector::text("Service.Proxy.DestinationServiceName", |n| {
+                n.service.proxy.destination_service_name.as_str()
+            }),
+            Selector::text("Service.Proxy.DestinationServiceID", |n| {
+                n.service.proxy.destination_service_id.as_str()
+            }),
+            Selector::text("Node.ID", |n| n.node.id.as_str()),
+            Selector::text("Node.Node", |n| n.node.node.as_str()),
+            Selector::text("Node.Address", |n| n.node.address.as_str()),
+            Selector::text("Node.Datacenter", |n| n.node.datacenter.as_str()),
+            Selector::strings("Node.Meta", |n| &n.node.meta),
+            Selector::strings("Node.TaggedAddresses", |n| &n.node.tagged_addresses),
+        ];
+        SELECTORS
+    }
+}
+
+impl Record for Node {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<Node>] = &[
+            Selector::text("ID", |n| n.id.as_str()),
+            Selector::text("Node", |n| n.node.as_str()),
+            Selector::text("Address", |n| n.address.as_str()),
+            Selector::text("Datacenter", |n| n.datacenter.as_str()),
+            Selector::strings("TaggedAddresses", |n| &n.tagged_addresses),
+            Selector::strings("Meta", |n| &n.meta),
+        ];
+        SELECTORS
+    }
+}
+
+impl Record for NodeService {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<NodeService>] = &[
+            Selector::text("Kind", |s| s.kind.as_str()),
+            Selector::text("ID", |s| s.id.as_str()),
+            Selector::text("Service", |s| s.service.as_str()),
+            Selector::list("Tags", |s| s.tags.as_slice()),
+            Selector::text("Address", |s| s.address.as_str()),
+            Selector::addresses("TaggedAddresses", |s| &s.tagged_addresses),
+            Selector::strings("Meta", |s| &s.meta),
+            Selector::integer("Port", |s| u64::from(s.port), PORT_MAX),
+            Selector::text("SocketPath", |s| s.socket_path.as_str()),
+            Selector::integer("Weights.Passing", |s| u64::from(s.weights.passing), WEIGHT_MAX),
+            Selector::integer("Weights.Warning", |s| u64::from(s.weights.warning), WEIGHT_MAX),
+            Selector::boolean("EnableTagOverride", |s| s.enable_tag_override),
+            Selector::text("Proxy.DestinationServiceName", |s| {
+                s.proxy.destination_service_name.as_str()
+            }),
+            Selector::text("Proxy.DestinationServiceID", |s| {
+                s.proxy.destination_service_id.as_str()
+            }),
+            Selector::text("Proxy.LocalServiceAddress", |s| s.proxy.local_service_address.as_str()),
+            Selector::integer(
+                "Proxy.LocalServicePort",
+                |s| u64::from(s.proxy.local_service_port),
+                PORT_MAX,
+            ),
+            Selector::boolean("Connect.Native", |s| s.connect.native),
+        ];
+        SELECTORS
+    }
+}
+
+impl Record for HealthCheck {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<HealthCheck>] = &[
+            Selector::text("Node", |c| c.node.as_str()),
+            Selector::text("CheckID", |c| c.check_id.as_str()),
+            Selector::text("Name", |c| c.name.as_str()),
+            Selector::text("Status", |c| c.status.as_str()),
+            Selector::text("Notes", |c| c.notes.as_str()),
+            Selector::text("Output", |c| c.output.as_str()),
+            Selector::text("ServiceID", |c| c.service_id.as_str()),
+            Selector::text("ServiceName", |c| c.service_name.as_str()),
+            Selector::list("ServiceTags", |c| c.service_tags.as_slice()),
+            Selector::text("Type", |c| c.check_type.as_str()),
+        ];
+        SELECTORS
+    }
+}
+
+/// A service instance with its node, as the catalog's service endpoints answer it (Consul's
+/// flat `ServiceNode`: node fields, then `Service*` fields).
+pub type CatalogRow = (Arc<Node>, Arc<NodeService>);
+
+impl Record for CatalogRow {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<CatalogRow>] = &[
+            Selector::text("ID", |(n, _)| n.id.as_str()),
+            Selector::text("Node", |(n, _)| n.node.as_str()),
+            Selector::text("Address", |(n, _)| n.address.as_str()),
+            Selector::text("Datacenter", |(n, _)| n.datacenter.as_str()),
+            Selector::strings("TaggedAddresses", |(n, _)| &n.tagged_addresses),
+            Selector::strings("NodeMeta", |(n, _)| &n.meta),
+            Selector::text("ServiceKind", |(_, s)| s.kind.as_str()),
+            Selector::text("ServiceID", |(_, s)| s.id.as_str()),
+            Selector::text("ServiceName", |(_, s)| s.service.as_str()),
+            Selector::list("ServiceTags", |(_, s)| s.tags.as_slice()),
+            Selector::text("ServiceAddress", |(_, s)| s.address.as_str()),
+            Selector::addresses("ServiceTaggedAddresses", |(_, s)| &s.tagged_addresses),
+            Selector::strings("ServiceMeta", |(_, s)| &s.meta),
+            Selector::integer("ServicePort", |(_, s)| u64::from(s.port), PORT_MAX),
+            Selector::text("ServiceSocketPath", |(_, s)| s.socket_path.as_str()),
+            Selector::integer(
+                "ServiceWeights.Passing",
+                |(_, s)| u64::from(s.weights.passing),
+                WEIGHT_MAX,
+            ),
+            Selector::integer(
+                "ServiceWeights.Warning",
+                |(_, s)| u64::from(s.weights.warning),
+                WEIGHT_MAX,
+            ),
+            Selector::boolean("ServiceEnableTagOverride", |(_, s)| s.enable_tag_override),
+            Selector::text("ServiceProxy.DestinationServiceName", |(_, s)| {
+                s.proxy.destination_service_name.as_str()
+            }),
+            Selector::text("ServiceProxy.DestinationServiceID", |(_, s)| {
+                s.proxy.destination_service_id.as_str()
+            }),
+            Selector::boolean("ServiceConnect.Native", |(_, s)| s.connect.native),
+        ];
+        SELECTORS
+    }
+}
