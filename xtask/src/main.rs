@@ -73,8 +73,19 @@ const BENCHES: &[(&str, &str, &str)] = &[
 
 fn test(extra: &[String]) -> Result<()> {
     // Real peers first: the pinned Python clients, Envoy and etcd.
+    let started = std::time::Instant::now();
     let (python, peers) = tools::Peers::install(&workspace_root())?;
-    let SuiteRun { totals, failures } = run_suite(&python, &peers, extra, None, |_| {})?;
+    let tools_time = started.elapsed();
+    let SuiteRun {
+        totals,
+        failures,
+        stages,
+    } = run_suite(&python, &peers, extra, None, |_| {})?;
+    println!("xtask test: stage times");
+    println!("  {:5.0}s  install the pinned peers", tools_time.as_secs_f64());
+    for (name, took) in &stages {
+        println!("  {:5.0}s  {name}", took.as_secs_f64());
+    }
 
     // One closing line for the whole run, in the plain form CI reads.
     println!(

@@ -98,6 +98,8 @@ fn run_and_parse(
 pub(crate) struct SuiteRun {
     pub(crate) totals: Totals,
     pub(crate) failures: Vec<&'static str>,
+    /// How long each stage took, in order.
+    pub(crate) stages: Vec<(&'static str, std::time::Duration)>,
 }
 
 /// Runs the whole suite once: every Rust test of the workspace (with `extra` cargo
@@ -113,6 +115,11 @@ pub(crate) fn run_suite(
     let root = workspace_root();
     let mut run = SuiteRun::default();
     let binary = root.join("target").join("debug").join("meshd");
+    let mut started = std::time::Instant::now();
+    let mut stage = |run: &mut SuiteRun, name: &'static str| {
+        run.stages.push((name, started.elapsed()));
+        started = std::time::Instant::now();
+    };
     // A whole-workspace run builds every test target (and the binary) first, then runs the
     // Python suites beside the Rust tests: cargo runs test binaries one after another, which
     // leaves the machine half idle. A filtered run keeps them one after the other.
@@ -120,6 +127,7 @@ pub(crate) fn run_suite(
         let mut build = cargo();
         build.args(["test", "--workspace", "--locked", "--no-run"]);
         crate::command::run(build)?;
+        stage(&mut run, "build every test target");
         Some(spawn_pytest(python, peers, &binary)?)
     } else {
         None
@@ -138,6 +146,7 @@ pub(crate) fn run_suite(
     {
         run.failures.push("cargo test");
     }
+    stage(&mut run, "Rust tests");
 
     // The Python client suites run against the real binary.
     let before = run.totals.passed + run.totals.failed;
@@ -161,6 +170,7 @@ pub(crate) fn run_suite(
             .success()
         }
     };
+    stage(&mut run, "Python suites (after the Rust tests, when beside them)");
     if !passed {
         run.failures.push("pytest");
     }

@@ -142,8 +142,8 @@ async fn method_not_allowed(req: Request) -> Response {
     resp
 }
 
-async fn not_found() -> Response {
-    ApiError::NotFound("404 page not found".into()).into_response()
+async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError::NotFound(http_kit::unknown_path(uri.path()).trim_end().to_owned()).into_response()
 }
 
 async fn count(State(metrics): State<Arc<HttpMetrics>>, req: Request, next: Next) -> Response {

@@ -488,7 +488,7 @@ async fn errors_are_plain_text_and_name_the_problem() {
             "/v1/no/such/path",
             String::new(),
             StatusCode::NOT_FOUND,
-            "404 page not found",
+            "404 page not found: no endpoint at /v1/no/such/path",
         ),
         (
             "POST",

@@ -26,6 +26,12 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 /// Longest blocking wait honoured, as Consul's.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// The body of a 404 for a path no route serves: Go's `404 page not found`, which clients
+/// match, then the path (percent-encoded as requested, so the line stays plain ASCII).
+pub fn unknown_path(path: &str) -> String {
+    format!("404 page not found: no endpoint at {path}\n")
+}
+
 /// The body of a 413: it names the limit (Consul's APIs and meshd's answer with the same
 /// words).
 pub fn too_large(limit: usize) -> String {

@@ -13,7 +13,7 @@ use http_kit::relay::{self, Outgoing};
 
 pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Response {
     if !req.uri().path().starts_with("/v1/") {
-        return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+        return text(StatusCode::NOT_FOUND, http_kit::unknown_path(req.uri().path()));
     }
     let out = match Outgoing::read(req, MAX_BODY).await {
         Ok(out) => out,
