@@ -364,6 +364,40 @@ def test_terminate_leaves_the_catalog():
         assert server.stop() == 0
 
 
+def test_leave_force_leave_and_host_through_py_consul():
+    """`agent.leave()` shuts an agent down and its node leaves the catalog; `force_leave`
+    (through an agent, forwarded) removes a node that stopped without leaving; `/host`
+    describes the machine."""
+    server = start_server()
+    leaver = start_agent([server.addr], node="leaver")
+    gone = start_agent([server.addr], node="gone")
+    try:
+        catalog_nodes = lambda: {n["Node"] for n in server.client().catalog.nodes()[1]}
+        eventually(lambda: {"leaver", "gone"} <= catalog_nodes(), what="both nodes registered")
+        host = json.load(urllib.request.urlopen(f"http://{leaver.addr}/v1/agent/host"))
+        assert host["Errors"] == [] and host["Memory"]["total"] > 0 and host["Host"]["os"] == "linux", host
+        # A graceful leave: the answer, then the process ends cleanly and the node is gone.
+        assert leaver.client().agent.leave() is True
+        assert leaver.proc.wait(timeout=30) == 0
+        eventually(lambda: "leaver" not in catalog_nodes(), what="the node that left removed")
+        # A node whose agent died without leaving stays until forced out.
+        gone.stop(signal.SIGKILL)
+        assert "gone" in catalog_nodes()
+        assert server.client().agent.force_leave("gone", prune=True) is True
+        assert "gone" not in catalog_nodes()
+        # An unknown node is a 404 naming it (py-consul reads it as False).
+        assert server.client().agent.force_leave("never-was") is False
+        req = urllib.request.Request(f"http://{server.addr}/v1/agent/force-leave/never-was", method="PUT")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req)
+        assert err.value.code == 404 and b'No node found with name "never-was"' in err.value.read()
+    finally:
+        for proc in (leaver, gone):
+            if proc.proc.poll() is None:
+                proc.stop(signal.SIGKILL)
+        assert server.stop() == 0
+
+
 def test_config_file_services_and_sighup_reload(tmp_path):
     server = start_server()
     cfg = tmp_path / "agent.json"

@@ -90,3 +90,27 @@ pub(crate) async fn heartbeat(
     liveness.heartbeat(&hb.node, &hb.address).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
+
+/// `PUT /v1/agent/force-leave/:node` (`operator:write`, as Consul's): the node leaves the
+/// catalog now, with its services and checks. meshd has no gossip member list, so `?prune`
+/// (accepted) changes nothing more; an agent still running on the node registers it again at
+/// its next sync, as a Consul agent rejoins. An unknown node is a 404 naming it.
+pub(crate) async fn force_leave(
+    State(api): State<Api>,
+    authz: Authz,
+    axum::extract::Path(node): axum::extract::Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    params.bool("prune")?;
+    authz.need(|a| a.operator_write(), "operator:write", "")?;
+    if api.store.read().node(&node).is_none() {
+        return Err(ApiError::NotFound(format!("No node found with name {node:?}")));
+    }
+    let req = structs::DeregisterRequest {
+        node,
+        ..Default::default()
+    };
+    api.store.write(catalog::Op::Deregister(req)).await?;
+    Ok(axum::response::IntoResponse::into_response(axum::http::StatusCode::OK))
+}

@@ -507,6 +507,14 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
         row("GET", "/v1/status/peers", "/v1/status/peers", n.clone(), "", Open),
         row("GET", "/v1/agent/self", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
         row(
+            "PUT",
+            "/v1/agent/force-leave/{node}",
+            "/v1/agent/force-leave/n1?prune",
+            n.clone(),
+            OPERATOR_WRITE,
+            Denied,
+        ),
+        row(
             "GET",
             "/v1/internal/ui/services",
             "/v1/internal/ui/services",

@@ -22,6 +22,7 @@ pub mod conn_limit;
 pub mod engine;
 pub mod first_bytes;
 pub mod header_cap;
+pub mod host;
 pub mod http_serve;
 pub mod metrics;
 pub mod mode;

@@ -226,11 +226,14 @@ pub async fn serve_with_grace<M: Mode>(
         Arc::new(move |id: &str| source.waiting(id))
     };
     let status = crate::status::router(engine.manager.clone(), engine.xds.clone(), waiting);
+    // `PUT /v1/agent/leave` ends serving as the first signal would.
+    let leave = CancellationToken::new();
     let app = with_tokens(
         mode.routes(&engine)
             .merge(status)
             .merge(metrics)
-            .merge(crate::version::router()),
+            .merge(crate::version::router())
+            .merge(crate::host::router(mode.node_name(), leave.clone())),
         tokens,
     )
     .layer(axum::middleware::from_fn(crate::header_cap::cap));
@@ -250,7 +253,10 @@ pub async fn serve_with_grace<M: Mode>(
     let tasks_stop = CancellationToken::new();
     mode.spawn(&engine, &tasks, tasks_stop.clone());
 
-    shutdown.await;
+    tokio::select! {
+        () = shutdown => {}
+        () = leave.cancelled() => {}
+    }
     info!("shutting down");
     let second = crate::shutdown::second_signal();
     let drain = tokio::time::timeout(grace, async {
