@@ -249,7 +249,7 @@ def test_anti_entropy_removes_foreign_entries_of_its_node():
         c = agent.client()
         c.agent.service.register("web", port=80)
         eventually(lambda: server_health(server, "web"), what="web on the server")
-        assert server.client().catalog.node("node-a")[1]["Node"]["Meta"] == {"rack": "r1"}
+        assert server.client().catalog.node("node-a")[1]["Node"]["Meta"]["rack"] == "r1"
         # Someone writes an entry for the agent's node straight to the server.
         assert server.client().catalog.register("node-a", "127.0.0.1", service={"Service": "rogue", "Port": 1}) is True
         assert server_health(server, "rogue")
@@ -395,6 +395,31 @@ def test_leave_force_leave_and_host_through_py_consul():
         for proc in (leaver, gone):
             if proc.proc.poll() is None:
                 proc.stop(signal.SIGKILL)
+        assert server.stop() == 0
+
+
+def test_the_agent_node_has_a_kept_id_tagged_addresses_and_meta(tmp_path):
+    """As a Consul agent's: a UUID kept in the data dir across restarts, `lan`/`wan` tagged
+    addresses, and `consul-version`/`consul-network-segment` meta."""
+    import uuid
+    server = start_server()
+    agent = start_agent([server.addr], node="ided", data_dir=tmp_path / "agent")
+    try:
+        # The first heartbeat may make the node before the first sync names its id.
+        node = eventually(lambda: (lambda n: n if n and n["Node"]["ID"] else None)(
+            server.client().catalog.node("ided")[1]), what="the node with its id")["Node"]
+        node_id = node["ID"]
+        assert str(uuid.UUID(node_id)) == node_id
+        assert node["TaggedAddresses"] == {"lan": "127.0.0.1", "lan_ipv4": "127.0.0.1",
+                                           "wan": "127.0.0.1", "wan_ipv4": "127.0.0.1"}
+        assert node["Meta"]["consul-network-segment"] == "" and node["Meta"]["consul-version"], node
+        assert agent.client().agent.self()["Config"]["NodeID"] == node_id
+        assert agent.stop() == 0
+        agent = start_agent([server.addr], node="ided", data_dir=tmp_path / "agent")
+        assert agent.client().agent.self()["Config"]["NodeID"] == node_id
+        assert oct(os.stat(tmp_path / "agent" / "node-id").st_mode & 0o777) == "0o600"
+    finally:
+        assert agent.stop() == 0
         assert server.stop() == 0
 
 

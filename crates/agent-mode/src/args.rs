@@ -33,6 +33,10 @@ pub struct AgentArgs {
     /// The node's address in the catalog (default: the first private IP, else 127.0.0.1).
     #[arg(long = "advertise", value_name = "ADDR")]
     pub advertise: Option<String>,
+    /// The node's id in the catalog, a UUID (default: the one kept in the data dir, made at
+    /// the first start; with `-dev`, a new one each start).
+    #[arg(long = "node-id", value_name = "UUID")]
+    pub node_id: Option<String>,
     /// Node metadata in the catalog, `KEY:VALUE` (repeatable).
     #[arg(long = "node-meta", value_name = "KEY:VALUE")]
     pub node_meta: Vec<String>,

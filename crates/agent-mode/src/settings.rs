@@ -110,6 +110,7 @@ pub(crate) fn settings(args: &AgentArgs) -> Result<Settings, StartError> {
     let check_allowed_targets = allowed_targets(args, &file)?;
     let agent = AgentConfig {
         node_meta: node_meta(args, &file)?,
+        node_id: args.node_id.clone().or_else(|| file.node_id.clone()),
         node: args
             .node
             .clone()

@@ -36,6 +36,9 @@ pub struct FileConfig {
     /// Address of the node in the catalog.
     #[serde(rename = "Advertise", alias = "advertise_addr")]
     pub advertise: Option<String>,
+    /// Node id (a UUID).
+    #[serde(rename = "NodeID", alias = "node_id")]
+    pub node_id: Option<String>,
     /// Node metadata (merged over earlier files').
     #[serde(rename = "NodeMeta")]
     pub node_meta: std::collections::BTreeMap<String, String>,
@@ -142,7 +145,7 @@ impl FileConfig {
         macro_rules! later_wins {
             ($($f:ident)*) => {$( if other.$f.is_some() { self.$f = other.$f; } )*};
         }
-        later_wins!(node data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
+        later_wins!(node node_id data_dir dev http_addr grpc_addr datacenter advertise log_level log_json leave_on_terminate
             managed_sidecars allow_managed_root allow_managed_api_registration envoy_binary);
         let ports = other.ports;
         self.ports.sidecar_min_port = ports.sidecar_min_port.or(self.ports.sidecar_min_port);

@@ -210,7 +210,7 @@ async fn agent_self(State(agent): State<Agent>, q: Params, headers: HeaderMap) -
             "Config": {
                 "Datacenter": c.datacenter,
                 "NodeName": c.node,
-                "NodeID": "",
+                "NodeID": c.node_id.clone().unwrap_or_default(),
                 "Server": false,
                 "Version": env!("CARGO_PKG_VERSION"),
                 "Revision": "",

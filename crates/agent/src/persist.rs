@@ -57,6 +57,41 @@ fn file_name(id: &str) -> String {
     format!("{}.json", atomic_file::file_name_for(id))
 }
 
+/// A new random UUID (version 4), as text.
+pub fn random_uuid() -> io::Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(format!("no random bytes: {e}")))?;
+    Ok(uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string())
+}
+
+/// The node id kept in `<data_dir>/node-id`, made (a random UUID, written `0600`) at the
+/// first start. A file that does not hold a UUID is an error naming it, not replaced: the
+/// catalog knows the node by it.
+pub fn node_id(data_dir: &Path) -> io::Result<String> {
+    let path = data_dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim();
+            if uuid::Uuid::parse_str(id).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} does not hold a UUID", path.display()),
+                ));
+            }
+            Ok(id.to_owned())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let id = random_uuid()?;
+            atomic_file::write_atomic(&path, id.as_bytes(), 0o600)?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 impl Persistence {
     /// Opens (creating) `<data_dir>/services` and `<data_dir>/checks`; the data dir is made
     /// private (`0700`, files `0600`: registrations can hold check headers and tokens), and
@@ -132,6 +167,23 @@ fn load_dir<T: serde::de::DeserializeOwned>(dir: &Path, what: &str) -> io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_id_is_made_once_kept_private_and_never_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let first = node_id(dir.path()).unwrap();
+        assert!(uuid::Uuid::parse_str(&first).is_ok(), "{first}");
+        let mode = std::fs::metadata(dir.path().join("node-id"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(node_id(dir.path()).unwrap(), first, "the same id at every start");
+        std::fs::write(dir.path().join("node-id"), "not-a-uuid").unwrap();
+        let e = node_id(dir.path()).unwrap_err();
+        assert!(e.to_string().ends_with("node-id does not hold a UUID"), "{e}");
+    }
 
     #[test]
     fn ids_map_to_distinct_safe_names() {

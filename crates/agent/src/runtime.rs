@@ -62,6 +62,19 @@ impl Agent {
                 error,
             })?),
         };
+        let node_id = match (&config.node_id, &config.data_dir) {
+            (Some(id), _) => id.clone(),
+            (None, Some(dir)) => crate::persist::node_id(dir).map_err(|error| AgentError::DataDir {
+                path: dir.clone(),
+                error,
+            })?,
+            (None, None) => crate::persist::random_uuid()?,
+        };
+        // Kept in the config: `/v1/agent/self` shows it.
+        let config = AgentConfig {
+            node_id: Some(node_id.clone()),
+            ..config
+        };
         let state = Arc::new(LocalState::new(config.node.clone()));
         let cancel = CancellationToken::new();
         let servers = Arc::new(Servers::multiplexed(&config.servers, config.servers_ca_pem.as_deref())?);
@@ -71,9 +84,11 @@ impl Agent {
             Arc::clone(&servers),
             NodeInfo {
                 node: config.node.clone(),
+                id: node_id.clone(),
                 address: config.advertise.clone(),
+                tagged_addresses: crate::sync::tagged_addresses(&config.advertise),
                 datacenter: config.datacenter.clone(),
-                meta: config.node_meta.clone(),
+                meta: crate::sync::with_agent_meta(config.node_meta.clone()),
             },
             config.sync.clone(),
         ));

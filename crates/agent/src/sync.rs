@@ -66,12 +66,42 @@ impl Default for SyncConfig {
 pub struct NodeInfo {
     /// Node name.
     pub node: String,
+    /// Node id (a UUID).
+    pub id: String,
+    /// The node's addresses by tag (`lan`, `lan_ipv4`, `wan`, `wan_ipv4`).
+    pub tagged_addresses: BTreeMap<String, String>,
     /// Address the node is reached at.
     pub address: String,
     /// Datacenter.
     pub datacenter: String,
     /// Node metadata.
     pub meta: BTreeMap<String, String>,
+}
+
+/// A node's tagged addresses as Consul's agents register them: `lan` and `wan` (this agent
+/// has one address for both), and `lan_ipv4`/`wan_ipv4` (or `_ipv6`) when it is an IP.
+pub fn tagged_addresses(address: &str) -> BTreeMap<String, String> {
+    let family = match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => Some("ipv4"),
+        Ok(std::net::IpAddr::V6(_)) => Some("ipv6"),
+        Err(_) => None,
+    };
+    let mut out = BTreeMap::new();
+    for tag in ["lan", "wan"] {
+        out.insert(tag.to_owned(), address.to_owned());
+        if let Some(family) = family {
+            out.insert(format!("{tag}_{family}"), address.to_owned());
+        }
+    }
+    out
+}
+
+/// The node's metadata with what Consul's agents add: `consul-version` (meshd's) and
+/// `consul-network-segment` (empty: the default segment).
+pub fn with_agent_meta(mut meta: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    meta.insert("consul-version".into(), env!("CARGO_PKG_VERSION").into());
+    meta.insert("consul-network-segment".into(), String::new());
+    meta
 }
 
 /// A write of anti-entropy to the servers' catalog.
@@ -238,6 +268,8 @@ impl<C: CatalogApi> Syncer<C> {
             structs::json::from_value(self.servers.get(paths::health_node(node)).await?).map_err(decode)?;
         let node_ok = remote.node.as_ref().is_some_and(|n| {
             n.address == self.node.address
+                && n.id == self.node.id
+                && n.tagged_addresses == self.node.tagged_addresses
                 && n.meta == self.node.meta
                 && (self.node.datacenter.is_empty() || n.datacenter == self.node.datacenter)
         });
@@ -250,7 +282,9 @@ impl<C: CatalogApi> Syncer<C> {
                     // rather than adopting this node.
                     &CatalogWrite::Register(Box::new(RegisterRequest {
                         node: node.clone(),
+                        id: self.node.id.clone(),
                         address: self.node.address.clone(),
+                        tagged_addresses: self.node.tagged_addresses.clone(),
                         datacenter: self.node.datacenter.clone(),
                         node_meta: self.node.meta.clone(),
                         ..RegisterRequest::default()
@@ -273,7 +307,6 @@ impl<C: CatalogApi> Syncer<C> {
             deleted_services,
             deleted_checks,
         } = self.state.pending();
-        let node = self.node.node.clone();
         let mut jobs: Vec<Job> = Vec::new();
         jobs.extend(deleted_services.into_iter().map(Job::DeleteService));
         jobs.extend(deleted_checks.into_iter().map(Job::DeleteCheck));
@@ -297,6 +330,7 @@ impl<C: CatalogApi> Syncer<C> {
         }
         // Removals complete before writes start: a check moving between ids never has both
         // its old and new self removed by a late deregistration.
+        let info = Arc::new(self.node.clone());
         for batch in [jobs, writes] {
             let mut set = JoinSet::new();
             let mut first_err = None;
@@ -311,12 +345,8 @@ impl<C: CatalogApi> Syncer<C> {
                 }
                 let servers = Arc::clone(&self.servers);
                 let state = Arc::clone(&self.state);
-                let node = node.clone();
-                let address = self.node.address.clone();
-                set.spawn(
-                    async move { job.run(&*servers, &state, &node, &address).await }
-                        .instrument(tracing::Span::current()),
-                );
+                let info = Arc::clone(&info);
+                set.spawn(async move { job.run(&*servers, &state, &info).await }.instrument(tracing::Span::current()));
             }
             while let Some(done) = set.join_next().await {
                 if let Ok(Err(e)) = done {
@@ -340,13 +370,8 @@ enum Job {
 }
 
 impl Job {
-    async fn run<C: CatalogApi>(
-        self,
-        servers: &C,
-        state: &LocalState,
-        node: &str,
-        address: &str,
-    ) -> Result<(), ApiError> {
+    async fn run<C: CatalogApi>(self, servers: &C, state: &LocalState, info: &NodeInfo) -> Result<(), ApiError> {
+        let node = info.node.as_str();
         let result = match &self {
             // Removals run with the agent's token (node:write covers what is on the node).
             Job::DeleteService(id) => {
@@ -378,7 +403,7 @@ impl Job {
                 let register = RegisterRequest {
                     service: Some((**svc).clone()),
                     checks: checks.iter().map(|(c, _)| c.clone()).collect(),
-                    ..on_node(node, address)
+                    ..on_node(info)
                 };
                 servers
                     .write(token.as_ref(), &CatalogWrite::Register(Box::new(register)))
@@ -387,7 +412,7 @@ impl Job {
             Job::Checks(token, checks) => {
                 let register = RegisterRequest {
                     checks: checks.iter().map(|(c, _)| c.clone()).collect(),
-                    ..on_node(node, address)
+                    ..on_node(info)
                 };
                 servers
                     .write(token.as_ref(), &CatalogWrite::Register(Box::new(register)))
@@ -441,11 +466,15 @@ impl Job {
 #[cfg(test)]
 mod tests;
 
-/// A registration on `node` that leaves the node's own fields as they are.
-fn on_node(node: &str, address: &str) -> RegisterRequest {
+/// A registration on the node that leaves the node's own fields as they are; a node the
+/// catalog does not have yet is made with them (its id, addresses and meta).
+fn on_node(info: &NodeInfo) -> RegisterRequest {
     RegisterRequest {
-        node: node.to_owned(),
-        address: address.to_owned(),
+        node: info.node.clone(),
+        id: info.id.clone(),
+        address: info.address.clone(),
+        tagged_addresses: info.tagged_addresses.clone(),
+        node_meta: info.meta.clone(),
         skip_node_update: true,
         ..RegisterRequest::default()
     }

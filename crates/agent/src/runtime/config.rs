@@ -17,8 +17,12 @@ pub struct AgentConfig {
     pub datacenter: String,
     /// Address of the node in the catalog.
     pub advertise: String,
-    /// Node metadata in the catalog.
+    /// Node metadata in the catalog (the agent adds `consul-version` and
+    /// `consul-network-segment`, as Consul's agents do; keys starting `consul-` are theirs).
     pub node_meta: BTreeMap<String, String>,
+    /// The node's id in the catalog, a UUID (`-node-id`). `None`: the one kept in the data dir
+    /// (`node-id`, made at the first start), or a new one at each start without a data dir.
+    pub node_id: Option<String>,
     /// Where registrations are persisted; `None` keeps them in memory only (`-dev`).
     pub data_dir: Option<PathBuf>,
     /// Servers' HTTP addresses.
@@ -59,6 +63,7 @@ impl Default for AgentConfig {
             datacenter: "dc1".into(),
             advertise: "127.0.0.1".into(),
             node_meta: BTreeMap::new(),
+            node_id: None,
             data_dir: None,
             servers: Vec::new(),
             sidecar_ports: 21000..=21255,
@@ -94,6 +99,22 @@ impl AgentConfig {
                     )),
                 ));
             }
+        }
+        if let Some(id) = &self.node_id
+            && uuid::Uuid::parse_str(id).is_err()
+        {
+            return Err(ValidationError::new(
+                "node_id",
+                Problem::Invalid(format!("{id:?} is not a UUID (as Consul, node ids are UUIDs)")),
+            ));
+        }
+        if let Some(key) = self.node_meta.keys().find(|k| k.starts_with("consul-")) {
+            return Err(ValidationError::new(
+                "node_meta",
+                Problem::Invalid(format!(
+                    "the key {key:?} is reserved: keys starting \"consul-\" are set by the agent"
+                )),
+            ));
         }
         if self.advertise.is_empty() {
             return Err(ValidationError::new("advertise", Problem::Required("")));

@@ -257,6 +257,22 @@ async fn unusable_settings_are_refused_naming_them() {
         .await,
         "datacenter: required"
     );
+    assert_eq!(
+        bad(AgentConfig {
+            node_id: Some("node-1".into()),
+            ..AgentConfig::default()
+        })
+        .await,
+        "node_id: \"node-1\" is not a UUID (as Consul, node ids are UUIDs)"
+    );
+    assert_eq!(
+        bad(AgentConfig {
+            node_meta: [("consul-version".to_owned(), "9".to_owned())].into(),
+            ..AgentConfig::default()
+        })
+        .await,
+        "node_meta: the key \"consul-version\" is reserved: keys starting \"consul-\" are set by the agent"
+    );
 }
 
 #[tokio::test(start_paused = true)]

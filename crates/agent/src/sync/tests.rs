@@ -76,7 +76,11 @@ impl CatalogApi for FakeCatalog {
         }
         if path.ends_with("/register") {
             if !body["SkipNodeUpdate"].as_bool().unwrap_or(false) || f.node.is_none() {
-                f.node = Some(json!({"Node": body["Node"], "Address": body["Address"], "Datacenter": "dc1"}));
+                f.node = Some(
+                    json!({"Node": body["Node"], "ID": body["ID"], "Address": body["Address"],
+                    "TaggedAddresses": body["TaggedAddresses"], "Meta": body["NodeMeta"], "Datacenter": "dc1"}),
+                );
+                f.log.push((Instant::now(), "register node".into()));
             }
             if let Some(svc) = body.get("Service") {
                 let id = svc["ID"].as_str().unwrap_or_default().to_owned();
@@ -117,6 +121,8 @@ impl CatalogApi for FakeCatalog {
     }
 }
 
+const NODE_ID: &str = "6b7c2f3e-1d2a-4c5b-8e9f-0a1b2c3d4e5f";
+
 fn setup() -> (Arc<LocalState>, Arc<FakeCatalog>, Arc<Syncer<FakeCatalog>>) {
     let state = Arc::new(LocalState::new("n1"));
     let fake = Arc::new(FakeCatalog::default());
@@ -125,9 +131,11 @@ fn setup() -> (Arc<LocalState>, Arc<FakeCatalog>, Arc<Syncer<FakeCatalog>>) {
         Arc::clone(&fake),
         NodeInfo {
             node: "n1".into(),
+            id: NODE_ID.into(),
             address: "10.0.0.1".into(),
+            tagged_addresses: crate::sync::tagged_addresses("10.0.0.1"),
             datacenter: "dc1".into(),
-            meta: BTreeMap::new(),
+            meta: crate::sync::with_agent_meta(BTreeMap::new()),
         },
         SyncConfig::default(),
     ));
@@ -273,4 +281,31 @@ async fn local_removals_reach_the_catalog() {
     assert!(syncer.in_sync());
     stop.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_node_is_registered_with_its_id_tagged_addresses_and_meta_once() {
+    let (_state, fake, syncer) = setup();
+    syncer.full_sync().await.unwrap();
+    let node = fake.inner.lock().node.clone().unwrap();
+    assert_eq!(node["ID"], NODE_ID);
+    assert_eq!(
+        node["TaggedAddresses"],
+        json!({"lan": "10.0.0.1", "lan_ipv4": "10.0.0.1", "wan": "10.0.0.1", "wan_ipv4": "10.0.0.1"})
+    );
+    assert_eq!(node["Meta"]["consul-network-segment"], "");
+    assert_eq!(node["Meta"]["consul-version"], env!("CARGO_PKG_VERSION"));
+    // Unchanged, the next full sync leaves the node as it is.
+    fake.take_log();
+    syncer.full_sync().await.unwrap();
+    assert!(!fake.take_log().iter().any(|(_, l)| l == "register node"));
+}
+
+#[test]
+fn tagged_addresses_follow_the_address_family() {
+    let v6 = crate::sync::tagged_addresses("fd00::1");
+    assert_eq!(v6.get("lan_ipv6").map(String::as_str), Some("fd00::1"));
+    assert!(!v6.contains_key("lan_ipv4"));
+    let name = crate::sync::tagged_addresses("node-a.example");
+    assert_eq!(name.keys().collect::<Vec<_>>(), ["lan", "wan"]);
 }
