@@ -252,6 +252,11 @@ fn plan_intention_upsert(
             legacy_create_time: Some(stamp),
             ..SourceIntention::default()
         });
+    // Every intention written through the legacy API has an id (its `ID`, which the
+    // `/v1/connect/intentions/:id` routes take), made when it is created.
+    if src.legacy_id.is_empty() {
+        src.legacy_id = crate::ca::new_uuid()?;
+    }
     fill(&mut src);
     src.legacy_update_time = Some(stamp);
     src.source_type = "consul".into();

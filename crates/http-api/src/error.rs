@@ -13,6 +13,9 @@ pub enum ApiError {
     /// Nothing there.
     #[error("{0}")]
     NotFound(String),
+    /// It exists already (a create of something that exists); names it.
+    #[error("{0}")]
+    Conflict(String),
     /// The token may not do this (`Permission denied: ...`), or is unknown (`ACL not found`).
     #[error("{0}")]
     Forbidden(String),
@@ -54,6 +57,7 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::AclDisabled => StatusCode::UNAUTHORIZED,
             ApiError::UnknownDatacenter(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

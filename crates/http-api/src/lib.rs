@@ -18,6 +18,7 @@ mod discovery_chain;
 mod error;
 mod gateway_routes;
 mod health;
+mod intentions_by_id;
 mod metrics;
 pub mod query;
 mod response_cache;
@@ -91,7 +92,16 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     );
     r.add("/v1/agent/connect/ca/leaf/{service}", get(connect::leaf));
     r.add("/v1/internal/connect/ca/sign", put(connect::sign));
-    r.add("/v1/connect/intentions", get(connect::list_intentions));
+    r.add(
+        "/v1/connect/intentions",
+        get(connect::list_intentions).post(intentions_by_id::create),
+    );
+    r.add(
+        "/v1/connect/intentions/{id}",
+        get(intentions_by_id::get)
+            .put(intentions_by_id::update)
+            .delete(intentions_by_id::delete),
+    );
     r.add(
         "/v1/connect/intentions/exact",
         get(connect::get_intention)

@@ -222,7 +222,17 @@ fn csr_for(uri: &str) -> String {
 }
 
 /// Every route's row. Ids of ACL objects are filled from the mesh.
-fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> Vec<Row> {
+/// The ids a row may name: a policy, a role, a token and an intention of the mesh.
+struct Spares {
+    policy: String,
+    role: String,
+    token: String,
+    intention: String,
+}
+
+fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
+    let (policy_id, role_id, token_id) = (&spares.policy, &spares.role, &spares.token);
+    let ixn = format!("/v1/connect/intentions/{}", spares.intention);
     use Without::*;
     let n = Value::Null;
     let web_reg =
@@ -507,6 +517,31 @@ fn table(trust_domain: &str, policy_id: &str, role_id: &str, token_id: &str) -> 
         row("GET", "/v1/status/peers", "/v1/status/peers", n.clone(), "", Open),
         row("GET", "/v1/agent/self", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
         row(
+            "POST",
+            "/v1/connect/intentions",
+            "/v1/connect/intentions",
+            json!({"SourceName": "db", "DestinationName": "web", "Action": "allow"}),
+            IXN_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/connect/intentions/{id}", &ixn, n.clone(), IXN_READ, Denied),
+        row(
+            "PUT",
+            "/v1/connect/intentions/{id}",
+            &ixn,
+            json!({"Action": "deny"}),
+            IXN_WRITE,
+            Denied,
+        ),
+        row(
+            "DELETE",
+            "/v1/connect/intentions/{id}",
+            &ixn,
+            n.clone(),
+            IXN_WRITE,
+            Denied,
+        ),
+        row(
             "PUT",
             "/v1/agent/force-leave/{node}",
             "/v1/agent/force-leave/n1?prune",
@@ -638,7 +673,7 @@ const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
 ];
 
 /// The objects the ACL rows act on: a spare policy, role and token.
-async fn spares(mesh: &Mesh) -> (String, String, String) {
+async fn spares(mesh: &Mesh) -> Spares {
     let m = Some(mesh.management.as_str());
     let p = call(
         &mesh.app,
@@ -650,11 +685,20 @@ async fn spares(mesh: &Mesh) -> (String, String, String) {
     .await;
     let r = call(&mesh.app, "PUT", "/v1/acl/role", m, json!({"Name": "spare-role"})).await;
     let t = call(&mesh.app, "PUT", "/v1/acl/token", m, json!({"Description": "spare"})).await;
-    (
-        p.json()["ID"].as_str().unwrap().to_owned(),
-        r.json()["ID"].as_str().unwrap().to_owned(),
-        t.json()["AccessorID"].as_str().unwrap().to_owned(),
+    let i = call(
+        &mesh.app,
+        "GET",
+        "/v1/connect/intentions/exact?source=api&destination=web",
+        m,
+        Value::Null,
     )
+    .await;
+    Spares {
+        policy: p.json()["ID"].as_str().unwrap().to_owned(),
+        role: r.json()["ID"].as_str().unwrap().to_owned(),
+        token: t.json()["AccessorID"].as_str().unwrap().to_owned(),
+        intention: i.json()["ID"].as_str().unwrap().to_owned(),
+    }
 }
 
 fn trust_domain(store: &Store) -> String {
@@ -670,14 +714,13 @@ fn trust_domain(store: &Store) -> String {
 async fn every_route_no_token_wrong_token_right_token() {
     // One mesh per row: the right token's write must not disturb the next row.
     let probe = mesh().await;
-    let (p, r, t) = spares(&probe).await;
-    let rows = table(&trust_domain(&probe.store), &p, &r, &t);
+    let rows = table(&trust_domain(&probe.store), &spares(&probe).await);
     for i in 0..rows.len() {
         let mesh = mesh().await;
-        let (p, r, t) = spares(&mesh).await;
+        let spare = spares(&mesh).await;
         let td = trust_domain(&mesh.store);
         // Ids differ per mesh: take this mesh's row.
-        let row = &table(&td, &p, &r, &t)[i];
+        let row = &table(&td, &spare)[i];
         let uri = row.uri.split('#').next().unwrap();
         let wrong = mesh
             .token("service \"other\" { policy = \"write\" }\nnode \"other\" { policy = \"write\" }\nagent \"other\" { policy = \"write\" }")
@@ -754,8 +797,7 @@ async fn every_route_no_token_wrong_token_right_token() {
 #[tokio::test]
 async fn every_route_has_a_row() {
     let mesh = mesh().await;
-    let (p, r, t) = spares(&mesh).await;
-    let rows = table(&trust_domain(&mesh.store), &p, &r, &t);
+    let rows = table(&trust_domain(&mesh.store), &spares(&mesh).await);
     let mut covered: BTreeMap<(&str, &str), ()> = BTreeMap::new();
     for row in &rows {
         covered.insert((row.method, row.route), ());

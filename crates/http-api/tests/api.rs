@@ -893,3 +893,93 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn legacy_intentions_by_id_create_read_update_delete() {
+    let (app, _) = app().await;
+    let r = call(
+        &app,
+        "POST",
+        "/v1/connect/intentions",
+        json!({"SourceName": "web", "DestinationName": "db", "Action": "allow", "Description": "d",
+               "ID": "", "Precedence": 0, "CreatedAt": "0001-01-01T00:00:00Z"})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let id = r.json()["ID"].as_str().unwrap().to_owned();
+    assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
+    let uri = format!("/v1/connect/intentions/{id}");
+    let got = get(&app, &uri).await;
+    assert_eq!(
+        (got.json()["SourceName"].clone(), got.json()["Action"].clone()),
+        (json!("web"), json!("allow"))
+    );
+    assert!(got.index.is_some());
+    // The list and the exact route show the same id.
+    assert_eq!(get(&app, "/v1/connect/intentions").await.json()[0]["ID"], id.as_str());
+    let exact = get(&app, "/v1/connect/intentions/exact?source=web&destination=db").await;
+    assert_eq!(exact.json()["ID"], id.as_str());
+    // A second create of the same pair is a conflict naming the id; nothing changes.
+    let r = call(
+        &app,
+        "POST",
+        "/v1/connect/intentions",
+        json!({"SourceName": "web", "DestinationName": "db", "Action": "deny"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.body.contains(&id), "{}", r.body);
+    // An update keeps the id; renaming is refused naming the field.
+    let r = put(
+        &app,
+        &uri,
+        json!({"SourceName": "web", "DestinationName": "db", "Action": "deny"}),
+    )
+    .await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "true"));
+    assert_eq!(get(&app, &uri).await.json()["Action"], "deny");
+    let r = put(&app, &uri, json!({"SourceName": "api", "Action": "deny"})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.body.starts_with("SourceName: changing it (\"web\" to \"api\")"),
+        "{}",
+        r.body
+    );
+    // Bad and unknown ids.
+    let r = get(&app, "/v1/connect/intentions/not-a-uuid").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.starts_with("id: \"not-a-uuid\" is not a UUID"), "{}", r.body);
+    let missing = "/v1/connect/intentions/00000000-0000-4000-8000-000000000000";
+    assert_eq!(get(&app, missing).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        call(&app, "DELETE", missing, Body::empty()).await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Bad bodies name the field.
+    let r = call(
+        &app,
+        "POST",
+        "/v1/connect/intentions",
+        json!({"SourceName": "web"}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (StatusCode::BAD_REQUEST, "DestinationName: required")
+    );
+    let r = call(
+        &app,
+        "POST",
+        "/v1/connect/intentions",
+        json!({"SourceName": "a", "DestinationName": "b", "SourceNS": "team"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.starts_with("SourceNS: \"team\" is not supported"), "{}", r.body);
+    // Delete.
+    let r = call(&app, "DELETE", &uri, Body::empty()).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "true"));
+    assert_eq!(get(&app, &uri).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&app, "/v1/connect/intentions").await.body, "[]");
+}
