@@ -12,7 +12,7 @@ mod rules;
 
 pub use authorizer::Authorizer;
 pub use resolver::{BoxFuture, ResolveError, Resolved, Token, TokenResolver};
-pub use rules::{Access, GLOBAL_MANAGEMENT_RULES, NamedRule, Resource, RuleError, Rules};
+pub use rules::{Access, GLOBAL_MANAGEMENT_RULES, GLOBAL_READ_ONLY_RULES, NamedRule, Resource, RuleError, Rules};
 
 /// What an agent needs to enforce ACLs for one token, as a server answers
 /// `GET /v1/internal/acl/authorizer`: the token's rules and the default policy.

@@ -289,6 +289,24 @@ event_prefix "" { policy = "write" }
 query_prefix "" { policy = "write" }
 "#;
 
+/// The rules text of the built-in `builtin/global-read-only` policy: everything, read.
+pub const GLOBAL_READ_ONLY_RULES: &str = r#"acl = "read"
+operator = "read"
+mesh = "read"
+keyring = "read"
+peering = "read"
+agent_prefix "" { policy = "read" }
+node_prefix "" { policy = "read" }
+service_prefix "" {
+  policy     = "read"
+  intentions = "read"
+}
+key_prefix "" { policy = "read" }
+session_prefix "" { policy = "read" }
+event_prefix "" { policy = "read" }
+query_prefix "" { policy = "read" }
+"#;
+
 const SCALARS: [&str; 5] = ["acl", "operator", "mesh", "keyring", "peering"];
 
 fn set_scalar(rules: &mut Rules, key: &str, access: Access) {

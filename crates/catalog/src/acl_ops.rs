@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use structs::Timestamp;
 use structs::acl::{
     ANONYMOUS_ACCESSOR, ANONYMOUS_SECRET, AclPolicy, AclRole, AclToken, GLOBAL_MANAGEMENT_ID, GLOBAL_MANAGEMENT_NAME,
-    Link, NodeIdentity, ServiceIdentity,
+    GLOBAL_READ_ONLY_ID, GLOBAL_READ_ONLY_NAME, Link, NodeIdentity, ServiceIdentity,
 };
 use structs::validate::{Problem, ValidationError};
 
@@ -35,11 +35,34 @@ pub(crate) fn global_management() -> AclPolicy {
     }
 }
 
-/// What ACLs need before first use: the built-in policy and the anonymous token.
+/// The built-in policy that reads everything.
+pub(crate) fn global_read_only() -> AclPolicy {
+    AclPolicy {
+        id: GLOBAL_READ_ONLY_ID.into(),
+        name: GLOBAL_READ_ONLY_NAME.into(),
+        description: "Builtin Policy that grants unlimited read-only access to all components".into(),
+        rules: acl::GLOBAL_READ_ONLY_RULES.into(),
+        ..AclPolicy::default()
+    }
+}
+
+/// The built-in policy with this id, if it is one.
+fn builtin(id: &str) -> Option<AclPolicy> {
+    match id {
+        GLOBAL_MANAGEMENT_ID => Some(global_management()),
+        GLOBAL_READ_ONLY_ID => Some(global_read_only()),
+        _ => None,
+    }
+}
+
+/// What ACLs need before first use: the built-in policies and the anonymous token (a store
+/// made before a built-in policy existed gets it at its next start).
 pub(crate) fn plan_init(state: &State, now: SystemTime) -> Plan {
     let mut changes = Vec::new();
-    if state.acl_policy(GLOBAL_MANAGEMENT_ID).is_none() {
-        changes.push(Change::PutAclPolicy(global_management()));
+    for policy in [global_management(), global_read_only()] {
+        if state.acl_policy(&policy.id).is_none() {
+            changes.push(Change::PutAclPolicy(policy));
+        }
     }
     if state.acl_token(ANONYMOUS_ACCESSOR).is_none() {
         changes.push(Change::PutAclToken(AclToken {
@@ -318,22 +341,32 @@ pub(crate) fn plan_policy_set(state: &State, policy: &AclPolicy, create: bool) -
         (None, false) => return Err(WriteError::NotFound(format!("no policy with ID {:?}", p.id))),
         _ => {}
     }
-    check_name("Name", &p.name)?;
+    let builtin = builtin(&p.id);
+    match &builtin {
+        // A built-in policy keeps its name (which no user policy could take: it has a '/').
+        Some(b) if p.name != b.name => {
+            return Err(invalid(
+                "Name",
+                format!("the built-in {} policy cannot be renamed", b.name),
+            ));
+        }
+        Some(_) => {}
+        None => check_name("Name", &p.name)?,
+    }
     if state.acl_policy_by_name(&p.name).is_some_and(|o| o.id != p.id) {
         return Err(invalid("Name", format!("a policy named {:?} already exists", p.name)));
     }
-    if p.id == GLOBAL_MANAGEMENT_ID {
-        let builtin = global_management();
-        if p.rules != builtin.rules {
+    if let Some(b) = &builtin {
+        if p.rules != b.rules {
             return Err(invalid(
                 "Rules",
-                "the rules of the built-in global-management policy cannot be changed",
+                format!("the rules of the built-in {} policy cannot be changed", b.name),
             ));
         }
         if !p.datacenters.is_empty() {
             return Err(invalid(
                 "Datacenters",
-                "the built-in global-management policy applies in every datacenter",
+                format!("the built-in {} policy applies in every datacenter", b.name),
             ));
         }
     }
@@ -356,8 +389,11 @@ pub(crate) fn plan_policy_set(state: &State, policy: &AclPolicy, create: bool) -
 }
 
 pub(crate) fn plan_policy_delete(state: &State, id: &str) -> Result<Plan, WriteError> {
-    if id == GLOBAL_MANAGEMENT_ID {
-        return Err(invalid("ID", "the built-in global-management policy cannot be deleted"));
+    if let Some(b) = builtin(id) {
+        return Err(invalid(
+            "ID",
+            format!("the built-in {} policy cannot be deleted", b.name),
+        ));
     }
     Ok(Plan::write(if state.acl_policy(id).is_some() {
         vec![Change::DeleteAclPolicy(id.to_owned())]

@@ -1171,3 +1171,73 @@ async fn gateway_routes_filter_what_the_token_may_not_read() {
         r.body
     );
 }
+
+#[tokio::test]
+async fn the_builtin_read_only_policy_reads_everything_writes_nothing_and_stays_as_it_is() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let id = "00000000-0000-0000-0000-000000000002";
+    // Read by name, as Consul's Go client asks for it (the '/' escaped).
+    let p = call(
+        &mesh.app,
+        "GET",
+        "/v1/acl/policy/name/builtin%2Fglobal-read-only",
+        m,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    assert_eq!(p.json()["ID"], id);
+    let t = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/token",
+        m,
+        json!({"Policies": [{"Name": "builtin/global-read-only"}]}),
+    )
+    .await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.body);
+    let reader = t.json()["SecretID"].as_str().unwrap().to_owned();
+    let r = Some(reader.as_str());
+    for uri in [
+        "/v1/catalog/services",
+        "/v1/health/service/web",
+        "/v1/acl/policies",
+        "/v1/connect/intentions",
+    ] {
+        let reply = call(&mesh.app, "GET", uri, r, Value::Null).await;
+        assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.body);
+        assert!(!reply.filtered, "{uri} filtered for a global reader");
+    }
+    let reg = json!({"Node": "n9", "Address": "10.0.0.9"});
+    let w = call(&mesh.app, "PUT", "/v1/catalog/register", r, reg).await;
+    assert_eq!(w.status, StatusCode::FORBIDDEN, "{}", w.body);
+    // The policy keeps its name and rules and cannot be deleted.
+    let uri = format!("/v1/acl/policy/{id}");
+    for (body, want) in [
+        (
+            json!({"Name": "builtin/global-read-only", "Rules": "acl = \"write\""}),
+            "Rules: the rules of the built-in builtin/global-read-only policy cannot be changed",
+        ),
+        (
+            json!({"Name": "reader", "Rules": acl::GLOBAL_READ_ONLY_RULES}),
+            "Name: the built-in builtin/global-read-only policy cannot be renamed",
+        ),
+    ] {
+        let reply = call(&mesh.app, "PUT", &uri, m, body).await;
+        assert_eq!((reply.status, reply.body.trim()), (StatusCode::BAD_REQUEST, want));
+    }
+    let d = call(&mesh.app, "DELETE", &uri, m, Value::Null).await;
+    assert_eq!(d.status, StatusCode::BAD_REQUEST);
+    assert!(d.body.contains("cannot be deleted"), "{}", d.body);
+    // Its description may change, as Consul allows.
+    let ok = call(
+        &mesh.app,
+        "PUT",
+        &uri,
+        m,
+        json!({"Name": "builtin/global-read-only", "Description": "ours", "Rules": acl::GLOBAL_READ_ONLY_RULES}),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+}

@@ -15,6 +15,11 @@ pub const ANONYMOUS_SECRET: &str = "anonymous";
 pub const GLOBAL_MANAGEMENT_ID: &str = "00000000-0000-0000-0000-000000000001";
 /// The name of the built-in policy that grants everything.
 pub const GLOBAL_MANAGEMENT_NAME: &str = "global-management";
+/// The id of the built-in policy that reads everything (Consul's; policies and tokens have
+/// separate ids, so it may equal the anonymous token's accessor, as in Consul).
+pub const GLOBAL_READ_ONLY_ID: &str = "00000000-0000-0000-0000-000000000002";
+/// The name of the built-in policy that reads everything.
+pub const GLOBAL_READ_ONLY_NAME: &str = "builtin/global-read-only";
 /// What replaces a secret the caller may not see.
 pub const HIDDEN_SECRET: &str = "<hidden>";
 
