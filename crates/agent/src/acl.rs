@@ -43,6 +43,9 @@ pub use ::acl::{ResolveError as AclError, Resolved};
 /// Resolves tokens for the agent (see the module docs).
 pub struct AgentAcl {
     config: AclConfig,
+    /// The agent and default tokens now: the configured ones until `/v1/agent/token/:type`
+    /// changes them.
+    tokens: parking_lot::RwLock<(Option<Token>, Option<Token>)>,
     servers: Arc<Servers>,
     /// Answers by token (none: the anonymous token).
     cache: Mutex<HashMap<Option<Token>, Resolved>>,
@@ -70,6 +73,7 @@ impl AgentAcl {
         servers.set_token(token.cloned());
         Self {
             servers,
+            tokens: parking_lot::RwLock::new((config.agent_token.clone(), config.default_token.clone())),
             cache: Mutex::new(HashMap::new()),
             generation: watch::channel(0).0,
             all: Resolved {
@@ -86,14 +90,38 @@ impl AgentAcl {
         self.config.enabled
     }
 
-    /// The settings.
+    /// The settings the agent started with (its tokens may have changed since: see
+    /// [`AgentAcl::default_token`], [`AgentAcl::agent_token`]).
     pub fn config(&self) -> &AclConfig {
         &self.config
     }
 
     /// The token a request that names none runs with (none: the anonymous token).
-    pub fn default_token(&self) -> Option<&Token> {
-        self.config.default_token.as_ref()
+    pub fn default_token(&self) -> Option<Token> {
+        self.tokens.read().1.clone()
+    }
+
+    /// The agent's own token (none: the default token's).
+    pub fn agent_token(&self) -> Option<Token> {
+        self.tokens.read().0.clone()
+    }
+
+    /// Replaces the agent token (`agent`) or the default token (otherwise); `None` clears
+    /// it. The agent's own requests to the servers use the new agent token (or, without
+    /// one, the default token) from the next request on.
+    pub fn set_token(&self, agent: bool, token: Option<Token>) {
+        let mut tokens = self.tokens.write();
+        if agent {
+            tokens.0 = token;
+        } else {
+            tokens.1 = token;
+        }
+        self.servers.set_token(tokens.0.clone().or_else(|| tokens.1.clone()));
+        info!(
+            which = if agent { "agent" } else { "default" },
+            set = if agent { tokens.0.is_some() } else { tokens.1.is_some() },
+            "agent token changed over the HTTP API"
+        );
     }
 
     /// What intentions decide when none matches: allow without ACLs, else the default
@@ -116,7 +144,8 @@ impl AgentAcl {
         if !self.config.enabled {
             return Ok(self.all.clone());
         }
-        let token = token.or(self.default_token());
+        let default = self.default_token();
+        let token = token.or(default.as_ref());
         if let Some(hit) = self.cache.lock().get(&token.cloned()) {
             if hit.expires.is_some_and(|e| e <= SystemTime::now()) {
                 return Err(AclError::NotFound);

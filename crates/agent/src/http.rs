@@ -19,6 +19,7 @@ mod answer;
 mod checks;
 mod connect;
 mod forward;
+mod tokens;
 
 pub use answer::{HttpError, request_token};
 use answer::{
@@ -47,6 +48,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/health/service/id/{id}", get(checks::health_by_id))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
+        .route("/v1/agent/token/{kind}", put(tokens::set_token))
         .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
         .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
         .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))

@@ -432,3 +432,66 @@ async fn check_ids_derived_from_a_service_cannot_be_squatted() {
     assert!(agent.state().check("service:web:1").is_some() && agent.state().check("service:web:9").is_some());
     agent.shutdown().await;
 }
+
+/// `PUT /v1/agent/token/default` needs `acl:write`; the new default token is what requests
+/// naming none run with, until it is cleared.
+#[tokio::test]
+async fn the_default_token_changes_over_the_api_with_acl_write_only() {
+    let server = fake_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (app, agent) = setup(&server, dir.path()).await;
+    let services = |app: Router| async move {
+        let (status, text) = call(&app, Who::Anonymous, "GET", "/v1/agent/services", &Value::Null).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v.as_object().unwrap().keys().cloned().collect::<Vec<_>>()
+    };
+    assert!(
+        services(app.clone()).await.is_empty(),
+        "the anonymous token reads nothing"
+    );
+    let set = json!({"Token": support::WEB});
+    for who in [Who::Anonymous, Who::Web, Who::Node] {
+        let (status, text) = call(&app, who, "PUT", "/v1/agent/token/default", &set).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{who:?}: {text}");
+    }
+    assert!(services(app.clone()).await.is_empty());
+    let (status, text) = call(&app, Who::Management, "PUT", "/v1/agent/token/default", &set).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, ""));
+    assert!(
+        services(app.clone()).await.contains(&"web".to_owned()),
+        "runs as web now"
+    );
+    // Consul's older name; an empty token clears it.
+    let clear = json!({"Token": ""});
+    let (status, _) = call(&app, Who::Management, "PUT", "/v1/agent/token/acl_token", &clear).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(services(app.clone()).await.is_empty());
+    for (uri, body, want) in [
+        (
+            "/v1/agent/token/nope",
+            &set,
+            (StatusCode::NOT_FOUND, "Token \"nope\" is unknown"),
+        ),
+        (
+            "/v1/agent/token/dns",
+            &set,
+            (
+                StatusCode::BAD_REQUEST,
+                "dns: not supported: a meshd agent has a default and an agent token only",
+            ),
+        ),
+        (
+            "/v1/agent/token/agent",
+            &json!({"Token": "a b"}),
+            (
+                StatusCode::BAD_REQUEST,
+                "Token: must be at most 256 visible ASCII characters without spaces",
+            ),
+        ),
+    ] {
+        let (status, text) = call(&app, Who::Management, "PUT", uri, body).await;
+        assert_eq!((status, text.trim()), want, "{uri}");
+    }
+    agent.shutdown().await;
+}

@@ -98,7 +98,7 @@ pub(crate) async fn resolve(
     headers: &HeaderMap,
     q: &Params,
 ) -> Result<(Option<::acl::Token>, crate::acl::Resolved), HttpError> {
-    let token = request_token(headers, q).or_else(|| agent.acl().default_token().cloned());
+    let token = request_token(headers, q).or_else(|| agent.acl().default_token());
     match agent.acl().resolve(token.as_ref()).await {
         Ok(r) => Ok((token, r)),
         Err(crate::acl::AclError::NotFound) => Err(HttpError(StatusCode::FORBIDDEN, ::acl::ACL_NOT_FOUND.into())),

@@ -23,7 +23,7 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(out.parts.uri.query());
     let token = if request_token(&out.parts.headers, &query).is_none() {
-        agent.acl().default_token().cloned()
+        agent.acl().default_token()
     } else {
         None
     };
