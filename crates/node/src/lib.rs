@@ -26,6 +26,7 @@ pub mod host;
 pub mod http_serve;
 pub mod metrics;
 pub mod mode;
+pub mod monitor;
 pub mod shutdown;
 pub mod status;
 pub mod tls;
@@ -44,18 +45,22 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// Installs the tracing subscriber: human-readable or JSON lines on stderr.
+/// Installs the tracing subscriber: human-readable or JSON lines on stderr, at `level`, and
+/// the feed of `/v1/agent/monitor` ([`monitor`]), at the level its watchers ask for.
 pub fn init_logging(level: &str, json: bool) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(monitor::MonitorLayer.with_filter(monitor::filter()));
     if json {
-        builder.json().init();
+        registry.with(stderr.json().with_filter(filter)).init();
     } else {
-        builder.init();
+        registry.with(stderr.with_filter(filter)).init();
     }
 }

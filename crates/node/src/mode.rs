@@ -228,12 +228,15 @@ pub async fn serve_with_grace<M: Mode>(
     let status = crate::status::router(engine.manager.clone(), engine.xds.clone(), waiting);
     // `PUT /v1/agent/leave` ends serving as the first signal would.
     let leave = CancellationToken::new();
+    // Open log streams (`/v1/agent/monitor`) end when shutting down starts.
+    let streams_stop = CancellationToken::new();
     let app = with_tokens(
         mode.routes(&engine)
             .merge(status)
             .merge(metrics)
             .merge(crate::version::router())
-            .merge(crate::host::router(mode.node_name(), leave.clone())),
+            .merge(crate::host::router(mode.node_name(), leave.clone()))
+            .merge(crate::monitor::router(mode.node_name(), streams_stop.clone())),
         tokens,
     )
     .layer(axum::middleware::from_fn(crate::header_cap::cap));
@@ -258,6 +261,7 @@ pub async fn serve_with_grace<M: Mode>(
         () = leave.cancelled() => {}
     }
     info!("shutting down");
+    streams_stop.cancel();
     let second = crate::shutdown::second_signal();
     let drain = tokio::time::timeout(grace, async {
         mode.draining().await;
