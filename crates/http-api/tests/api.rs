@@ -93,6 +93,8 @@ async fn register_read_back_in_every_view() {
     let proxy = &r.json()[0];
     assert_eq!(proxy["ServiceKind"], "connect-proxy");
     assert_eq!(proxy["ServiceProxy"]["Upstreams"][0]["Config"], json!({"Keep_Case": 1}));
+    // Kept as given: unset reads back "" (and means a service), as Consul's.
+    assert_eq!(proxy["ServiceProxy"]["Upstreams"][0]["DestinationType"], "");
     let r = get(&app, "/v1/health/service/web?passing").await;
     assert_eq!(r.json()[0]["Checks"][0]["CheckID"], "web-alive");
     let r = get(&app, "/v1/health/connect/web").await;

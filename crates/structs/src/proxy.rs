@@ -83,13 +83,26 @@ string_enum! {
 }
 
 string_enum! {
-    /// What an upstream names.
+    /// What an upstream names. Kept as given (an unset one reads back `""`, as Consul's),
+    /// and meaning a service when unset.
     DestinationType {
-        /// A service (the default).
+        /// Not given: a service.
         #[default]
-        Service = "service" | "",
+        Unset = "",
+        /// A service.
+        Service = "service",
         /// A prepared query.
         PreparedQuery = "prepared_query",
+    }
+}
+
+impl DestinationType {
+    /// What it means: unset is a service.
+    pub fn effective(self) -> Self {
+        match self {
+            DestinationType::Unset => DestinationType::Service,
+            other => other,
+        }
     }
 }
 
@@ -184,7 +197,7 @@ impl Upstream {
     /// The identity of this upstream within one proxy.
     pub fn id(&self) -> UpstreamId {
         UpstreamId {
-            destination_type: self.destination_type,
+            destination_type: self.destination_type.effective(),
             namespace: if self.destination_namespace.is_empty() {
                 "default".to_owned()
             } else {

@@ -104,8 +104,8 @@ impl ConnectProxyHandler {
     fn watch_upstream(&self, watches: &mut Watches, id: &Arc<UpstreamId>, upstream: &structs::Upstream) {
         let s = &self.sources;
         let datacenter = self.upstream_datacenter(id).to_owned();
-        match upstream.destination_type {
-            DestinationType::Service => {
+        match upstream.destination_type.effective() {
+            DestinationType::Service | DestinationType::Unset => {
                 let mesh_gateway = match upstream.mesh_gateway.mode {
                     MeshGatewayMode::Default => self.service.proxy.mesh_gateway.mode,
                     mode => mode,
