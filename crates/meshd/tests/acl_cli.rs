@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod mesh;
+use crate::mesh;
 use mesh::Proc;
 
 fn meshd(args: &[&str]) -> Output {

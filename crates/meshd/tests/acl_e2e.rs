@@ -9,7 +9,7 @@ use std::path::Path;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Proc, get, run_envoy, wait_for};
 
 struct Secure {

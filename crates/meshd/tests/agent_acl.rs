@@ -5,7 +5,7 @@
 //! `service:write` on its service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, meshd, wait_for};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;

@@ -5,7 +5,7 @@
 //! server through a recording relay, so the test can read everything the server sent them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, get, meshd, put, wait_for};
 use parking_lot::Mutex;
 use serde_json::{Value, json};

@@ -4,7 +4,7 @@
 //! catalog shows what reached that server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, get, meshd, put, wait_for};
 use serde_json::{Value, json};
 use test_support::process::start_server;

@@ -5,7 +5,7 @@
 //! handed out 21000, and their Envoys bound the same port.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, meshd};
 use serde_json::{Value, json};
 

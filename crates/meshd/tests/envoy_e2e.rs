@@ -11,7 +11,7 @@ use test_support::envoy;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Mesh, Proc, get, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

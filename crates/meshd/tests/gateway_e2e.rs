@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Mesh, Proc, wait_for};
 
 /// A backend answering `<name> <path> x-from=<header>`.

@@ -13,7 +13,7 @@ use test_support::http::named_backend as backend;
 use test_support::process::{ServerProcess, start_server_at};
 use test_support::reserve_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Proc, get, run_envoy, wait_for};
 
 fn meshd() -> &'static Path {

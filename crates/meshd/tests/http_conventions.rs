@@ -7,7 +7,7 @@
 //! ones (health) are in it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, meshd, wait_for};
 use serde_json::{Value, json};
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Mesh, wait_for};
 
 /// A backend answering `<name> <path>`, then each request header whose name has an

@@ -4,7 +4,7 @@
 //! is restarted; deregistering stops it and cleans up; a `-dev` agent stops its proxies.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-mod agents;
+use crate::agents;
 use agents::{Proc, get, meshd, put, wait_for};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use test_support::ads::delta_proxy;
 use tokio::sync::mpsc;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Proc, wait_for};
 
 const SERVICES: usize = 3;

@@ -10,7 +10,7 @@ use std::process::Command;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Proc, get, wait_for};
 
 fn meshd() -> &'static Path {

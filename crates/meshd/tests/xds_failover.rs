@@ -7,7 +7,7 @@ use serde_json::json;
 use test_support::http::named_backend as backend;
 use test_support::reserve_port as free_port;
 
-mod mesh;
+use crate::mesh;
 use mesh::{Mesh, get, run_envoy, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
 //! What the agent end-to-end tests share: the binary, process guards, polling and HTTP.
-#![allow(dead_code)] // each test file uses part of it
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // each test file uses part of it; a panic is the failure report
 
 use serde_json::Value;
 use std::path::Path;
