@@ -10,7 +10,6 @@ use axum::response::Response;
 use catalog::{IndexKey, Op, ca::CaConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use structs::config_entry::{IntentionAction, IntentionPermission};
 use structs::{GoDuration, Index, Intention, intention};
 
 pub(crate) async fn roots(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
@@ -262,21 +261,6 @@ pub(crate) async fn get_intention(
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct IntentionIn {
-    #[serde(rename = "SourceType")]
-    source_type: String,
-    #[serde(rename = "Action")]
-    action: Option<IntentionAction>,
-    #[serde(rename = "Description")]
-    description: String,
-    #[serde(rename = "Meta")]
-    meta: BTreeMap<String, String>,
-    #[serde(rename = "Permissions")]
-    permissions: Vec<IntentionPermission>,
-}
-
 pub(crate) async fn put_intention(
     State(api): State<Api>,
     authz: Authz,
@@ -286,22 +270,11 @@ pub(crate) async fn put_intention(
     let params = api.write_params(q.as_deref())?;
     let (source, destination) = exact(&params)?;
     authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
-    let req: IntentionIn = query::decode(&body, "an intention")?;
-    if !matches!(req.source_type.as_str(), "" | "consul") {
-        return Err(ApiError::BadRequest(format!(
-            "SourceType: {:?} is not supported: use consul",
-            req.source_type
-        )));
-    }
-    let op = Op::IntentionUpsert {
-        source,
-        destination,
-        action: req.action,
-        permissions: req.permissions,
-        description: req.description,
-        meta: req.meta,
-    };
-    api.store.write(op).await?;
+    let mut req: crate::intentions_by_id::IntentionBody = query::decode(&body, "an intention")?;
+    // The names are the query's; any in the body are ignored, as Consul's exact API does.
+    (req.source_name, req.destination_name) = (source, destination);
+    req.check()?;
+    api.store.write(req.upsert()).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 

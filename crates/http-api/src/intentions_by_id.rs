@@ -24,11 +24,11 @@ use structs::config_entry::{IntentionAction, IntentionPermission};
 /// which the Go client sends back) are read-only and ignored.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct IntentionBody {
+pub(crate) struct IntentionBody {
     #[serde(rename = "SourceName")]
-    source_name: String,
+    pub(crate) source_name: String,
     #[serde(rename = "DestinationName")]
-    destination_name: String,
+    pub(crate) destination_name: String,
     #[serde(rename = "SourceNS")]
     source_ns: String,
     #[serde(rename = "DestinationNS")]
@@ -48,7 +48,7 @@ struct IntentionBody {
 impl IntentionBody {
     /// Checks what only this API can get wrong (names, namespaces, source type); the entry's
     /// own validation checks the rest when it is written.
-    fn check(&self) -> Result<(), ApiError> {
+    pub(crate) fn check(&self) -> Result<(), ApiError> {
         for (field, value) in [
             ("SourceName", &self.source_name),
             ("DestinationName", &self.destination_name),
@@ -73,7 +73,7 @@ impl IntentionBody {
         Ok(())
     }
 
-    fn upsert(self) -> Op {
+    pub(crate) fn upsert(self) -> Op {
         Op::IntentionUpsert {
             source: self.source_name,
             destination: self.destination_name,

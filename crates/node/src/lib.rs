@@ -32,6 +32,9 @@ pub mod status;
 pub mod tls;
 pub mod version;
 
+#[cfg(test)]
+mod test_tokens;
+
 pub use mode::{Bound, Engine, Listeners, Mode, ModeError, bind, serve};
 pub use shutdown::shutdown_signal;
 

@@ -229,36 +229,10 @@ fn stream(level: Level, json: bool, stop: CancellationToken) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acl::{Authorizer, BoxFuture, ResolveError, Resolved, Token, TokenResolver};
     use futures_util::StreamExt as _;
     use tower::ServiceExt as _;
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
-
-    /// `reader` may read the agent `n1`; no token may not.
-    struct Tokens;
-
-    impl TokenResolver for Tokens {
-        fn enabled(&self) -> bool {
-            true
-        }
-
-        fn resolve(&self, token: Option<&Token>) -> BoxFuture<'_, Result<Resolved, ResolveError>> {
-            let rules = match token.map(Token::secret) {
-                Some("reader") => acl::Rules::parse(r#"agent "n1" { policy = "read" }"#).unwrap_or_default(),
-                _ => acl::Rules::default(),
-            };
-            Box::pin(std::future::ready(Ok(Resolved {
-                accessor: "a1".into(),
-                authz: Arc::new(Authorizer::new([&rules], false)),
-                expires: None,
-            })))
-        }
-
-        fn changed(&self) -> BoxFuture<'static, ()> {
-            Box::pin(std::future::pending())
-        }
-    }
 
     async fn get(app: &axum::Router, uri: &str, token: Option<&str>) -> Response {
         let mut req = axum::http::Request::get(uri);
@@ -276,7 +250,10 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(MonitorLayer.with_filter(filter()));
         let _default = tracing::subscriber::set_default(subscriber);
         let stop = CancellationToken::new();
-        let app = crate::authz::with_tokens(router("n1".into(), stop.clone()), Arc::new(Tokens));
+        let app = crate::authz::with_tokens(
+            router("n1".into(), stop.clone()),
+            Arc::new(crate::test_tokens::ReaderTokens),
+        );
 
         assert_eq!(
             get(&app, "/v1/agent/monitor", None).await.status(),

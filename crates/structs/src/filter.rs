@@ -840,7 +840,7 @@ impl Parser<'_> {
         offset: usize,
         text: &str,
     ) -> Result<(), FilterError> {
-        if field.takes(op) {
+        if takes(field, op) {
             return Ok(());
         }
         let (kind, supported) = field.kind();
@@ -871,6 +871,21 @@ impl Parser<'_> {
             _ => Err(self.expected(format!("a value{}", self.after_previous()))),
         }
     }
+}
+
+/// Whether `op` applies to `field`: strings take every operator, integers and booleans
+/// the equalities, lists and maps membership and emptiness.
+fn takes<T: Record>(field: &Field<T>, op: Op) -> bool {
+    if field.is_string() {
+        return true;
+    }
+    if field.integer_max().is_some() || field.is_boolean() {
+        return matches!(op, Op::Equal | Op::NotEqual);
+    }
+    matches!(
+        op,
+        Op::In | Op::NotIn | Op::Contains | Op::NotContains | Op::IsEmpty | Op::IsNotEmpty
+    )
 }
 
 /// `and` and `or` never start an operand: unquoted, they are always read as connectives.

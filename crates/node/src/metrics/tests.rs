@@ -1,7 +1,6 @@
 //! The metrics route: both formats from one registry, and `agent:read` on the node.
 
 use super::*;
-use acl::{Authorizer, BoxFuture, ResolveError, Resolved, Token, TokenResolver};
 use axum::body::Body;
 use axum::http::Request;
 use prometheus_client::metrics::counter::Counter;
@@ -9,32 +8,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::ServiceExt;
-
-/// `reader` may read the agent `n1`; no token is the anonymous token, which may not.
-struct Tokens;
-
-impl TokenResolver for Tokens {
-    fn enabled(&self) -> bool {
-        true
-    }
-
-    fn resolve(&self, token: Option<&Token>) -> BoxFuture<'_, Result<Resolved, ResolveError>> {
-        let rules = match token.map(Token::secret) {
-            Some("reader") => acl::Rules::parse(r#"agent "n1" { policy = "read" }"#).unwrap(),
-            None => acl::Rules::default(),
-            Some(_) => return Box::pin(std::future::ready(Err(ResolveError::NotFound))),
-        };
-        Box::pin(std::future::ready(Ok(Resolved {
-            accessor: "a1".into(),
-            authz: Arc::new(Authorizer::new([&rules], false)),
-            expires: None,
-        })))
-    }
-
-    fn changed(&self) -> BoxFuture<'static, ()> {
-        Box::pin(std::future::pending())
-    }
-}
 
 fn registry() -> Registry {
     let mut registry = Registry::default();
@@ -53,7 +26,10 @@ fn registry() -> Registry {
 }
 
 async fn get(path: &str, token: Option<&str>) -> (StatusCode, String, String) {
-    let app = crate::authz::with_tokens(router(registry(), "n1".into()), Arc::new(Tokens));
+    let app = crate::authz::with_tokens(
+        router(registry(), "n1".into()),
+        Arc::new(crate::test_tokens::ReaderTokens),
+    );
     let mut req = Request::get(path);
     if let Some(token) = token {
         req = req.header("x-consul-token", token);

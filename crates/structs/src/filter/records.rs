@@ -192,7 +192,8 @@ impl<T: Record> Field<T> {
         }
     }
 
-    fn is_string(&self) -> bool {
+    /// A string: a text field, or one key of a map of strings.
+    pub(super) fn is_string(&self) -> bool {
         matches!(self.selector.get, Get::Text(_)) || self.key.is_some()
     }
 
@@ -221,20 +222,6 @@ impl<T: Record> Field<T> {
             Get::Boolean(_) => ("a boolean", SCALAR_OPS),
             Get::List(_) => ("a list", COLLECTION_OPS),
             _ => ("a map", COLLECTION_OPS),
-        }
-    }
-
-    pub(super) fn takes(&self, op: super::Op) -> bool {
-        use super::Op;
-        if self.is_string() {
-            return true;
-        }
-        match self.selector.get {
-            Get::Integer(..) | Get::Boolean(_) => matches!(op, Op::Equal | Op::NotEqual),
-            _ => matches!(
-                op,
-                Op::In | Op::NotIn | Op::Contains | Op::NotContains | Op::IsEmpty | Op::IsNotEmpty
-            ),
         }
     }
 }
