@@ -423,6 +423,19 @@ def test_the_agent_node_has_a_kept_id_tagged_addresses_and_meta(tmp_path):
         assert server.stop() == 0
 
 
+def test_connect_authorize_through_the_agent(cluster):
+    """py-consul's `agent.connect.authorize` through an agent (forwarded to a server):
+    intentions decide for the certificate's service."""
+    server, agent = cluster
+    td = server.client().connect.ca.roots()["TrustDomain"]
+    uri = f"spiffe://{td}/ns/default/dc/dc1/svc/web"
+    c = agent.client()
+    assert c.agent.connect.authorize("db", uri, "01")["Authorized"] is True
+    assert server.client().connect.intentions.upsert("web", "db", action="deny") is not None
+    answer = c.agent.connect.authorize("db", uri, "01")
+    assert answer["Authorized"] is False and answer["Reason"].startswith("Matched L4 intention web => db"), answer
+
+
 def test_config_file_services_and_sighup_reload(tmp_path):
     server = start_server()
     cfg = tmp_path / "agent.json"

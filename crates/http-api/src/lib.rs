@@ -10,6 +10,7 @@
 mod acl_routes;
 mod agent;
 mod api;
+mod authorize;
 mod authz;
 mod catalog_routes;
 mod config_routes;
@@ -35,7 +36,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use catalog::Store;
 use std::sync::Arc;
 
@@ -114,6 +115,10 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/status/peers", get(agent::peers));
     r.add("/v1/agent/self", get(agent::agent_self));
     r.add("/v1/agent/force-leave/{node}", put(agent::force_leave));
+    r.add(
+        "/v1/agent/connect/authorize",
+        post(authorize::authorize).put(authorize::authorize),
+    );
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
     r.add("/v1/internal/ui/services", get(ui::services));
     acl_routes::add(&mut r);

@@ -518,6 +518,22 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
         row("GET", "/v1/agent/self", "/v1/agent/self", n.clone(), AGENT_READ, Denied),
         row(
             "POST",
+            "/v1/agent/connect/authorize",
+            "/v1/agent/connect/authorize",
+            json!({"Target": "web", "ClientCertURI": format!("spiffe://{trust_domain}/ns/default/dc/dc1/svc/api")}),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/agent/connect/authorize",
+            "/v1/agent/connect/authorize",
+            json!({"Target": "web", "ClientCertURI": format!("spiffe://{trust_domain}/ns/default/dc/dc1/svc/api")}),
+            WEB_WRITE,
+            Denied,
+        ),
+        row(
+            "POST",
             "/v1/connect/intentions",
             "/v1/connect/intentions",
             json!({"SourceName": "db", "DestinationName": "web", "Action": "allow"}),

@@ -985,3 +985,64 @@ async fn legacy_intentions_by_id_create_read_update_delete() {
     assert_eq!(get(&app, &uri).await.status, StatusCode::NOT_FOUND);
     assert_eq!(get(&app, "/v1/connect/intentions").await.body, "[]");
 }
+
+#[tokio::test]
+async fn connect_authorize_decides_by_trust_domain_and_intentions() {
+    let (app, _) = app().await;
+    let roots = get(&app, "/v1/connect/ca/roots").await.json();
+    let td = roots["TrustDomain"].as_str().unwrap().to_owned();
+    for (source, action) in [("web", "allow"), ("api", "deny")] {
+        let r = put(
+            &app,
+            &format!("/v1/connect/intentions/exact?source={source}&destination=db"),
+            json!({"Action": action}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    let ask = |source: &str, domain: &str| {
+        let body = json!({"Target": "db", "ClientCertURI": format!("spiffe://{domain}/ns/default/dc/dc1/svc/{source}"),
+                          "ClientCertSerial": "01:02"});
+        let app = app.clone();
+        async move { call(&app, "POST", "/v1/agent/connect/authorize", body.to_string()).await }
+    };
+    let cases = [
+        ("web", td.as_str(), true, "Matched L4 intention web => db: allow"),
+        ("api", td.as_str(), false, "Matched L4 intention api => db: deny"),
+        // No intention: the default, allow with ACLs off.
+        ("other", td.as_str(), true, "No intention matched"),
+        (
+            "web",
+            "11111111-2222-3333-4444-555555555555.consul",
+            false,
+            "Client certificate is from trust domain",
+        ),
+    ];
+    for (source, domain, authorized, reason) in cases {
+        let r = ask(source, domain).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["Authorized"], authorized, "{source}@{domain}: {v}");
+        assert!(v["Reason"].as_str().unwrap().starts_with(reason), "{v}");
+    }
+    let bad = call(
+        &app,
+        "POST",
+        "/v1/agent/connect/authorize",
+        json!({"Target": "db", "ClientCertURI": "https://x"}).to_string(),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.starts_with("ClientCertURI: \"https://x\""), "{}", bad.body);
+    let missing = call(
+        &app,
+        "POST",
+        "/v1/agent/connect/authorize",
+        json!({"ClientCertURI": "x"}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (missing.status, missing.body.trim()),
+        (StatusCode::BAD_REQUEST, "Target: required")
+    );
+}
