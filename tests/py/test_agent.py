@@ -436,6 +436,20 @@ def test_connect_authorize_through_the_agent(cluster):
     assert answer["Authorized"] is False and answer["Reason"].startswith("Matched L4 intention web => db"), answer
 
 
+def test_agent_self_has_the_debug_config_clients_read(cluster):
+    """`DebugConfig` of `/v1/agent/self` on both modes: the node, its mode and its ports."""
+    server, agent = cluster
+    for proc, server_mode in ((server, True), (agent, False)):
+        me = proc.client().agent.self()
+        debug = me["DebugConfig"]
+        assert debug["ServerMode"] is server_mode, debug
+        assert debug["HTTPPort"] == proc.port and debug["GRPCPort"] > 0, debug
+        assert debug["HTTPSPort"] == -1 and debug["GRPCTLSPort"] == -1 and debug["DNSPort"] == -1, debug
+        assert debug["Datacenter"] == debug["PrimaryDatacenter"] == "dc1", debug
+        assert debug["NodeName"] == me["Config"]["NodeName"] and debug["NodeID"] == me["Config"]["NodeID"], me
+        assert debug["ConnectEnabled"] is True and debug["ACLsEnabled"] is False, debug
+
+
 def test_config_file_services_and_sighup_reload(tmp_path):
     server = start_server()
     cfg = tmp_path / "agent.json"

@@ -61,6 +61,7 @@ pub async fn run(
     config.servers_ca_pem = listeners.tls().ca_pem.clone();
     // Checks registered through the API never probe the agent's own listeners.
     config.listeners = bound.all();
+    config.ports = bound.ports();
     let agent = Agent::start(config)
         .await
         .map_err(|e| StartError::Agent(::agent::servers::chain(&e)))?;

@@ -28,6 +28,8 @@ pub struct ApiConfig {
     pub liveness: Option<Arc<catalog::liveness::Liveness>>,
     /// Resolves tokens; with ACLs off every request may do everything.
     pub acl: Arc<catalog::acl::Resolver>,
+    /// The ports this server listens on (`/v1/agent/self`'s `DebugConfig`).
+    pub ports: http_kit::Ports,
 }
 
 impl Default for ApiConfig {
@@ -40,6 +42,7 @@ impl Default for ApiConfig {
             metrics: Arc::default(),
             liveness: None,
             acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
+            ports: http_kit::Ports::default(),
         }
     }
 }

@@ -216,3 +216,101 @@ pub fn token(headers: &HeaderMap, params: &Params) -> Option<acl::Token> {
 
 #[cfg(test)]
 mod tests;
+
+/// The ports a node listens on, `-1` where it does not (Consul's convention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// The plain HTTP API.
+    pub http: i32,
+    /// The HTTPS API.
+    pub https: i32,
+    /// Plain xDS (gRPC).
+    pub grpc: i32,
+    /// xDS over TLS.
+    pub grpc_tls: i32,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            http: -1,
+            https: -1,
+            grpc: -1,
+            grpc_tls: -1,
+        }
+    }
+}
+
+/// `DebugConfig` of `/v1/agent/self`, for either mode: the keys of Consul's that its clients
+/// read (the datacenters, the node, whether it is a server, ACLs, and the ports, `-1` for
+/// what does not listen; meshd has no DNS interface yet, so `DNSPort` is `-1`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DebugConfig {
+    /// Datacenter.
+    #[serde(rename = "Datacenter")]
+    pub datacenter: String,
+    /// The primary datacenter: this one (meshd runs one datacenter).
+    #[serde(rename = "PrimaryDatacenter")]
+    pub primary_datacenter: String,
+    /// Node name.
+    #[serde(rename = "NodeName")]
+    pub node_name: String,
+    /// Node id.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// A server (else an agent).
+    #[serde(rename = "ServerMode")]
+    pub server_mode: bool,
+    /// ACLs enforced.
+    #[serde(rename = "ACLsEnabled")]
+    pub acls_enabled: bool,
+    /// The service mesh is on (always, in meshd).
+    #[serde(rename = "ConnectEnabled")]
+    pub connect_enabled: bool,
+    /// The HTTP API's port.
+    #[serde(rename = "HTTPPort")]
+    pub http_port: i32,
+    /// The HTTPS API's port.
+    #[serde(rename = "HTTPSPort")]
+    pub https_port: i32,
+    /// The plain xDS port.
+    #[serde(rename = "GRPCPort")]
+    pub grpc_port: i32,
+    /// The xDS-over-TLS port.
+    #[serde(rename = "GRPCTLSPort")]
+    pub grpc_tls_port: i32,
+    /// The DNS port (none yet).
+    #[serde(rename = "DNSPort")]
+    pub dns_port: i32,
+    /// meshd's version.
+    #[serde(rename = "Version")]
+    pub version: String,
+}
+
+impl DebugConfig {
+    /// The view of a node `node_name` (`node_id`) of datacenter `datacenter` on `ports`.
+    pub fn new(
+        datacenter: &str,
+        node_name: &str,
+        node_id: &str,
+        server_mode: bool,
+        acls_enabled: bool,
+        ports: Ports,
+    ) -> Self {
+        DebugConfig {
+            datacenter: datacenter.to_owned(),
+            primary_datacenter: datacenter.to_owned(),
+            node_name: node_name.to_owned(),
+            node_id: node_id.to_owned(),
+            server_mode,
+            acls_enabled,
+            connect_enabled: true,
+            http_port: ports.http,
+            https_port: ports.https,
+            grpc_port: ports.grpc,
+            grpc_tls_port: ports.grpc_tls,
+            dns_port: -1,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}

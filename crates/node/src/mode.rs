@@ -57,6 +57,17 @@ pub struct Bound {
 }
 
 impl Bound {
+    /// The ports, as `/v1/agent/self` shows them (`-1`: not listening).
+    pub fn ports(&self) -> http_kit::Ports {
+        let port = |a: Option<SocketAddr>| a.map_or(-1, |a| i32::from(a.port()));
+        http_kit::Ports {
+            http: port(self.http_addr),
+            https: port(self.https_addr),
+            grpc: port(self.grpc_addr),
+            grpc_tls: port(self.grpc_tls_addr),
+        }
+    }
+
     /// Every bound address.
     pub fn all(&self) -> Vec<SocketAddr> {
         [self.http_addr, self.grpc_addr, self.https_addr, self.grpc_tls_addr]

@@ -50,7 +50,9 @@ pub async fn run(
     let api_addr = bound.http_addr.or(bound.https_addr).unwrap_or_else(unspecified);
     let xds_addr = bound.grpc_addr.or(bound.grpc_tls_addr).unwrap_or_else(unspecified);
     let store = store::open(&args, api_addr, xds_addr).await?;
-    let mode = ServerMode::start(args, store, api_addr).await?;
+    let mode = ServerMode::start(args, store, api_addr)
+        .await?
+        .with_ports(bound.ports());
     node::serve(listeners, mode, shutdown, on_ready)
         .await
         .map_err(ServerError::Node)
@@ -90,6 +92,8 @@ pub struct ServerMode {
     /// The shared followers of the catalog the data sources and the token resolver run.
     followers: TaskTracker,
     api_addr: SocketAddr,
+    /// The ports it listens on.
+    ports: http_kit::Ports,
     liveness: Arc<catalog::liveness::Liveness>,
     /// The HTTP API's request counters.
     http_metrics: Arc<http_api::HttpMetrics>,
@@ -123,9 +127,16 @@ impl ServerMode {
             tokens,
             followers,
             api_addr,
+            ports: http_kit::Ports::default(),
             liveness,
             http_metrics: Arc::default(),
         })
+    }
+
+    /// The same, listening on `ports` (`/v1/agent/self` shows them).
+    pub fn with_ports(mut self, ports: http_kit::Ports) -> Self {
+        self.ports = ports;
+        self
     }
 }
 
@@ -173,6 +184,7 @@ impl Mode for ServerMode {
                 .map(|ca| ca.cluster_id.clone())
                 .unwrap_or_default(),
             server_addr: self.api_addr.to_string(),
+            ports: self.ports,
             metrics: Arc::clone(&self.http_metrics),
             liveness: Some(Arc::clone(&self.liveness)),
             acl: Arc::clone(&self.acl),

@@ -54,6 +54,8 @@ pub struct AgentConfig {
     /// registered through the API (a token-less request to the HTTP API runs with the
     /// default token).
     pub listeners: Vec<std::net::SocketAddr>,
+    /// The ports the agent listens on (`/v1/agent/self`'s `DebugConfig`).
+    pub ports: http_kit::Ports,
 }
 
 impl Default for AgentConfig {
@@ -76,6 +78,7 @@ impl Default for AgentConfig {
             servers_ca_pem: None,
             check_allowed_targets: Vec::new(),
             listeners: Vec::new(),
+            ports: http_kit::Ports::default(),
         }
     }
 }
