@@ -56,6 +56,7 @@ pub fn router(agent: Agent) -> Router {
         // page this agent's own streams.
         .merge(dashboard::routes())
         .fallback(forward::forward)
+        .layer(axum::middleware::from_fn(http_kit::refuse_filter))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(|resp: Response| async move {
             if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {

@@ -432,6 +432,15 @@ async fn services_and_checks_take_filter_expressions() {
         assert_eq!(st, StatusCode::OK, "{uri}: {body}");
         assert_eq!(keys(&body), want, "{uri}");
     }
+    // A local endpoint that does not filter refuses the parameter rather than ignore it.
+    let (st, body) = call(&app, "GET", "/v1/agent/members?filter=Name%3D%3Dn1", Value::Null).await;
+    assert_eq!(
+        (st, body.trim()),
+        (
+            StatusCode::BAD_REQUEST,
+            "filter: /v1/agent/members does not take a filter expression"
+        )
+    );
     let (st, body) = call(&app, "GET", "/v1/agent/checks?filter=Status%20%3D%3D", Value::Null).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(

@@ -6,7 +6,7 @@ use crate::query::{self, Params};
 use crate::{ApiError, HttpMetrics, authz, response_cache};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use catalog::{IndexKey, Store};
 use std::sync::Arc;
 
@@ -160,9 +160,6 @@ const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::fro
 /// Resolves the request's token (header, bearer or `?token=`) and hands it to the handler.
 pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next) -> Response {
     let params = Params::parse(req.uri().query());
-    if let Err(e) = query::refuse_filter(req.uri().path(), &params) {
-        return e.into_response();
-    }
     let secret = query::token(req.headers(), &params);
     let state = api.store.read();
     let mut resolved = api.config.acl.resolve(&state, secret.as_ref());

@@ -132,6 +132,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
             name_body_limit(resp, max_body)
         }))
         .layer(middleware::from_fn_with_state(api.clone(), api::resolve))
+        .layer(middleware::from_fn(http_kit::refuse_filter))
         .layer(middleware::from_fn_with_state(metrics, count))
         .with_state(api);
     (router, paths)

@@ -20,41 +20,6 @@ pub fn check_common(params: &Params, datacenter: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The list endpoints that take `?filter=`, by path prefix (Consul's); every other path
-/// refuses it with a 400 ([`refuse_filter`]) rather than answer unfiltered.
-const FILTERABLE: &[&str] = &[
-    "/v1/catalog/nodes",
-    "/v1/catalog/services",
-    "/v1/catalog/service/",
-    "/v1/catalog/connect/",
-    "/v1/catalog/node/",
-    "/v1/catalog/node-services/",
-    "/v1/health/node/",
-    "/v1/health/checks/",
-    "/v1/health/service/",
-    "/v1/health/connect/",
-    "/v1/health/ingress/",
-    "/v1/health/state/",
-];
-
-/// A 400 when `?filter=` is given to an endpoint that does not filter.
-pub fn refuse_filter(path: &str, params: &Params) -> Result<(), ApiError> {
-    let given = params.get("filter").is_some_and(|f| !f.trim().is_empty());
-    let takes = FILTERABLE.iter().any(|p| {
-        if p.ends_with('/') {
-            path.starts_with(p)
-        } else {
-            path == *p
-        }
-    });
-    if given && !takes {
-        return Err(ApiError::BadRequest(format!(
-            "filter: {path} does not take a filter expression"
-        )));
-    }
-    Ok(())
-}
-
 /// `?filter=`, parsed for the records an endpoint lists (see `structs::filter::records`); a
 /// bad expression is a 400 naming its position. Absent, it matches everything.
 pub fn filter<T: structs::filter::Record>(params: &Params) -> Result<structs::Filter<T>, ApiError> {

@@ -314,3 +314,44 @@ impl DebugConfig {
         }
     }
 }
+
+/// The list endpoints that take `?filter=`, by path prefix (Consul's): the server's catalog
+/// and health lists and an agent's services and checks.
+const FILTERABLE: &[&str] = &[
+    "/v1/catalog/nodes",
+    "/v1/catalog/services",
+    "/v1/catalog/service/",
+    "/v1/catalog/connect/",
+    "/v1/catalog/node/",
+    "/v1/catalog/node-services/",
+    "/v1/health/node/",
+    "/v1/health/checks/",
+    "/v1/health/service/",
+    "/v1/health/connect/",
+    "/v1/health/ingress/",
+    "/v1/health/state/",
+    "/v1/agent/services",
+    "/v1/agent/checks",
+];
+
+/// Middleware: `?filter=` given to a path that does not filter is a 400 naming the path,
+/// rather than an unfiltered answer. Servers, agents and the node's own routes all use it.
+pub async fn refuse_filter(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let given = Params::parse(req.uri().query())
+        .get("filter")
+        .is_some_and(|f| !f.trim().is_empty());
+    let path = req.uri().path();
+    let takes = FILTERABLE.iter().any(|p| {
+        if p.ends_with('/') {
+            path.starts_with(p)
+        } else {
+            path == *p
+        }
+    });
+    if given && !takes {
+        let text = format!("filter: {path} does not take a filter expression\n");
+        return (axum::http::StatusCode::BAD_REQUEST, text).into_response();
+    }
+    next.run(req).await
+}

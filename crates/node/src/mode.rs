@@ -241,16 +241,15 @@ pub async fn serve_with_grace<M: Mode>(
     let leave = CancellationToken::new();
     // Open log streams (`/v1/agent/monitor`) end when shutting down starts.
     let streams_stop = CancellationToken::new();
-    let app = with_tokens(
-        mode.routes(&engine)
-            .merge(status)
-            .merge(metrics)
-            .merge(crate::version::router())
-            .merge(crate::host::router(mode.node_name(), leave.clone()))
-            .merge(crate::monitor::router(mode.node_name(), streams_stop.clone())),
-        tokens,
-    )
-    .layer(axum::middleware::from_fn(crate::header_cap::cap));
+    // The node's own routes; the mode's refuse `?filter=` where they do not filter, so do these.
+    let own = status
+        .merge(metrics)
+        .merge(crate::version::router())
+        .merge(crate::host::router(mode.node_name(), leave.clone()))
+        .merge(crate::monitor::router(mode.node_name(), streams_stop.clone()))
+        .layer(axum::middleware::from_fn(http_kit::refuse_filter));
+    let app =
+        with_tokens(mode.routes(&engine).merge(own), tokens).layer(axum::middleware::from_fn(crate::header_cap::cap));
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
     info!(
