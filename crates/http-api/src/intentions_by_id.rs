@@ -95,12 +95,18 @@ fn parse_id(id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn by_id(state: &catalog::State, id: &str) -> Result<Intention, ApiError> {
-    state
-        .intentions()
-        .into_iter()
-        .find(|i| i.id == id)
-        .ok_or_else(|| ApiError::NotFound(format!("Intention not found: no intention has the id {id:?}")))
+/// The intention with `id`, once the caller is entitled to it: `intentions:read` (`write`
+/// when `write`) on its destination. The check comes first, found or not: a 404 to a caller
+/// without the right would tell which ids exist.
+fn entitled(state: &catalog::State, id: &str, authz: &Authz, write: bool) -> Result<Intention, ApiError> {
+    let found = state.intentions().into_iter().find(|i| i.id == id);
+    let destination = found.as_ref().map(|i| i.destination_name.as_str()).unwrap_or_default();
+    if write {
+        authz.need(|a| a.intention_write(destination), "intentions:write", destination)?;
+    } else {
+        authz.need(|a| a.intention_read(destination), "intentions:read", destination)?;
+    }
+    found.ok_or_else(|| ApiError::NotFound(format!("Intention not found: no intention has the id {id:?}")))
 }
 
 /// `POST /v1/connect/intentions`: creates the intention and answers its id.
@@ -146,12 +152,7 @@ pub(crate) async fn get(
     let params = Params::parse(q.as_deref());
     parse_id(&id)?;
     let state = api.read(&params, &IndexKey::Intentions).await?;
-    let found = by_id(&state, &id);
-    // Found or not, the caller must be entitled to it: a 404 without `intentions:read` on
-    // the destination would tell which ids exist.
-    let destination = found.as_ref().map(|i| i.destination_name.clone()).unwrap_or_default();
-    authz.need(|a| a.intention_read(&destination), "intentions:read", &destination)?;
-    let found = found?;
+    let found = entitled(&state, &id, &authz, false)?;
     Ok(query::json(
         &found,
         Some(state.index_of(&IndexKey::Intentions)),
@@ -171,10 +172,7 @@ pub(crate) async fn update(
     let params = api.write_params(q.as_deref())?;
     parse_id(&id)?;
     let mut req: IntentionBody = query::decode(&body, "an intention")?;
-    let found = by_id(&api.store.read(), &id);
-    let destination = found.as_ref().map(|i| i.destination_name.clone()).unwrap_or_default();
-    authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
-    let found = found?;
+    let found = entitled(&api.store.read(), &id, &authz, true)?;
     for (field, given, current) in [
         ("SourceName", &mut req.source_name, &found.source_name),
         ("DestinationName", &mut req.destination_name, &found.destination_name),
@@ -201,10 +199,7 @@ pub(crate) async fn delete(
 ) -> Result<Response, ApiError> {
     let params = api.write_params(q.as_deref())?;
     parse_id(&id)?;
-    let found = by_id(&api.store.read(), &id);
-    let destination = found.as_ref().map(|i| i.destination_name.clone()).unwrap_or_default();
-    authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
-    let found = found?;
+    let found = entitled(&api.store.read(), &id, &authz, true)?;
     api.store
         .write(Op::IntentionDelete {
             source: found.source_name,
