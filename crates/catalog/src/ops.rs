@@ -54,6 +54,9 @@ pub enum Op {
         description: String,
         /// Metadata.
         meta: BTreeMap<String, String>,
+        /// Only create: refused when the intention exists (the ID API's create), decided
+        /// with the write, so two creates of one pair never both succeed.
+        create: bool,
     },
     /// Delete the intention `source` → `destination`.
     IntentionDelete {
@@ -142,7 +145,8 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             permissions,
             description,
             meta,
-        } => plan_intention_upsert(state, datacenter, destination, source, now, |src| {
+            create,
+        } => plan_intention_upsert(state, datacenter, destination, source, *create, now, |src| {
             src.action = *action;
             src.permissions = permissions.clone();
             src.description = description.clone();
@@ -239,11 +243,21 @@ fn plan_intention_upsert(
     datacenter: &str,
     destination: &str,
     source: &str,
+    create: bool,
     now: SystemTime,
     fill: impl FnOnce(&mut SourceIntention),
 ) -> Result<Plan, WriteError> {
     let mut entry = intentions_entry(state, destination);
     let existing = entry.sources.iter().position(|s| s.name == source);
+    if let Some(i) = existing.filter(|_| create) {
+        return Err(WriteError::Invalid(ValidationError::new(
+            "SourceName",
+            Problem::Invalid(format!(
+                "duplicate intention found: {source} => {destination} exists (ID {:?})",
+                entry.sources[i].legacy_id
+            )),
+        )));
+    }
     let stamp = Timestamp(now);
     let mut src = existing
         .map(|i| entry.sources[i].clone())

@@ -223,6 +223,7 @@ async fn intentions_through_the_legacy_exact_api() {
         permissions: vec![],
         description: String::new(),
         meta: Default::default(),
+        create: false,
     };
     store.write(upsert("web", IntentionAction::Allow)).await.unwrap();
     store.write(upsert("*", IntentionAction::Deny)).await.unwrap();
@@ -243,10 +244,29 @@ async fn intentions_through_the_legacy_exact_api() {
             permissions: vec![],
             description: String::new(),
             meta: Default::default(),
+            create: false,
         })
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "Action: required (or Permissions)");
+    // A create of a pair that exists is refused with the write, and changes nothing.
+    let create = Op::IntentionUpsert {
+        source: "web".into(),
+        destination: "api".into(),
+        action: Some(IntentionAction::Deny),
+        permissions: vec![],
+        description: String::new(),
+        meta: Default::default(),
+        create: true,
+    };
+    let err = store.write(create).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("SourceName: duplicate intention found: web => api"),
+        "{err}"
+    );
+    let ixns = store.read().intentions_for_destination("api");
+    assert!(intention::decide(&ixns, "web", "api", false).allowed, "unchanged");
     store
         .write(Op::IntentionDelete {
             source: "web".into(),

@@ -274,7 +274,7 @@ pub(crate) async fn put_intention(
     // The names are the query's; any in the body are ignored, as Consul's exact API does.
     (req.source_name, req.destination_name) = (source, destination);
     req.check()?;
-    api.store.write(req.upsert()).await?;
+    api.store.write(req.upsert(false)).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 

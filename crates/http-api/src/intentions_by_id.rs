@@ -73,7 +73,8 @@ impl IntentionBody {
         Ok(())
     }
 
-    pub(crate) fn upsert(self) -> Op {
+    /// The write; `create`: refused if the intention exists.
+    pub(crate) fn upsert(self, create: bool) -> Op {
         Op::IntentionUpsert {
             source: self.source_name,
             destination: self.destination_name,
@@ -81,6 +82,7 @@ impl IntentionBody {
             permissions: self.permissions,
             description: self.description,
             meta: self.meta,
+            create,
         }
     }
 }
@@ -137,7 +139,7 @@ pub(crate) async fn create(
             found.id
         )));
     }
-    api.store.write(req.upsert()).await?;
+    api.store.write(req.upsert(true)).await?;
     let id = existing(&api.store.read()).map(|i| i.id).unwrap_or_default();
     Ok(query::json(&serde_json::json!({ "ID": id }), None, params.pretty()))
 }
@@ -186,7 +188,7 @@ pub(crate) async fn update(
         }
     }
     req.check()?;
-    api.store.write(req.upsert()).await?;
+    api.store.write(req.upsert(false)).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 

@@ -308,6 +308,7 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
             permissions: vec![],
             description: String::new(),
             meta: Default::default(),
+            create: false,
         })
         .await
         .unwrap();

@@ -186,6 +186,7 @@ async fn sidecar_snapshot_from_the_catalog() {
             permissions: vec![],
             description: String::new(),
             meta: Default::default(),
+            create: false,
         })
         .await
         .unwrap();
