@@ -56,9 +56,7 @@ pub(crate) fn link_order() -> Result<()> {
         binary = binary.display()
     );
     std::fs::write(&wrapper, script)?;
-    let mut chmod = Command::new("chmod");
-    chmod.arg("+x").arg(&wrapper);
-    run(chmod)?;
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
 
     let mut cmd = cargo();
     cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo"])
