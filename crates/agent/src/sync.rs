@@ -145,7 +145,7 @@ impl CatalogApi for Servers {
 pub struct Syncer<C = Servers> {
     state: Arc<LocalState>,
     servers: Arc<C>,
-    node: NodeInfo,
+    node: Arc<NodeInfo>,
     config: SyncConfig,
     synced_once: tokio::sync::watch::Sender<bool>,
 }
@@ -165,7 +165,7 @@ impl<C: CatalogApi> Syncer<C> {
         Self {
             state,
             servers,
-            node,
+            node: Arc::new(node),
             config,
             synced_once: tokio::sync::watch::channel(false).0,
         }
@@ -330,7 +330,7 @@ impl<C: CatalogApi> Syncer<C> {
         }
         // Removals complete before writes start: a check moving between ids never has both
         // its old and new self removed by a late deregistration.
-        let info = Arc::new(self.node.clone());
+        let info = Arc::clone(&self.node);
         for batch in [jobs, writes] {
             let mut set = JoinSet::new();
             let mut first_err = None;
