@@ -42,7 +42,9 @@ fn meshd() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_meshd"))
 }
 
-async fn put(http: &reqwest::Client, url: String, body: serde_json::Value) {
+/// A write, and the time until its (durable) response.
+async fn put(http: &reqwest::Client, url: String, body: serde_json::Value) -> Duration {
+    let t0 = Instant::now();
     http.put(url)
         .json(&body)
         .send()
@@ -50,6 +52,7 @@ async fn put(http: &reqwest::Client, url: String, body: serde_json::Value) {
         .unwrap()
         .error_for_status()
         .unwrap();
+    t0.elapsed()
 }
 
 #[tokio::main(worker_threads = 2)]
@@ -57,7 +60,10 @@ async fn main() {
     let caches_n = env_usize("CACHES", 100);
     let sidecars = env_usize("SIDECARS", 20);
     let rounds = env_usize("ROUNDS", 10);
-    let server = test_support::process::start_server(meshd(), ["-dev", "-log-level", "error"]);
+    let store = test_support::figures::BenchStore::from_env();
+    let mut args = store.args();
+    args.extend(["-log-level".to_owned(), "error".to_owned()]);
+    let server = test_support::process::start_server(meshd(), args);
     let server_pid = server.child.id();
     let _server = Killed(server.child);
     let http = reqwest::Client::new();
@@ -84,7 +90,10 @@ async fn main() {
         )
         .await;
     }
-    println!("agent mode benchmark (real meshd server process; 2 cores shared with the load generator)");
+    println!(
+        "agent mode benchmark (real meshd server process, {}; 2 cores shared with the load generator)",
+        store.describe()
+    );
     fan_out(&server.http, server_pid, &http, caches_n, rounds).await;
     through_agent(&server.http, &http, sidecars, rounds).await;
 }
@@ -140,18 +149,20 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut lat = Vec::new();
+    let mut writes = Vec::new();
     let mut cpu = Duration::ZERO;
     for round in 1..=rounds {
         marker.store(round as u64, Ordering::Release);
         let (cpu0, _) = proc_stat(server_pid);
         let t0 = Instant::now();
-        put(
+        let write = put(
             http,
             format!("{server_http}/v1/catalog/register"),
             json!({"Node": format!("hot-extra-{round}"), "Address": marker_address(round as u64),
                 "Service": {"Service": "hot", "Port": 8080}}),
         )
         .await;
+        writes.push(write);
         let mut got = 0;
         while got < n {
             match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
@@ -174,6 +185,10 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
         ms(percentile(&lat, 0.5)),
         ms(percentile(&lat, 0.99)),
         ms(*lat.last().unwrap())
+    );
+    println!(
+        "  of which the write itself (HTTP register until its durable response): {}",
+        test_support::figures::latency_summary(&mut writes)
     );
     println!(
         "  server CPU per change: {} = {:.0} µs per woken blocking query (10 ms CPU-time granularity)",
@@ -241,11 +256,12 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
     let synced = start.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut lat = Vec::new();
+    let mut writes = Vec::new();
     for round in 1..=rounds {
         let round = 1000 + round as u64;
         marker.store(round, Ordering::Release);
         let t0 = Instant::now();
-        put(
+        let write = put(
             http,
             format!("{server_http}/v1/catalog/register"),
             json!({"Node": format!("hot-connect-{round}"), "Address": marker_address(round),
@@ -253,6 +269,7 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
                 "Service": "hot-sidecar-proxy", "Port": 21000, "Proxy": {"DestinationServiceName": "hot"}}}),
         )
         .await;
+        writes.push(write);
         let mut got = 0;
         while got < sidecars {
             match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
@@ -277,6 +294,10 @@ async fn through_agent(server_http: &str, http: &reqwest::Client, sidecars: usiz
         ms(percentile(&lat, 0.5)),
         ms(percentile(&lat, 0.99)),
         ms(*lat.last().unwrap())
+    );
+    println!(
+        "  of which the write itself (HTTP register until its durable response): {}",
+        test_support::figures::latency_summary(&mut writes)
     );
     println!(
         "  agent RSS with {sidecars} sidecars and streams: {:.1} MiB = {:.1} MB (anonymous {:.1} MiB, file-backed {:.1} MiB)   [target <= 30 MB; Consul's client agent idles near 87 MB]",

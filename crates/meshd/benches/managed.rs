@@ -55,7 +55,10 @@ async fn main() {
     let envoy = test_support::envoy();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("agent");
-    let mut server = test_support::process::start_server(meshd(), ["-dev", "-log-level", "error"]);
+    let store = test_support::figures::BenchStore::from_env();
+    let mut server_args = store.args();
+    server_args.extend(["-log-level".to_owned(), "error".to_owned()]);
+    let mut server = test_support::process::start_server(meshd(), server_args);
     let (http, grpc) = (
         format!("127.0.0.1:{}", test_support::reserve_port()),
         format!("127.0.0.1:{}", test_support::reserve_port()),
@@ -121,7 +124,8 @@ async fn main() {
     let up = started.elapsed();
     let expected_processes = processes_under(&data).len();
     println!(
-        "managed proxies benchmark: {proxies} managed Envoys on one agent ({expected_processes} processes: the agent, its proxies and their Envoys), all answering after {}",
+        "managed proxies benchmark: {proxies} managed Envoys on one agent ({expected_processes} processes: the agent, its proxies and their Envoys; {}), all answering after {}",
+        store.describe(),
         ms(up)
     );
 

@@ -122,7 +122,10 @@ async fn main() {
     let bin = std::env::var_os("MEMORY_SERVER_BIN")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_meshd")));
-    let server = test_support::process::start_server(&bin, ["-dev", "-log-level", "error"]);
+    let store = test_support::figures::BenchStore::from_env();
+    let mut args = store.args();
+    args.extend(["-log-level".to_owned(), "error".to_owned()]);
+    let server = test_support::process::start_server(&bin, args);
     let mut child = server.child;
     let pid = child.id();
     let http = reqwest::Client::new();
@@ -183,7 +186,10 @@ async fn main() {
     let (_, rss_synced) = proc_stat(pid);
 
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n as f64;
-    println!("memory per connected proxy ({n} proxies, {UPSTREAMS} upstreams each, delta ADS; proc_stat RSS in KiB)");
+    println!(
+        "memory per connected proxy ({n} proxies, {UPSTREAMS} upstreams each, delta ADS; proc_stat RSS in KiB; {})",
+        store.describe()
+    );
     println!(
         "  catalog (the registration, before any stream): {:.1} KiB per proxy (server RSS {:.1} MiB with them)",
         per(rss_base, rss_registered),

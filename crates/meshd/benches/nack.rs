@@ -68,10 +68,10 @@ async fn nacking_proxy(grpc: String, idx: usize, listeners: Arc<AtomicU64>) {
 async fn main() {
     let proxies = env_usize("PROXIES", 100);
     let idle = Duration::from_secs(env_usize("IDLE_S", 5) as u64);
-    let server = test_support::process::start_server(
-        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
-        ["-dev", "-log-level", "error"],
-    );
+    let store = test_support::figures::BenchStore::from_env();
+    let mut args = store.args();
+    args.extend(["-log-level".to_owned(), "error".to_owned()]);
+    let server = test_support::process::start_server(std::path::Path::new(env!("CARGO_BIN_EXE_meshd")), args);
     let mut child = server.child;
     let pid = child.id();
     let http = reqwest::Client::new();
@@ -116,7 +116,10 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after_change = listeners.load(Ordering::Relaxed) - before;
     let cpu = cpu1.saturating_sub(cpu0);
-    println!("NACK loop: {proxies} delta streams NACK every listener update");
+    println!(
+        "NACK loop: {proxies} delta streams NACK every listener update ({})",
+        store.describe()
+    );
     println!(
         "  idle {:.0} s after the NACKs: {resent} listener responses sent   [target 0]; server CPU {:.2} % of one core ({} ms)   [target: idle]",
         idle.as_secs_f64(),

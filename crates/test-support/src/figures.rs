@@ -40,3 +40,48 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// `p50 … p99 … max …` of `durations` (sorted here), as the benches print a latency.
+pub fn latency_summary(durations: &mut [Duration]) -> String {
+    durations.sort();
+    format!(
+        "p50 {}  p99 {}  max {}",
+        ms(percentile(durations, 0.5)),
+        ms(percentile(durations, 0.99)),
+        ms(durations.last().copied().unwrap_or_default())
+    )
+}
+
+/// Where a benchmark's server keeps its catalog: a fresh data dir on this machine's disk,
+/// every acknowledged write fsynced (what users run), unless `DEV=1` asks for memory
+/// (`-dev`). The directory lives as long as this value.
+#[derive(Debug)]
+pub struct BenchStore {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl BenchStore {
+    /// From the environment: `DEV=1` for `-dev`, else a fresh data dir.
+    pub fn from_env() -> Self {
+        let dev = std::env::var_os("DEV").is_some_and(|v| v == "1");
+        Self {
+            dir: (!dev).then(|| tempfile::tempdir().expect("a temporary data dir")),
+        }
+    }
+
+    /// The server's arguments for this store: `-data-dir <dir>` or `-dev`.
+    pub fn args(&self) -> Vec<String> {
+        match &self.dir {
+            Some(dir) => vec!["-data-dir".into(), dir.path().join("server").display().to_string()],
+            None => vec!["-dev".into()],
+        }
+    }
+
+    /// What the store is, for the bench's header line.
+    pub fn describe(&self) -> &'static str {
+        match self.dir {
+            Some(_) => "server on a fresh data dir (durable; DEV=1 for -dev)",
+            None => "server in memory (-dev, DEV=1)",
+        }
+    }
+}
