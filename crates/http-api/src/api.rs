@@ -56,13 +56,31 @@ impl std::fmt::Debug for ApiConfig {
     }
 }
 
-/// What every handler gets: the store, the settings, and the encoded-response cache.
+/// What every handler gets: the store, the settings, and the encoded-response cache. One
+/// `Arc`, so that the clones every request makes (each middleware and the handler take
+/// one) touch one shared counter, not one per part.
 #[derive(Clone)]
-pub(crate) struct Api {
+pub(crate) struct Api(Arc<ApiParts>);
+
+/// The parts of an [`Api`].
+pub(crate) struct ApiParts {
     pub(crate) store: Store,
-    pub(crate) config: Arc<ApiConfig>,
+    pub(crate) config: ApiConfig,
     pub(crate) metrics: Arc<HttpMetrics>,
-    pub(crate) responses: Arc<response_cache::ResponseCache>,
+    pub(crate) responses: response_cache::ResponseCache,
+}
+
+impl Api {
+    pub(crate) fn new(parts: ApiParts) -> Self {
+        Self(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for Api {
+    type Target = ApiParts;
+    fn deref(&self) -> &ApiParts {
+        &self.0
+    }
 }
 
 impl Api {
@@ -125,14 +143,17 @@ impl Api {
         body: impl FnOnce(&catalog::State, &acl::Authorizer) -> Result<(axum::body::Bytes, bool), ApiError>,
     ) -> Result<Response, ApiError> {
         let authorizer = authz.get()?;
+        // The key is made before blocking: a woken query does as little as it can.
+        let mut cache_key = response_cache::ResponseCache::key(path, params);
+        // With ACLs, the token and the ACL state its rights were resolved in (not the state
+        // after the wait: a request resolved before a policy change must not share its
+        // answer with one resolved after it).
+        if self.config.acl.enabled() {
+            use std::fmt::Write as _;
+            let _ = write!(cache_key, "\u{1e}{}\u{1e}{}", authz.accessor()?, authz.acl_index().0);
+        }
         let state = self.read(params, &key).await?;
         let index = state.index_of(&key);
-        let mut cache_key = response_cache::ResponseCache::key(path, params);
-        if self.config.acl.enabled() {
-            cache_key.push('\u{1e}');
-            cache_key.push_str(authz.accessor()?);
-            cache_key.push_str(&state.index_of(&IndexKey::Acl).to_string());
-        }
         let (bytes, filtered) = self
             .responses
             .get_or_encode(cache_key, index, || body(&state, authorizer))?;
@@ -157,12 +178,29 @@ impl Routes {
 /// How long a server over etcd may wait to catch up before it calls a token unknown.
 const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Resolves the request's token (header, bearer or `?token=`) and hands it to the handler.
-pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next) -> Response {
+/// Every request's way in, as one layer (each layer costs every request, and a parked
+/// blocking query pays for its layers again when it wakes): a `?filter=` on a path that
+/// takes none is refused, the token resolved, a 413 made to name the limit, and the answer
+/// counted.
+pub(crate) async fn front(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let resp = match http_kit::filter_refusal(req.uri()) {
+        Some(refused) => refused,
+        None => {
+            let req = resolve(&api, req).await;
+            name_body_limit(next.run(req).await, api.config.max_body)
+        }
+    };
+    api.metrics.record(resp.status().as_u16());
+    resp
+}
+
+/// Resolves the request's token (header, bearer or `?token=`) for the handler.
+async fn resolve(api: &Api, mut req: Request) -> Request {
     let params = Params::parse(req.uri().query());
     let secret = query::token(req.headers(), &params);
     let state = api.store.read();
     let mut resolved = api.config.acl.resolve(&state, secret.as_ref());
+    let mut acl_index = state.index_of(&IndexKey::Acl);
     drop(state);
     // A token unknown here may have been written through another server whose write this
     // one has not applied yet: catch up with etcd before refusing it (the embedded store
@@ -172,8 +210,18 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
         && api.store.cluster().is_some()
         && api.store.catch_up(CATCH_UP_FOR_UNKNOWN_TOKEN).await
     {
-        resolved = api.config.acl.resolve(&api.store.read(), secret.as_ref());
+        let state = api.store.read();
+        resolved = api.config.acl.resolve(&state, secret.as_ref());
+        acl_index = state.index_of(&IndexKey::Acl);
     }
-    req.extensions_mut().insert(authz::Authz::new(resolved));
-    next.run(req).await
+    req.extensions_mut().insert(authz::Authz::new(resolved, acl_index));
+    req
+}
+
+/// A 413 names the limit (the extractor's own rejection says only "length limit exceeded").
+fn name_body_limit(resp: Response, limit: usize) -> Response {
+    if resp.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        return resp;
+    }
+    axum::response::IntoResponse::into_response((axum::http::StatusCode::PAYLOAD_TOO_LARGE, http_kit::too_large(limit)))
 }

@@ -18,9 +18,9 @@ use catalog::acl::{ResolveError, Resolved};
 /// The header that says a listing was filtered by ACLs.
 pub use structs::wire::FILTERED_HEADER;
 
-/// The request's resolved token.
+/// The request's resolved token, and the ACL index of the state it was resolved in.
 #[derive(Clone, Debug)]
-pub(crate) struct Authz(Result<Resolved, ResolveError>);
+pub(crate) struct Authz(Result<Resolved, ResolveError>, structs::Index);
 
 impl<S: Send + Sync> FromRequestParts<S> for Authz {
     type Rejection = ApiError;
@@ -35,9 +35,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Authz {
 }
 
 impl Authz {
-    /// A request's token as resolved.
-    pub(crate) fn new(resolved: Result<Resolved, ResolveError>) -> Self {
-        Self(resolved)
+    /// A request's token as resolved in a state whose ACL index was `acl_index`.
+    pub(crate) fn new(resolved: Result<Resolved, ResolveError>, acl_index: structs::Index) -> Self {
+        Self(resolved, acl_index)
+    }
+
+    /// The ACL index of the state the token was resolved in: what the rights [`Authz::get`]
+    /// gives were as of (an answer shared between requests is keyed by it).
+    pub(crate) fn acl_index(&self) -> structs::Index {
+        self.1
     }
 
     /// What the token may do; an unknown token is refused.

@@ -32,9 +32,8 @@ pub use error::ApiError;
 pub use metrics::{CatalogMetrics, HttpMetrics};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use catalog::Store;
@@ -49,12 +48,12 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
     let max_body = config.max_body;
-    let api = Api {
+    let api = Api::new(api::ApiParts {
         store,
-        config: Arc::new(config),
+        config,
         metrics: Arc::clone(&metrics),
-        responses: Arc::new(response_cache::ResponseCache::default()),
-    };
+        responses: response_cache::ResponseCache::default(),
+    });
     let mut r = Routes::default();
     r.add("/v1/catalog/register", put(catalog_routes::register));
     r.add("/v1/catalog/deregister", put(catalog_routes::deregister));
@@ -128,22 +127,9 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::map_response(move |resp: Response| async move {
-            name_body_limit(resp, max_body)
-        }))
-        .layer(middleware::from_fn_with_state(api.clone(), api::resolve))
-        .layer(middleware::from_fn(http_kit::refuse_filter))
-        .layer(middleware::from_fn_with_state(metrics, count))
+        .layer(middleware::from_fn_with_state(api.clone(), api::front))
         .with_state(api);
     (router, paths)
-}
-
-/// A 413 names the limit (the extractor's own rejection says only "length limit exceeded").
-fn name_body_limit(resp: Response, limit: usize) -> Response {
-    if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
-        return resp;
-    }
-    (StatusCode::PAYLOAD_TOO_LARGE, http_kit::too_large(limit)).into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {
@@ -161,10 +147,4 @@ async fn method_not_allowed(req: Request) -> Response {
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     ApiError::NotFound(http_kit::unknown_path(uri.path()).trim_end().to_owned()).into_response()
-}
-
-async fn count(State(metrics): State<Arc<HttpMetrics>>, req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
-    metrics.record(resp.status().as_u16());
-    resp
 }

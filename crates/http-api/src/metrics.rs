@@ -56,6 +56,11 @@ impl HttpMetrics {
         self.requests.0[class].inc();
     }
 
+    /// Blocking queries waiting now.
+    pub fn blocking_now(&self) -> i64 {
+        self.blocking.get()
+    }
+
     pub(crate) fn waiting(&self) -> Waiting<'_> {
         self.blocking.inc();
         Waiting(self)

@@ -18,6 +18,7 @@ use tower::ServiceExt;
 struct Reply {
     status: StatusCode,
     filtered: bool,
+    index: Option<u64>,
     body: String,
 }
 
@@ -40,10 +41,15 @@ async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: 
     let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
     let status = resp.status();
     let filtered = resp.headers().get(http_api::FILTERED_HEADER).is_some();
+    let index = resp
+        .headers()
+        .get("x-consul-index")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     Reply {
         status,
         filtered,
+        index,
         body: String::from_utf8(bytes.to_vec()).unwrap(),
     }
 }
@@ -53,6 +59,7 @@ struct Mesh {
     paths: Vec<&'static str>,
     store: Store,
     management: String,
+    metrics: Arc<http_api::HttpMetrics>,
 }
 
 /// A server with ACLs on (default deny), bootstrapped, with node `n1` running `web` and its
@@ -65,11 +72,13 @@ async fn mesh() -> Mesh {
         datacenter: "dc1".into(),
     }));
     let liveness = Arc::new(catalog::liveness::Liveness::new(store.clone(), Default::default()));
+    let metrics = Arc::new(http_api::HttpMetrics::default());
     let (app, paths) = http_api::router_and_paths(
         store.clone(),
         http_api::ApiConfig {
             acl: resolver,
             liveness: Some(liveness),
+            metrics: Arc::clone(&metrics),
             ..Default::default()
         },
     );
@@ -127,6 +136,7 @@ async fn mesh() -> Mesh {
         paths,
         store,
         management,
+        metrics,
     }
 }
 
@@ -1035,6 +1045,7 @@ async fn acl_token_expired(mesh: &Mesh, token: structs::acl::AclToken) -> Reply 
             StatusCode::OK
         },
         filtered: false,
+        index: None,
         body: resolved.err().map(|e| e.to_string()).unwrap_or_default(),
     }
 }
@@ -1256,4 +1267,191 @@ async fn the_builtin_read_only_policy_reads_everything_writes_nothing_and_stays_
     )
     .await;
     assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+}
+
+/// Many requests parked on one service, woken by one write: the answer is rendered once per
+/// (request, token) and shared, yet each request gets exactly what a fresh request with its
+/// own token and parameters gets: no token sees another's answer, no filter or parameter
+/// another's.
+#[tokio::test]
+async fn shared_blocking_answers_follow_each_requests_token_and_parameters() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let everything = mesh
+        .token("service_prefix \"\" { policy = \"read\" }\nnode_prefix \"\" { policy = \"read\" }")
+        .await;
+    let only_n1 = mesh
+        .token("service \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }")
+        .await;
+    let nothing = mesh.token("service \"other\" { policy = \"read\" }").await;
+    let second = json!({"Node": "n2", "Address": "10.0.0.2",
+        "Service": {"ID": "web2", "Service": "web", "Port": 8080, "Tags": ["v2"]},
+        "Checks": [{"CheckID": "web2-alive", "Name": "alive", "ServiceID": "web2", "Status": "critical"}]});
+    assert_eq!(
+        call(&mesh.app, "PUT", "/v1/catalog/register", m, second).await.status,
+        StatusCode::OK
+    );
+    let index = call(&mesh.app, "GET", "/v1/health/service/web", m, Value::Null)
+        .await
+        .index
+        .unwrap();
+    let asks: Vec<(&str, &str)> = vec![
+        (&everything, ""),
+        (&only_n1, ""),
+        (&nothing, ""),
+        (&everything, "&tag=v2"),
+        (&everything, "&filter=Node.Node%20%3D%3D%20%22n1%22"),
+        (&everything, "&passing=true"),
+        (&everything, "&pretty"),
+        (&only_n1, "&tag=v2"),
+    ];
+    let mut parked = Vec::new();
+    for (token, extra) in &asks {
+        let (app, token) = (mesh.app.clone(), token.to_string());
+        let uri = format!("/v1/health/service/web?index={index}&wait=30s{extra}");
+        parked.push(tokio::spawn(async move {
+            call(&app, "GET", &uri, Some(&token), Value::Null).await
+        }));
+    }
+    while mesh.metrics.blocking_now() < asks.len() as i64 {
+        tokio::task::yield_now().await;
+    }
+    // One write wakes them all: a third instance, on n1.
+    let third = json!({"Node": "n1", "Address": "10.0.0.1",
+        "Service": {"ID": "web3", "Service": "web", "Port": 8081, "Tags": ["v2"]}});
+    assert_eq!(
+        call(&mesh.app, "PUT", "/v1/catalog/register", m, third).await.status,
+        StatusCode::OK
+    );
+    for ((token, extra), woken) in asks.iter().zip(parked) {
+        let woken = woken.await.unwrap();
+        let fresh = call(
+            &mesh.app,
+            "GET",
+            &format!("/v1/health/service/web?{}", &extra.trim_start_matches('&')),
+            Some(token),
+            Value::Null,
+        )
+        .await;
+        assert_eq!(woken.status, StatusCode::OK, "{extra}: {}", woken.body);
+        assert!(woken.index.unwrap() > index, "{extra}: woken at the new index");
+        assert_eq!(woken.index, fresh.index, "{extra}");
+        assert_eq!(woken.body, fresh.body, "{extra}: the woken answer is the fresh one");
+        assert_eq!(woken.filtered, fresh.filtered, "{extra}");
+    }
+    // And the answers differ where the tokens and parameters do.
+    let ids = |token: &str, extra: &'static str| {
+        let (app, token) = (mesh.app.clone(), token.to_owned());
+        async move {
+            let r = call(
+                &app,
+                "GET",
+                &format!("/v1/health/service/web?{extra}"),
+                Some(&token),
+                Value::Null,
+            )
+            .await;
+            let mut ids: Vec<String> = r
+                .json()
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["Service"]["ID"].as_str().unwrap().to_owned())
+                .collect();
+            ids.sort();
+            (ids, r.filtered)
+        }
+    };
+    assert_eq!(
+        ids(&everything, "").await,
+        (vec!["web1".into(), "web2".into(), "web3".into()], false)
+    );
+    assert_eq!(ids(&only_n1, "").await, (vec!["web1".into(), "web3".into()], true));
+    assert_eq!(ids(&nothing, "").await, (vec![], true));
+    assert_eq!(
+        ids(&everything, "tag=v2").await,
+        (vec!["web2".into(), "web3".into()], false)
+    );
+    assert_eq!(
+        ids(&everything, "passing=true").await,
+        (vec!["web1".into(), "web3".into()], false)
+    );
+    assert_eq!(ids(&only_n1, "tag=v2").await, (vec!["web3".into()], true));
+}
+
+/// A request whose token was resolved before its policy changed must not share its answer
+/// with a request resolved after the change: the shared answer is keyed by the ACL state
+/// the rights came from, not the state after the wait.
+#[tokio::test]
+async fn a_policy_change_during_a_wait_does_not_leak_the_old_rights_answer() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let name = "narrowing";
+    let p = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/policy",
+        m,
+        json!({"Name": name, "Rules": "service \"web\" { policy = \"read\" }\nnode_prefix \"\" { policy = \"read\" }"}),
+    )
+    .await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    let policy_id = p.json()["ID"].as_str().unwrap().to_owned();
+    let t = call(
+        &mesh.app,
+        "PUT",
+        "/v1/acl/token",
+        m,
+        json!({"Policies": [{"Name": name}]}),
+    )
+    .await;
+    let token = t.json()["SecretID"].as_str().unwrap().to_owned();
+    let index = call(&mesh.app, "GET", "/v1/health/service/web", Some(&token), Value::Null)
+        .await
+        .index
+        .unwrap();
+    // Parked with the old rights (web readable).
+    let (app, tok) = (mesh.app.clone(), token.clone());
+    let parked = tokio::spawn(async move {
+        call(
+            &app,
+            "GET",
+            &format!("/v1/health/service/web?index={index}&wait=30s"),
+            Some(&tok),
+            Value::Null,
+        )
+        .await
+    });
+    while mesh.metrics.blocking_now() < 1 {
+        tokio::task::yield_now().await;
+    }
+    // The policy loses web; then web changes, which wakes the parked request.
+    let narrowed = call(
+        &mesh.app,
+        "PUT",
+        &format!("/v1/acl/policy/{policy_id}"),
+        m,
+        json!({"Name": name, "Rules": "service \"other\" { policy = \"read\" }"}),
+    )
+    .await;
+    assert_eq!(narrowed.status, StatusCode::OK, "{}", narrowed.body);
+    let more = json!({"Node": "n1", "Address": "10.0.0.1", "Service": {"ID": "web9", "Service": "web", "Port": 8089}});
+    assert_eq!(
+        call(&mesh.app, "PUT", "/v1/catalog/register", m, more).await.status,
+        StatusCode::OK
+    );
+    let old_rights = parked.await.unwrap();
+    assert_eq!(old_rights.status, StatusCode::OK);
+    // A request made now, at the same index, has the new rights: nothing of web.
+    let now = call(
+        &mesh.app,
+        "GET",
+        &format!("/v1/health/service/web?index={index}"),
+        Some(&token),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(now.index, old_rights.index, "the same index of the service");
+    assert_eq!(now.json(), json!([]), "the narrowed token reads no web instance");
+    assert!(now.filtered);
 }

@@ -337,11 +337,25 @@ const FILTERABLE: &[&str] = &[
 /// Middleware: `?filter=` given to a path that does not filter is a 400 naming the path,
 /// rather than an unfiltered answer. Servers, agents and the node's own routes all use it.
 pub async fn refuse_filter(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    match filter_refusal(req.uri()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
+    }
+}
+
+/// What [`refuse_filter`] answers a request for `uri`: a 400 when it has a `?filter=` its
+/// path does not take, else `None` (serve it). For a router that checks it in a middleware
+/// of its own.
+pub fn filter_refusal(uri: &axum::http::Uri) -> Option<axum::response::Response> {
     use axum::response::IntoResponse as _;
-    let given = Params::parse(req.uri().query())
+    // Most requests have no filter: no parsing then (a percent-encoded name is parsed).
+    if !uri.query().is_some_and(|q| q.contains("filter") || q.contains('%')) {
+        return None;
+    }
+    let given = Params::parse(uri.query())
         .get("filter")
         .is_some_and(|f| !f.trim().is_empty());
-    let path = req.uri().path();
+    let path = uri.path();
     let takes = FILTERABLE.iter().any(|p| {
         if p.ends_with('/') {
             path.starts_with(p)
@@ -351,7 +365,7 @@ pub async fn refuse_filter(req: axum::extract::Request, next: axum::middleware::
     });
     if given && !takes {
         let text = format!("filter: {path} does not take a filter expression\n");
-        return (axum::http::StatusCode::BAD_REQUEST, text).into_response();
+        return Some((axum::http::StatusCode::BAD_REQUEST, text).into_response());
     }
-    next.run(req).await
+    None
 }
