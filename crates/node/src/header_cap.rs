@@ -3,16 +3,14 @@
 //! Header Fields Too Large` without reaching a handler. hyper's own read buffer (about
 //! 400 KiB per connection) stays the hard bound below it; this is the documented limit.
 
-use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 /// Largest request headers accepted, bytes (Envoy's default limit is 60 KiB).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// The size of `req`'s headers as counted against the cap.
-fn header_bytes(req: &Request) -> usize {
+fn header_bytes<B>(req: &axum::http::Request<B>) -> usize {
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     target
         + req
@@ -22,22 +20,23 @@ fn header_bytes(req: &Request) -> usize {
             .sum::<usize>()
 }
 
-/// The middleware: 431 past the cap, else the request goes on.
-pub async fn cap(req: Request, next: Next) -> Response {
-    let size = header_bytes(&req);
-    if size > MAX_HEADER_BYTES {
-        let mut resp = (
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            format!("request headers are {size} bytes: the limit is {MAX_HEADER_BYTES}\n"),
-        )
-            .into_response();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        return resp;
+/// The 431 for a request past the cap; `None` lets it go on. [`crate::http_serve::serve`]
+/// checks every request with it before the router (a check there costs no layer).
+pub fn refusal<B>(req: &axum::http::Request<B>) -> Option<Response> {
+    let size = header_bytes(req);
+    if size <= MAX_HEADER_BYTES {
+        return None;
     }
-    next.run(req).await
+    let mut resp = (
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        format!("request headers are {size} bytes: the limit is {MAX_HEADER_BYTES}\n"),
+    )
+        .into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Some(resp)
 }
 
 #[cfg(test)]
@@ -46,8 +45,18 @@ mod tests {
     use super::*;
     use axum::Router;
     use axum::body::Body;
+    use axum::extract::Request;
+    use axum::middleware::Next;
     use axum::routing::get;
     use tower::ServiceExt;
+
+    /// The same check as a middleware: 431 past the cap, else the request goes on.
+    async fn cap(req: Request, next: Next) -> Response {
+        match refusal(&req) {
+            Some(refused) => refused,
+            None => next.run(req).await,
+        }
+    }
 
     #[tokio::test]
     async fn headers_past_the_cap_get_431_and_never_reach_the_handler() {

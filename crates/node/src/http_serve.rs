@@ -36,7 +36,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
 /// How long a client has to send a request's head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -114,8 +113,17 @@ where
             accepted = listener.accept() => accepted,
         };
         let body_deadline = deadlines.body;
-        let service = app.clone().map_request(move |req: http::Request<Incoming>| {
-            req.map(|b| axum::body::Body::new(DeadlineBody::new(b, body_deadline)))
+        let app = app.clone();
+        // Each request: headers past the cap refused, the body read under its deadline.
+        let service = tower::service_fn(move |req: http::Request<Incoming>| {
+            use futures_util::future::Either;
+            match crate::header_cap::refusal(&req) {
+                Some(refused) => Either::Left(std::future::ready(Ok(refused))),
+                None => {
+                    let req = req.map(|b| axum::body::Body::new(DeadlineBody::new(b, body_deadline)));
+                    Either::Right(tower::Service::call(&mut app.clone(), req))
+                }
+            }
         });
         let stop = stop.clone();
         connections.spawn(tracing::Instrument::in_current_span(async move {

@@ -248,8 +248,8 @@ pub async fn serve_with_grace<M: Mode>(
         .merge(crate::host::router(mode.node_name(), leave.clone()))
         .merge(crate::monitor::router(mode.node_name(), streams_stop.clone()))
         .layer(axum::middleware::from_fn(http_kit::refuse_filter));
-    let app =
-        with_tokens(mode.routes(&engine).merge(own), tokens).layer(axum::middleware::from_fn(crate::header_cap::cap));
+    // (Headers past the cap are refused by `http_serve` before the router.)
+    let app = with_tokens(mode.routes(&engine).merge(own), tokens);
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
     info!(

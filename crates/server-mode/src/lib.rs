@@ -191,7 +191,13 @@ impl Mode for ServerMode {
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;
-        http_api::router(self.store.clone(), api).layer(axum::middleware::from_fn_with_state(
+        let router = http_api::router(self.store.clone(), api);
+        // Only servers that share a store have a leader to forward writes to; a layer costs
+        // every request, so a lone server has none.
+        if self.store.cluster().is_none() {
+            return router;
+        }
+        router.layer(axum::middleware::from_fn_with_state(
             forward::Forwarder::new(self.store.clone(), max_body),
             forward::forward_writes,
         ))

@@ -261,3 +261,32 @@ async fn an_http1_listener_does_not_speak_http2() {
     stop.cancel();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn headers_past_the_cap_are_refused_before_the_router_on_both_versions() {
+    let (addr, _stop, _task, _) = start().await;
+    let big = "v".repeat(crate::header_cap::MAX_HEADER_BYTES);
+    // HTTP/1.1: one oversized header.
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let req =
+        format!("POST /echo HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let answer = read_to_close(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(answer.contains("the limit is 65536"), "{answer}");
+    // Under the cap, the same request is served.
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nX-Small: v\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+        .await
+        .unwrap();
+    let answer = read_to_close(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hi"), "{answer}");
+    // HTTP/2: many headers that add up past the cap.
+    let client = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let mut req = client.get(format!("http://{addr}/slow"));
+    for i in 0..100 {
+        req = req.header(format!("x-h{i}"), "v".repeat(700));
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 431);
+}
