@@ -31,6 +31,9 @@ fn main() -> ExitCode {
         // a mode of its own.
         rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     }
+    if is_daemon(&cli.command) {
+        raise_open_files();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -103,6 +106,25 @@ fn ready_lines(bound: &node::Bound, api: &str, xds: &str) {
 }
 
 /// Whether `command` runs a server or an agent.
+/// Raises the open-files limit to its hard limit, as Go programs (Consul among them) do at
+/// start: every proxy stream, blocking query and agent connection is a file, and the usual
+/// soft limit of 1,024 is reached long before the hard one. Beyond the hard limit is the
+/// operator's setting (`ulimit -n`, `LimitNOFILE=`; README "Sizing").
+fn raise_open_files() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current.is_some() && now.current != now.maximum {
+        // Failing leaves the soft limit as it was; nothing else depends on it.
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: now.maximum,
+                maximum: now.maximum,
+            },
+        );
+    }
+}
+
 fn is_daemon(command: &Command) -> bool {
     match command {
         #[cfg(feature = "server")]

@@ -106,7 +106,7 @@ pub fn engine_registry(xds: &XdsServer, manager: &proxycfg::Manager) -> promethe
 }
 
 /// The process's own gauges, read at scrape time: live tokio tasks and open file
-/// descriptors (what a soak watches for leaks).
+/// descriptors (what a soak watches for leaks), and the open-files limit.
 #[derive(Debug)]
 struct ProcessCollector;
 
@@ -116,9 +116,18 @@ impl prometheus_client::collector::Collector for ProcessCollector {
         use prometheus_client::metrics::{MetricType, gauge::ConstGauge};
         let tasks = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks());
         let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        // No limit reads as the largest value.
+        let max_fds = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
         for (name, help, value) in [
             ("meshd_runtime_tasks", "Live tokio tasks of the process.", tasks),
             ("meshd_process_open_fds", "Open file descriptors of the process.", fds),
+            (
+                "meshd_process_max_fds",
+                "The process's open-files limit (each proxy stream, blocking query and connection is one).",
+                max_fds,
+            ),
         ] {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)?;
