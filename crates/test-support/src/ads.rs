@@ -31,6 +31,105 @@ pub fn marker_address(marker: u64) -> String {
     format!("10.200.{}.{}", marker / 250, marker % 250)
 }
 
+/// Streams per loopback source address: past this many, stream `idx` dials from
+/// `127.0.0.(1 + idx / STREAMS_PER_SOURCE)`, so that tens of thousands of streams do not
+/// run out of the ephemeral ports of one address (about 28,000 on Linux).
+pub const STREAMS_PER_SOURCE: usize = 20_000;
+
+/// Proxy `idx`'s ADS client, dialled from its loopback source address (see
+/// [`STREAMS_PER_SOURCE`]).
+async fn connect(grpc: &str, idx: usize) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
+    let source = idx / STREAMS_PER_SOURCE;
+    if source > 0 {
+        let ip = std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(1 + source).expect("at most 254 sources"));
+        endpoint = endpoint.local_address(Some(ip.into()));
+    }
+    AggregatedDiscoveryServiceClient::new(endpoint.connect().await.unwrap())
+}
+
+/// The node of proxy `idx`'s first request, the size of Envoy's: Envoy names itself, its
+/// build and locality, and lists every extension compiled in (about 300 in 1.40) and its
+/// client features, some 20 KB the server decodes for every stream.
+pub fn envoy_node(idx: usize) -> Node {
+    use envoy_types::pb::envoy::config::core::v3::{BuildVersion, Extension, Locality, node::UserAgentVersionType};
+    const CATEGORIES: [&str; 6] = [
+        "envoy.filters.http",
+        "envoy.filters.network",
+        "envoy.filters.listener",
+        "envoy.transport_sockets.upstream",
+        "envoy.access_loggers",
+        "envoy.tracers",
+    ];
+    let extensions = (0..300)
+        .map(|i| {
+            let category = CATEGORIES[i % CATEGORIES.len()];
+            Extension {
+                name: format!("{category}.extension_number_{i}"),
+                category: category.to_owned(),
+                type_urls: vec![format!("type.googleapis.com/envoy.extensions.filters.v3.Extension{i}")],
+                ..Default::default()
+            }
+        })
+        .collect();
+    let id = format!("app-{idx}-sidecar-proxy");
+    Node {
+        cluster: id.trim_end_matches("-sidecar-proxy").to_owned(),
+        id,
+        user_agent_name: "envoy".into(),
+        user_agent_version_type: Some(UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+            version: Some(envoy_types::pb::envoy::r#type::v3::SemanticVersion {
+                major_number: 1,
+                minor_number: 40,
+                patch: 0,
+            }),
+            ..Default::default()
+        })),
+        locality: Some(Locality {
+            region: "bench".into(),
+            zone: "bench-a".into(),
+            ..Default::default()
+        }),
+        extensions,
+        client_features: [
+            "envoy.config.require-any-fields-contain-struct",
+            "envoy.lb.does_not_support_overprovisioning",
+            "envoy.lrs.supports_send_all_clusters",
+            "fallback_to_protobuf_any",
+            "xds.config.resource-in-sotw",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Raises this process's open-files limit to at least `want` (soft and hard; beyond the hard
+/// limit needs privilege), for a load generator holding that many connections; child
+/// processes started after it (the server) inherit it. Returns the limit now, or why not.
+pub fn raise_open_files(want: u64) -> Result<u64, String> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current.is_none_or(|c| c >= want) {
+        return Ok(now.current.unwrap_or(u64::MAX));
+    }
+    let maximum = now.maximum.map(|m| m.max(want));
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(want),
+            maximum,
+        },
+    )
+    .map_err(|e| {
+        format!(
+            "cannot raise the open-files limit to {want} (now {:?}, hard {:?}): {e}; raise it with `ulimit -n {want}` (as root or within the hard limit)",
+            now.current, now.maximum
+        )
+    })?;
+    Ok(want)
+}
+
 /// CPU time (user + system) and RSS (KiB) of process `pid`.
 pub fn proc_stat(pid: u32) -> (Duration, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -56,14 +155,9 @@ pub async fn delta_proxy(
     gate: tokio::sync::OwnedSemaphorePermit,
     token: Option<Token>,
 ) {
-    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .unwrap();
+    let mut client = connect(&grpc, idx).await;
     let (tx, rx) = mpsc::channel(16);
-    let node = Some(Node {
-        id: format!("app-{idx}-sidecar-proxy"),
-        ..Default::default()
-    });
+    let node = Some(envoy_node(idx));
     tx.send(DeltaDiscoveryRequest {
         node,
         type_url: CLUSTER.into(),
@@ -144,14 +238,9 @@ pub async fn sotw_proxy(
     gate: tokio::sync::OwnedSemaphorePermit,
     token: Option<Token>,
 ) {
-    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .unwrap();
+    let mut client = connect(&grpc, idx).await;
     let (tx, rx) = mpsc::channel(16);
-    let node = Some(Node {
-        id: format!("app-{idx}-sidecar-proxy"),
-        ..Default::default()
-    });
+    let node = Some(envoy_node(idx));
     tx.send(DiscoveryRequest {
         node,
         type_url: CLUSTER.into(),
