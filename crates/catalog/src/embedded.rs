@@ -176,6 +176,9 @@ impl LogWriter {
     }
 }
 
+/// The snapshot thread's nice value (the writer and the runtime keep the process's).
+const SNAPSHOT_NICE: i32 = 10;
+
 impl Compaction {
     /// Once `every` records were logged since the last snapshot, starts a new log segment
     /// and writes a snapshot of `state` on a thread, unless one is being written.
@@ -192,6 +195,10 @@ impl Compaction {
         let span = tracing::info_span!("store_snapshot", index = %state.index);
         let spawned = thread::Builder::new().name("meshd-snapshot".into()).spawn(move || {
             let _entered = span.enter();
+            // Encoding a large state takes a core for a while: it yields to the writer and
+            // the request threads (on Linux a thread's nice value is its own). Failing
+            // leaves it at the process's priority.
+            let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), SNAPSHOT_NICE);
             match wal::write_snapshot(&dir, &snap) {
                 Ok(()) => info!(index = %snap.index, "snapshot written"),
                 Err(e) => warn!(error = %e, "snapshot failed; the log still holds every write"),

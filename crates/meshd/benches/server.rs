@@ -90,19 +90,43 @@ async fn store_writes(writes: usize, writers: usize) {
     for w in 0..writers {
         let store = store.clone();
         tasks.spawn(async move {
+            let mut took = Vec::new();
             let mut i = w;
             while i < writes {
+                let t0 = Instant::now();
                 store.write(Op::Register(Box::new(registration(i)))).await.unwrap();
+                took.push(t0.elapsed());
                 i += writers;
             }
+            took
         });
     }
-    while tasks.join_next().await.is_some() {}
+    let mut took = Vec::with_capacity(writes);
+    while let Some(Ok(mine)) = tasks.join_next().await {
+        took.extend(mine);
+    }
     let elapsed = start.elapsed();
     println!(
-        "  in-process store: {writes} durable registrations from {writers} concurrent writers in {} = {:.0} writes/s   [target >= 5000/s]",
+        "  in-process store: {writes} durable registrations from {writers} concurrent writers in {} = {:.0} writes/s   [target >= 5000/s]; each write {} (snapshots every 10,000 records on the way)",
         ms(elapsed),
-        writes as f64 / elapsed.as_secs_f64()
+        writes as f64 / elapsed.as_secs_f64(),
+        test_support::figures::latency_summary(&mut took)
+    );
+    // A quiet writer past the next snapshot (one write at a time, as an operator's or an
+    // agent's): the snapshot of everything written above must not stall it.
+    let mut quiet = Vec::new();
+    for i in 0..10_500 {
+        let t0 = Instant::now();
+        store
+            .write(Op::Register(Box::new(registration(writes + i))))
+            .await
+            .unwrap();
+        quiet.push(t0.elapsed());
+    }
+    println!(
+        "  in-process store: one writer, 10,500 writes across a snapshot of {} registrations: {}   [a stall is > 20 ms]",
+        writes + 10_500,
+        test_support::figures::latency_summary(&mut quiet)
     );
     store.close().await;
 }
