@@ -113,7 +113,31 @@ fn main() {
             .count()
     };
 
-    println!("agent benchmark: {services} services with one TTL check each, {clients} churn clients");
+    println!(
+        "agent benchmark: {services} services with one TTL check each, {clients} churn clients; server on a data dir"
+    );
+    // The server's write latency while the agent syncs and churns: a probe registration
+    // every 20 ms, timed from request to durable response.
+    let probing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let probe = {
+        let (probing, url) = (probing.clone(), format!("http://{}/v1/catalog/register", server.addr));
+        std::thread::spawn(move || {
+            let http = reqwest::blocking::Client::new();
+            let mut took = Vec::new();
+            let mut i = 0u64;
+            while probing.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = json!({"Node": "probe", "Address": "10.9.9.9",
+                    "Service": {"Service": "probe", "Port": 1 + i % 60000}});
+                let t0 = Instant::now();
+                if http.put(&url).json(&body).send().is_ok_and(|r| r.status().is_success()) {
+                    took.push(t0.elapsed());
+                }
+                i += 1;
+                pause(Duration::from_millis(20));
+            }
+            took
+        })
+    };
     let started = Instant::now();
     let agent = Proc::start(
         &[
@@ -179,6 +203,13 @@ fn main() {
         requests_done.as_secs_f64() * 1e3
     );
 
+    probing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut writes = probe.join().unwrap();
+    println!(
+        "server writes meanwhile: {} probe registrations, {}",
+        writes.len(),
+        test_support::figures::latency_summary(&mut writes)
+    );
     pause(Duration::from_secs(2));
     println!(
         "agent RSS idle:     {:>8.1} MiB  (Consul's client agent: ~87 MB); server RSS {:.1} MiB",

@@ -335,6 +335,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let affected = n * UPSTREAMS / SERVICES;
     let mut lat = Vec::new();
+    let mut writes = Vec::new();
     for round in 1..=rounds {
         let s = (round * 37) % SERVICES;
         marker.store(round as u64, Ordering::Release);
@@ -342,6 +343,7 @@ async fn main() {
         put(&client, &servers[round % 3].http, json!({"Node": format!("extra-{round}"), "Address": marker_address(round as u64), "Service": {"Kind": "connect-proxy",
             "ID": format!("{}-sidecar-proxy-{round}", svc(s)), "Service": format!("{}-sidecar-proxy", svc(s)), "Port": 21000,
             "Proxy": {"DestinationServiceName": svc(s)}}})).await;
+        writes.push(t0.elapsed());
         let mut got = std::collections::BTreeSet::new();
         while got.len() < affected {
             match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
@@ -363,6 +365,10 @@ async fn main() {
         ms(percentile(&lat, 0.5)),
         ms(percentile(&lat, 0.99)),
         ms(*lat.last().unwrap_or(&Duration::ZERO))
+    );
+    println!(
+        "  of which the write itself (HTTP register through one server until its response, durable in etcd): {}",
+        test_support::figures::latency_summary(&mut writes)
     );
 
     // 3. Failover: every one of the n streams on one server, which is then killed.

@@ -36,16 +36,40 @@ pub fn marker_address(marker: u64) -> String {
 /// run out of the ephemeral ports of one address (about 28,000 on Linux).
 pub const STREAMS_PER_SOURCE: usize = 20_000;
 
+/// Streams that share one HTTP/2 connection (1 unless [`share_connections`] said more).
+static STREAMS_PER_CONNECTION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// The shared connections, by server and connection number, when streams share them.
+type SharedChannels = std::collections::HashMap<(String, usize), tonic::transport::Channel>;
+static SHARED: std::sync::LazyLock<parking_lot::Mutex<SharedChannels>> = std::sync::LazyLock::new(Default::default);
+
+/// Makes every `k` consecutive proxies share one HTTP/2 connection to the server, as they
+/// would not (each Envoy dials its own): for a machine whose open-files limit cannot hold
+/// one connection per stream on both ends. The server's per-stream costs are all still
+/// paid; its per-connection ones are paid once per `k` streams.
+pub fn share_connections(k: usize) {
+    STREAMS_PER_CONNECTION.store(k.max(1), Ordering::Relaxed);
+}
+
 /// Proxy `idx`'s ADS client, dialled from its loopback source address (see
-/// [`STREAMS_PER_SOURCE`]).
+/// [`STREAMS_PER_SOURCE`]), on a connection of its own unless [`share_connections`] asked.
 async fn connect(grpc: &str, idx: usize) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    let per_connection = STREAMS_PER_CONNECTION.load(Ordering::Relaxed);
     let mut endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
-    let source = idx / STREAMS_PER_SOURCE;
+    let source = idx / per_connection / STREAMS_PER_SOURCE;
     if source > 0 {
         let ip = std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(1 + source).expect("at most 254 sources"));
         endpoint = endpoint.local_address(Some(ip.into()));
     }
-    AggregatedDiscoveryServiceClient::new(endpoint.connect().await.unwrap())
+    if per_connection == 1 {
+        return AggregatedDiscoveryServiceClient::new(endpoint.connect().await.unwrap());
+    }
+    let channel = SHARED
+        .lock()
+        .entry((grpc.to_owned(), idx / per_connection))
+        .or_insert_with(|| endpoint.connect_lazy())
+        .clone();
+    AggregatedDiscoveryServiceClient::new(channel)
 }
 
 /// The node of proxy `idx`'s first request, the size of Envoy's: Envoy names itself, its
