@@ -7,8 +7,7 @@
 //! the files under the data dir.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::{self, NODE, Who, call, fake_server};
 use agent::acl::AclConfig;
 use agent::{Agent, AgentConfig};
 use axum::Router;
@@ -16,7 +15,6 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
-use support::{NODE, Who, call, fake_server};
 
 /// An agent with `api` (and its sidecar), `web` and a node check, registered by management.
 async fn setup(server: &str, dir: &Path) -> (Router, Agent) {

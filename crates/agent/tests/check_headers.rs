@@ -3,13 +3,11 @@
 //! check anti-entropy pushes to the catalog carries `<hidden>`.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::{NODE, Who, call, fake_server};
 use agent::acl::AclConfig;
 use agent::{Agent, AgentConfig};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use support::{NODE, Who, call, fake_server};
 
 const SECRET: &str = "Bearer s3cret";
 

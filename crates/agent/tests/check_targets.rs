@@ -5,8 +5,7 @@
 //! output.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::{NODE, Who, call, fake_server};
 use agent::acl::AclConfig;
 use agent::check_targets::Cidr;
 use agent::{Agent, AgentConfig};
@@ -15,7 +14,6 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use support::{NODE, Who, call, fake_server};
 
 /// An agent with `api` (port 8080) registered by management.
 async fn setup(server: &str, allowed: &str, dir: Option<&std::path::Path>) -> (Router, Agent) {

@@ -2,9 +2,7 @@
 //! services starts and cancels watches, and when its snapshot is valid (paused tokio time).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxycfg::data_sources::*;
 use proxycfg::*;
 use std::sync::Arc;

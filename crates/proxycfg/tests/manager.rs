@@ -1,8 +1,6 @@
 //! Manager behaviour: registration, watchers, precedence, limits, shutdown (paused tokio time).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxycfg::*;
 use std::{sync::Arc, time::Duration};
 use structs::*;

@@ -1,8 +1,6 @@
 //! State behaviour: what a proxy watches and how updates become snapshots (paused tokio time).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxycfg::data_sources::*;
 use proxycfg::*;
 use std::sync::Arc;

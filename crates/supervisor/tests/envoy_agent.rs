@@ -3,9 +3,7 @@
 //! shared memory cleaned before epoch 0, and the admin and hot-restart sockets kept private.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{Load, bootstrap, envoy_child_pid, wait_for};
+use crate::common::{Load, bootstrap, envoy_child_pid, wait_for};
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
