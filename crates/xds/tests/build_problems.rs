@@ -2,9 +2,7 @@
 //! and route, and the build says why.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxycfg::{ConfigSnapshot, KindSnapshot};
 use std::sync::Arc;
 use xds::resources::{LISTENER, ROUTE};

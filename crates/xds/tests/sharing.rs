@@ -1,9 +1,7 @@
 //! Encode once: proxies watching the same endpoints share one encoded load assignment.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxycfg::{ConfigSnapshot, KindSnapshot};
 use std::sync::Arc;
 use structs::CheckServiceNode;

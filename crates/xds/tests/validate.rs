@@ -9,10 +9,10 @@
 //! checked to be clusters of the same set.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "chains/mod.rs"]
 mod chains;
-mod common;
 
-use common::*;
+use crate::common::*;
 use envoy_types::pb::envoy::config::bootstrap::v3::{Admin, Bootstrap, bootstrap};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
