@@ -187,7 +187,10 @@ pub(crate) async fn front(State(api): State<Api>, req: Request, next: Next) -> R
         Some(refused) => refused,
         None => {
             let req = resolve(&api, req).await;
-            name_body_limit(next.run(req).await, api.config.max_body)
+            // The body limit here too, not as a layer of its own on every route.
+            let limited = tower::Layer::layer(&axum::extract::DefaultBodyLimit::max(api.config.max_body), next);
+            let Ok(resp) = tower::ServiceExt::oneshot(limited, req).await;
+            name_body_limit(resp, api.config.max_body)
         }
     };
     api.metrics.record(resp.status().as_u16());

@@ -32,7 +32,7 @@ pub use error::ApiError;
 pub use metrics::{CatalogMetrics, HttpMetrics};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::Request;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -47,7 +47,6 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
-    let max_body = config.max_body;
     let api = Api::new(api::ApiParts {
         store,
         config,
@@ -126,7 +125,6 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .merge(dashboard::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(api.clone(), api::front))
         .with_state(api);
     (router, paths)

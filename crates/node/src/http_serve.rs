@@ -23,7 +23,6 @@
 //! On `stop`, no new connection is accepted, every connection finishes the requests it is
 //! serving and closes, and the returned future completes once all have.
 
-use axum::Router;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -94,11 +93,40 @@ impl Versions {
     }
 }
 
+/// What the listeners serve: an [`axum::Router`], or one inside layers that apply to the whole app
+/// at once (a layer added with `Router::layer` wraps every route instead, and costs every
+/// request a clone and a boxed future, paid again when a parked blocking query wakes).
+pub trait App:
+    tower::Service<
+        http::Request<axum::body::Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            http::Request<axum::body::Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Serves `app` on the connections `listener` accepts until `stop` fires and every
 /// connection has finished (see the module's docs).
-pub async fn serve<L>(
+pub async fn serve<L, A: App>(
     mut listener: L,
-    app: Router,
+    app: A,
     versions: Versions,
     deadlines: Deadlines,
     stop: CancellationToken,
@@ -162,10 +190,10 @@ where
 
 /// [`serve`] on a plain TCP listener, each client address holding at most `per_client`
 /// connections (0: no limit), with the default deadlines.
-pub async fn serve_plain(
+pub async fn serve_plain<A: App>(
     listener: tokio::net::TcpListener,
     per_client: u32,
-    app: Router,
+    app: A,
     versions: Versions,
     stop: CancellationToken,
 ) -> std::io::Result<()> {

@@ -8,7 +8,7 @@
 //! mode's `engine_stopped` (an agent leaves), background tasks end, the HTTP listeners
 //! close once their requests finish, the mode's `close` (a server closes its store).
 
-use crate::authz::{LocalTokens, StreamTokens, Tokens, with_tokens};
+use crate::authz::{LocalTokens, StreamTokens, Tokens};
 use crate::cli::TlsArgs;
 use crate::tls::TlsSettings;
 use proxycfg::{ConfigSource, DataSources, Manager, ManagerConfig, SnapshotSource};
@@ -248,8 +248,9 @@ pub async fn serve_with_grace<M: Mode>(
         .merge(crate::host::router(mode.node_name(), leave.clone()))
         .merge(crate::monitor::router(mode.node_name(), streams_stop.clone()))
         .layer(axum::middleware::from_fn(http_kit::refuse_filter));
-    // (Headers past the cap are refused by `http_serve` before the router.)
-    let app = with_tokens(mode.routes(&engine).merge(own), tokens);
+    // The token resolver for every request's `Caller`, added around the whole router rather
+    // than to each route; headers past the cap are refused by `http_serve` before it.
+    let app = tower::Layer::layer(&axum::Extension(tokens), mode.routes(&engine).merge(own));
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
     info!(
@@ -360,7 +361,7 @@ impl Running {
 fn start_listeners(
     listeners: BoundListeners,
     engine: &Engine,
-    app: axum::Router,
+    app: impl crate::http_serve::App,
     xds_stop: &CancellationToken,
     http_stop: &CancellationToken,
 ) -> Result<Running, ModeError> {

@@ -1,4 +1,5 @@
 use super::*;
+use axum::Router;
 use axum::routing::{get, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -265,11 +265,11 @@ impl AsyncWrite for GrpcTlsIo {
 /// Serves `app` over TLS on `listener` (the HTTPS API) with `config`, at most
 /// `max_conns_per_client` connections per client address (0: no limit), until `stop` fires;
 /// in-flight requests finish first. Returns the bound address and the serving task.
-pub fn serve_https(
+pub fn serve_https<A: crate::http_serve::App>(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     max_conns_per_client: u32,
-    app: axum::Router,
+    app: A,
     versions: crate::http_serve::Versions,
     stop: CancellationToken,
 ) -> io::Result<(SocketAddr, tokio::task::JoinHandle<io::Result<()>>)> {
