@@ -15,9 +15,10 @@ use xds::XdsServer;
 /// A mode's token resolver, shared.
 pub type Tokens = Arc<dyn TokenResolver>;
 
-/// Makes `tokens` resolve the [`Caller`] of every request `router` serves.
-pub fn with_tokens<S: Clone + Send + Sync + 'static>(router: axum::Router<S>, tokens: Tokens) -> axum::Router<S> {
-    router.layer(axum::Extension(tokens))
+/// Makes `tokens` resolve the [`Caller`] of every request `router` serves: added around the
+/// whole router, not to each of its routes (`Router::layer`), so a request pays for it once.
+pub fn with_tokens(router: axum::Router, tokens: Tokens) -> impl crate::http_serve::App {
+    tower::Layer::layer(&axum::Extension(tokens), router)
 }
 
 /// The request's token (`X-Consul-Token`, bearer or `?token=`), resolved. A token that does

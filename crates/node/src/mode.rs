@@ -8,7 +8,7 @@
 //! mode's `engine_stopped` (an agent leaves), background tasks end, the HTTP listeners
 //! close once their requests finish, the mode's `close` (a server closes its store).
 
-use crate::authz::{LocalTokens, StreamTokens, Tokens};
+use crate::authz::{LocalTokens, StreamTokens, Tokens, with_tokens};
 use crate::cli::TlsArgs;
 use crate::tls::TlsSettings;
 use proxycfg::{ConfigSource, DataSources, Manager, ManagerConfig, SnapshotSource};
@@ -248,9 +248,8 @@ pub async fn serve_with_grace<M: Mode>(
         .merge(crate::host::router(mode.node_name(), leave.clone()))
         .merge(crate::monitor::router(mode.node_name(), streams_stop.clone()))
         .layer(axum::middleware::from_fn(http_kit::refuse_filter));
-    // The token resolver for every request's `Caller`, added around the whole router rather
-    // than to each route; headers past the cap are refused by `http_serve` before it.
-    let app = tower::Layer::layer(&axum::Extension(tokens), mode.routes(&engine).merge(own));
+    // Headers past the cap are refused by `http_serve` before the router.
+    let app = with_tokens(mode.routes(&engine).merge(own), tokens);
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
     let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
     info!(

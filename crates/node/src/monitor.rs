@@ -234,7 +234,7 @@ mod tests {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
 
-    async fn get(app: &axum::Router, uri: &str, token: Option<&str>) -> Response {
+    async fn get(app: &impl crate::http_serve::App, uri: &str, token: Option<&str>) -> Response {
         let mut req = axum::http::Request::get(uri);
         if let Some(t) = token {
             req = req.header("x-consul-token", t);
