@@ -91,6 +91,7 @@ pub struct Authorizer {
     services: Table<ServiceAccess>,
     nodes: Table<Access>,
     agents: Table<Access>,
+    keys: Table<Access>,
 }
 
 fn merge_opt(slot: &mut Option<Access>, value: Option<Access>) {
@@ -128,6 +129,7 @@ impl Authorizer {
                     Resource::Agent | Resource::AgentPrefix => {
                         a.agents.add(prefix, &rule.name, rule.policy, Access::merge)
                     }
+                    Resource::Key | Resource::KeyPrefix => a.keys.add(prefix, &rule.name, rule.policy, Access::merge),
                     // No API in meshd reads these.
                     _ => {}
                 }
@@ -136,6 +138,7 @@ impl Authorizer {
         a.services.finish();
         a.nodes.finish();
         a.agents.finish();
+        a.keys.finish();
         a
     }
 
@@ -191,6 +194,38 @@ impl Authorizer {
     /// `agent:write` on the agent of node `name`.
     pub fn agent_write(&self, name: &str) -> bool {
         self.decide(self.agents.get(name), Access::Write)
+    }
+
+    /// `key:read` on the KV key `key`.
+    pub fn key_read(&self, key: &str) -> bool {
+        self.decide(self.keys.get(key), Access::Read)
+    }
+
+    /// `key:write` on the KV key `key`.
+    pub fn key_write(&self, key: &str) -> bool {
+        self.decide(self.keys.get(key), Access::Write)
+    }
+
+    /// `key:write` on every key that starts with `prefix` (a recursive delete): the rule
+    /// that governs the prefix grants it, and so does every rule more specific than that
+    /// (an exact key or a longer prefix under it), as Consul's `KeyWritePrefix`.
+    pub fn key_write_prefix(&self, prefix: &str) -> bool {
+        if !self.key_write(prefix) {
+            return false;
+        }
+        let under = |name: &str| name.starts_with(prefix);
+        self.keys
+            .exact
+            .iter()
+            .filter(|(name, _)| under(name))
+            .chain(
+                self.keys
+                    .prefixes
+                    .iter()
+                    .filter(|(name, _)| under(name))
+                    .map(|(n, a)| (n, a)),
+            )
+            .all(|(_, access)| access.grants(Access::Write))
     }
 
     /// `operator:read`.

@@ -98,9 +98,9 @@ pub enum Resource {
     Agent,
     /// Agents by prefix.
     AgentPrefix,
-    /// A KV key (no API in meshd: kept, grants nothing).
+    /// A KV key, by exact name.
     Key,
-    /// KV keys by prefix (kept, grants nothing).
+    /// KV keys by prefix.
     KeyPrefix,
     /// A session (kept, grants nothing).
     Session,

@@ -160,3 +160,33 @@ fn rules_round_trip_through_json() {
     let back: Rules = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
     assert_eq!(r, back);
 }
+
+#[test]
+fn key_rules_and_a_recursive_delete_needs_write_on_everything_under_it() {
+    let a = authz(
+        &[r#"
+key_prefix "app/" { policy = "write" }
+key_prefix "app/secret/" { policy = "read" }
+key "app/locked" { policy = "deny" }
+key_prefix "" { policy = "read" }
+"#],
+        false,
+    );
+    assert!(a.key_read("other") && !a.key_write("other"));
+    assert!(a.key_write("app/x") && a.key_read("app/secret/db") && !a.key_write("app/secret/db"));
+    assert!(!a.key_read("app/locked"));
+    // Every rule under the prefix must grant write.
+    assert!(
+        !a.key_write_prefix("app/"),
+        "a read-only prefix and a denied key lie under app/"
+    );
+    assert!(a.key_write_prefix("app/public/"));
+    assert!(!a.key_write_prefix("app/secret/"));
+    assert!(!a.key_write_prefix(""));
+    // The default policy alone.
+    assert!(authz(&[], true).key_write_prefix(""));
+    assert!(!authz(&[], false).key_read("x"));
+    // Consul's `list` level is refused by name, not dropped.
+    let e = Rules::parse(r#"key_prefix "" { policy = "list" }"#).unwrap_err();
+    assert!(e.message.contains("\"list\""), "{e}");
+}

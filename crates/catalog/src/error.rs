@@ -84,6 +84,9 @@ pub enum WriteError {
     /// The request is invalid; the error names the field.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// A KV write is invalid (no key, or a value too large).
+    #[error(transparent)]
+    Kv(#[from] structs::kv::KvError),
     /// The request names something that does not exist.
     #[error("{0}")]
     NotFound(String),

@@ -43,6 +43,10 @@ pub enum IndexKey {
     /// Anything of the ACL system (tokens, policies, roles, bootstrap): what resolution
     /// caches and authorized streams watch.
     Acl,
+    /// The KV store: every write to a key bumps it (the KV table's index).
+    Kvs,
+    /// One KV key; once the key is gone it answers with [`IndexKey::Kvs`].
+    KvKey(String),
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

@@ -21,6 +21,7 @@ mod error;
 pub mod etcd;
 mod gateways;
 mod keys;
+mod kv_ops;
 pub mod liveness;
 mod ops;
 mod plan;

@@ -5,6 +5,7 @@
 use crate::acl_ops;
 use crate::ca::{CaConfig, CaError, CaState};
 use crate::error::WriteError;
+use crate::kv_ops;
 use crate::plan::Plan;
 use crate::state::{Change, State};
 use std::time::Duration;
@@ -122,6 +123,29 @@ pub enum Op {
         /// Id.
         id: String,
     },
+    /// Set a KV key; with `cas`, only if its ModifyIndex matches (0: only if absent).
+    KvSet {
+        /// The key.
+        key: String,
+        /// The value (at most [`structs::kv::MAX_VALUE`] bytes).
+        value: Vec<u8>,
+        /// Opaque flags.
+        flags: u64,
+        /// Check-and-set index.
+        cas: Option<Index>,
+    },
+    /// Delete a KV key; with `cas`, only if its ModifyIndex matches.
+    KvDelete {
+        /// The key.
+        key: String,
+        /// Check-and-set index.
+        cas: Option<Index>,
+    },
+    /// Delete every KV key starting with `prefix`.
+    KvDeleteTree {
+        /// The prefix ("" for all).
+        prefix: String,
+    },
 }
 
 fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
@@ -184,6 +208,9 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
         Op::AclPolicyDelete { id } => acl_ops::plan_policy_delete(state, id),
         Op::AclRoleSet { role, create } => acl_ops::plan_role_set(state, role, *create),
         Op::AclRoleDelete { id } => Ok(acl_ops::plan_role_delete(state, id)),
+        Op::KvSet { key, value, flags, cas } => kv_ops::plan_set(state, key, value, *flags, *cas),
+        Op::KvDelete { key, cas } => kv_ops::plan_delete(state, key, *cas),
+        Op::KvDeleteTree { prefix } => Ok(kv_ops::plan_delete_tree(state, prefix)),
     }
 }
 

@@ -9,7 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
-use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, Node, NodeService, ServiceKind};
+use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
 /// One deterministic change to the tables; a committed write is a list of these.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +61,10 @@ pub enum Change {
     DeleteAclRole(String),
     /// ACLs were bootstrapped (no second bootstrap).
     AclBootstrapped,
+    /// Create or replace a KV key (its indexes are stamped when applied).
+    PutKv(KvEntry),
+    /// Remove a KV key (leaving a tombstone, so that its prefixes' indexes move on).
+    DeleteKv(String),
 }
 
 type NodeKey = (String, String);
@@ -80,10 +84,47 @@ pub struct State {
     config: OrdMap<(ConfigEntryKind, String), Arc<ConfigEntry>>,
     ca: Option<Arc<CaState>>,
     acl: AclTables,
+    kv: KvTables,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
     pub(crate) terminating_links: OrdMap<String, OrdSet<String>>,
+}
+
+/// The KV store: keys, and where keys were deleted (tombstones: the index of each delete,
+/// so that a prefix's index moves on when a key under it goes; see [`State::kv_prefix_index`]).
+#[derive(Debug, Clone, Default)]
+struct KvTables {
+    entries: OrdMap<String, Arc<KvEntry>>,
+    tombstones: OrdMap<String, Index>,
+    /// The least index a prefix with anything under it answers with: raised when the
+    /// tables are reloaded (from etcd), so that a prefix's index never goes backwards.
+    floor: Index,
+}
+
+/// How many KV tombstones are kept; past it the older half is dropped (see
+/// [`KvTables::reap_tombstones`]).
+const KV_TOMBSTONES: usize = 10_000;
+#[cfg(test)]
+pub(crate) const KV_TOMBSTONES_FOR_TESTS: usize = KV_TOMBSTONES;
+
+impl KvTables {
+    /// Drops the older half of the tombstones and raises the floor to the newest dropped,
+    /// so that no prefix's index goes backwards: a prefix whose last change was a dropped
+    /// delete answers with the floor (its watchers wake once, and find nothing changed).
+    /// Done as the tables apply a delete, so every replay and every server does the same.
+    fn reap_tombstones(&mut self) {
+        let mut indexes: Vec<Index> = self.tombstones.values().copied().collect();
+        indexes.sort_unstable();
+        let up_to = indexes[indexes.len() / 2];
+        self.tombstones = self
+            .tombstones
+            .iter()
+            .filter(|(_, i)| **i > up_to)
+            .map(|(k, i)| (k.clone(), *i))
+            .collect();
+        self.floor = self.floor.max(up_to);
+    }
 }
 
 /// ACL tokens (by accessor and by secret), policies and roles (by id and by name).
@@ -223,6 +264,7 @@ impl State {
             IndexKey::ServiceConnect(s) => none_in(&self.by_connect, s) && self.terminating_gateways_for(s).is_empty(),
             IndexKey::ConfigEntry(k, n) => !self.config.contains_key(&(*k, n.clone())),
             IndexKey::GatewayServices(n) => !self.has_gateway_entry(n),
+            IndexKey::KvKey(k) => !self.kv.entries.contains_key(k),
             _ => false,
         }
     }
@@ -319,6 +361,28 @@ impl State {
                 self.acl.bootstrapped = Some(index);
                 bumped.insert(IndexKey::Acl);
             }
+            Change::PutKv(_) | Change::DeleteKv(_) => self.apply_kv(index, change, bumped),
+        }
+    }
+
+    fn apply_kv(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
+        match change {
+            Change::PutKv(entry) => {
+                let mut entry = entry.clone();
+                entry.create_index = self.kv.entries.get(&entry.key).map_or(index, |e| e.create_index);
+                entry.modify_index = index;
+                self.kv.tombstones.remove(&entry.key);
+                bumped.extend([IndexKey::Kvs, IndexKey::KvKey(entry.key.clone())]);
+                self.kv.entries.insert(entry.key.clone(), Arc::new(entry));
+            }
+            Change::DeleteKv(key) if self.kv.entries.remove(key).is_some() => {
+                self.kv.tombstones.insert(key.clone(), index);
+                bumped.extend([IndexKey::Kvs, IndexKey::KvKey(key.clone())]);
+                if self.kv.tombstones.len() > KV_TOMBSTONES {
+                    self.kv.reap_tombstones();
+                }
+            }
+            _ => {}
         }
     }
 
@@ -405,6 +469,42 @@ impl State {
 
     // ---- reads ----
 
+    /// One KV key.
+    pub fn kv_get(&self, key: &str) -> Option<Arc<KvEntry>> {
+        self.kv.entries.get(key).cloned()
+    }
+
+    /// The KV keys starting with `prefix`, in key order.
+    pub fn kv_range<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<KvEntry>> + 'a {
+        self.kv
+            .entries
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(_, e)| e)
+    }
+
+    /// The index a listing of `prefix` answers with, as Consul: the last write to a key
+    /// under it, a delete included (tombstones); with nothing under it, the KV table's index.
+    pub fn kv_prefix_index(&self, prefix: &str) -> Index {
+        let written = self.kv_range(prefix).map(|e| e.modify_index).max();
+        let deleted = self
+            .kv
+            .tombstones
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, i)| *i)
+            .max();
+        match written.max(deleted) {
+            Some(index) => index.max(self.kv.floor),
+            None => self.index_of(&IndexKey::Kvs),
+        }
+    }
+
+    /// How many tombstones the KV store keeps.
+    pub fn kv_tombstone_count(&self) -> usize {
+        self.kv.tombstones.len()
+    }
+
     /// The index of `key`: the last write that touched it (or its table, if none did), at
     /// least 1.
     pub fn index_of(&self, key: &IndexKey) -> Index {
@@ -427,6 +527,7 @@ impl State {
                     self.indexes
                         .get(&IndexKey::ConfigKind(ConfigEntryKind::TerminatingGateway)),
                 ),
+            IndexKey::KvKey(_) => self.indexes.get(&IndexKey::Kvs),
             _ => None,
         };
         self.indexes
@@ -589,6 +690,9 @@ impl State {
             acl_policies: self.acl.policies.values().map(|p| (**p).clone()).collect(),
             acl_roles: self.acl.roles.values().map(|r| (**r).clone()).collect(),
             acl_bootstrapped: self.acl.bootstrapped,
+            kv: self.kv.entries.values().map(|e| (**e).clone()).collect(),
+            kv_tombstones: self.kv.tombstones.iter().map(|(k, i)| (k.clone(), *i)).collect(),
+            kv_floor: self.kv.floor,
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -630,6 +734,11 @@ impl State {
             s.acl.roles.insert(r.id.clone(), Arc::new(r));
         }
         s.acl.bootstrapped = p.acl_bootstrapped;
+        for e in p.kv {
+            s.kv.entries.insert(e.key.clone(), Arc::new(e));
+        }
+        s.kv.tombstones = p.kv_tombstones.into_iter().collect();
+        s.kv.floor = p.kv_floor;
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -660,5 +769,11 @@ pub(crate) struct PersistedState {
     pub(crate) acl_roles: Vec<AclRole>,
     #[serde(default)]
     pub(crate) acl_bootstrapped: Option<Index>,
+    #[serde(default)]
+    pub(crate) kv: Vec<KvEntry>,
+    #[serde(default)]
+    pub(crate) kv_tombstones: Vec<(String, Index)>,
+    #[serde(default)]
+    pub(crate) kv_floor: Index,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

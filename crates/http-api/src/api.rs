@@ -96,6 +96,14 @@ impl Api {
     pub(crate) async fn read(&self, params: &Params, key: &IndexKey) -> Result<Arc<catalog::State>, ApiError> {
         query::check_common(params, self.store.datacenter())?;
         let blocking = params.blocking()?;
+        // `?consistent`: nothing committed before the request may be missing from the
+        // answer, another server's writes included (over etcd).
+        if params.has("consistent") && !self.store.catch_up(CONSISTENT_CATCH_UP).await {
+            return Err(ApiError::Internal(format!(
+                "?consistent: could not catch up with the catalog's other servers within {}s",
+                CONSISTENT_CATCH_UP.as_secs()
+            )));
+        }
         let mut state = self.store.read();
         let Some(after) = blocking.index else {
             return Ok(state);
@@ -174,6 +182,9 @@ impl Routes {
         self.paths.push(path);
     }
 }
+
+/// How long a `?consistent` read may wait for this server to catch up with etcd.
+const CONSISTENT_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a server over etcd may wait to catch up before it calls a token unknown.
 const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::from_secs(2);

@@ -13,6 +13,9 @@ pub enum ApiError {
     /// Nothing there.
     #[error("{0}")]
     NotFound(String),
+    /// The request's content is over a limit; names it (a 413).
+    #[error("{0}")]
+    TooLarge(String),
     /// It exists already (a create of something that exists); names it.
     #[error("{0}")]
     Conflict(String),
@@ -43,6 +46,8 @@ impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
             WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(chain(&e)),
+            WriteError::Kv(e @ structs::kv::KvError::TooLarge) => ApiError::TooLarge(e.to_string()),
+            WriteError::Kv(e) => ApiError::BadRequest(e.to_string()),
             WriteError::NotFound(m) => ApiError::NotFound(m),
             WriteError::Forbidden(m) => ApiError::Forbidden(m),
             WriteError::UnknownDatacenter(dc) => ApiError::UnknownDatacenter(dc),
@@ -52,11 +57,18 @@ impl From<WriteError> for ApiError {
     }
 }
 
+impl From<structs::kv::KvError> for ApiError {
+    fn from(e: structs::kv::KvError) -> Self {
+        WriteError::Kv(e).into()
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::AclDisabled => StatusCode::UNAUTHORIZED,

@@ -20,6 +20,7 @@ mod error;
 mod gateway_routes;
 mod health;
 mod intentions_by_id;
+mod kv_routes;
 mod metrics;
 pub mod query;
 mod response_cache;
@@ -82,6 +83,11 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add(
         "/v1/discovery-chain/{service}",
         get(discovery_chain::get).post(discovery_chain::post),
+    );
+    r.add("/v1/kv/", get(kv_routes::get_root).delete(kv_routes::delete_root));
+    r.add(
+        "/v1/kv/{*key}",
+        get(kv_routes::get).put(kv_routes::put).delete(kv_routes::delete),
     );
     r.add("/v1/connect/ca/roots", get(connect::roots));
     r.add("/v1/agent/connect/ca/roots", get(connect::roots));

@@ -105,6 +105,10 @@ async fn mesh() -> Mesh {
         call(&app, "PUT", "/v1/catalog/register", m, sidecar).await.status,
         StatusCode::OK
     );
+    for key in ["app/config", "app/secret/db"] {
+        let put = call(&app, "PUT", &format!("/v1/kv/{key}"), m, json!("v")).await;
+        assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    }
     let defaults = json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"});
     assert_eq!(
         call(&app, "PUT", "/v1/config", m, defaults).await.status,
@@ -211,6 +215,9 @@ fn row(
 
 const WEB_READ: &str = "service \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
 const WEB_WRITE: &str = "service \"web\" { policy = \"write\" }";
+const KV_READ: &str = "key_prefix \"app/\" { policy = \"read\" }";
+const KV_WRITE: &str = "key_prefix \"app/\" { policy = \"write\" }";
+const KV_ALL: &str = "key_prefix \"\" { policy = \"write\" }";
 const GATEWAY_READ: &str =
     "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
 const NODE_READ: &str = "node \"n1\" { policy = \"read\" }";
@@ -411,6 +418,18 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             WEB_WRITE,
             Denied,
         ),
+        row("GET", "/v1/kv/", "/v1/kv/?keys", n.clone(), KV_READ, Filtered),
+        row("GET", "/v1/kv/{*key}", "/v1/kv/app/config", n.clone(), KV_READ, Denied),
+        row("PUT", "/v1/kv/{*key}", "/v1/kv/app/new", json!("v"), KV_WRITE, Denied),
+        row(
+            "DELETE",
+            "/v1/kv/{*key}",
+            "/v1/kv/app/config",
+            n.clone(),
+            KV_WRITE,
+            Denied,
+        ),
+        row("DELETE", "/v1/kv/", "/v1/kv/?recurse", n.clone(), KV_ALL, Denied),
         row(
             "GET",
             "/v1/discovery-chain/{service}",

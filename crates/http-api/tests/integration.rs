@@ -7,3 +7,4 @@ mod acl;
 mod api;
 mod etcd_lag;
 mod gateways;
+mod kv;

@@ -17,6 +17,7 @@ pub mod health;
 pub mod index;
 pub mod intention;
 pub mod json;
+pub mod kv;
 pub mod listing;
 pub mod node;
 pub mod protocol;
@@ -37,6 +38,7 @@ pub use health::{CheckServiceNode, HealthCheck, HealthStatus};
 pub use index::Index;
 pub use intention::Intention;
 pub use json::DecodeError;
+pub use kv::KvEntry;
 pub use node::Node;
 pub use protocol::{DnsDiscoveryType, Protocol, ProxyOptions};
 pub use proxy::{

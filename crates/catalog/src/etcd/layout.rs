@@ -13,6 +13,7 @@
 //! | `catalog/acl/policy/<id>`         | an ACL policy                 |
 //! | `catalog/acl/role/<id>`           | an ACL role                   |
 //! | `catalog/acl/bootstrapped`        | ACLs were bootstrapped        |
+//! | `catalog/kv/<key>`                | a KV key                      |
 //! | `catalog/_rev`                    | the write guard (see below)   |
 //!
 //! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
@@ -77,6 +78,8 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::PutAclRole(r) => (format!("acl/role/{}", escape(&r.id)), json(r)?),
         Change::DeleteAclRole(id) => (format!("acl/role/{}", escape(id)), None),
         Change::AclBootstrapped => ("acl/bootstrapped".to_owned(), Some(b"true".to_vec())),
+        Change::PutKv(e) => (format!("kv/{}", escape(&e.key)), json(e)?),
+        Change::DeleteKv(key) => (format!("kv/{}", escape(key)), None),
     })
 }
 
@@ -91,6 +94,7 @@ enum Row {
     Policy(String),
     Role(String),
     Bootstrapped,
+    Kv(String),
     Guard,
 }
 
@@ -114,6 +118,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["acl", "policy", id] => Row::Policy(unescape(id)),
         ["acl", "role", id] => Row::Role(unescape(id)),
         ["acl", "bootstrapped"] => Row::Bootstrapped,
+        ["kv", k] => Row::Kv(unescape(k)),
         _ => return Err(bad("not a key meshd writes")),
     })
 }
@@ -139,6 +144,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Token(a) => Change::DeleteAclToken(a),
             Row::Policy(id) => Change::DeleteAclPolicy(id),
             Row::Role(id) => Change::DeleteAclRole(id),
+            Row::Kv(k) => Change::DeleteKv(k),
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -161,6 +167,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Policy(_) => Change::PutAclPolicy(parse_value(key, value)?),
         Row::Role(_) => Change::PutAclRole(parse_value(key, value)?),
         Row::Bootstrapped => Change::AclBootstrapped,
+        Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
     }))
 }
 
@@ -187,6 +194,10 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         acl_policies: Vec::new(),
         acl_roles: Vec::new(),
         acl_bootstrapped: None,
+        kv: Vec::new(),
+        kv_tombstones: Vec::new(),
+        // Deletes before this revision left no tombstones here: no prefix answers below it.
+        kv_floor: revision,
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -226,6 +237,10 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
                 p.acl_roles.push(r);
             }
             Some(Change::AclBootstrapped) => p.acl_bootstrapped = Some(modify),
+            Some(Change::PutKv(mut e)) => {
+                (e.create_index, e.modify_index) = (create, modify);
+                p.kv.push(e);
+            }
             Some(_) => unreachable!("decode of a put yields a put"),
         }
     }
@@ -240,6 +255,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::AclPolicies,
         IndexKey::AclRoles,
         IndexKey::Acl,
+        IndexKey::Kvs,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
@@ -292,6 +308,13 @@ mod tests {
             Change::DeleteAclPolicy("p".into()),
             Change::DeleteAclRole("r".into()),
             Change::AclBootstrapped,
+            Change::PutKv(structs::KvEntry {
+                key: "app/a%2F/b".into(),
+                value: b"v".to_vec(),
+                flags: 3,
+                ..structs::KvEntry::default()
+            }),
+            Change::DeleteKv("/lead/".into()),
         ];
         for change in changes {
             let (key, value) = encode(&change).unwrap();

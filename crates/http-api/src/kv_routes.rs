@@ -1,0 +1,226 @@
+//! The KV store's HTTP API (`/v1/kv/:key`), with Consul's parameters and answers: a key's
+//! entry, a prefix's entries (`?recurse`) or keys (`?keys`, `?separator=`), the raw value
+//! (`?raw`); writes with flags and check-and-set; deletes of a key or a prefix. Blocking
+//! queries wait on the key, or on the prefix (see `catalog::State::kv_prefix_index`).
+
+use crate::api::Api;
+use crate::authz::{Authz, mark_filtered};
+use crate::error::ApiError;
+use crate::query::{self, Params};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use catalog::{IndexKey, Op};
+use std::sync::Arc;
+use structs::kv::KvError;
+use structs::{Index, KvEntry};
+
+/// `GET /v1/kv/` (the root: only with `?recurse` or `?keys`).
+pub(crate) async fn get_root(state: State<Api>, authz: Authz, q: RawQuery) -> Result<Response, ApiError> {
+    get(state, authz, Path(String::new()), q).await
+}
+
+/// `DELETE /v1/kv/` (only with `?recurse`: everything).
+pub(crate) async fn delete_root(state: State<Api>, authz: Authz, q: RawQuery) -> Result<Response, ApiError> {
+    delete(state, authz, Path(String::new()), q).await
+}
+
+/// `GET /v1/kv/:key`.
+pub(crate) async fn get(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(key): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    if params.has("keys") {
+        return list_keys(&api, &authz, &key, &params).await;
+    }
+    if params.has("recurse") {
+        return list_entries(&api, &authz, &key, &params).await;
+    }
+    if key.is_empty() {
+        return Err(KvError::MissingKey.into());
+    }
+    authz.need(|a| a.key_read(&key), "key:read", &key)?;
+    let index_key = IndexKey::KvKey(key.clone());
+    let state = api.read(&params, &index_key).await?;
+    let Some(entry) = state.kv_get(&key) else {
+        return Ok(not_found(state.index_of(&index_key)));
+    };
+    if params.has("raw") {
+        return Ok(raw(&entry));
+    }
+    Ok(query::json(&[&*entry], Some(entry.modify_index), params.pretty()))
+}
+
+/// `?recurse`: every entry under the prefix the token may read; none is a 404.
+async fn list_entries(api: &Api, authz: &Authz, prefix: &str, params: &Params) -> Result<Response, ApiError> {
+    let a = authz.get()?;
+    let state = read_prefix(api, params, prefix).await?;
+    let index = state.kv_prefix_index(prefix);
+    let mut filtered = false;
+    let entries: Vec<&KvEntry> = state
+        .kv_range(prefix)
+        .filter(|e| {
+            let readable = a.key_read(&e.key);
+            filtered |= !readable;
+            readable
+        })
+        .map(|e| &**e)
+        .collect();
+    if entries.is_empty() {
+        return Ok(mark_filtered(not_found(index), filtered));
+    }
+    Ok(mark_filtered(
+        query::json(&entries, Some(index), params.pretty()),
+        filtered,
+    ))
+}
+
+/// `?keys` (and `?separator=`): the keys under the prefix the token may read, rolled up at
+/// the separator; none is a 404, except at the root (an empty list), as Consul.
+async fn list_keys(api: &Api, authz: &Authz, prefix: &str, params: &Params) -> Result<Response, ApiError> {
+    let a = authz.get()?;
+    // Consul reads both spellings (the first was a typo it kept).
+    let separator = params
+        .get("separator")
+        .or_else(|| params.get("seperator"))
+        .unwrap_or_default();
+    let state = read_prefix(api, params, prefix).await?;
+    let index = state.kv_prefix_index(prefix);
+    let mut filtered = false;
+    let readable = state.kv_range(prefix).map(|e| e.key.as_str()).filter(|k| {
+        let readable = a.key_read(k);
+        filtered |= !readable;
+        readable
+    });
+    let keys = structs::kv::list_keys(prefix, separator, readable);
+    if keys.is_empty() && !prefix.is_empty() {
+        return Ok(mark_filtered(not_found(index), filtered));
+    }
+    Ok(mark_filtered(
+        query::json(&keys, Some(index), params.pretty()),
+        filtered,
+    ))
+}
+
+/// The state for a listing of `prefix`: with `?index=`, once the prefix's index passed it
+/// (a write elsewhere in the KV store wakes the wait, which goes on until the prefix moved
+/// or the wait is over).
+async fn read_prefix(api: &Api, params: &Params, prefix: &str) -> Result<Arc<catalog::State>, ApiError> {
+    let blocking = params.blocking()?;
+    let started = tokio::time::Instant::now();
+    let mut state = api.read(params, &IndexKey::Kvs).await?;
+    let Some(after) = blocking.index else {
+        return Ok(state);
+    };
+    let wait = blocking.wait_with_jitter();
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        if state.kv_prefix_index(prefix) > after || left.is_zero() {
+            return Ok(state);
+        }
+        let seen = state.index_of(&IndexKey::Kvs);
+        let _waiting = api.metrics.waiting();
+        state = api.store.wait(&IndexKey::Kvs, seen, left).await;
+    }
+}
+
+/// `PUT /v1/kv/:key` with the value as the body: `true`, or `false` when a check-and-set
+/// did not match.
+pub(crate) async fn put(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(key): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    if key.is_empty() {
+        return Err(KvError::MissingKey.into());
+    }
+    conflicting(&params, q.as_deref(), &["cas", "acquire", "release"])?;
+    for session in ["acquire", "release"] {
+        if params.has(session) {
+            return Err(ApiError::BadRequest(format!(
+                "?{session}: sessions are not supported by this server yet, so no lock can be taken or released"
+            )));
+        }
+    }
+    if body.len() > structs::kv::MAX_VALUE {
+        return Err(KvError::TooLarge.into());
+    }
+    authz.need(|a| a.key_write(&key), "key:write", &key)?;
+    let op = Op::KvSet {
+        key,
+        value: body.to_vec(),
+        flags: params.u64("flags")?.unwrap_or(0),
+        cas: params.u64("cas")?.map(Index),
+    };
+    let outcome = api.store.write(op).await?;
+    Ok(query::json(&outcome.applied, None, params.pretty()))
+}
+
+/// `DELETE /v1/kv/:key` (`?cas=`: `false` when it did not match) or `?recurse` (every key
+/// under the prefix; the token needs `key:write` on all of them). `true` otherwise.
+pub(crate) async fn delete(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(key): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    conflicting(&params, q.as_deref(), &["recurse", "cas"])?;
+    let op = if params.has("recurse") {
+        authz.need(|a| a.key_write_prefix(&key), "key:write", &key)?;
+        Op::KvDeleteTree { prefix: key }
+    } else {
+        if key.is_empty() {
+            return Err(KvError::MissingKey.into());
+        }
+        authz.need(|a| a.key_write(&key), "key:write", &key)?;
+        Op::KvDelete {
+            key,
+            cas: params.u64("cas")?.map(Index),
+        }
+    };
+    let outcome = api.store.write(op).await?;
+    Ok(query::json(&outcome.applied, None, params.pretty()))
+}
+
+/// Refuses a request that combines parameters that do not compose, as Consul.
+fn conflicting(params: &Params, raw: Option<&str>, flags: &[&str]) -> Result<(), ApiError> {
+    if flags.iter().filter(|f| params.has(f)).count() > 1 {
+        return Err(ApiError::BadRequest(format!(
+            "Conflicting flags: {} (use one of {})",
+            raw.unwrap_or_default(),
+            flags.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A 404 with no body and the index to block on, as Consul answers a missing key.
+fn not_found(index: Index) -> Response {
+    let mut resp = StatusCode::NOT_FOUND.into_response();
+    query::add_consul_headers(resp.headers_mut(), Some(index));
+    resp
+}
+
+/// `?raw`: the value alone. Text is labelled as text, anything else as bytes, and browsers
+/// are told not to guess (a value is whatever a writer put there).
+fn raw(entry: &KvEntry) -> Response {
+    let content_type = if std::str::from_utf8(&entry.value).is_ok() {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/octet-stream"
+    };
+    let mut resp = (StatusCode::OK, entry.value.clone()).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    query::add_consul_headers(h, Some(entry.modify_index));
+    resp
+}
