@@ -92,6 +92,7 @@ pub struct Authorizer {
     nodes: Table<Access>,
     agents: Table<Access>,
     keys: Table<Access>,
+    sessions: Table<Access>,
 }
 
 fn merge_opt(slot: &mut Option<Access>, value: Option<Access>) {
@@ -130,6 +131,9 @@ impl Authorizer {
                         a.agents.add(prefix, &rule.name, rule.policy, Access::merge)
                     }
                     Resource::Key | Resource::KeyPrefix => a.keys.add(prefix, &rule.name, rule.policy, Access::merge),
+                    Resource::Session | Resource::SessionPrefix => {
+                        a.sessions.add(prefix, &rule.name, rule.policy, Access::merge)
+                    }
                     // No API in meshd reads these.
                     _ => {}
                 }
@@ -139,6 +143,7 @@ impl Authorizer {
         a.nodes.finish();
         a.agents.finish();
         a.keys.finish();
+        a.sessions.finish();
         a
     }
 
@@ -226,6 +231,16 @@ impl Authorizer {
                     .map(|(n, a)| (n, a)),
             )
             .all(|(_, access)| access.grants(Access::Write))
+    }
+
+    /// `session:read` on the sessions of node `node`.
+    pub fn session_read(&self, node: &str) -> bool {
+        self.decide(self.sessions.get(node), Access::Read)
+    }
+
+    /// `session:write` on the sessions of node `node`.
+    pub fn session_write(&self, node: &str) -> bool {
+        self.decide(self.sessions.get(node), Access::Write)
     }
 
     /// `operator:read`.

@@ -102,9 +102,9 @@ pub enum Resource {
     Key,
     /// KV keys by prefix.
     KeyPrefix,
-    /// A session (kept, grants nothing).
+    /// The sessions of a node, by the node's exact name.
     Session,
-    /// Sessions by prefix (kept, grants nothing).
+    /// Sessions by node-name prefix.
     SessionPrefix,
     /// An event (kept, grants nothing).
     Event,

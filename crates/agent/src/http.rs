@@ -47,6 +47,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/health/service/name/{name}", get(checks::health_by_name))
         .route("/v1/agent/health/service/id/{id}", get(checks::health_by_id))
         .route("/v1/agent/self", get(agent_self))
+        .route("/v1/session/create", put(forward::session_create))
         .route("/v1/agent/members", get(members))
         .route("/v1/agent/token/{kind}", put(tokens::set_token))
         .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))

@@ -47,6 +47,8 @@ pub enum IndexKey {
     Kvs,
     /// One KV key; once the key is gone it answers with [`IndexKey::Kvs`].
     KvKey(String),
+    /// Sessions.
+    Sessions,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

@@ -40,6 +40,17 @@ pub(crate) fn plan_set(
     Ok(Plan::write(vec![Change::PutKv(entry)]))
 }
 
+/// Refuses an empty key or a value over the limit.
+pub(crate) fn check_entry(key: &str, value: &[u8]) -> Result<(), WriteError> {
+    if key.is_empty() {
+        return Err(KvError::MissingKey.into());
+    }
+    if value.len() > MAX_VALUE {
+        return Err(KvError::TooLarge.into());
+    }
+    Ok(())
+}
+
 /// `DELETE /v1/kv/:key`: removes the key (absent is no error). With `cas`, only if the
 /// key's ModifyIndex is `cas`; a key already gone matches any `cas`, as Consul.
 pub(crate) fn plan_delete(state: &State, key: &str, cas: Option<Index>) -> Result<Plan, WriteError> {

@@ -26,6 +26,8 @@ pub mod liveness;
 mod ops;
 mod plan;
 pub mod publisher;
+mod session_ops;
+pub mod session_reaper;
 mod state;
 mod storage;
 mod store;

@@ -7,11 +7,14 @@ use crate::ca::{CaConfig, CaError, CaState};
 use crate::error::WriteError;
 use crate::kv_ops;
 use crate::plan::Plan;
+use crate::session_ops;
 use crate::state::{Change, State};
 use std::time::Duration;
 use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+use structs::KvEntry;
 use structs::acl::{AclPolicy, AclRole, AclToken};
 use structs::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions, SourceIntention};
+use structs::session::Session;
 use structs::{
     ConfigEntry, ConfigEntryKind, DeregisterRequest, HealthCheck, Index, Node, Problem, RegisterRequest, Timestamp,
     Validate, ValidationError,
@@ -146,6 +149,44 @@ pub enum Op {
         /// The prefix ("" for all).
         prefix: String,
     },
+    /// Set a KV key and take its lock for `session` (`?acquire=`).
+    KvLock {
+        /// The key, value and flags.
+        entry: Box<KvEntry>,
+        /// The session.
+        session: String,
+        /// Now, in ms since the epoch (lock delays are judged at it).
+        now_ms: u64,
+    },
+    /// Set a KV key and let go of `session`'s lock on it (`?release=`).
+    KvUnlock {
+        /// The key, value and flags.
+        entry: Box<KvEntry>,
+        /// The session.
+        session: String,
+    },
+    /// Create a session (id, node and defaults filled; `renewed_at_ms` is now).
+    SessionCreate(Box<Session>),
+    /// Renew a session's TTL at `now_ms`.
+    SessionRenew {
+        /// The session.
+        id: String,
+        /// Now, in ms since the epoch.
+        now_ms: u64,
+    },
+    /// End a session: its locks are released (or keys deleted) with a lock delay.
+    SessionDestroy {
+        /// The session.
+        id: String,
+        /// Now, in ms since the epoch.
+        now_ms: u64,
+    },
+    /// Leader work: end every session whose TTL ran out or whose node or checks went or
+    /// turned critical, and drop lock delays that are over.
+    SessionsInvalidate {
+        /// Now, in ms since the epoch.
+        now_ms: u64,
+    },
 }
 
 fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
@@ -211,6 +252,18 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
         Op::KvSet { key, value, flags, cas } => kv_ops::plan_set(state, key, value, *flags, *cas),
         Op::KvDelete { key, cas } => kv_ops::plan_delete(state, key, *cas),
         Op::KvDeleteTree { prefix } => Ok(kv_ops::plan_delete_tree(state, prefix)),
+        Op::KvLock { entry, session, now_ms } => {
+            kv_ops::check_entry(&entry.key, &entry.value)?;
+            session_ops::plan_lock(state, (**entry).clone(), session, *now_ms)
+        }
+        Op::KvUnlock { entry, session } => {
+            kv_ops::check_entry(&entry.key, &entry.value)?;
+            Ok(session_ops::plan_unlock(state, (**entry).clone(), session))
+        }
+        Op::SessionCreate(session) => session_ops::plan_create(state, session),
+        Op::SessionRenew { id, now_ms } => session_ops::plan_renew(state, id, *now_ms),
+        Op::SessionDestroy { id, now_ms } => Ok(session_ops::plan_destroy(state, id, *now_ms)),
+        Op::SessionsInvalidate { now_ms } => Ok(session_ops::plan_invalidate(state, *now_ms)),
     }
 }
 

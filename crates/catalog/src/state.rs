@@ -9,6 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
+use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
 /// One deterministic change to the tables; a committed write is a list of these.
@@ -65,6 +66,19 @@ pub enum Change {
     PutKv(KvEntry),
     /// Remove a KV key (leaving a tombstone, so that its prefixes' indexes move on).
     DeleteKv(String),
+    /// Create or replace a session (its indexes are stamped when applied).
+    PutSession(Session),
+    /// Remove a session (its locks are released by their own changes).
+    DeleteSession(String),
+    /// A key whose lock a session lost may not be locked again until `until_ms`.
+    PutLockDelay {
+        /// The key.
+        key: String,
+        /// Milliseconds since the epoch.
+        until_ms: u64,
+    },
+    /// A lock delay is over.
+    DeleteLockDelay(String),
 }
 
 type NodeKey = (String, String);
@@ -85,6 +99,10 @@ pub struct State {
     ca: Option<Arc<CaState>>,
     acl: AclTables,
     kv: KvTables,
+    sessions: OrdMap<String, Arc<Session>>,
+    /// Keys that may not be locked again before a time (ms since the epoch), after the
+    /// session holding them ended.
+    lock_delays: OrdMap<String, u64>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -361,7 +379,12 @@ impl State {
                 self.acl.bootstrapped = Some(index);
                 bumped.insert(IndexKey::Acl);
             }
-            Change::PutKv(_) | Change::DeleteKv(_) => self.apply_kv(index, change, bumped),
+            Change::PutKv(_)
+            | Change::DeleteKv(_)
+            | Change::PutSession(_)
+            | Change::DeleteSession(_)
+            | Change::PutLockDelay { .. }
+            | Change::DeleteLockDelay(_) => self.apply_kv(index, change, bumped),
         }
     }
 
@@ -381,6 +404,22 @@ impl State {
                 if self.kv.tombstones.len() > KV_TOMBSTONES {
                     self.kv.reap_tombstones();
                 }
+            }
+            Change::PutSession(session) => {
+                let mut session = session.clone();
+                session.create_index = self.sessions.get(&session.id).map_or(index, |s| s.create_index);
+                session.modify_index = index;
+                bumped.insert(IndexKey::Sessions);
+                self.sessions.insert(session.id.clone(), Arc::new(session));
+            }
+            Change::DeleteSession(id) if self.sessions.remove(id).is_some() => {
+                bumped.insert(IndexKey::Sessions);
+            }
+            Change::PutLockDelay { key, until_ms } => {
+                self.lock_delays.insert(key.clone(), *until_ms);
+            }
+            Change::DeleteLockDelay(key) => {
+                self.lock_delays.remove(key);
             }
             _ => {}
         }
@@ -498,6 +537,31 @@ impl State {
             Some(index) => index.max(self.kv.floor),
             None => self.index_of(&IndexKey::Kvs),
         }
+    }
+
+    /// The KV keys whose lock `session` holds.
+    pub fn kv_held_by<'a>(&'a self, session: &'a str) -> impl Iterator<Item = &'a Arc<KvEntry>> + 'a {
+        self.kv.entries.values().filter(move |e| e.session == session)
+    }
+
+    /// One session.
+    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.get(id).cloned()
+    }
+
+    /// Every session, by id.
+    pub fn sessions(&self) -> impl Iterator<Item = &Arc<Session>> {
+        self.sessions.values()
+    }
+
+    /// Until when (ms since the epoch) `key` may not be locked, if a lock delay is set.
+    pub fn lock_delay(&self, key: &str) -> Option<u64> {
+        self.lock_delays.get(key).copied()
+    }
+
+    /// Every lock delay.
+    pub fn lock_delays(&self) -> impl Iterator<Item = (&String, &u64)> {
+        self.lock_delays.iter()
     }
 
     /// How many tombstones the KV store keeps.
@@ -693,6 +757,8 @@ impl State {
             kv: self.kv.entries.values().map(|e| (**e).clone()).collect(),
             kv_tombstones: self.kv.tombstones.iter().map(|(k, i)| (k.clone(), *i)).collect(),
             kv_floor: self.kv.floor,
+            sessions: self.sessions.values().map(|s| (**s).clone()).collect(),
+            lock_delays: self.lock_delays.iter().map(|(k, u)| (k.clone(), *u)).collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -739,6 +805,10 @@ impl State {
         }
         s.kv.tombstones = p.kv_tombstones.into_iter().collect();
         s.kv.floor = p.kv_floor;
+        for session in p.sessions {
+            s.sessions.insert(session.id.clone(), Arc::new(session));
+        }
+        s.lock_delays = p.lock_delays.into_iter().collect();
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -775,5 +845,9 @@ pub(crate) struct PersistedState {
     pub(crate) kv_tombstones: Vec<(String, Index)>,
     #[serde(default)]
     pub(crate) kv_floor: Index,
+    #[serde(default)]
+    pub(crate) sessions: Vec<Session>,
+    #[serde(default)]
+    pub(crate) lock_delays: Vec<(String, u64)>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -50,7 +50,7 @@ fn enabled(api: &Api) -> Result<(), ApiError> {
     }
 }
 
-fn new_id() -> Result<String, ApiError> {
+pub(crate) fn new_id() -> Result<String, ApiError> {
     catalog::ca::new_uuid().map_err(|e| ApiError::Internal(format!("generating an id: {e}")))
 }
 

@@ -142,22 +142,37 @@ pub(crate) async fn put(
         return Err(KvError::MissingKey.into());
     }
     conflicting(&params, q.as_deref(), &["cas", "acquire", "release"])?;
-    for session in ["acquire", "release"] {
-        if params.has(session) {
-            return Err(ApiError::BadRequest(format!(
-                "?{session}: sessions are not supported by this server yet, so no lock can be taken or released"
-            )));
-        }
-    }
     if body.len() > structs::kv::MAX_VALUE {
         return Err(KvError::TooLarge.into());
     }
     authz.need(|a| a.key_write(&key), "key:write", &key)?;
-    let op = Op::KvSet {
-        key,
-        value: body.to_vec(),
-        flags: params.u64("flags")?.unwrap_or(0),
-        cas: params.u64("cas")?.map(Index),
+    let flags = params.u64("flags")?.unwrap_or(0);
+    let entry = || {
+        Box::new(KvEntry {
+            key: key.clone(),
+            value: body.to_vec(),
+            flags,
+            ..KvEntry::default()
+        })
+    };
+    let op = if let Some(session) = params.get("acquire") {
+        Op::KvLock {
+            entry: entry(),
+            session: session.to_owned(),
+            now_ms: catalog::session_reaper::now_ms(),
+        }
+    } else if let Some(session) = params.get("release") {
+        Op::KvUnlock {
+            entry: entry(),
+            session: session.to_owned(),
+        }
+    } else {
+        Op::KvSet {
+            key: key.clone(),
+            value: body.to_vec(),
+            flags,
+            cas: params.u64("cas")?.map(Index),
+        }
     };
     let outcome = api.store.write(op).await?;
     Ok(query::json(&outcome.applied, None, params.pretty()))

@@ -24,6 +24,7 @@ mod kv_routes;
 mod metrics;
 pub mod query;
 mod response_cache;
+mod session_routes;
 mod ui;
 
 pub use api::ApiConfig;
@@ -89,6 +90,12 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         "/v1/kv/{*key}",
         get(kv_routes::get).put(kv_routes::put).delete(kv_routes::delete),
     );
+    r.add("/v1/session/create", put(session_routes::create));
+    r.add("/v1/session/destroy/{id}", put(session_routes::destroy));
+    r.add("/v1/session/renew/{id}", put(session_routes::renew));
+    r.add("/v1/session/info/{id}", get(session_routes::info));
+    r.add("/v1/session/node/{node}", get(session_routes::node));
+    r.add("/v1/session/list", get(session_routes::list));
     r.add("/v1/connect/ca/roots", get(connect::roots));
     r.add("/v1/agent/connect/ca/roots", get(connect::roots));
     r.add(

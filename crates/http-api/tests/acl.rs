@@ -217,6 +217,8 @@ const WEB_READ: &str = "service \"web\" { policy = \"read\" }\nnode \"n1\" { pol
 const WEB_WRITE: &str = "service \"web\" { policy = \"write\" }";
 const KV_READ: &str = "key_prefix \"app/\" { policy = \"read\" }";
 const KV_WRITE: &str = "key_prefix \"app/\" { policy = \"write\" }";
+const SESSION_READ: &str = "session \"n1\" { policy = \"read\" }";
+const SESSION_WRITE: &str = "session \"n1\" { policy = \"write\" }";
 const KV_ALL: &str = "key_prefix \"\" { policy = \"write\" }";
 const GATEWAY_READ: &str =
     "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
@@ -245,6 +247,7 @@ struct Spares {
     role: String,
     token: String,
     intention: String,
+    session: String,
 }
 
 fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
@@ -417,6 +420,54 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             n.clone(),
             WEB_WRITE,
             Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/session/create",
+            "/v1/session/create",
+            json!({"Node": "n1", "Checks": []}),
+            SESSION_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/session/destroy/{id}",
+            &format!("/v1/session/destroy/{}", spares.session),
+            n.clone(),
+            SESSION_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/session/renew/{id}",
+            &format!("/v1/session/renew/{}", spares.session),
+            n.clone(),
+            SESSION_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/session/info/{id}",
+            &format!("/v1/session/info/{}", spares.session),
+            n.clone(),
+            SESSION_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/session/node/{node}",
+            "/v1/session/node/n1",
+            n.clone(),
+            SESSION_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/session/list",
+            "/v1/session/list",
+            n.clone(),
+            SESSION_READ,
+            Filtered,
         ),
         row("GET", "/v1/kv/", "/v1/kv/?keys", n.clone(), KV_READ, Filtered),
         row("GET", "/v1/kv/{*key}", "/v1/kv/app/config", n.clone(), KV_READ, Denied),
@@ -738,7 +789,17 @@ async fn spares(mesh: &Mesh) -> Spares {
         Value::Null,
     )
     .await;
+    let session = call(
+        &mesh.app,
+        "PUT",
+        "/v1/session/create",
+        m,
+        json!({"Node": "n1", "Checks": []}),
+    )
+    .await;
+    assert_eq!(session.status, StatusCode::OK, "{}", session.body);
     Spares {
+        session: session.json()["ID"].as_str().unwrap().to_owned(),
         policy: p.json()["ID"].as_str().unwrap().to_owned(),
         role: r.json()["ID"].as_str().unwrap().to_owned(),
         token: t.json()["AccessorID"].as_str().unwrap().to_owned(),

@@ -219,7 +219,11 @@ impl Mode for ServerMode {
         // Leader work (every server runs it; it acts only while leading): removing CA roots
         // rotated out once no leaf they signed can still be valid.
         let pruner = catalog::ca_pruning::RootPruner::new(self.store.clone());
-        tasks.spawn(async move { pruner.run(stop.cancelled()).await }.instrument(info_span!("ca_root_pruning")));
+        let until = stop.clone();
+        tasks.spawn(async move { pruner.run(until.cancelled()).await }.instrument(info_span!("ca_root_pruning")));
+        // And ending sessions whose TTL ran out or whose node or checks failed.
+        let reaper = catalog::session_reaper::SessionReaper::new(self.store.clone());
+        tasks.spawn(async move { reaper.run(stop.cancelled()).await }.instrument(info_span!("session_reaper")));
     }
 
     async fn draining(&self) {

@@ -25,6 +25,7 @@ pub mod proxy;
 pub mod registration;
 pub mod resolved;
 pub mod service;
+pub mod session;
 pub mod token;
 pub mod validate;
 pub mod wire;

@@ -19,6 +19,43 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
         Ok(out) => out,
         Err(too_large) => return too_large,
     };
+    send(&agent, out).await
+}
+
+/// `PUT /v1/session/create` through an agent: a session that names no node is this agent's
+/// node's (as Consul's agents fill it in), then the request goes to a server.
+pub(super) async fn session_create(State(agent): State<Agent>, req: Request) -> Response {
+    let mut out = match Outgoing::read(req, MAX_BODY).await {
+        Ok(out) => out,
+        Err(too_large) => return too_large,
+    };
+    let mut body: serde_json::Map<String, serde_json::Value> = if out.body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Map::new()
+    } else {
+        match serde_json::from_slice(&out.body) {
+            Ok(body) => body,
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("request decode failed: expected a session object: {e}\n"),
+                );
+            }
+        }
+    };
+    // Consul reads its JSON in any key casing.
+    let named = body
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("node") && v.as_str().is_some_and(|n| !n.is_empty()));
+    if !named {
+        body.retain(|k, _| !k.eq_ignore_ascii_case("node"));
+        body.insert("Node".into(), agent.config().node.clone().into());
+        out.body = serde_json::to_vec(&body).unwrap_or_default().into();
+        out.parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    }
+    send(&agent, out).await
+}
+
+async fn send(agent: &Agent, out: Outgoing) -> Response {
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(out.parts.uri.query());

@@ -14,6 +14,8 @@
 //! | `catalog/acl/role/<id>`           | an ACL role                   |
 //! | `catalog/acl/bootstrapped`        | ACLs were bootstrapped        |
 //! | `catalog/kv/<key>`                | a KV key                      |
+//! | `catalog/session/<id>`            | a session                     |
+//! | `catalog/lockdelay/<key>`         | a key's lock delay (ms)       |
 //! | `catalog/_rev`                    | the write guard (see below)   |
 //!
 //! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
@@ -80,6 +82,10 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::AclBootstrapped => ("acl/bootstrapped".to_owned(), Some(b"true".to_vec())),
         Change::PutKv(e) => (format!("kv/{}", escape(&e.key)), json(e)?),
         Change::DeleteKv(key) => (format!("kv/{}", escape(key)), None),
+        Change::PutSession(session) => (format!("session/{}", escape(&session.id)), json(session)?),
+        Change::DeleteSession(id) => (format!("session/{}", escape(id)), None),
+        Change::PutLockDelay { key, until_ms } => (format!("lockdelay/{}", escape(key)), json(until_ms)?),
+        Change::DeleteLockDelay(key) => (format!("lockdelay/{}", escape(key)), None),
     })
 }
 
@@ -95,6 +101,8 @@ enum Row {
     Role(String),
     Bootstrapped,
     Kv(String),
+    Session(String),
+    LockDelay(String),
     Guard,
 }
 
@@ -119,6 +127,8 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["acl", "role", id] => Row::Role(unescape(id)),
         ["acl", "bootstrapped"] => Row::Bootstrapped,
         ["kv", k] => Row::Kv(unescape(k)),
+        ["session", id] => Row::Session(unescape(id)),
+        ["lockdelay", k] => Row::LockDelay(unescape(k)),
         _ => return Err(bad("not a key meshd writes")),
     })
 }
@@ -145,6 +155,8 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Policy(id) => Change::DeleteAclPolicy(id),
             Row::Role(id) => Change::DeleteAclRole(id),
             Row::Kv(k) => Change::DeleteKv(k),
+            Row::Session(id) => Change::DeleteSession(id),
+            Row::LockDelay(k) => Change::DeleteLockDelay(k),
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -168,6 +180,11 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Role(_) => Change::PutAclRole(parse_value(key, value)?),
         Row::Bootstrapped => Change::AclBootstrapped,
         Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
+        Row::Session(_) => Change::PutSession(parse_value(key, value)?),
+        Row::LockDelay(k) => Change::PutLockDelay {
+            key: k,
+            until_ms: parse_value(key, value)?,
+        },
     }))
 }
 
@@ -198,6 +215,8 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         kv_tombstones: Vec::new(),
         // Deletes before this revision left no tombstones here: no prefix answers below it.
         kv_floor: revision,
+        sessions: Vec::new(),
+        lock_delays: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -241,6 +260,11 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
                 (e.create_index, e.modify_index) = (create, modify);
                 p.kv.push(e);
             }
+            Some(Change::PutSession(mut session)) => {
+                (session.create_index, session.modify_index) = (create, modify);
+                p.sessions.push(session);
+            }
+            Some(Change::PutLockDelay { key, until_ms }) => p.lock_delays.push((key, until_ms)),
             Some(_) => unreachable!("decode of a put yields a put"),
         }
     }
@@ -256,6 +280,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::AclRoles,
         IndexKey::Acl,
         IndexKey::Kvs,
+        IndexKey::Sessions,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
@@ -315,6 +340,17 @@ mod tests {
                 ..structs::KvEntry::default()
             }),
             Change::DeleteKv("/lead/".into()),
+            Change::PutSession(structs::session::Session {
+                id: "s/1".into(),
+                node: "n1".into(),
+                ..Default::default()
+            }),
+            Change::DeleteSession("s/1".into()),
+            Change::PutLockDelay {
+                key: "app/lock".into(),
+                until_ms: 42,
+            },
+            Change::DeleteLockDelay("app/lock".into()),
         ];
         for change in changes {
             let (key, value) = encode(&change).unwrap();
