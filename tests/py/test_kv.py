@@ -121,3 +121,29 @@ def test_a_check_and_set_race_between_two_servers_applies_once(two_etcd_servers,
         for c in (a, b):
             _, entry = c.kv.get(key, consistency="consistent")
             assert entry["Value"] == winners[0].encode()
+
+
+def test_transactions_through_py_consul(client):
+    import base64
+
+    def b64(text):
+        return base64.b64encode(text.encode()).decode()
+
+    assert client.kv.put("tx/a", "1") is True
+    _, entry = client.kv.get("tx/a")
+    result = client.txn.put([
+        {"KV": {"Verb": "cas", "Key": "tx/a", "Value": b64("2"), "Index": entry["ModifyIndex"]}},
+        {"KV": {"Verb": "set", "Key": "tx/b", "Value": b64("b")}},
+        {"KV": {"Verb": "get", "Key": "tx/b"}},
+    ])
+    assert result["Errors"] is None
+    assert base64.b64decode(result["Results"][2]["KV"]["Value"]) == b"b"
+    assert client.kv.get("tx/a")[1]["Value"] == b"2"
+    # A failing operation rolls back the whole transaction.
+    with pytest.raises(ClientError) as rolled_back:
+        client.txn.put([
+            {"KV": {"Verb": "delete", "Key": "tx/b"}},
+            {"KV": {"Verb": "check-index", "Key": "tx/a", "Index": entry["ModifyIndex"]}},
+        ])
+    assert "409" in str(rolled_back.value) and '"OpIndex":1' in str(rolled_back.value).replace(" ", "")
+    assert client.kv.get("tx/b")[1]["Value"] == b"b"

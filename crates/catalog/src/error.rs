@@ -84,6 +84,9 @@ pub enum WriteError {
     /// The request is invalid; the error names the field.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// A transaction was rolled back: which operation failed, and why.
+    #[error("transaction rolled back: {}", .0.iter().map(|e| format!("operation {}: {}", e.op_index, e.what)).collect::<Vec<_>>().join("; "))]
+    Txn(Vec<structs::txn::TxnError>),
     /// A KV write is invalid (no key, or a value too large).
     #[error(transparent)]
     Kv(#[from] structs::kv::KvError),

@@ -23,6 +23,7 @@ mod gateways;
 mod keys;
 mod kv_ops;
 pub mod liveness;
+mod op;
 mod ops;
 mod plan;
 pub mod publisher;
@@ -32,6 +33,7 @@ mod state;
 mod storage;
 mod store;
 mod token_resolver;
+mod txn_ops;
 mod views;
 mod wal;
 

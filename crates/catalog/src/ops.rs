@@ -3,191 +3,20 @@
 //! the resulting changes are what is logged and replayed, so replay never does either.
 
 use crate::acl_ops;
-use crate::ca::{CaConfig, CaError, CaState};
+use crate::ca::{CaError, CaState};
 use crate::error::WriteError;
 use crate::kv_ops;
+pub use crate::op::Op;
 use crate::plan::Plan;
 use crate::session_ops;
 use crate::state::{Change, State};
-use std::time::Duration;
-use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
-use structs::KvEntry;
-use structs::acl::{AclPolicy, AclRole, AclToken};
-use structs::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions, SourceIntention};
-use structs::session::Session;
+use crate::txn_ops;
+use std::{sync::Arc, time::SystemTime};
+use structs::config_entry::{ServiceIntentions, SourceIntention};
 use structs::{
     ConfigEntry, ConfigEntryKind, DeregisterRequest, HealthCheck, Index, Node, Problem, RegisterRequest, Timestamp,
     Validate, ValidationError,
 };
-
-/// A write to the catalog.
-#[derive(Debug, Clone)]
-pub enum Op {
-    /// Register a node, optionally a service and checks (`/v1/catalog/register`).
-    Register(Box<RegisterRequest>),
-    /// Remove a node, a service or a check (`/v1/catalog/deregister`).
-    Deregister(DeregisterRequest),
-    /// Create or replace a config entry; with `cas`, only if its ModifyIndex matches
-    /// (0: only if it does not exist).
-    ConfigSet {
-        /// The entry.
-        entry: Box<ConfigEntry>,
-        /// Check-and-set index.
-        cas: Option<Index>,
-    },
-    /// Delete a config entry; with `cas`, only if its ModifyIndex matches.
-    ConfigDelete {
-        /// Kind.
-        kind: ConfigEntryKind,
-        /// Name.
-        name: String,
-        /// Check-and-set index.
-        cas: Option<Index>,
-    },
-    /// Create or update the intention `source` → `destination` (legacy exact API).
-    IntentionUpsert {
-        /// Source service or `*`.
-        source: String,
-        /// Destination service or `*`.
-        destination: String,
-        /// L4 action (exclusive with permissions).
-        action: Option<IntentionAction>,
-        /// L7 permissions.
-        permissions: Vec<IntentionPermission>,
-        /// Description.
-        description: String,
-        /// Metadata.
-        meta: BTreeMap<String, String>,
-        /// Only create: refused when the intention exists (the ID API's create), decided
-        /// with the write, so two creates of one pair never both succeed.
-        create: bool,
-    },
-    /// Delete the intention `source` → `destination`.
-    IntentionDelete {
-        /// Source.
-        source: String,
-        /// Destination.
-        destination: String,
-    },
-    /// Create the CA if there is none (first start).
-    CaBootstrap(CaConfig),
-    /// Apply a new CA configuration (rotating the root if the key type changes).
-    CaConfigure(CaConfig),
-    /// Remove the rotated-out CA roots that no leaf they signed can still need at `now`
-    /// (leader work: see [`crate::ca_pruning`]); nothing to remove writes nothing.
-    CaPruneRoots {
-        /// The time the roots' leaves are judged at.
-        now: SystemTime,
-    },
-    /// Create what ACLs need if missing: the built-in policy and the anonymous token.
-    AclInit,
-    /// The first management token, with these ids; refused once done.
-    AclBootstrap {
-        /// Accessor id.
-        accessor: String,
-        /// Secret.
-        secret: String,
-    },
-    /// Create (`create`) or update an ACL token. `ttl` sets its expiration from now.
-    AclTokenSet {
-        /// The token, ids filled.
-        token: Box<AclToken>,
-        /// Create rather than update.
-        create: bool,
-        /// Lifetime from now (create only).
-        ttl: Option<Duration>,
-    },
-    /// Delete an ACL token.
-    AclTokenDelete {
-        /// Accessor id.
-        accessor: String,
-    },
-    /// Create or update an ACL policy.
-    AclPolicySet {
-        /// The policy, id filled.
-        policy: Box<AclPolicy>,
-        /// Create rather than update.
-        create: bool,
-    },
-    /// Delete an ACL policy.
-    AclPolicyDelete {
-        /// Id.
-        id: String,
-    },
-    /// Create or update an ACL role.
-    AclRoleSet {
-        /// The role, id filled.
-        role: Box<AclRole>,
-        /// Create rather than update.
-        create: bool,
-    },
-    /// Delete an ACL role.
-    AclRoleDelete {
-        /// Id.
-        id: String,
-    },
-    /// Set a KV key; with `cas`, only if its ModifyIndex matches (0: only if absent).
-    KvSet {
-        /// The key.
-        key: String,
-        /// The value (at most [`structs::kv::MAX_VALUE`] bytes).
-        value: Vec<u8>,
-        /// Opaque flags.
-        flags: u64,
-        /// Check-and-set index.
-        cas: Option<Index>,
-    },
-    /// Delete a KV key; with `cas`, only if its ModifyIndex matches.
-    KvDelete {
-        /// The key.
-        key: String,
-        /// Check-and-set index.
-        cas: Option<Index>,
-    },
-    /// Delete every KV key starting with `prefix`.
-    KvDeleteTree {
-        /// The prefix ("" for all).
-        prefix: String,
-    },
-    /// Set a KV key and take its lock for `session` (`?acquire=`).
-    KvLock {
-        /// The key, value and flags.
-        entry: Box<KvEntry>,
-        /// The session.
-        session: String,
-        /// Now, in ms since the epoch (lock delays are judged at it).
-        now_ms: u64,
-    },
-    /// Set a KV key and let go of `session`'s lock on it (`?release=`).
-    KvUnlock {
-        /// The key, value and flags.
-        entry: Box<KvEntry>,
-        /// The session.
-        session: String,
-    },
-    /// Create a session (id, node and defaults filled; `renewed_at_ms` is now).
-    SessionCreate(Box<Session>),
-    /// Renew a session's TTL at `now_ms`.
-    SessionRenew {
-        /// The session.
-        id: String,
-        /// Now, in ms since the epoch.
-        now_ms: u64,
-    },
-    /// End a session: its locks are released (or keys deleted) with a lock delay.
-    SessionDestroy {
-        /// The session.
-        id: String,
-        /// Now, in ms since the epoch.
-        now_ms: u64,
-    },
-    /// Leader work: end every session whose TTL ran out or whose node or checks went or
-    /// turned critical, and drop lock delays that are over.
-    SessionsInvalidate {
-        /// Now, in ms since the epoch.
-        now_ms: u64,
-    },
-}
 
 fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
     if dc.is_empty() || dc == ours {
@@ -264,6 +93,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
         Op::SessionRenew { id, now_ms } => session_ops::plan_renew(state, id, *now_ms),
         Op::SessionDestroy { id, now_ms } => Ok(session_ops::plan_destroy(state, id, *now_ms)),
         Op::SessionsInvalidate { now_ms } => Ok(session_ops::plan_invalidate(state, *now_ms)),
+        Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }
 

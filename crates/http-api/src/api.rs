@@ -234,7 +234,9 @@ async fn resolve(api: &Api, mut req: Request) -> Request {
 
 /// A 413 names the limit (the extractor's own rejection says only "length limit exceeded").
 fn name_body_limit(resp: Response, limit: usize) -> Response {
-    if resp.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+    if resp.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        || resp.extensions().get::<crate::error::LimitNamed>().is_some()
+    {
         return resp;
     }
     axum::response::IntoResponse::into_response((axum::http::StatusCode::PAYLOAD_TOO_LARGE, http_kit::too_large(limit)))

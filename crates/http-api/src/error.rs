@@ -46,6 +46,7 @@ impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
             WriteError::Invalid(_) | WriteError::Ca(_) => ApiError::BadRequest(chain(&e)),
+            WriteError::Txn(_) => ApiError::Conflict(e.to_string()),
             WriteError::Kv(e @ structs::kv::KvError::TooLarge) => ApiError::TooLarge(e.to_string()),
             WriteError::Kv(e) => ApiError::BadRequest(e.to_string()),
             WriteError::NotFound(m) => ApiError::NotFound(m),
@@ -63,6 +64,11 @@ impl From<structs::kv::KvError> for ApiError {
     }
 }
 
+/// Marks a 413 whose text already names its limit (the API's own, not the body
+/// extractor's), so the front layer leaves it as it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LimitNamed;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self {
@@ -76,6 +82,9 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut resp = (status, format!("{self}\n")).into_response();
+        if let ApiError::TooLarge(_) = self {
+            resp.extensions_mut().insert(LimitNamed);
+        }
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),

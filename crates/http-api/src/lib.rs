@@ -25,6 +25,7 @@ mod metrics;
 pub mod query;
 mod response_cache;
 mod session_routes;
+mod txn_routes;
 mod ui;
 
 pub use api::ApiConfig;
@@ -96,6 +97,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/session/info/{id}", get(session_routes::info));
     r.add("/v1/session/node/{node}", get(session_routes::node));
     r.add("/v1/session/list", get(session_routes::list));
+    r.add("/v1/txn", put(txn_routes::txn));
     r.add("/v1/connect/ca/roots", get(connect::roots));
     r.add("/v1/agent/connect/ca/roots", get(connect::roots));
     r.add(

@@ -260,3 +260,81 @@ async fn blocking_on_a_key_and_on_a_prefix() {
     .await;
     assert_eq!(idle.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn transactions_apply_all_or_nothing() {
+    let app = app().await;
+    put(&app, "/v1/kv/t/a", b"old").await;
+    let a_index = get(&app, "/v1/kv/t/a").await.index.unwrap();
+    let ops = json!([
+        {"KV": {"Verb": "cas", "Key": "t/a", "Value": "bmV3", "Index": a_index}},
+        {"KV": {"Verb": "set", "Key": "t/b", "Value": "Yg==", "Flags": 3}},
+        {"KV": {"Verb": "get", "Key": "t/a"}},
+        {"KV": {"Verb": "check-not-exists", "Key": "t/c"}},
+        {"Node": {"Verb": "set", "Node": {"Node": "tx-node", "Address": "10.0.0.9"}}},
+        {"Service": {"Verb": "set", "Node": "tx-node", "Service": {"ID": "db1", "Service": "db", "Port": 5432}}},
+        {"KV": {"Verb": "get-tree", "Key": "t/"}},
+    ]);
+    let r = call(&app, "PUT", "/v1/txn", ops.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert!(v["Errors"].is_null());
+    let results = v["Results"].as_array().unwrap();
+    // cas, set, get, node, service, then the tree's two entries.
+    assert_eq!(results.len(), 7, "{v}");
+    assert!(results[0]["KV"]["Value"].is_null(), "a write's result carries no value");
+    assert_eq!(results[2]["KV"]["Value"], "bmV3");
+    assert_eq!(results[3]["Node"]["Address"], "10.0.0.9");
+    assert_eq!(results[4]["Service"]["Port"], 5432);
+    assert_eq!(results[6]["KV"]["Flags"], 3);
+    // All committed at one index.
+    let idx = results[0]["KV"]["ModifyIndex"].as_u64().unwrap();
+    assert_eq!(results[1]["KV"]["ModifyIndex"].as_u64(), Some(idx));
+    assert_eq!(results[4]["Service"]["ModifyIndex"].as_u64(), Some(idx));
+
+    // A stale cas in the middle rolls back the operations before it.
+    let ops = json!([
+        {"KV": {"Verb": "set", "Key": "t/c", "Value": "Yw=="}},
+        {"KV": {"Verb": "cas", "Key": "t/a", "Value": "eA==", "Index": a_index}},
+    ]);
+    let r = call(&app, "PUT", "/v1/txn", ops.to_string()).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    let v = r.json();
+    assert!(v["Results"].is_null());
+    assert_eq!(v["Errors"][0]["OpIndex"], 1);
+    assert!(
+        v["Errors"][0]["What"].as_str().unwrap().contains("index is stale"),
+        "{v}"
+    );
+    assert_eq!(
+        get(&app, "/v1/kv/t/c").await.status,
+        StatusCode::NOT_FOUND,
+        "the first operation stayed"
+    );
+    // Later operations see earlier ones: create then check.
+    let ops = json!([
+        {"KV": {"Verb": "set", "Key": "t/d", "Value": "ZA=="}},
+        {"KV": {"Verb": "check-not-exists", "Key": "t/d"}},
+    ]);
+    let r = call(&app, "PUT", "/v1/txn", ops.to_string()).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["Errors"][0]["OpIndex"], 1);
+    // Bad input: an unknown verb names itself; too many operations is a 413.
+    let r = call(
+        &app,
+        "PUT",
+        "/v1/txn",
+        json!([{"KV": {"Verb": "frob", "Key": "x"}}]).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["Errors"][0]["What"], "unknown KV verb \"frob\"");
+    let many: Vec<Value> = (0..129)
+        .map(|i| json!({"KV": {"Verb": "set", "Key": format!("m/{i}")}}))
+        .collect();
+    let r = call(&app, "PUT", "/v1/txn", Value::Array(many).to_string()).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(r.text().contains("128"), "{}", r.text());
+    let r = call(&app, "PUT", "/v1/txn", json!([{"Nope": {}}]).to_string()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+}

@@ -42,7 +42,7 @@ fn value_out<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error> {
     }
 }
 
-fn value_in<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+pub(crate) fn value_in<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
     let text: Option<String> = Option::deserialize(d)?;
     match text {
         None => Ok(Vec::new()),

@@ -27,6 +27,7 @@ pub mod resolved;
 pub mod service;
 pub mod session;
 pub mod token;
+pub mod txn;
 pub mod validate;
 pub mod wire;
 
