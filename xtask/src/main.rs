@@ -57,6 +57,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("proxycfg", "proxycfg", "propagation"),
     ("proxycfg", "xds", "l7_rebuild"),
     ("server", "meshd", "server"),
+    ("kv", "meshd", "kv"),
     ("agent", "meshd", "agent"),
     ("agent", "meshd", "agent_cache"),
     ("xds", "meshd", "xds"),

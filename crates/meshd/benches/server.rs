@@ -246,53 +246,12 @@ async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str)
         .await
         .unwrap();
     let index: u64 = resp.headers()["x-consul-index"].to_str().unwrap().parse().unwrap();
-    // A minimal HTTP/1.1 client per waiter (raw socket, one request, time of the first
-    // response byte): the load generator shares the two cores with the server, so it must
-    // cost as little as possible to measure the server rather than itself.
     let host = url.trim_start_matches("http://").to_owned();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..waiters {
-        let (host, tx, service) = (host.clone(), tx.clone(), service.to_owned());
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let Ok(mut conn) = tokio::net::TcpStream::connect(&host).await else {
-                return;
-            };
-            let request =
-                format!("GET /v1/health/service/{service}?index={index}&wait=5m HTTP/1.1\r\nHost: {host}\r\n\r\n");
-            if conn.write_all(request.as_bytes()).await.is_err() {
-                return;
-            }
-            let mut buf = vec![0u8; 16 * 1024];
-            let Ok(mut n) = conn.read(&mut buf).await else { return };
-            let first = Instant::now();
-            // The last byte: the head's end plus its Content-Length.
-            let whole = |got: &[u8]| {
-                let text = String::from_utf8_lossy(got).to_ascii_lowercase();
-                let (head, _) = text.split_once("\r\n\r\n")?;
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())?;
-                Some(head.len() + 4 + length)
-            };
-            while whole(&buf[..n]).is_none_or(|len| n < len) && n < buf.len() {
-                match conn.read(&mut buf[n..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(more) => n += more,
-                }
-            }
-            let last = Instant::now();
-            let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
-            let new_index = head
-                .lines()
-                .find_map(|l| l.strip_prefix("x-consul-index:"))
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            // The connection stays open until the figures are taken, as a client that
-            // blocks again on it would keep it: closing is not part of a wake-up.
-            let _ = tx.send((first, last, new_index, conn));
-        });
-    }
+    let mut rx = test_support::http::park_waiters(
+        &host,
+        &format!("/v1/health/service/{service}?index={index}&wait=5m"),
+        waiters,
+    );
     // Wait until every query is parked on the server.
     let ready = Instant::now();
     while (test_support::process::metric(&client, &url, "meshd_http_blocking_queries ").await as usize) < waiters {
@@ -325,11 +284,11 @@ async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str)
     let mut open = Vec::with_capacity(waiters);
     let mut woken_with_new_index = 0;
     for _ in 0..waiters {
-        let (first, last, new_index, conn) = rx.recv().await.unwrap();
-        open.push(conn);
-        lat.push(first - t0);
-        lat_last.push(last - t0);
-        if new_index.is_some_and(|i| i > index) {
+        let woken = rx.recv().await.unwrap();
+        open.push(woken.conn);
+        lat.push(woken.first - t0);
+        lat_last.push(woken.last - t0);
+        if woken.index.is_some_and(|i| i > index) {
             woken_with_new_index += 1;
         }
     }

@@ -143,3 +143,67 @@ pub async fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
         .await
         .unwrap_or_else(|_| Err("timed out".into()))
 }
+
+/// One parked blocking query's answer, as the benchmarks time it: when its first and last
+/// bytes arrived, the `X-Consul-Index` it carried, and its connection (kept open until the
+/// figures are taken, as a client that blocks again would keep it).
+pub struct Woken {
+    /// The first response byte.
+    pub first: std::time::Instant,
+    /// The last (the head's end plus its `Content-Length`).
+    pub last: std::time::Instant,
+    /// The answer's index.
+    pub index: Option<u64>,
+    /// The connection.
+    pub conn: TcpStream,
+}
+
+/// Parks `waiters` blocking `GET {path}` on `host` (a minimal HTTP/1.1 client per waiter,
+/// one raw socket and one request each: the load generator shares the cores with the
+/// server, so it must cost as little as possible) and sends each answer as it arrives.
+pub fn park_waiters(host: &str, path: &str, waiters: usize) -> tokio::sync::mpsc::UnboundedReceiver<Woken> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..waiters {
+        let (host, tx) = (host.to_owned(), tx.clone());
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        tokio::spawn(async move {
+            let Ok(mut conn) = TcpStream::connect(&host).await else {
+                return;
+            };
+            if conn.write_all(request.as_bytes()).await.is_err() {
+                return;
+            }
+            let mut buf = vec![0u8; 16 * 1024];
+            let Ok(mut n) = conn.read(&mut buf).await else { return };
+            let first = std::time::Instant::now();
+            let whole = |got: &[u8]| {
+                let text = String::from_utf8_lossy(got).to_ascii_lowercase();
+                let (head, _) = text.split_once("\r\n\r\n")?;
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())?;
+                Some(head.len() + 4 + length)
+            };
+            while whole(&buf[..n]).is_none_or(|len| n < len) && n < buf.len() {
+                match conn.read(&mut buf[n..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(more) => n += more,
+                }
+            }
+            let last = std::time::Instant::now();
+            let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+            let index = head
+                .lines()
+                .find_map(|l| l.strip_prefix("x-consul-index:"))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let _ = tx.send(Woken {
+                first,
+                last,
+                index,
+                conn,
+            });
+        });
+    }
+    rx
+}
