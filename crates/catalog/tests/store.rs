@@ -773,3 +773,62 @@ async fn churned_names_leave_no_index_entries_behind() {
     assert_eq!(store.read().index_key_count(), base, "no entry per churned name");
     assert!(removed_at > Index(400));
 }
+
+#[tokio::test]
+async fn kv_sessions_and_locks_survive_reopen_from_the_log_and_from_a_snapshot() {
+    for snapshot_every in [10_000, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let (prefix_index, tombstoned) = {
+            let store = disk_store(dir.path(), snapshot_every).await;
+            store.write(register("n1", "10.0.0.1", None, vec![])).await.unwrap();
+            let session = structs::session::Session {
+                id: "s1".into(),
+                node: "n1".into(),
+                ttl: "30s".into(),
+                renewed_at_ms: 1_000,
+                ..Default::default()
+            };
+            store.write(Op::SessionCreate(Box::new(session))).await.unwrap();
+            for key in ["app/a", "app/b"] {
+                let set = Op::KvSet {
+                    key: key.into(),
+                    value: b"v".to_vec(),
+                    flags: 9,
+                    cas: None,
+                };
+                store.write(set).await.unwrap();
+            }
+            let lock = Op::KvLock {
+                entry: Box::new(KvEntry {
+                    key: "app/lock".into(),
+                    value: b"held".to_vec(),
+                    ..Default::default()
+                }),
+                session: "s1".into(),
+                now_ms: 2_000,
+            };
+            assert!(store.write(lock).await.unwrap().applied);
+            let delete = Op::KvDelete {
+                key: "app/b".into(),
+                cas: None,
+            };
+            let deleted = store.write(delete).await.unwrap().index;
+            let state = store.read();
+            let prefix_index = state.kv_prefix_index("app/");
+            assert_eq!(prefix_index, deleted);
+            store.close().await;
+            (prefix_index, deleted)
+        };
+        let store = disk_store(dir.path(), snapshot_every).await;
+        let state = store.read();
+        assert_eq!(state.kv_get("app/a").unwrap().flags, 9);
+        assert!(state.kv_get("app/b").is_none());
+        let lock = state.kv_get("app/lock").unwrap();
+        assert_eq!((lock.session.as_str(), lock.lock_index), ("s1", 1));
+        let session = state.session("s1").unwrap();
+        assert_eq!((session.ttl.as_str(), session.renewed_at_ms), ("30s", 1_000));
+        // The delete's tombstone came back too: the prefix's index did not go backwards.
+        assert_eq!(state.kv_prefix_index("app/"), prefix_index);
+        assert_eq!(prefix_index, tombstoned);
+    }
+}

@@ -138,6 +138,19 @@ impl Api {
         Ok(params)
     }
 
+    /// The key a shared answer is kept under: the path, the parameters but the blocking
+    /// ones, and with ACLs the token and the ACL state its rights were resolved in (not the
+    /// state after the wait: a request resolved before a policy change must not share its
+    /// answer with one resolved after it).
+    pub(crate) fn answer_key(&self, path: &str, params: &Params, authz: &authz::Authz) -> Result<String, ApiError> {
+        let mut cache_key = response_cache::ResponseCache::key(path, params);
+        if self.config.acl.enabled() {
+            use std::fmt::Write as _;
+            let _ = write!(cache_key, "\u{1e}{}\u{1e}{}", authz.accessor()?, authz.acl_index().0);
+        }
+        Ok(cache_key)
+    }
+
     /// Answers a blocking-capable query whose body depends only on `key`'s data and on what
     /// the token may read: blocks as asked, then encodes the body (and whether ACLs filtered
     /// it) once per index of the key and shares it with every request for the same path,
@@ -152,14 +165,7 @@ impl Api {
     ) -> Result<Response, ApiError> {
         let authorizer = authz.get()?;
         // The key is made before blocking: a woken query does as little as it can.
-        let mut cache_key = response_cache::ResponseCache::key(path, params);
-        // With ACLs, the token and the ACL state its rights were resolved in (not the state
-        // after the wait: a request resolved before a policy change must not share its
-        // answer with one resolved after it).
-        if self.config.acl.enabled() {
-            use std::fmt::Write as _;
-            let _ = write!(cache_key, "\u{1e}{}\u{1e}{}", authz.accessor()?, authz.acl_index().0);
-        }
+        let cache_key = self.answer_key(path, params, authz)?;
         let state = self.read(params, &key).await?;
         let index = state.index_of(&key);
         let (bytes, filtered) = self

@@ -57,53 +57,72 @@ pub(crate) async fn get(
 
 /// `?recurse`: every entry under the prefix the token may read; none is a 404.
 async fn list_entries(api: &Api, authz: &Authz, prefix: &str, params: &Params) -> Result<Response, ApiError> {
-    let a = authz.get()?;
-    let state = read_prefix(api, params, prefix).await?;
-    let index = state.kv_prefix_index(prefix);
-    let mut filtered = false;
-    let entries: Vec<&KvEntry> = state
-        .kv_range(prefix)
-        .filter(|e| {
-            let readable = a.key_read(&e.key);
-            filtered |= !readable;
-            readable
-        })
-        .map(|e| &**e)
-        .collect();
-    if entries.is_empty() {
-        return Ok(mark_filtered(not_found(index), filtered));
-    }
-    Ok(mark_filtered(
-        query::json(&entries, Some(index), params.pretty()),
-        filtered,
-    ))
+    listing(api, authz, prefix, params, |state, a| {
+        let mut filtered = false;
+        let entries: Vec<&KvEntry> = state
+            .kv_range(prefix)
+            .filter(|e| {
+                let readable = a.key_read(&e.key);
+                filtered |= !readable;
+                readable
+            })
+            .map(|e| &**e)
+            .collect();
+        let body = if entries.is_empty() {
+            Bytes::new()
+        } else {
+            query::encode(&entries, params.pretty())?
+        };
+        Ok((body, filtered))
+    })
+    .await
 }
 
 /// `?keys` (and `?separator=`): the keys under the prefix the token may read, rolled up at
 /// the separator; none is a 404, except at the root (an empty list), as Consul.
 async fn list_keys(api: &Api, authz: &Authz, prefix: &str, params: &Params) -> Result<Response, ApiError> {
-    let a = authz.get()?;
     // Consul reads both spellings (the first was a typo it kept).
     let separator = params
         .get("separator")
         .or_else(|| params.get("seperator"))
         .unwrap_or_default();
+    listing(api, authz, prefix, params, |state, a| {
+        let mut filtered = false;
+        let readable = state.kv_range(prefix).map(|e| e.key.as_str()).filter(|k| {
+            let readable = a.key_read(k);
+            filtered |= !readable;
+            readable
+        });
+        let keys = structs::kv::list_keys(prefix, separator, readable);
+        let body = if keys.is_empty() && !prefix.is_empty() {
+            Bytes::new()
+        } else {
+            query::encode(&keys, params.pretty())?
+        };
+        Ok((body, filtered))
+    })
+    .await
+}
+
+/// A listing of `prefix`, blocking as asked; its body (empty: a 404) is encoded once per
+/// index of the prefix and shared by every request with the same parameters and token, as
+/// 10,000 watchers of one prefix all want the same answer.
+async fn listing(
+    api: &Api,
+    authz: &Authz,
+    prefix: &str,
+    params: &Params,
+    encode: impl FnOnce(&catalog::State, &acl::Authorizer) -> Result<(Bytes, bool), ApiError>,
+) -> Result<Response, ApiError> {
+    let a = authz.get()?;
+    let cache_key = api.answer_key(&format!("/v1/kv/{prefix}"), params, authz)?;
     let state = read_prefix(api, params, prefix).await?;
     let index = state.kv_prefix_index(prefix);
-    let mut filtered = false;
-    let readable = state.kv_range(prefix).map(|e| e.key.as_str()).filter(|k| {
-        let readable = a.key_read(k);
-        filtered |= !readable;
-        readable
-    });
-    let keys = structs::kv::list_keys(prefix, separator, readable);
-    if keys.is_empty() && !prefix.is_empty() {
+    let (body, filtered) = api.responses.get_or_encode(cache_key, index, || encode(&state, a))?;
+    if body.is_empty() {
         return Ok(mark_filtered(not_found(index), filtered));
     }
-    Ok(mark_filtered(
-        query::json(&keys, Some(index), params.pretty()),
-        filtered,
-    ))
+    Ok(mark_filtered(query::json_bytes(body, Some(index)), filtered))
 }
 
 /// The state for a listing of `prefix`: with `?index=`, once the prefix's index passed it
