@@ -89,12 +89,21 @@ fn end(state: &State, session: &Arc<Session>, now_ms: u64, changes: &mut Vec<Cha
     }
 }
 
+/// About how many changes one invalidation write makes at most (etcd's default
+/// transaction limit is 128 keys).
+const INVALIDATE_CHANGES_PER_WRITE: usize = 100;
+
 /// Leader work at `now_ms`: every session whose TTL ran out, or whose node or checks went
 /// or turned critical, ends; lock delays that are over are dropped. Nothing due writes
 /// nothing.
 pub(crate) fn plan_invalidate(state: &State, now_ms: u64) -> Plan {
     let mut changes = Vec::new();
     for session in state.sessions() {
+        // Many sessions ending at once (a node with hundreds of them died) take several
+        // writes: over etcd one write must fit one transaction. The reaper goes on at once.
+        if changes.len() >= INVALIDATE_CHANGES_PER_WRITE {
+            break;
+        }
         let expired = session.expires_at_ms().is_some_and(|at| at <= now_ms);
         if expired || broken_binding(state, session).is_some() {
             end(state, session, now_ms, &mut changes);

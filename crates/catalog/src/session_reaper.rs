@@ -26,12 +26,17 @@ pub fn now_ms() -> u64 {
 /// Ends due sessions of `store` while this server leads.
 pub struct SessionReaper {
     store: Store,
+    /// The last failure logged: a failure that repeats every pass is logged once.
+    last_failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl SessionReaper {
     /// A reaper of `store`'s sessions on the wall clock.
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            last_failure: parking_lot::Mutex::new(None),
+        }
     }
 
     fn leads(&self) -> bool {
@@ -50,10 +55,16 @@ impl SessionReaper {
         match self.store.write(Op::SessionsInvalidate { now_ms: now }).await {
             Ok(outcome) => {
                 info!(index = %outcome.index, "ended sessions whose TTL ran out or whose node or checks failed");
+                *self.last_failure.lock() = None;
                 true
             }
             Err(error) => {
-                warn!(%error, "cannot end due sessions; trying again");
+                let text = error.to_string();
+                let mut last = self.last_failure.lock();
+                if last.as_deref() != Some(text.as_str()) {
+                    warn!(%error, "cannot end due sessions; trying again at every change and every second");
+                    *last = Some(text);
+                }
                 false
             }
         }
@@ -72,7 +83,12 @@ impl SessionReaper {
                 _ = self.store.wait(&IndexKey::Nodes, nodes, LOOK_EVERY) => {}
                 _ = self.store.wait(&IndexKey::Checks, checks, LOOK_EVERY) => {}
             }
-            if !self.reap_once().await {
+            let mut wrote = false;
+            // What one write could not hold goes in the next, at once.
+            while self.reap_once().await {
+                wrote = true;
+            }
+            if !wrote {
                 // A failed or empty pass: do not spin on a burst of unrelated changes.
                 tokio::select! {
                     () = &mut stop => return,

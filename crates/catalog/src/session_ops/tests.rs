@@ -152,3 +152,29 @@ fn ttl_expiry_and_a_critical_check_end_sessions_with_their_behavior() {
             .contains("not found")
     );
 }
+
+#[test]
+fn many_sessions_ending_at_once_take_several_bounded_writes() {
+    let mut s = with_node();
+    for i in 0..150 {
+        let p = plan_create(&s, &session(&format!("s{i:03}"), "{}")).unwrap();
+        apply(&mut s, &p);
+    }
+    put_check(&mut s, HealthStatus::Critical);
+    let mut writes = 0;
+    loop {
+        let p = plan_invalidate(&s, 2_000);
+        if p.changes.is_empty() {
+            break;
+        }
+        assert!(
+            p.changes.len() <= super::INVALIDATE_CHANGES_PER_WRITE,
+            "{}",
+            p.changes.len()
+        );
+        apply(&mut s, &p);
+        writes += 1;
+    }
+    assert_eq!(writes, 2);
+    assert_eq!(s.sessions().count(), 0);
+}
