@@ -93,6 +93,7 @@ pub struct Authorizer {
     agents: Table<Access>,
     keys: Table<Access>,
     sessions: Table<Access>,
+    events: Table<Access>,
 }
 
 fn merge_opt(slot: &mut Option<Access>, value: Option<Access>) {
@@ -134,6 +135,9 @@ impl Authorizer {
                     Resource::Session | Resource::SessionPrefix => {
                         a.sessions.add(prefix, &rule.name, rule.policy, Access::merge)
                     }
+                    Resource::Event | Resource::EventPrefix => {
+                        a.events.add(prefix, &rule.name, rule.policy, Access::merge)
+                    }
                     // No API in meshd reads these.
                     _ => {}
                 }
@@ -144,6 +148,7 @@ impl Authorizer {
         a.agents.finish();
         a.keys.finish();
         a.sessions.finish();
+        a.events.finish();
         a
     }
 
@@ -241,6 +246,16 @@ impl Authorizer {
     /// `session:write` on the sessions of node `node`.
     pub fn session_write(&self, node: &str) -> bool {
         self.decide(self.sessions.get(node), Access::Write)
+    }
+
+    /// `event:read` on events named `name`.
+    pub fn event_read(&self, name: &str) -> bool {
+        self.decide(self.events.get(name), Access::Read)
+    }
+
+    /// `event:write` (firing) on events named `name`.
+    pub fn event_write(&self, name: &str) -> bool {
+        self.decide(self.events.get(name), Access::Write)
     }
 
     /// `operator:read`.

@@ -106,9 +106,9 @@ pub enum Resource {
     Session,
     /// Sessions by node-name prefix.
     SessionPrefix,
-    /// An event (kept, grants nothing).
+    /// User events, by exact name.
     Event,
-    /// Events by prefix (kept, grants nothing).
+    /// User events by name prefix.
     EventPrefix,
     /// A prepared query (kept, grants nothing).
     Query,

@@ -49,6 +49,8 @@ pub enum IndexKey {
     KvKey(String),
     /// Sessions.
     Sessions,
+    /// User events.
+    Events,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

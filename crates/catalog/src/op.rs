@@ -178,4 +178,7 @@ pub enum Op {
     },
     /// A transaction: every operation applies, in order, or none does.
     Txn(Vec<structs::txn::TxnOp>),
+    /// Fire a user event (id, name, payload and filters filled; its `LTime` is given when
+    /// planned). The oldest kept event goes when [`structs::event::KEPT`] are kept.
+    EventFire(Box<structs::event::UserEvent>),
 }

@@ -18,6 +18,24 @@ use structs::{
     Validate, ValidationError,
 };
 
+/// A user event kept after the ones before it; the oldest goes past the number kept.
+fn plan_event(state: &State, event: &structs::event::UserEvent) -> Result<Plan, WriteError> {
+    event.validate()?;
+    let mut event = event.clone();
+    event.ltime = state.events().last().map_or(1, |e| e.ltime + 1);
+    let mut changes = vec![Change::PutEvent(event)];
+    let kept = state.events().count();
+    if kept >= structs::event::KEPT {
+        changes.extend(
+            state
+                .events()
+                .take(kept + 1 - structs::event::KEPT)
+                .map(|e| Change::DeleteEvent(e.ltime)),
+        );
+    }
+    Ok(Plan::write(changes))
+}
+
 fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
     if dc.is_empty() || dc == ours {
         Ok(())
@@ -93,6 +111,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
         Op::SessionRenew { id, now_ms } => session_ops::plan_renew(state, id, *now_ms),
         Op::SessionDestroy { id, now_ms } => Ok(session_ops::plan_destroy(state, id, *now_ms)),
         Op::SessionsInvalidate { now_ms } => Ok(session_ops::plan_invalidate(state, *now_ms)),
+        Op::EventFire(event) => plan_event(state, event),
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

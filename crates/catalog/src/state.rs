@@ -9,6 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
+use structs::event::UserEvent;
 use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
@@ -79,6 +80,10 @@ pub enum Change {
     },
     /// A lock delay is over.
     DeleteLockDelay(String),
+    /// Keep a fired user event (by its `LTime`).
+    PutEvent(UserEvent),
+    /// Drop a kept user event (by its `LTime`).
+    DeleteEvent(u64),
 }
 
 type NodeKey = (String, String);
@@ -103,6 +108,8 @@ pub struct State {
     /// Keys that may not be locked again before a time (ms since the epoch), after the
     /// session holding them ended.
     lock_delays: OrdMap<String, u64>,
+    /// The most recent user events, by `LTime`.
+    events: OrdMap<u64, Arc<UserEvent>>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -385,6 +392,15 @@ impl State {
             | Change::DeleteSession(_)
             | Change::PutLockDelay { .. }
             | Change::DeleteLockDelay(_) => self.apply_kv(index, change, bumped),
+            Change::PutEvent(event) => {
+                self.events.insert(event.ltime, Arc::new(event.clone()));
+                bumped.insert(IndexKey::Events);
+            }
+            Change::DeleteEvent(ltime) => {
+                if self.events.remove(ltime).is_some() {
+                    bumped.insert(IndexKey::Events);
+                }
+            }
         }
     }
 
@@ -562,6 +578,11 @@ impl State {
     /// Every lock delay.
     pub fn lock_delays(&self) -> impl Iterator<Item = (&String, &u64)> {
         self.lock_delays.iter()
+    }
+
+    /// The kept user events, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &Arc<UserEvent>> {
+        self.events.values()
     }
 
     /// How many tombstones the KV store keeps.
@@ -759,6 +780,7 @@ impl State {
             kv_floor: self.kv.floor,
             sessions: self.sessions.values().map(|s| (**s).clone()).collect(),
             lock_delays: self.lock_delays.iter().map(|(k, u)| (k.clone(), *u)).collect(),
+            events: self.events.values().map(|e| (**e).clone()).collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -809,6 +831,9 @@ impl State {
             s.sessions.insert(session.id.clone(), Arc::new(session));
         }
         s.lock_delays = p.lock_delays.into_iter().collect();
+        for e in p.events {
+            s.events.insert(e.ltime, Arc::new(e));
+        }
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -849,5 +874,7 @@ pub(crate) struct PersistedState {
     pub(crate) sessions: Vec<Session>,
     #[serde(default)]
     pub(crate) lock_delays: Vec<(String, u64)>,
+    #[serde(default)]
+    pub(crate) events: Vec<UserEvent>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

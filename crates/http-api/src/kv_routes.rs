@@ -160,7 +160,7 @@ pub(crate) async fn put(
     if key.is_empty() {
         return Err(KvError::MissingKey.into());
     }
-    conflicting(&params, q.as_deref(), &["cas", "acquire", "release"])?;
+    conflicting(&params, &["cas", "acquire", "release"])?;
     if body.len() > structs::kv::MAX_VALUE {
         return Err(KvError::TooLarge.into());
     }
@@ -206,7 +206,7 @@ pub(crate) async fn delete(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = api.write_params(q.as_deref())?;
-    conflicting(&params, q.as_deref(), &["recurse", "cas"])?;
+    conflicting(&params, &["recurse", "cas"])?;
     let op = if params.has("recurse") {
         authz.need(|a| a.key_write_prefix(&key), "key:write", &key)?;
         Op::KvDeleteTree { prefix: key }
@@ -224,12 +224,14 @@ pub(crate) async fn delete(
     Ok(query::json(&outcome.applied, None, params.pretty()))
 }
 
-/// Refuses a request that combines parameters that do not compose, as Consul.
-fn conflicting(params: &Params, raw: Option<&str>, flags: &[&str]) -> Result<(), ApiError> {
-    if flags.iter().filter(|f| params.has(f)).count() > 1 {
+/// Refuses a request that combines parameters that do not compose, as Consul (naming the
+/// parameters, not echoing the query: it may carry a token).
+fn conflicting(params: &Params, flags: &[&str]) -> Result<(), ApiError> {
+    let given: Vec<&str> = flags.iter().copied().filter(|f| params.has(f)).collect();
+    if given.len() > 1 {
         return Err(ApiError::BadRequest(format!(
             "Conflicting flags: {} (use one of {})",
-            raw.unwrap_or_default(),
+            given.join(", "),
             flags.join(", ")
         )));
     }

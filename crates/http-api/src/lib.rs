@@ -17,11 +17,13 @@ mod config_routes;
 mod connect;
 mod discovery_chain;
 mod error;
+mod event_routes;
 mod gateway_routes;
 mod health;
 mod intentions_by_id;
 mod kv_routes;
 mod metrics;
+mod operator_routes;
 pub mod query;
 mod response_cache;
 mod session_routes;
@@ -86,18 +88,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         "/v1/discovery-chain/{service}",
         get(discovery_chain::get).post(discovery_chain::post),
     );
-    r.add("/v1/kv/", get(kv_routes::get_root).delete(kv_routes::delete_root));
-    r.add(
-        "/v1/kv/{*key}",
-        get(kv_routes::get).put(kv_routes::put).delete(kv_routes::delete),
-    );
-    r.add("/v1/session/create", put(session_routes::create));
-    r.add("/v1/session/destroy/{id}", put(session_routes::destroy));
-    r.add("/v1/session/renew/{id}", put(session_routes::renew));
-    r.add("/v1/session/info/{id}", get(session_routes::info));
-    r.add("/v1/session/node/{node}", get(session_routes::node));
-    r.add("/v1/session/list", get(session_routes::list));
-    r.add("/v1/txn", put(txn_routes::txn));
+    add_store_routes(&mut r);
     r.add("/v1/connect/ca/roots", get(connect::roots));
     r.add("/v1/agent/connect/ca/roots", get(connect::roots));
     r.add(
@@ -143,6 +134,36 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .layer(middleware::from_fn_with_state(api.clone(), api::front))
         .with_state(api);
     (router, paths)
+}
+
+/// The KV store, sessions, transactions, events, operator views and coordinates.
+fn add_store_routes(r: &mut Routes) {
+    r.add("/v1/kv/", get(kv_routes::get_root).delete(kv_routes::delete_root));
+    r.add(
+        "/v1/kv/{*key}",
+        get(kv_routes::get).put(kv_routes::put).delete(kv_routes::delete),
+    );
+    r.add("/v1/session/create", put(session_routes::create));
+    r.add("/v1/session/destroy/{id}", put(session_routes::destroy));
+    r.add("/v1/session/renew/{id}", put(session_routes::renew));
+    r.add("/v1/session/info/{id}", get(session_routes::info));
+    r.add("/v1/session/node/{node}", get(session_routes::node));
+    r.add("/v1/session/list", get(session_routes::list));
+    r.add("/v1/txn", put(txn_routes::txn));
+    r.add("/v1/event/fire/{name}", put(event_routes::fire));
+    r.add("/v1/event/list", get(event_routes::list));
+    r.add(
+        "/v1/operator/raft/configuration",
+        get(operator_routes::raft_configuration),
+    );
+    r.add("/v1/operator/autopilot/health", get(operator_routes::autopilot_health));
+    r.add("/v1/operator/usage", get(operator_routes::usage));
+    r.add(
+        "/v1/coordinate/datacenters",
+        get(operator_routes::coordinate_datacenters),
+    );
+    r.add("/v1/coordinate/nodes", get(operator_routes::coordinate_nodes));
+    r.add("/v1/coordinate/update", put(operator_routes::coordinate_update));
 }
 
 async fn method_not_allowed(req: Request) -> Response {

@@ -105,6 +105,8 @@ async fn mesh() -> Mesh {
         call(&app, "PUT", "/v1/catalog/register", m, sidecar).await.status,
         StatusCode::OK
     );
+    let fired = call(&app, "PUT", "/v1/event/fire/deploy", m, json!("v")).await;
+    assert_eq!(fired.status, StatusCode::OK, "{}", fired.body);
     for key in ["app/config", "app/secret/db"] {
         let put = call(&app, "PUT", &format!("/v1/kv/{key}"), m, json!("v")).await;
         assert_eq!(put.status, StatusCode::OK, "{}", put.body);
@@ -219,6 +221,8 @@ const KV_READ: &str = "key_prefix \"app/\" { policy = \"read\" }";
 const KV_WRITE: &str = "key_prefix \"app/\" { policy = \"write\" }";
 const SESSION_READ: &str = "session \"n1\" { policy = \"read\" }";
 const SESSION_WRITE: &str = "session \"n1\" { policy = \"write\" }";
+const EVENT_READ: &str = "event \"deploy\" { policy = \"read\" }";
+const EVENT_WRITE: &str = "event_prefix \"dep\" { policy = \"write\" }";
 const KV_ALL: &str = "key_prefix \"\" { policy = \"write\" }";
 const GATEWAY_READ: &str =
     "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
@@ -476,6 +480,62 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             json!([{"KV": {"Verb": "set", "Key": "app/t", "Value": "dg=="}}]),
             KV_WRITE,
             Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/event/fire/{name}",
+            "/v1/event/fire/deploy",
+            json!("p"),
+            EVENT_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/event/list",
+            "/v1/event/list",
+            n.clone(),
+            EVENT_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/operator/raft/configuration",
+            "/v1/operator/raft/configuration",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/operator/autopilot/health",
+            "/v1/operator/autopilot/health",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/operator/usage",
+            "/v1/operator/usage",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/coordinate/datacenters",
+            "/v1/coordinate/datacenters",
+            n.clone(),
+            "",
+            Open,
+        ),
+        row(
+            "GET",
+            "/v1/coordinate/nodes",
+            "/v1/coordinate/nodes",
+            n.clone(),
+            "",
+            Open,
         ),
         row("GET", "/v1/kv/", "/v1/kv/?keys", n.clone(), KV_READ, Filtered),
         row("GET", "/v1/kv/{*key}", "/v1/kv/app/config", n.clone(), KV_READ, Denied),
@@ -776,6 +836,10 @@ const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
     ("GET", "/v1/internal/acl/authorizer"),
 ];
 
+/// Routes that refuse every request alike (what they would do meshd does not do), whatever
+/// the token: checked to answer 400.
+const ALWAYS_REFUSED: [(&str, &str); 1] = [("PUT", "/v1/coordinate/update")];
+
 /// The objects the ACL rows act on: a spare policy, role and token.
 async fn spares(mesh: &Mesh) -> Spares {
     let m = Some(mesh.management.as_str());
@@ -918,6 +982,11 @@ async fn every_route_has_a_row() {
     }
     for (m, route) in OWN_TOKEN_ROUTES {
         covered.insert((m, route), ());
+    }
+    for (m, route) in ALWAYS_REFUSED {
+        covered.insert((m, route), ());
+        let reply = call(&mesh.app, m, route, Some(mesh.management.as_str()), Value::Null).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{m} {route}: {}", reply.body);
     }
     for route in &mesh.paths {
         // A concrete path for the route: from a row if one exists, else the template itself

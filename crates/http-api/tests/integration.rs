@@ -6,5 +6,7 @@
 mod acl;
 mod api;
 mod etcd_lag;
+mod events;
 mod gateways;
 mod kv;
+mod operator;

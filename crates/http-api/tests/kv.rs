@@ -165,11 +165,7 @@ async fn bad_requests_name_the_problem() {
     let app = app().await;
     let r = call(&app, "PUT", "/v1/kv/a?cas=1&acquire=s", "v").await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(
-        r.text().starts_with("Conflicting flags: cas=1&acquire=s"),
-        "{}",
-        r.text()
-    );
+    assert!(r.text().starts_with("Conflicting flags: cas, acquire"), "{}", r.text());
     let r = call(&app, "DELETE", "/v1/kv/a?recurse&cas=1", Body::empty()).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = call(&app, "PUT", "/v1/kv/a?acquire=s", "v").await;

@@ -34,7 +34,7 @@ pub struct KvEntry {
     pub modify_index: Index,
 }
 
-fn value_out<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn value_out<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error> {
     if value.is_empty() {
         s.serialize_none()
     } else {

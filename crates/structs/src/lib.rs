@@ -12,6 +12,7 @@ pub mod config_entry;
 pub mod connect;
 pub mod discovery_chain;
 pub mod duration;
+pub mod event;
 pub mod filter;
 pub mod health;
 pub mod index;

@@ -55,6 +55,43 @@ pub(super) async fn session_create(State(agent): State<Agent>, req: Request) -> 
     send(&agent, out).await
 }
 
+/// `GET /v1/event/list` through an agent: the events the servers keep that are for this
+/// agent (its node, and its services and their tags, against each event's filters), as a
+/// Consul agent lists the events gossip brought it.
+pub(super) async fn event_list(State(agent): State<Agent>, req: Request) -> Response {
+    let out = match Outgoing::read(req, MAX_BODY).await {
+        Ok(out) => out,
+        Err(too_large) => return too_large,
+    };
+    let resp = send(&agent, out).await;
+    if resp.status() != StatusCode::OK {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
+        return text(StatusCode::BAD_GATEWAY, "the server's event list was cut off\n".into());
+    };
+    let Ok(events) = serde_json::from_slice::<Vec<structs::event::UserEvent>>(&body) else {
+        return text(
+            StatusCode::BAD_GATEWAY,
+            "the server's event list is not a list of events\n".into(),
+        );
+    };
+    let services = agent.state().services();
+    let local: Vec<(&str, &[String])> = services
+        .values()
+        .map(|s| (s.service.service.as_str(), s.service.tags.as_slice()))
+        .collect();
+    let node = &agent.config().node;
+    let mine: Vec<&structs::event::UserEvent> = events
+        .iter()
+        .filter(|e| e.is_for(node, local.iter().copied()))
+        .collect();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let body = serde_json::to_vec(&mine).unwrap_or_default();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
 async fn send(agent: &Agent, out: Outgoing) -> Response {
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.

@@ -16,6 +16,7 @@
 //! | `catalog/kv/<key>`                | a KV key                      |
 //! | `catalog/session/<id>`            | a session                     |
 //! | `catalog/lockdelay/<key>`         | a key's lock delay (ms)       |
+//! | `catalog/event/<ltime>`           | a user event                  |
 //! | `catalog/_rev`                    | the write guard (see below)   |
 //!
 //! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
@@ -86,6 +87,8 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteSession(id) => (format!("session/{}", escape(id)), None),
         Change::PutLockDelay { key, until_ms } => (format!("lockdelay/{}", escape(key)), json(until_ms)?),
         Change::DeleteLockDelay(key) => (format!("lockdelay/{}", escape(key)), None),
+        Change::PutEvent(e) => (format!("event/{}", e.ltime), json(e)?),
+        Change::DeleteEvent(ltime) => (format!("event/{ltime}"), None),
     })
 }
 
@@ -103,6 +106,7 @@ enum Row {
     Kv(String),
     Session(String),
     LockDelay(String),
+    Event(u64),
     Guard,
 }
 
@@ -129,6 +133,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["kv", k] => Row::Kv(unescape(k)),
         ["session", id] => Row::Session(unescape(id)),
         ["lockdelay", k] => Row::LockDelay(unescape(k)),
+        ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
     })
 }
@@ -157,6 +162,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Kv(k) => Change::DeleteKv(k),
             Row::Session(id) => Change::DeleteSession(id),
             Row::LockDelay(k) => Change::DeleteLockDelay(k),
+            Row::Event(ltime) => Change::DeleteEvent(ltime),
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -181,6 +187,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Bootstrapped => Change::AclBootstrapped,
         Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
         Row::Session(_) => Change::PutSession(parse_value(key, value)?),
+        Row::Event(_) => Change::PutEvent(parse_value(key, value)?),
         Row::LockDelay(k) => Change::PutLockDelay {
             key: k,
             until_ms: parse_value(key, value)?,
@@ -217,6 +224,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         kv_floor: revision,
         sessions: Vec::new(),
         lock_delays: Vec::new(),
+        events: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -265,6 +273,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
                 p.sessions.push(session);
             }
             Some(Change::PutLockDelay { key, until_ms }) => p.lock_delays.push((key, until_ms)),
+            Some(Change::PutEvent(e)) => p.events.push(e),
             Some(_) => unreachable!("decode of a put yields a put"),
         }
     }
@@ -281,6 +290,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Acl,
         IndexKey::Kvs,
         IndexKey::Sessions,
+        IndexKey::Events,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
@@ -351,6 +361,13 @@ mod tests {
                 until_ms: 42,
             },
             Change::DeleteLockDelay("app/lock".into()),
+            Change::PutEvent(structs::event::UserEvent {
+                id: "e1".into(),
+                name: "deploy".into(),
+                ltime: 7,
+                ..Default::default()
+            }),
+            Change::DeleteEvent(7),
         ];
         for change in changes {
             let (key, value) = encode(&change).unwrap();

@@ -1,0 +1,162 @@
+//! Operator views (`/v1/operator/*`) and network coordinates (`/v1/coordinate/*`) in
+//! Consul's shapes. meshd has no Raft of its own: over etcd the servers are those
+//! registered in etcd under live leases (etcd keeps the data and its quorum); alone, the
+//! one server. It has no gossip either, so no network coordinates: the coordinate reads
+//! answer empty, and an update is refused rather than dropped.
+
+use crate::api::Api;
+use crate::authz::Authz;
+use crate::error::ApiError;
+use crate::query::{self, Params};
+use axum::extract::{RawQuery, State};
+use axum::response::Response;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use structs::ServiceKind;
+
+/// Every server: (name, address, whether it leads).
+fn servers(api: &Api) -> Vec<(String, String, bool)> {
+    match api.store.cluster() {
+        Some(cluster) => {
+            let status = cluster.status();
+            let leader = status.leader.map(|l| l.name);
+            status
+                .servers
+                .into_iter()
+                .map(|s| {
+                    let leads = leader.as_deref() == Some(s.name.as_str());
+                    (s.name, s.address, leads)
+                })
+                .collect()
+        }
+        None => vec![(api.config.node_name.clone(), api.config.server_addr.clone(), true)],
+    }
+}
+
+/// `GET /v1/operator/raft/configuration` (`operator:read`): the servers, in Raft's shape.
+pub(crate) async fn raft_configuration(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let index = api.store.read().index;
+    let servers: Vec<Value> = servers(&api)
+        .into_iter()
+        .map(|(name, address, leader)| {
+            json!({"ID": name, "Node": name, "Address": address, "Leader": leader, "Voter": true,
+                   "ProtocolVersion": "3", "LastIndex": index})
+        })
+        .collect();
+    Ok(query::json(
+        &json!({"Servers": servers, "Index": index}),
+        Some(index),
+        params.pretty(),
+    ))
+}
+
+/// `GET /v1/operator/autopilot/health` (`operator:read`): every registered server is alive
+/// (its etcd lease holds); any one of them can serve, so the cluster tolerates the loss of
+/// all others (etcd's own quorum is etcd's to report).
+pub(crate) async fn autopilot_health(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let index = api.store.read().index;
+    let servers = servers(&api);
+    let tolerance = servers.len().saturating_sub(1);
+    let servers: Vec<Value> = servers
+        .into_iter()
+        .map(|(name, address, leader)| {
+            json!({"ID": name, "Name": name, "Address": address, "SerfStatus": "alive",
+                   "Version": env!("CARGO_PKG_VERSION"), "Leader": leader, "LastContact": "0s",
+                   "LastTerm": 0, "LastIndex": index, "Healthy": true, "Voter": true})
+        })
+        .collect();
+    let body = json!({"Healthy": true, "FailureTolerance": tolerance, "Servers": servers});
+    Ok(query::json(&body, None, params.pretty()))
+}
+
+/// `GET /v1/operator/usage` (`operator:read`): counts of services, instances and nodes.
+pub(crate) async fn usage(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let state = api.store.read();
+    let (mut names, mut instances, mut billable) = (BTreeSet::new(), 0u64, 0u64);
+    let mut connect: BTreeMap<&str, u64> = [
+        "api-gateway",
+        "connect-native",
+        "connect-proxy",
+        "ingress-gateway",
+        "mesh-gateway",
+        "terminating-gateway",
+    ]
+    .into_iter()
+    .map(|k| (k, 0))
+    .collect();
+    let mut nodes = 0u64;
+    for node in state.nodes() {
+        nodes += 1;
+        for svc in state.node_services(&node.node) {
+            names.insert(svc.service.clone());
+            instances += 1;
+            let kind = match svc.kind {
+                ServiceKind::Typical if svc.connect.native => Some("connect-native"),
+                ServiceKind::Typical => None,
+                ServiceKind::ConnectProxy => Some("connect-proxy"),
+                ServiceKind::MeshGateway => Some("mesh-gateway"),
+                ServiceKind::TerminatingGateway => Some("terminating-gateway"),
+                ServiceKind::IngressGateway => Some("ingress-gateway"),
+                ServiceKind::ApiGateway => Some("api-gateway"),
+            };
+            if let Some(kind) = kind {
+                *connect.entry(kind).or_default() += 1;
+            }
+            if matches!(svc.kind, ServiceKind::Typical) {
+                billable += 1;
+            }
+        }
+    }
+    let dc = api.store.datacenter().to_owned();
+    let body = json!({
+        "Usage": {dc: {"Services": names.len(), "ServiceInstances": instances,
+                        "ConnectServiceInstances": connect, "BillableServiceInstances": billable,
+                        "Nodes": nodes}},
+        "Index": state.index,
+    });
+    Ok(query::json(&body, Some(state.index), params.pretty()))
+}
+
+/// `GET /v1/coordinate/datacenters`: this datacenter, with no server coordinates.
+pub(crate) async fn coordinate_datacenters(
+    State(api): State<Api>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    let body = json!([{"Datacenter": api.store.datacenter(), "AreaID": "WAN", "Coordinates": []}]);
+    Ok(query::json(&body, None, params.pretty()))
+}
+
+/// `GET /v1/coordinate/nodes`: no node has coordinates.
+pub(crate) async fn coordinate_nodes(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    let index = api.store.read().index;
+    Ok(query::json(&json!([]), Some(index), params.pretty()))
+}
+
+/// `PUT /v1/coordinate/update`: refused, naming why (a coordinate meshd would not keep).
+pub(crate) async fn coordinate_update() -> ApiError {
+    ApiError::BadRequest(
+        "network coordinates are not kept: meshd has no gossip layer to measure them, so /v1/coordinate reads answer empty"
+            .into(),
+    )
+}
