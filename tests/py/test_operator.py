@@ -4,13 +4,19 @@ and each of three sharing etcd)."""
 import pytest
 from consul.exceptions import ConsulException
 
+from test_agent import eventually
+
 
 def test_raft_configuration_lists_the_servers_and_one_leader(client, request):
-    config = client.operator.raft_config()
-    servers = config["Servers"]
     expected = 1 if "dev" in request.node.name else 3
-    assert len(servers) == expected, servers
-    assert sum(1 for s in servers if s["Leader"]) == 1
+
+    def settled():
+        # Servers started together register (and elect) within moments of each other.
+        servers = client.operator.raft_config()["Servers"]
+        leaders = sum(1 for s in servers if s["Leader"])
+        return servers if len(servers) == expected and leaders == 1 else None
+
+    servers = eventually(settled, timeout=30, what=f"{expected} servers and one leader")
     assert all(s["Voter"] and s["Address"] for s in servers)
 
 
@@ -34,3 +40,22 @@ def test_coordinates_answer_empty_and_an_update_is_refused(client):
     with pytest.raises(ConsulException) as refused:
         client.coordinate.update("n1", {"Vec": [0.0] * 8, "Error": 1.5, "Adjustment": 0.0, "Height": 1e-5})
     assert "no gossip" in str(refused.value)
+
+
+def test_prepared_queries_through_py_consul(client):
+    for node, tags, status in [("n1", ["v1"], "passing"), ("n2", ["v2"], "passing"), ("n3", ["v2"], "critical")]:
+        client.catalog.register(node, "10.0.0.1", service={"Service": "api", "ID": f"api-{node}", "Tags": tags},
+                                check={"CheckID": f"{node}-alive", "Name": "alive", "ServiceID": f"api-{node}",
+                                       "Status": status})
+    created = client.query.create("api", name="api-v2", tags=["v2"])
+    query_id = created["ID"]
+    result = client.query.execute("api-v2")
+    assert [n["Node"]["Node"] for n in result["Nodes"]] == ["n2"], "critical instances are never answered"
+    assert client.query.execute(query_id)["Service"] == "api"
+    assert client.query.get(query_id)[0]["Name"] == "api-v2"
+    assert [q["ID"] for q in client.query.list()] == [query_id]
+    assert client.query.update(query_id, "api", name="api-v2", tags=["v1"]) is True
+    assert [n["Node"]["Node"] for n in client.query.execute("api-v2")["Nodes"]] == ["n1"]
+    assert client.query.explain("api-v2")["Query"]["Service"]["Tags"] == ["v1"]
+    assert client.query.delete(query_id) is True
+    assert client.query.list() == []

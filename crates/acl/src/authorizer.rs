@@ -94,6 +94,7 @@ pub struct Authorizer {
     keys: Table<Access>,
     sessions: Table<Access>,
     events: Table<Access>,
+    queries: Table<Access>,
 }
 
 fn merge_opt(slot: &mut Option<Access>, value: Option<Access>) {
@@ -138,8 +139,9 @@ impl Authorizer {
                     Resource::Event | Resource::EventPrefix => {
                         a.events.add(prefix, &rule.name, rule.policy, Access::merge)
                     }
-                    // No API in meshd reads these.
-                    _ => {}
+                    Resource::Query | Resource::QueryPrefix => {
+                        a.queries.add(prefix, &rule.name, rule.policy, Access::merge)
+                    }
                 }
             }
         }
@@ -149,6 +151,7 @@ impl Authorizer {
         a.keys.finish();
         a.sessions.finish();
         a.events.finish();
+        a.queries.finish();
         a
     }
 
@@ -256,6 +259,16 @@ impl Authorizer {
     /// `event:write` (firing) on events named `name`.
     pub fn event_write(&self, name: &str) -> bool {
         self.decide(self.events.get(name), Access::Write)
+    }
+
+    /// `query:read` on prepared queries named `name`.
+    pub fn query_read(&self, name: &str) -> bool {
+        self.decide(self.queries.get(name), Access::Read)
+    }
+
+    /// `query:write` on prepared queries named `name`.
+    pub fn query_write(&self, name: &str) -> bool {
+        self.decide(self.queries.get(name), Access::Write)
     }
 
     /// `operator:read`.

@@ -110,9 +110,9 @@ pub enum Resource {
     Event,
     /// User events by name prefix.
     EventPrefix,
-    /// A prepared query (kept, grants nothing).
+    /// Prepared queries, by exact name.
     Query,
-    /// Prepared queries by prefix (kept, grants nothing).
+    /// Prepared queries by name prefix.
     QueryPrefix,
 }
 

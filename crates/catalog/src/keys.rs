@@ -51,6 +51,8 @@ pub enum IndexKey {
     Sessions,
     /// User events.
     Events,
+    /// Prepared queries.
+    Queries,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

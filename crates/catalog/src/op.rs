@@ -181,4 +181,17 @@ pub enum Op {
     /// Fire a user event (id, name, payload and filters filled; its `LTime` is given when
     /// planned). The oldest kept event goes when [`structs::event::KEPT`] are kept.
     EventFire(Box<structs::event::UserEvent>),
+    /// Create (`create`: refused if the id exists) or update a prepared query. Its name must
+    /// be unique, among templates too.
+    QuerySet {
+        /// The query, id filled.
+        query: Box<structs::query::PreparedQuery>,
+        /// Create rather than update (an update of a missing query is a 404).
+        create: bool,
+    },
+    /// Delete a prepared query.
+    QueryDelete {
+        /// Its id.
+        id: String,
+    },
 }

@@ -18,6 +18,35 @@ use structs::{
     Validate, ValidationError,
 };
 
+/// A prepared query created or updated; names are unique (a template's name is its prefix).
+fn plan_query_set(state: &State, query: &structs::query::PreparedQuery, create: bool) -> Result<Plan, WriteError> {
+    query.validate()?;
+    let exists = state.query(&query.id).is_some();
+    if create && exists {
+        return Err(ValidationError::new("ID", Problem::Invalid(format!("query {:?} exists", query.id))).into());
+    }
+    if !query.session.is_empty() && state.session(&query.session).is_none() {
+        return Err(ValidationError::new(
+            "Session",
+            Problem::Invalid(format!("invalid session {:?}", query.session)),
+        )
+        .into());
+    }
+    if !create && !exists {
+        return Err(WriteError::NotFound(format!("Query not found: {:?}", query.id)));
+    }
+    if !query.name.is_empty()
+        && let Some(other) = state.queries().find(|q| q.name == query.name && q.id != query.id)
+    {
+        return Err(ValidationError::new(
+            "Name",
+            Problem::Invalid(format!("name {:?} is used by query {:?}", query.name, other.id)),
+        )
+        .into());
+    }
+    Ok(Plan::write(vec![Change::PutQuery(query.clone())]))
+}
+
 /// A user event kept after the ones before it; the oldest goes past the number kept.
 fn plan_event(state: &State, event: &structs::event::UserEvent) -> Result<Plan, WriteError> {
     event.validate()?;
@@ -112,6 +141,14 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
         Op::SessionDestroy { id, now_ms } => Ok(session_ops::plan_destroy(state, id, *now_ms)),
         Op::SessionsInvalidate { now_ms } => Ok(session_ops::plan_invalidate(state, *now_ms)),
         Op::EventFire(event) => plan_event(state, event),
+        Op::QuerySet { query, create } => plan_query_set(state, query, *create),
+        Op::QueryDelete { id } => Ok(Plan::write(
+            state
+                .query(id)
+                .map(|_| Change::DeleteQuery(id.clone()))
+                .into_iter()
+                .collect(),
+        )),
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

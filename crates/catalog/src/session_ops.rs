@@ -70,6 +70,13 @@ pub(crate) fn plan_destroy(state: &State, id: &str, now_ms: u64) -> Plan {
 
 fn end(state: &State, session: &Arc<Session>, now_ms: u64, changes: &mut Vec<Change>) {
     changes.push(Change::DeleteSession(session.id.clone()));
+    // Prepared queries bound to the session go with it, as Consul.
+    changes.extend(
+        state
+            .queries()
+            .filter(|q| q.session == session.id)
+            .map(|q| Change::DeleteQuery(q.id.clone())),
+    );
     let delay_ms = u64::try_from(session.lock_delay.0.as_millis()).unwrap_or(u64::MAX);
     for entry in state.kv_held_by(&session.id) {
         match session.behavior {

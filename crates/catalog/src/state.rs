@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
 use structs::event::UserEvent;
+use structs::query::PreparedQuery;
 use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
@@ -84,6 +85,10 @@ pub enum Change {
     PutEvent(UserEvent),
     /// Drop a kept user event (by its `LTime`).
     DeleteEvent(u64),
+    /// Create or replace a prepared query (by id; indexes stamped when applied).
+    PutQuery(PreparedQuery),
+    /// Remove a prepared query.
+    DeleteQuery(String),
 }
 
 type NodeKey = (String, String);
@@ -110,6 +115,8 @@ pub struct State {
     lock_delays: OrdMap<String, u64>,
     /// The most recent user events, by `LTime`.
     events: OrdMap<u64, Arc<UserEvent>>,
+    /// Prepared queries, by id.
+    queries: OrdMap<String, Arc<PreparedQuery>>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -396,6 +403,18 @@ impl State {
                 self.events.insert(event.ltime, Arc::new(event.clone()));
                 bumped.insert(IndexKey::Events);
             }
+            Change::PutQuery(query) => {
+                let mut query = query.clone();
+                query.create_index = self.queries.get(&query.id).map_or(index, |q| q.create_index);
+                query.modify_index = index;
+                self.queries.insert(query.id.clone(), Arc::new(query));
+                bumped.insert(IndexKey::Queries);
+            }
+            Change::DeleteQuery(id) => {
+                if self.queries.remove(id).is_some() {
+                    bumped.insert(IndexKey::Queries);
+                }
+            }
             Change::DeleteEvent(ltime) => {
                 if self.events.remove(ltime).is_some() {
                     bumped.insert(IndexKey::Events);
@@ -578,6 +597,16 @@ impl State {
     /// Every lock delay.
     pub fn lock_delays(&self) -> impl Iterator<Item = (&String, &u64)> {
         self.lock_delays.iter()
+    }
+
+    /// One prepared query.
+    pub fn query(&self, id: &str) -> Option<Arc<PreparedQuery>> {
+        self.queries.get(id).cloned()
+    }
+
+    /// Every prepared query, by id.
+    pub fn queries(&self) -> impl Iterator<Item = &Arc<PreparedQuery>> {
+        self.queries.values()
     }
 
     /// The kept user events, oldest first.
@@ -781,6 +810,7 @@ impl State {
             sessions: self.sessions.values().map(|s| (**s).clone()).collect(),
             lock_delays: self.lock_delays.iter().map(|(k, u)| (k.clone(), *u)).collect(),
             events: self.events.values().map(|e| (**e).clone()).collect(),
+            queries: self.queries.values().map(|q| (**q).clone()).collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -834,6 +864,9 @@ impl State {
         for e in p.events {
             s.events.insert(e.ltime, Arc::new(e));
         }
+        for q in p.queries {
+            s.queries.insert(q.id.clone(), Arc::new(q));
+        }
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -876,5 +909,7 @@ pub(crate) struct PersistedState {
     pub(crate) lock_delays: Vec<(String, u64)>,
     #[serde(default)]
     pub(crate) events: Vec<UserEvent>,
+    #[serde(default)]
+    pub(crate) queries: Vec<PreparedQuery>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -25,6 +25,7 @@ mod kv_routes;
 mod metrics;
 mod operator_routes;
 pub mod query;
+mod query_routes;
 mod response_cache;
 mod session_routes;
 mod txn_routes;
@@ -164,6 +165,15 @@ fn add_store_routes(r: &mut Routes) {
     );
     r.add("/v1/coordinate/nodes", get(operator_routes::coordinate_nodes));
     r.add("/v1/coordinate/update", put(operator_routes::coordinate_update));
+    r.add("/v1/query", get(query_routes::list).post(query_routes::create));
+    r.add(
+        "/v1/query/{id}",
+        get(query_routes::get)
+            .put(query_routes::update)
+            .delete(query_routes::delete),
+    );
+    r.add("/v1/query/{id}/execute", get(query_routes::execute));
+    r.add("/v1/query/{id}/explain", get(query_routes::explain));
 }
 
 async fn method_not_allowed(req: Request) -> Response {

@@ -223,6 +223,8 @@ const SESSION_READ: &str = "session \"n1\" { policy = \"read\" }";
 const SESSION_WRITE: &str = "session \"n1\" { policy = \"write\" }";
 const EVENT_READ: &str = "event \"deploy\" { policy = \"read\" }";
 const EVENT_WRITE: &str = "event_prefix \"dep\" { policy = \"write\" }";
+const QUERY_READ: &str = "query_prefix \"web-\" { policy = \"read\" }";
+const QUERY_WRITE: &str = "query_prefix \"web-\" { policy = \"write\" }";
 const KV_ALL: &str = "key_prefix \"\" { policy = \"write\" }";
 const GATEWAY_READ: &str =
     "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
@@ -252,6 +254,7 @@ struct Spares {
     token: String,
     intention: String,
     session: String,
+    query: String,
 }
 
 fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
@@ -536,6 +539,57 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             n.clone(),
             "",
             Open,
+        ),
+        row(
+            "POST",
+            "/v1/query",
+            "/v1/query",
+            json!({"Name": "web-q2", "Service": {"Service": "web"}}),
+            QUERY_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/query", "/v1/query", n.clone(), QUERY_READ, Filtered),
+        row(
+            "GET",
+            "/v1/query/{id}",
+            &format!("/v1/query/{}", spares.query),
+            n.clone(),
+            QUERY_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/query/{id}",
+            &format!("/v1/query/{}", spares.query),
+            json!({"Name": "web-q", "Service": {"Service": "web", "OnlyPassing": true}}),
+            QUERY_WRITE,
+            Denied,
+        ),
+        row(
+            "DELETE",
+            "/v1/query/{id}",
+            &format!("/v1/query/{}", spares.query),
+            n.clone(),
+            QUERY_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/query/{id}/execute",
+            &format!("/v1/query/{}/execute", spares.query),
+            n.clone(),
+            // Anyone may run a query; its instances are filtered (an object, not a list:
+            // `prepared_query_results_are_filtered_by_the_callers_rights` checks them).
+            "",
+            Open,
+        ),
+        row(
+            "GET",
+            "/v1/query/{id}/explain",
+            &format!("/v1/query/{}/explain", spares.query),
+            n.clone(),
+            QUERY_READ,
+            Denied,
         ),
         row("GET", "/v1/kv/", "/v1/kv/?keys", n.clone(), KV_READ, Filtered),
         row("GET", "/v1/kv/{*key}", "/v1/kv/app/config", n.clone(), KV_READ, Denied),
@@ -870,7 +924,17 @@ async fn spares(mesh: &Mesh) -> Spares {
     )
     .await;
     assert_eq!(session.status, StatusCode::OK, "{}", session.body);
+    let query = call(
+        &mesh.app,
+        "POST",
+        "/v1/query",
+        m,
+        json!({"Name": "web-q", "Service": {"Service": "web"}}),
+    )
+    .await;
+    assert_eq!(query.status, StatusCode::OK, "{}", query.body);
     Spares {
+        query: query.json()["ID"].as_str().unwrap().to_owned(),
         session: session.json()["ID"].as_str().unwrap().to_owned(),
         policy: p.json()["ID"].as_str().unwrap().to_owned(),
         role: r.json()["ID"].as_str().unwrap().to_owned(),
@@ -1611,4 +1675,18 @@ async fn a_policy_change_during_a_wait_does_not_leak_the_old_rights_answer() {
     assert_eq!(now.index, old_rights.index, "the same index of the service");
     assert_eq!(now.json(), json!([]), "the narrowed token reads no web instance");
     assert!(now.filtered);
+}
+
+#[tokio::test]
+async fn prepared_query_results_are_filtered_by_the_callers_rights() {
+    let mesh = mesh().await;
+    let id = spares(&mesh).await.query;
+    let uri = format!("/v1/query/{id}/execute");
+    let nobody = call(&mesh.app, "GET", &uri, None, Value::Null).await;
+    assert_eq!(nobody.status, StatusCode::OK);
+    assert!(nobody.filtered, "not marked filtered");
+    assert_eq!(nobody.json()["Nodes"], json!([]));
+    let reader = mesh.token(WEB_READ).await;
+    let read = call(&mesh.app, "GET", &uri, Some(reader.as_str()), Value::Null).await;
+    assert_eq!(read.json()["Nodes"].as_array().unwrap().len(), 1, "{}", read.body);
 }

@@ -10,3 +10,4 @@ mod events;
 mod gateways;
 mod kv;
 mod operator;
+mod prepared;

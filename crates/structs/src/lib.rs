@@ -23,6 +23,7 @@ pub mod listing;
 pub mod node;
 pub mod protocol;
 pub mod proxy;
+pub mod query;
 pub mod registration;
 pub mod resolved;
 pub mod service;

@@ -17,6 +17,7 @@
 //! | `catalog/session/<id>`            | a session                     |
 //! | `catalog/lockdelay/<key>`         | a key's lock delay (ms)       |
 //! | `catalog/event/<ltime>`           | a user event                  |
+//! | `catalog/query/<id>`              | a prepared query              |
 //! | `catalog/_rev`                    | the write guard (see below)   |
 //!
 //! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
@@ -89,6 +90,8 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteLockDelay(key) => (format!("lockdelay/{}", escape(key)), None),
         Change::PutEvent(e) => (format!("event/{}", e.ltime), json(e)?),
         Change::DeleteEvent(ltime) => (format!("event/{ltime}"), None),
+        Change::PutQuery(q) => (format!("query/{}", escape(&q.id)), json(q)?),
+        Change::DeleteQuery(id) => (format!("query/{}", escape(id)), None),
     })
 }
 
@@ -107,6 +110,7 @@ enum Row {
     Session(String),
     LockDelay(String),
     Event(u64),
+    Query(String),
     Guard,
 }
 
@@ -133,6 +137,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["kv", k] => Row::Kv(unescape(k)),
         ["session", id] => Row::Session(unescape(id)),
         ["lockdelay", k] => Row::LockDelay(unescape(k)),
+        ["query", id] => Row::Query(unescape(id)),
         ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
     })
@@ -163,6 +168,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Session(id) => Change::DeleteSession(id),
             Row::LockDelay(k) => Change::DeleteLockDelay(k),
             Row::Event(ltime) => Change::DeleteEvent(ltime),
+            Row::Query(id) => Change::DeleteQuery(id),
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -188,6 +194,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
         Row::Session(_) => Change::PutSession(parse_value(key, value)?),
         Row::Event(_) => Change::PutEvent(parse_value(key, value)?),
+        Row::Query(_) => Change::PutQuery(parse_value(key, value)?),
         Row::LockDelay(k) => Change::PutLockDelay {
             key: k,
             until_ms: parse_value(key, value)?,
@@ -225,6 +232,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         sessions: Vec::new(),
         lock_delays: Vec::new(),
         events: Vec::new(),
+        queries: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -274,6 +282,10 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
             }
             Some(Change::PutLockDelay { key, until_ms }) => p.lock_delays.push((key, until_ms)),
             Some(Change::PutEvent(e)) => p.events.push(e),
+            Some(Change::PutQuery(mut q)) => {
+                (q.create_index, q.modify_index) = (create, modify);
+                p.queries.push(q);
+            }
             Some(_) => unreachable!("decode of a put yields a put"),
         }
     }
@@ -291,6 +303,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Kvs,
         IndexKey::Sessions,
         IndexKey::Events,
+        IndexKey::Queries,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
@@ -368,6 +381,12 @@ mod tests {
                 ..Default::default()
             }),
             Change::DeleteEvent(7),
+            Change::PutQuery(structs::query::PreparedQuery {
+                id: "q/1".into(),
+                name: "web".into(),
+                ..Default::default()
+            }),
+            Change::DeleteQuery("q/1".into()),
         ];
         for change in changes {
             let (key, value) = encode(&change).unwrap();

@@ -178,3 +178,34 @@ fn many_sessions_ending_at_once_take_several_bounded_writes() {
     assert_eq!(writes, 2);
     assert_eq!(s.sessions().count(), 0);
 }
+
+#[test]
+fn a_query_bound_to_a_session_goes_with_it() {
+    let mut s = with_node();
+    let p = plan_create(&s, &session("owner", r#"{"Checks": []}"#)).unwrap();
+    apply(&mut s, &p);
+    let query = structs::query::PreparedQuery {
+        id: "q1".into(),
+        session: "owner".into(),
+        service: structs::query::ServiceQuery {
+            service: "web".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let p = crate::ops::plan(
+        &crate::op::Op::QuerySet {
+            query: Box::new(query),
+            create: true,
+        },
+        &s,
+        "dc1",
+        std::time::SystemTime::now(),
+    )
+    .unwrap();
+    apply(&mut s, &p);
+    assert!(s.query("q1").is_some());
+    let p = plan_destroy(&s, "owner", 5_000);
+    apply(&mut s, &p);
+    assert!(s.query("q1").is_none());
+}

@@ -1,0 +1,203 @@
+//! Prepared queries (`/v1/query`): create, list, read, update, delete, execute and explain,
+//! in Consul's shapes. Managing a query needs `query:write` on its name (`query:read` to
+//! read it); executing one answers the instances the caller may read (`service:read`,
+//! `node:read`). No federation yet, so no failover to other datacenters (refused on write).
+
+use crate::api::Api;
+use crate::authz::{Authz, mark_filtered};
+use crate::error::ApiError;
+use crate::query::{self, Params};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::Response;
+use catalog::{IndexKey, Op};
+use serde_json::json;
+use std::sync::Arc;
+use structs::query::PreparedQuery;
+
+fn body_query(body: &[u8]) -> Result<PreparedQuery, ApiError> {
+    query::decode(body, "a prepared query")
+}
+
+/// `POST /v1/query`: `{"ID": ...}`.
+pub(crate) async fn create(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    let mut prepared = body_query(&body)?;
+    authz.need(|a| a.query_write(&prepared.name), "query:write", &prepared.name)?;
+    prepared.id = crate::acl_routes::new_id()?;
+    let id = prepared.id.clone();
+    api.store
+        .write(Op::QuerySet {
+            query: Box::new(prepared),
+            create: true,
+        })
+        .await?;
+    Ok(query::json(&json!({ "ID": id }), None, params.pretty()))
+}
+
+/// `GET /v1/query`: the queries the token may read.
+pub(crate) async fn list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
+    let state = api.read(&params, &IndexKey::Queries).await?;
+    let mut filtered = false;
+    let queries: Vec<&PreparedQuery> = state
+        .queries()
+        .filter(|pq| {
+            let readable = a.query_read(&pq.name);
+            filtered |= !readable;
+            readable
+        })
+        .map(|pq| &**pq)
+        .collect();
+    let index = state.index_of(&IndexKey::Queries);
+    Ok(mark_filtered(
+        query::json(&queries, Some(index), params.pretty()),
+        filtered,
+    ))
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("Query not found: {id:?}"))
+}
+
+/// `GET /v1/query/:id`: the query in a list.
+pub(crate) async fn get(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let state = api.read(&params, &IndexKey::Queries).await?;
+    let found = state.query(&id).ok_or_else(|| not_found(&id))?;
+    authz.need(|a| a.query_read(&found.name), "query:read", &found.name)?;
+    let index = state.index_of(&IndexKey::Queries);
+    Ok(query::json(&[&*found], Some(index), params.pretty()))
+}
+
+/// `PUT /v1/query/:id`: replaces the query (`query:write` on its old and new names).
+pub(crate) async fn update(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    let mut prepared = body_query(&body)?;
+    let old = api.store.read().query(&id).ok_or_else(|| not_found(&id))?;
+    authz.need(|a| a.query_write(&old.name), "query:write", &old.name)?;
+    authz.need(|a| a.query_write(&prepared.name), "query:write", &prepared.name)?;
+    prepared.id = id;
+    api.store
+        .write(Op::QuerySet {
+            query: Box::new(prepared),
+            create: false,
+        })
+        .await?;
+    Ok(query::json(&json!(null), None, params.pretty()))
+}
+
+/// `DELETE /v1/query/:id`.
+pub(crate) async fn delete(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = api.write_params(q.as_deref())?;
+    authz.get()?;
+    if let Some(old) = api.store.read().query(&id) {
+        authz.need(|a| a.query_write(&old.name), "query:write", &old.name)?;
+    }
+    api.store.write(Op::QueryDelete { id }).await?;
+    Ok(query::json(&json!(null), None, params.pretty()))
+}
+
+/// The query `asked` names: by id, else by exact name, else the template whose name is the
+/// longest prefix of it; rendered for that name.
+fn resolve(state: &catalog::State, asked: &str) -> Option<PreparedQuery> {
+    if let Some(found) = state.query(asked) {
+        return Some(found.render(asked));
+    }
+    let named = state.queries().find(|pq| !pq.is_template() && pq.name == asked);
+    let template = || {
+        state
+            .queries()
+            .filter(|pq| pq.is_template() && asked.starts_with(pq.name.as_str()))
+            .max_by_key(|pq| pq.name.len())
+    };
+    named.or_else(template).map(|pq: &Arc<PreparedQuery>| pq.render(asked))
+}
+
+/// `GET /v1/query/:id_or_name/execute` (`?limit=`): the healthy instances the query selects
+/// and the caller may read, in a new order each time (no coordinates to sort by distance).
+pub(crate) async fn execute(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(asked): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    let limit = params.u64("limit")?;
+    let a = authz.get()?;
+    let state = api.store.read();
+    let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+    let service = prepared.service.service.clone();
+    let mut nodes: Vec<structs::CheckServiceNode> = state
+        .health(&service, prepared.service.connect.enabled)
+        .into_iter()
+        .filter(|csn| prepared.admits(csn))
+        .collect();
+    let before = nodes.len();
+    nodes.retain(|csn| a.service_read(&csn.service.service) && a.node_read(&csn.node.node));
+    let filtered = nodes.len() != before;
+    // A new order each time spreads clients over the instances, as Consul's shuffle does.
+    if !nodes.is_empty() {
+        let turn = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as usize);
+        let len = nodes.len();
+        nodes.rotate_left(turn % len);
+    }
+    if let Some(limit) = limit.and_then(|l| usize::try_from(l).ok()).filter(|l| *l > 0) {
+        nodes.truncate(limit);
+    }
+    let body = json!({
+        "Service": service,
+        "Nodes": nodes,
+        "DNS": prepared.dns,
+        "Datacenter": api.store.datacenter(),
+        "Failovers": 0,
+    });
+    Ok(mark_filtered(
+        query::json(&body, Some(state.index), params.pretty()),
+        filtered,
+    ))
+}
+
+/// `GET /v1/query/:id_or_name/explain` (`query:read`): the query as it would run.
+pub(crate) async fn explain(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(asked): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    let state = api.store.read();
+    let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+    authz.need(|a| a.query_read(&prepared.name), "query:read", &prepared.name)?;
+    Ok(query::json(
+        &json!({ "Query": prepared }),
+        Some(state.index),
+        params.pretty(),
+    ))
+}
