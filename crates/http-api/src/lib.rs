@@ -165,6 +165,13 @@ fn add_store_routes(r: &mut Routes) {
     );
     r.add("/v1/coordinate/nodes", get(operator_routes::coordinate_nodes));
     r.add("/v1/coordinate/update", put(operator_routes::coordinate_update));
+    r.add(
+        "/v1/operator/keyring",
+        get(operator_routes::keyring)
+            .post(operator_routes::keyring)
+            .put(operator_routes::keyring)
+            .delete(operator_routes::keyring),
+    );
     r.add("/v1/query", get(query_routes::list).post(query_routes::create));
     r.add(
         "/v1/query/{id}",

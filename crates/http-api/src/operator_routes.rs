@@ -160,3 +160,13 @@ pub(crate) async fn coordinate_update() -> ApiError {
             .into(),
     )
 }
+
+/// `/v1/operator/keyring` (any method): refused, saying why: keyring operations manage
+/// gossip encryption keys, and meshd has no gossip pool (its servers and agents talk over
+/// HTTP and gRPC, with TLS).
+pub(crate) async fn keyring() -> ApiError {
+    ApiError::BadRequest(
+        "keyring operations do not apply: meshd has no gossip pool, so there are no gossip encryption keys (use TLS, docs/tls.md)"
+            .into(),
+    )
+}

@@ -892,7 +892,13 @@ const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
 
 /// Routes that refuse every request alike (what they would do meshd does not do), whatever
 /// the token: checked to answer 400.
-const ALWAYS_REFUSED: [(&str, &str); 1] = [("PUT", "/v1/coordinate/update")];
+const ALWAYS_REFUSED: [(&str, &str); 5] = [
+    ("PUT", "/v1/coordinate/update"),
+    ("GET", "/v1/operator/keyring"),
+    ("POST", "/v1/operator/keyring"),
+    ("PUT", "/v1/operator/keyring"),
+    ("DELETE", "/v1/operator/keyring"),
+];
 
 /// The objects the ACL rows act on: a spare policy, role and token.
 async fn spares(mesh: &Mesh) -> Spares {

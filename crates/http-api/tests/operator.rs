@@ -64,4 +64,9 @@ async fn operator_views_and_coordinates_in_consuls_shape() {
     let (status, body) = call(&app, "PUT", "/v1/coordinate/update", "{}").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.contains("no gossip"), "{body}");
+    for method in ["GET", "POST", "PUT", "DELETE"] {
+        let (status, body) = call(&app, method, "/v1/operator/keyring", "{}").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method}");
+        assert!(body.starts_with("keyring operations do not apply"), "{method}: {body}");
+    }
 }
