@@ -135,3 +135,72 @@ def test_killing_the_holders_agent_releases_its_lock():
         if agent.proc.poll() is None:
             agent.stop(signal.SIGKILL)
         assert server.stop() == 0
+
+
+SEMAPHORE = r"""
+import json, sys, time, consul
+host, port, name, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rounds, limit, contenders = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+c = consul.Consul(host=host, port=port)
+prefix = "sem/db"
+session = c.session.create(name=name, node="n1", checks=["alive"], lock_delay=0)
+# The Go client's semaphore: a contender key held by each session, and a .lock key whose
+# holders change only by check-and-set.
+assert c.kv.put(f"{prefix}/{session}", name, acquire=session)
+# Start together: wait until every contender is in (so the limit is contended for). The
+# marks stay, so one that finishes early cannot hold back one that starts late.
+assert c.kv.put(f"sem-start/{name}", "")
+index = None
+while True:
+    index, started = c.kv.get("sem-start/", keys=True, index=index, wait="5s")
+    if len(started or []) >= contenders:
+        break
+
+def holders_and_index():
+    index, entries = c.kv.get(prefix + "/", recurse=True)
+    live = {e["Session"] for e in entries or [] if e.get("Session")}
+    lock = next((e for e in entries or [] if e["Key"] == f"{prefix}/.lock"), None)
+    state = json.loads(lock["Value"]) if lock and lock["Value"] else {"Limit": limit, "Holders": {}}
+    state["Holders"] = {h: True for h in state["Holders"] if h in live}
+    return state, (lock["ModifyIndex"] if lock else 0), index
+
+for _ in range(rounds):
+    while True:
+        state, cas, index = holders_and_index()
+        if len(state["Holders"]) < state["Limit"]:
+            state["Holders"][session] = True
+            if c.kv.put(f"{prefix}/.lock", json.dumps(state), cas=cas):
+                break
+            continue
+        c.kv.get(prefix + "/", recurse=True, index=index, wait="5s")
+    with open(log, "a") as f:
+        f.write(f"enter {name}\n")
+    time.sleep(0.2)
+    with open(log, "a") as f:
+        f.write(f"exit {name}\n")
+    while True:
+        state, cas, _ = holders_and_index()
+        state["Holders"].pop(session, None)
+        if c.kv.put(f"{prefix}/.lock", json.dumps(state), cas=cas):
+            break
+c.kv.delete(f"{prefix}/{session}")
+c.session.destroy(session)
+"""
+
+
+def test_a_semaphore_admits_its_limit_of_processes(client, tmp_path):
+    register_node(client)
+    log = tmp_path / "log"
+    host, port = client.http.host, client.http.port
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SEMAPHORE, host, str(port), f"p{i}", str(log), "2", "2", "5"])
+        for i in range(5)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    holding, most = 0, 0
+    for line in log.read_text().split("\n")[:-1]:
+        holding += 1 if line.startswith("enter") else -1
+        most = max(most, holding)
+        assert holding <= 2, f"more holders than the limit: {log.read_text()}"
+    assert holding == 0 and most == 2, f"the limit was never reached: {log.read_text()}"
