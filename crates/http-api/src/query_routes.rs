@@ -1,7 +1,8 @@
 //! Prepared queries (`/v1/query`): create, list, read, update, delete, execute and explain,
 //! in Consul's shapes. Managing a query needs `query:write` on its name (`query:read` to
 //! read it); executing one answers the instances the caller may read (`service:read`,
-//! `node:read`). No federation yet, so no failover to other datacenters (refused on write).
+//! `node:read`), or the query's stored token may, when it has one. A stored token is shown
+//! only to ACL managers (`acl:write`), as Consul. No federation yet, so no failover to other datacenters (refused on write).
 
 use crate::api::Api;
 use crate::authz::{Authz, mark_filtered};
@@ -14,6 +15,18 @@ use catalog::{IndexKey, Op};
 use serde_json::json;
 use std::sync::Arc;
 use structs::query::PreparedQuery;
+
+/// What Consul shows in place of a stored token.
+const HIDDEN: &str = "<hidden>";
+
+/// A query as `a` may see it: its stored token is a secret, shown only to ACL managers.
+fn shown(prepared: &PreparedQuery, a: &acl::Authorizer) -> PreparedQuery {
+    let mut shown = prepared.clone();
+    if !shown.token.is_empty() && !a.acl_write() {
+        shown.token = HIDDEN.to_owned();
+    }
+    shown
+}
 
 fn body_query(body: &[u8]) -> Result<PreparedQuery, ApiError> {
     query::decode(body, "a prepared query")
@@ -46,14 +59,14 @@ pub(crate) async fn list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQ
     let a = authz.get()?;
     let state = api.read(&params, &IndexKey::Queries).await?;
     let mut filtered = false;
-    let queries: Vec<&PreparedQuery> = state
+    let queries: Vec<PreparedQuery> = state
         .queries()
         .filter(|pq| {
             let readable = a.query_read(&pq.name);
             filtered |= !readable;
             readable
         })
-        .map(|pq| &**pq)
+        .map(|pq| shown(pq, a))
         .collect();
     let index = state.index_of(&IndexKey::Queries);
     Ok(mark_filtered(
@@ -78,7 +91,11 @@ pub(crate) async fn get(
     let found = state.query(&id).ok_or_else(|| not_found(&id))?;
     authz.need(|a| a.query_read(&found.name), "query:read", &found.name)?;
     let index = state.index_of(&IndexKey::Queries);
-    Ok(query::json(&[&*found], Some(index), params.pretty()))
+    Ok(query::json(
+        &[shown(&found, authz.get()?)],
+        Some(index),
+        params.pretty(),
+    ))
 }
 
 /// `PUT /v1/query/:id`: replaces the query (`query:write` on its old and new names).
@@ -147,9 +164,20 @@ pub(crate) async fn execute(
     let params = Params::parse(q.as_deref());
     query::check_common(&params, api.store.datacenter())?;
     let limit = params.u64("limit")?;
-    let a = authz.get()?;
+    let caller = authz.get()?;
     let state = api.store.read();
     let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+    // A query with a stored token runs with that token's rights, as Consul's do.
+    let stored = match structs::Token::new(&prepared.token) {
+        Some(token) => Some(
+            api.config
+                .acl
+                .resolve(&state, Some(&token))
+                .map_err(|e| ApiError::Forbidden(format!("the query's stored token: {e}")))?,
+        ),
+        None => None,
+    };
+    let a = stored.as_ref().map_or(caller, |r| &*r.authz);
     let service = prepared.service.service.clone();
     let mut nodes: Vec<structs::CheckServiceNode> = state
         .health(&service, prepared.service.connect.enabled)
@@ -195,6 +223,7 @@ pub(crate) async fn explain(
     let state = api.store.read();
     let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
     authz.need(|a| a.query_read(&prepared.name), "query:read", &prepared.name)?;
+    let prepared = shown(&prepared, authz.get()?);
     Ok(query::json(
         &json!({ "Query": prepared }),
         Some(state.index),

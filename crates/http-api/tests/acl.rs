@@ -1696,3 +1696,41 @@ async fn prepared_query_results_are_filtered_by_the_callers_rights() {
     let read = call(&mesh.app, "GET", &uri, Some(reader.as_str()), Value::Null).await;
     assert_eq!(read.json()["Nodes"].as_array().unwrap().len(), 1, "{}", read.body);
 }
+
+#[tokio::test]
+async fn a_prepared_querys_stored_token_is_hidden_and_runs_the_query() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let reader_secret = mesh.token(WEB_READ).await;
+    let created = call(
+        &mesh.app,
+        "POST",
+        "/v1/query",
+        m,
+        json!({"Name": "web-stored", "Token": reader_secret, "Service": {"Service": "web"}}),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    let id = created.json()["ID"].as_str().unwrap().to_owned();
+    // A reader of queries sees that there is a token, never the token.
+    let query_reader = mesh.token(QUERY_READ).await;
+    for uri in [format!("/v1/query/{id}"), "/v1/query".to_owned()] {
+        let r = call(&mesh.app, "GET", &uri, Some(query_reader.as_str()), Value::Null).await;
+        assert_eq!(r.json()[0]["Token"], "<hidden>", "{uri}: {}", r.body);
+        assert!(!r.body.contains(&reader_secret), "{uri} leaked the stored token");
+    }
+    let r = call(
+        &mesh.app,
+        "GET",
+        "/v1/query/web-stored/explain",
+        Some(query_reader.as_str()),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(r.json()["Query"]["Token"], "<hidden>");
+    let r = call(&mesh.app, "GET", &format!("/v1/query/{id}"), m, Value::Null).await;
+    assert_eq!(r.json()[0]["Token"], reader_secret, "ACL managers see it");
+    // Anyone running it gets what the stored token may read.
+    let r = call(&mesh.app, "GET", "/v1/query/web-stored/execute", None, Value::Null).await;
+    assert_eq!(r.json()["Nodes"].as_array().unwrap().len(), 1, "{}", r.body);
+}
