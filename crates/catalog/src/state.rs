@@ -128,6 +128,9 @@ pub struct State {
 #[derive(Debug, Clone, Default)]
 struct KvTables {
     entries: OrdMap<String, Arc<KvEntry>>,
+    /// (session, key): the keys each session holds the lock of (derived from `entries`, so
+    /// that ending a session does not scan the whole store).
+    held: OrdSet<(String, String)>,
     tombstones: OrdMap<String, Index>,
     /// The least index a prefix with anything under it answers with: raised when the
     /// tables are reloaded (from etcd), so that a prefix's index never goes backwards.
@@ -141,6 +144,26 @@ const KV_TOMBSTONES: usize = 10_000;
 pub(crate) const KV_TOMBSTONES_FOR_TESTS: usize = KV_TOMBSTONES;
 
 impl KvTables {
+    /// Stores an entry, keeping `held` in step.
+    fn insert(&mut self, entry: Arc<KvEntry>) {
+        self.remove(&entry.key);
+        if !entry.session.is_empty() {
+            self.held.insert((entry.session.clone(), entry.key.clone()));
+        }
+        self.entries.insert(entry.key.clone(), entry);
+    }
+
+    /// Removes an entry, keeping `held` in step; true if there was one.
+    fn remove(&mut self, key: &str) -> bool {
+        let Some(old) = self.entries.remove(key) else {
+            return false;
+        };
+        if !old.session.is_empty() {
+            self.held.remove(&(old.session.clone(), old.key.clone()));
+        }
+        true
+    }
+
     /// Drops the older half of the tombstones and raises the floor to the newest dropped,
     /// so that no prefix's index goes backwards: a prefix whose last change was a dropped
     /// delete answers with the floor (its watchers wake once, and find nothing changed).
@@ -431,9 +454,9 @@ impl State {
                 entry.modify_index = index;
                 self.kv.tombstones.remove(&entry.key);
                 bumped.extend([IndexKey::Kvs, IndexKey::KvKey(entry.key.clone())]);
-                self.kv.entries.insert(entry.key.clone(), Arc::new(entry));
+                self.kv.insert(Arc::new(entry));
             }
-            Change::DeleteKv(key) if self.kv.entries.remove(key).is_some() => {
+            Change::DeleteKv(key) if self.kv.remove(key) => {
                 self.kv.tombstones.insert(key.clone(), index);
                 bumped.extend([IndexKey::Kvs, IndexKey::KvKey(key.clone())]);
                 if self.kv.tombstones.len() > KV_TOMBSTONES {
@@ -576,7 +599,11 @@ impl State {
 
     /// The KV keys whose lock `session` holds.
     pub fn kv_held_by<'a>(&'a self, session: &'a str) -> impl Iterator<Item = &'a Arc<KvEntry>> + 'a {
-        self.kv.entries.values().filter(move |e| e.session == session)
+        self.kv
+            .held
+            .range((session.to_owned(), String::new())..)
+            .take_while(move |(s, _)| s == session)
+            .filter_map(|(_, key)| self.kv.entries.get(key))
     }
 
     /// One session.
@@ -853,7 +880,7 @@ impl State {
         }
         s.acl.bootstrapped = p.acl_bootstrapped;
         for e in p.kv {
-            s.kv.entries.insert(e.key.clone(), Arc::new(e));
+            s.kv.insert(Arc::new(e));
         }
         s.kv.tombstones = p.kv_tombstones.into_iter().collect();
         s.kv.floor = p.kv_floor;

@@ -825,6 +825,8 @@ async fn kv_sessions_and_locks_survive_reopen_from_the_log_and_from_a_snapshot()
         assert!(state.kv_get("app/b").is_none());
         let lock = state.kv_get("app/lock").unwrap();
         assert_eq!((lock.session.as_str(), lock.lock_index), ("s1", 1));
+        let held: Vec<&str> = state.kv_held_by("s1").map(|e| e.key.as_str()).collect();
+        assert_eq!(held, ["app/lock"], "the held-keys index is rebuilt on reopen");
         let session = state.session("s1").unwrap();
         assert_eq!((session.ttl.as_str(), session.renewed_at_ms), ("30s", 1_000));
         // The delete's tombstone came back too: the prefix's index did not go backwards.
