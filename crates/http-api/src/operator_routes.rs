@@ -14,6 +14,14 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use structs::ServiceKind;
 
+/// The query of an operator view, once the token is found to hold `operator:read`.
+fn operator_read(api: &Api, authz: &Authz, q: Option<&str>) -> Result<Params, ApiError> {
+    let params = Params::parse(q);
+    query::check_common(&params, api.store.datacenter())?;
+    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    Ok(params)
+}
+
 /// Every server: (name, address, whether it leads).
 fn servers(api: &Api) -> Vec<(String, String, bool)> {
     match api.store.cluster() {
@@ -39,9 +47,7 @@ pub(crate) async fn raft_configuration(
     authz: Authz,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    query::check_common(&params, api.store.datacenter())?;
-    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let params = operator_read(&api, &authz, q.as_deref())?;
     let index = api.store.read().index;
     let servers: Vec<Value> = servers(&api)
         .into_iter()
@@ -65,9 +71,7 @@ pub(crate) async fn autopilot_health(
     authz: Authz,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    query::check_common(&params, api.store.datacenter())?;
-    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let params = operator_read(&api, &authz, q.as_deref())?;
     let index = api.store.read().index;
     let servers = servers(&api);
     let tolerance = servers.len().saturating_sub(1);
@@ -85,9 +89,7 @@ pub(crate) async fn autopilot_health(
 
 /// `GET /v1/operator/usage` (`operator:read`): counts of services, instances and nodes.
 pub(crate) async fn usage(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let params = Params::parse(q.as_deref());
-    query::check_common(&params, api.store.datacenter())?;
-    authz.need(|a| a.operator_read(), "operator:read", "")?;
+    let params = operator_read(&api, &authz, q.as_deref())?;
     let state = api.store.read();
     let (mut names, mut instances, mut billable) = (BTreeSet::new(), 0u64, 0u64);
     let mut connect: BTreeMap<&str, u64> = [
