@@ -29,6 +29,7 @@ mod plan;
 pub mod publisher;
 mod session_ops;
 pub mod session_reaper;
+pub mod snapshot;
 mod state;
 mod storage;
 mod store;

@@ -194,4 +194,6 @@ pub enum Op {
         /// Its id.
         id: String,
     },
+    /// Replace every row with a snapshot's (see [`crate::snapshot`]).
+    Restore(std::sync::Arc<crate::snapshot::Snapshot>),
 }

@@ -149,6 +149,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 .into_iter()
                 .collect(),
         )),
+        Op::Restore(snapshot) => Ok(Plan::write(state.restore_changes(&snapshot.state))),
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

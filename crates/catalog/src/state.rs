@@ -14,6 +14,8 @@ use structs::query::PreparedQuery;
 use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
+mod restore;
+
 /// One deterministic change to the tables; a committed write is a list of these.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Change {

@@ -251,6 +251,24 @@ impl Store {
         ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())
     }
 
+    /// A snapshot archive of the current state and the index it was taken at (see
+    /// [`crate::snapshot`]). Serialising and compressing run on a blocking thread.
+    pub async fn save_snapshot(&self) -> Result<(Index, Vec<u8>), crate::snapshot::SnapshotError> {
+        let state = self.read();
+        let datacenter = self.inner.config.datacenter.clone();
+        let index = state.index;
+        let archive = tokio::task::spawn_blocking(move || crate::snapshot::save(&state, &datacenter))
+            .await
+            .map_err(|e| crate::snapshot::SnapshotError::State(format!("the snapshot task failed: {e}")))??;
+        Ok((index, archive))
+    }
+
+    /// Replaces every row with `snapshot`'s, as one write: readers see the state before or
+    /// the state after, and every index moves forward.
+    pub async fn restore(&self, snapshot: Arc<crate::snapshot::Snapshot>) -> Result<WriteOutcome, WriteError> {
+        self.write(Op::Restore(snapshot)).await
+    }
+
     /// Stops accepting writes, lets queued ones finish, and waits for the writer and
     /// whatever else the storage runs (snapshots, etcd's watches and lease) to stop.
     pub async fn close(&self) {

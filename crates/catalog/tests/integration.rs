@@ -8,4 +8,5 @@ mod disk_full;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod gateways;
+mod snapshot;
 mod store;
