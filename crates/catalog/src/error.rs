@@ -50,6 +50,13 @@ pub enum StoreError {
         /// etcd's error.
         source: etcd_client::Error,
     },
+    /// A snapshot restore over etcd is under way (or was interrupted): writes are refused
+    /// until one finishes.
+    #[cfg(feature = "etcd")]
+    #[error(
+        "a snapshot restore is in progress ({0}): writes are refused until it finishes; if it was interrupted, run the restore again"
+    )]
+    RestoreInProgress(String),
     /// etcd did not answer in time (unreachable, or without quorum).
     #[cfg(feature = "etcd")]
     #[error("{what}: no answer within {}", humantime::format_duration(*after))]

@@ -112,7 +112,10 @@ pub fn save(state: &State, datacenter: &str) -> Result<Vec<u8>, SnapshotError> {
     let persisted = state.to_persisted();
     let json = serde_json::to_vec(&persisted).map_err(|e| SnapshotError::State(e.to_string()))?;
     let now = SystemTime::now();
-    let ms = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let ms = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
     let meta = Meta::new(
         state.index.0,
         datacenter,

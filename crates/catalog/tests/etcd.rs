@@ -450,3 +450,179 @@ async fn an_unreachable_etcd_is_a_one_line_error() {
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains('\n'), "{err}");
 }
+
+fn kv_set(key: &str, value: &str, cas: Option<Index>) -> Op {
+    Op::KvSet {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+        flags: 0,
+        cas,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_check_and_set_raced_from_two_stores_applies_exactly_once() {
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t9/", "a").await;
+    let b = open(etcd.endpoints(), "/t9/", "b").await;
+    for round in 0..10 {
+        let set = a.write(kv_set("config/leader", "none", None)).await.unwrap();
+        let cas = Some(set.index);
+        let (ra, rb) = tokio::join!(
+            a.write(kv_set("config/leader", "a", cas)),
+            b.write(kv_set("config/leader", "b", cas))
+        );
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert!(
+            ra.applied ^ rb.applied,
+            "round {round}: one CAS applies ({ra:?}, {rb:?})"
+        );
+        let winner: &[u8] = if ra.applied { b"a" } else { b"b" };
+        for store in [&a, &b] {
+            eventually("both stores hold the winner's value", || {
+                store.read().kv_get("config/leader").is_some_and(|e| e.value == winner)
+            })
+            .await;
+        }
+    }
+    a.close().await;
+    b.close().await;
+}
+
+/// A snapshot of an embedded-store server restored into an etcd-backed pair (the migration
+/// path): many transactions (a small `--max-txn-ops` here), yet the other server sees the
+/// catalog before or after, never between; indexes move forward; rows the snapshot lacks go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_snapshot_restores_into_etcd_all_at_once_for_every_server() {
+    use catalog::snapshot::Snapshot;
+    use std::sync::Arc;
+    const KEYS: usize = 600;
+    let embedded = Store::open(StoreConfig::default()).await.unwrap();
+    embedded.write(register("n1", "web")).await.unwrap();
+    for i in 0..KEYS {
+        embedded
+            .write(kv_set(&format!("app/{i:04}"), "restored", None))
+            .await
+            .unwrap();
+    }
+    let (_, archive) = embedded.save_snapshot().await.unwrap();
+    embedded.close().await;
+
+    let etcd = cluster(1).await;
+    let mut small = config(etcd.endpoints(), "/t10/", "a");
+    if let Some(e) = small.etcd.as_mut() {
+        e.max_txn_ops = 64;
+    }
+    let a = Store::open(small).await.unwrap();
+    let b = open(etcd.endpoints(), "/t10/", "b").await;
+    a.write(register("old", "legacy")).await.unwrap();
+    let before = a.write(kv_set("old/key", "x", None)).await.unwrap().index;
+    eventually("b has a's writes", || b.read().index >= before).await;
+
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.wait(&IndexKey::Kvs, before, Duration::from_secs(30)).await })
+    };
+    // b's readers never see part of the restore.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let observer = {
+        let (b, done) = (b.clone(), Arc::clone(&done));
+        tokio::spawn(async move {
+            let mut seen = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let s = b.read();
+                let restored = s.kv_range("app/").count();
+                let old = s.kv_get("old/key").is_some();
+                assert!(
+                    (restored == 0 && old) || (restored == KEYS && !old),
+                    "b saw half a restore: {restored} restored keys, old key present: {old}"
+                );
+                seen += 1;
+                tokio::task::yield_now().await;
+            }
+            seen
+        })
+    };
+    let snapshot = Arc::new(Snapshot::decode(&archive).unwrap());
+    let restored = a.restore(snapshot).await.unwrap().index;
+    assert!(restored > before);
+    eventually("b has the restore", || b.read().index >= restored).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(observer.await.unwrap() > 0);
+    let woke = waiter.await.unwrap();
+    assert!(woke.index_of(&IndexKey::Kvs) > before);
+    for store in [&a, &b] {
+        let s = store.read();
+        assert_eq!(s.kv_range("app/").count(), KEYS);
+        assert!(s.kv_get("old/key").is_none());
+        assert!(s.node("old").is_none());
+        assert_eq!(s.service_instances("web").len(), 1);
+        assert!(s.kv_get("app/0000").unwrap().modify_index > before);
+    }
+    // Writes go on after the restore, and a new server reads the restored catalog.
+    b.write(kv_set("after", "1", None)).await.unwrap();
+    let c = open(etcd.endpoints(), "/t10/", "c").await;
+    assert_eq!(c.read().kv_range("app/").count(), KEYS);
+    for s in [a, b, c] {
+        s.close().await;
+    }
+}
+
+/// A restore cut off midway (its marker left in etcd) refuses writes everywhere, naming
+/// the restore, until a restore is run again and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_restore_refuses_writes_until_a_restore_finishes() {
+    use catalog::snapshot::Snapshot;
+    use std::sync::Arc;
+    let embedded = Store::open(StoreConfig::default()).await.unwrap();
+    embedded.write(kv_set("k", "restored", None)).await.unwrap();
+    let (_, archive) = embedded.save_snapshot().await.unwrap();
+    embedded.close().await;
+    let etcd = cluster(1).await;
+    let a = open(etcd.endpoints(), "/t11/", "a").await;
+    a.write(kv_set("k", "before", None)).await.unwrap();
+    // What a restore that died after its first transactions leaves behind.
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+    client
+        .put("/t11/catalog/_restore", "by dead at then, id 1, snapshot x", None)
+        .await
+        .unwrap();
+    client
+        .put("/t11/catalog/kv/half", r#"{"Key":"half","Value":"eA=="}"#, None)
+        .await
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..200 {
+        match a.write(kv_set("probe", "1", None)).await {
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let e = refused.expect("writes are refused once the marker is seen");
+    assert!(matches!(e, WriteError::Storage(_)), "{e}");
+    assert_eq!(
+        a.read().kv_get("k").unwrap().value,
+        b"before",
+        "the half-written restore stays out of sight"
+    );
+    assert!(a.read().kv_get("half").is_none());
+    let why = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+    assert!(why.contains("a snapshot restore is in progress (by dead"), "{why}");
+    // A server starting now refuses writes too (it reads whatever etcd holds: the catalog
+    // before the restore is gone from etcd by then).
+    let b = open(etcd.endpoints(), "/t11/", "b").await;
+    assert!(b.write(kv_set("probe", "1", None)).await.is_err());
+    a.restore(Arc::new(Snapshot::decode(&archive).unwrap())).await.unwrap();
+    for s in [&a, &b] {
+        eventually("the restore is current", || {
+            s.read().kv_get("k").is_some_and(|e| e.value == b"restored") && s.read().kv_get("half").is_none()
+        })
+        .await;
+    }
+    b.write(kv_set("probe", "1", None)).await.unwrap();
+    a.close().await;
+    b.close().await;
+}

@@ -99,7 +99,10 @@ async fn a_restore_brings_back_the_saved_rows_moves_indexes_forward_and_survives
     assert_eq!(snapshot.meta().counts["kv"], 2);
     let restored = store.restore(snapshot).await.unwrap().index;
     assert!(restored > before, "{restored} > {before}");
-    let woke = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(woke.index_of(&IndexKey::KvKey("app/a".into())) > before);
 
     let check = |state: &State| {
@@ -151,7 +154,10 @@ async fn a_snapshot_taken_under_writes_holds_every_write_acknowledged_before_it(
     for (i, index) in acked {
         let present = state.kv_get(&format!("load/{i:04}")).is_some();
         if index <= at {
-            assert!(present, "load/{i:04}, acknowledged at {index} before the save at {at}, is missing");
+            assert!(
+                present,
+                "load/{i:04}, acknowledged at {index} before the save at {at}, is missing"
+            );
         } else {
             assert!(!present, "load/{i:04} was written at {index}, after the save at {at}");
         }
@@ -195,7 +201,9 @@ async fn restoring_into_an_older_server_keeps_indexes_above_what_it_served() {
     }
     let served = old.read().index_of(&IndexKey::KvKey("k".into()));
     assert!(served > young_at);
-    old.restore(Arc::new(Snapshot::decode(&archive).unwrap())).await.unwrap();
+    old.restore(Arc::new(Snapshot::decode(&archive).unwrap()))
+        .await
+        .unwrap();
     let state = old.read();
     assert_eq!(value(&state, "k").as_deref(), Some("young"));
     assert!(state.index_of(&IndexKey::KvKey("k".into())) > served);

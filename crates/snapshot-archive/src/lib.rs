@@ -62,7 +62,13 @@ pub struct Meta {
 
 impl Meta {
     /// The metadata of a state taken at `index`; `size` is filled in by [`pack`].
-    pub fn new(index: u64, datacenter: &str, created_unix_ms: u128, created: String, counts: BTreeMap<String, u64>) -> Self {
+    pub fn new(
+        index: u64,
+        datacenter: &str,
+        created_unix_ms: u128,
+        created: String,
+        counts: BTreeMap<String, u64>,
+    ) -> Self {
         Self {
             format: FORMAT_NAME.to_owned(),
             version: FORMAT_VERSION,

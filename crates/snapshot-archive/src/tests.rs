@@ -1,7 +1,13 @@
 use super::*;
 
 fn meta() -> Meta {
-    Meta::new(42, "dc1", 1_700_000_000_000, "2023-11-14T22:13:20Z".into(), BTreeMap::from([("kv".to_owned(), 3)]))
+    Meta::new(
+        42,
+        "dc1",
+        1_700_000_000_000,
+        "2023-11-14T22:13:20Z".into(),
+        BTreeMap::from([("kv".to_owned(), 3)]),
+    )
 }
 
 /// A tar.gz of exactly `files`, as given (no sums computed).
@@ -59,7 +65,10 @@ fn a_changed_byte_in_the_state_is_caught_by_its_sum() {
     files.get_mut("state.json").unwrap()[3] ^= 1;
     let e = unpack(&repack(&files), 1 << 20).unwrap_err();
     assert!(matches!(e, ArchiveError::Checksum("state.json")), "{e}");
-    assert!(e.to_string().contains("state.json does not match its SHA-256 sum"), "{e}");
+    assert!(
+        e.to_string().contains("state.json does not match its SHA-256 sum"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -67,7 +76,10 @@ fn a_truncated_or_foreign_archive_is_refused_as_damaged() {
     let archive = pack(meta(), &vec![b'x'; 100_000]).unwrap();
     for cut in [archive.len() - 4, archive.len() / 2, 10] {
         let e = unpack(&archive[..cut], 1 << 20).unwrap_err();
-        assert!(matches!(e, ArchiveError::Damaged(_) | ArchiveError::Missing(_)), "cut at {cut}: {e}");
+        assert!(
+            matches!(e, ArchiveError::Damaged(_) | ArchiveError::Missing(_)),
+            "cut at {cut}: {e}"
+        );
     }
     let e = unpack(b"this is not a snapshot", 1 << 20).unwrap_err();
     assert!(matches!(e, ArchiveError::Damaged(_)), "{e}");
@@ -79,7 +91,10 @@ fn missing_extra_and_doubled_files_are_named() {
     let files = files_of(&archive);
     let mut without = files.clone();
     without.remove("SHA256SUMS");
-    assert!(matches!(unpack(&repack(&without), 1 << 20), Err(ArchiveError::Missing("SHA256SUMS"))));
+    assert!(matches!(
+        unpack(&repack(&without), 1 << 20),
+        Err(ArchiveError::Missing("SHA256SUMS"))
+    ));
     let mut extra = files.clone();
     extra.insert("etc/passwd".into(), b"x".to_vec());
     let e = unpack(&repack(&extra), 1 << 20).unwrap_err();
@@ -101,7 +116,10 @@ fn a_newer_or_foreign_format_is_named_not_misread() {
     assert!(e.to_string().contains("version 2"), "{e}");
     let mut m = meta();
     m.format = "consul".into();
-    assert!(matches!(unpack(&pack(m, b"{}").unwrap(), 1 << 20), Err(ArchiveError::Version { .. })));
+    assert!(matches!(
+        unpack(&pack(m, b"{}").unwrap(), 1 << 20),
+        Err(ArchiveError::Version { .. })
+    ));
 }
 
 #[test]

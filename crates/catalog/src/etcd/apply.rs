@@ -1,6 +1,12 @@
 //! Following the catalog in etcd: every key read at one revision (at start, and again when
 //! the watch's next revision was compacted away), then one watch that applies every
 //! revision in order to the current state.
+//!
+//! While the restore marker is present (a snapshot restore writes the catalog in many
+//! transactions, see `restore.rs`), revisions are applied to a state of their own that
+//! readers do not see; when the marker goes, that state replaces the current one at once,
+//! as a reset. Readers therefore see the catalog before the restore or after it, never
+//! half of it.
 
 use super::config::EtcdConfig;
 use super::layout;
@@ -18,6 +24,17 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+/// What a revision did to the restore marker.
+#[derive(Debug, Default, PartialEq)]
+enum Marker {
+    #[default]
+    Untouched,
+    /// Put: a restore starts (or another takes over).
+    Put(String),
+    /// Deleted: the restore finished.
+    Deleted,
+}
+
 /// The catalog watch, and how far it has applied.
 pub(crate) struct Applier {
     client: Client,
@@ -26,10 +43,20 @@ pub(crate) struct Applier {
     applied: watch::Sender<Index>,
     /// Full reloads after a compaction.
     reloads: AtomicU64,
+    /// While a restore is under way: what its marker says, and the state its revisions
+    /// build (not yet current).
+    pending: parking_lot::Mutex<Option<Pending>>,
 }
 
-/// Reads every catalog key: the state at the read's revision.
-pub(crate) async fn load(client: &Client, config: &EtcdConfig) -> Result<State, StoreError> {
+/// A restore being applied out of readers' sight.
+struct Pending {
+    marker: String,
+    state: State,
+}
+
+/// Reads every catalog key: the state at the read's revision, and the restore marker's
+/// value if a restore is under way (or was interrupted).
+pub(crate) async fn load(client: &Client, config: &EtcdConfig) -> Result<(State, Option<String>), StoreError> {
     let prefix = config.catalog_prefix();
     let mut kv = client.kv_client();
     let resp = tokio::time::timeout(
@@ -44,10 +71,15 @@ pub(crate) async fn load(client: &Client, config: &EtcdConfig) -> Result<State, 
     .map_err(etcd_err("reading the catalog from etcd"))?;
     let revision = resp.header().map_or(0, |h| h.revision());
     let mut kvs = Vec::with_capacity(resp.kvs().len());
+    let mut marker = None;
     for kv in resp.kvs() {
         let Some(key) = kv.key().strip_prefix(prefix.as_bytes()) else {
             continue;
         };
+        if key == layout::RESTORE.as_bytes() {
+            marker = Some(String::from_utf8_lossy(kv.value()).into_owned());
+            continue;
+        }
         let Ok(key) = std::str::from_utf8(key) else {
             error!(key = ?String::from_utf8_lossy(kv.key()), "skipping an etcd key that is not UTF-8");
             continue;
@@ -65,18 +97,33 @@ pub(crate) async fn load(client: &Client, config: &EtcdConfig) -> Result<State, 
             modify: Index(kv.mod_revision() as u64),
         });
     }
-    layout::load(kvs, Index(revision as u64)).map_err(|e| StoreError::Corrupt(e.to_string()))
+    let state = layout::load(kvs, Index(revision as u64)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((state, marker))
 }
 
 impl Applier {
-    /// Follows the catalog from `applied`, the revision it was read at.
-    pub(crate) fn new(client: Client, config: EtcdConfig, applied: Index) -> Self {
+    /// Follows the catalog from `loaded`, read at its index; `marker` is the restore
+    /// marker found then (an interrupted restore: writes stay refused until one finishes).
+    pub(crate) fn new(client: Client, config: EtcdConfig, loaded: &State, marker: Option<String>) -> Self {
+        let pending = marker.map(|marker| {
+            error!(%marker, "a snapshot restore was interrupted: the catalog may hold part of it, and writes are refused until a restore is run again and finishes");
+            Pending {
+                marker,
+                state: loaded.clone(),
+            }
+        });
         Self {
             client,
             config,
-            applied: watch::Sender::new(applied),
+            applied: watch::Sender::new(loaded.index),
             reloads: AtomicU64::new(0),
+            pending: parking_lot::Mutex::new(pending),
         }
+    }
+
+    /// What the restore marker says while a restore is under way.
+    pub(crate) fn restoring(&self) -> Option<String> {
+        self.pending.lock().as_ref().map(|p| p.marker.clone())
     }
 
     /// Full reloads so far.
@@ -132,7 +179,7 @@ impl Applier {
                             "etcd compacted revisions this server has not applied: reloading the catalog"
                         );
                         match load(&self.client, &self.config).await {
-                            Ok(state) => self.reset(&current, state),
+                            Ok((state, marker)) => self.reset(&current, state, marker),
                             Err(e) => warn!(error = %e, "cannot reload the catalog from etcd; retrying"),
                         }
                         break;
@@ -168,11 +215,13 @@ impl Applier {
     fn apply_events(&self, current: &Current, prefix: &str, events: &[etcd_client::Event]) {
         let mut revision = None;
         let mut changes: Vec<Change> = Vec::new();
+        let mut marker = Marker::Untouched;
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let rev = Index(kv.mod_revision() as u64);
             if revision.is_some_and(|r| r != rev) {
-                self.apply_revision(current, revision.take().unwrap_or(rev), std::mem::take(&mut changes));
+                let at = revision.take().unwrap_or(rev);
+                self.apply_revision(current, at, std::mem::take(&mut changes), std::mem::take(&mut marker));
             }
             revision = Some(rev);
             let Some(key) = kv
@@ -186,6 +235,13 @@ impl Applier {
                 EventType::Put => Some(kv.value()),
                 EventType::Delete => None,
             };
+            if key == layout::RESTORE {
+                marker = match value {
+                    Some(v) => Marker::Put(String::from_utf8_lossy(v).into_owned()),
+                    None => Marker::Deleted,
+                };
+                continue;
+            }
             match layout::decode(key, value) {
                 Ok(Some(change)) => changes.push(change),
                 Ok(None) => {}
@@ -193,15 +249,45 @@ impl Applier {
             }
         }
         if let Some(rev) = revision {
-            self.apply_revision(current, rev, changes);
+            self.apply_revision(current, rev, changes, marker);
         }
     }
 
-    fn apply_revision(&self, current: &Current, revision: Index, changes: Vec<Change>) {
+    fn apply_revision(&self, current: &Current, revision: Index, changes: Vec<Change>, marker: Marker) {
         let state = current.read();
         if revision <= state.index {
             return;
         }
+        let mut pending = self.pending.lock();
+        if let Marker::Put(value) = &marker {
+            match pending.as_mut() {
+                // Another restore took over an unfinished one: its writes build on the same.
+                Some(p) => p.marker.clone_from(value),
+                None => {
+                    info!(marker = %value, "a snapshot restore started: its writes are applied out of sight until it finishes");
+                    *pending = Some(Pending {
+                        marker: value.clone(),
+                        state: (*state).clone(),
+                    });
+                }
+            }
+        }
+        if let Some(p) = pending.as_mut() {
+            if revision > p.state.index {
+                p.state.apply(revision, &changes);
+            }
+            if marker == Marker::Deleted {
+                let restored = pending.take().map(|p| p.state);
+                drop(pending);
+                if let Some(restored) = restored {
+                    current.reset(Arc::new(restored));
+                    info!(index = %revision, "a snapshot restore finished: the restored catalog is current, subscribers reset");
+                }
+            }
+            self.applied.send_replace(revision);
+            return;
+        }
+        drop(pending);
         if !changes.is_empty() {
             let mut next = (*state).clone();
             let bumped: HashSet<_> = next.apply(revision, &changes).into_iter().collect();
@@ -210,8 +296,18 @@ impl Applier {
         self.applied.send_replace(revision);
     }
 
-    /// Replaces the state with a full reload and wakes everyone who watches anything.
-    fn reset(&self, current: &Current, state: State) {
+    /// Replaces the state with a full reload and wakes everyone who watches anything; with
+    /// the restore `marker` present, the reload is what the restore has written so far, and
+    /// stays out of sight.
+    fn reset(&self, current: &Current, state: State, marker: Option<String>) {
+        if let Some(marker) = marker {
+            let index = state.index;
+            *self.pending.lock() = Some(Pending { marker, state });
+            self.reloads.fetch_add(1, Ordering::Relaxed);
+            self.applied.send_replace(index);
+            return;
+        }
+        *self.pending.lock() = None;
         let applied = current.read().index;
         if state.index < applied {
             // Never serve an index lower than one already served.

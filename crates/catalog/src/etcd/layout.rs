@@ -19,6 +19,7 @@
 //! | `catalog/event/<ltime>`           | a user event                  |
 //! | `catalog/query/<id>`              | a prepared query              |
 //! | `catalog/_rev`                    | the write guard (see below)   |
+//! | `catalog/_restore`                | a snapshot restore under way  |
 //!
 //! Names are escaped (`%` → `%25`, `/` → `%2F`) so that each is exactly one path segment.
 //! A row's `CreateIndex`/`ModifyIndex` are its key's `create_revision`/`mod_revision`: the
@@ -37,6 +38,8 @@ use structs::{ConfigEntryKind, Index};
 pub(crate) const CATALOG: &str = "catalog/";
 /// The write guard, under [`CATALOG`].
 pub(crate) const GUARD: &str = "_rev";
+/// Present while a snapshot restore writes the catalog (see `restore.rs`), under [`CATALOG`].
+pub(crate) const RESTORE: &str = "_restore";
 
 /// A key or value under the catalog prefix that meshd cannot read.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +124,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
     };
     let parts: Vec<&str> = key.split('/').collect();
     Ok(match parts.as_slice() {
-        [GUARD] => Row::Guard,
+        [GUARD | RESTORE] => Row::Guard,
         ["ca"] => Row::Ca,
         ["node", n] => Row::Node(unescape(n)),
         ["service", n, id] => Row::Service(unescape(n), unescape(id)),
@@ -151,7 +154,8 @@ fn parse_value<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Resul
 }
 
 /// The change a watch event makes: a put of `value` at `key` (relative to the catalog
-/// prefix), or its delete (`value` is `None`). `None` for the write guard.
+/// prefix), or its delete (`value` is `None`). `None` for the write guard and the restore
+/// marker.
 pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, LayoutError> {
     let row = parse_key(key)?;
     let Some(value) = value else {

@@ -19,6 +19,7 @@ mod cluster;
 mod config;
 pub(crate) mod layout;
 mod outage;
+mod restore;
 mod writer;
 
 pub use config::EtcdConfig;
@@ -59,7 +60,7 @@ pub(crate) struct EtcdStorage {
 
 /// Connects to etcd and reads the catalog: a one-line error when etcd cannot be reached
 /// within the request timeout.
-async fn connect(config: &EtcdConfig) -> Result<(Client, State), StoreError> {
+async fn connect(config: &EtcdConfig) -> Result<(Client, State, Option<String>), StoreError> {
     if config.endpoints.is_empty() {
         return Err(StoreError::Corrupt("no etcd endpoint given".into()));
     }
@@ -78,14 +79,14 @@ async fn connect(config: &EtcdConfig) -> Result<(Client, State), StoreError> {
         after: config.request_timeout,
     })?
     .map_err(etcd_err(format!("connecting to etcd at {endpoints}")))?;
-    let state = apply::load(&client, config).await.map_err(|e| match e {
+    let (state, marker) = apply::load(&client, config).await.map_err(|e| match e {
         StoreError::EtcdTimeout { after, .. } => StoreError::EtcdTimeout {
             what: format!("reading the catalog from etcd at {endpoints}"),
             after,
         },
         other => other,
     })?;
-    Ok((client, state))
+    Ok((client, state, marker))
 }
 
 impl EtcdStorage {
@@ -93,8 +94,8 @@ impl EtcdStorage {
     /// etcd cannot be reached within the request timeout, or another live server has the
     /// name.
     pub(crate) async fn open(config: EtcdConfig) -> Result<(Arc<Self>, State), StoreError> {
-        let (client, state) = connect(&config).await?;
-        let applier = Arc::new(Applier::new(client.clone(), config.clone(), state.index));
+        let (client, state, marker) = connect(&config).await?;
+        let applier = Arc::new(Applier::new(client.clone(), config.clone(), &state, marker));
         let membership = Membership::new(client.clone(), &config);
         membership.claim_name(config.request_timeout).await?;
         let storage = Arc::new(Self {

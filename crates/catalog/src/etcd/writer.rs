@@ -54,6 +54,10 @@ fn plan_batch(state: &State, jobs: &VecDeque<Job>, datacenter: &str, max_ops: us
     };
     let mut position: HashMap<String, usize> = HashMap::new();
     for (taken, job) in jobs.iter().enumerate() {
+        if matches!(job.op, crate::ops::Op::Restore(_)) {
+            // A restore is written on its own (see `restore.rs`).
+            return (batch, taken);
+        }
         let changes = match Planned::of(&job.op, &working, datacenter, now) {
             Planned::Changed(changes) => changes,
             other => {
@@ -180,6 +184,20 @@ impl Writer {
                 }
             }
             writes.take_queued(&mut queue);
+            if let Some(Job {
+                op: crate::ops::Op::Restore(snapshot),
+                ..
+            }) = queue.front()
+            {
+                let snapshot = Arc::clone(snapshot);
+                let result = super::restore::restore(&self.client, &self.config, &self.applier, &snapshot).await;
+                if let Some(job) = queue.pop_front() {
+                    let _ = job
+                        .reply
+                        .send(result.map_err(|e| WriteError::Storage(StorageFailure(Arc::new(e)))));
+                }
+                continue;
+            }
             self.commit(&current, &writes.datacenter, &mut queue).await;
         }
         info!("etcd writer stopped");
@@ -191,6 +209,13 @@ impl Writer {
         let config = &self.config;
         let mut kv = self.client.kv_client();
         for _ in 0..MAX_CONFLICTS {
+            if let Some(marker) = self.applier.restoring() {
+                let taken = queue
+                    .iter()
+                    .take_while(|j| !matches!(j.op, crate::ops::Op::Restore(_)))
+                    .count();
+                return fail_all(queue.drain(..taken), StoreError::RestoreInProgress(marker));
+            }
             let base = current.read();
             let (batch, taken) = plan_batch(&base, queue, datacenter, config.max_txn_ops.max(2));
             let txn = guarded_txn(config, base.index, &batch.ops);
@@ -313,7 +338,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// [`leaderless`]). `tried` keeps what went wrong for the caller's report: the last error,
 /// whether an attempt went unanswered (etcd may still commit it), and whether it gave up
 /// for want of a leader.
-async fn send(
+pub(super) async fn send(
     kv: &mut etcd_client::KvClient,
     txn: Txn,
     probe_key: &str,
@@ -368,7 +393,7 @@ async fn leaderless(mut kv: etcd_client::KvClient, key: String) -> etcd_client::
 
 /// What went wrong with the attempts at one transaction.
 #[derive(Default)]
-struct Tried {
+pub(super) struct Tried {
     last_error: Option<String>,
     unanswered: bool,
     /// Gave up: etcd kept answering that it has no leader.
@@ -377,7 +402,7 @@ struct Tried {
 
 impl Tried {
     /// Why the write failed, for the 500: the cause, and whether it may still apply.
-    fn cause(&self) -> String {
+    pub(super) fn cause(&self) -> String {
         match &self.last_error {
             Some(e) => format!("{}: {e}", self.cause_without_error()),
             None => self.cause_without_error(),

@@ -18,7 +18,12 @@ impl State {
         let mut out = Vec::new();
         self.restore_deletes(to, &mut out);
         out.extend(to.nodes.iter().cloned().map(Change::PutNode));
-        out.extend(to.services.iter().cloned().map(|(node, service)| Change::PutService { node, service }));
+        out.extend(
+            to.services
+                .iter()
+                .cloned()
+                .map(|(node, service)| Change::PutService { node, service }),
+        );
         out.extend(to.checks.iter().cloned().map(Change::PutCheck));
         out.extend(to.config.iter().cloned().map(Change::PutConfig));
         out.extend(to.ca.iter().cloned().map(Change::PutCa));
@@ -30,31 +35,46 @@ impl State {
         }
         out.extend(to.sessions.iter().cloned().map(Change::PutSession));
         out.extend(to.kv.iter().cloned().map(Change::PutKv));
-        out.extend(
-            to.lock_delays
-                .iter()
-                .map(|(key, until_ms)| Change::PutLockDelay { key: key.clone(), until_ms: *until_ms }),
-        );
+        out.extend(to.lock_delays.iter().map(|(key, until_ms)| Change::PutLockDelay {
+            key: key.clone(),
+            until_ms: *until_ms,
+        }));
         out.extend(to.events.iter().cloned().map(Change::PutEvent));
         out.extend(to.queries.iter().cloned().map(Change::PutQuery));
         out
     }
 
     fn restore_deletes(&self, to: &PersistedState, out: &mut Vec<Change>) {
-        let checks: HashSet<(&str, &str)> = to.checks.iter().map(|c| (c.node.as_str(), c.check_id.as_str())).collect();
+        let checks: HashSet<(&str, &str)> = to
+            .checks
+            .iter()
+            .map(|c| (c.node.as_str(), c.check_id.as_str()))
+            .collect();
         for (node, id) in self.checks.keys() {
             if !checks.contains(&(node.as_str(), id.as_str())) {
-                out.push(Change::DeleteCheck { node: node.clone(), id: id.clone() });
+                out.push(Change::DeleteCheck {
+                    node: node.clone(),
+                    id: id.clone(),
+                });
             }
         }
         let services: HashSet<(&str, &str)> = to.services.iter().map(|(n, s)| (n.as_str(), s.id.as_str())).collect();
         for (node, id) in self.services.keys() {
             if !services.contains(&(node.as_str(), id.as_str())) {
-                out.push(Change::DeleteService { node: node.clone(), id: id.clone() });
+                out.push(Change::DeleteService {
+                    node: node.clone(),
+                    id: id.clone(),
+                });
             }
         }
         let nodes: HashSet<&str> = to.nodes.iter().map(|n| n.node.as_str()).collect();
-        out.extend(self.nodes.keys().filter(|n| !nodes.contains(n.as_str())).cloned().map(Change::DeleteNode));
+        out.extend(
+            self.nodes
+                .keys()
+                .filter(|n| !nodes.contains(n.as_str()))
+                .cloned()
+                .map(Change::DeleteNode),
+        );
         let config: HashSet<_> = to.config.iter().map(|e| (e.kind(), e.name())).collect();
         for (kind, name) in self.config.keys() {
             if !config.contains(&(*kind, name.as_str())) {
@@ -62,9 +82,23 @@ impl State {
             }
         }
         let tokens: HashSet<&str> = to.acl_tokens.iter().map(|t| t.accessor_id.as_str()).collect();
-        out.extend(self.acl.tokens.keys().filter(|a| !tokens.contains(a.as_str())).cloned().map(Change::DeleteAclToken));
+        out.extend(
+            self.acl
+                .tokens
+                .keys()
+                .filter(|a| !tokens.contains(a.as_str()))
+                .cloned()
+                .map(Change::DeleteAclToken),
+        );
         let roles: HashSet<&str> = to.acl_roles.iter().map(|r| r.id.as_str()).collect();
-        out.extend(self.acl.roles.keys().filter(|r| !roles.contains(r.as_str())).cloned().map(Change::DeleteAclRole));
+        out.extend(
+            self.acl
+                .roles
+                .keys()
+                .filter(|r| !roles.contains(r.as_str()))
+                .cloned()
+                .map(Change::DeleteAclRole),
+        );
         let policies: HashSet<&str> = to.acl_policies.iter().map(|p| p.id.as_str()).collect();
         out.extend(
             self.acl
@@ -75,14 +109,45 @@ impl State {
                 .map(Change::DeleteAclPolicy),
         );
         let kv: HashSet<&str> = to.kv.iter().map(|e| e.key.as_str()).collect();
-        out.extend(self.kv.entries.keys().filter(|k| !kv.contains(k.as_str())).cloned().map(Change::DeleteKv));
+        out.extend(
+            self.kv
+                .entries
+                .keys()
+                .filter(|k| !kv.contains(k.as_str()))
+                .cloned()
+                .map(Change::DeleteKv),
+        );
         let delays: HashSet<&str> = to.lock_delays.iter().map(|(k, _)| k.as_str()).collect();
-        out.extend(self.lock_delays.keys().filter(|k| !delays.contains(k.as_str())).cloned().map(Change::DeleteLockDelay));
+        out.extend(
+            self.lock_delays
+                .keys()
+                .filter(|k| !delays.contains(k.as_str()))
+                .cloned()
+                .map(Change::DeleteLockDelay),
+        );
         let sessions: HashSet<&str> = to.sessions.iter().map(|s| s.id.as_str()).collect();
-        out.extend(self.sessions.keys().filter(|s| !sessions.contains(s.as_str())).cloned().map(Change::DeleteSession));
+        out.extend(
+            self.sessions
+                .keys()
+                .filter(|s| !sessions.contains(s.as_str()))
+                .cloned()
+                .map(Change::DeleteSession),
+        );
         let events: HashSet<u64> = to.events.iter().map(|e| e.ltime).collect();
-        out.extend(self.events.keys().filter(|l| !events.contains(l)).copied().map(Change::DeleteEvent));
+        out.extend(
+            self.events
+                .keys()
+                .filter(|l| !events.contains(l))
+                .copied()
+                .map(Change::DeleteEvent),
+        );
         let queries: HashSet<&str> = to.queries.iter().map(|q| q.id.as_str()).collect();
-        out.extend(self.queries.keys().filter(|q| !queries.contains(q.as_str())).cloned().map(Change::DeleteQuery));
+        out.extend(
+            self.queries
+                .keys()
+                .filter(|q| !queries.contains(q.as_str()))
+                .cloned()
+                .map(Change::DeleteQuery),
+        );
     }
 }
