@@ -48,6 +48,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/health/service/id/{id}", get(checks::health_by_id))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/session/create", put(forward::session_create))
+        .route("/v1/snapshot", put(forward::snapshot_restore))
         .route("/v1/event/list", get(forward::event_list))
         .route("/v1/agent/members", get(members))
         .route("/v1/agent/token/{kind}", put(tokens::set_token))

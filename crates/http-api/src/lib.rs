@@ -28,6 +28,7 @@ pub mod query;
 mod query_routes;
 mod response_cache;
 mod session_routes;
+mod snapshot_routes;
 mod txn_routes;
 mod ui;
 
@@ -151,6 +152,7 @@ fn add_store_routes(r: &mut Routes) {
     r.add("/v1/session/node/{node}", get(session_routes::node));
     r.add("/v1/session/list", get(session_routes::list));
     r.add("/v1/txn", put(txn_routes::txn));
+    r.add("/v1/snapshot", get(snapshot_routes::save).put(snapshot_routes::restore));
     r.add("/v1/event/fire/{name}", put(event_routes::fire));
     r.add("/v1/event/list", get(event_routes::list));
     r.add(

@@ -28,6 +28,9 @@ impl Reply {
     }
 }
 
+/// A body given as `{RAW: [bytes]}` is sent as those bytes (a snapshot archive).
+const RAW: &str = "$raw";
+
 async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: Value) -> Reply {
     let mut req = Request::builder().method(method).uri(uri);
     if let Some(t) = token {
@@ -35,6 +38,8 @@ async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: 
     }
     let body = if body.is_null() {
         Body::empty()
+    } else if let Some(raw) = body.get(RAW) {
+        Body::from(serde_json::from_value::<Vec<u8>>(raw.clone()).unwrap())
     } else {
         Body::from(body.to_string())
     };
@@ -50,7 +55,7 @@ async fn call(app: &Router, method: &str, uri: &str, token: Option<&str>, body: 
         status,
         filtered,
         index,
-        body: String::from_utf8(bytes.to_vec()).unwrap(),
+        body: String::from_utf8_lossy(&bytes).into_owned(),
     }
 }
 
@@ -255,6 +260,8 @@ struct Spares {
     intention: String,
     session: String,
     query: String,
+    /// A snapshot archive taken once the spares exist.
+    archive: Vec<u8>,
 }
 
 fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
@@ -879,6 +886,16 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             MESH_WRITE,
             Denied,
         ),
+        // Last: a restore sets the catalog back to when the spares were made.
+        row("GET", "/v1/snapshot", "/v1/snapshot", n.clone(), ACL_WRITE, Denied),
+        row(
+            "PUT",
+            "/v1/snapshot",
+            "/v1/snapshot",
+            json!({ RAW: spares.archive }),
+            ACL_WRITE,
+            Denied,
+        ),
     ]
 }
 
@@ -946,6 +963,7 @@ async fn spares(mesh: &Mesh) -> Spares {
         role: r.json()["ID"].as_str().unwrap().to_owned(),
         token: t.json()["AccessorID"].as_str().unwrap().to_owned(),
         intention: i.json()["ID"].as_str().unwrap().to_owned(),
+        archive: mesh.store.save_snapshot().await.unwrap().1,
     }
 }
 

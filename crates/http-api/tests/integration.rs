@@ -11,3 +11,4 @@ mod gateways;
 mod kv;
 mod operator;
 mod prepared;
+mod snapshot;

@@ -69,7 +69,10 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
         }
         return resp;
     }
-    if !is_write(req.method()) || !req.uri().path().starts_with("/v1/") || *cluster.leading().borrow() {
+    // A snapshot restore is served where it lands: any server can write it (see
+    // `catalog::etcd`), and its body is larger than a write's.
+    let path = req.uri().path();
+    if !is_write(req.method()) || !path.starts_with("/v1/") || path == "/v1/snapshot" || *cluster.leading().borrow() {
         return next.run(req).await;
     }
     let Some(leader) = cluster.status().leader.filter(|l| l.name != cluster.me().name) else {
