@@ -2,7 +2,7 @@
 //! The token they act with comes from `-token-file` or `CONSUL_HTTP_TOKEN`, never from a
 //! flag's value; output is Consul's `AccessorID: ... SecretID: ...` layout.
 
-use crate::cli::{AclCommand, AclCommonArgs, AclPolicyCommand, AclTokenCommand};
+use crate::cli::{AclCommand, AclPolicyCommand, AclTokenCommand, ApiArgs};
 use anyhow::{Context, Result, bail};
 use api_client::{ApiError, Servers, paths};
 use serde::Serialize;
@@ -120,14 +120,9 @@ fn token_text(t: &AclToken) -> String {
     out
 }
 
-/// One request to the HTTP API with the command's token; a refusal is an error carrying
-/// the server's one line.
-async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
-    common: &AclCommonArgs,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<&B>,
-) -> Result<T> {
+/// The servers `common` names and the token to act with (from `-token-file`, else
+/// `CONSUL_HTTP_TOKEN`); the base URL, for messages.
+pub(crate) fn client(common: &ApiArgs) -> Result<(Servers, Option<structs::Token>, String)> {
     let base = api_client::base_url(&common.http_addr);
     let api = match &common.ca_file {
         Some(ca) => {
@@ -144,6 +139,18 @@ async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
         ),
         None => structs::Token::new(&std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default()),
     };
+    Ok((api, token, base))
+}
+
+/// One request to the HTTP API with the command's token; a refusal is an error carrying
+/// the server's one line.
+async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
+    common: &ApiArgs,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&B>,
+) -> Result<T> {
+    let (api, token, base) = client(common)?;
     let answer = match api.call_as(token.as_ref(), method, path, body).await {
         Ok(answer) => answer,
         Err(e) if e.status().is_none() && e.is_unreachable() => {

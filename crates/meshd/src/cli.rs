@@ -40,13 +40,60 @@ pub enum Command {
     /// Bootstrap ACLs, create policies and tokens (over the HTTP API).
     #[command(subcommand)]
     Acl(AclCommand),
+    /// Save the whole catalog to a snapshot archive, restore one, or inspect one.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+/// `meshd snapshot` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a snapshot of the servers' state to FILE (mode 0600: it holds private keys).
+    Save(SnapshotSaveArgs),
+    /// Restore the servers' state from the snapshot in FILE (verified first).
+    Restore(SnapshotFileArgs),
+    /// Verify the snapshot in FILE and print what it holds (no server needed).
+    Inspect(SnapshotInspectArgs),
+}
+
+/// `meshd snapshot save` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotSaveArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// Take the answering server's state without catching up with the others first.
+    #[arg(long = "stale")]
+    pub stale: bool,
+    /// Where to write the archive.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+/// `meshd snapshot restore` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotFileArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The archive.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+/// `meshd snapshot inspect` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotInspectArgs {
+    /// The archive.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 /// `meshd acl` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum AclCommand {
     /// The first management token (once): prints its AccessorID and SecretID.
-    Bootstrap(AclCommonArgs),
+    Bootstrap(ApiArgs),
     /// Policies.
     #[command(subcommand)]
     Policy(AclPolicyCommand),
@@ -55,9 +102,9 @@ pub enum AclCommand {
     Token(AclTokenCommand),
 }
 
-/// What every `meshd acl` command takes.
+/// What every command over the HTTP API (`meshd acl`, `meshd snapshot`) takes.
 #[derive(Debug, Clone, Args)]
-pub struct AclCommonArgs {
+pub struct ApiArgs {
     /// The HTTP API (`host:port`, `http://` or `https://`).
     #[arg(long = "http-addr", value_name = "ADDR", default_value = "127.0.0.1:8500")]
     pub http_addr: String,
@@ -81,7 +128,7 @@ pub enum AclPolicyCommand {
 pub struct AclPolicyCreateArgs {
     /// The API and the token to act with.
     #[command(flatten)]
-    pub common: AclCommonArgs,
+    pub common: ApiArgs,
     /// The policy's name.
     #[arg(long = "name", value_name = "NAME", default_value = "")]
     pub name: String,
@@ -105,7 +152,7 @@ pub enum AclTokenCommand {
 pub struct AclTokenCreateArgs {
     /// The API and the token to act with.
     #[command(flatten)]
-    pub common: AclCommonArgs,
+    pub common: ApiArgs,
     /// A policy to link, by name; repeatable.
     #[arg(long = "policy-name", value_name = "NAME")]
     pub policy_name: Vec<String>,

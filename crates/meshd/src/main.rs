@@ -72,6 +72,7 @@ fn main() -> ExitCode {
             }
             Command::Tls(command) => meshd::tls::certs::run(command),
             Command::Acl(command) => meshd::acl_cli::run(command).await,
+            Command::Snapshot(command) => meshd::snapshot_cli::run(command).await,
         }
     });
     match result {
