@@ -1,9 +1,10 @@
 //! KV benchmark (prints figures; asserts nothing), against a real `meshd server` on a fresh
-//! data dir: durable KV writes per second from concurrent clients, and 10,000 blocking
-//! listings of one prefix woken by one write under it.
+//! data dir: durable KV writes per second from concurrent clients, 10,000 blocking
+//! listings of one prefix woken by one write under it, and a snapshot of 100,000 keys saved
+//! (`GET /v1/snapshot`) and restored into a second server on its own data dir.
 //!
 //! Run: `cargo xtask bench kv` (or `cargo bench -p meshd --bench kv`). Scale with `WRITES=`
-//! (20000), `WRITERS=` (64), `WAITERS=` (10000).
+//! (20000), `WRITERS=` (64), `WAITERS=` (10000), `SNAPSHOT_KEYS=` (100000).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -117,6 +118,76 @@ async fn prefix_watchers(url: &str, pid: u32, waiters: usize) {
     );
 }
 
+/// Fills the store to `keys` keys (64-byte values, in transactions of 64), then saves a
+/// snapshot and restores it into a second server on a fresh data dir.
+async fn snapshot(url: &str, keys: usize) {
+    let client = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let value = "dmFsdWUtdmFsdWUtdmFsdWUtdmFsdWUtdmFsdWUtdmFsdWUtdmFsdWUtdmFsdWUt"; // 48 bytes, base64
+    for w in 0..16 {
+        let (client, url) = (client.clone(), url.to_owned());
+        tasks.spawn(async move {
+            let mut i = w * 64;
+            while i < keys {
+                let ops: Vec<serde_json::Value> = (i..(i + 64).min(keys))
+                    .map(|k| serde_json::json!({"KV": {"Verb": "set", "Key": format!("snap/{}/{k}", k % 1000), "Value": value}}))
+                    .collect();
+                let resp = client.put(format!("{url}/v1/txn")).json(&ops).send().await.unwrap();
+                assert!(resp.status().is_success(), "{}", resp.text().await.unwrap_or_default());
+                i += 16 * 64;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let t0 = Instant::now();
+    let resp = client.get(format!("{url}/v1/snapshot")).send().await.unwrap();
+    assert!(resp.status().is_success());
+    let archive = resp.bytes().await.unwrap();
+    let saved = t0.elapsed();
+    println!(
+        "  snapshot of {keys} keys (and the rest of the store): GET /v1/snapshot in {}, archive {:.1} MiB",
+        ms(saved),
+        archive.len() as f64 / (1 << 20) as f64
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut fresh = test_support::process::start_server(
+        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+        [
+            std::ffi::OsStr::new("-log-level"),
+            "warn".as_ref(),
+            "-data-dir".as_ref(),
+            dir.path().as_os_str(),
+        ],
+    );
+    let t0 = Instant::now();
+    let resp = client
+        .put(format!("{}/v1/snapshot", fresh.http))
+        .body(archive.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap_or_default());
+    let restored = t0.elapsed();
+    let listed: Vec<String> = client
+        .get(format!("{}/v1/kv/snap/?keys", fresh.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), keys, "every key restored");
+    println!(
+        "    PUT /v1/snapshot into a fresh server on a data dir (verified, one durable write): {}; {} keys listed after",
+        ms(restored),
+        listed.len()
+    );
+    let _ = fresh.child.kill();
+    let _ = fresh.child.wait();
+}
+
 fn main() {
     let (n_writes, writers, waiters) = (
         env_usize("WRITES", 20_000),
@@ -142,6 +213,7 @@ fn main() {
         println!("KV benchmark (real meshd server on a fresh data dir, 2 cores shared with the load generator)");
         writes(&server.http, n_writes, writers).await;
         prefix_watchers(&server.http, server.child.id(), waiters).await;
+        snapshot(&server.http, env_usize("SNAPSHOT_KEYS", 100_000)).await;
         let _ = server.child.kill();
         let _ = server.child.wait();
     });
