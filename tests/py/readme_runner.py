@@ -206,6 +206,8 @@ def etcd_members(runner, endpoints):
 def check_server(runner, blocks):
     leader = eventually("the server answers", lambda: get("http://127.0.0.1:8500/v1/status/leader"), runner)
     assert leader, leader
+    backup = os.path.join(runner.work, "backup.snap")
+    assert os.stat(backup).st_mode & 0o777 == 0o600, "the snapshot file is private"
 
 
 def check_agent(runner, blocks):
