@@ -2,12 +2,38 @@
 
 use crate::state::State;
 use std::{collections::BTreeMap, time::SystemTime};
+use structs::query::PreparedQuery;
 use structs::{
     CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthCheck, IndexedCaRoots, Intention, Node, NodeService,
     intention,
 };
 
 impl State {
+    /// The prepared query `asked` names: by id, else by exact name, else the template whose
+    /// name is the longest prefix of it; rendered for that name.
+    pub fn resolve_query(&self, asked: &str) -> Option<PreparedQuery> {
+        if let Some(found) = self.query(asked) {
+            return Some(found.render(asked));
+        }
+        let named = self.queries().find(|pq| !pq.is_template() && pq.name == asked);
+        let template = || {
+            self.queries()
+                .filter(|pq| pq.is_template() && asked.starts_with(pq.name.as_str()))
+                .max_by_key(|pq| pq.name.len())
+        };
+        named.or_else(template).map(|pq| pq.render(asked))
+    }
+
+    /// The instances a (resolved) prepared query selects: those of its service, or with
+    /// `connect` (or the query's own `Connect.Enabled`) the connect-capable ones, whose
+    /// checks it admits; ordered by node then id. Who may read them is the caller's to judge.
+    pub fn query_nodes(&self, query: &PreparedQuery, connect: bool) -> Vec<CheckServiceNode> {
+        self.health(&query.service.service, connect || query.service.connect.enabled)
+            .into_iter()
+            .filter(|csn| query.admits(csn))
+            .collect()
+    }
+
     fn check_service_node(&self, node_name: &str, svc: &NodeService) -> Option<CheckServiceNode> {
         let node: Node = (*self.node(node_name)?).clone();
         let checks: Vec<HealthCheck> = self

@@ -13,7 +13,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use catalog::{IndexKey, Op};
 use serde_json::json;
-use std::sync::Arc;
+use structs::Index;
 use structs::query::PreparedQuery;
 
 /// What Consul shows in place of a stored token.
@@ -137,24 +137,15 @@ pub(crate) async fn delete(
     Ok(query::json(&json!(null), None, params.pretty()))
 }
 
-/// The query `asked` names: by id, else by exact name, else the template whose name is the
-/// longest prefix of it; rendered for that name.
 fn resolve(state: &catalog::State, asked: &str) -> Option<PreparedQuery> {
-    if let Some(found) = state.query(asked) {
-        return Some(found.render(asked));
-    }
-    let named = state.queries().find(|pq| !pq.is_template() && pq.name == asked);
-    let template = || {
-        state
-            .queries()
-            .filter(|pq| pq.is_template() && asked.starts_with(pq.name.as_str()))
-            .max_by_key(|pq| pq.name.len())
-    };
-    named.or_else(template).map(|pq: &Arc<PreparedQuery>| pq.render(asked))
+    state.resolve_query(asked)
 }
 
-/// `GET /v1/query/:id_or_name/execute` (`?limit=`): the healthy instances the query selects
-/// and the caller may read, in a new order each time (no coordinates to sort by distance).
+/// `GET /v1/query/:id_or_name/execute` (`?limit=`, `?connect=true`: the connect-capable
+/// instances, as Consul's): the healthy instances the query selects and the caller may
+/// read, in a new order each time (no coordinates to sort by distance). `X-Consul-Index` is
+/// that of the queries and of the service's instances; with `?index=` it blocks until either
+/// passes it (Consul answers at once; an agent's cache follows a query's results this way).
 pub(crate) async fn execute(
     State(api): State<Api>,
     authz: Authz,
@@ -164,9 +155,39 @@ pub(crate) async fn execute(
     let params = Params::parse(q.as_deref());
     query::check_common(&params, api.store.datacenter())?;
     let limit = params.u64("limit")?;
+    let connect = params.bool("connect")?;
+    let blocking = params.blocking()?;
     let caller = authz.get()?;
-    let state = api.store.read();
-    let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+    let deadline = tokio::time::Instant::now() + blocking.wait_with_jitter();
+    let (state, prepared, index) = loop {
+        let state = api.store.read();
+        let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+        let key = query::service_key(&prepared.service.service, connect || prepared.service.connect.enabled);
+        let index = state
+            .index_of(&IndexKey::Queries)
+            .max(state.index_of(&key))
+            .max(Index(1));
+        let Some(after) = blocking.index.filter(|after| *after >= index) else {
+            break (state, prepared, index);
+        };
+        let receivers = (
+            api.store.index_receiver(&IndexKey::Queries),
+            api.store.index_receiver(&key),
+        );
+        let (Some(mut queries), Some(mut instances)) = receivers else {
+            break (state, prepared, index);
+        };
+        if tokio::time::Instant::now() >= deadline {
+            break (state, prepared, index);
+        }
+        drop(state);
+        let _waiting = api.metrics.waiting();
+        tokio::select! {
+            _ = queries.wait_for(|i| *i > after) => {}
+            _ = instances.wait_for(|i| *i > after) => {}
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    };
     // A query with a stored token runs with that token's rights, as Consul's do.
     let stored = match structs::Token::new(&prepared.token) {
         Some(token) => Some(
@@ -179,11 +200,7 @@ pub(crate) async fn execute(
     };
     let a = stored.as_ref().map_or(caller, |r| &*r.authz);
     let service = prepared.service.service.clone();
-    let mut nodes: Vec<structs::CheckServiceNode> = state
-        .health(&service, prepared.service.connect.enabled)
-        .into_iter()
-        .filter(|csn| prepared.admits(csn))
-        .collect();
+    let mut nodes = state.query_nodes(&prepared, connect);
     let before = nodes.len();
     nodes.retain(|csn| a.service_read(&csn.service.service) && a.node_read(&csn.node.node));
     let filtered = nodes.len() != before;
@@ -206,7 +223,7 @@ pub(crate) async fn execute(
         "Failovers": 0,
     });
     Ok(mark_filtered(
-        query::json(&body, Some(state.index), params.pretty()),
+        query::json(&body, Some(index), params.pretty()),
         filtered,
     ))
 }

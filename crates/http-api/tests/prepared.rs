@@ -146,3 +146,78 @@ async fn prepared_queries_as_consul() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// `?connect=true` answers the sidecars, and `?index=` blocks until the query or its
+/// service's instances change (what an agent's cache follows for a prepared-query upstream).
+#[tokio::test]
+async fn execute_answers_connect_instances_and_blocks_on_the_query_and_its_instances() {
+    let app = http_api::router(
+        Store::open(StoreConfig::default()).await.unwrap(),
+        http_api::ApiConfig::default(),
+    );
+    let register = |node: &str, id: &str| {
+        json!({"Node": node, "Address": "10.0.0.1", "Service": {
+            "Kind": "connect-proxy", "ID": format!("{id}-sidecar-proxy"), "Service": "web-sidecar-proxy",
+            "Port": 21000, "Proxy": {"DestinationServiceName": "web"}}})
+    };
+    assert_eq!(
+        call(&app, "PUT", "/v1/catalog/register", register("n1", "web1"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (status, _, text) = call(
+        &app,
+        "POST",
+        "/v1/query",
+        json!({"Name": "web", "Service": {"Service": "web"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let req = Request::builder()
+        .uri("/v1/query/web/execute?connect=true")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let index: u64 = resp.headers()["x-consul-index"].to_str().unwrap().parse().unwrap();
+    let v: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["Nodes"][0]["Service"]["ID"], "web1-sidecar-proxy");
+    let (_, plain, _) = call(&app, "GET", "/v1/query/web/execute", Value::Null).await;
+    assert_eq!(
+        plain["Nodes"],
+        json!([]),
+        "without ?connect, the service's own instances (none)"
+    );
+
+    // Blocked at the current index: an unrelated write does not answer it, a new sidecar does.
+    let blocked = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            call(
+                &app,
+                "GET",
+                &format!("/v1/query/web/execute?connect=true&index={index}&wait=30s"),
+                Value::Null,
+            )
+            .await
+        })
+    };
+    let other = json!({"Node": "n9", "Address": "10.0.0.9", "Service": {"Service": "db", "Port": 5432}});
+    assert_eq!(call(&app, "PUT", "/v1/catalog/register", other).await.0, StatusCode::OK);
+    tokio::task::yield_now().await;
+    assert!(
+        !blocked.is_finished(),
+        "a write elsewhere does not answer the blocked execute"
+    );
+    assert_eq!(
+        call(&app, "PUT", "/v1/catalog/register", register("n2", "web2"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (_, v, _) = tokio::time::timeout(std::time::Duration::from_secs(10), blocked)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v["Nodes"].as_array().unwrap().len(), 2);
+}
