@@ -21,7 +21,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use types::{
-    ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, Roots, ServiceList,
+    ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, PreparedQuery, Roots,
+    ServiceList,
 };
 
 /// Settings of the agent's caches.
@@ -73,6 +74,8 @@ pub struct AgentCaches {
     pub datacenters: Cache<Datacenters>,
     /// The services of each gateway.
     pub gateway_services: Cache<GatewayServices>,
+    /// Prepared queries' connect-capable instances.
+    pub prepared_query: Cache<PreparedQuery>,
     datacenter: Arc<str>,
     cancel: CancellationToken,
 }
@@ -103,6 +106,7 @@ impl AgentCaches {
                 config.cache.clone(),
                 cancel.child_token(),
             ),
+            prepared_query: Cache::new(PreparedQuery(http.clone()), config.cache.clone(), cancel.child_token()),
             datacenters: Cache::new(Datacenters::new(http), config.cache.clone(), cancel.child_token()),
             datacenter: config.datacenter.into(),
             cancel,
@@ -115,7 +119,7 @@ impl AgentCaches {
     }
 
     /// Every type's counters, by type name.
-    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 9] {
+    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 10] {
         [
             ("roots", self.roots.metrics()),
             ("leaf", self.leaf.metrics()),
@@ -126,6 +130,7 @@ impl AgentCaches {
             ("services", self.services.metrics()),
             ("datacenters", self.datacenters.metrics()),
             ("gateway_services", self.gateway_services.metrics()),
+            ("prepared_query", self.prepared_query.metrics()),
         ]
     }
 
@@ -146,6 +151,7 @@ impl AgentCaches {
         self.services.shutdown().await;
         self.datacenters.shutdown().await;
         self.gateway_services.shutdown().await;
+        self.prepared_query.shutdown().await;
     }
 }
 

@@ -266,6 +266,53 @@ impl CacheType for GatewayServices {
     }
 }
 
+/// A prepared query, by id or name (a template's rendering included).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PreparedQueryKey {
+    /// The id or name asked.
+    pub query: String,
+}
+
+/// The connect-capable instances a prepared query selects
+/// (`/v1/query/:query/execute?connect=true`, which meshd's servers answer as a blocking
+/// query on the queries and the service's instances), ordered by node then id.
+#[derive(Clone)]
+pub struct PreparedQuery(pub Http);
+
+impl CacheType for PreparedQuery {
+    type Request = PreparedQueryKey;
+    type Value = Arc<Vec<CheckServiceNode>>;
+
+    async fn fetch(&self, key: &PreparedQueryKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Executed {
+            #[serde(default)]
+            nodes: Vec<CheckServiceNode>,
+        }
+        let path = format!(
+            "/v1/query/{}/execute?connect=true",
+            api_client::paths::segment(&key.query)
+        );
+        let answer = self.0.blocking(&path, min_index).await?;
+        let Some(body) = answer.body else {
+            return Err(FetchError::Unavailable(format!(
+                "prepared query {:?} does not exist",
+                key.query
+            )));
+        };
+        let executed: Executed =
+            structs::json::from_slice(&body).map_err(|e| FetchError::Unavailable(format!("GET {path}: {e}")))?;
+        let mut nodes = executed.nodes;
+        // The servers shuffle; a proxy's endpoints should not churn for it.
+        nodes.sort_by(|a, b| (&a.node.node, &a.service.id).cmp(&(&b.node.node, &b.service.id)));
+        Ok(Fetched {
+            value: Arc::new(nodes),
+            index: answer.index,
+        })
+    }
+}
+
 /// Every known datacenter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DatacentersKey;

@@ -161,25 +161,34 @@ pub(crate) async fn execute(
     let deadline = tokio::time::Instant::now() + blocking.wait_with_jitter();
     let (state, prepared, index) = loop {
         let state = api.store.read();
-        let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
-        let key = query::service_key(&prepared.service.service, connect || prepared.service.connect.enabled);
+        let prepared = resolve(&state, &asked);
+        // A missing query blocks on the queries alone (it may be created).
+        let key = match &prepared {
+            Some(p) => query::service_key(&p.service.service, connect || p.service.connect.enabled),
+            None => IndexKey::Queries,
+        };
         let index = state
             .index_of(&IndexKey::Queries)
             .max(state.index_of(&key))
             .max(Index(1));
-        let Some(after) = blocking.index.filter(|after| *after >= index) else {
-            break (state, prepared, index);
-        };
+        let answer = blocking.index.is_none_or(|after| after < index) || tokio::time::Instant::now() >= deadline;
         let receivers = (
             api.store.index_receiver(&IndexKey::Queries),
             api.store.index_receiver(&key),
         );
-        let (Some(mut queries), Some(mut instances)) = receivers else {
-            break (state, prepared, index);
+        let (false, Some(after), Some(mut queries), Some(mut instances)) =
+            (answer, blocking.index, receivers.0, receivers.1)
+        else {
+            match prepared {
+                Some(prepared) => break (state, prepared, index),
+                // With its index, so that a blocking client can wait for it.
+                None => {
+                    let mut resp = axum::response::IntoResponse::into_response(not_found(&asked));
+                    query::add_consul_headers(resp.headers_mut(), Some(index));
+                    return Ok(resp);
+                }
+            }
         };
-        if tokio::time::Instant::now() >= deadline {
-            break (state, prepared, index);
-        }
         drop(state);
         let _waiting = api.metrics.waiting();
         tokio::select! {

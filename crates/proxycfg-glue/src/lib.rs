@@ -37,7 +37,6 @@ mod service_list;
 
 #[cfg(feature = "cache")]
 pub use cache_sources::{cache_data_sources, cache_data_sources_tracked};
-pub use prepared_query::PreparedQueriesUnsupported;
 #[cfg(feature = "server")]
 pub use server_sources::{server_data_sources, server_data_sources_tracked};
 
@@ -51,6 +50,7 @@ pub use {
     http_checks::{CacheHttpChecks, LocalChecks},
     intentions::CacheIntentions,
     leaf::CacheLeaf,
+    prepared_query::CachePreparedQuery,
     resolved_config::CacheResolvedServiceConfig,
     roots::CacheCaRoots,
     service_list::CacheServiceList,
@@ -65,6 +65,7 @@ pub use {
     http_checks::ServerHttpChecks,
     intentions::ServerIntentions,
     leaf::ServerLeaf,
+    prepared_query::ServerPreparedQuery,
     resolved_config::ServerResolvedServiceConfig,
     roots::ServerCaRoots,
     service_list::ServerServiceList,
@@ -108,9 +109,9 @@ mod server_sources {
             ))),
             service_list: Arc::new(ServerServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(ServerDatacenters(Arc::clone(&mode))),
-            gateway_services: Arc::new(ServerGatewayServices(mode)),
+            gateway_services: Arc::new(ServerGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(ServerHttpChecks),
-            prepared_query: Arc::new(PreparedQueriesUnsupported),
+            prepared_query: Arc::new(ServerPreparedQuery(Arc::clone(&mode))),
         }
     }
 }
@@ -154,9 +155,9 @@ mod cache_sources {
             ))),
             service_list: Arc::new(CacheServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(CacheDatacenters(Arc::clone(&mode))),
-            gateway_services: Arc::new(CacheGatewayServices(mode)),
+            gateway_services: Arc::new(CacheGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(CacheHttpChecks(local)),
-            prepared_query: Arc::new(PreparedQueriesUnsupported),
+            prepared_query: Arc::new(CachePreparedQuery(Arc::clone(&mode))),
         }
     }
 }

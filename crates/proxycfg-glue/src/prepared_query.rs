@@ -1,29 +1,131 @@
-//! Prepared queries: neither mode serves them yet, so a watch of one is an error its proxy
-//! shows (in its status and metrics) rather than a watch that silently never answers.
+//! Prepared queries as upstreams (`DestinationType: prepared_query`): the connect-capable
+//! instances a query selects, by id, name or template, followed as the query and its
+//! service's instances change. A query that does not exist is an error the proxy shows (in
+//! its status and metrics) until it is created, not a watch that silently never answers.
+//! Instances come in a stable order (node, then id): the servers shuffle an execute's answer,
+//! which must not churn a proxy's endpoints.
 
-use proxycfg::data_sources::{PreparedQueryRequest, PreparedQueryResult};
-use proxycfg::{CorrelationId, DataSource, DataSourceError, EventSender, WatchFuture};
-use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
+#[cfg(feature = "server")]
+pub use on_server::ServerPreparedQuery;
 
-/// Prepared queries are not served (either mode): a watch of one is an error.
-pub struct PreparedQueriesUnsupported;
+#[cfg(feature = "server")]
+mod on_server {
+    use crate::derive::watched_source;
+    use crate::mode::Mode;
+    use crate::server_mode::Catalog;
+    use catalog::{IndexKey, Store};
+    use proxycfg::DataSourceError;
+    use proxycfg::data_sources::{PreparedQueryRequest, PreparedQueryResult};
+    use proxycfg::forward::{Step, Updates};
+    use std::sync::Arc;
+    use structs::{CheckServiceNode, Index};
 
-impl DataSource<PreparedQueryRequest> for PreparedQueriesUnsupported {
-    fn notify<'w>(
-        self: Arc<Self>,
-        req: PreparedQueryRequest,
-        id: CorrelationId,
-        tx: EventSender<PreparedQueryResult>,
-        cancel: CancellationToken,
-    ) -> WatchFuture<'w>
-    where
-        Self: 'w,
-    {
-        let error = DataSourceError::InvalidRequest(format!(
-            "prepared query {:?}: prepared queries are not supported",
-            req.query
-        ));
-        Box::pin(proxycfg::forward::refuse(id, tx, error, cancel))
+    /// A prepared query's instances from the catalog (server mode).
+    pub struct ServerPreparedQuery(pub(crate) Arc<Catalog>);
+
+    impl ServerPreparedQuery {
+        fn updates(&self, req: PreparedQueryRequest) -> Result<Follower, DataSourceError> {
+            self.0.check_dc(&req.datacenter)?;
+            Ok(Follower {
+                store: self.0.store.clone(),
+                asked: req.query,
+                last: None,
+            })
+        }
     }
+
+    /// Follows one query: runs it on the current state, and again whenever the queries or
+    /// the instances of the service it names move past what it read.
+    pub(super) struct Follower {
+        store: Store,
+        asked: String,
+        /// What was last sent.
+        last: Option<Result<Arc<Vec<CheckServiceNode>>, String>>,
+    }
+
+    impl Follower {
+        /// The query's result now, the key of its instances, and the index it was read at.
+        fn run(&self) -> (Result<Arc<Vec<CheckServiceNode>>, String>, IndexKey, Index) {
+            let state = self.store.read();
+            let (result, key) = match state.resolve_query(&self.asked) {
+                Some(query) => {
+                    let key = IndexKey::ServiceConnect(query.service.service.clone());
+                    (Ok(Arc::new(state.query_nodes(&query, true))), key)
+                }
+                None => (
+                    Err(format!("prepared query {:?} does not exist", self.asked)),
+                    IndexKey::Queries,
+                ),
+            };
+            let index = state.index_of(&IndexKey::Queries).max(state.index_of(&key));
+            (result, key, index)
+        }
+    }
+
+    impl Updates<PreparedQueryResult> for Follower {
+        async fn next(&mut self) -> Step<PreparedQueryResult> {
+            loop {
+                let (result, key, index) = self.run();
+                if self.last.as_ref() != Some(&result) {
+                    self.last = Some(result.clone());
+                    return Some(Some(
+                        result.map(PreparedQueryResult).map_err(DataSourceError::InvalidRequest),
+                    ));
+                }
+                // Nothing new for this proxy: wait until either input moves on. `None`: the
+                // store is closing, and the watch ends with it.
+                let receivers = (
+                    self.store.index_receiver(&IndexKey::Queries),
+                    self.store.index_receiver(&key),
+                );
+                let (Some(mut queries), Some(mut instances)) = receivers else {
+                    return None;
+                };
+                let moved = tokio::select! {
+                    r = queries.wait_for(|i| *i > index) => r.is_ok(),
+                    r = instances.wait_for(|i| *i > index) => r.is_ok(),
+                };
+                if !moved {
+                    return None;
+                }
+            }
+        }
+    }
+
+    watched_source!(ServerPreparedQuery, PreparedQueryRequest, |s, req| s.updates(req));
+}
+
+#[cfg(feature = "cache")]
+pub use on_cache::CachePreparedQuery;
+
+#[cfg(feature = "cache")]
+mod on_cache {
+    use crate::cache_mode::{AgentCache, CacheInput};
+    use crate::derive::{Derive, watched_source};
+    use crate::mode::Mode;
+    use agent_cache::types::PreparedQueryKey;
+    use proxycfg::DataSourceError;
+    use proxycfg::data_sources::{PreparedQueryRequest, PreparedQueryResult};
+    use proxycfg::forward::Updates;
+    use std::sync::Arc;
+
+    /// A prepared query's instances from the servers (`/v1/query/:query/execute?connect=true`
+    /// through the agent cache; agent mode).
+    pub struct CachePreparedQuery(pub(crate) Arc<AgentCache>);
+
+    impl CachePreparedQuery {
+        fn updates(
+            &self,
+            req: PreparedQueryRequest,
+        ) -> Result<impl Updates<PreparedQueryResult> + use<>, DataSourceError> {
+            self.0.check_dc(&req.datacenter)?;
+            let key = PreparedQueryKey { query: req.query };
+            Ok(Derive::distinct(
+                CacheInput::new(self.0.caches.prepared_query.watch(&key)),
+                |nodes| Ok(PreparedQueryResult(nodes)),
+            ))
+        }
+    }
+
+    watched_source!(CachePreparedQuery, PreparedQueryRequest, |s, req| s.updates(req));
 }

@@ -7,4 +7,5 @@
 mod cache_sources;
 #[cfg(all(feature = "cache", feature = "server"))]
 mod gateway_sources;
+mod prepared_sources;
 mod server_sources;
