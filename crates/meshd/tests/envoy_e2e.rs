@@ -19,15 +19,25 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     let mesh = Mesh::start();
     let dir = tempfile::tempdir().unwrap();
     let (api_port, web_port) = (backend("api-1"), backend("web"));
-    let (api_proxy, web_proxy, upstream) = (free_port(), free_port(), free_port());
+    let (api_proxy, web_proxy, upstream, by_query) = (free_port(), free_port(), free_port(), free_port());
     mesh.register("node-api", "api", api_port, api_proxy, json!([]), json!({}))
         .await;
+    // A prepared query selecting api, for web's second upstream.
+    let created = mesh
+        .client
+        .post(format!("{}/v1/query", mesh.http))
+        .json(&json!({"Name": "api-query", "Service": {"Service": "api"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success());
     mesh.register(
         "node-web",
         "web",
         web_port,
         web_proxy,
-        json!([{"DestinationName": "api", "LocalBindPort": upstream}]),
+        json!([{"DestinationName": "api", "LocalBindPort": upstream},
+               {"DestinationType": "prepared_query", "DestinationName": "api-query", "LocalBindPort": by_query}]),
         json!({}),
     )
     .await;
@@ -39,6 +49,12 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     // web's upstream listener reaches api's backend through api's sidecar.
     let body = wait_for(|| get(&client, &through_mesh)).await;
     assert_eq!(body, "api-1");
+    // So does the prepared-query upstream, over a cluster of its own (the query's SNI),
+    // verifying api's identity.
+    let by_query = format!("http://127.0.0.1:{by_query}/");
+    assert_eq!(wait_for(|| get(&client, &by_query)).await, "api-1");
+    let clusters = get(&client, &format!("{web_admin}/clusters")).await.unwrap();
+    assert!(clusters.contains("api-query.default.dc1.query."), "{clusters}");
 
     // Both proxies are in sync, as the server sees them over HTTP and over CSDS.
     let status = wait_for(|| async {

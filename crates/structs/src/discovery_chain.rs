@@ -260,10 +260,45 @@ pub fn resolver_node_name(target: &TargetId) -> String {
     format!("resolver:{target}")
 }
 
+/// The SNI (and cluster name) of a prepared query's instances:
+/// `query.namespace.datacenter.query.trust-domain`, apart from any service's.
+pub fn query_sni(query: &str, datacenter: &str, trust_domain: &str) -> String {
+    format!("{query}.default.{datacenter}.query.{trust_domain}")
+}
+
 impl CompiledDiscoveryChain {
     /// The chain of a service no config entry shapes: one resolver node, one target.
     pub fn default_for(service: &str, datacenter: &str, trust_domain: &str, protocol: crate::Protocol) -> Self {
         let id = TargetId::new("", service, "default", datacenter);
+        let sni = target_sni("", service, "default", datacenter, trust_domain);
+        Self::one_target(id, service, sni, datacenter, protocol, DEFAULT_CONNECT_TIMEOUT_MS)
+    }
+
+    /// The chain of a prepared-query upstream: one resolver node, one target `id` (under
+    /// which the proxy keeps the query's instances) whose cluster and SNI are the query's
+    /// ([`query_sni`]), so it never shares a cluster with an upstream of the service itself;
+    /// `service` is the service the instances are, whose identity they must present.
+    pub fn for_prepared_query(
+        id: TargetId,
+        query: &str,
+        service: &str,
+        datacenter: &str,
+        trust_domain: &str,
+        protocol: crate::Protocol,
+        connect_timeout_ms: u32,
+    ) -> Self {
+        let sni = query_sni(query, datacenter, trust_domain);
+        Self::one_target(id, service, sni, datacenter, protocol, connect_timeout_ms)
+    }
+
+    fn one_target(
+        id: TargetId,
+        service: &str,
+        sni: String,
+        datacenter: &str,
+        protocol: crate::Protocol,
+        connect_timeout_ms: u32,
+    ) -> Self {
         let target = DiscoveryTarget {
             id: id.clone(),
             service: service.to_owned(),
@@ -272,9 +307,9 @@ impl CompiledDiscoveryChain {
             partition: "default".to_owned(),
             datacenter: datacenter.to_owned(),
             subset: TargetSubset::default(),
-            sni: target_sni("", service, "default", datacenter, trust_domain),
-            name: target_sni("", service, "default", datacenter, trust_domain),
-            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            name: sni.clone(),
+            sni,
+            connect_timeout_ms,
             load_balancer: None,
         };
         let node_name = resolver_node_name(&id);
@@ -282,7 +317,7 @@ impl CompiledDiscoveryChain {
             id.to_string(),
             ChainResolver {
                 default: true,
-                connect_timeout: GoDuration(Duration::from_millis(u64::from(DEFAULT_CONNECT_TIMEOUT_MS))),
+                connect_timeout: GoDuration(Duration::from_millis(u64::from(connect_timeout_ms))),
                 request_timeout: GoDuration::default(),
                 target: id.clone(),
                 failover: None,

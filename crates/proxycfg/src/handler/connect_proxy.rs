@@ -132,6 +132,61 @@ impl ConnectProxyHandler {
     }
 }
 
+/// The one target a prepared-query upstream's instances are kept under.
+fn query_target(upstream: &UpstreamId) -> TargetId {
+    TargetId(upstream.to_string().into())
+}
+
+impl ConnectProxyHandler {
+    /// Sets the chain of the prepared-query upstream `id` from its instances (the service
+    /// they are) and the trust domain, so that its listener, cluster and endpoints are built
+    /// as any upstream's; nothing for another upstream, or until both are known.
+    fn query_chain(
+        &self,
+        upstreams: &mut Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>,
+        id: &Arc<UpstreamId>,
+        roots: Option<&structs::IndexedCaRoots>,
+    ) {
+        let Some(entry) = upstreams.get(id) else { return };
+        let Some(config) = self.service.proxy.upstreams.get(entry.index) else {
+            return;
+        };
+        if config.destination_type.effective() != DestinationType::PreparedQuery {
+            return;
+        }
+        let target = query_target(id);
+        let (Some(roots), Some(nodes)) = (roots, entry.endpoints.get(&target)) else {
+            return;
+        };
+        // The service the query's instances serve (a sidecar serves its destination); the
+        // query's name while it selects none.
+        let service = nodes.first().map_or(config.destination_name.as_str(), |n| {
+            if n.service.proxy.destination_service_name.is_empty() {
+                n.service.service.as_str()
+            } else {
+                n.service.proxy.destination_service_name.as_str()
+            }
+        });
+        let options = config.options();
+        let chain = structs::CompiledDiscoveryChain::for_prepared_query(
+            target,
+            &config.destination_name,
+            service,
+            self.upstream_datacenter(id),
+            &roots.trust_domain,
+            options.protocol.unwrap_or_default(),
+            options
+                .connect_timeout_ms
+                .unwrap_or(structs::discovery_chain::DEFAULT_CONNECT_TIMEOUT_MS),
+        );
+        if entry.chain.as_deref() != Some(&chain)
+            && let Some(entry) = Arc::make_mut(upstreams).get_mut(id)
+        {
+            Arc::make_mut(entry).chain = Some(Arc::new(chain));
+        }
+    }
+}
+
 impl KindHandler for ConnectProxyHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
         self.watch_service(watches);
@@ -158,7 +213,14 @@ impl KindHandler for ConnectProxyHandler {
             return Err(HandlerError::WrongKind);
         };
         match (id, payload) {
-            (CorrelationId::Roots, UpdatePayload::CaRoots(roots)) => snapshot.roots = Some(roots),
+            (CorrelationId::Roots, UpdatePayload::CaRoots(roots)) => {
+                snapshot.roots = Some(roots);
+                // A prepared query's chain names the trust domain.
+                let ids: Vec<_> = cp.upstreams.keys().cloned().collect();
+                for id in ids {
+                    self.query_chain(&mut cp.upstreams, &id, snapshot.roots.as_deref());
+                }
+            }
             (CorrelationId::Leaf, UpdatePayload::Leaf(leaf)) => cp.leaf = Some(leaf),
             (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => cp.intentions = Some(ixns),
             (CorrelationId::MeshConfig, UpdatePayload::ConfigEntry(entry)) => cp.mesh_config = Some(entry),
@@ -180,7 +242,7 @@ impl KindHandler for ConnectProxyHandler {
                 upstreams::apply_target_health(&mut cp.upstreams, upstream, target, nodes)?;
             }
             (CorrelationId::PreparedQuery(upstream), UpdatePayload::Health(nodes)) => {
-                let target = TargetId(upstream.to_string().into());
+                let target = query_target(&upstream);
                 let upstreams = Arc::make_mut(&mut cp.upstreams);
                 match upstreams.get_mut(&upstream) {
                     Some(entry) => {
@@ -192,6 +254,7 @@ impl KindHandler for ConnectProxyHandler {
                         ));
                     }
                 }
+                self.query_chain(&mut cp.upstreams, &upstream, snapshot.roots.as_deref());
             }
             (
                 id @ (CorrelationId::Roots
