@@ -59,3 +59,21 @@ def test_prepared_queries_through_py_consul(client):
     assert client.query.explain("api-v2")["Query"]["Service"]["Tags"] == ["v1"]
     assert client.query.delete(query_id) is True
     assert client.query.list() == []
+
+
+def test_autopilot_state_names_the_leader_and_its_configuration_cannot_be_changed(client, request):
+    expected = 1 if "dev" in request.node.name else 3
+
+    def settled():
+        state = client.http.get(lambda r: __import__("json").loads(r.body), "/v1/operator/autopilot/state")
+        return state if len(state["Servers"]) == expected and state["Leader"] else None
+
+    state = eventually(settled, timeout=30, what=f"{expected} servers in the autopilot state")
+    assert state["Servers"][state["Leader"]]["Status"] == "leader"
+    assert sorted(state["Voters"]) == sorted(state["Servers"])
+    assert state["FailureTolerance"] == expected - 1
+    config = client.operator.autopilot_configuration()
+    assert config["CleanupDeadServers"] is True
+    with pytest.raises(ConsulException) as refused:
+        client.operator.update_autopilot_configuration(cleanup_dead_servers=False)
+    assert "autopilot settings do not apply" in str(refused.value)

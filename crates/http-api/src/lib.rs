@@ -160,6 +160,11 @@ fn add_store_routes(r: &mut Routes) {
         get(operator_routes::raft_configuration),
     );
     r.add("/v1/operator/autopilot/health", get(operator_routes::autopilot_health));
+    r.add("/v1/operator/autopilot/state", get(operator_routes::autopilot_state));
+    r.add(
+        "/v1/operator/autopilot/configuration",
+        get(operator_routes::autopilot_configuration).put(operator_routes::set_autopilot_configuration),
+    );
     r.add("/v1/operator/usage", get(operator_routes::usage));
     r.add(
         "/v1/coordinate/datacenters",

@@ -87,6 +87,63 @@ pub(crate) async fn autopilot_health(
     Ok(query::json(&body, None, params.pretty()))
 }
 
+/// `GET /v1/operator/autopilot/state` (`operator:read`): Consul's autopilot state from the
+/// same facts as the health view: every registered server is alive (its etcd lease holds)
+/// and a voter, one of them leads. There is no Raft log here, so `LastTerm` is 0 and
+/// `LastIndex` the catalog's index.
+pub(crate) async fn autopilot_state(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = operator_read(&api, &authz, q.as_deref())?;
+    let index = api.store.read().index;
+    let servers = servers(&api);
+    let tolerance = servers.len().saturating_sub(1);
+    let leader = servers.iter().find(|s| s.2).map(|s| s.0.clone()).unwrap_or_default();
+    let voters: Vec<&str> = servers.iter().map(|s| s.0.as_str()).collect();
+    let by_id: serde_json::Map<String, Value> = servers
+        .iter()
+        .map(|(name, address, leads)| {
+            let state = json!({"ID": name, "Name": name, "Address": address, "NodeStatus": "alive",
+                               "Version": env!("CARGO_PKG_VERSION"), "LastContact": "0s", "LastTerm": 0,
+                               "LastIndex": index, "Healthy": true, "StableSince": "0001-01-01T00:00:00Z",
+                               "ReadReplica": false, "Status": if *leads { "leader" } else { "voter" },
+                               "Meta": {}, "NodeType": "voter"});
+            (name.clone(), state)
+        })
+        .collect();
+    let body = json!({"Healthy": true, "FailureTolerance": tolerance, "OptimisticFailureTolerance": tolerance,
+                      "Servers": by_id, "Leader": leader, "Voters": voters, "RedundancyZones": {},
+                      "ReadReplicas": null, "Upgrade": null});
+    Ok(query::json(&body, None, params.pretty()))
+}
+
+/// `GET /v1/operator/autopilot/configuration` (`operator:read`): Consul's defaults, which
+/// is what applies: meshd has no Raft peers for autopilot to manage (a server that stops
+/// leaves the list when its etcd lease expires; etcd manages its own members).
+pub(crate) async fn autopilot_configuration(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = operator_read(&api, &authz, q.as_deref())?;
+    let body = json!({"CleanupDeadServers": true, "LastContactThreshold": "200ms", "MaxTrailingLogs": 250,
+                      "MinQuorum": 0, "ServerStabilizationTime": "10s", "RedundancyZoneTag": "",
+                      "DisableUpgradeMigration": false, "UpgradeVersionTag": "",
+                      "CreateIndex": 0, "ModifyIndex": 0});
+    Ok(query::json(&body, None, params.pretty()))
+}
+
+/// `PUT /v1/operator/autopilot/configuration`: refused, saying why, rather than stored and
+/// ignored.
+pub(crate) async fn set_autopilot_configuration() -> ApiError {
+    ApiError::BadRequest(
+        "autopilot settings do not apply: meshd has no Raft peers to manage (servers leave when their etcd lease expires; etcd manages its own members)"
+            .into(),
+    )
+}
+
 /// `GET /v1/operator/usage` (`operator:read`): counts of services, instances and nodes.
 pub(crate) async fn usage(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = operator_read(&api, &authz, q.as_deref())?;

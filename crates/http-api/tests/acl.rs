@@ -533,6 +533,22 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
         ),
         row(
             "GET",
+            "/v1/operator/autopilot/state",
+            "/v1/operator/autopilot/state",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/operator/autopilot/configuration",
+            "/v1/operator/autopilot/configuration",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
             "/v1/coordinate/datacenters",
             "/v1/coordinate/datacenters",
             n.clone(),
@@ -909,8 +925,9 @@ const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
 
 /// Routes that refuse every request alike (what they would do meshd does not do), whatever
 /// the token: checked to answer 400.
-const ALWAYS_REFUSED: [(&str, &str); 5] = [
+const ALWAYS_REFUSED: [(&str, &str); 6] = [
     ("PUT", "/v1/coordinate/update"),
+    ("PUT", "/v1/operator/autopilot/configuration"),
     ("GET", "/v1/operator/keyring"),
     ("POST", "/v1/operator/keyring"),
     ("PUT", "/v1/operator/keyring"),
