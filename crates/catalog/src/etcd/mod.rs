@@ -20,6 +20,7 @@ mod config;
 pub(crate) mod layout;
 mod outage;
 mod restore;
+mod txn;
 mod writer;
 
 pub use config::EtcdConfig;

@@ -20,7 +20,7 @@ use super::apply::Applier;
 use super::config::EtcdConfig;
 use super::layout;
 use super::outage::etcd_err;
-use super::writer::{Tried, send};
+use super::txn::{Tried, send};
 use crate::error::StoreError;
 use crate::snapshot::Snapshot;
 use crate::state::State;

@@ -81,6 +81,12 @@ impl State {
                 out.push(Change::DeleteConfig(*kind, name.clone()));
             }
         }
+        self.restore_acl_deletes(to, out);
+        self.restore_store_deletes(to, out);
+    }
+
+    /// The ACL rows `to` lacks.
+    fn restore_acl_deletes(&self, to: &PersistedState, out: &mut Vec<Change>) {
         let tokens: HashSet<&str> = to.acl_tokens.iter().map(|t| t.accessor_id.as_str()).collect();
         out.extend(
             self.acl
@@ -108,6 +114,10 @@ impl State {
                 .cloned()
                 .map(Change::DeleteAclPolicy),
         );
+    }
+
+    /// The KV keys, lock delays, sessions, events and prepared queries `to` lacks.
+    fn restore_store_deletes(&self, to: &PersistedState, out: &mut Vec<Change>) {
         let kv: HashSet<&str> = to.kv.iter().map(|e| e.key.as_str()).collect();
         out.extend(
             self.kv
