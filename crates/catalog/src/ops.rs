@@ -149,7 +149,12 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 .into_iter()
                 .collect(),
         )),
-        Op::Restore(snapshot) => Ok(Plan::write(state.restore_changes(&snapshot.state))),
+        Op::Restore(snapshot) => {
+            let now_ms = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            Ok(Plan::write(state.restore_changes(&snapshot.state, now_ms)))
+        }
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

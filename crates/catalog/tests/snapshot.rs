@@ -113,7 +113,8 @@ async fn a_restore_brings_back_the_saved_rows_moves_indexes_forward_and_survives
         assert_eq!(state.kv_held_by("s1").count(), 1);
         assert!(state.node("n2").is_none(), "a node registered after the save is gone");
         assert!(state.node("n1").is_some());
-        assert!(state.session("s1").is_some());
+        // The session's TTL counts again from the restore, not from the save.
+        assert!(state.session("s1").unwrap().renewed_at_ms > 1_000);
         assert_eq!(state.ca().unwrap().active().unwrap().root.id, ca_before);
         // Every index a client could have seen moved on, none went back.
         for key in [IndexKey::Kvs, IndexKey::Nodes, IndexKey::KvKey("app/new".into())] {

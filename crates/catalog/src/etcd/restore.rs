@@ -45,7 +45,10 @@ pub(super) async fn restore(
     let prefix = config.catalog_prefix();
     // Every row of the snapshot, as the keys and values it is kept as.
     let mut puts = Vec::new();
-    for change in State::default().restore_changes(&snapshot.state) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for change in State::default().restore_changes(&snapshot.state, now_ms) {
         let (key, value) = layout::encode(&change).map_err(|source| StoreError::Encode { what: "a row", source })?;
         puts.push((key, value));
     }

@@ -13,8 +13,9 @@ impl State {
     ///
     /// The CA and the ACL bootstrap mark are only ever replaced or set: a snapshot without a
     /// CA keeps this state's CA, and one taken before ACLs were bootstrapped leaves them
-    /// bootstrapped here.
-    pub(crate) fn restore_changes(&self, to: &PersistedState) -> Vec<Change> {
+    /// bootstrapped here. Sessions with a TTL count it again from `now_ms`, as Consul's
+    /// servers restart their timers after a restore: a snapshot's age does not end them.
+    pub(crate) fn restore_changes(&self, to: &PersistedState, now_ms: u64) -> Vec<Change> {
         let mut out = Vec::new();
         self.restore_deletes(to, &mut out);
         out.extend(to.nodes.iter().cloned().map(Change::PutNode));
@@ -33,7 +34,12 @@ impl State {
         if to.acl_bootstrapped.is_some() && self.acl.bootstrapped.is_none() {
             out.push(Change::AclBootstrapped);
         }
-        out.extend(to.sessions.iter().cloned().map(Change::PutSession));
+        out.extend(to.sessions.iter().cloned().map(|mut session| {
+            if !session.ttl.is_empty() {
+                session.renewed_at_ms = session.renewed_at_ms.max(now_ms);
+            }
+            Change::PutSession(session)
+        }));
         out.extend(to.kv.iter().cloned().map(Change::PutKv));
         out.extend(to.lock_delays.iter().map(|(key, until_ms)| Change::PutLockDelay {
             key: key.clone(),
