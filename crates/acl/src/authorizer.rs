@@ -30,7 +30,7 @@ impl ServiceAccess {
     fn intentions(self) -> Access {
         self.intentions.unwrap_or(match self.policy {
             Access::Deny => Access::Deny,
-            Access::Read | Access::Write => Access::Read,
+            Access::Read | Access::List | Access::Write => Access::Read,
         })
     }
 }

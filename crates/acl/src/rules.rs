@@ -15,9 +15,9 @@
 //!  "node_prefix": {"": {"policy": "read"}}, "operator": "read"}
 //! ```
 //!
-//! Errors name the line and column of what is wrong. Resource types of Consul that meshd has
-//! no API for (`key`, `session`, `event`, `query`, `keyring`, `peering`) are accepted and kept,
-//! so Consul policies load unchanged; they grant nothing here.
+//! Errors name the line and column of what is wrong. Rules on what meshd has no API for
+//! (`keyring`, `peering`) are accepted and kept, so Consul policies load unchanged; they grant
+//! nothing here.
 
 use hcl_edit::Span;
 use hcl_edit::expr::Expression;
@@ -27,7 +27,7 @@ use std::fmt;
 use std::ops::Range;
 
 /// An access level. Merged rules for the same resource keep the strongest by Consul's
-/// precedence: `deny`, then `write`, then `read`.
+/// precedence: `deny`, then `write`, then `list`, then `read`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Access {
@@ -35,6 +35,10 @@ pub enum Access {
     Deny,
     /// Read.
     Read,
+    /// Read, and list the keys under a prefix (`key` and `key_prefix` rules only). Consul
+    /// checks the listing itself only with its `enable_key_list_policy` setting, which meshd
+    /// does not have: here, as in Consul by default, it reads as `read` does.
+    List,
     /// Read and write.
     Write,
 }
@@ -44,6 +48,7 @@ impl Access {
         match s {
             "deny" => Some(Self::Deny),
             "read" => Some(Self::Read),
+            "list" => Some(Self::List),
             "write" => Some(Self::Write),
             _ => None,
         }
@@ -52,8 +57,9 @@ impl Access {
     fn rank(self) -> u8 {
         match self {
             Self::Read => 0,
-            Self::Write => 1,
-            Self::Deny => 2,
+            Self::List => 1,
+            Self::Write => 2,
+            Self::Deny => 3,
         }
     }
 
@@ -67,6 +73,7 @@ impl Access {
         match self {
             Self::Deny => false,
             Self::Read => need == Self::Read,
+            Self::List => matches!(need, Self::Read | Self::List),
             Self::Write => need != Self::Deny,
         }
     }
@@ -77,6 +84,7 @@ impl fmt::Display for Access {
         f.write_str(match self {
             Self::Deny => "deny",
             Self::Read => "read",
+            Self::List => "list",
             Self::Write => "write",
         })
     }
@@ -330,7 +338,22 @@ fn unknown_key(key: &str) -> String {
 }
 
 fn bad_level(what: &str, value: &str) -> String {
-    format!("{what}: {value:?} is not an access level: use read, write or deny")
+    format!("{what}: {value:?} is not an access level: use read, write or deny (or list, for keys)")
+}
+
+/// The level `value` names for `what`; `list` only where `list_ok` (a key rule's policy).
+fn level(value: &str, what: &str, list_ok: bool) -> Result<Access, String> {
+    match Access::parse(value) {
+        Some(Access::List) if !list_ok => Err(format!(
+            "{what}: \"list\" applies only to the policy of key and key_prefix rules"
+        )),
+        Some(access) => Ok(access),
+        None => Err(bad_level(what, value)),
+    }
+}
+
+fn lists(resource: Resource, field: &str) -> bool {
+    field == "policy" && matches!(resource, Resource::Key | Resource::KeyPrefix)
 }
 
 fn start(span: Option<Range<usize>>) -> usize {
@@ -360,8 +383,7 @@ fn parse_hcl(text: &str) -> Result<Rules, RuleError> {
                     return Err(RuleError::at(text, at, unknown_key(key)));
                 }
                 let value = string_value(text, &attr.value, key)?;
-                let access = Access::parse(&value)
-                    .ok_or_else(|| RuleError::at(text, start(attr.value.span()), bad_level(key, &value)))?;
+                let access = level(&value, key, false).map_err(|e| RuleError::at(text, start(attr.value.span()), e))?;
                 set_scalar(&mut rules, key, access);
             }
             Structure::Block(block) => {
@@ -394,8 +416,8 @@ fn parse_hcl(text: &str) -> Result<Rules, RuleError> {
                     let key = attr.key.as_str();
                     let what = format!("{ident} {name:?} {key}");
                     let value = string_value(text, &attr.value, &what)?;
-                    let access = Access::parse(&value)
-                        .ok_or_else(|| RuleError::at(text, start(attr.value.span()), bad_level(&what, &value)))?;
+                    let access = level(&value, &what, lists(resource, key))
+                        .map_err(|e| RuleError::at(text, start(attr.value.span()), e))?;
                     match key {
                         "policy" => policy = Some(access),
                         "intentions" if resource == Resource::Service || resource == Resource::ServicePrefix => {
@@ -459,7 +481,7 @@ fn parse_json(text: &str) -> Result<Rules, RuleError> {
         let at = find(text, 0, key);
         if SCALARS.contains(&key.as_str()) {
             let level = value.as_str().unwrap_or_default();
-            let access = Access::parse(level).ok_or_else(|| RuleError::at(text, at, bad_level(key, level)))?;
+            let access = self::level(level, key, false).map_err(|e| RuleError::at(text, at, e))?;
             set_scalar(&mut rules, key, access);
             continue;
         }
@@ -486,8 +508,8 @@ fn parse_json(text: &str) -> Result<Rules, RuleError> {
                 let what = format!("{key} {name:?} {field}");
                 let field_at = find(text, name_at, field);
                 let level_str = level.as_str().unwrap_or_default();
-                let access = Access::parse(level_str)
-                    .ok_or_else(|| RuleError::at(text, field_at, bad_level(&what, level_str)))?;
+                let access = self::level(level_str, &what, lists(resource, field))
+                    .map_err(|e| RuleError::at(text, field_at, e))?;
                 match field.as_str() {
                     "policy" => policy = Some(access),
                     "intentions" if matches!(resource, Resource::Service | Resource::ServicePrefix) => {

@@ -186,7 +186,29 @@ key_prefix "" { policy = "read" }
     // The default policy alone.
     assert!(authz(&[], true).key_write_prefix(""));
     assert!(!authz(&[], false).key_read("x"));
-    // Consul's `list` level is refused by name, not dropped.
-    let e = Rules::parse(r#"key_prefix "" { policy = "list" }"#).unwrap_err();
-    assert!(e.message.contains("\"list\""), "{e}");
+    // Consul's `list` level: on keys it reads (and lists) but does not write; anywhere else
+    // it is refused by name, in HCL and JSON alike.
+    let a = authz(&[r#"key_prefix "cfg/" { policy = "list" }"#], false);
+    assert!(a.key_read("cfg/a") && !a.key_write("cfg/a") && !a.key_read("other"));
+    let a = authz(
+        &[
+            r#"key_prefix "cfg/" { policy = "list" }"#,
+            r#"key_prefix "cfg/" { policy = "write" }"#,
+        ],
+        false,
+    );
+    assert!(a.key_write("cfg/a"), "write takes precedence over list");
+    for bad in [
+        r#"service "web" { policy = "list" }"#,
+        r#"operator = "list""#,
+        r#"{"node": {"n1": {"policy": "list"}}}"#,
+    ] {
+        let e = Rules::parse(bad).unwrap_err();
+        assert!(
+            e.message
+                .contains("applies only to the policy of key and key_prefix rules"),
+            "{bad}: {e}"
+        );
+    }
+    assert!(Rules::parse(r#"{"key": {"a": {"policy": "list"}}}"#).is_ok());
 }
