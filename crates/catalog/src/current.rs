@@ -7,7 +7,7 @@ use crate::publisher::{Publisher, Subscription};
 use crate::state::State;
 use bounded_maps::SweptMap;
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use structs::Index;
 use tokio::sync::watch;
@@ -18,7 +18,36 @@ pub(crate) struct Current {
     /// Per-key index channels; keys nobody waits on are swept as the map grows. `None` once
     /// waiters are released (shutdown): every wait then answers at once.
     watches: Mutex<Option<SweptMap<IndexKey, watch::Sender<Index>>>>,
+    /// The channels of [`IndexKey::KvPrefix`] keys, by prefix: a write looks up each prefix
+    /// of each key it changes here, without allocating. Swept as `watches` is.
+    kv_prefixes: Mutex<Option<KvPrefixes>>,
     publisher: Publisher,
+}
+
+/// KV prefixes with waiters, and the size at which they are next swept.
+#[derive(Default)]
+struct KvPrefixes {
+    channels: BTreeMap<String, watch::Sender<Index>>,
+    sweep_at: usize,
+}
+
+impl KvPrefixes {
+    /// Wakes the waiters of every prefix of the keys `bumped` names (each at `index`, the
+    /// write's: the last change under a prefix that holds a changed key).
+    fn wake(&mut self, bumped: &HashSet<IndexKey>, index: Index) {
+        if self.channels.is_empty() {
+            return;
+        }
+        for key in bumped {
+            let IndexKey::KvKey(key) = key else { continue };
+            let ends = key.char_indices().map(|(i, _)| i).chain([key.len()]);
+            for end in ends {
+                if let Some(tx) = self.channels.get(&key[..end]) {
+                    tx.send_replace(index);
+                }
+            }
+        }
+    }
 }
 
 impl Current {
@@ -27,6 +56,7 @@ impl Current {
         Arc::new(Self {
             state: RwLock::new(Arc::new(state)),
             watches: Mutex::new(Some(SweptMap::default())),
+            kv_prefixes: Mutex::new(Some(KvPrefixes::default())),
             publisher: Publisher::new(publish_buffer),
         })
     }
@@ -53,6 +83,9 @@ impl Current {
                 }
             }
         }
+        if let Some(prefixes) = self.kv_prefixes.lock().as_mut() {
+            prefixes.wake(bumped, state.index);
+        }
         self.publisher.publish(&state, bumped);
     }
 
@@ -71,6 +104,15 @@ impl Current {
                 true
             });
         }
+        if let Some(prefixes) = self.kv_prefixes.lock().as_mut() {
+            prefixes.channels.retain(|prefix, tx| {
+                if tx.receiver_count() == 0 {
+                    return false;
+                }
+                tx.send_replace(state.kv_prefix_index(prefix).max(Index(1)));
+                true
+            });
+        }
         let keys = self.publisher.keys();
         self.publisher.publish(&state, &keys);
     }
@@ -78,6 +120,21 @@ impl Current {
     /// The index of `key`, as a channel that changes with it; `None` once waiters are
     /// released.
     pub(crate) fn index_receiver(&self, key: &IndexKey) -> Option<watch::Receiver<Index>> {
+        if let IndexKey::KvPrefix(prefix) = key {
+            let mut guard = self.kv_prefixes.lock();
+            let prefixes = guard.as_mut()?;
+            if prefixes.channels.len() >= prefixes.sweep_at {
+                prefixes.channels.retain(|_, tx| tx.receiver_count() > 0);
+                prefixes.sweep_at = (prefixes.channels.len() * 2).max(64);
+            }
+            if let Some(tx) = prefixes.channels.get(prefix.as_str()) {
+                return Some(tx.subscribe());
+            }
+            let tx = watch::Sender::new(self.read().index_of(key));
+            let rx = tx.subscribe();
+            prefixes.channels.insert(prefix.clone(), tx);
+            return Some(rx);
+        }
         let mut guard = self.watches.lock();
         let watches = guard.as_mut()?;
         watches.sweep_if_due(|_, tx| tx.receiver_count() > 0);
@@ -93,6 +150,7 @@ impl Current {
     pub(crate) fn release_waiters(&self) {
         // Dropping the senders wakes every receiver.
         self.watches.lock().take();
+        self.kv_prefixes.lock().take();
     }
 
     /// True once [`Current::release_waiters`] ran.

@@ -47,6 +47,10 @@ pub enum IndexKey {
     Kvs,
     /// One KV key; once the key is gone it answers with [`IndexKey::Kvs`].
     KvKey(String),
+    /// Every KV key under a prefix (a recursive read or a key listing). Never stored: its
+    /// index is computed ([`crate::State::kv_prefix_index`]), and a write wakes the waiters
+    /// of the prefixes of the keys it changes, and only those.
+    KvPrefix(String),
     /// Sessions.
     Sessions,
     /// User events.

@@ -652,6 +652,9 @@ impl State {
     /// least 1.
     pub fn index_of(&self, key: &IndexKey) -> Index {
         // A key never written answers with its table's index, as Consul does.
+        if let IndexKey::KvPrefix(prefix) = key {
+            return self.kv_prefix_index(prefix).max(Index(1));
+        }
         let fallback = || match key {
             IndexKey::Node(_) => self.indexes.get(&IndexKey::Nodes),
             IndexKey::Service(_) => self.indexes.get(&IndexKey::Services),

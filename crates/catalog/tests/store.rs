@@ -834,3 +834,59 @@ async fn kv_sessions_and_locks_survive_reopen_from_the_log_and_from_a_snapshot()
         assert_eq!(prefix_index, tombstoned);
     }
 }
+
+#[tokio::test]
+async fn a_kv_prefix_wait_wakes_only_for_writes_under_the_prefix() {
+    let store = mem_store().await;
+    let set = |key: &str| Op::KvSet {
+        key: key.into(),
+        value: b"v".to_vec(),
+        flags: 0,
+        cas: None,
+    };
+    store.write(set("app/a")).await.unwrap();
+    let mut rx = store.index_receiver(&IndexKey::KvPrefix("app/".into())).unwrap();
+    let mut root = store.index_receiver(&IndexKey::KvPrefix(String::new())).unwrap();
+    rx.borrow_and_update();
+    root.borrow_and_update();
+    for elsewhere in ["other/x", "ap", "app"] {
+        store.write(set(elsewhere)).await.unwrap();
+        assert!(
+            !rx.has_changed().unwrap(),
+            "a write to {elsewhere:?} woke the app/ prefix"
+        );
+        assert!(root.has_changed().unwrap(), "every write is under the root");
+        root.borrow_and_update();
+    }
+    let written = store.write(set("app/b/c")).await.unwrap().index;
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(*rx.borrow_and_update(), written);
+    let deleted = store
+        .write(Op::KvDelete {
+            key: "app/a".into(),
+            cas: None,
+        })
+        .await
+        .unwrap()
+        .index;
+    assert_eq!(
+        *rx.borrow_and_update(),
+        deleted,
+        "a delete under the prefix wakes it too"
+    );
+    assert_eq!(store.read().index_of(&IndexKey::KvPrefix("app/".into())), deleted);
+    // A blocked wait returns on the write under the prefix.
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .wait(&IndexKey::KvPrefix("app/".into()), deleted, Duration::from_secs(30))
+                .await
+                .index
+        })
+    };
+    tokio::task::yield_now().await;
+    store.write(set("zzz")).await.unwrap();
+    let under = store.write(set("app/new")).await.unwrap().index;
+    assert_eq!(waiter.await.unwrap(), under);
+}

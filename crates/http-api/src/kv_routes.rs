@@ -1,7 +1,8 @@
 //! The KV store's HTTP API (`/v1/kv/:key`), with Consul's parameters and answers: a key's
 //! entry, a prefix's entries (`?recurse`) or keys (`?keys`, `?separator=`), the raw value
 //! (`?raw`); writes with flags and check-and-set; deletes of a key or a prefix. Blocking
-//! queries wait on the key, or on the prefix (see `catalog::State::kv_prefix_index`).
+//! queries wait on the key, or on the prefix (see `catalog::State::kv_prefix_index`); only a
+//! write under the prefix wakes a listing's wait.
 
 use crate::api::Api;
 use crate::authz::{Authz, mark_filtered};
@@ -125,26 +126,10 @@ async fn listing(
     Ok(mark_filtered(query::json_bytes(body, Some(index)), filtered))
 }
 
-/// The state for a listing of `prefix`: with `?index=`, once the prefix's index passed it
-/// (a write elsewhere in the KV store wakes the wait, which goes on until the prefix moved
-/// or the wait is over).
+/// The state for a listing of `prefix`: with `?index=`, once the prefix's index passed it.
+/// Only a write under the prefix wakes the wait (see `catalog::IndexKey::KvPrefix`).
 async fn read_prefix(api: &Api, params: &Params, prefix: &str) -> Result<Arc<catalog::State>, ApiError> {
-    let blocking = params.blocking()?;
-    let started = tokio::time::Instant::now();
-    let mut state = api.read(params, &IndexKey::Kvs).await?;
-    let Some(after) = blocking.index else {
-        return Ok(state);
-    };
-    let wait = blocking.wait_with_jitter();
-    loop {
-        let left = wait.saturating_sub(started.elapsed());
-        if state.kv_prefix_index(prefix) > after || left.is_zero() {
-            return Ok(state);
-        }
-        let seen = state.index_of(&IndexKey::Kvs);
-        let _waiting = api.metrics.waiting();
-        state = api.store.wait(&IndexKey::Kvs, seen, left).await;
-    }
+    api.read(params, &IndexKey::KvPrefix(prefix.to_owned())).await
 }
 
 /// `PUT /v1/kv/:key` with the value as the body: `true`, or `false` when a check-and-set
