@@ -34,10 +34,19 @@ pub enum SnapshotError {
 }
 
 /// A verified snapshot, ready to restore.
-#[derive(Debug)]
 pub struct Snapshot {
     meta: Meta,
     pub(crate) state: PersistedState,
+}
+
+/// The metadata only: the rows hold the CA's private keys and every ACL secret, and a write
+/// (`Op::Restore`) may be logged.
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Snapshot {

@@ -95,6 +95,10 @@ async fn a_restore_brings_back_the_saved_rows_moves_indexes_forward_and_survives
     };
     tokio::task::yield_now().await;
     let snapshot = Arc::new(Snapshot::decode(&archive).unwrap());
+    assert!(
+        !format!("{snapshot:?}").contains("PRIVATE KEY"),
+        "a snapshot's Debug shows no key"
+    );
     assert_eq!(snapshot.meta().index, saved_at.0);
     assert_eq!(snapshot.meta().counts["kv"], 2);
     let restored = store.restore(snapshot).await.unwrap().index;
