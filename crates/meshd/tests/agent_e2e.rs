@@ -172,7 +172,7 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     let (_agent_b, b_http, b_grpc) = start_agent("node-web", &relay);
 
     let (api_port, web_port) = (backend("api-1"), backend("web"));
-    let (api_proxy, web_proxy, upstream) = (free_port(), free_port(), free_port());
+    let (api_proxy, web_proxy, upstream, by_query) = (free_port(), free_port(), free_port(), free_port());
     put(
         &client,
         &format!("{a_http}/v1/agent/service/register"),
@@ -180,12 +180,22 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
                "Connect": {"SidecarService": {"Port": api_proxy}}}),
     )
     .await;
+    // A prepared query selecting api, for web's second upstream (through the agent's cache).
+    let created = client
+        .post(format!("{server_http}/v1/query"))
+        .json(&json!({"Name": "api-query", "Service": {"Service": "api"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success());
     put(
         &client,
         &format!("{b_http}/v1/agent/service/register"),
         json!({"Name": "web", "ID": "web", "Port": web_port,
                "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {
-                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream}]}}}}),
+                   "Upstreams": [{"DestinationName": "api", "LocalBindPort": upstream},
+                                 {"DestinationType": "prepared_query", "DestinationName": "api-query",
+                                  "LocalBindPort": by_query}]}}}}),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -196,6 +206,14 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     // web → api over the mesh, with the SPIFFE leaves the agents had signed.
     assert_eq!(
         wait_for("traffic web → api", || get(&client, &through_mesh)).await,
+        "api-1"
+    );
+    let by_query = format!("http://127.0.0.1:{by_query}/");
+    assert_eq!(
+        wait_for("traffic web → api through the prepared query", || get(
+            &client, &by_query
+        ))
+        .await,
         "api-1"
     );
     let certs = get(&client, &format!("{web_admin}/certs")).await.unwrap();
