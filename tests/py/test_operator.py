@@ -77,3 +77,20 @@ def test_autopilot_state_names_the_leader_and_its_configuration_cannot_be_change
     with pytest.raises(ConsulException) as refused:
         client.operator.update_autopilot_configuration(cleanup_dead_servers=False)
     assert "autopilot settings do not apply" in str(refused.value)
+
+
+def test_a_servers_members_list_the_servers_and_the_agents_nodes(client, request):
+    expected = 1 if "dev" in request.node.name else 3
+
+    def servers():
+        members = client.agent.members()
+        found = [m for m in members if m["Tags"]["role"] == "consul"]
+        return members if len(found) == expected else None
+
+    members = eventually(servers, timeout=30, what=f"{expected} servers among the members")
+    assert all(m["Status"] == 1 and m["Tags"]["dc"] == "dc1" for m in members)
+    # A node kept alive by an agent's heartbeat is a member too; it fails when they stop.
+    client.http.put(lambda r: r, "/v1/internal/node/heartbeat", data='{"Node": "host-9", "Address": "10.0.0.9"}')
+    nodes = eventually(lambda: [m for m in client.agent.members() if m["Name"] == "host-9"], what="host-9 listed")
+    assert nodes[0]["Tags"]["role"] == "node" and nodes[0]["Status"] == 1 and nodes[0]["Addr"] == "10.0.0.9"
+    assert all(m["Tags"]["role"] == "consul" for m in client.agent.members(wan=True))

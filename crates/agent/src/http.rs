@@ -197,13 +197,8 @@ async fn service(
     }
 }
 
-fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Value {
-    let (host, port) = match addr.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(0)),
-        _ => (addr, 0),
-    };
-    json!({"Name": name, "Addr": host, "Port": port, "Tags": {"role": role, "dc": dc},
-           "Status": if alive { 1 } else { 4 }})
+fn member(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> http_kit::Member {
+    http_kit::Member::new(name, addr, role, dc, alive)
 }
 
 async fn agent_self(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {

@@ -40,6 +40,21 @@ pub(crate) fn add(r: &mut Routes) {
     r.add("/v1/acl/role/name/{name}", get(role_read_by_name));
     r.add("/v1/acl/roles", get(role_list));
     r.add("/v1/internal/acl/authorizer", get(authorizer));
+    r.add("/v1/acl/replication", get(replication));
+}
+
+/// `GET /v1/acl/replication` (no permission needed, as Consul): ACLs are never replicated
+/// here (one datacenter, no federation yet), so replication is not enabled; with ACLs off,
+/// Consul's "ACL support disabled".
+async fn replication(State(api): State<Api>) -> Result<Response, ApiError> {
+    enabled(&api)?;
+    let never = "0001-01-01T00:00:00Z";
+    let body = serde_json::json!({
+        "Enabled": false, "Running": false, "SourceDatacenter": "", "ReplicationType": "",
+        "ReplicatedIndex": 0, "ReplicatedRoleIndex": 0, "ReplicatedTokenIndex": 0,
+        "LastSuccess": never, "LastError": never, "LastErrorMessage": "",
+    });
+    Ok(query::json(&body, None, false))
 }
 
 fn enabled(api: &Api) -> Result<(), ApiError> {

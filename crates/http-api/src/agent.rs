@@ -32,6 +32,51 @@ pub(crate) async fn peers(State(api): State<Api>, RawQuery(q): RawQuery) -> Resu
     Ok(query::json(&peers, None, params.pretty()))
 }
 
+/// `GET /v1/agent/members` on a server (`?wan`: the servers alone, as Consul's WAN pool):
+/// the servers (each alive: it holds its etcd lease, or it is this one), then every node an
+/// agent keeps alive (it carries the liveness check), alive while that check passes. meshd
+/// has no gossip: this is the catalog's view of the same members. Each needs `node:read`;
+/// the others are left out and the answer marked filtered.
+pub(crate) async fn members(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    query::check_common(&params, api.store.datacenter())?;
+    let a = authz.get()?;
+    let dc = api.store.datacenter();
+    let servers: Vec<(String, String)> = match api.store.cluster() {
+        Some(cluster) => cluster
+            .status()
+            .servers
+            .into_iter()
+            .map(|s| (s.name, s.address))
+            .collect(),
+        None => vec![(api.config.node_name.clone(), api.config.server_addr.clone())],
+    };
+    let mut out: Vec<http_kit::Member> = servers
+        .iter()
+        .map(|(name, addr)| http_kit::Member::new(name, addr, "consul", dc, true))
+        .collect();
+    if !params.has("wan") {
+        let state = api.store.read();
+        for node in state.nodes() {
+            let liveness = state
+                .node_checks(&node.node)
+                .into_iter()
+                .find(|c| c.check_id == catalog::liveness::CHECK_ID && c.service_id.is_empty());
+            if let Some(check) = liveness {
+                let alive = check.status == structs::HealthStatus::Passing;
+                out.push(http_kit::Member::new(&node.node, &node.address, "node", dc, alive));
+            }
+        }
+    }
+    let before = out.len();
+    out.retain(|m| a.node_read(&m.name));
+    let filtered = out.len() != before;
+    Ok(crate::authz::mark_filtered(
+        query::json(&out, None, params.pretty()),
+        filtered,
+    ))
+}
+
 pub(crate) async fn agent_self(
     State(api): State<Api>,
     authz: Authz,

@@ -234,6 +234,7 @@ const KV_ALL: &str = "key_prefix \"\" { policy = \"write\" }";
 const GATEWAY_READ: &str =
     "service \"ing\" { policy = \"read\" }\nservice \"db\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
 const NODE_READ: &str = "node \"n1\" { policy = \"read\" }";
+const NODES_READ: &str = "node_prefix \"\" { policy = \"read\" }";
 const NODE_WRITE: &str = "node \"n1\" { policy = \"write\" }";
 const IXN_READ: &str = "service \"web\" {\n policy = \"read\"\n intentions = \"read\"\n}";
 const IXN_WRITE: &str = "service \"web\" {\n policy = \"read\"\n intentions = \"write\"\n}";
@@ -531,6 +532,15 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             OPERATOR_READ,
             Denied,
         ),
+        row(
+            "GET",
+            "/v1/agent/members",
+            "/v1/agent/members",
+            n.clone(),
+            NODES_READ,
+            Filtered,
+        ),
+        row("GET", "/v1/acl/replication", "/v1/acl/replication", n.clone(), "", Open),
         row(
             "GET",
             "/v1/operator/autopilot/state",

@@ -241,6 +241,44 @@ impl Default for Ports {
     }
 }
 
+/// One row of `/v1/agent/members` (and `Member` of `/v1/agent/self`) in Consul's shape: the
+/// fields its clients read. meshd has no gossip, so `Status` is what the node's liveness
+/// says (1 alive, 4 failed), not a gossip member state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Member {
+    /// The node's name.
+    pub name: String,
+    /// Its address (host).
+    pub addr: String,
+    /// Its port (0 when the address names none).
+    pub port: u16,
+    /// `role` (`consul` for a server, `node` for an agent) and `dc`.
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// 1 alive, 4 failed.
+    pub status: u8,
+}
+
+impl Member {
+    /// A member at `addr` (`host[:port]`).
+    pub fn new(name: &str, addr: &str, role: &str, dc: &str, alive: bool) -> Self {
+        let (host, port) = match addr.rsplit_once(':') {
+            Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().unwrap_or(0)),
+            _ => (addr, 0),
+        };
+        Self {
+            name: name.to_owned(),
+            addr: host.to_owned(),
+            port,
+            tags: [("role", role), ("dc", dc)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            status: if alive { 1 } else { 4 },
+        }
+    }
+}
+
 /// `DebugConfig` of `/v1/agent/self`, for either mode: the keys of Consul's that its clients
 /// read (the datacenters, the node, whether it is a server, ACLs, and the ports, `-1` for
 /// what does not listen; meshd has no DNS interface yet, so `DNSPort` is `-1`).
