@@ -44,7 +44,7 @@ pub use intention::Intention;
 pub use json::DecodeError;
 pub use kv::KvEntry;
 pub use node::Node;
-pub use protocol::{DnsDiscoveryType, Protocol, ProxyOptions};
+pub use protocol::{DnsDiscoveryType, InboundOptions, Protocol, ProxyOptions};
 pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,

@@ -224,6 +224,73 @@ pub const PASSIVE_HEALTH_CHECK_KEY: &str = "passive_health_check";
 /// Key of a gateway's DNS discovery type for services registered by host name.
 pub const DNS_DISCOVERY_TYPE_KEY: &str = "envoy_dns_discovery_type";
 
+/// The whole-number keys of a sidecar's inbound side ([`InboundOptions`]).
+const INBOUND_NUMBERS: [&str; 4] = [
+    "local_connect_timeout_ms",
+    "local_request_timeout_ms",
+    "local_idle_timeout_ms",
+    "max_inbound_connections",
+];
+/// Key of the public listener's connection balancing.
+const BALANCE_INBOUND_KEY: &str = "balance_inbound_connections";
+
+/// A sidecar's inbound settings, Consul's `Config` keys: the proxy's own over
+/// `proxy-defaults`'. Zero or absent means Envoy's (or meshd's) default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboundOptions {
+    /// `local_connect_timeout_ms`: connecting to the local application (default 5 s).
+    pub local_connect_timeout_ms: Option<u32>,
+    /// `local_request_timeout_ms`: a request to the local application (HTTP only; Envoy's
+    /// default 15 s, 0 none).
+    pub local_request_timeout_ms: Option<u32>,
+    /// `local_idle_timeout_ms`: a stream (HTTP) or connection (TCP) to the local
+    /// application with nothing sent.
+    pub local_idle_timeout_ms: Option<u32>,
+    /// `max_inbound_connections`: connections to the local application at once.
+    pub max_inbound_connections: Option<u32>,
+    /// `balance_inbound_connections = "exact_balance"`: the public listener spreads
+    /// connections evenly over Envoy's worker threads.
+    pub exact_balance: bool,
+}
+
+impl InboundOptions {
+    /// The settings `own` (a proxy's `Config`) gives, else `defaults` (proxy-defaults').
+    pub fn parse(own: &OpaqueConfig, defaults: &OpaqueConfig) -> Self {
+        let get = |key: &str| own.get(key).or_else(|| defaults.get(key));
+        let number = |key: &str| get(key).and_then(|v| v.as_u64()).and_then(|v| u32::try_from(v).ok());
+        Self {
+            local_connect_timeout_ms: number(INBOUND_NUMBERS[0]),
+            local_request_timeout_ms: number(INBOUND_NUMBERS[1]),
+            local_idle_timeout_ms: number(INBOUND_NUMBERS[2]),
+            max_inbound_connections: number(INBOUND_NUMBERS[3]).filter(|n| *n > 0),
+            exact_balance: get(BALANCE_INBOUND_KEY).and_then(|v| v.as_str()) == Some("exact_balance"),
+        }
+    }
+
+    /// Checks the inbound keys of a `Config`, naming the field.
+    fn check(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
+        for key in INBOUND_NUMBERS {
+            if let Some(v) = config.get(key)
+                && v.as_u64().is_none_or(|v| u32::try_from(v).is_err())
+            {
+                return Err(crate::ValidationError::new(
+                    format!("Config.{key}"),
+                    crate::Problem::Invalid(format!("{v} is not a whole number (at most {})", u32::MAX)),
+                ));
+            }
+        }
+        if let Some(v) = config.get(BALANCE_INBOUND_KEY)
+            && !matches!(v.as_str(), Some("" | "exact_balance"))
+        {
+            return Err(crate::ValidationError::new(
+                format!("Config.{BALANCE_INBOUND_KEY}"),
+                crate::Problem::Invalid(format!("{v} is not supported: the one balancing is \"exact_balance\"")),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl ProxyOptions {
     /// Reads the keys meshd acts on from `config` (values of the wrong type are ignored here;
     /// validation refuses them at write time).
@@ -255,6 +322,7 @@ impl ProxyOptions {
 
     /// Checks the typed keys of a proxy's (or `proxy-defaults`') `Config`, naming the field.
     pub fn check_proxy(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
+        InboundOptions::check(config)?;
         if let Some(v) = config.get(DNS_DISCOVERY_TYPE_KEY)
             && v.as_str().and_then(DnsDiscoveryType::parse).is_none()
         {
@@ -337,6 +405,45 @@ mod tests {
         for bad in [json!("EDS"), json!(1)] {
             let err = ProxyOptions::check_proxy(&config(bad)).unwrap_err().to_string();
             assert!(err.starts_with("Config.envoy_dns_discovery_type: "), "{err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod inbound_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config(v: serde_json::Value) -> OpaqueConfig {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn inbound_settings_take_the_proxys_own_over_the_defaults_and_refuse_bad_values() {
+        let own = config(json!({"local_request_timeout_ms": 0, "balance_inbound_connections": "exact_balance"}));
+        let defaults = config(
+            json!({"local_request_timeout_ms": 9000, "local_connect_timeout_ms": 250,
+                                     "max_inbound_connections": 10}),
+        );
+        let o = InboundOptions::parse(&own, &defaults);
+        assert_eq!(
+            o.local_request_timeout_ms,
+            Some(0),
+            "the proxy's own 0 (no timeout) wins"
+        );
+        assert_eq!(o.local_connect_timeout_ms, Some(250));
+        assert_eq!(o.max_inbound_connections, Some(10));
+        assert!(o.exact_balance);
+        for (bad, field) in [
+            (json!({"local_idle_timeout_ms": "5s"}), "Config.local_idle_timeout_ms"),
+            (json!({"max_inbound_connections": -1}), "Config.max_inbound_connections"),
+            (
+                json!({"balance_inbound_connections": "round_robin"}),
+                "Config.balance_inbound_connections",
+            ),
+        ] {
+            let e = ProxyOptions::check_proxy(&config(bad)).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
         }
     }
 }

@@ -238,6 +238,9 @@ fn decode_listener(any: &Any) -> String {
         "name: {}\naddress: {:?}\ndirection: {}",
         l.name, l.address, l.traffic_direction
     )];
+    if let Some(balance) = &l.connection_balance_config {
+        parts.push(format!("connection_balance: {balance:?}"));
+    }
     for chain in &l.filter_chains {
         if let Some(ts) = &chain.transport_socket
             && let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(cfg)) =
@@ -1135,5 +1138,40 @@ fn terminating_gateway_serves_each_resolver_subset() {
     assert_eq!(names, [vec![sni("")], vec![sni("v1")], vec![sni("v2")], vec![]]);
     if let Err(e) = envoy_validate("gateway-terminating-subsets", &static_bootstrap(&r)) {
         panic!("envoy rejected the subsets:\n{e}");
+    }
+}
+
+/// A sidecar's inbound settings (`Config` keys, the proxy's own over proxy-defaults'): the
+/// local app's connect timeout and connection limit, the request and idle timeouts of the
+/// route or TCP proxy to it, exact connection balancing on the public listener.
+#[test]
+fn inbound_settings_shape_the_public_listener_and_the_local_app() {
+    for (name, protocol) in [("inbound-settings-http", "http"), ("inbound-settings-tcp", "tcp")] {
+        let ca = Ca::new();
+        let mut snap = snapshot(
+            &ca,
+            &Scenario {
+                protocol,
+                upstreams: vec![],
+                intentions: vec![],
+                instances: vec![],
+            },
+        );
+        let service = Arc::make_mut(&mut snap.service);
+        let own = serde_json::json!({"local_request_timeout_ms": 1500, "local_idle_timeout_ms": 30000,
+                                     "balance_inbound_connections": "exact_balance"});
+        service.proxy.config = own.as_object().unwrap().clone();
+        if let KindSnapshot::ConnectProxy(cp) = &mut snap.kind {
+            let resolved = Arc::make_mut(cp.resolved_config.as_mut().unwrap());
+            let defaults = serde_json::json!({"protocol": protocol, "local_connect_timeout_ms": 250,
+                                              "max_inbound_connections": 64, "local_request_timeout_ms": 9});
+            resolved.proxy_config = defaults.as_object().unwrap().clone();
+        }
+        let r = validate_snapshot(name, &snap);
+        let text = golden_text(&r, &snap.roots.as_ref().unwrap().trust_domain);
+        assert!(
+            text.contains("exact_balance") || text.contains("ExactBalance"),
+            "{name}: {text}"
+        );
     }
 }

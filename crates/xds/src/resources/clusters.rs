@@ -99,6 +99,9 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
 
 fn local_app(snap: &ConfigSnapshot, cp: &proxycfg::ConnectProxySnapshot, out: &mut Resources) {
     let proxy = &snap.service.proxy;
+    let empty = structs::protocol::OpaqueConfig::new();
+    let defaults = cp.resolved_config.as_deref().map_or(&empty, |r| &r.proxy_config);
+    let inbound = structs::InboundOptions::parse(&proxy.config, defaults);
     let local_addr = if proxy.local_service_address.is_empty() {
         "127.0.0.1"
     } else {
@@ -109,7 +112,14 @@ fn local_app(snap: &ConfigSnapshot, cp: &proxycfg::ConnectProxySnapshot, out: &m
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Static as i32,
         )),
-        connect_timeout: millis(5000),
+        connect_timeout: millis(inbound.local_connect_timeout_ms.filter(|ms| *ms > 0).unwrap_or(5000)),
+        // `max_inbound_connections`: connections to the application at once.
+        circuit_breakers: inbound.max_inbound_connections.map(|max| {
+            circuit_breakers(&UpstreamLimits {
+                max_connections: Some(max),
+                ..UpstreamLimits::default()
+            })
+        }),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: LOCAL_APP.into(),
             endpoints: vec![LocalityLbEndpoints {

@@ -1,10 +1,10 @@
 //! Listeners (public and one per upstream) and route configurations.
 
 use super::clusters::LOCAL_APP;
-use super::core::{ads, socket};
+use super::core::{ads, millis, socket};
 use super::{BuildError, LISTENER, ROUTE, Resources, rbac, routes, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter, listener};
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
 };
@@ -260,50 +260,85 @@ fn public_listener(
     let svc = &snap.service;
     let options = svc.proxy.options();
     let protocol = options.protocol.unwrap_or(resolved.protocol());
+    let settings = structs::InboundOptions::parse(&svc.proxy.config, &resolved.proxy_config);
     let bind = public_bind(snap);
     let name = public_listener_name(snap);
+    let to_app = Public {
+        protocol,
+        intentions,
+        default_allow: snap.intention_default_allow,
+        inbound,
+        settings,
+    };
     let public = Listener {
         name: name.clone(),
         address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
-            filters: public_filters(protocol, intentions, snap.intention_default_allow, inbound),
+            filters: public_filters(&to_app),
             transport_socket: Some(tls::downstream(tls_params)),
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Inbound as i32,
+        connection_balance_config: settings.exact_balance.then(|| listener::ConnectionBalanceConfig {
+            balance_type: Some(listener::connection_balance_config::BalanceType::ExactBalance(
+                listener::connection_balance_config::ExactBalance {},
+            )),
+        }),
         ..Default::default()
     };
     out.insert(LISTENER, name, pack_any(public));
 }
 
-/// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
-/// connection otherwise) in front of the route or TCP proxy to the local app.
-fn public_filters(
+/// What the public listener's filters are made of.
+struct Public<'a> {
     protocol: structs::Protocol,
-    intentions: &[structs::Intention],
+    intentions: &'a [structs::Intention],
     default_allow: bool,
-    inbound: Inbound<'_>,
-) -> Vec<Filter> {
-    if protocol.is_http() {
+    inbound: Inbound<'a>,
+    /// `local_request_timeout_ms`, `local_idle_timeout_ms` and the rest.
+    settings: structs::InboundOptions,
+}
+
+/// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
+/// connection otherwise) in front of the route or TCP proxy to the local app, with the
+/// proxy's request and idle timeouts to it.
+fn public_filters(p: &Public<'_>) -> Vec<Filter> {
+    let idle = p.settings.local_idle_timeout_ms.and_then(millis);
+    if p.protocol.is_http() {
         let mut http_filters = Vec::new();
-        if let Some(rules) = rbac::rules_http(intentions, default_allow) {
+        if let Some(rules) = rbac::rules_http(p.intentions, p.default_allow) {
             http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
+        }
+        let mut route = route_to(LOCAL_APP, LOCAL_APP);
+        for vhost in &mut route.virtual_hosts {
+            for r in &mut vhost.routes {
+                if let Some(route::Action::Route(action)) = &mut r.action {
+                    action.timeout = p.settings.local_request_timeout_ms.and_then(millis);
+                    action.idle_timeout = idle;
+                }
+            }
         }
         vec![hcm(
             "public_listener",
-            http_connection_manager::RouteSpecifier::RouteConfig(route_to(LOCAL_APP, LOCAL_APP)),
+            http_connection_manager::RouteSpecifier::RouteConfig(route),
             http_filters,
-            Some(inbound),
+            Some(p.inbound),
         )]
     } else {
         let mut filters = Vec::new();
-        if let Some(rules) = rbac::rules_l4(intentions, default_allow) {
+        if let Some(rules) = rbac::rules_l4(p.intentions, p.default_allow) {
             filters.push(network_filter(
                 "envoy.filters.network.rbac",
                 rbac::network_filter_config(rules, "connect_authz"),
             ));
         }
-        filters.push(tcp_proxy("public_listener", LOCAL_APP));
+        let mut to_app = TcpProxy {
+            stat_prefix: "public_listener".to_owned(),
+            cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(LOCAL_APP.to_owned())),
+            ..Default::default()
+        };
+        to_app.idle_timeout = idle;
+        filters.push(network_filter("envoy.filters.network.tcp_proxy", pack_any(to_app)));
         filters
     }
 }
