@@ -279,7 +279,7 @@ fn public_listener(
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Inbound as i32,
-        connection_balance_config: settings.exact_balance.then(|| listener::ConnectionBalanceConfig {
+        connection_balance_config: settings.exact_balance.then_some(listener::ConnectionBalanceConfig {
             balance_type: Some(listener::connection_balance_config::BalanceType::ExactBalance(
                 listener::connection_balance_config::ExactBalance {},
             )),
