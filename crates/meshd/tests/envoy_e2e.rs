@@ -41,6 +41,15 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
         json!({}),
     )
     .await;
+    // Access logs on every proxy, to one file both Envoys append to.
+    let access_log = dir.path().join("access.log");
+    let format = r#"{"cluster": "%UPSTREAM_CLUSTER%", "sent": "%BYTES_SENT%"}"#;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "proxy-defaults", "Name": "global", "AccessLogs": {
+            "Enabled": true, "Type": "file", "Path": access_log, "JSONFormat": format}}),
+    )
+    .await;
     let (_api_envoy, api_admin) = mesh.envoy("api", "node-api", dir.path()).await;
     let (_web_envoy, web_admin) = mesh.envoy("web", "node-web", dir.path()).await;
     let client = reqwest::Client::new();
@@ -55,6 +64,22 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     assert_eq!(wait_for(|| get(&client, &by_query)).await, "api-1");
     let clusters = get(&client, &format!("{web_admin}/clusters")).await.unwrap();
     assert!(clusters.contains("api-query.default.dc1.query."), "{clusters}");
+    // A connection that ends is logged by both sidecars: web's outbound TCP proxy (to api's
+    // cluster) and api's inbound one (to its local app), one JSON line each.
+    let once = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(get(&once, &through_mesh).await.as_deref(), Some("api-1"));
+    let lines = wait_for(|| async {
+        let text = std::fs::read_to_string(&access_log).ok()?;
+        let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let clusters: Vec<&str> = lines.iter().filter_map(|l| l["cluster"].as_str()).collect();
+        (clusters.iter().any(|c| c.starts_with("api.default.dc1.internal.")) && clusters.contains(&"local_app"))
+            .then_some(lines)
+    })
+    .await;
+    assert!(
+        lines.iter().all(|l| l.as_object().unwrap().len() == 2),
+        "the configured fields only: {lines:?}"
+    );
 
     // Both proxies are in sync, as the server sees them over HTTP and over CSDS.
     let status = wait_for(|| async {

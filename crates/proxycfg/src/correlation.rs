@@ -17,6 +17,8 @@ pub enum CorrelationId {
     Intentions,
     /// The `mesh` config entry.
     MeshConfig,
+    /// The `proxy-defaults` entry (`global`): what every kind reads of it (access logs).
+    ProxyDefaults,
     /// Central config resolved for the proxied service.
     ResolvedServiceConfig,
     /// HTTP checks of the proxied service (for exposed check paths).
@@ -93,6 +95,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::Leaf => f.write_str("leaf"),
             CorrelationId::Intentions => f.write_str("intentions"),
             CorrelationId::MeshConfig => f.write_str("mesh"),
+            CorrelationId::ProxyDefaults => f.write_str("proxy-defaults"),
             CorrelationId::ResolvedServiceConfig => f.write_str("resolved-service-config"),
             CorrelationId::ServiceHttpChecks => f.write_str("service-http-checks"),
             CorrelationId::DiscoveryChain(u) => write!(f, "discovery-chain:{u}"),

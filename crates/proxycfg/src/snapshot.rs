@@ -58,6 +58,9 @@ pub struct ConfigSnapshot {
     pub version: u64,
     /// CA trust bundle.
     pub roots: Known<Arc<IndexedCaRoots>>,
+    /// The `proxy-defaults` entry (`None` inside: there is none), once known: its access
+    /// logs apply to every kind.
+    pub proxy_defaults: Known<Option<Arc<ConfigEntry>>>,
     /// What the intentions decide when none matches (the ACL default policy with ACLs on).
     pub intention_default_allow: bool,
     /// Kind-specific data.

@@ -107,6 +107,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         datacenter,
         version,
         roots: None,
+        proxy_defaults: None,
         intention_default_allow,
         kind,
     };
@@ -236,6 +237,12 @@ fn apply_payload(
     watches: &mut Watches,
     metrics: &Metrics,
 ) -> bool {
+    // What every kind shares is kept here, not by each kind's handler.
+    if let (crate::CorrelationId::ProxyDefaults, crate::UpdatePayload::ConfigEntry(entry)) = (&id, &payload) {
+        snapshot.proxy_defaults = Some(entry.clone());
+        metrics.update();
+        return true;
+    }
     match handler.handle_update(id, payload, snapshot, watches) {
         Ok(()) => {
             metrics.update();

@@ -24,9 +24,10 @@ async fn first_snapshot_is_valid_and_complete() {
     let target = TargetId::new("", "api", "default", "dc1");
     assert_eq!(api.endpoints[&target].len(), 1);
     assert_eq!(api.chain.as_ref().unwrap().targets.len(), 1);
-    // roots, leaf, intentions, mesh, resolved config, 2 chains, 2 target health watches.
-    assert_eq!(f.manager.metrics().live_watches, 9);
-    assert_eq!(f.fakes.active(), 9);
+    // roots, leaf, intentions, mesh, proxy-defaults, resolved config, 2 chains, 2 target
+    // health watches.
+    assert_eq!(f.manager.metrics().live_watches, 10);
+    assert_eq!(f.fakes.active(), 10);
 }
 
 #[tokio::test(start_paused = true)]

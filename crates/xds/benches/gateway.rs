@@ -39,6 +39,7 @@ fn base(ca: &Ca, kind: ServiceKind, name: &str, part: KindSnapshot) -> ConfigSna
         datacenter: Arc::from("dc1"),
         version: 1,
         roots: Some(ca.roots()),
+        proxy_defaults: Some(None),
         intention_default_allow: true,
         kind: part,
     }

@@ -87,6 +87,7 @@ mod tests {
             datacenter: Arc::from("dc1"),
             version: 1,
             roots: None,
+            proxy_defaults: None,
             intention_default_allow: true,
             kind: KindSnapshot::TerminatingGateway(TerminatingGatewaySnapshot {
                 linked: Arc::new(linked),

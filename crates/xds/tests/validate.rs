@@ -650,6 +650,7 @@ fn gateway_snapshot(ca: &Ca, kind: structs::ServiceKind, name: &str, part: KindS
         datacenter: Arc::from("dc1"),
         version: 1,
         roots: Some(ca.roots()),
+        proxy_defaults: Some(None),
         intention_default_allow: true,
         kind: part,
     }
@@ -807,6 +808,29 @@ fn ingress_gateway_listeners_hosts_tls_and_limits() {
         .push(sds_server_cluster("sds-server"));
     if let Err(e) = envoy_validate("gateway-ingress", &bootstrap) {
         panic!("envoy rejected the ingress gateway:\n{e}");
+    }
+    // With access logs on, every gateway listener logs too, and Envoy takes it.
+    let mut logged = snap.clone();
+    logged.proxy_defaults = Some(Some(access_logs_entry(r#"{"Enabled": true, "Type": "stderr"}"#)));
+    let with_logs = resources::build(&logged).unwrap();
+    for (name, any) in with_logs.of(LISTENER).unwrap() {
+        let listener: Listener = unpack(any);
+        assert_eq!(listener.access_log.len(), 1, "{name}: the listener-level log");
+        assert!(
+            format!("{listener:?}").contains("envoy.access_loggers.stderr"),
+            "{name}"
+        );
+        assert!(filter_logs(&listener) >= 1, "{name}: its filters log");
+    }
+    let mut bootstrap = static_bootstrap(&with_logs);
+    bootstrap
+        .static_resources
+        .as_mut()
+        .unwrap()
+        .clusters
+        .push(sds_server_cluster("sds-server"));
+    if let Err(e) = envoy_validate("gateway-ingress-access-logs", &bootstrap) {
+        panic!("envoy rejected the ingress gateway's access logs:\n{e}");
     }
 
     // An endpoints-only change rebuilds just the load assignment, and equals a full build.
@@ -1174,4 +1198,91 @@ fn inbound_settings_shape_the_public_listener_and_the_local_app() {
             "{name}: {text}"
         );
     }
+}
+
+/// A `proxy-defaults` entry with `AccessLogs` as given.
+fn access_logs_entry(access_logs: &str) -> Arc<structs::ConfigEntry> {
+    let json = format!(r#"{{"Kind": "proxy-defaults", "Name": "global", "AccessLogs": {access_logs}}}"#);
+    Arc::new(serde_json::from_str(&json).unwrap())
+}
+
+/// `proxy-defaults`' access logs on a sidecar: a JSON format of the user's on the HTTP
+/// connection manager, Envoy's default-like JSON on the TCP proxy, a file or stdout, and the
+/// listener-level log of connections no filter chain accepted unless disabled.
+#[test]
+fn access_logs_on_every_listener_of_a_sidecar() {
+    let cases = [
+        (
+            "access-logs-http",
+            "http",
+            r#"{"Enabled": true, "Type": "file", "Path": "/tmp/meshd-access.log",
+                "JSONFormat": "{\"path\": \"%REQ(:PATH)%\", \"code\": \"%RESPONSE_CODE%\"}"}"#,
+        ),
+        (
+            "access-logs-tcp",
+            "tcp",
+            r#"{"Enabled": true, "DisableListenerLogs": true, "TextFormat": "%START_TIME% %UPSTREAM_HOST%"}"#,
+        ),
+    ];
+    for (name, protocol, logs) in cases {
+        let ca = Ca::new();
+        let mut snap = snapshot(
+            &ca,
+            &Scenario {
+                protocol,
+                upstreams: vec![("api", 9191, protocol)],
+                intentions: vec![],
+                instances: vec![instance("api", "10.0.0.1", 21000)],
+            },
+        );
+        snap.proxy_defaults = Some(Some(access_logs_entry(logs)));
+        let r = validate_snapshot(name, &snap);
+        let listeners = r.of(LISTENER).unwrap();
+        assert_eq!(listeners.len(), 2, "{name}: public and upstream listeners");
+        for (lname, any) in listeners {
+            let listener: Listener = unpack(any);
+            assert_eq!(
+                listener.access_log.len(),
+                usize::from(protocol == "http"),
+                "{name} {lname}"
+            );
+            assert_eq!(filter_logs(&listener), 1, "{name} {lname}: its filter logs");
+        }
+    }
+    // Turned off (the default), nothing logs.
+    let ca = Ca::new();
+    let mut snap = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+    snap.proxy_defaults = Some(Some(access_logs_entry(r#"{"Enabled": false, "Type": "stderr"}"#)));
+    let r = resources::build(&snap).unwrap();
+    for any in r.of(LISTENER).unwrap().values() {
+        let listener: Listener = unpack(any);
+        assert!(listener.access_log.is_empty() && filter_logs(&listener) == 0);
+    }
+}
+
+/// The access logs of a listener's HTTP connection managers and TCP proxies.
+fn filter_logs(listener: &Listener) -> usize {
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+    let mut n = 0;
+    for chain in &listener.filter_chains {
+        for f in &chain.filters {
+            let Some(filter::ConfigType::TypedConfig(cfg)) = &f.config_type else {
+                continue;
+            };
+            if cfg.type_url == HttpConnectionManager::type_url() {
+                n += unpack::<HttpConnectionManager>(cfg).access_log.len();
+            } else if cfg.type_url == TcpProxy::type_url() {
+                n += unpack::<TcpProxy>(cfg).access_log.len();
+            }
+        }
+    }
+    n
 }

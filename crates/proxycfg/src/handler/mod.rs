@@ -62,7 +62,7 @@ pub enum HandlerError {
 #[error("proxy kind {} is not supported", .0.as_str())]
 pub struct UnsupportedKind(pub ServiceKind);
 
-/// Starts the watches every kind has: the CA roots and the `mesh` config entry.
+/// Starts the watches every kind has: the CA roots, the `mesh` entry and `proxy-defaults`.
 fn watch_roots_and_mesh(sources: &DataSources, datacenter: &str, watches: &mut Watches) {
     watches.start(
         &sources.ca_roots,
@@ -77,6 +77,14 @@ fn watch_roots_and_mesh(sources: &DataSources, datacenter: &str, watches: &mut W
         crate::data_sources::ConfigEntryRequest {
             kind: structs::ConfigEntryKind::Mesh,
             name: "mesh".into(),
+        },
+    );
+    watches.start(
+        &sources.config_entry,
+        CorrelationId::ProxyDefaults,
+        crate::data_sources::ConfigEntryRequest {
+            kind: structs::ConfigEntryKind::ProxyDefaults,
+            name: "global".into(),
         },
     );
 }

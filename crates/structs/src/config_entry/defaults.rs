@@ -29,6 +29,9 @@ pub struct ProxyDefaults {
     /// Paths exposed without mTLS on every proxy.
     #[serde(rename = "Expose")]
     pub expose: ExposeConfig,
+    /// Envoy access logs of every proxy, sidecars and gateways.
+    #[serde(rename = "AccessLogs", skip_serializing_if = "AccessLogsConfig::is_off")]
+    pub access_logs: AccessLogsConfig,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -46,7 +49,89 @@ impl Validate for ProxyDefaults {
         if let Some(p) = self.config.get(crate::protocol::PROTOCOL_KEY) {
             check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
         }
-        crate::ProxyOptions::check_proxy(&self.config)
+        crate::ProxyOptions::check_proxy(&self.config)?;
+        self.access_logs.check("AccessLogs")
+    }
+}
+
+/// Where access logs go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AccessLogType {
+    /// Envoy's standard output (the default).
+    #[default]
+    #[serde(rename = "stdout")]
+    Stdout,
+    /// Envoy's standard error.
+    #[serde(rename = "stderr")]
+    Stderr,
+    /// A file (`Path`).
+    #[serde(rename = "file")]
+    File,
+}
+
+/// `proxy-defaults`' `AccessLogs`: Envoy access logs on every listener of every proxy, and
+/// (unless `DisableListenerLogs`) one per connection no filter chain accepted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AccessLogsConfig {
+    /// Log at all.
+    #[serde(rename = "Enabled")]
+    pub enabled: bool,
+    /// No listener-level log for connections no filter chain accepted.
+    #[serde(rename = "DisableListenerLogs")]
+    pub disable_listener_logs: bool,
+    /// Where: `stdout` (default), `stderr` or `file`.
+    #[serde(rename = "Type")]
+    pub log_type: AccessLogType,
+    /// The file, with `Type: file` (Envoy's process writes it).
+    #[serde(rename = "Path", skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    /// A JSON object of Envoy command operators, as text (one JSON line per request).
+    #[serde(rename = "JSONFormat", skip_serializing_if = "String::is_empty")]
+    pub json_format: String,
+    /// Envoy's text format string.
+    #[serde(rename = "TextFormat", skip_serializing_if = "String::is_empty")]
+    pub text_format: String,
+}
+
+impl AccessLogsConfig {
+    /// Nothing set: not written back.
+    pub fn is_off(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The JSON format's fields, once checked: `None` without one.
+    pub fn json_fields(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        serde_json::from_str(&self.json_format).ok()
+    }
+
+    /// Checks the settings, naming fields under `at`.
+    pub fn check(&self, at: &str) -> Result<(), ValidationError> {
+        let invalid = |field: &str, why: String| ValidationError::new(format!("{at}.{field}"), Problem::Invalid(why));
+        match (self.log_type, self.path.is_empty()) {
+            (AccessLogType::File, true) => return Err(invalid("Path", "is required with Type \"file\"".into())),
+            (AccessLogType::Stdout | AccessLogType::Stderr, false) => {
+                return Err(invalid("Path", "is only for Type \"file\"".into()));
+            }
+            _ => {}
+        }
+        if !self.json_format.is_empty() && !self.text_format.is_empty() {
+            return Err(invalid("TextFormat", "JSONFormat and TextFormat are exclusive".into()));
+        }
+        if !self.json_format.is_empty() {
+            let fields: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&self.json_format)
+                .map_err(|e| invalid("JSONFormat", format!("is not a JSON object: {e}")))?;
+            if fields.is_empty() {
+                return Err(invalid("JSONFormat", "names no field".into()));
+            }
+            if let Some((k, _)) = fields.iter().find(|(_, v)| !(v.is_string() || v.is_object())) {
+                return Err(invalid(
+                    "JSONFormat",
+                    format!("field {k:?}: a value is a format string or an object of them"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -184,4 +269,41 @@ pub(crate) fn check_protocol(field: &str, protocol: &str) -> Result<(), Validati
         .parse::<crate::Protocol>()
         .map(drop)
         .map_err(|e| ValidationError::new(field, Problem::Invalid(e.to_string())))
+}
+
+#[cfg(test)]
+mod access_log_tests {
+    use super::*;
+
+    fn entry(json: &str) -> Result<(), String> {
+        let pd: ProxyDefaults = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        pd.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn access_logs_are_checked_naming_the_field() {
+        assert!(entry(r#"{"Name": "global", "AccessLogs": {"Enabled": true}}"#).is_ok());
+        assert!(
+            entry(
+                r#"{"Name": "global", "AccessLogs": {"Enabled": true, "Type": "file", "Path": "/tmp/a.log",
+                                                         "JSONFormat": "{\"path\": \"%REQ(:PATH)%\"}"}}"#
+            )
+            .is_ok()
+        );
+        for (bad, says) in [
+            (r#"{"Type": "file"}"#, "AccessLogs.Path"),
+            (r#"{"Type": "stdout", "Path": "/x"}"#, "AccessLogs.Path"),
+            (
+                r#"{"JSONFormat": "{\"a\": \"%START_TIME%\"}", "TextFormat": "%START_TIME%"}"#,
+                "AccessLogs.TextFormat",
+            ),
+            (r#"{"JSONFormat": "not json"}"#, "AccessLogs.JSONFormat"),
+            (r#"{"JSONFormat": "{\"a\": 1}"}"#, "AccessLogs.JSONFormat"),
+        ] {
+            let e = entry(&format!(r#"{{"Name": "global", "AccessLogs": {bad}}}"#)).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let e = entry(r#"{"Name": "global", "AccessLogs": {"Type": "syslog"}}"#).unwrap_err();
+        assert!(e.contains("syslog"), "{e}");
+    }
 }

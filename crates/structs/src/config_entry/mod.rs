@@ -7,7 +7,7 @@ mod intentions;
 mod mesh;
 mod routing;
 
-pub use defaults::{ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use defaults::{AccessLogType, AccessLogsConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
 pub use gateway_rules::{WILDCARD_SERVICE, host_domains, host_name};
 pub use gateways::{
     GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, INGRESS_DOMAIN, IngressGateway, IngressListener,

@@ -16,6 +16,7 @@
 //!   HTTP connection manager with RDS for L7 protocols).
 //! - route configurations named after the upstream for L7 upstreams.
 
+mod access_logs;
 mod clusters;
 mod core;
 mod gateways;
@@ -51,6 +52,17 @@ pub fn build_shared(snapshot: &ConfigSnapshot, shared: Option<&SharedEncodings>)
 /// Builds every load assignment, the proxy-wide resources if `scope` says so, and the
 /// resources of the upstreams it names.
 pub(crate) fn build_scoped(
+    snapshot: &ConfigSnapshot,
+    shared: Option<&SharedEncodings>,
+    scope: &Scope<'_>,
+) -> Result<Resources, BuildError> {
+    let mut out = build_kind(snapshot, shared, scope)?;
+    access_logs::apply(snapshot, &mut out)?;
+    Ok(out)
+}
+
+/// What [`build_scoped`] builds before the access logs are added.
+fn build_kind(
     snapshot: &ConfigSnapshot,
     shared: Option<&SharedEncodings>,
     scope: &Scope<'_>,
@@ -260,12 +272,14 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     same_proxy_wide(a, b) && same_chains(&x.upstreams, &y.upstreams)
 }
 
-/// The inputs every kind's resources read: the proxy, its registration, datacenter, roots.
+/// The inputs every kind's resources read: the proxy, its registration, datacenter, roots,
+/// and `proxy-defaults` (its access logs).
 fn same_common(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     a.proxy_id == b.proxy_id
         && Arc::ptr_eq(&a.service, &b.service)
         && a.datacenter == b.datacenter
         && same_arc(&a.roots, &b.roots)
+        && same_known_entry(&a.proxy_defaults, &b.proxy_defaults)
 }
 
 /// True when every input other than the upstreams' chains and endpoints is the same (by

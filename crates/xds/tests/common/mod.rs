@@ -103,6 +103,7 @@ pub fn snapshot(ca: &Ca, s: &Scenario) -> ConfigSnapshot {
         datacenter: Arc::from("dc1"),
         version: 1,
         roots: Some(roots),
+        proxy_defaults: Some(None),
         intention_default_allow: true,
         kind: KindSnapshot::ConnectProxy(ConnectProxySnapshot {
             leaf: Some(ca.leaf("web")),
