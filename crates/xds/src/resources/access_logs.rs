@@ -52,8 +52,12 @@ const DEFAULT_FIELDS: [(&str, &str); 22] = [
     ("requested_server_name", "%REQUESTED_SERVER_NAME%"),
 ];
 
-/// The snapshot's access-log settings, when they are on.
+/// The snapshot's access-log settings, when they are on. Never for a proxyless gRPC client
+/// (a connect-native service): it is not Envoy, and logs nothing of what it is sent.
 fn settings(snap: &ConfigSnapshot) -> Option<&AccessLogsConfig> {
+    if snap.service.connect.native {
+        return None;
+    }
     match snap.proxy_defaults.as_ref()?.as_deref()? {
         ConfigEntry::ProxyDefaults(d) if d.access_logs.enabled => Some(&d.access_logs),
         _ => None,

@@ -148,3 +148,26 @@ fn proxyless_splitter_and_router_chains_resolve() {
     // No failover: no aggregate cluster.
     assert!(cluster_names(&r).iter().all(|n| !n.starts_with("failover~")));
 }
+
+/// `proxy-defaults`' access logs are for Envoys: a proxyless gRPC client's listeners carry
+/// none.
+#[test]
+fn a_proxyless_client_gets_no_access_logs() {
+    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    let f = Fixture::default().http("api");
+    let ca = Ca::new();
+    let mut snap = chain_snapshot(&ca, "http", &f, &[up("api", 9191)], None);
+    let entry = r#"{"Kind": "proxy-defaults", "Name": "global", "AccessLogs": {"Enabled": true}}"#;
+    snap.proxy_defaults = Some(Some(Arc::new(serde_json::from_str(entry).unwrap())));
+    let r = proxyless(&mut snap);
+    let listeners = r.of(resources::LISTENER).unwrap();
+    assert!(!listeners.is_empty());
+    for any in listeners.values() {
+        let listener: Listener = unpack(any);
+        assert!(listener.access_log.is_empty());
+        use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+        let api: ApiListener = listener.api_listener.unwrap();
+        let hcm: HttpConnectionManager = unpack(api.api_listener.as_ref().unwrap());
+        assert!(hcm.access_log.is_empty());
+    }
+}
