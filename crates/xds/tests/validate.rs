@@ -1237,6 +1237,10 @@ fn access_logs_on_every_listener_of_a_sidecar() {
         );
         snap.proxy_defaults = Some(Some(access_logs_entry(logs)));
         let r = validate_snapshot(name, &snap);
+        // The same snapshot encodes the same (no version churn from the format's map).
+        for _ in 0..3 {
+            assert_eq!(resources::build(&snap).unwrap().of(LISTENER), r.of(LISTENER), "{name}");
+        }
         let listeners = r.of(LISTENER).unwrap();
         assert_eq!(listeners.len(), 2, "{name}: public and upstream listeners");
         for (lname, any) in listeners {

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::extensions::access_loggers::stream::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
-use envoy_types::pb::google::protobuf::{self as pb, Any};
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 use prost::{Message, Name};
 use proxycfg::ConfigSnapshot;
@@ -64,77 +64,172 @@ fn settings(snap: &ConfigSnapshot) -> Option<&AccessLogsConfig> {
     }
 }
 
-fn json_value(v: &serde_json::Value) -> pb::Value {
-    use pb::value::Kind;
+// Envoy's `google.protobuf.Struct` is a map, which prost encodes in (random) hash order: a
+// JSON format would encode differently on every build, and its listeners would be resent
+// for nothing. These mirror the messages on the wire (a map is a repeated key/value entry)
+// with the fields in the JSON's own order, so one entry always encodes the same.
+
+/// `google.protobuf.Struct`, its fields in order.
+#[derive(Clone, PartialEq, Message)]
+struct OrderedStruct {
+    #[prost(message, repeated, tag = "1")]
+    fields: Vec<OrderedEntry>,
+}
+
+/// One entry of `Struct.fields`.
+#[derive(Clone, PartialEq, Message)]
+struct OrderedEntry {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(message, optional, tag = "2")]
+    value: Option<OrderedValue>,
+}
+
+/// `google.protobuf.Value`.
+#[derive(Clone, PartialEq, Message)]
+struct OrderedValue {
+    #[prost(oneof = "OrderedKind", tags = "1, 2, 3, 4, 5, 6")]
+    kind: Option<OrderedKind>,
+}
+
+/// `google.protobuf.Value.kind`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum OrderedKind {
+    #[prost(int32, tag = "1")]
+    Null(i32),
+    #[prost(double, tag = "2")]
+    Number(f64),
+    #[prost(string, tag = "3")]
+    String(String),
+    #[prost(bool, tag = "4")]
+    Bool(bool),
+    #[prost(message, tag = "5")]
+    Struct(OrderedStruct),
+    #[prost(message, tag = "6")]
+    List(OrderedList),
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, Message)]
+struct OrderedList {
+    #[prost(message, repeated, tag = "1")]
+    values: Vec<OrderedValue>,
+}
+
+/// `SubstitutionFormatString` with only its `json_format` (field 2).
+#[derive(Clone, PartialEq, Message)]
+struct JsonLogFormat {
+    #[prost(message, optional, tag = "2")]
+    json_format: Option<OrderedStruct>,
+}
+
+/// `FileAccessLog` with a `log_format` (field 5) of [`JsonLogFormat`].
+#[derive(Clone, PartialEq, Message)]
+struct JsonFileLog {
+    #[prost(string, tag = "1")]
+    path: String,
+    #[prost(message, optional, tag = "5")]
+    log_format: Option<JsonLogFormat>,
+}
+
+/// `StdoutAccessLog`/`StderrAccessLog` with a `log_format` (field 1) of [`JsonLogFormat`].
+#[derive(Clone, PartialEq, Message)]
+struct JsonStreamLog {
+    #[prost(message, optional, tag = "1")]
+    log_format: Option<JsonLogFormat>,
+}
+
+fn json_value(v: &serde_json::Value) -> OrderedValue {
     let kind = match v {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-        serde_json::Value::Array(a) => Kind::ListValue(pb::ListValue {
+        serde_json::Value::Null => OrderedKind::Null(0),
+        serde_json::Value::Bool(b) => OrderedKind::Bool(*b),
+        serde_json::Value::Number(n) => OrderedKind::Number(n.as_f64().unwrap_or_default()),
+        serde_json::Value::String(s) => OrderedKind::String(s.clone()),
+        serde_json::Value::Array(a) => OrderedKind::List(OrderedList {
             values: a.iter().map(json_value).collect(),
         }),
-        serde_json::Value::Object(o) => Kind::StructValue(json_struct(o)),
+        serde_json::Value::Object(o) => OrderedKind::Struct(json_struct(o)),
     };
-    pb::Value { kind: Some(kind) }
+    OrderedValue { kind: Some(kind) }
 }
 
-fn json_struct(o: &serde_json::Map<String, serde_json::Value>) -> pb::Struct {
-    pb::Struct {
-        fields: o.iter().map(|(k, v)| (k.clone(), json_value(v))).collect(),
+fn json_struct(o: &serde_json::Map<String, serde_json::Value>) -> OrderedStruct {
+    OrderedStruct {
+        fields: o
+            .iter()
+            .map(|(k, v)| OrderedEntry {
+                key: k.clone(),
+                value: Some(json_value(v)),
+            })
+            .collect(),
     }
 }
 
-/// How a line is formatted: the configured text or JSON, else [`DEFAULT_FIELDS`] as JSON.
-fn format(cfg: &AccessLogsConfig) -> SubstitutionFormatString {
-    let format = if !cfg.text_format.is_empty() {
-        substitution_format_string::Format::TextFormatSource(DataSource {
-            specifier: Some(data_source::Specifier::InlineString(format!(
-                "{}\n",
-                cfg.text_format.trim_end_matches('\n')
-            ))),
+/// An `Any` of type `T` whose bytes are `value`'s (a wire-compatible stand-in for `T`).
+fn any_of<T: Name>(value: &impl Message) -> Any {
+    Any {
+        type_url: T::type_url(),
+        value: value.encode_to_vec(),
+    }
+}
+
+/// The logger's name and configuration: the `TextFormat`, else the `JSONFormat`, else
+/// [`DEFAULT_FIELDS`] as JSON.
+fn logger(cfg: &AccessLogsConfig) -> (&'static str, Any) {
+    let name = match cfg.log_type {
+        AccessLogType::File => "envoy.access_loggers.file",
+        AccessLogType::Stdout => "envoy.access_loggers.stdout",
+        AccessLogType::Stderr => "envoy.access_loggers.stderr",
+    };
+    if !cfg.text_format.is_empty() {
+        let format = SubstitutionFormatString {
+            format: Some(substitution_format_string::Format::TextFormatSource(DataSource {
+                specifier: Some(data_source::Specifier::InlineString(format!(
+                    "{}\n",
+                    cfg.text_format.trim_end_matches('\n')
+                ))),
+                ..Default::default()
+            })),
             ..Default::default()
-        })
-    } else {
-        let fields = cfg.json_fields().unwrap_or_else(|| {
-            DEFAULT_FIELDS
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String((*v).to_owned())))
-                .collect()
-        });
-        substitution_format_string::Format::JsonFormat(json_struct(&fields))
-    };
-    SubstitutionFormatString {
-        format: Some(format),
-        ..Default::default()
+        };
+        let config = match cfg.log_type {
+            AccessLogType::File => pack_any(FileAccessLog {
+                path: cfg.path.clone(),
+                access_log_format: Some(file_access_log::AccessLogFormat::LogFormat(format)),
+            }),
+            AccessLogType::Stdout => pack_any(StdoutAccessLog {
+                access_log_format: Some(stdout_access_log::AccessLogFormat::LogFormat(format)),
+            }),
+            AccessLogType::Stderr => pack_any(StderrAccessLog {
+                access_log_format: Some(stderr_access_log::AccessLogFormat::LogFormat(format)),
+            }),
+        };
+        return (name, config);
     }
+    let fields = cfg.json_fields().unwrap_or_else(|| {
+        DEFAULT_FIELDS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String((*v).to_owned())))
+            .collect()
+    });
+    let log_format = Some(JsonLogFormat {
+        json_format: Some(json_struct(&fields)),
+    });
+    let config = match cfg.log_type {
+        AccessLogType::File => any_of::<FileAccessLog>(&JsonFileLog {
+            path: cfg.path.clone(),
+            log_format,
+        }),
+        AccessLogType::Stdout => any_of::<StdoutAccessLog>(&JsonStreamLog { log_format }),
+        AccessLogType::Stderr => any_of::<StderrAccessLog>(&JsonStreamLog { log_format }),
+    };
+    (name, config)
 }
 
 /// One access log as `cfg` says, with `filter` (the listener-level one logs only
 /// connections no filter chain accepted).
 fn access_log(cfg: &AccessLogsConfig, filter: Option<AccessLogFilter>) -> AccessLog {
-    let format = format(cfg);
-    let (name, config) = match cfg.log_type {
-        AccessLogType::File => (
-            "envoy.access_loggers.file",
-            pack_any(FileAccessLog {
-                path: cfg.path.clone(),
-                access_log_format: Some(file_access_log::AccessLogFormat::LogFormat(format)),
-            }),
-        ),
-        AccessLogType::Stdout => (
-            "envoy.access_loggers.stdout",
-            pack_any(StdoutAccessLog {
-                access_log_format: Some(stdout_access_log::AccessLogFormat::LogFormat(format)),
-            }),
-        ),
-        AccessLogType::Stderr => (
-            "envoy.access_loggers.stderr",
-            pack_any(StderrAccessLog {
-                access_log_format: Some(stderr_access_log::AccessLogFormat::LogFormat(format)),
-            }),
-        ),
-    };
+    let (name, config) = logger(cfg);
     AccessLog {
         name: name.to_owned(),
         filter,
