@@ -171,14 +171,15 @@ pub(crate) async fn execute(
             .index_of(&IndexKey::Queries)
             .max(state.index_of(&key))
             .max(Index(1));
-        let answer = blocking.index.is_none_or(|after| after < index) || tokio::time::Instant::now() >= deadline;
-        let receivers = (
-            api.store.index_receiver(&IndexKey::Queries),
-            api.store.index_receiver(&key),
-        );
-        let (false, Some(after), Some(mut queries), Some(mut instances)) =
-            (answer, blocking.index, receivers.0, receivers.1)
-        else {
+        // Channels only for a wait (`None` too once waiters are released: answer now).
+        let wait = blocking
+            .index
+            .filter(|after| *after >= index && tokio::time::Instant::now() < deadline)
+            .and_then(|after| {
+                let queries = api.store.index_receiver(&IndexKey::Queries)?;
+                Some((after, queries, api.store.index_receiver(&key)?))
+            });
+        let Some((after, mut queries, mut instances)) = wait else {
             match prepared {
                 Some(prepared) => break (state, prepared, index),
                 // With its index, so that a blocking client can wait for it.
