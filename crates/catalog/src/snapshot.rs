@@ -13,11 +13,7 @@ use snapshot_archive::{ArchiveError, Meta};
 use std::collections::{BTreeMap, HashSet};
 use std::time::SystemTime;
 
-/// The largest archive a restore takes (bytes, compressed).
-pub const MAX_ARCHIVE: usize = 1 << 30;
-
-/// What an archive may decompress to at most (its state's JSON and metadata).
-pub const MAX_INFLATED: u64 = 4 << 30;
+pub use snapshot_archive::{MAX_ARCHIVE, MAX_INFLATED};
 
 /// Why a snapshot cannot be taken or restored.
 #[derive(Debug, thiserror::Error)]

@@ -8,14 +8,10 @@
 use crate::acl_cli::client;
 use crate::cli::{ApiArgs, SnapshotCommand};
 use anyhow::{Context, Result, bail};
-use snapshot_archive::{Meta, unpack};
+use snapshot_archive::{MAX_ARCHIVE, MAX_INFLATED, Meta, unpack};
 use std::path::Path;
 use std::time::Duration;
 
-/// What an archive may decompress to, as the server allows.
-const MAX_INFLATED: u64 = 4 << 30;
-/// The largest archive a server takes.
-const MAX_ARCHIVE: u64 = 1 << 30;
 /// A save or a restore of a large catalog takes a while.
 const TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -60,7 +56,7 @@ fn read(file: &Path) -> Result<Vec<u8>> {
     let size = std::fs::metadata(file)
         .with_context(|| format!("cannot read {}", file.display()))?
         .len();
-    if size > MAX_ARCHIVE {
+    if size > MAX_ARCHIVE as u64 {
         bail!(
             "{} has {size} bytes; a server takes archives of at most {MAX_ARCHIVE}",
             file.display()

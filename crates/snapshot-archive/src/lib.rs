@@ -28,6 +28,12 @@ use std::io::Read;
 /// The archive format this build writes, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// The largest archive a server restores (bytes, compressed); agents relay up to it too.
+pub const MAX_ARCHIVE: usize = 1 << 30;
+
+/// What an archive may decompress to at most, wherever it is read (its state and metadata).
+pub const MAX_INFLATED: u64 = 4 << 30;
+
 /// What `meta.json` says.
 const FORMAT_NAME: &str = "meshd-snapshot";
 

@@ -22,13 +22,10 @@ pub(super) async fn forward(State(agent): State<Agent>, req: Request) -> Respons
     send(&agent, out).await
 }
 
-/// The largest snapshot archive an agent relays to a server (as a server takes).
-const MAX_SNAPSHOT: usize = 1 << 30;
-
 /// `PUT /v1/snapshot` through an agent: relayed as any request, but an archive may be far
 /// larger than a write's body.
 pub(super) async fn snapshot_restore(State(agent): State<Agent>, req: Request) -> Response {
-    let out = match Outgoing::read(req, MAX_SNAPSHOT).await {
+    let out = match Outgoing::read(req, snapshot_archive::MAX_ARCHIVE).await {
         Ok(out) => out,
         Err(too_large) => return too_large,
     };
