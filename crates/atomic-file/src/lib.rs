@@ -25,13 +25,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    // A temporary file left by a crash is removed, and the new one must be this call's own
+    // (O_EXCL, which follows no symlink either): in a directory others may write, a file or link planted
+    // at that name would otherwise receive the content with its owner's looser mode, or
+    // redirect it elsewhere. If it cannot be removed (not ours), the write fails.
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let written = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
@@ -78,6 +81,27 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn a_temporary_file_planted_beforehand_neither_receives_the_content_nor_lends_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("backup.snap");
+        // A stale (or planted) temporary file with a loose mode.
+        let tmp = dir.path().join(".backup.snap.tmp");
+        fs::write(&tmp, b"junk").unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o666)).unwrap();
+        write_atomic(&p, b"secret", 0o600).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"secret");
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        // A symlink planted at the temporary name: its target is left alone.
+        let elsewhere = dir.path().join("elsewhere");
+        fs::write(&elsewhere, b"untouched").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &tmp).unwrap();
+        write_atomic(&p, b"again", 0o600).unwrap();
+        assert_eq!(fs::read(&elsewhere).unwrap(), b"untouched");
+        assert_eq!(fs::read(&p).unwrap(), b"again");
+        assert!(!fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
     }
 
     #[test]
