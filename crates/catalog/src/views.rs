@@ -1,7 +1,9 @@
 //! Read views computed from a [`State`]: what queries and topics return.
 
+use crate::keys::IndexKey;
 use crate::state::State;
 use std::{collections::BTreeMap, time::SystemTime};
+use structs::Index;
 use structs::query::PreparedQuery;
 use structs::{
     CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthCheck, IndexedCaRoots, Intention, Node, NodeService,
@@ -22,6 +24,21 @@ impl State {
                 .max_by_key(|pq| pq.name.len())
         };
         named.or_else(template).map(|pq| pq.render(asked))
+    }
+
+    /// The prepared query `asked` names ([`State::resolve_query`]), the key its result
+    /// follows besides [`IndexKey::Queries`] (its service's instances, the connect-capable
+    /// ones with `connect` or the query's `Connect.Enabled`; the queries alone while it does
+    /// not exist), and the index it answers with: the later of the two.
+    pub fn query_watch(&self, asked: &str, connect: bool) -> (Option<PreparedQuery>, IndexKey, Index) {
+        let query = self.resolve_query(asked);
+        let key = match &query {
+            Some(q) if connect || q.service.connect.enabled => IndexKey::ServiceConnect(q.service.service.clone()),
+            Some(q) => IndexKey::Service(q.service.service.clone()),
+            None => IndexKey::Queries,
+        };
+        let index = self.index_of(&IndexKey::Queries).max(self.index_of(&key));
+        (query, key, index)
     }
 
     /// The instances a (resolved) prepared query selects: those of its service, or with

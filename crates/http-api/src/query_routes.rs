@@ -137,10 +137,6 @@ pub(crate) async fn delete(
     Ok(query::json(&json!(null), None, params.pretty()))
 }
 
-fn resolve(state: &catalog::State, asked: &str) -> Option<PreparedQuery> {
-    state.resolve_query(asked)
-}
-
 /// `GET /v1/query/:id_or_name/execute` (`?limit=`, `?connect=true`: the connect-capable
 /// instances, as Consul's): the healthy instances the query selects and the caller may
 /// read, in a new order each time (no coordinates to sort by distance). `X-Consul-Index` is
@@ -161,16 +157,9 @@ pub(crate) async fn execute(
     let deadline = tokio::time::Instant::now() + blocking.wait_with_jitter();
     let (state, prepared, index) = loop {
         let state = api.store.read();
-        let prepared = resolve(&state, &asked);
         // A missing query blocks on the queries alone (it may be created).
-        let key = match &prepared {
-            Some(p) => query::service_key(&p.service.service, connect || p.service.connect.enabled),
-            None => IndexKey::Queries,
-        };
-        let index = state
-            .index_of(&IndexKey::Queries)
-            .max(state.index_of(&key))
-            .max(Index(1));
+        let (prepared, key, index) = state.query_watch(&asked, connect);
+        let index = index.max(Index(1));
         // Channels only for a wait (`None` too once waiters are released: answer now).
         let wait = blocking
             .index
@@ -248,7 +237,7 @@ pub(crate) async fn explain(
     let params = Params::parse(q.as_deref());
     query::check_common(&params, api.store.datacenter())?;
     let state = api.store.read();
-    let prepared = resolve(&state, &asked).ok_or_else(|| not_found(&asked))?;
+    let prepared = state.resolve_query(&asked).ok_or_else(|| not_found(&asked))?;
     authz.need(|a| a.query_read(&prepared.name), "query:read", &prepared.name)?;
     let prepared = shown(&prepared, authz.get()?);
     Ok(query::json(

@@ -47,17 +47,11 @@ mod on_server {
         /// The query's result now, the key of its instances, and the index it was read at.
         fn run(&self) -> (Result<Arc<Vec<CheckServiceNode>>, String>, IndexKey, Index) {
             let state = self.store.read();
-            let (result, key) = match state.resolve_query(&self.asked) {
-                Some(query) => {
-                    let key = IndexKey::ServiceConnect(query.service.service.clone());
-                    (Ok(Arc::new(state.query_nodes(&query, true))), key)
-                }
-                None => (
-                    Err(format!("prepared query {:?} does not exist", self.asked)),
-                    IndexKey::Queries,
-                ),
+            let (query, key, index) = state.query_watch(&self.asked, true);
+            let result = match query {
+                Some(query) => Ok(Arc::new(state.query_nodes(&query, true))),
+                None => Err(format!("prepared query {:?} does not exist", self.asked)),
             };
-            let index = state.index_of(&IndexKey::Queries).max(state.index_of(&key));
             (result, key, index)
         }
     }
