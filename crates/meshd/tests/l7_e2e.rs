@@ -494,9 +494,59 @@ async fn request_normalization_decides_what_l7_intentions_see() {
         text.contains("HTTP.Incoming.RequestNormalization.PathWithEscapedSlashesAction"),
         "{text}"
     );
+
+    rate_limits(&mesh, &client, &api_admin, up).await;
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
     println!(
         "request normalization end to end: {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Service-defaults' `RateLimits` on api: 10 requests a second (burst 10) on every path, 1 on
+/// `/limited`. Requests sent at 50 a second for two seconds get about 10 answers a second
+/// from the application and 429s for the rest; `/limited` has a bucket of its own.
+async fn rate_limits(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketAddr) {
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http", "RateLimits": {"InstanceLevel": {
+            "RequestsPerSecond": 10, "RequestsMaxBurst": 10,
+            "Routes": [{"PathPrefix": "/limited", "RequestsPerSecond": 1}]}}}),
+    )
+    .await;
+    until_updated(client, api_admin, up, "/limited", &[], 429).await;
+    let start = std::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let (mut accepted, mut limited) = (0u32, 0u32);
+    while start.elapsed() < Duration::from_secs(2) {
+        tick.tick().await;
+        match raw(up, "/public/x", &[]).await.map(|r| r.0) {
+            Some(200) => accepted += 1,
+            Some(429) => limited += 1,
+            other => panic!("rate limited request: {other:?}"),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "rate limit 10/s: {accepted} accepted, {limited} refused with 429 in {secs:.2} s ({:.1} accepted/s)",
+        f64::from(accepted) / secs
+    );
+    // The bucket starts full (10) and gains 10 a second.
+    let most = 10 + 10 * secs.ceil() as u32;
+    assert!((10..=most).contains(&accepted), "{accepted} accepted in {secs:.2} s");
+    assert!(limited >= 40, "{limited} refused in {secs:.2} s");
+    // A bad limit is refused at write time, naming the field.
+    let resp = mesh
+        .client
+        .put(format!("{}/v1/config", mesh.http))
+        .json(
+            &json!({"Kind": "service-defaults", "Name": "api", "RateLimits": {"InstanceLevel": {
+            "Routes": [{"PathPrefix": "limited", "RequestsPerSecond": 1}]}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("RateLimits.InstanceLevel.Routes[0].PathPrefix"), "{text}");
 }

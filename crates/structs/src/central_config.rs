@@ -105,6 +105,10 @@ impl<'a> CentralConfig<'a> {
             if d.transparent_proxy != Default::default() {
                 out.transparent_proxy = d.transparent_proxy.clone();
             }
+            for (key, value) in d.inbound_settings() {
+                out.proxy_config.insert(key.into(), value);
+            }
+            out.rate_limits = d.rate_limits.clone();
         }
         out
     }

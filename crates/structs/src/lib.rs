@@ -24,6 +24,7 @@ pub mod node;
 pub mod protocol;
 pub mod proxy;
 pub mod query;
+pub mod rate_limits;
 pub mod registration;
 pub mod resolved;
 pub mod service;
@@ -49,6 +50,7 @@ pub use proxy::{
     ConnectProxyConfig, DestinationType, ExposeConfig, ExposePath, MeshGatewayConfig, MeshGatewayMode, ProxyMode,
     TransparentProxyConfig, Upstream, UpstreamId,
 };
+pub use rate_limits::RateLimits;
 pub use registration::{DeregisterRequest, RegisterRequest};
 pub use resolved::{GatewayService, ResolvedServiceConfig, ResolvedUpstreamConfig};
 pub use service::{NodeService, ServiceKind};

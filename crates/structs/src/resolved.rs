@@ -28,6 +28,9 @@ pub struct ResolvedServiceConfig {
     /// Proxy mode.
     #[serde(rename = "Mode")]
     pub mode: ProxyMode,
+    /// Request rate limits (service-defaults `RateLimits`).
+    #[serde(rename = "RateLimits", skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<crate::RateLimits>,
 }
 
 impl ResolvedServiceConfig {

@@ -253,7 +253,8 @@ fn decode_listener(any: &Any) -> String {
                 continue;
             };
             let text = if cfg.type_url == HttpConnectionManager::type_url() {
-                format!("{:#?}", unpack::<HttpConnectionManager>(cfg))
+                let hcm = unpack::<HttpConnectionManager>(cfg);
+                format!("{hcm:#?}{}", decode_rate_limits(&hcm))
             } else if cfg.type_url == TcpProxy::type_url() {
                 format!("{:#?}", unpack::<TcpProxy>(cfg))
             } else if cfg.type_url == Rbac::type_url() {
@@ -265,6 +266,34 @@ fn decode_listener(any: &Any) -> String {
         }
     }
     parts.join("\n")
+}
+
+/// The local rate limit configs of an HTTP connection manager (its filter's and each inline
+/// route's), decoded.
+fn decode_rate_limits(hcm: &HttpConnectionManager) -> String {
+    use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        http_connection_manager::RouteSpecifier, http_filter,
+    };
+    let mut out = String::new();
+    for f in &hcm.http_filters {
+        if let Some(http_filter::ConfigType::TypedConfig(cfg)) = &f.config_type
+            && cfg.type_url == LocalRateLimit::type_url()
+        {
+            out += &format!("\nhttp filter {}: {:#?}", f.name, unpack::<LocalRateLimit>(cfg));
+        }
+    }
+    if let Some(RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier {
+        for r in rc.virtual_hosts.iter().flat_map(|v| &v.routes) {
+            for (name, cfg) in &r.typed_per_filter_config {
+                if cfg.type_url == LocalRateLimit::type_url() {
+                    let m = r.r#match.as_ref().and_then(|m| m.path_specifier.as_ref());
+                    out += &format!("\nroute {m:?} {name}: {:#?}", unpack::<LocalRateLimit>(cfg));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn redact_pem(text: &str) -> String {
@@ -1289,4 +1318,54 @@ fn filter_logs(listener: &Listener) -> usize {
         }
     }
     n
+}
+
+/// Service-defaults' `RateLimits` on an HTTP sidecar: Envoy's local rate limit filter after
+/// the intentions' RBAC with the instance's bucket, and a route per limited path, in order,
+/// with its own bucket. On a TCP service they are not enforceable: the proxy's build problems
+/// say so.
+#[test]
+fn rate_limits_on_the_public_listener() {
+    let limits: structs::RateLimits = serde_json::from_str(
+        r#"{"InstanceLevel": {"RequestsPerSecond": 10, "RequestsMaxBurst": 20, "Routes": [
+             {"PathExact": "/exact", "RequestsPerSecond": 1},
+             {"PathPrefix": "/api", "RequestsPerSecond": 5, "RequestsMaxBurst": 8},
+             {"PathRegex": "/v[0-9]+/.*", "RequestsPerSecond": 3}]}}"#,
+    )
+    .unwrap();
+    for protocol in ["http", "tcp"] {
+        let ca = Ca::new();
+        let mut snap = snapshot(
+            &ca,
+            &Scenario {
+                protocol,
+                upstreams: vec![],
+                intentions: vec![("web", IntentionAction::Deny)],
+                instances: vec![],
+            },
+        );
+        if let KindSnapshot::ConnectProxy(cp) = &mut snap.kind {
+            Arc::make_mut(cp.resolved_config.as_mut().unwrap()).rate_limits = Some(limits.clone());
+        }
+        if protocol == "tcp" {
+            let r = resources::build(&snap).unwrap();
+            let problem = &r.problems["rate-limits"];
+            assert!(problem.contains("HTTP protocols only"), "{problem}");
+            continue;
+        }
+        let r = validate_snapshot("rate-limits-http", &snap);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        let text = golden_text(&r, &snap.roots.as_ref().unwrap().trust_domain);
+        let rbac = text.find("envoy.filters.http.rbac").expect("rbac filter");
+        let limit = text
+            .find("envoy.filters.http.local_ratelimit")
+            .expect("rate limit filter");
+        assert!(rbac < limit, "the intentions judge first:\n{text}");
+        let (exact, prefix, regex) = (
+            text.find("\"/exact\"").expect("exact route"),
+            text.find("\"/api\"").expect("prefix route"),
+            text.find("/v[0-9]+/.*").expect("regex route"),
+        );
+        assert!(exact < prefix && prefix < regex, "routes in the entry's order:\n{text}");
+    }
 }

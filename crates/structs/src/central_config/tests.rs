@@ -128,3 +128,48 @@ fn merge_fills_what_the_registration_leaves_unset() {
         "nothing to merge, nothing changes"
     );
 }
+
+#[test]
+fn service_defaults_inbound_settings_and_rate_limits_reach_the_proxy() {
+    let mut proxy = ProxyDefaults::default();
+    proxy
+        .config
+        .insert("local_request_timeout_ms".into(), Value::from(1000));
+    proxy.config.insert("local_connect_timeout_ms".into(), Value::from(100));
+    let limits: crate::RateLimits = serde_json::from_str(r#"{"InstanceLevel": {"RequestsPerSecond": 10}}"#).unwrap();
+    let services = vec![entry(ConfigEntry::ServiceDefaults(ServiceDefaults {
+        name: "web".into(),
+        local_request_timeout_ms: 9000,
+        max_inbound_connections: 64,
+        balance_inbound_connections: "exact_balance".into(),
+        rate_limits: Some(limits.clone()),
+        ..Default::default()
+    }))];
+    let central = CentralConfig::new(Some(&proxy), &services);
+    let r = central.resolve("web", &[]);
+    let o = crate::InboundOptions::parse(&Default::default(), &r.proxy_config);
+    assert_eq!(
+        o.local_request_timeout_ms,
+        Some(9000),
+        "service-defaults over proxy-defaults"
+    );
+    assert_eq!(o.local_connect_timeout_ms, Some(100), "proxy-defaults where unset");
+    assert_eq!(o.max_inbound_connections, Some(64));
+    assert!(o.exact_balance);
+    assert_eq!(r.rate_limits, Some(limits));
+
+    let mut reg = NodeService {
+        kind: ServiceKind::ConnectProxy,
+        ..Default::default()
+    };
+    reg.proxy.destination_service_name = "web".into();
+    reg.proxy
+        .config
+        .insert("local_request_timeout_ms".into(), Value::from(5));
+    let merged = central.merge_into(&reg);
+    assert_eq!(
+        merged.proxy.config["local_request_timeout_ms"], 5,
+        "the registration wins"
+    );
+    assert_eq!(merged.proxy.config["max_inbound_connections"], 64);
+}

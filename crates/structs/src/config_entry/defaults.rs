@@ -217,6 +217,13 @@ pub struct ServiceDefaults {
         skip_serializing_if = "crate::json::ser::is_default"
     )]
     pub local_request_timeout_ms: u32,
+    /// `exact_balance`: the public listener spreads connections evenly over Envoy's worker
+    /// threads.
+    #[serde(rename = "BalanceInboundConnections", skip_serializing_if = "String::is_empty")]
+    pub balance_inbound_connections: String,
+    /// Request rate limits on the service's instances (HTTP protocols).
+    #[serde(rename = "RateLimits", skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<crate::RateLimits>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -228,11 +235,47 @@ pub struct ServiceDefaults {
     pub modify_index: Index,
 }
 
+impl ServiceDefaults {
+    /// The inbound settings this entry sets, as the proxy `Config` keys they stand for (the
+    /// proxy's own `Config` still wins over them).
+    pub fn inbound_settings(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let mut out = Vec::new();
+        for (key, n) in [
+            ("max_inbound_connections", self.max_inbound_connections),
+            ("local_connect_timeout_ms", self.local_connect_timeout_ms),
+            ("local_request_timeout_ms", self.local_request_timeout_ms),
+        ] {
+            if n != 0 {
+                out.push((key, serde_json::Value::from(n)));
+            }
+        }
+        if !self.balance_inbound_connections.is_empty() {
+            out.push((
+                "balance_inbound_connections",
+                serde_json::Value::from(self.balance_inbound_connections.clone()),
+            ));
+        }
+        out
+    }
+}
+
 impl Validate for ServiceDefaults {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::ServiceDefaults, &self.name)?;
         if !self.protocol.is_empty() {
             check_protocol("Protocol", &self.protocol)?;
+        }
+        if !matches!(self.balance_inbound_connections.as_str(), "" | "exact_balance") {
+            return Err(ValidationError::new(
+                "BalanceInboundConnections",
+                Problem::Invalid(format!(
+                    "{:?} is not a balance type (the only one is \"exact_balance\")",
+                    self.balance_inbound_connections
+                )),
+            ));
+        }
+        if let Some(r) = &self.rate_limits {
+            r.check("RateLimits")?;
         }
         if let Some(uc) = &self.upstream_config {
             for (i, o) in uc.overrides.iter().enumerate() {

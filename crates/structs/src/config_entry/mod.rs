@@ -22,6 +22,7 @@ pub use mesh::{
     MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization, TlsDirectionConfig,
     envoy_cipher_name,
 };
+pub(crate) use routing::check_regex;
 pub use routing::{
     CookieConfig, HashPolicy, HttpHeaderModifiers, LB_POLICIES, LeastRequestConfig, LoadBalancer, RETRY_ON_CONDITIONS,
     RingHashConfig, ServiceResolver, ServiceResolverFailover, ServiceResolverFailoverTarget, ServiceResolverRedirect,

@@ -878,7 +878,7 @@ fn check_namespace(field: &str, namespace: &str) -> Result<(), ValidationError> 
 
 /// A regex Envoy will be given (RE2 syntax, which the `regex` crate shares): refused at write
 /// time when it does not compile, so Envoy never rejects the resources built from it.
-pub(super) fn check_regex(field: &str, regex: &str) -> Result<(), ValidationError> {
+pub(crate) fn check_regex(field: &str, regex: &str) -> Result<(), ValidationError> {
     if regex.is_empty() {
         return Ok(());
     }

@@ -2,7 +2,7 @@
 
 use super::clusters::LOCAL_APP;
 use super::core::{ads, millis, socket};
-use super::{BuildError, LISTENER, ROUTE, Resources, rbac, routes, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, rate_limit, rbac, routes, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter, listener};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -263,12 +263,28 @@ fn public_listener(
     let settings = structs::InboundOptions::parse(&svc.proxy.config, &resolved.proxy_config);
     let bind = public_bind(snap);
     let name = public_listener_name(snap);
+    let rate_limits = resolved
+        .rate_limits
+        .as_ref()
+        .map(|r| &r.instance_level)
+        .filter(|r| r.is_set());
+    if rate_limits.is_some() && !protocol.is_http() {
+        out.problems.insert(
+            "rate-limits".into(),
+            format!(
+                "service-defaults RateLimits of {:?} are not enforced: its protocol is {}, and rate limits apply to HTTP protocols only",
+                svc.proxy.destination_service_name,
+                protocol.as_str()
+            ),
+        );
+    }
     let to_app = Public {
         protocol,
         intentions,
         default_allow: snap.intention_default_allow,
         inbound,
         settings,
+        rate_limits,
     };
     let public = Listener {
         name: name.clone(),
@@ -297,11 +313,14 @@ struct Public<'a> {
     inbound: Inbound<'a>,
     /// `local_request_timeout_ms`, `local_idle_timeout_ms` and the rest.
     settings: structs::InboundOptions,
+    /// Service-defaults' `RateLimits.InstanceLevel`, when it sets a limit.
+    rate_limits: Option<&'a structs::rate_limits::InstanceLevelRateLimits>,
 }
 
 /// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
-/// connection otherwise) in front of the route or TCP proxy to the local app, with the
-/// proxy's request and idle timeouts to it.
+/// connection otherwise) then the service's rate limits (so a caller the intentions refuse
+/// spends none of the others' budget) in front of the route or TCP proxy to the local app,
+/// with the proxy's request and idle timeouts to it.
 fn public_filters(p: &Public<'_>) -> Vec<Filter> {
     let idle = p.settings.local_idle_timeout_ms.and_then(millis);
     if p.protocol.is_http() {
@@ -310,6 +329,10 @@ fn public_filters(p: &Public<'_>) -> Vec<Filter> {
             http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
         }
         let mut route = route_to(LOCAL_APP, LOCAL_APP);
+        if let Some(limits) = p.rate_limits {
+            http_filters.push(http_filter(rate_limit::FILTER, rate_limit::filter_config(limits)));
+            rate_limit::add_routes(&mut route, limits);
+        }
         for vhost in &mut route.virtual_hosts {
             for r in &mut vhost.routes {
                 if let Some(route::Action::Route(action)) = &mut r.action {

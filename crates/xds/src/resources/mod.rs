@@ -22,6 +22,7 @@ mod core;
 mod gateways;
 mod listeners;
 pub mod proxyless;
+mod rate_limit;
 mod rbac;
 mod routes;
 mod set;
