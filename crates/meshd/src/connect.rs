@@ -2,12 +2,14 @@
 
 use crate::cli::{EnvoyArgs, GrpcAddr};
 use anyhow::{Context, Result, bail};
-use api_client::{ApiError, Servers, paths};
+use api_client::{Servers, paths};
 use std::future::Future;
 use structs::listing::CatalogService;
 use structs::{ServiceKind, Token};
 use supervisor::bootstrap::{BootstrapConfig, XdsServer, XdsTls, bootstrap_json};
 use supervisor::envoy::AdminAddr;
+
+use lookup::{Answer, Forbidden, lookup};
 
 /// The proxy's (node, service id, service name) for the flags given.
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
@@ -36,53 +38,8 @@ async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
     }
 }
 
-/// An answer of the HTTP API to a lookup of the proxy.
-struct Answer {
-    /// The decoded body; `None` when the path does not exist there (404, 405).
-    body: Option<serde_json::Value>,
-    /// ACLs left out what the token may not read (`X-Consul-Results-Filtered-By-ACLs`).
-    filtered: bool,
-}
-
-/// The HTTP API refused the token (403), with what it said (`Permission denied`, or `ACL not
-/// found` for a token it does not know).
-#[derive(Debug, thiserror::Error)]
-#[error("GET {path} answered 403: {message}")]
-struct Forbidden {
-    path: String,
-    message: String,
-}
-
 /// The sources of the proxy's token, as a message names them.
 const TOKEN_SOURCES: &str = "-token-file, -token or CONNECT_PROXY_TOKEN";
-
-/// `GET path` on `-http-addr` (`api`) with the token. A 403 is a [`Forbidden`] error; a route
-/// that is not there (404, 405: `-http-addr` is a server, not an agent) is no answer.
-async fn lookup(api: &Servers, args: &EnvoyArgs, path: &str) -> Result<Answer> {
-    match api.get_as(args.token.as_ref(), path).await {
-        Ok(answer) => {
-            let body = serde_json::from_slice(&answer.body).with_context(|| format!("decoding GET {path}"))?;
-            Ok(Answer {
-                body: Some(body),
-                filtered: answer.filtered,
-            })
-        }
-        Err(e) if matches!(e.status(), Some(404 | 405)) => Ok(Answer {
-            body: None,
-            filtered: false,
-        }),
-        Err(ApiError::PermissionDenied(message)) => Err(Forbidden {
-            path: path.to_owned(),
-            message,
-        }
-        .into()),
-        Err(e) if e.status().is_none() && e.is_unreachable() => Err(anyhow::anyhow!(
-            "cannot reach the meshd HTTP API at {}: {e}",
-            args.http_addr
-        )),
-        Err(e) => Err(anyhow::anyhow!("GET {path}: {e}")),
-    }
-}
 
 /// The error for a sidecar of `service` the token cannot see: `at` (the agent or server
 /// asked) `why` ("filtered its answer by ACLs", "refused it: ..."), naming where the token
@@ -220,7 +177,10 @@ async fn bootstrap(args: &EnvoyArgs, admin: &AdminAddr) -> Result<String> {
         token: token.clone(),
         ..args.clone()
     };
+    // The flags alone first: a wrong combination is reported without asking anything.
+    prometheus_bind(args, None)?;
     let (node_name, proxy_id, cluster) = resolve(&with_token).await?;
+    let options = proxy_config::bootstrap_options(&with_token, &node_name, &proxy_id, &cluster).await?;
     let (xds_servers, xds_tls) = xds_targets(args).await?;
     let cfg = BootstrapConfig {
         proxy_id,
@@ -230,17 +190,27 @@ async fn bootstrap(args: &EnvoyArgs, admin: &AdminAddr) -> Result<String> {
         xds_servers,
         token,
         xds_tls,
-        prometheus_bind: prometheus_bind(args)?,
+        prometheus_bind: prometheus_bind(args, options.prometheus_bind)?,
+        options,
     };
     serde_json::to_string_pretty(&bootstrap_json(&cfg)).context("encoding the bootstrap")
 }
 
-/// `-prometheus-bind`, which forwards to the admin interface and so needs its address known.
-fn prometheus_bind(args: &EnvoyArgs) -> Result<Option<std::net::SocketAddr>> {
-    match (args.prometheus_bind, args.admin_bind) {
+/// `-prometheus-bind` (else the proxy's `envoy_prometheus_bind_addr`, `from_config`), which
+/// forwards to the admin interface and so needs its address known.
+fn prometheus_bind(
+    args: &EnvoyArgs,
+    from_config: Option<std::net::SocketAddr>,
+) -> Result<Option<std::net::SocketAddr>> {
+    let which = if args.prometheus_bind.is_some() {
+        "-prometheus-bind"
+    } else {
+        "the proxy's Config.envoy_prometheus_bind_addr"
+    };
+    match (args.prometheus_bind.or(from_config), args.admin_bind) {
         (Some(_), Some(admin)) if admin.port() == 0 => {
             bail!(
-                "-prometheus-bind serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0 (or no -admin-bind: the admin's Unix socket)"
+                "{which} serves the admin interface's metrics: it needs -admin-bind with a fixed port, not 0 (or no -admin-bind: the admin's Unix socket)"
             )
         }
         (other, _) => Ok(other),
@@ -673,6 +643,9 @@ async fn supervise(args: EnvoyArgs, dir: RunDir, first: String, shutdown: impl F
         }
     }
 }
+
+mod lookup;
+mod proxy_config;
 
 #[cfg(test)]
 mod tests;

@@ -479,6 +479,7 @@ async fn exec_replaces_the_process_with_envoy() {
         .arg(dir.path().join("run"))
         .args(["-grpc-addr", &mesh.grpc, "-envoy-binary"])
         .arg(envoy())
+        .args(["-http-addr", mesh.http.trim_start_matches("http://")])
         .args(["--", "--base-id", &base_id, "-l", "error", "--admin-address-path"])
         .arg(&admin_file)
         .spawn()

@@ -375,6 +375,9 @@ async fn request_normalization_decides_what_l7_intentions_see() {
     let (api_port, _) = backend("api", false);
     let (web_port, _) = backend("web", false);
     let api_up = free_port();
+    // Every proxy traces to a Zipkin receiver of the test's, through an extra static cluster.
+    let (zipkin_port, spans) = zipkin_receiver();
+    mesh.put("/v1/config", tracing_defaults(zipkin_port)).await;
     register(&mesh, "node-api", "api", api_port, free_port(), json!({}), json!([])).await;
     register(
         &mesh,
@@ -387,10 +390,11 @@ async fn request_normalization_decides_what_l7_intentions_see() {
     )
     .await;
     let (_api, api_admin) = mesh.envoy("api", "node-api", dir.path()).await;
-    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let (_web, web_admin) = mesh.envoy("web", "node-web", dir.path()).await;
     let client = reqwest::Client::new();
     let up: SocketAddr = format!("127.0.0.1:{api_up}").parse().unwrap();
     until_raw(up, "/public/x", &[], 200).await;
+    traced_by_both_sidecars(up, &spans, &[&api_admin, &web_admin]).await;
 
     // No mesh entry: the path is normalized (dot segments resolved), nothing else.
     expect(
@@ -549,4 +553,197 @@ async fn rate_limits(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up:
     assert_eq!(resp.status().as_u16(), 400);
     let text = resp.text().await.unwrap();
     assert!(text.contains("RateLimits.InstanceLevel.Routes[0].PathPrefix"), "{text}");
+}
+
+/// `proxy-defaults` whose `Config` has every Envoy trace to Zipkin at `port` on this host
+/// (Consul's `envoy_tracing_json` and `envoy_extra_static_clusters_json`).
+fn tracing_defaults(port: u16) -> Value {
+    let tracing = json!({"http": {"name": "envoy.tracers.zipkin", "typed_config": {
+        "@type": "type.googleapis.com/envoy.config.trace.v3.ZipkinConfig",
+        "collector_cluster": "zipkin", "collector_endpoint": "/api/v2/spans",
+        "collector_endpoint_version": "HTTP_JSON"}}});
+    let cluster = json!({"name": "zipkin", "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "zipkin", "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}});
+    json!({"Kind": "proxy-defaults", "Name": "global", "Config": {
+        "envoy_tracing_json": tracing.to_string(),
+        "envoy_extra_static_clusters_json": cluster.to_string(),
+        "envoy_stats_flush_interval": "1s"}})
+}
+
+/// A Zipkin collector: every span posted to it (JSON v2), kept. Returns its port.
+fn zipkin_receiver() -> (u16, Arc<parking_lot::Mutex<Vec<Value>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let spans = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let kept = Arc::clone(&spans);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let kept = Arc::clone(&kept);
+            std::thread::spawn(move || zipkin_connection(conn, &kept));
+        }
+    });
+    (port, spans)
+}
+
+/// Serves one connection of the Zipkin collector: each request's JSON body (an array of
+/// spans, sized or chunked) is kept, each answered 202.
+fn zipkin_connection(mut conn: std::net::TcpStream, kept: &parking_lot::Mutex<Vec<Value>>) {
+    let mut buf = Vec::new();
+    let more = |conn: &mut std::net::TcpStream, buf: &mut Vec<u8>| {
+        let mut chunk = [0u8; 8192];
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    };
+    loop {
+        let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            if !more(&mut conn, &mut buf) {
+                return;
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let start = head_end + 4;
+        let body = if head.contains("transfer-encoding: chunked") {
+            loop {
+                if let Some((body, used)) = dechunk(&buf[start..]) {
+                    buf.drain(..start + used);
+                    break body;
+                }
+                if !more(&mut conn, &mut buf) {
+                    return;
+                }
+            }
+        } else {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < start + len {
+                if !more(&mut conn, &mut buf) {
+                    return;
+                }
+            }
+            buf.drain(..start + len).skip(start).collect()
+        };
+        if let Ok(Value::Array(spans)) = serde_json::from_slice(&body) {
+            kept.lock().extend(spans);
+        }
+        let answer: &[u8] = b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n";
+        if conn.write_all(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// A chunked body at the start of `data`, if all there: the body and the bytes it took.
+fn dechunk(data: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + data[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size_text = String::from_utf8_lossy(&data[at..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        at = line_end + 2;
+        if size == 0 {
+            // The last chunk, then (no trailers) the empty line.
+            return (data.len() >= at + 2).then_some((body, at + 2));
+        }
+        if data.len() < at + size + 2 {
+            return None;
+        }
+        body.extend_from_slice(&data[at..at + size]);
+        at += size + 2;
+    }
+}
+
+/// A request that asks to be traced (`x-client-trace-id`) through web's upstream listener
+/// leaves spans of one trace from both sidecars at the collector: web's (egress) and api's
+/// (ingress), each named after its service.
+async fn traced_by_both_sidecars(up: SocketAddr, spans: &parking_lot::Mutex<Vec<Value>>, admins: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let one_trace = loop {
+        // Five traced requests: Envoy's Zipkin tracer sends as soon as it holds five spans
+        // (else every five seconds).
+        for _ in 0..5 {
+            let trace_id = format!("{:016x}", rand_id());
+            let r = test_support::http::exchange(up, "/traced", &[("x-client-trace-id", &trace_id)])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+        }
+        let mut found = None;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let all = spans.lock();
+            let mut by_trace: std::collections::BTreeMap<&str, Vec<&Value>> = Default::default();
+            for s in all.iter() {
+                if s["tags"]["http.url"].as_str().is_some_and(|u| u.ends_with("/traced"))
+                    && let Some(t) = s["traceId"].as_str()
+                {
+                    by_trace.entry(t).or_default().push(s);
+                }
+            }
+            found = by_trace
+                .into_values()
+                .find(|spans| {
+                    let services: std::collections::BTreeSet<&str> = spans
+                        .iter()
+                        .filter_map(|s| s["localEndpoint"]["serviceName"].as_str())
+                        .collect();
+                    services.contains("web") && services.contains("api")
+                })
+                .map(|spans| spans.into_iter().cloned().collect::<Vec<Value>>());
+            if found.is_some() {
+                break;
+            }
+        }
+        if let Some(spans) = found {
+            break spans;
+        }
+        if std::time::Instant::now() > deadline {
+            let client = reqwest::Client::new();
+            for admin in admins {
+                let stats = mesh::get(&client, &format!("{admin}/stats?filter=tracing")).await;
+                println!("{admin}: {stats:?}");
+            }
+            panic!(
+                "no trace with spans from both sidecars within 30 s: {:#?}",
+                spans.lock()
+            );
+        }
+    };
+    let who: Vec<(&str, &str)> = one_trace
+        .iter()
+        .map(|s| {
+            (
+                s["localEndpoint"]["serviceName"].as_str().unwrap_or("?"),
+                s["kind"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    println!("traced request: one trace, spans {who:?}");
+    assert!(
+        one_trace.iter().any(|s| s["kind"] == "CLIENT") && one_trace.iter().any(|s| s["kind"] == "SERVER"),
+        "web's egress and api's ingress: {one_trace:#?}"
+    );
+}
+
+/// A number unlikely to repeat between runs and requests.
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.finish()
 }

@@ -323,6 +323,7 @@ impl ProxyOptions {
     /// Checks the typed keys of a proxy's (or `proxy-defaults`') `Config`, naming the field.
     pub fn check_proxy(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
         InboundOptions::check(config)?;
+        crate::bootstrap::BootstrapOptions::check(config)?;
         if let Some(v) = config.get(DNS_DISCOVERY_TYPE_KEY)
             && v.as_str().and_then(DnsDiscoveryType::parse).is_none()
         {
@@ -336,6 +337,11 @@ impl ProxyOptions {
 
     /// Checks the typed keys of an upstream's `Config`, naming the field.
     pub fn check_upstream(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
+        for key in crate::bootstrap::UNSUPPORTED_UPSTREAM_KEYS {
+            if config.contains_key(*key) {
+                return Err(crate::bootstrap::unsupported(key));
+            }
+        }
         if let Some(v) = config.get(LIMITS_KEY) {
             UpstreamLimits::deserialize(v)
                 .map_err(|e| crate::ValidationError::new("Config.limits", crate::Problem::Invalid(e.to_string())))?;

@@ -7,6 +7,7 @@ use crate::envoy::AdminAddr;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use structs::Token;
+use structs::bootstrap::{BootstrapOptions, SinkAddr};
 use structs::wire::{NODE_NAME_METADATA, TOKEN_HEADER};
 
 /// What a bootstrap needs to know.
@@ -31,6 +32,10 @@ pub struct BootstrapConfig {
     /// `envoy_prometheus_bind_addr`): a listener that forwards to the admin interface's
     /// `/stats/prometheus`, so the admin interface itself need not be exposed.
     pub prometheus_bind: Option<SocketAddr>,
+    /// The bootstrap keys of the proxy's `Config` (stats sinks and tags, tracing, extra
+    /// static clusters and listeners). Its `prometheus_bind` is used when the field above is
+    /// unset.
+    pub options: BootstrapOptions,
 }
 
 /// One xDS server.
@@ -214,12 +219,14 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
     }
     let mut clusters = vec![xds_cluster];
     let mut listeners = Vec::new();
-    if let Some(bind) = cfg.prometheus_bind {
+    if let Some(bind) = cfg.prometheus_bind.or(cfg.options.prometheus_bind) {
         let (listener, cluster) = prometheus(bind, &cfg.admin);
         listeners.push(listener);
         clusters.push(cluster);
     }
-    json!({
+    clusters.extend(cfg.options.extra_clusters.iter().cloned());
+    listeners.extend(cfg.options.extra_listeners.iter().cloned());
+    let mut out = json!({
         "node": {"id": cfg.proxy_id, "cluster": cfg.cluster, "metadata": metadata},
         "admin": {"address": admin_address(&cfg.admin)},
         "static_resources": {
@@ -238,5 +245,44 @@ pub fn bootstrap_json(cfg: &BootstrapConfig) -> Value {
                 "grpc_services": [grpc_service]
             }
         }
-    })
+    });
+    observability(&mut out, &cfg.options);
+    out
+}
+
+/// Stats sinks, tags, flush interval and tracing from the proxy's `Config`.
+fn observability(out: &mut Value, o: &BootstrapOptions) {
+    let mut sinks = Vec::new();
+    if let Some(SinkAddr::Udp(addr)) = &o.statsd {
+        sinks.push(json!({"name": "envoy.stat_sinks.statsd", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.metrics.v3.StatsdSink", "address": socket(*addr)}}));
+    }
+    if let Some(addr) = &o.dogstatsd {
+        let address = match addr {
+            SinkAddr::Udp(a) => socket(*a),
+            SinkAddr::Unix(path) => json!({"pipe": {"path": path}}),
+        };
+        sinks.push(json!({"name": "envoy.stat_sinks.dog_statsd", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.metrics.v3.DogStatsdSink", "address": address}}));
+    }
+    sinks.extend(o.stats_sinks.iter().cloned());
+    if !sinks.is_empty() {
+        out["stats_sinks"] = Value::Array(sinks);
+    }
+    if let Some(stats_config) = &o.stats_config {
+        out["stats_config"] = stats_config.clone();
+    } else if !o.stats_tags.is_empty() {
+        let tags: Vec<Value> = o
+            .stats_tags
+            .iter()
+            .map(|(name, value)| json!({"tag_name": name, "fixed_value": value}))
+            .collect();
+        out["stats_config"] = json!({"stats_tags": tags});
+    }
+    if let Some(d) = o.stats_flush_interval {
+        out["stats_flush_interval"] = Value::String(format!("{}.{:09}s", d.as_secs(), d.subsec_nanos()));
+    }
+    if let Some(tracing) = &o.tracing {
+        out["tracing"] = tracing.clone();
+    }
 }

@@ -27,6 +27,7 @@ fn config(token: &str, xds_servers: Vec<XdsServer>, tls: bool) -> BootstrapConfi
         token: structs::Token::new(token),
         xds_tls: tls.then(|| XdsTls { ca_pem: CA_PEM.into() }),
         prometheus_bind: None,
+        options: Default::default(),
     }
 }
 
@@ -189,5 +190,70 @@ fn an_admin_on_a_unix_socket_is_mode_0600_serves_the_metrics_listener_and_passes
         admin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"],
         pipe
     );
+    assert_envoy_accepts(&json);
+}
+
+/// The proxy's `Config` bootstrap keys: statsd and DogStatsD sinks, a sink of the user's,
+/// fixed tags, the flush interval, Zipkin tracing to an extra static cluster, an extra
+/// listener, and `envoy_prometheus_bind_addr`. Envoy accepts the result.
+#[test]
+fn config_keys_add_stats_sinks_tags_tracing_and_static_resources_and_pass_envoy_validate() {
+    let keys = serde_json::json!({
+        "envoy_statsd_url": "udp://127.0.0.1:8125",
+        "envoy_dogstatsd_url": "$DOGSTATSD",
+        "envoy_stats_tags": "team=payments, env=prod",
+        "envoy_stats_flush_interval": "2500ms",
+        "envoy_prometheus_bind_addr": "127.0.0.1:20201",
+        "envoy_stats_sinks_json": r#"{"name": "envoy.stat_sinks.hystrix", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.metrics.v3.HystrixSink", "num_buckets": 10}}"#,
+        "envoy_tracing_json": r#"{"http": {"name": "envoy.tracers.zipkin", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.ZipkinConfig",
+            "collector_cluster": "zipkin", "collector_endpoint": "/api/v2/spans",
+            "collector_endpoint_version": "HTTP_JSON", "shared_span_context": false}}}"#,
+        "envoy_extra_static_clusters_json": r#"{"name": "zipkin", "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "zipkin", "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9411}}}}]}]}}"#,
+        "envoy_extra_static_listeners_json": r#"{"name": "extra", "address": {"socket_address": {
+            "address": "127.0.0.1", "port_value": 20202}}, "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "extra", "cluster": "zipkin"}}]}]}"#,
+    });
+    let env = |var: &str| (var == "DOGSTATSD").then(|| "unix:///var/run/dsd.sock".to_owned());
+    let mut cfg = config("", vec![server("127.0.0.1:8502", "127.0.0.1")], false);
+    cfg.options = structs::bootstrap::BootstrapOptions::parse(keys.as_object().unwrap(), &env).unwrap();
+    let json = bootstrap_json(&cfg);
+    let sinks: Vec<&str> = json["stats_sinks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sinks,
+        [
+            "envoy.stat_sinks.statsd",
+            "envoy.stat_sinks.dog_statsd",
+            "envoy.stat_sinks.hystrix"
+        ]
+    );
+    assert_eq!(
+        json["stats_sinks"][1]["typed_config"]["address"]["pipe"]["path"],
+        "/var/run/dsd.sock"
+    );
+    assert_eq!(json["stats_config"]["stats_tags"][0]["tag_name"], "team");
+    assert_eq!(json["stats_config"]["stats_tags"][1]["fixed_value"], "prod");
+    assert_eq!(json["stats_flush_interval"], "2.500000000s");
+    assert_eq!(json["tracing"]["http"]["name"], "envoy.tracers.zipkin");
+    let names = |kind: &str| -> Vec<String> {
+        json["static_resources"][kind]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names("clusters"), ["local_agent", "self_admin", "zipkin"]);
+    assert_eq!(names("listeners"), ["envoy_prometheus_metrics_listener", "extra"]);
     assert_envoy_accepts(&json);
 }

@@ -123,6 +123,7 @@ pub(crate) fn hcm(
         stat_prefix: stat_prefix.to_owned(),
         route_specifier: Some(route),
         http_filters: filters,
+        tracing: Some(trace_when_asked()),
         ..Default::default()
     };
     if let Some(inbound) = inbound {
@@ -130,6 +131,17 @@ pub(crate) fn hcm(
         forward_client_cert(&mut cfg, inbound.sanitize_xfcc);
     }
     network_filter("envoy.filters.network.http_connection_manager", pack_any(cfg))
+}
+
+/// Tracing as Consul sets it on every HTTP connection manager: no request is sampled at
+/// random, so spans are made only for requests whose caller asks (`x-client-trace-id`,
+/// `x-envoy-force-trace`, a propagated sampling decision) and only when the bootstrap names
+/// a tracer (`envoy_tracing_json`); without one this costs nothing.
+fn trace_when_asked() -> http_connection_manager::Tracing {
+    http_connection_manager::Tracing {
+        random_sampling: Some(envoy_types::pb::envoy::r#type::v3::Percent { value: 0.0 }),
+        ..Default::default()
+    }
 }
 
 /// Consul's `x-forwarded-client-cert` handling on inbound listeners: the application learns
