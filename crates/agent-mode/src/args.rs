@@ -92,6 +92,13 @@ pub struct AgentArgs {
     /// Highest such port (default 21255).
     #[arg(long = "sidecar-max-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub sidecar_max_port: Option<u16>,
+    /// Lowest port a sidecar's exposed check listener gets (`Expose.Checks`; default 21500).
+    /// Agents sharing a host each need a range of their own.
+    #[arg(long = "expose-min-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub expose_min_port: Option<u16>,
+    /// Highest such port (default 21755).
+    #[arg(long = "expose-max-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub expose_max_port: Option<u16>,
     /// Enforce ACLs on this agent's endpoints and xDS streams (as its servers do).
     #[arg(long = "acl-enabled")]
     pub acl_enabled: bool,

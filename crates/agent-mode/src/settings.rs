@@ -58,14 +58,41 @@ fn node_meta(args: &AgentArgs, file: &FileConfig) -> Result<std::collections::BT
 /// The ports sidecars and managed proxies registered without one get: `-sidecar-min-port`
 /// and `-sidecar-max-port`, else the config files' `ports`, else Consul's 21000-21255.
 fn sidecar_ports(args: &AgentArgs, file: &FileConfig) -> Result<std::ops::RangeInclusive<u16>, StartError> {
-    let min = args.sidecar_min_port.or(file.ports.sidecar_min_port).unwrap_or(21000);
-    let max = args.sidecar_max_port.or(file.ports.sidecar_max_port).unwrap_or(21255);
+    port_range(
+        "sidecar",
+        (args.sidecar_min_port, args.sidecar_max_port),
+        (file.ports.sidecar_min_port, file.ports.sidecar_max_port),
+        21000..=21255,
+    )
+}
+
+/// The ports exposed check listeners get (`Expose.Checks`): `-expose-min-port` and
+/// `-expose-max-port`, else the config files' `ports`, else Consul's 21500-21755.
+fn expose_ports(args: &AgentArgs, file: &FileConfig) -> Result<std::ops::RangeInclusive<u16>, StartError> {
+    port_range(
+        "expose",
+        (args.expose_min_port, args.expose_max_port),
+        (file.ports.expose_min_port, file.ports.expose_max_port),
+        agent::expose::EXPOSE_PORTS,
+    )
+}
+
+/// A port range from `-<what>-min-port`/`-<what>-max-port`, else the files' `ports`, else
+/// `default`: not empty, not from 0.
+fn port_range(
+    what: &str,
+    flags: (Option<u16>, Option<u16>),
+    file: (Option<u16>, Option<u16>),
+    default: std::ops::RangeInclusive<u16>,
+) -> Result<std::ops::RangeInclusive<u16>, StartError> {
+    let min = flags.0.or(file.0).unwrap_or(*default.start());
+    let max = flags.1.or(file.1).unwrap_or(*default.end());
     if min == 0 {
-        bail!("-sidecar-min-port (config file ports.sidecar_min_port) must be a port, not 0");
+        bail!("-{what}-min-port (config file ports.{what}_min_port) must be a port, not 0");
     }
     if min > max {
         bail!(
-            "-sidecar-min-port {min} is above -sidecar-max-port {max} (or config file ports.sidecar_min_port/sidecar_max_port): the sidecar port range is empty"
+            "-{what}-min-port {min} is above -{what}-max-port {max} (or config file ports.{what}_min_port/{what}_max_port): the {what} port range is empty"
         );
     }
     Ok(min..=max)
@@ -143,6 +170,7 @@ pub(crate) fn settings(args: &AgentArgs) -> Result<Settings, StartError> {
         },
         check_allowed_targets,
         sidecar_ports: sidecar_ports(args, &file)?,
+        expose_ports: expose_ports(args, &file)?,
         ..AgentConfig::default()
     };
     if args.sync_interval.is_zero() {

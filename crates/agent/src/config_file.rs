@@ -84,7 +84,7 @@ pub struct FileConfig {
     pub check: Option<CheckType>,
 }
 
-/// A config file's `ports` block (Consul's keys; only the sidecar range is used).
+/// A config file's `ports` block (Consul's keys; the sidecar and expose ranges are used).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilePorts {
@@ -94,6 +94,12 @@ pub struct FilePorts {
     /// Highest such port.
     #[serde(rename = "SidecarMaxPort")]
     pub sidecar_max_port: Option<u16>,
+    /// Lowest port an exposed check listener gets.
+    #[serde(rename = "ExposeMinPort")]
+    pub expose_min_port: Option<u16>,
+    /// Highest such port.
+    #[serde(rename = "ExposeMaxPort")]
+    pub expose_max_port: Option<u16>,
 }
 
 /// A config file that cannot be used.

@@ -19,6 +19,7 @@ pub use agent_cache::cache;
 pub use api_client as servers;
 pub mod checks;
 pub mod config_file;
+pub mod expose;
 pub mod http;
 pub mod local;
 pub mod managed;

@@ -310,6 +310,17 @@ impl LocalState {
             .collect()
     }
 
+    /// The listener ports of every exposed path of the proxies here but `except`.
+    pub fn exposed_ports(&self, except: &str) -> std::collections::BTreeSet<u16> {
+        self.inner
+            .lock()
+            .services
+            .iter()
+            .filter(|(id, _)| id.as_str() != except)
+            .flat_map(|(_, s)| s.service.proxy.expose.paths.iter().map(|p| p.listener_port))
+            .collect()
+    }
+
     /// The ids of the sidecars registered for `parent`.
     pub fn sidecars_of(&self, parent: &str) -> Vec<String> {
         self.inner

@@ -86,6 +86,8 @@ async fn pipe(
 }
 
 fn start_agent(node: &str, relay: &Relay) -> (Proc, String, String) {
+    // Each agent's exposed check listener on a port of its own (one is enough here).
+    let expose = free_port().to_string();
     let p = test_support::process::start_agent(
         meshd(),
         [
@@ -98,6 +100,10 @@ fn start_agent(node: &str, relay: &Relay) -> (Proc, String, String) {
             &relay.addr,
             "-log-level",
             "warn",
+            "-expose-min-port",
+            &expose,
+            "-expose-max-port",
+            &expose,
         ],
     );
     (Proc(p.child), p.http, p.grpc)
@@ -177,7 +183,9 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         &client,
         &format!("{a_http}/v1/agent/service/register"),
         json!({"Name": "api", "ID": "api", "Port": api_port,
-               "Connect": {"SidecarService": {"Port": api_proxy}}}),
+               "Check": {"CheckID": "api-http", "Name": "api over HTTP",
+                         "HTTP": format!("http://127.0.0.1:{api_port}/health"), "Interval": "1s"},
+               "Connect": {"SidecarService": {"Port": api_proxy, "Proxy": {"Expose": {"Checks": true}}}}}),
     )
     .await;
     // A prepared query selecting api, for web's second upstream (through the agent's cache).
@@ -216,6 +224,7 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         .await,
         "api-1"
     );
+    exposed_check_passes_through_the_proxy(&client, &a_http, &api_admin).await;
     let certs = get(&client, &format!("{web_admin}/certs")).await.unwrap();
     assert!(certs.contains("/ns/default/dc/dc1/svc/web"), "web's leaf: {certs}");
     let certs = get(&client, &format!("{api_admin}/certs")).await.unwrap();
@@ -373,4 +382,31 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     );
     assert!(!received.contains("PRIVATE KEY"), "a private key came from the server");
     assert!(relay.sent().contains("CERTIFICATE REQUEST"), "the agents sent CSRs");
+}
+
+/// `Expose.Checks`: api's HTTP check runs through its sidecar's exposed listener (a plain-HTTP
+/// path on the agent's expose port) and passes; Envoy counts the check's requests there.
+async fn exposed_check_passes_through_the_proxy(client: &reqwest::Client, agent_http: &str, admin: &str) {
+    let path = wait_for("api's check to pass through its proxy", || async {
+        let checks: Value = serde_json::from_str(&get(client, &format!("{agent_http}/v1/agent/checks")).await?).ok()?;
+        (checks["api-http"]["Status"] == "passing").then_some(())?;
+        let stats = get(
+            client,
+            &format!("{admin}/stats?filter=^http\\.exposed_path_health\\.downstream_rq_2xx$"),
+        )
+        .await?;
+        let served: u64 = stats.rsplit(": ").next()?.trim().parse().ok()?;
+        (served > 0).then_some(stats)
+    })
+    .await;
+    println!("exposed check: {}", path.trim());
+    let sidecar: Value = serde_json::from_str(
+        &get(client, &format!("{agent_http}/v1/agent/service/api-sidecar-proxy"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let paths = &sidecar["Proxy"]["Expose"]["Paths"];
+    assert_eq!(paths[0]["Path"], "/health", "{sidecar}");
+    assert_eq!(paths[0]["ParsedFromCheck"], true, "{sidecar}");
 }

@@ -143,6 +143,10 @@ pub struct ExposePath {
     /// `http` or `http2`.
     #[serde(rename = "Protocol")]
     pub protocol: String,
+    /// Added by the agent for one of the service's checks (`Expose.Checks`): only this host
+    /// and the node's address may reach it.
+    #[serde(rename = "ParsedFromCheck")]
+    pub parsed_from_check: bool,
 }
 
 /// Paths exposed without mTLS.

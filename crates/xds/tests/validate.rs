@@ -1369,3 +1369,47 @@ fn rate_limits_on_the_public_listener() {
         assert!(exact < prefix && prefix < regex, "routes in the entry's order:\n{text}");
     }
 }
+
+/// `Expose.Paths`: a plain-HTTP listener per path routing it exactly to a cluster of the
+/// application's port (HTTP/2 when asked), a path from a check reachable from loopback and
+/// the node's address only; Envoy accepts them.
+#[test]
+fn exposed_paths_get_plain_http_listeners() {
+    let ca = Ca::new();
+    let mut snap = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+    let service = Arc::make_mut(&mut snap.service);
+    service.address = "10.1.2.3".into();
+    service.proxy.expose = serde_json::from_value(serde_json::json!({"Paths": [
+        {"Path": "/metrics", "ListenerPort": 21500, "LocalPathPort": 9102},
+        {"Path": "/grpc.health.v1.Health/Check", "ListenerPort": 21501, "LocalPathPort": 9090, "Protocol": "http2",
+         "ParsedFromCheck": true}]}))
+    .unwrap();
+    let r = validate_snapshot("expose-paths", &snap);
+    let listeners = r.of(LISTENER).unwrap();
+    let exposed: Listener = unpack(&listeners["exposed_path_metrics"]);
+    assert!(exposed.filter_chains[0].transport_socket.is_none(), "no mTLS");
+    assert!(
+        exposed.filter_chains[0].filter_chain_match.is_none(),
+        "anyone may reach it"
+    );
+    let check: Listener = unpack(&listeners["exposed_path_grpchealthv1HealthCheck"]);
+    let sources: Vec<&str> = check.filter_chains[0]
+        .filter_chain_match
+        .as_ref()
+        .unwrap()
+        .source_prefix_ranges
+        .iter()
+        .map(|c| c.address_prefix.as_str())
+        .collect();
+    assert_eq!(sources, ["127.0.0.1", "::1", "10.1.2.3"]);
+    let clusters = r.of(CLUSTER).unwrap();
+    assert!(clusters.contains_key("exposed_cluster_9102") && clusters.contains_key("exposed_cluster_9090"));
+}

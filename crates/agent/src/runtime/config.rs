@@ -29,6 +29,8 @@ pub struct AgentConfig {
     pub servers: Vec<String>,
     /// Ports sidecars are given when they name none.
     pub sidecar_ports: RangeInclusive<u16>,
+    /// Ports exposed check listeners are given (`Expose.Checks`).
+    pub expose_ports: RangeInclusive<u16>,
     /// Anti-entropy timing.
     pub sync: SyncConfig,
     /// How often the agent tells a server it is alive.
@@ -69,6 +71,7 @@ impl Default for AgentConfig {
             data_dir: None,
             servers: Vec::new(),
             sidecar_ports: 21000..=21255,
+            expose_ports: crate::expose::EXPOSE_PORTS,
             sync: SyncConfig::default(),
             heartbeat_interval: Duration::from_secs(1),
             reap_interval: Duration::from_secs(5),
@@ -122,11 +125,16 @@ impl AgentConfig {
         if self.advertise.is_empty() {
             return Err(ValidationError::new("advertise", Problem::Required("")));
         }
-        if self.sidecar_ports.is_empty() {
-            return Err(ValidationError::new(
-                "sidecar_ports",
-                Problem::Invalid("the range is empty".into()),
-            ));
+        for (field, range) in [
+            ("sidecar_ports", &self.sidecar_ports),
+            ("expose_ports", &self.expose_ports),
+        ] {
+            if range.is_empty() {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid("the range is empty".into()),
+                ));
+            }
         }
         Ok(())
     }

@@ -56,7 +56,7 @@ impl Agent {
         } else {
             BTreeMap::new()
         };
-        let expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
+        let mut expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
         let parent_id = expanded.service.id.clone();
         let mut keep_ids: Vec<String> = vec![parent_id.clone()];
         keep_ids.extend(expanded.sidecar.as_ref().map(|(proxy, _)| proxy.id.clone()));
@@ -77,6 +77,16 @@ impl Agent {
             };
             Self::reserved_ids(&expanded, sidecar_at)?;
             self.may_target(who, &expanded, sidecar_at)?;
+        }
+        // After the checks' targets were judged as registered: the agent's own rewrite to the
+        // proxy's exposed listener is not the caller's.
+        if let Some((proxy, _)) = &mut expanded.sidecar {
+            let taken = self.0.state.exposed_ports(&proxy.id);
+            let skipped =
+                crate::expose::expose_checks(proxy, &mut expanded.checks, &taken, &self.0.config.expose_ports)?;
+            for (check, why) in skipped {
+                tracing::warn!(service = %expanded.service.id, %check, why, "Expose.Checks: check not exposed");
+            }
         }
         let Expanded {
             service,

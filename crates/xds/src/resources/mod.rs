@@ -19,6 +19,7 @@
 mod access_logs;
 mod clusters;
 mod core;
+mod expose;
 mod gateways;
 mod listeners;
 pub mod proxyless;
@@ -78,7 +79,11 @@ fn build_kind(
             clusters::build_endpoints(snapshot, &mut out, shared)?;
             return Ok(out);
         }
-        proxycfg::KindSnapshot::ConnectProxy(_) => {}
+        proxycfg::KindSnapshot::ConnectProxy(cp) => {
+            if scope.common() {
+                expose::build(snapshot, cp, &mut out);
+            }
+        }
         proxycfg::KindSnapshot::IngressGateway(g) => {
             gateways::build_ingress(snapshot, g, &mut out)?;
             clusters::build_endpoints(snapshot, &mut out, shared)?;
