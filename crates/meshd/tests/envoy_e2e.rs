@@ -162,6 +162,8 @@ async fn traffic_flows_over_mtls_and_intentions_govern_it() {
     assert!(resp.status().is_success());
     assert_eq!(wait_for(|| get(&client, &through_mesh)).await, "api-1");
 
+    escape_hatch_replaces_apis_public_listener(&mesh, &client, &api_admin, &through_mesh, (api_port, api_proxy)).await;
+
     // A second api instance shows up in web's Envoy.
     let (api2_port, api2_proxy) = (backend("api-2"), free_port());
     mesh.register("node-api2", "api", api2_port, api2_proxy, json!([]), json!({}))
@@ -691,5 +693,84 @@ fn prometheus_bind_needs_a_fixed_admin_port() {
     assert!(
         stderr.contains("-prometheus-bind") && stderr.contains("-admin-bind"),
         "{stderr}"
+    );
+}
+
+/// api's sidecar re-registered with `envoy_public_listener_json` (a TCP proxy to local_app
+/// with a stat prefix of the user's): api's Envoy serves that listener, web still reaches api
+/// through it (the mesh's mTLS was put in), and a deny intention still stops it (so was the
+/// RBAC). A malformed escape hatch is a 400 naming the field.
+async fn escape_hatch_replaces_apis_public_listener(
+    mesh: &Mesh,
+    client: &reqwest::Client,
+    api_admin: &str,
+    through_mesh: &str,
+    (api_port, api_proxy): (u16, u16),
+) {
+    let listener = json!({"name": "custom_public",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": api_proxy}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "custom_public", "cluster": "local_app"}}]}]});
+    mesh.register(
+        "node-api",
+        "api",
+        api_port,
+        api_proxy,
+        json!([]),
+        json!({"envoy_public_listener_json": listener.to_string()}),
+    )
+    .await;
+    let once = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let served = wait_for(|| async {
+        assert_eq!(get(&once, through_mesh).await.as_deref(), Some("api-1"));
+        let stats = get(
+            client,
+            &format!("{api_admin}/stats?filter=^tcp\\.custom_public\\.downstream_cx_total$"),
+        )
+        .await?;
+        let n: u64 = stats.rsplit(": ").next()?.trim().parse().ok()?;
+        (n > 0).then_some(n)
+    })
+    .await;
+    println!("escape hatch: api's own public listener served {served} connection(s)");
+    let dump = get(client, &format!("{api_admin}/config_dump?resource=dynamic_listeners"))
+        .await
+        .unwrap();
+    assert!(
+        dump.contains("custom_public") && dump.contains("DownstreamTlsContext"),
+        "{dump}"
+    );
+    let intention = format!("{}/v1/connect/intentions/exact?source=web&destination=api", mesh.http);
+    mesh.put(&intention.replace(&mesh.http, ""), json!({"Action": "deny"}))
+        .await;
+    wait_for(|| async { get(&once, through_mesh).await.is_none().then_some(()) }).await;
+    assert!(
+        mesh.client
+            .delete(&intention)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    assert_eq!(wait_for(|| get(&once, through_mesh)).await, "api-1");
+
+    let bad = json!({"Node": "node-api", "Address": "127.0.0.1", "Service": {"Kind": "connect-proxy",
+        "ID": "api-sidecar-proxy", "Service": "api-sidecar-proxy", "Port": api_proxy,
+        "Proxy": {"DestinationServiceName": "api", "LocalServicePort": api_port,
+                  "Config": {"envoy_public_listener_json": r#"{"name": "x", "filter_chains": [{"filterz": []}]}"#}}}});
+    let resp = mesh
+        .client
+        .put(format!("{}/v1/catalog/register", mesh.http))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("Config.envoy_public_listener_json") && text.contains("filterz"),
+        "{text}"
     );
 }

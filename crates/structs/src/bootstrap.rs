@@ -18,16 +18,51 @@ type OpaqueConfig = serde_json::Map<String, Value>;
 
 /// Consul proxy `Config` keys meshd refuses for now, with what to use meanwhile.
 pub const UNSUPPORTED_PROXY_KEYS: &[&str] = &[
-    "envoy_public_listener_json",
-    "envoy_local_cluster_json",
-    "envoy_listener_tracing_json",
     "envoy_stats_bind_addr",
     "envoy_telemetry_collector_bind_socket_dir",
     "envoy_hcp_metrics_bind_socket_dir",
 ];
 
 /// Consul upstream `Config` keys meshd refuses for now.
-pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &["envoy_listener_json", "envoy_cluster_json"];
+pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &["envoy_cluster_json"];
+
+/// The escape hatches of a proxy's `Config` that the xDS server honours, with the Envoy type
+/// each holds: the public listener, the local application's cluster, the tracing of every
+/// HTTP connection manager.
+pub const PROXY_ESCAPE_HATCHES: &[(&str, &str)] = &[
+    ("envoy_public_listener_json", envoy_json::LISTENER),
+    ("envoy_local_cluster_json", envoy_json::CLUSTER),
+    ("envoy_listener_tracing_json", envoy_json::HCM_TRACING),
+];
+
+/// The escape hatch of an upstream's `Config`: its listener.
+pub const UPSTREAM_LISTENER_KEY: &str = "envoy_listener_json";
+
+/// Checks escape hatch `key` of `config` (a string of Envoy JSON) as Envoy type `ty`,
+/// naming `Config.<key>`.
+pub fn check_escape_hatch(config: &OpaqueConfig, key: &str, ty: &str) -> Result<(), ValidationError> {
+    match config.get(key) {
+        None => Ok(()),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(()),
+        Some(Value::String(s)) => {
+            envoy_json::decode(ty, s).map_err(|e| invalid(key, e.to_string()))?;
+            if key == "envoy_public_listener_json" {
+                let chains = serde_json::from_str::<Value>(s).ok().and_then(|v| {
+                    let v = v.get("filter_chains").or_else(|| v.get("filterChains"))?;
+                    v.as_array().map(Vec::len)
+                });
+                if chains.unwrap_or(0) == 0 {
+                    return Err(invalid(
+                        key,
+                        "has no filter_chains: the mesh's TLS and intentions are put on each, so at least one is needed",
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Some(v) => Err(invalid(key, format!("{v} is not a string of JSON"))),
+    }
+}
 
 /// Where a statsd or DogStatsD sink sends: UDP, or (DogStatsD) a Unix socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,16 +142,21 @@ fn sink(key: &str, url: &str, unix_ok: bool) -> Result<SinkAddr, ValidationError
 
 /// JSON objects given as a string: one object, several separated by commas (Consul's form),
 /// or an array. Each must be an object; `required` names a string field each must have.
-fn objects(key: &str, text: &str, required: Option<&str>) -> Result<Vec<Value>, ValidationError> {
+fn objects(key: &str, text: &str, required: Option<&str>, ty: &str) -> Result<Vec<Value>, ValidationError> {
     let trimmed = text.trim();
     let wrapped = if trimmed.starts_with('[') {
         trimmed.to_owned()
     } else {
         format!("[{trimmed}]")
     };
-    let list: Vec<Value> =
+    let mut list: Vec<Value> =
         serde_json::from_str(&wrapped).map_err(|e| invalid(key, format!("is not JSON objects: {e}")))?;
-    for (i, v) in list.iter().enumerate() {
+    for (i, v) in list.iter_mut().enumerate() {
+        envoy_json::decode(ty, &v.to_string()).map_err(|e| invalid(key, format!("item {i} {e}")))?;
+        // The bootstrap takes the object itself, without the type URL an `Any` would carry.
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("@type");
+        }
         let Some(obj) = v.as_object() else {
             return Err(invalid(key, format!("item {i} is not a JSON object")));
         };
@@ -138,7 +178,7 @@ fn json_string(config: &OpaqueConfig, key: &str) -> Result<Option<String>, Valid
     }
 }
 
-fn one_object(config: &OpaqueConfig, key: &str) -> Result<Option<Value>, ValidationError> {
+fn one_object(config: &OpaqueConfig, key: &str, ty: &str) -> Result<Option<Value>, ValidationError> {
     let Some(text) = json_string(config, key)? else {
         return Ok(None);
     };
@@ -146,13 +186,14 @@ fn one_object(config: &OpaqueConfig, key: &str) -> Result<Option<Value>, Validat
     if !v.is_object() {
         return Err(invalid(key, "must be one JSON object"));
     }
+    envoy_json::decode(ty, &text).map_err(|e| invalid(key, e.to_string()))?;
     Ok(Some(v))
 }
 
-fn many(config: &OpaqueConfig, key: &str, required: Option<&str>) -> Result<Vec<Value>, ValidationError> {
+fn many(config: &OpaqueConfig, key: &str, required: Option<&str>, ty: &str) -> Result<Vec<Value>, ValidationError> {
     match json_string(config, key)? {
         None => Ok(Vec::new()),
-        Some(text) => objects(key, &text, required),
+        Some(text) => objects(key, &text, required, ty),
     }
 }
 
@@ -189,11 +230,26 @@ impl BootstrapOptions {
             }
             out.stats_flush_interval = Some(d);
         }
-        out.stats_config = one_object(config, "envoy_stats_config_json")?;
-        out.stats_sinks = many(config, "envoy_stats_sinks_json", Some("name"))?;
-        out.tracing = one_object(config, "envoy_tracing_json")?;
-        out.extra_clusters = many(config, "envoy_extra_static_clusters_json", Some("name"))?;
-        out.extra_listeners = many(config, "envoy_extra_static_listeners_json", Some("name"))?;
+        out.stats_config = one_object(config, "envoy_stats_config_json", "envoy.config.metrics.v3.StatsConfig")?;
+        out.stats_sinks = many(
+            config,
+            "envoy_stats_sinks_json",
+            Some("name"),
+            "envoy.config.metrics.v3.StatsSink",
+        )?;
+        out.tracing = one_object(config, "envoy_tracing_json", "envoy.config.trace.v3.Tracing")?;
+        out.extra_clusters = many(
+            config,
+            "envoy_extra_static_clusters_json",
+            Some("name"),
+            envoy_json::CLUSTER,
+        )?;
+        out.extra_listeners = many(
+            config,
+            "envoy_extra_static_listeners_json",
+            Some("name"),
+            envoy_json::LISTENER,
+        )?;
         Ok(out)
     }
 
@@ -205,6 +261,9 @@ impl BootstrapOptions {
             if config.contains_key(*key) {
                 return Err(unsupported(key));
             }
+        }
+        for (key, ty) in PROXY_ESCAPE_HATCHES {
+            check_escape_hatch(config, key, ty)?;
         }
         Self::decode(config, None).map(drop)
     }
@@ -306,8 +365,19 @@ mod tests {
             ("envoy_tracing_json", json!("[1]")),
             ("envoy_extra_static_clusters_json", json!(r#"{"type": "STATIC"}"#)),
             ("envoy_extra_static_listeners_json", json!("[1]")),
-            ("envoy_public_listener_json", json!("{}")),
-            ("envoy_listener_tracing_json", json!("{}")),
+            ("envoy_public_listener_json", json!(r#"{"nmae": "x"}"#)),
+            ("envoy_public_listener_json", json!(r#"{"name": "x"}"#)),
+            ("envoy_listener_tracing_json", json!(r#"{"random_sampling": "all"}"#)),
+            (
+                "envoy_local_cluster_json",
+                json!(r#"{"@type": "type.googleapis.com/envoy.api.v2.Cluster"}"#),
+            ),
+            ("envoy_tracing_json", json!(r#"{"http": {"nam": "zipkin"}}"#)),
+            (
+                "envoy_extra_static_clusters_json",
+                json!(r#"{"name": "a", "type": "STATICK"}"#),
+            ),
+            ("envoy_stats_bind_addr", json!("0.0.0.0:9000")),
         ] {
             let e = BootstrapOptions::check(&config(json!({key: bad})))
                 .unwrap_err()

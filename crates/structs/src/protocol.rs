@@ -342,6 +342,7 @@ impl ProxyOptions {
                 return Err(crate::bootstrap::unsupported(key));
             }
         }
+        crate::bootstrap::check_escape_hatch(config, crate::bootstrap::UPSTREAM_LISTENER_KEY, envoy_json::LISTENER)?;
         if let Some(v) = config.get(LIMITS_KEY) {
             UpstreamLimits::deserialize(v)
                 .map_err(|e| crate::ValidationError::new("Config.limits", crate::Problem::Invalid(e.to_string())))?;

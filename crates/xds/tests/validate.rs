@@ -1413,3 +1413,82 @@ fn exposed_paths_get_plain_http_listeners() {
     let clusters = r.of(CLUSTER).unwrap();
     assert!(clusters.contains_key("exposed_cluster_9102") && clusters.contains_key("exposed_cluster_9090"));
 }
+
+/// Escape hatches: the user's public listener (with the mesh's mTLS and the intentions' RBAC
+/// put in front), local_app cluster, an upstream's listener, and the tracing of every HTTP
+/// connection manager; Envoy accepts the result.
+#[test]
+fn escape_hatches_replace_what_meshd_builds_keeping_mtls_and_intentions() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let ca = Ca::new();
+    let mut snap = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![("api", 9191, "http")],
+            intentions: vec![("db", IntentionAction::Deny)],
+            instances: vec![instance("api", "10.0.0.1", 21000)],
+        },
+    );
+    let public = serde_json::json!({
+        "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+        "name": "custom_public",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 21000}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "custom_public", "cluster": "local_app"}}]}]});
+    let local = serde_json::json!({"name": "local_app", "type": "STATIC", "connect_timeout": "0.25s",
+        "load_assignment": {"cluster_name": "local_app", "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}});
+    let tracing = serde_json::json!({"random_sampling": {"value": 25}});
+    let upstream = serde_json::json!({"name": "custom_upstream",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9191}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "custom_upstream", "rds": {"route_config_name": "api", "config_source": {"ads": {}, "resource_api_version": "V3"}},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]});
+    let service = Arc::make_mut(&mut snap.service);
+    for (k, v) in [
+        ("envoy_public_listener_json", &public),
+        ("envoy_local_cluster_json", &local),
+        ("envoy_listener_tracing_json", &tracing),
+    ] {
+        service
+            .proxy
+            .config
+            .insert(k.into(), serde_json::Value::String(v.to_string()));
+    }
+    service.proxy.upstreams[0].config.insert(
+        "envoy_listener_json".into(),
+        serde_json::Value::String(upstream.to_string()),
+    );
+    let r = validate_snapshot("escape-hatches", &snap);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let listeners = r.of(LISTENER).unwrap();
+    let names: Vec<&String> = listeners.keys().collect();
+    assert_eq!(names, ["custom_public", "custom_upstream"]);
+    let public: Listener = unpack(&listeners["custom_public"]);
+    let chain = &public.filter_chains[0];
+    assert!(chain.transport_socket.is_some(), "the mesh's mTLS is put in");
+    let filters: Vec<&str> = chain.filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy"]
+    );
+    let local: Cluster = unpack(&r.of(CLUSTER).unwrap()["local_app"]);
+    assert_eq!(local.connect_timeout.unwrap().nanos, 250_000_000);
+    let upstream: Listener = unpack(&listeners["custom_upstream"]);
+    let Some(filter::ConfigType::TypedConfig(cfg)) = &upstream.filter_chains[0].filters[0].config_type else {
+        panic!("{upstream:?}")
+    };
+    let hcm: HttpConnectionManager = unpack(cfg);
+    assert_eq!(
+        hcm.tracing.unwrap().random_sampling.unwrap().value,
+        25.0,
+        "envoy_listener_tracing_json"
+    );
+    // The same snapshot encodes the same.
+    assert_eq!(resources::build(&snap).unwrap().of(LISTENER), r.of(LISTENER));
+}

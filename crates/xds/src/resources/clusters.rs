@@ -98,6 +98,21 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
 }
 
 fn local_app(snap: &ConfigSnapshot, cp: &proxycfg::ConnectProxySnapshot, out: &mut Resources) {
+    const KEY: &str = "envoy_local_cluster_json";
+    if let Some(json) = super::escape_hatch::value(snap, KEY) {
+        match super::escape_hatch::decode::<Cluster>(KEY, envoy_json::CLUSTER, json) {
+            Ok(mut user) => {
+                if user.name.is_empty() {
+                    user.name = LOCAL_APP.into();
+                }
+                out.insert(CLUSTER, user.name.clone(), pack_any(user));
+                return;
+            }
+            Err(e) => {
+                out.problems.insert(KEY.into(), e);
+            }
+        }
+    }
     let proxy = &snap.service.proxy;
     let empty = structs::protocol::OpaqueConfig::new();
     let defaults = cp.resolved_config.as_deref().map_or(&empty, |r| &r.proxy_config);

@@ -2,7 +2,7 @@
 
 use super::clusters::LOCAL_APP;
 use super::core::{ads, millis, socket};
-use super::{BuildError, LISTENER, ROUTE, Resources, rate_limit, rbac, routes, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, escape_hatch, rate_limit, rbac, routes, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter, listener};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -225,11 +225,46 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
             out.fail(
                 id.to_string(),
                 format!("upstream {id}: {}", e.0),
-                [(LISTENER, listener_name), (ROUTE, route_name)],
+                [(LISTENER, listener_name.clone()), (ROUTE, route_name)],
             );
         }
+        upstream_escape_hatch(id, config, &listener_name, out);
     }
     Ok(())
+}
+
+/// The upstream's own listener (`envoy_listener_json`) in place of meshd's (`listener_name`);
+/// its routes (for an RDS of the user's) are still meshd's.
+fn upstream_escape_hatch(
+    id: &structs::UpstreamId,
+    config: &structs::Upstream,
+    listener_name: &str,
+    out: &mut Resources,
+) {
+    let key = structs::bootstrap::UPSTREAM_LISTENER_KEY;
+    let Some(json) = config
+        .config
+        .get(key)
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return;
+    };
+    match escape_hatch::decode::<Listener>(key, envoy_json::LISTENER, json) {
+        Ok(mut user) => {
+            if let Some(listeners) = out.by_type.get_mut(LISTENER) {
+                listeners.remove(listener_name);
+            }
+            if user.name.is_empty() {
+                user.name = listener_name.to_owned();
+            }
+            out.insert(LISTENER, user.name.clone(), pack_any(user));
+        }
+        Err(e) => {
+            out.problems
+                .insert(format!("{id}:{key}"), format!("upstream {id}: {e}"));
+        }
+    }
 }
 
 /// The address the public listener (and a gateway's listeners) bind: the proxy's
@@ -273,8 +308,21 @@ fn public_listener(
     let options = svc.proxy.options();
     let protocol = options.protocol.unwrap_or(resolved.protocol());
     let settings = structs::InboundOptions::parse(&svc.proxy.config, &resolved.proxy_config);
-    let bind = public_bind(snap);
     let name = public_listener_name(snap);
+    // The user's listener, else (with the problem in the proxy's status) meshd's own.
+    let user = escape_hatch::public_listener(snap)
+        .map(|l| l.and_then(|l| user_public_listener(snap, l, intentions, tls_params.clone(), &name)));
+    match user {
+        Some(Ok(listener)) => {
+            out.insert(LISTENER, listener.name.clone(), pack_any(listener));
+            return;
+        }
+        Some(Err(e)) => {
+            out.problems.insert("envoy_public_listener_json".into(), e);
+        }
+        None => {}
+    }
+    let bind = public_bind(snap);
     let rate_limits = resolved
         .rate_limits
         .as_ref()
@@ -315,6 +363,42 @@ fn public_listener(
         ..Default::default()
     };
     out.insert(LISTENER, name, pack_any(public));
+}
+
+/// The user's public listener (`envoy_public_listener_json`) with the mesh put back in:
+/// each filter chain terminates the mesh's mTLS (unless it sets a transport socket of its
+/// own) and starts with the intentions' L4 RBAC, as Consul does. A listener without filter
+/// chains is refused (there would be nothing to put them on).
+fn user_public_listener(
+    snap: &ConfigSnapshot,
+    mut user: Listener,
+    intentions: &[structs::Intention],
+    tls_params: Option<envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters>,
+    name: &str,
+) -> Result<Listener, String> {
+    if user.filter_chains.is_empty() {
+        return Err(
+            "Config.envoy_public_listener_json has no filter chains to put the mesh's TLS and intentions on: meshd's own public listener is served instead".into(),
+        );
+    }
+    if user.name.is_empty() {
+        user.name = name.to_owned();
+    }
+    let rbac = rbac::rules_l4(intentions, snap.intention_default_allow).map(|rules| {
+        network_filter(
+            "envoy.filters.network.rbac",
+            rbac::network_filter_config(rules, "connect_authz"),
+        )
+    });
+    for chain in &mut user.filter_chains {
+        if chain.transport_socket.is_none() {
+            chain.transport_socket = Some(tls::downstream(tls_params.clone()));
+        }
+        if let Some(f) = &rbac {
+            chain.filters.insert(0, f.clone());
+        }
+    }
+    Ok(user)
 }
 
 /// What the public listener's filters are made of.

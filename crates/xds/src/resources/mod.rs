@@ -19,6 +19,7 @@
 mod access_logs;
 mod clusters;
 mod core;
+mod escape_hatch;
 mod expose;
 mod gateways;
 mod listeners;
@@ -59,6 +60,7 @@ pub(crate) fn build_scoped(
     scope: &Scope<'_>,
 ) -> Result<Resources, BuildError> {
     let mut out = build_kind(snapshot, shared, scope)?;
+    escape_hatch::apply_tracing(snapshot, &mut out)?;
     access_logs::apply(snapshot, &mut out)?;
     Ok(out)
 }
