@@ -68,7 +68,7 @@ async fn streams_share_one_sync_with_central_config_merged() {
         ..Default::default()
     };
     pd.config
-        .insert("envoy_stats_flush".into(), serde_json::Value::from("5s"));
+        .insert("envoy_stats_flush_interval".into(), serde_json::Value::from("5s"));
     store
         .write(Op::ConfigSet {
             entry: Box::new(ConfigEntry::ProxyDefaults(pd)),
@@ -81,7 +81,10 @@ async fn streams_share_one_sync_with_central_config_merged() {
     let (mut w1, lease1) = source.watch(id.clone(), None);
     let (mut w2, lease2) = source.watch(id.clone(), None);
     assert_eq!(source.active(), 1, "one sync for both streams");
-    snapshot_where(&mut w1, |s| s.service.proxy.config.get("envoy_stats_flush").is_some()).await;
+    snapshot_where(&mut w1, |s| {
+        s.service.proxy.config.get("envoy_stats_flush_interval").is_some()
+    })
+    .await;
     snapshot_where(&mut w2, |s| s.service.port == 21000).await;
 
     // A registration change in the catalog reaches the Manager.

@@ -23,6 +23,25 @@ pub const UNSUPPORTED_PROXY_KEYS: &[&str] = &[
     "envoy_hcp_metrics_bind_socket_dir",
 ];
 
+/// Every `envoy_*` key of a proxy's `Config` meshd acts on; any other `envoy_*` key (Consul's
+/// namespace) is refused when written, since it would be ignored.
+pub const HONOURED_ENVOY_KEYS: &[&str] = &[
+    "envoy_dns_discovery_type",
+    "envoy_statsd_url",
+    "envoy_dogstatsd_url",
+    "envoy_prometheus_bind_addr",
+    "envoy_stats_tags",
+    "envoy_stats_flush_interval",
+    "envoy_stats_config_json",
+    "envoy_stats_sinks_json",
+    "envoy_tracing_json",
+    "envoy_extra_static_clusters_json",
+    "envoy_extra_static_listeners_json",
+    "envoy_public_listener_json",
+    "envoy_local_cluster_json",
+    "envoy_listener_tracing_json",
+];
+
 /// Consul upstream `Config` keys meshd refuses for now.
 pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &["envoy_cluster_json"];
 
@@ -257,10 +276,22 @@ impl BootstrapOptions {
     /// meshd does not honour yet refused. `$NAME` values are taken on trust here (they are
     /// resolved where `connect envoy` runs).
     pub fn check(config: &OpaqueConfig) -> Result<(), ValidationError> {
-        for key in UNSUPPORTED_PROXY_KEYS {
+        for key in UNSUPPORTED_PROXY_KEYS.iter().chain(&["bind_port"]) {
             if config.contains_key(*key) {
                 return Err(unsupported(key));
             }
+        }
+        if let Some(key) = config
+            .keys()
+            .find(|k| k.starts_with("envoy_") && !HONOURED_ENVOY_KEYS.contains(&k.as_str()))
+        {
+            return Err(invalid(
+                key,
+                format!(
+                    "is not a key meshd knows (it would be ignored, so it is refused); the envoy_ keys it honours: {}",
+                    HONOURED_ENVOY_KEYS.join(", ")
+                ),
+            ));
         }
         for (key, ty) in PROXY_ESCAPE_HATCHES {
             check_escape_hatch(config, key, ty)?;
@@ -378,6 +409,9 @@ mod tests {
                 json!(r#"{"name": "a", "type": "STATICK"}"#),
             ),
             ("envoy_stats_bind_addr", json!("0.0.0.0:9000")),
+            ("envoy_gateway_bind_addresses", json!({})),
+            ("envoy_statsd_urll", json!("udp://127.0.0.1:8125")),
+            ("bind_port", json!(21000)),
         ] {
             let e = BootstrapOptions::check(&config(json!({key: bad})))
                 .unwrap_err()

@@ -10,7 +10,9 @@ fn entry(e: ConfigEntry) -> Arc<ConfigEntry> {
 fn resolve_layers_service_defaults_over_proxy_defaults_and_upstreams() {
     let mut proxy = ProxyDefaults::default();
     proxy.config.insert("protocol".into(), Value::from("http"));
-    proxy.config.insert("envoy_stats_flush".into(), Value::from("5s"));
+    proxy
+        .config
+        .insert("envoy_stats_flush_interval".into(), Value::from("5s"));
     let services = vec![
         entry(ConfigEntry::ServiceDefaults(ServiceDefaults {
             name: "web".into(),
@@ -47,7 +49,7 @@ fn resolve_layers_service_defaults_over_proxy_defaults_and_upstreams() {
     let central = CentralConfig::new(Some(&proxy), &services);
     let r = central.resolve("web", &ups);
     assert_eq!(r.protocol(), Protocol::Grpc);
-    assert_eq!(r.proxy_config["envoy_stats_flush"], "5s");
+    assert_eq!(r.proxy_config["envoy_stats_flush_interval"], "5s");
     let cfg = |name: &str| {
         r.upstream_configs
             .iter()
@@ -85,12 +87,14 @@ fn merge_fills_what_the_registration_leaves_unset() {
         },
         ..Default::default()
     };
-    reg.proxy.config.insert("envoy_stats_flush".into(), Value::from("1s"));
+    reg.proxy
+        .config
+        .insert("envoy_stats_flush_interval".into(), Value::from("1s"));
     let mut pd = ProxyDefaults {
         mode: ProxyMode::Direct,
         ..Default::default()
     };
-    pd.config.insert("envoy_stats_flush".into(), Value::from("9s"));
+    pd.config.insert("envoy_stats_flush_interval".into(), Value::from("9s"));
     pd.config.insert("local_request_timeout_ms".into(), Value::from(100));
     let sd = vec![entry(ConfigEntry::ServiceDefaults(ServiceDefaults {
         name: "web".into(),
@@ -111,7 +115,7 @@ fn merge_fills_what_the_registration_leaves_unset() {
     }))];
     let merged = CentralConfig::new(Some(&pd), &sd).merge_into(&reg);
     let c = &merged.proxy.config;
-    assert_eq!(c["envoy_stats_flush"], "1s", "the registration wins");
+    assert_eq!(c["envoy_stats_flush_interval"], "1s", "the registration wins");
     assert_eq!(c["local_request_timeout_ms"], 100);
     assert_eq!(c["protocol"], "http");
     assert_eq!(merged.proxy.mode, ProxyMode::Direct);

@@ -50,6 +50,7 @@ impl Validate for ProxyDefaults {
             check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
         }
         crate::ProxyOptions::check_proxy(&self.config)?;
+        crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
         self.access_logs.check("AccessLogs")
     }
 }
@@ -264,6 +265,13 @@ impl Validate for ServiceDefaults {
         check_entry_name(ConfigEntryKind::ServiceDefaults, &self.name)?;
         if !self.protocol.is_empty() {
             check_protocol("Protocol", &self.protocol)?;
+        }
+        crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
+        if !self.external_sni.is_empty() {
+            return Err(ValidationError::new(
+                "ExternalSNI",
+                Problem::Invalid("is not supported by meshd yet (it would be ignored); remove it".into()),
+            ));
         }
         if !matches!(self.balance_inbound_connections.as_str(), "" | "exact_balance") {
             return Err(ValidationError::new(
