@@ -7,7 +7,7 @@
 
 use bounded_maps::ClearingCache;
 use envoy_types::pb::google::protobuf::Any;
-use prost_reflect::{DescriptorPool, DynamicMessage};
+use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage};
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -105,6 +105,95 @@ pub fn decode_cached(full_name: &str, json: &str) -> Result<Any, Error> {
         .get_or_try_make((full_name.to_owned(), json.to_owned()), (), || decode(full_name, json))
 }
 
+/// A change to an Envoy resource by field path (`/outlier_detection/consecutive_5xx`, proto
+/// field names): `Some(value)` sets the field (intermediate messages made as needed; the
+/// value is Envoy JSON for the field), `None` clears it. Repeated fields and maps cannot be
+/// stepped through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Patch<'a> {
+    /// The path, from `/`.
+    pub path: &'a str,
+    /// The new value, or none to remove the field.
+    pub value: Option<&'a Value>,
+}
+
+/// Checks that `path` names a field of Envoy type `full_name` reachable through singular
+/// message fields, and that `value` (if any) is valid for it.
+pub fn check_patch(full_name: &str, patch: &Patch<'_>) -> Result<(), Error> {
+    let descriptor = pool()?.get_message_by_name(full_name).ok_or_else(|| Error::Invalid {
+        ty: full_name.to_owned(),
+        message: "no such Envoy type".into(),
+    })?;
+    let mut message = DynamicMessage::new(descriptor);
+    apply_to(&mut message, patch)
+}
+
+/// Applies `patch` to `any` (an Envoy resource), re-encoding it.
+pub fn apply_patch(any: &Any, patch: &Patch<'_>) -> Result<Any, Error> {
+    let name = any.type_url.rsplit('/').next().unwrap_or_default();
+    let invalid = |message: String| Error::Invalid {
+        ty: name.to_owned(),
+        message,
+    };
+    let descriptor = pool()?
+        .get_message_by_name(name)
+        .ok_or_else(|| invalid("no such Envoy type".into()))?;
+    let mut message = DynamicMessage::decode(descriptor, any.value.as_slice()).map_err(|e| invalid(e.to_string()))?;
+    apply_to(&mut message, patch)?;
+    Ok(Any {
+        type_url: any.type_url.clone(),
+        value: prost_reflect::prost::Message::encode_to_vec(&message),
+    })
+}
+
+fn apply_to(message: &mut DynamicMessage, patch: &Patch<'_>) -> Result<(), Error> {
+    let ty = message.descriptor().full_name().to_owned();
+    let invalid = |message: String| Error::Invalid {
+        ty: ty.clone(),
+        message,
+    };
+    let Some(rest) = patch.path.strip_prefix('/') else {
+        return Err(invalid(format!("path {:?} must begin with /", patch.path)));
+    };
+    let steps: Vec<&str> = rest.split('/').collect();
+    let (last, through) = steps.split_last().ok_or_else(|| invalid("empty path".into()))?;
+    let mut at = message;
+    let mut walked = String::new();
+    for step in through {
+        walked.push('/');
+        walked.push_str(step);
+        let field = at
+            .descriptor()
+            .get_field_by_name(step)
+            .ok_or_else(|| invalid(format!("{walked}: no such field")))?;
+        if field.is_list() || field.is_map() || field.kind().as_message().is_none() {
+            return Err(invalid(format!(
+                "{walked}: only singular message fields can be stepped through"
+            )));
+        }
+        at = at
+            .get_field_mut(&field)
+            .as_message_mut()
+            .ok_or_else(|| invalid(format!("{walked}: not a message")))?;
+    }
+    let field = at
+        .descriptor()
+        .get_field_by_name(last)
+        .ok_or_else(|| invalid(format!("{}: no such field", patch.path)))?;
+    match patch.value {
+        None => at.clear_field(&field),
+        Some(value) => {
+            // The value decoded as the field of a message holding only it.
+            let mut holder = serde_json::Map::new();
+            holder.insert(field.name().to_owned(), value.clone());
+            let parsed = DynamicMessage::deserialize(at.descriptor(), Value::Object(holder))
+                .map_err(|e| invalid(format!("{}: {e}", patch.path)))?;
+            at.set_field(&field, parsed.get_field(&field).into_owned());
+        }
+    }
+    Ok(())
+}
+
 /// Envoy's `Listener`.
 pub const LISTENER: &str = "envoy.config.listener.v3.Listener";
 /// Envoy's `Cluster`.
@@ -165,6 +254,43 @@ mod tests {
         for (json, says) in cases {
             let e = decode(LISTENER, json).unwrap_err().to_string();
             assert!(e.contains(says), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn patches_set_and_clear_fields_by_path() {
+        let cluster = decode(CLUSTER, r#"{"name": "api", "connect_timeout": "5s"}"#).unwrap();
+        let v = serde_json::json!(7);
+        let set = Patch {
+            path: "/outlier_detection/consecutive_5xx",
+            value: Some(&v),
+        };
+        check_patch(CLUSTER, &set).unwrap();
+        let patched = apply_patch(&cluster, &set).unwrap();
+        let c: envoy_types::pb::envoy::config::cluster::v3::Cluster =
+            prost_reflect::prost::Message::decode(&*patched.value).unwrap();
+        assert_eq!(c.outlier_detection.unwrap().consecutive_5xx.unwrap().value, 7);
+        assert_eq!(c.name, "api", "the rest is kept");
+        let clear = Patch {
+            path: "/connect_timeout",
+            value: None,
+        };
+        let c: envoy_types::pb::envoy::config::cluster::v3::Cluster =
+            prost_reflect::prost::Message::decode(&*apply_patch(&cluster, &clear).unwrap().value).unwrap();
+        assert!(c.connect_timeout.is_none());
+        let text = serde_json::json!("x");
+        for (path, value, says) in [
+            ("/no_such", Some(&v), "/no_such: no such field"),
+            ("outlier_detection", Some(&v), "must begin with /"),
+            ("/outlier_detection/consecutive_5xx", Some(&text), "consecutive_5xx"),
+            (
+                "/health_checks/timeout",
+                Some(&v),
+                "/health_checks: only singular message fields",
+            ),
+        ] {
+            let e = check_patch(CLUSTER, &Patch { path, value }).unwrap_err().to_string();
+            assert!(e.contains(says), "{path}: {e}");
         }
     }
 

@@ -500,6 +500,7 @@ async fn request_normalization_decides_what_l7_intentions_see() {
     );
 
     rate_limits(&mesh, &client, &api_admin, up).await;
+    extensions(&mesh, &client, &web_admin, up).await;
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
     println!(
         "request normalization end to end: {:.1} s",
@@ -746,4 +747,58 @@ fn rand_id() -> u64 {
             .as_nanos(),
     );
     h.finish()
+}
+
+/// `EnvoyExtensions`: Lua on api's inbound side adds a response header; a property override
+/// on web's outbound cluster to api shows in web's config dump. A Consul extension meshd
+/// does not run is a 400 naming it.
+async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: SocketAddr) {
+    let lua = "function envoy_on_response(handle) handle:headers():add('x-lua', 'from-api') end";
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http", "EnvoyExtensions": [
+            {"Name": "builtin/lua", "Required": true, "Arguments": {"ProxyType": "connect-proxy",
+             "Listener": "inbound", "Script": lua}}]}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "web", "EnvoyExtensions": [
+            {"Name": "builtin/property-override", "Arguments": {"Patches": [{
+                "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound",
+                                   "Services": [{"Name": "api"}]},
+                "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}}]}),
+    )
+    .await;
+    let header = wait_for(|| async {
+        let r = test_support::http::exchange(up, "/public/x", &[]).await.ok()?;
+        r.header("x-lua").map(str::to_owned)
+    })
+    .await;
+    assert_eq!(header, "from-api");
+    let dump = wait_for(|| async {
+        let dump = mesh::get(
+            client,
+            &format!("{web_admin}/config_dump?resource=dynamic_active_clusters"),
+        )
+        .await?;
+        dump.contains("\"consecutive_5xx\": 7").then_some(dump)
+    })
+    .await;
+    assert!(dump.contains("outlier_detection"), "{dump}");
+    println!("extensions: Lua header x-lua: {header}; web's cluster to api has consecutive_5xx 7");
+    let resp = mesh
+        .client
+        .put(format!("{}/v1/config", mesh.http))
+        .json(&json!({"Kind": "service-defaults", "Name": "api", "EnvoyExtensions": [
+            {"Name": "builtin/wasm", "Arguments": {}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("EnvoyExtensions[0].Name") && text.contains("builtin/wasm"),
+        "{text}"
+    );
 }

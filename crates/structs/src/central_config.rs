@@ -87,6 +87,7 @@ impl<'a> CentralConfig<'a> {
             out.mesh_gateway = p.mesh_gateway.clone();
             out.expose = p.expose.clone();
             out.transparent_proxy = p.transparent_proxy.clone();
+            out.envoy_extensions.clone_from(&p.envoy_extensions);
         }
         if let Some(d) = self.service_defaults(name) {
             if !d.protocol.is_empty() {
@@ -109,6 +110,7 @@ impl<'a> CentralConfig<'a> {
                 out.proxy_config.insert(key.into(), value);
             }
             out.rate_limits = d.rate_limits.clone();
+            out.envoy_extensions.extend(d.envoy_extensions.iter().cloned());
         }
         out
     }

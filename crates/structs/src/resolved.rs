@@ -31,6 +31,9 @@ pub struct ResolvedServiceConfig {
     /// Request rate limits (service-defaults `RateLimits`).
     #[serde(rename = "RateLimits", skip_serializing_if = "Option::is_none")]
     pub rate_limits: Option<crate::RateLimits>,
+    /// Envoy extensions: proxy-defaults' then service-defaults'.
+    #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
+    pub envoy_extensions: Vec<crate::config_entry::EnvoyExtension>,
 }
 
 impl ResolvedServiceConfig {

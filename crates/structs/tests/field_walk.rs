@@ -111,6 +111,10 @@ fn every_proxy_defaults_field_is_honoured_or_refused() {
             "AccessLogs",
             Honoured("xds resources/access_logs.rs (validate.rs access_logs_*, envoy_e2e)"),
         ),
+        (
+            "EnvoyExtensions",
+            Honoured("builtin/lua and builtin/property-override: xds resources/extensions.rs; others refused"),
+        ),
     ];
     check::<ProxyDefaults>("proxy-defaults", &fields_of::<ProxyDefaults>(), &table);
 }
@@ -149,6 +153,10 @@ fn every_service_defaults_field_is_honoured_or_refused() {
         (
             "RateLimits",
             Honoured("local rate limit (validate.rs rate_limits_*, l7_e2e)"),
+        ),
+        (
+            "EnvoyExtensions",
+            Honoured("builtin/lua and builtin/property-override: xds resources/extensions.rs; others refused"),
         ),
     ];
     check::<ServiceDefaults>("service-defaults", &fields_of::<ServiceDefaults>(), &table);

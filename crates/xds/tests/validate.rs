@@ -1492,3 +1492,72 @@ fn escape_hatches_replace_what_meshd_builds_keeping_mtls_and_intentions() {
     // The same snapshot encodes the same.
     assert_eq!(resources::build(&snap).unwrap().of(LISTENER), r.of(LISTENER));
 }
+
+/// `EnvoyExtensions`: Lua before the router of the public listener, a property override on
+/// the upstream's cluster; Envoy accepts them. On a TCP service the Lua filter cannot apply:
+/// optional, the proxy's build problems say so; required, the whole build is held back.
+#[test]
+fn envoy_extensions_lua_and_property_override() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let extensions = |required: bool| -> Vec<structs::config_entry::EnvoyExtension> {
+        serde_json::from_value(serde_json::json!([
+            {"Name": "builtin/lua", "Required": required, "Arguments": {"Listener": "inbound",
+             "Script": "function envoy_on_response(h) h:headers():add('x-lua', 'yes') end"}},
+            {"Name": "builtin/property-override", "Arguments": {"Patches": [{
+                "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound", "Services": [{"Name": "api"}]},
+                "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}}
+        ]))
+        .unwrap()
+    };
+    let snap_for = |protocol: &'static str, required: bool| {
+        let ca = Ca::new();
+        let mut snap = snapshot(
+            &ca,
+            &Scenario {
+                protocol,
+                upstreams: vec![("api", 9191, protocol)],
+                intentions: vec![],
+                instances: vec![instance("api", "10.0.0.1", 21000)],
+            },
+        );
+        if let KindSnapshot::ConnectProxy(cp) = &mut snap.kind {
+            Arc::make_mut(cp.resolved_config.as_mut().unwrap()).envoy_extensions = extensions(required);
+        }
+        snap
+    };
+    let snap = snap_for("http", false);
+    let r = validate_snapshot("envoy-extensions", &snap);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let public: Listener = unpack(&r.of(LISTENER).unwrap()["public_listener:0.0.0.0:21000"]);
+    let Some(filter::ConfigType::TypedConfig(cfg)) = &public.filter_chains[0].filters[0].config_type else {
+        panic!("{public:?}")
+    };
+    let hcm: HttpConnectionManager = unpack(cfg);
+    let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["envoy.filters.http.lua", "envoy.filters.http.router"]);
+    let clusters = r.of(CLUSTER).unwrap();
+    let (name, api) = clusters.iter().find(|(n, _)| n.starts_with("api.")).unwrap();
+    let api: Cluster = unpack(api);
+    assert_eq!(
+        api.outlier_detection.unwrap().consecutive_5xx.unwrap().value,
+        7,
+        "{name}"
+    );
+    let local: Cluster = unpack(&clusters["local_app"]);
+    assert!(local.outlier_detection.is_none(), "outbound only");
+
+    let r = resources::build(&snap_for("tcp", false)).unwrap();
+    assert!(r.problems.keys().any(|k| k.contains("builtin/lua")), "{:?}", r.problems);
+    assert!(
+        r.of(LISTENER).is_some_and(|l| !l.is_empty()),
+        "optional: the proxy goes on"
+    );
+    let r = resources::build(&snap_for("tcp", true)).unwrap();
+    let problem = r.problems.values().next().unwrap();
+    assert!(problem.contains("held back"), "{problem}");
+    assert!(
+        r.of(LISTENER).is_none_or(|l| l.is_empty()),
+        "required: nothing new is served"
+    );
+}

@@ -32,6 +32,9 @@ pub struct ProxyDefaults {
     /// Envoy access logs of every proxy, sidecars and gateways.
     #[serde(rename = "AccessLogs", skip_serializing_if = "AccessLogsConfig::is_off")]
     pub access_logs: AccessLogsConfig,
+    /// Envoy extensions of every sidecar (before each service's own).
+    #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
+    pub envoy_extensions: Vec<super::EnvoyExtension>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -51,6 +54,7 @@ impl Validate for ProxyDefaults {
         }
         crate::ProxyOptions::check_proxy(&self.config)?;
         crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
+        super::extensions::check_all(&self.envoy_extensions)?;
         self.access_logs.check("AccessLogs")
     }
 }
@@ -225,6 +229,9 @@ pub struct ServiceDefaults {
     /// Request rate limits on the service's instances (HTTP protocols).
     #[serde(rename = "RateLimits", skip_serializing_if = "Option::is_none")]
     pub rate_limits: Option<crate::RateLimits>,
+    /// Envoy extensions of the service's sidecars (after proxy-defaults').
+    #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
+    pub envoy_extensions: Vec<super::EnvoyExtension>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -285,6 +292,7 @@ impl Validate for ServiceDefaults {
         if let Some(r) = &self.rate_limits {
             r.check("RateLimits")?;
         }
+        super::extensions::check_all(&self.envoy_extensions)?;
         if let Some(uc) = &self.upstream_config {
             for (i, o) in uc.overrides.iter().enumerate() {
                 let at = format!("UpstreamConfig.Overrides[{i}]");

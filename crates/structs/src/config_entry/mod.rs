@@ -1,6 +1,7 @@
 //! Config entries: central configuration stored in the catalog by kind and name.
 
 mod defaults;
+pub mod extensions;
 mod gateway_rules;
 mod gateways;
 mod intentions;
@@ -8,6 +9,7 @@ mod mesh;
 mod routing;
 
 pub use defaults::{AccessLogType, AccessLogsConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use extensions::EnvoyExtension;
 pub use gateway_rules::{WILDCARD_SERVICE, host_domains, host_name};
 pub use gateways::{
     GatewayServiceTlsConfig, GatewayTlsConfig, GatewayTlsSdsConfig, INGRESS_DOMAIN, IngressGateway, IngressListener,

@@ -21,6 +21,7 @@ mod clusters;
 mod core;
 mod escape_hatch;
 mod expose;
+mod extensions;
 mod gateways;
 mod listeners;
 pub mod proxyless;
@@ -62,6 +63,7 @@ pub(crate) fn build_scoped(
     let mut out = build_kind(snapshot, shared, scope)?;
     escape_hatch::apply_tracing(snapshot, &mut out)?;
     access_logs::apply(snapshot, &mut out)?;
+    extensions::apply(snapshot, &mut out);
     Ok(out)
 }
 

@@ -1,0 +1,307 @@
+//! `EnvoyExtensions` of `proxy-defaults` and `service-defaults`: Consul's extension names
+//! and arguments. meshd runs `builtin/lua` and `builtin/property-override`; Consul's other
+//! extensions are refused when written (they would be ignored). Arguments are checked when
+//! written, naming the field; `property-override` paths are checked against Envoy's types.
+
+use crate::validate::{Problem, ValidationError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One extension of the proxies of a service (or of every proxy).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvoyExtension {
+    /// `builtin/lua` or `builtin/property-override`.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// When it cannot apply to a proxy, that proxy's configuration is held back (its last good
+    /// one stays, the reason in its status); else the proxy goes on without it, the reason
+    /// in its status too.
+    #[serde(rename = "Required")]
+    pub required: bool,
+    /// The extension's arguments.
+    #[serde(rename = "Arguments")]
+    pub arguments: serde_json::Map<String, Value>,
+    /// Consul version constraint (refused: meshd is not Consul).
+    #[serde(rename = "ConsulVersion", skip_serializing_if = "String::is_empty")]
+    pub consul_version: String,
+    /// Envoy version constraint (refused for now).
+    #[serde(rename = "EnvoyVersion", skip_serializing_if = "String::is_empty")]
+    pub envoy_version: String,
+}
+
+/// The Lua extension's name.
+pub const LUA: &str = "builtin/lua";
+/// The property-override extension's name.
+pub const PROPERTY_OVERRIDE: &str = "builtin/property-override";
+/// Consul's extensions meshd does not run (yet).
+const NOT_SUPPORTED: [&str; 5] = [
+    "builtin/ext-authz",
+    "builtin/otel-access-logging",
+    "builtin/wasm",
+    "builtin/aws/lambda",
+    "builtin/http/localratelimit",
+];
+
+/// `builtin/lua`'s arguments.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LuaArguments {
+    /// `connect-proxy` (the only kind it applies to here).
+    #[serde(rename = "ProxyType")]
+    pub proxy_type: String,
+    /// `inbound` (the public listener) or `outbound` (the upstreams' listeners).
+    #[serde(rename = "Listener")]
+    pub listener: String,
+    /// The Lua source (`envoy_on_request`, `envoy_on_response`).
+    #[serde(rename = "Script")]
+    pub script: String,
+}
+
+/// `builtin/property-override`'s arguments.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PropertyOverrideArguments {
+    /// `connect-proxy`.
+    #[serde(rename = "ProxyType")]
+    pub proxy_type: String,
+    /// Log each patch applied (accepted; the result shows in Envoy's config dump).
+    #[serde(rename = "Debug")]
+    pub debug: bool,
+    /// The changes, in order.
+    #[serde(rename = "Patches")]
+    pub patches: Vec<PropertyPatch>,
+}
+
+/// One change of `builtin/property-override`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PropertyPatch {
+    /// Which resources.
+    #[serde(rename = "ResourceFilter")]
+    pub resource_filter: ResourceFilter,
+    /// `add` (set) or `remove`.
+    #[serde(rename = "Op")]
+    pub op: String,
+    /// The field's path from the resource, `/` separated, proto field names.
+    #[serde(rename = "Path")]
+    pub path: String,
+    /// The value to set (Envoy JSON for the field).
+    #[serde(rename = "Value")]
+    pub value: Option<Value>,
+}
+
+/// The resources a patch applies to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResourceFilter {
+    /// `listener`, `cluster`, `route` or `cluster-load-assignment`.
+    #[serde(rename = "ResourceType")]
+    pub resource_type: String,
+    /// `inbound` or `outbound`.
+    #[serde(rename = "TrafficDirection")]
+    pub traffic_direction: String,
+    /// Outbound only: the upstream services whose resources are patched (none: all).
+    #[serde(rename = "Services")]
+    pub services: Vec<ServiceName>,
+}
+
+/// A service named by a filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceName {
+    /// Its name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Its namespace (`default` only).
+    #[serde(rename = "Namespace")]
+    pub namespace: String,
+    /// Its partition (`default` only).
+    #[serde(rename = "Partition")]
+    pub partition: String,
+}
+
+impl ResourceFilter {
+    /// The Envoy type of the resources it selects.
+    pub fn envoy_type(&self) -> Option<&'static str> {
+        Some(match self.resource_type.as_str() {
+            "listener" => "envoy.config.listener.v3.Listener",
+            "cluster" => "envoy.config.cluster.v3.Cluster",
+            "route" => "envoy.config.route.v3.RouteConfiguration",
+            "cluster-load-assignment" => "envoy.config.endpoint.v3.ClusterLoadAssignment",
+            _ => return None,
+        })
+    }
+}
+
+fn invalid(at: String, why: impl Into<String>) -> ValidationError {
+    ValidationError::new(at, Problem::Invalid(why.into()))
+}
+
+fn arguments<T: serde::de::DeserializeOwned>(e: &EnvoyExtension, at: &str) -> Result<T, ValidationError> {
+    serde_path_to_error::deserialize(Value::Object(e.arguments.clone()))
+        .map_err(|err| invalid(format!("{at}.Arguments.{}", err.path()), err.inner().to_string()))
+}
+
+fn proxy_type(value: &str, at: &str) -> Result<(), ValidationError> {
+    if matches!(value, "" | "connect-proxy") {
+        return Ok(());
+    }
+    Err(invalid(
+        format!("{at}.Arguments.ProxyType"),
+        format!("{value:?}: meshd applies extensions to connect-proxy only"),
+    ))
+}
+
+impl EnvoyExtension {
+    /// Checks the extension at `at` (`EnvoyExtensions[0]`).
+    pub fn check(&self, at: &str) -> Result<(), ValidationError> {
+        for (field, v) in [
+            ("ConsulVersion", &self.consul_version),
+            ("EnvoyVersion", &self.envoy_version),
+        ] {
+            if !v.is_empty() {
+                return Err(invalid(
+                    format!("{at}.{field}"),
+                    "version constraints are not supported by meshd (the extension would always apply); remove it",
+                ));
+            }
+        }
+        match self.name.as_str() {
+            LUA => {
+                let a: LuaArguments = arguments(self, at)?;
+                proxy_type(&a.proxy_type, at)?;
+                if !matches!(a.listener.as_str(), "inbound" | "outbound") {
+                    return Err(invalid(
+                        format!("{at}.Arguments.Listener"),
+                        format!("{:?}: expected inbound or outbound", a.listener),
+                    ));
+                }
+                if a.script.trim().is_empty() {
+                    return Err(invalid(format!("{at}.Arguments.Script"), "is required"));
+                }
+                Ok(())
+            }
+            PROPERTY_OVERRIDE => self.check_property_override(at),
+            n if NOT_SUPPORTED.contains(&n) => Err(invalid(
+                format!("{at}.Name"),
+                format!("{n} is not supported by meshd yet (it would be ignored); remove it"),
+            )),
+            n => Err(invalid(
+                format!("{at}.Name"),
+                format!("{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE})"),
+            )),
+        }
+    }
+
+    fn check_property_override(&self, at: &str) -> Result<(), ValidationError> {
+        let a: PropertyOverrideArguments = arguments(self, at)?;
+        proxy_type(&a.proxy_type, at)?;
+        if a.patches.is_empty() {
+            return Err(invalid(
+                format!("{at}.Arguments.Patches"),
+                "at least one patch is required",
+            ));
+        }
+        for (i, p) in a.patches.iter().enumerate() {
+            let at = format!("{at}.Arguments.Patches[{i}]");
+            let f = &p.resource_filter;
+            let ty = f.envoy_type().ok_or_else(|| {
+                invalid(
+                    format!("{at}.ResourceFilter.ResourceType"),
+                    format!(
+                        "{:?}: expected listener, cluster, route or cluster-load-assignment",
+                        f.resource_type
+                    ),
+                )
+            })?;
+            if !matches!(f.traffic_direction.as_str(), "inbound" | "outbound") {
+                return Err(invalid(
+                    format!("{at}.ResourceFilter.TrafficDirection"),
+                    format!("{:?}: expected inbound or outbound", f.traffic_direction),
+                ));
+            }
+            if f.traffic_direction == "inbound" && !f.services.is_empty() {
+                return Err(invalid(
+                    format!("{at}.ResourceFilter.Services"),
+                    "applies to outbound resources only",
+                ));
+            }
+            let value = match (p.op.as_str(), &p.value) {
+                ("add", Some(v)) => Some(v),
+                ("add", None) => return Err(invalid(format!("{at}.Value"), "is required with Op add")),
+                ("remove", None) => None,
+                ("remove", Some(_)) => return Err(invalid(format!("{at}.Value"), "is not allowed with Op remove")),
+                (op, _) => return Err(invalid(format!("{at}.Op"), format!("{op:?}: expected add or remove"))),
+            };
+            envoy_json::check_patch(ty, &envoy_json::Patch { path: &p.path, value })
+                .map_err(|e| invalid(format!("{at}.Path"), e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a list of extensions (`EnvoyExtensions`).
+pub fn check_all(list: &[EnvoyExtension]) -> Result<(), ValidationError> {
+    for (i, e) in list.iter().enumerate() {
+        e.check(&format!("EnvoyExtensions[{i}]"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(json: Value) -> Result<(), String> {
+        let e: EnvoyExtension = serde_json::from_value(json).map_err(|e| e.to_string())?;
+        e.check("EnvoyExtensions[0]").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn extensions_are_checked_naming_the_field() {
+        let lua = serde_json::json!({"Name": "builtin/lua", "Arguments": {"ProxyType": "connect-proxy",
+            "Listener": "inbound", "Script": "function envoy_on_response(h) end"}});
+        check(lua).unwrap();
+        let po = serde_json::json!({"Name": "builtin/property-override", "Arguments": {"Patches": [{
+            "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound", "Services": [{"Name": "api"}]},
+            "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}});
+        check(po).unwrap();
+        for (bad, says) in [
+            (serde_json::json!({"Name": "builtin/wasm"}), "EnvoyExtensions[0].Name"),
+            (serde_json::json!({"Name": "lua"}), "EnvoyExtensions[0].Name"),
+            (
+                serde_json::json!({"Name": "builtin/lua", "Arguments": {"Listener": "both", "Script": "x"}}),
+                "Arguments.Listener",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/lua", "Arguments": {"Listener": "inbound"}}),
+                "Arguments.Script",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/lua", "Arguments": {"Listenr": "inbound"}}),
+                "Listenr",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/property-override", "Arguments": {"Patches": [{
+                    "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound"},
+                    "Op": "add", "Path": "/outlier_detection/consecutive_6xx", "Value": 7}]}}),
+                "Patches[0].Path",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/property-override", "Arguments": {"Patches": [{
+                    "ResourceFilter": {"ResourceType": "secret", "TrafficDirection": "outbound"},
+                    "Op": "remove", "Path": "/name"}]}}),
+                "ResourceType",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/lua", "EnvoyVersion": ">= 1.20",
+                    "Arguments": {"Listener": "inbound", "Script": "x"}}),
+                "EnvoyVersion",
+            ),
+        ] {
+            let e = check(bad.clone()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}

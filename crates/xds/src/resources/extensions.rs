@@ -1,0 +1,197 @@
+//! `EnvoyExtensions` (proxy-defaults' then service-defaults'), applied to a sidecar's
+//! resources once everything else is built, as Consul does:
+//!
+//! - `builtin/lua`: Envoy's Lua filter, before the router of every HTTP connection manager
+//!   of the inbound (public) or the outbound (upstream) listeners;
+//! - `builtin/property-override`: each patch sets or clears a field, by path, of the
+//!   listeners, clusters, routes or endpoints of a direction (outbound: of the upstreams it
+//!   names, or all).
+//!
+//! An extension that cannot apply (a Lua filter with no HTTP listener to go on, a patch that
+//! matches nothing or fails) is a build problem in the proxy's status; a `Required` one
+//! holds the proxy's configuration back (its last good resources stay, none if it never had
+//! any), as Consul.
+
+use super::{CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources};
+use envoy_types::pb::envoy::config::core::v3::{DataSource, TrafficDirection, data_source};
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::extensions::filters::http::lua::v3::Lua;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::util::pack_any;
+use prost::{Message, Name};
+use proxycfg::ConfigSnapshot;
+use structs::config_entry::EnvoyExtension;
+use structs::config_entry::extensions::{
+    LUA, LuaArguments, PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
+};
+
+/// Applies the sidecar's extensions to `out`.
+pub(crate) fn apply(snap: &ConfigSnapshot, out: &mut Resources) {
+    if snap.service.connect.native {
+        return;
+    }
+    let Some(resolved) = snap.connect_proxy().and_then(|cp| cp.resolved_config.as_deref()) else {
+        return;
+    };
+    for (i, ext) in resolved.envoy_extensions.iter().enumerate() {
+        let result = match ext.name.as_str() {
+            LUA => args::<LuaArguments>(ext).and_then(|a| lua(&a, out)),
+            PROPERTY_OVERRIDE => args::<PropertyOverrideArguments>(ext).and_then(|a| property_override(&a, out)),
+            other => Err(format!("{other} is not an extension meshd runs")),
+        };
+        if let Err(why) = result {
+            let part = format!("extension:{i}:{}", ext.name);
+            let problem = format!("Envoy extension {} cannot apply: {why}", ext.name);
+            if ext.required {
+                hold_back(
+                    out,
+                    part,
+                    format!("{problem} (Required: the proxy's configuration is held back)"),
+                );
+            } else {
+                out.problems
+                    .insert(part, format!("{problem} (not Required: the proxy goes on without it)"));
+            }
+        }
+    }
+}
+
+fn args<T: serde::de::DeserializeOwned>(ext: &EnvoyExtension) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::Object(ext.arguments.clone())).map_err(|e| format!("arguments: {e}"))
+}
+
+/// Holds back every resource of the build: the proxy keeps its last good ones.
+fn hold_back(out: &mut Resources, part: String, problem: String) {
+    let mut names = Vec::new();
+    for (t, map) in std::mem::take(&mut out.by_type) {
+        names.extend(map.into_keys().map(|n| (t, n)));
+    }
+    for (t, map) in std::mem::take(&mut out.shared) {
+        names.extend(map.into_keys().map(|n| (t, n)));
+    }
+    out.fail(part, problem, names);
+}
+
+fn is_inbound(name: &str, listener: &Listener) -> bool {
+    listener.traffic_direction == TrafficDirection::Inbound as i32 && !name.starts_with("exposed_path_")
+}
+
+/// The Lua filter on every HTTP connection manager of the listeners of its direction.
+fn lua(a: &LuaArguments, out: &mut Resources) -> Result<(), String> {
+    let inbound = a.listener == "inbound";
+    let filter = super::listeners::http_filter(
+        "envoy.filters.http.lua",
+        pack_any(Lua {
+            default_source_code: Some(DataSource {
+                specifier: Some(data_source::Specifier::InlineString(a.script.clone())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    );
+    let mut applied = 0;
+    for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
+        let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+        if is_inbound(name, &listener) != inbound {
+            continue;
+        }
+        let mut changed = false;
+        for chain in &mut listener.filter_chains {
+            for f in &mut chain.filters {
+                if let Some(filter::ConfigType::TypedConfig(typed)) = &mut f.config_type
+                    && typed.type_url == HttpConnectionManager::type_url()
+                {
+                    let mut hcm =
+                        HttpConnectionManager::decode(typed.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+                    let router = hcm.http_filters.len().saturating_sub(1);
+                    hcm.http_filters.insert(router, filter.clone());
+                    *typed = pack_any(hcm);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            *any = pack_any(listener);
+            applied += 1;
+        }
+    }
+    if applied == 0 {
+        return Err(format!(
+            "no {} HTTP listener to put the Lua filter on (Lua runs on HTTP protocols only)",
+            a.listener
+        ));
+    }
+    Ok(())
+}
+
+/// Whether resource `name` of an outbound type belongs to upstream service `service`.
+fn of_service(name: &str, service: &str) -> bool {
+    name == service
+        || name.starts_with(&format!("{service}."))
+        || name.starts_with(&format!("{service}:"))
+        || name.starts_with(&format!("default/{service}:"))
+}
+
+/// Each patch on the resources its filter selects.
+fn property_override(a: &PropertyOverrideArguments, out: &mut Resources) -> Result<(), String> {
+    for (i, p) in a.patches.iter().enumerate() {
+        let matched = patch(p, out).map_err(|e| format!("Patches[{i}]: {e}"))?;
+        if matched == 0 {
+            return Err(format!(
+                "Patches[{i}]: no {} {} resource matches its filter",
+                p.resource_filter.traffic_direction, p.resource_filter.resource_type
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn patch(p: &PropertyPatch, out: &mut Resources) -> Result<usize, String> {
+    let f = &p.resource_filter;
+    let type_url = match f.resource_type.as_str() {
+        "listener" => LISTENER,
+        "cluster" => CLUSTER,
+        "route" => ROUTE,
+        _ => ENDPOINT,
+    };
+    let inbound = f.traffic_direction == "inbound";
+    let change = envoy_json::Patch {
+        path: &p.path,
+        value: if p.op == "add" { p.value.as_ref() } else { None },
+    };
+    // Endpoints shared with other proxies are copied into this build to be patched.
+    if let Some(shared) = out.shared.get_mut(type_url) {
+        let names: Vec<String> = shared.keys().cloned().collect();
+        for name in names {
+            let selected = f.services.is_empty() || f.services.iter().any(|s| of_service(&name, &s.name));
+            if selected && let Some(v) = shared.remove(&name) {
+                out.by_type
+                    .entry(type_url)
+                    .or_default()
+                    .insert(name, v.resource.clone());
+            }
+        }
+    }
+    let mut matched = 0;
+    for (name, any) in out.by_type.get_mut(type_url).into_iter().flatten() {
+        let direction_inbound = match type_url {
+            LISTENER => is_inbound(
+                name,
+                &Listener::decode(any.value.as_slice()).map_err(|e| e.to_string())?,
+            ),
+            CLUSTER => name == super::clusters::LOCAL_APP,
+            _ => false,
+        };
+        if direction_inbound != inbound {
+            continue;
+        }
+        if !f.services.is_empty() && !f.services.iter().any(|s| of_service(name, &s.name)) {
+            continue;
+        }
+        let patched: Any = envoy_json::apply_patch(any, &change).map_err(|e| format!("{name}: {e}"))?;
+        *any = patched;
+        matched += 1;
+    }
+    Ok(matched)
+}
