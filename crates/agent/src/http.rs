@@ -170,7 +170,19 @@ async fn service(
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let wait = wait_param(&q)?;
-    need_service_read(&agent, &headers, &q, &id).await?;
+    // A managed proxy reads its own registration (for its bootstrap) with its local token,
+    // which this agent alone knows and which grants nothing else.
+    let own_local_token = answer::request_token(&headers, &q).is_some_and(|t| {
+        agent
+            .state()
+            .service(&id)
+            .and_then(|s| s.managed)
+            .and_then(|m| m.local_token)
+            .is_some_and(|local| local == t)
+    });
+    if !own_local_token {
+        need_service_read(&agent, &headers, &q, &id).await?;
+    }
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = agent.state().subscribe();
     loop {

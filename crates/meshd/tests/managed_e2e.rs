@@ -196,6 +196,13 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     let mut a = Agent::new("node-api", &server.http, Some(&a_dir));
     let mut b = Agent::new("node-web", &server.http, None);
     let client = reqwest::Client::new();
+    // Access logs to Envoy's standard output (the default type), until checked below.
+    put(
+        &client,
+        &format!("{}/v1/config", server.http),
+        json!({"Kind": "proxy-defaults", "Name": "global", "AccessLogs": {"Enabled": true}}),
+    )
+    .await;
 
     let (api_port, web_port) = (backend("api-1"), backend("web"));
     let (api_proxy, web_proxy, upstream) = (free_port(), free_port(), free_port());
@@ -226,6 +233,23 @@ async fn agents_run_their_sidecars_and_restarts_drop_no_request() {
     assert!(certs.contains("/ns/default/dc/dc1/svc/api"), "api's leaf: {certs}");
     assert!(a_dir.join("proxies/daemons/pids/api-sidecar-proxy.pid").exists());
     assert!(a_dir.join("proxies/daemons/logs/api-sidecar-proxy-stderr.log").exists());
+    // The access logs on Envoy's stdout reach the supervisor's log of it: api's inbound
+    // connection to its application, as JSON.
+    let stdout_log = a_dir.join("proxies/daemons/logs/api-sidecar-proxy-stdout.log");
+    let line = wait_for("an access log line on api's Envoy's stdout", || async {
+        let text = std::fs::read_to_string(&stdout_log).ok()?;
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["upstream_cluster"] == "local_app")
+    })
+    .await;
+    println!("access log on stdout: {line}");
+    put(
+        &client,
+        &format!("{}/v1/config", server.http),
+        json!({"Kind": "proxy-defaults", "Name": "global"}),
+    )
+    .await;
 
     // Restart (5 × SIGTERM, then 5 × SIGKILL) the api host's agent under 200 requests/s.
     let stop = Arc::new(AtomicBool::new(false));

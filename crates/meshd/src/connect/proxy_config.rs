@@ -1,7 +1,7 @@
 //! The proxy's `Config` as `connect envoy` reads it for the bootstrap: the registration's
 //! keys over `proxy-defaults`' (Consul's layering), decoded into the bootstrap options.
 
-use super::lookup::{Answer, lookup};
+use super::lookup::{Answer, Forbidden, lookup};
 use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result};
 use api_client::{Servers, paths};
@@ -38,13 +38,20 @@ async fn registered(api: &Servers, args: &EnvoyArgs, node: &str, id: &str, servi
     Ok(OpaqueConfig::new())
 }
 
-/// `proxy-defaults`' `Config` (readable with any token, as Consul); none without the entry.
+/// `proxy-defaults`' `Config` (readable with any token the servers know, as Consul); none
+/// without the entry. A token the servers do not know (a managed proxy's agent-local one)
+/// cannot read it: the bootstrap goes without its keys, and says so once on stderr.
 async fn defaults(api: &Servers, args: &EnvoyArgs) -> Result<OpaqueConfig> {
     let path = paths::config_entry("proxy-defaults", "global");
-    Ok(match lookup(api, args, &path).await? {
-        Answer { body: Some(entry), .. } => entry["Config"].as_object().cloned().unwrap_or_default(),
-        Answer { body: None, .. } => OpaqueConfig::new(),
-    })
+    match lookup(api, args, &path).await {
+        Ok(Answer { body: Some(entry), .. }) => Ok(entry["Config"].as_object().cloned().unwrap_or_default()),
+        Ok(Answer { body: None, .. }) => Ok(OpaqueConfig::new()),
+        Err(e) if e.downcast_ref::<Forbidden>().is_some() => {
+            tracing::warn!(error = %e, "cannot read proxy-defaults with this token: the bootstrap goes without its Config keys (the proxy's own still apply)");
+            Ok(OpaqueConfig::new())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The bootstrap options of proxy `id` (of `service`, on `node` when known): its registered
