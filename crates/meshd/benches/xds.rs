@@ -348,17 +348,50 @@ async fn csds_dump(server: &Server, n: usize) {
 async fn main() {
     // Both shapes unless L7=0 or L7=1 picks one: default chains, then L7 chains on every
     // upstream (router, splitter, resolver with subsets and failover).
+    // KNOBS=1: L7 chains, plain and then with the production knobs on every proxy
+    // (access logs and a Lua extension on every upstream listener), compared.
+    if std::env::var("KNOBS").is_ok_and(|k| k == "1") {
+        let (plain_p99, plain_kib) = run(true, false).await;
+        let (knobs_p99, knobs_kib) = run(true, true).await;
+        let pct = |a: f64, b: f64| (b / a.max(1e-9) - 1.0) * 100.0;
+        println!(
+            "knobs (access logs + Lua) against plain, same bench run: p99 {} -> {} ({:+.1} %), {:.1} -> {:.1} KiB per proxy ({:+.1} %)   [target within 15 %]",
+            ms(plain_p99),
+            ms(knobs_p99),
+            pct(plain_p99.as_secs_f64(), knobs_p99.as_secs_f64()),
+            plain_kib,
+            knobs_kib,
+            pct(plain_kib, knobs_kib)
+        );
+        return;
+    }
     match std::env::var("L7").ok().as_deref() {
-        Some("0") => run(false).await,
-        Some(_) => run(true).await,
+        Some("0") => drop(run(false, false).await),
+        Some(_) => drop(run(true, false).await),
         None => {
-            run(false).await;
-            run(true).await;
+            run(false, false).await;
+            run(true, false).await;
         }
     }
 }
 
-async fn run(l7: bool) {
+/// Access logs and a Lua extension on every proxy (its upstream listeners, HTTP with L7).
+async fn write_knobs(http: &reqwest::Client, server: &str) {
+    let entry = json!({"Kind": "proxy-defaults", "Name": "global",
+        "AccessLogs": {"Enabled": true, "Type": "file", "Path": "/dev/null"},
+        "EnvoyExtensions": [{"Name": "builtin/lua", "Arguments": {"Listener": "outbound",
+            "Script": "function envoy_on_request(h) h:headers():add('x-bench', '1') end"}}]});
+    http.put(format!("{server}/v1/config"))
+        .json(&entry)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+}
+
+/// One run; returns the propagation p99 and the server's KiB per connected proxy.
+async fn run(l7: bool, knobs: bool) -> (Duration, f64) {
     let n = env_usize("PROXIES", 1000);
     // Both ends of every stream are files of this machine: the load generator's and the
     // server's (which inherits the limit set here).
@@ -400,6 +433,9 @@ async fn run(l7: bool) {
     };
     if l7 {
         write_l7_entries(&http, &server.http).await;
+    }
+    if knobs {
+        write_knobs(&http, &server.http).await;
     }
     // One sidecar instance per service (version v1), then the N proxies.
     for s in 0..SERVICES {
@@ -479,9 +515,10 @@ async fn run(l7: bool) {
     let (cpu_steady, rss_steady) = proc_stat(server.child.id());
 
     println!(
-        "xds propagation benchmark ({} ADS{}, {}, real meshd server process, {}, 2 cores shared with the load generator)",
+        "xds propagation benchmark ({} ADS{}{}, {}, real meshd server process, {}, 2 cores shared with the load generator)",
         if sotw { "state-of-the-world" } else { "delta" },
         if acl { ", ACLs on (a token per proxy)" } else { "" },
+        if knobs { ", access logs + Lua on every proxy" } else { "" },
         if l7 {
             "L7 chains on every upstream: router with 20 routes, splitter, resolver with 3 subsets + failover"
         } else {
@@ -581,4 +618,5 @@ async fn run(l7: bool) {
         ms(floor_p99),
         p99.as_secs_f64() / floor_p99.as_secs_f64().max(1e-9)
     );
+    (p99, rss_steady.saturating_sub(rss_idle) as f64 / n as f64)
 }
