@@ -518,7 +518,11 @@ async fn run(l7: bool, knobs: bool) -> (Duration, f64) {
         "xds propagation benchmark ({} ADS{}{}, {}, real meshd server process, {}, 2 cores shared with the load generator)",
         if sotw { "state-of-the-world" } else { "delta" },
         if acl { ", ACLs on (a token per proxy)" } else { "" },
-        if knobs { ", access logs + Lua on every proxy" } else { "" },
+        if knobs {
+            ", access logs + Lua on every proxy"
+        } else {
+            ""
+        },
         if l7 {
             "L7 chains on every upstream: router with 20 routes, splitter, resolver with 3 subsets + failover"
         } else {

@@ -754,11 +754,14 @@ fn rand_id() -> u64 {
 /// does not run is a 400 naming it.
 async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: SocketAddr) {
     let lua = "function envoy_on_response(handle) handle:headers():add('x-lua', 'from-api') end";
+    let (authz_port, checks) = authz_server().await;
     mesh.put(
         "/v1/config",
         json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http", "EnvoyExtensions": [
             {"Name": "builtin/lua", "Required": true, "Arguments": {"ProxyType": "connect-proxy",
-             "Listener": "inbound", "Script": lua}}]}),
+             "Listener": "inbound", "Script": lua}},
+            {"Name": "builtin/ext-authz", "Required": true, "Arguments": {"Config": {
+             "GrpcService": {"Target": {"URI": format!("127.0.0.1:{authz_port}"), "Timeout": "2s"}}}}}]}),
     )
     .await;
     mesh.put(
@@ -771,11 +774,22 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
     )
     .await;
     let header = wait_for(|| async {
-        let r = test_support::http::exchange(up, "/public/x", &[]).await.ok()?;
+        let r = test_support::http::exchange(up, "/public/x", &[("x-allow", "yes")])
+            .await
+            .ok()?;
         r.header("x-lua").map(str::to_owned)
     })
     .await;
     assert_eq!(header, "from-api");
+    // The authorization service decides: without its header a request is refused.
+    let denied = test_support::http::exchange(up, "/public/x", &[("x-allow", "no")])
+        .await
+        .unwrap();
+    assert_eq!(denied.status, 403, "{}", denied.body);
+    assert!(
+        checks.load(Ordering::SeqCst) >= 2,
+        "the authorization service was asked"
+    );
     let dump = wait_for(|| async {
         let dump = mesh::get(
             client,
@@ -786,7 +800,10 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
     })
     .await;
     assert!(dump.contains("outlier_detection"), "{dump}");
-    println!("extensions: Lua header x-lua: {header}; web's cluster to api has consecutive_5xx 7");
+    println!(
+        "extensions: Lua header x-lua: {header}; ext-authz asked {} times, x-allow: no refused 403; web's cluster to api has consecutive_5xx 7",
+        checks.load(Ordering::SeqCst)
+    );
     let resp = mesh
         .client
         .put(format!("{}/v1/config", mesh.http))
@@ -801,4 +818,59 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
         text.contains("EnvoyExtensions[0].Name") && text.contains("builtin/wasm"),
         "{text}"
     );
+}
+
+/// A gRPC authorization service (Envoy's `envoy.service.auth.v3.Authorization`): allows a
+/// request whose `x-allow` header is `yes`, refuses any other with 403. Returns its port and
+/// how many checks it answered.
+async fn authz_server() -> (u16, Arc<AtomicU64>) {
+    use envoy_types::pb::envoy::service::auth::v3::authorization_server::{Authorization, AuthorizationServer};
+    use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse, DeniedHttpResponse, check_response};
+    struct Authz(Arc<AtomicU64>);
+    #[tonic::async_trait]
+    impl Authorization for Authz {
+        async fn check(
+            &self,
+            req: tonic::Request<CheckRequest>,
+        ) -> Result<tonic::Response<CheckResponse>, tonic::Status> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let allow = req
+                .get_ref()
+                .attributes
+                .as_ref()
+                .and_then(|a| a.request.as_ref())
+                .and_then(|r| r.http.as_ref())
+                .and_then(|h| h.headers.get("x-allow"))
+                .is_some_and(|v| v == "yes");
+            let (code, http_response) = if allow {
+                (0, None)
+            } else {
+                let denied = DeniedHttpResponse {
+                    status: Some(envoy_types::pb::envoy::r#type::v3::HttpStatus { code: 403 }),
+                    body: "refused by the authorization service".into(),
+                    ..Default::default()
+                };
+                (7, Some(check_response::HttpResponse::DeniedResponse(denied)))
+            };
+            Ok(tonic::Response::new(CheckResponse {
+                status: Some(envoy_types::pb::google::rpc::Status {
+                    code,
+                    ..Default::default()
+                }),
+                http_response,
+                ..Default::default()
+            }))
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let checks = Arc::new(AtomicU64::new(0));
+    let svc = AuthorizationServer::new(Authz(Arc::clone(&checks)));
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+    (port, checks)
 }

@@ -1506,7 +1506,9 @@ fn envoy_extensions_lua_and_property_override() {
              "Script": "function envoy_on_response(h) h:headers():add('x-lua', 'yes') end"}},
             {"Name": "builtin/property-override", "Arguments": {"Patches": [{
                 "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound", "Services": [{"Name": "api"}]},
-                "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}}
+                "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}},
+            {"Name": "builtin/ext-authz", "Arguments": {"Config": {
+                "GrpcService": {"Target": {"URI": "127.0.0.1:9191", "Timeout": "2s"}}, "StatusOnError": 503}}}
         ]))
         .unwrap()
     };
@@ -1535,7 +1537,15 @@ fn envoy_extensions_lua_and_property_override() {
     };
     let hcm: HttpConnectionManager = unpack(cfg);
     let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(names, ["envoy.filters.http.lua", "envoy.filters.http.router"]);
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.ext_authz",
+            "envoy.filters.http.lua",
+            "envoy.filters.http.router"
+        ]
+    );
+    assert!(r.of(CLUSTER).unwrap().contains_key("ext_authz_127.0.0.1_9191"));
     let clusters = r.of(CLUSTER).unwrap();
     let (name, api) = clusters.iter().find(|(n, _)| n.starts_with("api.")).unwrap();
     let api: Cluster = unpack(api);
@@ -1552,6 +1562,17 @@ fn envoy_extensions_lua_and_property_override() {
     assert!(
         r.of(LISTENER).is_some_and(|l| !l.is_empty()),
         "optional: the proxy goes on"
+    );
+    let tcp_public: Listener = unpack(&r.of(LISTENER).unwrap()["public_listener:0.0.0.0:21000"]);
+    let filters: Vec<&str> = tcp_public.filter_chains[0]
+        .filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.network.ext_authz", "envoy.filters.network.tcp_proxy"],
+        "gRPC authorization of TCP connections"
     );
     let r = resources::build(&snap_for("tcp", true)).unwrap();
     let problem = r.problems.values().next().unwrap();

@@ -34,9 +34,10 @@ pub struct EnvoyExtension {
 pub const LUA: &str = "builtin/lua";
 /// The property-override extension's name.
 pub const PROPERTY_OVERRIDE: &str = "builtin/property-override";
+/// The external authorization extension's name.
+pub const EXT_AUTHZ: &str = "builtin/ext-authz";
 /// Consul's extensions meshd does not run (yet).
-const NOT_SUPPORTED: [&str; 5] = [
-    "builtin/ext-authz",
+const NOT_SUPPORTED: [&str; 4] = [
     "builtin/otel-access-logging",
     "builtin/wasm",
     "builtin/aws/lambda",
@@ -56,6 +57,169 @@ pub struct LuaArguments {
     /// The Lua source (`envoy_on_request`, `envoy_on_response`).
     #[serde(rename = "Script")]
     pub script: String,
+}
+
+/// `builtin/ext-authz`'s arguments: an authorization service every inbound request (HTTP) or
+/// connection (TCP, gRPC service only) is checked with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtAuthzArguments {
+    /// `connect-proxy`.
+    #[serde(rename = "ProxyType")]
+    pub proxy_type: String,
+    /// `inbound` (the only one).
+    #[serde(rename = "ListenerType")]
+    pub listener_type: String,
+    /// Where the filter goes (refused: it goes right after the intentions).
+    #[serde(rename = "InsertOptions")]
+    pub insert_options: Option<Value>,
+    /// The service and how it is asked.
+    #[serde(rename = "Config")]
+    pub config: ExtAuthzConfig,
+}
+
+/// `builtin/ext-authz`'s `Config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtAuthzConfig {
+    /// A gRPC authorization service (Envoy's `envoy.service.auth.v3.Authorization`).
+    #[serde(rename = "GrpcService")]
+    pub grpc_service: Option<ExtAuthzService>,
+    /// An HTTP authorization service.
+    #[serde(rename = "HttpService")]
+    pub http_service: Option<ExtAuthzService>,
+    /// Send the caller's certificate to the service.
+    #[serde(rename = "IncludePeerCertificate")]
+    pub include_peer_certificate: bool,
+    /// The status when the service cannot be reached (Envoy's default 403).
+    #[serde(rename = "StatusOnError")]
+    pub status_on_error: u16,
+    /// The filter's stat prefix.
+    #[serde(rename = "StatPrefix")]
+    pub stat_prefix: String,
+    /// Send the request body (up to `MaxRequestBytes`).
+    #[serde(rename = "WithRequestBody")]
+    pub with_request_body: Option<WithRequestBody>,
+    /// Recompute the route after the service changed headers.
+    #[serde(rename = "ClearRouteCache")]
+    pub clear_route_cache: bool,
+}
+
+/// An authorization service.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtAuthzService {
+    /// Where it is.
+    #[serde(rename = "Target")]
+    pub target: ExtAuthzTarget,
+    /// HTTP: the prefix put before the checked request's path.
+    #[serde(rename = "PathPrefix")]
+    pub path_prefix: String,
+}
+
+/// Where an authorization service is: `URI` (`host:port`, `http://host:port` for HTTP).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtAuthzTarget {
+    /// `host:port` (or `http://host:port`).
+    #[serde(rename = "URI")]
+    pub uri: String,
+    /// How long a check may take (default 1s).
+    #[serde(rename = "Timeout")]
+    pub timeout: Option<crate::duration::GoDuration>,
+    /// An upstream service as the target (refused for now: use `URI`).
+    #[serde(rename = "Service")]
+    pub service: Option<Value>,
+}
+
+/// `WithRequestBody`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WithRequestBody {
+    /// Bytes of the body sent at most.
+    #[serde(rename = "MaxRequestBytes")]
+    pub max_request_bytes: u32,
+    /// Send what fits when the body is larger (else 413).
+    #[serde(rename = "AllowPartialMessage")]
+    pub allow_partial_message: bool,
+    /// Send the body as bytes rather than text.
+    #[serde(rename = "PackAsBytes")]
+    pub pack_as_bytes: bool,
+}
+
+impl ExtAuthzTarget {
+    /// Host and port of the URI.
+    pub fn host_port(&self) -> Option<(&str, u16)> {
+        let rest = self.uri.strip_prefix("http://").unwrap_or(&self.uri);
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (host, port) = rest.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        (!host.is_empty()).then_some(())?;
+        Some((host, port.parse().ok().filter(|p| *p != 0)?))
+    }
+}
+
+impl ExtAuthzArguments {
+    /// The service: gRPC (`true`) or HTTP, and its settings.
+    pub fn service(&self) -> Option<(bool, &ExtAuthzService)> {
+        match (&self.config.grpc_service, &self.config.http_service) {
+            (Some(g), None) => Some((true, g)),
+            (None, Some(h)) => Some((false, h)),
+            _ => None,
+        }
+    }
+
+    fn check(&self, at: &str) -> Result<(), ValidationError> {
+        proxy_type(&self.proxy_type, at)?;
+        if !matches!(self.listener_type.as_str(), "" | "inbound") {
+            return Err(invalid(
+                format!("{at}.Arguments.ListenerType"),
+                format!("{:?}: meshd checks inbound traffic only", self.listener_type),
+            ));
+        }
+        if self.insert_options.is_some() {
+            return Err(invalid(
+                format!("{at}.Arguments.InsertOptions"),
+                "is not supported by meshd yet (the filter goes right after the intentions); remove it",
+            ));
+        }
+        let Some((grpc, service)) = self.service() else {
+            return Err(invalid(
+                format!("{at}.Arguments.Config.GrpcService"),
+                "set exactly one of GrpcService and HttpService",
+            ));
+        };
+        let field = format!(
+            "{at}.Arguments.Config.{}.Target",
+            if grpc { "GrpcService" } else { "HttpService" }
+        );
+        if service.target.service.is_some() {
+            return Err(invalid(
+                format!("{field}.Service"),
+                "an upstream service as the target is not supported by meshd yet; give URI",
+            ));
+        }
+        if service.target.host_port().is_none() {
+            return Err(invalid(
+                format!("{field}.URI"),
+                format!("{:?}: expected host:port", service.target.uri),
+            ));
+        }
+        if grpc && !service.path_prefix.is_empty() {
+            return Err(invalid(
+                format!("{at}.Arguments.Config.GrpcService.PathPrefix"),
+                "applies to HttpService only",
+            ));
+        }
+        let code = self.config.status_on_error;
+        if code != 0 && !(100..=599).contains(&code) {
+            return Err(invalid(
+                format!("{at}.Arguments.Config.StatusOnError"),
+                format!("{code} is not an HTTP status"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `builtin/property-override`'s arguments.
@@ -183,13 +347,14 @@ impl EnvoyExtension {
                 Ok(())
             }
             PROPERTY_OVERRIDE => self.check_property_override(at),
+            EXT_AUTHZ => arguments::<ExtAuthzArguments>(self, at)?.check(at),
             n if NOT_SUPPORTED.contains(&n) => Err(invalid(
                 format!("{at}.Name"),
                 format!("{n} is not supported by meshd yet (it would be ignored); remove it"),
             )),
             n => Err(invalid(
                 format!("{at}.Name"),
-                format!("{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE})"),
+                format!("{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE}, {EXT_AUTHZ})"),
             )),
         }
     }
@@ -267,8 +432,25 @@ mod tests {
             "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound", "Services": [{"Name": "api"}]},
             "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}});
         check(po).unwrap();
+        let authz = serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {
+            "GrpcService": {"Target": {"URI": "127.0.0.1:9191", "Timeout": "2s"}}}}});
+        check(authz).unwrap();
         for (bad, says) in [
             (serde_json::json!({"Name": "builtin/wasm"}), "EnvoyExtensions[0].Name"),
+            (
+                serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {}}}),
+                "Config.GrpcService",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {
+                    "HttpService": {"Target": {"URI": "nowhere"}}}}}),
+                "Config.HttpService.Target.URI",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {
+                    "GrpcService": {"Target": {"Service": {"Name": "authz"}}}}}}),
+                "Target.Service",
+            ),
             (serde_json::json!({"Name": "lua"}), "EnvoyExtensions[0].Name"),
             (
                 serde_json::json!({"Name": "builtin/lua", "Arguments": {"Listener": "both", "Script": "x"}}),

@@ -3,6 +3,9 @@
 //!
 //! - `builtin/lua`: Envoy's Lua filter, before the router of every HTTP connection manager
 //!   of the inbound (public) or the outbound (upstream) listeners;
+//! - `builtin/ext-authz`: Envoy's external authorization (the HTTP filter, or for TCP the
+//!   network filter, gRPC only) right after the intentions' RBAC on the public listener,
+//!   asking the service at `Target.URI` through a cluster of its own;
 //! - `builtin/property-override`: each patch sets or clears a field, by path, of the
 //!   listeners, clusters, routes or endpoints of a direction (outbound: of the upstreams it
 //!   names, or all).
@@ -23,7 +26,7 @@ use prost::{Message, Name};
 use proxycfg::ConfigSnapshot;
 use structs::config_entry::EnvoyExtension;
 use structs::config_entry::extensions::{
-    LUA, LuaArguments, PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
+    EXT_AUTHZ, ExtAuthzArguments, LUA, LuaArguments, PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
 };
 
 /// Applies the sidecar's extensions to `out`.
@@ -38,6 +41,7 @@ pub(crate) fn apply(snap: &ConfigSnapshot, out: &mut Resources) {
         let result = match ext.name.as_str() {
             LUA => args::<LuaArguments>(ext).and_then(|a| lua(&a, out)),
             PROPERTY_OVERRIDE => args::<PropertyOverrideArguments>(ext).and_then(|a| property_override(&a, out)),
+            EXT_AUTHZ => args::<ExtAuthzArguments>(ext).and_then(|a| ext_authz(&a, out)),
             other => Err(format!("{other} is not an extension meshd runs")),
         };
         if let Err(why) = result {
@@ -194,4 +198,110 @@ fn patch(p: &PropertyPatch, out: &mut Resources) -> Result<usize, String> {
         matched += 1;
     }
     Ok(matched)
+}
+
+/// Envoy JSON decoded as Envoy type `ty` (the extension's own output: an error is a bug).
+fn envoy(ty: &str, json: &serde_json::Value) -> Result<Any, String> {
+    envoy_json::decode_cached(ty, &json.to_string()).map_err(|e| e.to_string())
+}
+
+/// The external authorization service's cluster and the filters asking it, right after the
+/// intentions on every inbound filter chain.
+fn ext_authz(a: &ExtAuthzArguments, out: &mut Resources) -> Result<(), String> {
+    use serde_json::json;
+    let (grpc, service) = a.service().ok_or("set exactly one of GrpcService and HttpService")?;
+    let (host, port) = service.target.host_port().ok_or("Target.URI is not host:port")?;
+    let cluster = format!("ext_authz_{host}_{port}");
+    let timeout = service
+        .target
+        .timeout
+        .map_or(std::time::Duration::from_secs(1), |d| d.0);
+    let timeout = format!("{}.{:09}s", timeout.as_secs(), timeout.subsec_nanos());
+    let ip = host.parse::<std::net::IpAddr>().is_ok();
+    let mut c = json!({"name": cluster, "type": if ip { "STATIC" } else { "LOGICAL_DNS" }, "connect_timeout": "5s",
+        "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": host, "port_value": port}}}}]}]}});
+    if grpc {
+        c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}});
+    }
+    let grpc_service = json!({"envoy_grpc": {"cluster_name": cluster}, "timeout": timeout});
+    let stat_prefix = if a.config.stat_prefix.is_empty() {
+        "ext_authz"
+    } else {
+        &a.config.stat_prefix
+    };
+    let mut http = json!({"transport_api_version": "V3", "stat_prefix": stat_prefix,
+        "include_peer_certificate": a.config.include_peer_certificate,
+        "clear_route_cache": a.config.clear_route_cache});
+    if grpc {
+        http["grpc_service"] = grpc_service.clone();
+    } else {
+        http["http_service"] = json!({"server_uri": {"uri": format!("http://{host}:{port}"), "cluster": cluster,
+            "timeout": timeout}, "path_prefix": service.path_prefix});
+    }
+    if a.config.status_on_error != 0 {
+        http["status_on_error"] = json!({"code": a.config.status_on_error});
+    }
+    if let Some(b) = &a.config.with_request_body {
+        http["with_request_body"] = json!({"max_request_bytes": b.max_request_bytes,
+            "allow_partial_message": b.allow_partial_message, "pack_as_bytes": b.pack_as_bytes});
+    }
+    let http_filter = super::listeners::http_filter(
+        "envoy.filters.http.ext_authz",
+        envoy("envoy.extensions.filters.http.ext_authz.v3.ExtAuthz", &http)?,
+    );
+    let network_filter = grpc
+        .then(|| {
+            let net = json!({"stat_prefix": stat_prefix, "grpc_service": grpc_service, "transport_api_version": "V3",
+                "include_peer_certificate": a.config.include_peer_certificate});
+            envoy("envoy.extensions.filters.network.ext_authz.v3.ExtAuthz", &net)
+                .map(|cfg| super::listeners::network_filter("envoy.filters.network.ext_authz", cfg))
+        })
+        .transpose()?;
+    let mut applied = 0;
+    for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
+        let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+        if !is_inbound(name, &listener) {
+            continue;
+        }
+        for chain in &mut listener.filter_chains {
+            let hcm_at = chain.filters.iter().position(|f| {
+                matches!(&f.config_type, Some(filter::ConfigType::TypedConfig(t)) if t.type_url == HttpConnectionManager::type_url())
+            });
+            if let Some(i) = hcm_at {
+                let Some(filter::ConfigType::TypedConfig(typed)) = &mut chain.filters[i].config_type else {
+                    continue;
+                };
+                let mut hcm =
+                    HttpConnectionManager::decode(typed.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+                let after_rbac = hcm
+                    .http_filters
+                    .iter()
+                    .take_while(|f| f.name == "envoy.filters.http.rbac")
+                    .count();
+                hcm.http_filters.insert(after_rbac, http_filter.clone());
+                *typed = pack_any(hcm);
+            } else if let Some(f) = &network_filter {
+                let after_rbac = chain
+                    .filters
+                    .iter()
+                    .take_while(|f| f.name == "envoy.filters.network.rbac")
+                    .count();
+                chain.filters.insert(after_rbac, f.clone());
+            } else {
+                return Err(format!(
+                    "{name} is TCP: an HTTP authorization service cannot check its connections (use GrpcService)"
+                ));
+            }
+            applied += 1;
+        }
+        *any = pack_any(listener);
+    }
+    if applied == 0 {
+        return Err("no inbound listener to check requests on".into());
+    }
+    out.insert(CLUSTER, cluster, envoy(envoy_json::CLUSTER, &c)?);
+    Ok(())
 }
