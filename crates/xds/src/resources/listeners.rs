@@ -366,8 +366,8 @@ fn public_listener(
 }
 
 /// The user's public listener (`envoy_public_listener_json`) with the mesh put back in:
-/// each filter chain terminates the mesh's mTLS (unless it sets a transport socket of its
-/// own) and starts with the intentions' L4 RBAC, as Consul does. A listener without filter
+/// each filter chain terminates the mesh's mTLS (replacing any transport socket it sets) and
+/// starts with the intentions' L4 RBAC, as Consul does. A listener without filter
 /// chains is refused (there would be nothing to put them on).
 fn user_public_listener(
     snap: &ConfigSnapshot,
@@ -391,9 +391,9 @@ fn user_public_listener(
         )
     });
     for chain in &mut user.filter_chains {
-        if chain.transport_socket.is_none() {
-            chain.transport_socket = Some(tls::downstream(tls_params.clone()));
-        }
+        // Always the mesh's: a transport socket of the user's could drop the client
+        // certificate the intentions judge by.
+        chain.transport_socket = Some(tls::downstream(tls_params.clone()));
         if let Some(f) = &rbac {
             chain.filters.insert(0, f.clone());
         }
