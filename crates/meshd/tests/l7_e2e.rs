@@ -755,13 +755,17 @@ fn rand_id() -> u64 {
 async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: SocketAddr) {
     let lua = "function envoy_on_response(handle) handle:headers():add('x-lua', 'from-api') end";
     let (authz_port, checks) = authz_server().await;
+    let (otel_port, exported) = raw_collector();
     mesh.put(
         "/v1/config",
         json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http", "EnvoyExtensions": [
             {"Name": "builtin/lua", "Required": true, "Arguments": {"ProxyType": "connect-proxy",
              "Listener": "inbound", "Script": lua}},
             {"Name": "builtin/ext-authz", "Required": true, "Arguments": {"Config": {
-             "GrpcService": {"Target": {"URI": format!("127.0.0.1:{authz_port}"), "Timeout": "2s"}}}}}]}),
+             "GrpcService": {"Target": {"URI": format!("127.0.0.1:{authz_port}"), "Timeout": "2s"}}}}},
+            {"Name": "builtin/otel-access-logging", "Arguments": {"Config": {
+             "GrpcService": {"Target": {"URI": format!("127.0.0.1:{otel_port}")}}, "Body": "%REQ(:PATH)%",
+             "BufferFlushInterval": "0.1s"}}}]}),
     )
     .await;
     mesh.put(
@@ -790,6 +794,19 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
         checks.load(Ordering::SeqCst) >= 2,
         "the authorization service was asked"
     );
+    // The OpenTelemetry access log's export (gRPC over HTTP/2, uncompressed) carries the
+    // record's body: the path of a request.
+    wait_for(|| async {
+        test_support::http::exchange(up, "/otel-seen", &[("x-allow", "yes")])
+            .await
+            .ok()?;
+        let bytes = exported.lock().clone();
+        bytes
+            .windows(b"/otel-seen".len())
+            .any(|w| w == b"/otel-seen")
+            .then_some(())
+    })
+    .await;
     let dump = wait_for(|| async {
         let dump = mesh::get(
             client,
@@ -873,4 +890,31 @@ async fn authz_server() -> (u16, Arc<AtomicU64>) {
             .await
     });
     (port, checks)
+}
+
+/// A socket an OpenTelemetry exporter sends to: keeps every byte it receives (it answers
+/// nothing; the test looks for a record's content in the request). Returns its port.
+fn raw_collector() -> (u16, Arc<parking_lot::Mutex<Vec<u8>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let kept = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let bytes = Arc::clone(&kept);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let bytes = Arc::clone(&bytes);
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = conn.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut b = bytes.lock();
+                    if b.len() < 1 << 20 {
+                        b.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            });
+        }
+    });
+    (port, kept)
 }

@@ -1508,7 +1508,10 @@ fn envoy_extensions_lua_and_property_override() {
                 "ResourceFilter": {"ResourceType": "cluster", "TrafficDirection": "outbound", "Services": [{"Name": "api"}]},
                 "Op": "add", "Path": "/outlier_detection/consecutive_5xx", "Value": 7}]}},
             {"Name": "builtin/ext-authz", "Arguments": {"Config": {
-                "GrpcService": {"Target": {"URI": "127.0.0.1:9191", "Timeout": "2s"}}, "StatusOnError": 503}}}
+                "GrpcService": {"Target": {"URI": "127.0.0.1:9191", "Timeout": "2s"}}, "StatusOnError": 503}}},
+            {"Name": "builtin/otel-access-logging", "Arguments": {"ListenerType": "outbound", "Config": {
+                "GrpcService": {"Target": {"URI": "127.0.0.1:4317"}}, "Body": "%REQ(:PATH)%",
+                "Attributes": {"code": "%RESPONSE_CODE%"}, "BufferFlushInterval": "1s"}}}
         ]))
         .unwrap()
     };
@@ -1546,6 +1549,23 @@ fn envoy_extensions_lua_and_property_override() {
         ]
     );
     assert!(r.of(CLUSTER).unwrap().contains_key("ext_authz_127.0.0.1_9191"));
+    assert!(r.of(CLUSTER).unwrap().contains_key("otel_127.0.0.1_4317"));
+    let upstream: Listener = unpack(
+        r.of(LISTENER)
+            .unwrap()
+            .values()
+            .find(|l| {
+                let l: Listener = unpack(l);
+                l.name.starts_with("api:")
+            })
+            .unwrap(),
+    );
+    let Some(filter::ConfigType::TypedConfig(cfg)) = &upstream.filter_chains[0].filters[0].config_type else {
+        panic!("{upstream:?}")
+    };
+    let hcm: HttpConnectionManager = unpack(cfg);
+    let logs: Vec<&str> = hcm.access_log.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(logs, ["envoy.access_loggers.open_telemetry"], "outbound only");
     let clusters = r.of(CLUSTER).unwrap();
     let (name, api) = clusters.iter().find(|(n, _)| n.starts_with("api.")).unwrap();
     let api: Cluster = unpack(api);

@@ -36,13 +36,10 @@ pub const LUA: &str = "builtin/lua";
 pub const PROPERTY_OVERRIDE: &str = "builtin/property-override";
 /// The external authorization extension's name.
 pub const EXT_AUTHZ: &str = "builtin/ext-authz";
+/// The OpenTelemetry access logging extension's name.
+pub const OTEL_ACCESS_LOGGING: &str = "builtin/otel-access-logging";
 /// Consul's extensions meshd does not run (yet).
-const NOT_SUPPORTED: [&str; 4] = [
-    "builtin/otel-access-logging",
-    "builtin/wasm",
-    "builtin/aws/lambda",
-    "builtin/http/localratelimit",
-];
+const NOT_SUPPORTED: [&str; 3] = ["builtin/wasm", "builtin/aws/lambda", "builtin/http/localratelimit"];
 
 /// `builtin/lua`'s arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -222,6 +219,93 @@ impl ExtAuthzArguments {
     }
 }
 
+/// `builtin/otel-access-logging`'s arguments: access logs of the listeners of a direction,
+/// sent to an OpenTelemetry collector over gRPC.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtelArguments {
+    /// `connect-proxy`.
+    #[serde(rename = "ProxyType")]
+    pub proxy_type: String,
+    /// `inbound` (default) or `outbound`.
+    #[serde(rename = "ListenerType")]
+    pub listener_type: String,
+    /// The collector and what each record holds.
+    #[serde(rename = "Config")]
+    pub config: OtelConfig,
+}
+
+/// `builtin/otel-access-logging`'s `Config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtelConfig {
+    /// The log's name (default: the extension's).
+    #[serde(rename = "LogName")]
+    pub log_name: String,
+    /// The collector (gRPC, `Target.URI`).
+    #[serde(rename = "GrpcService")]
+    pub grpc_service: ExtAuthzService,
+    /// How often buffered records are sent (Envoy's default 1 s).
+    #[serde(rename = "BufferFlushInterval")]
+    pub buffer_flush_interval: Option<crate::duration::GoDuration>,
+    /// Bytes buffered before sending (Envoy's default 16 KiB).
+    #[serde(rename = "BufferSizeBytes")]
+    pub buffer_size_bytes: u32,
+    /// Filter state objects added to each record.
+    #[serde(rename = "FilterStateObjectsToLog")]
+    pub filter_state_objects_to_log: Vec<String>,
+    /// Retries (refused for now).
+    #[serde(rename = "RetryPolicy")]
+    pub retry_policy: Option<Value>,
+    /// The record's body, a format string (Envoy command operators).
+    #[serde(rename = "Body")]
+    pub body: String,
+    /// The record's attributes: name to format string.
+    #[serde(rename = "Attributes")]
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// The resource's attributes: name to value.
+    #[serde(rename = "ResourceAttributes")]
+    pub resource_attributes: std::collections::BTreeMap<String, String>,
+}
+
+impl OtelArguments {
+    /// Whether it logs the inbound listeners (else the outbound ones).
+    pub fn inbound(&self) -> bool {
+        self.listener_type != "outbound"
+    }
+
+    fn check(&self, at: &str) -> Result<(), ValidationError> {
+        proxy_type(&self.proxy_type, at)?;
+        if !matches!(self.listener_type.as_str(), "" | "inbound" | "outbound") {
+            return Err(invalid(
+                format!("{at}.Arguments.ListenerType"),
+                format!("{:?}: expected inbound or outbound", self.listener_type),
+            ));
+        }
+        let target = &self.config.grpc_service.target;
+        let field = format!("{at}.Arguments.Config.GrpcService.Target");
+        if target.service.is_some() {
+            return Err(invalid(
+                format!("{field}.Service"),
+                "an upstream service as the target is not supported by meshd yet; give URI",
+            ));
+        }
+        if target.host_port().is_none() {
+            return Err(invalid(
+                format!("{field}.URI"),
+                format!("{:?}: expected host:port", target.uri),
+            ));
+        }
+        if self.config.retry_policy.is_some() {
+            return Err(invalid(
+                format!("{at}.Arguments.Config.RetryPolicy"),
+                "is not supported by meshd yet; remove it",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `builtin/property-override`'s arguments.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -348,13 +432,16 @@ impl EnvoyExtension {
             }
             PROPERTY_OVERRIDE => self.check_property_override(at),
             EXT_AUTHZ => arguments::<ExtAuthzArguments>(self, at)?.check(at),
+            OTEL_ACCESS_LOGGING => arguments::<OtelArguments>(self, at)?.check(at),
             n if NOT_SUPPORTED.contains(&n) => Err(invalid(
                 format!("{at}.Name"),
                 format!("{n} is not supported by meshd yet (it would be ignored); remove it"),
             )),
             n => Err(invalid(
                 format!("{at}.Name"),
-                format!("{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE}, {EXT_AUTHZ})"),
+                format!(
+                    "{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE}, {EXT_AUTHZ}, {OTEL_ACCESS_LOGGING})"
+                ),
             )),
         }
     }
@@ -435,11 +522,19 @@ mod tests {
         let authz = serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {
             "GrpcService": {"Target": {"URI": "127.0.0.1:9191", "Timeout": "2s"}}}}});
         check(authz).unwrap();
+        let otel = serde_json::json!({"Name": "builtin/otel-access-logging", "Arguments": {"ListenerType": "outbound",
+            "Config": {"GrpcService": {"Target": {"URI": "127.0.0.1:4317"}}, "Body": "%REQ(:PATH)%",
+                       "Attributes": {"code": "%RESPONSE_CODE%"}}}});
+        check(otel).unwrap();
         for (bad, says) in [
             (serde_json::json!({"Name": "builtin/wasm"}), "EnvoyExtensions[0].Name"),
             (
                 serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {}}}),
                 "Config.GrpcService",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/otel-access-logging", "Arguments": {"Config": {}}}),
+                "Config.GrpcService.Target.URI",
             ),
             (
                 serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {

@@ -6,6 +6,8 @@
 //! - `builtin/ext-authz`: Envoy's external authorization (the HTTP filter, or for TCP the
 //!   network filter, gRPC only) right after the intentions' RBAC on the public listener,
 //!   asking the service at `Target.URI` through a cluster of its own;
+//! - `builtin/otel-access-logging`: an OpenTelemetry access log (to a collector over gRPC)
+//!   on every HTTP connection manager and TCP proxy of the listeners of a direction;
 //! - `builtin/property-override`: each patch sets or clears a field, by path, of the
 //!   listeners, clusters, routes or endpoints of a direction (outbound: of the upstreams it
 //!   names, or all).
@@ -26,7 +28,8 @@ use prost::{Message, Name};
 use proxycfg::ConfigSnapshot;
 use structs::config_entry::EnvoyExtension;
 use structs::config_entry::extensions::{
-    EXT_AUTHZ, ExtAuthzArguments, LUA, LuaArguments, PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
+    EXT_AUTHZ, ExtAuthzArguments, ExtAuthzTarget, LUA, LuaArguments, OTEL_ACCESS_LOGGING, OtelArguments,
+    PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
 };
 
 /// Applies the sidecar's extensions to `out`.
@@ -42,6 +45,7 @@ pub(crate) fn apply(snap: &ConfigSnapshot, out: &mut Resources) {
             LUA => args::<LuaArguments>(ext).and_then(|a| lua(&a, out)),
             PROPERTY_OVERRIDE => args::<PropertyOverrideArguments>(ext).and_then(|a| property_override(&a, out)),
             EXT_AUTHZ => args::<ExtAuthzArguments>(ext).and_then(|a| ext_authz(&a, out)),
+            OTEL_ACCESS_LOGGING => args::<OtelArguments>(ext).and_then(|a| otel_access_logging(&a, out)),
             other => Err(format!("{other} is not an extension meshd runs")),
         };
         if let Err(why) = result {
@@ -211,21 +215,13 @@ fn ext_authz(a: &ExtAuthzArguments, out: &mut Resources) -> Result<(), String> {
     use serde_json::json;
     let (grpc, service) = a.service().ok_or("set exactly one of GrpcService and HttpService")?;
     let (host, port) = service.target.host_port().ok_or("Target.URI is not host:port")?;
-    let cluster = format!("ext_authz_{host}_{port}");
-    let timeout = service
-        .target
-        .timeout
-        .map_or(std::time::Duration::from_secs(1), |d| d.0);
-    let timeout = format!("{}.{:09}s", timeout.as_secs(), timeout.subsec_nanos());
-    let ip = host.parse::<std::net::IpAddr>().is_ok();
-    let mut c = json!({"name": cluster, "type": if ip { "STATIC" } else { "LOGICAL_DNS" }, "connect_timeout": "5s",
-        "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
-            "address": {"socket_address": {"address": host, "port_value": port}}}}]}]}});
-    if grpc {
-        c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}}}});
-    }
+    let (cluster, c) = target_cluster("ext_authz", &service.target, grpc)?;
+    let timeout = duration(
+        service
+            .target
+            .timeout
+            .map_or(std::time::Duration::from_secs(1), |d| d.0),
+    );
     let grpc_service = json!({"envoy_grpc": {"cluster_name": cluster}, "timeout": timeout});
     let stat_prefix = if a.config.stat_prefix.is_empty() {
         "ext_authz"
@@ -302,6 +298,110 @@ fn ext_authz(a: &ExtAuthzArguments, out: &mut Resources) -> Result<(), String> {
     if applied == 0 {
         return Err("no inbound listener to check requests on".into());
     }
-    out.insert(CLUSTER, cluster, envoy(envoy_json::CLUSTER, &c)?);
+    out.insert(CLUSTER, cluster, c);
+    Ok(())
+}
+
+/// Envoy JSON's duration.
+fn duration(d: std::time::Duration) -> String {
+    format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+}
+
+/// The cluster `<prefix>_<host>_<port>` of a target's URI (HTTP/2 for gRPC): its name and
+/// the resource.
+fn target_cluster(prefix: &str, target: &ExtAuthzTarget, grpc: bool) -> Result<(String, Any), String> {
+    use serde_json::json;
+    let (host, port) = target.host_port().ok_or("Target.URI is not host:port")?;
+    let cluster = format!("{prefix}_{host}_{port}");
+    let ip = host.parse::<std::net::IpAddr>().is_ok();
+    let mut c = json!({"name": cluster, "type": if ip { "STATIC" } else { "LOGICAL_DNS" }, "connect_timeout": "5s",
+        "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": host, "port_value": port}}}}]}]}});
+    if grpc {
+        c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}});
+    }
+    Ok((cluster.clone(), envoy(envoy_json::CLUSTER, &c)?))
+}
+
+/// An OpenTelemetry access log on every HTTP connection manager and TCP proxy of the
+/// listeners of its direction, and the collector's cluster.
+fn otel_access_logging(a: &OtelArguments, out: &mut Resources) -> Result<(), String> {
+    use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+    use serde_json::json;
+    let c = &a.config;
+    let (cluster, resource) = target_cluster("otel", &c.grpc_service.target, true)?;
+    let timeout = duration(
+        c.grpc_service
+            .target
+            .timeout
+            .map_or(std::time::Duration::from_secs(1), |d| d.0),
+    );
+    let key_values = |m: &std::collections::BTreeMap<String, String>| {
+        let values: Vec<serde_json::Value> = m
+            .iter()
+            .map(|(k, v)| json!({"key": k, "value": {"string_value": v}}))
+            .collect();
+        json!({"values": values})
+    };
+    let mut common = json!({"log_name": if c.log_name.is_empty() { "meshd-otel" } else { &c.log_name },
+        "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": timeout},
+        "transport_api_version": "V3", "filter_state_objects_to_log": c.filter_state_objects_to_log});
+    if let Some(d) = c.buffer_flush_interval {
+        common["buffer_flush_interval"] = json!(duration(d.0));
+    }
+    if c.buffer_size_bytes > 0 {
+        common["buffer_size_bytes"] = json!(c.buffer_size_bytes);
+    }
+    let mut cfg = json!({"common_config": common, "attributes": key_values(&c.attributes),
+        "resource_attributes": key_values(&c.resource_attributes)});
+    if !c.body.is_empty() {
+        cfg["body"] = json!({"string_value": c.body});
+    }
+    let log = AccessLog {
+        name: "envoy.access_loggers.open_telemetry".into(),
+        config_type: Some(access_log::ConfigType::TypedConfig(envoy(
+            "envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig",
+            &cfg,
+        )?)),
+        ..Default::default()
+    };
+    let inbound = a.inbound();
+    let mut applied = 0;
+    for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
+        let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+        if is_inbound(name, &listener) != inbound {
+            continue;
+        }
+        for chain in &mut listener.filter_chains {
+            for f in &mut chain.filters {
+                let Some(filter::ConfigType::TypedConfig(typed)) = &mut f.config_type else {
+                    continue;
+                };
+                if typed.type_url == HttpConnectionManager::type_url() {
+                    let mut hcm =
+                        HttpConnectionManager::decode(typed.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+                    hcm.access_log.push(log.clone());
+                    *typed = pack_any(hcm);
+                    applied += 1;
+                } else if typed.type_url == TcpProxy::type_url() {
+                    let mut tcp = TcpProxy::decode(typed.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
+                    tcp.access_log.push(log.clone());
+                    *typed = pack_any(tcp);
+                    applied += 1;
+                }
+            }
+        }
+        *any = pack_any(listener);
+    }
+    if applied == 0 {
+        return Err(format!(
+            "no {} listener to log",
+            if inbound { "inbound" } else { "outbound" }
+        ));
+    }
+    out.insert(CLUSTER, cluster, resource);
     Ok(())
 }
