@@ -500,7 +500,7 @@ async fn request_normalization_decides_what_l7_intentions_see() {
     );
 
     rate_limits(&mesh, &client, &api_admin, up).await;
-    extensions(&mesh, &client, &web_admin, up).await;
+    extensions(&mesh, &client, (&api_admin, &web_admin), up).await;
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
     println!(
         "request normalization end to end: {:.1} s",
@@ -752,10 +752,13 @@ fn rand_id() -> u64 {
 /// `EnvoyExtensions`: Lua on api's inbound side adds a response header; a property override
 /// on web's outbound cluster to api shows in web's config dump. A Consul extension meshd
 /// does not run is a 400 naming it.
-async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: SocketAddr) {
+async fn extensions(mesh: &Mesh, client: &reqwest::Client, (api_admin, web_admin): (&str, &str), up: SocketAddr) {
     let lua = "function envoy_on_response(handle) handle:headers():add('x-lua', 'from-api') end";
     let (authz_port, checks) = authz_server().await;
     let (otel_port, exported) = raw_collector();
+    let module = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(module.path(), NOOP_WASM).unwrap();
+    let module_path = module.path().to_str().unwrap().to_owned();
     mesh.put(
         "/v1/config",
         json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http", "EnvoyExtensions": [
@@ -765,7 +768,9 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
              "GrpcService": {"Target": {"URI": format!("127.0.0.1:{authz_port}"), "Timeout": "2s"}}}}},
             {"Name": "builtin/otel-access-logging", "Arguments": {"Config": {
              "GrpcService": {"Target": {"URI": format!("127.0.0.1:{otel_port}")}}, "Body": "%REQ(:PATH)%",
-             "BufferFlushInterval": "0.1s"}}}]}),
+             "BufferFlushInterval": "0.1s"}}},
+            {"Name": "builtin/wasm", "Required": true, "Arguments": {"PluginConfig": {"Name": "noop",
+             "VmConfig": {"Code": {"Local": {"Filename": module_path}}}}}}]}),
     )
     .await;
     mesh.put(
@@ -794,6 +799,11 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
         checks.load(Ordering::SeqCst) >= 2,
         "the authorization service was asked"
     );
+    // The Wasm module loaded (api's listener has the filter; requests go through it).
+    let listeners = mesh::get(client, &format!("{api_admin}/config_dump?resource=dynamic_listeners"))
+        .await
+        .unwrap();
+    assert!(listeners.contains("envoy.filters.http.wasm"), "{listeners}");
     // The OpenTelemetry access log's export (gRPC over HTTP/2, uncompressed) carries the
     // record's body: the path of a request.
     wait_for(|| async {
@@ -825,14 +835,14 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, web_admin: &str, up: 
         .client
         .put(format!("{}/v1/config", mesh.http))
         .json(&json!({"Kind": "service-defaults", "Name": "api", "EnvoyExtensions": [
-            {"Name": "builtin/wasm", "Arguments": {}}]}))
+            {"Name": "builtin/aws/lambda", "Arguments": {}}]}))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     let text = resp.text().await.unwrap();
     assert!(
-        text.contains("EnvoyExtensions[0].Name") && text.contains("builtin/wasm"),
+        text.contains("EnvoyExtensions[0].Name") && text.contains("builtin/aws/lambda"),
         "{text}"
     );
 }
@@ -918,3 +928,17 @@ fn raw_collector() -> (u16, Arc<parking_lot::Mutex<Vec<u8>>>) {
     });
     (port, kept)
 }
+
+/// A proxy-wasm module (ABI 0.2.1) assembled by hand: memory, and entry points that accept
+/// everything (VM start and configuration succeed, request headers continue).
+const NOOP_WASM: &[u8] = &[
+    0, 97, 115, 109, 1, 0, 0, 0, 1, 27, 5, 96, 0, 0, 96, 1, 127, 1, 127, 96, 2, 127, 127, 0, 96, 2, 127, 127, 1, 127,
+    96, 3, 127, 127, 127, 1, 127, 3, 7, 6, 0, 1, 2, 3, 3, 4, 5, 3, 1, 0, 1, 7, 157, 1, 7, 6, 109, 101, 109, 111, 114,
+    121, 2, 0, 23, 112, 114, 111, 120, 121, 95, 97, 98, 105, 95, 118, 101, 114, 115, 105, 111, 110, 95, 48, 95, 50, 95,
+    49, 0, 0, 24, 112, 114, 111, 120, 121, 95, 111, 110, 95, 109, 101, 109, 111, 114, 121, 95, 97, 108, 108, 111, 99,
+    97, 116, 101, 0, 1, 23, 112, 114, 111, 120, 121, 95, 111, 110, 95, 99, 111, 110, 116, 101, 120, 116, 95, 99, 114,
+    101, 97, 116, 101, 0, 2, 17, 112, 114, 111, 120, 121, 95, 111, 110, 95, 118, 109, 95, 115, 116, 97, 114, 116, 0, 3,
+    18, 112, 114, 111, 120, 121, 95, 111, 110, 95, 99, 111, 110, 102, 105, 103, 117, 114, 101, 0, 4, 24, 112, 114, 111,
+    120, 121, 95, 111, 110, 95, 114, 101, 113, 117, 101, 115, 116, 95, 104, 101, 97, 100, 101, 114, 115, 0, 5, 10, 28,
+    6, 2, 0, 11, 5, 0, 65, 128, 8, 11, 2, 0, 11, 4, 0, 65, 1, 11, 4, 0, 65, 1, 11, 4, 0, 65, 0, 11,
+];

@@ -38,8 +38,10 @@ pub const PROPERTY_OVERRIDE: &str = "builtin/property-override";
 pub const EXT_AUTHZ: &str = "builtin/ext-authz";
 /// The OpenTelemetry access logging extension's name.
 pub const OTEL_ACCESS_LOGGING: &str = "builtin/otel-access-logging";
+/// The Wasm extension's name.
+pub const WASM: &str = "builtin/wasm";
 /// Consul's extensions meshd does not run (yet).
-const NOT_SUPPORTED: [&str; 3] = ["builtin/wasm", "builtin/aws/lambda", "builtin/http/localratelimit"];
+const NOT_SUPPORTED: [&str; 2] = ["builtin/aws/lambda", "builtin/http/localratelimit"];
 
 /// `builtin/lua`'s arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -306,6 +308,150 @@ impl OtelArguments {
     }
 }
 
+/// `builtin/wasm`'s arguments: a Wasm filter (proxy-wasm) from a file on the proxy's host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmArguments {
+    /// `connect-proxy`.
+    #[serde(rename = "ProxyType")]
+    pub proxy_type: String,
+    /// `http` (an HTTP filter, default) or `tcp` (a network filter).
+    #[serde(rename = "Protocol")]
+    pub protocol: String,
+    /// `inbound` (default) or `outbound`.
+    #[serde(rename = "ListenerType")]
+    pub listener_type: String,
+    /// The plugin.
+    #[serde(rename = "PluginConfig")]
+    pub plugin_config: WasmPluginConfig,
+}
+
+/// `PluginConfig` of `builtin/wasm`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmPluginConfig {
+    /// The plugin's name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// The root context's id in the module.
+    #[serde(rename = "RootID")]
+    pub root_id: String,
+    /// The VM that runs it.
+    #[serde(rename = "VmConfig")]
+    pub vm_config: WasmVmConfig,
+    /// The plugin's configuration, passed to it as a string.
+    #[serde(rename = "Configuration")]
+    pub configuration: String,
+    /// Capability restrictions (refused for now).
+    #[serde(rename = "CapabilityRestrictionConfiguration")]
+    pub capability_restriction_configuration: Option<Value>,
+}
+
+/// `VmConfig` of `builtin/wasm`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmVmConfig {
+    /// VMs with the same id and code are shared.
+    #[serde(rename = "VmID")]
+    pub vm_id: String,
+    /// `v8` (default), `wamr` or `wasmtime`.
+    #[serde(rename = "Runtime")]
+    pub runtime: String,
+    /// Where the module is.
+    #[serde(rename = "Code")]
+    pub code: WasmCode,
+    /// The VM's configuration, passed as a string.
+    #[serde(rename = "Configuration")]
+    pub configuration: String,
+    /// Environment of the VM (refused for now).
+    #[serde(rename = "EnvironmentVariables")]
+    pub environment_variables: Option<Value>,
+}
+
+/// `Code` of `builtin/wasm`: a local file (a remote one is refused for now).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmCode {
+    /// `{"Filename": "/path/plugin.wasm"}` on the proxy's host.
+    #[serde(rename = "Local")]
+    pub local: WasmLocal,
+    /// A module fetched over HTTP (refused for now).
+    #[serde(rename = "Remote")]
+    pub remote: Option<Value>,
+}
+
+/// A module file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmLocal {
+    /// Absolute path on the proxy's host.
+    #[serde(rename = "Filename")]
+    pub filename: String,
+}
+
+impl WasmArguments {
+    /// Whether it goes on the inbound listeners (else the outbound ones).
+    pub fn inbound(&self) -> bool {
+        self.listener_type != "outbound"
+    }
+
+    /// Envoy's name of the runtime.
+    pub fn runtime(&self) -> String {
+        let r = &self.plugin_config.vm_config.runtime;
+        format!("envoy.wasm.runtime.{}", if r.is_empty() { "v8" } else { r })
+    }
+
+    fn check(&self, at: &str) -> Result<(), ValidationError> {
+        proxy_type(&self.proxy_type, at)?;
+        let args = format!("{at}.Arguments");
+        for (field, value, allowed) in [
+            ("Protocol", &self.protocol, &["", "http", "tcp"][..]),
+            ("ListenerType", &self.listener_type, &["", "inbound", "outbound"][..]),
+            (
+                "PluginConfig.VmConfig.Runtime",
+                &self.plugin_config.vm_config.runtime,
+                &["", "v8", "wamr", "wasmtime"][..],
+            ),
+        ] {
+            if !allowed.contains(&value.as_str()) {
+                return Err(invalid(
+                    format!("{args}.{field}"),
+                    format!("{value:?}: expected one of {}", allowed[1..].join(", ")),
+                ));
+            }
+        }
+        let vm = &self.plugin_config.vm_config;
+        for (field, set) in [
+            ("PluginConfig.VmConfig.Code.Remote", vm.code.remote.is_some()),
+            (
+                "PluginConfig.VmConfig.EnvironmentVariables",
+                vm.environment_variables.is_some(),
+            ),
+            (
+                "PluginConfig.CapabilityRestrictionConfiguration",
+                self.plugin_config.capability_restriction_configuration.is_some(),
+            ),
+        ] {
+            if set {
+                return Err(invalid(
+                    format!("{args}.{field}"),
+                    "is not supported by meshd yet; remove it",
+                ));
+            }
+        }
+        if !vm.code.local.filename.starts_with('/') {
+            return Err(invalid(
+                format!("{args}.PluginConfig.VmConfig.Code.Local.Filename"),
+                format!(
+                    "{:?}: an absolute path to the module on the proxy's host is required",
+                    vm.code.local.filename
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `builtin/property-override`'s arguments.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -433,6 +579,7 @@ impl EnvoyExtension {
             PROPERTY_OVERRIDE => self.check_property_override(at),
             EXT_AUTHZ => arguments::<ExtAuthzArguments>(self, at)?.check(at),
             OTEL_ACCESS_LOGGING => arguments::<OtelArguments>(self, at)?.check(at),
+            WASM => arguments::<WasmArguments>(self, at)?.check(at),
             n if NOT_SUPPORTED.contains(&n) => Err(invalid(
                 format!("{at}.Name"),
                 format!("{n} is not supported by meshd yet (it would be ignored); remove it"),
@@ -440,7 +587,7 @@ impl EnvoyExtension {
             n => Err(invalid(
                 format!("{at}.Name"),
                 format!(
-                    "{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE}, {EXT_AUTHZ}, {OTEL_ACCESS_LOGGING})"
+                    "{n:?} is not an extension meshd knows ({LUA}, {PROPERTY_OVERRIDE}, {EXT_AUTHZ}, {OTEL_ACCESS_LOGGING}, {WASM})"
                 ),
             )),
         }
@@ -527,7 +674,15 @@ mod tests {
                        "Attributes": {"code": "%RESPONSE_CODE%"}}}});
         check(otel).unwrap();
         for (bad, says) in [
-            (serde_json::json!({"Name": "builtin/wasm"}), "EnvoyExtensions[0].Name"),
+            (
+                serde_json::json!({"Name": "builtin/aws/lambda"}),
+                "EnvoyExtensions[0].Name",
+            ),
+            (
+                serde_json::json!({"Name": "builtin/wasm", "Arguments": {"PluginConfig": {"VmConfig": {
+                    "Code": {"Local": {"Filename": "plugin.wasm"}}}}}}),
+                "Code.Local.Filename",
+            ),
             (
                 serde_json::json!({"Name": "builtin/ext-authz", "Arguments": {"Config": {}}}),
                 "Config.GrpcService",

@@ -8,6 +8,8 @@
 //!   asking the service at `Target.URI` through a cluster of its own;
 //! - `builtin/otel-access-logging`: an OpenTelemetry access log (to a collector over gRPC)
 //!   on every HTTP connection manager and TCP proxy of the listeners of a direction;
+//! - `builtin/wasm`: a proxy-wasm filter from a file on the proxy's host, before the router
+//!   (HTTP) or the TCP proxy (TCP) of the listeners of a direction;
 //! - `builtin/property-override`: each patch sets or clears a field, by path, of the
 //!   listeners, clusters, routes or endpoints of a direction (outbound: of the upstreams it
 //!   names, or all).
@@ -29,7 +31,7 @@ use proxycfg::ConfigSnapshot;
 use structs::config_entry::EnvoyExtension;
 use structs::config_entry::extensions::{
     EXT_AUTHZ, ExtAuthzArguments, ExtAuthzTarget, LUA, LuaArguments, OTEL_ACCESS_LOGGING, OtelArguments,
-    PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch,
+    PROPERTY_OVERRIDE, PropertyOverrideArguments, PropertyPatch, WASM, WasmArguments,
 };
 
 /// Applies the sidecar's extensions to `out`.
@@ -46,6 +48,7 @@ pub(crate) fn apply(snap: &ConfigSnapshot, out: &mut Resources) {
             PROPERTY_OVERRIDE => args::<PropertyOverrideArguments>(ext).and_then(|a| property_override(&a, out)),
             EXT_AUTHZ => args::<ExtAuthzArguments>(ext).and_then(|a| ext_authz(&a, out)),
             OTEL_ACCESS_LOGGING => args::<OtelArguments>(ext).and_then(|a| otel_access_logging(&a, out)),
+            WASM => args::<WasmArguments>(ext).and_then(|a| wasm(&a, out)),
             other => Err(format!("{other} is not an extension meshd runs")),
         };
         if let Err(why) = result {
@@ -403,5 +406,77 @@ fn otel_access_logging(a: &OtelArguments, out: &mut Resources) -> Result<(), Str
         ));
     }
     out.insert(CLUSTER, cluster, resource);
+    Ok(())
+}
+
+/// The Wasm filter on the listeners of its direction: before the router of each HTTP
+/// connection manager (`Protocol: http`) or before the TCP proxy (`tcp`).
+fn wasm(a: &WasmArguments, out: &mut Resources) -> Result<(), String> {
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+    use serde_json::json;
+    let p = &a.plugin_config;
+    let string = |s: &str| json!({"@type": "type.googleapis.com/google.protobuf.StringValue", "value": s});
+    let mut vm = json!({"vm_id": p.vm_config.vm_id, "runtime": a.runtime(),
+        "code": {"local": {"filename": p.vm_config.code.local.filename}}});
+    if !p.vm_config.configuration.is_empty() {
+        vm["configuration"] = string(&p.vm_config.configuration);
+    }
+    let mut plugin = json!({"name": p.name, "root_id": p.root_id, "vm_config": vm});
+    if !p.configuration.is_empty() {
+        plugin["configuration"] = string(&p.configuration);
+    }
+    let tcp = a.protocol == "tcp";
+    let (ty, name) = if tcp {
+        (
+            "envoy.extensions.filters.network.wasm.v3.Wasm",
+            "envoy.filters.network.wasm",
+        )
+    } else {
+        ("envoy.extensions.filters.http.wasm.v3.Wasm", "envoy.filters.http.wasm")
+    };
+    let config = envoy(ty, &json!({"config": plugin}))?;
+    let inbound = a.inbound();
+    let mut applied = 0;
+    for (lname, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
+        let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{lname}: {e}"))?;
+        if is_inbound(lname, &listener) != inbound {
+            continue;
+        }
+        for chain in &mut listener.filter_chains {
+            if tcp {
+                let at = chain.filters.iter().position(|f| {
+                    matches!(&f.config_type, Some(filter::ConfigType::TypedConfig(t)) if t.type_url == TcpProxy::type_url())
+                });
+                if let Some(i) = at {
+                    chain
+                        .filters
+                        .insert(i, super::listeners::network_filter(name, config.clone()));
+                    applied += 1;
+                }
+                continue;
+            }
+            for f in &mut chain.filters {
+                if let Some(filter::ConfigType::TypedConfig(typed)) = &mut f.config_type
+                    && typed.type_url == HttpConnectionManager::type_url()
+                {
+                    let mut hcm =
+                        HttpConnectionManager::decode(typed.value.as_slice()).map_err(|e| format!("{lname}: {e}"))?;
+                    let router = hcm.http_filters.len().saturating_sub(1);
+                    hcm.http_filters
+                        .insert(router, super::listeners::http_filter(name, config.clone()));
+                    *typed = pack_any(hcm);
+                    applied += 1;
+                }
+            }
+        }
+        *any = pack_any(listener);
+    }
+    if applied == 0 {
+        return Err(format!(
+            "no {} {} listener to put the Wasm filter on",
+            if inbound { "inbound" } else { "outbound" },
+            if tcp { "TCP" } else { "HTTP" }
+        ));
+    }
     Ok(())
 }
