@@ -1594,6 +1594,25 @@ fn envoy_extensions_lua_and_property_override() {
         ["envoy.filters.network.ext_authz", "envoy.filters.network.tcp_proxy"],
         "gRPC authorization of TCP connections"
     );
+    // Nothing of its direction (no upstreams): nothing to do, even when required.
+    let ca = Ca::new();
+    let mut lone = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+    if let KindSnapshot::ConnectProxy(cp) = &mut lone.kind {
+        Arc::make_mut(cp.resolved_config.as_mut().unwrap()).envoy_extensions =
+            serde_json::from_value(serde_json::json!([
+            {"Name": "builtin/lua", "Required": true, "Arguments": {"Listener": "outbound", "Script": "x = 1"}}]))
+            .unwrap();
+    }
+    let r = resources::build(&lone).unwrap();
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
     let r = resources::build(&snap_for("tcp", true)).unwrap();
     let problem = r.problems.values().next().unwrap();
     assert!(problem.contains("held back"), "{problem}");

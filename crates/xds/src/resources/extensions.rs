@@ -14,10 +14,12 @@
 //!   listeners, clusters, routes or endpoints of a direction (outbound: of the upstreams it
 //!   names, or all).
 //!
-//! An extension that cannot apply (a Lua filter with no HTTP listener to go on, a patch that
-//! matches nothing or fails) is a build problem in the proxy's status; a `Required` one
-//! holds the proxy's configuration back (its last good resources stay, none if it never had
-//! any), as Consul.
+//! An extension that cannot apply (listeners of its direction there but none of the kind it
+//! goes on, such as Lua on a TCP service; a patch that fails) is a build problem in the
+//! proxy's status; a `Required` one holds the proxy's configuration back (its last good
+//! resources stay, none if it never had any), as Consul. With nothing of its direction (an
+//! outbound extension on a proxy without upstreams, a patch selecting none of this proxy's
+//! resources) there is nothing to do.
 
 use super::{CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources};
 use envoy_types::pb::envoy::config::core::v3::{DataSource, TrafficDirection, data_source};
@@ -101,12 +103,13 @@ fn lua(a: &LuaArguments, out: &mut Resources) -> Result<(), String> {
             ..Default::default()
         }),
     );
-    let mut applied = 0;
+    let (mut seen, mut applied) = (0, 0);
     for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
         let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
         if is_inbound(name, &listener) != inbound {
             continue;
         }
+        seen += 1;
         let mut changed = false;
         for chain in &mut listener.filter_chains {
             for f in &mut chain.filters {
@@ -127,7 +130,7 @@ fn lua(a: &LuaArguments, out: &mut Resources) -> Result<(), String> {
             applied += 1;
         }
     }
-    if applied == 0 {
+    if seen > 0 && applied == 0 {
         return Err(format!(
             "no {} HTTP listener to put the Lua filter on (Lua runs on HTTP protocols only)",
             a.listener
@@ -147,13 +150,8 @@ fn of_service(name: &str, service: &str) -> bool {
 /// Each patch on the resources its filter selects.
 fn property_override(a: &PropertyOverrideArguments, out: &mut Resources) -> Result<(), String> {
     for (i, p) in a.patches.iter().enumerate() {
-        let matched = patch(p, out).map_err(|e| format!("Patches[{i}]: {e}"))?;
-        if matched == 0 {
-            return Err(format!(
-                "Patches[{i}]: no {} {} resource matches its filter",
-                p.resource_filter.traffic_direction, p.resource_filter.resource_type
-            ));
-        }
+        // A patch matching none of this proxy's resources is for other proxies.
+        patch(p, out).map_err(|e| format!("Patches[{i}]: {e}"))?;
     }
     Ok(())
 }
@@ -259,12 +257,13 @@ fn ext_authz(a: &ExtAuthzArguments, out: &mut Resources) -> Result<(), String> {
                 .map(|cfg| super::listeners::network_filter("envoy.filters.network.ext_authz", cfg))
         })
         .transpose()?;
-    let mut applied = 0;
+    let (mut seen, mut applied) = (0, 0);
     for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
         let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
         if !is_inbound(name, &listener) {
             continue;
         }
+        seen += 1;
         for chain in &mut listener.filter_chains {
             let hcm_at = chain.filters.iter().position(|f| {
                 matches!(&f.config_type, Some(filter::ConfigType::TypedConfig(t)) if t.type_url == HttpConnectionManager::type_url())
@@ -298,7 +297,7 @@ fn ext_authz(a: &ExtAuthzArguments, out: &mut Resources) -> Result<(), String> {
         }
         *any = pack_any(listener);
     }
-    if applied == 0 {
+    if seen > 0 && applied == 0 {
         return Err("no inbound listener to check requests on".into());
     }
     out.insert(CLUSTER, cluster, c);
@@ -372,12 +371,13 @@ fn otel_access_logging(a: &OtelArguments, out: &mut Resources) -> Result<(), Str
         ..Default::default()
     };
     let inbound = a.inbound();
-    let mut applied = 0;
+    let (mut seen, mut applied) = (0, 0);
     for (name, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
         let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{name}: {e}"))?;
         if is_inbound(name, &listener) != inbound {
             continue;
         }
+        seen += 1;
         for chain in &mut listener.filter_chains {
             for f in &mut chain.filters {
                 let Some(filter::ConfigType::TypedConfig(typed)) = &mut f.config_type else {
@@ -399,7 +399,7 @@ fn otel_access_logging(a: &OtelArguments, out: &mut Resources) -> Result<(), Str
         }
         *any = pack_any(listener);
     }
-    if applied == 0 {
+    if seen > 0 && applied == 0 {
         return Err(format!(
             "no {} listener to log",
             if inbound { "inbound" } else { "outbound" }
@@ -436,12 +436,13 @@ fn wasm(a: &WasmArguments, out: &mut Resources) -> Result<(), String> {
     };
     let config = envoy(ty, &json!({"config": plugin}))?;
     let inbound = a.inbound();
-    let mut applied = 0;
+    let (mut seen, mut applied) = (0, 0);
     for (lname, any) in out.by_type.get_mut(LISTENER).into_iter().flatten() {
         let mut listener = Listener::decode(any.value.as_slice()).map_err(|e| format!("{lname}: {e}"))?;
         if is_inbound(lname, &listener) != inbound {
             continue;
         }
+        seen += 1;
         for chain in &mut listener.filter_chains {
             if tcp {
                 let at = chain.filters.iter().position(|f| {
@@ -471,7 +472,7 @@ fn wasm(a: &WasmArguments, out: &mut Resources) -> Result<(), String> {
         }
         *any = pack_any(listener);
     }
-    if applied == 0 {
+    if seen > 0 && applied == 0 {
         return Err(format!(
             "no {} {} listener to put the Wasm filter on",
             if inbound { "inbound" } else { "outbound" },
