@@ -1621,3 +1621,70 @@ fn envoy_extensions_lua_and_property_override() {
         "required: nothing new is served"
     );
 }
+
+/// `builtin/wasm` (a hand-assembled proxy-wasm module, loaded by Envoy's V8 when validating)
+/// and `builtin/ext-authz` with an HTTP authorization service: Envoy accepts both.
+#[test]
+fn envoy_extensions_wasm_and_http_authorization() {
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    // memory, and proxy-wasm ABI 0.2.1 entry points that accept everything.
+    const NOOP_WASM: &[u8] = &[
+        0, 97, 115, 109, 1, 0, 0, 0, 1, 27, 5, 96, 0, 0, 96, 1, 127, 1, 127, 96, 2, 127, 127, 0, 96, 2, 127, 127, 1,
+        127, 96, 3, 127, 127, 127, 1, 127, 3, 7, 6, 0, 1, 2, 3, 3, 4, 5, 3, 1, 0, 1, 7, 157, 1, 7, 6, 109, 101, 109,
+        111, 114, 121, 2, 0, 23, 112, 114, 111, 120, 121, 95, 97, 98, 105, 95, 118, 101, 114, 115, 105, 111, 110, 95,
+        48, 95, 50, 95, 49, 0, 0, 24, 112, 114, 111, 120, 121, 95, 111, 110, 95, 109, 101, 109, 111, 114, 121, 95, 97,
+        108, 108, 111, 99, 97, 116, 101, 0, 1, 23, 112, 114, 111, 120, 121, 95, 111, 110, 95, 99, 111, 110, 116, 101,
+        120, 116, 95, 99, 114, 101, 97, 116, 101, 0, 2, 17, 112, 114, 111, 120, 121, 95, 111, 110, 95, 118, 109, 95,
+        115, 116, 97, 114, 116, 0, 3, 18, 112, 114, 111, 120, 121, 95, 111, 110, 95, 99, 111, 110, 102, 105, 103, 117,
+        114, 101, 0, 4, 24, 112, 114, 111, 120, 121, 95, 111, 110, 95, 114, 101, 113, 117, 101, 115, 116, 95, 104, 101,
+        97, 100, 101, 114, 115, 0, 5, 10, 28, 6, 2, 0, 11, 5, 0, 65, 128, 8, 11, 2, 0, 11, 4, 0, 65, 1, 11, 4, 0, 65,
+        1, 11, 4, 0, 65, 0, 11,
+    ];
+    // A fixed path: the golden holds it.
+    let module = std::path::Path::new("/tmp/meshd-validate-noop.wasm");
+    atomic_write(module, NOOP_WASM);
+    let ca = Ca::new();
+    let mut snap = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+    if let KindSnapshot::ConnectProxy(cp) = &mut snap.kind {
+        Arc::make_mut(cp.resolved_config.as_mut().unwrap()).envoy_extensions =
+            serde_json::from_value(serde_json::json!([
+                {"Name": "builtin/wasm", "Required": true, "Arguments": {"PluginConfig": {"Name": "noop",
+                 "Configuration": "{}", "VmConfig": {"Code": {"Local": {"Filename": module}}}}}},
+                {"Name": "builtin/ext-authz", "Required": true, "Arguments": {"Config": {
+                 "HttpService": {"Target": {"URI": "http://127.0.0.1:9292"}, "PathPrefix": "/check"}}}}
+            ]))
+            .unwrap();
+    }
+    let r = validate_snapshot("envoy-extensions-wasm-http-authz", &snap);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let public: Listener = unpack(&r.of(LISTENER).unwrap()["public_listener:0.0.0.0:21000"]);
+    let Some(filter::ConfigType::TypedConfig(cfg)) = &public.filter_chains[0].filters[0].config_type else {
+        panic!("{public:?}")
+    };
+    let hcm: HttpConnectionManager = unpack(cfg);
+    let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.ext_authz",
+            "envoy.filters.http.wasm",
+            "envoy.filters.http.router"
+        ]
+    );
+}
+
+/// Writes `bytes` at `path` whole (a temporary file renamed into place), so concurrent runs
+/// never read half a file.
+fn atomic_write(path: &std::path::Path, bytes: &[u8]) {
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
