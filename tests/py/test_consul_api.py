@@ -104,9 +104,25 @@ def test_config_entries_set_get_list_delete_with_cas(client):
     current = client.config.get("service-defaults", "api")["ModifyIndex"]
     assert client.config.delete("service-defaults", "api", cas=current) is True
     assert client.config.get("service-defaults", "api") is None
-    assert client.config.set("proxy-defaults", "global", {"Config": {"Envoy_Stats_Flush": "5s"}}) is True
-    assert client.config.get("proxy-defaults", "global")["Config"] == {"Envoy_Stats_Flush": "5s"}
+    assert client.config.set("proxy-defaults", "global", {"Config": {"Team_Setting": "5s"}}) is True
+    assert client.config.get("proxy-defaults", "global")["Config"] == {"Team_Setting": "5s"}
     assert client.config.delete("proxy-defaults", "global") is True
+    # Consul's envoy_ keys are honoured or refused, never kept and ignored (any casing).
+    with pytest.raises(BadRequest) as refused:
+        client.config.set("proxy-defaults", "global", {"Config": {"Envoy_Stats_Flush": "5s"}})
+    assert "Config.Envoy_Stats_Flush" in str(refused.value)
+    # A JWT provider (mesh:write), read back as written.
+    provider = {"Issuer": "https://issuer.example",
+                "JSONWebKeySet": {"Remote": {"URI": "https://issuer.example/keys", "FetchAsynchronously": True}},
+                "Locations": [{"Header": {"Name": "Authorization", "ValuePrefix": "Bearer "}}]}
+    assert client.config.set("jwt-provider", "okta", provider) is True
+    got = client.config.get("jwt-provider", "okta")
+    assert got["Kind"] == "jwt-provider" and got["Issuer"] == "https://issuer.example"
+    assert got["JSONWebKeySet"]["Remote"]["FetchAsynchronously"] is True
+    with pytest.raises(BadRequest) as refused:
+        client.config.set("jwt-provider", "bad", {"JSONWebKeySet": {}})
+    assert "JSONWebKeySet" in str(refused.value)
+    assert client.config.delete("jwt-provider", "okta") is True
 
 
 def test_ca_roots_configuration_and_leaf(client):

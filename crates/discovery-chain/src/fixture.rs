@@ -48,7 +48,10 @@ impl EntrySet {
             ConfigEntry::ServiceRouter(_) => &mut self.routers,
             ConfigEntry::ServiceSplitter(_) => &mut self.splitters,
             ConfigEntry::ServiceIntentions(_) => &mut self.intentions,
-            ConfigEntry::Mesh(_) | ConfigEntry::IngressGateway(_) | ConfigEntry::TerminatingGateway(_) => {
+            ConfigEntry::Mesh(_)
+            | ConfigEntry::IngressGateway(_)
+            | ConfigEntry::TerminatingGateway(_)
+            | ConfigEntry::JwtProvider(_) => {
                 panic!("a {} entry is not a chain input", entry.kind())
             }
         };

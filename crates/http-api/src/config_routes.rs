@@ -15,11 +15,12 @@ fn kind(text: &str) -> Result<ConfigEntryKind, ApiError> {
 }
 
 /// Consul's permission to read an entry: proxy-defaults and mesh are readable by anyone
-/// (every proxy needs them); service entries need `service:read` on the name; intentions
-/// `intentions:read` on their destination.
+/// (every proxy needs them); JWT providers need `mesh:read`; service entries need
+/// `service:read` on the name; intentions `intentions:read` on their destination.
 pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -> bool {
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
+        ConfigEntryKind::JwtProvider => a.mesh_read(),
         ConfigEntryKind::ServiceIntentions => a.intention_read(name),
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
@@ -30,12 +31,15 @@ pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -
     }
 }
 
-/// Consul's permission to write an entry: `mesh:write` for proxy-defaults and mesh,
+/// Consul's permission to write an entry: `mesh:write` for proxy-defaults, mesh and JWT
+/// providers,
 /// `intentions:write` on the destination for intentions, `operator:write` for gateways (they
 /// open the mesh to the outside), `service:write` on the name else.
 fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     match kind {
-        ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => authz.need(|a| a.mesh_write(), "mesh:write", ""),
+        ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh | ConfigEntryKind::JwtProvider => {
+            authz.need(|a| a.mesh_write(), "mesh:write", "")
+        }
         ConfigEntryKind::ServiceIntentions => authz.need(|a| a.intention_write(name), "intentions:write", name),
         ConfigEntryKind::IngressGateway | ConfigEntryKind::TerminatingGateway => {
             authz.need(|a| a.operator_write(), "operator:write", "")
@@ -50,6 +54,7 @@ fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Ap
 fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     let permission = match kind {
         ConfigEntryKind::ServiceIntentions => "intentions:read",
+        ConfigEntryKind::JwtProvider => "mesh:read",
         _ => "service:read",
     };
     authz.need(|a| can_read(a, kind, name), permission, name)

@@ -283,7 +283,7 @@ impl BootstrapOptions {
         }
         if let Some(key) = config
             .keys()
-            .find(|k| k.starts_with("envoy_") && !HONOURED_ENVOY_KEYS.contains(&k.as_str()))
+            .find(|k| k.to_ascii_lowercase().starts_with("envoy_") && !HONOURED_ENVOY_KEYS.contains(&k.as_str()))
         {
             return Err(invalid(
                 key,
@@ -411,6 +411,7 @@ mod tests {
             ("envoy_stats_bind_addr", json!("0.0.0.0:9000")),
             ("envoy_gateway_bind_addresses", json!({})),
             ("envoy_statsd_urll", json!("udp://127.0.0.1:8125")),
+            ("Envoy_Statsd_Url", json!("udp://127.0.0.1:8125")),
             ("bind_port", json!(21000)),
         ] {
             let e = BootstrapOptions::check(&config(json!({key: bad})))

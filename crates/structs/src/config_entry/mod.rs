@@ -5,6 +5,7 @@ pub mod extensions;
 mod gateway_rules;
 mod gateways;
 mod intentions;
+mod jwt_provider;
 mod mesh;
 mod routing;
 
@@ -19,6 +20,7 @@ pub use intentions::{
     IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
     SourceIntention,
 };
+pub use jwt_provider::{JsonWebKeySet, JwtLocation, JwtProvider, LocalJwks, RemoteJwks};
 pub use mesh::{
     HEADERS_WITH_UNDERSCORES_ACTIONS, MeshConfig, MeshDirectionalHttpConfig, MeshHttpConfig, MeshTlsConfig,
     MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization, TlsDirectionConfig,
@@ -59,11 +61,13 @@ pub enum ConfigEntryKind {
     IngressGateway,
     /// `terminating-gateway` (named after the gateway service).
     TerminatingGateway,
+    /// `jwt-provider`.
+    JwtProvider,
 }
 
 impl ConfigEntryKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ConfigEntryKind; 9] = [
+    pub const ALL: [ConfigEntryKind; 10] = [
         ConfigEntryKind::ProxyDefaults,
         ConfigEntryKind::ServiceDefaults,
         ConfigEntryKind::ServiceRouter,
@@ -73,6 +77,7 @@ impl ConfigEntryKind {
         ConfigEntryKind::Mesh,
         ConfigEntryKind::IngressGateway,
         ConfigEntryKind::TerminatingGateway,
+        ConfigEntryKind::JwtProvider,
     ];
 
     /// Consul's spelling.
@@ -87,6 +92,7 @@ impl ConfigEntryKind {
             ConfigEntryKind::Mesh => "mesh",
             ConfigEntryKind::IngressGateway => "ingress-gateway",
             ConfigEntryKind::TerminatingGateway => "terminating-gateway",
+            ConfigEntryKind::JwtProvider => "jwt-provider",
         }
     }
 
@@ -155,6 +161,8 @@ pub enum ConfigEntry {
     IngressGateway(IngressGateway),
     /// What a terminating gateway represents.
     TerminatingGateway(TerminatingGateway),
+    /// `jwt-provider`.
+    JwtProvider(JwtProvider),
 }
 
 macro_rules! each_entry {
@@ -169,6 +177,7 @@ macro_rules! each_entry {
             ConfigEntry::Mesh($e) => $body,
             ConfigEntry::IngressGateway($e) => $body,
             ConfigEntry::TerminatingGateway($e) => $body,
+            ConfigEntry::JwtProvider($e) => $body,
         }
     };
 }
@@ -186,6 +195,7 @@ impl ConfigEntry {
             ConfigEntry::Mesh(_) => ConfigEntryKind::Mesh,
             ConfigEntry::IngressGateway(_) => ConfigEntryKind::IngressGateway,
             ConfigEntry::TerminatingGateway(_) => ConfigEntryKind::TerminatingGateway,
+            ConfigEntry::JwtProvider(_) => ConfigEntryKind::JwtProvider,
         }
     }
 
@@ -201,6 +211,7 @@ impl ConfigEntry {
             ConfigEntry::ServiceIntentions(e) => &e.name,
             ConfigEntry::IngressGateway(e) => &e.name,
             ConfigEntry::TerminatingGateway(e) => &e.name,
+            ConfigEntry::JwtProvider(e) => &e.name,
         }
     }
 
@@ -267,6 +278,7 @@ impl ConfigEntry {
             ConfigEntryKind::Mesh => ConfigEntry::Mesh(crate::json::from_value(value)?),
             ConfigEntryKind::IngressGateway => ConfigEntry::IngressGateway(crate::json::from_value(value)?),
             ConfigEntryKind::TerminatingGateway => ConfigEntry::TerminatingGateway(crate::json::from_value(value)?),
+            ConfigEntryKind::JwtProvider => ConfigEntry::JwtProvider(crate::json::from_value(value)?),
         })
     }
 }

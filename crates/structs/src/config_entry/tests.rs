@@ -19,6 +19,12 @@ fn decodes_every_kind_with_any_casing() {
                "Subsets": {"v1": {"filter": "Service.Meta.version == v1"}, "V2_beta": {"OnlyPassing": true}}}),
         json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Action": "allow"}, {"name": "*", "action": "deny"}]}),
         json!({"Kind": "mesh", "transparent_proxy": {"mesh_destinations_only": true}}),
+        json!({"Kind": "ingress-gateway", "Name": "igw", "Listeners": [{"Port": 8080, "Protocol": "tcp",
+               "Services": [{"Name": "api"}]}]}),
+        json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "legacy"}]}),
+        json!({"Kind": "jwt-provider", "Name": "okta", "Issuer": "https://okta.example",
+               "JSONWebKeySet": {"Remote": {"URI": "https://okta.example/keys", "FetchAsynchronously": true}},
+               "Locations": [{"Header": {"Name": "Authorization", "ValuePrefix": "Bearer "}}]}),
     ];
     for (case, kind) in cases.into_iter().zip(ConfigEntryKind::ALL) {
         let e = entry(case);
@@ -179,4 +185,41 @@ fn intentions_flatten_with_precedence() {
     assert_eq!(flat[0].source_name, "web");
     assert_eq!(flat[0].precedence, 9);
     assert_eq!(flat[1].precedence, 8);
+}
+
+#[test]
+fn jwt_providers_are_checked_naming_the_field() {
+    use base64::Engine;
+    let keys = base64::engine::general_purpose::STANDARD.encode(r#"{"keys": []}"#);
+    let ok = entry(json!({"Kind": "jwt-provider", "Name": "local", "JSONWebKeySet": {"Local": {"JWKS": keys}}}));
+    ok.validate().unwrap();
+    for (bad, says) in [
+        (json!({"JSONWebKeySet": {}}), "JSONWebKeySet"),
+        (
+            json!({"JSONWebKeySet": {"Local": {"JWKS": "not base64!"}}}),
+            "JSONWebKeySet.Local.JWKS",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Local": {"JWKS": "e30=", "Filename": "/k"}}}),
+            "JSONWebKeySet.Local",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "ftp://x"}}}),
+            "JSONWebKeySet.Remote.URI",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Local": {"Filename": "/k"}}, "Locations": [{"Header": {"Name": "a"}, "Cookie": {"Name": "b"}}]}),
+            "Locations[0]",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Local": {"Filename": "/k"}}, "Forwarding": {}}),
+            "Forwarding.HeaderName",
+        ),
+    ] {
+        let mut v = bad.clone();
+        v["Kind"] = json!("jwt-provider");
+        v["Name"] = json!("p");
+        let e = entry(v).validate().unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
 }
