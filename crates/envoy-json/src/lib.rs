@@ -6,10 +6,20 @@
 //! Envoy later.
 
 use bounded_maps::ClearingCache;
-use envoy_types::pb::google::protobuf::Any;
 use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage};
 use serde_json::Value;
 use std::sync::OnceLock;
+
+/// An encoded Envoy message and its type URL: what a `google.protobuf.Any` carries. (Kept
+/// apart from envoy-types' own `Any`, so that what depends on this crate does not wait for
+/// Envoy's generated types to compile.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// `type.googleapis.com/<full name>`.
+    pub type_url: String,
+    /// The message's protobuf encoding.
+    pub value: Vec<u8>,
+}
 
 /// Envoy's API descriptors (see build.rs).
 static DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy.pb"));
@@ -60,7 +70,7 @@ pub fn type_url(full_name: &str) -> String {
 
 /// Decodes `json` as Envoy type `full_name` (`envoy.config.listener.v3.Listener`). An
 /// `@type` at the top, if present, must name that type.
-pub fn decode(full_name: &str, json: &str) -> Result<Any, Error> {
+pub fn decode(full_name: &str, json: &str) -> Result<Encoded, Error> {
     let mut value: Value = serde_json::from_str(json).map_err(|e| Error::Json(e.to_string()))?;
     let Some(object) = value.as_object_mut() else {
         return Err(Error::NotObject(full_name.to_owned()));
@@ -89,7 +99,7 @@ pub fn decode(full_name: &str, json: &str) -> Result<Any, Error> {
                 },
             }
         })?;
-    Ok(Any {
+    Ok(Encoded {
         type_url: expected,
         value: prost_reflect::prost::Message::encode_to_vec(&message),
     })
@@ -98,8 +108,8 @@ pub fn decode(full_name: &str, json: &str) -> Result<Any, Error> {
 /// [`decode`], remembered: the same JSON always gives the same bytes. (Envoy's maps are hash
 /// maps, which encode in a different order each time: an escape hatch decoded afresh on
 /// every build would change its proxy's resource version, and be resent, for nothing.)
-pub fn decode_cached(full_name: &str, json: &str) -> Result<Any, Error> {
-    static CACHE: OnceLock<ClearingCache<(String, String), (), Any>> = OnceLock::new();
+pub fn decode_cached(full_name: &str, json: &str) -> Result<Encoded, Error> {
+    static CACHE: OnceLock<ClearingCache<(String, String), (), Encoded>> = OnceLock::new();
     CACHE
         .get_or_init(|| ClearingCache::new(4096))
         .get_or_try_make((full_name.to_owned(), json.to_owned()), (), || decode(full_name, json))
@@ -128,9 +138,9 @@ pub fn check_patch(full_name: &str, patch: &Patch<'_>) -> Result<(), Error> {
     apply_to(&mut message, patch)
 }
 
-/// Applies `patch` to `any` (an Envoy resource), re-encoding it.
-pub fn apply_patch(any: &Any, patch: &Patch<'_>) -> Result<Any, Error> {
-    let name = any.type_url.rsplit('/').next().unwrap_or_default();
+/// Applies `patch` to `resource` (an Envoy resource), re-encoding it.
+pub fn apply_patch(resource: &Encoded, patch: &Patch<'_>) -> Result<Encoded, Error> {
+    let name = resource.type_url.rsplit('/').next().unwrap_or_default();
     let invalid = |message: String| Error::Invalid {
         ty: name.to_owned(),
         message,
@@ -138,10 +148,11 @@ pub fn apply_patch(any: &Any, patch: &Patch<'_>) -> Result<Any, Error> {
     let descriptor = pool()?
         .get_message_by_name(name)
         .ok_or_else(|| invalid("no such Envoy type".into()))?;
-    let mut message = DynamicMessage::decode(descriptor, any.value.as_slice()).map_err(|e| invalid(e.to_string()))?;
+    let mut message =
+        DynamicMessage::decode(descriptor, resource.value.as_slice()).map_err(|e| invalid(e.to_string()))?;
     apply_to(&mut message, patch)?;
-    Ok(Any {
-        type_url: any.type_url.clone(),
+    Ok(Encoded {
+        type_url: resource.type_url.clone(),
         value: prost_reflect::prost::Message::encode_to_vec(&message),
     })
 }

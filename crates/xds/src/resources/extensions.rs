@@ -198,8 +198,15 @@ fn patch(p: &PropertyPatch, out: &mut Resources) -> Result<usize, String> {
         if !f.services.is_empty() && !f.services.iter().any(|s| of_service(name, &s.name)) {
             continue;
         }
-        let patched: Any = envoy_json::apply_patch(any, &change).map_err(|e| format!("{name}: {e}"))?;
-        *any = patched;
+        let encoded = envoy_json::Encoded {
+            type_url: any.type_url.clone(),
+            value: any.value.clone(),
+        };
+        let patched = envoy_json::apply_patch(&encoded, &change).map_err(|e| format!("{name}: {e}"))?;
+        *any = Any {
+            type_url: patched.type_url,
+            value: patched.value,
+        };
         matched += 1;
     }
     Ok(matched)
@@ -207,7 +214,12 @@ fn patch(p: &PropertyPatch, out: &mut Resources) -> Result<usize, String> {
 
 /// Envoy JSON decoded as Envoy type `ty` (the extension's own output: an error is a bug).
 fn envoy(ty: &str, json: &serde_json::Value) -> Result<Any, String> {
-    envoy_json::decode_cached(ty, &json.to_string()).map_err(|e| e.to_string())
+    envoy_json::decode_cached(ty, &json.to_string())
+        .map(|e| Any {
+            type_url: e.type_url,
+            value: e.value,
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// The external authorization service's cluster and the filters asking it, right after the
