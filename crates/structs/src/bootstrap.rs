@@ -125,8 +125,8 @@ fn invalid(key: &str, why: impl Into<String>) -> ValidationError {
 /// a `Config` is written) nowhere: they are taken on trust.
 type Env<'a> = Option<&'a dyn Fn(&str) -> Option<String>>;
 
-/// A string value, or `$NAME` replaced by what `env` gives for it (Consul lets these keys
-/// name an environment variable of `connect envoy`).
+/// A string value, or `$NAME` replaced by what `env` gives for it (Consul lets the statsd
+/// URLs name an environment variable of `connect envoy`).
 fn string(config: &OpaqueConfig, key: &str, env: Env<'_>) -> Result<Option<String>, ValidationError> {
     match config.get(key) {
         None => Ok(None),
@@ -142,21 +142,34 @@ fn string(config: &OpaqueConfig, key: &str, env: Env<'_>) -> Result<Option<Strin
     }
 }
 
-fn sink(key: &str, url: &str, unix_ok: bool) -> Result<SinkAddr, ValidationError> {
+/// The sink at `url`. Messages show `shown`, the value as written in the `Config` (a `$NAME`
+/// stays a name: the variable's value, perhaps a secret, is never echoed into an error).
+fn sink(key: &str, url: &str, shown: &str, unix_ok: bool) -> Result<SinkAddr, ValidationError> {
     if let Some(addr) = url.strip_prefix("udp://") {
         return addr
             .parse()
             .map(SinkAddr::Udp)
-            .map_err(|_| invalid(key, format!("{url:?}: expected udp://<IP address>:<port>")));
+            .map_err(|_| invalid(key, format!("{shown:?}: expected udp://<IP address>:<port>")));
     }
     if unix_ok && let Some(path) = url.strip_prefix("unix://") {
         if path.starts_with('/') {
             return Ok(SinkAddr::Unix(path.to_owned()));
         }
-        return Err(invalid(key, format!("{url:?}: expected unix:///<absolute path>")));
+        return Err(invalid(key, format!("{shown:?}: expected unix:///<absolute path>")));
     }
     let forms = if unix_ok { "udp:// or unix://" } else { "udp://" };
-    Err(invalid(key, format!("{url:?}: the URL must be {forms}")))
+    Err(invalid(key, format!("{shown:?}: the URL must be {forms}")))
+}
+
+/// A plain string value (no `$NAME`: Consul resolves environment variables in the statsd
+/// URLs only).
+fn plain(config: &OpaqueConfig, key: &str) -> Result<Option<String>, ValidationError> {
+    match config.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(invalid(key, format!("{v} is not a string"))),
+    }
 }
 
 /// JSON objects given as a string: one object, several separated by commas (Consul's form),
@@ -188,17 +201,8 @@ fn objects(key: &str, text: &str, required: Option<&str>, ty: &str) -> Result<Ve
     Ok(list)
 }
 
-fn json_string(config: &OpaqueConfig, key: &str) -> Result<Option<String>, ValidationError> {
-    match config.get(key) {
-        None => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(invalid(key, format!("{v} is not a string of JSON"))),
-    }
-}
-
 fn one_object(config: &OpaqueConfig, key: &str, ty: &str) -> Result<Option<Value>, ValidationError> {
-    let Some(text) = json_string(config, key)? else {
+    let Some(text) = plain(config, key)? else {
         return Ok(None);
     };
     let v: Value = serde_json::from_str(&text).map_err(|e| invalid(key, format!("is not JSON: {e}")))?;
@@ -210,7 +214,7 @@ fn one_object(config: &OpaqueConfig, key: &str, ty: &str) -> Result<Option<Value
 }
 
 fn many(config: &OpaqueConfig, key: &str, required: Option<&str>, ty: &str) -> Result<Vec<Value>, ValidationError> {
-    match json_string(config, key)? {
+    match plain(config, key)? {
         None => Ok(Vec::new()),
         Some(text) => objects(key, &text, required, ty),
     }
@@ -225,13 +229,14 @@ impl BootstrapOptions {
 
     fn decode(config: &OpaqueConfig, env: Env<'_>) -> Result<Self, ValidationError> {
         let mut out = Self::default();
+        let shown = |key: &str| config.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
         if let Some(url) = string(config, "envoy_statsd_url", env)? {
-            out.statsd = Some(sink("envoy_statsd_url", &url, false)?);
+            out.statsd = Some(sink("envoy_statsd_url", &url, &shown("envoy_statsd_url"), false)?);
         }
         if let Some(url) = string(config, "envoy_dogstatsd_url", env)? {
-            out.dogstatsd = Some(sink("envoy_dogstatsd_url", &url, true)?);
+            out.dogstatsd = Some(sink("envoy_dogstatsd_url", &url, &shown("envoy_dogstatsd_url"), true)?);
         }
-        if let Some(addr) = string(config, "envoy_prometheus_bind_addr", env)? {
+        if let Some(addr) = plain(config, "envoy_prometheus_bind_addr")? {
             out.prometheus_bind = Some(addr.parse().map_err(|_| {
                 invalid(
                     "envoy_prometheus_bind_addr",
@@ -240,7 +245,7 @@ impl BootstrapOptions {
             })?);
         }
         out.stats_tags = tags(config)?;
-        if let Some(text) = string(config, "envoy_stats_flush_interval", env)? {
+        if let Some(text) = plain(config, "envoy_stats_flush_interval")? {
             let d = crate::duration::GoDuration::parse(&text)
                 .map_err(|e| invalid("envoy_stats_flush_interval", e.to_string()))?
                 .0;
@@ -380,6 +385,10 @@ mod tests {
         );
         let e = BootstrapOptions::parse(&c, &|_| None).unwrap_err().to_string();
         assert!(e.contains("Config.envoy_statsd_url") && e.contains("STATSD"), "{e}");
+        // A variable whose value is not a URL (a secret, say) is named, never shown.
+        let secret = |_: &str| Some("s3cr3t-token".to_owned());
+        let e = BootstrapOptions::parse(&c, &secret).unwrap_err().to_string();
+        assert!(e.contains("$STATSD") && !e.contains("s3cr3t"), "{e}");
     }
 
     #[test]
