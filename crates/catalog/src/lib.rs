@@ -20,6 +20,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod gateways;
+mod jwt_refs;
 mod keys;
 mod kv_ops;
 pub mod liveness;

@@ -169,6 +169,7 @@ fn plan_config_set(
     entry.validate()?;
     check_graph(state, datacenter, entry.kind(), entry.name(), Some(entry))?;
     crate::gateways::check_gateways(state, entry.kind(), entry.name(), Some(entry))?;
+    crate::jwt_refs::check_jwt_refs(state, entry.kind(), entry.name(), Some(entry))?;
     let existing = state.config_entry(entry.kind(), entry.name());
     if let Some(cas) = cas {
         let current = existing.as_ref().map_or(Index(0), |e| e.modify_index());
@@ -205,6 +206,7 @@ fn plan_config_delete(
     }
     check_graph(state, datacenter, kind, name, None)?;
     crate::gateways::check_gateways(state, kind, name, None)?;
+    crate::jwt_refs::check_jwt_refs(state, kind, name, None)?;
     Ok(Plan::write(vec![Change::DeleteConfig(kind, name.to_owned())]))
 }
 

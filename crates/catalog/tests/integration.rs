@@ -8,5 +8,6 @@ mod disk_full;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod gateways;
+mod jwt_refs;
 mod snapshot;
 mod store;

@@ -232,13 +232,38 @@ pub struct ConnectProxySnapshot {
     pub http_checks: Arc<Vec<HealthCheck>>,
     /// Upstreams by id.
     pub upstreams: Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>,
+    /// Every `jwt-provider` entry, watched while some intention requires a token (`None`
+    /// while none does, or until the first result).
+    pub jwt_providers: Known<Arc<Vec<Arc<ConfigEntry>>>>,
 }
 
 impl ConnectProxySnapshot {
-    /// Roots aside (common), a sidecar needs its leaf, intentions and config.
+    /// Roots aside (common), a sidecar needs its leaf, intentions and config, and the JWT
+    /// providers when an intention requires a token.
     pub fn is_valid(&self) -> bool {
-        self.leaf.is_some() && self.intentions.is_some() && self.mesh_config.is_some() && self.resolved_config.is_some()
+        self.leaf.is_some()
+            && self.mesh_config.is_some()
+            && self.resolved_config.is_some()
+            && self
+                .intentions
+                .as_ref()
+                .is_some_and(|ixns| self.jwt_providers.is_some() || !requires_jwt(ixns))
     }
+
+    /// The `jwt-provider` entry named `name`, if known.
+    pub fn jwt_provider(&self, name: &str) -> Option<&structs::config_entry::JwtProvider> {
+        self.jwt_providers.as_ref()?.iter().find_map(|e| match e.as_ref() {
+            ConfigEntry::JwtProvider(p) if p.name == name => Some(p),
+            _ => None,
+        })
+    }
+}
+
+/// Whether any of `intentions` requires a token (the entry's `JWT` or a permission's).
+pub fn requires_jwt(intentions: &[Intention]) -> bool {
+    intentions
+        .iter()
+        .any(|i| i.jwt.is_some() || i.permissions.iter().any(|p| p.jwt.is_some()))
 }
 
 /// One upstream: its chain and the healthy endpoints of each chain target.

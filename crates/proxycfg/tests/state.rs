@@ -289,3 +289,59 @@ async fn after_the_first_snapshot_a_lone_change_goes_out_at_once_and_a_quick_sec
     let nodes = cp.upstreams[&upstream_id("api")].endpoints.values().next().unwrap();
     assert_eq!(nodes[0].address(), "10.9.9.3");
 }
+
+/// The JWT providers are watched while an intention requires a token, and the snapshot
+/// waits for them; without such an intention the watch stops.
+#[tokio::test(start_paused = true)]
+async fn jwt_providers_are_watched_while_intentions_require_tokens() {
+    let f = fixture();
+    let ixn_req = IntentionsRequest {
+        datacenter: "dc1".into(),
+        destination: "web".into(),
+    };
+    let list_req = ConfigEntryListRequest {
+        kind: ConfigEntryKind::JwtProvider,
+    };
+    let reg = sidecar("web", 21000, &[]);
+    let mut w = register_and_watch(&f, &reg).await;
+    let first = next_snapshot(&mut w).await;
+    assert!(first.connect_proxy().unwrap().jwt_providers.is_none());
+    assert_eq!(f.fakes.config_entry_list.active_for(&list_req), 0);
+    // An intention requiring a token: no snapshot until the providers are known.
+    let mut ixn = Intention {
+        source_ns: "default".into(),
+        source_name: "api".into(),
+        destination_ns: "default".into(),
+        destination_name: "web".into(),
+        action: Some(config_entry::IntentionAction::Allow),
+        ..Default::default()
+    };
+    ixn.jwt = Some(config_entry::IntentionJwtRequirement {
+        providers: vec![config_entry::IntentionJwtProvider {
+            name: "okta".into(),
+            verify_claims: vec![],
+        }],
+    });
+    f.fakes.intentions.set(&ixn_req, Arc::new(vec![ixn]));
+    settle().await;
+    assert_eq!(f.fakes.config_entry_list.active_for(&list_req), 1);
+    assert!(
+        Arc::ptr_eq(&w.current().unwrap(), &first),
+        "held back until the providers are known"
+    );
+    let okta = Arc::new(
+        ConfigEntry::from_json(serde_json::json!({"Kind": "jwt-provider", "Name": "okta",
+            "JSONWebKeySet": {"Remote": {"URI": "https://okta.example/keys"}}}))
+        .unwrap(),
+    );
+    f.fakes.config_entry_list.set(&list_req, Arc::new(vec![okta]));
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    assert!(cp.jwt_provider("okta").is_some());
+    assert!(cp.jwt_provider("auth0").is_none());
+    // No token required any more: the watch goes, and the providers with it.
+    f.fakes.intentions.set(&ixn_req, Arc::new(Vec::new()));
+    let snap = next_snapshot(&mut w).await;
+    assert!(snap.connect_proxy().unwrap().jwt_providers.is_none());
+    assert_eq!(f.fakes.config_entry_list.active_for(&list_req), 0);
+}

@@ -1,7 +1,7 @@
 //! Intentions: the flat, per-source view of `service-intentions` entries, with Consul's
 //! precedence and matching.
 
-use crate::config_entry::{IntentionAction, IntentionPermission, ServiceIntentions};
+use crate::config_entry::{IntentionAction, IntentionJwtRequirement, IntentionPermission, ServiceIntentions};
 use crate::{Index, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::{cmp::Ordering, collections::BTreeMap};
@@ -40,6 +40,9 @@ pub struct Intention {
     /// L7 rules.
     #[serde(rename = "Permissions")]
     pub permissions: Vec<IntentionPermission>,
+    /// The token every request to the destination must carry (the entry's `JWT`).
+    #[serde(rename = "JWT", skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<IntentionJwtRequirement>,
     /// Higher wins; computed from how exact source and destination are.
     #[serde(rename = "Precedence")]
     pub precedence: u32,
@@ -135,6 +138,7 @@ pub fn from_config_entry(entry: &ServiceIntentions) -> Vec<Intention> {
                 },
                 action: src.action,
                 permissions: src.permissions.clone(),
+                jwt: entry.jwt.clone(),
                 precedence: 0,
                 meta: src.legacy_meta.clone(),
                 created_at: src.legacy_create_time,

@@ -214,3 +214,61 @@ fn incremental_builds_keep_routes_and_aggregate_clusters_of_unchanged_l7_upstrea
         assert_eq!(a, b, "{type_url}");
     }
 }
+
+/// The proxy-wide resources an incremental build takes from the last one include every one
+/// a full build makes: exposed paths' listeners and clusters, JWKS clusters.
+#[test]
+fn incremental_builds_keep_every_proxy_wide_resource() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "http",
+        upstreams: vec![("api", 9191, "http"), ("db", 9192, "tcp")],
+        intentions: vec![],
+        instances: vec![instance("api", "10.0.0.1", 21000)],
+    };
+    let mut first = snapshot(&ca, &scenario);
+    let mut service = (*first.service).clone();
+    service.proxy.expose.paths = vec![structs::ExposePath {
+        path: "/healthz".into(),
+        local_path_port: 8080,
+        listener_port: 21500,
+        protocol: "http".into(),
+        ..Default::default()
+    }];
+    first.service = Arc::new(service);
+    let KindSnapshot::ConnectProxy(cp) = &mut first.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    let mut web = structs::Intention {
+        source_ns: "default".into(),
+        source_name: "web".into(),
+        destination_ns: "default".into(),
+        destination_name: "web".into(),
+        action: Some(structs::config_entry::IntentionAction::Allow),
+        ..Default::default()
+    };
+    web.jwt = Some(structs::config_entry::IntentionJwtRequirement {
+        providers: vec![structs::config_entry::IntentionJwtProvider {
+            name: "keys".into(),
+            verify_claims: vec![],
+        }],
+    });
+    cp.intentions = Some(Arc::new(vec![web]));
+    cp.jwt_providers = Some(Arc::new(vec![Arc::new(
+        structs::ConfigEntry::from_json(serde_json::json!({"Kind": "jwt-provider", "Name": "keys",
+            "JSONWebKeySet": {"Remote": {"URI": "http://10.0.0.7:8080/jwks"}}}))
+        .unwrap(),
+    )]));
+    let first = Arc::new(first);
+    let before = VersionedResources::build_after(&first, None, None).unwrap();
+    assert!(before.get(xds::resources::CLUSTER, "jwks_cluster_keys").is_some());
+    assert!(before.get(LISTENER, "exposed_path_healthz").is_some());
+    let second = Arc::new(with_new_chain((*first).clone(), "db", 1234));
+    let incremental = VersionedResources::build_after(&second, None, Some(&before)).unwrap();
+    let full = VersionedResources::build(&second, None).unwrap();
+    for type_url in xds::resources::TYPES {
+        let a: Vec<(&str, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        let b: Vec<(&str, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+        assert_eq!(a, b, "{type_url}");
+    }
+}

@@ -271,6 +271,7 @@ fn decode_listener(any: &Any) -> String {
 /// The local rate limit configs of an HTTP connection manager (its filter's and each inline
 /// route's), decoded.
 fn decode_rate_limits(hcm: &HttpConnectionManager) -> String {
+    use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::JwtAuthentication;
     use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
     use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
         http_connection_manager::RouteSpecifier, http_filter,
@@ -281,6 +282,17 @@ fn decode_rate_limits(hcm: &HttpConnectionManager) -> String {
             && cfg.type_url == LocalRateLimit::type_url()
         {
             out += &format!("\nhttp filter {}: {:#?}", f.name, unpack::<LocalRateLimit>(cfg));
+        }
+        if let Some(http_filter::ConfigType::TypedConfig(cfg)) = &f.config_type
+            && cfg.type_url == JwtAuthentication::type_url()
+        {
+            let jwt = unpack::<JwtAuthentication>(cfg);
+            // The providers map in name order (a HashMap prints in any order).
+            let providers: BTreeMap<_, _> = jwt.providers.iter().collect();
+            out += &format!(
+                "\nhttp filter {}: providers {providers:#?}\nrules {:#?}",
+                f.name, jwt.rules
+            );
         }
     }
     if let Some(RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier {
@@ -455,6 +467,7 @@ fn permission(action: IntentionAction, http: IntentionHttpPermission) -> Intenti
     IntentionPermission {
         action,
         http: Some(http),
+        jwt: None,
     }
 }
 
@@ -1687,4 +1700,97 @@ fn atomic_write(path: &std::path::Path, bytes: &[u8]) {
     let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+fn jwt_provider(v: serde_json::Value) -> Arc<structs::ConfigEntry> {
+    Arc::new(structs::ConfigEntry::from_json(v).unwrap())
+}
+
+/// Intentions' JWT requirements: the JWT filter before the RBAC with the providers they
+/// name (inline keys, remote keys through a TLS cluster of their own), the RBAC matching
+/// its metadata; a missing provider is a problem in the status; Envoy accepts it all.
+#[test]
+fn jwt_requirements_on_the_public_listener() {
+    use structs::config_entry::{IntentionJwtClaimVerification, IntentionJwtProvider, IntentionJwtRequirement};
+    let ca = Ca::new();
+    let mut snap = snapshot(
+        &ca,
+        &Scenario {
+            protocol: "http",
+            upstreams: vec![],
+            intentions: vec![],
+            instances: vec![],
+        },
+    );
+    let root_pem = snap.roots.as_ref().unwrap().roots[0].root_cert.clone();
+    let require = |names: &[&str]| IntentionJwtRequirement {
+        providers: names
+            .iter()
+            .map(|n| IntentionJwtProvider {
+                name: (*n).into(),
+                verify_claims: vec![IntentionJwtClaimVerification {
+                    path: vec!["perms".into(), "role".into()],
+                    value: "admin".into(),
+                }],
+            })
+            .collect(),
+    };
+    let mut admin = permission(
+        IntentionAction::Allow,
+        IntentionHttpPermission {
+            path_prefix: "/admin".into(),
+            ..Default::default()
+        },
+    );
+    admin.jwt = Some(require(&["keys"]));
+    let mut api = intention("api", None, vec![admin]);
+    api.jwt = Some(require(&["okta", "gone"]));
+    let mut web = intention("web", Some(IntentionAction::Allow), vec![]);
+    web.jwt = Some(require(&["okta"]));
+    let keys = r#"{"keys":[{"kty":"oct","alg":"HS256","kid":"k1","k":"c2VjcmV0LWtleS1mb3ItdGVzdHM"}]}"#;
+    use base64::Engine;
+    let providers = vec![
+        jwt_provider(
+            serde_json::json!({"Kind": "jwt-provider", "Name": "okta", "Issuer": "https://okta.example",
+            "Audiences": ["web"], "JSONWebKeySet": {"Local": {"JWKS": base64::engine::general_purpose::STANDARD.encode(keys)}},
+            "Locations": [{"Header": {"Name": "x-token", "Forward": true}}, {"QueryParam": {"Name": "token"}},
+                {"Cookie": {"Name": "session"}}],
+            "Forwarding": {"HeaderName": "x-jwt-payload", "PadForwardPayloadHeader": true},
+            "ClockSkewSeconds": 10, "CacheConfig": {"Size": 50}}),
+        ),
+        jwt_provider(
+            serde_json::json!({"Kind": "jwt-provider", "Name": "keys", "JSONWebKeySet": {"Remote": {
+            "URI": "https://keys.example:8443/jwks.json", "RequestTimeoutMs": 1500, "CacheDuration": "10m",
+            "FetchAsynchronously": true, "UseSNI": true,
+            "JWKSCluster": {"DiscoveryType": "LOGICAL_DNS", "ConnectTimeout": "2s",
+                "TLSCertificates": {"TrustedCA": {"InlineString": root_pem}}},
+            "RetryPolicy": {"NumRetries": 3, "RetryPolicyBackOff": {"BaseInterval": "1s", "MaxInterval": "5s"}}}}}),
+        ),
+        // Not required by any intention: not configured.
+        jwt_provider(serde_json::json!({"Kind": "jwt-provider", "Name": "unused",
+            "JSONWebKeySet": {"Remote": {"URI": "http://10.0.0.9/keys"}}})),
+    ];
+    snap = with_intentions(snap, vec![api, web]);
+    if let KindSnapshot::ConnectProxy(cp) = &mut snap.kind {
+        cp.jwt_providers = Some(Arc::new(providers));
+    }
+    let r = validate_snapshot("jwt-http", &snap);
+    let problem = &r.problems["jwt"];
+    assert!(problem.contains("\"gone\"") && !problem.contains("okta"), "{problem}");
+    assert!(r.of(CLUSTER).unwrap().contains_key("jwks_cluster_keys"));
+    assert!(!r.of(CLUSTER).unwrap().contains_key("jwks_cluster_unused"));
+    let text = golden_text(&r, &snap.roots.as_ref().unwrap().trust_domain);
+    let jwt = text.find("name: \"envoy.filters.http.jwt_authn\"").expect("jwt filter");
+    let rbac = text.find("name: \"envoy.filters.http.rbac\"").expect("rbac filter");
+    assert!(jwt < rbac, "tokens are verified before the intentions judge:\n{text}");
+    // A TCP service cannot check tokens: refused, and said so.
+    let mut tcp = snap.clone();
+    tcp.service = Arc::new({
+        let mut s = (*tcp.service).clone();
+        s.proxy.config.insert("protocol".into(), serde_json::json!("tcp"));
+        s
+    });
+    let r = resources::build(&tcp).unwrap();
+    assert!(r.problems["jwt"].contains("its protocol is tcp"), "{:?}", r.problems);
+    assert!(!r.of(CLUSTER).unwrap().contains_key("jwks_cluster_keys"));
 }

@@ -6,7 +6,7 @@ use crate::registration::ProxyRegistration;
 use crate::snapshot::{ConfigSnapshot, ConnectProxySnapshot, KindSnapshot, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{DestinationType, MeshGatewayMode, NodeService, TargetId, Token, UpstreamId};
+use structs::{ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, TargetId, Token, UpstreamId};
 
 /// Watches roots, leaf, intentions, mesh config, resolved config and (if exposed) HTTP checks;
 /// per upstream its discovery chain (or prepared query), then per chain target its healthy
@@ -132,6 +132,30 @@ impl ConnectProxyHandler {
     }
 }
 
+impl ConnectProxyHandler {
+    /// Watches every `jwt-provider` entry while some intention requires a token, and stops
+    /// (forgetting them) when none does.
+    fn watch_jwt_providers(
+        &self,
+        intentions: &[structs::Intention],
+        cp: &mut ConnectProxySnapshot,
+        watches: &mut Watches,
+    ) {
+        let id = CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider);
+        if crate::snapshot::requires_jwt(intentions) {
+            watches.ensure(
+                &self.sources.config_entry_list,
+                id,
+                ConfigEntryListRequest {
+                    kind: ConfigEntryKind::JwtProvider,
+                },
+            );
+        } else if watches.cancel(&id) {
+            cp.jwt_providers = None;
+        }
+    }
+}
+
 /// The one target a prepared-query upstream's instances are kept under.
 fn query_target(upstream: &UpstreamId) -> TargetId {
     TargetId(upstream.to_string().into())
@@ -222,7 +246,13 @@ impl KindHandler for ConnectProxyHandler {
                 }
             }
             (CorrelationId::Leaf, UpdatePayload::Leaf(leaf)) => cp.leaf = Some(leaf),
-            (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => cp.intentions = Some(ixns),
+            (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => {
+                self.watch_jwt_providers(&ixns, cp, watches);
+                cp.intentions = Some(ixns);
+            }
+            (CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider), UpdatePayload::ConfigEntryList(list)) => {
+                cp.jwt_providers = Some(list);
+            }
             (CorrelationId::MeshConfig, UpdatePayload::ConfigEntry(entry)) => cp.mesh_config = Some(entry),
             (CorrelationId::ResolvedServiceConfig, UpdatePayload::ResolvedServiceConfig(c)) => {
                 cp.resolved_config = Some(c);
@@ -265,7 +295,8 @@ impl KindHandler for ConnectProxyHandler {
                 | CorrelationId::ServiceHttpChecks
                 | CorrelationId::DiscoveryChain(_)
                 | CorrelationId::UpstreamTarget { .. }
-                | CorrelationId::PreparedQuery(_)),
+                | CorrelationId::PreparedQuery(_)
+                | CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider)),
                 payload,
             ) => return Err(unexpected(&id, &payload)),
             (id, _) => return Err(HandlerError::UnknownWatch(id.to_string())),

@@ -83,6 +83,78 @@ pub struct IntentionPermission {
     /// Conditions.
     #[serde(rename = "HTTP", skip_serializing_if = "Option::is_none")]
     pub http: Option<IntentionHttpPermission>,
+    /// A token the request must also carry for the permission to match.
+    #[serde(rename = "JWT", skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<IntentionJwtRequirement>,
+}
+
+/// `JWT`: a request must carry a token valid for one of the providers, with the claims that
+/// provider's entry lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionJwtRequirement {
+    /// The providers (any one of them).
+    #[serde(rename = "Providers")]
+    pub providers: Vec<IntentionJwtProvider>,
+}
+
+/// One provider of a [`IntentionJwtRequirement`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionJwtProvider {
+    /// The `jwt-provider` entry's name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Claims the token must hold (all of them).
+    #[serde(rename = "VerifyClaims", skip_serializing_if = "Vec::is_empty")]
+    pub verify_claims: Vec<IntentionJwtClaimVerification>,
+}
+
+/// A claim a token must hold: the value at `Path` in its payload is `Value`, or a list that
+/// contains it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntentionJwtClaimVerification {
+    /// Keys from the payload's top down.
+    #[serde(rename = "Path")]
+    pub path: Vec<String>,
+    /// The expected string.
+    #[serde(rename = "Value")]
+    pub value: String,
+}
+
+impl IntentionJwtRequirement {
+    /// Checks the requirement at `at`: at least one provider, each named, claim paths
+    /// without empty keys.
+    fn validate(&self, at: &str) -> Result<(), ValidationError> {
+        if self.providers.is_empty() {
+            return Err(ValidationError::new(
+                format!("{at}.Providers"),
+                Problem::Required("(at least one provider)"),
+            ));
+        }
+        for (i, p) in self.providers.iter().enumerate() {
+            let pat = format!("{at}.Providers[{i}]");
+            check_name(&format!("{pat}.Name"), &p.name, "")?;
+            for (k, c) in p.verify_claims.iter().enumerate() {
+                if c.path.is_empty() || c.path.iter().any(String::is_empty) {
+                    return Err(ValidationError::new(
+                        format!("{pat}.VerifyClaims[{k}].Path"),
+                        Problem::Invalid("must name at least one key, none empty".into()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The provider names it refers to, with the field naming each.
+    pub fn provider_fields<'a>(&'a self, at: &'a str) -> impl Iterator<Item = (String, &'a str)> + 'a {
+        self.providers
+            .iter()
+            .enumerate()
+            .map(move |(i, p)| (format!("{at}.Providers[{i}].Name"), p.name.as_str()))
+    }
 }
 
 /// One source of a `service-intentions` entry.
@@ -134,6 +206,9 @@ pub struct ServiceIntentions {
     /// Sources and what they may do.
     #[serde(rename = "Sources")]
     pub sources: Vec<SourceIntention>,
+    /// A token every request to the service must carry, whatever its source.
+    #[serde(rename = "JWT", skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<IntentionJwtRequirement>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -198,9 +273,34 @@ impl Validate for ServiceIntentions {
                     return Err(ValidationError::new(pat, Problem::Required("")));
                 };
                 http.validate(&pat)?;
+                if let Some(jwt) = &perm.jwt {
+                    jwt.validate(&format!("{at}.Permissions[{j}].JWT"))?;
+                }
             }
         }
+        if let Some(jwt) = &self.jwt {
+            jwt.validate("JWT")?;
+        }
         Ok(())
+    }
+}
+
+impl ServiceIntentions {
+    /// Every provider name the entry refers to, with the field naming it.
+    pub fn jwt_provider_refs(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        if let Some(jwt) = &self.jwt {
+            out.extend(jwt.provider_fields("JWT").map(|(f, n)| (f, n.to_owned())));
+        }
+        for (i, src) in self.sources.iter().enumerate() {
+            for (j, perm) in src.permissions.iter().enumerate() {
+                if let Some(jwt) = &perm.jwt {
+                    let at = format!("Sources[{i}].Permissions[{j}].JWT");
+                    out.extend(jwt.provider_fields(&at).map(|(f, n)| (f, n.to_owned())));
+                }
+            }
+        }
+        out
     }
 }
 

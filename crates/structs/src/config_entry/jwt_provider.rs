@@ -94,10 +94,81 @@ pub struct RemoteJwks {
     pub use_sni: bool,
     /// How the key set's host is reached (the cluster's DNS type, TLS, timeout).
     #[serde(rename = "JWKSCluster", skip_serializing_if = "Option::is_none")]
-    pub jwks_cluster: Option<serde_json::Value>,
+    pub jwks_cluster: Option<JwksCluster>,
     /// Retries of a failed fetch.
     #[serde(rename = "RetryPolicy", skip_serializing_if = "Option::is_none")]
-    pub retry_policy: Option<serde_json::Value>,
+    pub retry_policy: Option<JwksRetryPolicy>,
+}
+
+/// `JWKSCluster`: the Envoy cluster that reaches the key set's host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwksCluster {
+    /// `STRICT_DNS`, `LOGICAL_DNS` or `STATIC` (default: `STATIC` for an IP address,
+    /// `STRICT_DNS` for a host name).
+    #[serde(rename = "DiscoveryType", skip_serializing_if = "String::is_empty")]
+    pub discovery_type: String,
+    /// The CA that the key set's `https://` host is checked against.
+    #[serde(rename = "TLSCertificates", skip_serializing_if = "Option::is_none")]
+    pub tls_certificates: Option<JwksTlsCertificates>,
+    /// Connect timeout (default 5s).
+    #[serde(rename = "ConnectTimeout", skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<crate::duration::GoDuration>,
+}
+
+/// `JWKSCluster.TLSCertificates`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwksTlsCertificates {
+    /// A certificate provider instance of Envoy's bootstrap (refused: meshd's bootstrap
+    /// defines none).
+    #[serde(rename = "CaCertificateProviderInstance", skip_serializing_if = "Option::is_none")]
+    pub ca_certificate_provider_instance: Option<serde_json::Value>,
+    /// Trusted CA certificates.
+    #[serde(rename = "TrustedCA", skip_serializing_if = "Option::is_none")]
+    pub trusted_ca: Option<JwksTrustedCa>,
+}
+
+/// Trusted CA certificates (PEM): exactly one source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwksTrustedCa {
+    /// A file on the proxy's host.
+    #[serde(rename = "Filename", skip_serializing_if = "String::is_empty")]
+    pub filename: String,
+    /// An environment variable of the proxy.
+    #[serde(rename = "EnvironmentVariable", skip_serializing_if = "String::is_empty")]
+    pub environment_variable: String,
+    /// The PEM itself.
+    #[serde(rename = "InlineString", skip_serializing_if = "String::is_empty")]
+    pub inline_string: String,
+    /// The PEM, base64.
+    #[serde(rename = "InlineBytes", skip_serializing_if = "String::is_empty")]
+    pub inline_bytes: String,
+}
+
+/// `RetryPolicy` of a remote key set's fetch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwksRetryPolicy {
+    /// Retries after the first attempt.
+    #[serde(rename = "NumRetries")]
+    pub num_retries: u32,
+    /// Back-off between attempts (Envoy's default: 1s base, 10s max).
+    #[serde(rename = "RetryPolicyBackOff", skip_serializing_if = "Option::is_none")]
+    pub retry_policy_back_off: Option<JwksBackOff>,
+}
+
+/// Back-off of [`JwksRetryPolicy`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwksBackOff {
+    /// First interval.
+    #[serde(rename = "BaseInterval", skip_serializing_if = "Option::is_none")]
+    pub base_interval: Option<crate::duration::GoDuration>,
+    /// Largest interval.
+    #[serde(rename = "MaxInterval", skip_serializing_if = "Option::is_none")]
+    pub max_interval: Option<crate::duration::GoDuration>,
 }
 
 /// One place a token may be: exactly one of `Header`, `QueryParam` and `Cookie`.
@@ -170,14 +241,7 @@ impl Validate for JwtProvider {
         let set = &self.json_web_key_set;
         match (&set.local, &set.remote) {
             (Some(l), None) => check_local(l)?,
-            (None, Some(r)) => {
-                if !(r.uri.starts_with("http://") || r.uri.starts_with("https://")) || r.uri.len() <= "https://".len() {
-                    return Err(invalid(
-                        "JSONWebKeySet.Remote.URI",
-                        format!("{:?}: expected an http:// or https:// URL", r.uri),
-                    ));
-                }
-            }
+            (None, Some(r)) => check_remote(r)?,
             _ => return Err(invalid("JSONWebKeySet", "set exactly one of Local and Remote")),
         }
         for (i, l) in self.locations.iter().enumerate() {
@@ -219,5 +283,147 @@ fn check_local(l: &LocalJwks) -> Result<(), ValidationError> {
         }
         (true, false) => Ok(()),
         _ => Err(invalid("JSONWebKeySet.Local", "set exactly one of JWKS and Filename")),
+    }
+}
+
+/// The parts of a remote key set's URL: whether it is `https`, its host and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksUrl {
+    /// `https://`.
+    pub tls: bool,
+    /// Host name or IP address (no brackets).
+    pub host: String,
+    /// Port (the scheme's default when the URL names none).
+    pub port: u16,
+}
+
+impl RemoteJwks {
+    /// The URL's scheme, host and port; `None` when it is not an `http(s)://` URL with a
+    /// host.
+    pub fn url(&self) -> Option<JwksUrl> {
+        let (tls, rest) = if let Some(rest) = self.uri.strip_prefix("https://") {
+            (true, rest)
+        } else {
+            (false, self.uri.strip_prefix("http://")?)
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        if authority.contains('@') {
+            return None;
+        }
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6.split_once(']')?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => p.parse().ok()?,
+                None if after.is_empty() => default_port,
+                None => return None,
+            };
+            (host.to_owned(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_owned(), p.parse().ok()?),
+                None => (authority.to_owned(), default_port),
+            }
+        };
+        let valid_host = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+        (valid_host && port != 0).then_some(JwksUrl { tls, host, port })
+    }
+}
+
+/// Remote keys: a URL with a host, a cluster meshd can build, a sane retry policy.
+fn check_remote(r: &RemoteJwks) -> Result<(), ValidationError> {
+    if r.url().is_none() {
+        return Err(invalid(
+            "JSONWebKeySet.Remote.URI",
+            format!("{:?}: expected an http:// or https:// URL with a host", r.uri),
+        ));
+    }
+    if let Some(c) = &r.jwks_cluster {
+        if !matches!(c.discovery_type.as_str(), "" | "STATIC" | "STRICT_DNS" | "LOGICAL_DNS") {
+            return Err(invalid(
+                "JSONWebKeySet.Remote.JWKSCluster.DiscoveryType",
+                format!("{:?}: expected STATIC, STRICT_DNS or LOGICAL_DNS", c.discovery_type),
+            ));
+        }
+        if c.discovery_type == "STATIC" && r.url().is_some_and(|u| u.host.parse::<std::net::IpAddr>().is_err()) {
+            return Err(invalid(
+                "JSONWebKeySet.Remote.JWKSCluster.DiscoveryType",
+                "STATIC needs an IP address in the URI; use STRICT_DNS or LOGICAL_DNS for a host name",
+            ));
+        }
+        if let Some(tls) = &c.tls_certificates {
+            check_jwks_tls(tls)?;
+        }
+    }
+    if let Some(b) = r.retry_policy.as_ref().and_then(|p| p.retry_policy_back_off.as_ref()) {
+        let at = "JSONWebKeySet.Remote.RetryPolicy.RetryPolicyBackOff";
+        if b.base_interval.is_none_or(|d| d.is_zero()) {
+            return Err(invalid(&format!("{at}.BaseInterval"), "must be more than zero"));
+        }
+        if let (Some(base), Some(max)) = (b.base_interval, b.max_interval)
+            && max.0 < base.0
+        {
+            return Err(invalid(
+                &format!("{at}.MaxInterval"),
+                "must not be less than BaseInterval",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_jwks_tls(tls: &JwksTlsCertificates) -> Result<(), ValidationError> {
+    let at = "JSONWebKeySet.Remote.JWKSCluster.TLSCertificates";
+    if tls.ca_certificate_provider_instance.is_some() {
+        return Err(invalid(
+            &format!("{at}.CaCertificateProviderInstance"),
+            "is not supported: Envoy's bootstrap from meshd defines no certificate provider instances; use TrustedCA",
+        ));
+    }
+    let Some(ca) = &tls.trusted_ca else {
+        return Err(invalid(&format!("{at}.TrustedCA"), "is required"));
+    };
+    let set = [
+        &ca.filename,
+        &ca.environment_variable,
+        &ca.inline_string,
+        &ca.inline_bytes,
+    ]
+    .iter()
+    .filter(|s| !s.is_empty())
+    .count();
+    if set != 1 {
+        return Err(invalid(
+            &format!("{at}.TrustedCA"),
+            "set exactly one of Filename, EnvironmentVariable, InlineString and InlineBytes",
+        ));
+    }
+    if !ca.inline_bytes.is_empty() {
+        base64::engine::general_purpose::STANDARD
+            .decode(ca.inline_bytes.trim())
+            .map_err(|e| invalid(&format!("{at}.TrustedCA.InlineBytes"), format!("is not base64: {e}")))?;
+    }
+    Ok(())
+}
+
+impl LocalJwks {
+    /// The inline key set's JSON (`JWKS` decoded), when it is valid base64.
+    pub fn jwks_json(&self) -> Option<String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.jwks.trim())
+            .ok()?;
+        String::from_utf8(bytes).ok()
+    }
+}
+
+impl JwksTrustedCa {
+    /// `InlineBytes` decoded, when it is valid base64.
+    pub fn inline_bytes_decoded(&self) -> Option<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD
+            .decode(self.inline_bytes.trim())
+            .ok()
     }
 }

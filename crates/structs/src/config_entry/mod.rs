@@ -17,10 +17,13 @@ pub use gateways::{
     IngressService, IngressServiceConfig, LinkedService, TerminatingGateway,
 };
 pub use intentions::{
-    IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionPermission, ServiceIntentions,
-    SourceIntention,
+    IntentionAction, IntentionHttpHeaderPermission, IntentionHttpPermission, IntentionJwtClaimVerification,
+    IntentionJwtProvider, IntentionJwtRequirement, IntentionPermission, ServiceIntentions, SourceIntention,
 };
-pub use jwt_provider::{JsonWebKeySet, JwtLocation, JwtProvider, LocalJwks, RemoteJwks};
+pub use jwt_provider::{
+    JsonWebKeySet, JwksBackOff, JwksCluster, JwksRetryPolicy, JwksTlsCertificates, JwksTrustedCa, JwksUrl,
+    JwtCacheConfig, JwtForwarding, JwtHeader, JwtLocation, JwtNamed, JwtProvider, LocalJwks, RemoteJwks,
+};
 pub use mesh::{
     HEADERS_WITH_UNDERSCORES_ACTIONS, MeshConfig, MeshDirectionalHttpConfig, MeshHttpConfig, MeshTlsConfig,
     MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization, TlsDirectionConfig,

@@ -215,11 +215,148 @@ fn jwt_providers_are_checked_naming_the_field() {
             json!({"JSONWebKeySet": {"Local": {"Filename": "/k"}}, "Forwarding": {}}),
             "Forwarding.HeaderName",
         ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://"}}}),
+            "JSONWebKeySet.Remote.URI",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "JWKSCluster": {"DiscoveryType": "EDS"}}}}),
+            "JSONWebKeySet.Remote.JWKSCluster.DiscoveryType",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "JWKSCluster": {"DiscoveryType": "STATIC"}}}}),
+            "STATIC needs an IP address",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "JWKSCluster": {"TLSCertificates": {
+                "CaCertificateProviderInstance": {"InstanceName": "x"}}}}}}),
+            "TLSCertificates.CaCertificateProviderInstance",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "JWKSCluster": {"TLSCertificates": {
+                "TrustedCA": {"Filename": "/ca.pem", "InlineString": "x"}}}}}}),
+            "TLSCertificates.TrustedCA",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "RetryPolicy": {
+                "NumRetries": 3, "RetryPolicyBackOff": {"MaxInterval": "10s"}}}}}),
+            "RetryPolicyBackOff.BaseInterval",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "RetryPolicy": {
+                "RetryPolicyBackOff": {"BaseInterval": "5s", "MaxInterval": "1s"}}}}}),
+            "RetryPolicyBackOff.MaxInterval",
+        ),
+        (
+            json!({"JSONWebKeySet": {"Remote": {"URI": "https://keys.example", "JWKSCluster": {"Bogus": 1}}}}),
+            "Bogus",
+        ),
     ] {
         let mut v = bad.clone();
         v["Kind"] = json!("jwt-provider");
         v["Name"] = json!("p");
-        let e = entry(v).validate().unwrap_err().to_string();
+        let e = problem(v);
         assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn remote_key_sets_parse_their_url_and_cluster() {
+    let e = entry(
+        json!({"Kind": "jwt-provider", "Name": "okta", "JSONWebKeySet": {"Remote": {
+        "URI": "https://[::1]:8443/keys", "CacheDuration": "10m", "FetchAsynchronously": true,
+        "JWKSCluster": {"DiscoveryType": "STATIC", "ConnectTimeout": "2s",
+            "TLSCertificates": {"TrustedCA": {"InlineBytes": "LS0tLS0="}}},
+        "RetryPolicy": {"NumRetries": 2, "RetryPolicyBackOff": {"BaseInterval": "1s", "MaxInterval": "4s"}}}}}),
+    );
+    e.validate().unwrap();
+    let ConfigEntry::JwtProvider(p) = &e else { panic!() };
+    let r = p.json_web_key_set.remote.as_ref().unwrap();
+    assert_eq!(
+        r.url(),
+        Some(super::JwksUrl {
+            tls: true,
+            host: "::1".into(),
+            port: 8443
+        })
+    );
+    let plain = RemoteJwks {
+        uri: "http://keys.example/jwks.json".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        plain.url().map(|u| (u.tls, u.host, u.port)),
+        Some((false, "keys.example".into(), 80))
+    );
+    for bad in [
+        "http://user@keys.example/",
+        "http://keys.example:0/",
+        "http://:80/",
+        "https://a b/",
+    ] {
+        let r = RemoteJwks {
+            uri: bad.into(),
+            ..Default::default()
+        };
+        assert_eq!(r.url(), None, "{bad}");
+    }
+    // Every field survives a round trip.
+    let back = entry(serde_json::to_value(&e).unwrap());
+    assert_eq!(back, e);
+}
+
+#[test]
+fn intention_jwt_requirements_are_checked_naming_the_field() {
+    let ok = entry(json!({"Kind": "service-intentions", "Name": "api",
+        "JWT": {"Providers": [{"Name": "okta", "VerifyClaims": [{"Path": ["org", "unit"], "Value": "eng"}]}]},
+        "Sources": [{"Name": "web", "Permissions": [{"Action": "allow", "HTTP": {"PathPrefix": "/"},
+            "JWT": {"Providers": [{"Name": "auth0"}]}}]}]}));
+    ok.validate().unwrap();
+    let ConfigEntry::ServiceIntentions(si) = &ok else {
+        panic!()
+    };
+    assert_eq!(
+        si.jwt_provider_refs(),
+        [
+            ("JWT.Providers[0].Name".to_owned(), "okta".to_owned()),
+            (
+                "Sources[0].Permissions[0].JWT.Providers[0].Name".to_owned(),
+                "auth0".to_owned()
+            )
+        ]
+    );
+    // The flat intentions carry the entry's requirement.
+    let flat = crate::intention::from_config_entry(si);
+    assert_eq!(flat[0].jwt, si.jwt);
+    assert_eq!(entry(serde_json::to_value(&ok).unwrap()), ok);
+    for (jwt, says) in [
+        (json!({}), "JWT.Providers"),
+        (json!({"Providers": [{"Name": ""}]}), "JWT.Providers[0].Name"),
+        (
+            json!({"Providers": [{"Name": "okta", "VerifyClaims": [{"Path": [], "Value": "x"}]}]}),
+            "JWT.Providers[0].VerifyClaims[0].Path",
+        ),
+        (
+            json!({"Providers": [{"Name": "okta", "VerifyClaims": [{"Path": ["a", ""], "Value": "x"}]}]}),
+            "JWT.Providers[0].VerifyClaims[0].Path",
+        ),
+        (json!({"Providers": [{"Name": "okta", "Claims": []}]}), "Claims"),
+    ] {
+        let v = json!({"Kind": "service-intentions", "Name": "api", "JWT": jwt,
+            "Sources": [{"Name": "web", "Action": "allow"}]});
+        let e = problem(v);
+        assert!(e.contains(says), "{jwt}: {e}");
+        let v = json!({"Kind": "service-intentions", "Name": "api",
+            "Sources": [{"Name": "web", "Permissions": [{"Action": "allow", "HTTP": {"PathPrefix": "/"}, "JWT": jwt}]}]});
+        let e = problem(v);
+        assert!(e.contains(says), "{e}");
+    }
+}
+
+/// Why `v` is refused, when decoded or when checked.
+fn problem(v: serde_json::Value) -> String {
+    match ConfigEntry::from_json(v) {
+        Err(e) => e.to_string(),
+        Ok(e) => e.validate().unwrap_err().to_string(),
     }
 }

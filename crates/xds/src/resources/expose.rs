@@ -55,6 +55,17 @@ fn listener_name(path: &ExposePath, taken: &mut BTreeSet<String>) -> String {
     name
 }
 
+/// The names of the resources [`build`] makes.
+pub(crate) fn names(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot) -> Vec<(&'static str, String)> {
+    let mut taken = BTreeSet::new();
+    let mut out = Vec::new();
+    for path in &paths(snap, cp).paths {
+        out.push((CLUSTER, cluster_name(path.local_path_port)));
+        out.push((LISTENER, listener_name(path, &mut taken)));
+    }
+    out
+}
+
 /// Adds each exposed path's listener and each local port's cluster.
 pub(crate) fn build(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot, out: &mut Resources) {
     let expose = paths(snap, cp);

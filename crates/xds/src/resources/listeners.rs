@@ -2,7 +2,7 @@
 
 use super::clusters::LOCAL_APP;
 use super::core::{ads, millis, socket};
-use super::{BuildError, LISTENER, ROUTE, Resources, escape_hatch, rate_limit, rbac, routes, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, escape_hatch, jwt, rate_limit, rbac, routes, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter, listener};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -314,6 +314,7 @@ fn public_listener(
         .map(|l| l.and_then(|l| user_public_listener(snap, l, intentions, tls_params.clone(), &name)));
     match user {
         Some(Ok(listener)) => {
+            jwt_not_checked(intentions, "its public listener is envoy_public_listener_json's", out);
             out.insert(LISTENER, listener.name.clone(), pack_any(listener));
             return;
         }
@@ -338,6 +339,12 @@ fn public_listener(
             ),
         );
     }
+    let jwt = if protocol.is_http() {
+        snap.connect_proxy().and_then(|cp| jwt::build(cp, intentions, out))
+    } else {
+        jwt_not_checked(intentions, &format!("its protocol is {}", protocol.as_str()), out);
+        None
+    };
     let to_app = Public {
         protocol,
         intentions,
@@ -345,6 +352,7 @@ fn public_listener(
         inbound,
         settings,
         rate_limits,
+        jwt,
     };
     let public = Listener {
         name: name.clone(),
@@ -363,6 +371,19 @@ fn public_listener(
         ..Default::default()
     };
     out.insert(LISTENER, name, pack_any(public));
+}
+
+/// Shows in the proxy's status that intentions requiring tokens refuse their sources
+/// outright, because this listener cannot check tokens (`why`).
+fn jwt_not_checked(intentions: &[structs::Intention], why: &str, out: &mut Resources) {
+    if !jwt::required(intentions).is_empty() {
+        out.problems.insert(
+            "jwt".into(),
+            format!(
+                "intentions require JWTs, which only HTTP listeners check, and {why}: the sources they name are refused"
+            ),
+        );
+    }
 }
 
 /// The user's public listener (`envoy_public_listener_json`) with the mesh put back in:
@@ -411,9 +432,12 @@ struct Public<'a> {
     settings: structs::InboundOptions,
     /// Service-defaults' `RateLimits.InstanceLevel`, when it sets a limit.
     rate_limits: Option<&'a structs::rate_limits::InstanceLevelRateLimits>,
+    /// The `jwt_authn` filter's configuration, when intentions require tokens.
+    jwt: Option<envoy_types::pb::google::protobuf::Any>,
 }
 
-/// The public listener's filters: the intentions' RBAC (per request for HTTP protocols, per
+/// The public listener's filters: the JWT check of the tokens intentions require (HTTP), the
+/// intentions' RBAC (per request for HTTP protocols, per
 /// connection otherwise) then the service's rate limits (so a caller the intentions refuse
 /// spends none of the others' budget) in front of the route or TCP proxy to the local app,
 /// with the proxy's request and idle timeouts to it.
@@ -421,6 +445,9 @@ fn public_filters(p: &Public<'_>) -> Vec<Filter> {
     let idle = p.settings.local_idle_timeout_ms.and_then(millis);
     if p.protocol.is_http() {
         let mut http_filters = Vec::new();
+        if let Some(config) = &p.jwt {
+            http_filters.push(http_filter(jwt::FILTER, config.clone()));
+        }
         if let Some(rules) = rbac::rules_http(p.intentions, p.default_allow) {
             http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
         }

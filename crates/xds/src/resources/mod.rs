@@ -23,6 +23,7 @@ mod escape_hatch;
 mod expose;
 mod extensions;
 mod gateways;
+mod jwt;
 mod listeners;
 pub mod proxyless;
 mod rate_limit;
@@ -153,12 +154,15 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str
         return Vec::new();
     };
     if part == COMMON {
-        return vec![
+        let mut names = vec![
             (SECRET, LEAF_SECRET.to_owned()),
             (SECRET, ROOTS_SECRET.to_owned()),
             (CLUSTER, clusters::LOCAL_APP.to_owned()),
             (LISTENER, listeners::public_listener_name(snap)),
         ];
+        names.extend(expose::names(snap, cp));
+        names.extend(jwt::cluster_names(cp).into_iter().map(|n| (CLUSTER, n)));
+        return names;
     }
     let mut names = Vec::new();
     for (id, upstream) in cp.upstreams.iter() {
@@ -305,4 +309,5 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         && same_known_entry(&x.mesh_config, &y.mesh_config)
         && same_arc(&x.resolved_config, &y.resolved_config)
         && Arc::ptr_eq(&x.http_checks, &y.http_checks)
+        && same_arc(&x.jwt_providers, &y.jwt_providers)
 }

@@ -31,18 +31,24 @@
 //! version of a resource is the hash of its encoding, so [`http_filter_config`] and
 //! [`network_filter_config`] encode the policies in name order instead.
 
-use envoy_types::pb::envoy::config::rbac::v3::{Permission, Policy, Principal, Rbac, permission, principal, rbac};
+use envoy_types::pb::envoy::config::rbac::v3::{
+    MetadataSource, Permission, Policy, Principal, Rbac, SourcedMetadata, permission, principal, rbac,
+};
 use envoy_types::pb::envoy::config::route::v3::{HeaderMatcher, header_matcher};
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    PathMatcher, RegexMatcher, StringMatcher, path_matcher, string_matcher,
+    ListMatcher, MetadataMatcher, PathMatcher, RegexMatcher, StringMatcher, ValueMatcher, list_matcher,
+    metadata_matcher, path_matcher, string_matcher, value_matcher,
 };
 use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 use std::collections::{BTreeMap, BTreeSet};
 use structs::Intention;
-use structs::config_entry::{IntentionAction, IntentionHttpHeaderPermission, IntentionPermission};
+use structs::config_entry::{
+    IntentionAction, IntentionHttpHeaderPermission, IntentionJwtClaimVerification, IntentionJwtRequirement,
+    IntentionPermission,
+};
 
 #[cfg(test)]
 mod tests;
@@ -68,24 +74,53 @@ pub(crate) fn rules_l4(intentions: &[Intention], default_allow: bool) -> Option<
 }
 
 /// What an intention does on a listener of the kind being built.
-#[derive(Clone, Copy)]
-enum Effect<'a> {
+#[derive(Clone)]
+enum Effect {
     /// Decides every connection or request of its sources.
     Whole(IntentionAction),
-    /// Decides per request.
-    Requests(&'a [IntentionPermission]),
+    /// Decides per request: the first rule that matches applies its action.
+    Requests(Vec<Rule>),
 }
 
-fn effect(ixn: &Intention, http: bool) -> Effect<'_> {
-    if ixn.permissions.is_empty() {
-        // No action and no permissions is invalid: deny rather than guess.
-        Effect::Whole(ixn.action.unwrap_or(IntentionAction::Deny))
-    } else if http {
-        Effect::Requests(&ixn.permissions)
-    } else {
-        // An L4 filter cannot evaluate permissions: fail closed.
-        Effect::Whole(IntentionAction::Deny)
+/// One per-request rule of an intention.
+#[derive(Clone)]
+struct Rule {
+    action: IntentionAction,
+    matches: Permission,
+}
+
+fn effect(ixn: &Intention, http: bool) -> Effect {
+    // No action and no permissions is invalid: deny rather than guess.
+    let action = ixn.action.unwrap_or(IntentionAction::Deny);
+    if !http {
+        // An L4 filter can neither evaluate permissions nor check tokens: fail closed.
+        return if ixn.permissions.is_empty() && ixn.jwt.is_none() {
+            Effect::Whole(action)
+        } else {
+            Effect::Whole(IntentionAction::Deny)
+        };
     }
+    let mut rules = Vec::new();
+    // The entry's token requirement comes first: a request without it is refused, whatever
+    // the intention would have done.
+    if let Some(jwt) = &ixn.jwt {
+        rules.push(Rule {
+            action: IntentionAction::Deny,
+            matches: not(jwt_match(jwt)),
+        });
+    }
+    if ixn.permissions.is_empty() {
+        if rules.is_empty() || action == IntentionAction::Deny {
+            return Effect::Whole(action);
+        }
+        rules.push(Rule { action, matches: any() });
+    } else {
+        rules.extend(ixn.permissions.iter().map(|p| Rule {
+            action: p.action,
+            matches: permission_match(p),
+        }));
+    }
+    Effect::Requests(rules)
 }
 
 fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rbac> {
@@ -99,7 +134,7 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
     // The intentions that decide for some source: the first per source (`web → api`
     // shadows `web → *`), and none after a wildcard source (it matches every source).
     let mut seen = BTreeSet::new();
-    let mut deciding: Vec<(&Intention, Effect<'_>)> = Vec::new();
+    let mut deciding: Vec<(&Intention, Effect)> = Vec::new();
     for ixn in ordered {
         if !seen.insert(ixn.source_name.as_str()) {
             continue;
@@ -112,12 +147,12 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
     let mut layer4 = Vec::new();
     let mut policies = BTreeMap::new();
     let mut layer7 = 0;
-    for (i, &(ixn, eff)) in deciding.iter().enumerate() {
+    for (i, (ixn, eff)) in deciding.iter().enumerate() {
         match eff {
-            Effect::Whole(action) if action == wanted => layer4.push(principal(ixn, &deciding[..i], wanted)),
+            Effect::Whole(action) if *action == wanted => layer4.push(principal(ixn, &deciding[..i], wanted)),
             Effect::Whole(_) => {}
-            Effect::Requests(perms) => {
-                let permissions = request_permissions(perms, wanted);
+            Effect::Requests(rules) => {
+                let permissions = request_permissions(rules, wanted);
                 if !permissions.is_empty() {
                     policies.insert(
                         layer7_name(layer7),
@@ -160,7 +195,7 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
 /// The sources `ixn` decides for: its own, less those of the more precise intentions
 /// evaluated before it (`earlier`). An earlier intention that puts its sources in the layer-4
 /// policy needs no exception: everything of theirs is in the policy already.
-fn principal(ixn: &Intention, earlier: &[(&Intention, Effect<'_>)], wanted: IntentionAction) -> Principal {
+fn principal(ixn: &Intention, earlier: &[(&Intention, Effect)], wanted: IntentionAction) -> Principal {
     let own = source_principal(&ixn.source_name);
     let exceptions: Vec<Principal> = earlier
         .iter()
@@ -218,14 +253,14 @@ fn regex(regex: String) -> RegexMatcher {
     }
 }
 
-/// The Envoy permissions of the requests that `perms` (first match wins) give the `wanted`
-/// action: each permission of that action, less the earlier ones of the other action.
-fn request_permissions(perms: &[IntentionPermission], wanted: IntentionAction) -> Vec<Permission> {
+/// The Envoy permissions of the requests that `rules` (first match wins) give the `wanted`
+/// action: each rule of that action, less the earlier ones of the other action.
+fn request_permissions(rules: &[Rule], wanted: IntentionAction) -> Vec<Permission> {
     let mut out = Vec::new();
     let mut earlier_other: Vec<Permission> = Vec::new();
-    for perm in perms {
-        let matched = permission_match(perm);
-        if perm.action == wanted {
+    for rule in rules {
+        let matched = rule.matches.clone();
+        if rule.action == wanted {
             let mut all = vec![matched];
             all.extend(earlier_other.iter().cloned().map(not));
             out.push(and(all));
@@ -239,12 +274,16 @@ fn request_permissions(perms: &[IntentionPermission], wanted: IntentionAction) -
     out
 }
 
-/// The requests one permission matches: all of its HTTP conditions.
+/// The requests one permission matches: all of its HTTP conditions, and its token
+/// requirement.
 fn permission_match(perm: &IntentionPermission) -> Permission {
-    let Some(http) = &perm.http else {
-        return any();
-    };
     let mut parts = Vec::new();
+    if let Some(jwt) = &perm.jwt {
+        parts.push(jwt_match(jwt));
+    }
+    let Some(http) = &perm.http else {
+        return and(parts);
+    };
     let path = |pattern| Permission {
         rule: Some(permission::Rule::UrlPath(PathMatcher {
             rule: Some(path_matcher::Rule::Path(string_match(pattern))),
@@ -356,8 +395,69 @@ fn is_any(p: &Permission) -> bool {
 }
 
 fn not(p: Permission) -> Permission {
+    match p.rule {
+        Some(permission::Rule::NotRule(inner)) => *inner,
+        rule => Permission {
+            rule: Some(permission::Rule::NotRule(Box::new(Permission { rule }))),
+        },
+    }
+}
+
+/// The requests whose token satisfies `req`: one of its providers verified a token (its
+/// payload is in the JWT filter's metadata) holding every claim listed for it.
+fn jwt_match(req: &IntentionJwtRequirement) -> Permission {
+    or(req
+        .providers
+        .iter()
+        .map(|p| {
+            let key = super::jwt::payload_key(&p.name);
+            let mut parts = vec![metadata(
+                &key,
+                &[],
+                ValueMatcher {
+                    match_pattern: Some(value_matcher::MatchPattern::PresentMatch(true)),
+                },
+            )];
+            parts.extend(p.verify_claims.iter().map(|c| claim_match(&key, c)));
+            and(parts)
+        })
+        .collect())
+}
+
+/// A claim at `c.Path` of the payload under `key`: the string `c.Value`, or a list holding it.
+fn claim_match(key: &str, c: &IntentionJwtClaimVerification) -> Permission {
+    let exact = || ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::StringMatch(string_match(
+            string_matcher::MatchPattern::Exact(c.value.clone()),
+        ))),
+    };
+    let in_list = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(ListMatcher {
+            match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(exact()))),
+        }))),
+    };
+    or(vec![metadata(key, &c.path, exact()), metadata(key, &c.path, in_list)])
+}
+
+/// The JWT filter's dynamic metadata at `key` then `path` matching `value`.
+fn metadata(key: &str, path: &[String], value: ValueMatcher) -> Permission {
+    let segment = |k: &str| metadata_matcher::PathSegment {
+        segment: Some(metadata_matcher::path_segment::Segment::Key(k.to_owned())),
+    };
     Permission {
-        rule: Some(permission::Rule::NotRule(Box::new(p))),
+        rule: Some(permission::Rule::SourcedMetadata(SourcedMetadata {
+            metadata_matcher: Some(MetadataMatcher {
+                filter: super::jwt::FILTER.to_owned(),
+                path: std::iter::once(key)
+                    .chain(path.iter().map(String::as_str))
+                    .map(segment)
+                    .collect(),
+                value: Some(value),
+                ..Default::default()
+            }),
+            // The request's dynamic metadata, where the JWT filter puts payloads.
+            metadata_source: MetadataSource::Dynamic as i32,
+        })),
     }
 }
 

@@ -112,6 +112,7 @@ pub fn snapshot(ca: &Ca, s: &Scenario) -> ConfigSnapshot {
             resolved_config: Some(Arc::new(resolved)),
             http_checks: Arc::new(vec![]),
             upstreams: Arc::new(upstreams),
+            jwt_providers: None,
         }),
     }
 }

@@ -43,6 +43,7 @@ fn perm(action: IntentionAction, http: IntentionHttpPermission) -> IntentionPerm
     IntentionPermission {
         action,
         http: Some(http),
+        jwt: None,
     }
 }
 
@@ -159,6 +160,20 @@ struct Request {
     method: &'static str,
     path: &'static str,
     headers: Vec<(&'static str, &'static str)>,
+    /// The provider that verified the request's token, and the token's payload.
+    jwt: Option<(&'static str, serde_json::Value)>,
+}
+
+impl Request {
+    /// What the JWT filter put in the dynamic metadata at `path` (payload key first).
+    fn jwt_metadata(&self, path: &[&str]) -> Option<&serde_json::Value> {
+        let (provider, payload) = self.jwt.as_ref()?;
+        let (key, rest) = path.split_first()?;
+        if *key != crate::resources::jwt::payload_key(provider) {
+            return None;
+        }
+        rest.iter().try_fold(payload, |v, k| v.get(k))
+    }
 }
 
 impl Request {
@@ -268,7 +283,39 @@ fn permission_matches(p: &Permission, req: &Request, http: bool) -> bool {
             assert!(http, "an L4 filter has no headers");
             header_matches(h, req)
         }
+        permission::Rule::SourcedMetadata(m) => {
+            assert!(http, "an L4 filter has no JWT metadata");
+            assert_eq!(m.metadata_source, MetadataSource::Dynamic as i32);
+            let m = m.metadata_matcher.as_ref().expect("matcher");
+            assert_eq!(m.filter, crate::resources::jwt::FILTER);
+            assert!(!m.invert);
+            let path: Vec<&str> = m
+                .path
+                .iter()
+                .map(|s| match &s.segment {
+                    Some(metadata_matcher::path_segment::Segment::Key(k)) => k.as_str(),
+                    None => panic!("empty segment"),
+                })
+                .collect();
+            value_matches(m.value.as_ref().expect("value"), req.jwt_metadata(&path))
+        }
         other => panic!("unexpected permission {other:?}"),
+    }
+}
+
+/// Envoy's `ValueMatcher` on a metadata value (`None`: absent).
+fn value_matches(m: &ValueMatcher, value: Option<&serde_json::Value>) -> bool {
+    match (m.match_pattern.as_ref().expect("pattern"), value) {
+        (value_matcher::MatchPattern::PresentMatch(true), v) => v.is_some(),
+        (value_matcher::MatchPattern::StringMatch(sm), Some(serde_json::Value::String(v))) => string_matches(sm, v),
+        (value_matcher::MatchPattern::ListMatch(lm), Some(serde_json::Value::Array(items))) => {
+            let Some(list_matcher::MatchPattern::OneOf(inner)) = &lm.match_pattern else {
+                panic!("list matcher without one_of")
+            };
+            items.iter().any(|i| value_matches(inner, Some(i)))
+        }
+        (value_matcher::MatchPattern::StringMatch(_) | value_matcher::MatchPattern::ListMatch(_), _) => false,
+        (other, _) => panic!("the interpreter does not evaluate {other:?}"),
     }
 }
 
@@ -313,7 +360,28 @@ fn consul_header_matches(h: &IntentionHttpHeaderPermission, req: &Request) -> bo
     }
 }
 
+/// A token verified by one of the requirement's providers, holding each of its claims (a
+/// string equal to the value, or a list holding it).
+fn consul_jwt_satisfied(r: &IntentionJwtRequirement, req: &Request) -> bool {
+    let Some((provider, payload)) = &req.jwt else {
+        return false;
+    };
+    r.providers.iter().any(|p| {
+        p.name == *provider
+            && p.verify_claims
+                .iter()
+                .all(|c| match c.path.iter().try_fold(payload, |v, k| v.get(k)) {
+                    Some(serde_json::Value::String(s)) => *s == c.value,
+                    Some(serde_json::Value::Array(items)) => items.iter().any(|i| i.as_str() == Some(&c.value)),
+                    _ => false,
+                })
+    })
+}
+
 fn consul_permission_matches(p: &IntentionPermission, req: &Request) -> bool {
+    if p.jwt.as_ref().is_some_and(|j| !consul_jwt_satisfied(j, req)) {
+        return false;
+    }
     let Some(http) = &p.http else { return true };
     assert!(http.path_regex.is_empty(), "the model does not evaluate regexes");
     (http.path_exact.is_empty() || req.path == http.path_exact)
@@ -331,6 +399,10 @@ fn consul_allows(intentions: &[Intention], default_allow: bool, http: bool, req:
         .min_by(|a, b| Intention::evaluation_order(a, b));
     match best {
         None => default_allow,
+        // Tokens are checked on HTTP listeners only: elsewhere their sources are refused.
+        Some(i) if i.jwt.is_some() && !http => false,
+        // A request without the entry's token is refused, whatever the intention says.
+        Some(i) if i.jwt.as_ref().is_some_and(|j| !consul_jwt_satisfied(j, req)) => false,
         Some(i) if i.permissions.is_empty() => i.action == Some(Allow),
         Some(_) if !http => false,
         Some(i) => i
@@ -352,17 +424,29 @@ fn grid() -> Vec<Request> {
         vec![("x-user", "alice"), ("x-debug", "")],
         vec![("x-user", "Mr-ALICE-Admin")],
     ];
+    let tokens = [
+        None,
+        Some((
+            "okta",
+            serde_json::json!({"role": "admin", "groups": ["eng", "ops"], "org": {"unit": "eng"}}),
+        )),
+        Some(("okta", serde_json::json!({"role": "user", "groups": "ops"}))),
+        Some(("auth0", serde_json::json!({"role": "admin"}))),
+    ];
     let mut out = Vec::new();
     for source in SOURCES {
         for method in ["GET", "POST", "DELETE"] {
             for path in ["/", "/admin", "/admin/x", "/api/v1", "/health"] {
                 for headers in &header_sets {
-                    out.push(Request {
-                        source,
-                        method,
-                        path,
-                        headers: headers.clone(),
-                    });
+                    for jwt in &tokens {
+                        out.push(Request {
+                            source,
+                            method,
+                            path,
+                            headers: headers.clone(),
+                            jwt: jwt.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -807,6 +891,7 @@ fn first_matching_permission_wins() {
     let catch_all = IntentionPermission {
         action: Allow,
         http: None,
+        jwt: None,
     };
     let set = [l7("web", vec![catch_all, prefix(Deny, "/admin")])];
     assert_eq!(rules_http(&set, true), None);
@@ -983,4 +1068,88 @@ fn filter_configs_encode_policies_in_name_order() {
             ..Default::default()
         })
     );
+}
+
+// ---- JWT requirements ----
+
+/// Claims a provider checks: a path and the value.
+type Claims<'a> = &'a [(&'a [&'a str], &'a str)];
+
+fn jwt(providers: &[(&str, Claims<'_>)]) -> IntentionJwtRequirement {
+    IntentionJwtRequirement {
+        providers: providers
+            .iter()
+            .map(|(name, claims)| structs::config_entry::IntentionJwtProvider {
+                name: (*name).into(),
+                verify_claims: claims
+                    .iter()
+                    .map(|(path, value)| IntentionJwtClaimVerification {
+                        path: path.iter().map(|p| (*p).to_owned()).collect(),
+                        value: (*value).into(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn with_jwt(mut ixn: Intention, req: IntentionJwtRequirement) -> Intention {
+    ixn.jwt = Some(req);
+    ixn
+}
+
+#[test]
+fn an_entry_token_requirement_refuses_requests_without_it() {
+    let okta = jwt(&[("okta", &[])]);
+    // An allow needs the token; a deny stays a deny; a wildcard is not weakened by it.
+    assert_same_meaning(&[with_jwt(l4("web", Allow), okta.clone())]);
+    assert_same_meaning(&[with_jwt(l4("web", Deny), okta.clone())]);
+    assert_same_meaning(&[with_jwt(l4("web", Allow), okta.clone()), l4("*", Allow)]);
+    assert_same_meaning(&[with_jwt(l4("*", Allow), okta.clone()), l4("db", Deny)]);
+    // With claims, a list claim holding the value, a nested claim, either of two providers.
+    let claims = jwt(&[
+        ("okta", &[(&["role"], "admin"), (&["org", "unit"], "eng")]),
+        ("auth0", &[(&["role"], "admin")]),
+    ]);
+    assert_same_meaning(&[with_jwt(l4("web", Allow), claims)]);
+    assert_same_meaning(&[with_jwt(l4("web", Allow), jwt(&[("okta", &[(&["groups"], "ops")])]))]);
+    // With permissions: the token first, then the first matching permission.
+    assert_same_meaning(&[with_jwt(
+        l7("web", vec![prefix(Deny, "/admin"), prefix(Allow, "/")]),
+        okta.clone(),
+    )]);
+    assert_same_meaning(&[with_jwt(l7("web", vec![prefix(Allow, "/api")]), okta), l4("*", Deny)]);
+}
+
+#[test]
+fn a_permission_token_requirement_is_part_of_its_match() {
+    let mut admin = prefix(Allow, "/admin");
+    admin.jwt = Some(jwt(&[("okta", &[(&["role"], "admin")])]));
+    let mut deny_users = prefix(Deny, "/");
+    deny_users.jwt = Some(jwt(&[("okta", &[(&["role"], "user")])]));
+    assert_same_meaning(&[l7(
+        "web",
+        vec![admin.clone(), prefix(Deny, "/admin"), prefix(Allow, "/")],
+    )]);
+    assert_same_meaning(&[l7("web", vec![deny_users, admin.clone()]), l4("*", Allow)]);
+    // An entry requirement and a permission's together.
+    assert_same_meaning(&[with_jwt(l7("web", vec![admin]), jwt(&[("auth0", &[]), ("okta", &[])]))]);
+}
+
+#[test]
+fn token_conditions_are_the_jwt_filters_metadata() {
+    let ixns = [with_jwt(l4("web", Allow), jwt(&[("okta", &[(&["role"], "admin")])]))];
+    let rules = rules_http(&ixns, false).unwrap();
+    let text = format!("{rules:?}");
+    for expected in [
+        "envoy.filters.http.jwt_authn",
+        "jwt_payload_okta",
+        "\"role\"",
+        "PresentMatch(true)",
+        "OneOf",
+    ] {
+        assert!(text.contains(expected), "{expected} in {text}");
+    }
+    // An L4 listener cannot check tokens: the source is refused.
+    assert_eq!(rules_l4(&ixns, false), Some(rbac_of(rbac::Action::Allow, vec![])));
 }
