@@ -501,6 +501,7 @@ async fn request_normalization_decides_what_l7_intentions_see() {
 
     rate_limits(&mesh, &client, &api_admin, up).await;
     extensions(&mesh, &client, (&api_admin, &web_admin), up).await;
+    jwt(&mesh, &client, &api_admin, up).await;
     assert_eq!(mesh.metric(r#"meshd_xds_nacks_total{type="Listener"}"#).await, 0.0);
     println!(
         "request normalization end to end: {:.1} s",
@@ -942,3 +943,182 @@ const NOOP_WASM: &[u8] = &[
     120, 121, 95, 111, 110, 95, 114, 101, 113, 117, 101, 115, 116, 95, 104, 101, 97, 100, 101, 114, 115, 0, 5, 10, 28,
     6, 2, 0, 11, 5, 0, 65, 128, 8, 11, 2, 0, 11, 4, 0, 65, 1, 11, 4, 0, 65, 1, 11, 4, 0, 65, 0, 11,
 ];
+
+/// Keys and tokens made by PyJWT (RS256): the JWKS of the local and the remote provider,
+/// and tokens valid, signed by another key, expired, without the required claim, for
+/// another audience, and of the remote provider.
+fn pyjwt_tokens() -> Value {
+    const SCRIPT: &str = r#"
+import json, time, jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+def key(): return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+def jwk(k, kid):
+    d = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(k.public_key()))
+    d.update(kid=kid, alg="RS256", use="sig")
+    return d
+good, other, remote = key(), key(), key()
+now = int(time.time())
+def tok(k, kid, **claims):
+    c = {"iss": "https://issuer.meshd.test", "aud": "api", "iat": now, "exp": now + 3600, "role": "admin"}
+    c.update(claims)
+    return jwt.encode(c, k, algorithm="RS256", headers={"kid": kid})
+print(json.dumps({
+    "local_jwks": {"keys": [jwk(good, "k1")]},
+    "remote_jwks": {"keys": [jwk(remote, "r1")]},
+    "valid": tok(good, "k1"),
+    "other_key": tok(other, "k1"),
+    "expired": tok(good, "k1", iat=now - 7200, exp=now - 3600),
+    "no_claim": tok(good, "k1", role="user"),
+    "wrong_audience": tok(good, "k1", aud="db"),
+    "remote": tok(remote, "r1", iss="https://remote.meshd.test"),
+}))
+"#;
+    let out = std::process::Command::new(test_support::python())
+        .args(["-c", SCRIPT])
+        .output()
+        .expect("run the pinned Python with PyJWT");
+    assert!(out.status.success(), "PyJWT: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// An HTTP server answering every request with `jwks`; returns its port and how many
+/// requests it answered.
+fn jwks_server(jwks: String) -> (u16, Arc<AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fetched = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&fetched);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{jwks}",
+                jwks.len()
+            );
+        }
+    });
+    (port, fetched)
+}
+
+/// Intentions' `JWT` with tokens signed by PyJWT: the entry requires a token of the local
+/// provider with `role: admin`; `/remote` also needs one of a provider whose keys the test
+/// serves (fetched once, then cached). Every bad token is refused, a valid one allowed, its
+/// payload forwarded to the application.
+async fn jwt(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketAddr) {
+    use base64::Engine;
+    let t = pyjwt_tokens();
+    let token = |name: &str| format!("Bearer {}", t[name].as_str().unwrap());
+    let (jwks_port, fetched) = jwks_server(t["remote_jwks"].to_string());
+    // api plain again (no extensions), then the providers and the intentions.
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "jwt-provider", "Name": "local-keys", "Issuer": "https://issuer.meshd.test",
+            "Audiences": ["api"], "JSONWebKeySet": {"Local": {
+                "JWKS": base64::engine::general_purpose::STANDARD.encode(t["local_jwks"].to_string())}},
+            "Forwarding": {"HeaderName": "x_jwt_payload"}}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "jwt-provider", "Name": "remote-keys", "Issuer": "https://remote.meshd.test",
+            "JSONWebKeySet": {"Remote": {"URI": format!("http://127.0.0.1:{jwks_port}/jwks.json"),
+                "CacheDuration": "5m", "FetchAsynchronously": true}},
+            "Locations": [{"Header": {"Name": "x-remote-token", "ValuePrefix": "Bearer "}}]}),
+    )
+    .await;
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "api",
+            "JWT": {"Providers": [{"Name": "local-keys", "VerifyClaims": [{"Path": ["role"], "Value": "admin"}]}]},
+            "Sources": [{"Name": "web", "Permissions": [
+                {"Action": "allow", "HTTP": {"PathPrefix": "/remote"}, "JWT": {"Providers": [{"Name": "remote-keys"}]}},
+                {"Action": "deny", "HTTP": {"PathPrefix": "/remote"}},
+                {"Action": "allow", "HTTP": {"PathPrefix": "/"}}]}]}),
+    )
+    .await;
+    until_updated(client, api_admin, up, "/public/x", &[], 403).await;
+    let valid = token("valid");
+    let cases: [(&str, &str, u16); 6] = [
+        ("no token", "", 403),
+        ("signed by another key", &token("other_key"), 403),
+        ("expired", &token("expired"), 403),
+        ("without role admin", &token("no_claim"), 403),
+        ("for another audience", &token("wrong_audience"), 403),
+        ("valid", &valid, 200),
+    ];
+    for (what, auth, status) in cases {
+        let headers: Vec<(&str, &str)> = if auth.is_empty() {
+            vec![]
+        } else {
+            vec![("authorization", auth)]
+        };
+        let (s, body) = raw(up, "/public/x", &headers).await.unwrap();
+        println!("jwt: {what} -> {s}");
+        assert_eq!(s, status, "{what}: {body}");
+        if status == 200 {
+            // The verified payload reaches the application (base64url of the claims).
+            let payload = body.split("x_jwt_payload: ").nth(1).expect("payload forwarded").trim();
+            let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap();
+            let claims: Value = serde_json::from_slice(&claims).unwrap();
+            assert_eq!(claims["role"], "admin", "{claims}");
+        }
+    }
+    // `/remote` needs the remote provider's token as well; its keys are fetched once.
+    let remote = token("remote");
+    let with_both = [("authorization", valid.as_str()), ("x-remote-token", remote.as_str())];
+    assert_eq!(raw(up, "/remote/x", &[("authorization", &valid)]).await.unwrap().0, 403);
+    for _ in 0..5 {
+        let (s, body) = raw(up, "/remote/x", &with_both).await.unwrap();
+        assert_eq!(s, 200, "{body}");
+    }
+    let wrong = [("authorization", valid.as_str()), ("x-remote-token", valid.as_str())];
+    assert_eq!(raw(up, "/remote/x", &wrong).await.unwrap().0, 403);
+    // Fetched once by Envoy's main thread for every worker (`FetchAsynchronously`), then
+    // cached: more requests fetch nothing.
+    assert_eq!(fetched.load(Ordering::SeqCst), 1, "the remote key set is fetched once");
+    for _ in 0..5 {
+        assert_eq!(raw(up, "/remote/y", &with_both).await.unwrap().0, 200);
+    }
+    assert_eq!(fetched.load(Ordering::SeqCst), 1, "the remote key set is cached");
+    println!(
+        "jwt: missing, foreign-key, expired, claim-less and wrong-audience tokens refused (403); valid allowed; remote keys fetched {} time(s) for 11 requests",
+        fetched.load(Ordering::SeqCst)
+    );
+    // A provider that intentions require cannot go, and one that does not exist cannot be
+    // required.
+    let resp = mesh
+        .client
+        .delete(format!("{}/v1/config/jwt-provider/local-keys", mesh.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("JWT.Providers[0].Name"), "{text}");
+    let resp = mesh
+        .client
+        .put(format!("{}/v1/config", mesh.http))
+        .json(&json!({"Kind": "service-intentions", "Name": "web",
+            "JWT": {"Providers": [{"Name": "nobody"}]}, "Sources": [{"Name": "api", "Action": "allow"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert!(resp.text().await.unwrap().contains("no jwt-provider named \"nobody\""));
+}
