@@ -348,14 +348,15 @@ async fn csds_dump(server: &Server, n: usize) {
 async fn main() {
     // Both shapes unless L7=0 or L7=1 picks one: default chains, then L7 chains on every
     // upstream (router, splitter, resolver with subsets and failover).
-    // KNOBS=1: L7 chains, plain and then with the production knobs on every proxy
-    // (access logs and a Lua extension on every upstream listener), compared.
+    // KNOBS=1: L7 chains and HTTP services, plain and then with the production knobs on every
+    // proxy (access logs, a Lua extension on every upstream listener, a JWT requirement on
+    // every public listener), compared.
     if std::env::var("KNOBS").is_ok_and(|k| k == "1") {
         let (plain_p99, plain_kib) = run(true, false).await;
         let (knobs_p99, knobs_kib) = run(true, true).await;
         let pct = |a: f64, b: f64| (b / a.max(1e-9) - 1.0) * 100.0;
         println!(
-            "knobs (access logs + Lua) against plain, same bench run: p99 {} -> {} ({:+.1} %), {:.1} -> {:.1} KiB per proxy ({:+.1} %)   [target within 15 %]",
+            "knobs (access logs + Lua + JWT) against plain (every service HTTP), same bench run: p99 {} -> {} ({:+.1} %), {:.1} -> {:.1} KiB per proxy ({:+.1} %)   [target within 15 %]",
             ms(plain_p99),
             ms(knobs_p99),
             pct(plain_p99.as_secs_f64(), knobs_p99.as_secs_f64()),
@@ -375,19 +376,37 @@ async fn main() {
     }
 }
 
-/// Access logs and a Lua extension on every proxy (its upstream listeners, HTTP with L7).
-async fn write_knobs(http: &reqwest::Client, server: &str) {
-    let entry = json!({"Kind": "proxy-defaults", "Name": "global",
-        "AccessLogs": {"Enabled": true, "Type": "file", "Path": "/dev/null"},
-        "EnvoyExtensions": [{"Name": "builtin/lua", "Arguments": {"Listener": "outbound",
-            "Script": "function envoy_on_request(h) h:headers():add('x-bench', '1') end"}}]});
-    http.put(format!("{server}/v1/config"))
-        .json(&entry)
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+/// The KNOBS=1 comparison's entries: every service speaks HTTP (both runs, so the public
+/// listeners compared are HTTP ones); with `on`, access logs and a Lua extension on every
+/// proxy (its upstream listeners) and a JWT requirement on every service (a provider with
+/// inline keys, required by a `*` intention), checked by each public listener.
+async fn write_knobs(http: &reqwest::Client, server: &str, on: bool) {
+    let mut entries = vec![json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"}})];
+    if on {
+        // An RSA public key (RS256) as a JWKS, base64.
+        let jwks = r#"{"keys":[{"kty":"RSA","alg":"RS256","kid":"bench","use":"sig","e":"AQAB","n":"yhraljK3lGcV5nu1gw0Sm09DgnByDTzUmSU4u7MQo1lwgU9TxKnkZoeR9JpuUWTbCsJbobCR5S0JH-n0nX1QricDud96dqgocnByVLaNvIIX6QXY3PVrHRhdReY4T5_0zLxjRjhX64-G5qGAW3cxtbrdhqcZRy72meK3QIpwIXnq4NMr5E40O2wgdGCOm6h0ZEJS5TV00TDMBG4FzsJVXJnfy5Ub_clXi-ui74viiHyfbiPAcXG1sBDsKkHpNUsDPYEIJ4ELdLrzOg7EFhaH2XDZmbZIirk9tqod2c_xsdU9I0X3aofaTHogBCFp7f3qvcIg3HVnuAcc13xnGt8tyQ"}]}"#;
+        use base64::Engine;
+        entries = vec![
+            json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"},
+                "AccessLogs": {"Enabled": true, "Type": "file", "Path": "/dev/null"},
+                "EnvoyExtensions": [{"Name": "builtin/lua", "Arguments": {"Listener": "outbound",
+                    "Script": "function envoy_on_request(h) h:headers():add('x-bench', '1') end"}}]}),
+            json!({"Kind": "jwt-provider", "Name": "bench", "Issuer": "https://issuer.bench",
+                "JSONWebKeySet": {"Local": {"JWKS": base64::engine::general_purpose::STANDARD.encode(jwks)}}}),
+            json!({"Kind": "service-intentions", "Name": "*",
+                "JWT": {"Providers": [{"Name": "bench", "VerifyClaims": [{"Path": ["role"], "Value": "app"}]}]},
+                "Sources": [{"Name": "*", "Action": "allow"}]}),
+        ];
+    }
+    for entry in entries {
+        http.put(format!("{server}/v1/config"))
+            .json(&entry)
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+    }
 }
 
 /// One run; returns the propagation p99 and the server's KiB per connected proxy.
@@ -434,8 +453,8 @@ async fn run(l7: bool, knobs: bool) -> (Duration, f64) {
     if l7 {
         write_l7_entries(&http, &server.http).await;
     }
-    if knobs {
-        write_knobs(&http, &server.http).await;
+    if std::env::var("KNOBS").is_ok_and(|k| k == "1") {
+        write_knobs(&http, &server.http, knobs).await;
     }
     // One sidecar instance per service (version v1), then the N proxies.
     for s in 0..SERVICES {
@@ -519,7 +538,7 @@ async fn run(l7: bool, knobs: bool) -> (Duration, f64) {
         if sotw { "state-of-the-world" } else { "delta" },
         if acl { ", ACLs on (a token per proxy)" } else { "" },
         if knobs {
-            ", access logs + Lua on every proxy"
+            ", access logs + Lua + JWT on every proxy"
         } else {
             ""
         },
