@@ -179,6 +179,17 @@ impl Authorizer {
         self.decide(self.services.get(name).map(|s| s.policy), Access::Write)
     }
 
+    /// `service:write` on some service (Consul's `ServiceWriteAny`): a rule granting it on
+    /// any name or prefix, or the default policy.
+    pub fn service_write_any(&self) -> bool {
+        let rules = self
+            .services
+            .exact
+            .values()
+            .chain(self.services.prefixes.iter().map(|(_, v)| v));
+        self.default_allow || rules.into_iter().any(|s| s.policy.grants(Access::Write))
+    }
+
     /// Reading the intentions whose destination is `name`.
     pub fn intention_read(&self, name: &str) -> bool {
         self.decide(self.services.get(name).map(ServiceAccess::intentions), Access::Read)

@@ -212,3 +212,12 @@ key_prefix "" { policy = "read" }
     }
     assert!(Rules::parse(r#"{"key": {"a": {"policy": "list"}}}"#).is_ok());
 }
+
+#[test]
+fn service_write_on_any_service() {
+    assert!(authz(&[r#"service "web" { policy = "write" }"#], false).service_write_any());
+    assert!(authz(&[r#"service_prefix "app-" { policy = "write" }"#], false).service_write_any());
+    assert!(!authz(&[r#"service_prefix "" { policy = "read" }"#], false).service_write_any());
+    assert!(authz(&[], true).service_write_any());
+    assert!(!authz(&[], false).service_write_any());
+}

@@ -15,12 +15,14 @@ fn kind(text: &str) -> Result<ConfigEntryKind, ApiError> {
 }
 
 /// Consul's permission to read an entry: proxy-defaults and mesh are readable by anyone
-/// (every proxy needs them); JWT providers need `mesh:read`; service entries need
-/// `service:read` on the name; intentions `intentions:read` on their destination.
+/// (every proxy needs them); JWT providers need `mesh:read` or `service:write` on some
+/// service (a sidecar's service identity reads the providers its intentions name); service
+/// entries need `service:read` on the name; intentions `intentions:read` on their
+/// destination.
 pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -> bool {
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
-        ConfigEntryKind::JwtProvider => a.mesh_read(),
+        ConfigEntryKind::JwtProvider => a.mesh_read() || a.service_write_any(),
         ConfigEntryKind::ServiceIntentions => a.intention_read(name),
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
