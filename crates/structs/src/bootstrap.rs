@@ -42,8 +42,8 @@ pub const HONOURED_ENVOY_KEYS: &[&str] = &[
     "envoy_listener_tracing_json",
 ];
 
-/// Consul upstream `Config` keys meshd refuses for now.
-pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &["envoy_cluster_json"];
+/// Consul upstream `Config` keys meshd refuses for now (none).
+pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &[];
 
 /// The escape hatches of a proxy's `Config` that the xDS server honours, with the Envoy type
 /// each holds: the public listener, the local application's cluster, the tracing of every
@@ -56,6 +56,10 @@ pub const PROXY_ESCAPE_HATCHES: &[(&str, &str)] = &[
 
 /// The escape hatch of an upstream's `Config`: its listener.
 pub const UPSTREAM_LISTENER_KEY: &str = "envoy_listener_json";
+
+/// The escape hatch of an upstream's `Config`: its cluster (for an upstream whose discovery
+/// chain is the default one, as Consul).
+pub const UPSTREAM_CLUSTER_KEY: &str = "envoy_cluster_json";
 
 /// Checks escape hatch `key` of `config` (a string of Envoy JSON) as Envoy type `ty`,
 /// naming `Config.<key>`.
@@ -424,6 +428,25 @@ mod tests {
             ("bind_port", json!(21000)),
         ] {
             let e = BootstrapOptions::check(&config(json!({key: bad})))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("Config.{key}")), "{key} {bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn upstream_escape_hatches_are_decoded_when_written() {
+        let ok = config(json!({
+            "envoy_cluster_json": r#"{"connect_timeout": "3s", "type": "EDS"}"#,
+            "envoy_listener_json": r#"{"name": "up"}"#,
+        }));
+        crate::protocol::ProxyOptions::check_upstream(&ok).unwrap();
+        for (key, bad) in [
+            ("envoy_cluster_json", r#"{"connect_timeot": "3s"}"#),
+            ("envoy_cluster_json", r#"{"type": "STATICK"}"#),
+            ("envoy_listener_json", r#"{"nmae": "x"}"#),
+        ] {
+            let e = crate::protocol::ProxyOptions::check_upstream(&config(json!({key: bad})))
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(&format!("Config.{key}")), "{key} {bad}: {e}");

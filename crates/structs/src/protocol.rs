@@ -343,6 +343,7 @@ impl ProxyOptions {
             }
         }
         crate::bootstrap::check_escape_hatch(config, crate::bootstrap::UPSTREAM_LISTENER_KEY, envoy_json::LISTENER)?;
+        crate::bootstrap::check_escape_hatch(config, crate::bootstrap::UPSTREAM_CLUSTER_KEY, envoy_json::CLUSTER)?;
         if let Some(v) = config.get(LIMITS_KEY) {
             UpstreamLimits::deserialize(v)
                 .map_err(|e| crate::ValidationError::new("Config.limits", crate::Problem::Invalid(e.to_string())))?;

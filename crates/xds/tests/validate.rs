@@ -1477,6 +1477,14 @@ fn escape_hatches_replace_what_meshd_builds_keeping_mtls_and_intentions() {
         "envoy_listener_json".into(),
         serde_json::Value::String(upstream.to_string()),
     );
+    // The upstream's cluster (its chain is the default one): EDS over ADS as meshd's, with
+    // the user's timeout and circuit breakers, named after the target by meshd.
+    let cluster = serde_json::json!({"type": "EDS", "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3"}},
+        "connect_timeout": "3.5s", "circuit_breakers": {"thresholds": [{"max_connections": 7}]}});
+    service.proxy.upstreams[0].config.insert(
+        "envoy_cluster_json".into(),
+        serde_json::Value::String(cluster.to_string()),
+    );
     let r = validate_snapshot("escape-hatches", &snap);
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     let listeners = r.of(LISTENER).unwrap();
@@ -1492,6 +1500,43 @@ fn escape_hatches_replace_what_meshd_builds_keeping_mtls_and_intentions() {
     );
     let local: Cluster = unpack(&r.of(CLUSTER).unwrap()["local_app"]);
     assert_eq!(local.connect_timeout.unwrap().nanos, 250_000_000);
+    let (name, api) = r
+        .of(CLUSTER)
+        .unwrap()
+        .iter()
+        .find(|(n, _)| n.starts_with("api."))
+        .expect("api's cluster");
+    let api: Cluster = unpack(api);
+    assert_eq!(&api.name, name);
+    assert_eq!(api.connect_timeout.unwrap().seconds, 3, "envoy_cluster_json");
+    assert!(api.transport_socket.is_none(), "the user's cluster as written");
+    // An upstream with a routed chain has no single cluster to replace: said so, meshd's
+    // clusters stay.
+    let mut routed = snap.clone();
+    if let KindSnapshot::ConnectProxy(cp) = &mut routed.kind {
+        for up in Arc::make_mut(&mut cp.upstreams).values_mut() {
+            let up = Arc::make_mut(up);
+            let mut chain = (**up.chain.as_ref().unwrap()).clone();
+            chain.default = false;
+            up.chain = Some(Arc::new(chain));
+        }
+    }
+    let r2 = resources::build(&routed).unwrap();
+    let problem = r2
+        .problems
+        .values()
+        .find(|p| p.contains("envoy_cluster_json"))
+        .expect("a problem");
+    assert!(problem.contains("default one"), "{problem}");
+    let api2: Cluster = unpack(
+        r2.of(CLUSTER)
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n.starts_with("api."))
+            .unwrap()
+            .1,
+    );
+    assert!(api2.transport_socket.is_some(), "meshd's cluster, with the mesh's mTLS");
     let upstream: Listener = unpack(&listeners["custom_upstream"]);
     let Some(filter::ConfigType::TypedConfig(cfg)) = &upstream.filter_chains[0].filters[0].config_type else {
         panic!("{upstream:?}")

@@ -181,6 +181,64 @@ fn upstream_clusters(
         outgoing,
         out,
     );
+    if let Some(config) = snap.upstream_config(upstream) {
+        upstream_escape_hatch(config, chain, out);
+    }
+}
+
+/// The upstream's own cluster (`envoy_cluster_json`) in place of its target's, named after
+/// it unless the user names it. Only an upstream whose chain is the default one (a single
+/// target) has a cluster to replace, as in Consul; for any other, and for a cluster Envoy's
+/// JSON does not decode, the proxy's status says so and meshd's clusters stay.
+fn upstream_escape_hatch(config: &structs::Upstream, chain: &structs::CompiledDiscoveryChain, out: &mut Resources) {
+    let key = structs::bootstrap::UPSTREAM_CLUSTER_KEY;
+    let Some(json) = config
+        .config
+        .get(key)
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return;
+    };
+    let id = config.id();
+    let problem = format!("{id}:{key}");
+    let target = match chain.targets.values().next() {
+        Some(t) if chain.default && chain.targets.len() == 1 => t,
+        _ => {
+            out.problems.insert(
+                problem,
+                format!(
+                    "upstream {id}: Config.{key} applies only to an upstream whose discovery chain is the default one (no router, splitter or resolver redirect, subsets or failover): meshd's clusters are served instead"
+                ),
+            );
+            return;
+        }
+    };
+    match super::escape_hatch::decode::<Cluster>(key, envoy_json::CLUSTER, json) {
+        Ok(mut user) => {
+            if let Some(clusters) = out.by_type.get_mut(CLUSTER) {
+                clusters.remove(&target.sni);
+            }
+            if user.name.is_empty() {
+                user.name = target.sni.clone();
+            }
+            out.insert(CLUSTER, user.name.clone(), pack_any(user));
+        }
+        Err(e) => {
+            out.problems.insert(problem, format!("upstream {id}: {e}"));
+        }
+    }
+}
+
+/// The name of the upstream's own cluster (`envoy_cluster_json`) when it names one.
+pub(crate) fn escape_hatch_name(config: &structs::Upstream) -> Option<String> {
+    let json = config.config.get(structs::bootstrap::UPSTREAM_CLUSTER_KEY)?.as_str()?;
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    value
+        .get("name")
+        .and_then(|n| n.as_str())
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
 }
 
 /// The clusters of a compiled chain (a sidecar's upstream, a service an ingress gateway

@@ -181,6 +181,9 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str
                 names.push((CLUSTER, clusters::failover_cluster_name(&primary.sni)));
             }
         }
+        if let Some(name) = snap.upstream_config(upstream).and_then(clusters::escape_hatch_name) {
+            names.push((CLUSTER, name));
+        }
         if let Some(config) = snap.upstream_config(upstream)
             && config.local_bind_port != 0
         {
