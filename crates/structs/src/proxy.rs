@@ -331,6 +331,21 @@ pub(crate) fn refuse_transparent(
     Ok(())
 }
 
+/// Refuses `Expose.Checks` in central config (proxy-defaults, service-defaults): the agent
+/// exposes a sidecar's checks when it registers the sidecar, from the sidecar's own
+/// `Expose.Checks`, and would not see the entry's.
+pub(crate) fn refuse_central_expose_checks(expose: &ExposeConfig) -> Result<(), ValidationError> {
+    if expose.checks {
+        return Err(ValidationError::new(
+            "Expose.Checks",
+            Problem::Invalid(
+                "is read from each sidecar's registration only (its Proxy.Expose.Checks), where the agent exposes its service's checks; set it there".into(),
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Validate for ConnectProxyConfig {
     fn validate(&self) -> Result<(), ValidationError> {
         crate::ProxyOptions::check_proxy(&self.config)?;

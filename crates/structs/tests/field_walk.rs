@@ -105,7 +105,7 @@ fn every_proxy_defaults_field_is_honoured_or_refused() {
         ),
         (
             "Expose",
-            Honoured("xds resources/expose.rs (validate.rs exposed_paths_*), agent Expose.Checks"),
+            Honoured("Paths: xds resources/expose.rs (validate.rs exposed_paths_*); Checks refused (below)"),
         ),
         (
             "AccessLogs",
@@ -134,7 +134,10 @@ fn every_service_defaults_field_is_honoured_or_refused() {
             "MeshGateway",
             Honoured("one datacenter: every mode routes alike (mesh gateways: #33)"),
         ),
-        ("Expose", Honoured("central config's Expose, xds resources/expose.rs")),
+        (
+            "Expose",
+            Honoured("Paths: central config's Expose, xds resources/expose.rs; Checks refused (below)"),
+        ),
         ("ExternalSNI", Refused(json!("db.example.com"))),
         (
             "UpstreamConfig",
@@ -185,6 +188,14 @@ fn nested_fields_are_honoured_or_refused() {
     assert_eq!(logs.len(), 6, "a new AccessLogs field: honour or refuse it: {logs:?}");
     let expose: Vec<String> = serialized_fields::<structs::ExposeConfig>();
     assert_eq!(expose, ["Checks", "Paths"]);
+    // Central config's Expose.Checks: the agent reads the sidecar's own only, so refused.
+    for kind in ["proxy-defaults", "service-defaults"] {
+        let name = if kind == "proxy-defaults" { "global" } else { "web" };
+        let entry =
+            structs::ConfigEntry::from_json(json!({"Kind": kind, "Name": name, "Expose": {"Checks": true}})).unwrap();
+        let e = entry.validate().unwrap_err().to_string();
+        assert!(e.contains("Expose.Checks"), "{kind}: {e}");
+    }
     let path: Vec<String> = serialized_fields::<structs::ExposePath>();
     assert_eq!(
         path,

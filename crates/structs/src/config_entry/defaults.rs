@@ -54,6 +54,7 @@ impl Validate for ProxyDefaults {
         }
         crate::ProxyOptions::check_proxy(&self.config)?;
         crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
+        crate::proxy::refuse_central_expose_checks(&self.expose)?;
         super::extensions::check_all(&self.envoy_extensions)?;
         self.access_logs.check("AccessLogs")
     }
@@ -274,6 +275,7 @@ impl Validate for ServiceDefaults {
             check_protocol("Protocol", &self.protocol)?;
         }
         crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
+        crate::proxy::refuse_central_expose_checks(&self.expose)?;
         if !self.external_sni.is_empty() {
             return Err(ValidationError::new(
                 "ExternalSNI",
