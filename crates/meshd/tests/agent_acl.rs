@@ -267,6 +267,18 @@ async fn agent_routes_sync_and_xds_enforce_acls() {
         .token("service \"other\" { policy = \"write\" }\nnode \"other\" { policy = \"write\" }\nagent \"other\" { policy = \"write\" }")
         .await;
 
+    // proxy-defaults' bootstrap keys reach the managed sidecar's bootstrap, though the
+    // servers do not know its local token (the agent reads the entry for it).
+    let (status, _, text) = call(
+        &c.client,
+        "PUT",
+        &format!("{}/v1/config", c.server),
+        Some(MANAGEMENT),
+        &json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"envoy_stats_flush_interval": "7s"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+
     // web registers with its own token: synced to the servers with that token (the agent's
     // node identity could not write web).
     let (status, _, text) = call(
@@ -307,6 +319,15 @@ async fn agent_routes_sync_and_xds_enforce_acls() {
         (value("meshd_xds_responses_total{type=\"Listener\"}") >= 1.0).then_some(())
     })
     .await;
+    let status_url = format!("{}/v1/agent/connect/proxy/web1-sidecar-proxy", c.agent);
+    let (_, _, text) = call(&c.client, "GET", &status_url, Some(&web_token), &Value::Null).await;
+    let view: Value = serde_json::from_str(&text).unwrap();
+    let pid = view["Status"]["Pid"].as_u64().expect("the managed proxy's pid") as u32;
+    let bootstrap = wait_for("the managed Envoy's bootstrap", || async { envoy_bootstrap_of(pid) }).await;
+    assert_eq!(
+        bootstrap["stats_flush_interval"], "7.000000000s",
+        "proxy-defaults' envoy_stats_flush_interval"
+    );
 
     // Every agent route: 403/403/2xx (or filtered, or open).
     for (method, path, body, rules, without) in rows() {
@@ -512,4 +533,39 @@ async fn connect_envoy_says_when_its_token_cannot_see_the_sidecar() {
         err.trim_end(),
         format!("meshd: no sidecar proxy for service \"db\" is registered with the agent at {agent}")
     );
+}
+
+/// The bootstrap of the Envoy that the `meshd connect envoy` process `pid` runs (its child,
+/// started with `-c <file>`), once there is one.
+fn envoy_bootstrap_of(pid: u32) -> Option<Value> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: the parent is the second field after the name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(pid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{child}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if let Some(i) = args.iter().position(|a| a == "-c")
+            && let Some(path) = args.get(i + 1)
+            && let Ok(text) = std::fs::read_to_string(path)
+        {
+            return serde_json::from_str(&text).ok();
+        }
+    }
+    None
 }

@@ -102,12 +102,31 @@ pub(super) async fn event_list(State(agent): State<Agent>, req: Request) -> Resp
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
-async fn send(agent: &Agent, out: Outgoing) -> Response {
+/// Whether `out` is a managed proxy's read of `proxy-defaults` (for its bootstrap) with the
+/// local token this agent gave it: the servers do not know that token, so the agent reads
+/// the entry for it (any token may read `proxy-defaults`, as in Consul).
+fn proxy_defaults_for_managed_proxy(agent: &Agent, out: &Outgoing, token: Option<&::acl::Token>) -> bool {
+    let Some(token) = token else { return false };
+    out.parts.method == axum::http::Method::GET
+        && out.parts.uri.path() == api_client::paths::config_entry("proxy-defaults", "global")
+        && !agent
+            .state()
+            .services_where(|s| s.managed.as_ref().and_then(|m| m.local_token.as_ref()) == Some(token))
+            .is_empty()
+}
+
+async fn send(agent: &Agent, mut out: Outgoing) -> Response {
     // A request naming no token runs with the agent's default token, as Consul's agents do;
     // one that names its own is forwarded with it, untouched.
     let query = http_kit::Params::parse(out.parts.uri.query());
-    let token = if request_token(&out.parts.headers, &query).is_none() {
+    let named = request_token(&out.parts.headers, &query);
+    let token = if named.is_none() {
         agent.acl().default_token()
+    } else if proxy_defaults_for_managed_proxy(agent, &out, named.as_ref()) {
+        for header in ["x-consul-token", "authorization"] {
+            out.parts.headers.remove(header);
+        }
+        agent.acl().agent_token().or_else(|| agent.acl().default_token())
     } else {
         None
     };
