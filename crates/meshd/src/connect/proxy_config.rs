@@ -38,9 +38,10 @@ async fn registered(api: &Servers, args: &EnvoyArgs, node: &str, id: &str, servi
     Ok(OpaqueConfig::new())
 }
 
-/// `proxy-defaults`' `Config` (readable with any token the servers know, as Consul); none
-/// without the entry. A token the servers do not know (a managed proxy's agent-local one)
-/// cannot read it: the bootstrap goes without its keys, and says so once on stderr.
+/// `proxy-defaults`' `Config` (readable with any token the servers know, as Consul; for a
+/// managed proxy's agent-local token the agent reads it with its own); none without the
+/// entry. A token that may not read it: the bootstrap goes without its keys, and says so
+/// once on stderr.
 async fn defaults(api: &Servers, args: &EnvoyArgs) -> Result<OpaqueConfig> {
     let path = paths::config_entry("proxy-defaults", "global");
     match lookup(api, args, &path).await {
