@@ -967,6 +967,24 @@ fn terminating_gateway_per_service_chains_tls_origination_and_intentions() {
     let r = resources::build(&snap).unwrap();
     // A linked service still missing parts is named, never silently absent.
     assert!(r.problems["linked-services"].contains("pending"), "{:?}", r.problems);
+    // Intentions requiring JWTs: a gateway does not check tokens, and says so.
+    let mut with_jwt = snap.clone();
+    if let KindSnapshot::TerminatingGateway(t) = &mut with_jwt.kind {
+        let billing = Arc::make_mut(Arc::make_mut(&mut t.linked).get_mut("billing").unwrap());
+        let mut ixns = (**billing.intentions.as_ref().unwrap()).clone();
+        ixns[0].jwt = Some(structs::config_entry::IntentionJwtRequirement {
+            providers: vec![structs::config_entry::IntentionJwtProvider {
+                name: "okta".into(),
+                verify_claims: vec![],
+            }],
+        });
+        billing.intentions = Some(Arc::new(ixns));
+    }
+    let jwt_problems = resources::build(&with_jwt).unwrap().problems;
+    assert!(
+        jwt_problems["linked-service:billing:jwt"].contains("refused"),
+        "{jwt_problems:?}"
+    );
     let secrets: Vec<&String> = r.of(SECRET).unwrap().keys().collect();
     assert_eq!(secrets, ["ROOTCA", "billing", "ext", "legacy"]);
     let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
@@ -1820,6 +1838,7 @@ fn jwt_requirements_on_the_public_listener() {
         cp.jwt_providers = Some(Arc::new(providers));
     }
     let r = validate_snapshot("jwt-http", &snap);
+    insta::assert_snapshot!("jwt-http-rbac", public_rbac_text(&r));
     let problem = &r.problems["jwt"];
     assert!(problem.contains("\"gone\"") && !problem.contains("okta"), "{problem}");
     assert!(r.of(CLUSTER).unwrap().contains_key("jwks_cluster_keys"));
@@ -1838,4 +1857,19 @@ fn jwt_requirements_on_the_public_listener() {
     let r = resources::build(&tcp).unwrap();
     assert!(r.problems["jwt"].contains("its protocol is tcp"), "{:?}", r.problems);
     assert!(!r.of(CLUSTER).unwrap().contains_key("jwks_cluster_keys"));
+    // No provider exists: no JWT filter (nothing to verify), every requirement refused, and
+    // said so.
+    let mut none = snap.clone();
+    if let KindSnapshot::ConnectProxy(cp) = &mut none.kind {
+        cp.jwt_providers = Some(Arc::new(Vec::new()));
+    }
+    let r = resources::build(&none).unwrap();
+    assert!(r.problems["jwt"].contains("\"okta\""), "{:?}", r.problems);
+    let text = golden_text(&r, &none.roots.as_ref().unwrap().trust_domain);
+    assert!(!text.contains("envoy.filters.http.jwt_authn"), "{text}");
+    let rbac = public_rbac_text(&r);
+    assert!(
+        rbac.contains("jwt_payload_okta"),
+        "the RBAC still requires the token:\n{rbac}"
+    );
 }

@@ -426,6 +426,15 @@ pub(crate) fn build_terminating(
         out.insert(SECRET, secret.clone(), pack_any(tls::leaf_secret(&secret, leaf)));
         let protocol = config.protocol();
         let dns = snap.service.proxy.options().dns_discovery_type.unwrap_or_default();
+        if !super::jwt::required(intentions).is_empty() {
+            // Tokens are checked by sidecars only: the RBAC fails closed on them.
+            out.problems.insert(
+                format!("linked-service:{service}:jwt"),
+                format!(
+                    "intentions to {service:?} require JWTs, which a terminating gateway does not check: the sources they name are refused"
+                ),
+            );
+        }
         for (subset, endpoints) in subset_endpoints(service, linked, endpoints, out) {
             // The name its callers' sidecars use for this target: their cluster name and SNI.
             let sni = structs::discovery_chain::target_sni(

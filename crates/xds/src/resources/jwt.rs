@@ -71,7 +71,7 @@ pub(crate) fn required(intentions: &[Intention]) -> BTreeSet<&str> {
 
 /// The `jwt_authn` filter's configuration for the required providers that exist, and the
 /// JWKS clusters of the remote ones, into `out`; a missing provider is a problem (`jwt`).
-/// `None` when no intention requires a token.
+/// `None` when no intention requires a token, or none of the providers exists.
 pub(crate) fn build(cp: &ConnectProxySnapshot, intentions: &[Intention], out: &mut Resources) -> Option<Any> {
     let names = required(intentions);
     if names.is_empty() {
@@ -101,7 +101,9 @@ pub(crate) fn build(cp: &ConnectProxySnapshot, intentions: &[Intention], out: &m
             ),
         );
     }
-    Some(filter_config(providers))
+    // With no provider there is nothing to verify: no filter, and every requirement fails
+    // closed in the RBAC.
+    (!providers.is_empty()).then(|| filter_config(providers))
 }
 
 /// The JWKS cluster names of the remote providers a snapshot's intentions require.
@@ -347,21 +349,16 @@ struct ProviderEntry {
     provider: Option<EnvoyProvider>,
 }
 
-/// The filter's configuration for `providers` (in name order). With none (every required
-/// one missing) the filter verifies nothing, and every requirement fails closed.
+/// The filter's configuration for `providers` (in name order, at least one).
 fn filter_config(providers: Vec<(String, EnvoyProvider)>) -> Any {
     let names: Vec<String> = providers.iter().map(|(n, _)| n.clone()).collect();
-    let rules = if names.is_empty() {
-        Vec::new()
-    } else {
-        vec![RequirementRule {
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
-                ..Default::default()
-            }),
-            requirement_type: Some(requirement_rule::RequirementType::Requires(requirement(&names))),
-        }]
-    };
+    let rules = vec![RequirementRule {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+            ..Default::default()
+        }),
+        requirement_type: Some(requirement_rule::RequirementType::Requires(requirement(&names))),
+    }];
     let value = OrderedJwtAuthentication {
         providers: providers
             .into_iter()
