@@ -791,7 +791,10 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, (api_admin, web_admin
     })
     .await;
     assert_eq!(header, "from-api");
-    // The authorization service decides: without its header a request is refused.
+    // The authorization service decides: without its header a request is refused. Web's
+    // Envoy may still hold a pooled connection on api's replaced filter chain (no Lua, no
+    // authorization) until api's Envoy has drained it: wait for that first.
+    until_updated(client, api_admin, up, "/public/x", &[("x-allow", "no")], 403).await;
     let denied = test_support::http::exchange(up, "/public/x", &[("x-allow", "no")])
         .await
         .unwrap();
@@ -846,6 +849,13 @@ async fn extensions(mesh: &Mesh, client: &reqwest::Client, (api_admin, web_admin
         text.contains("EnvoyExtensions[0].Name") && text.contains("builtin/aws/lambda"),
         "{text}"
     );
+    // api plain again, while the Wasm module's file is still there: no authorization asked.
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+    )
+    .await;
+    until_updated(client, api_admin, up, "/public/x", &[("x-allow", "no")], 200).await;
 }
 
 /// A gRPC authorization service (Envoy's `envoy.service.auth.v3.Authorization`): allows a
@@ -1018,12 +1028,8 @@ async fn jwt(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketA
     let t = pyjwt_tokens();
     let token = |name: &str| format!("Bearer {}", t[name].as_str().unwrap());
     let (jwks_port, fetched) = jwks_server(t["remote_jwks"].to_string());
-    // api plain again (no extensions), then the providers and the intentions.
-    mesh.put(
-        "/v1/config",
-        json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
-    )
-    .await;
+    // The providers, then the intentions requiring their tokens (api is plain again: the
+    // extensions phase turned its extensions off).
     mesh.put(
         "/v1/config",
         json!({"Kind": "jwt-provider", "Name": "local-keys", "Issuer": "https://issuer.meshd.test",
