@@ -426,15 +426,7 @@ pub(crate) fn build_terminating(
         out.insert(SECRET, secret.clone(), pack_any(tls::leaf_secret(&secret, leaf)));
         let protocol = config.protocol();
         let dns = snap.service.proxy.options().dns_discovery_type.unwrap_or_default();
-        if !super::jwt::required(intentions).is_empty() {
-            // Tokens are checked by sidecars only: the RBAC fails closed on them.
-            out.problems.insert(
-                format!("linked-service:{service}:jwt"),
-                format!(
-                    "intentions to {service:?} require JWTs, which a terminating gateway does not check: the sources they name are refused"
-                ),
-            );
-        }
+        jwt_not_checked(service, intentions, out);
         for (subset, endpoints) in subset_endpoints(service, linked, endpoints, out) {
             // The name its callers' sidecars use for this target: their cluster name and SNI.
             let sni = structs::discovery_chain::target_sni(
@@ -625,6 +617,19 @@ fn logical_dns_endpoint(
         );
     }
     vec![chosen.clone()]
+}
+
+/// Shows in the gateway's status that intentions to `service` requiring JWTs refuse their
+/// sources: tokens are checked by sidecars only, and the RBAC fails closed on them.
+fn jwt_not_checked(service: &str, intentions: &[structs::Intention], out: &mut Resources) {
+    if !super::jwt::required(intentions).is_empty() {
+        out.problems.insert(
+            format!("linked-service:{service}:jwt"),
+            format!(
+                "intentions to {service:?} require JWTs, which a terminating gateway does not check: the sources they name are refused"
+            ),
+        );
+    }
 }
 
 /// The filters of a terminating gateway's chain for `service`: the intentions to it (per
