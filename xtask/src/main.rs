@@ -182,9 +182,9 @@ fn bench(name: Option<&str>) -> Result<()> {
 
 /// The fuzzing property tests: (package, test target or `--lib` filter).
 const FUZZ: &[(&str, &[&str])] = &[
-    ("http-api", &["--test", "fuzz_api"]),
-    ("agent", &["--test", "fuzz_agent"]),
-    ("xds", &["--test", "fuzz_protocol"]),
+    ("http-api", &["--test", "integration", "fuzz_api::"]),
+    ("agent", &["--test", "integration", "fuzz_agent::"]),
+    ("xds", &["--test", "integration", "fuzz_protocol::"]),
     ("catalog", &["--test", "fuzz_recovery"]),
     ("structs", &["--lib"]),
 ];

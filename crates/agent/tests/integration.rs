@@ -8,4 +8,5 @@ mod support;
 mod acl_table;
 mod check_headers;
 mod check_targets;
+mod fuzz_agent;
 mod http;

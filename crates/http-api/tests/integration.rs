@@ -7,6 +7,7 @@ mod acl;
 mod api;
 mod etcd_lag;
 mod events;
+mod fuzz_api;
 mod gateways;
 mod kv;
 mod operator;

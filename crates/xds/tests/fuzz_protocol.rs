@@ -7,9 +7,7 @@
 //! `cargo xtask fuzz` runs many more cases (`PROPTEST_CASES`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use proptest::prelude::*;

@@ -6,6 +6,7 @@
 mod common;
 
 mod build_problems;
+mod fuzz_protocol;
 mod protocol;
 mod sharing;
 mod validate;
