@@ -25,14 +25,7 @@ fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
     let count = Arc::clone(&seen);
     std::thread::spawn(move || {
         for mut conn in listener.incoming().flatten() {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
+            let buf = read_head(&mut conn);
             let text = String::from_utf8_lossy(&buf);
             let path = text.split_whitespace().nth(1).unwrap_or("?").to_owned();
             let underscored: String = text
@@ -55,6 +48,20 @@ fn backend(name: &'static str, flaky: bool) -> (u16, Arc<AtomicU64>) {
         }
     });
     (port, seen)
+}
+
+/// A request's line and headers, read from `conn` (up to the blank line, or what came before
+/// the connection ended).
+fn read_head(conn: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buf
 }
 
 /// Registers `service` on `node` with a sidecar carrying `meta`, and the sidecar's own
@@ -1000,14 +1007,7 @@ fn jwks_server(jwks: String) -> (u16, Arc<AtomicU64>) {
     let count = Arc::clone(&fetched);
     std::thread::spawn(move || {
         for mut conn in listener.incoming().flatten() {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
+            read_head(&mut conn);
             count.fetch_add(1, Ordering::SeqCst);
             let _ = write!(
                 conn,

@@ -6,7 +6,7 @@
 //! judges when it loads the bootstrap; here each must be JSON objects of the expected shape.
 //!
 //! Keys Consul knows that meshd does not honour yet are refused when written, so none is
-//! silently ignored ([`UNSUPPORTED_PROXY_KEYS`], [`UNSUPPORTED_UPSTREAM_KEYS`]).
+//! silently ignored ([`UNSUPPORTED_PROXY_KEYS`]).
 
 use crate::validate::{Problem, ValidationError};
 use serde_json::Value;
@@ -41,9 +41,6 @@ pub const HONOURED_ENVOY_KEYS: &[&str] = &[
     "envoy_local_cluster_json",
     "envoy_listener_tracing_json",
 ];
-
-/// Consul upstream `Config` keys meshd refuses for now (none).
-pub const UNSUPPORTED_UPSTREAM_KEYS: &[&str] = &[];
 
 /// The escape hatches of a proxy's `Config` that the xDS server honours, with the Envoy type
 /// each holds: the public listener, the local application's cluster, the tracing of every

@@ -337,11 +337,6 @@ impl ProxyOptions {
 
     /// Checks the typed keys of an upstream's `Config`, naming the field.
     pub fn check_upstream(config: &OpaqueConfig) -> Result<(), crate::ValidationError> {
-        for key in crate::bootstrap::UNSUPPORTED_UPSTREAM_KEYS {
-            if config.contains_key(*key) {
-                return Err(crate::bootstrap::unsupported(key));
-            }
-        }
         crate::bootstrap::check_escape_hatch(config, crate::bootstrap::UPSTREAM_LISTENER_KEY, envoy_json::LISTENER)?;
         crate::bootstrap::check_escape_hatch(config, crate::bootstrap::UPSTREAM_CLUSTER_KEY, envoy_json::CLUSTER)?;
         if let Some(v) = config.get(LIMITS_KEY) {
