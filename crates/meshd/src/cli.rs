@@ -27,10 +27,10 @@ pub struct Cli {
 pub enum Command {
     /// Run a server: the catalog, the built-in CA, the HTTP API and the xDS server.
     #[cfg(feature = "server")]
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run an agent: local services and checks, synced to the servers; the local HTTP API; xDS and managed proxies for this host.
     #[cfg(feature = "agent")]
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Connect proxies to the mesh.
     #[command(subcommand)]
     Connect(ConnectCommand),

@@ -46,14 +46,14 @@ fn main() -> ExitCode {
             #[cfg(feature = "server")]
             Command::Server(args) => {
                 meshd::init_logging(&args.log_level, args.log_json);
-                server_mode::run(args, meshd::shutdown_signal(), |bound| {
+                server_mode::run(*args, meshd::shutdown_signal(), |bound| {
                     ready_lines(bound, "meshd server", "meshd xds");
                 })
                 .await
                 .map_err(anyhow::Error::from)
             }
             #[cfg(feature = "agent")]
-            Command::Agent(args) => agent_mode::run(args, meshd::shutdown_signal(), |bound| {
+            Command::Agent(args) => agent_mode::run(*args, meshd::shutdown_signal(), |bound| {
                 ready_lines(bound, "meshd agent", "meshd agent xds");
             })
             .await

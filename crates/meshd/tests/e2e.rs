@@ -25,3 +25,43 @@ mod soak_short;
 mod tls_e2e;
 mod xds_failover;
 mod xds_restart;
+
+// The benchmarks' sources, compiled (and linted, in CI) with the tests: CI builds no
+// benchmark binary (`cargo xtask bench` does), and a benchmark that no longer compiles or
+// lints fails here. Their `main`s are not called.
+#[allow(dead_code)]
+#[path = "../benches/agent.rs"]
+mod bench_agent;
+#[allow(dead_code)]
+#[path = "../benches/agent_cache.rs"]
+mod bench_agent_cache;
+#[allow(dead_code)]
+#[path = "../benches/chaos.rs"]
+mod bench_chaos;
+#[allow(dead_code)]
+#[path = "../benches/ha.rs"]
+mod bench_ha;
+#[allow(dead_code)]
+#[path = "../benches/kv.rs"]
+mod bench_kv;
+#[allow(dead_code)]
+#[path = "../benches/managed.rs"]
+mod bench_managed;
+#[allow(dead_code)]
+#[path = "../benches/memory.rs"]
+mod bench_memory;
+#[allow(dead_code)]
+#[path = "../benches/nack.rs"]
+mod bench_nack;
+#[allow(dead_code)]
+#[path = "../benches/server.rs"]
+mod bench_server;
+#[allow(dead_code)]
+#[path = "../benches/soak.rs"]
+mod bench_soak;
+#[allow(dead_code)]
+#[path = "../benches/storm.rs"]
+mod bench_storm;
+#[allow(dead_code)]
+#[path = "../benches/xds.rs"]
+mod bench_xds;

@@ -8,3 +8,11 @@ mod agent;
 mod bootstrap;
 mod daemon;
 mod envoy_agent;
+
+// The benchmarks' sources, compiled (and linted, in CI) with the tests: CI builds no
+// benchmark binary (`cargo xtask bench` does), and a benchmark that no longer compiles or
+// lints fails here. Their `main`s are not called.
+// It loads the tests' `common` module again, as its own binary needs it.
+#[allow(dead_code, clippy::duplicate_mod)]
+#[path = "../benches/hot_restart.rs"]
+mod bench_hot_restart;
