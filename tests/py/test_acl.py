@@ -21,7 +21,7 @@ ACL_FLAGS = ["-acl-enabled", "-acl-default-policy", "deny"]
 
 def _spawn(*args):
     return subprocess.Popen(
-        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0",
          "-log-level", "warn", *ACL_FLAGS, *args],
         stdout=subprocess.PIPE,
         text=True,

@@ -65,7 +65,7 @@ class Proc:
 def start_server(data_dir=None, http_addr="127.0.0.1:0", liveness="10s"):
     store = ["-data-dir", str(data_dir)] if data_dir else ["-dev"]
     return Proc(
-        ["server", *store, "-http-addr", http_addr, "-grpc-addr", "127.0.0.1:0", "-log-level", "warn",
+        ["server", *store, "-http-addr", http_addr, "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-log-level", "warn",
          "-node-liveness-timeout", liveness],
         "meshd server listening on http://",
     )
@@ -75,7 +75,7 @@ def start_agent(servers, node="node-a", data_dir=None, extra=()):
     store = ["-data-dir", str(data_dir)] if data_dir else ["-dev"]
     joins = [arg for s in servers for arg in ("-retry-join", s)]
     return Proc(
-        ["agent", "-node", node, *store, *joins, "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+        ["agent", "-node", node, *store, *joins, "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0",
          "-advertise", "127.0.0.1", "-log-level", "warn", *extra],
         "meshd agent listening on http://",
     )

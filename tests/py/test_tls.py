@@ -39,7 +39,7 @@ def _start(pki, *extra):
     """`meshd server -dev` with HTTPS; returns (process, https host, https port)."""
     proc = subprocess.Popen(
         [_meshd_binary(), "server", "-dev", "-log-level", "warn",
-         "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-https-addr", "127.0.0.1:0",
+         "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-https-addr", "127.0.0.1:0",
          "-tls-cert-file", pki["cert"], "-tls-key-file", pki["key"], *extra],
         stdout=subprocess.PIPE,
         text=True,
@@ -107,7 +107,7 @@ def test_verify_incoming_wants_a_client_certificate_from_the_ca(pki, monkeypatch
 def test_a_missing_key_file_stops_the_start_with_one_line_naming_the_flag(pki, tmp_path):
     missing = str(tmp_path / "missing-key.pem")
     done = subprocess.run(
-        [_meshd_binary(), "server", "-dev", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+        [_meshd_binary(), "server", "-dev", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0",
          "-https-addr", "127.0.0.1:0", "-tls-cert-file", pki["cert"], "-tls-key-file", missing],
         capture_output=True,
         text=True,

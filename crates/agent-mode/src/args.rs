@@ -1,7 +1,7 @@
 //! `meshd agent` flags.
 
 use clap::Args;
-use node::cli::TlsArgs;
+use node::cli::{DnsArgs, TlsArgs};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -114,4 +114,7 @@ pub struct AgentArgs {
     /// HTTPS and xDS over TLS; the CA also verifies `https://` servers of -retry-join.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// The DNS interface.
+    #[command(flatten)]
+    pub dns: DnsArgs,
 }

@@ -5,6 +5,7 @@
 //! `-leave-on-terminate=false`).
 
 mod args;
+mod dns;
 mod error;
 mod local;
 mod reload;
@@ -53,6 +54,11 @@ pub async fn run(
         http_max_conns_per_client: args.http_max_conns_per_client,
         http_versions: node::http_serve::Versions::Http1,
         admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+        dns: args
+            .dns
+            .dns_addr
+            .0
+            .map(|a| (a, args.dns.config(&settings.agent.datacenter))),
     })
     .await
     .map_err(StartError::Node)?;
@@ -154,6 +160,10 @@ impl Mode for AgentMode {
 
     fn tokens(&self) -> Tokens {
         Arc::clone(self.agent.acl()) as Tokens
+    }
+
+    fn dns_catalog(&self) -> Arc<dyn ::dns::Catalog> {
+        Arc::new(dns::ServersDns(self.agent.clone()))
     }
 
     fn local_tokens(&self) -> Option<Arc<dyn LocalTokens>> {

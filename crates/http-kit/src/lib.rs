@@ -228,6 +228,8 @@ pub struct Ports {
     pub grpc: i32,
     /// xDS over TLS.
     pub grpc_tls: i32,
+    /// DNS.
+    pub dns: i32,
 }
 
 impl Default for Ports {
@@ -237,6 +239,7 @@ impl Default for Ports {
             https: -1,
             grpc: -1,
             grpc_tls: -1,
+            dns: -1,
         }
     }
 }
@@ -317,7 +320,7 @@ pub struct DebugConfig {
     /// The xDS-over-TLS port.
     #[serde(rename = "GRPCTLSPort")]
     pub grpc_tls_port: i32,
-    /// The DNS port (none yet).
+    /// The DNS port.
     #[serde(rename = "DNSPort")]
     pub dns_port: i32,
     /// meshd's version.
@@ -347,7 +350,7 @@ impl DebugConfig {
             https_port: ports.https,
             grpc_port: ports.grpc,
             grpc_tls_port: ports.grpc_tls,
-            dns_port: -1,
+            dns_port: ports.dns,
             version: env!("CARGO_PKG_VERSION").to_owned(),
         }
     }

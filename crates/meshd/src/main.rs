@@ -85,8 +85,8 @@ fn main() -> ExitCode {
 }
 
 /// The ready lines a node prints for scripts, one per listener: `<api> listening on
-/// http://ADDR`, `<xds> listening on ADDR`, and their TLS twins. Nobody reading them is not
-/// an error.
+/// http://ADDR`, `<xds> listening on ADDR`, their TLS twins, and `<api> dns listening on
+/// ADDR` (UDP and TCP). Nobody reading them is not an error.
 #[cfg(any(feature = "server", feature = "agent"))]
 fn ready_lines(bound: &node::Bound, api: &str, xds: &str) {
     use std::io::Write;
@@ -102,6 +102,9 @@ fn ready_lines(bound: &node::Bound, api: &str, xds: &str) {
     }
     if let Some(addr) = bound.grpc_tls_addr {
         let _ = writeln!(out, "{xds}-tls listening on {addr}");
+    }
+    if let Some(addr) = bound.dns_addr {
+        let _ = writeln!(out, "{api} dns listening on {addr}");
     }
     let _ = out.flush();
 }

@@ -144,7 +144,7 @@ async fn agents_on_one_host_give_sidecars_ports_from_their_own_ranges() {
 #[test]
 fn a_sidecar_port_range_upside_down_is_a_start_error() {
     let out = std::process::Command::new(meshd())
-        .args(["agent", "-dev", "-retry-join", "127.0.0.1:1"])
+        .args(["agent", "-dev", "-retry-join", "127.0.0.1:1", "-dns-addr", "off"])
         .args(["-sidecar-min-port", "22010", "-sidecar-max-port", "22000"])
         .output()
         .unwrap();

@@ -157,6 +157,8 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
                 "127.0.0.1:0",
                 "-grpc-addr",
                 "127.0.0.1:0",
+                "-dns-addr",
+                "127.0.0.1:0",
             ])
             .args(["-log-level", "error"])
             .output()
@@ -436,6 +438,8 @@ fn an_unreachable_etcd_at_start_is_one_line_and_a_non_zero_exit() {
             "-http-addr",
             "127.0.0.1:0",
             "-grpc-addr",
+            "127.0.0.1:0",
+            "-dns-addr",
             "127.0.0.1:0",
             "-log-level",
             "error",

@@ -70,6 +70,8 @@ fn bad_command_lines_fail_with_one_line() {
         file.path().to_str().unwrap(),
         "-http-addr",
         "127.0.0.1:0",
+        "-dns-addr",
+        "off",
         "-log-level",
         "off",
     ]);

@@ -57,6 +57,8 @@ fn tls_server(cert: &Path, key: &Path) -> (Proc, String, String, String) {
             "127.0.0.1:0",
             "-grpc-addr",
             "127.0.0.1:0",
+            "-dns-addr",
+            "127.0.0.1:0",
             "-https-addr",
             "127.0.0.1:0",
             "-grpc-tls-addr",
@@ -219,6 +221,8 @@ async fn plain_listeners_can_be_turned_off_once_tls_serves() {
             "off",
             "-grpc-addr",
             "off",
+            "-dns-addr",
+            "off",
             "-https-addr",
             "127.0.0.1:0",
             "-grpc-tls-addr",
@@ -241,7 +245,7 @@ async fn plain_listeners_can_be_turned_off_once_tls_serves() {
 
     for (off, needs) in [("-http-addr", "-https-addr"), ("-grpc-addr", "-grpc-tls-addr")] {
         let out = Command::new(meshd())
-            .args(["server", "-dev", "-log-level", "off", off, "off"])
+            .args(["server", "-dev", "-log-level", "off", "-dns-addr", "off", off, "off"])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -41,6 +41,8 @@ pub struct Listeners {
     pub http_versions: crate::http_serve::Versions,
     /// How many xDS streams, and how fast new ones, are admitted.
     pub admission: xds::Admission,
+    /// The DNS interface (none: off) and how it answers.
+    pub dns: Option<(SocketAddr, dns::Config)>,
 }
 
 /// The addresses a node's listeners are bound to.
@@ -54,6 +56,8 @@ pub struct Bound {
     pub https_addr: Option<SocketAddr>,
     /// xDS over TLS.
     pub grpc_tls_addr: Option<SocketAddr>,
+    /// DNS, UDP and TCP.
+    pub dns_addr: Option<SocketAddr>,
 }
 
 impl Bound {
@@ -65,15 +69,22 @@ impl Bound {
             https: port(self.https_addr),
             grpc: port(self.grpc_addr),
             grpc_tls: port(self.grpc_tls_addr),
+            dns: port(self.dns_addr),
         }
     }
 
     /// Every bound address.
     pub fn all(&self) -> Vec<SocketAddr> {
-        [self.http_addr, self.grpc_addr, self.https_addr, self.grpc_tls_addr]
-            .into_iter()
-            .flatten()
-            .collect()
+        [
+            self.http_addr,
+            self.grpc_addr,
+            self.https_addr,
+            self.grpc_tls_addr,
+            self.dns_addr,
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -83,6 +94,7 @@ pub struct BoundListeners {
     grpc: Option<TcpListener>,
     https: Option<TcpListener>,
     grpc_tls: Option<TcpListener>,
+    dns: Option<(dns::Bound, dns::Config)>,
     tls: TlsSettings,
     config: Listeners,
     /// Their addresses.
@@ -103,11 +115,22 @@ pub async fn bind(config: Listeners) -> Result<BoundListeners, ModeError> {
     let (grpc, grpc_addr) = bind_optional(config.grpc, "xDS ").await?;
     let (https, https_addr) = bind_optional(config.tls.https_addr, "HTTPS ").await?;
     let (grpc_tls, grpc_tls_addr) = bind_optional(config.tls.grpc_tls_addr, "xDS TLS ").await?;
+    let dns = match &config.dns {
+        Some((addr, dns_config)) => Some((
+            dns::bind(*addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (DNS): {e}"))?,
+            dns_config.clone(),
+        )),
+        None => None,
+    };
+    let dns_addr = dns.as_ref().map(|(b, _)| b.addr);
     Ok(BoundListeners {
         http,
         grpc,
         https,
         grpc_tls,
+        dns,
         tls,
         config,
         bound: Bound {
@@ -115,6 +138,7 @@ pub async fn bind(config: Listeners) -> Result<BoundListeners, ModeError> {
             grpc_addr,
             https_addr,
             grpc_tls_addr,
+            dns_addr,
         },
     })
 }
@@ -185,6 +209,9 @@ pub trait Mode: Send + Sync + 'static {
     /// Mode-specific settings of the xDS server.
     fn configure_xds(&self, _xds: &XdsServer) {}
 
+    /// What the DNS interface answers from (as the node's default token may read).
+    fn dns_catalog(&self) -> Arc<dyn dns::Catalog>;
+
     /// The mode's HTTP routes. The node adds the status views and `/v1/agent/metrics`.
     fn routes(&self, engine: &Engine) -> axum::Router;
 
@@ -251,12 +278,13 @@ pub async fn serve_with_grace<M: Mode>(
     // Headers past the cap are refused by `http_serve` before the router.
     let app = with_tokens(mode.routes(&engine).merge(own), tokens);
     let (xds_stop, http_stop) = (CancellationToken::new(), CancellationToken::new());
-    let running = start_listeners(listeners, &engine, app, &xds_stop, &http_stop)?;
+    let running = start_listeners(listeners, &engine, app, mode.dns_catalog(), &xds_stop, &http_stop)?;
     info!(
         http_addr = ?running.bound.http_addr,
         grpc_addr = ?running.bound.grpc_addr,
         https_addr = ?running.bound.https_addr,
         grpc_tls_addr = ?running.bound.grpc_tls_addr,
+        dns_addr = ?running.bound.dns_addr,
         node = %mode.node_name(),
         "meshd {} ready",
         mode.name()
@@ -361,6 +389,7 @@ fn start_listeners(
     listeners: BoundListeners,
     engine: &Engine,
     app: impl crate::http_serve::App,
+    dns_catalog: Arc<dyn dns::Catalog>,
     xds_stop: &CancellationToken,
     http_stop: &CancellationToken,
 ) -> Result<Running, ModeError> {
@@ -369,6 +398,7 @@ fn start_listeners(
         grpc,
         https,
         grpc_tls,
+        dns,
         tls,
         config,
         mut bound,
@@ -408,6 +438,18 @@ fn start_listeners(
         served.push((
             "xDS",
             boxed(crate::engine::serve_xds(listener, addr, &engine.xds, xds_stop.clone())),
+        ));
+    }
+    if let Some((listener, dns_config)) = dns {
+        let addr = listener.addr;
+        // DNS stops with the HTTP API, last: names resolve while proxies drain.
+        let task = tokio::spawn(
+            dns::serve(listener, Arc::new(dns_config), dns_catalog, http_stop.clone())
+                .instrument(info_span!("dns", dns_addr = %addr)),
+        );
+        served.push((
+            "DNS",
+            Box::pin(async move { task.await.map_err(|e| Box::new(e) as ModeError) }),
         ));
     }
     Ok(Running { bound, served })

@@ -1,7 +1,7 @@
 //! `meshd server` flags.
 
 use clap::Args;
-use node::cli::{Listen, TlsArgs};
+use node::cli::{DnsArgs, Listen, TlsArgs};
 use std::path::PathBuf;
 
 /// `meshd server` flags.
@@ -89,6 +89,9 @@ pub struct ServerArgs {
     /// HTTPS and xDS over TLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// The DNS interface.
+    #[command(flatten)]
+    pub dns: DnsArgs,
 }
 
 /// `-store`: `embedded`, or `etcd` in a build with the `etcd` feature (a build without it

@@ -6,6 +6,7 @@
 
 mod args;
 mod balance;
+mod dns;
 mod error;
 mod forward;
 mod store;
@@ -41,6 +42,7 @@ pub async fn run(
         http_max_conns_per_client: args.http_max_conns_per_client,
         http_versions: node::http_serve::Versions::Http1And2,
         admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
+        dns: args.dns.dns_addr.0.map(|a| (a, args.dns.config(&args.datacenter))),
     })
     .await
     .map_err(ServerError::Node)?;
@@ -168,6 +170,10 @@ impl Mode for ServerMode {
 
     fn config_source(&self, manager: &Manager) -> Arc<dyn ConfigSource> {
         Arc::new(CatalogSource::new(self.store.clone(), manager.clone()))
+    }
+
+    fn dns_catalog(&self) -> Arc<dyn ::dns::Catalog> {
+        Arc::new(dns::StoreDns::new(self.store.clone(), self.tokens()))
     }
 
     fn configure_xds(&self, xds: &XdsServer) {

@@ -16,7 +16,7 @@ pub struct ServerProcess {
     pub grpc: String,
 }
 
-/// Starts `bin server` on `127.0.0.1:0` for both listeners with `args` added (`-dev` or a
+/// Starts `bin server` on `127.0.0.1:0` for its listeners (DNS too) with `args` added (`-dev` or a
 /// `-data-dir`, a log level...), and waits for its ready lines. Lines printed before them (a
 /// profiler wrapping the server) are skipped.
 pub fn start_server<I, S>(bin: &Path, args: I) -> ServerProcess
@@ -26,7 +26,15 @@ where
 {
     let (child, http, grpc) = start(
         bin,
-        ["server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0"],
+        [
+            "server",
+            "-http-addr",
+            "127.0.0.1:0",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-dns-addr",
+            "127.0.0.1:0",
+        ],
         args,
         "meshd server listening on ",
         "meshd xds listening on ",
@@ -43,7 +51,15 @@ where
 {
     let (child, http, grpc) = start(
         bin,
-        ["server", "-http-addr", http, "-grpc-addr", grpc],
+        [
+            "server",
+            "-http-addr",
+            http,
+            "-grpc-addr",
+            grpc,
+            "-dns-addr",
+            "127.0.0.1:0",
+        ],
         args,
         "meshd server listening on ",
         "meshd xds listening on ",
@@ -70,7 +86,15 @@ where
 {
     let (child, http, grpc) = start(
         bin,
-        ["agent", "-http-addr", http, "-grpc-addr", grpc],
+        [
+            "agent",
+            "-http-addr",
+            http,
+            "-grpc-addr",
+            grpc,
+            "-dns-addr",
+            "127.0.0.1:0",
+        ],
         args,
         "meshd agent listening on ",
         "meshd agent xds listening on ",
@@ -78,7 +102,7 @@ where
     ServerProcess { child, http, grpc }
 }
 
-fn start<I, S>(bin: &Path, head: [&str; 5], args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
+fn start<I, S>(bin: &Path, head: [&str; 7], args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,

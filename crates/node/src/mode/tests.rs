@@ -40,6 +40,22 @@ impl ConfigSource for NoProxies {
     }
 }
 
+/// A catalog with nothing in it.
+struct NoNames;
+
+#[async_trait::async_trait]
+impl dns::Catalog for NoNames {
+    async fn service_nodes(&self, _: &str, _: dns::Wanted) -> Result<Vec<structs::CheckServiceNode>, dns::LookupError> {
+        Ok(Vec::new())
+    }
+    async fn node(&self, _: &str) -> Result<Option<structs::Node>, dns::LookupError> {
+        Ok(None)
+    }
+    async fn prepared_query(&self, _: &str) -> Result<Option<Vec<structs::CheckServiceNode>>, dns::LookupError> {
+        Ok(None)
+    }
+}
+
 /// A mode whose `engine_stopped` never returns (a leave that hangs, say).
 struct Stuck(proxycfg::fake::FakeDataSources);
 
@@ -66,6 +82,9 @@ impl Mode for Stuck {
     fn routes(&self, _: &Engine) -> axum::Router {
         axum::Router::new()
     }
+    fn dns_catalog(&self) -> Arc<dyn dns::Catalog> {
+        Arc::new(NoNames)
+    }
     fn spawn(&self, _: &Engine, _: &TaskTracker, _: CancellationToken) {}
     async fn engine_stopped(&self) {
         std::future::pending::<()>().await;
@@ -81,6 +100,7 @@ async fn a_drain_that_does_not_finish_ends_at_the_grace_deadline() {
         http_max_conns_per_client: 0,
         http_versions: crate::http_serve::Versions::Http1And2,
         admission: crate::engine::admission(10, 10),
+        dns: Some(("127.0.0.1:0".parse().unwrap(), dns::Config::new("dc1"))),
     })
     .await
     .unwrap();
