@@ -264,7 +264,7 @@ def main(readme, section):
     try:
         if section == "meshd agent":
             # The server the agent joins, as the server section starts one.
-            runner.run("meshd server -dev -http-addr 10.0.0.10:8500 -grpc-addr 10.0.0.10:8502")
+            runner.run("meshd server -dev -http-addr 10.0.0.10:8500 -grpc-addr 10.0.0.10:8502 -dns-addr 10.0.0.10:8600")
         if section.startswith("High availability"):
             for command in commands(section_blocks(readme, "meshd agent")[0]):
                 if command.startswith("cat > web.json"):

@@ -444,7 +444,7 @@ def test_agent_self_has_the_debug_config_clients_read(cluster):
         debug = me["DebugConfig"]
         assert debug["ServerMode"] is server_mode, debug
         assert debug["HTTPPort"] == proc.port and debug["GRPCPort"] > 0, debug
-        assert debug["HTTPSPort"] == -1 and debug["GRPCTLSPort"] == -1 and debug["DNSPort"] == -1, debug
+        assert debug["HTTPSPort"] == -1 and debug["GRPCTLSPort"] == -1 and debug["DNSPort"] > 0, debug
         assert debug["Datacenter"] == debug["PrimaryDatacenter"] == "dc1", debug
         assert debug["NodeName"] == me["Config"]["NodeName"] and debug["NodeID"] == me["Config"]["NodeID"], me
         assert debug["ConnectEnabled"] is True and debug["ACLsEnabled"] is False, debug
