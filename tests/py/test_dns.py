@@ -177,6 +177,15 @@ def test_connect_names_answer_the_sidecars(mesh):
     assert ask(mesh, "big.connect.consul.").rcode() == dns.rcode.NXDOMAIN
 
 
+def test_virtual_names_answer_the_services_virtual_ip(mesh):
+    # web has a sidecar: the catalog gave it the first virtual IP, which its connect
+    # instances show as their `consul-virtual` tagged address.
+    assert addresses(ask(mesh, "web.virtual.consul.")) == ["240.0.0.1"]
+    [sidecar] = mesh.client().health.connect("web")[1]
+    assert sidecar["Service"]["TaggedAddresses"]["consul-virtual"] == {"Address": "240.0.0.1", "Port": 21000}
+    assert ask(mesh, "big.virtual.consul.").rcode() == dns.rcode.NXDOMAIN
+
+
 def test_unknown_names_are_nxdomain_with_the_soa(mesh):
     for name in ["nope.service.consul.", "web.service.dc2.consul.", "what.consul.", "web.virtualish.consul."]:
         a = ask(mesh, name)

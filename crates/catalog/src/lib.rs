@@ -37,6 +37,7 @@ mod store;
 mod token_resolver;
 mod txn_ops;
 mod views;
+pub mod virtual_ips;
 mod wal;
 
 pub use error::{StorageFailure, StoreError, WriteError};

@@ -7,6 +7,7 @@ use crate::ca::CaState;
 use crate::keys::IndexKey;
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
 use structs::event::UserEvent;
@@ -91,6 +92,15 @@ pub enum Change {
     PutQuery(PreparedQuery),
     /// Remove a prepared query.
     DeleteQuery(String),
+    /// A service's virtual IP (see [`crate::virtual_ips`]).
+    PutVirtualIp {
+        /// The service.
+        service: String,
+        /// Its address, in `240.0.0.0/4`.
+        ip: Ipv4Addr,
+    },
+    /// A service's virtual IP is released (a restore that has none for it).
+    DeleteVirtualIp(String),
 }
 
 type NodeKey = (String, String);
@@ -119,6 +129,8 @@ pub struct State {
     events: OrdMap<u64, Arc<UserEvent>>,
     /// Prepared queries, by id.
     queries: OrdMap<String, Arc<PreparedQuery>>,
+    /// Services' virtual IPs, by service name.
+    virtual_ips: OrdMap<String, Ipv4Addr>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -269,7 +281,7 @@ impl AclTables {
 }
 
 /// The service name an instance is connect-capable for, if any.
-fn connect_target(svc: &NodeService) -> Option<&str> {
+pub(crate) fn connect_target(svc: &NodeService) -> Option<&str> {
     match svc.kind {
         ServiceKind::ConnectProxy => Some(svc.proxy.destination_service_name.as_str()),
         ServiceKind::Typical if svc.connect.native => Some(svc.service.as_str()),
@@ -424,6 +436,18 @@ impl State {
             | Change::DeleteSession(_)
             | Change::PutLockDelay { .. }
             | Change::DeleteLockDelay(_) => self.apply_kv(index, change, bumped),
+            Change::PutEvent(_)
+            | Change::DeleteEvent(_)
+            | Change::PutQuery(_)
+            | Change::DeleteQuery(_)
+            | Change::PutVirtualIp { .. }
+            | Change::DeleteVirtualIp(_) => self.apply_other(index, change, bumped),
+        }
+    }
+
+    /// Events, prepared queries and virtual IPs.
+    fn apply_other(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
+        match change {
             Change::PutEvent(event) => {
                 self.events.insert(event.ltime, Arc::new(event.clone()));
                 bumped.insert(IndexKey::Events);
@@ -435,16 +459,21 @@ impl State {
                 self.queries.insert(query.id.clone(), Arc::new(query));
                 bumped.insert(IndexKey::Queries);
             }
-            Change::DeleteQuery(id) => {
-                if self.queries.remove(id).is_some() {
-                    bumped.insert(IndexKey::Queries);
-                }
+            Change::DeleteQuery(id) if self.queries.remove(id).is_some() => {
+                bumped.insert(IndexKey::Queries);
             }
-            Change::DeleteEvent(ltime) => {
-                if self.events.remove(ltime).is_some() {
-                    bumped.insert(IndexKey::Events);
-                }
+            Change::DeleteEvent(ltime) if self.events.remove(ltime).is_some() => {
+                bumped.insert(IndexKey::Events);
             }
+            // The connect instances of the service show it (`consul-virtual`).
+            Change::PutVirtualIp { service, ip } => {
+                self.virtual_ips.insert(service.clone(), *ip);
+                bumped.insert(IndexKey::ServiceConnect(service.clone()));
+            }
+            Change::DeleteVirtualIp(service) if self.virtual_ips.remove(service).is_some() => {
+                bumped.insert(IndexKey::ServiceConnect(service.clone()));
+            }
+            _ => {}
         }
     }
 
@@ -817,6 +846,16 @@ impl State {
         self.acl.bootstrapped
     }
 
+    /// The virtual IP of `service`, once it has connect instances.
+    pub fn virtual_ip(&self, service: &str) -> Option<Ipv4Addr> {
+        self.virtual_ips.get(service).copied()
+    }
+
+    /// Every service's virtual IP.
+    pub fn virtual_ips(&self) -> impl Iterator<Item = (&String, &Ipv4Addr)> {
+        self.virtual_ips.iter()
+    }
+
     // ---- persistence ----
 
     /// Every row, for a snapshot file.
@@ -843,6 +882,7 @@ impl State {
             lock_delays: self.lock_delays.iter().map(|(k, u)| (k.clone(), *u)).collect(),
             events: self.events.values().map(|e| (**e).clone()).collect(),
             queries: self.queries.values().map(|q| (**q).clone()).collect(),
+            virtual_ips: self.virtual_ips.iter().map(|(s, ip)| (s.clone(), *ip)).collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -899,6 +939,7 @@ impl State {
         for q in p.queries {
             s.queries.insert(q.id.clone(), Arc::new(q));
         }
+        s.virtual_ips = p.virtual_ips.into_iter().collect();
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -943,5 +984,7 @@ pub(crate) struct PersistedState {
     pub(crate) events: Vec<UserEvent>,
     #[serde(default)]
     pub(crate) queries: Vec<PreparedQuery>,
+    #[serde(default)]
+    pub(crate) virtual_ips: Vec<(String, Ipv4Addr)>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -82,7 +82,10 @@ impl Planned {
         match plan(op, state, datacenter, now) {
             Err(e) => Planned::Refused(e),
             Ok(p) if !p.applied || p.changes.is_empty() => Planned::Unchanged { applied: p.applied },
-            Ok(p) => Planned::Changed(p.changes),
+            Ok(mut p) => {
+                crate::virtual_ips::assign(state, &mut p.changes);
+                Planned::Changed(p.changes)
+            }
         }
     }
 }

@@ -59,11 +59,9 @@ impl State {
             .filter(|c| c.service_id.is_empty() || c.service_id == svc.id)
             .map(|c| (*c).clone())
             .collect();
-        Some(CheckServiceNode {
-            node,
-            service: svc.clone(),
-            checks,
-        })
+        let mut service = svc.clone();
+        crate::virtual_ips::tag(self, &mut service);
+        Some(CheckServiceNode { node, service, checks })
     }
 
     /// Instances of `service` (or, with `connect`, the connect-capable instances for it) with

@@ -890,3 +890,76 @@ async fn a_kv_prefix_wait_wakes_only_for_writes_under_the_prefix() {
     let under = store.write(set("app/new")).await.unwrap().index;
     assert_eq!(waiter.await.unwrap(), under);
 }
+
+#[tokio::test]
+async fn connect_services_get_stable_virtual_ips_shown_on_their_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let vip = |state: &State, svc: &str| state.virtual_ip(svc).map(|ip| ip.to_string());
+    {
+        // Snapshots every 3 writes: the addresses come back from a snapshot and the log.
+        let store = disk_store(dir.path(), 3).await;
+        store
+            .write(register("n1", "10.0.0.1", Some(service("web", 80)), vec![]))
+            .await
+            .unwrap();
+        assert_eq!(vip(&store.read(), "web"), None, "no connect instance yet");
+        let before = store.read().index_of(&IndexKey::ServiceConnect("web".into()));
+        store
+            .write(register("n1", "10.0.0.1", Some(sidecar("web", 21000)), vec![]))
+            .await
+            .unwrap();
+        store
+            .write(register("n2", "10.0.0.2", Some(sidecar("api", 21000)), vec![]))
+            .await
+            .unwrap();
+        // A second instance of web: the same address.
+        let mut second = sidecar("web", 21001);
+        second.id = "web-sidecar-proxy-2".into();
+        store
+            .write(register("n2", "10.0.0.2", Some(second), vec![]))
+            .await
+            .unwrap();
+        let state = store.read();
+        assert_eq!(vip(&state, "web").as_deref(), Some("240.0.0.1"));
+        assert_eq!(vip(&state, "api").as_deref(), Some("240.0.0.2"));
+        assert!(state.index_of(&IndexKey::ServiceConnect("web".into())) > before);
+        let instances = state.health("web", true);
+        assert_eq!(instances.len(), 2);
+        for csn in &instances {
+            let tagged = &csn.service.tagged_addresses[catalog::virtual_ips::TAGGED_ADDRESS];
+            assert_eq!(tagged.address, "240.0.0.1");
+            assert_eq!(tagged.port, csn.service.port);
+        }
+        // The plain instances of web do not carry it; its sidecars' own listing does.
+        assert!(state.health("web", false)[0].service.tagged_addresses.is_empty());
+        // A registration without the tagged address (an agent's anti-entropy) is no change.
+        let index = state.index;
+        let again = store
+            .write(register("n1", "10.0.0.1", Some(sidecar("web", 21000)), vec![]))
+            .await
+            .unwrap();
+        assert_eq!(again.index, index, "nothing written");
+        // Gone and back: the same address.
+        store
+            .write(Op::Deregister(DeregisterRequest {
+                node: "n1".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        store.close().await;
+    }
+    let store = disk_store(dir.path(), 3).await;
+    let state = store.read();
+    assert_eq!(
+        vip(&state, "web").as_deref(),
+        Some("240.0.0.1"),
+        "kept across a restart"
+    );
+    assert_eq!(vip(&state, "api").as_deref(), Some("240.0.0.2"));
+    store
+        .write(register("n3", "10.0.0.3", Some(sidecar("db", 21000)), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(vip(&store.read(), "db").as_deref(), Some("240.0.0.3"));
+}

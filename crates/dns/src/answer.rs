@@ -183,6 +183,24 @@ async fn find(
             None => Found::default(),
             Some(nodes) => at.answer(nodes),
         },
+        // Its connect instances carry it (`consul-virtual`).
+        Asked::Virtual(service) => {
+            let nodes = catalog.service_nodes(service, crate::Wanted::Connect).await?;
+            let vip = nodes.iter().find_map(|n| {
+                n.service
+                    .tagged_addresses
+                    .get(structs::service::TAGGED_ADDRESS_VIRTUAL_IP)
+                    .and_then(|a| a.address.parse::<IpAddr>().ok())
+            });
+            match vip {
+                None => Found::default(),
+                Some(ip) => Found {
+                    exists: true,
+                    answers: address(qname, ip, qtype, config.service_ttl).into_iter().collect(),
+                    ..Found::default()
+                },
+            }
+        }
     })
 }
 

@@ -21,6 +21,8 @@ pub enum Asked {
     },
     /// `<name>.query`: a prepared query.
     Query(String),
+    /// `<svc>.virtual`: the service's virtual IP.
+    Virtual(String),
     /// `<hex>.addr`: an address spelled in hex (the target of SRV answers).
     Addr(IpAddr),
     /// A name in the domain that is none of these, or of another datacenter: it does not
@@ -38,7 +40,7 @@ pub struct Parsed {
     pub domain: String,
 }
 
-const KINDS: [&str; 6] = ["service", "node", "connect", "ingress", "query", "addr"];
+const KINDS: [&str; 7] = ["service", "node", "connect", "ingress", "query", "addr", "virtual"];
 
 /// Reads `name` (any case, with or without its final dot). `None`: not under an answered
 /// domain (the recursors' business).
@@ -92,6 +94,7 @@ fn read_labels(labels: &[&str], config: &Config) -> Asked {
         },
         ("connect", [svc]) => service(svc, None, Wanted::Connect),
         ("ingress", [svc]) => service(svc, None, Wanted::Ingress),
+        ("virtual", [svc]) if !svc.is_empty() => Asked::Virtual((*svc).to_owned()),
         ("query", [q]) => Asked::Query((*q).to_owned()),
         ("query", [q, "_tcp"]) if q.len() > 1 && q.starts_with('_') => Asked::Query(q[1..].to_owned()),
         ("addr", [hex]) => addr(hex).map_or(Asked::Missing, Asked::Addr),
@@ -164,6 +167,7 @@ mod tests {
         assert_eq!(asked("web.connect.consul"), svc("web", None, Wanted::Connect));
         assert_eq!(asked("web.ingress.consul"), svc("web", None, Wanted::Ingress));
         assert_eq!(asked("n1.node.consul"), Some(Asked::Node("n1".into())));
+        assert_eq!(asked("web.virtual.consul"), Some(Asked::Virtual("web".into())));
         assert_eq!(asked("n1.node.dc1.mesh.example"), Some(Asked::Node("n1".into())));
         assert_eq!(asked("q.query.consul"), Some(Asked::Query("q".into())));
         assert_eq!(asked("_q._tcp.query.consul"), Some(Asked::Query("q".into())));

@@ -12,6 +12,10 @@ pub use crate::agent::ServiceConnect;
 pub use address::{ServiceAddress, Weights};
 pub use kind::{ServiceKind, UnknownKind};
 
+/// The tagged address (Consul's `consul-virtual`) a connect instance shows its service's
+/// virtual IP as: the address transparent proxies match the service's connections on.
+pub const TAGGED_ADDRESS_VIRTUAL_IP: &str = "consul-virtual";
+
 /// One service instance on a node, as the catalog stores it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

@@ -95,6 +95,8 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteEvent(ltime) => (format!("event/{ltime}"), None),
         Change::PutQuery(q) => (format!("query/{}", escape(&q.id)), json(q)?),
         Change::DeleteQuery(id) => (format!("query/{}", escape(id)), None),
+        Change::PutVirtualIp { service, ip } => (format!("vip/{}", escape(service)), json(ip)?),
+        Change::DeleteVirtualIp(service) => (format!("vip/{}", escape(service)), None),
     })
 }
 
@@ -114,6 +116,7 @@ enum Row {
     LockDelay(String),
     Event(u64),
     Query(String),
+    VirtualIp(String),
     Guard,
 }
 
@@ -141,6 +144,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["session", id] => Row::Session(unescape(id)),
         ["lockdelay", k] => Row::LockDelay(unescape(k)),
         ["query", id] => Row::Query(unescape(id)),
+        ["vip", service] => Row::VirtualIp(unescape(service)),
         ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
     })
@@ -173,6 +177,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::LockDelay(k) => Change::DeleteLockDelay(k),
             Row::Event(ltime) => Change::DeleteEvent(ltime),
             Row::Query(id) => Change::DeleteQuery(id),
+            Row::VirtualIp(service) => Change::DeleteVirtualIp(service),
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -199,6 +204,10 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Session(_) => Change::PutSession(parse_value(key, value)?),
         Row::Event(_) => Change::PutEvent(parse_value(key, value)?),
         Row::Query(_) => Change::PutQuery(parse_value(key, value)?),
+        Row::VirtualIp(service) => Change::PutVirtualIp {
+            service,
+            ip: parse_value(key, value)?,
+        },
         Row::LockDelay(k) => Change::PutLockDelay {
             key: k,
             until_ms: parse_value(key, value)?,
@@ -237,6 +246,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         lock_delays: Vec::new(),
         events: Vec::new(),
         queries: Vec::new(),
+        virtual_ips: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -290,6 +300,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
                 (q.create_index, q.modify_index) = (create, modify);
                 p.queries.push(q);
             }
+            Some(Change::PutVirtualIp { service, ip }) => p.virtual_ips.push((service, ip)),
             Some(_) => unreachable!("decode of a put yields a put"),
         }
     }
@@ -391,6 +402,11 @@ mod tests {
                 ..Default::default()
             }),
             Change::DeleteQuery("q/1".into()),
+            Change::PutVirtualIp {
+                service: "web/v2".into(),
+                ip: "240.0.0.7".parse().unwrap(),
+            },
+            Change::DeleteVirtualIp("web/v2".into()),
         ];
         for change in changes {
             let (key, value) = encode(&change).unwrap();

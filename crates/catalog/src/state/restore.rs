@@ -47,6 +47,10 @@ impl State {
         }));
         out.extend(to.events.iter().cloned().map(Change::PutEvent));
         out.extend(to.queries.iter().cloned().map(Change::PutQuery));
+        out.extend(to.virtual_ips.iter().map(|(service, ip)| Change::PutVirtualIp {
+            service: service.clone(),
+            ip: *ip,
+        }));
         out
     }
 
@@ -164,6 +168,14 @@ impl State {
                 .filter(|q| !queries.contains(q.as_str()))
                 .cloned()
                 .map(Change::DeleteQuery),
+        );
+        let virtual_ips: HashSet<&str> = to.virtual_ips.iter().map(|(s, _)| s.as_str()).collect();
+        out.extend(
+            self.virtual_ips
+                .keys()
+                .filter(|s| !virtual_ips.contains(s.as_str()))
+                .cloned()
+                .map(Change::DeleteVirtualIp),
         );
     }
 }

@@ -1,0 +1,83 @@
+//! Virtual IPs: each service with connect instances (its sidecars, or itself if
+//! connect-native) gets a stable address from `240.0.0.0/4`, which transparent proxies
+//! match outbound connections on and DNS answers for `<svc>.virtual.consul`.
+//!
+//! Assigned when a write first gives a service a connect instance, as a change of that same
+//! write ([`assign`]), so every server and every replay of the log holds the same address,
+//! and it is kept across restarts, snapshots and fail-over. It is not released when the
+//! instances go: an application that cached it keeps reaching the same service. The
+//! lowest free address is taken, from `240.0.0.1`.
+//!
+//! The instances show it as their `consul-virtual` tagged address ([`tag`]), added as they
+//! are read rather than stored, so a registration (or an agent's anti-entropy) that does not
+//! carry it is not a change.
+
+use crate::state::{Change, State, connect_target};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use structs::NodeService;
+use structs::service::ServiceAddress;
+
+pub use structs::service::TAGGED_ADDRESS_VIRTUAL_IP as TAGGED_ADDRESS;
+
+/// The first address handed out (`240.0.0.1`) and the last (`255.255.255.254`).
+const FIRST: u32 = 0xF000_0001;
+const LAST: u32 = 0xFFFF_FFFE;
+
+/// Appends to `changes` a virtual IP for each service they give a connect instance that has
+/// none yet (in `state`, or earlier in `changes`).
+pub(crate) fn assign(state: &State, changes: &mut Vec<Change>) {
+    let mut assigned: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
+    let mut released: BTreeSet<&str> = BTreeSet::new();
+    let mut wanted: BTreeSet<String> = BTreeSet::new();
+    for change in changes.iter() {
+        match change {
+            Change::PutVirtualIp { service, ip } => {
+                assigned.insert(service.clone(), *ip);
+            }
+            // A restore without it: the service may need one again.
+            Change::DeleteVirtualIp(service) => {
+                released.insert(service);
+            }
+            Change::PutService { service, .. } => {
+                if let Some(target) = connect_target(service).filter(|t| !t.is_empty()) {
+                    wanted.insert(target.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    wanted.retain(|s| (state.virtual_ip(s).is_none() || released.contains(s.as_str())) && !assigned.contains_key(s));
+    if wanted.is_empty() {
+        return;
+    }
+    let used: BTreeSet<u32> = state
+        .virtual_ips()
+        .map(|(_, ip)| u32::from(*ip))
+        .chain(assigned.values().map(|ip| u32::from(*ip)))
+        .collect();
+    let mut free = (FIRST..=LAST).filter(|a| !used.contains(a));
+    for service in wanted {
+        // 268 million addresses: a catalog does not run out of them.
+        let Some(ip) = free.next() else { return };
+        changes.push(Change::PutVirtualIp {
+            service,
+            ip: Ipv4Addr::from(ip),
+        });
+    }
+}
+
+/// Adds its service's virtual IP to a connect instance read from `state`, as Consul's
+/// `consul-virtual` tagged address (the instance's port beside it).
+pub(crate) fn tag(state: &State, svc: &mut NodeService) {
+    let Some(ip) = connect_target(svc).and_then(|t| state.virtual_ip(t)) else {
+        return;
+    };
+    svc.tagged_addresses.insert(
+        TAGGED_ADDRESS.to_owned(),
+        ServiceAddress {
+            address: ip.to_string(),
+            port: svc.port,
+        },
+    );
+}
