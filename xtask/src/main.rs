@@ -70,6 +70,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("memory", "meshd", "memory"),
     ("gateway", "xds", "gateway"),
     ("ha", "meshd", "ha"),
+    ("dns", "meshd", "dns"),
 ];
 
 fn test(extra: &[String]) -> Result<()> {

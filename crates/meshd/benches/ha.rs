@@ -48,7 +48,7 @@ impl Drop for Server {
 }
 
 fn start(args: &[String]) -> Server {
-    let test_support::process::ServerProcess { child, http, grpc } =
+    let test_support::process::ServerProcess { child, http, grpc, .. } =
         test_support::process::start_server(std::path::Path::new(env!("CARGO_BIN_EXE_meshd")), args);
     Server { child, http, grpc }
 }

@@ -85,7 +85,7 @@ fn start_server(acl: bool) -> Server {
         );
         args.push(file.to_string_lossy().into_owned());
     }
-    let test_support::process::ServerProcess { child, http, grpc } =
+    let test_support::process::ServerProcess { child, http, grpc, .. } =
         test_support::process::start_server(std::path::Path::new(env!("CARGO_BIN_EXE_meshd")), args);
     Server {
         child,

@@ -154,7 +154,7 @@ async fn main() {
     // A path that does not exist yet: the server creates it private (0700).
     let data_dir = tmp.path().join("server");
     println!("1. starting meshd server (data dir {})", data_dir.display());
-    let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+    let test_support::process::ServerProcess { child, http, grpc, .. } = test_support::process::start_server(
         &meshd(),
         [
             std::ffi::OsStr::new("-log-level"),

@@ -25,7 +25,7 @@ impl Secure {
         let management = "8f8c8a2e-1c7e-4c55-9d0a-6a1b2c3d4e5f".to_owned();
         let file = dir.join("management.token");
         std::fs::write(&file, &management).unwrap();
-        let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+        let test_support::process::ServerProcess { child, http, grpc, .. } = test_support::process::start_server(
             Path::new(env!("CARGO_BIN_EXE_meshd")),
             [
                 "-dev",

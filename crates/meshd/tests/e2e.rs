@@ -39,6 +39,9 @@ mod bench_agent_cache;
 #[path = "../benches/chaos.rs"]
 mod bench_chaos;
 #[allow(dead_code)]
+#[path = "../benches/dns.rs"]
+mod bench_dns;
+#[allow(dead_code)]
 #[path = "../benches/ha.rs"]
 mod bench_ha;
 #[allow(dead_code)]

@@ -14,6 +14,8 @@ pub struct ServerProcess {
     pub http: String,
     /// Its xDS address, `ADDR`.
     pub grpc: String,
+    /// Its DNS address (UDP and TCP), `ADDR`.
+    pub dns: String,
 }
 
 /// Starts `bin server` on `127.0.0.1:0` for its listeners (DNS too) with `args` added (`-dev` or a
@@ -24,7 +26,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let (child, http, grpc) = start(
+    start(
         bin,
         [
             "server",
@@ -36,10 +38,9 @@ where
             "127.0.0.1:0",
         ],
         args,
-        "meshd server listening on ",
+        "meshd server",
         "meshd xds listening on ",
-    );
-    ServerProcess { child, http, grpc }
+    )
 }
 
 /// Starts `bin server` with its HTTP API on `http` and xDS on `grpc` (fixed addresses, for a
@@ -49,7 +50,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let (child, http, grpc) = start(
+    start(
         bin,
         [
             "server",
@@ -61,10 +62,9 @@ where
             "127.0.0.1:0",
         ],
         args,
-        "meshd server listening on ",
+        "meshd server",
         "meshd xds listening on ",
-    );
-    ServerProcess { child, http, grpc }
+    )
 }
 
 /// Starts `bin agent` on `127.0.0.1:0` for both listeners with `args` added (`-retry-join`,
@@ -84,7 +84,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let (child, http, grpc) = start(
+    start(
         bin,
         [
             "agent",
@@ -96,13 +96,14 @@ where
             "127.0.0.1:0",
         ],
         args,
-        "meshd agent listening on ",
+        "meshd agent",
         "meshd agent xds listening on ",
-    );
-    ServerProcess { child, http, grpc }
+    )
 }
 
-fn start<I, S>(bin: &Path, head: [&str; 7], args: I, http_line: &str, grpc_line: &str) -> (Child, String, String)
+/// Starts `bin` with `head` then `args`; reads `<api> listening on `, `grpc_line` and `<api>
+/// dns listening on ` (the TLS lines, which come before the DNS one, skipped).
+fn start<I, S>(bin: &Path, head: [&str; 7], args: I, api: &str, grpc_line: &str) -> ServerProcess
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -115,19 +116,24 @@ where
         .spawn()
         .unwrap_or_else(|e| panic!("starting meshd {mode}: {e}"));
     let stdout = child.stdout.take().expect("the process's stdout");
+    let http_line = format!("{api} listening on ");
     let mut lines = BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
-        .skip_while(|l| !l.starts_with(http_line));
+        .skip_while(|l| !l.starts_with(&http_line));
     let http = lines
         .next()
-        .and_then(|l| l.strip_prefix(http_line).map(str::to_owned))
+        .and_then(|l| l.strip_prefix(&http_line).map(str::to_owned))
         .unwrap_or_else(|| panic!("the {mode}'s HTTP ready line"));
     let grpc = lines
         .next()
         .and_then(|l| l.strip_prefix(grpc_line).map(str::to_owned))
         .unwrap_or_else(|| panic!("the {mode}'s xDS ready line"));
-    (child, http, grpc)
+    let dns_line = format!("{api} dns listening on ");
+    let dns = lines
+        .find_map(|l| l.strip_prefix(&dns_line).map(str::to_owned))
+        .unwrap_or_else(|| panic!("the {mode}'s DNS ready line"));
+    ServerProcess { child, http, grpc, dns }
 }
 
 /// Starts `bin` with `args` and reads its ready lines: for each of `prefixes` in order, the

@@ -27,7 +27,7 @@ pub struct Mesh {
 
 impl Mesh {
     pub fn start() -> Mesh {
-        let test_support::process::ServerProcess { child, http, grpc } = test_support::process::start_server(
+        let test_support::process::ServerProcess { child, http, grpc, .. } = test_support::process::start_server(
             std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
             ["-dev", "-log-level", "warn"],
         );
