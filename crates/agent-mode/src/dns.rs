@@ -3,7 +3,7 @@
 
 use ::agent::Agent;
 use ::agent::servers::{ApiError, paths};
-use dns::{LookupError, Wanted};
+use dns::{Instance, LookupError, Wanted};
 use structs::{CheckServiceNode, Node};
 
 /// Lookups on the agent's servers.
@@ -40,13 +40,14 @@ struct Executed {
 
 #[async_trait::async_trait]
 impl dns::Catalog for ServersDns {
-    async fn service_nodes(&self, service: &str, wanted: Wanted) -> Result<Vec<CheckServiceNode>, LookupError> {
+    async fn service_nodes(&self, service: &str, wanted: Wanted) -> Result<Vec<Instance>, LookupError> {
         let path = match wanted {
             Wanted::Service => paths::health_service(service, false, false),
             Wanted::Connect => paths::health_service(service, true, false),
             Wanted::Ingress => format!("/v1/health/ingress/{}", paths::segment(service)),
         };
-        Ok(self.get::<Vec<CheckServiceNode>>(&path).await?.unwrap_or_default())
+        let nodes = self.get::<Vec<CheckServiceNode>>(&path).await?.unwrap_or_default();
+        Ok(nodes.iter().map(Instance::from).collect())
     }
 
     async fn node(&self, name: &str) -> Result<Option<Node>, LookupError> {
@@ -54,8 +55,11 @@ impl dns::Catalog for ServersDns {
         Ok(found.flatten().map(|n| n.node))
     }
 
-    async fn prepared_query(&self, name: &str) -> Result<Option<Vec<CheckServiceNode>>, LookupError> {
+    async fn prepared_query(&self, name: &str) -> Result<Option<Vec<Instance>>, LookupError> {
         let path = format!("/v1/query/{}/execute", paths::segment(name));
-        Ok(self.get::<Executed>(&path).await?.map(|e| e.nodes))
+        Ok(self
+            .get::<Executed>(&path)
+            .await?
+            .map(|e| e.nodes.iter().map(Instance::from).collect()))
     }
 }

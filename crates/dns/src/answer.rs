@@ -1,11 +1,10 @@
 //! A query's answer.
 
 use crate::names::{self, Asked, Parsed};
-use crate::{Catalog, Config, LookupError};
+use crate::{Catalog, Config, Instance, LookupError};
 use simple_dns::rdata::{A, AAAA, CNAME, NS, OPT, RData, SOA, SRV, TXT};
 use simple_dns::{CLASS, Name, OPCODE, Packet, PacketFlag, QTYPE, RCODE, ResourceRecord, TYPE};
 use std::net::IpAddr;
-use structs::CheckServiceNode;
 
 /// The size of a UDP answer when the query says nothing of its own (RFC 1035).
 pub const UDP_DEFAULT_SIZE: usize = 512;
@@ -172,10 +171,10 @@ async fn find(
         Asked::Service { service, tag, wanted } => {
             let mut nodes = catalog.service_nodes(service, *wanted).await?;
             nodes.retain(|n| {
-                n.aggregate_status().admits(config.only_passing)
+                n.status.admits(config.only_passing)
                     && tag
                         .as_deref()
-                        .is_none_or(|t| n.service.tags.iter().any(|x| x.eq_ignore_ascii_case(t)))
+                        .is_none_or(|t| n.tags.iter().any(|x| x.eq_ignore_ascii_case(t)))
             });
             at.answer(nodes)
         }
@@ -186,12 +185,9 @@ async fn find(
         // Its connect instances carry it (`consul-virtual`).
         Asked::Virtual(service) => {
             let nodes = catalog.service_nodes(service, crate::Wanted::Connect).await?;
-            let vip = nodes.iter().find_map(|n| {
-                n.service
-                    .tagged_addresses
-                    .get(structs::service::TAGGED_ADDRESS_VIRTUAL_IP)
-                    .and_then(|a| a.address.parse::<IpAddr>().ok())
-            });
+            let vip = nodes
+                .iter()
+                .find_map(|n| n.virtual_ip.as_deref().and_then(|a| a.parse::<IpAddr>().ok()));
             match vip {
                 None => Found::default(),
                 Some(ip) => Found {
@@ -215,7 +211,7 @@ struct Instances<'a> {
 
 impl Instances<'_> {
     /// Healthy `nodes`, shuffled, as A/AAAA (or SRV) answers; cut to the UDP answer limit.
-    fn answer(&self, mut nodes: Vec<CheckServiceNode>) -> Found {
+    fn answer(&self, mut nodes: Vec<Instance>) -> Found {
         let mut found = Found {
             exists: !nodes.is_empty(),
             ..Found::default()
@@ -251,15 +247,12 @@ impl Instances<'_> {
     }
 
     /// One instance's SRV record, its target's address as an additional record.
-    fn srv(&self, n: &CheckServiceNode, found: &mut Found) {
+    fn srv(&self, n: &Instance, found: &mut Found) {
         let ttl = self.config.service_ttl;
         let dc = &self.config.datacenter;
-        let own = &n.service.address;
-        let (target, target_address) = if own.is_empty() || *own == n.node.address {
-            (
-                format!("{}.node.{dc}.{}", n.node.node, self.domain),
-                n.node.address.as_str(),
-            )
+        let own = &n.address;
+        let (target, target_address) = if own.is_empty() || *own == n.node_address {
+            (format!("{}.node.{dc}.{}", n.node, self.domain), n.node_address.as_str())
         } else if let Ok(ip) = own.parse::<IpAddr>() {
             (
                 format!("{}.addr.{dc}.{}", names::addr_label(ip), self.domain),
@@ -268,10 +261,10 @@ impl Instances<'_> {
         } else {
             (own.trim_end_matches('.').to_owned(), "")
         };
-        let weight = if n.aggregate_status() == structs::HealthStatus::Warning {
-            n.service.weights.warning
+        let weight = if n.status == structs::HealthStatus::Warning {
+            n.weights.warning
         } else {
-            n.service.weights.passing
+            n.weights.passing
         };
         found.answers.push(record(
             self.qname,
@@ -279,7 +272,7 @@ impl Instances<'_> {
             RData::SRV(SRV {
                 priority: 1,
                 weight: u16::try_from(weight).unwrap_or(u16::MAX),
-                port: n.service.port,
+                port: n.port,
                 target: name(&target),
             }),
         ));
@@ -404,13 +397,13 @@ mod tests {
     use super::*;
     use crate::Wanted;
     use simple_dns::Question;
-    use structs::{HealthCheck, HealthStatus, Node, NodeService};
+    use structs::{CheckServiceNode, HealthCheck, HealthStatus, Node, NodeService};
 
     /// `web`: instances on n1..=n5 (n5 critical); `n1` a node.
     struct Fake;
 
-    fn instance(i: u8, status: HealthStatus) -> CheckServiceNode {
-        CheckServiceNode {
+    fn instance(i: u8, status: HealthStatus) -> Instance {
+        Instance::from(&CheckServiceNode {
             node: Node {
                 node: format!("n{i}"),
                 address: format!("10.0.0.{i}"),
@@ -427,12 +420,12 @@ mod tests {
                 status,
                 ..HealthCheck::default()
             }],
-        }
+        })
     }
 
     #[async_trait::async_trait]
     impl Catalog for Fake {
-        async fn service_nodes(&self, service: &str, _: Wanted) -> Result<Vec<CheckServiceNode>, LookupError> {
+        async fn service_nodes(&self, service: &str, _: Wanted) -> Result<Vec<Instance>, LookupError> {
             Ok(match service {
                 "web" => (1..=5)
                     .map(|i| {
@@ -451,9 +444,13 @@ mod tests {
             })
         }
         async fn node(&self, name: &str) -> Result<Option<Node>, LookupError> {
-            Ok((name == "n1").then(|| instance(1, HealthStatus::Passing).node))
+            Ok((name == "n1").then(|| Node {
+                node: "n1".into(),
+                address: "10.0.0.1".into(),
+                ..Node::default()
+            }))
         }
-        async fn prepared_query(&self, _: &str) -> Result<Option<Vec<CheckServiceNode>>, LookupError> {
+        async fn prepared_query(&self, _: &str) -> Result<Option<Vec<Instance>>, LookupError> {
             Ok(None)
         }
     }

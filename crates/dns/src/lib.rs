@@ -21,7 +21,8 @@ pub mod server;
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use structs::{CheckServiceNode, Node};
+use structs::service::{TAGGED_ADDRESS_VIRTUAL_IP, Weights};
+use structs::{CheckServiceNode, HealthStatus, Node};
 
 pub use server::{Bound, bind, serve};
 
@@ -99,6 +100,58 @@ pub enum Wanted {
     Ingress,
 }
 
+/// What an answer needs of one service instance (a catalog builds it without copying the
+/// rest of the instance, its node and its checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// Its node's name.
+    pub node: String,
+    /// Its node's address.
+    pub node_address: String,
+    /// Its own address (empty: its node's).
+    pub address: String,
+    /// Its port.
+    pub port: u16,
+    /// Its tags.
+    pub tags: Vec<String>,
+    /// The worst status of its checks and its node's.
+    pub status: HealthStatus,
+    /// Its SRV weights.
+    pub weights: Weights,
+    /// Its service's virtual IP, on a connect instance (`consul-virtual`).
+    pub virtual_ip: Option<String>,
+}
+
+impl Instance {
+    /// The address to reach it at: its own, else its node's.
+    pub fn address(&self) -> &str {
+        if self.address.is_empty() {
+            &self.node_address
+        } else {
+            &self.address
+        }
+    }
+}
+
+impl From<&CheckServiceNode> for Instance {
+    fn from(n: &CheckServiceNode) -> Self {
+        Instance {
+            node: n.node.node.clone(),
+            node_address: n.node.address.clone(),
+            address: n.service.address.clone(),
+            port: n.service.port,
+            tags: n.service.tags.clone(),
+            status: n.aggregate_status(),
+            weights: n.service.weights.clone(),
+            virtual_ip: n
+                .service
+                .tagged_addresses
+                .get(TAGGED_ADDRESS_VIRTUAL_IP)
+                .map(|a| a.address.clone()),
+        }
+    }
+}
+
 /// A lookup that could not be made (the servers unreachable, say): the query is answered
 /// SERVFAIL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,14 +170,14 @@ impl std::error::Error for LookupError {}
 pub trait Catalog: Send + Sync + 'static {
     /// The instances of `service` (with their nodes and checks) that `wanted` names, healthy
     /// or not: the answer leaves out the unhealthy ones itself.
-    async fn service_nodes(&self, service: &str, wanted: Wanted) -> Result<Vec<CheckServiceNode>, LookupError>;
+    async fn service_nodes(&self, service: &str, wanted: Wanted) -> Result<Vec<Instance>, LookupError>;
 
     /// The node named `name`, if there is one.
     async fn node(&self, name: &str) -> Result<Option<Node>, LookupError>;
 
     /// The instances the prepared query named (or with the ID) `name` selects, already
     /// filtered by its own health rules; none when there is no such query.
-    async fn prepared_query(&self, name: &str) -> Result<Option<Vec<CheckServiceNode>>, LookupError>;
+    async fn prepared_query(&self, name: &str) -> Result<Option<Vec<Instance>>, LookupError>;
 }
 
 #[cfg(test)]

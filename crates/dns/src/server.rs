@@ -233,17 +233,13 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Catalog for Empty {
-        async fn service_nodes(
-            &self,
-            _: &str,
-            _: crate::Wanted,
-        ) -> Result<Vec<structs::CheckServiceNode>, crate::LookupError> {
+        async fn service_nodes(&self, _: &str, _: crate::Wanted) -> Result<Vec<crate::Instance>, crate::LookupError> {
             Ok(Vec::new())
         }
         async fn node(&self, _: &str) -> Result<Option<structs::Node>, crate::LookupError> {
             Ok(None)
         }
-        async fn prepared_query(&self, _: &str) -> Result<Option<Vec<structs::CheckServiceNode>>, crate::LookupError> {
+        async fn prepared_query(&self, _: &str) -> Result<Option<Vec<crate::Instance>>, crate::LookupError> {
             Ok(None)
         }
     }

@@ -45,13 +45,13 @@ struct NoNames;
 
 #[async_trait::async_trait]
 impl dns::Catalog for NoNames {
-    async fn service_nodes(&self, _: &str, _: dns::Wanted) -> Result<Vec<structs::CheckServiceNode>, dns::LookupError> {
+    async fn service_nodes(&self, _: &str, _: dns::Wanted) -> Result<Vec<dns::Instance>, dns::LookupError> {
         Ok(Vec::new())
     }
     async fn node(&self, _: &str) -> Result<Option<structs::Node>, dns::LookupError> {
         Ok(None)
     }
-    async fn prepared_query(&self, _: &str) -> Result<Option<Vec<structs::CheckServiceNode>>, dns::LookupError> {
+    async fn prepared_query(&self, _: &str) -> Result<Option<Vec<dns::Instance>>, dns::LookupError> {
         Ok(None)
     }
 }
