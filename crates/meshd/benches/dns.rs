@@ -5,8 +5,9 @@
 //! percentiles of each query, send to answer.
 //!
 //! Run: `cargo xtask bench dns` (or `cargo bench -p meshd --bench dns`). Scale with
-//! `QUERIES=` (200000), `IN_FLIGHT=` (64 queries outstanding at once), `INSTANCES=` (5
-//! healthy instances of `web`).
+//! `QUERIES=` (200000 per level), `IN_FLIGHT=` (queries outstanding at once; by default
+//! three levels, 1, 8 and 64: the latency alone, a load a core keeps up with, and a queue),
+//! `INSTANCES=` (5 healthy instances of `web`).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -112,7 +113,10 @@ async fn run(dns: &str, pid: u32, queries: usize, in_flight: usize, label: &str)
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let queries = env_usize("QUERIES", 200_000);
-    let in_flight = env_usize("IN_FLIGHT", 64).max(1);
+    let levels: Vec<usize> = match std::env::var("IN_FLIGHT") {
+        Ok(_) => vec![env_usize("IN_FLIGHT", 8).max(1)],
+        Err(_) => vec![1, 8, 64],
+    };
     let instances = env_usize("INSTANCES", 5);
     let dir = tempfile::tempdir().unwrap();
     let mut server = test_support::process::start_server(
@@ -141,24 +145,21 @@ async fn main() {
         assert!(resp.status().is_success());
     }
     let pid = server.child.id();
-    println!(
-        "dns: web.service.consul A over UDP, {instances} healthy instances, {in_flight} queries in flight, server on a data dir"
-    );
+    println!("dns: web.service.consul A over UDP, {instances} healthy instances, server on a data dir");
     // Warm-up: every path the measured queries take.
-    run(&server.dns, pid, 5_000.min(queries), in_flight, "warm-up").await;
+    run(&server.dns, pid, 5_000.min(queries), 8, "warm-up").await;
     let me = std::process::id();
-    if pin(pid, "0") && pin(me, "1") {
-        run(
-            &server.dns,
-            pid,
-            queries,
-            in_flight,
-            "server pinned to CPU 0, load on CPU 1",
-        )
-        .await;
-    } else {
+    let pinned = pin(pid, "0") && pin(me, "1");
+    if !pinned {
         println!("  `taskset` could not pin the processes: measured unpinned");
-        run(&server.dns, pid, queries, in_flight, "unpinned").await;
+    }
+    for in_flight in levels {
+        let label = if pinned {
+            format!("{in_flight} in flight, server pinned to CPU 0, load on CPU 1")
+        } else {
+            format!("{in_flight} in flight, unpinned")
+        };
+        run(&server.dns, pid, queries, in_flight, &label).await;
     }
     let _ = server.child.kill();
     let _ = server.child.wait();
