@@ -11,25 +11,12 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::{Duration, Instant};
-use test_support::figures::{env_usize, ms, percentile};
+use test_support::figures::{env_usize, ms, percentile, pin};
 use tokio::net::UdpSocket;
 
 /// CPU time (user and system) process `pid` has used.
 fn cpu_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
-/// Pins every thread of `pid` to `cpus` (`taskset -a -p -c`); false when it could not.
-fn pin(pid: u32, cpus: &str) -> bool {
-    std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    test_support::ads::proc_stat(pid).0
 }
 
 /// An A query for `name` with `id`, recursion desired.

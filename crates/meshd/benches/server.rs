@@ -10,7 +10,7 @@ use catalog::{IndexKey, Op, Store, StoreConfig};
 use std::process::Child;
 use std::time::{Duration, Instant};
 use structs::{NodeService, RegisterRequest};
-use test_support::figures::{env_usize, ms, percentile};
+use test_support::figures::{env_usize, ms, percentile, pin};
 
 struct Server {
     child: Child,
@@ -188,16 +188,6 @@ async fn store_wakeups(waiters: usize) {
         ms(*lat.last().unwrap())
     );
     store.close().await;
-}
-
-/// Sets the CPUs every thread of process `pid` may run on (`taskset -a -p -c`); false when
-/// that failed (no `taskset`, say).
-fn pin(pid: u32, cpus: &str) -> bool {
-    std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// The HTTP wake-up twice: both processes on both cores, then the server pinned to CPU 0

@@ -15,6 +15,17 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Sets the CPUs every thread of process `pid` may run on (`taskset -a -p -c`), so a server
+/// and its load generator each have a core of their own; false when that failed (no
+/// `taskset`, say).
+pub fn pin(pid: u32, cpus: &str) -> bool {
+    std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// A duration as milliseconds with two decimals.
 pub fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
