@@ -220,7 +220,10 @@ impl CacheType for ConfigEntries {
 
 /// Every service name of the datacenter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ServicesKey;
+pub struct ServicesKey {
+    /// Only services with a typical instance (not proxies or gateways).
+    pub typical_only: bool,
+}
 
 /// Service names (`/v1/catalog/services`).
 #[derive(Clone)]
@@ -230,9 +233,17 @@ impl CacheType for ServiceList {
     type Request = ServicesKey;
     type Value = Arc<Vec<String>>;
 
-    async fn fetch(&self, _: &ServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let f: Fetched<BTreeMap<String, Vec<String>>> =
-            self.0.decoded(api_client::paths::CATALOG_SERVICES, min_index).await?;
+    async fn fetch(&self, key: &ServicesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = if key.typical_only {
+            // `ServiceKind == ""`: the instances of the typical kind.
+            format!(
+                "{}?filter=ServiceKind%20%3D%3D%20%22%22",
+                api_client::paths::CATALOG_SERVICES
+            )
+        } else {
+            api_client::paths::CATALOG_SERVICES.to_owned()
+        };
+        let f: Fetched<BTreeMap<String, Vec<String>>> = self.0.decoded(&path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value.into_keys().collect()),
             index: f.index,

@@ -77,6 +77,9 @@ pub enum Topic {
     Intentions(String),
     /// Every service name.
     ServiceList,
+    /// The name of every service with a typical instance (not a proxy or gateway): what a
+    /// transparent proxy may have as an upstream.
+    TypicalServices,
     /// The services a gateway fronts.
     GatewayServices(String),
 }
@@ -91,7 +94,7 @@ impl Topic {
             Topic::ConfigEntries(kind) => IndexKey::ConfigKind(*kind),
             Topic::CaRoots => IndexKey::Ca,
             Topic::Intentions(_) => IndexKey::Intentions,
-            Topic::ServiceList => IndexKey::Services,
+            Topic::ServiceList | Topic::TypicalServices => IndexKey::Services,
             Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
         }
     }

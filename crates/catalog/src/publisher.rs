@@ -90,6 +90,7 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::CaRoots => Payload::CaRoots(Arc::new(state.ca_roots())),
         Topic::Intentions(dest) => Payload::Intentions(Arc::new(state.intentions_for_destination(dest))),
         Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),
+        Topic::TypicalServices => Payload::ServiceList(Arc::new(state.typical_service_names())),
         Topic::GatewayServices(name) => Payload::GatewayServices(Arc::new(state.gateway_services(name))),
     }
 }

@@ -147,4 +147,14 @@ impl State {
     pub fn service_names(&self) -> Vec<String> {
         self.service_tags().into_keys().collect()
     }
+
+    /// The name of every service with a typical instance (not a proxy or gateway), sorted.
+    pub fn typical_service_names(&self) -> Vec<String> {
+        let names: std::collections::BTreeSet<&str> = self
+            .all_services()
+            .filter(|(_, svc)| svc.kind == structs::ServiceKind::Typical)
+            .map(|(_, svc)| svc.service.as_str())
+            .collect();
+        names.into_iter().map(str::to_owned).collect()
+    }
 }

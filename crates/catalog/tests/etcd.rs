@@ -279,9 +279,9 @@ async fn without_quorum_writes_fail_naming_etcd_reads_go_on_and_writes_resume_af
     println!("without quorum, after {:?}: {cause}", started.elapsed());
     assert!(cause.contains("etcd"), "the error names etcd: {cause}");
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "fails about a second after etcd has no leader (which etcd notices 1-2.5 s after the \
-         kill), not at the request timeout (10 s): {:?}",
+        started.elapsed() < Duration::from_secs(9),
+        "fails soon after etcd has no leader (which etcd notices 1-2.5 s after the kill, later \
+         on a loaded machine), not at the request timeout (10 s): {:?}",
         started.elapsed()
     );
     assert_eq!(

@@ -58,7 +58,8 @@ async fn xds_status(State(views): State<Views>, caller: Caller, params: Params) 
 /// What the proxy config engine holds for a proxy — who registered it, the version of its
 /// last snapshot (`null`: its data is still incomplete), the watches failing now with their
 /// errors (`Errors`), and the parts of its configuration that cannot be built into Envoy
-/// resources (`BuildErrors`, by upstream; those keep their last good resources). `?node=`
+/// resources (`BuildErrors`, by upstream; those keep their last good resources), its mode
+/// and its upstreams (`Implicit`: reached by intentions in transparent mode). `?node=`
 /// picks one when several nodes register the same id.
 async fn proxy_status(
     State(views): State<Views>,
@@ -105,6 +106,11 @@ async fn proxy_status(
         "SnapshotVersion": status.snapshot_version,
         "Errors": status.errors,
         "BuildErrors": views.xds.build_problems(&id),
+        "Mode": if status.transparent { "transparent" } else { "direct" },
+        "Upstreams": status.upstreams.iter().map(|(id, implicit)| serde_json::json!({
+            "ID": id,
+            "Implicit": implicit,
+        })).collect::<Vec<_>>(),
     }))
     .into_response()
 }

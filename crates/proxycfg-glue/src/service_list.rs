@@ -20,7 +20,12 @@ mod on_server {
     impl ServerServiceList {
         fn updates(&self, req: &ServiceListRequest) -> Result<impl Updates<ServiceNames> + use<>, DataSourceError> {
             self.0.check_dc(&req.datacenter)?;
-            let input = TopicInput::new(&self.0.store, Topic::ServiceList, |p| match p {
+            let topic = if req.typical_only {
+                Topic::TypicalServices
+            } else {
+                Topic::ServiceList
+            };
+            let input = TopicInput::new(&self.0.store, topic, |p| match p {
                 Payload::ServiceList(names) => Some(Arc::clone(names)),
                 _ => None,
             });
@@ -51,7 +56,10 @@ mod on_cache {
     impl CacheServiceList {
         fn updates(&self, req: &ServiceListRequest) -> Result<impl Updates<ServiceNames> + use<>, DataSourceError> {
             self.0.check_dc(&req.datacenter)?;
-            let input = CacheInput::new(self.0.caches.services.watch(&ServicesKey));
+            let key = ServicesKey {
+                typical_only: req.typical_only,
+            };
+            let input = CacheInput::new(self.0.caches.services.watch(&key));
             Ok(Derive::every(input, |names| Ok(ServiceNames(names))))
         }
     }

@@ -200,7 +200,14 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
             token: None,
         },
     );
-    let mut services = start(&f, &f.sources.service_list, ServiceListRequest { datacenter: dc1() });
+    let mut services = start(
+        &f,
+        &f.sources.service_list,
+        ServiceListRequest {
+            datacenter: dc1(),
+            typical_only: false,
+        },
+    );
     let mut dcs = start(&f, &f.sources.datacenters, DatacentersRequest);
     let entry_req = ConfigEntryRequest {
         kind: ConfigEntryKind::ServiceDefaults,

@@ -311,6 +311,9 @@ pub struct ResolvedServiceConfigRequest {
 pub struct ServiceListRequest {
     /// Datacenter.
     pub datacenter: String,
+    /// Only services with a typical instance (not proxies or gateways): a transparent
+    /// proxy's candidate upstreams.
+    pub typical_only: bool,
 }
 
 /// Every known datacenter.

@@ -37,6 +37,11 @@ pub struct ProxyStatus {
     /// Watches failing now, by watch: their last good data stays in use, and what depends
     /// on data never received (an upstream whose chain cannot be compiled) is left out.
     pub errors: std::collections::BTreeMap<String, String>,
+    /// The proxy runs in transparent mode.
+    pub transparent: bool,
+    /// Its upstreams in the last snapshot, by id: `true` for an implicit one (reached by
+    /// intentions in transparent mode), `false` for a declared one.
+    pub upstreams: std::collections::BTreeMap<String, bool>,
 }
 
 /// Manager settings.
@@ -371,10 +376,20 @@ impl Manager {
             .lock()
             .get(id)
             .and_then(|s| s.tx.borrow().snapshot().cloned());
+        let cp = snapshot.as_ref().and_then(|s| s.connect_proxy());
         Some(ProxyStatus {
             source,
             snapshot_version: snapshot.as_ref().map(|s| s.version),
             errors,
+            transparent: cp.is_some_and(|cp| cp.transparent),
+            upstreams: cp
+                .map(|cp| {
+                    cp.upstreams
+                        .iter()
+                        .map(|(id, u)| (id.to_string(), crate::ConnectProxySnapshot::is_implicit(u)))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 

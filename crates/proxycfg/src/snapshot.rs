@@ -235,6 +235,13 @@ pub struct ConnectProxySnapshot {
     /// Every `jwt-provider` entry, watched while some intention requires a token (`None`
     /// while none does, or until the first result).
     pub jwt_providers: Known<Arc<Vec<Arc<ConfigEntry>>>>,
+    /// The proxy runs in transparent mode (its registration's `Mode`, central config
+    /// merged): its upstreams also include every service its intentions let it reach.
+    pub transparent: bool,
+    /// In transparent mode, the services it may reach by intentions (the implicit
+    /// upstreams, whether or not also declared), once the services and intentions are
+    /// known; `None` otherwise.
+    pub intention_upstreams: Known<Arc<Vec<String>>>,
 }
 
 impl ConnectProxySnapshot {
@@ -244,10 +251,17 @@ impl ConnectProxySnapshot {
         self.leaf.is_some()
             && self.mesh_config.is_some()
             && self.resolved_config.is_some()
+            && (!self.transparent || self.intention_upstreams.is_some())
             && self
                 .intentions
                 .as_ref()
                 .is_some_and(|ixns| self.jwt_providers.is_some() || !requires_jwt(ixns))
+    }
+
+    /// True when `upstream` is implicit: reached through the transparent outbound listener
+    /// because intentions allow it, not declared in the registration.
+    pub fn is_implicit(upstream: &UpstreamSnapshot) -> bool {
+        upstream.index == UpstreamSnapshot::IMPLICIT
     }
 
     /// The `jwt-provider` entry named `name`, if known.
@@ -279,6 +293,10 @@ pub struct UpstreamSnapshot {
 }
 
 impl UpstreamSnapshot {
+    /// The index of an upstream no registration declares (a transparent proxy's implicit
+    /// upstream, a gateway's service).
+    pub const IMPLICIT: usize = usize::MAX;
+
     /// An upstream nothing is known about yet.
     pub fn new(index: usize) -> Self {
         Self {

@@ -345,3 +345,105 @@ async fn jwt_providers_are_watched_while_intentions_require_tokens() {
     assert!(snap.connect_proxy().unwrap().jwt_providers.is_none());
     assert_eq!(f.fakes.config_entry_list.active_for(&list_req), 0);
 }
+
+/// A transparent proxy's upstreams follow the service graph: the snapshot waits for the
+/// services and intentions; an allow intention adds the service as an implicit upstream
+/// (its chain and target watched as any upstream's), a deny removes it with its watches;
+/// the default decision covers services no intention names; a declared upstream stays.
+#[tokio::test(start_paused = true)]
+async fn transparent_proxy_upstreams_follow_intentions() {
+    let f = fixture();
+    let services_req = ServiceListRequest {
+        datacenter: "dc1".into(),
+        typical_only: true,
+    };
+    let ixns_req = ConfigEntryListRequest {
+        kind: ConfigEntryKind::ServiceIntentions,
+    };
+    let mut reg = sidecar("web", 21000, &[("db", 9192)]);
+    Arc::make_mut(&mut reg.service).proxy.mode = ProxyMode::Transparent;
+    let mut w = register_and_watch(&f, &reg).await;
+    settle().await;
+    assert!(w.current().is_none(), "no snapshot before the service graph is known");
+    assert_eq!(f.fakes.service_list.active_for(&services_req), 1);
+    let names = |v: &[&str]| Arc::new(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+    f.fakes
+        .service_list
+        .set(&services_req, ServiceNames(names(&["api", "cache", "db", "web"])));
+    let entry = |dest: &str, action: &str| {
+        Arc::new(
+            ConfigEntry::from_json(serde_json::json!({"Kind": "service-intentions", "Name": dest,
+                "Sources": [{"Name": "web", "Action": action}]}))
+            .unwrap(),
+        )
+    };
+    // The fixture's default decision is allow (ACLs off): everything but itself.
+    f.fakes
+        .config_entry_list
+        .set(&ixns_req, Arc::new(vec![entry("cache", "deny")]));
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    assert!(cp.transparent);
+    assert_eq!(cp.intention_upstreams.as_deref().unwrap(), &["api", "db"]);
+    let ids: Vec<String> = cp.upstreams.keys().map(|id| id.name.clone()).collect();
+    assert_eq!(ids, ["api", "db"]);
+    assert!(ConnectProxySnapshot::is_implicit(&cp.upstreams[&upstream_id("api")]));
+    assert!(!ConnectProxySnapshot::is_implicit(&cp.upstreams[&upstream_id("db")]));
+    assert_eq!(f.fakes.discovery_chain.active_for(&chain_req("api")), 1);
+    assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 1);
+
+    // Deny api, allow cache: api's watches go, cache's start; db (declared) stays.
+    f.fakes.config_entry_list.set(
+        &ixns_req,
+        Arc::new(vec![entry("cache", "allow"), entry("api", "deny"), entry("db", "deny")]),
+    );
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    assert_eq!(cp.intention_upstreams.as_deref().unwrap(), &["cache"]);
+    let ids: Vec<String> = cp.upstreams.keys().map(|id| id.name.clone()).collect();
+    assert_eq!(ids, ["cache", "db"]);
+    assert_eq!(f.fakes.discovery_chain.active_for(&chain_req("api")), 0);
+    assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 0);
+    assert_eq!(f.fakes.discovery_chain.active_for(&chain_req("cache")), 1);
+    assert_eq!(f.fakes.discovery_chain.active_for(&chain_req("db")), 1);
+
+    // A new service appears: allowed by default.
+    f.fakes.service_list.set(
+        &services_req,
+        ServiceNames(names(&["api", "cache", "db", "search", "web"])),
+    );
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    assert_eq!(cp.intention_upstreams.as_deref().unwrap(), &["cache", "search"]);
+
+    // Deregistering the proxy ends every watch, implicit ones included.
+    f.manager.deregister(&reg.id, ProxySource::Local).await;
+    settle().await;
+    assert_eq!(f.fakes.active(), 0);
+}
+
+/// The service graph under default deny: only allow intentions (exact or wildcard, an L7
+/// one counting as allow) reach a service; the most precise intention decides.
+#[test]
+fn intention_upstreams_under_default_deny() {
+    let entries: Vec<Arc<ConfigEntry>> = [
+        serde_json::json!({"Kind": "service-intentions", "Name": "api",
+            "Sources": [{"Name": "web", "Action": "allow"}]}),
+        serde_json::json!({"Kind": "service-intentions", "Name": "*",
+            "Sources": [{"Name": "web", "Action": "allow"}, {"Name": "*", "Action": "deny"}]}),
+        serde_json::json!({"Kind": "service-intentions", "Name": "db",
+            "Sources": [{"Name": "web", "Action": "deny"}]}),
+        serde_json::json!({"Kind": "service-intentions", "Name": "search",
+            "Sources": [{"Name": "web", "Permissions": [{"Action": "allow", "HTTP": {"PathPrefix": "/"}}]}]}),
+    ]
+    .into_iter()
+    .map(|j| Arc::new(ConfigEntry::from_json(j).unwrap()))
+    .collect();
+    let candidates: Vec<String> = ["api", "cache", "db", "search", "web"].map(String::from).to_vec();
+    let allowed = handler::intention_upstreams("web", &candidates, &entries, false);
+    assert_eq!(allowed, ["api", "cache", "search"]);
+    let allowed = handler::intention_upstreams("billing", &candidates, &entries, true);
+    assert!(allowed.is_empty(), "{allowed:?}");
+    let allowed = handler::intention_upstreams("web", &candidates, &entries[..1], false);
+    assert_eq!(allowed, ["api"]);
+}

@@ -306,31 +306,6 @@ impl ConnectProxyConfig {
     }
 }
 
-/// Refuses transparent proxying (`Mode: transparent`, `TransparentProxy` settings), which
-/// meshd does not do yet: accepted, it would be ignored and the application's traffic would
-/// not reach the proxy. Fields are named with `at` before them.
-pub(crate) fn refuse_transparent(
-    mode: ProxyMode,
-    tp: &TransparentProxyConfig,
-    at: &str,
-) -> Result<(), ValidationError> {
-    if mode == ProxyMode::Transparent {
-        return Err(ValidationError::new(
-            format!("{at}Mode"),
-            Problem::Invalid(
-                "\"transparent\" is not supported by meshd yet (nothing would redirect the traffic to the proxy); use \"direct\" with upstreams' local bind ports".into(),
-            ),
-        ));
-    }
-    if *tp != TransparentProxyConfig::default() {
-        return Err(ValidationError::new(
-            format!("{at}TransparentProxy"),
-            Problem::Invalid("is not supported by meshd yet (no proxy runs in transparent mode); remove it".into()),
-        ));
-    }
-    Ok(())
-}
-
 /// Refuses `Expose.Checks` in central config (proxy-defaults, service-defaults): the agent
 /// exposes a sidecar's checks when it registers the sidecar, from the sidecar's own
 /// `Expose.Checks`, and would not see the entry's.
@@ -349,7 +324,6 @@ pub(crate) fn refuse_central_expose_checks(expose: &ExposeConfig) -> Result<(), 
 impl Validate for ConnectProxyConfig {
     fn validate(&self) -> Result<(), ValidationError> {
         crate::ProxyOptions::check_proxy(&self.config)?;
-        refuse_transparent(self.mode, &self.transparent_proxy, "")?;
         let mut ids = BTreeSet::new();
         let mut binds = BTreeSet::new();
         for (i, u) in self.upstreams.iter().enumerate() {

@@ -97,8 +97,14 @@ fn every_proxy_defaults_field_is_honoured_or_refused() {
             "Config",
             Honoured("the keys below; xds and connect envoy (every_proxy_config_key...)"),
         ),
-        ("Mode", Refused(json!("transparent"))),
-        ("TransparentProxy", Refused(json!({"OutboundListenerPort": 15001}))),
+        (
+            "Mode",
+            Honoured("transparent: proxycfg implicit upstreams, xds outbound listener (transparent.rs)"),
+        ),
+        (
+            "TransparentProxy",
+            Honoured("OutboundListenerPort: xds outbound listener; DialedDirectly: filter chains on instance IPs"),
+        ),
         (
             "MeshGateway",
             Honoured("one datacenter: no traffic leaves it, so every mode routes alike (mesh gateways: #33)"),
@@ -128,8 +134,14 @@ fn every_service_defaults_field_is_honoured_or_refused() {
         ("CreateIndex", Entry),
         ("ModifyIndex", Entry),
         ("Protocol", Honoured("central config: the service's protocol")),
-        ("Mode", Refused(json!("transparent"))),
-        ("TransparentProxy", Refused(json!({"DialedDirectly": true}))),
+        (
+            "Mode",
+            Honoured("transparent: proxycfg implicit upstreams, xds outbound listener (transparent.rs)"),
+        ),
+        (
+            "TransparentProxy",
+            Honoured("OutboundListenerPort: xds outbound listener; DialedDirectly: filter chains on instance IPs"),
+        ),
         (
             "MeshGateway",
             Honoured("one datacenter: every mode routes alike (mesh gateways: #33)"),

@@ -241,7 +241,16 @@ fn decode_listener(any: &Any) -> String {
     if let Some(balance) = &l.connection_balance_config {
         parts.push(format!("connection_balance: {balance:?}"));
     }
-    for chain in &l.filter_chains {
+    for f in &l.listener_filters {
+        parts.push(format!("listener_filter: {}", f.name));
+    }
+    for chain in l.filter_chains.iter().chain(&l.default_filter_chain) {
+        if let Some(m) = &chain.filter_chain_match {
+            parts.push(format!("filter_chain_match: {m:?}"));
+        }
+        if Some(chain) == l.default_filter_chain.as_ref() {
+            parts.push("default_filter_chain:".into());
+        }
         if let Some(ts) = &chain.transport_socket
             && let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(cfg)) =
                 &ts.config_type
@@ -1872,4 +1881,125 @@ fn jwt_requirements_on_the_public_listener() {
         rbac.contains("jwt_payload_okta"),
         "the RBAC still requires the token:\n{rbac}"
     );
+}
+
+/// A connect instance of `service` carrying the service's virtual IP, as the catalog reads
+/// it out; `direct` sets its proxy's `TransparentProxy.DialedDirectly`.
+fn with_vip(service: &str, addr: &str, vip: &str, direct: bool) -> structs::CheckServiceNode {
+    let mut n = instance(service, addr, 21000);
+    n.service.proxy.destination_service_name = service.into();
+    n.service.proxy.transparent_proxy.dialed_directly = direct;
+    n.service.tagged_addresses.insert(
+        structs::service::TAGGED_ADDRESS_VIRTUAL_IP.into(),
+        structs::service::ServiceAddress {
+            address: vip.into(),
+            port: 21000,
+        },
+    );
+    n
+}
+
+/// A transparent sidecar for `web`: `db` declared (with a bind port), `api` (HTTP) and
+/// `cache` implicit (reached by intentions); `cache`'s instance may be dialed directly.
+fn transparent_snapshot(ca: &Ca, mesh_destinations_only: bool) -> ConfigSnapshot {
+    let mut snap = snapshot(
+        ca,
+        &Scenario {
+            protocol: "tcp",
+            upstreams: vec![("db", 9192, "tcp")],
+            intentions: vec![],
+            instances: vec![with_vip("db", "10.0.0.5", "240.0.0.3", false)],
+        },
+    );
+    let mut service = (*snap.service).clone();
+    service.proxy.mode = structs::ProxyMode::Transparent;
+    snap.service = Arc::new(service);
+    let trust_domain = snap.roots.as_ref().unwrap().trust_domain.clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!()
+    };
+    cp.transparent = true;
+    cp.intention_upstreams = Some(Arc::new(vec!["api".into(), "cache".into(), "db".into()]));
+    if mesh_destinations_only {
+        cp.mesh_config = Some(Some(Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "Kind": "mesh",
+                "TransparentProxy": {"MeshDestinationsOnly": true},
+            }))
+            .unwrap(),
+        )));
+    }
+    let upstreams = Arc::make_mut(&mut cp.upstreams);
+    for (name, protocol, nodes) in [
+        (
+            "api",
+            "http",
+            vec![
+                with_vip("api", "10.0.0.1", "240.0.0.1", false),
+                with_vip("api", "10.0.0.2", "240.0.0.1", false),
+            ],
+        ),
+        ("cache", "tcp", vec![with_vip("cache", "10.0.0.7", "240.0.0.2", true)]),
+    ] {
+        let chain = Arc::new(structs::CompiledDiscoveryChain::default_for(
+            name,
+            "dc1",
+            &trust_domain,
+            protocol.parse().unwrap(),
+        ));
+        let mut up = proxycfg::UpstreamSnapshot::new(proxycfg::UpstreamSnapshot::IMPLICIT);
+        for target in chain.targets.keys() {
+            up.endpoints.insert(target.clone(), Arc::new(nodes.clone()));
+        }
+        up.chain = Some(chain);
+        upstreams.insert(Arc::new(proxycfg::handler::implicit_id(name)), Arc::new(up));
+    }
+    snap
+}
+
+/// The outbound listener of a transparent proxy: `original_dst`, one chain per virtual IP
+/// (the declared upstream's too), the directly dialed instance to its passthrough cluster,
+/// and everything else to the original destination. Implicit upstreams get no listener of
+/// their own.
+#[test]
+fn transparent_outbound_listener() {
+    let ca = Ca::new();
+    let r = validate_snapshot("transparent", &transparent_snapshot(&ca, false));
+    let listeners = r.of(LISTENER).unwrap();
+    let names: Vec<&String> = listeners.keys().collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("api") && !n.starts_with("cache")),
+        "{names:?}"
+    );
+    let outbound: Listener = unpack(&listeners["outbound_listener:127.0.0.1:15001"]);
+    assert_eq!(outbound.listener_filters[0].name, "envoy.filters.listener.original_dst");
+    let matched: Vec<String> = outbound
+        .filter_chains
+        .iter()
+        .flat_map(|c| c.filter_chain_match.as_ref().unwrap().prefix_ranges.iter())
+        .map(|p| p.address_prefix.clone())
+        .collect();
+    assert_eq!(matched, ["240.0.0.1", "240.0.0.2", "10.0.0.7", "240.0.0.3"]);
+    assert!(outbound.default_filter_chain.is_some());
+    let clusters = r.of(CLUSTER).unwrap();
+    assert!(clusters.contains_key("original-destination"));
+    assert!(
+        clusters
+            .keys()
+            .any(|c| c.starts_with("passthrough~cache.default.dc1.internal."))
+    );
+    assert!(r.of(ROUTE).unwrap().contains_key("api"));
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+}
+
+/// `MeshDestinationsOnly`: no default chain, no passthrough cluster; an address in the
+/// mesh still selects its upstream.
+#[test]
+fn transparent_mesh_destinations_only() {
+    let ca = Ca::new();
+    let r = validate_snapshot("transparent-mesh-only", &transparent_snapshot(&ca, true));
+    let outbound: Listener = unpack(&r.of(LISTENER).unwrap()["outbound_listener:127.0.0.1:15001"]);
+    assert!(outbound.default_filter_chain.is_none());
+    assert_eq!(outbound.filter_chains.len(), 4);
+    assert!(!r.of(CLUSTER).unwrap().contains_key("original-destination"));
 }

@@ -12,10 +12,14 @@ use structs::{ConfigEntryKind, DestinationType, MeshGatewayMode, NodeService, Ta
 /// per upstream its discovery chain (or prepared query), then per chain target its healthy
 /// connect instances.
 pub struct ConnectProxyHandler {
-    sources: DataSources,
-    service: Arc<NodeService>,
-    datacenter: String,
+    pub(super) sources: DataSources,
+    pub(super) service: Arc<NodeService>,
+    pub(super) datacenter: String,
     token: Option<Token>,
+    /// In transparent mode, the services with a typical instance, once known.
+    pub(super) graph_services: Option<Arc<Vec<String>>>,
+    /// In transparent mode, every `service-intentions` entry, once known.
+    pub(super) graph_intentions: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
 }
 
 impl ConnectProxyHandler {
@@ -26,7 +30,13 @@ impl ConnectProxyHandler {
             service: Arc::clone(&registration.service),
             datacenter: datacenter.to_owned(),
             token: registration.token.clone(),
+            graph_services: None,
+            graph_intentions: None,
         }
+    }
+
+    fn transparent(&self) -> bool {
+        self.service.proxy.mode == structs::ProxyMode::Transparent
     }
 
     fn upstream_datacenter<'a>(&'a self, id: &'a UpstreamId) -> &'a str {
@@ -220,8 +230,13 @@ impl KindHandler for ConnectProxyHandler {
             self.watch_upstream(watches, &id, upstream);
             upstreams.insert(id, Arc::new(UpstreamSnapshot::new(index)));
         }
+        let transparent = self.transparent();
+        if transparent {
+            self.watch_service_graph(watches);
+        }
         KindSnapshot::ConnectProxy(ConnectProxySnapshot {
             upstreams: Arc::new(upstreams),
+            transparent,
             ..Default::default()
         })
     }
@@ -258,6 +273,17 @@ impl KindHandler for ConnectProxyHandler {
                 cp.resolved_config = Some(c);
             }
             (CorrelationId::ServiceHttpChecks, UpdatePayload::HttpChecks(checks)) => cp.http_checks = checks,
+            (CorrelationId::ServiceList, UpdatePayload::ServiceList(names)) if self.transparent() => {
+                self.graph_services = Some(names);
+                self.update_service_graph(cp, snapshot.intention_default_allow, watches);
+            }
+            (
+                CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceIntentions),
+                UpdatePayload::ConfigEntryList(list),
+            ) if self.transparent() => {
+                self.graph_intentions = Some(list);
+                self.update_service_graph(cp, snapshot.intention_default_allow, watches);
+            }
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
                 upstreams::apply_chain(
                     &self.sources,

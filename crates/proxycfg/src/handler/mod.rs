@@ -8,6 +8,7 @@
 mod connect_proxy;
 mod ingress_gateway;
 mod terminating_gateway;
+mod transparent;
 mod upstreams;
 
 pub use connect_proxy::ConnectProxyHandler;
@@ -16,6 +17,7 @@ pub use ingress_gateway::{
     upstream_id as ingress_upstream_id,
 };
 pub use terminating_gateway::TerminatingGatewayHandler;
+pub use transparent::{implicit_id, intention_upstreams};
 
 use crate::data_sources::{DataSources, UpdatePayload};
 use crate::registration::ProxyRegistration;

@@ -53,7 +53,6 @@ impl Validate for ProxyDefaults {
             check_protocol("Config.protocol", p.as_str().unwrap_or("<not a string>"))?;
         }
         crate::ProxyOptions::check_proxy(&self.config)?;
-        crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
         crate::proxy::refuse_central_expose_checks(&self.expose)?;
         super::extensions::check_all(&self.envoy_extensions)?;
         self.access_logs.check("AccessLogs")
@@ -274,7 +273,6 @@ impl Validate for ServiceDefaults {
         if !self.protocol.is_empty() {
             check_protocol("Protocol", &self.protocol)?;
         }
-        crate::proxy::refuse_transparent(self.mode, &self.transparent_proxy, "")?;
         crate::proxy::refuse_central_expose_checks(&self.expose)?;
         if !self.external_sni.is_empty() {
             return Err(ValidationError::new(

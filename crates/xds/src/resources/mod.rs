@@ -32,6 +32,7 @@ mod routes;
 mod set;
 mod shared;
 mod tls;
+mod transparent;
 
 use set::EVERYTHING;
 pub(crate) use set::Scope;
@@ -102,6 +103,9 @@ fn build_kind(
     clusters::build(snapshot, &mut out, scope)?;
     clusters::build_endpoints(snapshot, &mut out, shared)?;
     listeners::build(snapshot, &mut out, scope)?;
+    if scope.common() {
+        transparent::build(snapshot, &mut out)?;
+    }
     Ok(out)
 }
 
@@ -162,6 +166,10 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str
         ];
         names.extend(expose::names(snap, cp));
         names.extend(jwt::cluster_names(cp).into_iter().map(|n| (CLUSTER, n)));
+        if cp.transparent {
+            names.push((LISTENER, transparent::outbound_listener_name(snap)));
+            names.push((CLUSTER, transparent::PASSTHROUGH_CLUSTER.to_owned()));
+        }
         return names;
     }
     let mut names = Vec::new();
@@ -286,7 +294,9 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
-    same_proxy_wide(a, b) && same_chains(&x.upstreams, &y.upstreams)
+    // A transparent proxy's outbound listener matches on addresses its upstreams'
+    // endpoints carry (virtual IPs, instances dialed directly).
+    !y.transparent && same_proxy_wide(a, b) && same_chains(&x.upstreams, &y.upstreams)
 }
 
 /// The inputs every kind's resources read: the proxy, its registration, datacenter, roots,
@@ -306,7 +316,11 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
-    same_common(a, b)
+    // A transparent proxy's outbound listener is proxy-wide and reads every upstream: its
+    // builds are whole.
+    !x.transparent
+        && !y.transparent
+        && same_common(a, b)
         && same_arc(&x.leaf, &y.leaf)
         && same_arc(&x.intentions, &y.intentions)
         && same_known_entry(&x.mesh_config, &y.mesh_config)

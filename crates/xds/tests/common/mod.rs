@@ -113,6 +113,8 @@ pub fn snapshot(ca: &Ca, s: &Scenario) -> ConfigSnapshot {
             http_checks: Arc::new(vec![]),
             upstreams: Arc::new(upstreams),
             jwt_providers: None,
+            transparent: false,
+            intention_upstreams: None,
         }),
     }
 }

@@ -1,0 +1,142 @@
+//! Transparent mode: a sidecar whose application dials services by name (their virtual IP,
+//! or an instance's address) rather than a local bind port. Its upstreams are, beside those
+//! it declares, every service its intentions let it reach (the service graph): computed
+//! from two watches every transparent proxy shares (the services with a typical instance,
+//! and every `service-intentions` entry) and kept current as either changes.
+
+use super::connect_proxy::ConnectProxyHandler;
+use crate::data_sources::{ConfigEntryListRequest, DiscoveryChainRequest, ServiceListRequest};
+use crate::snapshot::{ConnectProxySnapshot, UpstreamSnapshot};
+use crate::{CorrelationId, Watches};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use structs::config_entry::IntentionAction;
+use structs::{ConfigEntry, ConfigEntryKind, DestinationType, Intention, UpstreamId};
+use tracing::debug;
+
+/// The services among `candidates` that `source` may reach: the first intention (in
+/// evaluation order) whose source covers `source` and whose destination covers the
+/// service decides (an L7 intention counts as allowing: the destination's proxy judges
+/// each request); with none, `default_allow`. `source` itself is never its own upstream.
+pub fn intention_upstreams(
+    source: &str,
+    candidates: &[String],
+    entries: &[Arc<ConfigEntry>],
+    default_allow: bool,
+) -> Vec<String> {
+    let mut from_source: Vec<Intention> = entries
+        .iter()
+        .filter_map(|e| match e.as_ref() {
+            ConfigEntry::ServiceIntentions(si) => Some(structs::intention::from_config_entry(si)),
+            _ => None,
+        })
+        .flatten()
+        .filter(|i| i.matches_source(source) && i.source_type != "external-uri")
+        .collect();
+    from_source.sort_by(Intention::evaluation_order);
+    candidates
+        .iter()
+        .filter(|name| name.as_str() != source)
+        .filter(|name| {
+            from_source
+                .iter()
+                .find(|i| i.matches_destination(name))
+                .map_or(default_allow, |i| {
+                    i.action == Some(IntentionAction::Allow) || !i.permissions.is_empty()
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+impl ConnectProxyHandler {
+    /// Starts the two watches implicit upstreams are computed from.
+    pub(super) fn watch_service_graph(&self, watches: &mut Watches) {
+        watches.start(
+            &self.sources.service_list,
+            CorrelationId::ServiceList,
+            ServiceListRequest {
+                datacenter: self.datacenter.clone(),
+                typical_only: true,
+            },
+        );
+        watches.start(
+            &self.sources.config_entry_list,
+            CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceIntentions),
+            ConfigEntryListRequest {
+                kind: ConfigEntryKind::ServiceIntentions,
+            },
+        );
+    }
+
+    /// Recomputes the implicit upstreams once both inputs are known: a service newly
+    /// allowed gets an upstream (its chain watched as any upstream's), one no longer allowed
+    /// loses it with every watch it had. Declared upstreams are left as they are.
+    pub(super) fn update_service_graph(
+        &self,
+        cp: &mut ConnectProxySnapshot,
+        default_allow: bool,
+        watches: &mut Watches,
+    ) {
+        let (Some(candidates), Some(entries)) = (&self.graph_services, &self.graph_intentions) else {
+            return;
+        };
+        let source = &self.service.proxy.destination_service_name;
+        let allowed = intention_upstreams(source, candidates, entries, default_allow);
+        if cp.intention_upstreams.as_deref() == Some(&allowed) {
+            return;
+        }
+        let wanted: BTreeSet<Arc<UpstreamId>> = allowed.iter().map(|name| Arc::new(implicit_id(name))).collect();
+        let gone: Vec<Arc<UpstreamId>> = cp
+            .upstreams
+            .iter()
+            .filter(|(id, u)| ConnectProxySnapshot::is_implicit(u) && !wanted.contains(*id))
+            .map(|(id, _)| Arc::clone(id))
+            .collect();
+        let upstreams = Arc::make_mut(&mut cp.upstreams);
+        for id in &gone {
+            upstreams.remove(id);
+            watches.cancel_where(|w| w.upstream() == Some(&**id));
+        }
+        let mut added = 0;
+        for id in wanted {
+            if upstreams.contains_key(&id) {
+                continue;
+            }
+            let req = DiscoveryChainRequest {
+                datacenter: self.datacenter.clone(),
+                name: id.name.clone(),
+                namespace: id.namespace.clone(),
+                override_protocol: None,
+                override_connect_timeout_ms: 0,
+                override_mesh_gateway: self.service.proxy.mesh_gateway.mode,
+            };
+            watches.start(
+                &self.sources.discovery_chain,
+                CorrelationId::DiscoveryChain(Arc::clone(&id)),
+                req,
+            );
+            upstreams.insert(id, Arc::new(UpstreamSnapshot::new(UpstreamSnapshot::IMPLICIT)));
+            added += 1;
+        }
+        debug!(
+            proxy = %self.service.id,
+            added,
+            removed = gone.len(),
+            reachable = allowed.len(),
+            "implicit upstreams updated"
+        );
+        cp.intention_upstreams = Some(Arc::new(allowed));
+    }
+}
+
+/// The id of the implicit upstream to `name`: the same as a declared upstream's to it, so a
+/// service declared and allowed is one upstream (the declared one).
+pub fn implicit_id(name: &str) -> UpstreamId {
+    UpstreamId {
+        destination_type: DestinationType::Service,
+        namespace: "default".to_owned(),
+        name: name.to_owned(),
+        datacenter: String::new(),
+    }
+}

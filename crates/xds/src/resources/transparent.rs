@@ -1,0 +1,257 @@
+//! Transparent mode's outbound side: one listener (`outbound_listener:127.0.0.1:<port>`,
+//! port 15001 unless `TransparentProxy.OutboundListenerPort` says otherwise) that the
+//! node's redirection rules send every outbound TCP connection of the application to. Its
+//! `original_dst` listener filter restores the address the application dialed, and filter
+//! chains matched on that address pick the upstream:
+//!
+//! - an upstream service's virtual IP (the `consul-virtual` tagged address its instances
+//!   carry) selects its chain, as its own listener would (tcp_proxy, or an HTTP connection
+//!   manager with the upstream's routes: splits, redirects and failover included);
+//! - with `TransparentProxy.DialedDirectly` on an instance (its proxy's registration), that
+//!   instance's address selects `passthrough~<sni>`: mTLS to the address dialed, where the
+//!   instance's own redirection hands it to its proxy;
+//! - anything else takes the default chain to `original-destination` (the address dialed,
+//!   in the clear), unless the `mesh` entry's `TransparentProxy.MeshDestinationsOnly`
+//!   refuses it: then there is no default chain and Envoy closes the connection.
+//!
+//! Declared upstreams take part as implicit ones do: dialing their virtual IP works beside
+//! their local bind port.
+
+use super::core::{ads, millis, socket};
+use super::listeners::{hcm, tcp_proxy};
+use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, routes, tls};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{Rds, http_connection_manager};
+use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::util::pack_any;
+use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, UpstreamSnapshot};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use structs::{CompiledDiscoveryChain, ConfigEntry, DestinationType, SpiffeIdService, UpstreamId};
+
+/// The outbound listener's port when the proxy's `TransparentProxy` leaves it unset.
+pub(crate) const DEFAULT_OUTBOUND_PORT: u16 = 15001;
+
+/// The cluster to the address the application dialed, outside the mesh.
+pub(crate) const PASSTHROUGH_CLUSTER: &str = "original-destination";
+
+/// How long a passthrough connection may take to open.
+const PASSTHROUGH_CONNECT_TIMEOUT_MS: u32 = 5_000;
+
+/// The name of the outbound listener of `snap`.
+pub(crate) fn outbound_listener_name(snap: &ConfigSnapshot) -> String {
+    format!("outbound_listener:127.0.0.1:{}", outbound_port(snap))
+}
+
+fn outbound_port(snap: &ConfigSnapshot) -> u16 {
+    match snap.service.proxy.transparent_proxy.outbound_listener_port {
+        0 => DEFAULT_OUTBOUND_PORT,
+        port => port,
+    }
+}
+
+/// Whether the `mesh` entry keeps transparent proxies to destinations in the mesh.
+fn mesh_destinations_only(cp: &ConnectProxySnapshot) -> bool {
+    match cp.mesh_config.as_ref().and_then(|m| m.as_deref()) {
+        Some(ConfigEntry::Mesh(m)) => m.transparent_proxy.mesh_destinations_only,
+        _ => false,
+    }
+}
+
+/// The addresses that select one upstream: its virtual IPs, and its instances' addresses
+/// where they may be dialed directly (with the target they belong to).
+#[derive(Default)]
+struct Matches {
+    virtual_ips: Vec<IpAddr>,
+    direct: Vec<(IpAddr, structs::TargetId)>,
+}
+
+/// What selects `upstream` (named `id`): the virtual IP of the chain's own service (its
+/// instances carry it; a target of another service, reached by a split or redirect, has
+/// its own), and each instance address whose proxy allows dialing it directly.
+fn matches(id: &UpstreamId, upstream: &UpstreamSnapshot, chain: &CompiledDiscoveryChain) -> Matches {
+    let mut out = Matches::default();
+    for (target_id, nodes) in upstream.endpoints.iter() {
+        let Some(target) = chain.targets.get(target_id) else {
+            continue;
+        };
+        for node in nodes.iter() {
+            if target.service == id.name
+                && let Some(vip) = node
+                    .service
+                    .tagged_addresses
+                    .get(structs::service::TAGGED_ADDRESS_VIRTUAL_IP)
+                && let Ok(ip) = vip.address.parse::<IpAddr>()
+                && !out.virtual_ips.contains(&ip)
+            {
+                out.virtual_ips.push(ip);
+            }
+            if node.service.proxy.transparent_proxy.dialed_directly
+                && let Ok(ip) = node.address().parse::<IpAddr>()
+                && !out.direct.iter().any(|(a, _)| *a == ip)
+            {
+                out.direct.push((ip, target_id.clone()));
+            }
+        }
+    }
+    out.virtual_ips.sort();
+    out.direct.sort();
+    out
+}
+
+fn cidr(ip: IpAddr) -> CidrRange {
+    CidrRange {
+        address_prefix: ip.to_string(),
+        prefix_len: Some(UInt32Value {
+            value: if ip.is_ipv4() { 32 } else { 128 },
+        }),
+    }
+}
+
+fn chain_on(ips: Vec<IpAddr>, filter: Filter) -> FilterChain {
+    FilterChain {
+        filter_chain_match: Some(FilterChainMatch {
+            prefix_ranges: ips.into_iter().map(cidr).collect(),
+            ..Default::default()
+        }),
+        filters: vec![filter],
+        ..Default::default()
+    }
+}
+
+/// The filter that carries a connection into `chain` (and its route, for an HTTP chain).
+fn upstream_filter(id: &UpstreamId, chain: &CompiledDiscoveryChain, out: &mut Resources) -> Result<Filter, String> {
+    let stat_prefix = format!("upstream.{id}");
+    if chain.protocol.is_http() {
+        let route_name = id.name.clone();
+        let route = routes::route_config(&route_name, chain).map_err(|e| e.0)?;
+        out.insert(ROUTE, route_name.clone(), pack_any(route));
+        Ok(hcm(
+            &stat_prefix,
+            http_connection_manager::RouteSpecifier::Rds(Rds {
+                config_source: ads(),
+                route_config_name: route_name,
+            }),
+            Vec::new(),
+            None,
+        ))
+    } else {
+        let cluster = routes::tcp_cluster(chain).map_err(|e| e.0)?;
+        Ok(tcp_proxy(&stat_prefix, &cluster))
+    }
+}
+
+/// An `ORIGINAL_DST` cluster: connections go to the address the application dialed.
+fn original_dst_cluster(name: &str) -> Cluster {
+    Cluster {
+        name: name.to_owned(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: cluster::LbPolicy::ClusterProvided as i32,
+        connect_timeout: millis(PASSTHROUGH_CONNECT_TIMEOUT_MS),
+        ..Default::default()
+    }
+}
+
+/// Builds the outbound listener of a transparent proxy, the clusters only it uses, and the
+/// routes of its implicit HTTP upstreams. Nothing for a proxy in direct mode.
+pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+    let Some(cp) = snap.connect_proxy().filter(|cp| cp.transparent) else {
+        return Ok(());
+    };
+    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
+    let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
+    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
+    let mut filter_chains = Vec::new();
+    // Each address selects one chain: Envoy refuses a listener where two chains match alike.
+    let mut claimed: BTreeMap<IpAddr, String> = BTreeMap::new();
+    for (id, upstream) in cp.upstreams.iter() {
+        if id.destination_type != DestinationType::Service {
+            continue;
+        }
+        let Some(chain) = &upstream.chain else { continue };
+        let found = matches(id, upstream, chain);
+        let mut claim = |ip: IpAddr, out: &mut Resources| match claimed.get(&ip) {
+            Some(owner) => {
+                out.problems.insert(
+                    format!("transparent:{id}"),
+                    format!("upstream {id}: address {ip} already selects upstream {owner}; not matched again"),
+                );
+                false
+            }
+            None => {
+                claimed.insert(ip, id.to_string());
+                true
+            }
+        };
+        let vips: Vec<IpAddr> = found.virtual_ips.into_iter().filter(|ip| claim(*ip, out)).collect();
+        if !vips.is_empty() {
+            match upstream_filter(id, chain, out) {
+                Ok(filter) => filter_chains.push(chain_on(vips, filter)),
+                Err(e) => {
+                    out.problems
+                        .insert(format!("transparent:{id}"), format!("upstream {id}: {e}"));
+                }
+            }
+        }
+        for (ip, target_id) in found.direct {
+            let Some(target) = chain.targets.get(&target_id) else {
+                continue;
+            };
+            if !claim(ip, out) {
+                continue;
+            }
+            let name = format!("passthrough~{}", target.sni);
+            if !out.by_type.get(CLUSTER).is_some_and(|c| c.contains_key(&name)) {
+                let spiffe = SpiffeIdService {
+                    trust_domain: roots.trust_domain.clone(),
+                    namespace: target.namespace.clone(),
+                    datacenter: target.datacenter.clone(),
+                    service: target.service.clone(),
+                };
+                let mut cluster = original_dst_cluster(&name);
+                cluster.transport_socket = Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.clone()));
+                out.insert(CLUSTER, name.clone(), pack_any(cluster));
+            }
+            filter_chains.push(chain_on(vec![ip], tcp_proxy(&format!("upstream.{id}"), &name)));
+        }
+    }
+    let default_filter_chain = if mesh_destinations_only(cp) {
+        None
+    } else {
+        out.insert(
+            CLUSTER,
+            PASSTHROUGH_CLUSTER.to_owned(),
+            pack_any(original_dst_cluster(PASSTHROUGH_CLUSTER)),
+        );
+        Some(FilterChain {
+            name: PASSTHROUGH_CLUSTER.to_owned(),
+            filters: vec![tcp_proxy("upstream.original-destination", PASSTHROUGH_CLUSTER)],
+            ..Default::default()
+        })
+    };
+    let name = outbound_listener_name(snap);
+    let listener = Listener {
+        name: name.clone(),
+        address: socket("127.0.0.1", u32::from(outbound_port(snap))),
+        filter_chains,
+        default_filter_chain,
+        listener_filters: vec![ListenerFilter {
+            name: "envoy.filters.listener.original_dst".into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
+                OriginalDst::default(),
+            ))),
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    };
+    out.insert(LISTENER, name, pack_any(listener));
+    Ok(())
+}
