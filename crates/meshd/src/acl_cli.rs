@@ -144,7 +144,7 @@ pub(crate) fn client(common: &ApiArgs) -> Result<(Servers, Option<structs::Token
 
 /// One request to the HTTP API with the command's token; a refusal is an error carrying
 /// the server's one line.
-async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
+pub(crate) async fn request<B: Serialize + ?Sized, T: DeserializeOwned>(
     common: &ApiArgs,
     method: reqwest::Method,
     path: &str,

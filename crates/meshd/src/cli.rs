@@ -183,6 +183,53 @@ pub enum ConnectCommand {
     /// connect-native service and write its certificates (to -cert-dir, or a private
     /// directory under the temp dir); with -watch keep them current.
     GrpcBootstrap(Box<GrpcBootstrapArgs>),
+    /// Install (or with -remove delete) the NAT rules that send a network namespace's TCP
+    /// traffic through its transparent sidecar: an nftables table, written over netlink.
+    RedirectTraffic(Box<RedirectTrafficArgs>),
+}
+
+/// `meshd connect redirect-traffic` flags (Consul's names).
+#[derive(Debug, Clone, Args)]
+pub struct RedirectTrafficArgs {
+    /// The agent's API and the token to read the sidecar's registration with.
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The sidecar whose ports to use (its registration at the agent).
+    #[arg(long = "proxy-id", value_name = "ID")]
+    pub proxy_id: Option<String>,
+    /// The user the proxy runs as: its traffic is never redirected.
+    #[arg(long = "proxy-uid", value_name = "UID")]
+    pub proxy_uid: Option<u32>,
+    /// The proxy's public listener port, instead of the registration's.
+    #[arg(long = "proxy-inbound-port", value_name = "PORT")]
+    pub proxy_inbound_port: Option<u16>,
+    /// The proxy's outbound listener port (default: the registration's, else 15001).
+    #[arg(long = "proxy-outbound-port", value_name = "PORT")]
+    pub proxy_outbound_port: Option<u16>,
+    /// An inbound port to leave alone (repeatable).
+    #[arg(long = "exclude-inbound-port", value_name = "PORT")]
+    pub exclude_inbound_ports: Vec<u16>,
+    /// An outbound destination port to leave alone (repeatable).
+    #[arg(long = "exclude-outbound-port", value_name = "PORT")]
+    pub exclude_outbound_ports: Vec<u16>,
+    /// An outbound destination network to leave alone, `A.B.C.D/N` (repeatable).
+    #[arg(long = "exclude-outbound-cidr", value_name = "CIDR")]
+    pub exclude_outbound_cidrs: Vec<redirect::Ipv4Cidr>,
+    /// A user whose traffic to leave alone (repeatable).
+    #[arg(long = "exclude-uid", value_name = "UID")]
+    pub exclude_uids: Vec<u32>,
+    /// Send DNS (port 53) to meshd's DNS interface at this address.
+    #[arg(long = "consul-dns-ip", value_name = "IP")]
+    pub dns_ip: Option<std::net::Ipv4Addr>,
+    /// The port of meshd's DNS interface.
+    #[arg(long = "consul-dns-port", value_name = "PORT", default_value_t = 8600)]
+    pub dns_port: u16,
+    /// The network namespace to act in (`/var/run/netns/NAME`, `/proc/PID/ns/net`).
+    #[arg(long = "netns", value_name = "PATH")]
+    pub netns: Option<PathBuf>,
+    /// Remove the rules instead.
+    #[arg(long = "remove")]
+    pub remove: bool,
 }
 
 /// `meshd connect grpc-bootstrap` flags.

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod connect;
 pub mod connect_gateway;
 pub mod grpc_bootstrap;
+pub mod redirect_cli;
 pub mod snapshot_cli;
 pub mod tls;
 

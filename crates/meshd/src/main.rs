@@ -64,6 +64,9 @@ fn main() -> ExitCode {
                 }
                 meshd::connect::run(*args, meshd::shutdown_signal()).await
             }
+            Command::Connect(meshd::cli::ConnectCommand::RedirectTraffic(args)) => {
+                meshd::redirect_cli::run(*args).await
+            }
             Command::Connect(meshd::cli::ConnectCommand::GrpcBootstrap(args)) => {
                 if args.watch {
                     meshd::init_logging(&args.log_level, false);
