@@ -31,6 +31,8 @@ const PREROUTING: &str = "prerouting";
 const OUTPUT: &str = "output";
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 
 /// An IPv4 network: an address and a prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,9 +281,21 @@ fn dport(b: &mut Batch, proto: u8, port: u16) {
     b.cmp(REG_1, CMP_EQ, &port.to_be_bytes());
 }
 
-/// `meta l4proto tcp redirect to :<port>`.
+/// `tcp flags & (syn | ack) == syn`: the first packet of a connection. Connections already
+/// open when the rules arrive are left alone: the kernel only starts tracking a namespace's
+/// connections once NAT rules exist, so it would take a later packet of such a connection
+/// for a new one, and redirecting it would reset the connection (an agent's link to its
+/// servers, say).
+fn opening(b: &mut Batch) {
+    b.payload(PAYLOAD_TRANSPORT, 13, 1, REG_1);
+    b.mask(REG_1, &[TCP_SYN | TCP_ACK]);
+    b.cmp(REG_1, CMP_EQ, &[TCP_SYN]);
+}
+
+/// `meta l4proto tcp` on a connection's first packet: `redirect to :<port>`.
 fn redirect_tcp(b: &mut Batch, port: u16) {
     l4proto(b, IPPROTO_TCP);
+    opening(b);
     b.immediate(REG_1, &port.to_be_bytes());
     b.redirect(REG_1);
 }
@@ -309,6 +323,9 @@ fn outbound(b: &mut Batch, rules: &Rules) {
         for proto in [IPPROTO_UDP, IPPROTO_TCP] {
             rule(b, OUTPUT, |b| {
                 dport(b, proto, 53);
+                if proto == IPPROTO_TCP {
+                    opening(b);
+                }
                 b.immediate(REG_1, &dns.ip().octets());
                 b.immediate(REG_2, &dns.port().to_be_bytes());
                 b.dnat(REG_1, REG_2);

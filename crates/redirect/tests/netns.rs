@@ -156,3 +156,30 @@ fn cidrs_parse_or_say_why() {
     assert!("fd00::/8".parse::<Ipv4Cidr>().unwrap_err().contains("IPv4"));
     assert_eq!("10.0.0.1".parse::<Ipv4Cidr>().unwrap().prefix, 32);
 }
+
+/// A connection open before the rules keeps working after them: only a connection's first
+/// packet is redirected (the kernel starts tracking the namespace's connections with the
+/// rules, and would otherwise take the next packet of this one for a new connection).
+#[test]
+fn connections_open_before_the_rules_are_left_alone() {
+    use std::io::{Read, Write};
+    let ns = Netns::new("open");
+    let path = Some(ns.path.as_path());
+    ns.run(|| {
+        let listener = TcpListener::bind("127.0.0.2:7000").unwrap();
+        let mut client = TcpStream::connect("127.0.0.2:7000").unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        for s in [&client, &server] {
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        }
+        redirect::apply(&rules(4242), None).unwrap();
+        client.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        server.write_all(b"pong").unwrap();
+        client.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"pong");
+    });
+    assert!(redirect::remove(path).unwrap());
+}
