@@ -179,6 +179,9 @@ impl Publisher {
     pub(crate) fn publish(&self, state: &State, bumped: &HashSet<IndexKey>) {
         let mut topics = self.topics.lock();
         let mut removed = 0;
+        // Every destination's intentions topic filters the same flattened, ordered list:
+        // made once per write, not once per destination.
+        let mut all_intentions: Option<Vec<structs::Intention>> = None;
         for key in bumped {
             let Some(group) = topics.by_key.get_mut(key) else {
                 continue;
@@ -189,10 +192,15 @@ impl Publisher {
                     removed += 1;
                     return false;
                 }
-                let event = Event {
-                    index,
-                    payload: payload(topic, state),
+                let payload = match topic {
+                    Topic::Intentions(dest) => {
+                        let all = all_intentions.get_or_insert_with(|| state.intentions());
+                        let mine = all.iter().filter(|i| i.matches_destination(dest)).cloned().collect();
+                        Payload::Intentions(Arc::new(mine))
+                    }
+                    topic => payload(topic, state),
                 };
+                let event = Event { index, payload };
                 slot.last = Some(event.clone());
                 let _ = slot.tx.send(event);
                 true

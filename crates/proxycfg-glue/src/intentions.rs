@@ -29,7 +29,9 @@ mod on_server {
                 Payload::Intentions(ixns) => Some(Arc::clone(ixns)),
                 _ => None,
             });
-            Ok(Derive::every(input, Ok))
+            // Every intention write reaches every destination's topic: a list that did not
+            // change is not sent, so the proxies of other services build nothing.
+            Ok(Derive::distinct(input, Ok))
         }
     }
 
@@ -63,7 +65,10 @@ mod on_cache {
             let key = IntentionsKey {
                 destination: req.destination,
             };
-            Ok(Derive::every(CacheInput::new(self.0.caches.intentions.watch(&key)), Ok))
+            Ok(Derive::distinct(
+                CacheInput::new(self.0.caches.intentions.watch(&key)),
+                Ok,
+            ))
         }
     }
 

@@ -11,40 +11,59 @@ use crate::{CorrelationId, Watches};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use structs::config_entry::IntentionAction;
-use structs::{ConfigEntry, ConfigEntryKind, DestinationType, Intention, UpstreamId};
+use structs::intention::WILDCARD;
+use structs::{ConfigEntry, ConfigEntryKind, DestinationType, UpstreamId};
 use tracing::debug;
 
-/// The services among `candidates` that `source` may reach: the first intention (in
-/// evaluation order) whose source covers `source` and whose destination covers the
-/// service decides (an L7 intention counts as allowing: the destination's proxy judges
-/// each request); with none, `default_allow`. `source` itself is never its own upstream.
+/// The services among `candidates` that `source` may reach: the intention that applies
+/// first in evaluation order decides — one on the service itself before one on `*`, and on
+/// each, one from `source` by name before one from `*` (Consul's precedence) — an L7
+/// intention counting as allowing (the destination's proxy judges each request); with none,
+/// `default_allow`. `source` itself is never its own upstream.
+///
+/// Every transparent proxy runs this on every intention write: one pass over the entries
+/// (no intention is copied) and one over the candidates.
 pub fn intention_upstreams(
     source: &str,
     candidates: &[String],
     entries: &[Arc<ConfigEntry>],
     default_allow: bool,
 ) -> Vec<String> {
-    let mut from_source: Vec<Intention> = entries
-        .iter()
-        .filter_map(|e| match e.as_ref() {
-            ConfigEntry::ServiceIntentions(si) => Some(structs::intention::from_config_entry(si)),
-            _ => None,
-        })
-        .flatten()
-        .filter(|i| i.matches_source(source) && i.source_type != "external-uri")
-        .collect();
-    from_source.sort_by(Intention::evaluation_order);
+    use std::collections::HashMap;
+    /// What the intentions from `source` (by name, and from `*`) on one destination say.
+    #[derive(Default, Clone, Copy)]
+    struct Said {
+        by_name: Option<bool>,
+        wildcard: Option<bool>,
+    }
+    impl Said {
+        fn decision(self) -> Option<bool> {
+            self.by_name.or(self.wildcard)
+        }
+    }
+    let mut said: HashMap<&str, Said> = HashMap::new();
+    for entry in entries {
+        let ConfigEntry::ServiceIntentions(si) = entry.as_ref() else {
+            continue;
+        };
+        for src in &si.sources {
+            if src.source_type == "external-uri" || (src.name != source && src.name != WILDCARD) {
+                continue;
+            }
+            let allows = src.action == Some(IntentionAction::Allow) || !src.permissions.is_empty();
+            let slot = said.entry(si.name.as_str()).or_default();
+            if src.name == WILDCARD {
+                slot.wildcard = Some(allows);
+            } else {
+                slot.by_name = Some(allows);
+            }
+        }
+    }
+    let fallback = said.get(WILDCARD).and_then(|s| s.decision()).unwrap_or(default_allow);
     candidates
         .iter()
         .filter(|name| name.as_str() != source)
-        .filter(|name| {
-            from_source
-                .iter()
-                .find(|i| i.matches_destination(name))
-                .map_or(default_allow, |i| {
-                    i.action == Some(IntentionAction::Allow) || !i.permissions.is_empty()
-                })
-        })
+        .filter(|name| said.get(name.as_str()).and_then(|s| s.decision()).unwrap_or(fallback))
         .cloned()
         .collect()
 }
