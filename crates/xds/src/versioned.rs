@@ -109,6 +109,13 @@ impl VersionedResources {
             if let Some(problem) = previous.problems.get(part) {
                 self.problems.insert(part.clone(), problem.clone());
             }
+            if part == resources::OUTBOUND {
+                // The outbound part's problems are by upstream: `<part> <upstream>`.
+                let prefix = format!("{part} ");
+                for (key, problem) in previous.problems.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+                    self.problems.insert(key.clone(), problem.clone());
+                }
+            }
             self.keep.extend(kept.cloned());
         }
         // A type whose resources are all the previous build's very ones shares its map, which

@@ -272,3 +272,95 @@ fn incremental_builds_keep_every_proxy_wide_resource() {
         assert_eq!(a, b, "{type_url}");
     }
 }
+
+/// `snap` with `upstream`'s endpoints replaced by `nodes` (on every target).
+fn with_endpoints(mut snap: ConfigSnapshot, upstream: &str, nodes: Vec<structs::CheckServiceNode>) -> ConfigSnapshot {
+    let KindSnapshot::ConnectProxy(cp) = &mut snap.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
+        if id.name == upstream {
+            let up = Arc::make_mut(up);
+            let targets: Vec<_> = up.endpoints.keys().cloned().collect();
+            for t in targets {
+                up.endpoints.insert(t, Arc::new(nodes.clone()));
+            }
+        }
+    }
+    snap
+}
+
+/// A transparent proxy's builds after a change equal full builds: an endpoint change that
+/// keeps the addresses the outbound listener matches builds only load assignments (the
+/// listener kept); one that brings a new address (an instance dialed directly) rebuilds the
+/// outbound listener; a new implicit upstream adds its chain to it.
+#[test]
+fn transparent_incremental_builds_equal_full_builds() {
+    use crate::validate::{transparent_snapshot, with_vip};
+    let ca = Ca::new();
+    let first = Arc::new(transparent_snapshot(&ca, false));
+    let before = VersionedResources::build_after(&first, None, None).unwrap();
+    let outbound = "outbound_listener:127.0.0.1:15001";
+    let same_vip = Arc::new(with_endpoints(
+        (*first).clone(),
+        "api",
+        vec![with_vip("api", "10.0.0.9", "240.0.0.1", false)],
+    ));
+    let direct = Arc::new(with_endpoints(
+        (*first).clone(),
+        "api",
+        vec![with_vip("api", "10.0.0.9", "240.0.0.1", true)],
+    ));
+    let mut added = (*first).clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut added.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    let chain = Arc::new(structs::CompiledDiscoveryChain::default_for(
+        "search",
+        "dc1",
+        &first.roots.as_ref().unwrap().trust_domain,
+        structs::Protocol::Tcp,
+    ));
+    let mut up = proxycfg::UpstreamSnapshot::new(proxycfg::UpstreamSnapshot::IMPLICIT);
+    for t in chain.targets.keys() {
+        up.endpoints.insert(
+            t.clone(),
+            Arc::new(vec![with_vip("search", "10.0.0.8", "240.0.0.4", false)]),
+        );
+    }
+    up.chain = Some(chain);
+    Arc::make_mut(&mut cp.upstreams).insert(Arc::new(proxycfg::handler::implicit_id("search")), Arc::new(up));
+    let added = Arc::new(added);
+    // The same upstream known by its chain only (no endpoints yet): it selects nothing.
+    let mut chain_only = (*added).clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut chain_only.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
+        if id.name == "search" {
+            Arc::make_mut(up).endpoints = Default::default();
+        }
+    }
+    let chain_only = Arc::new(chain_only);
+    for (next, listener_kept) in [
+        (&same_vip, true),
+        (&direct, false),
+        (&added, false),
+        (&chain_only, true),
+    ] {
+        let incremental = VersionedResources::build_after(next, None, Some(&before)).unwrap();
+        let full = VersionedResources::build(next, None).unwrap();
+        for type_url in xds::resources::TYPES {
+            let a: Vec<(&str, &String)> = incremental.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+            let b: Vec<(&str, &String)> = full.of(type_url).map(|(n, v)| (n, &v.version)).collect();
+            assert_eq!(a, b, "{type_url}");
+        }
+        assert_eq!(
+            Arc::ptr_eq(
+                incremental.get(LISTENER, outbound).unwrap(),
+                before.get(LISTENER, outbound).unwrap()
+            ),
+            listener_kept
+        );
+    }
+}

@@ -1885,7 +1885,7 @@ fn jwt_requirements_on_the_public_listener() {
 
 /// A connect instance of `service` carrying the service's virtual IP, as the catalog reads
 /// it out; `direct` sets its proxy's `TransparentProxy.DialedDirectly`.
-fn with_vip(service: &str, addr: &str, vip: &str, direct: bool) -> structs::CheckServiceNode {
+pub(crate) fn with_vip(service: &str, addr: &str, vip: &str, direct: bool) -> structs::CheckServiceNode {
     let mut n = instance(service, addr, 21000);
     n.service.proxy.destination_service_name = service.into();
     n.service.proxy.transparent_proxy.dialed_directly = direct;
@@ -1901,7 +1901,7 @@ fn with_vip(service: &str, addr: &str, vip: &str, direct: bool) -> structs::Chec
 
 /// A transparent sidecar for `web`: `db` declared (with a bind port), `api` (HTTP) and
 /// `cache` implicit (reached by intentions); `cache`'s instance may be dialed directly.
-fn transparent_snapshot(ca: &Ca, mesh_destinations_only: bool) -> ConfigSnapshot {
+pub(crate) fn transparent_snapshot(ca: &Ca, mesh_destinations_only: bool) -> ConfigSnapshot {
     let mut snap = snapshot(
         ca,
         &Scenario {

@@ -36,7 +36,9 @@ mod transparent;
 
 use set::EVERYTHING;
 pub(crate) use set::Scope;
-pub use set::{BuildError, CLUSTER, COMMON, ENDPOINT, LISTENER, ROUTE, ResourceType, Resources, SECRET, TYPES};
+pub use set::{
+    BuildError, CLUSTER, COMMON, ENDPOINT, LISTENER, OUTBOUND, ROUTE, ResourceType, Resources, SECRET, TYPES,
+};
 pub use shared::SharedEncodings;
 pub use tls::{LEAF_SECRET, ROOTS_SECRET};
 
@@ -103,7 +105,8 @@ fn build_kind(
     clusters::build(snapshot, &mut out, scope)?;
     clusters::build_endpoints(snapshot, &mut out, shared)?;
     listeners::build(snapshot, &mut out, scope)?;
-    if scope.common() {
+    // It reads every upstream: built whole whenever what it matches on changed.
+    if scope.outbound {
         transparent::build(snapshot, &mut out)?;
     }
     Ok(out)
@@ -125,7 +128,7 @@ pub(crate) fn build_changed(
     let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
         return None;
     };
-    let reused: Vec<String> = y
+    let mut reused: Vec<String> = y
         .upstreams
         .iter()
         .filter(|(id, u)| {
@@ -136,11 +139,19 @@ pub(crate) fn build_changed(
         .map(|(id, _)| id.to_string())
         .collect();
     let rebuild = |id: &structs::UpstreamId| !reused.contains(&id.to_string());
+    // An upstream added or given its chain matches nothing until its endpoints bring a
+    // virtual IP: the outbound listener then stays as it was.
+    let outbound = y.transparent && !transparent::same_listener(prev, snapshot);
     let scope = Scope {
         common: false,
+        outbound,
         upstream: &rebuild,
     };
-    Some((build_scoped(snapshot, shared, &scope), reused))
+    let built = build_scoped(snapshot, shared, &scope);
+    if y.transparent && !outbound {
+        reused.push(OUTBOUND.to_owned());
+    }
+    Some((built, reused))
 }
 
 /// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).
@@ -166,15 +177,15 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str
         ];
         names.extend(expose::names(snap, cp));
         names.extend(jwt::cluster_names(cp).into_iter().map(|n| (CLUSTER, n)));
-        if cp.transparent {
-            names.push((LISTENER, transparent::outbound_listener_name(snap)));
-            names.push((CLUSTER, transparent::PASSTHROUGH_CLUSTER.to_owned()));
-        }
         return names;
+    }
+    if part == OUTBOUND {
+        return transparent::part_names(snap, cp);
     }
     let mut names = Vec::new();
     for (id, upstream) in cp.upstreams.iter() {
-        if id.to_string() != part {
+        // The name first: formatting every id for every part is quadratic in upstreams.
+        if !part.contains(id.name.as_str()) || id.to_string() != part {
             continue;
         }
         let Some(chain) = &upstream.chain else { continue };
@@ -295,8 +306,10 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         return false;
     };
     // A transparent proxy's outbound listener matches on addresses its upstreams'
-    // endpoints carry (virtual IPs, instances dialed directly).
-    !y.transparent && same_proxy_wide(a, b) && same_chains(&x.upstreams, &y.upstreams)
+    // endpoints carry (virtual IPs, instances dialed directly): they must not have changed.
+    same_proxy_wide(a, b)
+        && same_chains(&x.upstreams, &y.upstreams)
+        && (!y.transparent || transparent::same_matches(a, b))
 }
 
 /// The inputs every kind's resources read: the proxy, its registration, datacenter, roots,
@@ -316,11 +329,7 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {
         return false;
     };
-    // A transparent proxy's outbound listener is proxy-wide and reads every upstream: its
-    // builds are whole.
-    !x.transparent
-        && !y.transparent
-        && same_common(a, b)
+    same_common(a, b)
         && same_arc(&x.leaf, &y.leaf)
         && same_arc(&x.intentions, &y.intentions)
         && same_known_entry(&x.mesh_config, &y.mesh_config)

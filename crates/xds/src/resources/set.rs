@@ -81,9 +81,15 @@ pub struct Resources {
 /// listener).
 pub const COMMON: &str = "";
 
+/// The part of a build holding a transparent proxy's outbound listener, the passthrough
+/// clusters and the routes only it uses (not a possible upstream id).
+pub const OUTBOUND: &str = ":outbound";
+
 /// What a build makes: the proxy-wide part or not, and which upstreams.
 pub(crate) struct Scope<'a> {
     pub(super) common: bool,
+    /// A transparent proxy's outbound listener (and what only it uses).
+    pub(super) outbound: bool,
     pub(super) upstream: &'a dyn Fn(&structs::UpstreamId) -> bool,
 }
 
@@ -99,6 +105,7 @@ impl Scope<'_> {
 
 pub(super) const EVERYTHING: Scope<'static> = Scope {
     common: true,
+    outbound: true,
     upstream: &|_| true,
 };
 

@@ -32,6 +32,7 @@ use envoy_types::util::pack_any;
 use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, UpstreamSnapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use structs::{CompiledDiscoveryChain, ConfigEntry, DestinationType, SpiffeIdService, UpstreamId};
 
 /// The outbound listener's port when the proxy's `TransparentProxy` leaves it unset.
@@ -65,7 +66,7 @@ fn mesh_destinations_only(cp: &ConnectProxySnapshot) -> bool {
 
 /// The addresses that select one upstream: its virtual IPs, and its instances' addresses
 /// where they may be dialed directly (with the target they belong to).
-#[derive(Default)]
+#[derive(Default, PartialEq, Eq)]
 struct Matches {
     virtual_ips: Vec<IpAddr>,
     direct: Vec<(IpAddr, structs::TargetId)>,
@@ -102,6 +103,63 @@ fn matches(id: &UpstreamId, upstream: &UpstreamSnapshot, chain: &CompiledDiscove
     out.virtual_ips.sort();
     out.direct.sort();
     out
+}
+
+/// True when the outbound listeners of `a` and `b` match the same addresses to the same
+/// upstreams (their endpoints may differ otherwise): a build of `b` may keep `a`'s.
+pub(crate) fn same_matches(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    let key = |snap: &ConfigSnapshot| -> Vec<(String, Matches)> {
+        snap.connect_proxy()
+            .into_iter()
+            .flat_map(|cp| cp.upstreams.iter())
+            .filter_map(|(id, u)| Some((id.to_string(), matches(id, u, u.chain.as_deref()?))))
+            .collect()
+    };
+    key(a) == key(b)
+}
+
+/// True when the outbound listeners of `a` and `b` would be the same, their proxy-wide
+/// inputs being the same: the same upstreams select the same addresses through the same
+/// chains.
+pub(crate) fn same_listener(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
+    let key = |snap: &ConfigSnapshot| -> Vec<(String, *const CompiledDiscoveryChain, Matches)> {
+        snap.connect_proxy()
+            .into_iter()
+            .flat_map(|cp| cp.upstreams.iter())
+            .filter(|(id, _)| id.destination_type == DestinationType::Service)
+            .filter_map(|(id, u)| {
+                let chain = u.chain.as_ref()?;
+                let m = matches(id, u, chain);
+                (!m.virtual_ips.is_empty() || !m.direct.is_empty()).then(|| (id.to_string(), Arc::as_ptr(chain), m))
+            })
+            .collect()
+    };
+    key(a) == key(b)
+}
+
+/// The resources of the outbound part of `snap`'s build (see [`super::OUTBOUND`]): the
+/// listener, the passthrough clusters, the routes of the HTTP upstreams it selects.
+pub(crate) fn part_names(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot) -> Vec<(&'static str, String)> {
+    if !cp.transparent {
+        return Vec::new();
+    }
+    let mut names = vec![
+        (LISTENER, outbound_listener_name(snap)),
+        (CLUSTER, PASSTHROUGH_CLUSTER.to_owned()),
+    ];
+    for (id, upstream) in cp.upstreams.iter() {
+        let Some(chain) = &upstream.chain else { continue };
+        let m = matches(id, upstream, chain);
+        if !m.virtual_ips.is_empty() && chain.protocol.is_http() {
+            names.push((ROUTE, id.name.clone()));
+        }
+        for (_, target) in &m.direct {
+            if let Some(t) = chain.targets.get(target) {
+                names.push((CLUSTER, format!("passthrough~{}", t.sni)));
+            }
+        }
+    }
+    names
 }
 
 fn cidr(ip: IpAddr) -> CidrRange {
@@ -180,7 +238,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         let mut claim = |ip: IpAddr, out: &mut Resources| match claimed.get(&ip) {
             Some(owner) => {
                 out.problems.insert(
-                    format!("transparent:{id}"),
+                    format!("{} {id}", super::OUTBOUND),
                     format!("upstream {id}: address {ip} already selects upstream {owner}; not matched again"),
                 );
                 false
@@ -196,7 +254,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                 Ok(filter) => filter_chains.push(chain_on(vips, filter)),
                 Err(e) => {
                     out.problems
-                        .insert(format!("transparent:{id}"), format!("upstream {id}: {e}"));
+                        .insert(format!("{} {id}", super::OUTBOUND), format!("upstream {id}: {e}"));
                 }
             }
         }
