@@ -281,6 +281,12 @@ def test_virtual_ip_direct_dial_and_passthrough(mesh):
         f"http://{web_agent}:{ports['http']}/v1/internal/proxy-status/web-sidecar-proxy").read())
     assert status["Mode"] == "transparent"
     assert {"ID": "api", "Implicit": True} in status["Upstreams"], status
+    streams = json.loads(urllib.request.urlopen(f"http://{web_agent}:{ports['http']}/v1/internal/xds-status").read())
+    web = [st for st in streams if st["Node"] == "web-sidecar-proxy"]
+    assert web and web[0]["Transparent"] and web[0]["ImplicitUpstreams"] == ["api"], streams
+    over_http = json.loads(urllib.request.urlopen(
+        f"http://{mesh.net.gateway}:{mesh.server['http']}/v1/internal/service-virtual-ip/api").read())
+    assert over_http == {"ServiceName": "api", "VirtualIP": vip}, over_http
 
     _allow(mesh, "deny")
     mesh.eventually("denied by name", "http://api.virtual.consul/", _cut)

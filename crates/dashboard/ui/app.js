@@ -98,8 +98,12 @@ async function proxies(page) {
     const problems = Object.entries(s.BuildProblems || {});
     const reasons = problems.map(([part, why]) =>
       `<div class="problem" data-part="${esc(part)}"><b>${esc(part)}</b>: ${esc(why)}</div>`).join("");
+    // Transparent proxies: the upstreams their intentions give them, none declared.
+    const implicit = s.Transparent
+      ? ` <span class="pill idle mode" title="${esc((s.ImplicitUpstreams || []).join(", "))}">transparent · ${(s.ImplicitUpstreams || []).length} implicit upstream(s)</span>`
+      : "";
     return `<tr data-node="${esc(s.Node)}">
-      <td><b>${esc(s.Node)}</b></td><td>${esc(s.Protocol)}</td><td>${esc(s.Server)}</td>
+      <td><b>${esc(s.Node)}</b>${implicit}</td><td>${esc(s.Protocol)}</td><td>${esc(s.Server)}</td>
       <td class="state">${pill(cls[state], state)}${problems.length ? pill("bad", `${problems.length} build problem(s)`) + reasons : ""}</td>
       <td class="versions">${types || "—"}</td>
       <td>${s.SnapshotAgeSeconds == null ? "—" : `${Math.round(s.SnapshotAgeSeconds)} s`}</td></tr>`;

@@ -128,6 +128,8 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     );
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
     r.add("/v1/internal/ui/services", get(ui::services));
+    r.add("/v1/internal/service-virtual-ip", get(ui::virtual_ips));
+    r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;
     let router = router

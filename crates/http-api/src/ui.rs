@@ -88,3 +88,66 @@ pub(crate) async fn services(
         filtered,
     ))
 }
+
+/// One service's virtual IP.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct VirtualIp<'a> {
+    service_name: &'a str,
+    #[serde(rename = "VirtualIP")]
+    virtual_ip: String,
+}
+
+/// `GET /v1/internal/service-virtual-ip`: every service's virtual IP the token may read, by
+/// name (blocking on the services).
+pub(crate) async fn virtual_ips(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
+    let key = IndexKey::Services;
+    let state = api.read(&params, &key).await?;
+    let mut filtered = false;
+    let all: Vec<VirtualIp<'_>> = state
+        .virtual_ips()
+        .filter(|(name, _)| {
+            let readable = a.service_read(name);
+            filtered |= !readable;
+            readable
+        })
+        .map(|(name, ip)| VirtualIp {
+            service_name: name,
+            virtual_ip: ip.to_string(),
+        })
+        .collect();
+    Ok(crate::authz::mark_filtered(
+        query::json(&all, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
+}
+
+/// `GET /v1/internal/service-virtual-ip/:service`: the service's virtual IP (404 until it
+/// has a connect instance), blocking on its connect instances.
+pub(crate) async fn virtual_ip(
+    State(api): State<Api>,
+    authz: Authz,
+    axum::extract::Path(service): axum::extract::Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    authz.need(|a| a.service_read(&service), "service:read", &service)?;
+    let key = IndexKey::ServiceConnect(service.clone());
+    let state = api.read(&params, &key).await?;
+    let Some(ip) = state.virtual_ip(&service) else {
+        return Err(ApiError::NotFound(format!(
+            "service {service:?} has no virtual IP (it gets one with its first connect instance)"
+        )));
+    };
+    let body = VirtualIp {
+        service_name: &service,
+        virtual_ip: ip.to_string(),
+    };
+    Ok(query::json(&body, Some(state.index_of(&key)), params.pretty()))
+}

@@ -809,6 +809,22 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             Filtered,
         ),
         row(
+            "GET",
+            "/v1/internal/service-virtual-ip",
+            "/v1/internal/service-virtual-ip",
+            n.clone(),
+            WEB_READ,
+            Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/internal/service-virtual-ip/{service}",
+            "/v1/internal/service-virtual-ip/web",
+            n.clone(),
+            WEB_READ,
+            Denied,
+        ),
+        row(
             "PUT",
             "/v1/internal/node/heartbeat",
             "/v1/internal/node/heartbeat",

@@ -297,6 +297,20 @@ impl StreamView {
     fn report(&self, server: &str) -> StreamStatus {
         let st = self.state.lock();
         let problems = st.current.as_ref().map(|c| c.problems.clone()).unwrap_or_default();
+        let cp = st
+            .current
+            .as_ref()
+            .and_then(|c| c.snapshot.as_deref())
+            .and_then(|s| s.connect_proxy());
+        let implicit_upstreams = cp
+            .map(|cp| {
+                cp.upstreams
+                    .iter()
+                    .filter(|(_, u)| proxycfg::ConnectProxySnapshot::is_implicit(u))
+                    .map(|(id, _)| id.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut types = Vec::new();
         let mut names: Vec<&str> = st.types.keys().copied().collect();
         if let Some(current) = &st.current {
@@ -350,6 +364,8 @@ impl StreamView {
             stuck: st.stuck,
             types,
             build_problems: problems,
+            transparent: cp.is_some_and(|cp| cp.transparent),
+            implicit_upstreams,
         }
     }
 }
@@ -485,6 +501,11 @@ pub struct StreamStatus {
     pub types: Vec<TypeStatus>,
     /// Parts of the proxy's configuration that cannot be built (by upstream).
     pub build_problems: BTreeMap<String, String>,
+    /// The proxy runs in transparent mode.
+    pub transparent: bool,
+    /// Its implicit upstreams (transparent mode: the services its intentions let it reach
+    /// and it does not declare), by id.
+    pub implicit_upstreams: Vec<String>,
 }
 
 /// Every open stream's view.
