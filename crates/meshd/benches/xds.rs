@@ -351,6 +351,10 @@ async fn main() {
     // KNOBS=1: L7 chains and HTTP services, plain and then with the production knobs on every
     // proxy (access logs, a Lua extension on every upstream listener, a JWT requirement on
     // every public listener), compared.
+    if std::env::var("TRANSPARENT").is_ok_and(|t| t == "1") {
+        run_transparent().await;
+        return;
+    }
     if std::env::var("KNOBS").is_ok_and(|k| k == "1") {
         let (plain_p99, plain_kib) = run(true, false).await;
         let (knobs_p99, knobs_kib) = run(true, true).await;
@@ -642,4 +646,158 @@ async fn run(l7: bool, knobs: bool) -> (Duration, f64) {
         p99.as_secs_f64() / floor_p99.as_secs_f64().max(1e-9)
     );
     (p99, rss_steady.saturating_sub(rss_idle) as f64 / n as f64)
+}
+
+/// `TRANSPARENT=1`: N transparent proxies (no declared upstream) among 100 services, each
+/// reaching `REACHABLE` (10) of them by a `*` allow intention on each (its implicit
+/// upstreams); each round
+/// writes one allow intention to a service nobody could reach yet, which adds an implicit
+/// upstream to every proxy, and times until each stream has the new upstream's load
+/// assignment (its cluster pushed, subscribed to, and its endpoints sent).
+async fn run_transparent() {
+    let n = env_usize("PROXIES", 1000);
+    let rounds = env_usize("ROUNDS", 10);
+    let reachable = env_usize("REACHABLE", UPSTREAMS).min(SERVICES);
+    let _ = test_support::ads::raise_open_files(2 * n as u64 + 4096);
+    let server = start_server(false);
+    let http = reqwest::Client::new();
+    let put = |path: &str, body: serde_json::Value| {
+        let req = http.put(format!("{}{path}", server.http)).json(&body);
+        async move { req.send().await.unwrap().error_for_status().unwrap() }
+    };
+    // Every service reachable, and the round's services (registered now) not yet: a
+    // wildcard deny, an allow from everyone on each reachable service.
+    put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "*", "Sources": [{"Name": "*", "Action": "deny"}]}),
+    )
+    .await;
+    let names: Vec<String> = (0..SERVICES)
+        .map(svc)
+        .chain((1..=rounds).map(|r| format!("late-{r:03}")))
+        .collect();
+    for (s, name) in names.iter().enumerate() {
+        if s < reachable {
+            put(
+                "/v1/config",
+                json!({"Kind": "service-intentions", "Name": name, "Sources": [{"Name": "*", "Action": "allow"}]}),
+            )
+            .await;
+        }
+        // A round's service has its instance at the round's marker address.
+        let address = if s < SERVICES {
+            "10.100.0.1".to_owned()
+        } else {
+            test_support::ads::marker_address((s - SERVICES + 1) as u64)
+        };
+        for service in [
+            json!({"ID": name, "Service": name, "Port": 8080}),
+            json!({"Kind": "connect-proxy",
+            "ID": format!("{name}-sidecar-proxy"), "Service": format!("{name}-sidecar-proxy"), "Port": 21000,
+            "Proxy": {"DestinationServiceName": name, "Mode": "transparent"}}),
+        ] {
+            put(
+                "/v1/catalog/register",
+                json!({"Node": format!("{name}-node"), "Address": address, "Service": service}),
+            )
+            .await;
+        }
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let body = json!({"Node": format!("node-{i}"), "Address": "10.0.0.1", "Service": {"Kind": "connect-proxy",
+            "ID": format!("app-{i}-sidecar-proxy"), "Service": format!("app-{i}-sidecar-proxy"), "Port": 21000,
+            "Proxy": {"DestinationServiceName": format!("app-{i}"), "Mode": "transparent"}}});
+        tasks.spawn(put("/v1/catalog/register", body));
+        if tasks.len() >= 64 {
+            tasks.join_next().await;
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    let (_, rss_idle) = proc_stat(server.child.id());
+    let marker = Arc::new(AtomicU64::new(0));
+    let (report, mut reports) = mpsc::unbounded_channel();
+    let (ready, mut readies) = mpsc::unbounded_channel();
+    let start = Instant::now();
+    let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
+    for i in 0..n {
+        let (grpc, marker, report, ready) = (server.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
+        let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
+        tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, None));
+    }
+    for _ in 0..n {
+        readies.recv().await.unwrap();
+    }
+    let synced = start.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, rss_steady) = proc_stat(server.child.id());
+    println!(
+        "xds transparent-mode benchmark (delta ADS, real meshd server process, {}): {n} transparent proxies with {reachable} implicit upstreams each ({SERVICES} services), all synced in {}; {:.1} KiB per connected proxy",
+        server.store.describe(),
+        ms(synced),
+        rss_steady.saturating_sub(rss_idle) as f64 / n as f64
+    );
+    let (lat, put_lat, cpu) = transparent_rounds(&server, &put, &marker, &mut reports, n, rounds).await;
+    println!(
+        "  allow intention -> every transparent proxy has the new implicit upstream's load assignment ({n} streams x {rounds} rounds): p50 {}  p99 {}  max {}   [target p99 <= 200 ms at 1,000]",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    println!(
+        "  of which the write itself (the intention's PUT until its durable response): {}; server CPU per change {} ({:.1} µs per proxy)",
+        test_support::figures::latency_summary(&mut put_lat.clone()),
+        ms(cpu / rounds as u32),
+        cpu.as_secs_f64() * 1e6 / (rounds * n) as f64
+    );
+}
+
+/// The rounds of [`run_transparent`]: the sorted latencies, the writes' latencies, the
+/// server's CPU over the rounds.
+async fn transparent_rounds<F, Fut>(
+    server: &Server,
+    put: &F,
+    marker: &AtomicU64,
+    reports: &mut mpsc::UnboundedReceiver<(Instant, usize, usize)>,
+    n: usize,
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>, Duration)
+where
+    F: Fn(&str, serde_json::Value) -> Fut,
+    Fut: std::future::Future<Output = reqwest::Response>,
+{
+    let (mut lat, mut put_lat, mut cpu) = (Vec::new(), Vec::new(), Duration::ZERO);
+    for round in 1..=rounds {
+        marker.store(round as u64, Ordering::Release);
+        let (cpu0, _) = proc_stat(server.child.id());
+        let t0 = Instant::now();
+        put(
+            "/v1/config",
+            json!({"Kind": "service-intentions", "Name": format!("late-{round:03}"),
+            "Sources": [{"Name": "*", "Action": "allow"}]}),
+        )
+        .await;
+        put_lat.push(t0.elapsed());
+        let mut got = std::collections::BTreeSet::new();
+        while got.len() < n {
+            match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
+                Ok(Some((at, _, idx))) => {
+                    if got.insert(idx) {
+                        lat.push(at - t0);
+                    }
+                }
+                _ => {
+                    println!(
+                        "  round {round}: only {} of {n} streams received the new upstream within 10 s",
+                        got.len()
+                    );
+                    break;
+                }
+            }
+        }
+        cpu += proc_stat(server.child.id()).0 - cpu0;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lat.sort();
+    (lat, put_lat, cpu)
 }
