@@ -491,6 +491,34 @@ fn public_filters(p: &Public<'_>) -> Vec<Filter> {
 
 /// The outbound listener of one upstream (and its route configuration, for HTTP protocols)
 /// following its compiled chain.
+/// The filter that carries a connection of upstream `id` into `chain`: tcp_proxy to its
+/// cluster, or (an HTTP chain) a connection manager with its routes, added to `out` as
+/// `route_name` and fetched over RDS. An upstream's own listener and a transparent proxy's
+/// outbound listener both use it.
+pub(crate) fn chain_filter(
+    id: &structs::UpstreamId,
+    route_name: String,
+    chain: &structs::CompiledDiscoveryChain,
+    out: &mut Resources,
+) -> Result<Filter, routes::RouteError> {
+    let stat_prefix = format!("upstream.{id}");
+    if chain.protocol.is_http() {
+        let route = routes::route_config(&route_name, chain)?;
+        out.insert(ROUTE, route_name.clone(), pack_any(route));
+        Ok(hcm(
+            &stat_prefix,
+            http_connection_manager::RouteSpecifier::Rds(Rds {
+                config_source: ads(),
+                route_config_name: route_name,
+            }),
+            Vec::new(),
+            None,
+        ))
+    } else {
+        Ok(tcp_proxy(&stat_prefix, &routes::tcp_cluster(chain)?))
+    }
+}
+
 fn upstream_listener(
     id: &structs::UpstreamId,
     config: &structs::Upstream,
@@ -503,22 +531,7 @@ fn upstream_listener(
     } else {
         &config.local_bind_address
     };
-    let stat_prefix = format!("upstream.{id}");
-    let filter = if chain.protocol.is_http() {
-        let route = routes::route_config(&route_name, chain)?;
-        out.insert(ROUTE, route_name.clone(), pack_any(route));
-        hcm(
-            &stat_prefix,
-            http_connection_manager::RouteSpecifier::Rds(Rds {
-                config_source: ads(),
-                route_config_name: route_name,
-            }),
-            Vec::new(),
-            None,
-        )
-    } else {
-        tcp_proxy(&stat_prefix, &routes::tcp_cluster(chain)?)
-    };
+    let filter = chain_filter(id, route_name, chain, out)?;
     let listener = Listener {
         name: name.clone(),
         address: socket(addr, u32::from(config.local_bind_port)),

@@ -17,16 +17,15 @@
 //! Declared upstreams take part as implicit ones do: dialing their virtual IP works beside
 //! their local bind port.
 
-use super::core::{ads, millis, socket};
-use super::listeners::{hcm, tcp_proxy};
-use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, routes, tls};
+use super::core::{millis, socket};
+use super::listeners::{chain_filter, tcp_proxy};
+use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{Rds, http_connection_manager};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, UpstreamSnapshot};
@@ -182,28 +181,6 @@ fn chain_on(ips: Vec<IpAddr>, filter: Filter) -> FilterChain {
     }
 }
 
-/// The filter that carries a connection into `chain` (and its route, for an HTTP chain).
-fn upstream_filter(id: &UpstreamId, chain: &CompiledDiscoveryChain, out: &mut Resources) -> Result<Filter, String> {
-    let stat_prefix = format!("upstream.{id}");
-    if chain.protocol.is_http() {
-        let route_name = id.name.clone();
-        let route = routes::route_config(&route_name, chain).map_err(|e| e.0)?;
-        out.insert(ROUTE, route_name.clone(), pack_any(route));
-        Ok(hcm(
-            &stat_prefix,
-            http_connection_manager::RouteSpecifier::Rds(Rds {
-                config_source: ads(),
-                route_config_name: route_name,
-            }),
-            Vec::new(),
-            None,
-        ))
-    } else {
-        let cluster = routes::tcp_cluster(chain).map_err(|e| e.0)?;
-        Ok(tcp_proxy(&stat_prefix, &cluster))
-    }
-}
-
 /// An `ORIGINAL_DST` cluster: connections go to the address the application dialed.
 fn original_dst_cluster(name: &str) -> Cluster {
     Cluster {
@@ -250,11 +227,11 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
         };
         let vips: Vec<IpAddr> = found.virtual_ips.into_iter().filter(|ip| claim(*ip, out)).collect();
         if !vips.is_empty() {
-            match upstream_filter(id, chain, out) {
+            match chain_filter(id, id.name.clone(), chain, out) {
                 Ok(filter) => filter_chains.push(chain_on(vips, filter)),
                 Err(e) => {
                     out.problems
-                        .insert(format!("{} {id}", super::OUTBOUND), format!("upstream {id}: {e}"));
+                        .insert(format!("{} {id}", super::OUTBOUND), format!("upstream {id}: {}", e.0));
                 }
             }
         }
