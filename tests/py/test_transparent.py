@@ -12,6 +12,10 @@ Checked: `curl http://api.virtual.consul/` reaches api over mTLS through both En
 allow intention exists (a `* -> *` deny stands for default deny) and stops when it is
 denied; the same for api's instance address dialed directly (`DialedDirectly`); an address
 outside the mesh passes through, and is refused with the mesh's `MeshDestinationsOnly`.
+Then a destination outside the mesh (service-defaults `Destination`: the server's HTTP API
+on the bridge) is reached, under `MeshDestinationsOnly`, through a terminating gateway (its
+Envoy in this namespace, registered in the server's catalog) once an intention allows it,
+as TCP and then as HTTP, and not when denied.
 
 It needs root (network namespaces, nftables) and fails, naming why, without it.
 """
@@ -49,6 +53,14 @@ def sh(*args):
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
+
+
+def free_port(host):
+    """A port free on `host` now (the process given it binds it right after)."""
+    import socket
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class Network:
@@ -183,6 +195,21 @@ class Mesh:
                  "-consul-dns-ip", "127.0.0.1", "-consul-dns-port", str(ports["dns"]))
         assert "Redirected network namespace" in out, out
 
+    def terminating_gateway(self, name, base_id):
+        """A terminating gateway in this namespace, on the bridge: (its port, Envoy's admin
+        URL)."""
+        port, admin = free_port(self.net.gateway), free_port("127.0.0.1")
+        gw = self.net.gateway
+        self.procs.append(subprocess.Popen(
+            [_meshd_binary(), "connect", "envoy", "-gateway", "terminating", "-service", name, "-register",
+             "-address", f"{gw}:{port}", "-node", f"{name}-node",
+             "-http-addr", f"{gw}:{self.server['http']}", "-grpc-addr", self.server["grpc"],
+             "-admin-bind", f"127.0.0.1:{admin}", "-run-dir", os.path.join(self.tmp, name),
+             "-base-id", str(base_id), "-drain-time", "1s", "-log-level", "warn",
+             "-envoy-binary", _envoy_binary(), "--", "-l", "error"],
+            stdout=open(os.path.join(self.tmp, f"envoy-{name}.log"), "w"), stderr=subprocess.STDOUT))
+        return port, f"http://127.0.0.1:{admin}"
+
     def curl(self, url):
         """`curl` as the application in `web`: (exit code, body)."""
         out = subprocess.run(
@@ -298,3 +325,65 @@ def test_virtual_ip_direct_dial_and_passthrough(mesh):
     mesh.eventually("passthrough", outside, lambda code, body: code == 0 and body.startswith('"'))
     assert mesh.client.config.set("mesh", "mesh", {"TransparentProxy": {"MeshDestinationsOnly": True}})
     mesh.eventually("MeshDestinationsOnly", outside, lambda code, body: code != 0)
+
+
+def _stat(admin, name):
+    """One counter from Envoy's admin stats (0 while absent)."""
+    text = urllib.request.urlopen(f"{admin}/stats").read().decode()
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key == name:
+            return int(value)
+    return 0
+
+
+def _web_problems(mesh):
+    """The build problems of web's sidecar, from its agent's xds-status."""
+    web_agent, ports = mesh.agents["web"]
+    streams = json.loads(urllib.request.urlopen(f"http://{web_agent}:{ports['http']}/v1/internal/xds-status").read())
+    web = [st for st in streams if st["Node"] == "web-sidecar-proxy"]
+    assert web, streams
+    return web[0].get("BuildProblems", {})
+
+
+def test_destination_through_terminating_gateway(mesh):
+    c = mesh.client
+    assert c.config.set("mesh", "mesh", {"TransparentProxy": {"MeshDestinationsOnly": True}})
+    gw, http_port = mesh.net.gateway, mesh.server["http"]
+    outside = f"http://{gw}:{http_port}/v1/status/leader"
+    leader = lambda code, body: code == 0 and body.startswith('"')  # noqa: E731
+    mesh.eventually("outside refused", outside, lambda code, body: code != 0)
+
+    base = 30000 + os.getpid() % 1000 * 2
+    _, admin = mesh.terminating_gateway("tgw", base + 500)
+    assert c.config.set("service-defaults", "outside-api", {
+        "Protocol": "tcp", "Destination": {"Addresses": [gw], "Port": http_port}})
+    assert c.config.set("service-intentions", "outside-api", {"Sources": [{"Name": "web", "Action": "allow"}]})
+    # Allowed, but no gateway links it yet: web's proxy says so, and connections are closed.
+    deadline = time.monotonic() + 60
+    while "no terminating-gateway config entry links it" not in json.dumps(_web_problems(mesh)):
+        assert time.monotonic() < deadline, f"web's status never named the unlinked destination: {_web_problems(mesh)}"
+        time.sleep(0.5)
+    code, body = mesh.curl(outside)
+    assert not leader(code, body), (code, body)
+
+    assert c.config.set("terminating-gateway", "tgw", {"Services": [{"Name": "outside-api"}]})
+    mesh.eventually("destination over TCP", outside, leader)
+    trust_domain = json.loads(urllib.request.urlopen(f"http://{gw}:{http_port}/v1/connect/ca/roots").read())["TrustDomain"]
+    cluster = f"destination.{gw.replace('.', '-')}.outside-api.default.dc1.internal.{trust_domain}"
+    through = _stat(admin, f"cluster.{cluster}.upstream_cx_total")
+    assert through > 0, f"the terminating gateway did not carry it; logs: {mesh.logs()}"
+    assert not any("destination" in k for k in _web_problems(mesh)), _web_problems(mesh)
+
+    # As HTTP: routed by host on the sidecar, proxied by the gateway's HTTP chain.
+    assert c.config.set("service-defaults", "outside-api", {
+        "Protocol": "http", "Destination": {"Addresses": [gw], "Port": http_port}})
+    deadline = time.monotonic() + 60
+    while _stat(admin, f"cluster.{cluster}.upstream_rq_total") == 0:
+        mesh.curl(outside)
+        assert time.monotonic() < deadline, f"no HTTP request through the gateway; logs: {mesh.logs()}"
+        time.sleep(0.5)
+    mesh.eventually("destination over HTTP", outside, leader)
+
+    assert c.config.set("service-intentions", "outside-api", {"Sources": [{"Name": "web", "Action": "deny"}]})
+    mesh.eventually("destination denied", outside, lambda code, body: not leader(code, body))

@@ -74,6 +74,9 @@ pub enum CorrelationId {
     GatewayConfig,
     /// Every config entry of one kind.
     ConfigEntryList(ConfigEntryKind),
+    /// Healthy instances of a terminating gateway that links a destination a transparent
+    /// proxy may reach.
+    DestinationGateway(String),
 }
 
 impl CorrelationId {
@@ -112,6 +115,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::GatewayServiceConfig { service } => write!(f, "gateway-service-config:{service}"),
             CorrelationId::GatewayConfig => f.write_str("gateway-config"),
             CorrelationId::ConfigEntryList(kind) => write!(f, "config-entries:{kind}"),
+            CorrelationId::DestinationGateway(gateway) => write!(f, "destination-gateway:{gateway}"),
         }
     }
 }

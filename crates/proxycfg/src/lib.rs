@@ -35,7 +35,7 @@ pub use rate_limit::RateLimit;
 pub use registration::{ProxyRegistration, ProxySource, Registered};
 pub use serve::{ConfigSource, ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{
-    ConfigSnapshot, ConnectProxySnapshot, IngressGatewaySnapshot, KindSnapshot, LinkedServiceSnapshot, ProxyId,
-    TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
+    ConfigSnapshot, ConnectProxySnapshot, DestinationUpstream, IngressGatewaySnapshot, KindSnapshot,
+    LinkedServiceSnapshot, ProxyId, TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
 };
 pub use watches::Watches;

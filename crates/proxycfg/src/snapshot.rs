@@ -242,6 +242,24 @@ pub struct ConnectProxySnapshot {
     /// upstreams, whether or not also declared), once the services and intentions are
     /// known; `None` otherwise.
     pub intention_upstreams: Known<Arc<Vec<String>>>,
+    /// In transparent mode, the services outside the mesh (service-defaults `Destination`)
+    /// its intentions let it reach, by name. The `Arc` changes only when they do.
+    pub destinations: Arc<BTreeMap<String, Arc<DestinationUpstream>>>,
+    /// The healthy instances of each terminating gateway linking one of `destinations`, by
+    /// gateway name, as they become known.
+    pub destination_gateways: Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>,
+}
+
+/// A service outside the mesh a transparent proxy may reach: through the terminating
+/// gateways that link it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationUpstream {
+    /// Its addresses and port (its service-defaults `Destination`).
+    pub destination: structs::config_entry::DestinationConfig,
+    /// Its service-defaults `Protocol` (`tcp` when unset).
+    pub protocol: structs::Protocol,
+    /// The terminating gateways whose config entry links it (by name or `*`).
+    pub gateways: Vec<String>,
 }
 
 impl ConnectProxySnapshot {

@@ -422,6 +422,123 @@ async fn transparent_proxy_upstreams_follow_intentions() {
     assert_eq!(f.fakes.active(), 0);
 }
 
+/// Destinations outside the mesh: a service-defaults `Destination` the intentions allow
+/// becomes one once the entries are known; the terminating-gateway entries are watched only
+/// while some destination is reachable, then the instances of each gateway linking one
+/// (by name or `*`); a deny drops the destination and every watch it needed.
+#[tokio::test(start_paused = true)]
+async fn transparent_proxy_destinations_follow_entries_and_intentions() {
+    let f = fixture();
+    let services_req = ServiceListRequest {
+        datacenter: "dc1".into(),
+        typical_only: true,
+    };
+    let list = |kind| ConfigEntryListRequest { kind };
+    let mut reg = sidecar("web", 21000, &[]);
+    Arc::make_mut(&mut reg.service).proxy.mode = ProxyMode::Transparent;
+    let mut w = register_and_watch(&f, &reg).await;
+    f.fakes
+        .service_list
+        .set(&services_req, ServiceNames(Arc::new(vec!["web".to_owned()])));
+    let entry = |v: serde_json::Value| Arc::new(ConfigEntry::from_json(v).unwrap());
+    let deny_all = || {
+        entry(
+            serde_json::json!({"Kind": "service-intentions", "Name": "*", "Sources": [{"Name": "*", "Action": "deny"}]}),
+        )
+    };
+    f.fakes
+        .config_entry_list
+        .set(&list(ConfigEntryKind::ServiceIntentions), Arc::new(vec![deny_all()]));
+    f.fakes.config_entry_list.set(
+        &list(ConfigEntryKind::ServiceDefaults),
+        Arc::new(vec![
+            entry(
+                serde_json::json!({"Kind": "service-defaults", "Name": "ext", "Protocol": "http",
+                "Destination": {"Addresses": ["192.0.2.10"], "Port": 80}}),
+            ),
+            entry(serde_json::json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"})),
+        ]),
+    );
+    let snap = next_snapshot(&mut w).await;
+    assert!(snap.connect_proxy().unwrap().destinations.is_empty(), "denied");
+    assert_eq!(
+        f.fakes
+            .config_entry_list
+            .active_for(&list(ConfigEntryKind::TerminatingGateway)),
+        0
+    );
+
+    // Allowed: the destination is known, with no gateway yet; the gateway entries are watched.
+    let allow = entry(
+        serde_json::json!({"Kind": "service-intentions", "Name": "ext", "Sources": [{"Name": "web", "Action": "allow"}]}),
+    );
+    f.fakes.config_entry_list.set(
+        &list(ConfigEntryKind::ServiceIntentions),
+        Arc::new(vec![deny_all(), Arc::clone(&allow)]),
+    );
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    let ext = &cp.destinations["ext"];
+    assert_eq!(ext.destination.addresses, ["192.0.2.10"]);
+    assert_eq!(ext.protocol, structs::Protocol::Http);
+    assert!(ext.gateways.is_empty());
+    assert_eq!(
+        f.fakes
+            .config_entry_list
+            .active_for(&list(ConfigEntryKind::TerminatingGateway)),
+        1
+    );
+
+    // Two gateways link it (one by `*`), a third links another service.
+    f.fakes.config_entry_list.set(
+        &list(ConfigEntryKind::TerminatingGateway),
+        Arc::new(vec![
+            entry(serde_json::json!({"Kind": "terminating-gateway", "Name": "tgw-a", "Services": [{"Name": "ext"}]})),
+            entry(serde_json::json!({"Kind": "terminating-gateway", "Name": "tgw-b", "Services": [{"Name": "*"}]})),
+            entry(
+                serde_json::json!({"Kind": "terminating-gateway", "Name": "tgw-c", "Services": [{"Name": "billing"}]}),
+            ),
+        ]),
+    );
+    let gateway_req = |name: &str| HealthRequest {
+        connect: false,
+        kind: Some(structs::ServiceKind::TerminatingGateway),
+        ..health_req(name, "dc1")
+    };
+    let snap = next_snapshot(&mut w).await;
+    assert_eq!(
+        snap.connect_proxy().unwrap().destinations["ext"].gateways,
+        ["tgw-a", "tgw-b"]
+    );
+    assert_eq!(f.fakes.health.active_for(&gateway_req("tgw-a")), 1);
+    assert_eq!(f.fakes.health.active_for(&gateway_req("tgw-b")), 1);
+    assert_eq!(f.fakes.health.active_for(&gateway_req("tgw-c")), 0);
+    let mut gw = instance("tgw-a", "10.0.0.9");
+    gw.service.kind = structs::ServiceKind::TerminatingGateway;
+    f.fakes.health.set(&gateway_req("tgw-a"), Arc::new(vec![gw]));
+    let snap = next_snapshot(&mut w).await;
+    assert_eq!(snap.connect_proxy().unwrap().destination_gateways["tgw-a"].len(), 1);
+
+    // Denied again: the destination goes, and every watch it needed.
+    f.fakes
+        .config_entry_list
+        .set(&list(ConfigEntryKind::ServiceIntentions), Arc::new(vec![deny_all()]));
+    let snap = next_snapshot(&mut w).await;
+    let cp = snap.connect_proxy().unwrap();
+    assert!(cp.destinations.is_empty() && cp.destination_gateways.is_empty());
+    assert_eq!(
+        f.fakes
+            .config_entry_list
+            .active_for(&list(ConfigEntryKind::TerminatingGateway)),
+        0
+    );
+    assert_eq!(f.fakes.health.active_for(&gateway_req("tgw-a")), 0);
+    assert_eq!(f.fakes.health.active_for(&gateway_req("tgw-b")), 0);
+    f.manager.deregister(&reg.id, ProxySource::Local).await;
+    settle().await;
+    assert_eq!(f.fakes.active(), 0);
+}
+
 /// The service graph under default deny: only allow intentions (exact or wildcard, an L7
 /// one counting as allow) reach a service; the most precise intention decides.
 #[test]

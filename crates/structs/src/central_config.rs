@@ -110,6 +110,7 @@ impl<'a> CentralConfig<'a> {
                 out.proxy_config.insert(key.into(), value);
             }
             out.rate_limits = d.rate_limits.clone();
+            out.destination = d.destination.clone();
             out.envoy_extensions.extend(d.envoy_extensions.iter().cloned());
         }
         out

@@ -112,6 +112,22 @@ pub fn target_sni(subset: &str, service: &str, namespace: &str, datacenter: &str
     format!("{prefix}{service}.{namespace}.{datacenter}.internal.{trust_domain}")
 }
 
+/// The cluster name and SNI of one address of a destination outside the mesh
+/// (service-defaults `Destination`), the same in a transparent sidecar and in the
+/// terminating gateway linking it: `destination.<address>.<service SNI>`, the address's
+/// dots and colons written as dashes (`destination.192-0-2-10.ext.default.dc1.internal.<td>`).
+pub fn destination_sni(address: &str, service: &str, namespace: &str, datacenter: &str, trust_domain: &str) -> String {
+    let address: String = address
+        .trim_end_matches('.')
+        .chars()
+        .map(|c| if c == '.' || c == ':' { '-' } else { c })
+        .collect();
+    format!(
+        "destination.{address}.{}",
+        target_sni("", service, namespace, datacenter, trust_domain)
+    )
+}
+
 /// What a chain node does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeType {

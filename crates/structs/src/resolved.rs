@@ -34,6 +34,10 @@ pub struct ResolvedServiceConfig {
     /// Envoy extensions: proxy-defaults' then service-defaults'.
     #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
     pub envoy_extensions: Vec<crate::config_entry::EnvoyExtension>,
+    /// The service's addresses outside the mesh (service-defaults `Destination`): a
+    /// terminating gateway linking it proxies to them.
+    #[serde(rename = "Destination", skip_serializing_if = "Option::is_none")]
+    pub destination: Option<crate::config_entry::DestinationConfig>,
 }
 
 impl ResolvedServiceConfig {

@@ -152,6 +152,12 @@ fn every_service_defaults_field_is_honoured_or_refused() {
         ),
         ("ExternalSNI", Refused(json!("db.example.com"))),
         (
+            "Destination",
+            Honoured(
+                "transparent sidecars' destination chains and terminating gateways' destination clusters (validate.rs destination goldens, test_transparent.py)",
+            ),
+        ),
+        (
             "UpstreamConfig",
             Honoured("central config per upstream (protocol, timeouts, limits, outlier detection)"),
         ),

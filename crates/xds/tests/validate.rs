@@ -11,6 +11,8 @@
 
 #[path = "chains/mod.rs"]
 mod chains;
+#[path = "validate/destinations.rs"]
+mod destinations;
 
 use crate::common::*;
 use envoy_types::pb::envoy::config::bootstrap::v3::{Admin, Bootstrap, bootstrap};
@@ -243,6 +245,9 @@ fn decode_listener(any: &Any) -> String {
     }
     for f in &l.listener_filters {
         parts.push(format!("listener_filter: {}", f.name));
+        if let Some(disabled) = &f.filter_disabled {
+            parts.push(format!("  disabled: {disabled:?}"));
+        }
     }
     for chain in l.filter_chains.iter().chain(&l.default_filter_chain) {
         if let Some(m) = &chain.filter_chain_match {

@@ -15,11 +15,16 @@ pub struct ConnectProxyHandler {
     pub(super) sources: DataSources,
     pub(super) service: Arc<NodeService>,
     pub(super) datacenter: String,
-    token: Option<Token>,
+    pub(super) token: Option<Token>,
     /// In transparent mode, the services with a typical instance, once known.
     pub(super) graph_services: Option<Arc<Vec<String>>>,
     /// In transparent mode, every `service-intentions` entry, once known.
     pub(super) graph_intentions: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
+    /// In transparent mode, every `service-defaults` entry (destinations), once known.
+    pub(super) graph_defaults: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
+    /// In transparent mode, while some destination is reachable: every
+    /// `terminating-gateway` entry (which gateways link it).
+    pub(super) graph_gateways: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
 }
 
 impl ConnectProxyHandler {
@@ -32,6 +37,8 @@ impl ConnectProxyHandler {
             token: registration.token.clone(),
             graph_services: None,
             graph_intentions: None,
+            graph_defaults: None,
+            graph_gateways: None,
         }
     }
 
@@ -273,16 +280,17 @@ impl KindHandler for ConnectProxyHandler {
                 cp.resolved_config = Some(c);
             }
             (CorrelationId::ServiceHttpChecks, UpdatePayload::HttpChecks(checks)) => cp.http_checks = checks,
-            (CorrelationId::ServiceList, UpdatePayload::ServiceList(names)) if self.transparent() => {
-                self.graph_services = Some(names);
-                self.update_service_graph(cp, snapshot.intention_default_allow, watches);
-            }
             (
-                CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceIntentions),
-                UpdatePayload::ConfigEntryList(list),
+                id @ (CorrelationId::ServiceList
+                | CorrelationId::ConfigEntryList(
+                    ConfigEntryKind::ServiceIntentions
+                    | ConfigEntryKind::ServiceDefaults
+                    | ConfigEntryKind::TerminatingGateway,
+                )
+                | CorrelationId::DestinationGateway(_)),
+                payload,
             ) if self.transparent() => {
-                self.graph_intentions = Some(list);
-                self.update_service_graph(cp, snapshot.intention_default_allow, watches);
+                self.on_graph_update(id, payload, cp, snapshot.intention_default_allow, watches)?
             }
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
                 upstreams::apply_chain(

@@ -4,15 +4,18 @@
 //! from two watches every transparent proxy shares (the services with a typical instance,
 //! and every `service-intentions` entry) and kept current as either changes.
 
+use super::HandlerError;
 use super::connect_proxy::ConnectProxyHandler;
-use crate::data_sources::{ConfigEntryListRequest, DiscoveryChainRequest, ServiceListRequest};
-use crate::snapshot::{ConnectProxySnapshot, UpstreamSnapshot};
+use crate::data_sources::{
+    ConfigEntryListRequest, DiscoveryChainRequest, HealthRequest, ServiceListRequest, UpdatePayload,
+};
+use crate::snapshot::{ConnectProxySnapshot, DestinationUpstream, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use structs::config_entry::IntentionAction;
 use structs::intention::WILDCARD;
-use structs::{ConfigEntry, ConfigEntryKind, DestinationType, UpstreamId};
+use structs::{ConfigEntry, ConfigEntryKind, DestinationType, ServiceKind, UpstreamId};
 use tracing::debug;
 
 /// The services among `candidates` that `source` may reach: the intention that applies
@@ -30,6 +33,9 @@ pub fn intention_upstreams(
     default_allow: bool,
 ) -> Vec<String> {
     use std::collections::HashMap;
+    if candidates.is_empty() {
+        return Vec::new();
+    }
     /// What the intentions from `source` (by name, and from `*`) on one destination say.
     #[derive(Default, Clone, Copy)]
     struct Said {
@@ -86,6 +92,150 @@ impl ConnectProxyHandler {
                 kind: ConfigEntryKind::ServiceIntentions,
             },
         );
+        watches.start(
+            &self.sources.config_entry_list,
+            CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceDefaults),
+            ConfigEntryListRequest {
+                kind: ConfigEntryKind::ServiceDefaults,
+            },
+        );
+    }
+
+    /// Recomputes the destinations (services outside the mesh) the proxy may reach once
+    /// the service-defaults and intentions are known: while there is one, watches the
+    /// terminating-gateway entries (which gateways link each) and the instances of every
+    /// gateway linking one; stops each watch no longer needed. The snapshot's maps are
+    /// replaced only when their content changes.
+    pub(super) fn update_destinations(
+        &mut self,
+        cp: &mut ConnectProxySnapshot,
+        default_allow: bool,
+        watches: &mut Watches,
+    ) {
+        let (Some(defaults), Some(entries)) = (&self.graph_defaults, &self.graph_intentions) else {
+            return;
+        };
+        let mut candidates: Vec<String> = Vec::new();
+        for entry in defaults.iter() {
+            if let ConfigEntry::ServiceDefaults(d) = entry.as_ref()
+                && d.destination.is_some()
+            {
+                candidates.push(d.name.clone());
+            }
+        }
+        let source = &self.service.proxy.destination_service_name;
+        let allowed = intention_upstreams(source, &candidates, entries, default_allow);
+        let gateway_list = CorrelationId::ConfigEntryList(ConfigEntryKind::TerminatingGateway);
+        if allowed.is_empty() {
+            if watches.cancel(&gateway_list) {
+                self.graph_gateways = None;
+            }
+        } else {
+            watches.ensure(
+                &self.sources.config_entry_list,
+                gateway_list,
+                ConfigEntryListRequest {
+                    kind: ConfigEntryKind::TerminatingGateway,
+                },
+            );
+        }
+        let mut destinations = BTreeMap::new();
+        for entry in defaults.iter() {
+            let ConfigEntry::ServiceDefaults(d) = entry.as_ref() else {
+                continue;
+            };
+            let Some(destination) = &d.destination else { continue };
+            if !allowed.contains(&d.name) {
+                continue;
+            }
+            let gateways = linking_gateways(self.graph_gateways.as_deref().map_or(&[], |v| v), &d.name);
+            let upstream = DestinationUpstream {
+                destination: destination.clone(),
+                protocol: d.protocol.parse().unwrap_or_default(),
+                gateways,
+            };
+            let upstream = match cp.destinations.get(&d.name) {
+                Some(same) if **same == upstream => Arc::clone(same),
+                _ => Arc::new(upstream),
+            };
+            destinations.insert(d.name.clone(), upstream);
+        }
+        let needed: BTreeSet<&str> = destinations
+            .values()
+            .flat_map(|d| d.gateways.iter().map(String::as_str))
+            .collect();
+        watches.cancel_where(|w| matches!(w, CorrelationId::DestinationGateway(g) if !needed.contains(g.as_str())));
+        if cp.destination_gateways.keys().any(|g| !needed.contains(g.as_str())) {
+            Arc::make_mut(&mut cp.destination_gateways).retain(|g, _| needed.contains(g.as_str()));
+        }
+        for gateway in &needed {
+            watches.ensure(
+                &self.sources.health,
+                CorrelationId::DestinationGateway((*gateway).to_owned()),
+                HealthRequest {
+                    datacenter: self.datacenter.clone(),
+                    service: (*gateway).to_owned(),
+                    connect: false,
+                    passing_only: false,
+                    healthy_only: true,
+                    filter: String::new(),
+                    kind: Some(ServiceKind::TerminatingGateway),
+                    token: self.token.clone(),
+                },
+            );
+        }
+        let same = destinations.len() == cp.destinations.len()
+            && destinations
+                .iter()
+                .zip(cp.destinations.iter())
+                .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y));
+        if !same {
+            debug!(proxy = %self.service.id, destinations = destinations.len(), "destinations updated");
+            cp.destinations = Arc::new(destinations);
+        }
+    }
+
+    /// Folds in an update of the service graph's inputs (services, intentions,
+    /// service-defaults, terminating-gateway entries) or of a destination's gateway.
+    pub(super) fn on_graph_update(
+        &mut self,
+        id: CorrelationId,
+        payload: UpdatePayload,
+        cp: &mut ConnectProxySnapshot,
+        default_allow: bool,
+        watches: &mut Watches,
+    ) -> Result<(), HandlerError> {
+        match (id, payload) {
+            (CorrelationId::ServiceList, UpdatePayload::ServiceList(names)) => {
+                self.graph_services = Some(names);
+                self.update_service_graph(cp, default_allow, watches);
+            }
+            (CorrelationId::ConfigEntryList(kind), UpdatePayload::ConfigEntryList(list)) => match kind {
+                ConfigEntryKind::ServiceIntentions => {
+                    self.graph_intentions = Some(list);
+                    self.update_service_graph(cp, default_allow, watches);
+                    self.update_destinations(cp, default_allow, watches);
+                }
+                ConfigEntryKind::ServiceDefaults => {
+                    self.graph_defaults = Some(list);
+                    self.update_destinations(cp, default_allow, watches);
+                }
+                ConfigEntryKind::TerminatingGateway => {
+                    self.graph_gateways = Some(list);
+                    self.update_destinations(cp, default_allow, watches);
+                }
+                other => {
+                    return Err(HandlerError::UnknownWatch(
+                        CorrelationId::ConfigEntryList(other).to_string(),
+                    ));
+                }
+            },
+            (CorrelationId::DestinationGateway(gateway), UpdatePayload::Health(nodes)) => {
+                Arc::make_mut(&mut cp.destination_gateways).insert(gateway, nodes);
+            }
+            (id, payload) => return Err(super::connect_proxy::unexpected(&id, &payload)),
+        }
+        Ok(())
     }
 
     /// Recomputes the implicit upstreams once both inputs are known: a service newly
@@ -147,6 +297,21 @@ impl ConnectProxyHandler {
         );
         cp.intention_upstreams = Some(Arc::new(allowed));
     }
+}
+
+/// The terminating gateways whose entry among `entries` links `service` (by name or `*`).
+fn linking_gateways(entries: &[Arc<ConfigEntry>], service: &str) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e.as_ref() {
+            ConfigEntry::TerminatingGateway(g)
+                if g.services.iter().any(|s| s.name == service || s.name == WILDCARD) =>
+            {
+                Some(g.name.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The id of the implicit upstream to `name`: the same as a declared upstream's to it, so a

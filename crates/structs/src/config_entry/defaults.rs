@@ -204,6 +204,10 @@ pub struct ServiceDefaults {
     /// Settings for this service's upstreams.
     #[serde(rename = "UpstreamConfig", skip_serializing_if = "Option::is_none")]
     pub upstream_config: Option<UpstreamConfigs>,
+    /// The service is outside the mesh at these addresses: transparent sidecars reach it
+    /// through a terminating gateway that links it.
+    #[serde(rename = "Destination", skip_serializing_if = "Option::is_none")]
+    pub destination: Option<DestinationConfig>,
     /// Inbound connection limit (0 = none).
     #[serde(
         rename = "MaxInboundConnections",
@@ -293,6 +297,15 @@ impl Validate for ServiceDefaults {
             r.check("RateLimits")?;
         }
         super::extensions::check_all(&self.envoy_extensions)?;
+        if let Some(d) = &self.destination {
+            if self.upstream_config.is_some() {
+                return Err(ValidationError::new(
+                    "Destination",
+                    Problem::NotAllowed("with UpstreamConfig: a destination outside the mesh has no upstreams"),
+                ));
+            }
+            d.check("Destination")?;
+        }
         if let Some(uc) = &self.upstream_config {
             for (i, o) in uc.overrides.iter().enumerate() {
                 let at = format!("UpstreamConfig.Overrides[{i}]");
@@ -321,6 +334,74 @@ impl Validate for ServiceDefaults {
         }
         Ok(())
     }
+}
+
+/// A service outside the mesh (service-defaults `Destination`): its addresses (IPs or DNS
+/// names) and its port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DestinationConfig {
+    /// IP addresses (v4 or v6) or DNS names.
+    #[serde(rename = "Addresses")]
+    pub addresses: Vec<String>,
+    /// The port the service listens on at each address.
+    #[serde(rename = "Port")]
+    pub port: u16,
+}
+
+impl DestinationConfig {
+    /// Checks the addresses (at least one; each an IP or a DNS name, no wildcard, none
+    /// twice) and the port (set), errors naming the field under `at`.
+    pub fn check(&self, at: &str) -> Result<(), ValidationError> {
+        if self.addresses.is_empty() {
+            return Err(ValidationError::new(
+                format!("{at}.Addresses"),
+                Problem::Required("(at least one IP address or host name)"),
+            ));
+        }
+        for (i, address) in self.addresses.iter().enumerate() {
+            let field = format!("{at}.Addresses[{i}]");
+            if address.parse::<std::net::IpAddr>().is_err() && !is_dns_name(address) {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Invalid(format!(
+                        "{address:?} is neither an IP address nor a host name (letters, digits and '-' in dot-separated labels; no wildcards)"
+                    )),
+                ));
+            }
+            if self.addresses[..i].contains(address) {
+                return Err(ValidationError::new(
+                    field,
+                    Problem::Duplicate(format!("{address:?} is listed twice")),
+                ));
+            }
+        }
+        crate::validate::check_port(
+            &format!("{at}.Port"),
+            self.port,
+            "(the port the destination listens on)",
+        )
+    }
+
+    /// True when `address` (one of the addresses) is an IP address, not a name.
+    pub fn is_ip(address: &str) -> bool {
+        address.parse::<std::net::IpAddr>().is_ok()
+    }
+}
+
+/// A DNS host name: dot-separated labels of letters, digits and inner hyphens, each 1 to 63
+/// characters, 253 in all; a trailing dot allowed.
+fn is_dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 pub(crate) fn check_protocol(field: &str, protocol: &str) -> Result<(), ValidationError> {

@@ -9,7 +9,9 @@ mod jwt_provider;
 mod mesh;
 mod routing;
 
-pub use defaults::{AccessLogType, AccessLogsConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs};
+pub use defaults::{
+    AccessLogType, AccessLogsConfig, DestinationConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs,
+};
 pub use extensions::EnvoyExtension;
 pub use gateway_rules::{WILDCARD_SERVICE, host_domains, host_name};
 pub use gateways::{

@@ -360,3 +360,47 @@ fn problem(v: serde_json::Value) -> String {
         Ok(e) => e.validate().unwrap_err().to_string(),
     }
 }
+
+#[test]
+fn destinations_are_checked_naming_the_field() {
+    let ok = entry(json!({"Kind": "service-defaults", "Name": "ext", "Protocol": "tcp",
+        "Destination": {"Addresses": ["192.0.2.10", "2001:db8::1", "api.example.com", "example.com."], "Port": 443}}));
+    ok.validate().unwrap();
+    let ConfigEntry::ServiceDefaults(d) = &ok else {
+        panic!("{ok:?}")
+    };
+    assert_eq!(d.destination.as_ref().unwrap().port, 443);
+    for (destination, says) in [
+        (json!({"Port": 443}), "Destination.Addresses: required"),
+        (json!({"Addresses": [], "Port": 443}), "Destination.Addresses: required"),
+        (
+            json!({"Addresses": ["*.example.com"], "Port": 443}),
+            "Destination.Addresses[0]",
+        ),
+        (
+            json!({"Addresses": ["a..b"], "Port": 443}),
+            "neither an IP address nor a host name",
+        ),
+        (
+            json!({"Addresses": ["-a.example.com"], "Port": 443}),
+            "Destination.Addresses[0]",
+        ),
+        (
+            json!({"Addresses": ["10.0.0.1/24"], "Port": 443}),
+            "Destination.Addresses[0]",
+        ),
+        (
+            json!({"Addresses": ["a.example.com", "b.example.com", "a.example.com"], "Port": 443}),
+            "Destination.Addresses[2]",
+        ),
+        (json!({"Addresses": ["192.0.2.10"]}), "Destination.Port: required"),
+        (json!({"Addresses": ["192.0.2.10"], "Port": 443, "Bogus": 1}), "Bogus"),
+    ] {
+        let e = problem(json!({"Kind": "service-defaults", "Name": "ext", "Destination": destination}));
+        assert!(e.contains(says), "{destination}: {e}");
+    }
+    let e = problem(json!({"Kind": "service-defaults", "Name": "ext",
+        "Destination": {"Addresses": ["192.0.2.10"], "Port": 443},
+        "UpstreamConfig": {"Defaults": {"ConnectTimeoutMs": 1000}}}));
+    assert!(e.contains("Destination") && e.contains("UpstreamConfig"), "{e}");
+}

@@ -2,9 +2,14 @@
 //! the ADS config source, durations.
 
 use envoy_types::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, address, config_source, socket_address,
+    Address, AggregatedConfigSource, ApiVersion, CidrRange, ConfigSource, SocketAddress, address, config_source,
+    socket_address,
 };
-use envoy_types::pb::google::protobuf::Duration;
+use envoy_types::pb::envoy::config::listener::v3::{ListenerFilter, listener_filter};
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
+use envoy_types::util::pack_any;
+use std::net::IpAddr;
 
 /// A TCP socket address.
 pub(crate) fn socket(address: &str, port: u32) -> Option<Address> {
@@ -32,4 +37,25 @@ pub(crate) fn ads() -> Option<ConfigSource> {
         config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
         ..Default::default()
     })
+}
+
+/// The range holding just `ip`.
+pub(crate) fn cidr(ip: IpAddr) -> CidrRange {
+    CidrRange {
+        address_prefix: ip.to_string(),
+        prefix_len: Some(UInt32Value {
+            value: if ip.is_ipv4() { 32 } else { 128 },
+        }),
+    }
+}
+
+/// The listener filter that reads a TLS connection's SNI (and ALPN) for chain matching.
+pub(crate) fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: "envoy.filters.listener.tls_inspector".into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
+            TlsInspector::default(),
+        ))),
+        ..Default::default()
+    }
 }

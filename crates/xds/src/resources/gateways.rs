@@ -21,16 +21,13 @@
 //!   the intentions to the service before proxying (per request for HTTP protocols).
 
 use super::clusters::{chain_clusters, http2_options, load_assignment};
-use super::core::{ads, millis, socket};
+use super::core::{ads, millis, socket, tls_inspector};
 use super::listeners::{Inbound, hcm, http_filter, inbound_http, network_filter, public_bind, route_to, tcp_proxy};
 use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, SECRET, rbac, routes, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{
-    FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
-};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{Rds, http_connection_manager};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{SdsSecretConfig, TlsParameters};
 use envoy_types::util::pack_any;
@@ -39,16 +36,6 @@ use proxycfg::{ConfigSnapshot, IngressGatewaySnapshot, TerminatingGatewaySnapsho
 use structs::config_entry::{GatewayTlsConfig, IngressGateway, IngressListener, IngressService};
 use structs::protocol::UpstreamLimits;
 use structs::{GatewayService, Protocol};
-
-fn tls_inspector() -> ListenerFilter {
-    ListenerFilter {
-        name: "envoy.filters.listener.tls_inspector".into(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-            TlsInspector::default(),
-        ))),
-        ..Default::default()
-    }
-}
 
 /// Builds an ingress gateway's clusters, listeners and routes (secrets and load assignments
 /// are built by the common steps).
@@ -427,6 +414,17 @@ pub(crate) fn build_terminating(
         let protocol = config.protocol();
         let dns = snap.service.proxy.options().dns_discovery_type.unwrap_or_default();
         jwt_not_checked(service, intentions, out);
+        if let Some(destination) = &config.destination {
+            let linking = Linking {
+                service,
+                link: &linked.link,
+                protocol,
+                intentions,
+                secret: &secret,
+            };
+            destination_chains(snap, &roots.trust_domain, &linking, destination, &mut chains, out);
+            continue;
+        }
         for (subset, endpoints) in subset_endpoints(service, linked, endpoints, out) {
             // The name its callers' sidecars use for this target: their cluster name and SNI.
             let sni = structs::discovery_chain::target_sni(
@@ -457,6 +455,29 @@ pub(crate) fn build_terminating(
             });
         }
     }
+    report_unserved(snap, g, &waiting, out);
+    // Last, a chain for connections no service's SNI matched: they are closed (its TCP
+    // proxy names no cluster), and the listener exists, so the gateway is ready and its
+    // port answers health checks before any service is linked, as Consul's.
+    chains.push(FilterChain {
+        filters: vec![tcp_proxy("terminating_gateway.no_match", "")],
+        ..Default::default()
+    });
+    let listener = Listener {
+        name: name.clone(),
+        address: socket(&bind, u32::from(snap.service.port)),
+        listener_filters: vec![tls_inspector()],
+        filter_chains: chains,
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    };
+    out.insert(LISTENER, name, pack_any(listener));
+    Ok(())
+}
+
+/// Names in the gateway's status the linked services still `waiting` for parts, or that
+/// none is linked.
+fn report_unserved(snap: &ConfigSnapshot, g: &TerminatingGatewaySnapshot, waiting: &[&str], out: &mut Resources) {
     if !waiting.is_empty() {
         out.problems.insert(
             "linked-services".into(),
@@ -475,23 +496,54 @@ pub(crate) fn build_terminating(
             ),
         );
     }
-    // Last, a chain for connections no service's SNI matched: they are closed (its TCP
-    // proxy names no cluster), and the listener exists, so the gateway is ready and its
-    // port answers health checks before any service is linked, as Consul's.
-    chains.push(FilterChain {
-        filters: vec![tcp_proxy("terminating_gateway.no_match", "")],
-        ..Default::default()
-    });
-    let listener = Listener {
-        name: name.clone(),
-        address: socket(&bind, u32::from(snap.service.port)),
-        listener_filters: vec![tls_inspector()],
-        filter_chains: chains,
-        traffic_direction: TrafficDirection::Inbound as i32,
-        ..Default::default()
-    };
-    out.insert(LISTENER, name, pack_any(listener));
-    Ok(())
+}
+
+/// What a terminating gateway's chains for one linked service are built from.
+struct Linking<'a> {
+    service: &'a str,
+    link: &'a GatewayService,
+    protocol: Protocol,
+    intentions: &'a [structs::Intention],
+    /// The name of the service's leaf secret.
+    secret: &'a str,
+}
+
+/// A terminating gateway's chains and clusters for a linked destination: one per address,
+/// matched on its destination name, guarded by the intentions, to the address itself.
+fn destination_chains(
+    snap: &ConfigSnapshot,
+    trust_domain: &str,
+    l: &Linking<'_>,
+    destination: &structs::config_entry::DestinationConfig,
+    chains: &mut Vec<FilterChain>,
+    out: &mut Resources,
+) {
+    let mesh = snap
+        .terminating_gateway()
+        .and_then(|g| g.mesh_config.as_ref())
+        .and_then(|m| m.as_deref());
+    let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
+    for address in &destination.addresses {
+        let name = super::destinations::cluster_name(snap, trust_domain, l.service, address);
+        let cluster = super::destinations::gateway_cluster(&name, address, destination.port, l.link, l.protocol);
+        out.insert(CLUSTER, name.clone(), pack_any(cluster));
+        chains.push(FilterChain {
+            filter_chain_match: Some(FilterChainMatch {
+                server_names: vec![name.clone()],
+                ..Default::default()
+            }),
+            filters: linked_filters(
+                l.service,
+                &name,
+                l.protocol,
+                l.intentions,
+                snap.intention_default_allow,
+                inbound_http(mesh),
+            ),
+            transport_socket: Some(tls::downstream_as(l.secret, incoming.clone())),
+            ..Default::default()
+        });
+    }
 }
 
 /// The targets a terminating gateway serves for a linked service, with their instances: the

@@ -19,6 +19,7 @@
 mod access_logs;
 mod clusters;
 mod core;
+mod destinations;
 mod escape_hatch;
 mod expose;
 mod extensions;
@@ -336,4 +337,6 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         && same_arc(&x.resolved_config, &y.resolved_config)
         && Arc::ptr_eq(&x.http_checks, &y.http_checks)
         && same_arc(&x.jwt_providers, &y.jwt_providers)
+        && Arc::ptr_eq(&x.destinations, &y.destinations)
+        && Arc::ptr_eq(&x.destination_gateways, &y.destination_gateways)
 }

@@ -15,18 +15,18 @@
 //!   refuses it: then there is no default chain and Envoy closes the connection.
 //!
 //! Declared upstreams take part as implicit ones do: dialing their virtual IP works beside
-//! their local bind port.
+//! their local bind port. Destinations outside the mesh that intentions allow get chains
+//! on their addresses and port, through a terminating gateway (`destinations.rs`).
 
-use super::core::{millis, socket};
+use super::core::{cidr, millis, socket};
 use super::listeners::{chain_filter, tcp_proxy};
 use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
-use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
-use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, UpstreamSnapshot};
 use std::collections::BTreeMap;
@@ -158,16 +158,8 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot) -> Ve
             }
         }
     }
+    names.extend(super::destinations::names(snap, cp));
     names
-}
-
-fn cidr(ip: IpAddr) -> CidrRange {
-    CidrRange {
-        address_prefix: ip.to_string(),
-        prefix_len: Some(UInt32Value {
-            value: if ip.is_ipv4() { 32 } else { 128 },
-        }),
-    }
 }
 
 fn chain_on(ips: Vec<IpAddr>, filter: Filter) -> FilterChain {
@@ -177,6 +169,17 @@ fn chain_on(ips: Vec<IpAddr>, filter: Filter) -> FilterChain {
             ..Default::default()
         }),
         filters: vec![filter],
+        ..Default::default()
+    }
+}
+
+/// The listener filter that restores the address the application dialed.
+fn original_dst() -> ListenerFilter {
+    ListenerFilter {
+        name: "envoy.filters.listener.original_dst".into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
+            OriginalDst::default(),
+        ))),
         ..Default::default()
     }
 }
@@ -257,6 +260,10 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
             filter_chains.push(chain_on(vec![ip], tcp_proxy(&format!("upstream.{id}"), &name)));
         }
     }
+    let destinations =
+        super::destinations::sidecar_chains(snap, cp, &roots.trust_domain, outgoing.as_ref(), super::OUTBOUND, out);
+    let tls_inspector = destinations.tls_inspector();
+    filter_chains.extend(destinations.chains);
     let default_filter_chain = if mesh_destinations_only(cp) {
         None
     } else {
@@ -271,19 +278,15 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
             ..Default::default()
         })
     };
+    // Destinations by host name are matched on the SNI of the application's TLS.
+    let listener_filters = std::iter::once(original_dst()).chain(tls_inspector).collect();
     let name = outbound_listener_name(snap);
     let listener = Listener {
         name: name.clone(),
         address: socket("127.0.0.1", u32::from(outbound_port(snap))),
         filter_chains,
         default_filter_chain,
-        listener_filters: vec![ListenerFilter {
-            name: "envoy.filters.listener.original_dst".into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-                OriginalDst::default(),
-            ))),
-            ..Default::default()
-        }],
+        listener_filters,
         traffic_direction: TrafficDirection::Outbound as i32,
         ..Default::default()
     };

@@ -115,6 +115,7 @@ pub fn snapshot(ca: &Ca, s: &Scenario) -> ConfigSnapshot {
             jwt_providers: None,
             transparent: false,
             intention_upstreams: None,
+            ..Default::default()
         }),
     }
 }
