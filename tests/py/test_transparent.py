@@ -15,7 +15,8 @@ outside the mesh passes through, and is refused with the mesh's `MeshDestination
 Then a destination outside the mesh (service-defaults `Destination`: the server's HTTP API
 on the bridge) is reached, under `MeshDestinationsOnly`, through a terminating gateway (its
 Envoy in this namespace, registered in the server's catalog) once an intention allows it,
-as TCP and then as HTTP, and not when denied.
+as TCP and then as HTTP, and not when denied; and the same address registered as a
+catalog service linked to the gateway is reached by its virtual IP's name.
 
 It needs root (network namespaces, nftables) and fails, naming why, without it.
 """
@@ -387,3 +388,15 @@ def test_destination_through_terminating_gateway(mesh):
 
     assert c.config.set("service-intentions", "outside-api", {"Sources": [{"Name": "web", "Action": "deny"}]})
     mesh.eventually("destination denied", outside, lambda code, body: not leader(code, body))
+
+    # A service registered in the catalog outside the mesh and linked to the gateway: it gets
+    # a virtual IP, which web's application dials by name.
+    assert c.catalog.register("outside-node", gw, service={"Service": "legacy", "Port": http_port})
+    assert c.config.set("terminating-gateway", "tgw", {"Services": [{"Name": "outside-api"}, {"Name": "legacy"}]})
+    assert c.config.set("service-intentions", "legacy", {"Sources": [{"Name": "web", "Action": "allow"}]})
+    by_name = f"http://legacy.virtual.consul:{http_port}/v1/status/leader"
+    mesh.eventually("linked service by its virtual IP", by_name, leader)
+    legacy = f"legacy.default.dc1.internal.{trust_domain}"
+    assert _stat(admin, f"cluster.{legacy}.upstream_cx_total") > 0, "not through the gateway"
+    assert c.config.set("service-intentions", "legacy", {"Sources": [{"Name": "web", "Action": "deny"}]})
+    mesh.eventually("linked service denied", by_name, lambda code, body: not leader(code, body))

@@ -86,6 +86,15 @@ impl State {
             .iter()
             .filter_map(|(node, svc)| self.check_service_node(node, svc))
             .collect();
+        if connect {
+            // A terminating gateway's instances stand for the service: they carry its address.
+            for csn in out
+                .iter_mut()
+                .filter(|c| c.service.kind == structs::ServiceKind::TerminatingGateway)
+            {
+                crate::virtual_ips::tag_as(self, service, &mut csn.service);
+            }
+        }
         out.sort_by(|a, b| (&a.node.node, &a.service.id).cmp(&(&b.node.node, &b.service.id)));
         out
     }

@@ -1,22 +1,25 @@
 //! Virtual IPs: each service with connect instances (its sidecars, or itself if
-//! connect-native) gets a stable address from `240.0.0.0/4`, which transparent proxies
+//! connect-native), and each service a terminating gateway links, gets a stable address from `240.0.0.0/4`, which transparent proxies
 //! match outbound connections on and DNS answers for `<svc>.virtual.consul`.
 //!
-//! Assigned when a write first gives a service a connect instance, as a change of that same
-//! write ([`assign`]), so every server and every replay of the log holds the same address,
+//! Assigned when a write first gives a service a connect instance or links it to a
+//! terminating gateway (by name, or by `*`: every service then, and each registered later),
+//! as a change of that same write ([`assign`]), so every server and every replay of the log holds the same address,
 //! and it is kept across restarts, snapshots and fail-over. It is not released when the
 //! instances go: an application that cached it keeps reaching the same service. The
 //! lowest free address is taken, from `240.0.0.1`.
 //!
-//! The instances show it as their `consul-virtual` tagged address ([`tag`]), added as they
-//! are read rather than stored, so a registration (or an agent's anti-entropy) that does not
+//! The instances show it as their `consul-virtual` tagged address ([`tag`]; the instances of
+//! a terminating gateway, read as a linked service's connect instances, show that service's:
+//! [`tag_as`]), added as they are read rather than stored, so a registration (or an agent's anti-entropy) that does not
 //! carry it is not a change.
 
 use crate::state::{Change, State, connect_target};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use structs::NodeService;
+use structs::intention::WILDCARD;
 use structs::service::ServiceAddress;
+use structs::{ConfigEntry, ConfigEntryKind, NodeService, ServiceKind};
 
 pub use structs::service::TAGGED_ADDRESS_VIRTUAL_IP as TAGGED_ADDRESS;
 
@@ -42,6 +45,19 @@ pub(crate) fn assign(state: &State, changes: &mut Vec<Change>) {
             Change::PutService { service, .. } => {
                 if let Some(target) = connect_target(service).filter(|t| !t.is_empty()) {
                     wanted.insert(target.to_owned());
+                } else if service.kind == ServiceKind::Typical && linked_by_wildcard(state) {
+                    wanted.insert(service.service.clone());
+                }
+            }
+            // Services a terminating gateway links: the mesh reaches them through it, and
+            // transparent proxies by their address.
+            Change::PutConfig(ConfigEntry::TerminatingGateway(g)) => {
+                for linked in &g.services {
+                    if linked.name == WILDCARD {
+                        wanted.extend(state.typical_service_names());
+                    } else {
+                        wanted.insert(linked.name.clone());
+                    }
                 }
             }
             _ => {}
@@ -64,6 +80,27 @@ pub(crate) fn assign(state: &State, changes: &mut Vec<Change>) {
             service,
             ip: Ipv4Addr::from(ip),
         });
+    }
+}
+
+/// Whether some terminating gateway links every service (`*`).
+fn linked_by_wildcard(state: &State) -> bool {
+    state.config_entries(ConfigEntryKind::TerminatingGateway).iter().any(
+        |e| matches!(e.as_ref(), ConfigEntry::TerminatingGateway(g) if g.services.iter().any(|s| s.name == WILDCARD)),
+    )
+}
+
+/// Adds the virtual IP of `service` to an instance of a terminating gateway linking it, read
+/// as one of `service`'s connect instances.
+pub(crate) fn tag_as(state: &State, service: &str, svc: &mut NodeService) {
+    if let Some(ip) = state.virtual_ip(service) {
+        svc.tagged_addresses.insert(
+            TAGGED_ADDRESS.to_owned(),
+            ServiceAddress {
+                address: ip.to_string(),
+                port: svc.port,
+            },
+        );
     }
 }
 

@@ -402,3 +402,46 @@ async fn a_terminating_gateway_serves_the_connect_instances_of_what_it_represent
     s.write(register("late", ServiceKind::Typical)).await.unwrap();
     assert_eq!(connect_ids(&s, "late"), ["tgw"]);
 }
+
+/// A service a terminating gateway links gets a virtual IP (by name as the entry is written,
+/// even before it registers; by `*`, every service then and each registered later), and the
+/// gateway's instances, read as the service's connect instances, carry it.
+#[tokio::test]
+async fn linked_services_get_virtual_ips_on_the_gateway_instances() {
+    let s = store().await;
+    s.write(register("ext", ServiceKind::Typical)).await.unwrap();
+    s.write(register("tgw", ServiceKind::TerminatingGateway)).await.unwrap();
+    assert_eq!(s.read().virtual_ip("ext"), None, "not linked: no address");
+    s.write(set(json!({"Kind": "terminating-gateway", "Name": "tgw",
+        "Services": [{"Name": "ext"}, {"Name": "later"}]})))
+        .await
+        .unwrap();
+    let state = s.read();
+    let ext = state.virtual_ip("ext").expect("linked: an address").to_string();
+    assert!(
+        state.virtual_ip("later").is_some(),
+        "linked by name before it registers"
+    );
+    let through = state.health("ext", true);
+    assert_eq!(through.len(), 1);
+    assert_eq!(through[0].service.kind, ServiceKind::TerminatingGateway);
+    assert_eq!(
+        through[0].service.tagged_addresses[virtual_ips::TAGGED_ADDRESS].address,
+        ext
+    );
+    // The gateway's own listing is its own: no linked service's address.
+    assert!(state.health("tgw", false)[0].service.tagged_addresses.is_empty());
+
+    // By `*`: the services there are now, and one registered afterwards.
+    s.write(register("db", ServiceKind::Typical)).await.unwrap();
+    assert_eq!(s.read().virtual_ip("db"), None);
+    s.write(set(
+        json!({"Kind": "terminating-gateway", "Name": "tgw", "Services": [{"Name": "*"}]}),
+    ))
+    .await
+    .unwrap();
+    assert!(s.read().virtual_ip("db").is_some());
+    s.write(register("cache", ServiceKind::Typical)).await.unwrap();
+    assert!(s.read().virtual_ip("cache").is_some());
+    assert_eq!(s.read().virtual_ip("ext").unwrap().to_string(), ext, "kept");
+}
