@@ -118,6 +118,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
         coalesce,
         deadline: None,
         last_published: None,
+        held_since: None,
     };
     // Registered once, not on every turn of the loop.
     let cancelled = cancel.cancelled();
@@ -129,7 +130,7 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
             () = &mut cancelled => break,
             () = ready_or_sleep(window.deadline.unwrap_or_else(far_future), queue_empty), if window.deadline.is_some() => {
                 window.deadline = None;
-                if !snapshot.is_valid() {
+                if !snapshot.is_valid() || window.hold(watches.awaiting()) {
                     continue;
                 }
                 if let Some(limiter) = &limiter {
@@ -141,21 +142,21 @@ async fn run(params: StateParams, mut handler: Box<dyn crate::handler::KindHandl
                 }
                 snapshot.version += 1;
                 window.last_published = Some(Instant::now());
+                window.held_since = None;
+                watches.mark();
                 slot.send_replace(Published::Snapshot(Arc::new(snapshot.clone())));
                 metrics.snapshot_built();
                 trace!(version = snapshot.version, "snapshot published");
             }
             Some(event) = rx.recv() => {
-                if apply(*event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors) {
-                    window.changed();
-                }
+                let changed = apply(*event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors);
+                window.folded(changed, watches.awaiting());
             }
             // The watches run here, in the State's task: futures send into `rx`,
             // subscriptions' results come straight back.
             event = std::future::poll_fn(|cx| watches.poll_event(cx)) => {
-                if apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors) {
-                    window.changed();
-                }
+                let changed = apply(event, &mut *handler, &mut snapshot, &mut watches, &metrics, &errors);
+                window.folded(changed, watches.awaiting());
             }
         }
     }
@@ -171,9 +172,45 @@ struct Window {
     deadline: Option<Instant>,
     /// When the last snapshot went out: at most one publication per window.
     last_published: Option<Instant>,
+    /// Since when a due publication waits for watches started by the changes it holds.
+    held_since: Option<Instant>,
 }
 
+/// The longest a due publication waits for the first results of watches its changes
+/// started: beyond it, what is known goes out.
+const MAX_HOLD: Duration = Duration::from_millis(500);
+
 impl Window {
+    /// True when a due publication should wait: some watch started by the changes it holds
+    /// (an upstream's chain, a chain's targets) has not delivered yet, and it has waited less
+    /// than [`MAX_HOLD`]. A snapshot that names an upstream whose chain or endpoints are not
+    /// known yet builds nothing more than the last one (or a cluster without endpoints):
+    /// waiting turns the three snapshots an added upstream costs (upstream, chain,
+    /// endpoints) into one, and keeps Envoy from a cluster that has no endpoints yet.
+    fn hold(&mut self, awaiting: usize) -> bool {
+        if awaiting == 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let since = *self.held_since.get_or_insert(now);
+        if now >= since + MAX_HOLD {
+            return false;
+        }
+        // Publish when the hold runs out, unless the last awaited result comes first.
+        self.deadline = Some(since + MAX_HOLD);
+        true
+    }
+
+    /// After an update is folded in: schedules a publication for a change, and publishes a
+    /// held one as soon as nothing is awaited any more.
+    fn folded(&mut self, changed: bool, awaiting: usize) {
+        if self.held_since.is_some() && awaiting == 0 {
+            self.deadline = Some(Instant::now());
+        } else if changed {
+            self.changed();
+        }
+    }
+
     /// Schedules a publication for a change, unless one is already pending. The first
     /// snapshot waits one window, so that the start-up burst (roots, leaf, chains, then their
     /// endpoints) goes out complete, once. After that, leading edge: a change after a quiet
@@ -207,6 +244,7 @@ fn apply(
         trace!(id = %event.correlation_id, "dropped update from a cancelled watch");
         return false;
     }
+    watches.delivered(&event);
     match event.result {
         Err(err) => {
             metrics.data_source_error();

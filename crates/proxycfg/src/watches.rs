@@ -36,6 +36,8 @@ struct Running {
     generation: u64,
     request_hash: u64,
     how: How,
+    /// Its first result (or error) has been folded in.
+    delivered: bool,
 }
 
 /// How a watch runs.
@@ -75,6 +77,11 @@ pub struct Watches {
     metrics: Arc<Metrics>,
     /// The proxy's failing watches: a cancelled watch's error goes with it.
     errors: WatchErrors,
+    /// Running watches started since the mark ([`Watches::mark`]) whose first result has not
+    /// come yet.
+    awaiting: usize,
+    /// The first generation started after the last mark.
+    mark: u64,
 }
 
 type NotifyFuture = crate::WatchFuture<'static>;
@@ -128,6 +135,8 @@ impl Watches {
             poll_from: 0,
             metrics,
             errors,
+            awaiting: 0,
+            mark: 0,
         }
     }
 
@@ -164,12 +173,14 @@ impl Watches {
             }
         };
         debug!(%id, generation, "watch started");
+        self.awaiting += 1;
         self.running.insert(
             id,
             Running {
                 generation,
                 request_hash,
                 how,
+                delivered: false,
             },
         );
     }
@@ -178,6 +189,9 @@ impl Watches {
     pub fn cancel(&mut self, id: &CorrelationId) -> bool {
         match self.running.remove(id) {
             Some(r) => {
+                if !r.delivered && r.generation >= self.mark {
+                    self.awaiting -= 1;
+                }
                 match &r.how {
                     How::Future(abort) => abort.abort(),
                     How::Polled(_) => self.metrics.watch_stopped(),
@@ -216,6 +230,33 @@ impl Watches {
     /// True when no watch is running.
     pub fn is_empty(&self) -> bool {
         self.running.is_empty()
+    }
+
+    /// Records that `event`, from the current start of its watch, is being folded in: the
+    /// watch has delivered.
+    pub(crate) fn delivered(&mut self, event: &UpdateEvent) {
+        if let Some(r) = self.running.get_mut(&event.correlation_id)
+            && r.generation == event.generation
+            && !r.delivered
+        {
+            r.delivered = true;
+            if r.generation >= self.mark {
+                self.awaiting -= 1;
+            }
+        }
+    }
+
+    /// How many watches started since the last [`Watches::mark`] have not delivered their
+    /// first result yet.
+    pub(crate) fn awaiting(&self) -> usize {
+        self.awaiting
+    }
+
+    /// Marks a publication: from now on only watches started after it are awaited (one that
+    /// never answers holds at most the publication it was started for).
+    pub(crate) fn mark(&mut self) {
+        self.mark = self.next_generation;
+        self.awaiting = 0;
     }
 
     /// True when `event` comes from the current start of a running watch.
@@ -261,6 +302,13 @@ impl Watches {
             debug!(%id, "watch ended: its source closed");
             if let Some(running) = self.running.get_mut(&id) {
                 running.how = How::Ended;
+                // Nothing more comes: nothing to wait for.
+                if !running.delivered {
+                    running.delivered = true;
+                    if running.generation >= self.mark {
+                        self.awaiting -= 1;
+                    }
+                }
                 self.metrics.watch_stopped();
             }
         }
@@ -272,6 +320,7 @@ impl Watches {
         self.state_cancel.cancel();
         self.forget_subscriptions();
         self.running.clear();
+        self.awaiting = 0;
         self.tasks.clear();
     }
 

@@ -422,6 +422,42 @@ async fn transparent_proxy_upstreams_follow_intentions() {
     assert_eq!(f.fakes.active(), 0);
 }
 
+/// An upstream added to a running proxy goes out in one snapshot with its chain and its
+/// endpoints: the publication waits for the watches the change started (not three snapshots:
+/// the upstream, its chain, its endpoints).
+#[tokio::test(start_paused = true)]
+async fn an_added_upstream_goes_out_with_its_chain_and_endpoints() {
+    let f = fixture();
+    let services_req = ServiceListRequest {
+        datacenter: "dc1".into(),
+        typical_only: true,
+    };
+    let mut reg = sidecar("web", 21000, &[]);
+    Arc::make_mut(&mut reg.service).proxy.mode = ProxyMode::Transparent;
+    let names = |v: &[&str]| ServiceNames(Arc::new(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()));
+    f.fakes.service_list.set(&services_req, names(&["web"]));
+    f.fakes.config_entry_list.set(
+        &ConfigEntryListRequest {
+            kind: ConfigEntryKind::ServiceIntentions,
+        },
+        Arc::new(vec![]),
+    );
+    let mut w = register_and_watch(&f, &reg).await;
+    let first = next_snapshot(&mut w).await;
+    assert!(first.connect_proxy().unwrap().upstreams.is_empty());
+    settle().await;
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.0.0.1")]));
+    f.fakes.service_list.set(&services_req, names(&["api", "web"]));
+    let snap = next_snapshot(&mut w).await;
+    let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    let chain = api.chain.as_ref().expect("the chain, in the same snapshot");
+    let target = chain.targets.keys().next().unwrap();
+    assert_eq!(api.endpoints.get(target).map(|e| e.len()), Some(1), "and the endpoints");
+    assert_eq!(snap.version, first.version + 1, "one snapshot for the change");
+}
+
 /// Destinations outside the mesh: a service-defaults `Destination` the intentions allow
 /// becomes one once the entries are known; the terminating-gateway entries are watched only
 /// while some destination is reachable, then the instances of each gateway linking one
