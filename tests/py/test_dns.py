@@ -183,6 +183,9 @@ def test_virtual_names_answer_the_services_virtual_ip(mesh):
     assert addresses(ask(mesh, "web.virtual.consul.")) == ["240.0.0.1"]
     [sidecar] = mesh.client().health.connect("web")[1]
     assert sidecar["Service"]["TaggedAddresses"]["consul-virtual"] == {"Address": "240.0.0.1", "Port": 21000}
+    # The catalog's own listings show it too (py-consul's catalog.service and catalog.connect).
+    for listed in (mesh.client().catalog.service(sidecar["Service"]["Service"])[1], mesh.client().catalog.connect("web")[1]):
+        assert [n["ServiceTaggedAddresses"]["consul-virtual"] for n in listed] == [{"Address": "240.0.0.1", "Port": 21000}]
     assert ask(mesh, "big.virtual.consul.").rcode() == dns.rcode.NXDOMAIN
 
 

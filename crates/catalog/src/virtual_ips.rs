@@ -17,6 +17,7 @@
 use crate::state::{Change, State, connect_target};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use structs::intention::WILDCARD;
 use structs::service::ServiceAddress;
 use structs::{ConfigEntry, ConfigEntryKind, NodeService, ServiceKind};
@@ -102,6 +103,27 @@ pub(crate) fn tag_as(state: &State, service: &str, svc: &mut NodeService) {
             },
         );
     }
+}
+
+/// `svc` as the catalog's listings show it: a connect instance with its service's virtual
+/// IP, an instance of a terminating gateway read as `service`'s connect instance with that
+/// service's; any other as it is (not copied).
+pub fn as_listed(state: &State, service: &str, svc: Arc<NodeService>) -> Arc<NodeService> {
+    let ip = match (connect_target(&svc), svc.kind) {
+        (Some(target), _) => state.virtual_ip(target),
+        (None, ServiceKind::TerminatingGateway) if svc.service != service => state.virtual_ip(service),
+        _ => None,
+    };
+    let Some(ip) = ip else { return svc };
+    let mut svc = Arc::unwrap_or_clone(svc);
+    svc.tagged_addresses.insert(
+        TAGGED_ADDRESS.to_owned(),
+        ServiceAddress {
+            address: ip.to_string(),
+            port: svc.port,
+        },
+    );
+    Arc::new(svc)
 }
 
 /// Adds its service's virtual IP to a connect instance read from `state`, as Consul's

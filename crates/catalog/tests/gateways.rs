@@ -431,6 +431,15 @@ async fn linked_services_get_virtual_ips_on_the_gateway_instances() {
     );
     // The gateway's own listing is its own: no linked service's address.
     assert!(state.health("tgw", false)[0].service.tagged_addresses.is_empty());
+    // The catalog's listings (`/v1/catalog/...`) show it alike.
+    let (_, gateway) = state.service_instances("tgw").remove(0);
+    let listed = virtual_ips::as_listed(&state, "ext", std::sync::Arc::clone(&gateway));
+    assert_eq!(listed.tagged_addresses[virtual_ips::TAGGED_ADDRESS].address, ext);
+    assert!(
+        virtual_ips::as_listed(&state, "tgw", gateway)
+            .tagged_addresses
+            .is_empty()
+    );
 
     // By `*`: the services there are now, and one registered afterwards.
     s.write(register("db", ServiceKind::Typical)).await.unwrap();

@@ -357,6 +357,8 @@ async fn service_nodes(
         let mut nodes: Vec<(std::sync::Arc<Node>, std::sync::Arc<NodeService>)> = instances
             .into_iter()
             .filter_map(|(node, svc)| state.node(&node).map(|n| (n, svc)))
+            // Connect instances carry their service's virtual IP (`consul-virtual`).
+            .map(|(n, svc)| (n, catalog::virtual_ips::as_listed(state, &name, svc)))
             .filter(|(n, svc)| filters.admits(&svc.tags, &n.meta))
             .filter(|row| expr.matches(row))
             .collect();
