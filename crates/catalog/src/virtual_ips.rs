@@ -1,18 +1,20 @@
 //! Virtual IPs: each service with connect instances (its sidecars, or itself if
-//! connect-native), and each service a terminating gateway links, gets a stable address from `240.0.0.0/4`, which transparent proxies
-//! match outbound connections on and DNS answers for `<svc>.virtual.consul`.
+//! connect-native), and each service a terminating gateway links, gets a stable address from
+//! `240.0.0.0/4`, which transparent proxies match outbound connections on and DNS answers
+//! for `<svc>.virtual.consul`. (A destination, a service-defaults `Destination`, gets none:
+//! transparent proxies match its own addresses.)
 //!
 //! Assigned when a write first gives a service a connect instance or links it to a
 //! terminating gateway (by name, or by `*`: every service then, and each registered later),
-//! as a change of that same write ([`assign`]), so every server and every replay of the log holds the same address,
-//! and it is kept across restarts, snapshots and fail-over. It is not released when the
-//! instances go: an application that cached it keeps reaching the same service. The
-//! lowest free address is taken, from `240.0.0.1`.
+//! as a change of that same write ([`assign`]), so every server and every replay of the log
+//! holds the same address, and it is kept across restarts, snapshots and fail-over. It is
+//! not released when the instances go: an application that cached it keeps reaching the
+//! same service. The lowest free address is taken, from `240.0.0.1`.
 //!
 //! The instances show it as their `consul-virtual` tagged address ([`tag`]; the instances of
 //! a terminating gateway, read as a linked service's connect instances, show that service's:
-//! [`tag_as`]), added as they are read rather than stored, so a registration (or an agent's anti-entropy) that does not
-//! carry it is not a change.
+//! [`tag_as`]), added as they are read rather than stored, so a registration (or an agent's
+//! anti-entropy) that does not carry it is not a change.
 
 use crate::state::{Change, State, connect_target};
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,7 +58,7 @@ pub(crate) fn assign(state: &State, changes: &mut Vec<Change>) {
                 for linked in &g.services {
                     if linked.name == WILDCARD {
                         wanted.extend(state.typical_service_names());
-                    } else {
+                    } else if !is_destination(state, &linked.name) {
                         wanted.insert(linked.name.clone());
                     }
                 }
@@ -82,6 +84,15 @@ pub(crate) fn assign(state: &State, changes: &mut Vec<Change>) {
             ip: Ipv4Addr::from(ip),
         });
     }
+}
+
+/// Whether `service` is a destination outside the mesh (its service-defaults has a
+/// `Destination`).
+fn is_destination(state: &State, service: &str) -> bool {
+    matches!(
+        state.config_entry(ConfigEntryKind::ServiceDefaults, service).as_deref(),
+        Some(ConfigEntry::ServiceDefaults(d)) if d.destination.is_some()
+    )
 }
 
 /// Whether some terminating gateway links every service (`*`).

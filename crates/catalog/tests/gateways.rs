@@ -412,11 +412,20 @@ async fn linked_services_get_virtual_ips_on_the_gateway_instances() {
     s.write(register("ext", ServiceKind::Typical)).await.unwrap();
     s.write(register("tgw", ServiceKind::TerminatingGateway)).await.unwrap();
     assert_eq!(s.read().virtual_ip("ext"), None, "not linked: no address");
+    s.write(set(json!({"Kind": "service-defaults", "Name": "outside",
+        "Destination": {"Addresses": ["192.0.2.10"], "Port": 443}})))
+        .await
+        .unwrap();
     s.write(set(json!({"Kind": "terminating-gateway", "Name": "tgw",
-        "Services": [{"Name": "ext"}, {"Name": "later"}]})))
+        "Services": [{"Name": "ext"}, {"Name": "later"}, {"Name": "outside"}]})))
         .await
         .unwrap();
     let state = s.read();
+    assert_eq!(
+        state.virtual_ip("outside"),
+        None,
+        "a destination is matched on its own addresses"
+    );
     let ext = state.virtual_ip("ext").expect("linked: an address").to_string();
     assert!(
         state.virtual_ip("later").is_some(),
