@@ -129,7 +129,7 @@ pub(crate) fn build_changed(
     let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
         return None;
     };
-    let mut reused: Vec<String> = y
+    let kept: std::collections::BTreeSet<&structs::UpstreamId> = y
         .upstreams
         .iter()
         .filter(|(id, u)| {
@@ -137,9 +137,10 @@ pub(crate) fn build_changed(
                 .get(*id)
                 .is_some_and(|p| p.index == u.index && same_arc(&p.chain, &u.chain))
         })
-        .map(|(id, _)| id.to_string())
+        .map(|(id, _)| &**id)
         .collect();
-    let rebuild = |id: &structs::UpstreamId| !reused.contains(&id.to_string());
+    // Asked once per upstream by every builder: a lookup, not a formatting of every id.
+    let rebuild = |id: &structs::UpstreamId| !kept.contains(id);
     // An upstream added or given its chain matches nothing until its endpoints bring a
     // virtual IP: the outbound listener then stays as it was.
     let outbound = y.transparent && !transparent::same_listener(prev, snapshot);
@@ -149,6 +150,7 @@ pub(crate) fn build_changed(
         upstream: &rebuild,
     };
     let built = build_scoped(snapshot, shared, &scope);
+    let mut reused: Vec<String> = kept.iter().map(|id| id.to_string()).collect();
     if y.transparent && !outbound {
         reused.push(OUTBOUND.to_owned());
     }

@@ -208,7 +208,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
     let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
     let mut filter_chains = Vec::new();
     // Each address selects one chain: Envoy refuses a listener where two chains match alike.
-    let mut claimed: BTreeMap<IpAddr, String> = BTreeMap::new();
+    let mut claimed: BTreeMap<IpAddr, &UpstreamId> = BTreeMap::new();
     for (id, upstream) in cp.upstreams.iter() {
         if id.destination_type != DestinationType::Service {
             continue;
@@ -224,7 +224,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), Bu
                 false
             }
             None => {
-                claimed.insert(ip, id.to_string());
+                claimed.insert(ip, id);
                 true
             }
         };
