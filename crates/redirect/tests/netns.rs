@@ -12,6 +12,9 @@ use std::process::Command;
 struct Netns {
     name: String,
     path: PathBuf,
+    /// The outbound listener (127.0.0.1:15001 inside), bound once: binding it again for
+    /// each dial could meet the last dial's connection still closing on that port.
+    outbound: std::sync::OnceLock<TcpListener>,
 }
 
 impl Netns {
@@ -31,7 +34,22 @@ impl Netns {
         ok(&["netns", "add", &name]);
         ok(&["-n", &name, "link", "set", "lo", "up"]);
         let path = PathBuf::from("/var/run/netns").join(&name);
-        Self { name, path }
+        Self {
+            name,
+            path,
+            outbound: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The namespace's outbound listener, bound on first use.
+    fn outbound(&self) -> &TcpListener {
+        self.outbound.get_or_init(|| {
+            self.run(|| {
+                let listener = TcpListener::bind("127.0.0.1:15001").unwrap();
+                listener.set_nonblocking(true).unwrap();
+                listener
+            })
+        })
     }
 
     /// Runs `f` on a thread inside the namespace.
@@ -75,17 +93,14 @@ fn rules(proxy_uid: u32) -> Rules {
 /// address the listener saw dialed, or `None` when the connection went elsewhere (refused:
 /// nothing listens at `to`).
 fn dial(ns: &Netns, to: SocketAddrV4) -> Option<SocketAddrV4> {
-    ns.run(|| {
-        let listener = TcpListener::bind("127.0.0.1:15001").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        match TcpStream::connect(to) {
-            Ok(_conn) => {
-                let (accepted, _) = listener.accept().expect("redirected to the outbound listener");
-                Some(rustix::net::sockopt::ip_original_dst(&accepted).unwrap())
-            }
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => None,
-            Err(e) => panic!("connect {to}: {e}"),
+    let listener = ns.outbound();
+    ns.run(|| match TcpStream::connect(to) {
+        Ok(_conn) => {
+            let (accepted, _) = listener.accept().expect("redirected to the outbound listener");
+            Some(rustix::net::sockopt::ip_original_dst(&accepted).unwrap())
         }
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => None,
+        Err(e) => panic!("connect {to}: {e}"),
     })
 }
 
