@@ -185,8 +185,9 @@ impl Window {
     /// (an upstream's chain, a chain's targets) has not delivered yet, and it has waited less
     /// than [`MAX_HOLD`]. A snapshot that names an upstream whose chain or endpoints are not
     /// known yet builds nothing more than the last one (or a cluster without endpoints):
-    /// waiting turns the three snapshots an added upstream costs (upstream, chain,
-    /// endpoints) into one, and keeps Envoy from a cluster that has no endpoints yet.
+    /// waiting makes the up to three snapshots an added upstream can cost (upstream, chain,
+    /// endpoints: when the sources answer after a publish, as an agent's cache does) one,
+    /// and keeps Envoy from a cluster that has no endpoints yet.
     fn hold(&mut self, awaiting: usize) -> bool {
         if awaiting == 0 {
             return false;

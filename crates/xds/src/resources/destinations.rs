@@ -75,7 +75,7 @@ pub(crate) fn names(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot) -> Vec<(&'
     names
 }
 
-/// A filter chain on the outbound listener.
+/// The outbound listener's chains for a proxy's destinations.
 pub(crate) struct OutboundChains {
     /// The chains, in order.
     pub(crate) chains: Vec<FilterChain>,
