@@ -57,6 +57,8 @@ pub enum IndexKey {
     Events,
     /// Prepared queries.
     Queries,
+    /// Every service's virtual IP.
+    VirtualIps,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after

@@ -465,13 +465,17 @@ impl State {
             Change::DeleteEvent(ltime) if self.events.remove(ltime).is_some() => {
                 bumped.insert(IndexKey::Events);
             }
-            // The connect instances of the service show it (`consul-virtual`).
+            // The connect instances of the service show it (`consul-virtual`), and the list
+            // of every virtual IP has it (a service linked to a terminating gateway gets one
+            // by a config write, which touches no service key).
             Change::PutVirtualIp { service, ip } => {
                 self.virtual_ips.insert(service.clone(), *ip);
                 bumped.insert(IndexKey::ServiceConnect(service.clone()));
+                bumped.insert(IndexKey::VirtualIps);
             }
             Change::DeleteVirtualIp(service) if self.virtual_ips.remove(service).is_some() => {
                 bumped.insert(IndexKey::ServiceConnect(service.clone()));
+                bumped.insert(IndexKey::VirtualIps);
             }
             _ => {}
         }
@@ -703,6 +707,9 @@ impl State {
                         .get(&IndexKey::ConfigKind(ConfigEntryKind::TerminatingGateway)),
                 ),
             IndexKey::KvKey(_) => self.indexes.get(&IndexKey::Kvs),
+            // State written before the key had its own index: the services' (which every
+            // registration assigning one bumped) never moves it backwards.
+            IndexKey::VirtualIps => self.indexes.get(&IndexKey::Services),
             _ => None,
         };
         self.indexes

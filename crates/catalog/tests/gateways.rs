@@ -412,6 +412,7 @@ async fn linked_services_get_virtual_ips_on_the_gateway_instances() {
     s.write(register("ext", ServiceKind::Typical)).await.unwrap();
     s.write(register("tgw", ServiceKind::TerminatingGateway)).await.unwrap();
     assert_eq!(s.read().virtual_ip("ext"), None, "not linked: no address");
+    let vips_before = s.read().index_of(&IndexKey::VirtualIps);
     s.write(set(json!({"Kind": "service-defaults", "Name": "outside",
         "Destination": {"Addresses": ["192.0.2.10"], "Port": 443}})))
         .await
@@ -427,6 +428,10 @@ async fn linked_services_get_virtual_ips_on_the_gateway_instances() {
         "a destination is matched on its own addresses"
     );
     let ext = state.virtual_ip("ext").expect("linked: an address").to_string();
+    assert!(
+        state.index_of(&IndexKey::VirtualIps) > vips_before,
+        "the list of virtual IPs wakes"
+    );
     assert!(
         state.virtual_ip("later").is_some(),
         "linked by name before it registers"

@@ -99,7 +99,7 @@ struct VirtualIp<'a> {
 }
 
 /// `GET /v1/internal/service-virtual-ip`: every service's virtual IP the token may read, by
-/// name (blocking on the services).
+/// name (blocking on the virtual IPs).
 pub(crate) async fn virtual_ips(
     State(api): State<Api>,
     authz: Authz,
@@ -107,7 +107,7 @@ pub(crate) async fn virtual_ips(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     let a = authz.get()?;
-    let key = IndexKey::Services;
+    let key = IndexKey::VirtualIps;
     let state = api.read(&params, &key).await?;
     let mut filtered = false;
     let all: Vec<VirtualIp<'_>> = state
@@ -129,7 +129,8 @@ pub(crate) async fn virtual_ips(
 }
 
 /// `GET /v1/internal/service-virtual-ip/:service`: the service's virtual IP (404 until it
-/// has a connect instance), blocking on its connect instances.
+/// has one: a connect instance, or a terminating gateway linking it), blocking on its
+/// connect instances.
 pub(crate) async fn virtual_ip(
     State(api): State<Api>,
     authz: Authz,

@@ -319,6 +319,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Sessions,
         IndexKey::Events,
         IndexKey::Queries,
+        IndexKey::VirtualIps,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
