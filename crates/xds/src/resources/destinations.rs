@@ -13,7 +13,7 @@
 //!   IP, `LOGICAL_DNS` for a host name, TLS originated when the link gives a `CAFile`.
 
 use super::core::{ads, millis, socket};
-use super::listeners::{hcm, tcp_proxy};
+use super::listeners::{everything_to, hcm, tcp_proxy};
 use super::{CLUSTER, ENDPOINT, Resources, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -22,9 +22,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::envoy::config::listener::v3::{
     FilterChain, FilterChainMatch, ListenerFilter, ListenerFilterChainMatchPredicate,
 };
-use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
-};
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters;
 use envoy_types::pb::envoy::r#type::v3::Int32Range;
@@ -238,17 +236,7 @@ fn http_chain(port: u16, entries: &[(&str, &str, String)]) -> FilterChain {
             VirtualHost {
                 name: format!("{service}.{host}"),
                 domains: vec![host.clone(), format!("{host}:{port}")],
-                routes: vec![Route {
-                    r#match: Some(RouteMatch {
-                        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
-                        ..Default::default()
-                    }),
-                    action: Some(route::Action::Route(RouteAction {
-                        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.clone())),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                }],
+                routes: vec![everything_to(cluster)],
                 ..Default::default()
             }
         })

@@ -53,19 +53,24 @@ pub(crate) fn route_to(name: &str, cluster: &str) -> RouteConfiguration {
         virtual_hosts: vec![VirtualHost {
             name: name.to_owned(),
             domains: vec!["*".into()],
-            routes: vec![Route {
-                r#match: Some(RouteMatch {
-                    path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
-                    ..Default::default()
-                }),
-                action: Some(route::Action::Route(RouteAction {
-                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_owned())),
-                    ..Default::default()
-                })),
-                ..Default::default()
-            }],
+            routes: vec![everything_to(cluster)],
             ..Default::default()
         }],
+        ..Default::default()
+    }
+}
+
+/// A route sending every request (path prefix `/`) to `cluster`.
+pub(crate) fn everything_to(cluster: &str) -> Route {
+    Route {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_owned())),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }
