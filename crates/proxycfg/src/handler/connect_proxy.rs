@@ -20,8 +20,9 @@ pub struct ConnectProxyHandler {
     pub(super) graph_services: Option<Arc<Vec<String>>>,
     /// In transparent mode, every `service-intentions` entry, once known.
     pub(super) graph_intentions: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
-    /// In transparent mode, every `service-defaults` entry (destinations), once known.
-    pub(super) graph_defaults: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
+    /// In transparent mode, the `service-defaults` entries that name a `Destination`, once
+    /// the entries are known.
+    pub(super) graph_destinations: Option<Vec<Arc<structs::ConfigEntry>>>,
     /// In transparent mode, while some destination is reachable: every
     /// `terminating-gateway` entry (which gateways link it).
     pub(super) graph_gateways: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
@@ -37,7 +38,7 @@ impl ConnectProxyHandler {
             token: registration.token.clone(),
             graph_services: None,
             graph_intentions: None,
-            graph_defaults: None,
+            graph_destinations: None,
             graph_gateways: None,
         }
     }

@@ -112,17 +112,10 @@ impl ConnectProxyHandler {
         default_allow: bool,
         watches: &mut Watches,
     ) {
-        let (Some(defaults), Some(entries)) = (&self.graph_defaults, &self.graph_intentions) else {
+        let (Some(defaults), Some(entries)) = (&self.graph_destinations, &self.graph_intentions) else {
             return;
         };
-        let mut candidates: Vec<String> = Vec::new();
-        for entry in defaults.iter() {
-            if let ConfigEntry::ServiceDefaults(d) = entry.as_ref()
-                && d.destination.is_some()
-            {
-                candidates.push(d.name.clone());
-            }
-        }
+        let candidates: Vec<String> = defaults.iter().map(|e| e.name().to_owned()).collect();
         let source = &self.service.proxy.destination_service_name;
         let allowed = intention_upstreams(source, &candidates, entries, default_allow);
         let gateway_list = CorrelationId::ConfigEntryList(ConfigEntryKind::TerminatingGateway);
@@ -217,7 +210,11 @@ impl ConnectProxyHandler {
                     self.update_destinations(cp, default_allow, watches);
                 }
                 ConfigEntryKind::ServiceDefaults => {
-                    self.graph_defaults = Some(list);
+                    // Kept: the destinations alone, which every intention write looks at again.
+                    let destinations = list
+                        .iter()
+                        .filter(|e| matches!(e.as_ref(), ConfigEntry::ServiceDefaults(d) if d.destination.is_some()));
+                    self.graph_destinations = Some(destinations.cloned().collect());
                     self.update_destinations(cp, default_allow, watches);
                 }
                 ConfigEntryKind::TerminatingGateway => {
