@@ -72,8 +72,10 @@ pub struct Watches {
     tx: mpsc::Sender<Box<UpdateEvent>>,
     state_cancel: CancellationToken,
     next_generation: u64,
-    /// Where in `running` [`Watches::poll_event`] looks first.
-    poll_from: usize,
+    /// Results of subscriptions found ready by the last round of them and not returned
+    /// yet: one round of every subscription collects each result waiting (a change that
+    /// moves several watches at once costs one round, not one per result).
+    ready: std::collections::VecDeque<UpdateEvent>,
     metrics: Arc<Metrics>,
     /// The proxy's failing watches: a cancelled watch's error goes with it.
     errors: WatchErrors,
@@ -132,7 +134,7 @@ impl Watches {
             tx,
             state_cancel: cancel,
             next_generation: 1,
-            poll_from: 0,
+            ready: std::collections::VecDeque::new(),
             metrics,
             errors,
             awaiting: 0,
@@ -268,34 +270,28 @@ impl Watches {
 
     /// Runs the watches until a subscription has a result, and returns it as an update of its
     /// watch; the futures make progress here too (they send into the State's queue). The State
-    /// polls this beside its queue: that is what makes the watches progress.
+    /// polls this beside its queue: that is what makes the watches progress. Results of
+    /// watches cancelled or restarted since they were collected are still returned: the
+    /// State drops them by generation ([`Watches::is_current`]).
     pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<UpdateEvent> {
         // Until the set is empty or every future in it is waiting.
         while let Poll::Ready(Some(_)) = self.tasks.poll_next_unpin(cx) {}
+        if let Some(event) = self.ready.pop_front() {
+            return Poll::Ready(event);
+        }
         let mut ended = Vec::new();
-        // From where the last result was found, round the map: a subscription that changes
-        // often does not keep the others waiting.
-        let start = self.poll_from;
-        for range in [start..usize::MAX, 0..start] {
-            for (at, (id, running)) in self.running.iter_mut().enumerate() {
-                if !range.contains(&at) {
-                    continue;
-                }
-                let How::Polled(watch) = &mut running.how else {
-                    continue;
-                };
-                match watch.sub.poll_next(cx) {
-                    Poll::Pending => {}
-                    Poll::Ready(Some(result)) => {
-                        self.poll_from = at + 1;
-                        return Poll::Ready(UpdateEvent {
-                            correlation_id: id.clone(),
-                            result,
-                            generation: running.generation,
-                        });
-                    }
-                    Poll::Ready(None) => ended.push(id.clone()),
-                }
+        for (id, running) in self.running.iter_mut() {
+            let How::Polled(watch) = &mut running.how else {
+                continue;
+            };
+            match watch.sub.poll_next(cx) {
+                Poll::Pending => {}
+                Poll::Ready(Some(result)) => self.ready.push_back(UpdateEvent {
+                    correlation_id: id.clone(),
+                    result,
+                    generation: running.generation,
+                }),
+                Poll::Ready(None) => ended.push(id.clone()),
             }
         }
         for id in ended {
@@ -312,7 +308,10 @@ impl Watches {
                 self.metrics.watch_stopped();
             }
         }
-        Poll::Pending
+        match self.ready.pop_front() {
+            Some(event) => Poll::Ready(event),
+            None => Poll::Pending,
+        }
     }
 
     /// Cancels every watch and drops them all.
@@ -320,6 +319,7 @@ impl Watches {
         self.state_cancel.cancel();
         self.forget_subscriptions();
         self.running.clear();
+        self.ready.clear();
         self.awaiting = 0;
         self.tasks.clear();
     }
