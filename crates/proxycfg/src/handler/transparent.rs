@@ -11,8 +11,8 @@ use crate::data_sources::{
 };
 use crate::snapshot::{ConnectProxySnapshot, DestinationUpstream, UpstreamSnapshot};
 use crate::{CorrelationId, Watches};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Weak};
 use structs::config_entry::IntentionAction;
 use structs::intention::WILDCARD;
 use structs::{ConfigEntry, ConfigEntryKind, DestinationType, ServiceKind, UpstreamId};
@@ -32,7 +32,6 @@ pub fn intention_upstreams(
     entries: &[Arc<ConfigEntry>],
     default_allow: bool,
 ) -> Vec<String> {
-    use std::collections::HashMap;
     if candidates.is_empty() {
         return Vec::new();
     }
@@ -72,6 +71,53 @@ pub fn intention_upstreams(
         .filter(|name| said.get(name.as_str()).and_then(|s| s.decision()).unwrap_or(fallback))
         .cloned()
         .collect()
+}
+
+/// The answers of [`intention_upstreams`] for the latest inputs, by source service: after an
+/// intention write every transparent proxy asks, and those of one service ask the same
+/// question of the very same lists (the shared watches hand each proxy the same `Arc`s).
+struct GraphMemo {
+    /// The inputs the answers are for, by identity. Held weakly, which keeps their
+    /// allocations from being reused: a pointer equal to one of these is the same list.
+    services: Weak<Vec<String>>,
+    entries: Weak<Vec<Arc<ConfigEntry>>>,
+    default_allow: bool,
+    by_source: HashMap<String, Arc<Vec<String>>>,
+}
+
+static GRAPH_MEMO: parking_lot::Mutex<Option<GraphMemo>> = parking_lot::Mutex::new(None);
+
+/// [`intention_upstreams`] of the candidates `services`, computed once per source service
+/// for the same inputs (a new `services` or `entries` list starts the memo afresh).
+fn reachable(
+    source: &str,
+    services: &Arc<Vec<String>>,
+    entries: &Arc<Vec<Arc<ConfigEntry>>>,
+    default_allow: bool,
+) -> Arc<Vec<String>> {
+    let mut memo = GRAPH_MEMO.lock();
+    let memo = match memo.as_mut() {
+        Some(m)
+            if std::ptr::eq(m.services.as_ptr(), Arc::as_ptr(services))
+                && std::ptr::eq(m.entries.as_ptr(), Arc::as_ptr(entries))
+                && m.default_allow == default_allow =>
+        {
+            m
+        }
+        _ => memo.insert(GraphMemo {
+            services: Arc::downgrade(services),
+            entries: Arc::downgrade(entries),
+            default_allow,
+            by_source: HashMap::new(),
+        }),
+    };
+    let by_source = &mut memo.by_source;
+    if let Some(answer) = by_source.get(source) {
+        return Arc::clone(answer);
+    }
+    let answer = Arc::new(intention_upstreams(source, services, entries, default_allow));
+    by_source.insert(source.to_owned(), Arc::clone(&answer));
+    answer
 }
 
 impl ConnectProxyHandler {
@@ -248,17 +294,15 @@ impl ConnectProxyHandler {
             return;
         };
         let source = &self.service.proxy.destination_service_name;
-        let allowed = intention_upstreams(source, candidates, entries, default_allow);
-        if cp.intention_upstreams.as_deref() == Some(&allowed) {
+        let allowed = reachable(source, candidates, entries, default_allow);
+        if cp
+            .intention_upstreams
+            .as_ref()
+            .is_some_and(|known| Arc::ptr_eq(known, &allowed) || *known == allowed)
+        {
             return;
         }
-        let wanted: BTreeSet<Arc<UpstreamId>> = allowed.iter().map(|name| Arc::new(implicit_id(name))).collect();
-        let gone: Vec<Arc<UpstreamId>> = cp
-            .upstreams
-            .iter()
-            .filter(|(id, u)| ConnectProxySnapshot::is_implicit(u) && !wanted.contains(*id))
-            .map(|(id, _)| Arc::clone(id))
-            .collect();
+        let (wanted, gone) = implicit_changes(cp, &allowed);
         let upstreams = Arc::make_mut(&mut cp.upstreams);
         for id in &gone {
             upstreams.remove(id);
@@ -292,7 +336,46 @@ impl ConnectProxyHandler {
             reachable = allowed.len(),
             "implicit upstreams updated"
         );
-        cp.intention_upstreams = Some(Arc::new(allowed));
+        cp.intention_upstreams = Some(allowed);
+    }
+}
+
+/// The implicit upstreams `allowed` (the new answer) may add, and those it removes. Against
+/// the last answer only the names it gained or lost are looked at (every implicit upstream
+/// came from an answer); the first answer is compared with the upstreams themselves.
+fn implicit_changes(cp: &ConnectProxySnapshot, allowed: &[String]) -> (Vec<Arc<UpstreamId>>, Vec<Arc<UpstreamId>>) {
+    let implicit = |id: &UpstreamId| {
+        cp.upstreams
+            .get_key_value(id)
+            .filter(|(_, u)| ConnectProxySnapshot::is_implicit(u))
+            .map(|(k, _)| Arc::clone(k))
+    };
+    match cp.intention_upstreams.as_deref() {
+        Some(before) => {
+            let now: HashSet<&str> = allowed.iter().map(String::as_str).collect();
+            let was: HashSet<&str> = before.iter().map(String::as_str).collect();
+            let wanted = allowed
+                .iter()
+                .filter(|name| !was.contains(name.as_str()))
+                .map(|name| Arc::new(implicit_id(name)))
+                .collect();
+            let gone = before
+                .iter()
+                .filter(|name| !now.contains(name.as_str()))
+                .filter_map(|name| implicit(&implicit_id(name)))
+                .collect();
+            (wanted, gone)
+        }
+        None => {
+            let wanted: BTreeSet<Arc<UpstreamId>> = allowed.iter().map(|name| Arc::new(implicit_id(name))).collect();
+            let gone = cp
+                .upstreams
+                .iter()
+                .filter(|(id, u)| ConnectProxySnapshot::is_implicit(u) && !wanted.contains(*id))
+                .map(|(id, _)| Arc::clone(id))
+                .collect();
+            (wanted.into_iter().collect(), gone)
+        }
     }
 }
 
