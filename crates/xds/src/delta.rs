@@ -443,7 +443,8 @@ fn diff_maps<'n>(
     for (name, v) in new {
         // Names of old before this one are gone from new.
         while let Some((o, _)) = olds.peek() {
-            if *o < name {
+            // Names taken over from a build's predecessor are its very `Arc`s.
+            if !Arc::ptr_eq(o, name) && *o < name {
                 gone.push(o.to_string());
                 olds.next();
             } else {
@@ -451,7 +452,7 @@ fn diff_maps<'n>(
             }
         }
         match olds.peek() {
-            Some((o, ov)) if *o == name => {
+            Some((o, ov)) if Arc::ptr_eq(o, name) || *o == name => {
                 if !Arc::ptr_eq(ov, v) && ov.version != v.version {
                     changed.push((&**name, v));
                 }

@@ -94,18 +94,23 @@ impl VersionedResources {
     /// Takes the resources of `parts` from `previous` (a build whose inputs for those parts
     /// are the same), with their problems and kept resources.
     fn take_parts(&mut self, previous: &VersionedResources, prev_snap: &ConfigSnapshot, parts: &[String]) {
+        let names = resources::parts_names(prev_snap, parts);
+        let kept = previous
+            .keep
+            .iter()
+            .filter(|(p, _, _)| parts.contains(p))
+            .map(|(_, t, n)| (*t, n.as_str()));
+        for (type_url, name) in names.iter().map(|(t, n)| (*t, n.as_str())).chain(kept) {
+            // The previous build's very name, shared: streams comparing names find them
+            // equal by pointer.
+            if let Some((key, v)) = previous.by_type.get(type_url).and_then(|m| m.get_key_value(name)) {
+                Arc::make_mut(self.by_type.entry(type_url).or_default())
+                    .entry(Arc::clone(key))
+                    .or_insert_with(|| Arc::clone(v));
+            }
+        }
         for part in parts {
             let kept = previous.keep.iter().filter(|(p, _, _)| p == part);
-            let names = resources::part_names(prev_snap, part)
-                .into_iter()
-                .chain(kept.clone().map(|(_, t, n)| (*t, n.clone())));
-            for (type_url, name) in names {
-                if let Some(v) = previous.get(type_url, &name) {
-                    Arc::make_mut(self.by_type.entry(type_url).or_default())
-                        .entry(Arc::from(name))
-                        .or_insert_with(|| Arc::clone(v));
-                }
-            }
             if let Some(problem) = previous.problems.get(part) {
                 self.problems.insert(part.clone(), problem.clone());
             }

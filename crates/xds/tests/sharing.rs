@@ -192,3 +192,72 @@ fn identical_resources_of_different_proxies_are_held_once() {
         "held weakly: gone with the proxies' resources"
     );
 }
+
+/// Every resource of a build by type and name, with its version.
+fn versions(r: &VersionedResources) -> Vec<(&'static str, String, String)> {
+    r.by_type
+        .iter()
+        .flat_map(|(t, m)| m.iter().map(|(n, v)| (*t, n.to_string(), v.version.clone())))
+        .collect()
+}
+
+/// Transparent proxies whose outbound part reads the same inputs share one build of it; a
+/// proxy whose inputs differ (another chain for an upstream, or the mesh entry's
+/// `MeshDestinationsOnly`) gets its own, each the same as a build of its own snapshot alone.
+#[test]
+fn transparent_proxies_with_the_same_inputs_share_their_outbound_part() {
+    use xds::resources::LISTENER;
+    let ca = Ca::new();
+    let shared = SharedEncodings::default();
+    let a = crate::validate::transparent_snapshot(&ca, false);
+    // Another instance of the same service: the very same chains and endpoints.
+    let b = a.clone();
+    let ra = VersionedResources::build(&a, Some(&shared)).unwrap();
+    let rb = VersionedResources::build(&b, Some(&shared)).unwrap();
+    let outbound = "outbound_listener:127.0.0.1:15001";
+    assert!(Arc::ptr_eq(
+        ra.get(LISTENER, outbound).unwrap(),
+        rb.get(LISTENER, outbound).unwrap()
+    ));
+    assert_eq!(versions(&rb), versions(&VersionedResources::build(&b, None).unwrap()));
+
+    // `api` now reaches a TCP chain (a new chain `Arc`): b's own listener, not a's.
+    let mut c = b.clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut c.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    let trust_domain = a.roots.as_ref().unwrap().trust_domain.clone();
+    for (id, up) in Arc::make_mut(&mut cp.upstreams).iter_mut() {
+        if id.name == "api" {
+            let up = Arc::make_mut(up);
+            up.chain = Some(Arc::new(structs::CompiledDiscoveryChain::default_for(
+                "api",
+                "dc1",
+                &trust_domain,
+                "tcp".parse().unwrap(),
+            )));
+        }
+    }
+    let rc = VersionedResources::build(&c, Some(&shared)).unwrap();
+    assert_ne!(
+        ra.get(LISTENER, outbound).unwrap().version,
+        rc.get(LISTENER, outbound).unwrap().version
+    );
+    assert_eq!(versions(&rc), versions(&VersionedResources::build(&c, None).unwrap()));
+
+    // The mesh entry keeps traffic in the mesh: no default chain, in this proxy's part only.
+    let mut d = a.clone();
+    let KindSnapshot::ConnectProxy(cp) = &mut d.kind else {
+        unreachable!("a sidecar snapshot")
+    };
+    let mesh = crate::validate::transparent_snapshot(&ca, true);
+    cp.mesh_config = mesh.connect_proxy().unwrap().mesh_config.clone();
+    let rd = VersionedResources::build(&d, Some(&shared)).unwrap();
+    assert_eq!(versions(&rd), versions(&VersionedResources::build(&d, None).unwrap()));
+    assert_ne!(
+        ra.get(LISTENER, outbound).unwrap().version,
+        rd.get(LISTENER, outbound).unwrap().version
+    );
+    let again = VersionedResources::build(&a, Some(&shared)).unwrap();
+    assert_eq!(versions(&again), versions(&ra));
+}

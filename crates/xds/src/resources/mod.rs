@@ -108,7 +108,7 @@ fn build_kind(
     listeners::build(snapshot, &mut out, scope)?;
     // It reads every upstream: built whole whenever what it matches on changed.
     if scope.outbound {
-        transparent::build(snapshot, &mut out)?;
+        transparent::build(snapshot, &mut out, shared)?;
     }
     Ok(out)
 }
@@ -188,35 +188,69 @@ pub(crate) fn part_names(snap: &ConfigSnapshot, part: &str) -> Vec<(&'static str
     let mut names = Vec::new();
     for (id, upstream) in cp.upstreams.iter() {
         // The name first: formatting every id for every part is quadratic in upstreams.
-        if !part.contains(id.name.as_str()) || id.to_string() != part {
-            continue;
+        if part.contains(id.name.as_str()) && id.to_string() == part {
+            upstream_part_names(snap, id, upstream, &mut names);
         }
-        let Some(chain) = &upstream.chain else { continue };
-        for target in chain.targets.values() {
-            names.push((CLUSTER, target.sni.clone()));
+    }
+    names
+}
+
+/// The resources of every part in `parts` (see [`part_names`]), the upstreams' in one walk
+/// of them.
+pub(crate) fn parts_names(snap: &ConfigSnapshot, parts: &[String]) -> Vec<(&'static str, String)> {
+    let Some(cp) = snap.connect_proxy() else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut upstreams = std::collections::HashSet::new();
+    for part in parts {
+        if part == COMMON || part == OUTBOUND {
+            names.extend(part_names(snap, part));
+        } else {
+            upstreams.insert(part.as_str());
         }
-        for node in chain.nodes.values() {
-            if let Some(r) = &node.resolver
-                && r.failover.is_some()
-                && let Some(primary) = chain.targets.get(&r.target)
-            {
-                names.push((CLUSTER, clusters::failover_cluster_name(&primary.sni)));
-            }
-        }
-        if let Some(name) = snap.upstream_config(upstream).and_then(clusters::escape_hatch_name) {
-            names.push((CLUSTER, name));
-        }
-        if let Some(config) = snap.upstream_config(upstream)
-            && config.local_bind_port != 0
-        {
-            let (listener, route) = listeners::upstream_names(id, config);
-            names.push((LISTENER, listener));
-            if chain.protocol.is_http() {
-                names.push((ROUTE, route));
+    }
+    if !upstreams.is_empty() {
+        for (id, upstream) in cp.upstreams.iter() {
+            if upstreams.contains(id.to_string().as_str()) {
+                upstream_part_names(snap, id, upstream, &mut names);
             }
         }
     }
     names
+}
+
+/// The resources of upstream `id`'s part, added to `names`.
+fn upstream_part_names(
+    snap: &ConfigSnapshot,
+    id: &structs::UpstreamId,
+    upstream: &proxycfg::UpstreamSnapshot,
+    names: &mut Vec<(&'static str, String)>,
+) {
+    let Some(chain) = &upstream.chain else { return };
+    for target in chain.targets.values() {
+        names.push((CLUSTER, target.sni.clone()));
+    }
+    for node in chain.nodes.values() {
+        if let Some(r) = &node.resolver
+            && r.failover.is_some()
+            && let Some(primary) = chain.targets.get(&r.target)
+        {
+            names.push((CLUSTER, clusters::failover_cluster_name(&primary.sni)));
+        }
+    }
+    if let Some(name) = snap.upstream_config(upstream).and_then(clusters::escape_hatch_name) {
+        names.push((CLUSTER, name));
+    }
+    if let Some(config) = snap.upstream_config(upstream)
+        && config.local_bind_port != 0
+    {
+        let (listener, route) = listeners::upstream_names(id, config);
+        names.push((LISTENER, listener));
+        if chain.protocol.is_http() {
+            names.push((ROUTE, route));
+        }
+    }
 }
 
 /// Builds the load assignments of the targets whose endpoints differ (by `Arc` identity)

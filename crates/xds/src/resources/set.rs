@@ -128,6 +128,21 @@ impl Resources {
         self.by_type.entry(type_url).or_default().insert(name, resource);
     }
 
+    /// Adds (a copy of) everything `part` holds: its resources, problems and kept names.
+    pub(super) fn extend_from(&mut self, part: &Resources) {
+        for (type_url, resources) in &part.by_type {
+            let mine = self.by_type.entry(type_url).or_default();
+            mine.extend(resources.iter().map(|(n, r)| (n.clone(), r.clone())));
+        }
+        for (type_url, resources) in &part.shared {
+            let mine = self.shared.entry(type_url).or_default();
+            mine.extend(resources.iter().map(|(n, r)| (n.clone(), Arc::clone(r))));
+        }
+        self.problems
+            .extend(part.problems.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.keep.extend(part.keep.iter().cloned());
+    }
+
     pub(super) fn insert_shared(&mut self, type_url: &'static str, name: String, resource: Arc<Versioned>) {
         self.shared.entry(type_url).or_default().insert(name, resource);
     }

@@ -1,6 +1,7 @@
 //! Encodings shared between proxies' builds.
 
-use super::ENDPOINT;
+use super::transparent::OutboundInputs;
+use super::{BuildError, ENDPOINT, Resources};
 use crate::content::Versioned;
 use bounded_maps::SweptMap;
 use envoy_types::pb::google::protobuf::Any;
@@ -29,6 +30,9 @@ type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
 pub struct SharedEncodings {
     load_assignments: Mutex<SweptMap<ClaKey, ClaEntry>>,
     interned: Mutex<SweptMap<ContentKey, Weak<Versioned>>>,
+    /// Transparent proxies' outbound parts by their inputs' hash (see
+    /// [`OutboundInputs`]): the same for every proxy of a service.
+    outbound: Mutex<SweptMap<u64, (OutboundInputs, Arc<Resources>)>>,
 }
 
 impl std::fmt::Debug for SharedEncodings {
@@ -76,6 +80,26 @@ impl SharedEncodings {
             .lock()
             .insert(key, Arc::downgrade(&versioned), |_, w| w.strong_count() > 0);
         versioned
+    }
+
+    /// The outbound part of a transparent proxy's build for `inputs`: another proxy's with
+    /// the same inputs, else `build`'s (recorded for the next; a failed build is not).
+    pub(crate) fn outbound(
+        &self,
+        inputs: OutboundInputs,
+        build: impl FnOnce() -> Result<Resources, BuildError>,
+    ) -> Result<Arc<Resources>, BuildError> {
+        let key = inputs.key();
+        if let Some((known, part)) = self.outbound.lock().get(&key)
+            && *known == inputs
+        {
+            return Ok(Arc::clone(part));
+        }
+        let part = Arc::new(build()?);
+        self.outbound
+            .lock()
+            .insert(key, (inputs, Arc::clone(&part)), |_, (inputs, _)| inputs.in_use());
+        Ok(part)
     }
 
     /// Distinct resources held by content (not counting load assignments).

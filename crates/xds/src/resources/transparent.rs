@@ -20,7 +20,7 @@
 
 use super::core::{cidr, millis, socket};
 use super::listeners::{chain_filter, tcp_proxy};
-use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, tls};
+use super::{BuildError, CLUSTER, LISTENER, ROUTE, Resources, SharedEncodings, tls};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
@@ -65,7 +65,7 @@ fn mesh_destinations_only(cp: &ConnectProxySnapshot) -> bool {
 
 /// The addresses that select one upstream: its virtual IPs, and its instances' addresses
 /// where they may be dialed directly (with the target they belong to).
-#[derive(Default, PartialEq, Eq)]
+#[derive(Default, Clone, PartialEq, Eq)]
 struct Matches {
     virtual_ips: Vec<IpAddr>,
     direct: Vec<(IpAddr, structs::TargetId)>,
@@ -104,36 +104,77 @@ fn matches(id: &UpstreamId, upstream: &UpstreamSnapshot, chain: &CompiledDiscove
     out
 }
 
+impl Matches {
+    fn is_empty(&self) -> bool {
+        self.virtual_ips.is_empty() && self.direct.is_empty()
+    }
+}
+
 /// True when the outbound listeners of `a` and `b` match the same addresses to the same
 /// upstreams (their endpoints may differ otherwise): a build of `b` may keep `a`'s.
 pub(crate) fn same_matches(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
-    let key = |snap: &ConfigSnapshot| -> Vec<(String, Matches)> {
-        snap.connect_proxy()
-            .into_iter()
-            .flat_map(|cp| cp.upstreams.iter())
-            .filter_map(|(id, u)| Some((id.to_string(), matches(id, u, u.chain.as_deref()?))))
-            .collect()
-    };
-    key(a) == key(b)
+    same_selection(a, b, |_| true, false)
 }
 
 /// True when the outbound listeners of `a` and `b` would be the same, their proxy-wide
 /// inputs being the same: the same upstreams select the same addresses through the same
 /// chains.
 pub(crate) fn same_listener(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
-    let key = |snap: &ConfigSnapshot| -> Vec<(String, *const CompiledDiscoveryChain, Matches)> {
+    same_selection(a, b, |id| id.destination_type == DestinationType::Service, true)
+}
+
+/// Walks the upstreams (with a chain, of those `counts` keeps) of `a` and `b` side by side,
+/// in id order: the same where every upstream of both selects the same addresses (and,
+/// with `same_chain`, through the very same chain), one selecting nothing being as good as
+/// absent. An upstream that is the very same `Arc` in both selects alike without looking;
+/// the first difference ends the walk (an upstream added: its addresses alone are looked
+/// at).
+fn same_selection(a: &ConfigSnapshot, b: &ConfigSnapshot, counts: fn(&UpstreamId) -> bool, same_chain: bool) -> bool {
+    type Item<'s> = (
+        &'s Arc<UpstreamId>,
+        &'s Arc<UpstreamSnapshot>,
+        &'s Arc<CompiledDiscoveryChain>,
+    );
+    fn walk(snap: &ConfigSnapshot, counts: fn(&UpstreamId) -> bool) -> impl Iterator<Item = Item<'_>> {
         snap.connect_proxy()
             .into_iter()
             .flat_map(|cp| cp.upstreams.iter())
-            .filter(|(id, _)| id.destination_type == DestinationType::Service)
-            .filter_map(|(id, u)| {
-                let chain = u.chain.as_ref()?;
-                let m = matches(id, u, chain);
-                (!m.virtual_ips.is_empty() || !m.direct.is_empty()).then(|| (id.to_string(), Arc::as_ptr(chain), m))
-            })
-            .collect()
-    };
-    key(a) == key(b)
+            .filter(move |(id, _)| counts(id))
+            .filter_map(|(id, u)| Some((id, u, u.chain.as_ref()?)))
+    }
+    let selects = |(id, u, chain): Item<'_>| -> bool { !matches(id, u, chain).is_empty() };
+    let (mut xs, mut ys) = (walk(a, counts).peekable(), walk(b, counts).peekable());
+    loop {
+        let (x, y) = (xs.peek().copied(), ys.peek().copied());
+        match (x, y) {
+            (None, None) => return true,
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                xs.next();
+                ys.next();
+                if Arc::ptr_eq(x.1, y.1) {
+                    continue;
+                }
+                let (mx, my) = (matches(x.0, x.1, x.2), matches(y.0, y.1, y.2));
+                let alike = (mx.is_empty() && my.is_empty()) || (mx == my && (!same_chain || Arc::ptr_eq(x.2, y.2)));
+                if !alike {
+                    return false;
+                }
+            }
+            (Some(x), y) if y.is_none_or(|y| x.0 < y.0) => {
+                xs.next();
+                if selects(x) {
+                    return false;
+                }
+            }
+            (_, Some(y)) => {
+                ys.next();
+                if selects(y) {
+                    return false;
+                }
+            }
+            (Some(_), None) => unreachable!("matched above"),
+        }
+    }
 }
 
 /// The resources of the outbound part of `snap`'s build (see [`super::OUTBOUND`]): the
@@ -197,12 +238,109 @@ fn original_dst_cluster(name: &str) -> Cluster {
     }
 }
 
+/// Everything the outbound part of a build reads, for a proxy with no destination: its
+/// listener's port, the trust domain, the `mesh` entry (by identity), and per upstream of a
+/// service its chain (by identity) and the addresses that select it. Proxies with equal
+/// inputs (every transparent proxy of a service, typically) have the very same outbound
+/// part: it is built once ([`SharedEncodings::outbound`]).
+#[derive(Clone)]
+pub(crate) struct OutboundInputs {
+    port: u16,
+    trust_domain: String,
+    mesh: Option<Arc<ConfigEntry>>,
+    upstreams: Vec<(Arc<UpstreamId>, Arc<CompiledDiscoveryChain>, Matches)>,
+}
+
+impl PartialEq for OutboundInputs {
+    fn eq(&self, other: &Self) -> bool {
+        let same_arc = |a: &Option<Arc<ConfigEntry>>, b: &Option<Arc<ConfigEntry>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        self.port == other.port
+            && self.trust_domain == other.trust_domain
+            && same_arc(&self.mesh, &other.mesh)
+            && self.upstreams.len() == other.upstreams.len()
+            && self
+                .upstreams
+                .iter()
+                .zip(&other.upstreams)
+                .all(|((i, c, m), (j, d, n))| i == j && Arc::ptr_eq(c, d) && m == n)
+    }
+}
+
+impl OutboundInputs {
+    /// The inputs of `cp`'s outbound part; `None` when it has destinations (their chains
+    /// read more than these) or no roots yet.
+    fn of(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot) -> Option<Self> {
+        if !cp.destinations.is_empty() || !cp.destination_gateways.is_empty() {
+            return None;
+        }
+        Some(Self {
+            port: outbound_port(snap),
+            trust_domain: snap.roots.as_deref()?.trust_domain.clone(),
+            mesh: cp.mesh_config.as_ref().and_then(Clone::clone),
+            upstreams: cp
+                .upstreams
+                .iter()
+                .filter(|(id, _)| id.destination_type == DestinationType::Service)
+                .filter_map(|(id, u)| {
+                    let chain = u.chain.as_ref()?;
+                    Some((Arc::clone(id), Arc::clone(chain), matches(id, u, chain)))
+                })
+                .collect(),
+        })
+    }
+
+    /// A hash of the inputs (chains and the entry by address).
+    pub(crate) fn key(&self) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = foldhash::fast::FixedState::default().build_hasher();
+        self.port.hash(&mut h);
+        self.trust_domain.hash(&mut h);
+        self.mesh.as_ref().map(Arc::as_ptr).hash(&mut h);
+        for (id, chain, m) in &self.upstreams {
+            id.hash(&mut h);
+            Arc::as_ptr(chain).hash(&mut h);
+            m.virtual_ips.hash(&mut h);
+            m.direct.hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// True while every chain the inputs name is held by some proxy besides.
+    pub(crate) fn in_use(&self) -> bool {
+        self.upstreams.iter().all(|(_, chain, _)| Arc::strong_count(chain) > 1)
+    }
+}
+
 /// Builds the outbound listener of a transparent proxy, the clusters only it uses, and the
-/// routes of its implicit HTTP upstreams. Nothing for a proxy in direct mode.
-pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources) -> Result<(), BuildError> {
+/// routes of its implicit HTTP upstreams (once for every proxy with the same inputs, with
+/// `shared`). Nothing for a proxy in direct mode.
+pub(crate) fn build(
+    snap: &ConfigSnapshot,
+    out: &mut Resources,
+    shared: Option<&SharedEncodings>,
+) -> Result<(), BuildError> {
     let Some(cp) = snap.connect_proxy().filter(|cp| cp.transparent) else {
         return Ok(());
     };
+    match (shared, OutboundInputs::of(snap, cp)) {
+        (Some(shared), Some(inputs)) => {
+            let part = shared.outbound(inputs, || {
+                let mut part = Resources::default();
+                build_outbound(snap, cp, &mut part).map(|()| part)
+            })?;
+            out.extend_from(&part);
+            Ok(())
+        }
+        _ => build_outbound(snap, cp, out),
+    }
+}
+
+/// [`build`] itself.
+fn build_outbound(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot, out: &mut Resources) -> Result<(), BuildError> {
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
     let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
