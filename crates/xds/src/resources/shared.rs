@@ -1,13 +1,20 @@
 //! Encodings shared between proxies' builds.
 
-use super::transparent::OutboundInputs;
 use super::{BuildError, ENDPOINT, Resources};
 use crate::content::Versioned;
 use bounded_maps::SweptMap;
 use envoy_types::pb::google::protobuf::Any;
 use parking_lot::Mutex;
+use std::any::Any as AnyValue;
 use std::sync::{Arc, Weak};
 use structs::CheckServiceNode;
+
+/// A shared part of builds: its inputs, whether they are still in use, the part.
+type PartEntry = (
+    Box<dyn AnyValue + Send + Sync>,
+    fn(&(dyn AnyValue + Send + Sync)) -> bool,
+    Arc<Resources>,
+);
 
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
 type ClaKey = (String, usize);
@@ -30,9 +37,10 @@ type ClaEntry = (Weak<Vec<CheckServiceNode>>, Weak<Versioned>);
 pub struct SharedEncodings {
     load_assignments: Mutex<SweptMap<ClaKey, ClaEntry>>,
     interned: Mutex<SweptMap<ContentKey, Weak<Versioned>>>,
-    /// Transparent proxies' outbound parts by their inputs' hash (see
-    /// [`OutboundInputs`]): the same for every proxy of a service.
-    outbound: Mutex<SweptMap<u64, (OutboundInputs, Arc<Resources>)>>,
+    /// Parts of builds that many proxies make alike (a transparent proxy's outbound part,
+    /// the same for every proxy of a service) by their inputs' hash: the inputs, what tells
+    /// whether they are still in use, and the part.
+    parts: Mutex<SweptMap<u64, PartEntry>>,
 }
 
 impl std::fmt::Debug for SharedEncodings {
@@ -82,23 +90,27 @@ impl SharedEncodings {
         versioned
     }
 
-    /// The outbound part of a transparent proxy's build for `inputs`: another proxy's with
-    /// the same inputs, else `build`'s (recorded for the next; a failed build is not).
-    pub(crate) fn outbound(
+    /// The part of a build made from `inputs` (hashed as `key`): another proxy's with the
+    /// same inputs, else `build`'s (recorded for the next; a failed build is not). Entries
+    /// whose inputs `in_use` finds unused are swept.
+    pub(crate) fn part<T: PartialEq + Send + Sync + 'static>(
         &self,
-        inputs: OutboundInputs,
+        key: u64,
+        inputs: T,
+        in_use: fn(&(dyn AnyValue + Send + Sync)) -> bool,
         build: impl FnOnce() -> Result<Resources, BuildError>,
     ) -> Result<Arc<Resources>, BuildError> {
-        let key = inputs.key();
-        if let Some((known, part)) = self.outbound.lock().get(&key)
-            && *known == inputs
+        if let Some((known, _, part)) = self.parts.lock().get(&key)
+            && known.downcast_ref::<T>() == Some(&inputs)
         {
             return Ok(Arc::clone(part));
         }
         let part = Arc::new(build()?);
-        self.outbound
-            .lock()
-            .insert(key, (inputs, Arc::clone(&part)), |_, (inputs, _)| inputs.in_use());
+        self.parts.lock().insert(
+            key,
+            (Box::new(inputs), in_use, Arc::clone(&part)),
+            |_, (inputs, in_use, _)| in_use(inputs.as_ref()),
+        );
         Ok(part)
     }
 

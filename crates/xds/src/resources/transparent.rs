@@ -242,9 +242,9 @@ fn original_dst_cluster(name: &str) -> Cluster {
 /// listener's port, the trust domain, the `mesh` entry (by identity), and per upstream of a
 /// service its chain (by identity) and the addresses that select it. Proxies with equal
 /// inputs (every transparent proxy of a service, typically) have the very same outbound
-/// part: it is built once ([`SharedEncodings::outbound`]).
+/// part: it is built once ([`SharedEncodings::part`]).
 #[derive(Clone)]
-pub(crate) struct OutboundInputs {
+struct OutboundInputs {
     port: u16,
     trust_domain: String,
     mesh: Option<Arc<ConfigEntry>>,
@@ -294,7 +294,7 @@ impl OutboundInputs {
     }
 
     /// A hash of the inputs (chains and the entry by address).
-    pub(crate) fn key(&self) -> u64 {
+    fn key(&self) -> u64 {
         use std::hash::{BuildHasher, Hash, Hasher};
         let mut h = foldhash::fast::FixedState::default().build_hasher();
         self.port.hash(&mut h);
@@ -310,8 +310,10 @@ impl OutboundInputs {
     }
 
     /// True while every chain the inputs name is held by some proxy besides.
-    pub(crate) fn in_use(&self) -> bool {
-        self.upstreams.iter().all(|(_, chain, _)| Arc::strong_count(chain) > 1)
+    fn still_used(inputs: &(dyn std::any::Any + Send + Sync)) -> bool {
+        inputs
+            .downcast_ref::<Self>()
+            .is_some_and(|i| i.upstreams.iter().all(|(_, chain, _)| Arc::strong_count(chain) > 1))
     }
 }
 
@@ -328,7 +330,7 @@ pub(crate) fn build(
     };
     match (shared, OutboundInputs::of(snap, cp)) {
         (Some(shared), Some(inputs)) => {
-            let part = shared.outbound(inputs, || {
+            let part = shared.part(inputs.key(), inputs, OutboundInputs::still_used, || {
                 let mut part = Resources::default();
                 build_outbound(snap, cp, &mut part).map(|()| part)
             })?;
