@@ -6,6 +6,10 @@ use clap::Parser;
 use meshd::cli::{Cli, Command, normalize_args};
 use std::process::ExitCode;
 
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse_from(normalize_args(std::env::args())) {
         Ok(cli) => cli,
