@@ -29,10 +29,22 @@ def _meshd_binary():
     return path
 
 
+# Reservations held for the whole session (see `_free_port`).
+_RESERVED = []
+
+
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port held for a process started later (etcd's members): a socket bound with
+    SO_REUSEADDR that never listens, kept open for the session. The kernel hands the port to
+    no other bind asking for a free port (the Rust tests running beside reserve theirs the
+    same way), while the process it is meant for, binding it with SO_REUSEADDR as Go's and
+    Rust's listeners do, gets it. A port found free and closed at once could be handed to
+    someone else before that process binds it."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _RESERVED.append(s)
+    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
