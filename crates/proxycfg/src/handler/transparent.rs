@@ -85,33 +85,45 @@ struct GraphMemo {
     by_source: HashMap<String, Arc<Vec<String>>>,
 }
 
-static GRAPH_MEMO: parking_lot::Mutex<Option<GraphMemo>> = parking_lot::Mutex::new(None);
+/// The memos of the latest few input pairs, newest last: proxies fold successive writes at
+/// different times (one may still answer for the lists before the last write while others
+/// answer for the new ones), which a single memo would make each undo the other's.
+static GRAPH_MEMO: parking_lot::Mutex<Vec<GraphMemo>> = parking_lot::Mutex::new(Vec::new());
+
+/// How many input pairs [`GRAPH_MEMO`] keeps answers for.
+const GRAPH_MEMOS: usize = 4;
 
 /// [`intention_upstreams`] of the candidates `services`, computed once per source service
 /// for the same inputs (a new `services` or `entries` list starts the memo afresh).
 fn reachable(
+    memo: &parking_lot::Mutex<Vec<GraphMemo>>,
     source: &str,
     services: &Arc<Vec<String>>,
     entries: &Arc<Vec<Arc<ConfigEntry>>>,
     default_allow: bool,
 ) -> Arc<Vec<String>> {
-    let mut memo = GRAPH_MEMO.lock();
-    let memo = match memo.as_mut() {
-        Some(m)
-            if std::ptr::eq(m.services.as_ptr(), Arc::as_ptr(services))
-                && std::ptr::eq(m.entries.as_ptr(), Arc::as_ptr(entries))
-                && m.default_allow == default_allow =>
-        {
-            m
+    let mut memos = memo.lock();
+    let found = memos.iter().position(|m| {
+        std::ptr::eq(m.services.as_ptr(), Arc::as_ptr(services))
+            && std::ptr::eq(m.entries.as_ptr(), Arc::as_ptr(entries))
+            && m.default_allow == default_allow
+    });
+    let at = match found {
+        Some(at) => at,
+        None => {
+            if memos.len() == GRAPH_MEMOS {
+                memos.remove(0);
+            }
+            memos.push(GraphMemo {
+                services: Arc::downgrade(services),
+                entries: Arc::downgrade(entries),
+                default_allow,
+                by_source: HashMap::new(),
+            });
+            memos.len() - 1
         }
-        _ => memo.insert(GraphMemo {
-            services: Arc::downgrade(services),
-            entries: Arc::downgrade(entries),
-            default_allow,
-            by_source: HashMap::new(),
-        }),
     };
-    let by_source = &mut memo.by_source;
+    let by_source = &mut memos[at].by_source;
     if let Some(answer) = by_source.get(source) {
         return Arc::clone(answer);
     }
@@ -294,7 +306,7 @@ impl ConnectProxyHandler {
             return;
         };
         let source = &self.service.proxy.destination_service_name;
-        let allowed = reachable(source, candidates, entries, default_allow);
+        let allowed = reachable(&GRAPH_MEMO, source, candidates, entries, default_allow);
         if cp
             .intention_upstreams
             .as_ref()
@@ -402,5 +414,41 @@ pub fn implicit_id(name: &str) -> UpstreamId {
         namespace: "default".to_owned(),
         name: name.to_owned(),
         datacenter: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intentions(json: serde_json::Value) -> Arc<ConfigEntry> {
+        #[allow(clippy::unwrap_used)]
+        Arc::new(serde_json::from_value(json).unwrap())
+    }
+
+    /// Proxies of one service asking of the same lists share one answer; another service,
+    /// or a new list, gets its own.
+    #[test]
+    fn the_service_graph_is_answered_once_per_source_for_the_same_lists() {
+        let memo = parking_lot::Mutex::new(Vec::new());
+        let services = Arc::new(vec!["api".to_owned(), "db".to_owned(), "web".to_owned()]);
+        let entries = Arc::new(vec![intentions(serde_json::json!({
+            "Kind": "service-intentions", "Name": "db",
+            "Sources": [{"Name": "web", "Action": "deny"}]
+        }))]);
+        let first = reachable(&memo, "web", &services, &entries, true);
+        assert_eq!(*first, vec!["api".to_owned()]);
+        assert!(Arc::ptr_eq(&first, &reachable(&memo, "web", &services, &entries, true)));
+        let api = reachable(&memo, "api", &services, &entries, true);
+        assert_eq!(*api, vec!["db".to_owned(), "web".to_owned()]);
+        // The same content in a new list: computed again (and the same answer).
+        let copy = Arc::new((*entries).clone());
+        let again = reachable(&memo, "web", &services, &copy, true);
+        assert!(!Arc::ptr_eq(&first, &again));
+        assert_eq!(first, again);
+        // Default deny: nothing without an allow intention.
+        assert!(reachable(&memo, "web", &services, &copy, false).is_empty());
+        // The first lists' answers are still known beside the new ones.
+        assert!(Arc::ptr_eq(&first, &reachable(&memo, "web", &services, &entries, true)));
     }
 }
