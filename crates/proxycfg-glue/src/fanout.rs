@@ -15,6 +15,7 @@ use proxycfg::forward;
 use proxycfg::{CorrelationId, DataSourceError, EventSender, Subscription, UpdatePayload};
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -28,6 +29,10 @@ pub(crate) type Value<T> = Option<Result<T, DataSourceError>>;
 /// next one.
 pub(crate) struct Latest<T> {
     inner: Mutex<LatestInner<T>>,
+    /// Bumped (under the lock) whenever the wakers are taken (a value published, or the
+    /// follower closed): a subscriber that registered its waker at this epoch knows, without
+    /// the lock, that its waker is still there and nothing new has come.
+    epoch: AtomicU64,
 }
 
 struct LatestInner<T> {
@@ -53,6 +58,7 @@ impl<T> Latest<T> {
                 wakers: Vec::new(),
                 free: Vec::new(),
             }),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -61,17 +67,18 @@ impl<T> Latest<T> {
         let mut inner = self.inner.lock();
         inner.version += 1;
         inner.value = Some(value);
-        Self::wake_all(inner);
+        self.wake_all(inner);
     }
 
     /// Wakes every waiting subscriber; no further value will come.
     fn close(&self) {
         let mut inner = self.inner.lock();
         inner.closed = true;
-        Self::wake_all(inner);
+        self.wake_all(inner);
     }
 
-    fn wake_all(mut inner: parking_lot::MutexGuard<'_, LatestInner<T>>) {
+    fn wake_all(&self, mut inner: parking_lot::MutexGuard<'_, LatestInner<T>>) {
+        self.epoch.fetch_add(1, Ordering::Release);
         let wakers: Vec<Waker> = inner.wakers.iter_mut().filter_map(Option::take).collect();
         drop(inner);
         for waker in wakers {
@@ -164,6 +171,10 @@ pub(crate) struct Subscriber<T> {
     /// The version of the last value yielded (0: none yet).
     seen: u64,
     slot: usize,
+    /// The waker left in the slot and the epoch it was left at: polled again by the same
+    /// task before the epoch moves, there is nothing to look at (the State polls every
+    /// subscription whichever woke it).
+    armed: Option<(u64, Waker)>,
 }
 
 impl<T: Clone> Subscriber<T> {
@@ -178,17 +189,31 @@ impl<T: Clone> Subscriber<T> {
                 }
             }
         };
-        Self { entry, seen: 0, slot }
+        Self {
+            entry,
+            seen: 0,
+            slot,
+            armed: None,
+        }
     }
 
     /// The next value not yielded yet; `Ready(None)` once the follower has ended.
     pub(crate) fn poll_value(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, DataSourceError>>> {
-        let mut inner = self.entry.latest.inner.lock();
+        let latest = &self.entry.latest;
+        if let Some((epoch, waker)) = &self.armed
+            && latest.epoch.load(Ordering::Acquire) == *epoch
+            && waker.will_wake(cx.waker())
+        {
+            return Poll::Pending;
+        }
+        let mut inner = latest.inner.lock();
         if inner.version != self.seen
             && let Some(value) = &inner.value
         {
             let value = value.clone();
             self.seen = inner.version;
+            // `armed` stays: a value new to this subscriber was published after it armed,
+            // so the epoch has moved past it.
             return Poll::Ready(Some(value));
         }
         if inner.closed {
@@ -197,6 +222,12 @@ impl<T: Clone> Subscriber<T> {
         let slot = &mut inner.wakers[self.slot];
         if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             *slot = Some(cx.waker().clone());
+        }
+        // Read under the lock: the epoch at which the waker is in the slot.
+        let epoch = latest.epoch.load(Ordering::Relaxed);
+        match &mut self.armed {
+            Some((at, waker)) if waker.will_wake(cx.waker()) => *at = epoch,
+            armed => *armed = Some((epoch, cx.waker().clone())),
         }
         Poll::Pending
     }
