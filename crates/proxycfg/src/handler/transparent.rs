@@ -32,6 +32,16 @@ pub fn intention_upstreams(
     entries: &[Arc<ConfigEntry>],
     default_allow: bool,
 ) -> Vec<String> {
+    allowed_for(Some(source), candidates, entries, default_allow)
+}
+
+/// [`intention_upstreams`] of `source`; of a source no intention names when `None`.
+fn allowed_for(
+    source: Option<&str>,
+    candidates: &[String],
+    entries: &[Arc<ConfigEntry>],
+    default_allow: bool,
+) -> Vec<String> {
     if candidates.is_empty() {
         return Vec::new();
     }
@@ -52,7 +62,7 @@ pub fn intention_upstreams(
             continue;
         };
         for src in &si.sources {
-            if src.source_type == "external-uri" || (src.name != source && src.name != WILDCARD) {
+            if src.source_type == "external-uri" || (Some(src.name.as_str()) != source && src.name != WILDCARD) {
                 continue;
             }
             let allows = src.action == Some(IntentionAction::Allow) || !src.permissions.is_empty();
@@ -67,7 +77,7 @@ pub fn intention_upstreams(
     let fallback = said.get(WILDCARD).and_then(|s| s.decision()).unwrap_or(default_allow);
     candidates
         .iter()
-        .filter(|name| name.as_str() != source)
+        .filter(|name| Some(name.as_str()) != source)
         .filter(|name| said.get(name.as_str()).and_then(|s| s.decision()).unwrap_or(fallback))
         .cloned()
         .collect()
@@ -82,6 +92,12 @@ struct GraphMemo {
     services: Weak<Vec<String>>,
     entries: Weak<Vec<Arc<ConfigEntry>>>,
     default_allow: bool,
+    /// The sources some intention names (not `*`): each has an answer of its own.
+    named: HashSet<String>,
+    /// The answer for a source no intention names (the wildcard sources' alone), before the
+    /// source itself is taken out: shared by every such source that is not among it.
+    anonymous: Arc<Vec<String>>,
+    /// Answers of the other sources.
     by_source: HashMap<String, Arc<Vec<String>>>,
 }
 
@@ -93,8 +109,24 @@ static GRAPH_MEMO: parking_lot::Mutex<Vec<GraphMemo>> = parking_lot::Mutex::new(
 /// How many input pairs [`GRAPH_MEMO`] keeps answers for.
 const GRAPH_MEMOS: usize = 4;
 
-/// [`intention_upstreams`] of the candidates `services`, computed once per source service
-/// for the same inputs (a new `services` or `entries` list starts the memo afresh).
+/// The sources that intentions among `entries` name (not `*`, not external URIs).
+fn named_sources(entries: &[Arc<ConfigEntry>]) -> HashSet<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e.as_ref() {
+            ConfigEntry::ServiceIntentions(si) => Some(si.sources.iter()),
+            _ => None,
+        })
+        .flatten()
+        .filter(|src| src.source_type != "external-uri" && src.name != WILDCARD)
+        .map(|src| src.name.clone())
+        .collect()
+}
+
+/// [`intention_upstreams`] of the candidates `services`, computed once for the same inputs
+/// (a new `services` or `entries` list starts the memo afresh): once for every source no
+/// intention names (the same answer for all of them, but for the source itself), once per
+/// source otherwise.
 fn reachable(
     memo: &parking_lot::Mutex<Vec<GraphMemo>>,
     source: &str,
@@ -118,12 +150,18 @@ fn reachable(
                 services: Arc::downgrade(services),
                 entries: Arc::downgrade(entries),
                 default_allow,
+                named: named_sources(entries),
+                anonymous: Arc::new(allowed_for(None, services, entries, default_allow)),
                 by_source: HashMap::new(),
             });
             memos.len() - 1
         }
     };
-    let by_source = &mut memos[at].by_source;
+    let memo = &mut memos[at];
+    if !memo.named.contains(source) && !memo.anonymous.iter().any(|s| s == source) {
+        return Arc::clone(&memo.anonymous);
+    }
+    let by_source = &mut memo.by_source;
     if let Some(answer) = by_source.get(source) {
         return Arc::clone(answer);
     }
@@ -446,6 +484,13 @@ mod tests {
         let again = reachable(&memo, "web", &services, &copy, true);
         assert!(!Arc::ptr_eq(&first, &again));
         assert_eq!(first, again);
+        // Sources no intention names share one answer (db's: `*` is not denied db).
+        let cache = reachable(&memo, "cache", &services, &entries, true);
+        assert_eq!(*cache, vec!["api".to_owned(), "db".to_owned(), "web".to_owned()]);
+        assert!(Arc::ptr_eq(
+            &cache,
+            &reachable(&memo, "other", &services, &entries, true)
+        ));
         // Default deny: nothing without an allow intention.
         assert!(reachable(&memo, "web", &services, &copy, false).is_empty());
         // The first lists' answers are still known beside the new ones.
