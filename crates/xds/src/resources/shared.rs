@@ -9,12 +9,14 @@ use std::any::Any as AnyValue;
 use std::sync::{Arc, Weak};
 use structs::CheckServiceNode;
 
-/// A shared part of builds: its inputs, whether they are still in use, the part.
-type PartEntry = (
-    Box<dyn AnyValue + Send + Sync>,
-    fn(&(dyn AnyValue + Send + Sync)) -> bool,
-    Arc<Resources>,
-);
+/// A shared part of builds: its inputs, whether they are still in use, the part, and
+/// whether a build took it since the last sweep.
+struct PartEntry {
+    inputs: Box<dyn AnyValue + Send + Sync>,
+    in_use: fn(&(dyn AnyValue + Send + Sync)) -> bool,
+    part: Arc<Resources>,
+    taken: bool,
+}
 
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
 type ClaKey = (String, usize);
@@ -91,8 +93,9 @@ impl SharedEncodings {
     }
 
     /// The part of a build made from `inputs` (hashed as `key`): another proxy's with the
-    /// same inputs, else `build`'s (recorded for the next; a failed build is not). Entries
-    /// whose inputs `in_use` finds unused are swept.
+    /// same inputs, else `build`'s (recorded for the next; a failed build is not). A sweep
+    /// keeps the entries taken since the previous one whose inputs `in_use` finds still in
+    /// use: inputs a change left behind go, even while what they name lives on.
     pub(crate) fn part<T: PartialEq + Send + Sync + 'static>(
         &self,
         key: u64,
@@ -100,17 +103,22 @@ impl SharedEncodings {
         in_use: fn(&(dyn AnyValue + Send + Sync)) -> bool,
         build: impl FnOnce() -> Result<Resources, BuildError>,
     ) -> Result<Arc<Resources>, BuildError> {
-        if let Some((known, _, part)) = self.parts.lock().get(&key)
-            && known.downcast_ref::<T>() == Some(&inputs)
+        if let Some(entry) = self.parts.lock().get_mut(&key)
+            && entry.inputs.downcast_ref::<T>() == Some(&inputs)
         {
-            return Ok(Arc::clone(part));
+            entry.taken = true;
+            return Ok(Arc::clone(&entry.part));
         }
         let part = Arc::new(build()?);
-        self.parts.lock().insert(
-            key,
-            (Box::new(inputs), in_use, Arc::clone(&part)),
-            |_, (inputs, in_use, _)| in_use(inputs.as_ref()),
-        );
+        let entry = PartEntry {
+            inputs: Box::new(inputs),
+            in_use,
+            part: Arc::clone(&part),
+            taken: true,
+        };
+        self.parts.lock().insert(key, entry, |_, e| {
+            std::mem::take(&mut e.taken) && (e.in_use)(e.inputs.as_ref())
+        });
         Ok(part)
     }
 
@@ -127,5 +135,49 @@ impl SharedEncodings {
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn always(_: &(dyn AnyValue + Send + Sync)) -> bool {
+        true
+    }
+
+    /// A part is built once for the same inputs; parts no build took since the last sweep
+    /// go at the next one, however alive their inputs say they are.
+    #[test]
+    fn shared_parts_are_built_once_and_swept_once_nobody_takes_them() {
+        let shared = SharedEncodings::default();
+        let mut builds = 0;
+        let take = |inputs: u64, builds: &mut usize| {
+            shared
+                .part(inputs, inputs, always, || {
+                    *builds += 1;
+                    Ok(Resources::default())
+                })
+                .map(|_| ())
+        };
+        for i in 0..1024 {
+            take(i, &mut builds).unwrap();
+        }
+        take(7, &mut builds).unwrap();
+        assert_eq!(builds, 1024, "the same inputs take the part built before");
+        // The next insert sweeps: everything was taken since the start, so all stay.
+        take(5000, &mut builds).unwrap();
+        assert_eq!(shared.parts.lock().len(), 1025);
+        // Of the first ones only part 7 is taken again before the next sweep (due at twice
+        // what survived: 2,048 parts).
+        take(7, &mut builds).unwrap();
+        for i in 0..1100 {
+            take(10_000 + i, &mut builds).unwrap();
+        }
+        assert_eq!(builds, 1024 + 1 + 1100, "part 7 was not built again");
+        let parts = shared.parts.lock();
+        assert!(parts.contains_key(&7), "taken since the last sweep");
+        assert!(!parts.contains_key(&8), "not taken since the last sweep");
+        assert_eq!(parts.len(), 2 + 1100, "7, 5000 and the new ones");
     }
 }
