@@ -106,13 +106,7 @@ fn linked_by_wildcard(state: &State) -> bool {
 /// as one of `service`'s connect instances.
 pub(crate) fn tag_as(state: &State, service: &str, svc: &mut NodeService) {
     if let Some(ip) = state.virtual_ip(service) {
-        svc.tagged_addresses.insert(
-            TAGGED_ADDRESS.to_owned(),
-            ServiceAddress {
-                address: ip.to_string(),
-                port: svc.port,
-            },
-        );
+        show(svc, ip);
     }
 }
 
@@ -127,22 +121,20 @@ pub fn as_listed(state: &State, service: &str, svc: Arc<NodeService>) -> Arc<Nod
     };
     let Some(ip) = ip else { return svc };
     let mut svc = Arc::unwrap_or_clone(svc);
-    svc.tagged_addresses.insert(
-        TAGGED_ADDRESS.to_owned(),
-        ServiceAddress {
-            address: ip.to_string(),
-            port: svc.port,
-        },
-    );
+    show(&mut svc, ip);
     Arc::new(svc)
 }
 
 /// Adds its service's virtual IP to a connect instance read from `state`, as Consul's
 /// `consul-virtual` tagged address (the instance's port beside it).
 pub(crate) fn tag(state: &State, svc: &mut NodeService) {
-    let Some(ip) = connect_target(svc).and_then(|t| state.virtual_ip(t)) else {
-        return;
-    };
+    if let Some(ip) = connect_target(svc).and_then(|t| state.virtual_ip(t)) {
+        show(svc, ip);
+    }
+}
+
+/// Sets `ip` as `svc`'s `consul-virtual` tagged address, with the instance's port.
+fn show(svc: &mut NodeService, ip: Ipv4Addr) {
     svc.tagged_addresses.insert(
         TAGGED_ADDRESS.to_owned(),
         ServiceAddress {
