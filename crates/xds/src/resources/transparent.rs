@@ -65,7 +65,7 @@ fn mesh_destinations_only(cp: &ConnectProxySnapshot) -> bool {
 
 /// The addresses that select one upstream: its virtual IPs, and its instances' addresses
 /// where they may be dialed directly (with the target they belong to).
-#[derive(Default, Clone, PartialEq, Eq)]
+#[derive(Default, PartialEq, Eq)]
 struct Matches {
     virtual_ips: Vec<IpAddr>,
     direct: Vec<(IpAddr, structs::TargetId)>,
@@ -243,7 +243,6 @@ fn original_dst_cluster(name: &str) -> Cluster {
 /// service its chain (by identity) and the addresses that select it. Proxies with equal
 /// inputs (every transparent proxy of a service, typically) have the very same outbound
 /// part: it is built once ([`SharedEncodings::part`]).
-#[derive(Clone)]
 struct OutboundInputs {
     port: u16,
     trust_domain: String,
