@@ -1,4 +1,4 @@
-//! Config entries for tests and benchmarks (feature `test-util`): decoded from JSON as the
+//! Config entries for tests and benchmarks: decoded from JSON as the
 //! HTTP API decodes them, kept as lists by kind as the data sources hold them.
 
 use crate::{ChainError, CompileRequest, Entries, compile};

@@ -21,7 +21,6 @@
 
 mod compile;
 mod entries;
-#[cfg(any(test, feature = "test-util"))]
 pub mod fixture;
 
 pub use compile::{CompileRequest, compile};

@@ -5,7 +5,7 @@
 //! [`UpdateEvent`] tagged with the caller's [`CorrelationId`] whenever the result changes,
 //! until its cancellation token fires or the receiver goes away. Agent mode (over the agent
 //! cache) and server mode (over the catalog's event publisher) plug different
-//! implementations into [`DataSources`]; the `test-util` feature adds in-memory ones (`fake`).
+//! implementations into [`DataSources`]; `fake` has in-memory ones for tests.
 
 use crate::CorrelationId;
 use async_trait::async_trait;

@@ -2,7 +2,7 @@
 //!
 //! A [`Manager`] keeps one State per registered proxy. A State is a task that starts the
 //! watches its proxy's kind needs (through [`DataSources`], whose implementations live
-//! elsewhere: agent cache, server catalog, or the in-memory fakes of the `test-util` feature), folds each [`UpdateEvent`] into the
+//! elsewhere: agent cache, server catalog, or the in-memory fakes of `fake`), folds each [`UpdateEvent`] into the
 //! proxy's [`ConfigSnapshot`], and publishes an immutable, shared snapshot, at most once per
 //! short coalescing window. Consumers such as the xDS server [`Manager::watch`] a proxy and always
 //! get the newest snapshot.
@@ -11,7 +11,6 @@
 
 mod correlation;
 pub mod data_sources;
-#[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod forward;
 pub mod handler;
