@@ -15,6 +15,12 @@ pub(crate) fn workspace_root() -> PathBuf {
 pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
+    without_package_vars(&mut cmd);
+    cmd
+}
+
+/// Clears from `cmd`'s environment the package variables cargo set for xtask itself.
+pub(crate) fn without_package_vars(cmd: &mut Command) {
     // `cargo xtask` runs this program with xtask's own package variables set
     // (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`...). Build scripts that rerun when those change
     // (ring's, through the cc crate) would see other values than under a cargo started from
@@ -37,7 +43,6 @@ pub(crate) fn cargo() -> Command {
             cmd.env_remove(name);
         }
     }
-    cmd
 }
 
 pub(crate) fn run(mut cmd: Command) -> Result<()> {

@@ -1,9 +1,9 @@
 //! The whole test suite, run once: every Rust test of the workspace, then the Python client
 //! suites against the real binary, with their results counted.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::command::{cargo, workspace_root};
@@ -105,6 +105,13 @@ pub(crate) struct SuiteRun {
 /// Runs the whole suite once: every Rust test of the workspace (with `extra` cargo
 /// arguments), then the Python client suites against the real binary. Output is echoed, or
 /// written to `log`; `on_line` sees every line of both runners' stdout.
+///
+/// A whole-workspace run builds every test target (and the binary) first, then runs the
+/// Python suites beside the Rust tests: cargo runs test binaries one after another, which
+/// leaves the machine half idle. The test binaries are run here rather than by `cargo test`,
+/// which would hold the build directory's lock until the last one ended: a job named by
+/// `XTASK_TEST_BESIDE` (CI's builds of each mode alone) builds beside them, at the lowest
+/// priority. A filtered run keeps everything one after the other, through cargo.
 pub(crate) fn run_suite(
     python: &Path,
     peers: &tools::Peers,
@@ -120,33 +127,36 @@ pub(crate) fn run_suite(
         run.stages.push((name, started.elapsed()));
         started = std::time::Instant::now();
     };
-    // A whole-workspace run builds every test target (and the binary) first, then runs the
-    // Python suites beside the Rust tests: cargo runs test binaries one after another, which
-    // leaves the machine half idle. A filtered run keeps them one after the other.
     let beside = if extra.is_empty() {
-        let mut build = cargo();
-        build.args(["test", "--workspace", "--locked", "--no-run"]);
-        crate::command::run(build)?;
+        let binaries = build_test_binaries()?;
         stage(&mut run, "build every test target");
-        Some(spawn_pytest(python, peers, &binary)?)
+        let pytest = spawn_pytest(python, peers, &binary)?;
+        let job = std::env::var("XTASK_TEST_BESIDE").ok().filter(|j| !j.trim().is_empty());
+        let job = job.map(|j| spawn_beside_job(&j)).transpose()?;
+        run_test_binaries(&binaries, peers, &mut run, log.as_deref_mut(), &mut on_line)?;
+        stage(&mut run, "Rust tests");
+        if let Some(job) = job {
+            if !job.finish(log.as_deref_mut(), |_| {})? {
+                run.failures.push("XTASK_TEST_BESIDE");
+            }
+            stage(&mut run, "the job beside the tests (after them)");
+        }
+        // The doc tests, last as under `cargo test`: the lock is free again.
+        let mut docs = cargo();
+        docs.args(["test", "--workspace", "--locked", "--doc"]);
+        run_counted(docs, "cargo test --doc", &mut run, log.as_deref_mut(), &mut on_line)?;
+        stage(&mut run, "doc tests");
+        Some(pytest)
     } else {
+        let mut cmd = cargo();
+        // Every test binary runs even when one fails: the summary counts them all.
+        cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
+            .args(extra);
+        peers.export(&mut cmd);
+        run_counted(cmd, "cargo test", &mut run, log.as_deref_mut(), &mut on_line)?;
+        stage(&mut run, "Rust tests");
         None
     };
-    let mut cmd = cargo();
-    // Every test binary runs even when one fails: the summary counts them all.
-    cmd.args(["test", "--workspace", "--locked", "--no-fail-fast"])
-        .args(extra);
-    peers.export(&mut cmd);
-    let totals = &mut run.totals;
-    if !run_and_parse(cmd, log.as_deref_mut(), |l| {
-        totals.add_line(l);
-        on_line(l);
-    })?
-    .success()
-    {
-        run.failures.push("cargo test");
-    }
-    stage(&mut run, "Rust tests");
 
     // The Python client suites run against the real binary.
     let before = run.totals.passed + run.totals.failed;
@@ -180,6 +190,126 @@ pub(crate) fn run_suite(
     Ok(run)
 }
 
+/// Runs `cmd`, its `test result:` lines counted; a failure is recorded as `what`.
+fn run_counted(
+    cmd: Command,
+    what: &'static str,
+    run: &mut SuiteRun,
+    log: Option<&mut std::fs::File>,
+    on_line: &mut impl FnMut(&str),
+) -> Result<()> {
+    let totals = &mut run.totals;
+    let status = run_and_parse(cmd, log, |l| {
+        totals.add_line(l);
+        on_line(l);
+    })?;
+    if !status.success() {
+        run.failures.push(what);
+    }
+    Ok(())
+}
+
+/// One test executable of the workspace, as the build reported it.
+struct TestBinary {
+    path: PathBuf,
+    /// Its package's directory: the working directory cargo would give it.
+    dir: PathBuf,
+    /// `package (target kind target name)`, for the log.
+    label: String,
+}
+
+/// Builds every test target of the workspace (`cargo test --no-run`) and returns their
+/// executables, by package (as cargo runs them).
+fn build_test_binaries() -> Result<Vec<TestBinary>> {
+    let mut build = cargo();
+    build
+        .args([
+            "test",
+            "--workspace",
+            "--locked",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stdout(Stdio::piped());
+    println!("xtask: running {build:?}");
+    let out = build.output().with_context(|| format!("could not start {build:?}"))?;
+    if !out.status.success() {
+        bail!("{build:?} failed with {}", out.status);
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(path), Some(manifest)) = (msg["executable"].as_str(), msg["manifest_path"].as_str()) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let dir = Path::new(manifest)
+            .parent()
+            .context("a manifest path without a directory")?;
+        let package = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+        let name = msg["target"]["name"].as_str().unwrap_or("?");
+        binaries.push(TestBinary {
+            path: path.into(),
+            dir: dir.to_path_buf(),
+            label: format!("{package} ({kind} {name})"),
+        });
+    }
+    if binaries.is_empty() {
+        bail!("{build:?} reported no test executable");
+    }
+    binaries.sort_by(|a, b| a.dir.cmp(&b.dir).then_with(|| a.label.cmp(&b.label)));
+    Ok(binaries)
+}
+
+/// Runs each test binary in its package's directory, as `cargo test --no-fail-fast` would
+/// (every one, whatever fails), counting their results.
+fn run_test_binaries(
+    binaries: &[TestBinary],
+    peers: &tools::Peers,
+    run: &mut SuiteRun,
+    mut log: Option<&mut std::fs::File>,
+    on_line: &mut impl FnMut(&str),
+) -> Result<()> {
+    use std::io::Write as _;
+    for test in binaries {
+        match log.as_deref_mut() {
+            Some(file) => writeln!(file, "xtask: tests of {}", test.label)?,
+            None => println!("xtask: tests of {}", test.label),
+        }
+        let mut cmd = Command::new(&test.path);
+        crate::command::without_package_vars(&mut cmd);
+        cmd.current_dir(&test.dir).env("CARGO_MANIFEST_DIR", &test.dir);
+        peers.export(&mut cmd);
+        run_counted(cmd, "cargo test", run, log.as_deref_mut(), on_line)?;
+    }
+    Ok(())
+}
+
+/// Starts `job` (a shell command) at the lowest priority, its output kept in a file until it
+/// is awaited.
+fn spawn_beside_job(job: &str) -> Result<Beside> {
+    let output = workspace_root().join("target").join("xtask-beside-output.txt");
+    let file = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", "19", "sh", "-c", job])
+        .current_dir(workspace_root())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    // Its cargo commands must build as the others do.
+    crate::command::without_package_vars(&mut cmd);
+    println!("xtask: running {cmd:?} beside the Rust tests");
+    let child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    Ok(Beside { child, output })
+}
+
 /// The Python client suites against `binary`.
 fn pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Command {
     let mut cmd = Command::new(python);
@@ -190,11 +320,11 @@ fn pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Command {
     cmd
 }
 
-/// The Python suites running beside the Rust tests, their output kept in a file until the
-/// Rust tests' is printed.
+/// A job running beside the Rust tests (the Python suites, `XTASK_TEST_BESIDE`), its output
+/// kept in a file until the Rust tests' is printed.
 struct Beside {
     child: std::process::Child,
-    output: std::path::PathBuf,
+    output: PathBuf,
 }
 
 fn spawn_pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Result<Beside> {
@@ -208,12 +338,13 @@ fn spawn_pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Result<Be
 }
 
 impl Beside {
-    /// Waits for the suites, then prints (or logs) their output, each line through `parse`;
-    /// whether they passed.
+    /// Waits for the job, then prints (or logs) its output, each line through `parse`;
+    /// whether it succeeded.
     fn finish(mut self, mut log: Option<&mut std::fs::File>, mut parse: impl FnMut(&str)) -> Result<bool> {
         use std::io::Write as _;
-        let status = self.child.wait().context("waiting for the Python suites")?;
-        let text = std::fs::read_to_string(&self.output).context("reading the Python suites' output")?;
+        let status = self.child.wait().context("waiting for a job beside the tests")?;
+        let text =
+            std::fs::read_to_string(&self.output).with_context(|| format!("reading {}", self.output.display()))?;
         for line in text.lines() {
             match log.as_deref_mut() {
                 Some(file) => writeln!(file, "{line}")?,
