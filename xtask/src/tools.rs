@@ -42,7 +42,15 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     // No bytecode compiled at install (a fifth of pip's time, for modules the tests may never
     // import; Python compiles what it imports).
     let status = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", "-r"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "-r",
+        ])
         .arg(&reqs)
         .status()
         .context("running pip")?;

@@ -13,6 +13,9 @@ pub struct Versioned {
     /// the full digest in every delta response, every stream's record of what its proxy
     /// holds, and every CSDS row.
     pub version: String,
+    /// The same 128 bits as bytes: what streams compare and record (no string to compare,
+    /// no hex to decode).
+    pub(crate) digest: [u8; 16],
     /// The encoded resource.
     pub resource: Any,
 }
@@ -31,10 +34,13 @@ impl Versioned {
 
     /// A resource whose encoding hashes to `digest`.
     pub(crate) fn with_digest(resource: Any, digest: &[u8; 32]) -> Self {
+        let mut short = [0u8; 16];
+        short.copy_from_slice(&digest[..16]);
         Self {
             // `hex::encode` collects an exact-size iterator: one allocation of the final
             // length, as the hand-written encoder it replaced did.
-            version: hex::encode(&digest[..16]),
+            version: hex::encode(short),
+            digest: short,
             resource,
         }
     }

@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 /// Maps keyed by resource names: a fast seeded hash (names are long; SipHash showed in
 /// profiles).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::quality::RandomState>;
 use std::sync::Arc;
 
 /// Responses carry at most this many bytes of resources (gRPC's default limit is 4 MiB).
@@ -76,7 +77,8 @@ type InFlight = (String, HashMap<Name, Option<Held>>);
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
-    subscribed: BTreeSet<String>,
+    /// Names subscribed to (asked for on every candidate: hashed, not ordered).
+    subscribed: HashSet<String>,
     /// name → version the proxy has.
     known: HashMap<Name, Held>,
     /// Nonce in flight and what it carried: name → Some(version) or None (removal). Boxed:
@@ -151,7 +153,7 @@ impl TypeState {
             if !self.wants(name) {
                 continue;
             }
-            let version = Held::of(&res.version);
+            let version = Held::Ours(res.digest);
             if (self.known.get(name) == Some(&version) && !self.resend.contains(name))
                 || self.rejected.get(name) == Some(&version)
             {
@@ -212,7 +214,9 @@ impl DeltaState {
         if st.wildcard {
             return Vec::new();
         }
-        st.subscribed.iter().cloned().collect()
+        let mut names: Vec<String> = st.subscribed.iter().cloned().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Applies a request: subscriptions, initial versions, and the ACK/NACK it carries.
@@ -396,10 +400,11 @@ impl DeltaState {
         if !st.requested || st.is_in_sync(resources.map(type_url)) {
             return None;
         }
+        let map = resources.map(type_url);
         let removed: Vec<String> = st
             .known
             .keys()
-            .filter(|name| st.wants(name) && resources.get(type_url, name).is_none())
+            .filter(|name| st.wants(name) && !map.is_some_and(|m| m.contains_key(&***name)))
             .map(|name| name.to_string())
             .collect();
         if removed.is_empty() {
@@ -441,24 +446,30 @@ fn diff_maps<'n>(
     let mut gone = Vec::new();
     let mut olds = old.iter().peekable();
     for (name, v) in new {
-        // Names of old before this one are gone from new.
-        while let Some((o, _)) = olds.peek() {
-            // Names taken over from a build's predecessor are its very `Arc`s.
-            if !Arc::ptr_eq(o, name) && *o < name {
-                gone.push(o.to_string());
-                olds.next();
+        // Names of old before this one are gone from new. Names taken over from a build's
+        // predecessor are its very `Arc`s; others are compared once each step.
+        let mut same = false;
+        while let Some((o, ov)) = olds.peek() {
+            let order = if Arc::ptr_eq(o, name) {
+                std::cmp::Ordering::Equal
             } else {
-                break;
+                o.as_ref().cmp(name.as_ref())
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    gone.push(o.to_string());
+                    olds.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    same = Arc::ptr_eq(ov, v) || ov.digest == v.digest;
+                    olds.next();
+                    break;
+                }
+                std::cmp::Ordering::Greater => break,
             }
         }
-        match olds.peek() {
-            Some((o, ov)) if Arc::ptr_eq(o, name) || *o == name => {
-                if !Arc::ptr_eq(ov, v) && ov.version != v.version {
-                    changed.push((&**name, v));
-                }
-                olds.next();
-            }
-            _ => changed.push((&**name, v)),
+        if !same {
+            changed.push((&**name, v));
         }
     }
     gone.extend(olds.map(|(o, _)| o.to_string()));
