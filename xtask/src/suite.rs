@@ -203,7 +203,7 @@ fn run_counted(
         totals.add_line(l);
         on_line(l);
     })?;
-    if !status.success() {
+    if !status.success() && !run.failures.contains(&what) {
         run.failures.push(what);
     }
     Ok(())
