@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Queries answered at once over UDP; a query past them is dropped (its client asks again).
 pub const UDP_IN_FLIGHT: usize = 4096;
-/// TCP connections served at once; more wait to be accepted.
+/// TCP connections served at once; a connection past them takes the slot of one idle
+/// between queries, or is closed when none frees up within [`TCP_IDLE`].
 pub const TCP_CONNECTIONS: usize = 256;
 /// A TCP connection with no query for this long is closed.
 pub const TCP_IDLE: Duration = Duration::from_secs(10);
@@ -107,14 +108,11 @@ async fn tcp_loop(
     stop: &CancellationToken,
 ) {
     let connections = Arc::new(Semaphore::new(TCP_CONNECTIONS));
+    // Signalled when a connection waits for a slot: one connection idle between queries
+    // closes to make room, so clients that merely keep connections open (or ask once every
+    // few seconds) cannot hold every slot.
+    let room = Arc::new(Notify::new());
     loop {
-        let permit = tokio::select! {
-            () = stop.cancelled() => return,
-            permit = Arc::clone(&connections).acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
         let stream = tokio::select! {
             () = stop.cancelled() => return,
             accepted = tcp.accept() => match accepted {
@@ -125,25 +123,43 @@ async fn tcp_loop(
                 }
             },
         };
-        let (config, catalog, stop) = (Arc::clone(config), Arc::clone(catalog), stop.clone());
+        let permit = match Arc::clone(&connections).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                room.notify_one();
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    permit = tokio::time::timeout(TCP_IDLE, Arc::clone(&connections).acquire_owned()) => match permit {
+                        Ok(Ok(p)) => p,
+                        // Every slot busy with queries for as long: this one is turned away.
+                        Ok(Err(_)) | Err(_) => continue,
+                    },
+                }
+            }
+        };
+        let (config, catalog, stop, room) = (Arc::clone(config), Arc::clone(catalog), stop.clone(), Arc::clone(&room));
         tasks.spawn(async move {
             let _permit = permit;
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = connection(stream, &config, &*catalog) => {}
+                () = connection(stream, &config, &*catalog, &room) => {}
             }
         });
     }
 }
 
 /// One TCP connection: length-prefixed queries, answered in order, until the client closes
-/// it or stays idle.
-async fn connection(mut stream: TcpStream, config: &Config, catalog: &dyn Catalog) {
+/// it, stays idle, does not read its answers, or is idle between queries while another
+/// connection waits for a slot (`room`).
+async fn connection(mut stream: TcpStream, config: &Config, catalog: &dyn Catalog, room: &Notify) {
     loop {
         let mut len = [0u8; 2];
-        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
-            Ok(Ok(_)) => {}
-            _ => return,
+        tokio::select! {
+            read = tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)) => match read {
+                Ok(Ok(_)) => {}
+                _ => return,
+            },
+            () = room.notified() => return,
         }
         let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
         if !matches!(
@@ -161,7 +177,10 @@ async fn connection(mut stream: TcpStream, config: &Config, catalog: &dyn Catalo
         let mut framed = Vec::with_capacity(reply.len() + 2);
         framed.extend_from_slice(&reply_len.to_be_bytes());
         framed.extend_from_slice(&reply);
-        if stream.write_all(&framed).await.is_err() {
+        if !matches!(
+            tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+            Ok(Ok(()))
+        ) {
             return;
         }
     }
@@ -303,6 +322,54 @@ mod tests {
         tcp.read_exact(&mut reply).await.unwrap();
         assert_eq!(Packet::parse(&reply).unwrap().rcode(), RCODE::NameError);
 
+        stop.cancel();
+        served.await.unwrap();
+    }
+
+    /// Asks `name` over an open TCP connection; `None` when the server closed it. The length
+    /// and the query in one write, as DNS clients send them (two writes would wait on
+    /// Nagle and the delayed ACK, 40 ms a query).
+    async fn ask_tcp(tcp: &mut TcpStream, name: &str) -> Option<RCODE> {
+        let q = query(name);
+        let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&q);
+        tcp.write_all(&framed).await.ok()?;
+        let mut len = [0u8; 2];
+        tcp.read_exact(&mut len).await.ok()?;
+        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        tcp.read_exact(&mut reply).await.ok()?;
+        Some(Packet::parse(&reply).ok()?.rcode())
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_limit_takes_the_slot_of_one_idle_between_queries() {
+        let bound = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = bound.addr;
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(
+            bound,
+            Arc::new(Config::new("dc1")),
+            Arc::new(Empty),
+            stop.clone(),
+        ));
+        // Every slot held by a connection that asked once and stays open, idle.
+        let mut idle = Vec::new();
+        for _ in 0..TCP_CONNECTIONS {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(ask_tcp(&mut tcp, "n1.node.consul").await, Some(RCODE::NameError));
+            idle.push(tcp);
+        }
+        // One more is answered (not left waiting for an idle timeout)...
+        let mut late = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(ask_tcp(&mut late, "n1.node.consul").await, Some(RCODE::NameError));
+        // ...because exactly one idle connection made room; the others are still served.
+        let mut closed = 0;
+        for tcp in &mut idle {
+            if ask_tcp(tcp, "n1.node.consul").await.is_none() {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 1, "one idle connection closes for the one waiting");
         stop.cancel();
         served.await.unwrap();
     }
