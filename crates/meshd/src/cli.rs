@@ -284,9 +284,9 @@ pub struct EnvoyArgs {
     /// Find the sidecar proxy registered for this service.
     #[arg(long = "sidecar-for", value_name = "SERVICE", conflicts_with = "gateway")]
     pub sidecar_for: Option<String>,
-    /// Run a gateway of this kind (`ingress` or `terminating`) instead of a sidecar; the
-    /// gateway service is named by -service.
-    #[arg(long = "gateway", value_name = "KIND", value_parser = ["ingress", "terminating"])]
+    /// Run a gateway of this kind (`ingress`, `terminating` or `mesh`) instead of a sidecar;
+    /// the gateway service is named by -service (for `mesh`, `mesh-gateway` by default).
+    #[arg(long = "gateway", value_name = "KIND", value_parser = ["ingress", "terminating", "mesh"])]
     pub gateway: Option<String>,
     /// The gateway service's name (and, without -proxy-id, its id).
     #[arg(long = "service", value_name = "NAME", requires = "gateway")]
@@ -298,6 +298,10 @@ pub struct EnvoyArgs {
     /// The gateway's address for -register, `HOST:PORT`.
     #[arg(long = "address", value_name = "HOST:PORT", requires = "register")]
     pub address: Option<String>,
+    /// A mesh gateway's address as other datacenters reach it, `HOST:PORT`, for -register
+    /// (its `wan` tagged address; default: -address).
+    #[arg(long = "wan-address", value_name = "HOST:PORT", requires = "register")]
+    pub wan_address: Option<String>,
     /// The catalog node of the proxy (found through the API when -sidecar-for is used).
     #[arg(long = "node", value_name = "NAME", default_value = "")]
     pub node: String,

@@ -1,23 +1,26 @@
-//! `meshd connect envoy -gateway=ingress|terminating -service NAME [-register -address
-//! HOST:PORT]`: which gateway the Envoy runs for, and its registration through the API (the
-//! agent at `-http-addr` when it is one, else the catalog of the server there).
+//! `meshd connect envoy -gateway=ingress|terminating|mesh -service NAME [-register -address
+//! HOST:PORT [-wan-address HOST:PORT]]`: which gateway the Envoy runs for, and its
+//! registration through the API (the agent at `-http-addr` when it is one, else the catalog
+//! of the server there).
 
 use crate::cli::EnvoyArgs;
 use anyhow::{Context, Result, bail};
 use api_client::{Servers, paths};
 use structs::agent::ServiceDefinition;
+use structs::service::ServiceAddress;
 use structs::{NodeService, RegisterRequest, ServiceKind, Token};
 
 /// A gateway the flags name: its kind (Consul's spelling) and service name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gateway {
-    /// `ingress-gateway` or `terminating-gateway`.
+    /// `ingress-gateway`, `terminating-gateway` or `mesh-gateway`.
     pub kind: &'static str,
     /// The gateway service's name.
     pub service: String,
 }
 
-/// The gateway the flags name, if any (`-gateway` needs `-service`).
+/// The gateway the flags name, if any (`-gateway` needs `-service`, but for a mesh gateway,
+/// named `mesh-gateway` by default as Consul's).
 pub fn gateway(args: &EnvoyArgs) -> Result<Option<Gateway>> {
     let Some(kind) = args.gateway.as_deref() else {
         return Ok(None);
@@ -25,9 +28,11 @@ pub fn gateway(args: &EnvoyArgs) -> Result<Option<Gateway>> {
     let kind = match kind {
         "ingress" => "ingress-gateway",
         "terminating" => "terminating-gateway",
-        other => bail!("-gateway {other:?}: expected ingress or terminating"),
+        "mesh" => "mesh-gateway",
+        other => bail!("-gateway {other:?}: expected ingress, terminating or mesh"),
     };
-    let Some(service) = args.service.clone().filter(|s| !s.is_empty()) else {
+    let named = args.service.clone().filter(|s| !s.is_empty());
+    let Some(service) = named.or_else(|| (kind == "mesh-gateway").then(|| kind.to_owned())) else {
         bail!(
             "-gateway {} needs -service NAME (the gateway service's name)",
             args.gateway.as_deref().unwrap_or_default()
@@ -36,19 +41,19 @@ pub fn gateway(args: &EnvoyArgs) -> Result<Option<Gateway>> {
     Ok(Some(Gateway { kind, service }))
 }
 
-/// `HOST:PORT` of `-address`, split (an IPv6 host in brackets).
-fn host_port(address: &str) -> Result<(String, u16)> {
+/// `HOST:PORT` of the flag `-<flag>`, split (an IPv6 host in brackets).
+fn host_port(flag: &str, address: &str) -> Result<(String, u16)> {
     let (host, port) = address
         .rsplit_once(':')
-        .with_context(|| format!("-address {address:?}: expected HOST:PORT"))?;
+        .with_context(|| format!("-{flag} {address:?}: expected HOST:PORT"))?;
     let port: u16 = port
         .parse()
         .ok()
         .filter(|p| *p != 0)
-        .with_context(|| format!("-address {address:?}: {port:?} is not a port (1-65535)"))?;
+        .with_context(|| format!("-{flag} {address:?}: {port:?} is not a port (1-65535)"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
-        bail!("-address {address:?}: the host is missing");
+        bail!("-{flag} {address:?}: the host is missing");
     }
     Ok((host.to_owned(), port))
 }
@@ -61,12 +66,13 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
         .address
         .as_deref()
         .context("-register needs -address HOST:PORT (where the gateway listens)")?;
-    let (host, port) = host_port(address)?;
+    let (host, port) = host_port("address", address)?;
     let id = args.proxy_id.clone().unwrap_or_else(|| gw.service.clone());
     let kind: ServiceKind = gw
         .kind
         .parse()
         .map_err(|e| anyhow::anyhow!("-gateway {}: {e}", gw.kind))?;
+    let tagged_addresses = tagged_addresses(args, kind, &host, port)?;
     let api = Servers::new(&[args.http_addr.to_string()]);
     let definition = ServiceDefinition {
         kind,
@@ -74,6 +80,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
         name: gw.service.clone(),
         address: host.clone(),
         port,
+        tagged_addresses: tagged_addresses.clone(),
         ..ServiceDefinition::default()
     };
     let registered = match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
@@ -95,6 +102,7 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
                     service: gw.service.clone(),
                     address: definition.address.clone(),
                     port,
+                    tagged_addresses,
                     ..NodeService::default()
                 }),
                 ..RegisterRequest::default()
@@ -114,6 +122,31 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
     }
 }
 
+/// A mesh gateway's `lan` and `wan` tagged addresses (where this datacenter's proxies and
+/// other datacenters reach it); none for other kinds, which refuse `-wan-address`.
+fn tagged_addresses(
+    args: &EnvoyArgs,
+    kind: ServiceKind,
+    host: &str,
+    port: u16,
+) -> Result<std::collections::BTreeMap<String, ServiceAddress>> {
+    let mut tagged = std::collections::BTreeMap::new();
+    if kind != ServiceKind::MeshGateway {
+        if let Some(wan) = &args.wan_address {
+            bail!("-wan-address {wan:?}: only a mesh gateway (-gateway mesh) has one");
+        }
+        return Ok(tagged);
+    }
+    let (wan_host, wan_port) = match &args.wan_address {
+        Some(wan) => host_port("wan-address", wan)?,
+        None => (host.to_owned(), port),
+    };
+    let at = |address: String, port: u16| ServiceAddress { address, port };
+    tagged.insert("lan".to_owned(), at(host.to_owned(), port));
+    tagged.insert("wan".to_owned(), at(wan_host, wan_port));
+    Ok(tagged)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -121,11 +154,17 @@ mod tests {
 
     #[test]
     fn addresses_split_into_host_and_port() {
-        assert_eq!(host_port("10.0.0.5:8443").unwrap(), ("10.0.0.5".to_owned(), 8443));
-        assert_eq!(host_port("[::1]:443").unwrap(), ("::1".to_owned(), 443));
-        assert_eq!(host_port("gw.local:80").unwrap(), ("gw.local".to_owned(), 80));
+        assert_eq!(
+            host_port("address", "10.0.0.5:8443").unwrap(),
+            ("10.0.0.5".to_owned(), 8443)
+        );
+        assert_eq!(host_port("address", "[::1]:443").unwrap(), ("::1".to_owned(), 443));
+        assert_eq!(
+            host_port("address", "gw.local:80").unwrap(),
+            ("gw.local".to_owned(), 80)
+        );
         for bad in ["10.0.0.5", "10.0.0.5:0", "10.0.0.5:http", ":80"] {
-            assert!(host_port(bad).is_err(), "{bad}");
+            assert!(host_port("address", bad).is_err(), "{bad}");
         }
     }
 }

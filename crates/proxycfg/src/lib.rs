@@ -35,6 +35,6 @@ pub use registration::{ProxyRegistration, ProxySource, Registered};
 pub use serve::{ConfigSource, ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{
     ConfigSnapshot, ConnectProxySnapshot, DestinationUpstream, IngressGatewaySnapshot, KindSnapshot,
-    LinkedServiceSnapshot, ProxyId, TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
+    LinkedServiceSnapshot, MeshGatewaySnapshot, ProxyId, TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
 };
 pub use watches::Watches;

@@ -76,6 +76,8 @@ pub enum KindSnapshot {
     IngressGateway(IngressGatewaySnapshot),
     /// A terminating gateway: traffic from the mesh to services outside it.
     TerminatingGateway(TerminatingGatewaySnapshot),
+    /// A mesh gateway: mTLS connections routed by SNI, never terminated.
+    MeshGateway(MeshGatewaySnapshot),
 }
 
 impl ConfigSnapshot {
@@ -91,6 +93,7 @@ impl ConfigSnapshot {
                 KindSnapshot::ConnectProxy(c) => c.is_valid(),
                 KindSnapshot::IngressGateway(g) => g.is_valid(),
                 KindSnapshot::TerminatingGateway(g) => g.is_valid(),
+                KindSnapshot::MeshGateway(g) => g.is_valid(),
             }
     }
 
@@ -114,6 +117,14 @@ impl ConfigSnapshot {
     pub fn terminating_gateway(&self) -> Option<&TerminatingGatewaySnapshot> {
         match &self.kind {
             KindSnapshot::TerminatingGateway(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The mesh-gateway part, if this is one.
+    pub fn mesh_gateway(&self) -> Option<&MeshGatewaySnapshot> {
+        match &self.kind {
+            KindSnapshot::MeshGateway(g) => Some(g),
             _ => None,
         }
     }
@@ -147,6 +158,39 @@ impl IngressGatewaySnapshot {
             ConfigEntry::IngressGateway(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// What a mesh gateway needs beyond the common part: the datacenter's services that have
+/// connect instances, with those instances, and the resolvers (whose subsets each get a name
+/// of their own). It holds no certificate: it routes by the SNI of connections it never
+/// terminates.
+#[derive(Debug, Clone, Default)]
+pub struct MeshGatewaySnapshot {
+    /// The `mesh` config entry.
+    pub mesh_config: Known<Option<Arc<ConfigEntry>>>,
+    /// Every service with a typical instance: the services whose connect instances it watches.
+    pub services: Known<Arc<Vec<String>>>,
+    /// Every `service-resolver` entry.
+    pub resolvers: Known<Arc<Vec<Arc<ConfigEntry>>>>,
+    /// Per service with connect instances (by name): its healthy connect instances (sidecars,
+    /// or the service itself if native). Services without any are absent.
+    pub groups: Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>,
+}
+
+impl MeshGatewaySnapshot {
+    /// Roots aside, a mesh gateway needs the mesh config, the service list and the resolvers;
+    /// a service is served once its instances are known.
+    pub fn is_valid(&self) -> bool {
+        self.mesh_config.is_some() && self.services.is_some() && self.resolvers.is_some()
+    }
+
+    /// The resolver entry of `service`, if it has one.
+    pub fn resolver(&self, service: &str) -> Option<&structs::config_entry::ServiceResolver> {
+        self.resolvers.as_ref()?.iter().find_map(|e| match &**e {
+            ConfigEntry::ServiceResolver(r) if r.name == service => Some(r),
+            _ => None,
+        })
     }
 }
 

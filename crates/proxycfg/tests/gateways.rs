@@ -178,3 +178,62 @@ async fn a_terminating_gateway_acts_for_each_linked_service() {
     assert!(f.manager.deregister(&reg.id, ProxySource::Local).await);
     assert_eq!(f.fakes.active(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_mesh_gateway_follows_the_connect_instances_of_every_service() {
+    let f = fixture();
+    let reg = gateway(ServiceKind::MeshGateway, "mesh-gateway");
+    let list_req = ServiceListRequest {
+        datacenter: "dc1".into(),
+        typical_only: true,
+    };
+    let resolvers = ConfigEntryListRequest {
+        kind: ConfigEntryKind::ServiceResolver,
+    };
+    f.fakes.service_list.set(
+        &list_req,
+        ServiceNames(Arc::new(vec!["api".into(), "db".into(), "web".into()])),
+    );
+    f.fakes.config_entry_list.set(&resolvers, Arc::new(Vec::new()));
+    f.fakes
+        .health
+        .set(&health_req("api", "dc1"), Arc::new(vec![instance("api", "10.0.0.1")]));
+    f.fakes
+        .health
+        .set(&health_req("web", "dc1"), Arc::new(vec![instance("web", "10.0.0.2")]));
+    let mut w = register_and_watch(&f, &reg).await;
+    // db has no connect instance: no group of its own.
+    let snap = loop {
+        let s = next_snapshot(&mut w).await;
+        if s.mesh_gateway().unwrap().groups.len() == 2 {
+            break s;
+        }
+    };
+    assert!(snap.is_valid());
+    let g = snap.mesh_gateway().unwrap();
+    assert_eq!(g.groups.keys().collect::<Vec<_>>(), ["api", "web"]);
+    settle().await;
+    // Connect instances (sidecars), healthy ones, with the gateway's token; one watch each.
+    let health = f.fakes.health.watched_requests();
+    assert_eq!(health.len(), 3, "{health:?}");
+    assert!(health.iter().all(|r| r.connect && r.healthy_only), "{health:?}");
+    // No certificate: the gateway terminates nothing.
+    assert_eq!(f.fakes.leaf.active(), 0);
+
+    // web's instances go: its group goes. api leaves the list: its watch goes too.
+    f.fakes.health.set(&health_req("web", "dc1"), Arc::new(Vec::new()));
+    f.fakes
+        .service_list
+        .set(&list_req, ServiceNames(Arc::new(vec!["db".into(), "web".into()])));
+    loop {
+        let s = next_snapshot(&mut w).await;
+        if s.mesh_gateway().unwrap().groups.is_empty() {
+            break;
+        }
+    }
+    settle().await;
+    assert_eq!(f.fakes.health.active(), 2);
+    assert!(f.fakes.health.watched_requests().iter().all(|r| r.service != "api"));
+    assert!(f.manager.deregister(&reg.id, ProxySource::Local).await);
+    assert_eq!(f.fakes.active(), 0);
+}

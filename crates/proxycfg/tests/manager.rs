@@ -213,7 +213,7 @@ async fn source_precedence() {
     ));
     let gateway = ProxyRegistration {
         service: Arc::new(NodeService {
-            kind: ServiceKind::MeshGateway,
+            kind: ServiceKind::ApiGateway,
             service: "gw".into(),
             port: 443,
             ..Default::default()
@@ -279,9 +279,9 @@ async fn shutdown_stops_everything_and_refuses_new_work() {
 #[tokio::test(start_paused = true)]
 async fn a_kind_without_a_handler_is_refused_where_users_look() {
     let f = fixture();
-    let mut gateway = sidecar("mesh-gw", 8443, &[]);
+    let mut gateway = sidecar("api-gw", 8443, &[]);
     let mut service = (*gateway.service).clone();
-    service.kind = ServiceKind::MeshGateway;
+    service.kind = ServiceKind::ApiGateway;
     service.proxy = Default::default();
     gateway.service = Arc::new(service);
     // A stream that is already waiting for the proxy is told, not left open with nothing.
@@ -299,7 +299,7 @@ async fn a_kind_without_a_handler_is_refused_where_users_look() {
     // Its status says why until it goes away; a watcher that comes later is told too.
     let status = f.manager.status(&gateway.id).await.expect("registered");
     assert_eq!(status.snapshot_version, None);
-    assert!(status.errors["kind"].contains("mesh-gateway"), "{:?}", status.errors);
+    assert!(status.errors["kind"].contains("api-gateway"), "{:?}", status.errors);
     let mut late = f.manager.watch(&gateway.id);
     assert!(matches!(late.next().await, Some(WatchEvent::Refused(_))));
     // Registering it again is refused again (never silently "unchanged").

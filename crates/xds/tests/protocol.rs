@@ -488,14 +488,14 @@ async fn a_storm_of_new_streams_is_paced() {
 async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
     let h = harness().await;
     let service = structs::NodeService {
-        kind: structs::ServiceKind::MeshGateway,
-        id: "mesh-gw".into(),
-        service: "mesh-gw".into(),
+        kind: structs::ServiceKind::ApiGateway,
+        id: "api-gw".into(),
+        service: "api-gw".into(),
         port: 8443,
         ..Default::default()
     };
     let reg = ProxyRegistration {
-        id: ProxyId::new("node-1", "mesh-gw"),
+        id: ProxyId::new("node-1", "api-gw"),
         service: Arc::new(service),
         token: None,
     };
@@ -504,7 +504,7 @@ async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
         h.addr,
         DeltaDiscoveryRequest {
             node: Some(Node {
-                id: "mesh-gw".into(),
+                id: "api-gw".into(),
                 ..Default::default()
             }),
             type_url: CLUSTER.into(),
@@ -518,7 +518,7 @@ async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(
-        status.message().contains("mesh-gateway is not supported"),
+        status.message().contains("api-gateway is not supported"),
         "{}",
         status.message()
     );

@@ -2008,3 +2008,86 @@ fn transparent_mesh_destinations_only() {
     assert_eq!(outbound.filter_chains.len(), 4);
     assert!(!r.of(CLUSTER).unwrap().contains_key("original-destination"));
 }
+
+/// A mesh gateway: a cluster per service with connect instances and per subset of its
+/// resolver, each named by its SNI in the mesh, with no TLS of its own (the connection
+/// passes through); one listener reading the SNI and proxying to the cluster of that name.
+/// It holds no certificate.
+#[test]
+fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
+    use structs::ServiceKind::MeshGateway as Kind;
+    let ca = Ca::new();
+    let sidecars = |service: &str, at: &[(&str, &str)]| {
+        let nodes = at
+            .iter()
+            .map(|(ip, version)| {
+                let mut node = instance(service, ip, 21000);
+                node.service.meta.insert("version".into(), (*version).into());
+                node
+            })
+            .collect();
+        Arc::new(nodes)
+    };
+    let resolver = structs::ConfigEntry::from_json(serde_json::json!({
+        "Kind": "service-resolver", "Name": "api", "DefaultSubset": "v1", "ConnectTimeout": "2s",
+        "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}}
+    }))
+    .unwrap();
+    let part = KindSnapshot::MeshGateway(proxycfg::MeshGatewaySnapshot {
+        mesh_config: Some(None),
+        services: Some(Arc::new(vec!["api".into(), "db".into(), "web".into()])),
+        resolvers: Some(Arc::new(vec![Arc::new(resolver)])),
+        groups: Arc::new(BTreeMap::from([
+            (
+                "api".to_owned(),
+                sidecars("api", &[("10.0.0.1", "v1"), ("10.0.0.2", "v2"), ("10.0.0.3", "v2")]),
+            ),
+            ("web".to_owned(), sidecars("web", &[("10.0.1.1", "")])),
+        ])),
+    });
+    let snap = gateway_snapshot(&ca, Kind, "mesh-gateway", part);
+    let r = validate_snapshot("gateway-mesh", &snap);
+    let td = &ca.roots().trust_domain;
+    let names = |t: &str| {
+        r.of(t)
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let expected: Vec<String> = ["api", "v1.api", "v2.api", "web"]
+        .iter()
+        .map(|n| format!("{n}.default.dc1.internal.{td}"))
+        .collect();
+    assert_eq!(names(CLUSTER), expected, "db has no connect instance: no cluster");
+    assert_eq!(names(ENDPOINT), expected);
+    assert!(names(SECRET).is_empty(), "a mesh gateway terminates nothing");
+    let hosts = |name: &str| {
+        let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&format!("{name}.default.dc1.internal.{td}")]);
+        cla.endpoints.iter().map(|e| e.lb_endpoints.len()).sum::<usize>()
+    };
+    assert_eq!(
+        (hosts("api"), hosts("v1.api"), hosts("v2.api"), hosts("web")),
+        (1, 1, 2, 1),
+        "the service's own name is its default subset's"
+    );
+    let api: Cluster = unpack(&r.of(CLUSTER).unwrap()[&expected[0]]);
+    assert!(api.transport_socket.is_none(), "the connection's TLS passes through");
+    assert_eq!(
+        api.connect_timeout.map(|d| d.seconds),
+        Some(2),
+        "the resolver's timeout"
+    );
+    let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
+    let filters: Vec<&str> = listener.filter_chains[0]
+        .filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.network.sni_cluster", "envoy.filters.network.tcp_proxy"]
+    );
+    assert_eq!(
+        listener.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
+}

@@ -7,6 +7,7 @@
 
 mod connect_proxy;
 mod ingress_gateway;
+mod mesh_gateway;
 mod terminating_gateway;
 mod transparent;
 mod upstreams;
@@ -16,6 +17,7 @@ pub use ingress_gateway::{
     INGRESS_DOMAIN, IngressGatewayHandler, dns_sans as ingress_dns_sans, service_hosts as ingress_service_hosts,
     upstream_id as ingress_upstream_id,
 };
+pub use mesh_gateway::MeshGatewayHandler;
 pub use terminating_gateway::TerminatingGatewayHandler;
 pub use transparent::{implicit_id, intention_upstreams};
 
@@ -122,6 +124,11 @@ pub fn handler_for(
             sources.clone(),
         ))),
         ServiceKind::TerminatingGateway => Ok(Box::new(TerminatingGatewayHandler::new(
+            registration,
+            datacenter,
+            sources.clone(),
+        ))),
+        ServiceKind::MeshGateway => Ok(Box::new(MeshGatewayHandler::new(
             registration,
             datacenter,
             sources.clone(),

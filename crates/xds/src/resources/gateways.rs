@@ -425,7 +425,10 @@ pub(crate) fn build_terminating(
             destination_chains(snap, &roots.trust_domain, &linking, destination, &mut chains, out);
             continue;
         }
-        for (subset, endpoints) in subset_endpoints(service, linked, endpoints, out) {
+        let resolver = linked.resolver();
+        for (subset, endpoints) in
+            super::mesh_gateway::resolver_targets("linked-service", service, resolver, endpoints, out)
+        {
             // The name its callers' sidecars use for this target: their cluster name and SNI.
             let sni = structs::discovery_chain::target_sni(
                 subset.unwrap_or(""),
@@ -544,49 +547,6 @@ fn destination_chains(
             ..Default::default()
         });
     }
-}
-
-/// The targets a terminating gateway serves for a linked service, with their instances: the
-/// service itself (its resolver's default subset's instances when it names one, else all),
-/// then each subset of its resolver (instances its filter selects; passing only when it says
-/// so), as Consul's gateways do. A filter that cannot be read selects nothing, and the
-/// status says so.
-fn subset_endpoints<'a>(
-    service: &str,
-    linked: &'a proxycfg::LinkedServiceSnapshot,
-    endpoints: &[structs::CheckServiceNode],
-    out: &mut Resources,
-) -> Vec<(Option<&'a str>, Vec<structs::CheckServiceNode>)> {
-    let Some(resolver) = linked.resolver() else {
-        return vec![(None, endpoints.to_vec())];
-    };
-    let mut selected = |name: &str, subset: &structs::config_entry::ServiceResolverSubset| match subset
-        .filter
-        .parse::<structs::filter::Filter>(
-    ) {
-        Ok(filter) => endpoints
-            .iter()
-            .filter(|n| filter.matches(n))
-            .filter(|n| !subset.only_passing || n.aggregate_status() == structs::HealthStatus::Passing)
-            .cloned()
-            .collect(),
-        Err(e) => {
-            out.problems.insert(
-                format!("linked-service:{service}:subset:{name}"),
-                format!("subset {name:?} of {service:?}: its filter cannot be read: {e}"),
-            );
-            Vec::new()
-        }
-    };
-    let default = match resolver.subsets.get(&resolver.default_subset) {
-        Some(subset) => selected(&resolver.default_subset, subset),
-        None => endpoints.to_vec(),
-    };
-    let mut targets = vec![(None, default)];
-    for (name, subset) in &resolver.subsets {
-        targets.push((Some(name.as_str()), selected(name, subset)));
-    }
-    targets
 }
 
 /// The cluster of a terminating gateway's linked service, named `sni`: to its instances

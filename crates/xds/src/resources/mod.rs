@@ -26,6 +26,7 @@ mod extensions;
 mod gateways;
 mod jwt;
 mod listeners;
+mod mesh_gateway;
 pub mod proxyless;
 mod rate_limit;
 mod rbac;
@@ -100,6 +101,10 @@ fn build_kind(
         }
         proxycfg::KindSnapshot::TerminatingGateway(g) => {
             gateways::build_terminating(snapshot, g, &mut out)?;
+            return Ok(out);
+        }
+        proxycfg::KindSnapshot::MeshGateway(g) => {
+            mesh_gateway::build(snapshot, g, &mut out)?;
             return Ok(out);
         }
     }
@@ -289,7 +294,7 @@ fn upstreams_of(snap: &ConfigSnapshot) -> Option<&BTreeMap<Arc<structs::Upstream
     match &snap.kind {
         proxycfg::KindSnapshot::ConnectProxy(cp) => Some(&cp.upstreams),
         proxycfg::KindSnapshot::IngressGateway(g) => Some(&g.upstreams),
-        proxycfg::KindSnapshot::TerminatingGateway(_) => None,
+        proxycfg::KindSnapshot::TerminatingGateway(_) | proxycfg::KindSnapshot::MeshGateway(_) => None,
     }
 }
 

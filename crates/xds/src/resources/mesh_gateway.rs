@@ -1,0 +1,132 @@
+//! Resources of a mesh gateway, its local part: connections for this datacenter's services,
+//! routed by the SNI their callers' sidecars set, never terminated (the mTLS is between the
+//! two sidecars; the gateway holds no certificate and sees no request).
+//!
+//! - per service with connect instances, a cluster named by its SNI in the mesh
+//!   (`<service>.default.<dc>.internal.<trust-domain>`) to those instances (its sidecars, or a
+//!   terminating gateway standing for it), and one per subset of its resolver
+//!   (`<subset>.<service>...`) to the instances the subset's filter selects;
+//! - one listener `default:<address>:<port>` whose TLS inspector reads the SNI and whose one
+//!   filter chain proxies the connection to the cluster of that name (`sni_cluster`); a name
+//!   no cluster has is closed, and Envoy counts it (`tcp.mesh_gateway_local...`).
+//!
+//! The listener never changes as services come and go: only clusters and load assignments
+//! do.
+
+use super::clusters::load_assignment;
+use super::core::{ads, millis, socket, tls_inspector};
+use super::listeners::{network_filter, public_bind, tcp_proxy};
+use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, Resources};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use envoy_types::pb::envoy::extensions::filters::network::sni_cluster::v3::SniCluster;
+use envoy_types::util::pack_any;
+use proxycfg::{ConfigSnapshot, MeshGatewaySnapshot};
+use structs::config_entry::ServiceResolver;
+use structs::{CheckServiceNode, ServiceKind};
+
+/// A cluster's connect timeout when its resolver sets none (Consul's).
+const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 5_000;
+
+/// Builds a mesh gateway's clusters, load assignments and listener.
+pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Resources) -> Result<(), BuildError> {
+    let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
+    for (service, nodes) in g.groups.iter() {
+        let resolver = g.resolver(service);
+        let timeout = resolver
+            .map(|r| r.connect_timeout.0.as_millis())
+            .filter(|ms| *ms > 0)
+            .map_or(DEFAULT_CONNECT_TIMEOUT_MS, |ms| u32::try_from(ms).unwrap_or(u32::MAX));
+        for (subset, endpoints) in resolver_targets("service", service, resolver, nodes, out) {
+            let sni = structs::discovery_chain::target_sni(
+                subset.unwrap_or(""),
+                service,
+                "default",
+                &snap.datacenter,
+                &roots.trust_domain,
+            );
+            out.insert(CLUSTER, sni.clone(), pack_any(cluster(&sni, timeout)));
+            out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, &endpoints)));
+        }
+    }
+    let bind = public_bind(snap);
+    let name = format!("default:{bind}:{}", snap.service.port);
+    let listener = Listener {
+        name: name.clone(),
+        address: socket(&bind, u32::from(snap.service.port)),
+        listener_filters: vec![tls_inspector()],
+        filter_chains: vec![FilterChain {
+            filters: vec![
+                network_filter("envoy.filters.network.sni_cluster", pack_any(SniCluster::default())),
+                // The cluster is the one the SNI names (set by the filter before it).
+                tcp_proxy("mesh_gateway_local.default", ""),
+            ],
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    };
+    out.insert(LISTENER, name, pack_any(listener));
+    Ok(())
+}
+
+/// An EDS cluster named `sni`, with no TLS of its own: the connection's bytes pass through.
+fn cluster(sni: &str, timeout_ms: u32) -> Cluster {
+    Cluster {
+        name: sni.to_owned(),
+        connect_timeout: millis(timeout_ms),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: ads(),
+            service_name: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The targets a gateway serves for `service` (a mesh gateway's service, a terminating
+/// gateway's linked one), each under its own SNI: the service itself (its resolver's default
+/// subset's instances when it names one, else all), then each subset of its resolver (the
+/// instances its filter selects, passing only when it says so), as Consul's gateways do. A
+/// terminating gateway standing for the service serves every subset under its own name: it
+/// is kept in each. A filter that cannot be read selects nothing, and the gateway's status
+/// says so (under `<key>:<service>:subset:<name>`).
+pub(crate) fn resolver_targets<'r>(
+    key: &str,
+    service: &str,
+    resolver: Option<&'r ServiceResolver>,
+    nodes: &[CheckServiceNode],
+    out: &mut Resources,
+) -> Vec<(Option<&'r str>, Vec<CheckServiceNode>)> {
+    let Some(resolver) = resolver else {
+        return vec![(None, nodes.to_vec())];
+    };
+    let mut selected = |name: &str, subset: &structs::config_entry::ServiceResolverSubset| match subset
+        .filter
+        .parse::<structs::filter::Filter>(
+    ) {
+        Ok(filter) => nodes
+            .iter()
+            .filter(|n| n.service.kind == ServiceKind::TerminatingGateway || filter.matches(n))
+            .filter(|n| !subset.only_passing || n.aggregate_status() == structs::HealthStatus::Passing)
+            .cloned()
+            .collect(),
+        Err(e) => {
+            out.problems.insert(
+                format!("{key}:{service}:subset:{name}"),
+                format!("subset {name:?} of {service:?}: its filter cannot be read: {e}"),
+            );
+            Vec::new()
+        }
+    };
+    let default = match resolver.subsets.get(&resolver.default_subset) {
+        Some(subset) => selected(&resolver.default_subset, subset),
+        None => nodes.to_vec(),
+    };
+    let mut targets = vec![(None, default)];
+    for (name, subset) in &resolver.subsets {
+        targets.push((Some(name.as_str()), selected(name, subset)));
+    }
+    targets
+}
