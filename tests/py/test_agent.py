@@ -546,3 +546,42 @@ def test_the_agent_serves_the_dashboard_over_its_own_proxies(cluster):
     assert isinstance(services, list)
     streams = json.loads(urllib.request.urlopen(base + "/v1/internal/xds-status", timeout=5).read())
     assert isinstance(streams, list)
+
+
+def test_dc_parameter_reads_and_writes_another_datacenter_through_an_agent():
+    """py-consul's `dc=` through a dc1 agent: dc2's server (joined to dc1, the primary, with
+    -retry-join-wan) answers, reads, blocking reads and writes alike; an unknown one fails."""
+    dc1 = start_server()
+    dc2 = Proc(
+        ["server", "-dev", "-datacenter", "dc2", "-primary-datacenter", "dc1", "-retry-join-wan", dc1.addr, "-node", "server-dc2",
+         "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-log-level", "warn"],
+        "meshd server listening on http://",
+    )
+    agent = start_agent([dc1.addr])
+    try:
+        c = agent.client()
+        eventually(lambda: c.catalog.datacenters() == ["dc1", "dc2"], what="both datacenters listed through the agent")
+        dc2.client().catalog.register("n2", "10.2.0.1", service={"service": "api", "port": 80})
+        index, nodes = c.health.service("api", dc="dc2")
+        assert [n["Node"]["Node"] for n in nodes] == ["n2"]
+        assert c.health.service("api")[1] == [], "dc1 has no api"
+        assert c.kv.put("where", "dc2", dc="dc2") is True
+        assert c.kv.get("where", dc="dc2")[1]["Value"] == b"dc2"
+        assert c.kv.get("where")[1] is None, "written in dc2 only"
+
+        woken = {}
+        waiter = threading.Thread(target=lambda: woken.update(r=c.health.service("api", dc="dc2", index=index, wait="30s")))
+        waiter.start()
+        time.sleep(0.3)
+        dc2.client().catalog.register("n3", "10.2.0.2", service={"service": "api", "port": 80})
+        waiter.join(timeout=15)
+        assert not waiter.is_alive(), "the blocking query through the agent woke on dc2's change"
+        assert int(woken["r"][0]) > int(index)
+        assert len(woken["r"][1]) == 2
+
+        with pytest.raises(ConsulException, match='No path to datacenter "dc9"'):
+            c.catalog.nodes(dc="dc9")
+    finally:
+        assert agent.stop() == 0
+        assert dc2.stop() == 0
+        assert dc1.stop() == 0

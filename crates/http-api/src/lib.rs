@@ -18,6 +18,7 @@ mod connect;
 mod discovery_chain;
 mod error;
 mod event_routes;
+pub mod federation;
 mod gateway_routes;
 mod health;
 mod intentions_by_id;
@@ -129,6 +130,9 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
     r.add("/v1/internal/ui/services", get(ui::services));
     r.add("/v1/internal/service-virtual-ip", get(ui::virtual_ips));
+    r.add("/v1/internal/federation-states", get(federation::list));
+    r.add("/v1/internal/federation-state/{dc}", get(federation::one));
+    r.add("/v1/internal/federation-state", put(federation::put));
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;

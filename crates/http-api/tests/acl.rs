@@ -84,6 +84,15 @@ async fn mesh() -> Mesh {
             acl: resolver,
             liveness: Some(liveness),
             metrics: Arc::clone(&metrics),
+            federation: Some({
+                let fed = http_api::federation::Federation::new("dc1", "dc1");
+                fed.put(structs::federation::FederationState {
+                    datacenter: "dc2".into(),
+                    servers: vec!["10.0.2.1:8500".into()],
+                    ..Default::default()
+                });
+                fed
+            }),
             ..Default::default()
         },
     );
@@ -807,6 +816,30 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             n.clone(),
             WEB_READ,
             Filtered,
+        ),
+        row(
+            "GET",
+            "/v1/internal/federation-states",
+            "/v1/internal/federation-states",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/internal/federation-state/{dc}",
+            "/v1/internal/federation-state/dc2",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/internal/federation-state",
+            "/v1/internal/federation-state",
+            json!({"Datacenter": "dc3", "Servers": ["10.0.3.1:8500"]}),
+            OPERATOR_WRITE,
+            Denied,
         ),
         row(
             "GET",

@@ -14,6 +14,7 @@ mod agent_failover;
 mod agent_ports;
 mod connect_gateway_cli;
 mod envoy_e2e;
+mod federation;
 mod gateway_e2e;
 mod grpc_bootstrap_cli;
 mod ha;

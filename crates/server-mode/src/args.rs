@@ -40,6 +40,25 @@ pub struct ServerArgs {
     /// Datacenter name.
     #[arg(long = "datacenter", value_name = "DC", default_value = "dc1")]
     pub datacenter: String,
+    /// The primary datacenter of a federation (default: this one). A server of another
+    /// datacenter sends its state to the primary's servers and copies their list of every
+    /// datacenter.
+    #[arg(long = "primary-datacenter", value_name = "DC")]
+    pub primary_datacenter: Option<String>,
+    /// HTTP API addresses (`host:port`) of servers of other datacenters to join through
+    /// (any federated server: each knows the primary's servers); comma-separated or
+    /// repeated. Needed by a server outside the primary datacenter.
+    #[arg(long = "retry-join-wan", value_name = "ADDR", value_delimiter = ',')]
+    pub retry_join_wan: Vec<String>,
+    /// This server's HTTP API address as other datacenters reach it (`host:port`; default:
+    /// the address -http-addr bound).
+    #[arg(long = "advertise-wan", value_name = "ADDR")]
+    pub advertise_wan: Option<String>,
+    /// A file holding the token this server presents to the primary datacenter's servers
+    /// (with ACLs there: `operator:write`, to send its state). Secrets are never taken on
+    /// the command line.
+    #[arg(long = "acl-replication-token-file", value_name = "PATH")]
+    pub acl_replication_token_file: Option<PathBuf>,
     /// Keep all state in memory (nothing survives a restart).
     #[arg(long = "dev")]
     pub dev: bool,

@@ -8,6 +8,7 @@ mod args;
 mod balance;
 mod dns;
 mod error;
+mod federation;
 mod forward;
 mod store;
 
@@ -60,6 +61,46 @@ pub async fn run(
         .map_err(ServerError::Node)
 }
 
+/// The federation of a server with `args` whose API is at `api_addr`, where other
+/// datacenters reach it, and the token it presents to them. A server outside the primary
+/// datacenter needs a server to join through.
+#[allow(clippy::type_complexity)]
+fn federation_settings(
+    args: &ServerArgs,
+    api_addr: SocketAddr,
+) -> Result<(Arc<http_api::federation::Federation>, (String, Option<structs::Token>)), ServerError> {
+    let primary = args
+        .primary_datacenter
+        .clone()
+        .unwrap_or_else(|| args.datacenter.clone());
+    if primary != args.datacenter && args.retry_join_wan.is_empty() {
+        return Err(ServerError::Flags(format!(
+            "-primary-datacenter {primary} needs -retry-join-wan ADDR (a server of another datacenter to join through)"
+        )));
+    }
+    let advertise = args.advertise_wan.clone().unwrap_or_else(|| api_addr.to_string());
+    let federated = primary != args.datacenter || !args.retry_join_wan.is_empty();
+    if federated && args.advertise_wan.is_none() && api_addr.ip().is_unspecified() {
+        return Err(ServerError::Flags(format!(
+            "-advertise-wan ADDR is needed: the API listens on {api_addr}, which other datacenters cannot dial"
+        )));
+    }
+    let token = match &args.acl_replication_token_file {
+        None => None,
+        Some(p) => structs::Token::new(
+            std::fs::read_to_string(p)
+                .map_err(|e| {
+                    ServerError::Flags(format!("-acl-replication-token-file: cannot read {}: {e}", p.display()))
+                })?
+                .trim(),
+        ),
+    };
+    Ok((
+        http_api::federation::Federation::new(&args.datacenter, &primary),
+        (advertise, token),
+    ))
+}
+
 /// `0.0.0.0:0`: an address for nothing.
 fn unspecified() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 0))
@@ -99,6 +140,10 @@ pub struct ServerMode {
     liveness: Arc<catalog::liveness::Liveness>,
     /// The HTTP API's request counters.
     http_metrics: Arc<http_api::HttpMetrics>,
+    /// The other datacenters.
+    fed: Arc<http_api::federation::Federation>,
+    /// Where other datacenters reach this server's API, and the token it presents to them.
+    wan: (String, Option<structs::Token>),
 }
 
 impl ServerMode {
@@ -112,6 +157,7 @@ impl ServerMode {
         if args.acl_enabled {
             store::init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
         }
+        let (fed, wan) = federation_settings(&args, api_addr)?;
         let followers = TaskTracker::new();
         let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
         let liveness = Arc::new(catalog::liveness::Liveness::new(
@@ -132,6 +178,8 @@ impl ServerMode {
             ports: http_kit::Ports::default(),
             liveness,
             http_metrics: Arc::default(),
+            fed,
+            wan,
         })
     }
 
@@ -194,18 +242,28 @@ impl Mode for ServerMode {
             metrics: Arc::clone(&self.http_metrics),
             liveness: Some(Arc::clone(&self.liveness)),
             acl: Arc::clone(&self.acl),
+            federation: Some(Arc::clone(&self.fed)),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;
         let router = http_api::router(self.store.clone(), api);
         // Only servers that share a store have a leader to forward writes to; a layer costs
         // every request, so a lone server has none.
-        if self.store.cluster().is_none() {
-            return router;
-        }
+        let router = match self.store.cluster() {
+            None => router,
+            Some(_) => router.layer(axum::middleware::from_fn_with_state(
+                forward::Forwarder::new(self.store.clone(), max_body),
+                forward::forward_writes,
+            )),
+        };
+        // Outermost: a request for another datacenter goes there before anything here.
         router.layer(axum::middleware::from_fn_with_state(
-            forward::Forwarder::new(self.store.clone(), max_body),
-            forward::forward_writes,
+            Arc::new(federation::DcForwarder {
+                fed: Arc::clone(&self.fed),
+                client: reqwest::Client::new(),
+                max_body,
+            }),
+            federation::forward_dc,
         ))
     }
 
@@ -229,13 +287,26 @@ impl Mode for ServerMode {
         tasks.spawn(async move { pruner.run(until.cancelled()).await }.instrument(info_span!("ca_root_pruning")));
         // And ending sessions whose TTL ran out or whose node or checks failed.
         let reaper = catalog::session_reaper::SessionReaper::new(self.store.clone());
-        tasks.spawn(async move { reaper.run(stop.cancelled()).await }.instrument(info_span!("session_reaper")));
+        let until = stop.clone();
+        tasks.spawn(async move { reaper.run(until.cancelled()).await }.instrument(info_span!("session_reaper")));
+        // Every server: this datacenter's federation state kept, sent to the primary, the
+        // primary's list of datacenters copied.
+        let link = federation::Link {
+            fed: Arc::clone(&self.fed),
+            store: self.store.clone(),
+            advertise: self.wan.0.clone(),
+            join: self.args.retry_join_wan.clone(),
+            token: self.wan.1.clone(),
+            client: reqwest::Client::new(),
+        };
+        tasks.spawn(link.run(stop).instrument(info_span!("federation")));
     }
 
     async fn draining(&self) {
         // Parked blocking queries answer now (they would hold the HTTP shutdown for their
         // whole wait), and later ones at once.
         self.store.release_waiters();
+        self.fed.release_waiters();
     }
 
     async fn engine_stopped(&self) {

@@ -14,6 +14,7 @@ pub mod connect;
 pub mod discovery_chain;
 pub mod duration;
 pub mod event;
+pub mod federation;
 pub mod filter;
 pub mod health;
 pub mod index;

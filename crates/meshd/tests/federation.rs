@@ -1,0 +1,177 @@
+//! Two datacenters, each a real `meshd server`: dc2 joins dc1 (the primary) with
+//! `-retry-join-wan`; both list both datacenters and their federation states; a request
+//! naming the other datacenter (`?dc=`), a blocking one and a write included, is served by a
+//! server there with the caller's token; an unknown datacenter is Consul's 500; a primary
+//! that restarts (its states are soft) hears from dc2 again.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::mesh::{Proc, wait_for};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+use test_support::process::{start_server, start_server_at};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+/// A started server, stopped when dropped, and its HTTP API (`http://ADDR`).
+struct Server {
+    _proc: Proc,
+    http: String,
+}
+
+impl Server {
+    fn of(p: test_support::process::ServerProcess) -> Self {
+        Self {
+            _proc: Proc(p.child),
+            http: p.http,
+        }
+    }
+
+    /// `host:port` of its HTTP API.
+    fn host_port(&self) -> &str {
+        self.http.trim_start_matches("http://")
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, Option<u64>, Value) {
+    let resp = client.get(url).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let index = resp
+        .headers()
+        .get("x-consul-index")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        index,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn put(client: &reqwest::Client, url: &str, body: Value) -> (u16, String) {
+    let resp = client.put(url).json(&body).send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// Waits until `server` lists exactly `want` as its datacenters.
+async fn until_datacenters(client: &reqwest::Client, server: &str, want: &[&str]) {
+    let want = json!(want);
+    wait_for(|| async {
+        let (_, _, dcs) = get(client, &format!("{server}/v1/catalog/datacenters")).await;
+        (dcs == want).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_datacenters_know_each_other_and_forward_requests() {
+    let t0 = std::time::Instant::now();
+    let client = reqwest::Client::new();
+    let (http1, grpc1) = (
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+    );
+    let dc1_args = [
+        "-dev",
+        "-datacenter",
+        "dc1",
+        "-node",
+        "server-dc1",
+        "-log-level",
+        "warn",
+    ];
+    let dc1 = Server::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
+    let dc2 = Server::of(start_server(
+        bin(),
+        [
+            "-dev",
+            "-datacenter",
+            "dc2",
+            "-primary-datacenter",
+            "dc1",
+            "-retry-join-wan",
+            &http1,
+            "-node",
+            "server-dc2",
+            "-log-level",
+            "warn",
+        ],
+    ));
+    until_datacenters(&client, &dc1.http, &["dc1", "dc2"]).await;
+    until_datacenters(&client, &dc2.http, &["dc2", "dc1"]).await;
+    println!("{:>5.1} s federated", t0.elapsed().as_secs_f64());
+    let (status, _, states) = get(&client, &format!("{}/v1/internal/federation-states", dc1.http)).await;
+    assert_eq!(status, 200);
+    let servers: Vec<(&str, &str)> = states
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["Datacenter"].as_str().unwrap(), s["Servers"][0].as_str().unwrap()))
+        .collect();
+    assert_eq!(servers, [("dc1", http1.as_str()), ("dc2", dc2.host_port())]);
+
+    // A write for dc2 through dc1 lands in dc2 only.
+    let register = json!({"Node": "n2", "Address": "10.2.0.1", "Service": {"Service": "api", "Port": 80}});
+    let (status, body) = put(&client, &format!("{}/v1/catalog/register?dc=dc2", dc1.http), register).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, _, here) = get(&client, &format!("{}/v1/catalog/service/api", dc1.http)).await;
+    assert_eq!(here, json!([]));
+    let (status, index, there) = get(&client, &format!("{}/v1/health/service/api?dc=dc2", dc1.http)).await;
+    assert_eq!(status, 200);
+    assert_eq!(there[0]["Node"]["Node"], "n2", "{there}");
+    assert_eq!(there[0]["Node"]["Datacenter"], "dc2", "{there}");
+
+    // A blocking query for dc2 through dc1 waits there and wakes on dc2's change.
+    let index = index.expect("an index from dc2");
+    let blocked = tokio::spawn({
+        let (client, url) = (
+            client.clone(),
+            format!("{}/v1/health/service/api?dc=dc2&index={index}&wait=60s", dc1.http),
+        );
+        async move { get(&client, &url).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!blocked.is_finished(), "the query waits for dc2's next change");
+    let second = json!({"Node": "n3", "Address": "10.2.0.2", "Service": {"Service": "api", "Port": 80}});
+    let (status, _) = put(&client, &format!("{}/v1/catalog/register", dc2.http), second).await;
+    assert_eq!(status, 200);
+    let (status, woke_at, woken) = tokio::time::timeout(Duration::from_secs(10), blocked)
+        .await
+        .expect("woken by dc2's write")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(woke_at.unwrap() > index);
+    assert_eq!(woken.as_array().unwrap().len(), 2, "{woken}");
+
+    // A datacenter nobody knows: Consul's answer.
+    let (status, _, body) = get(&client, &format!("{}/v1/catalog/nodes?dc=dc9", dc1.http)).await;
+    assert_eq!(status, 500);
+    assert!(
+        body.as_str().unwrap().starts_with("No path to datacenter \"dc9\""),
+        "{body}"
+    );
+    // Only the primary takes states, and never its own.
+    let fake = json!({"Datacenter": "dc1", "Servers": ["10.9.9.9:8500"]});
+    let (status, body) = put(&client, &format!("{}/v1/internal/federation-state", dc1.http), fake).await;
+    assert_eq!(status, 400, "{body}");
+    let other = json!({"Datacenter": "dc3", "Servers": ["10.9.9.9:8500"]});
+    let (status, body) = put(&client, &format!("{}/v1/internal/federation-state", dc2.http), other).await;
+    assert_eq!((status, body.contains("sent to the primary")), (400, true), "{body}");
+
+    println!("{:>5.1} s forwarded", t0.elapsed().as_secs_f64());
+    // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
+    drop(dc1);
+    let (_, _, dcs) = get(&client, &format!("{}/v1/catalog/datacenters", dc2.http)).await;
+    assert_eq!(dcs, json!(["dc2", "dc1"]));
+    let dc1 = Server::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
+    until_datacenters(&client, &dc1.http, &["dc1", "dc2"]).await;
+    println!(
+        "{:>5.1} s the restarted primary knows dc2 again",
+        t0.elapsed().as_secs_f64()
+    );
+    let (status, _, there) = get(&client, &format!("{}/v1/catalog/service/api?dc=dc2", dc1.http)).await;
+    assert_eq!(status, 200);
+    assert_eq!(there.as_array().unwrap().len(), 2, "{there}");
+}

@@ -1,0 +1,355 @@
+//! Several datacenters, the server's side: keeping this datacenter's federation state (its
+//! servers and mesh gateways) current, sending it to the primary datacenter and copying the
+//! primary's list of every datacenter (`http_api::federation` holds the states and serves
+//! them), and forwarding a request that names another datacenter (`?dc=`) to a server of it.
+//!
+//! A secondary's server finds the primary through `-retry-join-wan` (any federated server:
+//! each lists every datacenter's servers), sends its state there, then follows the primary's
+//! list with a blocking query. It sends its state again whenever it changes and whenever the
+//! list it gets back lacks it (the primary restarted and lost it). Failures are retried with
+//! back-off and logged once per outage, not per attempt.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use backoff_schedule::Schedule;
+use catalog::{IndexKey, Store};
+use http_api::federation::Federation;
+use http_kit::relay::{self, Outgoing};
+use std::sync::Arc;
+use std::time::Duration;
+use structs::federation::FederationState;
+use structs::{ServiceKind, Token};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Marks a request forwarded to another datacenter (its value: the datacenter it came
+/// from): it is served where it lands, never forwarded again.
+const FORWARDED_DC: &str = "x-meshd-forwarded-dc";
+
+/// Retries toward the primary: at once, then 1 s doubling to 30 s.
+const RETRY: Schedule = Schedule {
+    immediate: 1,
+    first: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+};
+
+/// How long one blocking query on the primary's list waits.
+const FOLLOW_WAIT: Duration = Duration::from_secs(300);
+
+/// What the server's federation work needs.
+pub(crate) struct Link {
+    pub(crate) fed: Arc<Federation>,
+    pub(crate) store: Store,
+    /// This server's HTTP API address as other datacenters reach it.
+    pub(crate) advertise: String,
+    /// Servers of other datacenters to join through (`-retry-join-wan`).
+    pub(crate) join: Vec<String>,
+    /// The token this server presents to the primary (`-acl-replication-token-file`).
+    pub(crate) token: Option<Token>,
+    pub(crate) client: reqwest::Client,
+}
+
+/// This datacenter's state as `store` and `advertise` say: its servers (this one first, as
+/// `advertise` says; the others sharing its store as they report themselves), and every
+/// mesh gateway instance with its health.
+fn own_state(fed: &Federation, store: &Store, advertise: &str) -> FederationState {
+    let mut servers = vec![advertise.to_owned()];
+    if let Some(cluster) = store.cluster() {
+        let me = &cluster.me().name;
+        servers.extend(
+            cluster
+                .status()
+                .servers
+                .into_iter()
+                .filter(|s| s.name != *me && !s.address.is_empty())
+                .map(|s| s.address),
+        );
+    }
+    let state = store.read();
+    let mut names: Vec<&str> = state
+        .all_services()
+        .filter(|(_, s)| s.kind == ServiceKind::MeshGateway)
+        .map(|(_, s)| s.service.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let mesh_gateways = names.into_iter().flat_map(|n| state.health(n, false)).collect();
+    FederationState {
+        datacenter: fed.local().to_owned(),
+        mesh_gateways,
+        servers,
+        updated_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    }
+}
+
+impl Link {
+    /// Runs until `stop`: the own state kept current, then sent (primary: kept here) and the
+    /// primary's list followed (secondary).
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let own = watch::Sender::new(own_state(&self.fed, &self.store, &self.advertise));
+        let follow = self.follow_own(&own, &stop);
+        let share = async {
+            if self.fed.is_primary() {
+                self.keep_own(own.subscribe()).await;
+            } else {
+                self.secondary(own.subscribe()).await;
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = follow => {}
+            () = share => {}
+        }
+    }
+
+    /// Recomputes the own state after every change of services or checks.
+    async fn follow_own(&self, own: &watch::Sender<FederationState>, stop: &CancellationToken) {
+        let (mut services, mut checks) = (structs::Index(0), structs::Index(0));
+        loop {
+            let wait = Duration::from_secs(60);
+            let state = tokio::select! {
+                () = stop.cancelled() => return,
+                s = self.store.wait(&IndexKey::Services, services, wait) => s,
+                s = self.store.wait(&IndexKey::Checks, checks, wait) => s,
+            };
+            (services, checks) = (state.index_of(&IndexKey::Services), state.index_of(&IndexKey::Checks));
+            let next = own_state(&self.fed, &self.store, &self.advertise);
+            own.send_if_modified(|now| {
+                let changed = !now.same_as(&next);
+                if changed {
+                    *now = next;
+                }
+                changed
+            });
+        }
+    }
+
+    /// The primary keeps its own state in its list.
+    async fn keep_own(&self, mut own: watch::Receiver<FederationState>) {
+        loop {
+            self.fed.put(own.borrow_and_update().clone());
+            if own.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A secondary: its state sent to the primary, the primary's list followed.
+    async fn secondary(&self, mut own: watch::Receiver<FederationState>) {
+        let (mut failures, mut failing) = (0u32, false);
+        loop {
+            tokio::time::sleep(RETRY.delay(failures + 1)).await;
+            self.fed.put(own.borrow_and_update().clone());
+            match self.link_once(&mut own).await {
+                Ok(()) => {
+                    if failing {
+                        info!(primary = %self.fed.primary(), "linked to the primary datacenter again");
+                    }
+                    (failures, failing) = (0, false);
+                }
+                Err(e) => {
+                    if !failing {
+                        warn!(primary = %self.fed.primary(), error = %e, "cannot reach the primary datacenter; retrying");
+                    }
+                    (failures, failing) = (failures.saturating_add(1), true);
+                }
+            }
+        }
+    }
+
+    /// One link to the primary: found, told this datacenter's state, followed until the
+    /// state changes (`Ok`: send again) or the primary fails (`Err`). The primary's servers
+    /// are those of the list held here, then, when none of them answers (a primary that
+    /// moved), those a server of `-retry-join-wan` knows.
+    async fn link_once(&self, own: &mut watch::Receiver<FederationState>) -> Result<(), String> {
+        let mut last = format!("no server of the primary datacenter {:?} is known", self.fed.primary());
+        for discover in [false, true] {
+            let primary = if discover {
+                self.discover().await?
+            } else {
+                self.fed.servers_of(self.fed.primary())
+            };
+            for server in &primary {
+                let state = own.borrow().clone();
+                match self.announce(server, &state).await {
+                    Ok(()) => return self.follow(server, own).await,
+                    Err(e) => last = e,
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// The primary's servers as the first server of `-retry-join-wan` that answers knows
+    /// them (its list is copied here).
+    async fn discover(&self) -> Result<Vec<String>, String> {
+        let mut last = format!("-retry-join-wan names no server (primary {:?})", self.fed.primary());
+        for server in &self.join {
+            match self.list(server, None).await {
+                Ok((states, _)) => {
+                    self.fed.replace(states);
+                    let found = self.fed.servers_of(self.fed.primary());
+                    if !found.is_empty() {
+                        return Ok(found);
+                    }
+                    last = format!(
+                        "{server} does not know the primary datacenter {:?} yet",
+                        self.fed.primary()
+                    );
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let req = self.client.request(method, url);
+        match &self.token {
+            Some(t) => req.header(structs::wire::TOKEN_HEADER, t.secret()),
+            None => req,
+        }
+    }
+
+    async fn announce(&self, server: &str, state: &FederationState) -> Result<(), String> {
+        let resp = self
+            .request(
+                reqwest::Method::PUT,
+                format!("http://{server}/v1/internal/federation-state"),
+            )
+            .json(state)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| format!("sending this datacenter's state to {server}: {e}"))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(format!(
+                "{server} refused this datacenter's state: {status}: {}",
+                body.trim()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The list `server` holds, and its index; with `after`, once it passes it.
+    async fn list(&self, server: &str, after: Option<u64>) -> Result<(Vec<FederationState>, u64), String> {
+        let url = match after {
+            Some(i) => format!(
+                "http://{server}/v1/internal/federation-states?index={i}&wait={}s",
+                FOLLOW_WAIT.as_secs()
+            ),
+            None => format!("http://{server}/v1/internal/federation-states"),
+        };
+        let resp = self
+            .request(reqwest::Method::GET, url)
+            .timeout(FOLLOW_WAIT + Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| format!("reading the federation states of {server}: {e}"))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(format!(
+                "{server} refused its federation states: {status}: {}",
+                body.trim()
+            ));
+        }
+        let index = resp
+            .headers()
+            .get("x-consul-index")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0);
+        let states = resp
+            .json()
+            .await
+            .map_err(|e| format!("reading the federation states of {server}: {e}"))?;
+        Ok((states, index))
+    }
+
+    /// Follows the primary's list at `server` until this datacenter's state changes or the
+    /// list lacks it (`Ok`), or the primary fails (`Err`).
+    async fn follow(&self, server: &str, own: &mut watch::Receiver<FederationState>) -> Result<(), String> {
+        let mut index = 0;
+        loop {
+            let listed = tokio::select! {
+                r = self.list(server, Some(index)) => r?,
+                _ = own.changed() => return Ok(()),
+            };
+            let (states, next) = listed;
+            let has_own = states.iter().any(|s| s.datacenter == self.fed.local());
+            self.fed.replace(states);
+            if !has_own {
+                return Ok(());
+            }
+            // An index that went backwards: the primary restarted (its states are soft).
+            if next < index {
+                return Ok(());
+            }
+            index = next;
+        }
+    }
+}
+
+/// Forwards a request naming another datacenter this server knows (`?dc=`) to one of its
+/// servers, and relays the answer. Unknown datacenters are answered here (Consul's 500 "No
+/// path to datacenter"); a request already forwarded is served where it lands.
+pub(crate) async fn forward_dc(State(fwd): State<Arc<DcForwarder>>, req: Request, next: Next) -> Response {
+    let Some(dc) = other_dc(&req, fwd.fed.local()) else {
+        return next.run(req).await;
+    };
+    let servers = fwd.fed.servers_of(&dc);
+    if servers.is_empty() || req.headers().contains_key(FORWARDED_DC) {
+        return next.run(req).await;
+    }
+    // Blocking queries wait at the other end: the relay waits as long, and a little more.
+    let timeout = http_kit::Params::parse(req.uri().query())
+        .blocking()
+        .ok()
+        .filter(|b| b.index.is_some())
+        .map_or(Duration::from_secs(30), |b| b.wait + Duration::from_secs(30));
+    let out = match Outgoing::read(req, fwd.max_body).await {
+        Ok(out) => out,
+        Err(too_large) => return too_large,
+    };
+    let mut last = String::new();
+    for server in &servers {
+        let mut relayed = out.to(&fwd.client, &format!("http://{server}")).timeout(timeout);
+        if let Ok(v) = HeaderValue::from_str(fwd.fed.local()) {
+            relayed = relayed.header(FORWARDED_DC, v);
+        }
+        match relayed.send().await {
+            Ok(resp) => match relay::answer(resp).await {
+                Ok(resp) => return resp,
+                Err(e) => last = format!("{server}: {e}"),
+            },
+            Err(e) => last = format!("{server}: {e}"),
+        }
+    }
+    (
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        format!("No path to datacenter {dc:?}: no server of it answered ({last})"),
+    )
+        .into_response()
+}
+
+/// The datacenter `?dc=` names, when it is not `local`.
+fn other_dc(req: &Request, local: &str) -> Option<String> {
+    let query = req.uri().query().filter(|q| q.contains("dc="))?;
+    let params = http_kit::Params::parse(Some(query));
+    params
+        .get("dc")
+        .filter(|dc| !dc.is_empty() && *dc != local)
+        .map(str::to_owned)
+}
+
+/// What the forwarding layer needs.
+pub(crate) struct DcForwarder {
+    pub(crate) fed: Arc<Federation>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) max_body: usize,
+}
