@@ -62,6 +62,15 @@ pub enum Op {
     CaBootstrap(CaConfig),
     /// Apply a new CA configuration (rotating the root if the key type changes).
     CaConfigure(CaConfig),
+    /// A secondary datacenter's CA: the primary's trust domain and roots, and the
+    /// intermediate the primary signed for this datacenter (see [`crate::ca`]). Writes
+    /// nothing when the CA already is that.
+    CaFollowPrimary {
+        /// The primary's roots, as its `/v1/connect/ca/roots` answers.
+        roots: Box<structs::IndexedCaRoots>,
+        /// The intermediate.
+        intermediate: crate::ca::Intermediate,
+    },
     /// Remove the rotated-out CA roots that no leaf they signed can still need at `now`
     /// (leader work: see [`crate::ca_pruning`]); nothing to remove writes nothing.
     CaPruneRoots {

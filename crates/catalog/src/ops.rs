@@ -109,6 +109,22 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 current.reconfigure(config.clone(), now)?,
             )]))
         }
+        Op::CaFollowPrimary { roots, intermediate } => {
+            let current = state.ca();
+            let next = CaState::following(current.as_deref(), roots, intermediate.clone()).ok_or_else(|| {
+                CaError::InvalidConfig {
+                    field: "Roots",
+                    reason: format!(
+                        "the primary's roots (trust domain {:?}) have no active root of a built-in CA",
+                        roots.trust_domain
+                    ),
+                }
+            })?;
+            if current.as_deref() == Some(&next) {
+                return Ok(Plan::write(Vec::new()));
+            }
+            Ok(Plan::write(vec![Change::PutCa(next)]))
+        }
         Op::CaPruneRoots { now } => Ok(Plan::write(
             state
                 .ca()

@@ -35,6 +35,9 @@ pub struct StoreConfig {
     pub publish_buffer: usize,
     /// Writes taken in one batch at most.
     pub max_batch: usize,
+    /// The CA comes from the primary datacenter (a secondary's server): none is created at
+    /// first start, leaves wait for it.
+    pub ca_from_primary: bool,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
     #[cfg(feature = "etcd")]
     pub etcd: Option<etcd::EtcdConfig>,
@@ -48,6 +51,7 @@ impl Default for StoreConfig {
             snapshot_every: 10_000,
             publish_buffer: 16,
             max_batch: 1024,
+            ca_from_primary: false,
             #[cfg(feature = "etcd")]
             etcd: None,
         }
@@ -101,6 +105,7 @@ impl Store {
             tx: Arc::new(Mutex::new(Some(tx))),
         };
         if store.read().ca().is_none()
+            && !store.inner.config.ca_from_primary
             && let Err(e) = store.write(Op::CaBootstrap(ca::CaConfig::default())).await
         {
             store.close().await;
@@ -249,6 +254,14 @@ impl Store {
             _ => false,
         };
         ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())
+    }
+
+    /// Signs a secondary datacenter's intermediate (see [`ca::sign_intermediate`]): its PEM
+    /// and the id of the root that signed it.
+    pub fn sign_intermediate(&self, csr_pem: &str) -> Result<(String, String), ca::CsrError> {
+        let state = self.read();
+        let ca = state.ca().ok_or(ca::CaError::NoActiveRoot)?;
+        ca::sign_intermediate(&ca, csr_pem, SystemTime::now())
     }
 
     /// A snapshot archive of the current state and the index it was taken at (see

@@ -201,12 +201,7 @@ pub(crate) async fn sign(
             "CSR: missing (expected a PEM certificate signing request)".into(),
         ));
     }
-    let cert = api.store.sign_csr(&request.csr).map_err(|e| match e {
-        catalog::ca::CsrError::Ca(catalog::ca::CaError::NoActiveRoot) => ApiError::Internal(e.to_string()),
-        catalog::ca::CsrError::Ca(catalog::ca::CaError::InvalidDnsSan(_)) => ApiError::BadRequest(e.to_string()),
-        catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
-        _ => ApiError::BadRequest(e.to_string()),
-    })?;
+    let cert = api.store.sign_csr(&request.csr).map_err(csr_error)?;
     // Signing changes nothing: a certificate for a service the token may not write is
     // dropped here, never returned.
     authz.need(|a| a.service_write(&cert.service), "service:write", &cert.service)?;
@@ -356,4 +351,15 @@ pub(crate) async fn check_intention(
         Some(state.index_of(&IndexKey::Intentions)),
         params.pretty(),
     ))
+}
+
+/// The answer to a CSR the CA refused: the requester's fault (a 400 naming what is wrong),
+/// or the CA's (a 500).
+pub(crate) fn csr_error(e: catalog::ca::CsrError) -> ApiError {
+    match e {
+        catalog::ca::CsrError::Ca(catalog::ca::CaError::NoActiveRoot) => ApiError::Internal(e.to_string()),
+        catalog::ca::CsrError::Ca(catalog::ca::CaError::InvalidDnsSan(_)) => ApiError::BadRequest(e.to_string()),
+        catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
+        _ => ApiError::BadRequest(e.to_string()),
+    }
 }

@@ -224,3 +224,44 @@ pub(crate) async fn put(State(api): State<Api>, authz: Authz, body: Bytes) -> Re
     fed.put(state);
     Ok(query::json(&true, None, false))
 }
+
+/// `PUT /v1/internal/ca/intermediate` body.
+#[derive(serde::Deserialize)]
+struct IntermediateRequest {
+    #[serde(rename = "CSR", alias = "csr", default)]
+    csr: String,
+}
+
+/// Its answer.
+#[derive(serde::Serialize)]
+struct IntermediateAnswer {
+    #[serde(rename = "CertPEM")]
+    cert_pem: String,
+    #[serde(rename = "RootID")]
+    root_id: String,
+}
+
+/// `PUT /v1/internal/ca/intermediate`: the primary signs a secondary datacenter's
+/// intermediate for the key of its CSR (`operator:write`; see `catalog::ca`). A server of a
+/// secondary datacenter refuses: its CA follows the primary's.
+pub(crate) async fn sign_intermediate(State(api): State<Api>, authz: Authz, body: Bytes) -> Result<Response, ApiError> {
+    authz.need(|a| a.operator_write(), "operator:write", "")?;
+    if let Some(fed) = api.config.federation.as_ref().filter(|f| !f.is_primary()) {
+        return Err(ApiError::BadRequest(format!(
+            "this server is in datacenter {:?}: intermediates are signed by the primary, {:?}",
+            fed.local(),
+            fed.primary()
+        )));
+    }
+    let request: IntermediateRequest = query::decode(&body, "{\"CSR\": PEM}")?;
+    if request.csr.trim().is_empty() {
+        return Err(ApiError::BadRequest(
+            "CSR: missing (expected a PEM certificate signing request)".into(),
+        ));
+    }
+    let (cert_pem, root_id) = api
+        .store
+        .sign_intermediate(&request.csr)
+        .map_err(crate::connect::csr_error)?;
+    Ok(query::json(&IntermediateAnswer { cert_pem, root_id }, None, false))
+}

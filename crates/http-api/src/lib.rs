@@ -133,6 +133,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/federation-states", get(federation::list));
     r.add("/v1/internal/federation-state/{dc}", get(federation::one));
     r.add("/v1/internal/federation-state", put(federation::put));
+    r.add("/v1/internal/ca/intermediate", put(federation::sign_intermediate));
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;

@@ -279,6 +279,7 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
     let ixn = format!("/v1/connect/intentions/{}", spares.intention);
     use Without::*;
     let n = Value::Null;
+    let (intermediate_csr, _) = catalog::ca::intermediate_csr(trust_domain, &Default::default()).unwrap();
     let web_reg =
         json!({"Node": "n1", "Address": "10.0.0.1", "Service": {"ID": "web2", "Service": "web", "Port": 8081}});
     let p = format!("/v1/acl/policy/{policy_id}");
@@ -838,6 +839,14 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             "/v1/internal/federation-state",
             "/v1/internal/federation-state",
             json!({"Datacenter": "dc3", "Servers": ["10.0.3.1:8500"]}),
+            OPERATOR_WRITE,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/internal/ca/intermediate",
+            "/v1/internal/ca/intermediate",
+            json!({"CSR": intermediate_csr}),
             OPERATOR_WRITE,
             Denied,
         ),

@@ -161,6 +161,8 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     assert_eq!((status, body.contains("sent to the primary")), (400, true), "{body}");
 
     println!("{:>5.1} s forwarded", t0.elapsed().as_secs_f64());
+    one_trust_domain(&client, &dc1.http, &dc2.http).await;
+    println!("{:>5.1} s one trust domain, rotated", t0.elapsed().as_secs_f64());
     // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
     drop(dc1);
     let (_, _, dcs) = get(&client, &format!("{}/v1/catalog/datacenters", dc2.http)).await;
@@ -174,4 +176,94 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     let (status, _, there) = get(&client, &format!("{}/v1/catalog/service/api?dc=dc2", dc1.http)).await;
     assert_eq!(status, 200);
     assert_eq!(there.as_array().unwrap().len(), 2, "{there}");
+    // It came back with a CA of its own (nothing kept): dc2 follows it.
+    let (_, _, roots) = get(&client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
+    until_roots(&client, &dc2.http, &roots["ActiveRootID"]).await;
+}
+
+/// Waits until `server`'s active root is `active`; returns its roots.
+async fn until_roots(client: &reqwest::Client, server: &str, active: &Value) -> Value {
+    wait_for(|| async {
+        let (_, _, roots) = get(client, &format!("{server}/v1/connect/ca/roots")).await;
+        (roots["ActiveRootID"] == *active).then_some(roots)
+    })
+    .await
+}
+
+/// The certificates of a PEM bundle, DER.
+fn ders(pem: &str) -> Vec<Vec<u8>> {
+    x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes())
+        .map(|p| p.unwrap().contents)
+        .collect()
+}
+
+/// Whether `leaf_pem` (a leaf, then its intermediate) chains to the root `root_pem`.
+fn chains_to(leaf_pem: &str, root_pem: &str) -> bool {
+    use x509_parser::prelude::*;
+    let (chain, root) = (ders(leaf_pem), ders(root_pem));
+    let (_, root) = X509Certificate::from_der(&root[0]).unwrap();
+    let (_, leaf) = X509Certificate::from_der(&chain[0]).unwrap();
+    let (_, inter) = X509Certificate::from_der(&chain[1]).unwrap();
+    inter.verify_signature(Some(root.public_key())).is_ok() && leaf.verify_signature(Some(inter.public_key())).is_ok()
+}
+
+/// dc2's CA follows dc1's: one trust domain and dc1's roots; dc2's leaves are signed by an
+/// intermediate dc1's root signed. A rotation in dc1 gives dc2 a new intermediate, and
+/// dc2's leaves from before still chain to a root dc2 trusts. dc2 takes no CA configuration.
+async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
+    let (_, _, roots1) = get(client, &format!("{dc1}/v1/connect/ca/roots")).await;
+    let roots2 = until_roots(client, dc2, &roots1["ActiveRootID"]).await;
+    assert_eq!(roots2["TrustDomain"], roots1["TrustDomain"]);
+    let root_pem = roots1["Roots"][0]["RootCert"].as_str().unwrap().to_owned();
+    assert_eq!(roots2["Roots"][0]["RootCert"], root_pem.as_str());
+    let leaf = |server: &str| {
+        let url = format!("{server}/v1/agent/connect/ca/leaf/api");
+        async move { get(client, &url).await.2["CertPEM"].as_str().unwrap().to_owned() }
+    };
+    let before = leaf(dc2).await;
+    assert_eq!(ders(&before).len(), 2, "a dc2 leaf carries its intermediate");
+    assert!(chains_to(&before, &root_pem), "dc2's leaf chains to dc1's root");
+    assert_eq!(
+        ders(roots2["Roots"][0]["IntermediateCerts"][0].as_str().unwrap()),
+        ders(&before)[1..],
+        "dc2's bundle names the intermediate its leaves carry"
+    );
+
+    let (status, body) = put(
+        client,
+        &format!("{dc2}/v1/connect/ca/configuration"),
+        json!({"Provider": "consul", "Config": {"PrivateKeyBits": 384}}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("follows the primary"), "{body}");
+
+    // A new key size in dc1 rotates its root.
+    let (status, body) = put(
+        client,
+        &format!("{dc1}/v1/connect/ca/configuration"),
+        json!({"Provider": "consul", "Config": {"PrivateKeyBits": 384}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, _, rotated) = get(client, &format!("{dc1}/v1/connect/ca/roots")).await;
+    assert_ne!(rotated["ActiveRootID"], roots1["ActiveRootID"]);
+    let roots2 = until_roots(client, dc2, &rotated["ActiveRootID"]).await;
+    let trusted: Vec<&str> = roots2["Roots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["RootCert"].as_str().unwrap())
+        .collect();
+    assert!(
+        trusted.contains(&root_pem.as_str()),
+        "the old root stays trusted in dc2"
+    );
+    let new_root = rotated["Roots"][0]["RootCert"].as_str().unwrap();
+    let after = wait_for(|| async { Some(leaf(dc2).await).filter(|l| *l != before) }).await;
+    assert!(chains_to(&after, new_root), "dc2's new leaves chain to dc1's new root");
+    assert!(
+        chains_to(&before, &root_pem),
+        "and its old ones still to a root it trusts"
+    );
 }

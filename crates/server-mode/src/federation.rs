@@ -95,7 +95,7 @@ impl Link {
             if self.fed.is_primary() {
                 self.keep_own(own.subscribe()).await;
             } else {
-                self.secondary(own.subscribe()).await;
+                tokio::join!(self.secondary(own.subscribe()), self.follow_ca());
             }
         };
         tokio::select! {
@@ -291,6 +291,144 @@ impl Link {
                 return Ok(());
             }
             index = next;
+        }
+    }
+}
+
+impl Link {
+    /// A secondary's CA follows the primary's: its roots followed (a blocking query), and a
+    /// new intermediate asked for whenever the active root is not the one that signed this
+    /// datacenter's (first link, rotation in the primary). Leaves signed by the previous
+    /// intermediate stay trusted while the primary keeps its root in the bundle.
+    async fn follow_ca(&self) {
+        let (mut failures, mut failing, mut index) = (0u32, false, 0u64);
+        loop {
+            tokio::time::sleep(RETRY.delay(failures + 1)).await;
+            match self.ca_once(&mut index).await {
+                Ok(()) => {
+                    if failing {
+                        info!(primary = %self.fed.primary(), "this datacenter's CA follows the primary's again");
+                    }
+                    (failures, failing) = (0, false);
+                }
+                Err(e) => {
+                    if !failing {
+                        warn!(primary = %self.fed.primary(), error = %e, "cannot follow the primary datacenter's CA; retrying");
+                    }
+                    (failures, failing) = (failures.saturating_add(1), true);
+                }
+            }
+        }
+    }
+
+    /// One round: the primary's roots once they pass `index`, then this CA made to follow
+    /// them.
+    async fn ca_once(&self, index: &mut u64) -> Result<(), String> {
+        let servers = self.fed.servers_of(self.fed.primary());
+        let mut last = format!(
+            "no server of the primary datacenter {:?} is known yet",
+            self.fed.primary()
+        );
+        for server in &servers {
+            let url = format!(
+                "http://{server}/v1/connect/ca/roots?index={index}&wait={}s",
+                FOLLOW_WAIT.as_secs()
+            );
+            let roots = self
+                .request(reqwest::Method::GET, url)
+                .timeout(FOLLOW_WAIT + Duration::from_secs(30))
+                .send()
+                .await;
+            let resp = match roots {
+                Ok(r) if r.status().is_success() => r,
+                Ok(r) => {
+                    last = format!("{server} refused its CA roots: {}", r.status());
+                    continue;
+                }
+                Err(e) => {
+                    last = format!("reading the CA roots of {server}: {e}");
+                    continue;
+                }
+            };
+            let next = resp
+                .headers()
+                .get("x-consul-index")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0);
+            let roots: structs::IndexedCaRoots = resp
+                .json()
+                .await
+                .map_err(|e| format!("reading the CA roots of {server}: {e}"))?;
+            self.adopt(server, roots).await?;
+            *index = next;
+            return Ok(());
+        }
+        Err(last)
+    }
+
+    /// Makes this datacenter's CA follow the primary's `roots`, asking `server` for a new
+    /// intermediate when the current one was not signed by their active root.
+    async fn adopt(&self, server: &str, roots: structs::IndexedCaRoots) -> Result<(), String> {
+        let active = roots.active().ok_or("the primary's CA has no active root")?.id.clone();
+        let current = self.store.read().ca();
+        let kept = current
+            .as_ref()
+            .filter(|c| c.trust_domain() == roots.trust_domain)
+            .and_then(|c| c.intermediate.clone())
+            .filter(|i| i.root_id == active);
+        let intermediate = match kept {
+            Some(i) => i,
+            None => {
+                let config = current.map(|c| c.config.clone()).unwrap_or_default();
+                let (csr, key) =
+                    catalog::ca::intermediate_csr(&roots.trust_domain, &config).map_err(|e| e.to_string())?;
+                let (cert_pem, root_id) = self.signed(server, &csr).await?;
+                info!(root = %root_id, "the primary signed this datacenter's intermediate");
+                catalog::ca::Intermediate {
+                    cert_pem,
+                    private_key_pem: key,
+                    root_id,
+                }
+            }
+        };
+        let op = catalog::Op::CaFollowPrimary {
+            roots: Box::new(roots),
+            intermediate,
+        };
+        self.store
+            .write(op)
+            .await
+            .map(drop)
+            .map_err(|e| format!("storing the CA: {e}"))
+    }
+
+    /// The intermediate `server` signs for `csr`: its PEM and the id of the root that signed.
+    async fn signed(&self, server: &str, csr: &str) -> Result<(String, String), String> {
+        let resp = self
+            .request(
+                reqwest::Method::PUT,
+                format!("http://{server}/v1/internal/ca/intermediate"),
+            )
+            .json(&serde_json::json!({ "CSR": csr }))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| format!("asking {server} to sign this datacenter's intermediate: {e}"))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(format!(
+                "{server} refused to sign this datacenter's intermediate: {status}: {}",
+                body.trim()
+            ));
+        }
+        let answer: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("reading {server}'s intermediate: {e}"))?;
+        match (answer["CertPEM"].as_str(), answer["RootID"].as_str()) {
+            (Some(cert), Some(root)) if !cert.is_empty() => Ok((cert.to_owned(), root.to_owned())),
+            _ => Err(format!("{server} answered no intermediate: {answer}")),
         }
     }
 }

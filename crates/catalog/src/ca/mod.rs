@@ -3,6 +3,12 @@
 //!
 //! Certificates are built with rcgen and read back with x509-parser; no ASN.1 is written by
 //! hand. Keys are ECDSA (P-256 or P-384): the signing backend cannot generate RSA keys.
+//!
+//! Several datacenters share one trust domain, the primary's. A secondary datacenter's CA
+//! holds no root key: it holds the primary's roots (public parts) and an intermediate
+//! certificate the primary's active root signed for a key the secondary generated (its CSR:
+//! the primary's key never leaves it), and signs its leaves with that intermediate; a leaf's
+//! PEM then carries the intermediate after it, so a peer holding only the roots verifies it.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -123,6 +129,17 @@ pub struct StoredRoot {
     pub keep_until: Option<Timestamp>,
 }
 
+/// A secondary datacenter's signing certificate: signed by the primary's root `root_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intermediate {
+    /// The certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PEM; persisted: the store's data dir must be protected).
+    pub private_key_pem: String,
+    /// The id of the primary's root that signed it.
+    pub root_id: String,
+}
+
 /// Everything the CA keeps durably.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaState {
@@ -136,6 +153,10 @@ pub struct CaState {
     pub create_index: Index,
     /// Index of the last CA write.
     pub modify_index: Index,
+    /// In a secondary datacenter: the intermediate its leaves are signed with (its roots
+    /// are then the primary's, without keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate: Option<Intermediate>,
 }
 
 impl CaState {
@@ -156,7 +177,14 @@ impl CaState {
             .roots
             .iter()
             .filter(|r| r.root.active || r.keep_until.is_none_or(|t| t.0 > now))
-            .map(|r| r.root.clone())
+            .map(|r| {
+                let mut root = r.root.clone();
+                // A secondary's active root lists the intermediate it signs with, as Consul's.
+                if let (true, Some(i)) = (root.active, &self.intermediate) {
+                    root.intermediate_certs = vec![i.cert_pem.clone()];
+                }
+                root
+            })
             .collect();
         IndexedCaRoots {
             active_root_id: self.active().map(|r| r.root.id.clone()).unwrap_or_default(),
@@ -164,6 +192,41 @@ impl CaState {
             roots,
             index: self.modify_index,
         }
+    }
+
+    /// True in a secondary datacenter: the CA follows the primary's.
+    pub fn is_secondary(&self) -> bool {
+        self.intermediate.is_some()
+    }
+
+    /// A secondary datacenter's CA: the primary's trust domain and `roots` (their public
+    /// parts), the configuration of `current` (if any), and `intermediate` to sign with.
+    /// `None` when `roots` has no trust domain of the built-in form (`<cluster id>.consul`)
+    /// or no active root.
+    pub fn following(current: Option<&CaState>, roots: &IndexedCaRoots, intermediate: Intermediate) -> Option<Self> {
+        let cluster_id = roots.trust_domain.strip_suffix(".consul")?.to_owned();
+        roots.roots.iter().find(|r| r.active)?;
+        let stored = roots
+            .roots
+            .iter()
+            .map(|r| {
+                let mut root = r.clone();
+                root.intermediate_certs = Vec::new();
+                StoredRoot {
+                    root,
+                    private_key_pem: String::new(),
+                    keep_until: None,
+                }
+            })
+            .collect();
+        Some(Self {
+            cluster_id,
+            config: current.map(|c| c.config.clone()).unwrap_or_default(),
+            roots: stored,
+            create_index: current.map_or(Index(0), |c| c.create_index),
+            modify_index: current.map_or(Index(0), |c| c.modify_index),
+            intermediate: Some(intermediate),
+        })
     }
 
     /// When the next rotated-out root may be removed: its last leaf expired (its rotation
@@ -199,6 +262,7 @@ impl CaState {
             roots: vec![root],
             create_index: Index(0),
             modify_index: Index(0),
+            intermediate: None,
         })
     }
 
@@ -206,6 +270,12 @@ impl CaState {
     /// root becomes active and the old one stays in the bundle until its leaves expire.
     pub fn reconfigure(&self, config: CaConfig, now: SystemTime) -> Result<Self, CaError> {
         config.validate()?;
+        if self.is_secondary() {
+            return Err(CaError::InvalidConfig {
+                field: "Config",
+                reason: "this datacenter's CA follows the primary datacenter's: configure it there".into(),
+            });
+        }
         let mut next = self.clone();
         let rotate = config.private_key_type != self.config.private_key_type
             || config.private_key_bits != self.config.private_key_bits;
@@ -449,9 +519,15 @@ fn issue(
     key: &impl rcgen::PublicKeyData,
     now: SystemTime,
 ) -> Result<IssuedCert, CaError> {
-    let root = ca.active().ok_or(CaError::NoActiveRoot)?;
-    let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(CaError::from)?;
-    let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(CaError::from)?;
+    let (signer_cert, signer_key) = match &ca.intermediate {
+        Some(i) => (&i.cert_pem, &i.private_key_pem),
+        None => {
+            let root = ca.active().ok_or(CaError::NoActiveRoot)?;
+            (&root.root.root_cert, &root.private_key_pem)
+        }
+    };
+    let signer_key = KeyPair::from_pem(signer_key).map_err(CaError::from)?;
+    let issuer = Issuer::from_ca_cert_pem(signer_cert, signer_key).map_err(CaError::from)?;
     let spiffe = SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string();
     let (serial, _) = random_serial()?;
     let serial_text = colon_hex(serial.as_ref());
@@ -480,9 +556,14 @@ fn issue(
     params.not_after = offset(valid_before);
     params.serial_number = Some(serial);
     let cert = params.signed_by(key, &issuer).map_err(CaError::from)?;
+    // A secondary's leaf carries its intermediate: peers hold only the roots.
+    let cert_pem = match &ca.intermediate {
+        Some(i) => format!("{}{}", cert.pem(), i.cert_pem),
+        None => cert.pem(),
+    };
     Ok(IssuedCert {
         serial_number: serial_text,
-        cert_pem: cert.pem(),
+        cert_pem,
         private_key_pem: String::new(),
         service: service.to_owned(),
         service_uri: spiffe,
@@ -491,6 +572,69 @@ fn issue(
         create_index: ca.modify_index,
         modify_index: ca.modify_index,
     })
+}
+
+/// A key and a certificate signing request for a secondary datacenter's intermediate in
+/// `trust_domain` (URI SAN `spiffe://<trust-domain>`): `(csr_pem, key_pem)`.
+pub fn intermediate_csr(trust_domain: &str, config: &CaConfig) -> Result<(String, String), CaError> {
+    let key = KeyPair::generate_for(config.algorithm()).map_err(CaError::from)?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "meshd secondary CA");
+    params.distinguished_name = dn;
+    params.subject_alt_names = vec![SanType::URI(ia5(&format!("spiffe://{trust_domain}"))?)];
+    let csr = params.serialize_request(&key).map_err(CaError::from)?;
+    Ok((csr.pem().map_err(CaError::from)?, key.serialize_pem()))
+}
+
+/// The primary signs a secondary datacenter's intermediate for the key of `csr_pem` with its
+/// active root: a CA that may sign leaves only (path length 0), for this trust domain (the
+/// CSR's one URI SAN must be `spiffe://<trust-domain>`), valid a year or until the root
+/// expires, whichever is first. Returns the certificate (PEM) and the root's id.
+pub fn sign_intermediate(ca: &CaState, csr_pem: &str, now: SystemTime) -> Result<(String, String), CsrError> {
+    if ca.is_secondary() {
+        return Err(CsrError::Identity(
+            "this datacenter is not the primary: intermediates are signed by the primary's CA".into(),
+        ));
+    }
+    let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+        .map_err(|e| CsrError::Invalid(format!("cannot read it: {e}")))?;
+    let want = format!("spiffe://{}", ca.trust_domain());
+    let uris: Vec<&str> = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .map(|san| match san {
+            SanType::URI(uri) => uri.as_str(),
+            _ => "",
+        })
+        .collect();
+    if uris != [want.as_str()] {
+        return Err(CsrError::Identity(format!(
+            "an intermediate's CSR must carry exactly one SAN, the URI {want:?}"
+        )));
+    }
+    let root = ca.active().ok_or(CaError::NoActiveRoot)?;
+    let root_key = KeyPair::from_pem(&root.private_key_pem).map_err(CaError::from)?;
+    let issuer = Issuer::from_ca_cert_pem(&root.root.root_cert, root_key).map_err(CaError::from)?;
+    let (serial, _) = random_serial()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "meshd secondary CA");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.subject_alt_names = vec![SanType::URI(ia5(&want)?)];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = offset(now - Duration::from_secs(60));
+    params.not_after = offset((now + Duration::from_secs(365 * 24 * 3600)).min(root.root.not_after.0));
+    params.serial_number = Some(serial);
+    let cert = params.signed_by(&csr.public_key, &issuer).map_err(CaError::from)?;
+    Ok((cert.pem(), root.root.id.clone()))
 }
 
 /// A DNS name for a certificate: dot-separated labels of letters, digits and `-` (not at

@@ -274,3 +274,73 @@ fn a_rotation_that_shortens_the_leaf_ttl_keeps_the_old_root_for_the_old_ttl() {
     assert_eq!(pruned.roots.len(), 1);
     assert!(pruned.roots[0].root.active);
 }
+
+/// A secondary datacenter's CA: the primary signs its intermediate (a CA limited to leaves)
+/// for a key it never sees; the secondary's leaves carry the intermediate and chain to the
+/// primary's root; its bundle is the primary's roots; it refuses to be configured or to sign
+/// intermediates itself.
+#[test]
+fn a_secondary_signs_with_an_intermediate_of_the_primarys_root() {
+    let primary = CaState::bootstrap(CaConfig::default()).unwrap();
+    let now = SystemTime::now();
+    let (csr, key) = intermediate_csr(&primary.trust_domain(), &primary.config).unwrap();
+    let (cert_pem, root_id) = sign_intermediate(&primary, &csr, now).unwrap();
+    assert_eq!(root_id, primary.active().unwrap().root.id);
+    let roots = primary.bundle(now);
+    let secondary = CaState::following(
+        None,
+        &roots,
+        Intermediate {
+            cert_pem: cert_pem.clone(),
+            private_key_pem: key,
+            root_id,
+        },
+    )
+    .unwrap();
+    assert_eq!(secondary.trust_domain(), primary.trust_domain());
+    assert!(
+        secondary.roots.iter().all(|r| r.private_key_pem.is_empty()),
+        "no root key leaves the primary"
+    );
+    let bundle = secondary.bundle(now);
+    assert_eq!(bundle.active_root_id, roots.active_root_id);
+    assert_eq!(bundle.roots[0].intermediate_certs, std::slice::from_ref(&cert_pem));
+
+    let leaf = sign_leaf(&secondary, "dc2", "api", now).unwrap();
+    assert_eq!(
+        leaf.service_uri,
+        format!("spiffe://{}/ns/default/dc/dc2/svc/api", primary.trust_domain())
+    );
+    let blocks: Vec<_> = x509_parser::pem::Pem::iter_from_buffer(leaf.cert_pem.as_bytes())
+        .map(|p| p.unwrap().contents)
+        .collect();
+    assert_eq!(blocks.len(), 2, "the leaf, then the intermediate");
+    let root_der = der(&primary.active().unwrap().root.root_cert);
+    let (_, root) = X509Certificate::from_der(&root_der).unwrap();
+    let (_, leaf_cert) = X509Certificate::from_der(&blocks[0]).unwrap();
+    let (_, inter) = X509Certificate::from_der(&blocks[1]).unwrap();
+    inter
+        .verify_signature(Some(root.public_key()))
+        .expect("signed by the primary's root");
+    leaf_cert
+        .verify_signature(Some(inter.public_key()))
+        .expect("signed by the intermediate");
+    assert!(inter.is_ca());
+    let constraints = inter.basic_constraints().unwrap().unwrap().value;
+    assert_eq!(constraints.path_len_constraint, Some(0), "it signs leaves only");
+    assert!(inter.validity().not_after.timestamp() <= root.validity().not_after.timestamp());
+
+    // A CSR for another trust domain, or with other names, is refused.
+    let (other, _) = intermediate_csr("11111111-2222-3333-4444-555555555555.consul", &primary.config).unwrap();
+    assert!(matches!(
+        sign_intermediate(&primary, &other, now),
+        Err(CsrError::Identity(_))
+    ));
+    // The secondary neither signs intermediates nor takes a configuration of its own.
+    assert!(matches!(
+        sign_intermediate(&secondary, &csr, now),
+        Err(CsrError::Identity(_))
+    ));
+    let err = secondary.reconfigure(CaConfig::default(), now).unwrap_err();
+    assert!(err.to_string().contains("follows the primary"), "{err}");
+}
