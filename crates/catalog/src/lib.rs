@@ -19,6 +19,7 @@ mod embedded;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod federation;
 mod gateways;
 mod jwt_refs;
 mod keys;

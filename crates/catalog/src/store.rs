@@ -35,9 +35,9 @@ pub struct StoreConfig {
     pub publish_buffer: usize,
     /// Writes taken in one batch at most.
     pub max_batch: usize,
-    /// The CA comes from the primary datacenter (a secondary's server): none is created at
-    /// first start, leaves wait for it.
-    pub ca_from_primary: bool,
+    /// The primary datacenter of a federation (`None`: this one). A secondary's server
+    /// creates no CA at first start: its CA follows the primary's, and leaves wait for it.
+    pub primary_datacenter: Option<String>,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
     #[cfg(feature = "etcd")]
     pub etcd: Option<etcd::EtcdConfig>,
@@ -51,7 +51,7 @@ impl Default for StoreConfig {
             snapshot_every: 10_000,
             publish_buffer: 16,
             max_batch: 1024,
-            ca_from_primary: false,
+            primary_datacenter: None,
             #[cfg(feature = "etcd")]
             etcd: None,
         }
@@ -67,6 +67,8 @@ struct Inner {
     storage: Arc<dyn Storage>,
     /// Issued leaves by service and (sorted) DNS SANs.
     leaves: Mutex<HashMap<LeafKey, Arc<IssuedCert>>>,
+    /// The other datacenters.
+    federation: Arc<crate::federation::Federation>,
 }
 
 /// The catalog store. Cheap to clone; [`Store::close`] stops the writer.
@@ -97,6 +99,10 @@ impl Store {
         let (storage, current) = open_storage(&config, writes).await?;
         let store = Store {
             inner: Arc::new(Inner {
+                federation: crate::federation::Federation::new(
+                    &config.datacenter,
+                    config.primary_datacenter.as_deref().unwrap_or(&config.datacenter),
+                ),
                 config,
                 current,
                 storage,
@@ -105,7 +111,7 @@ impl Store {
             tx: Arc::new(Mutex::new(Some(tx))),
         };
         if store.read().ca().is_none()
-            && !store.inner.config.ca_from_primary
+            && store.federation().is_primary()
             && let Err(e) = store.write(Op::CaBootstrap(ca::CaConfig::default())).await
         {
             store.close().await;
@@ -254,6 +260,11 @@ impl Store {
             _ => false,
         };
         ca::sign_csr(&ca, datacenter, csr_pem, &may_claim, SystemTime::now())
+    }
+
+    /// What this server knows of the other datacenters.
+    pub fn federation(&self) -> &Arc<crate::federation::Federation> {
+        &self.inner.federation
     }
 
     /// Signs a secondary datacenter's intermediate (see [`ca::sign_intermediate`]): its PEM

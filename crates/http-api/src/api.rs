@@ -30,8 +30,6 @@ pub struct ApiConfig {
     pub acl: Arc<catalog::acl::Resolver>,
     /// The ports this server listens on (`/v1/agent/self`'s `DebugConfig`).
     pub ports: http_kit::Ports,
-    /// The other datacenters, when this server is federated with them.
-    pub federation: Option<Arc<crate::federation::Federation>>,
 }
 
 impl Default for ApiConfig {
@@ -45,7 +43,6 @@ impl Default for ApiConfig {
             liveness: None,
             acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
             ports: http_kit::Ports::default(),
-            federation: None,
         }
     }
 }

@@ -180,11 +180,11 @@ pub(crate) async fn deregister(
 
 pub(crate) async fn datacenters(State(api): State<Api>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
-    let all = match &api.config.federation {
-        Some(fed) => fed.datacenters(),
-        None => vec![api.store.datacenter().to_owned()],
-    };
-    Ok(query::json(&all, None, params.pretty()))
+    Ok(query::json(
+        &api.store.federation().datacenters(),
+        None,
+        params.pretty(),
+    ))
 }
 
 pub(crate) async fn nodes(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

@@ -84,18 +84,14 @@ async fn mesh() -> Mesh {
             acl: resolver,
             liveness: Some(liveness),
             metrics: Arc::clone(&metrics),
-            federation: Some({
-                let fed = http_api::federation::Federation::new("dc1", "dc1");
-                fed.put(structs::federation::FederationState {
-                    datacenter: "dc2".into(),
-                    servers: vec!["10.0.2.1:8500".into()],
-                    ..Default::default()
-                });
-                fed
-            }),
             ..Default::default()
         },
     );
+    store.federation().put(structs::federation::FederationState {
+        datacenter: "dc2".into(),
+        servers: vec!["10.0.2.1:8500".into()],
+        ..Default::default()
+    });
     store.write(Op::AclInit).await.unwrap();
     let boot = call(&app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
     assert_eq!(boot.status, StatusCode::OK, "{}", boot.body);

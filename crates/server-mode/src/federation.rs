@@ -1,7 +1,7 @@
 //! Several datacenters, the server's side: keeping this datacenter's federation state (its
 //! servers and mesh gateways) current, sending it to the primary datacenter and copying the
-//! primary's list of every datacenter (`http_api::federation` holds the states and serves
-//! them), and forwarding a request that names another datacenter (`?dc=`) to a server of it.
+//! primary's list of every datacenter (`catalog::federation` holds the states, the HTTP API
+//! serves them), and forwarding a request that names another datacenter (`?dc=`) to a server of it.
 //!
 //! A secondary's server finds the primary through `-retry-join-wan` (any federated server:
 //! each lists every datacenter's servers), sends its state there, then follows the primary's
@@ -14,8 +14,8 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use backoff_schedule::Schedule;
+use catalog::federation::Federation;
 use catalog::{IndexKey, Store};
-use http_api::federation::Federation;
 use http_kit::relay::{self, Outgoing};
 use std::sync::Arc;
 use std::time::Duration;

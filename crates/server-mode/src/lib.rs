@@ -61,14 +61,13 @@ pub async fn run(
         .map_err(ServerError::Node)
 }
 
-/// The federation of a server with `args` whose API is at `api_addr`, where other
-/// datacenters reach it, and the token it presents to them. A server outside the primary
+/// Where other datacenters reach a server with `args` whose API is at `api_addr`, and the
+/// token it presents to them. A server outside the primary
 /// datacenter needs a server to join through.
-#[allow(clippy::type_complexity)]
 fn federation_settings(
     args: &ServerArgs,
     api_addr: SocketAddr,
-) -> Result<(Arc<http_api::federation::Federation>, (String, Option<structs::Token>)), ServerError> {
+) -> Result<(String, Option<structs::Token>), ServerError> {
     let primary = args
         .primary_datacenter
         .clone()
@@ -95,10 +94,7 @@ fn federation_settings(
                 .trim(),
         ),
     };
-    Ok((
-        http_api::federation::Federation::new(&args.datacenter, &primary),
-        (advertise, token),
-    ))
+    Ok((advertise, token))
 }
 
 /// `0.0.0.0:0`: an address for nothing.
@@ -140,8 +136,8 @@ pub struct ServerMode {
     liveness: Arc<catalog::liveness::Liveness>,
     /// The HTTP API's request counters.
     http_metrics: Arc<http_api::HttpMetrics>,
-    /// The other datacenters.
-    fed: Arc<http_api::federation::Federation>,
+    /// The other datacenters (the store's).
+    fed: Arc<catalog::federation::Federation>,
     /// Where other datacenters reach this server's API, and the token it presents to them.
     wan: (String, Option<structs::Token>),
 }
@@ -157,7 +153,8 @@ impl ServerMode {
         if args.acl_enabled {
             store::init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
         }
-        let (fed, wan) = federation_settings(&args, api_addr)?;
+        let wan = federation_settings(&args, api_addr)?;
+        let fed = Arc::clone(store.federation());
         let followers = TaskTracker::new();
         let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
         let liveness = Arc::new(catalog::liveness::Liveness::new(
@@ -242,7 +239,6 @@ impl Mode for ServerMode {
             metrics: Arc::clone(&self.http_metrics),
             liveness: Some(Arc::clone(&self.liveness)),
             acl: Arc::clone(&self.acl),
-            federation: Some(Arc::clone(&self.fed)),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;

@@ -18,7 +18,7 @@ pub(crate) async fn open(
     let mut config = StoreConfig {
         datacenter: args.datacenter.clone(),
         data_dir: args.data_dir.clone(),
-        ca_from_primary: args.primary_datacenter.as_ref().is_some_and(|p| *p != args.datacenter),
+        primary_datacenter: args.primary_datacenter.clone(),
         ..StoreConfig::default()
     };
     #[cfg(feature = "etcd")]
