@@ -16,7 +16,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use structs::federation::FederationState;
 
-
 /// `GET /v1/internal/federation-states`: every datacenter's state (`operator:read`),
 /// blocking on their index.
 pub(crate) async fn list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

@@ -1,11 +1,13 @@
 //! Two datacenters, each a real `meshd server`: dc2 joins dc1 (the primary) with
 //! `-retry-join-wan`; both list both datacenters and their federation states; a request
 //! naming the other datacenter (`?dc=`), a blocking one and a write included, is served by a
-//! server there with the caller's token; an unknown datacenter is Consul's 500; a primary
-//! that restarts (its states are soft) hears from dc2 again.
+//! server there with the caller's token; an unknown datacenter is Consul's 500; dc2's CA
+//! follows dc1's (one trust domain, a rotation included); a connection from dc1 reaches
+//! api in dc2 through both datacenters' mesh gateways (real Envoys); a primary that restarts
+//! (its states are soft) hears from dc2 again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::mesh::{Proc, wait_for};
+use crate::mesh::{Mesh, wait_for};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -15,24 +17,9 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_meshd"))
 }
 
-/// A started server, stopped when dropped, and its HTTP API (`http://ADDR`).
-struct Server {
-    _proc: Proc,
-    http: String,
-}
-
-impl Server {
-    fn of(p: test_support::process::ServerProcess) -> Self {
-        Self {
-            _proc: Proc(p.child),
-            http: p.http,
-        }
-    }
-
-    /// `host:port` of its HTTP API.
-    fn host_port(&self) -> &str {
-        self.http.trim_start_matches("http://")
-    }
+/// `host:port` of an API at `http://host:port`.
+fn host_port(http: &str) -> &str {
+    http.trim_start_matches("http://")
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> (u16, Option<u64>, Value) {
@@ -82,8 +69,8 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
         "-log-level",
         "warn",
     ];
-    let dc1 = Server::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
-    let dc2 = Server::of(start_server(
+    let dc1 = Mesh::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
+    let dc2 = Mesh::of(start_server(
         bin(),
         [
             "-dev",
@@ -110,7 +97,7 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
         .iter()
         .map(|s| (s["Datacenter"].as_str().unwrap(), s["Servers"][0].as_str().unwrap()))
         .collect();
-    assert_eq!(servers, [("dc1", http1.as_str()), ("dc2", dc2.host_port())]);
+    assert_eq!(servers, [("dc1", http1.as_str()), ("dc2", host_port(&dc2.http))]);
 
     // A write for dc2 through dc1 lands in dc2 only.
     let register = json!({"Node": "n2", "Address": "10.2.0.1", "Service": {"Service": "api", "Port": 80}});
@@ -163,11 +150,14 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     println!("{:>5.1} s forwarded", t0.elapsed().as_secs_f64());
     one_trust_domain(&client, &dc1.http, &dc2.http).await;
     println!("{:>5.1} s one trust domain, rotated", t0.elapsed().as_secs_f64());
+    let dir = tempfile::tempdir().unwrap();
+    through_both_gateways(&dc1, &dc2, dir.path()).await;
+    println!("{:>5.1} s through both mesh gateways", t0.elapsed().as_secs_f64());
     // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
     drop(dc1);
     let (_, _, dcs) = get(&client, &format!("{}/v1/catalog/datacenters", dc2.http)).await;
     assert_eq!(dcs, json!(["dc2", "dc1"]));
-    let dc1 = Server::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
+    let dc1 = Mesh::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
     until_datacenters(&client, &dc1.http, &["dc1", "dc2"]).await;
     println!(
         "{:>5.1} s the restarted primary knows dc2 again",
@@ -175,7 +165,7 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     );
     let (status, _, there) = get(&client, &format!("{}/v1/catalog/service/api?dc=dc2", dc1.http)).await;
     assert_eq!(status, 200);
-    assert_eq!(there.as_array().unwrap().len(), 2, "{there}");
+    assert_eq!(there.as_array().unwrap().len(), 3, "n2, n3 and node-api: {there}");
     // It came back with a CA of its own (nothing kept): dc2 follows it.
     let (_, _, roots) = get(&client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
     until_roots(&client, &dc2.http, &roots["ActiveRootID"]).await;
@@ -266,4 +256,77 @@ async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
         chains_to(&before, &root_pem),
         "and its old ones still to a root it trusts"
     );
+}
+
+/// A mesh gateway in each datacenter (`-gateway mesh -register`); api in dc2 behind its
+/// sidecar. A client holding dc1's leaf for web dials dc1's gateway with api's name in dc2
+/// (`api.default.dc2.internal.<trust-domain>`): dc1's gateway sends it to dc2's (known from
+/// dc2's federation state), which sends it to api's sidecar, which checks the certificate
+/// (one trust domain) and hands the request to api.
+async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
+    let api_port = crate::gateway_e2e::backend("api");
+    dc2.register(
+        "node-api",
+        "api",
+        api_port,
+        test_support::reserve_port(),
+        json!([]),
+        json!({}),
+    )
+    .await;
+    let (_api, _) = dc2.envoy("api", "node-api", dir).await;
+    let gateway = |mesh: &Mesh, name: &str| {
+        let port = test_support::reserve_port();
+        let address = format!("127.0.0.1:{port}");
+        let (http, grpc, run_dir) = (mesh.http.clone(), mesh.grpc.clone(), dir.join(name));
+        async move {
+            let which = [
+                "-gateway",
+                "mesh",
+                "-register",
+                "-address",
+                &address,
+                "-node",
+                "node-gw",
+            ];
+            let (proc, admin) = crate::mesh::run_proxy(&which, &http, &["-grpc-addr", &grpc], &run_dir).await;
+            (proc, admin, port)
+        }
+    };
+    let (_gw2, _, _) = gateway(dc2, "gateway-dc2").await;
+    let (_gw1, admin1, port1) = gateway(dc1, "gateway-dc1").await;
+
+    let (_, _, roots) = get(&dc1.client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
+    let host = format!("api.default.dc2.internal.{}", roots["TrustDomain"].as_str().unwrap());
+    let (_, _, leaf) = get(&dc1.client, &format!("{}/v1/agent/connect/ca/leaf/web", dc1.http)).await;
+    let pem = format!(
+        "{}{}",
+        leaf["CertPEM"].as_str().unwrap(),
+        leaf["PrivateKeyPEM"].as_str().unwrap()
+    );
+    // api's certificate names its SPIFFE id, no host: not checked here; api's sidecar checks
+    // this side's against the roots both datacenters share.
+    let web = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .resolve(&host, ([127, 0, 0, 1], port1).into())
+        .identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let url = format!("https://{host}:{port1}/across");
+    let body = wait_for(|| async {
+        let resp = web.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        (resp.status().as_u16() == 200).then_some(())?;
+        resp.text().await.ok()
+    })
+    .await;
+    assert_eq!(body, "api /across x-from=");
+    // dc1's gateway sent it on to dc2's, not anywhere local.
+    let stats = crate::mesh::get(&dc1.client, &format!("{admin1}/stats?filter=mesh_gateway_remote.dc2"))
+        .await
+        .unwrap();
+    assert!(
+        stats.contains("tcp.mesh_gateway_remote.dc2.downstream_cx_total: "),
+        "{stats}"
+    );
+    assert!(!stats.contains("downstream_cx_total: 0"), "{stats}");
 }

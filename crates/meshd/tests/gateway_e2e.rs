@@ -19,7 +19,7 @@ use crate::mesh;
 use mesh::{Mesh, Proc, wait_for};
 
 /// A backend answering `<name> <path> x-from=<header>`.
-fn backend(name: &'static str) -> u16 {
+pub(crate) fn backend(name: &'static str) -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {

@@ -1,41 +1,110 @@
-//! Datacenter names: a server knows its own only; an agent asks the servers.
+//! The other datacenters: their names, and their mesh gateways (what a mesh gateway sends
+//! their SNIs to). A server follows what it knows of the federation
+//! (`catalog::federation`); an agent asks its servers for the names, and does not serve the
+//! other datacenters' gateways yet (a mesh gateway on an agent says so in its status).
 
 #[cfg(feature = "server")]
-pub use on_server::ServerDatacenters;
+pub use on_server::{ServerDatacenters, ServerRemoteGateways};
 
 #[cfg(feature = "server")]
 mod on_server {
-    use crate::derive::{Constant, Derive, watched_source};
+    use crate::derive::{Changed, Derive, Input, watched_source};
     use crate::mode::Mode;
     use crate::server_mode::Catalog;
+    use catalog::federation::FederationStates;
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest};
+    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, RemoteGateways, RemoteGatewaysRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
+    use tokio::sync::watch;
 
-    /// Datacenters: this server's (server mode).
+    /// The server's federation states as an input: every change of what it knows of the
+    /// other datacenters.
+    struct FederationInput {
+        rx: watch::Receiver<Arc<FederationStates>>,
+        /// The first value was given.
+        given: bool,
+    }
+
+    impl FederationInput {
+        fn new(catalog: &Catalog) -> Self {
+            Self {
+                rx: catalog.store.federation().subscribe(),
+                given: false,
+            }
+        }
+    }
+
+    impl Input for FederationInput {
+        type Value = Arc<FederationStates>;
+
+        async fn changed(&mut self) -> Changed {
+            if !std::mem::replace(&mut self.given, true) {
+                self.rx.mark_unchanged();
+                return Some(Ok(()));
+            }
+            // The sender lives as long as the store: an error is the store gone.
+            self.rx.changed().await.ok().map(Ok)
+        }
+
+        fn latest(&self) -> Option<Self::Value> {
+            Some(Arc::clone(&self.rx.borrow()))
+        }
+
+        fn versions(&self, into: &mut Vec<u64>) {
+            into.push(self.rx.borrow().index);
+        }
+    }
+
+    /// Datacenters: this server's, then every other it knows (server mode).
     pub struct ServerDatacenters(pub(crate) Arc<Catalog>);
 
     impl ServerDatacenters {
         fn updates(&self) -> Result<impl Updates<DatacenterNames> + use<>, DataSourceError> {
-            let names = Arc::new(vec![self.0.datacenter().to_owned()]);
-            Ok(Derive::every(Constant::new(names), |names| Ok(DatacenterNames(names))))
+            let fed = Arc::clone(self.0.store.federation());
+            Ok(Derive::distinct(FederationInput::new(&self.0), move |_| {
+                Ok(DatacenterNames(Arc::new(fed.datacenters())))
+            }))
         }
     }
 
     watched_source!(ServerDatacenters, DatacentersRequest, |s, _req| s.updates());
+
+    /// Other datacenters' mesh gateways, from their federation states (server mode).
+    pub struct ServerRemoteGateways(pub(crate) Arc<Catalog>);
+
+    impl ServerRemoteGateways {
+        fn updates(
+            &self,
+            req: &RemoteGatewaysRequest,
+        ) -> Result<impl Updates<RemoteGateways> + use<>, DataSourceError> {
+            self.0.check_dc(&req.datacenter)?;
+            let local = self.0.datacenter().to_owned();
+            Ok(Derive::distinct(FederationInput::new(&self.0), move |states| {
+                let remote = states
+                    .by_dc
+                    .iter()
+                    .filter(|(dc, _)| **dc != local)
+                    .map(|(dc, s)| (dc.clone(), Arc::new(s.mesh_gateways.clone())))
+                    .collect();
+                Ok(RemoteGateways(Arc::new(remote)))
+            }))
+        }
+    }
+
+    watched_source!(ServerRemoteGateways, RemoteGatewaysRequest, |s, req| s.updates(&req));
 }
 
 #[cfg(feature = "cache")]
-pub use on_cache::CacheDatacenters;
+pub use on_cache::{CacheDatacenters, CacheRemoteGateways};
 
 #[cfg(feature = "cache")]
 mod on_cache {
     use crate::cache_mode::{AgentCache, CacheInput};
-    use crate::derive::{Derive, watched_source};
+    use crate::derive::{Constant, Derive, watched_source};
     use agent_cache::types::DatacentersKey;
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest};
+    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, RemoteGateways, RemoteGatewaysRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
 
@@ -50,4 +119,22 @@ mod on_cache {
     }
 
     watched_source!(CacheDatacenters, DatacentersRequest, |s, _req| s.updates());
+
+    /// Other datacenters' mesh gateways in agent mode: not served yet. The watch fails with
+    /// the reason, which the proxy's status shows; the gateway serves its own datacenter.
+    pub struct CacheRemoteGateways;
+
+    impl CacheRemoteGateways {
+        fn updates(&self) -> Result<impl Updates<RemoteGateways> + use<>, DataSourceError> {
+            Ok(Derive::every(Constant::new(()), |()| {
+                Err(DataSourceError::Unavailable(
+                    "other datacenters' mesh gateways are served to mesh gateways registered with a server, not \
+                     yet with an agent: this gateway routes its own datacenter only"
+                        .into(),
+                ))
+            }))
+        }
+    }
+
+    watched_source!(CacheRemoteGateways, RemoteGatewaysRequest, |s, _req| s.updates());
 }

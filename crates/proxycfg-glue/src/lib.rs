@@ -44,7 +44,7 @@ pub use server_sources::{server_data_sources, server_data_sources_tracked};
 pub use {
     chain::CacheDiscoveryChain,
     config_entries::{CacheConfigEntry, CacheConfigEntryList},
-    datacenters::CacheDatacenters,
+    datacenters::{CacheDatacenters, CacheRemoteGateways},
     gateway_services::CacheGatewayServices,
     health::CacheHealth,
     http_checks::{CacheHttpChecks, LocalChecks},
@@ -59,7 +59,7 @@ pub use {
 pub use {
     chain::ServerDiscoveryChain,
     config_entries::{ServerConfigEntry, ServerConfigEntryList},
-    datacenters::ServerDatacenters,
+    datacenters::{ServerDatacenters, ServerRemoteGateways},
     gateway_services::ServerGatewayServices,
     health::ServerHealth,
     http_checks::ServerHttpChecks,
@@ -109,6 +109,7 @@ mod server_sources {
             ))),
             service_list: Arc::new(ServerServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(ServerDatacenters(Arc::clone(&mode))),
+            remote_gateways: Arc::new(ServerRemoteGateways(Arc::clone(&mode))),
             gateway_services: Arc::new(ServerGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(ServerHttpChecks),
             prepared_query: Arc::new(ServerPreparedQuery(Arc::clone(&mode))),
@@ -155,6 +156,7 @@ mod cache_sources {
             ))),
             service_list: Arc::new(CacheServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(CacheDatacenters(Arc::clone(&mode))),
+            remote_gateways: Arc::new(CacheRemoteGateways),
             gateway_services: Arc::new(CacheGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(CacheHttpChecks(local)),
             prepared_query: Arc::new(CachePreparedQuery(Arc::clone(&mode))),

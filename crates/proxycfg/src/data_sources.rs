@@ -62,6 +62,8 @@ pub enum UpdatePayload {
     ServiceList(Arc<Vec<String>>),
     /// Datacenter names.
     Datacenters(Arc<Vec<String>>),
+    /// Other datacenters' mesh gateways, by datacenter.
+    RemoteGateways(Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>),
     /// Services fronted by a gateway.
     GatewayServices(Arc<Vec<GatewayService>>),
     /// Health checks of a service.
@@ -320,6 +322,13 @@ pub struct ServiceListRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DatacentersRequest;
 
+/// The mesh gateways of every other datacenter (a mesh gateway routes their SNIs to them).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RemoteGatewaysRequest {
+    /// This proxy's datacenter (left out of the answer).
+    pub datacenter: String,
+}
+
 /// Services fronted by a gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GatewayServicesRequest {
@@ -362,6 +371,7 @@ requests! {
     ResolvedServiceConfigRequest => Arc<ResolvedServiceConfig>,
     ServiceListRequest => ServiceNames,
     DatacentersRequest => DatacenterNames,
+    RemoteGatewaysRequest => RemoteGateways,
     GatewayServicesRequest => Arc<Vec<GatewayService>>,
     HttpChecksRequest => Arc<Vec<HealthCheck>>,
     PreparedQueryRequest => PreparedQueryResult,
@@ -374,6 +384,10 @@ pub struct ServiceNames(pub Arc<Vec<String>>);
 /// Datacenter names.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DatacenterNames(pub Arc<Vec<String>>);
+
+/// Other datacenters' mesh gateways, by datacenter (as their federation states say).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemoteGateways(pub Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>);
 
 /// Instances a prepared query returned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -388,6 +402,12 @@ impl From<ServiceNames> for UpdatePayload {
 impl From<DatacenterNames> for UpdatePayload {
     fn from(v: DatacenterNames) -> Self {
         UpdatePayload::Datacenters(v.0)
+    }
+}
+
+impl From<RemoteGateways> for UpdatePayload {
+    fn from(v: RemoteGateways) -> Self {
+        UpdatePayload::RemoteGateways(v.0)
     }
 }
 
@@ -420,6 +440,8 @@ pub struct DataSources {
     pub service_list: Arc<dyn DataSource<ServiceListRequest>>,
     /// Datacenter names.
     pub datacenters: Arc<dyn DataSource<DatacentersRequest>>,
+    /// Other datacenters' mesh gateways.
+    pub remote_gateways: Arc<dyn DataSource<RemoteGatewaysRequest>>,
     /// Services behind a gateway.
     pub gateway_services: Arc<dyn DataSource<GatewayServicesRequest>>,
     /// HTTP checks of a local service.

@@ -2044,6 +2044,16 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
             ),
             ("web".to_owned(), sidecars("web", &[("10.0.1.1", "")])),
         ])),
+        remote: Some(Arc::new(BTreeMap::from([("dc2".to_owned(), {
+            let mut gw = instance("mesh-gateway", "10.2.0.1", 8443);
+            gw.service.kind = Kind;
+            let wan = structs::service::ServiceAddress {
+                address: "198.51.100.2".into(),
+                port: 443,
+            };
+            gw.service.tagged_addresses.insert("wan".into(), wan);
+            Arc::new(vec![gw])
+        })]))),
     });
     let snap = gateway_snapshot(&ca, Kind, "mesh-gateway", part);
     let r = validate_snapshot("gateway-mesh", &snap);
@@ -2053,12 +2063,20 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
             .map(|m| m.keys().cloned().collect::<Vec<_>>())
             .unwrap_or_default()
     };
-    let expected: Vec<String> = ["api", "v1.api", "v2.api", "web"]
+    let mut expected: Vec<String> = ["api", "v1.api", "v2.api", "web"]
         .iter()
         .map(|n| format!("{n}.default.dc1.internal.{td}"))
         .collect();
+    let dc2 = format!("dc2.internal.{td}");
+    expected.push(dc2.clone());
+    expected.sort();
     assert_eq!(names(CLUSTER), expected, "db has no connect instance: no cluster");
     assert_eq!(names(ENDPOINT), expected);
+    expected.retain(|n| *n != dc2);
+    // dc2's names go to its gateway, at the address it gives for other datacenters.
+    let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&dc2]);
+    let at = format!("{:?}", cla.endpoints[0].lb_endpoints[0]);
+    assert!(at.contains("198.51.100.2") && at.contains("443"), "{at}");
     assert!(names(SECRET).is_empty(), "a mesh gateway terminates nothing");
     let hosts = |name: &str| {
         let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&format!("{name}.default.dc1.internal.{td}")]);
@@ -2077,13 +2095,17 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
         "the resolver's timeout"
     );
     let listener: Listener = unpack(&r.of(LISTENER).unwrap()["default:127.0.0.1:8443"]);
-    let filters: Vec<&str> = listener.filter_chains[0]
-        .filters
-        .iter()
-        .map(|f| f.name.as_str())
-        .collect();
+    let names_of = |chain: &envoy_types::pb::envoy::config::listener::v3::FilterChain| {
+        chain.filters.iter().map(|f| f.name.clone()).collect::<Vec<_>>()
+    };
+    let remote = &listener.filter_chains[0];
     assert_eq!(
-        filters,
+        remote.filter_chain_match.as_ref().unwrap().server_names,
+        [format!("*.{dc2}")]
+    );
+    assert_eq!(names_of(remote), ["envoy.filters.network.tcp_proxy"]);
+    assert_eq!(
+        names_of(&listener.filter_chains[1]),
         ["envoy.filters.network.sni_cluster", "envoy.filters.network.tcp_proxy"]
     );
     assert_eq!(

@@ -27,10 +27,15 @@ pub struct Mesh {
 
 impl Mesh {
     pub fn start() -> Mesh {
-        let test_support::process::ServerProcess { child, http, grpc, .. } = test_support::process::start_server(
+        Self::of(test_support::process::start_server(
             std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
             ["-dev", "-log-level", "warn"],
-        );
+        ))
+    }
+
+    /// The mesh of a server already started (stopped when the mesh is dropped).
+    pub fn of(server: test_support::process::ServerProcess) -> Mesh {
+        let test_support::process::ServerProcess { child, http, grpc, .. } = server;
         Mesh {
             _server: Proc(child),
             http,

@@ -1,5 +1,5 @@
-//! The mesh-gateway handler: what a gateway routing the datacenter's mTLS connections by SNI
-//! needs to know (its local part: connections for this datacenter's services).
+//! The mesh-gateway handler: what a gateway routing mTLS connections by SNI needs to know:
+//! this datacenter's services and their instances, and the other datacenters' gateways.
 
 use super::connect_proxy::unexpected;
 use super::{HandlerError, KindHandler};
@@ -12,7 +12,8 @@ use std::sync::Arc;
 use structs::{ConfigEntryKind, Token};
 
 /// Watches roots, the mesh config, every service name with a typical instance, every
-/// resolver; per service, its healthy connect instances (the sidecars its connections go to).
+/// resolver, the other datacenters' mesh gateways; per service, its healthy connect
+/// instances (the sidecars its connections go to).
 pub struct MeshGatewayHandler {
     sources: DataSources,
     datacenter: String,
@@ -75,6 +76,13 @@ impl KindHandler for MeshGatewayHandler {
             },
         );
         watches.start(
+            &self.sources.remote_gateways,
+            CorrelationId::RemoteGateways,
+            RemoteGatewaysRequest {
+                datacenter: self.datacenter.clone(),
+            },
+        );
+        watches.start(
             &self.sources.config_entry_list,
             CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver),
             ConfigEntryListRequest {
@@ -104,6 +112,7 @@ impl KindHandler for MeshGatewayHandler {
                 CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver),
                 UpdatePayload::ConfigEntryList(entries),
             ) => g.resolvers = Some(entries),
+            (CorrelationId::RemoteGateways, UpdatePayload::RemoteGateways(remote)) => g.remote = Some(remote),
             (CorrelationId::GatewayServiceHealth { service }, UpdatePayload::Health(nodes)) => {
                 if !g.services.as_ref().is_some_and(|s| s.contains(&service)) {
                     return Err(HandlerError::UnknownWatch(
@@ -125,6 +134,7 @@ impl KindHandler for MeshGatewayHandler {
                 id @ (CorrelationId::Roots
                 | CorrelationId::MeshConfig
                 | CorrelationId::ServiceList
+                | CorrelationId::RemoteGateways
                 | CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver)
                 | CorrelationId::GatewayServiceHealth { .. }),
                 payload,

@@ -6,12 +6,15 @@
 //!   (`<service>.default.<dc>.internal.<trust-domain>`) to those instances (its sidecars, or a
 //!   terminating gateway standing for it), and one per subset of its resolver
 //!   (`<subset>.<service>...`) to the instances the subset's filter selects;
-//! - one listener `default:<address>:<port>` whose TLS inspector reads the SNI and whose one
-//!   filter chain proxies the connection to the cluster of that name (`sni_cluster`); a name
-//!   no cluster has is closed, and Envoy counts it (`tcp.mesh_gateway_local...`).
+//! - per other datacenter with mesh gateways, a cluster `<dc>.internal.<trust-domain>` to
+//!   those gateways at their `wan` addresses (healthy ones);
+//! - one listener `default:<address>:<port>` whose TLS inspector reads the SNI: a filter
+//!   chain per other datacenter matching its names (`*.<dc>.internal.<trust-domain>`)
+//!   proxies the connection to that datacenter's gateways; the last chain proxies it to the
+//!   local cluster of the SNI's name (`sni_cluster`). A name no cluster has is closed, and
+//!   Envoy counts it (`tcp.mesh_gateway_local...`).
 //!
-//! The listener never changes as services come and go: only clusters and load assignments
-//! do.
+//! The listener changes only as datacenters come and go, not as services do.
 
 use super::clusters::load_assignment;
 use super::core::{ads, millis, socket, tls_inspector};
@@ -19,7 +22,7 @@ use super::listeners::{network_filter, public_bind, tcp_proxy};
 use super::{BuildError, CLUSTER, ENDPOINT, LISTENER, Resources};
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
-use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::extensions::filters::network::sni_cluster::v3::SniCluster;
 use envoy_types::util::pack_any;
 use proxycfg::{ConfigSnapshot, MeshGatewaySnapshot};
@@ -50,25 +53,83 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
             out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, &endpoints)));
         }
     }
+    let mut chains = remote_chains(snap, g, &roots.trust_domain, out);
+    chains.push(FilterChain {
+        filters: vec![
+            network_filter("envoy.filters.network.sni_cluster", pack_any(SniCluster::default())),
+            // The cluster is the one the SNI names (set by the filter before it).
+            tcp_proxy("mesh_gateway_local.default", ""),
+        ],
+        ..Default::default()
+    });
     let bind = public_bind(snap);
     let name = format!("default:{bind}:{}", snap.service.port);
     let listener = Listener {
         name: name.clone(),
         address: socket(&bind, u32::from(snap.service.port)),
         listener_filters: vec![tls_inspector()],
-        filter_chains: vec![FilterChain {
-            filters: vec![
-                network_filter("envoy.filters.network.sni_cluster", pack_any(SniCluster::default())),
-                // The cluster is the one the SNI names (set by the filter before it).
-                tcp_proxy("mesh_gateway_local.default", ""),
-            ],
-            ..Default::default()
-        }],
+        filter_chains: chains,
         traffic_direction: TrafficDirection::Inbound as i32,
         ..Default::default()
     };
     out.insert(LISTENER, name, pack_any(listener));
     Ok(())
+}
+
+/// Per other datacenter with gateways: its cluster and load assignment (to its healthy
+/// gateways, at their `wan` addresses), and the filter chain sending its names there.
+fn remote_chains(
+    snap: &ConfigSnapshot,
+    g: &MeshGatewaySnapshot,
+    trust_domain: &str,
+    out: &mut Resources,
+) -> Vec<FilterChain> {
+    let mut chains = Vec::new();
+    for (dc, gateways) in g.remote.iter().flat_map(|r| r.iter()) {
+        if **dc == *snap.datacenter {
+            continue;
+        }
+        let reachable: Vec<CheckServiceNode> = gateways
+            .iter()
+            .filter(|n| n.aggregate_status() != structs::HealthStatus::Critical)
+            .map(as_reached_from_afar)
+            .collect();
+        let name = format!("{dc}.internal.{trust_domain}");
+        out.insert(
+            CLUSTER,
+            name.clone(),
+            pack_any(cluster(&name, DEFAULT_CONNECT_TIMEOUT_MS)),
+        );
+        out.insert(ENDPOINT, name.clone(), pack_any(load_assignment(&name, &reachable)));
+        chains.push(FilterChain {
+            filter_chain_match: Some(FilterChainMatch {
+                server_names: vec![format!("*.{name}")],
+                ..Default::default()
+            }),
+            filters: vec![tcp_proxy(&format!("mesh_gateway_remote.{dc}"), &name)],
+            ..Default::default()
+        });
+    }
+    chains
+}
+
+/// A gateway of another datacenter at the address that datacenter gives it for others: its
+/// `wan` tagged address, else its own.
+fn as_reached_from_afar(node: &CheckServiceNode) -> CheckServiceNode {
+    let mut node = node.clone();
+    if let Some(wan) = node
+        .service
+        .tagged_addresses
+        .get("wan")
+        .filter(|a| !a.address.is_empty())
+    {
+        let (address, port) = (wan.address.clone(), wan.port);
+        node.service.address = address;
+        if port != 0 {
+            node.service.port = port;
+        }
+    }
+    node
 }
 
 /// An EDS cluster named `sni`, with no TLS of its own: the connection's bytes pass through.
