@@ -308,7 +308,7 @@ impl Compiler<'_, '_> {
 
     /// The resolver node of `subset` of `service` (following redirects).
     fn resolver_node(&mut self, service: &str, subset: &str, referrer: &Referrer) -> Result<String, ChainError> {
-        let (service, subset, redirected_by) = self.follow_redirects(service, subset)?;
+        let (service, subset, dc, redirected_by) = self.follow_redirects(service, subset, self.req.datacenter)?;
         let resolver = self.entries.resolver(&service);
         // After a redirect, the redirect asked for the subset.
         let redirect_referrer = redirected_by.map(|by| Referrer {
@@ -322,7 +322,7 @@ impl Compiler<'_, '_> {
             resolver,
             redirect_referrer.as_ref().unwrap_or(referrer),
         )?;
-        let target = self.target(&service, &subset)?;
+        let target = self.target(&service, &subset, &dc)?;
         let name = resolver_node_name(&target);
         if self.nodes.contains_key(&name) {
             return Ok(name);
@@ -354,21 +354,15 @@ impl Compiler<'_, '_> {
             .unwrap_or(Duration::from_millis(u64::from(DEFAULT_CONNECT_TIMEOUT_MS)))
     }
 
-    /// Where redirects starting at `service` lead, and the service whose redirect led there
-    /// last (`None`: no redirect).
-    fn follow_redirects(&self, service: &str, subset: &str) -> Result<(String, String, Option<String>), ChainError> {
+    /// Where redirects starting at `service` (in `dc`) lead: service, subset and datacenter,
+    /// and the service whose redirect led there last (`None`: no redirect). A redirect to
+    /// another datacenter ends there (that datacenter's own resolvers are not read here, as
+    /// Consul's compiler reads only the local ones).
+    fn follow_redirects(&self, service: &str, subset: &str, dc: &str) -> Result<Redirected, ChainError> {
         let mut at = (service.to_owned(), subset.to_owned());
         let mut seen = vec![service.to_owned()];
         let mut by = None;
         while let Some(redirect) = self.entries.resolver(&at.0).and_then(|r| r.redirect.as_ref()) {
-            if !redirect.datacenter.is_empty() && redirect.datacenter != self.req.datacenter {
-                return Err(ChainError::new(
-                    ConfigEntryKind::ServiceResolver,
-                    &at.0,
-                    "Redirect.Datacenter",
-                    self.foreign_dc(&redirect.datacenter),
-                ));
-            }
             let next_service = if redirect.service.is_empty() {
                 at.0.clone()
             } else {
@@ -381,9 +375,13 @@ impl Compiler<'_, '_> {
             } else {
                 String::new()
             };
+            if !redirect.datacenter.is_empty() && redirect.datacenter != dc {
+                // The service there, as that datacenter serves it.
+                return Ok((next_service, next_subset, redirect.datacenter.clone(), Some(at.0)));
+            }
             if next_service == at.0 {
                 // A redirect within the service only picks the subset.
-                return Ok((next_service, next_subset, Some(at.0)));
+                return Ok((next_service, next_subset, dc.to_owned(), Some(at.0)));
             }
             self.check_same_protocol(
                 &next_service,
@@ -406,14 +404,7 @@ impl Compiler<'_, '_> {
             by = Some(at.0.clone());
             at = (next_service, next_subset);
         }
-        Ok((at.0, at.1, by))
-    }
-
-    fn foreign_dc(&self, dc: &str) -> String {
-        format!(
-            "datacenter {dc:?} is not served: this cluster runs one datacenter ({:?})",
-            self.req.datacenter
-        )
+        Ok((at.0, at.1, dc.to_owned(), by))
     }
 
     /// The subset to use (`subset`, else the resolver's default), checked to exist.
@@ -438,9 +429,9 @@ impl Compiler<'_, '_> {
         }))
     }
 
-    /// Records the target for `subset` of `service` and returns its id.
-    fn target(&mut self, service: &str, subset: &str) -> Result<TargetId, ChainError> {
-        let id = TargetId::new(subset, service, NAMESPACE, self.req.datacenter);
+    /// Records the target for `subset` of `service` in datacenter `dc` and returns its id.
+    fn target(&mut self, service: &str, subset: &str, dc: &str) -> Result<TargetId, ChainError> {
+        let id = TargetId::new(subset, service, NAMESPACE, dc);
         if self.targets.contains_key(&id) {
             return Ok(id);
         }
@@ -461,10 +452,10 @@ impl Compiler<'_, '_> {
                 service_subset: subset.to_owned(),
                 namespace: NAMESPACE.to_owned(),
                 partition: NAMESPACE.to_owned(),
-                datacenter: self.req.datacenter.to_owned(),
+                datacenter: dc.to_owned(),
                 subset: selection,
-                sni: target_sni(subset, service, NAMESPACE, self.req.datacenter, self.req.trust_domain),
-                name: target_sni(subset, service, NAMESPACE, self.req.datacenter, self.req.trust_domain),
+                sni: target_sni(subset, service, NAMESPACE, dc, self.req.trust_domain),
+                name: target_sni(subset, service, NAMESPACE, dc, self.req.trust_domain),
                 connect_timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
                 load_balancer: resolver.and_then(|r| r.load_balancer.clone()),
             },
@@ -491,14 +482,11 @@ impl Compiler<'_, '_> {
         let mut targets = Vec::new();
         let mut seen = BTreeSet::from([primary.clone()]);
         for (svc, sub, dc, field) in wanted {
-            if !dc.is_empty() && dc != self.req.datacenter {
-                return Err(ChainError::new(
-                    ConfigEntryKind::ServiceResolver,
-                    service,
-                    field,
-                    self.foreign_dc(&dc),
-                ));
-            }
+            let dc = if dc.is_empty() {
+                self.req.datacenter.to_owned()
+            } else {
+                dc
+            };
             let referrer = Referrer {
                 kind: ConfigEntryKind::ServiceResolver,
                 name: service.to_owned(),
@@ -506,7 +494,7 @@ impl Compiler<'_, '_> {
             };
             self.check_same_protocol(&svc, &referrer)?;
             // A failover target's own redirect is followed (not its failover).
-            let (svc, sub, redirected_by) = self.follow_redirects(&svc, &sub)?;
+            let (svc, sub, dc, redirected_by) = self.follow_redirects(&svc, &sub, &dc)?;
             let redirect_referrer = redirected_by.map(|by| Referrer {
                 kind: ConfigEntryKind::ServiceResolver,
                 name: by,
@@ -519,7 +507,7 @@ impl Compiler<'_, '_> {
                 their_resolver,
                 redirect_referrer.as_ref().unwrap_or(&referrer),
             )?;
-            let id = self.target(&svc, &sub)?;
+            let id = self.target(&svc, &sub, &dc)?;
             if seen.insert(id.clone()) {
                 targets.push(id);
             }
@@ -527,6 +515,10 @@ impl Compiler<'_, '_> {
         Ok((!targets.is_empty()).then_some(ChainFailover { targets }))
     }
 }
+
+/// Where redirects lead: service, subset, datacenter, and the service whose redirect led
+/// there last.
+type Redirected = (String, String, String, Option<String>);
 
 /// The `(service, subset, datacenter, field)` of each target of the failover `failover`
 /// (under key `key`) of `subset` of `service`, in order; a service or subset left empty is

@@ -272,16 +272,36 @@ fn a_loop_of_splitters_is_refused() {
 }
 
 #[test]
-fn other_datacenters_are_refused_with_the_field() {
+fn other_datacenters_become_targets_there() {
     let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api",
         "Failover": {"*": {"Datacenters": ["dc1", "dc2"]}}}));
+    let chain = f.compile("api").unwrap();
+    let dc2 = &chain.targets[&structs::TargetId::new("", "api", "default", "dc2")];
     assert_eq!(
-        err(&f, "api"),
-        "service-resolver \"api\": Failover[\"*\"].Datacenters[1]: datacenter \"dc2\" is not served: this cluster runs one datacenter (\"dc1\")"
+        (dc2.datacenter.as_str(), dc2.sni.as_str()),
+        ("dc2", "api.default.dc2.internal.td.consul")
     );
-    let f =
-        Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api", "Redirect": {"Datacenter": "dc3"}}));
-    assert!(err(&f, "api").contains("Redirect.Datacenter: datacenter \"dc3\" is not served"));
+    let failover = chain.nodes["resolver:api.default.dc1"]
+        .resolver
+        .as_ref()
+        .unwrap()
+        .failover
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        failover.targets,
+        [structs::TargetId::new("", "api", "default", "dc2")],
+        "dc1 is the primary itself"
+    );
+    // A redirect to another datacenter: the service there (its own resolvers are not read).
+    let f = Fixture::default()
+        .with(json!({"Kind": "service-resolver", "Name": "api", "Redirect": {"Service": "api2", "Datacenter": "dc3"}}));
+    let chain = f.compile("api").unwrap();
+    assert_eq!(chain.start_node, "resolver:api2.default.dc3");
+    assert_eq!(
+        chain.targets.keys().collect::<Vec<_>>(),
+        [&structs::TargetId::new("", "api2", "default", "dc3")]
+    );
 }
 
 #[test]

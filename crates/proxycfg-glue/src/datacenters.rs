@@ -1,10 +1,11 @@
-//! The other datacenters: their names, and their mesh gateways (what a mesh gateway sends
-//! their SNIs to). A server follows what it knows of the federation
-//! (`catalog::federation`); an agent asks its servers for the names, and does not serve the
-//! other datacenters' gateways yet (a mesh gateway on an agent says so in its status).
+//! The datacenters: their names, and their mesh gateways (where a mesh gateway sends other
+//! datacenters' SNIs, and a sidecar its connections to them). A server follows what it
+//! knows of the federation (`catalog::federation`); an agent asks its servers for the
+//! names, and does not serve the gateways yet (a proxy on an agent that needs them says so
+//! in its status).
 
 #[cfg(feature = "server")]
-pub use on_server::{ServerDatacenters, ServerRemoteGateways};
+pub use on_server::{ServerDatacenters, ServerMeshGateways};
 
 #[cfg(feature = "server")]
 mod on_server {
@@ -13,7 +14,7 @@ mod on_server {
     use crate::server_mode::Catalog;
     use catalog::federation::FederationStates;
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, RemoteGateways, RemoteGatewaysRequest};
+    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, MeshGatewaysByDc, MeshGatewaysRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
     use tokio::sync::watch;
@@ -70,33 +71,31 @@ mod on_server {
 
     watched_source!(ServerDatacenters, DatacentersRequest, |s, _req| s.updates());
 
-    /// Other datacenters' mesh gateways, from their federation states (server mode).
-    pub struct ServerRemoteGateways(pub(crate) Arc<Catalog>);
+    /// Every datacenter's mesh gateways, from the federation states (server mode).
+    pub struct ServerMeshGateways(pub(crate) Arc<Catalog>);
 
-    impl ServerRemoteGateways {
+    impl ServerMeshGateways {
         fn updates(
             &self,
-            req: &RemoteGatewaysRequest,
-        ) -> Result<impl Updates<RemoteGateways> + use<>, DataSourceError> {
+            req: &MeshGatewaysRequest,
+        ) -> Result<impl Updates<MeshGatewaysByDc> + use<>, DataSourceError> {
             self.0.check_dc(&req.datacenter)?;
-            let local = self.0.datacenter().to_owned();
             Ok(Derive::distinct(FederationInput::new(&self.0), move |states| {
-                let remote = states
+                let all = states
                     .by_dc
                     .iter()
-                    .filter(|(dc, _)| **dc != local)
                     .map(|(dc, s)| (dc.clone(), Arc::new(s.mesh_gateways.clone())))
                     .collect();
-                Ok(RemoteGateways(Arc::new(remote)))
+                Ok(MeshGatewaysByDc(Arc::new(all)))
             }))
         }
     }
 
-    watched_source!(ServerRemoteGateways, RemoteGatewaysRequest, |s, req| s.updates(&req));
+    watched_source!(ServerMeshGateways, MeshGatewaysRequest, |s, req| s.updates(&req));
 }
 
 #[cfg(feature = "cache")]
-pub use on_cache::{CacheDatacenters, CacheRemoteGateways};
+pub use on_cache::{CacheDatacenters, CacheMeshGateways};
 
 #[cfg(feature = "cache")]
 mod on_cache {
@@ -104,7 +103,7 @@ mod on_cache {
     use crate::derive::{Constant, Derive, watched_source};
     use agent_cache::types::DatacentersKey;
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, RemoteGateways, RemoteGatewaysRequest};
+    use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, MeshGatewaysByDc, MeshGatewaysRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
 
@@ -120,21 +119,22 @@ mod on_cache {
 
     watched_source!(CacheDatacenters, DatacentersRequest, |s, _req| s.updates());
 
-    /// Other datacenters' mesh gateways in agent mode: not served yet. The watch fails with
+    /// The datacenters' mesh gateways in agent mode: not served yet. The watch fails with
     /// the reason, which the proxy's status shows; the gateway serves its own datacenter.
-    pub struct CacheRemoteGateways;
+    pub struct CacheMeshGateways;
 
-    impl CacheRemoteGateways {
-        fn updates(&self) -> Result<impl Updates<RemoteGateways> + use<>, DataSourceError> {
+    impl CacheMeshGateways {
+        fn updates(&self) -> Result<impl Updates<MeshGatewaysByDc> + use<>, DataSourceError> {
             Ok(Derive::every(Constant::new(()), |()| {
                 Err(DataSourceError::Unavailable(
-                    "other datacenters' mesh gateways are served to mesh gateways registered with a server, not \
-                     yet with an agent: this gateway routes its own datacenter only"
+                    "the datacenters' mesh gateways are served to proxies registered with a server, not yet \
+                     with an agent: a mesh gateway here routes its own datacenter only, and a sidecar cannot \
+                     reach other datacenters"
                         .into(),
                 ))
             }))
         }
     }
 
-    watched_source!(CacheRemoteGateways, RemoteGatewaysRequest, |s, _req| s.updates());
+    watched_source!(CacheMeshGateways, MeshGatewaysRequest, |s, _req| s.updates());
 }

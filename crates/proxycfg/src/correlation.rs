@@ -45,8 +45,8 @@ pub enum CorrelationId {
         /// The datacenter.
         datacenter: String,
     },
-    /// The mesh gateways of every other datacenter.
-    RemoteGateways,
+    /// The mesh gateways of every datacenter.
+    MeshGatewaysByDc,
     /// Healthy instances of a service a gateway fronts.
     GatewayServiceHealth {
         /// The service.
@@ -110,7 +110,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::Datacenters => f.write_str("datacenters"),
             CorrelationId::GatewayServices => f.write_str("gateway-services"),
             CorrelationId::MeshGateways { datacenter } => write!(f, "mesh-gateway:{datacenter}"),
-            CorrelationId::RemoteGateways => f.write_str("remote-gateways"),
+            CorrelationId::MeshGatewaysByDc => f.write_str("mesh-gateways"),
             CorrelationId::GatewayServiceHealth { service } => write!(f, "gateway-service-health:{service}"),
             CorrelationId::GatewayServiceLeaf { service } => write!(f, "gateway-service-leaf:{service}"),
             CorrelationId::GatewayServiceIntentions { service } => write!(f, "gateway-service-intentions:{service}"),

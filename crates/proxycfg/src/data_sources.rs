@@ -62,8 +62,8 @@ pub enum UpdatePayload {
     ServiceList(Arc<Vec<String>>),
     /// Datacenter names.
     Datacenters(Arc<Vec<String>>),
-    /// Other datacenters' mesh gateways, by datacenter.
-    RemoteGateways(Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>),
+    /// Every datacenter's mesh gateways, by datacenter.
+    MeshGateways(Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>),
     /// Services fronted by a gateway.
     GatewayServices(Arc<Vec<GatewayService>>),
     /// Health checks of a service.
@@ -322,10 +322,12 @@ pub struct ServiceListRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DatacentersRequest;
 
-/// The mesh gateways of every other datacenter (a mesh gateway routes their SNIs to them).
+/// The mesh gateways of every datacenter, this one's too, as the federation states say: a
+/// mesh gateway routes other datacenters' SNIs to theirs, a sidecar sends connections for
+/// another datacenter through this one's (mode `local`) or theirs (`remote`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RemoteGatewaysRequest {
-    /// This proxy's datacenter (left out of the answer).
+pub struct MeshGatewaysRequest {
+    /// This proxy's datacenter.
     pub datacenter: String,
 }
 
@@ -371,7 +373,7 @@ requests! {
     ResolvedServiceConfigRequest => Arc<ResolvedServiceConfig>,
     ServiceListRequest => ServiceNames,
     DatacentersRequest => DatacenterNames,
-    RemoteGatewaysRequest => RemoteGateways,
+    MeshGatewaysRequest => MeshGatewaysByDc,
     GatewayServicesRequest => Arc<Vec<GatewayService>>,
     HttpChecksRequest => Arc<Vec<HealthCheck>>,
     PreparedQueryRequest => PreparedQueryResult,
@@ -385,9 +387,9 @@ pub struct ServiceNames(pub Arc<Vec<String>>);
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DatacenterNames(pub Arc<Vec<String>>);
 
-/// Other datacenters' mesh gateways, by datacenter (as their federation states say).
+/// Every datacenter's mesh gateways, by datacenter (as the federation states say).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RemoteGateways(pub Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>);
+pub struct MeshGatewaysByDc(pub Arc<std::collections::BTreeMap<String, Arc<Vec<CheckServiceNode>>>>);
 
 /// Instances a prepared query returned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -405,9 +407,9 @@ impl From<DatacenterNames> for UpdatePayload {
     }
 }
 
-impl From<RemoteGateways> for UpdatePayload {
-    fn from(v: RemoteGateways) -> Self {
-        UpdatePayload::RemoteGateways(v.0)
+impl From<MeshGatewaysByDc> for UpdatePayload {
+    fn from(v: MeshGatewaysByDc) -> Self {
+        UpdatePayload::MeshGateways(v.0)
     }
 }
 
@@ -440,8 +442,8 @@ pub struct DataSources {
     pub service_list: Arc<dyn DataSource<ServiceListRequest>>,
     /// Datacenter names.
     pub datacenters: Arc<dyn DataSource<DatacentersRequest>>,
-    /// Other datacenters' mesh gateways.
-    pub remote_gateways: Arc<dyn DataSource<RemoteGatewaysRequest>>,
+    /// Every datacenter's mesh gateways.
+    pub mesh_gateways: Arc<dyn DataSource<MeshGatewaysRequest>>,
     /// Services behind a gateway.
     pub gateway_services: Arc<dyn DataSource<GatewayServicesRequest>>,
     /// HTTP checks of a local service.

@@ -165,8 +165,8 @@ pub struct FakeDataSources {
     pub service_list: Arc<FakeSource<ServiceListRequest>>,
     /// Datacenters.
     pub datacenters: Arc<FakeSource<DatacentersRequest>>,
-    /// Other datacenters' mesh gateways.
-    pub remote_gateways: Arc<FakeSource<RemoteGatewaysRequest>>,
+    /// Every datacenter's mesh gateways.
+    pub mesh_gateways: Arc<FakeSource<MeshGatewaysRequest>>,
     /// Gateway services.
     pub gateway_services: Arc<FakeSource<GatewayServicesRequest>>,
     /// HTTP checks.
@@ -227,7 +227,7 @@ impl FakeDataSources {
             resolved_service_config: self.resolved_service_config.clone(),
             service_list: self.service_list.clone(),
             datacenters: self.datacenters.clone(),
-            remote_gateways: self.remote_gateways.clone(),
+            mesh_gateways: self.mesh_gateways.clone(),
             gateway_services: self.gateway_services.clone(),
             http_checks: self.http_checks.clone(),
             prepared_query: self.prepared_query.clone(),
@@ -246,7 +246,7 @@ impl FakeDataSources {
             + self.resolved_service_config.active()
             + self.service_list.active()
             + self.datacenters.active()
-            + self.remote_gateways.active()
+            + self.mesh_gateways.active()
             + self.gateway_services.active()
             + self.http_checks.active()
             + self.prepared_query.active()

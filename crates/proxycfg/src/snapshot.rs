@@ -176,8 +176,9 @@ pub struct MeshGatewaySnapshot {
     /// Per service with connect instances (by name): its healthy connect instances (sidecars,
     /// or the service itself if native). Services without any are absent.
     pub groups: Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>,
-    /// Every other datacenter's mesh gateways, by datacenter: where their SNIs go. Not
-    /// needed to serve the local part (`None` until known, and while the source fails).
+    /// Every datacenter's mesh gateways, by datacenter: where the other datacenters' SNIs
+    /// go. Not needed to serve the local part (`None` until known, and while the source
+    /// fails).
     pub remote: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
 }
 

@@ -76,9 +76,9 @@ impl KindHandler for MeshGatewayHandler {
             },
         );
         watches.start(
-            &self.sources.remote_gateways,
-            CorrelationId::RemoteGateways,
-            RemoteGatewaysRequest {
+            &self.sources.mesh_gateways,
+            CorrelationId::MeshGatewaysByDc,
+            MeshGatewaysRequest {
                 datacenter: self.datacenter.clone(),
             },
         );
@@ -112,7 +112,7 @@ impl KindHandler for MeshGatewayHandler {
                 CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver),
                 UpdatePayload::ConfigEntryList(entries),
             ) => g.resolvers = Some(entries),
-            (CorrelationId::RemoteGateways, UpdatePayload::RemoteGateways(remote)) => g.remote = Some(remote),
+            (CorrelationId::MeshGatewaysByDc, UpdatePayload::MeshGateways(remote)) => g.remote = Some(remote),
             (CorrelationId::GatewayServiceHealth { service }, UpdatePayload::Health(nodes)) => {
                 if !g.services.as_ref().is_some_and(|s| s.contains(&service)) {
                     return Err(HandlerError::UnknownWatch(
@@ -134,7 +134,7 @@ impl KindHandler for MeshGatewayHandler {
                 id @ (CorrelationId::Roots
                 | CorrelationId::MeshConfig
                 | CorrelationId::ServiceList
-                | CorrelationId::RemoteGateways
+                | CorrelationId::MeshGatewaysByDc
                 | CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver)
                 | CorrelationId::GatewayServiceHealth { .. }),
                 payload,

@@ -151,7 +151,7 @@ impl UpdatePayload {
             UpdatePayload::ResolvedServiceConfig(_) => "ResolvedServiceConfig",
             UpdatePayload::ServiceList(_) => "ServiceList",
             UpdatePayload::Datacenters(_) => "Datacenters",
-            UpdatePayload::RemoteGateways(_) => "RemoteGateways",
+            UpdatePayload::MeshGateways(_) => "MeshGateways",
             UpdatePayload::GatewayServices(_) => "GatewayServices",
             UpdatePayload::HttpChecks(_) => "HttpChecks",
         }
