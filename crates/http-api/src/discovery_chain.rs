@@ -96,7 +96,9 @@ async fn answer(api: Api, service: String, q: Option<String>, overrides: Overrid
         .is_some_and(|m| !m.is_empty() && m != "default" && m != "none")
     {
         return Err(ApiError::BadRequest(
-            "OverrideMeshGateway: mesh gateways are not supported by this server".into(),
+            "OverrideMeshGateway: not supported here: meshd's compiled chains carry no mesh gateway mode (a sidecar \
+             takes it from its upstream, proxy or central config)"
+                .into(),
         ));
     }
     let state = read_any(&api, &params).await?;

@@ -293,7 +293,7 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
             (proc, admin, port)
         }
     };
-    let (_gw2, _, _) = gateway(dc2, "gateway-dc2").await;
+    let (_gw2, _, port2) = gateway(dc2, "gateway-dc2").await;
     let (_gw1, admin1, port1) = gateway(dc1, "gateway-dc1").await;
 
     let (_, _, roots) = get(&dc1.client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
@@ -329,4 +329,41 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
         "{stats}"
     );
     assert!(!stats.contains("downstream_cx_total: 0"), "{stats}");
+
+    // web in dc1, its upstream api in dc2: through dc1's gateway (mode local), then straight
+    // to dc2's (remote), as web's Envoy's endpoints for api's cluster show.
+    let bind = test_support::reserve_port();
+    let web_proxy = test_support::reserve_port();
+    let register_web = |mode: &'static str| {
+        let upstream = json!([{"DestinationName": "api", "Datacenter": "dc2", "LocalBindPort": bind, "MeshGateway": {"Mode": mode}}]);
+        dc1.register("node-web", "web", 9, web_proxy, upstream, json!({}))
+    };
+    register_web("local").await;
+    let (_web, web_admin) = dc1.envoy("web", "node-web", dir).await;
+    let plain = reqwest::Client::new();
+    let through = |path: &'static str| {
+        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
+        async move {
+            let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+            resp.text().await.ok()
+        }
+    };
+    let endpoint_of_api = |port: u16| {
+        let (client, url) = (dc1.client.clone(), format!("{web_admin}/clusters"));
+        let cluster = host.clone();
+        async move {
+            let clusters = crate::mesh::get(&client, &url).await?;
+            clusters
+                .lines()
+                .any(|l| l.starts_with(&format!("{cluster}::127.0.0.1:{port}::")))
+                .then_some(())
+        }
+    };
+    wait_for(|| endpoint_of_api(port1)).await;
+    let body = wait_for(|| async { through("/via-local").await.filter(|b| b.starts_with("api")) }).await;
+    assert_eq!(body, "api /via-local x-from=");
+    register_web("remote").await;
+    wait_for(|| endpoint_of_api(port2)).await;
+    let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
+    assert_eq!(body, "api /via-remote x-from=");
 }

@@ -72,9 +72,10 @@ impl<M: Mode> Chains<M> {
         }
     }
 
-    /// A watch of the shared follower compiling the chain `req` asks for.
+    /// A watch of the shared follower compiling the chain `req` asks for. A chain for
+    /// another datacenter (an upstream's `Datacenter`) is compiled here, from this
+    /// datacenter's entries, as Consul's is: its targets are in that datacenter.
     fn watch(&self, req: &DiscoveryChainRequest) -> Result<Subscriber<Arc<CompiledDiscoveryChain>>, DataSourceError> {
-        self.mode.check_dc(&req.datacenter)?;
         Ok(Subscriber::new(self.followers.follow_updates(req, || self.derive(req))))
     }
 

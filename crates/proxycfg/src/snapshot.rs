@@ -296,6 +296,9 @@ pub struct ConnectProxySnapshot {
     /// The healthy instances of each terminating gateway linking one of `destinations`, by
     /// gateway name, as they become known.
     pub destination_gateways: Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>,
+    /// Every datacenter's mesh gateways, while some upstream's chain has a target in another
+    /// datacenter (its connections go through them).
+    pub mesh_gateways: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
 }
 
 /// A service outside the mesh a transparent proxy may reach: through the terminating

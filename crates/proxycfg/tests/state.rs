@@ -38,7 +38,8 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     next_snapshot(&mut w).await;
     assert_eq!(f.fakes.health.active_for(&health_req("api", "dc1")), 1);
 
-    // New chain: keep the dc1 default target? No: it names v1 and v2 subsets in dc1 and dc2.
+    // New chain: keep the dc1 default target? No: it names v1 and v2 subsets (a target in another datacenter is reached through
+    // mesh gateways, not watched: see `a_target_in_another_datacenter_goes_through_gateways`).
     // chain_with_targets' subsets say OnlyPassing.
     let v1 = HealthRequest {
         filter: "Service.Meta.version == v1".into(),
@@ -48,7 +49,7 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     let v2 = HealthRequest {
         filter: "Service.Meta.version == v2".into(),
         passing_only: true,
-        ..health_req("api", "dc2")
+        ..health_req("api", "dc1")
     };
     f.fakes.health.set(&v1, Arc::new(vec![instance("api", "10.0.1.1")]));
     f.fakes.health.set(
@@ -57,7 +58,7 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     );
     f.fakes.discovery_chain.set(
         &chain_req("api"),
-        Arc::new(chain_with_targets("api", &[("v1", "dc1"), ("v2", "dc2")])),
+        Arc::new(chain_with_targets("api", &[("v1", "dc1"), ("v2", "dc1")])),
     );
     let snap = next_snapshot(&mut w).await;
     assert_eq!(
@@ -69,8 +70,8 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     assert_eq!(f.fakes.health.active_for(&v2), 1);
     let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
     let targets: Vec<String> = api.endpoints.keys().map(|t| t.to_string()).collect();
-    assert_eq!(targets, vec!["v1.api.default.dc1", "v2.api.default.dc2"]);
-    assert_eq!(api.endpoints[&TargetId::new("v2", "api", "default", "dc2")].len(), 2);
+    assert_eq!(targets, vec!["v1.api.default.dc1", "v2.api.default.dc1"]);
+    assert_eq!(api.endpoints[&TargetId::new("v2", "api", "default", "dc1")].len(), 2);
 
     // Drop only v2: v1's watch keeps running (not restarted), v2's is cancelled.
     let started = f.fakes.health.started();
@@ -599,4 +600,71 @@ fn intention_upstreams_under_default_deny() {
     assert!(allowed.is_empty(), "{allowed:?}");
     let allowed = handler::intention_upstreams("web", &candidates, &entries[..1], false);
     assert_eq!(allowed, ["api"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_in_another_datacenter_goes_through_gateways() {
+    let f = fixture();
+    let mut reg = sidecar("web", 21000, &[("api", 9191)]);
+    let mut service = (*reg.service).clone();
+    service.proxy.upstreams[0].mesh_gateway.mode = MeshGatewayMode::Local;
+    reg.service = Arc::new(service);
+    let gw = |dc: &str, lan: &str, wan: &str| {
+        let mut node = instance("mesh-gateway", lan);
+        node.service.kind = ServiceKind::MeshGateway;
+        node.service.tagged_addresses.insert(
+            "wan".into(),
+            structs::service::ServiceAddress {
+                address: wan.into(),
+                port: 443,
+            },
+        );
+        (dc.to_owned(), Arc::new(vec![node]))
+    };
+    let gateways = Arc::new(std::collections::BTreeMap::from([
+        gw("dc1", "10.0.0.9", "198.51.100.1"),
+        gw("dc2", "10.2.0.9", "198.51.100.2"),
+    ]));
+    let req = MeshGatewaysRequest {
+        datacenter: "dc1".into(),
+    };
+    f.fakes.mesh_gateways.set(&req, MeshGatewaysByDc(gateways));
+    // The chain is asked with the upstream's mode.
+    let chain = DiscoveryChainRequest {
+        override_mesh_gateway: MeshGatewayMode::Local,
+        ..chain_req("api")
+    };
+    f.fakes
+        .discovery_chain
+        .set(&chain, Arc::new(chain_with_targets("api", &[("", "dc1"), ("", "dc2")])));
+    let mut w = register_and_watch(&f, &reg).await;
+    let in_dc2 = TargetId::new("", "api", "default", "dc2");
+    let snap = loop {
+        let s = next_snapshot(&mut w).await;
+        if s.connect_proxy().unwrap().upstreams[&upstream_id("api")]
+            .endpoints
+            .contains_key(&in_dc2)
+        {
+            break s;
+        }
+    };
+    settle().await;
+    // Mode local: this datacenter's gateway, at its own address; dc2's target is not
+    // watched (only dc1's is).
+    let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
+    assert_eq!(api.endpoints[&in_dc2][0].address(), "10.0.0.9");
+    assert!(f.fakes.health.watched_requests().iter().all(|r| r.datacenter == "dc1"));
+    assert_eq!(f.fakes.mesh_gateways.active(), 1);
+    // Without a target elsewhere, the gateways are not followed.
+    f.fakes
+        .discovery_chain
+        .set(&chain, Arc::new(chain_with_targets("api", &[("", "dc1")])));
+    loop {
+        let s = next_snapshot(&mut w).await;
+        if s.connect_proxy().unwrap().mesh_gateways.is_none() {
+            break;
+        }
+    }
+    settle().await;
+    assert_eq!(f.fakes.mesh_gateways.active(), 0);
 }

@@ -126,6 +126,25 @@ pub struct CheckServiceNode {
 }
 
 impl CheckServiceNode {
+    /// This instance as another datacenter reaches it: at its service's `wan` tagged
+    /// address (a mesh gateway's `-wan-address`), else where it is.
+    pub fn reached_from_afar(&self) -> CheckServiceNode {
+        let mut node = self.clone();
+        if let Some(wan) = node
+            .service
+            .tagged_addresses
+            .get("wan")
+            .filter(|a| !a.address.is_empty())
+        {
+            let (address, port) = (wan.address.clone(), wan.port);
+            node.service.address = address;
+            if port != 0 {
+                node.service.port = port;
+            }
+        }
+        node
+    }
+
     /// The worst status among all checks (passing when there are none).
     pub fn aggregate_status(&self) -> HealthStatus {
         self.checks

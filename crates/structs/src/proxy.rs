@@ -96,6 +96,16 @@ string_enum! {
     }
 }
 
+impl MeshGatewayMode {
+    /// This mode, or `inherited` when it is not set.
+    pub fn or(self, inherited: MeshGatewayMode) -> MeshGatewayMode {
+        match self {
+            MeshGatewayMode::Default => inherited,
+            mode => mode,
+        }
+    }
+}
+
 impl DestinationType {
     /// What it means: unset is a service.
     pub fn effective(self) -> Self {

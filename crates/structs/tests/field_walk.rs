@@ -107,7 +107,9 @@ fn every_proxy_defaults_field_is_honoured_or_refused() {
         ),
         (
             "MeshGateway",
-            Honoured("one datacenter: no traffic leaves it, so every mode routes alike (mesh gateways: #33)"),
+            Honoured(
+                "Mode local/remote: proxycfg connect_proxy gateway_endpoints (federation e2e); none: refused in the status across datacenters",
+            ),
         ),
         (
             "Expose",
@@ -144,7 +146,9 @@ fn every_service_defaults_field_is_honoured_or_refused() {
         ),
         (
             "MeshGateway",
-            Honoured("one datacenter: every mode routes alike (mesh gateways: #33)"),
+            Honoured(
+                "Mode local/remote: proxycfg connect_proxy gateway_endpoints (federation e2e); none: refused in the status across datacenters",
+            ),
         ),
         (
             "Expose",

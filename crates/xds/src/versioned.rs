@@ -175,10 +175,12 @@ impl VersionedResources {
                         map.insert(name.clone(), Arc::clone(v));
                     }
                 }
+                let mut problems = prev.problems.clone();
+                resources::refresh_datacenter_problems(snapshot, &mut problems);
                 Self {
                     by_type,
                     snapshot: None,
-                    problems: prev.problems.clone(),
+                    problems,
                     keep: prev.keep.clone(),
                 }
             }

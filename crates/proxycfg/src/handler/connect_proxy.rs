@@ -229,6 +229,78 @@ impl ConnectProxyHandler {
     }
 }
 
+impl ConnectProxyHandler {
+    /// Follows the datacenters' mesh gateways while some upstream's chain has a target in
+    /// another datacenter, and gives those targets their endpoints; forgets them when none
+    /// has.
+    fn follow_gateways(&self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
+        let elsewhere = cp.upstreams.values().any(|u| {
+            u.chain
+                .as_ref()
+                .is_some_and(|c| c.targets.values().any(|t| t.datacenter != self.datacenter))
+        });
+        if elsewhere {
+            let req = MeshGatewaysRequest {
+                datacenter: self.datacenter.clone(),
+            };
+            watches.ensure(&self.sources.mesh_gateways, CorrelationId::MeshGatewaysByDc, req);
+            self.gateway_endpoints(cp);
+        } else if cp.mesh_gateways.is_some() {
+            watches.cancel_where(|id| matches!(id, CorrelationId::MeshGatewaysByDc));
+            cp.mesh_gateways = None;
+        }
+    }
+
+    /// The endpoints of each chain target in another datacenter: this datacenter's mesh
+    /// gateways (mode `local`), or the target datacenter's at their `wan` addresses
+    /// (`remote`), healthy ones; none in mode `none` (direct connections across datacenters
+    /// are not built: the proxy's status says so).
+    fn gateway_endpoints(&self, cp: &mut ConnectProxySnapshot) {
+        let Some(gateways) = cp.mesh_gateways.clone() else {
+            return;
+        };
+        let healthy = |dc: &str| {
+            gateways
+                .get(dc)
+                .into_iter()
+                .flat_map(|g| g.iter())
+                .filter(|n| n.aggregate_status() != structs::HealthStatus::Critical)
+        };
+        let mut changes = Vec::new();
+        for (id, upstream) in cp.upstreams.iter() {
+            let Some(chain) = &upstream.chain else { continue };
+            let mode = self
+                .service
+                .proxy
+                .upstreams
+                .get(upstream.index)
+                .map_or(MeshGatewayMode::Default, |u| u.mesh_gateway.mode)
+                .or(self.service.proxy.mesh_gateway.mode);
+            for (target_id, target) in chain.targets.iter().filter(|(_, t)| t.datacenter != self.datacenter) {
+                let nodes: Vec<structs::CheckServiceNode> = match mode {
+                    MeshGatewayMode::Local => healthy(&self.datacenter).cloned().collect(),
+                    MeshGatewayMode::Remote => healthy(&target.datacenter)
+                        .map(structs::CheckServiceNode::reached_from_afar)
+                        .collect(),
+                    MeshGatewayMode::None | MeshGatewayMode::Default => Vec::new(),
+                };
+                if upstream.endpoints.get(target_id).is_none_or(|e| **e != nodes) {
+                    changes.push((Arc::clone(id), target_id.clone(), Arc::new(nodes)));
+                }
+            }
+        }
+        if changes.is_empty() {
+            return;
+        }
+        let upstreams = Arc::make_mut(&mut cp.upstreams);
+        for (id, target, nodes) in changes {
+            if let Some(entry) = upstreams.get_mut(&id) {
+                Arc::make_mut(entry).endpoints.insert(target, nodes);
+            }
+        }
+    }
+}
+
 impl KindHandler for ConnectProxyHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
         self.watch_service(watches);
@@ -296,12 +368,18 @@ impl KindHandler for ConnectProxyHandler {
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
                 upstreams::apply_chain(
                     &self.sources,
+                    &self.datacenter,
                     self.token.as_ref(),
                     &mut cp.upstreams,
                     upstream,
                     chain,
                     watches,
                 )?;
+                self.follow_gateways(cp, watches);
+            }
+            (CorrelationId::MeshGatewaysByDc, UpdatePayload::MeshGateways(gateways)) => {
+                cp.mesh_gateways = Some(gateways);
+                self.gateway_endpoints(cp);
             }
             (CorrelationId::UpstreamTarget { upstream, target }, UpdatePayload::Health(nodes)) => {
                 upstreams::apply_target_health(&mut cp.upstreams, upstream, target, nodes)?;
@@ -329,6 +407,7 @@ impl KindHandler for ConnectProxyHandler {
                 | CorrelationId::ResolvedServiceConfig
                 | CorrelationId::ServiceHttpChecks
                 | CorrelationId::DiscoveryChain(_)
+                | CorrelationId::MeshGatewaysByDc
                 | CorrelationId::UpstreamTarget { .. }
                 | CorrelationId::PreparedQuery(_)
                 | CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider)),

@@ -178,6 +178,7 @@ impl KindHandler for IngressGatewayHandler {
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
                 upstreams::apply_chain(
                     &self.sources,
+                    &self.datacenter,
                     self.token.as_ref(),
                     &mut g.upstreams,
                     upstream,

@@ -13,9 +13,11 @@ use tracing::debug;
 pub(super) type Upstreams = Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>;
 
 /// Applies a new chain of `upstream_id`: cancels exactly the target watches it no longer
-/// names, and starts (or keeps) one health watch per target.
+/// names, and starts (or keeps) one health watch per target in `datacenter` (a target in
+/// another datacenter is reached through mesh gateways: see the connect-proxy handler).
 pub(super) fn apply_chain(
     sources: &DataSources,
+    datacenter: &str,
     token: Option<&Token>,
     upstreams: &mut Upstreams,
     upstream_id: Arc<UpstreamId>,
@@ -37,7 +39,7 @@ pub(super) fn apply_chain(
     entry.endpoints.retain(|target, _| chain.targets.contains_key(target));
 
     // One health watch per target; restarted only if what it selects changed.
-    for (target_id, target) in &chain.targets {
+    for (target_id, target) in chain.targets.iter().filter(|(_, t)| t.datacenter == datacenter) {
         let id = CorrelationId::UpstreamTarget {
             upstream: Arc::clone(&upstream_id),
             target: target_id.clone(),

@@ -92,7 +92,7 @@ fn remote_chains(
         let reachable: Vec<CheckServiceNode> = gateways
             .iter()
             .filter(|n| n.aggregate_status() != structs::HealthStatus::Critical)
-            .map(as_reached_from_afar)
+            .map(CheckServiceNode::reached_from_afar)
             .collect();
         let name = format!("{dc}.internal.{trust_domain}");
         out.insert(
@@ -111,25 +111,6 @@ fn remote_chains(
         });
     }
     chains
-}
-
-/// A gateway of another datacenter at the address that datacenter gives it for others: its
-/// `wan` tagged address, else its own.
-fn as_reached_from_afar(node: &CheckServiceNode) -> CheckServiceNode {
-    let mut node = node.clone();
-    if let Some(wan) = node
-        .service
-        .tagged_addresses
-        .get("wan")
-        .filter(|a| !a.address.is_empty())
-    {
-        let (address, port) = (wan.address.clone(), wan.port);
-        node.service.address = address;
-        if port != 0 {
-            node.service.port = port;
-        }
-    }
-    node
 }
 
 /// An EDS cluster named `sni`, with no TLS of its own: the connection's bytes pass through.

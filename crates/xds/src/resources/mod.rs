@@ -67,11 +67,64 @@ pub(crate) fn build_scoped(
     scope: &Scope<'_>,
 ) -> Result<Resources, BuildError> {
     let mut out = build_kind(snapshot, shared, scope)?;
+    report_other_datacenters(snapshot, &mut out);
     escape_hatch::apply_tracing(snapshot, &mut out)?;
     access_logs::apply(snapshot, &mut out)?;
     extensions::apply(snapshot, &mut out);
     Ok(out)
 }
+
+/// Names in the proxy's status each upstream with a target in another datacenter that has
+/// no way there: mode `none` (direct connections across datacenters are not built), or no
+/// healthy mesh gateway where the mode says. Built on every build (never carried by a
+/// part: its key names no part).
+fn report_other_datacenters(snap: &ConfigSnapshot, out: &mut Resources) {
+    let Some(upstreams) = upstreams_of(snap) else { return };
+    for (id, upstream) in upstreams.iter() {
+        let Some(chain) = &upstream.chain else { continue };
+        let mode = snap
+            .upstream_config(upstream)
+            .map_or(structs::MeshGatewayMode::Default, |u| u.mesh_gateway.mode)
+            .or(snap.service.proxy.mesh_gateway.mode);
+        for (target_id, target) in chain.targets.iter().filter(|(_, t)| *t.datacenter != *snap.datacenter) {
+            let why = match mode {
+                structs::MeshGatewayMode::Local | structs::MeshGatewayMode::Remote => {
+                    if upstream.endpoints.get(target_id).is_some_and(|e| !e.is_empty()) {
+                        continue;
+                    }
+                    let at = if mode == structs::MeshGatewayMode::Local {
+                        snap.datacenter.to_string()
+                    } else {
+                        target.datacenter.clone()
+                    };
+                    format!("no healthy mesh gateway is known in datacenter {at:?} (MeshGateway.Mode {})", mode.as_str())
+                }
+                _ => "connections to other datacenters go through mesh gateways: set MeshGateway.Mode to local or remote \
+                      (direct connections, mode none, are not supported)"
+                    .to_owned(),
+            };
+            out.problems.insert(
+                format!("{DATACENTER_PROBLEM}{id}:{target_id}"),
+                format!(
+                    "upstream {id}: target {target_id} is in datacenter {:?}: {why}",
+                    target.datacenter
+                ),
+            );
+        }
+    }
+}
+
+/// The problems of `problems` about other datacenters made again for `snap` (a build that
+/// reuses everything but the load assignments: a gateway appearing changes only those).
+pub(crate) fn refresh_datacenter_problems(snap: &ConfigSnapshot, problems: &mut BTreeMap<String, String>) {
+    problems.retain(|key, _| !key.starts_with(DATACENTER_PROBLEM));
+    let mut fresh = Resources::default();
+    report_other_datacenters(snap, &mut fresh);
+    problems.extend(fresh.problems);
+}
+
+/// The key prefix of [`report_other_datacenters`]'s problems.
+const DATACENTER_PROBLEM: &str = "datacenter:";
 
 /// What [`build_scoped`] builds before the access logs are added.
 fn build_kind(
