@@ -2113,3 +2113,59 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
         "envoy.filters.listener.tls_inspector"
     );
 }
+
+/// While a P-384 root is in the bundle, every mesh TLS context offers P-384 besides Envoy's
+/// default curves: in TLS 1.2 a peer's P-384 certificate is refused unless the other side
+/// offers that curve (found by two sidecars failing every handshake after a rotation to 384
+/// bits). With P-256 roots only, Envoy's defaults stay.
+#[test]
+fn a_p384_root_makes_every_mesh_context_offer_p384() {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "tcp",
+        upstreams: vec![("api", 9191, "tcp")],
+        intentions: vec![],
+        instances: vec![instance("api", "10.0.0.1", 21000)],
+    };
+    let curves = |snap: &ConfigSnapshot| {
+        let r = resources::build(snap).unwrap();
+        let cluster: Cluster =
+            unpack(&r.of(CLUSTER).unwrap()[&format!("api.default.dc1.internal.{}", ca.roots().trust_domain)]);
+        let Some(transport_socket::ConfigType::TypedConfig(cfg)) = cluster.transport_socket.unwrap().config_type else {
+            panic!("no TLS");
+        };
+        let tls: UpstreamTlsContext = unpack(&cfg);
+        (tls.common_tls_context.unwrap().tls_params.map(|p| p.ecdh_curves), r)
+    };
+    let plain = snapshot(&ca, &scenario);
+    assert_eq!(curves(&plain).0, None, "Envoy's defaults");
+    let mut p384 = plain.clone();
+    let mut roots = (**p384.roots.as_ref().unwrap()).clone();
+    roots.roots[0].private_key_bits = 384;
+    p384.roots = Some(Arc::new(roots));
+    let (offered, r) = curves(&p384);
+    assert_eq!(offered.unwrap(), ["X25519", "P-256", "P-384"]);
+    let public: Listener = unpack(
+        r.of(LISTENER)
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n.starts_with("public_listener"))
+            .unwrap()
+            .1,
+    );
+    let Some(transport_socket::ConfigType::TypedConfig(cfg)) =
+        public.filter_chains[0].transport_socket.clone().unwrap().config_type
+    else {
+        panic!("no TLS on the public listener");
+    };
+    let downstream: DownstreamTlsContext = unpack(&cfg);
+    let offered = downstream.common_tls_context.unwrap().tls_params.unwrap().ecdh_curves;
+    assert!(
+        offered.iter().any(|c| c == "P-384"),
+        "the public listener offers it too"
+    );
+    if let Err(e) = envoy_validate("p384-curves", &static_bootstrap(&r)) {
+        panic!("envoy rejected the P-384 curves:\n{e}");
+    }
+}

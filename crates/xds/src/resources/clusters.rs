@@ -87,7 +87,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         local_app(snap, cp, out);
     }
     let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
+    let outgoing = tls::mesh_params(snap, mesh, tls::Direction::Outgoing);
     for (id, upstream) in cp.upstreams.iter() {
         if !scope.upstream(id) {
             continue;

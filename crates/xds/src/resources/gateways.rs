@@ -60,7 +60,7 @@ pub(crate) fn build_ingress(
         return Ok(());
     };
     let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
+    let outgoing = tls::mesh_params(snap, mesh, tls::Direction::Outgoing);
 
     // Clusters: each exposed service's chain, with that service's limits.
     for (id, upstream) in g.upstreams.iter() {
@@ -392,7 +392,7 @@ pub(crate) fn build_terminating(
 ) -> Result<(), BuildError> {
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
+    let incoming = tls::mesh_params(snap, mesh, tls::Direction::Incoming);
     let inbound = inbound_http(mesh);
     let bind = public_bind(snap);
     let name = format!("default:{bind}:{}", snap.service.port);
@@ -525,7 +525,7 @@ fn destination_chains(
         .terminating_gateway()
         .and_then(|g| g.mesh_config.as_ref())
         .and_then(|m| m.as_deref());
-    let incoming = tls::mesh_params(mesh, tls::Direction::Incoming);
+    let incoming = tls::mesh_params(snap, mesh, tls::Direction::Incoming);
     for address in &destination.addresses {
         let name = super::destinations::cluster_name(snap, trust_domain, l.service, address);
         let cluster = super::destinations::gateway_cluster(&name, address, destination.port, l.link, l.protocol);

@@ -206,7 +206,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
             snap,
             intentions,
             resolved,
-            tls::mesh_params(mesh, tls::Direction::Incoming),
+            tls::mesh_params(snap, mesh, tls::Direction::Incoming),
             inbound_http(mesh),
             out,
         );

@@ -65,7 +65,29 @@ fn protocol(version: &str) -> TlsProtocol {
 }
 
 /// The TLS parameters the `mesh` config entry sets for `direction` (none: Envoy's defaults).
-pub(crate) fn mesh_params(mesh: Option<&ConfigEntry>, direction: Direction) -> Option<TlsParameters> {
+pub(crate) fn mesh_params(
+    snap: &ConfigSnapshot,
+    mesh: Option<&ConfigEntry>,
+    direction: Direction,
+) -> Option<TlsParameters> {
+    let mut out = configured_params(mesh, direction);
+    // A P-384 root signs P-384 leaves. In TLS 1.2 (Envoy's default maximum toward upstreams)
+    // a peer may present an ECDSA certificate only on a curve the other side offers, and
+    // Envoy offers X25519 and P-256 by default: the handshake would fail. While any root of
+    // the bundle is P-384 (a rotation to it, or away from it, included), both sides offer it.
+    let p384 = snap
+        .roots
+        .as_deref()
+        .is_some_and(|r| r.roots.iter().any(|root| root.private_key_bits == 384));
+    if p384 {
+        let p = out.get_or_insert_with(TlsParameters::default);
+        p.ecdh_curves = ["X25519", "P-256", "P-384"].map(str::to_owned).to_vec();
+    }
+    out
+}
+
+/// The parameters the `mesh` entry sets for `direction`.
+fn configured_params(mesh: Option<&ConfigEntry>, direction: Direction) -> Option<TlsParameters> {
     let Some(ConfigEntry::Mesh(mesh)) = mesh else {
         return None;
     };

@@ -344,7 +344,7 @@ pub(crate) fn build(
 fn build_outbound(snap: &ConfigSnapshot, cp: &ConnectProxySnapshot, out: &mut Resources) -> Result<(), BuildError> {
     let roots = snap.roots.as_deref().ok_or(BuildError::Incomplete("CA roots"))?;
     let mesh = cp.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let outgoing = tls::mesh_params(mesh, tls::Direction::Outgoing);
+    let outgoing = tls::mesh_params(snap, mesh, tls::Direction::Outgoing);
     let mut filter_chains = Vec::new();
     // Each address selects one chain: Envoy refuses a listener where two chains match alike.
     let mut claimed: BTreeMap<IpAddr, &UpstreamId> = BTreeMap::new();
