@@ -73,6 +73,28 @@ fn check_dc(dc: &str, ours: &str) -> Result<(), WriteError> {
     }
 }
 
+/// A secondary datacenter's CA following the primary's `roots` with `intermediate` (no
+/// write when it already does).
+fn plan_ca_follow(
+    state: &State,
+    roots: &structs::IndexedCaRoots,
+    intermediate: &crate::ca::Intermediate,
+) -> Result<Plan, WriteError> {
+    let current = state.ca();
+    let next =
+        CaState::following(current.as_deref(), roots, intermediate.clone()).ok_or_else(|| CaError::InvalidConfig {
+            field: "Roots",
+            reason: format!(
+                "the primary's roots (trust domain {:?}) have no active root of a built-in CA",
+                roots.trust_domain
+            ),
+        })?;
+    if current.as_deref() == Some(&next) {
+        return Ok(Plan::write(Vec::new()));
+    }
+    Ok(Plan::write(vec![Change::PutCa(next)]))
+}
+
 pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Result<Plan, WriteError> {
     match op {
         Op::Register(req) => plan_register(req, state, datacenter),
@@ -109,22 +131,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 current.reconfigure(config.clone(), now)?,
             )]))
         }
-        Op::CaFollowPrimary { roots, intermediate } => {
-            let current = state.ca();
-            let next = CaState::following(current.as_deref(), roots, intermediate.clone()).ok_or_else(|| {
-                CaError::InvalidConfig {
-                    field: "Roots",
-                    reason: format!(
-                        "the primary's roots (trust domain {:?}) have no active root of a built-in CA",
-                        roots.trust_domain
-                    ),
-                }
-            })?;
-            if current.as_deref() == Some(&next) {
-                return Ok(Plan::write(Vec::new()));
-            }
-            Ok(Plan::write(vec![Change::PutCa(next)]))
-        }
+        Op::CaFollowPrimary { roots, intermediate } => plan_ca_follow(state, roots, intermediate),
         Op::CaPruneRoots { now } => Ok(Plan::write(
             state
                 .ca()
