@@ -331,12 +331,15 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
     assert!(!stats.contains("downstream_cx_total: 0"), "{stats}");
 
     // web in dc1, its upstream api in dc2: through dc1's gateway (mode local), then straight
-    // to dc2's (remote), as web's Envoy's endpoints for api's cluster show.
-    let bind = test_support::reserve_port();
+    // to dc2's (remote), as web's Envoy's endpoints for api's cluster show. Its second
+    // upstream is api in dc1, failing over to dc2 (a resolver in dc1).
+    let (bind, local_bind) = (test_support::reserve_port(), test_support::reserve_port());
     let web_proxy = test_support::reserve_port();
     let register_web = |mode: &'static str| {
-        let upstream = json!([{"DestinationName": "api", "Datacenter": "dc2", "LocalBindPort": bind, "MeshGateway": {"Mode": mode}}]);
-        dc1.register("node-web", "web", 9, web_proxy, upstream, json!({}))
+        let upstreams = json!([
+            {"DestinationName": "api", "Datacenter": "dc2", "LocalBindPort": bind, "MeshGateway": {"Mode": mode}},
+            {"DestinationName": "api", "LocalBindPort": local_bind, "MeshGateway": {"Mode": "local"}}]);
+        dc1.register("node-web", "web", 9, web_proxy, upstreams, json!({}))
     };
     register_web("local").await;
     let (_web, web_admin) = dc1.envoy("web", "node-web", dir).await;
@@ -366,4 +369,47 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
     wait_for(|| endpoint_of_api(port2)).await;
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
+    failover_to_dc2(dc1, dir, local_bind).await;
+}
+
+/// api also runs in dc1, where a resolver fails it over to dc2: web's second upstream
+/// reaches dc1's api, then dc2's once dc1's instance turns critical, then dc1's again.
+async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) {
+    let api1_port = crate::gateway_e2e::backend("api-dc1");
+    let proxy_port = test_support::reserve_port();
+    dc1.register("node-api1", "api", api1_port, proxy_port, json!([]), json!({}))
+        .await;
+    let check = |status: &str| {
+        json!({"Node": "node-api1", "Address": "127.0.0.1", "SkipNodeUpdate": true,
+            "Check": {"CheckID": "api-alive", "Name": "alive", "ServiceID": "api-sidecar-proxy", "Status": status}})
+    };
+    dc1.put("/v1/catalog/register", check("passing")).await;
+    let (_api1, _) = dc1.envoy("api", "node-api1", dir).await;
+    dc1.put(
+        "/v1/config",
+        json!({"Kind": "service-resolver", "Name": "api", "Failover": {"*": {"Datacenters": ["dc2"]}}}),
+    )
+    .await;
+    let plain = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{bind}/failover");
+    let from = || {
+        let (plain, url) = (plain.clone(), url.clone());
+        async move {
+            let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await;
+
+            let body = resp.ok()?.text().await.ok()?;
+
+            body.split_whitespace().next().map(str::to_owned)
+        }
+    };
+    wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
+    dc1.put("/v1/catalog/register", check("critical")).await;
+    let moved = std::time::Instant::now();
+    wait_for(|| async { from().await.filter(|b| b == "api") }).await;
+    assert!(moved.elapsed() < Duration::from_secs(5), "{:?}", moved.elapsed());
+    for _ in 0..5 {
+        assert_eq!(from().await.as_deref(), Some("api"), "every request goes to dc2 now");
+    }
+    dc1.put("/v1/catalog/register", check("passing")).await;
+    wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
 }
