@@ -151,7 +151,7 @@ fn register_with_an_agent_then_bootstrap() {
 
 #[test]
 fn bad_gateway_flags_fail_with_one_line() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["-gateway=ingress", "-bootstrap"],
             "-gateway ingress needs -service NAME",
@@ -172,7 +172,21 @@ fn bad_gateway_flags_fail_with_one_line() {
             ],
             "expected HOST:PORT",
         ),
-        (&["-gateway=mesh", "-service", "m"], "invalid value 'mesh'"),
+        (&["-gateway=api", "-service", "a"], "invalid value 'api'"),
+        (
+            &[
+                "-gateway=ingress",
+                "-service",
+                "ing",
+                "-register",
+                "-address",
+                "10.0.0.5:443",
+                "-wan-address",
+                "203.0.113.5:443",
+                "-bootstrap",
+            ],
+            "-wan-address \"203.0.113.5:443\": only a mesh gateway (-gateway mesh) has one",
+        ),
     ];
     for (flags, expect) in cases {
         let mut args = vec!["connect", "envoy", "-http-addr", "127.0.0.1:1"];

@@ -274,7 +274,7 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
         json!({}),
     )
     .await;
-    let (_api, _) = dc2.envoy("api", "node-api", dir).await;
+    let (api, _) = dc2.envoy("api", "node-api", dir).await;
     let gateway = |mesh: &Mesh, name: &str| {
         let port = test_support::reserve_port();
         let address = format!("127.0.0.1:{port}");
@@ -293,8 +293,8 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
             (proc, admin, port)
         }
     };
-    let (_gw2, _, port2) = gateway(dc2, "gateway-dc2").await;
-    let (_gw1, admin1, port1) = gateway(dc1, "gateway-dc1").await;
+    let (gw2, _, port2) = gateway(dc2, "gateway-dc2").await;
+    let (gw1, admin1, port1) = gateway(dc1, "gateway-dc1").await;
 
     let (_, _, roots) = get(&dc1.client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
     let host = format!("api.default.dc2.internal.{}", roots["TrustDomain"].as_str().unwrap());
@@ -342,7 +342,7 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
         dc1.register("node-web", "web", 9, web_proxy, upstreams, json!({}))
     };
     register_web("local").await;
-    let (_web, web_admin) = dc1.envoy("web", "node-web", dir).await;
+    let (web, web_admin) = dc1.envoy("web", "node-web", dir).await;
     let plain = reqwest::Client::new();
     let through = |path: &'static str| {
         let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
@@ -369,12 +369,14 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
     wait_for(|| endpoint_of_api(port2)).await;
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
-    failover_to_dc2(dc1, dir, local_bind).await;
+    let api1 = failover_to_dc2(dc1, dir, local_bind).await;
+    crate::mesh::stop_together(vec![api, gw2, gw1, web, api1]);
 }
 
 /// api also runs in dc1, where a resolver fails it over to dc2: web's second upstream
 /// reaches dc1's api, then dc2's once dc1's instance turns critical, then dc1's again.
-async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) {
+/// Returns the Envoy of api's sidecar in dc1.
+async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> crate::mesh::Proc {
     let api1_port = crate::gateway_e2e::backend("api-dc1");
     let proxy_port = test_support::reserve_port();
     dc1.register("node-api1", "api", api1_port, proxy_port, json!([]), json!({}))
@@ -384,7 +386,7 @@ async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) {
             "Check": {"CheckID": "api-alive", "Name": "alive", "ServiceID": "api-sidecar-proxy", "Status": status}})
     };
     dc1.put("/v1/catalog/register", check("passing")).await;
-    let (_api1, _) = dc1.envoy("api", "node-api1", dir).await;
+    let (api1, _) = dc1.envoy("api", "node-api1", dir).await;
     dc1.put(
         "/v1/config",
         json!({"Kind": "service-resolver", "Name": "api", "Failover": {"*": {"Datacenters": ["dc2"]}}}),
@@ -412,4 +414,5 @@ async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) {
     }
     dc1.put("/v1/catalog/register", check("passing")).await;
     wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
+    api1
 }

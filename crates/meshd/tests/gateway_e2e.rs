@@ -215,8 +215,8 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         json!({}),
     )
     .await;
-    let (_api, _) = mesh.envoy("api", "node-api", dir.path()).await;
-    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let (api, _) = mesh.envoy("api", "node-api", dir.path()).await;
+    let (web, _) = mesh.envoy("web", "node-web", dir.path()).await;
     // The ingress gateway's agent, joined to the server.
     let agent = test_support::process::start_agent(
         std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
@@ -233,9 +233,9 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         ],
     );
     let _agent = Proc(agent.child);
-    let (_ingress, ingress_admin) =
+    let (ingress, ingress_admin) =
         gateway(&agent.http, &agent.grpc, "ingress", "ingress", ingress_port, dir.path()).await;
-    let (_terminating, _) = gateway(
+    let (terminating, _) = gateway(
         &mesh.http,
         &mesh.grpc,
         "terminating",
@@ -390,7 +390,7 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
         t0.elapsed().as_secs_f64()
     );
 
-    mesh_gateway(&mesh, dir.path(), &roots).await;
+    let mesh_gw = mesh_gateway(&mesh, dir.path(), &roots).await;
     println!("{:>5.1} s mesh gateway", t0.elapsed().as_secs_f64());
 
     // Nothing was refused by an Envoy along the way.
@@ -401,14 +401,15 @@ async fn ingress_and_terminating_gateways_with_real_envoys() {
             "{t}"
         );
     }
+    mesh::stop_together(vec![api, web, ingress, terminating, mesh_gw]);
 }
 
 /// A mesh gateway (`-gateway mesh`, registered in the server's catalog with its `lan` and
 /// `wan` addresses) routes a connection by its SNI to api's sidecar without terminating it:
 /// a client holding web's leaf reaches api's backend through it, api's sidecar checks the
 /// client certificate and applies the intentions with web's identity; no certificate, or a
-/// name no service has, gets nothing.
-async fn mesh_gateway(mesh: &Mesh, dir: &Path, roots: &serde_json::Value) {
+/// name no service has, gets nothing. Returns the gateway's supervisor.
+async fn mesh_gateway(mesh: &Mesh, dir: &Path, roots: &serde_json::Value) -> Proc {
     let port = free_port();
     let which = [
         "-gateway",
@@ -421,7 +422,7 @@ async fn mesh_gateway(mesh: &Mesh, dir: &Path, roots: &serde_json::Value) {
         "-node",
         "node-gw",
     ];
-    let (_gateway, _) = mesh::run_proxy(
+    let (gateway, _) = mesh::run_proxy(
         &which,
         &mesh.http,
         &["-grpc-addr", &mesh.grpc],
@@ -506,6 +507,7 @@ async fn mesh_gateway(mesh: &Mesh, dir: &Path, roots: &serde_json::Value) {
     wait_for(|| async { get(&web, &host).await.filter(|(s, _)| *s == 403) }).await;
     delete(mesh, "/v1/config/service-intentions/api").await;
     wait_for(|| async { get(&web, &host).await.filter(|(s, _)| *s == 200) }).await;
+    gateway
 }
 
 /// The grpcio side of the gRPC case: `serve PORT_FILE` answers `/echo.Echo/Say` with

@@ -18,6 +18,16 @@ impl Drop for Proc {
     }
 }
 
+/// Stops `procs` together (each drains for about a second: one after the other they would
+/// add up).
+pub fn stop_together(procs: Vec<Proc>) {
+    std::thread::scope(|s| {
+        for p in procs {
+            s.spawn(move || drop(p));
+        }
+    });
+}
+
 pub struct Mesh {
     _server: Proc,
     pub http: String,
