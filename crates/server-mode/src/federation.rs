@@ -115,7 +115,16 @@ impl Link {
                 s = self.store.wait(&IndexKey::Services, services, wait) => s,
                 s = self.store.wait(&IndexKey::Checks, checks, wait) => s,
             };
-            (services, checks) = (state.index_of(&IndexKey::Services), state.index_of(&IndexKey::Checks));
+            let seen = (state.index_of(&IndexKey::Services), state.index_of(&IndexKey::Checks));
+            if seen == (services, checks) {
+                // Nothing moved: the wait ran out, or the store answers waits at once while
+                // the server drains. Look again a second later, not in a tight loop.
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            (services, checks) = seen;
             let next = own_state(&self.fed, &self.store, &self.advertise);
             own.send_if_modified(|now| {
                 let changed = !now.same_as(&next);
@@ -172,12 +181,18 @@ impl Link {
             } else {
                 self.fed.servers_of(self.fed.primary())
             };
+            // Every primary server is told (each holds the states it was sent), then one
+            // that took it is followed.
+            let state = own.borrow().clone();
+            let mut told = None;
             for server in &primary {
-                let state = own.borrow().clone();
                 match self.announce(server, &state).await {
-                    Ok(()) => return self.follow(server, own).await,
+                    Ok(()) => told = told.or(Some(server)),
                     Err(e) => last = e,
                 }
+            }
+            if let Some(server) = told {
+                return self.follow(server, own).await;
             }
         }
         Err(last)
@@ -286,8 +301,10 @@ impl Link {
             if !has_own {
                 return Ok(());
             }
-            // An index that went backwards: the primary restarted (its states are soft).
-            if next < index {
+            // An index that went backwards: the primary restarted (its states are soft). One
+            // that did not move: the wait ran out; this datacenter's state is sent again to
+            // every primary server (one that restarted alone learns it so, within a wait).
+            if next <= index {
                 return Ok(());
             }
             index = next;
