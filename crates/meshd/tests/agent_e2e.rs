@@ -313,7 +313,8 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     // An upstream whose chain cannot be served is an error shown in the proxy's status and
     // counted, not an upstream that quietly goes; the others keep working; removing it clears
     // the error. (Config entries that break a chain are refused at write time; an upstream in
-    // another datacenter is what an agent cannot serve.)
+    // another datacenter is what an agent cannot serve yet: it has no mesh gateways to reach
+    // it through.)
     let web = |upstreams: Value| {
         json!({"Name": "web", "ID": "web", "Port": web_port,
                "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {"Upstreams": upstreams}}}})
@@ -333,7 +334,8 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
     assert_eq!(status["Source"], "local", "{status}");
-    assert!(status.to_string().contains("dc2"), "{status}");
+    let why = status["Errors"]["mesh-gateways"].as_str().unwrap_or_default();
+    assert!(why.contains("not yet with an agent"), "{status}");
     let errors = test_support::process::metric(&client, &b_http, "meshd_proxycfg_data_source_errors_total").await;
     assert!(errors >= 1.0, "the error is counted");
     assert!(

@@ -26,6 +26,8 @@ pub struct ConnectProxyHandler {
     /// In transparent mode, while some destination is reachable: every
     /// `terminating-gateway` entry (which gateways link it).
     pub(super) graph_gateways: Option<Arc<Vec<Arc<structs::ConfigEntry>>>>,
+    /// The datacenters' mesh gateways are followed (some chain has a target elsewhere).
+    pub(super) following_gateways: bool,
 }
 
 impl ConnectProxyHandler {
@@ -40,6 +42,7 @@ impl ConnectProxyHandler {
             graph_intentions: None,
             graph_destinations: None,
             graph_gateways: None,
+            following_gateways: false,
         }
     }
 
@@ -233,7 +236,7 @@ impl ConnectProxyHandler {
     /// Follows the datacenters' mesh gateways while some upstream's chain has a target in
     /// another datacenter, and gives those targets their endpoints; forgets them when none
     /// has.
-    fn follow_gateways(&self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
+    fn follow_gateways(&mut self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
         let elsewhere = cp.upstreams.values().any(|u| {
             u.chain
                 .as_ref()
@@ -244,9 +247,12 @@ impl ConnectProxyHandler {
                 datacenter: self.datacenter.clone(),
             };
             watches.ensure(&self.sources.mesh_gateways, CorrelationId::MeshGatewaysByDc, req);
+            self.following_gateways = true;
             self.gateway_endpoints(cp);
-        } else if cp.mesh_gateways.is_some() {
+        } else if self.following_gateways {
+            // Its error too goes with it (agent mode serves no gateways yet).
             watches.cancel_where(|id| matches!(id, CorrelationId::MeshGatewaysByDc));
+            self.following_gateways = false;
             cp.mesh_gateways = None;
         }
     }
