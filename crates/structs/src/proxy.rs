@@ -305,6 +305,16 @@ pub struct ConnectProxyConfig {
 }
 
 impl ConnectProxyConfig {
+    /// How the upstream at `index` of `upstreams` reaches other datacenters: its own mesh
+    /// gateway mode, else the proxy's (an index past them, an implicit upstream, has none
+    /// of its own).
+    pub fn upstream_mesh_gateway_mode(&self, index: usize) -> MeshGatewayMode {
+        self.upstreams
+            .get(index)
+            .map_or(MeshGatewayMode::Default, |u| u.mesh_gateway.mode)
+            .or(self.mesh_gateway.mode)
+    }
+
     /// The config keys meshd acts on, typed.
     pub fn options(&self) -> crate::ProxyOptions {
         crate::ProxyOptions::parse(&self.config)

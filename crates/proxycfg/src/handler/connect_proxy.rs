@@ -127,10 +127,7 @@ impl ConnectProxyHandler {
         let datacenter = self.upstream_datacenter(id).to_owned();
         match upstream.destination_type.effective() {
             DestinationType::Service | DestinationType::Unset => {
-                let mesh_gateway = match upstream.mesh_gateway.mode {
-                    MeshGatewayMode::Default => self.service.proxy.mesh_gateway.mode,
-                    mode => mode,
-                };
+                let mesh_gateway = upstream.mesh_gateway.mode.or(self.service.proxy.mesh_gateway.mode);
                 let options = upstream.options();
                 let req = DiscoveryChainRequest {
                     datacenter,
@@ -275,13 +272,7 @@ impl ConnectProxyHandler {
         let mut changes = Vec::new();
         for (id, upstream) in cp.upstreams.iter() {
             let Some(chain) = &upstream.chain else { continue };
-            let mode = self
-                .service
-                .proxy
-                .upstreams
-                .get(upstream.index)
-                .map_or(MeshGatewayMode::Default, |u| u.mesh_gateway.mode)
-                .or(self.service.proxy.mesh_gateway.mode);
+            let mode = self.service.proxy.upstream_mesh_gateway_mode(upstream.index);
             for (target_id, target) in chain.targets.iter().filter(|(_, t)| t.datacenter != self.datacenter) {
                 let nodes: Vec<structs::CheckServiceNode> = match mode {
                     MeshGatewayMode::Local => healthy(&self.datacenter).cloned().collect(),

@@ -82,10 +82,7 @@ fn report_other_datacenters(snap: &ConfigSnapshot, out: &mut Resources) {
     let Some(upstreams) = upstreams_of(snap) else { return };
     for (id, upstream) in upstreams.iter() {
         let Some(chain) = &upstream.chain else { continue };
-        let mode = snap
-            .upstream_config(upstream)
-            .map_or(structs::MeshGatewayMode::Default, |u| u.mesh_gateway.mode)
-            .or(snap.service.proxy.mesh_gateway.mode);
+        let mode = snap.service.proxy.upstream_mesh_gateway_mode(upstream.index);
         for (target_id, target) in chain.targets.iter().filter(|(_, t)| *t.datacenter != *snap.datacenter) {
             let why = match mode {
                 structs::MeshGatewayMode::Local | structs::MeshGatewayMode::Remote => {
