@@ -105,18 +105,17 @@ impl Link {
         }
     }
 
-    /// Recomputes the own state after every change of services or checks.
+    /// Recomputes the own state after every change of the service list or of a mesh
+    /// gateway's instances and checks (not on every check of the datacenter: with
+    /// thousands of services, that would be a scan per write).
     async fn follow_own(&self, own: &watch::Sender<FederationState>, stop: &CancellationToken) {
-        let (mut services, mut checks) = (structs::Index(0), structs::Index(0));
+        let mut followed: Vec<(IndexKey, structs::Index)> = vec![(IndexKey::Services, structs::Index(0))];
         loop {
-            let wait = Duration::from_secs(60);
             let state = tokio::select! {
                 () = stop.cancelled() => return,
-                s = self.store.wait(&IndexKey::Services, services, wait) => s,
-                s = self.store.wait(&IndexKey::Checks, checks, wait) => s,
+                s = first_change(&self.store, &followed, Duration::from_secs(60)) => s,
             };
-            let seen = (state.index_of(&IndexKey::Services), state.index_of(&IndexKey::Checks));
-            if seen == (services, checks) {
+            if followed.iter().all(|(key, index)| state.index_of(key) == *index) {
                 // Nothing moved: the wait ran out, or the store answers waits at once while
                 // the server drains. Look again a second later, not in a tight loop.
                 tokio::select! {
@@ -124,8 +123,16 @@ impl Link {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
             }
-            (services, checks) = seen;
             let next = own_state(&self.fed, &self.store, &self.advertise);
+            let mut gateways: Vec<&str> = next.mesh_gateways.iter().map(|n| n.service.service.as_str()).collect();
+            gateways.dedup();
+            followed = std::iter::once(IndexKey::Services)
+                .chain(gateways.into_iter().map(|name| IndexKey::Service(name.to_owned())))
+                .map(|key| {
+                    let index = state.index_of(&key);
+                    (key, index)
+                })
+                .collect();
             own.send_if_modified(|now| {
                 let changed = !now.same_as(&next);
                 if changed {
@@ -229,61 +236,55 @@ impl Link {
         }
     }
 
-    async fn announce(&self, server: &str, state: &FederationState) -> Result<(), String> {
-        let resp = self
-            .request(
-                reqwest::Method::PUT,
-                format!("http://{server}/v1/internal/federation-state"),
-            )
-            .json(state)
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .map_err(|e| format!("sending this datacenter's state to {server}: {e}"))?;
+    /// Sends `req` (to `server`) and decodes a successful answer, with its
+    /// `X-Consul-Index`; a failure or a refusal is an error naming `what` was asked.
+    async fn call<T: serde::de::DeserializeOwned>(
+        server: &str,
+        req: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<(T, u64), String> {
+        let resp = req.send().await.map_err(|e| format!("{what} ({server}): {e}"))?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            return Err(format!(
-                "{server} refused this datacenter's state: {status}: {}",
-                body.trim()
-            ));
-        }
-        Ok(())
-    }
-
-    /// The list `server` holds, and its index; with `after`, once it passes it.
-    async fn list(&self, server: &str, after: Option<u64>) -> Result<(Vec<FederationState>, u64), String> {
-        let url = match after {
-            Some(i) => format!(
-                "http://{server}/v1/internal/federation-states?index={i}&wait={}s",
-                FOLLOW_WAIT.as_secs()
-            ),
-            None => format!("http://{server}/v1/internal/federation-states"),
-        };
-        let resp = self
-            .request(reqwest::Method::GET, url)
-            .timeout(FOLLOW_WAIT + Duration::from_secs(30))
-            .send()
-            .await
-            .map_err(|e| format!("reading the federation states of {server}: {e}"))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(format!(
-                "{server} refused its federation states: {status}: {}",
-                body.trim()
-            ));
+            return Err(format!("{what}: {server} refused: {status}: {}", body.trim()));
         }
         let index = resp
             .headers()
             .get("x-consul-index")
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(0);
-        let states = resp
-            .json()
+        let value = resp.json().await.map_err(|e| format!("{what} ({server}): {e}"))?;
+        Ok((value, index))
+    }
+
+    /// A GET of `path` at `server`; with `after`, a blocking query past that index.
+    fn get(&self, server: &str, path: &str, after: Option<u64>) -> reqwest::RequestBuilder {
+        let url = match after {
+            Some(i) => format!("http://{server}{path}?index={i}&wait={}s", FOLLOW_WAIT.as_secs()),
+            None => format!("http://{server}{path}"),
+        };
+        self.request(reqwest::Method::GET, url)
+            .timeout(FOLLOW_WAIT + Duration::from_secs(30))
+    }
+
+    async fn announce(&self, server: &str, state: &FederationState) -> Result<(), String> {
+        let req = self
+            .request(
+                reqwest::Method::PUT,
+                format!("http://{server}/v1/internal/federation-state"),
+            )
+            .json(state)
+            .timeout(Duration::from_secs(10));
+        Self::call::<serde_json::Value>(server, req, "sending this datacenter's state")
             .await
-            .map_err(|e| format!("reading the federation states of {server}: {e}"))?;
-        Ok((states, index))
+            .map(drop)
+    }
+
+    /// The list `server` holds, and its index; with `after`, once it passes it.
+    async fn list(&self, server: &str, after: Option<u64>) -> Result<(Vec<FederationState>, u64), String> {
+        let req = self.get(server, "/v1/internal/federation-states", after);
+        Self::call(server, req, "reading the federation states").await
     }
 
     /// Follows the primary's list at `server` until this datacenter's state changes or the
@@ -347,35 +348,14 @@ impl Link {
             self.fed.primary()
         );
         for server in &servers {
-            let url = format!(
-                "http://{server}/v1/connect/ca/roots?index={index}&wait={}s",
-                FOLLOW_WAIT.as_secs()
-            );
-            let roots = self
-                .request(reqwest::Method::GET, url)
-                .timeout(FOLLOW_WAIT + Duration::from_secs(30))
-                .send()
-                .await;
-            let resp = match roots {
-                Ok(r) if r.status().is_success() => r,
-                Ok(r) => {
-                    last = format!("{server} refused its CA roots: {}", r.status());
-                    continue;
-                }
+            let req = self.get(server, "/v1/connect/ca/roots", Some(*index));
+            let (roots, next) = match Self::call::<structs::IndexedCaRoots>(server, req, "reading the CA roots").await {
+                Ok(answer) => answer,
                 Err(e) => {
-                    last = format!("reading the CA roots of {server}: {e}");
+                    last = e;
                     continue;
                 }
             };
-            let next = resp
-                .headers()
-                .get("x-consul-index")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(0);
-            let roots: structs::IndexedCaRoots = resp
-                .json()
-                .await
-                .map_err(|e| format!("reading the CA roots of {server}: {e}"))?;
             self.adopt(server, roots).await?;
             *index = next;
             return Ok(());
@@ -421,33 +401,37 @@ impl Link {
 
     /// The intermediate `server` signs for `csr`: its PEM and the id of the root that signed.
     async fn signed(&self, server: &str, csr: &str) -> Result<(String, String), String> {
-        let resp = self
+        let req = self
             .request(
                 reqwest::Method::PUT,
                 format!("http://{server}/v1/internal/ca/intermediate"),
             )
             .json(&serde_json::json!({ "CSR": csr }))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .map_err(|e| format!("asking {server} to sign this datacenter's intermediate: {e}"))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(format!(
-                "{server} refused to sign this datacenter's intermediate: {status}: {}",
-                body.trim()
-            ));
-        }
-        let answer: serde_json::Value = resp
-            .json()
-            .await
-            .map_err(|e| format!("reading {server}'s intermediate: {e}"))?;
+            .timeout(Duration::from_secs(10));
+        let (answer, _) =
+            Self::call::<serde_json::Value>(server, req, "asking for this datacenter's intermediate").await?;
         match (answer["CertPEM"].as_str(), answer["RootID"].as_str()) {
             (Some(cert), Some(root)) if !cert.is_empty() => Ok((cert.to_owned(), root.to_owned())),
             _ => Err(format!("{server} answered no intermediate: {answer}")),
         }
     }
+}
+
+/// The state once any of `followed`'s keys passes its index (or `wait` is over).
+async fn first_change(store: &Store, followed: &[(IndexKey, structs::Index)], wait: Duration) -> Arc<catalog::State> {
+    let mut waits: Vec<_> = followed
+        .iter()
+        .map(|(key, index)| Box::pin(store.wait(key, *index, wait)))
+        .collect();
+    std::future::poll_fn(|cx| {
+        for w in &mut waits {
+            if let std::task::Poll::Ready(state) = w.as_mut().poll(cx) {
+                return std::task::Poll::Ready(state);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Forwards a request naming another datacenter this server knows (`?dc=`) to one of its
