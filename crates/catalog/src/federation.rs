@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use structs::federation::FederationState;
 use tokio::sync::watch;
 
@@ -19,12 +19,40 @@ pub struct FederationStates {
     pub by_dc: BTreeMap<String, Arc<FederationState>>,
 }
 
+/// What a secondary datacenter copies from the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicated {
+    /// Config entries (intentions are `service-intentions` entries).
+    ConfigEntries,
+    /// ACL policies, roles and global tokens.
+    Acl,
+}
+
+/// How a secondary's copy of one kind of the primary's data is doing (Consul's
+/// `/v1/acl/replication` fields, and the lag meshd measures).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicationStatus {
+    /// The replication loop runs (a secondary; for ACLs, with ACLs enabled).
+    pub running: bool,
+    /// The primary's index of the last copy made here.
+    pub replicated_index: u64,
+    /// When a copy last succeeded.
+    pub last_success: Option<SystemTime>,
+    /// When a round last failed, and why.
+    pub last_error: Option<(SystemTime, String)>,
+    /// From the primary's answer to its copy written here, for the last round that
+    /// changed something (milliseconds; the two servers' clocks are compared).
+    pub last_lag_ms: u64,
+}
+
 /// This server's view of the federation.
 #[derive(Debug)]
 pub struct Federation {
     local: String,
     primary: String,
     states: watch::Sender<Arc<FederationStates>>,
+    config_replication: watch::Sender<ReplicationStatus>,
+    acl_replication: watch::Sender<ReplicationStatus>,
     /// Set when the server drains: waiting queries answer at once.
     released: watch::Sender<bool>,
 }
@@ -36,6 +64,8 @@ impl Federation {
             local: local.to_owned(),
             primary: primary.to_owned(),
             states: watch::Sender::new(Arc::default()),
+            config_replication: watch::Sender::new(ReplicationStatus::default()),
+            acl_replication: watch::Sender::new(ReplicationStatus::default()),
             released: watch::Sender::new(false),
         })
     }
@@ -43,6 +73,14 @@ impl Federation {
     /// Answers every waiting query now, and later ones at once (the server is draining).
     pub fn release_waiters(&self) {
         self.released.send_replace(true);
+    }
+
+    /// The status of the copy of `what` (kept by the replication loop, which updates it).
+    pub fn replication(&self, what: Replicated) -> &watch::Sender<ReplicationStatus> {
+        match what {
+            Replicated::ConfigEntries => &self.config_replication,
+            Replicated::Acl => &self.acl_replication,
+        }
     }
 
     /// This server's datacenter.
@@ -86,6 +124,16 @@ impl Federation {
             .get(dc)
             .map(|s| s.servers.clone())
             .unwrap_or_default()
+    }
+
+    /// The HTTP addresses of `dc`'s servers once some are known (a secondary learns the
+    /// primary's when it first links).
+    pub async fn servers_known(&self, dc: &str) -> Vec<String> {
+        let mut states = self.subscribe();
+        let _ = states
+            .wait_for(|s| s.by_dc.get(dc).is_some_and(|s| !s.servers.is_empty()))
+            .await;
+        self.servers_of(dc)
     }
 
     /// Sets one datacenter's state; false when it changed nothing (its time aside).

@@ -24,6 +24,8 @@ pub enum IndexKey {
     ConfigKind(ConfigEntryKind),
     /// One config entry.
     ConfigEntry(ConfigEntryKind, String),
+    /// Every config entry, of any kind (what a secondary datacenter replicates).
+    ConfigEntries,
     /// Intentions (any `service-intentions` entry).
     Intentions,
     /// The services one ingress or terminating gateway fronts (its entry, and for `*` the

@@ -29,6 +29,7 @@ mod op;
 mod ops;
 mod plan;
 pub mod publisher;
+mod replication_ops;
 mod session_ops;
 pub mod session_reaper;
 pub mod snapshot;

@@ -124,6 +124,13 @@ pub enum Op {
         /// Id.
         id: String,
     },
+    /// A secondary datacenter's config entries made the primary's (replication): each entry
+    /// that differs written, each one the primary lacks deleted, in one write. Not checked
+    /// again: the primary checked each write, and a copy must not refuse what it copies.
+    ReplicateConfig(Vec<ConfigEntry>),
+    /// A secondary datacenter's ACL policies, roles and global tokens made the primary's
+    /// (replication), in one write; its local tokens are kept.
+    ReplicateAcl(Box<structs::acl::AclReplica>),
     /// Set a KV key; with `cas`, only if its ModifyIndex matches (0: only if absent).
     KvSet {
         /// The key.

@@ -7,7 +7,7 @@ use crate::ca::{CaError, CaState};
 use crate::error::WriteError;
 use crate::kv_ops;
 pub use crate::op::Op;
-use crate::plan::Plan;
+use crate::plan::{Plan, same_entry};
 use crate::session_ops;
 use crate::state::{Change, State};
 use crate::txn_ops;
@@ -140,6 +140,8 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 .into_iter()
                 .collect(),
         )),
+        Op::ReplicateConfig(entries) => Ok(crate::replication_ops::plan_config(state, entries)),
+        Op::ReplicateAcl(replica) => Ok(crate::replication_ops::plan_acl(state, replica)),
         Op::AclInit => Ok(acl_ops::plan_init(state, now)),
         Op::AclBootstrap { accessor, secret } => acl_ops::plan_bootstrap(state, accessor, secret, now),
         Op::AclTokenSet { token, create, ttl } => acl_ops::plan_token_set(state, token, *create, *ttl, now),
@@ -383,12 +385,6 @@ impl GraphEntries {
 }
 
 /// Entries are equal apart from the indexes the store stamps.
-fn same_entry(a: &ConfigEntry, b: &ConfigEntry) -> bool {
-    let mut b = b.clone();
-    b.set_indexes(a.create_index(), a.modify_index());
-    *a == b
-}
-
 fn set_precedence(si: &mut ServiceIntentions) {
     for src in &mut si.sources {
         src.precedence = structs::intention::precedence("default", &src.name, "default", &si.name);

@@ -21,3 +21,10 @@ impl Plan {
         }
     }
 }
+
+/// True when two config entries differ at most in their indexes.
+pub(crate) fn same_entry(a: &structs::ConfigEntry, b: &structs::ConfigEntry) -> bool {
+    let mut b = b.clone();
+    b.set_indexes(a.create_index(), a.modify_index());
+    *a == b
+}

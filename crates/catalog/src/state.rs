@@ -698,6 +698,11 @@ impl State {
                     .get(&IndexKey::ConfigKind(ConfigEntryKind::TerminatingGateway)),
             ),
             IndexKey::ConfigEntry(kind, _) => self.indexes.get(&IndexKey::ConfigKind(*kind)),
+            // State written before the key had its own index: the latest kind's.
+            IndexKey::ConfigEntries => ConfigEntryKind::ALL
+                .iter()
+                .filter_map(|k| self.indexes.get(&IndexKey::ConfigKind(*k)))
+                .max(),
             // A gateway without an entry: the later of the two gateway kinds' tables.
             IndexKey::GatewayServices(_) => self
                 .indexes
@@ -954,6 +959,7 @@ impl State {
 
 fn touch_config(key: &(ConfigEntryKind, String), bumped: &mut OrdSet<IndexKey>) {
     bumped.insert(IndexKey::ConfigKind(key.0));
+    bumped.insert(IndexKey::ConfigEntries);
     bumped.insert(IndexKey::ConfigEntry(key.0, key.1.clone()));
     if key.0 == ConfigEntryKind::ServiceIntentions {
         bumped.insert(IndexKey::Intentions);

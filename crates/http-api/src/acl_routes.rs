@@ -43,18 +43,11 @@ pub(crate) fn add(r: &mut Routes) {
     r.add("/v1/acl/replication", get(replication));
 }
 
-/// `GET /v1/acl/replication` (no permission needed, as Consul): ACLs are never replicated
-/// here (one datacenter, no federation yet), so replication is not enabled; with ACLs off,
-/// Consul's "ACL support disabled".
+/// `GET /v1/acl/replication` (no permission needed, as Consul): a secondary datacenter's
+/// copy of the primary's ACL system; with ACLs off, Consul's "ACL support disabled".
 async fn replication(State(api): State<Api>) -> Result<Response, ApiError> {
     enabled(&api)?;
-    let never = "0001-01-01T00:00:00Z";
-    let body = serde_json::json!({
-        "Enabled": false, "Running": false, "SourceDatacenter": "", "ReplicationType": "",
-        "ReplicatedIndex": 0, "ReplicatedRoleIndex": 0, "ReplicatedTokenIndex": 0,
-        "LastSuccess": never, "LastError": never, "LastErrorMessage": "",
-    });
-    Ok(query::json(&body, None, false))
+    Ok(query::json(&crate::replication::acl_status(&api), None, false))
 }
 
 fn enabled(api: &Api) -> Result<(), ApiError> {

@@ -27,6 +27,7 @@ mod metrics;
 mod operator_routes;
 pub mod query;
 mod query_routes;
+pub mod replication;
 mod response_cache;
 mod session_routes;
 mod snapshot_routes;
@@ -134,6 +135,12 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/federation-state/{dc}", get(federation::one));
     r.add("/v1/internal/federation-state", put(federation::put));
     r.add("/v1/internal/ca/intermediate", put(federation::sign_intermediate));
+    r.add(
+        "/v1/internal/replication/config-entries",
+        get(replication::config_entries),
+    );
+    r.add("/v1/internal/replication/acl", get(replication::acl));
+    r.add("/v1/operator/replication", get(replication::status));
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;

@@ -3,8 +3,10 @@
 //! naming the other datacenter (`?dc=`), a blocking one and a write included, is served by a
 //! server there with the caller's token; an unknown datacenter is Consul's 500; dc2's CA
 //! follows dc1's (one trust domain, a rotation included); a connection from dc1 reaches
-//! api in dc2 through both datacenters' mesh gateways (real Envoys); a primary that restarts
-//! (its states are soft) hears from dc2 again.
+//! api in dc2 through both datacenters' mesh gateways (real Envoys); dc2 copies dc1's
+//! config entries, intentions and ACLs, and sends its writes of them to dc1; dc2 (over
+//! etcd) survives a kill -9; a primary that restarts (its states are soft) hears from dc2
+//! again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::mesh::{Mesh, wait_for};
@@ -70,22 +72,31 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
         "warn",
     ];
     let dc1 = Mesh::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
-    let dc2 = Mesh::of(start_server(
-        bin(),
-        [
-            "-dev",
-            "-datacenter",
-            "dc2",
-            "-primary-datacenter",
-            "dc1",
-            "-retry-join-wan",
-            &http1,
-            "-node",
-            "server-dc2",
-            "-log-level",
-            "warn",
-        ],
-    ));
+    // dc2 keeps its catalog in etcd (dc1 in memory): it comes back whole after a kill -9.
+    let etcd = test_support::etcd::EtcdCluster::start(1);
+    let (http2, grpc2) = (
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+    );
+    let endpoints = etcd.endpoints_arg();
+    let dc2_args = [
+        "-store",
+        "etcd",
+        "-etcd-endpoints",
+        &endpoints,
+        "-datacenter",
+        "dc2",
+        "-primary-datacenter",
+        "dc1",
+        "-retry-join-wan",
+        &http1,
+        "-node",
+        "server-dc2",
+        "-log-level",
+        "warn",
+    ];
+    let start_dc2 = || Mesh::of(start_server_at(bin(), &http2, &grpc2, dc2_args));
+    let mut dc2 = start_dc2();
     until_datacenters(&client, &dc1.http, &["dc1", "dc2"]).await;
     until_datacenters(&client, &dc2.http, &["dc2", "dc1"]).await;
     println!("{:>5.1} s federated", t0.elapsed().as_secs_f64());
@@ -148,10 +159,12 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     assert_eq!((status, body.contains("sent to the primary")), (400, true), "{body}");
 
     println!("{:>5.1} s forwarded", t0.elapsed().as_secs_f64());
+    config_replicated(&client, &dc1.http, &dc2.http).await;
+    println!("{:>5.1} s config entries replicated", t0.elapsed().as_secs_f64());
     one_trust_domain(&client, &dc1.http, &dc2.http).await;
     println!("{:>5.1} s one trust domain, rotated", t0.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().unwrap();
-    through_both_gateways(&dc1, &dc2, dir.path()).await;
+    through_both_gateways(&dc1, &mut dc2, &start_dc2, dir.path()).await;
     println!("{:>5.1} s through both mesh gateways", t0.elapsed().as_secs_f64());
     // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
     drop(dc1);
@@ -169,6 +182,79 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     // It came back with a CA of its own (nothing kept): dc2 follows it.
     let (_, _, roots) = get(&client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
     until_roots(&client, &dc2.http, &roots["ActiveRootID"]).await;
+}
+
+async fn delete(client: &reqwest::Client, url: &str) -> u16 {
+    client.delete(url).send().await.unwrap().status().as_u16()
+}
+
+#[allow(clippy::print_stdout)]
+/// dc2 copies dc1's config entries (intentions among them): a write in dc1 appears in dc2;
+/// a write made in dc2 is the primary's, read back in both at once; a delete in dc1 goes
+/// from dc2; the copy's status and metrics say how it is doing.
+async fn config_replicated(client: &reqwest::Client, dc1: &str, dc2: &str) {
+    let started = std::time::Instant::now();
+    let entry = json!({"Kind": "service-defaults", "Name": "billing", "Protocol": "http"});
+    let (status, body) = put(client, &format!("{dc1}/v1/config"), entry).await;
+    assert_eq!(status, 200, "{body}");
+    let in_dc2 = format!("{dc2}/v1/config/service-defaults/billing");
+    wait_for(|| async {
+        let (status, _, entry) = get(client, &in_dc2).await;
+        (status == 200 && entry["Protocol"] == "http").then_some(())
+    })
+    .await;
+    println!("        dc1's write read in dc2 after {:?}", started.elapsed());
+
+    // Written in dc2: the primary's; read back in dc2 as soon as the write answers.
+    let entry = json!({"Kind": "service-defaults", "Name": "billing", "Protocol": "grpc"});
+    let (status, body) = put(client, &format!("{dc2}/v1/config"), entry).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, _, here) = get(client, &in_dc2).await;
+    assert_eq!(here["Protocol"], "grpc", "{here}");
+    let (_, _, there) = get(client, &format!("{dc1}/v1/config/service-defaults/billing")).await;
+    assert_eq!(there["Protocol"], "grpc", "{there}");
+    // An intention written in dc2 (legacy API): held by dc1.
+    let exact = "/v1/connect/intentions/exact?source=web&destination=billing";
+    let (status, body) = put(client, &format!("{dc2}{exact}"), json!({"Action": "deny"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, ixn) = get(client, &format!("{dc1}{exact}")).await;
+    assert_eq!((status, &ixn["Action"]), (200, &json!("deny")), "{ixn}");
+    // Checked where it is written: a bad entry written in dc2 is dc1's 400.
+    let bad = json!({"Kind": "service-defaults", "Name": "billing", "Protocol": "smtp"});
+    let (status, body) = put(client, &format!("{dc2}/v1/config"), bad).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("Protocol"), "{body}");
+
+    // Deleted in dc1 (the intention through dc2): gone from dc2.
+    assert_eq!(delete(client, &format!("{dc2}{exact}")).await, 200);
+    assert_eq!(
+        delete(client, &format!("{dc1}/v1/config/service-defaults/billing")).await,
+        200
+    );
+    wait_for(|| async { (get(client, &in_dc2).await.0 == 404).then_some(()) }).await;
+    let (status, _, _) = get(client, &format!("{dc2}{exact}")).await;
+    assert_eq!(status, 404);
+
+    let (_, _, replication) = get(client, &format!("{dc2}/v1/operator/replication")).await;
+    let copy = &replication["ConfigEntries"];
+    assert_eq!(copy["Running"], true, "{replication}");
+    assert!(copy["ReplicatedIndex"].as_u64().unwrap() > 0, "{replication}");
+    assert!(copy["LastSuccess"].is_string(), "{replication}");
+    assert_eq!(replication["Acl"]["Running"], false, "ACLs are off: {replication}");
+    let metrics = client
+        .get(format!("{dc2}/v1/agent/metrics?format=prometheus"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("meshd_replication_lag_seconds_count{kind=\"config-entries\"}"),
+        "{metrics}"
+    );
+    let (_, _, primary) = get(client, &format!("{dc1}/v1/operator/replication")).await;
+    assert_eq!(primary["ConfigEntries"]["Running"], false, "{primary}");
 }
 
 /// Waits until `server`'s active root is `active`; returns its roots.
@@ -263,7 +349,7 @@ async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
 /// (`api.default.dc2.internal.<trust-domain>`): dc1's gateway sends it to dc2's (known from
 /// dc2's federation state), which sends it to api's sidecar, which checks the certificate
 /// (one trust domain) and hands the request to api.
-async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
+async fn through_both_gateways(dc1: &Mesh, dc2: &mut Mesh, restart_dc2: &dyn Fn() -> Mesh, dir: &Path) {
     let api_port = crate::gateway_e2e::backend("api");
     dc2.register(
         "node-api",
@@ -369,8 +455,61 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &Mesh, dir: &Path) {
     wait_for(|| endpoint_of_api(port2)).await;
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
+    deny_in_the_primary(dc1, &through).await;
     let api1 = failover_to_dc2(dc1, dir, local_bind).await;
+    dc2_killed_and_back(dc2, restart_dc2, &through, local_bind).await;
     crate::mesh::stop_together(vec![api, gw2, gw1, web, api1]);
+}
+
+#[allow(clippy::print_stdout)]
+/// dc2's server killed with SIGKILL: web's requests to api in dc1 go on unaffected; once
+/// dc2's server is back (its catalog in etcd), requests from dc1 to dc2 get through.
+async fn dc2_killed_and_back<F: std::future::Future<Output = Option<String>>>(
+    dc2: &mut Mesh,
+    restart_dc2: &dyn Fn() -> Mesh,
+    through: &impl Fn(&'static str) -> F,
+    local_bind: u16,
+) {
+    dc2.kill_server();
+    let plain = reqwest::Client::new();
+    let local = format!("http://127.0.0.1:{local_bind}/local");
+    for _ in 0..10 {
+        let resp = plain.get(&local).timeout(Duration::from_secs(5)).send().await.unwrap();
+        assert!(resp.text().await.unwrap().starts_with("api-dc1 "), "dc1's own traffic");
+    }
+    let meanwhile = through("/while-dc2-is-down").await;
+    println!("        dc1 -> dc2 while dc2's server is down: {meanwhile:?}");
+    *dc2 = restart_dc2();
+    let body = wait_for(|| async { through("/dc2-back").await.filter(|b| b.starts_with("api")) }).await;
+    assert_eq!(body, "api /dc2-back x-from=");
+    // dc2's restarted server serves what it had: api, its gateway.
+    let (status, _, api) = get(&dc2.client, &format!("{}/v1/health/service/api?passing", dc2.http)).await;
+    assert_eq!(status, 200);
+    assert_eq!(api.as_array().unwrap().len(), 3, "n2, n3, node-api: {api}");
+}
+
+/// A deny intention web -> api written in dc1 is copied to dc2, where api's sidecar
+/// enforces it against web's identity (which names dc1); deleting it lets web through again.
+async fn deny_in_the_primary<F: std::future::Future<Output = Option<String>>>(
+    dc1: &Mesh,
+    through: &impl Fn(&'static str) -> F,
+) {
+    let exact = "/v1/connect/intentions/exact?source=web&destination=api";
+    dc1.put(exact, json!({"Action": "deny"})).await;
+    let in_dc2 = format!("{}{exact}&dc=dc2", dc1.http);
+    wait_for(|| async {
+        let (status, _, copied) = get(&dc1.client, &in_dc2).await;
+        (status == 200 && copied["Action"] == "deny").then_some(())
+    })
+    .await;
+    wait_for(|| async { through("/denied").await.is_none().then_some(()) }).await;
+    for _ in 0..3 {
+        assert_eq!(through("/denied").await, None, "every connection is refused in dc2");
+    }
+    let resp = dc1.client.delete(format!("{}{exact}", dc1.http)).send().await.unwrap();
+    assert!(resp.status().is_success());
+    let body = wait_for(|| async { through("/allowed").await.filter(|b| b.starts_with("api")) }).await;
+    assert_eq!(body, "api /allowed x-from=");
 }
 
 /// api also runs in dc1, where a resolver fails it over to dc2: web's second upstream
@@ -415,4 +554,181 @@ async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> crate::mesh::Proc
     dc1.put("/v1/catalog/register", check("passing")).await;
     wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
     api1
+}
+
+/// With ACLs in both datacenters, dc2 copies dc1's policies, roles and global tokens (its
+/// replication token is dc1's): a token made in dc1 works in dc2 and stops working there
+/// when deleted; a policy written in dc2 is dc1's; a local token made in dc2 stays there;
+/// `/v1/acl/replication` shows the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acls_replicate_from_the_primary() {
+    let dir = tempfile::tempdir().unwrap();
+    let management = "5d1c7f3a-8a8e-4f0e-9a43-0b6c2d7e9f10";
+    let file = dir.path().join("management.token");
+    std::fs::write(&file, management).unwrap();
+    let file = file.to_str().unwrap();
+    let acl = ["-acl-enabled", "-acl-default-policy", "deny"];
+    let dc1 = Mesh::of(start_server(
+        bin(),
+        ["-dev", "-datacenter", "dc1", "-node", "acl-dc1", "-log-level", "warn"]
+            .into_iter()
+            .chain(acl)
+            .chain(["-acl-initial-management-token-file", file]),
+    ));
+    let join = host_port(&dc1.http).to_owned();
+    let dc2 = Mesh::of(start_server(
+        bin(),
+        [
+            "-dev",
+            "-datacenter",
+            "dc2",
+            "-primary-datacenter",
+            "dc1",
+            "-retry-join-wan",
+            &join,
+            "-node",
+            "acl-dc2",
+            "-log-level",
+            "warn",
+            "-acl-replication-token-file",
+            file,
+        ]
+        .into_iter()
+        .chain(acl),
+    ));
+    let client = reqwest::Client::new();
+    let call = |method: reqwest::Method, url: String, token: &str, body: Value| {
+        let req = client.request(method, url).header("X-Consul-Token", token);
+        let req = if body.is_null() { req } else { req.json(&body) };
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        }
+    };
+    use reqwest::Method;
+
+    // A policy and a token made in dc1: the token works in dc2 once copied.
+    let (status, policy) = call(
+        Method::PUT,
+        format!("{}/v1/acl/policy", dc1.http),
+        management,
+        json!({"Name": "kv-app", "Rules": "key_prefix \"app/\" { policy = \"write\" }"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{policy}");
+    let (status, token) = call(
+        Method::PUT,
+        format!("{}/v1/acl/token", dc1.http),
+        management,
+        json!({"Description": "app", "Policies": [{"Name": "kv-app"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{token}");
+    let secret = token["SecretID"].as_str().unwrap().to_owned();
+    let accessor = token["AccessorID"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let kv = format!("{}/v1/kv/app/x", dc2.http);
+    wait_for(|| async {
+        let (status, _) = call(Method::PUT, kv.clone(), &secret, json!("v")).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    println!("dc1's token works in dc2 after {:?}", started.elapsed());
+    // Only what its policy grants.
+    let (status, _) = call(Method::PUT, format!("{}/v1/kv/other", dc2.http), &secret, json!("v")).await;
+    assert_eq!(status, 403);
+
+    // A policy written in dc2 is dc1's, and read back in dc2 at once.
+    let (status, made) = call(
+        Method::PUT,
+        format!("{}/v1/acl/policy", dc2.http),
+        management,
+        json!({"Name": "made-in-dc2", "Rules": "node_prefix \"\" { policy = \"read\" }"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["ID"].as_str().unwrap();
+    for server in [&dc1.http, &dc2.http] {
+        let (status, read) = call(
+            Method::GET,
+            format!("{server}/v1/acl/policy/{id}"),
+            management,
+            Value::Null,
+        )
+        .await;
+        assert_eq!(
+            (status, &read["Name"]),
+            (200, &json!("made-in-dc2")),
+            "{server}: {read}"
+        );
+    }
+    // The secret of dc1's token cannot write ACLs, here or there.
+    let (status, _) = call(
+        Method::PUT,
+        format!("{}/v1/acl/policy", dc2.http),
+        &secret,
+        json!({"Name": "sneaky", "Rules": "acl = \"write\""}),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // A local token made in dc2 stays in dc2.
+    let (status, local) = call(
+        Method::PUT,
+        format!("{}/v1/acl/token", dc2.http),
+        management,
+        json!({"Description": "dc2 only", "Local": true, "Policies": [{"Name": "kv-app"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{local}");
+    let local_accessor = local["AccessorID"].as_str().unwrap();
+    let (status, missing) = call(
+        Method::GET,
+        format!("{}/v1/acl/token/{local_accessor}", dc1.http),
+        management,
+        Value::Null,
+    )
+    .await;
+    // Consul's answer for a token it does not have.
+    assert_eq!(status, 403, "dc1 never sees dc2's local token: {missing}");
+    assert!(missing.as_str().unwrap().contains("not found"), "{missing}");
+
+    // dc1's token deleted in dc1: it stops working in dc2; dc2's local token is kept.
+    let (status, _) = call(
+        Method::DELETE,
+        format!("{}/v1/acl/token/{accessor}", dc1.http),
+        management,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200);
+    wait_for(|| async {
+        let (status, _) = call(Method::PUT, kv.clone(), &secret, json!("v")).await;
+        (status == 403).then_some(())
+    })
+    .await;
+    let (status, kept) = call(
+        Method::GET,
+        format!("{}/v1/acl/token/{local_accessor}", dc2.http),
+        management,
+        Value::Null,
+    )
+    .await;
+    assert_eq!((status, &kept["Local"]), (200, &json!(true)), "{kept}");
+
+    let (status, replication) = call(
+        Method::GET,
+        format!("{}/v1/acl/replication", dc2.http),
+        management,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(replication["Enabled"], true, "{replication}");
+    assert_eq!(replication["Running"], true, "{replication}");
+    assert_eq!(replication["SourceDatacenter"], "dc1", "{replication}");
+    assert!(replication["ReplicatedIndex"].as_u64().unwrap() > 0, "{replication}");
+    assert_eq!(replication["LastErrorMessage"], "", "{replication}");
 }

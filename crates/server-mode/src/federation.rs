@@ -9,35 +9,22 @@
 //! list it gets back lacks it (the primary restarted and lost it). Failures are retried with
 //! back-off and logged once per outage, not per attempt.
 
+use crate::peer::{FORWARDED_DC, Peer, RETRY};
+use crate::replication::Replicator;
 use axum::extract::{Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use backoff_schedule::Schedule;
 use catalog::federation::Federation;
 use catalog::{IndexKey, Store};
 use http_kit::relay::{self, Outgoing};
 use std::sync::Arc;
 use std::time::Duration;
+use structs::ServiceKind;
 use structs::federation::FederationState;
-use structs::{ServiceKind, Token};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-/// Marks a request forwarded to another datacenter (its value: the datacenter it came
-/// from): it is served where it lands, never forwarded again.
-const FORWARDED_DC: &str = "x-meshd-forwarded-dc";
-
-/// Retries toward the primary: at once, then 1 s doubling to 30 s.
-const RETRY: Schedule = Schedule {
-    immediate: 1,
-    first: Duration::from_secs(1),
-    max: Duration::from_secs(30),
-};
-
-/// How long one blocking query on the primary's list waits.
-const FOLLOW_WAIT: Duration = Duration::from_secs(300);
 
 /// What the server's federation work needs.
 pub(crate) struct Link {
@@ -47,9 +34,9 @@ pub(crate) struct Link {
     pub(crate) advertise: String,
     /// Servers of other datacenters to join through (`-retry-join-wan`).
     pub(crate) join: Vec<String>,
-    /// The token this server presents to the primary (`-acl-replication-token-file`).
-    pub(crate) token: Option<Token>,
-    pub(crate) client: reqwest::Client,
+    pub(crate) peer: Peer,
+    /// A secondary's copies of the primary's config entries and ACL system.
+    pub(crate) replicator: Option<Arc<Replicator>>,
 }
 
 /// This datacenter's state as `store` and `advertise` say: its servers (this one first, as
@@ -95,7 +82,12 @@ impl Link {
             if self.fed.is_primary() {
                 self.keep_own(own.subscribe()).await;
             } else {
-                tokio::join!(self.secondary(own.subscribe()), self.follow_ca());
+                let replicate = async {
+                    if let Some(replicator) = &self.replicator {
+                        replicator.run().await;
+                    }
+                };
+                tokio::join!(self.secondary(own.subscribe()), self.follow_ca(), replicate);
             }
         };
         tokio::select! {
@@ -228,63 +220,25 @@ impl Link {
         Err(last)
     }
 
-    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
-        let req = self.client.request(method, url);
-        match &self.token {
-            Some(t) => req.header(structs::wire::TOKEN_HEADER, t.secret()),
-            None => req,
-        }
-    }
-
-    /// Sends `req` (to `server`) and decodes a successful answer, with its
-    /// `X-Consul-Index`; a failure or a refusal is an error naming `what` was asked.
-    async fn call<T: serde::de::DeserializeOwned>(
-        server: &str,
-        req: reqwest::RequestBuilder,
-        what: &str,
-    ) -> Result<(T, u64), String> {
-        let resp = req.send().await.map_err(|e| format!("{what} ({server}): {e}"))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(format!("{what}: {server} refused: {status}: {}", body.trim()));
-        }
-        let index = resp
-            .headers()
-            .get("x-consul-index")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(0);
-        let value = resp.json().await.map_err(|e| format!("{what} ({server}): {e}"))?;
-        Ok((value, index))
-    }
-
-    /// A GET of `path` at `server`; with `after`, a blocking query past that index.
-    fn get(&self, server: &str, path: &str, after: Option<u64>) -> reqwest::RequestBuilder {
-        let url = match after {
-            Some(i) => format!("http://{server}{path}?index={i}&wait={}s", FOLLOW_WAIT.as_secs()),
-            None => format!("http://{server}{path}"),
-        };
-        self.request(reqwest::Method::GET, url)
-            .timeout(FOLLOW_WAIT + Duration::from_secs(30))
-    }
-
     async fn announce(&self, server: &str, state: &FederationState) -> Result<(), String> {
         let req = self
+            .peer
             .request(
                 reqwest::Method::PUT,
                 format!("http://{server}/v1/internal/federation-state"),
             )
             .json(state)
             .timeout(Duration::from_secs(10));
-        Self::call::<serde_json::Value>(server, req, "sending this datacenter's state")
+        Peer::call::<serde_json::Value>(server, req, "sending this datacenter's state")
             .await
             .map(drop)
     }
 
     /// The list `server` holds, and its index; with `after`, once it passes it.
     async fn list(&self, server: &str, after: Option<u64>) -> Result<(Vec<FederationState>, u64), String> {
-        let req = self.get(server, "/v1/internal/federation-states", after);
-        Self::call(server, req, "reading the federation states").await
+        let req = self.peer.get(server, "/v1/internal/federation-states", after);
+        let answered = Peer::call(server, req, "reading the federation states").await?;
+        Ok((answered.value, answered.index))
     }
 
     /// Follows the primary's list at `server` until this datacenter's state changes or the
@@ -342,15 +296,15 @@ impl Link {
     /// One round: the primary's roots once they pass `index`, then this CA made to follow
     /// them.
     async fn ca_once(&self, index: &mut u64) -> Result<(), String> {
-        let servers = self.fed.servers_of(self.fed.primary());
+        let servers = self.fed.servers_known(self.fed.primary()).await;
         let mut last = format!(
             "no server of the primary datacenter {:?} is known yet",
             self.fed.primary()
         );
         for server in &servers {
-            let req = self.get(server, "/v1/connect/ca/roots", Some(*index));
-            let (roots, next) = match Self::call::<structs::IndexedCaRoots>(server, req, "reading the CA roots").await {
-                Ok(answer) => answer,
+            let req = self.peer.get(server, "/v1/connect/ca/roots", Some(*index));
+            let (roots, next) = match Peer::call::<structs::IndexedCaRoots>(server, req, "reading the CA roots").await {
+                Ok(answer) => (answer.value, answer.index),
                 Err(e) => {
                     last = e;
                     continue;
@@ -402,14 +356,16 @@ impl Link {
     /// The intermediate `server` signs for `csr`: its PEM and the id of the root that signed.
     async fn signed(&self, server: &str, csr: &str) -> Result<(String, String), String> {
         let req = self
+            .peer
             .request(
                 reqwest::Method::PUT,
                 format!("http://{server}/v1/internal/ca/intermediate"),
             )
             .json(&serde_json::json!({ "CSR": csr }))
             .timeout(Duration::from_secs(10));
-        let (answer, _) =
-            Self::call::<serde_json::Value>(server, req, "asking for this datacenter's intermediate").await?;
+        let answer = Peer::call::<serde_json::Value>(server, req, "asking for this datacenter's intermediate")
+            .await?
+            .value;
         match (answer["CertPEM"].as_str(), answer["RootID"].as_str()) {
             (Some(cert), Some(root)) if !cert.is_empty() => Ok((cert.to_owned(), root.to_owned())),
             _ => Err(format!("{server} answered no intermediate: {answer}")),
@@ -439,6 +395,11 @@ async fn first_change(store: &Store, followed: &[(IndexKey, structs::Index)], wa
 /// path to datacenter"); a request already forwarded is served where it lands.
 pub(crate) async fn forward_dc(State(fwd): State<Arc<DcForwarder>>, req: Request, next: Next) -> Response {
     let Some(dc) = other_dc(&req, fwd.fed.local()) else {
+        if let Some(replicator) = &fwd.replicator
+            && let Some(what) = crate::replication::replicated_write(&req, replicator.acl())
+        {
+            return replicator.write_in_primary(what, req, fwd.max_body, next).await;
+        }
         return next.run(req).await;
     };
     let servers = fwd.fed.servers_of(&dc);
@@ -489,6 +450,8 @@ fn other_dc(req: &Request, local: &str) -> Option<String> {
 /// What the forwarding layer needs.
 pub(crate) struct DcForwarder {
     pub(crate) fed: Arc<Federation>,
+    /// A secondary's: its writes of what the primary replicates go there.
+    pub(crate) replicator: Option<Arc<Replicator>>,
     pub(crate) client: reqwest::Client,
     pub(crate) max_body: usize,
 }

@@ -10,6 +10,8 @@ mod dns;
 mod error;
 mod federation;
 mod forward;
+mod peer;
+mod replication;
 mod store;
 
 pub use args::ServerArgs;
@@ -140,6 +142,11 @@ pub struct ServerMode {
     fed: Arc<catalog::federation::Federation>,
     /// Where other datacenters reach this server's API, and the token it presents to them.
     wan: (String, Option<structs::Token>),
+    /// How it calls other datacenters' servers.
+    peer: peer::Peer,
+    /// A secondary's copies of the primary's config entries and ACL system.
+    replicator: Option<Arc<replication::Replicator>>,
+    replication_metrics: replication::ReplicationMetrics,
 }
 
 impl ServerMode {
@@ -155,6 +162,20 @@ impl ServerMode {
         }
         let wan = federation_settings(&args, api_addr)?;
         let fed = Arc::clone(store.federation());
+        let peer = peer::Peer {
+            client: reqwest::Client::new(),
+            token: wan.1.clone(),
+        };
+        let replication_metrics = replication::ReplicationMetrics::default();
+        let replicator = (!fed.is_primary()).then(|| {
+            Arc::new(replication::Replicator::new(
+                Arc::clone(&fed),
+                store.clone(),
+                peer.clone(),
+                args.acl_enabled,
+                replication_metrics.clone(),
+            ))
+        });
         let followers = TaskTracker::new();
         let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
         let liveness = Arc::new(catalog::liveness::Liveness::new(
@@ -177,6 +198,9 @@ impl ServerMode {
             http_metrics: Arc::default(),
             fed,
             wan,
+            peer,
+            replicator,
+            replication_metrics,
         })
     }
 
@@ -256,6 +280,7 @@ impl Mode for ServerMode {
         router.layer(axum::middleware::from_fn_with_state(
             Arc::new(federation::DcForwarder {
                 fed: Arc::clone(&self.fed),
+                replicator: self.replicator.clone(),
                 client: reqwest::Client::new(),
                 max_body,
             }),
@@ -266,6 +291,9 @@ impl Mode for ServerMode {
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register_collector(Box::new(http_api::CatalogMetrics::new(self.store.clone())));
         self.http_metrics.register(registry);
+        if self.replicator.is_some() {
+            self.replication_metrics.register(registry);
+        }
     }
 
     fn spawn(&self, engine: &Engine, tasks: &TaskTracker, stop: CancellationToken) {
@@ -292,8 +320,8 @@ impl Mode for ServerMode {
             store: self.store.clone(),
             advertise: self.wan.0.clone(),
             join: self.args.retry_join_wan.clone(),
-            token: self.wan.1.clone(),
-            client: reqwest::Client::new(),
+            peer: self.peer.clone(),
+            replicator: self.replicator.clone(),
         };
         tasks.spawn(link.run(stop).instrument(info_span!("federation")));
     }

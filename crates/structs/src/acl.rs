@@ -238,3 +238,20 @@ pub struct AclRole {
     #[serde(rename = "ModifyIndex")]
     pub modify_index: Index,
 }
+
+/// What a secondary datacenter copies of the primary's ACL system: every policy and role,
+/// and every token that is not local to the primary (secrets included: the endpoint that
+/// serves it needs `acl:write`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclReplica {
+    /// Every policy.
+    #[serde(rename = "Policies")]
+    pub policies: Vec<AclPolicy>,
+    /// Every role.
+    #[serde(rename = "Roles")]
+    pub roles: Vec<AclRole>,
+    /// Every global token.
+    #[serde(rename = "Tokens")]
+    pub tokens: Vec<AclToken>,
+}

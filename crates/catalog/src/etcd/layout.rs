@@ -309,6 +309,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Services,
         IndexKey::Checks,
         IndexKey::Intentions,
+        IndexKey::ConfigEntries,
         IndexKey::IngressGateways,
         IndexKey::Ca,
         IndexKey::AclTokens,
