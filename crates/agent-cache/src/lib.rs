@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use types::{
-    ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, PreparedQuery, Roots,
-    ServiceList,
+    ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, MeshGateways,
+    PreparedQuery, Roots, ServiceList,
 };
 
 /// Settings of the agent's caches.
@@ -72,6 +72,8 @@ pub struct AgentCaches {
     pub services: Cache<ServiceList>,
     /// Datacenter names.
     pub datacenters: Cache<Datacenters>,
+    /// Every datacenter's mesh gateways.
+    pub mesh_gateways: Cache<MeshGateways>,
     /// The services of each gateway.
     pub gateway_services: Cache<GatewayServices>,
     /// Prepared queries' connect-capable instances.
@@ -107,6 +109,7 @@ impl AgentCaches {
                 cancel.child_token(),
             ),
             prepared_query: Cache::new(PreparedQuery(http.clone()), config.cache.clone(), cancel.child_token()),
+            mesh_gateways: Cache::new(MeshGateways(http.clone()), config.cache.clone(), cancel.child_token()),
             datacenters: Cache::new(Datacenters::new(http), config.cache.clone(), cancel.child_token()),
             datacenter: config.datacenter.into(),
             cancel,
@@ -119,7 +122,7 @@ impl AgentCaches {
     }
 
     /// Every type's counters, by type name.
-    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 10] {
+    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 11] {
         [
             ("roots", self.roots.metrics()),
             ("leaf", self.leaf.metrics()),
@@ -129,6 +132,7 @@ impl AgentCaches {
             ("config_entries", self.config_entries.metrics()),
             ("services", self.services.metrics()),
             ("datacenters", self.datacenters.metrics()),
+            ("mesh_gateways", self.mesh_gateways.metrics()),
             ("gateway_services", self.gateway_services.metrics()),
             ("prepared_query", self.prepared_query.metrics()),
         ]

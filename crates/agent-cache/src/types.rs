@@ -324,6 +324,30 @@ impl CacheType for PreparedQuery {
     }
 }
 
+/// Every datacenter's mesh gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MeshGatewaysKey;
+
+/// Every datacenter's mesh gateways by datacenter, as the servers know them from the
+/// federation states (`/v1/internal/federation-states/mesh-gateways`, with the agent's
+/// token).
+#[derive(Clone)]
+pub struct MeshGateways(pub Http);
+
+impl CacheType for MeshGateways {
+    type Request = MeshGatewaysKey;
+    type Value = Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>;
+
+    async fn fetch(&self, _: &MeshGatewaysKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = api_client::paths::FEDERATION_MESH_GATEWAYS;
+        let f: Fetched<BTreeMap<String, Vec<CheckServiceNode>>> = self.0.decoded(path, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value.into_iter().map(|(dc, g)| (dc, Arc::new(g))).collect()),
+            index: f.index,
+        })
+    }
+}
+
 /// Every known datacenter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DatacentersKey;

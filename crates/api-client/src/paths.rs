@@ -37,6 +37,8 @@ pub const CATALOG_DEREGISTER: &str = "/v1/catalog/deregister";
 pub const CATALOG_SERVICES: &str = "/v1/catalog/services";
 /// `GET`: the known datacenters.
 pub const CATALOG_DATACENTERS: &str = "/v1/catalog/datacenters";
+/// Every datacenter's mesh gateways, by datacenter.
+pub const FEDERATION_MESH_GATEWAYS: &str = "/v1/internal/federation-states/mesh-gateways";
 /// `GET`: the services registered on the agent.
 pub const AGENT_SERVICES: &str = "/v1/agent/services";
 /// `GET`: the agent's own configuration and member.

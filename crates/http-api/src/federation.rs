@@ -16,6 +16,23 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use structs::federation::FederationState;
 
+/// The routes of several datacenters: federation states, intermediates, replication.
+pub(crate) fn add(r: &mut crate::api::Routes) {
+    use crate::replication;
+    use axum::routing::{get, put};
+    r.add("/v1/internal/federation-states", get(list));
+    r.add("/v1/internal/federation-states/mesh-gateways", get(mesh_gateways));
+    r.add("/v1/internal/federation-state/{dc}", get(one));
+    r.add("/v1/internal/federation-state", put(put_state));
+    r.add("/v1/internal/ca/intermediate", put(sign_intermediate));
+    r.add(
+        "/v1/internal/replication/config-entries",
+        get(replication::config_entries),
+    );
+    r.add("/v1/internal/replication/acl", get(replication::acl));
+    r.add("/v1/operator/replication", get(replication::status));
+}
+
 /// `GET /v1/internal/federation-states`: every datacenter's state (`operator:read`),
 /// blocking on their index.
 pub(crate) async fn list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
@@ -29,6 +46,42 @@ pub(crate) async fn list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQ
     };
     let all: Vec<&FederationState> = states.by_dc.values().map(|s| &**s).collect();
     Ok(query::json(&all, Some(structs::Index(states.index)), params.pretty()))
+}
+
+/// `GET /v1/internal/federation-states/mesh-gateways`: every datacenter's mesh gateways by
+/// datacenter (what an agent's proxies route other datacenters through), blocking on the
+/// states' index; gateways whose service the token may not read are left out.
+pub(crate) async fn mesh_gateways(
+    State(api): State<Api>,
+    authz: Authz,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    let a = authz.get()?;
+    let fed = api.store.federation();
+    let blocking = params.blocking()?;
+    let states = match blocking.index {
+        Some(after) => fed.wait(after.0, blocking.wait_with_jitter()).await,
+        None => fed.states(),
+    };
+    let mut filtered = false;
+    let by_dc: std::collections::BTreeMap<&str, Vec<&structs::CheckServiceNode>> = states
+        .by_dc
+        .iter()
+        .map(|(dc, s)| {
+            let readable: Vec<_> = s
+                .mesh_gateways
+                .iter()
+                .filter(|g| a.service_read(&g.service.service))
+                .collect();
+            filtered |= readable.len() < s.mesh_gateways.len();
+            (dc.as_str(), readable)
+        })
+        .collect();
+    Ok(crate::authz::mark_filtered(
+        query::json(&by_dc, Some(structs::Index(states.index)), params.pretty()),
+        filtered,
+    ))
 }
 
 /// `GET /v1/internal/federation-state/:dc`: one datacenter's state (`operator:read`).
@@ -55,7 +108,7 @@ pub(crate) async fn one(
 /// `PUT /v1/internal/federation-state`: a secondary datacenter's state, sent by its servers
 /// to the primary's (`operator:write`: a state says where requests for a datacenter go,
 /// tokens with them). Only the primary takes them, and never for itself.
-pub(crate) async fn put(State(api): State<Api>, authz: Authz, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn put_state(State(api): State<Api>, authz: Authz, body: Bytes) -> Result<Response, ApiError> {
     authz.need(|a| a.operator_write(), "operator:write", "")?;
     let fed = api.store.federation();
     let state: FederationState = query::decode(&body, "a federation state")?;

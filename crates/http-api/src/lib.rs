@@ -131,16 +131,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
     r.add("/v1/internal/ui/services", get(ui::services));
     r.add("/v1/internal/service-virtual-ip", get(ui::virtual_ips));
-    r.add("/v1/internal/federation-states", get(federation::list));
-    r.add("/v1/internal/federation-state/{dc}", get(federation::one));
-    r.add("/v1/internal/federation-state", put(federation::put));
-    r.add("/v1/internal/ca/intermediate", put(federation::sign_intermediate));
-    r.add(
-        "/v1/internal/replication/config-entries",
-        get(replication::config_entries),
-    );
-    r.add("/v1/internal/replication/acl", get(replication::acl));
-    r.add("/v1/operator/replication", get(replication::status));
+    federation::add(&mut r);
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     acl_routes::add(&mut r);
     let Routes { router, paths } = r;

@@ -90,6 +90,15 @@ async fn mesh() -> Mesh {
     store.federation().put(structs::federation::FederationState {
         datacenter: "dc2".into(),
         servers: vec!["10.0.2.1:8500".into()],
+        // A gateway whose service only `web` readers see.
+        mesh_gateways: vec![
+            serde_json::from_value(json!({
+                "Node": {"Node": "gw2", "Address": "10.0.2.2"},
+                "Service": {"Kind": "mesh-gateway", "ID": "web", "Service": "web", "Port": 8443},
+                "Checks": []
+            }))
+            .unwrap(),
+        ],
         ..Default::default()
     });
     store.write(Op::AclInit).await.unwrap();
@@ -821,6 +830,14 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             n.clone(),
             OPERATOR_READ,
             Denied,
+        ),
+        row(
+            "GET",
+            "/v1/internal/federation-states/mesh-gateways",
+            "/v1/internal/federation-states/mesh-gateways",
+            n.clone(),
+            WEB_READ,
+            Filtered,
         ),
         row(
             "GET",

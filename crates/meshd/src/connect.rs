@@ -15,7 +15,7 @@ use lookup::{Answer, Forbidden, lookup};
 async fn resolve(args: &EnvoyArgs) -> Result<(String, String, String)> {
     if let Some(gw) = crate::connect_gateway::gateway(args)? {
         let id = args.proxy_id.clone().unwrap_or_else(|| gw.service.clone());
-        return Ok((args.node.clone(), id, gw.service));
+        return Ok((gateway_node(args).await?, id, gw.service));
     }
     match (&args.proxy_id, &args.sidecar_for) {
         (Some(id), _) => Ok((
@@ -137,6 +137,32 @@ fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a
 }
 
 /// The sidecar of `service` as the catalog knows it (`-http-addr` is a server).
+/// The node a gateway's proxy is on: at an agent, the agent's (a `-node` naming another is
+/// refused: the agent serves only its own node's proxies); at a server, `-node`.
+async fn gateway_node(args: &EnvoyArgs) -> Result<String> {
+    let api = Servers::new(&[args.http_addr.to_string()]);
+    // Servers do not have the agent's service list: `-node` is the catalog's node.
+    if lookup(&api, args, paths::AGENT_SERVICES).await?.body.is_none() {
+        return Ok(args.node.clone());
+    }
+    let node = match lookup(&api, args, paths::AGENT_SELF).await {
+        Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+        Ok(Answer { body: None, .. }) => String::new(),
+        // Without agent:read, the agent's xDS finds the proxy by id among its own.
+        Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
+        Err(e) => return Err(e),
+    };
+    if !args.node.is_empty() && !node.is_empty() && node != args.node {
+        bail!(
+            "-node {:?}: the agent at {} is node {node:?}, and serves only its own node's proxies (drop -node, or \
+             use that node's agent)",
+            args.node,
+            args.http_addr
+        );
+    }
+    Ok(if node.is_empty() { args.node.clone() } else { node })
+}
+
 async fn sidecar_from_catalog(api: &Servers, args: &EnvoyArgs, service: &str) -> Result<(String, String, String)> {
     let at = format!("the server at {}", args.http_addr);
     let path = paths::catalog_connect(service);

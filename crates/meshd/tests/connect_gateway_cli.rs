@@ -143,6 +143,29 @@ fn register_with_an_agent_then_bootstrap() {
     assert!(out.status.success(), "{}", stderr(&out));
     let bootstrap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(bootstrap["node"]["id"], "tgw", "{bootstrap}");
+    // The agent's node: the proxy it serves is found there.
+    assert_eq!(bootstrap["node"]["metadata"]["node_name"], "edge", "{bootstrap}");
+    // A -node naming another node than the agent's is refused: the agent would never serve it.
+    let out = meshd(&[
+        "connect",
+        "envoy",
+        "-gateway=terminating",
+        "-service",
+        "tgw",
+        "-node",
+        "elsewhere",
+        "-http-addr",
+        addr(&agent.http),
+        "-bootstrap",
+        "-run-dir",
+        run.path().to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("-node \"elsewhere\": the agent at") && err.contains("\"edge\""),
+        "{err}"
+    );
     let services = get(&format!("{}/v1/agent/services", agent.http));
     let tgw = &services["tgw"];
     assert_eq!(tgw["Kind"], "terminating-gateway", "{services}");

@@ -72,6 +72,23 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
         "warn",
     ];
     let dc1 = Mesh::of(start_server_at(bin(), &http1, &grpc1, dc1_args));
+    // An agent in dc1: dc1's mesh gateway and a second web run through it.
+    let agent1 = Mesh::of(test_support::process::start_agent(
+        bin(),
+        [
+            "-dev",
+            "-datacenter",
+            "dc1",
+            "-node",
+            "agent-dc1",
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            &http1,
+            "-log-level",
+            "warn",
+        ],
+    ));
     // dc2 keeps its catalog in etcd (dc1 in memory): it comes back whole after a kill -9.
     let etcd = test_support::etcd::EtcdCluster::start(1);
     let (http2, grpc2) = (
@@ -164,7 +181,7 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     one_trust_domain(&client, &dc1.http, &dc2.http).await;
     println!("{:>5.1} s one trust domain, rotated", t0.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().unwrap();
-    through_both_gateways(&dc1, &mut dc2, &start_dc2, dir.path()).await;
+    through_both_gateways([&dc1, &agent1], &mut dc2, &start_dc2, dir.path()).await;
     println!("{:>5.1} s through both mesh gateways", t0.elapsed().as_secs_f64());
     // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
     drop(dc1);
@@ -349,7 +366,7 @@ async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
 /// (`api.default.dc2.internal.<trust-domain>`): dc1's gateway sends it to dc2's (known from
 /// dc2's federation state), which sends it to api's sidecar, which checks the certificate
 /// (one trust domain) and hands the request to api.
-async fn through_both_gateways(dc1: &Mesh, dc2: &mut Mesh, restart_dc2: &dyn Fn() -> Mesh, dir: &Path) {
+async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restart_dc2: &dyn Fn() -> Mesh, dir: &Path) {
     let api_port = crate::gateway_e2e::backend("api");
     dc2.register(
         "node-api",
@@ -361,26 +378,21 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &mut Mesh, restart_dc2: &dyn Fn(
     )
     .await;
     let (api, _) = dc2.envoy("api", "node-api", dir).await;
-    let gateway = |mesh: &Mesh, name: &str| {
+    // Registered in a server's catalog on a node given, or with an agent (on its node).
+    let gateway = |mesh: &Mesh, name: &str, node: Option<&'static str>| {
         let port = test_support::reserve_port();
         let address = format!("127.0.0.1:{port}");
         let (http, grpc, run_dir) = (mesh.http.clone(), mesh.grpc.clone(), dir.join(name));
         async move {
-            let which = [
-                "-gateway",
-                "mesh",
-                "-register",
-                "-address",
-                &address,
-                "-node",
-                "node-gw",
-            ];
+            let mut which = vec!["-gateway", "mesh", "-register", "-address", &address];
+            which.extend(node.iter().flat_map(|n| ["-node", *n]));
             let (proc, admin) = crate::mesh::run_proxy(&which, &http, &["-grpc-addr", &grpc], &run_dir).await;
             (proc, admin, port)
         }
     };
-    let (gw2, _, port2) = gateway(dc2, "gateway-dc2").await;
-    let (gw1, admin1, port1) = gateway(dc1, "gateway-dc1").await;
+    let (gw2, _, port2) = gateway(dc2, "gateway-dc2", Some("node-gw")).await;
+    // dc1's through its agent (which follows every datacenter's gateways from dc1's server).
+    let (gw1, admin1, port1) = gateway(agent1, "gateway-dc1", None).await;
 
     let (_, _, roots) = get(&dc1.client, &format!("{}/v1/connect/ca/roots", dc1.http)).await;
     let host = format!("api.default.dc2.internal.{}", roots["TrustDomain"].as_str().unwrap());
@@ -456,9 +468,37 @@ async fn through_both_gateways(dc1: &Mesh, dc2: &mut Mesh, restart_dc2: &dyn Fn(
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
     deny_in_the_primary(dc1, &through).await;
+    let web_agent = web_on_the_agent(agent1, dir).await;
     let api1 = failover_to_dc2(dc1, dir, local_bind).await;
     dc2_killed_and_back(dc2, restart_dc2, &through, local_bind).await;
-    crate::mesh::stop_together(vec![api, gw2, gw1, web, api1]);
+    crate::mesh::stop_together(vec![api, gw2, gw1, web, api1, web_agent]);
+}
+
+/// A web registered with dc1's agent, its upstream api in dc2 through dc1's gateway: its
+/// sidecar (configured by the agent) reaches dc2. Returns its Envoy.
+async fn web_on_the_agent(agent1: &Mesh, dir: &Path) -> crate::mesh::Proc {
+    let bind = test_support::reserve_port();
+    let web = json!({"Name": "web", "ID": "web-agent", "Port": 9, "Connect": {"SidecarService": {
+        "Port": test_support::reserve_port(),
+        "Proxy": {"Upstreams": [{"DestinationName": "api", "Datacenter": "dc2", "LocalBindPort": bind,
+                                 "MeshGateway": {"Mode": "local"}}]}}}});
+    agent1.put("/v1/agent/service/register", web).await;
+    let (proc, _) = crate::mesh::run_proxy(
+        &["-sidecar-for", "web-agent"],
+        &agent1.http,
+        &["-grpc-addr", &agent1.grpc],
+        &dir.join("web-agent"),
+    )
+    .await;
+    let plain = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{bind}/from-the-agent");
+    let body = wait_for(|| async {
+        let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        resp.text().await.ok().filter(|b| b.starts_with("api"))
+    })
+    .await;
+    assert_eq!(body, "api /from-the-agent x-from=");
+    proc
 }
 
 #[allow(clippy::print_stdout)]

@@ -1,8 +1,7 @@
 //! The datacenters: their names, and their mesh gateways (where a mesh gateway sends other
 //! datacenters' SNIs, and a sidecar its connections to them). A server follows what it
-//! knows of the federation (`catalog::federation`); an agent asks its servers for the
-//! names, and does not serve the gateways yet (a proxy on an agent that needs them says so
-//! in its status).
+//! knows of the federation (`catalog::federation`); an agent asks its servers for both
+//! (through its cache).
 
 #[cfg(feature = "server")]
 pub use on_server::{ServerDatacenters, ServerMeshGateways};
@@ -100,8 +99,8 @@ pub use on_cache::{CacheDatacenters, CacheMeshGateways};
 #[cfg(feature = "cache")]
 mod on_cache {
     use crate::cache_mode::{AgentCache, CacheInput};
-    use crate::derive::{Constant, Derive, watched_source};
-    use agent_cache::types::DatacentersKey;
+    use crate::derive::{Derive, watched_source};
+    use agent_cache::types::{DatacentersKey, MeshGatewaysKey};
     use proxycfg::DataSourceError;
     use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, MeshGatewaysByDc, MeshGatewaysRequest};
     use proxycfg::forward::Updates;
@@ -119,20 +118,14 @@ mod on_cache {
 
     watched_source!(CacheDatacenters, DatacentersRequest, |s, _req| s.updates());
 
-    /// The datacenters' mesh gateways in agent mode: not served yet. The watch fails with
-    /// the reason, which the proxy's status shows; the gateway serves its own datacenter.
-    pub struct CacheMeshGateways;
+    /// Every datacenter's mesh gateways, from the servers through the agent cache (agent
+    /// mode).
+    pub struct CacheMeshGateways(pub(crate) Arc<AgentCache>);
 
     impl CacheMeshGateways {
         fn updates(&self) -> Result<impl Updates<MeshGatewaysByDc> + use<>, DataSourceError> {
-            Ok(Derive::every(Constant::new(()), |()| {
-                Err(DataSourceError::Unavailable(
-                    "the datacenters' mesh gateways are served to proxies registered with a server, not yet \
-                     with an agent: a mesh gateway here routes its own datacenter only, and a sidecar cannot \
-                     reach other datacenters"
-                        .into(),
-                ))
-            }))
+            let input = CacheInput::new(self.0.caches.mesh_gateways.watch(&MeshGatewaysKey));
+            Ok(Derive::every(input, |by_dc| Ok(MeshGatewaysByDc(by_dc))))
         }
     }
 

@@ -156,7 +156,7 @@ mod cache_sources {
             ))),
             service_list: Arc::new(CacheServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(CacheDatacenters(Arc::clone(&mode))),
-            mesh_gateways: Arc::new(CacheMeshGateways),
+            mesh_gateways: Arc::new(CacheMeshGateways(Arc::clone(&mode))),
             gateway_services: Arc::new(CacheGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(CacheHttpChecks(local)),
             prepared_query: Arc::new(CachePreparedQuery(Arc::clone(&mode))),
