@@ -71,6 +71,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("gateway", "xds", "gateway"),
     ("ha", "meshd", "ha"),
     ("dns", "meshd", "dns"),
+    ("federation", "meshd", "federation"),
 ];
 
 fn test(extra: &[String]) -> Result<()> {

@@ -43,6 +43,9 @@ mod bench_chaos;
 #[path = "../benches/dns.rs"]
 mod bench_dns;
 #[allow(dead_code)]
+#[path = "../benches/federation.rs"]
+mod bench_federation;
+#[allow(dead_code)]
 #[path = "../benches/ha.rs"]
 mod bench_ha;
 #[allow(dead_code)]

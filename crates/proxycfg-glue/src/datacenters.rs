@@ -12,6 +12,7 @@ mod on_server {
     use crate::mode::Mode;
     use crate::server_mode::Catalog;
     use catalog::federation::FederationStates;
+    use parking_lot::Mutex;
     use proxycfg::DataSourceError;
     use proxycfg::data_sources::{DatacenterNames, DatacentersRequest, MeshGatewaysByDc, MeshGatewaysRequest};
     use proxycfg::forward::Updates;
@@ -70,22 +71,55 @@ mod on_server {
 
     watched_source!(ServerDatacenters, DatacentersRequest, |s, _req| s.updates());
 
-    /// Every datacenter's mesh gateways, from the federation states (server mode).
-    pub struct ServerMeshGateways(pub(crate) Arc<Catalog>);
+    /// Every datacenter's mesh gateways, from the federation states (server mode). The map
+    /// is made once per change of the states and shared by every proxy following it (a
+    /// change reaches every sidecar with an upstream elsewhere: thousands of copies
+    /// otherwise).
+    pub struct ServerMeshGateways {
+        catalog: Arc<Catalog>,
+        /// The map for the states' index it was made at.
+        made: Arc<Mutex<Option<(u64, MeshGatewaysByDc)>>>,
+    }
 
     impl ServerMeshGateways {
+        pub(crate) fn new(catalog: Arc<Catalog>) -> Self {
+            Self {
+                catalog,
+                made: Arc::default(),
+            }
+        }
+
         fn updates(
             &self,
             req: &MeshGatewaysRequest,
         ) -> Result<impl Updates<MeshGatewaysByDc> + use<>, DataSourceError> {
-            self.0.check_dc(&req.datacenter)?;
-            Ok(Derive::distinct(FederationInput::new(&self.0), move |states| {
+            self.catalog.check_dc(&req.datacenter)?;
+            let made = Arc::clone(&self.made);
+            Ok(Derive::distinct(FederationInput::new(&self.catalog), move |states| {
+                let mut made = made.lock();
+                if let Some((index, map)) = &*made
+                    && *index == states.index
+                {
+                    return Ok(map.clone());
+                }
+                // A datacenter whose state did not move keeps its list (the same `Arc`: the
+                // proxies' comparison with what they had is a pointer comparison for it).
+                let before = made.as_ref().map(|(_, m)| Arc::clone(&m.0));
                 let all = states
                     .by_dc
                     .iter()
-                    .map(|(dc, s)| (dc.clone(), Arc::new(s.mesh_gateways.clone())))
+                    .map(|(dc, s)| {
+                        let kept = before
+                            .as_ref()
+                            .and_then(|b| b.get(dc))
+                            .filter(|g| ***g == s.mesh_gateways)
+                            .cloned();
+                        (dc.clone(), kept.unwrap_or_else(|| Arc::new(s.mesh_gateways.clone())))
+                    })
                     .collect();
-                Ok(MeshGatewaysByDc(Arc::new(all)))
+                let map = MeshGatewaysByDc(Arc::new(all));
+                *made = Some((states.index, map.clone()));
+                Ok(map)
             }))
         }
     }

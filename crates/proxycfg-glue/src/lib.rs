@@ -109,7 +109,7 @@ mod server_sources {
             ))),
             service_list: Arc::new(ServerServiceList(Arc::clone(&mode))),
             datacenters: Arc::new(ServerDatacenters(Arc::clone(&mode))),
-            mesh_gateways: Arc::new(ServerMeshGateways(Arc::clone(&mode))),
+            mesh_gateways: Arc::new(ServerMeshGateways::new(Arc::clone(&mode))),
             gateway_services: Arc::new(ServerGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(ServerHttpChecks),
             prepared_query: Arc::new(ServerPreparedQuery(Arc::clone(&mode))),
