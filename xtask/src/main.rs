@@ -13,8 +13,9 @@
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
 //!   services registered with them, a real Envoy per agent, traffic, and an intention that
-//!   denies and re-allows it.
-//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`, `memory`, `gateway`, `ha`; all
+//!   denies and re-allows it. `demo multi-dc`: the second act, two datacenters (a server and
+//!   an agent each, a mesh gateway each) and failover from dc1 to dc2 and back.
+//! - `bench [NAME]`: benchmarks that print figures (`proxycfg`, `server`, `xds`, `supervisor`, `agent`, `acl`, `nack`, `storm`, `memory`, `gateway`, `ha`, `federation`; all
 //!   when no name is given).
 //! - `soak`: register/deregister churn against a real server with streams watching; prints
 //!   the slopes of its tasks, file descriptors and RSS (`CYCLES`, default 10,000).
@@ -133,7 +134,10 @@ fn screenshots() -> Result<()> {
     Ok(())
 }
 
-fn demo() -> Result<()> {
+fn demo(act: Option<&str>) -> Result<()> {
+    if let Some(act) = act.filter(|a| *a != "multi-dc") {
+        bail!("unknown demo act {act:?}: expected none (the main job) or multi-dc (two datacenters)");
+    }
     let root = workspace_root();
     let (_, peers) = tools::Peers::install(&root)?;
     // Cargo's own progress shows: a first build takes minutes, and silence looks like a hang.
@@ -151,7 +155,8 @@ fn demo() -> Result<()> {
     ]);
     run(build)?;
     let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo"])
+    cmd.args(["run", "--quiet", "--locked", "-p", "meshd", "--example", "demo", "--"])
+        .args(act)
         .env("MESHD_BIN", root.join("target").join("debug").join("meshd"));
     peers.export(&mut cmd);
     run(cmd)
@@ -239,7 +244,7 @@ fn main() -> Result<()> {
             println!("export MESHD_PYTHON={}", peers.python.display());
             Ok(())
         }
-        Some("demo") => demo(),
+        Some("demo") => demo(args.get(1).map(String::as_str)),
         Some("stress") => stress::stress(args.get(1).map(String::as_str)),
         Some("screenshots") => screenshots(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
@@ -267,7 +272,7 @@ fn main() -> Result<()> {
         }
         None => {
             bail!(
-                "usage: cargo xtask <test | stress [N] | tools | demo | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny | link-order>"
+                "usage: cargo xtask <test | stress [N] | tools | demo [multi-dc] | screenshots | bench [NAME] | soak | chaos | fuzz [CASES] | cycles | fn-lengths [--max N] | deny | link-order>"
             )
         }
     }

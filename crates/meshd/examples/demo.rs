@@ -4,13 +4,18 @@
 //! each agent, traffic through the mesh over mTLS, an intention that denies it and one that
 //! allows it again. Every process it starts is stopped.
 //!
-//! Run: `cargo xtask demo` (it installs the pinned Envoy first).
+//! Run: `cargo xtask demo` (it installs the pinned Envoy first). `cargo xtask demo multi-dc`
+//! runs a second act instead: two datacenters, failover between them through mesh gateways
+//! (`demo/multi_dc.rs`).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+#[path = "demo/multi_dc.rs"]
+mod multi_dc;
 
 struct Proc(&'static str, Child);
 
@@ -150,6 +155,11 @@ async fn start_envoys(agents: &[(Proc, String, String)], envoy: &str) -> (tempfi
 async fn main() {
     let envoy =
         std::env::var("MESHD_ENVOY").expect("MESHD_ENVOY must name the Envoy binary (cargo xtask demo sets it)");
+    match std::env::args().nth(1).as_deref() {
+        None => {}
+        Some("multi-dc") => return multi_dc::run(&envoy).await,
+        Some(other) => panic!("unknown act {other:?}: expected none, or multi-dc"),
+    }
     let tmp = tempfile::tempdir().unwrap();
     // A path that does not exist yet: the server creates it private (0700).
     let data_dir = tmp.path().join("server");
