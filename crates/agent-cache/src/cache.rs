@@ -44,6 +44,9 @@ pub enum FetchError {
     /// The servers could not answer, or answered something unusable.
     #[error("{0}")]
     Unavailable(String),
+    /// The agent's caches are stopping: the fetch ends, nothing failed.
+    #[error("the agent cache is shutting down")]
+    ShuttingDown,
 }
 
 impl FetchError {
@@ -61,6 +64,7 @@ impl FetchError {
     pub fn message(&self) -> &str {
         match self {
             Self::PermissionDenied(m) | Self::Unavailable(m) => m,
+            Self::ShuttingDown => "the agent cache is shutting down",
         }
     }
 }
@@ -294,6 +298,7 @@ impl<T: CacheType> Inner<T> {
                         entry.tx.send_replace(Some(Ok(f)));
                     }
                 }
+                Err(FetchError::ShuttingDown) => break,
                 Err(e) => {
                     self.metrics.errors.fetch_add(1, Relaxed);
                     failures = failures.saturating_add(1);

@@ -126,7 +126,7 @@ impl CacheType for Leaf {
         let mut roots = match roots_watch.next().await {
             Some(Ok(f)) => f.value,
             Some(Err(e)) => return Err(FetchError::Unavailable(format!("CA roots: {e}"))),
-            None => return Err(FetchError::Unavailable("the agent cache is shutting down".into())),
+            None => return Err(FetchError::ShuttingDown),
         };
         loop {
             let held = self.issued.lock().get(key).cloned();
@@ -151,7 +151,7 @@ impl CacheType for Leaf {
                     Some(Ok(f)) => roots = f.value,
                     // Errors are reported only before a first value, which there was.
                     Some(Err(_)) => {}
-                    None => return Err(FetchError::Unavailable("the agent cache is shutting down".into())),
+                    None => return Err(FetchError::ShuttingDown),
                 },
             }
         }

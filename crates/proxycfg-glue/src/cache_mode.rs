@@ -32,6 +32,7 @@ fn source_error(e: agent_cache::cache::FetchError) -> DataSourceError {
     match e {
         agent_cache::cache::FetchError::PermissionDenied(m) => DataSourceError::PermissionDenied(m),
         agent_cache::cache::FetchError::Unavailable(m) => DataSourceError::Unavailable(m),
+        e @ agent_cache::cache::FetchError::ShuttingDown => DataSourceError::Unavailable(e.to_string()),
     }
 }
 
