@@ -81,6 +81,13 @@ fn federation_settings(
     }
     let advertise = args.advertise_wan.clone().unwrap_or_else(|| api_addr.to_string());
     let federated = primary != args.datacenter || !args.retry_join_wan.is_empty();
+    if federated && args.http_addr.0.is_none() {
+        return Err(ServerError::Flags(
+            "-http-addr off is not available to a federated server: servers of other datacenters call its plain \
+             HTTP API (federation states, replication, ?dc= requests)"
+                .into(),
+        ));
+    }
     if federated && args.advertise_wan.is_none() && api_addr.ip().is_unspecified() {
         return Err(ServerError::Flags(format!(
             "-advertise-wan ADDR is needed: the API listens on {api_addr}, which other datacenters cannot dial"
