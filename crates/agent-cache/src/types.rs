@@ -108,6 +108,8 @@ pub struct HealthKey {
     pub passing: bool,
     /// The reader's token (none: the agent's).
     pub token: Option<Token>,
+    /// Another datacenter's instances (`?dc=`, relayed by the servers); none: this one's.
+    pub datacenter: Option<String>,
 }
 
 /// Service health (`/v1/health/service/:name`, `/v1/health/connect/:name`).
@@ -119,7 +121,10 @@ impl CacheType for Health {
     type Value = Arc<Vec<CheckServiceNode>>;
 
     async fn fetch(&self, key: &HealthKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
-        let path = api_client::paths::health_service(&key.service, key.connect, key.passing);
+        let path = match &key.datacenter {
+            Some(dc) => api_client::paths::health_service_in(&key.service, key.connect, key.passing, dc),
+            None => api_client::paths::health_service(&key.service, key.connect, key.passing),
+        };
         let f: Fetched<Vec<CheckServiceNode>> = self.0.decoded_as(key.token.as_ref(), &path, min_index).await?;
         Ok(Fetched {
             value: Arc::new(f.value),

@@ -82,6 +82,13 @@ pub fn health_service(service: &str, connect: bool, passing: bool) -> String {
     )
 }
 
+/// `GET`: as [`health_service`], of datacenter `dc` (`?dc=`: relayed by the servers).
+pub fn health_service_in(service: &str, connect: bool, passing: bool, dc: &str) -> String {
+    let path = health_service(service, connect, passing);
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{sep}dc={}", segment(dc))
+}
+
 /// `GET`: intentions whose destination matches `service`, in evaluation order.
 pub fn intentions_match_destination(service: &str) -> String {
     format!("/v1/connect/intentions/match?by=destination&name={}", segment(service))

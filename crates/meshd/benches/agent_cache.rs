@@ -116,6 +116,7 @@ async fn fan_out(server_http: &str, server_pid: u32, http: &reqwest::Client, n: 
                 format!("svc-{:02}", 1 + (i * 9 + k) % OTHER_SERVICES)
             };
             let mut watch = caches.health.watch(&HealthKey {
+                datacenter: None,
                 service,
                 connect: false,
                 passing: false,

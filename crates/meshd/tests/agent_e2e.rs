@@ -310,12 +310,11 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     })
     .await;
 
-    // An upstream that cannot be served is shown in the proxy's status, not an upstream that
-    // quietly goes; the others keep working; removing it clears the problem. (Config entries
-    // that break a chain are refused at write time; an upstream in another datacenter without
-    // a mesh gateway mode is what cannot be built: its endpoints would be the other
-    // datacenter's instances, which meshd does not dial directly.) The agent follows every
-    // datacenter's mesh gateways from its servers for it.
+    // An upstream that cannot be served is an error shown in the proxy's status and counted,
+    // not an upstream that quietly goes; the others keep working; removing it clears the
+    // error. (Config entries that break a chain are refused at write time; an upstream in a
+    // datacenter nobody knows, with no mesh gateway mode, asks the servers for that
+    // datacenter's instances, and they have no path there.)
     let web = |upstreams: Value| {
         json!({"Name": "web", "ID": "web", "Port": web_port,
                "Connect": {"SidecarService": {"Port": web_proxy, "Proxy": {"Upstreams": upstreams}}}})
@@ -329,25 +328,21 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
     )
     .await;
     let status_url = format!("{b_http}/v1/internal/proxy-status/web-sidecar-proxy");
-    let status = wait_for("the problem in web's proxy status", || async {
+    let status = wait_for("the error in web's proxy status", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
-        (!v["BuildErrors"].as_object()?.is_empty()).then_some(v)
+        (!v["Errors"].as_object()?.is_empty()).then_some(v)
     })
     .await;
     assert_eq!(status["Source"], "local", "{status}");
-    assert_eq!(
-        status["Errors"],
-        json!({}),
-        "every data source answers on the agent: {status}"
-    );
-    let problems = status["BuildErrors"].as_object().unwrap();
+    let errors = status["Errors"].as_object().unwrap();
     assert!(
-        problems.values().any(|why| why
-            .as_str()
-            .unwrap()
-            .contains("set MeshGateway.Mode to local or remote")),
+        errors
+            .values()
+            .any(|why| why.as_str().unwrap().contains("No path to datacenter \"dc2\"")),
         "{status}"
     );
+    let counted = test_support::process::metric(&client, &b_http, "meshd_proxycfg_data_source_errors_total").await;
+    assert!(counted >= 1.0, "the error is counted");
     assert!(
         wait_for("web → api still", || get(&client, &through_mesh))
             .await
@@ -360,9 +355,9 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         web(json!([{"DestinationName": "api", "LocalBindPort": upstream}])),
     )
     .await;
-    wait_for("the problem to clear", || async {
+    wait_for("the error to clear", || async {
         let v: Value = serde_json::from_str(&get(&client, &status_url).await?).ok()?;
-        v["BuildErrors"].as_object()?.is_empty().then_some(())
+        v["Errors"].as_object()?.is_empty().then_some(())
     })
     .await;
 

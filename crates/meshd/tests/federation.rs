@@ -368,15 +368,9 @@ async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
 /// (one trust domain) and hands the request to api.
 async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restart_dc2: &dyn Fn() -> Mesh, dir: &Path) {
     let api_port = crate::gateway_e2e::backend("api");
-    dc2.register(
-        "node-api",
-        "api",
-        api_port,
-        test_support::reserve_port(),
-        json!([]),
-        json!({}),
-    )
-    .await;
+    let api_sidecar = test_support::reserve_port();
+    dc2.register("node-api", "api", api_port, api_sidecar, json!([]), json!({}))
+        .await;
     let (api, _) = dc2.envoy("api", "node-api", dir).await;
     // Registered in a server's catalog on a node given, or with an agent (on its node).
     let gateway = |mesh: &Mesh, name: &str, node: Option<&'static str>| {
@@ -467,6 +461,13 @@ async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restar
     wait_for(|| endpoint_of_api(port2)).await;
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
+    // Mode none: straight to api's sidecar in dc2 (its instances followed at dc2's server).
+    register_web("none").await;
+    wait_for(|| endpoint_of_api(api_sidecar)).await;
+    let body = wait_for(|| async { through("/direct").await.filter(|b| b.starts_with("api")) }).await;
+    assert_eq!(body, "api /direct x-from=");
+    register_web("remote").await;
+    wait_for(|| endpoint_of_api(port2)).await;
     deny_in_the_primary(dc1, &through).await;
     let web_agent = web_on_the_agent(agent1, dir).await;
     let api1 = failover_to_dc2(dc1, dir, local_bind).await;

@@ -81,7 +81,9 @@ mod on_server {
 
         /// A watch of the shared follower answering `req`.
         fn watch(&self, req: &HealthRequest) -> Result<Subscriber<Nodes>, DataSourceError> {
-            self.catalog.check_dc(&req.datacenter)?;
+            if !req.datacenter.is_empty() && req.datacenter != self.catalog.datacenter() {
+                return self.watch_elsewhere(req);
+            }
             // A server reads its own state: the answer does not depend on the proxy's token
             // (its stream is authorized apart), so proxies with different tokens share one
             // follower.
@@ -101,6 +103,25 @@ mod on_server {
                     _ => None,
                 });
                 filtered(&req, filter, input)
+            });
+            Ok(Subscriber::new(entry))
+        }
+    }
+
+    impl ServerHealth {
+        /// Another datacenter's instances, asked of its servers with the proxy's token (one
+        /// follower per request, token included: the other datacenter filters by it).
+        fn watch_elsewhere(&self, req: &HealthRequest) -> Result<Subscriber<Nodes>, DataSourceError> {
+            let filter = subset_filter(req)?;
+            let entry = self.followers.follow_updates(req, || {
+                let path = api_client::paths::health_service(&req.service, req.connect, req.passing_only);
+                let input = super::remote::RemoteHealth::new(
+                    Arc::clone(self.catalog.store.federation()),
+                    req.datacenter.clone(),
+                    path,
+                    req.token.clone(),
+                );
+                filtered(req, filter, input)
             });
             Ok(Subscriber::new(entry))
         }
@@ -142,7 +163,9 @@ mod on_cache {
 
         /// A watch of the shared follower answering `req`.
         fn watch(&self, req: &HealthRequest) -> Result<Subscriber<Nodes>, DataSourceError> {
-            self.agent.check_dc(&req.datacenter)?;
+            // Another datacenter's instances are asked of the servers, which relay (`?dc=`).
+            let elsewhere = (!req.datacenter.is_empty() && req.datacenter != self.agent.datacenter())
+                .then(|| req.datacenter.clone());
             let filter = subset_filter(req)?;
             // The token stays in the key: the servers answer what it may read.
             let entry = self.followers.follow_updates(req, || {
@@ -151,6 +174,7 @@ mod on_cache {
                     connect: req.connect,
                     passing: req.passing_only,
                     token: req.token.clone(),
+                    datacenter: elsewhere.clone(),
                 };
                 filtered(req, filter, CacheInput::new(self.agent.caches.health.watch(&key)))
             });
@@ -160,6 +184,9 @@ mod on_cache {
 
     followed_source!(CacheHealth, HealthRequest, |s, req| s.watch(req));
 }
+
+#[cfg(feature = "server")]
+mod remote;
 
 #[cfg(test)]
 mod tests;

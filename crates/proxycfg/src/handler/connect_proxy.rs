@@ -230,14 +230,24 @@ impl ConnectProxyHandler {
 }
 
 impl ConnectProxyHandler {
+    /// True when the upstream at `index` reaches other datacenters' instances directly
+    /// (`MeshGateway.Mode` none, or unset as Consul's default), not through mesh gateways.
+    fn direct_elsewhere(&self, index: usize) -> bool {
+        matches!(
+            self.service.proxy.upstream_mesh_gateway_mode(index),
+            MeshGatewayMode::None | MeshGatewayMode::Default
+        )
+    }
+
     /// Follows the datacenters' mesh gateways while some upstream's chain has a target in
-    /// another datacenter, and gives those targets their endpoints; forgets them when none
-    /// has.
+    /// another datacenter reached through them, and gives those targets their endpoints;
+    /// forgets them when none has.
     fn follow_gateways(&mut self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
         let elsewhere = cp.upstreams.values().any(|u| {
-            u.chain
-                .as_ref()
-                .is_some_and(|c| c.targets.values().any(|t| t.datacenter != self.datacenter))
+            !self.direct_elsewhere(u.index)
+                && u.chain
+                    .as_ref()
+                    .is_some_and(|c| c.targets.values().any(|t| t.datacenter != self.datacenter))
         });
         if elsewhere {
             let req = MeshGatewaysRequest {
@@ -254,10 +264,10 @@ impl ConnectProxyHandler {
         }
     }
 
-    /// The endpoints of each chain target in another datacenter: this datacenter's mesh
-    /// gateways (mode `local`), or the target datacenter's at their `wan` addresses
-    /// (`remote`), healthy ones; none in mode `none` (direct connections across datacenters
-    /// are not built: the proxy's status says so).
+    /// The endpoints of each chain target in another datacenter reached through mesh
+    /// gateways: this datacenter's (mode `local`), or the target datacenter's at their `wan`
+    /// addresses (`remote`), healthy ones. (In mode `none` its instances are watched as a
+    /// local target's are.)
     fn gateway_endpoints(&self, cp: &mut ConnectProxySnapshot) {
         let Some(gateways) = cp.mesh_gateways.clone() else {
             return;
@@ -279,7 +289,7 @@ impl ConnectProxyHandler {
                     MeshGatewayMode::Remote => healthy(&target.datacenter)
                         .map(structs::CheckServiceNode::reached_from_afar)
                         .collect(),
-                    MeshGatewayMode::None | MeshGatewayMode::Default => Vec::new(),
+                    MeshGatewayMode::None | MeshGatewayMode::Default => continue,
                 };
                 if upstream.endpoints.get(target_id).is_none_or(|e| **e != nodes) {
                     changes.push((Arc::clone(id), target_id.clone(), Arc::new(nodes)));
@@ -363,9 +373,12 @@ impl KindHandler for ConnectProxyHandler {
                 self.on_graph_update(id, payload, cp, snapshot.intention_default_allow, watches)?
             }
             (CorrelationId::DiscoveryChain(upstream), UpdatePayload::DiscoveryChain(chain)) => {
+                let index = cp.upstreams.get(&upstream).map(|u| u.index);
+                let direct = index.is_some_and(|i| self.direct_elsewhere(i));
                 upstreams::apply_chain(
                     &self.sources,
                     &self.datacenter,
+                    direct,
                     self.token.as_ref(),
                     &mut cp.upstreams,
                     upstream,

@@ -179,6 +179,7 @@ impl KindHandler for IngressGatewayHandler {
                 upstreams::apply_chain(
                     &self.sources,
                     &self.datacenter,
+                    false,
                     self.token.as_ref(),
                     &mut g.upstreams,
                     upstream,

@@ -13,11 +13,14 @@ use tracing::debug;
 pub(super) type Upstreams = Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>;
 
 /// Applies a new chain of `upstream_id`: cancels exactly the target watches it no longer
-/// names, and starts (or keeps) one health watch per target in `datacenter` (a target in
-/// another datacenter is reached through mesh gateways: see the connect-proxy handler).
+/// names, and starts (or keeps) one health watch per target in `datacenter`, and per target
+/// elsewhere too when `direct_elsewhere` (`MeshGateway.Mode` none: its instances are dialled
+/// directly; otherwise it is reached through mesh gateways: see the connect-proxy handler).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn apply_chain(
     sources: &DataSources,
     datacenter: &str,
+    direct_elsewhere: bool,
     token: Option<&Token>,
     upstreams: &mut Upstreams,
     upstream_id: Arc<UpstreamId>,
@@ -32,14 +35,24 @@ pub(super) fn apply_chain(
     };
     let entry = Arc::make_mut(entry);
 
+    let watched = |target: &TargetId| {
+        chain
+            .targets
+            .get(target)
+            .is_some_and(|t| direct_elsewhere || t.datacenter == datacenter)
+    };
     watches.cancel_where(|id| {
         matches!(id, CorrelationId::UpstreamTarget { upstream, target }
-            if *upstream == upstream_id && !chain.targets.contains_key(target))
+            if *upstream == upstream_id && !watched(target))
     });
     entry.endpoints.retain(|target, _| chain.targets.contains_key(target));
 
     // One health watch per target; restarted only if what it selects changed.
-    for (target_id, target) in chain.targets.iter().filter(|(_, t)| t.datacenter == datacenter) {
+    for (target_id, target) in chain
+        .targets
+        .iter()
+        .filter(|(_, t)| direct_elsewhere || t.datacenter == datacenter)
+    {
         let id = CorrelationId::UpstreamTarget {
             upstream: Arc::clone(&upstream_id),
             target: target_id.clone(),
