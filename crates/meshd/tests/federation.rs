@@ -114,6 +114,23 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     ];
     let start_dc2 = || Mesh::of(start_server_at(bin(), &http2, &grpc2, dc2_args));
     let mut dc2 = start_dc2();
+    // An agent in dc2: dc2's mesh gateway runs through it.
+    let agent2 = Mesh::of(test_support::process::start_agent(
+        bin(),
+        [
+            "-dev",
+            "-datacenter",
+            "dc2",
+            "-node",
+            "agent-dc2",
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            &http2,
+            "-log-level",
+            "warn",
+        ],
+    ));
     until_datacenters(&client, &dc1.http, &["dc1", "dc2"]).await;
     until_datacenters(&client, &dc2.http, &["dc2", "dc1"]).await;
     println!("{:>5.1} s federated", t0.elapsed().as_secs_f64());
@@ -181,7 +198,7 @@ async fn two_datacenters_know_each_other_and_forward_requests() {
     one_trust_domain(&client, &dc1.http, &dc2.http).await;
     println!("{:>5.1} s one trust domain, rotated", t0.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().unwrap();
-    through_both_gateways([&dc1, &agent1], &mut dc2, &start_dc2, dir.path()).await;
+    through_both_gateways([&dc1, &agent1, &agent2], &mut dc2, &start_dc2, dir.path()).await;
     println!("{:>5.1} s through both mesh gateways", t0.elapsed().as_secs_f64());
     // The primary restarts with nothing (-dev): dc2 tells it again; dc2 kept dc1 meanwhile.
     drop(dc1);
@@ -366,7 +383,24 @@ async fn one_trust_domain(client: &reqwest::Client, dc1: &str, dc2: &str) {
 /// (`api.default.dc2.internal.<trust-domain>`): dc1's gateway sends it to dc2's (known from
 /// dc2's federation state), which sends it to api's sidecar, which checks the certificate
 /// (one trust domain) and hands the request to api.
-async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restart_dc2: &dyn Fn() -> Mesh, dir: &Path) {
+/// An Envoy counter from its admin at `admin` (0 while it has none).
+async fn counter(client: &reqwest::Client, admin: &str, name: &str) -> u64 {
+    let stats = crate::mesh::get(client, &format!("{admin}/stats?filter={name}"))
+        .await
+        .unwrap_or_default();
+    let prefix = format!("{name}: ");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn through_both_gateways(
+    [dc1, agent1, agent2]: [&Mesh; 3],
+    dc2: &mut Mesh,
+    restart_dc2: &dyn Fn() -> Mesh,
+    dir: &Path,
+) {
     let api_port = crate::gateway_e2e::backend("api");
     let api_sidecar = test_support::reserve_port();
     dc2.register("node-api", "api", api_port, api_sidecar, json!([]), json!({}))
@@ -384,7 +418,8 @@ async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restar
             (proc, admin, port)
         }
     };
-    let (gw2, _, port2) = gateway(dc2, "gateway-dc2", Some("node-gw")).await;
+    // dc2's through its agent too.
+    let (gw2, admin2, port2) = gateway(agent2, "gateway-dc2", None).await;
     // dc1's through its agent (which follows every datacenter's gateways from dc1's server).
     let (gw1, admin1, port1) = gateway(agent1, "gateway-dc1", None).await;
 
@@ -435,7 +470,8 @@ async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restar
     };
     register_web("local").await;
     let (web, web_admin) = dc1.envoy("web", "node-web", dir).await;
-    let plain = reqwest::Client::new();
+    // A connection per request: each takes the path web's Envoy has now.
+    let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let through = |path: &'static str| {
         let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
         async move {
@@ -454,18 +490,51 @@ async fn through_both_gateways([dc1, agent1]: [&Mesh; 2], dc2: &mut Mesh, restar
                 .then_some(())
         }
     };
+    // Which gateways one request went through, from their stats: (dc1's sent on to dc2,
+    // dc2's sent to a local service).
+    let one_request = |path: &'static str| {
+        let (client, admin1, admin2) = (dc1.client.clone(), admin1.clone(), admin2.clone());
+        let through = &through;
+        async move {
+            let counters = || async {
+                (
+                    counter(&client, &admin1, "tcp.mesh_gateway_remote.dc2.downstream_cx_total").await,
+                    counter(&client, &admin2, "tcp.mesh_gateway_local.default.downstream_cx_total").await,
+                )
+            };
+            let before = counters().await;
+            let body = through(path).await.unwrap_or_default();
+            let after = counters().await;
+            (body, after.0 - before.0, after.1 - before.1)
+        }
+    };
     wait_for(|| endpoint_of_api(port1)).await;
     let body = wait_for(|| async { through("/via-local").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-local x-from=");
+    assert_eq!(
+        one_request("/local").await,
+        ("api /local x-from=".into(), 1, 1),
+        "mode local: through both gateways"
+    );
     register_web("remote").await;
     wait_for(|| endpoint_of_api(port2)).await;
     let body = wait_for(|| async { through("/via-remote").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /via-remote x-from=");
+    assert_eq!(
+        one_request("/remote").await,
+        ("api /remote x-from=".into(), 0, 1),
+        "mode remote: through dc2's gateway only"
+    );
     // Mode none: straight to api's sidecar in dc2 (its instances followed at dc2's server).
     register_web("none").await;
     wait_for(|| endpoint_of_api(api_sidecar)).await;
     let body = wait_for(|| async { through("/direct").await.filter(|b| b.starts_with("api")) }).await;
     assert_eq!(body, "api /direct x-from=");
+    assert_eq!(
+        one_request("/none").await,
+        ("api /none x-from=".into(), 0, 0),
+        "mode none: through no gateway"
+    );
     register_web("remote").await;
     wait_for(|| endpoint_of_api(port2)).await;
     deny_in_the_primary(dc1, &through).await;
