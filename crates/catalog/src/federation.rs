@@ -53,6 +53,8 @@ pub struct Federation {
     states: watch::Sender<Arc<FederationStates>>,
     config_replication: watch::Sender<ReplicationStatus>,
     acl_replication: watch::Sender<ReplicationStatus>,
+    /// The CA (PEM) that verifies other datacenters' servers' HTTPS (`-tls-ca-file`).
+    peer_ca: std::sync::OnceLock<Vec<u8>>,
     /// Set when the server drains: waiting queries answer at once.
     released: watch::Sender<bool>,
 }
@@ -66,6 +68,7 @@ impl Federation {
             states: watch::Sender::new(Arc::default()),
             config_replication: watch::Sender::new(ReplicationStatus::default()),
             acl_replication: watch::Sender::new(ReplicationStatus::default()),
+            peer_ca: std::sync::OnceLock::new(),
             released: watch::Sender::new(false),
         })
     }
@@ -81,6 +84,17 @@ impl Federation {
             Replicated::ConfigEntries => &self.config_replication,
             Replicated::Acl => &self.acl_replication,
         }
+    }
+
+    /// Sets the CA (PEM) that verifies other datacenters' servers' HTTPS (once: later calls
+    /// change nothing).
+    pub fn set_peer_ca(&self, pem: Vec<u8>) {
+        let _ = self.peer_ca.set(pem);
+    }
+
+    /// The CA that verifies other datacenters' servers' HTTPS, if one was given.
+    pub fn peer_ca(&self) -> Option<&[u8]> {
+        self.peer_ca.get().map(Vec::as_slice)
     }
 
     /// This server's datacenter.

@@ -842,3 +842,124 @@ async fn acls_replicate_from_the_primary() {
     assert!(replication["ReplicatedIndex"].as_u64().unwrap() > 0, "{replication}");
     assert_eq!(replication["LastErrorMessage"], "", "{replication}");
 }
+
+/// Two datacenters whose servers serve HTTPS only (`-http-addr off`, a CA of `meshd tls`):
+/// each advertises `https://`, joins and is joined over it, verifies the other's certificate
+/// with `-tls-ca-file`; states, `?dc=` relays, replication and the CA's intermediate all
+/// travel over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datacenters_federate_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = crate::tls_e2e::certificates(&dir.path().join("tls"));
+    let (ca, cert, key) = (ca.to_str().unwrap(), cert.to_str().unwrap(), key.to_str().unwrap());
+    let start = |dc: &str, https: &str, more: &[&str]| {
+        let advertise = format!("https://{https}");
+        let mut args = vec![
+            "server",
+            "-dev",
+            "-log-level",
+            "warn",
+            "-datacenter",
+            dc,
+            "-node",
+            dc,
+            "-http-addr",
+            "off",
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-dns-addr",
+            "off",
+            "-https-addr",
+            https,
+            "-tls-cert-file",
+            cert,
+            "-tls-key-file",
+            key,
+            "-tls-ca-file",
+            ca,
+            "-advertise-wan",
+            &advertise,
+        ];
+        args.extend(more);
+        let (child, _) = test_support::process::start_reading(bin(), &args, &["meshd server listening on https://"]);
+        crate::mesh::Proc(child)
+    };
+    let (https1, https2) = (
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+        format!("127.0.0.1:{}", test_support::reserve_port()),
+    );
+    let _dc1 = start("dc1", &https1, &[]);
+    let join = format!("https://{https1}");
+    let _dc2 = start(
+        "dc2",
+        &https2,
+        &["-primary-datacenter", "dc1", "-retry-join-wan", &join],
+    );
+    let ca_cert = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca_cert)
+        .build()
+        .unwrap();
+    let (dc1, dc2) = (format!("https://{https1}"), format!("https://{https2}"));
+    until_datacenters(&client, &dc1, &["dc1", "dc2"]).await;
+    let (_, _, states) = get(&client, &format!("{dc1}/v1/internal/federation-states")).await;
+    let servers: Vec<&str> = states
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["Servers"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(servers, [dc1.as_str(), dc2.as_str()]);
+
+    // ?dc= relayed over HTTPS both ways.
+    let register = json!({"Node": "n2", "Address": "10.2.0.1", "Service": {"Service": "api", "Port": 80}});
+    let (status, body) = put(&client, &format!("{dc1}/v1/catalog/register?dc=dc2"), register).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, there) = get(&client, &format!("{dc2}/v1/catalog/service/api")).await;
+    assert_eq!((status, there[0]["Node"].as_str()), (200, Some("n2")), "{there}");
+    // Replication, and a write in dc2 sent to dc1.
+    let entry = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
+    let (status, body) = put(&client, &format!("{dc2}/v1/config"), entry).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, held) = get(&client, &format!("{dc1}/v1/config/service-defaults/api")).await;
+    assert_eq!((status, &held["Protocol"]), (200, &json!("http")), "{held}");
+    // dc2's CA follows dc1's: an intermediate asked for over HTTPS.
+    let (_, _, roots) = get(&client, &format!("{dc1}/v1/connect/ca/roots")).await;
+    until_roots(&client, &dc2, &roots["ActiveRootID"]).await;
+
+    // HTTPS only, advertising a plain address: refused at start, in one line.
+    let out = std::process::Command::new(bin())
+        .args([
+            "server",
+            "-dev",
+            "-log-level",
+            "off",
+            "-datacenter",
+            "dc3",
+            "-primary-datacenter",
+            "dc1",
+        ])
+        .args([
+            "-retry-join-wan",
+            &join,
+            "-http-addr",
+            "off",
+            "-https-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "-grpc-addr",
+            "127.0.0.1:0",
+            "-dns-addr",
+            "off",
+            "-tls-cert-file",
+            cert,
+            "-tls-key-file",
+            key,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+    assert!(err.contains("-advertise-wan https://HOST:PORT"), "{err}");
+}

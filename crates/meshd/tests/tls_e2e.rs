@@ -33,7 +33,7 @@ fn tls_command(dir: &Path, args: &[&str]) {
 }
 
 /// A CA and a server certificate in `dir`: (CA, certificate, key).
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub(crate) fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     tls_command(dir, &["ca", "create"]);
     tls_command(dir, &["cert", "create", "-server"]);

@@ -225,7 +225,7 @@ impl Link {
             .peer
             .request(
                 reqwest::Method::PUT,
-                format!("http://{server}/v1/internal/federation-state"),
+                format!("{}/v1/internal/federation-state", Peer::base(server)),
             )
             .json(state)
             .timeout(Duration::from_secs(10));
@@ -359,7 +359,7 @@ impl Link {
             .peer
             .request(
                 reqwest::Method::PUT,
-                format!("http://{server}/v1/internal/ca/intermediate"),
+                format!("{}/v1/internal/ca/intermediate", Peer::base(server)),
             )
             .json(&serde_json::json!({ "CSR": csr }))
             .timeout(Duration::from_secs(10));
@@ -418,7 +418,7 @@ pub(crate) async fn forward_dc(State(fwd): State<Arc<DcForwarder>>, req: Request
     };
     let mut last = String::new();
     for server in &servers {
-        let mut relayed = out.to(&fwd.client, &format!("http://{server}")).timeout(timeout);
+        let mut relayed = out.to(&fwd.client, &Peer::base(server)).timeout(timeout);
         if let Ok(v) = HeaderValue::from_str(fwd.fed.local()) {
             relayed = relayed.header(FORWARDED_DC, v);
         }

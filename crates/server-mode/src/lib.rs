@@ -63,13 +63,19 @@ pub async fn run(
         .map_err(ServerError::Node)
 }
 
-/// Where other datacenters reach a server with `args` whose API is at `api_addr`, and the
-/// token it presents to them. A server outside the primary
-/// datacenter needs a server to join through.
-fn federation_settings(
-    args: &ServerArgs,
-    api_addr: SocketAddr,
-) -> Result<(String, Option<structs::Token>), ServerError> {
+/// How a server reaches other datacenters and is reached by them.
+struct WanSettings {
+    /// Its API as they reach it (`-advertise-wan`).
+    advertise: String,
+    /// The token it presents to them.
+    token: Option<structs::Token>,
+    /// The CA (PEM) that verifies their HTTPS (`-tls-ca-file`).
+    ca_pem: Option<Vec<u8>>,
+}
+
+/// The [`WanSettings`] of a server with `args` whose API is at `api_addr`. A server outside
+/// the primary datacenter needs a server to join through.
+fn federation_settings(args: &ServerArgs, api_addr: SocketAddr) -> Result<WanSettings, ServerError> {
     let primary = args
         .primary_datacenter
         .clone()
@@ -81,18 +87,38 @@ fn federation_settings(
     }
     let advertise = args.advertise_wan.clone().unwrap_or_else(|| api_addr.to_string());
     let federated = primary != args.datacenter || !args.retry_join_wan.is_empty();
-    if federated && args.http_addr.0.is_none() {
-        return Err(ServerError::Flags(
-            "-http-addr off is not available to a federated server: servers of other datacenters call its plain \
-             HTTP API (federation states, replication, ?dc= requests)"
-                .into(),
-        ));
+    if federated && args.http_addr.0.is_none() && !advertise.starts_with("https://") {
+        return Err(ServerError::Flags(format!(
+            "-http-addr off needs -advertise-wan https://HOST:PORT on a federated server: servers of other \
+             datacenters call its API (federation states, replication, ?dc= requests), and {advertise} is not its \
+             plain HTTP API"
+        )));
     }
     if federated && args.advertise_wan.is_none() && api_addr.ip().is_unspecified() {
         return Err(ServerError::Flags(format!(
             "-advertise-wan ADDR is needed: the API listens on {api_addr}, which other datacenters cannot dial"
         )));
     }
+    let check = structs::federation::FederationState {
+        datacenter: args.datacenter.clone(),
+        servers: vec![advertise.clone()],
+        ..Default::default()
+    };
+    check.check().map_err(|e| {
+        ServerError::Flags(format!(
+            "-advertise-wan {advertise:?}: {}",
+            e.trim_start_matches("Servers[0]: ")
+        ))
+    })?;
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| ServerError::Flags(format!("{flag}: cannot read {}: {e}", path.display())))
+    };
+    let ca_pem = args
+        .tls
+        .ca_file
+        .as_deref()
+        .map(|p| read("-tls-ca-file", p))
+        .transpose()?;
     let token = match &args.acl_replication_token_file {
         None => None,
         Some(p) => structs::Token::new(
@@ -103,7 +129,29 @@ fn federation_settings(
                 .trim(),
         ),
     };
-    Ok((advertise, token))
+    Ok(WanSettings {
+        advertise,
+        token,
+        ca_pem,
+    })
+}
+
+/// The client for other datacenters' servers: their HTTPS verified with `ca_pem` when given,
+/// this server's certificate presented when it has one (servers that verify clients ask).
+fn federation_client(args: &ServerArgs, ca_pem: Option<&[u8]>) -> Result<reqwest::Client, ServerError> {
+    let identity = match (&args.tls.cert_file, &args.tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let mut pem = std::fs::read(cert)
+                .map_err(|e| ServerError::Flags(format!("-tls-cert-file: cannot read {}: {e}", cert.display())))?;
+            pem.extend(
+                std::fs::read(key)
+                    .map_err(|e| ServerError::Flags(format!("-tls-key-file: cannot read {}: {e}", key.display())))?,
+            );
+            Some(pem)
+        }
+        _ => None,
+    };
+    peer::Peer::client(ca_pem, identity.as_deref()).map_err(ServerError::Flags)
 }
 
 /// `0.0.0.0:0`: an address for nothing.
@@ -167,12 +215,20 @@ impl ServerMode {
         if args.acl_enabled {
             store::init_acls(&store, args.acl_initial_management_token_file.as_deref()).await?;
         }
-        let wan = federation_settings(&args, api_addr)?;
+        let WanSettings {
+            advertise,
+            token,
+            ca_pem,
+        } = federation_settings(&args, api_addr)?;
         let fed = Arc::clone(store.federation());
+        if let Some(pem) = &ca_pem {
+            fed.set_peer_ca(pem.clone());
+        }
         let peer = peer::Peer {
-            client: reqwest::Client::new(),
-            token: wan.1.clone(),
+            client: federation_client(&args, ca_pem.as_deref())?,
+            token: token.clone(),
         };
+        let wan = (advertise, token);
         let replication_metrics = replication::ReplicationMetrics::default();
         let replicator = (!fed.is_primary()).then(|| {
             Arc::new(replication::Replicator::new(
@@ -288,7 +344,7 @@ impl Mode for ServerMode {
             Arc::new(federation::DcForwarder {
                 fed: Arc::clone(&self.fed),
                 replicator: self.replicator.clone(),
-                client: reqwest::Client::new(),
+                client: self.peer.client.clone(),
                 max_body,
             }),
             federation::forward_dc,

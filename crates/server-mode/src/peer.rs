@@ -43,6 +43,33 @@ impl<T> Answered<T> {
 }
 
 impl Peer {
+    /// The base URL of a server of another datacenter as the federation states name it
+    /// (`host:port`: plain HTTP; `https://host:port`).
+    pub(crate) fn base(server: &str) -> String {
+        api_client::base_url(server)
+    }
+
+    /// The client for other datacenters' servers: HTTPS verified with `ca_pem` only when
+    /// given (`-tls-ca-file`), else with the public roots; with the server's own
+    /// certificate as its client identity when given (for servers verifying clients).
+    pub(crate) fn client(ca_pem: Option<&[u8]>, identity_pem: Option<&[u8]>) -> Result<reqwest::Client, String> {
+        let mut builder = reqwest::Client::builder().use_rustls_tls();
+        if let Some(pem) = ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| format!("-tls-ca-file: {e}"))?;
+            builder = certs
+                .into_iter()
+                .fold(builder.tls_built_in_root_certs(false), |b, c| b.add_root_certificate(c));
+        }
+        if let Some(pem) = identity_pem {
+            let identity = reqwest::Identity::from_pem(pem)
+                .map_err(|e| format!("-tls-cert-file and -tls-key-file as a client identity: {e}"))?;
+            builder = builder.identity(identity);
+        }
+        builder
+            .build()
+            .map_err(|e| format!("the client for other datacenters: {e}"))
+    }
+
     pub(crate) fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
         let req = self.client.request(method, url);
         match &self.token {
@@ -78,8 +105,8 @@ impl Peer {
     /// A GET of `path` at `server`; with `after`, a blocking query past that index.
     pub(crate) fn get(&self, server: &str, path: &str, after: Option<u64>) -> reqwest::RequestBuilder {
         let url = match after {
-            Some(i) => format!("http://{server}{path}?index={i}&wait={}s", FOLLOW_WAIT.as_secs()),
-            None => format!("http://{server}{path}"),
+            Some(i) => format!("{}{path}?index={i}&wait={}s", Self::base(server), FOLLOW_WAIT.as_secs()),
+            None => format!("{}{path}", Self::base(server)),
         };
         self.request(reqwest::Method::GET, url)
             .timeout(FOLLOW_WAIT + Duration::from_secs(30))

@@ -286,7 +286,7 @@ impl Replicator {
         let mut last = format!("no server of the primary datacenter {primary:?} is known yet");
         for server in self.fed.servers_of(primary) {
             let mut relayed = out
-                .to(&self.peer.client, &format!("http://{server}"))
+                .to(&self.peer.client, &Peer::base(&server))
                 .timeout(Duration::from_secs(30));
             if let Ok(v) = HeaderValue::from_str(self.fed.local()) {
                 relayed = relayed.header(FORWARDED_DC, v);

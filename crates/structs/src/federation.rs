@@ -35,11 +35,18 @@ impl FederationState {
             return Err("Servers: at least one server address is needed".into());
         }
         for (i, server) in self.servers.iter().enumerate() {
-            let ok = server
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+            let address = server
+                .strip_prefix("https://")
+                .or_else(|| server.strip_prefix("http://"))
+                .unwrap_or(server);
+            let ok = !address.contains('/')
+                && address
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
             if !ok {
-                return Err(format!("Servers[{i}]: {server:?} is not host:port"));
+                return Err(format!(
+                    "Servers[{i}]: {server:?} is not host:port (or https://host:port)"
+                ));
             }
         }
         Ok(())

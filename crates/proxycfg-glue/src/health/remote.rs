@@ -86,9 +86,18 @@ async fn follow(
             ))));
         }
         let servers = fed.servers_known(&dc).await;
-        let api = api_client::Servers::new(&servers);
-        let answer = api.get_blocking_as(token.as_ref(), &path, index, WAIT).await;
-        let decoded = answer.map_err(|e| e.to_string()).and_then(|b| {
+        let answer = match fed.peer_ca() {
+            Some(ca) => api_client::Servers::with_ca(&servers, ca).map_err(|e| e.to_string()),
+            None => Ok(api_client::Servers::new(&servers)),
+        };
+        let answer = match answer {
+            Ok(api) => api
+                .get_blocking_as(token.as_ref(), &path, index, WAIT)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let decoded = answer.and_then(|b| {
             let nodes: Vec<CheckServiceNode> = match &b.body {
                 Some(body) => structs::json::from_slice(body).map_err(|e| format!("decoding the answer: {e}"))?,
                 None => Vec::new(),
