@@ -539,9 +539,9 @@ async fn through_both_gateways(
     wait_for(|| endpoint_of_api(port2)).await;
     deny_in_the_primary(dc1, &through).await;
     let web_agent = web_on_the_agent(agent1, dir).await;
-    let api1 = failover_to_dc2(dc1, dir, local_bind).await;
+    let (api1, ingress) = failover_to_dc2(dc1, dir, local_bind).await;
     dc2_killed_and_back(dc2, restart_dc2, &through, local_bind).await;
-    crate::mesh::stop_together(vec![api, gw2, gw1, web, api1, web_agent]);
+    crate::mesh::stop_together(vec![api, gw2, gw1, web, api1, web_agent, ingress]);
 }
 
 /// A web registered with dc1's agent, its upstream api in dc2 through dc1's gateway: its
@@ -624,8 +624,10 @@ async fn deny_in_the_primary<F: std::future::Future<Output = Option<String>>>(
 
 /// api also runs in dc1, where a resolver fails it over to dc2: web's second upstream
 /// reaches dc1's api, then dc2's once dc1's instance turns critical, then dc1's again.
-/// Returns the Envoy of api's sidecar in dc1.
-async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> crate::mesh::Proc {
+/// An ingress gateway of dc1 exposing api (`MeshGateway.Mode` unset: dc2's instances
+/// dialled directly) fails over the same way. Returns the Envoys of api's sidecar in dc1
+/// and of the ingress gateway.
+async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> (crate::mesh::Proc, crate::mesh::Proc) {
     let api1_port = crate::gateway_e2e::backend("api-dc1");
     let proxy_port = test_support::reserve_port();
     dc1.register("node-api1", "api", api1_port, proxy_port, json!([]), json!({}))
@@ -654,6 +656,43 @@ async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> crate::mesh::Proc
         }
     };
     wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
+    let ingress_port = test_support::reserve_port();
+    dc1.put(
+        "/v1/config",
+        json!({"Kind": "ingress-gateway", "Name": "ingress",
+               "Listeners": [{"Port": ingress_port, "Protocol": "tcp", "Services": [{"Name": "api"}]}]}),
+    )
+    .await;
+    let address = format!("127.0.0.1:{}", test_support::reserve_port());
+    let which = [
+        "-gateway",
+        "ingress",
+        "-service",
+        "ingress",
+        "-register",
+        "-address",
+        &address,
+        "-node",
+        "node-ingress",
+    ];
+    let (ingress, _) =
+        crate::mesh::run_proxy(&which, &dc1.http, &["-grpc-addr", &dc1.grpc], &dir.join("ingress")).await;
+    let through_ingress = || {
+        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{ingress_port}/ingress"));
+        async move {
+            let body = plain
+                .get(&url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            body.split_whitespace().next().map(str::to_owned)
+        }
+    };
+    wait_for(|| async { through_ingress().await.filter(|b| b == "api-dc1") }).await;
     dc1.put("/v1/catalog/register", check("critical")).await;
     let moved = std::time::Instant::now();
     wait_for(|| async { from().await.filter(|b| b == "api") }).await;
@@ -661,9 +700,11 @@ async fn failover_to_dc2(dc1: &Mesh, dir: &Path, bind: u16) -> crate::mesh::Proc
     for _ in 0..5 {
         assert_eq!(from().await.as_deref(), Some("api"), "every request goes to dc2 now");
     }
+    wait_for(|| async { through_ingress().await.filter(|b| b == "api") }).await;
     dc1.put("/v1/catalog/register", check("passing")).await;
     wait_for(|| async { from().await.filter(|b| b == "api-dc1") }).await;
-    api1
+    wait_for(|| async { through_ingress().await.filter(|b| b == "api-dc1") }).await;
+    (api1, ingress)
 }
 
 /// With ACLs in both datacenters, dc2 copies dc1's policies, roles and global tokens (its

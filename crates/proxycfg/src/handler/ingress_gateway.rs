@@ -20,6 +20,9 @@ pub struct IngressGatewayHandler {
     name: String,
     datacenter: String,
     token: Option<Token>,
+    /// Its services' targets in other datacenters are dialled directly (its
+    /// `MeshGateway.Mode` none or unset; through mesh gateways is not built for ingress).
+    direct_elsewhere: bool,
 }
 
 impl IngressGatewayHandler {
@@ -30,6 +33,10 @@ impl IngressGatewayHandler {
             name: registration.service.service.clone(),
             datacenter: datacenter.to_owned(),
             token: registration.token.clone(),
+            direct_elsewhere: matches!(
+                registration.service.proxy.mesh_gateway.mode,
+                structs::MeshGatewayMode::None | structs::MeshGatewayMode::Default
+            ),
         }
     }
 
@@ -179,7 +186,7 @@ impl KindHandler for IngressGatewayHandler {
                 upstreams::apply_chain(
                     &self.sources,
                     &self.datacenter,
-                    false,
+                    self.direct_elsewhere,
                     self.token.as_ref(),
                     &mut g.upstreams,
                     upstream,

@@ -82,8 +82,14 @@ fn report_other_datacenters(snap: &ConfigSnapshot, out: &mut Resources) {
     for (id, upstream) in upstreams.iter() {
         let Some(chain) = &upstream.chain else { continue };
         let mode = snap.service.proxy.upstream_mesh_gateway_mode(upstream.index);
+        let ingress = matches!(snap.kind, proxycfg::KindSnapshot::IngressGateway(_));
         for (target_id, target) in chain.targets.iter().filter(|(_, t)| *t.datacenter != *snap.datacenter) {
             let why = match mode {
+                structs::MeshGatewayMode::Local | structs::MeshGatewayMode::Remote if ingress => format!(
+                    "an ingress gateway reaches other datacenters' instances directly only (MeshGateway.Mode none); \
+                     through mesh gateways (mode {}) is not built",
+                    mode.as_str()
+                ),
                 structs::MeshGatewayMode::Local | structs::MeshGatewayMode::Remote => {
                     if upstream.endpoints.get(target_id).is_some_and(|e| !e.is_empty()) {
                         continue;
