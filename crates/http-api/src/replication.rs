@@ -36,9 +36,10 @@ fn answer<T: serde::Serialize>(value: &T, index: structs::Index, state: &catalog
     resp
 }
 
-/// `GET /v1/internal/replication/config-entries`: every config entry of every kind
-/// (`operator:read`, which a secondary's replication token holds), blocking on any entry's
-/// change.
+/// `GET /v1/internal/replication/config-entries`: every config entry of every kind,
+/// blocking on any entry's change. The token needs `operator:read` and the read of every
+/// entry (as `/v1/config` checks it): all or nothing, since a secondary deletes what its
+/// copy lacks, and `operator:read` alone must not read entries the token could not.
 pub(crate) async fn config_entries(
     State(api): State<Api>,
     authz: Authz,
@@ -51,6 +52,14 @@ pub(crate) async fn config_entries(
         .into_iter()
         .flat_map(|kind| state.config_entries(kind))
         .collect();
+    for entry in &all {
+        let what = format!("{}/{}", entry.kind(), entry.name());
+        authz.need(
+            |a| crate::config_routes::can_read(a, entry.kind(), entry.name()),
+            "read",
+            &what,
+        )?;
+    }
     Ok(answer(&all, state.index_of(&IndexKey::ConfigEntries), &state))
 }
 

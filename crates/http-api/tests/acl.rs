@@ -860,7 +860,7 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             "/v1/internal/replication/config-entries",
             "/v1/internal/replication/config-entries",
             n.clone(),
-            OPERATOR_READ,
+            "operator = \"read\"\nmesh = \"read\"\nservice_prefix \"\" {\n policy = \"read\"\n intentions = \"read\"\n}",
             Denied,
         ),
         row(
@@ -1873,4 +1873,28 @@ async fn a_prepared_querys_stored_token_is_hidden_and_runs_the_query() {
     // Anyone running it gets what the stored token may read.
     let r = call(&mesh.app, "GET", "/v1/query/web-stored/execute", None, Value::Null).await;
     assert_eq!(r.json()["Nodes"].as_array().unwrap().len(), 1, "{}", r.body);
+}
+
+/// The config entries a secondary copies are read all or nothing: `operator:read` alone
+/// does not read an entry its token could not read through `/v1/config`.
+#[tokio::test]
+async fn replication_of_config_entries_needs_the_read_of_every_entry() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let entry = json!({"Kind": "service-defaults", "Name": "billing", "Protocol": "http"});
+    assert_eq!(
+        call(&mesh.app, "PUT", "/v1/config", m, entry).await.status,
+        StatusCode::OK
+    );
+    let uri = "/v1/internal/replication/config-entries";
+    let operator = mesh.token(OPERATOR_READ).await;
+    let reply = call(&mesh.app, "GET", uri, Some(operator.as_str()), Value::Null).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    assert!(reply.body.contains("service-defaults/billing"), "{}", reply.body);
+    let reader = mesh
+        .token("operator = \"read\"\nmesh = \"read\"\nservice_prefix \"\" {\n policy = \"read\"\n intentions = \"read\"\n}")
+        .await;
+    let reply = call(&mesh.app, "GET", uri, Some(reader.as_str()), Value::Null).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("billing"), "{}", reply.body);
 }
