@@ -118,7 +118,7 @@ impl LogWriter {
         let mut bumped = HashSet::new();
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch {
-            let result = match Planned::of(&job.op, &working, datacenter, now) {
+            let result = match Planned::of(&job, &working, datacenter, now) {
                 Planned::Refused(e) => Err(e),
                 Planned::Unchanged { applied } => Ok(WriteOutcome {
                     index: working.index.max(Index(1)),

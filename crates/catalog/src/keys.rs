@@ -57,6 +57,8 @@ pub enum IndexKey {
     Sessions,
     /// User events.
     Events,
+    /// The audit log.
+    Audit,
     /// Prepared queries.
     Queries,
     /// Every service's virtual IP.

@@ -11,6 +11,7 @@
 
 pub mod acl;
 mod acl_ops;
+pub mod audit;
 pub mod ca;
 pub mod ca_pruning;
 pub mod cluster;

@@ -180,6 +180,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
                 .map_or(0, |d| d.as_millis() as u64);
             Ok(Plan::write(state.restore_changes(&snapshot.state, now_ms)))
         }
+        Op::AuditOnly => Ok(Plan::write(Vec::new())),
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

@@ -10,11 +10,13 @@ use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use structs::acl::{AclPolicy, AclRole, AclToken};
+use structs::audit::AuditRecord;
 use structs::event::UserEvent;
 use structs::query::PreparedQuery;
 use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
+mod audit;
 mod restore;
 
 /// One deterministic change to the tables; a committed write is a list of these.
@@ -88,6 +90,10 @@ pub enum Change {
     PutEvent(UserEvent),
     /// Drop a kept user event (by its `LTime`).
     DeleteEvent(u64),
+    /// Keep an audit record (by its `Seq`; its `Index` is stamped when applied).
+    PutAudit(Box<AuditRecord>),
+    /// Drop an audit record past the retention (by its `Seq`).
+    DeleteAudit(u64),
     /// Create or replace a prepared query (by id; indexes stamped when applied).
     PutQuery(PreparedQuery),
     /// Remove a prepared query.
@@ -129,6 +135,8 @@ pub struct State {
     events: OrdMap<u64, Arc<UserEvent>>,
     /// Prepared queries, by id.
     queries: OrdMap<String, Arc<PreparedQuery>>,
+    /// The audit log, by `Seq`.
+    audit: OrdMap<u64, Arc<AuditRecord>>,
     /// Services' virtual IPs, by service name.
     virtual_ips: OrdMap<String, Ipv4Addr>,
     indexes: OrdMap<IndexKey, Index>,
@@ -442,6 +450,7 @@ impl State {
             | Change::DeleteQuery(_)
             | Change::PutVirtualIp { .. }
             | Change::DeleteVirtualIp(_) => self.apply_other(index, change, bumped),
+            Change::PutAudit(_) | Change::DeleteAudit(_) => self.apply_audit(index, change, bumped),
         }
     }
 
@@ -893,6 +902,7 @@ impl State {
             sessions: self.sessions.values().map(|s| (**s).clone()).collect(),
             lock_delays: self.lock_delays.iter().map(|(k, u)| (k.clone(), *u)).collect(),
             events: self.events.values().map(|e| (**e).clone()).collect(),
+            audit: self.audit.values().map(|r| (**r).clone()).collect(),
             queries: self.queries.values().map(|q| (**q).clone()).collect(),
             virtual_ips: self.virtual_ips.iter().map(|(s, ip)| (s.clone(), *ip)).collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
@@ -951,6 +961,9 @@ impl State {
         for q in p.queries {
             s.queries.insert(q.id.clone(), Arc::new(q));
         }
+        for r in p.audit {
+            s.audit.insert(r.seq, Arc::new(r));
+        }
         s.virtual_ips = p.virtual_ips.into_iter().collect();
         s.indexes = p.indexes.into_iter().collect();
         s
@@ -995,6 +1008,9 @@ pub(crate) struct PersistedState {
     pub(crate) lock_delays: Vec<(String, u64)>,
     #[serde(default)]
     pub(crate) events: Vec<UserEvent>,
+    /// The audit log (kept by the data dir's snapshots; a restore leaves it as it is).
+    #[serde(default)]
+    pub(crate) audit: Vec<AuditRecord>,
     #[serde(default)]
     pub(crate) queries: Vec<PreparedQuery>,
     #[serde(default)]

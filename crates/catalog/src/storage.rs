@@ -16,6 +16,7 @@
 //! What is the same — the queue ([`Writes`]), planning one write ([`Planned`]), the answer
 //! ([`WriteOutcome`]) — lives here.
 
+use crate::audit::JobAudit;
 use crate::cluster::Cluster;
 use crate::error::WriteError;
 use crate::ops::{Op, plan};
@@ -38,6 +39,8 @@ pub struct WriteOutcome {
 /// A queued write and where its answer goes.
 pub(crate) struct Job {
     pub(crate) op: Op,
+    /// The audit record committed with the write, if any.
+    pub(crate) audit: Option<JobAudit>,
     pub(crate) reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
 }
 
@@ -77,13 +80,24 @@ pub(crate) enum Planned {
 }
 
 impl Planned {
-    /// Plans `op` on `state` (see [`plan`]).
-    pub(crate) fn of(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Self {
-        match plan(op, state, datacenter, now) {
+    /// Plans `job`'s write on `state` (see [`plan`]); a write that changes something
+    /// carries its audit record, if it has one.
+    pub(crate) fn of(job: &Job, state: &State, datacenter: &str, now: SystemTime) -> Self {
+        if let Some(audit) = &job.audit {
+            audit.unplanned();
+        }
+        match plan(&job.op, state, datacenter, now) {
             Err(e) => Planned::Refused(e),
-            Ok(p) if !p.applied || p.changes.is_empty() => Planned::Unchanged { applied: p.applied },
+            Ok(p) if !p.applied => Planned::Unchanged { applied: false },
+            Ok(p) if p.changes.is_empty() && !matches!(job.op, Op::AuditOnly) => Planned::Unchanged { applied: true },
             Ok(mut p) => {
                 crate::virtual_ips::assign(state, &mut p.changes);
+                if let Some(audit) = &job.audit {
+                    p.changes.extend(audit.changes(state));
+                }
+                if p.changes.is_empty() {
+                    return Planned::Unchanged { applied: true };
+                }
                 Planned::Changed(p.changes)
             }
         }

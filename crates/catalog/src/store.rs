@@ -5,6 +5,7 @@
 //! feature). Either way a write is acknowledged only once durable, and readers only ever see
 //! durable state.
 
+use crate::audit::JobAudit;
 use crate::ca;
 use crate::cluster::Cluster;
 use crate::current::Current;
@@ -38,6 +39,8 @@ pub struct StoreConfig {
     /// The primary datacenter of a federation (`None`: this one). A secondary's server
     /// creates no CA at first start: its CA follows the primary's, and leaves wait for it.
     pub primary_datacenter: Option<String>,
+    /// How many audit records are kept (the oldest are dropped); 0 keeps none.
+    pub audit_retention: usize,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
     #[cfg(feature = "etcd")]
     pub etcd: Option<etcd::EtcdConfig>,
@@ -52,6 +55,7 @@ impl Default for StoreConfig {
             publish_buffer: 16,
             max_batch: 1024,
             primary_datacenter: None,
+            audit_retention: structs::audit::DEFAULT_RETENTION,
             #[cfg(feature = "etcd")]
             etcd: None,
         }
@@ -159,8 +163,20 @@ impl Store {
     pub async fn write(&self, op: Op) -> Result<WriteOutcome, WriteError> {
         let tx = self.tx.lock().clone().ok_or(WriteError::Closed)?;
         let (reply, rx) = oneshot::channel();
-        tx.send(Job { op, reply }).await.map_err(|_| WriteError::Closed)?;
-        rx.await.map_err(|_| WriteError::Closed)?
+        let audit = JobAudit::take(self.inner.config.audit_retention);
+        let job = Job {
+            op,
+            reply,
+            audit: audit.as_ref().map(JobAudit::share),
+        };
+        let result = match tx.send(job).await {
+            Ok(()) => rx.await.unwrap_or(Err(WriteError::Closed)),
+            Err(_) => Err(WriteError::Closed),
+        };
+        if let Some(audit) = audit {
+            audit.finish(result.as_ref().ok().map(|o| (o.index, o.applied)));
+        }
+        result
     }
 
     /// The index of `key`, as a channel that changes with it: for a long-lived follower of a
@@ -290,7 +306,13 @@ impl Store {
     /// Replaces every row with `snapshot`'s, as one write: readers see the state before or
     /// the state after, and every index moves forward.
     pub async fn restore(&self, snapshot: Arc<crate::snapshot::Snapshot>) -> Result<WriteOutcome, WriteError> {
-        self.write(Op::Restore(snapshot)).await
+        let outcome = self.write(Op::Restore(snapshot)).await?;
+        // Over etcd a restore is written apart from the writer's plans, without the audit
+        // record it carried: the record follows it in a write of its own.
+        if crate::audit::release_unrecorded() {
+            self.write(Op::AuditOnly).await?;
+        }
+        Ok(outcome)
     }
 
     /// Stops accepting writes, lets queued ones finish, and waits for the writer and

@@ -626,3 +626,55 @@ async fn an_interrupted_restore_refuses_writes_until_a_restore_finishes() {
     a.close().await;
     b.close().await;
 }
+
+/// A write's audit record is committed with it over etcd: another store reads it at the
+/// write's index, a restarted store loads it, and the retention holds across stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_records_ride_their_writes_and_every_store_reads_them() {
+    use catalog::audit::{AuditOutcome, AuditScope};
+    let etcd = cluster(1).await;
+    let mut small = config(etcd.endpoints(), "/audit/", "a");
+    small.audit_retention = 3;
+    let a = Store::open(small).await.unwrap();
+    let b = open(etcd.endpoints(), "/audit/", "b").await;
+    let mut written = Vec::new();
+    for i in 0..4 {
+        let scope = AuditScope::new(structs::audit::AuditRecord {
+            path: format!("/v1/config/{i}"),
+            accepted: true,
+            ..Default::default()
+        });
+        let outcome = scope
+            .run(a.write(defaults(&format!("s{i}"), "http", None)))
+            .await
+            .unwrap();
+        let AuditOutcome::Recorded { seq, index } = scope.outcome() else {
+            panic!("{:?}", scope.outcome());
+        };
+        assert_eq!(index, outcome.index);
+        written.push((seq, index));
+    }
+    // A refused write carries nothing; its record is a write of its own.
+    let scope = AuditScope::new(structs::audit::AuditRecord::default());
+    assert!(
+        scope
+            .run(a.write(defaults("s9", "carrier-pigeon", None)))
+            .await
+            .is_err()
+    );
+    assert_eq!(scope.outcome(), AuditOutcome::Refused);
+    let last = a.read().index;
+    eventually("b applies a's writes", || b.read().index >= last).await;
+    let kept: Vec<(u64, Index)> = b.read().audit_records().map(|r| (r.seq, r.index)).collect();
+    assert_eq!(
+        kept,
+        written[1..].to_vec(),
+        "the newest three, at their writes' indexes"
+    );
+    a.close().await;
+    b.close().await;
+    let c = open(etcd.endpoints(), "/audit/", "c").await;
+    let loaded: Vec<(u64, Index)> = c.read().audit_records().map(|r| (r.seq, r.index)).collect();
+    assert_eq!(loaded, kept, "loaded from etcd as written");
+    c.close().await;
+}

@@ -963,3 +963,61 @@ async fn connect_services_get_stable_virtual_ips_shown_on_their_instances() {
         .unwrap();
     assert_eq!(vip(&store.read(), "db").as_deref(), Some("240.0.0.3"));
 }
+
+/// Audit records: committed with their write in the log (or nothing, for a write that
+/// changes nothing), only the first write of a scope carries one, a refused write's record
+/// is a write of its own, and the log keeps them across a restart.
+#[tokio::test]
+async fn audit_records_are_committed_with_their_writes_and_kept_across_a_restart() {
+    use catalog::audit::{AuditOutcome, AuditScope};
+    let dir = tempfile::tempdir().unwrap();
+    let config = || StoreConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..StoreConfig::default()
+    };
+    let store = Store::open(config()).await.unwrap();
+    let register = |node: &str| {
+        Op::Register(Box::new(RegisterRequest {
+            node: node.into(),
+            address: "10.0.0.1".into(),
+            ..RegisterRequest::default()
+        }))
+    };
+    let record = || structs::audit::AuditRecord {
+        path: "/v1/catalog/register".into(),
+        accepted: true,
+        ..Default::default()
+    };
+    let scope = AuditScope::new(record());
+    let (first, second) = scope
+        .run(async { (store.write(register("n1")).await, store.write(register("n2")).await) })
+        .await;
+    assert_eq!(
+        scope.outcome(),
+        AuditOutcome::Recorded {
+            seq: 1,
+            index: first.unwrap().index
+        }
+    );
+    let unchanged = AuditScope::new(record());
+    unchanged.run(store.write(register("n1"))).await.unwrap();
+    assert_eq!(unchanged.outcome(), AuditOutcome::Unchanged { applied: true });
+    let refused = AuditScope::new(structs::audit::AuditRecord {
+        accepted: false,
+        error: "no".into(),
+        ..record()
+    });
+    refused.run(store.write(Op::AuditOnly)).await.unwrap();
+    let AuditOutcome::Recorded { seq: 2, index } = refused.outcome() else {
+        panic!("{:?}", refused.outcome());
+    };
+    assert!(index > second.unwrap().index);
+    // Outside any scope nothing is recorded.
+    store.write(register("n3")).await.unwrap();
+    let kept = |s: &Store| -> Vec<(u64, bool)> { s.read().audit_records().map(|r| (r.seq, r.accepted)).collect() };
+    assert_eq!(kept(&store), vec![(1, true), (2, false)]);
+    store.close().await;
+    let store = Store::open(config()).await.unwrap();
+    assert_eq!(kept(&store), vec![(1, true), (2, false)]);
+    store.close().await;
+}

@@ -30,6 +30,11 @@ pub struct ApiConfig {
     pub acl: Arc<catalog::acl::Resolver>,
     /// The ports this server listens on (`/v1/agent/self`'s `DebugConfig`).
     pub ports: http_kit::Ports,
+    /// Whether write requests are audited (`docs/audit.md`): off when the store keeps no
+    /// audit record (`-audit-retention 0`).
+    pub audit: bool,
+    /// The audit file every audited request is appended to, if any.
+    pub audit_file: Option<crate::audit::AuditFile>,
 }
 
 impl Default for ApiConfig {
@@ -43,6 +48,8 @@ impl Default for ApiConfig {
             liveness: None,
             acl: Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings::disabled())),
             ports: http_kit::Ports::default(),
+            audit: true,
+            audit_file: None,
         }
     }
 }
@@ -68,6 +75,7 @@ pub(crate) struct ApiParts {
     pub(crate) config: ApiConfig,
     pub(crate) metrics: Arc<HttpMetrics>,
     pub(crate) responses: response_cache::ResponseCache,
+    pub(crate) auditor: crate::audit::Auditor,
 }
 
 impl Api {
@@ -197,17 +205,20 @@ const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::fro
 
 /// Every request's way in, as one layer (each layer costs every request, and a parked
 /// blocking query pays for its layers again when it wakes): a `?filter=` on a path that
-/// takes none is refused, the token resolved, a 413 made to name the limit, and the answer
-/// counted.
+/// takes none is refused, the token resolved, a write audited, a 413 made to name the
+/// limit, and the answer counted.
 pub(crate) async fn front(State(api): State<Api>, req: Request, next: Next) -> Response {
     let resp = match http_kit::filter_refusal(req.uri()) {
         Some(refused) => refused,
         None => {
             let req = resolve(&api, req).await;
-            // The body limit here too, not as a layer of its own on every route.
-            let limited = tower::Layer::layer(&axum::extract::DefaultBodyLimit::max(api.config.max_body), next);
-            let Ok(resp) = tower::ServiceExt::oneshot(limited, req).await;
-            name_body_limit(resp, api.config.max_body)
+            crate::audit::audited(&api.auditor, req, |req| async {
+                // The body limit here too, not as a layer of its own on every route.
+                let limited = tower::Layer::layer(&axum::extract::DefaultBodyLimit::max(api.config.max_body), next);
+                let Ok(resp) = tower::ServiceExt::oneshot(limited, req).await;
+                name_body_limit(resp, api.config.max_body)
+            })
+            .await
         }
     };
     api.metrics.record(resp.status().as_u16());

@@ -10,6 +10,8 @@
 mod acl_routes;
 mod agent;
 mod api;
+mod audit;
+mod audit_routes;
 mod authorize;
 mod authz;
 mod catalog_routes;
@@ -36,6 +38,7 @@ mod ui;
 
 pub use api::ApiConfig;
 pub(crate) use api::{Api, Routes};
+pub use audit::AuditFile;
 pub use authz::FILTERED_HEADER;
 pub use error::ApiError;
 pub use metrics::{CatalogMetrics, HttpMetrics};
@@ -56,11 +59,20 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
+    let auditor = audit::Auditor {
+        store: store.clone(),
+        enabled: config.audit,
+        server: config.node_name.clone(),
+        max_body: config.max_body,
+        file: config.audit_file.clone(),
+        metrics: Arc::clone(&metrics),
+    };
     let api = Api::new(api::ApiParts {
         store,
         config,
         metrics: Arc::clone(&metrics),
         responses: response_cache::ResponseCache::default(),
+        auditor,
     });
     let mut r = Routes::default();
     r.add("/v1/catalog/register", put(catalog_routes::register));
@@ -129,6 +141,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         post(authorize::authorize).put(authorize::authorize),
     );
     r.add("/v1/internal/node/heartbeat", put(agent::heartbeat));
+    r.add("/v1/internal/audit", get(audit_routes::list));
     r.add("/v1/internal/ui/services", get(ui::services));
     r.add("/v1/internal/service-virtual-ip", get(ui::virtual_ips));
     federation::add(&mut r);

@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 pub struct HttpMetrics {
     requests: ByClass,
     blocking: Gauge,
+    audit_failures: Counter,
 }
 
 /// Request counters for 2xx (and everything below 400), 4xx and 5xx, exported in that order
@@ -56,6 +57,12 @@ impl HttpMetrics {
         self.requests.0[class].inc();
     }
 
+    /// Counts an audit record that could not be kept (the catalog refused it, or the audit
+    /// file could not be written).
+    pub(crate) fn audit_failed(&self) {
+        self.audit_failures.inc();
+    }
+
     /// Blocking queries waiting now.
     pub fn blocking_now(&self) -> i64 {
         self.blocking.get()
@@ -78,6 +85,11 @@ impl HttpMetrics {
             "meshd_http_requests",
             "HTTP API requests served, by status class",
             self.requests.clone(),
+        );
+        registry.register(
+            "meshd_audit_failures",
+            "Audit records that could not be kept (in the catalog or the audit file)",
+            self.audit_failures.clone(),
         );
     }
 }

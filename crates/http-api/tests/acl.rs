@@ -904,6 +904,14 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             Denied,
         ),
         row(
+            "GET",
+            "/v1/internal/audit",
+            "/v1/internal/audit",
+            n.clone(),
+            OPERATOR_READ,
+            Denied,
+        ),
+        row(
             "PUT",
             "/v1/internal/node/heartbeat",
             "/v1/internal/node/heartbeat",

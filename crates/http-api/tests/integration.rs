@@ -20,3 +20,21 @@ mod snapshot;
 #[allow(dead_code)]
 #[path = "../benches/acl.rs"]
 mod bench_acl;
+
+/// Asserts that nothing was written since `before` but the audit records of refused
+/// requests: each write takes its own index, so every index after `before` must be one of
+/// those records.
+pub(crate) fn only_refusals_recorded_since(store: &catalog::Store, before: structs::Index, what: &str) {
+    let state = store.read();
+    let refusals: Vec<u64> = state
+        .audit_records()
+        .filter(|r| r.index > before)
+        .inspect(|r| assert!(!r.accepted, "{what}: an accepted write was recorded: {r:?}"))
+        .map(|r| r.index.0)
+        .collect();
+    let expected: Vec<u64> = (before.0 + 1..=state.index.0).collect();
+    assert_eq!(
+        refusals, expected,
+        "{what}: every index since {before:?} is a refusal's record"
+    );
+}

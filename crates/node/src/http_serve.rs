@@ -132,11 +132,11 @@ pub async fn serve<L, A: App>(
     stop: CancellationToken,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let connections = TaskTracker::new();
     loop {
-        let (io, _) = tokio::select! {
+        let (io, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
@@ -148,7 +148,9 @@ where
             match crate::header_cap::refusal(&req) {
                 Some(refused) => Either::Left(std::future::ready(Ok(refused))),
                 None => {
-                    let req = req.map(|b| axum::body::Body::new(DeadlineBody::new(b, body_deadline)));
+                    let mut req = req.map(|b| axum::body::Body::new(DeadlineBody::new(b, body_deadline)));
+                    // Who asked (the audit log records it).
+                    req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
                     Either::Right(tower::Service::call(&mut app.clone(), req))
                 }
             }

@@ -105,6 +105,20 @@ pub struct ServerArgs {
     /// (Consul's initial management token). Secrets are never taken on the command line.
     #[arg(long = "acl-initial-management-token-file", value_name = "PATH")]
     pub acl_initial_management_token_file: Option<PathBuf>,
+    /// Audit records the catalog keeps (every accepted and refused write request, see
+    /// `docs/audit.md`); past it the oldest go. 0 turns the audit log off.
+    #[arg(long = "audit-retention", value_name = "N", default_value_t = structs::audit::DEFAULT_RETENTION)]
+    pub audit_retention: usize,
+    /// Also append every audit record this server takes to this file (JSON lines, made
+    /// durable before the request is answered).
+    #[arg(long = "audit-file", value_name = "PATH")]
+    pub audit_file: Option<PathBuf>,
+    /// The audit file is rotated (`PATH` → `PATH.1` → ...) before it passes this size.
+    #[arg(long = "audit-file-rotate-bytes", value_name = "N", default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..))]
+    pub audit_file_rotate_bytes: u64,
+    /// Rotated audit files kept (the oldest is deleted).
+    #[arg(long = "audit-file-rotate-max-files", value_name = "N", default_value_t = 5)]
+    pub audit_file_rotate_max_files: usize,
     /// HTTPS and xDS over TLS.
     #[command(flatten)]
     pub tls: TlsArgs,

@@ -202,6 +202,8 @@ pub struct ServerMode {
     /// A secondary's copies of the primary's config entries and ACL system.
     replicator: Option<Arc<replication::Replicator>>,
     replication_metrics: replication::ReplicationMetrics,
+    /// The file audit records are appended to (`-audit-file`).
+    audit_file: Option<http_api::AuditFile>,
 }
 
 impl ServerMode {
@@ -239,6 +241,18 @@ impl ServerMode {
                 replication_metrics.clone(),
             ))
         });
+        let audit_file = match (&args.audit_file, args.audit_retention) {
+            (Some(_), 0) => {
+                return Err(ServerError::Flags(
+                    "-audit-file needs the audit log: -audit-retention is 0".into(),
+                ));
+            }
+            (Some(path), _) => Some(
+                http_api::AuditFile::open(path, args.audit_file_rotate_bytes, args.audit_file_rotate_max_files)
+                    .map_err(|e| ServerError::Flags(format!("-audit-file {}: {e}", path.display())))?,
+            ),
+            (None, _) => None,
+        };
         let followers = TaskTracker::new();
         let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
         let liveness = Arc::new(catalog::liveness::Liveness::new(
@@ -264,6 +278,7 @@ impl ServerMode {
             peer,
             replicator,
             replication_metrics,
+            audit_file,
         })
     }
 
@@ -326,6 +341,8 @@ impl Mode for ServerMode {
             metrics: Arc::clone(&self.http_metrics),
             liveness: Some(Arc::clone(&self.liveness)),
             acl: Arc::clone(&self.acl),
+            audit: self.args.audit_retention > 0,
+            audit_file: self.audit_file.clone(),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;

@@ -19,6 +19,7 @@ pub(crate) async fn open(
         datacenter: args.datacenter.clone(),
         data_dir: args.data_dir.clone(),
         primary_datacenter: args.primary_datacenter.clone(),
+        audit_retention: args.audit_retention,
         ..StoreConfig::default()
     };
     #[cfg(feature = "etcd")]

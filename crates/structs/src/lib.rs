@@ -7,6 +7,7 @@
 
 pub mod acl;
 pub mod agent;
+pub mod audit;
 pub mod bootstrap;
 pub mod central_config;
 pub mod config_entry;

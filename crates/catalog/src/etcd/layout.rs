@@ -18,6 +18,7 @@
 //! | `catalog/lockdelay/<key>`         | a key's lock delay (ms)       |
 //! | `catalog/event/<ltime>`           | a user event                  |
 //! | `catalog/query/<id>`              | a prepared query              |
+//! | `catalog/audit/<seq>`             | an audit record               |
 //! | `catalog/_rev`                    | the write guard (see below)   |
 //! | `catalog/_restore`                | a snapshot restore under way  |
 //!
@@ -93,6 +94,8 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteLockDelay(key) => (format!("lockdelay/{}", escape(key)), None),
         Change::PutEvent(e) => (format!("event/{}", e.ltime), json(e)?),
         Change::DeleteEvent(ltime) => (format!("event/{ltime}"), None),
+        Change::PutAudit(r) => (format!("audit/{}", r.seq), json(r)?),
+        Change::DeleteAudit(seq) => (format!("audit/{seq}"), None),
         Change::PutQuery(q) => (format!("query/{}", escape(&q.id)), json(q)?),
         Change::DeleteQuery(id) => (format!("query/{}", escape(id)), None),
         Change::PutVirtualIp { service, ip } => (format!("vip/{}", escape(service)), json(ip)?),
@@ -115,6 +118,7 @@ enum Row {
     Session(String),
     LockDelay(String),
     Event(u64),
+    Audit(u64),
     Query(String),
     VirtualIp(String),
     Guard,
@@ -145,6 +149,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["lockdelay", k] => Row::LockDelay(unescape(k)),
         ["query", id] => Row::Query(unescape(id)),
         ["vip", service] => Row::VirtualIp(unescape(service)),
+        ["audit", seq] => Row::Audit(seq.parse().map_err(|_| bad("an audit record's Seq is not a number"))?),
         ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
     })
@@ -176,6 +181,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Session(id) => Change::DeleteSession(id),
             Row::LockDelay(k) => Change::DeleteLockDelay(k),
             Row::Event(ltime) => Change::DeleteEvent(ltime),
+            Row::Audit(seq) => Change::DeleteAudit(seq),
             Row::Query(id) => Change::DeleteQuery(id),
             Row::VirtualIp(service) => Change::DeleteVirtualIp(service),
             Row::Ca | Row::Bootstrapped => {
@@ -203,6 +209,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
         Row::Session(_) => Change::PutSession(parse_value(key, value)?),
         Row::Event(_) => Change::PutEvent(parse_value(key, value)?),
+        Row::Audit(_) => Change::PutAudit(Box::new(parse_value(key, value)?)),
         Row::Query(_) => Change::PutQuery(parse_value(key, value)?),
         Row::VirtualIp(service) => Change::PutVirtualIp {
             service,
@@ -245,63 +252,14 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         sessions: Vec::new(),
         lock_delays: Vec::new(),
         events: Vec::new(),
+        audit: Vec::new(),
         queries: Vec::new(),
         virtual_ips: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
-        let (create, modify) = (kv.create, kv.modify);
-        match decode(kv.key, Some(kv.value))? {
-            None => {}
-            Some(Change::PutNode(mut n)) => {
-                (n.create_index, n.modify_index) = (create, modify);
-                p.nodes.push(n);
-            }
-            Some(Change::PutService { node, mut service }) => {
-                (service.create_index, service.modify_index) = (create, modify);
-                p.services.push((node, service));
-            }
-            Some(Change::PutCheck(mut c)) => {
-                (c.create_index, c.modify_index) = (create, modify);
-                p.checks.push(c);
-            }
-            Some(Change::PutConfig(mut e)) => {
-                e.set_indexes(create, modify);
-                p.config.push(e);
-            }
-            Some(Change::PutCa(mut ca)) => {
-                stamp_ca(&mut ca, create, modify);
-                p.ca = Some(ca);
-            }
-            Some(Change::PutAclToken(mut t)) => {
-                (t.create_index, t.modify_index) = (create, modify);
-                p.acl_tokens.push(t);
-            }
-            Some(Change::PutAclPolicy(mut pol)) => {
-                (pol.create_index, pol.modify_index) = (create, modify);
-                p.acl_policies.push(pol);
-            }
-            Some(Change::PutAclRole(mut r)) => {
-                (r.create_index, r.modify_index) = (create, modify);
-                p.acl_roles.push(r);
-            }
-            Some(Change::AclBootstrapped) => p.acl_bootstrapped = Some(modify),
-            Some(Change::PutKv(mut e)) => {
-                (e.create_index, e.modify_index) = (create, modify);
-                p.kv.push(e);
-            }
-            Some(Change::PutSession(mut session)) => {
-                (session.create_index, session.modify_index) = (create, modify);
-                p.sessions.push(session);
-            }
-            Some(Change::PutLockDelay { key, until_ms }) => p.lock_delays.push((key, until_ms)),
-            Some(Change::PutEvent(e)) => p.events.push(e),
-            Some(Change::PutQuery(mut q)) => {
-                (q.create_index, q.modify_index) = (create, modify);
-                p.queries.push(q);
-            }
-            Some(Change::PutVirtualIp { service, ip }) => p.virtual_ips.push((service, ip)),
-            Some(_) => unreachable!("decode of a put yields a put"),
+        if let Some(change) = decode(kv.key, Some(kv.value))? {
+            add_row(&mut p, change, kv.create, kv.modify);
         }
     }
     let mut tables = vec![
@@ -319,12 +277,72 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Kvs,
         IndexKey::Sessions,
         IndexKey::Events,
+        IndexKey::Audit,
         IndexKey::Queries,
         IndexKey::VirtualIps,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
     Ok(State::from_persisted(p))
+}
+
+/// Adds the row a put `change` read from etcd makes, with its key's revisions.
+fn add_row(p: &mut PersistedState, change: Change, create: Index, modify: Index) {
+    match change {
+        Change::PutNode(mut n) => {
+            (n.create_index, n.modify_index) = (create, modify);
+            p.nodes.push(n);
+        }
+        Change::PutService { node, mut service } => {
+            (service.create_index, service.modify_index) = (create, modify);
+            p.services.push((node, service));
+        }
+        Change::PutCheck(mut c) => {
+            (c.create_index, c.modify_index) = (create, modify);
+            p.checks.push(c);
+        }
+        Change::PutConfig(mut e) => {
+            e.set_indexes(create, modify);
+            p.config.push(e);
+        }
+        Change::PutCa(mut ca) => {
+            stamp_ca(&mut ca, create, modify);
+            p.ca = Some(ca);
+        }
+        Change::PutAclToken(mut t) => {
+            (t.create_index, t.modify_index) = (create, modify);
+            p.acl_tokens.push(t);
+        }
+        Change::PutAclPolicy(mut pol) => {
+            (pol.create_index, pol.modify_index) = (create, modify);
+            p.acl_policies.push(pol);
+        }
+        Change::PutAclRole(mut r) => {
+            (r.create_index, r.modify_index) = (create, modify);
+            p.acl_roles.push(r);
+        }
+        Change::AclBootstrapped => p.acl_bootstrapped = Some(modify),
+        Change::PutKv(mut e) => {
+            (e.create_index, e.modify_index) = (create, modify);
+            p.kv.push(e);
+        }
+        Change::PutSession(mut session) => {
+            (session.create_index, session.modify_index) = (create, modify);
+            p.sessions.push(session);
+        }
+        Change::PutLockDelay { key, until_ms } => p.lock_delays.push((key, until_ms)),
+        Change::PutEvent(e) => p.events.push(e),
+        Change::PutAudit(mut r) => {
+            r.index = create;
+            p.audit.push(*r);
+        }
+        Change::PutQuery(mut q) => {
+            (q.create_index, q.modify_index) = (create, modify);
+            p.queries.push(q);
+        }
+        Change::PutVirtualIp { service, ip } => p.virtual_ips.push((service, ip)),
+        _ => unreachable!("decode of a put yields a put"),
+    }
 }
 
 fn stamp_ca(ca: &mut CaState, create: Index, modify: Index) {
@@ -398,6 +416,13 @@ mod tests {
                 ..Default::default()
             }),
             Change::DeleteEvent(7),
+            Change::PutAudit(Box::new(structs::audit::AuditRecord {
+                seq: 12,
+                kind: "config".into(),
+                body: Some(serde_json::json!({"Kind": "mesh"})),
+                ..Default::default()
+            })),
+            Change::DeleteAudit(12),
             Change::PutQuery(structs::query::PreparedQuery {
                 id: "q/1".into(),
                 name: "web".into(),

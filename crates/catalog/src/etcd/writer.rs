@@ -59,7 +59,7 @@ fn plan_batch(state: &State, jobs: &VecDeque<Job>, datacenter: &str, max_ops: us
             // A restore is written on its own (see `restore.rs`).
             return (batch, taken);
         }
-        let changes = match Planned::of(&job.op, &working, datacenter, now) {
+        let changes = match Planned::of(job, &working, datacenter, now) {
             Planned::Changed(changes) => changes,
             other => {
                 batch.planned.push(other);
