@@ -137,6 +137,9 @@ pub struct State {
     queries: OrdMap<String, Arc<PreparedQuery>>,
     /// The audit log, by `Seq`.
     audit: OrdMap<u64, Arc<AuditRecord>>,
+    /// Derived: the `Seq`s of the refused requests' records (bounded apart, see
+    /// [`State::audit_changes`]).
+    audit_refused: OrdSet<u64>,
     /// Services' virtual IPs, by service name.
     virtual_ips: OrdMap<String, Ipv4Addr>,
     indexes: OrdMap<IndexKey, Index>,
@@ -962,6 +965,9 @@ impl State {
             s.queries.insert(q.id.clone(), Arc::new(q));
         }
         for r in p.audit {
+            if !r.accepted {
+                s.audit_refused.insert(r.seq);
+            }
             s.audit.insert(r.seq, Arc::new(r));
         }
         s.virtual_ips = p.virtual_ips.into_iter().collect();

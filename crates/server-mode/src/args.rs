@@ -105,8 +105,8 @@ pub struct ServerArgs {
     /// (Consul's initial management token). Secrets are never taken on the command line.
     #[arg(long = "acl-initial-management-token-file", value_name = "PATH")]
     pub acl_initial_management_token_file: Option<PathBuf>,
-    /// Audit records the catalog keeps (every accepted and refused write request, see
-    /// `docs/audit.md`); past it the oldest go. 0 turns the audit log off.
+    /// Audit records the catalog keeps of accepted write requests, and apart of refused
+    /// ones (`docs/audit.md`); past it the oldest of the class go. 0 turns the audit log off.
     #[arg(long = "audit-retention", value_name = "N", default_value_t = structs::audit::DEFAULT_RETENTION)]
     pub audit_retention: usize,
     /// Also append every audit record this server takes to this file (JSON lines, made
