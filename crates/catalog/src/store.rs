@@ -179,6 +179,21 @@ impl Store {
         result
     }
 
+    /// What `op` would make of the current state, without writing it (a dry run): the state
+    /// it was planned on and the state it would leave, or the error the write would get.
+    /// Planned exactly as the write would be (the same checks, the same virtual IPs).
+    pub fn dry_run(&self, op: &Op) -> Result<(Arc<State>, Arc<State>), WriteError> {
+        let before = self.read();
+        let plan = crate::ops::plan(op, &before, &self.inner.config.datacenter, SystemTime::now())?;
+        let mut after = (*before).clone();
+        if plan.applied && !plan.changes.is_empty() {
+            let mut changes = plan.changes;
+            crate::virtual_ips::assign(&before, &mut changes);
+            after.apply(before.index.next(), &changes);
+        }
+        Ok((before, Arc::new(after)))
+    }
+
     /// The index of `key`, as a channel that changes with it: for a long-lived follower of a
     /// few keys, which keeps its receivers rather than waiting anew each time. `None` once
     /// waits are released (the store is closing); the channel closes then too.

@@ -68,6 +68,21 @@ pub fn type_url(full_name: &str) -> String {
     format!("type.googleapis.com/{full_name}")
 }
 
+/// Envoy's JSON of an encoded message (`type_url`: `type.googleapis.com/<full name>`), as
+/// Envoy's config dump would show it: what a dry run compares.
+pub fn to_json(type_url: &str, bytes: &[u8]) -> Result<Value, Error> {
+    let full_name = type_url.rsplit('/').next().unwrap_or(type_url);
+    let invalid = |message: String| Error::Invalid {
+        ty: full_name.to_owned(),
+        message,
+    };
+    let descriptor = pool()?
+        .get_message_by_name(full_name)
+        .ok_or_else(|| invalid("no such Envoy type".into()))?;
+    let message = DynamicMessage::decode(descriptor, bytes).map_err(|e| invalid(e.to_string()))?;
+    serde_json::to_value(&message).map_err(|e| invalid(e.to_string()))
+}
+
 /// Decodes `json` as Envoy type `full_name` (`envoy.config.listener.v3.Listener`). An
 /// `@type` at the top, if present, must name that type.
 pub fn decode(full_name: &str, json: &str) -> Result<Encoded, Error> {

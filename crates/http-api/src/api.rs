@@ -35,6 +35,9 @@ pub struct ApiConfig {
     pub audit: bool,
     /// The audit file every audited request is appended to, if any.
     pub audit_file: Option<crate::audit::AuditFile>,
+    /// What a dry run asks beyond the catalog: the proxies a change would reach (none: a
+    /// dry run only validates).
+    pub dry_run: Option<Arc<dyn crate::dry_run::DryRun>>,
 }
 
 impl Default for ApiConfig {
@@ -50,6 +53,7 @@ impl Default for ApiConfig {
             ports: http_kit::Ports::default(),
             audit: true,
             audit_file: None,
+            dry_run: None,
         }
     }
 }

@@ -99,7 +99,9 @@ where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let Some(kind) = kind(req.method(), req.uri().path()).filter(|_| api.enabled) else {
+    // A dry run writes nothing, whatever its method.
+    let dry_run = http_kit::Params::parse(req.uri().query()).has("dry-run");
+    let Some(kind) = kind(req.method(), req.uri().path()).filter(|_| api.enabled && !dry_run) else {
         return next(req).await;
     };
     let (parts, body) = req.into_parts();

@@ -83,13 +83,14 @@ pub(crate) async fn set(
     let entry =
         ConfigEntry::from_json(value).map_err(|e| ApiError::BadRequest(format!("request decode failed: {e}")))?;
     need_write(&authz, entry.kind(), entry.name())?;
-    let outcome = api
-        .store
-        .write(Op::ConfigSet {
-            entry: Box::new(entry),
-            cas: cas(&params)?,
-        })
-        .await?;
+    let op = Op::ConfigSet {
+        entry: Box::new(entry),
+        cas: cas(&params)?,
+    };
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    let outcome = api.store.write(op).await?;
     Ok(query::json(&outcome.applied, None, params.pretty()))
 }
 
@@ -144,13 +145,14 @@ pub(crate) async fn delete(
     let params = api.write_params(q.as_deref())?;
     let kind = kind(&kind_text)?;
     need_write(&authz, kind, &name)?;
-    let outcome = api
-        .store
-        .write(Op::ConfigDelete {
-            kind,
-            name,
-            cas: cas(&params)?,
-        })
-        .await?;
+    let op = Op::ConfigDelete {
+        kind,
+        name,
+        cas: cas(&params)?,
+    };
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    let outcome = api.store.write(op).await?;
     Ok(query::json(&outcome.applied, None, params.pretty()))
 }

@@ -18,6 +18,7 @@ mod catalog_routes;
 mod config_routes;
 mod connect;
 mod discovery_chain;
+pub mod dry_run;
 mod error;
 mod event_routes;
 pub mod federation;

@@ -219,6 +219,7 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
     // Everything is up once both subsets answer their own routes.
     until(&client, api_up, "/primary", &[], 200, "api-v1").await;
     until(&client, api_up, "/", &[("x-version", "2")], 200, "api-v2").await;
+    dry_run_of_a_splitter_change(&mesh, &client, &web_admin).await;
 
     // The header route reaches v2, every time.
     for _ in 0..20 {
@@ -1127,4 +1128,91 @@ async fn jwt(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketA
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     assert!(resp.text().await.unwrap().contains("no jwt-provider named \"nobody\""));
+}
+
+/// The routes of web's Envoy as its config dump shows them.
+async fn envoy_routes(client: &reqwest::Client, admin: &str) -> String {
+    let dump = mesh::get(client, &format!("{admin}/config_dump?resource=dynamic_route_configs"))
+        .await
+        .unwrap();
+    let dump: Value = serde_json::from_str(&dump).unwrap();
+    dump["configs"].to_string()
+}
+
+/// A dry run of the splitter going 80/20 → 10/90: exactly web's sidecar (the one proxy with
+/// an `api` upstream) would change, in one route, by the two weights; nothing is stored and
+/// web's Envoy receives nothing. A breaking change answers as the real write would.
+async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web_admin: &str) {
+    let splitter_url = format!("{}/v1/config/service-splitter/api", mesh.http);
+    let entry_before = mesh::get(client, &splitter_url).await.unwrap();
+    let routes_before = envoy_routes(client, web_admin).await;
+    let change = json!({"Kind": "service-splitter", "Name": "api",
+        "Splits": [{"Weight": 10, "ServiceSubset": "v1"}, {"Weight": 90, "ServiceSubset": "v2"}]});
+    let resp = client
+        .put(format!("{}/v1/config?dry-run", mesh.http))
+        .json(&change)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let index_header = resp.headers()["X-Consul-Index"].to_str().unwrap().to_owned();
+    let answer: Value = resp.json().await.unwrap();
+    println!("dry run: {answer:#}");
+    assert_eq!(answer["DryRun"], true);
+    assert_eq!(answer["Index"].to_string(), index_header);
+    let proxies = &answer["Proxies"];
+    assert_eq!(proxies["Total"], 1, "{answer:#}");
+    assert_eq!(proxies["NotSimulatedTotal"], 0, "{answer:#}");
+    let item = &proxies["Items"][0];
+    assert_eq!(item["ProxyID"], "web-sidecar-proxy");
+    let resources = item["Resources"].as_array().unwrap();
+    assert!(
+        resources
+            .iter()
+            .all(|r| r["Type"] == "route" && r["Change"] == "changed"),
+        "only a route changes: {resources:#?}"
+    );
+    let weights: Vec<(Value, Value)> = resources
+        .iter()
+        .flat_map(|r| r["Fields"].as_array().unwrap().iter())
+        .filter(|f| f["Path"].as_str().unwrap().ends_with(".weight"))
+        .map(|f| (f["Before"].clone(), f["After"].clone()))
+        .collect();
+    assert_eq!(
+        weights,
+        [(json!(8000), json!(1000)), (json!(2000), json!(9000))],
+        "{resources:#?}"
+    );
+    // Nothing stored, nothing sent: the state's index has not moved (a second dry run
+    // reports it), the entry is as it was, and web's Envoy has the same routes.
+    let again: Value = client
+        .put(format!("{}/v1/config?dry-run", mesh.http))
+        .json(&change)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["Index"], answer["Index"], "the index did not move");
+    assert_eq!(mesh::get(client, &splitter_url).await.unwrap(), entry_before);
+    assert_eq!(
+        envoy_routes(client, web_admin).await,
+        routes_before,
+        "web's Envoy got nothing"
+    );
+    // A change the real write would refuse: the same 400, with or without dry-run.
+    let broken = json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 100, "ServiceSubset": "v9"}]});
+    let mut answers = Vec::new();
+    for path in ["/v1/config?dry-run", "/v1/config"] {
+        let resp = client
+            .put(format!("{}{path}", mesh.http))
+            .json(&broken)
+            .send()
+            .await
+            .unwrap();
+        answers.push((resp.status().as_u16(), resp.text().await.unwrap()));
+    }
+    assert_eq!(answers[0].0, 400, "{answers:?}");
+    assert_eq!(answers[0], answers[1]);
 }

@@ -18,24 +18,24 @@ use structs::{CompiledDiscoveryChain, ConfigEntry, ConfigEntryKind};
 use tokio_util::task::TaskTracker;
 
 /// The config entries a chain is compiled from.
-struct ChainInputs<'a> {
+pub(crate) struct ChainInputs<'a> {
     /// The global proxy-defaults entry.
-    proxy_defaults: Option<&'a Arc<ConfigEntry>>,
+    pub(crate) proxy_defaults: Option<&'a Arc<ConfigEntry>>,
     /// Every service-defaults entry.
-    service_defaults: &'a [Arc<ConfigEntry>],
+    pub(crate) service_defaults: &'a [Arc<ConfigEntry>],
     /// The CA's trust domain.
-    trust_domain: &'a str,
+    pub(crate) trust_domain: &'a str,
     /// Every service-resolver, service-router and service-splitter entry.
-    resolvers: &'a [Arc<ConfigEntry>],
-    routers: &'a [Arc<ConfigEntry>],
-    splitters: &'a [Arc<ConfigEntry>],
+    pub(crate) resolvers: &'a [Arc<ConfigEntry>],
+    pub(crate) routers: &'a [Arc<ConfigEntry>],
+    pub(crate) splitters: &'a [Arc<ConfigEntry>],
 }
 
 impl ChainInputs<'_> {
     /// The compiled chain, or why it cannot be compiled (entries are checked at write time,
     /// so this is rare: an upstream's own protocol override, for one). The proxy shows the
     /// error and keeps its last good chain for the upstream.
-    fn compile(&self, req: &DiscoveryChainRequest) -> Result<CompiledDiscoveryChain, DataSourceError> {
+    pub(crate) fn compile(&self, req: &DiscoveryChainRequest) -> Result<CompiledDiscoveryChain, DataSourceError> {
         let entries = discovery_chain::Entries {
             proxy_defaults: proxy_defaults(self.proxy_defaults),
             service_defaults: self.service_defaults,

@@ -38,7 +38,7 @@ fn subset_filter(req: &HealthRequest) -> Result<Filter, DataSourceError> {
 }
 
 /// The instances of `all` that `req` asks for.
-fn filter_health(all: &[CheckServiceNode], req: &HealthRequest, filter: &Filter) -> Vec<CheckServiceNode> {
+pub(crate) fn filter_health(all: &[CheckServiceNode], req: &HealthRequest, filter: &Filter) -> Vec<CheckServiceNode> {
     all.iter()
         .filter(|n| !req.passing_only || n.checks.iter().all(|c| c.status == HealthStatus::Passing))
         .filter(|n| !req.healthy_only || n.checks.iter().all(|c| c.status.admits(false)))

@@ -20,6 +20,8 @@ mod mode;
 #[cfg(feature = "server")]
 mod server_mode;
 mod views;
+#[cfg(feature = "server")]
+pub mod what_if;
 
 // One module per resource, each with its `Server*` and `Cache*` variant.
 mod chain;

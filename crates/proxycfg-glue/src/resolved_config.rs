@@ -32,6 +32,17 @@ fn resolve(
     CentralConfig::new(proxy_defaults(proxy), services).resolve(&req.name, &req.upstreams)
 }
 
+/// Central config resolved for a service with no upstreams (a sidecar's own, as its
+/// handler asks for it).
+#[cfg(feature = "server")]
+pub(crate) fn resolve_for(
+    service: &str,
+    proxy: Option<&Arc<ConfigEntry>>,
+    services: &[Arc<ConfigEntry>],
+) -> ResolvedServiceConfig {
+    CentralConfig::new(proxy_defaults(proxy), services).resolve(service, &[])
+}
+
 /// Resolved configs in either mode.
 pub(crate) struct ResolvedConfigs<M> {
     mode: Arc<M>,

@@ -345,6 +345,12 @@ impl Manager {
         }
     }
 
+    /// The last snapshot published for `id`, if any (without watching it).
+    pub fn current(&self, id: &ProxyId) -> Option<Arc<ConfigSnapshot>> {
+        let slots = self.inner.slots.lock();
+        slots.get(id).and_then(|entry| entry.tx.borrow().snapshot().cloned())
+    }
+
     /// The ids of every registered proxy, sorted.
     pub async fn registered(&self) -> Vec<ProxyId> {
         let mut ids: Vec<ProxyId> = self.inner.states.lock().await.keys().cloned().collect();

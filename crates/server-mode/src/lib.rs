@@ -7,6 +7,7 @@
 mod args;
 mod balance;
 mod dns;
+mod dry_run;
 mod error;
 mod federation;
 mod forward;
@@ -327,7 +328,7 @@ impl Mode for ServerMode {
         xds.set_status_tracking(self.args.xds_status_tracking);
     }
 
-    fn routes(&self, _engine: &Engine) -> axum::Router {
+    fn routes(&self, engine: &Engine) -> axum::Router {
         let api = http_api::ApiConfig {
             node_name: self.args.node.clone(),
             node_id: self
@@ -343,6 +344,7 @@ impl Mode for ServerMode {
             acl: Arc::clone(&self.acl),
             audit: self.args.audit_retention > 0,
             audit_file: self.audit_file.clone(),
+            dry_run: Some(Arc::new(dry_run::ProxyDryRun(engine.manager.clone()))),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;

@@ -20,6 +20,7 @@ mod access_logs;
 mod clusters;
 mod core;
 mod destinations;
+mod diff;
 mod escape_hatch;
 mod expose;
 mod extensions;
@@ -36,6 +37,7 @@ mod shared;
 mod tls;
 mod transparent;
 
+pub use diff::{FieldDiff, ResourceDiff, diff};
 use set::EVERYTHING;
 pub(crate) use set::Scope;
 pub use set::{
@@ -218,6 +220,36 @@ pub(crate) fn build_changed(
         reused.push(OUTBOUND.to_owned());
     }
     Some((built, reused))
+}
+
+/// The resources that change from a sidecar's snapshot `old` to `new`, what a dry run
+/// answers: only the parts that differ are built (the proxy-wide ones when its intentions
+/// or service config differ, and the upstreams whose snapshot was replaced), both times
+/// alike, at most `max_fields` fields per resource.
+pub fn diff_snapshots(
+    old: &ConfigSnapshot,
+    new: &ConfigSnapshot,
+    max_fields: usize,
+) -> Result<Vec<ResourceDiff>, BuildError> {
+    let (Some(a), Some(b)) = (old.connect_proxy(), new.connect_proxy()) else {
+        return Ok(diff(&build(old)?, &build(new)?, max_fields));
+    };
+    let common = a.intentions != b.intentions || a.resolved_config != b.resolved_config;
+    let changed = |id: &structs::UpstreamId| match (a.upstreams.get(id), b.upstreams.get(id)) {
+        (Some(x), Some(y)) => !Arc::ptr_eq(x, y),
+        _ => true,
+    };
+    let outbound = b.transparent && b.upstreams.keys().any(|id| changed(id));
+    let scope = Scope {
+        common,
+        outbound,
+        upstream: &changed,
+    };
+    Ok(diff(
+        &build_scoped(old, None, &scope)?,
+        &build_scoped(new, None, &scope)?,
+        max_fields,
+    ))
 }
 
 /// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).

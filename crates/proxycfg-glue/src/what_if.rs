@@ -1,0 +1,226 @@
+//! Dry runs (`PUT /v1/config?dry-run`): the snapshot a sidecar would have if the catalog
+//! were `after` instead of `before`, computed by the same functions the `Server*` sources
+//! derive their values with — discovery chains, their targets' instances, intentions, the
+//! resolved service config — without starting a watch.
+//!
+//! Each part is first derived from `before` and compared with the proxy's snapshot: a part
+//! that does not come out the same (the snapshot is behind the catalog, or was built in a way
+//! this module does not redo: a prepared-query upstream, a target in another datacenter) is
+//! not simulated, and the answer says so, rather than reporting a change that is not the
+//! write's. Gateways are not simulated (said too).
+
+use crate::chain::ChainInputs;
+use catalog::publisher::{Payload, payload};
+use catalog::{State, Topic};
+use proxycfg::data_sources::{DiscoveryChainRequest, HealthRequest};
+use proxycfg::snapshot::{ConfigSnapshot, KindSnapshot, UpstreamSnapshot};
+use std::sync::Arc;
+use structs::config_entry::ConfigEntryKind;
+use structs::{CompiledDiscoveryChain, DestinationType, ServiceKind};
+
+/// What a proxy would become.
+#[derive(Debug, Default)]
+pub struct WhatIf {
+    /// The snapshot it would have; `None` when nothing this module simulates changes.
+    pub snapshot: Option<ConfigSnapshot>,
+    /// What could not be simulated, one line each.
+    pub not_simulated: Vec<String>,
+}
+
+/// The entries chains and resolved configs are derived from, read once per state.
+pub struct Inputs {
+    proxy_defaults: Option<Arc<structs::ConfigEntry>>,
+    service_defaults: Vec<Arc<structs::ConfigEntry>>,
+    resolvers: Vec<Arc<structs::ConfigEntry>>,
+    routers: Vec<Arc<structs::ConfigEntry>>,
+    splitters: Vec<Arc<structs::ConfigEntry>>,
+    trust_domain: String,
+}
+
+impl Inputs {
+    /// The inputs `state` holds.
+    pub fn of(state: &State) -> Self {
+        Self {
+            proxy_defaults: state.config_entry(ConfigEntryKind::ProxyDefaults, "global"),
+            service_defaults: state.config_entries(ConfigEntryKind::ServiceDefaults),
+            resolvers: state.config_entries(ConfigEntryKind::ServiceResolver),
+            routers: state.config_entries(ConfigEntryKind::ServiceRouter),
+            splitters: state.config_entries(ConfigEntryKind::ServiceSplitter),
+            trust_domain: state.ca_roots().trust_domain,
+        }
+    }
+
+    fn chain(&self, req: &DiscoveryChainRequest) -> Option<CompiledDiscoveryChain> {
+        ChainInputs {
+            proxy_defaults: self.proxy_defaults.as_ref(),
+            service_defaults: &self.service_defaults,
+            trust_domain: &self.trust_domain,
+            resolvers: &self.resolvers,
+            routers: &self.routers,
+            splitters: &self.splitters,
+        }
+        .compile(req)
+        .ok()
+    }
+
+    fn resolved(&self, service: &str) -> structs::ResolvedServiceConfig {
+        crate::resolved_config::resolve_for(service, self.proxy_defaults.as_ref(), &self.service_defaults)
+    }
+}
+
+/// The states a dry run compares, with their inputs read once for every proxy.
+pub struct Change<'a> {
+    /// The catalog now.
+    pub before: &'a State,
+    /// The catalog the write would leave.
+    pub after: &'a State,
+    /// `before`'s inputs.
+    pub before_inputs: &'a Inputs,
+    /// `after`'s inputs.
+    pub after_inputs: &'a Inputs,
+}
+
+/// What `snapshot` would be after `change`.
+pub fn what_if(snapshot: &ConfigSnapshot, change: &Change<'_>) -> WhatIf {
+    let mut out = WhatIf::default();
+    let KindSnapshot::ConnectProxy(cp) = &snapshot.kind else {
+        out.not_simulated
+            .push(format!("{:?} proxies are not simulated", snapshot.service_kind()));
+        return out;
+    };
+    let mut next = cp.clone();
+    let mut changed = false;
+    let dest = destination(snapshot);
+    if let Some(current) = &cp.intentions {
+        let intentions = |state: &State| match payload(&Topic::Intentions(dest.to_owned()), state) {
+            Payload::Intentions(i) => i,
+            _ => Arc::default(),
+        };
+        match (intentions(change.before), intentions(change.after)) {
+            (b, _) if b != *current => out
+                .not_simulated
+                .push("intentions: the proxy's snapshot is behind the catalog".into()),
+            (b, a) if a != b => {
+                next.intentions = Some(a);
+                changed = true;
+            }
+            _ => {}
+        }
+    }
+    if let Some(current) = &cp.resolved_config {
+        let (b, a) = (change.before_inputs.resolved(dest), change.after_inputs.resolved(dest));
+        if b != **current {
+            out.not_simulated
+                .push("service config: the proxy's snapshot is behind the catalog".into());
+        } else if a != b {
+            next.resolved_config = Some(Arc::new(a));
+            changed = true;
+        }
+    }
+    let mut upstreams = (*cp.upstreams).clone();
+    for (id, upstream) in cp.upstreams.iter() {
+        match upstream_what_if(snapshot, id, upstream, change) {
+            Ok(Some(new)) => {
+                upstreams.insert(Arc::clone(id), Arc::new(new));
+                changed = true;
+            }
+            Ok(None) => {}
+            Err(why) => out.not_simulated.push(format!("upstream {id}: {why}")),
+        }
+    }
+    if changed {
+        next.upstreams = Arc::new(upstreams);
+        let mut new = snapshot.clone();
+        new.kind = KindSnapshot::ConnectProxy(next);
+        out.snapshot = Some(new);
+    }
+    out
+}
+
+/// The service a sidecar's inbound side serves.
+fn destination(snapshot: &ConfigSnapshot) -> &str {
+    let s = &snapshot.service;
+    if s.kind == ServiceKind::ConnectProxy && !s.proxy.destination_service_name.is_empty() {
+        &s.proxy.destination_service_name
+    } else {
+        &s.service
+    }
+}
+
+/// The upstream as `change` would leave it (`None`: unchanged), or why it is not simulated.
+fn upstream_what_if(
+    snapshot: &ConfigSnapshot,
+    id: &structs::proxy::UpstreamId,
+    upstream: &UpstreamSnapshot,
+    change: &Change<'_>,
+) -> Result<Option<UpstreamSnapshot>, String> {
+    let Some(chain) = &upstream.chain else {
+        return Ok(None);
+    };
+    let config = snapshot.upstream_config(upstream);
+    if config.is_some_and(|c| c.destination_type.effective() == DestinationType::PreparedQuery) {
+        return Err("prepared-query upstreams are not simulated".into());
+    }
+    let options = config.map(structs::Upstream::options).unwrap_or_default();
+    let req = DiscoveryChainRequest {
+        datacenter: if id.datacenter.is_empty() {
+            snapshot.datacenter.to_string()
+        } else {
+            id.datacenter.clone()
+        },
+        name: config.map_or_else(|| chain.service_name.clone(), |c| c.destination_name.clone()),
+        namespace: id.namespace.clone(),
+        override_protocol: options.protocol,
+        override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
+        override_mesh_gateway: snapshot.service.proxy.mesh_gateway.mode,
+    };
+    if change.before_inputs.chain(&req).as_ref() != Some(&**chain) {
+        return Err("its chain as compiled now differs from the proxy's: the snapshot is behind the catalog".into());
+    }
+    let Some(after) = change.after_inputs.chain(&req) else {
+        return Err("the chain would not compile".into());
+    };
+    let mut new = upstream.clone();
+    let mut changed = false;
+    for (target_id, target) in &after.targets {
+        let kept = chain.targets.get(target_id) == Some(target) && upstream.endpoints.contains_key(target_id);
+        if kept || target.datacenter != *snapshot.datacenter {
+            // Health is not what a config write changes; another datacenter's is not here.
+            continue;
+        }
+        let req = HealthRequest {
+            datacenter: target.datacenter.clone(),
+            service: target.service.clone(),
+            connect: true,
+            passing_only: target.subset.only_passing,
+            healthy_only: true,
+            filter: target.subset.filter.clone(),
+            kind: None,
+            token: None,
+        };
+        let nodes = target_nodes(change.after, &req)?;
+        new.endpoints.insert(target_id.clone(), Arc::new(nodes));
+        changed = true;
+    }
+    let before_len = new.endpoints.keys().count();
+    new.endpoints
+        .retain(|target_id, _| after.targets.contains_key(target_id));
+    changed |= new.endpoints.keys().count() != before_len;
+    if after != **chain {
+        new.chain = Some(Arc::new(after));
+        changed = true;
+    }
+    Ok(changed.then_some(new))
+}
+
+/// A chain target's instances in `state`, as its health watch would select them.
+fn target_nodes(state: &State, req: &HealthRequest) -> Result<Vec<structs::CheckServiceNode>, String> {
+    let Payload::Health(all) = payload(&Topic::ServiceHealthConnect(req.service.clone()), state) else {
+        return Ok(Vec::new());
+    };
+    let filter = req
+        .filter
+        .parse::<structs::filter::Filter>()
+        .map_err(|e| format!("subset filter {:?}: {e}", req.filter))?;
+    Ok(crate::health::filter_health(&all, req, &filter))
+}
