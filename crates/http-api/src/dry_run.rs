@@ -31,6 +31,9 @@ pub trait DryRun: Send + Sync {
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct DryRunProxies {
+    /// The proxies considered: those this server serves (a proxy served by an agent, or by
+    /// another server of an etcd cluster, is not among them).
+    pub served_here: usize,
     /// Proxies whose resources would change.
     pub total: usize,
     /// This page's.

@@ -14,6 +14,8 @@ use catalog::publisher::{Payload, payload};
 use catalog::{State, Topic};
 use proxycfg::data_sources::{DiscoveryChainRequest, HealthRequest};
 use proxycfg::snapshot::{ConfigSnapshot, KindSnapshot, UpstreamSnapshot};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 use structs::config_entry::ConfigEntryKind;
 use structs::{CompiledDiscoveryChain, DestinationType, ServiceKind};
@@ -27,31 +29,44 @@ pub struct WhatIf {
     pub not_simulated: Vec<String>,
 }
 
-/// The entries chains and resolved configs are derived from, read once per state.
-pub struct Inputs {
+/// One state's inputs: the entries chains and resolved configs are derived from, read once,
+/// and every chain, resolved config and intention list derived, remembered (many proxies ask
+/// the same: one compile per distinct request, not one per proxy).
+pub struct Inputs<'a> {
+    state: &'a State,
     proxy_defaults: Option<Arc<structs::ConfigEntry>>,
     service_defaults: Vec<Arc<structs::ConfigEntry>>,
     resolvers: Vec<Arc<structs::ConfigEntry>>,
     routers: Vec<Arc<structs::ConfigEntry>>,
     splitters: Vec<Arc<structs::ConfigEntry>>,
     trust_domain: String,
+    chains: RefCell<HashMap<DiscoveryChainRequest, Option<Arc<CompiledDiscoveryChain>>>>,
+    resolved: RefCell<HashMap<String, Arc<structs::ResolvedServiceConfig>>>,
+    intentions: RefCell<HashMap<String, Arc<Vec<structs::Intention>>>>,
 }
 
-impl Inputs {
+impl<'a> Inputs<'a> {
     /// The inputs `state` holds.
-    pub fn of(state: &State) -> Self {
+    pub fn of(state: &'a State) -> Self {
         Self {
+            state,
             proxy_defaults: state.config_entry(ConfigEntryKind::ProxyDefaults, "global"),
             service_defaults: state.config_entries(ConfigEntryKind::ServiceDefaults),
             resolvers: state.config_entries(ConfigEntryKind::ServiceResolver),
             routers: state.config_entries(ConfigEntryKind::ServiceRouter),
             splitters: state.config_entries(ConfigEntryKind::ServiceSplitter),
             trust_domain: state.ca_roots().trust_domain,
+            chains: RefCell::default(),
+            resolved: RefCell::default(),
+            intentions: RefCell::default(),
         }
     }
 
-    fn chain(&self, req: &DiscoveryChainRequest) -> Option<CompiledDiscoveryChain> {
-        ChainInputs {
+    fn chain(&self, req: &DiscoveryChainRequest) -> Option<Arc<CompiledDiscoveryChain>> {
+        if let Some(known) = self.chains.borrow().get(req) {
+            return known.clone();
+        }
+        let chain = ChainInputs {
             proxy_defaults: self.proxy_defaults.as_ref(),
             service_defaults: &self.service_defaults,
             trust_domain: &self.trust_domain,
@@ -61,23 +76,41 @@ impl Inputs {
         }
         .compile(req)
         .ok()
+        .map(Arc::new);
+        self.chains.borrow_mut().insert(req.clone(), chain.clone());
+        chain
     }
 
-    fn resolved(&self, service: &str) -> structs::ResolvedServiceConfig {
-        crate::resolved_config::resolve_for(service, self.proxy_defaults.as_ref(), &self.service_defaults)
+    fn resolved(&self, service: &str) -> Arc<structs::ResolvedServiceConfig> {
+        let mut known = self.resolved.borrow_mut();
+        let entry = known.entry(service.to_owned()).or_insert_with(|| {
+            Arc::new(crate::resolved_config::resolve_for(
+                service,
+                self.proxy_defaults.as_ref(),
+                &self.service_defaults,
+            ))
+        });
+        Arc::clone(entry)
+    }
+
+    fn intentions(&self, destination: &str) -> Arc<Vec<structs::Intention>> {
+        let mut known = self.intentions.borrow_mut();
+        let entry = known.entry(destination.to_owned()).or_insert_with(|| {
+            match payload(&Topic::Intentions(destination.to_owned()), self.state) {
+                Payload::Intentions(i) => i,
+                _ => Arc::default(),
+            }
+        });
+        Arc::clone(entry)
     }
 }
 
-/// The states a dry run compares, with their inputs read once for every proxy.
+/// The states a dry run compares: the catalog now, and the catalog the write would leave.
 pub struct Change<'a> {
-    /// The catalog now.
-    pub before: &'a State,
-    /// The catalog the write would leave.
-    pub after: &'a State,
-    /// `before`'s inputs.
-    pub before_inputs: &'a Inputs,
-    /// `after`'s inputs.
-    pub after_inputs: &'a Inputs,
+    /// Now.
+    pub before: Inputs<'a>,
+    /// After the write.
+    pub after: Inputs<'a>,
 }
 
 /// What `snapshot` would be after `change`.
@@ -92,11 +125,7 @@ pub fn what_if(snapshot: &ConfigSnapshot, change: &Change<'_>) -> WhatIf {
     let mut changed = false;
     let dest = destination(snapshot);
     if let Some(current) = &cp.intentions {
-        let intentions = |state: &State| match payload(&Topic::Intentions(dest.to_owned()), state) {
-            Payload::Intentions(i) => i,
-            _ => Arc::default(),
-        };
-        match (intentions(change.before), intentions(change.after)) {
+        match (change.before.intentions(dest), change.after.intentions(dest)) {
             (b, _) if b != *current => out
                 .not_simulated
                 .push("intentions: the proxy's snapshot is behind the catalog".into()),
@@ -108,12 +137,12 @@ pub fn what_if(snapshot: &ConfigSnapshot, change: &Change<'_>) -> WhatIf {
         }
     }
     if let Some(current) = &cp.resolved_config {
-        let (b, a) = (change.before_inputs.resolved(dest), change.after_inputs.resolved(dest));
-        if b != **current {
+        let (b, a) = (change.before.resolved(dest), change.after.resolved(dest));
+        if *b != **current {
             out.not_simulated
                 .push("service config: the proxy's snapshot is behind the catalog".into());
         } else if a != b {
-            next.resolved_config = Some(Arc::new(a));
+            next.resolved_config = Some(a);
             changed = true;
         }
     }
@@ -174,10 +203,10 @@ fn upstream_what_if(
         override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
         override_mesh_gateway: snapshot.service.proxy.mesh_gateway.mode,
     };
-    if change.before_inputs.chain(&req).as_ref() != Some(&**chain) {
+    if change.before.chain(&req).as_deref() != Some(&**chain) {
         return Err("its chain as compiled now differs from the proxy's: the snapshot is behind the catalog".into());
     }
-    let Some(after) = change.after_inputs.chain(&req) else {
+    let Some(after) = change.after.chain(&req) else {
         return Err("the chain would not compile".into());
     };
     let mut new = upstream.clone();
@@ -198,7 +227,7 @@ fn upstream_what_if(
             kind: None,
             token: None,
         };
-        let nodes = target_nodes(change.after, &req)?;
+        let nodes = target_nodes(change.after.state, &req)?;
         new.endpoints.insert(target_id.clone(), Arc::new(nodes));
         changed = true;
     }
@@ -206,8 +235,8 @@ fn upstream_what_if(
     new.endpoints
         .retain(|target_id, _| after.targets.contains_key(target_id));
     changed |= new.endpoints.keys().count() != before_len;
-    if after != **chain {
-        new.chain = Some(Arc::new(after));
+    if *after != **chain {
+        new.chain = Some(after);
         changed = true;
     }
     Ok(changed.then_some(new))

@@ -38,14 +38,14 @@ impl DryRun for ProxyDryRun {
 }
 
 fn simulate(snapshots: &[Arc<ConfigSnapshot>], before: &State, after: &State, page: DryRunPage) -> DryRunProxies {
-    let (before_inputs, after_inputs) = (Inputs::of(before), Inputs::of(after));
     let change = Change {
-        before,
-        after,
-        before_inputs: &before_inputs,
-        after_inputs: &after_inputs,
+        before: Inputs::of(before),
+        after: Inputs::of(after),
     };
-    let mut out = DryRunProxies::default();
+    let mut out = DryRunProxies {
+        served_here: snapshots.len(),
+        ..DryRunProxies::default()
+    };
     let first = (page.page - 1).saturating_mul(page.per_page);
     for snapshot in snapshots {
         let simulated = what_if(snapshot, &change);
