@@ -43,6 +43,119 @@ pub enum Command {
     /// Save the whole catalog to a snapshot archive, restore one, or inspect one.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Write or delete config entries, or see first what a write would change (`-dry-run`).
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Find what is wrong with a proxy.
+    #[command(subcommand)]
+    Troubleshoot(TroubleshootCommand),
+}
+
+/// `meshd troubleshoot` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TroubleshootCommand {
+    /// Compare what an Envoy runs with what meshd sent it: rejected or stale configuration,
+    /// clusters with no healthy endpoint, certificates about to expire; what is wrong first.
+    Proxy(TroubleshootProxyArgs),
+    /// Walk a request as a proxy would carry it to an upstream — listener, route, split,
+    /// target, healthy instances, certificates, the intention at the destination — and say
+    /// at which step it fails.
+    Upstream(TroubleshootUpstreamArgs),
+}
+
+/// `meshd troubleshoot upstream` flags.
+#[derive(Debug, Clone, Args)]
+pub struct TroubleshootUpstreamArgs {
+    /// The meshd (agent or server) serving the proxy, and the token to ask it with
+    /// (`operator:read`, and `intentions:read` on the destination).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The proxy's id (`web-sidecar-proxy`).
+    #[arg(long = "proxy-id", value_name = "ID")]
+    pub proxy_id: String,
+    /// The upstream (its destination name).
+    #[arg(long = "upstream", value_name = "NAME")]
+    pub upstream: String,
+    /// The request's path (HTTP upstreams).
+    #[arg(long = "path", value_name = "PATH", default_value = "/")]
+    pub path: String,
+    /// The request's method.
+    #[arg(long = "method", value_name = "METHOD", default_value = "GET")]
+    pub method: String,
+    /// A request header (`NAME=VALUE`), repeated.
+    #[arg(long = "header", value_name = "NAME=VALUE")]
+    pub header: Vec<String>,
+    /// Print the walk as JSON.
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// `meshd troubleshoot proxy` flags.
+#[derive(Debug, Clone, Args)]
+pub struct TroubleshootProxyArgs {
+    /// The meshd (agent or server) serving the proxy, and the token to ask it with
+    /// (`operator:read`).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The Envoy's admin address (`host:port`).
+    #[arg(long = "envoy-admin", value_name = "ADDR")]
+    pub envoy_admin: String,
+    /// The proxy's id (default: the node id Envoy reports).
+    #[arg(long = "proxy-id", value_name = "ID")]
+    pub proxy_id: Option<String>,
+    /// Print the findings as JSON.
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// `meshd config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Write the config entry in FILE (JSON).
+    Write(ConfigWriteArgs),
+    /// Delete a config entry.
+    Delete(ConfigDeleteArgs),
+}
+
+/// `meshd config write` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigWriteArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// Write nothing: check the entry as the write would and print the proxies whose
+    /// resources would change, and how.
+    #[arg(long = "dry-run")]
+    pub dry_run: bool,
+    /// Print a dry run's answer as the API's JSON.
+    #[arg(long = "json")]
+    pub json: bool,
+    /// Only if the entry's ModifyIndex is this (0: only if it does not exist).
+    #[arg(long = "cas", value_name = "INDEX")]
+    pub cas: Option<u64>,
+    /// The entry (JSON; `-` reads standard input).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+/// `meshd config delete` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigDeleteArgs {
+    /// The API and the token to act with.
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The entry's kind.
+    #[arg(long = "kind", value_name = "KIND")]
+    pub kind: String,
+    /// The entry's name.
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: String,
+    /// Delete nothing: print the proxies whose resources would change, and how.
+    #[arg(long = "dry-run")]
+    pub dry_run: bool,
+    /// Print a dry run's answer as the API's JSON.
+    #[arg(long = "json")]
+    pub json: bool,
 }
 
 /// `meshd snapshot` subcommands.

@@ -5,6 +5,7 @@
 
 pub mod acl_cli;
 pub mod cli;
+pub mod config_cli;
 pub mod connect;
 pub mod connect_gateway;
 pub mod grpc_bootstrap;
@@ -12,5 +13,6 @@ pub mod redirect_cli;
 pub mod run;
 pub mod snapshot_cli;
 pub mod tls;
+pub mod troubleshoot_cli;
 
 pub use node::{host_name, init_logging, shutdown_signal};

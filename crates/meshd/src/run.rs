@@ -80,6 +80,8 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Tls(command) => crate::tls::certs::run(command),
             Command::Acl(command) => crate::acl_cli::run(command).await,
             Command::Snapshot(command) => crate::snapshot_cli::run(command).await,
+            Command::Config(command) => crate::config_cli::run(command).await,
+            Command::Troubleshoot(command) => crate::troubleshoot_cli::run(command).await,
         }
     });
     match result {

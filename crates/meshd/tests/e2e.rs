@@ -25,6 +25,7 @@ mod managed_e2e;
 mod server_process;
 mod soak_short;
 mod tls_e2e;
+mod troubleshoot_e2e;
 mod xds_failover;
 mod xds_restart;
 

@@ -211,7 +211,7 @@ async fn a_rejected_config_is_not_resent_in_a_loop() {
         json!({"bind_address": "not-an-ip"}),
     )
     .await;
-    let (_envoy, _) = mesh.envoy("bad", "node-bad", dir.path()).await;
+    let (envoy, admin) = mesh.envoy("bad", "node-bad", dir.path()).await;
     let nacks = r#"meshd_xds_nacks_total{type="Listener"}"#;
     wait_for(|| async { (mesh.metric(nacks).await >= 1.0).then_some(()) }).await;
     // The counts settle first: a later change of the proxy's snapshot may legitimately send
@@ -263,6 +263,82 @@ async fn a_rejected_config_is_not_resent_in_a_loop() {
             .any(|r| r.1 == "Listener" && r.3 == "ERROR" && r.4.contains("not-an-ip")),
         "{rows:?}"
     );
+    troubleshoot_a_rejecting_then_a_stale_envoy(&mesh, &envoy, &admin).await;
+}
+
+/// `meshd troubleshoot proxy` against the real Envoy that rejected its listener, then
+/// paused (SIGSTOP) while meshd sends it a change.
+async fn troubleshoot_a_rejecting_then_a_stale_envoy(mesh: &Mesh, envoy: &Proc, admin: &str) {
+    let troubleshoot = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .args(["troubleshoot", "proxy", "-http-addr", &mesh.http, "-envoy-admin", admin])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = troubleshoot(&[]);
+    println!("{out}");
+    let first = out.lines().nth(1).unwrap();
+    assert!(
+        first.contains("rejected its Listeners") && first.contains("not-an-ip"),
+        "what is wrong first, with Envoy's own error: {out}"
+    );
+    assert!(out.contains("ok Envoy 1.") && out.contains("LIVE"), "{out}");
+
+    // Paused, it answers nothing: a change meshd sends stays unanswered, and is reported
+    // stale once it has waited long enough.
+    let pid = envoy_pid(envoy.0.id());
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    signal("-STOP");
+    mesh.put(
+        "/v1/config",
+        json!({"Kind": "service-intentions", "Name": "bad", "Sources": [{"Name": "web", "Action": "deny"}]}),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/internal/troubleshoot/proxy/bad-sidecar-proxy", mesh.http);
+    let stale = wait_for(|| async {
+        let found: Value = serde_json::from_str(&get(&client, &url).await?).ok()?;
+        found["Problems"]
+            .as_array()?
+            .iter()
+            .find(|p| p["Kind"] == "stale")
+            .map(|p| p["Message"].as_str().unwrap().to_owned())
+    })
+    .await;
+    assert!(stale.contains("has not answered"), "{stale}");
+    let out = troubleshoot(&["-proxy-id", "bad-sidecar-proxy"]);
+    println!("{out}");
+    assert!(out.contains("is stale") && out.contains("does not answer"), "{out}");
+    signal("-CONT");
+}
+
+/// The pid of the Envoy a `meshd connect envoy` process (our own child) runs: its child.
+fn envoy_pid(supervisor: u32) -> u32 {
+    let children = wait_children(supervisor);
+    children
+        .into_iter()
+        .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "envoy"))
+        .expect("the supervisor runs an envoy")
+}
+
+fn wait_children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    out
 }
 
 /// Every resource CSDS reports: (node, type, name, status, error detail).

@@ -1195,6 +1195,21 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
         .await
         .unwrap();
     assert_eq!(again["Index"], answer["Index"], "the index did not move");
+    // The command prints the same, for people.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), change.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args(["config", "write", "-dry-run", "-http-addr", &mesh.http])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    println!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("1 proxies would change") && text.contains("clusters[0].weight: 8000 -> 1000"),
+        "{text}"
+    );
     assert_eq!(mesh::get(client, &splitter_url).await.unwrap(), entry_before);
     assert_eq!(
         envoy_routes(client, web_admin).await,

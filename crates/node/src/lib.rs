@@ -30,6 +30,8 @@ pub mod monitor;
 pub mod shutdown;
 pub mod status;
 pub mod tls;
+pub mod troubleshoot;
+pub mod troubleshoot_upstream;
 pub mod version;
 
 #[cfg(test)]

@@ -25,6 +25,14 @@ pub fn router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting) -> a
     axum::Router::new()
         .route("/v1/internal/xds-status", axum::routing::get(xds_status))
         .route("/v1/internal/proxy-status/{proxy_id}", axum::routing::get(proxy_status))
+        .route(
+            "/v1/internal/troubleshoot/proxy/{proxy_id}",
+            axum::routing::get(troubleshoot_proxy),
+        )
+        .route(
+            "/v1/internal/troubleshoot/upstream/{proxy_id}",
+            axum::routing::get(troubleshoot_upstream),
+        )
         .with_state(Views { manager, xds, waiting })
 }
 
@@ -111,6 +119,115 @@ async fn proxy_status(
             "ID": id,
             "Implicit": implicit,
         })).collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+/// meshd's half of `meshd troubleshoot proxy` (`docs/troubleshoot.md`): what is wrong with
+/// a proxy as the engine and the xDS server see it, first, then what is fine.
+async fn troubleshoot_proxy(
+    State(views): State<Views>,
+    Path(proxy_id): Path<String>,
+    caller: Caller,
+    params: Params,
+) -> Response {
+    if let Err(refused) = operator_read(&caller) {
+        return refused.into_response();
+    }
+    let node = params.get("node").filter(|n| !n.is_empty());
+    let ids: Vec<proxycfg::ProxyId> = views
+        .manager
+        .registered()
+        .await
+        .into_iter()
+        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
+        .collect();
+    let streams: Vec<_> = views
+        .xds
+        .sync_status()
+        .into_iter()
+        .filter(|s| s.node == proxy_id)
+        .collect();
+    let (errors, build, registered) = match ids.first() {
+        Some(id) => (
+            views.manager.status(id).await.map(|s| s.errors).unwrap_or_default(),
+            views.xds.build_problems(id),
+            true,
+        ),
+        None => Default::default(),
+    };
+    let mut findings = crate::troubleshoot::judge(&proxy_id, &errors, &build, &streams);
+    if !registered {
+        let why = (views.waiting)(&proxy_id).unwrap_or_else(|| {
+            "meshd holds no configuration for it here (an agent holds its local proxies; a server the proxies with an open xDS stream)".into()
+        });
+        findings.problems.insert(
+            0,
+            crate::troubleshoot::Finding {
+                kind: "not-registered",
+                message: format!("{proxy_id} is not registered: {why}"),
+            },
+        );
+    }
+    axum::Json(serde_json::json!({
+        "ProxyID": proxy_id,
+        "Problems": findings.problems,
+        "Fine": findings.fine,
+    }))
+    .into_response()
+}
+
+/// `meshd troubleshoot upstream`'s walk (`docs/troubleshoot.md`): `?upstream=` (required),
+/// `?path=` (default `/`), `?method=` (default `GET`), `?header=NAME:VALUE` (repeated).
+async fn troubleshoot_upstream(
+    State(views): State<Views>,
+    Path(proxy_id): Path<String>,
+    caller: Caller,
+    params: Params,
+) -> Response {
+    if let Err(refused) = operator_read(&caller) {
+        return refused.into_response();
+    }
+    let Some(upstream) = params.get("upstream").filter(|u| !u.is_empty()) else {
+        return (StatusCode::BAD_REQUEST, "upstream: required (?upstream=NAME)\n").into_response();
+    };
+    let mut headers = Vec::new();
+    for h in params.all("header") {
+        let Some((k, v)) = h.split_once(':') else {
+            return (StatusCode::BAD_REQUEST, format!("header: {h:?} is not NAME:VALUE\n")).into_response();
+        };
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let req = crate::troubleshoot_upstream::Request {
+        upstream: upstream.to_owned(),
+        path: params.get("path").unwrap_or("/").to_owned(),
+        method: params.get("method").unwrap_or("GET").to_owned(),
+        headers,
+    };
+    let node = params.get("node").filter(|n| !n.is_empty());
+    let ids = views.manager.registered().await;
+    let Some(source) = ids
+        .iter()
+        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
+        .find_map(|id| views.manager.current(id))
+    else {
+        return not_registered(&views, &proxy_id);
+    };
+    let others: Vec<_> = ids.iter().filter_map(|id| views.manager.current(id)).collect();
+    let walk = crate::troubleshoot_upstream::walk(&source, &req, &others);
+    let fails_at = walk.steps.iter().find(|s| !s.ok).map(|s| s.step.clone());
+    let source_uri = source
+        .connect_proxy()
+        .and_then(|c| c.leaf.as_ref())
+        .map(|l| l.service_uri.clone());
+    axum::Json(serde_json::json!({
+        "ProxyID": proxy_id,
+        "Service": source.service.proxy.destination_service_name,
+        "SourceURI": source_uri,
+        "Upstream": upstream,
+        "Steps": walk.steps,
+        "Reaches": walk.reaches,
+        "FailsAt": fails_at,
     }))
     .into_response()
 }
