@@ -99,7 +99,11 @@ pub(crate) async fn register(
     let params = api.write_params(q.as_deref())?;
     let req: RegisterRequest = query::decode(&body, "a registration")?;
     check_register(&api, &authz, &req)?;
-    api.store.write(Op::Register(Box::new(req))).await?;
+    let op = Op::Register(Box::new(req));
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 
@@ -174,7 +178,11 @@ pub(crate) async fn deregister(
             authz.need(|a| a.node_write(&req.node), "node:write", &req.node)?;
         }
     }
-    api.store.write(Op::Deregister(req)).await?;
+    let op = Op::Deregister(req);
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 

@@ -269,7 +269,11 @@ pub(crate) async fn put_intention(
     // The names are the query's; any in the body are ignored, as Consul's exact API does.
     (req.source_name, req.destination_name) = (source, destination);
     req.check()?;
-    api.store.write(req.upsert(false)).await?;
+    let op = req.upsert(false);
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 
@@ -281,7 +285,11 @@ pub(crate) async fn delete_intention(
     let params = api.write_params(q.as_deref())?;
     let (source, destination) = exact(&params)?;
     authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
-    api.store.write(Op::IntentionDelete { source, destination }).await?;
+    let op = Op::IntentionDelete { source, destination };
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 

@@ -139,7 +139,11 @@ pub(crate) async fn create(
             found.id
         )));
     }
-    api.store.write(req.upsert(true)).await?;
+    let op = req.upsert(true);
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     let id = existing(&api.store.read()).map(|i| i.id).unwrap_or_default();
     Ok(query::json(&serde_json::json!({ "ID": id }), None, params.pretty()))
 }
@@ -188,7 +192,11 @@ pub(crate) async fn update(
         }
     }
     req.check()?;
-    api.store.write(req.upsert(false)).await?;
+    let op = req.upsert(false);
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }
 
@@ -202,11 +210,13 @@ pub(crate) async fn delete(
     let params = api.write_params(q.as_deref())?;
     parse_id(&id)?;
     let found = entitled(&api.store.read(), &id, &authz, true)?;
-    api.store
-        .write(Op::IntentionDelete {
-            source: found.source_name,
-            destination: found.destination_name,
-        })
-        .await?;
+    let op = Op::IntentionDelete {
+        source: found.source_name,
+        destination: found.destination_name,
+    };
+    if params.has("dry-run") {
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+    }
+    api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
 }

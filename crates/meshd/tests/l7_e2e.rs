@@ -1216,6 +1216,51 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
         routes_before,
         "web's Envoy got nothing"
     );
+    // A registration: a new v2 instance of api would change web's load assignment of the v2
+    // target (and nothing else anywhere).
+    let instance = json!({"Node": "node-v2b", "Address": "127.0.0.2", "Service": {"Kind": "connect-proxy",
+        "ID": "api-sidecar-proxy", "Service": "api-sidecar-proxy", "Port": 21000, "Meta": {"version": "v2"},
+        "Proxy": {"DestinationServiceName": "api", "LocalServicePort": 8080}}});
+    let answer: Value = client
+        .put(format!("{}/v1/catalog/register?dry-run", mesh.http))
+        .json(&instance)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["Proxies"]["Total"], 1, "{answer:#}");
+    let resources = answer["Proxies"]["Items"][0]["Resources"].as_array().unwrap();
+    assert!(
+        resources.iter().all(|r| r["Type"] == "endpoints") && !resources.is_empty(),
+        "{resources:#?}"
+    );
+    // An intention through the legacy API: api's two sidecars would enforce it.
+    let answer: Value = client
+        .put(format!(
+            "{}/v1/connect/intentions/exact?source=web&destination=api&dry-run",
+            mesh.http
+        ))
+        .json(&json!({"Action": "deny"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["Proxies"]["Total"], 2, "{answer:#}");
+    for item in answer["Proxies"]["Items"].as_array().unwrap() {
+        assert_eq!(item["Service"], "api-sidecar-proxy", "{answer:#}");
+        assert!(
+            item["Resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["Type"] == "listener"),
+            "{answer:#}"
+        );
+    }
     // A change the real write would refuse: the same 400, with or without dry-run.
     let broken = json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 100, "ServiceSubset": "v9"}]});
     let mut answers = Vec::new();

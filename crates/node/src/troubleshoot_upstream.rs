@@ -391,3 +391,60 @@ fn destination_steps(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
+
+    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), Issuer::new(params, key))
+    }
+
+    fn leaf(issuer: &Issuer<'_, KeyPair>, expired: bool) -> IssuedCert {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let uri = "spiffe://t.consul/ns/default/dc/dc1/svc/web";
+        params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth, ExtendedKeyUsagePurpose::ServerAuth];
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 2);
+        }
+        IssuedCert {
+            cert_pem: params.signed_by(&key, issuer).unwrap().pem(),
+            service_uri: uri.into(),
+            ..IssuedCert::default()
+        }
+    }
+
+    fn roots(pem: String) -> IndexedCaRoots {
+        IndexedCaRoots {
+            roots: vec![structs::CaRoot {
+                root_cert: pem,
+                ..structs::CaRoot::default()
+            }],
+            ..IndexedCaRoots::default()
+        }
+    }
+
+    #[test]
+    fn an_expired_or_untrusted_certificate_is_named_as_such() {
+        let (ours, issuer) = ca("ours");
+        let (_theirs, other) = ca("theirs");
+        assert_eq!(check_cert(&leaf(&issuer, false), &roots(ours.clone())), Ok(()));
+        let expired = check_cert(&leaf(&issuer, true), &roots(ours.clone())).unwrap_err();
+        assert!(expired.to_lowercase().contains("expired"), "{expired}");
+        let untrusted = check_cert(&leaf(&other, false), &roots(ours)).unwrap_err();
+        assert!(
+            untrusted.to_lowercase().contains("unknown") || untrusted.contains("issuer"),
+            "{untrusted}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Dry runs (`PUT /v1/config?dry-run`): the snapshot a sidecar would have if the catalog
 //! were `after` instead of `before`, computed by the same functions the `Server*` sources
 //! derive their values with — discovery chains, their targets' instances, intentions, the
-//! resolved service config — without starting a watch.
+//! resolved service config — without starting a watch. A registration's dry run changes
+//! instances; a config write's, chains and what they select.
 //!
 //! Each part is first derived from `before` and compared with the proxy's snapshot: a part
 //! that does not come out the same (the snapshot is behind the catalog, or was built in a way
@@ -43,6 +44,7 @@ pub struct Inputs<'a> {
     chains: RefCell<HashMap<DiscoveryChainRequest, Option<Arc<CompiledDiscoveryChain>>>>,
     resolved: RefCell<HashMap<String, Arc<structs::ResolvedServiceConfig>>>,
     intentions: RefCell<HashMap<String, Arc<Vec<structs::Intention>>>>,
+    nodes: RefCell<HashMap<TargetKey, Arc<Vec<structs::CheckServiceNode>>>>,
 }
 
 impl<'a> Inputs<'a> {
@@ -59,6 +61,7 @@ impl<'a> Inputs<'a> {
             chains: RefCell::default(),
             resolved: RefCell::default(),
             intentions: RefCell::default(),
+            nodes: RefCell::default(),
         }
     }
 
@@ -91,6 +94,15 @@ impl<'a> Inputs<'a> {
             ))
         });
         Arc::clone(entry)
+    }
+
+    fn nodes(&self, key: &TargetKey) -> Result<Arc<Vec<structs::CheckServiceNode>>, String> {
+        if let Some(known) = self.nodes.borrow().get(key) {
+            return Ok(Arc::clone(known));
+        }
+        let nodes = Arc::new(target_nodes(self.state, key)?);
+        self.nodes.borrow_mut().insert(key.clone(), Arc::clone(&nodes));
+        Ok(nodes)
     }
 
     fn intentions(&self, destination: &str) -> Arc<Vec<structs::Intention>> {
@@ -212,24 +224,34 @@ fn upstream_what_if(
     let mut new = upstream.clone();
     let mut changed = false;
     for (target_id, target) in &after.targets {
-        let kept = chain.targets.get(target_id) == Some(target) && upstream.endpoints.contains_key(target_id);
-        if kept || target.datacenter != *snapshot.datacenter {
-            // Health is not what a config write changes; another datacenter's is not here.
+        if target.datacenter != *snapshot.datacenter {
+            // Another datacenter's instances are not in this catalog.
             continue;
         }
-        let req = HealthRequest {
-            datacenter: target.datacenter.clone(),
-            service: target.service.clone(),
-            connect: true,
-            passing_only: target.subset.only_passing,
-            healthy_only: true,
-            filter: target.subset.filter.clone(),
-            kind: None,
-            token: None,
-        };
-        let nodes = target_nodes(change.after.state, &req)?;
-        new.endpoints.insert(target_id.clone(), Arc::new(nodes));
-        changed = true;
+        let key = (
+            target.service.clone(),
+            target.subset.only_passing,
+            target.subset.filter.clone(),
+        );
+        let nodes = change.after.nodes(&key)?;
+        let same_target = chain.targets.get(target_id) == Some(target);
+        match upstream.endpoints.get(target_id) {
+            Some(current) if same_target => {
+                if **current != *change.before.nodes(&key)? {
+                    return Err(format!(
+                        "the instances of {target_id} differ from the proxy's: the snapshot is behind the catalog"
+                    ));
+                }
+                if *current != nodes {
+                    new.endpoints.insert(target_id.clone(), nodes);
+                    changed = true;
+                }
+            }
+            _ => {
+                new.endpoints.insert(target_id.clone(), nodes);
+                changed = true;
+            }
+        }
     }
     let before_len = new.endpoints.keys().count();
     new.endpoints
@@ -242,14 +264,27 @@ fn upstream_what_if(
     Ok(changed.then_some(new))
 }
 
+/// What selects a chain target's instances: the service, passing only, the subset's filter.
+type TargetKey = (String, bool, String);
+
 /// A chain target's instances in `state`, as its health watch would select them.
-fn target_nodes(state: &State, req: &HealthRequest) -> Result<Vec<structs::CheckServiceNode>, String> {
-    let Payload::Health(all) = payload(&Topic::ServiceHealthConnect(req.service.clone()), state) else {
+fn target_nodes(state: &State, key: &TargetKey) -> Result<Vec<structs::CheckServiceNode>, String> {
+    let (service, passing_only, filter) = key;
+    let Payload::Health(all) = payload(&Topic::ServiceHealthConnect(service.clone()), state) else {
         return Ok(Vec::new());
     };
-    let filter = req
-        .filter
+    let req = HealthRequest {
+        datacenter: String::new(),
+        service: service.clone(),
+        connect: true,
+        passing_only: *passing_only,
+        healthy_only: true,
+        filter: filter.clone(),
+        kind: None,
+        token: None,
+    };
+    let filter = filter
         .parse::<structs::filter::Filter>()
-        .map_err(|e| format!("subset filter {:?}: {e}", req.filter))?;
-    Ok(crate::health::filter_health(&all, req, &filter))
+        .map_err(|e| format!("subset filter {filter:?}: {e}"))?;
+    Ok(crate::health::filter_health(&all, &req, &filter))
 }
