@@ -101,7 +101,7 @@ pub(crate) async fn register(
     check_register(&api, &authz, &req)?;
     let op = Op::Register(Box::new(req));
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
@@ -180,7 +180,7 @@ pub(crate) async fn deregister(
     }
     let op = Op::Deregister(req);
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))

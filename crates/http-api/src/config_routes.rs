@@ -88,7 +88,7 @@ pub(crate) async fn set(
         cas: cas(&params)?,
     };
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     let outcome = api.store.write(op).await?;
     Ok(query::json(&outcome.applied, None, params.pretty()))
@@ -151,7 +151,7 @@ pub(crate) async fn delete(
         cas: cas(&params)?,
     };
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     let outcome = api.store.write(op).await?;
     Ok(query::json(&outcome.applied, None, params.pretty()))

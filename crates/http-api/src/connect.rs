@@ -271,7 +271,7 @@ pub(crate) async fn put_intention(
     req.check()?;
     let op = req.upsert(false);
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
@@ -287,7 +287,7 @@ pub(crate) async fn delete_intention(
     authz.need(|a| a.intention_write(&destination), "intentions:write", &destination)?;
     let op = Op::IntentionDelete { source, destination };
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))

@@ -20,11 +20,22 @@ pub struct DryRunPage {
     pub max_fields: usize,
 }
 
+/// Whether the caller may see a proxy, by its service and node: a dry run lists only the
+/// proxies the caller's token may read (the others are counted as hidden).
+pub type MayRead = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
 /// The proxies a change would reach, as the server knows them.
 #[async_trait::async_trait]
 pub trait DryRun: Send + Sync {
-    /// The proxies whose resources would change from `before` to `after`.
-    async fn proxies(&self, before: Arc<State>, after: Arc<State>, page: DryRunPage) -> DryRunProxies;
+    /// The proxies whose resources would change from `before` to `after`, among those
+    /// `may_read` admits.
+    async fn proxies(
+        &self,
+        before: Arc<State>,
+        after: Arc<State>,
+        page: DryRunPage,
+        may_read: MayRead,
+    ) -> DryRunProxies;
 }
 
 /// The proxies part of a dry run's answer.
@@ -44,6 +55,9 @@ pub struct DryRunProxies {
     pub not_simulated: Vec<serde_json::Value>,
     /// How many such proxies there are in all.
     pub not_simulated_total: usize,
+    /// Proxies left out because the token may not read them (`service:read` on the proxy's
+    /// service and `node:read` on its node).
+    pub hidden_by_acls: usize,
 }
 
 /// A dry run's answer.
@@ -82,14 +96,17 @@ pub(crate) fn page(params: &Params) -> Result<DryRunPage, ApiError> {
 pub(crate) async fn answer(
     store: &Store,
     dry_run: Option<&Arc<dyn DryRun>>,
+    authz: &crate::authz::Authz,
     op: &Op,
     params: &Params,
 ) -> Result<axum::response::Response, ApiError> {
     let page = page(params)?;
     let (before, after) = store.dry_run(op)?;
     let changes_catalog = !same_rows(&before, &after);
+    let a = authz.get()?.clone();
+    let may_read: MayRead = Arc::new(move |service, node| a.service_read(service) && a.node_read(node));
     let proxies = match dry_run {
-        Some(d) if changes_catalog => Some(d.proxies(Arc::clone(&before), after, page).await),
+        Some(d) if changes_catalog => Some(d.proxies(Arc::clone(&before), after, page, may_read).await),
         Some(_) => Some(DryRunProxies::default()),
         None => None,
     };
@@ -101,7 +118,9 @@ pub(crate) async fn answer(
         per_page: page.per_page,
         proxies,
     };
-    Ok(crate::query::json(&answer, Some(before.index), params.pretty()))
+    let hidden = answer.proxies.as_ref().is_some_and(|p| p.hidden_by_acls > 0);
+    let resp = crate::query::json(&answer, Some(before.index), params.pretty());
+    Ok(crate::authz::mark_filtered(resp, hidden))
 }
 
 /// Whether a planned write left every row as it was (`Store::dry_run` applies nothing then).

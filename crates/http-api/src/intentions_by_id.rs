@@ -141,7 +141,7 @@ pub(crate) async fn create(
     }
     let op = req.upsert(true);
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     let id = existing(&api.store.read()).map(|i| i.id).unwrap_or_default();
@@ -194,7 +194,7 @@ pub(crate) async fn update(
     req.check()?;
     let op = req.upsert(false);
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))
@@ -215,7 +215,7 @@ pub(crate) async fn delete(
         destination: found.destination_name,
     };
     if params.has("dry-run") {
-        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &op, &params).await;
+        return crate::dry_run::answer(&api.store, api.config.dry_run.as_ref(), &authz, &op, &params).await;
     }
     api.store.write(op).await?;
     Ok(query::json(&true, None, params.pretty()))

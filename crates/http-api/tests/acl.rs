@@ -1906,3 +1906,90 @@ async fn replication_of_config_entries_needs_the_read_of_every_entry() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(reply.body.contains("billing"), "{}", reply.body);
 }
+
+/// A dry run lists only the proxies the caller may read: a fake server-side with three
+/// proxies the change reaches, filtered by the token's rights; the others only counted.
+#[tokio::test]
+async fn a_dry_run_lists_only_the_proxies_the_token_may_read() {
+    use http_api::dry_run::{DryRun, DryRunPage, DryRunProxies, MayRead};
+    struct Three;
+    #[async_trait::async_trait]
+    impl DryRun for Three {
+        async fn proxies(
+            &self,
+            _: Arc<catalog::State>,
+            _: Arc<catalog::State>,
+            _: DryRunPage,
+            may_read: MayRead,
+        ) -> DryRunProxies {
+            let mut out = DryRunProxies::default();
+            for (service, node) in [("web", "n1"), ("db", "n1"), ("web", "n2")] {
+                if may_read(service, node) {
+                    out.total += 1;
+                    out.items.push(json!({"Service": service, "Node": node}));
+                } else {
+                    out.hidden_by_acls += 1;
+                }
+            }
+            out
+        }
+    }
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let app = http_api::router(
+        store.clone(),
+        http_api::ApiConfig {
+            acl: Arc::new(Resolver::new(AclSettings {
+                enabled: true,
+                default_allow: false,
+                datacenter: "dc1".into(),
+            })),
+            dry_run: Some(Arc::new(Three)),
+            ..Default::default()
+        },
+    );
+    store.write(Op::AclInit).await.unwrap();
+    let boot = call(&app, "PUT", "/v1/acl/bootstrap", None, Value::Null).await;
+    let m = boot.json()["SecretID"].as_str().unwrap().to_owned();
+    let rules = "service \"api\" { policy = \"write\" }\nservice \"web\" { policy = \"read\" }\nnode \"n1\" { policy = \"read\" }";
+    let policy = call(
+        &app,
+        "PUT",
+        "/v1/acl/policy",
+        Some(&m),
+        json!({"Name": "p", "Rules": rules}),
+    )
+    .await;
+    assert_eq!(policy.status, StatusCode::OK, "{}", policy.body);
+    let token = call(
+        &app,
+        "PUT",
+        "/v1/acl/token",
+        Some(&m),
+        json!({"Policies": [{"Name": "p"}]}),
+    )
+    .await;
+    let secret = token.json()["SecretID"].as_str().unwrap().to_owned();
+    let entry = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
+    let reply = call(&app, "PUT", "/v1/config?dry-run", Some(&secret), entry.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.filtered, "marked filtered");
+    let proxies = &reply.json()["Proxies"];
+    assert_eq!(
+        proxies["Items"],
+        json!([{"Service": "web", "Node": "n1"}]),
+        "{}",
+        reply.body
+    );
+    assert_eq!(proxies["HiddenByAcls"], 2);
+    // The write's own permission first: a dry run of another service's entry is refused.
+    let other = json!({"Kind": "service-defaults", "Name": "db", "Protocol": "http"});
+    let reply = call(&app, "PUT", "/v1/config?dry-run", Some(&secret), other).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    // Nothing was written.
+    assert!(
+        store
+            .read()
+            .config_entry(structs::ConfigEntryKind::ServiceDefaults, "api")
+            .is_none()
+    );
+}

@@ -5,7 +5,7 @@
 //! reached ones are built, and only their changed parts.
 
 use catalog::State;
-use http_api::dry_run::{DryRun, DryRunPage, DryRunProxies};
+use http_api::dry_run::{DryRun, DryRunPage, DryRunProxies, MayRead};
 use proxycfg::{ConfigSnapshot, Manager};
 use proxycfg_glue::what_if::{Change, Inputs, what_if};
 use serde_json::json;
@@ -19,14 +19,20 @@ pub(crate) struct ProxyDryRun(pub(crate) Manager);
 
 #[async_trait::async_trait]
 impl DryRun for ProxyDryRun {
-    async fn proxies(&self, before: Arc<State>, after: Arc<State>, page: DryRunPage) -> DryRunProxies {
+    async fn proxies(
+        &self,
+        before: Arc<State>,
+        after: Arc<State>,
+        page: DryRunPage,
+        may_read: MayRead,
+    ) -> DryRunProxies {
         let mut snapshots = Vec::new();
         for id in self.0.registered().await {
             if let Some(snapshot) = self.0.current(&id) {
                 snapshots.push(snapshot);
             }
         }
-        let simulate = move || simulate(&snapshots, &before, &after, page);
+        let simulate = move || simulate(&snapshots, &before, &after, page, &*may_read);
         tokio::task::spawn_blocking(simulate)
             .await
             .unwrap_or_else(|e| DryRunProxies {
@@ -37,18 +43,29 @@ impl DryRun for ProxyDryRun {
     }
 }
 
-fn simulate(snapshots: &[Arc<ConfigSnapshot>], before: &State, after: &State, page: DryRunPage) -> DryRunProxies {
+/// Simulates every proxy; those `may_read` refuses count only as hidden, and only if the
+/// change reaches them (nothing else of them is told).
+fn simulate(
+    snapshots: &[Arc<ConfigSnapshot>],
+    before: &State,
+    after: &State,
+    page: DryRunPage,
+    may_read: &(dyn Fn(&str, &str) -> bool + Send + Sync),
+) -> DryRunProxies {
     let change = Change {
         before: Inputs::of(before),
         after: Inputs::of(after),
     };
-    let mut out = DryRunProxies {
-        served_here: snapshots.len(),
-        ..DryRunProxies::default()
-    };
+    let mut out = DryRunProxies::default();
     let first = (page.page - 1).saturating_mul(page.per_page);
     for snapshot in snapshots {
+        let readable = may_read(&snapshot.service.service, &snapshot.proxy_id.node);
         let simulated = what_if(snapshot, &change);
+        if !readable {
+            out.hidden_by_acls += usize::from(simulated.snapshot.is_some());
+            continue;
+        }
+        out.served_here += 1;
         let proxy = json!({
             "ProxyID": snapshot.proxy_id.service_id,
             "Node": snapshot.proxy_id.node,
