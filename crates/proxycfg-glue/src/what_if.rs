@@ -16,7 +16,7 @@ use catalog::{State, Topic};
 use proxycfg::data_sources::{DiscoveryChainRequest, HealthRequest};
 use proxycfg::snapshot::{ConfigSnapshot, KindSnapshot, UpstreamSnapshot};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use structs::config_entry::ConfigEntryKind;
 use structs::{CompiledDiscoveryChain, DestinationType, ServiceKind};
@@ -119,10 +119,62 @@ impl<'a> Inputs<'a> {
 
 /// The states a dry run compares: the catalog now, and the catalog the write would leave.
 pub struct Change<'a> {
-    /// Now.
-    pub before: Inputs<'a>,
-    /// After the write.
-    pub after: Inputs<'a>,
+    before: Inputs<'a>,
+    after: Inputs<'a>,
+    /// Snapshot values already found equal to what `before` derives, by address (proxies
+    /// share their chains' and instances' `Arc`s: each is compared once, not once per proxy).
+    verified: RefCell<HashSet<usize>>,
+    /// Whether the write changes a target's instances, by selection.
+    moved: RefCell<HashMap<TargetKey, bool>>,
+    /// Whether the write changes a chain, by request.
+    chains_moved: RefCell<HashMap<DiscoveryChainRequest, bool>>,
+}
+
+impl<'a> Change<'a> {
+    /// The change from `before` to `after`.
+    pub fn new(before: &'a State, after: &'a State) -> Self {
+        Self {
+            before: Inputs::of(before),
+            after: Inputs::of(after),
+            verified: RefCell::default(),
+            moved: RefCell::default(),
+            chains_moved: RefCell::default(),
+        }
+    }
+
+    /// Whether the write changes the chain `req` asks for.
+    fn chain_moves(&self, req: &DiscoveryChainRequest) -> bool {
+        if let Some(known) = self.chains_moved.borrow().get(req) {
+            return *known;
+        }
+        let moved = self.before.chain(req) != self.after.chain(req);
+        self.chains_moved.borrow_mut().insert(req.clone(), moved);
+        moved
+    }
+
+    /// Whether `current` (a snapshot's value at address `ptr`) is what `derive` makes of
+    /// the state now.
+    fn matches<T: PartialEq + ?Sized>(&self, ptr: *const T, current: &T, now: Option<&T>) -> bool {
+        let addr = ptr.cast::<()>() as usize;
+        if self.verified.borrow().contains(&addr) {
+            return true;
+        }
+        let same = now == Some(current);
+        if same {
+            self.verified.borrow_mut().insert(addr);
+        }
+        same
+    }
+
+    /// Whether the write changes the instances `key` selects.
+    fn moves(&self, key: &TargetKey) -> Result<bool, String> {
+        if let Some(known) = self.moved.borrow().get(key) {
+            return Ok(*known);
+        }
+        let moved = self.before.nodes(key)? != self.after.nodes(key)?;
+        self.moved.borrow_mut().insert(key.clone(), moved);
+        Ok(moved)
+    }
 }
 
 /// What `snapshot` would be after `change`.
@@ -215,7 +267,7 @@ fn upstream_what_if(
         override_connect_timeout_ms: options.connect_timeout_ms.unwrap_or(0),
         override_mesh_gateway: snapshot.service.proxy.mesh_gateway.mode,
     };
-    if change.before.chain(&req).as_deref() != Some(&**chain) {
+    if !change.matches(Arc::as_ptr(chain), &**chain, change.before.chain(&req).as_deref()) {
         return Err("its chain as compiled now differs from the proxy's: the snapshot is behind the catalog".into());
     }
     let Some(after) = change.after.chain(&req) else {
@@ -233,22 +285,22 @@ fn upstream_what_if(
             target.subset.only_passing,
             target.subset.filter.clone(),
         );
-        let nodes = change.after.nodes(&key)?;
         let same_target = chain.targets.get(target_id) == Some(target);
         match upstream.endpoints.get(target_id) {
+            // A write that leaves these instances as they are changes nothing here.
+            Some(_) if same_target && !change.moves(&key)? => {}
             Some(current) if same_target => {
-                if **current != *change.before.nodes(&key)? {
+                let now = change.before.nodes(&key)?;
+                if !change.matches(Arc::as_ptr(current), &**current, Some(&*now)) {
                     return Err(format!(
                         "the instances of {target_id} differ from the proxy's: the snapshot is behind the catalog"
                     ));
                 }
-                if *current != nodes {
-                    new.endpoints.insert(target_id.clone(), nodes);
-                    changed = true;
-                }
+                new.endpoints.insert(target_id.clone(), change.after.nodes(&key)?);
+                changed = true;
             }
             _ => {
-                new.endpoints.insert(target_id.clone(), nodes);
+                new.endpoints.insert(target_id.clone(), change.after.nodes(&key)?);
                 changed = true;
             }
         }
@@ -257,7 +309,7 @@ fn upstream_what_if(
     new.endpoints
         .retain(|target_id, _| after.targets.contains_key(target_id));
     changed |= new.endpoints.keys().count() != before_len;
-    if *after != **chain {
+    if change.chain_moves(&req) {
         new.chain = Some(after);
         changed = true;
     }

@@ -7,7 +7,7 @@
 use catalog::State;
 use http_api::dry_run::{DryRun, DryRunPage, DryRunProxies, MayRead};
 use proxycfg::{ConfigSnapshot, Manager};
-use proxycfg_glue::what_if::{Change, Inputs, what_if};
+use proxycfg_glue::what_if::{Change, what_if};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -52,10 +52,7 @@ fn simulate(
     page: DryRunPage,
     may_read: &(dyn Fn(&str, &str) -> bool + Send + Sync),
 ) -> DryRunProxies {
-    let change = Change {
-        before: Inputs::of(before),
-        after: Inputs::of(after),
-    };
+    let change = Change::new(before, after);
     let mut out = DryRunProxies::default();
     let first = (page.page - 1).saturating_mul(page.per_page);
     for snapshot in snapshots {
