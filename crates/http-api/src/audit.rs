@@ -206,9 +206,22 @@ async fn refused(api: &Auditor, mut record: AuditRecord, resp: Response) -> Resp
 }
 
 /// Commits the record of a refused write, then appends it to the file. A failure to record
-/// is logged: the refusal is answered all the same.
+/// is logged: the refusal is answered all the same. A write the server failed to make (a 5xx:
+/// the catalog could not commit it) is not recorded in the catalog, whose write would wait on
+/// the same failure before the answer: its record goes to the file (`Seq` 0) and the log.
 async fn record_refusal(api: &Auditor, mut record: AuditRecord) {
     record.accepted = false;
+    if record.status >= 500 {
+        tracing::warn!(
+            accessor = %record.accessor_id,
+            method = %record.method,
+            path = %record.path,
+            error = %record.error,
+            "a write failed; its audit record is kept in the audit file and this log only"
+        );
+        append_to_file(api, record).await;
+        return;
+    }
     let scope = AuditScope::new(record);
     let written = scope.run(api.store.write(Op::AuditOnly)).await;
     match (written, scope.outcome()) {
