@@ -80,27 +80,37 @@ pub(crate) enum Planned {
 }
 
 impl Planned {
-    /// Plans `job`'s write on `state` (see [`plan`]); a write that changes something
-    /// carries its audit record, if it has one.
-    pub(crate) fn of(job: &Job, state: &State, datacenter: &str, now: SystemTime) -> Self {
-        if let Some(audit) = &job.audit {
-            audit.unplanned();
-        }
-        match plan(&job.op, state, datacenter, now) {
+    /// Plans `op` on `state` (see [`plan`]): what a write, or its dry run, would commit.
+    pub(crate) fn of_op(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Self {
+        match plan(op, state, datacenter, now) {
             Err(e) => Planned::Refused(e),
             Ok(p) if !p.applied => Planned::Unchanged { applied: false },
-            Ok(p) if p.changes.is_empty() && !matches!(job.op, Op::AuditOnly) => Planned::Unchanged { applied: true },
+            Ok(p) if p.changes.is_empty() => Planned::Unchanged { applied: true },
             Ok(mut p) => {
                 crate::virtual_ips::assign(state, &mut p.changes);
-                if let Some(audit) = &job.audit {
-                    p.changes.extend(audit.changes(state));
-                }
-                if p.changes.is_empty() {
-                    return Planned::Unchanged { applied: true };
-                }
                 Planned::Changed(p.changes)
             }
         }
+    }
+
+    /// Plans `job`'s write on `state`; a write that changes something (or is nothing but
+    /// its record, [`Op::AuditOnly`]) carries its audit record, if it has one.
+    pub(crate) fn of(job: &Job, state: &State, datacenter: &str, now: SystemTime) -> Self {
+        let planned = Self::of_op(&job.op, state, datacenter, now);
+        let Some(audit) = &job.audit else {
+            return planned;
+        };
+        audit.unplanned();
+        let mut changes = match planned {
+            Planned::Changed(changes) => changes,
+            Planned::Unchanged { applied: true } if matches!(job.op, Op::AuditOnly) => Vec::new(),
+            other => return other,
+        };
+        changes.extend(audit.changes(state));
+        if changes.is_empty() {
+            return Planned::Unchanged { applied: true };
+        }
+        Planned::Changed(changes)
     }
 }
 

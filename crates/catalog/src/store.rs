@@ -17,7 +17,7 @@ use crate::keys::{IndexKey, Topic};
 use crate::ops::Op;
 use crate::publisher::Subscription;
 use crate::state::State;
-use crate::storage::{Job, Storage, WriteOutcome, Writes};
+use crate::storage::{Job, Planned, Storage, WriteOutcome, Writes};
 use parking_lot::Mutex;
 use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration, time::SystemTime};
 use structs::{Index, IssuedCert};
@@ -184,12 +184,13 @@ impl Store {
     /// Planned exactly as the write would be (the same checks, the same virtual IPs).
     pub fn dry_run(&self, op: &Op) -> Result<(Arc<State>, Arc<State>), WriteError> {
         let before = self.read();
-        let plan = crate::ops::plan(op, &before, &self.inner.config.datacenter, SystemTime::now())?;
         let mut after = (*before).clone();
-        if plan.applied && !plan.changes.is_empty() {
-            let mut changes = plan.changes;
-            crate::virtual_ips::assign(&before, &mut changes);
-            after.apply(before.index.next(), &changes);
+        match Planned::of_op(op, &before, &self.inner.config.datacenter, SystemTime::now()) {
+            Planned::Refused(e) => return Err(e),
+            Planned::Changed(changes) => {
+                after.apply(before.index.next(), &changes);
+            }
+            Planned::Unchanged { .. } => {}
         }
         Ok((before, Arc::new(after)))
     }
