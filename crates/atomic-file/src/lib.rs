@@ -13,7 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 mod private;
-pub use private::{Tightened, open_private, private_dir};
+pub use private::{Tightened, open_private, open_private_append, private_dir};
 
 /// Replaces `path` with `bytes` atomically and durably; a new file gets permissions `mode`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {

@@ -101,6 +101,45 @@ pub fn open_private(path: &Path, options: &mut OpenOptions) -> io::Result<File> 
     options.mode(0o600).open(path)
 }
 
+/// Opens `path` for appending, created `0600` when absent. Refused when `path` is a symbolic
+/// link (another user could point it at a file of ours) or a file another user owns (who
+/// could read what is appended); a file of ours that lets group or others in is tightened to
+/// `0600` first.
+pub fn open_private_append(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link: it must be a file of this user's",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this user (uid {me}): its owner could read what is written to it",
+                path.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -174,5 +213,30 @@ mod tests {
         let p = root.path().join("LOCK");
         open_private(&p, OpenOptions::new().create(true).append(true)).unwrap();
         assert_eq!(mode(&p), 0o600);
+    }
+}
+
+#[cfg(test)]
+mod append_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn an_append_file_is_ours_and_private_and_never_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        drop(open_private_append(&path).unwrap());
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        drop(open_private_append(&path).unwrap());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "tightened"
+        );
+        let link = dir.path().join("link.log");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let e = open_private_append(&link).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
     }
 }

@@ -1,10 +1,11 @@
 //! The audit file: one JSON line per record, appended and made durable (`fdatasync`) before
 //! the request is answered, rotated by size (`audit.log` → `audit.log.1` → … up to `keep`
-//! old files). Created `0600` (a missing directory `0700`): it holds no secret, but it does
-//! name every token that wrote and every entry written.
+//! old files). Created `0600` (a missing directory `0700`), never opened through a symbolic
+//! link nor when another user owns it: it holds no secret, but it does name every token
+//! that wrote and every entry written.
 
 use parking_lot::Mutex;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,8 +30,9 @@ struct Open {
 }
 
 fn open_append(path: &Path) -> io::Result<Open> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let file = OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+    // Never through a link, never another user's file: the audit file names every token that
+    // wrote and every entry written.
+    let file = atomic_file::open_private_append(path)?;
     let size = file.metadata()?.len();
     Ok(Open { file, size })
 }
