@@ -99,9 +99,10 @@ where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    // A dry run writes nothing, whatever its method.
-    let dry_run = http_kit::Params::parse(req.uri().query()).has("dry-run");
-    let Some(kind) = kind(req.method(), req.uri().path()).filter(|_| api.enabled && !dry_run) else {
+    // A dry run writes nothing, whatever its method (its query is read only for a write).
+    let audited = kind(req.method(), req.uri().path())
+        .filter(|_| api.enabled && !http_kit::Params::parse(req.uri().query()).has("dry-run"));
+    let Some(kind) = audited else {
         return next(req).await;
     };
     let (parts, body) = req.into_parts();

@@ -36,6 +36,20 @@ pub fn router(manager: proxycfg::Manager, xds: XdsServer, waiting: Waiting) -> a
         .with_state(Views { manager, xds, waiting })
 }
 
+impl Views {
+    /// The registered proxies with instance id `proxy_id` (on the node `?node=` names, if it
+    /// names one).
+    async fn registered_as(&self, proxy_id: &str, params: &Params) -> Vec<proxycfg::ProxyId> {
+        let node = params.get("node").filter(|n| !n.is_empty());
+        self.manager
+            .registered()
+            .await
+            .into_iter()
+            .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
+            .collect()
+    }
+}
+
 /// Refuses (403) a caller without `operator:read`: these are debugging views of the engine.
 fn operator_read(caller: &Caller) -> Result<(), Denied> {
     if caller.0.authz.operator_read() {
@@ -78,14 +92,7 @@ async fn proxy_status(
     if let Err(refused) = operator_read(&caller) {
         return refused.into_response();
     }
-    let node = params.get("node").filter(|n| !n.is_empty());
-    let matches: Vec<proxycfg::ProxyId> = views
-        .manager
-        .registered()
-        .await
-        .into_iter()
-        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
-        .collect();
+    let matches = views.registered_as(&proxy_id, &params).await;
     let id = match matches.as_slice() {
         [one] => one.clone(),
         [] => return not_registered(&views, &proxy_id),
@@ -134,14 +141,7 @@ async fn troubleshoot_proxy(
     if let Err(refused) = operator_read(&caller) {
         return refused.into_response();
     }
-    let node = params.get("node").filter(|n| !n.is_empty());
-    let ids: Vec<proxycfg::ProxyId> = views
-        .manager
-        .registered()
-        .await
-        .into_iter()
-        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
-        .collect();
+    let ids = views.registered_as(&proxy_id, &params).await;
     let streams: Vec<_> = views
         .xds
         .sync_status()
@@ -204,15 +204,15 @@ async fn troubleshoot_upstream(
         method: params.get("method").unwrap_or("GET").to_owned(),
         headers,
     };
-    let node = params.get("node").filter(|n| !n.is_empty());
-    let ids = views.manager.registered().await;
-    let Some(source) = ids
+    let Some(source) = views
+        .registered_as(&proxy_id, &params)
+        .await
         .iter()
-        .filter(|id| id.service_id == proxy_id && node.is_none_or(|n| id.node == n))
         .find_map(|id| views.manager.current(id))
     else {
         return not_registered(&views, &proxy_id);
     };
+    let ids = views.manager.registered().await;
     let others: Vec<_> = ids.iter().filter_map(|id| views.manager.current(id)).collect();
     let walk = crate::troubleshoot_upstream::walk(&source, &req, &others);
     let fails_at = walk.steps.iter().find(|s| !s.ok).map(|s| s.step.clone());
