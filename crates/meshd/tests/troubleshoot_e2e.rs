@@ -1,7 +1,8 @@
 //! `meshd troubleshoot upstream` against real Envoys: web's requests to a healthy upstream,
-//! to a subset with no healthy instance, to a service an intention denies, and to a service
-//! with no instance at all are each walked, and the step named as failing is the one that
-//! makes web's Envoy fail the same request.
+//! to a subset with no healthy instance, to a service an intention denies, to a service
+//! with no instance at all, and to an instance whose Envoy holds a certificate web does not
+//! trust (set up by another meshd, another CA) are each walked, and the step named as
+//! failing is the one that makes web's Envoy fail the same request.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use serde_json::{Value, json};
@@ -56,7 +57,7 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
     let mesh = Mesh::start();
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    for name in ["api", "denied", "missing"] {
+    for name in ["api", "denied", "missing", "rogue"] {
         mesh.put(
             "/v1/config",
             json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"}),
@@ -95,7 +96,24 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
         )
         .await;
     }
-    let (api_up, denied_up, missing_up) = (free_port(), free_port(), free_port());
+    // rogue's only instance: its Envoy was set up by another meshd (its own CA), registered
+    // here with the port that Envoy listens on.
+    let other = Mesh::start();
+    let rogue_public = free_port();
+    other
+        .register(
+            "node-rogue",
+            "rogue",
+            backend("rogue"),
+            rogue_public,
+            json!([]),
+            json!({}),
+        )
+        .await;
+    let rogue_port = backend("rogue");
+    mesh.register("node-rogue", "rogue", rogue_port, rogue_public, json!([]), json!({}))
+        .await;
+    let (api_up, denied_up, missing_up, rogue_up) = (free_port(), free_port(), free_port(), free_port());
     mesh.register(
         "node-web",
         "web",
@@ -103,12 +121,14 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
         free_port(),
         json!([{"DestinationName": "api", "LocalBindPort": api_up},
                {"DestinationName": "denied", "LocalBindPort": denied_up},
-               {"DestinationName": "missing", "LocalBindPort": missing_up}]),
+               {"DestinationName": "missing", "LocalBindPort": missing_up},
+               {"DestinationName": "rogue", "LocalBindPort": rogue_up}]),
         json!({}),
     )
     .await;
     let (_api, _) = mesh.envoy("api", "node-api", dir.path()).await;
     let (_denied, _) = mesh.envoy("denied", "node-denied", dir.path()).await;
+    let (_rogue, _) = other.envoy("rogue", "node-rogue", dir.path()).await;
     let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
     wait_for(|| async { (status(&client, api_up, "/").await == 200).then_some(()) }).await;
 
@@ -129,6 +149,7 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
             "route",
             "target",
             "instances",
+            "handshake",
             "mtls",
             "intention"
         ],
@@ -160,8 +181,19 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
     assert_eq!(walk["FailsAt"], "instances", "{text}");
     assert_eq!(status(&client, missing_up, "/").await, 503);
 
+    // (d) An instance whose Envoy presents a certificate web does not trust (another CA):
+    // every certificate meshd holds is fine, the handshake is not; Envoy fails the request.
+    let (text, walk) = troubleshoot(&mesh, "rogue", "/");
+    assert_eq!(walk["FailsAt"], "handshake", "{text}");
+    assert!(
+        text.contains("rogue-sidecar-proxy on node-rogue at 127.0.0.1:")
+            && text.contains("which the source does not trust"),
+        "{text}"
+    );
+    assert_eq!(status(&client, rogue_up, "/").await, 503);
+
     // An upstream the proxy does not have: the upstream step, naming the ones it has.
     let (text, walk) = troubleshoot(&mesh, "nope", "/");
     assert_eq!(walk["FailsAt"], "upstream", "{text}");
-    assert!(text.contains("its upstreams: api, denied, missing"), "{text}");
+    assert!(text.contains("its upstreams: api, denied, missing, rogue"), "{text}");
 }

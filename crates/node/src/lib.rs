@@ -31,6 +31,7 @@ pub mod shutdown;
 pub mod status;
 pub mod tls;
 pub mod troubleshoot;
+pub mod troubleshoot_handshake;
 pub mod troubleshoot_upstream;
 pub mod version;
 

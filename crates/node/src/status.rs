@@ -214,7 +214,8 @@ async fn troubleshoot_upstream(
     };
     let ids = views.manager.registered().await;
     let others: Vec<_> = ids.iter().filter_map(|id| views.manager.current(id)).collect();
-    let walk = crate::troubleshoot_upstream::walk(&source, &req, &others);
+    let mut walk = crate::troubleshoot_upstream::walk(&source, &req, &others);
+    handshakes(&source, &mut walk).await;
     let fails_at = walk.steps.iter().find(|s| !s.ok).map(|s| s.step.clone());
     let source_uri = source
         .connect_proxy()
@@ -230,6 +231,28 @@ async fn troubleshoot_upstream(
         "FailsAt": fails_at,
     }))
     .into_response()
+}
+
+/// Dials the instances the walk reaches (`crate::troubleshoot_handshake`), all at once, and
+/// puts each target's `handshake` steps after its `instances` step.
+async fn handshakes(source: &proxycfg::ConfigSnapshot, walk: &mut crate::troubleshoot_upstream::Walk) {
+    let (Some(leaf), Some(roots)) = (
+        source.connect_proxy().and_then(|c| c.leaf.as_ref()),
+        source.roots.as_deref(),
+    ) else {
+        return;
+    };
+    let probes = std::mem::take(&mut walk.probes);
+    let dialled = futures_util::future::join_all(
+        probes
+            .iter()
+            .map(|p| crate::troubleshoot_handshake::handshake(leaf, roots, p)),
+    )
+    .await;
+    // Last first: each insertion leaves the earlier indexes where they were.
+    for (probe, steps) in probes.iter().zip(dialled).rev() {
+        walk.steps.splice(probe.at..probe.at, steps);
+    }
 }
 
 /// The answer for a proxy the engine does not hold: why, when its source knows.

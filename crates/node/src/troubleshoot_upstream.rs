@@ -1,8 +1,9 @@
 //! `meshd troubleshoot upstream` (`docs/troubleshoot.md`): a request walked as the proxy
 //! would carry it to an upstream, from the proxy's own snapshot — its certificate, the
 //! upstream's listener, the route that matches the request, the split legs, each leg's
-//! resolver target with its subset filter, the healthy instances (and failover targets) —
-//! and, when this node also serves the destination's proxies, their certificates against
+//! resolver target with its subset filter, the healthy instances (and failover targets), the
+//! instances to dial for the handshakes (`crate::troubleshoot_handshake`, done by the
+//! caller) — and, when this node also serves the destination's proxies, their certificates against
 //! the source's roots and back. One step per line; the first failing step is where the
 //! request fails. The intention that decides at the destination is asked of the catalog by
 //! the command (`/v1/connect/intentions/check`).
@@ -51,11 +52,22 @@ fn step(name: &str, ok: bool, detail: String) -> Step {
 
 /// Whether `cert` is valid now and chains to one of `roots`; the verifier's reason if not.
 pub fn check_cert(cert: &IssuedCert, roots: &IndexedCaRoots) -> Result<(), String> {
-    let leaf = CertificateDer::from_pem_slice(cert.cert_pem.as_bytes()).map_err(|e| format!("unreadable: {e}"))?;
-    let intermediates: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
-        .skip(1)
-        .filter_map(Result::ok)
-        .collect();
+    let mut chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes());
+    let leaf = match chain.next() {
+        Some(Ok(leaf)) => leaf,
+        Some(Err(e)) => return Err(format!("unreadable: {e}")),
+        None => return Err("unreadable: no certificate".into()),
+    };
+    let intermediates: Vec<CertificateDer<'static>> = chain.filter_map(Result::ok).collect();
+    verify_chain(&leaf, &intermediates, roots)
+}
+
+/// Whether `leaf` (with `intermediates`) is valid now and chains to one of `roots`.
+pub fn verify_chain(
+    leaf: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    roots: &IndexedCaRoots,
+) -> Result<(), String> {
     let mut store = rustls::RootCertStore::empty();
     for root in &roots.roots {
         for der in CertificateDer::pem_slice_iter(root.root_cert.as_bytes()).flatten() {
@@ -67,9 +79,25 @@ pub fn check_cert(cert: &IssuedCert, roots: &IndexedCaRoots) -> Result<(), Strin
             .build()
             .map_err(|e| format!("no usable root: {e}"))?;
     verifier
-        .verify_client_cert(&leaf, &intermediates, UnixTime::now())
+        .verify_client_cert(leaf, intermediates, UnixTime::now())
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// How many instances of one target the `handshake` steps dial.
+pub const MAX_PROBED_INSTANCES: usize = 3;
+
+/// The instances of one target to dial, and where their steps go in the walk.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The walk's step index the handshake steps are inserted at.
+    pub at: usize,
+    /// The destination service (whose identity the instances must present).
+    pub service: String,
+    /// The SNI the source's Envoy sends for the target.
+    pub sni: String,
+    /// Each instance: (who, for people; `host:port` of its proxy).
+    pub instances: Vec<(String, String)>,
 }
 
 /// A walk: its steps, and the services its request reaches (where intentions decide).
@@ -80,16 +108,20 @@ pub struct Walk {
     pub steps: Vec<Step>,
     /// The destination services the request reaches (each target's).
     pub reaches: Vec<String>,
+    /// The instances to dial for the `handshake` steps (`crate::troubleshoot_handshake`).
+    #[serde(skip)]
+    pub probes: Vec<Probe>,
 }
 
 /// Walks `req` through `source`'s snapshot; `destinations` are the snapshots of the
 /// destination's proxies this node serves (their certificates are checked too).
 pub fn walk(source: &ConfigSnapshot, req: &Request, destinations: &[Arc<ConfigSnapshot>]) -> Walk {
     let mut reaches = Vec::new();
-    let steps = walk_steps(source, req, destinations, &mut reaches);
+    let mut probes = Vec::new();
+    let steps = walk_steps(source, req, destinations, &mut reaches, &mut probes);
     reaches.sort();
     reaches.dedup();
-    Walk { steps, reaches }
+    Walk { steps, reaches, probes }
 }
 
 fn walk_steps(
@@ -97,6 +129,7 @@ fn walk_steps(
     req: &Request,
     destinations: &[Arc<ConfigSnapshot>],
     reaches: &mut Vec<String>,
+    probes: &mut Vec<Probe>,
 ) -> Vec<Step> {
     let mut out = Vec::new();
     let Some(cp) = source.connect_proxy() else {
@@ -157,7 +190,9 @@ fn walk_steps(
         if let Some(t) = chain.targets.get(&target) {
             reaches.push(t.service.clone());
         }
-        target_steps(chain, upstream, &target, share, &mut out);
+        if let Some(probe) = target_steps(chain, upstream, &target, share, &mut out) {
+            probes.push(probe);
+        }
         destination_steps(source, chain, &target, destinations, &mut out);
     }
     out
@@ -303,7 +338,7 @@ fn target_steps(
     target: &structs::TargetId,
     share: f64,
     out: &mut Vec<Step>,
-) {
+) -> Option<Probe> {
     let describe = |t: &structs::TargetId| match chain.targets.get(t) {
         Some(d) if !d.subset.filter.is_empty() => format!("{} (subset {}: {})", t, d.service_subset, d.subset.filter),
         _ => t.to_string(),
@@ -322,7 +357,7 @@ fn target_steps(
             true,
             format!("{} has {here} healthy instances", target),
         ));
-        return;
+        return probe(chain, upstream, target, out.len());
     }
     let failover = chain
         .nodes
@@ -332,20 +367,59 @@ fn target_steps(
         .and_then(|r| r.failover.as_ref())
         .and_then(|f| f.targets.iter().find(|t| healthy(t) > 0));
     match failover {
-        Some(t) => out.push(step(
-            "instances",
-            true,
-            format!(
-                "{target} has no healthy instance: its requests fail over to {t} ({} healthy)",
-                healthy(t)
-            ),
-        )),
-        None => out.push(step(
-            "instances",
-            false,
-            format!("{target} has no healthy instance (and no failover target has one): {pct:.0}% of requests fail"),
-        )),
+        Some(t) => {
+            out.push(step(
+                "instances",
+                true,
+                format!(
+                    "{target} has no healthy instance: its requests fail over to {t} ({} healthy)",
+                    healthy(t)
+                ),
+            ));
+            probe(chain, upstream, t, out.len())
+        }
+        None => {
+            out.push(step(
+                "instances",
+                false,
+                format!(
+                    "{target} has no healthy instance (and no failover target has one): {pct:.0}% of requests fail"
+                ),
+            ));
+            None
+        }
     }
+}
+
+/// The first healthy instances of `target` to dial, their steps to go at `at`.
+fn probe(
+    chain: &CompiledDiscoveryChain,
+    upstream: &UpstreamSnapshot,
+    target: &structs::TargetId,
+    at: usize,
+) -> Option<Probe> {
+    let t = chain.targets.get(target)?;
+    let instances = upstream
+        .endpoints
+        .get(target)?
+        .iter()
+        .take(MAX_PROBED_INSTANCES)
+        .map(|n| {
+            let host = n.address();
+            let addr = if host.contains(':') {
+                format!("[{host}]:{}", n.service.port)
+            } else {
+                format!("{host}:{}", n.service.port)
+            };
+            (format!("{} on {}", n.service.id, n.node.node), addr)
+        })
+        .collect();
+    Some(Probe {
+        at,
+        service: t.service.clone(),
+        sni: t.sni.clone(),
+        instances,
+    })
 }
 
 /// The certificates of the target service's proxies served here, checked against the
@@ -386,19 +460,25 @@ fn destination_steps(
             .map_or(Ok(()), |r| check_cert(leaf, r))
             .map_err(|e| format!("the source's certificate is not trusted by {who}: {e}"));
         match theirs.and(ours) {
-            Ok(()) => out.push(step("mtls", true, format!("{who}: certificates trusted both ways"))),
+            Ok(()) => out.push(step(
+                "mtls",
+                true,
+                format!("{who}: the certificates meshd issued it and the source trust each other"),
+            )),
             Err(why) => out.push(step("mtls", false, why)),
         }
     }
 }
 
+/// Certificates for the tests of the walk and its handshakes.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_certs {
     #![allow(clippy::unwrap_used)]
-    use super::*;
     use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
+    use structs::{IndexedCaRoots, IssuedCert};
 
-    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+    /// A CA: its PEM and its issuer.
+    pub(crate) fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -407,7 +487,8 @@ mod tests {
         (cert.pem(), Issuer::new(params, key))
     }
 
-    fn leaf(issuer: &Issuer<'_, KeyPair>, expired: bool) -> IssuedCert {
+    /// A leaf for `spiffe://t.consul/ns/default/dc/dc1/svc/web`.
+    pub(crate) fn leaf(issuer: &Issuer<'_, KeyPair>, expired: bool) -> IssuedCert {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         let uri = "spiffe://t.consul/ns/default/dc/dc1/svc/web";
@@ -424,8 +505,10 @@ mod tests {
         }
     }
 
-    fn roots(pem: String) -> IndexedCaRoots {
+    /// Roots of trust domain `t.consul` holding `pem`.
+    pub(crate) fn roots(pem: String) -> IndexedCaRoots {
         IndexedCaRoots {
+            trust_domain: "t.consul".into(),
             roots: vec![structs::CaRoot {
                 root_cert: pem,
                 ..structs::CaRoot::default()
@@ -433,6 +516,13 @@ mod tests {
             ..IndexedCaRoots::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::test_certs::{ca, leaf, roots};
+    use super::*;
 
     #[test]
     fn an_expired_or_untrusted_certificate_is_named_as_such() {
