@@ -1,7 +1,8 @@
 """The dashboard at /ui in headless Chromium (Debian's, MESHD_CHROMIUM), driven over the
 Chrome DevTools protocol: the services page lists the registered services with their health
 counts, a proxy's row changes version after a write (live, without reloading) and shows the
-reasons of build problems, the intention matrix shows a deny, and the config entries page
+reasons of build problems, a proxy's troubleshoot page shows meshd's findings and walks a
+request to its upstream, the intention matrix shows a deny, and the config entries page
 lists every entry by kind. Screenshots go to target/ui-screenshots/ (not committed); DOM
 checks decide."""
 
@@ -205,6 +206,25 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
         chrome.wait(f"{row}.querySelector('.versions').innerText !== {json.dumps(before)} && "
                     f"{row}.querySelector('.state').innerText.includes('SYNCED')", "the row's new version")
         chrome.screenshot("proxies-after", docs="ui-proxies.png")
+
+        # Troubleshoot, from the proxy's row: meshd's findings, then a request walked to
+        # one of its upstreams, step by step.
+        chrome.eval(f"{row}.querySelector('a').click()")
+        chrome.wait("location.hash === '#troubleshoot/client-1' && !!document.querySelector('#fine')", "the troubleshoot page")
+        assert chrome.eval("document.querySelector('#problems').innerText").strip() == "ok No problem found."
+        fine = chrome.eval("[...document.querySelectorAll('#fine li')].map(l => l.innerText)")
+        assert any(f.startswith("synced ClusterLoadAssignments: Envoy acknowledged version") for f in fine), fine
+        assert chrome.eval("[...document.querySelectorAll('#walk-upstream option')].map(o => o.value)") == ["api"]
+        # api's instances are connect-native and nothing of theirs runs: the walk gets as far
+        # as dialling them, and fails there, as the client itself would.
+        chrome.eval("document.querySelector('#walk-form button').click()")
+        chrome.wait("!!document.querySelector('#steps')", "the walk")
+        steps = chrome.eval("[...document.querySelectorAll('#steps tr[data-step]')].map(r => [r.dataset.step, r.dataset.ok])")
+        assert steps == [["certificate", "true"], ["listener", "true"], ["target", "true"], ["instances", "true"],
+                         ["handshake", "false"], ["handshake", "false"], ["intention", "true"]], steps
+        assert chrome.eval("document.querySelector('#walk-result').innerText") == "The request fails at: handshake"
+        assert "proxyless gRPC" in chrome.eval("document.querySelector('#steps tr[data-step=\"listener\"]').innerText")
+        chrome.screenshot("troubleshoot", docs="ui-troubleshoot.png")
 
         # Build problems show with their reasons: the server's own answer, with a problem
         # added (no valid configuration makes one: see crates/xds/tests/protocol.rs for the

@@ -130,7 +130,7 @@ fn screenshots() -> Result<()> {
         .env("MESHD_UPDATE_DOCS_SCREENSHOTS", "1");
     peers.export(&mut pytest);
     run(pytest)?;
-    println!("xtask: wrote docs/ui-proxies.png");
+    println!("xtask: wrote docs/ui-proxies.png and docs/ui-troubleshoot.png");
     Ok(())
 }
 

@@ -18,10 +18,11 @@ function notice(text) {
   n.textContent = text || "";
 }
 
-async function api(path) {
+async function api(path, body) {
   const headers = {};
   if (token()) headers["X-Consul-Token"] = token();
-  const resp = await fetch(path, { headers });
+  // A body: a question asked by POST (it changes nothing: the dashboard only reads).
+  const resp = await fetch(path, body === undefined ? { headers } : { method: "POST", headers, body: JSON.stringify(body) });
   if (resp.status === 403) {
     throw new Error(`Permission denied for ${path}: give a token that may read it (the field at the top right).`);
   }
@@ -103,7 +104,7 @@ async function proxies(page) {
       ? ` <span class="pill idle mode" title="${esc((s.ImplicitUpstreams || []).join(", "))}">transparent · ${(s.ImplicitUpstreams || []).length} implicit upstream(s)</span>`
       : "";
     return `<tr data-node="${esc(s.Node)}">
-      <td><b>${esc(s.Node)}</b>${implicit}</td><td>${esc(s.Protocol)}</td><td>${esc(s.Server)}</td>
+      <td><a href="#troubleshoot/${encodeURIComponent(s.Node)}" title="Troubleshoot ${esc(s.Node)}"><b>${esc(s.Node)}</b></a>${implicit}</td><td>${esc(s.Protocol)}</td><td>${esc(s.Server)}</td>
       <td class="state">${pill(cls[state], state)}${problems.length ? pill("bad", `${problems.length} build problem(s)`) + reasons : ""}</td>
       <td class="versions">${types || "—"}</td>
       <td>${s.SnapshotAgeSeconds == null ? "—" : `${Math.round(s.SnapshotAgeSeconds)} s`}</td></tr>`;
@@ -204,7 +205,67 @@ async function chain(page, service) {
   $("#chain-service").onchange = (e) => { location.hash = `#chain/${encodeURIComponent(e.target.value)}`; };
 }
 
-const PAGES = { services, proxies, intentions, config, chain };
+// Troubleshoot: what is wrong with one proxy, first (meshd's half of `meshd troubleshoot
+// proxy`), and a request walked to one of its upstreams (`meshd troubleshoot upstream`).
+async function troubleshoot(page, id) {
+  if (!id) {
+    const streams = await api("/v1/internal/xds-status");
+    const ids = [...new Set(streams.map((s) => s.Node))].sort();
+    page.innerHTML = `<h1>Troubleshoot</h1><div class="sub">Pick a proxy connected to this server.</div>
+      <ul id="troubleshoot-proxies">${ids.map((n) => `<li><a href="#troubleshoot/${encodeURIComponent(n)}">${esc(n)}</a></li>`).join("")
+      || `<li class="sub">No proxy is connected to this server.</li>`}</ul>`;
+    return;
+  }
+  const enc = encodeURIComponent(id);
+  const t = await api(`/v1/internal/troubleshoot/proxy/${enc}`);
+  let upstreams = [];
+  try { upstreams = ((await api(`/v1/internal/proxy-status/${enc}`)).Upstreams || []).map((u) => u.ID); } catch (e) { /* not registered: the findings say so */ }
+  const finding = (f, cls) => `<li class="finding" data-kind="${esc(f.Kind)}">${pill(cls, f.Kind)} ${esc(f.Message)}</li>`;
+  page.innerHTML = `<h1>Troubleshoot ${esc(id)}</h1>
+    <div class="sub">What meshd sent this proxy and what it answered: what is wrong first. (Envoy's own half — its clusters' health, the certificates it holds — is in <code>meshd troubleshoot proxy -envoy-admin ADDR</code>.)</div>
+    <ul id="problems" class="findings">${t.Problems.map((f) => finding(f, "bad")).join("") || `<li class="finding">${pill("ok", "ok")} No problem found.</li>`}</ul>
+    <ul id="fine" class="findings">${t.Fine.map((f) => finding(f, "ok")).join("")}</ul>
+    <h2>Walk a request</h2>
+    <form id="walk-form" class="walk">
+      <label>Upstream <select id="walk-upstream">${upstreams.map((u) => `<option>${esc(u)}</option>`).join("")}</select></label>
+      <label>Method <select id="walk-method">${["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"].map((m) => `<option>${m}</option>`).join("")}</select></label>
+      <label>Path <input id="walk-path" value="/"></label>
+      <button type="submit" class="link">Walk</button>
+    </form>
+    <div id="walk"></div>`;
+  $("#walk-form").onsubmit = (e) => { e.preventDefault(); walk(id); };
+}
+
+// The walk of a request from proxy `id` to the upstream the form names, step by step; the
+// intention at each service reached is asked as the destination's proxy asks it.
+async function walk(id) {
+  const out = $("#walk");
+  const q = new URLSearchParams({ upstream: $("#walk-upstream").value, method: $("#walk-method").value, path: $("#walk-path").value });
+  out.innerHTML = `<div class="sub">Walking…</div>`;
+  try {
+    const w = await api(`/v1/internal/troubleshoot/upstream/${encodeURIComponent(id)}?${q}`);
+    for (const service of w.Reaches) {
+      try {
+        const a = await api("/v1/agent/connect/authorize", { Target: service, ClientCertURI: w.SourceURI });
+        w.Steps.push({ Step: "intention", Ok: a.Authorized, Detail: `at ${service}: ${a.Reason}` });
+      } catch (e) {
+        // Not a step the request fails at: one the dashboard could not check.
+        w.Steps.push({ Step: "intention", Ok: true, Detail: `at ${service}: not checked (${e.message})` });
+      }
+    }
+    const failing = w.Steps.find((s) => !s.Ok);
+    out.innerHTML = `<div id="walk-result" class="${failing ? "notice" : "pill ok"}">${failing ? `The request fails at: <b>${esc(failing.Step)}</b>` : "The request gets through."}</div>
+      <table id="steps"><thead><tr><th></th><th>Step</th><th>What was found</th></tr></thead><tbody>
+      ${w.Steps.map((s) => `<tr data-step="${esc(s.Step)}" data-ok="${s.Ok}"><td>${pill(s.Ok ? "ok" : "bad", s.Ok ? "ok" : "fails")}</td><td><b>${esc(s.Step)}</b></td><td class="mono">${esc(s.Detail)}</td></tr>`).join("")}
+      </tbody></table>`;
+    stamp();
+  } catch (e) {
+    out.innerHTML = "";
+    notice(e.message);
+  }
+}
+
+const PAGES = { services, proxies, intentions, config, chain, troubleshoot };
 
 async function show(name, arg) {
   clearTimeout(timer);

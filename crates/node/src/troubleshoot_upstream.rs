@@ -200,6 +200,19 @@ fn walk_steps(
 
 fn listener_step(source: &ConfigSnapshot, upstream: &UpstreamSnapshot, id: &structs::UpstreamId) -> Step {
     match source.upstream_config(upstream) {
+        Some(u) if !u.local_bind_socket_path.is_empty() => step(
+            "listener",
+            true,
+            format!("upstream {id} listens on the socket {}", u.local_bind_socket_path),
+        ),
+        Some(u) if u.local_bind_port == 0 => step(
+            "listener",
+            true,
+            format!(
+                "upstream {id} has no local listener: the client resolves it itself (proxyless gRPC: xds:///{})",
+                id.name
+            ),
+        ),
         Some(u) => {
             let addr = if u.local_bind_address.is_empty() {
                 "127.0.0.1"
