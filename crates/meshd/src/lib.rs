@@ -14,5 +14,6 @@ pub mod run;
 pub mod snapshot_cli;
 pub mod tls;
 pub mod troubleshoot_cli;
+pub mod troubleshoot_compare;
 
 pub use node::{host_name, init_logging, shutdown_signal};

@@ -1,7 +1,9 @@
 //! `meshd troubleshoot proxy -envoy-admin ADDR` (`docs/troubleshoot.md`): meshd's findings
 //! on the proxy (`GET /v1/internal/troubleshoot/proxy/:id`: rejected and stale types, watches
 //! failing, parts that cannot be built) and Envoy's own, from its admin interface (clusters
-//! with no healthy endpoint, certificates about to expire), what is wrong first.
+//! with no healthy endpoint, certificates about to expire, and its config dump compared
+//! resource by resource with what meshd sent: `crate::troubleshoot_compare`), what is wrong
+//! first.
 
 use crate::acl_cli::request;
 use crate::cli::{TroubleshootCommand, TroubleshootProxyArgs, TroubleshootUpstreamArgs};
@@ -108,6 +110,9 @@ async fn proxy(args: &TroubleshootProxyArgs) -> Result<Value> {
     }
     if let Some(clusters) = get("/clusters?format=json").await {
         clusters_findings(&clusters, &mut problems, &mut fine);
+    }
+    if let Some(dump) = get("/config_dump?include_eds").await {
+        crate::troubleshoot_compare::compare(&dump, &meshd["Streams"], &mut problems, &mut fine);
     }
     if let Some(certs) = get("/certs").await {
         cert_findings(&certs, &mut problems, &mut fine);

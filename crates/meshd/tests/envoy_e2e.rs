@@ -286,6 +286,14 @@ async fn troubleshoot_a_rejecting_then_a_stale_envoy(mesh: &Mesh, envoy: &Proc, 
         "what is wrong first, with Envoy's own error: {out}"
     );
     assert!(out.contains("ok Envoy 1.") && out.contains("LIVE"), "{out}");
+    // Resource by resource, what Envoy runs is what meshd sent (the rejected listener aside,
+    // reported above): nothing missing, nothing left over.
+    assert!(
+        out.contains("resources Envoy runs match what meshd sent")
+            && !out.contains("does not hold it")
+            && !out.contains("which meshd does not send"),
+        "{out}"
+    );
 
     // Paused, it answers nothing: a change meshd sends stays unanswered, and is reported
     // stale once it has waited long enough.

@@ -129,7 +129,7 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
     let (_api, _) = mesh.envoy("api", "node-api", dir.path()).await;
     let (_denied, _) = mesh.envoy("denied", "node-denied", dir.path()).await;
     let (_rogue, _) = other.envoy("rogue", "node-rogue", dir.path()).await;
-    let (_web, _) = mesh.envoy("web", "node-web", dir.path()).await;
+    let (_web, web_admin) = mesh.envoy("web", "node-web", dir.path()).await;
     wait_for(|| async { (status(&client, api_up, "/").await == 200).then_some(()) }).await;
 
     // (e) The healthy path: every step passes, and Envoy serves it.
@@ -196,4 +196,32 @@ async fn each_failing_request_is_walked_to_the_step_where_envoy_fails_it() {
     let (text, walk) = troubleshoot(&mesh, "nope", "/");
     assert_eq!(walk["FailsAt"], "upstream", "{text}");
     assert!(text.contains("its upstreams: api, denied, missing, rogue"), "{text}");
+
+    // `troubleshoot proxy` on web's Envoy: resource by resource, its config dump is what
+    // meshd sent (and what is wrong is what the walks found: clusters with no endpoint).
+    let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .args([
+            "troubleshoot",
+            "proxy",
+            "-http-addr",
+            &mesh.http,
+            "-envoy-admin",
+            &web_admin,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    println!("{text}");
+    let matched = text
+        .lines()
+        .find(|l| l.contains("resources Envoy runs match what meshd sent"))
+        .unwrap_or_else(|| panic!("{text}"));
+    for t in ["Clusters", "ClusterLoadAssignments", "Listeners", "RouteConfigurations"] {
+        assert!(matched.contains(t), "{text}");
+    }
+    assert!(
+        !text.contains("does not hold it") && !text.contains("does not send it") && !text.contains("at version"),
+        "{text}"
+    );
 }

@@ -173,6 +173,9 @@ async fn troubleshoot_proxy(
         "ProxyID": proxy_id,
         "Problems": findings.problems,
         "Fine": findings.fine,
+        // What each of its streams here holds, resource by resource: what `meshd
+        // troubleshoot proxy` compares with Envoy's config dump.
+        "Streams": views.xds.resource_states(&proxy_id),
     }))
     .into_response()
 }

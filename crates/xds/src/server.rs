@@ -217,6 +217,12 @@ impl XdsServer {
         self.inner.status.report()
     }
 
+    /// Each stream of `node` on this server (oldest first) with every resource it holds or
+    /// is due: type, name, version as sent, state.
+    pub fn resource_states(&self, node: &str) -> Vec<crate::status::StreamResources> {
+        self.inner.status.resources_of(node)
+    }
+
     pub(crate) fn status_tracker(&self) -> &crate::status::Tracker {
         &self.inner.status
     }

@@ -56,6 +56,35 @@ pub enum ResourceState {
     Error,
 }
 
+/// One resource of a stream as the server sees it (`XdsServer::resource_states`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ResourceStatus {
+    /// Its type URL.
+    pub type_url: &'static str,
+    /// Its name (a load assignment's: its cluster's).
+    pub name: String,
+    /// Its version as last sent (or due).
+    pub version: String,
+    /// Whether the proxy acknowledged it.
+    pub state: ResourceState,
+}
+
+/// The resources of one stream (`XdsServer::resource_states`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct StreamResources {
+    /// `sotw` or `delta`: a SotW proxy versions a type, a delta one each resource.
+    pub protocol: &'static str,
+    /// When the stream opened.
+    pub opened_at: String,
+    /// The types with a response the proxy has not answered yet (what it holds of them may
+    /// be the previous set).
+    pub pending_types: Vec<&'static str>,
+    /// Each resource, by type then name.
+    pub resources: Vec<ResourceStatus>,
+}
+
 /// What a response carried, for the status.
 pub(crate) struct Sent<'r> {
     pub(crate) type_url: &'r str,
@@ -643,6 +672,54 @@ impl Tracker {
             }
             visit(&st.node_id, &rows);
         }
+    }
+
+    /// Each stream of `node` (oldest first) with its resources.
+    pub(crate) fn resources_of(&self, node: &str) -> Vec<StreamResources> {
+        let mut out: Vec<(SystemTime, StreamResources)> = Vec::new();
+        for v in self.views() {
+            let st = v.state.lock();
+            if st.node_id != node {
+                continue;
+            }
+            let mut types: Vec<&'static str> = st.types.keys().copied().collect();
+            if let Some(current) = &st.current {
+                types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
+            }
+            types.sort_unstable();
+            let pending_types = types
+                .iter()
+                .copied()
+                .filter(|t| st.types.get(t).is_some_and(|v| !v.pending.is_empty()))
+                .collect();
+            let mut resources = Vec::new();
+            for type_url in types {
+                each_resource_state(
+                    st.types.get(type_url),
+                    st.current.as_deref(),
+                    type_url,
+                    |(name, (version, state, _, _))| {
+                        resources.push(ResourceStatus {
+                            type_url,
+                            name: name.to_owned(),
+                            version: version.to_owned(),
+                            state,
+                        });
+                    },
+                );
+            }
+            out.push((
+                v.opened,
+                StreamResources {
+                    protocol: v.protocol,
+                    opened_at: rfc3339(v.opened),
+                    pending_types,
+                    resources,
+                },
+            ));
+        }
+        out.sort_by_key(|(opened, _)| *opened);
+        out.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Starts the check for stuck streams every 500 ms (once per server; ends with `stop`):
