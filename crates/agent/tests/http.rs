@@ -441,6 +441,21 @@ async fn services_and_checks_take_filter_expressions() {
             "filter: /v1/agent/members does not take a filter expression"
         )
     );
+    // A registration has no dry run: asked for one, nothing is registered.
+    let (st, body) = call(
+        &app,
+        "PUT",
+        "/v1/agent/service/register?dry-run",
+        serde_json::json!({"Name": "trial", "Port": 1}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.starts_with("dry-run: PUT /v1/agent/service/register has no dry run, and nothing was written"),
+        "{body}"
+    );
+    let (_, services) = call(&app, "GET", "/v1/agent/services", Value::Null).await;
+    assert!(!keys(&services).contains(&"trial".to_owned()), "{services}");
     let (st, body) = call(&app, "GET", "/v1/agent/checks?filter=Status%20%3D%3D", Value::Null).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(

@@ -212,7 +212,8 @@ const CATCH_UP_FOR_UNKNOWN_TOKEN: std::time::Duration = std::time::Duration::fro
 /// takes none is refused, the token resolved, a write audited, a 413 made to name the
 /// limit, and the answer counted.
 pub(crate) async fn front(State(api): State<Api>, req: Request, next: Next) -> Response {
-    let resp = match http_kit::filter_refusal(req.uri()) {
+    let refused = http_kit::filter_refusal(req.uri()).or_else(|| http_kit::dry_run_refusal(req.method(), req.uri()));
+    let resp = match refused {
         Some(refused) => refused,
         None => {
             let req = resolve(&api, req).await;

@@ -422,6 +422,13 @@ async fn errors_are_plain_text_and_name_the_problem() {
             "filter: unknown selector \"Service.Port\" at offset 0: known selectors are ID, Node, Address",
         ),
         (
+            "PUT",
+            "/v1/kv/trial?dry-run",
+            "v".to_owned(),
+            StatusCode::BAD_REQUEST,
+            "dry-run: PUT /v1/kv/trial has no dry run, and nothing was written: dry runs cover config entries (/v1/config), intentions and catalog registrations (/v1/catalog/register, /v1/catalog/deregister)",
+        ),
+        (
             "GET",
             "/v1/catalog/datacenters?filter=Node==n1",
             String::new(),

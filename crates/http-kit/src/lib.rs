@@ -376,12 +376,56 @@ const FILTERABLE: &[&str] = &[
 ];
 
 /// Middleware: `?filter=` given to a path that does not filter is a 400 naming the path,
-/// rather than an unfiltered answer. Servers, agents and the node's own routes all use it.
+/// rather than an unfiltered answer, and `?dry-run` given to a write that has none is a 400
+/// ([`dry_run_refusal`]). Servers, agents and the node's own routes all use it.
 pub async fn refuse_filter(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-    match filter_refusal(req.uri()) {
+    match filter_refusal(req.uri()).or_else(|| dry_run_refusal(req.method(), req.uri())) {
         Some(refused) => refused,
         None => next.run(req).await,
     }
+}
+
+/// The writes that take `?dry-run` (method, path; a path ending in `/` is a prefix): config
+/// entries, intentions and catalog registrations (`docs/dry-run.md`).
+const DRY_RUNNABLE: &[(&str, &str)] = &[
+    ("PUT", "/v1/config"),
+    ("DELETE", "/v1/config/"),
+    ("PUT", "/v1/connect/intentions/exact"),
+    ("DELETE", "/v1/connect/intentions/exact"),
+    ("POST", "/v1/connect/intentions"),
+    ("PUT", "/v1/connect/intentions/"),
+    ("DELETE", "/v1/connect/intentions/"),
+    ("PUT", "/v1/catalog/register"),
+    ("PUT", "/v1/catalog/deregister"),
+];
+
+/// What [`refuse_filter`] also answers: `?dry-run` on a write that has no dry run is a 400
+/// saying that nothing was written, rather than the write done for real (an unknown
+/// parameter is otherwise ignored, as Consul does). Reads ignore it.
+pub fn dry_run_refusal(method: &axum::http::Method, uri: &axum::http::Uri) -> Option<axum::response::Response> {
+    use axum::response::IntoResponse as _;
+    if matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD)
+        || !uri.query().is_some_and(|q| q.contains("dry-run") || q.contains('%'))
+        || !Params::parse(uri.query()).has("dry-run")
+    {
+        return None;
+    }
+    let path = uri.path();
+    let takes = DRY_RUNNABLE.iter().any(|(m, p)| {
+        method.as_str() == *m
+            && if p.ends_with('/') {
+                path.starts_with(p)
+            } else {
+                path == *p
+            }
+    });
+    if takes {
+        return None;
+    }
+    let text = format!(
+        "dry-run: {method} {path} has no dry run, and nothing was written: dry runs cover config entries (/v1/config), intentions and catalog registrations (/v1/catalog/register, /v1/catalog/deregister)\n"
+    );
+    Some((axum::http::StatusCode::BAD_REQUEST, text).into_response())
 }
 
 /// What [`refuse_filter`] answers a request for `uri`: a 400 when it has a `?filter=` its
