@@ -45,6 +45,10 @@ pub struct DryRunProxies {
     /// The proxies considered: those this server serves (a proxy served by an agent, or by
     /// another server of an etcd cluster, is not among them).
     pub served_here: usize,
+    /// The proxies registered in the catalog that this server does not serve (served by
+    /// agents, by other servers, or not connected): not simulated, counted so that a short
+    /// answer is not read as the whole mesh's.
+    pub served_elsewhere: usize,
     /// Proxies whose resources would change.
     pub total: usize,
     /// This page's.

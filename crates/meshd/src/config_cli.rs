@@ -134,6 +134,12 @@ fn dry_run_text(answer: &Value) -> String {
             }
         }
     }
+    if let Some(elsewhere) = proxies["ServedElsewhere"].as_u64().filter(|n| *n > 0) {
+        let _ = writeln!(
+            out,
+            "{elsewhere} proxies registered in the catalog are not served by this server (agents' or other servers'): not simulated."
+        );
+    }
     let not = proxies["NotSimulated"]
         .as_array()
         .map(Vec::as_slice)

@@ -1163,6 +1163,12 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
     let proxies = &answer["Proxies"];
     assert_eq!(proxies["Total"], 1, "{answer:#}");
     assert_eq!(proxies["NotSimulatedTotal"], 0, "{answer:#}");
+    // The proxies registered but not served here are counted, not passed over in silence.
+    let (here, elsewhere) = (
+        proxies["ServedHere"].as_u64().unwrap(),
+        proxies["ServedElsewhere"].as_u64().unwrap(),
+    );
+    assert_eq!((here, elsewhere), (4, 0), "{answer:#}");
     let item = &proxies["Items"][0];
     assert_eq!(item["ProxyID"], "web-sidecar-proxy");
     let resources = item["Resources"].as_array().unwrap();
@@ -1275,4 +1281,25 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
     }
     assert_eq!(answers[0].0, 400, "{answers:?}");
     assert_eq!(answers[0], answers[1]);
+    // A sidecar registered with no Envoy connected here (an agent's, say) is counted as
+    // served elsewhere: not simulated, and said.
+    mesh.put(
+        "/v1/catalog/register",
+        json!({"Node": "node-ghost", "Address": "127.0.0.1", "Service": {"Kind": "connect-proxy", "ID": "ghost-sidecar-proxy",
+               "Service": "ghost-sidecar-proxy", "Port": 21999, "Proxy": {"DestinationServiceName": "ghost",
+               "Upstreams": [{"DestinationName": "api", "LocalBindPort": 21998}]}}}),
+    )
+    .await;
+    let with_ghost: Value = client
+        .put(format!("{}/v1/config?dry-run", mesh.http))
+        .json(&change)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(with_ghost["Proxies"]["ServedElsewhere"], 1, "{with_ghost:#}");
+    assert_eq!(with_ghost["Proxies"]["Total"], 1, "{with_ghost:#}");
+    mesh.put("/v1/catalog/deregister", json!({"Node": "node-ghost"})).await;
 }

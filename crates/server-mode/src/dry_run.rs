@@ -43,6 +43,27 @@ impl DryRun for ProxyDryRun {
     }
 }
 
+/// The proxies (sidecars and gateways) the catalog holds that the token may read and that
+/// are not among `snapshots`.
+fn served_elsewhere(
+    snapshots: &[Arc<ConfigSnapshot>],
+    state: &State,
+    may_read: &(dyn Fn(&str, &str) -> bool + Send + Sync),
+) -> usize {
+    let here: std::collections::HashSet<(&str, &str)> = snapshots
+        .iter()
+        .map(|s| (s.proxy_id.node.as_str(), s.proxy_id.service_id.as_str()))
+        .collect();
+    state
+        .all_services()
+        .filter(|(node, s)| {
+            s.kind != structs::ServiceKind::Typical
+                && !here.contains(&(*node, s.id.as_str()))
+                && may_read(&s.service, node)
+        })
+        .count()
+}
+
 /// Simulates every proxy; those `may_read` refuses count only as hidden, and only if the
 /// change reaches them (nothing else of them is told).
 fn simulate(
@@ -53,7 +74,10 @@ fn simulate(
     may_read: &(dyn Fn(&str, &str) -> bool + Send + Sync),
 ) -> DryRunProxies {
     let change = Change::new(before, after);
-    let mut out = DryRunProxies::default();
+    let mut out = DryRunProxies {
+        served_elsewhere: served_elsewhere(snapshots, before, may_read),
+        ..DryRunProxies::default()
+    };
     let first = (page.page - 1).saturating_mul(page.per_page);
     for snapshot in snapshots {
         let readable = may_read(&snapshot.service.service, &snapshot.proxy_id.node);
