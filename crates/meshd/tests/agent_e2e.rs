@@ -241,6 +241,8 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
         .sum();
     assert!(handshakes >= 1, "no TLS handshake on api's public listener: {ssl}");
 
+    troubleshoot_through_an_agent(&b_http, &web_admin);
+
     // A deny intention (written at the server) blocks it; deleting it restores it.
     let intention = format!("{server_http}/v1/connect/intentions/exact?source=web&destination=api");
     put(&client, &intention, json!({"Action": "deny"})).await;
@@ -393,6 +395,33 @@ async fn agents_configure_their_envoys_from_the_cache_and_ride_out_a_server_rest
 
 /// `Expose.Checks`: api's HTTP check runs through its sidecar's exposed listener (a plain-HTTP
 /// path on the agent's expose port) and passes; Envoy counts the check's requests there.
+/// `meshd troubleshoot` asked of web's agent: the walk to api (served by the other agent)
+/// dials api's Envoy and gets through; web's Envoy runs exactly what the agent sent it.
+fn troubleshoot_through_an_agent(agent_http: &str, web_admin: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new(meshd())
+            .arg("troubleshoot")
+            .args(args)
+            .args(["-http-addr", agent_http])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let walk = run(&["upstream", "-proxy-id", "web-sidecar-proxy", "-upstream", "api"]);
+    assert!(walk.contains("The request gets through."), "{walk}");
+    assert!(
+        walk.contains("ok handshake   api-sidecar-proxy on node-api at ") && walk.contains("/svc/api (trusted)"),
+        "{walk}"
+    );
+    let proxy = run(&["proxy", "-envoy-admin", web_admin]);
+    assert!(proxy.contains("resources Envoy runs match what meshd sent"), "{proxy}");
+    assert!(
+        !proxy.contains("does not hold it") && !proxy.contains("does not send it") && !proxy.contains("at version"),
+        "{proxy}"
+    );
+}
+
 async fn exposed_check_passes_through_the_proxy(client: &reqwest::Client, agent_http: &str, admin: &str) {
     let path = wait_for("api's check to pass through its proxy", || async {
         let checks: Value = serde_json::from_str(&get(client, &format!("{agent_http}/v1/agent/checks")).await?).ok()?;
