@@ -74,18 +74,7 @@ pub(crate) async fn authorize(
             &req.target,
             api.config.acl.intention_default_allow(),
         );
-        let reason = match (decision.matched, decision.has_permissions) {
-            (true, true) => format!(
-                "Matched an intention {source} => {} with L7 permissions: it is decided per request by the proxy, not here",
-                req.target
-            ),
-            (true, false) => format!(
-                "Matched L4 intention {source} => {}: {}",
-                req.target,
-                if decision.allowed { "allow" } else { "deny" }
-            ),
-            (false, _) => "No intention matched: the default, which follows the ACL default policy".into(),
-        };
+        let reason = decision.reason(source, &req.target);
         Answer {
             authorized: decision.allowed,
             reason,

@@ -220,8 +220,8 @@ fn text(findings: &Value) -> String {
     out
 }
 
-/// The walk meshd makes of the request, then the intention that decides at each service it
-/// reaches (asked as the destination's proxy asks: `/v1/agent/connect/authorize`).
+/// The walk meshd makes of the request, step by step, the intention that decides at each
+/// service it reaches included.
 async fn upstream(args: &TroubleshootUpstreamArgs) -> Result<Value> {
     let mut query: Vec<(String, String)> = vec![
         ("upstream".into(), args.upstream.clone()),
@@ -238,39 +238,8 @@ async fn upstream(args: &TroubleshootUpstreamArgs) -> Result<Value> {
         .extend_pairs(&query)
         .finish();
     let path = format!("/v1/internal/troubleshoot/upstream/{}?{encoded}", args.proxy_id);
-    let mut walk: Value = request::<(), _>(&args.api, reqwest::Method::GET, &path, None).await?;
-    let uri = walk["SourceURI"].as_str().unwrap_or_default().to_owned();
-    let reaches: Vec<String> = walk["Reaches"]
-        .as_array()
-        .map(|r| r.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
-    for service in reaches {
-        let body = json!({"Target": service, "ClientCertURI": uri});
-        let asked: Result<Value> = request(
-            &args.api,
-            reqwest::Method::POST,
-            "/v1/agent/connect/authorize",
-            Some(&body),
-        )
-        .await;
-        let (ok, detail) = match asked {
-            Ok(answer) => (
-                answer["Authorized"] == true,
-                format!("at {service}: {}", answer["Reason"].as_str().unwrap_or_default()),
-            ),
-            // Not a step the request fails at: one this command could not check.
-            Err(e) => (true, format!("at {service}: not checked ({e:#})")),
-        };
-        if let Some(steps) = walk["Steps"].as_array_mut() {
-            steps.push(json!({"Step": "intention", "Ok": ok, "Detail": detail}));
-        }
-    }
-    let fails_at = walk["Steps"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["Ok"] == false))
-        .map(|s| s["Step"].clone())
-        .unwrap_or(Value::Null);
-    walk["FailsAt"] = fails_at;
+    // The answer has every step, the intentions at the services reached included.
+    let walk: Value = request::<(), _>(&args.api, reqwest::Method::GET, &path, None).await?;
     Ok(walk)
 }
 

@@ -219,6 +219,7 @@ async fn troubleshoot_upstream(
     let others: Vec<_> = ids.iter().filter_map(|id| views.manager.current(id)).collect();
     let mut walk = crate::troubleshoot_upstream::walk(&source, &req, &others);
     handshakes(&source, &mut walk).await;
+    intentions(&views, &source, &mut walk).await;
     let fails_at = walk.steps.iter().find(|s| !s.ok).map(|s| s.step.clone());
     let source_uri = source
         .connect_proxy()
@@ -255,6 +256,47 @@ async fn handshakes(source: &proxycfg::ConfigSnapshot, walk: &mut crate::trouble
     // Last first: each insertion leaves the earlier indexes where they were.
     for (probe, steps) in probes.iter().zip(dialled).rev() {
         walk.steps.splice(probe.at..probe.at, steps);
+    }
+}
+
+/// How long the intentions of one destination may take to come.
+const INTENTIONS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One `intention` step per service the walk reaches: the intentions that decide there, as
+/// the destination's proxy would watch them (the same data source), evaluated for the
+/// source's service.
+async fn intentions(views: &Views, source: &proxycfg::ConfigSnapshot, walk: &mut crate::troubleshoot_upstream::Walk) {
+    let from = &source.service.proxy.destination_service_name;
+    let asked = walk.reaches.iter().map(|to| {
+        let req = proxycfg::data_sources::IntentionsRequest {
+            datacenter: source.datacenter.to_string(),
+            destination: to.clone(),
+        };
+        let intentions = Arc::clone(&views.manager.data_sources().intentions);
+        proxycfg::data_sources::first_update(intentions, req, proxycfg::CorrelationId::Intentions, INTENTIONS_WITHIN)
+    });
+    let answers = futures_util::future::join_all(asked).await;
+    for (to, answer) in walk.reaches.iter().zip(answers) {
+        let step = match answer {
+            Ok(proxycfg::data_sources::UpdatePayload::Intentions(list)) => {
+                let decision = structs::intention::decide(&list, from, to, source.intention_default_allow);
+                crate::troubleshoot_upstream::Step {
+                    step: "intention".into(),
+                    // L7 permissions decide per request: not a step the walk can fail.
+                    ok: decision.allowed || decision.has_permissions,
+                    detail: format!("at {to}: {}", decision.reason(from, to)),
+                }
+            }
+            other => crate::troubleshoot_upstream::Step {
+                step: "intention".into(),
+                ok: false,
+                detail: format!(
+                    "at {to}: meshd cannot get its intentions: {}",
+                    other.err().unwrap_or_else(|| "an answer of another kind".into())
+                ),
+            },
+        };
+        walk.steps.push(step);
     }
 }
 

@@ -5,8 +5,8 @@
 //! instances to dial for the handshakes (`crate::troubleshoot_handshake`, done by the
 //! caller) — and, when this node also serves the destination's proxies, their certificates against
 //! the source's roots and back. One step per line; the first failing step is where the
-//! request fails. The intention that decides at the destination is asked of the catalog by
-//! the command (`/v1/connect/intentions/check`).
+//! request fails. The caller adds the handshakes and the intention that decides at each
+//! service reached (`crate::status`).
 
 use proxycfg::ConfigSnapshot;
 use proxycfg::snapshot::UpstreamSnapshot;

@@ -162,6 +162,43 @@ impl<T: Into<UpdatePayload>> EventSender<T> {
     }
 }
 
+/// The first result a watch of `req` on `source` delivers, within `within`; the watch then
+/// ends. For one-off questions asked of the sources the proxies watch (`meshd
+/// troubleshoot`'s intentions), answered as a proxy's watch would be. `correlation_id` tags
+/// the watch as a proxy's would be tagged.
+pub async fn first_update<R: WatchRequest>(
+    source: Arc<dyn DataSource<R>>,
+    req: R,
+    correlation_id: CorrelationId,
+    within: std::time::Duration,
+) -> Result<UpdatePayload, String> {
+    let fetch = async {
+        if let Some(mut subscription) = source.subscribe(&req) {
+            return match std::future::poll_fn(|cx| subscription.poll_next(cx)).await {
+                Some(result) => result.map_err(|e| e.to_string()),
+                None => Err("the source has ended".to_owned()),
+            };
+        }
+        let (tx, mut rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let _stop = cancel.clone().drop_guard();
+        let watch = source.notify(req, correlation_id, EventSender::new(tx, 0), cancel);
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) => event.result.map_err(|e| e.to_string()),
+                None => Err("the watch ended without a result".to_owned()),
+            },
+            ended = watch => Err(match ended {
+                Err(e) => e.to_string(),
+                Ok(()) => "the watch ended without a result".to_owned(),
+            }),
+        }
+    };
+    tokio::time::timeout(within, fetch)
+        .await
+        .map_err(|_| format!("no answer within {within:?}"))?
+}
+
 /// The future of one running watch (what [`DataSource::notify`] returns once `async_trait`
 /// has boxed it).
 pub type WatchFuture<'a> =

@@ -345,6 +345,12 @@ impl Manager {
         }
     }
 
+    /// The data sources the proxies' States watch (for one-off questions asked as a proxy
+    /// would ask them: [`crate::data_sources::first_update`]).
+    pub fn data_sources(&self) -> &DataSources {
+        &self.inner.sources
+    }
+
     /// The last snapshot published for `id`, if any (without watching it).
     pub fn current(&self, id: &ProxyId) -> Option<Arc<ConfigSnapshot>> {
         let slots = self.inner.slots.lock();

@@ -163,6 +163,22 @@ pub struct IntentionDecision {
     pub matched: bool,
 }
 
+impl IntentionDecision {
+    /// Why, in one line (as `/v1/agent/connect/authorize` and `meshd troubleshoot` say it).
+    pub fn reason(&self, source: &str, destination: &str) -> String {
+        match (self.matched, self.has_permissions) {
+            (true, true) => format!(
+                "Matched an intention {source} => {destination} with L7 permissions: it is decided per request by the proxy, not here"
+            ),
+            (true, false) => format!(
+                "Matched L4 intention {source} => {destination}: {}",
+                if self.allowed { "allow" } else { "deny" }
+            ),
+            (false, _) => "No intention matched: the default, which follows the ACL default policy".into(),
+        }
+    }
+}
+
 /// Evaluates `intentions` (any order) for `source` → `destination`: the highest-precedence
 /// match decides; with none, `default_allow` does.
 pub fn decide(intentions: &[Intention], source: &str, destination: &str, default_allow: bool) -> IntentionDecision {
