@@ -494,3 +494,44 @@ impl fmt::Debug for DataSources {
         f.debug_struct("DataSources").finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::fake::FakeSource;
+    use std::time::Duration;
+
+    fn req(destination: &str) -> IntentionsRequest {
+        IntentionsRequest {
+            datacenter: "dc1".into(),
+            destination: destination.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_update_answers_the_current_value_then_ends_its_watch() {
+        let source = Arc::new(FakeSource::<IntentionsRequest>::default());
+        let intention = Intention {
+            source_name: "web".into(),
+            destination_name: "api".into(),
+            ..Intention::default()
+        };
+        source.set(&req("api"), Arc::new(vec![intention.clone()]));
+        let dyn_source: Arc<dyn DataSource<IntentionsRequest>> = source.clone();
+        let got = first_update(
+            Arc::clone(&dyn_source),
+            req("api"),
+            CorrelationId::Intentions,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(got, UpdatePayload::Intentions(list) if *list == vec![intention]));
+        assert_eq!(source.active(), 0, "the watch ended with the answer");
+        // Nothing known: the question ends at its deadline, its watch with it.
+        let late = first_update(dyn_source, req("db"), CorrelationId::Intentions, Duration::from_secs(5)).await;
+        assert_eq!(late.unwrap_err(), "no answer within 5s");
+        assert_eq!(source.active(), 0);
+    }
+}
