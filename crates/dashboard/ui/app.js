@@ -225,7 +225,8 @@ async function troubleshoot(page, id) {
     <ul id="problems" class="findings">${t.Problems.map((f) => finding(f, "bad")).join("") || `<li class="finding">${pill("ok", "ok")} No problem found.</li>`}</ul>
     <ul id="fine" class="findings">${t.Fine.map((f) => finding(f, "ok")).join("")}</ul>
     <h2>Walk a request</h2>
-    <form id="walk-form" class="walk">
+    ${upstreams.length ? "" : `<div class="sub" id="no-upstreams">This proxy has no upstream to walk to (or meshd holds no configuration for it here).</div>`}
+    <form id="walk-form" class="walk"${upstreams.length ? "" : " hidden"}>
       <label>Upstream <select id="walk-upstream">${upstreams.map((u) => `<option>${esc(u)}</option>`).join("")}</select></label>
       <label>Method <select id="walk-method">${["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"].map((m) => `<option>${m}</option>`).join("")}</select></label>
       <label>Path <input id="walk-path" value="/"></label>
