@@ -1142,6 +1142,19 @@ async fn envoy_routes(client: &reqwest::Client, admin: &str) -> String {
 /// A dry run of the splitter going 80/20 → 10/90: exactly web's sidecar (the one proxy with
 /// an `api` upstream) would change, in one route, by the two weights; nothing is stored and
 /// web's Envoy receives nothing. A breaking change answers as the real write would.
+/// A dry run's answer: `body` put to `path` (which asks for the dry run).
+async fn dry_run(client: &reqwest::Client, http: &str, path: &str, body: &Value) -> Value {
+    client
+        .put(format!("{http}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web_admin: &str) {
     let splitter_url = format!("{}/v1/config/service-splitter/api", mesh.http);
     let entry_before = mesh::get(client, &splitter_url).await.unwrap();
@@ -1191,15 +1204,7 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
     );
     // Nothing stored, nothing sent: the state's index has not moved (a second dry run
     // reports it), the entry is as it was, and web's Envoy has the same routes.
-    let again: Value = client
-        .put(format!("{}/v1/config?dry-run", mesh.http))
-        .json(&change)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let again = dry_run(client, &mesh.http, "/v1/config?dry-run", &change).await;
     assert_eq!(again["Index"], answer["Index"], "the index did not move");
     // The command prints the same, for people.
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -1227,15 +1232,7 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
     let instance = json!({"Node": "node-v2b", "Address": "127.0.0.2", "Service": {"Kind": "connect-proxy",
         "ID": "api-sidecar-proxy", "Service": "api-sidecar-proxy", "Port": 21000, "Meta": {"version": "v2"},
         "Proxy": {"DestinationServiceName": "api", "LocalServicePort": 8080}}});
-    let answer: Value = client
-        .put(format!("{}/v1/catalog/register?dry-run", mesh.http))
-        .json(&instance)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = dry_run(client, &mesh.http, "/v1/catalog/register?dry-run", &instance).await;
     assert_eq!(answer["Proxies"]["Total"], 1, "{answer:#}");
     let resources = answer["Proxies"]["Items"][0]["Resources"].as_array().unwrap();
     assert!(
@@ -1243,18 +1240,13 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
         "{resources:#?}"
     );
     // An intention through the legacy API: api's two sidecars would enforce it.
-    let answer: Value = client
-        .put(format!(
-            "{}/v1/connect/intentions/exact?source=web&destination=api&dry-run",
-            mesh.http
-        ))
-        .json(&json!({"Action": "deny"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = dry_run(
+        client,
+        &mesh.http,
+        "/v1/connect/intentions/exact?source=web&destination=api&dry-run",
+        &json!({"Action": "deny"}),
+    )
+    .await;
     assert_eq!(answer["Proxies"]["Total"], 2, "{answer:#}");
     for item in answer["Proxies"]["Items"].as_array().unwrap() {
         assert_eq!(item["Service"], "api-sidecar-proxy", "{answer:#}");
@@ -1290,15 +1282,7 @@ async fn dry_run_of_a_splitter_change(mesh: &Mesh, client: &reqwest::Client, web
                "Upstreams": [{"DestinationName": "api", "LocalBindPort": 21998}]}}}),
     )
     .await;
-    let with_ghost: Value = client
-        .put(format!("{}/v1/config?dry-run", mesh.http))
-        .json(&change)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let with_ghost = dry_run(client, &mesh.http, "/v1/config?dry-run", &change).await;
     assert_eq!(with_ghost["Proxies"]["ServedElsewhere"], 1, "{with_ghost:#}");
     assert_eq!(with_ghost["Proxies"]["Total"], 1, "{with_ghost:#}");
     mesh.put("/v1/catalog/deregister", json!({"Node": "node-ghost"})).await;

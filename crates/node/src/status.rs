@@ -280,21 +280,21 @@ async fn intentions(views: &Views, source: &proxycfg::ConfigSnapshot, walk: &mut
         let step = match answer {
             Ok(proxycfg::data_sources::UpdatePayload::Intentions(list)) => {
                 let decision = structs::intention::decide(&list, from, to, source.intention_default_allow);
-                crate::troubleshoot_upstream::Step {
-                    step: "intention".into(),
-                    // L7 permissions decide per request: not a step the walk can fail.
-                    ok: decision.allowed || decision.has_permissions,
-                    detail: format!("at {to}: {}", decision.reason(from, to)),
-                }
+                // L7 permissions decide per request: not a step the walk can fail.
+                crate::troubleshoot_upstream::step(
+                    "intention",
+                    decision.allowed || decision.has_permissions,
+                    format!("at {to}: {}", decision.reason(from, to)),
+                )
             }
-            other => crate::troubleshoot_upstream::Step {
-                step: "intention".into(),
-                ok: false,
-                detail: format!(
+            other => crate::troubleshoot_upstream::step(
+                "intention",
+                false,
+                format!(
                     "at {to}: meshd cannot get its intentions: {}",
                     other.err().unwrap_or_else(|| "an answer of another kind".into())
                 ),
-            },
+            ),
         };
         walk.steps.push(step);
     }

@@ -6,7 +6,7 @@
 //! meshd did not configure, an expired certificate Envoy still holds, or an instance whose
 //! proxy was set up by another CA would show, where the certificates meshd holds look fine.
 
-use crate::troubleshoot_upstream::{Probe, Step, verify_chain};
+use crate::troubleshoot_upstream::{Probe, Step, step, verify_chain};
 use parking_lot::Mutex;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
@@ -28,14 +28,9 @@ const REFUSAL_WAIT: Duration = Duration::from_millis(300);
 /// against the source's `roots`: one step per instance.
 pub async fn handshake(leaf: &IssuedCert, roots: &IndexedCaRoots, probe: &Probe) -> Vec<Step> {
     let dials = probe.instances.iter().map(|(who, addr)| async move {
-        let (ok, detail) = match dial(leaf, roots, probe, addr).await {
-            Ok(seen) => (true, format!("{who} at {addr}: {seen}")),
-            Err(why) => (false, format!("{who} at {addr}: {why}")),
-        };
-        Step {
-            step: "handshake".into(),
-            ok,
-            detail,
+        match dial(leaf, roots, probe, addr).await {
+            Ok(seen) => step("handshake", true, format!("{who} at {addr}: {seen}")),
+            Err(why) => step("handshake", false, format!("{who} at {addr}: {why}")),
         }
     });
     futures_util::future::join_all(dials).await

@@ -42,7 +42,8 @@ pub struct Step {
     pub detail: String,
 }
 
-fn step(name: &str, ok: bool, detail: String) -> Step {
+/// A step named `name`.
+pub(crate) fn step(name: &str, ok: bool, detail: String) -> Step {
     Step {
         step: name.to_owned(),
         ok,

@@ -191,6 +191,17 @@ struct ViewState {
     reset: bool,
 }
 
+impl ViewState {
+    /// The types the stream was sent, then those its resources hold and it was not sent.
+    fn type_urls(&self) -> Vec<&'static str> {
+        let mut types: Vec<&'static str> = self.types.keys().copied().collect();
+        if let Some(current) = &self.current {
+            types.extend(current.by_type.keys().copied().filter(|t| !self.types.contains_key(*t)));
+        }
+        types
+    }
+}
+
 /// One stream's status, shared by its driver and the tracker.
 #[derive(Debug)]
 pub(crate) struct StreamView {
@@ -635,10 +646,7 @@ impl Tracker {
             if !node_matches(&st.node_id) {
                 continue;
             }
-            let mut types: Vec<&'static str> = st.types.keys().copied().collect();
-            if let Some(current) = &st.current {
-                types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
-            }
+            let types = st.type_urls();
             // At most every resource sent plus every one held.
             let bound = st.types.values().map(|t| t.resources.len()).sum::<usize>()
                 + st.current
@@ -682,10 +690,7 @@ impl Tracker {
             if st.node_id != node {
                 continue;
             }
-            let mut types: Vec<&'static str> = st.types.keys().copied().collect();
-            if let Some(current) = &st.current {
-                types.extend(current.by_type.keys().copied().filter(|t| !st.types.contains_key(*t)));
-            }
+            let mut types = st.type_urls();
             types.sort_unstable();
             let pending_types = types
                 .iter()
