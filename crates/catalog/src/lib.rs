@@ -11,6 +11,7 @@
 
 pub mod acl;
 mod acl_ops;
+mod api_gateways;
 pub mod audit;
 pub mod ca;
 pub mod ca_pruning;

@@ -203,9 +203,16 @@ fn plan_config_set(
             return Ok(Plan::refused());
         }
     }
+    if let ConfigEntry::InlineCertificate(c) = entry {
+        crate::api_gateways::check_inline_certificate(c)?;
+    }
     let mut entry = entry.clone();
     if let ConfigEntry::ServiceIntentions(si) = &mut entry {
         set_precedence(si);
+    }
+    // Derived when read, never stored: a status written by a client is not the catalog's.
+    if let Some(status) = entry.status_mut() {
+        *status = None;
     }
     if existing.as_deref().is_some_and(|e| same_entry(e, &entry)) {
         return Ok(Plan::write(Vec::new()));

@@ -123,7 +123,7 @@ pub struct State {
     /// (destination name, node, id): connect-capable instances by the service they serve.
     by_connect: OrdSet<(String, String, String)>,
     checks: OrdMap<NodeKey, Arc<HealthCheck>>,
-    config: OrdMap<(ConfigEntryKind, String), Arc<ConfigEntry>>,
+    pub(crate) config: OrdMap<(ConfigEntryKind, String), Arc<ConfigEntry>>,
     ca: Option<Arc<CaState>>,
     acl: AclTables,
     kv: KvTables,
@@ -316,6 +316,7 @@ impl State {
             self.apply_one(index, change, &mut bumped);
         }
         self.touch_gateways(&mut bumped);
+        self.touch_api_gateways(&mut bumped);
         for key in &bumped {
             if self.gone(key) {
                 // The object is gone: its key answers with its table's index, which this

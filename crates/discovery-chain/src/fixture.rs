@@ -51,7 +51,12 @@ impl EntrySet {
             ConfigEntry::Mesh(_)
             | ConfigEntry::IngressGateway(_)
             | ConfigEntry::TerminatingGateway(_)
-            | ConfigEntry::JwtProvider(_) => {
+            | ConfigEntry::JwtProvider(_)
+            | ConfigEntry::ApiGateway(_)
+            | ConfigEntry::HttpRoute(_)
+            | ConfigEntry::TcpRoute(_)
+            | ConfigEntry::InlineCertificate(_)
+            | ConfigEntry::FileSystemCertificate(_) => {
                 panic!("a {} entry is not a chain input", entry.kind())
             }
         };

@@ -23,25 +23,35 @@ pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
         ConfigEntryKind::JwtProvider => a.mesh_read() || a.service_write_any(),
+        ConfigEntryKind::HttpRoute
+        | ConfigEntryKind::TcpRoute
+        | ConfigEntryKind::InlineCertificate
+        | ConfigEntryKind::FileSystemCertificate => a.mesh_read(),
         ConfigEntryKind::ServiceIntentions => a.intention_read(name),
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
         | ConfigEntryKind::ServiceSplitter
         | ConfigEntryKind::ServiceResolver
         | ConfigEntryKind::IngressGateway
-        | ConfigEntryKind::TerminatingGateway => a.service_read(name),
+        | ConfigEntryKind::TerminatingGateway
+        | ConfigEntryKind::ApiGateway => a.service_read(name),
     }
 }
 
-/// Consul's permission to write an entry: `mesh:write` for proxy-defaults, mesh and JWT
-/// providers,
+/// Consul's permission to write an entry: `mesh:write` for proxy-defaults, mesh, JWT
+/// providers and the API gateway's entries (gateway, routes, certificates),
 /// `intentions:write` on the destination for intentions, `operator:write` for gateways (they
 /// open the mesh to the outside), `service:write` on the name else.
 fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     match kind {
-        ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh | ConfigEntryKind::JwtProvider => {
-            authz.need(|a| a.mesh_write(), "mesh:write", "")
-        }
+        ConfigEntryKind::ProxyDefaults
+        | ConfigEntryKind::Mesh
+        | ConfigEntryKind::JwtProvider
+        | ConfigEntryKind::ApiGateway
+        | ConfigEntryKind::HttpRoute
+        | ConfigEntryKind::TcpRoute
+        | ConfigEntryKind::InlineCertificate
+        | ConfigEntryKind::FileSystemCertificate => authz.need(|a| a.mesh_write(), "mesh:write", ""),
         ConfigEntryKind::ServiceIntentions => authz.need(|a| a.intention_write(name), "intentions:write", name),
         ConfigEntryKind::IngressGateway | ConfigEntryKind::TerminatingGateway => {
             authz.need(|a| a.operator_write(), "operator:write", "")
@@ -56,10 +66,46 @@ fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Ap
 fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), ApiError> {
     let permission = match kind {
         ConfigEntryKind::ServiceIntentions => "intentions:read",
-        ConfigEntryKind::JwtProvider => "mesh:read",
+        ConfigEntryKind::JwtProvider
+        | ConfigEntryKind::HttpRoute
+        | ConfigEntryKind::TcpRoute
+        | ConfigEntryKind::InlineCertificate
+        | ConfigEntryKind::FileSystemCertificate => "mesh:read",
         _ => "service:read",
     };
     authz.need(|a| can_read(a, kind, name), permission, name)
+}
+
+/// Entries as a reader sees them: gateways and routes with their status derived from the
+/// state they are read from, and an inline certificate's private key only for a caller who
+/// could write it (`mesh:write`).
+fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry]) {
+    use structs::config_entry::api_gateway_binding::statuses;
+    if entries.iter().any(|e| e.status().is_some()) {
+        let gateways = state.config_entries(ConfigEntryKind::ApiGateway);
+        let mut routes = state.config_entries(ConfigEntryKind::HttpRoute);
+        routes.extend(state.config_entries(ConfigEntryKind::TcpRoute));
+        let services: std::collections::BTreeSet<String> = state.service_names().into_iter().collect();
+        let mut all = statuses(
+            &gateways,
+            &routes,
+            |s| services.contains(s),
+            |k, n| state.config_entry(k, n).is_some(),
+        );
+        for e in entries.iter_mut() {
+            let key = (e.kind(), e.name().to_owned());
+            if let Some(status) = e.status_mut() {
+                *status = all.remove(&key);
+            }
+        }
+    }
+    if !a.mesh_write() {
+        for e in entries.iter_mut() {
+            if let ConfigEntry::InlineCertificate(c) = e {
+                c.private_key = String::new();
+            }
+        }
+    }
 }
 
 fn cas(params: &Params) -> Result<Option<Index>, ApiError> {
@@ -106,7 +152,11 @@ pub(crate) async fn get(
     let key = IndexKey::ConfigEntry(kind, name.clone());
     let state = api.read(&params, &key).await?;
     match state.config_entry(kind, &name) {
-        Some(entry) => Ok(query::json(&*entry, Some(state.index_of(&key)), params.pretty())),
+        Some(entry) => {
+            let mut entries = vec![(*entry).clone()];
+            shown(&state, authz.get()?, &mut entries);
+            Ok(query::json(&entries[0], Some(state.index_of(&key)), params.pretty()))
+        }
         // With the index, so a blocking query can wait for the entry to appear.
         None => {
             let mut resp = ApiError::NotFound(format!("Config entry not found for {:?} / {name:?}", kind.as_str()))
@@ -130,6 +180,7 @@ pub(crate) async fn list(
     let state = api.read(&params, &key).await?;
     let mut entries: Vec<ConfigEntry> = state.config_entries(kind).iter().map(|e| (**e).clone()).collect();
     let filtered = retain(&mut entries, |e| can_read(a, kind, e.name()));
+    shown(&state, a, &mut entries);
     Ok(mark_filtered(
         query::json(&entries, Some(state.index_of(&key)), params.pretty()),
         filtered,

@@ -397,9 +397,10 @@ pub struct EnvoyArgs {
     /// Find the sidecar proxy registered for this service.
     #[arg(long = "sidecar-for", value_name = "SERVICE", conflicts_with = "gateway")]
     pub sidecar_for: Option<String>,
-    /// Run a gateway of this kind (`ingress`, `terminating` or `mesh`) instead of a sidecar;
-    /// the gateway service is named by -service (for `mesh`, `mesh-gateway` by default).
-    #[arg(long = "gateway", value_name = "KIND", value_parser = ["ingress", "terminating", "mesh"])]
+    /// Run a gateway of this kind (`ingress`, `terminating`, `mesh` or `api`) instead of a
+    /// sidecar; the gateway service is named by -service (for `mesh`, `mesh-gateway` by
+    /// default).
+    #[arg(long = "gateway", value_name = "KIND", value_parser = ["ingress", "terminating", "mesh", "api"])]
     pub gateway: Option<String>,
     /// The gateway service's name (and, without -proxy-id, its id).
     #[arg(long = "service", value_name = "NAME", requires = "gateway")]

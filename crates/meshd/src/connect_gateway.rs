@@ -1,4 +1,4 @@
-//! `meshd connect envoy -gateway=ingress|terminating|mesh -service NAME [-register -address
+//! `meshd connect envoy -gateway=ingress|terminating|mesh|api -service NAME [-register -address
 //! HOST:PORT [-wan-address HOST:PORT]]`: which gateway the Envoy runs for, and its
 //! registration through the API (the agent at `-http-addr` when it is one, else the catalog
 //! of the server there).
@@ -13,7 +13,7 @@ use structs::{NodeService, RegisterRequest, ServiceKind, Token};
 /// A gateway the flags name: its kind (Consul's spelling) and service name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gateway {
-    /// `ingress-gateway`, `terminating-gateway` or `mesh-gateway`.
+    /// `ingress-gateway`, `terminating-gateway`, `mesh-gateway` or `api-gateway`.
     pub kind: &'static str,
     /// The gateway service's name.
     pub service: String,
@@ -29,7 +29,8 @@ pub fn gateway(args: &EnvoyArgs) -> Result<Option<Gateway>> {
         "ingress" => "ingress-gateway",
         "terminating" => "terminating-gateway",
         "mesh" => "mesh-gateway",
-        other => bail!("-gateway {other:?}: expected ingress, terminating or mesh"),
+        "api" => "api-gateway",
+        other => bail!("-gateway {other:?}: expected ingress, terminating, mesh or api"),
     };
     let named = args.service.clone().filter(|s| !s.is_empty());
     let Some(service) = named.or_else(|| (kind == "mesh-gateway").then(|| kind.to_owned())) else {

@@ -12,6 +12,7 @@ mod agent_acl;
 mod agent_e2e;
 mod agent_failover;
 mod agent_ports;
+mod api_gateway_e2e;
 mod audit;
 mod connect_gateway_cli;
 mod envoy_e2e;

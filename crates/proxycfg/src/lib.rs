@@ -34,7 +34,8 @@ pub use rate_limit::RateLimit;
 pub use registration::{ProxyRegistration, ProxySource, Registered};
 pub use serve::{ConfigSource, ProxyRequest, SnapshotSource, SourceError, SourceLease};
 pub use snapshot::{
-    ConfigSnapshot, ConnectProxySnapshot, DestinationUpstream, IngressGatewaySnapshot, KindSnapshot,
-    LinkedServiceSnapshot, MeshGatewaySnapshot, ProxyId, TargetEndpoints, TerminatingGatewaySnapshot, UpstreamSnapshot,
+    API_GATEWAY_ROUTE_KINDS, ApiGatewaySnapshot, ConfigSnapshot, ConnectProxySnapshot, DestinationUpstream,
+    IngressGatewaySnapshot, KindSnapshot, LinkedServiceSnapshot, MeshGatewaySnapshot, ProxyId, TargetEndpoints,
+    TerminatingGatewaySnapshot, UpstreamSnapshot,
 };
 pub use watches::Watches;

@@ -78,6 +78,8 @@ pub enum KindSnapshot {
     TerminatingGateway(TerminatingGatewaySnapshot),
     /// A mesh gateway: mTLS connections routed by SNI, never terminated.
     MeshGateway(MeshGatewaySnapshot),
+    /// An API gateway: listeners with the http and tcp routes bound to them.
+    ApiGateway(ApiGatewaySnapshot),
 }
 
 impl ConfigSnapshot {
@@ -94,6 +96,7 @@ impl ConfigSnapshot {
                 KindSnapshot::IngressGateway(g) => g.is_valid(),
                 KindSnapshot::TerminatingGateway(g) => g.is_valid(),
                 KindSnapshot::MeshGateway(g) => g.is_valid(),
+                KindSnapshot::ApiGateway(g) => g.is_valid(),
             }
     }
 
@@ -117,6 +120,14 @@ impl ConfigSnapshot {
     pub fn terminating_gateway(&self) -> Option<&TerminatingGatewaySnapshot> {
         match &self.kind {
             KindSnapshot::TerminatingGateway(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The API-gateway part, if this is one.
+    pub fn api_gateway(&self) -> Option<&ApiGatewaySnapshot> {
+        match &self.kind {
+            KindSnapshot::ApiGateway(g) => Some(g),
             _ => None,
         }
     }
@@ -158,6 +169,70 @@ impl IngressGatewaySnapshot {
             ConfigEntry::IngressGateway(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// What an API gateway needs beyond the common part. Which routes are bound to which
+/// listener is decided when resources are built, by the same function that derives the
+/// entries' status (`structs::config_entry::api_gateway_binding::bind`).
+#[derive(Debug, Clone, Default)]
+pub struct ApiGatewaySnapshot {
+    /// The gateway's leaf certificate: its identity to the services it sends to.
+    pub leaf: Known<Arc<IssuedCert>>,
+    /// Its `api-gateway` config entry (`Some(None)`: known not to exist).
+    pub entry: Known<Option<Arc<ConfigEntry>>>,
+    /// The `mesh` config entry.
+    pub mesh_config: Known<Option<Arc<ConfigEntry>>>,
+    /// Every http-route and tcp-route entry, by kind (those naming the gateway bind).
+    pub routes: BTreeMap<structs::ConfigEntryKind, Arc<Vec<Arc<ConfigEntry>>>>,
+    /// Every certificate entry, by kind (those its listeners name are served).
+    pub certificates: BTreeMap<structs::ConfigEntryKind, Arc<Vec<Arc<ConfigEntry>>>>,
+    /// Per service a bound route sends to (by name): its chain and the endpoints of its
+    /// targets.
+    pub upstreams: Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>,
+}
+
+/// The route kinds an API gateway binds.
+pub const API_GATEWAY_ROUTE_KINDS: [structs::ConfigEntryKind; 2] =
+    [structs::ConfigEntryKind::HttpRoute, structs::ConfigEntryKind::TcpRoute];
+
+impl ApiGatewaySnapshot {
+    /// Roots aside, an API gateway needs its leaf, its entry, the mesh config, the routes
+    /// and the certificates.
+    pub fn is_valid(&self) -> bool {
+        self.leaf.is_some()
+            && self.entry.is_some()
+            && self.mesh_config.is_some()
+            && self.routes.len() == API_GATEWAY_ROUTE_KINDS.len()
+            && self.certificates.len() == structs::config_entry::CERTIFICATE_KINDS.len()
+    }
+
+    /// The gateway's entry, if it exists.
+    pub fn config(&self) -> Option<&structs::config_entry::ApiGateway> {
+        match self.entry.as_ref()?.as_deref()? {
+            ConfigEntry::ApiGateway(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Every route entry it knows of (both kinds).
+    pub fn all_routes(&self) -> Vec<Arc<ConfigEntry>> {
+        self.routes.values().flat_map(|l| l.iter().cloned()).collect()
+    }
+
+    /// The certificate entry `kind`/`name`, if it exists.
+    pub fn certificate(&self, kind: structs::ConfigEntryKind, name: &str) -> Option<&Arc<ConfigEntry>> {
+        self.certificates.get(&kind)?.iter().find(|e| e.name() == name)
+    }
+
+    /// How the routes it knows of bind to its listeners (`None` without its entry).
+    pub fn binding(&self) -> Option<structs::config_entry::api_gateway_binding::Binding> {
+        let entry = self.config()?;
+        Some(structs::config_entry::api_gateway_binding::bind(
+            entry,
+            &self.all_routes(),
+            |kind, name| self.certificate(kind, name).is_some(),
+        ))
     }
 }
 

@@ -221,10 +221,8 @@ async fn source_precedence() {
         id: ProxyId::new("node-1", "gw"),
         token: None,
     };
-    assert!(matches!(
-        f.manager.register(gateway, ProxySource::Local, false).await,
-        Err(RegisterError::Unsupported(_))
-    ));
+    // Every proxy kind has a handler now, the API gateway's last.
+    assert!(f.manager.register(gateway, ProxySource::Local, false).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -274,43 +272,4 @@ async fn shutdown_stops_everything_and_refuses_new_work() {
             .unwrap_err(),
         RegisterError::Closed
     );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_kind_without_a_handler_is_refused_where_users_look() {
-    let f = fixture();
-    let mut gateway = sidecar("api-gw", 8443, &[]);
-    let mut service = (*gateway.service).clone();
-    service.kind = ServiceKind::ApiGateway;
-    service.proxy = Default::default();
-    gateway.service = Arc::new(service);
-    // A stream that is already waiting for the proxy is told, not left open with nothing.
-    let mut w = f.manager.watch(&gateway.id);
-    let err = f
-        .manager
-        .register(gateway.clone(), ProxySource::Catalog, false)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, RegisterError::Unsupported(_)), "{err}");
-    match w.next().await {
-        Some(WatchEvent::Refused(why)) => assert!(why.contains("not supported"), "{why}"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-    // Its status says why until it goes away; a watcher that comes later is told too.
-    let status = f.manager.status(&gateway.id).await.expect("registered");
-    assert_eq!(status.snapshot_version, None);
-    assert!(status.errors["kind"].contains("api-gateway"), "{:?}", status.errors);
-    let mut late = f.manager.watch(&gateway.id);
-    assert!(matches!(late.next().await, Some(WatchEvent::Refused(_))));
-    // Registering it again is refused again (never silently "unchanged").
-    assert!(
-        f.manager
-            .register(gateway.clone(), ProxySource::Catalog, false)
-            .await
-            .is_err()
-    );
-    assert_eq!(f.fakes.active(), 0, "a refused proxy starts no watch");
-    assert!(f.manager.deregister(&gateway.id, ProxySource::Catalog).await);
-    assert!(matches!(w.next().await, Some(WatchEvent::Deregistered)));
-    assert!(f.manager.status(&gateway.id).await.is_none());
 }

@@ -34,7 +34,6 @@ struct Harness {
     fakes: FakeDataSources,
     addr: std::net::SocketAddr,
     server: XdsServer,
-    manager: Manager,
 }
 
 fn health(service: &str) -> HealthRequest {
@@ -118,12 +117,7 @@ async fn harness_prepared(admission: xds::Admission, prepare: impl FnOnce(&FakeD
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
     });
-    Harness {
-        fakes,
-        addr,
-        server,
-        manager,
-    }
+    Harness { fakes, addr, server }
 }
 
 fn node() -> Option<Node> {
@@ -481,46 +475,6 @@ async fn a_storm_of_new_streams_is_paced() {
         started.elapsed() >= Duration::from_millis(190),
         "{:?}",
         started.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_of_a_kind_without_a_handler_ends_its_stream_with_the_reason() {
-    let h = harness().await;
-    let service = structs::NodeService {
-        kind: structs::ServiceKind::ApiGateway,
-        id: "api-gw".into(),
-        service: "api-gw".into(),
-        port: 8443,
-        ..Default::default()
-    };
-    let reg = ProxyRegistration {
-        id: ProxyId::new("node-1", "api-gw"),
-        service: Arc::new(service),
-        token: None,
-    };
-    assert!(h.manager.register(reg, ProxySource::Catalog, false).await.is_err());
-    let mut stream = Delta::open(
-        h.addr,
-        DeltaDiscoveryRequest {
-            node: Some(Node {
-                id: "api-gw".into(),
-                ..Default::default()
-            }),
-            type_url: CLUSTER.into(),
-            ..Default::default()
-        },
-    )
-    .await;
-    let status = tokio::time::timeout(Duration::from_secs(10), stream.rx.message())
-        .await
-        .expect("the stream ends, it is not left open")
-        .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status.message().contains("api-gateway is not supported"),
-        "{}",
-        status.message()
     );
 }
 

@@ -9,6 +9,8 @@
 //! checked to be clusters of the same set.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "validate/api_gateway.rs"]
+mod api_gateway;
 #[path = "chains/mod.rs"]
 mod chains;
 #[path = "validate/destinations.rs"]

@@ -5,6 +5,7 @@
 //! chained watches. Handlers never block and never see errors (the State keeps the last good
 //! data and logs).
 
+mod api_gateway;
 mod connect_proxy;
 mod ingress_gateway;
 mod mesh_gateway;
@@ -12,6 +13,7 @@ mod terminating_gateway;
 mod transparent;
 mod upstreams;
 
+pub use api_gateway::{ApiGatewayHandler, backend_id as api_gateway_backend_id};
 pub use connect_proxy::ConnectProxyHandler;
 pub use ingress_gateway::{
     INGRESS_DOMAIN, IngressGatewayHandler, dns_sans as ingress_dns_sans, service_hosts as ingress_service_hosts,
@@ -129,6 +131,11 @@ pub fn handler_for(
             sources.clone(),
         ))),
         ServiceKind::MeshGateway => Ok(Box::new(MeshGatewayHandler::new(
+            registration,
+            datacenter,
+            sources.clone(),
+        ))),
+        ServiceKind::ApiGateway => Ok(Box::new(ApiGatewayHandler::new(
             registration,
             datacenter,
             sources.clone(),

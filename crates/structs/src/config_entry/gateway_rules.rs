@@ -191,7 +191,7 @@ pub fn host_domains(host: &str, listener_port: u16) -> Vec<String> {
 /// alone (every host, only without TLS: it cannot be a certificate's DNS SAN); either may
 /// end in `:<port>` (a name with a port matches requests naming that port, as gRPC clients
 /// send it), except `*`.
-fn check_host(field: &str, host: &str, tls_enabled: bool) -> Result<(), ValidationError> {
+pub(crate) fn check_host(field: &str, host: &str, tls_enabled: bool) -> Result<(), ValidationError> {
     let invalid = |why: String| Err(ValidationError::new(field, Problem::Invalid(why)));
     let full = host;
     let (host, port) = split_port(host);

@@ -1,5 +1,8 @@
 //! Config entries: central configuration stored in the catalog by kind and name.
 
+mod api_gateway;
+pub mod api_gateway_binding;
+mod api_gateway_rules;
 mod defaults;
 pub mod extensions;
 mod gateway_rules;
@@ -9,6 +12,13 @@ mod jwt_provider;
 mod mesh;
 mod routing;
 
+pub use api_gateway::{
+    ApiGateway, ApiGatewayListener, ApiGatewayTlsConfig, Condition, ConfigEntryStatus, FileSystemCertificate,
+    HttpFilters, HttpHeaderFilter, HttpHeaderMatch, HttpMatch, HttpPathMatch, HttpQueryMatch, HttpResponseFilters,
+    HttpRoute, HttpRouteRule, HttpService, InlineCertificate, ResourceReference, RetryFilter, TcpRoute, TcpService,
+    TimeoutFilter, UrlRewrite,
+};
+pub use api_gateway_rules::CERTIFICATE_KINDS;
 pub use defaults::{
     AccessLogType, AccessLogsConfig, DestinationConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs,
 };
@@ -68,11 +78,21 @@ pub enum ConfigEntryKind {
     TerminatingGateway,
     /// `jwt-provider`.
     JwtProvider,
+    /// `api-gateway` (named after the gateway service).
+    ApiGateway,
+    /// `http-route`.
+    HttpRoute,
+    /// `tcp-route`.
+    TcpRoute,
+    /// `inline-certificate`.
+    InlineCertificate,
+    /// `file-system-certificate`.
+    FileSystemCertificate,
 }
 
 impl ConfigEntryKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ConfigEntryKind; 10] = [
+    pub const ALL: [ConfigEntryKind; 15] = [
         ConfigEntryKind::ProxyDefaults,
         ConfigEntryKind::ServiceDefaults,
         ConfigEntryKind::ServiceRouter,
@@ -83,6 +103,11 @@ impl ConfigEntryKind {
         ConfigEntryKind::IngressGateway,
         ConfigEntryKind::TerminatingGateway,
         ConfigEntryKind::JwtProvider,
+        ConfigEntryKind::ApiGateway,
+        ConfigEntryKind::HttpRoute,
+        ConfigEntryKind::TcpRoute,
+        ConfigEntryKind::InlineCertificate,
+        ConfigEntryKind::FileSystemCertificate,
     ];
 
     /// Consul's spelling.
@@ -98,6 +123,11 @@ impl ConfigEntryKind {
             ConfigEntryKind::IngressGateway => "ingress-gateway",
             ConfigEntryKind::TerminatingGateway => "terminating-gateway",
             ConfigEntryKind::JwtProvider => "jwt-provider",
+            ConfigEntryKind::ApiGateway => "api-gateway",
+            ConfigEntryKind::HttpRoute => "http-route",
+            ConfigEntryKind::TcpRoute => "tcp-route",
+            ConfigEntryKind::InlineCertificate => "inline-certificate",
+            ConfigEntryKind::FileSystemCertificate => "file-system-certificate",
         }
     }
 
@@ -168,6 +198,16 @@ pub enum ConfigEntry {
     TerminatingGateway(TerminatingGateway),
     /// `jwt-provider`.
     JwtProvider(JwtProvider),
+    /// An API gateway's listeners.
+    ApiGateway(ApiGateway),
+    /// HTTP routes attached to API gateway listeners.
+    HttpRoute(HttpRoute),
+    /// A TCP route attached to API gateway listeners.
+    TcpRoute(TcpRoute),
+    /// A certificate and key held in the entry.
+    InlineCertificate(InlineCertificate),
+    /// A certificate and key in files on the gateway's host.
+    FileSystemCertificate(FileSystemCertificate),
 }
 
 macro_rules! each_entry {
@@ -183,6 +223,11 @@ macro_rules! each_entry {
             ConfigEntry::IngressGateway($e) => $body,
             ConfigEntry::TerminatingGateway($e) => $body,
             ConfigEntry::JwtProvider($e) => $body,
+            ConfigEntry::ApiGateway($e) => $body,
+            ConfigEntry::HttpRoute($e) => $body,
+            ConfigEntry::TcpRoute($e) => $body,
+            ConfigEntry::InlineCertificate($e) => $body,
+            ConfigEntry::FileSystemCertificate($e) => $body,
         }
     };
 }
@@ -201,6 +246,11 @@ impl ConfigEntry {
             ConfigEntry::IngressGateway(_) => ConfigEntryKind::IngressGateway,
             ConfigEntry::TerminatingGateway(_) => ConfigEntryKind::TerminatingGateway,
             ConfigEntry::JwtProvider(_) => ConfigEntryKind::JwtProvider,
+            ConfigEntry::ApiGateway(_) => ConfigEntryKind::ApiGateway,
+            ConfigEntry::HttpRoute(_) => ConfigEntryKind::HttpRoute,
+            ConfigEntry::TcpRoute(_) => ConfigEntryKind::TcpRoute,
+            ConfigEntry::InlineCertificate(_) => ConfigEntryKind::InlineCertificate,
+            ConfigEntry::FileSystemCertificate(_) => ConfigEntryKind::FileSystemCertificate,
         }
     }
 
@@ -217,6 +267,11 @@ impl ConfigEntry {
             ConfigEntry::IngressGateway(e) => &e.name,
             ConfigEntry::TerminatingGateway(e) => &e.name,
             ConfigEntry::JwtProvider(e) => &e.name,
+            ConfigEntry::ApiGateway(e) => &e.name,
+            ConfigEntry::HttpRoute(e) => &e.name,
+            ConfigEntry::TcpRoute(e) => &e.name,
+            ConfigEntry::InlineCertificate(e) => &e.name,
+            ConfigEntry::FileSystemCertificate(e) => &e.name,
         }
     }
 
@@ -228,6 +283,26 @@ impl ConfigEntry {
     /// Index of the last write that changed it.
     pub fn modify_index(&self) -> Index {
         each_entry!(self, e => e.modify_index)
+    }
+
+    /// The entry's derived status, for the kinds that have one.
+    pub fn status_mut(&mut self) -> Option<&mut Option<ConfigEntryStatus>> {
+        match self {
+            ConfigEntry::ApiGateway(e) => Some(&mut e.status),
+            ConfigEntry::HttpRoute(e) => Some(&mut e.status),
+            ConfigEntry::TcpRoute(e) => Some(&mut e.status),
+            _ => None,
+        }
+    }
+
+    /// The entry's derived status, for the kinds that have one.
+    pub fn status(&self) -> Option<&Option<ConfigEntryStatus>> {
+        match self {
+            ConfigEntry::ApiGateway(e) => Some(&e.status),
+            ConfigEntry::HttpRoute(e) => Some(&e.status),
+            ConfigEntry::TcpRoute(e) => Some(&e.status),
+            _ => None,
+        }
     }
 
     /// Stamps the indexes of a write.
@@ -284,6 +359,13 @@ impl ConfigEntry {
             ConfigEntryKind::IngressGateway => ConfigEntry::IngressGateway(crate::json::from_value(value)?),
             ConfigEntryKind::TerminatingGateway => ConfigEntry::TerminatingGateway(crate::json::from_value(value)?),
             ConfigEntryKind::JwtProvider => ConfigEntry::JwtProvider(crate::json::from_value(value)?),
+            ConfigEntryKind::ApiGateway => ConfigEntry::ApiGateway(crate::json::from_value(value)?),
+            ConfigEntryKind::HttpRoute => ConfigEntry::HttpRoute(crate::json::from_value(value)?),
+            ConfigEntryKind::TcpRoute => ConfigEntry::TcpRoute(crate::json::from_value(value)?),
+            ConfigEntryKind::InlineCertificate => ConfigEntry::InlineCertificate(crate::json::from_value(value)?),
+            ConfigEntryKind::FileSystemCertificate => {
+                ConfigEntry::FileSystemCertificate(crate::json::from_value(value)?)
+            }
         })
     }
 }

@@ -438,6 +438,7 @@ pub(crate) fn build_endpoints_where(
     let upstreams = match &snap.kind {
         KindSnapshot::ConnectProxy(cp) => &cp.upstreams,
         KindSnapshot::IngressGateway(g) => &g.upstreams,
+        KindSnapshot::ApiGateway(g) => &g.upstreams,
         KindSnapshot::TerminatingGateway(_) | KindSnapshot::MeshGateway(_) => return Ok(()),
     };
     for (upstream_id, upstream) in upstreams.iter() {

@@ -17,6 +17,7 @@
 //! - route configurations named after the upstream for L7 upstreams.
 
 mod access_logs;
+mod api_gateway;
 mod clusters;
 mod core;
 mod destinations;
@@ -161,6 +162,11 @@ fn build_kind(
         }
         proxycfg::KindSnapshot::TerminatingGateway(g) => {
             gateways::build_terminating(snapshot, g, &mut out)?;
+            return Ok(out);
+        }
+        proxycfg::KindSnapshot::ApiGateway(g) => {
+            api_gateway::build(snapshot, g, &mut out)?;
+            clusters::build_endpoints(snapshot, &mut out, shared)?;
             return Ok(out);
         }
         proxycfg::KindSnapshot::MeshGateway(g) => {
@@ -384,6 +390,7 @@ fn upstreams_of(snap: &ConfigSnapshot) -> Option<&BTreeMap<Arc<structs::Upstream
     match &snap.kind {
         proxycfg::KindSnapshot::ConnectProxy(cp) => Some(&cp.upstreams),
         proxycfg::KindSnapshot::IngressGateway(g) => Some(&g.upstreams),
+        proxycfg::KindSnapshot::ApiGateway(g) => Some(&g.upstreams),
         proxycfg::KindSnapshot::TerminatingGateway(_) | proxycfg::KindSnapshot::MeshGateway(_) => None,
     }
 }
@@ -432,6 +439,20 @@ pub fn same_except_endpoints(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
             && same_known_entry(&x.entry, &y.entry)
             && same_known_entry(&x.mesh_config, &y.mesh_config)
             && same_arc(&x.services, &y.services)
+            && same_chains(&x.upstreams, &y.upstreams);
+    }
+    if let (Some(x), Some(y)) = (a.api_gateway(), b.api_gateway()) {
+        let same_lists =
+            |p: &BTreeMap<structs::ConfigEntryKind, Arc<Vec<Arc<structs::ConfigEntry>>>>,
+             q: &BTreeMap<structs::ConfigEntryKind, Arc<Vec<Arc<structs::ConfigEntry>>>>| {
+                p.len() == q.len() && p.iter().zip(q).all(|((k, l), (j, m))| k == j && Arc::ptr_eq(l, m))
+            };
+        return same_common(a, b)
+            && same_arc(&x.leaf, &y.leaf)
+            && same_known_entry(&x.entry, &y.entry)
+            && same_known_entry(&x.mesh_config, &y.mesh_config)
+            && same_lists(&x.routes, &y.routes)
+            && same_lists(&x.certificates, &y.certificates)
             && same_chains(&x.upstreams, &y.upstreams);
     }
     let (Some(x), Some(y)) = (a.connect_proxy(), b.connect_proxy()) else {

@@ -57,7 +57,7 @@ pub(crate) fn tcp_cluster(chain: &CompiledDiscoveryChain) -> Result<String, Rout
         .ok_or_else(|| RouteError(format!("resolver {:?} names an unknown target", start.name)))
 }
 
-fn node<'c>(chain: &'c CompiledDiscoveryChain, name: &str) -> Result<&'c ChainNode, RouteError> {
+pub(crate) fn node<'c>(chain: &'c CompiledDiscoveryChain, name: &str) -> Result<&'c ChainNode, RouteError> {
     chain
         .nodes
         .get(name)
@@ -73,8 +73,6 @@ fn duration(d: &GoDuration) -> Option<PbDuration> {
 
 /// One Envoy route: `definition`'s match and destination settings, sending to `next`.
 fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &ChainNode) -> Result<Route, RouteError> {
-    let http = definition.match_.as_ref().and_then(|m| m.http.as_ref());
-    let dest = definition.destination.clone().unwrap_or_default();
     let mut action = RouteAction::default();
     let mut resolver_timeout = None;
     match next.node_type {
@@ -121,6 +119,19 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
     if let Some(lb) = hashing_load_balancer(chain, next) {
         action.hash_policy = lb.hash_policies.iter().map(hash_policy).collect();
     }
+    Ok(finish_route(definition, action, resolver_timeout))
+}
+
+/// One Envoy route: `definition`'s match and destination settings (rewrite, timeouts,
+/// retries, header changes) around `action`, which already names its clusters; the
+/// resolver's request timeout applies when the destination sets none.
+pub(crate) fn finish_route(
+    definition: &ServiceRoute,
+    mut action: RouteAction,
+    resolver_timeout: Option<GoDuration>,
+) -> Route {
+    let http = definition.match_.as_ref().and_then(|m| m.http.as_ref());
+    let dest = definition.destination.clone().unwrap_or_default();
     if !dest.prefix_rewrite.is_empty() {
         action.prefix_rewrite = dest.prefix_rewrite.clone();
     }
@@ -134,7 +145,7 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
     action.retry_policy = retry_policy(&dest);
     let (req_add, req_remove) = header_changes(dest.request_headers.as_ref());
     let (resp_add, resp_remove) = header_changes(dest.response_headers.as_ref());
-    Ok(Route {
+    Route {
         r#match: Some(route_match(http)),
         action: Some(route::Action::Route(action)),
         request_headers_to_add: req_add,
@@ -142,7 +153,7 @@ fn route(chain: &CompiledDiscoveryChain, definition: &ServiceRoute, next: &Chain
         response_headers_to_add: resp_add,
         response_headers_to_remove: resp_remove,
         ..Default::default()
-    })
+    }
 }
 
 /// The load balancer whose hash policies the route to `next` carries: a resolver's own; for

@@ -182,6 +182,7 @@ pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Resul
     let leaf = match &snap.kind {
         proxycfg::KindSnapshot::ConnectProxy(cp) => cp.leaf.as_deref(),
         proxycfg::KindSnapshot::IngressGateway(g) => g.leaf.as_deref(),
+        proxycfg::KindSnapshot::ApiGateway(g) => g.leaf.as_deref(),
         // It terminates no TLS: no secret at all.
         proxycfg::KindSnapshot::MeshGateway(_) => return Ok(()),
         // Its leaves are per represented service (see the gateway builder).
