@@ -23,10 +23,12 @@ pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
         ConfigEntryKind::JwtProvider => a.mesh_read() || a.service_write_any(),
-        ConfigEntryKind::HttpRoute
-        | ConfigEntryKind::TcpRoute
-        | ConfigEntryKind::InlineCertificate
-        | ConfigEntryKind::FileSystemCertificate => a.mesh_read(),
+        ConfigEntryKind::HttpRoute | ConfigEntryKind::TcpRoute => a.mesh_read(),
+        // A gateway's identity reads the certificates it serves (their keys only if its
+        // gateway names them: see `shown`).
+        ConfigEntryKind::InlineCertificate | ConfigEntryKind::FileSystemCertificate => {
+            a.mesh_read() || a.service_write_any()
+        }
         ConfigEntryKind::ServiceIntentions => a.intention_read(name),
         ConfigEntryKind::ServiceDefaults
         | ConfigEntryKind::ServiceRouter
@@ -78,7 +80,7 @@ fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Api
 
 /// Entries as a reader sees them: gateways and routes with their status derived from the
 /// state they are read from, and an inline certificate's private key only for a caller who
-/// could write it (`mesh:write`).
+/// could write it (`mesh:write`) or the identity of a gateway serving it.
 fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry]) {
     use structs::config_entry::api_gateway_binding::statuses;
     if entries.iter().any(|e| e.status().is_some()) {
@@ -100,8 +102,25 @@ fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry
         }
     }
     if !a.mesh_write() {
+        let gateways = state.config_entries(ConfigEntryKind::ApiGateway);
+        // The identity of a gateway whose listener serves the certificate.
+        let entitled = |cert: &str| {
+            gateways.iter().any(|g| match &**g {
+                ConfigEntry::ApiGateway(gw) => {
+                    a.service_write(&gw.name)
+                        && gw.listeners.iter().flat_map(|l| &l.tls.certificates).any(|c| {
+                            c.name == cert
+                                && c.kind_or(ConfigEntryKind::InlineCertificate)
+                                    == Some(ConfigEntryKind::InlineCertificate)
+                        })
+                }
+                _ => false,
+            })
+        };
         for e in entries.iter_mut() {
-            if let ConfigEntry::InlineCertificate(c) = e {
+            if let ConfigEntry::InlineCertificate(c) = e
+                && !entitled(&c.name)
+            {
                 c.private_key = String::new();
             }
         }

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 use test_support::reserve_port as free_port;
 
-use crate::gateway_e2e::backend;
+use crate::gateway_e2e::{backend, tls};
 use crate::mesh::{self, Mesh, wait_for};
 
 async fn register(mesh: &Mesh, node: &str, service: &str, port: u16, meta: Value) {
@@ -93,6 +93,91 @@ fn tcp_request(port: u16) -> Option<String> {
     Some(out)
 }
 
+/// The test's certificates: a CA with server certificates for `a.example.com` and
+/// `b.example.com`, and two CAs each with one for `files.example.com`, the first in the
+/// directory the file-system-certificate names (`live`).
+struct Certs {
+    one: std::path::PathBuf,
+    two: std::path::PathBuf,
+    live: std::path::PathBuf,
+    ca_one: std::path::PathBuf,
+    ca_two: std::path::PathBuf,
+}
+
+impl Certs {
+    fn create(dir: &std::path::Path) -> Certs {
+        let (one, two, live) = (dir.join("ca-one"), dir.join("ca-two"), dir.join("live"));
+        for (ca, names) in [(&one, &["a", "b", "files"][..]), (&two, &["files"][..])] {
+            tls(ca, &["ca", "create"]);
+            for n in names {
+                tls(
+                    ca,
+                    &[
+                        "cert",
+                        "create",
+                        "-server",
+                        "-additional-dnsname",
+                        &format!("{n}.example.com"),
+                    ],
+                );
+            }
+        }
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::copy(one.join("dc1-server-meshd-2.pem"), live.join("cert.pem")).unwrap();
+        std::fs::copy(one.join("dc1-server-meshd-2-key.pem"), live.join("key.pem")).unwrap();
+        let (ca_one, ca_two) = (one.join("meshd-agent-ca.pem"), two.join("meshd-agent-ca.pem"));
+        Certs {
+            one,
+            two,
+            live,
+            ca_one,
+            ca_two,
+        }
+    }
+
+    /// The inline-certificate entry `name` of server certificate `n` (0: a, 1: b).
+    fn inline(&self, name: &str, which: &str) -> Value {
+        let n = if which == "a" { 0 } else { 1 };
+        let read = |f: String| std::fs::read_to_string(self.one.join(f)).unwrap();
+        json!({"Kind": "inline-certificate", "Name": name,
+               "Certificate": read(format!("dc1-server-meshd-{n}.pem")),
+               "PrivateKey": read(format!("dc1-server-meshd-{n}-key.pem"))})
+    }
+
+    /// Replaces the live files with the second CA's certificate (each file by a rename).
+    fn rotate(&self) {
+        for (from, to) in [
+            ("dc1-server-meshd-0-key.pem", "key.pem"),
+            ("dc1-server-meshd-0.pem", "cert.pem"),
+        ] {
+            let tmp = self.live.join(format!("{to}.tmp"));
+            std::fs::copy(self.two.join(from), &tmp).unwrap();
+            std::fs::rename(&tmp, self.live.join(to)).unwrap();
+        }
+    }
+}
+
+/// A GET over TLS to `host` (resolved to 127.0.0.1:`port`) trusting only `ca`; polled
+/// until it answers 200, its body.
+async fn https(ca: &std::path::Path, host: &str, port: u16, path: &str) -> String {
+    let pem = std::fs::read(ca).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .resolve(host, ([127, 0, 0, 1], port).into())
+        .build()
+        .unwrap();
+    let url = format!("https://{host}:{port}{path}");
+    wait_for(|| async {
+        let resp = client.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        if resp.status() != 200 {
+            return None;
+        }
+        resp.text().await.ok()
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
     let t0 = std::time::Instant::now();
@@ -100,15 +185,31 @@ async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
     let (gw_port, web_port, db_port) = (free_port(), free_port(), free_port());
+    let (secure_port, files_port) = (free_port(), free_port());
+    // Certificates: `a` and `b` from one CA (inline), `files` from another (on disk).
+    let certs = Certs::create(dir.path());
     for entry in [
         json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
         json!({"Kind": "service-resolver", "Name": "api",
                "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"}, "v2": {"Filter": "Service.Meta.version == v2"}}}),
         json!({"Kind": "service-splitter", "Name": "api", "Splits": [
             {"Weight": 80, "ServiceSubset": "v1"}, {"Weight": 20, "ServiceSubset": "v2"}]}),
+        certs.inline("cert-a", "a"),
+        certs.inline("cert-b", "b"),
+        json!({"Kind": "file-system-certificate", "Name": "cert-files",
+               "Certificate": certs.live.join("cert.pem").display().to_string(),
+               "PrivateKey": certs.live.join("key.pem").display().to_string()}),
         json!({"Kind": "api-gateway", "Name": "gw", "Listeners": [
             {"Name": "web", "Port": web_port, "Protocol": "http"},
-            {"Name": "db", "Port": db_port, "Protocol": "tcp"}]}),
+            {"Name": "db", "Port": db_port, "Protocol": "tcp"},
+            {"Name": "secure", "Port": secure_port, "Protocol": "http", "TLS": {
+                "MinVersion": "TLSv1_2",
+                "Certificates": [{"Kind": "inline-certificate", "Name": "cert-a"}, {"Kind": "inline-certificate", "Name": "cert-b"}]}},
+            {"Name": "files", "Port": files_port, "Protocol": "http", "TLS": {
+                "Certificates": [{"Kind": "file-system-certificate", "Name": "cert-files"}]}}]}),
+        json!({"Kind": "http-route", "Name": "secure-route",
+               "Parents": [{"Name": "gw", "SectionName": "secure"}, {"Name": "gw", "SectionName": "files"}],
+               "Rules": [{"Services": [{"Name": "admin"}]}]}),
         json!({"Kind": "http-route", "Name": "api-route", "Parents": [{"Kind": "api-gateway", "Name": "gw"}],
                "Rules": [{"Matches": [{"Path": {"Match": "prefix", "Value": "/api"}}],
                           "Filters": {"Headers": [{"Add": {"x-from": "gateway"}}]},
@@ -244,6 +345,21 @@ async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
     assert!(ok > 20, "too little load: {ok}");
     assert!(failed.is_empty(), "{failed:?}");
     until(&client, web_port, "/", &[("x-admin", "yes-19")], 200, "admin").await;
+
+    // TLS: the certificate the client's SNI names, each trusted only by its CA.
+    for host in ["a.example.com", "b.example.com"] {
+        let body = https(&certs.ca_one, host, secure_port, "/tls").await;
+        assert_eq!(body, "admin /tls x-from=", "{host}");
+    }
+    let body = https(&certs.ca_one, "files.example.com", files_port, "/before").await;
+    assert_eq!(body, "admin /before x-from=");
+    // The files are replaced by a certificate from the other CA: Envoy serves it without
+    // a restart (the same process, one hot-restart epoch).
+    certs.rotate();
+    let body = https(&certs.ca_two, "files.example.com", files_port, "/after").await;
+    assert_eq!(body, "admin /after x-from=");
+    let epoch = mesh::get(&client, &format!("{gw_admin}/server_info")).await.unwrap();
+    assert!(epoch.contains("\"restart_epoch\": 0"), "{epoch}");
 
     // The gateway's Envoy holds one listener per gateway listener.
     let listeners = mesh::get(&client, &format!("{gw_admin}/listeners")).await.unwrap();

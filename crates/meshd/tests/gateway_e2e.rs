@@ -52,7 +52,7 @@ pub(crate) fn backend(name: &'static str) -> u16 {
 }
 
 /// Runs `meshd tls ...` in `dir`.
-fn tls(dir: &Path, args: &[&str]) {
+pub(crate) fn tls(dir: &Path, args: &[&str]) {
     std::fs::create_dir_all(dir).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_meshd"))
         .arg("tls")

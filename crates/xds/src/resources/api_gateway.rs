@@ -1,14 +1,17 @@
 //! Resources of an API gateway (traffic from outside the mesh in, routed by http-routes and
 //! tcp-routes bound to the gateway's listeners):
 //! - secrets `default` (the gateway's leaf: its identity to the services it sends to) and
-//!   `ROOTCA`;
+//!   `ROOTCA`, and per certificate a served listener names, `<kind>/<name>`: an
+//!   inline-certificate's PEM, or a file-system-certificate's paths (Envoy reads the files
+//!   and watches their directories, so a rotated certificate is served without a restart);
 //! - per service a bound route sends to, the clusters and load assignments of its discovery
 //!   chain, with mTLS to each target;
 //! - per gateway listener with a route bound, listener `<name>:<address>:<port>`: for http,
 //!   a connection manager with route configuration `<name>` holding one virtual host per
 //!   host name the bound routes answer (their rules' matches in precedence order, each to
 //!   its services' clusters by weight, a service's own splitter legs multiplied in); for
-//!   tcp, a TCP proxy to its route's service.
+//!   tcp, a TCP proxy to its route's service; with certificates, TLS presenting the one the
+//!   client's SNI selects.
 //!
 //! Which route is bound where comes from the same function that derives the entries' status
 //! (`structs::config_entry::api_gateway_binding`). A listener nothing is bound to is not
@@ -18,13 +21,15 @@ use super::clusters::{chain_clusters, resolver_cluster};
 use super::core::{ads, socket};
 use super::listeners::{hcm, public_bind, tcp_proxy};
 use super::routes::{self, finish_route};
-use super::{BuildError, LISTENER, ROUTE, Resources, tls};
+use super::{BuildError, LISTENER, ROUTE, Resources, SECRET, tls};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::core::v3::{DataSource, TransportSocket, data_source};
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, VirtualHost, WeightedCluster, route_action, weighted_cluster,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{Rds, http_connection_manager};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, TlsCertificate, secret};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 use proxycfg::handler::api_gateway_backend_id;
@@ -38,6 +43,7 @@ use structs::config_entry::{
     ServiceRouteHttpMatchQueryParam, ServiceRouteMatch,
 };
 use structs::discovery_chain::NodeType;
+use structs::{ConfigEntry, ConfigEntryKind};
 
 /// Builds an API gateway's clusters, listeners and routes (secrets and load assignments are
 /// built by the common steps).
@@ -74,24 +80,103 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &ApiGatewaySnapshot, out: &mut Res
             );
             continue;
         }
-        if !listener.tls.certificates.is_empty() {
-            out.fail(
-                key,
-                format!("listener {name}: TLS listeners are not served yet"),
-                [(LISTENER, name)],
-            );
-            continue;
-        }
+        let tls = match listener_tls(g, listener, bound, &name, out) {
+            Ok(tls) => tls,
+            Err(problem) => {
+                out.fail(key, problem, [(LISTENER, name)]);
+                continue;
+            }
+        };
         let result = if listener.is_http() {
-            http_listener(g, listener, bound, &name, &bind, out)
+            http_listener(g, listener, bound, &name, &bind, tls, out)
         } else {
-            tcp_listener(g, listener, bound, &name, &bind, out)
+            tcp_listener(g, listener, bound, &name, &bind, tls, out)
         };
         if let Err(problem) = result {
             out.fail(key, problem, [(LISTENER, name)]);
         }
     }
     Ok(())
+}
+
+/// The name of the secret holding certificate `kind`/`name`.
+pub(crate) fn certificate_secret(kind: ConfigEntryKind, name: &str) -> String {
+    format!("{kind}/{name}")
+}
+
+/// The listener's TLS server, if it names certificates: each existing one as a secret
+/// (inline PEM, or the files Envoy reads and watches), chosen by SNI. `Err` when it names
+/// certificates and none can be served: the listener is then not served in clear.
+fn listener_tls(
+    g: &ApiGatewaySnapshot,
+    listener: &ApiGatewayListener,
+    bound: &BoundListener,
+    name: &str,
+    out: &mut Resources,
+) -> Result<Option<TransportSocket>, String> {
+    if listener.tls.certificates.is_empty() {
+        return Ok(None);
+    }
+    let mut configs = Vec::new();
+    for cert in &bound.certificates {
+        let Some(kind) = cert.kind_or(ConfigEntryKind::InlineCertificate) else {
+            continue;
+        };
+        let Some(entry) = g.certificate(kind, &cert.name) else {
+            continue;
+        };
+        let secret_name = certificate_secret(kind, &cert.name);
+        let certificate = match &**entry {
+            ConfigEntry::InlineCertificate(c) if c.private_key.is_empty() => {
+                out.problems.insert(
+                    format!("certificate:{secret_name}"),
+                    format!(
+                        "listener {name}: the private key of inline-certificate {:?} is not readable with this proxy's token, so it is not served",
+                        c.name
+                    ),
+                );
+                continue;
+            }
+            ConfigEntry::InlineCertificate(c) => TlsCertificate {
+                certificate_chain: tls::inline(&c.certificate),
+                private_key: tls::inline(&c.private_key),
+                ..Default::default()
+            },
+            // Envoy reads the files and, the secret coming over SDS, watches their
+            // directories: a rotated certificate is served without a restart.
+            ConfigEntry::FileSystemCertificate(c) => TlsCertificate {
+                certificate_chain: Some(file(&c.certificate)),
+                private_key: Some(file(&c.private_key)),
+                ..Default::default()
+            },
+            _ => continue,
+        };
+        out.insert(
+            SECRET,
+            secret_name.clone(),
+            pack_any(Secret {
+                name: secret_name.clone(),
+                r#type: Some(secret::Type::TlsCertificate(certificate)),
+            }),
+        );
+        configs.push(tls::sds(&secret_name));
+    }
+    if configs.is_empty() {
+        return Err(format!(
+            "listener {name}: none of the certificates it names can be served (the gateway's status says why)"
+        ));
+    }
+    let t = &listener.tls;
+    let params = tls::params(&t.min_version, &t.max_version, &t.cipher_suites);
+    let alpn: &[&str] = if listener.is_http() { &["http/1.1"] } else { &[] };
+    Ok(Some(tls::downstream_server_of(configs, params, alpn)))
+}
+
+fn file(path: &str) -> DataSource {
+    DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_owned())),
+        ..Default::default()
+    }
 }
 
 fn chain_of<'g>(g: &'g ApiGatewaySnapshot, service: &str) -> Result<&'g CompiledDiscoveryChain, String> {
@@ -108,6 +193,7 @@ fn tcp_listener(
     bound: &BoundListener,
     name: &str,
     bind: &str,
+    tls: Option<TransportSocket>,
     out: &mut Resources,
 ) -> Result<(), String> {
     let Some(route) = bound.routes.first().and_then(|r| r.tcp()) else {
@@ -126,6 +212,7 @@ fn tcp_listener(
                 &format!("api_gateway_{}_{}", listener.name, route.name),
                 &cluster,
             )],
+            transport_socket: tls,
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,
@@ -253,6 +340,7 @@ fn http_listener(
     bound: &BoundListener,
     name: &str,
     bind: &str,
+    tls: Option<TransportSocket>,
     out: &mut Resources,
 ) -> Result<(), String> {
     let virtual_hosts = virtual_hosts(g, listener, bound, name, out);
@@ -284,6 +372,7 @@ fn http_listener(
         address: socket(bind, u32::from(listener.port)),
         filter_chains: vec![FilterChain {
             filters: vec![filter],
+            transport_socket: tls,
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,

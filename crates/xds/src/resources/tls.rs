@@ -16,7 +16,7 @@ use structs::ConfigEntry;
 use structs::IndexedCaRoots;
 use structs::config_entry::TlsDirectionConfig;
 
-fn inline(text: &str) -> Option<DataSource> {
+pub(crate) fn inline(text: &str) -> Option<DataSource> {
     Some(DataSource {
         specifier: Some(data_source::Specifier::InlineString(text.to_owned())),
         ..Default::default()
@@ -37,7 +37,7 @@ pub const LEAF_SECRET: &str = "default";
 /// Name of the secret holding the CA bundle.
 pub const ROOTS_SECRET: &str = "ROOTCA";
 
-fn sds(name: &str) -> SdsSecretConfig {
+pub(crate) fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig {
         name: name.to_owned(),
         sds_config: super::core::ads(),
@@ -101,7 +101,7 @@ fn configured_params(mesh: Option<&ConfigEntry>, direction: Direction) -> Option
 
 /// TLS parameters from versions and cipher names (none when all are unset: Envoy's
 /// defaults).
-fn params(min_version: &str, max_version: &str, ciphers: &[String]) -> Option<TlsParameters> {
+pub(crate) fn params(min_version: &str, max_version: &str, ciphers: &[String]) -> Option<TlsParameters> {
     if min_version.is_empty() && max_version.is_empty() && ciphers.is_empty() {
         return None;
     }
@@ -231,10 +231,20 @@ pub(crate) fn downstream_server(
     tls_params: Option<TlsParameters>,
     alpn: &[&str],
 ) -> TransportSocket {
+    downstream_server_of(vec![certificate], tls_params, alpn)
+}
+
+/// A TLS server with several certificates, which Envoy picks from by the client's SNI (an
+/// exact DNS SAN first, then a wildcard, then the first certificate).
+pub(crate) fn downstream_server_of(
+    certificates: Vec<SdsSecretConfig>,
+    tls_params: Option<TlsParameters>,
+    alpn: &[&str],
+) -> TransportSocket {
     let ctx = DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_params,
-            tls_certificate_sds_secret_configs: vec![certificate],
+            tls_certificate_sds_secret_configs: certificates,
             alpn_protocols: alpn.iter().map(|p| (*p).to_owned()).collect(),
             ..Default::default()
         }),
