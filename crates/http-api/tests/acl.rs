@@ -1993,3 +1993,78 @@ async fn a_dry_run_lists_only_the_proxies_the_token_may_read() {
             .is_none()
     );
 }
+
+/// An inline certificate's private key goes only to a caller who could write it
+/// (`mesh:write`) or to the identity of a gateway whose listener serves it; the gateway
+/// family's entries are written with `mesh:write` alone.
+#[tokio::test]
+async fn an_inline_certificates_key_goes_only_to_who_may_have_it() {
+    let mesh = mesh().await;
+    let m = Some(mesh.management.as_str());
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["gw.example.com".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let entry = json!({"Kind": "inline-certificate", "Name": "gw-cert",
+                       "Certificate": cert.pem(), "PrivateKey": key.serialize_pem()});
+    let put = call(&mesh.app, "PUT", "/v1/config", m, entry).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let gateway = json!({"Kind": "api-gateway", "Name": "gw", "Listeners": [
+        {"Name": "https", "Port": 443, "Protocol": "http", "TLS": {"Certificates": [{"Name": "gw-cert"}]}}]});
+    let put = call(&mesh.app, "PUT", "/v1/config", m, gateway.clone()).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let read_key = |token: String| {
+        let app = mesh.app.clone();
+        async move {
+            let r = call(
+                &app,
+                "GET",
+                "/v1/config/inline-certificate/gw-cert",
+                Some(&token),
+                Value::Null,
+            )
+            .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            let listed = call(&app, "GET", "/v1/config/inline-certificate", Some(&token), Value::Null).await;
+            assert_eq!(
+                listed.json()[0]["PrivateKey"],
+                r.json()["PrivateKey"],
+                "the list says the same"
+            );
+            r.json()["PrivateKey"].as_str().unwrap().to_owned()
+        }
+    };
+    assert!(read_key(mesh.management.clone()).await.contains("PRIVATE KEY"));
+    assert_eq!(read_key(mesh.token(r#"mesh = "read""#).await).await, "");
+    assert_eq!(
+        read_key(mesh.token(r#"service "other" { policy = "write" }"#).await).await,
+        ""
+    );
+    let gateway_identity = mesh.token(r#"service "gw" { policy = "write" }"#).await;
+    assert!(read_key(gateway_identity.clone()).await.contains("PRIVATE KEY"));
+    // Nor can that identity write the gateway family (mesh:write), or read without a rule.
+    let denied = call(&mesh.app, "PUT", "/v1/config", Some(&gateway_identity), gateway).await;
+    assert_eq!(denied.status, StatusCode::FORBIDDEN, "{}", denied.body);
+    assert!(denied.body.contains("mesh:write"), "{}", denied.body);
+    let nobody = mesh.token(r#"node "n1" { policy = "read" }"#).await;
+    let r = call(
+        &mesh.app,
+        "GET",
+        "/v1/config/inline-certificate/gw-cert",
+        Some(&nobody),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    // A key that is not the certificate's is refused at write time, naming the field.
+    let other = rcgen::KeyPair::generate().unwrap();
+    let wrong = json!({"Kind": "inline-certificate", "Name": "bad", "Certificate": cert.pem(), "PrivateKey": other.serialize_pem()});
+    let r = call(&mesh.app, "PUT", "/v1/config", m, wrong).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(
+        r.body.contains("PrivateKey") && r.body.contains("not the key"),
+        "{}",
+        r.body
+    );
+}

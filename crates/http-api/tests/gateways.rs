@@ -221,3 +221,76 @@ async fn gateway_entries_are_checked_on_write() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert!(r.body.contains("Services[0].CAFile: required with SNI"), "{}", r.body);
 }
+
+fn condition<'v>(entry: &'v Value, kind: &str) -> &'v Value {
+    entry["Status"]["Conditions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no status: {entry}"))
+        .iter()
+        .find(|c| c["Type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} condition: {entry}"))
+}
+
+/// The API gateway's entries carry a status derived from what they name, never the one a
+/// client wrote; a blocking read of a route wakes when a service it names appears.
+#[tokio::test]
+async fn api_gateway_status_follows_services_and_routes() {
+    let app = app().await;
+    put_ok(
+        &app,
+        "/v1/config",
+        json!({"Kind": "api-gateway", "Name": "gw", "Listeners": [{"Name": "web", "Port": 80, "Protocol": "http"}]}),
+    )
+    .await;
+    put_ok(
+        &app,
+        "/v1/config",
+        json!({"Kind": "http-route", "Name": "r", "Parents": [{"Name": "gw"}],
+               "Rules": [{"Services": [{"Name": "api"}]}],
+               "Status": {"Conditions": [{"Type": "Bound", "Status": "False", "Reason": "Made", "Message": "up"}]}}),
+    )
+    .await;
+    let route = get(&app, "/v1/config/http-route/r").await;
+    let r = route.json();
+    assert_eq!(condition(&r, "Bound")["Status"], "True", "{r}");
+    assert_eq!(condition(&r, "Bound")["Resource"]["Name"], "gw", "{r}");
+    let refs = condition(&r, "ResolvedRefs");
+    assert_eq!(
+        (refs["Status"].as_str(), refs["Reason"].as_str()),
+        (Some("False"), Some("BackendNotFound"))
+    );
+    assert!(refs["Message"].as_str().unwrap().contains("api"), "{r}");
+    // A blocking read wakes when api is registered, and then says it resolves.
+    let index = route.index.unwrap();
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, &format!("/v1/config/http-route/r?index={index}&wait=5s")).await })
+    };
+    // Registered before or after the read starts waiting: either way its index moves.
+    put_ok(&app, "/v1/catalog/register", register("api1", "api", "", "passing")).await;
+    let woken = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(woken.index.unwrap() > index);
+    assert_eq!(
+        condition(&woken.json(), "ResolvedRefs")["Status"],
+        "True",
+        "{}",
+        woken.body
+    );
+    // The gateway lists the route's listener as conflict-free; listing routes shows status.
+    let list = get(&app, "/v1/config/http-route").await.json();
+    assert_eq!(condition(&list[0], "Accepted")["Status"], "True");
+    let gw = get(&app, "/v1/config/api-gateway/gw").await.json();
+    assert_eq!(condition(&gw, "Conflicted")["Status"], "False", "{gw}");
+    // A route naming a gateway that does not exist says so.
+    put_ok(
+        &app,
+        "/v1/config",
+        json!({"Kind": "tcp-route", "Name": "t", "Parents": [{"Name": "nowhere"}], "Services": [{"Name": "api"}]}),
+    )
+    .await;
+    let t = get(&app, "/v1/config/tcp-route/t").await.json();
+    assert_eq!(condition(&t, "Bound")["Reason"], "GatewayNotFound", "{t}");
+}

@@ -412,6 +412,8 @@ pub(crate) fn check_entry_name(kind: ConfigEntryKind, name: &str) -> Result<(), 
 }
 
 #[cfg(test)]
+mod api_gateway_tests;
+#[cfg(test)]
 mod gateway_tests;
 #[cfg(test)]
 mod tests;
