@@ -70,6 +70,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("storm", "meshd", "storm"),
     ("memory", "meshd", "memory"),
     ("gateway", "xds", "gateway"),
+    ("gateway", "meshd", "api_gateway"),
     ("ha", "meshd", "ha"),
     ("dns", "meshd", "dns"),
     ("federation", "meshd", "federation"),

@@ -72,22 +72,27 @@ impl State {
             .map(|(_, e)| e)
     }
 
-    /// Adds the keys of the gateway and route entries whose status a write changed: every
-    /// gateway and route when one of the family was written (a tcp-route can take a
-    /// listener from another; a gateway's routes bind again), else the routes naming a
-    /// service whose instances changed.
+    /// Adds the keys of the gateway and route entries whose status a write changed: a
+    /// written route (its own key is bumped) changes its gateways' status, and a tcp-route
+    /// may take a tcp listener from the others; a gateway written changes its routes'; a
+    /// certificate the gateways'. Else, the routes naming a service whose instances changed.
     pub(crate) fn touch_api_gateways(&self, bumped: &mut OrdSet<IndexKey>) {
-        let family_written = WITH_STATUS
-            .iter()
-            .chain(CERTIFICATE_KINDS.iter())
-            .any(|k| bumped.contains(&IndexKey::ConfigKind(*k)));
+        let written = |k: ConfigEntryKind| bumped.contains(&IndexKey::ConfigKind(k));
         let mut touched = Vec::new();
+        let every = |kind: ConfigEntryKind, out: &mut Vec<IndexKey>| {
+            out.extend(
+                self.entries_iter(kind)
+                    .map(|e| IndexKey::ConfigEntry(kind, e.name().to_owned())),
+            );
+        };
+        let family_written = WITH_STATUS.iter().chain(CERTIFICATE_KINDS.iter()).any(|k| written(*k));
         if family_written {
-            for kind in WITH_STATUS {
-                touched.extend(
-                    self.entries_iter(kind)
-                        .map(|e| IndexKey::ConfigEntry(kind, e.name().to_owned())),
-                );
+            every(ConfigEntryKind::ApiGateway, &mut touched);
+            if written(ConfigEntryKind::ApiGateway) {
+                every(ConfigEntryKind::HttpRoute, &mut touched);
+            }
+            if written(ConfigEntryKind::ApiGateway) || written(ConfigEntryKind::TcpRoute) {
+                every(ConfigEntryKind::TcpRoute, &mut touched);
             }
         } else {
             let services: BTreeSet<&str> = bumped

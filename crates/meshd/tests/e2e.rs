@@ -40,6 +40,9 @@ mod bench_agent;
 #[path = "../benches/agent_cache.rs"]
 mod bench_agent_cache;
 #[allow(dead_code)]
+#[path = "../benches/api_gateway.rs"]
+mod bench_api_gateway;
+#[allow(dead_code)]
 #[path = "../benches/chaos.rs"]
 mod bench_chaos;
 #[allow(dead_code)]
