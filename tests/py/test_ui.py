@@ -268,6 +268,26 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
         assert (shown["Kind"], shown["Name"], shown["ConnectTimeout"]) == ("service-resolver", "billing", "3s"), shown
         chrome.screenshot("config")
 
+        # API gateways: listeners, the routes naming each, and their status.
+        for entry in ({"Kind": "api-gateway", "Name": "edge", "Listeners": [
+                          {"Name": "web", "Port": 8080, "Protocol": "http", "Hostname": "*.example.com"}]},
+                      {"Kind": "http-route", "Name": "to-api", "Parents": [{"Name": "edge"}],
+                       "Hostnames": ["api.example.com"], "Rules": [{"Services": [{"Name": "api"}]}]},
+                      {"Kind": "http-route", "Name": "elsewhere", "Parents": [{"Name": "edge", "SectionName": "web"}],
+                       "Hostnames": ["api.other.org"], "Rules": [{"Services": [{"Name": "nobody"}]}]}):
+            r = requests.put(f"http://{http}/v1/config", json=entry)
+            assert r.ok, r.text
+        chrome.open(f"http://{http}/ui#gateways")
+        chrome.wait("document.querySelectorAll('section.gateway tr[data-route]').length === 2", "the gateway's routes")
+        assert chrome.eval("[...document.querySelectorAll('section[data-gateway=\"edge\"] tr[data-listener]')]"
+                           ".map(r => r.innerText.split('\\t').slice(0, 4))") == [["web", "8080", "http", "*.example.com"]]
+        status = "[...document.querySelectorAll('tr[data-route=\"{}\"] .condition')].map(c => [c.dataset.type, c.dataset.status])"
+        assert chrome.eval(status.format("to-api")) == [["Accepted", "True"], ["ResolvedRefs", "True"], ["Bound", "True"]]
+        assert chrome.eval(status.format("elsewhere")) == [["Accepted", "True"], ["ResolvedRefs", "False"], ["Bound", "False"]]
+        why = chrome.eval("document.querySelector('tr[data-route=\"elsewhere\"]').innerText")
+        assert "NoMatchingListenerHostname" in why and "nobody" in why, why
+        chrome.screenshot("gateways", docs="ui-gateways.png")
+
         # The routing graph draws a chain.
         chrome.open(f"http://{http}/ui#chain/api")
         chrome.wait("document.querySelectorAll('#chain g.node').length >= 2", "the chain graph")

@@ -6,7 +6,8 @@ const $ = (sel, root = document) => root.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const short = (v) => (v ? String(v).slice(0, 10) : "—");
 const KINDS = ["service-defaults", "proxy-defaults", "service-router", "service-splitter", "service-resolver",
-  "service-intentions", "mesh", "ingress-gateway", "terminating-gateway"];
+  "service-intentions", "mesh", "ingress-gateway", "terminating-gateway", "jwt-provider", "api-gateway", "http-route",
+  "tcp-route", "inline-certificate", "file-system-certificate"];
 
 let timer = null;
 
@@ -141,10 +142,47 @@ async function config(page) {
     let entries = [];
     try { entries = await api(`/v1/config/${kind}`); } catch (e) { if (String(e).includes("Permission")) throw e; }
     if (!entries.length) continue;
+    // A private key is never put on a page, whoever may read it.
+    for (const e of entries) if (e.PrivateKey && kind === "inline-certificate") e.PrivateKey = "(hidden)";
     parts.push(`<section data-kind="${esc(kind)}"><h2>${esc(kind)} <span class="pill idle">${entries.length}</span></h2>` + entries.map((e) =>
       `<details data-entry="${esc(e.Name)}"><summary><b>${esc(e.Name)}</b> <span class="sub">modified at index ${e.ModifyIndex}</span></summary><pre class="mono">${esc(JSON.stringify(e, null, 2))}</pre></details>`).join("") + `</section>`);
   }
   page.innerHTML = `<h1>Config entries</h1><div class="sub">Every config entry, by kind.</div><div id="config">${parts.join("") || `<div class="sub">No config entries.</div>`}</div>`;
+}
+
+// A status's conditions, as pills (green when as wished) with their messages.
+function conditions(status) {
+  const list = (status && status.Conditions) || [];
+  return list.map((c) => {
+    const good = c.Type === "Conflicted" ? c.Status === "False" : c.Status === "True";
+    const at = c.Resource && c.Resource.SectionName ? ` (${c.Resource.SectionName})` : "";
+    return `<div class="condition" data-type="${esc(c.Type)}" data-status="${esc(c.Status)}">${pill(good ? "ok" : "bad", `${c.Type}${at}: ${c.Status}`)}
+      <span class="sub">${esc(c.Reason)} — ${esc(c.Message)}</span></div>`;
+  }).join("");
+}
+
+// API gateways: their listeners, the routes naming them and every entry's status.
+async function gateways(page) {
+  const list = await api("/v1/config/api-gateway");
+  let routes = [];
+  for (const kind of ["http-route", "tcp-route"]) {
+    try { routes = routes.concat((await api(`/v1/config/${kind}`)).map((r) => ({ ...r, Kind: kind }))); }
+    catch (e) { if (String(e).includes("Permission")) throw e; }
+  }
+  const names = (r, gw) => (r.Parents || []).some((p) => p.Name === gw);
+  page.innerHTML = `<h1>API gateways</h1><div class="sub">Each gateway's listeners, the routes attached to it and what their status says.</div>
+    ${filteredNote()}
+    ${list.length ? list.map((g) => `<section class="gateway" data-gateway="${esc(g.Name)}"><h2>${esc(g.Name)}</h2>
+      <table class="listeners"><thead><tr><th>Listener</th><th>Port</th><th>Protocol</th><th>Hostname</th><th>Certificates</th></tr></thead><tbody>
+      ${g.Listeners.map((l) => `<tr data-listener="${esc(l.Name)}"><td>${esc(l.Name)}</td><td>${l.Port}</td><td>${esc(l.Protocol)}</td>
+        <td>${esc(l.Hostname || "any")}</td><td>${((l.TLS && l.TLS.Certificates) || []).map((c) => pill("tag", c.Name)).join("") || "—"}</td></tr>`).join("")}
+      </tbody></table>
+      <div class="conditions">${conditions(g.Status)}</div>
+      <h3>Routes</h3>
+      <table class="routes"><thead><tr><th>Route</th><th>Hostnames</th><th>Status</th></tr></thead><tbody>
+      ${routes.filter((r) => names(r, g.Name)).map((r) => `<tr data-route="${esc(r.Name)}"><td>${pill("idle", r.Kind)} ${esc(r.Name)}</td>
+        <td>${(r.Hostnames || []).map(esc).join(", ") || "—"}</td><td>${conditions(r.Status)}</td></tr>`).join("") || `<tr><td colspan="3" class="sub">No route names this gateway.</td></tr>`}
+      </tbody></table></section>`).join("") : `<div class="sub">No API gateways.</div>`}`;
 }
 
 // A service's discovery chain as a graph: routers, splitters and resolvers, then targets.
@@ -256,7 +294,7 @@ async function walk(id) {
   }
 }
 
-const PAGES = { services, proxies, intentions, config, chain, troubleshoot };
+const PAGES = { services, proxies, intentions, config, gateways, chain, troubleshoot };
 
 async function show(name, arg) {
   clearTimeout(timer);

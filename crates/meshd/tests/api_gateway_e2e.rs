@@ -1,7 +1,8 @@
 //! The API gateway end to end with real Envoys: an http listener with two http-routes (a
 //! path prefix to `api`, a header match to `admin`), `api` split 80/20 between its v1 and
 //! v2 instances by its own splitter over resolver subsets, a tcp listener with a tcp-route
-//! to `db`; every backend behind its sidecar (mTLS from the gateway). The entries' status
+//! to `db`; every backend behind its sidecar (mTLS from the gateway), the gateway
+//! registered with a local agent (agent mode). The entries' status
 //! follows the routes and the services they name, and one route changed 20 times under load
 //! on another costs that other route no request.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
@@ -234,6 +235,23 @@ async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
     ] {
         procs.push(mesh.envoy(service, node, dir.path()).await.0);
     }
+    // The gateway runs against a local agent joined to the server (agent mode: the agent
+    // cache's data sources); the bench runs one against the server itself.
+    let agent = test_support::process::start_agent(
+        std::path::Path::new(env!("CARGO_BIN_EXE_meshd")),
+        [
+            "-dev",
+            "-node",
+            "node-gw",
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            mesh.http.trim_start_matches("http://"),
+            "-log-level",
+            "warn",
+        ],
+    );
+    procs.push(mesh::Proc(agent.child));
     let address = format!("127.0.0.1:{gw_port}");
     let which = [
         "-gateway",
@@ -246,8 +264,13 @@ async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
         "-node",
         "node-gw",
     ];
-    let (gateway, gw_admin) =
-        mesh::run_proxy(&which, &mesh.http, &["-grpc-addr", &mesh.grpc], &dir.path().join("gw")).await;
+    let (gateway, gw_admin) = mesh::run_proxy(
+        &which,
+        &agent.http,
+        &["-grpc-addr", &agent.grpc],
+        &dir.path().join("gw"),
+    )
+    .await;
     println!("{:>5.1} s envoys started", t0.elapsed().as_secs_f64());
 
     // The path prefix reaches api (the rule's header added), the header match admin; a
@@ -276,7 +299,9 @@ async fn api_gateway_routes_splits_and_reports_status_with_real_envoys() {
         }
     }
     println!("api-v1 answered {v1_count} of 200 (80% expected)");
-    assert!((140..=185).contains(&v1_count), "v1 answered {v1_count} of 200");
+    // Envoy draws each request: 160 expected, a standard deviation of 5.7; 130..=190 is a
+    // split of about 80/20 (never 50/50 or all v1) in all but one run in thousands.
+    assert!((130..=190).contains(&v1_count), "v1 answered {v1_count} of 200");
     // The tcp listener's route.
     let out = wait_for(|| async { tcp_request(db_port).filter(|o| o.contains("db /rows")) }).await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
