@@ -14,8 +14,9 @@ use structs::{ConfigEntryKind, MeshGatewayMode, Protocol, Token, UpstreamId};
 
 /// Watches roots, its leaf, its `api-gateway` entry, the mesh config, every http-route,
 /// tcp-route and certificate entry; binds the routes to its listeners, and per service a
-/// bound route sends to follows its discovery chain (compiled as http for http-routes, tcp
-/// for tcp-routes), then per chain target its healthy connect instances.
+/// bound route sends to follows its discovery chain (compiled with the service's own
+/// protocol for http-routes, as tcp for tcp-routes), then per chain target its healthy
+/// connect instances.
 pub struct ApiGatewayHandler {
     sources: DataSources,
     name: String,
@@ -38,21 +39,27 @@ impl ApiGatewayHandler {
     /// the chains (and target watches) of services no longer sent to cancelled.
     fn follow_backends(&self, g: &mut ApiGatewaySnapshot, watches: &mut Watches) {
         let Some(binding) = g.binding() else { return };
-        let mut wanted: BTreeMap<Arc<UpstreamId>, Protocol> = BTreeMap::new();
+        // http-routes follow a service's chain as its own protocol compiles it (an http2 or
+        // grpc service keeps its HTTP/2 cluster; a tcp service is plain TLS, which the
+        // router's HTTP/1.1 crosses as well); tcp-routes as tcp (routers and splitters
+        // skipped: a connection cannot be routed by request).
+        let mut wanted: BTreeMap<Arc<UpstreamId>, Option<Protocol>> = BTreeMap::new();
         for route in binding.listeners.iter().flat_map(|l| &l.routes) {
             match route {
                 BoundRoute::Http(..) => {
                     if let Some((r, _)) = route.http() {
                         for s in r.rules.iter().flat_map(|rule| &rule.services) {
-                            wanted.insert(Arc::new(backend_id(&s.name)), Protocol::Http);
+                            wanted.insert(Arc::new(backend_id(&s.name)), None);
                         }
                     }
                 }
                 BoundRoute::Tcp(_) => {
                     for s in route.tcp().map(|r| r.services.as_slice()).unwrap_or_default() {
-                        // A service both kinds send to is compiled as http: its chain's
+                        // A service both kinds send to is compiled as its own: its chain's
                         // resolver serves a tcp listener too.
-                        wanted.entry(Arc::new(backend_id(&s.name))).or_insert(Protocol::Tcp);
+                        wanted
+                            .entry(Arc::new(backend_id(&s.name)))
+                            .or_insert(Some(Protocol::Tcp));
                     }
                 }
             }
@@ -70,7 +77,7 @@ impl ApiGatewayHandler {
                 datacenter: self.datacenter.clone(),
                 name: id.name.clone(),
                 namespace: id.namespace.clone(),
-                override_protocol: Some(protocol),
+                override_protocol: protocol,
                 override_connect_timeout_ms: 0,
                 override_mesh_gateway: MeshGatewayMode::Default,
             };

@@ -31,7 +31,7 @@ fn snapshot(ca: &Ca) -> ConfigSnapshot {
         entry(
             json!({"Kind": "http-route", "Name": "api-route", "Parents": [{"Name": "gw"}],
             "Hostnames": ["api.example.com"],
-            "Rules": [{"Matches": [{"Path": {"Match": "prefix", "Value": "/v1"}}, {"Path": {"Match": "exact", "Value": "/health"}, "Method": "GET"}],
+            "Rules": [{"Matches": [{"Path": {"Match": "prefix", "Value": "/v1"}}, {"Path": {"Match": "exact", "Value": "/health"}, "Method": "GET"}, {"Path": {"Match": "regex", "Value": "/v[0-9]+/x"}}],
                        "Filters": {"Headers": [{"Add": {"x-from": "gw"}, "Remove": ["x-debug"]}],
                                    "URLRewrite": {"Path": "/"},
                                    "RetryFilter": {"NumRetries": 2, "RetryOnConnectFailure": true, "RetryOnStatusCodes": [503]},
@@ -50,15 +50,18 @@ fn snapshot(ca: &Ca) -> ConfigSnapshot {
     let tcp = vec![entry(json!({"Kind": "tcp-route", "Name": "db-route",
         "Parents": [{"Name": "gw", "SectionName": "db"}], "Services": [{"Name": "db"}]}))];
     let mut upstreams = BTreeMap::new();
+    // As the handler compiles them: http-routes' services as their own protocol (admin is
+    // grpc: its cluster speaks HTTP/2), tcp-routes' as tcp.
+    let chains = chains.protocol("admin", "grpc");
     for (name, protocol) in [
-        ("api", "http"),
-        ("admin", "http"),
-        ("admin-canary", "http"),
-        ("db", "tcp"),
+        ("api", None),
+        ("admin", None),
+        ("admin-canary", None),
+        ("db", Some("tcp")),
     ] {
         let chain = Arc::new(
             chains
-                .compile_with(name, &roots.trust_domain, Some(protocol.parse().unwrap()), None)
+                .compile_with(name, &roots.trust_domain, protocol.map(|p| p.parse().unwrap()), None)
                 .unwrap(),
         );
         let mut up = proxycfg::UpstreamSnapshot::new(usize::MAX);
@@ -93,6 +96,19 @@ fn api_gateway_listeners_routes_splits_and_a_tcp_route() {
     let ca = Ca::new();
     let snap = snapshot(&ca);
     assert!(snap.is_valid());
+    let r = resources::build(&snap).unwrap();
+    let admin: envoy_types::pb::envoy::config::cluster::v3::Cluster = unpack(
+        r.of(CLUSTER)
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n.starts_with("admin.default"))
+            .unwrap()
+            .1,
+    );
+    assert!(
+        !admin.typed_extension_protocol_options.is_empty(),
+        "admin is grpc: HTTP/2 to it"
+    );
     let r = validate_snapshot("gateway-api", &snap);
     // The listener nothing binds to is not served, and says so.
     let problems: Vec<(&String, &String)> = r.problems.iter().collect();
@@ -117,12 +133,17 @@ fn api_gateway_listeners_routes_splits_and_a_tcp_route() {
             ("web:api.example.com", vec!["api.example.com:8080", "api.example.com"]),
         ]
     );
-    // The exact path ranks before the prefix; api's splitter is multiplied in (80/20);
+    // The exact path ranks before the prefix, the prefix before the regex; api's splitter is multiplied in (80/20);
     // admin-route's rule, answering every host of the listener, follows api-route's own on
     // api.example.com (Envoy picks that host's virtual host alone).
     let api = &route.virtual_hosts[1].routes;
-    assert_eq!(api.len(), 3);
-    assert_eq!(api[2], route.virtual_hosts[0].routes[0]);
+    assert_eq!(api.len(), 4);
+    assert!(
+        format!("{:?}", api[2].r#match).contains("SafeRegex"),
+        "{:?}",
+        api[2].r#match
+    );
+    assert_eq!(api[3], route.virtual_hosts[0].routes[0]);
     let weights = |r: &envoy_types::pb::envoy::config::route::v3::Route| -> Vec<(String, u32)> {
         let Some(route::Action::Route(a)) = &r.action else {
             panic!()
