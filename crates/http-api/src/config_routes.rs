@@ -80,7 +80,8 @@ fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Api
 
 /// Entries as a reader sees them: gateways and routes with their status derived from the
 /// state they are read from, and an inline certificate's private key only for a caller who
-/// could write it (`mesh:write`) or the identity of a gateway serving it.
+/// could write it (`mesh:write`), the identity of a gateway serving it, or the agent of a
+/// node such a gateway is registered on.
 fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry]) {
     use structs::config_entry::api_gateway_binding::statuses;
     if entries.iter().any(|e| e.status().is_some()) {
@@ -103,11 +104,18 @@ fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry
     }
     if !a.mesh_write() {
         let gateways = state.config_entries(ConfigEntryKind::ApiGateway);
-        // The identity of a gateway whose listener serves the certificate.
+        // The identity of a gateway whose listener serves the certificate, or the agent of
+        // a node it runs on (which hands the key to that gateway's Envoy).
+        let hosts_gateway = |gw: &str| {
+            state
+                .service_instances(gw)
+                .iter()
+                .any(|(node, svc)| svc.kind == structs::ServiceKind::ApiGateway && a.node_write(node))
+        };
         let entitled = |cert: &str| {
             gateways.iter().any(|g| match &**g {
                 ConfigEntry::ApiGateway(gw) => {
-                    a.service_write(&gw.name)
+                    (a.service_write(&gw.name) || hosts_gateway(&gw.name))
                         && gw.listeners.iter().flat_map(|l| &l.tls.certificates).any(|c| {
                             c.name == cert
                                 && c.kind_or(ConfigEntryKind::InlineCertificate)

@@ -2043,6 +2043,21 @@ async fn an_inline_certificates_key_goes_only_to_who_may_have_it() {
     );
     let gateway_identity = mesh.token(r#"service "gw" { policy = "write" }"#).await;
     assert!(read_key(gateway_identity.clone()).await.contains("PRIVATE KEY"));
+    // The agent of a node the gateway runs on hands the key to its Envoy: its token reads
+    // it once the gateway is registered there, not before, and no other node's does.
+    let agent = mesh
+        .token("node \"gw-node\" { policy = \"write\" }\nmesh = \"read\"")
+        .await;
+    assert_eq!(read_key(agent.clone()).await, "");
+    let register = json!({"Node": "gw-node", "Address": "10.0.0.9",
+                          "Service": {"ID": "gw", "Service": "gw", "Kind": "api-gateway", "Port": 443}});
+    let r = call(&mesh.app, "PUT", "/v1/catalog/register", m, register).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(read_key(agent).await.contains("PRIVATE KEY"));
+    let other_agent = mesh
+        .token("node \"other-node\" { policy = \"write\" }\nmesh = \"read\"")
+        .await;
+    assert_eq!(read_key(other_agent).await, "");
     // Nor can that identity write the gateway family (mesh:write), or read without a rule.
     let denied = call(&mesh.app, "PUT", "/v1/config", Some(&gateway_identity), gateway).await;
     assert_eq!(denied.status, StatusCode::FORBIDDEN, "{}", denied.body);

@@ -195,7 +195,7 @@ fn bad_gateway_flags_fail_with_one_line() {
             ],
             "expected HOST:PORT",
         ),
-        (&["-gateway=api", "-service", "a"], "invalid value 'api'"),
+        (&["-gateway=egress", "-service", "a"], "invalid value 'egress'"),
         (
             &[
                 "-gateway=ingress",

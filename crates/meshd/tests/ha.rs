@@ -370,8 +370,10 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
 async fn writes_go_on_with_one_etcd_member_down_fail_cleanly_without_quorum_and_resume() {
     let mut etcd = cluster(3).await;
     // A request timeout far longer than the failure takes: the write must not just time out.
+    // (30 s: on a loaded machine etcd's lost leader is noticed in several seconds, not one;
+    // what is checked is that the failure comes from that, well before the timeout.)
     let mut server = Server::new("server-0", &etcd);
-    server.extra = vec!["-etcd-request-timeout".into(), "10s".into()];
+    server.extra = vec!["-etcd-request-timeout".into(), "30s".into()];
     server.start();
     let servers = [server];
     let (client, http) = (reqwest::Client::new(), servers[0].http());
@@ -398,8 +400,8 @@ async fn writes_go_on_with_one_etcd_member_down_fail_cleanly_without_quorum_and_
     );
     println!("without quorum a write failed after {:?}", started.elapsed());
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "fails about a second after etcd has no leader, not at the request timeout (10 s): {:?}",
+        started.elapsed() < Duration::from_secs(20),
+        "fails soon after etcd has no leader, not at the request timeout (30 s): {:?}",
         started.elapsed()
     );
     // Reads, blocking ones too, serve the last applied state.
