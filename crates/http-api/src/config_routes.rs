@@ -102,7 +102,10 @@ fn shown(state: &catalog::State, a: &acl::Authorizer, entries: &mut [ConfigEntry
             }
         }
     }
-    if !a.mesh_write() {
+    let keys = entries
+        .iter()
+        .any(|e| matches!(e, ConfigEntry::InlineCertificate(c) if !c.private_key.is_empty()));
+    if keys && !a.mesh_write() {
         let gateways = state.config_entries(ConfigEntryKind::ApiGateway);
         // The identity of a gateway whose listener serves the certificate, or the agent of
         // a node it runs on (which hands the key to that gateway's Envoy).

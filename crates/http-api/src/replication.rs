@@ -38,7 +38,8 @@ fn answer<T: serde::Serialize>(value: &T, index: structs::Index, state: &catalog
 
 /// `GET /v1/internal/replication/config-entries`: every config entry of every kind,
 /// blocking on any entry's change. The token needs `operator:read` and the read of every
-/// entry (as `/v1/config` checks it): all or nothing, since a secondary deletes what its
+/// entry (as `/v1/config` checks it; `mesh:write` for an inline certificate, whose private
+/// key it carries): all or nothing, since a secondary deletes what its
 /// copy lacks, and `operator:read` alone must not read entries the token could not.
 pub(crate) async fn config_entries(
     State(api): State<Api>,
@@ -59,6 +60,11 @@ pub(crate) async fn config_entries(
             "read",
             &what,
         )?;
+        // It carries a private key: only to who could write it (a copy without the key
+        // would break the secondary's gateways, so none is sent instead).
+        if entry.kind() == ConfigEntryKind::InlineCertificate {
+            authz.need(|a| a.mesh_write(), "mesh:write", &what)?;
+        }
     }
     Ok(answer(&all, state.index_of(&IndexKey::ConfigEntries), &state))
 }

@@ -1905,6 +1905,30 @@ async fn replication_of_config_entries_needs_the_read_of_every_entry() {
     let reply = call(&mesh.app, "GET", uri, Some(reader.as_str()), Value::Null).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(reply.body.contains("billing"), "{}", reply.body);
+    // An inline certificate carries its private key: copied only with mesh:write.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["gw.example.com".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let entry = json!({"Kind": "inline-certificate", "Name": "edge", "Certificate": cert.pem(), "PrivateKey": key.serialize_pem()});
+    assert_eq!(
+        call(&mesh.app, "PUT", "/v1/config", m, entry).await.status,
+        StatusCode::OK
+    );
+    let reply = call(&mesh.app, "GET", uri, Some(reader.as_str()), Value::Null).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    assert!(
+        reply.body.contains("inline-certificate/edge") && reply.body.contains("mesh:write"),
+        "{}",
+        reply.body
+    );
+    let writer = mesh
+        .token("operator = \"read\"\nmesh = \"write\"\nservice_prefix \"\" {\n policy = \"read\"\n intentions = \"read\"\n}")
+        .await;
+    let reply = call(&mesh.app, "GET", uri, Some(writer.as_str()), Value::Null).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("PRIVATE KEY"), "{}", reply.body);
 }
 
 /// A dry run lists only the proxies the caller may read: a fake server-side with three
