@@ -10,7 +10,7 @@ use imbl::OrdSet;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeSet;
-use structs::config_entry::api_gateway_binding::route_services;
+use structs::config_entry::api_gateway_binding::route_service_names;
 use structs::config_entry::{CERTIFICATE_KINDS, InlineCertificate};
 use structs::{ConfigEntry, ConfigEntryKind, Problem, ValidationError};
 
@@ -107,7 +107,8 @@ impl State {
             }
             for kind in [ConfigEntryKind::HttpRoute, ConfigEntryKind::TcpRoute] {
                 for e in self.entries_iter(kind) {
-                    if route_services(e).iter().any(|s| services.contains(s)) {
+                    // On every health change of any service: no allocation per route.
+                    if route_service_names(e).any(|s| services.contains(s)) {
                         touched.push(IndexKey::ConfigEntry(kind, e.name().to_owned()));
                     }
                 }

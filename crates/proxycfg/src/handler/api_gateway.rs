@@ -4,13 +4,13 @@ use super::connect_proxy::unexpected;
 use super::{HandlerError, KindHandler, upstreams};
 use crate::data_sources::*;
 use crate::registration::ProxyRegistration;
-use crate::snapshot::{API_GATEWAY_ROUTE_KINDS, ApiGatewaySnapshot, ConfigSnapshot, KindSnapshot, UpstreamSnapshot};
+use crate::snapshot::{API_GATEWAY_ROUTE_KINDS, ApiGatewaySnapshot, ConfigSnapshot, KindSnapshot};
 use crate::{CorrelationId, Watches};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use structs::config_entry::CERTIFICATE_KINDS;
 use structs::config_entry::api_gateway_binding::BoundRoute;
-use structs::{ConfigEntryKind, MeshGatewayMode, Protocol, Token, UpstreamId};
+use structs::{ConfigEntryKind, Protocol, Token, UpstreamId};
 
 /// Watches roots, its leaf, its `api-gateway` entry, the mesh config, every http-route,
 /// tcp-route and certificate entry; binds the routes to its listeners, and per service a
@@ -64,33 +64,7 @@ impl ApiGatewayHandler {
                 }
             }
         }
-        watches.cancel_where(|id| match id {
-            CorrelationId::DiscoveryChain(u) | CorrelationId::UpstreamTarget { upstream: u, .. } => {
-                !wanted.contains_key(u)
-            }
-            _ => false,
-        });
-        let map = Arc::make_mut(&mut g.upstreams);
-        map.retain(|id, _| wanted.contains_key(id));
-        for (id, protocol) in wanted {
-            let req = DiscoveryChainRequest {
-                datacenter: self.datacenter.clone(),
-                name: id.name.clone(),
-                namespace: id.namespace.clone(),
-                override_protocol: protocol,
-                override_connect_timeout_ms: 0,
-                override_mesh_gateway: MeshGatewayMode::Default,
-            };
-            if watches.ensure(
-                &self.sources.discovery_chain,
-                CorrelationId::DiscoveryChain(Arc::clone(&id)),
-                req,
-            ) {
-                watches
-                    .cancel_where(|w| matches!(w, CorrelationId::UpstreamTarget { upstream, .. } if *upstream == id));
-                map.insert(id, Arc::new(UpstreamSnapshot::new(usize::MAX)));
-            }
-        }
+        upstreams::follow_chains(&self.sources, &self.datacenter, wanted, &mut g.upstreams, watches);
     }
 }
 

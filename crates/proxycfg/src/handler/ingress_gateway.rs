@@ -4,11 +4,11 @@ use super::connect_proxy::unexpected;
 use super::{HandlerError, KindHandler, upstreams};
 use crate::data_sources::*;
 use crate::registration::ProxyRegistration;
-use crate::snapshot::{ConfigSnapshot, IngressGatewaySnapshot, KindSnapshot, UpstreamSnapshot};
+use crate::snapshot::{ConfigSnapshot, IngressGatewaySnapshot, KindSnapshot};
 use crate::{CorrelationId, Watches};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use structs::{ConfigEntryKind, GatewayService, MeshGatewayMode, Protocol, Token, UpstreamId};
+use structs::{ConfigEntryKind, GatewayService, Protocol, Token, UpstreamId};
 
 pub use structs::config_entry::INGRESS_DOMAIN;
 
@@ -69,34 +69,7 @@ impl IngressGatewayHandler {
             let id = Arc::new(upstream_id(&s.service));
             wanted.entry(id).or_insert_with(|| s.protocol.parse().ok());
         }
-        watches.cancel_where(|id| match id {
-            CorrelationId::DiscoveryChain(u) | CorrelationId::UpstreamTarget { upstream: u, .. } => {
-                !wanted.contains_key(u)
-            }
-            _ => false,
-        });
-        let map = Arc::make_mut(&mut g.upstreams);
-        map.retain(|id, _| wanted.contains_key(id));
-        for (id, protocol) in wanted {
-            let req = DiscoveryChainRequest {
-                datacenter: self.datacenter.clone(),
-                name: id.name.clone(),
-                namespace: id.namespace.clone(),
-                override_protocol: protocol,
-                override_connect_timeout_ms: 0,
-                override_mesh_gateway: MeshGatewayMode::Default,
-            };
-            if watches.ensure(
-                &self.sources.discovery_chain,
-                CorrelationId::DiscoveryChain(Arc::clone(&id)),
-                req,
-            ) {
-                // New, or compiled another way now: nothing of the old chain is kept.
-                watches
-                    .cancel_where(|w| matches!(w, CorrelationId::UpstreamTarget { upstream, .. } if *upstream == id));
-                map.insert(id, Arc::new(UpstreamSnapshot::new(usize::MAX)));
-            }
-        }
+        upstreams::follow_chains(&self.sources, &self.datacenter, wanted, &mut g.upstreams, watches);
         g.services = Some(services);
     }
 }

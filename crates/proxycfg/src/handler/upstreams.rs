@@ -1,16 +1,54 @@
 //! Upstreams followed through their discovery chains: what a sidecar does for each of its
-//! upstreams and an ingress gateway for each service it exposes.
+//! upstreams, an ingress gateway for each service it exposes and an API gateway for each
+//! service its routes send to.
 
 use super::HandlerError;
-use crate::data_sources::{DataSources, HealthRequest};
+use crate::data_sources::{DataSources, DiscoveryChainRequest, HealthRequest};
 use crate::snapshot::UpstreamSnapshot;
 use crate::{CorrelationId, Watches};
 use std::{collections::BTreeMap, sync::Arc};
-use structs::{CheckServiceNode, CompiledDiscoveryChain, TargetId, Token, UpstreamId};
+use structs::{CheckServiceNode, CompiledDiscoveryChain, MeshGatewayMode, Protocol, TargetId, Token, UpstreamId};
 use tracing::debug;
 
 /// Upstreams by id.
 pub(super) type Upstreams = Arc<BTreeMap<Arc<UpstreamId>, Arc<UpstreamSnapshot>>>;
+
+/// Follows exactly the services of `wanted` (by id, each compiled with its protocol
+/// override), as a gateway does: a chain watch per new one, or per one now compiled another
+/// way (its old targets' watches and snapshot dropped); the chains and target watches of
+/// services no longer wanted cancelled.
+pub(super) fn follow_chains(
+    sources: &DataSources,
+    datacenter: &str,
+    wanted: BTreeMap<Arc<UpstreamId>, Option<Protocol>>,
+    upstreams: &mut Upstreams,
+    watches: &mut Watches,
+) {
+    watches.cancel_where(|id| match id {
+        CorrelationId::DiscoveryChain(u) | CorrelationId::UpstreamTarget { upstream: u, .. } => !wanted.contains_key(u),
+        _ => false,
+    });
+    let map = Arc::make_mut(upstreams);
+    map.retain(|id, _| wanted.contains_key(id));
+    for (id, protocol) in wanted {
+        let req = DiscoveryChainRequest {
+            datacenter: datacenter.to_owned(),
+            name: id.name.clone(),
+            namespace: id.namespace.clone(),
+            override_protocol: protocol,
+            override_connect_timeout_ms: 0,
+            override_mesh_gateway: MeshGatewayMode::Default,
+        };
+        if watches.ensure(
+            &sources.discovery_chain,
+            CorrelationId::DiscoveryChain(Arc::clone(&id)),
+            req,
+        ) {
+            watches.cancel_where(|w| matches!(w, CorrelationId::UpstreamTarget { upstream, .. } if *upstream == id));
+            map.insert(id, Arc::new(UpstreamSnapshot::new(usize::MAX)));
+        }
+    }
+}
 
 /// Applies a new chain of `upstream_id`: cancels exactly the target watches it no longer
 /// names, and starts (or keeps) one health watch per target in `datacenter`, and per target

@@ -339,23 +339,29 @@ fn bind_one(gateway: &ApiGateway, entry: &Arc<ConfigEntry>, parent: &ResourceRef
     }
 }
 
-/// The services an http-route or tcp-route sends to.
+/// The services an http-route or tcp-route sends to, as written (a service a rule names
+/// twice comes twice).
+pub fn route_service_names(entry: &ConfigEntry) -> impl Iterator<Item = &str> {
+    let (http, tcp) = match entry {
+        ConfigEntry::HttpRoute(r) => (Some(r), None),
+        ConfigEntry::TcpRoute(r) => (None, Some(r)),
+        _ => (None, None),
+    };
+    let http = http
+        .into_iter()
+        .flat_map(|r| &r.rules)
+        .flat_map(|rule| &rule.services)
+        .map(|s| s.name.as_str());
+    let tcp = tcp.into_iter().flat_map(|r| &r.services).map(|s| s.name.as_str());
+    http.chain(tcp)
+}
+
+/// The services an http-route or tcp-route sends to, sorted, once each.
 pub fn route_services(entry: &ConfigEntry) -> Vec<&str> {
-    match entry {
-        ConfigEntry::HttpRoute(r) => {
-            let mut names: Vec<&str> = r
-                .rules
-                .iter()
-                .flat_map(|rule| &rule.services)
-                .map(|s| s.name.as_str())
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            names
-        }
-        ConfigEntry::TcpRoute(r) => r.services.iter().map(|s| s.name.as_str()).collect(),
-        _ => Vec::new(),
-    }
+    let mut names: Vec<&str> = route_service_names(entry).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// Every status of the API gateway family of `entries` (gateways and routes; other kinds

@@ -8,7 +8,7 @@ use super::api_gateway::{
     ResourceReference, TcpRoute,
 };
 use super::gateway_rules::check_host;
-use super::mesh::check_tls_params;
+use super::mesh::check_tls_versions;
 use super::{ConfigEntryKind, RETRY_ON_CONDITIONS, check_entry_name, check_regex};
 use crate::validate::{Problem, Validate, ValidationError};
 use std::collections::BTreeSet;
@@ -120,26 +120,15 @@ impl Validate for ApiGateway {
                     Problem::Required("when TLS versions or cipher suites are set"),
                 ));
             }
-            check_tls_params(
+            check_tls_versions(
                 &format!("{at}.TLS"),
-                &tls.min_version,
-                &tls.max_version,
+                ("MinVersion", &tls.min_version),
+                ("MaxVersion", &tls.max_version),
                 &tls.cipher_suites,
-            )
-            .map_err(|e| rename_tls_field(e, &at))?;
+            )?;
         }
         Ok(())
     }
-}
-
-/// `check_tls_params` names Consul's ingress field names; the API gateway's are
-/// `MinVersion`/`MaxVersion`.
-fn rename_tls_field(mut e: ValidationError, at: &str) -> ValidationError {
-    e.field = e
-        .field
-        .replace(&format!("{at}.TLS.TLSMinVersion"), &format!("{at}.TLS.MinVersion"))
-        .replace(&format!("{at}.TLS.TLSMaxVersion"), &format!("{at}.TLS.MaxVersion"));
-    e
 }
 
 fn check_parents(parents: &[ResourceReference]) -> Result<(), ValidationError> {

@@ -58,6 +58,14 @@ fn gateway_listeners_are_checked_field_by_field() {
             json!([{"Name": "a", "Port": 80, "Protocol": "http", "TLS": {"Certificates": [{"Name": "c"}], "MinVersion": "TLSv9"}}]),
             "Listeners[0].TLS.MinVersion: unknown TLS version",
         ),
+        (
+            json!([{"Name": "a", "Port": 80, "Protocol": "http", "TLS": {"Certificates": [{"Name": "c"}], "MinVersion": "TLSv1_3", "MaxVersion": "TLSv1_2"}}]),
+            "Listeners[0].TLS.MinVersion: TLSv1_3 is above MaxVersion TLSv1_2",
+        ),
+        (
+            json!([{"Name": "a", "Port": 80, "Protocol": "http", "TLS": {"Certificates": [{"Name": "c"}], "MinVersion": "TLSv1_3", "CipherSuites": ["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"]}}]),
+            "Listeners[0].TLS.CipherSuites: not allowed with MinVersion TLSv1_3",
+        ),
     ];
     for (listeners, want) in cases {
         let got = error(gateway(listeners.clone()));

@@ -229,7 +229,18 @@ fn check_request_normalization(rn: &RequestNormalization) -> Result<(), Validati
 /// Checks TLS versions and cipher suites as the mesh entry takes them; `at` prefixes the
 /// field names (`TLS.Incoming`, `Listeners[0].TLS`). Shared with the gateway entries.
 pub(crate) fn check_tls_params(at: &str, min: &str, max: &str, ciphers: &[String]) -> Result<(), ValidationError> {
-    for (field, v) in [("TLSMinVersion", min), ("TLSMaxVersion", max)] {
+    check_tls_versions(at, ("TLSMinVersion", min), ("TLSMaxVersion", max), ciphers)
+}
+
+/// [`check_tls_params`] for an entry whose version fields have other names (the API
+/// gateway's `MinVersion` and `MaxVersion`): (field name, value) of each.
+pub(crate) fn check_tls_versions(
+    at: &str,
+    (min_field, min): (&str, &str),
+    (max_field, max): (&str, &str),
+    ciphers: &[String],
+) -> Result<(), ValidationError> {
+    for (field, v) in [(min_field, min), (max_field, max)] {
         if !v.is_empty() && !TLS_VERSIONS.contains(&v) {
             return Err(ValidationError::new(
                 format!("{at}.{field}"),
@@ -244,14 +255,18 @@ pub(crate) fn check_tls_params(at: &str, min: &str, max: &str, ciphers: &[String
         && lo > hi
     {
         return Err(ValidationError::new(
-            format!("{at}.TLSMinVersion"),
-            Problem::Invalid(format!("{min} is above TLSMaxVersion {max}")),
+            format!("{at}.{min_field}"),
+            Problem::Invalid(format!("{min} is above {max_field} {max}")),
         ));
     }
     if !ciphers.is_empty() && min == "TLSv1_3" {
         return Err(ValidationError::new(
             format!("{at}.CipherSuites"),
-            Problem::NotAllowed("with TLSMinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"),
+            Problem::NotAllowed(if min_field == "MinVersion" {
+                "with MinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"
+            } else {
+                "with TLSMinVersion TLSv1_3: TLS 1.3 cipher suites are not configurable"
+            }),
         ));
     }
     for (i, c) in ciphers.iter().enumerate() {
