@@ -2,7 +2,7 @@
 //!
 //! For a named resource the exact rule wins, else the longest matching prefix rule, else
 //! the default policy. Rules for the same name from several policies merge by precedence
-//! (`deny` over `write` over `read`). `mesh` follows `operator` when unset. ACL management
+//! (`deny` over `write` over `read`). `mesh` and `peering` follow `operator` when unset. ACL management
 //! is never granted by the default policy: only by an `acl` rule.
 
 use crate::rules::{Access, Resource, Rules};
@@ -88,6 +88,7 @@ pub struct Authorizer {
     acl: Option<Access>,
     operator: Option<Access>,
     mesh: Option<Access>,
+    peering: Option<Access>,
     services: Table<ServiceAccess>,
     nodes: Table<Access>,
     agents: Table<Access>,
@@ -114,6 +115,7 @@ impl Authorizer {
             merge_opt(&mut a.acl, r.acl);
             merge_opt(&mut a.operator, r.operator);
             merge_opt(&mut a.mesh, r.mesh);
+            merge_opt(&mut a.peering, r.peering);
             for rule in &r.named {
                 let prefix = rule.resource.is_prefix();
                 match rule.resource {
@@ -300,6 +302,16 @@ impl Authorizer {
     /// `mesh:write` (falls back to `operator`).
     pub fn mesh_write(&self) -> bool {
         self.decide(self.mesh.or(self.operator), Access::Write)
+    }
+
+    /// `peering:read` (falls back to `operator`).
+    pub fn peering_read(&self) -> bool {
+        self.decide(self.peering.or(self.operator), Access::Read)
+    }
+
+    /// `peering:write` (falls back to `operator`).
+    pub fn peering_write(&self) -> bool {
+        self.decide(self.peering.or(self.operator), Access::Write)
     }
 
     /// `acl:read`: only an explicit rule grants it.

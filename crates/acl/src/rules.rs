@@ -16,8 +16,8 @@
 //! ```
 //!
 //! Errors name the line and column of what is wrong. Rules on what meshd has no API for
-//! (`keyring`, `peering`) are accepted and kept, so Consul policies load unchanged; they grant
-//! nothing here.
+//! (`keyring`) are accepted and kept, so Consul policies load unchanged; they grant nothing
+//! here.
 
 use hcl_edit::Span;
 use hcl_edit::expr::Expression;
@@ -187,7 +187,7 @@ pub struct Rules {
     /// Keyring (no API in meshd: kept, grants nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keyring: Option<Access>,
-    /// Peering (no API in meshd: kept, grants nothing).
+    /// Peerings (unset: follows `operator`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peering: Option<Access>,
     /// Rules on named resources, in the order written.

@@ -131,6 +131,11 @@ fn acl_management_needs_an_explicit_rule_and_mesh_follows_operator() {
     assert!(a.mesh_write());
     let a = authz(&["operator = \"write\"\nmesh = \"read\""], false);
     assert!(a.mesh_read() && !a.mesh_write());
+    assert!(a.peering_write(), "peering follows operator");
+    let a = authz(&["operator = \"write\"\npeering = \"read\""], false);
+    assert!(a.peering_read() && !a.peering_write());
+    let a = authz(&[r#"peering = "write""#], false);
+    assert!(a.peering_read() && a.peering_write() && !a.operator_read());
     let a = authz(&[r#"acl = "read""#], false);
     assert!(a.acl_read() && !a.acl_write());
 }
@@ -138,7 +143,7 @@ fn acl_management_needs_an_explicit_rule_and_mesh_follows_operator() {
 #[test]
 fn global_management_grants_everything() {
     let a = authz(&[GLOBAL_MANAGEMENT_RULES], false);
-    assert!(a.acl_write() && a.operator_write() && a.mesh_write());
+    assert!(a.acl_write() && a.operator_write() && a.mesh_write() && a.peering_write());
     assert!(a.service_write("any") && a.intention_write("any"));
     assert!(a.node_write("n") && a.agent_write("n"));
 }

@@ -63,6 +63,12 @@ pub enum IndexKey {
     Queries,
     /// Every service's virtual IP.
     VirtualIps,
+    /// Peerings (any change of any of them).
+    Peerings,
+    /// The services one peer exports here (the list).
+    PeerServices(String),
+    /// One service one peer exports here.
+    PeerService(String, String),
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after
@@ -88,6 +94,10 @@ pub enum Topic {
     TypicalServices,
     /// The services a gateway fronts.
     GatewayServices(String),
+    /// A service a peer exports here (peer, service).
+    PeeredService(String, String),
+    /// The trust bundles of the live peerings.
+    PeerTrustBundles,
 }
 
 impl Topic {
@@ -102,6 +112,8 @@ impl Topic {
             Topic::Intentions(_) => IndexKey::Intentions,
             Topic::ServiceList | Topic::TypicalServices => IndexKey::Services,
             Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
+            Topic::PeeredService(peer, service) => IndexKey::PeerService(peer.clone(), service.clone()),
+            Topic::PeerTrustBundles => IndexKey::Peerings,
         }
     }
 }

@@ -212,6 +212,8 @@ pub enum Op {
     },
     /// Replace every row with a snapshot's (see [`crate::snapshot`]).
     Restore(std::sync::Arc<crate::snapshot::Snapshot>),
+    /// A peering write (see [`crate::PeeringOp`]).
+    Peering(crate::PeeringOp),
     /// Nothing but the audit record of the calling task's scope (see [`crate::audit`]):
     /// how a refused write is recorded.
     AuditOnly,

@@ -181,6 +181,7 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             Ok(Plan::write(state.restore_changes(&snapshot.state, now_ms)))
         }
         Op::AuditOnly => Ok(Plan::write(Vec::new())),
+        Op::Peering(op) => crate::peering_ops::plan(op, state),
         Op::Txn(ops) => txn_ops::plan_txn(ops, state, now, &|op, s| plan(op, s, datacenter, now)),
     }
 }

@@ -31,6 +31,10 @@ pub enum Payload {
     ServiceList(Arc<Vec<String>>),
     /// The services a gateway fronts.
     GatewayServices(Arc<Vec<GatewayService>>),
+    /// A service a peer exports here (`None`: it does not, or no longer).
+    PeeredService(Option<Arc<structs::peering::ImportedService>>),
+    /// The live peerings' trust bundles.
+    PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
 }
 
 /// One value of a topic at an index.
@@ -92,6 +96,8 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),
         Topic::TypicalServices => Payload::ServiceList(Arc::new(state.typical_service_names())),
         Topic::GatewayServices(name) => Payload::GatewayServices(Arc::new(state.gateway_services(name))),
+        Topic::PeeredService(peer, service) => Payload::PeeredService(state.imported(peer, service)),
+        Topic::PeerTrustBundles => Payload::PeerTrustBundles(Arc::new(state.peer_trust_bundles())),
     }
 }
 

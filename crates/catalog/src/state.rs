@@ -17,6 +17,7 @@ use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, HealthCheck, Index, KvEntry, Node, NodeService, ServiceKind};
 
 mod audit;
+mod peering;
 mod restore;
 
 /// One deterministic change to the tables; a committed write is a list of these.
@@ -107,6 +108,24 @@ pub enum Change {
     },
     /// A service's virtual IP is released (a restore that has none for it).
     DeleteVirtualIp(String),
+    /// Create or replace a peering (by name; its indexes are stamped when applied).
+    PutPeering(Box<structs::peering::StoredPeering>),
+    /// Remove a peering (by name).
+    DeletePeering(String),
+    /// Create or replace a service a peer exports here.
+    PutImported {
+        /// The peer, by name.
+        peer: String,
+        /// The service as the peer sent it.
+        service: Box<structs::peering::ImportedService>,
+    },
+    /// A peer no longer exports a service here.
+    DeleteImported {
+        /// The peer, by name.
+        peer: String,
+        /// The service.
+        service: String,
+    },
 }
 
 type NodeKey = (String, String);
@@ -142,6 +161,10 @@ pub struct State {
     audit_refused: OrdSet<u64>,
     /// Services' virtual IPs, by service name.
     virtual_ips: OrdMap<String, Ipv4Addr>,
+    /// Peerings, by the name this cluster gives the peer.
+    peerings: OrdMap<String, Arc<structs::peering::StoredPeering>>,
+    /// Services peers export here, by (peer, service).
+    imported: OrdMap<(String, String), Arc<structs::peering::ImportedService>>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -455,6 +478,10 @@ impl State {
             | Change::PutVirtualIp { .. }
             | Change::DeleteVirtualIp(_) => self.apply_other(index, change, bumped),
             Change::PutAudit(_) | Change::DeleteAudit(_) => self.apply_audit(index, change, bumped),
+            Change::PutPeering(_)
+            | Change::DeletePeering(_)
+            | Change::PutImported { .. }
+            | Change::DeleteImported { .. } => self.apply_peering(index, change, bumped),
         }
     }
 
@@ -909,6 +936,12 @@ impl State {
             audit: self.audit.values().map(|r| (**r).clone()).collect(),
             queries: self.queries.values().map(|q| (**q).clone()).collect(),
             virtual_ips: self.virtual_ips.iter().map(|(s, ip)| (s.clone(), *ip)).collect(),
+            peerings: self.peerings.values().map(|p| (**p).clone()).collect(),
+            imported: self
+                .imported
+                .iter()
+                .map(|((peer, _), s)| (peer.clone(), (**s).clone()))
+                .collect(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -972,6 +1005,12 @@ impl State {
             s.audit.insert(r.seq, Arc::new(r));
         }
         s.virtual_ips = p.virtual_ips.into_iter().collect();
+        for peering in p.peerings {
+            s.peerings.insert(peering.peering.name.clone(), Arc::new(peering));
+        }
+        for (peer, service) in p.imported {
+            s.imported.insert((peer, service.name.clone()), Arc::new(service));
+        }
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -1022,5 +1061,11 @@ pub(crate) struct PersistedState {
     pub(crate) queries: Vec<PreparedQuery>,
     #[serde(default)]
     pub(crate) virtual_ips: Vec<(String, Ipv4Addr)>,
+    /// Peerings with their secrets.
+    #[serde(default)]
+    pub(crate) peerings: Vec<structs::peering::StoredPeering>,
+    /// What peers export here, by peer.
+    #[serde(default)]
+    pub(crate) imported: Vec<(String, structs::peering::ImportedService)>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -9,5 +9,6 @@ mod disk_full;
 mod etcd;
 mod gateways;
 mod jwt_refs;
+mod peering;
 mod snapshot;
 mod store;

@@ -56,7 +56,8 @@ impl EntrySet {
             | ConfigEntry::HttpRoute(_)
             | ConfigEntry::TcpRoute(_)
             | ConfigEntry::InlineCertificate(_)
-            | ConfigEntry::FileSystemCertificate(_) => {
+            | ConfigEntry::FileSystemCertificate(_)
+            | ConfigEntry::ExportedServices(_) => {
                 panic!("a {} entry is not a chain input", entry.kind())
             }
         };

@@ -23,7 +23,7 @@ pub(crate) fn can_read(a: &acl::Authorizer, kind: ConfigEntryKind, name: &str) -
     match kind {
         ConfigEntryKind::ProxyDefaults | ConfigEntryKind::Mesh => true,
         ConfigEntryKind::JwtProvider => a.mesh_read() || a.service_write_any(),
-        ConfigEntryKind::HttpRoute | ConfigEntryKind::TcpRoute => a.mesh_read(),
+        ConfigEntryKind::HttpRoute | ConfigEntryKind::TcpRoute | ConfigEntryKind::ExportedServices => a.mesh_read(),
         // A gateway's identity reads the certificates it serves (their keys only if its
         // gateway names them: see `shown`).
         ConfigEntryKind::InlineCertificate | ConfigEntryKind::FileSystemCertificate => {
@@ -53,7 +53,8 @@ fn need_write(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Ap
         | ConfigEntryKind::HttpRoute
         | ConfigEntryKind::TcpRoute
         | ConfigEntryKind::InlineCertificate
-        | ConfigEntryKind::FileSystemCertificate => authz.need(|a| a.mesh_write(), "mesh:write", ""),
+        | ConfigEntryKind::FileSystemCertificate
+        | ConfigEntryKind::ExportedServices => authz.need(|a| a.mesh_write(), "mesh:write", ""),
         ConfigEntryKind::ServiceIntentions => authz.need(|a| a.intention_write(name), "intentions:write", name),
         ConfigEntryKind::IngressGateway | ConfigEntryKind::TerminatingGateway => {
             authz.need(|a| a.operator_write(), "operator:write", "")
@@ -72,7 +73,8 @@ fn need_read(authz: &Authz, kind: ConfigEntryKind, name: &str) -> Result<(), Api
         | ConfigEntryKind::HttpRoute
         | ConfigEntryKind::TcpRoute
         | ConfigEntryKind::InlineCertificate
-        | ConfigEntryKind::FileSystemCertificate => "mesh:read",
+        | ConfigEntryKind::FileSystemCertificate
+        | ConfigEntryKind::ExportedServices => "mesh:read",
         _ => "service:read",
     };
     authz.need(|a| can_read(a, kind, name), permission, name)

@@ -82,6 +82,9 @@ pub struct HealthCheck {
     /// How it is run.
     #[serde(rename = "Definition")]
     pub definition: HealthCheckDefinition,
+    /// The peer it was imported from (empty: this cluster's own).
+    #[serde(rename = "PeerName", skip_serializing_if = "String::is_empty")]
+    pub peer_name: String,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
     pub create_index: Index,
@@ -99,6 +102,12 @@ impl HealthCheck {
 
 impl Validate for HealthCheck {
     fn validate(&self) -> Result<(), ValidationError> {
+        if !self.peer_name.is_empty() {
+            return Err(ValidationError::new(
+                "PeerName",
+                Problem::NotAllowed("(only checks imported from a peer have one)"),
+            ));
+        }
         if self.check_id.is_empty() && self.name.is_empty() {
             return Err(ValidationError::new("CheckID", Problem::Required("(or Name)")));
         }

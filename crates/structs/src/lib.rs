@@ -24,6 +24,7 @@ pub mod json;
 pub mod kv;
 pub mod listing;
 pub mod node;
+pub mod peering;
 pub mod protocol;
 pub mod proxy;
 pub mod query;

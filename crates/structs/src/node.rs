@@ -26,6 +26,9 @@ pub struct Node {
     /// User metadata; keys are the user's.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
+    /// The peer it was imported from (empty: this cluster's own).
+    #[serde(rename = "PeerName", skip_serializing_if = "String::is_empty")]
+    pub peer_name: String,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
     pub create_index: Index,

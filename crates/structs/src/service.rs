@@ -59,6 +59,9 @@ pub struct NodeService {
     /// Connect settings of an application.
     #[serde(rename = "Connect")]
     pub connect: ServiceConnect,
+    /// The peer it was imported from (empty: this cluster's own).
+    #[serde(rename = "PeerName", skip_serializing_if = "String::is_empty")]
+    pub peer_name: String,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
     pub create_index: Index,
@@ -84,6 +87,12 @@ impl NodeService {
 impl Validate for NodeService {
     fn validate(&self) -> Result<(), ValidationError> {
         check_name("Service", &self.service, "")?;
+        if !self.peer_name.is_empty() {
+            return Err(ValidationError::new(
+                "PeerName",
+                Problem::NotAllowed("(only services imported from a peer have one)"),
+            ));
+        }
         if self.kind == ServiceKind::Typical {
             if self.proxy != ConnectProxyConfig::default() {
                 return Err(ValidationError::new(

@@ -100,6 +100,13 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteQuery(id) => (format!("query/{}", escape(id)), None),
         Change::PutVirtualIp { service, ip } => (format!("vip/{}", escape(service)), json(ip)?),
         Change::DeleteVirtualIp(service) => (format!("vip/{}", escape(service)), None),
+        Change::PutPeering(p) => (format!("peering/{}", escape(&p.peering.name)), json(p)?),
+        Change::DeletePeering(name) => (format!("peering/{}", escape(name)), None),
+        Change::PutImported { peer, service } => (
+            format!("imported/{}/{}", escape(peer), escape(&service.name)),
+            json(service)?,
+        ),
+        Change::DeleteImported { peer, service } => (format!("imported/{}/{}", escape(peer), escape(service)), None),
     })
 }
 
@@ -121,6 +128,8 @@ enum Row {
     Audit(u64),
     Query(String),
     VirtualIp(String),
+    Peering(String),
+    Imported(String, String),
     Guard,
 }
 
@@ -149,6 +158,8 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["lockdelay", k] => Row::LockDelay(unescape(k)),
         ["query", id] => Row::Query(unescape(id)),
         ["vip", service] => Row::VirtualIp(unescape(service)),
+        ["peering", name] => Row::Peering(unescape(name)),
+        ["imported", peer, service] => Row::Imported(unescape(peer), unescape(service)),
         ["audit", seq] => Row::Audit(seq.parse().map_err(|_| bad("an audit record's Seq is not a number"))?),
         ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
@@ -184,6 +195,8 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Audit(seq) => Change::DeleteAudit(seq),
             Row::Query(id) => Change::DeleteQuery(id),
             Row::VirtualIp(service) => Change::DeleteVirtualIp(service),
+            Row::Peering(name) => Change::DeletePeering(name),
+            Row::Imported(peer, service) => Change::DeleteImported { peer, service },
             Row::Ca | Row::Bootstrapped => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
@@ -214,6 +227,11 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::VirtualIp(service) => Change::PutVirtualIp {
             service,
             ip: parse_value(key, value)?,
+        },
+        Row::Peering(_) => Change::PutPeering(Box::new(parse_value(key, value)?)),
+        Row::Imported(peer, _) => Change::PutImported {
+            peer,
+            service: Box::new(parse_value(key, value)?),
         },
         Row::LockDelay(k) => Change::PutLockDelay {
             key: k,
@@ -255,6 +273,8 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         audit: Vec::new(),
         queries: Vec::new(),
         virtual_ips: Vec::new(),
+        peerings: Vec::new(),
+        imported: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -280,6 +300,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Audit,
         IndexKey::Queries,
         IndexKey::VirtualIps,
+        IndexKey::Peerings,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();
@@ -341,6 +362,11 @@ fn add_row(p: &mut PersistedState, change: Change, create: Index, modify: Index)
             p.queries.push(q);
         }
         Change::PutVirtualIp { service, ip } => p.virtual_ips.push((service, ip)),
+        Change::PutPeering(mut peering) => {
+            (peering.peering.create_index, peering.peering.modify_index) = (create, modify);
+            p.peerings.push(*peering);
+        }
+        Change::PutImported { peer, service } => p.imported.push((peer, *service)),
         _ => unreachable!("decode of a put yields a put"),
     }
 }
@@ -391,6 +417,11 @@ mod tests {
             Change::DeleteAclPolicy("p".into()),
             Change::DeleteAclRole("r".into()),
             Change::AclBootstrapped,
+            Change::DeletePeering("cluster-b".into()),
+            Change::DeleteImported {
+                peer: "cluster-b".into(),
+                service: "api/x".into(),
+            },
             Change::PutKv(structs::KvEntry {
                 key: "app/a%2F/b".into(),
                 value: b"v".to_vec(),

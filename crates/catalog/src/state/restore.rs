@@ -51,6 +51,11 @@ impl State {
             service: service.clone(),
             ip: *ip,
         }));
+        out.extend(to.peerings.iter().cloned().map(|p| Change::PutPeering(Box::new(p))));
+        out.extend(to.imported.iter().cloned().map(|(peer, service)| Change::PutImported {
+            peer,
+            service: Box::new(service),
+        }));
         out
     }
 
@@ -176,6 +181,28 @@ impl State {
                 .filter(|s| !virtual_ips.contains(s.as_str()))
                 .cloned()
                 .map(Change::DeleteVirtualIp),
+        );
+        let imported: HashSet<(&str, &str)> = to
+            .imported
+            .iter()
+            .map(|(peer, s)| (peer.as_str(), s.name.as_str()))
+            .collect();
+        out.extend(
+            self.imported
+                .keys()
+                .filter(|(peer, s)| !imported.contains(&(peer.as_str(), s.as_str())))
+                .map(|(peer, service)| Change::DeleteImported {
+                    peer: peer.clone(),
+                    service: service.clone(),
+                }),
+        );
+        let peerings: HashSet<&str> = to.peerings.iter().map(|p| p.peering.name.as_str()).collect();
+        out.extend(
+            self.peerings
+                .keys()
+                .filter(|p| !peerings.contains(p.as_str()))
+                .cloned()
+                .map(Change::DeletePeering),
         );
     }
 }

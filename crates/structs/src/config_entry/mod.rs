@@ -4,6 +4,7 @@ mod api_gateway;
 pub mod api_gateway_binding;
 mod api_gateway_rules;
 mod defaults;
+mod exports;
 pub mod extensions;
 mod gateway_rules;
 mod gateways;
@@ -22,6 +23,7 @@ pub use api_gateway_rules::CERTIFICATE_KINDS;
 pub use defaults::{
     AccessLogType, AccessLogsConfig, DestinationConfig, ProxyDefaults, ServiceDefaults, UpstreamConfig, UpstreamConfigs,
 };
+pub use exports::{ExportedService, ExportedServices, ServiceConsumer};
 pub use extensions::EnvoyExtension;
 pub use gateway_rules::{WILDCARD_SERVICE, host_domains, host_name};
 pub use gateways::{
@@ -88,11 +90,13 @@ pub enum ConfigEntryKind {
     InlineCertificate,
     /// `file-system-certificate`.
     FileSystemCertificate,
+    /// `exported-services` (name `default`).
+    ExportedServices,
 }
 
 impl ConfigEntryKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ConfigEntryKind; 15] = [
+    pub const ALL: [ConfigEntryKind; 16] = [
         ConfigEntryKind::ProxyDefaults,
         ConfigEntryKind::ServiceDefaults,
         ConfigEntryKind::ServiceRouter,
@@ -108,6 +112,7 @@ impl ConfigEntryKind {
         ConfigEntryKind::TcpRoute,
         ConfigEntryKind::InlineCertificate,
         ConfigEntryKind::FileSystemCertificate,
+        ConfigEntryKind::ExportedServices,
     ];
 
     /// Consul's spelling.
@@ -128,6 +133,7 @@ impl ConfigEntryKind {
             ConfigEntryKind::TcpRoute => "tcp-route",
             ConfigEntryKind::InlineCertificate => "inline-certificate",
             ConfigEntryKind::FileSystemCertificate => "file-system-certificate",
+            ConfigEntryKind::ExportedServices => "exported-services",
         }
     }
 
@@ -136,6 +142,7 @@ impl ConfigEntryKind {
         match self {
             ConfigEntryKind::ProxyDefaults => Some("global"),
             ConfigEntryKind::Mesh => Some("mesh"),
+            ConfigEntryKind::ExportedServices => Some("default"),
             _ => None,
         }
     }
@@ -208,6 +215,8 @@ pub enum ConfigEntry {
     InlineCertificate(InlineCertificate),
     /// A certificate and key in files on the gateway's host.
     FileSystemCertificate(FileSystemCertificate),
+    /// The services exported to peers.
+    ExportedServices(ExportedServices),
 }
 
 macro_rules! each_entry {
@@ -228,6 +237,7 @@ macro_rules! each_entry {
             ConfigEntry::TcpRoute($e) => $body,
             ConfigEntry::InlineCertificate($e) => $body,
             ConfigEntry::FileSystemCertificate($e) => $body,
+            ConfigEntry::ExportedServices($e) => $body,
         }
     };
 }
@@ -251,6 +261,7 @@ impl ConfigEntry {
             ConfigEntry::TcpRoute(_) => ConfigEntryKind::TcpRoute,
             ConfigEntry::InlineCertificate(_) => ConfigEntryKind::InlineCertificate,
             ConfigEntry::FileSystemCertificate(_) => ConfigEntryKind::FileSystemCertificate,
+            ConfigEntry::ExportedServices(_) => ConfigEntryKind::ExportedServices,
         }
     }
 
@@ -259,6 +270,7 @@ impl ConfigEntry {
         match self {
             ConfigEntry::ProxyDefaults(_) => "global",
             ConfigEntry::Mesh(_) => "mesh",
+            ConfigEntry::ExportedServices(_) => "default",
             ConfigEntry::ServiceDefaults(e) => &e.name,
             ConfigEntry::ServiceRouter(e) => &e.name,
             ConfigEntry::ServiceSplitter(e) => &e.name,
@@ -366,6 +378,7 @@ impl ConfigEntry {
             ConfigEntryKind::FileSystemCertificate => {
                 ConfigEntry::FileSystemCertificate(crate::json::from_value(value)?)
             }
+            ConfigEntryKind::ExportedServices => ConfigEntry::ExportedServices(crate::json::from_value(value)?),
         })
     }
 }

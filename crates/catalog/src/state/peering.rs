@@ -1,0 +1,93 @@
+//! Peerings and what peers export here: their tables and how changes apply.
+
+use super::{Change, State};
+use crate::keys::IndexKey;
+use imbl::OrdSet;
+use std::sync::Arc;
+use structs::Index;
+use structs::peering::{ImportedService, StoredPeering};
+
+impl State {
+    pub(super) fn apply_peering(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
+        match change {
+            Change::PutPeering(stored) => {
+                let mut stored = (**stored).clone();
+                let name = stored.peering.name.clone();
+                stored.peering.create_index = self
+                    .peerings
+                    .get(&name)
+                    .map_or(index, |p| p.peering.create_index);
+                stored.peering.modify_index = index;
+                self.peerings.insert(name.clone(), Arc::new(stored));
+                bumped.insert(IndexKey::Peerings);
+            }
+            Change::DeletePeering(name) if self.peerings.remove(name).is_some() => {
+                bumped.insert(IndexKey::Peerings);
+            }
+            Change::PutImported { peer, service } => {
+                self.imported
+                    .insert((peer.clone(), service.name.clone()), Arc::new((**service).clone()));
+                bumped.insert(IndexKey::PeerServices(peer.clone()));
+                bumped.insert(IndexKey::PeerService(peer.clone(), service.name.clone()));
+            }
+            Change::DeleteImported { peer, service } => {
+                if self.imported.remove(&(peer.clone(), service.clone())).is_some() {
+                    bumped.insert(IndexKey::PeerServices(peer.clone()));
+                    bumped.insert(IndexKey::PeerService(peer.clone(), service.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One peering, by the name this cluster gives the peer.
+    pub fn peering(&self, name: &str) -> Option<Arc<StoredPeering>> {
+        self.peerings.get(name).cloned()
+    }
+
+    /// One peering, by this side's id of it.
+    pub fn peering_by_id(&self, id: &str) -> Option<Arc<StoredPeering>> {
+        self.peerings.values().find(|p| p.peering.id == id).cloned()
+    }
+
+    /// Every peering, by name.
+    pub fn peerings(&self) -> impl Iterator<Item = &Arc<StoredPeering>> {
+        self.peerings.values()
+    }
+
+    /// A service `peer` exports here, as last received.
+    pub fn imported(&self, peer: &str, service: &str) -> Option<Arc<ImportedService>> {
+        self.imported.get(&(peer.to_owned(), service.to_owned())).cloned()
+    }
+
+    /// Every service `peer` exports here, by name.
+    pub fn imported_services<'a>(&'a self, peer: &'a str) -> impl Iterator<Item = &'a Arc<ImportedService>> + 'a {
+        self.imported
+            .range((peer.to_owned(), String::new())..)
+            .take_while(move |((p, _), _)| p == peer)
+            .map(|(_, s)| s)
+    }
+
+    /// The instances of a service imported from `peer`, as `/v1/health/service` shows them
+    /// (none when the peer does not export it).
+    pub fn imported_health(&self, peer: &str, service: &str) -> Vec<structs::CheckServiceNode> {
+        self.imported(peer, service)
+            .map(|s| s.instances.clone())
+            .unwrap_or_default()
+    }
+
+    /// The trust bundles of every peering that carries services (not deleted or
+    /// terminated), by peer name.
+    pub fn peer_trust_bundles(&self) -> Vec<structs::peering::PeerTrustBundle> {
+        self.peerings
+            .values()
+            .filter(|p| p.peering.state.is_live() && !p.peering.peer_ca_pems.is_empty())
+            .map(|p| structs::peering::PeerTrustBundle {
+                peer: p.peering.name.clone(),
+                trust_domain: p.peering.peer_trust_domain.clone(),
+                datacenter: p.peering.remote.datacenter.clone(),
+                root_pems: p.peering.peer_ca_pems.clone(),
+            })
+            .collect()
+    }
+}
