@@ -319,7 +319,10 @@ fn plan_open(state: &State, id: &str, secret: &str, remote: &PeeringRemote) -> R
     let stored = by_id(state, id)?;
     let secrets = &stored.secrets;
     let active = secrets.stream_active.as_deref().is_some_and(|s| same_secret(s, secret));
-    let pending = secrets.stream_pending.as_deref().is_some_and(|s| same_secret(s, secret));
+    let pending = secrets
+        .stream_pending
+        .as_deref()
+        .is_some_and(|s| same_secret(s, secret));
     if !active && !pending {
         return Err(WriteError::Forbidden("invalid peering stream secret".into()));
     }

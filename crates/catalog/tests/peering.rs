@@ -66,16 +66,25 @@ async fn an_establishment_secret_is_used_once_and_a_stream_secret_promoted_on_op
     ));
     s.write(exchange("id-a", "est-2", "stream-1")).await.unwrap();
     assert!(
-        matches!(s.write(exchange("id-a", "est-2", "stream-2")).await, Err(WriteError::Forbidden(_))),
+        matches!(
+            s.write(exchange("id-a", "est-2", "stream-2")).await,
+            Err(WriteError::Forbidden(_))
+        ),
         "used once"
     );
-    assert!(matches!(s.write(open("id-a", "wrong")).await, Err(WriteError::Forbidden(_))));
+    assert!(matches!(
+        s.write(open("id-a", "wrong")).await,
+        Err(WriteError::Forbidden(_))
+    ));
     s.write(open("id-a", "stream-1")).await.unwrap();
     let p = s.read().peering("cluster-b").unwrap();
     assert_eq!(p.secrets.stream_active.as_deref(), Some("stream-1"));
     assert_eq!(p.secrets.stream_pending, None);
     assert_eq!(p.peering.remote.datacenter, "dc2");
-    assert!(matches!(s.write(open("id-unknown", "stream-1")).await, Err(WriteError::NotFound(_))));
+    assert!(matches!(
+        s.write(open("id-unknown", "stream-1")).await,
+        Err(WriteError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -172,8 +181,13 @@ async fn imports_replace_and_go_with_the_peering() {
     let p = s.read().peering("b").unwrap();
     assert_eq!(p.peering.state, PeeringState::Deleting);
     assert!(p.peering.deleted_at.is_some() && p.secrets.establishment.is_none());
-    assert!(s.write(import(vec![web], false)).await.is_err(), "a deleting peering imports nothing");
-    s.write(Op::Peering(PeeringOp::Remove { name: "b".into() })).await.unwrap();
+    assert!(
+        s.write(import(vec![web], false)).await.is_err(),
+        "a deleting peering imports nothing"
+    );
+    s.write(Op::Peering(PeeringOp::Remove { name: "b".into() }))
+        .await
+        .unwrap();
     assert!(s.read().peering("b").is_none());
     assert_eq!(s.read().imported_services("b").count(), 0);
 }
@@ -203,6 +217,9 @@ async fn peerings_survive_a_restart_of_the_data_dir() {
     }
     let s = Store::open(config).await.unwrap();
     let state = s.read();
-    assert_eq!(state.peering("b").unwrap().secrets.establishment.as_deref(), Some("est"));
+    assert_eq!(
+        state.peering("b").unwrap().secrets.establishment.as_deref(),
+        Some("est")
+    );
     assert_eq!(state.imported_health("b", "api").len(), 1);
 }

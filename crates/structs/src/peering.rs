@@ -244,7 +244,8 @@ impl PeeringToken {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(token.trim())
             .map_err(|e| bad(format!("not base64: {e}")))?;
-        let token: PeeringToken = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a peering token: {e}")))?;
+        let token: PeeringToken =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a peering token: {e}")))?;
         if token.peer_id.is_empty() {
             return Err(bad("has no PeerID".into()));
         }
@@ -322,7 +323,9 @@ pub fn check_peer_name(field: &str, name: &str) -> Result<(), ValidationError> {
         return Err(ValidationError::new(field, Problem::Required("")));
     }
     let ok = name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if !ok {
@@ -409,6 +412,10 @@ pub struct ImportedService {
     /// Its protocol in the exporting cluster (`tcp`, `http`, ...).
     #[serde(rename = "Protocol")]
     pub protocol: String,
+    /// The exporter's digest of the rest: what a reconnecting stream compares to send only
+    /// what changed.
+    #[serde(rename = "Digest")]
+    pub digest: String,
 }
 
 /// The CA roots of a peer, as a proxy here needs them: to verify the peer's services (an

@@ -92,6 +92,12 @@ pub(crate) fn check_name(field: &str, name: &str, required: &'static str) -> Res
     Ok(())
 }
 
+/// Checks a service name from outside (a peer's export): set, and made of the characters
+/// names may have.
+pub fn check_service_name(name: &str) -> Result<(), ValidationError> {
+    check_name("Name", name, "")
+}
+
 /// Checks a TCP port that must be set.
 pub(crate) fn check_port(field: &str, port: u16, when: &'static str) -> Result<(), ValidationError> {
     if port == 0 {

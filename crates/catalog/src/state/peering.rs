@@ -13,10 +13,7 @@ impl State {
             Change::PutPeering(stored) => {
                 let mut stored = (**stored).clone();
                 let name = stored.peering.name.clone();
-                stored.peering.create_index = self
-                    .peerings
-                    .get(&name)
-                    .map_or(index, |p| p.peering.create_index);
+                stored.peering.create_index = self.peerings.get(&name).map_or(index, |p| p.peering.create_index);
                 stored.peering.modify_index = index;
                 self.peerings.insert(name.clone(), Arc::new(stored));
                 bumped.insert(IndexKey::Peerings);
@@ -30,11 +27,11 @@ impl State {
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.name.clone()));
             }
-            Change::DeleteImported { peer, service } => {
-                if self.imported.remove(&(peer.clone(), service.clone())).is_some() {
-                    bumped.insert(IndexKey::PeerServices(peer.clone()));
-                    bumped.insert(IndexKey::PeerService(peer.clone(), service.clone()));
-                }
+            Change::DeleteImported { peer, service }
+                if self.imported.remove(&(peer.clone(), service.clone())).is_some() =>
+            {
+                bumped.insert(IndexKey::PeerServices(peer.clone()));
+                bumped.insert(IndexKey::PeerService(peer.clone(), service.clone()));
             }
             _ => {}
         }

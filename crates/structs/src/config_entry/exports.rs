@@ -176,8 +176,15 @@ mod tests {
             ]
         }))
         .expect("valid");
-        let ConfigEntry::ExportedServices(e) = e else { panic!("kind") };
-        assert_eq!(e.exported_to("cluster-b", ["api", "web"]).into_iter().collect::<Vec<_>>(), ["api"]);
+        let ConfigEntry::ExportedServices(e) = e else {
+            panic!("kind")
+        };
+        assert_eq!(
+            e.exported_to("cluster-b", ["api", "web"])
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["api"]
+        );
         assert_eq!(e.exported_to("cluster-c", ["api", "web"]).len(), 2);
         assert!(e.exported_to("cluster-d", ["api"]).is_empty());
         assert_eq!(e.peers_of("web").into_iter().collect::<Vec<_>>(), ["cluster-c"]);
@@ -187,7 +194,10 @@ mod tests {
     #[test]
     fn bad_entries_name_the_field() {
         let cases = [
-            (serde_json::json!({"Kind": "exported-services", "Name": "other", "Services": []}), "Name"),
+            (
+                serde_json::json!({"Kind": "exported-services", "Name": "other", "Services": []}),
+                "Name",
+            ),
             (
                 serde_json::json!({"Kind": "exported-services", "Name": "default", "Services": [{"Name": "api"}]}),
                 "Services[0].Consumers: required",
