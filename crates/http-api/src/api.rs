@@ -38,6 +38,8 @@ pub struct ApiConfig {
     /// What a dry run asks beyond the catalog: the proxies a change would reach (none: a
     /// dry run only validates).
     pub dry_run: Option<Arc<dyn crate::dry_run::DryRun>>,
+    /// Cluster peering (none: `/v1/peering` answers that it is not available).
+    pub peering: Option<Arc<peering::Peerings>>,
 }
 
 impl Default for ApiConfig {
@@ -54,6 +56,7 @@ impl Default for ApiConfig {
             audit: true,
             audit_file: None,
             dry_run: None,
+            peering: None,
         }
     }
 }

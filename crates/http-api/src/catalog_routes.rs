@@ -318,6 +318,9 @@ pub(crate) async fn services(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
+    if let Some(peer) = params.get("peer").filter(|p| !p.is_empty()) {
+        return imported_services(&api, &authz, &params, peer).await;
+    }
     let meta = params.node_meta()?;
     let expr = query::filter::<CatalogRow>(&params)?;
     let a = authz.get()?;
@@ -340,6 +343,31 @@ pub(crate) async fn services(
         out.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
     };
     let mut tags = tags;
+    let before = tags.len();
+    tags.retain(|name, _| a.service_read(name));
+    let filtered = tags.len() != before;
+    Ok(mark_filtered(
+        query::json(&tags, Some(state.index_of(&key)), params.pretty()),
+        filtered,
+    ))
+}
+
+/// `GET /v1/catalog/services?peer=`: the services a peer exports here, with their tags.
+async fn imported_services(api: &Api, authz: &Authz, params: &Params, peer: &str) -> Result<Response, ApiError> {
+    let a = authz.get()?;
+    let key = IndexKey::PeerServices(peer.to_owned());
+    let state = api.read(params, &key).await?;
+    let mut tags: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for service in state.imported_services(peer) {
+        let mut all: Vec<String> = service
+            .instances
+            .iter()
+            .flat_map(|i| i.service.tags.iter().cloned())
+            .collect();
+        all.sort();
+        all.dedup();
+        tags.insert(service.name.clone(), all);
+    }
     let before = tags.len();
     tags.retain(|name, _| a.service_read(name));
     let filtered = tags.len() != before;

@@ -21,9 +21,23 @@ async fn service_health(
     let expr = query::filter::<CheckServiceNode>(&params)?;
     let passing = params.bool("passing")?;
     let path = format!("/v1/health/{}/{name}", if connect { "connect" } else { "service" });
-    api.shared_answer(&path, &params, service_key(&name, connect), &authz, |state, a| {
-        let mut result: Vec<CheckServiceNode> = state
-            .health(&name, connect)
+    // `?peer=`: the service as a peer exports it here.
+    let peer = params.get("peer").filter(|p| !p.is_empty()).map(str::to_owned);
+    if peer.is_some() && connect {
+        return Err(ApiError::BadRequest(
+            "peer: imported services have no connect instances here; ask /v1/health/service/:name?peer=".into(),
+        ));
+    }
+    let key = match &peer {
+        Some(peer) => catalog::IndexKey::PeerService(peer.clone(), name.clone()),
+        None => service_key(&name, connect),
+    };
+    api.shared_answer(&path, &params, key, &authz, |state, a| {
+        let rows = match &peer {
+            Some(peer) => state.imported_health(peer, &name),
+            None => state.health(&name, connect),
+        };
+        let mut result: Vec<CheckServiceNode> = rows
             .into_iter()
             .filter(|csn| filters.admits(&csn.service.tags, &csn.node.meta))
             .filter(|csn| !passing || csn.checks.iter().all(|c| c.status == HealthStatus::Passing))

@@ -28,6 +28,7 @@ mod intentions_by_id;
 mod kv_routes;
 mod metrics;
 mod operator_routes;
+mod peering_routes;
 pub mod query;
 mod query_routes;
 pub mod replication;
@@ -90,6 +91,13 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         get(gateway_routes::gateway_services),
     );
     r.add("/v1/health/service/{name}", get(health::service));
+    r.add("/v1/peering/token", post(peering_routes::token));
+    r.add("/v1/peering/establish", post(peering_routes::establish));
+    r.add(
+        "/v1/peering/{name}",
+        get(peering_routes::get).delete(peering_routes::delete),
+    );
+    r.add("/v1/peerings", get(peering_routes::list));
     r.add("/v1/health/connect/{name}", get(health::connect));
     r.add("/v1/health/ingress/{name}", get(gateway_routes::ingress_health));
     r.add("/v1/health/checks/{name}", get(health::checks));

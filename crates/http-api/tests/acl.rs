@@ -78,15 +78,34 @@ async fn mesh() -> Mesh {
     }));
     let liveness = Arc::new(catalog::liveness::Liveness::new(store.clone(), Default::default()));
     let metrics = Arc::new(http_api::HttpMetrics::default());
+    let peerings = peering::Peerings::new(
+        peering::Context {
+            store: store.clone(),
+            datacenter: "dc1".into(),
+            tracker: peering::Tracker::new(),
+            addresses: Arc::new(|| vec!["127.0.0.1:8502".to_owned()]),
+        },
+        tokio_util::sync::CancellationToken::new(),
+    );
     let (app, paths) = http_api::router_and_paths(
         store.clone(),
         http_api::ApiConfig {
             acl: resolver,
             liveness: Some(liveness),
             metrics: Arc::clone(&metrics),
+            peering: Some(peerings),
             ..Default::default()
         },
     );
+    store
+        .write(Op::Peering(catalog::PeeringOp::GenerateToken {
+            name: "cluster-b".into(),
+            meta: Default::default(),
+            id: "6a6a3a1e-0000-4000-8000-000000000001".into(),
+            secret: "s".into(),
+        }))
+        .await
+        .unwrap();
     store.federation().put(structs::federation::FederationState {
         datacenter: "dc2".into(),
         servers: vec!["10.0.2.1:8500".into()],
@@ -258,6 +277,8 @@ const MESH_WRITE: &str = "mesh = \"write\"";
 const AGENT_READ: &str = "agent \"meshd-server\" { policy = \"read\" }";
 const ACL_READ: &str = "acl = \"read\"";
 const ACL_WRITE: &str = "acl = \"write\"";
+const PEERING_READ: &str = "peering = \"read\"";
+const PEERING_WRITE: &str = "peering = \"write\"";
 
 fn csr_for(uri: &str) -> String {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -545,6 +566,31 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             "/v1/operator/usage",
             n.clone(),
             OPERATOR_READ,
+            Denied,
+        ),
+        row(
+            "POST",
+            "/v1/peering/token",
+            "/v1/peering/token",
+            json!({"PeerName": "cluster-c"}),
+            PEERING_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/peering/{name}",
+            "/v1/peering/cluster-b",
+            n.clone(),
+            PEERING_READ,
+            Denied,
+        ),
+        row("GET", "/v1/peerings", "/v1/peerings", n.clone(), PEERING_READ, Denied),
+        row(
+            "DELETE",
+            "/v1/peering/{name}",
+            "/v1/peering/gone",
+            n.clone(),
+            PEERING_WRITE,
             Denied,
         ),
         row(
@@ -1030,10 +1076,12 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
 
 /// Routes whose answer is about the caller's own token or the ACL system itself: checked by
 /// their own tests below, not by the table.
-const OWN_TOKEN_ROUTES: [(&str, &str); 3] = [
+const OWN_TOKEN_ROUTES: [(&str, &str); 4] = [
     ("PUT", "/v1/acl/bootstrap"),
     ("GET", "/v1/acl/token/self"),
     ("GET", "/v1/internal/acl/authorizer"),
+    // Needs a peer to succeed: `establish_needs_peering_write` below.
+    ("POST", "/v1/peering/establish"),
 ];
 
 /// Routes that refuse every request alike (what they would do meshd does not do), whatever
@@ -1223,6 +1271,24 @@ async fn every_route_has_a_row() {
             }
         }
     }
+}
+
+/// Establishing needs `peering:write` before anything else is looked at; with it, a bad
+/// token is a 400 naming the field.
+#[tokio::test]
+async fn establish_needs_peering_write() {
+    let mesh = mesh().await;
+    let body = json!({"PeerName": "cluster-c", "PeeringToken": "not a token"});
+    let wrong = mesh.token("operator = \"read\"").await;
+    for token in [None, Some(wrong.as_str())] {
+        let reply = call(&mesh.app, "POST", "/v1/peering/establish", token, body.clone()).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+        assert!(reply.body.contains("peering:write"), "{}", reply.body);
+    }
+    let right = mesh.token(PEERING_WRITE).await;
+    let reply = call(&mesh.app, "POST", "/v1/peering/establish", Some(&right), body).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert!(reply.body.starts_with("PeeringToken: not base64"), "{}", reply.body);
 }
 
 #[tokio::test]

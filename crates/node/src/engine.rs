@@ -13,13 +13,14 @@ pub fn serve_xds(
     listener: TcpListener,
     addr: SocketAddr,
     xds: &XdsServer,
+    extra: &tonic::service::Routes,
     stop: CancellationToken,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     if let Err(error) = Keepalive::default().apply(&listener) {
         tracing::warn!(%error, "cannot set TCP keepalive on the xDS listener: vanished peers are noticed only when a push goes unacknowledged");
     }
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let served = serve_xds_on(incoming, xds, stop);
+    let served = serve_xds_on(incoming, xds, extra, stop);
     tokio::spawn(served.instrument(info_span!("xds_server", grpc_addr = %addr)))
 }
 
@@ -81,6 +82,7 @@ pub fn serve_xds_tls(
     listener: TcpListener,
     config: std::sync::Arc<rustls::ServerConfig>,
     xds: &XdsServer,
+    extra: &tonic::service::Routes,
     stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<Result<(), tonic::transport::Error>>)> {
     Keepalive::default().apply(&listener)?;
@@ -94,14 +96,16 @@ pub fn serve_xds_tls(
     )?;
     let addr = incoming.local_addr();
     let span = info_span!("xds_tls_server", grpc_tls_addr = %addr);
-    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, stop).instrument(span));
+    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, extra, stop).instrument(span));
     Ok((addr, task))
 }
 
-/// The xDS server over `incoming` until `stop` fires, not yet spawned.
+/// The xDS server (and the mode's `extra` gRPC services) over `incoming` until `stop`
+/// fires, not yet spawned.
 fn serve_xds_on<S, IO>(
     incoming: S,
     xds: &XdsServer,
+    extra: &tonic::service::Routes,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static
 where
@@ -110,8 +114,10 @@ where
 {
     let service = xds.service();
     let csds = xds.csds_service();
+    let extra = extra.clone();
     async move {
         tonic::transport::Server::builder()
+            .add_routes(extra)
             .add_service(service)
             .add_service(csds)
             .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await })
@@ -211,7 +217,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let server = serve_xds(listener, addr, &xds, stop.clone());
+        let server = serve_xds(listener, addr, &xds, &tonic::service::Routes::default(), stop.clone());
 
         // An HTTP/2 client that says hello and then goes quiet.
         let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();

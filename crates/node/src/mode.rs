@@ -176,6 +176,8 @@ pub struct Engine {
     pub xds: XdsServer,
     /// What registers proxies (the mode's config source).
     pub source: Arc<dyn ConfigSource>,
+    /// The mode's own gRPC services, served beside xDS on the gRPC listeners.
+    pub grpc: tonic::service::Routes,
 }
 
 /// What a server or an agent plugs into a node (see the module docs). Every method is
@@ -208,6 +210,11 @@ pub trait Mode: Send + Sync + 'static {
 
     /// Mode-specific settings of the xDS server.
     fn configure_xds(&self, _xds: &XdsServer) {}
+
+    /// gRPC services of the mode's own, served beside xDS (a server's peering service).
+    fn grpc_routes(&self) -> tonic::service::Routes {
+        tonic::service::Routes::default()
+    }
 
     /// What the DNS interface answers from (as the node's default token may read).
     fn dns_catalog(&self) -> Arc<dyn dns::Catalog>;
@@ -360,7 +367,12 @@ fn start_engine<M: Mode>(mode: &M, admission: xds::Admission) -> Engine {
     crate::authz::guard_csds(&xds, tokens);
     xds.set_server_name(&mode.node_name());
     mode.configure_xds(&xds);
-    Engine { manager, xds, source }
+    Engine {
+        manager,
+        xds,
+        source,
+        grpc: mode.grpc_routes(),
+    }
 }
 
 /// The listeners being served.
@@ -421,9 +433,14 @@ fn start_listeners(
         served.push(("HTTPS", boxed(task)));
     }
     if let (Some(listener), Some(server)) = (grpc_tls, &tls.server) {
-        let (addr, task) =
-            crate::engine::serve_xds_tls(listener, Arc::clone(&server.grpc), &engine.xds, xds_stop.clone())
-                .map_err(|e| format!("starting xDS over TLS: {e}"))?;
+        let (addr, task) = crate::engine::serve_xds_tls(
+            listener,
+            Arc::clone(&server.grpc),
+            &engine.xds,
+            &engine.grpc,
+            xds_stop.clone(),
+        )
+        .map_err(|e| format!("starting xDS over TLS: {e}"))?;
         bound.grpc_tls_addr = Some(addr);
         served.push(("xDS over TLS", boxed(task)));
     }
@@ -437,7 +454,13 @@ fn start_listeners(
     if let (Some(listener), Some(addr)) = (grpc, bound.grpc_addr) {
         served.push((
             "xDS",
-            boxed(crate::engine::serve_xds(listener, addr, &engine.xds, xds_stop.clone())),
+            boxed(crate::engine::serve_xds(
+                listener,
+                addr,
+                &engine.xds,
+                &engine.grpc,
+                xds_stop.clone(),
+            )),
         ));
     }
     if let Some((listener, dns_config)) = dns {

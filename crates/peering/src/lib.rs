@@ -199,6 +199,8 @@ impl Peerings {
             return;
         };
         let mut streams = ctx.tracker.subscribe();
+        // A closed channel keeps its last value (a lone server leads for good).
+        let mut followed = true;
         loop {
             let lead = *leading.borrow_and_update();
             if lead {
@@ -210,7 +212,7 @@ impl Peerings {
             }
             tokio::select! {
                 () = stop.cancelled() => break,
-                r = leading.changed() => if r.is_err() { break },
+                r = leading.changed(), if followed => followed = r.is_ok(),
                 r = peerings.changed() => if r.is_err() { break },
                 r = streams.changed() => if r.is_err() { break },
             }

@@ -56,7 +56,7 @@ pub async fn run(
     let api_addr = bound.http_addr.or(bound.https_addr).unwrap_or_else(unspecified);
     let xds_addr = bound.grpc_addr.or(bound.grpc_tls_addr).unwrap_or_else(unspecified);
     let store = store::open(&args, api_addr, xds_addr).await?;
-    let mode = ServerMode::start(args, store, api_addr)
+    let mode = ServerMode::start(args, store, api_addr, xds_addr)
         .await?
         .with_ports(bound.ports());
     node::serve(listeners, mode, shutdown, on_ready)
@@ -205,11 +205,41 @@ pub struct ServerMode {
     replication_metrics: replication::ReplicationMetrics,
     /// The file audit records are appended to (`-audit-file`).
     audit_file: Option<http_api::AuditFile>,
+    /// Cluster peering: the lifecycle, the peering gRPC service, the streams.
+    peerings: Arc<peering::Peerings>,
+    /// Ends the peering streams (when the server drains).
+    peering_stop: CancellationToken,
+}
+
+/// What peers dial to reach this cluster's servers: this server's gRPC address and those
+/// the other servers sharing its store report (none that a peer could not dial).
+fn peering_addresses(store: &Store, own: SocketAddr) -> Vec<String> {
+    let mut out = Vec::new();
+    if !own.ip().is_unspecified() && own.port() != 0 {
+        out.push(own.to_string());
+    }
+    if let Some(cluster) = store.cluster() {
+        for server in cluster.status().servers {
+            let dialable = server
+                .xds_address
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| !a.ip().is_unspecified() && a.port() != 0);
+            if dialable && !out.contains(&server.xds_address) {
+                out.push(server.xds_address);
+            }
+        }
+    }
+    out
 }
 
 impl ServerMode {
     /// The mode over an open `store`: ACLs initialised when enabled.
-    pub async fn start(args: ServerArgs, store: Store, api_addr: SocketAddr) -> Result<Self, ServerError> {
+    pub async fn start(
+        args: ServerArgs,
+        store: Store,
+        api_addr: SocketAddr,
+        grpc_addr: SocketAddr,
+    ) -> Result<Self, ServerError> {
         let acl = Arc::new(Resolver::new(AclSettings {
             enabled: args.acl_enabled,
             default_allow: args.acl_default_policy == "allow",
@@ -264,7 +294,22 @@ impl ServerMode {
                 ..Default::default()
             },
         ));
+        let peering_stop = CancellationToken::new();
+        let peerings = peering::Peerings::new(
+            peering::Context {
+                store: store.clone(),
+                datacenter: args.datacenter.clone(),
+                tracker: peering::Tracker::new(),
+                addresses: Arc::new({
+                    let store = store.clone();
+                    move || peering_addresses(&store, grpc_addr)
+                }),
+            },
+            peering_stop.clone(),
+        );
         Ok(Self {
+            peerings,
+            peering_stop,
             args,
             store,
             acl,
@@ -328,6 +373,10 @@ impl Mode for ServerMode {
         xds.set_status_tracking(self.args.xds_status_tracking);
     }
 
+    fn grpc_routes(&self) -> tonic::service::Routes {
+        tonic::service::Routes::new(self.peerings.grpc_service())
+    }
+
     fn routes(&self, engine: &Engine) -> axum::Router {
         let api = http_api::ApiConfig {
             node_name: self.args.node.clone(),
@@ -345,6 +394,7 @@ impl Mode for ServerMode {
             audit: self.args.audit_retention > 0,
             audit_file: self.audit_file.clone(),
             dry_run: Some(Arc::new(dry_run::ProxyDryRun(engine.manager.clone()))),
+            peering: Some(Arc::clone(&self.peerings)),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;
@@ -406,6 +456,17 @@ impl Mode for ServerMode {
             replicator: self.replicator.clone(),
         };
         tasks.spawn(link.run(stop).instrument(info_span!("federation")));
+        // Leader work: dialing the peerings this cluster established, removing deleted
+        // ones. A lone server leads.
+        let leading = match self.store.cluster() {
+            Some(cluster) => cluster.leading(),
+            None => tokio::sync::watch::channel(true).1,
+        };
+        tasks.spawn(
+            Arc::clone(&self.peerings)
+                .run(leading)
+                .instrument(info_span!("peering")),
+        );
     }
 
     async fn draining(&self) {
@@ -413,6 +474,8 @@ impl Mode for ServerMode {
         // whole wait), and later ones at once.
         self.store.release_waiters();
         self.fed.release_waiters();
+        // Peering streams end before the gRPC listeners close (they would hold them open).
+        self.peering_stop.cancel();
     }
 
     async fn engine_stopped(&self) {

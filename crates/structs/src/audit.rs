@@ -86,6 +86,8 @@ const SECRET_FIELDS: &[&str] = &[
     "authorization",
     "value",
     "bootstrapsecret",
+    "peeringtoken",
+    "establishmentsecret",
 ];
 
 /// Replaces the value of every secret field (at any depth) of a JSON body with
@@ -134,10 +136,11 @@ mod tests {
             "Checks": [{"HTTP": "http://x", "Header": {"Authorization": ["Bearer t"]}}],
             "Ops": [{"KV": {"Verb": "set", "Key": "a", "Value": "c2VjcmV0"}}],
             "Token": null,
+            "PeeringToken": "eyJwZWVy",
         });
         redact(&mut body);
         let text = body.to_string();
-        for secret in ["s1", "\"k\"", "Bearer t", "c2VjcmV0"] {
+        for secret in ["s1", "\"k\"", "Bearer t", "c2VjcmV0", "eyJwZWVy"] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert!(text.contains("LeafCertTTL") && text.contains("\"Description\":\"d\""));
