@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use types::{
     ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, MeshGateways,
-    PreparedQuery, Roots, ServiceList,
+    PeerTrustBundles, PeeredUpstream, PreparedQuery, Roots, ServiceList,
 };
 
 /// Settings of the agent's caches.
@@ -78,6 +78,10 @@ pub struct AgentCaches {
     pub gateway_services: Cache<GatewayServices>,
     /// Prepared queries' connect-capable instances.
     pub prepared_query: Cache<PreparedQuery>,
+    /// Services peers export here.
+    pub peered_upstream: Cache<PeeredUpstream>,
+    /// Trust bundles of the peers each service is exported to.
+    pub peer_trust_bundles: Cache<PeerTrustBundles>,
     datacenter: Arc<str>,
     cancel: CancellationToken,
 }
@@ -109,6 +113,12 @@ impl AgentCaches {
                 cancel.child_token(),
             ),
             prepared_query: Cache::new(PreparedQuery(http.clone()), config.cache.clone(), cancel.child_token()),
+            peered_upstream: Cache::new(PeeredUpstream(http.clone()), config.cache.clone(), cancel.child_token()),
+            peer_trust_bundles: Cache::new(
+                PeerTrustBundles(http.clone()),
+                config.cache.clone(),
+                cancel.child_token(),
+            ),
             mesh_gateways: Cache::new(MeshGateways(http.clone()), config.cache.clone(), cancel.child_token()),
             datacenters: Cache::new(Datacenters::new(http), config.cache.clone(), cancel.child_token()),
             datacenter: config.datacenter.into(),
@@ -122,7 +132,7 @@ impl AgentCaches {
     }
 
     /// Every type's counters, by type name.
-    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 11] {
+    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 13] {
         [
             ("roots", self.roots.metrics()),
             ("leaf", self.leaf.metrics()),
@@ -135,6 +145,8 @@ impl AgentCaches {
             ("mesh_gateways", self.mesh_gateways.metrics()),
             ("gateway_services", self.gateway_services.metrics()),
             ("prepared_query", self.prepared_query.metrics()),
+            ("peered_upstream", self.peered_upstream.metrics()),
+            ("peer_trust_bundles", self.peer_trust_bundles.metrics()),
         ]
     }
 
@@ -156,6 +168,8 @@ impl AgentCaches {
         self.datacenters.shutdown().await;
         self.gateway_services.shutdown().await;
         self.prepared_query.shutdown().await;
+        self.peered_upstream.shutdown().await;
+        self.peer_trust_bundles.shutdown().await;
     }
 }
 

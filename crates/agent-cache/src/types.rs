@@ -282,6 +282,60 @@ impl CacheType for GatewayServices {
     }
 }
 
+/// A service a peer exports here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeeredUpstreamKey {
+    /// The peer, by the name this cluster gives it.
+    pub peer: String,
+    /// The service.
+    pub service: String,
+}
+
+/// A service a peer exports here with the peer's trust bundle
+/// (`/v1/internal/peering/upstream/:peer/:service`).
+#[derive(Clone)]
+pub struct PeeredUpstream(pub Http);
+
+impl CacheType for PeeredUpstream {
+    type Request = PeeredUpstreamKey;
+    type Value = Arc<structs::peering::PeeredUpstream>;
+
+    async fn fetch(&self, key: &PeeredUpstreamKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = api_client::paths::peered_upstream(&key.peer, &key.service);
+        let f: Fetched<structs::peering::PeeredUpstream> = self.0.decoded(&path, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
+            index: f.index,
+        })
+    }
+}
+
+/// The peers a service is exported to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerTrustBundlesKey {
+    /// The exported service.
+    pub service: String,
+}
+
+/// The trust bundles of the peers a service is exported to
+/// (`/v1/internal/peering/trust-bundles/:service`).
+#[derive(Clone)]
+pub struct PeerTrustBundles(pub Http);
+
+impl CacheType for PeerTrustBundles {
+    type Request = PeerTrustBundlesKey;
+    type Value = Arc<Vec<structs::peering::PeerTrustBundle>>;
+
+    async fn fetch(&self, key: &PeerTrustBundlesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let path = api_client::paths::peer_trust_bundles(&key.service);
+        let f: Fetched<Vec<structs::peering::PeerTrustBundle>> = self.0.decoded(&path, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
+            index: f.index,
+        })
+    }
+}
+
 /// A prepared query, by id or name (a template's rendering included).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PreparedQueryKey {

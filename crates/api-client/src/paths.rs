@@ -66,6 +66,16 @@ pub fn catalog_gateway_services(gateway: &str) -> String {
     format!("/v1/catalog/gateway-services/{}", segment(gateway))
 }
 
+/// `GET` (meshd's own): a service a peer exports here, with the peer's trust bundle.
+pub fn peered_upstream(peer: &str, service: &str) -> String {
+    format!("/v1/internal/peering/upstream/{}/{}", segment(peer), segment(service))
+}
+
+/// `GET` (meshd's own): the trust bundles of the peers a service is exported to.
+pub fn peer_trust_bundles(service: &str) -> String {
+    format!("/v1/internal/peering/trust-bundles/{}", segment(service))
+}
+
 /// `GET`: a node's checks.
 pub fn health_node(node: &str) -> String {
     format!("/v1/health/node/{}", segment(node))

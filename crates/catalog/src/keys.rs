@@ -94,10 +94,10 @@ pub enum Topic {
     TypicalServices,
     /// The services a gateway fronts.
     GatewayServices(String),
-    /// A service a peer exports here (peer, service).
+    /// A service a peer exports here, with the peer's trust bundle (peer, service).
     PeeredService(String, String),
-    /// The trust bundles of the live peerings.
-    PeerTrustBundles,
+    /// The trust bundles of the live peerings a service is exported to.
+    PeerTrustBundles(String),
 }
 
 impl Topic {
@@ -113,7 +113,7 @@ impl Topic {
             Topic::ServiceList | Topic::TypicalServices => IndexKey::Services,
             Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
             Topic::PeeredService(peer, service) => IndexKey::PeerService(peer.clone(), service.clone()),
-            Topic::PeerTrustBundles => IndexKey::Peerings,
+            Topic::PeerTrustBundles(_) => IndexKey::Peerings,
         }
     }
 }

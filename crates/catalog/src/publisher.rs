@@ -31,9 +31,9 @@ pub enum Payload {
     ServiceList(Arc<Vec<String>>),
     /// The services a gateway fronts.
     GatewayServices(Arc<Vec<GatewayService>>),
-    /// A service a peer exports here (`None`: it does not, or no longer).
-    PeeredService(Option<Arc<structs::peering::ImportedService>>),
-    /// The live peerings' trust bundles.
+    /// A service a peer exports here, with the peer's trust bundle.
+    PeeredService(Arc<structs::peering::PeeredUpstream>),
+    /// The trust bundles of the live peerings a service is exported to.
     PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
 }
 
@@ -96,8 +96,8 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::ServiceList => Payload::ServiceList(Arc::new(state.service_names())),
         Topic::TypicalServices => Payload::ServiceList(Arc::new(state.typical_service_names())),
         Topic::GatewayServices(name) => Payload::GatewayServices(Arc::new(state.gateway_services(name))),
-        Topic::PeeredService(peer, service) => Payload::PeeredService(state.imported(peer, service)),
-        Topic::PeerTrustBundles => Payload::PeerTrustBundles(Arc::new(state.peer_trust_bundles())),
+        Topic::PeeredService(peer, service) => Payload::PeeredService(Arc::new(state.peered_upstream(peer, service))),
+        Topic::PeerTrustBundles(service) => Payload::PeerTrustBundles(Arc::new(state.peer_trust_bundles_for(service))),
     }
 }
 

@@ -1023,6 +1023,10 @@ fn touch_config(key: &(ConfigEntryKind, String), bumped: &mut OrdSet<IndexKey>) 
     if key.0 == ConfigEntryKind::ServiceIntentions {
         bumped.insert(IndexKey::Intentions);
     }
+    // Which peers a service is exported to decides whose roots its sidecars trust.
+    if key.0 == ConfigEntryKind::ExportedServices {
+        bumped.insert(IndexKey::Peerings);
+    }
 }
 
 /// The rows of a state, as written to a snapshot file.

@@ -458,6 +458,8 @@ impl Compiler<'_, '_> {
                 name: target_sni(subset, service, NAMESPACE, dc, self.req.trust_domain),
                 connect_timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
                 load_balancer: resolver.and_then(|r| r.load_balancer.clone()),
+                peer: String::new(),
+                spiffe_ids: Vec::new(),
             },
         );
         Ok(id)

@@ -98,6 +98,14 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         get(peering_routes::get).delete(peering_routes::delete),
     );
     r.add("/v1/peerings", get(peering_routes::list));
+    r.add(
+        "/v1/internal/peering/upstream/{peer}/{service}",
+        get(peering_routes::upstream),
+    );
+    r.add(
+        "/v1/internal/peering/trust-bundles/{service}",
+        get(peering_routes::trust_bundles),
+    );
     r.add("/v1/health/connect/{name}", get(health::connect));
     r.add("/v1/health/ingress/{name}", get(gateway_routes::ingress_health));
     r.add("/v1/health/checks/{name}", get(health::checks));

@@ -116,3 +116,37 @@ pub(crate) async fn delete(
     peerings(&api)?.delete(&name).await?;
     Ok(axum::http::StatusCode::OK.into_response())
 }
+
+/// `GET /v1/internal/peering/upstream/:peer/:service` (meshd's own): what an agent's
+/// sidecar needs for an upstream a peer exports (the service and the peer's trust bundle);
+/// `service:read` on the service; blocks on the import.
+pub(crate) async fn upstream(
+    State(api): State<Api>,
+    authz: Authz,
+    Path((peer, service)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    authz.need(|a| a.service_read(&service), "service:read", &service)?;
+    let key = IndexKey::PeerService(peer.clone(), service.clone());
+    let state = api.read(&params, &key).await?;
+    let answer = state.peered_upstream(&peer, &service);
+    Ok(query::json(&answer, Some(state.index_of(&key)), params.pretty()))
+}
+
+/// `GET /v1/internal/peering/trust-bundles/:service` (meshd's own): the trust bundles of the
+/// peers `service` is exported to, whose callers its sidecars accept; `service:read` on the
+/// service; blocks on the peerings.
+pub(crate) async fn trust_bundles(
+    State(api): State<Api>,
+    authz: Authz,
+    Path(service): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    authz.need(|a| a.service_read(&service), "service:read", &service)?;
+    let key = IndexKey::Peerings;
+    let state = api.read(&params, &key).await?;
+    let answer = state.peer_trust_bundles_for(&service);
+    Ok(query::json(&answer, Some(state.index_of(&key)), params.pretty()))
+}

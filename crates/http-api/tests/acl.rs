@@ -586,6 +586,22 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
         ),
         row("GET", "/v1/peerings", "/v1/peerings", n.clone(), PEERING_READ, Denied),
         row(
+            "GET",
+            "/v1/internal/peering/upstream/{peer}/{service}",
+            "/v1/internal/peering/upstream/cluster-b/web",
+            n.clone(),
+            WEB_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/internal/peering/trust-bundles/{service}",
+            "/v1/internal/peering/trust-bundles/web",
+            n.clone(),
+            WEB_READ,
+            Denied,
+        ),
+        row(
             "DELETE",
             "/v1/peering/{name}",
             "/v1/peering/gone",

@@ -32,6 +32,7 @@ mod health;
 mod http_checks;
 mod intentions;
 mod leaf;
+mod peering;
 mod prepared_query;
 mod resolved_config;
 mod roots;
@@ -52,6 +53,7 @@ pub use {
     http_checks::{CacheHttpChecks, LocalChecks},
     intentions::CacheIntentions,
     leaf::CacheLeaf,
+    peering::{CachePeerTrustBundles, CachePeeredUpstream},
     prepared_query::CachePreparedQuery,
     resolved_config::CacheResolvedServiceConfig,
     roots::CacheCaRoots,
@@ -67,6 +69,7 @@ pub use {
     http_checks::ServerHttpChecks,
     intentions::ServerIntentions,
     leaf::ServerLeaf,
+    peering::{ServerPeerTrustBundles, ServerPeeredUpstream},
     prepared_query::ServerPreparedQuery,
     resolved_config::ServerResolvedServiceConfig,
     roots::ServerCaRoots,
@@ -115,6 +118,8 @@ mod server_sources {
             gateway_services: Arc::new(ServerGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(ServerHttpChecks),
             prepared_query: Arc::new(ServerPreparedQuery(Arc::clone(&mode))),
+            peered_upstream: Arc::new(ServerPeeredUpstream(Arc::clone(&mode))),
+            peer_trust_bundles: Arc::new(ServerPeerTrustBundles(Arc::clone(&mode))),
         }
     }
 }
@@ -162,6 +167,8 @@ mod cache_sources {
             gateway_services: Arc::new(CacheGatewayServices(Arc::clone(&mode))),
             http_checks: Arc::new(CacheHttpChecks(local)),
             prepared_query: Arc::new(CachePreparedQuery(Arc::clone(&mode))),
+            peered_upstream: Arc::new(CachePeeredUpstream(Arc::clone(&mode))),
+            peer_trust_bundles: Arc::new(CachePeerTrustBundles(Arc::clone(&mode))),
         }
     }
 }

@@ -335,10 +335,10 @@ async fn leaves_follow_a_ca_rotation_and_defaults_follow_their_entries() {
         })
         .await;
     }
-    // 2 proxies of 6 watches each (roots, mesh, proxy-defaults, leaf, intentions, resolved
-    // config) and 2 of web's upstream (chain, health), all subscriptions but the intentions;
-    // counted out whole when their States stop.
-    assert_eq!(manager.metrics().live_watches, 14);
+    // 2 proxies of 7 watches each (roots, mesh, proxy-defaults, leaf, intentions, peers'
+    // trust bundles, resolved config) and 2 of web's upstream (chain, health), all
+    // subscriptions but the intentions; counted out whole when their States stop.
+    assert_eq!(manager.metrics().live_watches, 16);
     for (node, name) in [("n1", "web-sidecar-proxy"), ("n2", "api-sidecar-proxy")] {
         manager
             .deregister(&ProxyId::new(node, name), ProxySource::Catalog)

@@ -34,6 +34,10 @@ pub enum CorrelationId {
     },
     /// Results of a prepared-query upstream.
     PreparedQuery(Arc<UpstreamId>),
+    /// The service a peer exports for an upstream with `DestinationPeer`.
+    PeeredUpstream(Arc<UpstreamId>),
+    /// The trust bundles of the peers the proxied service is exported to.
+    PeerTrustBundles,
     /// Every service name in the datacenter (gateways).
     ServiceList,
     /// Every known datacenter (mesh gateways).
@@ -87,6 +91,7 @@ impl CorrelationId {
         match self {
             CorrelationId::DiscoveryChain(u)
             | CorrelationId::PreparedQuery(u)
+            | CorrelationId::PeeredUpstream(u)
             | CorrelationId::UpstreamTarget { upstream: u, .. } => Some(u),
             _ => None,
         }
@@ -106,6 +111,8 @@ impl fmt::Display for CorrelationId {
             CorrelationId::DiscoveryChain(u) => write!(f, "discovery-chain:{u}"),
             CorrelationId::UpstreamTarget { upstream, target } => write!(f, "upstream-target:{target}:{upstream}"),
             CorrelationId::PreparedQuery(u) => write!(f, "prepared-query:{u}"),
+            CorrelationId::PeeredUpstream(u) => write!(f, "peered-upstream:{u}"),
+            CorrelationId::PeerTrustBundles => f.write_str("peer-trust-bundles"),
             CorrelationId::ServiceList => f.write_str("service-list"),
             CorrelationId::Datacenters => f.write_str("datacenters"),
             CorrelationId::GatewayServices => f.write_str("gateway-services"),

@@ -68,6 +68,10 @@ pub enum UpdatePayload {
     GatewayServices(Arc<Vec<GatewayService>>),
     /// Health checks of a service.
     HttpChecks(Arc<Vec<HealthCheck>>),
+    /// A service a peer exports here, with the peer's roots.
+    PeeredUpstream(Arc<structs::peering::PeeredUpstream>),
+    /// The trust bundles of the peers a service is exported to.
+    PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
 }
 
 macro_rules! payload_from {
@@ -89,6 +93,8 @@ payload_from! {
     ResolvedServiceConfig(Arc<ResolvedServiceConfig>),
     GatewayServices(Arc<Vec<GatewayService>>),
     HttpChecks(Arc<Vec<HealthCheck>>),
+    PeeredUpstream(Arc<structs::peering::PeeredUpstream>),
+    PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
 }
 
 /// One change from one watch.
@@ -393,6 +399,28 @@ pub struct PreparedQueryRequest {
     pub query: String,
 }
 
+/// A service a peer exports here (an upstream with `DestinationPeer`), with the peer's
+/// trust bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeeredUpstreamRequest {
+    /// The peer, by the name this cluster gives it.
+    pub peer: String,
+    /// The service.
+    pub service: String,
+    /// The proxy's token (`service:read` on the service).
+    pub token: Option<Token>,
+}
+
+/// The trust bundles of the peers a service is exported to: whose callers its sidecar
+/// accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerTrustBundlesRequest {
+    /// The exported service.
+    pub service: String,
+    /// The proxy's token (`service:write` on the service).
+    pub token: Option<Token>,
+}
+
 macro_rules! requests {
     ($($req:ty => $resp:ty),* $(,)?) => {$(
         impl WatchRequest for $req { type Response = $resp; }
@@ -414,6 +442,8 @@ requests! {
     GatewayServicesRequest => Arc<Vec<GatewayService>>,
     HttpChecksRequest => Arc<Vec<HealthCheck>>,
     PreparedQueryRequest => PreparedQueryResult,
+    PeeredUpstreamRequest => Arc<structs::peering::PeeredUpstream>,
+    PeerTrustBundlesRequest => Arc<Vec<structs::peering::PeerTrustBundle>>,
 }
 
 /// Service names of a datacenter (distinct from datacenter names so the types cannot mix).
@@ -487,6 +517,10 @@ pub struct DataSources {
     pub http_checks: Arc<dyn DataSource<HttpChecksRequest>>,
     /// Prepared query results.
     pub prepared_query: Arc<dyn DataSource<PreparedQueryRequest>>,
+    /// Services peers export here.
+    pub peered_upstream: Arc<dyn DataSource<PeeredUpstreamRequest>>,
+    /// Peers' trust bundles.
+    pub peer_trust_bundles: Arc<dyn DataSource<PeerTrustBundlesRequest>>,
 }
 
 impl fmt::Debug for DataSources {

@@ -173,6 +173,10 @@ pub struct FakeDataSources {
     pub http_checks: Arc<FakeSource<HttpChecksRequest>>,
     /// Prepared queries.
     pub prepared_query: Arc<FakeSource<PreparedQueryRequest>>,
+    /// Services peers export here.
+    pub peered_upstream: Arc<FakeSource<PeeredUpstreamRequest>>,
+    /// Peers' trust bundles.
+    pub peer_trust_bundles: Arc<FakeSource<PeerTrustBundlesRequest>>,
 }
 
 impl FakeDataSources {
@@ -211,6 +215,7 @@ impl FakeDataSources {
             )))
         });
         fakes.health.set_fallback(|_| Some(Arc::new(Vec::new())));
+        fakes.peer_trust_bundles.set_fallback(|_| Some(Arc::new(Vec::new())));
         fakes
     }
 
@@ -231,6 +236,8 @@ impl FakeDataSources {
             gateway_services: self.gateway_services.clone(),
             http_checks: self.http_checks.clone(),
             prepared_query: self.prepared_query.clone(),
+            peered_upstream: self.peered_upstream.clone(),
+            peer_trust_bundles: self.peer_trust_bundles.clone(),
         }
     }
 
@@ -250,6 +257,8 @@ impl FakeDataSources {
             + self.gateway_services.active()
             + self.http_checks.active()
             + self.prepared_query.active()
+            + self.peered_upstream.active()
+            + self.peer_trust_bundles.active()
     }
 }
 

@@ -255,6 +255,9 @@ pub struct MeshGatewaySnapshot {
     /// go. Not needed to serve the local part (`None` until known, and while the source
     /// fails).
     pub remote: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
+    /// The `exported-services` entry (a list of at most one): the peers each service is
+    /// exported to, whose SNIs for it the gateway routes to its instances.
+    pub exports: Arc<Vec<Arc<ConfigEntry>>>,
 }
 
 impl MeshGatewaySnapshot {
@@ -374,6 +377,11 @@ pub struct ConnectProxySnapshot {
     /// Every datacenter's mesh gateways, while some upstream's chain has a target in another
     /// datacenter (its connections go through them).
     pub mesh_gateways: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
+    /// What peers export for the upstreams with `DestinationPeer`, by upstream, as known.
+    pub peered: Arc<BTreeMap<Arc<UpstreamId>, Arc<structs::peering::PeeredUpstream>>>,
+    /// The trust bundles of the peers the proxied service is exported to (their callers
+    /// are accepted, as intentions allow).
+    pub peer_bundles: Known<Arc<Vec<structs::peering::PeerTrustBundle>>>,
 }
 
 /// A service outside the mesh a transparent proxy may reach: through the terminating

@@ -44,9 +44,9 @@ async fn registration_change_rebuilds_the_state() {
     assert_eq!(snap.connect_proxy().unwrap().upstreams.len(), 2);
     let m = f.manager.metrics();
     assert_eq!((m.states_started, m.live_states), (2, 1));
-    // Only the new State's watches are alive: 6 base + 2 chains + 2 targets.
-    assert_eq!(m.live_watches, 10);
-    assert_eq!(f.fakes.active(), 10);
+    // Only the new State's watches are alive: 7 base + 2 chains + 2 targets.
+    assert_eq!(m.live_watches, 11);
+    assert_eq!(f.fakes.active(), 11);
 
     // A token change rebuilds too.
     let with_token = ProxyRegistration {

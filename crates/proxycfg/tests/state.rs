@@ -24,10 +24,10 @@ async fn first_snapshot_is_valid_and_complete() {
     let target = TargetId::new("", "api", "default", "dc1");
     assert_eq!(api.endpoints[&target].len(), 1);
     assert_eq!(api.chain.as_ref().unwrap().targets.len(), 1);
-    // roots, leaf, intentions, mesh, proxy-defaults, resolved config, 2 chains, 2 target
-    // health watches.
-    assert_eq!(f.manager.metrics().live_watches, 10);
-    assert_eq!(f.fakes.active(), 10);
+    // roots, leaf, intentions, peers' trust bundles, mesh, proxy-defaults, resolved config,
+    // 2 chains, 2 target health watches.
+    assert_eq!(f.manager.metrics().live_watches, 11);
+    assert_eq!(f.fakes.active(), 11);
 }
 
 #[tokio::test(start_paused = true)]

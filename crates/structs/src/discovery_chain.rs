@@ -83,6 +83,13 @@ pub struct DiscoveryTarget {
     /// Load balancing of its instances (from its service's resolver).
     #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancer>,
+    /// The peer exporting the target (cluster peering); empty: this cluster's.
+    #[serde(rename = "Peer", skip_serializing_if = "String::is_empty")]
+    pub peer: String,
+    /// A peer's target: the SPIFFE ids its instances present (verified with the peer's
+    /// roots).
+    #[serde(rename = "SpiffeIDs", skip_serializing_if = "Vec::is_empty")]
+    pub spiffe_ids: Vec<String>,
 }
 
 /// Milliseconds written and read as a Go duration (`"5s"`).
@@ -307,6 +314,31 @@ impl CompiledDiscoveryChain {
         Self::one_target(id, service, sni, datacenter, protocol, connect_timeout_ms)
     }
 
+    /// The chain of an upstream a peer exports: one target, the peer's service reached by
+    /// the SNI the peer's gateways route and verified as one of `spiffe_ids`.
+    pub fn for_peer(
+        service: &crate::peering::ImportedService,
+        peer: &str,
+        datacenter: &str,
+        protocol: crate::Protocol,
+        connect_timeout_ms: u32,
+    ) -> Self {
+        let id = TargetId(service.sni.clone().into());
+        let mut chain = Self::one_target(
+            id.clone(),
+            &service.name,
+            service.sni.clone(),
+            datacenter,
+            protocol,
+            connect_timeout_ms,
+        );
+        if let Some(target) = chain.targets.get_mut(&id) {
+            target.peer = peer.to_owned();
+            target.spiffe_ids = service.spiffe_ids.clone();
+        }
+        chain
+    }
+
     fn one_target(
         id: TargetId,
         service: &str,
@@ -327,6 +359,8 @@ impl CompiledDiscoveryChain {
             sni,
             connect_timeout_ms,
             load_balancer: None,
+            peer: String::new(),
+            spiffe_ids: Vec::new(),
         };
         let node_name = resolver_node_name(&id);
         let node = ChainNode::resolver(

@@ -25,6 +25,9 @@ pub struct Intention {
     /// Source service name or `*`.
     #[serde(rename = "SourceName")]
     pub source_name: String,
+    /// The peer the source is in (cluster peering); empty: this cluster.
+    #[serde(rename = "SourcePeer", skip_serializing_if = "String::is_empty")]
+    pub source_peer: String,
     /// Destination namespace.
     #[serde(rename = "DestinationNS")]
     pub destination_ns: String,
@@ -93,9 +96,14 @@ impl Intention {
         );
     }
 
-    /// True when this intention's source covers `source`.
+    /// True when this intention's source covers `source` of this cluster.
     pub fn matches_source(&self, source: &str) -> bool {
-        self.source_name == WILDCARD || self.source_name == source
+        self.matches_peer_source("", source)
+    }
+
+    /// True when this intention's source covers `source` of `peer` (empty: this cluster's).
+    pub fn matches_peer_source(&self, peer: &str, source: &str) -> bool {
+        self.source_peer == peer && (self.source_name == WILDCARD || self.source_name == source)
     }
 
     /// True when this intention's destination covers `destination`.
@@ -109,6 +117,7 @@ impl Intention {
             .cmp(&a.precedence)
             .then_with(|| a.source_ns.cmp(&b.source_ns))
             .then_with(|| a.source_name.cmp(&b.source_name))
+            .then_with(|| a.source_peer.cmp(&b.source_peer))
             .then_with(|| a.destination_ns.cmp(&b.destination_ns))
             .then_with(|| a.destination_name.cmp(&b.destination_name))
     }
@@ -129,6 +138,7 @@ pub fn from_config_entry(entry: &ServiceIntentions) -> Vec<Intention> {
                     src.namespace.clone()
                 },
                 source_name: src.name.clone(),
+                source_peer: src.peer.clone(),
                 destination_ns: "default".into(),
                 destination_name: entry.name.clone(),
                 source_type: if src.source_type.is_empty() {

@@ -437,6 +437,20 @@ pub struct PeerTrustBundle {
     pub root_pems: Vec<String>,
 }
 
+/// What a proxy here needs of one service a peer exports: the service (its mesh gateways,
+/// SNI, identities, protocol) and the peer's roots to verify it with. Either is `None` while
+/// unknown (the peer does not export it, or the peering is gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeeredUpstream {
+    /// The service as the peer exports it.
+    #[serde(rename = "Service")]
+    pub service: Option<ImportedService>,
+    /// The peer's trust bundle.
+    #[serde(rename = "Bundle")]
+    pub bundle: Option<PeerTrustBundle>,
+}
+
 /// An SNI name for a service exported to a peer, as the exporting cluster's mesh gateway
 /// routes it: `<service>.default.default.<peer>.external.<trust domain>`, where the peer is
 /// the name the exporting cluster gives the importing one.

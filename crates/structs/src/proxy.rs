@@ -187,6 +187,9 @@ pub struct Upstream {
     /// Datacenter to resolve it in; empty is the proxy's own.
     #[serde(rename = "Datacenter")]
     pub datacenter: String,
+    /// The peer that exports it (cluster peering); empty: this cluster's own.
+    #[serde(rename = "DestinationPeer", skip_serializing_if = "String::is_empty")]
+    pub destination_peer: String,
     /// Address the outbound listener binds (default 127.0.0.1).
     #[serde(rename = "LocalBindAddress")]
     pub local_bind_address: String,
@@ -219,6 +222,7 @@ impl Upstream {
             },
             name: self.destination_name.clone(),
             datacenter: self.datacenter.clone(),
+            peer: self.destination_peer.clone(),
         }
     }
 
@@ -246,6 +250,8 @@ pub struct UpstreamId {
     pub name: String,
     /// Datacenter, empty for the proxy's own.
     pub datacenter: String,
+    /// The peer exporting it, empty for this cluster's own.
+    pub peer: String,
 }
 
 impl fmt::Display for UpstreamId {
@@ -260,6 +266,14 @@ impl fmt::Display for UpstreamId {
         if !self.datacenter.is_empty() {
             let sep = if self.namespace != "default" { '&' } else { '?' };
             write!(f, "{sep}dc={}", self.datacenter)?;
+        }
+        if !self.peer.is_empty() {
+            let sep = if self.namespace != "default" || !self.datacenter.is_empty() {
+                '&'
+            } else {
+                '?'
+            };
+            write!(f, "{sep}peer={}", self.peer)?;
         }
         Ok(())
     }
@@ -393,6 +407,21 @@ impl Validate for ConnectProxyConfig {
 impl Validate for Upstream {
     fn validate(&self) -> Result<(), ValidationError> {
         check_name("DestinationName", &self.destination_name, "")?;
+        if !self.destination_peer.is_empty() {
+            crate::peering::check_peer_name("DestinationPeer", &self.destination_peer)?;
+            if !self.datacenter.is_empty() {
+                return Err(ValidationError::new(
+                    "DestinationPeer",
+                    Problem::Invalid("cannot be set with Datacenter".into()),
+                ));
+            }
+            if self.destination_type.effective() == DestinationType::PreparedQuery {
+                return Err(ValidationError::new(
+                    "DestinationPeer",
+                    Problem::Invalid("a prepared query cannot be in a peer".into()),
+                ));
+            }
+        }
         if self.local_bind_socket_path.is_empty() && !self.centrally_configured {
             check_port(
                 "LocalBindPort",

@@ -2046,6 +2046,12 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
             ),
             ("web".to_owned(), sidecars("web", &[("10.0.1.1", "")])),
         ])),
+        // api is exported to the peer cluster-b: its peered SNI goes to its instances too.
+        exports: Arc::new(vec![Arc::new(
+            structs::ConfigEntry::from_json(serde_json::json!({"Kind": "exported-services", "Name": "default",
+                "Services": [{"Name": "api", "Consumers": [{"Peer": "cluster-b"}]}]}))
+            .unwrap(),
+        )]),
         remote: Some(Arc::new(BTreeMap::from([("dc2".to_owned(), {
             let mut gw = instance("mesh-gateway", "10.2.0.1", 8443);
             gw.service.kind = Kind;
@@ -2071,10 +2077,15 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
         .collect();
     let dc2 = format!("dc2.internal.{td}");
     expected.push(dc2.clone());
+    // api is exported to cluster-b: its peered name too, to every instance.
+    let peered = format!("api.default.default.cluster-b.external.{td}");
+    expected.push(peered.clone());
     expected.sort();
     assert_eq!(names(CLUSTER), expected, "db has no connect instance: no cluster");
     assert_eq!(names(ENDPOINT), expected);
-    expected.retain(|n| *n != dc2);
+    let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&peered]);
+    assert_eq!(cla.endpoints.iter().map(|e| e.lb_endpoints.len()).sum::<usize>(), 3);
+    expected.retain(|n| *n != dc2 && *n != peered);
     // dc2's names go to its gateway, at the address it gives for other datacenters.
     let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[&dc2]);
     let at = format!("{:?}", cla.endpoints[0].lb_endpoints[0]);

@@ -17,9 +17,16 @@ impl State {
                 stored.peering.modify_index = index;
                 self.peerings.insert(name.clone(), Arc::new(stored));
                 bumped.insert(IndexKey::Peerings);
+                // Its trust bundle goes with each service it exports here.
+                for service in self.imported_services(&name) {
+                    bumped.insert(IndexKey::PeerService(name.clone(), service.name.clone()));
+                }
             }
             Change::DeletePeering(name) if self.peerings.remove(name).is_some() => {
                 bumped.insert(IndexKey::Peerings);
+                for service in self.imported_services(name) {
+                    bumped.insert(IndexKey::PeerService(name.clone(), service.name.clone()));
+                }
             }
             Change::PutImported { peer, service } => {
                 self.imported
@@ -71,6 +78,32 @@ impl State {
         self.imported(peer, service)
             .map(|s| s.instances.clone())
             .unwrap_or_default()
+    }
+
+    /// What a proxy here needs for an upstream `service` of `peer`: the service as the
+    /// peer exports it and the peer's trust bundle, while the peering is live.
+    pub fn peered_upstream(&self, peer: &str, service: &str) -> structs::peering::PeeredUpstream {
+        let bundle = self.peer_trust_bundles().into_iter().find(|b| b.peer == peer);
+        structs::peering::PeeredUpstream {
+            service: bundle.as_ref().and(self.imported(peer, service)).map(|s| (*s).clone()),
+            bundle,
+        }
+    }
+
+    /// The trust bundles of the live peerings `service` is exported to (the
+    /// `exported-services` entry): whose callers its sidecars accept.
+    pub fn peer_trust_bundles_for(&self, service: &str) -> Vec<structs::peering::PeerTrustBundle> {
+        let Some(entry) = self.config_entry(structs::ConfigEntryKind::ExportedServices, "default") else {
+            return Vec::new();
+        };
+        let structs::ConfigEntry::ExportedServices(entry) = &*entry else {
+            return Vec::new();
+        };
+        let peers = entry.peers_of(service);
+        self.peer_trust_bundles()
+            .into_iter()
+            .filter(|b| peers.contains(&b.peer))
+            .collect()
     }
 
     /// The trust bundles of every peering that carries services (not deleted or

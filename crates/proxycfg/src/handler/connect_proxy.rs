@@ -94,6 +94,14 @@ impl ConnectProxyHandler {
             },
         );
         watches.start(
+            &s.peer_trust_bundles,
+            CorrelationId::PeerTrustBundles,
+            PeerTrustBundlesRequest {
+                service: dest.clone(),
+                token: self.token.clone(),
+            },
+        );
+        watches.start(
             &s.resolved_service_config,
             CorrelationId::ResolvedServiceConfig,
             // The service-level settings only: per-upstream settings reach the proxy through
@@ -125,6 +133,15 @@ impl ConnectProxyHandler {
     fn watch_upstream(&self, watches: &mut Watches, id: &Arc<UpstreamId>, upstream: &structs::Upstream) {
         let s = &self.sources;
         let datacenter = self.upstream_datacenter(id).to_owned();
+        if !upstream.destination_peer.is_empty() {
+            let req = PeeredUpstreamRequest {
+                peer: upstream.destination_peer.clone(),
+                service: upstream.destination_name.clone(),
+                token: self.token.clone(),
+            };
+            watches.start(&s.peered_upstream, CorrelationId::PeeredUpstream(Arc::clone(id)), req);
+            return;
+        }
         match upstream.destination_type.effective() {
             DestinationType::Service | DestinationType::Unset => {
                 let mesh_gateway = upstream.mesh_gateway.mode.or(self.service.proxy.mesh_gateway.mode);
@@ -308,6 +325,68 @@ impl ConnectProxyHandler {
     }
 }
 
+impl ConnectProxyHandler {
+    /// What a peer exports for the upstream `id`: its chain (one target: the peer's
+    /// service, by its SNI) and the endpoints (the peer's mesh gateways); both forgotten
+    /// while the peer does not export it, so its connections fail closed.
+    fn apply_peered(
+        &self,
+        cp: &mut ConnectProxySnapshot,
+        id: Arc<UpstreamId>,
+        peered: Arc<structs::peering::PeeredUpstream>,
+    ) -> Result<(), HandlerError> {
+        let Some(index) = cp.upstreams.get(&id).map(|u| u.index) else {
+            return Err(HandlerError::UnknownWatch(
+                CorrelationId::PeeredUpstream(id).to_string(),
+            ));
+        };
+        let config = self.service.proxy.upstreams.get(index);
+        let options = config.map(structs::Upstream::options).unwrap_or_default();
+        let chain = peered
+            .service
+            .as_ref()
+            .filter(|_| peered.bundle.is_some())
+            .map(|service| {
+                let protocol = options
+                    .protocol
+                    .or_else(|| service.protocol.parse().ok())
+                    .unwrap_or_default();
+                let datacenter = peered
+                    .bundle
+                    .as_ref()
+                    .map(|b| b.datacenter.as_str())
+                    .unwrap_or_default();
+                let chain = structs::CompiledDiscoveryChain::for_peer(
+                    service,
+                    &id.peer,
+                    datacenter,
+                    protocol,
+                    options
+                        .connect_timeout_ms
+                        .unwrap_or(structs::discovery_chain::DEFAULT_CONNECT_TIMEOUT_MS),
+                );
+                (chain, Arc::new(service.mesh_gateways.clone()))
+            });
+        let upstreams = Arc::make_mut(&mut cp.upstreams);
+        if let Some(entry) = upstreams.get_mut(&id) {
+            let entry = Arc::make_mut(entry);
+            let mut endpoints = crate::snapshot::TargetEndpoints::default();
+            match chain {
+                Some((chain, gateways)) => {
+                    if let Some(target) = chain.targets.keys().next() {
+                        endpoints.insert(target.clone(), gateways);
+                    }
+                    entry.chain = Some(Arc::new(chain));
+                }
+                None => entry.chain = None,
+            }
+            entry.endpoints = endpoints;
+        }
+        Arc::make_mut(&mut cp.peered).insert(id, peered);
+        Ok(())
+    }
+}
+
 impl KindHandler for ConnectProxyHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
         self.watch_service(watches);
@@ -348,6 +427,12 @@ impl KindHandler for ConnectProxyHandler {
                 }
             }
             (CorrelationId::Leaf, UpdatePayload::Leaf(leaf)) => cp.leaf = Some(leaf),
+            (CorrelationId::PeerTrustBundles, UpdatePayload::PeerTrustBundles(bundles)) => {
+                cp.peer_bundles = Some(bundles);
+            }
+            (CorrelationId::PeeredUpstream(upstream), UpdatePayload::PeeredUpstream(peered)) => {
+                self.apply_peered(cp, upstream, peered)?;
+            }
             (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => {
                 self.watch_jwt_providers(&ixns, cp, watches);
                 cp.intentions = Some(ixns);
@@ -420,6 +505,8 @@ impl KindHandler for ConnectProxyHandler {
                 | CorrelationId::MeshGatewaysByDc
                 | CorrelationId::UpstreamTarget { .. }
                 | CorrelationId::PreparedQuery(_)
+                | CorrelationId::PeeredUpstream(_)
+                | CorrelationId::PeerTrustBundles
                 | CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider)),
                 payload,
             ) => return Err(unexpected(&id, &payload)),

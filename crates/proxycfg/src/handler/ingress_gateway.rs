@@ -81,6 +81,7 @@ pub fn upstream_id(service: &str) -> UpstreamId {
         namespace: "default".into(),
         name: service.to_owned(),
         datacenter: String::new(),
+        peer: String::new(),
     }
 }
 

@@ -89,6 +89,14 @@ impl KindHandler for MeshGatewayHandler {
                 kind: ConfigEntryKind::ServiceResolver,
             },
         );
+        // Which services are exported to which peers: their peered SNIs are routed too.
+        watches.start(
+            &self.sources.config_entry_list,
+            CorrelationId::ConfigEntryList(ConfigEntryKind::ExportedServices),
+            ConfigEntryListRequest {
+                kind: ConfigEntryKind::ExportedServices,
+            },
+        );
         KindSnapshot::MeshGateway(MeshGatewaySnapshot::default())
     }
 
@@ -112,6 +120,10 @@ impl KindHandler for MeshGatewayHandler {
                 CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver),
                 UpdatePayload::ConfigEntryList(entries),
             ) => g.resolvers = Some(entries),
+            (
+                CorrelationId::ConfigEntryList(ConfigEntryKind::ExportedServices),
+                UpdatePayload::ConfigEntryList(entries),
+            ) => g.exports = entries,
             (CorrelationId::MeshGatewaysByDc, UpdatePayload::MeshGateways(remote)) => g.remote = Some(remote),
             (CorrelationId::GatewayServiceHealth { service }, UpdatePayload::Health(nodes)) => {
                 if !g.services.as_ref().is_some_and(|s| s.contains(&service)) {
@@ -135,7 +147,9 @@ impl KindHandler for MeshGatewayHandler {
                 | CorrelationId::MeshConfig
                 | CorrelationId::ServiceList
                 | CorrelationId::MeshGatewaysByDc
-                | CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver)
+                | CorrelationId::ConfigEntryList(
+                    ConfigEntryKind::ServiceResolver | ConfigEntryKind::ExportedServices,
+                )
                 | CorrelationId::GatewayServiceHealth { .. }),
                 payload,
             ) => return Err(unexpected(&id, &payload)),

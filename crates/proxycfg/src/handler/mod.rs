@@ -161,6 +161,8 @@ impl UpdatePayload {
             UpdatePayload::MeshGateways(_) => "MeshGateways",
             UpdatePayload::GatewayServices(_) => "GatewayServices",
             UpdatePayload::HttpChecks(_) => "HttpChecks",
+            UpdatePayload::PeeredUpstream(_) => "PeeredUpstream",
+            UpdatePayload::PeerTrustBundles(_) => "PeerTrustBundles",
         }
     }
 }

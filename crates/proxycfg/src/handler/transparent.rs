@@ -452,6 +452,7 @@ pub fn implicit_id(name: &str) -> UpstreamId {
         namespace: "default".to_owned(),
         name: name.to_owned(),
         datacenter: String::new(),
+        peer: String::new(),
     }
 }
 

@@ -116,6 +116,8 @@ pub fn chain_with_targets(service: &str, targets: &[(&str, &str)]) -> CompiledDi
                 partition: "default".into(),
                 connect_timeout_ms: 5000,
                 load_balancer: None,
+                peer: String::new(),
+                spiffe_ids: Vec::new(),
             },
         );
         chain.nodes.insert(

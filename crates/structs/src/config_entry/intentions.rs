@@ -167,6 +167,9 @@ pub struct SourceIntention {
     /// Source namespace (only `default` here).
     #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// The peer the source is in (cluster peering); empty: this cluster.
+    #[serde(rename = "Peer", skip_serializing_if = "String::is_empty")]
+    pub peer: String,
     /// L4 action; exclusive with `Permissions`.
     #[serde(rename = "Action", skip_serializing_if = "Option::is_none")]
     pub action: Option<IntentionAction>,
@@ -237,10 +240,18 @@ impl Validate for ServiceIntentions {
         for (i, src) in self.sources.iter().enumerate() {
             let at = format!("Sources[{i}]");
             check_name_or_wildcard(&format!("{at}.Name"), &src.name)?;
-            if !seen.insert(src.name.as_str()) {
+            if !src.peer.is_empty() {
+                crate::peering::check_peer_name(&format!("{at}.Peer"), &src.peer)?;
+            }
+            if !seen.insert((src.peer.as_str(), src.name.as_str())) {
+                let from = if src.peer.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of peer {:?}", src.peer)
+                };
                 return Err(ValidationError::new(
                     format!("{at}.Name"),
-                    Problem::Duplicate(format!("source {:?}", src.name)),
+                    Problem::Duplicate(format!("source {:?}{from}", src.name)),
                 ));
             }
             if !matches!(src.source_type.as_str(), "" | "consul") {

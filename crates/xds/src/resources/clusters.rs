@@ -268,7 +268,11 @@ pub(crate) fn chain_clusters(
                     service_name: String::new(),
                 }),
                 connect_timeout: millis(target.connect_timeout_ms),
-                transport_socket: Some(tls::upstream(&target.sni, &spiffe.to_string(), outgoing.cloned())),
+                transport_socket: Some(if target.peer.is_empty() {
+                    tls::upstream(&target.sni, &spiffe.to_string(), outgoing.cloned())
+                } else {
+                    tls::upstream_peer(&target.sni, &target.spiffe_ids, &target.peer, outgoing.cloned())
+                }),
                 circuit_breakers: limits.map(circuit_breakers),
                 // As Consul: outlier detection is always on (Envoy's defaults unless the
                 // upstream's passive_health_check says otherwise).

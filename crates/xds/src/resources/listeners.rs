@@ -350,9 +350,25 @@ fn public_listener(
         jwt_not_checked(intentions, &format!("its protocol is {}", protocol.as_str()), out);
         None
     };
+    // The peers this service is exported to: their callers are accepted, each verified
+    // with its own roots and matched by intentions naming that peer.
+    let peers = snap
+        .connect_proxy()
+        .and_then(|cp| cp.peer_bundles.as_deref())
+        .filter(|p| !p.is_empty());
+    let peer_domains: std::collections::BTreeMap<String, String> = peers
+        .into_iter()
+        .flatten()
+        .map(|b| (b.peer.clone(), b.trust_domain.clone()))
+        .collect();
+    let trust = rbac::Trust {
+        local: snap.roots.as_deref().map_or("", |r| r.trust_domain.as_str()),
+        peers: Some(&peer_domains),
+    };
     let to_app = Public {
         protocol,
         intentions,
+        trust,
         default_allow: snap.intention_default_allow,
         inbound,
         settings,
@@ -364,7 +380,10 @@ fn public_listener(
         address: socket(&bind, u32::from(svc.port)),
         filter_chains: vec![FilterChain {
             filters: public_filters(&to_app),
-            transport_socket: Some(tls::downstream(tls_params)),
+            transport_socket: Some(match (peers, snap.roots.as_deref()) {
+                (Some(peers), Some(roots)) if !peers.is_empty() => tls::downstream_trusting(tls_params, roots, peers),
+                _ => tls::downstream(tls_params),
+            }),
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Inbound as i32,
@@ -431,6 +450,8 @@ fn user_public_listener(
 struct Public<'a> {
     protocol: structs::Protocol,
     intentions: &'a [structs::Intention],
+    /// Whose callers the listener accepts (this cluster's, and peers').
+    trust: rbac::Trust<'a>,
     default_allow: bool,
     inbound: Inbound<'a>,
     /// `local_request_timeout_ms`, `local_idle_timeout_ms` and the rest.
@@ -453,7 +474,7 @@ fn public_filters(p: &Public<'_>) -> Vec<Filter> {
         if let Some(config) = &p.jwt {
             http_filters.push(http_filter(jwt::FILTER, config.clone()));
         }
-        if let Some(rules) = rbac::rules_http(p.intentions, p.default_allow) {
+        if let Some(rules) = rbac::rules_http_trusting(p.intentions, p.default_allow, p.trust) {
             http_filters.push(http_filter("envoy.filters.http.rbac", rbac::http_filter_config(rules)));
         }
         let mut route = route_to(LOCAL_APP, LOCAL_APP);
@@ -477,7 +498,7 @@ fn public_filters(p: &Public<'_>) -> Vec<Filter> {
         )]
     } else {
         let mut filters = Vec::new();
-        if let Some(rules) = rbac::rules_l4(p.intentions, p.default_allow) {
+        if let Some(rules) = rbac::rules_l4_trusting(p.intentions, p.default_allow, p.trust) {
             filters.push(network_filter(
                 "envoy.filters.network.rbac",
                 rbac::network_filter_config(rules, "connect_authz"),

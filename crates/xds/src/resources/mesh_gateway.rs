@@ -52,6 +52,14 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
             out.insert(CLUSTER, sni.clone(), pack_any(cluster(&sni, timeout)));
             out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, &endpoints)));
         }
+        // The names peers' sidecars reach it by, when it is exported to them: all of its
+        // instances, the connection passed through (the service's sidecar verifies the
+        // peer's caller against the peer's roots and intentions).
+        for peer in exported_peers(g, service) {
+            let sni = structs::peering::peered_service_sni(service, &peer, &roots.trust_domain);
+            out.insert(CLUSTER, sni.clone(), pack_any(cluster(&sni, timeout)));
+            out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, nodes)));
+        }
     }
     let mut chains = remote_chains(snap, g, &roots.trust_domain, out);
     chains.push(FilterChain {
@@ -74,6 +82,18 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
     };
     out.insert(LISTENER, name, pack_any(listener));
     Ok(())
+}
+
+/// The peers `service` is exported to.
+fn exported_peers(g: &MeshGatewaySnapshot, service: &str) -> std::collections::BTreeSet<String> {
+    g.exports
+        .iter()
+        .filter_map(|e| match &**e {
+            structs::ConfigEntry::ExportedServices(e) => Some(e.peers_of(service)),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }
 
 /// Per other datacenter with gateways: its cluster and load assignment (to its healthy

@@ -61,16 +61,53 @@ fn layer7_name(n: usize) -> String {
     format!("consul-intentions-layer7-{n}")
 }
 
+/// The trust domains a listener accepts callers from: its own cluster's and, by peer name,
+/// those of the peers whose roots it trusts. With no peer, a source's SPIFFE id matches in
+/// any trust domain (only this cluster's roots verify a caller); with peers, each
+/// intention's sources match in their own trust domain only (a peer's `web` is not this
+/// cluster's `web`), and an intention naming a peer not trusted here decides nothing (its
+/// callers fail the TLS handshake).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Trust<'a> {
+    /// This cluster's trust domain.
+    pub(crate) local: &'a str,
+    /// The trusted peers' trust domains, by peer name.
+    pub(crate) peers: Option<&'a BTreeMap<String, String>>,
+}
+
+impl Trust<'_> {
+    /// The host pattern of `peer`'s (empty: this cluster's) SPIFFE ids; `None` for a peer
+    /// not trusted here.
+    fn host(&self, peer: &str) -> Option<String> {
+        match self.peers.filter(|p| !p.is_empty()) {
+            None if peer.is_empty() => Some("[^/]+".to_owned()),
+            None => None,
+            Some(_) if peer.is_empty() => Some(regex_escape(self.local)),
+            Some(peers) => peers.get(peer).map(|td| regex_escape(td)),
+        }
+    }
+}
+
 /// RBAC rules for the HTTP RBAC filter, from `intentions` (any order); `None` when every
 /// request is allowed.
 pub(crate) fn rules_http(intentions: &[Intention], default_allow: bool) -> Option<Rbac> {
-    rules(intentions, default_allow, true)
+    rules(intentions, default_allow, true, Trust::default())
 }
 
 /// RBAC rules for the network RBAC filter, from `intentions` (any order); `None` when every
 /// connection is allowed. Intentions with permissions deny their source (fail closed).
 pub(crate) fn rules_l4(intentions: &[Intention], default_allow: bool) -> Option<Rbac> {
-    rules(intentions, default_allow, false)
+    rules(intentions, default_allow, false, Trust::default())
+}
+
+/// [`rules_http`] for callers of the trust domains of `trust`.
+pub(crate) fn rules_http_trusting(intentions: &[Intention], default_allow: bool, trust: Trust<'_>) -> Option<Rbac> {
+    rules(intentions, default_allow, true, trust)
+}
+
+/// [`rules_l4`] for callers of the trust domains of `trust`.
+pub(crate) fn rules_l4_trusting(intentions: &[Intention], default_allow: bool, trust: Trust<'_>) -> Option<Rbac> {
+    rules(intentions, default_allow, false, trust)
 }
 
 /// What an intention does on a listener of the kind being built.
@@ -123,7 +160,7 @@ fn effect(ixn: &Intention, http: bool) -> Effect {
     Effect::Requests(rules)
 }
 
-fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rbac> {
+fn rules(intentions: &[Intention], default_allow: bool, http: bool, trust: Trust<'_>) -> Option<Rbac> {
     let wanted = if default_allow {
         IntentionAction::Deny
     } else {
@@ -132,24 +169,28 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
     let mut ordered: Vec<&Intention> = intentions.iter().collect();
     ordered.sort_by(|a, b| Intention::evaluation_order(a, b));
     // The intentions that decide for some source: the first per source (`web → api`
-    // shadows `web → *`), and none after a wildcard source (it matches every source).
+    // shadows `web → *`), and none after a wildcard source of the same cluster or peer (it
+    // matches every source there). Intentions of peers not trusted here decide nothing.
     let mut seen = BTreeSet::new();
-    let mut deciding: Vec<(&Intention, Effect)> = Vec::new();
+    let mut wildcards = BTreeSet::new();
+    let mut deciding: Vec<(&Intention, Effect, String)> = Vec::new();
     for ixn in ordered {
-        if !seen.insert(ixn.source_name.as_str()) {
+        let peer = ixn.source_peer.as_str();
+        let Some(host) = trust.host(peer) else { continue };
+        if wildcards.contains(peer) || !seen.insert((peer, ixn.source_name.as_str())) {
             continue;
         }
-        deciding.push((ixn, effect(ixn, http)));
+        deciding.push((ixn, effect(ixn, http), host));
         if ixn.source_name == structs::intention::WILDCARD {
-            break;
+            wildcards.insert(peer);
         }
     }
     let mut layer4 = Vec::new();
     let mut policies = BTreeMap::new();
     let mut layer7 = 0;
-    for (i, (ixn, eff)) in deciding.iter().enumerate() {
+    for (i, (ixn, eff, host)) in deciding.iter().enumerate() {
         match eff {
-            Effect::Whole(action) if *action == wanted => layer4.push(principal(ixn, &deciding[..i], wanted)),
+            Effect::Whole(action) if *action == wanted => layer4.push(principal(ixn, host, &deciding[..i], wanted)),
             Effect::Whole(_) => {}
             Effect::Requests(rules) => {
                 let permissions = request_permissions(rules, wanted);
@@ -158,7 +199,7 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
                         layer7_name(layer7),
                         Policy {
                             permissions,
-                            principals: vec![principal(ixn, &deciding[..i], wanted)],
+                            principals: vec![principal(ixn, host, &deciding[..i], wanted)],
                             ..Default::default()
                         },
                     );
@@ -195,17 +236,25 @@ fn rules(intentions: &[Intention], default_allow: bool, http: bool) -> Option<Rb
 /// The sources `ixn` decides for: its own, less those of the more precise intentions
 /// evaluated before it (`earlier`). An earlier intention that puts its sources in the layer-4
 /// policy needs no exception: everything of theirs is in the policy already.
-fn principal(ixn: &Intention, earlier: &[(&Intention, Effect)], wanted: IntentionAction) -> Principal {
-    let own = source_principal(&ixn.source_name);
+fn principal(
+    ixn: &Intention,
+    host: &str,
+    earlier: &[(&Intention, Effect, String)],
+    wanted: IntentionAction,
+) -> Principal {
+    let own = source_principal_in(&ixn.source_name, host);
     let exceptions: Vec<Principal> = earlier
         .iter()
-        .filter(|(o, eff)| {
+        .filter(|(o, eff, _)| {
             !matches!(eff, Effect::Whole(a) if *a == wanted)
                 && o.source_name != ixn.source_name
-                && ixn.matches_source(&o.source_name)
+                && ixn.matches_peer_source(&o.source_peer, &o.source_name)
         })
-        .map(|(o, _)| Principal {
-            identifier: Some(principal::Identifier::NotId(Box::new(source_principal(&o.source_name)))),
+        .map(|(o, _, host)| Principal {
+            identifier: Some(principal::Identifier::NotId(Box::new(source_principal_in(
+                &o.source_name,
+                host,
+            )))),
         })
         .collect();
     if exceptions.is_empty() {
@@ -218,7 +267,14 @@ fn principal(ixn: &Intention, earlier: &[(&Intention, Effect)], wanted: Intentio
     }
 }
 
+/// The principal of `source` in any trust domain.
+#[cfg(test)]
 fn source_principal(source: &str) -> Principal {
+    source_principal_in(source, "[^/]+")
+}
+
+/// The principal of `source` in the trust domains `host` (a regex) matches.
+fn source_principal_in(source: &str, host: &str) -> Principal {
     let service = if source == structs::intention::WILDCARD {
         "[^/]+".to_owned()
     } else {
@@ -228,7 +284,7 @@ fn source_principal(source: &str) -> Principal {
         identifier: Some(principal::Identifier::Authenticated(principal::Authenticated {
             principal_name: Some(StringMatcher {
                 match_pattern: Some(string_matcher::MatchPattern::SafeRegex(regex(format!(
-                    "^spiffe://[^/]+/ns/default/dc/[^/]+/svc/{service}$"
+                    "^spiffe://{host}/ns/default/dc/[^/]+/svc/{service}$"
                 )))),
                 ..Default::default()
             }),

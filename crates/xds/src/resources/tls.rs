@@ -194,6 +194,16 @@ pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Resul
     let leaf = leaf.ok_or(BuildError::Incomplete("leaf certificate"))?;
     out.insert(SECRET, LEAF_SECRET.into(), pack_any(leaf_secret(LEAF_SECRET, leaf)));
     out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret(roots)));
+    // The roots of each peer an upstream is in.
+    if let proxycfg::KindSnapshot::ConnectProxy(cp) = &snap.kind {
+        for bundle in cp.peered.values().filter_map(|p| p.bundle.as_ref()) {
+            out.insert(
+                SECRET,
+                peer_roots_secret_name(&bundle.peer),
+                pack_any(peer_roots_secret(bundle)),
+            );
+        }
+    }
     Ok(())
 }
 
@@ -337,6 +347,124 @@ pub(crate) fn gateway_params(cfg: &structs::config_entry::GatewayTlsConfig) -> O
 pub(crate) fn downstream(tls_params: Option<TlsParameters>) -> TransportSocket {
     let ctx = DownstreamTlsContext {
         common_tls_context: Some(common(None, tls_params)),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(ctx))),
+    }
+}
+
+/// The name of the secret holding a peer's roots.
+pub(crate) fn peer_roots_secret_name(peer: &str) -> String {
+    format!("peer-roots/{peer}")
+}
+
+/// The secret holding a peer's roots (what its services' certificates chain to).
+pub(crate) fn peer_roots_secret(bundle: &structs::peering::PeerTrustBundle) -> Secret {
+    let pems: String = bundle
+        .root_pems
+        .iter()
+        .map(|pem| pem.trim_end().to_owned() + "\n")
+        .collect();
+    Secret {
+        name: peer_roots_secret_name(&bundle.peer),
+        r#type: Some(secret::Type::ValidationContext(CertificateValidationContext {
+            trusted_ca: inline(&pems),
+            ..Default::default()
+        })),
+    }
+}
+
+/// Outbound mTLS to a peer's service: our leaf, the peer's roots, the SNI the peer's
+/// gateways route, and one of the SPIFFE ids the peer says its instances present.
+pub(crate) fn upstream_peer(
+    sni: &str,
+    spiffe_ids: &[String],
+    peer: &str,
+    tls_params: Option<TlsParameters>,
+) -> TransportSocket {
+    let match_typed_subject_alt_names = spiffe_ids
+        .iter()
+        .map(|uri| SubjectAltNameMatcher {
+            san_type: subject_alt_name_matcher::SanType::Uri as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(uri.clone())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params,
+            tls_certificate_sds_secret_configs: vec![sds(LEAF_SECRET)],
+            validation_context_type: Some(common_tls_context::ValidationContextType::CombinedValidationContext(
+                common_tls_context::CombinedCertificateValidationContext {
+                    default_validation_context: Some(CertificateValidationContext {
+                        match_typed_subject_alt_names,
+                        ..Default::default()
+                    }),
+                    validation_context_sds_secret_config: Some(sds(&peer_roots_secret_name(peer))),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+        sni: sni.to_owned(),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(ctx))),
+    }
+}
+
+/// Inbound mTLS accepting this cluster's callers and those of `peers`: each trust domain's
+/// certificates verified with its own roots only (Envoy's SPIFFE validator), so a peer's CA
+/// can never vouch for an identity of this cluster.
+pub(crate) fn downstream_trusting(
+    tls_params: Option<TlsParameters>,
+    roots: &IndexedCaRoots,
+    peers: &[structs::peering::PeerTrustBundle],
+) -> TransportSocket {
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        SpiffeCertValidatorConfig, spiffe_cert_validator_config::TrustDomain,
+    };
+    let mut trust_domains = vec![TrustDomain {
+        name: roots.trust_domain.clone(),
+        trust_bundle: inline(&bundle(roots)),
+        ..Default::default()
+    }];
+    for peer in peers {
+        let pems: String = peer.root_pems.iter().map(|p| p.trim_end().to_owned() + "\n").collect();
+        trust_domains.push(TrustDomain {
+            name: peer.trust_domain.clone(),
+            trust_bundle: inline(&pems),
+            ..Default::default()
+        });
+    }
+    let validator = TypedExtensionConfig {
+        name: "envoy.tls.cert_validator.spiffe".into(),
+        typed_config: Some(pack_any(SpiffeCertValidatorConfig {
+            trust_domains,
+            ..Default::default()
+        })),
+    };
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params,
+            tls_certificate_sds_secret_configs: vec![sds(LEAF_SECRET)],
+            validation_context_type: Some(common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    custom_validator_config: Some(validator),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
         require_client_certificate: Some(BoolValue { value: true }),
         ..Default::default()
     };

@@ -1153,3 +1153,67 @@ fn token_conditions_are_the_jwt_filters_metadata() {
     // An L4 listener cannot check tokens: the source is refused.
     assert_eq!(rules_l4(&ixns, false), Some(rbac_of(rbac::Action::Allow, vec![])));
 }
+
+// ---- peers ----
+
+fn regexes(rbac: &Rbac) -> Vec<String> {
+    fn collect(p: &Principal, out: &mut Vec<String>) {
+        match &p.identifier {
+            Some(principal::Identifier::Authenticated(a)) => {
+                if let Some(StringMatcher {
+                    match_pattern: Some(string_matcher::MatchPattern::SafeRegex(r)),
+                    ..
+                }) = &a.principal_name
+                {
+                    out.push(r.regex.clone());
+                }
+            }
+            Some(principal::Identifier::AndIds(set)) => set.ids.iter().for_each(|p| collect(p, out)),
+            Some(principal::Identifier::NotId(p)) => collect(p, out),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for policy in rbac.policies.values() {
+        for p in &policy.principals {
+            collect(p, &mut out);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn with_peers_each_source_matches_in_its_own_trust_domain_only() {
+    let peer = |name: &str, peer: &str, action| Intention {
+        source_peer: peer.into(),
+        ..l4(name, action)
+    };
+    let intentions = vec![
+        l4("web", Allow),
+        peer("web", "cluster-b", Allow),
+        peer("*", "cluster-b", Deny),
+        // A peer this sidecar does not trust: decides nothing (its callers fail TLS).
+        peer("web", "cluster-z", Allow),
+        l4("*", Allow),
+    ];
+    let peers = BTreeMap::from([("cluster-b".to_owned(), "b.consul".to_owned())]);
+    let trust = Trust {
+        local: "a.consul",
+        peers: Some(&peers),
+    };
+    let rules = rules_l4_trusting(&intentions, false, trust).unwrap();
+    assert_eq!(
+        regexes(&rules),
+        [
+            "^spiffe://a\\.consul/ns/default/dc/[^/]+/svc/[^/]+$",
+            "^spiffe://a\\.consul/ns/default/dc/[^/]+/svc/web$",
+            "^spiffe://b\\.consul/ns/default/dc/[^/]+/svc/web$",
+        ],
+        "the local wildcard is this cluster's only; the peer's deny-all is the default"
+    );
+    // Without peers trusted, nothing changes: any trust domain (only local roots verify).
+    let plain = rules_l4(&[l4("web", Allow)], false).unwrap();
+    assert_eq!(regexes(&plain), ["^spiffe://[^/]+/ns/default/dc/[^/]+/svc/web$"]);
+    assert!(rules_l4(&[peer("web", "cluster-b", Allow)], false).is_some_and(|r| r.policies.is_empty()));
+}
