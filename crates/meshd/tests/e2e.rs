@@ -23,6 +23,7 @@ mod ha;
 mod http_conventions;
 mod l7_e2e;
 mod managed_e2e;
+mod peering_e2e;
 mod server_process;
 mod soak_short;
 mod tls_e2e;

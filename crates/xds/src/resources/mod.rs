@@ -491,4 +491,6 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         && same_arc(&x.jwt_providers, &y.jwt_providers)
         && Arc::ptr_eq(&x.destinations, &y.destinations)
         && Arc::ptr_eq(&x.destination_gateways, &y.destination_gateways)
+        && same_arc(&x.peer_bundles, &y.peer_bundles)
+        && Arc::ptr_eq(&x.peered, &y.peered)
 }

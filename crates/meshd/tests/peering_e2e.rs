@@ -1,0 +1,273 @@
+//! Cluster peering between two independent clusters (each its own `meshd server`, CA and
+//! agent, both calling their datacenter `dc1`): cluster A exports `api` to B through A's
+//! mesh gateway; `web` in B (its sidecar configured by B's agent) calls it with an upstream
+//! naming the peer, over mTLS verified against A's roots (real Envoys). Intentions in A
+//! decide by the caller's cluster: one naming B's `web` lets it in, one for A's own `web`
+//! does not. Deleting the peering in A terminates it in B, whose imports go: web's requests
+//! fail closed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use crate::mesh::{Mesh, Proc, wait_for};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use test_support::process::{start_agent, start_server};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+/// A cluster: a server, and an agent joined to it.
+struct Cluster {
+    server: Mesh,
+    agent: Mesh,
+}
+
+fn cluster(name: &str) -> Cluster {
+    let server = Mesh::of(start_server(
+        bin(),
+        ["-dev", "-node", &format!("server-{name}"), "-log-level", "warn"],
+    ));
+    let agent = Mesh::of(start_agent(
+        bin(),
+        [
+            "-dev",
+            "-node",
+            &format!("agent-{name}"),
+            "-advertise",
+            "127.0.0.1",
+            "-retry-join",
+            server.http.trim_start_matches("http://"),
+            "-log-level",
+            "warn",
+        ],
+    ));
+    Cluster { server, agent }
+}
+
+async fn call(client: &reqwest::Client, method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, String) {
+    let mut req = client.request(method, url);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// A's token for `cluster-b`, established in B as `cluster-a`.
+async fn peer(a: &Mesh, b: &Mesh) {
+    let (status, body) = call(
+        &a.client,
+        reqwest::Method::POST,
+        &format!("{}/v1/peering/token", a.http),
+        Some(json!({"PeerName": "cluster-b", "Meta": {"team": "payments"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let token: Value = serde_json::from_str(&body).unwrap();
+    let token = token["PeeringToken"].as_str().unwrap().to_owned();
+    let (status, body) = call(
+        &b.client,
+        reqwest::Method::POST,
+        &format!("{}/v1/peering/establish", b.http),
+        Some(json!({"PeerName": "cluster-a", "PeeringToken": token})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The secret is spent: a second establish with the token is refused, naming it.
+    let (status, body) = call(
+        &b.client,
+        reqwest::Method::POST,
+        &format!("{}/v1/peering/establish", b.http),
+        Some(json!({"PeerName": "cluster-a2", "PeeringToken": token})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.starts_with("PeeringToken:"), "{body}");
+}
+
+async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
+    let body = crate::mesh::get(&mesh.client, &format!("{}/v1/peering/{name}", mesh.http)).await?;
+    let peering: Value = serde_json::from_str(&body).ok()?;
+    peering["State"].as_str().map(str::to_owned)
+}
+
+/// web in B, on B's agent, its upstream `api` of the peer `cluster-a`; returns its Envoy
+/// and the upstream's local port.
+async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16) {
+    let bind = test_support::reserve_port();
+    let web = json!({"Name": "web", "ID": "web", "Port": 9, "Connect": {"SidecarService": {
+        "Port": test_support::reserve_port(),
+        "Proxy": {"Upstreams": [{"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind}]}}}});
+    b.agent.put("/v1/agent/service/register", web).await;
+    let (proc, admin) = crate::mesh::run_proxy(
+        &["-sidecar-for", "web"],
+        &b.agent.http,
+        &["-grpc-addr", &b.agent.grpc],
+        &dir.join("web-b"),
+    )
+    .await;
+    (proc, admin, bind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (cluster("a"), cluster("b"));
+
+    // A: api with its sidecar (on A's server), A's mesh gateway (through A's agent).
+    let api_port = crate::gateway_e2e::backend("api");
+    let api_sidecar = test_support::reserve_port();
+    a.server
+        .register("node-api", "api", api_port, api_sidecar, json!([]), json!({}))
+        .await;
+    a.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+        )
+        .await;
+    let (api, _) = a.server.envoy("api", "node-api", dir.path()).await;
+    let gateway_port = test_support::reserve_port();
+    let gateway_address = format!("127.0.0.1:{gateway_port}");
+    let (gateway, gateway_admin) = crate::mesh::run_proxy(
+        &["-gateway", "mesh", "-register", "-address", &gateway_address],
+        &a.agent.http,
+        &["-grpc-addr", &a.agent.grpc],
+        &dir.path().join("gateway-a"),
+    )
+    .await;
+    // B's own mesh gateway (its side of the mesh; web's connections go to A's).
+    let (gateway_b, _) = crate::mesh::run_proxy(
+        &[
+            "-gateway",
+            "mesh",
+            "-register",
+            "-address",
+            &format!("127.0.0.1:{}", test_support::reserve_port()),
+        ],
+        &b.agent.http,
+        &["-grpc-addr", &b.agent.grpc],
+        &dir.path().join("gateway-b"),
+    )
+    .await;
+    a.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "exported-services", "Name": "default",
+                "Services": [{"Name": "api", "Consumers": [{"Peer": "cluster-b"}]}]}),
+        )
+        .await;
+    let allow_peer_web = json!({"Kind": "service-intentions", "Name": "api", "Sources": [
+        {"Name": "web", "Peer": "cluster-b", "Action": "allow"},
+        {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]});
+    a.server.put("/v1/config", allow_peer_web.clone()).await;
+    peer(&a.server, &b.server).await;
+    wait_for(|| async {
+        let a_side = state_of(&a.server, "cluster-b").await?;
+        let b_side = state_of(&b.server, "cluster-a").await?;
+        (a_side == "ACTIVE" && b_side == "ACTIVE").then_some(())
+    })
+    .await;
+    println!("{:>5.1} s peered", t0.elapsed().as_secs_f64());
+    // B sees api as A exports it.
+    let health = wait_for(|| async {
+        let body = crate::mesh::get(
+            &b.server.client,
+            &format!("{}/v1/health/service/api?peer=cluster-a", b.server.http),
+        )
+        .await?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        (v.as_array()?.len() == 1).then_some(v)
+    })
+    .await;
+    assert_eq!(health[0]["Service"]["PeerName"], "cluster-a", "{health}");
+    assert_eq!(health[0]["Service"]["Port"], api_port, "{health}");
+
+    // web in B calls api in A: through A's gateway, verified as A's api.
+    let (web, web_admin, bind) = web_in_b(&b, dir.path()).await;
+    let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let through = |path: &'static str| {
+        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
+        async move {
+            let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+            Some((resp.status().as_u16(), resp.text().await.ok()?))
+        }
+    };
+    let body = wait_for(|| async { through("/hello").await.filter(|(s, _)| *s == 200) }).await;
+    assert_eq!(body.1, "api /hello x-from=");
+    println!("{:>5.1} s web in B reached api in A", t0.elapsed().as_secs_f64());
+    let roots = crate::mesh::get(&a.server.client, &format!("{}/v1/connect/ca/roots", a.server.http))
+        .await
+        .unwrap();
+    let roots: Value = serde_json::from_str(&roots).unwrap();
+    let cluster = format!(
+        "api.default.default.cluster-b.external.{}",
+        roots["TrustDomain"].as_str().unwrap()
+    );
+    let clusters = crate::mesh::get(&b.server.client, &format!("{web_admin}/clusters"))
+        .await
+        .unwrap();
+    assert!(
+        clusters
+            .lines()
+            .any(|l| l.starts_with(&format!("{cluster}::127.0.0.1:{gateway_port}::"))),
+        "web's cluster for api is A's gateway:\n{clusters}"
+    );
+    let stats = crate::mesh::get(
+        &a.server.client,
+        &format!("{gateway_admin}/stats?filter=mesh_gateway_local"),
+    )
+    .await
+    .unwrap();
+    assert!(!stats.contains("downstream_cx_total: 0"), "{stats}");
+
+    // Only B's web is let in: an intention for A's own web is not one for B's.
+    a.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-intentions", "Name": "api", "Sources": [
+                {"Name": "web", "Action": "allow"},
+                {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]}),
+        )
+        .await;
+    let denied = wait_for(|| async { through("/denied").await.filter(|(s, _)| *s == 403) }).await;
+    assert_eq!(denied.0, 403);
+    a.server.put("/v1/config", allow_peer_web).await;
+    wait_for(|| async { through("/again").await.filter(|(s, _)| *s == 200) }).await;
+    println!("{:>5.1} s intentions by peer", t0.elapsed().as_secs_f64());
+
+    // A deletes the peering: B is told, its import goes, web's requests fail closed.
+    let deleted_at = Instant::now();
+    let (status, body) = call(
+        &a.server.client,
+        reqwest::Method::DELETE,
+        &format!("{}/v1/peering/cluster-b", a.server.http),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    wait_for(|| async {
+        match through("/after-delete").await {
+            Some((200, _)) => None,
+            _ => Some(()),
+        }
+    })
+    .await;
+    let closed = deleted_at.elapsed();
+    println!("        requests failing {closed:?} after the delete");
+    assert!(closed < Duration::from_secs(5), "{closed:?}");
+    wait_for(|| async { (state_of(&b.server, "cluster-a").await? == "TERMINATED").then_some(()) }).await;
+    wait_for(|| async { state_of(&a.server, "cluster-b").await.is_none().then_some(()) }).await;
+    let (status, body) = call(
+        &b.server.client,
+        reqwest::Method::GET,
+        &format!("{}/v1/health/service/api?peer=cluster-a", b.server.http),
+        None,
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    println!("{:>5.1} s deleted", t0.elapsed().as_secs_f64());
+    crate::mesh::stop_together(vec![web, api, gateway, gateway_b]);
+}
