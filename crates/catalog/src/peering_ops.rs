@@ -53,6 +53,12 @@ pub enum PeeringOp {
         /// Where the peer is.
         remote: PeeringRemote,
     },
+    /// The dialing side's stream opened: the peering is `ACTIVE` (stored, so every server
+    /// of the cluster shows it; a server holding a failing stream shows `FAILING`).
+    Active {
+        /// The peering's name.
+        name: String,
+    },
     /// The peer's trust bundle arrived.
     TrustBundle {
         /// The peering's name.
@@ -154,6 +160,15 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             Ok(put(next))
         }
         PeeringOp::Open { id, secret, remote } => plan_open(state, id, secret, remote),
+        PeeringOp::Active { name } => {
+            let stored = live(state, name)?;
+            if matches!(stored.peering.state, PeeringState::Active | PeeringState::Terminated) {
+                return Ok(Plan::write(Vec::new()));
+            }
+            let mut next = (*stored).clone();
+            next.peering.state = PeeringState::Active;
+            Ok(put(next))
+        }
         PeeringOp::TrustBundle {
             name,
             trust_domain,
@@ -326,7 +341,7 @@ fn plan_open(state: &State, id: &str, secret: &str, remote: &PeeringRemote) -> R
     if !active && !pending {
         return Err(WriteError::Forbidden("invalid peering stream secret".into()));
     }
-    if active && stored.peering.remote == *remote {
+    if active && stored.peering.remote == *remote && stored.peering.state == PeeringState::Active {
         return Ok(Plan::write(Vec::new()));
     }
     let mut next = (*stored).clone();
@@ -334,6 +349,7 @@ fn plan_open(state: &State, id: &str, secret: &str, remote: &PeeringRemote) -> R
         next.secrets.stream_active = next.secrets.stream_pending.take();
     }
     next.peering.remote = remote.clone();
+    next.peering.state = PeeringState::Active;
     Ok(put(next))
 }
 

@@ -81,6 +81,7 @@ async fn an_establishment_secret_is_used_once_and_a_stream_secret_promoted_on_op
     assert_eq!(p.secrets.stream_active.as_deref(), Some("stream-1"));
     assert_eq!(p.secrets.stream_pending, None);
     assert_eq!(p.peering.remote.datacenter, "dc2");
+    assert_eq!(p.peering.state, PeeringState::Active, "stored: every server shows it");
     assert!(matches!(
         s.write(open("id-unknown", "stream-1")).await,
         Err(WriteError::NotFound(_))

@@ -105,6 +105,10 @@ async fn once(
     };
     let handle = ctx.tracker.connected(name, stop);
     tracing::info!(peer = %name, %address, "peering stream open");
+    let active = Op::Peering(PeeringOp::Active { name: name.clone() });
+    if let Err(error) = ctx.store.write(active).await {
+        tracing::warn!(peer = %name, %error, "cannot record the peering active");
+    }
     let result = session::run(ctx, name, true, opened.known, tx, inbound, &handle).await;
     end(ctx, name, &handle, result.clone());
     result.map_err(|e| (e, true))
