@@ -49,6 +49,89 @@ pub enum Command {
     /// Find what is wrong with a proxy.
     #[command(subcommand)]
     Troubleshoot(TroubleshootCommand),
+    /// Peer with another cluster: generate a token, establish with one, list, read, delete.
+    #[command(subcommand)]
+    Peering(PeeringCommand),
+}
+
+/// `meshd peering` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PeeringCommand {
+    /// Generate a token another cluster establishes a peering with (printed on stdout, or
+    /// written to `-out` with mode 0600: it holds a secret).
+    GenerateToken(PeeringTokenArgs),
+    /// Establish a peering with the token another cluster generated (read from a file, never
+    /// from the command line).
+    Establish(PeeringEstablishArgs),
+    /// List the peerings.
+    List(PeeringListArgs),
+    /// Show one peering.
+    Read(PeeringNameArgs),
+    /// Delete a peering (the peer is told; what it exported is removed).
+    Delete(PeeringNameArgs),
+}
+
+/// `meshd peering generate-token` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeeringTokenArgs {
+    /// The API and the token to act with (`peering:write`).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The name this cluster gives the peer.
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: String,
+    /// Metadata of the peering (`KEY=VALUE`), repeated.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
+    /// Addresses (`host:port`) the peer dials instead of the servers' own, comma-separated or
+    /// repeated.
+    #[arg(long = "server-external-addresses", value_name = "ADDR", value_delimiter = ',')]
+    pub server_external_addresses: Vec<String>,
+    /// Write the token to this file (mode 0600) instead of stdout.
+    #[arg(long = "out", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// `meshd peering establish` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeeringEstablishArgs {
+    /// The API and the token to act with (`peering:write`).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The name this cluster gives the peer.
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: String,
+    /// A file holding the peer's peering token (`-` for stdin).
+    #[arg(long = "peering-token-file", value_name = "FILE")]
+    pub peering_token_file: PathBuf,
+    /// Metadata of the peering (`KEY=VALUE`), repeated.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
+}
+
+/// `meshd peering list` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeeringListArgs {
+    /// The API and the token to act with (`peering:read`).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// Print JSON (Consul's shape).
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// `meshd peering read|delete` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeeringNameArgs {
+    /// The API and the token to act with (`peering:read` to read, `peering:write` to delete).
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The peering's name.
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: String,
+    /// Print JSON (Consul's shape; `read` only).
+    #[arg(long = "json")]
+    pub json: bool,
 }
 
 /// `meshd troubleshoot` subcommands.

@@ -9,6 +9,7 @@ pub mod config_cli;
 pub mod connect;
 pub mod connect_gateway;
 pub mod grpc_bootstrap;
+pub mod peering_cli;
 pub mod redirect_cli;
 pub mod run;
 pub mod snapshot_cli;

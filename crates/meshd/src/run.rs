@@ -82,6 +82,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Snapshot(command) => crate::snapshot_cli::run(command).await,
             Command::Config(command) => crate::config_cli::run(command).await,
             Command::Troubleshoot(command) => crate::troubleshoot_cli::run(command).await,
+            Command::Peering(command) => crate::peering_cli::run(command).await,
         }
     });
     match result {

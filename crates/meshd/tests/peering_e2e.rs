@@ -54,27 +54,48 @@ async fn call(client: &reqwest::Client, method: reqwest::Method, url: &str, body
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
-/// A's token for `cluster-b`, established in B as `cluster-a`.
-async fn peer(a: &Mesh, b: &Mesh) {
-    let (status, body) = call(
-        &a.client,
-        reqwest::Method::POST,
-        &format!("{}/v1/peering/token", a.http),
-        Some(json!({"PeerName": "cluster-b", "Meta": {"team": "payments"}})),
+/// `meshd peering ...` against `mesh`'s API; its stdout, or the failure's one line.
+fn cli(mesh: &Mesh, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(bin())
+        .arg("peering")
+        .args(args)
+        .args(["-http-addr", mesh.http.trim_start_matches("http://")])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8(out.stderr).unwrap())
+    }
+}
+
+/// A's token for `cluster-b` (`meshd peering generate-token`, to a file), established in B
+/// as `cluster-a` (`meshd peering establish`, from the file).
+async fn peer(a: &Mesh, b: &Mesh, dir: &Path) {
+    let file = dir.join("token");
+    let file = file.to_str().unwrap();
+    let said = cli(
+        a,
+        &[
+            "generate-token",
+            "-name",
+            "cluster-b",
+            "-meta",
+            "team=payments",
+            "-out",
+            file,
+        ],
     )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let token: Value = serde_json::from_str(&body).unwrap();
-    let token = token["PeeringToken"].as_str().unwrap().to_owned();
-    let (status, body) = call(
-        &b.client,
-        reqwest::Method::POST,
-        &format!("{}/v1/peering/establish", b.http),
-        Some(json!({"PeerName": "cluster-a", "PeeringToken": token})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    .unwrap();
+    assert!(said.starts_with("Wrote the peering token"), "{said}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(file).unwrap().permissions().mode() & 0o777, 0o600);
+    let said = cli(b, &["establish", "-name", "cluster-a", "-peering-token-file", file]).unwrap();
+    assert_eq!(said, "Successfully established peering connection with cluster-a\n");
     // The secret is spent: a second establish with the token is refused, naming it.
+    let err = cli(b, &["establish", "-name", "cluster-a2", "-peering-token-file", file]).unwrap_err();
+    assert!(err.starts_with("meshd: PeeringToken:"), "{err}");
+    let token = std::fs::read_to_string(file).unwrap();
     let (status, body) = call(
         &b.client,
         reqwest::Method::POST,
@@ -83,7 +104,6 @@ async fn peer(a: &Mesh, b: &Mesh) {
     )
     .await;
     assert_eq!(status, 400, "{body}");
-    assert!(body.starts_with("PeeringToken:"), "{body}");
 }
 
 async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
@@ -163,7 +183,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
         {"Name": "web", "Peer": "cluster-b", "Action": "allow"},
         {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]});
     a.server.put("/v1/config", allow_peer_web.clone()).await;
-    peer(&a.server, &b.server).await;
+    peer(&a.server, &b.server, dir.path()).await;
     wait_for(|| async {
         let a_side = state_of(&a.server, "cluster-b").await?;
         let b_side = state_of(&b.server, "cluster-a").await?;
@@ -171,6 +191,19 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     })
     .await;
     println!("{:>5.1} s peered", t0.elapsed().as_secs_f64());
+    let listed = cli(&b.server, &["list"]).unwrap();
+    assert!(
+        listed
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("cluster-a") && l.contains("ACTIVE")),
+        "{listed}"
+    );
+    let read = cli(&a.server, &["read", "-name", "cluster-b"]).unwrap();
+    assert!(
+        read.contains("State: ACTIVE") && read.contains("Meta team: payments"),
+        "{read}"
+    );
     // B sees api as A exports it.
     let health = wait_for(|| async {
         let body = crate::mesh::get(
@@ -240,14 +273,11 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
 
     // A deletes the peering: B is told, its import goes, web's requests fail closed.
     let deleted_at = Instant::now();
-    let (status, body) = call(
-        &a.server.client,
-        reqwest::Method::DELETE,
-        &format!("{}/v1/peering/cluster-b", a.server.http),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    let said = cli(&a.server, &["delete", "-name", "cluster-b"]).unwrap();
+    assert_eq!(
+        said,
+        "Successfully submitted peering connection, cluster-b, for deletion\n"
+    );
     wait_for(|| async {
         match through("/after-delete").await {
             Some((200, _)) => None,
