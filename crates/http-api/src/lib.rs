@@ -53,6 +53,25 @@ use axum::routing::{get, post, put};
 use catalog::Store;
 use std::sync::Arc;
 
+/// Cluster peering: the lifecycle, and what agents' sidecars read of peers.
+fn add_peering_routes(r: &mut Routes) {
+    r.add("/v1/peering/token", post(peering_routes::token));
+    r.add("/v1/peering/establish", post(peering_routes::establish));
+    r.add(
+        "/v1/peering/{name}",
+        get(peering_routes::get).delete(peering_routes::delete),
+    );
+    r.add("/v1/peerings", get(peering_routes::list));
+    r.add(
+        "/v1/internal/peering/upstream/{peer}/{service}",
+        get(peering_routes::upstream),
+    );
+    r.add(
+        "/v1/internal/peering/trust-bundles/{service}",
+        get(peering_routes::trust_bundles),
+    );
+}
+
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
     router_and_paths(store, config).0
@@ -91,21 +110,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         get(gateway_routes::gateway_services),
     );
     r.add("/v1/health/service/{name}", get(health::service));
-    r.add("/v1/peering/token", post(peering_routes::token));
-    r.add("/v1/peering/establish", post(peering_routes::establish));
-    r.add(
-        "/v1/peering/{name}",
-        get(peering_routes::get).delete(peering_routes::delete),
-    );
-    r.add("/v1/peerings", get(peering_routes::list));
-    r.add(
-        "/v1/internal/peering/upstream/{peer}/{service}",
-        get(peering_routes::upstream),
-    );
-    r.add(
-        "/v1/internal/peering/trust-bundles/{service}",
-        get(peering_routes::trust_bundles),
-    );
+    add_peering_routes(&mut r);
     r.add("/v1/health/connect/{name}", get(health::connect));
     r.add("/v1/health/ingress/{name}", get(gateway_routes::ingress_health));
     r.add("/v1/health/checks/{name}", get(health::checks));

@@ -387,6 +387,32 @@ impl ConnectProxyHandler {
     }
 }
 
+impl ConnectProxyHandler {
+    /// The instances a prepared-query upstream's query selects, and its chain from them.
+    fn apply_query_results(
+        &self,
+        cp: &mut ConnectProxySnapshot,
+        upstream: Arc<UpstreamId>,
+        nodes: Arc<Vec<structs::CheckServiceNode>>,
+        roots: Option<&structs::IndexedCaRoots>,
+    ) -> Result<(), HandlerError> {
+        let target = query_target(&upstream);
+        let upstreams = Arc::make_mut(&mut cp.upstreams);
+        match upstreams.get_mut(&upstream) {
+            Some(entry) => {
+                Arc::make_mut(entry).endpoints.insert(target, nodes);
+            }
+            None => {
+                return Err(HandlerError::UnknownWatch(
+                    CorrelationId::PreparedQuery(upstream).to_string(),
+                ));
+            }
+        }
+        self.query_chain(&mut cp.upstreams, &upstream, roots);
+        Ok(())
+    }
+}
+
 impl KindHandler for ConnectProxyHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
         self.watch_service(watches);
@@ -480,19 +506,7 @@ impl KindHandler for ConnectProxyHandler {
                 upstreams::apply_target_health(&mut cp.upstreams, upstream, target, nodes)?;
             }
             (CorrelationId::PreparedQuery(upstream), UpdatePayload::Health(nodes)) => {
-                let target = query_target(&upstream);
-                let upstreams = Arc::make_mut(&mut cp.upstreams);
-                match upstreams.get_mut(&upstream) {
-                    Some(entry) => {
-                        Arc::make_mut(entry).endpoints.insert(target, nodes);
-                    }
-                    None => {
-                        return Err(HandlerError::UnknownWatch(
-                            CorrelationId::PreparedQuery(upstream).to_string(),
-                        ));
-                    }
-                }
-                self.query_chain(&mut cp.upstreams, &upstream, snapshot.roots.as_deref());
+                self.apply_query_results(cp, upstream, nodes, snapshot.roots.as_deref())?;
             }
             (
                 id @ (CorrelationId::Roots
