@@ -429,6 +429,36 @@ impl Compiler<'_, '_> {
         }))
     }
 
+    /// Records the target of `service` as `peer` exports it and returns its id. Its SNI and
+    /// identities are the exporter's, known to the proxy once the peer's export is: until
+    /// then the target is named by its id and has no instances.
+    fn peer_target(&mut self, service: &str, peer: &str, resolver: &ServiceResolver) -> TargetId {
+        let id = TargetId(format!("{service}.default.default.external.{peer}").into());
+        if self.targets.contains_key(&id) {
+            return id;
+        }
+        let timeout = self.connect_timeout(Some(resolver));
+        self.targets.insert(
+            id.clone(),
+            DiscoveryTarget {
+                id: id.clone(),
+                service: service.to_owned(),
+                service_subset: String::new(),
+                namespace: NAMESPACE.to_owned(),
+                partition: NAMESPACE.to_owned(),
+                datacenter: self.req.datacenter.to_owned(),
+                subset: TargetSubset::default(),
+                sni: id.to_string(),
+                name: id.to_string(),
+                connect_timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+                load_balancer: None,
+                peer: peer.to_owned(),
+                spiffe_ids: Vec::new(),
+            },
+        );
+        id
+    }
+
     /// Records the target for `subset` of `service` in datacenter `dc` and returns its id.
     fn target(&mut self, service: &str, subset: &str, dc: &str) -> Result<TargetId, ChainError> {
         let id = TargetId::new(subset, service, NAMESPACE, dc);
@@ -484,6 +514,14 @@ impl Compiler<'_, '_> {
         let mut targets = Vec::new();
         let mut seen = BTreeSet::from([primary.clone()]);
         for (svc, sub, dc, field) in wanted {
+            // A peer's target (`dc` is `peer:<name>`): the service as the peer exports it.
+            if let Some(peer) = dc.strip_prefix(PEER_MARK) {
+                let id = self.peer_target(&svc, peer, resolver);
+                if seen.insert(id.clone()) {
+                    targets.push(id);
+                }
+                continue;
+            }
             let dc = if dc.is_empty() {
                 self.req.datacenter.to_owned()
             } else {
@@ -518,6 +556,10 @@ impl Compiler<'_, '_> {
     }
 }
 
+/// How a wanted failover target names a peer in place of a datacenter (no datacenter name
+/// has a colon).
+const PEER_MARK: &str = "peer:";
+
 /// Where redirects lead: service, subset, datacenter, and the service whose redirect led
 /// there last.
 type Redirected = (String, String, String, Option<String>);
@@ -545,10 +587,15 @@ fn wanted_failover(
     };
     if !failover.targets.is_empty() {
         for (i, t) in failover.targets.iter().enumerate() {
+            let place = if t.peer.is_empty() {
+                t.datacenter.clone()
+            } else {
+                format!("{PEER_MARK}{}", t.peer)
+            };
             wanted.push((
                 or_own(&t.service),
                 subset_of(&t.service, &t.service_subset),
-                t.datacenter.clone(),
+                place,
                 format!("{at}.Targets[{i}]"),
             ));
         }

@@ -114,11 +114,13 @@ async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
 
 /// web in B, on B's agent, its upstream `api` of the peer `cluster-a`; returns its Envoy
 /// and the upstream's local port.
-async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16) {
-    let bind = test_support::reserve_port();
+async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16, u16) {
+    let (bind, local_bind) = (test_support::reserve_port(), test_support::reserve_port());
     let web = json!({"Name": "web", "ID": "web", "Port": 9, "Connect": {"SidecarService": {
         "Port": test_support::reserve_port(),
-        "Proxy": {"Upstreams": [{"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind}]}}}});
+        "Proxy": {"Upstreams": [
+            {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind},
+            {"DestinationName": "api", "LocalBindPort": local_bind}]}}}});
     b.agent.put("/v1/agent/service/register", web).await;
     let (proc, admin) = crate::mesh::run_proxy(
         &["-sidecar-for", "web"],
@@ -127,7 +129,76 @@ async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16) {
         &dir.join("web-b"),
     )
     .await;
-    (proc, admin, bind)
+    (proc, admin, bind, local_bind)
+}
+
+/// api in B too, with a resolver there failing it over to the peer A: web's requests to its
+/// own api move to A's within 5 s of B's instance turning critical, and back. Returns the
+/// Envoy of B's api.
+async fn failover_to_the_peer(b: &Cluster, dir: &Path, local_bind: u16) -> Proc {
+    let port = crate::gateway_e2e::backend("api-b");
+    b.server
+        .register(
+            "node-api-b",
+            "api",
+            port,
+            test_support::reserve_port(),
+            json!([]),
+            json!({}),
+        )
+        .await;
+    let check = |status: &str| {
+        json!({"Node": "node-api-b", "Address": "127.0.0.1", "SkipNodeUpdate": true,
+            "Check": {"CheckID": "api-alive", "Name": "alive", "ServiceID": "api-sidecar-proxy", "Status": status}})
+    };
+    b.server.put("/v1/catalog/register", check("passing")).await;
+    b.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
+        )
+        .await;
+    b.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-resolver", "Name": "api",
+                "Failover": {"*": {"Targets": [{"Peer": "cluster-a"}]}}}),
+        )
+        .await;
+    let (api_b, _) = b.server.envoy("api", "node-api-b", dir).await;
+    let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let from = || {
+        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{local_bind}/failover"));
+        async move {
+            let body = plain
+                .get(&url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            body.split_whitespace().next().map(str::to_owned)
+        }
+    };
+    wait_for(|| async { from().await.filter(|b| b == "api-b") }).await;
+    b.server.put("/v1/catalog/register", check("critical")).await;
+    let moved = Instant::now();
+    wait_for(|| async { from().await.filter(|b| b == "api") }).await;
+    let took = moved.elapsed();
+    println!("        failed over to the peer in {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    for _ in 0..5 {
+        assert_eq!(
+            from().await.as_deref(),
+            Some("api"),
+            "every request goes to the peer now"
+        );
+    }
+    b.server.put("/v1/catalog/register", check("passing")).await;
+    wait_for(|| async { from().await.filter(|b| b == "api-b") }).await;
+    api_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,7 +253,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     let allow_peer_web = json!({"Kind": "service-intentions", "Name": "api", "Sources": [
         {"Name": "web", "Peer": "cluster-b", "Action": "allow"},
         {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]});
-    a.server.put("/v1/config", allow_peer_web.clone()).await;
+    a.server.put("/v1/config", allow_peer_web).await;
     peer(&a.server, &b.server, dir.path()).await;
     wait_for(|| async {
         let a_side = state_of(&a.server, "cluster-b").await?;
@@ -219,7 +290,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     assert_eq!(health[0]["Service"]["Port"], api_port, "{health}");
 
     // web in B calls api in A: through A's gateway, verified as A's api.
-    let (web, web_admin, bind) = web_in_b(&b, dir.path()).await;
+    let (web, web_admin, bind, local_bind) = web_in_b(&b, dir.path()).await;
     let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let through = |path: &'static str| {
         let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
@@ -256,7 +327,11 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     .unwrap();
     assert!(!stats.contains("downstream_cx_total: 0"), "{stats}");
 
-    // Only B's web is let in: an intention for A's own web is not one for B's.
+    let api_b = failover_to_the_peer(&b, dir.path(), local_bind).await;
+    println!("{:>5.1} s failover to the peer and back", t0.elapsed().as_secs_f64());
+
+    // Only B's web is let in: an intention for A's own web is not one for B's (checked on
+    // new connections: those open keep the rules they were accepted under, as Envoy does).
     a.server
         .put(
             "/v1/config",
@@ -267,8 +342,6 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
         .await;
     let denied = wait_for(|| async { through("/denied").await.filter(|(s, _)| *s == 403) }).await;
     assert_eq!(denied.0, 403);
-    a.server.put("/v1/config", allow_peer_web).await;
-    wait_for(|| async { through("/again").await.filter(|(s, _)| *s == 200) }).await;
     println!("{:>5.1} s intentions by peer", t0.elapsed().as_secs_f64());
 
     // A deletes the peering: B is told, its import goes, web's requests fail closed.
@@ -299,5 +372,5 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     .await;
     assert_eq!((status, body.as_str()), (200, "[]"));
     println!("{:>5.1} s deleted", t0.elapsed().as_secs_f64());
-    crate::mesh::stop_together(vec![web, api, gateway, gateway_b]);
+    crate::mesh::stop_together(vec![web, api, api_b, gateway, gateway_b]);
 }

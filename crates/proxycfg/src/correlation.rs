@@ -38,6 +38,14 @@ pub enum CorrelationId {
     PeeredUpstream(Arc<UpstreamId>),
     /// The trust bundles of the peers the proxied service is exported to.
     PeerTrustBundles,
+    /// What a peer exports for a target of an upstream's chain (a resolver's failover to
+    /// the peer).
+    PeerTarget {
+        /// The upstream whose chain named the target.
+        upstream: Arc<UpstreamId>,
+        /// The target.
+        target: TargetId,
+    },
     /// Every service name in the datacenter (gateways).
     ServiceList,
     /// Every known datacenter (mesh gateways).
@@ -92,6 +100,7 @@ impl CorrelationId {
             CorrelationId::DiscoveryChain(u)
             | CorrelationId::PreparedQuery(u)
             | CorrelationId::PeeredUpstream(u)
+            | CorrelationId::PeerTarget { upstream: u, .. }
             | CorrelationId::UpstreamTarget { upstream: u, .. } => Some(u),
             _ => None,
         }
@@ -113,6 +122,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::PreparedQuery(u) => write!(f, "prepared-query:{u}"),
             CorrelationId::PeeredUpstream(u) => write!(f, "peered-upstream:{u}"),
             CorrelationId::PeerTrustBundles => f.write_str("peer-trust-bundles"),
+            CorrelationId::PeerTarget { upstream, target } => write!(f, "peer-target:{target}:{upstream}"),
             CorrelationId::ServiceList => f.write_str("service-list"),
             CorrelationId::Datacenters => f.write_str("datacenters"),
             CorrelationId::GatewayServices => f.write_str("gateway-services"),

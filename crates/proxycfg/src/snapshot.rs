@@ -379,10 +379,16 @@ pub struct ConnectProxySnapshot {
     pub mesh_gateways: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
     /// What peers export for the upstreams with `DestinationPeer`, by upstream, as known.
     pub peered: Arc<BTreeMap<Arc<UpstreamId>, Arc<structs::peering::PeeredUpstream>>>,
+    /// What peers export for the peer targets of upstreams' chains (resolvers failing over
+    /// to a peer), by upstream and target, as known.
+    pub peer_targets: Arc<PeerTargets>,
     /// The trust bundles of the peers the proxied service is exported to (their callers
     /// are accepted, as intentions allow).
     pub peer_bundles: Known<Arc<Vec<structs::peering::PeerTrustBundle>>>,
 }
+
+/// What peers export for the peer targets of upstreams' chains, by upstream and target.
+pub type PeerTargets = BTreeMap<(Arc<UpstreamId>, structs::TargetId), Arc<structs::peering::PeeredUpstream>>;
 
 /// A service outside the mesh a transparent proxy may reach: through the terminating
 /// gateways that link it.

@@ -262,9 +262,11 @@ impl ConnectProxyHandler {
     fn follow_gateways(&mut self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
         let elsewhere = cp.upstreams.values().any(|u| {
             !self.direct_elsewhere(u.index)
-                && u.chain
-                    .as_ref()
-                    .is_some_and(|c| c.targets.values().any(|t| t.datacenter != self.datacenter))
+                && u.chain.as_ref().is_some_and(|c| {
+                    c.targets
+                        .values()
+                        .any(|t| t.peer.is_empty() && t.datacenter != self.datacenter)
+                })
         });
         if elsewhere {
             let req = MeshGatewaysRequest {
@@ -300,7 +302,8 @@ impl ConnectProxyHandler {
         for (id, upstream) in cp.upstreams.iter() {
             let Some(chain) = &upstream.chain else { continue };
             let mode = self.service.proxy.upstream_mesh_gateway_mode(upstream.index);
-            for (target_id, target) in chain.targets.iter().filter(|(_, t)| t.datacenter != self.datacenter) {
+            let elsewhere = |t: &&structs::DiscoveryTarget| t.peer.is_empty() && t.datacenter != self.datacenter;
+            for (target_id, target) in chain.targets.iter().filter(|(_, t)| elsewhere(t)) {
                 let nodes: Vec<structs::CheckServiceNode> = match mode {
                     MeshGatewayMode::Local => healthy(&self.datacenter).cloned().collect(),
                     MeshGatewayMode::Remote => healthy(&target.datacenter)
@@ -413,6 +416,85 @@ impl ConnectProxyHandler {
     }
 }
 
+impl ConnectProxyHandler {
+    /// Follows what peers export for the peer targets of `upstream`'s chain (a resolver
+    /// failing over to a peer), and forgets the targets it no longer names.
+    fn follow_peer_targets(&self, cp: &mut ConnectProxySnapshot, upstream: &Arc<UpstreamId>, watches: &mut Watches) {
+        let Some(chain) = cp.upstreams.get(upstream).and_then(|u| u.chain.clone()) else {
+            return;
+        };
+        let named = |target: &TargetId| chain.targets.get(target).is_some_and(|t| !t.peer.is_empty());
+        watches.cancel_where(
+            |id| matches!(id, CorrelationId::PeerTarget { upstream: u, target } if u == upstream && !named(target)),
+        );
+        Arc::make_mut(&mut cp.peer_targets).retain(|(u, t), _| u != upstream || named(t));
+        for (target_id, target) in chain.targets.iter().filter(|(_, t)| !t.peer.is_empty()) {
+            let req = PeeredUpstreamRequest {
+                peer: target.peer.clone(),
+                service: target.service.clone(),
+                token: self.token.clone(),
+            };
+            let id = CorrelationId::PeerTarget {
+                upstream: Arc::clone(upstream),
+                target: target_id.clone(),
+            };
+            watches.ensure(&self.sources.peered_upstream, id, req);
+        }
+        patch_peer_targets(cp, upstream);
+    }
+}
+
+/// What a peer exports for a peer target of `upstream`'s chain.
+fn apply_peer_target(
+    cp: &mut ConnectProxySnapshot,
+    upstream: Arc<UpstreamId>,
+    target: TargetId,
+    peered: Arc<structs::peering::PeeredUpstream>,
+) {
+    Arc::make_mut(&mut cp.peer_targets).insert((Arc::clone(&upstream), target), peered);
+    patch_peer_targets(cp, &upstream);
+}
+
+/// Gives the peer targets of `upstream`'s chain what their peers export: the exporter's SNI
+/// (the cluster's name), identities and datacenter, and its mesh gateways as endpoints; a
+/// target the peer does not export (or whose peering is gone) has none.
+fn patch_peer_targets(cp: &mut ConnectProxySnapshot, upstream: &Arc<UpstreamId>) {
+    let peer_targets = Arc::clone(&cp.peer_targets);
+    let upstreams = Arc::make_mut(&mut cp.upstreams);
+    let Some(entry) = upstreams.get_mut(upstream) else {
+        return;
+    };
+    let Some(chain) = entry.chain.clone() else { return };
+    if chain.targets.values().all(|t| t.peer.is_empty()) {
+        return;
+    }
+    let mut patched = (*chain).clone();
+    let mut endpoints = Vec::new();
+    for (target_id, target) in patched.targets.iter_mut().filter(|(_, t)| !t.peer.is_empty()) {
+        let known = peer_targets.get(&(Arc::clone(upstream), target_id.clone()));
+        let exported = known.and_then(|p| p.service.as_ref().zip(p.bundle.as_ref()));
+        match exported {
+            Some((service, bundle)) => {
+                target.sni = service.sni.clone();
+                target.name = service.sni.clone();
+                target.spiffe_ids = service.spiffe_ids.clone();
+                target.datacenter = bundle.datacenter.clone();
+                endpoints.push((target_id.clone(), Arc::new(service.mesh_gateways.clone())));
+            }
+            None => endpoints.push((target_id.clone(), Arc::new(Vec::new()))),
+        }
+    }
+    let entry = Arc::make_mut(entry);
+    if patched != *chain {
+        entry.chain = Some(Arc::new(patched));
+    }
+    for (target, nodes) in endpoints {
+        if entry.endpoints.get(&target).is_none_or(|e| **e != *nodes) {
+            entry.endpoints.insert(target, nodes);
+        }
+    }
+}
+
 impl KindHandler for ConnectProxyHandler {
     fn initialize(&mut self, watches: &mut Watches) -> KindSnapshot {
         self.watch_service(watches);
@@ -459,6 +541,9 @@ impl KindHandler for ConnectProxyHandler {
             (CorrelationId::PeeredUpstream(upstream), UpdatePayload::PeeredUpstream(peered)) => {
                 self.apply_peered(cp, upstream, peered)?;
             }
+            (CorrelationId::PeerTarget { upstream, target }, UpdatePayload::PeeredUpstream(peered)) => {
+                apply_peer_target(cp, upstream, target, peered);
+            }
             (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => {
                 self.watch_jwt_providers(&ixns, cp, watches);
                 cp.intentions = Some(ixns);
@@ -492,10 +577,11 @@ impl KindHandler for ConnectProxyHandler {
                     direct,
                     self.token.as_ref(),
                     &mut cp.upstreams,
-                    upstream,
+                    Arc::clone(&upstream),
                     chain,
                     watches,
                 )?;
+                self.follow_peer_targets(cp, &upstream, watches);
                 self.follow_gateways(cp, watches);
             }
             (CorrelationId::MeshGatewaysByDc, UpdatePayload::MeshGateways(gateways)) => {
@@ -520,6 +606,7 @@ impl KindHandler for ConnectProxyHandler {
                 | CorrelationId::UpstreamTarget { .. }
                 | CorrelationId::PreparedQuery(_)
                 | CorrelationId::PeeredUpstream(_)
+                | CorrelationId::PeerTarget { .. }
                 | CorrelationId::PeerTrustBundles
                 | CorrelationId::ConfigEntryList(ConfigEntryKind::JwtProvider)),
                 payload,

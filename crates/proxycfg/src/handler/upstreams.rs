@@ -73,11 +73,13 @@ pub(super) fn apply_chain(
     };
     let entry = Arc::make_mut(entry);
 
+    // A peer's target has no health watch: what the peer exports is its instances (see the
+    // connect-proxy handler); elsewhere it has none and fails closed.
     let watched = |target: &TargetId| {
         chain
             .targets
             .get(target)
-            .is_some_and(|t| direct_elsewhere || t.datacenter == datacenter)
+            .is_some_and(|t| t.peer.is_empty() && (direct_elsewhere || t.datacenter == datacenter))
     };
     watches.cancel_where(|id| {
         matches!(id, CorrelationId::UpstreamTarget { upstream, target }
@@ -89,7 +91,7 @@ pub(super) fn apply_chain(
     for (target_id, target) in chain
         .targets
         .iter()
-        .filter(|(_, t)| direct_elsewhere || t.datacenter == datacenter)
+        .filter(|(_, t)| t.peer.is_empty() && (direct_elsewhere || t.datacenter == datacenter))
     {
         let id = CorrelationId::UpstreamTarget {
             upstream: Arc::clone(&upstream_id),

@@ -494,6 +494,9 @@ pub struct ServiceResolverFailoverTarget {
     /// Datacenter.
     #[serde(rename = "Datacenter", skip_serializing_if = "String::is_empty")]
     pub datacenter: String,
+    /// A peer exporting the service (cluster peering).
+    #[serde(rename = "Peer", skip_serializing_if = "String::is_empty")]
+    pub peer: String,
 }
 
 /// Ring-hash sizes.
@@ -801,12 +804,22 @@ impl Validate for ServiceResolver {
             }
             check_namespace(&format!("Failover[{key:?}].Namespace"), &f.namespace)?;
             for (i, t) in f.targets.iter().enumerate() {
-                check_namespace(&format!("Failover[{key:?}].Targets[{i}].Namespace"), &t.namespace)?;
-                if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() {
+                let at = format!("Failover[{key:?}].Targets[{i}]");
+                check_namespace(&format!("{at}.Namespace"), &t.namespace)?;
+                if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() && t.peer.is_empty() {
                     return Err(ValidationError::new(
-                        format!("Failover[{key:?}].Targets[{i}]"),
-                        Problem::Invalid("must name a Service, ServiceSubset or Datacenter".into()),
+                        at,
+                        Problem::Invalid("must name a Service, ServiceSubset, Datacenter or Peer".into()),
                     ));
+                }
+                if !t.peer.is_empty() {
+                    crate::peering::check_peer_name(&format!("{at}.Peer"), &t.peer)?;
+                    if !t.service_subset.is_empty() || !t.datacenter.is_empty() {
+                        return Err(ValidationError::new(
+                            format!("{at}.Peer"),
+                            Problem::NotAllowed("together with ServiceSubset or Datacenter"),
+                        ));
+                    }
                 }
             }
         }

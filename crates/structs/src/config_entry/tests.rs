@@ -404,3 +404,20 @@ fn destinations_are_checked_naming_the_field() {
         "UpstreamConfig": {"Defaults": {"ConnectTimeoutMs": 1000}}}));
     assert!(e.contains("Destination") && e.contains("UpstreamConfig"), "{e}");
 }
+
+#[test]
+fn failover_targets_may_name_a_peer_alone() {
+    let ok = entry(serde_json::json!({"Kind": "service-resolver", "Name": "api",
+        "Failover": {"*": {"Targets": [{"Peer": "cluster-a"}, {"Service": "api", "Peer": "cluster-b"}]}}}));
+    assert!(ok.validate().is_ok());
+    for (target, want) in [
+        (serde_json::json!({"Peer": "cluster-a", "Datacenter": "dc2"}), "Targets[0].Peer: not allowed"),
+        (serde_json::json!({"Peer": "cluster-a", "ServiceSubset": "v1"}), "Targets[0].Peer: not allowed"),
+        (serde_json::json!({"Peer": "Cluster A"}), "Targets[0].Peer"),
+    ] {
+        let bad = entry(serde_json::json!({"Kind": "service-resolver", "Name": "api",
+            "Failover": {"*": {"Targets": [target]}}}));
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains(want), "{err} lacks {want}");
+    }
+}

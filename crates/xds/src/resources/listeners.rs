@@ -297,7 +297,14 @@ pub(crate) fn upstream_names(id: &structs::UpstreamId, config: &structs::Upstrea
     } else {
         &config.local_bind_address
     };
-    (format!("{id}:{addr}:{}", config.local_bind_port), id.name.clone())
+    // The route configuration is named after the service; an upstream of the same name in
+    // another datacenter or peer has its own (`api?peer=cluster-a`).
+    let route = if id.datacenter.is_empty() && id.peer.is_empty() {
+        id.name.clone()
+    } else {
+        id.to_string()
+    };
+    (format!("{id}:{addr}:{}", config.local_bind_port), route)
 }
 
 /// The inbound listener: mTLS from the mesh, intentions enforced (RBAC), then the local app.

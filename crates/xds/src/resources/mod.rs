@@ -493,4 +493,5 @@ fn same_proxy_wide(a: &ConfigSnapshot, b: &ConfigSnapshot) -> bool {
         && Arc::ptr_eq(&x.destination_gateways, &y.destination_gateways)
         && same_arc(&x.peer_bundles, &y.peer_bundles)
         && Arc::ptr_eq(&x.peered, &y.peered)
+        && Arc::ptr_eq(&x.peer_targets, &y.peer_targets)
 }

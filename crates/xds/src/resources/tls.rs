@@ -196,7 +196,8 @@ pub(crate) fn build_secrets(snap: &ConfigSnapshot, out: &mut Resources) -> Resul
     out.insert(SECRET, ROOTS_SECRET.into(), pack_any(roots_secret(roots)));
     // The roots of each peer an upstream is in.
     if let proxycfg::KindSnapshot::ConnectProxy(cp) = &snap.kind {
-        for bundle in cp.peered.values().filter_map(|p| p.bundle.as_ref()) {
+        let peered = cp.peered.values().chain(cp.peer_targets.values());
+        for bundle in peered.filter_map(|p| p.bundle.as_ref()) {
             out.insert(
                 SECRET,
                 peer_roots_secret_name(&bundle.peer),
