@@ -229,8 +229,13 @@ impl Peerings {
     async fn reconcile(&self, dialing: &mut HashMap<String, CancellationToken>) {
         let ctx = self.ctx();
         let state = ctx.store.read();
+        // A deleted peering's stream ends by itself once it has told the peer (cancelling it
+        // first would leave the peer unaware).
         dialing.retain(|name, token| {
-            let keep = state.peering(name).is_some_and(|p| dialer::dials(&p)) && !token.is_cancelled();
+            let keep = !token.is_cancelled()
+                && state
+                    .peering(name)
+                    .is_some_and(|p| dialer::dials(&p) || p.peering.state == PeeringState::Deleting);
             if !keep {
                 token.cancel();
             }

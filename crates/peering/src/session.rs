@@ -115,6 +115,14 @@ where
                 // Drain what else changed meanwhile: one export for all of it.
                 while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, changes.next()).await {}
                 if let Some(ended) = export(ctx, name, dialer, &mut sent, &tx).await? {
+                    if ended == Ended::Deleted {
+                        // Let `Terminated` reach the peer: close this side, then wait for
+                        // the peer to end the stream (dropping it at once could cut the
+                        // message off).
+                        drop(tx);
+                        let drained = async { while let Some(Ok(_)) = rx.next().await {} };
+                        let _ = tokio::time::timeout(Duration::from_secs(5), drained).await;
+                    }
                     return Ok(ended);
                 }
             }
@@ -174,15 +182,19 @@ async fn export(
         Some(PeeringState::Terminated) => return Ok(Some(Ended::Terminated)),
         Some(_) => {}
     }
-    let update = next_update(ctx, &state, name, dialer, sent);
+    let updates = next_updates(ctx, &state, name, dialer, sent);
     drop(state);
-    if let Some(update) = update {
+    for update in updates {
         send(ctx, name, tx, Payload::Update(update)).await?;
     }
     Ok(None)
 }
 
-fn next_update(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &mut Sent) -> Option<Update> {
+/// How many services one update carries at most: a large export (a first sync) goes as
+/// several messages, each well under gRPC's message size limit.
+const SERVICES_PER_UPDATE: usize = 100;
+
+fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &mut Sent) -> Vec<Update> {
     let exported = exports::exported_to(state, name, &ctx.datacenter);
     let changed: Vec<&ImportedService> = exported
         .values()
@@ -200,21 +212,34 @@ fn next_update(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &mu
     let addresses = if dialer { Vec::new() } else { (ctx.addresses)() };
     let new_addresses = !addresses.is_empty() && addresses != sent.addresses;
     if changed.is_empty() && removed.is_empty() && !new_bundle && !new_addresses {
-        return None;
+        return Vec::new();
     }
+    // The first update carries the bundle (before the services it verifies), the addresses
+    // and the removals; the changed services follow in chunks.
+    let mut updates = Vec::new();
+    let mut chunks = changed.chunks(SERVICES_PER_UPDATE);
+    let first = chunks.next().unwrap_or_default();
     sent.nonce += 1;
-    let update = Update {
+    updates.push(Update {
         nonce: sent.nonce,
         trust_domain: if new_bundle { bundle.0.clone() } else { String::new() },
         root_pems: if new_bundle { bundle.1.clone() } else { Vec::new() },
-        services_json: if changed.is_empty() {
+        services_json: if first.is_empty() {
             Vec::new()
         } else {
-            serde_json::to_vec(&changed).unwrap_or_default()
+            serde_json::to_vec(first).unwrap_or_default()
         },
         removed: removed.clone(),
         server_addresses: if new_addresses { addresses.clone() } else { Vec::new() },
-    };
+    });
+    for chunk in chunks {
+        sent.nonce += 1;
+        updates.push(Update {
+            nonce: sent.nonce,
+            services_json: serde_json::to_vec(chunk).unwrap_or_default(),
+            ..Update::default()
+        });
+    }
     for s in changed {
         sent.services.insert(s.name.clone(), s.digest.clone());
     }
@@ -229,7 +254,7 @@ fn next_update(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &mu
     }
     let names: Vec<String> = exported.into_keys().collect();
     ctx.tracker.update(name, |s| s.exported = names);
-    Some(update)
+    updates
 }
 
 /// Handles one message from the peer.

@@ -259,3 +259,40 @@ async fn exports_flow_both_ways_and_deletes_end_them() {
     b.stop.cancel();
     let _ = (&a.address, &b.address);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_export_arrives_whole_and_a_delete_on_the_dialing_side_reaches_the_acceptor() {
+    let a = cluster("dc1").await;
+    let b = cluster("dc1").await;
+    for i in 0..250 {
+        register(
+            &a.store,
+            &format!("n{}", i % 10),
+            "10.0.1.1",
+            typical(&format!("svc-{i}"), 8080),
+            HealthStatus::Passing,
+        )
+        .await;
+    }
+    export(
+        &a.store,
+        serde_json::json!({"Kind": "exported-services", "Name": "default",
+        "Services": [{"Name": "*", "Consumers": [{"Peer": "cluster-b"}]}]}),
+    )
+    .await;
+    peer(&a, &b).await;
+    eventually("250 services in B (three updates)", || {
+        b.store.read().imported_services("cluster-a").count() == 250
+    })
+    .await;
+    // B (the dialing side) deletes: A hears it and is terminated; B's peering goes.
+    b.peerings.delete("cluster-a").await.unwrap();
+    eventually("A terminated", || {
+        a.store.read().peering("cluster-b").unwrap().peering.state == PeeringState::Terminated
+    })
+    .await;
+    eventually("B removed", || b.store.read().peering("cluster-a").is_none()).await;
+    assert_eq!(b.store.read().imported_services("cluster-a").count(), 0);
+    a.stop.cancel();
+    b.stop.cancel();
+}

@@ -316,28 +316,7 @@ pub struct EstablishRequest {
     pub meta: BTreeMap<String, String>,
 }
 
-/// Checks a peer name: a DNS label (it is part of SNI names and SPIFFE-like keys), as
-/// Consul's.
-pub fn check_peer_name(field: &str, name: &str) -> Result<(), ValidationError> {
-    if name.is_empty() {
-        return Err(ValidationError::new(field, Problem::Required("")));
-    }
-    let ok = name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if !ok {
-        return Err(ValidationError::new(
-            field,
-            Problem::Invalid(format!(
-                "{name:?} is not a valid peer name: use a DNS label (lowercase letters, digits and '-', at most 63 characters)"
-            )),
-        ));
-    }
-    Ok(())
-}
+pub use crate::validate::check_peer_name;
 
 /// Checks the partition of a peering request: only `default`.
 pub fn check_partition(partition: &str) -> Result<(), ValidationError> {

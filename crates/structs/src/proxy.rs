@@ -408,7 +408,7 @@ impl Validate for Upstream {
     fn validate(&self) -> Result<(), ValidationError> {
         check_name("DestinationName", &self.destination_name, "")?;
         if !self.destination_peer.is_empty() {
-            crate::peering::check_peer_name("DestinationPeer", &self.destination_peer)?;
+            crate::validate::check_peer_name("DestinationPeer", &self.destination_peer)?;
             if !self.datacenter.is_empty() {
                 return Err(ValidationError::new(
                     "DestinationPeer",

@@ -98,6 +98,29 @@ pub fn check_service_name(name: &str) -> Result<(), ValidationError> {
     check_name("Name", name, "")
 }
 
+/// Checks a peer name: a DNS label (it is part of SNI names and SPIFFE-like keys), as
+/// Consul's.
+pub fn check_peer_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    if name.is_empty() {
+        return Err(ValidationError::new(field, Problem::Required("")));
+    }
+    let ok = name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(ValidationError::new(
+            field,
+            Problem::Invalid(format!(
+                "{name:?} is not a valid peer name: use a DNS label (lowercase letters, digits and '-', at most 63 characters)"
+            )),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a TCP port that must be set.
 pub(crate) fn check_port(field: &str, port: u16, when: &'static str) -> Result<(), ValidationError> {
     if port == 0 {

@@ -144,7 +144,7 @@ fn check_consumers(at: &str, consumers: &[ServiceConsumer]) -> Result<(), Valida
                 Problem::Invalid("a wildcard peer is not supported: name each peer".into()),
             ));
         }
-        crate::peering::check_peer_name(&format!("{at}.Peer"), &consumer.peer)?;
+        crate::validate::check_peer_name(&format!("{at}.Peer"), &consumer.peer)?;
         if !peers.insert(consumer.peer.as_str()) {
             return Err(ValidationError::new(
                 format!("{at}.Peer"),

@@ -241,7 +241,7 @@ impl Validate for ServiceIntentions {
             let at = format!("Sources[{i}]");
             check_name_or_wildcard(&format!("{at}.Name"), &src.name)?;
             if !src.peer.is_empty() {
-                crate::peering::check_peer_name(&format!("{at}.Peer"), &src.peer)?;
+                crate::validate::check_peer_name(&format!("{at}.Peer"), &src.peer)?;
             }
             if !seen.insert((src.peer.as_str(), src.name.as_str())) {
                 let from = if src.peer.is_empty() {

@@ -813,7 +813,7 @@ impl Validate for ServiceResolver {
                     ));
                 }
                 if !t.peer.is_empty() {
-                    crate::peering::check_peer_name(&format!("{at}.Peer"), &t.peer)?;
+                    crate::validate::check_peer_name(&format!("{at}.Peer"), &t.peer)?;
                     if !t.service_subset.is_empty() || !t.datacenter.is_empty() {
                         return Err(ValidationError::new(
                             format!("{at}.Peer"),

@@ -411,8 +411,14 @@ fn failover_targets_may_name_a_peer_alone() {
         "Failover": {"*": {"Targets": [{"Peer": "cluster-a"}, {"Service": "api", "Peer": "cluster-b"}]}}}));
     assert!(ok.validate().is_ok());
     for (target, want) in [
-        (serde_json::json!({"Peer": "cluster-a", "Datacenter": "dc2"}), "Targets[0].Peer: not allowed"),
-        (serde_json::json!({"Peer": "cluster-a", "ServiceSubset": "v1"}), "Targets[0].Peer: not allowed"),
+        (
+            serde_json::json!({"Peer": "cluster-a", "Datacenter": "dc2"}),
+            "Targets[0].Peer: not allowed",
+        ),
+        (
+            serde_json::json!({"Peer": "cluster-a", "ServiceSubset": "v1"}),
+            "Targets[0].Peer: not allowed",
+        ),
         (serde_json::json!({"Peer": "Cluster A"}), "Targets[0].Peer"),
     ] {
         let bad = entry(serde_json::json!({"Kind": "service-resolver", "Name": "api",
