@@ -362,6 +362,14 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     println!("        requests failing {closed:?} after the delete");
     assert!(closed < Duration::from_secs(5), "{closed:?}");
     wait_for(|| async { (state_of(&b.server, "cluster-a").await? == "TERMINATED").then_some(()) }).await;
+    // web's status says why its upstream has no listener.
+    wait_for(|| async {
+        let status = crate::mesh::get(&b.agent.client, &format!("{}/v1/internal/xds-status", b.agent.http)).await?;
+        status
+            .contains("does not export \\\"api\\\" to this cluster")
+            .then_some(())
+    })
+    .await;
     wait_for(|| async { state_of(&a.server, "cluster-b").await.is_none().then_some(()) }).await;
     let (status, body) = call(
         &b.server.client,

@@ -219,6 +219,9 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         let Some(config) = snap.upstream_config(upstream) else {
             continue;
         };
+        if !config.destination_peer.is_empty() {
+            peered_problems(id, config, upstream.chain.is_none(), out);
+        }
         let Some(chain) = &upstream.chain else { continue };
         if config.local_bind_port == 0 {
             continue;
@@ -236,6 +239,29 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         upstream_escape_hatch(id, config, &listener_name, out);
     }
     Ok(())
+}
+
+/// What the proxy's status says of an upstream a peer exports: that it has no listener while
+/// the peer does not export it (or the peering is not active), and that mesh gateway mode
+/// `local` is not followed for it.
+fn peered_problems(id: &structs::UpstreamId, config: &structs::Upstream, missing: bool, out: &mut Resources) {
+    if missing {
+        out.problems.insert(
+            id.to_string(),
+            format!(
+                "upstream {id}: the peer {:?} does not export {:?} to this cluster, or the peering is not active: it has no listener",
+                config.destination_peer, config.destination_name
+            ),
+        );
+    }
+    if config.mesh_gateway.mode == structs::MeshGatewayMode::Local {
+        out.problems.insert(
+            format!("{id}:mesh-gateway"),
+            format!(
+                "upstream {id}: MeshGateway mode local is not supported for an upstream in a peer: it connects to the peer's mesh gateways directly (as mode remote)"
+            ),
+        );
+    }
 }
 
 /// The upstream's own listener (`envoy_listener_json`) in place of meshd's (`listener_name`);
