@@ -305,6 +305,20 @@ async fn write(ctx: &Context, op: PeeringOp) -> Result<(), String> {
 /// (on the dialing side) the servers to dial.
 async fn apply(ctx: &Context, name: &str, dialer: bool, update: Update) -> Result<(), String> {
     if !update.trust_domain.is_empty() {
+        // A peer claiming this cluster's trust domain (or another peer's) would have its CA
+        // vouch for identities that are not its own: refused, and nothing of it kept.
+        let state = ctx.store.read();
+        let ours = state.ca_roots().trust_domain;
+        let taken = state.peerings().any(|p| {
+            p.peering.name != name && p.peering.state.is_live() && p.peering.peer_trust_domain == update.trust_domain
+        });
+        drop(state);
+        if update.trust_domain == ours || taken {
+            return Err(format!(
+                "the peer's trust domain {:?} is this cluster's or another peer's: its bundle is refused",
+                update.trust_domain
+            ));
+        }
         write(
             ctx,
             PeeringOp::TrustBundle {
@@ -366,4 +380,49 @@ async fn apply(ctx: &Context, name: &str, dialer: bool, update: Update) -> Resul
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn a_peer_claiming_this_clusters_trust_domain_is_refused() {
+        let store = Store::open(catalog::StoreConfig::default()).await.unwrap();
+        store
+            .write(Op::Peering(PeeringOp::GenerateToken {
+                name: "rogue".into(),
+                meta: Default::default(),
+                id: "id-1".into(),
+                secret: "s".into(),
+            }))
+            .await
+            .unwrap();
+        let ctx = Context {
+            store: store.clone(),
+            datacenter: "dc1".into(),
+            tracker: Tracker::new(),
+            addresses: Arc::new(Vec::new),
+        };
+        let ours = store.read().ca_roots().trust_domain;
+        let claim = Update {
+            trust_domain: ours,
+            root_pems: vec!["-----BEGIN CERTIFICATE-----\n".into()],
+            ..Update::default()
+        };
+        let err = apply(&ctx, "rogue", false, claim).await.unwrap_err();
+        assert!(err.contains("is this cluster's or another peer's"), "{err}");
+        assert!(store.read().peering("rogue").unwrap().peering.peer_ca_pems.is_empty());
+        let fair = Update {
+            trust_domain: "other.consul".into(),
+            root_pems: vec!["pem".into()],
+            ..Update::default()
+        };
+        apply(&ctx, "rogue", false, fair).await.unwrap();
+        assert_eq!(
+            store.read().peering("rogue").unwrap().peering.peer_trust_domain,
+            "other.consul"
+        );
+    }
 }

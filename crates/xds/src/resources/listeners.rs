@@ -389,9 +389,11 @@ fn public_listener(
         .connect_proxy()
         .and_then(|cp| cp.peer_bundles.as_deref())
         .filter(|p| !p.is_empty());
+    let local_domain = snap.roots.as_deref().map_or("", |r| r.trust_domain.as_str());
     let peer_domains: std::collections::BTreeMap<String, String> = peers
         .into_iter()
         .flatten()
+        .filter(|b| b.trust_domain != local_domain)
         .map(|b| (b.peer.clone(), b.trust_domain.clone()))
         .collect();
     let trust = rbac::Trust {

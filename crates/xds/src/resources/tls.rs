@@ -440,6 +440,10 @@ pub(crate) fn downstream_trusting(
         ..Default::default()
     }];
     for peer in peers {
+        // Each trust domain once, this cluster's with its own roots only.
+        if trust_domains.iter().any(|t| t.name == peer.trust_domain) {
+            continue;
+        }
         let pems: String = peer.root_pems.iter().map(|p| p.trim_end().to_owned() + "\n").collect();
         trust_domains.push(TrustDomain {
             name: peer.trust_domain.clone(),
