@@ -13,13 +13,7 @@ use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthStatus, Serv
 /// The services exported to `peer` (by the name this cluster gives it), by name, each with
 /// its digest.
 pub fn exported_to(state: &State, peer: &str, datacenter: &str) -> BTreeMap<String, ImportedService> {
-    let Some(entry) = state.config_entry(ConfigEntryKind::ExportedServices, "default") else {
-        return BTreeMap::new();
-    };
-    let ConfigEntry::ExportedServices(entry) = &*entry else {
-        return BTreeMap::new();
-    };
-    let names = export_names(state, entry, peer);
+    let names = exported_names(state, peer);
     if names.is_empty() {
         return BTreeMap::new();
     }
@@ -32,6 +26,17 @@ pub fn exported_to(state: &State, peer: &str, datacenter: &str) -> BTreeMap<Stri
             (name, service)
         })
         .collect()
+}
+
+/// The names of the services exported to `peer` (what the API shows), sorted.
+pub fn exported_names(state: &State, peer: &str) -> Vec<String> {
+    match state
+        .config_entry(ConfigEntryKind::ExportedServices, "default")
+        .as_deref()
+    {
+        Some(ConfigEntry::ExportedServices(entry)) => export_names(state, entry, peer),
+        _ => Vec::new(),
+    }
 }
 
 /// The names exported to `peer`: those listed with it as a consumer, and for `*` every

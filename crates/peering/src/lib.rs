@@ -181,11 +181,8 @@ impl Peerings {
         peering.stream_status.imported_services =
             state.imported_services(&peering.name).map(|s| s.name.clone()).collect();
         peering.imported_service_count = peering.stream_status.imported_services.len() as u64;
-        if peering.exported_service_count == 0 {
-            let exported = exports::exported_to(state, &peering.name, &self.ctx().datacenter);
-            peering.stream_status.exported_services = exported.into_keys().collect();
-            peering.exported_service_count = peering.stream_status.exported_services.len() as u64;
-        }
+        peering.stream_status.exported_services = exports::exported_names(state, &peering.name);
+        peering.exported_service_count = peering.stream_status.exported_services.len() as u64;
         peering
     }
 

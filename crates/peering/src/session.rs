@@ -252,8 +252,6 @@ fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &m
     if new_addresses {
         sent.addresses = addresses;
     }
-    let names: Vec<String> = exported.into_keys().collect();
-    ctx.tracker.update(name, |s| s.exported = names);
     updates
 }
 

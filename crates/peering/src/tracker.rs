@@ -23,8 +23,6 @@ pub struct StreamState {
     pub last_receive: Option<SystemTime>,
     /// When anything was last sent.
     pub last_send: Option<SystemTime>,
-    /// The services sent to the peer on this stream (exported).
-    pub exported: Vec<String>,
 }
 
 /// Every peering's stream on this server, by peering name.
@@ -144,7 +142,7 @@ impl Tracker {
         let Some(stream) = self.get(&peering.name) else {
             return;
         };
-        if peering.state.is_live() && peering.state != PeeringState::Terminated {
+        if peering.state.is_live() {
             if stream.connected {
                 peering.state = PeeringState::Active;
             } else if !stream.error.is_empty() {
@@ -156,7 +154,5 @@ impl Tracker {
         status.last_heartbeat = stream.last_heartbeat.map(Timestamp);
         status.last_receive = stream.last_receive.map(Timestamp);
         status.last_send = stream.last_send.map(Timestamp);
-        status.exported_services = stream.exported;
-        peering.exported_service_count = status.exported_services.len() as u64;
     }
 }

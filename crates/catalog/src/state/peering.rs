@@ -83,7 +83,7 @@ impl State {
     /// What a proxy here needs for an upstream `service` of `peer`: the service as the
     /// peer exports it and the peer's trust bundle, while the peering is live.
     pub fn peered_upstream(&self, peer: &str, service: &str) -> structs::peering::PeeredUpstream {
-        let bundle = self.peer_trust_bundles().into_iter().find(|b| b.peer == peer);
+        let bundle = self.peerings.get(peer).and_then(|p| trust_bundle(p));
         structs::peering::PeeredUpstream {
             service: bundle.as_ref().and(self.imported(peer, service)).map(|s| (*s).clone()),
             bundle,
@@ -109,15 +109,17 @@ impl State {
     /// The trust bundles of every peering that carries services (not deleted or
     /// terminated), by peer name.
     pub fn peer_trust_bundles(&self) -> Vec<structs::peering::PeerTrustBundle> {
-        self.peerings
-            .values()
-            .filter(|p| p.peering.state.is_live() && !p.peering.peer_ca_pems.is_empty())
-            .map(|p| structs::peering::PeerTrustBundle {
-                peer: p.peering.name.clone(),
-                trust_domain: p.peering.peer_trust_domain.clone(),
-                datacenter: p.peering.remote.datacenter.clone(),
-                root_pems: p.peering.peer_ca_pems.clone(),
-            })
-            .collect()
+        self.peerings.values().filter_map(|p| trust_bundle(p)).collect()
     }
+}
+
+/// A peering's trust bundle, while it is live and its roots are known.
+fn trust_bundle(stored: &StoredPeering) -> Option<structs::peering::PeerTrustBundle> {
+    let p = &stored.peering;
+    (p.state.is_live() && !p.peer_ca_pems.is_empty()).then(|| structs::peering::PeerTrustBundle {
+        peer: p.name.clone(),
+        trust_domain: p.peer_trust_domain.clone(),
+        datacenter: p.remote.datacenter.clone(),
+        root_pems: p.peer_ca_pems.clone(),
+    })
 }

@@ -25,11 +25,12 @@ pub(crate) fn inline(text: &str) -> Option<DataSource> {
 
 /// The PEM bundle of every trusted root.
 fn bundle(roots: &IndexedCaRoots) -> String {
-    roots
-        .roots
-        .iter()
-        .map(|r| r.root_cert.trim_end().to_owned() + "\n")
-        .collect()
+    pem_bundle(roots.roots.iter().map(|r| r.root_cert.as_str()))
+}
+
+/// Certificates in PEM, one after the other.
+fn pem_bundle<'a>(pems: impl IntoIterator<Item = &'a str>) -> String {
+    pems.into_iter().map(|pem| pem.trim_end().to_owned() + "\n").collect()
 }
 
 /// Name of the secret holding the proxy's leaf certificate and key.
@@ -364,15 +365,10 @@ pub(crate) fn peer_roots_secret_name(peer: &str) -> String {
 
 /// The secret holding a peer's roots (what its services' certificates chain to).
 pub(crate) fn peer_roots_secret(bundle: &structs::peering::PeerTrustBundle) -> Secret {
-    let pems: String = bundle
-        .root_pems
-        .iter()
-        .map(|pem| pem.trim_end().to_owned() + "\n")
-        .collect();
     Secret {
         name: peer_roots_secret_name(&bundle.peer),
         r#type: Some(secret::Type::ValidationContext(CertificateValidationContext {
-            trusted_ca: inline(&pems),
+            trusted_ca: inline(&pem_bundle(bundle.root_pems.iter().map(String::as_str))),
             ..Default::default()
         })),
     }
@@ -444,10 +440,9 @@ pub(crate) fn downstream_trusting(
         if trust_domains.iter().any(|t| t.name == peer.trust_domain) {
             continue;
         }
-        let pems: String = peer.root_pems.iter().map(|p| p.trim_end().to_owned() + "\n").collect();
         trust_domains.push(TrustDomain {
             name: peer.trust_domain.clone(),
-            trust_bundle: inline(&pems),
+            trust_bundle: inline(&pem_bundle(peer.root_pems.iter().map(String::as_str))),
             ..Default::default()
         });
     }
