@@ -21,11 +21,11 @@ fn meshd() -> &'static Path {
 }
 
 /// One meshd server on fixed addresses (so it restarts where it was).
-struct Server {
+pub(crate) struct Server {
     proc: Option<Proc>,
     name: String,
     http_addr: String,
-    grpc: String,
+    pub(crate) grpc: String,
     etcd: String,
     extra: Vec<String>,
 }
@@ -42,7 +42,7 @@ impl Server {
         }
     }
 
-    fn http(&self) -> String {
+    pub(crate) fn http(&self) -> String {
         format!("http://{}", self.http_addr)
     }
 
@@ -70,7 +70,7 @@ impl Server {
     }
 
     /// SIGKILL, by its own handle: a crash.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut proc) = self.proc.take() {
             let _ = proc.0.kill();
             let _ = proc.0.wait();
@@ -79,13 +79,13 @@ impl Server {
     }
 }
 
-async fn cluster(members: usize) -> EtcdCluster {
+pub(crate) async fn cluster(members: usize) -> EtcdCluster {
     tokio::task::spawn_blocking(move || EtcdCluster::start(members))
         .await
         .unwrap()
 }
 
-async fn servers(etcd: &EtcdCluster, n: usize) -> Vec<Server> {
+pub(crate) async fn servers(etcd: &EtcdCluster, n: usize) -> Vec<Server> {
     let mut servers: Vec<Server> = (0..n).map(|i| Server::new(&format!("server-{i}"), etcd)).collect();
     for s in &mut servers {
         s.start();

@@ -382,3 +382,147 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     println!("{:>5.1} s deleted", t0.elapsed().as_secs_f64());
     crate::mesh::stop_together(vec![web, api, api_b, gateway, gateway_b]);
 }
+
+/// Which of `servers` holds the stream of the peering `name` (has heard from the peer).
+async fn holder(client: &reqwest::Client, servers: &[crate::ha::Server], name: &str) -> Option<usize> {
+    for (i, server) in servers.iter().enumerate() {
+        let Some(body) = crate::mesh::get(client, &format!("{}/v1/peering/{name}", server.http())).await else {
+            continue;
+        };
+        let peering: Value = serde_json::from_str(&body).ok()?;
+        if peering["StreamStatus"]["LastReceive"].is_string() {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// A mesh gateway instance of A at `port` (registered in the catalog: B's Envoy sees it as
+/// an endpoint of the exported service, the instance itself is never dialed here).
+fn gateway_at(node: &str, port: u16) -> Value {
+    json!({"Node": node, "Address": "127.0.0.1", "Service": {"Kind": "mesh-gateway",
+        "Service": "mesh-gateway", "ID": format!("gateway-{node}"), "Port": port}})
+}
+
+/// Cluster A is three servers sharing etcd; B dials one of them. That server is killed: B's
+/// stream moves to another of A's servers, and what A changes next still reaches B's Envoy
+/// (an endpoint of the exported service, within 2 s of the kill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_moves_to_another_server_when_its_holder_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = crate::ha::cluster(1).await;
+    let mut a = crate::ha::servers(&etcd, 3).await;
+    let b = Mesh::of(start_server(bin(), ["-dev", "-node", "server-b", "-log-level", "warn"]));
+    let client = reqwest::Client::new();
+    let a0 = a[0].http();
+    wait_for(|| async {
+        crate::mesh::get(&client, &format!("{a0}/v1/status/leader"))
+            .await
+            .filter(|l| l.len() > 2)
+    })
+    .await;
+    let put = |server: String, path: &'static str, body: Value| {
+        let client = client.clone();
+        async move {
+            let resp = client.put(format!("{server}{path}")).json(&body).send().await.unwrap();
+            assert!(resp.status().is_success(), "{path}: {}", resp.text().await.unwrap());
+        }
+    };
+    let gateway = test_support::reserve_port();
+    put(a0.clone(), "/v1/catalog/register", gateway_at("gateway-1", gateway)).await;
+    put(
+        a0.clone(),
+        "/v1/catalog/register",
+        json!({"Node": "node-api", "Address": "127.0.0.1", "Service": {"Service": "api", "Port": 8080}}),
+    )
+    .await;
+    put(
+        a0.clone(),
+        "/v1/config",
+        json!({"Kind": "exported-services", "Name": "default",
+            "Services": [{"Name": "api", "Consumers": [{"Peer": "cluster-b"}]}]}),
+    )
+    .await;
+    let (status, body) = call(
+        &client,
+        reqwest::Method::POST,
+        &format!("{a0}/v1/peering/token"),
+        Some(json!({"PeerName": "cluster-b"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let token = serde_json::from_str::<Value>(&body).unwrap()["PeeringToken"].clone();
+    let (status, body) = call(
+        &client,
+        reqwest::Method::POST,
+        &format!("{}/v1/peering/establish", b.http),
+        Some(json!({"PeerName": "cluster-a", "PeeringToken": token})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // web in B, its upstream api of the peer A: one endpoint, A's gateway.
+    let bind = test_support::reserve_port();
+    b.register(
+        "node-web",
+        "web",
+        9,
+        test_support::reserve_port(),
+        json!([{"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind}]),
+        json!({}),
+    )
+    .await;
+    let (web, web_admin) = b.envoy("web", "node-web", dir.path()).await;
+    let roots = crate::mesh::get(&client, &format!("{a0}/v1/connect/ca/roots"))
+        .await
+        .unwrap();
+    let trust_domain = serde_json::from_str::<Value>(&roots).unwrap()["TrustDomain"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cluster = format!("api.default.default.cluster-b.external.{trust_domain}");
+    let endpoint_of = |port: u16| {
+        let (client, url, line) = (
+            client.clone(),
+            format!("{web_admin}/clusters"),
+            format!("{cluster}::127.0.0.1:{port}::cx_active"),
+        );
+        async move {
+            let clusters = crate::mesh::get(&client, &url).await?;
+            clusters.lines().any(|l| l.starts_with(&line)).then_some(())
+        }
+    };
+    wait_for(|| endpoint_of(gateway)).await;
+
+    let held = wait_for(|| holder(&client, &a, "cluster-b")).await;
+    a[held].kill();
+    let killed = Instant::now();
+    let survivor = a[(held + 1) % 3].http();
+    let second = test_support::reserve_port();
+    put(
+        survivor.clone(),
+        "/v1/catalog/register",
+        gateway_at("gateway-2", second),
+    )
+    .await;
+    wait_for(|| endpoint_of(second)).await;
+    let took = killed.elapsed();
+    println!("        a new endpoint in A reached B's Envoy {took:?} after the stream's server died");
+    assert!(took <= Duration::from_secs(2), "{took:?}");
+    let now = wait_for(|| holder(&client, &a, "cluster-b")).await;
+    assert_ne!(now, held);
+    // B's imports follow A's catalog through the new holder.
+    put(
+        survivor,
+        "/v1/catalog/register",
+        json!({"Node": "node-api-2", "Address": "127.0.0.1", "Service": {"Service": "api", "Port": 8081}}),
+    )
+    .await;
+    wait_for(|| async {
+        let body = crate::mesh::get(&client, &format!("{}/v1/health/service/api?peer=cluster-a", b.http)).await?;
+        (serde_json::from_str::<Value>(&body).ok()?.as_array()?.len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(state_of(&b, "cluster-a").await.as_deref(), Some("ACTIVE"));
+    crate::mesh::stop_together(vec![web]);
+}
