@@ -64,6 +64,11 @@ impl Http {
         min_index: u64,
     ) -> Result<Fetched<T>, FetchError> {
         let answer = self.blocking_as(token, path, min_index).await?;
+        Self::body_of(path, answer)
+    }
+
+    /// A blocking query's answer to `GET path`, which must exist, decoded.
+    fn body_of<T: DeserializeOwned>(path: &str, answer: Blocked) -> Result<Fetched<T>, FetchError> {
         let Some(body) = answer.body else {
             return Err(FetchError::Unavailable(format!("GET {path}: 404 not found")));
         };
@@ -196,17 +201,37 @@ fn decode_entry(path: &str, body: &[u8]) -> Result<ConfigEntry, FetchError> {
     ConfigEntry::from_json(value).map_err(|e| FetchError::Unavailable(format!("GET {path}: {e}")))
 }
 
+/// Every config entry of a kind, as one token may read them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConfigEntriesKey {
+    /// The kind.
+    pub kind: ConfigEntryKind,
+    /// The reader's token (none: the agent's).
+    pub token: Option<Token>,
+}
+
 /// Every config entry of a kind (`/v1/config/:kind`).
 #[derive(Clone)]
 pub struct ConfigEntries(pub Http);
 
 impl CacheType for ConfigEntries {
-    type Request = ConfigEntryKind;
+    type Request = ConfigEntriesKey;
     type Value = Arc<Vec<Arc<ConfigEntry>>>;
 
-    async fn fetch(&self, kind: &ConfigEntryKind, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+    async fn fetch(&self, key: &ConfigEntriesKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let kind = key.kind;
         let path = api_client::paths::config_entries(kind.as_str());
-        let f: Fetched<Vec<serde_json::Value>> = self.0.decoded(&path, min_index).await?;
+        let answer = self.0.blocking_as(key.token.as_ref(), &path, min_index).await?;
+        // Entries of these kinds are all readable or none (`mesh:read`): a token that may
+        // not read them gets an empty list, which would silently drop routes, certificates
+        // or exports. It is refused instead, and the proxy's status says so.
+        if answer.filtered && kind.read_beyond_services() {
+            return Err(FetchError::PermissionDenied(format!(
+                "GET {path}: the token may not read {} entries",
+                kind.as_str()
+            )));
+        }
+        let f: Fetched<Vec<serde_json::Value>> = Http::body_of(&path, answer)?;
         let entries = f
             .value
             .into_iter()

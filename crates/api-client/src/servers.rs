@@ -257,6 +257,8 @@ pub struct Blocked {
     pub body: Option<bytes::Bytes>,
     /// The index the answer was read at (0 when the server sent none).
     pub index: u64,
+    /// `X-Consul-Results-Filtered-By-ACLs: true`: the token could not see all of it.
+    pub filtered: bool,
 }
 
 impl Servers {
@@ -286,13 +288,22 @@ impl Servers {
             })
             .await?;
         let index = consul_index(resp.headers());
+        let filtered = resp
+            .headers()
+            .get(structs::wire::FILTERED_HEADER)
+            .is_some_and(|v| v == "true");
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
-            return Ok(Blocked { body: None, index });
+            return Ok(Blocked {
+                body: None,
+                index,
+                filtered,
+            });
         }
         let body = check_status(resp).await?;
         Ok(Blocked {
             body: Some(body),
             index,
+            filtered,
         })
     }
 

@@ -17,32 +17,146 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_meshd"))
 }
 
-/// A cluster: a server, and an agent joined to it.
+/// A cluster: a server, and an agent joined to it, ACLs on in both (default deny). The
+/// meshes' clients carry the cluster's management token; each proxy runs with its own.
 struct Cluster {
     server: Mesh,
     agent: Mesh,
+    /// A token with `peering = "write"` only, for the CLI.
+    peering: std::path::PathBuf,
 }
 
-fn cluster(name: &str) -> Cluster {
-    let server = Mesh::of(start_server(
+/// A client sending `token` with every request.
+fn client_with(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("X-Consul-Token", token.parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).build().unwrap()
+}
+
+const ACL: [&str; 4] = ["-acl-enabled", "-acl-default-policy", "deny", "-log-level"];
+
+async fn cluster(name: &str, dir: &Path) -> Cluster {
+    let management = format!("{name}{}", &"0f3c9a6e-5b1d-4e7a-9c2f-8d4b6a1e3c5f"[name.len()..]);
+    let file = dir.join(format!("management-{name}"));
+    std::fs::write(&file, &management).unwrap();
+    let mut server = Mesh::of(start_server(
         bin(),
-        ["-dev", "-node", &format!("server-{name}"), "-log-level", "warn"],
-    ));
-    let agent = Mesh::of(start_agent(
-        bin(),
-        [
+        ACL.into_iter().chain([
+            "warn",
             "-dev",
             "-node",
-            &format!("agent-{name}"),
+            &format!("server-{name}"),
+            "-acl-initial-management-token-file",
+            file.to_str().unwrap(),
+        ]),
+    ));
+    server.client = client_with(&management);
+    let node = format!("agent-{name}");
+    let agent_token = token_file(
+        &server,
+        dir,
+        &node,
+        json!({"NodeIdentities": [{"NodeName": node, "Datacenter": "dc1"}]}),
+    )
+    .await;
+    let mut agent = Mesh::of(start_agent(
+        bin(),
+        ACL.into_iter().chain([
+            "warn",
+            "-dev",
+            "-node",
+            &node,
             "-advertise",
             "127.0.0.1",
             "-retry-join",
             server.http.trim_start_matches("http://"),
-            "-log-level",
-            "warn",
-        ],
+            "-acl-agent-token-file",
+            agent_token.to_str().unwrap(),
+        ]),
     ));
-    Cluster { server, agent }
+    agent.client = client_with(&management);
+    let peering = rules_file(&server, dir, &format!("peering-{name}"), r#"peering = "write""#).await;
+    Cluster { server, agent, peering }
+}
+
+/// A new token of `mesh` (the body of `PUT /v1/acl/token`), written to a file in `dir`.
+async fn token_file(mesh: &Mesh, dir: &Path, name: &str, body: Value) -> std::path::PathBuf {
+    let (status, text) = call(
+        &mesh.client,
+        reqwest::Method::PUT,
+        &format!("{}/v1/acl/token", mesh.http),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let secret = serde_json::from_str::<Value>(&text).unwrap()["SecretID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let file = dir.join(format!("{name}.token"));
+    std::fs::write(&file, secret).unwrap();
+    file
+}
+
+/// A token of `mesh` holding exactly `rules` (a policy of its own), in a file in `dir`.
+async fn rules_file(mesh: &Mesh, dir: &Path, name: &str, rules: &str) -> std::path::PathBuf {
+    let (status, text) = call(
+        &mesh.client,
+        reqwest::Method::PUT,
+        &format!("{}/v1/acl/policy", mesh.http),
+        Some(json!({"Name": name, "Rules": rules})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    token_file(mesh, dir, name, json!({"Policies": [{"Name": name}]})).await
+}
+
+/// A sidecar's token: the service identity of `service`.
+async fn identity(mesh: &Mesh, dir: &Path, service: &str) -> std::path::PathBuf {
+    let name = format!("{service}-{}", mesh.http.rsplit(':').next().unwrap());
+    token_file(
+        mesh,
+        dir,
+        &name,
+        json!({"ServiceIdentities": [{"ServiceName": service}]}),
+    )
+    .await
+}
+
+/// A mesh gateway's token, as Consul documents it for peering.
+const GATEWAY_RULES: &str = r#"
+service "mesh-gateway" { policy = "write" }
+service_prefix "" { policy = "read" }
+node_prefix "" { policy = "read" }
+agent_prefix "" { policy = "read" }
+mesh = "read"
+peering = "read"
+"#;
+
+/// Runs a sidecar's Envoy (its service registered on `node` in `mesh`'s catalog) with the
+/// service's identity.
+async fn sidecar(mesh: &Mesh, service: &str, node: &str, dir: &Path) -> Proc {
+    let token = identity(mesh, dir, service).await;
+    let xds = ["-grpc-addr", &mesh.grpc, "-token-file", token.to_str().unwrap()];
+    let run_dir = dir.join(format!("{service}-{node}"));
+    crate::mesh::run_envoy(service, node, &mesh.http, &xds, &run_dir)
+        .await
+        .0
+}
+
+/// A mesh gateway registered through the cluster's agent, with its own token; its Envoy
+/// and admin URL.
+async fn mesh_gateway(cluster: &Cluster, dir: &Path, address: &str) -> (Proc, String) {
+    let agent = &cluster.agent;
+    let name = format!("gateway-{}", agent.http.rsplit(':').next().unwrap());
+    let token = rules_file(&cluster.server, dir, &name, GATEWAY_RULES).await;
+    crate::mesh::run_proxy(
+        &["-gateway", "mesh", "-register", "-address", address],
+        &agent.http,
+        &["-grpc-addr", &agent.grpc, "-token-file", token.to_str().unwrap()],
+        &dir.join(name),
+    )
+    .await
 }
 
 async fn call(client: &reqwest::Client, method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, String) {
@@ -54,12 +168,20 @@ async fn call(client: &reqwest::Client, method: reqwest::Method, url: &str, body
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
-/// `meshd peering ...` against `mesh`'s API; its stdout, or the failure's one line.
-fn cli(mesh: &Mesh, args: &[&str]) -> Result<String, String> {
+/// `meshd peering ...` against the cluster's API, with its peering token; its stdout, or
+/// the failure's one line.
+fn cli(cluster: &Cluster, args: &[&str]) -> Result<String, String> {
+    cli_as(&cluster.server.http, &cluster.peering, args)
+}
+
+/// `meshd peering ...` against the API at `http` with the token in `token`.
+fn cli_as(http: &str, token: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(bin())
         .arg("peering")
         .args(args)
-        .args(["-http-addr", mesh.http.trim_start_matches("http://")])
+        .args(["-http-addr", http.trim_start_matches("http://")])
+        .arg("-token-file")
+        .arg(token)
         .output()
         .unwrap();
     if out.status.success() {
@@ -71,7 +193,7 @@ fn cli(mesh: &Mesh, args: &[&str]) -> Result<String, String> {
 
 /// A's token for `cluster-b` (`meshd peering generate-token`, to a file), established in B
 /// as `cluster-a` (`meshd peering establish`, from the file).
-async fn peer(a: &Mesh, b: &Mesh, dir: &Path) {
+async fn peer(a: &Cluster, b: &Cluster, dir: &Path) {
     let file = dir.join("token");
     let file = file.to_str().unwrap();
     let said = cli(
@@ -97,13 +219,17 @@ async fn peer(a: &Mesh, b: &Mesh, dir: &Path) {
     assert!(err.starts_with("meshd: PeeringToken:"), "{err}");
     let token = std::fs::read_to_string(file).unwrap();
     let (status, body) = call(
-        &b.client,
+        &b.server.client,
         reqwest::Method::POST,
-        &format!("{}/v1/peering/establish", b.http),
+        &format!("{}/v1/peering/establish", b.server.http),
         Some(json!({"PeerName": "cluster-a2", "PeeringToken": token})),
     )
     .await;
     assert_eq!(status, 400, "{body}");
+    // A token without `peering` may not generate one.
+    let weak = rules_file(&a.server, dir, "weak", r#"service_prefix "" { policy = "read" }"#).await;
+    let err = cli_as(&a.server.http, &weak, &["generate-token", "-name", "cluster-c"]).unwrap_err();
+    assert!(err.contains("Permission denied"), "{err}");
 }
 
 async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
@@ -122,10 +248,11 @@ async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16, u16) {
             {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind},
             {"DestinationName": "api", "LocalBindPort": local_bind}]}}}});
     b.agent.put("/v1/agent/service/register", web).await;
+    let token = identity(&b.server, dir, "web").await;
     let (proc, admin) = crate::mesh::run_proxy(
         &["-sidecar-for", "web"],
         &b.agent.http,
-        &["-grpc-addr", &b.agent.grpc],
+        &["-grpc-addr", &b.agent.grpc, "-token-file", token.to_str().unwrap()],
         &dir.join("web-b"),
     )
     .await;
@@ -158,6 +285,13 @@ async fn failover_to_the_peer(b: &Cluster, dir: &Path, local_bind: u16) -> Proc 
             json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
         )
         .await;
+    // ACLs deny by default: so do intentions.
+    b.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-intentions", "Name": "api", "Sources": [{"Name": "web", "Action": "allow"}]}),
+        )
+        .await;
     b.server
         .put(
             "/v1/config",
@@ -165,7 +299,7 @@ async fn failover_to_the_peer(b: &Cluster, dir: &Path, local_bind: u16) -> Proc 
                 "Failover": {"*": {"Targets": [{"Peer": "cluster-a"}]}}}),
         )
         .await;
-    let (api_b, _) = b.server.envoy("api", "node-api-b", dir).await;
+    let api_b = sidecar(&b.server, "api", "node-api-b", dir).await;
     let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let from = || {
         let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{local_bind}/failover"));
@@ -205,7 +339,7 @@ async fn failover_to_the_peer(b: &Cluster, dir: &Path, local_bind: u16) -> Proc 
 async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (cluster("a"), cluster("b"));
+    let (a, b) = (cluster("a", dir.path()).await, cluster("b", dir.path()).await);
 
     // A: api with its sidecar (on A's server), A's mesh gateway (through A's agent).
     let api_port = crate::gateway_e2e::backend("api");
@@ -219,30 +353,13 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
             json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"}),
         )
         .await;
-    let (api, _) = a.server.envoy("api", "node-api", dir.path()).await;
+    let api = sidecar(&a.server, "api", "node-api", dir.path()).await;
     let gateway_port = test_support::reserve_port();
     let gateway_address = format!("127.0.0.1:{gateway_port}");
-    let (gateway, gateway_admin) = crate::mesh::run_proxy(
-        &["-gateway", "mesh", "-register", "-address", &gateway_address],
-        &a.agent.http,
-        &["-grpc-addr", &a.agent.grpc],
-        &dir.path().join("gateway-a"),
-    )
-    .await;
+    let (gateway, gateway_admin) = mesh_gateway(&a, dir.path(), &gateway_address).await;
     // B's own mesh gateway (its side of the mesh; web's connections go to A's).
-    let (gateway_b, _) = crate::mesh::run_proxy(
-        &[
-            "-gateway",
-            "mesh",
-            "-register",
-            "-address",
-            &format!("127.0.0.1:{}", test_support::reserve_port()),
-        ],
-        &b.agent.http,
-        &["-grpc-addr", &b.agent.grpc],
-        &dir.path().join("gateway-b"),
-    )
-    .await;
+    let other = format!("127.0.0.1:{}", test_support::reserve_port());
+    let (gateway_b, _) = mesh_gateway(&b, dir.path(), &other).await;
     a.server
         .put(
             "/v1/config",
@@ -254,7 +371,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
         {"Name": "web", "Peer": "cluster-b", "Action": "allow"},
         {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]});
     a.server.put("/v1/config", allow_peer_web).await;
-    peer(&a.server, &b.server, dir.path()).await;
+    peer(&a, &b, dir.path()).await;
     wait_for(|| async {
         let a_side = state_of(&a.server, "cluster-b").await?;
         let b_side = state_of(&b.server, "cluster-a").await?;
@@ -262,7 +379,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     })
     .await;
     println!("{:>5.1} s peered", t0.elapsed().as_secs_f64());
-    let listed = cli(&b.server, &["list"]).unwrap();
+    let listed = cli(&b, &["list"]).unwrap();
     assert!(
         listed
             .lines()
@@ -270,7 +387,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
             .is_some_and(|l| l.starts_with("cluster-a") && l.contains("ACTIVE")),
         "{listed}"
     );
-    let read = cli(&a.server, &["read", "-name", "cluster-b"]).unwrap();
+    let read = cli(&a, &["read", "-name", "cluster-b"]).unwrap();
     assert!(
         read.contains("State: ACTIVE") && read.contains("Meta team: payments"),
         "{read}"
@@ -346,7 +463,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
 
     // A deletes the peering: B is told, its import goes, web's requests fail closed.
     let deleted_at = Instant::now();
-    let said = cli(&a.server, &["delete", "-name", "cluster-b"]).unwrap();
+    let said = cli(&a, &["delete", "-name", "cluster-b"]).unwrap();
     assert_eq!(
         said,
         "Successfully submitted peering connection, cluster-b, for deletion\n"

@@ -5,7 +5,7 @@ use crate::derive::{Changed, Input};
 use crate::mode::Mode;
 use agent_cache::AgentCaches;
 use agent_cache::cache::{CacheWatch, Fetched};
-use agent_cache::types::{ConfigEntryKey, RootsKey};
+use agent_cache::types::{ConfigEntriesKey, ConfigEntryKey, RootsKey};
 use proxycfg::DataSourceError;
 use std::sync::Arc;
 use structs::{ConfigEntry, ConfigEntryKind, IndexedCaRoots};
@@ -81,6 +81,14 @@ impl Mode for AgentCache {
     }
 
     fn config_entries(&self, kind: ConfigEntryKind) -> Self::Entries {
-        CacheInput::new(self.caches.config_entries.watch(&kind))
+        self.config_entries_as(kind, None)
+    }
+
+    fn config_entries_as(&self, kind: ConfigEntryKind, token: Option<&structs::Token>) -> Self::Entries {
+        let key = ConfigEntriesKey {
+            kind,
+            token: token.cloned(),
+        };
+        CacheInput::new(self.caches.config_entries.watch(&key))
     }
 }

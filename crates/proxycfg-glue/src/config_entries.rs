@@ -50,7 +50,7 @@ fn list<M: Mode>(
     mode: &M,
     req: &ConfigEntryListRequest,
 ) -> Result<impl Updates<Arc<Vec<Arc<ConfigEntry>>>> + use<M>, DataSourceError> {
-    Ok(Derive::every(mode.config_entries(req.kind), Ok))
+    Ok(Derive::every(mode.config_entries_as(req.kind, req.token.as_ref()), Ok))
 }
 
 /// One config entry, from the catalog (server mode).

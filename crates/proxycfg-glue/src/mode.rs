@@ -29,6 +29,13 @@ pub(crate) trait Mode: Send + Sync + 'static {
     /// Follows every entry of `kind`.
     fn config_entries(&self, kind: ConfigEntryKind) -> Self::Entries;
 
+    /// Follows every entry of `kind` as `token` may read them (none: the mode's own
+    /// reader). A server reads its own state, whoever asks.
+    fn config_entries_as(&self, kind: ConfigEntryKind, token: Option<&structs::Token>) -> Self::Entries {
+        let _ = token;
+        self.config_entries(kind)
+    }
+
     /// Refuses a request for another datacenter than this mode's (`""`: its own): neither
     /// mode forwards requests to other datacenters yet.
     fn check_dc(&self, asked: &str) -> Result<(), DataSourceError> {

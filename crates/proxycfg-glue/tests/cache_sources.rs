@@ -217,9 +217,7 @@ async fn catalog_sources_deliver_a_first_value_and_a_change() {
     let mut entries = start(
         &f,
         &f.sources.config_entry_list,
-        ConfigEntryListRequest {
-            kind: ConfigEntryKind::ServiceDefaults,
-        },
+        ConfigEntryListRequest::shared(ConfigEntryKind::ServiceDefaults),
     );
     let chain_req = DiscoveryChainRequest {
         datacenter: dc1(),

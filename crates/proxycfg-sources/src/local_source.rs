@@ -193,7 +193,10 @@ async fn sync(inner: Arc<Inner>, caches: AgentCaches, stop: CancellationToken) {
             kind: ConfigEntryKind::ProxyDefaults,
             name: "global".into(),
         }),
-        services: caches.config_entries.watch(&ConfigEntryKind::ServiceDefaults),
+        services: caches.config_entries.watch(&agent_cache::types::ConfigEntriesKey {
+            kind: ConfigEntryKind::ServiceDefaults,
+            token: None,
+        }),
         latest: (None, None),
         error: None,
     };

@@ -338,6 +338,27 @@ pub struct ConfigEntryRequest {
 pub struct ConfigEntryListRequest {
     /// Kind.
     pub kind: ConfigEntryKind,
+    /// The reader's token, for kinds whose reading takes more than `service:read` (none:
+    /// the agent's, one watch shared by every proxy of the agent). A server reads its own
+    /// state and ignores it (the proxy's stream is authorized apart).
+    pub token: Option<Token>,
+}
+
+impl ConfigEntryListRequest {
+    /// Every entry of `kind`, as the proxy holding `token` reads them: with its token where
+    /// the kind needs more than `service:read`
+    /// ([`ConfigEntryKind::read_beyond_services`]), else shared.
+    pub fn for_proxy(kind: ConfigEntryKind, token: Option<&Token>) -> Self {
+        Self {
+            kind,
+            token: token.filter(|_| kind.read_beyond_services()).cloned(),
+        }
+    }
+
+    /// Every entry of `kind`, read with the agent's token (one watch shared by every proxy).
+    pub fn shared(kind: ConfigEntryKind) -> Self {
+        Self { kind, token: None }
+    }
 }
 
 /// Central config resolved for a service and its upstreams.

@@ -187,9 +187,7 @@ async fn a_mesh_gateway_follows_the_connect_instances_of_every_service() {
         datacenter: "dc1".into(),
         typical_only: true,
     };
-    let resolvers = ConfigEntryListRequest {
-        kind: ConfigEntryKind::ServiceResolver,
-    };
+    let resolvers = ConfigEntryListRequest::shared(ConfigEntryKind::ServiceResolver);
     f.fakes.service_list.set(
         &list_req,
         ServiceNames(Arc::new(vec!["api".into(), "db".into(), "web".into()])),

@@ -300,9 +300,7 @@ async fn jwt_providers_are_watched_while_intentions_require_tokens() {
         datacenter: "dc1".into(),
         destination: "web".into(),
     };
-    let list_req = ConfigEntryListRequest {
-        kind: ConfigEntryKind::JwtProvider,
-    };
+    let list_req = ConfigEntryListRequest::shared(ConfigEntryKind::JwtProvider);
     let reg = sidecar("web", 21000, &[]);
     let mut w = register_and_watch(&f, &reg).await;
     let first = next_snapshot(&mut w).await;
@@ -358,9 +356,7 @@ async fn transparent_proxy_upstreams_follow_intentions() {
         datacenter: "dc1".into(),
         typical_only: true,
     };
-    let ixns_req = ConfigEntryListRequest {
-        kind: ConfigEntryKind::ServiceIntentions,
-    };
+    let ixns_req = ConfigEntryListRequest::shared(ConfigEntryKind::ServiceIntentions);
     let mut reg = sidecar("web", 21000, &[("db", 9192)]);
     Arc::make_mut(&mut reg.service).proxy.mode = ProxyMode::Transparent;
     let mut w = register_and_watch(&f, &reg).await;
@@ -438,9 +434,7 @@ async fn an_added_upstream_goes_out_with_its_chain_and_endpoints() {
     let names = |v: &[&str]| ServiceNames(Arc::new(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()));
     f.fakes.service_list.set(&services_req, names(&["web"]));
     f.fakes.config_entry_list.set(
-        &ConfigEntryListRequest {
-            kind: ConfigEntryKind::ServiceIntentions,
-        },
+        &ConfigEntryListRequest::shared(ConfigEntryKind::ServiceIntentions),
         Arc::new(vec![]),
     );
     let mut w = register_and_watch(&f, &reg).await;
@@ -470,7 +464,7 @@ async fn transparent_proxy_destinations_follow_entries_and_intentions() {
         datacenter: "dc1".into(),
         typical_only: true,
     };
-    let list = |kind| ConfigEntryListRequest { kind };
+    let list = |kind| ConfigEntryListRequest::shared(kind);
     let mut reg = sidecar("web", 21000, &[]);
     Arc::make_mut(&mut reg.service).proxy.mode = ProxyMode::Transparent;
     let mut w = register_and_watch(&f, &reg).await;

@@ -88,7 +88,7 @@ impl KindHandler for ApiGatewayHandler {
             watches.start(
                 &self.sources.config_entry_list,
                 CorrelationId::ConfigEntryList(kind),
-                ConfigEntryListRequest { kind },
+                ConfigEntryListRequest::for_proxy(kind, self.token.as_ref()),
             );
         }
         watches.start(

@@ -181,9 +181,7 @@ impl ConnectProxyHandler {
             watches.ensure(
                 &self.sources.config_entry_list,
                 id,
-                ConfigEntryListRequest {
-                    kind: ConfigEntryKind::JwtProvider,
-                },
+                ConfigEntryListRequest::for_proxy(ConfigEntryKind::JwtProvider, self.token.as_ref()),
             );
         } else if watches.cancel(&id) {
             cp.jwt_providers = None;

@@ -85,17 +85,13 @@ impl KindHandler for MeshGatewayHandler {
         watches.start(
             &self.sources.config_entry_list,
             CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceResolver),
-            ConfigEntryListRequest {
-                kind: ConfigEntryKind::ServiceResolver,
-            },
+            ConfigEntryListRequest::shared(ConfigEntryKind::ServiceResolver),
         );
         // Which services are exported to which peers: their peered SNIs are routed too.
         watches.start(
             &self.sources.config_entry_list,
             CorrelationId::ConfigEntryList(ConfigEntryKind::ExportedServices),
-            ConfigEntryListRequest {
-                kind: ConfigEntryKind::ExportedServices,
-            },
+            ConfigEntryListRequest::for_proxy(ConfigEntryKind::ExportedServices, self.token.as_ref()),
         );
         KindSnapshot::MeshGateway(MeshGatewaySnapshot::default())
     }

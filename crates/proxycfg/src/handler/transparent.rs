@@ -184,16 +184,12 @@ impl ConnectProxyHandler {
         watches.start(
             &self.sources.config_entry_list,
             CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceIntentions),
-            ConfigEntryListRequest {
-                kind: ConfigEntryKind::ServiceIntentions,
-            },
+            ConfigEntryListRequest::shared(ConfigEntryKind::ServiceIntentions),
         );
         watches.start(
             &self.sources.config_entry_list,
             CorrelationId::ConfigEntryList(ConfigEntryKind::ServiceDefaults),
-            ConfigEntryListRequest {
-                kind: ConfigEntryKind::ServiceDefaults,
-            },
+            ConfigEntryListRequest::shared(ConfigEntryKind::ServiceDefaults),
         );
     }
 
@@ -223,9 +219,7 @@ impl ConnectProxyHandler {
             watches.ensure(
                 &self.sources.config_entry_list,
                 gateway_list,
-                ConfigEntryListRequest {
-                    kind: ConfigEntryKind::TerminatingGateway,
-                },
+                ConfigEntryListRequest::shared(ConfigEntryKind::TerminatingGateway),
             );
         }
         let mut destinations = BTreeMap::new();

@@ -115,6 +115,21 @@ impl ConfigEntryKind {
         ConfigEntryKind::ExportedServices,
     ];
 
+    /// Whether reading entries of this kind takes more than `service:read` on their names
+    /// (`mesh:read`, or `service:write` on some service): routes, certificates, JWT
+    /// providers and exports. A proxy reads these with its own token, not an agent's.
+    pub fn read_beyond_services(self) -> bool {
+        matches!(
+            self,
+            Self::HttpRoute
+                | Self::TcpRoute
+                | Self::InlineCertificate
+                | Self::FileSystemCertificate
+                | Self::JwtProvider
+                | Self::ExportedServices
+        )
+    }
+
     /// Consul's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
