@@ -309,6 +309,9 @@ impl Compiler<'_, '_> {
     /// The resolver node of `subset` of `service` (following redirects).
     fn resolver_node(&mut self, service: &str, subset: &str, referrer: &Referrer) -> Result<String, ChainError> {
         let (service, subset, dc, redirected_by) = self.follow_redirects(service, subset, self.req.datacenter)?;
+        if let (Some(peer), Some(by)) = (dc.strip_prefix(PEER_MARK), &redirected_by) {
+            return Ok(self.peer_resolver_node(&service, peer, by));
+        }
         let resolver = self.entries.resolver(&service);
         // After a redirect, the redirect asked for the subset.
         let redirect_referrer = redirected_by.map(|by| Referrer {
@@ -346,6 +349,29 @@ impl Compiler<'_, '_> {
         Ok(name)
     }
 
+    /// The resolver node of `service` as `peer` exports it, reached by the redirect of
+    /// `by`'s resolver (whose timeout it takes): no subsets, no failover.
+    fn peer_resolver_node(&mut self, service: &str, peer: &str, by: &str) -> String {
+        let resolver = self.entries.resolver(by).cloned().unwrap_or_default();
+        let target = self.peer_target(service, peer, &resolver);
+        let name = resolver_node_name(&target);
+        if !self.nodes.contains_key(&name) {
+            let node = ChainNode::resolver(
+                target.to_string(),
+                ChainResolver {
+                    default: false,
+                    connect_timeout: GoDuration(self.connect_timeout(Some(&resolver))),
+                    request_timeout: resolver.request_timeout,
+                    target,
+                    failover: None,
+                },
+                resolver.load_balancer.clone(),
+            );
+            self.nodes.insert(name.clone(), node);
+        }
+        name
+    }
+
     fn connect_timeout(&self, resolver: Option<&ServiceResolver>) -> Duration {
         self.req
             .override_connect_timeout
@@ -375,6 +401,15 @@ impl Compiler<'_, '_> {
             } else {
                 String::new()
             };
+            if !redirect.peer.is_empty() {
+                // The service as the peer exports it (the peer's resolvers are its own).
+                return Ok((
+                    next_service,
+                    String::new(),
+                    format!("{PEER_MARK}{}", redirect.peer),
+                    Some(at.0),
+                ));
+            }
             if !redirect.datacenter.is_empty() && redirect.datacenter != dc {
                 // The service there, as that datacenter serves it.
                 return Ok((next_service, next_subset, redirect.datacenter.clone(), Some(at.0)));
@@ -535,6 +570,14 @@ impl Compiler<'_, '_> {
             self.check_same_protocol(&svc, &referrer)?;
             // A failover target's own redirect is followed (not its failover).
             let (svc, sub, dc, redirected_by) = self.follow_redirects(&svc, &sub, &dc)?;
+            if let (Some(peer), Some(by)) = (dc.strip_prefix(PEER_MARK), &redirected_by) {
+                let theirs = self.entries.resolver(by).cloned().unwrap_or_default();
+                let id = self.peer_target(&svc, peer, &theirs);
+                if seen.insert(id.clone()) {
+                    targets.push(id);
+                }
+                continue;
+            }
             let redirect_referrer = redirected_by.map(|by| Referrer {
                 kind: ConfigEntryKind::ServiceResolver,
                 name: by,

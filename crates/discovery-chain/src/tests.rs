@@ -165,6 +165,34 @@ fn resolver_default_subset_redirect_failover_and_load_balancer() {
 }
 
 #[test]
+fn a_redirect_to_a_peer_targets_the_service_as_the_peer_exports_it() {
+    let f = Fixture::default()
+        .with(
+            json!({"Kind": "service-resolver", "Name": "api", "ConnectTimeout": "3s",
+            "Redirect": {"Peer": "cluster-a"}}),
+        )
+        .with(json!({"Kind": "service-resolver", "Name": "web",
+            "Redirect": {"Service": "web-v2", "Peer": "cluster-a"}}))
+        .with(json!({"Kind": "service-resolver", "Name": "db",
+            "Failover": {"*": {"Targets": [{"Service": "api"}]}}}));
+    let chain = f.compile("api").unwrap();
+    assert_eq!(targets(&chain), ["api.default.default.external.cluster-a"]);
+    let target = chain.targets.values().next().unwrap();
+    assert_eq!((target.peer.as_str(), target.connect_timeout_ms), ("cluster-a", 3000));
+    let r = chain.nodes[&chain.start_node].resolver.as_ref().unwrap();
+    assert!(r.failover.is_none());
+    let chain = f.compile("web").unwrap();
+    assert_eq!(targets(&chain), ["web-v2.default.default.external.cluster-a"]);
+    // A failover target redirected to a peer fails over to the peer.
+    let chain = f.compile("db").unwrap();
+    let r = chain.nodes[&chain.start_node].resolver.as_ref().unwrap();
+    assert_eq!(
+        r.failover.as_ref().unwrap().targets,
+        [structs::TargetId("api.default.default.external.cluster-a".into())]
+    );
+}
+
+#[test]
 fn failover_targets_keep_order_and_drop_the_primary() {
     let f = Fixture::default().with(json!({"Kind": "service-resolver", "Name": "api",
         "Subsets": {"a": {"Filter": "Service.Meta.zone == a"}, "b": {"Filter": "Service.Meta.zone == b"}},

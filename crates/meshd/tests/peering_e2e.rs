@@ -238,15 +238,16 @@ async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
     peering["State"].as_str().map(str::to_owned)
 }
 
-/// web in B, on B's agent, its upstream `api` of the peer `cluster-a`; returns its Envoy
-/// and the upstream's local port.
-async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16, u16) {
-    let (bind, local_bind) = (test_support::reserve_port(), test_support::reserve_port());
+/// web in B, on B's agent, its upstreams `api` of the peer `cluster-a`, B's own `api` and
+/// `api-remote`; returns its Envoy, its admin URL and the upstreams' local ports.
+async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, [u16; 3]) {
+    let binds = [(); 3].map(|()| test_support::reserve_port());
     let web = json!({"Name": "web", "ID": "web", "Port": 9, "Connect": {"SidecarService": {
         "Port": test_support::reserve_port(),
         "Proxy": {"Upstreams": [
-            {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": bind},
-            {"DestinationName": "api", "LocalBindPort": local_bind}]}}}});
+            {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": binds[0]},
+            {"DestinationName": "api", "LocalBindPort": binds[1]},
+            {"DestinationName": "api-remote", "LocalBindPort": binds[2]}]}}}});
     b.agent.put("/v1/agent/service/register", web).await;
     let token = identity(&b.server, dir, "web").await;
     let (proc, admin) = crate::mesh::run_proxy(
@@ -256,7 +257,7 @@ async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, u16, u16) {
         &dir.join("web-b"),
     )
     .await;
-    (proc, admin, bind, local_bind)
+    (proc, admin, binds)
 }
 
 /// api in B too, with a resolver there failing it over to the peer A: web's requests to its
@@ -407,18 +408,29 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     assert_eq!(health[0]["Service"]["Port"], api_port, "{health}");
 
     // web in B calls api in A: through A's gateway, verified as A's api.
-    let (web, web_admin, bind, local_bind) = web_in_b(&b, dir.path()).await;
+    let (web, web_admin, [bind, local_bind, remote_bind]) = web_in_b(&b, dir.path()).await;
     let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-    let through = |path: &'static str| {
-        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{bind}{path}"));
+    let at = |port: u16, path: &'static str| {
+        let (plain, url) = (plain.clone(), format!("http://127.0.0.1:{port}{path}"));
         async move {
             let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
             Some((resp.status().as_u16(), resp.text().await.ok()?))
         }
     };
+    let through = |path: &'static str| at(bind, path);
     let body = wait_for(|| async { through("/hello").await.filter(|(s, _)| *s == 200) }).await;
     assert_eq!(body.1, "api /hello x-from=");
     println!("{:>5.1} s web in B reached api in A", t0.elapsed().as_secs_f64());
+    // A resolver in B redirecting api-remote to A's api: web's api-remote reaches A.
+    b.server
+        .put(
+            "/v1/config",
+            json!({"Kind": "service-resolver", "Name": "api-remote",
+                "Redirect": {"Service": "api", "Peer": "cluster-a"}}),
+        )
+        .await;
+    let body = wait_for(|| async { at(remote_bind, "/redirected").await.filter(|(s, _)| *s == 200) }).await;
+    assert_eq!(body.1, "api /redirected x-from=");
     let roots = crate::mesh::get(&a.server.client, &format!("{}/v1/connect/ca/roots", a.server.http))
         .await
         .unwrap();

@@ -455,6 +455,9 @@ pub struct ServiceResolverRedirect {
     /// Datacenter.
     #[serde(rename = "Datacenter", skip_serializing_if = "String::is_empty")]
     pub datacenter: String,
+    /// A cluster peer: the service (this one, or `Service`) as that peer exports it.
+    #[serde(rename = "Peer", skip_serializing_if = "String::is_empty")]
+    pub peer: String,
 }
 
 /// Where traffic goes when the primary target has no healthy instance.
@@ -769,11 +772,20 @@ impl Validate for ServiceResolver {
                     Problem::NotAllowed("together with Subsets"),
                 ));
             }
-            if r.service.is_empty() && r.service_subset.is_empty() && r.datacenter.is_empty() {
+            if r.service.is_empty() && r.service_subset.is_empty() && r.datacenter.is_empty() && r.peer.is_empty() {
                 return Err(ValidationError::new(
                     "Redirect",
-                    Problem::Invalid("must name a Service, ServiceSubset or Datacenter".into()),
+                    Problem::Invalid("must name a Service, ServiceSubset, Datacenter or Peer".into()),
                 ));
+            }
+            if !r.peer.is_empty() {
+                crate::validate::check_peer_name("Redirect.Peer", &r.peer)?;
+                if !r.service_subset.is_empty() || !r.datacenter.is_empty() {
+                    return Err(ValidationError::new(
+                        "Redirect.Peer",
+                        Problem::NotAllowed("together with ServiceSubset or Datacenter"),
+                    ));
+                }
             }
             if !r.service_subset.is_empty() && r.service.is_empty() {
                 return Err(ValidationError::new(

@@ -427,3 +427,29 @@ fn failover_targets_may_name_a_peer_alone() {
         assert!(err.contains(want), "{err} lacks {want}");
     }
 }
+
+#[test]
+fn a_redirect_may_name_a_peer() {
+    for ok in [
+        json!({"Peer": "cluster-a"}),
+        json!({"Service": "api-v2", "Peer": "cluster-a"}),
+    ] {
+        let ok = entry(json!({"Kind": "service-resolver", "Name": "api", "Redirect": ok}));
+        assert!(ok.validate().is_ok());
+    }
+    for (redirect, want) in [
+        (
+            json!({"Peer": "cluster-a", "Datacenter": "dc2"}),
+            "Redirect.Peer: not allowed",
+        ),
+        (
+            json!({"Service": "x", "Peer": "cluster-a", "ServiceSubset": "v1"}),
+            "Redirect.Peer: not allowed",
+        ),
+        (json!({"Peer": "Cluster A"}), "Redirect.Peer"),
+    ] {
+        let bad = entry(json!({"Kind": "service-resolver", "Name": "api", "Redirect": redirect}));
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains(want), "{err} lacks {want}");
+    }
+}
