@@ -68,6 +68,14 @@ pub enum PeeringOp {
         /// Its roots.
         roots: Vec<String>,
     },
+    /// The peer's mesh gateways arrived (every service it exports here is reached through
+    /// them).
+    Gateways {
+        /// The peering's name.
+        name: String,
+        /// The gateways.
+        gateways: Vec<structs::CheckServiceNode>,
+    },
     /// The peer's servers' addresses arrived (the dialing side dials them from now on).
     ServerAddresses {
         /// The peering's name.
@@ -183,6 +191,7 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             next.peering.peer_ca_pems = roots.clone();
             Ok(put(next))
         }
+        PeeringOp::Gateways { name, gateways } => plan_gateways(state, name, gateways),
         PeeringOp::ServerAddresses { name, addresses } => {
             let stored = live(state, name)?;
             if !stored.peering.is_dialer() || stored.peering.peer_server_addresses == *addresses || addresses.is_empty()
@@ -204,6 +213,7 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             next.peering.state = PeeringState::Deleting;
             next.peering.deleted_at = Some(Timestamp(*now));
             next.secrets = Default::default();
+            next.gateways.clear();
             Ok(put(next))
         }
         PeeringOp::Terminated { name } => {
@@ -216,6 +226,7 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             let mut next = (*stored).clone();
             next.peering.state = PeeringState::Terminated;
             next.secrets = Default::default();
+            next.gateways.clear();
             let mut changes = vec![Change::PutPeering(Box::new(next))];
             changes.extend(remove_imports(state, name));
             Ok(Plan::write(changes))
@@ -288,6 +299,7 @@ fn plan_token(
                 establishment: Some(secret.to_owned()),
                 ..Default::default()
             },
+            gateways: Vec::new(),
         },
     };
     Ok(put(next))
@@ -301,6 +313,7 @@ fn plan_establish(state: &State, peering: &Peering, stream_secret: &str) -> Resu
             stream_active: Some(stream_secret.to_owned()),
             ..Default::default()
         },
+        gateways: Vec::new(),
     };
     next.peering.state = PeeringState::Establishing;
     if let Some(existing) = state.peering(name) {
@@ -353,6 +366,29 @@ fn plan_open(state: &State, id: &str, secret: &str, remote: &PeeringRemote) -> R
     Ok(put(next))
 }
 
+fn plan_gateways(state: &State, name: &str, gateways: &[structs::CheckServiceNode]) -> Result<Plan, WriteError> {
+    let stored = live(state, name)?;
+    let mut gateways = gateways.to_vec();
+    for csn in &mut gateways {
+        mark_peer(csn, name);
+    }
+    if stored.gateways == gateways {
+        return Ok(Plan::write(Vec::new()));
+    }
+    let mut next = (*stored).clone();
+    next.gateways = gateways;
+    Ok(put(next))
+}
+
+/// Marks an instance the peer `name` sent as the peer's.
+fn mark_peer(csn: &mut structs::CheckServiceNode, name: &str) {
+    csn.node.peer_name = name.to_owned();
+    csn.service.peer_name = name.to_owned();
+    for check in &mut csn.checks {
+        check.peer_name = name.to_owned();
+    }
+}
+
 fn plan_import(state: &State, name: &str, services: &[ImportedService], complete: bool) -> Result<Plan, WriteError> {
     let stored = live(state, name)?;
     if stored.peering.state == PeeringState::Terminated {
@@ -361,7 +397,8 @@ fn plan_import(state: &State, name: &str, services: &[ImportedService], complete
     let mut changes = Vec::new();
     for service in services {
         let current = state.imported(name, &service.name);
-        if service.instances.is_empty() && service.mesh_gateways.is_empty() {
+        // A removal: the name alone (an exported service always carries its digest).
+        if service.digest.is_empty() && service.instances.is_empty() {
             if current.is_some() {
                 changes.push(Change::DeleteImported {
                     peer: name.to_owned(),
@@ -371,12 +408,10 @@ fn plan_import(state: &State, name: &str, services: &[ImportedService], complete
             continue;
         }
         let mut service = service.clone();
-        for csn in service.instances.iter_mut().chain(service.mesh_gateways.iter_mut()) {
-            csn.node.peer_name = name.to_owned();
-            csn.service.peer_name = name.to_owned();
-            for check in &mut csn.checks {
-                check.peer_name = name.to_owned();
-            }
+        // The peer's gateways are kept once, with the peering.
+        service.mesh_gateways.clear();
+        for csn in &mut service.instances {
+            mark_peer(csn, name);
         }
         if current.as_deref() != Some(&service) {
             changes.push(Change::PutImported {

@@ -18,11 +18,10 @@ pub fn exported_to(state: &State, peer: &str, datacenter: &str) -> BTreeMap<Stri
         return BTreeMap::new();
     }
     let trust_domain = state.ca_roots().trust_domain;
-    let gateways = mesh_gateways(state);
     names
         .into_iter()
         .map(|name| {
-            let service = exported_service(state, &name, peer, datacenter, &trust_domain, &gateways);
+            let service = exported_service(state, &name, peer, datacenter, &trust_domain);
             (name, service)
         })
         .collect()
@@ -58,14 +57,7 @@ fn export_names(state: &State, entry: &ExportedServices, peer: &str) -> Vec<Stri
         .collect()
 }
 
-fn exported_service(
-    state: &State,
-    name: &str,
-    peer: &str,
-    datacenter: &str,
-    trust_domain: &str,
-    gateways: &[CheckServiceNode],
-) -> ImportedService {
+fn exported_service(state: &State, name: &str, peer: &str, datacenter: &str, trust_domain: &str) -> ImportedService {
     let instances = state
         .health(name, false)
         .into_iter()
@@ -75,7 +67,9 @@ fn exported_service(
     let mut service = ImportedService {
         name: name.to_owned(),
         instances,
-        mesh_gateways: gateways.to_vec(),
+        // Sent once for every service (`mesh_gateways`): a gateway's change is one small
+        // update, not a resend of every exported service.
+        mesh_gateways: Vec::new(),
         sni: peered_service_sni(name, peer, trust_domain),
         spiffe_ids: vec![SpiffeIdService::new(trust_domain, datacenter, name).to_string()],
         protocol: protocol(state, name),
@@ -102,8 +96,9 @@ fn scrub(mut csn: CheckServiceNode) -> CheckServiceNode {
     csn
 }
 
-/// This cluster's healthy mesh gateways, each at the address other clusters reach it at.
-fn mesh_gateways(state: &State) -> Vec<CheckServiceNode> {
+/// This cluster's healthy mesh gateways, each at the address other clusters reach it at:
+/// where a peer's proxies connect to reach any service exported to it.
+pub fn mesh_gateways(state: &State) -> Vec<CheckServiceNode> {
     let mut names: Vec<&str> = state
         .all_services()
         .filter(|(_, s)| s.kind == ServiceKind::MeshGateway)

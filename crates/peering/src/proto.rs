@@ -126,6 +126,11 @@ pub struct Update {
     /// unchanged).
     #[prost(string, repeated, tag = "6")]
     pub server_addresses: Vec<String>,
+    /// The sender's healthy mesh gateways, where the receiver's proxies connect to reach
+    /// every service exported to it: `structs::CheckServiceNode` values, as a JSON array
+    /// (absent: unchanged).
+    #[prost(bytes = "vec", optional, tag = "7")]
+    pub gateways_json: Option<Vec<u8>>,
 }
 
 /// An update was applied.

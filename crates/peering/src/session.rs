@@ -69,6 +69,7 @@ pub fn known(state: &State, name: &str) -> Vec<Known> {
 struct Sent {
     services: HashMap<String, String>,
     bundle: Option<(String, Vec<String>)>,
+    gateways: Option<Vec<structs::CheckServiceNode>>,
     addresses: Vec<String>,
     nonce: u64,
 }
@@ -208,10 +209,12 @@ fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &m
         .collect();
     let bundle = exports::trust_bundle(state);
     let new_bundle = sent.bundle.as_ref() != Some(&bundle) && !bundle.1.is_empty();
+    let gateways = exports::mesh_gateways(state);
+    let new_gateways = sent.gateways.as_ref() != Some(&gateways);
     // Only the acceptor's servers are dialled.
     let addresses = if dialer { Vec::new() } else { (ctx.addresses)() };
     let new_addresses = !addresses.is_empty() && addresses != sent.addresses;
-    if changed.is_empty() && removed.is_empty() && !new_bundle && !new_addresses {
+    if changed.is_empty() && removed.is_empty() && !new_bundle && !new_addresses && !new_gateways {
         return Vec::new();
     }
     // The first update carries the bundle (before the services it verifies), the addresses
@@ -231,6 +234,7 @@ fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &m
         },
         removed: removed.clone(),
         server_addresses: if new_addresses { addresses.clone() } else { Vec::new() },
+        gateways_json: new_gateways.then(|| serde_json::to_vec(&gateways).unwrap_or_default()),
     });
     for chunk in chunks {
         sent.nonce += 1;
@@ -251,6 +255,9 @@ fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &m
     }
     if new_addresses {
         sent.addresses = addresses;
+    }
+    if new_gateways {
+        sent.gateways = Some(gateways);
     }
     updates
 }
@@ -360,6 +367,18 @@ async fn apply(ctx: &Context, name: &str, dialer: bool, update: Update) -> Resul
                 name: name.to_owned(),
                 services: by_name.into_values().collect(),
                 complete: false,
+            },
+        )
+        .await?;
+    }
+    if let Some(json) = &update.gateways_json {
+        let gateways: Vec<structs::CheckServiceNode> =
+            serde_json::from_slice(json).map_err(|e| format!("undecodable mesh gateways: {e}"))?;
+        write(
+            ctx,
+            PeeringOp::Gateways {
+                name: name.to_owned(),
+                gateways,
             },
         )
         .await?;

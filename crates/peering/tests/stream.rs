@@ -190,11 +190,23 @@ async fn exports_flow_both_ways_and_deletes_end_them() {
     .await;
     peer(&a, &b).await;
 
-    eventually("api imported in B", || {
-        b.store.read().imported("cluster-a", "api").is_some()
+    // The gateways come once for every service, kept with the peering; a proxy's view
+    // of the service holds them.
+    eventually("api imported in B, with A's gateways", || {
+        let upstream = b.store.read().peered_upstream("cluster-a", "api");
+        upstream.service.is_some_and(|s| !s.mesh_gateways.is_empty())
     })
     .await;
-    let api = b.store.read().imported("cluster-a", "api").unwrap();
+    assert!(
+        b.store
+            .read()
+            .imported("cluster-a", "api")
+            .unwrap()
+            .mesh_gateways
+            .is_empty()
+    );
+    let api = b.store.read().peered_upstream("cluster-a", "api").service.unwrap();
+    assert_eq!(api.mesh_gateways[0].service.peer_name, "cluster-a");
     assert_eq!(api.instances.len(), 1);
     assert_eq!(api.instances[0].service.peer_name, "cluster-a");
     assert_eq!(api.instances[0].node.address, "10.0.1.1");

@@ -189,6 +189,9 @@ pub struct StoredPeering {
     pub peering: Peering,
     /// The secrets.
     pub secrets: PeeringSecrets,
+    /// The peer's healthy mesh gateways (at the addresses this cluster reaches them at):
+    /// where proxies here connect to reach every service the peer exports here.
+    pub gateways: Vec<crate::CheckServiceNode>,
 }
 
 /// What a peering token carries: base64 of this JSON, as Consul's.

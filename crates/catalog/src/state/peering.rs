@@ -29,14 +29,21 @@ impl State {
                 }
             }
             Change::PutImported { peer, service } => {
-                self.imported
-                    .insert((peer.clone(), service.name.clone()), Arc::new((**service).clone()));
+                let new = self
+                    .imported
+                    .insert((peer.clone(), service.name.clone()), Arc::new((**service).clone()))
+                    .is_none();
+                if new {
+                    // The peering's `ImportedServiceCount` moved.
+                    bumped.insert(IndexKey::Peerings);
+                }
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.name.clone()));
             }
             Change::DeleteImported { peer, service }
                 if self.imported.remove(&(peer.clone(), service.clone())).is_some() =>
             {
+                bumped.insert(IndexKey::Peerings);
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.clone()));
             }
@@ -83,11 +90,14 @@ impl State {
     /// What a proxy here needs for an upstream `service` of `peer`: the service as the
     /// peer exports it and the peer's trust bundle, while the peering is live.
     pub fn peered_upstream(&self, peer: &str, service: &str) -> structs::peering::PeeredUpstream {
-        let bundle = self.peerings.get(peer).and_then(|p| trust_bundle(p));
-        structs::peering::PeeredUpstream {
-            service: bundle.as_ref().and(self.imported(peer, service)).map(|s| (*s).clone()),
-            bundle,
-        }
+        let stored = self.peerings.get(peer);
+        let bundle = stored.and_then(|p| trust_bundle(p));
+        let service = bundle.as_ref().and(self.imported(peer, service)).map(|s| {
+            let mut s = (*s).clone();
+            s.mesh_gateways = stored.map(|p| p.gateways.clone()).unwrap_or_default();
+            s
+        });
+        structs::peering::PeeredUpstream { service, bundle }
     }
 
     /// The trust bundles of the live peerings `service` is exported to (the
