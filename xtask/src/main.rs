@@ -74,6 +74,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("ha", "meshd", "ha"),
     ("dns", "meshd", "dns"),
     ("federation", "meshd", "federation"),
+    ("peering", "meshd", "peering"),
 ];
 
 fn test(extra: &[String]) -> Result<()> {

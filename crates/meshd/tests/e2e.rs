@@ -68,6 +68,9 @@ mod bench_memory;
 #[path = "../benches/nack.rs"]
 mod bench_nack;
 #[allow(dead_code)]
+#[path = "../benches/peering.rs"]
+mod bench_peering;
+#[allow(dead_code)]
 #[path = "../benches/server.rs"]
 mod bench_server;
 #[allow(dead_code)]
