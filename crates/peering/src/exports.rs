@@ -10,21 +10,57 @@ use structs::config_entry::ExportedServices;
 use structs::peering::{ImportedService, peered_service_sni};
 use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthStatus, ServiceKind, SpiffeIdService};
 
-/// The services exported to `peer` (by the name this cluster gives it), by name, each with
-/// its digest.
-pub fn exported_to(state: &State, peer: &str, datacenter: &str) -> BTreeMap<String, ImportedService> {
-    let names = exported_names(state, peer);
-    if names.is_empty() {
-        return BTreeMap::new();
+/// What one stream exports to its peer (by the name this cluster gives it), by name, each
+/// with its digest, kept between recomputations: a service is built again only when its
+/// instances, the config entries or the CA changed since it was built (a write elsewhere
+/// in the catalog costs a lookup per exported service, not a rebuild).
+#[derive(Debug, Default)]
+pub struct Exports {
+    services: BTreeMap<String, (Versions, ImportedService)>,
+}
+
+/// The catalog indexes an exported service was built at: its instances', the config
+/// entries' (its protocol) and the CA's (its SNI and identities).
+type Versions = (structs::Index, structs::Index, structs::Index);
+
+impl Exports {
+    /// Brings the exports up to `state`.
+    pub fn refresh(&mut self, state: &State, peer: &str, datacenter: &str) {
+        let names = exported_names(state, peer);
+        let wanted: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        self.services.retain(|name, _| wanted.contains(name.as_str()));
+        if names.is_empty() {
+            return;
+        }
+        let shared = (
+            state.index_of(&catalog::IndexKey::ConfigEntries),
+            state.index_of(&catalog::IndexKey::Ca),
+        );
+        let mut trust_domain = None;
+        for name in names {
+            let versions = (
+                state.index_of(&catalog::IndexKey::Service(name.clone())),
+                shared.0,
+                shared.1,
+            );
+            if self.services.get(&name).is_some_and(|(v, _)| *v == versions) {
+                continue;
+            }
+            let trust_domain = trust_domain.get_or_insert_with(|| state.ca_roots().trust_domain);
+            let service = exported_service(state, &name, peer, datacenter, trust_domain);
+            self.services.insert(name, (versions, service));
+        }
     }
-    let trust_domain = state.ca_roots().trust_domain;
-    names
-        .into_iter()
-        .map(|name| {
-            let service = exported_service(state, &name, peer, datacenter, &trust_domain);
-            (name, service)
-        })
-        .collect()
+
+    /// The services exported, by name.
+    pub fn services(&self) -> impl Iterator<Item = &ImportedService> {
+        self.services.values().map(|(_, s)| s)
+    }
+
+    /// Whether `name` is exported.
+    pub fn contains(&self, name: &str) -> bool {
+        self.services.contains_key(name)
+    }
 }
 
 /// The names of the services exported to `peer` (what the API shows), sorted.

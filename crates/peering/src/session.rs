@@ -67,6 +67,8 @@ pub fn known(state: &State, name: &str) -> Vec<Known> {
 /// What has been sent to the peer on this stream.
 #[derive(Default)]
 struct Sent {
+    /// What is exported to the peer, as last computed.
+    exports: exports::Exports,
     services: HashMap<String, String>,
     bundle: Option<(String, Vec<String>)>,
     gateways: Option<Vec<structs::CheckServiceNode>>,
@@ -196,15 +198,29 @@ async fn export(
 const SERVICES_PER_UPDATE: usize = 100;
 
 fn next_updates(ctx: &Context, state: &State, name: &str, dialer: bool, sent: &mut Sent) -> Vec<Update> {
-    let exported = exports::exported_to(state, name, &ctx.datacenter);
+    let mut exported = std::mem::take(&mut sent.exports);
+    exported.refresh(state, name, &ctx.datacenter);
+    let updates = updates_for(ctx, state, dialer, sent, &exported);
+    sent.exports = exported;
+    updates
+}
+
+/// What to send for `exported` given what was `sent` (which it brings up to date).
+fn updates_for(
+    ctx: &Context,
+    state: &State,
+    dialer: bool,
+    sent: &mut Sent,
+    exported: &exports::Exports,
+) -> Vec<Update> {
     let changed: Vec<&ImportedService> = exported
-        .values()
+        .services()
         .filter(|s| sent.services.get(&s.name) != Some(&s.digest))
         .collect();
     let removed: Vec<String> = sent
         .services
         .keys()
-        .filter(|n| !exported.contains_key(*n))
+        .filter(|n| !exported.contains(n))
         .cloned()
         .collect();
     let bundle = exports::trust_bundle(state);
