@@ -450,3 +450,122 @@ async fn agent_proxies_share_one_chain_and_nothing_outlives_them() {
         .expect("the shared follower stopped with its last watch");
     caches.shutdown().await;
 }
+
+/// A server with ACLs on (default deny), bootstrapped: its store, address and management
+/// token.
+async fn acl_server() -> (Store, String, String) {
+    let store = Store::open(StoreConfig::default()).await.unwrap();
+    let resolver = Arc::new(catalog::acl::Resolver::new(catalog::acl::AclSettings {
+        enabled: true,
+        default_allow: false,
+        datacenter: "dc1".into(),
+    }));
+    store.write(Op::AclInit).await.unwrap();
+    let app = http_api::router(
+        store.clone(),
+        http_api::ApiConfig {
+            acl: resolver,
+            ..Default::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let boot: serde_json::Value = reqwest::Client::new()
+        .put(format!("http://{addr}/v1/acl/bootstrap"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (store, addr, boot["SecretID"].as_str().unwrap().to_owned())
+}
+
+/// A token of the server at `addr` holding exactly `rules`.
+async fn token_with(addr: &str, management: &str, name: &str, rules: &str) -> Token {
+    let client = reqwest::Client::new();
+    let put = |path: &str, body: serde_json::Value| {
+        client
+            .put(format!("http://{addr}{path}"))
+            .header("X-Consul-Token", management)
+            .json(&body)
+            .send()
+    };
+    let policy = put("/v1/acl/policy", serde_json::json!({"Name": name, "Rules": rules}))
+        .await
+        .unwrap();
+    assert!(policy.status().is_success(), "{}", policy.text().await.unwrap());
+    let token: serde_json::Value = put("/v1/acl/token", serde_json::json!({"Policies": [{"Name": name}]}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    Token::new(token["SecretID"].as_str().unwrap()).unwrap()
+}
+
+/// Entries only `mesh:read` may read (a gateway's exports) are read with the proxy's token:
+/// the agent's (a node identity's rules) cannot see them, and a token that may not read
+/// them gets "permission denied", never an empty list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_scoped_lists_are_read_with_the_proxys_token_and_refusals_are_not_empty_lists() {
+    let (store, addr, management) = acl_server().await;
+    set_entry(
+        &store,
+        ConfigEntry::from_json(serde_json::json!({"Kind": "exported-services", "Name": "default",
+            "Services": [{"Name": "api", "Consumers": [{"Peer": "cluster-b"}]}]}))
+        .unwrap(),
+    )
+    .await;
+    let agent = token_with(
+        &addr,
+        &management,
+        "agent",
+        "node_prefix \"\" { policy = \"write\" }\nservice_prefix \"\" { policy = \"read\" }",
+    )
+    .await;
+    let gateway = token_with(
+        &addr,
+        &management,
+        "gateway",
+        "service \"mesh-gateway\" { policy = \"write\" }\nmesh = \"read\"",
+    )
+    .await;
+    let servers = Arc::new(Servers::new(&[addr]));
+    servers.set_token(Some(agent.clone()));
+    let caches = AgentCaches::new(servers, CachesConfig::default(), CancellationToken::new());
+    let checks = Arc::new(Checks(watch::Sender::new(0), parking_lot::Mutex::new(Vec::new())));
+    let sources = cache_data_sources(caches.clone(), checks as Arc<dyn LocalChecks>);
+    let f = Fixture {
+        store,
+        sources,
+        checks: Arc::new(Checks(watch::Sender::new(0), parking_lot::Mutex::new(Vec::new()))),
+        caches,
+        cancel: CancellationToken::new(),
+    };
+    let list = |token: Option<&Token>| ConfigEntryListRequest::for_proxy(ConfigEntryKind::ExportedServices, token);
+    let mut theirs = start(&f, &f.sources.config_entry_list, list(Some(&gateway)));
+    theirs
+        .until(
+            "the gateway's exports",
+            |p| matches!(p, UpdatePayload::ConfigEntryList(l) if l.len() == 1),
+        )
+        .await;
+    // The agent's own token may not: refused, not an empty list.
+    let mut agents = start(&f, &f.sources.config_entry_list, list(None));
+    let event = tokio::time::timeout(Duration::from_secs(10), agents.0.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    match event.result {
+        Err(DataSourceError::PermissionDenied(m)) => assert!(m.contains("exported-services"), "{m}"),
+        other => panic!("expected permission denied, got {other:?}"),
+    }
+    // Lists any token may read stay shared (one watch with the agent's token).
+    assert_eq!(
+        ConfigEntryListRequest::for_proxy(ConfigEntryKind::ServiceResolver, Some(&gateway)),
+        ConfigEntryListRequest::shared(ConfigEntryKind::ServiceResolver)
+    );
+    f.cancel.cancel();
+}
