@@ -13,10 +13,18 @@ impl State {
             Change::PutPeering(stored) => {
                 let mut stored = (**stored).clone();
                 let name = stored.peering.name.clone();
-                stored.peering.create_index = self.peerings.get(&name).map_or(index, |p| p.peering.create_index);
-                stored.peering.modify_index = index;
+                // Only the peer's gateways moved: nothing the API shows nor any trust
+                // changed, only what proxies reach the peer's services through.
+                let gateways_only = self
+                    .peerings
+                    .get(&name)
+                    .is_some_and(|p| p.peering == stored.peering && p.secrets == stored.secrets);
+                if !gateways_only {
+                    stored.peering.create_index = self.peerings.get(&name).map_or(index, |p| p.peering.create_index);
+                    stored.peering.modify_index = index;
+                    bumped.insert(IndexKey::Peerings);
+                }
                 self.peerings.insert(name.clone(), Arc::new(stored));
-                bumped.insert(IndexKey::Peerings);
                 // Its trust bundle goes with each service it exports here.
                 for service in self.imported_services(&name) {
                     bumped.insert(IndexKey::PeerService(name.clone(), service.name.clone()));
