@@ -19,12 +19,9 @@
 
 use serde_json::{Value, json};
 use std::process::Child;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use test_support::ads::{delta_proxy, marker_address, proc_stat};
+use test_support::ads::{MarkerFleet, marker_address};
 use test_support::figures::{BenchStore, env_usize, ms, percentile};
-use tokio::sync::mpsc;
 
 /// Streams connecting at once.
 const CONNECTING: usize = 256;
@@ -199,58 +196,26 @@ async fn propagation(client: &reqwest::Client, dc1: &Server, dc2: &Server) {
     }
     while tasks.join_next().await.is_some() {}
 
-    let marker = Arc::new(AtomicU64::new(0));
-    let (report, mut reports) = mpsc::unbounded_channel();
-    let (ready, mut readies) = mpsc::unbounded_channel();
-    let gate = Arc::new(tokio::sync::Semaphore::new(CONNECTING));
-    let start = Instant::now();
-    for i in 0..n {
-        let (grpc, marker, report, ready) = (dc1.grpc.clone(), Arc::clone(&marker), report.clone(), ready.clone());
-        let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
-        tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, None));
-    }
-    for _ in 0..n {
-        readies.recv().await.unwrap();
-    }
+    let (mut fleet, synced) = MarkerFleet::connect(&dc1.grpc, n, CONNECTING).await;
     println!(
         "  {n} proxies in dc1, each with api in dc2 as its upstream (through dc2's mesh gateways): all streams synced in {}",
-        ms(start.elapsed())
+        ms(synced)
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let mut lat = Vec::new();
-    let (mut cpu1, mut cpu2) = (Duration::ZERO, Duration::ZERO);
+    let mut cpu = [Duration::ZERO; 2];
     for round in 1..=rounds {
-        marker.store(round, Ordering::Release);
-        let (c1, _) = proc_stat(dc1.child.id());
-        let (c2, _) = proc_stat(dc2.child.id());
-        let t0 = Instant::now();
-        put(
+        let register = put(
             client,
             format!("{}/v1/catalog/register", dc2.http),
             gateway(round, &marker_address(round)),
-        )
-        .await;
-        let mut got = std::collections::BTreeSet::new();
-        while got.len() < n {
-            match tokio::time::timeout(Duration::from_secs(10), reports.recv()).await {
-                Ok(Some((at, _, idx))) => {
-                    lat.push(at - t0);
-                    got.insert(idx);
-                }
-                _ => {
-                    println!(
-                        "  round {round}: only {} of {n} streams received dc2's new gateway within 10 s",
-                        got.len()
-                    );
-                    break;
-                }
-            }
-        }
-        cpu1 += proc_stat(dc1.child.id()).0 - c1;
-        cpu2 += proc_stat(dc2.child.id()).0 - c2;
+        );
+        let pids = [dc1.child.id(), dc2.child.id()];
+        fleet.round(round, register, &pids, &mut lat, &mut cpu).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let [cpu1, cpu2] = cpu;
     lat.sort();
     println!(
         "  a mesh gateway registered in dc2 -> every dc1 stream has it in its load assignment ({n} streams x {rounds} rounds): p50 {}  p99 {}  max {}   [target p99 <= 200 ms]",

@@ -350,3 +350,74 @@ fn any_has_marker(resources: &[envoy_types::pb::google::protobuf::Any], marker: 
         .iter()
         .any(|a| a.value.windows(needle.len()).any(|w| w == needle.as_bytes()))
 }
+
+/// `n` synthetic delta proxies ([`delta_proxy`]) on one xDS address, timed round by round:
+/// each round sets a new marker, makes a change carrying its address, and waits until every
+/// proxy has it.
+pub struct MarkerFleet {
+    n: usize,
+    marker: Arc<AtomicU64>,
+    reports: mpsc::UnboundedReceiver<(Instant, usize, usize)>,
+}
+
+impl MarkerFleet {
+    /// Connects `n` proxies to `grpc`, `connecting` at a time, nodes `0..n` of
+    /// [`envoy_node`]; returns once every one is synced, with how long that took.
+    pub async fn connect(grpc: &str, n: usize, connecting: usize) -> (Self, Duration) {
+        let marker = Arc::new(AtomicU64::new(0));
+        let (report, reports) = mpsc::unbounded_channel();
+        let (ready, mut readies) = mpsc::unbounded_channel();
+        let gate = Arc::new(tokio::sync::Semaphore::new(connecting));
+        let start = Instant::now();
+        for i in 0..n {
+            let (grpc, marker, report, ready) = (grpc.to_owned(), Arc::clone(&marker), report.clone(), ready.clone());
+            let permit = Arc::clone(&gate)
+                .acquire_owned()
+                .await
+                .expect("the gate is never closed");
+            tokio::spawn(delta_proxy(grpc, i, marker, report, ready, permit, None));
+        }
+        for _ in 0..n {
+            readies.recv().await.expect("a proxy ended before it synced");
+        }
+        (Self { n, marker, reports }, start.elapsed())
+    }
+
+    /// Round `round` (from 1): `change` makes a change carrying [`marker_address`]`(round)`;
+    /// pushes, per proxy, the time from the start of the change until it had it (10 s at
+    /// most, else says how many did), and adds the CPU each of `pids` spent meanwhile.
+    #[allow(clippy::print_stdout)] // part of a benchmark's printed figures
+    pub async fn round(
+        &mut self,
+        round: u64,
+        change: impl std::future::Future<Output = ()>,
+        pids: &[u32],
+        latencies: &mut Vec<Duration>,
+        cpu: &mut [Duration],
+    ) {
+        self.marker.store(round, Ordering::Release);
+        let before: Vec<Duration> = pids.iter().map(|p| proc_stat(*p).0).collect();
+        let t0 = Instant::now();
+        change.await;
+        let mut got = std::collections::BTreeSet::new();
+        while got.len() < self.n {
+            match tokio::time::timeout(Duration::from_secs(10), self.reports.recv()).await {
+                Ok(Some((at, _, idx))) => {
+                    latencies.push(at - t0);
+                    got.insert(idx);
+                }
+                _ => {
+                    println!(
+                        "  round {round}: only {} of {} streams received the change within 10 s",
+                        got.len(),
+                        self.n
+                    );
+                    break;
+                }
+            }
+        }
+        for ((spent, pid), was) in cpu.iter_mut().zip(pids).zip(before) {
+            *spent += proc_stat(*pid).0 - was;
+        }
+    }
+}
