@@ -93,7 +93,8 @@ def etcd():
 
 def _start_server(*args):
     proc = subprocess.Popen(
-        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-log-level", "warn", *args],
+        [_meshd_binary(), "server", "-http-addr", "127.0.0.1:0", "-grpc-addr", "127.0.0.1:0",
+         "-grpc-tls-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-log-level", "warn", *args],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -59,6 +59,7 @@ pub async fn run(
             .dns_addr
             .0
             .map(|a| (a, args.dns.config(&settings.agent.datacenter))),
+        grpc_tls_own_names: false,
     })
     .await
     .map_err(StartError::Node)?;

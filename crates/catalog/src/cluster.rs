@@ -18,6 +18,9 @@ pub struct ServerInfo {
     /// Its xDS address.
     #[serde(default)]
     pub xds_address: String,
+    /// Its gRPC TLS address (empty: none), where other clusters' servers dial it to peer.
+    #[serde(default)]
+    pub grpc_tls_address: String,
 }
 
 /// The servers as this one last saw them.

@@ -45,7 +45,18 @@ impl Drop for Server {
 fn start(name: &str) -> Server {
     let store = BenchStore::from_env();
     let mut args = store.args();
-    args.extend(["-node", &format!("server-{name}"), "-log-level", "error"].map(str::to_owned));
+    // The peering calls run over the servers' gRPC TLS listener.
+    args.extend(
+        [
+            "-node",
+            &format!("server-{name}"),
+            "-log-level",
+            "error",
+            "-grpc-tls-addr",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned),
+    );
     let test_support::process::ServerProcess { child, http, grpc, .. } =
         test_support::process::start_server(std::path::Path::new(env!("CARGO_BIN_EXE_meshd")), args);
     Server {

@@ -86,8 +86,14 @@ pub(crate) async fn cluster(members: usize) -> EtcdCluster {
 }
 
 pub(crate) async fn servers(etcd: &EtcdCluster, n: usize) -> Vec<Server> {
+    servers_with(etcd, n, &[]).await
+}
+
+/// As [`servers`], each with the flags `extra` too.
+pub(crate) async fn servers_with(etcd: &EtcdCluster, n: usize, extra: &[&str]) -> Vec<Server> {
     let mut servers: Vec<Server> = (0..n).map(|i| Server::new(&format!("server-{i}"), etcd)).collect();
     for s in &mut servers {
+        s.extra = extra.iter().map(|a| (*a).to_owned()).collect();
         s.start();
     }
     servers

@@ -44,6 +44,8 @@ async fn cluster(name: &str, dir: &Path) -> Cluster {
         ACL.into_iter().chain([
             "warn",
             "-dev",
+            "-grpc-tls-addr",
+            "127.0.0.1:0",
             "-node",
             &format!("server-{name}"),
             "-acl-initial-management-token-file",
@@ -540,7 +542,7 @@ fn gateway_at(node: &str, port: u16) -> Value {
 async fn the_stream_moves_to_another_server_when_its_holder_dies() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = crate::ha::cluster(1).await;
-    let mut a = crate::ha::servers(&etcd, 3).await;
+    let mut a = crate::ha::servers_with(&etcd, 3, &["-grpc-tls-addr", "127.0.0.1:0"]).await;
     let b = Mesh::of(start_server(bin(), ["-dev", "-node", "server-b", "-log-level", "warn"]));
     let client = reqwest::Client::new();
     let a0 = a[0].http();

@@ -80,7 +80,7 @@ impl Keepalive {
 /// same stream admission) as [`serve_xds`], over connections the TLS listener handshook.
 pub fn serve_xds_tls(
     listener: TcpListener,
-    config: std::sync::Arc<rustls::ServerConfig>,
+    certs: crate::tls::Certs,
     xds: &XdsServer,
     extra: &tonic::service::Routes,
     stop: CancellationToken,
@@ -89,7 +89,7 @@ pub fn serve_xds_tls(
     // No per-client limit on xDS (the plain port has none either): admission bounds streams.
     let incoming = crate::tls::TlsIncoming::start(
         listener,
-        config,
+        certs,
         crate::conn_limit::ClientCounts::new(0),
         stop.clone(),
         "xds",

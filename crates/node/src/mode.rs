@@ -43,6 +43,9 @@ pub struct Listeners {
     pub admission: xds::Admission,
     /// The DNS interface (none: off) and how it answers.
     pub dns: Option<(SocketAddr, dns::Config)>,
+    /// The mode serves names of its own on the gRPC TLS listener ([`Mode::grpc_tls_names`]):
+    /// that listener may then run without `-tls-cert-file`, serving only those names.
+    pub grpc_tls_own_names: bool,
 }
 
 /// The addresses a node's listeners are bound to.
@@ -110,7 +113,7 @@ impl BoundListeners {
 
 /// Loads the TLS flags and binds every listener asked for (`127.0.0.1:0` picks a port).
 pub async fn bind(config: Listeners) -> Result<BoundListeners, ModeError> {
-    let tls = TlsSettings::load(&config.tls)?;
+    let tls = TlsSettings::load_for(&config.tls, config.grpc_tls_own_names)?;
     let (http, http_addr) = bind_optional(config.http, "").await?;
     let (grpc, grpc_addr) = bind_optional(config.grpc, "xDS ").await?;
     let (https, https_addr) = bind_optional(config.tls.https_addr, "HTTPS ").await?;
@@ -178,6 +181,8 @@ pub struct Engine {
     pub source: Arc<dyn ConfigSource>,
     /// The mode's own gRPC services, served beside xDS on the gRPC listeners.
     pub grpc: tonic::service::Routes,
+    /// The mode's own names on the gRPC TLS listener.
+    pub tls_names: Option<Arc<dyn crate::tls::ServerNames>>,
 }
 
 /// What a server or an agent plugs into a node (see the module docs). Every method is
@@ -214,6 +219,12 @@ pub trait Mode: Send + Sync + 'static {
     /// gRPC services of the mode's own, served beside xDS (a server's peering service).
     fn grpc_routes(&self) -> tonic::service::Routes {
         tonic::service::Routes::default()
+    }
+
+    /// Names the gRPC TLS listener serves with the mode's own certificates, chosen by the
+    /// client's SNI (a server's peering name); other clients get `-tls-cert-file`'s.
+    fn grpc_tls_names(&self) -> Option<Arc<dyn crate::tls::ServerNames>> {
+        None
     }
 
     /// What the DNS interface answers from (as the node's default token may read).
@@ -372,6 +383,7 @@ fn start_engine<M: Mode>(mode: &M, admission: xds::Admission) -> Engine {
         xds,
         source,
         grpc: mode.grpc_routes(),
+        tls_names: mode.grpc_tls_names(),
     }
 }
 
@@ -432,15 +444,16 @@ fn start_listeners(
         bound.https_addr = Some(addr);
         served.push(("HTTPS", boxed(task)));
     }
-    if let (Some(listener), Some(server)) = (grpc_tls, &tls.server) {
-        let (addr, task) = crate::engine::serve_xds_tls(
-            listener,
-            Arc::clone(&server.grpc),
-            &engine.xds,
-            &engine.grpc,
-            xds_stop.clone(),
-        )
-        .map_err(|e| format!("starting xDS over TLS: {e}"))?;
+    if let Some(listener) = grpc_tls {
+        let certs = crate::tls::Certs {
+            default: tls.server.as_ref().map(|s| Arc::clone(&s.grpc)),
+            names: engine.tls_names.clone(),
+        };
+        if certs.default.is_none() && certs.names.is_none() {
+            return Err("-grpc-tls-addr needs -tls-cert-file and -tls-key-file".into());
+        }
+        let (addr, task) = crate::engine::serve_xds_tls(listener, certs, &engine.xds, &engine.grpc, xds_stop.clone())
+            .map_err(|e| format!("starting xDS over TLS: {e}"))?;
         bound.grpc_tls_addr = Some(addr);
         served.push(("xDS over TLS", boxed(task)));
     }

@@ -66,9 +66,14 @@ async fn once(
 ) -> Result<Ended, (String, bool)> {
     let name = &stored.peering.name;
     let fail = |e: String| (e, false);
+    // The peer's roots: the token's at first, then what its stream sent (a rotation).
+    let tls = crate::tls::DialTls {
+        ca_pems: stored.peering.peer_ca_pems.clone(),
+        server_name: stored.peering.peer_server_name.clone(),
+    };
     let mut client = tokio::select! {
         () = stop.cancelled() => return Ok(Ended::Cancelled),
-        c = grpc::connect(address) => c.map_err(fail)?,
+        c = grpc::connect(address, &tls) => c.map_err(fail)?,
     };
     let secret = stored.secrets.stream_active.clone().unwrap_or_default();
     let (tx, rx) = mpsc::channel(64);

@@ -99,10 +99,15 @@ where
 /// How long a dial may take before the next address is tried.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection to a peer's server at `address` (`host:port`).
-pub async fn connect(address: &str) -> Result<tonic::client::Grpc<tonic::transport::Channel>, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+/// A connection to a peer's server at `address` (`host:port`), over TLS verified with `tls`.
+pub async fn connect(
+    address: &str,
+    tls: &crate::tls::DialTls,
+) -> Result<tonic::client::Grpc<tonic::transport::Channel>, String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{address}"))
         .map_err(|e| format!("{address}: {e}"))?
+        .tls_config(tls.client_config()?)
+        .map_err(|e| format!("{address}: {}", error_chain(&e)))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_keepalive(Some(Duration::from_secs(30)))
         .http2_keep_alive_interval(Duration::from_secs(30))

@@ -20,6 +20,7 @@ pub mod exports;
 pub mod grpc;
 pub mod proto;
 pub mod session;
+pub mod tls;
 pub mod tracker;
 
 pub use session::Context;
@@ -56,6 +57,7 @@ pub enum PeeringError {
 #[derive(Debug)]
 pub struct Peerings {
     acceptor: Arc<acceptor::Acceptor>,
+    server_cert: tls::ServerCert,
 }
 
 impl Peerings {
@@ -67,6 +69,7 @@ impl Peerings {
                 tasks: TaskTracker::new(),
                 stop,
             }),
+            server_cert: tls::ServerCert::default(),
         })
     }
 
@@ -80,9 +83,28 @@ impl Peerings {
     }
 
     /// The name this cluster's servers present to peers.
-    fn server_name(&self) -> String {
+    pub fn server_name(&self) -> String {
         let trust_domain = self.ctx().store.read().ca_roots().trust_domain;
         format!("server.{}.peering.{trust_domain}", self.ctx().datacenter)
+    }
+
+    /// The TLS a connection asking for `server_name` is served with: this cluster's peering
+    /// name gets a certificate of its CA (see [`tls`]); any other name, none from here.
+    pub fn tls_config_for(&self, server_name: &str) -> Option<Arc<rustls::ServerConfig>> {
+        if server_name != self.server_name() {
+            return None;
+        }
+        let state = self.ctx().store.read();
+        match self
+            .server_cert
+            .config(&state, &self.ctx().datacenter, server_name, SystemTime::now())
+        {
+            Ok(config) => Some(config),
+            Err(error) => {
+                tracing::warn!(%error, "cannot serve a peer's TLS connection");
+                None
+            }
+        }
     }
 
     /// `POST /v1/peering/token`: a token for `req.peer_name` (a new peering, or a new
@@ -92,7 +114,7 @@ impl Peerings {
         let server_addresses = (self.ctx().addresses)();
         if server_addresses.is_empty() && req.server_external_addresses.is_empty() {
             return Err(PeeringError::Invalid(
-                "this server has no gRPC address a peer could dial (serve -grpc-addr on a routable address, or give ServerExternalAddresses)".into(),
+                "this server has no gRPC TLS address a peer could dial (serve -grpc-tls-addr on a routable address, or give ServerExternalAddresses)".into(),
             ));
         }
         let new_id = || catalog::ca::new_uuid().map_err(|e| PeeringError::Invalid(e.to_string()));
@@ -113,7 +135,7 @@ impl Peerings {
             .peering(&req.peer_name)
             .ok_or_else(|| PeeringError::Invalid("the peering went away".into()))?;
         Ok(PeeringToken {
-            ca: Vec::new(),
+            ca: exports::trust_bundle(&self.ctx().store.read()).1,
             manual_server_addresses: req.server_external_addresses.clone(),
             server_addresses,
             server_name: self.server_name(),
@@ -145,6 +167,7 @@ impl Peerings {
             peer_id: token.peer_id.clone(),
             peer_server_name: token.server_name.clone(),
             peer_server_addresses: token.addresses().to_vec(),
+            peer_ca_pems: token.ca.clone(),
             remote: token.remote.clone(),
             ..Peering::default()
         };
@@ -273,8 +296,12 @@ impl Peerings {
 /// Exchanges the token's secret at the first of its servers that answers.
 async fn exchange(token: &PeeringToken) -> Result<String, PeeringError> {
     let mut failures = Vec::new();
+    let tls = tls::DialTls {
+        ca_pems: token.ca.clone(),
+        server_name: token.server_name.clone(),
+    };
     for address in token.addresses() {
-        let mut client = match grpc::connect(address).await {
+        let mut client = match grpc::connect(address, &tls).await {
             Ok(c) => c,
             Err(e) => {
                 failures.push(e);

@@ -41,13 +41,11 @@ async fn cluster(dc: &str) -> Cluster {
     let peerings = Peerings::new(ctx, stop.clone());
     let service = peerings.grpc_service();
     let serve_stop = stop.clone();
+    let incoming = tls_incoming(listener, Arc::clone(&peerings));
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                serve_stop.cancelled_owned(),
-            )
+            .serve_with_incoming_shutdown(incoming, serve_stop.cancelled_owned())
             .await
     });
     let (_lead, leading) = watch::channel(true);
@@ -65,6 +63,34 @@ async fn cluster(dc: &str) -> Cluster {
         stop,
         address,
     }
+}
+
+/// The peering service's TLS, as a server's gRPC TLS listener serves it: the certificate
+/// for the name the client asks for (a handshake for any other name fails).
+fn tls_incoming(
+    listener: tokio::net::TcpListener,
+    peerings: Arc<Peerings>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (tx, peerings) = (tx.clone(), Arc::clone(&peerings));
+            tokio::spawn(async move {
+                let acceptor = rustls::server::Acceptor::default();
+                let Ok(start) = tokio_rustls::LazyConfigAcceptor::new(acceptor, tcp).await else {
+                    return;
+                };
+                let name = start.client_hello().server_name().map(str::to_owned);
+                let Some(config) = name.and_then(|n| peerings.tls_config_for(&n)) else {
+                    return;
+                };
+                if let Ok(stream) = start.into_stream(config).await {
+                    let _ = tx.send(Ok(stream)).await;
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 async fn register(store: &Store, node: &str, address: &str, service: NodeService, status: HealthStatus) {
@@ -307,4 +333,78 @@ async fn a_large_export_arrives_whole_and_a_delete_on_the_dialing_side_reaches_t
     assert_eq!(b.store.read().imported_services("cluster-a").count(), 0);
     a.stop.cancel();
     b.stop.cancel();
+}
+
+/// The peering calls run over TLS verified with the token's CA and server name: a token
+/// whose CA is not the acceptor's (an impostor on the path presents what it can) is refused
+/// before any secret is sent, and the acceptor serves its certificate only for its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peering_calls_verify_the_acceptors_certificate_with_the_tokens_ca() {
+    let a = cluster("dc1").await;
+    let b = cluster("dc2").await;
+    let c = cluster("dc3").await;
+    let token = a
+        .peerings
+        .generate_token(&GenerateTokenRequest {
+            peer_name: "cluster-b".into(),
+            ..GenerateTokenRequest::default()
+        })
+        .await
+        .unwrap();
+    let decoded = structs::peering::PeeringToken::decode(&token).unwrap();
+    let a_roots = a.store.read().ca_roots();
+    assert_eq!(
+        decoded.ca,
+        vec![a_roots.roots[0].root_cert.clone()],
+        "the token carries A's roots"
+    );
+    assert_eq!(decoded.server_name, a.peerings.server_name());
+    assert!(a.peerings.tls_config_for(&decoded.server_name).is_some());
+    assert!(a.peerings.tls_config_for("server.dc9.peering.other.consul").is_none());
+    assert!(a.peerings.tls_config_for(&c.peerings.server_name()).is_none());
+
+    // Another CA's roots: A's certificate does not verify; nothing is established.
+    let forged = structs::peering::PeeringToken {
+        ca: vec![c.store.read().ca_roots().roots[0].root_cert.clone()],
+        ..decoded.clone()
+    };
+    let err = b
+        .peerings
+        .establish(&EstablishRequest {
+            peer_name: "cluster-a".into(),
+            peering_token: forged.encode(),
+            ..EstablishRequest::default()
+        })
+        .await
+        .expect_err("A's certificate is not signed by C's CA");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    assert!(b.store.read().peering("cluster-a").is_none());
+    // Another name than A's: refused alike.
+    let renamed = structs::peering::PeeringToken {
+        server_name: c.peerings.server_name(),
+        ..decoded.clone()
+    };
+    let err = b
+        .peerings
+        .establish(&EstablishRequest {
+            peer_name: "cluster-a".into(),
+            peering_token: renamed.encode(),
+            ..EstablishRequest::default()
+        })
+        .await
+        .expect_err("A serves no certificate for C's name");
+    assert!(b.store.read().peering("cluster-a").is_none(), "{err}");
+    // The genuine token still works: its secret was never sent.
+    b.peerings
+        .establish(&EstablishRequest {
+            peer_name: "cluster-a".into(),
+            peering_token: token,
+            ..EstablishRequest::default()
+        })
+        .await
+        .unwrap();
+    eventually("B connected to A", || b.tracker.is_connected("cluster-a")).await;
+    for cluster in [a, b, c] {
+        cluster.stop.cancel();
+    }
 }

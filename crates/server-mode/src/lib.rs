@@ -47,6 +47,8 @@ pub async fn run(
         http_versions: node::http_serve::Versions::Http1And2,
         admission: node::engine::admission(args.xds_max_streams, args.xds_setup_rate),
         dns: args.dns.dns_addr.0.map(|a| (a, args.dns.config(&args.datacenter))),
+        // The peering name is served with the CA's certificate (no -tls-cert-file needed).
+        grpc_tls_own_names: true,
     })
     .await
     .map_err(ServerError::Node)?;
@@ -55,8 +57,8 @@ pub async fn run(
     // What this server is known by: its plain listeners, else its TLS ones.
     let api_addr = bound.http_addr.or(bound.https_addr).unwrap_or_else(unspecified);
     let xds_addr = bound.grpc_addr.or(bound.grpc_tls_addr).unwrap_or_else(unspecified);
-    let store = store::open(&args, api_addr, xds_addr).await?;
-    let mode = ServerMode::start(args, store, api_addr, xds_addr)
+    let store = store::open(&args, api_addr, xds_addr, bound.grpc_tls_addr).await?;
+    let mode = ServerMode::start(args, store, api_addr, bound.grpc_tls_addr)
         .await?
         .with_ports(bound.ports());
     node::serve(listeners, mode, shutdown, on_ready)
@@ -211,25 +213,29 @@ pub struct ServerMode {
     peering_stop: CancellationToken,
 }
 
-/// What peers dial to reach this cluster's servers: this server's gRPC address and those
+/// What peers dial to reach this cluster's servers: this server's gRPC TLS address and those
 /// the other servers sharing its store report (none that a peer could not dial).
-fn peering_addresses(store: &Store, own: SocketAddr) -> Vec<String> {
-    let mut out = Vec::new();
-    if !own.ip().is_unspecified() && own.port() != 0 {
-        out.push(own.to_string());
-    }
+fn peering_addresses(store: &Store, own: Option<SocketAddr>) -> Vec<String> {
+    let dialable = |a: &SocketAddr| !a.ip().is_unspecified() && a.port() != 0;
+    let mut out: Vec<String> = own.filter(dialable).map(|a| a.to_string()).into_iter().collect();
     if let Some(cluster) = store.cluster() {
         for server in cluster.status().servers {
-            let dialable = server
-                .xds_address
-                .parse::<SocketAddr>()
-                .is_ok_and(|a| !a.ip().is_unspecified() && a.port() != 0);
-            if dialable && !out.contains(&server.xds_address) {
-                out.push(server.xds_address);
+            let address = server.grpc_tls_address;
+            if address.parse::<SocketAddr>().is_ok_and(|a| dialable(&a)) && !out.contains(&address) {
+                out.push(address);
             }
         }
     }
     out
+}
+
+/// The peering name served on the gRPC TLS listener (see [`peering::tls`]).
+struct PeeringNames(Arc<peering::Peerings>);
+
+impl node::tls::ServerNames for PeeringNames {
+    fn config_for(&self, name: &str) -> Option<Arc<rustls::ServerConfig>> {
+        self.0.tls_config_for(name)
+    }
 }
 
 impl ServerMode {
@@ -238,7 +244,7 @@ impl ServerMode {
         args: ServerArgs,
         store: Store,
         api_addr: SocketAddr,
-        grpc_addr: SocketAddr,
+        grpc_tls_addr: Option<SocketAddr>,
     ) -> Result<Self, ServerError> {
         let acl = Arc::new(Resolver::new(AclSettings {
             enabled: args.acl_enabled,
@@ -302,7 +308,7 @@ impl ServerMode {
                 tracker: peering::Tracker::new(),
                 addresses: Arc::new({
                     let store = store.clone();
-                    move || peering_addresses(&store, grpc_addr)
+                    move || peering_addresses(&store, grpc_tls_addr)
                 }),
             },
             peering_stop.clone(),
@@ -375,6 +381,10 @@ impl Mode for ServerMode {
 
     fn grpc_routes(&self) -> tonic::service::Routes {
         tonic::service::Routes::new(self.peerings.grpc_service())
+    }
+
+    fn grpc_tls_names(&self) -> Option<Arc<dyn node::tls::ServerNames>> {
+        Some(Arc::new(PeeringNames(Arc::clone(&self.peerings))))
     }
 
     fn routes(&self, engine: &Engine) -> axum::Router {

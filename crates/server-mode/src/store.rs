@@ -13,6 +13,7 @@ pub(crate) async fn open(
     args: &ServerArgs,
     http_addr: SocketAddr,
     grpc_addr: SocketAddr,
+    grpc_tls_addr: Option<SocketAddr>,
 ) -> Result<Store, ServerError> {
     let flags = |m: &str| ServerError::Flags(m.to_owned());
     let mut config = StoreConfig {
@@ -37,6 +38,7 @@ pub(crate) async fn open(
         etcd.server_name = args.node.clone();
         etcd.advertise = http_addr.to_string();
         etcd.xds_address = grpc_addr.to_string();
+        etcd.grpc_tls_address = grpc_tls_addr.map(|a| a.to_string()).unwrap_or_default();
         etcd.lease_ttl = args.etcd_lease_ttl;
         etcd.request_timeout = args.etcd_request_timeout;
         etcd.max_txn_ops = args.etcd_max_txn_ops as usize;

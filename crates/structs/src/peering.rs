@@ -198,7 +198,7 @@ pub struct StoredPeering {
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PeeringToken {
-    /// CA certificates to verify the servers' TLS with (empty: plain gRPC).
+    /// The acceptor's CA roots (PEM): what its servers' TLS is verified with.
     #[serde(rename = "CA")]
     pub ca: Vec<String>,
     /// Addresses given by `ServerExternalAddresses`, used instead of the servers' own.
@@ -257,6 +257,11 @@ impl PeeringToken {
         }
         if token.addresses().is_empty() {
             return Err(bad("has no server address".into()));
+        }
+        if token.ca.is_empty() {
+            return Err(bad(
+                "has no CA: the peer's servers serve no gRPC TLS (generate it on a server with -grpc-tls-addr)".into(),
+            ));
         }
         for address in token.addresses() {
             check_address(address).map_err(bad)?;
@@ -451,6 +456,7 @@ mod tests {
             server_name: "server.dc1.peering.example".into(),
             peer_id: "id-1".into(),
             establishment_secret: "s3cret".into(),
+            ca: vec!["-----BEGIN CERTIFICATE-----".into()],
             ..PeeringToken::default()
         };
         let decoded = PeeringToken::decode(&token.encode()).expect("decodes");
@@ -469,6 +475,14 @@ mod tests {
         };
         let err = PeeringToken::decode(&bad_address.encode()).expect_err("bad address");
         assert!(err.to_string().contains("not host:port"), "{err}");
+        // Never plaintext: a token without the CA to verify the servers with is refused.
+        let no_ca = PeeringToken {
+            ca: vec![],
+            server_addresses: vec!["127.0.0.1:8503".into()],
+            ..bad_address
+        };
+        let err = PeeringToken::decode(&no_ca.encode()).expect_err("no CA");
+        assert!(err.to_string().contains("has no CA"), "{err}");
     }
 
     #[test]

@@ -416,6 +416,27 @@ pub fn sign_leaf_with_sans(
     Ok(cert)
 }
 
+/// A server's certificate for the peering stream, signed by the active root (or the
+/// intermediate): URI SAN `spiffe://<trust-domain>/agent/server/dc/<dc>`, DNS SAN
+/// `server_name` (`server.<dc>.peering.<trust-domain>`, what a peer's token says to verify),
+/// with the key pair generated here.
+pub fn sign_server_leaf(
+    ca: &CaState,
+    datacenter: &str,
+    server_name: &str,
+    now: SystemTime,
+) -> Result<IssuedCert, CaError> {
+    let key = KeyPair::generate_for(ca.config.algorithm()).map_err(CaError::from)?;
+    let identity = Identity {
+        uri: format!("spiffe://{}/agent/server/dc/{datacenter}", ca.trust_domain()),
+        common_name: server_name.to_owned(),
+        service: String::new(),
+    };
+    let mut cert = issue_as(ca, &identity, &[server_name.to_owned()], &key, now)?;
+    cert.private_key_pem = key.serialize_pem();
+    Ok(cert)
+}
+
 /// Why a certificate signing request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CsrError {
@@ -519,6 +540,32 @@ fn issue(
     key: &impl rcgen::PublicKeyData,
     now: SystemTime,
 ) -> Result<IssuedCert, CaError> {
+    let identity = Identity {
+        uri: SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string(),
+        common_name: service.to_owned(),
+        service: service.to_owned(),
+    };
+    issue_as(ca, &identity, dns_sans, key, now)
+}
+
+/// Whom a leaf identifies.
+struct Identity {
+    /// Its SPIFFE id (the URI SAN).
+    uri: String,
+    /// Its subject's common name.
+    common_name: String,
+    /// The service it is for (none for a server's).
+    service: String,
+}
+
+/// The leaf of `identity` for `key`, signed by the active root or the intermediate.
+fn issue_as(
+    ca: &CaState,
+    identity: &Identity,
+    dns_sans: &[String],
+    key: &impl rcgen::PublicKeyData,
+    now: SystemTime,
+) -> Result<IssuedCert, CaError> {
     let (signer_cert, signer_key) = match &ca.intermediate {
         Some(i) => (&i.cert_pem, &i.private_key_pem),
         None => {
@@ -528,14 +575,14 @@ fn issue(
     };
     let signer_key = KeyPair::from_pem(signer_key).map_err(CaError::from)?;
     let issuer = Issuer::from_ca_cert_pem(signer_cert, signer_key).map_err(CaError::from)?;
-    let spiffe = SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string();
+    let spiffe = identity.uri.clone();
     let (serial, _) = random_serial()?;
     let serial_text = colon_hex(serial.as_ref());
     let valid_after = now - Duration::from_secs(60);
     let valid_before = now + ca.config.leaf_cert_ttl.0;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, service);
+    dn.push(DnType::CommonName, identity.common_name.as_str());
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![
@@ -565,7 +612,7 @@ fn issue(
         serial_number: serial_text,
         cert_pem,
         private_key_pem: String::new(),
-        service: service.to_owned(),
+        service: identity.service.clone(),
         service_uri: spiffe,
         valid_after: Timestamp(valid_after),
         valid_before: Timestamp(valid_before),

@@ -64,6 +64,7 @@ impl Membership {
                 name: config.server_name.clone(),
                 address: config.advertise.clone(),
                 xds_address: config.xds_address.clone(),
+                grpc_tls_address: config.grpc_tls_address.clone(),
             },
             ttl: config.lease_ttl.max(Duration::from_secs(2)),
             status: watch::Sender::new(ClusterStatus::default()),
@@ -101,6 +102,7 @@ impl Membership {
                 name: self.me.name.clone(),
                 address: "an unknown address".into(),
                 xds_address: String::new(),
+                grpc_tls_address: String::new(),
             });
             if other.address == self.me.address {
                 return Ok(());

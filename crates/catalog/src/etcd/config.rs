@@ -16,6 +16,8 @@ pub struct EtcdConfig {
     pub advertise: String,
     /// This server's xDS address, for whoever lists servers.
     pub xds_address: String,
+    /// This server's gRPC TLS address (empty: none): where peers' servers dial it.
+    pub grpc_tls_address: String,
     /// Lease of the server's registration and leadership: a dead server's duties move to
     /// another within this time.
     pub lease_ttl: Duration,
@@ -34,6 +36,7 @@ impl EtcdConfig {
             server_name: "meshd-server".into(),
             advertise: String::new(),
             xds_address: String::new(),
+            grpc_tls_address: String::new(),
             lease_ttl: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             max_txn_ops: 128,

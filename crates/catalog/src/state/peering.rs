@@ -131,13 +131,16 @@ impl State {
     }
 }
 
-/// A peering's trust bundle, while it is live and its roots are known.
+/// A peering's trust bundle, while it is live and the peer sent it (the roots a token
+/// carried come without the trust domain: they only verify the peer's servers).
 fn trust_bundle(stored: &StoredPeering) -> Option<structs::peering::PeerTrustBundle> {
     let p = &stored.peering;
-    (p.state.is_live() && !p.peer_ca_pems.is_empty()).then(|| structs::peering::PeerTrustBundle {
-        peer: p.name.clone(),
-        trust_domain: p.peer_trust_domain.clone(),
-        datacenter: p.remote.datacenter.clone(),
-        root_pems: p.peer_ca_pems.clone(),
+    (p.state.is_live() && !p.peer_ca_pems.is_empty() && !p.peer_trust_domain.is_empty()).then(|| {
+        structs::peering::PeerTrustBundle {
+            peer: p.name.clone(),
+            trust_domain: p.peer_trust_domain.clone(),
+            datacenter: p.remote.datacenter.clone(),
+            root_pems: p.peer_ca_pems.clone(),
+        }
     })
 }

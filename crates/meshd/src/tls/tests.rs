@@ -228,12 +228,19 @@ fn client_config(files: &Files, with_cert: bool) -> Arc<rustls::ClientConfig> {
 
 /// A TLS round trip: the client writes `ping`, reads what the server side echoes.
 async fn round_trip(incoming: &mut TlsIncoming, config: Arc<rustls::ClientConfig>) -> std::io::Result<()> {
+    round_trip_as(incoming, config, "localhost").await
+}
+
+/// As [`round_trip`], asking for the server `name`.
+async fn round_trip_as(
+    incoming: &mut TlsIncoming,
+    config: Arc<rustls::ClientConfig>,
+    name: &'static str,
+) -> std::io::Result<()> {
     let tcp = TcpStream::connect(incoming.local_addr()).await?;
     let connector = tokio_rustls::TlsConnector::from(config);
     let client = async {
-        let mut tls = connector
-            .connect(ServerName::try_from("localhost").unwrap(), tcp)
-            .await?;
+        let mut tls = connector.connect(ServerName::try_from(name).unwrap(), tcp).await?;
         tls.write_all(b"ping").await?;
         let mut answer = [0u8; 4];
         tls.read_exact(&mut answer).await?;
@@ -347,5 +354,61 @@ async fn the_per_client_limit_applies_before_the_handshake() {
     let refused = tokio::time::timeout(Duration::from_secs(10), second).await.unwrap();
     assert!(refused.is_err(), "a connection past the limit was handshaken");
     assert_eq!(counts.open_from("127.0.0.1".parse().unwrap()), 1);
+    stop.cancel();
+}
+
+/// A mode's own name (`extra.example` here; a server's peering name in meshd).
+struct OwnName(Arc<rustls::ServerConfig>);
+
+impl node::tls::ServerNames for OwnName {
+    fn config_for(&self, name: &str) -> Option<Arc<rustls::ServerConfig>> {
+        (name == "extra.example").then(|| Arc::clone(&self.0))
+    }
+}
+
+#[tokio::test]
+async fn a_modes_own_names_are_served_without_the_operators_certificate_and_nothing_else_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = make_certs(dir.path());
+    let own = TlsSettings::load(&args(&files)).unwrap().server.unwrap().http;
+    // -grpc-tls-addr alone: refused for an agent, taken by a server (its peering name).
+    let grpc_only = TlsArgs {
+        grpc_tls_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..TlsArgs::default()
+    };
+    assert!(matches!(
+        TlsSettings::load(&grpc_only),
+        Err(TlsSetupError::NoIdentity {
+            listener: "-grpc-tls-addr"
+        })
+    ));
+    assert!(TlsSettings::load_for(&grpc_only, true).unwrap().server.is_none());
+    let https_too = TlsArgs {
+        https_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..grpc_only
+    };
+    assert!(
+        TlsSettings::load_for(&https_too, true).is_err(),
+        "HTTPS still needs the operator's"
+    );
+
+    let stop = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let certs = node::tls::Certs {
+        default: None,
+        names: Some(Arc::new(OwnName(own))),
+    };
+    let mut incoming = TlsIncoming::start(listener, certs, ClientCounts::new(0), stop.clone(), "test").unwrap();
+    round_trip_as(&mut incoming, client_config(&files, false), "extra.example")
+        .await
+        .unwrap();
+    // Any other name: no certificate, no handshake.
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        round_trip_as(&mut incoming, client_config(&files, false), "localhost"),
+    )
+    .await
+    .unwrap();
+    assert!(other.is_err(), "a name the mode does not serve was served");
     stop.cancel();
 }

@@ -101,6 +101,7 @@ async fn a_drain_that_does_not_finish_ends_at_the_grace_deadline() {
         http_versions: crate::http_serve::Versions::Http1And2,
         admission: crate::engine::admission(10, 10),
         dns: Some(("127.0.0.1:0".parse().unwrap(), dns::Config::new("dc1"))),
+        grpc_tls_own_names: false,
     })
     .await
     .unwrap();

@@ -89,10 +89,16 @@ pub fn provider() -> Arc<CryptoProvider> {
 impl TlsSettings {
     /// Checks and loads the TLS flags (see [`TlsSetupError`] for what is refused).
     pub fn load(args: &TlsArgs) -> Result<Self, TlsSetupError> {
+        Self::load_for(args, false)
+    }
+
+    /// As [`TlsSettings::load`]; with `grpc_own_names` the gRPC TLS listener may run without
+    /// `-tls-cert-file`, serving only the mode's own names (a server's peering name).
+    pub fn load_for(args: &TlsArgs, grpc_own_names: bool) -> Result<Self, TlsSetupError> {
         let listener = match (args.https_addr, args.grpc_tls_addr) {
             (Some(_), _) => Some("-https-addr"),
-            (None, Some(_)) => Some("-grpc-tls-addr"),
-            (None, None) => None,
+            (None, Some(_)) if !grpc_own_names => Some("-grpc-tls-addr"),
+            (None, _) => None,
         };
         let identity = match (&args.cert_file, &args.key_file) {
             (Some(cert), Some(key)) => Some((cert, key)),
@@ -117,10 +123,12 @@ impl TlsSettings {
             Some(path) => Some(load_ca(path)?),
             None => None,
         };
+        let wanted = listener.is_some() || args.grpc_tls_addr.is_some();
         let server = match (listener, identity) {
             (Some(listener), None) => return Err(TlsSetupError::NoIdentity { listener }),
-            (None, _) => None,
-            (Some(_), Some((cert, key))) => {
+            (None, None) => None,
+            (_, Some(_)) if !wanted => None,
+            (_, Some((cert, key))) => {
                 let verifier = match (&ca, &args.ca_file) {
                     (Some((_, roots)), Some(path)) if args.verify_incoming => Some(
                         WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), provider())

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -37,6 +37,42 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// A TLS connection, handshake done: its stream and the client's address.
 pub type Accepted = (TlsStream<Counted>, SocketAddr);
 
+/// TLS a mode serves for names of its own (a server's peering name on the gRPC TLS
+/// listener), chosen by the name the client asks for (SNI).
+pub trait ServerNames: Send + Sync + 'static {
+    /// The configuration serving a client that asked for `name`; `None`: not one of the
+    /// mode's names.
+    fn config_for(&self, name: &str) -> Option<Arc<rustls::ServerConfig>>;
+}
+
+/// What a TLS listener serves: the mode's names with their own configurations, every other
+/// client with `default` (none: only the mode's names are served; others' handshakes fail).
+#[derive(Clone)]
+pub struct Certs {
+    /// The operator's certificate (`-tls-cert-file`).
+    pub default: Option<Arc<rustls::ServerConfig>>,
+    /// The mode's names.
+    pub names: Option<Arc<dyn ServerNames>>,
+}
+
+impl From<Arc<rustls::ServerConfig>> for Certs {
+    fn from(config: Arc<rustls::ServerConfig>) -> Self {
+        Self {
+            default: Some(config),
+            names: None,
+        }
+    }
+}
+
+impl Certs {
+    /// The configuration for a client that asked for `name`.
+    fn choose(&self, name: Option<&str>) -> io::Result<Arc<rustls::ServerConfig>> {
+        let own = name.and_then(|n| self.names.as_ref()?.config_for(n));
+        own.or_else(|| self.default.clone())
+            .ok_or_else(|| io::Error::other(format!("no certificate for the server name {name:?}")))
+    }
+}
+
 /// The connections a TLS listener accepted, handshakes done (see the module docs). The
 /// accept task ends when `stop` fires or when this is dropped; pending handshakes end with it.
 #[derive(Debug)]
@@ -47,19 +83,19 @@ pub struct TlsIncoming {
 }
 
 impl TlsIncoming {
-    /// Starts accepting on `listener` with `config`, admitting per `counts`.
+    /// Starts accepting on `listener` serving `certs`, admitting per `counts`.
     pub fn start(
         listener: TcpListener,
-        config: Arc<rustls::ServerConfig>,
+        certs: impl Into<Certs>,
         counts: ClientCounts,
         stop: CancellationToken,
         what: &'static str,
     ) -> io::Result<Self> {
         let local_addr = listener.local_addr()?;
         let (tx, accepted) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
+        let certs = Arc::new(certs.into());
         let task = tokio::spawn(
-            accept_loop(listener, acceptor, counts, tx, stop).instrument(info_span!("tls_accept", what, %local_addr)),
+            accept_loop(listener, certs, counts, tx, stop).instrument(info_span!("tls_accept", what, %local_addr)),
         );
         Ok(Self {
             accepted,
@@ -127,7 +163,7 @@ impl axum::serve::Listener for TlsIncoming {
 
 async fn accept_loop(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    certs: Arc<Certs>,
     counts: ClientCounts,
     tx: mpsc::Sender<Accepted>,
     stop: CancellationToken,
@@ -145,7 +181,7 @@ async fn accept_loop(
                     // limit bounds is the work a client can make the server do.
                     let Ok(counted) = counts.admit(tcp, remote.ip()) else { continue };
                     handshakes.spawn(
-                        serve_handshake(counted, remote, acceptor.clone(), tx.clone())
+                        serve_handshake(counted, remote, Arc::clone(&certs), tx.clone())
                             .instrument(info_span!("tls_handshake", %remote)),
                     );
                 }
@@ -162,8 +198,8 @@ async fn accept_loop(
     }
 }
 
-async fn serve_handshake(tcp: Counted, remote: SocketAddr, acceptor: TlsAcceptor, tx: mpsc::Sender<Accepted>) {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &acceptor)).await {
+async fn serve_handshake(tcp: Counted, remote: SocketAddr, certs: Arc<Certs>, tx: mpsc::Sender<Accepted>) {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &certs)).await {
         Ok(Ok(Some(stream))) => {
             // A dropped receiver means stopping: the connection closes with it.
             let _ = tx.send((stream, remote)).await;
@@ -175,7 +211,7 @@ async fn serve_handshake(tcp: Counted, remote: SocketAddr, acceptor: TlsAcceptor
 }
 
 /// The handshaken stream; `None` when the client closed first or sent plaintext (answered).
-async fn handshake(tcp: Counted, acceptor: &TlsAcceptor) -> io::Result<Option<TlsStream<Counted>>> {
+async fn handshake(tcp: Counted, certs: &Certs) -> io::Result<Option<TlsStream<Counted>>> {
     let mut first = [0u8; 1];
     if tcp.peek(&mut first).await? == 0 {
         return Ok(None);
@@ -184,7 +220,9 @@ async fn handshake(tcp: Counted, acceptor: &TlsAcceptor) -> io::Result<Option<Tl
         refuse_plaintext(tcp).await?;
         return Ok(None);
     }
-    acceptor.accept(tcp).await.map(Some)
+    let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
+    let config = certs.choose(start.client_hello().server_name())?;
+    start.into_stream(config).await.map(Some)
 }
 
 /// The answer to plaintext on a TLS port.
