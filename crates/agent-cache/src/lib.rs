@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use types::{
     ConfigEntries, ConfigEntryType, Datacenters, GatewayServices, Health, Http, Intentions, MeshGateways,
-    PeerTrustBundles, PeeredUpstream, PreparedQuery, Roots, ServiceList,
+    PeerTrustBundles, PeeredUpstream, PeeringServers, PreparedQuery, Roots, ServiceList,
 };
 
 /// Settings of the agent's caches.
@@ -82,6 +82,8 @@ pub struct AgentCaches {
     pub peered_upstream: Cache<PeeredUpstream>,
     /// Trust bundles of the peers each service is exported to.
     pub peer_trust_bundles: Cache<PeerTrustBundles>,
+    /// Where the peering calls go.
+    pub peering_servers: Cache<PeeringServers>,
     datacenter: Arc<str>,
     cancel: CancellationToken,
 }
@@ -119,6 +121,7 @@ impl AgentCaches {
                 config.cache.clone(),
                 cancel.child_token(),
             ),
+            peering_servers: Cache::new(PeeringServers(http.clone()), config.cache.clone(), cancel.child_token()),
             mesh_gateways: Cache::new(MeshGateways(http.clone()), config.cache.clone(), cancel.child_token()),
             datacenters: Cache::new(Datacenters::new(http), config.cache.clone(), cancel.child_token()),
             datacenter: config.datacenter.into(),
@@ -132,7 +135,7 @@ impl AgentCaches {
     }
 
     /// Every type's counters, by type name.
-    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 13] {
+    pub fn metrics(&self) -> [(&'static str, &CacheMetrics); 14] {
         [
             ("roots", self.roots.metrics()),
             ("leaf", self.leaf.metrics()),
@@ -147,6 +150,7 @@ impl AgentCaches {
             ("prepared_query", self.prepared_query.metrics()),
             ("peered_upstream", self.peered_upstream.metrics()),
             ("peer_trust_bundles", self.peer_trust_bundles.metrics()),
+            ("peering_servers", self.peering_servers.metrics()),
         ]
     }
 
@@ -170,6 +174,7 @@ impl AgentCaches {
         self.prepared_query.shutdown().await;
         self.peered_upstream.shutdown().await;
         self.peer_trust_bundles.shutdown().await;
+        self.peering_servers.shutdown().await;
     }
 }
 

@@ -361,6 +361,29 @@ impl CacheType for PeerTrustBundles {
     }
 }
 
+/// Where the peering calls go (one value per agent).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeeringServersKey;
+
+/// Where the peering calls go: this cluster's servers and the dialed peers'
+/// (`/v1/internal/peering/servers`).
+#[derive(Clone)]
+pub struct PeeringServers(pub Http);
+
+impl CacheType for PeeringServers {
+    type Request = PeeringServersKey;
+    type Value = Arc<structs::peering::PeeringServers>;
+
+    async fn fetch(&self, _key: &PeeringServersKey, min_index: u64) -> Result<Fetched<Self::Value>, FetchError> {
+        let f: Fetched<structs::peering::PeeringServers> =
+            self.0.decoded(api_client::paths::PEERING_SERVERS, min_index).await?;
+        Ok(Fetched {
+            value: Arc::new(f.value),
+            index: f.index,
+        })
+    }
+}
+
 /// A prepared query, by id or name (a template's rendering included).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PreparedQueryKey {

@@ -76,6 +76,10 @@ pub fn peer_trust_bundles(service: &str) -> String {
     format!("/v1/internal/peering/trust-bundles/{}", segment(service))
 }
 
+/// `GET` (meshd's own): where the peering calls go (this cluster's servers, the dialed
+/// peers').
+pub const PEERING_SERVERS: &str = "/v1/internal/peering/servers";
+
 /// `GET`: a node's checks.
 pub fn health_node(node: &str) -> String {
     format!("/v1/health/node/{}", segment(node))

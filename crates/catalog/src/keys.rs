@@ -98,6 +98,8 @@ pub enum Topic {
     PeeredService(String, String),
     /// The trust bundles of the live peerings a service is exported to.
     PeerTrustBundles(String),
+    /// Where the peering calls go (this cluster's servers, the dialed peers').
+    PeeringServers,
 }
 
 impl Topic {
@@ -113,7 +115,7 @@ impl Topic {
             Topic::ServiceList | Topic::TypicalServices => IndexKey::Services,
             Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
             Topic::PeeredService(peer, service) => IndexKey::PeerService(peer.clone(), service.clone()),
-            Topic::PeerTrustBundles(_) => IndexKey::Peerings,
+            Topic::PeerTrustBundles(_) | Topic::PeeringServers => IndexKey::Peerings,
         }
     }
 }

@@ -76,6 +76,11 @@ pub enum PeeringOp {
         /// The gateways.
         gateways: Vec<structs::CheckServiceNode>,
     },
+    /// This cluster's servers' peering addresses changed (the leader writes them).
+    LocalServers {
+        /// The addresses.
+        addresses: Vec<String>,
+    },
     /// The peer's servers' addresses arrived (the dialing side dials them from now on).
     ServerAddresses {
         /// The peering's name.
@@ -202,6 +207,11 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             next.peering.peer_server_addresses = addresses.clone();
             Ok(put(next))
         }
+        PeeringOp::LocalServers { addresses } => Ok(Plan::write(if state.peering_servers() == addresses.as_slice() {
+            Vec::new()
+        } else {
+            vec![Change::PutPeeringServers(addresses.clone())]
+        })),
         PeeringOp::Delete { name, now } => {
             let Some(stored) = state.peering(name) else {
                 return Ok(Plan::write(Vec::new()));
@@ -307,12 +317,18 @@ fn plan_token(
 
 fn plan_establish(state: &State, peering: &Peering, stream_secret: &str) -> Result<Plan, WriteError> {
     let name = &peering.name;
-    let mut next = StoredPeering {
-        peering: peering.clone(),
-        secrets: structs::peering::PeeringSecrets {
-            stream_active: Some(stream_secret.to_owned()),
+    // No secret yet (an establish through the mesh gateways stores the peering before its
+    // exchange): a peering established before keeps its own until the exchange gives one.
+    let secrets = match state.peering(name) {
+        Some(existing) if stream_secret.is_empty() => existing.secrets.clone(),
+        _ => structs::peering::PeeringSecrets {
+            stream_active: (!stream_secret.is_empty()).then(|| stream_secret.to_owned()),
             ..Default::default()
         },
+    };
+    let mut next = StoredPeering {
+        peering: peering.clone(),
+        secrets,
         gateways: Vec::new(),
     };
     next.peering.state = PeeringState::Establishing;

@@ -35,6 +35,8 @@ pub enum Payload {
     PeeredService(Arc<structs::peering::PeeredUpstream>),
     /// The trust bundles of the live peerings a service is exported to.
     PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
+    /// Where the peering calls go.
+    PeeringServers(Arc<structs::peering::PeeringServers>),
 }
 
 /// One value of a topic at an index.
@@ -98,6 +100,7 @@ pub fn payload(topic: &Topic, state: &State) -> Payload {
         Topic::GatewayServices(name) => Payload::GatewayServices(Arc::new(state.gateway_services(name))),
         Topic::PeeredService(peer, service) => Payload::PeeredService(Arc::new(state.peered_upstream(peer, service))),
         Topic::PeerTrustBundles(service) => Payload::PeerTrustBundles(Arc::new(state.peer_trust_bundles_for(service))),
+        Topic::PeeringServers => Payload::PeeringServers(Arc::new(state.peering_servers_view())),
     }
 }
 

@@ -126,6 +126,8 @@ pub enum Change {
         /// The service.
         service: String,
     },
+    /// This cluster's servers' peering addresses (written by the leader as they change).
+    PutPeeringServers(Vec<String>),
 }
 
 type NodeKey = (String, String);
@@ -165,6 +167,8 @@ pub struct State {
     peerings: OrdMap<String, Arc<structs::peering::StoredPeering>>,
     /// Services peers export here, by (peer, service).
     imported: OrdMap<(String, String), Arc<structs::peering::ImportedService>>,
+    /// This cluster's servers' peering (gRPC TLS) addresses.
+    peering_servers: Arc<Vec<String>>,
     indexes: OrdMap<IndexKey, Index>,
     /// Derived: the services each terminating gateway represents (its connect instances
     /// serve them), kept to know which services' connect instances a change moves.
@@ -481,7 +485,8 @@ impl State {
             Change::PutPeering(_)
             | Change::DeletePeering(_)
             | Change::PutImported { .. }
-            | Change::DeleteImported { .. } => self.apply_peering(index, change, bumped),
+            | Change::DeleteImported { .. }
+            | Change::PutPeeringServers(_) => self.apply_peering(index, change, bumped),
         }
     }
 
@@ -942,6 +947,7 @@ impl State {
                 .iter()
                 .map(|((peer, _), s)| (peer.clone(), (**s).clone()))
                 .collect(),
+            peering_servers: (*self.peering_servers).clone(),
             indexes: self.indexes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }
     }
@@ -1011,6 +1017,7 @@ impl State {
         for (peer, service) in p.imported {
             s.imported.insert((peer, service.name.clone()), Arc::new(service));
         }
+        s.peering_servers = Arc::new(p.peering_servers);
         s.indexes = p.indexes.into_iter().collect();
         s
     }
@@ -1071,5 +1078,8 @@ pub(crate) struct PersistedState {
     /// What peers export here, by peer.
     #[serde(default)]
     pub(crate) imported: Vec<(String, structs::peering::ImportedService)>,
+    /// This cluster's servers' peering addresses.
+    #[serde(default)]
+    pub(crate) peering_servers: Vec<String>,
     pub(crate) indexes: Vec<(IndexKey, Index)>,
 }

@@ -214,6 +214,20 @@ async fn peerings_survive_a_restart_of_the_data_dir() {
         }))
         .await
         .unwrap();
+        let servers = vec!["10.0.0.9:8503".to_owned()];
+        let before = s.read().index_of(&catalog::IndexKey::Peerings);
+        s.write(Op::Peering(PeeringOp::LocalServers {
+            addresses: servers.clone(),
+        }))
+        .await
+        .unwrap();
+        let moved = s.read().index_of(&catalog::IndexKey::Peerings);
+        assert!(moved > before, "the mesh gateways reading them wake");
+        // The same again writes nothing.
+        s.write(Op::Peering(PeeringOp::LocalServers { addresses: servers }))
+            .await
+            .unwrap();
+        assert_eq!(s.read().index_of(&catalog::IndexKey::Peerings), moved);
         s.close().await;
     }
     let s = Store::open(config).await.unwrap();
@@ -223,4 +237,9 @@ async fn peerings_survive_a_restart_of_the_data_dir() {
         Some("est")
     );
     assert_eq!(state.imported_health("b", "api").len(), 1);
+    // The servers' peering addresses too; an accepting peering is dialed by the peer, so
+    // none is listed as dialed from here.
+    let view = state.peering_servers_view();
+    assert_eq!(view.local, ["10.0.0.9:8503"]);
+    assert!(view.dialed.is_empty());
 }

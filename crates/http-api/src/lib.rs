@@ -70,6 +70,7 @@ fn add_peering_routes(r: &mut Routes) {
         "/v1/internal/peering/trust-bundles/{service}",
         get(peering_routes::trust_bundles),
     );
+    r.add("/v1/internal/peering/servers", get(peering_routes::servers));
 }
 
 /// The API's routes over `store`.

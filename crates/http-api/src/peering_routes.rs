@@ -150,3 +150,16 @@ pub(crate) async fn trust_bundles(
     let answer = state.peer_trust_bundles_for(&service);
     Ok(query::json(&answer, Some(state.index_of(&key)), params.pretty()))
 }
+
+/// `GET /v1/internal/peering/servers` (meshd's own): where the peering calls go — this
+/// cluster's servers' peering addresses and, per peer this cluster dials, its server name
+/// and addresses — for mesh gateways carrying them (`Peering.PeerThroughMeshGateways`).
+/// `service:read` on `consul` (the servers, as Consul names them); blocks on the peerings.
+pub(crate) async fn servers(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(q.as_deref());
+    authz.need(|a| a.service_read("consul"), "service:read", "consul")?;
+    let key = IndexKey::Peerings;
+    let state = api.read(&params, &key).await?;
+    let answer = state.peering_servers_view();
+    Ok(query::json(&answer, Some(state.index_of(&key)), params.pretty()))
+}

@@ -84,6 +84,7 @@ async fn mesh() -> Mesh {
             datacenter: "dc1".into(),
             tracker: peering::Tracker::new(),
             addresses: Arc::new(|| vec!["127.0.0.1:8502".to_owned()]),
+            addresses_changed: None,
         },
         tokio_util::sync::CancellationToken::new(),
     );
@@ -599,6 +600,14 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
             "/v1/internal/peering/trust-bundles/web",
             n.clone(),
             WEB_READ,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/internal/peering/servers",
+            "/v1/internal/peering/servers",
+            n.clone(),
+            "service \"consul\" { policy = \"read\" }",
             Denied,
         ),
         row(

@@ -338,6 +338,28 @@ async fn failover_to_the_peer(b: &Cluster, dir: &Path, local_bind: u16) -> Proc 
     api_b
 }
 
+/// With `PeerThroughMeshGateways` in both clusters: A's token names A's gateway (not its
+/// server), and the stream runs B's server → B's gateway → A's gateway → A's server, each
+/// gateway routing A's server name (`server.dc1.peering.<A's trust domain>`) to its cluster.
+async fn through_the_gateways(a: &Cluster, dir: &Path, gateway_a: &str, admins: [&str; 2]) {
+    use base64::Engine as _;
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    let token: Value =
+        serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(token.trim()).unwrap()).unwrap();
+    assert_eq!(token["ServerAddresses"], json!([gateway_a]), "{token}");
+    let server_name = token["ServerName"].as_str().unwrap().to_owned();
+    assert!(!token["CA"].as_array().unwrap().is_empty(), "{token}");
+    for admin in admins {
+        wait_for(|| async {
+            let stats = crate::mesh::get(&a.server.client, &format!("{admin}/stats?filter=upstream_cx_total")).await?;
+            let line = format!("cluster.{server_name}.upstream_cx_total: ");
+            let total: u64 = stats.lines().find_map(|l| l.strip_prefix(&line))?.parse().ok()?;
+            (total > 0).then_some(())
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     let t0 = Instant::now();
@@ -362,7 +384,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     let (gateway, gateway_admin) = mesh_gateway(&a, dir.path(), &gateway_address).await;
     // B's own mesh gateway (its side of the mesh; web's connections go to A's).
     let other = format!("127.0.0.1:{}", test_support::reserve_port());
-    let (gateway_b, _) = mesh_gateway(&b, dir.path(), &other).await;
+    let (gateway_b, gateway_b_admin) = mesh_gateway(&b, dir.path(), &other).await;
     a.server
         .put(
             "/v1/config",
@@ -374,6 +396,11 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
         {"Name": "web", "Peer": "cluster-b", "Action": "allow"},
         {"Name": "*", "Peer": "cluster-b", "Action": "deny"}]});
     a.server.put("/v1/config", allow_peer_web).await;
+    // The peering calls cross both clusters' mesh gateways.
+    let through = json!({"Kind": "mesh", "Peering": {"PeerThroughMeshGateways": true}});
+    for cluster in [&a, &b] {
+        cluster.server.put("/v1/config", through.clone()).await;
+    }
     peer(&a, &b, dir.path()).await;
     wait_for(|| async {
         let a_side = state_of(&a.server, "cluster-b").await?;
@@ -382,6 +409,7 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
     })
     .await;
     println!("{:>5.1} s peered", t0.elapsed().as_secs_f64());
+    through_the_gateways(&a, dir.path(), &gateway_address, [&gateway_admin, &gateway_b_admin]).await;
     let listed = cli(&b, &["list"]).unwrap();
     assert!(
         listed

@@ -35,7 +35,26 @@ pub(crate) async fn run(ctx: Context, name: String, stop: CancellationToken) {
         let Some(stored) = ctx.store.read().peering(&name).filter(|p| dials(p)) else {
             return;
         };
-        let addresses = &stored.peering.peer_server_addresses;
+        let routed =
+            crate::routes::dial_addresses(&ctx.store.read(), &stored.peering.peer_server_addresses).and_then(|a| {
+                if a.is_empty() {
+                    Err("the peering has no server address to dial".to_owned())
+                } else {
+                    Ok(a)
+                }
+            });
+        let addresses = match routed {
+            Ok(addresses) => addresses,
+            Err(error) => {
+                ctx.tracker.failed(&name, error);
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(SCHEDULE.delay(attempt)) => {}
+                }
+                continue;
+            }
+        };
         let address = addresses[next % addresses.len()].clone();
         next += 1;
         match once(&ctx, &stored, &address, &stop).await {

@@ -19,6 +19,7 @@ pub mod dialer;
 pub mod exports;
 pub mod grpc;
 pub mod proto;
+pub mod routes;
 pub mod session;
 pub mod tls;
 pub mod tracker;
@@ -111,11 +112,16 @@ impl Peerings {
     /// secret for one still waiting to be dialed).
     pub async fn generate_token(&self, req: &GenerateTokenRequest) -> Result<String, PeeringError> {
         req.check().map_err(WriteError::from)?;
-        let server_addresses = (self.ctx().addresses)();
+        let (server_addresses, through_gateways) = {
+            let state = self.ctx().store.read();
+            (routes::advertised(self.ctx(), &state), routes::through_gateways(&state))
+        };
         if server_addresses.is_empty() && req.server_external_addresses.is_empty() {
-            return Err(PeeringError::Invalid(
-                "this server has no gRPC TLS address a peer could dial (serve -grpc-tls-addr on a routable address, or give ServerExternalAddresses)".into(),
-            ));
+            return Err(PeeringError::Invalid(if through_gateways {
+                routes::NO_GATEWAY.into()
+            } else {
+                "this server has no gRPC TLS address a peer could dial (serve -grpc-tls-addr on a routable address, or give ServerExternalAddresses)".into()
+            }));
         }
         let new_id = || catalog::ca::new_uuid().map_err(|e| PeeringError::Invalid(e.to_string()));
         let secret = new_id()?;
@@ -179,9 +185,49 @@ impl Peerings {
             })
         };
         self.ctx().store.dry_run(&write(String::new()))?;
-        let secret = exchange(&token).await?;
+        let secret = if routes::through_gateways(&self.ctx().store.read()) {
+            self.exchange_through_gateways(&token, &peering.name, write(String::new()))
+                .await?
+        } else {
+            exchange(&token, token.addresses()).await?
+        };
         self.ctx().store.write(write(secret)).await?;
         Ok(())
+    }
+
+    /// The exchange through this cluster's mesh gateways: the peering is stored first
+    /// (without a secret: nothing dials it yet) so the gateways learn to route the peer's
+    /// server name, then the exchange is tried through them for a few seconds. A new
+    /// peering whose exchange failed is removed again.
+    async fn exchange_through_gateways(
+        &self,
+        token: &PeeringToken,
+        name: &str,
+        stored: Op,
+    ) -> Result<String, PeeringError> {
+        let existed = self.ctx().store.read().peering(name).is_some();
+        self.ctx().store.write(stored).await?;
+        let deadline = tokio::time::Instant::now() + EXCHANGE_THROUGH_GATEWAYS;
+        let result = loop {
+            let gateways = routes::dial_addresses(&self.ctx().store.read(), &[]).map_err(PeeringError::Invalid);
+            let result = match gateways {
+                Ok(gateways) => exchange(token, &gateways).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(PeeringError::Unreachable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                }
+                other => break other,
+            }
+        };
+        if result.is_err() && !existed {
+            let remove = Op::Peering(PeeringOp::Remove { name: name.to_owned() });
+            if let Err(error) = self.ctx().store.write(remove).await {
+                tracing::warn!(peer = %name, %error, "cannot remove a peering whose establish failed");
+            }
+        }
+        result
     }
 
     /// `DELETE /v1/peering/:name`: marks the peering deleted; the peer is told and what it
@@ -219,11 +265,13 @@ impl Peerings {
             return;
         };
         let mut streams = ctx.tracker.subscribe();
+        let mut servers = ctx.addresses_changed.clone();
         // A closed channel keeps its last value (a lone server leads for good).
         let mut followed = true;
         loop {
             let lead = *leading.borrow_and_update();
             if lead {
+                self.publish_servers().await;
                 self.reconcile(&mut dialing).await;
             } else {
                 for (_, token) in dialing.drain() {
@@ -235,6 +283,11 @@ impl Peerings {
                 r = leading.changed(), if followed => followed = r.is_ok(),
                 r = peerings.changed() => if r.is_err() { break },
                 r = streams.changed() => if r.is_err() { break },
+                r = async { servers.as_mut()?.changed().await.ok() }, if servers.is_some() => {
+                    if r.is_none() {
+                        servers = None;
+                    }
+                }
             }
         }
         for (_, token) in dialing.drain() {
@@ -242,6 +295,19 @@ impl Peerings {
         }
         self.acceptor.tasks.close();
         self.acceptor.tasks.wait().await;
+    }
+
+    /// Writes this cluster's servers' peering addresses where its mesh gateways read them
+    /// (the leader, when they changed).
+    async fn publish_servers(&self) {
+        let addresses = (self.ctx().addresses)();
+        if self.ctx().store.read().peering_servers() == addresses.as_slice() {
+            return;
+        }
+        let op = Op::Peering(PeeringOp::LocalServers { addresses });
+        if let Err(error) = self.ctx().store.write(op).await {
+            tracing::warn!(%error, "cannot record the servers' peering addresses; retrying on the next change");
+        }
     }
 
     /// Starts and stops dial tasks to match the catalog; removes deleted peerings no stream
@@ -293,14 +359,19 @@ impl Peerings {
     }
 }
 
-/// Exchanges the token's secret at the first of its servers that answers.
-async fn exchange(token: &PeeringToken) -> Result<String, PeeringError> {
+/// How long an establish through the mesh gateways tries the exchange (the gateways learn
+/// the route to the peer's servers meanwhile).
+const EXCHANGE_THROUGH_GATEWAYS: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Exchanges the token's secret at the first of `addresses` that answers (the token's
+/// servers, or this cluster's mesh gateways).
+async fn exchange(token: &PeeringToken, addresses: &[String]) -> Result<String, PeeringError> {
     let mut failures = Vec::new();
     let tls = tls::DialTls {
         ca_pems: token.ca.clone(),
         server_name: token.server_name.clone(),
     };
-    for address in token.addresses() {
+    for address in addresses {
         let mut client = match grpc::connect(address, &tls).await {
             Ok(c) => c,
             Err(e) => {

@@ -30,8 +30,10 @@ pub struct Context {
     pub datacenter: String,
     /// The streams on this server.
     pub tracker: Arc<Tracker>,
-    /// This cluster's servers' peering (gRPC) addresses, sent to peers that dial.
+    /// This cluster's servers' peering (gRPC TLS) addresses, sent to peers that dial.
     pub addresses: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+    /// Changes when [`Context::addresses`] may have (servers joined or left), if it can.
+    pub addresses_changed: Option<tokio::sync::watch::Receiver<catalog::cluster::ClusterStatus>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -228,7 +230,11 @@ fn updates_for(
     let gateways = exports::mesh_gateways(state);
     let new_gateways = sent.gateways.as_ref() != Some(&gateways);
     // Only the acceptor's servers are dialled.
-    let addresses = if dialer { Vec::new() } else { (ctx.addresses)() };
+    let addresses = if dialer {
+        Vec::new()
+    } else {
+        crate::routes::advertised(ctx, state)
+    };
     let new_addresses = !addresses.is_empty() && addresses != sent.addresses;
     if changed.is_empty() && removed.is_empty() && !new_bundle && !new_addresses && !new_gateways {
         return Vec::new();
@@ -437,6 +443,7 @@ mod tests {
             datacenter: "dc1".into(),
             tracker: Tracker::new(),
             addresses: Arc::new(Vec::new),
+            addresses_changed: None,
         };
         let ours = store.read().ca_roots().trust_domain;
         let claim = Update {

@@ -37,6 +37,7 @@ async fn cluster(dc: &str) -> Cluster {
         datacenter: dc.into(),
         tracker: Arc::clone(&tracker),
         addresses: Arc::new(move || vec![advertised.clone()]),
+        addresses_changed: None,
     };
     let peerings = Peerings::new(ctx, stop.clone());
     let service = peerings.grpc_service();

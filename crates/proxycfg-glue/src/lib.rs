@@ -53,7 +53,7 @@ pub use {
     http_checks::{CacheHttpChecks, LocalChecks},
     intentions::CacheIntentions,
     leaf::CacheLeaf,
-    peering::{CachePeerTrustBundles, CachePeeredUpstream},
+    peering::{CachePeerTrustBundles, CachePeeredUpstream, CachePeeringServers},
     prepared_query::CachePreparedQuery,
     resolved_config::CacheResolvedServiceConfig,
     roots::CacheCaRoots,
@@ -69,7 +69,7 @@ pub use {
     http_checks::ServerHttpChecks,
     intentions::ServerIntentions,
     leaf::ServerLeaf,
-    peering::{ServerPeerTrustBundles, ServerPeeredUpstream},
+    peering::{ServerPeerTrustBundles, ServerPeeredUpstream, ServerPeeringServers},
     prepared_query::ServerPreparedQuery,
     resolved_config::ServerResolvedServiceConfig,
     roots::ServerCaRoots,
@@ -120,6 +120,7 @@ mod server_sources {
             prepared_query: Arc::new(ServerPreparedQuery(Arc::clone(&mode))),
             peered_upstream: Arc::new(ServerPeeredUpstream(Arc::clone(&mode))),
             peer_trust_bundles: Arc::new(ServerPeerTrustBundles(Arc::clone(&mode))),
+            peering_servers: Arc::new(ServerPeeringServers(Arc::clone(&mode))),
         }
     }
 }
@@ -169,6 +170,7 @@ mod cache_sources {
             prepared_query: Arc::new(CachePreparedQuery(Arc::clone(&mode))),
             peered_upstream: Arc::new(CachePeeredUpstream(Arc::clone(&mode))),
             peer_trust_bundles: Arc::new(CachePeerTrustBundles(Arc::clone(&mode))),
+            peering_servers: Arc::new(CachePeeringServers(Arc::clone(&mode))),
         }
     }
 }

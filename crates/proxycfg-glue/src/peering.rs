@@ -4,7 +4,7 @@
 //! again.
 
 #[cfg(feature = "server")]
-pub use on_server::{ServerPeerTrustBundles, ServerPeeredUpstream};
+pub use on_server::{ServerPeerTrustBundles, ServerPeeredUpstream, ServerPeeringServers};
 
 #[cfg(feature = "server")]
 mod on_server {
@@ -12,10 +12,10 @@ mod on_server {
     use crate::server_mode::{Catalog, TopicInput};
     use catalog::{Payload, Topic};
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{PeerTrustBundlesRequest, PeeredUpstreamRequest};
+    use proxycfg::data_sources::{PeerTrustBundlesRequest, PeeredUpstreamRequest, PeeringServersRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
-    use structs::peering::{PeerTrustBundle, PeeredUpstream};
+    use structs::peering::{PeerTrustBundle, PeeredUpstream, PeeringServers};
 
     /// A service a peer exports here, as the catalog holds it (server mode).
     pub struct ServerPeeredUpstream(pub(crate) Arc<Catalog>);
@@ -56,21 +56,39 @@ mod on_server {
     }
 
     watched_source!(ServerPeerTrustBundles, PeerTrustBundlesRequest, |s, req| s.updates(req));
+
+    /// Where the peering calls go (server mode).
+    pub struct ServerPeeringServers(pub(crate) Arc<Catalog>);
+
+    impl ServerPeeringServers {
+        fn updates(
+            &self,
+            _req: PeeringServersRequest,
+        ) -> Result<impl Updates<Arc<PeeringServers>> + use<>, DataSourceError> {
+            let input = TopicInput::new(&self.0.store, Topic::PeeringServers, |p| match p {
+                Payload::PeeringServers(v) => Some(Arc::clone(v)),
+                _ => None,
+            });
+            Ok(Derive::distinct(input, Ok))
+        }
+    }
+
+    watched_source!(ServerPeeringServers, PeeringServersRequest, |s, req| s.updates(req));
 }
 
 #[cfg(feature = "cache")]
-pub use on_cache::{CachePeerTrustBundles, CachePeeredUpstream};
+pub use on_cache::{CachePeerTrustBundles, CachePeeredUpstream, CachePeeringServers};
 
 #[cfg(feature = "cache")]
 mod on_cache {
     use crate::cache_mode::{AgentCache, CacheInput};
     use crate::derive::{Derive, watched_source};
-    use agent_cache::types::{PeerTrustBundlesKey, PeeredUpstreamKey};
+    use agent_cache::types::{PeerTrustBundlesKey, PeeredUpstreamKey, PeeringServersKey};
     use proxycfg::DataSourceError;
-    use proxycfg::data_sources::{PeerTrustBundlesRequest, PeeredUpstreamRequest};
+    use proxycfg::data_sources::{PeerTrustBundlesRequest, PeeredUpstreamRequest, PeeringServersRequest};
     use proxycfg::forward::Updates;
     use std::sync::Arc;
-    use structs::peering::{PeerTrustBundle, PeeredUpstream};
+    use structs::peering::{PeerTrustBundle, PeeredUpstream, PeeringServers};
 
     /// A service a peer exports here, from the servers through the agent cache (agent
     /// mode).
@@ -112,4 +130,21 @@ mod on_cache {
     }
 
     watched_source!(CachePeerTrustBundles, PeerTrustBundlesRequest, |s, req| s.updates(req));
+
+    /// Where the peering calls go, from the servers through the agent cache (agent mode).
+    pub struct CachePeeringServers(pub(crate) Arc<AgentCache>);
+
+    impl CachePeeringServers {
+        fn updates(
+            &self,
+            _req: PeeringServersRequest,
+        ) -> Result<impl Updates<Arc<PeeringServers>> + use<>, DataSourceError> {
+            Ok(Derive::distinct(
+                CacheInput::new(self.0.caches.peering_servers.watch(&PeeringServersKey)),
+                Ok,
+            ))
+        }
+    }
+
+    watched_source!(CachePeeringServers, PeeringServersRequest, |s, req| s.updates(req));
 }

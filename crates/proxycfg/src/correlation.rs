@@ -38,6 +38,8 @@ pub enum CorrelationId {
     PeeredUpstream(Arc<UpstreamId>),
     /// The trust bundles of the peers the proxied service is exported to.
     PeerTrustBundles,
+    /// Where the peering calls go (a mesh gateway).
+    PeeringServers,
     /// What a peer exports for a target of an upstream's chain (a resolver's failover to
     /// the peer).
     PeerTarget {
@@ -122,6 +124,7 @@ impl fmt::Display for CorrelationId {
             CorrelationId::PreparedQuery(u) => write!(f, "prepared-query:{u}"),
             CorrelationId::PeeredUpstream(u) => write!(f, "peered-upstream:{u}"),
             CorrelationId::PeerTrustBundles => f.write_str("peer-trust-bundles"),
+            CorrelationId::PeeringServers => f.write_str("peering-servers"),
             CorrelationId::PeerTarget { upstream, target } => write!(f, "peer-target:{target}:{upstream}"),
             CorrelationId::ServiceList => f.write_str("service-list"),
             CorrelationId::Datacenters => f.write_str("datacenters"),

@@ -72,6 +72,8 @@ pub enum UpdatePayload {
     PeeredUpstream(Arc<structs::peering::PeeredUpstream>),
     /// The trust bundles of the peers a service is exported to.
     PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
+    /// Where the peering calls go.
+    PeeringServers(Arc<structs::peering::PeeringServers>),
 }
 
 macro_rules! payload_from {
@@ -95,6 +97,7 @@ payload_from! {
     HttpChecks(Arc<Vec<HealthCheck>>),
     PeeredUpstream(Arc<structs::peering::PeeredUpstream>),
     PeerTrustBundles(Arc<Vec<structs::peering::PeerTrustBundle>>),
+    PeeringServers(Arc<structs::peering::PeeringServers>),
 }
 
 /// One change from one watch.
@@ -442,6 +445,11 @@ pub struct PeerTrustBundlesRequest {
     pub token: Option<Token>,
 }
 
+/// Where the peering calls go: this cluster's servers and the servers of the peers it
+/// dials (a mesh gateway carrying them, `Peering.PeerThroughMeshGateways`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PeeringServersRequest {}
+
 macro_rules! requests {
     ($($req:ty => $resp:ty),* $(,)?) => {$(
         impl WatchRequest for $req { type Response = $resp; }
@@ -465,6 +473,7 @@ requests! {
     PreparedQueryRequest => PreparedQueryResult,
     PeeredUpstreamRequest => Arc<structs::peering::PeeredUpstream>,
     PeerTrustBundlesRequest => Arc<Vec<structs::peering::PeerTrustBundle>>,
+    PeeringServersRequest => Arc<structs::peering::PeeringServers>,
 }
 
 /// Service names of a datacenter (distinct from datacenter names so the types cannot mix).
@@ -542,6 +551,8 @@ pub struct DataSources {
     pub peered_upstream: Arc<dyn DataSource<PeeredUpstreamRequest>>,
     /// Peers' trust bundles.
     pub peer_trust_bundles: Arc<dyn DataSource<PeerTrustBundlesRequest>>,
+    /// Where the peering calls go.
+    pub peering_servers: Arc<dyn DataSource<PeeringServersRequest>>,
 }
 
 impl fmt::Debug for DataSources {

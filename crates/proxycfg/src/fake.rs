@@ -177,6 +177,8 @@ pub struct FakeDataSources {
     pub peered_upstream: Arc<FakeSource<PeeredUpstreamRequest>>,
     /// Peers' trust bundles.
     pub peer_trust_bundles: Arc<FakeSource<PeerTrustBundlesRequest>>,
+    /// Where the peering calls go.
+    pub peering_servers: Arc<FakeSource<PeeringServersRequest>>,
 }
 
 impl FakeDataSources {
@@ -216,6 +218,7 @@ impl FakeDataSources {
         });
         fakes.health.set_fallback(|_| Some(Arc::new(Vec::new())));
         fakes.peer_trust_bundles.set_fallback(|_| Some(Arc::new(Vec::new())));
+        fakes.peering_servers.set_fallback(|_| Some(Arc::default()));
         fakes
     }
 
@@ -238,6 +241,7 @@ impl FakeDataSources {
             prepared_query: self.prepared_query.clone(),
             peered_upstream: self.peered_upstream.clone(),
             peer_trust_bundles: self.peer_trust_bundles.clone(),
+            peering_servers: self.peering_servers.clone(),
         }
     }
 
@@ -259,6 +263,7 @@ impl FakeDataSources {
             + self.prepared_query.active()
             + self.peered_upstream.active()
             + self.peer_trust_bundles.active()
+            + self.peering_servers.active()
     }
 }
 

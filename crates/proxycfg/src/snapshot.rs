@@ -258,6 +258,10 @@ pub struct MeshGatewaySnapshot {
     /// The `exported-services` entry (a list of at most one): the peers each service is
     /// exported to, whose SNIs for it the gateway routes to its instances.
     pub exports: Arc<Vec<Arc<ConfigEntry>>>,
+    /// Where the peering calls go (this cluster's servers, the dialed peers'): routed by
+    /// their server names when the mesh entry's `Peering.PeerThroughMeshGateways` is set.
+    /// Not needed to serve the rest (`None` until known, and while the source fails).
+    pub peering_servers: Known<Arc<structs::peering::PeeringServers>>,
 }
 
 impl MeshGatewaySnapshot {

@@ -310,6 +310,7 @@ impl ServerMode {
                     let store = store.clone();
                     move || peering_addresses(&store, grpc_tls_addr)
                 }),
+                addresses_changed: store.cluster().map(|c| c.subscribe_status()),
             },
             peering_stop.clone(),
         );

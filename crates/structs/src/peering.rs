@@ -438,6 +438,35 @@ pub struct PeeredUpstream {
     pub bundle: Option<PeerTrustBundle>,
 }
 
+/// Where the peering calls go, for mesh gateways carrying them
+/// (`Peering.PeerThroughMeshGateways`): this cluster's servers, and the servers of each peer
+/// this cluster dials.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PeeringServers {
+    /// This cluster's servers' peering (gRPC TLS) addresses.
+    #[serde(rename = "Local")]
+    pub local: Vec<String>,
+    /// The peers this cluster dials.
+    #[serde(rename = "Dialed")]
+    pub dialed: Vec<DialedServers>,
+}
+
+/// One peer this cluster dials: the name its servers present and where they are reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DialedServers {
+    /// The name this cluster gives the peer.
+    #[serde(rename = "Peer")]
+    pub peer: String,
+    /// `server.<dc>.peering.<trust domain>` of the peer.
+    #[serde(rename = "ServerName")]
+    pub server_name: String,
+    /// The peer's servers (or its mesh gateways), `host:port`.
+    #[serde(rename = "Addresses")]
+    pub addresses: Vec<String>,
+}
+
 /// An SNI name for a service exported to a peer, as the exporting cluster's mesh gateway
 /// routes it: `<service>.default.default.<peer>.external.<trust domain>`, where the peer is
 /// the name the exporting cluster gives the importing one.

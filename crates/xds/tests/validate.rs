@@ -2052,6 +2052,7 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
                 "Services": [{"Name": "api", "Consumers": [{"Peer": "cluster-b"}]}]}))
             .unwrap(),
         )]),
+        peering_servers: None,
         remote: Some(Arc::new(BTreeMap::from([("dc2".to_owned(), {
             let mut gw = instance("mesh-gateway", "10.2.0.1", 8443);
             gw.service.kind = Kind;
@@ -2125,6 +2126,77 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
         listener.listener_filters[0].name,
         "envoy.filters.listener.tls_inspector"
     );
+}
+
+/// `Peering.PeerThroughMeshGateways`: the gateway routes this cluster's servers' peering
+/// name to its servers and each dialed peer's server name to the addresses the peer gave
+/// (passing the TLS through, as for services); an address it cannot route is in its
+/// status. Without the setting, neither name is routed.
+#[test]
+fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
+    use structs::ServiceKind::MeshGateway as Kind;
+    let ca = Ca::new();
+    let td = ca.roots().trust_domain.clone();
+    let servers = structs::peering::PeeringServers {
+        local: vec!["10.0.0.9:8503".into(), "10.0.0.10:8503".into()],
+        dialed: vec![structs::peering::DialedServers {
+            peer: "cluster-a".into(),
+            server_name: "server.dc1.peering.aaaa.consul".into(),
+            addresses: vec!["198.51.100.7:443".into(), "gw.example:443".into()],
+        }],
+    };
+    let part = |through: bool| {
+        let mesh = structs::ConfigEntry::from_json(serde_json::json!({
+            "Kind": "mesh", "Peering": {"PeerThroughMeshGateways": through}}))
+        .unwrap();
+        KindSnapshot::MeshGateway(proxycfg::MeshGatewaySnapshot {
+            mesh_config: Some(Some(Arc::new(mesh))),
+            services: Some(Arc::new(Vec::new())),
+            resolvers: Some(Arc::new(Vec::new())),
+            peering_servers: Some(Arc::new(servers.clone())),
+            ..Default::default()
+        })
+    };
+    let r = validate_snapshot(
+        "gateway-mesh-peering",
+        &gateway_snapshot(&ca, Kind, "mesh-gateway", part(true)),
+    );
+    let local = format!("server.dc1.peering.{td}");
+    let hosts = |name: &str| {
+        let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[name]);
+        cla.endpoints
+            .iter()
+            .flat_map(|e| &e.lb_endpoints)
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+    };
+    let at_local = hosts(&local);
+    assert_eq!(at_local.len(), 2, "{at_local:?}");
+    assert!(
+        at_local[0].contains("10.0.0.9") && at_local[0].contains("8503"),
+        "{at_local:?}"
+    );
+    let at_peer = hosts("server.dc1.peering.aaaa.consul");
+    assert_eq!(at_peer.len(), 1, "the hostname is not routed: {at_peer:?}");
+    assert!(at_peer[0].contains("198.51.100.7"), "{at_peer:?}");
+    let peer_cluster: Cluster = unpack(&r.of(CLUSTER).unwrap()["server.dc1.peering.aaaa.consul"]);
+    assert!(
+        peer_cluster.transport_socket.is_none(),
+        "the servers' TLS passes through"
+    );
+    assert!(
+        r.problems
+            .values()
+            .any(|p| p.contains("\"gw.example:443\"") && p.contains("not IP:port")),
+        "{:?}",
+        r.problems
+    );
+    let off = validate_snapshot(
+        "gateway-mesh-no-peering",
+        &gateway_snapshot(&ca, Kind, "mesh-gateway", part(false)),
+    );
+    assert!(!off.of(CLUSTER).is_some_and(|c| c.contains_key(&local)));
+    assert!(off.problems.is_empty(), "{:?}", off.problems);
 }
 
 /// While a P-384 root is in the bundle, every mesh TLS context offers P-384 besides Envoy's

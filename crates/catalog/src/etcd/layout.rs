@@ -107,6 +107,7 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
             json(service)?,
         ),
         Change::DeleteImported { peer, service } => (format!("imported/{}/{}", escape(peer), escape(service)), None),
+        Change::PutPeeringServers(addresses) => ("peering-servers".to_owned(), json(addresses)?),
     })
 }
 
@@ -130,6 +131,7 @@ enum Row {
     VirtualIp(String),
     Peering(String),
     Imported(String, String),
+    PeeringServers,
     Guard,
 }
 
@@ -160,6 +162,7 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["vip", service] => Row::VirtualIp(unescape(service)),
         ["peering", name] => Row::Peering(unescape(name)),
         ["imported", peer, service] => Row::Imported(unescape(peer), unescape(service)),
+        ["peering-servers"] => Row::PeeringServers,
         ["audit", seq] => Row::Audit(seq.parse().map_err(|_| bad("an audit record's Seq is not a number"))?),
         ["event", ltime] => Row::Event(ltime.parse().map_err(|_| bad("an event's LTime is not a number"))?),
         _ => return Err(bad("not a key meshd writes")),
@@ -197,7 +200,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::VirtualIp(service) => Change::DeleteVirtualIp(service),
             Row::Peering(name) => Change::DeletePeering(name),
             Row::Imported(peer, service) => Change::DeleteImported { peer, service },
-            Row::Ca | Row::Bootstrapped => {
+            Row::Ca | Row::Bootstrapped | Row::PeeringServers => {
                 return Err(LayoutError {
                     key: format!("{CATALOG}{key}"),
                     why: "deleted, but meshd never deletes it".into(),
@@ -233,6 +236,7 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             peer,
             service: Box::new(parse_value(key, value)?),
         },
+        Row::PeeringServers => Change::PutPeeringServers(parse_value(key, value)?),
         Row::LockDelay(k) => Change::PutLockDelay {
             key: k,
             until_ms: parse_value(key, value)?,
@@ -275,6 +279,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         virtual_ips: Vec::new(),
         peerings: Vec::new(),
         imported: Vec::new(),
+        peering_servers: Vec::new(),
         indexes: Vec::new(),
     };
     for kv in kvs {
@@ -367,6 +372,7 @@ fn add_row(p: &mut PersistedState, change: Change, create: Index, modify: Index)
             p.peerings.push(*peering);
         }
         Change::PutImported { peer, service } => p.imported.push((peer, *service)),
+        Change::PutPeeringServers(addresses) => p.peering_servers = addresses,
         _ => unreachable!("decode of a put yields a put"),
     }
 }
@@ -418,6 +424,7 @@ mod tests {
             Change::DeleteAclRole("r".into()),
             Change::AclBootstrapped,
             Change::DeletePeering("cluster-b".into()),
+            Change::PutPeeringServers(vec!["10.0.0.9:8503".into()]),
             Change::DeleteImported {
                 peer: "cluster-b".into(),
                 service: "api/x".into(),

@@ -48,6 +48,10 @@ impl State {
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.name.clone()));
             }
+            Change::PutPeeringServers(addresses) if *self.peering_servers != *addresses => {
+                self.peering_servers = Arc::new(addresses.clone());
+                bumped.insert(IndexKey::Peerings);
+            }
             Change::DeleteImported { peer, service }
                 if self.imported.remove(&(peer.clone(), service.clone())).is_some() =>
             {
@@ -67,6 +71,29 @@ impl State {
     /// One peering, by this side's id of it.
     pub fn peering_by_id(&self, id: &str) -> Option<Arc<StoredPeering>> {
         self.peerings.values().find(|p| p.peering.id == id).cloned()
+    }
+
+    /// This cluster's servers' peering (gRPC TLS) addresses, as the leader last wrote them.
+    pub fn peering_servers(&self) -> &[String] {
+        &self.peering_servers
+    }
+
+    /// Where the peering calls go, for mesh gateways carrying them: this cluster's servers
+    /// and the servers (or gateways) of each live peering it dials.
+    pub fn peering_servers_view(&self) -> structs::peering::PeeringServers {
+        structs::peering::PeeringServers {
+            local: (*self.peering_servers).clone(),
+            dialed: self
+                .peerings
+                .values()
+                .filter(|p| p.peering.is_dialer() && p.peering.state.is_live())
+                .map(|p| structs::peering::DialedServers {
+                    peer: p.peering.name.clone(),
+                    server_name: p.peering.peer_server_name.clone(),
+                    addresses: p.peering.peer_server_addresses.clone(),
+                })
+                .collect(),
+        }
     }
 
     /// Every peering, by name.

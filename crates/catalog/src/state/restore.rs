@@ -56,6 +56,7 @@ impl State {
             peer,
             service: Box::new(service),
         }));
+        // The servers' addresses are this cluster's, not the snapshot's: kept as they are.
         out
     }
 

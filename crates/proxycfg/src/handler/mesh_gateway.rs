@@ -93,6 +93,12 @@ impl KindHandler for MeshGatewayHandler {
             CorrelationId::ConfigEntryList(ConfigEntryKind::ExportedServices),
             ConfigEntryListRequest::for_proxy(ConfigEntryKind::ExportedServices, self.token.as_ref()),
         );
+        // Where the peering calls go, when they cross the gateways.
+        watches.start(
+            &self.sources.peering_servers,
+            CorrelationId::PeeringServers,
+            PeeringServersRequest::default(),
+        );
         KindSnapshot::MeshGateway(MeshGatewaySnapshot::default())
     }
 
@@ -121,6 +127,9 @@ impl KindHandler for MeshGatewayHandler {
                 UpdatePayload::ConfigEntryList(entries),
             ) => g.exports = entries,
             (CorrelationId::MeshGatewaysByDc, UpdatePayload::MeshGateways(remote)) => g.remote = Some(remote),
+            (CorrelationId::PeeringServers, UpdatePayload::PeeringServers(servers)) => {
+                g.peering_servers = Some(servers)
+            }
             (CorrelationId::GatewayServiceHealth { service }, UpdatePayload::Health(nodes)) => {
                 if !g.services.as_ref().is_some_and(|s| s.contains(&service)) {
                     return Err(HandlerError::UnknownWatch(
@@ -143,6 +152,7 @@ impl KindHandler for MeshGatewayHandler {
                 | CorrelationId::MeshConfig
                 | CorrelationId::ServiceList
                 | CorrelationId::MeshGatewaysByDc
+                | CorrelationId::PeeringServers
                 | CorrelationId::ConfigEntryList(
                     ConfigEntryKind::ServiceResolver | ConfigEntryKind::ExportedServices,
                 )

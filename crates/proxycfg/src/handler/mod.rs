@@ -163,6 +163,7 @@ impl UpdatePayload {
             UpdatePayload::HttpChecks(_) => "HttpChecks",
             UpdatePayload::PeeredUpstream(_) => "PeeredUpstream",
             UpdatePayload::PeerTrustBundles(_) => "PeerTrustBundles",
+            UpdatePayload::PeeringServers(_) => "PeeringServers",
         }
     }
 }

@@ -97,6 +97,17 @@ pub const PATH_WITH_ESCAPED_SLASHES_ACTIONS: [&str; 5] = [
 /// Values of `HeadersWithUnderscoresAction` (Envoy's names), the default first.
 pub const HEADERS_WITH_UNDERSCORES_ACTIONS: [&str; 3] = ["ALLOW", "REJECT_REQUEST", "DROP_HEADER"];
 
+/// `Peering` of the `mesh` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshPeeringConfig {
+    /// The peering calls cross the mesh gateways: this cluster's tokens name its mesh
+    /// gateways (which route the servers' peering name to them), and its servers dial
+    /// their peers through its own mesh gateways.
+    #[serde(rename = "PeerThroughMeshGateways")]
+    pub peer_through_mesh_gateways: bool,
+}
+
 /// The `mesh` config entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -116,6 +127,9 @@ pub struct MeshConfig {
     /// Let services opt into permissive mTLS.
     #[serde(rename = "AllowEnablingPermissiveMutualTLS")]
     pub allow_enabling_permissive_mutual_tls: bool,
+    /// Cluster peering settings.
+    #[serde(rename = "Peering", skip_serializing_if = "Option::is_none")]
+    pub peering: Option<MeshPeeringConfig>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -167,6 +181,11 @@ pub fn envoy_cipher_name(name: &str) -> Option<&'static str> {
 }
 
 impl MeshConfig {
+    /// Whether the peering calls cross the mesh gateways (`Peering.PeerThroughMeshGateways`).
+    pub fn peer_through_mesh_gateways(&self) -> bool {
+        self.peering.as_ref().is_some_and(|p| p.peer_through_mesh_gateways)
+    }
+
     /// `HTTP.Incoming.RequestNormalization`, if set.
     pub fn request_normalization(&self) -> Option<&RequestNormalization> {
         self.http.as_ref()?.incoming.as_ref()?.request_normalization.as_ref()

@@ -39,9 +39,9 @@ pub use jwt_provider::{
     JwtCacheConfig, JwtForwarding, JwtHeader, JwtLocation, JwtNamed, JwtProvider, LocalJwks, RemoteJwks,
 };
 pub use mesh::{
-    HEADERS_WITH_UNDERSCORES_ACTIONS, MeshConfig, MeshDirectionalHttpConfig, MeshHttpConfig, MeshTlsConfig,
-    MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization, TlsDirectionConfig,
-    envoy_cipher_name,
+    HEADERS_WITH_UNDERSCORES_ACTIONS, MeshConfig, MeshDirectionalHttpConfig, MeshHttpConfig, MeshPeeringConfig,
+    MeshTlsConfig, MeshTransparentProxyConfig, PATH_WITH_ESCAPED_SLASHES_ACTIONS, RequestNormalization,
+    TlsDirectionConfig, envoy_cipher_name,
 };
 pub(crate) use routing::check_regex;
 pub use routing::{

@@ -61,6 +61,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
             out.insert(ENDPOINT, sni.clone(), pack_any(load_assignment(&sni, nodes)));
         }
     }
+    peering_servers(snap, g, &roots.trust_domain, out);
     let mut chains = remote_chains(snap, g, &roots.trust_domain, out);
     chains.push(FilterChain {
         filters: vec![
@@ -83,6 +84,62 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
     out.insert(LISTENER, name, pack_any(listener));
     Ok(())
 }
+
+/// With the mesh entry's `Peering.PeerThroughMeshGateways`, the peering calls cross the
+/// gateway: a cluster named by this cluster's servers' peering name
+/// (`server.<dc>.peering.<trust domain>`) to its servers, and one per peer this cluster
+/// dials, named by the peer's server name, to the addresses the peer gave (its own
+/// gateways). The catch-all chain routes each name to its cluster; the TLS passes through,
+/// end to end between the servers. What cannot be routed is in the gateway's status.
+fn peering_servers(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, trust_domain: &str, out: &mut Resources) {
+    let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
+    let through = mesh.is_some_and(|e| matches!(e, structs::ConfigEntry::Mesh(m) if m.peer_through_mesh_gateways()));
+    let Some(servers) = g.peering_servers.as_deref().filter(|_| through) else {
+        return;
+    };
+    let local = format!("server.{}.peering.{trust_domain}", snap.datacenter);
+    if servers.local.is_empty() {
+        out.problems.insert(
+            format!("{PEERING_PROBLEM}{local}"),
+            "peering through mesh gateways: no server of this cluster has a gRPC TLS address (-grpc-tls-addr) to route the peering calls to"
+                .into(),
+        );
+    }
+    let routes =
+        std::iter::once((&local, &servers.local)).chain(servers.dialed.iter().map(|d| (&d.server_name, &d.addresses)));
+    for (name, addresses) in routes {
+        let mut endpoints = Vec::new();
+        for address in addresses {
+            match address.parse::<std::net::SocketAddr>() {
+                Ok(at) => endpoints.push(CheckServiceNode {
+                    service: structs::NodeService {
+                        address: at.ip().to_string(),
+                        port: at.port(),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }),
+                Err(_) => {
+                    out.problems.insert(
+                        format!("{PEERING_PROBLEM}{name}:{address}"),
+                        format!(
+                            "peering through mesh gateways: {address:?} (for {name}) is not IP:port; it is not routed"
+                        ),
+                    );
+                }
+            }
+        }
+        out.insert(
+            CLUSTER,
+            name.clone(),
+            pack_any(cluster(name, DEFAULT_CONNECT_TIMEOUT_MS)),
+        );
+        out.insert(ENDPOINT, name.clone(), pack_any(load_assignment(name, &endpoints)));
+    }
+}
+
+/// Where the gateway's status names what the peering calls cannot be routed to.
+const PEERING_PROBLEM: &str = "peering-servers:";
 
 /// The peers `service` is exported to.
 fn exported_peers(g: &MeshGatewaySnapshot, service: &str) -> std::collections::BTreeSet<String> {

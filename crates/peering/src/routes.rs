@@ -1,0 +1,78 @@
+//! Where the peering calls go. Directly to the servers by default; through the mesh
+//! gateways when the `mesh` entry sets `Peering.PeerThroughMeshGateways` (Consul's): the
+//! accepting cluster's tokens and stream then name its mesh gateways (which route the
+//! servers' peering name to them, `server.<dc>.peering.<trust domain>` by SNI), and the
+//! dialing cluster's servers dial their own mesh gateways, which route the peer's server
+//! name to the addresses the peer gave. TLS stays end to end between the servers.
+
+use crate::exports;
+use crate::session::Context;
+use catalog::State;
+use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthStatus, ServiceKind};
+
+/// Whether this cluster's peering calls cross its mesh gateways.
+pub fn through_gateways(state: &State) -> bool {
+    state
+        .config_entry(ConfigEntryKind::Mesh, "mesh")
+        .is_some_and(|e| matches!(&*e, ConfigEntry::Mesh(m) if m.peer_through_mesh_gateways()))
+}
+
+/// What peers dial to reach this cluster: its mesh gateways at their WAN addresses when the
+/// calls cross them, else its servers' peering addresses.
+pub fn advertised(ctx: &Context, state: &State) -> Vec<String> {
+    if through_gateways(state) {
+        exports::mesh_gateways(state).iter().map(dial_address).collect()
+    } else {
+        (ctx.addresses)()
+    }
+}
+
+/// This cluster's healthy mesh gateways at their local (LAN) addresses: where its servers
+/// dial their peers through when the calls cross the gateways.
+pub fn local_gateways(state: &State) -> Vec<String> {
+    let mut names: Vec<&str> = state
+        .all_services()
+        .filter(|(_, s)| s.kind == ServiceKind::MeshGateway)
+        .map(|(_, s)| s.service.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .flat_map(|n| state.health(n, false))
+        .filter(|c| c.service.kind == ServiceKind::MeshGateway)
+        .filter(|c| !matches!(c.aggregate_status(), HealthStatus::Critical | HealthStatus::Maintenance))
+        .map(|c| dial_address(&c))
+        .collect()
+}
+
+/// Where the peering calls of a peering this cluster dials go: its own gateways, or the
+/// peer's servers (`peer` is the stored `PeerServerAddresses`).
+pub fn dial_addresses(state: &State, peer: &[String]) -> Result<Vec<String>, String> {
+    if !through_gateways(state) {
+        return Ok(peer.to_vec());
+    }
+    let gateways = local_gateways(state);
+    if gateways.is_empty() {
+        return Err(NO_GATEWAY.into());
+    }
+    Ok(gateways)
+}
+
+/// Why the calls cannot go through the gateways.
+pub const NO_GATEWAY: &str = "the mesh entry sends the peering calls through mesh gateways (Peering.PeerThroughMeshGateways) \
+     and this cluster has no healthy mesh gateway";
+
+/// `host:port` of an instance (the node's address when the service has none).
+fn dial_address(c: &CheckServiceNode) -> String {
+    let host = if c.service.address.is_empty() {
+        &c.node.address
+    } else {
+        &c.service.address
+    };
+    if host.contains(':') {
+        format!("[{host}]:{}", c.service.port)
+    } else {
+        format!("{host}:{}", c.service.port)
+    }
+}
