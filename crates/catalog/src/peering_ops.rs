@@ -197,16 +197,7 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             Ok(put(next))
         }
         PeeringOp::Gateways { name, gateways } => plan_gateways(state, name, gateways),
-        PeeringOp::ServerAddresses { name, addresses } => {
-            let stored = live(state, name)?;
-            if !stored.peering.is_dialer() || stored.peering.peer_server_addresses == *addresses || addresses.is_empty()
-            {
-                return Ok(Plan::write(Vec::new()));
-            }
-            let mut next = (*stored).clone();
-            next.peering.peer_server_addresses = addresses.clone();
-            Ok(put(next))
-        }
+        PeeringOp::ServerAddresses { name, addresses } => plan_server_addresses(state, name, addresses),
         PeeringOp::LocalServers { addresses } => Ok(Plan::write(if state.peering_servers() == addresses.as_slice() {
             Vec::new()
         } else {
@@ -254,6 +245,17 @@ pub(crate) fn plan(op: &PeeringOp, state: &State) -> Result<Plan, WriteError> {
             complete,
         } => plan_import(state, name, services, *complete),
     }
+}
+
+/// The peer's servers' addresses, on the dialing side (none given: kept as they are).
+fn plan_server_addresses(state: &State, name: &str, addresses: &[String]) -> Result<Plan, WriteError> {
+    let stored = live(state, name)?;
+    if !stored.peering.is_dialer() || stored.peering.peer_server_addresses == addresses || addresses.is_empty() {
+        return Ok(Plan::write(Vec::new()));
+    }
+    let mut next = (*stored).clone();
+    next.peering.peer_server_addresses = addresses.to_vec();
+    Ok(put(next))
 }
 
 fn remove_imports(state: &State, name: &str) -> Vec<Change> {
