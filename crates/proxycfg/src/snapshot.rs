@@ -381,7 +381,9 @@ pub struct ConnectProxySnapshot {
     /// Every datacenter's mesh gateways, while some upstream's chain has a target in another
     /// datacenter (its connections go through them).
     pub mesh_gateways: Known<Arc<BTreeMap<String, Arc<Vec<CheckServiceNode>>>>>,
-    /// What peers export for the upstreams with `DestinationPeer`, by upstream, as known.
+    /// What peers export for the upstreams with `DestinationPeer`, by upstream, as known:
+    /// the value the upstream's chain was built from (a change of only the exporter's
+    /// gateways updates the upstream's endpoints, not this entry).
     pub peered: Arc<BTreeMap<Arc<UpstreamId>, Arc<structs::peering::PeeredUpstream>>>,
     /// What peers export for the peer targets of upstreams' chains (resolvers failing over
     /// to a peer), by upstream and target, as known.

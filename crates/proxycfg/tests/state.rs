@@ -662,3 +662,75 @@ async fn a_target_in_another_datacenter_goes_through_gateways() {
     settle().await;
     assert_eq!(f.fakes.mesh_gateways.active(), 0);
 }
+
+/// An upstream with `DestinationPeer`: when only the exporter's mesh gateways move (same
+/// service digest, same bundle), the chain (and the `peered` entry) stay the same `Arc`s and
+/// only the endpoints change, so the proxy's next build is of its load assignments alone;
+/// a change of the service itself builds the chain again.
+#[tokio::test(start_paused = true)]
+async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
+    let f = fixture();
+    let mut reg = sidecar("web", 21000, &[]);
+    let mut svc = (*reg.service).clone();
+    svc.proxy.upstreams.push(Upstream {
+        destination_name: "api".into(),
+        destination_peer: "cluster-a".into(),
+        local_bind_port: 9300,
+        ..Default::default()
+    });
+    reg.service = Arc::new(svc);
+    let req = PeeredUpstreamRequest {
+        peer: "cluster-a".into(),
+        service: "api".into(),
+        token: None,
+    };
+    let exported = |digest: &str, gateway: &str| {
+        Arc::new(structs::peering::PeeredUpstream {
+            service: Some(structs::peering::ImportedService {
+                name: "api".into(),
+                instances: vec![instance("api", "10.9.0.1")],
+                mesh_gateways: vec![instance("mesh-gateway", gateway)],
+                sni: "api.default.default.cluster-b.external.aaaa.consul".into(),
+                spiffe_ids: vec!["spiffe://aaaa.consul/ns/default/dc/dc1/svc/api".into()],
+                protocol: "tcp".into(),
+                digest: digest.into(),
+            }),
+            bundle: Some(structs::peering::PeerTrustBundle {
+                peer: "cluster-a".into(),
+                trust_domain: "aaaa.consul".into(),
+                datacenter: "dc1".into(),
+                root_pems: vec!["-----BEGIN CERTIFICATE-----".into()],
+            }),
+        })
+    };
+    f.fakes.peered_upstream.set(&req, exported("d1", "192.0.2.1"));
+    let mut w = register_and_watch(&f, &reg).await;
+    let first = next_snapshot(&mut w).await;
+    let cp = first.connect_proxy().unwrap();
+    let (id, up) = cp.upstreams.iter().next().unwrap();
+    let chain = up.chain.clone().unwrap();
+    let at = |snap: &ConfigSnapshot| {
+        let up = &snap.connect_proxy().unwrap().upstreams[id];
+        up.endpoints.values().next().unwrap()[0].address().to_owned()
+    };
+    assert_eq!(at(&first), "192.0.2.1");
+
+    f.fakes.peered_upstream.set(&req, exported("d1", "192.0.2.2"));
+    let second = next_snapshot(&mut w).await;
+    let cp2 = second.connect_proxy().unwrap();
+    assert!(
+        Arc::ptr_eq(cp2.upstreams[id].chain.as_ref().unwrap(), &chain),
+        "the chain is kept"
+    );
+    assert!(Arc::ptr_eq(&cp2.peered, &cp.peered), "so is what it was built from");
+    assert_eq!(at(&second), "192.0.2.2");
+
+    f.fakes.peered_upstream.set(&req, exported("d2", "192.0.2.2"));
+    let third = next_snapshot(&mut w).await;
+    let cp3 = third.connect_proxy().unwrap();
+    assert!(
+        !Arc::ptr_eq(cp3.upstreams[id].chain.as_ref().unwrap(), &chain),
+        "the service changed"
+    );
+    assert_eq!(cp3.peered[id].service.as_ref().unwrap().digest, "d2");
+}

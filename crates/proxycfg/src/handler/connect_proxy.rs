@@ -341,6 +341,21 @@ impl ConnectProxyHandler {
                 CorrelationId::PeeredUpstream(id).to_string(),
             ));
         };
+        // Only the exporter's gateways moved (the service's digest, taken without them, and
+        // the bundle are the same): only the endpoints change, so the proxy's next build is
+        // of its load assignments alone. The entry in `peered` stays the one the chain was
+        // built from.
+        if let Some(old) = cp.peered.get(&id)
+            && same_but_gateways(old, &peered)
+            && let Some(entry) = Arc::make_mut(&mut cp.upstreams).get_mut(&id)
+            && let Some(target) = entry.chain.as_ref().and_then(|c| c.targets.keys().next().cloned())
+            && let Some(service) = &peered.service
+        {
+            Arc::make_mut(entry)
+                .endpoints
+                .insert(target, Arc::new(service.mesh_gateways.clone()));
+            return Ok(());
+        }
         let config = self.service.proxy.upstreams.get(index);
         let options = config.map(structs::Upstream::options).unwrap_or_default();
         let chain = peered
@@ -386,6 +401,17 @@ impl ConnectProxyHandler {
         Arc::make_mut(&mut cp.peered).insert(id, peered);
         Ok(())
     }
+}
+
+/// Whether two values of what a peer exports differ at most in the exporter's mesh gateways:
+/// the same bundle and the same service digest (the exporter takes it without gateways).
+fn same_but_gateways(a: &structs::peering::PeeredUpstream, b: &structs::peering::PeeredUpstream) -> bool {
+    let same_service = match (&a.service, &b.service) {
+        (Some(x), Some(y)) => !x.digest.is_empty() && x.digest == y.digest && x.name == y.name,
+        (None, None) => true,
+        _ => false,
+    };
+    same_service && a.bundle == b.bundle
 }
 
 impl ConnectProxyHandler {
