@@ -663,10 +663,10 @@ async fn a_target_in_another_datacenter_goes_through_gateways() {
     assert_eq!(f.fakes.mesh_gateways.active(), 0);
 }
 
-/// An upstream with `DestinationPeer`: when only the exporter's mesh gateways move (same
-/// service digest, same bundle), the chain (and the `peered` entry) stay the same `Arc`s and
-/// only the endpoints change, so the proxy's next build is of its load assignments alone;
-/// a change of the service itself builds the chain again.
+/// An upstream with `DestinationPeer`: when only the exporter's mesh gateways or instances
+/// move (same name, SNI, identities, protocol and bundle), the chain (and the `peered` entry)
+/// stay the same `Arc`s and only the endpoints change, so the proxy's next build is of its
+/// load assignments alone; a change of what the chain is built from builds it again.
 #[tokio::test(start_paused = true)]
 async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
     let f = fixture();
@@ -688,11 +688,11 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
         Arc::new(structs::peering::PeeredUpstream {
             service: Some(structs::peering::ImportedService {
                 name: "api".into(),
-                instances: vec![instance("api", "10.9.0.1")],
+                instances: vec![instance("api", &format!("10.9.0.{}", digest.len()))],
                 mesh_gateways: vec![instance("mesh-gateway", gateway)],
                 sni: "api.default.default.cluster-b.external.aaaa.consul".into(),
                 spiffe_ids: vec!["spiffe://aaaa.consul/ns/default/dc/dc1/svc/api".into()],
-                protocol: "tcp".into(),
+                protocol: if digest == "http" { "http" } else { "tcp" }.into(),
                 digest: digest.into(),
             }),
             bundle: Some(structs::peering::PeerTrustBundle {
@@ -725,12 +725,21 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
     assert!(Arc::ptr_eq(&cp2.peered, &cp.peered), "so is what it was built from");
     assert_eq!(at(&second), "192.0.2.2");
 
-    f.fakes.peered_upstream.set(&req, exported("d2", "192.0.2.2"));
+    // Another instance in the peer (a new digest): proxies here dial its gateways still.
+    f.fakes.peered_upstream.set(&req, exported("d2-more", "192.0.2.2"));
     let third = next_snapshot(&mut w).await;
-    let cp3 = third.connect_proxy().unwrap();
+    assert!(Arc::ptr_eq(
+        third.connect_proxy().unwrap().upstreams[id].chain.as_ref().unwrap(),
+        &chain
+    ));
+    assert_eq!(at(&third), "192.0.2.2");
+
+    f.fakes.peered_upstream.set(&req, exported("http", "192.0.2.2"));
+    let fourth = next_snapshot(&mut w).await;
+    let cp4 = fourth.connect_proxy().unwrap();
     assert!(
-        !Arc::ptr_eq(cp3.upstreams[id].chain.as_ref().unwrap(), &chain),
-        "the service changed"
+        !Arc::ptr_eq(cp4.upstreams[id].chain.as_ref().unwrap(), &chain),
+        "the protocol changed"
     );
-    assert_eq!(cp3.peered[id].service.as_ref().unwrap().digest, "d2");
+    assert_eq!(cp4.peered[id].service.as_ref().unwrap().protocol, "http");
 }

@@ -341,12 +341,12 @@ impl ConnectProxyHandler {
                 CorrelationId::PeeredUpstream(id).to_string(),
             ));
         };
-        // Only the exporter's gateways moved (the service's digest, taken without them, and
-        // the bundle are the same): only the endpoints change, so the proxy's next build is
-        // of its load assignments alone. The entry in `peered` stays the one the chain was
-        // built from.
+        // Nothing the chain is built from moved (the exporter's gateways did, or its
+        // instances, which proxies here never dial): only the endpoints change, so the
+        // proxy's next build is of its load assignments alone. The entry in `peered` stays
+        // the one the chain was built from.
         if let Some(old) = cp.peered.get(&id)
-            && same_but_gateways(old, &peered)
+            && same_chain_inputs(old, &peered)
             && let Some(entry) = Arc::make_mut(&mut cp.upstreams).get_mut(&id)
             && let Some(target) = entry.chain.as_ref().and_then(|c| c.targets.keys().next().cloned())
             && let Some(service) = &peered.service
@@ -403,11 +403,14 @@ impl ConnectProxyHandler {
     }
 }
 
-/// Whether two values of what a peer exports differ at most in the exporter's mesh gateways:
-/// the same bundle and the same service digest (the exporter takes it without gateways).
-fn same_but_gateways(a: &structs::peering::PeeredUpstream, b: &structs::peering::PeeredUpstream) -> bool {
+/// Whether two values of what a peer exports build the same chain and TLS: the same bundle,
+/// and the same service name, SNI, identities and protocol (its instances and the
+/// exporter's gateways may differ: they are the endpoints, or not dialed at all).
+fn same_chain_inputs(a: &structs::peering::PeeredUpstream, b: &structs::peering::PeeredUpstream) -> bool {
     let same_service = match (&a.service, &b.service) {
-        (Some(x), Some(y)) => !x.digest.is_empty() && x.digest == y.digest && x.name == y.name,
+        (Some(x), Some(y)) => {
+            x.name == y.name && x.sni == y.sni && x.spiffe_ids == y.spiffe_ids && x.protocol == y.protocol
+        }
         (None, None) => true,
         _ => false,
     };
