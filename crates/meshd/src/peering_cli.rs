@@ -128,13 +128,17 @@ fn list_text(list: &[Peering]) -> String {
         return "There are no peering connections.\n".into();
     }
     let mut out = format!(
-        "{:<20} {:<12} {:<16} {:<16}\n",
+        "{:<20} {:<12} {:<16} {}\n",
         "Name", "State", "Imported Svcs", "Exported Svcs"
     );
     for p in list {
+        // The state's text is padded (its `Display` does not pad itself).
         out.push_str(&format!(
-            "{:<20} {:<12} {:<16} {:<16}\n",
-            p.name, p.state, p.imported_service_count, p.exported_service_count
+            "{:<20} {:<12} {:<16} {}\n",
+            p.name,
+            p.state.to_string(),
+            p.imported_service_count,
+            p.exported_service_count
         ));
     }
     out
@@ -167,4 +171,30 @@ fn read_text(p: &Peering) -> String {
         out.push_str(&format!("Meta {k}: {v}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_is_in_columns() {
+        let peering = |name: &str, state| Peering {
+            name: name.into(),
+            state,
+            imported_service_count: 3,
+            ..Peering::default()
+        };
+        let text = list_text(&[
+            peering("cluster-a", structs::peering::PeeringState::Active),
+            peering("b", structs::peering::PeeringState::Establishing),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        let column = lines[0].find("Imported").unwrap_or_default();
+        assert!(column > 0, "{text}");
+        for line in &lines[1..] {
+            assert_eq!(line.find('3'), Some(column), "{text}");
+        }
+        assert!(lines.iter().all(|l| !l.ends_with(' ')), "{text:?}");
+    }
 }
