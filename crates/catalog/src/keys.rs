@@ -69,6 +69,10 @@ pub enum IndexKey {
     PeerServices(String),
     /// One service one peer exports here.
     PeerService(String, String),
+    /// Where this cluster's mesh gateways send peering traffic: its servers, the servers
+    /// of the peers it dials, and per service a peer exports here its SNI and the peer's
+    /// gateways (any peering change, gateways-only ones included, and any import).
+    PeeringRoutes,
 }
 
 /// A stream of values the event publisher serves: first a snapshot, then a new value after
@@ -115,7 +119,8 @@ impl Topic {
             Topic::ServiceList | Topic::TypicalServices => IndexKey::Services,
             Topic::GatewayServices(name) => IndexKey::GatewayServices(name.clone()),
             Topic::PeeredService(peer, service) => IndexKey::PeerService(peer.clone(), service.clone()),
-            Topic::PeerTrustBundles(_) | Topic::PeeringServers => IndexKey::Peerings,
+            Topic::PeerTrustBundles(_) => IndexKey::Peerings,
+            Topic::PeeringServers => IndexKey::PeeringRoutes,
         }
     }
 }

@@ -760,6 +760,7 @@ impl State {
             // State written before the key had its own index: the services' (which every
             // registration assigning one bumped) never moves it backwards.
             IndexKey::VirtualIps => self.indexes.get(&IndexKey::Services),
+            IndexKey::PeeringRoutes => self.indexes.get(&IndexKey::Peerings),
             _ => None,
         };
         self.indexes

@@ -215,19 +215,19 @@ async fn peerings_survive_a_restart_of_the_data_dir() {
         .await
         .unwrap();
         let servers = vec!["10.0.0.9:8503".to_owned()];
-        let before = s.read().index_of(&catalog::IndexKey::Peerings);
+        let before = s.read().index_of(&catalog::IndexKey::PeeringRoutes);
         s.write(Op::Peering(PeeringOp::LocalServers {
             addresses: servers.clone(),
         }))
         .await
         .unwrap();
-        let moved = s.read().index_of(&catalog::IndexKey::Peerings);
+        let moved = s.read().index_of(&catalog::IndexKey::PeeringRoutes);
         assert!(moved > before, "the mesh gateways reading them wake");
         // The same again writes nothing.
         s.write(Op::Peering(PeeringOp::LocalServers { addresses: servers }))
             .await
             .unwrap();
-        assert_eq!(s.read().index_of(&catalog::IndexKey::Peerings), moved);
+        assert_eq!(s.read().index_of(&catalog::IndexKey::PeeringRoutes), moved);
         s.close().await;
     }
     let s = Store::open(config).await.unwrap();

@@ -158,7 +158,7 @@ pub(crate) async fn trust_bundles(
 pub(crate) async fn servers(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let params = Params::parse(q.as_deref());
     authz.need(|a| a.service_read("consul"), "service:read", "consul")?;
-    let key = IndexKey::Peerings;
+    let key = IndexKey::PeeringRoutes;
     let state = api.read(&params, &key).await?;
     let answer = state.peering_servers_view();
     Ok(query::json(&answer, Some(state.index_of(&key)), params.pretty()))

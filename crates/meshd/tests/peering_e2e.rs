@@ -244,13 +244,9 @@ async fn state_of(mesh: &Mesh, name: &str) -> Option<String> {
 /// `api-remote`; returns its Envoy, its admin URL and the upstreams' local ports.
 async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, [u16; 3]) {
     let binds = [(); 3].map(|()| test_support::reserve_port());
-    let web = json!({"Name": "web", "ID": "web", "Port": 9, "Connect": {"SidecarService": {
-        "Port": test_support::reserve_port(),
-        "Proxy": {"Upstreams": [
-            {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": binds[0]},
-            {"DestinationName": "api", "LocalBindPort": binds[1]},
-            {"DestinationName": "api-remote", "LocalBindPort": binds[2]}]}}}});
-    b.agent.put("/v1/agent/service/register", web).await;
+    b.agent
+        .put("/v1/agent/service/register", web_registration(binds, "remote"))
+        .await;
     let token = identity(&b.server, dir, "web").await;
     let (proc, admin) = crate::mesh::run_proxy(
         &["-sidecar-for", "web"],
@@ -260,6 +256,54 @@ async fn web_in_b(b: &Cluster, dir: &Path) -> (Proc, String, [u16; 3]) {
     )
     .await;
     (proc, admin, binds)
+}
+
+/// web's registration: its upstreams on `binds`, through mesh gateway mode `mode` (the
+/// proxy's: every upstream reaching the peer, directly or by failover and redirect, goes the
+/// same way; they share the peer's cluster).
+fn web_registration(binds: [u16; 3], mode: &str) -> Value {
+    json!({"Name": "web", "ID": "web", "Port": 9, "Connect": {"SidecarService": {
+        "Port": WEB_SIDECAR.get_or_init(test_support::reserve_port),
+        "Proxy": {"MeshGateway": {"Mode": mode}, "Upstreams": [
+            {"DestinationName": "api", "DestinationPeer": "cluster-a", "LocalBindPort": binds[0]},
+            {"DestinationName": "api", "LocalBindPort": binds[1]},
+            {"DestinationName": "api-remote", "LocalBindPort": binds[2]}]}}}})
+}
+
+/// The port of web's sidecar (the same in every registration of it).
+static WEB_SIDECAR: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+
+/// Mesh gateway mode `local` for web's upstream of the peer's `api`: its connections go
+/// to B's own gateway, which sends them (by their SNI) to A's; the requests still work.
+async fn through_the_local_gateway(b: &Cluster, web_admin: &str, gateway_b: (&str, &str), bind: u16, binds: [u16; 3]) {
+    let (address, admin) = gateway_b;
+    b.agent
+        .put("/v1/agent/service/register", web_registration(binds, "local"))
+        .await;
+    let client = &b.server.client;
+    wait_for(|| async {
+        let clusters = crate::mesh::get(client, &format!("{web_admin}/clusters")).await?;
+        clusters
+            .lines()
+            .any(|l| l.contains(".external.") && l.contains(&format!("::{address}::")))
+            .then_some(())
+    })
+    .await;
+    let plain = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let url = format!("http://127.0.0.1:{bind}/local");
+    let ok = wait_for(|| async {
+        let resp = plain.get(&url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        (resp.status() == 200).then_some(resp.text().await.ok()?)
+    })
+    .await;
+    assert_eq!(ok, "api /local x-from=");
+    let stats = crate::mesh::get(client, &format!("{admin}/stats?filter=external.*upstream_cx_total"))
+        .await
+        .unwrap();
+    assert!(
+        stats.lines().any(|l| l.split(": ").nth(1).is_some_and(|n| n != "0")),
+        "B's gateway carried web's connection:\n{stats}"
+    );
 }
 
 /// api in B too, with a resolver there failing it over to the peer A: web's requests to its
@@ -488,6 +532,9 @@ async fn a_peer_calls_an_exported_service_through_the_exporters_gateway() {
 
     let api_b = failover_to_the_peer(&b, dir.path(), local_bind).await;
     println!("{:>5.1} s failover to the peer and back", t0.elapsed().as_secs_f64());
+    let binds = [bind, local_bind, remote_bind];
+    through_the_local_gateway(&b, &web_admin, (&other, &gateway_b_admin), bind, binds).await;
+    println!("{:>5.1} s mesh gateway mode local", t0.elapsed().as_secs_f64());
 
     // Only B's web is let in: an intention for A's own web is not one for B's (checked on
     // new connections: those open keep the rules they were accepted under, as Envoy does).

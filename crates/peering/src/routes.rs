@@ -21,7 +21,10 @@ pub fn through_gateways(state: &State) -> bool {
 /// calls cross them, else its servers' peering addresses.
 pub fn advertised(ctx: &Context, state: &State) -> Vec<String> {
     if through_gateways(state) {
-        exports::mesh_gateways(state).iter().map(dial_address).collect()
+        exports::mesh_gateways(state)
+            .iter()
+            .map(CheckServiceNode::address_with_port)
+            .collect()
     } else {
         (ctx.addresses)()
     }
@@ -42,7 +45,7 @@ pub fn local_gateways(state: &State) -> Vec<String> {
         .flat_map(|n| state.health(n, false))
         .filter(|c| c.service.kind == ServiceKind::MeshGateway)
         .filter(|c| !matches!(c.aggregate_status(), HealthStatus::Critical | HealthStatus::Maintenance))
-        .map(|c| dial_address(&c))
+        .map(|c| c.address_with_port())
         .collect()
 }
 
@@ -62,17 +65,3 @@ pub fn dial_addresses(state: &State, peer: &[String]) -> Result<Vec<String>, Str
 /// Why the calls cannot go through the gateways.
 pub const NO_GATEWAY: &str = "the mesh entry sends the peering calls through mesh gateways (Peering.PeerThroughMeshGateways) \
      and this cluster has no healthy mesh gateway";
-
-/// `host:port` of an instance (the node's address when the service has none).
-fn dial_address(c: &CheckServiceNode) -> String {
-    let host = if c.service.address.is_empty() {
-        &c.node.address
-    } else {
-        &c.service.address
-    };
-    if host.contains(':') {
-        format!("[{host}]:{}", c.service.port)
-    } else {
-        format!("{host}:{}", c.service.port)
-    }
-}

@@ -669,13 +669,37 @@ async fn a_target_in_another_datacenter_goes_through_gateways() {
 /// load assignments alone; a change of what the chain is built from builds it again.
 #[tokio::test(start_paused = true)]
 async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
+    peered_upstream_in_mode(MeshGatewayMode::Default).await;
+}
+
+/// In mesh gateway mode `local`, the peered upstream's connections go to this datacenter's
+/// gateways (none until they are known), whatever the peer's gateways are.
+#[tokio::test(start_paused = true)]
+async fn a_peered_upstream_in_mode_local_goes_to_the_local_gateways() {
+    peered_upstream_in_mode(MeshGatewayMode::Local).await;
+}
+
+#[allow(clippy::unwrap_used)] // a test's helper: a panic is the failure report
+async fn peered_upstream_in_mode(mode: MeshGatewayMode) {
     let f = fixture();
+    let local = mode == MeshGatewayMode::Local;
+    if local {
+        let req = MeshGatewaysRequest {
+            datacenter: "dc1".into(),
+        };
+        let gateways = std::collections::BTreeMap::from([(
+            "dc1".to_owned(),
+            Arc::new(vec![instance("mesh-gateway", "10.0.0.100")]),
+        )]);
+        f.fakes.mesh_gateways.set(&req, MeshGatewaysByDc(Arc::new(gateways)));
+    }
     let mut reg = sidecar("web", 21000, &[]);
     let mut svc = (*reg.service).clone();
     svc.proxy.upstreams.push(Upstream {
         destination_name: "api".into(),
         destination_peer: "cluster-a".into(),
         local_bind_port: 9300,
+        mesh_gateway: MeshGatewayConfig { mode },
         ..Default::default()
     });
     reg.service = Arc::new(svc);
@@ -705,7 +729,10 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
     };
     f.fakes.peered_upstream.set(&req, exported("d1", "192.0.2.1"));
     let mut w = register_and_watch(&f, &reg).await;
-    let first = next_snapshot(&mut w).await;
+    let mut first = next_snapshot(&mut w).await;
+    while local && first.connect_proxy().unwrap().mesh_gateways.is_none() {
+        first = next_snapshot(&mut w).await;
+    }
     let cp = first.connect_proxy().unwrap();
     let (id, up) = cp.upstreams.iter().next().unwrap();
     let chain = up.chain.clone().unwrap();
@@ -713,7 +740,15 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
         let up = &snap.connect_proxy().unwrap().upstreams[id];
         up.endpoints.values().next().unwrap()[0].address().to_owned()
     };
-    assert_eq!(at(&first), "192.0.2.1");
+    // Mode local: this datacenter's gateway, whatever the peer's are.
+    let expect = |peers: &str| {
+        if local {
+            "10.0.0.100".to_owned()
+        } else {
+            peers.to_owned()
+        }
+    };
+    assert_eq!(at(&first), expect("192.0.2.1"));
 
     f.fakes.peered_upstream.set(&req, exported("d1", "192.0.2.2"));
     let second = next_snapshot(&mut w).await;
@@ -723,7 +758,7 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
         "the chain is kept"
     );
     assert!(Arc::ptr_eq(&cp2.peered, &cp.peered), "so is what it was built from");
-    assert_eq!(at(&second), "192.0.2.2");
+    assert_eq!(at(&second), expect("192.0.2.2"));
 
     // Another instance in the peer (a new digest): proxies here dial its gateways still.
     f.fakes.peered_upstream.set(&req, exported("d2-more", "192.0.2.2"));
@@ -732,7 +767,7 @@ async fn a_peers_gateway_change_changes_only_the_peered_upstreams_endpoints() {
         third.connect_proxy().unwrap().upstreams[id].chain.as_ref().unwrap(),
         &chain
     ));
-    assert_eq!(at(&third), "192.0.2.2");
+    assert_eq!(at(&third), expect("192.0.2.2"));
 
     f.fakes.peered_upstream.set(&req, exported("http", "192.0.2.2"));
     let fourth = next_snapshot(&mut w).await;

@@ -171,4 +171,14 @@ impl CheckServiceNode {
             &self.service.address
         }
     }
+
+    /// [`CheckServiceNode::address`] with its port, `host:port` (`[v6]:port`).
+    pub fn address_with_port(&self) -> String {
+        let host = self.address();
+        if host.contains(':') {
+            format!("[{host}]:{}", self.service.port)
+        } else {
+            format!("{host}:{}", self.service.port)
+        }
+    }
 }

@@ -450,6 +450,26 @@ pub struct PeeringServers {
     /// The peers this cluster dials.
     #[serde(rename = "Dialed")]
     pub dialed: Vec<DialedServers>,
+    /// The services peers export here: where this cluster's gateways send the connections
+    /// of sidecars in mesh gateway mode `local`.
+    #[serde(rename = "Imported")]
+    pub imported: Vec<ImportedRoute>,
+}
+
+/// One service a peer exports here, as a mesh gateway routes connections to it: by its SNI,
+/// to the peer's gateways.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ImportedRoute {
+    /// The peer, by the name this cluster gives it.
+    #[serde(rename = "Peer")]
+    pub peer: String,
+    /// The SNI the peer's gateways route to the service.
+    #[serde(rename = "SNI")]
+    pub sni: String,
+    /// The peer's gateways, `host:port` as this cluster reaches them.
+    #[serde(rename = "Gateways")]
+    pub gateways: Vec<String>,
 }
 
 /// One peer this cluster dials: the name its servers present and where they are reached.

@@ -2131,7 +2131,8 @@ fn mesh_gateway_routes_by_sni_to_each_service_and_subset() {
 /// `Peering.PeerThroughMeshGateways`: the gateway routes this cluster's servers' peering
 /// name to its servers and each dialed peer's server name to the addresses the peer gave
 /// (passing the TLS through, as for services); an address it cannot route is in its
-/// status. Without the setting, neither name is routed.
+/// status. Without the setting, neither name is routed. A service a peer exports here is
+/// routed to the peer's gateways either way.
 #[test]
 fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
     use structs::ServiceKind::MeshGateway as Kind;
@@ -2143,6 +2144,11 @@ fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
             peer: "cluster-a".into(),
             server_name: "server.dc1.peering.aaaa.consul".into(),
             addresses: vec!["198.51.100.7:443".into(), "gw.example:443".into()],
+        }],
+        imported: vec![structs::peering::ImportedRoute {
+            peer: "cluster-a".into(),
+            sni: "api.default.default.cluster-b.external.aaaa.consul".into(),
+            gateways: vec!["198.51.100.8:443".into()],
         }],
     };
     let part = |through: bool| {
@@ -2197,6 +2203,13 @@ fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
     );
     assert!(!off.of(CLUSTER).is_some_and(|c| c.contains_key(&local)));
     assert!(off.problems.is_empty(), "{:?}", off.problems);
+    // Either way, a service a peer exports here goes (by its SNI) to the peer's gateways:
+    // where this cluster's sidecars in mesh gateway mode local send it.
+    let imported = "api.default.default.cluster-b.external.aaaa.consul";
+    for r in [&r, &off] {
+        let cla: ClusterLoadAssignment = unpack(&r.of(ENDPOINT).unwrap()[imported]);
+        assert!(format!("{cla:?}").contains("198.51.100.8"), "{cla:?}");
+    }
 }
 
 /// While a P-384 root is in the bundle, every mesh TLS context offers P-384 besides Envoy's

@@ -306,6 +306,7 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::Queries,
         IndexKey::VirtualIps,
         IndexKey::Peerings,
+        IndexKey::PeeringRoutes,
     ];
     tables.extend(ConfigEntryKind::ALL.into_iter().map(IndexKey::ConfigKind));
     p.indexes = tables.into_iter().map(|k| (k, revision)).collect();

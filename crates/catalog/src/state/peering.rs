@@ -25,6 +25,7 @@ impl State {
                     bumped.insert(IndexKey::Peerings);
                 }
                 self.peerings.insert(name.clone(), Arc::new(stored));
+                bumped.insert(IndexKey::PeeringRoutes);
                 // Its trust bundle goes with each service it exports here.
                 for service in self.imported_services(&name) {
                     bumped.insert(IndexKey::PeerService(name.clone(), service.name.clone()));
@@ -32,6 +33,7 @@ impl State {
             }
             Change::DeletePeering(name) if self.peerings.remove(name).is_some() => {
                 bumped.insert(IndexKey::Peerings);
+                bumped.insert(IndexKey::PeeringRoutes);
                 for service in self.imported_services(name) {
                     bumped.insert(IndexKey::PeerService(name.clone(), service.name.clone()));
                 }
@@ -47,10 +49,11 @@ impl State {
                 }
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.name.clone()));
+                bumped.insert(IndexKey::PeeringRoutes);
             }
             Change::PutPeeringServers(addresses) if *self.peering_servers != *addresses => {
                 self.peering_servers = Arc::new(addresses.clone());
-                bumped.insert(IndexKey::Peerings);
+                bumped.insert(IndexKey::PeeringRoutes);
             }
             Change::DeleteImported { peer, service }
                 if self.imported.remove(&(peer.clone(), service.clone())).is_some() =>
@@ -58,6 +61,7 @@ impl State {
                 bumped.insert(IndexKey::Peerings);
                 bumped.insert(IndexKey::PeerServices(peer.clone()));
                 bumped.insert(IndexKey::PeerService(peer.clone(), service.clone()));
+                bumped.insert(IndexKey::PeeringRoutes);
             }
             _ => {}
         }
@@ -91,6 +95,22 @@ impl State {
                     peer: p.peering.name.clone(),
                     server_name: p.peering.peer_server_name.clone(),
                     addresses: p.peering.peer_server_addresses.clone(),
+                })
+                .collect(),
+            imported: self
+                .peerings
+                .values()
+                .filter(|p| p.peering.state.is_live())
+                .flat_map(|p| {
+                    let gateways: Vec<String> = p.gateways.iter().map(|g| g.address_with_port()).collect();
+                    self.imported_services(&p.peering.name)
+                        .filter(|s| !s.sni.is_empty())
+                        .map(move |s| structs::peering::ImportedRoute {
+                            peer: p.peering.name.clone(),
+                            sni: s.sni.clone(),
+                            gateways: gateways.clone(),
+                        })
+                        .collect::<Vec<_>>()
                 })
                 .collect(),
         }

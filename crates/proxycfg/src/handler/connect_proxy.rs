@@ -255,15 +255,21 @@ impl ConnectProxyHandler {
     }
 
     /// Follows the datacenters' mesh gateways while some upstream's chain has a target in
-    /// another datacenter reached through them, and gives those targets their endpoints;
-    /// forgets them when none has.
+    /// another datacenter reached through them, or a target in a peer reached through this
+    /// datacenter's (mode `local`), and gives those targets their endpoints; forgets them
+    /// when none has.
     fn follow_gateways(&mut self, cp: &mut ConnectProxySnapshot, watches: &mut Watches) {
         let elsewhere = cp.upstreams.values().any(|u| {
+            let local = self.service.proxy.upstream_mesh_gateway_mode(u.index) == MeshGatewayMode::Local;
             !self.direct_elsewhere(u.index)
                 && u.chain.as_ref().is_some_and(|c| {
-                    c.targets
-                        .values()
-                        .any(|t| t.peer.is_empty() && t.datacenter != self.datacenter)
+                    c.targets.values().any(|t| {
+                        if t.peer.is_empty() {
+                            t.datacenter != self.datacenter
+                        } else {
+                            local
+                        }
+                    })
                 })
         });
         if elsewhere {
@@ -284,14 +290,15 @@ impl ConnectProxyHandler {
     /// The endpoints of each chain target in another datacenter reached through mesh
     /// gateways: this datacenter's (mode `local`), or the target datacenter's at their `wan`
     /// addresses (`remote`), healthy ones. (In mode `none` its instances are watched as a
-    /// local target's are.)
+    /// local target's are.) A target in a peer in mode `local` goes to this datacenter's
+    /// gateways too (none until they are known: never to the peer's directly); in the other
+    /// modes it keeps the peer's gateways it was given.
     fn gateway_endpoints(&self, cp: &mut ConnectProxySnapshot) {
-        let Some(gateways) = cp.mesh_gateways.clone() else {
-            return;
-        };
+        let gateways = cp.mesh_gateways.clone();
         let healthy = |dc: &str| {
             gateways
-                .get(dc)
+                .as_ref()
+                .and_then(|g| g.get(dc))
                 .into_iter()
                 .flat_map(|g| g.iter())
                 .filter(|n| n.aggregate_status() != structs::HealthStatus::Critical)
@@ -300,9 +307,11 @@ impl ConnectProxyHandler {
         for (id, upstream) in cp.upstreams.iter() {
             let Some(chain) = &upstream.chain else { continue };
             let mode = self.service.proxy.upstream_mesh_gateway_mode(upstream.index);
-            let elsewhere = |t: &&structs::DiscoveryTarget| t.peer.is_empty() && t.datacenter != self.datacenter;
-            for (target_id, target) in chain.targets.iter().filter(|(_, t)| elsewhere(t)) {
+            for (target_id, target) in chain.targets.iter() {
+                let peered = !target.peer.is_empty();
                 let nodes: Vec<structs::CheckServiceNode> = match mode {
+                    MeshGatewayMode::Local if peered => healthy(&self.datacenter).cloned().collect(),
+                    _ if peered || target.datacenter == self.datacenter || gateways.is_none() => continue,
                     MeshGatewayMode::Local => healthy(&self.datacenter).cloned().collect(),
                     MeshGatewayMode::Remote => healthy(&target.datacenter)
                         .map(structs::CheckServiceNode::reached_from_afar)
@@ -331,6 +340,35 @@ impl ConnectProxyHandler {
     /// service, by its SNI) and the endpoints (the peer's mesh gateways); both forgotten
     /// while the peer does not export it, so its connections fail closed.
     fn apply_peered(
+        &mut self,
+        cp: &mut ConnectProxySnapshot,
+        id: Arc<UpstreamId>,
+        peered: Arc<structs::peering::PeeredUpstream>,
+        watches: &mut Watches,
+    ) -> Result<(), HandlerError> {
+        self.apply_peered_chain(cp, id, peered)?;
+        // In mesh gateway mode local its connections go through this datacenter's gateways.
+        self.follow_gateways(cp, watches);
+        Ok(())
+    }
+
+    /// What a peer exports for a peer target of `upstream`'s chain (a resolver failing over
+    /// or redirecting to the peer).
+    fn apply_peer_target(
+        &mut self,
+        cp: &mut ConnectProxySnapshot,
+        upstream: Arc<UpstreamId>,
+        target: TargetId,
+        peered: Arc<structs::peering::PeeredUpstream>,
+        watches: &mut Watches,
+    ) {
+        Arc::make_mut(&mut cp.peer_targets).insert((Arc::clone(&upstream), target), peered);
+        patch_peer_targets(cp, &upstream);
+        self.follow_gateways(cp, watches);
+    }
+
+    /// [`Self::apply_peered`]'s chain and endpoints (the peer's gateways).
+    fn apply_peered_chain(
         &self,
         cp: &mut ConnectProxySnapshot,
         id: Arc<UpstreamId>,
@@ -471,17 +509,6 @@ impl ConnectProxyHandler {
     }
 }
 
-/// What a peer exports for a peer target of `upstream`'s chain.
-fn apply_peer_target(
-    cp: &mut ConnectProxySnapshot,
-    upstream: Arc<UpstreamId>,
-    target: TargetId,
-    peered: Arc<structs::peering::PeeredUpstream>,
-) {
-    Arc::make_mut(&mut cp.peer_targets).insert((Arc::clone(&upstream), target), peered);
-    patch_peer_targets(cp, &upstream);
-}
-
 /// Gives the peer targets of `upstream`'s chain what their peers export: the exporter's SNI
 /// (the cluster's name), identities and datacenter, and its mesh gateways as endpoints; a
 /// target the peer does not export (or whose peering is gone) has none.
@@ -566,10 +593,10 @@ impl KindHandler for ConnectProxyHandler {
                 cp.peer_bundles = Some(bundles);
             }
             (CorrelationId::PeeredUpstream(upstream), UpdatePayload::PeeredUpstream(peered)) => {
-                self.apply_peered(cp, upstream, peered)?;
+                self.apply_peered(cp, upstream, peered, watches)?;
             }
             (CorrelationId::PeerTarget { upstream, target }, UpdatePayload::PeeredUpstream(peered)) => {
-                apply_peer_target(cp, upstream, target, peered);
+                self.apply_peer_target(cp, upstream, target, peered, watches);
             }
             (CorrelationId::Intentions, UpdatePayload::Intentions(ixns)) => {
                 self.watch_jwt_providers(&ixns, cp, watches);

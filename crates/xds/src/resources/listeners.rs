@@ -242,8 +242,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
 }
 
 /// What the proxy's status says of an upstream a peer exports: that it has no listener while
-/// the peer does not export it (or the peering is not active), and that mesh gateway mode
-/// `local` is not followed for it.
+/// the peer does not export it (or the peering is not active).
 fn peered_problems(id: &structs::UpstreamId, config: &structs::Upstream, missing: bool, out: &mut Resources) {
     if missing {
         out.problems.insert(
@@ -251,14 +250,6 @@ fn peered_problems(id: &structs::UpstreamId, config: &structs::Upstream, missing
             format!(
                 "upstream {id}: the peer {:?} does not export {:?} to this cluster, or the peering is not active: it has no listener",
                 config.destination_peer, config.destination_name
-            ),
-        );
-    }
-    if config.mesh_gateway.mode == structs::MeshGatewayMode::Local {
-        out.problems.insert(
-            format!("{id}:mesh-gateway"),
-            format!(
-                "upstream {id}: MeshGateway mode local is not supported for an upstream in a peer: it connects to the peer's mesh gateways directly (as mode remote)"
             ),
         );
     }

@@ -85,18 +85,26 @@ pub(crate) fn build(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, out: &mut Re
     Ok(())
 }
 
-/// With the mesh entry's `Peering.PeerThroughMeshGateways`, the peering calls cross the
-/// gateway: a cluster named by this cluster's servers' peering name
-/// (`server.<dc>.peering.<trust domain>`) to its servers, and one per peer this cluster
-/// dials, named by the peer's server name, to the addresses the peer gave (its own
-/// gateways). The catch-all chain routes each name to its cluster; the TLS passes through,
-/// end to end between the servers. What cannot be routed is in the gateway's status.
+/// Peering traffic leaving through the gateway, each name routed by the catch-all chain to
+/// the cluster of that name, the TLS passed through (end to end):
+/// - per service a peer exports here, its SNI to the peer's gateways: where this cluster's
+///   sidecars in mesh gateway mode `local` send their connections to it;
+/// - with the mesh entry's `Peering.PeerThroughMeshGateways`, the peering calls: this
+///   cluster's servers' peering name (`server.<dc>.peering.<trust domain>`) to its servers,
+///   and each dialed peer's server name to the addresses the peer gave (its own gateways).
+///
+/// What cannot be routed is in the gateway's status.
 fn peering_servers(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, trust_domain: &str, out: &mut Resources) {
-    let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
-    let through = mesh.is_some_and(|e| matches!(e, structs::ConfigEntry::Mesh(m) if m.peer_through_mesh_gateways()));
-    let Some(servers) = g.peering_servers.as_deref().filter(|_| through) else {
+    let Some(servers) = g.peering_servers.as_deref() else {
         return;
     };
+    for route in &servers.imported {
+        route_to(&route.sni, &route.gateways, out);
+    }
+    let mesh = g.mesh_config.as_ref().and_then(|m| m.as_deref());
+    if !mesh.is_some_and(|e| matches!(e, structs::ConfigEntry::Mesh(m) if m.peer_through_mesh_gateways())) {
+        return;
+    }
     let local = format!("server.{}.peering.{trust_domain}", snap.datacenter);
     if servers.local.is_empty() {
         out.problems.insert(
@@ -105,37 +113,40 @@ fn peering_servers(snap: &ConfigSnapshot, g: &MeshGatewaySnapshot, trust_domain:
                 .into(),
         );
     }
-    let routes =
-        std::iter::once((&local, &servers.local)).chain(servers.dialed.iter().map(|d| (&d.server_name, &d.addresses)));
-    for (name, addresses) in routes {
-        let mut endpoints = Vec::new();
-        for address in addresses {
-            match address.parse::<std::net::SocketAddr>() {
-                Ok(at) => endpoints.push(CheckServiceNode {
-                    service: structs::NodeService {
-                        address: at.ip().to_string(),
-                        port: at.port(),
-                        ..Default::default()
-                    },
+    route_to(&local, &servers.local, out);
+    for dialed in &servers.dialed {
+        route_to(&dialed.server_name, &dialed.addresses, out);
+    }
+}
+
+/// A cluster named `name` (an SNI the catch-all chain routes to it) to `addresses`
+/// (`IP:port`; any other is named in the status and left out).
+fn route_to(name: &str, addresses: &[String], out: &mut Resources) {
+    let mut endpoints = Vec::new();
+    for address in addresses {
+        match address.parse::<std::net::SocketAddr>() {
+            Ok(at) => endpoints.push(CheckServiceNode {
+                service: structs::NodeService {
+                    address: at.ip().to_string(),
+                    port: at.port(),
                     ..Default::default()
-                }),
-                Err(_) => {
-                    out.problems.insert(
-                        format!("{PEERING_PROBLEM}{name}:{address}"),
-                        format!(
-                            "peering through mesh gateways: {address:?} (for {name}) is not IP:port; it is not routed"
-                        ),
-                    );
-                }
+                },
+                ..Default::default()
+            }),
+            Err(_) => {
+                out.problems.insert(
+                    format!("{PEERING_PROBLEM}{name}:{address}"),
+                    format!("peering: {address:?} (for {name}) is not IP:port; it is not routed"),
+                );
             }
         }
-        out.insert(
-            CLUSTER,
-            name.clone(),
-            pack_any(cluster(name, DEFAULT_CONNECT_TIMEOUT_MS)),
-        );
-        out.insert(ENDPOINT, name.clone(), pack_any(load_assignment(name, &endpoints)));
     }
+    out.insert(
+        CLUSTER,
+        name.to_owned(),
+        pack_any(cluster(name, DEFAULT_CONNECT_TIMEOUT_MS)),
+    );
+    out.insert(ENDPOINT, name.to_owned(), pack_any(load_assignment(name, &endpoints)));
 }
 
 /// Where the gateway's status names what the peering calls cannot be routed to.

@@ -86,7 +86,21 @@ fn report_other_datacenters(snap: &ConfigSnapshot, out: &mut Resources) {
         let Some(chain) = &upstream.chain else { continue };
         let mode = snap.service.proxy.upstream_mesh_gateway_mode(upstream.index);
         let ingress = matches!(snap.kind, proxycfg::KindSnapshot::IngressGateway(_));
-        for (target_id, target) in chain.targets.iter().filter(|(_, t)| *t.datacenter != *snap.datacenter) {
+        // A target in a peer in mode local goes through this datacenter's gateways.
+        for (target_id, target) in chain.targets.iter().filter(|(_, t)| !t.peer.is_empty()) {
+            if mode == structs::MeshGatewayMode::Local && upstream.endpoints.get(target_id).is_none_or(|e| e.is_empty())
+            {
+                out.problems.insert(
+                    format!("{DATACENTER_PROBLEM}{id}:{target_id}"),
+                    format!(
+                        "upstream {id}: target {target_id} is in the peer {:?}: no healthy mesh gateway is known in datacenter {:?} (MeshGateway.Mode local)",
+                        target.peer, snap.datacenter
+                    ),
+                );
+            }
+        }
+        let elsewhere = |t: &&structs::DiscoveryTarget| t.peer.is_empty() && *t.datacenter != *snap.datacenter;
+        for (target_id, target) in chain.targets.iter().filter(|(_, t)| elsewhere(t)) {
             let why = match mode {
                 structs::MeshGatewayMode::Local | structs::MeshGatewayMode::Remote if ingress => format!(
                     "an ingress gateway reaches other datacenters' instances directly only (MeshGateway.Mode none); \
