@@ -366,7 +366,9 @@ pub(crate) async fn check_intention(
 pub(crate) fn csr_error(e: catalog::ca::CsrError) -> ApiError {
     match e {
         catalog::ca::CsrError::Ca(catalog::ca::CaError::NoActiveRoot) => ApiError::Internal(e.to_string()),
-        catalog::ca::CsrError::Ca(catalog::ca::CaError::InvalidDnsSan(_)) => ApiError::BadRequest(e.to_string()),
+        catalog::ca::CsrError::Ca(catalog::ca::CaError::InvalidDnsSan(_) | catalog::ca::CaError::ReservedDnsSan(_)) => {
+            ApiError::BadRequest(e.to_string())
+        }
         catalog::ca::CsrError::Ca(_) => ApiError::Internal(crate::error::chain(&e)),
         _ => ApiError::BadRequest(e.to_string()),
     }

@@ -393,6 +393,7 @@ async fn through_the_gateways(a: &Cluster, dir: &Path, gateway_a: &str, admins: 
     assert_eq!(token["ServerAddresses"], json!([gateway_a]), "{token}");
     let server_name = token["ServerName"].as_str().unwrap().to_owned();
     assert!(!token["CA"].as_array().unwrap().is_empty(), "{token}");
+    xds_not_served_for_the_peering_name(gateway_a, &server_name, &token["CA"]).await;
     for admin in admins {
         wait_for(|| async {
             let stats = crate::mesh::get(&a.server.client, &format!("{admin}/stats?filter=upstream_cx_total")).await?;
@@ -402,6 +403,39 @@ async fn through_the_gateways(a: &Cluster, dir: &Path, gateway_a: &str, admins: 
         })
         .await;
     }
+}
+
+/// What a peer's server reaches with the peering name (here through A's gateway, as a peer
+/// does) is the peering service alone: an ADS stream there is `Unimplemented`, whatever
+/// the ACLs (xDS is for this cluster's proxies, on its own names).
+async fn xds_not_served_for_the_peering_name(address: &str, server_name: &str, ca: &Value) {
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let roots = ca
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pem| tonic::transport::Certificate::from_pem(pem.as_str().unwrap()));
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificates(roots)
+        .domain_name(server_name);
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{address}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("the peering name's TLS verifies with the token's CA");
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let request = DiscoveryRequest {
+        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+        ..Default::default()
+    };
+    let answer = match client.stream_aggregated_resources(tokio_stream::iter([request])).await {
+        Ok(stream) => stream.into_inner().message().await.err(),
+        Err(status) => Some(status),
+    };
+    assert_eq!(answer.map(|s| s.code()), Some(tonic::Code::Unimplemented));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

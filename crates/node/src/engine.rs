@@ -86,6 +86,7 @@ pub fn serve_xds_tls(
     stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<Result<(), tonic::transport::Error>>)> {
     Keepalive::default().apply(&listener)?;
+    let names = certs.names.clone();
     // No per-client limit on xDS (the plain port has none either): admission bounds streams.
     let incoming = crate::tls::TlsIncoming::start(
         listener,
@@ -96,7 +97,30 @@ pub fn serve_xds_tls(
     )?;
     let addr = incoming.local_addr();
     let span = info_span!("xds_tls_server", grpc_tls_addr = %addr);
-    let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, extra, stop).instrument(span));
+    let Some(names) = names else {
+        let task = tokio::spawn(serve_xds_on(incoming.into_grpc(), xds, extra, stop).instrument(span));
+        return Ok((addr, task));
+    };
+    // A connection made for one of the mode's names (a peer's server dialing the peering
+    // name) reaches the mode's services only, never xDS: that name is served to other
+    // clusters, xDS to this one's proxies.
+    let (own, other) = incoming.split_grpc(move |name| names.config_for(name).is_some());
+    let routes = extra.clone();
+    let own_stop = stop.clone();
+    let own = async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(own, async move { own_stop.cancelled().await })
+            .await
+    };
+    let other = serve_xds_on(other, xds, extra, stop);
+    let task = tokio::spawn(
+        async move {
+            let (own, other) = tokio::join!(own, other);
+            own.and(other)
+        }
+        .instrument(span),
+    );
     Ok((addr, task))
 }
 

@@ -41,6 +41,9 @@ pub enum CaError {
     /// A DNS SAN asked for a leaf is not a DNS name.
     #[error("DNS SAN {0:?} is not a DNS name (letters, digits, '-', dot-separated; '*.' only first)")]
     InvalidDnsSan(String),
+    /// A DNS SAN asked for a service's leaf is one of the servers' peering names.
+    #[error("DNS SAN {0:?} is reserved: names under peering.<trust domain> are the servers' (peers verify them)")]
+    ReservedDnsSan(String),
 }
 
 /// The CA's configuration (`/v1/connect/ca/configuration` → `Config`).
@@ -540,6 +543,15 @@ fn issue(
     key: &impl rcgen::PublicKeyData,
     now: SystemTime,
 ) -> Result<IssuedCert, CaError> {
+    // A service's certificate never carries a server's peering name (a peer dialing this
+    // cluster would take it for its servers').
+    let reserved = format!("peering.{}", ca.trust_domain());
+    if let Some(name) = dns_sans
+        .iter()
+        .find(|n| n.to_ascii_lowercase() == reserved || n.to_ascii_lowercase().ends_with(&format!(".{reserved}")))
+    {
+        return Err(CaError::ReservedDnsSan(name.clone()));
+    }
     let identity = Identity {
         uri: SpiffeIdService::new(&ca.trust_domain(), datacenter, service).to_string(),
         common_name: service.to_owned(),

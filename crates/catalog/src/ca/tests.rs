@@ -227,6 +227,21 @@ fn leaves_carry_the_dns_sans_asked_for() {
         let err = sign_leaf_with_sans(&ca, "dc1", "ing", &[bad.to_owned()], SystemTime::now()).unwrap_err();
         assert_eq!(err, CaError::InvalidDnsSan(bad.to_owned()), "{bad:?}");
     }
+    // The servers' peering names are theirs alone: a service's leaf never carries one.
+    let td = ca.trust_domain();
+    for reserved in [
+        format!("server.dc1.peering.{td}"),
+        format!("*.dc1.peering.{td}"),
+        format!("PEERING.{td}"),
+    ] {
+        let err =
+            sign_leaf_with_sans(&ca, "dc1", "ing", std::slice::from_ref(&reserved), SystemTime::now()).unwrap_err();
+        assert_eq!(err, CaError::ReservedDnsSan(reserved.clone()), "{reserved}");
+    }
+    let server = sign_server_leaf(&ca, "dc1", &format!("server.dc1.peering.{td}"), SystemTime::now()).unwrap();
+    assert_eq!(dns_sans_of(&server.cert_pem), [format!("server.dc1.peering.{td}")]);
+    assert_eq!(server.service_uri, format!("spiffe://{td}/agent/server/dc/dc1"));
+    assert!(!server.private_key_pem.is_empty());
 }
 
 #[test]

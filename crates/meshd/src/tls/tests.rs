@@ -412,3 +412,53 @@ async fn a_modes_own_names_are_served_without_the_operators_certificate_and_noth
     assert!(other.is_err(), "a name the mode does not serve was served");
     stop.cancel();
 }
+
+/// A connection made for a mode's own name comes out of the own half of the split (served
+/// the mode's services alone), any other out of the other half (xDS).
+#[tokio::test]
+async fn connections_for_a_modes_names_are_split_from_the_others() {
+    use tokio_stream::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let files = make_certs(dir.path());
+    let config = TlsSettings::load(&args(&files)).unwrap().server.unwrap().http;
+    let stop = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let certs = node::tls::Certs {
+        default: Some(Arc::clone(&config)),
+        names: Some(Arc::new(OwnName(config))),
+    };
+    let incoming = TlsIncoming::start(listener, certs, ClientCounts::new(0), stop.clone(), "test").unwrap();
+    let addr = incoming.local_addr();
+    let (mut own, mut other) = incoming.split_grpc(|name| name == "extra.example");
+    let dial = |name: &'static str| {
+        let config = client_config(&files, false);
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(config)
+                .connect(ServerName::try_from(name).unwrap(), tcp)
+                .await
+                .unwrap();
+            tls.write_all(name.as_bytes()).await.unwrap();
+            tls
+        }
+    };
+    let _peer = dial("extra.example").await;
+    let mut got = tokio::time::timeout(Duration::from_secs(10), own.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let mut buf = [0u8; 13];
+    got.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"extra.example");
+    let _xds = dial("localhost").await;
+    let mut got = tokio::time::timeout(Duration::from_secs(10), other.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let mut buf = [0u8; 9];
+    got.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"localhost");
+    stop.cancel();
+}

@@ -118,7 +118,41 @@ impl TlsIncoming {
     pub fn into_grpc(self) -> GrpcIncoming {
         GrpcIncoming(self)
     }
+
+    /// The connections as two streams tonic serves: those whose client asked for a name
+    /// `own` takes (a mode's own names: they are served the mode's services alone), and
+    /// the others. Both end when this listener stops or both are dropped.
+    pub fn split_grpc(mut self, own: impl Fn(&str) -> bool + Send + 'static) -> (SplitIncoming, SplitIncoming) {
+        let (own_tx, own_rx) = mpsc::channel(64);
+        let (other_tx, other_rx) = mpsc::channel(64);
+        let local_addr = self.local_addr;
+        tokio::spawn(async move {
+            while let Some((stream, remote)) = self.next().await {
+                let named = stream.get_ref().1.server_name().is_some_and(&own);
+                let io = GrpcTlsIo {
+                    stream,
+                    info: tonic::transport::server::TcpConnectInfo {
+                        local_addr: Some(local_addr),
+                        remote_addr: Some(remote),
+                    },
+                };
+                let tx = if named { &own_tx } else { &other_tx };
+                // A dropped receiver: that half stopped serving; the connection closes.
+                let _ = tx.send(Ok(io)).await;
+                if own_tx.is_closed() && other_tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        (
+            tokio_stream::wrappers::ReceiverStream::new(own_rx),
+            tokio_stream::wrappers::ReceiverStream::new(other_rx),
+        )
+    }
 }
+
+/// One half of [`TlsIncoming::split_grpc`].
+pub type SplitIncoming = tokio_stream::wrappers::ReceiverStream<io::Result<GrpcTlsIo>>;
 
 /// [`TlsIncoming`] as the stream of connections tonic serves.
 #[derive(Debug)]

@@ -5,4 +5,4 @@ pub mod config;
 pub mod listener;
 
 pub use config::{ServerTls, TlsSettings, TlsSetupError};
-pub use listener::{Certs, ServerNames, TlsIncoming};
+pub use listener::{Certs, ServerNames, SplitIncoming, TlsIncoming};
