@@ -114,7 +114,10 @@ impl Peerings {
         req.check().map_err(WriteError::from)?;
         let (server_addresses, through_gateways) = {
             let state = self.ctx().store.read();
-            (routes::advertised(self.ctx(), &state), routes::through_gateways(&state))
+            (
+                routes::advertised(&state, &*self.ctx().addresses),
+                routes::through_gateways(&state),
+            )
         };
         if server_addresses.is_empty() && req.server_external_addresses.is_empty() {
             return Err(PeeringError::Invalid(if through_gateways {

@@ -6,7 +6,6 @@
 //! name to the addresses the peer gave. TLS stays end to end between the servers.
 
 use crate::exports;
-use crate::session::Context;
 use catalog::State;
 use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthStatus, ServiceKind};
 
@@ -18,15 +17,15 @@ pub fn through_gateways(state: &State) -> bool {
 }
 
 /// What peers dial to reach this cluster: its mesh gateways at their WAN addresses when the
-/// calls cross them, else its servers' peering addresses.
-pub fn advertised(ctx: &Context, state: &State) -> Vec<String> {
+/// calls cross them, else its servers' peering addresses (`servers`).
+pub fn advertised(state: &State, servers: &dyn Fn() -> Vec<String>) -> Vec<String> {
     if through_gateways(state) {
         exports::mesh_gateways(state)
             .iter()
             .map(CheckServiceNode::address_with_port)
             .collect()
     } else {
-        (ctx.addresses)()
+        servers()
     }
 }
 

@@ -233,7 +233,7 @@ fn updates_for(
     let addresses = if dialer {
         Vec::new()
     } else {
-        crate::routes::advertised(ctx, state)
+        crate::routes::advertised(state, &*ctx.addresses)
     };
     let new_addresses = !addresses.is_empty() && addresses != sent.addresses;
     if changed.is_empty() && removed.is_empty() && !new_bundle && !new_addresses && !new_gateways {
