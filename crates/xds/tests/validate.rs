@@ -2142,7 +2142,8 @@ fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
         local: vec!["10.0.0.9:8503".into(), "10.0.0.10:8503".into()],
         dialed: vec![structs::peering::DialedServers {
             peer: "cluster-a".into(),
-            server_name: "server.dc1.peering.aaaa.consul".into(),
+            // dc2: its name sorts after this cluster's own whatever the random trust domain.
+            server_name: "server.dc2.peering.aaaa.consul".into(),
             addresses: vec!["198.51.100.7:443".into(), "gw.example:443".into()],
         }],
         imported: vec![structs::peering::ImportedRoute {
@@ -2182,10 +2183,10 @@ fn mesh_gateway_routes_the_peering_calls_when_they_cross_it() {
         at_local[0].contains("10.0.0.9") && at_local[0].contains("8503"),
         "{at_local:?}"
     );
-    let at_peer = hosts("server.dc1.peering.aaaa.consul");
+    let at_peer = hosts("server.dc2.peering.aaaa.consul");
     assert_eq!(at_peer.len(), 1, "the hostname is not routed: {at_peer:?}");
     assert!(at_peer[0].contains("198.51.100.7"), "{at_peer:?}");
-    let peer_cluster: Cluster = unpack(&r.of(CLUSTER).unwrap()["server.dc1.peering.aaaa.consul"]);
+    let peer_cluster: Cluster = unpack(&r.of(CLUSTER).unwrap()["server.dc2.peering.aaaa.consul"]);
     assert!(
         peer_cluster.transport_socket.is_none(),
         "the servers' TLS passes through"
