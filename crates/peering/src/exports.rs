@@ -135,6 +135,15 @@ fn scrub(mut csn: CheckServiceNode) -> CheckServiceNode {
 /// This cluster's healthy mesh gateways, each at the address other clusters reach it at:
 /// where a peer's proxies connect to reach any service exported to it.
 pub fn mesh_gateways(state: &State) -> Vec<CheckServiceNode> {
+    healthy_gateways(state)
+        .into_iter()
+        .map(|c| scrub(c.reached_from_afar()))
+        .collect()
+}
+
+/// This cluster's mesh gateway instances neither critical nor in maintenance, as the
+/// catalog holds them (their local addresses).
+pub fn healthy_gateways(state: &State) -> Vec<CheckServiceNode> {
     let mut names: Vec<&str> = state
         .all_services()
         .filter(|(_, s)| s.kind == ServiceKind::MeshGateway)
@@ -147,7 +156,6 @@ pub fn mesh_gateways(state: &State) -> Vec<CheckServiceNode> {
         .flat_map(|n| state.health(n, false))
         .filter(|c| c.service.kind == ServiceKind::MeshGateway)
         .filter(|c| !matches!(c.aggregate_status(), HealthStatus::Critical | HealthStatus::Maintenance))
-        .map(|c| scrub(c.reached_from_afar()))
         .collect()
 }
 

@@ -7,7 +7,7 @@
 
 use crate::exports;
 use catalog::State;
-use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind, HealthStatus, ServiceKind};
+use structs::{CheckServiceNode, ConfigEntry, ConfigEntryKind};
 
 /// Whether this cluster's peering calls cross its mesh gateways.
 pub fn through_gateways(state: &State) -> bool {
@@ -32,19 +32,9 @@ pub fn advertised(state: &State, servers: &dyn Fn() -> Vec<String>) -> Vec<Strin
 /// This cluster's healthy mesh gateways at their local (LAN) addresses: where its servers
 /// dial their peers through when the calls cross the gateways.
 pub fn local_gateways(state: &State) -> Vec<String> {
-    let mut names: Vec<&str> = state
-        .all_services()
-        .filter(|(_, s)| s.kind == ServiceKind::MeshGateway)
-        .map(|(_, s)| s.service.as_str())
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    names
-        .into_iter()
-        .flat_map(|n| state.health(n, false))
-        .filter(|c| c.service.kind == ServiceKind::MeshGateway)
-        .filter(|c| !matches!(c.aggregate_status(), HealthStatus::Critical | HealthStatus::Maintenance))
-        .map(|c| c.address_with_port())
+    exports::healthy_gateways(state)
+        .iter()
+        .map(CheckServiceNode::address_with_port)
         .collect()
 }
 
