@@ -255,3 +255,133 @@ def test_the_sync_status_and_csds_need_operator_read():
         if channel is not None:
             channel.close()
         _stop_server(proc)
+
+
+def _rsa_key():
+    """(private key, public PEM) of a fresh RSA key, for JWTs signed as an identity provider would."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+    return key, public
+
+
+def _jwt(key, **claims):
+    import time
+
+    import jwt
+
+    now = int(time.time())
+    body = {"iss": "https://idp.example", "aud": "meshd", "iat": now, "exp": now + 300, **claims}
+    return jwt.encode(body, key, algorithm="RS256")
+
+
+def test_a_jwt_login_gets_the_identity_its_binding_rule_sets(mesh):
+    """A JWT signed by PyJWT logs in through a jwt auth method (py-consul's auth-method,
+    binding-rule and login calls); the token's identity is the one the rule computed from
+    the claims, and it can do what that identity may and nothing else."""
+    host, port, _, admin = mesh
+    key, public = _rsa_key()
+    method = admin.acl.auth_method.create(
+        name="idp",
+        method_type="jwt",
+        max_token_ttl="10m",
+        config={
+            "JWTValidationPubKeys": [public],
+            "BoundIssuer": "https://idp.example",
+            "BoundAudiences": ["meshd"],
+            "ClaimMappings": {"service": "service"},
+            "ListClaimMappings": {"groups": "groups"},
+        },
+    )
+    assert method["Name"] == "idp" and method["Type"] == "jwt"
+    rule = admin.acl.binding_rule.create(
+        auth_method="idp",
+        bind_type="service",
+        bind_name="${value.service}",
+        selector='"deployers" in list.groups',
+    )
+    assert rule["ID"] and rule["AuthMethod"] == "idp"
+    assert [r["ID"] for r in admin.acl.binding_rule.list(auth_method="idp")] == [rule["ID"]]
+    assert [m["Name"] for m in admin.acl.auth_method.list()] == ["idp"]
+
+    anonymous = consul.Consul(host=host, port=port)
+    login = anonymous.acl.login("idp", _jwt(key, service="web", groups=["deployers"]), meta={"pod": "web-1"})
+    assert login["AuthMethod"] == "idp"
+    assert login["ServiceIdentities"] == [{"ServiceName": "web"}]
+    assert login["Local"] is True and login["ExpirationTime"]
+    assert "token created via login" in login["Description"] and "web-1" in login["Description"]
+    web = consul.Consul(host=host, port=port, token=login["SecretID"])
+    assert admin.catalog.register("n1", "10.0.0.1")
+    register(web, "n1", "web", 80)
+    with pytest.raises(consul.ACLPermissionDenied):
+        register(web, "n1", "db", 5432)
+    listed = admin.acl.token.list()
+    assert login["AccessorID"] in [t["AccessorID"] for t in listed]
+    by_method = requests.get(
+        f"http://{host}:{port}/v1/acl/tokens?authmethod=idp", headers={"X-Consul-Token": mesh[2]}, timeout=10
+    ).json()
+    assert [t["AccessorID"] for t in by_method] == [login["AccessorID"]]
+
+    # Refusals: no rule applies; another signer; a token for another audience.
+    other_key, _ = _rsa_key()
+    for bearer, reason in [
+        (_jwt(key, service="web", groups=["readers"]), "no binding rule"),
+        (_jwt(other_key, service="web", groups=["deployers"]), "no key of the method verifies it"),
+        (_jwt(key, service="web", groups=["deployers"], aud="elsewhere"), "audience"),
+    ]:
+        resp = requests.post(
+            f"http://{host}:{port}/v1/acl/login", json={"AuthMethod": "idp", "BearerToken": bearer}, timeout=10
+        )
+        assert resp.status_code == 403 and reason in resp.text, (resp.status_code, resp.text)
+
+    # Only a login's token logs out, and only itself.
+    with pytest.raises(consul.ACLPermissionDenied):
+        anonymous.acl.logout(mesh[2])
+    assert anonymous.acl.logout(login["SecretID"]) is True
+    with pytest.raises(consul.ACLPermissionDenied):
+        web.catalog.services()
+
+    # Deleting the method takes its rules and its logins' tokens with it.
+    second = anonymous.acl.login("idp", _jwt(key, service="api", groups=["deployers"]))
+    assert admin.acl.auth_method.delete("idp")
+    assert admin.acl.binding_rule.list() == []
+    assert second["AccessorID"] not in [t["AccessorID"] for t in admin.acl.token.list()]
+
+
+def test_auth_methods_that_cannot_work_are_refused_and_credentials_stay_hidden(mesh):
+    host, port, secret, admin = mesh
+    url = f"http://{host}:{port}/v1/acl/auth-method"
+    hdr = {"X-Consul-Token": secret}
+    for body, field in [
+        ({"Name": "m", "Type": "oidc", "Config": {}}, "Type"),
+        ({"Name": "m", "Type": "jwt", "Config": {"JWKSURL": "https://idp.example/keys", "BoundAudience": ["x"]}}, "Config.BoundAudience"),
+        ({"Name": "m", "Type": "jwt", "Config": {"JWTValidationPubKeys": ["nope"]}}, "Config.JWTValidationPubKeys[0]"),
+        ({"Name": "m", "Type": "jwt", "MaxTokenTTL": "48h", "Config": {"JWKSURL": "https://idp.example/keys"}}, "MaxTokenTTL"),
+        ({"Name": "m", "Type": "kubernetes", "Config": {"Host": "https://k8s.example"}}, "Config.ServiceAccountJWT"),
+    ]:
+        resp = requests.put(url, json=body, headers=hdr, timeout=10)
+        assert resp.status_code == 400 and field in resp.text, (body, resp.status_code, resp.text)
+    k8s = {"Name": "k8s", "Type": "kubernetes", "Config": {"Host": "https://k8s.example", "ServiceAccountJWT": "reviewer-secret"}}
+    assert requests.put(url, json=k8s, headers=hdr, timeout=10).status_code == 200
+    rules = f"http://{host}:{port}/v1/acl/binding-rule"
+    for body, field in [
+        ({"AuthMethod": "k8s", "BindType": "service", "BindName": "${value.service}"}, "BindName"),
+        ({"AuthMethod": "k8s", "BindType": "service", "BindName": "x", "Selector": "value.a == b"}, "Selector"),
+        ({"AuthMethod": "k8s", "BindType": "templated-policy", "BindName": "x"}, "BindType"),
+        ({"AuthMethod": "nope", "BindType": "service", "BindName": "x"}, "AuthMethod"),
+    ]:
+        resp = requests.put(rules, json=body, headers=hdr, timeout=10)
+        assert resp.status_code == 400 and field in resp.text, (body, resp.status_code, resp.text)
+
+    # A reader of the ACL system sees the method, not its reviewer token; it cannot write.
+    reader_policy = admin.acl.policy.create(name="acl-reader-2", rules='acl = "read"')
+    reader = admin.acl.token.create(policies_id=[reader_policy["ID"]])
+    seen = requests.get(f"{url}/k8s", headers={"X-Consul-Token": reader["SecretID"]}, timeout=10).json()
+    assert seen["Config"]["ServiceAccountJWT"] == "<hidden>"
+    resp = requests.put(f"{url}/k8s", json=k8s, headers={"X-Consul-Token": reader["SecretID"]}, timeout=10)
+    assert resp.status_code == 403
+    assert "reviewer-secret" not in requests.get(f"{url}s", headers={"X-Consul-Token": reader["SecretID"]}, timeout=10).text

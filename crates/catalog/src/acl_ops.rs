@@ -13,14 +13,14 @@ use structs::acl::{
 use structs::validate::{Problem, ValidationError};
 
 /// The shortest and longest token lifetimes accepted, as Consul's defaults.
-const MIN_TTL: Duration = Duration::from_secs(60);
-const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(60);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
-fn invalid(field: &str, why: impl Into<String>) -> WriteError {
+pub(crate) fn invalid(field: &str, why: impl Into<String>) -> WriteError {
     WriteError::Invalid(ValidationError::new(field, Problem::Invalid(why.into())))
 }
 
-fn required(field: &str) -> WriteError {
+pub(crate) fn required(field: &str) -> WriteError {
     WriteError::Invalid(ValidationError::new(field, Problem::Required("")))
 }
 
@@ -142,7 +142,7 @@ fn check_uuid(field: &str, s: &str) -> Result<(), WriteError> {
 }
 
 /// Policy and role names: letters, digits, `-` and `_`, 1 to 128 of them (Consul's rule).
-fn check_name(field: &str, name: &str) -> Result<(), WriteError> {
+pub(crate) fn check_name(field: &str, name: &str) -> Result<(), WriteError> {
     if name.is_empty() {
         return Err(required(field));
     }
@@ -271,6 +271,7 @@ pub(crate) fn plan_token_set(
         }
         t.secret_id = old.secret_id.clone();
         t.expiration_time = old.expiration_time;
+        t.auth_method = old.auth_method.clone();
         t.create_time = old.create_time;
     } else {
         check_secret("SecretID", &t.secret_id)?;
@@ -296,6 +297,12 @@ pub(crate) fn plan_token_set(
             }
         }
         t.create_time = Timestamp(now);
+        if !t.auth_method.is_empty() && state.acl_auth_method(&t.auth_method).is_none() {
+            return Err(invalid(
+                "AuthMethod",
+                format!("no auth method named {:?}", t.auth_method),
+            ));
+        }
     }
     t.policies = policy_links(state, &t.policies)?;
     t.roles = resolve_links(

@@ -42,6 +42,10 @@ pub enum IndexKey {
     AclPolicies,
     /// ACL roles.
     AclRoles,
+    /// ACL auth methods.
+    AclAuthMethods,
+    /// ACL binding rules.
+    AclBindingRules,
     /// Anything of the ACL system (tokens, policies, roles, bootstrap): what resolution
     /// caches and authorized streams watch.
     Acl,

@@ -13,6 +13,7 @@ pub mod acl;
 mod acl_ops;
 mod api_gateways;
 pub mod audit;
+mod auth_method_ops;
 pub mod ca;
 pub mod ca_pruning;
 pub mod cluster;
@@ -45,6 +46,7 @@ mod views;
 pub mod virtual_ips;
 mod wal;
 
+pub use auth_method_ops::{AUTH_METHOD_TYPES, BIND_TYPES};
 pub use error::{StorageFailure, StoreError, WriteError};
 pub use gateways::listener_accepts;
 pub use keys::{IndexKey, Topic};

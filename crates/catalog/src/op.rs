@@ -4,7 +4,7 @@ use crate::ca::CaConfig;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 use structs::KvEntry;
-use structs::acl::{AclPolicy, AclRole, AclToken};
+use structs::acl::{AclAuthMethod, AclBindingRule, AclPolicy, AclRole, AclToken};
 use structs::config_entry::{IntentionAction, IntentionPermission};
 use structs::session::Session;
 use structs::{ConfigEntry, ConfigEntryKind, DeregisterRequest, Index, RegisterRequest};
@@ -121,6 +121,32 @@ pub enum Op {
     },
     /// Delete an ACL role.
     AclRoleDelete {
+        /// Id.
+        id: String,
+    },
+    /// Create or update an auth method (its `Config` checked by the caller, which knows the
+    /// type's settings).
+    AclAuthMethodSet {
+        /// The method.
+        method: Box<AclAuthMethod>,
+        /// Create rather than update.
+        create: bool,
+    },
+    /// Delete an auth method, its binding rules and the tokens its logins created.
+    AclAuthMethodDelete {
+        /// Name.
+        name: String,
+    },
+    /// Create or update a binding rule (its `Selector` and `BindName` checked by the
+    /// caller against the method's type).
+    AclBindingRuleSet {
+        /// The rule, id filled.
+        rule: Box<AclBindingRule>,
+        /// Create rather than update.
+        create: bool,
+    },
+    /// Delete a binding rule.
+    AclBindingRuleDelete {
         /// Id.
         id: String,
     },

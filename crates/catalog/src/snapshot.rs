@@ -105,6 +105,8 @@ fn counts(p: &PersistedState) -> BTreeMap<String, u64> {
         ("acl_tokens", p.acl_tokens.len()),
         ("acl_policies", p.acl_policies.len()),
         ("acl_roles", p.acl_roles.len()),
+        ("acl_auth_methods", p.acl_auth_methods.len()),
+        ("acl_binding_rules", p.acl_binding_rules.len()),
         ("kv", p.kv.len()),
         ("sessions", p.sessions.len()),
         ("events", p.events.len()),

@@ -9,7 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use structs::acl::{AclPolicy, AclRole, AclToken};
+use structs::acl::{AclAuthMethod, AclBindingRule, AclPolicy, AclRole, AclToken};
 use structs::audit::AuditRecord;
 use structs::event::UserEvent;
 use structs::query::PreparedQuery;
@@ -68,6 +68,14 @@ pub enum Change {
     PutAclRole(AclRole),
     /// Remove an ACL role.
     DeleteAclRole(String),
+    /// Create or replace an auth method (by name).
+    PutAclAuthMethod(AclAuthMethod),
+    /// Remove an auth method.
+    DeleteAclAuthMethod(String),
+    /// Create or replace a binding rule (by id).
+    PutAclBindingRule(AclBindingRule),
+    /// Remove a binding rule.
+    DeleteAclBindingRule(String),
     /// ACLs were bootstrapped (no second bootstrap).
     AclBootstrapped,
     /// Create or replace a KV key (its indexes are stamped when applied).
@@ -243,6 +251,8 @@ struct AclTables {
     policy_names: OrdMap<String, String>,
     roles: OrdMap<String, Arc<AclRole>>,
     role_names: OrdMap<String, String>,
+    auth_methods: OrdMap<String, Arc<AclAuthMethod>>,
+    binding_rules: OrdMap<String, Arc<AclBindingRule>>,
     /// The index of the bootstrap, once done.
     bootstrapped: Option<Index>,
 }
@@ -306,6 +316,22 @@ impl AclTables {
         r.modify_index = index;
         self.role_names.insert(r.name.clone(), r.id.clone());
         self.roles.insert(r.id.clone(), Arc::new(r));
+    }
+
+    /// Stores an auth method, keeping its create index.
+    fn put_auth_method(&mut self, index: Index, method: &AclAuthMethod) {
+        let mut m = method.clone();
+        m.create_index = self.auth_methods.get(&m.name).map_or(index, |o| o.create_index);
+        m.modify_index = index;
+        self.auth_methods.insert(m.name.clone(), Arc::new(m));
+    }
+
+    /// Stores a binding rule, keeping its create index.
+    fn put_binding_rule(&mut self, index: Index, rule: &AclBindingRule) {
+        let mut r = rule.clone();
+        r.create_index = self.binding_rules.get(&r.id).map_or(index, |o| o.create_index);
+        r.modify_index = index;
+        self.binding_rules.insert(r.id.clone(), Arc::new(r));
     }
 
     /// Removes a role; true if there was one.
@@ -438,37 +464,17 @@ impl State {
                 }
             }
             Change::PutCa(ca) => self.put_ca(index, ca, bumped),
-            Change::PutAclToken(t) => {
-                self.acl.put_token(index, t);
-                bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
-            }
-            Change::DeleteAclToken(accessor) => {
-                if self.acl.delete_token(accessor) {
-                    bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
-                }
-            }
-            Change::PutAclPolicy(p) => {
-                self.acl.put_policy(index, p);
-                bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
-            }
-            Change::DeleteAclPolicy(id) => {
-                if self.acl.delete_policy(id) {
-                    bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
-                }
-            }
-            Change::PutAclRole(r) => {
-                self.acl.put_role(index, r);
-                bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
-            }
-            Change::DeleteAclRole(id) => {
-                if self.acl.delete_role(id) {
-                    bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
-                }
-            }
-            Change::AclBootstrapped => {
-                self.acl.bootstrapped = Some(index);
-                bumped.insert(IndexKey::Acl);
-            }
+            Change::PutAclToken(_)
+            | Change::DeleteAclToken(_)
+            | Change::PutAclPolicy(_)
+            | Change::DeleteAclPolicy(_)
+            | Change::PutAclRole(_)
+            | Change::DeleteAclRole(_)
+            | Change::PutAclAuthMethod(_)
+            | Change::DeleteAclAuthMethod(_)
+            | Change::PutAclBindingRule(_)
+            | Change::DeleteAclBindingRule(_)
+            | Change::AclBootstrapped => self.apply_acl(index, change, bumped),
             Change::PutKv(_)
             | Change::DeleteKv(_)
             | Change::PutSession(_)
@@ -487,6 +493,52 @@ impl State {
             | Change::PutImported { .. }
             | Change::DeleteImported { .. }
             | Change::PutPeeringServers(_) => self.apply_peering(index, change, bumped),
+        }
+    }
+
+    /// Tokens, policies, roles, auth methods, binding rules and the bootstrap.
+    fn apply_acl(&mut self, index: Index, change: &Change, bumped: &mut OrdSet<IndexKey>) {
+        match change {
+            Change::PutAclToken(t) => {
+                self.acl.put_token(index, t);
+                bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
+            }
+            Change::DeleteAclToken(accessor) if self.acl.delete_token(accessor) => {
+                bumped.extend([IndexKey::AclTokens, IndexKey::Acl]);
+            }
+            Change::PutAclPolicy(p) => {
+                self.acl.put_policy(index, p);
+                bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
+            }
+            Change::DeleteAclPolicy(id) if self.acl.delete_policy(id) => {
+                bumped.extend([IndexKey::AclPolicies, IndexKey::Acl]);
+            }
+            Change::PutAclRole(r) => {
+                self.acl.put_role(index, r);
+                bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
+            }
+            Change::DeleteAclRole(id) if self.acl.delete_role(id) => {
+                bumped.extend([IndexKey::AclRoles, IndexKey::Acl]);
+            }
+            Change::PutAclAuthMethod(m) => {
+                self.acl.put_auth_method(index, m);
+                bumped.insert(IndexKey::AclAuthMethods);
+            }
+            Change::DeleteAclAuthMethod(name) if self.acl.auth_methods.remove(name).is_some() => {
+                bumped.insert(IndexKey::AclAuthMethods);
+            }
+            Change::PutAclBindingRule(r) => {
+                self.acl.put_binding_rule(index, r);
+                bumped.insert(IndexKey::AclBindingRules);
+            }
+            Change::DeleteAclBindingRule(id) if self.acl.binding_rules.remove(id).is_some() => {
+                bumped.insert(IndexKey::AclBindingRules);
+            }
+            Change::AclBootstrapped => {
+                self.acl.bootstrapped = Some(index);
+                bumped.insert(IndexKey::Acl);
+            }
+            _ => {}
         }
     }
 
@@ -899,6 +951,26 @@ impl State {
         self.acl.roles.values()
     }
 
+    /// An auth method by name.
+    pub fn acl_auth_method(&self, name: &str) -> Option<Arc<AclAuthMethod>> {
+        self.acl.auth_methods.get(name).cloned()
+    }
+
+    /// Every auth method, by name.
+    pub fn acl_auth_methods(&self) -> impl Iterator<Item = &Arc<AclAuthMethod>> {
+        self.acl.auth_methods.values()
+    }
+
+    /// A binding rule by id.
+    pub fn acl_binding_rule(&self, id: &str) -> Option<Arc<AclBindingRule>> {
+        self.acl.binding_rules.get(id).cloned()
+    }
+
+    /// Every binding rule, by id.
+    pub fn acl_binding_rules(&self) -> impl Iterator<Item = &Arc<AclBindingRule>> {
+        self.acl.binding_rules.values()
+    }
+
     /// The index ACLs were bootstrapped at, once they were.
     pub fn acl_bootstrapped(&self) -> Option<Index> {
         self.acl.bootstrapped
@@ -932,6 +1004,8 @@ impl State {
             acl_tokens: self.acl.tokens.values().map(|t| (**t).clone()).collect(),
             acl_policies: self.acl.policies.values().map(|p| (**p).clone()).collect(),
             acl_roles: self.acl.roles.values().map(|r| (**r).clone()).collect(),
+            acl_auth_methods: self.acl.auth_methods.values().map(|m| (**m).clone()).collect(),
+            acl_binding_rules: self.acl.binding_rules.values().map(|r| (**r).clone()).collect(),
             acl_bootstrapped: self.acl.bootstrapped,
             kv: self.kv.entries.values().map(|e| (**e).clone()).collect(),
             kv_tombstones: self.kv.tombstones.iter().map(|(k, i)| (k.clone(), *i)).collect(),
@@ -988,6 +1062,12 @@ impl State {
         for r in p.acl_roles {
             s.acl.role_names.insert(r.name.clone(), r.id.clone());
             s.acl.roles.insert(r.id.clone(), Arc::new(r));
+        }
+        for m in p.acl_auth_methods {
+            s.acl.auth_methods.insert(m.name.clone(), Arc::new(m));
+        }
+        for r in p.acl_binding_rules {
+            s.acl.binding_rules.insert(r.id.clone(), Arc::new(r));
         }
         s.acl.bootstrapped = p.acl_bootstrapped;
         for e in p.kv {
@@ -1052,6 +1132,10 @@ pub(crate) struct PersistedState {
     pub(crate) acl_policies: Vec<AclPolicy>,
     #[serde(default)]
     pub(crate) acl_roles: Vec<AclRole>,
+    #[serde(default)]
+    pub(crate) acl_auth_methods: Vec<AclAuthMethod>,
+    #[serde(default)]
+    pub(crate) acl_binding_rules: Vec<AclBindingRule>,
     #[serde(default)]
     pub(crate) acl_bootstrapped: Option<Index>,
     #[serde(default)]

@@ -731,6 +731,107 @@ async fn acls_survive_reopen_from_the_log_and_from_a_snapshot() {
     }
 }
 
+/// Auth methods and binding rules survive a reopen (log and snapshot); a rule needs its
+/// method; deleting a method deletes its rules and its logins' tokens in the same write,
+/// and leaves every other token.
+#[tokio::test]
+async fn auth_methods_and_rules_survive_reopen_and_a_method_delete_takes_its_logins() {
+    let method = || acl::AclAuthMethod {
+        name: "idp".into(),
+        kind: "jwt".into(),
+        ..Default::default()
+    };
+    let rule = |id: &str, method: &str| acl::AclBindingRule {
+        id: id.into(),
+        auth_method: method.into(),
+        bind_type: "service".into(),
+        bind_name: "web".into(),
+        ..Default::default()
+    };
+    let token = |accessor: &str, method: &str| acl::AclToken {
+        accessor_id: accessor.into(),
+        secret_id: format!("{accessor}-secret"),
+        service_identities: vec![acl::ServiceIdentity {
+            service_name: "web".into(),
+            datacenters: vec![],
+        }],
+        auth_method: method.into(),
+        ..Default::default()
+    };
+    for snapshot_every in [10_000, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = disk_store(dir.path(), snapshot_every).await;
+            let orphan = store
+                .write(Op::AclBindingRuleSet {
+                    rule: Box::new(rule("r-0", "idp")),
+                    create: true,
+                })
+                .await;
+            assert!(format!("{orphan:?}").contains("AuthMethod"), "{orphan:?}");
+            store
+                .write(Op::AclAuthMethodSet {
+                    method: Box::new(method()),
+                    create: true,
+                })
+                .await
+                .unwrap();
+            store
+                .write(Op::AclBindingRuleSet {
+                    rule: Box::new(rule("r-1", "idp")),
+                    create: true,
+                })
+                .await
+                .unwrap();
+            for i in 0..3u16 {
+                store
+                    .write(register(&format!("n{i}"), "10.0.0.1", None, vec![]))
+                    .await
+                    .unwrap();
+            }
+            store.close().await;
+        }
+        let store = disk_store(dir.path(), snapshot_every).await;
+        let state = store.read();
+        assert_eq!(state.acl_auth_method("idp").unwrap().kind, "jwt");
+        assert_eq!(state.acl_binding_rule("r-1").unwrap().auth_method, "idp");
+        let changed = store
+            .write(Op::AclAuthMethodSet {
+                method: Box::new(acl::AclAuthMethod {
+                    kind: "kubernetes".into(),
+                    ..method()
+                }),
+                create: false,
+            })
+            .await;
+        assert!(format!("{changed:?}").contains("Type"), "{changed:?}");
+        for (accessor, by) in [
+            ("11111111-1111-4111-8111-111111111111", "idp"),
+            ("22222222-2222-4222-8222-222222222222", ""),
+        ] {
+            store
+                .write(Op::AclTokenSet {
+                    token: Box::new(token(accessor, by)),
+                    create: true,
+                    ttl: None,
+                })
+                .await
+                .unwrap();
+        }
+        let before = store.read().index;
+        store
+            .write(Op::AclAuthMethodDelete { name: "idp".into() })
+            .await
+            .unwrap();
+        let state = store.read();
+        assert_eq!(state.index.0, before.0 + 1, "one write");
+        assert!(state.acl_auth_method("idp").is_none());
+        assert!(state.acl_binding_rule("r-1").is_none());
+        assert!(state.acl_token("11111111-1111-4111-8111-111111111111").is_none());
+        assert!(state.acl_token("22222222-2222-4222-8222-222222222222").is_some());
+    }
+}
+
 /// Churn of names leaves no per-key index behind, and a gone object's key answers with its
 /// table's index (never going backwards, so a blocking query on it sees the removal).
 #[tokio::test]

@@ -41,6 +41,7 @@ pub(crate) fn add(r: &mut Routes) {
     r.add("/v1/acl/roles", get(role_list));
     r.add("/v1/internal/acl/authorizer", get(authorizer));
     r.add("/v1/acl/replication", get(replication));
+    crate::auth_method_routes::add(r);
 }
 
 /// `GET /v1/acl/replication` (no permission needed, as Consul): a secondary datacenter's
@@ -50,7 +51,7 @@ async fn replication(State(api): State<Api>) -> Result<Response, ApiError> {
     Ok(query::json(&crate::replication::acl_status(&api), None, false))
 }
 
-fn enabled(api: &Api) -> Result<(), ApiError> {
+pub(crate) fn enabled(api: &Api) -> Result<(), ApiError> {
     if api.config.acl.enabled() {
         Ok(())
     } else {
@@ -72,7 +73,7 @@ fn need_write(authz: &Authz) -> Result<(), ApiError> {
 
 /// What every ACL write does first: ACLs on, the query checked, `acl:write` held. Returns
 /// the query.
-fn write_prelude(api: &Api, authz: &Authz, q: Option<&str>) -> Result<Params, ApiError> {
+pub(crate) fn write_prelude(api: &Api, authz: &Authz, q: Option<&str>) -> Result<Params, ApiError> {
     enabled(api)?;
     let params = api.write_params(q)?;
     need_write(authz)?;
@@ -112,7 +113,7 @@ fn policy_links(state: &catalog::State, links: &[Link]) -> Vec<Link> {
 
 /// A token as answered: links named as they are now (deleted ones left out), the secret
 /// hidden unless `show_secret`.
-fn token_out(state: &catalog::State, token: &AclToken, show_secret: bool) -> AclToken {
+pub(crate) fn token_out(state: &catalog::State, token: &AclToken, show_secret: bool) -> AclToken {
     let mut t = token.clone();
     t.policies = policy_links(state, &t.policies);
     t.roles = current_links(
@@ -345,11 +346,13 @@ async fn token_list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery)
     let policy = params.get("policy").filter(|p| !p.is_empty()).map(str::to_owned);
     let role = params.get("role").filter(|r| !r.is_empty()).map(str::to_owned);
     let service = params.get("servicename").filter(|s| !s.is_empty()).map(str::to_owned);
+    let method = params.get("authmethod").filter(|m| !m.is_empty()).map(str::to_owned);
     read_one(&api, &authz, q.as_deref(), IndexKey::AclTokens, |s| {
         let tokens: Vec<AclToken> = s
             .acl_tokens()
             .filter(|t| policy.as_ref().is_none_or(|p| t.policies.iter().any(|l| l.id == *p)))
             .filter(|t| role.as_ref().is_none_or(|r| t.roles.iter().any(|l| l.id == *r)))
+            .filter(|t| method.as_ref().is_none_or(|m| t.auth_method == *m))
             .filter(|t| {
                 service
                     .as_ref()
@@ -364,7 +367,7 @@ async fn token_list(State(api): State<Api>, authz: Authz, RawQuery(q): RawQuery)
 
 /// A blocking-capable read of ACL objects (what `find` picks in the state waited for on
 /// `key`); `403 ACL not found` when there is none, as Consul answers.
-async fn read_one<T: serde::Serialize>(
+pub(crate) async fn read_one<T: serde::Serialize>(
     api: &Api,
     authz: &Authz,
     q: Option<&str>,

@@ -83,6 +83,8 @@ pub(crate) struct ApiParts {
     pub(crate) metrics: Arc<HttpMetrics>,
     pub(crate) responses: response_cache::ResponseCache,
     pub(crate) auditor: crate::audit::Auditor,
+    /// Verifies logins' bearer tokens (keeps the key sets it fetched).
+    pub(crate) verifier: auth_method::Verifier,
 }
 
 impl Api {

@@ -12,6 +12,7 @@ mod agent;
 mod api;
 mod audit;
 mod audit_routes;
+mod auth_method_routes;
 mod authorize;
 mod authz;
 mod catalog_routes;
@@ -81,20 +82,14 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
-    let auditor = audit::Auditor {
-        store: store.clone(),
-        enabled: config.audit,
-        server: config.node_name.clone(),
-        max_body: config.max_body,
-        file: config.audit_file.clone(),
-        metrics: Arc::clone(&metrics),
-    };
+    let auditor = audit::Auditor::new(&store, &config);
     let api = Api::new(api::ApiParts {
         store,
         config,
         metrics: Arc::clone(&metrics),
         responses: response_cache::ResponseCache::default(),
         auditor,
+        verifier: auth_method::Verifier::new(),
     });
     let mut r = Routes::default();
     r.add("/v1/catalog/register", put(catalog_routes::register));

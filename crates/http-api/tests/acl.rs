@@ -297,6 +297,7 @@ struct Spares {
     intention: String,
     session: String,
     query: String,
+    binding_rule: String,
     /// A snapshot archive taken once the spares exist.
     archive: Vec<u8>,
 }
@@ -312,6 +313,7 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
     let p = format!("/v1/acl/policy/{policy_id}");
     let r = format!("/v1/acl/role/{role_id}");
     let t = format!("/v1/acl/token/{token_id}");
+    let b = format!("/v1/acl/binding-rule/{}", spares.binding_rule);
     vec![
         row(
             "PUT",
@@ -1080,6 +1082,72 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
         row("GET", "/v1/acl/roles", "/v1/acl/roles", n.clone(), ACL_READ, Denied),
         row(
             "PUT",
+            "/v1/acl/auth-method",
+            "/v1/acl/auth-method",
+            json!({"Name": "fresh-method", "Type": "jwt", "Config": {"JWKSURL": "https://idp.example/keys"}}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/acl/auth-method/{name}",
+            "/v1/acl/auth-method/spare-method",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/acl/auth-method/{name}",
+            "/v1/acl/auth-method/spare-method",
+            json!({"Type": "jwt", "Description": "d", "Config": {"JWKSURL": "https://idp.example/keys"}}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row(
+            "DELETE",
+            "/v1/acl/auth-method/{name}",
+            "/v1/acl/auth-method/spare-method",
+            n.clone(),
+            ACL_WRITE,
+            Denied,
+        ),
+        row(
+            "GET",
+            "/v1/acl/auth-methods",
+            "/v1/acl/auth-methods",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
+            "/v1/acl/binding-rule",
+            "/v1/acl/binding-rule",
+            json!({"AuthMethod": "spare-method", "BindType": "service", "BindName": "web"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("GET", "/v1/acl/binding-rule/{id}", &b, n.clone(), ACL_READ, Denied),
+        row(
+            "PUT",
+            "/v1/acl/binding-rule/{id}",
+            &b,
+            json!({"AuthMethod": "spare-method", "BindType": "service", "BindName": "api"}),
+            ACL_WRITE,
+            Denied,
+        ),
+        row("DELETE", "/v1/acl/binding-rule/{id}", &b, n.clone(), ACL_WRITE, Denied),
+        row(
+            "GET",
+            "/v1/acl/binding-rules",
+            "/v1/acl/binding-rules",
+            n.clone(),
+            ACL_READ,
+            Denied,
+        ),
+        row(
+            "PUT",
             "/v1/config",
             "/v1/config#proxy-defaults",
             json!({"Kind": "proxy-defaults", "Name": "global"}),
@@ -1101,8 +1169,14 @@ fn table(trust_domain: &str, spares: &Spares) -> Vec<Row> {
 
 /// Routes whose answer is about the caller's own token or the ACL system itself: checked by
 /// their own tests below, not by the table.
-const OWN_TOKEN_ROUTES: [(&str, &str); 4] = [
+const OWN_TOKEN_ROUTES: [(&str, &str); 8] = [
     ("PUT", "/v1/acl/bootstrap"),
+    // A login needs no token, a logout deletes the caller's own (tests/py/test_acl.py logs
+    // in with signed JWTs).
+    ("POST", "/v1/acl/login"),
+    ("PUT", "/v1/acl/login"),
+    ("POST", "/v1/acl/logout"),
+    ("PUT", "/v1/acl/logout"),
     ("GET", "/v1/acl/token/self"),
     ("GET", "/v1/internal/acl/authorizer"),
     // Needs a peer to succeed: `establish_needs_peering_write` below.
@@ -1133,6 +1207,12 @@ async fn spares(mesh: &Mesh) -> Spares {
     .await;
     let r = call(&mesh.app, "PUT", "/v1/acl/role", m, json!({"Name": "spare-role"})).await;
     let t = call(&mesh.app, "PUT", "/v1/acl/token", m, json!({"Description": "spare"})).await;
+    let method = json!({"Name": "spare-method", "Type": "jwt", "Config": {"JWKSURL": "https://idp.example/keys"}});
+    let created = call(&mesh.app, "PUT", "/v1/acl/auth-method", m, method).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    let rule = json!({"AuthMethod": "spare-method", "BindType": "service", "BindName": "web"});
+    let rule = call(&mesh.app, "PUT", "/v1/acl/binding-rule", m, rule).await;
+    assert_eq!(rule.status, StatusCode::OK, "{}", rule.body);
     let i = call(
         &mesh.app,
         "GET",
@@ -1161,6 +1241,7 @@ async fn spares(mesh: &Mesh) -> Spares {
     assert_eq!(query.status, StatusCode::OK, "{}", query.body);
     Spares {
         query: query.json()["ID"].as_str().unwrap().to_owned(),
+        binding_rule: rule.json()["ID"].as_str().unwrap().to_owned(),
         session: session.json()["ID"].as_str().unwrap().to_owned(),
         policy: p.json()["ID"].as_str().unwrap().to_owned(),
         role: r.json()["ID"].as_str().unwrap().to_owned(),

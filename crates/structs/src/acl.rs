@@ -90,6 +90,10 @@ pub struct AclToken {
     /// Local to this datacenter (meshd has one datacenter per cluster: always honoured).
     #[serde(rename = "Local")]
     pub local: bool,
+    /// The auth method whose login created it (empty: made through the token API). Only
+    /// such tokens may log out.
+    #[serde(rename = "AuthMethod", skip_serializing_if = "String::is_empty")]
+    pub auth_method: String,
     /// When the token stops working (none: never).
     #[serde(rename = "ExpirationTime", skip_serializing_if = "Option::is_none")]
     pub expiration_time: Option<Timestamp>,
@@ -231,6 +235,71 @@ pub struct AclRole {
     /// Node identities.
     #[serde(rename = "NodeIdentities")]
     pub node_identities: Vec<NodeIdentity>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+/// An auth method (`/v1/acl/auth-method`): how a login's bearer token is verified. `Config`
+/// is the type's own settings, kept as given (the `auth-method` crate reads them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclAuthMethod {
+    /// Unique name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// `jwt` or `kubernetes`.
+    #[serde(rename = "Type")]
+    pub kind: String,
+    /// Name shown in UIs.
+    #[serde(rename = "DisplayName", skip_serializing_if = "String::is_empty")]
+    pub display_name: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// The lifetime of the tokens its logins create (none: they do not expire).
+    #[serde(rename = "MaxTokenTTL", skip_serializing_if = "Option::is_none")]
+    pub max_token_ttl: Option<crate::GoDuration>,
+    /// `local` (default) or `global`: where its tokens apply.
+    #[serde(rename = "TokenLocality", skip_serializing_if = "String::is_empty")]
+    pub token_locality: String,
+    /// The type's settings.
+    #[serde(rename = "Config")]
+    pub config: serde_json::Map<String, serde_json::Value>,
+    /// Index of the write that created it.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: Index,
+    /// Index of the last write that changed it.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: Index,
+}
+
+/// A binding rule (`/v1/acl/binding-rule`): which logins through an auth method get which
+/// identity, role or policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AclBindingRule {
+    /// Id.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Human description.
+    #[serde(rename = "Description")]
+    pub description: String,
+    /// The auth method it applies to.
+    #[serde(rename = "AuthMethod")]
+    pub auth_method: String,
+    /// A filter expression over the verified identity's fields (empty: every login).
+    #[serde(rename = "Selector")]
+    pub selector: String,
+    /// `service`, `node`, `role` or `policy`.
+    #[serde(rename = "BindType")]
+    pub bind_type: String,
+    /// The name bound, with `${field}` interpolations of the identity's fields.
+    #[serde(rename = "BindName")]
+    pub bind_name: String,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
     pub create_index: Index,

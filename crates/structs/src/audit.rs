@@ -73,8 +73,8 @@ pub fn parse_time_ms(text: &str) -> Option<u64> {
 pub const REDACTED: &str = "<redacted>";
 
 /// Fields of a JSON body whose values are never recorded (compared without case): tokens'
-/// secrets, the CA's private key, passwords, check headers (which may carry credentials)
-/// and KV values in transactions.
+/// secrets, the CA's private key, passwords, check headers (which may carry credentials),
+/// KV values in transactions, a login's bearer token and an auth method's reviewer token.
 const SECRET_FIELDS: &[&str] = &[
     "secretid",
     "token",
@@ -88,6 +88,8 @@ const SECRET_FIELDS: &[&str] = &[
     "bootstrapsecret",
     "peeringtoken",
     "establishmentsecret",
+    "bearertoken",
+    "serviceaccountjwt",
 ];
 
 /// Replaces the value of every secret field (at any depth) of a JSON body with
@@ -137,10 +139,20 @@ mod tests {
             "Ops": [{"KV": {"Verb": "set", "Key": "a", "Value": "c2VjcmV0"}}],
             "Token": null,
             "PeeringToken": "eyJwZWVy",
+            "BearerToken": "eyJiZWFyZXI",
+            "Method": {"Config": {"ServiceAccountJWT": "eyJyZXZpZXdlcg"}},
         });
         redact(&mut body);
         let text = body.to_string();
-        for secret in ["s1", "\"k\"", "Bearer t", "c2VjcmV0", "eyJwZWVy"] {
+        for secret in [
+            "s1",
+            "\"k\"",
+            "Bearer t",
+            "c2VjcmV0",
+            "eyJwZWVy",
+            "eyJiZWFyZXI",
+            "eyJyZXZpZXdlcg",
+        ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert!(text.contains("LeafCertTTL") && text.contains("\"Description\":\"d\""));

@@ -61,7 +61,7 @@ use regex::{Regex, RegexBuilder};
 use std::{fmt, str::FromStr};
 
 pub mod records;
-pub use records::{CatalogRow, Record, Selector};
+pub use records::{CatalogRow, JwtIdentity, Record, Selector, ServiceAccountIdentity};
 use records::{Field, Got};
 
 /// Deepest nesting of parentheses accepted (the parser recurses once per level).

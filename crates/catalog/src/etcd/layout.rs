@@ -85,6 +85,10 @@ pub(crate) fn encode(change: &Change) -> Result<(String, Option<Vec<u8>>), serde
         Change::DeleteAclPolicy(id) => (format!("acl/policy/{}", escape(id)), None),
         Change::PutAclRole(r) => (format!("acl/role/{}", escape(&r.id)), json(r)?),
         Change::DeleteAclRole(id) => (format!("acl/role/{}", escape(id)), None),
+        Change::PutAclAuthMethod(m) => (format!("acl/auth-method/{}", escape(&m.name)), json(m)?),
+        Change::DeleteAclAuthMethod(name) => (format!("acl/auth-method/{}", escape(name)), None),
+        Change::PutAclBindingRule(r) => (format!("acl/binding-rule/{}", escape(&r.id)), json(r)?),
+        Change::DeleteAclBindingRule(id) => (format!("acl/binding-rule/{}", escape(id)), None),
         Change::AclBootstrapped => ("acl/bootstrapped".to_owned(), Some(b"true".to_vec())),
         Change::PutKv(e) => (format!("kv/{}", escape(&e.key)), json(e)?),
         Change::DeleteKv(key) => (format!("kv/{}", escape(key)), None),
@@ -121,6 +125,8 @@ enum Row {
     Token(String),
     Policy(String),
     Role(String),
+    AuthMethod(String),
+    BindingRule(String),
     Bootstrapped,
     Kv(String),
     Session(String),
@@ -154,6 +160,8 @@ fn parse_key(key: &str) -> Result<Row, LayoutError> {
         ["acl", "token", a] => Row::Token(unescape(a)),
         ["acl", "policy", id] => Row::Policy(unescape(id)),
         ["acl", "role", id] => Row::Role(unescape(id)),
+        ["acl", "auth-method", name] => Row::AuthMethod(unescape(name)),
+        ["acl", "binding-rule", id] => Row::BindingRule(unescape(id)),
         ["acl", "bootstrapped"] => Row::Bootstrapped,
         ["kv", k] => Row::Kv(unescape(k)),
         ["session", id] => Row::Session(unescape(id)),
@@ -191,6 +199,8 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
             Row::Token(a) => Change::DeleteAclToken(a),
             Row::Policy(id) => Change::DeleteAclPolicy(id),
             Row::Role(id) => Change::DeleteAclRole(id),
+            Row::AuthMethod(name) => Change::DeleteAclAuthMethod(name),
+            Row::BindingRule(id) => Change::DeleteAclBindingRule(id),
             Row::Kv(k) => Change::DeleteKv(k),
             Row::Session(id) => Change::DeleteSession(id),
             Row::LockDelay(k) => Change::DeleteLockDelay(k),
@@ -221,6 +231,8 @@ pub(crate) fn decode(key: &str, value: Option<&[u8]>) -> Result<Option<Change>, 
         Row::Token(_) => Change::PutAclToken(parse_value(key, value)?),
         Row::Policy(_) => Change::PutAclPolicy(parse_value(key, value)?),
         Row::Role(_) => Change::PutAclRole(parse_value(key, value)?),
+        Row::AuthMethod(_) => Change::PutAclAuthMethod(parse_value(key, value)?),
+        Row::BindingRule(_) => Change::PutAclBindingRule(parse_value(key, value)?),
         Row::Bootstrapped => Change::AclBootstrapped,
         Row::Kv(_) => Change::PutKv(parse_value(key, value)?),
         Row::Session(_) => Change::PutSession(parse_value(key, value)?),
@@ -266,6 +278,8 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         acl_tokens: Vec::new(),
         acl_policies: Vec::new(),
         acl_roles: Vec::new(),
+        acl_auth_methods: Vec::new(),
+        acl_binding_rules: Vec::new(),
         acl_bootstrapped: None,
         kv: Vec::new(),
         kv_tombstones: Vec::new(),
@@ -298,6 +312,8 @@ pub(crate) fn load<'a>(kvs: impl IntoIterator<Item = Kv<'a>>, revision: Index) -
         IndexKey::AclTokens,
         IndexKey::AclPolicies,
         IndexKey::AclRoles,
+        IndexKey::AclAuthMethods,
+        IndexKey::AclBindingRules,
         IndexKey::Acl,
         IndexKey::Kvs,
         IndexKey::Sessions,
@@ -347,6 +363,14 @@ fn add_row(p: &mut PersistedState, change: Change, create: Index, modify: Index)
         Change::PutAclRole(mut r) => {
             (r.create_index, r.modify_index) = (create, modify);
             p.acl_roles.push(r);
+        }
+        Change::PutAclAuthMethod(mut m) => {
+            (m.create_index, m.modify_index) = (create, modify);
+            p.acl_auth_methods.push(m);
+        }
+        Change::PutAclBindingRule(mut r) => {
+            (r.create_index, r.modify_index) = (create, modify);
+            p.acl_binding_rules.push(r);
         }
         Change::AclBootstrapped => p.acl_bootstrapped = Some(modify),
         Change::PutKv(mut e) => {
@@ -423,6 +447,20 @@ mod tests {
             Change::DeleteAclToken("t".into()),
             Change::DeleteAclPolicy("p".into()),
             Change::DeleteAclRole("r".into()),
+            Change::PutAclAuthMethod(structs::acl::AclAuthMethod {
+                name: "idp/x".into(),
+                kind: "jwt".into(),
+                ..Default::default()
+            }),
+            Change::DeleteAclAuthMethod("idp/x".into()),
+            Change::PutAclBindingRule(structs::acl::AclBindingRule {
+                id: "rule-1".into(),
+                auth_method: "idp/x".into(),
+                bind_type: "service".into(),
+                bind_name: "${value.service}".into(),
+                ..Default::default()
+            }),
+            Change::DeleteAclBindingRule("rule-1".into()),
             Change::AclBootstrapped,
             Change::DeletePeering("cluster-b".into()),
             Change::PutPeeringServers(vec!["10.0.0.9:8503".into()]),

@@ -31,6 +31,8 @@ impl State {
         out.extend(to.acl_policies.iter().cloned().map(Change::PutAclPolicy));
         out.extend(to.acl_roles.iter().cloned().map(Change::PutAclRole));
         out.extend(to.acl_tokens.iter().cloned().map(Change::PutAclToken));
+        out.extend(to.acl_auth_methods.iter().cloned().map(Change::PutAclAuthMethod));
+        out.extend(to.acl_binding_rules.iter().cloned().map(Change::PutAclBindingRule));
         if to.acl_bootstrapped.is_some() && self.acl.bootstrapped.is_none() {
             out.push(Change::AclBootstrapped);
         }
@@ -111,6 +113,24 @@ impl State {
                 .filter(|a| !tokens.contains(a.as_str()))
                 .cloned()
                 .map(Change::DeleteAclToken),
+        );
+        let rules: HashSet<&str> = to.acl_binding_rules.iter().map(|r| r.id.as_str()).collect();
+        out.extend(
+            self.acl
+                .binding_rules
+                .keys()
+                .filter(|r| !rules.contains(r.as_str()))
+                .cloned()
+                .map(Change::DeleteAclBindingRule),
+        );
+        let methods: HashSet<&str> = to.acl_auth_methods.iter().map(|m| m.name.as_str()).collect();
+        out.extend(
+            self.acl
+                .auth_methods
+                .keys()
+                .filter(|m| !methods.contains(m.as_str()))
+                .cloned()
+                .map(Change::DeleteAclAuthMethod),
         );
         let roles: HashSet<&str> = to.acl_roles.iter().map(|r| r.id.as_str()).collect();
         out.extend(

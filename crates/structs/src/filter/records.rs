@@ -8,9 +8,13 @@
 //! | [`CatalogRow`] | `/v1/catalog/service`, `/v1/catalog/connect`, `/v1/catalog/services` | `Node`, `Address`, `NodeMeta`, `ServiceName`, `ServiceTags`, ... |
 //! | [`NodeService`] | `/v1/agent/services`, `/v1/catalog/node/:node`, `/v1/catalog/node-services/:node` | `ID`, `Service`, `Tags`, `Meta`, `Port`, `Proxy.*`, ... |
 //! | [`HealthCheck`] | `/v1/health/node`, `/v1/health/checks`, `/v1/health/state`, `/v1/agent/checks` | `Node`, `CheckID`, `Name`, `Status`, `ServiceName`, ... |
+//! | [`JwtIdentity`] | binding rules of `jwt` auth methods | `value.<name>`, `list.<name>` |
+//! | [`ServiceAccountIdentity`] | binding rules of `kubernetes` auth methods | `serviceaccount.namespace`, `serviceaccount.name`, `serviceaccount.uid` |
 //!
 //! A map of strings takes `in`/`is empty` on its keys and a key as a string selector
-//! (`Meta.version`, `Meta["version"]`); a missing key reads as `""`.
+//! (`Meta.version`, `Meta["version"]`); a missing key reads as `""`. A map of lists
+//! likewise, each key a list selector (`"admins" in list.groups`); a missing key reads as
+//! an empty list.
 
 use crate::service::ServiceAddress;
 use crate::{CheckServiceNode, HealthCheck, Node, NodeService};
@@ -46,6 +50,8 @@ enum Get<T: 'static> {
     Strings(for<'a> fn(&'a T) -> &'a BTreeMap<String, String>),
     /// A map of addresses: its keys only.
     Addresses(for<'a> fn(&'a T) -> &'a BTreeMap<String, ServiceAddress>),
+    /// A map of lists: its keys, and each key as a list selector.
+    Lists(for<'a> fn(&'a T) -> &'a BTreeMap<String, Vec<String>>),
 }
 
 impl<T> Selector<T> {
@@ -79,6 +85,12 @@ impl<T> Selector<T> {
             get: Get::Strings(get),
         }
     }
+    const fn lists(name: &'static str, get: for<'a> fn(&'a T) -> &'a BTreeMap<String, Vec<String>>) -> Self {
+        Selector {
+            name,
+            get: Get::Lists(get),
+        }
+    }
     const fn addresses(name: &'static str, get: for<'a> fn(&'a T) -> &'a BTreeMap<String, ServiceAddress>) -> Self {
         Selector {
             name,
@@ -92,7 +104,7 @@ pub(super) fn known<T: Record>() -> String {
     let mut out: Vec<String> = Vec::new();
     for s in T::selectors() {
         out.push(s.name.to_owned());
-        if matches!(s.get, Get::Strings(_)) {
+        if matches!(s.get, Get::Strings(_) | Get::Lists(_)) {
             out.push(format!("{}.<key>", s.name));
         }
     }
@@ -136,6 +148,7 @@ pub(super) enum Got<'a> {
 pub(super) enum Keys<'a> {
     Strings(&'a BTreeMap<String, String>),
     Addresses(&'a BTreeMap<String, ServiceAddress>),
+    Lists(&'a BTreeMap<String, Vec<String>>),
 }
 
 impl Keys<'_> {
@@ -143,6 +156,7 @@ impl Keys<'_> {
         match self {
             Keys::Strings(m) => m.contains_key(key),
             Keys::Addresses(m) => m.contains_key(key),
+            Keys::Lists(m) => m.contains_key(key),
         }
     }
 
@@ -150,6 +164,7 @@ impl Keys<'_> {
         match self {
             Keys::Strings(m) => m.is_empty(),
             Keys::Addresses(m) => m.is_empty(),
+            Keys::Lists(m) => m.is_empty(),
         }
     }
 }
@@ -162,7 +177,7 @@ impl<T: Record> Field<T> {
         if let Some(key) = key {
             let selector = selectors
                 .iter()
-                .find(|s| s.name == path && matches!(s.get, Get::Strings(_)))?;
+                .find(|s| s.name == path && matches!(s.get, Get::Strings(_) | Get::Lists(_)))?;
             return Some(Field {
                 selector,
                 key: Some(key),
@@ -173,7 +188,7 @@ impl<T: Record> Field<T> {
         }
         selectors.iter().find_map(|s| {
             let key = path.strip_prefix(s.name)?.strip_prefix('.').filter(|k| !k.is_empty())?;
-            matches!(s.get, Get::Strings(_)).then(|| Field {
+            matches!(s.get, Get::Strings(_) | Get::Lists(_)).then(|| Field {
                 selector: s,
                 key: Some(key.to_owned()),
             })
@@ -189,12 +204,15 @@ impl<T: Record> Field<T> {
             (Get::List(get), _) => Got::List(get(record)),
             (Get::Strings(get), None) => Got::Keys(Keys::Strings(get(record))),
             (Get::Addresses(get), _) => Got::Keys(Keys::Addresses(get(record))),
+            (Get::Lists(get), Some(key)) => Got::List(get(record).get(key).map_or(&[], Vec::as_slice)),
+            (Get::Lists(get), None) => Got::Keys(Keys::Lists(get(record))),
         }
     }
 
     /// A string: a text field, or one key of a map of strings.
     pub(super) fn is_string(&self) -> bool {
-        matches!(self.selector.get, Get::Text(_)) || self.key.is_some()
+        matches!(self.selector.get, Get::Text(_))
+            || (self.key.is_some() && matches!(self.selector.get, Get::Strings(_)))
     }
 
     /// The largest value of an integer field.
@@ -221,8 +239,52 @@ impl<T: Record> Field<T> {
             Get::Integer(..) => ("an integer", SCALAR_OPS),
             Get::Boolean(_) => ("a boolean", SCALAR_OPS),
             Get::List(_) => ("a list", COLLECTION_OPS),
+            Get::Lists(_) if self.key.is_some() => ("a list", COLLECTION_OPS),
             _ => ("a map", COLLECTION_OPS),
         }
+    }
+}
+
+/// What a `jwt` auth method verified of a login's token, as its binding rules select on
+/// it: each `ClaimMappings` claim as `value.<name>` (every mapped name present, `""` when
+/// the token lacks the claim), each `ListClaimMappings` claim as `list.<name>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JwtIdentity {
+    /// Mapped claims.
+    pub value: BTreeMap<String, String>,
+    /// Mapped list claims.
+    pub list: BTreeMap<String, Vec<String>>,
+}
+
+impl Record for JwtIdentity {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<JwtIdentity>] = &[
+            Selector::strings("value", |i| &i.value),
+            Selector::lists("list", |i| &i.list),
+        ];
+        SELECTORS
+    }
+}
+
+/// What a `kubernetes` auth method verified of a login's token: the service account.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceAccountIdentity {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name (or its `consul.hashicorp.com/service-name` annotation).
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+}
+
+impl Record for ServiceAccountIdentity {
+    fn selectors() -> &'static [Selector<Self>] {
+        static SELECTORS: &[Selector<ServiceAccountIdentity>] = &[
+            Selector::text("serviceaccount.namespace", |i| i.namespace.as_str()),
+            Selector::text("serviceaccount.name", |i| i.name.as_str()),
+            Selector::text("serviceaccount.uid", |i| i.uid.as_str()),
+        ];
+        SELECTORS
     }
 }
 
