@@ -360,12 +360,82 @@ fn start(span: Option<Range<usize>>) -> usize {
     span.map_or(0, |r| r.start)
 }
 
+/// Consul's rules are HCL version 1, which needs no line breaks between blocks or
+/// attributes (`service "a" { policy = "read" } node "b" { policy = "write" }`) and takes
+/// commas between attributes; the parser here reads HCL 2, which does. The same text with a
+/// line break after each `{`, around each `}`, for each `,` outside brackets, and between a
+/// string and the attribute name after it on one line. Strings and comments are copied as
+/// they are.
+fn hcl1_layout(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut chars = text.chars().peekable();
+    let (mut brackets, mut after_string) = (0usize, false);
+    while let Some(c) = chars.next() {
+        if after_string && (c.is_ascii_alphabetic() || c == '_') {
+            out.push('\n');
+        }
+        if !c.is_whitespace() || c == '\n' {
+            after_string = false;
+        }
+        match c {
+            '"' => {
+                out.push(c);
+                while let Some(s) = chars.next() {
+                    out.push(s);
+                    match s {
+                        '\\' => out.extend(chars.next()),
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+                after_string = true;
+            }
+            '#' => {
+                out.push(c);
+                while let Some(&s) = chars.peek().filter(|s| **s != '\n') {
+                    out.push(s);
+                    chars.next();
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => {
+                out.push(c);
+                while let Some(&s) = chars.peek().filter(|s| **s != '\n') {
+                    out.push(s);
+                    chars.next();
+                }
+            }
+            '[' => {
+                brackets += 1;
+                out.push(c);
+            }
+            ']' => {
+                brackets = brackets.saturating_sub(1);
+                out.push(c);
+            }
+            '{' => out.push_str("{\n"),
+            '}' => out.push_str("\n}\n"),
+            ',' if brackets == 0 => out.push('\n'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 fn parse_hcl(text: &str) -> Result<Rules, RuleError> {
-    let body = hcl_edit::parser::parse_body(text).map_err(|e| RuleError {
-        line: e.location().line(),
-        column: e.location().column(),
-        message: e.message().to_owned(),
-    })?;
+    let body = match hcl_edit::parser::parse_body(text) {
+        Ok(body) => body,
+        // Errors name the text as written; positions in the relaid text would not.
+        Err(e) => match hcl_edit::parser::parse_body(&hcl1_layout(text)) {
+            Ok(_) => return parse_hcl(&hcl1_layout(text)),
+            Err(_) => {
+                return Err(RuleError {
+                    line: e.location().line(),
+                    column: e.location().column(),
+                    message: e.message().to_owned(),
+                });
+            }
+        },
+    };
     let mut rules = Rules::default();
     for structure in body.iter() {
         match structure {

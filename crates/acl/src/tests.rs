@@ -7,6 +7,45 @@ fn authz(texts: &[&str], default_allow: bool) -> Authorizer {
     Authorizer::new(&rules, default_allow)
 }
 
+/// Rules as Consul's HCL 1 takes them (the layouts its docs and users write), each read
+/// the same as the one-block-per-line form.
+#[test]
+fn consul_hcl1_layouts_parse_as_their_multiline_forms() {
+    let corpus = [
+        (
+            r#"service "web" { policy = "write" } node_prefix "" { policy = "read" }"#,
+            "service \"web\" {\n policy = \"write\"\n}\nnode_prefix \"\" {\n policy = \"read\"\n}",
+        ),
+        (
+            r#"service_prefix "" { policy = "read" intentions = "read" }"#,
+            "service_prefix \"\" {\n policy = \"read\"\n intentions = \"read\"\n}",
+        ),
+        (
+            "service \"db\" {\n\tpolicy = \"read\",\n\tintentions = \"deny\"\n}",
+            "service \"db\" {\n policy = \"read\"\n intentions = \"deny\"\n}",
+        ),
+        (
+            r#"acl = "read" operator = "write" keyring = "read""#,
+            "acl = \"read\"\noperator = \"write\"\nkeyring = \"read\"",
+        ),
+        (
+            "# a comment { with braces }\nkey_prefix \"app/{x}\" { policy = \"list\" } session_prefix \"\" { policy = \"write\" }",
+            "key_prefix \"app/{x}\" {\n policy = \"list\"\n}\nsession_prefix \"\" {\n policy = \"write\"\n}",
+        ),
+        (
+            r#"agent_prefix "" { policy = "read" } event_prefix "" { policy = "read" } query_prefix "" { policy = "read" }"#,
+            "agent_prefix \"\" {\n policy = \"read\"\n}\nevent_prefix \"\" {\n policy = \"read\"\n}\nquery_prefix \"\" {\n policy = \"read\"\n}",
+        ),
+    ];
+    for (one_line, multiline) in corpus {
+        let got = Rules::parse(one_line).unwrap_or_else(|e| panic!("{one_line}: {e}"));
+        assert_eq!(got, Rules::parse(multiline).unwrap(), "{one_line}");
+    }
+    // What HCL 1 does not take either is still an error, at its place in the text as written.
+    let e = Rules::parse(r#"service "web" { policy = }"#).unwrap_err();
+    assert_eq!(e.line, 1, "{e}");
+}
+
 #[test]
 fn hcl_and_json_forms_parse_to_the_same_rules() {
     let hcl = r#"
