@@ -33,7 +33,7 @@ fn a_service_without_entries_compiles_to_the_default_chain() {
         CompiledDiscoveryChain::default_for("api", "dc1", "td.consul", Protocol::Tcp)
     );
     assert!(chain.default);
-    assert_eq!(chain.start_node, "resolver:api.default.dc1");
+    assert_eq!(chain.start_node, "resolver:api.default.default.dc1");
 }
 
 #[test]
@@ -59,16 +59,20 @@ fn a_router_compiles_routes_in_order_with_a_catch_all() {
     assert_eq!(
         next,
         [
-            "resolver:v2.web.default.dc1",
-            "resolver:admin.default.dc1",
-            "resolver:web.default.dc1"
+            "resolver:v2.web.default.default.dc1",
+            "resolver:admin.default.default.dc1",
+            "resolver:web.default.default.dc1"
         ]
     );
     let last = &router.routes[2].definition;
     assert_eq!(last.match_.as_ref().unwrap().http.as_ref().unwrap().path_prefix, "/");
     assert_eq!(
         targets(&chain),
-        ["admin.default.dc1", "v2.web.default.dc1", "web.default.dc1"]
+        [
+            "admin.default.default.dc1",
+            "v2.web.default.default.dc1",
+            "web.default.default.dc1"
+        ]
     );
     let v2 = &chain.targets[&structs::TargetId::new("v2", "web", "default", "dc1")];
     assert_eq!(v2.subset.filter, "Service.Meta.version == v2");
@@ -99,9 +103,9 @@ fn splitters_flatten_nested_splitters_and_keep_two_decimals() {
     assert_eq!(
         legs,
         [
-            (80.0, "resolver:v1.web.default.dc1"),
-            (6.67, "resolver:web-v2.default.dc1"),
-            (13.33, "resolver:web-v2.default.dc1")
+            (80.0, "resolver:v1.web.default.default.dc1"),
+            (6.67, "resolver:web-v2.default.default.dc1"),
+            (13.33, "resolver:web-v2.default.default.dc1")
         ]
     );
     assert!(splitter.splits[0].definition.request_headers.is_some());
@@ -137,7 +141,7 @@ fn resolver_default_subset_redirect_failover_and_load_balancer() {
             "LoadBalancer": {"Policy": "ring_hash", "HashPolicies": [{"Field": "header", "FieldValue": "x-user"}]}}))
         .with(json!({"Kind": "service-resolver", "Name": "old-api", "Redirect": {"Service": "api", "ServiceSubset": "v2"}}));
     let chain = f.compile("api").unwrap();
-    assert_eq!(chain.start_node, "resolver:v1.api.default.dc1");
+    assert_eq!(chain.start_node, "resolver:v1.api.default.default.dc1");
     let node = &chain.nodes[&chain.start_node];
     let r = node.resolver.as_ref().unwrap();
     assert_eq!(r.connect_timeout.0, std::time::Duration::from_secs(2));
@@ -153,7 +157,7 @@ fn resolver_default_subset_redirect_failover_and_load_balancer() {
     assert_eq!(primary.load_balancer.as_ref().unwrap().policy, "ring_hash");
 
     let redirected = f.compile("old-api").unwrap();
-    assert_eq!(redirected.start_node, "resolver:v2.api.default.dc1");
+    assert_eq!(redirected.start_node, "resolver:v2.api.default.default.dc1");
     assert_eq!(redirected.service_name, "old-api");
     // v2 has no own failover: "*" applies.
     let r = redirected.nodes[&redirected.start_node].resolver.as_ref().unwrap();
@@ -161,7 +165,10 @@ fn resolver_default_subset_redirect_failover_and_load_balancer() {
         r.failover.as_ref().unwrap().targets,
         [structs::TargetId::new("", "api-backup", "default", "dc1")]
     );
-    assert_eq!(targets(&redirected), ["api-backup.default.dc1", "v2.api.default.dc1"]);
+    assert_eq!(
+        targets(&redirected),
+        ["api-backup.default.default.dc1", "v2.api.default.default.dc1"]
+    );
 }
 
 #[test]
@@ -208,7 +215,7 @@ fn failover_targets_keep_order_and_drop_the_primary() {
         .iter()
         .map(|t| t.as_str())
         .collect();
-    assert_eq!(ids, ["b.api.default.dc1", "api-dr.default.dc1"]);
+    assert_eq!(ids, ["b.api.default.default.dc1", "api-dr.default.default.dc1"]);
 }
 
 #[test]
@@ -309,7 +316,7 @@ fn other_datacenters_become_targets_there() {
         (dc2.datacenter.as_str(), dc2.sni.as_str()),
         ("dc2", "api.default.dc2.internal.td.consul")
     );
-    let failover = chain.nodes["resolver:api.default.dc1"]
+    let failover = chain.nodes["resolver:api.default.default.dc1"]
         .resolver
         .as_ref()
         .unwrap()
@@ -325,7 +332,7 @@ fn other_datacenters_become_targets_there() {
     let f = Fixture::default()
         .with(json!({"Kind": "service-resolver", "Name": "api", "Redirect": {"Service": "api2", "Datacenter": "dc3"}}));
     let chain = f.compile("api").unwrap();
-    assert_eq!(chain.start_node, "resolver:api2.default.dc3");
+    assert_eq!(chain.start_node, "resolver:api2.default.default.dc3");
     assert_eq!(
         chain.targets.keys().collect::<Vec<_>>(),
         [&structs::TargetId::new("", "api2", "default", "dc3")]
@@ -422,7 +429,7 @@ fn an_upstream_overriding_to_tcp_skips_routers_and_splitters() {
     )
     .unwrap();
     assert_eq!(chain.protocol, Protocol::Tcp);
-    assert_eq!(chain.start_node, "resolver:web.default.dc1");
+    assert_eq!(chain.start_node, "resolver:web.default.default.dc1");
     assert_eq!(chain.nodes.len(), 1);
 }
 
@@ -452,7 +459,10 @@ fn failover_targets_follow_their_redirects_and_datacenter_failover_keeps_the_sub
             "Failover": {"v1": {"Service": "api-old"}, "v2": {"Datacenters": ["dc1"]}}}))
         .with(json!({"Kind": "service-resolver", "Name": "api-old", "Redirect": {"Service": "api-dr"}}));
     let chain = f.compile("api").unwrap();
-    let r = chain.nodes["resolver:v1.api.default.dc1"].resolver.as_ref().unwrap();
+    let r = chain.nodes["resolver:v1.api.default.default.dc1"]
+        .resolver
+        .as_ref()
+        .unwrap();
     assert_eq!(
         r.failover.as_ref().unwrap().targets,
         [structs::TargetId::new("", "api-dr", "default", "dc1")]

@@ -70,7 +70,10 @@ async fn chain_change_cancels_exactly_the_obsolete_target_watches() {
     assert_eq!(f.fakes.health.active_for(&v2), 1);
     let api = &snap.connect_proxy().unwrap().upstreams[&upstream_id("api")];
     let targets: Vec<String> = api.endpoints.keys().map(|t| t.to_string()).collect();
-    assert_eq!(targets, vec!["v1.api.default.dc1", "v2.api.default.dc1"]);
+    assert_eq!(
+        targets,
+        vec!["v1.api.default.default.dc1", "v2.api.default.default.dc1"]
+    );
     assert_eq!(api.endpoints[&TargetId::new("v2", "api", "default", "dc1")].len(), 2);
 
     // Drop only v2: v1's watch keeps running (not restarted), v2's is cancelled.

@@ -5,19 +5,21 @@ use crate::config_entry::{LoadBalancer, ServiceRoute, ServiceSplit};
 use serde::{Deserialize, Serialize};
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
-/// Identifies one chain target: `[subset.]service.namespace.datacenter`. Shared, since every
+/// Identifies one chain target: `[subset.]service.namespace.partition.datacenter`, as Consul
+/// (1.11 and later) names them (the partition is always `default`). Shared, since every
 /// proxy watching a target holds its id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TargetId(pub Arc<str>);
 
 impl TargetId {
-    /// The id of `service` (optionally a subset) in `namespace` and `datacenter`.
+    /// The id of `service` (optionally a subset) in `namespace` (of the default partition)
+    /// and `datacenter`.
     pub fn new(subset: &str, service: &str, namespace: &str, datacenter: &str) -> Self {
         if subset.is_empty() {
-            TargetId(format!("{service}.{namespace}.{datacenter}").into())
+            TargetId(format!("{service}.{namespace}.default.{datacenter}").into())
         } else {
-            TargetId(format!("{subset}.{service}.{namespace}.{datacenter}").into())
+            TargetId(format!("{subset}.{service}.{namespace}.default.{datacenter}").into())
         }
     }
 
