@@ -35,7 +35,8 @@ def test_register_with_sidecar_and_read_back(client):
 
     index, services = client.catalog.services()
     assert int(index) >= 1
-    assert services == {"api": ["v1"], "api-sidecar-proxy": []}
+    # With the servers' own `consul` service, as in Consul.
+    assert services == {"api": ["v1"], "api-sidecar-proxy": [], "consul": []}
 
     _, nodes = client.catalog.service("api")
     assert [(n["Node"], n["ServiceID"], n["ServicePort"]) for n in nodes] == [("node-1", "api", 8080)]
@@ -167,10 +168,12 @@ def test_deregister(client):
     _, connect = client.health.connect("api")
     assert connect == []
     assert client.catalog.deregister("node-1") is True
+    # What is left is the servers' own registrations: their nodes and the `consul` service.
+    _, servers = client.catalog.service("consul")
     _, nodes = client.catalog.nodes()
-    assert nodes == []
+    assert sorted(n["Node"] for n in nodes) == sorted(s["Node"] for s in servers)
     _, services = client.catalog.services()
-    assert services == {}
+    assert services == {"consul": []}
 
 
 def test_bad_input_is_a_400_naming_the_field(client):
@@ -208,25 +211,25 @@ def test_discovery_chain_compiled_with_overrides(client):
     assert chain["Protocol"] == "http"
     assert chain["StartNode"] == "router:web.default.default"
     router = chain["Nodes"]["router:web.default.default"]
-    assert [r["NextNode"] for r in router["Routes"]] == ["resolver:v2.web.default.dc1", "splitter:web.default.default"]
+    assert [r["NextNode"] for r in router["Routes"]] == ["resolver:v2.web.default.default.dc1", "splitter:web.default.default"]
     splits = chain["Nodes"]["splitter:web.default.default"]["Splits"]
     assert [(s["Weight"], s["NextNode"]) for s in splits] == [
-        (90, "resolver:v1.web.default.dc1"),
-        (10, "resolver:v2.web.default.dc1"),
+        (90, "resolver:v1.web.default.default.dc1"),
+        (10, "resolver:v2.web.default.default.dc1"),
     ]
-    v1 = chain["Nodes"]["resolver:v1.web.default.dc1"]["Resolver"]
+    v1 = chain["Nodes"]["resolver:v1.web.default.default.dc1"]["Resolver"]
     assert v1["ConnectTimeout"] == "3s"
-    assert v1["Failover"]["Targets"] == ["v2.web.default.dc1"]
-    assert chain["Targets"]["v1.web.default.dc1"]["Subset"]["Filter"] == "Service.Meta.version == v1"
+    assert v1["Failover"]["Targets"] == ["v2.web.default.default.dc1"]
+    assert chain["Targets"]["v1.web.default.default.dc1"]["Subset"]["Filter"] == "Service.Meta.version == v1"
 
     # Overrides go in a POST body.
     chain = client.discovery_chain.get("web", override_protocol="grpc", override_connect_timeout="7s")["Chain"]
     assert chain["Protocol"] == "grpc"
-    assert chain["Nodes"]["resolver:v1.web.default.dc1"]["Resolver"]["ConnectTimeout"] == "7s"
+    assert chain["Nodes"]["resolver:v1.web.default.default.dc1"]["Resolver"]["ConnectTimeout"] == "7s"
     # A service without entries has the default chain.
     chain = client.discovery_chain.get("db")["Chain"]
     assert chain["Default"] is True
-    assert chain["StartNode"] == "resolver:db.default.dc1"
+    assert chain["StartNode"] == "resolver:db.default.default.dc1"
 
 
 def test_config_entries_that_break_a_chain_are_refused_naming_entry_and_field(client):

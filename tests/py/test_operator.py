@@ -27,7 +27,10 @@ def test_usage_counts_the_catalog(client):
         "Proxy": {"DestinationServiceName": "web"}})
     usage = client.http.get(lambda r: __import__("json").loads(r.body), "/v1/operator/usage")
     dc = next(iter(usage["Usage"].values()))
-    assert dc["Nodes"] == 1 and dc["ServiceInstances"] == 2 and dc["Services"] == 2
+    # Each server is in the catalog too, as a node with the `consul` service (not billable).
+    _, servers = client.catalog.service("consul")
+    assert servers
+    assert dc["Nodes"] == 1 + len(servers) and dc["ServiceInstances"] == 2 + len(servers) and dc["Services"] == 3
     assert dc["ConnectServiceInstances"]["connect-proxy"] == 1
     assert dc["BillableServiceInstances"] == 1
 

@@ -172,15 +172,16 @@ def test_the_dashboard_shows_services_live_proxy_sync_and_the_intention_matrix(c
 
         # Services.
         chrome.open(f"http://{http}/ui#services")
-        chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 4", "the services table")
+        # The server's own `consul` service is listed too, as in Consul's UI.
+        chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 5", "the services table")
         listed = chrome.eval("[...document.querySelectorAll('#services tr[data-service]')].map(r => r.dataset.service)")
-        assert listed == ["api", "billing", "client", "web"]
+        assert listed == ["api", "billing", "client", "consul", "web"]
         cell = "document.querySelector('#services tr[data-service=\"{}\"] td.health').innerText"
         assert chrome.eval(cell.format("web")) == "1 passing"
         assert chrome.eval(cell.format("billing")) == "1 critical"
         # The cards count instances, and critical ones.
         cards = chrome.eval("[...document.querySelectorAll('.card')].map(c => [...c.children].map(x => x.textContent).join(' '))")
-        assert cards == ["4 services", "4 instances", "1 critical instances"], cards
+        assert cards == ["5 services", "5 instances", "1 critical instances"], cards
         chrome.screenshot("services")
 
         # A proxy (a proxyless gRPC client) connected to this server.
@@ -316,7 +317,7 @@ def test_with_acls_the_dashboard_asks_for_a_token_and_uses_it(chrome):
         assert "hidden by ACLs" in chrome.eval("document.getElementById('filtered').innerText")
         chrome.eval(f"document.getElementById('token').value = {json.dumps(secret)}; "
                     "document.getElementById('login').requestSubmit(); true")
-        chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 1", "the list with the token")
+        chrome.wait("document.querySelectorAll('#services tr[data-service]').length === 2", "the list with the token (web and the server's consul)")
         assert chrome.eval("document.getElementById('filtered') === null"), "nothing hidden from management"
         chrome.open(f"http://{http}/ui#proxies")
         chrome.wait("!!document.getElementById('count-proxies')", "the proxies page, allowed with the token")

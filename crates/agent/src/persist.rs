@@ -71,25 +71,11 @@ pub fn random_uuid() -> io::Result<String> {
 /// first start. A file that does not hold a UUID is an error naming it, not replaced: the
 /// catalog knows the node by it.
 pub fn node_id(data_dir: &Path) -> io::Result<String> {
-    let path = data_dir.join("node-id");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let id = text.trim();
-            if uuid::Uuid::parse_str(id).is_err() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} does not hold a UUID", path.display()),
-                ));
-            }
-            Ok(id.to_owned())
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let id = random_uuid()?;
-            atomic_file::write_atomic(&path, id.as_bytes(), 0o600)?;
-            Ok(id)
-        }
-        Err(e) => Err(e),
-    }
+    atomic_file::kept_id(
+        &data_dir.join("node-id"),
+        |id| uuid::Uuid::parse_str(id).is_ok(),
+        random_uuid,
+    )
 }
 
 impl Persistence {
@@ -182,7 +168,7 @@ mod tests {
         assert_eq!(node_id(dir.path()).unwrap(), first, "the same id at every start");
         std::fs::write(dir.path().join("node-id"), "not-a-uuid").unwrap();
         let e = node_id(dir.path()).unwrap_err();
-        assert!(e.to_string().ends_with("node-id does not hold a UUID"), "{e}");
+        assert!(e.to_string().ends_with("node-id does not hold a valid id"), "{e}");
     }
 
     #[test]

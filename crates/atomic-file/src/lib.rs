@@ -46,6 +46,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     sync_dir(dir)
 }
 
+/// The id kept in the file at `path`: read when it exists (it must pass `valid`, else an
+/// error naming the file: whoever knows the holder by that id must not see it change), else
+/// made by `make` and written (`0600`) at once. A node's id across restarts.
+pub fn kept_id(
+    path: &Path,
+    valid: impl Fn(&str) -> bool,
+    make: impl FnOnce() -> io::Result<String>,
+) -> io::Result<String> {
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let id = text.trim();
+            if !valid(id) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} does not hold a valid id", path.display()),
+                ));
+            }
+            Ok(id.to_owned())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let id = make()?;
+            write_atomic(path, id.as_bytes(), 0o600)?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A file name for an id that may hold any character (a service id, a proxy id): letters,
 /// digits, `-` and `_` stay, `.` stays unless it leads, anything else becomes `%XX`. Distinct
 /// ids give distinct names, and no name leaves its directory or hides as a dot file.

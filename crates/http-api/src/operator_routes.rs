@@ -178,7 +178,8 @@ pub(crate) async fn usage(State(api): State<Api>, authz: Authz, RawQuery(q): Raw
             if let Some(kind) = kind {
                 *connect.entry(kind).or_default() += 1;
             }
-            if matches!(svc.kind, ServiceKind::Typical) {
+            // The servers' own `consul` service is not billable, as in Consul.
+            if matches!(svc.kind, ServiceKind::Typical) && svc.service != "consul" {
                 billable += 1;
             }
         }

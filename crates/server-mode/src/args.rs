@@ -65,6 +65,10 @@ pub struct ServerArgs {
     /// This server's node name.
     #[arg(long = "node", value_name = "NAME", default_value_t = node::host_name())]
     pub node: String,
+    /// This server's node id (a UUID; default: kept in `<data-dir>/node-id`, made at the
+    /// first start; a new one every start with `-dev`).
+    #[arg(long = "node-id", value_name = "UUID")]
+    pub node_id: Option<String>,
     /// Write logs as JSON lines.
     #[arg(long = "log-json")]
     pub log_json: bool,

@@ -13,6 +13,7 @@ mod federation;
 mod forward;
 mod peer;
 mod replication;
+mod self_registration;
 mod store;
 
 pub use args::ServerArgs;
@@ -211,6 +212,8 @@ pub struct ServerMode {
     peerings: Arc<peering::Peerings>,
     /// Ends the peering streams (when the server drains).
     peering_stop: CancellationToken,
+    /// This server's node id (its node in the catalog, `/v1/agent/self`).
+    node_id: String,
 }
 
 /// What peers dial to reach this cluster's servers: this server's gRPC TLS address and those
@@ -238,6 +241,19 @@ impl node::tls::ServerNames for PeeringNames {
     }
 }
 
+/// `-node-id`, else the id kept in the data dir, else (`-dev`) a new one.
+fn server_node_id(args: &ServerArgs) -> Result<String, ServerError> {
+    let is_uuid = |id: &str| uuid::Uuid::parse_str(id).is_ok();
+    let new_id = || catalog::ca::new_uuid().map_err(std::io::Error::other);
+    match (&args.node_id, &args.data_dir) {
+        (Some(id), _) if is_uuid(id) => Ok(id.clone()),
+        (Some(id), _) => Err(ServerError::Flags(format!("-node-id {id:?}: not a UUID"))),
+        (None, Some(dir)) if !args.dev => atomic_file::kept_id(&dir.join("node-id"), is_uuid, new_id)
+            .map_err(|e| ServerError::Store(format!("-data-dir {}: the node id: {e}", dir.display()))),
+        _ => new_id().map_err(|e| ServerError::Store(format!("a node id: {e}"))),
+    }
+}
+
 impl ServerMode {
     /// The mode over an open `store`: ACLs initialised when enabled.
     pub async fn start(
@@ -246,6 +262,7 @@ impl ServerMode {
         api_addr: SocketAddr,
         grpc_tls_addr: Option<SocketAddr>,
     ) -> Result<Self, ServerError> {
+        let node_id = server_node_id(&args)?;
         let acl = Arc::new(Resolver::new(AclSettings {
             enabled: args.acl_enabled,
             default_allow: args.acl_default_policy == "allow",
@@ -317,6 +334,7 @@ impl ServerMode {
         Ok(Self {
             peerings,
             peering_stop,
+            node_id,
             args,
             store,
             acl,
@@ -391,12 +409,7 @@ impl Mode for ServerMode {
     fn routes(&self, engine: &Engine) -> axum::Router {
         let api = http_api::ApiConfig {
             node_name: self.args.node.clone(),
-            node_id: self
-                .store
-                .read()
-                .ca()
-                .map(|ca| ca.cluster_id.clone())
-                .unwrap_or_default(),
+            node_id: self.node_id.clone(),
             server_addr: self.api_addr.to_string(),
             ports: self.ports,
             metrics: Arc::clone(&self.http_metrics),
@@ -447,6 +460,15 @@ impl Mode for ServerMode {
         );
         let (liveness, until) = (Arc::clone(&self.liveness), stop.clone());
         tasks.spawn(async move { liveness.run(until.cancelled()).await }.instrument(info_span!("node_liveness")));
+        let me = self_registration::SelfRegistration {
+            store: self.store.clone(),
+            liveness: Arc::clone(&self.liveness),
+            node: self.args.node.clone(),
+            node_id: self.node_id.clone(),
+            api_addr: self.api_addr,
+            wan: self.wan.0.clone(),
+        };
+        tasks.spawn(me.run(stop.clone()).instrument(info_span!("self_registration")));
         // Leader work (every server runs it; it acts only while leading): removing CA roots
         // rotated out once no leaf they signed can still be valid.
         let pruner = catalog::ca_pruning::RootPruner::new(self.store.clone());
