@@ -70,6 +70,10 @@ pub fn router(agent: Agent) -> Router {
         .with_state(agent)
 }
 
+/// How long a registration's answer waits for the servers to have it (Consul's agents sync
+/// before answering too); past it the answer goes and the change syncs after.
+const SYNC_BEFORE_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn register_service(
     State(agent): State<Agent>,
     q: Params,
@@ -87,6 +91,7 @@ async fn register_service(
     agent
         .register_service_as(def, q.bool("replace-existing-checks")?, &who)
         .await?;
+    agent.sync_changes(SYNC_BEFORE_ANSWER).await;
     Ok(ok_empty())
 }
 
@@ -98,6 +103,7 @@ async fn deregister_service(
 ) -> Result<Response, HttpError> {
     let (_, who) = resolve(&agent, &headers, &q).await?;
     agent.deregister_service_as(&id, &who).await?;
+    agent.sync_changes(SYNC_BEFORE_ANSWER).await;
     Ok(ok_empty())
 }
 

@@ -117,6 +117,11 @@ impl LocalState {
         self.version.subscribe()
     }
 
+    /// The current change count (what [`LocalState::subscribe`] sees).
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
+    }
+
     /// Waits for changes of the services only (see [`LocalState::subscribe`]).
     pub fn subscribe_services(&self) -> watch::Receiver<u64> {
         self.services_version.subscribe()

@@ -307,6 +307,15 @@ impl Agent {
         self.0.cancel.cancelled().await;
     }
 
+    /// Waits (at most `limit`) until the servers have every local change made so far, as
+    /// Consul's agents sync a registration before answering it: a client reads its own
+    /// write from any server. Returns at once while the servers cannot be reached (the
+    /// change syncs when they can).
+    pub async fn sync_changes(&self, limit: std::time::Duration) -> bool {
+        let version = self.0.state.version();
+        self.0.syncer.wait_synced(version, limit).await
+    }
+
     /// Waits for the first successful full sync.
     pub async fn wait_first_sync(&self) {
         self.0.syncer.wait_first_sync().await;

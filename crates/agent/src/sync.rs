@@ -148,6 +148,10 @@ pub struct Syncer<C = Servers> {
     node: Arc<NodeInfo>,
     config: SyncConfig,
     synced_once: tokio::sync::watch::Sender<bool>,
+    /// The local state's change count the last successful sync pushed everything of (0
+    /// before the first); `None` while the last attempt failed (the servers cannot be
+    /// reached or refuse).
+    synced_through: tokio::sync::watch::Sender<Option<u64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -168,6 +172,20 @@ impl<C: CatalogApi> Syncer<C> {
             node: Arc::new(node),
             config,
             synced_once: tokio::sync::watch::channel(false).0,
+            // Nothing synced yet, and nothing failed: a wait waits for the first sync.
+            synced_through: tokio::sync::watch::channel(Some(0)).0,
+        }
+    }
+
+    /// Waits (at most `limit`) until a sync has pushed every local change up to `version`:
+    /// true once it has. False at once while the servers cannot be reached (the change stays
+    /// pending and syncs when they can).
+    pub async fn wait_synced(&self, version: u64, limit: Duration) -> bool {
+        let mut rx = self.synced_through.subscribe();
+        let reached = rx.wait_for(|s| s.is_none_or(|through| through >= version));
+        match tokio::time::timeout(limit, reached).await {
+            Ok(Ok(s)) => s.is_some(),
+            _ => false,
         }
     }
 
@@ -190,7 +208,7 @@ impl<C: CatalogApi> Syncer<C> {
         let mut next_full = tokio::time::Instant::now();
         let mut said_denied = false;
         loop {
-            changes.borrow_and_update();
+            let seen = *changes.borrow_and_update();
             let result = if full {
                 self.full_sync().await
             } else {
@@ -199,6 +217,7 @@ impl<C: CatalogApi> Syncer<C> {
             match result {
                 Ok(()) => {
                     said_denied = false;
+                    self.synced_through.send_replace(Some(seen));
                     if backoff.failures() > 0 {
                         info!(
                             server = self.servers.describe(),
@@ -213,6 +232,7 @@ impl<C: CatalogApi> Syncer<C> {
                     }
                 }
                 Err(error) => {
+                    self.synced_through.send_replace(None);
                     let delay = backoff.next_delay();
                     let denied = matches!(error, ApiError::PermissionDenied(_));
                     if denied && !said_denied {
