@@ -41,7 +41,6 @@ pub(crate) fn add(r: &mut Routes) {
     r.add("/v1/acl/roles", get(role_list));
     r.add("/v1/internal/acl/authorizer", get(authorizer));
     r.add("/v1/acl/replication", get(replication));
-    crate::auth_method_routes::add(r);
 }
 
 /// `GET /v1/acl/replication` (no permission needed, as Consul): a secondary datacenter's
@@ -465,12 +464,44 @@ async fn policy_read(
     read_one(&api, &authz, q.as_deref(), IndexKey::AclPolicies, |s| s.acl_policy(&id)).await
 }
 
+/// A name from a path, percent-decoded once more when it still holds escapes: Consul's Go
+/// client escapes a name (`builtin/global-read-only` -> `builtin%2Fglobal-read-only`) and
+/// its URL encoding escapes it again, and Consul's servers decode twice. No policy or role
+/// name holds a `%` of its own (they are letters, digits, `-`, `_`, and the built-ins' `/`).
+fn unescape_again(name: String) -> String {
+    if !name.contains('%') {
+        return name;
+    }
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or(name)
+}
+
 async fn policy_read_by_name(
     State(api): State<Api>,
     authz: Authz,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
+    let name = unescape_again(name);
     read_one(&api, &authz, q.as_deref(), IndexKey::AclPolicies, |s| {
         s.acl_policy_by_name(&name)
     })
@@ -580,6 +611,7 @@ async fn role_read_by_name(
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
+    let name = unescape_again(name);
     read_one(&api, &authz, q.as_deref(), IndexKey::AclRoles, |s| {
         s.acl_role_by_name(&name).map(|r| role_out(s, &r))
     })

@@ -87,6 +87,18 @@ pub(crate) struct ApiParts {
     pub(crate) verifier: auth_method::Verifier,
 }
 
+/// The auditor of an API serving `store` with `config`.
+pub(crate) fn auditor(store: &Store, config: &ApiConfig) -> crate::audit::Auditor {
+    crate::audit::Auditor {
+        store: store.clone(),
+        enabled: config.audit,
+        server: config.node_name.clone(),
+        max_body: config.max_body,
+        file: config.audit_file.clone(),
+        metrics: Arc::clone(&config.metrics),
+    }
+}
+
 impl Api {
     pub(crate) fn new(parts: ApiParts) -> Self {
         Self(Arc::new(parts))

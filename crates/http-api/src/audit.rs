@@ -92,20 +92,6 @@ pub(crate) struct Auditor {
     pub(crate) metrics: Arc<HttpMetrics>,
 }
 
-impl Auditor {
-    /// The auditor of an API serving `store` with `config`.
-    pub(crate) fn new(store: &Store, config: &crate::ApiConfig) -> Self {
-        Auditor {
-            store: store.clone(),
-            enabled: config.audit,
-            server: config.node_name.clone(),
-            max_body: config.max_body,
-            file: config.audit_file.clone(),
-            metrics: Arc::clone(&config.metrics),
-        }
-    }
-}
-
 /// Runs a request that the ACL middleware resolved: a write request is audited (see the
 /// module's docs); anything else is passed to `next` untouched.
 pub(crate) async fn audited<F, Fut>(api: &Auditor, req: Request, next: F) -> Response

@@ -32,7 +32,7 @@ struct CaConfigurationOut<'a> {
     #[serde(rename = "Provider")]
     provider: &'static str,
     #[serde(rename = "Config")]
-    config: &'a CaConfig,
+    config: CaConfigOut<'a>,
     #[serde(rename = "ClusterID")]
     cluster_id: &'a str,
     #[serde(rename = "ForceWithoutCrossSigning")]
@@ -42,6 +42,20 @@ struct CaConfigurationOut<'a> {
     #[serde(rename = "ModifyIndex")]
     modify_index: Index,
 }
+
+/// The built-in CA's settings with Consul's `IntermediateCertTTL`, which the built-in CA
+/// shows at Consul's default and cannot change: it signs leaves with its root (a client that
+/// writes back what it read sends the same value, which is accepted).
+#[derive(serde::Serialize)]
+struct CaConfigOut<'a> {
+    #[serde(flatten)]
+    config: &'a CaConfig,
+    #[serde(rename = "IntermediateCertTTL")]
+    intermediate_cert_ttl: &'static str,
+}
+
+/// Consul's default `IntermediateCertTTL` (a year), the only value the built-in CA takes.
+const INTERMEDIATE_CERT_TTL: &str = "8760h0m0s";
 
 pub(crate) async fn ca_configuration(
     State(api): State<Api>,
@@ -56,7 +70,10 @@ pub(crate) async fn ca_configuration(
         .ok_or_else(|| ApiError::Internal("the CA is not initialised".into()))?;
     let out = CaConfigurationOut {
         provider: "consul",
-        config: &ca.config,
+        config: CaConfigOut {
+            config: &ca.config,
+            intermediate_cert_ttl: INTERMEDIATE_CERT_TTL,
+        },
         cluster_id: &ca.cluster_id,
         force_without_cross_signing: false,
         create_index: ca.create_index,
@@ -89,7 +106,12 @@ impl CaConfigPatch {
     fn refuse_others(&self) -> Result<(), ApiError> {
         for (key, value) in &self.others {
             let unset = value.is_null() || value.as_str() == Some("") || value.as_u64() == Some(0);
-            if unset {
+            let default_intermediate = key == "IntermediateCertTTL"
+                && value
+                    .as_str()
+                    .and_then(|s| GoDuration::parse(s).ok())
+                    .is_some_and(|d| Some(d) == GoDuration::parse(INTERMEDIATE_CERT_TTL).ok());
+            if unset || default_intermediate {
                 continue;
             }
             let why = match key.as_str() {
@@ -97,7 +119,7 @@ impl CaConfigPatch {
                     "a user-supplied root key or certificate is not supported: the built-in CA makes its own (change PrivateKeyType or PrivateKeyBits to rotate to a new root, cross-signed)"
                 }
                 "IntermediateCertTTL" => {
-                    "not supported: the built-in CA signs leaves with its root, without an intermediate"
+                    "only 8760h0m0s (Consul's default) is accepted: the built-in CA signs leaves with its root, without an intermediate"
                 }
                 _ => "not supported by the built-in CA",
             };

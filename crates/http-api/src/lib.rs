@@ -82,7 +82,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
-    let auditor = audit::Auditor::new(&store, &config);
+    let auditor = api::auditor(&store, &config);
     let api = Api::new(api::ApiParts {
         store,
         config,
@@ -164,7 +164,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/service-virtual-ip", get(ui::virtual_ips));
     federation::add(&mut r);
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
-    acl_routes::add(&mut r);
+    add_acl_routes(&mut r);
     let Routes { router, paths } = r;
     let router = router
         .merge(dashboard::routes())
@@ -173,6 +173,12 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
         .layer(middleware::from_fn_with_state(api.clone(), api::front))
         .with_state(api);
     (router, paths)
+}
+
+/// ACLs: tokens, policies, roles; auth methods, binding rules, login.
+fn add_acl_routes(r: &mut Routes) {
+    acl_routes::add(r);
+    auth_method_routes::add(r);
 }
 
 /// The KV store, sessions, transactions, events, operator views and coordinates.

@@ -302,15 +302,17 @@ impl Validate for TerminatingGateway {
                     ));
                 }
             }
+            // Paths are Envoy's to open: a relative one resolves against the gateway Envoy's
+            // working directory, as in Consul. Only what no file name can hold is refused.
             for (field, path) in [
                 ("CAFile", &svc.ca_file),
                 ("CertFile", &svc.cert_file),
                 ("KeyFile", &svc.key_file),
             ] {
-                if !path.is_empty() && !path.starts_with('/') {
+                if path.contains(['\0', '\n', '\r']) {
                     return Err(ValidationError::new(
                         format!("{at}.{field}"),
-                        Problem::Invalid(format!("{path:?} is not an absolute path")),
+                        Problem::Invalid(format!("{path:?} is not a file name")),
                     ));
                 }
             }

@@ -250,8 +250,8 @@ fn terminating_rules() {
             "Services[0].CAFile: required with SNI (SNI is sent only when the gateway originates TLS)",
         ),
         (
-            json!([{"Name": "a", "CAFile": "ca.pem"}]),
-            "Services[0].CAFile: \"ca.pem\" is not an absolute path",
+            json!([{"Name": "a", "CAFile": "ca\n.pem"}]),
+            "Services[0].CAFile: \"ca\\n.pem\" is not a file name",
         ),
         (
             json!([{"Name": "a", "Namespace": "ns"}]),
