@@ -106,16 +106,18 @@ fn nodes(server: &Server) -> (Vec<String>, u64) {
 fn sigterm_shuts_down_cleanly_and_state_persists() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().to_str().unwrap();
-    let server = Server::start(&["-data-dir", data_dir]);
+    let server = Server::start(&["-data-dir", data_dir, "-node", "srv"]);
     let client = reqwest::blocking::Client::new();
     assert!(register(&client, &server.addr, "n1").unwrap());
     let (_, index) = nodes(&server);
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
-    let server = Server::start(&["-data-dir", data_dir]);
+    let server = Server::start(&["-data-dir", data_dir, "-node", "srv"]);
     let (names, again) = nodes(&server);
-    assert_eq!(names, vec!["n1"]);
-    assert_eq!(again, index);
+    // n1, and the server's own node (servers are in their catalog; its API's new port is
+    // registered again, so the index may have moved on, never back).
+    assert_eq!(names, vec!["n1", "srv"]);
+    assert!(again >= index, "{again} < {index}");
     assert!(server.terminate().success());
 }
 

@@ -255,6 +255,19 @@ fn server_node_id(args: &ServerArgs) -> Result<String, ServerError> {
 }
 
 impl ServerMode {
+    /// What this server registers of itself in its catalog.
+    fn self_registration(&self) -> self_registration::SelfRegistration {
+        self_registration::SelfRegistration {
+            store: self.store.clone(),
+            liveness: Arc::clone(&self.liveness),
+            node: self.args.node.clone(),
+            node_id: self.node_id.clone(),
+            api_addr: self.api_addr,
+            wan: self.wan.0.clone(),
+            failing: Arc::default(),
+        }
+    }
+
     /// The mode over an open `store`: ACLs initialised when enabled.
     pub async fn start(
         args: ServerArgs,
@@ -331,7 +344,7 @@ impl ServerMode {
             },
             peering_stop.clone(),
         );
-        Ok(Self {
+        let mode = Self {
             peerings,
             peering_stop,
             node_id,
@@ -350,7 +363,10 @@ impl ServerMode {
             replicator,
             replication_metrics,
             audit_file,
-        })
+        };
+        // In its own catalog before it serves: its first clients find it in place.
+        mode.self_registration().once().await;
+        Ok(mode)
     }
 
     /// The same, listening on `ports` (`/v1/agent/self` shows them).
@@ -460,15 +476,11 @@ impl Mode for ServerMode {
         );
         let (liveness, until) = (Arc::clone(&self.liveness), stop.clone());
         tasks.spawn(async move { liveness.run(until.cancelled()).await }.instrument(info_span!("node_liveness")));
-        let me = self_registration::SelfRegistration {
-            store: self.store.clone(),
-            liveness: Arc::clone(&self.liveness),
-            node: self.args.node.clone(),
-            node_id: self.node_id.clone(),
-            api_addr: self.api_addr,
-            wan: self.wan.0.clone(),
-        };
-        tasks.spawn(me.run(stop.clone()).instrument(info_span!("self_registration")));
+        tasks.spawn(
+            self.self_registration()
+                .run(stop.clone())
+                .instrument(info_span!("self_registration")),
+        );
         // Leader work (every server runs it; it acts only while leading): removing CA roots
         // rotated out once no leaf they signed can still be valid.
         let pruner = catalog::ca_pruning::RootPruner::new(self.store.clone());

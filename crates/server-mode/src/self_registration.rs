@@ -24,6 +24,8 @@ pub(crate) struct SelfRegistration {
     pub(crate) api_addr: SocketAddr,
     /// How other datacenters reach this server (`host:port`).
     pub(crate) wan: String,
+    /// The last attempt failed (said once, not at every retry).
+    pub(crate) failing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SelfRegistration {
@@ -87,31 +89,46 @@ impl SelfRegistration {
                 .is_some_and(|s| s.service == "consul" && Some(s.port) == want.service.as_ref().map(|w| w.port))
     }
 
-    /// Registers, then heartbeats every third of the liveness timeout (registering again
-    /// whenever the catalog lost or changed the registration: a restore, a reap, a
-    /// deregistration by hand) until `stop`.
-    pub(crate) async fn run(self, stop: CancellationToken) {
+    /// Registers (when the catalog lacks or changed the registration) and heartbeats once;
+    /// true when both took. The server does it before it serves, so that its first clients
+    /// see it in place (and no index moves under them for it).
+    pub(crate) async fn once(&self) -> bool {
+        use std::sync::atomic::Ordering;
         let want = self.request();
-        let every = (self.liveness.config().timeout / 3).max(Duration::from_millis(100));
-        let mut warned = false;
-        loop {
-            if !self.registered(&want) {
-                match self.store.write(Op::Register(Box::new(want.clone()))).await {
-                    Ok(_) => warned = false,
-                    Err(e) if !warned => {
-                        tracing::warn!(node = %self.node, error = %e, "registering this server in the catalog failed; retrying");
-                        warned = true;
-                    }
-                    Err(_) => {}
+        let mut result = Ok(());
+        if !self.registered(&want) {
+            result = self.store.write(Op::Register(Box::new(want.clone()))).await.map(|_| ());
+        }
+        if result.is_ok() {
+            result = self.liveness.heartbeat(&self.node, &want.address).await;
+        }
+        match result {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(node = %self.node, "this server is in its catalog again");
                 }
+                true
             }
-            if let Err(e) = self.liveness.heartbeat(&self.node, &want.address).await {
-                tracing::debug!(error = %e, "this server's heartbeat");
+            Err(e) => {
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(node = %self.node, error = %e, "registering this server in its catalog failed; retrying");
+                }
+                false
             }
+        }
+    }
+
+    /// Then every third of the liveness timeout (registering again whenever the catalog
+    /// lost or changed the registration: a restore, a reap, a deregistration by hand) until
+    /// `stop`.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let every = (self.liveness.config().timeout / 3).max(Duration::from_millis(100));
+        loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
+            self.once().await;
         }
     }
 }
