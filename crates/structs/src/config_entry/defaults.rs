@@ -35,6 +35,15 @@ pub struct ProxyDefaults {
     /// Envoy extensions of every sidecar (before each service's own).
     #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
     pub envoy_extensions: Vec<super::EnvoyExtension>,
+    /// Consul's `MutualTLSMode`: only `strict` (see [`super::DefaultOnly`]).
+    #[serde(rename = "MutualTLSMode", skip_serializing_if = "Option::is_none")]
+    pub mutual_tls_mode: super::DefaultOnly,
+    /// Consul's `FailoverPolicy`: not supported (failover is each resolver's).
+    #[serde(rename = "FailoverPolicy", skip_serializing_if = "Option::is_none")]
+    pub failover_policy: super::DefaultOnly,
+    /// Consul's `PrioritizeByLocality`: only `none`.
+    #[serde(rename = "PrioritizeByLocality", skip_serializing_if = "Option::is_none")]
+    pub prioritize_by_locality: super::DefaultOnly,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -55,6 +64,14 @@ impl Validate for ProxyDefaults {
         crate::ProxyOptions::check_proxy(&self.config)?;
         crate::proxy::refuse_central_expose_checks(&self.expose)?;
         super::extensions::check_all(&self.envoy_extensions)?;
+        super::check_mutual_tls_mode(&self.mutual_tls_mode)?;
+        super::check_prioritize_by_locality(&self.prioritize_by_locality)?;
+        super::check_default_only(
+            "FailoverPolicy",
+            &self.failover_policy,
+            &[serde_json::json!({"Mode": "default"})],
+            "failover follows each service-resolver's Failover (only Mode \"default\")",
+        )?;
         self.access_logs.check("AccessLogs")
     }
 }
@@ -236,6 +253,9 @@ pub struct ServiceDefaults {
     /// Envoy extensions of the service's sidecars (after proxy-defaults').
     #[serde(rename = "EnvoyExtensions", skip_serializing_if = "Vec::is_empty")]
     pub envoy_extensions: Vec<super::EnvoyExtension>,
+    /// Consul's `MutualTLSMode`: only `strict` (see [`super::DefaultOnly`]).
+    #[serde(rename = "MutualTLSMode", skip_serializing_if = "Option::is_none")]
+    pub mutual_tls_mode: super::DefaultOnly,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -274,6 +294,7 @@ impl ServiceDefaults {
 impl Validate for ServiceDefaults {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::ServiceDefaults, &self.name)?;
+        super::check_mutual_tls_mode(&self.mutual_tls_mode)?;
         if !self.protocol.is_empty() {
             check_protocol("Protocol", &self.protocol)?;
         }

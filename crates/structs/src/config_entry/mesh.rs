@@ -121,6 +121,9 @@ pub struct MeshConfig {
     /// TLS settings.
     #[serde(rename = "TLS", skip_serializing_if = "Option::is_none")]
     pub tls: Option<MeshTlsConfig>,
+    /// Consul's `ValidateClusters`: only `false` (see [`super::DefaultOnly`]).
+    #[serde(rename = "ValidateClusters", skip_serializing_if = "Option::is_none")]
+    pub validate_clusters: super::DefaultOnly,
     /// HTTP settings.
     #[serde(rename = "HTTP", skip_serializing_if = "Option::is_none")]
     pub http: Option<MeshHttpConfig>,
@@ -200,6 +203,12 @@ fn version_rank(v: &str) -> Option<usize> {
 impl Validate for MeshConfig {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::Mesh, &self.name)?;
+        super::check_default_only(
+            "ValidateClusters",
+            &self.validate_clusters,
+            &[],
+            "meshd's routes never name a cluster it does not send (Envoy's validate_clusters stays off)",
+        )?;
         if let Some(tls) = &self.tls {
             for (dir, cfg) in [("Incoming", &tls.incoming), ("Outgoing", &tls.outgoing)] {
                 let Some(cfg) = cfg else { continue };

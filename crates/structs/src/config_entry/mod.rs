@@ -445,3 +445,54 @@ mod api_gateway_tests;
 mod gateway_tests;
 #[cfg(test)]
 mod tests;
+
+/// A setting Consul defines that meshd implements only at its default: kept as written (a
+/// read shows it), accepted when empty or at a value meshd's behaviour already is, refused
+/// otherwise with a 400 naming it and why: never quietly ignored.
+pub type DefaultOnly = Option<serde_json::Value>;
+
+/// Checks a [`DefaultOnly`] setting at `field`: empty (`null`, `""`, `{}`, `false`) or one of
+/// `honoured`, else an error saying `why`.
+pub(crate) fn check_default_only(
+    field: &str,
+    value: &DefaultOnly,
+    honoured: &[serde_json::Value],
+    why: &str,
+) -> Result<(), crate::validate::ValidationError> {
+    use serde_json::Value;
+    let Some(v) = value else { return Ok(()) };
+    let empty = match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(s) => s.is_empty(),
+        Value::Object(o) => o.values().all(|x| x.is_null() || x.as_str() == Some("")),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    if empty || honoured.contains(v) {
+        return Ok(());
+    }
+    Err(crate::validate::ValidationError::new(
+        field,
+        crate::validate::Problem::Invalid(format!("{v} is not supported: {why}")),
+    ))
+}
+
+/// `MutualTLSMode`: meshd's sidecars always require mTLS.
+pub(crate) fn check_mutual_tls_mode(value: &DefaultOnly) -> Result<(), crate::validate::ValidationError> {
+    check_default_only(
+        "MutualTLSMode",
+        value,
+        &[serde_json::json!("strict")],
+        "meshd's sidecars always require mTLS on their public listener (\"strict\")",
+    )
+}
+
+/// `PrioritizeByLocality`: meshd does not order endpoints by locality.
+pub(crate) fn check_prioritize_by_locality(value: &DefaultOnly) -> Result<(), crate::validate::ValidationError> {
+    check_default_only(
+        "PrioritizeByLocality",
+        value,
+        &[serde_json::json!({"Mode": "none"})],
+        "meshd does not order endpoints by locality (only Mode \"none\")",
+    )
+}

@@ -479,6 +479,12 @@ pub struct ServiceResolverFailover {
     /// Targets to try, in order (exclusive with the fields above).
     #[serde(rename = "Targets")]
     pub targets: Vec<ServiceResolverFailoverTarget>,
+    /// Consul's sameness group: not supported (see [`super::DefaultOnly`]).
+    #[serde(rename = "SamenessGroup", skip_serializing_if = "Option::is_none")]
+    pub sameness_group: super::DefaultOnly,
+    /// Consul's failover policy: only `default` (the order given).
+    #[serde(rename = "Policy", skip_serializing_if = "Option::is_none")]
+    pub policy: super::DefaultOnly,
 }
 
 /// One failover target.
@@ -500,6 +506,9 @@ pub struct ServiceResolverFailoverTarget {
     /// A peer exporting the service (cluster peering).
     #[serde(rename = "Peer", skip_serializing_if = "String::is_empty")]
     pub peer: String,
+    /// Consul's admin partition: only `default`.
+    #[serde(rename = "Partition", skip_serializing_if = "Option::is_none")]
+    pub partition: super::DefaultOnly,
 }
 
 /// Ring-hash sizes.
@@ -741,6 +750,9 @@ pub struct ServiceResolver {
     /// Load balancing of the service's instances.
     #[serde(rename = "LoadBalancer", skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancer>,
+    /// Consul's `PrioritizeByLocality`: only `none` (see [`super::DefaultOnly`]).
+    #[serde(rename = "PrioritizeByLocality", skip_serializing_if = "Option::is_none")]
+    pub prioritize_by_locality: super::DefaultOnly,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
@@ -755,6 +767,7 @@ pub struct ServiceResolver {
 impl Validate for ServiceResolver {
     fn validate(&self) -> Result<(), ValidationError> {
         check_entry_name(ConfigEntryKind::ServiceResolver, &self.name)?;
+        super::check_prioritize_by_locality(&self.prioritize_by_locality)?;
         for name in self.subsets.keys() {
             check_name(&format!("Subsets[{name:?}]"), name, "")?;
         }
@@ -795,45 +808,7 @@ impl Validate for ServiceResolver {
             }
         }
         for (key, f) in &self.failover {
-            if key != "*" && !self.subsets.contains_key(key) {
-                return Err(ValidationError::new(
-                    format!("Failover[{key:?}]"),
-                    Problem::Invalid("must be \"*\" or the name of a subset".into()),
-                ));
-            }
-            let classic = !f.service.is_empty() || !f.service_subset.is_empty() || !f.datacenters.is_empty();
-            if classic && !f.targets.is_empty() {
-                return Err(ValidationError::new(
-                    format!("Failover[{key:?}].Targets"),
-                    Problem::NotAllowed("together with Service, ServiceSubset or Datacenters"),
-                ));
-            }
-            if !classic && f.targets.is_empty() {
-                return Err(ValidationError::new(
-                    format!("Failover[{key:?}]"),
-                    Problem::Invalid("must name Targets, or a Service, ServiceSubset or Datacenters".into()),
-                ));
-            }
-            check_namespace(&format!("Failover[{key:?}].Namespace"), &f.namespace)?;
-            for (i, t) in f.targets.iter().enumerate() {
-                let at = format!("Failover[{key:?}].Targets[{i}]");
-                check_namespace(&format!("{at}.Namespace"), &t.namespace)?;
-                if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() && t.peer.is_empty() {
-                    return Err(ValidationError::new(
-                        at,
-                        Problem::Invalid("must name a Service, ServiceSubset, Datacenter or Peer".into()),
-                    ));
-                }
-                if !t.peer.is_empty() {
-                    crate::validate::check_peer_name(&format!("{at}.Peer"), &t.peer)?;
-                    if !t.service_subset.is_empty() || !t.datacenter.is_empty() {
-                        return Err(ValidationError::new(
-                            format!("{at}.Peer"),
-                            Problem::NotAllowed("together with ServiceSubset or Datacenter"),
-                        ));
-                    }
-                }
-            }
+            check_failover(self, key, f)?;
         }
         for (name, subset) in &self.subsets {
             if let Err(e) = subset.filter.parse::<crate::filter::Filter>() {
@@ -848,6 +823,68 @@ impl Validate for ServiceResolver {
         }
         Ok(())
     }
+}
+
+/// One `Failover` entry of a resolver (`key`: the subset it is for, or `*`).
+fn check_failover(resolver: &ServiceResolver, key: &str, f: &ServiceResolverFailover) -> Result<(), ValidationError> {
+    super::check_default_only(
+        &format!("Failover[{key:?}].SamenessGroup"),
+        &f.sameness_group,
+        &[],
+        "sameness groups are not supported; list the Targets",
+    )?;
+    super::check_default_only(
+        &format!("Failover[{key:?}].Policy"),
+        &f.policy,
+        &[serde_json::json!({"Mode": "default"})],
+        "targets are tried in the order given (only Mode \"default\")",
+    )?;
+    if key != "*" && !resolver.subsets.contains_key(key) {
+        return Err(ValidationError::new(
+            format!("Failover[{key:?}]"),
+            Problem::Invalid("must be \"*\" or the name of a subset".into()),
+        ));
+    }
+    let classic = !f.service.is_empty() || !f.service_subset.is_empty() || !f.datacenters.is_empty();
+    if classic && !f.targets.is_empty() {
+        return Err(ValidationError::new(
+            format!("Failover[{key:?}].Targets"),
+            Problem::NotAllowed("together with Service, ServiceSubset or Datacenters"),
+        ));
+    }
+    if !classic && f.targets.is_empty() {
+        return Err(ValidationError::new(
+            format!("Failover[{key:?}]"),
+            Problem::Invalid("must name Targets, or a Service, ServiceSubset or Datacenters".into()),
+        ));
+    }
+    check_namespace(&format!("Failover[{key:?}].Namespace"), &f.namespace)?;
+    for (i, t) in f.targets.iter().enumerate() {
+        let at = format!("Failover[{key:?}].Targets[{i}]");
+        check_namespace(&format!("{at}.Namespace"), &t.namespace)?;
+        super::check_default_only(
+            &format!("{at}.Partition"),
+            &t.partition,
+            &[serde_json::json!("default")],
+            "admin partitions are Consul Enterprise's (only \"default\")",
+        )?;
+        if t.service.is_empty() && t.service_subset.is_empty() && t.datacenter.is_empty() && t.peer.is_empty() {
+            return Err(ValidationError::new(
+                at,
+                Problem::Invalid("must name a Service, ServiceSubset, Datacenter or Peer".into()),
+            ));
+        }
+        if !t.peer.is_empty() {
+            crate::validate::check_peer_name(&format!("{at}.Peer"), &t.peer)?;
+            if !t.service_subset.is_empty() || !t.datacenter.is_empty() {
+                return Err(ValidationError::new(
+                    format!("{at}.Peer"),
+                    Problem::NotAllowed("together with ServiceSubset or Datacenter"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A header condition of a route or an L7 permission at `at`: a name, at most one of the
