@@ -44,6 +44,12 @@ pub struct ServiceDefinition {
     /// Unix socket path, instead of address and port.
     #[serde(rename = "SocketPath", skip_serializing_if = "String::is_empty")]
     pub socket_path: String,
+    /// Where the instance runs (Consul's `Locality`).
+    #[serde(rename = "Locality", skip_serializing_if = "Option::is_none")]
+    pub locality: Option<crate::service::placement::Locality>,
+    /// Named ports of a multi-port service (Consul 1.22).
+    #[serde(rename = "Ports", skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<crate::service::placement::ServicePort>,
     /// DNS weights.
     #[serde(rename = "Weights")]
     pub weights: Weights,

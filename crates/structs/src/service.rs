@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 
 mod address;
 mod kind;
+pub mod placement;
 
 pub use crate::agent::ServiceConnect;
 pub use address::{ServiceAddress, Weights};
 pub use kind::{ServiceKind, UnknownKind};
+pub use placement::{Locality, ServicePort};
 
 /// The tagged address (Consul's `consul-virtual`) a connect instance shows its service's
 /// virtual IP as: the address transparent proxies match the service's connections on.
@@ -47,6 +49,12 @@ pub struct NodeService {
     /// Unix socket path, instead of address and port.
     #[serde(rename = "SocketPath", skip_serializing_if = "String::is_empty")]
     pub socket_path: String,
+    /// Where the instance runs (Consul's `Locality`), kept as given.
+    #[serde(rename = "Locality", skip_serializing_if = "Option::is_none")]
+    pub locality: Option<Locality>,
+    /// Consul 1.22's named ports of a multi-port service, kept as given.
+    #[serde(rename = "Ports", skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ServicePort>,
     /// DNS weights.
     #[serde(rename = "Weights")]
     pub weights: Weights,
@@ -84,9 +92,32 @@ impl NodeService {
     }
 }
 
+/// `Ports`: each named once, with a port, at most one the default.
+fn check_ports(ports: &[ServicePort]) -> Result<(), ValidationError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        check_name(&format!("Ports[{i}].Name"), &p.name, "")?;
+        check_port(&format!("Ports[{i}].Port"), p.port, "")?;
+        if !seen.insert(p.name.as_str()) {
+            return Err(ValidationError::new(
+                format!("Ports[{i}].Name"),
+                Problem::Duplicate(format!("{:?} is listed twice", p.name)),
+            ));
+        }
+    }
+    if ports.iter().filter(|p| p.default).count() > 1 {
+        return Err(ValidationError::new(
+            "Ports",
+            Problem::Invalid("at most one port is the Default".into()),
+        ));
+    }
+    Ok(())
+}
+
 impl Validate for NodeService {
     fn validate(&self) -> Result<(), ValidationError> {
         check_name("Service", &self.service, "")?;
+        check_ports(&self.ports)?;
         if !self.peer_name.is_empty() {
             return Err(ValidationError::new(
                 "PeerName",

@@ -20,6 +20,8 @@ impl ServiceDefinition {
             meta: self.meta.clone(),
             port: self.port,
             socket_path: self.socket_path.clone(),
+            locality: self.locality.clone(),
+            ports: self.ports.clone(),
             weights: self.weights.clone(),
             enable_tag_override: self.enable_tag_override,
             proxy: self.proxy.clone(),
