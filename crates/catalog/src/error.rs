@@ -83,6 +83,16 @@ pub enum StoreError {
     /// The CA could not be created on first start.
     #[error("bootstrapping the CA")]
     CaBootstrap(#[source] Box<WriteError>),
+    /// The CA exists with another cluster id than the one asked for.
+    #[error(
+        "the CA's cluster id is {existing} (trust domain {existing}.consul), not {wanted}: the id is set when the CA is first created and cannot change under the certificates it issued"
+    )]
+    ClusterIdMismatch {
+        /// The id asked for.
+        wanted: String,
+        /// The CA's.
+        existing: String,
+    },
 }
 
 /// Why a write was refused. Nothing was changed.

@@ -59,7 +59,12 @@ pub enum Op {
         destination: String,
     },
     /// Create the CA if there is none (first start).
-    CaBootstrap(CaConfig),
+    CaBootstrap {
+        /// Its settings.
+        config: CaConfig,
+        /// Its cluster id (`None`: a random UUID).
+        cluster_id: Option<String>,
+    },
     /// Apply a new CA configuration (rotating the root if the key type changes).
     CaConfigure(CaConfig),
     /// A secondary datacenter's CA: the primary's trust domain and roots, and the

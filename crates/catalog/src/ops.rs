@@ -116,11 +116,14 @@ pub(crate) fn plan(op: &Op, state: &State, datacenter: &str, now: SystemTime) ->
             src.legacy_meta = meta.clone();
         }),
         Op::IntentionDelete { source, destination } => plan_intention_delete(state, destination, source),
-        Op::CaBootstrap(config) => {
+        Op::CaBootstrap { config, cluster_id } => {
             if state.ca().is_some() {
                 return Ok(Plan::write(Vec::new()));
             }
-            Ok(Plan::write(vec![Change::PutCa(CaState::bootstrap(config.clone())?)]))
+            Ok(Plan::write(vec![Change::PutCa(CaState::bootstrap(
+                config.clone(),
+                cluster_id.as_deref(),
+            )?)]))
         }
         Op::CaConfigure(config) => {
             let current = state.ca().ok_or(CaError::NoActiveRoot)?;

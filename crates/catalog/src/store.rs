@@ -41,6 +41,10 @@ pub struct StoreConfig {
     pub primary_datacenter: Option<String>,
     /// How many audit records are kept (the oldest are dropped); 0 keeps none.
     pub audit_retention: usize,
+    /// The CA's cluster id when this store creates the CA (its trust domain is
+    /// `<id>.consul`); `None`: a random UUID. A store whose CA exists with another id does
+    /// not open (the id cannot change under issued certificates).
+    pub ca_cluster_id: Option<String>,
     /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
     #[cfg(feature = "etcd")]
     pub etcd: Option<etcd::EtcdConfig>,
@@ -56,6 +60,7 @@ impl Default for StoreConfig {
             max_batch: 1024,
             primary_datacenter: None,
             audit_retention: structs::audit::DEFAULT_RETENTION,
+            ca_cluster_id: None,
             #[cfg(feature = "etcd")]
             etcd: None,
         }
@@ -114,12 +119,25 @@ impl Store {
             }),
             tx: Arc::new(Mutex::new(Some(tx))),
         };
+        let wanted = store.inner.config.ca_cluster_id.clone();
         if store.read().ca().is_none()
             && store.federation().is_primary()
-            && let Err(e) = store.write(Op::CaBootstrap(ca::CaConfig::default())).await
+            && let Err(e) = store
+                .write(Op::CaBootstrap {
+                    config: ca::CaConfig::default(),
+                    cluster_id: wanted.clone(),
+                })
+                .await
         {
             store.close().await;
             return Err(StoreError::CaBootstrap(Box::new(e)));
+        }
+        let existing = store.read().ca().map(|ca| ca.cluster_id.clone());
+        if let (Some(wanted), Some(existing)) = (wanted, existing)
+            && wanted != existing
+        {
+            store.close().await;
+            return Err(StoreError::ClusterIdMismatch { wanted, existing });
         }
         Ok(store)
     }

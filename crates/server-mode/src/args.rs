@@ -65,6 +65,11 @@ pub struct ServerArgs {
     /// This server's node name.
     #[arg(long = "node", value_name = "NAME", default_value_t = node::host_name())]
     pub node: String,
+    /// The CA's cluster id (a UUID) when this server creates the CA: the SPIFFE trust
+    /// domain is `<id>.consul` (default: a random UUID). A CA that exists with another id is
+    /// an error at start: the id cannot change under issued certificates.
+    #[arg(long = "ca-cluster-id", value_name = "UUID", value_parser = parse_uuid)]
+    pub ca_cluster_id: Option<String>,
     /// This server's node id (a UUID; default: kept in `<data-dir>/node-id`, made at the
     /// first start; a new one every start with `-dev`).
     #[arg(long = "node-id", value_name = "UUID")]
@@ -140,4 +145,11 @@ fn store_kind(kind: &str) -> Result<String, String> {
         "etcd" => Err("this meshd was built without the `etcd` feature (cargo build --features etcd)".to_owned()),
         _ => Err("expected embedded or etcd".to_owned()),
     }
+}
+
+/// A UUID flag value, lowercased.
+fn parse_uuid(s: &str) -> Result<String, String> {
+    uuid::Uuid::parse_str(s)
+        .map(|_| s.to_ascii_lowercase())
+        .map_err(|_| format!("{s:?} is not a UUID"))
 }

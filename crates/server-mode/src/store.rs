@@ -21,6 +21,7 @@ pub(crate) async fn open(
         data_dir: args.data_dir.clone(),
         primary_datacenter: args.primary_datacenter.clone(),
         audit_retention: args.audit_retention,
+        ca_cluster_id: args.ca_cluster_id.clone(),
         ..StoreConfig::default()
     };
     #[cfg(feature = "etcd")]

@@ -254,10 +254,19 @@ impl CaState {
         Some(next)
     }
 
-    /// A new CA with a fresh cluster id and root.
-    pub fn bootstrap(config: CaConfig) -> Result<Self, CaError> {
+    /// A new CA with a root, and `cluster_id` (a UUID) or a fresh one.
+    pub fn bootstrap(config: CaConfig, cluster_id: Option<&str>) -> Result<Self, CaError> {
         config.validate()?;
-        let cluster_id = new_uuid()?;
+        let cluster_id = match cluster_id {
+            Some(id) if uuid::Uuid::parse_str(id).is_ok() => id.to_ascii_lowercase(),
+            Some(id) => {
+                return Err(CaError::InvalidConfig {
+                    field: "ClusterID",
+                    reason: format!("{id:?} is not a UUID"),
+                });
+            }
+            None => new_uuid()?,
+        };
         let root = generate_root(&format!("{cluster_id}.consul"), &config, 1)?;
         Ok(Self {
             cluster_id,

@@ -9,7 +9,7 @@ fn der(pem_text: &str) -> Vec<u8> {
 
 #[test]
 fn leaf_chains_to_root_with_spiffe_id() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let root = ca.active().unwrap();
     let leaf = sign_leaf(&ca, "dc1", "web", SystemTime::now()).unwrap();
     assert_eq!(
@@ -37,7 +37,7 @@ fn leaf_chains_to_root_with_spiffe_id() {
 
 #[test]
 fn root_is_a_ca_for_the_trust_domain_without_a_dns_name_constraint() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let root_der = der(&ca.active().unwrap().root.root_cert);
     let (_, root) = X509Certificate::from_der(&root_der).unwrap();
     assert!(root.is_ca());
@@ -58,7 +58,7 @@ fn root_is_a_ca_for_the_trust_domain_without_a_dns_name_constraint() {
 
 #[test]
 fn rotation_keeps_old_root_until_its_leaves_expire() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let old_id = ca.active().unwrap().root.id.clone();
     let now = SystemTime::now();
     let old_leaf = sign_leaf(&ca, "dc1", "api", now).unwrap();
@@ -104,11 +104,14 @@ fn rotation_keeps_old_root_until_its_leaves_expire() {
 
 #[test]
 fn rejects_what_the_built_in_ca_cannot_do() {
-    let err = CaState::bootstrap(CaConfig {
-        private_key_type: "rsa".into(),
-        private_key_bits: 2048,
-        ..CaConfig::default()
-    })
+    let err = CaState::bootstrap(
+        CaConfig {
+            private_key_type: "rsa".into(),
+            private_key_bits: 2048,
+            ..CaConfig::default()
+        },
+        None,
+    )
     .unwrap_err();
     assert!(
         matches!(
@@ -120,7 +123,7 @@ fn rejects_what_the_built_in_ca_cannot_do() {
         ),
         "{err}"
     );
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let err = ca
         .reconfigure(
             CaConfig {
@@ -153,7 +156,7 @@ fn csr(uris: &[&str]) -> (KeyPair, String) {
 
 #[test]
 fn csr_signing_certifies_the_agents_key_without_ever_holding_it() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let uri = format!("spiffe://{}/ns/default/dc/dc1/svc/web", ca.trust_domain());
     let (key, pem) = csr(&[&uri]);
     let leaf = sign_csr(&ca, "dc1", &pem, &|_, _| true, SystemTime::now()).unwrap();
@@ -173,7 +176,7 @@ fn csr_signing_certifies_the_agents_key_without_ever_holding_it() {
 
 #[test]
 fn csr_signing_refuses_identities_outside_this_ca() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let td = ca.trust_domain();
     let refused = |uris: &[&str]| {
         let (_, pem) = csr(uris);
@@ -211,7 +214,7 @@ pub(super) fn dns_sans_of(cert_pem: &str) -> Vec<String> {
 
 #[test]
 fn leaves_carry_the_dns_sans_asked_for() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let sans = vec!["web.example.com".to_owned(), "*.ingress.example.com".to_owned()];
     let leaf = sign_leaf_with_sans(&ca, "dc1", "ing", &sans, SystemTime::now()).unwrap();
     assert_eq!(dns_sans_of(&leaf.cert_pem), sans);
@@ -246,7 +249,7 @@ fn leaves_carry_the_dns_sans_asked_for() {
 
 #[test]
 fn csr_signing_keeps_the_csrs_dns_sans_and_checks_them() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let uri = format!("spiffe://{}/ns/default/dc/dc1/svc/ing", ca.trust_domain());
     let with_dns = |dns: &str| {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -269,7 +272,7 @@ fn csr_signing_keeps_the_csrs_dns_sans_and_checks_them() {
 
 #[test]
 fn a_rotation_that_shortens_the_leaf_ttl_keeps_the_old_root_for_the_old_ttl() {
-    let ca = CaState::bootstrap(CaConfig::default()).unwrap();
+    let ca = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let now = SystemTime::now();
     let old_leaf = sign_leaf(&ca, "dc1", "api", now).unwrap();
     let rotated = ca
@@ -296,7 +299,7 @@ fn a_rotation_that_shortens_the_leaf_ttl_keeps_the_old_root_for_the_old_ttl() {
 /// intermediates itself.
 #[test]
 fn a_secondary_signs_with_an_intermediate_of_the_primarys_root() {
-    let primary = CaState::bootstrap(CaConfig::default()).unwrap();
+    let primary = CaState::bootstrap(CaConfig::default(), None).unwrap();
     let now = SystemTime::now();
     let (csr, key) = intermediate_csr(&primary.trust_domain(), &primary.config).unwrap();
     let (cert_pem, root_id) = sign_intermediate(&primary, &csr, now).unwrap();
@@ -358,4 +361,14 @@ fn a_secondary_signs_with_an_intermediate_of_the_primarys_root() {
     ));
     let err = secondary.reconfigure(CaConfig::default(), now).unwrap_err();
     assert!(err.to_string().contains("follows the primary"), "{err}");
+}
+
+#[test]
+fn a_cluster_id_given_at_bootstrap_is_the_trust_domain() {
+    let id = "7e3c0d5a-1b2c-4d3e-8f4a-5b6c7d8e9f00";
+    let ca = CaState::bootstrap(CaConfig::default(), Some(id)).unwrap();
+    assert_eq!(ca.cluster_id, id);
+    assert_eq!(ca.trust_domain(), format!("{id}.consul"));
+    assert!(ca.active().is_some());
+    assert!(CaState::bootstrap(CaConfig::default(), Some("not-a-uuid")).is_err());
 }

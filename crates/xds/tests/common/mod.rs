@@ -15,7 +15,7 @@ pub struct Ca {
 impl Ca {
     pub fn new() -> Self {
         Ca {
-            state: catalog::ca::CaState::bootstrap(catalog::ca::CaConfig::default()).unwrap(),
+            state: catalog::ca::CaState::bootstrap(catalog::ca::CaConfig::default(), None).unwrap(),
         }
     }
     pub fn roots(&self) -> Arc<IndexedCaRoots> {
