@@ -4,7 +4,7 @@
 use crate::authz::Authz;
 use crate::query::{self, Params};
 use crate::{Api, ApiError};
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use serde_json::json;
 
@@ -142,6 +142,15 @@ pub(crate) async fn heartbeat(
     };
     liveness.heartbeat(&hb.node, &hb.address).await?;
     Ok(query::json(&true, None, params.pretty()))
+}
+
+/// `PUT /v1/agent/join/:address`: refused with the reason. meshd has no gossip pool: agents
+/// reach servers through `-retry-join` (their HTTP addresses), and servers share a catalog
+/// over etcd or federate over WAN links (`-retry-join-wan`).
+pub(crate) async fn join(Path(address): Path<String>) -> ApiError {
+    ApiError::BadRequest(format!(
+        "agent join {address:?}: meshd has no gossip pool to join; an agent finds servers with -retry-join (their HTTP addresses), servers share a catalog over etcd (-store etcd) or federate with -retry-join-wan"
+    ))
 }
 
 /// `PUT /v1/agent/force-leave/:node` (`operator:write`, as Consul's): the node leaves the

@@ -154,6 +154,7 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/agent/self", get(agent::agent_self));
     r.add("/v1/agent/members", get(agent::members));
     r.add("/v1/agent/force-leave/{node}", put(agent::force_leave));
+    r.add("/v1/agent/join/{address}", put(agent::join));
     r.add(
         "/v1/agent/connect/authorize",
         post(authorize::authorize).put(authorize::authorize),

@@ -1185,8 +1185,9 @@ const OWN_TOKEN_ROUTES: [(&str, &str); 8] = [
 
 /// Routes that refuse every request alike (what they would do meshd does not do), whatever
 /// the token: checked to answer 400.
-const ALWAYS_REFUSED: [(&str, &str); 6] = [
+const ALWAYS_REFUSED: [(&str, &str); 7] = [
     ("PUT", "/v1/coordinate/update"),
+    ("PUT", "/v1/agent/join/{address}"),
     ("PUT", "/v1/operator/autopilot/configuration"),
     ("GET", "/v1/operator/keyring"),
     ("POST", "/v1/operator/keyring"),
