@@ -1,10 +1,14 @@
 """py-consul 1.8.0 against a real `meshd server`: the calls Consul users make."""
 
+import subprocess
 import threading
 
 import pytest
+import requests
 from consul.callback import CB
 from consul.exceptions import BadRequest, ClientError
+
+from conftest import _meshd_binary, _start_server, _stop_server
 
 SIDECAR = {
     "Kind": "connect-proxy",
@@ -268,3 +272,66 @@ def test_config_entries_that_break_a_chain_are_refused_naming_entry_and_field(cl
     # Nothing was half-applied.
     assert client.config.get("service-defaults", "api")["Protocol"] == "http"
     assert client.config.get("service-resolver", "b") is None
+
+
+def test_consul_settings_meshd_honours_only_at_their_default(client):
+    """Consul 1.22's fields on the kinds meshd implements: kept and accepted at the value
+    meshd's behaviour is, refused with a 400 naming the field otherwise, never ignored."""
+    assert client.config.set("proxy-defaults", "global", {"MutualTLSMode": "strict", "PrioritizeByLocality": {"Mode": "none"}})
+    entry = client.config.get("proxy-defaults", "global")
+    assert entry["MutualTLSMode"] == "strict", entry
+    resolver = {"Failover": {"*": {"Targets": [{"Service": "api-dr", "Partition": "default"}], "Policy": {"Mode": "default"}}}}
+    assert client.config.set("service-resolver", "api", resolver)
+    refused = [
+        ("proxy-defaults", "global", {"MutualTLSMode": "permissive"}, "MutualTLSMode"),
+        ("service-defaults", "api", {"MutualTLSMode": "permissive"}, "MutualTLSMode"),
+        ("proxy-defaults", "global", {"FailoverPolicy": {"Mode": "order-by-locality"}}, "FailoverPolicy"),
+        ("service-resolver", "api", {"PrioritizeByLocality": {"Mode": "failover"}}, "PrioritizeByLocality"),
+        ("service-resolver", "api", {"Failover": {"*": {"Targets": [{"Service": "a", "Partition": "p1"}]}}}, "Targets[0].Partition"),
+        ("service-resolver", "api", {"Failover": {"*": {"SamenessGroup": "g1"}}}, "SamenessGroup"),
+        ("mesh", "mesh", {"ValidateClusters": True}, "ValidateClusters"),
+    ]
+    for kind, name, body, field in refused:
+        with pytest.raises(BadRequest) as e:
+            client.config.set(kind, name, body)
+        assert field in str(e.value) and "not supported" in str(e.value), (kind, body, str(e.value))
+
+
+def test_locality_and_named_ports_are_kept(client):
+    """Consul's `Locality` and 1.22's multi-port `Ports` are stored and read back, never
+    dropped; ports with a repeated name are refused naming the field."""
+    service = {
+        "Service": "multi", "ID": "multi-1", "Port": 8080,
+        "Locality": {"Region": "us-east-1", "Zone": "us-east-1a"},
+        "Ports": [{"Name": "http", "Port": 8080, "Default": True}, {"Name": "admin", "Port": 9000}],
+    }
+    assert client.catalog.register("loc-node", "10.0.0.7", service=service)
+    _, nodes = client.health.service("multi")
+    got = nodes[0]["Service"]
+    assert got["Locality"] == {"Region": "us-east-1", "Zone": "us-east-1a"}
+    assert got["Ports"] == [{"Name": "http", "Port": 8080, "Default": True}, {"Name": "admin", "Port": 9000}]
+    service["Ports"].append({"Name": "http", "Port": 8081})
+    with pytest.raises(BadRequest) as e:
+        client.catalog.register("loc-node", "10.0.0.7", service=service)
+    assert "Ports[2].Name" in str(e.value), str(e.value)
+
+
+def test_the_trust_domain_can_be_chosen_and_never_changes_under_issued_certificates(tmp_path):
+    """`-ca-cluster-id` names the CA's cluster id when the server creates the CA: the trust
+    domain is `<id>.consul`. A data dir whose CA has another id refuses to start, saying so."""
+    cluster_id = "7e3c0d5a-1b2c-4d3e-8f4a-5b6c7d8e9f00"
+    data = tmp_path / "data"
+    proc, (host, port) = _start_server("-data-dir", str(data), "-ca-cluster-id", cluster_id)
+    try:
+        roots = requests.get(f"http://{host}:{port}/v1/agent/connect/ca/roots", timeout=10).json()
+        assert roots["TrustDomain"] == f"{cluster_id}.consul"
+    finally:
+        _stop_server(proc)
+    other = "00000000-1111-4222-8333-444444444444"
+    out = subprocess.run(
+        [_meshd_binary(), "server", "-data-dir", str(data), "-ca-cluster-id", other, "-http-addr", "127.0.0.1:0",
+         "-grpc-addr", "127.0.0.1:0", "-dns-addr", "127.0.0.1:0", "-log-level", "warn"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert f"the CA's cluster id is {cluster_id}" in out.stderr, out.stderr
