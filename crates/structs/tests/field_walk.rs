@@ -123,6 +123,11 @@ fn every_proxy_defaults_field_is_honoured_or_refused() {
             "EnvoyExtensions",
             Honoured("builtin/lua and builtin/property-override: xds resources/extensions.rs; others refused"),
         ),
+        // Consul's, kept and accepted at meshd's behaviour (strict mTLS, no locality order,
+        // each resolver's failover); any other value refused.
+        ("MutualTLSMode", Refused(json!("permissive"))),
+        ("FailoverPolicy", Refused(json!({"Mode": "order-by-locality"}))),
+        ("PrioritizeByLocality", Refused(json!({"Mode": "failover"}))),
     ];
     check::<ProxyDefaults>("proxy-defaults", &fields_of::<ProxyDefaults>(), &table);
 }
@@ -135,6 +140,8 @@ fn every_service_defaults_field_is_honoured_or_refused() {
         ("Meta", Entry),
         ("CreateIndex", Entry),
         ("ModifyIndex", Entry),
+        // Consul's, kept and accepted at "strict" (meshd's sidecars always require mTLS).
+        ("MutualTLSMode", Refused(json!("permissive"))),
         ("Protocol", Honoured("central config: the service's protocol")),
         (
             "Mode",
