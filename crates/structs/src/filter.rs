@@ -332,6 +332,12 @@ impl<T: Record> Match<T> {
             (Test::IsEmpty, Got::Text(s)) => s.is_empty(),
             (Test::IsEmpty, Got::List(items)) => items.is_empty(),
             (Test::IsEmpty, Got::Keys(keys)) => keys.is_empty(),
+            // Each element's value: any that passes (a negated test: none).
+            (Test::Equals(Value::Text(want)), Got::Each(values)) => values.iter().any(|s| s == want),
+            (Test::Contains(want), Got::Each(values)) => values.iter().any(|s| s.contains(want.as_str())),
+            (Test::Matches(re), Got::Each(values)) => values.iter().any(|s| re.is_match(s)),
+            (Test::IsEmpty, Got::Each(values) | Got::Members(values)) => values.is_empty(),
+            (Test::Contains(want), Got::Members(ids)) => ids.iter().any(|i| i == want),
             // Parsing pairs every test with a field it applies to; a mismatch never matches,
             // negated or not.
             _ => return false,

@@ -49,6 +49,18 @@ func TestFiltersOnListEndpoints(t *testing.T) {
 	if err != nil || len(health) != 1 || health[0].Service.ID != "fweb-1" {
 		t.Fatalf("health service: %v %v", health, err)
 	}
+	// Into each result's checks: the instance whose check is critical.
+	_, err = c.Catalog().Register(&api.CatalogRegistration{
+		Node: "filter-b", Address: "10.0.0.1",
+		Check: &api.AgentCheck{Node: "filter-b", CheckID: "fweb-2-alive", Name: "alive", Status: api.HealthCritical, ServiceID: "fweb-2"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	critical, _, err := c.Health().Service("fweb", "", false, q(`Checks.Status == critical`))
+	if err != nil || len(critical) != 1 || critical[0].Service.ID != "fweb-2" {
+		t.Fatalf("health service filtered on its checks: %v %v", critical, err)
+	}
 	list, _, err := c.Catalog().NodeServiceList("filter-a", q(`Port == 8080`))
 	if err != nil || list == nil || len(list.Services) != 1 {
 		t.Fatalf("node-services: %v %v", list, err)

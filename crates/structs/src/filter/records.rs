@@ -52,6 +52,12 @@ enum Get<T: 'static> {
     Addresses(for<'a> fn(&'a T) -> &'a BTreeMap<String, ServiceAddress>),
     /// A map of lists: its keys, and each key as a list selector.
     Lists(for<'a> fn(&'a T) -> &'a BTreeMap<String, Vec<String>>),
+    /// One text field of each element of a list of structs (`Checks.Status`): a test
+    /// matches when it matches for any element (and `!=` when none equals).
+    Each(for<'a> fn(&'a T) -> Vec<&'a str>),
+    /// A list of structs as a whole (`Checks`): `is empty`, and `in`/`contains` on the
+    /// elements' ids.
+    Collection(for<'a> fn(&'a T) -> Vec<&'a str>),
 }
 
 impl<T> Selector<T> {
@@ -83,6 +89,18 @@ impl<T> Selector<T> {
         Selector {
             name,
             get: Get::Strings(get),
+        }
+    }
+    const fn each(name: &'static str, get: for<'a> fn(&'a T) -> Vec<&'a str>) -> Self {
+        Selector {
+            name,
+            get: Get::Each(get),
+        }
+    }
+    const fn collection(name: &'static str, get: for<'a> fn(&'a T) -> Vec<&'a str>) -> Self {
+        Selector {
+            name,
+            get: Get::Collection(get),
         }
     }
     const fn lists(name: &'static str, get: for<'a> fn(&'a T) -> &'a BTreeMap<String, Vec<String>>) -> Self {
@@ -138,6 +156,10 @@ impl<T> fmt::Debug for Field<T> {
 /// A field's value in one record.
 pub(super) enum Got<'a> {
     Text(&'a str),
+    /// The values of one field across a list's elements.
+    Each(Vec<&'a str>),
+    /// The ids of a list's elements.
+    Members(Vec<&'a str>),
     Integer(u64),
     Boolean(bool),
     List(&'a [String]),
@@ -206,12 +228,14 @@ impl<T: Record> Field<T> {
             (Get::Addresses(get), _) => Got::Keys(Keys::Addresses(get(record))),
             (Get::Lists(get), Some(key)) => Got::List(get(record).get(key).map_or(&[], Vec::as_slice)),
             (Get::Lists(get), None) => Got::Keys(Keys::Lists(get(record))),
+            (Get::Each(get), _) => Got::Each(get(record)),
+            (Get::Collection(get), _) => Got::Members(get(record)),
         }
     }
 
     /// A string: a text field, or one key of a map of strings.
     pub(super) fn is_string(&self) -> bool {
-        matches!(self.selector.get, Get::Text(_))
+        matches!(self.selector.get, Get::Text(_) | Get::Each(_))
             || (self.key.is_some() && matches!(self.selector.get, Get::Strings(_)))
     }
 
@@ -240,6 +264,7 @@ impl<T: Record> Field<T> {
             Get::Boolean(_) => ("a boolean", SCALAR_OPS),
             Get::List(_) => ("a list", COLLECTION_OPS),
             Get::Lists(_) if self.key.is_some() => ("a list", COLLECTION_OPS),
+            Get::Collection(_) => ("a list", COLLECTION_OPS),
             _ => ("a map", COLLECTION_OPS),
         }
     }
@@ -320,6 +345,28 @@ impl Record for CheckServiceNode {
             }),
             Selector::text("Service.Proxy.DestinationServiceID", |n| {
                 n.service.proxy.destination_service_id.as_str()
+            }),
+            Selector::collection("Checks", |n| n.checks.iter().map(|c| c.check_id.as_str()).collect()),
+            Selector::each("Checks.Node", |n| n.checks.iter().map(|c| c.node.as_str()).collect()),
+            Selector::each("Checks.CheckID", |n| {
+                n.checks.iter().map(|c| c.check_id.as_str()).collect()
+            }),
+            Selector::each("Checks.Name", |n| n.checks.iter().map(|c| c.name.as_str()).collect()),
+            Selector::each("Checks.Status", |n| {
+                n.checks.iter().map(|c| c.status.as_str()).collect()
+            }),
+            Selector::each("Checks.Notes", |n| n.checks.iter().map(|c| c.notes.as_str()).collect()),
+            Selector::each("Checks.Output", |n| {
+                n.checks.iter().map(|c| c.output.as_str()).collect()
+            }),
+            Selector::each("Checks.ServiceID", |n| {
+                n.checks.iter().map(|c| c.service_id.as_str()).collect()
+            }),
+            Selector::each("Checks.ServiceName", |n| {
+                n.checks.iter().map(|c| c.service_name.as_str()).collect()
+            }),
+            Selector::each("Checks.Type", |n| {
+                n.checks.iter().map(|c| c.check_type.as_str()).collect()
             }),
             Selector::text("Node.ID", |n| n.node.id.as_str()),
             Selector::text("Node.Node", |n| n.node.node.as_str()),

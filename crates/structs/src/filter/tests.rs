@@ -564,7 +564,7 @@ fn unknown_selectors() {
     let cases = [
         ("Service.Foo == x", 0, "Service.Foo"),
         ("service.id == web-12", 0, "service.id"),
-        ("Checks.Status == passing", 0, "Checks.Status"),
+        ("Checks.Foo == passing", 0, "Checks.Foo"),
         ("Service == web", 0, "Service"),
         ("Service.Meta. == x", 0, "Service.Meta."),
         ("Service.TaggedAddresses.lan == x", 0, "Service.TaggedAddresses.lan"),
@@ -752,4 +752,39 @@ fn each_record_kind_has_its_own_selectors() {
     assert!(matches!(e, FilterError::InvalidValue { .. }), "{e:?}");
     let e = Filter::<CatalogRow>::parse("ServiceTags == web").unwrap_err();
     assert!(matches!(e, FilterError::UnsupportedOperator { .. }), "{e:?}");
+}
+
+/// Selectors into a health result's checks: a test on `Checks.<field>` matches when some
+/// check passes it (negated: none does); `Checks` as a whole is a list of check ids.
+#[test]
+fn checks_selectors_match_any_check() {
+    let check = |id: &str, status: &str| crate::HealthCheck {
+        node: "node-a".into(),
+        check_id: id.into(),
+        name: format!("{id} check"),
+        status: status.parse().unwrap(),
+        output: format!("HTTP GET: {status}"),
+        ..crate::HealthCheck::default()
+    };
+    let mut n = web12();
+    n.checks = vec![check("serfHealth", "passing"), check("service:web-12", "critical")];
+    let eval = |expr: &str, n: &CheckServiceNode| Filter::<CheckServiceNode>::parse(expr).unwrap().matches(n);
+    for (expr, want) in [
+        ("Checks.Status == critical", true),
+        ("Checks.Status == warning", false),
+        ("Checks.Status != critical", false),
+        ("Checks.Status != warning", true),
+        ("Checks.CheckID == serfHealth", true),
+        ("Checks.Output contains \"GET: crit\"", true),
+        ("Checks.Name matches \"^service:\"", true),
+        ("serfHealth in Checks", true),
+        ("serf in Checks", false),
+        ("Checks is not empty", true),
+        ("Checks.Status == critical and Service.ID == web-12", true),
+    ] {
+        assert_eq!(eval(expr, &n), want, "{expr}");
+    }
+    n.checks.clear();
+    assert!(eval("Checks is empty", &n));
+    assert!(!eval("Checks.Status == passing", &n));
 }
