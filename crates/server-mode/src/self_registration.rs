@@ -20,7 +20,8 @@ pub(crate) struct SelfRegistration {
     pub(crate) liveness: Arc<Liveness>,
     pub(crate) node: String,
     pub(crate) node_id: String,
-    /// The HTTP API's address (an unspecified IP is registered as loopback).
+    /// The HTTP API's address (a wildcard IP: the advertised one, else loopback, is
+    /// registered).
     pub(crate) api_addr: SocketAddr,
     /// How other datacenters reach this server (`host:port`).
     pub(crate) wan: String,
@@ -30,29 +31,35 @@ pub(crate) struct SelfRegistration {
 
 impl SelfRegistration {
     fn request(&self) -> RegisterRequest {
-        let ip = if self.api_addr.ip().is_unspecified() {
-            std::net::IpAddr::from([127, 0, 0, 1])
-        } else {
-            self.api_addr.ip()
-        };
-        let lan = ip.to_string();
-        let wan = self
+        let wan_host = self
             .wan
             .rsplit_once(':')
             .map_or(self.wan.as_str(), |(host, _)| host)
             .trim_matches(['[', ']'])
             .to_owned();
-        let family = |addr: &str| match addr.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V6(_)) => "ipv6",
-            _ => "ipv4",
+        let wan_ip = wan_host.parse::<std::net::IpAddr>().ok();
+        // A wildcard listener says nothing of where the server is reached: its advertised
+        // address (-advertise-wan) when that is an address, else loopback.
+        let lan = match (self.api_addr.ip(), wan_ip) {
+            (ip, _) if !ip.is_unspecified() => ip.to_string(),
+            (_, Some(ip)) if !ip.is_unspecified() => ip.to_string(),
+            _ => "127.0.0.1".to_owned(),
         };
-        let tagged: BTreeMap<String, String> = [
-            ("lan".to_owned(), lan.clone()),
-            (format!("lan_{}", family(&lan)), lan.clone()),
-            ("wan".to_owned(), wan.clone()),
-            (format!("wan_{}", family(&wan)), wan),
-        ]
-        .into();
+        let wan = if wan_ip.is_some_and(|ip| ip.is_unspecified()) {
+            lan.clone()
+        } else {
+            wan_host
+        };
+        // `lan`/`wan`, and `_ipv4`/`_ipv6` beside each that is an IP (as agents tag theirs).
+        let mut tagged: BTreeMap<String, String> = BTreeMap::new();
+        for (tag, addr) in [("lan", &lan), ("wan", &wan)] {
+            tagged.insert(tag.to_owned(), addr.clone());
+            match addr.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V4(_)) => tagged.insert(format!("{tag}_ipv4"), addr.clone()),
+                Ok(std::net::IpAddr::V6(_)) => tagged.insert(format!("{tag}_ipv6"), addr.clone()),
+                Err(_) => None,
+            };
+        }
         let meta: BTreeMap<String, String> = [
             ("consul-version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
             ("consul-network-segment".to_owned(), String::new()),
@@ -130,5 +137,64 @@ impl SelfRegistration {
             }
             self.once().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    async fn registration(api: &str, wan: &str) -> SelfRegistration {
+        let store = Store::open(catalog::StoreConfig::default()).await.unwrap();
+        SelfRegistration {
+            liveness: Arc::new(Liveness::new(store.clone(), Default::default())),
+            store,
+            node: "s1".into(),
+            node_id: "7e3c0d5a-1b2c-4d3e-8f4a-5b6c7d8e9f00".into(),
+            api_addr: api.parse().unwrap(),
+            wan: wan.into(),
+            failing: Arc::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wildcard_listener_registers_the_advertised_address_else_loopback() {
+        for (api, wan, lan, wan_want) in [
+            ("10.0.0.5:8500", "10.0.0.5:8500", "10.0.0.5", "10.0.0.5"),
+            ("0.0.0.0:8500", "192.0.2.7:8500", "192.0.2.7", "192.0.2.7"),
+            ("0.0.0.0:8500", "0.0.0.0:8500", "127.0.0.1", "127.0.0.1"),
+            ("0.0.0.0:8500", "dc1.example.com:8500", "127.0.0.1", "dc1.example.com"),
+        ] {
+            let r = registration(api, wan).await.request();
+            assert_eq!(r.address, lan, "{api} {wan}");
+            assert_eq!(r.tagged_addresses["lan_ipv4"], lan);
+            assert_eq!(r.tagged_addresses["wan"], wan_want, "{api} {wan}");
+            assert_eq!(
+                r.tagged_addresses.contains_key("wan_ipv4"),
+                wan_want.parse::<std::net::Ipv4Addr>().is_ok(),
+                "{api} {wan}"
+            );
+            assert_eq!(r.service.unwrap().port, 8500);
+        }
+    }
+
+    #[tokio::test]
+    async fn once_registers_the_node_and_the_consul_service_then_writes_nothing_more() {
+        let me = registration("10.0.0.5:8500", "10.0.0.5:8500").await;
+        assert!(me.once().await);
+        let state = me.store.read();
+        let node = state.node("s1").unwrap();
+        assert_eq!(node.id, me.node_id);
+        assert_eq!(node.meta["consul-version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(state.service("s1", "consul").unwrap().port, 8500);
+        let index = state.index;
+        drop(state);
+        assert!(me.once().await);
+        assert_eq!(
+            me.store.read().index,
+            index,
+            "nothing written when in place and passing"
+        );
     }
 }
