@@ -813,13 +813,10 @@ async fn a_server_holding_more_than_its_share_of_streams_hands_the_excess_to_the
         (streams <= 11.0 && moved >= PROXIES - 11 && (0..3).map(held).sum::<usize>() == PROXIES).then_some(())
     })
     .await;
+    // A's shed count only grows. Where the proxies are is not read again: the others, now
+    // over their own share (17 of 30 on one of them, say), shed in turn, some back to A, so
+    // a second look can see fewer moved than the observation above did (a flake in CI).
     let shed = test_support::process::metric(&client, &a, "meshd_xds_streams_shed_total").await;
     assert!(shed >= (PROXIES - 11) as f64, "{shed} streams handed over");
-    assert!(
-        held(1) + held(2) >= PROXIES - 11,
-        "the others took them: {} and {}",
-        held(1),
-        held(2)
-    );
     stop.cancel();
 }
