@@ -26,7 +26,12 @@ pub(crate) struct KeyCache {
     sets: Mutex<HashMap<(String, String), Fetched>>,
 }
 
-pub(crate) async fn verify(cache: &KeyCache, cfg: &JwtConfig, bearer: &str) -> Result<JwtIdentity, LoginError> {
+pub(crate) async fn verify(
+    cache: &KeyCache,
+    clients: &crate::fetch::Clients,
+    cfg: &JwtConfig,
+    bearer: &str,
+) -> Result<JwtIdentity, LoginError> {
     let header =
         jsonwebtoken::decode_header(bearer).map_err(|e| LoginError::Denied(format!("BearerToken: not a JWT: {e}")))?;
     if !cfg.algorithms.contains(&header.alg) {
@@ -53,7 +58,7 @@ pub(crate) async fn verify(cache: &KeyCache, cfg: &JwtConfig, bearer: &str) -> R
         KeySource::Jwks { url, ca } | KeySource::Discovery { url, ca } => {
             let discovery = matches!(cfg.keys, KeySource::Discovery { .. });
             let kid = header.kid.as_deref();
-            let set = cache.get(url, ca, discovery, kid).await?;
+            let set = cache.get(clients, url, ca, discovery, kid).await?;
             decode_with(&keys_of(&set, kid), bearer, &validation)?
         }
     };
@@ -178,7 +183,14 @@ fn identity(cfg: &JwtConfig, claims: &Map<String, Value>) -> JwtIdentity {
 impl KeyCache {
     /// The key set at `url` (a JWKS document, or an OpenID provider's, whose `jwks_uri` is
     /// fetched), fetched again when stale or when it lacks `kid`.
-    async fn get(&self, url: &str, ca: &str, discovery: bool, kid: Option<&str>) -> Result<Arc<JwkSet>, LoginError> {
+    async fn get(
+        &self,
+        clients: &crate::fetch::Clients,
+        url: &str,
+        ca: &str,
+        discovery: bool,
+        kid: Option<&str>,
+    ) -> Result<Arc<JwkSet>, LoginError> {
         let key = (url.to_owned(), ca.to_owned());
         if let Some((at, set)) = self.sets.lock().get(&key).cloned() {
             let has_kid = kid.is_none_or(|k| set.find(k).is_some());
@@ -186,17 +198,20 @@ impl KeyCache {
                 return Ok(set);
             }
         }
-        let set = Arc::new(fetch(url, ca, discovery).await.map_err(LoginError::Unavailable)?);
+        let set = Arc::new(
+            fetch(&clients.get(ca).map_err(LoginError::Unavailable)?, url, discovery)
+                .await
+                .map_err(LoginError::Unavailable)?,
+        );
         self.sets.lock().insert(key, (Instant::now(), set.clone()));
         Ok(set)
     }
 }
 
-async fn fetch(url: &str, ca: &str, discovery: bool) -> Result<JwkSet, String> {
-    let client = crate::fetch::http_client(ca)?;
+async fn fetch(client: &reqwest::Client, url: &str, discovery: bool) -> Result<JwkSet, String> {
     let jwks_url = if discovery {
         let well_known = format!("{}/.well-known/openid-configuration", url.trim_end_matches('/'));
-        let doc: Value = get_json(&client, &well_known).await?;
+        let doc: Value = get_json(client, &well_known).await?;
         let issuer = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
         if issuer.trim_end_matches('/') != url.trim_end_matches('/') {
             return Err(format!(
@@ -210,7 +225,7 @@ async fn fetch(url: &str, ca: &str, discovery: bool) -> Result<JwkSet, String> {
     } else {
         url.to_owned()
     };
-    let doc: Value = get_json(&client, &jwks_url).await?;
+    let doc: Value = get_json(client, &jwks_url).await?;
     serde_json::from_value(doc).map_err(|e| format!("the key set at {jwks_url}: {e}"))
 }
 

@@ -9,8 +9,12 @@ use structs::filter::ServiceAccountIdentity;
 /// The annotation that names a service account's Consul service.
 const SERVICE_NAME_ANNOTATION: &str = "consul.hashicorp.com/service-name";
 
-pub(crate) async fn verify(cfg: &KubernetesConfig, bearer: &str) -> Result<ServiceAccountIdentity, LoginError> {
-    let client = crate::fetch::http_client(&cfg.ca).map_err(LoginError::Unavailable)?;
+pub(crate) async fn verify(
+    clients: &crate::fetch::Clients,
+    cfg: &KubernetesConfig,
+    bearer: &str,
+) -> Result<ServiceAccountIdentity, LoginError> {
+    let client = clients.get(&cfg.ca).map_err(LoginError::Unavailable)?;
     let review = json!({
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenReview",

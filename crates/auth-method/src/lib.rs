@@ -35,6 +35,7 @@ use structs::acl::AclAuthMethod;
 #[derive(Default)]
 pub struct Verifier {
     keys: jwt::KeyCache,
+    clients: fetch::Clients,
 }
 
 impl Verifier {
@@ -50,8 +51,12 @@ impl Verifier {
         }
         let settings = config::Settings::parse(method).map_err(|e| LoginError::Unavailable(e.to_string()))?;
         match settings {
-            config::Settings::Jwt(cfg) => jwt::verify(&self.keys, &cfg, bearer).await.map(Identity::Jwt),
-            config::Settings::Kubernetes(cfg) => kubernetes::verify(&cfg, bearer).await.map(Identity::ServiceAccount),
+            config::Settings::Jwt(cfg) => jwt::verify(&self.keys, &self.clients, &cfg, bearer)
+                .await
+                .map(Identity::Jwt),
+            config::Settings::Kubernetes(cfg) => kubernetes::verify(&self.clients, &cfg, bearer)
+                .await
+                .map(Identity::ServiceAccount),
         }
     }
 }
