@@ -81,7 +81,7 @@ pub(crate) fn write_prelude(api: &Api, authz: &Authz, q: Option<&str>) -> Result
 
 /// The id of a created (`path` none: generated, and the body may not set one) or updated
 /// (the body's, if any, must be the path's) policy or role.
-fn object_id(given: &str, path: Option<String>) -> Result<String, ApiError> {
+pub(crate) fn object_id(given: &str, path: Option<String>) -> Result<String, ApiError> {
     match path {
         None if given.is_empty() => new_id(),
         None => Err(ApiError::BadRequest(
@@ -112,7 +112,7 @@ fn policy_links(state: &catalog::State, links: &[Link]) -> Vec<Link> {
 
 /// A token as answered: links named as they are now (deleted ones left out), the secret
 /// hidden unless `show_secret`.
-pub(crate) fn token_out(state: &catalog::State, token: &AclToken, show_secret: bool) -> AclToken {
+fn token_out(state: &catalog::State, token: &AclToken, show_secret: bool) -> AclToken {
     let mut t = token.clone();
     t.policies = policy_links(state, &t.policies);
     t.roles = current_links(
@@ -192,7 +192,7 @@ fn token_from(req: TokenWrite) -> Result<(AclToken, Option<std::time::Duration>)
     ))
 }
 
-async fn write_token(
+pub(crate) async fn write_token(
     api: &Api,
     token: AclToken,
     create: bool,
@@ -472,27 +472,11 @@ fn unescape_again(name: String) -> String {
     if !name.contains('%') {
         return name;
     }
-    let bytes = name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or(name)
+    let decoded = percent_encoding::percent_decode_str(&name)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .ok();
+    decoded.unwrap_or(name)
 }
 
 async fn policy_read_by_name(

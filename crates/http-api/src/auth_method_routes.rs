@@ -6,7 +6,7 @@
 //! method's binding rules decide what the new token grants, and a login that no rule binds
 //! is refused. A logout deletes the caller's own token, and only one a login created.
 
-use crate::acl_routes::{enabled, new_id, read_one, token_out, write_prelude};
+use crate::acl_routes::{enabled, new_id, object_id, read_one, write_prelude, write_token};
 use crate::authz::Authz;
 use crate::query::{self};
 use crate::{Api, ApiError, Routes};
@@ -277,12 +277,7 @@ async fn rule_create(
     let params = write_prelude(&api, &authz, q.as_deref())?;
     let mut rule: AclBindingRule = query::decode(&body, "a binding rule")?;
     check_fields(&body, "a binding rule", RULE_FIELDS)?;
-    if !rule.id.is_empty() {
-        return Err(ApiError::BadRequest(
-            "ID: cannot be set on create (it is generated)".into(),
-        ));
-    }
-    rule.id = new_id()?;
+    rule.id = object_id(&rule.id, None)?;
     let out = write_rule(&api, rule, true).await?;
     Ok(query::json(&out, None, params.pretty()))
 }
@@ -297,13 +292,7 @@ async fn rule_update(
     let params = write_prelude(&api, &authz, q.as_deref())?;
     let mut rule: AclBindingRule = query::decode(&body, "a binding rule")?;
     check_fields(&body, "a binding rule", RULE_FIELDS)?;
-    if !rule.id.is_empty() && rule.id != id {
-        return Err(ApiError::BadRequest(format!(
-            "ID: {:?} does not match the path's {id:?}",
-            rule.id
-        )));
-    }
-    rule.id = id;
+    rule.id = object_id(&rule.id, Some(id))?;
     let out = write_rule(&api, rule, false).await?;
     Ok(query::json(&out, None, params.pretty()))
 }
@@ -441,20 +430,9 @@ async fn login(State(api): State<Api>, RawQuery(q): RawQuery, body: Bytes) -> Re
         ));
     }
     let ttl = method.max_token_ttl.filter(|d| !d.0.is_zero()).map(|d| d.0);
-    let accessor = token.accessor_id.clone();
-    api.store
-        .write(Op::AclTokenSet {
-            token: Box::new(token),
-            create: true,
-            ttl,
-        })
-        .await?;
-    let state = api.store.read();
-    let stored = state
-        .acl_token(&accessor)
-        .ok_or_else(|| ApiError::Internal("the login's token was not stored".into()))?;
-    tracing::info!(method = %method.name, accessor = %accessor, "ACL login");
-    Ok(query::json(&token_out(&state, &stored, true), None, params.pretty()))
+    let out = write_token(&api, token, true, ttl).await?;
+    tracing::info!(method = %method.name, accessor = %out.accessor_id, "ACL login");
+    Ok(query::json(&out, None, params.pretty()))
 }
 
 /// Consul's description of a login's token, with the login's `Meta`.
