@@ -26,9 +26,9 @@ pub(crate) struct ServiceNode<'a> {
     address: &'a str,
     #[serde(rename = "Datacenter")]
     datacenter: &'a str,
-    #[serde(rename = "TaggedAddresses")]
+    #[serde(rename = "TaggedAddresses", serialize_with = "null_map")]
     tagged_addresses: &'a BTreeMap<String, String>,
-    #[serde(rename = "NodeMeta")]
+    #[serde(rename = "NodeMeta", serialize_with = "null_map")]
     node_meta: &'a BTreeMap<String, String>,
     #[serde(rename = "ServiceKind")]
     service_kind: ServiceKind,
@@ -40,7 +40,7 @@ pub(crate) struct ServiceNode<'a> {
     service_tags: &'a [String],
     #[serde(rename = "ServiceAddress")]
     service_address: &'a str,
-    #[serde(rename = "ServiceTaggedAddresses")]
+    #[serde(rename = "ServiceTaggedAddresses", skip_serializing_if = "no_addresses")]
     service_tagged_addresses: &'a BTreeMap<String, ServiceAddress>,
     #[serde(rename = "ServiceWeights")]
     service_weights: &'a Weights,
@@ -60,6 +60,16 @@ pub(crate) struct ServiceNode<'a> {
     create_index: Index,
     #[serde(rename = "ModifyIndex")]
     modify_index: Index,
+}
+
+/// An empty node map as Consul writes it: `null`.
+fn null_map<S: serde::Serializer>(map: &&BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    structs::json::ser::null_if_empty(map, s)
+}
+
+/// Consul omits a service's empty tagged addresses.
+fn no_addresses(map: &&BTreeMap<String, ServiceAddress>) -> bool {
+    map.is_empty()
 }
 
 impl<'a> ServiceNode<'a> {

@@ -84,8 +84,7 @@ async fn gateway_services_in_consuls_shape_and_blocking() {
     assert_eq!(
         r.json(),
         json!([{"Gateway": {"Name": "ing"}, "Service": {"Name": "web"}, "GatewayKind": "ingress-gateway",
-            "Port": 8080, "Protocol": "http", "Hosts": ["web.example"], "CAFile": "", "CertFile": "",
-            "KeyFile": "", "SNI": "", "FromWildcard": false}])
+            "Port": 8080, "Protocol": "http", "Hosts": ["web.example"]}])
     );
     // Unknown gateway: an empty list with an index to block on.
     let r = get(&app, "/v1/catalog/gateway-services/nope").await;

@@ -105,7 +105,7 @@ impl ServiceDefinition {
 #[serde(default)]
 pub struct ServiceConnect {
     /// The application speaks mTLS itself and needs no sidecar.
-    #[serde(rename = "Native")]
+    #[serde(rename = "Native", skip_serializing_if = "std::ops::Not::not")]
     pub native: bool,
     /// A sidecar proxy to register along with the service (agent registrations only; the
     /// agent expands it into its own `connect-proxy` instance, see

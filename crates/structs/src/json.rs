@@ -311,9 +311,41 @@ impl<'de> SeqAccess<'de> for Items {
 
 /// Serde helpers for Consul's conventions on output.
 pub mod ser {
+    use serde::{Serialize, Serializer};
+    use std::collections::BTreeMap;
+
     /// `skip_serializing_if` predicate for default values (Consul omits empty optionals).
     pub fn is_default<T: Default + PartialEq>(v: &T) -> bool {
         *v == T::default()
+    }
+
+    /// An empty map as `null`, where Consul writes a nil map (a field without `omitempty`);
+    /// read back with [`super::read::null_as_default`].
+    pub fn null_if_empty<S: Serializer, V: Serialize>(map: &BTreeMap<String, V>, s: S) -> Result<S::Ok, S::Error> {
+        if map.is_empty() {
+            s.serialize_none()
+        } else {
+            map.serialize(s)
+        }
+    }
+
+    /// An empty list as `null`, as [`null_if_empty`] does for maps.
+    pub fn null_if_none<S: Serializer, V: Serialize>(list: &[V], s: S) -> Result<S::Ok, S::Error> {
+        if list.is_empty() {
+            s.serialize_none()
+        } else {
+            list.serialize(s)
+        }
+    }
+}
+
+/// Serde helpers for reading Consul's conventions back.
+pub mod read {
+    use serde::{Deserialize, Deserializer};
+
+    /// `null` as the empty value (what [`super::ser::null_if_empty`] writes for it).
+    pub fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+        Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
     }
 }
 

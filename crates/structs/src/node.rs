@@ -20,11 +20,20 @@ pub struct Node {
     /// Datacenter it belongs to.
     #[serde(rename = "Datacenter")]
     pub datacenter: String,
-    /// Extra addresses by name (`lan`, `wan`, ...); keys are the user's.
-    #[serde(rename = "TaggedAddresses")]
+    /// Extra addresses by name (`lan`, `wan`, ...); keys are the user's. `null` when empty,
+    /// as Consul writes it.
+    #[serde(
+        rename = "TaggedAddresses",
+        serialize_with = "crate::json::ser::null_if_empty",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub tagged_addresses: BTreeMap<String, String>,
-    /// User metadata; keys are the user's.
-    #[serde(rename = "Meta")]
+    /// User metadata; keys are the user's. `null` when empty, as Consul writes it.
+    #[serde(
+        rename = "Meta",
+        serialize_with = "crate::json::ser::null_if_empty",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub meta: BTreeMap<String, String>,
     /// The peer it was imported from (empty: this cluster's own).
     #[serde(rename = "PeerName", skip_serializing_if = "String::is_empty")]

@@ -121,7 +121,7 @@ impl DestinationType {
 #[serde(default)]
 pub struct MeshGatewayConfig {
     /// The mode.
-    #[serde(rename = "Mode")]
+    #[serde(rename = "Mode", skip_serializing_if = "crate::json::ser::is_default")]
     pub mode: MeshGatewayMode,
 }
 
@@ -130,10 +130,13 @@ pub struct MeshGatewayConfig {
 #[serde(default)]
 pub struct TransparentProxyConfig {
     /// Port the outbound listener binds (default 15001).
-    #[serde(rename = "OutboundListenerPort")]
+    #[serde(
+        rename = "OutboundListenerPort",
+        skip_serializing_if = "crate::json::ser::is_default"
+    )]
     pub outbound_listener_port: u16,
     /// Let clients dial this instance's address directly.
-    #[serde(rename = "DialedDirectly")]
+    #[serde(rename = "DialedDirectly", skip_serializing_if = "std::ops::Not::not")]
     pub dialed_directly: bool,
 }
 
@@ -142,20 +145,20 @@ pub struct TransparentProxyConfig {
 #[serde(default)]
 pub struct ExposePath {
     /// Port the proxy listens on for it.
-    #[serde(rename = "ListenerPort")]
+    #[serde(rename = "ListenerPort", skip_serializing_if = "crate::json::ser::is_default")]
     pub listener_port: u16,
     /// HTTP path.
-    #[serde(rename = "Path")]
+    #[serde(rename = "Path", skip_serializing_if = "String::is_empty")]
     pub path: String,
     /// Port of the local service that serves it.
-    #[serde(rename = "LocalPathPort")]
+    #[serde(rename = "LocalPathPort", skip_serializing_if = "crate::json::ser::is_default")]
     pub local_path_port: u16,
     /// `http` or `http2`.
-    #[serde(rename = "Protocol")]
+    #[serde(rename = "Protocol", skip_serializing_if = "String::is_empty")]
     pub protocol: String,
     /// Added by the agent for one of the service's checks (`Expose.Checks`): only this host
     /// and the node's address may reach it.
-    #[serde(rename = "ParsedFromCheck")]
+    #[serde(rename = "ParsedFromCheck", skip_serializing_if = "std::ops::Not::not")]
     pub parsed_from_check: bool,
 }
 
@@ -164,10 +167,10 @@ pub struct ExposePath {
 #[serde(default)]
 pub struct ExposeConfig {
     /// Expose every HTTP and gRPC check of the service automatically.
-    #[serde(rename = "Checks")]
+    #[serde(rename = "Checks", skip_serializing_if = "std::ops::Not::not")]
     pub checks: bool,
     /// Paths exposed explicitly.
-    #[serde(rename = "Paths")]
+    #[serde(rename = "Paths", skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<ExposePath>,
 }
 
@@ -191,16 +194,16 @@ pub struct Upstream {
     #[serde(rename = "DestinationPeer", skip_serializing_if = "String::is_empty")]
     pub destination_peer: String,
     /// Address the outbound listener binds (default 127.0.0.1).
-    #[serde(rename = "LocalBindAddress")]
+    #[serde(rename = "LocalBindAddress", skip_serializing_if = "String::is_empty")]
     pub local_bind_address: String,
     /// Port the outbound listener binds.
-    #[serde(rename = "LocalBindPort")]
+    #[serde(rename = "LocalBindPort", skip_serializing_if = "crate::json::ser::is_default")]
     pub local_bind_port: u16,
     /// Unix socket to bind instead of address and port.
     #[serde(rename = "LocalBindSocketPath", skip_serializing_if = "String::is_empty")]
     pub local_bind_socket_path: String,
     /// Opaque per-upstream config (`protocol`, `connect_timeout_ms`, ...); keys untouched.
-    #[serde(rename = "Config")]
+    #[serde(rename = "Config", skip_serializing_if = "OpaqueConfig::is_empty")]
     pub config: OpaqueConfig,
     /// Mesh gateway mode for this upstream.
     #[serde(rename = "MeshGateway")]
@@ -284,16 +287,16 @@ impl fmt::Display for UpstreamId {
 #[serde(default)]
 pub struct ConnectProxyConfig {
     /// Name of the service this sidecar fronts.
-    #[serde(rename = "DestinationServiceName")]
+    #[serde(rename = "DestinationServiceName", skip_serializing_if = "String::is_empty")]
     pub destination_service_name: String,
     /// Instance id of the service this sidecar fronts.
-    #[serde(rename = "DestinationServiceID")]
+    #[serde(rename = "DestinationServiceID", skip_serializing_if = "String::is_empty")]
     pub destination_service_id: String,
     /// Address of the local application (default 127.0.0.1).
-    #[serde(rename = "LocalServiceAddress")]
+    #[serde(rename = "LocalServiceAddress", skip_serializing_if = "String::is_empty")]
     pub local_service_address: String,
     /// Port of the local application.
-    #[serde(rename = "LocalServicePort")]
+    #[serde(rename = "LocalServicePort", skip_serializing_if = "crate::json::ser::is_default")]
     pub local_service_port: u16,
     /// Unix socket of the local application.
     #[serde(rename = "LocalServiceSocketPath", skip_serializing_if = "String::is_empty")]
@@ -302,10 +305,10 @@ pub struct ConnectProxyConfig {
     #[serde(rename = "Mode")]
     pub mode: ProxyMode,
     /// Opaque proxy config (`protocol`, `bind_address`, `envoy_*` ...); keys untouched.
-    #[serde(rename = "Config")]
+    #[serde(rename = "Config", skip_serializing_if = "OpaqueConfig::is_empty")]
     pub config: OpaqueConfig,
     /// Upstreams.
-    #[serde(rename = "Upstreams")]
+    #[serde(rename = "Upstreams", skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<Upstream>,
     /// Mesh gateway mode default for the upstreams.
     #[serde(rename = "MeshGateway")]
@@ -314,7 +317,7 @@ pub struct ConnectProxyConfig {
     #[serde(rename = "Expose")]
     pub expose: ExposeConfig,
     /// Transparent-proxy settings.
-    #[serde(rename = "TransparentProxy")]
+    #[serde(rename = "TransparentProxy", skip_serializing_if = "crate::json::ser::is_default")]
     pub transparent_proxy: TransparentProxyConfig,
 }
 

@@ -77,28 +77,28 @@ pub struct GatewayService {
     #[serde(rename = "GatewayKind")]
     pub gateway_kind: ServiceKind,
     /// Listener port (ingress).
-    #[serde(rename = "Port")]
+    #[serde(rename = "Port", skip_serializing_if = "crate::json::ser::is_default")]
     pub port: u16,
     /// Listener protocol (ingress).
-    #[serde(rename = "Protocol")]
+    #[serde(rename = "Protocol", skip_serializing_if = "String::is_empty")]
     pub protocol: String,
     /// Hosts the service answers to (ingress); empty: consumers use `<service>.ingress.*`.
-    #[serde(rename = "Hosts")]
+    #[serde(rename = "Hosts", skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
     /// CA bundle to verify the external service (terminating).
-    #[serde(rename = "CAFile")]
+    #[serde(rename = "CAFile", skip_serializing_if = "String::is_empty")]
     pub ca_file: String,
     /// Client certificate (terminating).
-    #[serde(rename = "CertFile")]
+    #[serde(rename = "CertFile", skip_serializing_if = "String::is_empty")]
     pub cert_file: String,
     /// Client key (terminating).
-    #[serde(rename = "KeyFile")]
+    #[serde(rename = "KeyFile", skip_serializing_if = "String::is_empty")]
     pub key_file: String,
     /// SNI to send (terminating).
-    #[serde(rename = "SNI")]
+    #[serde(rename = "SNI", skip_serializing_if = "String::is_empty")]
     pub sni: String,
     /// Added by a `*` entry rather than by name.
-    #[serde(rename = "FromWildcard")]
+    #[serde(rename = "FromWildcard", skip_serializing_if = "std::ops::Not::not")]
     pub from_wildcard: bool,
 }
 
@@ -165,9 +165,10 @@ mod tests {
         assert_eq!(out["Gateway"], json!({"Name": "ing"}));
         assert_eq!(out["Service"], json!({"Name": "web"}));
         assert_eq!(out["GatewayKind"], "ingress-gateway");
-        assert_eq!(out["Hosts"], json!([]));
-        assert_eq!(out["SNI"], "");
-        assert_eq!(out["FromWildcard"], false);
+        // Empty fields omitted, as Consul's `omitempty` does.
+        for key in ["Hosts", "SNI", "FromWildcard", "CAFile"] {
+            assert_eq!(out.get(key), None, "{key}");
+        }
         assert_eq!(crate::json::from_value::<GatewayService>(out).unwrap(), g);
         let lenient: GatewayService = crate::json::from_value(
             json!({"gateway": "ing", "service": {"name": "web", "Namespace": "default"}, "GatewayKind": "ingress-gateway"}),

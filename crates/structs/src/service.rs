@@ -23,7 +23,7 @@ pub const TAGGED_ADDRESS_VIRTUAL_IP: &str = "consul-virtual";
 #[serde(default)]
 pub struct NodeService {
     /// What the service is.
-    #[serde(rename = "Kind")]
+    #[serde(rename = "Kind", skip_serializing_if = "crate::json::ser::is_default")]
     pub kind: ServiceKind,
     /// Instance id, unique on its node; defaults to the name.
     #[serde(rename = "ID")]
@@ -38,13 +38,13 @@ pub struct NodeService {
     #[serde(rename = "Address")]
     pub address: String,
     /// Extra addresses by name; keys are the user's.
-    #[serde(rename = "TaggedAddresses")]
+    #[serde(rename = "TaggedAddresses", skip_serializing_if = "BTreeMap::is_empty")]
     pub tagged_addresses: BTreeMap<String, ServiceAddress>,
     /// User metadata; keys are the user's.
     #[serde(rename = "Meta")]
     pub meta: BTreeMap<String, String>,
-    /// Port.
-    #[serde(rename = "Port")]
+    /// Port (omitted when 0, as Consul's catalog does; the agent's view always shows it).
+    #[serde(rename = "Port", skip_serializing_if = "crate::json::ser::is_default")]
     pub port: u16,
     /// Unix socket path, instead of address and port.
     #[serde(rename = "SocketPath", skip_serializing_if = "String::is_empty")]

@@ -27,8 +27,8 @@ fn fields_of<T: DeserializeOwned>() -> Vec<String> {
 }
 
 /// The fields of a type serialized whole (those with no `skip_serializing_if`).
-fn serialized_fields<T: serde::Serialize + Default>() -> Vec<String> {
-    serde_json::to_value(T::default())
+fn serialized_fields<T: serde::Serialize>(value: T) -> Vec<String> {
+    serde_json::to_value(value)
         .unwrap()
         .as_object()
         .unwrap()
@@ -215,7 +215,12 @@ fn nested_fields_are_honoured_or_refused() {
     );
     let logs = fields_of::<structs::config_entry::AccessLogsConfig>();
     assert_eq!(logs.len(), 6, "a new AccessLogs field: honour or refuse it: {logs:?}");
-    let expose: Vec<String> = serialized_fields::<structs::ExposeConfig>();
+    // Every field set, so that none is left out as empty.
+    let full = structs::ExposeConfig {
+        checks: true,
+        paths: vec![structs::proxy::ExposePath::default()],
+    };
+    let expose: Vec<String> = serialized_fields(full);
     assert_eq!(expose, ["Checks", "Paths"]);
     // Central config's Expose.Checks: the agent reads the sidecar's own only, so refused.
     for kind in ["proxy-defaults", "service-defaults"] {
@@ -225,7 +230,13 @@ fn nested_fields_are_honoured_or_refused() {
         let e = entry.validate().unwrap_err().to_string();
         assert!(e.contains("Expose.Checks"), "{kind}: {e}");
     }
-    let path: Vec<String> = serialized_fields::<structs::ExposePath>();
+    let path: Vec<String> = serialized_fields(structs::proxy::ExposePath {
+        listener_port: 1,
+        path: "/p".into(),
+        local_path_port: 2,
+        protocol: "http".into(),
+        parsed_from_check: true,
+    });
     assert_eq!(
         path,
         ["ListenerPort", "Path", "LocalPathPort", "Protocol", "ParsedFromCheck"]

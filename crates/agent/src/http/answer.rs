@@ -148,12 +148,18 @@ pub(crate) fn agent_service(agent: &Agent, s: &LocalService) -> Value {
     if let Value::Object(m) = &mut v {
         m.remove("CreateIndex");
         m.remove("ModifyIndex");
+        // Consul's `AgentService`: the port always, no peer, the proxy of proxies and
+        // gateways only, `Connect` only for a native service.
+        m.entry("Port").or_insert(Value::from(0));
+        m.remove("PeerName");
         if s.service.kind == structs::ServiceKind::Typical {
-            m.remove("Kind");
             m.remove("Proxy");
+        } else if let Some(Value::Object(proxy)) = m.get_mut("Proxy") {
+            agent_proxy_view(proxy);
         }
-        if s.service.connect == structs::service::ServiceConnect::default() {
-            m.remove("Connect");
+        m.remove("Connect");
+        if s.service.connect.native {
+            m.insert("Connect".into(), serde_json::json!({"Native": true}));
         }
         m.insert("Datacenter".into(), Value::String(agent.config().datacenter.clone()));
         if let Some(managed) = &s.managed {
@@ -161,6 +167,25 @@ pub(crate) fn agent_service(agent: &Agent, s: &LocalService) -> Value {
         }
     }
     v
+}
+
+/// The agent API's proxy block (Consul's `AgentServiceConnectProxyConfig`): its `Mode` and
+/// its upstreams' `DestinationType` and `Datacenter` are omitted when empty, where the
+/// catalog's shows them.
+fn agent_proxy_view(proxy: &mut serde_json::Map<String, Value>) {
+    let empty = |v: Option<&Value>| v.is_some_and(|v| v.as_str() == Some(""));
+    if empty(proxy.get("Mode")) {
+        proxy.remove("Mode");
+    }
+    if let Some(Value::Array(upstreams)) = proxy.get_mut("Upstreams") {
+        for u in upstreams.iter_mut().filter_map(Value::as_object_mut) {
+            for key in ["DestinationType", "Datacenter"] {
+                if empty(u.get(key)) {
+                    u.remove(key);
+                }
+            }
+        }
+    }
 }
 
 /// `?filter=`, parsed for the records an endpoint lists; a bad expression is a 400 naming

@@ -127,7 +127,7 @@ pub struct ApiGateway {
     #[serde(rename = "Status", skip_serializing_if = "Option::is_none")]
     pub status: Option<ConfigEntryStatus>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -340,7 +340,7 @@ pub struct HttpRoute {
     #[serde(rename = "Hostnames")]
     pub hostnames: Vec<String>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Derived conditions (never stored).
     #[serde(rename = "Status", skip_serializing_if = "Option::is_none")]
@@ -382,7 +382,7 @@ pub struct TcpRoute {
     #[serde(rename = "Services")]
     pub services: Vec<TcpService>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Derived conditions (never stored).
     #[serde(rename = "Status", skip_serializing_if = "Option::is_none")]
@@ -409,7 +409,7 @@ pub struct InlineCertificate {
     #[serde(rename = "PrivateKey")]
     pub private_key: String,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -447,7 +447,7 @@ pub struct FileSystemCertificate {
     #[serde(rename = "PrivateKey")]
     pub private_key: String,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

@@ -18,7 +18,7 @@ pub struct ProxyDefaults {
     #[serde(rename = "Config")]
     pub config: OpaqueConfig,
     /// Default proxy mode.
-    #[serde(rename = "Mode")]
+    #[serde(rename = "Mode", skip_serializing_if = "crate::json::ser::is_default")]
     pub mode: ProxyMode,
     /// Default transparent-proxy settings.
     #[serde(rename = "TransparentProxy")]
@@ -45,7 +45,7 @@ pub struct ProxyDefaults {
     #[serde(rename = "PrioritizeByLocality", skip_serializing_if = "Option::is_none")]
     pub prioritize_by_locality: super::DefaultOnly,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -186,7 +186,7 @@ pub struct UpstreamConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfigs {
     /// Per-destination settings.
-    #[serde(rename = "Overrides")]
+    #[serde(rename = "Overrides", skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<UpstreamConfig>,
     /// Settings for every other upstream.
     #[serde(rename = "Defaults", skip_serializing_if = "Option::is_none")]
@@ -204,7 +204,7 @@ pub struct ServiceDefaults {
     #[serde(rename = "Protocol")]
     pub protocol: String,
     /// Proxy mode.
-    #[serde(rename = "Mode")]
+    #[serde(rename = "Mode", skip_serializing_if = "crate::json::ser::is_default")]
     pub mode: ProxyMode,
     /// Transparent-proxy settings.
     #[serde(rename = "TransparentProxy")]
@@ -257,7 +257,7 @@ pub struct ServiceDefaults {
     #[serde(rename = "MutualTLSMode", skip_serializing_if = "Option::is_none")]
     pub mutual_tls_mode: super::DefaultOnly,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

@@ -15,10 +15,10 @@ pub struct ExportedServices {
     #[serde(rename = "Name")]
     pub name: String,
     /// The exported services.
-    #[serde(rename = "Services")]
+    #[serde(rename = "Services", skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ExportedService>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -39,7 +39,7 @@ pub struct ExportedService {
     #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
     pub namespace: String,
     /// Who imports it.
-    #[serde(rename = "Consumers")]
+    #[serde(rename = "Consumers", skip_serializing_if = "Vec::is_empty")]
     pub consumers: Vec<ServiceConsumer>,
 }
 

@@ -85,7 +85,11 @@ pub struct IngressService {
     #[serde(rename = "Partition", skip_serializing_if = "String::is_empty")]
     pub partition: String,
     /// Host names routed to the service (http listeners); empty: `<name>.ingress.*`.
-    #[serde(rename = "Hosts", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        rename = "Hosts",
+        serialize_with = "crate::json::ser::null_if_none",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub hosts: Vec<String>,
     /// The service's own certificate.
     #[serde(rename = "TLS", skip_serializing_if = "Option::is_none")]
@@ -162,7 +166,7 @@ pub struct IngressGateway {
     #[serde(rename = "Defaults", skip_serializing_if = "Option::is_none")]
     pub defaults: Option<IngressServiceConfig>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -235,7 +239,7 @@ pub struct TerminatingGateway {
     #[serde(rename = "Services")]
     pub services: Vec<LinkedService>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

@@ -66,10 +66,10 @@ pub struct IntentionHttpPermission {
     #[serde(rename = "PathRegex", skip_serializing_if = "String::is_empty")]
     pub path_regex: String,
     /// Header conditions.
-    #[serde(rename = "Header")]
+    #[serde(rename = "Header", skip_serializing_if = "Vec::is_empty")]
     pub header: Vec<IntentionHttpHeaderPermission>,
     /// Methods.
-    #[serde(rename = "Methods")]
+    #[serde(rename = "Methods", skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
 }
 
@@ -94,7 +94,7 @@ pub struct IntentionPermission {
 #[serde(default, deny_unknown_fields)]
 pub struct IntentionJwtRequirement {
     /// The providers (any one of them).
-    #[serde(rename = "Providers")]
+    #[serde(rename = "Providers", skip_serializing_if = "Vec::is_empty")]
     pub providers: Vec<IntentionJwtProvider>,
 }
 
@@ -116,10 +116,10 @@ pub struct IntentionJwtProvider {
 #[serde(default, deny_unknown_fields)]
 pub struct IntentionJwtClaimVerification {
     /// Keys from the payload's top down.
-    #[serde(rename = "Path")]
+    #[serde(rename = "Path", skip_serializing_if = "Vec::is_empty")]
     pub path: Vec<String>,
     /// The expected string.
-    #[serde(rename = "Value")]
+    #[serde(rename = "Value", skip_serializing_if = "String::is_empty")]
     pub value: String,
 }
 
@@ -174,7 +174,7 @@ pub struct SourceIntention {
     #[serde(rename = "Action", skip_serializing_if = "Option::is_none")]
     pub action: Option<IntentionAction>,
     /// L7 rules; exclusive with `Action`.
-    #[serde(rename = "Permissions")]
+    #[serde(rename = "Permissions", skip_serializing_if = "Vec::is_empty")]
     pub permissions: Vec<IntentionPermission>,
     /// Computed precedence (read-only).
     #[serde(rename = "Precedence")]
@@ -213,7 +213,7 @@ pub struct ServiceIntentions {
     #[serde(rename = "JWT", skip_serializing_if = "Option::is_none")]
     pub jwt: Option<IntentionJwtRequirement>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

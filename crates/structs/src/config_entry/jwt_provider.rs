@@ -39,7 +39,7 @@ pub struct JwtProvider {
     #[serde(rename = "CacheConfig", skip_serializing_if = "Option::is_none")]
     pub cache_config: Option<JwtCacheConfig>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

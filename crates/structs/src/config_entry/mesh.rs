@@ -26,7 +26,7 @@ pub struct TlsDirectionConfig {
     #[serde(rename = "TLSMaxVersion", skip_serializing_if = "String::is_empty")]
     pub tls_max_version: String,
     /// Cipher suites (TLS 1.2 and below).
-    #[serde(rename = "CipherSuites")]
+    #[serde(rename = "CipherSuites", skip_serializing_if = "Vec::is_empty")]
     pub cipher_suites: Vec<String>,
 }
 
@@ -128,13 +128,16 @@ pub struct MeshConfig {
     #[serde(rename = "HTTP", skip_serializing_if = "Option::is_none")]
     pub http: Option<MeshHttpConfig>,
     /// Let services opt into permissive mTLS.
-    #[serde(rename = "AllowEnablingPermissiveMutualTLS")]
+    #[serde(
+        rename = "AllowEnablingPermissiveMutualTLS",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub allow_enabling_permissive_mutual_tls: bool,
     /// Cluster peering settings.
     #[serde(rename = "Peering", skip_serializing_if = "Option::is_none")]
     pub peering: Option<MeshPeeringConfig>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

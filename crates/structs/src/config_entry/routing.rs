@@ -65,13 +65,13 @@ pub struct ServiceRouteHttpMatch {
     #[serde(rename = "PathRegex", skip_serializing_if = "String::is_empty")]
     pub path_regex: String,
     /// Header conditions.
-    #[serde(rename = "Header")]
+    #[serde(rename = "Header", skip_serializing_if = "Vec::is_empty")]
     pub header: Vec<ServiceRouteHttpMatchHeader>,
     /// Query conditions.
-    #[serde(rename = "QueryParam")]
+    #[serde(rename = "QueryParam", skip_serializing_if = "Vec::is_empty")]
     pub query_param: Vec<ServiceRouteHttpMatchQueryParam>,
     /// Methods.
-    #[serde(rename = "Methods")]
+    #[serde(rename = "Methods", skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
 }
 
@@ -154,7 +154,7 @@ pub struct ServiceRouteDestination {
     #[serde(rename = "RetryOnConnectFailure", skip_serializing_if = "std::ops::Not::not")]
     pub retry_on_connect_failure: bool,
     /// Retry on these status codes.
-    #[serde(rename = "RetryOnStatusCodes")]
+    #[serde(rename = "RetryOnStatusCodes", skip_serializing_if = "Vec::is_empty")]
     pub retry_on_status_codes: Vec<u32>,
     /// Envoy retry conditions (`5xx`, `gateway-error`, `reset`, `connect-failure`, ...).
     #[serde(rename = "RetryOn", skip_serializing_if = "Vec::is_empty")]
@@ -206,7 +206,7 @@ pub struct ServiceRouter {
     #[serde(rename = "Routes")]
     pub routes: Vec<ServiceRoute>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -375,7 +375,7 @@ pub struct ServiceSplitter {
     #[serde(rename = "Splits")]
     pub splits: Vec<ServiceSplit>,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]
@@ -432,10 +432,10 @@ impl Validate for ServiceSplitter {
 #[serde(default, deny_unknown_fields)]
 pub struct ServiceResolverSubset {
     /// Filter expression over the instance (`Service.Meta.version == v2`).
-    #[serde(rename = "Filter")]
+    #[serde(rename = "Filter", skip_serializing_if = "String::is_empty")]
     pub filter: String,
     /// Only passing instances (warning excluded).
-    #[serde(rename = "OnlyPassing")]
+    #[serde(rename = "OnlyPassing", skip_serializing_if = "std::ops::Not::not")]
     pub only_passing: bool,
 }
 
@@ -474,10 +474,10 @@ pub struct ServiceResolverFailover {
     #[serde(rename = "Namespace", skip_serializing_if = "String::is_empty")]
     pub namespace: String,
     /// Datacenters to try, in order.
-    #[serde(rename = "Datacenters")]
+    #[serde(rename = "Datacenters", skip_serializing_if = "Vec::is_empty")]
     pub datacenters: Vec<String>,
     /// Targets to try, in order (exclusive with the fields above).
-    #[serde(rename = "Targets")]
+    #[serde(rename = "Targets", skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<ServiceResolverFailoverTarget>,
     /// Consul's sameness group: not supported (see [`super::DefaultOnly`]).
     #[serde(rename = "SamenessGroup", skip_serializing_if = "Option::is_none")]
@@ -733,13 +733,13 @@ pub struct ServiceResolver {
     #[serde(rename = "DefaultSubset", skip_serializing_if = "String::is_empty")]
     pub default_subset: String,
     /// Subsets by name; names are the user's.
-    #[serde(rename = "Subsets")]
+    #[serde(rename = "Subsets", skip_serializing_if = "BTreeMap::is_empty")]
     pub subsets: BTreeMap<String, ServiceResolverSubset>,
     /// Redirect everything elsewhere.
     #[serde(rename = "Redirect", skip_serializing_if = "Option::is_none")]
     pub redirect: Option<ServiceResolverRedirect>,
     /// Failover by subset name (`*` for all).
-    #[serde(rename = "Failover")]
+    #[serde(rename = "Failover", skip_serializing_if = "BTreeMap::is_empty")]
     pub failover: BTreeMap<String, ServiceResolverFailover>,
     /// Connect timeout.
     #[serde(rename = "ConnectTimeout", skip_serializing_if = "GoDuration::is_zero")]
@@ -754,7 +754,7 @@ pub struct ServiceResolver {
     #[serde(rename = "PrioritizeByLocality", skip_serializing_if = "Option::is_none")]
     pub prioritize_by_locality: super::DefaultOnly,
     /// User metadata; keys untouched.
-    #[serde(rename = "Meta")]
+    #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     /// Index of the write that created it.
     #[serde(rename = "CreateIndex")]

@@ -53,14 +53,24 @@ fn mixed_casing_in_one_body() {
 }
 
 #[test]
-fn null_lists_and_maps_read_as_empty_and_write_as_empty() {
+fn null_lists_and_maps_read_as_empty_and_write_as_consul_does() {
     let svc: NodeService =
         from_value(json!({"Service": "db", "Tags": null, "Meta": null, "Proxy": {"Upstreams": null}})).unwrap();
     assert!(svc.tags.is_empty() && svc.meta.is_empty() && svc.proxy.upstreams.is_empty());
     let out = serde_json::to_value(&svc).unwrap();
+    // Tags always a list; the proxy's empty blocks as Consul's `omitempty` leaves them.
     assert_eq!(out["Tags"], json!([]));
-    assert_eq!(out["Proxy"]["Upstreams"], json!([]));
-    assert_eq!(out["Proxy"]["Expose"]["Paths"], json!([]));
+    assert_eq!(out["Proxy"], json!({"Mode": "", "MeshGateway": {}, "Expose": {}}));
+    assert_eq!(out.get("TaggedAddresses"), None);
+    assert_eq!(out["Connect"], json!({}));
+    // A node's empty maps are `null`, as Consul's are, and read back as empty.
+    let node = crate::Node {
+        node: "n1".into(),
+        ..crate::Node::default()
+    };
+    let out = serde_json::to_value(&node).unwrap();
+    assert_eq!((&out["TaggedAddresses"], &out["Meta"]), (&Value::Null, &Value::Null));
+    assert_eq!(serde_json::from_value::<crate::Node>(out).unwrap(), node);
 }
 
 #[test]
