@@ -16,6 +16,7 @@
 //! likewise, each key a list selector (`"admins" in list.groups`); a missing key reads as
 //! an empty list.
 
+use crate::proxy::ConnectProxyConfig;
 use crate::service::ServiceAddress;
 use crate::{CheckServiceNode, HealthCheck, Node, NodeService};
 use std::collections::BTreeMap;
@@ -115,6 +116,110 @@ impl<T> Selector<T> {
             get: Get::Addresses(get),
         }
     }
+}
+
+/// A record that carries a proxy block, whose nested fields filters select.
+trait HasProxy {
+    fn proxy(&self) -> &ConnectProxyConfig;
+}
+
+impl HasProxy for NodeService {
+    fn proxy(&self) -> &ConnectProxyConfig {
+        &self.proxy
+    }
+}
+
+impl HasProxy for CheckServiceNode {
+    fn proxy(&self) -> &ConnectProxyConfig {
+        &self.service.proxy
+    }
+}
+
+impl HasProxy for CatalogRow {
+    fn proxy(&self) -> &ConnectProxyConfig {
+        &self.1.proxy
+    }
+}
+
+/// The nested selectors of a proxy block under `prefix` (`Proxy`, `Service.Proxy`,
+/// `ServiceProxy`), as Consul's filters name them: its mode and mesh gateway mode, its
+/// upstreams (`is empty`, and each upstream's fields: a test matches when some upstream
+/// passes it), its exposed paths. Built once per record type.
+fn proxy_selectors<T: HasProxy + 'static>(prefix: &str) -> Vec<Selector<T>> {
+    let name = |field: &str| -> &'static str { Box::leak(format!("{prefix}.{field}").into_boxed_str()) };
+    vec![
+        Selector::text(name("Mode"), |r: &T| r.proxy().mode.as_str()),
+        Selector::text(name("MeshGateway.Mode"), |r: &T| r.proxy().mesh_gateway.mode.as_str()),
+        Selector::text(name("LocalServiceSocketPath"), |r: &T| {
+            r.proxy().local_service_socket_path.as_str()
+        }),
+        Selector::collection(name("Upstreams"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.destination_name.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.DestinationName"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.destination_name.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.DestinationType"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.destination_type.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.DestinationNamespace"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.destination_namespace.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.DestinationPeer"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.destination_peer.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.Datacenter"), |r: &T| {
+            r.proxy().upstreams.iter().map(|u| u.datacenter.as_str()).collect()
+        }),
+        Selector::each(name("Upstreams.LocalBindAddress"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.local_bind_address.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.LocalBindSocketPath"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.local_bind_socket_path.as_str())
+                .collect()
+        }),
+        Selector::each(name("Upstreams.MeshGateway.Mode"), |r: &T| {
+            r.proxy()
+                .upstreams
+                .iter()
+                .map(|u| u.mesh_gateway.mode.as_str())
+                .collect()
+        }),
+        Selector::boolean(name("Expose.Checks"), |r: &T| r.proxy().expose.checks),
+        Selector::each(name("Expose.Paths.Path"), |r: &T| {
+            r.proxy().expose.paths.iter().map(|p| p.path.as_str()).collect()
+        }),
+        Selector::each(name("Expose.Paths.Protocol"), |r: &T| {
+            r.proxy().expose.paths.iter().map(|p| p.protocol.as_str()).collect()
+        }),
+    ]
 }
 
 /// Every selector of `T`, as the unknown-selector error lists them.
@@ -318,64 +423,68 @@ const WEIGHT_MAX: u64 = u32::MAX as u64;
 
 impl Record for CheckServiceNode {
     fn selectors() -> &'static [Selector<Self>] {
-        static SELECTORS: &[Selector<CheckServiceNode>] = &[
-            Selector::text("Service.ID", |n| n.service.id.as_str()),
-            Selector::text("Service.Service", |n| n.service.service.as_str()),
-            Selector::text("Service.Address", |n| n.service.address.as_str()),
-            Selector::text("Service.Kind", |n| n.service.kind.as_str()),
-            Selector::text("Service.SocketPath", |n| n.service.socket_path.as_str()),
-            Selector::list("Service.Tags", |n| n.service.tags.as_slice()),
-            Selector::strings("Service.Meta", |n| &n.service.meta),
-            Selector::addresses("Service.TaggedAddresses", |n| &n.service.tagged_addresses),
-            Selector::integer("Service.Port", |n| u64::from(n.service.port), PORT_MAX),
-            Selector::integer(
-                "Service.Weights.Passing",
-                |n| u64::from(n.service.weights.passing),
-                WEIGHT_MAX,
-            ),
-            Selector::integer(
-                "Service.Weights.Warning",
-                |n| u64::from(n.service.weights.warning),
-                WEIGHT_MAX,
-            ),
-            Selector::boolean("Service.EnableTagOverride", |n| n.service.enable_tag_override),
-            Selector::boolean("Service.Connect.Native", |n| n.service.connect.native),
-            Selector::text("Service.Proxy.DestinationServiceName", |n| {
-                n.service.proxy.destination_service_name.as_str()
-            }),
-            Selector::text("Service.Proxy.DestinationServiceID", |n| {
-                n.service.proxy.destination_service_id.as_str()
-            }),
-            Selector::collection("Checks", |n| n.checks.iter().map(|c| c.check_id.as_str()).collect()),
-            Selector::each("Checks.Node", |n| n.checks.iter().map(|c| c.node.as_str()).collect()),
-            Selector::each("Checks.CheckID", |n| {
-                n.checks.iter().map(|c| c.check_id.as_str()).collect()
-            }),
-            Selector::each("Checks.Name", |n| n.checks.iter().map(|c| c.name.as_str()).collect()),
-            Selector::each("Checks.Status", |n| {
-                n.checks.iter().map(|c| c.status.as_str()).collect()
-            }),
-            Selector::each("Checks.Notes", |n| n.checks.iter().map(|c| c.notes.as_str()).collect()),
-            Selector::each("Checks.Output", |n| {
-                n.checks.iter().map(|c| c.output.as_str()).collect()
-            }),
-            Selector::each("Checks.ServiceID", |n| {
-                n.checks.iter().map(|c| c.service_id.as_str()).collect()
-            }),
-            Selector::each("Checks.ServiceName", |n| {
-                n.checks.iter().map(|c| c.service_name.as_str()).collect()
-            }),
-            Selector::each("Checks.Type", |n| {
-                n.checks.iter().map(|c| c.check_type.as_str()).collect()
-            }),
-            Selector::text("Node.ID", |n| n.node.id.as_str()),
-            Selector::text("Node.Node", |n| n.node.node.as_str()),
-            Selector::text("Node.Address", |n| n.node.address.as_str()),
-            Selector::text("Node.Datacenter", |n| n.node.datacenter.as_str()),
-            Selector::strings("Node.Meta", |n| &n.node.meta),
-            Selector::strings("Node.TaggedAddresses", |n| &n.node.tagged_addresses),
-        ];
-        SELECTORS
+        static SELECTORS: std::sync::LazyLock<Vec<Selector<CheckServiceNode>>> = std::sync::LazyLock::new(|| {
+            let mut all: Vec<Selector<CheckServiceNode>> = vec![
+                Selector::text("Service.ID", |n| n.service.id.as_str()),
+                Selector::text("Service.Service", |n| n.service.service.as_str()),
+                Selector::text("Service.Address", |n| n.service.address.as_str()),
+                Selector::text("Service.Kind", |n| n.service.kind.as_str()),
+                Selector::text("Service.SocketPath", |n| n.service.socket_path.as_str()),
+                Selector::list("Service.Tags", |n| n.service.tags.as_slice()),
+                Selector::strings("Service.Meta", |n| &n.service.meta),
+                Selector::addresses("Service.TaggedAddresses", |n| &n.service.tagged_addresses),
+                Selector::integer("Service.Port", |n| u64::from(n.service.port), PORT_MAX),
+                Selector::integer(
+                    "Service.Weights.Passing",
+                    |n| u64::from(n.service.weights.passing),
+                    WEIGHT_MAX,
+                ),
+                Selector::integer(
+                    "Service.Weights.Warning",
+                    |n| u64::from(n.service.weights.warning),
+                    WEIGHT_MAX,
+                ),
+                Selector::boolean("Service.EnableTagOverride", |n| n.service.enable_tag_override),
+                Selector::boolean("Service.Connect.Native", |n| n.service.connect.native),
+                Selector::text("Service.Proxy.DestinationServiceName", |n| {
+                    n.service.proxy.destination_service_name.as_str()
+                }),
+                Selector::text("Service.Proxy.DestinationServiceID", |n| {
+                    n.service.proxy.destination_service_id.as_str()
+                }),
+                Selector::collection("Checks", |n| n.checks.iter().map(|c| c.check_id.as_str()).collect()),
+                Selector::each("Checks.Node", |n| n.checks.iter().map(|c| c.node.as_str()).collect()),
+                Selector::each("Checks.CheckID", |n| {
+                    n.checks.iter().map(|c| c.check_id.as_str()).collect()
+                }),
+                Selector::each("Checks.Name", |n| n.checks.iter().map(|c| c.name.as_str()).collect()),
+                Selector::each("Checks.Status", |n| {
+                    n.checks.iter().map(|c| c.status.as_str()).collect()
+                }),
+                Selector::each("Checks.Notes", |n| n.checks.iter().map(|c| c.notes.as_str()).collect()),
+                Selector::each("Checks.Output", |n| {
+                    n.checks.iter().map(|c| c.output.as_str()).collect()
+                }),
+                Selector::each("Checks.ServiceID", |n| {
+                    n.checks.iter().map(|c| c.service_id.as_str()).collect()
+                }),
+                Selector::each("Checks.ServiceName", |n| {
+                    n.checks.iter().map(|c| c.service_name.as_str()).collect()
+                }),
+                Selector::each("Checks.Type", |n| {
+                    n.checks.iter().map(|c| c.check_type.as_str()).collect()
+                }),
+                Selector::text("Node.ID", |n| n.node.id.as_str()),
+                Selector::text("Node.Node", |n| n.node.node.as_str()),
+                Selector::text("Node.Address", |n| n.node.address.as_str()),
+                Selector::text("Node.Datacenter", |n| n.node.datacenter.as_str()),
+                Selector::strings("Node.Meta", |n| &n.node.meta),
+                Selector::strings("Node.TaggedAddresses", |n| &n.node.tagged_addresses),
+            ];
+            all.extend(proxy_selectors::<CheckServiceNode>("Service.Proxy"));
+            all
+        });
+        &SELECTORS
     }
 }
 
@@ -395,34 +504,38 @@ impl Record for Node {
 
 impl Record for NodeService {
     fn selectors() -> &'static [Selector<Self>] {
-        static SELECTORS: &[Selector<NodeService>] = &[
-            Selector::text("Kind", |s| s.kind.as_str()),
-            Selector::text("ID", |s| s.id.as_str()),
-            Selector::text("Service", |s| s.service.as_str()),
-            Selector::list("Tags", |s| s.tags.as_slice()),
-            Selector::text("Address", |s| s.address.as_str()),
-            Selector::addresses("TaggedAddresses", |s| &s.tagged_addresses),
-            Selector::strings("Meta", |s| &s.meta),
-            Selector::integer("Port", |s| u64::from(s.port), PORT_MAX),
-            Selector::text("SocketPath", |s| s.socket_path.as_str()),
-            Selector::integer("Weights.Passing", |s| u64::from(s.weights.passing), WEIGHT_MAX),
-            Selector::integer("Weights.Warning", |s| u64::from(s.weights.warning), WEIGHT_MAX),
-            Selector::boolean("EnableTagOverride", |s| s.enable_tag_override),
-            Selector::text("Proxy.DestinationServiceName", |s| {
-                s.proxy.destination_service_name.as_str()
-            }),
-            Selector::text("Proxy.DestinationServiceID", |s| {
-                s.proxy.destination_service_id.as_str()
-            }),
-            Selector::text("Proxy.LocalServiceAddress", |s| s.proxy.local_service_address.as_str()),
-            Selector::integer(
-                "Proxy.LocalServicePort",
-                |s| u64::from(s.proxy.local_service_port),
-                PORT_MAX,
-            ),
-            Selector::boolean("Connect.Native", |s| s.connect.native),
-        ];
-        SELECTORS
+        static SELECTORS: std::sync::LazyLock<Vec<Selector<NodeService>>> = std::sync::LazyLock::new(|| {
+            let mut all: Vec<Selector<NodeService>> = vec![
+                Selector::text("Kind", |s| s.kind.as_str()),
+                Selector::text("ID", |s| s.id.as_str()),
+                Selector::text("Service", |s| s.service.as_str()),
+                Selector::list("Tags", |s| s.tags.as_slice()),
+                Selector::text("Address", |s| s.address.as_str()),
+                Selector::addresses("TaggedAddresses", |s| &s.tagged_addresses),
+                Selector::strings("Meta", |s| &s.meta),
+                Selector::integer("Port", |s| u64::from(s.port), PORT_MAX),
+                Selector::text("SocketPath", |s| s.socket_path.as_str()),
+                Selector::integer("Weights.Passing", |s| u64::from(s.weights.passing), WEIGHT_MAX),
+                Selector::integer("Weights.Warning", |s| u64::from(s.weights.warning), WEIGHT_MAX),
+                Selector::boolean("EnableTagOverride", |s| s.enable_tag_override),
+                Selector::text("Proxy.DestinationServiceName", |s| {
+                    s.proxy.destination_service_name.as_str()
+                }),
+                Selector::text("Proxy.DestinationServiceID", |s| {
+                    s.proxy.destination_service_id.as_str()
+                }),
+                Selector::text("Proxy.LocalServiceAddress", |s| s.proxy.local_service_address.as_str()),
+                Selector::integer(
+                    "Proxy.LocalServicePort",
+                    |s| u64::from(s.proxy.local_service_port),
+                    PORT_MAX,
+                ),
+                Selector::boolean("Connect.Native", |s| s.connect.native),
+            ];
+            all.extend(proxy_selectors::<NodeService>("Proxy"));
+            all
+        });
+        &SELECTORS
     }
 }
 
@@ -450,41 +563,45 @@ pub type CatalogRow = (Arc<Node>, Arc<NodeService>);
 
 impl Record for CatalogRow {
     fn selectors() -> &'static [Selector<Self>] {
-        static SELECTORS: &[Selector<CatalogRow>] = &[
-            Selector::text("ID", |(n, _)| n.id.as_str()),
-            Selector::text("Node", |(n, _)| n.node.as_str()),
-            Selector::text("Address", |(n, _)| n.address.as_str()),
-            Selector::text("Datacenter", |(n, _)| n.datacenter.as_str()),
-            Selector::strings("TaggedAddresses", |(n, _)| &n.tagged_addresses),
-            Selector::strings("NodeMeta", |(n, _)| &n.meta),
-            Selector::text("ServiceKind", |(_, s)| s.kind.as_str()),
-            Selector::text("ServiceID", |(_, s)| s.id.as_str()),
-            Selector::text("ServiceName", |(_, s)| s.service.as_str()),
-            Selector::list("ServiceTags", |(_, s)| s.tags.as_slice()),
-            Selector::text("ServiceAddress", |(_, s)| s.address.as_str()),
-            Selector::addresses("ServiceTaggedAddresses", |(_, s)| &s.tagged_addresses),
-            Selector::strings("ServiceMeta", |(_, s)| &s.meta),
-            Selector::integer("ServicePort", |(_, s)| u64::from(s.port), PORT_MAX),
-            Selector::text("ServiceSocketPath", |(_, s)| s.socket_path.as_str()),
-            Selector::integer(
-                "ServiceWeights.Passing",
-                |(_, s)| u64::from(s.weights.passing),
-                WEIGHT_MAX,
-            ),
-            Selector::integer(
-                "ServiceWeights.Warning",
-                |(_, s)| u64::from(s.weights.warning),
-                WEIGHT_MAX,
-            ),
-            Selector::boolean("ServiceEnableTagOverride", |(_, s)| s.enable_tag_override),
-            Selector::text("ServiceProxy.DestinationServiceName", |(_, s)| {
-                s.proxy.destination_service_name.as_str()
-            }),
-            Selector::text("ServiceProxy.DestinationServiceID", |(_, s)| {
-                s.proxy.destination_service_id.as_str()
-            }),
-            Selector::boolean("ServiceConnect.Native", |(_, s)| s.connect.native),
-        ];
-        SELECTORS
+        static SELECTORS: std::sync::LazyLock<Vec<Selector<CatalogRow>>> = std::sync::LazyLock::new(|| {
+            let mut all: Vec<Selector<CatalogRow>> = vec![
+                Selector::text("ID", |(n, _)| n.id.as_str()),
+                Selector::text("Node", |(n, _)| n.node.as_str()),
+                Selector::text("Address", |(n, _)| n.address.as_str()),
+                Selector::text("Datacenter", |(n, _)| n.datacenter.as_str()),
+                Selector::strings("TaggedAddresses", |(n, _)| &n.tagged_addresses),
+                Selector::strings("NodeMeta", |(n, _)| &n.meta),
+                Selector::text("ServiceKind", |(_, s)| s.kind.as_str()),
+                Selector::text("ServiceID", |(_, s)| s.id.as_str()),
+                Selector::text("ServiceName", |(_, s)| s.service.as_str()),
+                Selector::list("ServiceTags", |(_, s)| s.tags.as_slice()),
+                Selector::text("ServiceAddress", |(_, s)| s.address.as_str()),
+                Selector::addresses("ServiceTaggedAddresses", |(_, s)| &s.tagged_addresses),
+                Selector::strings("ServiceMeta", |(_, s)| &s.meta),
+                Selector::integer("ServicePort", |(_, s)| u64::from(s.port), PORT_MAX),
+                Selector::text("ServiceSocketPath", |(_, s)| s.socket_path.as_str()),
+                Selector::integer(
+                    "ServiceWeights.Passing",
+                    |(_, s)| u64::from(s.weights.passing),
+                    WEIGHT_MAX,
+                ),
+                Selector::integer(
+                    "ServiceWeights.Warning",
+                    |(_, s)| u64::from(s.weights.warning),
+                    WEIGHT_MAX,
+                ),
+                Selector::boolean("ServiceEnableTagOverride", |(_, s)| s.enable_tag_override),
+                Selector::text("ServiceProxy.DestinationServiceName", |(_, s)| {
+                    s.proxy.destination_service_name.as_str()
+                }),
+                Selector::text("ServiceProxy.DestinationServiceID", |(_, s)| {
+                    s.proxy.destination_service_id.as_str()
+                }),
+                Selector::boolean("ServiceConnect.Native", |(_, s)| s.connect.native),
+            ];
+            all.extend(proxy_selectors::<CatalogRow>("ServiceProxy"));
+            all
+        });
+        &SELECTORS
     }
 }

@@ -586,7 +586,9 @@ fn unknown_selectors() {
         "{m}"
     );
     assert!(
-        m.contains("Service.Meta.<key>") && m.ends_with("Node.TaggedAddresses.<key>"),
+        m.contains("Service.Meta.<key>")
+            && m.contains("Node.TaggedAddresses.<key>")
+            && m.ends_with("Service.Proxy.Expose.Paths.Protocol"),
         "{m}"
     );
 }
@@ -787,4 +789,60 @@ fn checks_selectors_match_any_check() {
     n.checks.clear();
     assert!(eval("Checks is empty", &n));
     assert!(!eval("Checks.Status == passing", &n));
+}
+
+/// Selectors into a proxy's nested blocks, as Consul's filters name them under each record's
+/// proxy (`Proxy.*` on a service, `Service.Proxy.*` on a health result, `ServiceProxy.*` on a
+/// catalog row): an upstream test matches when some upstream passes it.
+#[test]
+fn nested_proxy_selectors() {
+    let upstream = |name: &str, dc: &str| crate::proxy::Upstream {
+        destination_name: name.into(),
+        datacenter: dc.into(),
+        local_bind_port: 9191,
+        ..crate::proxy::Upstream::default()
+    };
+    let mut svc = NodeService {
+        kind: ServiceKind::ConnectProxy,
+        id: "web-sidecar-proxy".into(),
+        service: "web-sidecar-proxy".into(),
+        ..NodeService::default()
+    };
+    svc.proxy.upstreams = vec![upstream("db", ""), upstream("cache", "dc2")];
+    svc.proxy.expose.paths = vec![crate::proxy::ExposePath {
+        path: "/health".into(),
+        protocol: "http".into(),
+        ..crate::proxy::ExposePath::default()
+    }];
+    let on_service = |expr: &str, s: &NodeService| Filter::<NodeService>::parse(expr).unwrap().matches(s);
+    for (expr, want) in [
+        ("Proxy.Upstreams.DestinationName == db", true),
+        ("Proxy.Upstreams.DestinationName == api", false),
+        ("Proxy.Upstreams.DestinationName != api", true),
+        ("Proxy.Upstreams.Datacenter == dc2", true),
+        ("Proxy.Upstreams is not empty", true),
+        ("cache in Proxy.Upstreams", true),
+        ("Proxy.Mode == \"\"", true),
+        ("Proxy.MeshGateway.Mode == \"\"", true),
+        ("Proxy.Expose.Paths.Path == /health", true),
+        ("Proxy.Expose.Checks == false", true),
+    ] {
+        assert_eq!(on_service(expr, &svc), want, "{expr}");
+    }
+    let mut n = web12();
+    n.service = svc.clone();
+    assert!(
+        Filter::<CheckServiceNode>::parse("Service.Proxy.Upstreams.DestinationName == cache")
+            .unwrap()
+            .matches(&n)
+    );
+    let row: CatalogRow = (std::sync::Arc::new(n.node.clone()), std::sync::Arc::new(svc));
+    assert!(
+        Filter::<CatalogRow>::parse("ServiceProxy.Upstreams.DestinationName == db")
+            .unwrap()
+            .matches(&row)
+    );
+    let plain = NodeService::default();
+    assert!(on_service("Proxy.Upstreams is empty", &plain));
+    assert!(!on_service("Proxy.Upstreams.DestinationName == db", &plain));
 }
