@@ -8,7 +8,6 @@ mod args;
 mod dns;
 mod error;
 mod local;
-mod reload;
 mod settings;
 
 pub use args::AgentArgs;
@@ -85,7 +84,10 @@ pub async fn run(
     let mode = AgentMode {
         agent,
         leave_on_terminate: settings.leave_on_terminate,
-        config_files: args.config_file.clone(),
+        config_files: ::agent::reload::ConfigFiles {
+            paths: args.config_file.clone(),
+            definitions_only: false,
+        },
         hup: Mutex::new(Some(hup)),
         followers: TaskTracker::new(),
     };
@@ -124,7 +126,7 @@ fn start_managed(
 pub struct AgentMode {
     agent: Agent,
     leave_on_terminate: bool,
-    config_files: Vec<PathBuf>,
+    config_files: ::agent::reload::ConfigFiles,
     /// SIGHUP, listened for before the ready line; taken by the reload task.
     hup: Mutex<Option<std::io::Result<Signal>>>,
     /// The followers proxies share (a chain compiled once per agent); each ends with its
@@ -177,7 +179,8 @@ impl Mode for AgentMode {
     }
 
     fn routes(&self, _engine: &Engine) -> axum::Router {
-        ::agent::http::router(self.agent.clone()).merge(reload::router(self.agent.clone(), self.config_files.clone()))
+        ::agent::http::router(self.agent.clone())
+            .merge(::agent::reload::router(self.agent.clone(), self.config_files.clone()))
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
@@ -189,7 +192,7 @@ impl Mode for AgentMode {
             return;
         };
         let (agent, files) = (self.agent.clone(), self.config_files.clone());
-        tasks.spawn(reload::reload_on_sighup(agent, files, hup, stop).instrument(info_span!("reload")));
+        tasks.spawn(::agent::reload::reload_on_sighup(agent, files, hup, stop).instrument(info_span!("reload")));
     }
 
     async fn engine_stopped(&self) {

@@ -133,6 +133,86 @@ impl FileConfig {
         Ok(out)
     }
 
+    /// Reads and merges `paths` in order, refusing any key but `services`/`service` and
+    /// `checks`/`check` (a server's config files: its settings are flags).
+    pub fn load_definitions(paths: &[PathBuf]) -> Result<FileConfig, ConfigError> {
+        let mut out = FileConfig::default();
+        for path in paths {
+            let file = Self::read(path)?;
+            if let Some(key) = file.first_setting() {
+                return Err(ConfigError::Decode {
+                    path: path.clone(),
+                    error: structs::DecodeError {
+                        path: key.to_owned(),
+                        message: "an agent setting: a server's config files hold services and checks only \
+                                  (its settings are flags)"
+                            .into(),
+                    },
+                });
+            }
+            out.merge(file);
+        }
+        Ok(out)
+    }
+
+    /// The name of the first setting given (services and checks aside), if any.
+    fn first_setting(&self) -> Option<&'static str> {
+        // Every field named: a new setting cannot be forgotten here.
+        let FileConfig {
+            node,
+            data_dir,
+            dev,
+            retry_join,
+            http_addr,
+            grpc_addr,
+            datacenter,
+            advertise,
+            node_id,
+            node_meta,
+            log_level,
+            log_json,
+            leave_on_terminate,
+            managed_sidecars,
+            allow_managed_root,
+            allow_managed_api_registration,
+            envoy_binary,
+            check_allowed_targets,
+            ports,
+            services: _,
+            service: _,
+            checks: _,
+            check: _,
+        } = self;
+        let given = [
+            ("Node", node.is_some()),
+            ("DataDir", data_dir.is_some()),
+            ("Dev", dev.is_some()),
+            ("RetryJoin", !retry_join.is_empty()),
+            ("HttpAddr", http_addr.is_some()),
+            ("GrpcAddr", grpc_addr.is_some()),
+            ("Datacenter", datacenter.is_some()),
+            ("Advertise", advertise.is_some()),
+            ("NodeID", node_id.is_some()),
+            ("NodeMeta", !node_meta.is_empty()),
+            ("LogLevel", log_level.is_some()),
+            ("LogJson", log_json.is_some()),
+            ("LeaveOnTerminate", leave_on_terminate.is_some()),
+            ("ManagedSidecars", managed_sidecars.is_some()),
+            ("AllowManagedRoot", allow_managed_root.is_some()),
+            ("AllowManagedApiRegistration", allow_managed_api_registration.is_some()),
+            ("EnvoyBinary", envoy_binary.is_some()),
+            ("CheckAllowedTargets", !check_allowed_targets.is_empty()),
+            (
+                "Ports",
+                ports.sidecar_min_port.is_some()
+                    || ports.sidecar_max_port.is_some()
+                    || ports.expose_min_port.is_some()
+                    || ports.expose_max_port.is_some(),
+            ),
+        ];
+        given.into_iter().find(|(_, set)| *set).map(|(name, _)| name)
+    }
+
     fn read(path: &Path) -> Result<FileConfig, ConfigError> {
         let bytes = std::fs::read(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use structs::agent::ServiceDefinition;
 
-mod answer;
+pub(crate) mod answer;
 mod checks;
 mod connect;
 mod forward;
@@ -30,6 +30,32 @@ use http_kit::Params;
 
 /// The agent's routes.
 pub fn router(agent: Agent) -> Router {
+    let routes = local_routes()
+        .route("/v1/agent/self", get(agent_self))
+        .route("/v1/session/create", put(forward::session_create))
+        .route("/v1/snapshot", put(forward::snapshot_restore))
+        .route("/v1/event/list", get(forward::event_list))
+        .route("/v1/agent/members", get(members))
+        .route("/v1/agent/token/{kind}", put(tokens::set_token))
+        .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
+        .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
+        .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
+        // The dashboard: its catalog pages read through the forwarding below, its proxies
+        // page this agent's own streams.
+        .merge(dashboard::routes())
+        .fallback(forward::forward);
+    with_limits(routes, agent)
+}
+
+/// The routes a server's agent serves beside the server's API (a Consul server is an agent
+/// too): the node's local services and checks. The server answers the rest itself
+/// (`/v1/agent/self`, members, the CA, tokens).
+pub fn server_local_router(agent: Agent) -> Router {
+    with_limits(local_routes(), agent)
+}
+
+/// The node's local services and checks, and maintenance.
+fn local_routes() -> Router<Agent> {
     Router::new()
         .route("/v1/agent/service/register", put(register_service))
         .route("/v1/agent/service/deregister/{id}", put(deregister_service))
@@ -46,19 +72,12 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/check/update/{id}", put(checks::update))
         .route("/v1/agent/health/service/name/{name}", get(checks::health_by_name))
         .route("/v1/agent/health/service/id/{id}", get(checks::health_by_id))
-        .route("/v1/agent/self", get(agent_self))
-        .route("/v1/session/create", put(forward::session_create))
-        .route("/v1/snapshot", put(forward::snapshot_restore))
-        .route("/v1/event/list", get(forward::event_list))
-        .route("/v1/agent/members", get(members))
-        .route("/v1/agent/token/{kind}", put(tokens::set_token))
-        .route("/v1/agent/connect/ca/roots", get(connect::ca_roots))
-        .route("/v1/agent/connect/proxy/{id}", get(connect::managed_proxy))
-        .route("/v1/agent/connect/ca/leaf/{service}", get(connect::ca_leaf))
-        // The dashboard: its catalog pages read through the forwarding below, its proxies
-        // page this agent's own streams.
-        .merge(dashboard::routes())
-        .fallback(forward::forward)
+}
+
+/// `?filter=` refused where a route does not filter, the body limit (a 413 with a plain
+/// reason), and the agent as the routes' state.
+fn with_limits(routes: Router<Agent>, agent: Agent) -> Router {
+    routes
         .layer(axum::middleware::from_fn(http_kit::refuse_filter))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(|resp: Response| async move {
@@ -249,11 +268,27 @@ async fn agent_self(State(agent): State<Agent>, q: Params, headers: HeaderMap) -
     ))
 }
 
+/// `GET /v1/agent/members`: what a Consul client's LAN pool holds, without gossip: this
+/// node, the servers it joined (by address, alive while they answer it), then every other
+/// node the servers keep alive (their member list, asked with the caller's token). With no
+/// server answering, this node and the servers, marked failed.
 async fn members(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> Result<Response, HttpError> {
-    let (_, who) = resolve(&agent, &headers, &q).await?;
+    let (token, who) = resolve(&agent, &headers, &q).await?;
     let c = agent.config();
-    let mut out = Vec::new();
+    // Asked first: the servers' reachability below is then this very attempt's.
     let mut dropped = false;
+    let others: Vec<Value> = match agent.servers().get_as(token.as_ref(), "/v1/agent/members").await {
+        Ok(answer) => {
+            dropped |= answer.filtered;
+            serde_json::from_slice::<Vec<Value>>(&answer.body)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m["Tags"]["role"] == "node" && m["Name"] != c.node.as_str())
+                .collect()
+        }
+        Err(_) => Vec::new(),
+    };
+    let mut out = Vec::new();
     if who.authz.node_read(&c.node) {
         out.push(member(&c.node, &c.advertise, "node", &c.datacenter, true));
     } else {
@@ -267,5 +302,10 @@ async fn members(State(agent): State<Agent>, q: Params, headers: HeaderMap) -> R
             dropped = true;
         }
     }
+    let mut out: Vec<Value> = out
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
+        .collect();
+    out.extend(others);
     Ok(filtered(json_response(StatusCode::OK, &out), dropped))
 }

@@ -24,6 +24,7 @@ pub mod http;
 pub mod local;
 pub mod managed;
 pub mod persist;
+pub mod reload;
 pub mod runtime;
 pub mod sidecar;
 pub mod sync;

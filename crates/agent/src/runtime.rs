@@ -17,6 +17,10 @@ use tracing::{Instrument, info, info_span, warn};
 /// Id prefix of a service's maintenance check.
 pub const MAINTENANCE_PREFIX: &str = "_service_maintenance:";
 
+/// The id of a server's own service on its node (Consul's): the server's, never an agent
+/// registration's.
+pub const SERVER_SERVICE_ID: &str = "consul";
+
 /// Id of the node's maintenance check (Consul's).
 pub const NODE_MAINTENANCE: &str = "_node_maintenance";
 
@@ -77,7 +81,11 @@ impl Agent {
         };
         let state = Arc::new(LocalState::new(config.node.clone()));
         let cancel = CancellationToken::new();
-        let servers = Arc::new(Servers::multiplexed(&config.servers, config.servers_ca_pem.as_deref())?);
+        let servers = Arc::new(Servers::multiplexed_as(
+            &config.servers,
+            config.servers_ca_pem.as_deref(),
+            config.servers_identity_pem.as_deref(),
+        )?);
         let acl = Arc::new(crate::acl::AgentAcl::new(config.acl.clone(), Arc::clone(&servers)));
         let syncer = Arc::new(Syncer::new(
             Arc::clone(&state),
@@ -86,9 +94,17 @@ impl Agent {
                 node: config.node.clone(),
                 id: node_id.clone(),
                 address: config.advertise.clone(),
-                tagged_addresses: crate::sync::tagged_addresses(&config.advertise),
+                tagged_addresses: config
+                    .tagged_addresses
+                    .clone()
+                    .unwrap_or_else(|| crate::sync::tagged_addresses(&config.advertise)),
                 datacenter: config.datacenter.clone(),
                 meta: crate::sync::with_agent_meta(config.node_meta.clone()),
+                server_owned_services: if config.in_server {
+                    vec![SERVER_SERVICE_ID.to_owned()]
+                } else {
+                    Vec::new()
+                },
             },
             config.sync.clone(),
         ));
@@ -115,32 +131,37 @@ impl Agent {
             tracker: TaskTracker::new(),
         }));
         agent.load_persisted().await?;
-        let node = agent.0.config.node.clone();
-        let a = agent.clone();
-        let stop = agent.0.cancel.clone();
-        agent
-            .0
+        agent.spawn_tasks();
+        Ok(agent)
+    }
+
+    /// Anti-entropy, the heartbeat (not in a server), following the servers' ACLs and the
+    /// critical-service reaper, on the agent's tracker.
+    fn spawn_tasks(&self) {
+        let node = self.0.config.node.clone();
+        let a = self.clone();
+        let stop = self.0.cancel.clone();
+        self.0
             .tracker
             .spawn(async move { a.0.syncer.run(stop).await }.instrument(info_span!("anti_entropy", node = %node)));
-        let a = agent.clone();
-        let stop = agent.0.cancel.clone();
-        agent
-            .0
-            .tracker
-            .spawn(async move { a.heartbeat(stop).await }.instrument(info_span!("heartbeat", node = %node)));
-        let acl = Arc::clone(&agent.0.acl);
-        let stop = agent.0.cancel.clone();
-        agent
-            .0
+        // A server keeps its own node alive.
+        if !self.0.config.in_server {
+            let a = self.clone();
+            let stop = self.0.cancel.clone();
+            self.0
+                .tracker
+                .spawn(async move { a.heartbeat(stop).await }.instrument(info_span!("heartbeat", node = %node)));
+        }
+        let acl = Arc::clone(&self.0.acl);
+        let stop = self.0.cancel.clone();
+        self.0
             .tracker
             .spawn(acl.follow(stop).instrument(info_span!("acl_follow", node = %node)));
-        let a = agent.clone();
-        let stop = agent.0.cancel.clone();
-        agent
-            .0
+        let a = self.clone();
+        let stop = self.0.cancel.clone();
+        self.0
             .tracker
             .spawn(async move { a.reap_critical(stop).await }.instrument(info_span!("critical_reaper")));
-        Ok(agent)
     }
 
     async fn load_persisted(&self) -> Result<(), AgentError> {

@@ -76,6 +76,9 @@ pub struct NodeInfo {
     pub datacenter: String,
     /// Node metadata.
     pub meta: BTreeMap<String, String>,
+    /// Services on the node that another owner keeps (a server's own `consul` service):
+    /// anti-entropy neither removes nor compares them.
+    pub server_owned_services: Vec<String>,
 }
 
 /// A node's tagged addresses as Consul's agents register them: `lan` and `wan` (this agent
@@ -284,8 +287,9 @@ impl<C: CatalogApi> Syncer<C> {
         } else {
             structs::json::from_value(remote).map_err(decode)?
         };
-        let checks: Vec<HealthCheck> =
+        let mut checks: Vec<HealthCheck> =
             structs::json::from_value(self.servers.get(paths::health_node(node)).await?).map_err(decode)?;
+        checks.retain(|c| !self.node.server_owned_services.contains(&c.service_id));
         let node_ok = remote.node.as_ref().is_some_and(|n| {
             n.address == self.node.address
                 && n.id == self.node.id
@@ -312,7 +316,11 @@ impl<C: CatalogApi> Syncer<C> {
                 )
                 .await?;
         }
-        let services: Vec<NodeService> = remote.services.into_values().collect();
+        let services: Vec<NodeService> = remote
+            .services
+            .into_values()
+            .filter(|s| !self.node.server_owned_services.contains(&s.id))
+            .collect();
         self.state.reconcile(&services, &checks, &[LIVENESS_CHECK_ID]);
         self.push().await
     }

@@ -96,10 +96,25 @@ impl Servers {
     /// requests (see the module docs); HTTPS verified with `ca_pem` only when given (as
     /// [`Servers::with_ca`]), else with the public roots.
     pub fn multiplexed(addrs: &[String], ca_pem: Option<&[u8]>) -> Result<Self, ServersCaError> {
+        Self::multiplexed_as(addrs, ca_pem, None)
+    }
+
+    /// As [`Servers::multiplexed`], presenting the client certificate of `identity_pem` (its
+    /// certificate chain and private key, PEM) to servers that verify their clients.
+    pub fn multiplexed_as(
+        addrs: &[String],
+        ca_pem: Option<&[u8]>,
+        identity_pem: Option<&[u8]>,
+    ) -> Result<Self, ServersCaError> {
+        let mut builder = multiplexed_builder();
+        if let Some(pem) = identity_pem {
+            let identity = reqwest::Identity::from_pem(pem).map_err(|e| ServersCaError(chain(&e)))?;
+            builder = builder.use_rustls_tls().identity(identity);
+        }
         match ca_pem {
-            Some(pem) => Self::verified(multiplexed_builder(), addrs, pem),
+            Some(pem) => Self::verified(builder, addrs, pem),
             None => {
-                let client = multiplexed_builder().build().map_err(|e| ServersCaError(chain(&e)))?;
+                let client = builder.build().map_err(|e| ServersCaError(chain(&e)))?;
                 Ok(Self::with_client(addrs, client))
             }
         }

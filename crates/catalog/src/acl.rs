@@ -50,6 +50,12 @@ pub struct Resolver {
     /// Parsed policy rules by policy id, with the modify index they were parsed at: a token
     /// resolved again after an ACL change does not parse its policies again.
     parsed: Mutex<HashMap<String, (Index, Arc<Rules>)>>,
+    /// Tokens of the server process itself, known to it alone (never in the state, never
+    /// persisted): its agent's (see [`Resolver::add_internal`]).
+    internal: Mutex<HashMap<Token, Resolved>>,
+    /// The token requests naming none run with (`PUT /v1/agent/token/default`; none: the
+    /// anonymous token). Kept in memory: it lasts until the server stops.
+    default_token: Mutex<Option<Token>>,
 }
 
 #[derive(Debug, Default)]
@@ -73,7 +79,29 @@ impl Resolver {
             },
             cache: Mutex::new(Cache::default()),
             parsed: Mutex::new(HashMap::new()),
+            internal: Mutex::new(HashMap::new()),
+            default_token: Mutex::new(None),
         }
+    }
+
+    /// Sets (or, with `None`, clears) the token of requests that name none.
+    pub fn set_default_token(&self, token: Option<Token>) {
+        *self.default_token.lock() = token;
+    }
+
+    /// Accepts `token`, known to this process alone, as `accessor` holding `rules` (HCL or
+    /// JSON ACL rules). A server gives one to its own agent, which reaches it over HTTP like
+    /// any agent but needs no token made for it: it may write its own node and read the
+    /// catalog, nothing more. It lasts while the process runs.
+    pub fn add_internal(&self, token: Token, accessor: &str, rules: &str) -> Result<(), acl::RuleError> {
+        let rules = Rules::parse(rules)?;
+        let resolved = Resolved {
+            accessor: Arc::from(accessor),
+            authz: Arc::new(Authorizer::new([&rules], false)),
+            expires: None,
+        };
+        self.internal.lock().insert(token, resolved);
+        Ok(())
     }
 
     /// The settings.
@@ -86,10 +114,15 @@ impl Resolver {
         self.settings.enabled
     }
 
-    /// What `token` (none: the anonymous token) may do now.
+    /// What `token` (none: the default token, else the anonymous token) may do now.
     pub fn resolve(&self, state: &State, token: Option<&Token>) -> Result<Resolved, ResolveError> {
         if !self.settings.enabled {
             return Ok(self.all.clone());
+        }
+        let default = self.default_token.lock().clone();
+        let token = token.or(default.as_ref());
+        if let Some(hit) = token.and_then(|t| self.internal.lock().get(t).cloned()) {
+            return Ok(hit);
         }
         let at = state.index_of(&IndexKey::Acl);
         let key = token.cloned();

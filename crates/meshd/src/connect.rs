@@ -82,14 +82,26 @@ async fn sidecar_from_agent(
     };
     // The node name needs agent:read, which a proxy's token may not hold: the agent's xDS
     // then finds the proxy by id among its own.
-    let node = match lookup(api, args, paths::AGENT_SELF).await {
-        Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+    let (node, server) = match lookup(api, args, paths::AGENT_SELF).await {
+        Ok(Answer { body: Some(me), .. }) => (
+            me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
+            me["Config"]["Server"] == true,
+        ),
         Ok(Answer { body: None, .. }) => return Ok(None),
-        Err(e) if e.downcast_ref::<Forbidden>().is_some() => String::new(),
+        Err(e) if e.downcast_ref::<Forbidden>().is_some() => (String::new(), false),
         Err(e) => return Err(e),
     };
     let body = services.body.unwrap_or_default();
     match local_sidecars(&body, service).as_slice() {
+        // A server is an agent of its own node too; a sidecar not registered there is
+        // looked up in the catalog.
+        [] if server => Ok(None),
+        // The token may not read the agent, which may then be a server: the catalog, else
+        // not registered here.
+        [] if node.is_empty() && !services.filtered => match sidecar_from_catalog(api, args, service).await {
+            Ok(found) => Ok(Some(found)),
+            Err(_) => bail!("no sidecar proxy for service {service:?} is registered with {at}"),
+        },
         [one] => {
             let id = one["ID"].as_str().unwrap_or_default().to_owned();
             let name = one["Proxy"]["DestinationServiceName"]
@@ -141,11 +153,12 @@ fn local_sidecars<'a>(services: &'a serde_json::Value, service: &str) -> Vec<&'a
 /// refused: the agent serves only its own node's proxies); at a server, `-node`.
 async fn gateway_node(args: &EnvoyArgs) -> Result<String> {
     let api = Servers::new(&[args.http_addr.to_string()]);
-    // Servers do not have the agent's service list: `-node` is the catalog's node.
+    // At a server, `-node` is the catalog's node (a server serves every node's proxies).
     if lookup(&api, args, paths::AGENT_SERVICES).await?.body.is_none() {
         return Ok(args.node.clone());
     }
     let node = match lookup(&api, args, paths::AGENT_SELF).await {
+        Ok(Answer { body: Some(me), .. }) if me["Config"]["Server"] == true => return Ok(args.node.clone()),
         Ok(Answer { body: Some(me), .. }) => me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned(),
         Ok(Answer { body: None, .. }) => String::new(),
         // Without agent:read, the agent's xDS finds the proxy by id among its own.

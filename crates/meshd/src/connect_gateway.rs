@@ -59,9 +59,9 @@ fn host_port(flag: &str, address: &str) -> Result<(String, u16)> {
     Ok((host.to_owned(), port))
 }
 
-/// Registers `gw` with the agent at `-http-addr` (`PUT /v1/agent/service/register`), or, when
-/// that is a server (the agent route is not there), in its catalog on `-node`
-/// (`PUT /v1/catalog/register`). Name and ID are the gateway's name (or `-proxy-id`).
+/// Registers `gw` with the agent at `-http-addr` (`PUT /v1/agent/service/register`; a
+/// server is the agent of its own node), or, when that is a server and `-node` names
+/// another node, in its catalog on that node (`PUT /v1/catalog/register`). Name and ID are the gateway's name (or `-proxy-id`).
 pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> Result<()> {
     let address = args
         .address
@@ -84,35 +84,40 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
         tagged_addresses: tagged_addresses.clone(),
         ..ServiceDefinition::default()
     };
-    let registered = match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
-        // A server: the agent route is not there; register in its catalog, on the node given.
-        Err(e) if matches!(e.status(), Some(404 | 405)) => {
-            if args.node.is_empty() {
-                bail!(
-                    "-register against a server ({}) needs -node NAME (the catalog node of the gateway)",
-                    args.http_addr
-                );
+    // A server is an agent of its own node too; `-node` naming another node registers in
+    // its catalog there.
+    let own_node = api
+        .get_json_as::<serde_json::Value>(token, paths::AGENT_SELF)
+        .await
+        .ok()
+        .filter(|me| me["Config"]["Server"] == true)
+        .map(|me| me["Config"]["NodeName"].as_str().unwrap_or_default().to_owned());
+    let elsewhere = own_node.is_some_and(|own| !args.node.is_empty() && args.node != own);
+    let catalog = NodeService {
+        kind,
+        id,
+        service: gw.service.clone(),
+        address: definition.address.clone(),
+        port,
+        tagged_addresses,
+        ..NodeService::default()
+    };
+    let registered = if elsewhere {
+        register_in_catalog(&api, args, token, catalog, host).await
+    } else {
+        match api.put_json_as(token, paths::AGENT_SERVICE_REGISTER, &definition).await {
+            // No agent route (an older server): its catalog, on the node given.
+            Err(e) if matches!(e.status(), Some(404 | 405)) => {
+                if args.node.is_empty() {
+                    bail!(
+                        "-register against a server ({}) needs -node NAME (the catalog node of the gateway)",
+                        args.http_addr
+                    );
+                }
+                register_in_catalog(&api, args, token, catalog, host).await
             }
-            let register = RegisterRequest {
-                node: args.node.clone(),
-                address: host,
-                skip_node_update: true,
-                service: Some(NodeService {
-                    kind,
-                    id,
-                    service: gw.service.clone(),
-                    address: definition.address.clone(),
-                    port,
-                    tagged_addresses,
-                    ..NodeService::default()
-                }),
-                ..RegisterRequest::default()
-            };
-            api.put_json_as(token, paths::CATALOG_REGISTER, &register)
-                .await
-                .map_err(|e| (paths::CATALOG_REGISTER, e))
+            other => other.map_err(|e| (paths::AGENT_SERVICE_REGISTER, e)),
         }
-        other => other.map_err(|e| (paths::AGENT_SERVICE_REGISTER, e)),
     };
     match registered {
         Ok(()) => Ok(()),
@@ -121,6 +126,26 @@ pub async fn register(args: &EnvoyArgs, gw: &Gateway, token: Option<&Token>) -> 
         }
         Err((path, e)) => bail!("registering {} {:?}: PUT {path}: {e}", gw.kind, gw.service),
     }
+}
+
+/// Registers `service` in the catalog of the server at `-http-addr`, on `-node` (not empty).
+async fn register_in_catalog(
+    api: &Servers,
+    args: &EnvoyArgs,
+    token: Option<&Token>,
+    service: NodeService,
+    node_address: String,
+) -> Result<(), (&'static str, api_client::ApiError)> {
+    let register = RegisterRequest {
+        node: args.node.clone(),
+        address: node_address,
+        skip_node_update: true,
+        service: Some(service),
+        ..RegisterRequest::default()
+    };
+    api.put_json_as(token, paths::CATALOG_REGISTER, &register)
+        .await
+        .map_err(|e| (paths::CATALOG_REGISTER, e))
 }
 
 /// A mesh gateway's `lan` and `wan` tagged addresses (where this datacenter's proxies and

@@ -85,7 +85,8 @@ fn register_on_a_server_then_bootstrap() {
         )
     );
 
-    // Against a server, -node is needed; a terminating gateway registers the same way.
+    // Without -node, a server registers it on its own node, as the agent it also is (as
+    // Consul's servers do); a terminating gateway registers the same way.
     let out = meshd(&[
         "connect",
         "envoy",
@@ -100,9 +101,12 @@ fn register_on_a_server_then_bootstrap() {
         &http,
         "-bootstrap",
     ]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    assert!(err.contains("needs -node NAME") && err.lines().count() == 1, "{err}");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let own = get(&format!("{}/v1/agent/self", server.http))["Config"]["NodeName"].clone();
+    let nodes = get(&format!("{}/v1/catalog/service/tgw", server.http));
+    assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{nodes}");
+    assert_eq!(nodes[0]["Node"], own, "{nodes}");
+    assert_eq!(nodes[0]["ServiceKind"], "terminating-gateway", "{nodes}");
 }
 
 #[test]

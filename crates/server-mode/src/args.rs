@@ -17,6 +17,11 @@ pub struct ServerArgs {
     /// etcd client URLs, comma-separated (`-store etcd`).
     #[arg(long = "etcd-endpoints", value_name = "URL[,URL...]", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// A JSON config file of `services` and `checks` to register on this server's node, as on
+    /// an agent (repeatable; re-read on SIGHUP and `PUT /v1/agent/reload`). A server's
+    /// settings are flags: any other key is refused.
+    #[arg(long = "config-file", value_name = "PATH")]
+    pub config_file: Vec<PathBuf>,
     /// Every key meshd keeps in etcd starts with this.
     #[arg(long = "etcd-prefix", value_name = "PREFIX", default_value = "/meshd/")]
     pub etcd_prefix: String,

@@ -11,6 +11,7 @@ mod dry_run;
 mod error;
 mod federation;
 mod forward;
+mod own_agent;
 mod peer;
 mod replication;
 mod self_registration;
@@ -57,9 +58,13 @@ pub async fn run(
     let bound = listeners.bound;
     // What this server is known by: its plain listeners, else its TLS ones.
     let api_addr = bound.http_addr.or(bound.https_addr).unwrap_or_else(unspecified);
+    let own_api = own_agent::OwnApi {
+        addr: api_addr,
+        https: bound.http_addr.is_none(),
+    };
     let xds_addr = bound.grpc_addr.or(bound.grpc_tls_addr).unwrap_or_else(unspecified);
     let store = store::open(&args, api_addr, xds_addr, bound.grpc_tls_addr).await?;
-    let mode = ServerMode::start(args, store, api_addr, bound.grpc_tls_addr)
+    let mode = ServerMode::start(args, store, own_api, bound.grpc_tls_addr)
         .await?
         .with_ports(bound.ports());
     node::serve(listeners, mode, shutdown, on_ready)
@@ -214,6 +219,10 @@ pub struct ServerMode {
     peering_stop: CancellationToken,
     /// This server's node id (its node in the catalog, `/v1/agent/self`).
     node_id: String,
+    /// Its agent: the node's local services and checks (see [`own_agent`]).
+    agent: agent::Agent,
+    /// SIGHUP, listened for before the ready line; taken by the reload task.
+    hup: parking_lot::Mutex<Option<std::io::Result<tokio::signal::unix::Signal>>>,
 }
 
 /// What peers dial to reach this cluster's servers: this server's gRPC TLS address and those
@@ -241,6 +250,20 @@ impl node::tls::ServerNames for PeeringNames {
     }
 }
 
+/// The file audit records go to (`-audit-file`), which needs the audit log.
+fn audit_file(args: &ServerArgs) -> Result<Option<http_api::AuditFile>, ServerError> {
+    match (&args.audit_file, args.audit_retention) {
+        (Some(_), 0) => Err(ServerError::Flags(
+            "-audit-file needs the audit log: -audit-retention is 0".into(),
+        )),
+        (Some(path), _) => Ok(Some(
+            http_api::AuditFile::open(path, args.audit_file_rotate_bytes, args.audit_file_rotate_max_files)
+                .map_err(|e| ServerError::Flags(format!("-audit-file {}: {e}", path.display())))?,
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
 /// `-node-id`, else the id kept in the data dir, else (`-dev`) a new one.
 fn server_node_id(args: &ServerArgs) -> Result<String, ServerError> {
     let is_uuid = |id: &str| uuid::Uuid::parse_str(id).is_ok();
@@ -257,24 +280,43 @@ fn server_node_id(args: &ServerArgs) -> Result<String, ServerError> {
 impl ServerMode {
     /// What this server registers of itself in its catalog.
     fn self_registration(&self) -> self_registration::SelfRegistration {
+        Self::registration(
+            &self.args,
+            &self.store,
+            &self.liveness,
+            &self.node_id,
+            self.api_addr,
+            &self.wan.0,
+        )
+    }
+
+    fn registration(
+        args: &ServerArgs,
+        store: &Store,
+        liveness: &Arc<catalog::liveness::Liveness>,
+        node_id: &str,
+        api_addr: SocketAddr,
+        wan: &str,
+    ) -> self_registration::SelfRegistration {
         self_registration::SelfRegistration {
-            store: self.store.clone(),
-            liveness: Arc::clone(&self.liveness),
-            node: self.args.node.clone(),
-            node_id: self.node_id.clone(),
-            api_addr: self.api_addr,
-            wan: self.wan.0.clone(),
+            store: store.clone(),
+            liveness: Arc::clone(liveness),
+            node: args.node.clone(),
+            node_id: node_id.to_owned(),
+            api_addr,
+            wan: wan.to_owned(),
             failing: Arc::default(),
         }
     }
 
     /// The mode over an open `store`: ACLs initialised when enabled.
-    pub async fn start(
+    async fn start(
         args: ServerArgs,
         store: Store,
-        api_addr: SocketAddr,
+        own_api: own_agent::OwnApi,
         grpc_tls_addr: Option<SocketAddr>,
     ) -> Result<Self, ServerError> {
+        let api_addr = own_api.addr;
         let node_id = server_node_id(&args)?;
         let acl = Arc::new(Resolver::new(AclSettings {
             enabled: args.acl_enabled,
@@ -308,18 +350,7 @@ impl ServerMode {
                 replication_metrics.clone(),
             ))
         });
-        let audit_file = match (&args.audit_file, args.audit_retention) {
-            (Some(_), 0) => {
-                return Err(ServerError::Flags(
-                    "-audit-file needs the audit log: -audit-retention is 0".into(),
-                ));
-            }
-            (Some(path), _) => Some(
-                http_api::AuditFile::open(path, args.audit_file_rotate_bytes, args.audit_file_rotate_max_files)
-                    .map_err(|e| ServerError::Flags(format!("-audit-file {}: {e}", path.display())))?,
-            ),
-            (None, _) => None,
-        };
+        let audit_file = audit_file(&args)?;
         let followers = TaskTracker::new();
         let tokens = StoreTokens::start(store.clone(), Arc::clone(&acl), &followers);
         let liveness = Arc::new(catalog::liveness::Liveness::new(
@@ -344,7 +375,15 @@ impl ServerMode {
             },
             peering_stop.clone(),
         );
+        let registration = Self::registration(&args, &store, &liveness, &node_id, api_addr, &wan.0);
+        // In its own catalog before it serves: its first clients find it in place.
+        registration.once().await;
+        let agent = own_agent::start(&args, &registration, &acl, &own_api).await?;
+        // Before the ready line: SIGHUP's default action would end the server.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let mode = Self {
+            agent,
+            hup: parking_lot::Mutex::new(Some(hup)),
             peerings,
             peering_stop,
             node_id,
@@ -364,8 +403,6 @@ impl ServerMode {
             replication_metrics,
             audit_file,
         };
-        // In its own catalog before it serves: its first clients find it in place.
-        mode.self_registration().once().await;
         Ok(mode)
     }
 
@@ -449,7 +486,7 @@ impl Mode for ServerMode {
             )),
         };
         // Outermost: a request for another datacenter goes there before anything here.
-        router.layer(axum::middleware::from_fn_with_state(
+        let router = router.layer(axum::middleware::from_fn_with_state(
             Arc::new(federation::DcForwarder {
                 fed: Arc::clone(&self.fed),
                 replicator: self.replicator.clone(),
@@ -457,7 +494,16 @@ impl Mode for ServerMode {
                 max_body,
             }),
             federation::forward_dc,
-        ))
+        ));
+        // The node's own services and checks, answered here: never forwarded to the
+        // leader or to another datacenter.
+        router
+            .merge(agent::http::server_local_router(self.agent.clone()))
+            .merge(own_agent::token_router(self.agent.clone(), Arc::clone(&self.acl)))
+            .merge(agent::reload::router(
+                self.agent.clone(),
+                own_agent::config_files(&self.args),
+            ))
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
@@ -469,6 +515,15 @@ impl Mode for ServerMode {
     }
 
     fn spawn(&self, engine: &Engine, tasks: &TaskTracker, stop: CancellationToken) {
+        if let Some(hup) = self.hup.lock().take() {
+            let reload = agent::reload::reload_on_sighup(
+                self.agent.clone(),
+                own_agent::config_files(&self.args),
+                hup,
+                stop.clone(),
+            );
+            tasks.spawn(reload.instrument(info_span!("reload")));
+        }
         let grace = self.args.etcd_lease_ttl * 2;
         tasks.spawn(
             balance::run(self.store.clone(), engine.xds.clone(), grace, stop.clone())
@@ -521,6 +576,8 @@ impl Mode for ServerMode {
         self.fed.release_waiters();
         // Peering streams end before the gRPC listeners close (they would hold them open).
         self.peering_stop.cancel();
+        // The agent's checks and anti-entropy stop while the API still answers them.
+        self.agent.shutdown().await;
     }
 
     async fn engine_stopped(&self) {

@@ -30,7 +30,7 @@ pub(crate) struct SelfRegistration {
 }
 
 impl SelfRegistration {
-    fn request(&self) -> RegisterRequest {
+    pub(crate) fn request(&self) -> RegisterRequest {
         let wan_host = self
             .wan
             .rsplit_once(':')

@@ -132,3 +132,17 @@ func run(m *testing.M) int {
 	fmt.Fprintln(os.Stderr, "the agent did not join")
 	return 1
 }
+
+// waitFor polls ok until it holds, failing the test after 10 s: for what reaches the
+// catalog after the call that caused it returned (a check's status, synced in the
+// background as Consul's agents do).
+func waitFor(t testing.TB, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -48,6 +48,9 @@ pub struct AgentConfig {
     /// The CA (PEM) that verifies the servers reached over `https://`; when set, no other
     /// root is trusted (`None`: the public roots).
     pub servers_ca_pem: Option<Vec<u8>>,
+    /// The client certificate and key (PEM) presented to servers that verify their clients
+    /// (a server's own agent, reaching it over HTTPS only).
+    pub servers_identity_pem: Option<Vec<u8>>,
     /// Where HTTP and TCP checks registered through the API may point besides their
     /// service's own address and port (`-check-allowed-targets`; see
     /// [`crate::check_targets`]).
@@ -58,6 +61,14 @@ pub struct AgentConfig {
     pub listeners: Vec<std::net::SocketAddr>,
     /// The ports the agent listens on (`/v1/agent/self`'s `DebugConfig`).
     pub ports: http_kit::Ports,
+    /// The agent of a server, as every Consul server is an agent too: the server registers
+    /// the node and keeps it alive itself, so this agent sends no heartbeats, anti-entropy
+    /// leaves the server's `consul` service alone, and no registration may take its id;
+    /// managed proxies are refused (a server runs none).
+    pub in_server: bool,
+    /// The node's tagged addresses (`None`: `lan`/`wan` at `advertise`, see
+    /// [`crate::sync::tagged_addresses`]); a server registers its WAN address apart.
+    pub tagged_addresses: Option<BTreeMap<String, String>>,
 }
 
 impl Default for AgentConfig {
@@ -79,9 +90,12 @@ impl Default for AgentConfig {
             allow_managed_api_registration: false,
             acl: crate::acl::AclConfig::default(),
             servers_ca_pem: None,
+            servers_identity_pem: None,
             check_allowed_targets: Vec::new(),
             listeners: Vec::new(),
             ports: http_kit::Ports::default(),
+            in_server: false,
+            tagged_addresses: None,
         }
     }
 }

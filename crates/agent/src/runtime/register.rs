@@ -57,6 +57,7 @@ impl Agent {
             BTreeMap::new()
         };
         let mut expanded = sidecar::expand(&def, &ports, &self.0.config.sidecar_ports)?;
+        self.refuse_server_owned(&expanded)?;
         let parent_id = expanded.service.id.clone();
         let mut keep_ids: Vec<String> = vec![parent_id.clone()];
         keep_ids.extend(expanded.sidecar.as_ref().map(|(proxy, _)| proxy.id.clone()));
@@ -118,6 +119,38 @@ impl Agent {
     }
 
     /// A managed proxy's command comes from the HTTP API only when the agent allows it.
+    /// On a server: its own service's id is not for registrations, and it runs no managed
+    /// proxies (Consul 1.4's `Connect.Proxy`).
+    fn refuse_server_owned(&self, expanded: &sidecar::Expanded) -> Result<(), AgentError> {
+        if !self.0.config.in_server {
+            return Ok(());
+        }
+        let invalid = |field: &str, why: String| {
+            Err(AgentError::Invalid(structs::ValidationError::new(
+                field,
+                structs::Problem::Invalid(why),
+            )))
+        };
+        let ids = std::iter::once(&expanded.service.id).chain(expanded.sidecar.as_ref().map(|(p, _)| &p.id));
+        for id in ids {
+            if id == crate::runtime::SERVER_SERVICE_ID {
+                return invalid(
+                    "ID",
+                    format!("{id:?} is this server's own service (as on Consul's servers); register under another id"),
+                );
+            }
+        }
+        if expanded.managed.is_some() {
+            return invalid(
+                "Connect.Proxy",
+                "a server runs no managed proxies: register a sidecar (Connect.SidecarService) and run its proxy \
+                 with `meshd connect envoy`"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     fn refuse_api_command(&self, def: &ServiceDefinition, source: Source) -> Result<(), AgentError> {
         if source == Source::Api
             && !self.0.config.allow_managed_api_registration

@@ -136,6 +136,7 @@ fn setup() -> (Arc<LocalState>, Arc<FakeCatalog>, Arc<Syncer<FakeCatalog>>) {
             tagged_addresses: crate::sync::tagged_addresses("10.0.0.1"),
             datacenter: "dc1".into(),
             meta: crate::sync::with_agent_meta(BTreeMap::new()),
+            server_owned_services: vec!["consul".into()],
         },
         SyncConfig::default(),
     ));
@@ -248,6 +249,13 @@ async fn the_periodic_full_sync_removes_foreign_entries_and_restores_lost_ones()
         f.checks.clear();
         f.services
             .insert("rogue".into(), json!({"ID": "rogue", "Service": "rogue"}));
+        // A server's own service and its check are the server's, not anti-entropy's.
+        f.services
+            .insert("consul".into(), json!({"ID": "consul", "Service": "consul"}));
+        f.checks.insert(
+            "consul-check".into(),
+            json!({"CheckID": "consul-check", "ServiceID": "consul", "Status": "passing"}),
+        );
         f.checks.insert(
             "serfHealth".into(),
             json!({"CheckID": "serfHealth", "Status": "passing"}),
@@ -257,12 +265,12 @@ async fn the_periodic_full_sync_removes_foreign_entries_and_restores_lost_ones()
     }
     // Nothing changed locally: only the next full sync (≤ 60 s) notices.
     tokio::time::sleep(Duration::from_secs(61)).await;
-    assert_eq!(fake.service_ids(), ["web"]);
+    assert_eq!(fake.service_ids(), ["consul", "web"]);
     let checks: Vec<String> = fake.inner.lock().checks.keys().cloned().collect();
     assert_eq!(
         checks,
-        ["serfHealth", "ttl"],
-        "the stray check is gone, the liveness check stays"
+        ["consul-check", "serfHealth", "ttl"],
+        "the stray check is gone; the liveness check and the server's own stay"
     );
     stop.cancel();
     task.await.unwrap();
