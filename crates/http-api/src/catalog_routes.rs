@@ -48,6 +48,9 @@ pub(crate) struct ServiceNode<'a> {
     service_meta: &'a BTreeMap<String, String>,
     #[serde(rename = "ServicePort")]
     service_port: u16,
+    /// Always written (`null` when unset), as Consul's.
+    #[serde(rename = "ServiceLocality")]
+    service_locality: Option<&'a structs::service::Locality>,
     #[serde(rename = "ServiceSocketPath")]
     service_socket_path: &'a str,
     #[serde(rename = "ServiceEnableTagOverride")]
@@ -90,6 +93,7 @@ impl<'a> ServiceNode<'a> {
             service_weights: &svc.weights,
             service_meta: &svc.meta,
             service_port: svc.port,
+            service_locality: svc.locality.as_ref(),
             service_socket_path: &svc.socket_path,
             service_enable_tag_override: svc.enable_tag_override,
             service_proxy: &svc.proxy,

@@ -329,6 +329,18 @@ pub mod ser {
         }
     }
 
+    /// An empty JSON object as `null`, as [`null_if_empty`] does for maps.
+    pub fn null_if_no_keys<S: Serializer>(
+        map: &serde_json::Map<String, serde_json::Value>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        if map.is_empty() {
+            s.serialize_none()
+        } else {
+            map.serialize(s)
+        }
+    }
+
     /// An empty list as `null`, as [`null_if_empty`] does for maps.
     pub fn null_if_none<S: Serializer, V: Serialize>(list: &[V], s: S) -> Result<S::Ok, S::Error> {
         if list.is_empty() {

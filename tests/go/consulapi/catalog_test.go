@@ -206,3 +206,79 @@ func TestUnknownPathNamesThePath(t *testing.T) {
 		t.Fatalf("unknown path: %d %q", resp.StatusCode, body)
 	}
 }
+
+// Empty values come back as Consul writes them: omitted where its fields are `omitempty`,
+// `null` where it writes a nil map; and ?filter= reaches into a proxy's upstreams.
+func TestEmptyValuesAndNestedFiltersLookLikeConsuls(t *testing.T) {
+	c := client(t, server, "")
+	_, err := c.Catalog().Register(&api.CatalogRegistration{
+		Node: "shape-node", Address: "10.1.1.1",
+		Service: &api.AgentService{ID: "shape-web", Service: "shape-web", Port: 80},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Catalog().Register(&api.CatalogRegistration{
+		Node: "shape-node", Address: "10.1.1.1", SkipNodeUpdate: true,
+		Service: &api.AgentService{
+			Kind: api.ServiceKindConnectProxy, ID: "shape-web-sidecar-proxy", Service: "shape-web-sidecar-proxy", Port: 21000,
+			Proxy: &api.AgentServiceConnectProxyConfig{
+				DestinationServiceName: "shape-web",
+				Upstreams:              []api.Upstream{{DestinationName: "shape-db", LocalBindPort: 9000}},
+			},
+		},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []map[string]interface{}
+	if _, err := c.Raw().Query("/v1/catalog/service/shape-web", &rows, nil); err != nil || len(rows) != 1 {
+		t.Fatalf("catalog service: %v %v", rows, err)
+	}
+	row := rows[0]
+	for key, want := range map[string]interface{}{"TaggedAddresses": nil, "NodeMeta": nil, "ServiceLocality": nil} {
+		if got, ok := row[key]; !ok || got != want {
+			t.Errorf("%s: %v (present: %v), want null", key, got, ok)
+		}
+	}
+	if _, ok := row["ServiceTaggedAddresses"]; ok {
+		t.Errorf("ServiceTaggedAddresses written empty: %v", row["ServiceTaggedAddresses"])
+	}
+	proxy, _ := row["ServiceProxy"].(map[string]interface{})
+	for _, key := range []string{"Upstreams", "Config", "DestinationServiceName", "LocalServicePort"} {
+		if _, ok := proxy[key]; ok {
+			t.Errorf("ServiceProxy.%s written empty: %v", key, proxy)
+		}
+	}
+	if gw, ok := proxy["MeshGateway"].(map[string]interface{}); !ok || len(gw) != 0 {
+		t.Errorf("ServiceProxy.MeshGateway: %v, want {}", proxy["MeshGateway"])
+	}
+	// A resolver with nothing set has no Subsets, Failover or Meta.
+	if _, _, err := c.ConfigEntries().Set(&api.ServiceResolverConfigEntry{Kind: api.ServiceResolver, Name: "shape-db"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var resolver map[string]interface{}
+	if _, err := c.Raw().Query("/v1/config/service-resolver/shape-db", &resolver, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"Subsets", "Failover", "Meta"} {
+		if _, ok := resolver[key]; ok {
+			t.Errorf("resolver %s written empty: %v", key, resolver)
+		}
+	}
+	// Nested selectors, through the client's Filter.
+	for filter, want := range map[string]int{
+		`Service.Proxy.Upstreams.DestinationName == "shape-db"`: 1,
+		`Service.Proxy.Upstreams.DestinationName == "nope"`:     0,
+		`Service.Proxy.Upstreams is empty`:                       0,
+	} {
+		entries, _, err := c.Health().Service("shape-web-sidecar-proxy", "", false, &api.QueryOptions{Filter: filter})
+		if err != nil || len(entries) != want {
+			t.Errorf("health filter %q: %d entries, want %d (%v)", filter, len(entries), want, err)
+		}
+	}
+	services, _, err := c.Catalog().Service("shape-web-sidecar-proxy", "", &api.QueryOptions{Filter: `ServiceProxy.Upstreams.LocalBindAddress == ""`})
+	if err != nil || len(services) != 1 {
+		t.Errorf("catalog filter on upstreams: %v %v", services, err)
+	}
+}

@@ -33,9 +33,10 @@ fn agent_check(agent: &Agent, who: &Resolved, c: &LocalCheck) -> Value {
         _ => serde_json::to_value(&c.check),
     }
     .unwrap_or(Value::Null);
+    // Consul's agent shows a local check's raft indexes as 0.
     if let Value::Object(m) = &mut v {
-        m.remove("CreateIndex");
-        m.remove("ModifyIndex");
+        m.insert("CreateIndex".into(), Value::from(0));
+        m.insert("ModifyIndex".into(), Value::from(0));
     }
     v
 }

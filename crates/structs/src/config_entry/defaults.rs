@@ -14,8 +14,13 @@ pub struct ProxyDefaults {
     /// Always `global`.
     #[serde(rename = "Name")]
     pub name: String,
-    /// Opaque proxy config merged under each proxy's own; keys untouched.
-    #[serde(rename = "Config")]
+    /// Opaque proxy config merged under each proxy's own; keys untouched. `null` when
+    /// empty, as Consul writes it.
+    #[serde(
+        rename = "Config",
+        serialize_with = "crate::json::ser::null_if_no_keys",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub config: OpaqueConfig,
     /// Default proxy mode.
     #[serde(rename = "Mode", skip_serializing_if = "crate::json::ser::is_default")]

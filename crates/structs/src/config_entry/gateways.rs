@@ -55,16 +55,13 @@ pub struct GatewayServiceTlsConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct IngressServiceConfig {
     /// Most connections to all instances (0: Envoy's default).
-    #[serde(rename = "MaxConnections", skip_serializing_if = "crate::json::ser::is_default")]
+    #[serde(rename = "MaxConnections")]
     pub max_connections: u32,
     /// Most requests waiting for a connection (0: Envoy's default).
-    #[serde(rename = "MaxPendingRequests", skip_serializing_if = "crate::json::ser::is_default")]
+    #[serde(rename = "MaxPendingRequests")]
     pub max_pending_requests: u32,
     /// Most requests in flight (0: Envoy's default).
-    #[serde(
-        rename = "MaxConcurrentRequests",
-        skip_serializing_if = "crate::json::ser::is_default"
-    )]
+    #[serde(rename = "MaxConcurrentRequests")]
     pub max_concurrent_requests: u32,
     /// Outlier detection.
     #[serde(rename = "PassiveHealthCheck", skip_serializing_if = "Option::is_none")]
@@ -160,7 +157,11 @@ pub struct IngressGateway {
     #[serde(rename = "TLS")]
     pub tls: GatewayTlsConfig,
     /// Listeners by port.
-    #[serde(rename = "Listeners")]
+    #[serde(
+        rename = "Listeners",
+        serialize_with = "crate::json::ser::null_if_none",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub listeners: Vec<IngressListener>,
     /// Limits for services that set none.
     #[serde(rename = "Defaults", skip_serializing_if = "Option::is_none")]
@@ -236,7 +237,11 @@ pub struct TerminatingGateway {
     #[serde(rename = "Name")]
     pub name: String,
     /// The services it represents.
-    #[serde(rename = "Services")]
+    #[serde(
+        rename = "Services",
+        serialize_with = "crate::json::ser::null_if_none",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub services: Vec<LinkedService>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]

@@ -207,7 +207,11 @@ pub struct ServiceIntentions {
     #[serde(rename = "Name")]
     pub name: String,
     /// Sources and what they may do.
-    #[serde(rename = "Sources")]
+    #[serde(
+        rename = "Sources",
+        serialize_with = "crate::json::ser::null_if_none",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub sources: Vec<SourceIntention>,
     /// A token every request to the service must carry, whatever its source.
     #[serde(rename = "JWT", skip_serializing_if = "Option::is_none")]

@@ -203,7 +203,11 @@ pub struct ServiceRouter {
     #[serde(rename = "Name")]
     pub name: String,
     /// Routes, first match wins.
-    #[serde(rename = "Routes")]
+    #[serde(
+        rename = "Routes",
+        serialize_with = "crate::json::ser::null_if_none",
+        deserialize_with = "crate::json::read::null_as_default"
+    )]
     pub routes: Vec<ServiceRoute>,
     /// User metadata; keys untouched.
     #[serde(rename = "Meta", skip_serializing_if = "BTreeMap::is_empty")]
