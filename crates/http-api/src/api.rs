@@ -40,6 +40,10 @@ pub struct ApiConfig {
     pub dry_run: Option<Arc<dyn crate::dry_run::DryRun>>,
     /// Cluster peering (none: `/v1/peering` answers that it is not available).
     pub peering: Option<Arc<peering::Peerings>>,
+    /// Routes the server answers for its own node (its agent's: see
+    /// [`http_kit::node_local`]), served behind the API's front (token resolution, audit,
+    /// metrics, refusals) like the rest.
+    pub local: Option<axum::Router>,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +61,7 @@ impl Default for ApiConfig {
             audit_file: None,
             dry_run: None,
             peering: None,
+            local: None,
         }
     }
 }

@@ -82,6 +82,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 /// The routes, and every path registered (a test checks each has its ACL row).
 pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'static str>) {
     let metrics = Arc::clone(&config.metrics);
+    let local = config.local.clone();
     let auditor = api::auditor(&store, &config);
     let api = Api::new(api::ApiParts {
         store,
@@ -167,6 +168,10 @@ pub fn router_and_paths(store: Store, config: ApiConfig) -> (Router, Vec<&'stati
     r.add("/v1/internal/service-virtual-ip/{service}", get(ui::virtual_ip));
     add_acl_routes(&mut r);
     let Routes { router, paths } = r;
+    let router = match local {
+        Some(local) => router.merge(local.with_state(())),
+        None => router,
+    };
     let router = router
         .merge(dashboard::routes())
         .fallback(not_found)

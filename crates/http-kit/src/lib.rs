@@ -399,6 +399,22 @@ const DRY_RUNNABLE: &[(&str, &str)] = &[
     ("PUT", "/v1/catalog/deregister"),
 ];
 
+/// Paths a node answers for itself, whatever it is: its agent's local services and checks,
+/// node maintenance, its tokens, its config reload. A server never forwards them (to the
+/// leader, to another datacenter): they are about the node that was asked.
+pub fn node_local(path: &str) -> bool {
+    const PREFIXES: [&str; 7] = [
+        "/v1/agent/service/",
+        "/v1/agent/services",
+        "/v1/agent/check/",
+        "/v1/agent/checks",
+        "/v1/agent/health/service/",
+        "/v1/agent/token/",
+        "/v1/agent/maintenance",
+    ];
+    path == "/v1/agent/reload" || PREFIXES.iter().any(|p| path.starts_with(p))
+}
+
 /// What [`refuse_filter`] also answers: `?dry-run` on a write that has no dry run is a 400
 /// saying that nothing was written, rather than the write done for real (an unknown
 /// parameter is otherwise ignored, as Consul does). Reads ignore it.

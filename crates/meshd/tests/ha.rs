@@ -142,6 +142,27 @@ async fn three_servers_share_one_catalog_leadership_and_every_acknowledged_write
     })
     .await;
 
+    // A follower is the agent of its own node: a registration there lands on its node (the
+    // agent's write itself goes through the leader), never the leader's.
+    let follower = servers.iter().position(|s| s.http_addr != leader).unwrap();
+    let resp = put(
+        &client,
+        format!("{}/v1/agent/service/register", servers[follower].http()),
+        json!({"Name": "on-follower", "Port": 1}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap_or_default());
+    let on = wait_for(|| async {
+        let (rows, _) = json_of(
+            &client,
+            &format!("{}/v1/catalog/service/on-follower", servers[0].http()),
+        )
+        .await;
+        rows.get(0).map(|r| r["Node"].clone())
+    })
+    .await;
+    assert_eq!(on, format!("server-{follower}"));
+
     // A fourth server under a live one's name refuses to start (after the TTL in which a
     // crashed holder's lease would have expired), and the three stay three.
     let endpoints = etcd.endpoints_arg();

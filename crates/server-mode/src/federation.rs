@@ -439,6 +439,9 @@ pub(crate) async fn forward_dc(State(fwd): State<Arc<DcForwarder>>, req: Request
 
 /// The datacenter `?dc=` names, when it is not `local`.
 fn other_dc(req: &Request, local: &str) -> Option<String> {
+    if http_kit::node_local(req.uri().path()) {
+        return None;
+    }
     let query = req.uri().query().filter(|q| q.contains("dc="))?;
     let params = http_kit::Params::parse(Some(query));
     params

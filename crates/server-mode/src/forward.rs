@@ -72,7 +72,12 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
     // A snapshot restore is served where it lands: any server can write it (see
     // `catalog::etcd`), and its body is larger than a write's.
     let path = req.uri().path();
-    if !is_write(req.method()) || !path.starts_with("/v1/") || path == "/v1/snapshot" || *cluster.leading().borrow() {
+    if !is_write(req.method())
+        || !path.starts_with("/v1/")
+        || path == "/v1/snapshot"
+        || http_kit::node_local(path)
+        || *cluster.leading().borrow()
+    {
         return next.run(req).await;
     }
     let Some(leader) = cluster.status().leader.filter(|l| l.name != cluster.me().name) else {

@@ -406,6 +406,17 @@ impl ServerMode {
         Ok(mode)
     }
 
+    /// The node's own services and checks, its tokens and reload: its agent's routes,
+    /// answered by the server asked (never forwarded: [`http_kit::node_local`]).
+    fn local_routes(&self) -> axum::Router {
+        agent::http::server_local_router(self.agent.clone())
+            .merge(own_agent::token_router(self.agent.clone(), Arc::clone(&self.acl)))
+            .merge(agent::reload::router(
+                self.agent.clone(),
+                own_agent::config_files(&self.args),
+            ))
+    }
+
     /// The same, listening on `ports` (`/v1/agent/self` shows them).
     pub fn with_ports(mut self, ports: http_kit::Ports) -> Self {
         self.ports = ports;
@@ -472,6 +483,7 @@ impl Mode for ServerMode {
             audit_file: self.audit_file.clone(),
             dry_run: Some(Arc::new(dry_run::ProxyDryRun(engine.manager.clone()))),
             peering: Some(Arc::clone(&self.peerings)),
+            local: Some(self.local_routes()),
             ..http_api::ApiConfig::default()
         };
         let max_body = api.max_body;
@@ -486,7 +498,7 @@ impl Mode for ServerMode {
             )),
         };
         // Outermost: a request for another datacenter goes there before anything here.
-        let router = router.layer(axum::middleware::from_fn_with_state(
+        router.layer(axum::middleware::from_fn_with_state(
             Arc::new(federation::DcForwarder {
                 fed: Arc::clone(&self.fed),
                 replicator: self.replicator.clone(),
@@ -494,16 +506,7 @@ impl Mode for ServerMode {
                 max_body,
             }),
             federation::forward_dc,
-        ));
-        // The node's own services and checks, answered here: never forwarded to the
-        // leader or to another datacenter.
-        router
-            .merge(agent::http::server_local_router(self.agent.clone()))
-            .merge(own_agent::token_router(self.agent.clone(), Arc::clone(&self.acl)))
-            .merge(agent::reload::router(
-                self.agent.clone(),
-                own_agent::config_files(&self.args),
-            ))
+        ))
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
