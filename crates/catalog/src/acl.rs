@@ -84,6 +84,11 @@ impl Resolver {
         }
     }
 
+    /// Whether `token` is one of this process's own ([`Resolver::add_internal`]).
+    pub fn is_internal(&self, token: &Token) -> bool {
+        self.internal.lock().contains_key(token)
+    }
+
     /// Sets (or, with `None`, clears) the token of requests that name none.
     pub fn set_default_token(&self, token: Option<Token>) {
         *self.default_token.lock() = token;

@@ -1122,3 +1122,38 @@ async fn audit_records_are_committed_with_their_writes_and_kept_across_a_restart
     assert_eq!(kept(&store), vec![(1, true), (2, false)]);
     store.close().await;
 }
+
+/// A process's own token (a server's agent's) resolves to its rules alone, is known to this
+/// resolver only, and a default token stands in for requests naming none.
+#[tokio::test]
+async fn internal_and_default_tokens_resolve_as_set() {
+    let store = mem_store().await;
+    let state = store.read();
+    let resolver = ::catalog::acl::Resolver::new(::catalog::acl::AclSettings {
+        enabled: true,
+        default_allow: false,
+        datacenter: "dc1".into(),
+    });
+    let own = structs::Token::new("5e1f0c2d-1111-4222-8333-944455556666").unwrap();
+    resolver
+        .add_internal(
+            own.clone(),
+            "server-agent",
+            "node \"s1\" { policy = \"write\" }\nservice_prefix \"\" { policy = \"read\" }",
+        )
+        .unwrap();
+    assert!(resolver.is_internal(&own));
+    let who = resolver.resolve(&state, Some(&own)).unwrap();
+    assert_eq!(&*who.accessor, "server-agent");
+    assert!(who.authz.node_write("s1") && !who.authz.node_write("s2"));
+    assert!(who.authz.service_read("web") && !who.authz.service_write("web"));
+    assert!(!who.authz.acl_read(), "nothing beyond its rules");
+    let other = ::catalog::acl::Resolver::new(resolver.settings().clone());
+    assert!(!other.is_internal(&own) && other.resolve(&state, Some(&own)).is_err());
+    // No default token: anonymous (default deny); with one, requests naming none hold it.
+    assert!(!resolver.resolve(&state, None).unwrap().authz.node_write("s1"));
+    resolver.set_default_token(Some(own.clone()));
+    assert!(resolver.resolve(&state, None).unwrap().authz.node_write("s1"));
+    resolver.set_default_token(None);
+    assert!(!resolver.resolve(&state, None).unwrap().authz.node_write("s1"));
+}

@@ -36,12 +36,15 @@ pub(crate) struct Forwarder {
     store: Store,
     client: reqwest::Client,
     max_body: usize,
+    /// Knows this process's own tokens (its agent's), which no other server would accept.
+    acl: Arc<catalog::acl::Resolver>,
 }
 
 impl Forwarder {
     /// Forwards for `store` (a no-op layer when the store has no cluster).
-    pub(crate) fn new(store: Store, max_body: usize) -> Arc<Self> {
+    pub(crate) fn new(store: Store, max_body: usize, acl: Arc<catalog::acl::Resolver>) -> Arc<Self> {
         Arc::new(Self {
+            acl,
             store,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -78,6 +81,12 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
         || http_kit::node_local(path)
         || *cluster.leading().borrow()
     {
+        return next.run(req).await;
+    }
+    // This server's own agent writes with a token only this process knows: served here,
+    // as a write is when the leader cannot be reached (any server may write the store).
+    let params = http_kit::Params::parse(req.uri().query());
+    if http_kit::token(req.headers(), &params).is_some_and(|t| fwd.acl.is_internal(&t)) {
         return next.run(req).await;
     }
     let Some(leader) = cluster.status().leader.filter(|l| l.name != cluster.me().name) else {

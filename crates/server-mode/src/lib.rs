@@ -493,7 +493,7 @@ impl Mode for ServerMode {
         let router = match self.store.cluster() {
             None => router,
             Some(_) => router.layer(axum::middleware::from_fn_with_state(
-                forward::Forwarder::new(self.store.clone(), max_body),
+                forward::Forwarder::new(self.store.clone(), max_body, Arc::clone(&self.acl)),
                 forward::forward_writes,
             )),
         };

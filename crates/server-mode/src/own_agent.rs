@@ -70,6 +70,11 @@ pub(crate) async fn start(
         in_server: true,
         ..AgentConfig::default()
     };
+    if config.data_dir.is_none() && !args.dev {
+        tracing::info!(
+            "no -data-dir: what is registered through this server's agent is kept in memory and goes at its restart"
+        );
+    }
     let agent = Agent::start(config)
         .await
         .map_err(|e| ServerError::Store(format!("the server's agent: {}", crate::error::chain(&e))))?;
