@@ -54,6 +54,8 @@ pub fn expose_checks(
             continue;
         }
         *url = parsed.to_string();
+        // Consul's check shows the port it is exposed on.
+        check.check.exposed_port = listener_port;
     }
     Ok(skipped)
 }

@@ -209,6 +209,8 @@ pub fn health_check(id: String, name: String, def: &CheckType, kind: &CheckKind)
         status: def.status.unwrap_or(HealthStatus::Critical),
         notes: def.notes.clone(),
         check_type: kind.type_name().into(),
+        interval: go_duration_text(def.interval),
+        timeout: go_duration_text(def.timeout),
         definition: HealthCheckDefinition {
             http: def.http.clone(),
             method: def.method.clone(),
@@ -222,6 +224,11 @@ pub fn health_check(id: String, name: String, def: &CheckType, kind: &CheckKind)
         },
         ..HealthCheck::default()
     }
+}
+
+/// A duration as Consul's check shows it: Go's text, `""` when unset.
+fn go_duration_text(d: structs::GoDuration) -> String {
+    if d.is_zero() { String::new() } else { d.to_string() }
 }
 
 #[cfg(test)]

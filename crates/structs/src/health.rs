@@ -79,6 +79,16 @@ pub struct HealthCheck {
     /// `http`, `tcp`, `ttl`, `grpc`, `alias`, ... (informational).
     #[serde(rename = "Type")]
     pub check_type: String,
+    /// How often it runs, as Consul shows it beside the definition (`10s`; `""`: not a
+    /// periodic check).
+    #[serde(rename = "Interval")]
+    pub interval: String,
+    /// How long one run may take (`""`: the default).
+    #[serde(rename = "Timeout")]
+    pub timeout: String,
+    /// The proxy port an exposed check is reached through (0: not exposed).
+    #[serde(rename = "ExposedPort")]
+    pub exposed_port: u16,
     /// How it is run.
     #[serde(rename = "Definition")]
     pub definition: HealthCheckDefinition,
