@@ -97,3 +97,32 @@ def test_a_servers_members_list_the_servers_and_the_agents_nodes(client, request
     nodes = eventually(lambda: [m for m in client.agent.members() if m["Name"] == "host-9"], what="host-9 listed")
     assert nodes[0]["Tags"]["role"] == "node" and nodes[0]["Status"] == 1 and nodes[0]["Addr"] == "10.0.0.9"
     assert all(m["Tags"]["role"] == "consul" for m in client.agent.members(wan=True))
+
+
+def test_a_server_is_the_agent_of_its_own_node(client):
+    """py-consul's agent calls against a server (each of three sharing etcd, followers
+    included): the registration lands on the node of the server asked, its TTL check is
+    reported there, and it goes when deregistered; the server's own service stays."""
+    import consul
+
+    me = client.agent.self()["Config"]["NodeName"]
+    assert client.agent.service.register(
+        "py-on-server", service_id="py-on-server-1", port=7100, check=consul.Check.ttl("30s")
+    )
+    try:
+        assert "py-on-server-1" in client.agent.services()
+        assert "consul" not in client.agent.services()
+        nodes = eventually(lambda: client.catalog.service("py-on-server")[1], what="the registration in the catalog")
+        assert [n["Node"] for n in nodes] == [me]
+        client.agent.check.ttl_pass("service:py-on-server-1", notes="fine")
+
+        def passing():
+            checks = client.health.checks("py-on-server")[1]
+            return checks if checks and checks[0]["Status"] == "passing" else None
+
+        checks = eventually(passing, what="the TTL check passing at the catalog")
+        assert checks[0]["Node"] == me and checks[0]["Output"] == "fine"
+    finally:
+        client.agent.service.deregister("py-on-server-1")
+    eventually(lambda: not client.catalog.service("py-on-server")[1] or None, what="the deregistration")
+    assert any(n["Node"] == me for n in client.catalog.service("consul")[1])
