@@ -67,7 +67,7 @@ pub(crate) struct ServiceNode<'a> {
 
 /// An empty node map as Consul writes it: `null`.
 fn null_map<S: serde::Serializer>(map: &&BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
-    structs::json::ser::null_if_empty(map, s)
+    structs::json::ser::null_if_empty(*map, s)
 }
 
 /// Consul omits a service's empty tagged addresses.

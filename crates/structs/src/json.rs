@@ -312,41 +312,23 @@ impl<'de> SeqAccess<'de> for Items {
 /// Serde helpers for Consul's conventions on output.
 pub mod ser {
     use serde::{Serialize, Serializer};
-    use std::collections::BTreeMap;
 
     /// `skip_serializing_if` predicate for default values (Consul omits empty optionals).
     pub fn is_default<T: Default + PartialEq>(v: &T) -> bool {
         *v == T::default()
     }
 
-    /// An empty map as `null`, where Consul writes a nil map (a field without `omitempty`);
-    /// read back with [`super::read::null_as_default`].
-    pub fn null_if_empty<S: Serializer, V: Serialize>(map: &BTreeMap<String, V>, s: S) -> Result<S::Ok, S::Error> {
-        if map.is_empty() {
+    /// An empty map or list as `null`, where Consul writes a nil one (a field without
+    /// `omitempty`); read back with [`super::read::null_as_default`].
+    pub fn null_if_empty<S: Serializer, T>(value: &T, s: S) -> Result<S::Ok, S::Error>
+    where
+        T: Serialize + ?Sized,
+        for<'a> &'a T: IntoIterator,
+    {
+        if value.into_iter().next().is_none() {
             s.serialize_none()
         } else {
-            map.serialize(s)
-        }
-    }
-
-    /// An empty JSON object as `null`, as [`null_if_empty`] does for maps.
-    pub fn null_if_no_keys<S: Serializer>(
-        map: &serde_json::Map<String, serde_json::Value>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        if map.is_empty() {
-            s.serialize_none()
-        } else {
-            map.serialize(s)
-        }
-    }
-
-    /// An empty list as `null`, as [`null_if_empty`] does for maps.
-    pub fn null_if_none<S: Serializer, V: Serialize>(list: &[V], s: S) -> Result<S::Ok, S::Error> {
-        if list.is_empty() {
-            s.serialize_none()
-        } else {
-            list.serialize(s)
+            value.serialize(s)
         }
     }
 }

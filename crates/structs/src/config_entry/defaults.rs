@@ -18,7 +18,7 @@ pub struct ProxyDefaults {
     /// empty, as Consul writes it.
     #[serde(
         rename = "Config",
-        serialize_with = "crate::json::ser::null_if_no_keys",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub config: OpaqueConfig,

@@ -84,7 +84,7 @@ pub struct IngressService {
     /// Host names routed to the service (http listeners); empty: `<name>.ingress.*`.
     #[serde(
         rename = "Hosts",
-        serialize_with = "crate::json::ser::null_if_none",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub hosts: Vec<String>,
@@ -159,7 +159,7 @@ pub struct IngressGateway {
     /// Listeners by port.
     #[serde(
         rename = "Listeners",
-        serialize_with = "crate::json::ser::null_if_none",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub listeners: Vec<IngressListener>,
@@ -239,7 +239,7 @@ pub struct TerminatingGateway {
     /// The services it represents.
     #[serde(
         rename = "Services",
-        serialize_with = "crate::json::ser::null_if_none",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub services: Vec<LinkedService>,

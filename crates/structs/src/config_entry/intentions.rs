@@ -209,7 +209,7 @@ pub struct ServiceIntentions {
     /// Sources and what they may do.
     #[serde(
         rename = "Sources",
-        serialize_with = "crate::json::ser::null_if_none",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub sources: Vec<SourceIntention>,

@@ -205,7 +205,7 @@ pub struct ServiceRouter {
     /// Routes, first match wins.
     #[serde(
         rename = "Routes",
-        serialize_with = "crate::json::ser::null_if_none",
+        serialize_with = "crate::json::ser::null_if_empty",
         deserialize_with = "crate::json::read::null_as_default"
     )]
     pub routes: Vec<ServiceRoute>,
