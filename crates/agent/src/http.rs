@@ -19,7 +19,7 @@ pub(crate) mod answer;
 mod checks;
 mod connect;
 mod forward;
-mod tokens;
+pub mod tokens;
 
 pub use answer::{HttpError, request_token};
 use answer::{

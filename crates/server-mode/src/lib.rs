@@ -10,6 +10,7 @@ mod dns;
 mod dry_run;
 mod error;
 mod federation;
+mod flag_files;
 mod forward;
 mod own_agent;
 mod peer;
@@ -119,14 +120,11 @@ fn federation_settings(args: &ServerArgs, api_addr: SocketAddr) -> Result<WanSet
             e.trim_start_matches("Servers[0]: ")
         ))
     })?;
-    let read = |flag: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| ServerError::Flags(format!("{flag}: cannot read {}: {e}", path.display())))
-    };
     let ca_pem = args
         .tls
         .ca_file
         .as_deref()
-        .map(|p| read("-tls-ca-file", p))
+        .map(|p| flag_files::read("-tls-ca-file", p))
         .transpose()?;
     let token = match &args.acl_replication_token_file {
         None => None,
@@ -148,18 +146,7 @@ fn federation_settings(args: &ServerArgs, api_addr: SocketAddr) -> Result<WanSet
 /// The client for other datacenters' servers: their HTTPS verified with `ca_pem` when given,
 /// this server's certificate presented when it has one (servers that verify clients ask).
 fn federation_client(args: &ServerArgs, ca_pem: Option<&[u8]>) -> Result<reqwest::Client, ServerError> {
-    let identity = match (&args.tls.cert_file, &args.tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let mut pem = std::fs::read(cert)
-                .map_err(|e| ServerError::Flags(format!("-tls-cert-file: cannot read {}: {e}", cert.display())))?;
-            pem.extend(
-                std::fs::read(key)
-                    .map_err(|e| ServerError::Flags(format!("-tls-key-file: cannot read {}: {e}", key.display())))?,
-            );
-            Some(pem)
-        }
-        _ => None,
-    };
+    let identity = flag_files::own_identity_pem(args)?;
     peer::Peer::client(ca_pem, identity.as_deref()).map_err(ServerError::Flags)
 }
 
@@ -378,7 +365,7 @@ impl ServerMode {
         let registration = Self::registration(&args, &store, &liveness, &node_id, api_addr, &wan.0);
         // In its own catalog before it serves: its first clients find it in place.
         registration.once().await;
-        let agent = own_agent::start(&args, &registration, &acl, &own_api).await?;
+        let agent = own_agent::start(&args, &registration, &acl, &own_api, ca_pem.as_deref()).await?;
         // Before the ready line: SIGHUP's default action would end the server.
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let mode = Self {

@@ -28,6 +28,7 @@ pub(crate) async fn start(
     registration: &SelfRegistration,
     acl: &Resolver,
     api: &OwnApi,
+    ca_pem: Option<&[u8]>,
 ) -> Result<Agent, ServerError> {
     let node = registration.request();
     let agent_token = if args.acl_enabled {
@@ -39,7 +40,7 @@ pub(crate) async fn start(
     } else {
         None
     };
-    let (url, ca_pem, identity_pem) = reach(args, api)?;
+    let (url, ca_pem, identity_pem) = reach(args, api, ca_pem)?;
     let config = AgentConfig {
         node: args.node.clone(),
         datacenter: args.datacenter.clone(),
@@ -113,10 +114,10 @@ fn internal_rules(node: &str) -> String {
 type Reach = (String, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// The URL the agent reaches the server at (loopback when it listens on every address),
-/// with, over HTTPS, the CA that verifies it and the certificate the agent presents when
-/// the server verifies clients. Over HTTPS the name is `localhost`: the server's
-/// certificate must name it (Consul's server certificates do).
-fn reach(args: &ServerArgs, api: &OwnApi) -> Result<Reach, ServerError> {
+/// with, over HTTPS, the CA that verifies it (`ca_pem`, `-tls-ca-file`'s) and the
+/// certificate the agent presents when the server verifies clients. Over HTTPS the name is
+/// `localhost`: the server's certificate must name it (Consul's server certificates do).
+fn reach(args: &ServerArgs, api: &OwnApi, ca_pem: Option<&[u8]>) -> Result<Reach, ServerError> {
     let port = api.addr.port();
     if !api.https {
         let host = match api.addr.ip() {
@@ -127,25 +128,16 @@ fn reach(args: &ServerArgs, api: &OwnApi) -> Result<Reach, ServerError> {
         };
         return Ok((format!("http://{host}:{port}"), None, None));
     }
-    let read = |flag: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| ServerError::Flags(format!("{flag} {}: {e}", path.display())))
+    let identity = if args.tls.verify_incoming {
+        crate::flag_files::own_identity_pem(args)?
+    } else {
+        None
     };
-    let ca = args
-        .tls
-        .ca_file
-        .as_deref()
-        .map(|p| read("-tls-ca-file", p))
-        .transpose()?;
-    let identity = match (&args.tls.cert_file, &args.tls.key_file) {
-        (Some(cert), Some(key)) if args.tls.verify_incoming => {
-            let mut pem = read("-tls-cert-file", cert)?;
-            pem.push(b'\n');
-            pem.extend(read("-tls-key-file", key)?);
-            Some(pem)
-        }
-        _ => None,
-    };
-    Ok((format!("https://localhost:{port}"), ca, identity))
+    Ok((
+        format!("https://localhost:{port}"),
+        ca_pem.map(<[u8]>::to_vec),
+        identity,
+    ))
 }
 
 /// `PUT /v1/agent/token/:type` on a server (`acl:write`, as Consul's): `agent` (Consul's
@@ -154,55 +146,29 @@ fn reach(args: &ServerArgs, api: &OwnApi) -> Result<Reach, ServerError> {
 /// `{"Token": ""}` clears it. Kept in memory until the server stops (as Consul's without
 /// token persistence). Consul's other types are a 400 saying why; an unknown one a 404.
 pub(crate) fn token_router(agent: Agent, acl: std::sync::Arc<Resolver>) -> axum::Router {
+    use agent::http::tokens::{token_body, token_kind};
     use axum::extract::Path;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     let route = move |Path(kind): Path<String>, caller: node::authz::Caller, body: axum::body::Bytes| {
         let (agent, acl) = (agent.clone(), std::sync::Arc::clone(&acl));
         async move {
-            let refuse = |status: StatusCode, text: String| (status, format!("{text}\n")).into_response();
-            let is_agent = match kind.as_str() {
-                "default" | "acl_token" => false,
-                "agent" | "acl_agent_token" => true,
-                "replication" | "acl_replication_token" => {
-                    return refuse(
-                        StatusCode::BAD_REQUEST,
-                        format!("{kind}: a meshd server's replication token is set with -acl-replication-token-file"),
-                    );
-                }
-                "agent_recovery"
-                | "agent_master"
-                | "acl_agent_master_token"
-                | "config_file_service_registration"
-                | "dns" => {
-                    return refuse(
-                        StatusCode::BAD_REQUEST,
-                        format!("{kind}: not supported: a meshd server has a default and an agent token only"),
-                    );
-                }
-                _ => return refuse(StatusCode::NOT_FOUND, format!("Token {kind:?} is unknown")),
+            if matches!(kind.as_str(), "replication" | "acl_replication_token") {
+                let why =
+                    format!("{kind}: a meshd server's replication token is set with -acl-replication-token-file\n");
+                return (StatusCode::BAD_REQUEST, why).into_response();
+            }
+            let is_agent = match token_kind(&kind, "server") {
+                Ok(is_agent) => is_agent,
+                Err(e) => return e.into_response(),
             };
             if let Err(denied) = caller.need(caller.0.authz.acl_write(), "acl:write", "") {
                 return denied.into_response();
             }
-            #[derive(serde::Deserialize, Default)]
-            #[serde(default)]
-            struct TokenBody {
-                #[serde(rename = "Token")]
-                token: String,
-            }
-            let body: TokenBody = match structs::json::from_slice(&body) {
-                Ok(b) => b,
-                Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("Request decode failed: {e}")),
+            let token = match token_body(&body) {
+                Ok(token) => token,
+                Err(e) => return e.into_response(),
             };
-            // It travels in a header: visible ASCII without spaces, as token secrets are.
-            if body.token.len() > 256 || !body.token.bytes().all(|b| b.is_ascii_graphic()) {
-                return refuse(
-                    StatusCode::BAD_REQUEST,
-                    "Token: must be at most 256 visible ASCII characters without spaces".into(),
-                );
-            }
-            let token = structs::Token::new(&body.token);
             if !is_agent {
                 acl.set_default_token(token.clone());
             }

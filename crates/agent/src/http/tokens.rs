@@ -28,26 +28,37 @@ pub(super) async fn set_token(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let is_agent = match kind.as_str() {
-        "default" | "acl_token" => false,
-        "agent" | "acl_agent_token" => true,
+    let is_agent = token_kind(&kind, "agent")?;
+    let (_, who) = resolve(&agent, &headers, &q).await?;
+    need(&who, who.authz.acl_write(), "acl:write", "")?;
+    agent.acl().set_token(is_agent, token_body(&body)?);
+    Ok(ok_empty())
+}
+
+/// Whether `/v1/agent/token/:kind` names the `agent` token (else the `default` one); Consul's
+/// other types are a 400 saying a meshd `node` (agent, server) has neither, an unknown one a
+/// 404 naming it. Servers answer this path themselves, through this.
+pub fn token_kind(kind: &str, node: &str) -> Result<bool, HttpError> {
+    match kind {
+        "default" | "acl_token" => Ok(false),
+        "agent" | "acl_agent_token" => Ok(true),
         "agent_recovery"
         | "agent_master"
         | "acl_agent_master_token"
         | "replication"
         | "acl_replication_token"
         | "config_file_service_registration"
-        | "dns" => {
-            return Err(HttpError(
-                StatusCode::BAD_REQUEST,
-                format!("{kind}: not supported: a meshd agent has a default and an agent token only"),
-            ));
-        }
-        _ => return Err(HttpError(StatusCode::NOT_FOUND, format!("Token {kind:?} is unknown"))),
-    };
-    let (_, who) = resolve(&agent, &headers, &q).await?;
-    need(&who, who.authz.acl_write(), "acl:write", "")?;
-    let req: TokenBody = decode(&body, "a token")?;
+        | "dns" => Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!("{kind}: not supported: a meshd {node} has a default and an agent token only"),
+        )),
+        _ => Err(HttpError(StatusCode::NOT_FOUND, format!("Token {kind:?} is unknown"))),
+    }
+}
+
+/// The token of a `/v1/agent/token/:kind` body (`{"Token": ""}`: none, clearing it).
+pub fn token_body(body: &Bytes) -> Result<Option<structs::Token>, HttpError> {
+    let req: TokenBody = decode(body, "a token")?;
     // It travels in a header: visible ASCII without spaces, as token secrets are.
     if req.token.len() > 256 || !req.token.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(HttpError(
@@ -55,6 +66,5 @@ pub(super) async fn set_token(
             "Token: must be at most 256 visible ASCII characters without spaces".into(),
         ));
     }
-    agent.acl().set_token(is_agent, structs::Token::new(&req.token));
-    Ok(ok_empty())
+    Ok(structs::Token::new(&req.token))
 }
