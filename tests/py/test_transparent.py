@@ -33,6 +33,10 @@ import consul
 import pytest
 
 APP_USER = "65534"  # nobody: the application's traffic is redirected, Envoy's (root) is not.
+# One mesh (namespaces, agents, sidecars) shared by the module's tests, in order: under
+# pytest-xdist they all run on one worker.
+pytestmark = pytest.mark.xdist_group("transparent")
+
 
 
 def _meshd_binary():

@@ -269,8 +269,17 @@ fn build_test_binaries() -> Result<Vec<TestBinary>> {
     Ok(binaries)
 }
 
+/// How many test binaries run at once, and how many tests each runs at once: most of the
+/// end-to-end tests wait on real peers (Envoy, etcd, child processes) and sockets, not the
+/// CPU, and one binary at a time with the test harness's default (one thread per core) left
+/// this two-core machine idle half the time. `RUST_TEST_THREADS` set by the caller wins.
+const BINARIES_AT_ONCE: usize = 2;
+const TEST_THREADS: &str = "6";
+
 /// Runs each test binary in its package's directory, as `cargo test --no-fail-fast` would
-/// (every one, whatever fails), counting their results.
+/// (every one, whatever fails), counting their results. They run `BINARIES_AT_ONCE` at a
+/// time, the largest executables (the end-to-end binaries, the longest) first; each one's
+/// output is printed (or logged) whole when it ends.
 fn run_test_binaries(
     binaries: &[TestBinary],
     peers: &tools::Peers,
@@ -279,18 +288,60 @@ fn run_test_binaries(
     on_line: &mut impl FnMut(&str),
 ) -> Result<()> {
     use std::io::Write as _;
-    for test in binaries {
-        match log.as_deref_mut() {
-            Some(file) => writeln!(file, "xtask: tests of {}", test.label)?,
-            None => println!("xtask: tests of {}", test.label),
+    let mut order: Vec<&TestBinary> = binaries.iter().collect();
+    order.sort_by_key(|b| std::cmp::Reverse(std::fs::metadata(&b.path).map_or(0, |m| m.len())));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| -> Result<()> {
+        for _ in 0..BINARIES_AT_ONCE {
+            let (done, next, order) = (done.clone(), &next, &order);
+            scope.spawn(move || {
+                while let Some(test) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    if done.send((*test, run_captured(test, peers))).is_err() {
+                        return;
+                    }
+                }
+            });
         }
-        let mut cmd = Command::new(&test.path);
-        crate::command::without_package_vars(&mut cmd);
-        cmd.current_dir(&test.dir).env("CARGO_MANIFEST_DIR", &test.dir);
-        peers.export(&mut cmd);
-        run_counted(cmd, "cargo test", run, log.as_deref_mut(), on_line)?;
+        drop(done);
+        for (test, output) in finished {
+            match log.as_deref_mut() {
+                Some(file) => writeln!(file, "xtask: tests of {}", test.label)?,
+                None => println!("xtask: tests of {}", test.label),
+            }
+            let output = output?;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            for line in stdout.lines() {
+                match log.as_deref_mut() {
+                    Some(file) => writeln!(file, "{line}")?,
+                    None => println!("{line}"),
+                }
+                run.totals.add_line(line);
+                on_line(line);
+            }
+            match log.as_deref_mut() {
+                Some(file) => file.write_all(&output.stderr)?,
+                None => std::io::stderr().write_all(&output.stderr)?,
+            }
+            if !output.status.success() && !run.failures.contains(&"cargo test") {
+                run.failures.push("cargo test");
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Runs one test binary to its end, its stdout and stderr kept.
+fn run_captured(test: &TestBinary, peers: &tools::Peers) -> Result<std::process::Output> {
+    let mut cmd = Command::new(&test.path);
+    crate::command::without_package_vars(&mut cmd);
+    cmd.current_dir(&test.dir).env("CARGO_MANIFEST_DIR", &test.dir);
+    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        cmd.env("RUST_TEST_THREADS", TEST_THREADS);
     }
-    Ok(())
+    peers.export(&mut cmd);
+    cmd.output()
+        .with_context(|| format!("could not run {}", test.path.display()))
 }
 
 /// Starts `job` (a shell command) at the lowest priority, its output kept in a file until it
@@ -310,11 +361,17 @@ fn spawn_beside_job(job: &str) -> Result<Beside> {
     Ok(Beside { child, output })
 }
 
+/// How many pytest-xdist workers run the Python suites.
+const PYTEST_WORKERS: &str = "3";
+
 /// The Python client suites against `binary`.
 fn pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Command {
     let mut cmd = Command::new(python);
     cmd.current_dir(workspace_root())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/py"])
+        // Several workers (pytest-xdist): most tests wait on processes and sockets. A module
+        // whose tests share one setup in order is kept on one worker (`xdist_group`).
+        .args(["-n", PYTEST_WORKERS, "--dist", "loadgroup"])
         .env("MESHD_BIN", binary);
     peers.export(&mut cmd);
     cmd
