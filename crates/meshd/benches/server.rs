@@ -193,24 +193,73 @@ async fn store_wakeups(waiters: usize) {
 /// The HTTP wake-up twice: both processes on both cores, then the server pinned to CPU 0
 /// and this load generator to CPU 1 (each alone on its core).
 async fn http_wakeups_both(server: &Server, waiters: usize) {
-    http_wakeups(server, waiters, "wake", "unpinned, 2 cores shared").await;
+    let how = "unpinned, 2 cores shared";
+    if let Some(answer) = http_wakeups(server, waiters, "wake", how).await {
+        floor_wakeups(waiters, answer, how, None).await;
+    }
     let me = std::process::id();
     if !(pin(server.child.id(), "0") && pin(me, "1")) {
         println!("  over HTTP, pinned: not measured, `taskset` could not pin the processes");
         return;
     }
-    http_wakeups(
-        server,
-        waiters,
-        "wake-pinned",
-        "server pinned to CPU 0, load generator to CPU 1",
-    )
-    .await;
+    let how = "server pinned to CPU 0, load generator to CPU 1";
+    if let Some(answer) = http_wakeups(server, waiters, "wake-pinned", how).await {
+        floor_wakeups(waiters, answer, how, Some("0")).await;
+    }
     pin(server.child.id(), "0,1");
     pin(me, "0,1");
 }
 
-async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str) {
+/// The floor of the same wake-up on this machine ([`test_support::http::WakeFloor`]: one
+/// task writing one pre-encoded answer to every parked connection), `answer` being meshd's
+/// answer replayed, the floor's process pinned to `cpus` when given.
+async fn floor_wakeups(waiters: usize, answer: Vec<u8>, how: &str, cpus: Option<&str>) {
+    let mut floor = test_support::http::WakeFloor::start(waiters);
+    if let Some(cpus) = cpus
+        && !pin(floor.pid(), cpus)
+    {
+        println!("  floor ({how}): not measured, `taskset` could not pin it");
+        return;
+    }
+    let mut rx = test_support::http::park_waiters(&floor.addr.to_string(), "/floor", waiters);
+    let (mut floor, parked) = tokio::task::spawn_blocking(move || {
+        let parked = floor.wait_parked();
+        (floor, parked)
+    })
+    .await
+    .unwrap();
+    if !parked {
+        println!("  floor ({how}): the floor server ended before {waiters} connections parked; skipping");
+        return;
+    }
+    let stat = format!("/proc/{}/stat", floor.pid());
+    let (floor_cpu0, generator_cpu0) = (cpu_of(&stat), cpu_of("/proc/self/stat"));
+    let t0 = Instant::now();
+    floor.wake(&answer);
+    let mut lat = Vec::with_capacity(waiters);
+    let mut open = Vec::with_capacity(waiters);
+    for _ in 0..waiters {
+        let woken = rx.recv().await.unwrap();
+        lat.push(woken.first - t0);
+        open.push(woken.conn);
+    }
+    let floor_cpu = cpu_of(&stat) - floor_cpu0;
+    let generator_cpu = cpu_of("/proc/self/stat") - generator_cpu0;
+    drop(open);
+    lat.sort();
+    println!(
+        "  floor ({how}): meshd's answer written to {waiters} parked connections in one pass, time to first response byte: p50 {}  p99 {}  max {}; its CPU {:.1} µs per connection, load generator {}",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap()),
+        floor_cpu.as_secs_f64() * 1e6 / waiters as f64,
+        ms(generator_cpu)
+    );
+}
+
+/// Times one wake-up of `waiters` parked queries; returns meshd's answer (head and body, as
+/// a client reads it) for the floor to replay.
+async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str) -> Option<Vec<u8>> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
     let url = server.url.clone();
     // One instance of a service nobody else touches; the waking write adds a second.
@@ -250,7 +299,7 @@ async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str)
                 "  over HTTP: only {} of {waiters} blocking queries got parked; skipping",
                 test_support::process::metric(&client, &url, "meshd_http_blocking_queries ").await
             );
-            return;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -304,6 +353,17 @@ async fn http_wakeups(server: &Server, waiters: usize, service: &str, how: &str)
         "  over HTTP ({how}): time to the last response byte: {}   [target p99 <= 100 ms]",
         test_support::figures::latency_summary(&mut lat_last)
     );
+    let addr = host.parse().ok()?;
+    let answer = test_support::http::exchange(addr, &format!("/v1/health/service/{service}"), &[])
+        .await
+        .ok()?;
+    // As a kept-alive connection receives it: without the `Connection: close` asked here.
+    let head: Vec<&str> = answer
+        .head
+        .lines()
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    Some(format!("{}\r\n\r\n{}", head.join("\r\n"), answer.body).into_bytes())
 }
 
 /// The dashboard's first page with `n` services (one instance each): the page, its script
@@ -366,6 +426,9 @@ async fn dashboard(n: usize) {
 }
 
 fn main() {
+    if test_support::http::serve_wake_floor_if_asked() {
+        return;
+    }
     let writes = env_usize("WRITES", 20_000);
     let writers = env_usize("WRITERS", 64);
     let waiters = env_usize("WAITERS", 10_000);
