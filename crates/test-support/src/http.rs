@@ -411,3 +411,22 @@ async fn floor_serve(
     }
     let _ = stop.await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{header_value, message_head};
+
+    #[test]
+    fn a_head_is_found_once_whole_and_its_headers_by_any_case() {
+        let partial = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n";
+        assert_eq!(message_head(partial), None);
+        let whole = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nX-Consul-Index: 42\r\n\r\n[{\"a\": 1}]\n";
+        let head = message_head(whole).unwrap();
+        assert!(head.ends_with(b"X-Consul-Index: 42"));
+        assert_eq!(header_value(head, "content-length"), Some("12"));
+        assert_eq!(header_value(head, "x-consul-index"), Some("42"));
+        // A name that only starts another header's is not that header.
+        assert_eq!(header_value(head, "x-consul"), None);
+        assert_eq!(header_value(head, "etag"), None);
+    }
+}
