@@ -110,7 +110,8 @@ pub(crate) struct SuiteRun {
 /// Python suites beside the Rust tests: cargo runs test binaries one after another, which
 /// leaves the machine half idle. The test binaries are run here rather than by `cargo test`,
 /// which would hold the build directory's lock until the last one ended: a job named by
-/// `XTASK_TEST_BESIDE` (CI's builds of each mode alone) builds beside them. A filtered run keeps everything one after the other, through cargo.
+/// `XTASK_TEST_BESIDE` (CI's builds of each mode alone) builds beside them, at the lowest
+/// priority. A filtered run keeps everything one after the other, through cargo.
 pub(crate) fn run_suite(
     python: &Path,
     peers: &tools::Peers,
@@ -343,15 +344,13 @@ fn run_captured(test: &TestBinary, peers: &tools::Peers) -> Result<std::process:
         .with_context(|| format!("could not run {}", test.path.display()))
 }
 
-/// Starts `job` (a shell command), its output kept in a file until it is awaited. At the
-/// tests' own priority: with the tests running concurrently little CPU is left over, and a
-/// job at the lowest priority got almost none until they ended (CI's builds of each mode
-/// alone, a chain of compiles, then ran 90 s past them).
+/// Starts `job` (a shell command) at the lowest priority, its output kept in a file until it
+/// is awaited.
 fn spawn_beside_job(job: &str) -> Result<Beside> {
     let output = workspace_root().join("target").join("xtask-beside-output.txt");
     let file = std::fs::File::create(&output).with_context(|| format!("creating {}", output.display()))?;
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", job])
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", "19", "sh", "-c", job])
         .current_dir(workspace_root())
         .stdout(file.try_clone()?)
         .stderr(file);
