@@ -63,6 +63,27 @@ impl Totals {
     }
 }
 
+/// One line to `log` when one is given, else to stdout.
+fn echo(log: Option<&mut std::fs::File>, line: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    match log {
+        Some(file) => writeln!(file, "{line}"),
+        None => {
+            println!("{line}");
+            Ok(())
+        }
+    }
+}
+
+/// Each line of `text` echoed ([`echo`]), then handed to `each`.
+fn echo_lines(mut log: Option<&mut std::fs::File>, text: &str, mut each: impl FnMut(&str)) -> std::io::Result<()> {
+    for line in text.lines() {
+        echo(log.as_deref_mut(), line)?;
+        each(line);
+    }
+    Ok(())
+}
+
 /// Runs `cmd` and feeds each line of its stdout to `parse`; the lines are echoed, or only
 /// written to `log` when one is given (the stress runs keep each run's output in a file).
 fn run_and_parse(
@@ -83,10 +104,7 @@ fn run_and_parse(
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines() {
             let line = line.context("reading test output")?;
-            match log.as_deref_mut() {
-                Some(file) => writeln!(file, "{line}")?,
-                None => println!("{line}"),
-            }
+            echo(log.as_deref_mut(), &line)?;
             parse(&line);
         }
     }
@@ -305,20 +323,12 @@ fn run_test_binaries(
         }
         drop(done);
         for (test, output) in finished {
-            match log.as_deref_mut() {
-                Some(file) => writeln!(file, "xtask: tests of {}", test.label)?,
-                None => println!("xtask: tests of {}", test.label),
-            }
+            echo(log.as_deref_mut(), &format!("xtask: tests of {}", test.label))?;
             let output = output?;
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            for line in stdout.lines() {
-                match log.as_deref_mut() {
-                    Some(file) => writeln!(file, "{line}")?,
-                    None => println!("{line}"),
-                }
+            echo_lines(log.as_deref_mut(), &String::from_utf8_lossy(&output.stdout), |line| {
                 run.totals.add_line(line);
                 on_line(line);
-            }
+            })?;
             match log.as_deref_mut() {
                 Some(file) => file.write_all(&output.stderr)?,
                 None => std::io::stderr().write_all(&output.stderr)?,
@@ -397,18 +407,11 @@ fn spawn_pytest(python: &Path, peers: &tools::Peers, binary: &Path) -> Result<Be
 impl Beside {
     /// Waits for the job, then prints (or logs) its output, each line through `parse`;
     /// whether it succeeded.
-    fn finish(mut self, mut log: Option<&mut std::fs::File>, mut parse: impl FnMut(&str)) -> Result<bool> {
-        use std::io::Write as _;
+    fn finish(mut self, log: Option<&mut std::fs::File>, parse: impl FnMut(&str)) -> Result<bool> {
         let status = self.child.wait().context("waiting for a job beside the tests")?;
         let text =
             std::fs::read_to_string(&self.output).with_context(|| format!("reading {}", self.output.display()))?;
-        for line in text.lines() {
-            match log.as_deref_mut() {
-                Some(file) => writeln!(file, "{line}")?,
-                None => println!("{line}"),
-            }
-            parse(line);
-        }
+        echo_lines(log, &text, parse)?;
         Ok(status.success())
     }
 }

@@ -108,32 +108,27 @@ pub async fn exchange(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
-            let text = String::from_utf8_lossy(&buf).into_owned();
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().to_owned())
-                    })
+            if let Some(head) = message_head(&buf) {
+                let len = header_value(head, "content-length")
                     .and_then(|v| v.parse::<usize>().ok())
                     .unwrap_or(0);
+                let body = &buf[head.len() + 4..];
                 if body.len() >= len {
+                    let head = String::from_utf8_lossy(head).into_owned();
                     let status = head
                         .split_whitespace()
                         .nth(1)
                         .and_then(|c| c.parse().ok())
-                        .ok_or(format!("bad response {text:?}"))?;
-                    return Ok(Response {
-                        status,
-                        head: head.to_owned(),
-                        body: body.get(..len).unwrap_or(body).to_owned(),
-                    });
+                        .ok_or(format!("bad response {head:?}"))?;
+                    let body = String::from_utf8_lossy(&body[..len]).into_owned();
+                    return Ok(Response { status, head, body });
                 }
             }
             match s.read(&mut chunk).await {
-                Ok(0) => return Err(format!("connection closed after {} bytes: {text:?}", buf.len())),
+                Ok(0) => {
+                    let text = String::from_utf8_lossy(&buf);
+                    return Err(format!("connection closed after {} bytes: {text:?}", buf.len()));
+                }
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 Err(e) => return Err(format!("read: {e}")),
             }
