@@ -41,6 +41,7 @@
 
 mod command;
 mod cycles;
+mod doc_tests;
 mod fn_lengths;
 mod link_order;
 mod scan;
