@@ -12,8 +12,8 @@ use std::sync::Arc;
 use structs::Index;
 use tokio::sync::watch;
 
-/// The current state and its followers.
-pub(crate) struct Current {
+/// The current state and its followers: what a storage makes current and the store reads.
+pub struct Current {
     state: RwLock<Arc<State>>,
     /// Per-key index channels; keys nobody waits on are swept as the map grows. `None` once
     /// waiters are released (shutdown): every wait then answers at once.
@@ -52,7 +52,7 @@ impl KvPrefixes {
 
 impl Current {
     /// Starts from `state`, buffering `publish_buffer` events per topic.
-    pub(crate) fn new(state: State, publish_buffer: usize) -> Arc<Self> {
+    pub fn new(state: State, publish_buffer: usize) -> Arc<Self> {
         Arc::new(Self {
             state: RwLock::new(Arc::new(state)),
             watches: Mutex::new(Some(SweptMap::default())),
@@ -62,12 +62,12 @@ impl Current {
     }
 
     /// The current state.
-    pub(crate) fn read(&self) -> Arc<State> {
+    pub fn read(&self) -> Arc<State> {
         self.state.read().clone()
     }
 
     /// Makes `state` current and wakes the waiters and subscribers of the keys it `bumped`.
-    pub(crate) fn replace(&self, state: Arc<State>, bumped: &HashSet<IndexKey>) {
+    pub fn replace(&self, state: Arc<State>, bumped: &HashSet<IndexKey>) {
         *self.state.write() = Arc::clone(&state);
         // Only the keys this write touched; keys nobody waits on any more are dropped here or
         // swept when the map has doubled (see `index_receiver`). Nothing to wake once waiters
@@ -92,8 +92,7 @@ impl Current {
     /// Makes `state` current after it was read again wholesale (a reload): every waiter
     /// reads again and every subscribed topic gets its new value. Only etcd's watch, which
     /// can lose its place in the change feed, reloads.
-    #[cfg(feature = "etcd")]
-    pub(crate) fn reset(&self, state: Arc<State>) {
+    pub fn reset(&self, state: Arc<State>) {
         *self.state.write() = Arc::clone(&state);
         if let Some(watches) = self.watches.lock().as_mut() {
             watches.retain(|key, tx| {

@@ -42,23 +42,20 @@ pub enum StoreError {
         source: serde_json::Error,
     },
     /// etcd answered with an error.
-    #[cfg(feature = "etcd")]
     #[error("{what}: {source}")]
     Etcd {
         /// What was being done.
         what: String,
         /// etcd's error.
-        source: etcd_client::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A snapshot restore over etcd is under way (or was interrupted): writes are refused
     /// until one finishes.
-    #[cfg(feature = "etcd")]
     #[error(
         "a snapshot restore is in progress ({0}): writes are refused until it finishes; if it was interrupted, run the restore again"
     )]
     RestoreInProgress(String),
     /// etcd did not answer in time (unreachable, or without quorum).
-    #[cfg(feature = "etcd")]
     #[error("{what}: no answer within {}", humantime::format_duration(*after))]
     EtcdTimeout {
         /// What was being done.
@@ -67,7 +64,6 @@ pub enum StoreError {
         after: std::time::Duration,
     },
     /// Another live server holds this server's name in etcd.
-    #[cfg(feature = "etcd")]
     #[error(
         "server name {name:?} is held by a live server at {address} (it registered in etcd and renews its lease): give this server its own -node"
     )]

@@ -14,14 +14,13 @@ mod acl_ops;
 mod api_gateways;
 pub mod audit;
 mod auth_method_ops;
+pub mod backend;
 pub mod ca;
 pub mod ca_pruning;
 pub mod cluster;
 mod current;
 mod embedded;
 mod error;
-#[cfg(feature = "etcd")]
-pub mod etcd;
 pub mod federation;
 mod gateways;
 mod jwt_refs;

@@ -222,7 +222,6 @@ impl Publisher {
     }
 
     /// The index keys of every subscribed topic.
-    #[cfg(feature = "etcd")]
     pub(crate) fn keys(&self) -> HashSet<IndexKey> {
         self.topics.lock().by_key.keys().cloned().collect()
     }

@@ -63,6 +63,11 @@ impl Snapshot {
     pub fn meta(&self) -> &Meta {
         &self.meta
     }
+
+    /// Its rows (secrets among them: the CA's keys, ACL tokens).
+    pub fn rows(&self) -> &PersistedState {
+        &self.state
+    }
 }
 
 /// Rows that refer to others the snapshot must hold them.

@@ -1028,7 +1028,7 @@ impl State {
     }
 
     /// Rebuilds the tables from a snapshot file's rows (indexes kept as stored).
-    pub(crate) fn from_persisted(p: PersistedState) -> Self {
+    pub fn from_persisted(p: PersistedState) -> Self {
         let mut s = State {
             index: p.index,
             ..State::default()
@@ -1119,52 +1119,73 @@ fn touch_config(key: &(ConfigEntryKind, String), bumped: &mut OrdSet<IndexKey>) 
 
 /// The rows of a state, as written to a snapshot file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct PersistedState {
-    pub(crate) index: Index,
-    pub(crate) nodes: Vec<Node>,
-    pub(crate) services: Vec<(String, NodeService)>,
-    pub(crate) checks: Vec<HealthCheck>,
-    pub(crate) config: Vec<ConfigEntry>,
-    pub(crate) ca: Option<CaState>,
+pub struct PersistedState {
+    /// The index the rows were read at.
+    pub index: Index,
+    /// The nodes.
+    pub nodes: Vec<Node>,
+    /// The services, each with its node's name.
+    pub services: Vec<(String, NodeService)>,
+    /// The health checks.
+    pub checks: Vec<HealthCheck>,
+    /// The config entries.
+    pub config: Vec<ConfigEntry>,
+    /// The built-in CA: its roots and keys.
+    pub ca: Option<CaState>,
+    /// ACL tokens, with their secrets.
     #[serde(default)]
-    pub(crate) acl_tokens: Vec<AclToken>,
+    pub acl_tokens: Vec<AclToken>,
+    /// ACL policies.
     #[serde(default)]
-    pub(crate) acl_policies: Vec<AclPolicy>,
+    pub acl_policies: Vec<AclPolicy>,
+    /// ACL roles.
     #[serde(default)]
-    pub(crate) acl_roles: Vec<AclRole>,
+    pub acl_roles: Vec<AclRole>,
+    /// ACL auth methods.
     #[serde(default)]
-    pub(crate) acl_auth_methods: Vec<AclAuthMethod>,
+    pub acl_auth_methods: Vec<AclAuthMethod>,
+    /// ACL binding rules.
     #[serde(default)]
-    pub(crate) acl_binding_rules: Vec<AclBindingRule>,
+    pub acl_binding_rules: Vec<AclBindingRule>,
+    /// The index ACLs were bootstrapped at, once they were.
     #[serde(default)]
-    pub(crate) acl_bootstrapped: Option<Index>,
+    pub acl_bootstrapped: Option<Index>,
+    /// KV entries.
     #[serde(default)]
-    pub(crate) kv: Vec<KvEntry>,
+    pub kv: Vec<KvEntry>,
+    /// Deleted KV keys and the indexes they were deleted at.
     #[serde(default)]
-    pub(crate) kv_tombstones: Vec<(String, Index)>,
+    pub kv_tombstones: Vec<(String, Index)>,
+    /// No KV prefix answers blocking queries below this index.
     #[serde(default)]
-    pub(crate) kv_floor: Index,
+    pub kv_floor: Index,
+    /// Sessions.
     #[serde(default)]
-    pub(crate) sessions: Vec<Session>,
+    pub sessions: Vec<Session>,
+    /// Lock delays by key, until when (Unix milliseconds).
     #[serde(default)]
-    pub(crate) lock_delays: Vec<(String, u64)>,
+    pub lock_delays: Vec<(String, u64)>,
+    /// User events.
     #[serde(default)]
-    pub(crate) events: Vec<UserEvent>,
+    pub events: Vec<UserEvent>,
     /// The audit log (kept by the data dir's snapshots; a restore leaves it as it is).
     #[serde(default)]
-    pub(crate) audit: Vec<AuditRecord>,
+    pub audit: Vec<AuditRecord>,
+    /// Prepared queries.
     #[serde(default)]
-    pub(crate) queries: Vec<PreparedQuery>,
+    pub queries: Vec<PreparedQuery>,
+    /// Virtual IPs by service.
     #[serde(default)]
-    pub(crate) virtual_ips: Vec<(String, Ipv4Addr)>,
+    pub virtual_ips: Vec<(String, Ipv4Addr)>,
     /// Peerings with their secrets.
     #[serde(default)]
-    pub(crate) peerings: Vec<structs::peering::StoredPeering>,
+    pub peerings: Vec<structs::peering::StoredPeering>,
     /// What peers export here, by peer.
     #[serde(default)]
-    pub(crate) imported: Vec<(String, structs::peering::ImportedService)>,
+    pub imported: Vec<(String, structs::peering::ImportedService)>,
     /// This cluster's servers' peering addresses.
     #[serde(default)]
-    pub(crate) peering_servers: Vec<String>,
-    pub(crate) indexes: Vec<(IndexKey, Index)>,
+    pub peering_servers: Vec<String>,
+    /// Each table's index.
+    pub indexes: Vec<(IndexKey, Index)>,
 }

@@ -1,7 +1,8 @@
 //! Where the catalog is kept: the [`Storage`] trait the [`Store`](crate::Store) works
 //! through, and what the writers of its two implementations share. The implementations are
-//! the embedded log (`embedded.rs`: a log in the data dir, or memory only) and etcd
-//! (`etcd/`, with the `etcd` feature: one catalog shared by several servers).
+//! the embedded log (`embedded.rs`: a log in the data dir, or memory only) and etcd (the
+//! catalog-etcd crate, through [`Backend`](crate::backend::Backend): one catalog shared by
+//! several servers).
 //!
 //! Both writers take every queued write (group commit), plan each on the current state
 //! ([`Planned::of`]), make the batch durable and answer each write. They stay two loops, not
@@ -37,26 +38,28 @@ pub struct WriteOutcome {
 }
 
 /// A queued write and where its answer goes.
-pub(crate) struct Job {
-    pub(crate) op: Op,
+pub struct Job {
+    /// The write.
+    pub op: Op,
     /// The audit record committed with the write, if any.
     pub(crate) audit: Option<JobAudit>,
-    pub(crate) reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
+    /// Where its answer goes.
+    pub reply: oneshot::Sender<Result<WriteOutcome, WriteError>>,
 }
 
 /// What a storage's writer works from.
-pub(crate) struct Writes {
+pub struct Writes {
     /// The queue; the writer stops once it is closed and empty.
-    pub(crate) jobs: mpsc::Receiver<Job>,
+    pub jobs: mpsc::Receiver<Job>,
     /// The datacenter writes are planned for.
-    pub(crate) datacenter: String,
+    pub datacenter: String,
     /// Writes taken in one batch at most.
-    pub(crate) max_batch: usize,
+    pub max_batch: usize,
 }
 
 impl Writes {
     /// Moves what is queued now into `batch`, without waiting, until it holds `max_batch`.
-    pub(crate) fn take_queued(&mut self, batch: &mut VecDeque<Job>) {
+    pub fn take_queued(&mut self, batch: &mut VecDeque<Job>) {
         while batch.len() < self.max_batch {
             match self.jobs.try_recv() {
                 Ok(job) => batch.push_back(job),
@@ -67,7 +70,7 @@ impl Writes {
 }
 
 /// What planning decided for one queued write.
-pub(crate) enum Planned {
+pub enum Planned {
     /// Refused: nothing is written, the caller gets the error.
     Refused(WriteError),
     /// Nothing to write; `applied` is false when a check-and-set did not match.
@@ -81,7 +84,7 @@ pub(crate) enum Planned {
 
 impl Planned {
     /// Plans `op` on `state` (see [`plan`]): what a write, or its dry run, would commit.
-    pub(crate) fn of_op(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Self {
+    pub fn of_op(op: &Op, state: &State, datacenter: &str, now: SystemTime) -> Self {
         match plan(op, state, datacenter, now) {
             Err(e) => Planned::Refused(e),
             Ok(p) if !p.applied => Planned::Unchanged { applied: false },
@@ -95,7 +98,7 @@ impl Planned {
 
     /// Plans `job`'s write on `state`; a write that changes something (or is nothing but
     /// its record, [`Op::AuditOnly`]) carries its audit record, if it has one.
-    pub(crate) fn of(job: &Job, state: &State, datacenter: &str, now: SystemTime) -> Self {
+    pub fn of(job: &Job, state: &State, datacenter: &str, now: SystemTime) -> Self {
         let planned = Self::of_op(&job.op, state, datacenter, now);
         let Some(audit) = &job.audit else {
             return planned;
@@ -117,7 +120,7 @@ impl Planned {
 /// Where the catalog is kept, once its writer runs: what the store asks of it besides
 /// writes (which go through [`Writes`]).
 #[async_trait::async_trait]
-pub(crate) trait Storage: Send + Sync {
+pub trait Storage: Send + Sync {
     /// Waits until the writer has answered every write queued before [`Writes::jobs`]
     /// closed, then stops and waits for every task and thread the storage started.
     async fn close(&self);

@@ -1,18 +1,17 @@
 //! The Store: the catalog's single way in — writes through one queue to the storage's
 //! writer, reads of the current state, blocking waits and subscriptions.
 //!
-//! Where the catalog is kept is a [`Storage`]: the embedded log, or etcd (with the `etcd`
-//! feature). Either way a write is acknowledged only once durable, and readers only ever see
-//! durable state.
+//! Where the catalog is kept is a [`Storage`]: the embedded log, or a [`Backend`]'s (etcd's,
+//! with the catalog-etcd crate). Either way a write is acknowledged only once durable, and
+//! readers only ever see durable state.
 
 use crate::audit::JobAudit;
+use crate::backend::Backend;
 use crate::ca;
 use crate::cluster::Cluster;
 use crate::current::Current;
 use crate::embedded::LogWriter;
 use crate::error::{StoreError, WriteError};
-#[cfg(feature = "etcd")]
-use crate::etcd;
 use crate::keys::{IndexKey, Topic};
 use crate::ops::Op;
 use crate::publisher::Subscription;
@@ -45,9 +44,9 @@ pub struct StoreConfig {
     /// `<id>.consul`); `None`: a random UUID. A store whose CA exists with another id does
     /// not open (the id cannot change under issued certificates).
     pub ca_cluster_id: Option<String>,
-    /// Keep the catalog in etcd, shared with other servers, instead of `data_dir`.
-    #[cfg(feature = "etcd")]
-    pub etcd: Option<etcd::EtcdConfig>,
+    /// Keep the catalog there instead of `data_dir` (catalog-etcd's `EtcdConfig`: in etcd,
+    /// shared with other servers).
+    pub backend: Option<Arc<dyn Backend>>,
 }
 
 impl Default for StoreConfig {
@@ -61,8 +60,7 @@ impl Default for StoreConfig {
             primary_datacenter: None,
             audit_retention: structs::audit::DEFAULT_RETENTION,
             ca_cluster_id: None,
-            #[cfg(feature = "etcd")]
-            etcd: None,
+            backend: None,
         }
     }
 }
@@ -359,12 +357,8 @@ impl Store {
 
 /// Opens the storage `config` names, with `writes` for its writer, and the state it holds.
 async fn open_storage(config: &StoreConfig, writes: Writes) -> Result<(Arc<dyn Storage>, Arc<Current>), StoreError> {
-    #[cfg(feature = "etcd")]
-    if let Some(etcd) = &config.etcd {
-        let (storage, state) = etcd::EtcdStorage::open(etcd.clone()).await?;
-        let current = Current::new(state, config.publish_buffer);
-        let storage = storage.start(Arc::clone(&current), writes);
-        return Ok((storage, current));
+    if let Some(backend) = &config.backend {
+        return backend.open(config.publish_buffer, writes).await;
     }
     let (writer, state) = LogWriter::open(config.data_dir.clone(), config.snapshot_every).await?;
     let current = Current::new(state, config.publish_buffer);

@@ -5,8 +5,8 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use catalog::etcd::EtcdConfig;
 use catalog::{Store, StoreConfig};
+use catalog_etcd::EtcdConfig;
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use serde_json::json;
@@ -22,7 +22,7 @@ async fn open(endpoint: String, name: &str) -> (Router, Store) {
     etcd.lease_ttl = Duration::from_secs(2);
     etcd.request_timeout = Duration::from_secs(4);
     let store = Store::open(StoreConfig {
-        etcd: Some(etcd),
+        backend: Some(std::sync::Arc::new(etcd)),
         ..StoreConfig::default()
     })
     .await

@@ -73,7 +73,7 @@ pub(crate) async fn forward_writes(State(fwd): State<Arc<Forwarder>>, req: Reque
         return resp;
     }
     // A snapshot restore is served where it lands: any server can write it (see
-    // `catalog::etcd`), and its body is larger than a write's.
+    // `catalog_etcd`), and its body is larger than a write's.
     let path = req.uri().path();
     if !is_write(req.method())
         || !path.starts_with("/v1/")

@@ -34,7 +34,7 @@ pub(crate) async fn open(
                 "-store etcd keeps the catalog in etcd: it excludes -data-dir and -dev",
             ));
         }
-        let mut etcd = catalog::etcd::EtcdConfig::new(args.etcd_endpoints.clone());
+        let mut etcd = catalog_etcd::EtcdConfig::new(args.etcd_endpoints.clone());
         etcd.prefix = args.etcd_prefix.clone();
         etcd.server_name = args.node.clone();
         etcd.advertise = http_addr.to_string();
@@ -43,7 +43,7 @@ pub(crate) async fn open(
         etcd.lease_ttl = args.etcd_lease_ttl;
         etcd.request_timeout = args.etcd_request_timeout;
         etcd.max_txn_ops = args.etcd_max_txn_ops as usize;
-        config.etcd = Some(etcd);
+        config.backend = Some(std::sync::Arc::new(etcd));
         return Store::open(config).await.map_err(|e| {
             ServerError::Store(format!(
                 "cannot use etcd at {}: {}",

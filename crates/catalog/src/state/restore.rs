@@ -15,7 +15,7 @@ impl State {
     /// CA keeps this state's CA, and one taken before ACLs were bootstrapped leaves them
     /// bootstrapped here. Sessions with a TTL count it again from `now_ms`, as Consul's
     /// servers restart their timers after a restore: a snapshot's age does not end them.
-    pub(crate) fn restore_changes(&self, to: &PersistedState, now_ms: u64) -> Vec<Change> {
+    pub fn restore_changes(&self, to: &PersistedState, now_ms: u64) -> Vec<Change> {
         let mut out = Vec::new();
         self.restore_deletes(to, &mut out);
         out.extend(to.nodes.iter().cloned().map(Change::PutNode));

@@ -16,15 +16,15 @@
 //! from etcd itself, so a second restore finishes what the first left, whichever snapshot
 //! it restores.
 
-use super::apply::Applier;
-use super::config::EtcdConfig;
-use super::layout;
-use super::outage::etcd_err;
-use super::txn::{Tried, send};
-use crate::error::StoreError;
-use crate::snapshot::Snapshot;
-use crate::state::State;
-use crate::storage::WriteOutcome;
+use crate::apply::Applier;
+use crate::config::EtcdConfig;
+use crate::layout;
+use crate::outage::etcd_err;
+use crate::txn::{Tried, send};
+use catalog::State;
+use catalog::StoreError;
+use catalog::WriteOutcome;
+use catalog::snapshot::Snapshot;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use std::collections::HashSet;
 use structs::Index;
@@ -48,7 +48,7 @@ pub(super) async fn restore(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    for change in State::default().restore_changes(&snapshot.state, now_ms) {
+    for change in State::default().restore_changes(snapshot.rows(), now_ms) {
         let (key, value) = layout::encode(&change).map_err(|source| StoreError::Encode { what: "a row", source })?;
         puts.push((key, value));
     }
@@ -169,7 +169,7 @@ async fn run_at(client: &Client, config: &EtcdConfig, txn: Txn, what: &str) -> R
         )),
         Ok(Err(source)) => Err(StoreError::Etcd {
             what: format!("{what} (etcd keeps the restore marker: run the restore again)"),
-            source,
+            source: Box::new(source),
         }),
         Err(_) => Err(StoreError::EtcdTimeout {
             what: format!("{what}: {} (run the restore again)", tried.cause()),

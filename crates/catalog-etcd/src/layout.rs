@@ -30,9 +30,10 @@
 //! not having passed the revision the write was planned at: a write planned on a state
 //! another server has since changed is refused by etcd and planned again.
 
-use crate::ca::CaState;
-use crate::keys::IndexKey;
-use crate::state::{Change, PersistedState, State};
+use catalog::IndexKey;
+use catalog::backend::PersistedState;
+use catalog::ca::CaState;
+use catalog::{Change, State};
 use structs::{ConfigEntryKind, Index};
 
 /// Where the catalog's rows live under the prefix.

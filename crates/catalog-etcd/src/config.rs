@@ -1,6 +1,6 @@
 //! How to reach etcd, and how this server appears among the servers sharing it.
 
-use super::layout;
+use crate::layout;
 use std::time::Duration;
 
 /// How to reach etcd and how this server appears in the cluster.

@@ -1,4 +1,8 @@
-//! The etcd storage: the catalog kept in etcd, shared by several meshd servers.
+//! The etcd storage of the catalog (`meshd server -store etcd`): the catalog kept in etcd,
+//! shared by several meshd servers. A [`catalog::Store`] opened with an [`EtcdConfig`] as
+//! its [`StoreConfig::backend`](catalog::StoreConfig::backend) keeps its catalog here; the
+//! catalog crate itself knows nothing of etcd (a server built without etcd compiles neither
+//! this crate nor etcd-client).
 //!
 //! Each server keeps the whole catalog in memory, as with the embedded log, and keeps it
 //! current from one etcd watch on the catalog's keys, applying every etcd revision in order.
@@ -17,7 +21,7 @@
 mod apply;
 mod cluster;
 mod config;
-pub(crate) mod layout;
+mod layout;
 mod outage;
 mod restore;
 mod txn;
@@ -26,12 +30,12 @@ mod writer;
 pub use config::EtcdConfig;
 pub use layout::LayoutError;
 
-use crate::cluster::Cluster;
-use crate::current::Current;
-use crate::error::StoreError;
-use crate::state::State;
-use crate::storage::{Storage, Writes};
 use apply::Applier;
+use catalog::State;
+use catalog::StoreError;
+use catalog::backend::Current;
+use catalog::backend::{Backend, Storage, Writes};
+use catalog::cluster::Cluster;
 use cluster::Membership;
 use etcd_client::{Client, ConnectOptions};
 use outage::etcd_err;
@@ -88,6 +92,20 @@ async fn connect(config: &EtcdConfig) -> Result<(Client, State, Option<String>),
         other => other,
     })?;
     Ok((client, state, marker))
+}
+
+#[async_trait::async_trait]
+impl Backend for EtcdConfig {
+    async fn open(
+        &self,
+        publish_buffer: usize,
+        writes: Writes,
+    ) -> Result<(Arc<dyn Storage>, Arc<Current>), StoreError> {
+        let (storage, state) = EtcdStorage::open(self.clone()).await?;
+        let current = Current::new(state, publish_buffer);
+        let storage = storage.start(Arc::clone(&current), writes);
+        Ok((storage, current))
+    }
 }
 
 impl EtcdStorage {

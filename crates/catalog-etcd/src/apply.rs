@@ -8,12 +8,12 @@
 //! as a reset. Readers therefore see the catalog before the restore or after it, never
 //! half of it.
 
-use super::config::EtcdConfig;
-use super::layout;
-use super::outage::{Outage, etcd_err, sleep_or_stop};
-use crate::current::Current;
-use crate::error::StoreError;
-use crate::state::{Change, State};
+use crate::config::EtcdConfig;
+use crate::layout;
+use crate::outage::{Outage, etcd_err, sleep_or_stop};
+use catalog::StoreError;
+use catalog::backend::Current;
+use catalog::{Change, State};
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! one cluster.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use catalog::etcd::EtcdConfig;
 use catalog::{IndexKey, Op, Store, StoreConfig, Topic, WriteError};
+use catalog_etcd::EtcdConfig;
 use std::time::Duration;
 use structs::config_entry::ServiceDefaults;
 use structs::{ConfigEntry, Index, NodeService, RegisterRequest};
@@ -15,17 +15,25 @@ async fn cluster(members: usize) -> EtcdCluster {
         .unwrap()
 }
 
-fn config(endpoints: Vec<String>, prefix: &str, name: &str) -> StoreConfig {
+fn etcd_config(endpoints: Vec<String>, prefix: &str, name: &str) -> EtcdConfig {
     let mut etcd = EtcdConfig::new(endpoints);
     etcd.prefix = prefix.to_owned();
     etcd.server_name = name.to_owned();
     etcd.advertise = format!("{name}:8500");
     etcd.lease_ttl = Duration::from_secs(2);
     etcd.request_timeout = Duration::from_secs(4);
+    etcd
+}
+
+fn store_config(etcd: EtcdConfig) -> StoreConfig {
     StoreConfig {
-        etcd: Some(etcd),
+        backend: Some(std::sync::Arc::new(etcd)),
         ..StoreConfig::default()
     }
+}
+
+fn config(endpoints: Vec<String>, prefix: &str, name: &str) -> StoreConfig {
+    store_config(etcd_config(endpoints, prefix, name))
 }
 
 async fn open(endpoints: Vec<String>, prefix: &str, name: &str) -> Store {
@@ -261,11 +269,9 @@ async fn a_store_whose_watch_was_compacted_reloads_and_resets_its_subscribers() 
 async fn without_quorum_writes_fail_naming_etcd_reads_go_on_and_writes_resume_after() {
     let mut etcd = cluster(3).await;
     // A request timeout far longer than the failure takes: the write must not just time out.
-    let mut config = config(etcd.endpoints(), "/t5/", "a");
-    if let Some(e) = config.etcd.as_mut() {
-        e.request_timeout = Duration::from_secs(10);
-    }
-    let a = Store::open(config).await.unwrap();
+    let mut e = etcd_config(etcd.endpoints(), "/t5/", "a");
+    e.request_timeout = Duration::from_secs(10);
+    let a = Store::open(store_config(e)).await.unwrap();
     a.write(register("n1", "web")).await.unwrap();
     tokio::task::block_in_place(|| etcd.kill(2));
     a.write(register("n2", "web"))
@@ -382,11 +388,9 @@ async fn a_leader_that_stepped_down_with_its_lease_alive_leads_again() {
     const TTL: Duration = Duration::from_secs(6);
     let etcd = cluster(1).await;
     let link = CuttableLink::to(&etcd.endpoints()[0]).await;
-    let mut config_a = config(vec![link.url()], "/t7/", "a");
-    if let Some(e) = config_a.etcd.as_mut() {
-        e.lease_ttl = TTL;
-    }
-    let a = Store::open(config_a).await.unwrap();
+    let mut e = etcd_config(vec![link.url()], "/t7/", "a");
+    e.lease_ttl = TTL;
+    let a = Store::open(store_config(e)).await.unwrap();
     let ca = a.cluster().unwrap().clone();
     eventually("a leads", || *ca.leading().borrow()).await;
     let b = open(etcd.endpoints(), "/t7/", "b").await;
@@ -442,11 +446,9 @@ async fn an_unreachable_etcd_is_a_one_line_error() {
         .local_addr()
         .unwrap()
         .port();
-    let mut config = config(vec![format!("http://127.0.0.1:{port}")], "/x/", "a");
-    if let Some(etcd) = config.etcd.as_mut() {
-        etcd.request_timeout = Duration::from_millis(500);
-    }
-    let err = Store::open(config).await.unwrap_err().to_string();
+    let mut e = etcd_config(vec![format!("http://127.0.0.1:{port}")], "/x/", "a");
+    e.request_timeout = Duration::from_millis(500);
+    let err = Store::open(store_config(e)).await.unwrap_err().to_string();
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains('\n'), "{err}");
 }
@@ -509,11 +511,9 @@ async fn an_embedded_snapshot_restores_into_etcd_all_at_once_for_every_server() 
     embedded.close().await;
 
     let etcd = cluster(1).await;
-    let mut small = config(etcd.endpoints(), "/t10/", "a");
-    if let Some(e) = small.etcd.as_mut() {
-        e.max_txn_ops = 64;
-    }
-    let a = Store::open(small).await.unwrap();
+    let mut small = etcd_config(etcd.endpoints(), "/t10/", "a");
+    small.max_txn_ops = 64;
+    let a = Store::open(store_config(small)).await.unwrap();
     let b = open(etcd.endpoints(), "/t10/", "b").await;
     a.write(register("old", "legacy")).await.unwrap();
     let before = a.write(kv_set("old/key", "x", None)).await.unwrap().index;

@@ -7,15 +7,16 @@
 //! writes change nothing (refused, a failed check-and-set) is still confirmed with the
 //! guard, so that every answer reflects the latest committed state.
 
-use super::apply::Applier;
-use super::config::EtcdConfig;
-use super::layout;
-use super::outage::Outage;
-use super::txn::{Tried, send};
-use crate::current::Current;
-use crate::error::{StorageFailure, StoreError, WriteError};
-use crate::state::State;
-use crate::storage::{Job, Planned, WriteOutcome, Writes};
+use crate::apply::Applier;
+use crate::config::EtcdConfig;
+use crate::layout;
+use crate::outage::Outage;
+use crate::txn::{Tried, send};
+use catalog::State;
+use catalog::WriteOutcome;
+use catalog::backend::Current;
+use catalog::backend::{Job, Planned, Writes};
+use catalog::{StorageFailure, StoreError, WriteError};
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -55,7 +56,7 @@ fn plan_batch(state: &State, jobs: &VecDeque<Job>, datacenter: &str, max_ops: us
     };
     let mut position: HashMap<String, usize> = HashMap::new();
     for (taken, job) in jobs.iter().enumerate() {
-        if matches!(job.op, crate::ops::Op::Restore(_)) {
+        if matches!(job.op, catalog::Op::Restore(_)) {
             // A restore is written on its own (see `restore.rs`).
             return (batch, taken);
         }
@@ -186,12 +187,12 @@ impl Writer {
             }
             writes.take_queued(&mut queue);
             if let Some(Job {
-                op: crate::ops::Op::Restore(snapshot),
+                op: catalog::Op::Restore(snapshot),
                 ..
             }) = queue.front()
             {
                 let snapshot = Arc::clone(snapshot);
-                let result = super::restore::restore(&self.client, &self.config, &self.applier, &snapshot).await;
+                let result = crate::restore::restore(&self.client, &self.config, &self.applier, &snapshot).await;
                 if let Some(job) = queue.pop_front() {
                     let _ = job
                         .reply
@@ -213,7 +214,7 @@ impl Writer {
             if let Some(marker) = self.applier.restoring() {
                 let taken = queue
                     .iter()
-                    .take_while(|j| !matches!(j.op, crate::ops::Op::Restore(_)))
+                    .take_while(|j| !matches!(j.op, catalog::Op::Restore(_)))
                     .count();
                 return fail_all(queue.drain(..taken), StoreError::RestoreInProgress(marker));
             }
@@ -287,7 +288,10 @@ impl Writer {
                 } else {
                     "writing to etcd".into()
                 };
-                StoreError::Etcd { what, source }
+                StoreError::Etcd {
+                    what,
+                    source: Box::new(source),
+                }
             }
         }
     }

@@ -16,10 +16,10 @@
 //! lease can expire and another server take over; it campaigns only while its lease was
 //! renewed within that time.
 
-use super::config::EtcdConfig;
-use super::outage::{Outage, sleep_or_stop};
-use crate::cluster::{Cluster, ClusterStatus, ServerInfo};
-use crate::error::StoreError;
+use crate::config::EtcdConfig;
+use crate::outage::{Outage, sleep_or_stop};
+use catalog::StoreError;
+use catalog::cluster::{Cluster, ClusterStatus, ServerInfo};
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
@@ -93,7 +93,7 @@ impl Membership {
                 })?
                 .map_err(|source| StoreError::Etcd {
                     what: "reading the servers' registrations".into(),
-                    source,
+                    source: Box::new(source),
                 })?;
             let Some(held) = resp.kvs().first() else {
                 return Ok(());

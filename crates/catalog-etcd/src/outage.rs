@@ -40,7 +40,10 @@ pub(crate) async fn sleep_or_stop(stop: &CancellationToken, delay: Duration) -> 
 }
 
 /// Maps etcd's error to the store's, saying what was being done.
-pub(crate) fn etcd_err(what: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> crate::error::StoreError {
+pub(crate) fn etcd_err(what: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> catalog::StoreError {
     let what = what.into();
-    move |source| crate::error::StoreError::Etcd { what, source }
+    move |source| catalog::StoreError::Etcd {
+        what,
+        source: Box::new(source),
+    }
 }
