@@ -301,12 +301,23 @@ async fn routes_splits_retries_failover_redirects_and_l7_intentions() {
 /// One raw request through `addr` (see [`test_support::http::exchange`]): its status and
 /// body, and for a redirect its `location`.
 async fn raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
-    let r = test_support::http::exchange(addr, path, headers).await.ok()?;
+    raw_or_why(addr, path, headers).await.ok()
+}
+
+/// [`raw`], for a request that must be answered: the test fails saying why it was not.
+async fn answered(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    raw_or_why(addr, path, headers)
+        .await
+        .unwrap_or_else(|why| panic!("GET {path} at {addr} with {headers:?} got no answer: {why}"))
+}
+
+async fn raw_or_why(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<(u16, String), String> {
+    let r = test_support::http::exchange(addr, path, headers).await?;
     let body = match r.header("location") {
         Some(location) if (300..400).contains(&r.status) => location.to_owned(),
         _ => r.body,
     };
-    Some((r.status, body))
+    Ok((r.status, body))
 }
 
 /// Polls until a raw request answers `status`.
@@ -344,7 +355,7 @@ type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u16, &'a str);
 
 async fn expect(addr: SocketAddr, phase: &str, cases: &[Case<'_>]) {
     for &(path, headers, status, seen) in cases {
-        let (s, body) = raw(addr, path, headers).await.unwrap();
+        let (s, body) = answered(addr, path, headers).await;
         println!("{phase}: {path} {headers:?} -> {s} {body:?}");
         assert_eq!(s, status, "{phase}: {path} {headers:?}: {body}");
         if !seen.is_empty() {
@@ -1078,7 +1089,7 @@ async fn jwt(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketA
         } else {
             vec![("authorization", auth)]
         };
-        let (s, body) = raw(up, "/public/x", &headers).await.unwrap();
+        let (s, body) = answered(up, "/public/x", &headers).await;
         println!("jwt: {what} -> {s}");
         assert_eq!(s, status, "{what}: {body}");
         if status == 200 {
@@ -1094,18 +1105,18 @@ async fn jwt(mesh: &Mesh, client: &reqwest::Client, api_admin: &str, up: SocketA
     // `/remote` needs the remote provider's token as well; its keys are fetched once.
     let remote = token("remote");
     let with_both = [("authorization", valid.as_str()), ("x-remote-token", remote.as_str())];
-    assert_eq!(raw(up, "/remote/x", &[("authorization", &valid)]).await.unwrap().0, 403);
+    assert_eq!(answered(up, "/remote/x", &[("authorization", &valid)]).await.0, 403);
     for _ in 0..5 {
-        let (s, body) = raw(up, "/remote/x", &with_both).await.unwrap();
+        let (s, body) = answered(up, "/remote/x", &with_both).await;
         assert_eq!(s, 200, "{body}");
     }
     let wrong = [("authorization", valid.as_str()), ("x-remote-token", valid.as_str())];
-    assert_eq!(raw(up, "/remote/x", &wrong).await.unwrap().0, 403);
+    assert_eq!(answered(up, "/remote/x", &wrong).await.0, 403);
     // Fetched once by Envoy's main thread for every worker (`FetchAsynchronously`), then
     // cached: more requests fetch nothing.
     assert_eq!(fetched.load(Ordering::SeqCst), 1, "the remote key set is fetched once");
     for _ in 0..5 {
-        assert_eq!(raw(up, "/remote/y", &with_both).await.unwrap().0, 200);
+        assert_eq!(answered(up, "/remote/y", &with_both).await.0, 200);
     }
     assert_eq!(fetched.load(Ordering::SeqCst), 1, "the remote key set is cached");
     println!(
