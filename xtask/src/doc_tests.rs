@@ -62,15 +62,12 @@ fn is_rust(info: &str) -> bool {
         "standalone_crate",
         "allow_fail",
     ];
-    let mut words = info
+    let words: Vec<&str> = info
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|w| !w.is_empty())
-        .peekable();
-    if words.peek().is_none() {
-        return true;
-    }
-    let words: Vec<&str> = words.collect();
-    words.contains(&"rust")
+        .collect();
+    words.is_empty()
+        || words.contains(&"rust")
         || words
             .iter()
             .all(|w| ATTRIBUTES.contains(w) || w.starts_with("edition") || w.starts_with("ignore-"))
