@@ -454,6 +454,14 @@ async fn an_added_upstream_goes_out_with_its_chain_and_endpoints() {
     let target = chain.targets.keys().next().unwrap();
     assert_eq!(api.endpoints.get(target).map(|e| e.len()), Some(1), "and the endpoints");
     assert_eq!(snap.version, first.version + 1, "one snapshot for the change");
+    // Only the upstreams changed: every proxy-wide input is the last snapshot's very `Arc`,
+    // so xds builds the new upstream's resources alone, not the whole proxy again.
+    let (a, b) = (first.connect_proxy().unwrap(), snap.connect_proxy().unwrap());
+    assert!(Arc::ptr_eq(&a.peer_targets, &b.peer_targets), "peer targets copied");
+    assert!(Arc::ptr_eq(&a.peered, &b.peered), "peered upstreams copied");
+    assert!(Arc::ptr_eq(&a.destinations, &b.destinations), "destinations copied");
+    assert!(Arc::ptr_eq(&a.destination_gateways, &b.destination_gateways));
+    assert!(Arc::ptr_eq(&a.http_checks, &b.http_checks));
 }
 
 /// Destinations outside the mesh: a service-defaults `Destination` the intentions allow

@@ -492,7 +492,12 @@ impl ConnectProxyHandler {
         watches.cancel_where(
             |id| matches!(id, CorrelationId::PeerTarget { upstream: u, target } if u == upstream && !named(target)),
         );
-        Arc::make_mut(&mut cp.peer_targets).retain(|(u, t), _| u != upstream || named(t));
+        // Written only when a target goes: a copy (the last snapshot shares the map) is a
+        // new input to every build, and a transparent proxy follows each implicit
+        // upstream's chain whenever its list changes.
+        if cp.peer_targets.keys().any(|(u, t)| u == upstream && !named(t)) {
+            Arc::make_mut(&mut cp.peer_targets).retain(|(u, t), _| u != upstream || named(t));
+        }
         for (target_id, target) in chain.targets.iter().filter(|(_, t)| !t.peer.is_empty()) {
             let req = PeeredUpstreamRequest {
                 peer: target.peer.clone(),
@@ -514,14 +519,17 @@ impl ConnectProxyHandler {
 /// target the peer does not export (or whose peering is gone) has none.
 fn patch_peer_targets(cp: &mut ConnectProxySnapshot, upstream: &Arc<UpstreamId>) {
     let peer_targets = Arc::clone(&cp.peer_targets);
-    let upstreams = Arc::make_mut(&mut cp.upstreams);
-    let Some(entry) = upstreams.get_mut(upstream) else {
+    // The upstreams are copied only for a chain with a peer target (the last snapshot
+    // shares them).
+    let Some(chain) = cp.upstreams.get(upstream).and_then(|u| u.chain.clone()) else {
         return;
     };
-    let Some(chain) = entry.chain.clone() else { return };
     if chain.targets.values().all(|t| t.peer.is_empty()) {
         return;
     }
+    let Some(entry) = Arc::make_mut(&mut cp.upstreams).get_mut(upstream) else {
+        return;
+    };
     let mut patched = (*chain).clone();
     let mut endpoints = Vec::new();
     for (target_id, target) in patched.targets.iter_mut().filter(|(_, t)| !t.peer.is_empty()) {
