@@ -91,6 +91,20 @@ impl VersionedResources {
         }
     }
 
+    /// Takes the load assignments named in `names` from `previous` (with its very names),
+    /// where this build has none of its own.
+    fn take_endpoints(&mut self, previous: &VersionedResources, names: Vec<&str>) {
+        let Some(before) = previous.by_type.get(resources::ENDPOINT) else {
+            return;
+        };
+        let map = Arc::make_mut(self.by_type.entry(resources::ENDPOINT).or_default());
+        for name in names {
+            if let Some((key, v)) = before.get_key_value(name) {
+                map.entry(Arc::clone(key)).or_insert_with(|| Arc::clone(v));
+            }
+        }
+    }
+
     /// Takes the resources of `parts` from `previous` (a build whose inputs for those parts
     /// are the same), with their problems and kept resources.
     fn take_parts(&mut self, previous: &VersionedResources, prev_snap: &ConfigSnapshot, parts: &[String]) {
@@ -194,6 +208,7 @@ impl VersionedResources {
                     // Same proxy-wide inputs: only the upstreams whose chain changed are built.
                     Some((prev, prev_snap, (built, reused))) => {
                         let mut built = Self::from_resources(built?, shared);
+                        built.take_endpoints(prev, resources::unchanged_endpoints(snapshot, prev_snap));
                         built.keep_from(previous);
                         let mut parts = reused;
                         parts.push(resources::COMMON.to_owned());

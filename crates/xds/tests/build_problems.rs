@@ -127,6 +127,15 @@ fn a_changed_chain_rebuilds_its_upstream_only_and_equals_a_full_build() {
         .collect();
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert!(changed[0].starts_with("db."), "{changed:?}");
+    // So are the other upstreams' load assignments: taken, not built again.
+    let endpoint = xds::resources::ENDPOINT;
+    let built: Vec<&str> = incremental
+        .of(endpoint)
+        .filter(|(n, v)| before.get(endpoint, n).is_none_or(|b| !Arc::ptr_eq(v, b)))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(built.iter().all(|n| n.starts_with("db.")), "{built:?}");
+    assert!(incremental.of(endpoint).count() > built.len());
     // Secrets were not touched: the very same map.
     assert!(Arc::ptr_eq(
         incremental.map(xds::resources::SECRET).unwrap(),

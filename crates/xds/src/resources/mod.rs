@@ -189,7 +189,7 @@ fn build_kind(
         }
     }
     clusters::build(snapshot, &mut out, scope)?;
-    clusters::build_endpoints(snapshot, &mut out, shared)?;
+    clusters::build_endpoints_where(snapshot, &mut out, shared, |id, _, _| (scope.endpoints)(id))?;
     listeners::build(snapshot, &mut out, scope)?;
     // It reads every upstream: built whole whenever what it matches on changed.
     if scope.outbound {
@@ -224,8 +224,25 @@ pub(crate) fn build_changed(
         })
         .map(|(id, _)| &**id)
         .collect();
-    // Asked once per upstream by every builder: a lookup, not a formatting of every id.
-    let rebuild = |id: &structs::UpstreamId| !kept.contains(id);
+    // Asked once per upstream by every builder: the few upstreams to build (one, when an
+    // upstream was added), compared by address first (builders pass the snapshot's keys).
+    let rebuilt: Vec<&structs::UpstreamId> = y
+        .upstreams
+        .keys()
+        .map(|id| &**id)
+        .filter(|id| !kept.contains(id))
+        .collect();
+    let rebuild = |id: &structs::UpstreamId| rebuilt.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
+    // Load assignments only for the upstreams whose snapshot was replaced (an upstream's
+    // very `Arc` has the same chain and endpoints): the caller takes the others from the
+    // previous build ([`unchanged_endpoints`]).
+    let replaced: Vec<&structs::UpstreamId> = y
+        .upstreams
+        .iter()
+        .filter(|(id, u)| !x.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
+        .map(|(id, _)| &**id)
+        .collect();
+    let endpoints = |id: &structs::UpstreamId| replaced.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
     // An upstream added or given its chain matches nothing until its endpoints bring a
     // virtual IP: the outbound listener then stays as it was.
     let outbound = y.transparent && !transparent::same_listener(prev, snapshot);
@@ -233,6 +250,7 @@ pub(crate) fn build_changed(
         common: false,
         outbound,
         upstream: &rebuild,
+        endpoints: &endpoints,
     };
     let built = build_scoped(snapshot, shared, &scope);
     let mut reused: Vec<String> = kept.iter().map(|id| id.to_string()).collect();
@@ -264,12 +282,27 @@ pub fn diff_snapshots(
         common,
         outbound,
         upstream: &changed,
+        endpoints: &|_| true,
     };
     Ok(diff(
         &build_scoped(old, None, &scope)?,
         &build_scoped(new, None, &scope)?,
         max_fields,
     ))
+}
+
+/// The load assignments (by name) of `snapshot`'s upstreams whose snapshot is `prev`'s very
+/// `Arc` (same chain, same endpoints): what [`build_changed`] leaves to the previous build.
+pub(crate) fn unchanged_endpoints<'s>(snapshot: &'s ConfigSnapshot, prev: &ConfigSnapshot) -> Vec<&'s str> {
+    let (Some(now), Some(before)) = (snapshot.connect_proxy(), prev.connect_proxy()) else {
+        return Vec::new();
+    };
+    now.upstreams
+        .iter()
+        .filter(|(id, u)| before.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
+        .filter_map(|(_, u)| u.chain.as_deref())
+        .flat_map(|chain| chain.targets.values().map(|t| t.sni.as_str()))
+        .collect()
 }
 
 /// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).

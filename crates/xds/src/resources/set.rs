@@ -91,6 +91,9 @@ pub(crate) struct Scope<'a> {
     /// A transparent proxy's outbound listener (and what only it uses).
     pub(super) outbound: bool,
     pub(super) upstream: &'a dyn Fn(&structs::UpstreamId) -> bool,
+    /// The upstreams whose load assignments a sidecar's build makes (the others are taken
+    /// from the previous build by the caller).
+    pub(super) endpoints: &'a dyn Fn(&structs::UpstreamId) -> bool,
 }
 
 impl Scope<'_> {
@@ -107,6 +110,7 @@ pub(super) const EVERYTHING: Scope<'static> = Scope {
     common: true,
     outbound: true,
     upstream: &|_| true,
+    endpoints: &|_| true,
 };
 
 impl Resources {
