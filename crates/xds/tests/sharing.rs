@@ -186,10 +186,19 @@ fn identical_resources_of_different_proxies_are_held_once() {
         |r: &VersionedResources| Arc::clone(r.get(xds::resources::SECRET, xds::resources::ROOTS_SECRET).unwrap());
     assert!(Arc::ptr_eq(&roots(&a), &roots(&b)), "one CA bundle secret");
     drop((a, b));
+    assert!(
+        shared.interned_len() > 0,
+        "the upstreams' clusters, held by their shared parts"
+    );
+    // A part lives while some proxy holds its chain; then it goes at the next sweep.
+    shared.sweep_unused_parts();
+    assert!(shared.interned_len() > 0, "b's snapshot still holds its chains");
+    drop((b_snap, plain));
+    shared.sweep_unused_parts();
     assert_eq!(
         shared.interned_len(),
         0,
-        "held weakly: gone with the proxies' resources"
+        "held weakly: gone with the proxies' resources and the parts of their chains"
     );
 }
 
@@ -260,4 +269,51 @@ fn transparent_proxies_with_the_same_inputs_share_their_outbound_part() {
     );
     let again = VersionedResources::build(&a, Some(&shared)).unwrap();
     assert_eq!(versions(&again), versions(&ra));
+}
+
+/// Proxies reaching the same chain share its clusters only when what shapes them is the
+/// same: an upstream with limits of its own gets clusters of its own, each equal to its
+/// proxy's build alone.
+#[test]
+fn the_same_chain_with_other_limits_gets_clusters_of_its_own() {
+    let ca = Ca::new();
+    let scenario = Scenario {
+        protocol: "tcp",
+        upstreams: vec![("api", 9191, "tcp")],
+        intentions: vec![],
+        instances: vec![],
+    };
+    let plain_snap = snapshot(&ca, &scenario);
+    // The same snapshot (the very same chain), the upstream given limits.
+    let mut limited = plain_snap.clone();
+    let service = Arc::make_mut(&mut limited.service);
+    service.proxy.upstreams[0]
+        .config
+        .insert("limits".into(), serde_json::json!({"MaxConnections": 7}));
+    let shared = SharedEncodings::default();
+    let a = VersionedResources::build(&plain_snap, Some(&shared)).unwrap();
+    let b = VersionedResources::build(&limited, Some(&shared)).unwrap();
+    let a_again = VersionedResources::build(&plain_snap, Some(&shared)).unwrap();
+    let cluster = xds::resources::CLUSTER;
+    let name = a
+        .of(cluster)
+        .map(|(n, _)| n)
+        .find(|n| n.starts_with("api."))
+        .unwrap()
+        .to_owned();
+    assert_ne!(
+        a.get(cluster, &name).unwrap().version,
+        b.get(cluster, &name).unwrap().version
+    );
+    for (built, snap) in [(&a, &plain_snap), (&b, &limited)] {
+        let alone = VersionedResources::build(snap, None).unwrap();
+        assert_eq!(
+            built.get(cluster, &name).unwrap().version,
+            alone.get(cluster, &name).unwrap().version
+        );
+    }
+    assert!(Arc::ptr_eq(
+        a.get(cluster, &name).unwrap(),
+        a_again.get(cluster, &name).unwrap()
+    ));
 }

@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOption
 use envoy_types::pb::google::protobuf::{UInt32Value, UInt64Value};
 use envoy_types::util::pack_any;
 use proxycfg::{ConfigSnapshot, KindSnapshot};
+use std::sync::Arc;
 use structs::config_entry::LoadBalancer;
 use structs::protocol::{PassiveHealthCheck, UpstreamLimits};
 use structs::{CheckServiceNode, SpiffeIdService};
@@ -78,7 +79,12 @@ pub(crate) fn load_assignment(cluster_name: &str, nodes: &[CheckServiceNode]) ->
     }
 }
 
-pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::Scope<'_>) -> Result<(), BuildError> {
+pub(crate) fn build(
+    snap: &ConfigSnapshot,
+    out: &mut Resources,
+    scope: &super::Scope<'_>,
+    shared: Option<&super::SharedEncodings>,
+) -> Result<(), BuildError> {
     let cp = snap
         .connect_proxy()
         .ok_or(BuildError::Incomplete("not a connect-proxy"))?;
@@ -92,7 +98,7 @@ pub(crate) fn build(snap: &ConfigSnapshot, out: &mut Resources, scope: &super::S
         if !scope.upstream(id) {
             continue;
         }
-        upstream_clusters(snap, roots, upstream, outgoing.as_ref(), out);
+        upstream_clusters(snap, roots, upstream, outgoing.as_ref(), shared, out);
     }
     Ok(())
 }
@@ -169,20 +175,93 @@ fn upstream_clusters(
     roots: &structs::IndexedCaRoots,
     upstream: &proxycfg::UpstreamSnapshot,
     outgoing: Option<&TlsParameters>,
+    shared: Option<&super::SharedEncodings>,
     out: &mut Resources,
 ) {
     let Some(chain) = &upstream.chain else { return };
-    let options = snap.upstream_config(upstream).map(|u| u.options()).unwrap_or_default();
-    chain_clusters(
-        roots,
-        chain,
-        options.limits.as_ref(),
-        options.passive_health_check.as_ref(),
-        outgoing,
-        out,
-    );
-    if let Some(config) = snap.upstream_config(upstream) {
+    let config = snap.upstream_config(upstream);
+    let options = config.map(|u| u.options()).unwrap_or_default();
+    let escape_hatch = config.is_some_and(|c| c.config.contains_key(structs::bootstrap::UPSTREAM_CLUSTER_KEY));
+    match (shared, &snap.roots) {
+        // The escape hatch edits the clusters it is given: built for this proxy alone.
+        (Some(shared), Some(roots)) if !escape_hatch => {
+            let inputs = ChainClusterInputs {
+                chain: Arc::clone(chain),
+                roots: Arc::clone(roots),
+                limits: options.limits.clone(),
+                passive_health_check: options.passive_health_check.clone(),
+                outgoing: outgoing.cloned(),
+            };
+            let part = shared.part(inputs.key(), inputs, ChainClusterInputs::still_used, || {
+                let mut part = Resources::default();
+                chain_clusters(
+                    roots,
+                    chain,
+                    options.limits.as_ref(),
+                    options.passive_health_check.as_ref(),
+                    outgoing,
+                    &mut part,
+                );
+                Ok(part.interned(shared))
+            });
+            // The build above cannot fail.
+            if let Ok(part) = part {
+                out.extend_from(&part);
+            }
+        }
+        _ => chain_clusters(
+            roots,
+            chain,
+            options.limits.as_ref(),
+            options.passive_health_check.as_ref(),
+            outgoing,
+            out,
+        ),
+    }
+    if let Some(config) = config {
         upstream_escape_hatch(config, chain, out);
+    }
+}
+
+/// Everything [`chain_clusters`] reads for a sidecar's upstream: its chain and the CA roots
+/// (by identity), the upstream's limits and outlier detection, the mesh's TLS parameters.
+/// Proxies with equal inputs (every proxy reaching a service with default options) have
+/// the very same clusters: they are built, encoded and hashed once.
+struct ChainClusterInputs {
+    chain: Arc<structs::CompiledDiscoveryChain>,
+    roots: Arc<structs::IndexedCaRoots>,
+    limits: Option<UpstreamLimits>,
+    passive_health_check: Option<PassiveHealthCheck>,
+    outgoing: Option<TlsParameters>,
+}
+
+impl PartialEq for ChainClusterInputs {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.chain, &other.chain)
+            && Arc::ptr_eq(&self.roots, &other.roots)
+            && self.limits == other.limits
+            && self.passive_health_check == other.passive_health_check
+            && self.outgoing == other.outgoing
+    }
+}
+
+impl ChainClusterInputs {
+    /// A hash of the chain and roots by address (inputs differing only in options share a
+    /// key: the last built is kept).
+    fn key(&self) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = foldhash::fast::FixedState::default().build_hasher();
+        "chain clusters".hash(&mut h);
+        Arc::as_ptr(&self.chain).hash(&mut h);
+        Arc::as_ptr(&self.roots).hash(&mut h);
+        h.finish()
+    }
+
+    /// True while some proxy besides holds the chain.
+    fn still_used(inputs: &(dyn std::any::Any + Send + Sync)) -> bool {
+        inputs
+            .downcast_ref::<Self>()
+            .is_some_and(|i| Arc::strong_count(&i.chain) > 1)
     }
 }
 

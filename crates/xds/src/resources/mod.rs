@@ -188,7 +188,7 @@ fn build_kind(
             return Ok(out);
         }
     }
-    clusters::build(snapshot, &mut out, scope)?;
+    clusters::build(snapshot, &mut out, scope, shared)?;
     clusters::build_endpoints_where(snapshot, &mut out, shared, |id, _, _| (scope.endpoints)(id))?;
     listeners::build(snapshot, &mut out, scope)?;
     // It reads every upstream: built whole whenever what it matches on changed.

@@ -122,6 +122,12 @@ impl SharedEncodings {
         Ok(part)
     }
 
+    /// Drops now every shared part whose inputs no proxy uses any more (inserts do so as the
+    /// map grows), and with it the resources only it held.
+    pub fn sweep_unused_parts(&self) {
+        self.parts.lock().retain(|_, e| (e.in_use)(e.inputs.as_ref()));
+    }
+
     /// Distinct resources held by content (not counting load assignments).
     pub fn interned_len(&self) -> usize {
         self.interned.lock().values().filter(|w| w.strong_count() > 0).count()
