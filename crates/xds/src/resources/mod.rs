@@ -214,34 +214,47 @@ pub(crate) fn build_changed(
     let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
         return None;
     };
-    let kept: std::collections::BTreeSet<&structs::UpstreamId> = y
-        .upstreams
-        .iter()
-        .filter(|(id, u)| {
-            x.upstreams
-                .get(*id)
-                .is_some_and(|p| p.index == u.index && same_arc(&p.chain, &u.chain))
-        })
-        .map(|(id, _)| &**id)
-        .collect();
+    // One ordered walk of both upstream maps (an id in both is mostly the very same `Arc`):
+    // the upstreams kept (same position and chain), those to build again, and those whose
+    // snapshot was replaced (their load assignments are built; the others' are the
+    // previous build's, taken by the caller: [`unchanged_endpoints`]).
+    let (mut kept, mut rebuilt, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
+    let mut olds = x.upstreams.iter().peekable();
+    for (id, u) in y.upstreams.iter() {
+        let mut before = None;
+        while let Some((o, p)) = olds.peek() {
+            let order = if Arc::ptr_eq(o, id) {
+                std::cmp::Ordering::Equal
+            } else {
+                (***o).cmp(&**id)
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    olds.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    before = Some(*p);
+                    olds.next();
+                    break;
+                }
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        match before {
+            Some(p) if Arc::ptr_eq(p, u) => kept.push(&**id),
+            Some(p) if p.index == u.index && same_arc(&p.chain, &u.chain) => {
+                kept.push(&**id);
+                replaced.push(&**id);
+            }
+            _ => {
+                rebuilt.push(&**id);
+                replaced.push(&**id);
+            }
+        }
+    }
     // Asked once per upstream by every builder: the few upstreams to build (one, when an
     // upstream was added), compared by address first (builders pass the snapshot's keys).
-    let rebuilt: Vec<&structs::UpstreamId> = y
-        .upstreams
-        .keys()
-        .map(|id| &**id)
-        .filter(|id| !kept.contains(id))
-        .collect();
     let rebuild = |id: &structs::UpstreamId| rebuilt.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
-    // Load assignments only for the upstreams whose snapshot was replaced (an upstream's
-    // very `Arc` has the same chain and endpoints): the caller takes the others from the
-    // previous build ([`unchanged_endpoints`]).
-    let replaced: Vec<&structs::UpstreamId> = y
-        .upstreams
-        .iter()
-        .filter(|(id, u)| !x.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
-        .map(|(id, _)| &**id)
-        .collect();
     let endpoints = |id: &structs::UpstreamId| replaced.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
     // An upstream added or given its chain matches nothing until its endpoints bring a
     // virtual IP: the outbound listener then stays as it was.
