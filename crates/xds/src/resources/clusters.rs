@@ -202,7 +202,7 @@ fn upstream_clusters(
                     outgoing,
                     &mut part,
                 );
-                Ok(part.interned(shared))
+                Ok(shared.interned(part))
             });
             // The build above cannot fail.
             if let Ok(part) = part {

@@ -147,19 +147,6 @@ impl Resources {
         self.keep.extend(part.keep.iter().cloned());
     }
 
-    /// This part with its resources encoded and hashed once, held by content in `shared`:
-    /// the many proxies taking it then share them as they are (no copy of their bytes, no
-    /// hash of them again).
-    pub(super) fn interned(mut self, shared: &super::SharedEncodings) -> Self {
-        for (type_url, resources) in std::mem::take(&mut self.by_type) {
-            let mine = self.shared.entry(type_url).or_default();
-            for (name, resource) in resources {
-                mine.insert(name, shared.intern(type_url, resource));
-            }
-        }
-        self
-    }
-
     pub(super) fn insert_shared(&mut self, type_url: &'static str, name: String, resource: Arc<Versioned>) {
         self.shared.entry(type_url).or_default().insert(name, resource);
     }

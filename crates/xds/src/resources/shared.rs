@@ -92,6 +92,19 @@ impl SharedEncodings {
         versioned
     }
 
+    /// `part` with its resources encoded and hashed once, held by content here: the many
+    /// proxies taking a shared part then share them as they are (no copy of their bytes, no
+    /// hash of them again).
+    pub(crate) fn interned(&self, mut part: Resources) -> Resources {
+        for (type_url, resources) in std::mem::take(&mut part.by_type) {
+            let held = part.shared.entry(type_url).or_default();
+            for (name, resource) in resources {
+                held.insert(name, self.intern(type_url, resource));
+            }
+        }
+        part
+    }
+
     /// The part of a build made from `inputs` (hashed as `key`): another proxy's with the
     /// same inputs, else `build`'s (recorded for the next; a failed build is not). A sweep
     /// keeps the entries taken since the previous one whose inputs `in_use` finds still in

@@ -331,7 +331,7 @@ pub(crate) fn build(
         (Some(shared), Some(inputs)) => {
             let part = shared.part(inputs.key(), inputs, OutboundInputs::still_used, || {
                 let mut part = Resources::default();
-                build_outbound(snap, cp, &mut part).map(|()| part.interned(shared))
+                build_outbound(snap, cp, &mut part).map(|()| shared.interned(part))
             })?;
             out.extend_from(&part);
             Ok(())
