@@ -94,7 +94,7 @@ impl VersionedResources {
     /// Takes the load assignments named in `names` from `previous` (with its very names),
     /// where this build has none of its own.
     fn take_endpoints(&mut self, previous: &VersionedResources, names: Vec<&str>) {
-        let Some(before) = previous.by_type.get(resources::ENDPOINT) else {
+        let Some(before) = previous.by_type.get(resources::ENDPOINT).filter(|_| !names.is_empty()) else {
             return;
         };
         let map = Arc::make_mut(self.by_type.entry(resources::ENDPOINT).or_default());
