@@ -206,11 +206,11 @@ impl VersionedResources {
                     });
                 match changed {
                     // Same proxy-wide inputs: only the upstreams whose chain changed are built.
-                    Some((prev, prev_snap, (built, reused))) => {
-                        let mut built = Self::from_resources(built?, shared);
-                        built.take_endpoints(prev, resources::unchanged_endpoints(snapshot, prev_snap));
+                    Some((prev, prev_snap, changed)) => {
+                        let mut built = Self::from_resources(changed.built?, shared);
+                        built.take_endpoints(prev, changed.unchanged_endpoints);
                         built.keep_from(previous);
-                        let mut parts = reused;
+                        let mut parts = changed.reused;
                         parts.push(resources::COMMON.to_owned());
                         built.take_parts(prev, prev_snap, &parts);
                         built

@@ -198,15 +198,25 @@ fn build_kind(
     Ok(out)
 }
 
+/// What [`build_changed`] built, and what the caller takes from the previous build.
+pub(crate) struct Changed<'s> {
+    pub(crate) built: Result<Resources, BuildError>,
+    /// The parts whose resources are the previous build's.
+    pub(crate) reused: Vec<String>,
+    /// The load assignments (by name) of the upstreams whose snapshot is the previous one's
+    /// very `Arc` (same chain, same endpoints): the previous build's too.
+    pub(crate) unchanged_endpoints: Vec<&'s str>,
+}
+
 /// Builds what differs from `previous` (built from `prev`): when every proxy-wide input is
-/// the same, only the upstreams whose chain or position changed are built (with every load
-/// assignment); the rest is taken from `previous`'s parts by the caller. `None`: a full
-/// build is needed.
-pub(crate) fn build_changed(
-    snapshot: &ConfigSnapshot,
+/// the same, only the upstreams whose chain or position changed are built, and the load
+/// assignments of those whose snapshot was replaced; the rest is taken from `previous` by
+/// the caller. `None`: a full build is needed.
+pub(crate) fn build_changed<'s>(
+    snapshot: &'s ConfigSnapshot,
     prev: &ConfigSnapshot,
     shared: Option<&SharedEncodings>,
-) -> Option<(Result<Resources, BuildError>, Vec<String>)> {
+) -> Option<Changed<'s>> {
     // A proxyless client's build is small and all of a piece: always whole.
     if !same_proxy_wide(prev, snapshot) || snapshot.service.connect.native {
         return None;
@@ -217,8 +227,9 @@ pub(crate) fn build_changed(
     // One ordered walk of both upstream maps (an id in both is mostly the very same `Arc`):
     // the upstreams kept (same position and chain), those to build again, and those whose
     // snapshot was replaced (their load assignments are built; the others' are the
-    // previous build's, taken by the caller: [`unchanged_endpoints`]).
+    // previous build's, taken by the caller).
     let (mut kept, mut rebuilt, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unchanged_endpoints = Vec::new();
     let mut olds = x.upstreams.iter().peekable();
     for (id, u) in y.upstreams.iter() {
         let mut before = None;
@@ -241,7 +252,11 @@ pub(crate) fn build_changed(
             }
         }
         match before {
-            Some(p) if Arc::ptr_eq(p, u) => kept.push(&**id),
+            Some(p) if Arc::ptr_eq(p, u) => {
+                kept.push(&**id);
+                let targets = u.chain.iter().flat_map(|chain| chain.targets.values());
+                unchanged_endpoints.extend(targets.map(|t| t.sni.as_str()));
+            }
             Some(p) if p.index == u.index && same_arc(&p.chain, &u.chain) => {
                 kept.push(&**id);
                 replaced.push(&**id);
@@ -270,7 +285,11 @@ pub(crate) fn build_changed(
     if y.transparent && !outbound {
         reused.push(OUTBOUND.to_owned());
     }
-    Some((built, reused))
+    Some(Changed {
+        built,
+        reused,
+        unchanged_endpoints,
+    })
 }
 
 /// The resources that change from a sidecar's snapshot `old` to `new`, what a dry run
@@ -302,20 +321,6 @@ pub fn diff_snapshots(
         &build_scoped(new, None, &scope)?,
         max_fields,
     ))
-}
-
-/// The load assignments (by name) of `snapshot`'s upstreams whose snapshot is `prev`'s very
-/// `Arc` (same chain, same endpoints): what [`build_changed`] leaves to the previous build.
-pub(crate) fn unchanged_endpoints<'s>(snapshot: &'s ConfigSnapshot, prev: &ConfigSnapshot) -> Vec<&'s str> {
-    let (Some(now), Some(before)) = (snapshot.connect_proxy(), prev.connect_proxy()) else {
-        return Vec::new();
-    };
-    now.upstreams
-        .iter()
-        .filter(|(id, u)| before.upstreams.get(*id).is_some_and(|p| Arc::ptr_eq(p, u)))
-        .filter_map(|(_, u)| u.chain.as_deref())
-        .flat_map(|chain| chain.targets.values().map(|t| t.sni.as_str()))
-        .collect()
 }
 
 /// Builds only the load assignments of a snapshot (see [`same_except_endpoints`]).
