@@ -26,13 +26,34 @@ pub struct VersionedResources {
     pub problems: BTreeMap<String, String>,
     /// The resources the failed parts keep from the last good build (part, type, name).
     keep: Vec<(String, &'static str, String)>,
+    /// The shared outbound part (a transparent proxy's) among these resources.
+    outbound_part: Option<Arc<Resources>>,
+    /// How these were built.
+    path: BuildPath,
+}
+
+/// How a build of a proxy's resources went: what it built, and what it took from the
+/// proxy's previous build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BuildPath {
+    /// Every resource built (the first build, or one after a proxy-wide change).
+    #[default]
+    Whole,
+    /// Only load assignments built; the rest is the previous build's.
+    Endpoints,
+    /// The changed upstreams (and outbound listener) built; the other parts' resources
+    /// taken from the previous build by name.
+    Parts,
+    /// The changed upstreams (and outbound listener) built into the previous build's maps,
+    /// which hold everything else already.
+    Patched,
 }
 
 impl VersionedResources {
     /// Hashes every resource of `resources`; with `shared`, a resource some other proxy
     /// already has (same type and encoding) is that proxy's very `Arc`, stored once.
     pub fn from_resources(resources: Resources, shared: Option<&resources::SharedEncodings>) -> Self {
-        let (problems, keep) = (resources.problems, resources.keep);
+        let (problems, keep, outbound_part) = (resources.problems, resources.keep, resources.outbound_part);
         let mut by_type: BTreeMap<&'static str, TypeResources> = resources
             .by_type
             .into_iter()
@@ -62,7 +83,74 @@ impl VersionedResources {
             snapshot: None,
             problems,
             keep,
+            outbound_part,
+            path: BuildPath::Whole,
         }
+    }
+
+    /// How these resources were built.
+    pub fn path(&self) -> BuildPath {
+        self.path
+    }
+
+    /// `previous` (built from `prev_snap`) with the resources `changed` built again replaced
+    /// by `built`'s: the work is the size of the change, where taking every other part's
+    /// resources by name ([`Self::take_parts`]) is the size of the proxy. `Err` gives
+    /// `built` back where the result could differ from a full build: a part failed now or
+    /// before (failed parts keep resources by name), a datacenter problem is reported (made
+    /// afresh by every build), or a resource of a superseded part is not made again (a kept
+    /// part may make it too: only the walk by name knows).
+    fn patched(
+        previous: &VersionedResources,
+        prev_snap: &ConfigSnapshot,
+        changed: &resources::Changed<'_, '_>,
+        built: Resources,
+        shared: Option<&resources::SharedEncodings>,
+    ) -> Result<Self, Resources> {
+        let clean = |p: &BTreeMap<String, String>, k: &[(String, &'static str, String)]| p.is_empty() && k.is_empty();
+        if !clean(&previous.problems, &previous.keep) || !clean(&built.problems, &built.keep) {
+            return Err(built);
+        }
+        let made = |type_url: &str, name: &str| {
+            built.by_type.get(type_url).is_some_and(|m| m.contains_key(name))
+                || built.shared.get(type_url).is_some_and(|m| m.contains_key(name))
+        };
+        if changed.outbound {
+            let Some(part) = &previous.outbound_part else {
+                return Err(built);
+            };
+            if !part.shared.iter().all(|(t, m)| m.keys().all(|n| made(t, n))) {
+                return Err(built);
+            }
+        }
+        if !changed.superseded_names(prev_snap).iter().all(|(t, n)| made(t, n)) {
+            return Err(built);
+        }
+        let fresh = Self::from_resources(built, shared);
+        let mut by_type = previous.by_type.clone();
+        for (type_url, resources) in fresh.by_type {
+            let map = by_type.entry(type_url).or_default();
+            let new: Vec<(Arc<str>, Arc<Versioned>)> = resources
+                .iter()
+                .filter(|(n, v)| !map.get(&**n).is_some_and(|old| Arc::ptr_eq(old, v)))
+                .map(|(n, v)| (Arc::clone(n), Arc::clone(v)))
+                .collect();
+            if !new.is_empty() {
+                // An existing name keeps its key: the previous build's very name.
+                Arc::make_mut(map).extend(new);
+            }
+        }
+        Ok(Self {
+            by_type,
+            snapshot: None,
+            problems: BTreeMap::new(),
+            keep: Vec::new(),
+            outbound_part: match changed.outbound {
+                true => fresh.outbound_part,
+                false => previous.outbound_part.clone(),
+            },
+            path: BuildPath::Patched,
+        })
     }
 
     /// Copies into this build the last good version (from `previous`) of every resource a
@@ -196,6 +284,8 @@ impl VersionedResources {
                     snapshot: None,
                     problems,
                     keep: prev.keep.clone(),
+                    outbound_part: prev.outbound_part.clone(),
+                    path: BuildPath::Endpoints,
                 }
             }
             None => {
@@ -206,14 +296,21 @@ impl VersionedResources {
                     });
                 match changed {
                     // Same proxy-wide inputs: only the upstreams whose chain changed are built.
-                    Some((prev, prev_snap, changed)) => {
-                        let mut built = Self::from_resources(changed.built?, shared);
-                        built.take_endpoints(prev, changed.unchanged_endpoints);
-                        built.keep_from(previous);
-                        let mut parts = changed.reused;
-                        parts.push(resources::COMMON.to_owned());
-                        built.take_parts(prev, prev_snap, &parts);
-                        built
+                    Some((prev, prev_snap, (changed, built))) => {
+                        match Self::patched(prev, prev_snap, &changed, built?, shared) {
+                            Ok(patched) => patched,
+                            Err(built) => {
+                                let mut built = Self::from_resources(built, shared);
+                                built.take_endpoints(prev, changed.unchanged_endpoints());
+                                built.keep_from(previous);
+                                built.take_parts(prev, prev_snap, &changed.reused());
+                                if !changed.outbound {
+                                    built.outbound_part = prev.outbound_part.clone();
+                                }
+                                built.path = BuildPath::Parts;
+                                built
+                            }
+                        }
                     }
                     None => {
                         let mut built = Self::build(snapshot, shared)?;

@@ -317,3 +317,126 @@ fn the_same_chain_with_other_limits_gets_clusters_of_its_own() {
         a_again.get(cluster, &name).unwrap()
     ));
 }
+
+/// One change of a transparent proxy's upstreams, as proxycfg makes them (a new `Arc` for
+/// what changed, the others kept).
+fn apply_change(snap: &ConfigSnapshot, step: u64, trust_domain: &str) -> Arc<ConfigSnapshot> {
+    let names = ["api", "cache", "db", "search", "pay", "auth", "mail", "feed"];
+    let name = names[(step / 7) as usize % names.len()];
+    changed(snap, |cp| {
+        let upstreams = Arc::make_mut(&mut cp.upstreams);
+        let id = Arc::new(proxycfg::handler::implicit_id(name));
+        let present = upstreams.get(&id).cloned();
+        let vip = |n: u64| format!("240.0.{}.{}", step % 3, 1 + n % 200);
+        let node = |n: u64| {
+            crate::validate::with_vip(
+                name,
+                &format!("10.1.{}.{}", n % 5, 1 + step % 250),
+                &vip(n),
+                step.is_multiple_of(5),
+            )
+        };
+        let chain_of = |protocol: &str, timeout: u32| {
+            let mut chain =
+                structs::CompiledDiscoveryChain::default_for(name, "dc1", trust_domain, protocol.parse().unwrap());
+            for t in chain.targets.values_mut() {
+                t.connect_timeout_ms = timeout;
+            }
+            Arc::new(chain)
+        };
+        let Some(up) = present else {
+            // Added: known by its chain only, or with its endpoints at once.
+            let chain = chain_of(if step.is_multiple_of(2) { "http" } else { "tcp" }, 5000);
+            let mut up = proxycfg::UpstreamSnapshot::new(proxycfg::UpstreamSnapshot::IMPLICIT);
+            if !step.is_multiple_of(3) {
+                for t in chain.targets.keys() {
+                    up.endpoints.insert(t.clone(), Arc::new(vec![node(step)]));
+                }
+            }
+            up.chain = Some(chain);
+            upstreams.insert(id, Arc::new(up));
+            return;
+        };
+        let mut up = (*up).clone();
+        let chain = Arc::clone(up.chain.as_ref().unwrap());
+        match step % 6 {
+            // Removed (intention deleted).
+            0 => {
+                upstreams.remove(&id);
+                return;
+            }
+            // New endpoints, the same virtual IP.
+            1 | 2 => {
+                let same = up.endpoints.values().next().and_then(|n| n.first()).map(|n| {
+                    n.service.tagged_addresses[structs::service::TAGGED_ADDRESS_VIRTUAL_IP]
+                        .address
+                        .clone()
+                });
+                for t in chain.targets.keys() {
+                    let mut n = node(step);
+                    if let Some(same) = &same {
+                        n.service
+                            .tagged_addresses
+                            .get_mut(structs::service::TAGGED_ADDRESS_VIRTUAL_IP)
+                            .unwrap()
+                            .address = same.clone();
+                    }
+                    up.endpoints.insert(t.clone(), Arc::new(vec![n]));
+                }
+            }
+            // Another virtual IP: the outbound listener changes.
+            3 => {
+                for t in chain.targets.keys() {
+                    up.endpoints.insert(t.clone(), Arc::new(vec![node(step + 1)]));
+                }
+            }
+            // A new chain with the same targets (another timeout, maybe another protocol).
+            4 => {
+                let protocol = if step.is_multiple_of(4) { "tcp" } else { "http" };
+                up.chain = Some(chain_of(protocol, 1000 + step as u32));
+            }
+            // Its endpoints gone.
+            _ => up.endpoints = Default::default(),
+        }
+        upstreams.insert(id, Arc::new(up));
+    })
+}
+
+/// A transparent proxy's build after each of many changes (upstreams added and removed, new
+/// chains, endpoints and virtual IPs) equals a full build, whichever way it was made; most
+/// changes patch the previous build (only the changed parts built), and every way is taken.
+#[test]
+fn builds_after_any_sequence_of_changes_equal_full_builds() {
+    use xds::versioned::BuildPath;
+    let ca = Ca::new();
+    let shared = SharedEncodings::default();
+    let first = Arc::new(crate::validate::transparent_snapshot(&ca, false));
+    let trust_domain = first.roots.as_ref().unwrap().trust_domain.clone();
+    let mut previous = VersionedResources::build_after(&first, Some(&shared), None).unwrap();
+    let mut snap = first;
+    let mut paths = std::collections::BTreeMap::new();
+    // A fixed walk: every step a change of one upstream picked by a linear congruence.
+    let mut x: u64 = 7;
+    for _ in 0..400 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let step = x >> 33;
+        let next = apply_change(&snap, step, &trust_domain);
+        let built = VersionedResources::build_after(&next, Some(&shared), Some(&previous)).unwrap();
+        let full = VersionedResources::build(&next, None).unwrap();
+        assert_eq!(versions(&built), versions(&full), "step {step}: {:?}", built.path());
+        assert_eq!(built.problems, full.problems, "step {step}");
+        *paths.entry(format!("{:?}", built.path())).or_insert(0) += 1;
+        previous = built;
+        snap = next;
+    }
+    for path in [BuildPath::Endpoints, BuildPath::Parts, BuildPath::Patched] {
+        assert!(
+            paths.contains_key(&format!("{path:?}")),
+            "{path:?} never taken: {paths:?}"
+        );
+    }
+    assert!(
+        paths["Patched"] > paths["Parts"],
+        "most changes patch the previous build: {paths:?}"
+    );
+}

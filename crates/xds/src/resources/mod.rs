@@ -18,6 +18,7 @@
 
 mod access_logs;
 mod api_gateway;
+mod changed;
 mod clusters;
 mod core;
 mod destinations;
@@ -38,6 +39,7 @@ mod shared;
 mod tls;
 mod transparent;
 
+pub(crate) use changed::{Changed, build_changed};
 pub use diff::{FieldDiff, ResourceDiff, diff};
 use set::EVERYTHING;
 pub(crate) use set::Scope;
@@ -198,100 +200,6 @@ fn build_kind(
     Ok(out)
 }
 
-/// What [`build_changed`] built, and what the caller takes from the previous build.
-pub(crate) struct Changed<'s> {
-    pub(crate) built: Result<Resources, BuildError>,
-    /// The parts whose resources are the previous build's.
-    pub(crate) reused: Vec<String>,
-    /// The load assignments (by name) of the upstreams whose snapshot is the previous one's
-    /// very `Arc` (same chain, same endpoints): the previous build's too.
-    pub(crate) unchanged_endpoints: Vec<&'s str>,
-}
-
-/// Builds what differs from `previous` (built from `prev`): when every proxy-wide input is
-/// the same, only the upstreams whose chain or position changed are built, and the load
-/// assignments of those whose snapshot was replaced; the rest is taken from `previous` by
-/// the caller. `None`: a full build is needed.
-pub(crate) fn build_changed<'s>(
-    snapshot: &'s ConfigSnapshot,
-    prev: &ConfigSnapshot,
-    shared: Option<&SharedEncodings>,
-) -> Option<Changed<'s>> {
-    // A proxyless client's build is small and all of a piece: always whole.
-    if !same_proxy_wide(prev, snapshot) || snapshot.service.connect.native {
-        return None;
-    }
-    let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
-        return None;
-    };
-    // One ordered walk of both upstream maps (an id in both is mostly the very same `Arc`):
-    // the upstreams kept (same position and chain), those to build again, and those whose
-    // snapshot was replaced (their load assignments are built; the others' are the
-    // previous build's, taken by the caller).
-    let (mut kept, mut rebuilt, mut replaced) = (Vec::new(), Vec::new(), Vec::new());
-    let mut unchanged_endpoints = Vec::new();
-    let mut olds = x.upstreams.iter().peekable();
-    for (id, u) in y.upstreams.iter() {
-        let mut before = None;
-        while let Some((o, p)) = olds.peek() {
-            let order = if Arc::ptr_eq(o, id) {
-                std::cmp::Ordering::Equal
-            } else {
-                (***o).cmp(&**id)
-            };
-            match order {
-                std::cmp::Ordering::Less => {
-                    olds.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    before = Some(*p);
-                    olds.next();
-                    break;
-                }
-                std::cmp::Ordering::Greater => break,
-            }
-        }
-        match before {
-            Some(p) if Arc::ptr_eq(p, u) => {
-                kept.push(&**id);
-                let targets = u.chain.iter().flat_map(|chain| chain.targets.values());
-                unchanged_endpoints.extend(targets.map(|t| t.sni.as_str()));
-            }
-            Some(p) if p.index == u.index && same_arc(&p.chain, &u.chain) => {
-                kept.push(&**id);
-                replaced.push(&**id);
-            }
-            _ => {
-                rebuilt.push(&**id);
-                replaced.push(&**id);
-            }
-        }
-    }
-    // Asked once per upstream by every builder: the few upstreams to build (one, when an
-    // upstream was added), compared by address first (builders pass the snapshot's keys).
-    let rebuild = |id: &structs::UpstreamId| rebuilt.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
-    let endpoints = |id: &structs::UpstreamId| replaced.iter().any(|r| std::ptr::eq(*r, id) || *r == id);
-    // An upstream added or given its chain matches nothing until its endpoints bring a
-    // virtual IP: the outbound listener then stays as it was.
-    let outbound = y.transparent && !transparent::same_listener(prev, snapshot);
-    let scope = Scope {
-        common: false,
-        outbound,
-        upstream: &rebuild,
-        endpoints: &endpoints,
-    };
-    let built = build_scoped(snapshot, shared, &scope);
-    let mut reused: Vec<String> = kept.iter().map(|id| id.to_string()).collect();
-    if y.transparent && !outbound {
-        reused.push(OUTBOUND.to_owned());
-    }
-    Some(Changed {
-        built,
-        reused,
-        unchanged_endpoints,
-    })
-}
-
 /// The resources that change from a sidecar's snapshot `old` to `new`, what a dry run
 /// answers: only the parts that differ are built (the proxy-wide ones when its intentions
 /// or service config differ, and the upstreams whose snapshot was replaced), both times
@@ -387,7 +295,7 @@ pub(crate) fn parts_names(snap: &ConfigSnapshot, parts: &[String]) -> Vec<(&'sta
 }
 
 /// The resources of upstream `id`'s part, added to `names`.
-fn upstream_part_names(
+pub(super) fn upstream_part_names(
     snap: &ConfigSnapshot,
     id: &structs::UpstreamId,
     upstream: &proxycfg::UpstreamSnapshot,

@@ -75,6 +75,9 @@ pub struct Resources {
     pub problems: BTreeMap<String, String>,
     /// Resources the failed parts keep from the last good build (part, type URL, name).
     pub keep: Vec<(String, &'static str, String)>,
+    /// The shared outbound part (a transparent proxy's) this build took, its resources among
+    /// `shared`: what the proxy's next build replaces when it builds that part again.
+    pub outbound_part: Option<Arc<Resources>>,
 }
 
 /// The part of a build holding the proxy-wide resources (secrets, local_app, the public

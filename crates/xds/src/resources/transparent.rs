@@ -334,6 +334,7 @@ pub(crate) fn build(
                 build_outbound(snap, cp, &mut part).map(|()| shared.interned(part))
             })?;
             out.extend_from(&part);
+            out.outbound_part = Some(part);
             Ok(())
         }
         _ => build_outbound(snap, cp, out),
