@@ -270,6 +270,11 @@ impl DeltaState {
                 }
                 for (name, version) in sent {
                     match version {
+                        // A name unsubscribed while the response was in flight: the proxy
+                        // dropped what it got of it (held, it would never be sent again).
+                        Some(_) if !st.wants(&name) => {
+                            st.rejected.remove(&name);
+                        }
                         Some(v) => {
                             st.rejected.remove(&name);
                             st.known.insert(name, v);

@@ -197,3 +197,182 @@ proptest! {
         }
     }
 }
+
+/// One step of a well-behaved delta client (as Envoy): subscribe or unsubscribe names of a
+/// type, the proxy's resources moving to another version, or the client taking (applying
+/// and ACKing) every response sent so far; responses may wait while it subscribes more.
+#[derive(Debug, Clone)]
+enum ClientStep {
+    Subscribe(usize, Vec<usize>),
+    Unsubscribe(usize, Vec<usize>),
+    Resources(usize),
+    Take,
+}
+
+const CLIENT_TYPES: [&str; 2] = [CLUSTER, ENDPOINT];
+const CLIENT_NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+fn client_step() -> impl Strategy<Value = ClientStep> {
+    let names = || prop::collection::vec(0..CLIENT_NAMES.len(), 1..3);
+    prop_oneof![
+        (0..2usize, names()).prop_map(|(t, n)| ClientStep::Subscribe(t, n)),
+        (0..2usize, names()).prop_map(|(t, n)| ClientStep::Unsubscribe(t, n)),
+        (0..4usize).prop_map(ClientStep::Resources),
+        Just(ClientStep::Take),
+        Just(ClientStep::Take),
+    ]
+}
+
+/// Four versions of a proxy's clusters and load assignments, each made from the one before
+/// as builds make them (unchanged names and resources the very same `Arc`s): names added,
+/// removed, changed, and one map back to an earlier one.
+fn client_versions() -> &'static [Arc<VersionedResources>; 4] {
+    use xds::versioned::{TypeResources, Versioned};
+    static V: OnceLock<[Arc<VersionedResources>; 4]> = OnceLock::new();
+    V.get_or_init(|| {
+        let res = |t: &str, body: &str| {
+            Arc::new(Versioned::new(envoy_types::pb::google::protobuf::Any {
+                type_url: t.to_owned(),
+                value: body.as_bytes().to_vec(),
+            }))
+        };
+        let map = |t: &str, items: &[(&str, &str)]| -> TypeResources {
+            items.iter().map(|(n, b)| (Arc::<str>::from(*n), res(t, b))).collect()
+        };
+        let of = |c: Arc<TypeResources>, e: Arc<TypeResources>| {
+            let mut v = VersionedResources::default();
+            v.by_type.insert(CLUSTER, c);
+            v.by_type.insert(ENDPOINT, e);
+            Arc::new(v)
+        };
+        let c0 = Arc::new(map(CLUSTER, &[("a", "1"), ("b", "1"), ("c", "1")]));
+        let e0 = Arc::new(map(ENDPOINT, &[("a", "1"), ("b", "1"), ("c", "1"), ("d", "1")]));
+        let mut c1 = (*c0).clone();
+        c1.insert(Arc::from("b"), res(CLUSTER, "2"));
+        c1.insert(Arc::from("e"), res(CLUSTER, "1"));
+        let mut e1 = (*e0).clone();
+        e1.remove("c");
+        let (c1, e1) = (Arc::new(c1), Arc::new(e1));
+        let mut c2 = (*c1).clone();
+        c2.remove("a");
+        let mut e2 = (*e1).clone();
+        e2.insert(Arc::from("e"), res(ENDPOINT, "1"));
+        e2.insert(Arc::from("a"), res(ENDPOINT, "2"));
+        let e2 = Arc::new(e2);
+        let mut e3 = (*e2).clone();
+        e3.remove("d");
+        [
+            of(Arc::clone(&c0), e0),
+            of(c1, e1),
+            of(Arc::new(c2), Arc::clone(&e2)),
+            of(c0, Arc::new(e3)),
+        ]
+    })
+}
+
+/// What a client applies of responses: type → name → version.
+type ClientView = std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, String>>;
+
+/// Applies and ACKs every response in `queue`; like Envoy, a load assignment no longer
+/// subscribed to (the response crossed the unsubscription) is ignored.
+fn take_all(
+    state: &mut DeltaState,
+    queue: &mut Vec<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse>,
+    view: &mut ClientView,
+    subscribed: &std::collections::BTreeSet<String>,
+) {
+    for r in queue.drain(..) {
+        let t = CLIENT_TYPES.into_iter().find(|t| *t == r.type_url).unwrap();
+        let held = view.entry(t).or_default();
+        for res in r
+            .resources
+            .iter()
+            .filter(|res| t == CLUSTER || subscribed.contains(&res.name))
+        {
+            held.insert(res.name.clone(), res.version.clone());
+        }
+        for name in &r.removed_resources {
+            held.remove(name);
+        }
+        state.on_request(&DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+    /// Whatever a well-behaved client subscribes to, and however the resources move, once
+    /// it has taken every response it holds exactly what it wants of the current resources:
+    /// every cluster (a wildcard) and the load assignments it subscribed to, each at its
+    /// current version, and nothing else.
+    #[test]
+    fn a_delta_client_converges_on_what_it_wants(steps in prop::collection::vec(client_step(), 1..30)) {
+        let v = client_versions();
+        let mut state = DeltaState::default();
+        let mut view = ClientView::new();
+        let mut queue = Vec::new();
+        let mut subscribed = std::collections::BTreeSet::new();
+        let mut current = 0;
+        state.on_request(&DeltaDiscoveryRequest { type_url: CLUSTER.into(), ..Default::default() });
+        state.on_request(&DeltaDiscoveryRequest {
+            type_url: ENDPOINT.into(),
+            resource_names_subscribe: vec!["a".into()],
+            ..Default::default()
+        });
+        subscribed.insert("a".to_owned());
+        for step in steps {
+            match step {
+                ClientStep::Subscribe(t, names) | ClientStep::Unsubscribe(t, names) if t == 0 => {
+                    let _ = names; // clusters: a wildcard subscription stays one
+                }
+                ClientStep::Subscribe(_, names) => {
+                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
+                    subscribed.extend(names.iter().cloned());
+                    state.on_request(&DeltaDiscoveryRequest {
+                        type_url: ENDPOINT.into(),
+                        resource_names_subscribe: names,
+                        ..Default::default()
+                    });
+                }
+                ClientStep::Unsubscribe(_, names) => {
+                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
+                    for n in &names {
+                        subscribed.remove(n);
+                        view.entry(ENDPOINT).or_default().remove(n);
+                    }
+                    state.on_request(&DeltaDiscoveryRequest {
+                        type_url: ENDPOINT.into(),
+                        resource_names_unsubscribe: names,
+                        ..Default::default()
+                    });
+                }
+                ClientStep::Resources(i) => current = i,
+                ClientStep::Take => take_all(&mut state, &mut queue, &mut view, &subscribed),
+            }
+            queue.extend(state.responses(&v[current]));
+        }
+        for _ in 0..16 {
+            take_all(&mut state, &mut queue, &mut view, &subscribed);
+            queue.extend(state.responses(&v[current]));
+            if queue.is_empty() {
+                break;
+            }
+        }
+        prop_assert!(queue.is_empty(), "the responses ended");
+        for t in CLIENT_TYPES {
+            let want: std::collections::BTreeMap<String, String> = v[current]
+                .of(t)
+                .filter(|(n, _)| t == CLUSTER || subscribed.contains(*n))
+                .map(|(n, r)| (n.to_owned(), r.version.clone()))
+                .collect();
+            let held = view.get(t).cloned().unwrap_or_default();
+            prop_assert_eq!(held, want, "{}", t);
+        }
+    }
+}
