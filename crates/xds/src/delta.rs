@@ -90,8 +90,13 @@ struct TypeState {
     requested: bool,
     /// The resources of this type the proxy was last found fully in sync with (nothing to
     /// upsert or remove), held so that the same map (pointer) means nothing to diff. Any
-    /// request of this type clears it (an ACK of a complete response then sets it again).
+    /// request of this type clears it (an ACK of a complete response then sets it again),
+    /// except one that only subscribes to more names while no response is in flight: those
+    /// names go to `fresh` instead.
     in_sync: Option<Arc<TypeResources>>,
+    /// Names subscribed to since the proxy was last in sync (with `in_sync`), which it may
+    /// lack: candidates besides what changed from `in_sync`. Empty when not in sync.
+    fresh: Vec<String>,
     /// The map the response in flight was diffed against, when that response carried
     /// everything the proxy lacked of it and nothing needed removing: once it is ACKed (and
     /// the subscription did not change), the proxy is in sync with that map.
@@ -109,7 +114,27 @@ impl TypeState {
     }
 
     fn is_in_sync(&self, now: Option<&Arc<TypeResources>>) -> bool {
-        matches!((&self.in_sync, now), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+        self.fresh.is_empty() && matches!((&self.in_sync, now), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+    }
+
+    /// Forgets the map the proxy was in sync with: the next response considers every resource.
+    fn unsync(&mut self) {
+        self.in_sync = None;
+        self.fresh.clear();
+    }
+
+    /// True when `req` only subscribes this type to more names (no ACK, no removal, no
+    /// wildcard), while nothing is in flight: the proxy stays in sync with what it was,
+    /// and the names are candidates of their own.
+    fn only_subscribes(&self, req: &DeltaDiscoveryRequest) -> bool {
+        self.requested
+            && self.in_sync.is_some()
+            && self.pending.is_none()
+            && req.response_nonce.is_empty()
+            && req.error_detail.is_none()
+            && req.resource_names_unsubscribe.is_empty()
+            && req.initial_resource_versions.is_empty()
+            && !req.resource_names_subscribe.iter().any(|n| n == "*")
     }
 
     /// Drops each name to resend that the proxy no longer wants, or that `map` no longer has.
@@ -137,6 +162,16 @@ impl TypeState {
         if !self.resend.is_empty() {
             for (name, res) in resources.of(type_url) {
                 if self.resend.contains(name) && !candidates.iter().any(|(n, _)| *n == name) {
+                    candidates.push((name, res));
+                }
+            }
+        }
+        if lost.is_some() {
+            let map = resources.map(type_url);
+            for name in &self.fresh {
+                if let Some((name, res)) = map.and_then(|m| m.get_key_value(name.as_str()))
+                    && !candidates.iter().any(|(n, _)| *n == &**name)
+                {
                     candidates.push((name, res));
                 }
             }
@@ -225,7 +260,14 @@ impl DeltaState {
             Some(i) => &mut self.served[i],
             None => self.others.entry(req.type_url.clone()).or_default(),
         };
-        st.in_sync = None;
+        if st.only_subscribes(req) {
+            for name in &req.resource_names_subscribe {
+                st.subscribed.insert(name.clone());
+                st.fresh.push(name.clone());
+            }
+            return Ack::None;
+        }
+        st.unsync();
         let complete = st.pending_complete.take();
         let first = !st.requested;
         st.requested = true;
@@ -383,7 +425,7 @@ impl DeltaState {
             // ACKed, must not cancel the resend.
             let endpoints = &mut self.served[ResourceType::Endpoint.index()];
             endpoints.resend.extend(updated_clusters);
-            endpoints.in_sync = None;
+            endpoints.unsync();
         }
         Some(DeltaDiscoveryResponse {
             type_url: type_url.to_owned(),
@@ -406,14 +448,26 @@ impl DeltaState {
             return None;
         }
         let map = resources.map(type_url);
-        let removed: Vec<String> = st
-            .known
-            .keys()
-            .filter(|name| st.wants(name) && !map.is_some_and(|m| m.contains_key(&***name)))
-            .map(|name| name.to_string())
-            .collect();
+        let removed: Vec<String> = match (&st.in_sync, map) {
+            // In sync with an earlier map, the proxy holds none of the wanted names it lacked:
+            // only names that map had and this one lacks can be removals (a walk of both maps
+            // in order, comparing pointers, instead of a lookup of every name held).
+            (Some(old), Some(new)) => diff_maps(old, new)
+                .1
+                .into_iter()
+                .filter(|name| st.wants(name) && st.known.contains_key(name.as_str()))
+                .collect(),
+            _ => st
+                .known
+                .keys()
+                .filter(|name| st.wants(name) && !map.is_some_and(|m| m.contains_key(&***name)))
+                .map(|name| name.to_string())
+                .collect(),
+        };
         if removed.is_empty() {
-            // Nothing to upsert (above) and nothing to remove: in sync with this map.
+            // Nothing to upsert (above) and nothing to remove: in sync with this map (the
+            // fresh names it has, the proxy has too: nothing was upserted).
+            self.served[i].unsync();
             self.served[i].in_sync = resources.map(type_url).cloned();
             return None;
         }

@@ -384,3 +384,34 @@ fn a_held_version_is_ours_packed_only_when_it_is_exactly_our_form() {
     st.on_request(&req);
     assert_eq!(names(&st.responses(&current)[0]), vec!["a"]);
 }
+
+/// In sync with a map, a type whose next map only drops names removes the wanted ones the
+/// proxy holds (found by walking both maps), and nothing it never asked for.
+#[test]
+fn names_gone_from_an_in_sync_map_are_removed_if_wanted_and_held() {
+    let mut st = DeltaState::default();
+    st.on_request(&subscribe(ENDPOINT, &["a", "b"]));
+    let v1 = res(&[(ENDPOINT, "a", b"1"), (ENDPOINT, "b", b"1"), (ENDPOINT, "c", b"1")]);
+    let out = st.responses(&v1);
+    assert_eq!(names(&out[0]), vec!["a", "b"]);
+    st.on_request(&ack(&out[0]));
+    assert!(st.served[slot(ENDPOINT).unwrap()].is_in_sync(v1.map(ENDPOINT)));
+    // "b" (held) and "c" (never asked for) go; "a" stays the very same resource.
+    let mut v2 = VersionedResources::default();
+    let mut map = (*v1.by_type[ENDPOINT]).clone();
+    map.remove("b");
+    map.remove("c");
+    v2.by_type.insert(ENDPOINT, Arc::new(map));
+    let out = st.responses(&v2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].removed_resources, vec!["b".to_owned()]);
+    st.on_request(&ack(&out[0]));
+    assert!(st.responses(&v2).is_empty());
+    // Nothing gone: in sync with the new map at once.
+    let mut v3 = VersionedResources::default();
+    let mut map = (*v2.by_type[ENDPOINT]).clone();
+    map.insert(Arc::from("d"), Arc::clone(&v1.by_type[ENDPOINT]["c"]));
+    v3.by_type.insert(ENDPOINT, Arc::new(map));
+    assert!(st.responses(&v3).is_empty());
+    assert!(st.served[slot(ENDPOINT).unwrap()].is_in_sync(v3.map(ENDPOINT)));
+}
