@@ -507,15 +507,16 @@ pub(crate) fn build_endpoints(
     out: &mut Resources,
     shared: Option<&super::SharedEncodings>,
 ) -> Result<(), BuildError> {
-    build_endpoints_where(snap, out, shared, |_, _, _| true)
+    build_endpoints_where(snap, out, shared, |_| true, |_, _, _| true)
 }
 
 /// The load assignments of the chain targets `wanted` picks (by upstream, target and its
-/// endpoints).
+/// endpoints) of the upstreams `upstream_wanted` picks (asked first, once per upstream).
 pub(crate) fn build_endpoints_where(
     snap: &ConfigSnapshot,
     out: &mut Resources,
     shared: Option<&super::SharedEncodings>,
+    upstream_wanted: impl Fn(&structs::UpstreamId) -> bool,
     wanted: impl Fn(&structs::UpstreamId, &structs::TargetId, Option<&std::sync::Arc<Vec<CheckServiceNode>>>) -> bool,
 ) -> Result<(), BuildError> {
     let upstreams = match &snap.kind {
@@ -525,7 +526,9 @@ pub(crate) fn build_endpoints_where(
         KindSnapshot::TerminatingGateway(_) | KindSnapshot::MeshGateway(_) => return Ok(()),
     };
     for (upstream_id, upstream) in upstreams.iter() {
-        let Some(chain) = &upstream.chain else { continue };
+        let Some(chain) = upstream.chain.as_ref().filter(|_| upstream_wanted(upstream_id)) else {
+            continue;
+        };
         for (target_id, target) in &chain.targets {
             if !wanted(upstream_id, target_id, upstream.endpoints.get(target_id)) {
                 continue;

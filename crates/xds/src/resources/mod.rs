@@ -191,7 +191,7 @@ fn build_kind(
         }
     }
     clusters::build(snapshot, &mut out, scope, shared)?;
-    clusters::build_endpoints_where(snapshot, &mut out, shared, |id, _, _| (scope.endpoints)(id))?;
+    clusters::build_endpoints_where(snapshot, &mut out, shared, scope.endpoints, |_, _, _| true)?;
     listeners::build(snapshot, &mut out, scope)?;
     // It reads every upstream: built whole whenever what it matches on changed.
     if scope.outbound {
@@ -345,10 +345,8 @@ pub fn build_endpoints_since(
             .collect(),
         _ => Vec::new(),
     };
-    clusters::build_endpoints_where(snapshot, &mut out, shared, |upstream, target, nodes| {
-        if unchanged.iter().any(|u| std::ptr::eq(*u, upstream)) {
-            return false;
-        }
+    let changed = |upstream: &structs::UpstreamId| !unchanged.iter().any(|u| std::ptr::eq(*u, upstream));
+    clusters::build_endpoints_where(snapshot, &mut out, shared, changed, |upstream, target, nodes| {
         let before = upstreams_of(prev)
             .and_then(|u| u.get(upstream))
             .and_then(|u| u.endpoints.get(target));

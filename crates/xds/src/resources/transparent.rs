@@ -265,7 +265,9 @@ impl PartialEq for OutboundInputs {
                 .upstreams
                 .iter()
                 .zip(&other.upstreams)
-                .all(|((i, c, m), (j, d, n))| i == j && Arc::ptr_eq(c, d) && m == n)
+                // The cheap comparisons first: the chains by address, then the addresses,
+                // then the ids (strings; rarely different when the chains are the same).
+                .all(|((i, c, m), (j, d, n))| Arc::ptr_eq(c, d) && m == n && (Arc::ptr_eq(i, j) || i == j))
     }
 }
 
@@ -276,19 +278,22 @@ impl OutboundInputs {
         if !cp.destinations.is_empty() || !cp.destination_gateways.is_empty() {
             return None;
         }
+        let trust_domain = snap.roots.as_deref()?.trust_domain.clone();
+        let mut upstreams = Vec::with_capacity(cp.upstreams.len());
+        for (id, u) in cp.upstreams.iter() {
+            if let Some(chain) = u
+                .chain
+                .as_ref()
+                .filter(|_| id.destination_type == DestinationType::Service)
+            {
+                upstreams.push((Arc::clone(id), Arc::clone(chain), matches(id, u, chain)));
+            }
+        }
         Some(Self {
             port: outbound_port(snap),
-            trust_domain: snap.roots.as_deref()?.trust_domain.clone(),
+            trust_domain,
             mesh: cp.mesh_config.as_ref().and_then(Clone::clone),
-            upstreams: cp
-                .upstreams
-                .iter()
-                .filter(|(id, _)| id.destination_type == DestinationType::Service)
-                .filter_map(|(id, u)| {
-                    let chain = u.chain.as_ref()?;
-                    Some((Arc::clone(id), Arc::clone(chain), matches(id, u, chain)))
-                })
-                .collect(),
+            upstreams,
         })
     }
 
