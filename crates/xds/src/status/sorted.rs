@@ -69,10 +69,13 @@ impl<K: Ord, V> SortedMap<K, V> {
         self.0.retain_mut(|(k, v)| keep(k, v));
     }
 
-    /// Gives back spare capacity once it is more than a quarter of the size.
+    /// Gives back spare capacity once it is more than a quarter of the size, keeping an
+    /// eighth: the next insertions then fit without moving the entries again (shrunk to the
+    /// size exactly, each new key made the vector grow, and be shrunk, once more).
     pub(super) fn trim(&mut self) {
-        if self.0.capacity() > self.0.len() + self.0.len() / 4 + 1 {
-            self.0.shrink_to_fit();
+        let len = self.0.len();
+        if self.0.capacity() > len + len / 4 + 1 {
+            self.0.shrink_to(len + len / 8 + 1);
         }
     }
 }
