@@ -292,7 +292,11 @@ impl VersionedResources {
                 let changed = previous
                     .and_then(|p| Some((p, p.snapshot.as_deref()?)))
                     .and_then(|(p, prev_snap)| {
-                        Some((p, prev_snap, resources::build_changed(snapshot, prev_snap, shared)?))
+                        Some((
+                            p,
+                            prev_snap,
+                            resources::build_changed(snapshot, prev_snap, p.outbound_part.as_ref(), shared)?,
+                        ))
                     });
                 match changed {
                     // Same proxy-wide inputs: only the upstreams whose chain changed are built.

@@ -405,6 +405,8 @@ fn apply_change(snap: &ConfigSnapshot, step: u64, trust_domain: &str) -> Arc<Con
 /// A transparent proxy's build after each of many changes (upstreams added and removed, new
 /// chains, endpoints and virtual IPs) equals a full build, whichever way it was made; most
 /// changes patch the previous build (only the changed parts built), and every way is taken.
+/// So do the builds of a twin proxy going through the same changes (which takes the
+/// outbound parts the first found) and of one taking another change from the same builds.
 #[test]
 fn builds_after_any_sequence_of_changes_equal_full_builds() {
     use xds::versioned::BuildPath;
@@ -413,20 +415,37 @@ fn builds_after_any_sequence_of_changes_equal_full_builds() {
     let first = Arc::new(crate::validate::transparent_snapshot(&ca, false));
     let trust_domain = first.roots.as_ref().unwrap().trust_domain.clone();
     let mut previous = VersionedResources::build_after(&first, Some(&shared), None).unwrap();
+    // A twin proxy going through the same changes (it takes the parts the first one found),
+    // and from each step a third one taking another change from the same builds.
+    let mut twin = VersionedResources::build_after(&first, Some(&shared), None).unwrap();
     let mut snap = first;
     let mut paths = std::collections::BTreeMap::new();
+    let listener = "outbound_listener:127.0.0.1:15001";
     // A fixed walk: every step a change of one upstream picked by a linear congruence.
     let mut x: u64 = 7;
     for _ in 0..400 {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let step = x >> 33;
         let next = apply_change(&snap, step, &trust_domain);
+        let aside = apply_change(&snap, step.wrapping_mul(31).wrapping_add(3), &trust_domain);
         let built = VersionedResources::build_after(&next, Some(&shared), Some(&previous)).unwrap();
-        let full = VersionedResources::build(&next, None).unwrap();
-        assert_eq!(versions(&built), versions(&full), "step {step}: {:?}", built.path());
-        assert_eq!(built.problems, full.problems, "step {step}");
+        let twin_built = VersionedResources::build_after(&next, Some(&shared), Some(&twin)).unwrap();
+        let other = VersionedResources::build_after(&aside, Some(&shared), Some(&previous)).unwrap();
+        for (built, snap) in [(&built, &next), (&twin_built, &next), (&other, &aside)] {
+            let full = VersionedResources::build(snap, None).unwrap();
+            assert_eq!(versions(built), versions(&full), "step {step}: {:?}", built.path());
+            assert_eq!(built.problems, full.problems, "step {step}");
+        }
+        assert!(
+            Arc::ptr_eq(
+                built.get(xds::resources::LISTENER, listener).unwrap(),
+                twin_built.get(xds::resources::LISTENER, listener).unwrap()
+            ),
+            "step {step}: the twins share their outbound listener"
+        );
         *paths.entry(format!("{:?}", built.path())).or_insert(0) += 1;
         previous = built;
+        twin = twin_built;
         snap = next;
     }
     for path in [BuildPath::Endpoints, BuildPath::Parts, BuildPath::Patched] {

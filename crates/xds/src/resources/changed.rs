@@ -64,6 +64,7 @@ impl<'s> Changed<'s, '_> {
 pub(crate) fn build_changed<'s, 'p>(
     snapshot: &'s ConfigSnapshot,
     prev: &'p ConfigSnapshot,
+    prev_outbound: Option<&Arc<Resources>>,
     shared: Option<&SharedEncodings>,
 ) -> Option<(Changed<'s, 'p>, Result<Resources, BuildError>)> {
     // A proxyless client's build is small and all of a piece: always whole.
@@ -124,6 +125,7 @@ pub(crate) fn build_changed<'s, 'p>(
     let scope = Scope {
         common: false,
         outbound,
+        outbound_from: prev_outbound.map(|part| (prev, part)),
         upstream: &rebuild,
         endpoints: &endpoints,
     };

@@ -195,7 +195,7 @@ fn build_kind(
     listeners::build(snapshot, &mut out, scope)?;
     // It reads every upstream: built whole whenever what it matches on changed.
     if scope.outbound {
-        transparent::build(snapshot, &mut out, shared)?;
+        transparent::build(snapshot, &mut out, shared, scope.outbound_from)?;
     }
     Ok(out)
 }
@@ -221,6 +221,7 @@ pub fn diff_snapshots(
     let scope = Scope {
         common,
         outbound,
+        outbound_from: None,
         upstream: &changed,
         endpoints: &|_| true,
     };

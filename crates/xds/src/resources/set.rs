@@ -93,6 +93,10 @@ pub(crate) struct Scope<'a> {
     pub(super) common: bool,
     /// A transparent proxy's outbound listener (and what only it uses).
     pub(super) outbound: bool,
+    /// The snapshot and shared outbound part of the proxy's previous build, when this one
+    /// builds the outbound part again: another proxy that went from the same part through
+    /// the same change may have found the next one already.
+    pub(super) outbound_from: Option<(&'a proxycfg::ConfigSnapshot, &'a Arc<Resources>)>,
     pub(super) upstream: &'a dyn Fn(&structs::UpstreamId) -> bool,
     /// The upstreams whose load assignments a sidecar's build makes (the others are taken
     /// from the previous build by the caller).
@@ -112,6 +116,7 @@ impl Scope<'_> {
 pub(super) const EVERYTHING: Scope<'static> = Scope {
     common: true,
     outbound: true,
+    outbound_from: None,
     upstream: &|_| true,
     endpoints: &|_| true,
 };

@@ -18,6 +18,14 @@ struct PartEntry {
     taken: bool,
 }
 
+/// A shared part that followed another through a change: the part before (weak: the entry
+/// goes with it), the change, and the part after.
+struct Transition {
+    from: Weak<Resources>,
+    change: Box<dyn AnyValue + Send + Sync>,
+    to: Arc<Resources>,
+}
+
 /// Load assignment key: the cluster name and the identity of the shared endpoints result.
 type ClaKey = (String, usize);
 
@@ -43,6 +51,10 @@ pub struct SharedEncodings {
     /// the same for every proxy of a service) by their inputs' hash: the inputs, what tells
     /// whether they are still in use, and the part.
     parts: Mutex<SweptMap<u64, PartEntry>>,
+    /// Which part followed which through which change (by the hash of both): a proxy whose
+    /// previous build took a part, its inputs changed as another proxy's did, takes the
+    /// part that one found, without computing its inputs whole.
+    transitions: Mutex<SweptMap<u64, Transition>>,
 }
 
 impl std::fmt::Debug for SharedEncodings {
@@ -135,10 +147,41 @@ impl SharedEncodings {
         Ok(part)
     }
 
+    /// The part that followed `from` through `change` (hashed as `key`, `from`'s address
+    /// included), if another build found it.
+    pub(crate) fn part_after<T: PartialEq + Send + Sync + 'static>(
+        &self,
+        from: &Arc<Resources>,
+        key: u64,
+        change: &T,
+    ) -> Option<Arc<Resources>> {
+        let transitions = self.transitions.lock();
+        let t = transitions.get(&key)?;
+        let same_from = t.from.upgrade().is_some_and(|f| Arc::ptr_eq(&f, from));
+        (same_from && t.change.downcast_ref::<T>() == Some(change)).then(|| Arc::clone(&t.to))
+    }
+
+    /// Records that `to` followed `from` through `change` (see [`Self::part_after`]).
+    pub(crate) fn record_after<T: PartialEq + Send + Sync + 'static>(
+        &self,
+        from: &Arc<Resources>,
+        key: u64,
+        change: T,
+        to: &Arc<Resources>,
+    ) {
+        let t = Transition {
+            from: Arc::downgrade(from),
+            change: Box::new(change),
+            to: Arc::clone(to),
+        };
+        self.transitions.lock().insert(key, t, |_, t| t.from.strong_count() > 0);
+    }
+
     /// Drops now every shared part whose inputs no proxy uses any more (inserts do so as the
     /// map grows), and with it the resources only it held.
     pub fn sweep_unused_parts(&self) {
         self.parts.lock().retain(|_, e| (e.in_use)(e.inputs.as_ref()));
+        self.transitions.lock().retain(|_, t| t.from.strong_count() > 0);
     }
 
     /// Distinct resources held by content (not counting load assignments).

@@ -321,29 +321,120 @@ impl OutboundInputs {
     }
 }
 
+/// How the outbound inputs of a proxy changed from its previous build (whose proxy-wide
+/// inputs are the same): each upstream of a service whose snapshot is not the previous
+/// one's, with its chain (by identity) and what selects it now, or `None` where it left the
+/// inputs. Applied to the inputs of the previous build's part, it gives the new inputs: two
+/// proxies that took the same part and changed alike have the same new inputs.
+struct InputsChange(Vec<(Arc<UpstreamId>, Option<Selecting>)>);
+
+impl PartialEq for InputsChange {
+    /// The same upstreams, chains (by identity) and addresses.
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: &Option<Selecting>, b: &Option<Selecting>| match (a, b) {
+            (Some((c, m)), Some((d, n))) => Arc::ptr_eq(c, d) && m == n,
+            (None, None) => true,
+            _ => false,
+        };
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|((i, a), (j, b))| i == j && same(a, b))
+    }
+}
+
+/// An upstream's chain (by identity) and the addresses that select it.
+type Selecting = (Arc<CompiledDiscoveryChain>, Matches);
+
+impl InputsChange {
+    /// The change from `prev` to `snap`: a walk of both upstream maps, comparing snapshots
+    /// by address; the addresses are computed only for the upstreams that changed.
+    fn between(prev: &ConfigSnapshot, snap: &ConfigSnapshot) -> Option<Self> {
+        let (x, y) = (prev.connect_proxy()?, snap.connect_proxy()?);
+        let counts = |id: &UpstreamId| id.destination_type == DestinationType::Service;
+        let now = |id: &Arc<UpstreamId>, u: &UpstreamSnapshot| {
+            let chain = u.chain.as_ref()?;
+            Some((Arc::clone(chain), matches(id, u, chain)))
+        };
+        let mut changes = Vec::new();
+        let mut olds = x.upstreams.iter().filter(|(id, _)| counts(id)).peekable();
+        for (id, u) in y.upstreams.iter().filter(|(id, _)| counts(id)) {
+            let mut same = false;
+            while let Some((o, p)) = olds.peek() {
+                match (***o).cmp(&**id) {
+                    std::cmp::Ordering::Less => changes.push((Arc::clone(o), None)),
+                    std::cmp::Ordering::Equal => same = Arc::ptr_eq(p, u),
+                    std::cmp::Ordering::Greater => break,
+                }
+                let equal = ***o == **id;
+                olds.next();
+                if equal {
+                    break;
+                }
+            }
+            if !same {
+                changes.push((Arc::clone(id), now(id, u)));
+            }
+        }
+        changes.extend(olds.map(|(o, _)| (Arc::clone(o), None)));
+        Some(Self(changes))
+    }
+
+    /// A hash of the change and of the part it starts from (by address).
+    fn key(&self, from: &Arc<Resources>) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = foldhash::fast::FixedState::default().build_hasher();
+        Arc::as_ptr(from).hash(&mut h);
+        for (id, now) in &self.0 {
+            id.hash(&mut h);
+            if let Some((chain, m)) = now {
+                Arc::as_ptr(chain).hash(&mut h);
+                m.virtual_ips.hash(&mut h);
+                m.direct.hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+}
+
 /// Builds the outbound listener of a transparent proxy, the clusters only it uses, and the
 /// routes of its implicit HTTP upstreams (once for every proxy with the same inputs, with
-/// `shared`). Nothing for a proxy in direct mode.
+/// `shared`). Nothing for a proxy in direct mode. With `from` (the previous build's snapshot
+/// and part), a proxy whose inputs changed as another's did from the same part takes the
+/// part that one found.
 pub(crate) fn build(
     snap: &ConfigSnapshot,
     out: &mut Resources,
     shared: Option<&SharedEncodings>,
+    from: Option<(&ConfigSnapshot, &Arc<Resources>)>,
 ) -> Result<(), BuildError> {
     let Some(cp) = snap.connect_proxy().filter(|cp| cp.transparent) else {
         return Ok(());
     };
-    match (shared, OutboundInputs::of(snap, cp)) {
-        (Some(shared), Some(inputs)) => {
+    let Some(shared) = shared else {
+        return build_outbound(snap, cp, out);
+    };
+    let change = from.and_then(|(prev, part)| Some((part, InputsChange::between(prev, snap)?)));
+    let change = change.map(|(part, change)| (part, change.key(part), change));
+    let followed = change
+        .as_ref()
+        .and_then(|(part, key, change)| shared.part_after(part, *key, change));
+    let part = match followed {
+        Some(part) => part,
+        None => {
+            let Some(inputs) = OutboundInputs::of(snap, cp) else {
+                return build_outbound(snap, cp, out);
+            };
             let part = shared.part(inputs.key(), inputs, OutboundInputs::still_used, || {
                 let mut part = Resources::default();
                 build_outbound(snap, cp, &mut part).map(|()| shared.interned(part))
             })?;
-            out.extend_from(&part);
-            out.outbound_part = Some(part);
-            Ok(())
+            if let Some((from, key, change)) = change {
+                shared.record_after(from, key, change, &part);
+            }
+            part
         }
-        _ => build_outbound(snap, cp, out),
-    }
+    };
+    out.extend_from(&part);
+    out.outbound_part = Some(part);
+    Ok(())
 }
 
 /// [`build`] itself.
