@@ -196,6 +196,75 @@ proptest! {
             prop_assert!(state.responses(&v[0]).iter().all(|r| r.type_url != LISTENER));
         }
     }
+
+    /// Whatever a well-behaved client subscribes to, and however the resources move, once
+    /// it has taken every response it holds exactly what it wants of the current resources:
+    /// every cluster (a wildcard) and the load assignments it subscribed to, each at its
+    /// current version, and nothing else.
+    #[test]
+    fn a_delta_client_converges_on_what_it_wants(steps in prop::collection::vec(client_step(), 1..30)) {
+        let v = client_versions();
+        let mut state = DeltaState::default();
+        let mut view = ClientView::new();
+        let mut queue = Vec::new();
+        let mut subscribed = std::collections::BTreeSet::new();
+        let mut current = 0;
+        state.on_request(&DeltaDiscoveryRequest { type_url: CLUSTER.into(), ..Default::default() });
+        state.on_request(&DeltaDiscoveryRequest {
+            type_url: ENDPOINT.into(),
+            resource_names_subscribe: vec!["a".into()],
+            ..Default::default()
+        });
+        subscribed.insert("a".to_owned());
+        for step in steps {
+            match step {
+                ClientStep::Subscribe(t, names) | ClientStep::Unsubscribe(t, names) if t == 0 => {
+                    let _ = names; // clusters: a wildcard subscription stays one
+                }
+                ClientStep::Subscribe(_, names) => {
+                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
+                    subscribed.extend(names.iter().cloned());
+                    state.on_request(&DeltaDiscoveryRequest {
+                        type_url: ENDPOINT.into(),
+                        resource_names_subscribe: names,
+                        ..Default::default()
+                    });
+                }
+                ClientStep::Unsubscribe(_, names) => {
+                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
+                    for n in &names {
+                        subscribed.remove(n);
+                        view.entry(ENDPOINT).or_default().remove(n);
+                    }
+                    state.on_request(&DeltaDiscoveryRequest {
+                        type_url: ENDPOINT.into(),
+                        resource_names_unsubscribe: names,
+                        ..Default::default()
+                    });
+                }
+                ClientStep::Resources(i) => current = i,
+                ClientStep::Take => take_all(&mut state, &mut queue, &mut view, &subscribed),
+            }
+            queue.extend(state.responses(&v[current]));
+        }
+        for _ in 0..16 {
+            take_all(&mut state, &mut queue, &mut view, &subscribed);
+            queue.extend(state.responses(&v[current]));
+            if queue.is_empty() {
+                break;
+            }
+        }
+        prop_assert!(queue.is_empty(), "the responses ended");
+        for t in CLIENT_TYPES {
+            let want: std::collections::BTreeMap<String, String> = v[current]
+                .of(t)
+                .filter(|(n, _)| t == CLUSTER || subscribed.contains(*n))
+                .map(|(n, r)| (n.to_owned(), r.version.clone()))
+                .collect();
+            let held = view.get(t).cloned().unwrap_or_default();
+            prop_assert_eq!(held, want, "{}", t);
+        }
+    }
 }
 
 /// One step of a well-behaved delta client (as Envoy): subscribe or unsubscribe names of a
@@ -299,80 +368,5 @@ fn take_all(
             response_nonce: r.nonce.clone(),
             ..Default::default()
         });
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig {
-        failure_persistence: Some(Box::new(prop::test_runner::FileFailurePersistence::WithSource("proptest-regressions"))),
-        ..ProptestConfig::default()
-    })]
-    /// Whatever a well-behaved client subscribes to, and however the resources move, once
-    /// it has taken every response it holds exactly what it wants of the current resources:
-    /// every cluster (a wildcard) and the load assignments it subscribed to, each at its
-    /// current version, and nothing else.
-    #[test]
-    fn a_delta_client_converges_on_what_it_wants(steps in prop::collection::vec(client_step(), 1..30)) {
-        let v = client_versions();
-        let mut state = DeltaState::default();
-        let mut view = ClientView::new();
-        let mut queue = Vec::new();
-        let mut subscribed = std::collections::BTreeSet::new();
-        let mut current = 0;
-        state.on_request(&DeltaDiscoveryRequest { type_url: CLUSTER.into(), ..Default::default() });
-        state.on_request(&DeltaDiscoveryRequest {
-            type_url: ENDPOINT.into(),
-            resource_names_subscribe: vec!["a".into()],
-            ..Default::default()
-        });
-        subscribed.insert("a".to_owned());
-        for step in steps {
-            match step {
-                ClientStep::Subscribe(t, names) | ClientStep::Unsubscribe(t, names) if t == 0 => {
-                    let _ = names; // clusters: a wildcard subscription stays one
-                }
-                ClientStep::Subscribe(_, names) => {
-                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
-                    subscribed.extend(names.iter().cloned());
-                    state.on_request(&DeltaDiscoveryRequest {
-                        type_url: ENDPOINT.into(),
-                        resource_names_subscribe: names,
-                        ..Default::default()
-                    });
-                }
-                ClientStep::Unsubscribe(_, names) => {
-                    let names: Vec<String> = names.iter().map(|n| CLIENT_NAMES[*n].to_owned()).collect();
-                    for n in &names {
-                        subscribed.remove(n);
-                        view.entry(ENDPOINT).or_default().remove(n);
-                    }
-                    state.on_request(&DeltaDiscoveryRequest {
-                        type_url: ENDPOINT.into(),
-                        resource_names_unsubscribe: names,
-                        ..Default::default()
-                    });
-                }
-                ClientStep::Resources(i) => current = i,
-                ClientStep::Take => take_all(&mut state, &mut queue, &mut view, &subscribed),
-            }
-            queue.extend(state.responses(&v[current]));
-        }
-        for _ in 0..16 {
-            take_all(&mut state, &mut queue, &mut view, &subscribed);
-            queue.extend(state.responses(&v[current]));
-            if queue.is_empty() {
-                break;
-            }
-        }
-        prop_assert!(queue.is_empty(), "the responses ended");
-        for t in CLIENT_TYPES {
-            let want: std::collections::BTreeMap<String, String> = v[current]
-                .of(t)
-                .filter(|(n, _)| t == CLUSTER || subscribed.contains(*n))
-                .map(|(n, r)| (n.to_owned(), r.version.clone()))
-                .collect();
-            let held = view.get(t).cloned().unwrap_or_default();
-            prop_assert_eq!(held, want, "{}", t);
-        }
     }
 }
