@@ -2,8 +2,8 @@
 //! build of only that.
 
 use super::{BuildError, COMMON, ENDPOINT, OUTBOUND, Resources, Scope, SharedEncodings, transparent};
+use itertools::EitherOrBoth;
 use proxycfg::{ConfigSnapshot, UpstreamSnapshot};
-use std::cmp::Ordering;
 use std::sync::Arc;
 use structs::UpstreamId;
 
@@ -74,47 +74,33 @@ pub(crate) fn build_changed<'s, 'p>(
     let (Some(x), Some(y)) = (prev.connect_proxy(), snapshot.connect_proxy()) else {
         return None;
     };
-    // One ordered walk of both upstream maps (an id in both is mostly the very same `Arc`):
-    // the upstreams kept (same position and chain), those to build again, and those whose
-    // snapshot was replaced (their load assignments are built).
+    // One ordered walk of both upstream maps: the upstreams kept (same position and
+    // chain), those to build again, and those whose snapshot was replaced (their load
+    // assignments are built).
     let (mut kept, mut untouched, mut rebuilt, mut replaced) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut superseded = Vec::new();
-    let mut olds = x.upstreams.iter().peekable();
-    for (id, u) in y.upstreams.iter() {
-        let mut before = None;
-        while let Some((o, p)) = olds.peek() {
-            let order = if Arc::ptr_eq(o, id) {
-                Ordering::Equal
-            } else {
-                (***o).cmp(&**id)
-            };
-            match order {
-                Ordering::Less => superseded.push((&***o, &***p)),
-                Ordering::Equal => before = Some((&***o, *p)),
-                Ordering::Greater => break,
-            }
-            olds.next();
-            if order == Ordering::Equal {
-                break;
-            }
-        }
-        match before {
-            Some((_, p)) if Arc::ptr_eq(p, u) => {
+    for pair in super::upstreams::side_by_side(&x.upstreams, &y.upstreams) {
+        match pair {
+            EitherOrBoth::Left((o, p)) => superseded.push((&**o, &**p)),
+            EitherOrBoth::Both((_, p), (id, u)) if Arc::ptr_eq(p, u) => {
                 kept.push(&**id);
                 untouched.push(&**u);
             }
-            Some((_, p)) if p.index == u.index && super::same_arc(&p.chain, &u.chain) => {
+            EitherOrBoth::Both((_, p), (id, u)) if p.index == u.index && super::same_arc(&p.chain, &u.chain) => {
                 kept.push(&**id);
                 replaced.push(&**id);
             }
-            _ => {
-                superseded.extend(before.map(|(o, p)| (o, &**p)));
+            EitherOrBoth::Both((o, p), (id, _)) => {
+                superseded.push((&**o, &**p));
+                rebuilt.push(&**id);
+                replaced.push(&**id);
+            }
+            EitherOrBoth::Right((id, _)) => {
                 rebuilt.push(&**id);
                 replaced.push(&**id);
             }
         }
     }
-    superseded.extend(olds.map(|(o, p)| (&**o, &**p)));
     // Asked once per upstream by every builder: the few upstreams to build (one, when an
     // upstream was added), compared by address first (builders pass the snapshot's keys).
     let rebuild = |id: &UpstreamId| rebuilt.iter().any(|r| std::ptr::eq(*r, id) || *r == id);

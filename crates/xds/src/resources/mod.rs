@@ -38,6 +38,7 @@ mod set;
 mod shared;
 mod tls;
 mod transparent;
+mod upstreams;
 
 pub(crate) use changed::{Changed, build_changed};
 pub use diff::{FieldDiff, ResourceDiff, diff};

@@ -28,6 +28,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::util::pack_any;
+use itertools::EitherOrBoth;
 use proxycfg::{ConfigSnapshot, ConnectProxySnapshot, UpstreamSnapshot};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -344,8 +345,9 @@ impl PartialEq for InputsChange {
 type Selecting = (Arc<CompiledDiscoveryChain>, Matches);
 
 impl InputsChange {
-    /// The change from `prev` to `snap`: a walk of both upstream maps, comparing snapshots
-    /// by address; the addresses are computed only for the upstreams that changed.
+    /// The change from `prev` to `snap`: a walk of both upstream maps side by side,
+    /// comparing snapshots by address; the addresses are computed only for the upstreams
+    /// that changed.
     fn between(prev: &ConfigSnapshot, snap: &ConfigSnapshot) -> Option<Self> {
         let (x, y) = (prev.connect_proxy()?, snap.connect_proxy()?);
         let counts = |id: &UpstreamId| id.destination_type == DestinationType::Service;
@@ -354,26 +356,16 @@ impl InputsChange {
             Some((Arc::clone(chain), matches(id, u, chain)))
         };
         let mut changes = Vec::new();
-        let mut olds = x.upstreams.iter().filter(|(id, _)| counts(id)).peekable();
-        for (id, u) in y.upstreams.iter().filter(|(id, _)| counts(id)) {
-            let mut same = false;
-            while let Some((o, p)) = olds.peek() {
-                match (***o).cmp(&**id) {
-                    std::cmp::Ordering::Less => changes.push((Arc::clone(o), None)),
-                    std::cmp::Ordering::Equal => same = Arc::ptr_eq(p, u),
-                    std::cmp::Ordering::Greater => break,
+        for pair in super::upstreams::side_by_side(&x.upstreams, &y.upstreams) {
+            match pair {
+                EitherOrBoth::Left((o, _)) if counts(o) => changes.push((Arc::clone(o), None)),
+                EitherOrBoth::Both((_, p), (_, u)) if Arc::ptr_eq(p, u) => {}
+                EitherOrBoth::Right((id, u)) | EitherOrBoth::Both(_, (id, u)) if counts(id) => {
+                    changes.push((Arc::clone(id), now(id, u)));
                 }
-                let equal = ***o == **id;
-                olds.next();
-                if equal {
-                    break;
-                }
-            }
-            if !same {
-                changes.push((Arc::clone(id), now(id, u)));
+                _ => {}
             }
         }
-        changes.extend(olds.map(|(o, _)| (Arc::clone(o), None)));
         Some(Self(changes))
     }
 
